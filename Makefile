@@ -1,0 +1,31 @@
+# Both main targets create and reuse a local virtual environment by themselves.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test bench proto test-model clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/dualloop demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/dualloop bench tick --sessions 8 --duration 60
+
+proto: $(STAMP)
+	$(PY) scripts/gen_proto.py
+
+test-model: $(STAMP)
+	$(VENV)/bin/dualloop make-test-model
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache *.egg-info

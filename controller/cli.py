@@ -1,0 +1,133 @@
+"""The `dualloop` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from controller.config import ConfigError, load_server_config
+from controller.models import TEST_MODEL_PATH
+from executor.model_card import ModelFileError
+
+console = Console()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from controller.server import ControllerServer, new_event_loop
+
+    config = load_server_config(args.config, model=args.model, host=args.host, port=args.port,
+                                allow_non_loopback=True if args.allow_non_loopback else None)
+    server = ControllerServer(config)
+
+    async def run() -> None:
+        port = await server.start()
+        card = server.executor.card
+        console.print(f"dualloop serving model {card.name} {card.version} (schema {card.schema_hash()}) on "
+                      f"{config.host}:{port}, tick {config.executor.tick_period_ms} ms. Ctrl-C stops.")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop()
+        s = server.runtime.stats
+        console.print(f"stopped after {s.ticks} ticks, {server.runtime.ticker.missed} missed deadlines, "
+                      f"{s.snapshots_sent} snapshots sent")
+
+    loop = new_event_loop()
+    loop.run_until_complete(run())
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from executor.model_runner import DecisionModel
+
+    card = DecisionModel(args.model, warmup_batches=()).card
+    console.print_json(card.to_json())
+    console.print(f"schema hash: {card.schema_hash()}")
+    return 0
+
+
+def _make_test_model(args: argparse.Namespace) -> int:
+    from controller.models import build_test_model
+
+    card = build_test_model(args.out)
+    console.print(f"wrote {args.out} (version {card.version}, schema {card.schema_hash()})")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from controller.bench import bench_tick
+
+    if args.what == "tick":
+        result = bench_tick(args.model, args.sessions, args.duration, args.out, args.guard_ms)
+        ok = (result["executor"]["missed_deadlines"] == 0 and result["p99_ratio_executor_over_bare"] <= 1.5
+              and result["executor"]["lateness_us"]["p99"] < 500)
+        console.print("targets (0 missed, p99 <= 1.5x bare and < 500 us): "
+                      + ("[green]met[/]" if ok else "[yellow]not met in this run[/]"))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from controller.bench import bench_tick
+
+    console.print("[bold]dualloop demo[/]: a live 5 ms executor on the bundled test model, "
+                  f"{args.sessions} REALTIME gRPC sessions for {args.duration:.0f} s")
+    bench_tick(TEST_MODEL_PATH, args.sessions, args.duration, args.out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dualloop", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="serve a model over gRPC (loopback by default)")
+    p.add_argument("--model", type=Path, help="ONNX decision model with a dualloop model card")
+    p.add_argument("--config", type=Path, help="server configuration (.toml or .yaml)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 50151; 0 picks a free one)")
+    p.add_argument("--allow-non-loopback", action="store_true", help="permit binding beyond loopback")
+    p.set_defaults(fn=_serve)
+
+    p = sub.add_parser("info", help="print a model's card (schema, actions, version)")
+    p.add_argument("model", type=Path)
+    p.set_defaults(fn=_info)
+
+    p = sub.add_parser("make-test-model", help="build the untrained test model from its fixed seed")
+    p.add_argument("--out", type=Path, default=TEST_MODEL_PATH)
+    p.set_defaults(fn=_make_test_model)
+
+    p = sub.add_parser("bench", help="benchmarks that print numbers")
+    p.add_argument("what", choices=["tick"])
+    p.add_argument("--model", type=Path, default=TEST_MODEL_PATH)
+    p.add_argument("--sessions", type=int, default=8)
+    p.add_argument("--duration", type=float, default=60.0, help="seconds")
+    p.add_argument("--out", type=Path, default=Path("runs/bench"))
+    p.add_argument("--guard-ms", type=float, default=1.0,
+                   help="how long before each deadline the loop timer hands over to the busy wait")
+    p.set_defaults(fn=_bench)
+
+    p = sub.add_parser("demo", help="the main job")
+    p.add_argument("--sessions", type=int, default=4)
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--out", type=Path, default=Path("runs/demo"))
+    p.set_defaults(fn=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, ModelFileError) as err:
+        console.print(f"[red]error:[/] {err}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""A small synchronous Python client for one Drive session (tests, demos, the closed-loop runner).
+
+Any gRPC language can do the same from proto/ alone; this is a convenience, not the contract.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator, Sequence
+
+import grpc
+
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import controller_pb2_grpc as pb_grpc
+
+_END = object()
+
+
+class DriveSession:
+    def __init__(self, channel: grpc.Channel, session_id: str = "", clock: int = pb.REALTIME, shadow: bool = False,
+                 include_decision_vector: bool = False, expected_schema_hash: str = "", max_pending: int = 1024):
+        # Bounded: a producer faster than the network blocks here instead of growing memory.
+        self._requests: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._requests.put(pb.DriveRequest(open=pb.OpenSession(
+            session_id=session_id, clock=clock, shadow=shadow, include_decision_vector=include_decision_vector,
+            expected_schema_hash=expected_schema_hash)))
+        self._call = pb_grpc.ControllerStub(channel).Drive(self._iterate())
+        first = next(self._call)
+        self.opened: pb.SessionOpened = first.opened
+        self.session_id = self.opened.session_id
+
+    def _iterate(self) -> Iterator[pb.DriveRequest]:
+        while (item := self._requests.get()) is not _END:
+            yield item
+
+    def send(self, seq: int, timestamp_ns: int, features: Sequence[float], actual_index: int | None = None,
+             actual_controls: Sequence[float] = ()) -> None:
+        obs = pb.Observation(seq=seq, timestamp_ns=timestamp_ns, features=features)
+        if actual_index is not None:
+            obs.actual.action_index = actual_index
+            obs.actual.controls.extend(actual_controls)
+        self._requests.put(pb.DriveRequest(observation=obs))
+
+    def send_raw(self, request: pb.DriveRequest) -> None:
+        self._requests.put(request)
+
+    def recv(self) -> pb.DecisionSnapshot:
+        """The next snapshot; raises grpc.RpcError with the server's status on error."""
+        return next(self._call).snapshot
+
+    def snapshots(self) -> Iterator[pb.DecisionSnapshot]:
+        for msg in self._call:
+            yield msg.snapshot
+
+    def close(self) -> None:
+        """Half-close: no more observations; the server ends the session."""
+        self._requests.put(_END)
+
+    def cancel(self) -> None:
+        self._call.cancel()

@@ -1,0 +1,82 @@
+"""Server configuration: a pydantic model, loadable from TOML or YAML, with errors naming the field."""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from executor.config import ExecutorConfig
+
+
+class ConfigError(ValueError):
+    """A configuration a person must fix; the message names the file and the field."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class ServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: Path
+    host: str = "127.0.0.1"
+    port: int = Field(50151, ge=0, le=65535)  # 0 picks a free port
+    # Binding beyond loopback exposes an actuation-adjacent service: it must be asked for.
+    allow_non_loopback: bool = False
+    executor: ExecutorConfig = ExecutorConfig()
+    # A Drive stream must send its OpenSession within this time.
+    open_timeout_s: float = Field(10.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _loopback_unless_allowed(self) -> "ServerConfig":
+        if not is_loopback(self.host) and not self.allow_non_loopback:
+            raise ValueError(f"host {self.host!r} is not a loopback address; set allow_non_loopback "
+                             f"(--allow-non-loopback) to serve beyond this machine")
+        return self
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  {field}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: configuration file not found")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"{path}: unknown configuration format; use .toml, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: cannot parse: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table/mapping of settings")
+    return data
+
+
+def load_server_config(path: Path | None = None, **overrides: Any) -> ServerConfig:
+    """File settings, then command-line overrides (None means 'not given')."""
+    data: dict[str, Any] = read_config_file(path) if path is not None else {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ServerConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, str(path) if path else "command line")) from None

@@ -1,0 +1,310 @@
+"""The gRPC server: a thin layer that feeds the executor and streams its snapshots.
+
+One asyncio loop (uvloop) runs both the gRPC handlers and the tick loop: the ticker sleeps on the
+loop until just before each deadline, so handlers run in the gaps, and the tick itself is short.
+REALTIME sessions are conflated both ways (newest observation wins, newest snapshot wins); LOCKSTEP
+sessions are lossless and paced by the client, since their snapshots are a deterministic record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+
+from controller.config import ServerConfig
+from controller.conflation import LatestSlot
+from controller.ticker import LatenessLog, PreciseTicker
+from controller.wire import model_info, observation_from_proto, snapshot_to_proto
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from executor.core import Executor, InvalidObservation, SessionError
+from executor.model_runner import DecisionModel
+from executor.snapshot import Clock, Snapshot
+
+_mono_ns = time.monotonic_ns
+_perf_ns = time.perf_counter_ns
+
+
+class RuntimeStats:
+    """What `dualloop bench tick` and operators read: lateness, misses, latency, streaming cost."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.lateness = LatenessLog()
+        self.decision_latency = LatenessLog()
+        self.tick_work_ns = LatenessLog()
+        self.missed = 0
+        self.ticks = 0
+        self.snapshots_sent = 0
+        self.stream_ns = 0  # converting and handing snapshots to gRPC
+        self.sessions_opened = 0
+        self.sessions_closed = 0
+
+
+class ControllerRuntime:
+    """Executor + tick loop + per-session outboxes, shared by all Drive streams."""
+
+    def __init__(self, executor: Executor, config: ServerConfig) -> None:
+        self.executor = executor
+        self.config = config
+        self.outboxes: dict[str, LatestSlot[Snapshot]] = {}
+        self.stats = RuntimeStats()
+        self._last_seq: dict[str, int] = {}
+        self._stopping = False
+        self.ticker = PreciseTicker(executor.period_ns, guard_ns=int(config.executor.ticker_guard_ms * 1e6))
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    async def run_ticks(self) -> None:
+        ex, stats, ticker = self.executor, self.stats, self.ticker
+        while not self._stopping:
+            tick = await ticker.next()
+            stats.lateness.add(tick.lateness_ns)
+            stats.missed = ticker.missed
+            stats.ticks += 1
+            snaps = ex.tick(tick.scheduled_ns, tick.index, tick.lateness_ns)
+            for snap in snaps:
+                box = self.outboxes.get(snap.session_id)
+                if box is not None:
+                    box.put(snap)
+                if self._last_seq.get(snap.session_id) != snap.observation_seq:
+                    self._last_seq[snap.session_id] = snap.observation_seq
+                    # arrival -> first snapshot that used it
+                    stats.decision_latency.add(snap.observation_age_ns + snap.emit_time_ns - snap.scheduled_time_ns)
+            stats.tick_work_ns.add(_mono_ns() - tick.started_ns)
+
+    def forget(self, session_id: str) -> None:
+        self.executor.close_session(session_id)
+        box = self.outboxes.pop(session_id, None)
+        if box is not None:
+            box.close()
+        self._last_seq.pop(session_id, None)
+        self.stats.sessions_closed += 1
+
+
+class ControllerService(pb_grpc.ControllerServicer):
+    def __init__(self, runtime: ControllerRuntime) -> None:
+        self.runtime = runtime
+        self.executor = runtime.executor
+        self._info = model_info(self.executor.card, self.executor.period_ns)
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+        return self._info
+
+    async def Drive(self, request_iterator: AsyncIterator[pb.DriveRequest], context: grpc.aio.ServicerContext) -> None:
+        requests = request_iterator.__aiter__()
+        try:
+            first = await asyncio.wait_for(requests.__anext__(), self.runtime.config.open_timeout_s)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"no OpenSession within open_timeout_s={self.runtime.config.open_timeout_s} s")
+        if first.WhichOneof("msg") != "open":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the first message of a Drive stream must be 'open' (OpenSession); got "
+                                f"{first.WhichOneof('msg') or 'an empty DriveRequest'}")
+        req = first.open
+        if req.clock not in (pb.REALTIME, pb.LOCKSTEP):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"OpenSession.clock must be REALTIME (1) or LOCKSTEP (2); got {req.clock}")
+        schema_hash = self.executor.card.schema_hash()
+        if req.expected_schema_hash and req.expected_schema_hash != schema_hash:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"the client built observations for schema {req.expected_schema_hash}; this server's "
+                                f"model {self.executor.card.version} has schema {schema_hash}: call GetModelInfo")
+        session_id = req.session_id or uuid.uuid4().hex[:12]
+        try:
+            self.executor.open_session(session_id, Clock(req.clock), shadow=req.shadow,
+                                       include_decision_vector=req.include_decision_vector)
+        except SessionError as err:
+            code = grpc.StatusCode.ALREADY_EXISTS if "already open" in str(err) else grpc.StatusCode.RESOURCE_EXHAUSTED
+            await context.abort(code, str(err))
+        self.runtime.stats.sessions_opened += 1
+        try:
+            await context.write(pb.DriveResponse(opened=pb.SessionOpened(
+                session_id=session_id, clock=req.clock, tick_period_ns=self.executor.period_ns, model=self._info)))
+            if req.clock == pb.REALTIME:
+                error = await self._drive_realtime(session_id, requests, context)
+            else:
+                error = await self._drive_lockstep(session_id, requests, context)
+            if error is not None:
+                await context.abort(*error)
+        finally:
+            self.runtime.forget(session_id)
+
+    @staticmethod
+    def _observation(msg: pb.DriveRequest) -> pb.Observation | None:
+        return msg.observation if msg.WhichOneof("msg") == "observation" else None
+
+    _NOT_AN_OBSERVATION = (grpc.StatusCode.INVALID_ARGUMENT,
+                           "after 'open', a Drive stream carries only observations; a second 'open' or an "
+                           "empty DriveRequest is not allowed")
+
+    async def _drive_realtime(self, session_id: str, requests, context) -> tuple | None:
+        box: LatestSlot[Snapshot] = LatestSlot()
+        self.runtime.outboxes[session_id] = box
+        error: list[tuple] = []
+
+        async def read() -> None:
+            try:
+                async for msg in requests:
+                    obs_msg = self._observation(msg)
+                    if obs_msg is None:
+                        error.append(self._NOT_AN_OBSERVATION)
+                        return
+                    try:
+                        self.executor.submit(session_id, observation_from_proto(obs_msg, _mono_ns()))
+                    except InvalidObservation as err:
+                        error.append((grpc.StatusCode.INVALID_ARGUMENT, str(err)))
+                        return
+            finally:
+                box.close()  # the client finished (or broke the contract): end the stream
+
+        reader = asyncio.create_task(read())
+        stats = self.runtime.stats
+        try:
+            while (snap := await box.get()) is not None:
+                t0 = _perf_ns()
+                snap.snapshots_dropped = box.dropped
+                msg = pb.DriveResponse(snapshot=snapshot_to_proto(snap))
+                stats.stream_ns += _perf_ns() - t0
+                await context.write(msg)
+                stats.snapshots_sent += 1
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        return error[0] if error else None
+
+    async def _drive_lockstep(self, session_id: str, requests, context) -> tuple | None:
+        stats = self.runtime.stats
+        async for msg in requests:
+            obs_msg = self._observation(msg)
+            if obs_msg is None:
+                return self._NOT_AN_OBSERVATION
+            try:
+                snaps = self.executor.advance_lockstep(session_id, observation_from_proto(obs_msg, _mono_ns()))
+            except InvalidObservation as err:
+                return grpc.StatusCode.INVALID_ARGUMENT, str(err)
+            for snap in snaps:
+                # Awaiting each write is the backpressure: a LOCKSTEP stream never drops a snapshot.
+                await context.write(pb.DriveResponse(snapshot=snapshot_to_proto(snap)))
+                stats.snapshots_sent += 1
+        return None
+
+
+class ControllerServer:
+    """Owns the model, executor, gRPC server and tick loop; run it on an asyncio loop."""
+
+    def __init__(self, config: ServerConfig, model: DecisionModel | None = None) -> None:
+        self.config = config
+        self.model = model or DecisionModel(config.model, warmup_batches=tuple(
+            b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.executor.max_sessions))
+        self.executor = Executor(self.model, config.executor)
+        self.runtime = ControllerRuntime(self.executor, config)
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._ticks: asyncio.Task | None = None
+
+    async def start(self) -> int:
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_ControllerServicer_to_server(ControllerService(self.runtime), self._server)
+        host = self.config.host
+        address = f"[{host}]:{self.config.port}" if ":" in host else f"{host}:{self.config.port}"
+        self.port = self._server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"cannot bind {address}: is the port in use?")
+        await self._server.start()
+        self._ticks = asyncio.create_task(self.runtime.run_ticks())
+        return self.port
+
+    async def stop(self, grace_s: float = 0.5) -> None:
+        self.runtime.stop()
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        if self._ticks is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticks
+
+    async def wait(self) -> None:
+        assert self._server is not None
+        await self._server.wait_for_termination()
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class ServerThread:
+    """A real server on its own loop in a background thread: for tests, demos and benchmarks."""
+
+    def __init__(self, config: ServerConfig, model: DecisionModel | None = None) -> None:
+        self.server = ControllerServer(config, model)
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="dualloop-server", daemon=True)
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.server.port is not None
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.server.start())
+        except BaseException as err:  # noqa: BLE001 - reported to the starting thread
+            self._error = err
+            self._started.set()
+            return
+        self._started.set()
+        self.loop.run_forever()
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        self._started.wait(30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def call(self, fn, *args):
+        """Run fn(*args) on the server loop and return its result (for inspecting state in tests)."""
+        return asyncio.run_coroutine_threadsafe(_call(fn, *args), self.loop).result(10)
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+async def _call(fn, *args):
+    return fn(*args)
+

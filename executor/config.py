@@ -1,0 +1,28 @@
+"""Executor settings: what a user may tune, validated with errors that name the field."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ExecutorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tick_period_ms: float = Field(5.0, gt=0.0, le=1000.0)
+    # Top-1 minus top-2 probability below this: abstain and hold the last applied action.
+    min_margin: float = Field(0.05, ge=0.0, le=1.0)
+    # An observation older than this is stale (a few ticks, like Autoware's input timeouts).
+    max_observation_age_ms: float = Field(15.0, gt=0.0)
+    max_sessions: int = Field(64, ge=1, le=4096)
+    # LOCKSTEP: a timestamp jump longer than this is refused rather than ticked through.
+    lockstep_max_gap_s: float = Field(10.0, gt=0.0)
+    # When the loop timer must hand back control before a deadline (see controller/ticker.py).
+    ticker_guard_ms: float = Field(1.0, ge=0.0, le=4.0)
+
+    @property
+    def tick_period_ns(self) -> int:
+        return int(round(self.tick_period_ms * 1e6))
+
+    @property
+    def max_observation_age_ns(self) -> int:
+        return int(round(self.max_observation_age_ms * 1e6))

@@ -1,0 +1,317 @@
+"""The executor: one batched decision per tick for every session, behind a small in-process API.
+
+The gRPC server (controller/) is a thin layer over this class; embedding code and offline scoring
+use it directly:
+
+    ex = Executor(DecisionModel("model.onnx"))
+    ex.open_session("car-1")
+    snaps = ex.step({"car-1": Observation(seq=0, timestamp_ns=0, features=x)}, now_ns=0)
+
+REALTIME sessions are ticked together by `tick()` (one onnxruntime call for all of them); a
+LOCKSTEP session is ticked by its own observations' timestamps in `advance_lockstep()`, always with
+a batch of one, so its output never depends on what other sessions happen to be doing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from executor.config import ExecutorConfig
+from executor.model_runner import DecisionModel
+from executor.snapshot import (AppliedAction, Clock, Observation, Reason, SafetyState, Snapshot,
+                               StageTimings)
+
+_perf_ns = time.perf_counter_ns
+_mono_ns = time.monotonic_ns
+
+
+class InvalidObservation(ValueError):
+    """An observation that breaks the session's contract (shape, order); the message says how."""
+
+
+class SessionError(ValueError):
+    """Opening or addressing a session failed (duplicate id, unknown id, capacity)."""
+
+
+@dataclass(slots=True)
+class Session:
+    session_id: str
+    clock: Clock
+    shadow: bool
+    include_decision_vector: bool
+    plan: np.ndarray
+    plan_id: str = ""
+    plan_created_ns: int = 0
+    pending: Observation | None = None  # newest observation no tick has used yet (latest wins)
+    current: Observation | None = None  # the observation the last tick used
+    last_seq: int = -1
+    last_timestamp_ns: int | None = None
+    last_applied: AppliedAction | None = None
+    observations_dropped: int = 0
+    snapshots_dropped: int = 0
+    next_tick_ns: int | None = None  # LOCKSTEP grid position
+    lockstep_tick: int = 0
+    ticks: int = 0
+
+
+@dataclass
+class ExecutorStats:
+    ticks: int = 0
+    rows: int = 0
+    model_errors: int = 0
+    stage_ns: np.ndarray = field(default_factory=lambda: np.zeros(4, np.int64))  # pre, fwd, gate, post
+
+
+class Executor:
+    def __init__(self, model: DecisionModel, config: ExecutorConfig | None = None) -> None:
+        self.model = model
+        self.config = config or ExecutorConfig()
+        card = model.card
+        self.card = card
+        self.period_ns = self.config.tick_period_ns
+        self._max_age_ns = self.config.max_observation_age_ns
+        self._mean = np.array([f.mean for f in card.features], np.float32)
+        self._inv_std = np.array([1.0 / f.std for f in card.features], np.float32)
+        self._plan_mean = np.array([p.mean for p in card.plan], np.float32)
+        self._plan_inv_std = np.array([1.0 / p.std for p in card.plan], np.float32)
+        self._plan_default = np.array(card.plan_default, np.float32)
+        self._ctrl_min = np.array([c.min for c in card.controls], np.float32)
+        self._ctrl_max = np.array([c.max for c in card.controls], np.float32)
+        self._inv_temperature = np.float32(1.0 / card.temperature)
+        self._actions = list(card.actions)
+        cap = self.config.max_sessions
+        self._x = np.zeros((cap, model.n_features), np.float32)
+        self._xn = np.zeros((cap, model.n_features), np.float32)
+        self._p = np.zeros((cap, model.n_plan), np.float32)
+        self._pn = np.zeros((cap, model.n_plan), np.float32)
+        safe = card.safe_action
+        self.safe_action = AppliedAction(self._actions.index(safe.action), safe.action,
+                                         np.array(safe.controls, np.float32))
+        self.sessions: dict[str, Session] = {}
+        self.stats = ExecutorStats()
+        self._realtime_tick = 0
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def open_session(self, session_id: str, clock: Clock = Clock.REALTIME, shadow: bool = False,
+                     include_decision_vector: bool = False) -> Session:
+        if not session_id:
+            raise SessionError("session id must not be empty")
+        if session_id in self.sessions:
+            raise SessionError(f"session {session_id!r} is already open")
+        if len(self.sessions) >= self.config.max_sessions:
+            raise SessionError(f"the server is full: {self.config.max_sessions} sessions open (max_sessions)")
+        session = Session(session_id=session_id, clock=Clock(clock), shadow=shadow,
+                          include_decision_vector=include_decision_vector, plan=self._plan_default.copy())
+        self.sessions[session_id] = session
+        return session
+
+    def close_session(self, session_id: str) -> None:
+        self.sessions.pop(session_id, None)
+
+    def _session(self, session_id: str) -> Session:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise SessionError(f"no open session {session_id!r}") from None
+
+    # -- input ----------------------------------------------------------------------------------
+
+    def check_observation(self, session: Session, obs: Observation) -> None:
+        n = self.model.n_features
+        if obs.features.shape != (n,):
+            names = self.card.feature_names
+            raise InvalidObservation(
+                f"observation seq {obs.seq} has {obs.features.size} features; the model expects {n} "
+                f"({names[0]}, {names[1]}, ..., {names[-1]}); GetModelInfo lists them in order")
+        if obs.seq <= session.last_seq:
+            raise InvalidObservation(f"observation seq {obs.seq} is not after the previous seq "
+                                     f"{session.last_seq}; sequence numbers must strictly increase")
+        if obs.actual_controls is not None and obs.actual_controls.size not in (0, len(self.card.controls)):
+            raise InvalidObservation(f"observation seq {obs.seq}: actual action has {obs.actual_controls.size} "
+                                     f"controls; the model has {len(self.card.controls)} "
+                                     f"({', '.join(c.name for c in self.card.controls)})")
+        if not -1 <= obs.actual_index < len(self._actions):
+            raise InvalidObservation(f"observation seq {obs.seq}: actual action index {obs.actual_index} is "
+                                     f"not -1 (unknown) or 0..{len(self._actions) - 1}")
+
+    def submit(self, session_id: str, obs: Observation) -> None:
+        """REALTIME input: the newest observation replaces an unused older one (counted)."""
+        session = self._session(session_id)
+        self.check_observation(session, obs)
+        session.last_seq = obs.seq
+        if session.pending is not None:
+            session.observations_dropped += 1
+        session.pending = obs
+
+    # -- ticking --------------------------------------------------------------------------------
+
+    def tick(self, scheduled_ns: int, tick_index: int | None = None, lateness_ns: int = 0) -> list[Snapshot]:
+        """One tick for every REALTIME session that has received an observation."""
+        if tick_index is None:
+            tick_index = self._realtime_tick
+        self._realtime_tick = tick_index + 1
+        rows = [s for s in self.sessions.values()
+                if s.clock is Clock.REALTIME and (s.pending is not None or s.current is not None)]
+        if not rows:
+            return []
+        return self._run_batch(rows, tick_index, scheduled_ns, lateness_ns)
+
+    def step(self, observations: dict[str, Observation], now_ns: int) -> list[Snapshot]:
+        """In-process convenience for REALTIME sessions: submit, then tick at `now_ns`."""
+        for session_id, obs in observations.items():
+            if obs.arrival_ns == 0:
+                obs.arrival_ns = now_ns
+            self.submit(session_id, obs)
+        return self.tick(now_ns)
+
+    def advance_lockstep(self, session_id: str, obs: Observation) -> list[Snapshot]:
+        """Run every tick of the session's grid up to the observation's timestamp.
+
+        Ticks strictly before the timestamp use the previous observation (its age shows it); a tick
+        exactly at the timestamp uses this one. The grid starts at the first observation's time.
+        """
+        session = self._session(session_id)
+        self.check_observation(session, obs)
+        ts = obs.timestamp_ns
+        if session.last_timestamp_ns is not None and ts <= session.last_timestamp_ns:
+            raise InvalidObservation(f"observation seq {obs.seq} has timestamp {ts} ns, not after the previous "
+                                     f"{session.last_timestamp_ns} ns; LOCKSTEP time must strictly increase")
+        if session.next_tick_ns is None:
+            session.next_tick_ns = ts
+        ticks_due = (ts - session.next_tick_ns) // self.period_ns + 1
+        max_ticks = int(self.config.lockstep_max_gap_s * 1e9 / self.period_ns)
+        if ticks_due > max_ticks:
+            raise InvalidObservation(f"observation seq {obs.seq} jumps {(ts - session.next_tick_ns) / 1e9:.3f} s "
+                                     f"ahead; LOCKSTEP refuses gaps over lockstep_max_gap_s="
+                                     f"{self.config.lockstep_max_gap_s} s")
+        session.last_seq = obs.seq
+        session.last_timestamp_ns = ts
+        out: list[Snapshot] = []
+        while session.next_tick_ns < ts:
+            out += self._lockstep_tick(session)
+        if session.pending is not None:
+            session.observations_dropped += 1  # an off-grid observation no tick got to use
+        session.pending = obs
+        if session.next_tick_ns == ts:
+            out += self._lockstep_tick(session)
+        return out
+
+    def _lockstep_tick(self, session: Session) -> list[Snapshot]:
+        snaps = self._run_batch([session], session.lockstep_tick, session.next_tick_ns, 0) \
+            if (session.pending is not None or session.current is not None) else []
+        session.lockstep_tick += 1
+        session.next_tick_ns += self.period_ns
+        return snaps
+
+    def _run_batch(self, rows: list[Session], tick_index: int, tick_ns: int, lateness_ns: int) -> list[Snapshot]:
+        n = len(rows)
+        t0 = _perf_ns()
+        x, p = self._x[:n], self._p[:n]
+        observations: list[Observation] = []
+        for i, s in enumerate(rows):
+            if s.pending is not None:
+                s.current, s.pending = s.pending, None
+            obs = s.current
+            observations.append(obs)
+            x[i] = obs.features
+            p[i] = s.plan
+        finite = np.isfinite(x).all(axis=1)
+        xn, pn = self._xn[:n], self._pn[:n]
+        np.subtract(x, self._mean, out=xn)
+        xn *= self._inv_std
+        np.subtract(p, self._plan_mean, out=pn)
+        pn *= self._plan_inv_std
+        if not finite.all():
+            xn[~finite] = 0.0  # the model never sees NaN; the row is marked INVALID_INPUT below
+        t1 = _perf_ns()
+        try:
+            out = self.model.forward(xn, pn)
+            model_ok = bool(np.isfinite(out.logits).all() and np.isfinite(out.controls).all())
+        except Exception:  # noqa: BLE001 - any runtime failure degrades the tick, never the loop
+            out, model_ok = None, False
+        if not model_ok:
+            self.stats.model_errors += 1
+        t2 = _perf_ns()
+        snaps = self._postprocess(rows, observations, finite, out if model_ok else None, tick_index, tick_ns,
+                                  lateness_ns)
+        t3 = _perf_ns()
+        timings = StageTimings((t1 - t0) // 1000, (t2 - t1) // 1000, 0, (t3 - t2) // 1000)
+        emit_ns = _mono_ns()
+        for snap in snaps:
+            snap.timings = timings
+            snap.emit_time_ns = emit_ns
+        st = self.stats
+        st.ticks += 1
+        st.rows += n
+        st.stage_ns[0] += t1 - t0
+        st.stage_ns[1] += t2 - t1
+        st.stage_ns[3] += t3 - t2
+        return snaps
+
+    def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,
+                     tick_index: int, tick_ns: int, lateness_ns: int) -> list[Snapshot]:
+        n = len(rows)
+        if out is not None:
+            z = out.logits * self._inv_temperature
+            z -= z.max(axis=1, keepdims=True)
+            probs = np.exp(z)
+            probs /= probs.sum(axis=1, keepdims=True)
+            top = np.argsort(-probs, axis=1, kind="stable")[:, :2]
+            top1 = probs[np.arange(n), top[:, 0]]
+            margin = top1 - probs[np.arange(n), top[:, 1]]
+            controls = np.clip(out.controls, self._ctrl_min, self._ctrl_max)
+        empty = np.zeros(0, np.float32)
+        lateness_us = max(0, lateness_ns) // 1000
+        snaps = []
+        for i, s in enumerate(rows):
+            obs = observations[i]
+            age = tick_ns - (obs.arrival_ns if s.clock is Clock.REALTIME else obs.timestamp_ns)
+            age = max(age, 0)
+            reasons: list[Reason] = []
+            if not finite[i]:
+                reasons.append(Reason.INVALID_INPUT)
+            if out is None:
+                reasons.append(Reason.MODEL_ERROR)
+            if age > self._max_age_ns:
+                reasons.append(Reason.STALE_OBSERVATION)
+            scored = out is not None and finite[i]
+            if scored:
+                idx = int(top[i, 0])
+                prop_probs, prop_controls = probs[i].copy(), controls[i].copy()
+                conf, marg = float(top1[i]), float(margin[i])
+                if marg < self.config.min_margin:
+                    reasons.append(Reason.LOW_MARGIN)
+            else:
+                idx, prop_probs, prop_controls, conf, marg = -1, empty, empty, 0.0, 0.0
+            if not reasons:
+                applied = AppliedAction(idx, self._actions[idx], prop_controls)
+                s.last_applied = applied
+            elif s.last_applied is not None:
+                applied = s.last_applied
+            else:
+                applied = self.safe_action
+                reasons.append(Reason.SAFE_DEFAULT)
+            digest = hashlib.blake2b(self._x[i].tobytes(), digest_size=8)
+            digest.update(self._p[i].tobytes())
+            s.ticks += 1
+            snaps.append(Snapshot(
+                session_id=s.session_id, tick=tick_index, scheduled_time_ns=tick_ns, emit_time_ns=0,
+                lateness_us=lateness_us, observation_seq=obs.seq, observation_age_ns=age,
+                model_version=self.card.version, proposed_index=idx,
+                proposed_name=self._actions[idx] if idx >= 0 else "", probabilities=prop_probs,
+                proposed_controls=prop_controls, confidence=conf, margin=marg, applied=applied,
+                reasons=tuple(reasons), safety_state=SafetyState.VETO_HOLD if reasons else SafetyState.NOMINAL,
+                input_hash=int.from_bytes(digest.digest(), "little"), timings=StageTimings(),
+                shadow=s.shadow, plan_id=s.plan_id,
+                plan_age_ns=(tick_ns - s.plan_created_ns) if s.plan_id else 0,
+                decision_vector=out.decision_vector[i].copy() if (s.include_decision_vector and out is not None)
+                else None,
+                snapshots_dropped=s.snapshots_dropped, observations_dropped=s.observations_dropped,
+                actual_index=obs.actual_index,
+            ))
+        return snaps

@@ -1,0 +1,128 @@
+"""The metadata contract every decision model carries inside its ONNX file.
+
+The JSON below is stored in the ONNX `metadata_props` under METADATA_KEY. Without it the executor
+cannot know what the features mean, how to normalise them, what the actions are called or which
+output is the decision vector, so a model without it is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+METADATA_KEY = "dualloop.model_card"
+FORMAT_VERSION = 1
+
+
+class FeatureSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    unit: str
+    mean: float = 0.0
+    std: float = Field(1.0, gt=0.0)
+
+
+class ControlSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    unit: str
+    min: float
+    max: float
+
+    @model_validator(mode="after")
+    def _range(self) -> "ControlSpec":
+        if not self.min < self.max:
+            raise ValueError(f"control {self.name!r}: min {self.min} must be below max {self.max}")
+        return self
+
+
+class SafeAction(BaseModel):
+    """What to apply when a session has nothing valid to hold (first tick invalid, for example)."""
+
+    model_config = ConfigDict(extra="forbid")
+    action: str
+    controls: list[float]
+
+
+class IONames(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    features: str = "features"
+    plan: str = "plan"
+    logits: str = "logits"
+    controls: str = "controls"
+    decision_vector: str = "decision_vector"
+
+
+class ModelCard(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format_version: Literal[1] = FORMAT_VERSION
+    name: str
+    size_class: Literal["test", "small", "base", "large"]
+    version: str = ""  # content hash, filled in by the exporter
+    features: list[FeatureSpec] = Field(min_length=1)
+    plan: list[FeatureSpec] = Field(min_length=1)
+    plan_default: list[float]
+    actions: list[str] = Field(min_length=2)
+    controls: list[ControlSpec] = Field(min_length=1)
+    safe_action: SafeAction
+    io: IONames = IONames()
+    decision_vector_size: int = Field(gt=0)
+    # Softmax temperature fitted on held-out data; 1.0 means uncalibrated.
+    temperature: float = Field(1.0, gt=0.0)
+    training_metrics: dict[str, float | str] = {}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelCard":
+        if len(self.plan_default) != len(self.plan):
+            raise ValueError(f"plan_default has {len(self.plan_default)} values for {len(self.plan)} plan fields")
+        if self.safe_action.action not in self.actions:
+            raise ValueError(f"safe_action.action {self.safe_action.action!r} is not one of {self.actions}")
+        if len(self.safe_action.controls) != len(self.controls):
+            raise ValueError(f"safe_action.controls has {len(self.safe_action.controls)} values for "
+                             f"{len(self.controls)} controls")
+        for value, spec in zip(self.safe_action.controls, self.controls):
+            if not spec.min <= value <= spec.max:
+                raise ValueError(f"safe_action control {spec.name}={value} is outside [{spec.min}, {spec.max}]")
+        for kind, names in (("feature", [f.name for f in self.features]), ("plan", [p.name for p in self.plan]),
+                            ("action", self.actions), ("control", [c.name for c in self.controls])):
+            if len(set(names)) != len(names):
+                raise ValueError(f"duplicate {kind} names in {names}")
+        return self
+
+    @property
+    def feature_names(self) -> list[str]:
+        return [f.name for f in self.features]
+
+    def schema_hash(self) -> str:
+        """Hash of what a client must agree on to send valid observations (not the weights)."""
+        schema = {
+            "features": [(f.name, f.unit) for f in self.features],
+            "plan": [(p.name, p.unit) for p in self.plan],
+            "actions": self.actions,
+            "controls": [(c.name, c.unit) for c in self.controls],
+        }
+        return hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+class ModelFileError(ValueError):
+    """A model file that the executor cannot serve; the message names the file and the problem."""
+
+
+def parse_card(raw: str | None, path: str) -> ModelCard:
+    if raw is None:
+        raise ModelFileError(
+            f"{path}: no '{METADATA_KEY}' entry in the ONNX metadata. dualloop needs the feature schema, "
+            f"action schema and decision-vector output declared there; export models with "
+            f"executor.onnx_export.export_mlp (or `dualloop make-test-model`)."
+        )
+    try:
+        return ModelCard.model_validate_json(raw)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(card)'}: {e['msg']}" for e in err.errors())
+        raise ModelFileError(f"{path}: invalid '{METADATA_KEY}' metadata: {problems}") from None

@@ -1,0 +1,77 @@
+"""The decision model on onnxruntime: load, check against its card, warm up, run one batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from executor.model_card import METADATA_KEY, ModelCard, ModelFileError, parse_card
+
+
+@dataclass(slots=True)
+class ModelOutputs:
+    logits: np.ndarray  # (n, actions)
+    controls: np.ndarray  # (n, controls)
+    decision_vector: np.ndarray  # (n, decision_vector_size)
+
+
+def _session_options() -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    # One thread, no spinning: the default pool gave millisecond outliers on a 2-core VM and the
+    # spinning workers steal the core the event loop needs.
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    return opts
+
+
+class DecisionModel:
+    """One onnxruntime session; `forward` runs a whole batch of sessions in one call."""
+
+    def __init__(self, path: str | Path, warmup_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> None:
+        self.path = str(path)
+        if not Path(path).is_file():
+            raise ModelFileError(f"{path}: model file not found")
+        try:
+            self._session = ort.InferenceSession(self.path, _session_options(), providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime raises its own exception types
+            raise ModelFileError(f"{path}: onnxruntime cannot load it: {err}") from None
+        meta = self._session.get_modelmeta().custom_metadata_map
+        self.card: ModelCard = parse_card(meta.get(METADATA_KEY), self.path)
+        self._check_graph()
+        io = self.card.io
+        self._inputs = (io.features, io.plan)
+        self._outputs = [io.logits, io.controls, io.decision_vector]
+        self.n_features = len(self.card.features)
+        self.n_plan = len(self.card.plan)
+        for n in warmup_batches:  # first calls allocate and pick kernels: keep that out of the first tick
+            for _ in range(3):
+                self.forward(np.zeros((n, self.n_features), np.float32), np.zeros((n, self.n_plan), np.float32))
+
+    def _check_graph(self) -> None:
+        card, io = self.card, self.card.io
+        inputs = {i.name: i.shape for i in self._session.get_inputs()}
+        outputs = {o.name: o.shape for o in self._session.get_outputs()}
+        expected_in = {io.features: len(card.features), io.plan: len(card.plan)}
+        expected_out = {io.logits: len(card.actions), io.controls: len(card.controls),
+                        io.decision_vector: card.decision_vector_size}
+        for kind, have, want in (("input", inputs, expected_in), ("output", outputs, expected_out)):
+            for name, width in want.items():
+                if name not in have:
+                    raise ModelFileError(f"{self.path}: the card names {kind} {name!r} but the graph has "
+                                         f"{sorted(have)}")
+                shape = have[name]
+                if len(shape) != 2 or shape[1] != width:
+                    raise ModelFileError(f"{self.path}: {kind} {name!r} has shape {shape}; the card implies "
+                                         f"[batch, {width}]")
+
+    def forward(self, features: np.ndarray, plan: np.ndarray) -> ModelOutputs:
+        logits, controls, dv = self._session.run(self._outputs, {self._inputs[0]: features, self._inputs[1]: plan})
+        return ModelOutputs(logits=logits, controls=controls, decision_vector=dv)

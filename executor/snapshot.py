@@ -1,0 +1,100 @@
+"""What flows through the executor: observations in, decision snapshots out (plain dataclasses).
+
+The numeric values of the enums equal the wire enums in proto/dualloop/v1/controller.proto
+(tests/test_proto.py checks it), so conversion is a cast and the executor needs no wire import.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class Clock(enum.IntEnum):
+    REALTIME = 1
+    LOCKSTEP = 2
+
+
+class Reason(enum.IntEnum):
+    OOD_VETO = 1
+    LOW_MARGIN = 2
+    STALE_OBSERVATION = 3
+    STALE_PLAN = 4
+    INVALID_INPUT = 5
+    MODEL_ERROR = 6
+    FALLBACK = 7
+    SAFE_DEFAULT = 8
+
+
+class SafetyState(enum.IntEnum):
+    NOMINAL = 1
+    VETO_HOLD = 2
+    FALLBACK_ACTIVE = 3
+    RECOVERING = 4
+
+
+# Snapshot fields whose values come from the wall clock by nature; everything else is a pure
+# function of the inputs in LOCKSTEP and must replay byte-identically.
+WALL_CLOCK_FIELDS = ("emit_time_ns", "lateness_us", "timings")
+
+
+@dataclass(slots=True)
+class Observation:
+    seq: int
+    timestamp_ns: int
+    features: np.ndarray  # float32, model feature order
+    arrival_ns: int = 0  # server monotonic clock at receipt (REALTIME age is measured from here)
+    actual_index: int = -1  # shadow mode: what the vehicle did
+    actual_controls: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class StageTimings:
+    preprocess_us: int = 0
+    forward_us: int = 0
+    gate_us: int = 0
+    postprocess_us: int = 0
+
+
+@dataclass(slots=True)
+class AppliedAction:
+    index: int
+    name: str
+    controls: np.ndarray
+
+
+@dataclass(slots=True)
+class Snapshot:
+    session_id: str
+    tick: int
+    scheduled_time_ns: int
+    emit_time_ns: int
+    lateness_us: int
+    observation_seq: int
+    observation_age_ns: int
+    model_version: str
+    # The model's proposal; index -1 and empty arrays when the input could not be scored.
+    proposed_index: int
+    proposed_name: str
+    probabilities: np.ndarray
+    proposed_controls: np.ndarray
+    confidence: float
+    margin: float
+    applied: AppliedAction
+    reasons: tuple[Reason, ...]
+    safety_state: SafetyState
+    input_hash: int
+    timings: StageTimings
+    shadow: bool = False
+    plan_id: str = ""
+    plan_age_ns: int = 0
+    decision_vector: np.ndarray | None = None
+    gate_score: float | None = None
+    gate_threshold: float | None = None
+    gate_veto: bool = False
+    snapshots_dropped: int = 0
+    observations_dropped: int = 0
+    actual_index: int = -1
+    extra: dict[str, float] = field(default_factory=dict)

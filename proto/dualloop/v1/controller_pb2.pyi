@@ -1,0 +1,255 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ClockMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CLOCK_MODE_UNSPECIFIED: _ClassVar[ClockMode]
+    REALTIME: _ClassVar[ClockMode]
+    LOCKSTEP: _ClassVar[ClockMode]
+
+class ReasonCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REASON_UNSPECIFIED: _ClassVar[ReasonCode]
+    OOD_VETO: _ClassVar[ReasonCode]
+    LOW_MARGIN: _ClassVar[ReasonCode]
+    STALE_OBSERVATION: _ClassVar[ReasonCode]
+    STALE_PLAN: _ClassVar[ReasonCode]
+    INVALID_INPUT: _ClassVar[ReasonCode]
+    MODEL_ERROR: _ClassVar[ReasonCode]
+    FALLBACK: _ClassVar[ReasonCode]
+    SAFE_DEFAULT: _ClassVar[ReasonCode]
+
+class SafetyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SAFETY_STATE_UNSPECIFIED: _ClassVar[SafetyState]
+    NOMINAL: _ClassVar[SafetyState]
+    VETO_HOLD: _ClassVar[SafetyState]
+    FALLBACK_ACTIVE: _ClassVar[SafetyState]
+    RECOVERING: _ClassVar[SafetyState]
+CLOCK_MODE_UNSPECIFIED: ClockMode
+REALTIME: ClockMode
+LOCKSTEP: ClockMode
+REASON_UNSPECIFIED: ReasonCode
+OOD_VETO: ReasonCode
+LOW_MARGIN: ReasonCode
+STALE_OBSERVATION: ReasonCode
+STALE_PLAN: ReasonCode
+INVALID_INPUT: ReasonCode
+MODEL_ERROR: ReasonCode
+FALLBACK: ReasonCode
+SAFE_DEFAULT: ReasonCode
+SAFETY_STATE_UNSPECIFIED: SafetyState
+NOMINAL: SafetyState
+VETO_HOLD: SafetyState
+FALLBACK_ACTIVE: SafetyState
+RECOVERING: SafetyState
+
+class OpenSession(_message.Message):
+    __slots__ = ("session_id", "clock", "shadow", "include_decision_vector", "expected_schema_hash")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_DECISION_VECTOR_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SCHEMA_HASH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    clock: ClockMode
+    shadow: bool
+    include_decision_vector: bool
+    expected_schema_hash: str
+    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., shadow: _Optional[bool] = ..., include_decision_vector: _Optional[bool] = ..., expected_schema_hash: _Optional[str] = ...) -> None: ...
+
+class ActualAction(_message.Message):
+    __slots__ = ("action_index", "controls")
+    ACTION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CONTROLS_FIELD_NUMBER: _ClassVar[int]
+    action_index: int
+    controls: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, action_index: _Optional[int] = ..., controls: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Observation(_message.Message):
+    __slots__ = ("seq", "timestamp_ns", "features", "actual")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_NS_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    timestamp_ns: int
+    features: _containers.RepeatedScalarFieldContainer[float]
+    actual: ActualAction
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ns: _Optional[int] = ..., features: _Optional[_Iterable[float]] = ..., actual: _Optional[_Union[ActualAction, _Mapping]] = ...) -> None: ...
+
+class DriveRequest(_message.Message):
+    __slots__ = ("open", "observation")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    open: OpenSession
+    observation: Observation
+    def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ...) -> None: ...
+
+class SessionOpened(_message.Message):
+    __slots__ = ("session_id", "clock", "tick_period_ns", "model")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    TICK_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    clock: ClockMode
+    tick_period_ns: int
+    model: ModelInfo
+    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ...) -> None: ...
+
+class Action(_message.Message):
+    __slots__ = ("index", "name", "controls")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTROLS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    name: str
+    controls: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., controls: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Proposal(_message.Message):
+    __slots__ = ("action", "probabilities", "confidence", "margin")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    MARGIN_FIELD_NUMBER: _ClassVar[int]
+    action: Action
+    probabilities: _containers.RepeatedScalarFieldContainer[float]
+    confidence: float
+    margin: float
+    def __init__(self, action: _Optional[_Union[Action, _Mapping]] = ..., probabilities: _Optional[_Iterable[float]] = ..., confidence: _Optional[float] = ..., margin: _Optional[float] = ...) -> None: ...
+
+class GateResult(_message.Message):
+    __slots__ = ("score", "threshold", "veto")
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    VETO_FIELD_NUMBER: _ClassVar[int]
+    score: float
+    threshold: float
+    veto: bool
+    def __init__(self, score: _Optional[float] = ..., threshold: _Optional[float] = ..., veto: _Optional[bool] = ...) -> None: ...
+
+class StageTimings(_message.Message):
+    __slots__ = ("preprocess_us", "forward_us", "gate_us", "postprocess_us")
+    PREPROCESS_US_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_US_FIELD_NUMBER: _ClassVar[int]
+    GATE_US_FIELD_NUMBER: _ClassVar[int]
+    POSTPROCESS_US_FIELD_NUMBER: _ClassVar[int]
+    preprocess_us: int
+    forward_us: int
+    gate_us: int
+    postprocess_us: int
+    def __init__(self, preprocess_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., gate_us: _Optional[int] = ..., postprocess_us: _Optional[int] = ...) -> None: ...
+
+class DecisionSnapshot(_message.Message):
+    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TICK_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    EMIT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_US_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_SEQ_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_AGE_NS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_AGE_NS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    SAFETY_STATE_FIELD_NUMBER: _ClassVar[int]
+    GATE_FIELD_NUMBER: _ClassVar[int]
+    DECISION_VECTOR_FIELD_NUMBER: _ClassVar[int]
+    INPUT_HASH_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    tick: int
+    scheduled_time_ns: int
+    emit_time_ns: int
+    lateness_us: int
+    observation_seq: int
+    observation_age_ns: int
+    plan_id: str
+    plan_age_ns: int
+    model_version: str
+    proposed: Proposal
+    applied: Action
+    reasons: _containers.RepeatedScalarFieldContainer[ReasonCode]
+    safety_state: SafetyState
+    gate: GateResult
+    decision_vector: _containers.RepeatedScalarFieldContainer[float]
+    input_hash: int
+    timings: StageTimings
+    shadow: bool
+    snapshots_dropped: int
+    observations_dropped: int
+    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ...) -> None: ...
+
+class DriveResponse(_message.Message):
+    __slots__ = ("opened", "snapshot")
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    opened: SessionOpened
+    snapshot: DecisionSnapshot
+    def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., snapshot: _Optional[_Union[DecisionSnapshot, _Mapping]] = ...) -> None: ...
+
+class GetModelInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FeatureSpec(_message.Message):
+    __slots__ = ("name", "unit", "mean", "std")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    STD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    unit: str
+    mean: float
+    std: float
+    def __init__(self, name: _Optional[str] = ..., unit: _Optional[str] = ..., mean: _Optional[float] = ..., std: _Optional[float] = ...) -> None: ...
+
+class ControlSpec(_message.Message):
+    __slots__ = ("name", "unit", "min", "max")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    unit: str
+    min: float
+    max: float
+    def __init__(self, name: _Optional[str] = ..., unit: _Optional[str] = ..., min: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("model_version", "size_class", "features", "plan", "actions", "controls", "decision_vector_output", "decision_vector_size", "schema_hash", "tick_period_ns")
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTROLS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_VECTOR_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    DECISION_VECTOR_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_HASH_FIELD_NUMBER: _ClassVar[int]
+    TICK_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
+    model_version: str
+    size_class: str
+    features: _containers.RepeatedCompositeFieldContainer[FeatureSpec]
+    plan: _containers.RepeatedCompositeFieldContainer[FeatureSpec]
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    controls: _containers.RepeatedCompositeFieldContainer[ControlSpec]
+    decision_vector_output: str
+    decision_vector_size: int
+    schema_hash: str
+    tick_period_ns: int
+    def __init__(self, model_version: _Optional[str] = ..., size_class: _Optional[str] = ..., features: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., plan: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., actions: _Optional[_Iterable[str]] = ..., controls: _Optional[_Iterable[_Union[ControlSpec, _Mapping]]] = ..., decision_vector_output: _Optional[str] = ..., decision_vector_size: _Optional[int] = ..., schema_hash: _Optional[str] = ..., tick_period_ns: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from controller.config import ServerConfig
+from controller.models import TEST_MODEL_PATH
+from controller.server import ServerThread
+from executor.model_runner import DecisionModel
+
+
+@pytest.fixture(scope="session")
+def test_model_path() -> Path:
+    assert TEST_MODEL_PATH.is_file(), "models/test_model.onnx is missing: run `dualloop make-test-model`"
+    return TEST_MODEL_PATH
+
+
+@pytest.fixture(scope="session")
+def test_model(test_model_path: Path) -> DecisionModel:
+    return DecisionModel(test_model_path)
+
+
+@pytest.fixture()
+def server(test_model_path: Path):
+    with ServerThread(ServerConfig(model=test_model_path, port=0)) as srv:
+        yield srv
+
+
+@pytest.fixture()
+def channel(server):
+    with grpc.insecure_channel(server.address) as ch:
+        yield ch
