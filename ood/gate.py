@@ -1,0 +1,142 @@
+"""The Gate: fitted statistics + calibrated threshold + norm band + filter + feature schema.
+
+``fit_gate`` is the one-call path from recorded features to a saved, hashed gate file;
+``Gate.monitor(n_slots)`` is the one object an executor loop needs per tick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from .calibrate import NormBand, ThresholdCalibration, calibrate_norm_band, calibrate_threshold
+from .filter import FilterSettings, KOfNSettings, filter_settings_from_dict, make_filter
+from .fit import GateStats, check_feature_matrix, fit_statistics, raw_norms
+from .monitor import GateMonitor
+from .score import GateScorer, score_in_chunks
+
+
+@dataclass(frozen=True)
+class FeatureSchema:
+    """What the gate was fitted on: ordered feature names and where they come from."""
+
+    feature_names: tuple[str, ...]
+    source: str  # e.g. "decision_vector" (model penultimate layer) or "input_features"
+
+    def __post_init__(self) -> None:
+        if not self.feature_names:
+            raise ValueError("feature schema needs at least one feature name")
+        if len(set(self.feature_names)) != len(self.feature_names):
+            raise ValueError("feature names must be unique")
+        if not self.source:
+            raise ValueError("feature schema needs a source (e.g. 'decision_vector')")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"feature_names": list(self.feature_names), "source": self.source}
+
+
+@dataclass(frozen=True, eq=False)  # holds numpy arrays: == would be ambiguous
+class Gate:
+    stats: GateStats
+    calibration: ThresholdCalibration
+    norm_band: NormBand
+    filter: FilterSettings
+    schema: FeatureSchema
+
+    @property
+    def threshold(self) -> float:
+        return self.calibration.threshold
+
+    @property
+    def variant(self) -> str:
+        return self.stats.variant
+
+    @property
+    def dim(self) -> int:
+        return self.stats.dim
+
+    @cached_property
+    def version_hash(self) -> str:
+        """sha256 of the canonical content (metadata JSON + arrays); identical after a round trip."""
+        from .gatefile import content_hash  # gatefile imports Gate; importing here breaks the cycle
+
+        return content_hash(self)
+
+    def nominal_veto_rate(self) -> dict[str, float]:
+        """Upper-bound per-tick false-veto budget on in-distribution data, by source.
+
+        ``norm_guard``: the band's stated alpha (immediate, unfiltered); ``filtered_score``: the
+        filter's alarm probability for i.i.d. exceedances at the calibrated alpha (k-of-n only,
+        NaN for CUSUM, which has no closed form here; measure it with metrics.false_veto_rate).
+        """
+        filt = self.filter
+        score = filt.false_alarm_probability(self.calibration.alpha) if isinstance(filt, KOfNSettings) else float("nan")
+        return {"norm_guard": self.norm_band.alpha, "filtered_score": score,
+                "norm_guard_measured": self.norm_band.empirical_rate}
+
+    def scorer(self, max_batch: int = 64) -> GateScorer:
+        return GateScorer(
+            self.stats,
+            threshold=self.calibration.threshold,
+            norm_low=self.norm_band.low,
+            norm_high=self.norm_band.high,
+            max_batch=max_batch,
+        )
+
+    def monitor(self, n_slots: int) -> GateMonitor:
+        """Scorer + per-slot filter sized for ``n_slots`` concurrent sessions."""
+        return GateMonitor(self.scorer(max_batch=n_slots), make_filter(self.filter, n_slots))
+
+    def save(self, path: str) -> str:
+        """Write the gate file; returns the version hash."""
+        from .gatefile import save_gate
+
+        return save_gate(self, path)
+
+
+def _filter_settings(value: FilterSettings | dict[str, Any] | None) -> FilterSettings:
+    if value is None:
+        return KOfNSettings()
+    if isinstance(value, dict):
+        return filter_settings_from_dict(value)
+    return value
+
+
+def fit_gate(
+    X_train: np.ndarray,
+    X_calib: np.ndarray,
+    y_train: np.ndarray | None = None,
+    *,
+    variant: str = "single",
+    shrinkage: str = "ledoit_wolf",
+    alpha: float = 0.001,
+    norm_alpha: float | None = None,
+    norm_margin: float = 1.0,
+    feature_names: list[str] | tuple[str, ...],
+    source: str,
+    data_description: str,
+    filter: FilterSettings | dict[str, Any] | None = None,
+) -> Gate:
+    """Fit on ``X_train``, calibrate threshold and norm band on held-out ``X_calib``.
+
+    ``alpha`` is the per-tick false-veto rate of the score threshold (before the filter);
+    ``norm_alpha`` (default: alpha) the per-tick rate of norm-guard hits, which veto at once
+    (no filter), and ``norm_margin`` >= 1 widens that band multiplicatively to push the
+    nominal immediate-veto rate well below norm_alpha; see ``Gate.nominal_veto_rate``.
+    ``data_description`` says what X_calib is (recorded where, which model version) and is
+    stored with the threshold.
+    """
+    schema = FeatureSchema(tuple(str(n) for n in feature_names), str(source))
+    stats = fit_statistics(X_train, y_train, variant=variant, shrinkage=shrinkage)
+    if len(schema.feature_names) != stats.dim:
+        raise ValueError(f"{len(schema.feature_names)} feature names for {stats.dim} feature columns")
+    calib = check_feature_matrix(X_calib, "calibration features")
+    if calib.shape[1] != stats.dim:
+        raise ValueError(f"calibration features have {calib.shape[1]} columns, training has {stats.dim}")
+    scores, _ = score_in_chunks(GateScorer(stats), calib)
+    calibration = calibrate_threshold(scores, alpha, data_description)
+    band = calibrate_norm_band(raw_norms(calib), alpha if norm_alpha is None else norm_alpha, norm_margin)
+    return Gate(stats, calibration, band, _filter_settings(filter), schema)
