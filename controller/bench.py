@@ -21,38 +21,34 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from controller.config import ServerConfig
-from controller.server import ControllerServer, new_event_loop
-from controller.ticker import percentiles_us
-from executor.core import ExecutorStats
+from controller.server import new_event_loop
 
 
 async def _subprocess(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(sys.executable, "-m", "controller.bench_clients", *args,
+    return await asyncio.create_subprocess_exec(sys.executable, "-m", "controller.bench_procs", *args,
                                                 stdout=asyncio.subprocess.PIPE)
 
 
-async def _bench_tick(model: Path, sessions: int, duration_s: float, guard_ms: float,
+async def _bench_tick(model: Path, sessions: int, duration_s: float, guard_ms: float, rt_priority: int | None,
                       console: Console) -> dict[str, Any]:
-    server = ControllerServer(ServerConfig(model=model, port=0, executor={"max_sessions": max(sessions, 1),
-                                                                          "ticker_guard_ms": guard_ms}))
-    port = await server.start()
-    runtime, executor = server.runtime, server.executor
+    rt = ("--realtime-priority", str(rt_priority)) if rt_priority else ()
     with tempfile.TemporaryDirectory() as tmp:
-        bare_file = str(Path(tmp) / "bare.npy")
+        server_file, bare_file = str(Path(tmp) / "server.npy"), str(Path(tmp) / "bare.npy")
+        server = await _subprocess("server", "--model", str(model), "--sessions", str(sessions),
+                                   "--guard-ms", str(guard_ms), "--save", server_file, *rt)
+        assert server.stdout is not None
+        first = await server.stdout.readline()
+        if not first:
+            raise RuntimeError("the bench server process did not start (see its error above)")
+        port = json.loads(first)["port"]
         clients = await _subprocess("clients", "--address", f"127.0.0.1:{port}", "--sessions", str(sessions),
                                     "--duration", str(duration_s))
-        # Measure only while all sessions are connected.
-        while runtime.stats.sessions_opened < sessions and clients.returncode is None:
-            await asyncio.sleep(0.01)
         bare = await _subprocess("bare", "--duration", str(duration_s), "--save", bare_file,
-                                 "--guard-ms", str(guard_ms))
-        runtime.stats.reset()
-        executor.stats = ExecutorStats()
-        missed0 = runtime.ticker.missed
-        cpu0, t0 = time.process_time(), time.monotonic()
-        with Progress(TextColumn("[bold]bench tick[/]"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
-                      TimeRemainingColumn(), console=console, transient=True) as progress:
+                                 "--guard-ms", str(guard_ms), *rt)
+        t0 = time.monotonic()
+        with Progress(TextColumn("[bold]bench tick[/]"), BarColumn(),
+                      TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TimeRemainingColumn(),
+                      console=console, transient=True) as progress:
             task = progress.add_task("run", total=duration_s)
             while clients.returncode is None:
                 progress.update(task, completed=min(duration_s, time.monotonic() - t0))
@@ -60,42 +56,24 @@ async def _bench_tick(model: Path, sessions: int, duration_s: float, guard_ms: f
                     await asyncio.wait_for(clients.wait(), 0.25)
                 except asyncio.TimeoutError:
                     pass
-        cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - t0
-        stats = runtime.stats
-        snapshot = {
-            "ticks": stats.ticks, "missed": runtime.ticker.missed - missed0,
-            "lateness": stats.lateness.values(), "decision_latency": stats.decision_latency.values(),
-            "tick_work": stats.tick_work_ns.values(), "stage_ns": executor.stats.stage_ns.copy(),
-            "rows": executor.stats.rows, "stream_ns": stats.stream_ns, "sent": stats.snapshots_sent,
-        }
         client_out, _ = await clients.communicate()
+        server_out, _ = await server.communicate()
         bare_out, _ = await bare.communicate()
-        bare_values = np.load(bare_file)
-    await server.stop()
-    if clients.returncode != 0 or bare.returncode != 0:
-        raise RuntimeError(f"bench subprocess failed (clients exit {clients.returncode}, bare exit {bare.returncode})")
-    per_session = json.loads(client_out)
+        if clients.returncode or server.returncode or bare.returncode:
+            raise RuntimeError(f"a bench process failed (server exit {server.returncode}, clients exit "
+                               f"{clients.returncode}, bare exit {bare.returncode})")
+        raw = {"executor_lateness_ns": np.load(server_file), "bare_lateness_ns": np.load(bare_file)}
+    ex = json.loads(server_out)
     bare_result = json.loads(bare_out)
-    ticks = max(snapshot["ticks"], 1)
-    stage = snapshot["stage_ns"] / ticks / 1e3
-    cpu_per_tick_us = cpu_s / ticks * 1e6
-    split = {"model": float(stage[0] + stage[1]), "rules": float(stage[3]), "gate": float(stage[2]),
-             "streaming": snapshot["stream_ns"] / ticks / 1e3}
-    split["other (gRPC I/O, event loop, precise wait)"] = cpu_per_tick_us - sum(split.values())
-    ex_lat = percentiles_us(snapshot["lateness"])
-    bare_lat = bare_result["lateness_us"]
     return {
-        "when": datetime.now().isoformat(timespec="seconds"), "sessions": sessions, "duration_s": wall_s,
-        "executor": {"ticks": snapshot["ticks"], "missed_deadlines": snapshot["missed"], "lateness_us": ex_lat,
-                     "tick_work_us": percentiles_us(snapshot["tick_work"]),
-                     "decision_latency_us": percentiles_us(snapshot["decision_latency"]),
-                     "cpu_per_tick_us": split, "cpu_fraction": cpu_s / wall_s,
-                     "snapshots_sent": snapshot["sent"]},
+        "when": datetime.now().isoformat(timespec="seconds"), "sessions": sessions, "duration_s": ex["wall_s"],
+        "guard_ms": guard_ms, "scheduling": {"executor": ex["scheduling"], "bare_ticker": bare_result["scheduling"]},
+        "executor": ex,
         "bare_ticker": {"ticks": bare_result["ticks"], "missed_deadlines": bare_result["missed"],
-                        "lateness_us": bare_lat, "cpu_fraction": bare_result["cpu_fraction"]},
-        "p99_ratio_executor_over_bare": ex_lat["p99"] / max(bare_lat["p99"], 1e-9),
-        "sessions_detail": per_session,
-        "_raw": {"executor_lateness_ns": snapshot["lateness"], "bare_lateness_ns": bare_values},
+                        "lateness_us": bare_result["lateness_us"], "cpu_fraction": bare_result["cpu_fraction"]},
+        "p99_ratio_executor_over_bare": ex["lateness_us"]["p99"] / max(bare_result["lateness_us"]["p99"], 1e-9),
+        "sessions_detail": json.loads(client_out),
+        "_raw": raw,
     }
 
 
@@ -124,7 +102,8 @@ def _plot(result: dict[str, Any], path: Path) -> None:
 
 def print_tick_report(result: dict[str, Any], console: Console) -> None:
     ex, bare = result["executor"], result["bare_ticker"]
-    table = Table(title=f"tick lateness, {result['sessions']} sessions, {result['duration_s']:.1f} s (us)")
+    table = Table(title=f"tick lateness, {result['sessions']} sessions, {result['duration_s']:.1f} s (us); "
+                        f"guard {result['guard_ms']} ms, {result['scheduling']['executor']}")
     for col in ("", "min", "p50", "p99", "p99.9", "max", "missed"):
         table.add_column(col, justify="right")
     for name, r in (("executor", ex), ("bare ticker", bare)):
@@ -155,11 +134,11 @@ def print_tick_report(result: dict[str, Any], console: Console) -> None:
 
 
 def bench_tick(model: Path, sessions: int = 8, duration_s: float = 60.0, out_dir: Path = Path("runs/bench"),
-               guard_ms: float = 1.0, console: Console | None = None) -> dict[str, Any]:
+               guard_ms: float = 2.0, rt_priority: int | None = None, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     loop = new_event_loop()
     try:
-        result = loop.run_until_complete(_bench_tick(model, sessions, duration_s, guard_ms, console))
+        result = loop.run_until_complete(_bench_tick(model, sessions, duration_s, guard_ms, rt_priority, console))
     finally:
         loop.close()
     out_dir.mkdir(parents=True, exist_ok=True)

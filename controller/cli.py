@@ -21,14 +21,16 @@ def _serve(args: argparse.Namespace) -> int:
     from controller.server import ControllerServer, new_event_loop
 
     config = load_server_config(args.config, model=args.model, host=args.host, port=args.port,
-                                allow_non_loopback=True if args.allow_non_loopback else None)
+                                allow_non_loopback=True if args.allow_non_loopback else None,
+                                realtime_priority=args.realtime_priority)
     server = ControllerServer(config)
 
     async def run() -> None:
         port = await server.start()
         card = server.executor.card
         console.print(f"dualloop serving model {card.name} {card.version} (schema {card.schema_hash()}) on "
-                      f"{config.host}:{port}, tick {config.executor.tick_period_ms} ms. Ctrl-C stops.")
+                      f"{config.host}:{port}, tick {config.executor.tick_period_ms} ms, {server.scheduling}. "
+                      f"Ctrl-C stops.")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -65,7 +67,8 @@ def _bench(args: argparse.Namespace) -> int:
     from controller.bench import bench_tick
 
     if args.what == "tick":
-        result = bench_tick(args.model, args.sessions, args.duration, args.out, args.guard_ms)
+        result = bench_tick(args.model, args.sessions, args.duration, args.out, args.guard_ms,
+                            args.realtime_priority or None)
         ok = (result["executor"]["missed_deadlines"] == 0 and result["p99_ratio_executor_over_bare"] <= 1.5
               and result["executor"]["lateness_us"]["p99"] < 500)
         console.print("targets (0 missed, p99 <= 1.5x bare and < 500 us): "
@@ -92,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 50151; 0 picks a free one)")
     p.add_argument("--allow-non-loopback", action="store_true", help="permit binding beyond loopback")
+    p.add_argument("--realtime-priority", type=int, help="SCHED_FIFO priority (1-99) for the tick loop")
     p.set_defaults(fn=_serve)
 
     p = sub.add_parser("info", help="print a model's card (schema, actions, version)")
@@ -108,8 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--duration", type=float, default=60.0, help="seconds")
     p.add_argument("--out", type=Path, default=Path("runs/bench"))
-    p.add_argument("--guard-ms", type=float, default=1.0,
+    p.add_argument("--guard-ms", type=float, default=2.0,
                    help="how long before each deadline the loop timer hands over to the busy wait")
+    p.add_argument("--realtime-priority", type=int, default=50,
+                   help="SCHED_FIFO priority for the executor process and, for fairness, the bare ticker "
+                        "(0: normal scheduling; refused without CAP_SYS_NICE, which the report shows)")
     p.set_defaults(fn=_bench)
 
     p = sub.add_parser("demo", help="the main job")

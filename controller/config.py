@@ -35,6 +35,9 @@ class ServerConfig(BaseModel):
     # Binding beyond loopback exposes an actuation-adjacent service: it must be asked for.
     allow_non_loopback: bool = False
     executor: ExecutorConfig = ExecutorConfig()
+    # SCHED_FIFO priority for the thread that runs the tick loop (1-99), as ros2_control's controller
+    # manager does; None keeps the normal scheduler. Needs CAP_SYS_NICE; refused -> a warning.
+    realtime_priority: int | None = Field(None, ge=1, le=99)
     # A Drive stream must send its OpenSession within this time.
     open_timeout_s: float = Field(10.0, gt=0.0)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from controller.config import ServerConfig
 from controller.conflation import LatestSlot
-from controller.ticker import LatenessLog, PreciseTicker
+from controller.ticker import LatenessLog, PreciseTicker, set_realtime_priority
 from controller.wire import model_info, observation_from_proto, snapshot_to_proto
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import controller_pb2_grpc as pb_grpc
@@ -214,6 +214,7 @@ class ControllerServer:
         self.executor = Executor(self.model, config.executor)
         self.runtime = ControllerRuntime(self.executor, config)
         self.port: int | None = None
+        self.scheduling = "not started"
         self._server: grpc.aio.Server | None = None
         self._ticks: asyncio.Task | None = None
 
@@ -226,6 +227,8 @@ class ControllerServer:
         if self.port == 0:
             raise OSError(f"cannot bind {address}: is the port in use?")
         await self._server.start()
+        # After gRPC has started its threads, so that they share the priority (see the function).
+        self.scheduling = set_realtime_priority(self.config.realtime_priority)
         self._ticks = asyncio.create_task(self.runtime.run_ticks())
         return self.port
 

@@ -2,8 +2,12 @@
 
 Why not `await asyncio.sleep(period)`: event-loop timers are rounded to whole milliseconds (uvloop
 rounds to the nearest one and can fire up to 1 ms early), which gives ~1 ms p99 lateness on a 5 ms
-period. So the ticker sleeps on the loop until a guard interval before the deadline (the loop keeps
-serving gRPC meanwhile) and finishes with a short busy wait on the monotonic clock.
+period. So the ticker waits in three steps:
+1. on the loop until a guard interval before the deadline (the loop serves gRPC meanwhile); the
+   guard must cover the longest burst of loop callbacks, or the timer fires late (2 ms measured
+   necessary under 8 gRPC sessions here, 1 ms was not);
+2. in the thread (`time.sleep`, CPU free) until a short spin interval before the deadline;
+3. a busy wait on the monotonic clock for the last ~200 us.
 
 A tick that could not start before the next one was due is *missed*: it is counted and skipped,
 never run late in a burst (ros2_control's "missed cycles", openpilot's Ratekeeper lag).
@@ -12,6 +16,7 @@ never run late in a burst (ros2_control's "missed cycles", openpilot's Ratekeepe
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 
@@ -53,14 +58,15 @@ class LatenessLog:
 class PreciseTicker:
     """Waits for the deadlines start + k * period on the monotonic clock."""
 
-    def __init__(self, period_ns: int, guard_ns: int = 1_000_000, start_ns: int | None = None) -> None:
+    def __init__(self, period_ns: int, guard_ns: int = 2_000_000, start_ns: int | None = None,
+                 spin_ns: int = 200_000) -> None:
         if period_ns <= 0:
             raise ValueError(f"tick period must be positive, got {period_ns} ns")
         self.period_ns = period_ns
-        # How long before the deadline the loop timer must have handed control back. uvloop rounds
-        # to the nearest ms and can fire early: 1 ms gave ~40 us p99 at ~19% of a core here, 1.5 ms
-        # ~4 us p99 at ~39% (measured with run_bare_ticker on the 2-core VM).
         self.guard_ns = guard_ns
+        # time.sleep overshoots by the timer slack (50 us by default, 0 under SCHED_FIFO) plus wake-up
+        # latency: the spin covers that.
+        self.spin_ns = spin_ns
         self._start_ns = (start_ns if start_ns is not None else _now_ns()) + period_ns
         self._next_index = 0
         self.missed = 0
@@ -81,11 +87,34 @@ class PreciseTicker:
             coarse_ns = deadline - now - self.guard_ns
             if coarse_ns > 0:
                 await asyncio.sleep(coarse_ns / 1e9)
+            fine_ns = deadline - _now_ns() - self.spin_ns
+            if fine_ns > 0:
+                time.sleep(fine_ns / 1e9)
             while (now := _now_ns()) < deadline:
                 pass
         self._next_index = index + 1
         self.ticks += 1
         return Tick(index=index, scheduled_ns=deadline, started_ns=now, missed_before=missed)
+
+
+def set_realtime_priority(priority: int | None) -> str:
+    """Put every thread of this process under SCHED_FIFO; returns what happened, for the log.
+
+    All threads, not just the loop's: gRPC's threads take the GIL, and one preempted at normal
+    priority while holding it would stall the real-time loop (priority inversion; seen here as a
+    100 ms stall). Threads started later inherit the policy from their creator.
+    """
+    if priority is None:
+        return "normal scheduling"
+    try:
+        param = os.sched_param(priority)
+        tasks = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+        for tid in tasks:
+            # RESET_ON_FORK: processes this one starts (bench clients, tools) must not inherit it.
+            os.sched_setscheduler(tid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, param)
+    except (AttributeError, PermissionError, OSError) as err:
+        return f"SCHED_FIFO {priority} refused ({err}); normal scheduling"
+    return f"SCHED_FIFO {priority}"
 
 
 def percentiles_us(values_ns: np.ndarray) -> dict[str, float]:
@@ -97,9 +126,10 @@ def percentiles_us(values_ns: np.ndarray) -> dict[str, float]:
     return {"min": float(v.min()), "p50": float(p50), "p99": float(p99), "p99.9": float(p999), "max": float(v.max())}
 
 
-async def run_bare_ticker(period_ns: int, duration_s: float, guard_ns: int = 1_000_000,
-                          save: str | None = None) -> dict[str, object]:
+async def run_bare_ticker(period_ns: int, duration_s: float, guard_ns: int = 2_000_000,
+                          save: str | None = None, realtime_priority: int | None = None) -> dict[str, object]:
     """A loop that does nothing but wait for the deadlines: the machine's floor for lateness."""
+    scheduling = set_realtime_priority(realtime_priority)
     ticker = PreciseTicker(period_ns, guard_ns=guard_ns)
     log = LatenessLog()
     n = int(duration_s * 1e9 / period_ns)
@@ -111,4 +141,4 @@ async def run_bare_ticker(period_ns: int, duration_s: float, guard_ns: int = 1_0
     if save:
         np.save(save, log.values())
     return {"lateness_us": percentiles_us(log.values()), "missed": ticker.missed, "ticks": ticker.ticks,
-            "cpu_fraction": cpu / duration_s}
+            "cpu_fraction": cpu / duration_s, "scheduling": scheduling}

@@ -17,7 +17,7 @@ class ExecutorConfig(BaseModel):
     # LOCKSTEP: a timestamp jump longer than this is refused rather than ticked through.
     lockstep_max_gap_s: float = Field(10.0, gt=0.0)
     # When the loop timer must hand back control before a deadline (see controller/ticker.py).
-    ticker_guard_ms: float = Field(1.0, ge=0.0, le=4.0)
+    ticker_guard_ms: float = Field(2.0, ge=0.0, le=4.0)
 
     @property
     def tick_period_ns(self) -> int:

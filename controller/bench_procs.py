@@ -1,8 +1,11 @@
-"""The client side of `dualloop bench tick`, run in its own process: N REALTIME sessions over gRPC.
+"""The processes of `dualloop bench tick`, each started as `python -m controller.bench_procs ROLE`.
 
-Each session sends an observation every period (like a sensor at the tick rate) and reads every
-snapshot it is given; at the end one JSON line goes to stdout with what each session saw.
-Also `python -m controller.bench_clients bare ...`: the bare ticker baseline process.
+- server: the real controller, measuring itself while the clients are connected; no UI in this
+  process, so nothing but serving competes with the tick loop;
+- clients: N REALTIME sessions over gRPC, each sending an observation every period (a sensor at the
+  tick rate) and reading every snapshot it is given;
+- bare: the bare ticker baseline.
+Each prints one JSON line on stdout at the end (the server prints its port first).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import time
 import grpc
 import numpy as np
 
-from controller.server import new_event_loop
-from controller.ticker import run_bare_ticker
+from controller.config import ServerConfig
+from controller.server import ControllerServer, new_event_loop
+from controller.ticker import percentiles_us, run_bare_ticker
+from executor.core import ExecutorStats
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import controller_pb2_grpc as pb_grpc
 
@@ -76,8 +81,38 @@ async def run_clients(address: str, sessions: int, duration_s: float, period_s: 
             _session(stub, i, len(info.features), duration_s, period_s, seed) for i in range(sessions))))
 
 
+async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: int | None, save: str) -> dict:
+    server = ControllerServer(ServerConfig(model=model, port=0, realtime_priority=rt_priority,
+                                           executor={"max_sessions": max(sessions, 1), "ticker_guard_ms": guard_ms}))
+    port = await server.start()
+    print(json.dumps({"port": port}), flush=True)
+    runtime, executor = server.runtime, server.executor
+    while runtime.stats.sessions_opened < sessions:  # measure only while all sessions are connected
+        await asyncio.sleep(0.005)
+    runtime.stats.reset()
+    executor.stats = ExecutorStats()
+    missed0 = runtime.ticker.missed
+    cpu0, t0 = time.process_time(), time.monotonic()
+    while runtime.stats.sessions_closed == 0:
+        await asyncio.sleep(0.005)
+    cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - t0
+    stats = runtime.stats
+    ticks = max(stats.ticks, 1)
+    stage_us = executor.stats.stage_ns / ticks / 1e3
+    split = {"model": float(stage_us[0] + stage_us[1]), "rules": float(stage_us[3]), "gate": float(stage_us[2]),
+             "streaming": stats.stream_ns / ticks / 1e3}
+    split["other (gRPC I/O, event loop, precise wait)"] = cpu_s / ticks * 1e6 - sum(split.values())
+    lateness = stats.lateness.values()
+    np.save(save, lateness)
+    await server.stop()
+    return {"ticks": stats.ticks, "missed_deadlines": runtime.ticker.missed - missed0, "wall_s": wall_s,
+            "lateness_us": percentiles_us(lateness), "tick_work_us": percentiles_us(stats.tick_work_ns.values()),
+            "decision_latency_us": percentiles_us(stats.decision_latency.values()), "cpu_per_tick_us": split,
+            "cpu_fraction": cpu_s / wall_s, "snapshots_sent": stats.snapshots_sent, "scheduling": server.scheduling}
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m controller.bench_clients")
+    parser = argparse.ArgumentParser(prog="python -m controller.bench_procs")
     sub = parser.add_subparsers(dest="what", required=True)
     c = sub.add_parser("clients")
     c.add_argument("--address", required=True)
@@ -85,19 +120,30 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--duration", type=float, default=10.0)
     c.add_argument("--period-ms", type=float, default=5.0)
     c.add_argument("--seed", type=int, default=0)
+    srv = sub.add_parser("server")
+    srv.add_argument("--model", required=True)
+    srv.add_argument("--sessions", type=int, default=8)
+    srv.add_argument("--guard-ms", type=float, default=2.0)
+    srv.add_argument("--realtime-priority", type=int, default=None)
+    srv.add_argument("--save", required=True, help="write the raw lateness values (ns) to this .npy file")
     b = sub.add_parser("bare")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--period-ms", type=float, default=5.0)
-    b.add_argument("--guard-ms", type=float, default=1.0)
+    b.add_argument("--guard-ms", type=float, default=2.0)
     b.add_argument("--save", help="write the raw lateness values (ns) to this .npy file")
+    b.add_argument("--realtime-priority", type=int, default=None)
     args = parser.parse_args(argv)
     loop = new_event_loop()
     if args.what == "clients":
         result = loop.run_until_complete(
             run_clients(args.address, args.sessions, args.duration, args.period_ms / 1e3, args.seed))
+    elif args.what == "server":
+        result = loop.run_until_complete(run_server(args.model, args.sessions, args.guard_ms, args.realtime_priority,
+                                                    args.save))
     else:
         result = loop.run_until_complete(run_bare_ticker(int(args.period_ms * 1e6), args.duration,
-                                                         int(args.guard_ms * 1e6), save=args.save))
+                                                         int(args.guard_ms * 1e6), save=args.save,
+                                                         realtime_priority=args.realtime_priority))
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 
