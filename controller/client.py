@@ -16,6 +16,18 @@ from dualloop.v1 import controller_pb2_grpc as pb_grpc
 _END = object()
 
 
+def realtime_channel(address: str, window_bytes: int = 8192) -> grpc.Channel:
+    """A channel for REALTIME sessions that want the newest snapshot, not a backlog.
+
+    By default HTTP/2 flow control (with BDP probing) lets a client's receive window grow to
+    megabytes, so a client that falls behind reads seconds-old snapshots from its own gRPC buffer
+    before the server ever sees backpressure. A small fixed window keeps that backlog to a few
+    snapshots and lets the server's latest-wins outbox do the conflation (and count the drops).
+    """
+    return grpc.insecure_channel(address, options=[("grpc.http2.bdp_probe", 0),
+                                                   ("grpc.http2.lookahead_bytes", window_bytes)])
+
+
 class DriveSession:
     def __init__(self, channel: grpc.Channel, session_id: str = "", clock: int = pb.REALTIME, shadow: bool = False,
                  include_decision_vector: bool = False, expected_schema_hash: str = "", max_pending: int = 1024):

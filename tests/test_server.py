@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
-from controller.client import DriveSession
+from controller.client import DriveSession, realtime_channel
 from controller.wire import without_wall_clock
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import controller_pb2_grpc as pb_grpc
@@ -194,3 +194,24 @@ def test_session_id_generated_and_shadow_marked(channel):
     s.send(1, 0, sensor(1), actual_index=2, actual_controls=[0.1, 0.0])
     snap = s.recv()
     assert snap.shadow and snap.session_id == s.session_id
+
+
+def test_slow_realtime_client_is_conflated_not_buffered(server):
+    """A client that stops reading loses intermediate snapshots (counted), never stalls the server."""
+    channel = realtime_channel(server.address)
+    session = DriveSession(channel, "slow", pb.REALTIME, include_decision_vector=True)
+    session.send(1, 0, sensor(1))
+    first = session.recv()
+    ticks_before = server.server.runtime.stats.ticks
+    time.sleep(2.0)  # not reading: the small HTTP/2 window fills, then the outbox starts replacing
+    ticks_during = server.server.runtime.stats.ticks - ticks_before
+    assert ticks_during > 300  # the executor kept ticking for everyone
+    box = server.call(lambda: server.server.runtime.outboxes["slow"])
+    assert box.dropped > 0
+    later = [session.recv() for _ in range(100)]
+    session.cancel()
+    channel.close()
+    assert later[-1].snapshots_dropped > 0
+    received_ticks = [first.tick] + [s.tick for s in later]
+    span = received_ticks[-1] - received_ticks[0] + 1
+    assert span > len(received_ticks)  # ticks were skipped for this client, not queued without bound

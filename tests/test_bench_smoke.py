@@ -1,0 +1,25 @@
+"""`dualloop bench tick` runs end to end and reports every number it promises (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from controller.cli import main
+
+
+def test_bench_tick_reports_all_fields(tmp_path, test_model_path):
+    assert main(["bench", "tick", "--model", str(test_model_path), "--sessions", "2", "--duration", "2",
+                 "--out", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("tick-*.json")
+    assert list(tmp_path.glob("tick-*.png"))
+    result = json.loads(result_file.read_text())
+    ex, bare = result["executor"], result["bare_ticker"]
+    for side in (ex, bare):
+        assert set(side["lateness_us"]) == {"min", "p50", "p99", "p99.9", "max"}
+        assert side["ticks"] > 200
+        assert side["missed_deadlines"] >= 0
+    assert set(ex["cpu_per_tick_us"]) >= {"model", "rules", "streaming"}
+    assert ex["decision_latency_us"]["p50"] > 0
+    assert len(result["sessions_detail"]) == 2
+    for s in result["sessions_detail"]:
+        assert s["snapshots_received"] > 200 and s["observations_sent"] > 200
