@@ -1,0 +1,170 @@
+"""Closed-loop stepping API and expert roll-outs for training data.
+
+    env = make_scenario("cut_in", seed=3)
+    while not env.done:
+        features, plan = env.observe()      # float32 (19,), (6,)
+        env.step(accel, steer)              # one 5 ms step
+    env.metrics()                           # EpisodeMetrics
+
+make_batch(name, seeds) gives the same API with a leading batch axis (B, ...), which is how
+training data is generated quickly (run_expert_batch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from sim.expert import Expert
+from sim.metrics import EpisodeMetrics, MetricsRecorder
+from sim.scenarios import ScenarioInstance, build_scenario
+from sim.schema import N_FEATURES, N_PLAN, label_from_accel
+from sim.sensors import Sensors
+from sim.world import EGO
+
+FloatArray = npt.NDArray[np.float64]
+PLAN_PERIOD_S: float = 0.2
+
+
+class SimEnv:
+    """A batch of B episodes of one scenario; with squeeze=True (B == 1) arrays lose the batch axis."""
+
+    def __init__(self, instance: ScenarioInstance, end_on_collision: bool = True, squeeze: bool = False) -> None:
+        if squeeze and len(instance.seeds) != 1:
+            raise ValueError("squeeze needs a single episode")
+        self.instance = instance
+        self.name = instance.name
+        self.world = instance.world
+        self.batch = self.world.batch
+        self.duration_s = instance.duration_s
+        self.end_on_collision = end_on_collision
+        self.squeeze = squeeze
+        self.sensors = Sensors(self.world, instance.seeds, instance.fault)
+        self.expert = Expert(self.world, instance.cruise_speed)
+        self._plan_every = max(1, int(round(PLAN_PERIOD_S / self.world.dt)))
+        self.n_steps = int(math.ceil(self.duration_s / self.world.dt - 1e-9))
+        self.recorder = MetricsRecorder(self.batch, self.n_steps, self.world.dt)
+        self.finished = np.zeros(self.batch, dtype=bool)
+
+    # ---- time and termination -------------------------------------------------------------------
+    @property
+    def t(self) -> float:
+        return self.world.t
+
+    @property
+    def step_index(self) -> int:
+        return self.world.step_index
+
+    @property
+    def done_mask(self) -> npt.NDArray[np.bool_]:
+        """Per episode: time is up, or it crashed and crashes end episodes."""
+        return self.finished | (self.world.step_index >= self.n_steps)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.done_mask.all())
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def _out(self, x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return x[0] if self.squeeze else x
+
+    def observe(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """(features, plan) float32: (N_FEATURES,), (N_PLAN,) or batched (B, ...).
+
+        The plan is the built-in expert planner's, refreshed every 200 ms of sim time.
+        """
+        return self._out(self.sensors.observe()), self._out(self.expert.plan_vector.copy())
+
+    def true_features(self) -> FloatArray:
+        """Noise- and fault-free features (float64), e.g. for analysis and labels."""
+        return self._out(self.sensors.true().copy())
+
+    def expert_action(self) -> tuple[FloatArray, FloatArray]:
+        """What the expert would command now: (accel, steer)."""
+        accel, steer = self.expert.act()
+        return self._out(accel), self._out(steer)
+
+    def step(self, accel: npt.ArrayLike, steer: npt.ArrayLike) -> None:
+        """Apply (accel m/s^2, steer rad), scalars or (B,), for one step of dt seconds."""
+        if self.done:
+            raise RuntimeError("episode is done")
+        w = self.world
+        cmd = np.clip(np.broadcast_to(np.asarray(accel, dtype=np.float64), (self.batch,)), -8.0, 3.0)
+        active = ~self.done_mask
+        w.step(cmd, np.broadcast_to(np.asarray(steer, dtype=np.float64), (self.batch,)))
+        self.recorder.update(w.t, self.sensors.true(), w.v[:, EGO], w.a[:, EGO], cmd, active)
+        if self.end_on_collision:
+            self.finished |= w.crashed
+        if w.step_index % self._plan_every == 0:
+            self.expert.plan()
+
+    # ---- results ----------------------------------------------------------------------------------
+    def metrics(self) -> EpisodeMetrics | list[EpisodeMetrics]:
+        w = self.world
+        eps = [
+            self.recorder.episode(b, self.instance.seeds[b], int(w.collision_count[b]), bool(w.off_road[b]))
+            for b in range(self.batch)
+        ]
+        return eps[0] if self.squeeze else eps
+
+
+def make_scenario(name: str, seed: int, end_on_collision: bool = True, **params: Any) -> SimEnv:
+    """One episode of a registered scenario, arrays without batch axis."""
+    return SimEnv(build_scenario(name, [seed], **params), end_on_collision=end_on_collision, squeeze=True)
+
+
+def make_batch(name: str, seeds: Sequence[int], end_on_collision: bool = True, **params: Any) -> SimEnv:
+    """len(seeds) episodes of a scenario stepped together, arrays with a leading batch axis."""
+    return SimEnv(build_scenario(name, list(seeds), **params), end_on_collision=end_on_collision)
+
+
+@dataclass
+class ExpertData:
+    """Training pairs (features, plan) -> (label, controls); leading axes (B, T)."""
+
+    t: FloatArray  # (T,)
+    features: npt.NDArray[np.float32]  # (B, T, N_FEATURES) as the sensors reported them
+    plan: npt.NDArray[np.float32]  # (B, T, N_PLAN)
+    label: npt.NDArray[np.int64]  # (B, T) index into ACTIONS
+    controls: npt.NDArray[np.float32]  # (B, T, 2) accel, steer
+    valid: npt.NDArray[np.bool_]  # (B, T) False after an episode ended (crash)
+
+
+def run_expert_batch(
+    name: str, seeds: Sequence[int], every: int = 1, **params: Any
+) -> tuple[list[EpisodeMetrics], ExpertData]:
+    """Drive len(seeds) episodes with the expert, recording every `every`-th step."""
+    env = make_batch(name, seeds, **params)
+    n_rec = (env.n_steps + every - 1) // every
+    b = env.batch
+    feats = np.zeros((b, n_rec, N_FEATURES), dtype=np.float32)
+    plans = np.zeros((b, n_rec, N_PLAN), dtype=np.float32)
+    controls = np.zeros((b, n_rec, 2), dtype=np.float32)
+    valid = np.zeros((b, n_rec), dtype=bool)
+    times = np.zeros(n_rec)
+    k = 0
+    while not env.done:
+        accel, steer = env.expert.act()
+        if env.step_index % every == 0:
+            f, p = env.observe()
+            feats[:, k], plans[:, k] = f, p
+            controls[:, k, 0], controls[:, k, 1] = accel, steer
+            valid[:, k] = ~env.done_mask
+            times[k] = env.t
+            k += 1
+        env.step(accel, steer)
+    data = ExpertData(times[:k], feats[:, :k], plans[:, :k], label_from_accel(controls[:, :k, 0]),
+                      controls[:, :k], valid[:, :k])
+    metrics = env.metrics()
+    assert isinstance(metrics, list)
+    return metrics, data
+
+
+def run_expert_episode(name: str, seed: int, every: int = 1, **params: Any) -> tuple[EpisodeMetrics, ExpertData]:
+    """One expert episode; ExpertData keeps a batch axis of 1 so batches concatenate simply."""
+    metrics, data = run_expert_batch(name, [seed], every=every, **params)
+    return metrics[0], data

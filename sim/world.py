@@ -1,0 +1,378 @@
+"""Vectorised highway world: a batch of independent episodes stepped together with numpy.
+
+Layout: every per-vehicle array is (B, M): B episodes, M = 1 + traffic vehicles, column 0 is the
+ego. Keeping the ego inside the traffic arrays means traffic car-following and lane-change safety
+see the ego like any other car, with no special cases. The ego alone has a kinematic bicycle model
+with actuator lag; traffic follows IDM along the road with MOBIL lane changes executed as smooth
+lateral moves. Nothing here draws random numbers: all randomness is in the initial state, so a world
+is a pure function of its construction arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from sim.road import Road
+from sim.schema import ACCEL_MAX, ACCEL_MIN, STEER_MAX, STEER_MIN
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+DT: float = 0.005
+EGO: int = 0
+
+
+@dataclass(frozen=True)
+class VehicleParams:
+    length: float = 5.0
+    width: float = 2.0
+    wheelbase: float = 2.7
+    rear_to_cg: float = 1.35  # the slip angle uses lr / wheelbase
+    tau_accel: float = 0.15  # first-order lag of the longitudinal actuator, s
+    tau_steer: float = 0.08  # first-order lag of the steering actuator, s
+
+
+@dataclass(frozen=True)
+class IdmParams:
+    time_gap: float = 1.5
+    min_gap: float = 2.0
+    a_max: float = 1.5
+    b_comf: float = 2.0
+    max_decel: float = 9.0  # physical braking limit of traffic cars
+
+
+@dataclass(frozen=True)
+class MobilParams:
+    politeness: float = 0.3
+    threshold: float = 0.25  # m/s^2 of net advantage needed to bother changing
+    b_safe: float = 2.5  # new follower may be asked to brake at most this much
+    b_safe_ego: float = 1.0  # be gentler when the new follower is the ego (nobody cuts in rudely)
+    min_gap: float = 4.0
+    period_s: float = 1.0
+    duration_s: float = 3.0
+
+
+def idm_accel(
+    v: FloatArray, v0: FloatArray, gap: FloatArray, v_lead: FloatArray, p: IdmParams
+) -> FloatArray:
+    """Intelligent Driver Model acceleration; gap = inf means a free road."""
+    dv = v - v_lead
+    s_star = p.min_gap + np.maximum(0.0, v * p.time_gap + v * dv / (2.0 * np.sqrt(p.a_max * p.b_comf)))
+    x = v / v0
+    x2 = x * x
+    inter = s_star / np.maximum(gap, 0.1)
+    # ufuncs instead of np.clip: np.clip's Python wrapper dominates on arrays this small
+    return np.maximum(np.minimum(p.a_max * (1.0 - x2 * x2 - inter * inter), p.a_max), -p.max_decel)
+
+
+@dataclass
+class Friction:
+    """Reduced actuator effectiveness (low-mu road) from an onset time, per episode."""
+
+    onset_s: FloatArray  # (B,) inf = never
+    brake_gain: FloatArray  # (B,) fraction of the braking command that is achieved
+    max_decel: FloatArray  # (B,) positive, tyre limit in m/s^2
+    drive_gain: FloatArray  # (B,)
+
+    @classmethod
+    def nominal(cls, batch: int) -> "Friction":
+        return cls(np.full(batch, np.inf), np.ones(batch), np.full(batch, -ACCEL_MIN), np.ones(batch))
+
+
+@dataclass
+class TrafficScript:
+    """Scenario events on traffic cars: forced accelerations and forced lane changes."""
+
+    accel_start: FloatArray  # (B, M) inf = no override
+    accel_end: FloatArray
+    accel_value: FloatArray
+    lane_change_time: FloatArray  # (B, M) inf = none
+    lane_change_dir: IntArray  # (B, M) +1 left, -1 right
+
+    @classmethod
+    def empty(cls, batch: int, m: int) -> "TrafficScript":
+        inf = np.full((batch, m), np.inf)
+        return cls(inf.copy(), inf.copy(), np.zeros((batch, m)), inf.copy(), np.zeros((batch, m), np.int64))
+
+
+@dataclass
+class World:
+    road: Road
+    s: FloatArray  # (B, M) along-road position of vehicle centres, m
+    d: FloatArray  # (B, M) lateral position, m
+    v: FloatArray  # (B, M) speed, m/s
+    v0: FloatArray  # (B, M) desired speed of traffic drivers
+    politeness: FloatArray  # (B, M)
+    ego_psi: FloatArray  # (B,) heading error
+    dt: float = DT
+    vehicle: VehicleParams = field(default_factory=VehicleParams)
+    idm: IdmParams = field(default_factory=IdmParams)
+    mobil: MobilParams = field(default_factory=MobilParams)
+    friction: Friction | None = None
+    script: TrafficScript | None = None
+    neighbour_refresh_steps: int = 4  # leaders are re-identified every 20 ms, gaps every step
+
+    def __post_init__(self) -> None:
+        b, m = self.s.shape
+        self.batch, self.m = b, m
+        self.a = np.zeros((b, m))
+        self.ego_delta = np.zeros(b)
+        self.ego_yaw_rate = np.zeros(b)
+        self.ego_curvature = self.road.curvature(self.s[:, EGO])
+        self.lane_target = self.road.lane_of(self.d)
+        self.lc_from = self.d.copy()
+        self.lc_start = np.full((b, m), -np.inf)
+        self.changing = np.zeros((b, m), dtype=bool)
+        self.in_collision = np.zeros(b, dtype=bool)
+        self.collision_count = np.zeros(b, dtype=np.int64)
+        self.off_road = np.zeros(b, dtype=bool)
+        self.crashed = np.zeros(b, dtype=bool)
+        self.t = 0.0
+        self.step_index = 0
+        if self.friction is None:
+            self.friction = Friction.nominal(b)
+        if self.script is None:
+            self.script = TrafficScript.empty(b, m)
+        self._has_overrides = bool(np.isfinite(self.script.accel_start).any())
+        self._next_forced = float(self.script.lane_change_time.min())
+        self._friction_onset = float(self.friction.onset_s.min())
+        self._row_base = (np.arange(b) * m)[:, None]
+        self._upper = np.triu(np.ones((m, m), dtype=bool), 1)
+        self._lane_centres = np.arange(self.road.n_lanes) * self.road.lane_width
+        self._occ_threshold = 0.5 * (self.road.lane_width + self.vehicle.width) - 0.2
+        self._mobil_every = max(1, int(round(self.mobil.period_s / self.dt)))
+        self._mobil_count = 0
+        self._road_middle = 0.5 * (self.road.n_lanes - 1) * self.road.lane_width
+        self._road_half_width = 0.5 * self.road.n_lanes * self.road.lane_width
+        self._is_traffic = np.ones((b, m), dtype=bool)
+        self._is_traffic[:, EGO] = False
+        self._refresh_leaders()
+
+    # ---- neighbour search -------------------------------------------------------------------
+    def occupancy(self) -> BoolArray:
+        """(B, M, L): vehicle occupies lane (its body intrudes) or is heading into it."""
+        occ = np.abs(self.d[:, :, None] - self._lane_centres) < self._occ_threshold
+        occ |= self.lane_target[:, :, None] == np.arange(self.road.n_lanes)
+        return occ
+
+    def _refresh_leaders(self) -> None:
+        occ = self.occupancy()
+        occ_f = occ.astype(np.float32)
+        share = np.matmul(occ_f, occ_f.transpose(0, 2, 1)) > 0.0  # (B, M, M) i and j share a lane
+        ds = self.s[:, None, :] - self.s[:, :, None]  # ds[b, i, j] = s_j - s_i
+        ahead = share & ((ds > 0.0) | ((ds == 0.0) & self._upper))
+        cand = np.where(ahead, ds, np.inf)
+        leader = np.argmin(cand, axis=2)
+        self._has_leader = ahead.any(axis=2)
+        self._leader_flat = (leader + self._row_base).ravel()
+
+    def leader_gap(self) -> tuple[FloatArray, FloatArray]:
+        """Bumper gap and speed of each vehicle's current leader (inf gap when none)."""
+        lead_s = self.s.ravel()[self._leader_flat].reshape(self.s.shape)
+        lead_v = self.v.ravel()[self._leader_flat].reshape(self.s.shape)
+        gap = np.where(self._has_leader, lead_s - self.s - self.vehicle.length, np.inf)
+        if self.road.has_lane_ends:
+            # The end of a merge lane behaves like a parked car at the end of the lane.
+            rows = np.arange(self.batch)[:, None]
+            end_gap = self.road.lane_end_s[rows, self.lane_target] - self.s - 0.5 * self.vehicle.length
+            closer = end_gap < gap
+            gap = np.where(closer, end_gap, gap)
+            lead_v = np.where(closer, 0.0, lead_v)
+        return gap, lead_v
+
+    # ---- traffic decisions ------------------------------------------------------------------
+    def _start_lane_change(self, mask: BoolArray, new_lane: IntArray) -> None:
+        self.lane_target = np.where(mask, new_lane, self.lane_target)
+        self.lc_from = np.where(mask, self.d, self.lc_from)
+        self.lc_start = np.where(mask, self.t, self.lc_start)
+        self.changing |= mask
+
+    def _forced_lane_changes(self) -> None:
+        sc = self.script
+        due = sc.lane_change_time <= self.t
+        new_lane = np.clip(self.lane_target + sc.lane_change_dir, 0, self.road.n_lanes - 1)
+        self._start_lane_change(due, new_lane)
+        sc.lane_change_time = np.where(due, np.inf, sc.lane_change_time)
+        self._next_forced = float(sc.lane_change_time.min())
+
+    def _mobil(self, a_current: FloatArray) -> None:
+        """One MOBIL round; left and right alternate so two cars never merge into one gap at once."""
+        direction = 1 if self._mobil_count % 2 == 0 else -1
+        self._mobil_count += 1
+        p, idm, veh = self.mobil, self.idm, self.vehicle
+        n_lanes = self.road.n_lanes
+        occ = self.occupancy()
+        ds = self.s[:, None, :] - self.s[:, :, None]
+        not_self = ~np.eye(self.m, dtype=bool)
+        front_ok = (((ds >= 0.0) & not_self)[..., None]) & occ[:, None, :, :]  # (B, M, M, L)
+        rear_ok = (ds < 0.0)[..., None] & occ[:, None, :, :]
+        front_d = np.where(front_ok, ds[..., None], np.inf)
+        rear_d = np.where(rear_ok, -ds[..., None], np.inf)
+        front_j = np.argmin(front_d, axis=2)  # (B, M, L)
+        rear_j = np.argmin(rear_d, axis=2)
+        front_d = front_d.min(axis=2) - veh.length
+        rear_d = rear_d.min(axis=2) - veh.length
+
+        lane = self.lane_target
+        new_lane = lane + direction
+        safe_lane = np.clip(new_lane, 0, n_lanes - 1)
+        rows = np.arange(self.batch)[:, None]
+        cols = np.arange(self.m)[None, :]
+        end_of_new = self.road.lane_end_s[rows, safe_lane]
+        eligible = (
+            self._is_traffic
+            & ~self.changing
+            & (new_lane >= 0)
+            & (new_lane < n_lanes)
+            & np.isinf(end_of_new)  # never move into a lane that ends (on-ramps)
+            & ~np.isfinite(self.script.accel_start)  # scripted cars do only what the script says
+            & ~np.isfinite(self.script.lane_change_time)
+            & (self.v > 1.0)
+        )
+        if not eligible.any():
+            return
+        v_flat, v0_flat = self.v.ravel(), self.v0.ravel()
+        base = self._row_base
+
+        nf_gap = front_d[rows, cols, safe_lane]
+        nf_v = v_flat[front_j[rows, cols, safe_lane] + base]
+        nr_gap = rear_d[rows, cols, safe_lane]
+        nr_idx = rear_j[rows, cols, safe_lane]
+        has_nr = np.isfinite(nr_gap)
+        nr_v, nr_v0 = v_flat[nr_idx + base], v0_flat[nr_idx + base]
+        of_gap = front_d[rows, cols, lane]
+        of_v = v_flat[front_j[rows, cols, lane] + base]
+        or_gap = rear_d[rows, cols, lane]
+        or_idx = rear_j[rows, cols, lane]
+        has_or = np.isfinite(or_gap)
+        or_v, or_v0 = v_flat[or_idx + base], v0_flat[or_idx + base]
+
+        a_self_new = idm_accel(self.v, self.v0, nf_gap, nf_v, idm)
+        a_nr_new = np.where(has_nr, idm_accel(nr_v, nr_v0, nr_gap, self.v, idm), 0.0)
+        a_nr_old = np.where(
+            has_nr, idm_accel(nr_v, nr_v0, nr_gap + nf_gap + veh.length, nf_v, idm), 0.0
+        )
+        a_or_old = np.where(has_or, idm_accel(or_v, or_v0, or_gap, self.v, idm), 0.0)
+        a_or_new = np.where(
+            has_or, idm_accel(or_v, or_v0, or_gap + of_gap + veh.length, of_v, idm), 0.0
+        )
+        incentive = a_self_new - a_current + self.politeness * (
+            a_nr_new - a_nr_old + a_or_new - a_or_old
+        )
+        b_safe = np.where(nr_idx == EGO, p.b_safe_ego, p.b_safe)
+        safe = (a_nr_new >= -b_safe) & (nf_gap > p.min_gap) & (nr_gap > p.min_gap)
+        go = eligible & safe & (incentive > p.threshold)
+        if go.any():
+            self._start_lane_change(go, safe_lane)
+
+    # ---- stepping ---------------------------------------------------------------------------
+    def step(self, accel_cmd: npt.ArrayLike, steer_cmd: npt.ArrayLike) -> None:
+        """Advance every episode by dt with the ego commands (B,) or scalars (broadcast)."""
+        dt, veh = self.dt, self.vehicle
+        if self.step_index % self.neighbour_refresh_steps == 0:
+            self._refresh_leaders()
+        gap, lead_v = self.leader_gap()
+        a = idm_accel(self.v, self.v0, gap, lead_v, self.idm)
+        if self._has_overrides:
+            sc = self.script
+            active = (self.t >= sc.accel_start) & (self.t < sc.accel_end)
+            a = np.where(active, sc.accel_value, a)
+        if self.t >= self._next_forced:
+            self._forced_lane_changes()
+        if self.step_index % self._mobil_every == self._mobil_every - 1:
+            self._mobil(a)
+        if self.changing.any():
+            tau = np.clip((self.t - self.lc_start) / self.mobil.duration_s, 0.0, 1.0)
+            blend = 0.5 - 0.5 * np.cos(np.pi * tau)
+            target_d = self.lane_target * self.road.lane_width
+            self.d = np.where(self.changing, self.lc_from + (target_d - self.lc_from) * blend, self.d)
+            self.changing &= tau < 1.0
+
+        # Ego: commands -> actuator (friction, lag) -> kinematic bicycle in the Frenet frame.
+        cmd_a = np.maximum(np.minimum(accel_cmd, ACCEL_MAX), ACCEL_MIN)
+        cmd_d = np.maximum(np.minimum(steer_cmd, STEER_MAX), STEER_MIN)
+        if self.t >= self._friction_onset:
+            fr = self.friction
+            slippery = self.t >= fr.onset_s
+            reduced = np.maximum(
+                np.where(cmd_a < 0.0, cmd_a * fr.brake_gain, cmd_a * fr.drive_gain), -fr.max_decel
+            )
+            cmd_a = np.where(slippery, reduced, cmd_a)
+        ego_a = self.a[:, EGO] + (cmd_a - self.a[:, EGO]) * (dt / veh.tau_accel)
+        self.ego_delta = self.ego_delta + (cmd_d - self.ego_delta) * (dt / veh.tau_steer)
+        tan_delta = np.tan(self.ego_delta)
+        beta = np.arctan(veh.rear_to_cg / veh.wheelbase * tan_delta)
+        ego_v, ego_s, ego_d = self.v[:, EGO], self.s[:, EGO], self.d[:, EGO]
+        yaw_rate = ego_v * np.cos(beta) * tan_delta / veh.wheelbase
+        kappa = self.road.curvature(ego_s)
+        heading = self.ego_psi + beta
+        s_dot = ego_v * np.cos(heading) / (1.0 - kappa * ego_d)
+        d_dot = ego_v * np.sin(heading)
+        self.ego_psi = self.ego_psi + (yaw_rate - kappa * s_dot) * dt
+        new_ego_v = np.maximum(ego_v + ego_a * dt, 0.0)
+        # A car held at standstill by its brakes does not keep decelerating.
+        ego_a = np.where(new_ego_v <= 0.0, np.maximum(ego_a, 0.0), ego_a)
+        self.ego_yaw_rate, self.ego_curvature = yaw_rate, kappa
+
+        # Traffic: semi-implicit Euler along the road; then overwrite the ego column.
+        self.v = np.maximum(self.v + a * dt, 0.0)
+        self.s = self.s + self.v * dt
+        self.a = a
+        self.a[:, EGO] = ego_a
+        self.v[:, EGO] = new_ego_v
+        self.s[:, EGO] = ego_s + s_dot * dt
+        self.d[:, EGO] = ego_d + d_dot * dt
+
+        self._check_collisions()
+        self.step_index += 1
+        self.t = self.step_index * dt  # no accumulated float drift over long episodes
+
+    def _check_collisions(self) -> None:
+        veh, road = self.vehicle, self.road
+        ds = self.s[:, 1:] - self.s[:, :1]
+        dd = self.d[:, 1:] - self.d[:, :1]
+        hit = ((np.abs(ds) < veh.length) & (np.abs(dd) < veh.width)).any(axis=1)
+        ego_d = self.d[:, EGO]
+        # Off road once the ego's centre leaves the paved width (|d - middle| > half the width).
+        off = np.abs(ego_d - self._road_middle) > self._road_half_width
+        if road.has_lane_ends:
+            lane = road.lane_of(ego_d)
+            end = road.lane_end_s[np.arange(self.batch), lane]
+            off |= self.s[:, EGO] > end
+        self.off_road |= off
+        now = hit | off
+        self.collision_count += now & ~self.in_collision
+        self.in_collision = now
+        self.crashed |= now
+
+    # ---- ego-centred queries used by sensors and the expert -----------------------------------
+    def ego_lane(self) -> IntArray:
+        return self.road.lane_of(self.d[:, EGO])
+
+    def ego_neighbours(
+        self, lanes: IntArray, include_intent: bool = False
+    ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """Nearest vehicle ahead and behind the ego in each requested lane.
+
+        lanes: (B, K) lane indices (may be off the road: then nothing is found). Returns front_gap,
+        front_v, rear_gap, rear_v, each (B, K); gaps are bumper-to-bumper, inf when none. A car
+        alongside (overlapping in s) counts as in front with a gap <= 0.
+        """
+        occ = np.abs(self.d[:, None, 1:] - lanes[:, :, None] * self.road.lane_width) < self._occ_threshold
+        if include_intent:  # ground truth only the expert has: where a car is about to go
+            occ |= self.lane_target[:, None, 1:] == lanes[:, :, None]
+        ds = (self.s[:, 1:] - self.s[:, :1])[:, None, :]
+        front = np.where(occ & (ds >= 0.0), ds, np.inf)
+        rear = np.where(occ & (ds < 0.0), -ds, np.inf)
+        fi = np.argmin(front, axis=2)
+        ri = np.argmin(rear, axis=2)
+        rows = np.arange(self.batch)[:, None]
+        v = self.v[:, 1:]
+        length = self.vehicle.length
+        front_gap = front[rows, np.arange(lanes.shape[1])[None, :], fi] - length
+        rear_gap = rear[rows, np.arange(lanes.shape[1])[None, :], ri] - length
+        return front_gap, v[rows, fi], rear_gap, v[rows, ri]
