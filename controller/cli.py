@@ -11,10 +11,11 @@ from pathlib import Path
 from rich.console import Console
 
 from controller.config import ConfigError, load_server_config
-from controller.models import TEST_MODEL_PATH
+from controller.models import BASE_MODEL_PATH, TEST_MODEL_PATH
 from executor.model_card import ModelFileError
 
-console = Console()
+# Wide enough for the scenario table when the output is a log file rather than a terminal.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -66,6 +67,12 @@ def _make_test_model(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from controller.bench import bench_tick
 
+    if args.what == "sim":
+        from sim.bench import bench_sim
+
+        result = bench_sim(seconds=args.duration if args.duration != 60.0 else 3.0)
+        console.print(result)
+        return 0
     if args.what == "tick":
         result = bench_tick(args.model, args.sessions, args.duration, args.out, args.guard_ms,
                             args.realtime_priority or None)
@@ -77,11 +84,13 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from controller.bench import bench_tick
+    from controller.demo import run_demo
 
-    console.print("[bold]dualloop demo[/]: a live 5 ms executor on the bundled test model, "
-                  f"{args.sessions} REALTIME gRPC sessions for {args.duration:.0f} s")
-    bench_tick(TEST_MODEL_PATH, args.sessions, args.duration, args.out)
+    model = args.model or (BASE_MODEL_PATH if BASE_MODEL_PATH.is_file() else TEST_MODEL_PATH)
+    if model == TEST_MODEL_PATH:
+        console.print("[yellow]no trained model found (models/base.onnx): driving with the untrained test model[/]")
+    scenarios = args.scenarios.split(",") if args.scenarios else None
+    run_demo(model, args.out, scenarios, duration_s=args.duration, console=console)
     return 0
 
 
@@ -107,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_make_test_model)
 
     p = sub.add_parser("bench", help="benchmarks that print numbers")
-    p.add_argument("what", choices=["tick"])
+    p.add_argument("what", choices=["tick", "sim"], help="tick: executor timing under gRPC load; "
+                   "sim: simulator steps per second next to highway-env")
     p.add_argument("--model", type=Path, default=TEST_MODEL_PATH)
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--duration", type=float, default=60.0, help="seconds")
@@ -119,10 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(0: normal scheduling; refused without CAP_SYS_NICE, which the report shows)")
     p.set_defaults(fn=_bench)
 
-    p = sub.add_parser("demo", help="the main job")
-    p.add_argument("--sessions", type=int, default=4)
-    p.add_argument("--duration", type=float, default=5.0)
-    p.add_argument("--out", type=Path, default=Path("runs/demo"))
+    p = sub.add_parser("demo", help="the main job: the scenario suite in closed loop over gRPC, with a report")
+    p.add_argument("--model", type=Path, help="default: models/base.onnx")
+    p.add_argument("--scenarios", help="comma-separated subset (default: all)")
+    p.add_argument("--duration", type=float, help="seconds of sim time per scenario (default: the scenario's own)")
+    p.add_argument("--out", type=Path, default=Path("runs"))
     p.set_defaults(fn=_demo)
     return parser
 

@@ -46,8 +46,11 @@ class DriveSession:
             yield item
 
     def send(self, seq: int, timestamp_ns: int, features: Sequence[float], actual_index: int | None = None,
-             actual_controls: Sequence[float] = ()) -> None:
+             actual_controls: Sequence[float] = (), plan_id: str = "", plan: Sequence[float] | None = None) -> None:
         obs = pb.Observation(seq=seq, timestamp_ns=timestamp_ns, features=features)
+        if plan is not None:
+            obs.plan.plan_id = plan_id
+            obs.plan.values.extend(plan)
         if actual_index is not None:
             obs.actual.action_index = actual_index
             obs.actual.controls.extend(actual_controls)

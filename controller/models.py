@@ -17,6 +17,7 @@ from sim import schema
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_MODEL_PATH = REPO_ROOT / "models" / "test_model.onnx"
 TEST_MODEL_SEED = 20261130
+BASE_MODEL_PATH = REPO_ROOT / "models" / "base.onnx"
 
 # Comfortable deceleration in lane: the minimal-risk choice when nothing valid is known.
 SAFE_ACTION = SafeAction(action="brake", controls=[-2.0, 0.0])

@@ -31,6 +31,9 @@ from executor.snapshot import Clock, Snapshot
 _mono_ns = time.monotonic_ns
 _perf_ns = time.perf_counter_ns
 
+# Upper bounds of the lateness histogram buckets in GetStats (microseconds).
+LATENESS_BUCKETS_US = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0]
+
 
 class RuntimeStats:
     """What `dualloop bench tick` and operators read: lateness, misses, latency, streaming cost."""
@@ -48,6 +51,7 @@ class RuntimeStats:
         self.stream_ns = 0  # converting and handing snapshots to gRPC
         self.sessions_opened = 0
         self.sessions_closed = 0
+        self.window_start_ns = _mono_ns()
 
 
 class ControllerRuntime:
@@ -61,9 +65,15 @@ class ControllerRuntime:
         self._last_seq: dict[str, int] = {}
         self._stopping = False
         self.ticker = PreciseTicker(executor.period_ns, guard_ns=int(config.executor.ticker_guard_ms * 1e6))
+        self.missed_at_reset = 0
+        self.scheduling = "not started"
 
     def stop(self) -> None:
         self._stopping = True
+
+    def reset_stats(self) -> None:
+        self.stats.reset()
+        self.missed_at_reset = self.ticker.missed
 
     async def run_ticks(self) -> None:
         ex, stats, ticker = self.executor, self.stats, self.ticker
@@ -100,6 +110,24 @@ class ControllerService(pb_grpc.ControllerServicer):
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         return self._info
+
+    async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ServerStats:
+        runtime = self.runtime
+        stats = runtime.stats
+        lateness = stats.lateness.values().astype(np.float64) / 1e3
+        p50, p99, p999, mx = (np.percentile(lateness, [50, 99, 99.9, 100]) if lateness.size else (0.0,) * 4)
+        edges = np.array(LATENESS_BUCKETS_US)
+        counts = np.bincount(np.searchsorted(edges, lateness, side="left"), minlength=edges.size + 1)
+        reply = pb.ServerStats(
+            ticks=stats.ticks, missed_deadlines=runtime.ticker.missed - runtime.missed_at_reset,
+            lateness_p50_us=p50, lateness_p99_us=p99, lateness_p999_us=p999, lateness_max_us=mx,
+            lateness_bucket_upper_us=LATENESS_BUCKETS_US, lateness_histogram=counts.tolist(),
+            sessions_open=len(self.executor.sessions), sessions_opened=stats.sessions_opened,
+            snapshots_sent=stats.snapshots_sent, scheduling=runtime.scheduling,
+            window_s=(_mono_ns() - stats.window_start_ns) / 1e9)
+        if request.reset:
+            runtime.reset_stats()
+        return reply
 
     async def Drive(self, request_iterator: AsyncIterator[pb.DriveRequest], context: grpc.aio.ServicerContext) -> None:
         requests = request_iterator.__aiter__()
@@ -228,7 +256,7 @@ class ControllerServer:
             raise OSError(f"cannot bind {address}: is the port in use?")
         await self._server.start()
         # After gRPC has started its threads, so that they share the priority (see the function).
-        self.scheduling = set_realtime_priority(self.config.realtime_priority)
+        self.scheduling = self.runtime.scheduling = set_realtime_priority(self.config.realtime_priority)
         self._ticks = asyncio.create_task(self.runtime.run_ticks())
         return self.port
 

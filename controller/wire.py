@@ -26,12 +26,15 @@ def model_info(card: ModelCard, tick_period_ns: int) -> pb.ModelInfo:
 
 def observation_from_proto(msg: pb.Observation, arrival_ns: int) -> Observation:
     actual = msg.actual if msg.HasField("actual") else None
+    plan = msg.plan if msg.HasField("plan") else None
     return Observation(
         seq=msg.seq, timestamp_ns=msg.timestamp_ns,
         features=np.asarray(msg.features, dtype=np.float32),
         arrival_ns=arrival_ns,
         actual_index=actual.action_index if actual is not None else -1,
         actual_controls=np.asarray(actual.controls, dtype=np.float32) if actual is not None else None,
+        plan_id=plan.plan_id if plan is not None else "",
+        plan_values=np.asarray(plan.values, dtype=np.float32) if plan is not None else None,
     )
 
 

@@ -135,6 +135,13 @@ class Executor:
             raise InvalidObservation(f"observation seq {obs.seq}: actual action has {obs.actual_controls.size} "
                                      f"controls; the model has {len(self.card.controls)} "
                                      f"({', '.join(c.name for c in self.card.controls)})")
+        if obs.plan_values is not None:
+            if obs.plan_values.shape != (self.model.n_plan,):
+                raise InvalidObservation(f"observation seq {obs.seq}: plan {obs.plan_id!r} has {obs.plan_values.size} "
+                                         f"values; the model's plan has {self.model.n_plan} "
+                                         f"({', '.join(p.name for p in self.card.plan)})")
+            if not np.isfinite(obs.plan_values).all():
+                raise InvalidObservation(f"observation seq {obs.seq}: plan {obs.plan_id!r} has non-finite values")
         if not -1 <= obs.actual_index < len(self._actions):
             raise InvalidObservation(f"observation seq {obs.seq}: actual action index {obs.actual_index} is "
                                      f"not -1 (unknown) or 0..{len(self._actions) - 1}")
@@ -144,9 +151,21 @@ class Executor:
         session = self._session(session_id)
         self.check_observation(session, obs)
         session.last_seq = obs.seq
+        if obs.plan_values is not None:
+            self.set_plan(session_id, obs.plan_values, obs.plan_id, obs.arrival_ns)
         if session.pending is not None:
             session.observations_dropped += 1
         session.pending = obs
+
+    def set_plan(self, session_id: str, values: np.ndarray, plan_id: str, created_ns: int) -> bool:
+        """Condition the session on a new plan from now on; a repeated plan id changes nothing."""
+        session = self._session(session_id)
+        if plan_id and plan_id == session.plan_id:
+            return False
+        session.plan[:] = values
+        session.plan_id = plan_id
+        session.plan_created_ns = created_ns
+        return True
 
     # -- ticking --------------------------------------------------------------------------------
 
@@ -197,6 +216,8 @@ class Executor:
         if session.pending is not None:
             session.observations_dropped += 1  # an off-grid observation no tick got to use
         session.pending = obs
+        if obs.plan_values is not None:  # from its timestamp on, not for the ticks before it
+            self.set_plan(session_id, obs.plan_values, obs.plan_id, ts)
         if session.next_tick_ns == ts:
             out += self._lockstep_tick(session)
         return out

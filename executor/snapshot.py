@@ -48,6 +48,8 @@ class Observation:
     arrival_ns: int = 0  # server monotonic clock at receipt (REALTIME age is measured from here)
     actual_index: int = -1  # shadow mode: what the vehicle did
     actual_controls: np.ndarray | None = None
+    plan_id: str = ""  # a plan made by the client (its own planner), with its values in plan order
+    plan_values: np.ndarray | None = None
 
 
 @dataclass(slots=True)

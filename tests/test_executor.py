@@ -170,3 +170,26 @@ def test_realtime_sessions_do_not_tick_lockstep_ones(test_model):
     ex.advance_lockstep("ls", obs(1, np.zeros(19, np.float32), 0))
     snaps = ex.step({"rt": obs(1, np.zeros(19, np.float32))}, now_ns=0)
     assert [s.session_id for s in snaps] == ["rt"]
+
+
+def test_client_plan_conditions_from_its_timestamp(test_model):
+    rng = np.random.default_rng(10)
+    ex = Executor(test_model)
+    ex.open_session("a", clock=Clock.LOCKSTEP)
+    x = features(rng)
+    (base,) = ex.advance_lockstep("a", obs(1, x, 0))
+    assert base.plan_id == ""
+    plan = np.array([10.0, 3.5, 0, 1, 0, 0], np.float32)
+    later = ex.advance_lockstep("a", Observation(seq=2, timestamp_ns=10 * MS, features=x, plan_id="p1",
+                                                 plan_values=plan))
+    assert [(s.plan_id, s.plan_age_ns) for s in later] == [("", 0), ("p1", 0)]
+    assert later[0].input_hash == base.input_hash  # same features, old plan
+    assert later[1].input_hash != base.input_hash  # the plan is part of the input
+    (aged,) = ex.advance_lockstep("a", obs(3, x, 15 * MS))
+    assert aged.plan_id == "p1" and aged.plan_age_ns == 5 * MS
+    with pytest.raises(InvalidObservation, match="plan 'bad' has 2 values; the model's plan has 6"):
+        ex.advance_lockstep("a", Observation(seq=4, timestamp_ns=20 * MS, features=x, plan_id="bad",
+                                             plan_values=np.zeros(2, np.float32)))
+    with pytest.raises(InvalidObservation, match="non-finite"):
+        ex.advance_lockstep("a", Observation(seq=5, timestamp_ns=20 * MS, features=x, plan_id="nan",
+                                             plan_values=np.full(6, np.nan, np.float32)))

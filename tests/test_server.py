@@ -215,3 +215,16 @@ def test_slow_realtime_client_is_conflated_not_buffered(server):
     received_ticks = [first.tick] + [s.tick for s in later]
     span = received_ticks[-1] - received_ticks[0] + 1
     assert span > len(received_ticks)  # ticks were skipped for this client, not queued without bound
+
+
+def test_get_stats_reports_and_resets(server, channel):
+    stub = pb_grpc.ControllerStub(channel)
+    time.sleep(0.3)
+    first = stub.GetStats(pb.GetStatsRequest(reset=True))
+    assert first.ticks >= 40 and sum(first.lateness_histogram) == first.ticks
+    assert len(first.lateness_histogram) == len(first.lateness_bucket_upper_us) + 1
+    assert first.lateness_p50_us <= first.lateness_p99_us <= first.lateness_max_us
+    assert first.window_s > 0.25
+    after = stub.GetStats(pb.GetStatsRequest())
+    assert after.ticks < first.ticks and after.window_s < first.window_s
+    assert sum(after.lateness_histogram) == after.ticks

@@ -72,17 +72,27 @@ class ActualAction(_message.Message):
     controls: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, action_index: _Optional[int] = ..., controls: _Optional[_Iterable[float]] = ...) -> None: ...
 
+class PlanUpdate(_message.Message):
+    __slots__ = ("plan_id", "values")
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    plan_id: str
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, plan_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class Observation(_message.Message):
-    __slots__ = ("seq", "timestamp_ns", "features", "actual")
+    __slots__ = ("seq", "timestamp_ns", "features", "actual", "plan")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_NS_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ns: int
     features: _containers.RepeatedScalarFieldContainer[float]
     actual: ActualAction
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ns: _Optional[int] = ..., features: _Optional[_Iterable[float]] = ..., actual: _Optional[_Union[ActualAction, _Mapping]] = ...) -> None: ...
+    plan: PlanUpdate
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ns: _Optional[int] = ..., features: _Optional[_Iterable[float]] = ..., actual: _Optional[_Union[ActualAction, _Mapping]] = ..., plan: _Optional[_Union[PlanUpdate, _Mapping]] = ...) -> None: ...
 
 class DriveRequest(_message.Message):
     __slots__ = ("open", "observation")
@@ -253,3 +263,39 @@ class ModelInfo(_message.Message):
     schema_hash: str
     tick_period_ns: int
     def __init__(self, model_version: _Optional[str] = ..., size_class: _Optional[str] = ..., features: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., plan: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., actions: _Optional[_Iterable[str]] = ..., controls: _Optional[_Iterable[_Union[ControlSpec, _Mapping]]] = ..., decision_vector_output: _Optional[str] = ..., decision_vector_size: _Optional[int] = ..., schema_hash: _Optional[str] = ..., tick_period_ns: _Optional[int] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ("reset",)
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    reset: bool
+    def __init__(self, reset: _Optional[bool] = ...) -> None: ...
+
+class ServerStats(_message.Message):
+    __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s")
+    TICKS_FIELD_NUMBER: _ClassVar[int]
+    MISSED_DEADLINES_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_P50_US_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_P99_US_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_P999_US_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_MAX_US_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_BUCKET_UPPER_US_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_OPENED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_SENT_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULING_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    ticks: int
+    missed_deadlines: int
+    lateness_p50_us: float
+    lateness_p99_us: float
+    lateness_p999_us: float
+    lateness_max_us: float
+    lateness_bucket_upper_us: _containers.RepeatedScalarFieldContainer[float]
+    lateness_histogram: _containers.RepeatedScalarFieldContainer[int]
+    sessions_open: int
+    sessions_opened: int
+    snapshots_sent: int
+    scheduling: str
+    window_s: float
+    def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ...) -> None: ...

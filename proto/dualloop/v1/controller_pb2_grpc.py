@@ -44,6 +44,11 @@ class ControllerStub:
                 request_serializer=dualloop_dot_v1_dot_controller__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=dualloop_dot_v1_dot_controller__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/dualloop.v1.Controller/GetStats',
+                request_serializer=dualloop_dot_v1_dot_controller__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=dualloop_dot_v1_dot_controller__pb2.ServerStats.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -65,6 +70,13 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """The executor's periodicity statistics since the last reset: how well the server keeps time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +89,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=dualloop_dot_v1_dot_controller__pb2.GetModelInfoRequest.FromString,
                     response_serializer=dualloop_dot_v1_dot_controller__pb2.ModelInfo.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=dualloop_dot_v1_dot_controller__pb2.GetStatsRequest.FromString,
+                    response_serializer=dualloop_dot_v1_dot_controller__pb2.ServerStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +150,33 @@ class Controller:
             '/dualloop.v1.Controller/GetModelInfo',
             dualloop_dot_v1_dot_controller__pb2.GetModelInfoRequest.SerializeToString,
             dualloop_dot_v1_dot_controller__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dualloop.v1.Controller/GetStats',
+            dualloop_dot_v1_dot_controller__pb2.GetStatsRequest.SerializeToString,
+            dualloop_dot_v1_dot_controller__pb2.ServerStats.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,144 @@
+"""The main job: the scenario suite driven in closed loop by the controller over its gRPC API.
+
+A server process serves the model on loopback; this process runs each scenario of the simulator as
+an ordinary LOCKSTEP gRPC client, then prints one row per scenario and writes logs, plots and a
+report under runs/<timestamp>/.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import grpc
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from controller.report import plot_lateness, plot_run, write_report
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from sim.closed_loop import ClosedLoopRun, drive_over_grpc
+from sim.scenarios import SCENARIOS
+
+HELD_OUT_SEED = 900_001  # far from any training seed range
+
+
+@dataclass
+class ScenarioRow:
+    scenario: str
+    ood: bool
+    seed: int
+    collisions: int
+    off_road: bool
+    min_ttc_s: float
+    min_gap_m: float
+    hard_brakes: int
+    max_jerk: float
+    gate_vetoes: int  # ticks whose applied action was vetoed by the gate
+    fallback_s: float
+    lateness_p99_us: float  # the server's tick loop while it served this scenario
+    missed_deadlines: int
+    round_trip_p99_us: float
+    plan_updates: int
+    ticks: int
+
+
+def start_server(model: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "serve", "--model", str(model), "--port", "0",
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**__import__("os").environ, "COLUMNS": "250"})
+    line = proc.stdout.readline()
+    match = re.search(r" on 127\.0\.0\.1:(\d+)", line)
+    if not match:
+        proc.kill()
+        raise RuntimeError(f"the server did not start: {line.strip()} {proc.stdout.read()}")
+    return proc, f"127.0.0.1:{match.group(1)}"
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _row(run: ClosedLoopRun, ood: bool, stats: pb.ServerStats) -> ScenarioRow:
+    m = run.metrics
+    return ScenarioRow(
+        scenario=run.scenario, ood=ood, seed=run.seed, collisions=m.collisions, off_road=m.off_road,
+        min_ttc_s=m.min_ttc_s, min_gap_m=m.min_lead_gap_m, hard_brakes=m.hard_brakes, max_jerk=m.max_abs_jerk,
+        gate_vetoes=run.ticks_with(pb.OOD_VETO),
+        fallback_s=float((run.safety_state == pb.FALLBACK_ACTIVE).sum()) * 0.005,
+        lateness_p99_us=stats.lateness_p99_us, missed_deadlines=stats.missed_deadlines,
+        round_trip_p99_us=float(np.percentile(run.round_trip_us, 99)), plan_updates=run.plan_updates,
+        ticks=len(run.t))
+
+
+def _table(rows: list[ScenarioRow], model_name: str) -> Table:
+    table = Table(title=f"closed loop over gRPC (LOCKSTEP), model {model_name}, held-out seeds")
+    cols = ["scenario", "coll.", "min TTC s", "min gap m", "hard brakes", "max jerk", "vetoes", "fallback s",
+            "lateness p99 us", "rtt p99 us", "plan upd."]
+    for c in cols:
+        table.add_column(c, justify="left" if c == "scenario" else "right")
+    for r in rows:
+        coll = f"[red]{r.collisions}[/]" if r.collisions else "0"
+        if r.off_road:
+            coll += " [red]off-road[/]"
+        table.add_row(r.scenario + (" (OOD)" if r.ood else ""), coll, f"{r.min_ttc_s:.1f}", f"{r.min_gap_m:.1f}",
+                      str(r.hard_brakes), f"{r.max_jerk:.1f}", str(r.gate_vetoes), f"{r.fallback_s:.2f}",
+                      f"{r.lateness_p99_us:.0f}", f"{r.round_trip_p99_us:.0f}", str(r.plan_updates))
+    return table
+
+
+def run_demo(model: Path, out_root: Path = Path("runs"), scenarios: list[str] | None = None,
+             seed: int = HELD_OUT_SEED, duration_s: float | None = None, console: Console | None = None) -> Path:
+    console = console or Console()
+    names = scenarios or list(SCENARIOS)
+    out = out_root / datetime.now().strftime("%Y%m%d-%H%M%S")
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    params = {"duration_s": duration_s} if duration_s else {}
+    server, address = start_server(model)
+    rows: list[ScenarioRow] = []
+    runs: list[ClosedLoopRun] = []
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.ControllerStub(channel)
+            info = stub.GetModelInfo(pb.GetModelInfoRequest())
+            console.print(f"[bold]dualloop demo[/]: model {model.name} ({info.model_version}), server {address}")
+            whole = stub.GetStats(pb.GetStatsRequest())
+            with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console, transient=True) as progress:
+                suite = progress.add_task("scenario suite", total=len(names))
+                for name in names:
+                    progress.update(suite, description=name)
+                    stub.GetStats(pb.GetStatsRequest(reset=True))
+                    run = drive_over_grpc(address, name, seed, **params)
+                    rows.append(_row(run, SCENARIOS[name].ood, stub.GetStats(pb.GetStatsRequest())))
+                    runs.append(run)
+                    np.savez_compressed(out / "logs" / f"{name}.npz", t=run.t, applied_index=run.applied_index,
+                                        applied_accel=run.applied_accel, applied_steer=run.applied_steer,
+                                        safety_state=run.safety_state, reasons=run.reasons,
+                                        gate_score=run.gate_score, round_trip_us=run.round_trip_us,
+                                        ego_speed=run.metrics.series.ego_speed, lead_gap=run.metrics.series.lead_gap)
+                    progress.advance(suite)
+            whole = stub.GetStats(pb.GetStatsRequest())
+    finally:
+        stop_server(server)
+    console.print(_table(rows, model.name))
+    plots = [plot_run(run, out) for run in runs]
+    lateness_plot = plot_lateness(whole, out / "lateness.png")
+    (out / "summary.json").write_text(json.dumps({"model": str(model), "model_version": info.model_version,
+                                                  "seed": seed, "rows": [r.__dict__ for r in rows]}, indent=2,
+                                                 default=float))
+    report = write_report(out, model, info.model_version, rows, plots, lateness_plot)
+    console.print(f"logs, plots and report: {out}/  (open {report})")
+    return out

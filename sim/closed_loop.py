@@ -1,0 +1,171 @@
+"""Drive a simulated scenario in closed loop with the controller deciding every 5 ms tick.
+
+The controller is reached either over gRPC (`GrpcDecider`: a real Drive session, LOCKSTEP for
+reproducible runs or REALTIME paced by the wall clock) or in-process (`InProcessDecider`: the same
+Executor the server wraps, for fast batch runs). Either way the loop is the same: observe, send the
+observation (and the simulator planner's plan), apply the snapshot's applied action, step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+import numpy as np
+
+from controller.client import DriveSession, realtime_channel
+from controller.wire import snapshot_to_proto
+from dualloop.v1 import controller_pb2 as pb
+from executor.core import Executor
+from executor.snapshot import Clock, Observation
+from sim.env import SimEnv, make_scenario
+from sim.metrics import EpisodeMetrics
+
+DT_NS = 5_000_000
+PLAN_PERIOD_STEPS = 40  # the simulator's planner publishes a plan every 200 ms
+
+
+class Decider(Protocol):
+    def decide(self, seq: int, timestamp_ns: int, features: np.ndarray, plan_id: str,
+               plan: np.ndarray | None) -> pb.DecisionSnapshot | None: ...
+
+    def close(self) -> None: ...
+
+
+class InProcessDecider:
+    """The executor in this process, one LOCKSTEP session."""
+
+    def __init__(self, executor: Executor, session_id: str) -> None:
+        self.executor = executor
+        self.session_id = session_id
+        executor.open_session(session_id, Clock.LOCKSTEP)
+
+    def decide(self, seq, timestamp_ns, features, plan_id, plan):
+        snaps = self.executor.advance_lockstep(self.session_id, Observation(
+            seq=seq, timestamp_ns=timestamp_ns, features=features, plan_id=plan_id, plan_values=plan))
+        return snapshot_to_proto(snaps[-1]) if snaps else None
+
+    def close(self) -> None:
+        self.executor.close_session(self.session_id)
+
+
+class GrpcDecider:
+    """A Drive session over gRPC. LOCKSTEP: one snapshot per observation, waited for.
+    REALTIME: snapshots arrive on the server's clock; the newest one received is applied."""
+
+    def __init__(self, address: str, session_id: str, clock: int = pb.LOCKSTEP) -> None:
+        self.clock = clock
+        self._channel = realtime_channel(address) if clock == pb.REALTIME else grpc.insecure_channel(address)
+        self.session = DriveSession(self._channel, session_id, clock)
+        self._latest: pb.DecisionSnapshot | None = None
+        self._reader: threading.Thread | None = None
+        if clock == pb.REALTIME:
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for snap in self.session.snapshots():
+                self._latest = snap
+        except grpc.RpcError:
+            pass
+
+    def decide(self, seq, timestamp_ns, features, plan_id, plan):
+        self.session.send(seq, timestamp_ns, features.tolist(), plan_id=plan_id,
+                          plan=plan.tolist() if plan is not None else None)
+        if self.clock == pb.LOCKSTEP:
+            return self.session.recv()
+        return self._latest
+
+    def close(self) -> None:
+        self.session.close()
+        if self._reader is not None:
+            self._reader.join(2)
+        else:
+            for _ in self.session.snapshots():  # drain to the server's end of stream
+                pass
+        self._channel.close()
+
+
+@dataclass
+class ClosedLoopRun:
+    scenario: str
+    seed: int
+    metrics: EpisodeMetrics
+    t: np.ndarray  # (T,) seconds
+    applied_index: np.ndarray  # (T,) the discrete decision applied (-1 before the first snapshot)
+    applied_accel: np.ndarray
+    applied_steer: np.ndarray
+    safety_state: np.ndarray
+    reasons: np.ndarray  # (T,) bit mask: 1 << ReasonCode
+    gate_score: np.ndarray  # NaN where the snapshot carried no gate result
+    lateness_us: np.ndarray
+    round_trip_us: np.ndarray  # observation sent -> snapshot in hand, wall clock
+    plan_ids: list[str] = field(default_factory=list)
+    ood_onset_s: float = float("inf")
+
+    def ticks_with(self, reason: int) -> int:
+        return int(((self.reasons >> reason) & 1).sum())
+
+    @property
+    def plan_updates(self) -> int:
+        return len([p for p in self.plan_ids if p])
+
+
+def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool = True,
+                    realtime: bool = False) -> ClosedLoopRun:
+    """Until the episode ends. With `realtime`, each step waits for its wall-clock slot."""
+    n = env.n_steps
+    rec = {k: np.full(n, np.nan) for k in ("t", "accel", "steer", "gate", "late", "rtt")}
+    idx = np.full(n, -1, np.int64)
+    state = np.zeros(n, np.int64)
+    reasons = np.zeros(n, np.int64)
+    plan_ids: list[str] = []
+    accel, steer = 0.0, 0.0  # nothing applied before the first decision
+    t_wall0 = time.monotonic()
+    k = 0
+    while not env.done and k < n:
+        features, plan = env.observe()
+        plan_id, plan_values = "", None
+        if send_plan and k % PLAN_PERIOD_STEPS == 0:
+            plan_id, plan_values = f"sim-{k // PLAN_PERIOD_STEPS}", plan
+        if realtime:
+            slack = t_wall0 + k * DT_NS / 1e9 - time.monotonic()
+            if slack > 0:
+                time.sleep(slack)
+        t0 = time.perf_counter_ns()
+        snap = decider.decide(k + 1, k * DT_NS, features, plan_id, plan_values)
+        rec["rtt"][k] = (time.perf_counter_ns() - t0) / 1e3
+        if snap is not None:
+            accel, steer = snap.applied.controls[0], snap.applied.controls[1]
+            idx[k] = snap.applied.index
+            state[k] = snap.safety_state
+            reasons[k] = sum(1 << r for r in snap.reasons)
+            rec["gate"][k] = snap.gate.score if snap.HasField("gate") else np.nan
+            rec["late"][k] = snap.lateness_us
+            if not plan_ids or plan_ids[-1] != snap.plan_id:
+                plan_ids.append(snap.plan_id)
+        rec["t"][k] = env.t
+        rec["accel"][k], rec["steer"][k] = accel, steer
+        env.step(accel, steer)
+        k += 1
+    decider.close()
+    return ClosedLoopRun(
+        scenario=env.name, seed=seed, metrics=env.metrics(), t=rec["t"][:k], applied_index=idx[:k],
+        applied_accel=rec["accel"][:k], applied_steer=rec["steer"][:k], safety_state=state[:k],
+        reasons=reasons[:k], gate_score=rec["gate"][:k], lateness_us=rec["late"][:k], round_trip_us=rec["rtt"][:k],
+        plan_ids=plan_ids, ood_onset_s=float(env.instance.ood_onset_s[0]))
+
+
+def drive_in_process(executor: Executor, scenario: str, seed: int, **params) -> ClosedLoopRun:
+    env = make_scenario(scenario, seed, **params)
+    return run_closed_loop(env, InProcessDecider(executor, f"{scenario}-{seed}"), seed)
+
+
+def drive_over_grpc(address: str, scenario: str, seed: int, clock: int = pb.LOCKSTEP, **params) -> ClosedLoopRun:
+    env = make_scenario(scenario, seed, **params)
+    decider = GrpcDecider(address, f"{scenario}-{seed}", clock)
+    return run_closed_loop(env, decider, seed, realtime=clock == pb.REALTIME)
