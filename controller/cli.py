@@ -21,7 +21,7 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 def _serve(args: argparse.Namespace) -> int:
     from controller.server import ControllerServer, new_event_loop
 
-    config = load_server_config(args.config, model=args.model, host=args.host, port=args.port,
+    config = load_server_config(args.config, model=args.model, gate=args.gate, host=args.host, port=args.port,
                                 allow_non_loopback=True if args.allow_non_loopback else None,
                                 realtime_priority=args.realtime_priority)
     server = ControllerServer(config)
@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve a model over gRPC (loopback by default)")
     p.add_argument("--model", type=Path, help="ONNX decision model with a dualloop model card")
+    p.add_argument("--gate", type=Path, help="OOD gate file fitted for this model (dualloop gate fit)")
     p.add_argument("--config", type=Path, help="server configuration (.toml or .yaml)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 50151; 0 picks a free one)")

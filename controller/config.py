@@ -30,6 +30,8 @@ class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Path
+    # An OOD gate file fitted for this model (`dualloop gate fit`); None serves without a gate.
+    gate: Path | None = None
     host: str = "127.0.0.1"
     port: int = Field(50151, ge=0, le=65535)  # 0 picks a free port
     # Binding beyond loopback exposes an actuation-adjacent service: it must be asked for.

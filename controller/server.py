@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 
-from controller.config import ServerConfig
+from controller.config import ConfigError, ServerConfig
 from controller.conflation import LatestSlot
 from controller.ticker import LatenessLog, PreciseTicker, set_realtime_priority
 from controller.wire import model_info, observation_from_proto, snapshot_to_proto
@@ -106,7 +106,10 @@ class ControllerService(pb_grpc.ControllerServicer):
     def __init__(self, runtime: ControllerRuntime) -> None:
         self.runtime = runtime
         self.executor = runtime.executor
-        self._info = model_info(self.executor.card, self.executor.period_ns)
+        gate = self.executor.gate
+        self._info = model_info(self.executor.card, self.executor.period_ns,
+                                gate.version_hash[:16] if gate is not None else "",
+                                gate.schema.source if gate is not None else "")
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         return self._info
@@ -239,7 +242,15 @@ class ControllerServer:
         self.config = config
         self.model = model or DecisionModel(config.model, warmup_batches=tuple(
             b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.executor.max_sessions))
-        self.executor = Executor(self.model, config.executor)
+        gate = None
+        if config.gate is not None:
+            from controller.gate_tools import load_gate_for_model
+
+            try:
+                gate = load_gate_for_model(config.gate, self.model)
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"gate {config.gate}: {err}") from None
+        self.executor = Executor(self.model, config.executor, gate)
         self.runtime = ControllerRuntime(self.executor, config)
         self.port: int | None = None
         self.scheduling = "not started"

@@ -12,8 +12,9 @@ from executor.snapshot import Observation, Snapshot
 WALL_CLOCK_PROTO_FIELDS = ("emit_time_ns", "lateness_us", "timings")
 
 
-def model_info(card: ModelCard, tick_period_ns: int) -> pb.ModelInfo:
+def model_info(card: ModelCard, tick_period_ns: int, gate_version: str = "", gate_source: str = "") -> pb.ModelInfo:
     return pb.ModelInfo(
+        gate_version=gate_version, gate_source=gate_source,
         model_version=card.version, size_class=card.size_class,
         features=[pb.FeatureSpec(name=f.name, unit=f.unit, mean=f.mean, std=f.std) for f in card.features],
         plan=[pb.FeatureSpec(name=f.name, unit=f.unit, mean=f.mean, std=f.std) for f in card.plan],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from executor.safety import SafetyConfig
+
 
 class ExecutorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -13,6 +15,10 @@ class ExecutorConfig(BaseModel):
     min_margin: float = Field(0.05, ge=0.0, le=1.0)
     # An observation older than this is stale (a few ticks, like Autoware's input timeouts).
     max_observation_age_ms: float = Field(15.0, gt=0.0)
+    # A plan older than this (three planner periods) is stale, like an input timeout. Sessions that
+    # never received a plan run on the model's default plan and are not affected.
+    max_plan_age_ms: float = Field(600.0, gt=0.0)
+    safety: SafetyConfig = SafetyConfig()
     max_sessions: int = Field(64, ge=1, le=4096)
     # LOCKSTEP: a timestamp jump longer than this is refused rather than ticked through.
     lockstep_max_gap_s: float = Field(10.0, gt=0.0)

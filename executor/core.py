@@ -17,13 +17,20 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from executor.config import ExecutorConfig
 from executor.model_runner import DecisionModel
+from executor.safety import SafetyMachine, SafetyMemory
 from executor.snapshot import (AppliedAction, Clock, Observation, Reason, SafetyState, Snapshot,
                                StageTimings)
+
+if TYPE_CHECKING:
+    from ood import Gate
+
+GATE_SOURCES = ("decision_vector", "input_features")
 
 _perf_ns = time.perf_counter_ns
 _mono_ns = time.monotonic_ns
@@ -37,6 +44,21 @@ class SessionError(ValueError):
     """Opening or addressing a session failed (duplicate id, unknown id, capacity)."""
 
 
+class GateMismatch(ValueError):
+    """A gate fitted on other features than this model provides; the message says which."""
+
+
+def decision_vector_names(model: DecisionModel) -> list[str]:
+    """Names of the decision vector's components, as a gate fitted on it records them."""
+    return [f"{model.card.io.decision_vector}[{i}]" for i in range(model.card.decision_vector_size)]
+
+
+def gate_feature_names(model: DecisionModel, source: str) -> list[str]:
+    if source not in GATE_SOURCES:
+        raise GateMismatch(f"gate source {source!r} is not one of {GATE_SOURCES}")
+    return decision_vector_names(model) if source == "decision_vector" else model.card.feature_names
+
+
 @dataclass(slots=True)
 class Session:
     session_id: str
@@ -44,13 +66,14 @@ class Session:
     shadow: bool
     include_decision_vector: bool
     plan: np.ndarray
+    slot: int  # row of this session in per-session state arrays (the gate's filter)
+    safety: SafetyMemory = field(default_factory=SafetyMemory)
     plan_id: str = ""
     plan_created_ns: int = 0
     pending: Observation | None = None  # newest observation no tick has used yet (latest wins)
     current: Observation | None = None  # the observation the last tick used
     last_seq: int = -1
     last_timestamp_ns: int | None = None
-    last_applied: AppliedAction | None = None
     observations_dropped: int = 0
     snapshots_dropped: int = 0
     next_tick_ns: int | None = None  # LOCKSTEP grid position
@@ -67,7 +90,7 @@ class ExecutorStats:
 
 
 class Executor:
-    def __init__(self, model: DecisionModel, config: ExecutorConfig | None = None) -> None:
+    def __init__(self, model: DecisionModel, config: ExecutorConfig | None = None, gate: Gate | None = None) -> None:
         self.model = model
         self.config = config or ExecutorConfig()
         card = model.card
@@ -94,6 +117,22 @@ class Executor:
         self.sessions: dict[str, Session] = {}
         self.stats = ExecutorStats()
         self._realtime_tick = 0
+        self._max_plan_age_ns = int(self.config.max_plan_age_ms * 1e6)
+        self.safety = SafetyMachine(self.config.safety, [c.name for c in card.controls], self.period_ns,
+                                    self.safe_action)
+        self._free_slots = list(range(cap - 1, -1, -1))
+        self.gate = gate
+        self._gate_monitor = None
+        if gate is not None:
+            expected = gate_feature_names(model, gate.schema.source)
+            if list(gate.schema.feature_names) != expected:
+                have = gate.schema.feature_names
+                raise GateMismatch(f"the gate was fitted on {len(have)} {gate.schema.source} features "
+                                   f"({have[0]}, ..., {have[-1]}); model {card.name} {card.version} provides "
+                                   f"{len(expected)} ({expected[0]}, ..., {expected[-1]})")
+            self._gate_monitor = gate.monitor(cap)
+            self._gate_on_inputs = gate.schema.source == "input_features"
+            self._gate_in = np.zeros((cap, gate.dim), np.float32)
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -106,12 +145,17 @@ class Executor:
         if len(self.sessions) >= self.config.max_sessions:
             raise SessionError(f"the server is full: {self.config.max_sessions} sessions open (max_sessions)")
         session = Session(session_id=session_id, clock=Clock(clock), shadow=shadow,
-                          include_decision_vector=include_decision_vector, plan=self._plan_default.copy())
+                          include_decision_vector=include_decision_vector, plan=self._plan_default.copy(),
+                          slot=self._free_slots.pop())
+        if self._gate_monitor is not None:
+            self._gate_monitor.reset(session.slot)
         self.sessions[session_id] = session
         return session
 
     def close_session(self, session_id: str) -> None:
-        self.sessions.pop(session_id, None)
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            self._free_slots.append(session.slot)
 
     def _session(self, session_id: str) -> Session:
         try:
@@ -258,10 +302,12 @@ class Executor:
         if not model_ok:
             self.stats.model_errors += 1
         t2 = _perf_ns()
-        snaps = self._postprocess(rows, observations, finite, out if model_ok else None, tick_index, tick_ns,
-                                  lateness_ns)
+        gate = self._gate(rows, finite, out if model_ok else None)
         t3 = _perf_ns()
-        timings = StageTimings((t1 - t0) // 1000, (t2 - t1) // 1000, 0, (t3 - t2) // 1000)
+        snaps = self._postprocess(rows, observations, finite, out if model_ok else None, gate, tick_index, tick_ns,
+                                  lateness_ns)
+        t4 = _perf_ns()
+        timings = StageTimings((t1 - t0) // 1000, (t2 - t1) // 1000, (t3 - t2) // 1000, (t4 - t3) // 1000)
         emit_ns = _mono_ns()
         for snap in snaps:
             snap.timings = timings
@@ -271,11 +317,30 @@ class Executor:
         st.rows += n
         st.stage_ns[0] += t1 - t0
         st.stage_ns[1] += t2 - t1
-        st.stage_ns[3] += t3 - t2
+        st.stage_ns[2] += t3 - t2
+        st.stage_ns[3] += t4 - t3
         return snaps
 
+    def _gate(self, rows: list[Session], finite: np.ndarray, out) -> tuple[np.ndarray, np.ndarray] | None:
+        """(score, veto) per row, scored on this tick's own features: a veto is never a tick late."""
+        if self._gate_monitor is None:
+            return None
+        n = len(rows)
+        feats = self._gate_in[:n]
+        if self._gate_on_inputs:
+            feats[:] = self._x[:n]  # raw features: NaN stays NaN and vetoes immediately
+        elif out is not None:
+            feats[:] = out.decision_vector
+            feats[~finite] = np.nan  # the model saw a substitute for these rows; the gate must not
+        else:
+            feats[:] = np.nan  # no decision vector this tick: nothing can pass
+        slots = np.fromiter((s.slot for s in rows), np.int64, n)
+        step = self._gate_monitor.step(feats, slots)
+        return step.score, step.alarm
+
     def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,
-                     tick_index: int, tick_ns: int, lateness_ns: int) -> list[Snapshot]:
+                     gate: tuple[np.ndarray, np.ndarray] | None, tick_index: int, tick_ns: int,
+                     lateness_ns: int) -> list[Snapshot]:
         n = len(rows)
         if out is not None:
             z = out.logits * self._inv_temperature
@@ -300,6 +365,11 @@ class Executor:
                 reasons.append(Reason.MODEL_ERROR)
             if age > self._max_age_ns:
                 reasons.append(Reason.STALE_OBSERVATION)
+            plan_age = (tick_ns - s.plan_created_ns) if s.plan_id else 0
+            if plan_age > self._max_plan_age_ns:
+                reasons.append(Reason.STALE_PLAN)
+            if gate is not None and gate[1][i]:
+                reasons.append(Reason.OOD_VETO)
             scored = out is not None and finite[i]
             if scored:
                 idx = int(top[i, 0])
@@ -309,14 +379,8 @@ class Executor:
                     reasons.append(Reason.LOW_MARGIN)
             else:
                 idx, prop_probs, prop_controls, conf, marg = -1, empty, empty, 0.0, 0.0
-            if not reasons:
-                applied = AppliedAction(idx, self._actions[idx], prop_controls)
-                s.last_applied = applied
-            elif s.last_applied is not None:
-                applied = s.last_applied
-            else:
-                applied = self.safe_action
-                reasons.append(Reason.SAFE_DEFAULT)
+            proposal = AppliedAction(idx, self._actions[idx], prop_controls) if scored else None
+            applied, state = self.safety.decide(s.safety, tick_ns, reasons, proposal)
             digest = hashlib.blake2b(self._x[i].tobytes(), digest_size=8)
             digest.update(self._p[i].tobytes())
             s.ticks += 1
@@ -326,13 +390,15 @@ class Executor:
                 model_version=self.card.version, proposed_index=idx,
                 proposed_name=self._actions[idx] if idx >= 0 else "", probabilities=prop_probs,
                 proposed_controls=prop_controls, confidence=conf, margin=marg, applied=applied,
-                reasons=tuple(reasons), safety_state=SafetyState.VETO_HOLD if reasons else SafetyState.NOMINAL,
+                reasons=tuple(reasons), safety_state=state,
                 input_hash=int.from_bytes(digest.digest(), "little"), timings=StageTimings(),
-                shadow=s.shadow, plan_id=s.plan_id,
-                plan_age_ns=(tick_ns - s.plan_created_ns) if s.plan_id else 0,
+                shadow=s.shadow, plan_id=s.plan_id, plan_age_ns=plan_age,
                 decision_vector=out.decision_vector[i].copy() if (s.include_decision_vector and out is not None)
                 else None,
                 snapshots_dropped=s.snapshots_dropped, observations_dropped=s.observations_dropped,
                 actual_index=obs.actual_index,
+                gate_score=float(gate[0][i]) if gate is not None else None,
+                gate_threshold=self.gate.threshold if gate is not None else None,
+                gate_veto=bool(gate[1][i]) if gate is not None else False,
             ))
         return snaps

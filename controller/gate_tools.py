@@ -1,0 +1,79 @@
+"""Fit an OOD gate for a model from simulated nominal driving (the basis of `dualloop gate fit`).
+
+The gate library (ood/) knows only feature matrices; this module produces them: expert-driven
+nominal episodes from the simulator, run through the model's forward pass exactly as the executor
+does (same normalisation), giving either the decision vectors or the raw input features.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+import ood
+from executor.core import GATE_SOURCES, gate_feature_names
+from executor.model_runner import DecisionModel
+from sim.env import run_expert_batch
+from sim.scenarios import NOMINAL_SCENARIOS
+
+FIT_SEEDS = range(100_000, 100_012)  # disjoint from training, validation and demo seeds
+CALIBRATION_SEEDS = range(110_000, 110_012)
+
+
+def model_features(model: DecisionModel, features: np.ndarray, plan: np.ndarray, source: str,
+                   batch: int = 4096) -> np.ndarray:
+    """What the executor's gate sees for these inputs: decision vectors or raw features."""
+    if source == "input_features":
+        return features.astype(np.float32)
+    card = model.card
+    mean = np.array([f.mean for f in card.features], np.float32)
+    std = np.array([f.std for f in card.features], np.float32)
+    pmean = np.array([p.mean for p in card.plan], np.float32)
+    pstd = np.array([p.std for p in card.plan], np.float32)
+    out = np.empty((len(features), card.decision_vector_size), np.float32)
+    for a in range(0, len(features), batch):
+        x = ((features[a:a + batch] - mean) / std).astype(np.float32)
+        p = ((plan[a:a + batch] - pmean) / pstd).astype(np.float32)
+        out[a:a + batch] = model.forward(x, p).decision_vector
+    return out
+
+
+def nominal_inputs(seeds: Sequence[int], every: int = 4, scenarios: Sequence[str] = NOMINAL_SCENARIOS,
+                   **params) -> tuple[np.ndarray, np.ndarray]:
+    """(features, plan) rows from expert-driven nominal episodes, valid rows only."""
+    feats, plans = [], []
+    for name in scenarios:
+        _, data = run_expert_batch(name, list(seeds), every=every, **params)
+        feats.append(data.features[data.valid])
+        plans.append(data.plan[data.valid])
+    return np.concatenate(feats), np.concatenate(plans)
+
+
+def fit_gate_for_model(model: DecisionModel, source: str = "decision_vector", variant: str = "single",
+                       alpha: float = 1e-3, norm_alpha: float = 1e-4, fit_seeds: Sequence[int] = FIT_SEEDS,
+                       calibration_seeds: Sequence[int] = CALIBRATION_SEEDS, every: int = 4,
+                       filter_settings: dict | None = None, **scenario_params) -> ood.Gate:
+    if source not in GATE_SOURCES:
+        raise ValueError(f"source must be one of {GATE_SOURCES}, got {source!r}")
+    x_fit, p_fit = nominal_inputs(fit_seeds, every, **scenario_params)
+    x_cal, p_cal = nominal_inputs(calibration_seeds, every, **scenario_params)
+    card = model.card
+    return ood.fit_gate(
+        model_features(model, x_fit, p_fit, source), model_features(model, x_cal, p_cal, source),
+        variant=variant, alpha=alpha, norm_alpha=norm_alpha,
+        feature_names=gate_feature_names(model, source), source=source,
+        data_description=(f"simulated nominal driving ({', '.join(NOMINAL_SCENARIOS)}), expert driver, fit seeds "
+                          f"{fit_seeds.start}-{fit_seeds.stop - 1}, calibration seeds "
+                          f"{calibration_seeds.start}-{calibration_seeds.stop - 1}, every {every} ticks; "
+                          f"model {card.name} {card.version}") if isinstance(fit_seeds, range) else "simulated nominal",
+        filter=filter_settings,
+    )
+
+
+def load_gate_for_model(path: Path, model: DecisionModel) -> ood.Gate:
+    """Load a gate file and check it against the model (the executor checks the names again)."""
+    gate = ood.load_gate(path)
+    ood.load_gate(path, expected_feature_names=gate_feature_names(model, gate.schema.source))
+    return gate

@@ -1,0 +1,161 @@
+"""The built-in behaviour planner on hand-made traffic situations (features as a server sees them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from planner.behaviour import BehaviourPlanner
+from planner.plan import Plan, PlanRequest, PlanSource
+from sim.schema import BEHAVIOURS, FEATURE_INDEX, N_FEATURES, N_PLAN, PLAN_INDEX, SENSOR_RANGE_M
+
+F = FEATURE_INDEX
+ONE_HOT = slice(PLAN_INDEX["plan_keep"], PLAN_INDEX["plan_stop"] + 1)
+
+
+def features(v: float = 25.0, lead: tuple[float, float] | None = None, left: bool = True, right: bool = False,
+             left_front: tuple[float, float] | None = None, left_rear: tuple[float, float] | None = None,
+             right_front: tuple[float, float] | None = None, right_rear: tuple[float, float] | None = None,
+             lane_offset: float = 0.0) -> np.ndarray:
+    """A feature vector; (gap m, relative speed m/s) pairs, None = nothing within sensor range."""
+    x = np.zeros(N_FEATURES, np.float32)
+    x[F["ego_speed"]] = v
+    for name in ("lead_distance", "left_front_gap", "left_rear_gap", "right_front_gap", "right_rear_gap"):
+        x[F[name]] = SENSOR_RANGE_M
+    if lead is not None:
+        x[F["lead_present"]] = 1.0
+        x[F["lead_distance"]], x[F["lead_rel_speed"]] = lead
+    x[F["left_lane_exists"]], x[F["right_lane_exists"]] = float(left), float(right)
+    for prefix, value in (("left_front", left_front), ("left_rear", left_rear),
+                          ("right_front", right_front), ("right_rear", right_rear)):
+        if value is not None:
+            x[F[f"{prefix}_gap"]], x[F[f"{prefix}_rel_speed"]] = value
+    x[F["lane_offset"]] = lane_offset
+    return x
+
+
+def plan(planner: BehaviourPlanner, x: np.ndarray, previous: Plan | None = None, session: str = "s",
+         now_ns: int = 0) -> Plan:
+    return planner.plan(PlanRequest(session, x, now_ns, previous))
+
+
+def assert_valid(p: Plan) -> None:
+    values = p.values()
+    assert values.shape == (N_PLAN,) and values.dtype == np.float32
+    assert np.all(np.isfinite(values))
+    one_hot = values[ONE_HOT]
+    assert set(one_hot.tolist()) <= {0.0, 1.0} and one_hot.sum() == 1.0
+    assert BEHAVIOURS[int(np.argmax(one_hot))] == p.behaviour
+    assert 0.0 <= p.target_speed <= 40.0
+
+
+def test_is_a_plan_source():
+    assert isinstance(BehaviourPlanner(), PlanSource)
+
+
+def test_free_road_keeps_lane_at_cruise_speed():
+    p = plan(BehaviourPlanner(), features(v=20.0))
+    assert (p.behaviour, p.target_speed, p.target_lane_offset) == ("keep", 25.0, 0.0)
+    assert_valid(p)
+
+
+def test_overtakes_slow_lead_when_left_lane_is_free():
+    p = plan(BehaviourPlanner(), features(lead=(30.0, -10.0)))
+    assert p.behaviour == "change_left" and p.target_lane_offset == pytest.approx(3.5)
+    assert_valid(p)
+
+
+@pytest.mark.parametrize("left_rear", [(1.0, 0.0), (8.0, 3.0), (25.0, 10.0)])
+def test_keeps_lane_when_a_car_is_alongside_or_closing_in_the_left_lane(left_rear):
+    p = plan(BehaviourPlanner(), features(lead=(30.0, -10.0), left_rear=left_rear))
+    assert p.behaviour == "keep"
+    assert_valid(p)
+
+
+def test_never_changes_into_a_missing_lane():
+    planner = BehaviourPlanner()
+    rng = np.random.default_rng(0)
+    seen = set()
+    for i in range(300):
+        x = features(v=float(rng.uniform(0, 35)), lead=(float(rng.uniform(3, 150)), float(rng.uniform(-30, 5))),
+                     left=bool(rng.integers(2)), right=bool(rng.integers(2)),
+                     left_front=(float(rng.uniform(0, 150)), float(rng.uniform(-20, 10))),
+                     left_rear=(float(rng.uniform(0, 150)), float(rng.uniform(-10, 10))),
+                     right_front=(float(rng.uniform(0, 150)), float(rng.uniform(-20, 10))),
+                     right_rear=(float(rng.uniform(0, 150)), float(rng.uniform(-10, 10))))
+        p = plan(planner, x, session=f"r{i}")
+        assert_valid(p)
+        seen.add(p.behaviour)
+        if x[F["left_lane_exists"]] < 0.5:
+            assert p.behaviour != "change_left" and p.target_lane_offset <= 0.0
+        if x[F["right_lane_exists"]] < 0.5:
+            assert p.behaviour != "change_right" and p.target_lane_offset >= 0.0
+    assert {"keep", "change_left", "change_right"} <= seen  # the random situations did exercise choices
+
+
+def test_stops_when_every_lane_is_blocked_by_a_stopped_car():
+    x = features(v=20.0, lead=(60.0, -20.0), right=True, left_front=(55.0, -20.0), right_front=(65.0, -20.0))
+    p = plan(BehaviourPlanner(), x)
+    assert (p.behaviour, p.target_speed, p.target_lane_offset) == ("stop", 0.0, 0.0)
+    assert_valid(p)
+
+
+def test_goes_around_a_stopped_car_when_a_lane_is_free():
+    p = plan(BehaviourPlanner(), features(v=20.0, lead=(60.0, -20.0)))
+    assert p.behaviour == "change_left"
+
+
+def test_finishes_a_lane_change_instead_of_flipping():
+    planner = BehaviourPlanner()
+    # Without history, a free right lane wins (keep right)...
+    x = features(lead=(30.0, -10.0), right=True)
+    assert plan(planner, x, session="a").behaviour == "change_right"
+    # ...but a change to the left already under way is finished, not reversed.
+    previous = Plan("p0", "b", 0, 10**9, "behaviour", "change_left", 25.0, 3.5)
+    mid_change = features(lead=(30.0, -10.0), right=True, lane_offset=0.8)
+    assert plan(planner, mid_change, previous, session="b").behaviour == "change_left"
+
+
+def test_does_not_flip_back_right_after_a_change():
+    planner = BehaviourPlanner()
+    previous = Plan("p0", "c", 0, 10**9, "behaviour", "change_left", 25.0, 3.5)
+    # Just crossed into the left lane: the old lane (now on the right) is free, keep-right would
+    # normally pull the ego back there.
+    crossed = features(right=True, lane_offset=-1.2)
+    p1 = plan(planner, crossed, previous, session="c", now_ns=0)
+    assert p1.behaviour == "keep"
+    p2 = plan(planner, features(right=True), p1, session="c", now_ns=200_000_000)
+    assert p2.behaviour == "keep"  # cooldown: not straight back
+    # Much later the keep-right rule applies again.
+    later = plan(planner, features(right=True), p2, session="c", now_ns=10_000_000_000)
+    assert later.behaviour == "change_right"
+    # A planner without the memory (a different session) moves right at once: the memory matters.
+    assert plan(planner, features(right=True), dataclasses.replace(p1, session_id="d"), session="d").behaviour \
+        == "change_right"
+
+
+def test_plan_values_follow_schema_order():
+    p = Plan("id", "s", 1, 10**9, "test", "change_right", 12.5, -3.5)
+    v = p.values()
+    assert v[PLAN_INDEX["target_speed"]] == 12.5 and v[PLAN_INDEX["target_lane_offset"]] == -3.5
+    assert v[PLAN_INDEX["plan_change_right"]] == 1.0 and v[ONE_HOT].sum() == 1.0
+    with pytest.raises(ValueError, match="behaviour"):
+        Plan("id", "s", 1, 10**9, "test", "fly", 1.0, 0.0)
+    with pytest.raises(ValueError, match="non-finite"):
+        Plan("id", "s", 1, 10**9, "test", "keep", float("nan"), 0.0)
+
+
+def test_planning_is_far_sighted_but_cheap_enough():
+    import time
+
+    planner = BehaviourPlanner()
+    x = features(lead=(30.0, -10.0), right=True)
+    times = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        plan(planner, x)
+        times.append(time.perf_counter() - t0)
+    assert planner.params.horizon_s >= 5.0
+    assert np.median(times) < 0.05  # a few ms expected; generous for a noisy VM

@@ -1,0 +1,199 @@
+"""The safe-state machine's exact transitions, and the OOD gate inside the executor and server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.config import ConfigError, ServerConfig
+from controller.gate_tools import fit_gate_for_model, nominal_inputs
+from controller.server import ControllerServer
+from executor.config import ExecutorConfig
+from executor.core import Executor, GateMismatch
+from executor.safety import SafetyConfig, fallback_profile
+from executor.snapshot import Clock, Observation, Reason, SafetyState
+
+MS = 1_000_000
+TICK = 5 * MS
+
+
+@pytest.fixture(scope="module")
+def nominal_rows():
+    return nominal_inputs(range(41, 43), every=10, duration_s=4.0)
+
+
+@pytest.fixture(scope="module")
+def gates(test_model, tmp_path_factory):
+    """Real gate files fitted on simulated nominal driving, one per feature source."""
+    out = {}
+    for source in ("decision_vector", "input_features"):
+        gate = fit_gate_for_model(test_model, source, fit_seeds=range(1, 4), calibration_seeds=range(4, 7), every=1,
+                                  duration_s=6.0)
+        path = tmp_path_factory.mktemp("gates") / f"{source}.npz"
+        gate.save(str(path))
+        out[source] = path
+    return out
+
+
+def lockstep(model, config: ExecutorConfig, gate=None) -> Executor:
+    ex = Executor(model, config, gate)
+    ex.open_session("a", clock=Clock.LOCKSTEP)
+    return ex
+
+
+def run(ex: Executor, rows: list[np.ndarray], start_tick: int = 0):
+    snaps = []
+    for k, x in enumerate(rows, start=start_tick):
+        snaps += ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * TICK, features=x))
+    return snaps
+
+
+def test_transitions_and_timeouts_are_exact(test_model, nominal_rows):
+    features, _ = nominal_rows
+    config = ExecutorConfig(min_margin=0.0, safety=SafetyConfig(hold_timeout_ms=300, recovery_dwell_ms=500))
+    good = [features[i] for i in range(10)]
+    bad = [np.full(19, np.nan, np.float32)] * 100
+    clean = [features[i] for i in range(10, 160)]
+
+    def sequence():
+        ex = lockstep(test_model, config)
+        return run(ex, good + bad + clean)
+
+    snaps = sequence()
+    states = [s.safety_state for s in snaps]
+    assert states[:10] == [SafetyState.NOMINAL] * 10
+    assert states[10:70] == [SafetyState.VETO_HOLD] * 60  # 300 ms of hold ...
+    assert states[70:110] == [SafetyState.FALLBACK_ACTIVE] * 40  # ... then the fallback
+    assert states[110:210] == [SafetyState.RECOVERING] * 100  # 500 ms clean dwell
+    assert states[210:] == [SafetyState.NOMINAL] * 50
+    last_good = snaps[9].applied
+    assert all(s.applied == last_good for s in snaps[10:70])  # hold = the last action that passed
+    assert all(Reason.FALLBACK in s.reasons for s in snaps[70:210])
+    accel = np.array([s.applied.controls[0] for s in snaps[70:110]])
+    expected = fallback_profile(config.safety, float(last_good.controls[0]), TICK, 40)
+    np.testing.assert_allclose(accel, expected, rtol=0, atol=1e-6)  # jerk-limited towards -3 m/s^2
+    assert np.all(np.abs(np.diff(accel)) <= 2.5 * 0.005 + 1e-6)
+    assert all(np.isfinite(s.applied.controls).all() for s in snaps)
+    assert snaps[210].applied.index == snaps[210].proposed_index  # the model drives again
+    # reproducible tick for tick
+    again = sequence()
+    assert [(s.safety_state, s.reasons, s.applied.index) for s in again] == \
+        [(s.safety_state, s.reasons, s.applied.index) for s in snaps]
+
+
+def test_distrust_during_recovery_resumes_the_hold_timer(test_model, nominal_rows):
+    features, _ = nominal_rows
+    config = ExecutorConfig(min_margin=0.0, safety=SafetyConfig(hold_timeout_ms=100, recovery_dwell_ms=100))
+    nan = np.full(19, np.nan, np.float32)
+    rows = [features[0]] * 2 + [nan] * 10 + [features[1]] * 5 + [nan] * 15
+    snaps = run(lockstep(test_model, config), rows)
+    states = [s.safety_state for s in snaps]
+    assert states[2:12] == [SafetyState.VETO_HOLD] * 10
+    assert states[12:17] == [SafetyState.RECOVERING] * 5
+    # back in VETO_HOLD; the timer started at tick 2, so 100 ms later (tick 22) it falls back
+    assert states[17:22] == [SafetyState.VETO_HOLD] * 5
+    assert states[22] == SafetyState.FALLBACK_ACTIVE
+
+
+def test_stale_plan_degrades_and_fresh_plan_recovers(test_model, nominal_rows):
+    features, plans = nominal_rows
+    config = ExecutorConfig(min_margin=0.0, max_plan_age_ms=600,
+                            safety=SafetyConfig(hold_timeout_ms=1000, recovery_dwell_ms=50))
+    ex = lockstep(test_model, config)
+    snaps = []
+    for k in range(200):
+        plan = plans[k] if k in (0, 150) else None
+        snaps += ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * TICK, features=features[k],
+                                                      plan_id=f"p{k}" if plan is not None else "", plan_values=plan))
+    assert Reason.STALE_PLAN not in snaps[120].reasons  # 600 ms old: still fresh enough
+    assert Reason.STALE_PLAN in snaps[121].reasons and snaps[121].safety_state is SafetyState.VETO_HOLD
+    assert snaps[150].safety_state is SafetyState.RECOVERING and snaps[150].plan_age_ns == 0
+    assert snaps[160].safety_state is SafetyState.NOMINAL
+
+
+def test_endless_low_margin_ends_in_fallback(test_model, nominal_rows):
+    features, _ = nominal_rows
+    config = ExecutorConfig(min_margin=1.0, safety=SafetyConfig(max_abstain_ms=100))
+    snaps = run(lockstep(test_model, config), [features[i] for i in range(30)])
+    assert all(Reason.LOW_MARGIN in s.reasons for s in snaps)
+    assert [s.safety_state for s in snaps[:20]] == [SafetyState.NOMINAL] * 20
+    assert snaps[20].safety_state is SafetyState.FALLBACK_ACTIVE
+
+
+def test_nan_vetoes_in_the_same_tick(test_model, gates, nominal_rows):
+    import ood
+
+    features, _ = nominal_rows
+    gate = ood.load_gate(gates["decision_vector"])
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    x = features[5].copy()
+    x[7] = np.nan
+    snaps = run(ex, [features[0], features[1], x])
+    assert not snaps[1].gate_veto and np.isfinite(snaps[1].gate_score)
+    assert snaps[2].gate_veto and Reason.OOD_VETO in snaps[2].reasons  # the same tick, not the next
+    assert snaps[2].gate_score == float("inf") and snaps[2].gate_threshold == gate.threshold
+    assert snaps[2].safety_state is SafetyState.VETO_HOLD
+
+
+def test_zeroed_sensor_caught_by_norm_guard(test_model, gates, nominal_rows):
+    import ood
+
+    features, _ = nominal_rows
+    gate = ood.load_gate(gates["input_features"])
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    snaps = run(ex, [features[0], features[1], np.zeros(19, np.float32)])
+    assert not any(s.gate_veto for s in snaps[:2])
+    assert snaps[2].gate_veto and Reason.OOD_VETO in snaps[2].reasons
+
+
+def test_nominal_driving_passes_the_gate(test_model, gates, nominal_rows):
+    import ood
+
+    features, plans = nominal_rows
+    gate = ood.load_gate(gates["decision_vector"])
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    snaps = []
+    for k in range(300):
+        snaps += ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * TICK, features=features[k],
+                                                      plan_id=f"p{k}", plan_values=plans[k]))
+    assert sum(s.gate_veto for s in snaps) <= 3  # calibrated at 0.1 % per tick, filtered 3-of-5
+
+
+def test_gate_schema_mismatch_is_refused(test_model, gates, tmp_path):
+    import ood
+
+    from executor.onnx_export import export_mlp, random_mlp
+    from controller.models import driving_card
+
+    other = tmp_path / "wide.onnx"
+    export_mlp(random_mlp(25, (32, 48), 4, 2, seed=1), driving_card("wide", "test", 48), other)
+    from executor.model_runner import DecisionModel
+
+    wide = DecisionModel(other)
+    with pytest.raises(GateMismatch, match="fitted on 64 decision_vector features"):
+        Executor(wide, ExecutorConfig(), ood.load_gate(gates["decision_vector"]))
+    with pytest.raises(ConfigError, match="gate .*decision_vector"):
+        ControllerServer(ServerConfig(model=other, gate=gates["decision_vector"], port=0))
+
+
+def test_server_fills_gate_fields(test_model_path, gates, nominal_rows):
+    import grpc
+
+    from controller.client import DriveSession
+    from controller.server import ServerThread
+    from dualloop.v1 import controller_pb2 as pb
+    from dualloop.v1 import controller_pb2_grpc as pb_grpc
+
+    features, _ = nominal_rows
+    with ServerThread(ServerConfig(model=test_model_path, gate=gates["decision_vector"], port=0)) as srv:
+        with grpc.insecure_channel(srv.address) as channel:
+            info = pb_grpc.ControllerStub(channel).GetModelInfo(pb.GetModelInfoRequest())
+            assert len(info.gate_version) == 16 and info.gate_source == "decision_vector"
+            s = DriveSession(channel, "g", pb.LOCKSTEP)
+            s.send(1, 0, features[0].tolist())
+            ok = s.recv()
+            s.send(2, TICK, [float("nan")] * 19)
+            vetoed = s.recv()
+            s.close()
+    assert ok.HasField("gate") and ok.gate.threshold > 0 and not ok.gate.veto
+    assert vetoed.gate.veto and pb.OOD_VETO in vetoed.reasons and vetoed.safety_state == pb.VETO_HOLD
