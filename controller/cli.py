@@ -73,6 +73,20 @@ def _bench(args: argparse.Namespace) -> int:
         result = bench_sim(seconds=args.duration if args.duration != 60.0 else 3.0)
         console.print(result)
         return 0
+    if args.what == "gate":
+        from controller.bench_gate import bench_gate
+        from controller.gate_tools import load_gate_for_model
+        from executor.model_runner import DecisionModel
+
+        if args.gate is None:
+            raise ConfigError("bench gate needs --gate FILE (dualloop gate fit)")
+        model = DecisionModel(args.model)
+        for label, r in bench_gate(model, load_gate_for_model(args.gate, model), args.sessions).items():
+            console.print(f"{label:>12}: forward p50 {r['forward_us_p50']:.0f} us (p99 {r['forward_us_p99']:.0f}); "
+                          f"gate p50 {r['gate_us_p50']:.0f} us for {args.sessions} sessions = "
+                          f"{r['gate_us_per_session_p50']:.1f} us per session (p99 {r['gate_us_p99']:.0f}); "
+                          f"whole tick p50 {r['tick_us_p50']:.0f} us, p99 {r['tick_us_p99']:.0f} us")
+        return 0
     if args.what == "tick":
         result = bench_tick(args.model, args.sessions, args.duration, args.out, args.guard_ms,
                             args.realtime_priority or None)
@@ -80,6 +94,36 @@ def _bench(args: argparse.Namespace) -> int:
               and result["executor"]["lateness_us"]["p99"] < 500)
         console.print("targets (0 missed, p99 <= 1.5x bare and < 500 us): "
                       + ("[green]met[/]" if ok else "[yellow]not met in this run[/]"))
+    return 0
+
+
+def _gate_fit(args: argparse.Namespace) -> int:
+    from controller.gate_tools import fit_gate_for_model
+    from executor.model_runner import DecisionModel
+
+    model = DecisionModel(args.model)
+    console.print(f"fitting a {args.variant} gate on {args.source} of {args.model} from simulated nominal driving ...")
+    gate = fit_gate_for_model(model, args.source, args.variant, alpha=args.alpha)
+    digest = gate.save(str(args.out))
+    cal = gate.calibration
+    console.print(f"wrote {args.out} (version {digest[:16]}): threshold {gate.threshold:.2f} at a per-tick false-veto "
+                  f"rate of {cal.alpha} (measured {cal.empirical_rate:.5f} on {cal.n} held-out ticks); norm band "
+                  f"[{gate.norm_band.low:.2f}, {gate.norm_band.high:.2f}]; filter {gate.filter}")
+    return 0
+
+
+def _gate_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from controller.gate_eval import evaluate
+    from controller.gate_tools import load_gate_for_model
+    from executor.model_runner import DecisionModel
+
+    model = DecisionModel(args.model)
+    gate = load_gate_for_model(args.gate, model)
+    result = evaluate(model, gate, out_dir=args.out, console=console)
+    (args.out / "gate_eval.json").write_text(json.dumps(result, indent=2, default=float))
+    console.print(f"results and plots: {args.out}/")
     return 0
 
 
@@ -117,8 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_make_test_model)
 
     p = sub.add_parser("bench", help="benchmarks that print numbers")
-    p.add_argument("what", choices=["tick", "sim"], help="tick: executor timing under gRPC load; "
-                   "sim: simulator steps per second next to highway-env")
+    p.add_argument("what", choices=["tick", "sim", "gate"], help="tick: executor timing under gRPC load; "
+                   "sim: simulator steps per second next to highway-env; gate: gate cost next to the forward pass")
+    p.add_argument("--gate", type=Path, help="gate file (bench gate)")
     p.add_argument("--model", type=Path, default=TEST_MODEL_PATH)
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--duration", type=float, default=60.0, help="seconds")
@@ -129,6 +174,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SCHED_FIFO priority for the executor process and, for fairness, the bare ticker "
                         "(0: normal scheduling; refused without CAP_SYS_NICE, which the report shows)")
     p.set_defaults(fn=_bench)
+
+    p = sub.add_parser("gate", help="fit and evaluate the OOD gate")
+    gate_sub = p.add_subparsers(dest="gate_command", required=True)
+    g = gate_sub.add_parser("fit", help="fit a gate for a model from simulated nominal driving")
+    g.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
+    g.add_argument("--source", choices=["decision_vector", "input_features"], default="decision_vector")
+    g.add_argument("--variant", choices=["single", "tied", "relative"], default="single")
+    g.add_argument("--alpha", type=float, default=1e-3, help="per-tick false-veto rate to calibrate at")
+    g.add_argument("--out", type=Path, default=Path("models/base.gate.npz"))
+    g.set_defaults(fn=_gate_fit)
+    g = gate_sub.add_parser("eval", help="AUROC, detection delay, false vetoes, closed loop with/without, plots")
+    g.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
+    g.add_argument("--gate", type=Path, default=Path("models/base.gate.npz"))
+    g.add_argument("--out", type=Path, default=Path("runs/gate-eval"))
+    g.set_defaults(fn=_gate_eval)
 
     p = sub.add_parser("demo", help="the main job: the scenario suite in closed loop over gRPC, with a report")
     p.add_argument("--model", type=Path, help="default: models/base.onnx")
@@ -143,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, ModelFileError) as err:
+    except (ConfigError, ModelFileError, OSError) as err:
         console.print(f"[red]error:[/] {err}", highlight=False)
         return 2
 

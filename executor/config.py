@@ -19,6 +19,10 @@ class ExecutorConfig(BaseModel):
     # never received a plan run on the model's default plan and are not affected.
     max_plan_age_ms: float = Field(600.0, gt=0.0)
     safety: SafetyConfig = SafetyConfig()
+    # With a gate: this many consecutive fresh observations identical to the previous one, every
+    # component bit for bit, are a stuck sensor (OOD_VETO). 0 turns the check off, e.g. for a log
+    # whose sensors are quantised so coarsely that they legitimately repeat.
+    freeze_repeats: int = Field(2, ge=0)
     max_sessions: int = Field(64, ge=1, le=4096)
     # LOCKSTEP: a timestamp jump longer than this is refused rather than ticked through.
     lockstep_max_gap_s: float = Field(10.0, gt=0.0)

@@ -111,6 +111,7 @@ class Executor:
         self._xn = np.zeros((cap, model.n_features), np.float32)
         self._p = np.zeros((cap, model.n_plan), np.float32)
         self._pn = np.zeros((cap, model.n_plan), np.float32)
+        self._fresh = np.zeros(cap, bool)
         safe = card.safe_action
         self.safe_action = AppliedAction(self._actions.index(safe.action), safe.action,
                                          np.array(safe.controls, np.float32))
@@ -131,6 +132,10 @@ class Executor:
                                    f"({have[0]}, ..., {have[-1]}); model {card.name} {card.version} provides "
                                    f"{len(expected)} ({expected[0]}, ..., {expected[-1]})")
             self._gate_monitor = gate.monitor(cap)
+            from ood import FreezeDetector
+
+            self._freeze = (FreezeDetector(cap, model.n_features, self.config.freeze_repeats)
+                            if self.config.freeze_repeats > 0 else None)
             self._gate_on_inputs = gate.schema.source == "input_features"
             self._gate_in = np.zeros((cap, gate.dim), np.float32)
 
@@ -149,6 +154,8 @@ class Executor:
                           slot=self._free_slots.pop())
         if self._gate_monitor is not None:
             self._gate_monitor.reset(session.slot)
+            if self._freeze is not None:
+                self._freeze.reset(session.slot)
         self.sessions[session_id] = session
         return session
 
@@ -278,8 +285,10 @@ class Executor:
         t0 = _perf_ns()
         x, p = self._x[:n], self._p[:n]
         observations: list[Observation] = []
+        fresh = self._fresh[:n]
         for i, s in enumerate(rows):
-            if s.pending is not None:
+            fresh[i] = s.pending is not None
+            if fresh[i]:
                 s.current, s.pending = s.pending, None
             obs = s.current
             observations.append(obs)
@@ -336,7 +345,10 @@ class Executor:
             feats[:] = np.nan  # no decision vector this tick: nothing can pass
         slots = np.fromiter((s.slot for s in rows), np.int64, n)
         step = self._gate_monitor.step(feats, slots)
-        return step.score, step.alarm
+        alarm = step.alarm
+        if self._freeze is not None:
+            alarm = alarm | self._freeze.update(self._x[:n], slots, self._fresh[:n])
+        return step.score, alarm
 
     def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,
                      gate: tuple[np.ndarray, np.ndarray] | None, tick_index: int, tick_ns: int,

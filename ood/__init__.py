@@ -14,6 +14,7 @@ from .bench import bench_scorer
 from .calibrate import NormBand, ThresholdCalibration, calibrate_norm_band, calibrate_threshold
 from .filter import CusumFilter, CusumSettings, FilterSettings, KOfNFilter, KOfNSettings, make_filter
 from .fit import GateStats, fit_statistics
+from .freeze import FreezeDetector
 from .gate import FeatureSchema, Gate, fit_gate
 from .gatefile import load_gate, save_gate
 from .metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
@@ -21,7 +22,7 @@ from .monitor import GateMonitor, GateStep
 from .score import GateFlags, GateScorer
 
 __all__ = [
-    "CusumFilter", "CusumSettings", "FeatureSchema", "FilterSettings", "Gate", "GateFlags",
+    "CusumFilter", "CusumSettings", "FeatureSchema", "FreezeDetector", "FilterSettings", "Gate", "GateFlags",
     "GateMonitor", "GateScorer", "GateStats", "GateStep", "KOfNFilter", "KOfNSettings", "NormBand",
     "ThresholdCalibration", "auroc", "bench_scorer", "calibrate_norm_band", "calibrate_threshold",
     "detection_delay", "false_veto_rate", "fit_gate", "fit_statistics", "load_gate", "make_filter",

@@ -197,3 +197,55 @@ def test_server_fills_gate_fields(test_model_path, gates, nominal_rows):
             s.close()
     assert ok.HasField("gate") and ok.gate.threshold > 0 and not ok.gate.veto
     assert vetoed.gate.veto and pb.OOD_VETO in vetoed.reasons and vetoed.safety_state == pb.VETO_HOLD
+
+
+def test_stuck_sensor_vetoes_after_two_repeats(test_model, gates, nominal_rows):
+    import ood
+
+    features, _ = nominal_rows
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), ood.load_gate(gates["decision_vector"]))
+    stuck = features[20]
+    rows = [features[i] for i in range(20)] + [stuck] * 6
+    snaps = run(ex, rows)
+    vetoes = [s.gate_veto for s in snaps]
+    assert not any(vetoes[:22])  # the onset sample and its first repeat pass
+    assert all(vetoes[22:])  # the second identical fresh observation is a stuck sensor
+
+
+def test_freeze_detector_counts_only_fresh_observations():
+    from ood import FreezeDetector
+
+    det = FreezeDetector(n_slots=2, dim=3, repeats=2)
+    x = np.ones((1, 3), np.float32)
+    slot = np.array([1])
+    assert not det.update(x, slot, np.array([True]))[0]
+    for _ in range(5):  # the same observation reused by later ticks is not a repeat of the sensor
+        assert not det.update(x, slot, np.array([False]))[0]
+    assert not det.update(x, slot, np.array([True]))[0]
+    assert det.update(x, slot, np.array([True]))[0]
+    assert not det.update(x + 1e-3, slot, np.array([True]))[0]  # any change resets
+    nan = np.full((1, 3), np.nan, np.float32)
+    det.update(nan, slot, np.array([True]))
+    assert not det.update(nan, slot, np.array([True]))[0]  # NaN is the gate's job, not a freeze
+
+
+def test_gate_eval_matches_the_executor_tick_for_tick(test_model, gates):
+    """The evaluation's vectorised replay must judge every tick as the executor itself does."""
+    import ood
+
+    from controller.gate_eval import score_episodes
+    from sim.env import run_expert_batch
+
+    gate = ood.load_gate(gates["decision_vector"])
+    params = {"duration_s": 6.0}
+    scored = score_episodes(test_model, gate, "stuck_sensor", [31], **params)
+    _, data = run_expert_batch("stuck_sensor", [31], **params)
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    snaps = []
+    for k in range(data.features.shape[1]):
+        snaps += ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * TICK, features=data.features[0, k],
+                                                      plan_id=f"p{k}", plan_values=data.plan[0, k]))
+    np.testing.assert_allclose([s.gate_score for s in snaps], scored.score[0], rtol=1e-5)
+    np.testing.assert_array_equal([s.gate_veto for s in snaps], scored.alarm[0])
+    assert scored.alarm[0].any()  # the stuck sensor is caught ...
+    assert not scored.alarm[0, : scored.onset_tick[0]].any()  # ... and nothing before its onset

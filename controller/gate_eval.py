@@ -1,0 +1,181 @@
+"""`dualloop gate eval`: how well a gate separates nominal driving from each OOD scenario.
+
+Open loop: expert-driven episodes on held-out seeds; their recorded features go through the model
+and the gate exactly as in the executor (same monitor, same filter, same freeze check, one slot per
+episode, tick by tick), giving per-tick scores and vetoes. From those: AUROC and TNR at 95% TPR per
+OOD scenario (nominal ticks vs ticks after the fault's onset), the detection delay after onset, and
+the false-veto rate per hour of nominal driving. Closed loop: each OOD scenario driven by the
+executor with the gate and without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+import ood
+from controller.gate_tools import model_features
+from executor.config import ExecutorConfig
+from executor.core import Executor
+from executor.model_runner import DecisionModel
+from executor.snapshot import Reason, SafetyState
+from sim.closed_loop import drive_in_process
+from sim.env import run_expert_batch
+from sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS, build_scenario
+
+EVAL_SEEDS = range(700_000, 700_006)
+TICK_S = 0.005
+
+
+@dataclass
+class ScenarioScores:
+    name: str
+    ood: bool
+    t: np.ndarray  # (T,)
+    score: np.ndarray  # (B, T) Mahalanobis score, +inf for non-finite rows
+    alarm: np.ndarray  # (B, T) veto as the executor would apply it
+    valid: np.ndarray  # (B, T)
+    onset_tick: np.ndarray  # (B,) first tick at or after the fault's onset; T when never
+    decision: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T, d) sampled later
+    action: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T) model argmax
+
+
+def score_episodes(model: DecisionModel, gate: ood.Gate, name: str, seeds: Sequence[int],
+                   freeze_repeats: int = 2, **params: Any) -> ScenarioScores:
+    _, data = run_expert_batch(name, list(seeds), **params)
+    b, t_len = data.valid.shape
+    flat_x = data.features.reshape(b * t_len, -1)
+    flat_p = data.plan.reshape(b * t_len, -1)
+    feats = model_features(model, flat_x, flat_p, gate.schema.source).reshape(b, t_len, -1)
+    dv = feats if gate.schema.source == "decision_vector" else model_features(
+        model, flat_x, flat_p, "decision_vector").reshape(b, t_len, -1)
+    logits = _logits(model, flat_x, flat_p).reshape(b, t_len, -1)
+    finite = np.isfinite(data.features).all(axis=2)
+    feats = np.where(finite[..., None], feats, np.nan).astype(np.float32)
+    monitor = gate.monitor(b)
+    freeze = ood.FreezeDetector(b, data.features.shape[2], freeze_repeats) if freeze_repeats else None
+    slots = np.arange(b)
+    fresh = np.ones(b, bool)
+    score = np.zeros((b, t_len))
+    alarm = np.zeros((b, t_len), bool)
+    for k in range(t_len):
+        step = monitor.step(feats[:, k], slots)
+        score[:, k] = step.score
+        alarm[:, k] = step.alarm if freeze is None else step.alarm | freeze.update(data.features[:, k], slots, fresh)
+    onset_s = build_scenario(name, list(seeds), **params).ood_onset_s
+    onset_tick = np.array([np.searchsorted(data.t, o - 1e-9) if np.isfinite(o) else t_len for o in onset_s])
+    return ScenarioScores(name, bool(np.isfinite(onset_s).any()), data.t, score, alarm, data.valid, onset_tick,
+                          decision=dv, action=logits.argmax(axis=2))
+
+
+def _logits(model: DecisionModel, features: np.ndarray, plan: np.ndarray) -> np.ndarray:
+    card = model.card
+    mean = np.array([f.mean for f in card.features], np.float32)
+    std = np.array([f.std for f in card.features], np.float32)
+    pmean = np.array([p.mean for p in card.plan], np.float32)
+    pstd = np.array([p.std for p in card.plan], np.float32)
+    x = np.nan_to_num((features - mean) / std).astype(np.float32)
+    return model.forward(x, ((plan - pmean) / pstd).astype(np.float32)).logits
+
+
+def _after_onset(s: ScenarioScores) -> np.ndarray:
+    ticks = np.arange(s.score.shape[1])[None, :]
+    return s.valid & (ticks >= s.onset_tick[:, None])
+
+
+def separation(nominal: list[ScenarioScores], faulty: ScenarioScores) -> dict[str, float]:
+    inside = np.concatenate([s.score[s.valid] for s in nominal])
+    outside = faulty.score[_after_onset(faulty)]
+    # +inf (non-finite input) ranks above everything, which is what a veto means
+    big = np.finfo(np.float64).max
+    inside, outside = np.minimum(inside, big), np.minimum(outside, big)
+    delays = []
+    for b in range(faulty.score.shape[0]):
+        start = faulty.onset_tick[b]
+        hits = np.flatnonzero(faulty.alarm[b, start:] & faulty.valid[b, start:])
+        delays.append(float(hits[0]) if hits.size else np.inf)
+    d = np.array(delays)
+    return {"auroc": ood.auroc(inside, outside), "tnr_at_95tpr": ood.tnr_at_tpr(inside, outside, 0.95),
+            "delay_median_ticks": float(np.median(d)), "delay_max_ticks": float(d.max()),
+            "detected": float(np.isfinite(d).mean()),
+            "vetoed_after_onset": float(faulty.alarm[_after_onset(faulty)].mean())}
+
+
+def false_vetoes(nominal: list[ScenarioScores]) -> dict[str, float]:
+    ticks = sum(int(s.valid.sum()) for s in nominal)
+    vetoes = sum(int((s.alarm & s.valid).sum()) for s in nominal)
+    hours = ticks * TICK_S / 3600
+    return {"ticks": ticks, "vetoes": vetoes, "per_tick": vetoes / max(ticks, 1), "per_hour": vetoes / hours}
+
+
+def closed_loop_with_and_without(model: DecisionModel, gate: ood.Gate, scenarios: Sequence[str], seed: int,
+                                 config: ExecutorConfig | None = None) -> list[dict[str, Any]]:
+    rows = []
+    for name in scenarios:
+        row: dict[str, Any] = {"scenario": name}
+        for label, g in (("without", None), ("with", gate)):
+            run = drive_in_process(Executor(model, config, g), name, seed)
+            m = run.metrics
+            row[label] = {"collisions": m.collisions, "off_road": bool(m.off_road), "min_ttc_s": m.min_ttc_s,
+                          "vetoes": run.ticks_with(Reason.OOD_VETO),
+                          "fallback_s": float((run.safety_state == SafetyState.FALLBACK_ACTIVE).sum()) * TICK_S}
+        rows.append(row)
+    return rows
+
+
+def evaluate(model: DecisionModel, gate: ood.Gate, seeds: Sequence[int] = EVAL_SEEDS, closed_loop_seed: int = 700_100,
+             out_dir: Path | None = None, console: Console | None = None, **params: Any) -> dict[str, Any]:
+    console = console or Console()
+    names = list(NOMINAL_SCENARIOS) + list(OOD_SCENARIOS)
+    scores: dict[str, ScenarioScores] = {}
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("scoring scenarios", total=len(names) + len(OOD_SCENARIOS))
+        for name in names:
+            progress.update(task, description=f"scoring {name}")
+            scores[name] = score_episodes(model, gate, name, seeds, **params)
+            progress.advance(task)
+        nominal = [scores[n] for n in NOMINAL_SCENARIOS]
+        result: dict[str, Any] = {
+            "gate": gate.version_hash[:16], "source": gate.schema.source, "threshold": gate.threshold,
+            "seeds": [int(s) for s in seeds], "false_vetoes_nominal": false_vetoes(nominal),
+            "ood": {n: separation(nominal, scores[n]) for n in OOD_SCENARIOS},
+        }
+        progress.update(task, description="closed loop with and without the gate")
+        result["closed_loop"] = closed_loop_with_and_without(model, gate, OOD_SCENARIOS, closed_loop_seed)
+        progress.update(task, completed=len(names) + len(OOD_SCENARIOS))
+    print_evaluation(result, console)
+    if out_dir is not None:
+        from controller.gate_plots import plot_evaluation
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        result["plots"] = [str(p) for p in plot_evaluation(scores, gate, out_dir)]
+    return result
+
+
+def print_evaluation(result: dict[str, Any], console: Console) -> None:
+    fv = result["false_vetoes_nominal"]
+    table = Table(title=f"gate {result['gate']} ({result['source']}), threshold {result['threshold']:.1f}; nominal: "
+                        f"{fv['vetoes']} vetoes in {fv['ticks']} ticks = {fv['per_tick'] * 100:.3f}% per tick, "
+                        f"{fv['per_hour']:.1f} per hour")
+    for col in ("OOD scenario", "AUROC", "TNR@95%TPR", "detected", "delay median", "delay max", "vetoed after onset"):
+        table.add_column(col, justify="left" if col == "OOD scenario" else "right")
+    for name, r in result["ood"].items():
+        table.add_row(name, f"{r['auroc']:.4f}", f"{r['tnr_at_95tpr']:.3f}", f"{r['detected'] * 100:.0f}%",
+                      f"{r['delay_median_ticks']:.0f}", f"{r['delay_max_ticks']:.0f}",
+                      f"{r['vetoed_after_onset'] * 100:.0f}%")
+    console.print(table)
+    loop = Table(title="closed loop on OOD scenarios, without and with the gate")
+    for col in ("scenario", "collisions w/o", "min TTC w/o", "collisions with", "min TTC with", "fallback s with"):
+        loop.add_column(col, justify="left" if col == "scenario" else "right")
+    for row in result["closed_loop"]:
+        w, g = row["without"], row["with"]
+        loop.add_row(row["scenario"], f"{w['collisions']}{' off-road' if w['off_road'] else ''}",
+                     f"{w['min_ttc_s']:.1f}", f"{g['collisions']}{' off-road' if g['off_road'] else ''}",
+                     f"{g['min_ttc_s']:.1f}", f"{g['fallback_s']:.1f}")
+    console.print(loop)
