@@ -97,6 +97,44 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from controller.training import compare_models, train_main
+
+    result = train_main(args.size, args.seed, args.out, quick=args.quick)
+    if args.check is not None:
+        diffs = compare_models(args.check, result.path)
+        console.print(f"[green]{result.path} reproduces {args.check} exactly (weights, card, version)[/]" if not diffs
+                      else f"[red]{result.path} differs from {args.check}:[/] " + "; ".join(diffs))
+        return 1 if diffs else 0
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from controller.quantize import quantize_main
+
+    out = args.out or args.model.with_suffix(".int8.onnx")
+    quantize_main(str(args.model), str(out))
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    if args.kind == "comma2k19":
+        from controller.import_comma2k19 import Comma2k19Error, import_comma2k19 as run
+        errors: tuple[type[Exception], ...] = (Comma2k19Error,)
+    else:
+        from controller.import_csv import CsvImportError, import_csv as run
+        errors = (CsvImportError,)
+    out = args.out or Path(args.source).with_suffix(".mcap") if args.kind == "csv" else args.out or Path(
+        f"{Path(args.source).name}.mcap")
+    try:
+        report = run(args.source, out)
+    except errors as err:
+        console.print(f"[red]error:[/] {err}", highlight=False)
+        return 2
+    console.print(report.summary(), highlight=False)
+    return 0
+
+
 def _gate_fit(args: argparse.Namespace) -> int:
     from controller.gate_tools import fit_gate_for_model
     from executor.model_runner import DecisionModel
@@ -174,6 +212,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SCHED_FIFO priority for the executor process and, for fairness, the bare ticker "
                         "(0: normal scheduling; refused without CAP_SYS_NICE, which the report shows)")
     p.set_defaults(fn=_bench)
+
+    p = sub.add_parser("train", help="train a decision model from expert demonstrations and export it")
+    p.add_argument("--size", choices=["small", "base", "large"], default="base")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--out", type=Path, default=Path("models"), help="folder for <size>.onnx")
+    p.add_argument("--quick", action="store_true", help="little data, few epochs (writes <size>.quick.onnx)")
+    p.add_argument("--check", type=Path, help="then compare with this model file (exit 1 if it differs)")
+    p.set_defaults(fn=_train)
+
+    p = sub.add_parser("quantize", help="INT8 variant with a per-class confusion report against FP32")
+    p.add_argument("model", type=Path)
+    p.add_argument("--out", type=Path, help="default: <model>.int8.onnx")
+    p.set_defaults(fn=_quantize)
+
+    p = sub.add_parser("import", help="turn a recorded drive into a dualloop log (MCAP)")
+    p.add_argument("kind", choices=["comma2k19", "csv"])
+    p.add_argument("source", type=Path, help="comma2k19 segment folder, or a CSV file")
+    p.add_argument("--out", type=Path, help="output .mcap (default: next to the source name)")
+    p.set_defaults(fn=_import)
 
     p = sub.add_parser("gate", help="fit and evaluate the OOD gate")
     gate_sub = p.add_subparsers(dest="gate_command", required=True)

@@ -7,9 +7,9 @@ Pipeline: expert data (controller.training_data) -> numpy MLP (controller.traini
 temperature on the validation split (controller.training_calib) -> metrics on the test split ->
 export_mlp -> batch-1 forward latency of the exported file -> export again with it in the card.
 
-Reproducibility: the same seed on the same machine gives the same weights and the same card, except
-the two measured latency fields (wall-clock by nature) and the version hash that covers them. With
-measure_latency=False the file is byte-identical.
+Reproducibility: the same seed on the same machine gives the same weights, the same card and the
+same version hash; only the two measured latency fields (wall-clock by nature, left out of the
+hash) differ. With measure_latency_in_card=False the file is byte-identical.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from controller.training_calib import (expected_calibration_error, fit_temperatu
                                        probabilities)
 from controller.training_data import DataConfig, Dataset, Normaliser, Split, generate
 from controller.training_mlp import FitHistory, MLPConfig, fit, forward_weights
-from executor.model_card import ModelCard
+from executor.model_card import MEASURED_METRICS, ModelCard
 from executor.model_runner import DecisionModel
 from executor.onnx_export import MLPWeights, export_mlp
 from sim import schema
@@ -37,7 +37,7 @@ DEFAULT_SEED = 7
 FULL_DATA = DataConfig()
 QUICK_DATA = DataConfig(train_episodes=12, val_episodes=4, test_episodes=4, every=20)
 QUICK_EPOCHS = 8
-LATENCY_KEYS = ("forward_b1_p50_us", "forward_b1_p99_us")
+LATENCY_KEYS = MEASURED_METRICS  # measured at export; not part of the version hash
 
 
 @dataclass
@@ -176,3 +176,25 @@ def train_main(size: str, seed: int = DEFAULT_SEED, out_dir: Path = Path("models
                        config=config, measure_latency_in_card=measure_latency_in_card, hooks=hooks)
     print_summary(result)
     return result
+
+
+def compare_models(a: Path, b: Path) -> list[str]:
+    """What differs between two exported models, beyond the measured metrics (empty: the same model)."""
+    import onnx
+    from onnx import numpy_helper
+
+    ma, mb = onnx.load(str(a)), onnx.load(str(b))
+    diffs = []
+    wa = {t.name: numpy_helper.to_array(t) for t in ma.graph.initializer}
+    wb = {t.name: numpy_helper.to_array(t) for t in mb.graph.initializer}
+    if wa.keys() != wb.keys():
+        diffs.append(f"different tensors: {sorted(wa.keys() ^ wb.keys())}")
+    diffs += [f"weights {k} differ (max |diff| {np.abs(wa[k] - wb[k]).max():.3g})"
+              for k in sorted(wa.keys() & wb.keys()) if not np.array_equal(wa[k], wb[k])]
+    ca = DecisionModel(a, warmup_batches=()).card
+    cb = DecisionModel(b, warmup_batches=()).card
+    if ca.identity_json() != cb.identity_json():
+        diffs.append("model cards differ beyond the measured metrics")
+    if ca.version != cb.version:
+        diffs.append(f"versions differ: {ca.version} vs {cb.version}")
+    return diffs

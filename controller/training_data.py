@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from executor.model_card import ModelCard
 from sim import schema
-from sim.env import run_expert_batch
+from sim.env import ActionNoise, run_expert_batch
 from sim.scenarios import NOMINAL_SCENARIOS
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -29,12 +29,15 @@ _SCENARIO = 10_000
 class DataConfig:
     """How much expert data to generate; episode counts are per scenario."""
 
-    train_episodes: int = 160
+    train_episodes: int = 128
     val_episodes: int = 32
     test_episodes: int = 32
     every: int = 10  # record every k-th 5 ms step: neighbouring steps carry almost no new information
     duration_s: float | None = None  # None: each scenario's own duration
     scenarios: tuple[str, ...] = NOMINAL_SCENARIOS
+    # Executed-action noise (labels stay clean) so the data shows how to recover from drift; without
+    # it the learned steering was unstable in closed loop (it steered into the lane error).
+    noise: ActionNoise | None = ActionNoise()
 
     def __post_init__(self) -> None:
         counts = (self.train_episodes, self.val_episodes, self.test_episodes)
@@ -112,7 +115,7 @@ def generate(config: DataConfig, seed: int, on_scenario: Callable[[str], None] |
     for si, name in enumerate(config.scenarios):
         per_split = {s: split_seeds(seed, s, si, config.episodes(s)) for s in SPLITS}
         all_seeds = [x for s in SPLITS for x in per_split[s]]
-        _, data = run_expert_batch(name, all_seeds, every=config.every, **params)
+        _, data = run_expert_batch(name, all_seeds, every=config.every, noise=config.noise, **params)
         start = 0
         for s in SPLITS:
             sl = slice(start, start + len(per_split[s]))

@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 METADATA_KEY = "dualloop.model_card"
 FORMAT_VERSION = 1
+# Training metrics that are measurements of this machine at export time, not properties of the
+# model: stored in the card, left out of the version hash so a retrain reproduces the version.
+MEASURED_METRICS = ("forward_b1_p50_us", "forward_b1_p99_us")
 
 
 class FeatureSpec(BaseModel):
@@ -108,6 +111,11 @@ class ModelCard(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json()
+
+    def identity_json(self) -> str:
+        """The card as the version hash sees it: without the version and the measured metrics."""
+        metrics = {k: v for k, v in self.training_metrics.items() if k not in MEASURED_METRICS}
+        return self.model_copy(update={"version": "", "training_metrics": metrics}).to_json()
 
 
 class ModelFileError(ValueError):

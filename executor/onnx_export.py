@@ -79,7 +79,7 @@ def export_mlp(weights: MLPWeights, card: ModelCard, path: Path) -> ModelCard:
     model.ir_version = 9  # readable by every onnxruntime >= 1.16
     onnx.checker.check_model(model)
     digest = hashlib.sha256(model.SerializeToString(deterministic=True))
-    digest.update(card.model_copy(update={"version": ""}).to_json().encode())
+    digest.update(card.identity_json().encode())
     card = card.model_copy(update={"version": digest.hexdigest()[:12]})
     helper.set_model_props(model, {METADATA_KEY: card.to_json()})
     path = Path(path)

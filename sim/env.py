@@ -134,11 +134,42 @@ class ExpertData:
     valid: npt.NDArray[np.bool_]  # (B, T) False after an episode ended (crash)
 
 
+@dataclass(frozen=True)
+class ActionNoise:
+    """Perturbation of the *executed* expert action (labels stay the expert's clean action).
+
+    Imitation from clean demonstrations never shows the learner a state off the expert's path, so a
+    learned policy that drifts a little has never seen the correction (covariate shift; DART, Laskey
+    et al. 2017). An Ornstein-Uhlenbeck process per episode, seeded from the episode's own seed so an
+    episode still does not depend on its batch.
+    """
+
+    accel_std: float = 0.5  # m/s^2
+    steer_std: float = 0.01  # rad
+    tau_s: float = 0.5
+    seed: int = 0
+
+    def sample(self, seeds: Sequence[int], n_steps: int, dt: float) -> tuple[FloatArray, FloatArray]:
+        decay = math.exp(-dt / self.tau_s)
+        scale = math.sqrt(1.0 - decay * decay)
+        out = np.zeros((2, len(seeds), n_steps))
+        for b, seed in enumerate(seeds):
+            white = np.random.default_rng([int(seed), self.seed, 0x0A11]).standard_normal((2, n_steps))
+            for k in range(1, n_steps):  # n_steps is a few thousand: fine once per episode
+                out[:, b, k] = decay * out[:, b, k - 1] + scale * white[:, k]
+        return out[0] * self.accel_std, out[1] * self.steer_std
+
+
 def run_expert_batch(
-    name: str, seeds: Sequence[int], every: int = 1, **params: Any
+    name: str, seeds: Sequence[int], every: int = 1, noise: ActionNoise | None = None, **params: Any
 ) -> tuple[list[EpisodeMetrics], ExpertData]:
-    """Drive len(seeds) episodes with the expert, recording every `every`-th step."""
+    """Drive len(seeds) episodes with the expert, recording every `every`-th step.
+
+    With `noise`, the executed action is the expert's plus the noise; the recorded controls and
+    labels are always the expert's own.
+    """
     env = make_batch(name, seeds, **params)
+    accel_noise, steer_noise = noise.sample(seeds, env.n_steps, env.world.dt) if noise else (None, None)
     n_rec = (env.n_steps + every - 1) // every
     b = env.batch
     feats = np.zeros((b, n_rec, N_FEATURES), dtype=np.float32)
@@ -156,6 +187,9 @@ def run_expert_batch(
             valid[:, k] = ~env.done_mask
             times[k] = env.t
             k += 1
+        if accel_noise is not None:
+            i = env.step_index
+            accel, steer = accel + accel_noise[:, i], steer + steer_noise[:, i]
         env.step(accel, steer)
     data = ExpertData(times[:k], feats[:, :k], plans[:, :k], label_from_accel(controls[:, :k, 0]),
                       controls[:, :k], valid[:, :k])

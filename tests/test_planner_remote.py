@@ -131,6 +131,7 @@ def test_scheduler_with_remote_source_counts_remote_timeouts():
             sched.request("car-1", features(), 0)
             give_up = time.monotonic() + 3.0
             while sched.stats()["timeouts"] < 1 and time.monotonic() < give_up:
+                sched.poll()  # poll() is what moves the scheduler's work along
                 time.sleep(0.01)
             stats = sched.stats()
             # The remote gave up at its own deadline: a timeout, and no need to replace the worker.

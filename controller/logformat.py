@@ -1,0 +1,143 @@
+"""The log file format (proto/dualloop/v1/log.proto): topics, message types, and one MCAP file writer.
+
+Shared by the background recorder (controller/recorder.py) and the synchronous writer and reader
+(controller/logfile.py), so both agree on topic names, schemas and channel layout by construction.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+from google.protobuf.message import Message
+from mcap.writer import CompressionType
+from mcap.writer import Writer as McapWriter
+from mcap_protobuf.schema import build_file_descriptor_set
+
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import log_pb2
+
+FORMAT_VERSION = 1
+PROFILE = ""  # MCAP's "protobuf" well-known profile is not defined; an empty profile is the norm.
+LIBRARY = "dualloop"
+
+TOPIC_HEADER = "/dualloop/header"
+TOPIC_OBSERVATION = "/dualloop/observation"
+TOPIC_SNAPSHOT = "/dualloop/snapshot"
+TOPIC_PLAN = "/dualloop/plan"
+TOPIC_SUMMARY = "/dualloop/summary"
+
+# Each topic carries exactly one message type; the reader decodes with these generated classes
+# rather than with dynamic descriptors (faster, and the log cannot smuggle in another type).
+TOPIC_TYPES: dict[str, type[Message]] = {
+    TOPIC_HEADER: log_pb2.SessionHeader,
+    TOPIC_OBSERVATION: pb.Observation,
+    TOPIC_SNAPSHOT: pb.DecisionSnapshot,
+    TOPIC_PLAN: log_pb2.PlanRecord,
+    TOPIC_SUMMARY: log_pb2.SessionSummary,
+}
+
+# Chunks are small so that a flush (which closes the chunk in progress) loses little compression,
+# and a crash loses at most one chunk's worth of records.
+DEFAULT_CHUNK_BYTES = 256 * 1024
+
+_ROTATED_RE = re.compile(r"-(\d{4})\.mcap$")
+
+
+def rotated_path(stem: Path, part: int) -> Path:
+    """`runs/x.mcap` (or `runs/x`) and part 3 -> `runs/x-0003.mcap`."""
+    base = stem.with_suffix("") if stem.suffix == ".mcap" else stem
+    return base.with_name(f"{base.name}-{part:04d}.mcap")
+
+
+def rotated_files(stem: Path) -> list[Path]:
+    """The parts of a rotated log in order; empty when there are none."""
+    first = rotated_path(stem, 0)
+    prefix = first.name[: -len("0000.mcap")]
+    parts = [p for p in first.parent.glob(f"{glob_escape(prefix)}[0-9][0-9][0-9][0-9].mcap")]
+    return sorted(parts, key=lambda p: int(_ROTATED_RE.search(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def mcap_time(ns: int) -> int:
+    """MCAP times are unsigned: an event before the clock's epoch is logged at 0 (its own fields
+    still carry the exact value)."""
+    return ns if ns > 0 else 0
+
+
+class LogFileWriter:
+    """One MCAP file: registers a schema per message type and a channel per (topic, session) lazily,
+    and knows its size so the recorder can rotate. Not thread-safe: one writer thread owns it."""
+
+    def __init__(self, path: Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES, compress: bool = True) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._stream: BinaryIO = open(path, "wb")
+        self._writer = McapWriter(
+            self._stream, chunk_size=chunk_bytes,
+            compression=CompressionType.ZSTD if compress else CompressionType.NONE,
+        )
+        self._writer.start(profile=PROFILE, library=LIBRARY)
+        self._schemas: dict[str, int] = {}
+        self._channels: dict[tuple[str, str], int] = {}
+        self._sequence: dict[int, int] = {}
+        self._unflushed_bytes = 0
+        self.messages = 0
+        self.headers_written: set[str] = set()
+        self.opened_monotonic_s = time.monotonic()
+
+    def _channel(self, topic: str, session_id: str) -> int:
+        key = (topic, session_id)
+        channel = self._channels.get(key)
+        if channel is None:
+            message_type = TOPIC_TYPES[topic]
+            name = message_type.DESCRIPTOR.full_name
+            schema = self._schemas.get(name)
+            if schema is None:
+                schema = self._writer.register_schema(
+                    name=name, encoding="protobuf",
+                    data=build_file_descriptor_set(message_type).SerializeToString())
+                self._schemas[name] = schema
+            channel = self._writer.register_channel(
+                topic=topic, message_encoding="protobuf", schema_id=schema,
+                metadata={"session_id": session_id})
+            self._channels[key] = channel
+            self._sequence[channel] = 0
+        return channel
+
+    def write(self, topic: str, session_id: str, message: Message, log_time_ns: int,
+              publish_time_ns: int | None = None) -> None:
+        data = message.SerializeToString(deterministic=True)  # map order fixed: reproducible files
+        channel = self._channel(topic, session_id)
+        sequence = self._sequence[channel]
+        self._sequence[channel] = sequence + 1
+        log_time = mcap_time(log_time_ns)
+        self._writer.add_message(channel_id=channel, log_time=log_time, data=data,
+                                 publish_time=log_time if publish_time_ns is None else mcap_time(publish_time_ns),
+                                 sequence=sequence)
+        self._unflushed_bytes += len(data) + 31  # record overhead: opcode, lengths, times, sequence
+        self.messages += 1
+        if topic == TOPIC_HEADER:
+            self.headers_written.add(session_id)
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes on disk plus an estimate of what is still buffered (uncompressed, so an overestimate)."""
+        return self._stream.tell() + self._unflushed_bytes
+
+    def flush(self) -> None:
+        """Close the chunk in progress and hand everything to the OS: it survives a killed process."""
+        self._writer.flush()
+        self._unflushed_bytes = 0
+
+    def finish(self) -> None:
+        """Write the index and footer (a finished file opens instantly in Foxglove) and close."""
+        try:
+            self._writer.finish()
+        finally:
+            self._stream.close()

@@ -1,0 +1,305 @@
+"""The built-in behaviour planner: score candidate manoeuvres over a 6 s look-ahead, pick the cheapest.
+
+Unlike the 5 ms executor, which reacts to the present, this looks ahead: for every candidate
+(lane in {keep, left, right} x a ladder of target speeds) it rolls the ego forward with an IDM-like
+longitudinal model behind the predicted leader(s) of the lane it will be in, against traffic
+predicted at constant velocity from the observation features, and adds up costs for collision risk,
+progress, comfort and rules of the road. All candidates are rolled out together (numpy arrays of
+shape (steps, candidates)); the Python loop only runs over time steps.
+
+It sees only what a server sees (one feature vector per session), so everything it knows about the
+neighbouring lanes comes from the front/rear gap and relative-speed features.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from planner.plan import Plan, PlanRequest, make_plan_id
+from sim.schema import FEATURE_INDEX, SENSOR_RANGE_M
+
+FloatArray = npt.NDArray[np.float64]
+
+# Candidate lanes, indices into the per-lane traffic arrays below; their behaviour names.
+KEEP_LANE, LEFT_LANE, RIGHT_LANE = 0, 1, 2
+LANE_BEHAVIOUR: tuple[str, str, str] = ("keep", "change_left", "change_right")
+LANE_SIGN: npt.NDArray[np.float64] = np.array([0.0, 1.0, -1.0])  # target lane offset / lane width
+
+_F = FEATURE_INDEX
+_FRONT_GAP = np.array([_F["lead_distance"], _F["left_front_gap"], _F["right_front_gap"]])
+_FRONT_REL = np.array([_F["lead_rel_speed"], _F["left_front_rel_speed"], _F["right_front_rel_speed"]])
+_REAR_GAP = np.array([_F["left_rear_gap"], _F["right_rear_gap"]])  # no rear sensor in the ego lane
+_REAR_REL = np.array([_F["left_rear_rel_speed"], _F["right_rear_rel_speed"]])
+
+# A gap this close to the sensor range means "nothing there" (the sensor caps gaps, then adds noise).
+_NOTHING_THERE_M = SENSOR_RANGE_M - 3.0
+_FAR_M = 1.0e4  # where an absent vehicle is put, so that it never interacts
+
+
+@dataclass(frozen=True)
+class BehaviourParams:
+    cruise_speed: float = 25.0  # desired speed on a straight free road, m/s
+    max_lateral_accel: float = 2.0  # caps the cruise speed in curves: v <= sqrt(a_lat / |curvature|)
+    lane_width: float = 3.5
+    horizon_s: float = 6.0
+    step_s: float = 0.1
+    speed_fractions: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7, 0.85, 1.0)  # of the cruise speed
+    valid_for_s: float = 1.0
+    # Ego longitudinal model (IDM-like, as the executor was trained to drive).
+    time_gap: float = 1.5
+    min_gap: float = 2.5
+    a_max: float = 1.5
+    b_comf: float = 2.5
+    b_max: float = 8.0  # physical braking limit
+    jerk_ref: float = 2.0  # m/s^3 considered comfortable
+    # Lane changes.
+    lane_change_s: float = 4.0  # the executor's lateral manoeuvre time
+    leaving_time_gap: float = 0.5  # headway still kept to the leader of the lane we are leaving
+    rear_min_gap: float = 5.0  # hard: the new follower never closer than this during the change
+    rear_min_ttc_s: float = 2.0  # hard: nor closing on us faster than this
+    cooldown_s: float = 4.0  # after a change, a new one has to earn this much more
+    ttc_min_s: float = 4.0  # below this time-to-collision a leader is a risk
+    stop_speed: float = 1.0  # a leader slower than this is a stationary obstacle
+    stop_approach_speed: float = 5.0  # ending the horizon slower than this behind one means "stop"
+    # Cost weights (dimensionless; a speed deficit of the whole cruise speed for the whole horizon
+    # costs w_progress).
+    w_progress: float = 4.0
+    w_accel: float = 0.3
+    w_jerk: float = 0.1
+    w_hard_brake: float = 1.0
+    w_headway: float = 3.0
+    w_ttc: float = 3.0
+    w_change: float = 0.2
+    w_left: float = 0.15  # overtake on the left, then come back
+    w_right: float = -0.3  # keep right when the right lane is as good (negative: a bonus)
+    w_continue: float = -0.5  # finishing a lane change already started (negative: a bonus)
+    w_reverse: float = 3.0  # flipping back towards the lane we are leaving or just left
+    w_cooldown: float = 1.0
+    collision_cost: float = 1.0e3
+    memory_sessions: int = 4096  # per-session lane-change memory is bounded (LRU)
+
+
+@dataclass
+class Candidates:
+    """The evaluated candidate table, (K,) arrays; exposed for tests and debugging."""
+
+    lane: npt.NDArray[np.int64]
+    target_speed: FloatArray
+    cost: FloatArray
+    feasible: npt.NDArray[np.bool_]
+    end_speed: FloatArray
+    min_gap: FloatArray
+    blocked: npt.NDArray[np.bool_]  # ends the horizon crawling up to a stationary obstacle
+    terms: dict[str, FloatArray] = field(default_factory=dict)
+
+    @property
+    def best(self) -> int:
+        return int(np.argmin(self.cost))
+
+
+class BehaviourPlanner:
+    """PlanSource: lanes x target speeds, rolled out over horizon_s, cheapest feasible wins."""
+
+    def __init__(self, params: BehaviourParams | None = None, name: str = "behaviour") -> None:
+        self.params = params or BehaviourParams()
+        self.name = name
+        p = self.params
+        self._n_steps = int(round(p.horizon_s / p.step_s))
+        self._t = (np.arange(self._n_steps) + 1) * p.step_s  # time at the end of each step
+        self._fractions = np.asarray(p.speed_fractions, dtype=np.float64)
+        # When we last proposed a lane change, per session: the cooldown needs memory that the
+        # previous plan alone cannot carry (after a change, the previous plan is already "keep").
+        self._last_change_ns: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()  # serve_planner may call plan() from several gRPC threads
+
+    # ---- PlanSource -------------------------------------------------------------------------
+    def plan(self, request: PlanRequest) -> Plan:
+        p = self.params
+        cands = self.evaluate(request.features, request.previous, request.now_ns, request.session_id)
+        best = cands.best
+        lane = int(cands.lane[best])
+        behaviour = LANE_BEHAVIOUR[lane]
+        target_speed = float(cands.target_speed[best])
+        offset = float(LANE_SIGN[lane] * p.lane_width)
+        if cands.blocked[best]:
+            # Even the best option ends up stopping behind a stationary obstacle: say so (and stay
+            # in lane), so the executor brakes early and smoothly instead of closing in at cruise intent.
+            behaviour, target_speed, offset = "stop", 0.0, 0.0
+        # Remember the latest lane change, ours or one the previous plan (from any source) was making.
+        changed_ns = request.now_ns if behaviour.startswith("change_") else None
+        prev = request.previous
+        if changed_ns is None and prev is not None and prev.behaviour.startswith("change_"):
+            changed_ns = prev.created_ns
+        if changed_ns is not None:
+            with self._lock:
+                self._last_change_ns[request.session_id] = changed_ns
+                self._last_change_ns.move_to_end(request.session_id)
+                while len(self._last_change_ns) > p.memory_sessions:
+                    self._last_change_ns.popitem(last=False)
+        return Plan(
+            plan_id=make_plan_id(self.name, request.session_id, request.now_ns),
+            session_id=request.session_id, created_ns=request.now_ns,
+            valid_for_ns=int(p.valid_for_s * 1e9), source=self.name, behaviour=behaviour,
+            target_speed=target_speed, target_lane_offset=offset,
+        )
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._last_change_ns.pop(session_id, None)
+
+    # ---- the evaluation ---------------------------------------------------------------------
+    def cruise_speed(self, features: npt.NDArray[np.floating]) -> float:
+        curvature = abs(float(features[_F["road_curvature"]]))
+        return min(self.params.cruise_speed, math.sqrt(self.params.max_lateral_accel / max(curvature, 1e-9)))
+
+    def evaluate(
+        self, features: npt.NDArray[np.floating], previous: Plan | None = None, now_ns: int = 0,
+        session_id: str = "",
+    ) -> Candidates:
+        p = self.params
+        x = np.asarray(features, dtype=np.float64)
+        if not np.all(np.isfinite(x)):
+            raise ValueError("features contain NaN or Inf")
+        v0 = max(float(x[_F["ego_speed"]]), 0.0)
+        a0 = float(x[_F["ego_accel"]])
+        cruise = self.cruise_speed(x)
+
+        # Traffic per lane (keep, left, right), predicted at constant velocity.
+        exists = np.array([True, x[_F["left_lane_exists"]] > 0.5, x[_F["right_lane_exists"]] > 0.5])
+        front_gap = x[_FRONT_GAP]
+        front_v = np.maximum(v0 + x[_FRONT_REL], 0.0)
+        # Trust the gap over lead_present: a faulty flag must not hide a car 20 m ahead.
+        no_front = front_gap >= _NOTHING_THERE_M
+        front_gap = np.where(no_front, _FAR_M, front_gap)
+        front_v = np.where(no_front, max(v0, cruise), front_v)
+        rear_gap = np.concatenate([[_FAR_M], x[_REAR_GAP]])
+        rear_v = np.concatenate([[0.0], np.maximum(v0 + x[_REAR_REL], 0.0)])
+        rear_gap = np.where(rear_gap >= _NOTHING_THERE_M, _FAR_M, rear_gap)
+
+        # Candidates: existing lanes x target speeds. A lane that does not exist is never a candidate.
+        lanes = np.flatnonzero(exists)
+        lane = np.repeat(lanes, self._fractions.size)
+        target = np.tile(self._fractions * cruise, lanes.size)
+        k = lane.size
+        changing = lane != KEEP_LANE
+
+        # Leader positions over time (steps, K), measured from the ego's front bumper at t = 0.
+        t = self._t[:, None]
+        own_lead = front_gap[KEEP_LANE] + front_v[KEEP_LANE] * t  # (steps, 1)
+        new_lead = front_gap[lane] + front_v[lane] * t  # (steps, K)
+        v_own, v_new = front_v[KEEP_LANE], front_v[lane]
+        # Before the ego crosses into the new lane it must respect both leaders.
+        both = changing[None, :] & (t < 0.5 * p.lane_change_s)
+
+        s = np.zeros(k)
+        v = np.full(k, v0)
+        s_hist = np.empty((self._n_steps, k))
+        v_hist = np.empty((self._n_steps, k))
+        a_hist = np.empty((self._n_steps, k))
+        dt = p.step_s
+        v0_target = np.maximum(target, 0.1)
+        sqrt_ab = 2.0 * math.sqrt(p.a_max * p.b_comf)
+        # While leaving, the old leader only has to be kept at a short headway, not followed: the
+        # ego is already moving out from behind it.
+        own_time_gap = np.where(changing, p.leaving_time_gap, p.time_gap)
+        for i in range(self._n_steps):
+            gap_new = new_lead[i] - s
+            gap_own = own_lead[i, 0] - s
+            a_new = self._idm(v, v0_target, gap_new, v_new, sqrt_ab, p.time_gap)
+            a_own = self._idm(v, v0_target, gap_own, v_own, sqrt_ab, own_time_gap)
+            a = np.where(both[i], np.minimum(a_new, a_own), a_new)
+            a = np.minimum(np.maximum(a, -p.b_max), p.a_max)
+            v_next = np.maximum(v + a * dt, 0.0)
+            a = (v_next - v) / dt  # what actually happened once the ego stopped
+            s += 0.5 * (v + v_next) * dt
+            v = v_next
+            s_hist[i], v_hist[i], a_hist[i] = s, v, a
+
+        # ---- collision risk (leaders) ----
+        gap_new = new_lead - s_hist
+        gap_own = np.where(both, own_lead - s_hist, _FAR_M)
+        gap = np.minimum(gap_new, gap_own)
+        lead_v = np.where(gap_own < gap_new, v_own, v_new)
+        min_gap = gap.min(axis=0)
+        collides = min_gap <= 0.0
+        desired = p.min_gap + np.where(gap_own < gap_new, p.leaving_time_gap, p.time_gap) * v_hist
+        headway = np.mean(np.maximum(0.0, 1.0 - gap / desired) ** 2, axis=0)
+        closing = v_hist - lead_v
+        ttc = np.where(closing > 1e-3, np.maximum(gap, 0.0) / np.maximum(closing, 1e-3), np.inf)
+        ttc_risk = np.max(np.maximum(0.0, 1.0 - ttc / p.ttc_min_s) ** 2, axis=0)
+
+        # ---- hard constraint on the new follower while the change is under way ----
+        during = t <= p.lane_change_s
+        rear_g = rear_gap[lane] + s_hist - rear_v[lane] * t
+        rear_closing = rear_v[lane] - v_hist
+        rear_ttc = np.where(rear_closing > 1e-3, rear_g / np.maximum(rear_closing, 1e-3), np.inf)
+        rear_bad = during & ((rear_g < p.rear_min_gap) | (rear_ttc < p.rear_min_ttc_s))
+        rear_unsafe = changing & (rear_bad.any(axis=0) | (rear_gap[lane] < p.rear_min_gap))
+
+        # ---- progress and comfort ----
+        progress = np.mean(np.maximum(cruise - v_hist, 0.0), axis=0) / max(cruise, 1.0)
+        jerk = np.diff(np.vstack([np.full((1, k), a0), a_hist]), axis=0) / dt
+        accel_cost = np.mean(a_hist**2, axis=0) / p.b_comf**2
+        jerk_cost = np.mean(jerk**2, axis=0) / p.jerk_ref**2
+        hard_brake = np.mean(np.maximum(0.0, -a_hist - p.b_comf), axis=0)
+
+        # ---- rules of the road ----
+        rules = np.where(changing, p.w_change, 0.0)
+        rules += np.where(lane == LEFT_LANE, p.w_left, 0.0) + np.where(lane == RIGHT_LANE, p.w_right, 0.0)
+        rules += self._hysteresis(lane, previous, float(x[_F["lane_offset"]]), now_ns, session_id)
+
+        terms = {
+            "progress": p.w_progress * progress,
+            "accel": p.w_accel * accel_cost,
+            "jerk": p.w_jerk * jerk_cost,
+            "hard_brake": p.w_hard_brake * hard_brake,
+            "headway": p.w_headway * headway,
+            "ttc": p.w_ttc * ttc_risk,
+            "rules": rules,
+            "collision": np.where(collides, p.collision_cost, 0.0),
+            "rear_unsafe": np.where(rear_unsafe, p.collision_cost, 0.0),
+        }
+        cost = np.sum(list(terms.values()), axis=0)
+        blocked = (lead_v[-1] < p.stop_speed) & (v_hist[-1] < p.stop_approach_speed)
+        return Candidates(lane=lane, target_speed=target, cost=cost, feasible=~(collides | rear_unsafe),
+                          end_speed=v_hist[-1], min_gap=min_gap, blocked=blocked, terms=terms)
+
+    def _idm(self, v: FloatArray, v0: FloatArray, gap: FloatArray, v_lead: FloatArray | float,
+             sqrt_ab: float, time_gap: FloatArray | float) -> FloatArray:
+        # The free-road term never asks for more than comfortable braking: lowering the target
+        # speed means "slow down smoothly", braking hard is the interaction term's job.
+        p = self.params
+        s_star = p.min_gap + np.maximum(0.0, v * time_gap + v * (v - v_lead) / sqrt_ab)
+        ratio = v / v0
+        free = np.maximum(p.a_max * (1.0 - ratio**4), -p.b_comf)
+        inter = s_star / np.maximum(gap, 0.1)
+        return free - p.a_max * inter * inter
+
+    def _hysteresis(self, lane: npt.NDArray[np.int64], previous: Plan | None, lane_offset: float,
+                    now_ns: int, session_id: str) -> FloatArray:
+        """Costs that make the planner finish what it started and not flip back."""
+        p = self.params
+        cost = np.zeros(lane.size)
+        if previous is not None and previous.behaviour in ("change_left", "change_right"):
+            sign = 1.0 if previous.behaviour == "change_left" else -1.0
+            # Past the lane boundary the ego's "current lane" is already the new one: the ego sits
+            # on the far side of its centre, and keeping the lane is how the change finishes.
+            crossed = sign * lane_offset < -0.25 * p.lane_width
+            continuing = KEEP_LANE if crossed else (LEFT_LANE if sign > 0 else RIGHT_LANE)
+            reverse = RIGHT_LANE if sign > 0 else LEFT_LANE
+            cost += np.where(lane == continuing, p.w_continue, 0.0)
+            cost += np.where(lane == reverse, p.w_reverse, 0.0)
+            if not crossed:  # aborting is allowed when it must be, but it has to be worth it
+                cost += np.where(lane == KEEP_LANE, 0.5 * p.w_reverse, 0.0)
+            return cost
+        with self._lock:
+            last = self._last_change_ns.get(session_id)
+        if last is not None and 0 <= now_ns - last < p.cooldown_s * 1e9:
+            cost += np.where(lane != KEEP_LANE, p.w_cooldown, 0.0)
+        return cost
