@@ -17,7 +17,7 @@ from executor.model_runner import DecisionModel
 from executor.snapshot import Observation
 
 
-def bench_gate(model: DecisionModel, gate: ood.Gate, sessions: int = 8, ticks: int = 4000,
+def bench_gate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], sessions: int = 8, ticks: int = 4000,
                seed: int = 0) -> dict[str, dict[str, float]]:
     rng = np.random.default_rng(seed)
     n_feat = model.n_features

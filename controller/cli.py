@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from controller.config import ConfigError, load_server_config
-from controller.models import BASE_MODEL_PATH, TEST_MODEL_PATH
+from controller.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 from executor.model_card import ModelFileError
 
 # Wide enough for the scenario table when the output is a log file rather than a terminal.
@@ -21,7 +21,7 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 def _serve(args: argparse.Namespace) -> int:
     from controller.server import ControllerServer, new_event_loop
 
-    config = load_server_config(args.config, model=args.model, gate=args.gate, host=args.host, port=args.port,
+    config = load_server_config(args.config, model=args.model, gates=args.gate, host=args.host, port=args.port,
                                 allow_non_loopback=True if args.allow_non_loopback else None,
                                 realtime_priority=args.realtime_priority)
     server = ControllerServer(config)
@@ -78,10 +78,11 @@ def _bench(args: argparse.Namespace) -> int:
         from controller.gate_tools import load_gate_for_model
         from executor.model_runner import DecisionModel
 
-        if args.gate is None:
+        if not args.gate:
             raise ConfigError("bench gate needs --gate FILE (dualloop gate fit)")
         model = DecisionModel(args.model)
-        for label, r in bench_gate(model, load_gate_for_model(args.gate, model), args.sessions).items():
+        gates = [load_gate_for_model(g, model) for g in args.gate]
+        for label, r in bench_gate(model, gates, args.sessions).items():
             console.print(f"{label:>12}: forward p50 {r['forward_us_p50']:.0f} us (p99 {r['forward_us_p99']:.0f}); "
                           f"gate p50 {r['gate_us_p50']:.0f} us for {args.sessions} sessions = "
                           f"{r['gate_us_per_session_p50']:.1f} us per session (p99 {r['gate_us_p99']:.0f}); "
@@ -142,9 +143,10 @@ def _gate_fit(args: argparse.Namespace) -> int:
     model = DecisionModel(args.model)
     console.print(f"fitting a {args.variant} gate on {args.source} of {args.model} from simulated nominal driving ...")
     gate = fit_gate_for_model(model, args.source, args.variant, alpha=args.alpha)
-    digest = gate.save(str(args.out))
+    out = args.out or DEFAULT_GATES[0 if args.source == "decision_vector" else 1]
+    digest = gate.save(str(out))
     cal = gate.calibration
-    console.print(f"wrote {args.out} (version {digest[:16]}): threshold {gate.threshold:.2f} at a per-tick false-veto "
+    console.print(f"wrote {out} (version {digest[:16]}): threshold {gate.threshold:.2f} at a per-tick false-veto "
                   f"rate of {cal.alpha} (measured {cal.empirical_rate:.5f} on {cal.n} held-out ticks); norm band "
                   f"[{gate.norm_band.low:.2f}, {gate.norm_band.high:.2f}]; filter {gate.filter}")
     return 0
@@ -158,8 +160,8 @@ def _gate_eval(args: argparse.Namespace) -> int:
     from executor.model_runner import DecisionModel
 
     model = DecisionModel(args.model)
-    gate = load_gate_for_model(args.gate, model)
-    result = evaluate(model, gate, out_dir=args.out, console=console)
+    gates = [load_gate_for_model(g, model) for g in (args.gate or DEFAULT_GATES)]
+    result = evaluate(model, gates, out_dir=args.out, console=console)
     (args.out / "gate_eval.json").write_text(json.dumps(result, indent=2, default=float))
     console.print(f"results and plots: {args.out}/")
     return 0
@@ -172,7 +174,9 @@ def _demo(args: argparse.Namespace) -> int:
     if model == TEST_MODEL_PATH:
         console.print("[yellow]no trained model found (models/base.onnx): driving with the untrained test model[/]")
     scenarios = args.scenarios.split(",") if args.scenarios else None
-    run_demo(model, args.out, scenarios, duration_s=args.duration, console=console)
+    gates = args.gate if args.gate else ([g for g in DEFAULT_GATES if g.is_file()]
+                                         if model == BASE_MODEL_PATH and not args.no_gate else [])
+    run_demo(model, args.out, scenarios, duration_s=args.duration, console=console, gates=gates)
     return 0
 
 
@@ -182,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve a model over gRPC (loopback by default)")
     p.add_argument("--model", type=Path, help="ONNX decision model with a dualloop model card")
-    p.add_argument("--gate", type=Path, help="OOD gate file fitted for this model (dualloop gate fit)")
+    p.add_argument("--gate", type=Path, action="append",
+                   help="OOD gate file fitted for this model (dualloop gate fit); repeat for several")
     p.add_argument("--config", type=Path, help="server configuration (.toml or .yaml)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 50151; 0 picks a free one)")
@@ -201,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks that print numbers")
     p.add_argument("what", choices=["tick", "sim", "gate"], help="tick: executor timing under gRPC load; "
                    "sim: simulator steps per second next to highway-env; gate: gate cost next to the forward pass")
-    p.add_argument("--gate", type=Path, help="gate file (bench gate)")
+    p.add_argument("--gate", type=Path, action="append", help="gate file (bench gate); repeat for several")
     p.add_argument("--model", type=Path, default=TEST_MODEL_PATH)
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--duration", type=float, default=60.0, help="seconds")
@@ -239,17 +244,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--source", choices=["decision_vector", "input_features"], default="decision_vector")
     g.add_argument("--variant", choices=["single", "tied", "relative"], default="single")
     g.add_argument("--alpha", type=float, default=1e-3, help="per-tick false-veto rate to calibrate at")
-    g.add_argument("--out", type=Path, default=Path("models/base.gate.npz"))
+    g.add_argument("--out", type=Path, help="default: models/base.gate.npz (decision vector) or "
+                   "models/base.inputs.gate.npz (input features)")
     g.set_defaults(fn=_gate_fit)
     g = gate_sub.add_parser("eval", help="AUROC, detection delay, false vetoes, closed loop with/without, plots")
     g.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
-    g.add_argument("--gate", type=Path, default=Path("models/base.gate.npz"))
+    g.add_argument("--gate", type=Path, action="append", help="repeat for several (default: the base model's two)")
     g.add_argument("--out", type=Path, default=Path("runs/gate-eval"))
     g.set_defaults(fn=_gate_eval)
 
     p = sub.add_parser("demo", help="the main job: the scenario suite in closed loop over gRPC, with a report")
     p.add_argument("--model", type=Path, help="default: models/base.onnx")
     p.add_argument("--scenarios", help="comma-separated subset (default: all)")
+    p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
+    p.add_argument("--no-gate", action="store_true", help="drive without the OOD gate")
     p.add_argument("--duration", type=float, help="seconds of sim time per scenario (default: the scenario's own)")
     p.add_argument("--out", type=Path, default=Path("runs"))
     p.set_defaults(fn=_demo)

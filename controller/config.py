@@ -30,8 +30,9 @@ class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Path
-    # An OOD gate file fitted for this model (`dualloop gate fit`); None serves without a gate.
-    gate: Path | None = None
+    # OOD gate files fitted for this model (`dualloop gate fit`), e.g. one on the decision vector and
+    # one on the raw inputs; any of them vetoes. Empty: no gate.
+    gates: list[Path] = []
     host: str = "127.0.0.1"
     port: int = Field(50151, ge=0, le=65535)  # 0 picks a free port
     # Binding beyond loopback exposes an actuation-adjacent service: it must be asked for.

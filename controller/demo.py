@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Sequence
 
 import grpc
 import numpy as np
@@ -100,20 +101,23 @@ def _table(rows: list[ScenarioRow], model_name: str) -> Table:
 
 
 def run_demo(model: Path, out_root: Path = Path("runs"), scenarios: list[str] | None = None,
-             seed: int = HELD_OUT_SEED, duration_s: float | None = None, console: Console | None = None) -> Path:
+             seed: int = HELD_OUT_SEED, duration_s: float | None = None, console: Console | None = None,
+             gates: Sequence[Path] = ()) -> Path:
     console = console or Console()
     names = scenarios or list(SCENARIOS)
     out = out_root / datetime.now().strftime("%Y%m%d-%H%M%S")
     (out / "logs").mkdir(parents=True, exist_ok=True)
     params = {"duration_s": duration_s} if duration_s else {}
-    server, address = start_server(model)
+    server, address = start_server(model, tuple(a for g in gates for a in ("--gate", str(g))))
     rows: list[ScenarioRow] = []
     runs: list[ClosedLoopRun] = []
     try:
         with grpc.insecure_channel(address) as channel:
             stub = pb_grpc.ControllerStub(channel)
             info = stub.GetModelInfo(pb.GetModelInfoRequest())
-            console.print(f"[bold]dualloop demo[/]: model {model.name} ({info.model_version}), server {address}")
+            gate_text = f", gates {info.gate_version} ({info.gate_source})" if info.gate_version else ", no OOD gate"
+            console.print(f"[bold]dualloop demo[/]: model {model.name} ({info.model_version}){gate_text}, "
+                          f"server {address}")
             whole = stub.GetStats(pb.GetStatsRequest())
             with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=console, transient=True) as progress:

@@ -42,36 +42,47 @@ class ScenarioScores:
     alarm: np.ndarray  # (B, T) veto as the executor would apply it
     valid: np.ndarray  # (B, T)
     onset_tick: np.ndarray  # (B,) first tick at or after the fault's onset; T when never
+    end_tick: np.ndarray  # (B,) first tick after the fault is over (noise bursts end); T when it lasts
     decision: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T, d) sampled later
     action: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T) model argmax
 
 
-def score_episodes(model: DecisionModel, gate: ood.Gate, name: str, seeds: Sequence[int],
+def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], name: str, seeds: Sequence[int],
                    freeze_repeats: int = 2, **params: Any) -> ScenarioScores:
+    """Per-tick score and veto as the executor computes them. With several gates the score is the
+    largest score/threshold ratio (so the threshold is 1) and any gate's alarm vetoes."""
+    gates = [gates] if isinstance(gates, ood.Gate) else list(gates)
     _, data = run_expert_batch(name, list(seeds), **params)
     b, t_len = data.valid.shape
     flat_x = data.features.reshape(b * t_len, -1)
     flat_p = data.plan.reshape(b * t_len, -1)
-    feats = model_features(model, flat_x, flat_p, gate.schema.source).reshape(b, t_len, -1)
-    dv = feats if gate.schema.source == "decision_vector" else model_features(
-        model, flat_x, flat_p, "decision_vector").reshape(b, t_len, -1)
-    logits = _logits(model, flat_x, flat_p).reshape(b, t_len, -1)
     finite = np.isfinite(data.features).all(axis=2)
-    feats = np.where(finite[..., None], feats, np.nan).astype(np.float32)
-    monitor = gate.monitor(b)
-    freeze = ood.FreezeDetector(b, data.features.shape[2], freeze_repeats) if freeze_repeats else None
+    dv = model_features(model, flat_x, flat_p, "decision_vector").reshape(b, t_len, -1)
+    logits = _logits(model, flat_x, flat_p).reshape(b, t_len, -1)
     slots = np.arange(b)
-    fresh = np.ones(b, bool)
-    score = np.zeros((b, t_len))
+    score = np.full((b, t_len), -np.inf)
     alarm = np.zeros((b, t_len), bool)
-    for k in range(t_len):
-        step = monitor.step(feats[:, k], slots)
-        score[:, k] = step.score
-        alarm[:, k] = step.alarm if freeze is None else step.alarm | freeze.update(data.features[:, k], slots, fresh)
-    onset_s = build_scenario(name, list(seeds), **params).ood_onset_s
-    onset_tick = np.array([np.searchsorted(data.t, o - 1e-9) if np.isfinite(o) else t_len for o in onset_s])
-    return ScenarioScores(name, bool(np.isfinite(onset_s).any()), data.t, score, alarm, data.valid, onset_tick,
-                          decision=dv, action=logits.argmax(axis=2))
+    for gate in gates:
+        feats = dv if gate.schema.source == "decision_vector" else data.features
+        feats = np.where(finite[..., None], feats, np.nan).astype(np.float32)
+        monitor = gate.monitor(b)
+        scale = 1.0 if len(gates) == 1 else 1.0 / gate.threshold
+        for k in range(t_len):
+            step = monitor.step(feats[:, k], slots)
+            score[:, k] = np.maximum(score[:, k], step.score * scale)
+            alarm[:, k] |= step.alarm
+    if freeze_repeats:
+        freeze = ood.FreezeDetector(b, data.features.shape[2], freeze_repeats)
+        fresh = np.ones(b, bool)
+        for k in range(t_len):
+            alarm[:, k] |= freeze.update(data.features[:, k], slots, fresh)
+    instance = build_scenario(name, list(seeds), **params)
+    onset_s = instance.ood_onset_s
+    end_s = onset_s + np.broadcast_to(np.asarray(instance.fault.duration_s, float), onset_s.shape)
+    to_tick = lambda times: np.array([np.searchsorted(data.t, x - 1e-9) if np.isfinite(x) else t_len  # noqa: E731
+                                      for x in times])
+    return ScenarioScores(name, bool(np.isfinite(onset_s).any()), data.t, score, alarm, data.valid, to_tick(onset_s),
+                          to_tick(end_s), decision=dv, action=logits.argmax(axis=2))
 
 
 def _logits(model: DecisionModel, features: np.ndarray, plan: np.ndarray) -> np.ndarray:
@@ -85,8 +96,9 @@ def _logits(model: DecisionModel, features: np.ndarray, plan: np.ndarray) -> np.
 
 
 def _after_onset(s: ScenarioScores) -> np.ndarray:
+    """The ticks the fault is active: from onset until it ends (a noise burst does), valid only."""
     ticks = np.arange(s.score.shape[1])[None, :]
-    return s.valid & (ticks >= s.onset_tick[:, None])
+    return s.valid & (ticks >= s.onset_tick[:, None]) & (ticks < s.end_tick[:, None])
 
 
 def separation(nominal: list[ScenarioScores], faulty: ScenarioScores) -> dict[str, float]:
@@ -114,7 +126,8 @@ def false_vetoes(nominal: list[ScenarioScores]) -> dict[str, float]:
     return {"ticks": ticks, "vetoes": vetoes, "per_tick": vetoes / max(ticks, 1), "per_hour": vetoes / hours}
 
 
-def closed_loop_with_and_without(model: DecisionModel, gate: ood.Gate, scenarios: Sequence[str], seed: int,
+def closed_loop_with_and_without(model: DecisionModel, gate: ood.Gate | list[ood.Gate], scenarios: Sequence[str],
+                                 seed: int,
                                  config: ExecutorConfig | None = None) -> list[dict[str, Any]]:
     rows = []
     for name in scenarios:
@@ -129,32 +142,34 @@ def closed_loop_with_and_without(model: DecisionModel, gate: ood.Gate, scenarios
     return rows
 
 
-def evaluate(model: DecisionModel, gate: ood.Gate, seeds: Sequence[int] = EVAL_SEEDS, closed_loop_seed: int = 700_100,
+def evaluate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], seeds: Sequence[int] = EVAL_SEEDS, closed_loop_seed: int = 700_100,
              out_dir: Path | None = None, console: Console | None = None, **params: Any) -> dict[str, Any]:
     console = console or Console()
+    gates = [gate] if isinstance(gate, ood.Gate) else list(gate)
     names = list(NOMINAL_SCENARIOS) + list(OOD_SCENARIOS)
     scores: dict[str, ScenarioScores] = {}
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("scoring scenarios", total=len(names) + len(OOD_SCENARIOS))
         for name in names:
             progress.update(task, description=f"scoring {name}")
-            scores[name] = score_episodes(model, gate, name, seeds, **params)
+            scores[name] = score_episodes(model, gates, name, seeds, **params)
             progress.advance(task)
         nominal = [scores[n] for n in NOMINAL_SCENARIOS]
         result: dict[str, Any] = {
-            "gate": gate.version_hash[:16], "source": gate.schema.source, "threshold": gate.threshold,
+            "gate": "+".join(g.version_hash[:16] for g in gates), "source": "+".join(g.schema.source for g in gates),
+            "threshold": gates[0].threshold if len(gates) == 1 else 1.0,
             "seeds": [int(s) for s in seeds], "false_vetoes_nominal": false_vetoes(nominal),
             "ood": {n: separation(nominal, scores[n]) for n in OOD_SCENARIOS},
         }
         progress.update(task, description="closed loop with and without the gate")
-        result["closed_loop"] = closed_loop_with_and_without(model, gate, OOD_SCENARIOS, closed_loop_seed)
+        result["closed_loop"] = closed_loop_with_and_without(model, gates, OOD_SCENARIOS, closed_loop_seed)
         progress.update(task, completed=len(names) + len(OOD_SCENARIOS))
     print_evaluation(result, console)
     if out_dir is not None:
         from controller.gate_plots import plot_evaluation
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        result["plots"] = [str(p) for p in plot_evaluation(scores, gate, out_dir)]
+        result["plots"] = [str(p) for p in plot_evaluation(scores, result["threshold"], out_dir)]
     return result
 
 

@@ -11,7 +11,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-import ood  # noqa: E402
 from sim.schema import ACTIONS  # noqa: E402
 from sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS  # noqa: E402
 
@@ -19,20 +18,26 @@ if TYPE_CHECKING:
     from controller.gate_eval import ScenarioScores
 
 
+def _after_onset(s: ScenarioScores) -> np.ndarray:
+    from controller.gate_eval import _after_onset as active
+
+    return active(s)
+
+
 def _finite(x: np.ndarray, cap: float) -> np.ndarray:
     return np.minimum(np.nan_to_num(x, nan=cap, posinf=cap), cap)
 
 
-def plot_scores_over_time(scores: dict[str, ScenarioScores], gate: ood.Gate, path: Path) -> Path:
+def plot_scores_over_time(scores: dict[str, ScenarioScores], threshold: float, path: Path) -> Path:
     names = list(OOD_SCENARIOS)
     cols = 2
     rows = (len(names) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(11, 2.6 * rows), squeeze=False)
-    cap = gate.threshold * 1e3
+    cap = threshold * 1e3
     for ax, name in zip(axes.ravel(), names):
         s = scores[name]
         ax.plot(s.t, _finite(s.score[0], cap), lw=0.7, color="#1d3557")
-        ax.axhline(gate.threshold, color="#e63946", lw=1, label="threshold")
+        ax.axhline(threshold, color="#e63946", lw=1, label="threshold")
         veto = s.alarm[0]
         on = np.concatenate([[0], veto.astype(np.int8), [0]])
         for a, b in zip(np.flatnonzero(np.diff(on) == 1), np.flatnonzero(np.diff(on) == -1)):
@@ -45,25 +50,24 @@ def plot_scores_over_time(scores: dict[str, ScenarioScores], gate: ood.Gate, pat
     for ax in axes.ravel()[len(names):]:
         ax.axis("off")
     fig.supxlabel("time (s)")
-    fig.supylabel("Mahalanobis score")
+    fig.supylabel("Mahalanobis score" if threshold != 1.0 else "score / threshold (largest over gates)")
     fig.tight_layout()
     fig.savefig(path, dpi=95)
     plt.close(fig)
     return path
 
 
-def plot_histograms(scores: dict[str, ScenarioScores], gate: ood.Gate, path: Path) -> Path:
-    cap = gate.threshold * 1e3
+def plot_histograms(scores: dict[str, ScenarioScores], threshold: float, path: Path) -> Path:
+    cap = threshold * 1e3
     nominal = np.concatenate([scores[n].score[scores[n].valid] for n in NOMINAL_SCENARIOS])
     bins = np.logspace(np.log10(max(_finite(nominal, cap).min(), 1e-3)), np.log10(cap), 80)
     fig, ax = plt.subplots(figsize=(10, 4.5))
     ax.hist(_finite(nominal, cap), bins=bins, density=True, alpha=0.5, color="grey", label="nominal")
     for name in OOD_SCENARIOS:
         s = scores[name]
-        ticks = np.arange(s.score.shape[1])[None, :]
-        after = s.valid & (ticks >= s.onset_tick[:, None])
+        after = _after_onset(s)
         ax.hist(_finite(s.score[after], cap), bins=bins, density=True, histtype="step", lw=1.3, label=name)
-    ax.axvline(gate.threshold, color="#e63946", lw=1.2, label="threshold")
+    ax.axvline(threshold, color="#e63946", lw=1.2, label="threshold")
     ax.set_xscale("log")
     ax.set_xlabel("Mahalanobis score (non-finite inputs shown at the right edge)")
     ax.set_ylabel("density")
@@ -101,8 +105,7 @@ def plot_projection(scores: dict[str, ScenarioScores], path: Path, per_scenario:
     right.scatter(p_nom[vetoed_nom, 0], p_nom[vetoed_nom, 1], s=12, color="black", marker="x", label="nominal, vetoed")
     for name in OOD_SCENARIOS:
         s = scores[name]
-        ticks = np.arange(s.score.shape[1])[None, :]
-        x, _, alarm = sample(s, s.valid & (ticks >= s.onset_tick[:, None]))
+        x, _, alarm = sample(s, _after_onset(s))
         if len(x):
             p = project(x)
             right.scatter(p[:, 0], p[:, 1], s=5, alpha=0.6, label=f"{name} ({alarm.mean() * 100:.0f}% vetoed)")
@@ -118,7 +121,8 @@ def plot_projection(scores: dict[str, ScenarioScores], path: Path, per_scenario:
     return path
 
 
-def plot_evaluation(scores: dict[str, ScenarioScores], gate: ood.Gate, out_dir: Path) -> list[Path]:
-    return [plot_scores_over_time(scores, gate, out_dir / "gate_scores_over_time.png"),
-            plot_histograms(scores, gate, out_dir / "gate_score_histograms.png"),
+def plot_evaluation(scores: dict[str, ScenarioScores], threshold: float, out_dir: Path) -> list[Path]:
+    """threshold: the gate's, or 1.0 when the scores are score/threshold ratios of several gates."""
+    return [plot_scores_over_time(scores, threshold, out_dir / "gate_scores_over_time.png"),
+            plot_histograms(scores, threshold, out_dir / "gate_score_histograms.png"),
             plot_projection(scores, out_dir / "gate_projection.png")]

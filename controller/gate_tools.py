@@ -15,7 +15,7 @@ import numpy as np
 import ood
 from executor.core import GATE_SOURCES, gate_feature_names
 from executor.model_runner import DecisionModel
-from sim.env import run_expert_batch
+from sim.env import ActionNoise, run_expert_batch
 from sim.scenarios import NOMINAL_SCENARIOS
 
 FIT_SEEDS = range(100_000, 100_012)  # disjoint from training, validation and demo seeds
@@ -41,11 +41,15 @@ def model_features(model: DecisionModel, features: np.ndarray, plan: np.ndarray,
 
 
 def nominal_inputs(seeds: Sequence[int], every: int = 4, scenarios: Sequence[str] = NOMINAL_SCENARIOS,
-                   **params) -> tuple[np.ndarray, np.ndarray]:
-    """(features, plan) rows from expert-driven nominal episodes, valid rows only."""
+                   noise: ActionNoise | None = ActionNoise(), **params) -> tuple[np.ndarray, np.ndarray]:
+    """(features, plan) rows from expert-driven nominal episodes, valid rows only.
+
+    With the same executed-action noise as the training data by default: the states a learned
+    driver visits are a little off the expert's path, and a gate fitted on the clean path vetoed the
+    model's own hard braking behind a braking lead."""
     feats, plans = [], []
     for name in scenarios:
-        _, data = run_expert_batch(name, list(seeds), every=every, **params)
+        _, data = run_expert_batch(name, list(seeds), every=every, noise=noise, **params)
         feats.append(data.features[data.valid])
         plans.append(data.plan[data.valid])
     return np.concatenate(feats), np.concatenate(plans)

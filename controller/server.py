@@ -106,10 +106,9 @@ class ControllerService(pb_grpc.ControllerServicer):
     def __init__(self, runtime: ControllerRuntime) -> None:
         self.runtime = runtime
         self.executor = runtime.executor
-        gate = self.executor.gate
+        gates = self.executor.gates
         self._info = model_info(self.executor.card, self.executor.period_ns,
-                                gate.version_hash[:16] if gate is not None else "",
-                                gate.schema.source if gate is not None else "")
+                                "+".join(g.version_hash[:16] for g in gates), "+".join(g.schema.source for g in gates))
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         return self._info
@@ -242,15 +241,15 @@ class ControllerServer:
         self.config = config
         self.model = model or DecisionModel(config.model, warmup_batches=tuple(
             b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.executor.max_sessions))
-        gate = None
-        if config.gate is not None:
+        gates = []
+        for path in config.gates:
             from controller.gate_tools import load_gate_for_model
 
             try:
-                gate = load_gate_for_model(config.gate, self.model)
+                gates.append(load_gate_for_model(path, self.model))
             except (OSError, ValueError) as err:
-                raise ConfigError(f"gate {config.gate}: {err}") from None
-        self.executor = Executor(self.model, config.executor, gate)
+                raise ConfigError(f"gate {path}: {err}") from None
+        self.executor = Executor(self.model, config.executor, gates)
         self.runtime = ControllerRuntime(self.executor, config)
         self.port: int | None = None
         self.scheduling = "not started"

@@ -81,6 +81,14 @@ class Session:
     ticks: int = 0
 
 
+@dataclass(slots=True)
+class _GateRun:
+    monitor: object  # ood.GateMonitor
+    on_inputs: bool
+    features: np.ndarray  # preallocated (max_sessions, dim)
+    threshold: float
+
+
 @dataclass
 class ExecutorStats:
     ticks: int = 0
@@ -90,7 +98,8 @@ class ExecutorStats:
 
 
 class Executor:
-    def __init__(self, model: DecisionModel, config: ExecutorConfig | None = None, gate: Gate | None = None) -> None:
+    def __init__(self, model: DecisionModel, config: ExecutorConfig | None = None,
+                 gate: Gate | list[Gate] | None = None) -> None:
         self.model = model
         self.config = config or ExecutorConfig()
         card = model.card
@@ -112,6 +121,7 @@ class Executor:
         self._p = np.zeros((cap, model.n_plan), np.float32)
         self._pn = np.zeros((cap, model.n_plan), np.float32)
         self._fresh = np.zeros(cap, bool)
+        self._frozen = np.zeros(cap, bool)  # rows the freeze check flagged this tick
         safe = card.safe_action
         self.safe_action = AppliedAction(self._actions.index(safe.action), safe.action,
                                          np.array(safe.controls, np.float32))
@@ -120,24 +130,25 @@ class Executor:
         self._realtime_tick = 0
         self._max_plan_age_ns = int(self.config.max_plan_age_ms * 1e6)
         self.safety = SafetyMachine(self.config.safety, [c.name for c in card.controls], self.period_ns,
-                                    self.safe_action)
+                                    self.safe_action, card.feature_names)
         self._free_slots = list(range(cap - 1, -1, -1))
-        self.gate = gate
-        self._gate_monitor = None
-        if gate is not None:
-            expected = gate_feature_names(model, gate.schema.source)
-            if list(gate.schema.feature_names) != expected:
-                have = gate.schema.feature_names
-                raise GateMismatch(f"the gate was fitted on {len(have)} {gate.schema.source} features "
+        # Several gates may watch different features (decision vector, raw inputs); any one vetoes.
+        self.gates: list[Gate] = [] if gate is None else list(gate) if isinstance(gate, (list, tuple)) else [gate]
+        self._gate_runs: list[_GateRun] = []
+        for g in self.gates:
+            expected = gate_feature_names(model, g.schema.source)
+            if list(g.schema.feature_names) != expected:
+                have = g.schema.feature_names
+                raise GateMismatch(f"the gate was fitted on {len(have)} {g.schema.source} features "
                                    f"({have[0]}, ..., {have[-1]}); model {card.name} {card.version} provides "
                                    f"{len(expected)} ({expected[0]}, ..., {expected[-1]})")
-            self._gate_monitor = gate.monitor(cap)
+            self._gate_runs.append(_GateRun(g.monitor(cap), g.schema.source == "input_features",
+                                            np.zeros((cap, g.dim), np.float32), float(g.threshold)))
+        self._freeze = None
+        if self.gates and self.config.freeze_repeats > 0:
             from ood import FreezeDetector
 
-            self._freeze = (FreezeDetector(cap, model.n_features, self.config.freeze_repeats)
-                            if self.config.freeze_repeats > 0 else None)
-            self._gate_on_inputs = gate.schema.source == "input_features"
-            self._gate_in = np.zeros((cap, gate.dim), np.float32)
+            self._freeze = FreezeDetector(cap, model.n_features, self.config.freeze_repeats)
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -152,10 +163,10 @@ class Executor:
         session = Session(session_id=session_id, clock=Clock(clock), shadow=shadow,
                           include_decision_vector=include_decision_vector, plan=self._plan_default.copy(),
                           slot=self._free_slots.pop())
-        if self._gate_monitor is not None:
-            self._gate_monitor.reset(session.slot)
-            if self._freeze is not None:
-                self._freeze.reset(session.slot)
+        for run in self._gate_runs:
+            run.monitor.reset(session.slot)
+        if self._freeze is not None:
+            self._freeze.reset(session.slot)
         self.sessions[session_id] = session
         return session
 
@@ -330,28 +341,42 @@ class Executor:
         st.stage_ns[3] += t4 - t3
         return snaps
 
-    def _gate(self, rows: list[Session], finite: np.ndarray, out) -> tuple[np.ndarray, np.ndarray] | None:
-        """(score, veto) per row, scored on this tick's own features: a veto is never a tick late."""
-        if self._gate_monitor is None:
+    def _gate(self, rows: list[Session], finite: np.ndarray, out
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(score, threshold, veto) per row, scored on this tick's own features: a veto is never a tick
+        late. With several gates, any veto counts and the row reports the gate nearest its threshold."""
+        if not self._gate_runs:
             return None
         n = len(rows)
-        feats = self._gate_in[:n]
-        if self._gate_on_inputs:
-            feats[:] = self._x[:n]  # raw features: NaN stays NaN and vetoes immediately
-        elif out is not None:
-            feats[:] = out.decision_vector
-            feats[~finite] = np.nan  # the model saw a substitute for these rows; the gate must not
-        else:
-            feats[:] = np.nan  # no decision vector this tick: nothing can pass
         slots = np.fromiter((s.slot for s in rows), np.int64, n)
-        step = self._gate_monitor.step(feats, slots)
-        alarm = step.alarm
+        best_ratio = np.full(n, -np.inf)
+        score, threshold = np.zeros(n), np.zeros(n)
+        veto = np.zeros(n, bool)
+        for run in self._gate_runs:
+            feats = run.features[:n]
+            if run.on_inputs:
+                feats[:] = self._x[:n]  # raw features: NaN stays NaN and vetoes immediately
+            elif out is not None:
+                feats[:] = out.decision_vector
+                feats[~finite] = np.nan  # the model saw a substitute for these rows; the gate must not
+            else:
+                feats[:] = np.nan  # no decision vector this tick: nothing can pass
+            step = run.monitor.step(feats, slots)
+            veto |= step.alarm
+            ratio = step.score / run.threshold
+            take = ratio > best_ratio
+            best_ratio = np.where(take, ratio, best_ratio)
+            score = np.where(take, step.score, score)
+            threshold = np.where(take, run.threshold, threshold)
+        frozen = self._frozen[:n]
+        frozen[:] = False
         if self._freeze is not None:
-            alarm = alarm | self._freeze.update(self._x[:n], slots, self._fresh[:n])
-        return step.score, alarm
+            frozen[:] = self._freeze.update(self._x[:n], slots, self._fresh[:n])
+            veto |= frozen
+        return score, threshold, veto
 
     def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,
-                     gate: tuple[np.ndarray, np.ndarray] | None, tick_index: int, tick_ns: int,
+                     gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None, tick_index: int, tick_ns: int,
                      lateness_ns: int) -> list[Snapshot]:
         n = len(rows)
         if out is not None:
@@ -380,7 +405,7 @@ class Executor:
             plan_age = (tick_ns - s.plan_created_ns) if s.plan_id else 0
             if plan_age > self._max_plan_age_ns:
                 reasons.append(Reason.STALE_PLAN)
-            if gate is not None and gate[1][i]:
+            if gate is not None and gate[2][i]:
                 reasons.append(Reason.OOD_VETO)
             scored = out is not None and finite[i]
             if scored:
@@ -392,7 +417,9 @@ class Executor:
             else:
                 idx, prop_probs, prop_controls, conf, marg = -1, empty, empty, 0.0, 0.0
             proposal = AppliedAction(idx, self._actions[idx], prop_controls) if scored else None
-            applied, state = self.safety.decide(s.safety, tick_ns, reasons, proposal)
+            # a frozen sensor's lane offset and heading must not steer the fallback
+            applied, state = self.safety.decide(s.safety, tick_ns, reasons, proposal,
+                                                None if self._frozen[i] else self._x[i])
             digest = hashlib.blake2b(self._x[i].tobytes(), digest_size=8)
             digest.update(self._p[i].tobytes())
             s.ticks += 1
@@ -410,7 +437,7 @@ class Executor:
                 snapshots_dropped=s.snapshots_dropped, observations_dropped=s.observations_dropped,
                 actual_index=obs.actual_index,
                 gate_score=float(gate[0][i]) if gate is not None else None,
-                gate_threshold=self.gate.threshold if gate is not None else None,
-                gate_veto=bool(gate[1][i]) if gate is not None else False,
+                gate_threshold=float(gate[1][i]) if gate is not None else None,
+                gate_veto=bool(gate[2][i]) if gate is not None else False,
             ))
         return snaps

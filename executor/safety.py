@@ -7,9 +7,14 @@
                              | distrust: back to where it came from (the hold timer keeps running)
 
 - VETO_HOLD applies the last action that passed every check (or the model's safe action).
+- On a gate veto, VETO_HOLD rolls back `rollback_ticks`: the gate's sequential filter confirms a
+  fault a few ticks after it began, and the actions of those ticks were computed from suspect input
+  (holding one of them sent the car off the road in the sensor-dropout scenario). Invalid input,
+  stale input and model errors are caught in their own tick, so their hold is the last action.
 - FALLBACK_ACTIVE is the minimal-risk action: decelerate towards `fallback_decel` with at most
-  `fallback_jerk`, keeping the last trusted steering (a curve stays a curve); never a stale
-  command held forever.
+  `fallback_jerk`, and keep the lane with a simple lane keeper that does not involve the model:
+  steer along the last trusted road curvature, corrected (within a small bound) by the lane offset
+  and heading error while those read finite. Never a stale command held forever.
 - RECOVERING keeps the safe side in charge until the inputs have been clean for `recovery_dwell`;
   only then does the model's proposal drive again (Simplex: switch back after a clean dwell).
 Times are tick times, so LOCKSTEP runs reproduce every transition exactly.
@@ -17,12 +22,25 @@ Times are tick times, so LOCKSTEP runs reproduce every transition exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from executor.snapshot import AppliedAction, Reason, SafetyState
+
+
+class LaneKeepingConfig(BaseModel):
+    """The fallback's lane keeper (Stanley-like); features are named in the model's schema."""
+
+    model_config = ConfigDict(extra="forbid")
+    offset_feature: str = "lane_offset"  # m, + = left of the lane centre
+    heading_feature: str = "heading_error"  # rad, + = pointing left of the road
+    curvature_feature: str = "road_curvature"  # 1/m, + = turning left
+    speed_feature: str = "ego_speed"
+    wheelbase_m: float = Field(2.7, gt=0.0)
+    gain: float = Field(1.0, ge=0.0, description="offset gain of the Stanley law")
+    max_correction_rad: float = Field(0.05, ge=0.0, description="bound on the feedback part")
 
 
 class SafetyConfig(BaseModel):
@@ -31,12 +49,20 @@ class SafetyConfig(BaseModel):
     hold_timeout_ms: float = Field(300.0, ge=0.0)
     recovery_dwell_ms: float = Field(500.0, ge=0.0)
     fallback_decel: float = Field(3.0, gt=0.0, description="m/s^2, comfortable braking")
+    # When the fallback cannot see the lane (inputs frozen or non-finite), lateral control is open
+    # loop on the last trusted curvature: stop sooner (a stuck sensor drifted off a curve at 3 m/s^2).
+    blind_decel: float = Field(5.0, gt=0.0, description="m/s^2, braking while the lane is not visible")
     fallback_jerk: float = Field(2.5, gt=0.0, description="m/s^3, jerk limit while entering the fallback")
     # LOW_MARGIN abstentions hold the last action tick by tick; this many in a row escalate to the
     # fallback so an undecided model cannot keep an old command forever.
     max_abstain_ms: float = Field(1000.0, ge=0.0)
     accel_control: str = "accel"  # which control is longitudinal acceleration
     steer_control: str = "steer"
+    # How far back the hold reaches: at least the gate filter's worst confirmation delay (n - 1
+    # for k-of-n 3/5).
+    rollback_ticks: int = Field(4, ge=0)
+    # None: the fallback holds the last trusted steering instead of keeping the lane.
+    lane_keeping: LaneKeepingConfig | None = LaneKeepingConfig()
 
 
 DISTRUST = frozenset({Reason.OOD_VETO, Reason.INVALID_INPUT, Reason.MODEL_ERROR, Reason.STALE_OBSERVATION,
@@ -52,14 +78,21 @@ class SafetyMemory:
     clean_since_ns: int = 0
     came_from: SafetyState = SafetyState.VETO_HOLD  # where RECOVERING falls back to
     abstain_since_ns: int | None = None
-    last_safe: AppliedAction | None = None  # the last action that passed every check
+    last_safe: AppliedAction | None = None  # the action the hold applies
     fallback: AppliedAction | None = None  # the fallback command as it ramps down
+    recent: list[AppliedAction] = field(default_factory=list)  # NOMINAL actions, newest last
+    trusted_curvature: float = 0.0
+    rolled_back: bool = False  # the last hold reached back past suspect ticks
 
 
 class SafetyMachine:
     def __init__(self, config: SafetyConfig, control_names: list[str], period_ns: int,
-                 safe_action: AppliedAction) -> None:
+                 safe_action: AppliedAction, feature_names: list[str] | None = None) -> None:
         self.config = config
+        lk, names = config.lane_keeping, feature_names or []
+        needed = (lk.offset_feature, lk.heading_feature, lk.curvature_feature, lk.speed_feature) if lk else ()
+        # Lane keeping needs its four features in the model's schema; otherwise hold the steering.
+        self._lane = tuple(names.index(n) for n in needed) if lk and all(n in names for n in needed) else None
         self._accel = control_names.index(config.accel_control) if config.accel_control in control_names else None
         self._steer = control_names.index(config.steer_control) if config.steer_control in control_names else None
         self._hold_ns = int(config.hold_timeout_ms * 1e6)
@@ -68,13 +101,18 @@ class SafetyMachine:
         self._jerk_step = config.fallback_jerk * period_ns / 1e9
         self.safe_action = safe_action
 
-    def decide(self, mem: SafetyMemory, now_ns: int, reasons: list[Reason],
-               proposal: AppliedAction | None) -> tuple[AppliedAction, SafetyState]:
-        """Advance one tick; `reasons` may gain FALLBACK / SAFE_DEFAULT. Returns (applied, state)."""
+    def decide(self, mem: SafetyMemory, now_ns: int, reasons: list[Reason], proposal: AppliedAction | None,
+               features: np.ndarray | None = None) -> tuple[AppliedAction, SafetyState]:
+        """Advance one tick; `reasons` may gain FALLBACK / SAFE_DEFAULT. Returns (applied, state).
+
+        `features` are this tick's raw inputs, used only by the fallback's lane keeper."""
         distrust = any(r in DISTRUST for r in reasons)
+        self._features = features
         if mem.state is SafetyState.NOMINAL:
             if distrust:
                 mem.state, mem.hold_since_ns = SafetyState.VETO_HOLD, now_ns
+                if Reason.OOD_VETO in reasons:  # only the gate's filter confirms late
+                    self._roll_back(mem)
             elif Reason.LOW_MARGIN in reasons:
                 if mem.abstain_since_ns is None:
                     mem.abstain_since_ns = now_ns
@@ -85,7 +123,7 @@ class SafetyMachine:
                 return self._hold(mem, reasons), mem.state
             else:
                 mem.abstain_since_ns = None
-                mem.last_safe = proposal
+                self._trust(mem, proposal)
                 return proposal, mem.state
         elif mem.state is SafetyState.RECOVERING:
             if distrust:
@@ -94,14 +132,14 @@ class SafetyMachine:
                 mem.state = SafetyState.NOMINAL
                 mem.fallback = None
                 mem.abstain_since_ns = None
-                mem.last_safe = proposal
+                self._trust(mem, proposal)
                 return proposal, mem.state
         elif not distrust:  # VETO_HOLD or FALLBACK_ACTIVE with clean inputs: start the dwell
             mem.came_from, mem.state, mem.clean_since_ns = mem.state, SafetyState.RECOVERING, now_ns
             if self._dwell_ns == 0 and proposal is not None:
                 mem.state = SafetyState.NOMINAL
                 mem.fallback = None
-                mem.last_safe = proposal
+                self._trust(mem, proposal)
                 return proposal, mem.state
 
         if mem.state is SafetyState.VETO_HOLD and now_ns - mem.hold_since_ns >= self._hold_ns:
@@ -109,6 +147,36 @@ class SafetyMachine:
         in_fallback = mem.state is SafetyState.FALLBACK_ACTIVE or (
             mem.state is SafetyState.RECOVERING and mem.came_from is SafetyState.FALLBACK_ACTIVE)
         return (self._fallback(mem, reasons) if in_fallback else self._hold(mem, reasons)), mem.state
+
+    def _trust(self, mem: SafetyMemory, proposal: AppliedAction) -> None:
+        """A NOMINAL tick: remember its action, and the road's curvature while inputs are trusted."""
+        mem.last_safe = proposal
+        mem.recent.append(proposal)
+        if len(mem.recent) > self.config.rollback_ticks + 1:
+            del mem.recent[0]
+        if self._lane is not None and self._features is not None and np.isfinite(self._features[self._lane[2]]):
+            mem.trusted_curvature = float(self._features[self._lane[2]])
+
+    def _roll_back(self, mem: SafetyMemory) -> None:
+        """Hold what was applied before the suspect ticks; nothing that old: the safe action."""
+        keep = len(mem.recent) - self.config.rollback_ticks
+        mem.last_safe = mem.recent[keep - 1] if keep >= 1 else None
+        mem.recent.clear()
+        mem.rolled_back = True
+
+    def _lane_keeping_steer(self, mem: SafetyMemory) -> tuple[float | None, bool]:
+        """(steer, lane visible); steer None without lane keeping."""
+        if self._lane is None:
+            return None, self._features is not None and bool(np.isfinite(self._features).all())
+        lk = self.config.lane_keeping
+        steer = float(np.arctan(lk.wheelbase_m * mem.trusted_curvature))
+        x = self._features
+        if x is not None:
+            offset, heading, _, speed = (float(x[i]) for i in self._lane)
+            if np.isfinite(offset) and np.isfinite(heading) and np.isfinite(speed):
+                correction = -heading - float(np.arctan(lk.gain * offset / max(speed, 1.0)))
+                return steer + float(np.clip(correction, -lk.max_correction_rad, lk.max_correction_rad)), True
+        return steer, False
 
     def _hold(self, mem: SafetyMemory, reasons: list[Reason]) -> AppliedAction:
         if mem.last_safe is None:
@@ -120,11 +188,14 @@ class SafetyMachine:
         reasons.append(Reason.FALLBACK)
         start = mem.fallback or mem.last_safe or self.safe_action
         controls = start.controls.copy()
+        steer, visible = self._lane_keeping_steer(mem)
         if self._accel is not None:
-            target = -self.config.fallback_decel
+            target = -(self.config.fallback_decel if visible else self.config.blind_decel)
             a = float(controls[self._accel])
             # ramp towards the comfortable deceleration, never faster than the jerk limit
             controls[self._accel] = max(a - self._jerk_step, target) if a > target else min(a + self._jerk_step, target)
+        if steer is not None and self._steer is not None:
+            controls[self._steer] = steer
         mem.fallback = AppliedAction(self.safe_action.index, self.safe_action.name, controls)
         return mem.fallback
 

@@ -67,7 +67,10 @@ class MetricsRecorder:
         self.hard_brakes += active & hard & ~self._prev_hard
         self._prev_hard = hard
         jerk = np.abs(ego_a - self._prev_a) / self.dt
-        self.max_jerk = np.where(active & np.isfinite(jerk), np.maximum(self.max_jerk, jerk), self.max_jerk)
+        # At a full stop the world clamps speed at zero and the acceleration drops to 0 in one step:
+        # an artefact of the model, not something occupants feel as jerk. Count only while moving.
+        moving = ego_v > 0.1
+        self.max_jerk = np.where(active & moving & np.isfinite(jerk), np.maximum(self.max_jerk, jerk), self.max_jerk)
         self._prev_a = ego_a.copy()
         self.steps += active
         if len(self._columns) < self._max_steps:

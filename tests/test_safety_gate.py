@@ -66,11 +66,12 @@ def test_transitions_and_timeouts_are_exact(test_model, nominal_rows):
     assert states[70:110] == [SafetyState.FALLBACK_ACTIVE] * 40  # ... then the fallback
     assert states[110:210] == [SafetyState.RECOVERING] * 100  # 500 ms clean dwell
     assert states[210:] == [SafetyState.NOMINAL] * 50
-    last_good = snaps[9].applied
-    assert all(s.applied == last_good for s in snaps[10:70])  # hold = the last action that passed
+    held = snaps[9].applied  # NaN is caught in its own tick: the last action is still trusted
+    assert all(s.applied.index == held.index and np.array_equal(s.applied.controls, held.controls)
+               for s in snaps[10:70])
     assert all(Reason.FALLBACK in s.reasons for s in snaps[70:210])
     accel = np.array([s.applied.controls[0] for s in snaps[70:110]])
-    expected = fallback_profile(config.safety, float(last_good.controls[0]), TICK, 40)
+    expected = fallback_profile(config.safety, float(held.controls[0]), TICK, 40)
     np.testing.assert_allclose(accel, expected, rtol=0, atol=1e-6)  # jerk-limited towards -3 m/s^2
     assert np.all(np.abs(np.diff(accel)) <= 2.5 * 0.005 + 1e-6)
     assert all(np.isfinite(s.applied.controls).all() for s in snaps)
@@ -173,7 +174,7 @@ def test_gate_schema_mismatch_is_refused(test_model, gates, tmp_path):
     with pytest.raises(GateMismatch, match="fitted on 64 decision_vector features"):
         Executor(wide, ExecutorConfig(), ood.load_gate(gates["decision_vector"]))
     with pytest.raises(ConfigError, match="gate .*decision_vector"):
-        ControllerServer(ServerConfig(model=other, gate=gates["decision_vector"], port=0))
+        ControllerServer(ServerConfig(model=other, gates=[gates["decision_vector"]], port=0))
 
 
 def test_server_fills_gate_fields(test_model_path, gates, nominal_rows):
@@ -185,10 +186,11 @@ def test_server_fills_gate_fields(test_model_path, gates, nominal_rows):
     from dualloop.v1 import controller_pb2_grpc as pb_grpc
 
     features, _ = nominal_rows
-    with ServerThread(ServerConfig(model=test_model_path, gate=gates["decision_vector"], port=0)) as srv:
+    with ServerThread(ServerConfig(model=test_model_path, gates=[gates["decision_vector"], gates["input_features"]],
+                                   port=0)) as srv:
         with grpc.insecure_channel(srv.address) as channel:
             info = pb_grpc.ControllerStub(channel).GetModelInfo(pb.GetModelInfoRequest())
-            assert len(info.gate_version) == 16 and info.gate_source == "decision_vector"
+            assert len(info.gate_version) == 33 and info.gate_source == "decision_vector+input_features"
             s = DriveSession(channel, "g", pb.LOCKSTEP)
             s.send(1, 0, features[0].tolist())
             ok = s.recv()
@@ -249,3 +251,28 @@ def test_gate_eval_matches_the_executor_tick_for_tick(test_model, gates):
     np.testing.assert_array_equal([s.gate_veto for s in snaps], scored.alarm[0])
     assert scored.alarm[0].any()  # the stuck sensor is caught ...
     assert not scored.alarm[0, : scored.onset_tick[0]].any()  # ... and nothing before its onset
+
+
+def test_gate_veto_rolls_back_past_the_filter_delay(test_model, gates, nominal_rows):
+    """A 3-of-5 filter confirms a finite anomaly on its third tick: the two ticks before it were
+    already suspect, so the hold must apply an action from before the anomaly began."""
+    import ood
+
+    features, _ = nominal_rows
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), ood.load_gate(gates["input_features"]))
+    from sim.schema import FEATURE_INDEX, SPEED_FEATURES
+
+    speeds = [FEATURE_INDEX[n] for n in SPEED_FEATURES]
+    odd = []
+    for i in range(20, 30):  # speeds in km/h: the norm stays plausible, the score does not
+        x = features[i].copy()
+        x[speeds] *= np.float32(3.6)
+        odd.append(x)
+    snaps = run(ex, [features[i] for i in range(20)] + odd)
+    first_veto = next(i for i, s in enumerate(snaps) if s.gate_veto)
+    assert first_veto == 22  # the filter needed three exceeding ticks
+    assert not snaps[20].gate_veto and not snaps[21].gate_veto  # these two drove on suspect input
+    held = snaps[first_veto].applied
+    rolled_back_to = snaps[first_veto - 1 - ex.config.safety.rollback_ticks].applied
+    assert held.index == rolled_back_to.index and np.array_equal(held.controls, rolled_back_to.controls)
+    assert not np.array_equal(held.controls, snaps[21].applied.controls)
