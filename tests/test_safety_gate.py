@@ -19,7 +19,7 @@ TICK = 5 * MS
 
 @pytest.fixture(scope="module")
 def nominal_rows():
-    return nominal_inputs(range(41, 43), every=10, duration_s=4.0)
+    return nominal_inputs(range(41, 43), every=10, duration_s=6.0)  # as the gates below are fitted
 
 
 @pytest.fixture(scope="module")
