@@ -20,6 +20,7 @@ import numpy as np
 
 from controller.config import ConfigError, ServerConfig
 from controller.conflation import LatestSlot
+from controller.shadow import ShadowAgreement
 from controller.ticker import LatenessLog, PreciseTicker, set_realtime_priority
 from controller.wire import model_info, observation_from_proto, snapshot_to_proto
 from dualloop.v1 import controller_pb2 as pb
@@ -57,10 +58,14 @@ class RuntimeStats:
 class ControllerRuntime:
     """Executor + tick loop + per-session outboxes, shared by all Drive streams."""
 
+    KEEP_CLOSED_SHADOW_STATS = 256  # closed sessions whose agreement stays queryable
+
     def __init__(self, executor: Executor, config: ServerConfig) -> None:
         self.executor = executor
         self.config = config
         self.outboxes: dict[str, LatestSlot[Snapshot]] = {}
+        # insertion-ordered: the oldest closed sessions are forgotten first
+        self.shadow: dict[str, ShadowAgreement] = {}
         self.stats = RuntimeStats()
         self._last_seq: dict[str, int] = {}
         self._stopping = False
@@ -84,6 +89,7 @@ class ControllerRuntime:
             stats.ticks += 1
             snaps = ex.tick(tick.scheduled_ns, tick.index, tick.lateness_ns)
             for snap in snaps:
+                self.record_agreement(snap)
                 box = self.outboxes.get(snap.session_id)
                 if box is not None:
                     box.put(snap)
@@ -92,6 +98,16 @@ class ControllerRuntime:
                     # arrival -> first snapshot that used it
                     stats.decision_latency.add(snap.observation_age_ns + snap.emit_time_ns - snap.scheduled_time_ns)
             stats.tick_work_ns.add(_mono_ns() - tick.started_ns)
+
+    def record_agreement(self, snap: Snapshot) -> None:
+        agreement = self.shadow.get(snap.session_id)
+        if agreement is None:
+            card = self.executor.card
+            agreement = self.shadow[snap.session_id] = ShadowAgreement(card.actions, len(card.controls))
+            while len(self.shadow) > self.KEEP_CLOSED_SHADOW_STATS + len(self.executor.sessions):
+                del self.shadow[next(iter(self.shadow))]
+        agreement.update(snap.applied.index, snap.applied.controls, snap.actual_index, snap.actual_controls,
+                         snap.safety_state.name, tuple(r.name for r in snap.reasons))
 
     def forget(self, session_id: str) -> None:
         self.executor.close_session(session_id)
@@ -130,6 +146,15 @@ class ControllerService(pb_grpc.ControllerServicer):
         if request.reset:
             runtime.reset_stats()
         return reply
+
+    async def GetShadowStats(self, request: pb.GetShadowStatsRequest,
+                             context: grpc.aio.ServicerContext) -> pb.ShadowStats:
+        agreement = self.runtime.shadow.get(request.session_id)
+        if agreement is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no agreement statistics for session {request.session_id!r}: it never ticked, or "
+                                f"closed long ago (the last {ControllerRuntime.KEEP_CLOSED_SHADOW_STATS} are kept)")
+        return agreement.to_proto(request.session_id)
 
     async def Drive(self, request_iterator: AsyncIterator[pb.DriveRequest], context: grpc.aio.ServicerContext) -> None:
         requests = request_iterator.__aiter__()
@@ -228,6 +253,7 @@ class ControllerService(pb_grpc.ControllerServicer):
             except InvalidObservation as err:
                 return grpc.StatusCode.INVALID_ARGUMENT, str(err)
             for snap in snaps:
+                self.runtime.record_agreement(snap)
                 # Awaiting each write is the backpressure: a LOCKSTEP stream never drops a snapshot.
                 await context.write(pb.DriveResponse(snapshot=snapshot_to_proto(snap)))
                 stats.snapshots_sent += 1

@@ -435,7 +435,7 @@ class Executor:
                 decision_vector=out.decision_vector[i].copy() if (s.include_decision_vector and out is not None)
                 else None,
                 snapshots_dropped=s.snapshots_dropped, observations_dropped=s.observations_dropped,
-                actual_index=obs.actual_index,
+                actual_index=obs.actual_index, actual_controls=obs.actual_controls,
                 gate_score=float(gate[0][i]) if gate is not None else None,
                 gate_threshold=float(gate[1][i]) if gate is not None else None,
                 gate_veto=bool(gate[2][i]) if gate is not None else False,

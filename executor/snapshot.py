@@ -98,5 +98,6 @@ class Snapshot:
     gate_veto: bool = False
     snapshots_dropped: int = 0
     observations_dropped: int = 0
-    actual_index: int = -1
+    actual_index: int = -1  # shadow mode: what the vehicle did on this tick's observation
+    actual_controls: np.ndarray | None = None
     extra: dict[str, float] = field(default_factory=dict)

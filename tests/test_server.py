@@ -228,3 +228,31 @@ def test_get_stats_reports_and_resets(server, channel):
     after = stub.GetStats(pb.GetStatsRequest())
     assert after.ticks < first.ticks and after.window_s < first.window_s
     assert sum(after.lateness_histogram) == after.ticks
+
+
+def test_shadow_agreement_over_grpc(channel):
+    stub = pb_grpc.ControllerStub(channel)
+    s = DriveSession(channel, "shadow", pb.LOCKSTEP, shadow=True)
+    applied = []
+    for k in range(40):
+        # the "vehicle" did action 2 (keep) with accel 0.1 on even ticks; nothing known on odd ones
+        known = k % 2 == 0
+        s.send(k + 1, k * 5_000_000, sensor(k), actual_index=2 if known else None,
+               actual_controls=[0.1, 0.0] if known else ())
+        snap = s.recv()
+        assert snap.shadow
+        applied.append((known, snap.applied.index, list(snap.applied.controls), snap.safety_state))
+    stats = stub.GetShadowStats(pb.GetShadowStatsRequest(session_id="shadow"))
+    s.close()
+    groups = {g.key: g for g in stats.groups}
+    known = [a for a in applied if a[0]]
+    assert stats.ticks_without_actual == 20 and groups["all"].ticks == 20
+    assert groups["all"].agreeing == sum(1 for a in known if a[1] == 2)
+    confusion = np.array(stats.confusion).reshape(4, 4)
+    assert confusion[2].sum() == 20 and confusion[[0, 1, 3]].sum() == 0  # the vehicle only ever kept
+    expected_mae = np.mean([abs(a[2][0] - 0.1) for a in known])
+    assert groups["all"].control_mae[0] == pytest.approx(expected_mae, rel=1e-4)
+    assert sum(g.ticks for k, g in groups.items() if k.startswith("state:")) == 20
+    with pytest.raises(grpc.RpcError) as err:
+        stub.GetShadowStats(pb.GetShadowStatsRequest(session_id="nobody"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND

@@ -303,3 +303,37 @@ class ServerStats(_message.Message):
     scheduling: str
     window_s: float
     def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ...) -> None: ...
+
+class GetShadowStatsRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class AgreementGroup(_message.Message):
+    __slots__ = ("key", "ticks", "agreeing", "control_mae", "control_rmse")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TICKS_FIELD_NUMBER: _ClassVar[int]
+    AGREEING_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_MAE_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_RMSE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    ticks: int
+    agreeing: int
+    control_mae: _containers.RepeatedScalarFieldContainer[float]
+    control_rmse: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, key: _Optional[str] = ..., ticks: _Optional[int] = ..., agreeing: _Optional[int] = ..., control_mae: _Optional[_Iterable[float]] = ..., control_rmse: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ShadowStats(_message.Message):
+    __slots__ = ("session_id", "actions", "confusion", "groups", "ticks_without_actual")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONFUSION_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TICKS_WITHOUT_ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    confusion: _containers.RepeatedScalarFieldContainer[int]
+    groups: _containers.RepeatedCompositeFieldContainer[AgreementGroup]
+    ticks_without_actual: int
+    def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., confusion: _Optional[_Iterable[int]] = ..., groups: _Optional[_Iterable[_Union[AgreementGroup, _Mapping]]] = ..., ticks_without_actual: _Optional[int] = ...) -> None: ...

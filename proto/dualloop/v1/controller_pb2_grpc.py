@@ -49,6 +49,11 @@ class ControllerStub:
                 request_serializer=dualloop_dot_v1_dot_controller__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=dualloop_dot_v1_dot_controller__pb2.ServerStats.FromString,
                 _registered_method=True)
+        self.GetShadowStats = channel.unary_unary(
+                '/dualloop.v1.Controller/GetShadowStats',
+                request_serializer=dualloop_dot_v1_dot_controller__pb2.GetShadowStatsRequest.SerializeToString,
+                response_deserializer=dualloop_dot_v1_dot_controller__pb2.ShadowStats.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -77,6 +82,14 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetShadowStats(self, request, context):
+        """Live agreement between the controller's decisions and the actions the vehicle actually took,
+        for a shadow session (or any session whose observations carry the actual action).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +107,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=dualloop_dot_v1_dot_controller__pb2.GetStatsRequest.FromString,
                     response_serializer=dualloop_dot_v1_dot_controller__pb2.ServerStats.SerializeToString,
+            ),
+            'GetShadowStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetShadowStats,
+                    request_deserializer=dualloop_dot_v1_dot_controller__pb2.GetShadowStatsRequest.FromString,
+                    response_serializer=dualloop_dot_v1_dot_controller__pb2.ShadowStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +195,33 @@ class Controller:
             '/dualloop.v1.Controller/GetStats',
             dualloop_dot_v1_dot_controller__pb2.GetStatsRequest.SerializeToString,
             dualloop_dot_v1_dot_controller__pb2.ServerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetShadowStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dualloop.v1.Controller/GetShadowStats',
+            dualloop_dot_v1_dot_controller__pb2.GetShadowStatsRequest.SerializeToString,
+            dualloop_dot_v1_dot_controller__pb2.ShadowStats.FromString,
             options,
             channel_credentials,
             insecure,

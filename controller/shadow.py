@@ -1,0 +1,76 @@
+"""Shadow-mode agreement: the controller's applied decisions against the actions actually taken.
+
+Counted per tick where the observation carried the actual action: top-1 agreement of the discrete
+decision, the confusion matrix (actual x applied), and the error of each continuous control, overall
+and broken down by safety state and by reason code, so "agrees 90%, but 40% while the gate vetoes"
+is visible. Used live by the server (GetShadowStats) and offline by replay reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dualloop.v1 import controller_pb2 as pb
+
+
+@dataclass
+class _Group:
+    ticks: int = 0
+    agreeing: int = 0
+    abs_err: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    sq_err: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    with_controls: int = 0
+
+
+class ShadowAgreement:
+    def __init__(self, actions: list[str], n_controls: int) -> None:
+        self.actions = list(actions)
+        self.n_controls = n_controls
+        self.confusion = np.zeros((len(actions), len(actions)), np.int64)
+        self.groups: dict[str, _Group] = {}
+        self.without_actual = 0
+
+    def update(self, applied_index: int, applied_controls: np.ndarray, actual_index: int,
+               actual_controls: np.ndarray | None, state: str, reasons: tuple[str, ...]) -> None:
+        if actual_index < 0:
+            self.without_actual += 1
+            return
+        agree = applied_index == actual_index
+        if applied_index >= 0:
+            self.confusion[actual_index, applied_index] += 1
+        err = None
+        if actual_controls is not None and actual_controls.size == self.n_controls:
+            err = np.asarray(applied_controls, np.float64) - np.asarray(actual_controls, np.float64)
+        for key in ("all", f"state:{state}", *(f"reason:{r}" for r in reasons)):
+            g = self.groups.get(key)
+            if g is None:
+                g = self.groups[key] = _Group(abs_err=np.zeros(self.n_controls), sq_err=np.zeros(self.n_controls))
+            g.ticks += 1
+            g.agreeing += agree
+            if err is not None:
+                g.with_controls += 1
+                g.abs_err += np.abs(err)
+                g.sq_err += err * err
+
+    def agreement(self, key: str = "all") -> float:
+        g = self.groups.get(key)
+        return g.agreeing / g.ticks if g and g.ticks else float("nan")
+
+    def to_proto(self, session_id: str) -> pb.ShadowStats:
+        groups = []
+        for key, g in self.groups.items():
+            n = max(g.with_controls, 1)
+            groups.append(pb.AgreementGroup(key=key, ticks=g.ticks, agreeing=g.agreeing,
+                                            control_mae=(g.abs_err / n).tolist(),
+                                            control_rmse=np.sqrt(g.sq_err / n).tolist()))
+        return pb.ShadowStats(session_id=session_id, actions=self.actions, confusion=self.confusion.ravel().tolist(),
+                              groups=groups, ticks_without_actual=self.without_actual)
+
+    def as_dict(self) -> dict:
+        return {"actions": self.actions, "confusion": self.confusion.tolist(), "ticks_without_actual": self.without_actual,
+                "groups": {k: {"ticks": g.ticks, "agreement": g.agreeing / g.ticks if g.ticks else None,
+                               "control_mae": (g.abs_err / max(g.with_controls, 1)).tolist(),
+                               "control_rmse": np.sqrt(g.sq_err / max(g.with_controls, 1)).tolist()}
+                           for k, g in self.groups.items()}}
