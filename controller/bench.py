@@ -30,12 +30,12 @@ async def _subprocess(*args: str) -> asyncio.subprocess.Process:
 
 
 async def _bench_tick(model: Path, sessions: int, duration_s: float, guard_ms: float, rt_priority: int | None,
-                      console: Console) -> dict[str, Any]:
+                      console: Console, planner: str = "none", label: str = "bench tick") -> dict[str, Any]:
     rt = ("--realtime-priority", str(rt_priority)) if rt_priority else ()
     with tempfile.TemporaryDirectory() as tmp:
         server_file, bare_file = str(Path(tmp) / "server.npy"), str(Path(tmp) / "bare.npy")
         server = await _subprocess("server", "--model", str(model), "--sessions", str(sessions),
-                                   "--guard-ms", str(guard_ms), "--save", server_file, *rt)
+                                   "--guard-ms", str(guard_ms), "--save", server_file, "--planner", planner, *rt)
         assert server.stdout is not None
         first = await server.stdout.readline()
         if not first:
@@ -46,7 +46,7 @@ async def _bench_tick(model: Path, sessions: int, duration_s: float, guard_ms: f
         bare = await _subprocess("bare", "--duration", str(duration_s), "--save", bare_file,
                                  "--guard-ms", str(guard_ms), *rt)
         t0 = time.monotonic()
-        with Progress(TextColumn("[bold]bench tick[/]"), BarColumn(),
+        with Progress(TextColumn(f"[bold]{label}[/]"), BarColumn(),
                       TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TimeRemainingColumn(),
                       console=console, transient=True) as progress:
             task = progress.add_task("run", total=duration_s)
@@ -67,7 +67,8 @@ async def _bench_tick(model: Path, sessions: int, duration_s: float, guard_ms: f
     bare_result = json.loads(bare_out)
     return {
         "when": datetime.now().isoformat(timespec="seconds"), "sessions": sessions, "duration_s": ex["wall_s"],
-        "guard_ms": guard_ms, "scheduling": {"executor": ex["scheduling"], "bare_ticker": bare_result["scheduling"]},
+        "guard_ms": guard_ms, "planner": planner,
+        "scheduling": {"executor": ex["scheduling"], "bare_ticker": bare_result["scheduling"]},
         "executor": ex,
         "bare_ticker": {"ticks": bare_result["ticks"], "missed_deadlines": bare_result["missed"],
                         "lateness_us": bare_result["lateness_us"], "cpu_fraction": bare_result["cpu_fraction"]},

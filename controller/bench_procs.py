@@ -81,9 +81,14 @@ async def run_clients(address: str, sessions: int, duration_s: float, period_s: 
             _session(stub, i, len(info.features), duration_s, period_s, seed) for i in range(sessions))))
 
 
-async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: int | None, save: str) -> dict:
+_PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "restarts")
+
+
+async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: int | None, save: str,
+                     planner: str = "none") -> dict:
     server = ControllerServer(ServerConfig(model=model, port=0, realtime_priority=rt_priority,
-                                           executor={"max_sessions": max(sessions, 1), "ticker_guard_ms": guard_ms}))
+                                           executor={"max_sessions": max(sessions, 1), "ticker_guard_ms": guard_ms},
+                                           planner={"source": planner}))
     port = await server.start()
     print(json.dumps({"port": port}), flush=True)
     runtime, executor = server.runtime, server.executor
@@ -92,6 +97,8 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
     runtime.stats.reset()
     executor.stats = ExecutorStats()
     missed0 = runtime.ticker.missed
+    planning = runtime.planning
+    plan0 = planning.scheduler.stats() if planning is not None else {}
     cpu0, t0 = time.process_time(), time.monotonic()
     while runtime.stats.sessions_closed == 0:
         await asyncio.sleep(0.005)
@@ -104,8 +111,15 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
     split["other (gRPC I/O, event loop, precise wait)"] = cpu_s / ticks * 1e6 - sum(split.values())
     lateness = stats.lateness.values()
     np.save(save, lateness)
+    planner_stats = None
+    if planning is not None:  # counts over the window; plan times over the last plans (a rolling history)
+        now = planning.scheduler.stats()
+        planner_stats = {k: int(now[k]) - int(plan0[k]) for k in _PLANNER_COUNTS}
+        planner_stats.update({k: now[k] for k in ("plan_time_us_p50", "plan_time_us_p99", "latency_us_p50",
+                                                  "latency_us_p99", "source")})
+        planner_stats["applied"] = planning.realtime.applied
     await server.stop()
-    return {"ticks": stats.ticks, "missed_deadlines": runtime.ticker.missed - missed0, "wall_s": wall_s,
+    return {"planner": planner_stats,"ticks": stats.ticks, "missed_deadlines": runtime.ticker.missed - missed0, "wall_s": wall_s,
             "lateness_us": percentiles_us(lateness), "tick_work_us": percentiles_us(stats.tick_work_ns.values()),
             "decision_latency_us": percentiles_us(stats.decision_latency.values()), "cpu_per_tick_us": split,
             "cpu_fraction": cpu_s / wall_s, "snapshots_sent": stats.snapshots_sent, "scheduling": server.scheduling}
@@ -126,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     srv.add_argument("--guard-ms", type=float, default=2.0)
     srv.add_argument("--realtime-priority", type=int, default=None)
     srv.add_argument("--save", required=True, help="write the raw lateness values (ns) to this .npy file")
+    srv.add_argument("--planner", default="none", help="the server's planner source (controller.config.PlannerConfig)")
     b = sub.add_parser("bare")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--period-ms", type=float, default=5.0)
@@ -139,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
             run_clients(args.address, args.sessions, args.duration, args.period_ms / 1e3, args.seed))
     elif args.what == "server":
         result = loop.run_until_complete(run_server(args.model, args.sessions, args.guard_ms, args.realtime_priority,
-                                                    args.save))
+                                                    args.save, args.planner))
     else:
         result = loop.run_until_complete(run_bare_ticker(int(args.period_ms * 1e6), args.duration,
                                                          int(args.guard_ms * 1e6), save=args.save,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -26,6 +26,44 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class PlannerConfig(BaseModel):
+    """The server's own planner: one plan per session every period, off the executor's path."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # none: plans come from the clients (Observation.plan), as before.
+    source: Literal["none", "behaviour", "onnx", "remote"] = "none"
+    path: Path | None = None  # onnx: the planner model file
+    address: str | None = None  # remote: host:port of a dualloop.v1.Planner service
+    period_ms: float = Field(200.0, gt=0.0)
+    # Per plan; default: one period. A remote planner's gRPC deadline; other sources' worker is
+    # replaced when a plan takes longer (a hang must not keep the next period waiting).
+    deadline_ms: float | None = Field(None, gt=0.0)
+    # REALTIME planning runs in a child process (its numpy work never holds the server's GIL);
+    # "thread" is for sources that cannot be rebuilt in another process.
+    worker: Literal["process", "thread"] = "process"
+
+    @model_validator(mode="after")
+    def _source_needs_its_setting(self) -> "PlannerConfig":
+        if self.source == "onnx" and self.path is None:
+            raise ValueError("source 'onnx' needs path (the planner model file)")
+        if self.source == "remote" and not self.address:
+            raise ValueError("source 'remote' needs address (host:port of a dualloop.v1.Planner service)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.source != "none"
+
+    @property
+    def period_ns(self) -> int:
+        return int(round(self.period_ms * 1e6))
+
+    @property
+    def deadline_s(self) -> float:
+        return (self.deadline_ms if self.deadline_ms is not None else self.period_ms) / 1e3
+
+
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -43,6 +81,7 @@ class ServerConfig(BaseModel):
     realtime_priority: int | None = Field(None, ge=1, le=99)
     # A Drive stream must send its OpenSession within this time.
     open_timeout_s: float = Field(10.0, gt=0.0)
+    planner: PlannerConfig = PlannerConfig()
 
     @model_validator(mode="after")
     def _loopback_unless_allowed(self) -> "ServerConfig":

@@ -50,6 +50,9 @@ class ScenarioRow:
     round_trip_p99_us: float
     plan_updates: int
     ticks: int
+    plan_changes: int = 0  # behaviour or target lane differs from the previous plan
+    speed_changes: int = 0  # target speed moved by 2 m/s or more
+    plan_source: str = ""
 
 
 def start_server(model: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
@@ -81,13 +84,14 @@ def _row(run: ClosedLoopRun, ood: bool, stats: pb.ServerStats) -> ScenarioRow:
         fallback_s=float((run.safety_state == pb.FALLBACK_ACTIVE).sum()) * 0.005,
         lateness_p99_us=stats.lateness_p99_us, missed_deadlines=stats.missed_deadlines,
         round_trip_p99_us=float(np.percentile(run.round_trip_us, 99)), plan_updates=run.plan_updates,
-        ticks=len(run.t))
+        ticks=len(run.t), plan_changes=run.plan_changes, speed_changes=run.speed_changes(),
+        plan_source="+".join(run.plan_sources))
 
 
 def _table(rows: list[ScenarioRow], model_name: str) -> Table:
     table = Table(title=f"closed loop over gRPC (LOCKSTEP), model {model_name}, held-out seeds")
     cols = ["scenario", "coll.", "min TTC s", "min gap m", "hard brakes", "max jerk", "vetoes", "fallback s",
-            "lateness p99 us", "rtt p99 us", "plan upd."]
+            "lateness p99 us", "rtt p99 us", "plan upd.", "plan chg.", "speed chg.", "plan src"]
     for c in cols:
         table.add_column(c, justify="left" if c == "scenario" else "right")
     for r in rows:
@@ -96,19 +100,26 @@ def _table(rows: list[ScenarioRow], model_name: str) -> Table:
             coll += " [red]off-road[/]"
         table.add_row(r.scenario + (" (OOD)" if r.ood else ""), coll, f"{r.min_ttc_s:.1f}", f"{r.min_gap_m:.1f}",
                       str(r.hard_brakes), f"{r.max_jerk:.1f}", str(r.gate_vetoes), f"{r.fallback_s:.2f}",
-                      f"{r.lateness_p99_us:.0f}", f"{r.round_trip_p99_us:.0f}", str(r.plan_updates))
+                      f"{r.lateness_p99_us:.0f}", f"{r.round_trip_p99_us:.0f}", str(r.plan_updates),
+                      str(r.plan_changes), str(r.speed_changes), r.plan_source)
     return table
 
 
 def run_demo(model: Path, out_root: Path = Path("runs"), scenarios: list[str] | None = None,
              seed: int = HELD_OUT_SEED, duration_s: float | None = None, console: Console | None = None,
-             gates: Sequence[Path] = ()) -> Path:
+             gates: Sequence[Path] = (), planner: str | None = None) -> Path:
+    """planner: a server planner source ("behaviour"); None: the simulator sends its own plans."""
     console = console or Console()
     names = scenarios or list(SCENARIOS)
     out = out_root / datetime.now().strftime("%Y%m%d-%H%M%S")
     (out / "logs").mkdir(parents=True, exist_ok=True)
     params = {"duration_s": duration_s} if duration_s else {}
-    server, address = start_server(model, tuple(a for g in gates for a in ("--gate", str(g))))
+    extra = tuple(a for g in gates for a in ("--gate", str(g)))
+    if planner:  # the CLI has no planner flag: a config file carries the section
+        config = out / "server.toml"
+        config.write_text(f'[planner]\nsource = "{planner}"\n')
+        extra += ("--config", str(config))
+    server, address = start_server(model, extra)
     rows: list[ScenarioRow] = []
     runs: list[ClosedLoopRun] = []
     try:
@@ -116,6 +127,7 @@ def run_demo(model: Path, out_root: Path = Path("runs"), scenarios: list[str] | 
             stub = pb_grpc.ControllerStub(channel)
             info = stub.GetModelInfo(pb.GetModelInfoRequest())
             gate_text = f", gates {info.gate_version} ({info.gate_source})" if info.gate_version else ", no OOD gate"
+            gate_text += f", planner {info.planner}" if info.planner else ", plans from the simulator"
             console.print(f"[bold]dualloop demo[/]: model {model.name} ({info.model_version}){gate_text}, "
                           f"server {address}")
             whole = stub.GetStats(pb.GetStatsRequest())
@@ -141,6 +153,7 @@ def run_demo(model: Path, out_root: Path = Path("runs"), scenarios: list[str] | 
     plots = [plot_run(run, out) for run in runs]
     lateness_plot = plot_lateness(whole, out / "lateness.png")
     (out / "summary.json").write_text(json.dumps({"model": str(model), "model_version": info.model_version,
+                                                  "planner": info.planner or "simulator",
                                                   "seed": seed, "rows": [r.__dict__ for r in rows]}, indent=2,
                                                  default=float))
     report = write_report(out, model, info.model_version, rows, plots, lateness_plot)

@@ -77,11 +77,14 @@ def write_report(out_dir: Path, model: Path, version: str, rows: Sequence[Any], 
     lines = [f"# dualloop closed-loop report", "", f"Model `{model}` version `{version}`; scenarios driven over gRPC "
              f"in LOCKSTEP on held-out seeds. Logs (npz per scenario) are in `logs/`.", "",
              "| scenario | OOD | collisions | min TTC s | min gap m | hard brakes | max jerk | vetoes | fallback s | "
-             "lateness p99 us | plan updates |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "lateness p99 us | plan updates | plan changes | speed changes | plan source |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.scenario} | {'yes' if r.ood else ''} | {r.collisions}{' off-road' if r.off_road else ''} | "
                      f"{r.min_ttc_s:.1f} | {r.min_gap_m:.1f} | {r.hard_brakes} | {r.max_jerk:.1f} | {r.gate_vetoes} | "
-                     f"{r.fallback_s:.2f} | {r.lateness_p99_us:.0f} | {r.plan_updates} |")
+                     f"{r.fallback_s:.2f} | {r.lateness_p99_us:.0f} | {r.plan_updates} | "
+                     f"{getattr(r, 'plan_changes', '')} | {getattr(r, 'speed_changes', '')} | "
+                     f"{getattr(r, 'plan_source', '')} |")
     lines += ["", f"![lateness]({lateness_plot.name})", ""]
     lines += [f"## {p.stem}\n\n![{p.stem}]({p.name})\n" for p in plots]
     path = out_dir / "report.md"

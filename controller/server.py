@@ -20,6 +20,7 @@ import numpy as np
 
 from controller.config import ConfigError, ServerConfig
 from controller.conflation import LatestSlot
+from controller.planning import ServerPlanning
 from controller.shadow import ShadowAgreement
 from controller.ticker import LatenessLog, PreciseTicker, set_realtime_priority
 from controller.wire import model_info, observation_from_proto, snapshot_to_proto
@@ -28,6 +29,7 @@ from dualloop.v1 import controller_pb2_grpc as pb_grpc
 from executor.core import Executor, InvalidObservation, SessionError
 from executor.model_runner import DecisionModel
 from executor.snapshot import Clock, Snapshot
+from planner.worker import SourceFactory
 
 _mono_ns = time.monotonic_ns
 _perf_ns = time.perf_counter_ns
@@ -72,6 +74,7 @@ class ControllerRuntime:
         self.ticker = PreciseTicker(executor.period_ns, guard_ns=int(config.executor.ticker_guard_ms * 1e6))
         self.missed_at_reset = 0
         self.scheduling = "not started"
+        self.planning: ServerPlanning | None = None  # the server's own planner, if configured
 
     def stop(self) -> None:
         self._stopping = True
@@ -87,6 +90,8 @@ class ControllerRuntime:
             stats.lateness.add(tick.lateness_ns)
             stats.missed = ticker.missed
             stats.ticks += 1
+            if self.planning is not None:
+                self.planning.realtime.on_tick(tick.scheduled_ns)
             snaps = ex.tick(tick.scheduled_ns, tick.index, tick.lateness_ns)
             for snap in snaps:
                 self.record_agreement(snap)
@@ -115,6 +120,8 @@ class ControllerRuntime:
         if box is not None:
             box.close()
         self._last_seq.pop(session_id, None)
+        if self.planning is not None:
+            self.planning.forget(session_id)
         self.stats.sessions_closed += 1
 
 
@@ -125,6 +132,9 @@ class ControllerService(pb_grpc.ControllerServicer):
         gates = self.executor.gates
         self._info = model_info(self.executor.card, self.executor.period_ns,
                                 "+".join(g.version_hash[:16] for g in gates), "+".join(g.schema.source for g in gates))
+        if runtime.planning is not None:
+            self._info.planner = runtime.planning.name
+        self._planning = runtime.planning
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         return self._info
@@ -210,6 +220,7 @@ class ControllerService(pb_grpc.ControllerServicer):
         box: LatestSlot[Snapshot] = LatestSlot()
         self.runtime.outboxes[session_id] = box
         error: list[tuple] = []
+        planning = self._planning
 
         async def read() -> None:
             try:
@@ -218,8 +229,11 @@ class ControllerService(pb_grpc.ControllerServicer):
                     if obs_msg is None:
                         error.append(self._NOT_AN_OBSERVATION)
                         return
+                    obs = observation_from_proto(obs_msg, _mono_ns())
+                    if planning is not None:  # the server's planner conditions this session
+                        obs.plan_id, obs.plan_values = "", None
                     try:
-                        self.executor.submit(session_id, observation_from_proto(obs_msg, _mono_ns()))
+                        self.executor.submit(session_id, obs)
                     except InvalidObservation as err:
                         error.append((grpc.StatusCode.INVALID_ARGUMENT, str(err)))
                         return
@@ -232,7 +246,10 @@ class ControllerService(pb_grpc.ControllerServicer):
             while (snap := await box.get()) is not None:
                 t0 = _perf_ns()
                 snap.snapshots_dropped = box.dropped
-                msg = pb.DriveResponse(snapshot=snapshot_to_proto(snap))
+                proto = snapshot_to_proto(snap)
+                if planning is not None:
+                    planning.decorate(session_id, pb.REALTIME, proto)
+                msg = pb.DriveResponse(snapshot=proto)
                 stats.stream_ns += _perf_ns() - t0
                 await context.write(msg)
                 stats.snapshots_sent += 1
@@ -244,18 +261,25 @@ class ControllerService(pb_grpc.ControllerServicer):
 
     async def _drive_lockstep(self, session_id: str, requests, context) -> tuple | None:
         stats = self.runtime.stats
+        planning = self._planning
         async for msg in requests:
             obs_msg = self._observation(msg)
             if obs_msg is None:
                 return self._NOT_AN_OBSERVATION
+            obs = observation_from_proto(obs_msg, _mono_ns())
+            if planning is not None:
+                await planning.plan_lockstep(session_id, obs)
             try:
-                snaps = self.executor.advance_lockstep(session_id, observation_from_proto(obs_msg, _mono_ns()))
+                snaps = self.executor.advance_lockstep(session_id, obs)
             except InvalidObservation as err:
                 return grpc.StatusCode.INVALID_ARGUMENT, str(err)
             for snap in snaps:
                 self.runtime.record_agreement(snap)
+                proto = snapshot_to_proto(snap)
+                if planning is not None:
+                    planning.decorate(session_id, pb.LOCKSTEP, proto)
                 # Awaiting each write is the backpressure: a LOCKSTEP stream never drops a snapshot.
-                await context.write(pb.DriveResponse(snapshot=snapshot_to_proto(snap)))
+                await context.write(pb.DriveResponse(snapshot=proto))
                 stats.snapshots_sent += 1
         return None
 
@@ -263,7 +287,9 @@ class ControllerService(pb_grpc.ControllerServicer):
 class ControllerServer:
     """Owns the model, executor, gRPC server and tick loop; run it on an asyncio loop."""
 
-    def __init__(self, config: ServerConfig, model: DecisionModel | None = None) -> None:
+    def __init__(self, config: ServerConfig, model: DecisionModel | None = None,
+                 plan_source: SourceFactory | None = None) -> None:
+        """plan_source overrides config.planner.source (its period and deadline still apply)."""
         self.config = config
         self.model = model or DecisionModel(config.model, warmup_batches=tuple(
             b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.executor.max_sessions))
@@ -277,12 +303,16 @@ class ControllerServer:
                 raise ConfigError(f"gate {path}: {err}") from None
         self.executor = Executor(self.model, config.executor, gates)
         self.runtime = ControllerRuntime(self.executor, config)
+        if config.planner.enabled or plan_source is not None:
+            self.runtime.planning = ServerPlanning(config.planner, self.executor, plan_source)
         self.port: int | None = None
         self.scheduling = "not started"
         self._server: grpc.aio.Server | None = None
         self._ticks: asyncio.Task | None = None
 
     async def start(self) -> int:
+        if self.runtime.planning is not None:  # spawns the worker and builds the sources: seconds at most
+            await asyncio.to_thread(self.runtime.planning.start)
         self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_ControllerServicer_to_server(ControllerService(self.runtime), self._server)
         host = self.config.host
@@ -303,6 +333,8 @@ class ControllerServer:
         if self._ticks is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticks
+        if self.runtime.planning is not None:
+            await asyncio.to_thread(self.runtime.planning.stop)
 
     async def wait(self) -> None:
         assert self._server is not None
@@ -320,8 +352,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 class ServerThread:
     """A real server on its own loop in a background thread: for tests, demos and benchmarks."""
 
-    def __init__(self, config: ServerConfig, model: DecisionModel | None = None) -> None:
-        self.server = ControllerServer(config, model)
+    def __init__(self, config: ServerConfig, model: DecisionModel | None = None,
+                 plan_source: SourceFactory | None = None) -> None:
+        self.server = ControllerServer(config, model, plan_source)
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self._run, name="dualloop-server", daemon=True)
         self._started = threading.Event()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from executor.config import ExecutorConfig
-from executor.model_runner import DecisionModel
+from executor.model_runner import DecisionModel, ModelOutputs
 from executor.safety import SafetyMachine, SafetyMemory
 from executor.snapshot import (AppliedAction, Clock, Observation, Reason, SafetyState, Snapshot,
                                StageTimings)
@@ -46,6 +46,27 @@ class SessionError(ValueError):
 
 class GateMismatch(ValueError):
     """A gate fitted on other features than this model provides; the message says which."""
+
+
+class PrecomputedMismatch(RuntimeError):
+    """A tick's inputs differ from the ones its precomputed outputs were made from (a replay bug)."""
+
+
+@dataclass(slots=True)
+class Precomputed:
+    """Model outputs and gate scores computed ahead of time for a LOCKSTEP session, row t for the
+    session's tick t (replay batches the forward pass over time: its inputs never depend on outputs).
+
+    Only the forward pass and the stateless gate scoring come from here; normalisation checks, the
+    gate's sequential filters, the freeze check, decision rules and the safe-state machine run per
+    tick exactly as without it. Each tick compares its raw inputs with `features`/`plan`, so a
+    wrong prediction of what a tick sees raises instead of silently diverging."""
+
+    features: np.ndarray  # (ticks, n_features) raw, as the tick will hold them
+    plan: np.ndarray  # (ticks, n_plan) raw
+    outputs: ModelOutputs
+    model_ok: np.ndarray  # (ticks,) bool: finite logits and controls
+    gate_scores: list[tuple[np.ndarray, object]]  # per gate: (score (ticks,), ood.GateFlags of (ticks,))
 
 
 def decision_vector_names(model: DecisionModel) -> list[str]:
@@ -250,7 +271,8 @@ class Executor:
             self.submit(session_id, obs)
         return self.tick(now_ns)
 
-    def advance_lockstep(self, session_id: str, obs: Observation) -> list[Snapshot]:
+    def advance_lockstep(self, session_id: str, obs: Observation,
+                         precomputed: Precomputed | None = None) -> list[Snapshot]:
         """Run every tick of the session's grid up to the observation's timestamp.
 
         Ticks strictly before the timestamp use the previous observation (its age shows it); a tick
@@ -274,24 +296,56 @@ class Executor:
         session.last_timestamp_ns = ts
         out: list[Snapshot] = []
         while session.next_tick_ns < ts:
-            out += self._lockstep_tick(session)
+            out += self._lockstep_tick(session, precomputed)
         if session.pending is not None:
             session.observations_dropped += 1  # an off-grid observation no tick got to use
         session.pending = obs
         if obs.plan_values is not None:  # from its timestamp on, not for the ticks before it
             self.set_plan(session_id, obs.plan_values, obs.plan_id, ts)
         if session.next_tick_ns == ts:
-            out += self._lockstep_tick(session)
+            out += self._lockstep_tick(session, precomputed)
         return out
 
-    def _lockstep_tick(self, session: Session) -> list[Snapshot]:
-        snaps = self._run_batch([session], session.lockstep_tick, session.next_tick_ns, 0) \
+    def precompute(self, features: np.ndarray, plan: np.ndarray) -> Precomputed:
+        """Forward pass and gate scores for many ticks' raw inputs at once (one onnxruntime call),
+        prepared the way `_run_batch` and `_gate` prepare a single tick."""
+        from ood.score import score_in_chunks
+
+        x = np.ascontiguousarray(features, np.float32)
+        p = np.ascontiguousarray(plan, np.float32)
+        finite = np.isfinite(x).all(axis=1)
+        xn = (x - self._mean) * self._inv_std
+        pn = (p - self._plan_mean) * self._plan_inv_std
+        xn[~finite] = 0.0
+        try:
+            out = self.model.forward(xn, pn)
+            model_ok = np.isfinite(out.logits).all(axis=1) & np.isfinite(out.controls).all(axis=1)
+        except Exception:  # noqa: BLE001 - as in _run_batch: the ticks then degrade to MODEL_ERROR
+            out, model_ok = None, np.zeros(len(x), bool)
+        if out is None:
+            n = len(x)
+            out = ModelOutputs(np.full((n, len(self._actions)), np.nan, np.float32),
+                               np.full((n, len(self.card.controls)), np.nan, np.float32),
+                               np.full((n, self.card.decision_vector_size), np.nan, np.float32))
+        scores = []
+        for run in self._gate_runs:
+            if run.on_inputs:
+                feats = x.copy()
+            else:
+                feats = out.decision_vector.astype(np.float32, copy=True)
+                feats[~finite | ~model_ok] = np.nan
+            scores.append(score_in_chunks(run.monitor.scorer, feats))
+        return Precomputed(x, p, out, model_ok, scores)
+
+    def _lockstep_tick(self, session: Session, precomputed: Precomputed | None = None) -> list[Snapshot]:
+        snaps = self._run_batch([session], session.lockstep_tick, session.next_tick_ns, 0, precomputed) \
             if (session.pending is not None or session.current is not None) else []
         session.lockstep_tick += 1
         session.next_tick_ns += self.period_ns
         return snaps
 
-    def _run_batch(self, rows: list[Session], tick_index: int, tick_ns: int, lateness_ns: int) -> list[Snapshot]:
+    def _run_batch(self, rows: list[Session], tick_index: int, tick_ns: int, lateness_ns: int,
+                   pre: Precomputed | None = None) -> list[Snapshot]:
         n = len(rows)
         t0 = _perf_ns()
         x, p = self._x[:n], self._p[:n]
@@ -314,15 +368,25 @@ class Executor:
         if not finite.all():
             xn[~finite] = 0.0  # the model never sees NaN; the row is marked INVALID_INPUT below
         t1 = _perf_ns()
-        try:
-            out = self.model.forward(xn, pn)
-            model_ok = bool(np.isfinite(out.logits).all() and np.isfinite(out.controls).all())
-        except Exception:  # noqa: BLE001 - any runtime failure degrades the tick, never the loop
-            out, model_ok = None, False
+        pre_gate = None
+        if pre is not None:  # LOCKSTEP replay, batch of one: the forward pass was run ahead of time
+            t = tick_index
+            if not (np.array_equal(pre.features[t], x[0], equal_nan=True) and np.array_equal(pre.plan[t], p[0])):
+                raise PrecomputedMismatch(f"tick {t}: inputs differ from the precomputed ones")
+            o = pre.outputs
+            out = ModelOutputs(o.logits[t:t + 1], o.controls[t:t + 1], o.decision_vector[t:t + 1])
+            model_ok = bool(pre.model_ok[t])
+            pre_gate = [(score[t:t + 1], type(flags)(*(f[t:t + 1] for f in flags))) for score, flags in pre.gate_scores]
+        else:
+            try:
+                out = self.model.forward(xn, pn)
+                model_ok = bool(np.isfinite(out.logits).all() and np.isfinite(out.controls).all())
+            except Exception:  # noqa: BLE001 - any runtime failure degrades the tick, never the loop
+                out, model_ok = None, False
         if not model_ok:
             self.stats.model_errors += 1
         t2 = _perf_ns()
-        gate = self._gate(rows, finite, out if model_ok else None)
+        gate = self._gate(rows, finite, out if model_ok else None, pre_gate)
         t3 = _perf_ns()
         snaps = self._postprocess(rows, observations, finite, out if model_ok else None, gate, tick_index, tick_ns,
                                   lateness_ns)
@@ -341,7 +405,7 @@ class Executor:
         st.stage_ns[3] += t4 - t3
         return snaps
 
-    def _gate(self, rows: list[Session], finite: np.ndarray, out
+    def _gate(self, rows: list[Session], finite: np.ndarray, out, pre_gate: list | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(score, threshold, veto) per row, scored on this tick's own features: a veto is never a tick
         late. With several gates, any veto counts and the row reports the gate nearest its threshold."""
@@ -352,21 +416,26 @@ class Executor:
         best_ratio = np.full(n, -np.inf)
         score, threshold = np.zeros(n), np.zeros(n)
         veto = np.zeros(n, bool)
-        for run in self._gate_runs:
-            feats = run.features[:n]
-            if run.on_inputs:
-                feats[:] = self._x[:n]  # raw features: NaN stays NaN and vetoes immediately
-            elif out is not None:
-                feats[:] = out.decision_vector
-                feats[~finite] = np.nan  # the model saw a substitute for these rows; the gate must not
+        for j, run in enumerate(self._gate_runs):
+            if pre_gate is not None:  # scored ahead of time; the sequential filter still runs here
+                run_score, flags = pre_gate[j]
+                alarm = run.monitor.filter.update(flags.exceed, immediate=flags.immediate, slots=slots)
             else:
-                feats[:] = np.nan  # no decision vector this tick: nothing can pass
-            step = run.monitor.step(feats, slots)
-            veto |= step.alarm
-            ratio = step.score / run.threshold
+                feats = run.features[:n]
+                if run.on_inputs:
+                    feats[:] = self._x[:n]  # raw features: NaN stays NaN and vetoes immediately
+                elif out is not None:
+                    feats[:] = out.decision_vector
+                    feats[~finite] = np.nan  # the model saw a substitute for these rows; the gate must not
+                else:
+                    feats[:] = np.nan  # no decision vector this tick: nothing can pass
+                step = run.monitor.step(feats, slots)
+                run_score, alarm = step.score, step.alarm
+            veto |= alarm
+            ratio = run_score / run.threshold
             take = ratio > best_ratio
             best_ratio = np.where(take, ratio, best_ratio)
-            score = np.where(take, step.score, score)
+            score = np.where(take, run_score, score)
             threshold = np.where(take, run.threshold, threshold)
         frozen = self._frozen[:n]
         frozen[:] = False

@@ -41,6 +41,10 @@ class LaneKeepingConfig(BaseModel):
     wheelbase_m: float = Field(2.7, gt=0.0)
     gain: float = Field(1.0, ge=0.0, description="offset gain of the Stanley law")
     max_correction_rad: float = Field(0.05, ge=0.0, description="bound on the feedback part")
+    # Every held or fallback steering command is bounded so that the lateral acceleration stays
+    # below this at the current speed (the larger of measured and last trusted): a steer held from
+    # 25 m/s is violent at 55 m/s (0.034 rad there is ~37 m/s^2).
+    max_lateral_accel: float = Field(3.0, gt=0.0, description="m/s^2")
 
 
 class SafetyConfig(BaseModel):
@@ -58,6 +62,11 @@ class SafetyConfig(BaseModel):
     max_abstain_ms: float = Field(1000.0, ge=0.0)
     accel_control: str = "accel"  # which control is longitudinal acceleration
     steer_control: str = "steer"
+    # Braking is monotone: while the model is not trusted, the applied acceleration is the lower of
+    # the safe side's and the model's proposal, the latter bounded here. A veto may add braking but
+    # never remove the braking the model asked for (a gate vetoing the model's hard braking behind a
+    # braking lead must not make the car brake less). 0 disables.
+    max_vetoed_brake: float = Field(6.0, ge=0.0, description="m/s^2")
     # How far back the hold reaches: at least the gate filter's worst confirmation delay (n - 1
     # for k-of-n 3/5).
     rollback_ticks: int = Field(4, ge=0)
@@ -82,6 +91,7 @@ class SafetyMemory:
     fallback: AppliedAction | None = None  # the fallback command as it ramps down
     recent: list[AppliedAction] = field(default_factory=list)  # NOMINAL actions, newest last
     trusted_curvature: float = 0.0
+    trusted_speed: float = 0.0
     rolled_back: bool = False  # the last hold reached back past suspect ticks
 
 
@@ -106,6 +116,21 @@ class SafetyMachine:
         """Advance one tick; `reasons` may gain FALLBACK / SAFE_DEFAULT. Returns (applied, state).
 
         `features` are this tick's raw inputs, used only by the fallback's lane keeper."""
+        applied, state = self._decide(mem, now_ns, reasons, proposal, features)
+        if state is SafetyState.NOMINAL:
+            return applied, state
+        applied = self._bound_steer(mem, applied)
+        if proposal is None or self._accel is None or not self.config.max_vetoed_brake:
+            return applied, state
+        wanted = max(float(proposal.controls[self._accel]), -self.config.max_vetoed_brake)
+        if wanted < applied.controls[self._accel]:
+            controls = applied.controls.copy()
+            controls[self._accel] = wanted
+            applied = AppliedAction(applied.index, applied.name, controls)
+        return applied, state
+
+    def _decide(self, mem: SafetyMemory, now_ns: int, reasons: list[Reason], proposal: AppliedAction | None,
+                features: np.ndarray | None) -> tuple[AppliedAction, SafetyState]:
         distrust = any(r in DISTRUST for r in reasons)
         self._features = features
         if mem.state is SafetyState.NOMINAL:
@@ -148,14 +173,35 @@ class SafetyMachine:
             mem.state is SafetyState.RECOVERING and mem.came_from is SafetyState.FALLBACK_ACTIVE)
         return (self._fallback(mem, reasons) if in_fallback else self._hold(mem, reasons)), mem.state
 
+    def _bound_steer(self, mem: SafetyMemory, applied: AppliedAction) -> AppliedAction:
+        if self._lane is None or self._steer is None:
+            return applied
+        lk = self.config.lane_keeping
+        speed = mem.trusted_speed
+        if self._features is not None and np.isfinite(self._features[self._lane[3]]):
+            speed = max(speed, float(self._features[self._lane[3]]))
+        if speed < 1.0:
+            return applied
+        limit = float(np.arctan(lk.wheelbase_m * lk.max_lateral_accel / (speed * speed)))
+        steer = float(applied.controls[self._steer])
+        if abs(steer) <= limit:
+            return applied
+        controls = applied.controls.copy()
+        controls[self._steer] = np.clip(steer, -limit, limit)
+        return AppliedAction(applied.index, applied.name, controls)
+
     def _trust(self, mem: SafetyMemory, proposal: AppliedAction) -> None:
         """A NOMINAL tick: remember its action, and the road's curvature while inputs are trusted."""
         mem.last_safe = proposal
         mem.recent.append(proposal)
         if len(mem.recent) > self.config.rollback_ticks + 1:
             del mem.recent[0]
-        if self._lane is not None and self._features is not None and np.isfinite(self._features[self._lane[2]]):
-            mem.trusted_curvature = float(self._features[self._lane[2]])
+        if self._lane is not None and self._features is not None:
+            curvature, speed = self._features[self._lane[2]], self._features[self._lane[3]]
+            if np.isfinite(curvature):
+                mem.trusted_curvature = float(curvature)
+            if np.isfinite(speed):
+                mem.trusted_speed = float(speed)
 
     def _roll_back(self, mem: SafetyMemory) -> None:
         """Hold what was applied before the suspect ticks; nothing that old: the safe action."""

@@ -3,7 +3,8 @@
 The controller is reached either over gRPC (`GrpcDecider`: a real Drive session, LOCKSTEP for
 reproducible runs or REALTIME paced by the wall clock) or in-process (`InProcessDecider`: the same
 Executor the server wraps, for fast batch runs). Either way the loop is the same: observe, send the
-observation (and the simulator planner's plan), apply the snapshot's applied action, step.
+observation (and the simulator planner's plan, unless the controller has a planner of its own),
+apply the snapshot's applied action, step.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import numpy as np
@@ -23,6 +24,10 @@ from executor.core import Executor
 from executor.snapshot import Clock, Observation
 from sim.env import SimEnv, make_scenario
 from sim.metrics import EpisodeMetrics
+from sim.schema import BEHAVIOURS, PLAN_INDEX
+
+if TYPE_CHECKING:
+    from controller.planning import LockstepPlanning
 
 DT_NS = 5_000_000
 PLAN_PERIOD_STEPS = 40  # the simulator's planner publishes a plan every 200 ms
@@ -34,22 +39,39 @@ class Decider(Protocol):
 
     def close(self) -> None: ...
 
+    @property
+    def has_planner(self) -> bool: ...
+
 
 class InProcessDecider:
-    """The executor in this process, one LOCKSTEP session."""
+    """The executor in this process, one LOCKSTEP session; with `planner`, planned exactly as the
+    gRPC server plans a LOCKSTEP session (controller.planning.LockstepPlanning, in-line)."""
 
-    def __init__(self, executor: Executor, session_id: str) -> None:
+    def __init__(self, executor: Executor, session_id: str, planner: LockstepPlanning | None = None) -> None:
         self.executor = executor
         self.session_id = session_id
+        self.planner = planner
         executor.open_session(session_id, Clock.LOCKSTEP)
 
+    @property
+    def has_planner(self) -> bool:
+        return self.planner is not None
+
     def decide(self, seq, timestamp_ns, features, plan_id, plan):
-        snaps = self.executor.advance_lockstep(self.session_id, Observation(
-            seq=seq, timestamp_ns=timestamp_ns, features=features, plan_id=plan_id, plan_values=plan))
-        return snapshot_to_proto(snaps[-1]) if snaps else None
+        obs = Observation(seq=seq, timestamp_ns=timestamp_ns, features=features, plan_id=plan_id, plan_values=plan)
+        if self.planner is not None:
+            obs.plan_id, obs.plan_values = "", None
+            self.planner.plan_now(self.session_id, obs)
+        snaps = self.executor.advance_lockstep(self.session_id, obs)
+        if not snaps:
+            return None
+        msg = snapshot_to_proto(snaps[-1])
+        return self.planner.decorate(self.session_id, msg) if self.planner is not None else msg
 
     def close(self) -> None:
         self.executor.close_session(self.session_id)
+        if self.planner is not None:
+            self.planner.forget(self.session_id)
 
 
 class GrpcDecider:
@@ -60,11 +82,16 @@ class GrpcDecider:
         self.clock = clock
         self._channel = realtime_channel(address) if clock == pb.REALTIME else grpc.insecure_channel(address)
         self.session = DriveSession(self._channel, session_id, clock)
+        self.planner = self.session.opened.model.planner  # non-empty: the server plans, we must not
         self._latest: pb.DecisionSnapshot | None = None
         self._reader: threading.Thread | None = None
         if clock == pb.REALTIME:
             self._reader = threading.Thread(target=self._read, daemon=True)
             self._reader.start()
+
+    @property
+    def has_planner(self) -> bool:
+        return bool(self.planner)
 
     def _read(self) -> None:
         try:
@@ -106,6 +133,21 @@ class ClosedLoopRun:
     round_trip_us: np.ndarray  # observation sent -> snapshot in hand, wall clock
     plan_ids: list[str] = field(default_factory=list)
     ood_onset_s: float = float("inf")
+    # One entry per plan the controller used, in order: (source, behaviour, target lane offset m,
+    # target speed m/s); from the snapshots for a server planner, from what was sent otherwise.
+    plans: list[tuple[str, str, float, float]] = field(default_factory=list)
+
+    @property
+    def plan_sources(self) -> list[str]:
+        return sorted({p[0] for p in self.plans})
+
+    @property
+    def plan_changes(self) -> int:
+        """Plans whose behaviour or target lane differs from the previous plan's."""
+        return sum(1 for a, b in zip(self.plans, self.plans[1:]) if (a[1], a[2]) != (b[1], b[2]))
+
+    def speed_changes(self, min_delta: float = 2.0) -> int:
+        return sum(1 for a, b in zip(self.plans, self.plans[1:]) if abs(a[3] - b[3]) >= min_delta)
 
     def ticks_with(self, reason: int) -> int:
         return int(((self.reasons >> reason) & 1).sum())
@@ -115,9 +157,23 @@ class ClosedLoopRun:
         return len([p for p in self.plan_ids if p])
 
 
-def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool = True,
+_BEHAVIOUR_SLOTS = [PLAN_INDEX[f"plan_{b}"] for b in BEHAVIOURS]
+
+
+def _sent_plan(plan: np.ndarray) -> tuple[str, str, float, float]:
+    behaviour = BEHAVIOURS[int(np.argmax(plan[_BEHAVIOUR_SLOTS]))]
+    return ("sim", behaviour, round(float(plan[PLAN_INDEX["target_lane_offset"]]), 2),
+            float(plan[PLAN_INDEX["target_speed"]]))
+
+
+def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool | None = None,
                     realtime: bool = False) -> ClosedLoopRun:
-    """Until the episode ends. With `realtime`, each step waits for its wall-clock slot."""
+    """Until the episode ends. With `realtime`, each step waits for its wall-clock slot.
+    send_plan None: send the simulator's plans only when the controller has no planner."""
+    if send_plan is None:
+        send_plan = not getattr(decider, "has_planner", False)
+    sent: dict[str, tuple[str, str, float, float]] = {}
+    plans: list[tuple[str, str, float, float]] = []
     n = env.n_steps
     rec = {k: np.full(n, np.nan) for k in ("t", "accel", "steer", "gate", "late", "rtt")}
     idx = np.full(n, -1, np.int64)
@@ -132,6 +188,7 @@ def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool = 
         plan_id, plan_values = "", None
         if send_plan and k % PLAN_PERIOD_STEPS == 0:
             plan_id, plan_values = f"sim-{k // PLAN_PERIOD_STEPS}", plan
+            sent[plan_id] = _sent_plan(plan)
         if realtime:
             slack = t_wall0 + k * DT_NS / 1e9 - time.monotonic()
             if slack > 0:
@@ -148,6 +205,11 @@ def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool = 
             rec["late"][k] = snap.lateness_us
             if not plan_ids or plan_ids[-1] != snap.plan_id:
                 plan_ids.append(snap.plan_id)
+                if snap.HasField("plan"):
+                    p = snap.plan
+                    plans.append((p.source, p.behaviour, round(p.target_lane_offset, 2), p.target_speed))
+                elif snap.plan_id in sent:
+                    plans.append(sent.pop(snap.plan_id))
         rec["t"][k] = env.t
         rec["accel"][k], rec["steer"][k] = accel, steer
         env.step(accel, steer)
@@ -157,12 +219,14 @@ def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool = 
         scenario=env.name, seed=seed, metrics=env.metrics(), t=rec["t"][:k], applied_index=idx[:k],
         applied_accel=rec["accel"][:k], applied_steer=rec["steer"][:k], safety_state=state[:k],
         reasons=reasons[:k], gate_score=rec["gate"][:k], lateness_us=rec["late"][:k], round_trip_us=rec["rtt"][:k],
-        plan_ids=plan_ids, ood_onset_s=float(env.instance.ood_onset_s[0]))
+        plan_ids=plan_ids, ood_onset_s=float(env.instance.ood_onset_s[0]), plans=plans)
 
 
-def drive_in_process(executor: Executor, scenario: str, seed: int, **params) -> ClosedLoopRun:
+def drive_in_process(executor: Executor, scenario: str, seed: int, planner: LockstepPlanning | None = None,
+                     **params) -> ClosedLoopRun:
+    """planner: e.g. LockstepPlanning(BehaviourPlanner(), 200_000_000), as a server with one plans."""
     env = make_scenario(scenario, seed, **params)
-    return run_closed_loop(env, InProcessDecider(executor, f"{scenario}-{seed}"), seed)
+    return run_closed_loop(env, InProcessDecider(executor, f"{scenario}-{seed}", planner), seed)
 
 
 def drive_over_grpc(address: str, scenario: str, seed: int, clock: int = pb.LOCKSTEP, **params) -> ClosedLoopRun:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from executor.config import ExecutorConfig
+from executor.safety import SafetyConfig
 from executor.core import Executor, InvalidObservation, SessionError
 from executor.snapshot import Clock, Observation, Reason, SafetyState
 
@@ -60,7 +61,8 @@ def test_snapshot_content(test_model):
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_input_holds_last_valid_action(test_model, bad):
     rng = np.random.default_rng(3)
-    ex = Executor(test_model, ExecutorConfig(min_margin=0.0))
+    # without the lane keeper's steering bound, the hold is exactly the last valid action
+    ex = Executor(test_model, ExecutorConfig(min_margin=0.0, safety=SafetyConfig(lane_keeping=None)))
     ex.open_session("a")
     (good,) = ex.step({"a": obs(1, features(rng))}, now_ns=0)
     assert good.reasons == () and good.safety_state is SafetyState.NOMINAL

@@ -27,7 +27,7 @@ def gates(test_model, tmp_path_factory):
     """Real gate files fitted on simulated nominal driving, one per feature source."""
     out = {}
     for source in ("decision_vector", "input_features"):
-        gate = fit_gate_for_model(test_model, source, fit_seeds=range(1, 4), calibration_seeds=range(4, 7), every=1,
+        gate = fit_gate_for_model(test_model, source, fit_seeds=range(1, 4), calibration_seeds=range(4, 8), every=1,
                                   duration_s=6.0)
         path = tmp_path_factory.mktemp("gates") / f"{source}.npz"
         gate.save(str(path))
@@ -50,7 +50,9 @@ def run(ex: Executor, rows: list[np.ndarray], start_tick: int = 0):
 
 def test_transitions_and_timeouts_are_exact(test_model, nominal_rows):
     features, _ = nominal_rows
-    config = ExecutorConfig(min_margin=0.0, safety=SafetyConfig(hold_timeout_ms=300, recovery_dwell_ms=500))
+    # without the lane keeper (and its steering bound) the hold is exactly the held action
+    config = ExecutorConfig(min_margin=0.0, safety=SafetyConfig(hold_timeout_ms=300, recovery_dwell_ms=500,
+                                                                lane_keeping=None))
     good = [features[i] for i in range(10)]
     bad = [np.full(19, np.nan, np.float32)] * 100
     clean = [features[i] for i in range(10, 160)]
@@ -259,7 +261,8 @@ def test_gate_veto_rolls_back_past_the_filter_delay(test_model, gates, nominal_r
     import ood
 
     features, _ = nominal_rows
-    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), ood.load_gate(gates["input_features"]))
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0, safety=SafetyConfig(lane_keeping=None)),
+                  ood.load_gate(gates["input_features"]))
     from sim.schema import FEATURE_INDEX, SPEED_FEATURES
 
     speeds = [FEATURE_INDEX[n] for n in SPEED_FEATURES]
@@ -274,5 +277,56 @@ def test_gate_veto_rolls_back_past_the_filter_delay(test_model, gates, nominal_r
     assert not snaps[20].gate_veto and not snaps[21].gate_veto  # these two drove on suspect input
     held = snaps[first_veto].applied
     rolled_back_to = snaps[first_veto - 1 - ex.config.safety.rollback_ticks].applied
-    assert held.index == rolled_back_to.index and np.array_equal(held.controls, rolled_back_to.controls)
+    assert held.index == rolled_back_to.index and held.controls[1] == rolled_back_to.controls[1]  # steer
+    # accel: the rolled-back command, unless the (vetoed) model asked to brake harder (monotone braking)
+    proposed = float(snaps[first_veto].proposed_controls[0])
+    assert held.controls[0] == pytest.approx(min(float(rolled_back_to.controls[0]), max(proposed, -6.0)))
     assert not np.array_equal(held.controls, snaps[21].applied.controls)
+
+
+def test_a_veto_never_removes_braking(test_model):
+    """The safety side may add braking but not take away braking the model asked for."""
+    from executor.safety import SafetyMachine, SafetyMemory
+    from executor.snapshot import AppliedAction
+
+    config = SafetyConfig(max_vetoed_brake=6.0)
+    safe = AppliedAction(1, "brake", np.array([-2.0, 0.0], np.float32))
+    machine = SafetyMachine(config, ["accel", "steer"], TICK, safe, test_model.card.feature_names)
+    mem = SafetyMemory()
+    cruise = AppliedAction(2, "keep", np.array([0.5, 0.01], np.float32))
+    for k in range(10):
+        machine.decide(mem, k * TICK, [], cruise)
+    hard = AppliedAction(0, "brake_hard", np.array([-8.0, 0.0], np.float32))
+    applied, state = machine.decide(mem, 10 * TICK, [Reason.OOD_VETO], hard)
+    assert state is SafetyState.VETO_HOLD
+    assert applied.controls[0] == pytest.approx(-6.0)  # the model's braking, bounded
+    assert applied.controls[1] == pytest.approx(0.01)  # steering still the held action's
+    gentle = AppliedAction(3, "accelerate", np.array([2.0, 0.0], np.float32))
+    applied, _ = machine.decide(mem, 11 * TICK, [Reason.OOD_VETO], gentle)
+    assert applied.controls[0] == pytest.approx(0.5)  # accelerating is not taken from a vetoed model
+
+
+def test_held_steering_respects_the_lateral_acceleration_bound(test_model):
+    """A steer held from a slower moment must not be applied at a speed where it is violent."""
+    from executor.safety import SafetyMachine, SafetyMemory
+    from executor.snapshot import AppliedAction
+
+    names = test_model.card.feature_names
+    config = SafetyConfig()
+    safe = AppliedAction(1, "brake", np.array([-2.0, 0.0], np.float32))
+    machine = SafetyMachine(config, ["accel", "steer"], TICK, safe, names)
+    mem = SafetyMemory()
+    x = np.zeros(len(names), np.float32)
+    x[names.index("ego_speed")] = 10.0
+    turning = AppliedAction(2, "keep", np.array([0.0, 0.03], np.float32))
+    for k in range(10):
+        machine.decide(mem, k * TICK, [], turning, x)
+    fast = x.copy()
+    fast[names.index("ego_speed")] = 55.0
+    applied, state = machine.decide(mem, 10 * TICK, [Reason.INVALID_INPUT], None, fast)
+    limit = np.arctan(config.lane_keeping.wheelbase_m * config.lane_keeping.max_lateral_accel / 55.0 ** 2)
+    assert state is SafetyState.VETO_HOLD
+    assert limit < 0.03 and applied.controls[1] == pytest.approx(limit, rel=1e-5)
+    slow = x.copy()  # at the speed it was applied at, the same steer is within the bound
+    applied, _ = machine.decide(mem, 11 * TICK, [Reason.INVALID_INPUT], None, slow)
+    assert applied.controls[1] == pytest.approx(0.03)

@@ -159,7 +159,7 @@ class StageTimings(_message.Message):
     def __init__(self, preprocess_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., gate_us: _Optional[int] = ..., postprocess_us: _Optional[int] = ...) -> None: ...
 
 class DecisionSnapshot(_message.Message):
-    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped")
+    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TICK_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_TIME_NS_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +181,7 @@ class DecisionSnapshot(_message.Message):
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tick: int
     scheduled_time_ns: int
@@ -202,7 +203,20 @@ class DecisionSnapshot(_message.Message):
     shadow: bool
     snapshots_dropped: int
     observations_dropped: int
-    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ...) -> None: ...
+    plan: PlanSummary
+    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ...) -> None: ...
+
+class PlanSummary(_message.Message):
+    __slots__ = ("source", "behaviour", "target_speed", "target_lane_offset")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    BEHAVIOUR_FIELD_NUMBER: _ClassVar[int]
+    TARGET_SPEED_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    behaviour: str
+    target_speed: float
+    target_lane_offset: float
+    def __init__(self, source: _Optional[str] = ..., behaviour: _Optional[str] = ..., target_speed: _Optional[float] = ..., target_lane_offset: _Optional[float] = ...) -> None: ...
 
 class DriveResponse(_message.Message):
     __slots__ = ("opened", "snapshot")
@@ -241,7 +255,7 @@ class ControlSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., unit: _Optional[str] = ..., min: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_version", "size_class", "features", "plan", "actions", "controls", "decision_vector_output", "decision_vector_size", "schema_hash", "tick_period_ns", "gate_version", "gate_source")
+    __slots__ = ("model_version", "size_class", "features", "plan", "actions", "controls", "decision_vector_output", "decision_vector_size", "schema_hash", "tick_period_ns", "gate_version", "gate_source", "planner")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SIZE_CLASS_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +268,7 @@ class ModelInfo(_message.Message):
     TICK_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     GATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     GATE_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_FIELD_NUMBER: _ClassVar[int]
     model_version: str
     size_class: str
     features: _containers.RepeatedCompositeFieldContainer[FeatureSpec]
@@ -266,7 +281,8 @@ class ModelInfo(_message.Message):
     tick_period_ns: int
     gate_version: str
     gate_source: str
-    def __init__(self, model_version: _Optional[str] = ..., size_class: _Optional[str] = ..., features: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., plan: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., actions: _Optional[_Iterable[str]] = ..., controls: _Optional[_Iterable[_Union[ControlSpec, _Mapping]]] = ..., decision_vector_output: _Optional[str] = ..., decision_vector_size: _Optional[int] = ..., schema_hash: _Optional[str] = ..., tick_period_ns: _Optional[int] = ..., gate_version: _Optional[str] = ..., gate_source: _Optional[str] = ...) -> None: ...
+    planner: str
+    def __init__(self, model_version: _Optional[str] = ..., size_class: _Optional[str] = ..., features: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., plan: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., actions: _Optional[_Iterable[str]] = ..., controls: _Optional[_Iterable[_Union[ControlSpec, _Mapping]]] = ..., decision_vector_output: _Optional[str] = ..., decision_vector_size: _Optional[int] = ..., schema_hash: _Optional[str] = ..., tick_period_ns: _Optional[int] = ..., gate_version: _Optional[str] = ..., gate_source: _Optional[str] = ..., planner: _Optional[str] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ("reset",)

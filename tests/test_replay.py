@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.fleet import RAY_MISSING, replay_many
+from controller.logfile import read_log
+from controller.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
+from controller.replay import _observations, build_executor, executor_config_for, replay_log, run_replay, tick_inputs
+from controller.replay_report import format_report
+from controller.wire import snapshot_to_proto, without_wall_clock
+from executor.core import PrecomputedMismatch
+from test_replay_data import FIXTURE, slice_log, synthetic_log
+
+
+@pytest.fixture(scope="module")
+def fixture_replay(tmp_path_factory):
+    out = tmp_path_factory.mktemp("replay") / "a.mcap"
+    return replay_log(FIXTURE, BASE_MODEL_PATH, DEFAULT_GATES, out_path=out)
+
+
+def test_real_drive_agreement_over_every_observation(fixture_replay):
+    r = fixture_replay.report
+    assert r.observations == 5995 and r.fresh_ticks == 5995  # every observation drives one fresh tick
+    assert r.ticks == 11989  # 59.94 s on the 5 ms grid
+    groups = r.agreement["groups"]
+    assert groups["all"]["ticks"] == r.ticks and r.agreement["ticks_without_actual"] == 0
+    assert np.array(r.agreement["confusion"]).sum() == r.ticks
+    assert 0.0 <= r.agreement_top1 <= 1.0 and 0.0 <= r.gate_veto_fraction <= 1.0
+    assert "agreement with the actual action" in format_report(r)
+
+
+def test_replay_log_header_and_round_trip(fixture_replay):
+    data = read_log(fixture_replay.out_path)
+    h = data.header
+    assert h.model_version == fixture_replay.header.model_version != ""
+    assert h.gate_version.count("+") == 1 and h.source_details["replay_of"] == str(FIXTURE)
+    assert len(data.observations) == 5995 and len(data.snapshots) == 11989
+
+
+def test_double_replay_is_byte_identical(fixture_replay, tmp_path):
+    again = replay_log(FIXTURE, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp_path / "b.mcap")
+    a = read_log(fixture_replay.out_path).snapshots
+    b = read_log(again.out_path).snapshots
+    assert len(a) == len(b) and all(without_wall_clock(x) == without_wall_clock(y) for x, y in zip(a, b))
+
+
+def _assert_same(fast, plain):
+    assert len(fast) == len(plain)
+    for f, p in zip(fast, plain):
+        assert (f.tick, f.observation_seq, f.proposed_index, f.applied.index, f.reasons, f.safety_state,
+                f.gate_veto, f.input_hash, f.plan_id) == \
+               (p.tick, p.observation_seq, p.proposed_index, p.applied.index, p.reasons, p.safety_state,
+                p.gate_veto, p.input_hash, p.plan_id)
+        np.testing.assert_allclose(f.probabilities, p.probabilities, atol=1e-5)
+        np.testing.assert_allclose(f.applied.controls, p.applied.controls, atol=1e-5)
+        np.testing.assert_allclose(f.proposed_controls, p.proposed_controls, atol=1e-5)
+        if p.gate_score is not None:
+            assert f.gate_score == pytest.approx(p.gate_score, rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("model,gates", [(BASE_MODEL_PATH, DEFAULT_GATES), (TEST_MODEL_PATH, ())])
+def test_fast_replay_equals_plain_lockstep(tmp_path, model, gates):
+    log = synthetic_log(tmp_path / "syn.mcap", seconds=4.0, rate_hz=150.0)  # off-grid: reused and dropped obs
+    data = read_log(log)
+    obs = _observations(data)
+    runs = []
+    for fast in (True, False):
+        ex = build_executor(model, gates, executor_config_for(data.header))
+        runs.append(run_replay(ex, "s", obs, fast=fast)[0])
+    _assert_same(*runs)
+    assert len({s.plan_id for s in runs[0]}) > 5
+
+
+def test_fast_replay_equals_plain_on_the_real_drive(fixture_replay):
+    data = read_log(FIXTURE)
+    ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(data.header))
+    plain, _ = run_replay(ex, data.session_id, _observations(data), fast=False)
+    _assert_same(fixture_replay.snapshots, plain)
+    assert [snapshot_to_proto(s).applied.index for s in plain[:50]] == \
+           [s.applied.index for s in fixture_replay.snapshots[:50]]
+
+
+def test_wrong_precomputed_inputs_raise():
+    data = read_log(FIXTURE)
+    obs = _observations(data)[:20]
+    ex = build_executor(TEST_MODEL_PATH, (), executor_config_for(data.header))
+    feats, plan = tick_inputs(ex, obs)
+    pre = ex.precompute(feats[::-1].copy(), plan)
+    ex.open_session("s", shadow=True, clock=2)
+    with pytest.raises(PrecomputedMismatch):
+        for o in obs:
+            ex.advance_lockstep("s", o, pre)
+
+
+def test_replay_many_with_a_process_pool(tmp_path):
+    logs = [slice_log(tmp_path / f"l{i}.mcap", i * 300, 200, f"s{i}") for i in range(3)]
+    result = replay_many(logs, TEST_MODEL_PATH, workers=2, out_dir=tmp_path / "out", progress=False)
+    assert not result.errors and len(result.reports) == 3
+    assert result.ticks == sum(r["ticks"] for r in result.reports.values()) > 3 * 390
+    assert result.confusion().sum() == result.ticks
+    assert len(list((tmp_path / "out").glob("*.replay.mcap"))) == 3
+
+
+def test_ray_missing_names_the_extra(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray":
+            raise ImportError("no ray")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(RuntimeError, match=r"pip install 'dualloop\[ray\]'") as err:
+        replay_many([FIXTURE], TEST_MODEL_PATH, use_ray=True)
+    assert str(err.value) == RAY_MISSING

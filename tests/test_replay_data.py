@@ -1,0 +1,52 @@
+"""Synthetic logs for the replay tests and measurements (no simulator needed: fast to make)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from controller.logfile import read_log, write_log
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import log_pb2
+from sim import schema
+
+FIXTURE = Path(__file__).parent / "fixtures" / "comma2k19-example1.mcap"
+
+
+def synthetic_log(path: Path, seconds: float = 60.0, rate_hz: float = 200.0, seed: int = 0,
+                  plan_every_s: float = 0.2) -> Path:
+    """The fixture's features resampled to `rate_hz` with small noise, a client plan every
+    `plan_every_s` (target speed varying), and the fixture's actual actions."""
+    src = read_log(FIXTURE)
+    feats = np.array([list(o.features) for o in src.observations], np.float32)
+    actual = [o.actual for o in src.observations]
+    rng = np.random.default_rng(seed)
+    n = int(seconds * rate_hz)
+    period_ns = int(round(1e9 / rate_hz))
+    plan_every = max(1, int(round(plan_every_s * rate_hz)))
+    obs = []
+    for i in range(n):
+        j = min(int(i * 100 / rate_hz), len(feats) - 1)
+        x = feats[j] + rng.normal(0, 0.01, feats.shape[1]).astype(np.float32)
+        msg = pb.Observation(seq=i + 1, timestamp_ns=1_000_000_000 + i * period_ns, features=x.tolist())
+        msg.actual.CopyFrom(actual[j])
+        if i % plan_every == 0:
+            k = i // plan_every
+            values = schema.make_plan(25.0 + 3.0 * np.sin(k / 10), 0.0, schema.BEHAVIOURS.index("keep"))
+            msg.plan.plan_id = f"p{k}"
+            msg.plan.values.extend(np.asarray(values, np.float32).tolist())
+        obs.append(msg)
+    header = log_pb2.SessionHeader(session_id="synthetic", clock=pb.LOCKSTEP, shadow=True, config_json="{}",
+                                   source=f"synthetic {seconds:g} s at {rate_hz:g} Hz, seed {seed}",
+                                   feature_names=src.header.feature_names, action_names=src.header.action_names,
+                                   control_names=src.header.control_names, tick_period_ns=period_ns)
+    return write_log(path, header, obs)
+
+
+def slice_log(path: Path, start: int, count: int, session_id: str) -> Path:
+    src = read_log(FIXTURE)
+    header = log_pb2.SessionHeader()
+    header.CopyFrom(src.header)
+    header.session_id = session_id
+    return write_log(path, header, src.observations[start:start + count])
