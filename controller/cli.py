@@ -73,6 +73,12 @@ def _bench(args: argparse.Namespace) -> int:
         result = bench_sim(seconds=args.duration if args.duration != 60.0 else 3.0)
         console.print(result)
         return 0
+    if args.what == "planner":
+        from controller.bench_planner import bench_planner
+
+        bench_planner(args.model, args.sessions if args.sessions != 8 else 32, args.duration, args.out, args.guard_ms,
+                      args.realtime_priority or None, planner="behaviour", console=console)
+        return 0
     if args.what == "gate":
         from controller.bench_gate import bench_gate
         from controller.gate_tools import load_gate_for_model
@@ -222,7 +228,8 @@ def _demo(args: argparse.Namespace) -> int:
     scenarios = args.scenarios.split(",") if args.scenarios else None
     gates = args.gate if args.gate else ([g for g in DEFAULT_GATES if g.is_file()]
                                          if model == BASE_MODEL_PATH and not args.no_gate else [])
-    run_demo(model, args.out, scenarios, duration_s=args.duration, console=console, gates=gates)
+    run_demo(model, args.out, scenarios, duration_s=args.duration, console=console, gates=gates,
+             planner=None if args.planner == "none" else args.planner)
     return 0
 
 
@@ -250,8 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_make_test_model)
 
     p = sub.add_parser("bench", help="benchmarks that print numbers")
-    p.add_argument("what", choices=["tick", "sim", "gate"], help="tick: executor timing under gRPC load; "
-                   "sim: simulator steps per second next to highway-env; gate: gate cost next to the forward pass")
+    p.add_argument("what", choices=["tick", "sim", "gate", "planner"], help="tick: executor timing under gRPC load; "
+                   "sim: simulator steps per second next to highway-env; gate: gate cost next to the forward pass; "
+                   "planner: tick lateness with the behaviour planner busy on 32 sessions vs idle")
     p.add_argument("--gate", type=Path, action="append", help="gate file (bench gate); repeat for several")
     p.add_argument("--model", type=Path, default=TEST_MODEL_PATH)
     p.add_argument("--sessions", type=int, default=8)
@@ -323,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenarios", help="comma-separated subset (default: all)")
     p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
     p.add_argument("--no-gate", action="store_true", help="drive without the OOD gate")
+    p.add_argument("--planner", choices=["none", "behaviour"], default="none",
+                   help="behaviour: plans come from the server's built-in planner instead of the simulator's")
     p.add_argument("--duration", type=float, help="seconds of sim time per scenario (default: the scenario's own)")
     p.add_argument("--out", type=Path, default=Path("runs"))
     p.set_defaults(fn=_demo)

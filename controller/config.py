@@ -79,6 +79,11 @@ class ServerConfig(BaseModel):
     # SCHED_FIFO priority for the thread that runs the tick loop (1-99), as ros2_control's controller
     # manager does; None keeps the normal scheduler. Needs CAP_SYS_NICE; refused -> a warning.
     realtime_priority: int | None = Field(None, ge=1, le=99)
+    # Record every session to MCAP in this folder (None: no recording). Writing happens on a
+    # background thread through a bounded queue; a full queue drops (counted), never blocks a tick.
+    record_dir: Path | None = None
+    record_rotate_mb: float | None = Field(None, gt=0.0)
+    record_rotate_s: float | None = Field(None, gt=0.0)
     # A Drive stream must send its OpenSession within this time.
     open_timeout_s: float = Field(10.0, gt=0.0)
     planner: PlannerConfig = PlannerConfig()

@@ -21,10 +21,12 @@ import numpy as np
 from controller.config import ConfigError, ServerConfig
 from controller.conflation import LatestSlot
 from controller.planning import ServerPlanning
+from controller.recorder import Recorder
 from controller.shadow import ShadowAgreement
 from controller.ticker import LatenessLog, PreciseTicker, set_realtime_priority
 from controller.wire import model_info, observation_from_proto, snapshot_to_proto
 from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import log_pb2
 from dualloop.v1 import controller_pb2_grpc as pb_grpc
 from executor.core import Executor, InvalidObservation, SessionError
 from executor.model_runner import DecisionModel
@@ -66,6 +68,7 @@ class ControllerRuntime:
         self.executor = executor
         self.config = config
         self.outboxes: dict[str, LatestSlot[Snapshot]] = {}
+        self.recorder: Recorder | None = None
         # insertion-ordered: the oldest closed sessions are forgotten first
         self.shadow: dict[str, ShadowAgreement] = {}
         self.stats = RuntimeStats()
@@ -95,6 +98,7 @@ class ControllerRuntime:
             snaps = ex.tick(tick.scheduled_ns, tick.index, tick.lateness_ns)
             for snap in snaps:
                 self.record_agreement(snap)
+                self.record_snapshot(snap)
                 box = self.outboxes.get(snap.session_id)
                 if box is not None:
                     box.put(snap)
@@ -103,6 +107,26 @@ class ControllerRuntime:
                     # arrival -> first snapshot that used it
                     stats.decision_latency.add(snap.observation_age_ns + snap.emit_time_ns - snap.scheduled_time_ns)
             stats.tick_work_ns.add(_mono_ns() - tick.started_ns)
+
+    def open_recording(self, session_id: str, clock: int, shadow: bool) -> None:
+        if self.recorder is None:
+            return
+        card, gates = self.executor.card, self.executor.gates
+        self.recorder.open_session(log_pb2.SessionHeader(
+            session_id=session_id, clock=clock, shadow=shadow, model_version=card.version,
+            model_schema_hash=card.schema_hash(), gate_version="+".join(g.version_hash[:16] for g in gates),
+            config_json=self.config.model_dump_json(), source="grpc session", start_time_unix_ns=time.time_ns(),
+            format_version=1, feature_names=card.feature_names, action_names=card.actions,
+            control_names=[c.name for c in card.controls], tick_period_ns=self.executor.period_ns))
+
+    def record_observation(self, session_id: str, observation: pb.Observation) -> None:
+        if self.recorder is not None:
+            self.recorder.write_observation(session_id, observation)
+
+    def record_snapshot(self, snap: Snapshot) -> None:
+        """To the session log, when recording: every snapshot, not only those a slow client received."""
+        if self.recorder is not None:
+            self.recorder.write_snapshot(snapshot_to_proto(snap))
 
     def record_agreement(self, snap: Snapshot) -> None:
         agreement = self.shadow.get(snap.session_id)
@@ -116,6 +140,8 @@ class ControllerRuntime:
 
     def forget(self, session_id: str) -> None:
         self.executor.close_session(session_id)
+        if self.recorder is not None:
+            self.recorder.close_session(session_id)
         box = self.outboxes.pop(session_id, None)
         if box is not None:
             box.close()
@@ -196,6 +222,7 @@ class ControllerService(pb_grpc.ControllerServicer):
             code = grpc.StatusCode.ALREADY_EXISTS if "already open" in str(err) else grpc.StatusCode.RESOURCE_EXHAUSTED
             await context.abort(code, str(err))
         self.runtime.stats.sessions_opened += 1
+        self.runtime.open_recording(session_id, req.clock, req.shadow)
         try:
             await context.write(pb.DriveResponse(opened=pb.SessionOpened(
                 session_id=session_id, clock=req.clock, tick_period_ns=self.executor.period_ns, model=self._info)))
@@ -237,6 +264,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                     except InvalidObservation as err:
                         error.append((grpc.StatusCode.INVALID_ARGUMENT, str(err)))
                         return
+                    self.runtime.record_observation(session_id, obs_msg)
             finally:
                 box.close()  # the client finished (or broke the contract): end the stream
 
@@ -273,8 +301,10 @@ class ControllerService(pb_grpc.ControllerServicer):
                 snaps = self.executor.advance_lockstep(session_id, obs)
             except InvalidObservation as err:
                 return grpc.StatusCode.INVALID_ARGUMENT, str(err)
+            self.runtime.record_observation(session_id, obs_msg)
             for snap in snaps:
                 self.runtime.record_agreement(snap)
+                self.runtime.record_snapshot(snap)
                 proto = snapshot_to_proto(snap)
                 if planning is not None:
                     planning.decorate(session_id, pb.LOCKSTEP, proto)
@@ -323,6 +353,13 @@ class ControllerServer:
         await self._server.start()
         # After gRPC has started its threads, so that they share the priority (see the function).
         self.scheduling = self.runtime.scheduling = set_realtime_priority(self.config.realtime_priority)
+        if self.config.record_dir is not None:
+            self.config.record_dir.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            mb = self.config.record_rotate_mb
+            self.runtime.recorder = Recorder(self.config.record_dir / f"dualloop-{stamp}.mcap",
+                                             rotate_bytes=int(mb * 1e6) if mb else None,
+                                             rotate_seconds=self.config.record_rotate_s)
         self._ticks = asyncio.create_task(self.runtime.run_ticks())
         return self.port
 
@@ -335,6 +372,8 @@ class ControllerServer:
                 await self._ticks
         if self.runtime.planning is not None:
             await asyncio.to_thread(self.runtime.planning.stop)
+        if self.runtime.recorder is not None:
+            self.recording_stats = await asyncio.to_thread(self.runtime.recorder.close)
 
     async def wait(self) -> None:
         assert self._server is not None

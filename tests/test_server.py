@@ -258,3 +258,30 @@ def test_shadow_agreement_over_grpc(channel):
     with pytest.raises(grpc.RpcError) as err:
         stub.GetShadowStats(pb.GetShadowStatsRequest(session_id="nobody"))
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_sessions_are_recorded(test_model_path, tmp_path):
+    """Every accepted observation and every snapshot of a session lands in its MCAP log."""
+    from controller.config import ServerConfig
+    from controller.logfile import read_sessions
+    from controller.server import ServerThread
+
+    with ServerThread(ServerConfig(model=test_model_path, port=0, record_dir=tmp_path)) as srv:
+        with grpc.insecure_channel(srv.address) as channel:
+            s = DriveSession(channel, "rec", pb.LOCKSTEP, shadow=True)
+            sent = []
+            for k in range(50):
+                s.send(k + 1, k * 5_000_000, sensor(k), actual_index=2, actual_controls=[0.0, 0.0])
+                sent.append(s.recv())
+            s.send(51, 250_000_000, [1.0] * 5)  # refused: must not be in the log
+            with pytest.raises(grpc.RpcError):
+                s.recv()
+    (log_file,) = tmp_path.glob("*.mcap")
+    logs = read_sessions(log_file)
+    data = logs["rec"]
+    assert data.header.session_id == "rec" and data.header.shadow and data.header.source == "grpc session"
+    assert [o.seq for o in data.observations] == list(range(1, 51))
+    assert [o.actual.action_index for o in data.observations] == [2] * 50
+    assert [x.tick for x in data.snapshots] == [x.tick for x in sent]
+    assert [x.input_hash for x in data.snapshots] == [x.input_hash for x in sent]
+    assert not data.truncated
