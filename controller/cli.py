@@ -15,7 +15,7 @@ from controller.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 from executor.model_card import ModelFileError
 
 # Wide enough for the scenario table when the output is a log file rather than a terminal.
-console = Console(width=None if sys.stdout.isatty() else 160)
+console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -23,7 +23,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = load_server_config(args.config, model=args.model, gates=args.gate, host=args.host, port=args.port,
                                 allow_non_loopback=True if args.allow_non_loopback else None,
-                                realtime_priority=args.realtime_priority)
+                                realtime_priority=args.realtime_priority, record_dir=args.record_dir)
     server = ControllerServer(config)
 
     async def run() -> None:
@@ -246,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default 50151; 0 picks a free one)")
     p.add_argument("--allow-non-loopback", action="store_true", help="permit binding beyond loopback")
     p.add_argument("--realtime-priority", type=int, help="SCHED_FIFO priority (1-99) for the tick loop")
+    p.add_argument("--record-dir", type=Path, help="record every session to MCAP in this folder")
     p.set_defaults(fn=_serve)
 
     p = sub.add_parser("info", help="print a model's card (schema, actions, version)")

@@ -72,7 +72,10 @@ class PreciseTicker:
         self.missed = 0
         self.ticks = 0
 
-    async def next(self) -> Tick:
+    async def next(self, precise: bool = True) -> Tick:
+        """The next deadline. precise=False: nobody needs this tick on time (no REALTIME session), so
+        wait on the loop timer alone and leave the loop free (LOCKSTEP streams use it meanwhile);
+        such ticks count neither lateness nor misses."""
         index = self._next_index
         deadline = self._start_ns + index * self.period_ns
         now = _now_ns()
@@ -82,7 +85,12 @@ class PreciseTicker:
             missed = (now - deadline) // self.period_ns
             index += missed
             deadline += missed * self.period_ns
-            self.missed += missed
+            if precise:
+                self.missed += missed
+        elif not precise:
+            if deadline > now:
+                await asyncio.sleep((deadline - now) / 1e9)
+            now = max(_now_ns(), deadline)
         else:
             coarse_ns = deadline - now - self.guard_ns
             if coarse_ns > 0:

@@ -191,6 +191,11 @@ class Executor:
         self.sessions[session_id] = session
         return session
 
+    @property
+    def realtime_sessions(self) -> int:
+        """How many sessions tick on the wall clock (the server keeps precise time only for them)."""
+        return sum(1 for s in self.sessions.values() if s.clock is Clock.REALTIME)
+
     def close_session(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)
         if session is not None:

@@ -130,6 +130,7 @@ class ClosedLoopRun:
     reasons: np.ndarray  # (T,) bit mask: 1 << ReasonCode
     gate_score: np.ndarray  # NaN where the snapshot carried no gate result
     lateness_us: np.ndarray
+    tick_work_us: np.ndarray  # the executor's own stages for this tick (pre, forward, gate, post)
     round_trip_us: np.ndarray  # observation sent -> snapshot in hand, wall clock
     plan_ids: list[str] = field(default_factory=list)
     ood_onset_s: float = float("inf")
@@ -175,7 +176,7 @@ def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool | 
     sent: dict[str, tuple[str, str, float, float]] = {}
     plans: list[tuple[str, str, float, float]] = []
     n = env.n_steps
-    rec = {k: np.full(n, np.nan) for k in ("t", "accel", "steer", "gate", "late", "rtt")}
+    rec = {k: np.full(n, np.nan) for k in ("t", "accel", "steer", "gate", "late", "rtt", "work")}
     idx = np.full(n, -1, np.int64)
     state = np.zeros(n, np.int64)
     reasons = np.zeros(n, np.int64)
@@ -203,6 +204,8 @@ def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool | 
             reasons[k] = sum(1 << r for r in snap.reasons)
             rec["gate"][k] = snap.gate.score if snap.HasField("gate") else np.nan
             rec["late"][k] = snap.lateness_us
+            t = snap.timings
+            rec["work"][k] = t.preprocess_us + t.forward_us + t.gate_us + t.postprocess_us
             if not plan_ids or plan_ids[-1] != snap.plan_id:
                 plan_ids.append(snap.plan_id)
                 if snap.HasField("plan"):
@@ -218,7 +221,8 @@ def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool | 
     return ClosedLoopRun(
         scenario=env.name, seed=seed, metrics=env.metrics(), t=rec["t"][:k], applied_index=idx[:k],
         applied_accel=rec["accel"][:k], applied_steer=rec["steer"][:k], safety_state=state[:k],
-        reasons=reasons[:k], gate_score=rec["gate"][:k], lateness_us=rec["late"][:k], round_trip_us=rec["rtt"][:k],
+        reasons=reasons[:k], gate_score=rec["gate"][:k], lateness_us=rec["late"][:k], tick_work_us=rec["work"][:k],
+        round_trip_us=rec["rtt"][:k],
         plan_ids=plan_ids, ood_onset_s=float(env.instance.ood_onset_s[0]), plans=plans)
 
 

@@ -221,6 +221,11 @@ def test_slow_realtime_client_is_conflated_not_buffered(server):
 
 def test_get_stats_reports_and_resets(server, channel):
     stub = pb_grpc.ControllerStub(channel)
+    idle = stub.GetStats(pb.GetStatsRequest(reset=True))
+    assert idle.ticks == 0  # no REALTIME session: no tick needed keeping time
+    session = DriveSession(channel, "stats", pb.REALTIME)
+    session.send(1, 0, sensor(1))
+    session.recv()
     time.sleep(0.3)
     first = stub.GetStats(pb.GetStatsRequest(reset=True))
     assert first.ticks >= 40 and sum(first.lateness_histogram) == first.ticks
@@ -228,6 +233,7 @@ def test_get_stats_reports_and_resets(server, channel):
     assert first.lateness_p50_us <= first.lateness_p99_us <= first.lateness_max_us
     assert first.window_s > 0.25
     after = stub.GetStats(pb.GetStatsRequest())
+    session.cancel()
     assert after.ticks < first.ticks and after.window_s < first.window_s
     assert sum(after.lateness_histogram) == after.ticks
 
