@@ -20,7 +20,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import ood
-from controller.gate_tools import model_features
+from controller.gate_tools import forward_rows
 from executor.config import ExecutorConfig
 from executor.core import Executor
 from executor.model_runner import DecisionModel
@@ -57,8 +57,8 @@ def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], n
     flat_x = data.features.reshape(b * t_len, -1)
     flat_p = data.plan.reshape(b * t_len, -1)
     finite = np.isfinite(data.features).all(axis=2)
-    dv = model_features(model, flat_x, flat_p, "decision_vector").reshape(b, t_len, -1)
-    logits = _logits(model, flat_x, flat_p).reshape(b, t_len, -1)
+    logits, _, dv = forward_rows(model, flat_x, flat_p)
+    logits, dv = logits.reshape(b, t_len, -1), dv.reshape(b, t_len, -1)
     slots = np.arange(b)
     score = np.full((b, t_len), -np.inf)
     alarm = np.zeros((b, t_len), bool)
@@ -83,16 +83,6 @@ def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], n
                                       for x in times])
     return ScenarioScores(name, bool(np.isfinite(onset_s).any()), data.t, score, alarm, data.valid, to_tick(onset_s),
                           to_tick(end_s), decision=dv, action=logits.argmax(axis=2))
-
-
-def _logits(model: DecisionModel, features: np.ndarray, plan: np.ndarray) -> np.ndarray:
-    card = model.card
-    mean = np.array([f.mean for f in card.features], np.float32)
-    std = np.array([f.std for f in card.features], np.float32)
-    pmean = np.array([p.mean for p in card.plan], np.float32)
-    pstd = np.array([p.std for p in card.plan], np.float32)
-    x = np.nan_to_num((features - mean) / std).astype(np.float32)
-    return model.forward(x, ((plan - pmean) / pstd).astype(np.float32)).logits
 
 
 def _after_onset(s: ScenarioScores) -> np.ndarray:
