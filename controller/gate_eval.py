@@ -20,7 +20,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import ood
-from controller.gate_tools import forward_rows
+from controller.gate_tools import forward_rows, model_features
 from executor.config import ExecutorConfig
 from executor.core import Executor
 from executor.model_runner import DecisionModel
@@ -63,7 +63,8 @@ def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], n
     score = np.full((b, t_len), -np.inf)
     alarm = np.zeros((b, t_len), bool)
     for gate in gates:
-        feats = dv if gate.schema.source == "decision_vector" else data.features
+        feats = dv if gate.schema.source == "decision_vector" else model_features(
+            model, flat_x, flat_p, gate.schema.source).reshape(b, t_len, -1)
         feats = np.where(finite[..., None], feats, np.nan).astype(np.float32)
         monitor = gate.monitor(b)
         scale = 1.0 if len(gates) == 1 else 1.0 / gate.threshold
