@@ -14,6 +14,7 @@ import numpy as np
 
 import ood
 from executor.core import GATE_SOURCES, gate_feature_names
+from executor.model_card import Normalisation
 from executor.model_runner import DecisionModel
 from sim.env import ActionNoise, run_expert_batch
 from sim.scenarios import NOMINAL_SCENARIOS
@@ -25,15 +26,10 @@ CALIBRATION_SEEDS = range(110_000, 110_012)
 def forward_rows(model: DecisionModel, features: np.ndarray, plan: np.ndarray, batch: int = 4096):
     """The model's outputs for many rows, normalised with the card as the executor does (NaN rows
     are zeroed for the forward pass, as the executor substitutes them)."""
-    card = model.card
-    mean = np.array([f.mean for f in card.features], np.float32)
-    std = np.array([f.std for f in card.features], np.float32)
-    pmean = np.array([p.mean for p in card.plan], np.float32)
-    pstd = np.array([p.std for p in card.plan], np.float32)
+    norm = Normalisation.of(model.card)
     parts = []
     for a in range(0, len(features), batch):
-        x = np.nan_to_num((features[a:a + batch] - mean) / std).astype(np.float32)
-        p = ((plan[a:a + batch] - pmean) / pstd).astype(np.float32)
+        x, p, _ = norm.apply(np.asarray(features[a:a + batch], np.float32), np.asarray(plan[a:a + batch], np.float32))
         parts.append(model.forward(x, p))
     return (np.concatenate([o.logits for o in parts]), np.concatenate([o.controls for o in parts]),
             np.concatenate([o.decision_vector for o in parts]))

@@ -137,6 +137,9 @@ class ControllerRuntime:
             agreement = self.shadow[snap.session_id] = ShadowAgreement(card.actions, len(card.controls))
             while len(self.shadow) > self.KEEP_CLOSED_SHADOW_STATS + len(self.executor.sessions):
                 del self.shadow[next(iter(self.shadow))]
+        if snap.actual_index < 0:  # the common live case: nothing to compare, keep the tick cheap
+            agreement.without_actual += 1
+            return
         agreement.update(snap.applied.index, snap.applied.controls, snap.actual_index, snap.actual_controls,
                          snap.safety_state.name, tuple(r.name for r in snap.reasons))
 

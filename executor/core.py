@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from executor.config import ExecutorConfig
+from executor.model_card import Normalisation
 from executor.model_runner import DecisionModel, ModelOutputs
 from executor.safety import SafetyMachine, SafetyMemory
 from executor.snapshot import (AppliedAction, Clock, Observation, Reason, SafetyState, Snapshot,
@@ -143,10 +144,7 @@ class Executor:
         self.card = card
         self.period_ns = self.config.tick_period_ns
         self._max_age_ns = self.config.max_observation_age_ns
-        self._mean = np.array([f.mean for f in card.features], np.float32)
-        self._inv_std = np.array([1.0 / f.std for f in card.features], np.float32)
-        self._plan_mean = np.array([p.mean for p in card.plan], np.float32)
-        self._plan_inv_std = np.array([1.0 / p.std for p in card.plan], np.float32)
+        self.normalisation = Normalisation.of(card)
         self._plan_default = np.array(card.plan_default, np.float32)
         self._ctrl_min = np.array([c.min for c in card.controls], np.float32)
         self._ctrl_max = np.array([c.max for c in card.controls], np.float32)
@@ -334,10 +332,7 @@ class Executor:
 
         x = np.ascontiguousarray(features, np.float32)
         p = np.ascontiguousarray(plan, np.float32)
-        finite = np.isfinite(x).all(axis=1)
-        xn = (x - self._mean) * self._inv_std
-        pn = (p - self._plan_mean) * self._plan_inv_std
-        xn[~finite] = 0.0
+        xn, pn, finite = self.normalisation.apply(x, p)
         try:
             out = self.model.forward(xn, pn)
             model_ok = np.isfinite(out.logits).all(axis=1) & np.isfinite(out.controls).all(axis=1)
@@ -377,14 +372,8 @@ class Executor:
             observations.append(obs)
             x[i] = obs.features
             p[i] = s.plan
-        finite = np.isfinite(x).all(axis=1)
-        xn, pn = self._xn[:n], self._pn[:n]
-        np.subtract(x, self._mean, out=xn)
-        xn *= self._inv_std
-        np.subtract(p, self._plan_mean, out=pn)
-        pn *= self._plan_inv_std
-        if not finite.all():
-            xn[~finite] = 0.0  # the model never sees NaN; the row is marked INVALID_INPUT below
+        # the model never sees NaN; such rows are marked INVALID_INPUT below
+        xn, pn, finite = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n])
         t1 = _perf_ns()
         pre_gate = None
         if pre is not None:  # LOCKSTEP replay, batch of one: the forward pass was run ahead of time

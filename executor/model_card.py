@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -116,6 +119,35 @@ class ModelCard(BaseModel):
         """The card as the version hash sees it: without the version and the measured metrics."""
         metrics = {k: v for k, v in self.training_metrics.items() if k not in MEASURED_METRICS}
         return self.model_copy(update={"version": "", "training_metrics": metrics}).to_json()
+
+
+@dataclass(frozen=True)
+class Normalisation:
+    """(x - mean) * float32(1 / std), exactly as every user of a model's inputs must apply it."""
+
+    mean: np.ndarray
+    inv_std: np.ndarray
+    plan_mean: np.ndarray
+    plan_inv_std: np.ndarray
+
+    @classmethod
+    def of(cls, card: "ModelCard") -> "Normalisation":
+        f32 = lambda values: np.array(values, np.float32)  # noqa: E731
+        return cls(f32([f.mean for f in card.features]), f32([1.0 / f.std for f in card.features]),
+                   f32([p.mean for p in card.plan]), f32([1.0 / p.std for p in card.plan]))
+
+    def apply(self, x: np.ndarray, p: np.ndarray, xn: np.ndarray | None = None, pn: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(features, plan, finite rows); non-finite feature rows become 0 so the model never sees NaN.
+        Writes into xn/pn when given (the tick's preallocated buffers)."""
+        finite = np.isfinite(x).all(axis=1)
+        xn = np.subtract(x, self.mean, out=xn)
+        xn *= self.inv_std
+        pn = np.subtract(p, self.plan_mean, out=pn)
+        pn *= self.plan_inv_std
+        if not finite.all():
+            xn[~finite] = 0.0
+        return xn, pn, finite
 
 
 class ModelFileError(ValueError):

@@ -24,7 +24,7 @@ def generate(out_dir: Path) -> None:
             f"-I{include}",
             f"--python_out={out_dir}",
             f"--pyi_out={out_dir}",
-            f"--grpc_python_out={out_dir}",
+            *([f"--grpc_python_out={out_dir}"] if "\nservice " in proto.read_text() else []),
             str(proto.relative_to(PROTO_ROOT)),
         ]
         if protoc.main(args) != 0:

@@ -69,7 +69,8 @@ def test_normaliser_matches_the_card_and_executor(trained: TrainResult, tiny_dat
     ex = Executor(DecisionModel(trained.path, warmup_batches=()))
     from_card = Normaliser.from_card(card)
     x = tiny_data.test.features[:50]
-    expected = (x - ex._mean) * ex._inv_std  # exactly what executor.core computes before the graph
+    norm = ex.normalisation
+    expected = (x - norm.mean) * norm.inv_std  # exactly what executor.core computes before the graph
     np.testing.assert_array_equal(from_card.apply(x, tiny_data.test.plan[:50])[0], expected)
     np.testing.assert_array_equal(trained.normaliser.apply(x, tiny_data.test.plan[:50])[0], expected)
 
