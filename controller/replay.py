@@ -1,11 +1,9 @@
 """Deterministic LOCKSTEP replay of a recorded log through the executor (`dualloop replay`).
 
-Replay inputs never depend on the controller's outputs, so the forward pass is batched over time:
-which observation and plan each grid tick sees is worked out up front, one onnxruntime call scores
-every tick, and the gates are scored vectorised (`Executor.precompute`). The executor then runs
-its ordinary per-tick path with those outputs injected: the same normalisation, gate filters,
-freeze check, decision rules and safe-state machine, and it raises if a tick's actual inputs differ
-from the predicted ones. `fast=False` runs the plain per-tick forward instead (tests compare both).
+Replay inputs never depend on the controller's outputs, so a whole session runs in one vectorised
+pass (`Executor.run_lockstep`, see executor/lockstep_batch.py): one forward call for every
+observation, the gates' filters and the safe-state machine as scans. `fast=False` runs the
+executor observation by observation instead (`advance_lockstep`); tests compare both.
 """
 
 from __future__ import annotations
@@ -63,40 +61,27 @@ def _observations(data: LogData) -> list[Observation]:
     return [observation_from_proto(msg, 0) for msg in data.observations]
 
 
-def tick_inputs(ex: Executor, observations: Sequence[Observation]) -> tuple[np.ndarray, np.ndarray]:
-    """Raw (features, plan) each LOCKSTEP grid tick will hold, mirroring `advance_lockstep`: the grid
-    starts at the first timestamp; a tick uses the newest observation at or before its time, and a
-    client plan applies from its observation's timestamp on (a repeated plan id changes nothing)."""
-    ts = np.fromiter((o.timestamp_ns for o in observations), np.int64, len(observations))
-    period = ex.period_ns
-    n_ticks = int((ts[-1] - ts[0]) // period) + 1
-    which = np.searchsorted(ts, ts[0] + np.arange(n_ticks, dtype=np.int64) * period, side="right") - 1
-    feats = np.stack([o.features for o in observations]).astype(np.float32, copy=False)
-    plans = np.empty((len(observations), ex.model.n_plan), np.float32)
-    current, plan_id = ex._plan_default.copy(), ""
-    for i, o in enumerate(observations):
-        if o.plan_values is not None and not (o.plan_id and o.plan_id == plan_id):
-            current, plan_id = o.plan_values.astype(np.float32), o.plan_id
-        plans[i] = current
-    return feats[which], plans[which]
-
-
 def run_replay(ex: Executor, session_id: str, observations: Sequence[Observation], shadow: bool = True,
                fast: bool = True) -> tuple[list[Snapshot], dict[str, float]]:
-    """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds."""
+    """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds.
+
+    fast: the whole session in one vectorised pass (`Executor.run_lockstep`); otherwise observation
+    by observation through `advance_lockstep`, the reference the fast path is tested against."""
     t0 = time.perf_counter()
     ex.open_session(session_id, Clock.LOCKSTEP, shadow=shadow)
-    pre = None
-    if fast and observations:
-        pre = ex.precompute(*tick_inputs(ex, observations))
-    t1 = time.perf_counter()
-    snaps: list[Snapshot] = []
-    advance = ex.advance_lockstep
-    for obs in observations:
-        snaps += advance(session_id, obs, pre)
-    t2 = time.perf_counter()
-    ex.close_session(session_id)
-    return snaps, {"batched_forward_s": t1 - t0, "scan_s": t2 - t1, "compute_s": t2 - t0}
+    try:
+        if fast:
+            table = ex.run_lockstep(session_id, observations)
+            t1 = time.perf_counter()
+            snaps = table.snapshots()
+        else:
+            snaps = []
+            for obs in observations:
+                snaps += ex.advance_lockstep(session_id, obs)
+            t1 = time.perf_counter()
+    finally:
+        ex.close_session(session_id)
+    return snaps, {"compute_s": t1 - t0, "snapshots_s": time.perf_counter() - t1}
 
 
 def replay_header(source: LogData, source_path: Path, ex: Executor, gate_paths: Sequence[str | Path],

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,12 +30,19 @@ from executor.snapshot import (AppliedAction, Clock, Observation, Reason, Safety
                                StageTimings)
 
 if TYPE_CHECKING:
+    from executor.lockstep_batch import TickTable
     from ood import Gate
 
 # decision_vector: the model's penultimate layer; input_features: the raw inputs (their norm guard
 # catches a dead sensor in its own tick). Inputs standardised with the card were tried as a third
 # source and were worse on every count (false vetoes 0.71% per tick, unit mismatch AUROC 0.85).
 GATE_SOURCES = ("decision_vector", "input_features")
+
+# A tick's reasons before the safe-state machine, in the order snapshots list them.
+TICK_REASONS = (Reason.INVALID_INPUT, Reason.MODEL_ERROR, Reason.STALE_OBSERVATION, Reason.STALE_PLAN,
+                Reason.OOD_VETO, Reason.LOW_MARGIN)
+REASON_BITS = {r: 1 << k for k, r in enumerate(TICK_REASONS)}
+REASONS_OF_FLAGS = [tuple(r for r in TICK_REASONS if flags & REASON_BITS[r]) for flags in range(1 << len(TICK_REASONS))]
 
 _perf_ns = time.perf_counter_ns
 _mono_ns = time.monotonic_ns
@@ -50,27 +58,6 @@ class SessionError(ValueError):
 
 class GateMismatch(ValueError):
     """A gate fitted on other features than this model provides; the message says which."""
-
-
-class PrecomputedMismatch(RuntimeError):
-    """A tick's inputs differ from the ones its precomputed outputs were made from (a replay bug)."""
-
-
-@dataclass(slots=True)
-class Precomputed:
-    """Model outputs and gate scores computed ahead of time for a LOCKSTEP session, row t for the
-    session's tick t (replay batches the forward pass over time: its inputs never depend on outputs).
-
-    Only the forward pass and the stateless gate scoring come from here; normalisation checks, the
-    gate's sequential filters, the freeze check, decision rules and the safe-state machine run per
-    tick exactly as without it. Each tick compares its raw inputs with `features`/`plan`, so a
-    wrong prediction of what a tick sees raises instead of silently diverging."""
-
-    features: np.ndarray  # (ticks, n_features) raw, as the tick will hold them
-    plan: np.ndarray  # (ticks, n_plan) raw
-    outputs: ModelOutputs
-    model_ok: np.ndarray  # (ticks,) bool: finite logits and controls
-    gate_scores: list[tuple[np.ndarray, object]]  # per gate: (score (ticks,), ood.GateFlags of (ticks,))
 
 
 def decision_vector_names(model: DecisionModel) -> list[str]:
@@ -117,6 +104,23 @@ def _fill_gate_features(source: str, out: np.ndarray, x: np.ndarray, dv: np.ndar
         out[bad_dv] = np.nan
     else:
         out[:] = np.nan  # no decision vector this tick: nothing can pass
+
+
+def nearest_gate(per_gate: list[tuple[np.ndarray, np.ndarray, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(score, threshold, veto) per row from each gate's (score, alarm, threshold): any alarm vetoes,
+    and the row reports the gate nearest its threshold (the first one on a tie)."""
+    n = len(per_gate[0][0])
+    best_ratio = np.full(n, -np.inf)
+    score, threshold = np.zeros(n), np.zeros(n)
+    veto = np.zeros(n, bool)
+    for run_score, alarm, run_threshold in per_gate:
+        veto |= alarm
+        ratio = run_score / run_threshold
+        take = ratio > best_ratio
+        best_ratio = np.where(take, ratio, best_ratio)
+        score = np.where(take, run_score, score)
+        threshold = np.where(take, run_threshold, threshold)
+    return score, threshold, veto
 
 
 @dataclass(slots=True)
@@ -290,8 +294,7 @@ class Executor:
             self.submit(session_id, obs)
         return self.tick(now_ns)
 
-    def advance_lockstep(self, session_id: str, obs: Observation,
-                         precomputed: Precomputed | None = None) -> list[Snapshot]:
+    def advance_lockstep(self, session_id: str, obs: Observation) -> list[Snapshot]:
         """Run every tick of the session's grid up to the observation's timestamp.
 
         Ticks strictly before the timestamp use the previous observation (its age shows it); a tick
@@ -299,66 +302,55 @@ class Executor:
         """
         session = self._session(session_id)
         self.check_observation(session, obs)
+        self.check_lockstep_time(session, obs)
         ts = obs.timestamp_ns
-        if session.last_timestamp_ns is not None and ts <= session.last_timestamp_ns:
-            raise InvalidObservation(f"observation seq {obs.seq} has timestamp {ts} ns, not after the previous "
-                                     f"{session.last_timestamp_ns} ns; LOCKSTEP time must strictly increase")
         if session.next_tick_ns is None:
             session.next_tick_ns = ts
-        ticks_due = (ts - session.next_tick_ns) // self.period_ns + 1
-        max_ticks = int(self.config.lockstep_max_gap_s * 1e9 / self.period_ns)
-        if ticks_due > max_ticks:
-            raise InvalidObservation(f"observation seq {obs.seq} jumps {(ts - session.next_tick_ns) / 1e9:.3f} s "
-                                     f"ahead; LOCKSTEP refuses gaps over lockstep_max_gap_s="
-                                     f"{self.config.lockstep_max_gap_s} s")
         session.last_seq = obs.seq
         session.last_timestamp_ns = ts
         out: list[Snapshot] = []
         while session.next_tick_ns < ts:
-            out += self._lockstep_tick(session, precomputed)
+            out += self._lockstep_tick(session)
         if session.pending is not None:
             session.observations_dropped += 1  # an off-grid observation no tick got to use
         session.pending = obs
         if obs.plan_values is not None:  # from its timestamp on, not for the ticks before it
             self.set_plan(session_id, obs.plan_values, obs.plan_id, ts)
         if session.next_tick_ns == ts:
-            out += self._lockstep_tick(session, precomputed)
+            out += self._lockstep_tick(session)
         return out
 
-    def precompute(self, features: np.ndarray, plan: np.ndarray) -> Precomputed:
-        """Forward pass and gate scores for many ticks' raw inputs at once (one onnxruntime call),
-        prepared the way `_run_batch` and `_gate` prepare a single tick."""
-        from ood.score import score_in_chunks
+    def check_lockstep_time(self, session: Session, obs: Observation) -> None:
+        """LOCKSTEP time strictly increases and never jumps further than lockstep_max_gap_s."""
+        ts = obs.timestamp_ns
+        if session.last_timestamp_ns is not None and ts <= session.last_timestamp_ns:
+            raise InvalidObservation(f"observation seq {obs.seq} has timestamp {ts} ns, not after the previous "
+                                     f"{session.last_timestamp_ns} ns; LOCKSTEP time must strictly increase")
+        next_tick = ts if session.next_tick_ns is None else session.next_tick_ns
+        if (ts - next_tick) // self.period_ns + 1 > self.max_lockstep_ticks:
+            raise InvalidObservation(f"observation seq {obs.seq} jumps {(ts - next_tick) / 1e9:.3f} s "
+                                     f"ahead; LOCKSTEP refuses gaps over lockstep_max_gap_s="
+                                     f"{self.config.lockstep_max_gap_s} s")
 
-        x = np.ascontiguousarray(features, np.float32)
-        p = np.ascontiguousarray(plan, np.float32)
-        xn, pn, finite = self.normalisation.apply(x, p)
-        try:
-            out = self.model.forward(xn, pn)
-            model_ok = np.isfinite(out.logits).all(axis=1) & np.isfinite(out.controls).all(axis=1)
-        except Exception:  # noqa: BLE001 - as in _run_batch: the ticks then degrade to MODEL_ERROR
-            out, model_ok = None, np.zeros(len(x), bool)
-        if out is None:
-            n = len(x)
-            out = ModelOutputs(np.full((n, len(self._actions)), np.nan, np.float32),
-                               np.full((n, len(self.card.controls)), np.nan, np.float32),
-                               np.full((n, self.card.decision_vector_size), np.nan, np.float32))
-        scores = []
-        for run in self._gate_runs:
-            feats = np.empty((len(x), run.features.shape[1]), np.float32)
-            _fill_gate_features(run.source, feats, x, out.decision_vector, ~finite | ~model_ok)
-            scores.append(score_in_chunks(run.monitor.scorer, feats))
-        return Precomputed(x, p, out, model_ok, scores)
+    @property
+    def max_lockstep_ticks(self) -> int:
+        return int(self.config.lockstep_max_gap_s * 1e9 / self.period_ns)
 
-    def _lockstep_tick(self, session: Session, precomputed: Precomputed | None = None) -> list[Snapshot]:
-        snaps = self._run_batch([session], session.lockstep_tick, session.next_tick_ns, 0, precomputed) \
+    def run_lockstep(self, session_id: str, observations: Sequence[Observation]) -> TickTable:
+        """All ticks of a new LOCKSTEP session fed with `observations`, in one vectorised pass
+        (replay): the same decisions as `advance_lockstep` observation by observation."""
+        from executor.lockstep_batch import run_lockstep
+
+        return run_lockstep(self, self._session(session_id), observations)
+
+    def _lockstep_tick(self, session: Session) -> list[Snapshot]:
+        snaps = self._run_batch([session], session.lockstep_tick, session.next_tick_ns, 0) \
             if (session.pending is not None or session.current is not None) else []
         session.lockstep_tick += 1
         session.next_tick_ns += self.period_ns
         return snaps
 
-    def _run_batch(self, rows: list[Session], tick_index: int, tick_ns: int, lateness_ns: int,
-                   pre: Precomputed | None = None) -> list[Snapshot]:
+    def _run_batch(self, rows: list[Session], tick_index: int, tick_ns: int, lateness_ns: int) -> list[Snapshot]:
         n = len(rows)
         t0 = _perf_ns()
         x, p = self._x[:n], self._p[:n]
@@ -375,25 +367,15 @@ class Executor:
         # the model never sees NaN; such rows are marked INVALID_INPUT below
         xn, pn, finite = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n])
         t1 = _perf_ns()
-        pre_gate = None
-        if pre is not None:  # LOCKSTEP replay, batch of one: the forward pass was run ahead of time
-            t = tick_index
-            if not (np.array_equal(pre.features[t], x[0], equal_nan=True) and np.array_equal(pre.plan[t], p[0])):
-                raise PrecomputedMismatch(f"tick {t}: inputs differ from the precomputed ones")
-            o = pre.outputs
-            out = ModelOutputs(o.logits[t:t + 1], o.controls[t:t + 1], o.decision_vector[t:t + 1])
-            model_ok = bool(pre.model_ok[t])
-            pre_gate = [(score[t:t + 1], type(flags)(*(f[t:t + 1] for f in flags))) for score, flags in pre.gate_scores]
-        else:
-            try:
-                out = self.model.forward(xn, pn)
-                model_ok = bool(np.isfinite(out.logits).all() and np.isfinite(out.controls).all())
-            except Exception:  # noqa: BLE001 - any runtime failure degrades the tick, never the loop
-                out, model_ok = None, False
+        try:
+            out = self.model.forward(xn, pn)
+            model_ok = bool(np.isfinite(out.logits).all() and np.isfinite(out.controls).all())
+        except Exception:  # noqa: BLE001 - any runtime failure degrades the tick, never the loop
+            out, model_ok = None, False
         if not model_ok:
             self.stats.model_errors += 1
         t2 = _perf_ns()
-        gate = self._gate(rows, finite, out if model_ok else None, pre_gate)
+        gate = self._gate(rows, finite, out if model_ok else None)
         t3 = _perf_ns()
         snaps = self._postprocess(rows, observations, finite, out if model_ok else None, gate, tick_index, tick_ns,
                                   lateness_ns)
@@ -412,34 +394,49 @@ class Executor:
         st.stage_ns[3] += t4 - t3
         return snaps
 
-    def _gate(self, rows: list[Session], finite: np.ndarray, out, pre_gate: list | None = None
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def propose(self, out: ModelOutputs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The model's proposal per row: (probabilities, top-1 index, its probability, top-1 minus
+        top-2 margin, controls clipped to the card's ranges)."""
+        n = len(out.logits)
+        z = out.logits * self._inv_temperature
+        z -= z.max(axis=1, keepdims=True)
+        probs = np.exp(z)
+        probs /= probs.sum(axis=1, keepdims=True)
+        top = np.argsort(-probs, axis=1, kind="stable")[:, :2]
+        top1 = probs[np.arange(n), top[:, 0]]
+        margin = top1 - probs[np.arange(n), top[:, 1]]
+        return probs, top[:, 0], top1, margin, np.clip(out.controls, self._ctrl_min, self._ctrl_max)
+
+    def reason_flags(self, finite: np.ndarray, model_ok: np.ndarray, age_ns: np.ndarray, plan_age_ns: np.ndarray,
+                     veto: np.ndarray, margin: np.ndarray) -> np.ndarray:
+        """Why each row's proposal is not to be trusted as it is, as REASON_BITS (the live tick and the
+        replay scan share this one definition); the safe-state machine may add FALLBACK/SAFE_DEFAULT."""
+        scored = finite & model_ok
+        flags = np.where(finite, 0, REASON_BITS[Reason.INVALID_INPUT])
+        flags |= np.where(model_ok, 0, REASON_BITS[Reason.MODEL_ERROR])
+        flags |= np.where(age_ns > self._max_age_ns, REASON_BITS[Reason.STALE_OBSERVATION], 0)
+        flags |= np.where(plan_age_ns > self._max_plan_age_ns, REASON_BITS[Reason.STALE_PLAN], 0)
+        flags |= np.where(veto, REASON_BITS[Reason.OOD_VETO], 0)
+        low = np.asarray(margin, np.float64) < self.config.min_margin  # float64, as the config states it
+        flags |= np.where(scored & low, REASON_BITS[Reason.LOW_MARGIN], 0)
+        return flags
+
+    def _gate(self, rows: list[Session], finite: np.ndarray, out) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(score, threshold, veto) per row, scored on this tick's own features: a veto is never a tick
         late. With several gates, any veto counts and the row reports the gate nearest its threshold."""
         if not self._gate_runs:
             return None
         n = len(rows)
         slots = np.fromiter((s.slot for s in rows), np.int64, n)
-        best_ratio = np.full(n, -np.inf)
-        score, threshold = np.zeros(n), np.zeros(n)
-        veto = np.zeros(n, bool)
-        for j, run in enumerate(self._gate_runs):
-            if pre_gate is not None:  # scored ahead of time; the sequential filter still runs here
-                run_score, flags = pre_gate[j]
-                alarm = run.monitor.filter.update(flags.exceed, immediate=flags.immediate, slots=slots)
-            else:
-                feats = run.features[:n]
-                no_model = np.zeros(n, bool) if out is not None else np.ones(n, bool)
-                _fill_gate_features(run.source, feats, self._x[:n],
-                                    out.decision_vector if out is not None else None, ~finite | no_model)
-                step = run.monitor.step(feats, slots)
-                run_score, alarm = step.score, step.alarm
-            veto |= alarm
-            ratio = run_score / run.threshold
-            take = ratio > best_ratio
-            best_ratio = np.where(take, ratio, best_ratio)
-            score = np.where(take, run_score, score)
-            threshold = np.where(take, run.threshold, threshold)
+        per_gate = []
+        for run in self._gate_runs:
+            feats = run.features[:n]
+            no_model = np.zeros(n, bool) if out is not None else np.ones(n, bool)
+            _fill_gate_features(run.source, feats, self._x[:n],
+                                out.decision_vector if out is not None else None, ~finite | no_model)
+            step = run.monitor.step(feats, slots)
+            per_gate.append((step.score, step.alarm, run.threshold))
+        score, threshold, veto = nearest_gate(per_gate)
         frozen = self._frozen[:n]
         frozen[:] = False
         if self._freeze is not None:
@@ -452,40 +449,27 @@ class Executor:
                      lateness_ns: int) -> list[Snapshot]:
         n = len(rows)
         if out is not None:
-            z = out.logits * self._inv_temperature
-            z -= z.max(axis=1, keepdims=True)
-            probs = np.exp(z)
-            probs /= probs.sum(axis=1, keepdims=True)
-            top = np.argsort(-probs, axis=1, kind="stable")[:, :2]
-            top1 = probs[np.arange(n), top[:, 0]]
-            margin = top1 - probs[np.arange(n), top[:, 1]]
-            controls = np.clip(out.controls, self._ctrl_min, self._ctrl_max)
+            probs, top, top1, margin, controls = self.propose(out)
+        else:
+            margin = np.zeros(n, np.float32)
+        ages = np.fromiter((tick_ns - (obs.arrival_ns if s.clock is Clock.REALTIME else obs.timestamp_ns)
+                            for s, obs in zip(rows, observations)), np.int64, n)
+        np.maximum(ages, 0, out=ages)
+        plan_ages = np.fromiter(((tick_ns - s.plan_created_ns) if s.plan_id else 0 for s in rows), np.int64, n)
+        flags = self.reason_flags(finite, np.full(n, out is not None), ages, plan_ages,
+                                  gate[2] if gate is not None else np.zeros(n, bool), margin)
         empty = np.zeros(0, np.float32)
         lateness_us = max(0, lateness_ns) // 1000
         snaps = []
         for i, s in enumerate(rows):
             obs = observations[i]
-            age = tick_ns - (obs.arrival_ns if s.clock is Clock.REALTIME else obs.timestamp_ns)
-            age = max(age, 0)
-            reasons: list[Reason] = []
-            if not finite[i]:
-                reasons.append(Reason.INVALID_INPUT)
-            if out is None:
-                reasons.append(Reason.MODEL_ERROR)
-            if age > self._max_age_ns:
-                reasons.append(Reason.STALE_OBSERVATION)
-            plan_age = (tick_ns - s.plan_created_ns) if s.plan_id else 0
-            if plan_age > self._max_plan_age_ns:
-                reasons.append(Reason.STALE_PLAN)
-            if gate is not None and gate[2][i]:
-                reasons.append(Reason.OOD_VETO)
+            age, plan_age = int(ages[i]), int(plan_ages[i])
+            reasons = list(REASONS_OF_FLAGS[flags[i]])
             scored = out is not None and finite[i]
             if scored:
-                idx = int(top[i, 0])
+                idx = int(top[i])
                 prop_probs, prop_controls = probs[i].copy(), controls[i].copy()
                 conf, marg = float(top1[i]), float(margin[i])
-                if marg < self.config.min_margin:
-                    reasons.append(Reason.LOW_MARGIN)
             else:
                 idx, prop_probs, prop_controls, conf, marg = -1, empty, empty, 0.0, 0.0
             proposal = AppliedAction(idx, self._actions[idx], prop_controls) if scored else None

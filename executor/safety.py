@@ -22,6 +22,7 @@ Times are tick times, so LOCKSTEP runs reproduce every transition exactly.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -178,17 +179,26 @@ class SafetyMachine:
             return applied
         lk = self.config.lane_keeping
         speed = mem.trusted_speed
-        if self._features is not None and np.isfinite(self._features[self._lane[3]]):
-            speed = max(speed, float(self._features[self._lane[3]]))
+        if self._features is not None and math.isfinite(measured := float(self._features[self._lane[3]])):
+            speed = max(speed, measured)
         if speed < 1.0:
             return applied
-        limit = float(np.arctan(lk.wheelbase_m * lk.max_lateral_accel / (speed * speed)))
+        limit = math.atan(lk.wheelbase_m * lk.max_lateral_accel / (speed * speed))
         steer = float(applied.controls[self._steer])
         if abs(steer) <= limit:
             return applied
         controls = applied.controls.copy()
-        controls[self._steer] = np.clip(steer, -limit, limit)
+        controls[self._steer] = min(max(steer, -limit), limit)
         return AppliedAction(applied.index, applied.name, controls)
+
+    def trust_run(self, mem: SafetyMemory, proposals: list[AppliedAction], features: list[np.ndarray]) -> None:
+        """What a run of clean NOMINAL ticks leaves in memory, given the run's last proposals (and
+        their ticks' inputs): only the newest rollback_ticks + 1 of them can matter (replay scan)."""
+        mem.abstain_since_ns = None
+        for proposal, x in zip(proposals[-(self.config.rollback_ticks + 1):],
+                               features[-(self.config.rollback_ticks + 1):]):
+            self._features = x
+            self._trust(mem, proposal)
 
     def _trust(self, mem: SafetyMemory, proposal: AppliedAction) -> None:
         """A NOMINAL tick: remember its action, and the road's curvature while inputs are trusted."""
@@ -215,13 +225,13 @@ class SafetyMachine:
         if self._lane is None:
             return None, self._features is not None and bool(np.isfinite(self._features).all())
         lk = self.config.lane_keeping
-        steer = float(np.arctan(lk.wheelbase_m * mem.trusted_curvature))
+        steer = math.atan(lk.wheelbase_m * mem.trusted_curvature)
         x = self._features
         if x is not None:
             offset, heading, _, speed = (float(x[i]) for i in self._lane)
-            if np.isfinite(offset) and np.isfinite(heading) and np.isfinite(speed):
-                correction = -heading - float(np.arctan(lk.gain * offset / max(speed, 1.0)))
-                return steer + float(np.clip(correction, -lk.max_correction_rad, lk.max_correction_rad)), True
+            if math.isfinite(offset) and math.isfinite(heading) and math.isfinite(speed):
+                correction = -heading - math.atan(lk.gain * offset / max(speed, 1.0))
+                return steer + min(max(correction, -lk.max_correction_rad), lk.max_correction_rad), True
         return steer, False
 
     def _hold(self, mem: SafetyMemory, reasons: list[Reason]) -> AppliedAction:

@@ -164,6 +164,23 @@ class KOfNFilter(_SlotFilter):
     def reset(self, slot: int | np.ndarray) -> None:
         self._bits[slot] = 0
 
+    def scan(self, exceed: np.ndarray, immediate: np.ndarray | None, slot: int) -> np.ndarray:
+        """``update`` of one slot over many consecutive ticks (replay), vectorised: the alarm per
+        tick, and the slot's window left as tick-by-tick updates would leave it."""
+        e = np.asarray(exceed, dtype=bool)
+        if e.size == 0:
+            return np.zeros(0, dtype=bool)
+        n, bits = self.settings.n, int(self._bits[slot])
+        # the n - 1 ticks before this scan, oldest first (bit 0 is the newest), then the new ones
+        seq = np.concatenate([[(bits >> j) & 1 for j in range(n - 2, -1, -1)], e]).astype(np.int64)
+        total = np.concatenate([[0], np.cumsum(seq)])
+        alarm = (total[n:] - total[:-n]) >= self._k  # windows ending at each new tick
+        if immediate is not None:
+            alarm |= np.asarray(immediate, dtype=bool)
+        last = seq[-n:][::-1]  # newest first
+        self._bits[slot] = np.uint64(sum(int(b) << j for j, b in enumerate(last)))
+        return alarm
+
 
 class CusumFilter(_SlotFilter):
     """Bernoulli CUSUM on exceedances: +1 per exceeding tick, -down per clean tick."""
@@ -198,6 +215,21 @@ class CusumFilter(_SlotFilter):
 
     def reset(self, slot: int | np.ndarray) -> None:
         self._stat[slot] = 0.0
+
+    def scan(self, exceed: np.ndarray, immediate: np.ndarray | None, slot: int) -> np.ndarray:
+        """``update`` of one slot over many consecutive ticks (replay): the alarm per tick, and the
+        slot's statistic left as tick-by-tick updates would leave it. The recursion clips, so it is
+        a plain loop over Python floats (same float64 arithmetic as ``update``)."""
+        s, down, cap, level = float(self._stat[slot]), self._down, self._cap, self._alarm_level
+        out = []
+        for e in np.asarray(exceed, dtype=bool).tolist():
+            s = min(max(s + (1.0 if e else down), 0.0), cap)
+            out.append(s >= level)
+        self._stat[slot] = s
+        alarm = np.array(out, dtype=bool)
+        if immediate is not None:
+            alarm |= np.asarray(immediate, dtype=bool)
+        return alarm
 
     @property
     def statistic(self) -> np.ndarray:

@@ -33,6 +33,27 @@ class FreezeDetector:
         self._last[slots[fresh]] = x[fresh]
         return count >= self.repeats
 
+    def scan(self, x: np.ndarray, slot: int, fresh: np.ndarray) -> np.ndarray:
+        """``update`` of one slot over many consecutive ticks (replay), vectorised: x (ticks, dim),
+        fresh (ticks,). Returns the alarm per tick; leaves the slot as tick-by-tick updates would."""
+        fresh = np.asarray(fresh, dtype=bool)
+        at = np.flatnonzero(fresh)
+        if at.size == 0:
+            return np.full(len(x), self._count[slot] >= self.repeats)
+        xf = x[at]
+        same = np.all(xf == np.vstack([self._last[slot][None], xf[:-1]]), axis=1)
+        # count at the j-th fresh tick: fresh ticks since the last one that differed, or, before
+        # any difference, the slot's old count plus the run so far
+        j = np.arange(at.size)
+        last_reset = np.maximum.accumulate(np.where(same, -1, j))
+        count_f = np.where(last_reset >= 0, j - last_reset, self._count[slot] + j + 1)
+        # a tick that reuses an observation keeps the count of the last fresh tick before it
+        latest = np.searchsorted(at, np.arange(len(x)), side="right") - 1
+        count = np.where(latest >= 0, count_f[np.maximum(latest, 0)], self._count[slot])
+        self._count[slot] = count_f[-1]
+        self._last[slot] = xf[-1]
+        return count >= self.repeats
+
     def reset(self, slot: int) -> None:
         self._last[slot] = np.nan
         self._count[slot] = 0

@@ -6,10 +6,10 @@ import pytest
 from controller.fleet import RAY_MISSING, replay_many
 from controller.logfile import read_log
 from controller.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
-from controller.replay import _observations, build_executor, executor_config_for, replay_log, run_replay, tick_inputs
+from controller.replay import _observations, build_executor, executor_config_for, replay_log, run_replay
 from controller.replay_report import format_report
 from controller.wire import snapshot_to_proto, without_wall_clock
-from executor.core import PrecomputedMismatch
+from executor.core import InvalidObservation
 from test_replay_data import FIXTURE, slice_log, synthetic_log
 
 
@@ -72,6 +72,22 @@ def test_fast_replay_equals_plain_lockstep(tmp_path, model, gates):
     assert len({s.plan_id for s in runs[0]}) > 5
 
 
+@pytest.mark.parametrize("rate_hz", [200.0, 150.0])
+def test_fast_replay_equals_plain_through_every_fault(tmp_path, rate_hz):
+    log = synthetic_log(tmp_path / "faults.mcap", seconds=5.0, rate_hz=rate_hz, faults=True)
+    obs = _observations(read_log(log))
+    runs = []
+    for fast in (True, False):
+        ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(read_log(log).header))
+        runs.append(run_replay(ex, "s", obs, fast=fast)[0])
+    _assert_same(*runs)
+    seen = {r.name for s in runs[1] for r in s.reasons} | {s.safety_state.name for s in runs[1]}
+    assert seen >= {"OOD_VETO", "INVALID_INPUT", "STALE_OBSERVATION", "STALE_PLAN", "FALLBACK",
+                    "VETO_HOLD", "FALLBACK_ACTIVE", "RECOVERING", "NOMINAL"}, seen
+    assert [s.observations_dropped for s in runs[0]] == [s.observations_dropped for s in runs[1]]
+    assert [s.plan_age_ns for s in runs[0]] == [s.plan_age_ns for s in runs[1]]
+
+
 def test_fast_replay_equals_plain_on_the_real_drive(fixture_replay):
     data = read_log(FIXTURE)
     ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(data.header))
@@ -81,16 +97,14 @@ def test_fast_replay_equals_plain_on_the_real_drive(fixture_replay):
            [s.applied.index for s in fixture_replay.snapshots[:50]]
 
 
-def test_wrong_precomputed_inputs_raise():
+def test_fast_replay_refuses_what_a_live_session_refuses():
     data = read_log(FIXTURE)
     obs = _observations(data)[:20]
+    obs[7].timestamp_ns = obs[6].timestamp_ns  # time must strictly increase
     ex = build_executor(TEST_MODEL_PATH, (), executor_config_for(data.header))
-    feats, plan = tick_inputs(ex, obs)
-    pre = ex.precompute(feats[::-1].copy(), plan)
-    ex.open_session("s", shadow=True, clock=2)
-    with pytest.raises(PrecomputedMismatch):
-        for o in obs:
-            ex.advance_lockstep("s", o, pre)
+    with pytest.raises(InvalidObservation, match=f"observation seq {obs[7].seq} has timestamp"):
+        run_replay(ex, "s", obs, fast=True)
+    assert "s" not in ex.sessions  # closed again
 
 
 def test_replay_many_with_a_process_pool(tmp_path):

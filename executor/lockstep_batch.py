@@ -1,0 +1,296 @@
+"""A whole LOCKSTEP session in one pass (replay): the decisions of `advance_lockstep`, ~100x faster.
+
+Replay inputs never depend on the controller's outputs, so a tick's memoryless work (validation, the
+forward pass, gate scores, probabilities, reason flags, the input hash) is done once per observation,
+vectorised, and gathered onto the tick grid. What has memory runs as scans over the ticks: each
+gate's sequential filter and the freeze check (their `scan` methods in ood/), and the safe-state
+machine, which is stepped tick by tick only where something happens (a tick with a reason, or any
+state but NOMINAL). A stretch of clean NOMINAL ticks applies the model's proposals as they are, and
+leaves the machine's memory as stepping through it would (`SafetyMachine.trust_run`).
+
+`advance_lockstep` stays the reference: tests compare both paths tick by tick, on logs with faults,
+gaps, plan changes and off-grid observations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from executor.snapshot import AppliedAction, Observation, Reason, SafetyState, Snapshot, StageTimings
+
+if TYPE_CHECKING:
+    from executor.core import Executor, Session
+
+
+@dataclass
+class TickTable:
+    """One LOCKSTEP session's ticks as columns, row k = tick k; `snapshots()` gives the Snapshots."""
+
+    session_id: str
+    shadow: bool
+    model_version: str
+    actions: list[str]
+    observations: Sequence[Observation]
+    tick_ns: np.ndarray  # (T,) int64 scheduled time
+    obs_index: np.ndarray  # (T,) the observation each tick used
+    age_ns: np.ndarray  # (T,) int64
+    plan_id: list[str]  # per observation: the plan in force from it on
+    plan_age_ns: np.ndarray  # (T,) int64
+    scored: np.ndarray  # (T,) bool: finite input and a working model
+    proposed: np.ndarray  # (T,) int64 action index
+    probabilities: np.ndarray  # (T, actions) float32
+    proposed_controls: np.ndarray  # (T, controls) float32
+    confidence: np.ndarray  # (T,) float32
+    margin: np.ndarray  # (T,) float32
+    applied: np.ndarray  # (T,) int64 action index
+    applied_controls: np.ndarray  # (T, controls) float32
+    reasons: list[tuple[Reason, ...]]
+    safety_state: np.ndarray  # (T,) int64 SafetyState values
+    input_hash: np.ndarray  # (T,) uint64
+    gate_score: np.ndarray | None  # (T,) float64; None without gates
+    gate_threshold: np.ndarray | None
+    gate_veto: np.ndarray  # (T,) bool
+    observations_dropped: np.ndarray  # (T,) int64
+    decision_vector: np.ndarray | None  # (T, dim) when the session asked for it
+
+    def __len__(self) -> int:
+        return len(self.tick_ns)
+
+    def snapshots(self) -> list[Snapshot]:
+        # Rows of the table's arrays are handed out as views: nothing reuses them (a live tick copies
+        # out of its reused buffers instead).
+        empty = np.zeros(0, np.float32)
+        states = {int(s): s for s in SafetyState}
+        timings = StageTimings()  # wall-clock by nature; a replay has none per tick
+        names, obs_all = self.actions, self.observations
+        gate = self.gate_score is not None
+        out = []
+        for k in range(len(self.tick_ns)):
+            obs = obs_all[self.obs_index[k]]
+            scored = bool(self.scored[k])
+            idx = int(self.proposed[k]) if scored else -1
+            applied = int(self.applied[k])
+            out.append(Snapshot(
+                session_id=self.session_id, tick=k, scheduled_time_ns=int(self.tick_ns[k]), emit_time_ns=0,
+                lateness_us=0, observation_seq=obs.seq, observation_age_ns=int(self.age_ns[k]),
+                model_version=self.model_version, proposed_index=idx, proposed_name=names[idx] if scored else "",
+                probabilities=self.probabilities[k] if scored else empty,
+                proposed_controls=self.proposed_controls[k] if scored else empty,
+                confidence=float(self.confidence[k]) if scored else 0.0,
+                margin=float(self.margin[k]) if scored else 0.0,
+                applied=AppliedAction(applied, names[applied], self.applied_controls[k]),
+                reasons=self.reasons[k], safety_state=states[int(self.safety_state[k])],
+                input_hash=int(self.input_hash[k]), timings=timings, shadow=self.shadow,
+                plan_id=self.plan_id[self.obs_index[k]], plan_age_ns=int(self.plan_age_ns[k]),
+                decision_vector=self.decision_vector[k] if self.decision_vector is not None else None,
+                observations_dropped=int(self.observations_dropped[k]),
+                actual_index=obs.actual_index, actual_controls=obs.actual_controls,
+                gate_score=float(self.gate_score[k]) if gate else None,
+                gate_threshold=float(self.gate_threshold[k]) if gate else None,
+                gate_veto=bool(self.gate_veto[k]),
+            ))
+        return out
+
+
+def run_lockstep(ex: Executor, session: Session, observations: Sequence[Observation]) -> TickTable:
+    if session.last_timestamp_ns is not None or session.lockstep_tick:
+        raise ValueError(f"session {session.session_id!r} has ticked already; run_lockstep needs a new session")
+    feats, ts = _validate(ex, session, observations)
+    n_obs, period = len(observations), ex.period_ns
+    # The grid: a tick every period from the first timestamp; each uses the newest observation at or
+    # before its time (as advance_lockstep: ticks strictly before an observation use the previous one).
+    n_ticks = int((ts[-1] - ts[0]) // period) + 1
+    tick_ns = ts[0] + np.arange(n_ticks, dtype=np.int64) * period
+    which = np.searchsorted(ts, tick_ns, side="right") - 1
+    fresh = np.ones(n_ticks, bool)
+    fresh[1:] = which[1:] != which[:-1]
+    used = np.zeros(n_obs, bool)
+    used[which] = True
+    # an observation is dropped when a newer one arrives before any tick used it
+    dropped_before = np.cumsum(~used)
+    plans, plan_ids, plan_created = _plans(ex, observations)
+
+    # -- memoryless, once per observation ticks used --
+    rows = np.flatnonzero(used)
+    x, p = feats[rows], plans[rows]
+    xn, pn, finite = ex.normalisation.apply(x, p)
+    try:
+        out = ex.model.forward(xn, pn)
+        model_ok = np.isfinite(out.logits).all(axis=1) & np.isfinite(out.controls).all(axis=1)
+    except Exception:  # noqa: BLE001 - as in a live tick: every tick degrades to MODEL_ERROR
+        out, model_ok = None, np.zeros(len(rows), bool)
+    n_act, n_ctl = len(ex.card.actions), len(ex.card.controls)
+    if out is not None:
+        probs, top, top1, margin, controls = ex.propose(out)
+    else:
+        probs, controls = np.zeros((len(rows), n_act), np.float32), np.zeros((len(rows), n_ctl), np.float32)
+        top, top1, margin = np.zeros(len(rows), np.int64), np.zeros(len(rows), np.float32), np.zeros(len(rows), np.float32)
+    gate_rows = _gate_scores(ex, x, out, finite, model_ok)
+    hashes = np.fromiter((_input_hash(x[i], p[i]) for i in range(len(rows))), np.uint64, len(rows))
+
+    # -- onto the tick grid --
+    r = np.searchsorted(rows, which)  # row of each tick's observation
+    age = tick_ns - ts[which]
+    has_plan = np.array([bool(plan_ids[i]) for i in range(n_obs)])[which]
+    plan_age = np.where(has_plan, tick_ns - plan_created[which], 0)
+    x_ticks = feats[which]
+    frozen = ex._freeze.scan(x_ticks, session.slot, fresh) if ex._freeze is not None else np.zeros(n_ticks, bool)
+    score, threshold, veto = _gate_scan(ex, session.slot, gate_rows, r)
+    veto |= frozen
+    flags = ex.reason_flags(finite[r], model_ok[r], age, plan_age, veto, margin[r])
+    scored = (finite & model_ok)[r]
+    applied, applied_controls, state, reasons = _safety_scan(ex, session, flags, scored, top[r], controls[r],
+                                                             tick_ns, x_ticks, frozen)
+
+    table = TickTable(
+        session_id=session.session_id, shadow=session.shadow, model_version=ex.card.version,
+        actions=list(ex.card.actions), observations=observations, tick_ns=tick_ns, obs_index=which, age_ns=age,
+        plan_id=plan_ids, plan_age_ns=plan_age, scored=scored, proposed=top[r], probabilities=probs[r],
+        proposed_controls=controls[r], confidence=top1[r], margin=margin[r], applied=applied,
+        applied_controls=applied_controls, reasons=reasons, safety_state=state, input_hash=hashes[r],
+        gate_score=score, gate_threshold=threshold, gate_veto=veto, observations_dropped=dropped_before[which],
+        decision_vector=out.decision_vector[r] if (session.include_decision_vector and out is not None) else None,
+    )
+    _leave_session(ex, session, observations, table, plans, plan_ids, plan_created, used)
+    ex.stats.model_errors += int(np.count_nonzero(~model_ok[r]))
+    return table
+
+
+def _validate(ex: Executor, session: Session, observations: Sequence[Observation]) -> tuple[np.ndarray, np.ndarray]:
+    """(features (N, F) float32, timestamps (N,)); vectorised checks, and on any failure the
+    observation-by-observation checks of advance_lockstep, which name the first bad one."""
+    if not observations:
+        raise ValueError("no observations to run")
+    n_feat, n_ctl, n_act = ex.model.n_features, len(ex.card.controls), len(ex.card.actions)
+    ts = np.fromiter((o.timestamp_ns for o in observations), np.int64, len(observations))
+    seq = np.fromiter((o.seq for o in observations), np.int64, len(observations))
+    actual = np.fromiter((o.actual_index for o in observations), np.int64, len(observations))
+    try:
+        feats = np.stack([o.features for o in observations]).astype(np.float32, copy=False)
+        ok = feats.shape[1:] == (n_feat,)
+    except ValueError:
+        feats, ok = np.zeros((0, n_feat), np.float32), False
+    ok = ok and seq[0] > session.last_seq and bool(np.all(np.diff(seq) > 0)) and bool(np.all(np.diff(ts) > 0))
+    ok = ok and bool(np.all((actual >= -1) & (actual < n_act)))
+    ok = ok and all(o.actual_controls is None or o.actual_controls.size in (0, n_ctl) for o in observations)
+    ok = ok and all(o.plan_values.shape == (ex.model.n_plan,) and np.isfinite(o.plan_values).all()
+                    for o in observations if o.plan_values is not None)
+    if ok:
+        # the grid position before each observation, as advance_lockstep keeps it
+        after = ts[0] + ((ts[:-1] - ts[0]) // ex.period_ns + 1) * ex.period_ns
+        next_tick = np.concatenate([ts[:1], after])
+        ok = bool(np.all((ts - next_tick) // ex.period_ns + 1 <= ex.max_lockstep_ticks))
+    if not ok:
+        scratch = replace(session)
+        for obs in observations:  # raises with the message a live session would get
+            ex.check_observation(scratch, obs)
+            ex.check_lockstep_time(scratch, obs)
+            period = ex.period_ns
+            start = obs.timestamp_ns if scratch.next_tick_ns is None else scratch.next_tick_ns
+            scratch.next_tick_ns = start + ((obs.timestamp_ns - start) // period + 1) * period
+            scratch.last_seq, scratch.last_timestamp_ns = obs.seq, obs.timestamp_ns
+        raise ValueError("observations failed a check that the per-observation checks accept (a bug)")
+    return feats, ts
+
+
+def _plans(ex: Executor, observations: Sequence[Observation]) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """The plan in force from each observation on (values, id, creation time): a client plan applies
+    from its observation's timestamp; a repeated plan id changes nothing."""
+    values = np.empty((len(observations), ex.model.n_plan), np.float32)
+    ids: list[str] = []
+    created = np.zeros(len(observations), np.int64)
+    current, plan_id, since = ex._plan_default, "", 0
+    for i, o in enumerate(observations):
+        if o.plan_values is not None and not (o.plan_id and o.plan_id == plan_id):
+            current, plan_id, since = o.plan_values, o.plan_id, o.timestamp_ns
+        values[i] = current
+        ids.append(plan_id)
+        created[i] = since
+    return values, ids, created
+
+
+def _input_hash(x: np.ndarray, p: np.ndarray) -> int:
+    digest = hashlib.blake2b(x.tobytes(), digest_size=8)
+    digest.update(p.tobytes())
+    return int.from_bytes(digest.digest(), "little")
+
+
+def _gate_scores(ex: Executor, x: np.ndarray, out, finite: np.ndarray, model_ok: np.ndarray) -> list:
+    """Per gate: (score, flags) for each observation row, scored as a live tick would score it."""
+    from executor.core import _fill_gate_features
+    from ood.score import score_in_chunks
+
+    results = []
+    for run in ex._gate_runs:
+        feats = np.empty((len(x), run.features.shape[1]), np.float32)
+        _fill_gate_features(run.source, feats, x, out.decision_vector if out is not None else None,
+                            ~finite | ~model_ok)
+        results.append(score_in_chunks(run.monitor.scorer, feats))
+    return results
+
+
+def _gate_scan(ex: Executor, slot: int, gate_rows: list, r: np.ndarray
+               ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
+    """(score, threshold, veto) per tick: each gate's sequential filter scanned over the ticks."""
+    from executor.core import nearest_gate
+
+    if not ex._gate_runs:
+        return None, None, np.zeros(len(r), bool)
+    per_gate = [(score[r], run.monitor.filter.scan(flags.exceed[r], flags.immediate[r], slot), run.threshold)
+                for run, (score, flags) in zip(ex._gate_runs, gate_rows)]
+    return nearest_gate(per_gate)
+
+
+def _safety_scan(ex: Executor, session: Session, flags: np.ndarray, scored: np.ndarray, top: np.ndarray,
+                 controls: np.ndarray, tick_ns: np.ndarray, x: np.ndarray, frozen: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[Reason, ...]]]:
+    from executor.core import REASONS_OF_FLAGS
+
+    n = len(flags)
+    applied = top.astype(np.int64, copy=True)
+    applied_controls = controls.astype(np.float32, copy=True)
+    state = np.full(n, int(SafetyState.NOMINAL), np.int64)
+    reasons = [REASONS_OF_FLAGS[f] for f in flags.tolist()]
+    names, mem, machine = ex.card.actions, session.safety, ex.safety
+    keep = machine.config.rollback_ticks + 1
+    events = np.flatnonzero(flags)
+    t = 0
+    while t < n:
+        if mem.state is SafetyState.NOMINAL:
+            nxt = events[np.searchsorted(events, t)] if events.size and events[-1] >= t else n
+            if nxt > t:  # clean NOMINAL ticks: the proposals apply as they are (filled above)
+                last = range(max(t, nxt - keep), nxt)
+                machine.trust_run(mem, [AppliedAction(int(top[k]), names[top[k]], controls[k].copy()) for k in last],
+                                  [x[k] for k in last])
+                t = nxt
+                continue
+        tick_reasons = list(reasons[t])
+        proposal = AppliedAction(int(top[t]), names[top[t]], controls[t].copy()) if scored[t] else None
+        action, st = machine.decide(mem, int(tick_ns[t]), tick_reasons, proposal, None if frozen[t] else x[t])
+        applied[t], applied_controls[t], state[t] = action.index, action.controls, int(st)
+        reasons[t] = tuple(tick_reasons)
+        t += 1
+    return applied, applied_controls, state, reasons
+
+
+def _leave_session(ex: Executor, session: Session, observations: Sequence[Observation], table: TickTable,
+                   plans: np.ndarray, plan_ids: list[str], plan_created: np.ndarray, used: np.ndarray) -> None:
+    """The session as advance_lockstep would have left it, so live ticks may continue from here."""
+    last = observations[-1]
+    n_ticks = len(table)
+    session.last_seq, session.last_timestamp_ns = last.seq, last.timestamp_ns
+    session.lockstep_tick = n_ticks
+    session.next_tick_ns = int(table.tick_ns[-1]) + ex.period_ns
+    session.ticks += n_ticks
+    session.current = observations[int(table.obs_index[-1])]
+    session.pending = None if used[-1] else last
+    session.observations_dropped = int(np.count_nonzero(~used[:-1]))
+    session.plan[:] = plans[-1]
+    session.plan_id, session.plan_created_ns = plan_ids[-1], int(plan_created[-1])
+    ex.stats.ticks += n_ticks
+    ex.stats.rows += n_ticks

@@ -1,0 +1,61 @@
+"""The replay scans (one slot over many ticks) equal tick-by-tick updates, alarms and final state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ood.filter import CusumFilter, CusumSettings, KOfNFilter, KOfNSettings
+from ood.freeze import FreezeDetector
+
+
+def _bursty(rng: np.random.Generator, n: int, p: float) -> np.ndarray:
+    # runs of exceedances as well as isolated ones, so windows fill up and drain
+    base = rng.random(n) < p
+    return base | np.convolve(rng.random(n) < p / 4, np.ones(6))[:n].astype(bool)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: KOfNFilter(KOfNSettings(3, 5), 4),
+    lambda: KOfNFilter(KOfNSettings(1, 1), 4),
+    lambda: KOfNFilter(KOfNSettings(7, 64), 4),
+    lambda: CusumFilter(CusumSettings(3.0, 0.5), 4),
+    lambda: CusumFilter(CusumSettings(2.5, 0.3, cap=6.0), 4),
+])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_filter_scan_equals_updates(make, seed):
+    rng = np.random.default_rng(seed)
+    stepped, scanned = make(), make()
+    slot, seen = 2, []
+    for length in (1, 3, 200, 1, 57):  # consecutive scans continue from each other's state
+        exceed = _bursty(rng, length, 0.1)
+        immediate = rng.random(length) < 0.02
+        expected = np.array([stepped.update(exceed[i:i + 1], immediate[i:i + 1], np.array([slot]))[0]
+                             for i in range(length)])
+        got = scanned.scan(exceed, immediate, slot)
+        assert got.tolist() == expected.tolist()
+        seen += got.tolist()
+    assert any(seen) and not all(seen)
+    state = "_bits" if isinstance(stepped, KOfNFilter) else "_stat"
+    assert getattr(scanned, state).tolist() == getattr(stepped, state).tolist()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_freeze_scan_equals_updates(seed):
+    rng = np.random.default_rng(seed)
+    dim, slot = 5, 1
+    stepped, scanned = FreezeDetector(3, dim, repeats=2), FreezeDetector(3, dim, repeats=2)
+    seen = []
+    for length in (1, 300, 40):
+        x = rng.normal(size=(length, dim)).astype(np.float32)
+        for start in rng.integers(0, length, size=length // 20):  # frozen stretches
+            x[start:start + rng.integers(2, 12)] = x[start]
+        x[rng.random(length) < 0.01] = np.nan
+        fresh = rng.random(length) < 0.6
+        expected = np.array([stepped.update(x[i:i + 1], np.array([slot]), fresh[i:i + 1])[0] for i in range(length)])
+        got = scanned.scan(x, slot, fresh)
+        assert got.tolist() == expected.tolist()
+        seen += got.tolist()
+    assert any(seen) and not all(seen)
+    assert scanned._count.tolist() == stepped._count.tolist()
+    np.testing.assert_array_equal(scanned._last, stepped._last)
