@@ -79,6 +79,14 @@ def _bench(args: argparse.Namespace) -> int:
         bench_planner(args.model, args.sessions if args.sessions != 8 else 32, args.duration, args.out, args.guard_ms,
                       args.realtime_priority or None, planner="behaviour", console=console)
         return 0
+    if args.what == "replay":
+        from controller.bench_replay import bench_replay
+        from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
+
+        model = BASE_MODEL_PATH if args.model == TEST_MODEL_PATH else args.model
+        bench_replay(model, tuple(args.gate) if args.gate else DEFAULT_GATES, out_dir=args.out,
+                     seconds=min(args.duration, 60.0), console=console)
+        return 0
     if args.what == "gate":
         from controller.bench_gate import bench_gate
         from controller.gate_tools import load_gate_for_model
@@ -163,8 +171,12 @@ def _replay(args: argparse.Namespace) -> int:
         return 0
     from controller.fleet import replay_many
 
-    fleet = replay_many(args.logs, args.model, gates, workers=args.workers, use_ray=args.ray,
-                        out_dir=args.out or Path("runs/replay"))
+    try:
+        fleet = replay_many(args.logs, args.model, gates, workers=args.workers, use_ray=args.ray,
+                            out_dir=args.out or Path("runs/replay"))
+    except RuntimeError as err:  # Ray missing or no cluster: the message says what to do
+        console.print(f"[red]error:[/] {err}", highlight=False)
+        return 2
     console.print(f"replayed {len(fleet.reports)} logs ({fleet.ticks} ticks), {len(fleet.errors)} failed; top-1 "
                   f"agreement with the actual actions {fleet.agreement_top1:.3f}; gate vetoed "
                   f"{fleet.gate_veto_fraction * 100:.1f}% of ticks", highlight=False)
@@ -258,9 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_make_test_model)
 
     p = sub.add_parser("bench", help="benchmarks that print numbers")
-    p.add_argument("what", choices=["tick", "sim", "gate", "planner"], help="tick: executor timing under gRPC load; "
-                   "sim: simulator steps per second next to highway-env; gate: gate cost next to the forward pass; "
-                   "planner: tick lateness with the behaviour planner busy on 32 sessions vs idle")
+    p.add_argument("what", choices=["tick", "sim", "gate", "planner", "replay"],
+                   help="tick: executor timing under gRPC load; sim: simulator steps per second next to highway-env; "
+                   "gate: gate cost next to the forward pass; planner: tick lateness with the behaviour planner busy "
+                   "on 32 sessions vs idle; replay: 60 s logs replayed, x real time on one core vs the per-tick path")
     p.add_argument("--gate", type=Path, action="append", help="gate file (bench gate); repeat for several")
     p.add_argument("--model", type=Path, default=TEST_MODEL_PATH)
     p.add_argument("--sessions", type=int, default=8)
@@ -299,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gate", action="store_true")
     p.add_argument("--out", type=Path, help="one log: the new log's path; many: a folder")
     p.add_argument("--workers", type=int, help="process pool size for many logs (default: the cores)")
-    p.add_argument("--ray", action="store_true", help="distribute with Ray (pip install 'dualloop[ray]')")
+    p.add_argument("--ray", action="store_true", help="distribute over an existing Ray cluster (RAY_ADDRESS or `ray start --head`; pip install 'dualloop[ray]')")
     p.set_defaults(fn=_replay)
 
     p = sub.add_parser("diff", help="compare two logs of the same input; non-zero exit beyond tolerance")

@@ -1,6 +1,6 @@
 """Replay many logs at once: a process pool by default (one log per task, each on its own core),
-or Ray across machines when asked (`pip install 'dualloop[ray]'`). Workers return plain report
-dicts; the parent aggregates them."""
+or an existing Ray cluster when asked (`pip install 'dualloop[ray]'`, `--ray`). Workers return
+plain report dicts; the parent aggregates them, with progress either way."""
 
 from __future__ import annotations
 
@@ -41,10 +41,13 @@ class FleetResult:
 
 
 def _replay_one(log: str, model: str, gates: list[str], out_dir: str | None) -> dict:
+    from threadpoolctl import threadpool_limits
+
     from controller.replay import replay_log  # imported in the worker: spawn starts a clean interpreter
 
     out = str(Path(out_dir) / f"{Path(log).stem}.replay.mcap") if out_dir else None
-    return replay_log(log, model, gates, out_path=out).report.as_dict()
+    with threadpool_limits(1):  # one log per core: BLAS threads would only fight the other workers
+        return replay_log(log, model, gates, out_path=out).report.as_dict()
 
 
 def replay_many(paths: Sequence[str | Path], model: str | Path, gates: Sequence[str | Path] = (),
@@ -54,7 +57,7 @@ def replay_many(paths: Sequence[str | Path], model: str | Path, gates: Sequence[
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     if use_ray:
-        return _with_ray(*args)
+        return _with_ray(*args, progress=progress)
     return _with_pool(*args, workers=workers, progress=progress)
 
 
@@ -92,19 +95,23 @@ def _collect(futures: dict, result: FleetResult, progress: bool) -> None:
             bar.stop()
 
 
-def _with_ray(paths: list[str], model: str, gates: list[str], out_dir: str | None) -> FleetResult:
+def _with_ray(paths: list[str], model: str, gates: list[str], out_dir: str | None, progress: bool) -> FleetResult:
+    """One Ray task per log on an existing cluster (RAY_ADDRESS, or the one `ray start` left on this
+    machine). dualloop does not start a cluster itself: Ray's services listen on the network, and
+    nothing of ours binds beyond loopback unless the user chose it."""
     try:
         import ray
     except ImportError:
         raise RuntimeError(RAY_MISSING) from None
     if not ray.is_initialized():
-        ray.init()
-    remote = ray.remote(_replay_one)
-    refs = {remote.remote(p, model, gates, out_dir): p for p in paths}
-    result = FleetResult()
-    for ref, path in refs.items():
         try:
-            result.reports[path] = ray.get(ref)
-        except Exception as err:  # noqa: BLE001
-            result.errors[path] = f"{type(err).__name__}: {err}"
+            ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), log_to_driver=False)
+        except ConnectionError as err:
+            raise RuntimeError(f"--ray found no Ray cluster ({err}). Start one with `ray start --head` (its services "
+                               "listen on the network: see Ray's security notes) or set RAY_ADDRESS; without "
+                               "--ray, the logs are replayed by a local process pool.") from None
+    remote = ray.remote(num_cpus=1)(_replay_one)
+    futures = {remote.remote(p, model, gates, out_dir).future(): p for p in paths}
+    result = FleetResult()
+    _collect(futures, result, progress)
     return result

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from controller.shadow import ShadowAgreement
 from executor.snapshot import Snapshot
 
@@ -44,27 +46,31 @@ class ReplayReport:
 
 def summarise(snaps: Sequence[Snapshot], ex: Executor, observations: int, drive_s: float, source: Path,
               timings: dict[str, float]) -> ReplayReport:
-    actions = list(ex.card.actions)
-    agreement = ShadowAgreement(actions, len(ex.card.controls))
-    fresh = ShadowAgreement(actions, len(ex.card.controls))
-    reasons: Counter[str] = Counter()
-    last_seq = None
-    for s in snaps:
-        names = tuple(r.name for r in s.reasons)
-        reasons.update(names)
-        agreement.update(s.applied.index, s.applied.controls, s.actual_index, s.actual_controls,
-                         s.safety_state.name, names)
-        if s.observation_seq != last_seq:  # the first tick to use this observation
-            fresh.update(s.applied.index, s.applied.controls, s.actual_index, s.actual_controls,
-                         s.safety_state.name, names)
-            last_seq = s.observation_seq
+    actions, n_ctl = list(ex.card.actions), len(ex.card.controls)
+    applied = np.fromiter((s.applied.index for s in snaps), np.int64, len(snaps))
+    applied_controls = np.array([s.applied.controls for s in snaps], np.float64).reshape(len(snaps), n_ctl)
+    actual = np.fromiter((s.actual_index for s in snaps), np.int64, len(snaps))
+    missing = np.full(n_ctl, np.nan)
+    actual_controls = np.array([s.actual_controls if s.actual_controls is not None and s.actual_controls.size == n_ctl
+                                else missing for s in snaps], np.float64).reshape(len(snaps), n_ctl)
+    states = [s.safety_state.name for s in snaps]
+    names = [tuple(r.name for r in s.reasons) for s in snaps]
+    reasons = Counter(name for tick in names for name in tick)
+    agreement = ShadowAgreement(actions, n_ctl)
+    agreement.update_many(applied, applied_controls, actual, actual_controls, states, names)
+    # one tick per observation (the first to use it): agreement per sensor sample
+    seq = np.fromiter((s.observation_seq for s in snaps), np.int64, len(snaps))
+    first = np.flatnonzero(np.concatenate([[True], seq[1:] != seq[:-1]])) if len(snaps) else np.zeros(0, np.int64)
+    fresh = ShadowAgreement(actions, n_ctl)
+    fresh.update_many(applied[first], applied_controls[first], actual[first], actual_controls[first],
+                      [states[k] for k in first], [names[k] for k in first])
     vetoes = sum(s.gate_veto for s in snaps)
     compute = timings.get("compute_s", 0.0)
     return ReplayReport(
         source=str(source), model=f"{ex.card.name} {ex.card.version}", gates=[g.version_hash for g in ex.gates],
         observations=observations, ticks=len(snaps), drive_s=drive_s,
         applied=dict(Counter(s.applied.name for s in snaps)), proposed=dict(Counter(s.proposed_name or "-" for s in snaps)),
-        reasons=dict(reasons), safety_states=dict(Counter(s.safety_state.name for s in snaps)),
+        reasons=dict(reasons), safety_states=dict(Counter(states)),
         gate_veto_ticks=vetoes, gate_veto_fraction=vetoes / len(snaps) if snaps else 0.0,
         agreement=agreement.as_dict(), agreement_top1=agreement.agreement(),
         fresh_ticks=fresh.groups["all"].ticks if "all" in fresh.groups else 0,
@@ -87,9 +93,9 @@ def format_report(r: ReplayReport) -> str:
     lines = [
         f"replay of {r.source}", f"  model {r.model}; gates {', '.join(r.gates) or 'none'}",
         f"  {r.observations} observations, {r.ticks} ticks, {r.drive_s:.2f} s of drive",
-        f"  compute {t.get('compute_s', 0) * 1e3:.1f} ms (batched forward+gate scores "
-        f"{t.get('batched_forward_s', 0) * 1e3:.1f} ms, per-tick scan {t.get('scan_s', 0) * 1e3:.1f} ms): "
-        f"{r.speedup:.0f}x real time" + (f"; writing the log {t['write_s'] * 1e3:.1f} ms" if "write_s" in t else ""),
+        f"  replay {t.get('compute_s', 0) * 1e3:.1f} ms: {r.speedup:.0f}x real time (reading the log "
+        f"{t.get('load_s', 0) * 1e3:.0f} ms, snapshots {t.get('snapshots_s', 0) * 1e3:.0f} ms"
+        + (f", writing the log {t['write_s'] * 1e3:.0f} ms)" if "write_s" in t else ")"),
         f"  applied:  {_counts(r.applied)}", f"  proposed: {_counts(r.proposed)}",
         f"  reasons:  {_counts(r.reasons) or 'none'}", f"  safety:   {_counts(r.safety_states)}",
         f"  gate veto on {r.gate_veto_ticks} ticks ({100 * r.gate_veto_fraction:.1f}% of the drive looks out of distribution)",

@@ -8,6 +8,7 @@ is visible. Used live by the server (GetShadowStats) and offline by replay repor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,16 +44,48 @@ class ShadowAgreement:
         err = None
         if actual_controls is not None and actual_controls.size == self.n_controls:
             err = np.asarray(applied_controls, np.float64) - np.asarray(actual_controls, np.float64)
+        abs_err, sq_err = (np.abs(err), err * err) if err is not None else (None, None)
         for key in ("all", f"state:{state}", *(f"reason:{r}" for r in reasons)):
-            g = self.groups.get(key)
-            if g is None:
-                g = self.groups[key] = _Group(abs_err=np.zeros(self.n_controls), sq_err=np.zeros(self.n_controls))
-            g.ticks += 1
-            g.agreeing += agree
-            if err is not None:
-                g.with_controls += 1
-                g.abs_err += np.abs(err)
-                g.sq_err += err * err
+            self._add(key, 1, int(agree), int(err is not None), abs_err, sq_err)
+
+    def update_many(self, applied_index: np.ndarray, applied_controls: np.ndarray, actual_index: np.ndarray,
+                    actual_controls: np.ndarray, states: Sequence[str], reasons: Sequence[tuple[str, ...]]) -> None:
+        """`update` for many ticks at once (replay reports), vectorised over ticks: the same counts.
+        actual_controls is (ticks, n_controls) with a NaN row where the tick had none."""
+        has = np.asarray(actual_index) >= 0
+        self.without_actual += int(np.count_nonzero(~has))
+        rows = np.flatnonzero(has)
+        applied, actual = np.asarray(applied_index)[rows], np.asarray(actual_index)[rows]
+        scored = applied >= 0
+        np.add.at(self.confusion, (actual[scored], applied[scored]), 1)
+        agree = applied == actual
+        err = np.asarray(applied_controls, np.float64)[rows] - np.asarray(actual_controls, np.float64)[rows]
+        with_controls = np.isfinite(err).all(axis=1)
+        err[~with_controls] = 0.0
+        # every group a tick belongs to, first seen first (the order `update` would create them in)
+        first: dict[str, tuple[int, int]] = {}
+        members: dict[str, list[int]] = {}
+        for j, k in enumerate(rows.tolist()):
+            for rank, key in enumerate(("all", f"state:{states[k]}", *(f"reason:{r}" for r in reasons[k]))):
+                first.setdefault(key, (j, rank))
+                members.setdefault(key, []).append(j)
+        for key in sorted(first, key=first.__getitem__):
+            m = np.array(members[key])
+            e, w = err[m], with_controls[m]
+            self._add(key, len(m), int(np.count_nonzero(agree[m])), int(np.count_nonzero(w)),
+                      np.abs(e[w]).sum(axis=0), (e[w] * e[w]).sum(axis=0))
+
+    def _add(self, key: str, ticks: int, agreeing: int, with_controls: int, abs_err: np.ndarray | None,
+             sq_err: np.ndarray | None) -> None:
+        g = self.groups.get(key)
+        if g is None:
+            g = self.groups[key] = _Group(abs_err=np.zeros(self.n_controls), sq_err=np.zeros(self.n_controls))
+        g.ticks += ticks
+        g.agreeing += agreeing
+        if with_controls:
+            g.with_controls += with_controls
+            g.abs_err += abs_err
+            g.sq_err += sq_err
 
     def agreement(self, key: str = "all") -> float:
         g = self.groups.get(key)

@@ -14,7 +14,6 @@ a batch of one, so its output never depends on what other sessions happen to be 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from executor.model_card import Normalisation
 from executor.model_runner import DecisionModel, ModelOutputs
 from executor.safety import SafetyMachine, SafetyMemory
 from executor.snapshot import (AppliedAction, Clock, Observation, Reason, SafetyState, Snapshot,
-                               StageTimings)
+                               StageTimings, input_hashes)
 
 if TYPE_CHECKING:
     from executor.lockstep_batch import TickTable
@@ -458,6 +457,7 @@ class Executor:
         plan_ages = np.fromiter(((tick_ns - s.plan_created_ns) if s.plan_id else 0 for s in rows), np.int64, n)
         flags = self.reason_flags(finite, np.full(n, out is not None), ages, plan_ages,
                                   gate[2] if gate is not None else np.zeros(n, bool), margin)
+        hashes = input_hashes(self._x[:n], self._p[:n])
         empty = np.zeros(0, np.float32)
         lateness_us = max(0, lateness_ns) // 1000
         snaps = []
@@ -476,8 +476,6 @@ class Executor:
             # a frozen sensor's lane offset and heading must not steer the fallback
             applied, state = self.safety.decide(s.safety, tick_ns, reasons, proposal,
                                                 None if self._frozen[i] else self._x[i])
-            digest = hashlib.blake2b(self._x[i].tobytes(), digest_size=8)
-            digest.update(self._p[i].tobytes())
             s.ticks += 1
             snaps.append(Snapshot(
                 session_id=s.session_id, tick=tick_index, scheduled_time_ns=tick_ns, emit_time_ns=0,
@@ -486,7 +484,7 @@ class Executor:
                 proposed_name=self._actions[idx] if idx >= 0 else "", probabilities=prop_probs,
                 proposed_controls=prop_controls, confidence=conf, margin=marg, applied=applied,
                 reasons=tuple(reasons), safety_state=state,
-                input_hash=int.from_bytes(digest.digest(), "little"), timings=StageTimings(),
+                input_hash=int(hashes[i]), timings=StageTimings(),
                 shadow=s.shadow, plan_id=s.plan_id, plan_age_ns=plan_age,
                 decision_vector=out.decision_vector[i].copy() if (s.include_decision_vector and out is not None)
                 else None,

@@ -14,14 +14,13 @@ gaps, plan changes and off-grid observations.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from executor.snapshot import AppliedAction, Observation, Reason, SafetyState, Snapshot, StageTimings
+from executor.snapshot import AppliedAction, Observation, Reason, SafetyState, Snapshot, StageTimings, input_hashes
 
 if TYPE_CHECKING:
     from executor.core import Executor, Session
@@ -131,7 +130,7 @@ def run_lockstep(ex: Executor, session: Session, observations: Sequence[Observat
         probs, controls = np.zeros((len(rows), n_act), np.float32), np.zeros((len(rows), n_ctl), np.float32)
         top, top1, margin = np.zeros(len(rows), np.int64), np.zeros(len(rows), np.float32), np.zeros(len(rows), np.float32)
     gate_rows = _gate_scores(ex, x, out, finite, model_ok)
-    hashes = np.fromiter((_input_hash(x[i], p[i]) for i in range(len(rows))), np.uint64, len(rows))
+    hashes = input_hashes(x, p)
 
     # -- onto the tick grid --
     r = np.searchsorted(rows, which)  # row of each tick's observation
@@ -212,12 +211,6 @@ def _plans(ex: Executor, observations: Sequence[Observation]) -> tuple[np.ndarra
         ids.append(plan_id)
         created[i] = since
     return values, ids, created
-
-
-def _input_hash(x: np.ndarray, p: np.ndarray) -> int:
-    digest = hashlib.blake2b(x.tobytes(), digest_size=8)
-    digest.update(p.tobytes())
-    return int.from_bytes(digest.digest(), "little")
 
 
 def _gate_scores(ex: Executor, x: np.ndarray, out, finite: np.ndarray, model_ok: np.ndarray) -> list:

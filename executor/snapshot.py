@@ -101,3 +101,22 @@ class Snapshot:
     actual_index: int = -1  # shadow mode: what the vehicle did on this tick's observation
     actual_controls: np.ndarray | None = None
     extra: dict[str, float] = field(default_factory=dict)
+
+
+# Odd 64-bit multipliers, one per input word (grown on demand, from a fixed seed: hashes are stable).
+_HASH_MULTIPLIERS = np.random.default_rng(0x5EED_1A9).integers(0, 2**63, size=256, dtype=np.uint64) * 2 + 1
+
+
+def input_hashes(features: np.ndarray, plan: np.ndarray) -> np.ndarray:
+    """A 64-bit fingerprint of each row's exact inputs (float32 bit patterns of features and plan),
+    vectorised over rows so a live batch and a whole replay pay a handful of numpy calls. Rows that
+    differ in one word never collide (odd multipliers); a splitmix64 finaliser mixes the bits."""
+    words = np.concatenate([np.ascontiguousarray(features, np.float32).view(np.uint32),
+                            np.ascontiguousarray(plan, np.float32).view(np.uint32)], axis=1).astype(np.uint64)
+    h = words @ _HASH_MULTIPLIERS[:words.shape[1]]  # wraps modulo 2**64
+    h ^= h >> np.uint64(30)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    return h

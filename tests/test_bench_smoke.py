@@ -23,3 +23,14 @@ def test_bench_tick_reports_all_fields(tmp_path, test_model_path):
     assert len(result["sessions_detail"]) == 2
     for s in result["sessions_detail"]:
         assert s["snapshots_received"] > 200 and s["observations_sent"] > 200
+
+
+def test_bench_replay_reports_both_paths(tmp_path):
+    assert main(["bench", "replay", "--duration", "3", "--out", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("replay-*.json")
+    result = json.loads(result_file.read_text())
+    assert len(result["logs"]) == 2
+    for r in result["logs"].values():
+        assert r["ticks"] > 500 and r["same_decisions"]
+        assert r["fast_compute_ms"]["runs"] == 7 and r["fast_compute_ms"]["min"] <= r["fast_compute_ms"]["median"]
+        assert r["speedup_median"] > 0 and r["reference_compute_ms"] > 0 and r["end_to_end_ms"] > 0

@@ -5,7 +5,8 @@ import pytest
 from controller.diff import NotSameInput, diff_exit_code, diff_logs, format_diff
 from controller.models import BASE_MODEL_PATH, TEST_MODEL_PATH
 from controller.replay import replay_log
-from test_replay_data import FIXTURE, slice_log
+from controller.synthetic_logs import REAL_DRIVE as FIXTURE
+from controller.synthetic_logs import slice_log
 
 
 @pytest.fixture(scope="module")

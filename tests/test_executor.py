@@ -195,3 +195,18 @@ def test_client_plan_conditions_from_its_timestamp(test_model):
     with pytest.raises(InvalidObservation, match="non-finite"):
         ex.advance_lockstep("a", Observation(seq=5, timestamp_ns=20 * MS, features=x, plan_id="nan",
                                              plan_values=np.full(6, np.nan, np.float32)))
+
+
+def test_input_hashes_are_per_row_and_see_every_bit():
+    from executor.snapshot import input_hashes
+
+    rng = np.random.default_rng(5)
+    x, p = rng.normal(size=(64, 19)).astype(np.float32), rng.normal(size=(64, 4)).astype(np.float32)
+    h = input_hashes(x, p)
+    assert len(set(h.tolist())) == 64
+    assert all(input_hashes(x[i:i + 1], p[i:i + 1])[0] == h[i] for i in range(64))  # batch size does not matter
+    for j in range(23):  # one ulp anywhere in the features or the plan changes the hash
+        x2, p2 = x.copy(), p.copy()
+        target = x2 if j < 19 else p2
+        target[7, j % 19 if j < 19 else j - 19] = np.nextafter(target[7, j % 19 if j < 19 else j - 19], np.float32(np.inf))
+        assert input_hashes(x2, p2)[7] != h[7]

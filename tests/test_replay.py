@@ -10,7 +10,8 @@ from controller.replay import _observations, build_executor, executor_config_for
 from controller.replay_report import format_report
 from controller.wire import snapshot_to_proto, without_wall_clock
 from executor.core import InvalidObservation
-from test_replay_data import FIXTURE, slice_log, synthetic_log
+from controller.synthetic_logs import REAL_DRIVE as FIXTURE
+from controller.synthetic_logs import slice_log, synthetic_log
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +115,28 @@ def test_replay_many_with_a_process_pool(tmp_path):
     assert result.ticks == sum(r["ticks"] for r in result.reports.values()) > 3 * 390
     assert result.confusion().sum() == result.ticks
     assert len(list((tmp_path / "out").glob("*.replay.mcap"))) == 3
+
+
+def test_replay_many_on_a_ray_cluster(tmp_path):
+    ray = pytest.importorskip("ray")
+    logs = [slice_log(tmp_path / f"l{i}.mcap", i * 300, 200, f"s{i}") for i in range(3)]
+    # the test's own single-machine cluster, on loopback; dualloop only ever joins one
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2, log_to_driver=False)
+    try:
+        result = replay_many(logs, TEST_MODEL_PATH, use_ray=True, out_dir=tmp_path / "out", progress=False)
+    finally:
+        ray.shutdown()
+    assert not result.errors and len(result.reports) == 3
+    pooled = replay_many(logs, TEST_MODEL_PATH, workers=2, progress=False)
+    assert {p: r["applied"] for p, r in result.reports.items()} == {p: r["applied"] for p, r in pooled.reports.items()}
+    assert len(list((tmp_path / "out").glob("*.replay.mcap"))) == 3
+
+
+def test_ray_without_a_cluster_says_how_to_start_one(tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # and no cluster on this machine: the last test shut its own down
+    with pytest.raises(RuntimeError, match="ray start --head"):
+        replay_many([slice_log(tmp_path / "l.mcap", 0, 50, "s")], TEST_MODEL_PATH, use_ray=True, progress=False)
 
 
 def test_ray_missing_names_the_extra(tmp_path, monkeypatch):

@@ -1,4 +1,6 @@
-"""Synthetic logs for the replay tests and measurements (no simulator needed: fast to make)."""
+"""Logs made from the real drive for replay tests and `dualloop bench replay` (no simulator: fast).
+
+REAL_DRIVE is the converted comma2k19 segment that ships as a test fixture (tests/fixtures/README.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import log_pb2
 from sim import schema
 
-FIXTURE = Path(__file__).parent / "fixtures" / "comma2k19-example1.mcap"
+from controller.models import REPO_ROOT
+
+REAL_DRIVE = REPO_ROOT / "tests" / "fixtures" / "comma2k19-example1.mcap"
 
 
 def synthetic_log(path: Path, seconds: float = 60.0, rate_hz: float = 200.0, seed: int = 0,
@@ -23,7 +27,7 @@ def synthetic_log(path: Path, seconds: float = 60.0, rate_hz: float = 200.0, see
     of distribution (1.0-1.6 s: gate veto, hold, fallback, recovery), a NaN observation (2.0 s), a
     dead sensor (2.2-2.25 s), frozen inputs (2.6-2.8 s), a gap with no observations (3.0-3.05 s),
     and no more plans after 3.2 s (stale plan)."""
-    src = read_log(FIXTURE)
+    src = read_log(REAL_DRIVE)
     feats = np.array([list(o.features) for o in src.observations], np.float32)
     actual = [o.actual for o in src.observations]
     rng = np.random.default_rng(seed)
@@ -61,7 +65,7 @@ def synthetic_log(path: Path, seconds: float = 60.0, rate_hz: float = 200.0, see
 
 
 def slice_log(path: Path, start: int, count: int, session_id: str) -> Path:
-    src = read_log(FIXTURE)
+    src = read_log(REAL_DRIVE)
     header = log_pb2.SessionHeader()
     header.CopyFrom(src.header)
     header.session_id = session_id
