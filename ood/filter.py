@@ -1,4 +1,4 @@
-"""Sequential filters over per-tick exceedances, vectorised over session slots.
+"""Sequential filters over per-tick exceedances, one state per session slot.
 
 A calibrated threshold at alpha = 1e-3 still fires on ~1 in 1000 in-distribution ticks, i.e.
 every 5 s at 200 Hz. The filter turns isolated spikes into nothing and a sustained shift into
@@ -21,7 +21,7 @@ clean state and a step input that exceeds every tick; multiply by the tick perio
   spikes at least ceil(1/down) + 1 ticks apart never accumulate. With cap = h (default) the alarm
   clears on the first clean tick; a larger cap holds it ceil((cap - h) / down) + 1 ticks longer.
 
-Slots: one state row per session slot. ``update(..., slots=idx)`` touches only those rows, so
+Slots: one state per session slot. ``update(..., slots=idx)`` touches only those slots, so
 sessions that did not tick keep their state; ``reset(slot)`` clears a slot for a new session.
 Do not repeat a slot within one ``slots`` array.
 """
@@ -29,7 +29,9 @@ Do not repeat a slot within one ``slots`` array.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
@@ -106,63 +108,89 @@ class SequentialFilter(Protocol):
     settings: FilterSettings
     n_slots: int
 
-    def update(self, exceed: np.ndarray, immediate: np.ndarray | None = None, slots: np.ndarray | None = None) -> np.ndarray: ...
+    def update(self, exceed: np.ndarray, immediate: np.ndarray | None = None,
+               slots: np.ndarray | list[int] | None = None) -> np.ndarray: ...
 
     def reset(self, slot: int | np.ndarray) -> None: ...
 
 
 class _SlotFilter:
+    """One state per session slot, kept as Python numbers: a tick has few rows (one per session),
+    and for few rows one numpy call costs more than the whole update in Python. The rule itself
+    is ``advance``; ``update`` applies it to arrays, ``step`` to lists (the executor's gate bank)."""
+
+    _zero: int | float
+
     def __init__(self, n_slots: int) -> None:
         if n_slots < 1:
             raise ValueError(f"n_slots must be >= 1, got {n_slots}")
         self.n_slots = int(n_slots)
-        self._all = np.arange(self.n_slots)
+        self._state: list = [self._zero] * self.n_slots
 
-    def _rows(self, exceed: np.ndarray, slots: np.ndarray | None) -> np.ndarray:
-        rows = self._all if slots is None else np.asarray(slots, dtype=np.intp)
-        if exceed.shape != rows.shape:
-            raise ValueError(f"filter got {exceed.shape[0]} exceedances for {rows.shape[0]} slots")
-        return rows
+    @cached_property
+    def advance(self) -> Callable[[Any, bool, bool], tuple[Any, bool]]:
+        """The per-tick rule for one slot: ``advance(state, exceed, immediate) -> (new state, alarm)``."""
+        raise NotImplementedError
+
+    def update(self, exceed: np.ndarray, immediate: np.ndarray | None = None,
+               slots: np.ndarray | list[int] | None = None) -> np.ndarray:
+        """Advance the slots in ``slots`` (None: all, in order) by one tick; the alarm per row."""
+        e = np.asarray(exceed, dtype=bool)
+        rows = range(self.n_slots) if slots is None else np.asarray(slots, dtype=np.intp).tolist()
+        if e.shape != (len(rows),):
+            raise ValueError(f"filter got {e.size} exceedances for {len(rows)} slots")
+        imm = [False] * len(rows) if immediate is None else np.asarray(immediate, dtype=bool).tolist()
+        return np.array(self.step(rows, e.tolist(), imm), dtype=bool)
+
+    def step(self, slots: Sequence[int], exceed: Sequence[bool], immediate: Sequence[bool]) -> list[bool]:
+        """``update`` on Python sequences: the alarm per row."""
+        state, advance, alarm = self._state, self.advance, []
+        for slot, e, i in zip(slots, exceed, immediate):
+            state[slot], a = advance(state[slot], e, i)
+            alarm.append(a)
+        return alarm
+
+    @property
+    def slot_states(self) -> list:
+        """The live per-slot state (a gate bank advances it in place with ``advance``)."""
+        return self._state
+
+    @property
+    def state(self) -> np.ndarray:
+        """Every slot's state (a copy, for tests and debugging)."""
+        return np.array(self._state)
+
+    def reset(self, slot: int | np.ndarray) -> None:
+        for s in np.atleast_1d(np.asarray(slot, dtype=np.intp)).tolist():
+            self._state[s] = self._zero
 
 
 class KOfNFilter(_SlotFilter):
     """Alarm when >= k of a slot's last n updates exceeded.
 
-    Each slot's window is the low n bits of one uint64 (newest tick in bit 0), so an update is a
-    shift, an OR and a popcount on the whole slot array, with no ring-buffer index to gather.
+    Each slot's window is the low n bits of one integer (newest tick in bit 0), so an update is a
+    shift, an OR and a popcount, with no ring buffer.
     """
+
+    _zero = 0
 
     def __init__(self, settings: KOfNSettings, n_slots: int) -> None:
         super().__init__(n_slots)
         if settings.n > 64:
             raise ValueError(f"k-of-n window is limited to 64 ticks, got n={settings.n}")
         self.settings = settings
-        self._bits = np.zeros(self.n_slots, dtype=np.uint64)
-        self._mask = np.uint64((1 << settings.n) - 1)
-        self._one = np.uint64(1)
+        self._mask = (1 << settings.n) - 1
         self._k = settings.k
 
-    def update(self, exceed: np.ndarray, immediate: np.ndarray | None = None, slots: np.ndarray | None = None) -> np.ndarray:
-        e = np.asarray(exceed, dtype=bool)
-        if slots is None:
-            if e.shape != self._bits.shape:
-                self._rows(e, None)  # raises with a clear message
-            bits = self._bits
-            np.left_shift(bits, self._one, out=bits)
-        else:
-            rows = self._rows(e, slots)
-            bits = self._bits[rows] << self._one
-        bits |= e
-        bits &= self._mask
-        if slots is not None:
-            self._bits[rows] = bits
-        alarm = np.bitwise_count(bits) >= self._k
-        if immediate is not None:
-            alarm |= immediate
-        return alarm
+    @cached_property
+    def advance(self) -> Callable[[int, bool, bool], tuple[int, bool]]:
+        mask, k = self._mask, self._k
 
-    def reset(self, slot: int | np.ndarray) -> None:
-        self._bits[slot] = 0
+        def advance(bits: int, exceed: bool, immediate: bool) -> tuple[int, bool]:
+            bits = ((bits << 1) | exceed) & mask
+            return bits, bits.bit_count() >= k or immediate
+
+        return advance
 
     def scan(self, exceed: np.ndarray, immediate: np.ndarray | None, slot: int) -> np.ndarray:
         """``update`` of one slot over many consecutive ticks (replay), vectorised: the alarm per
@@ -170,7 +198,7 @@ class KOfNFilter(_SlotFilter):
         e = np.asarray(exceed, dtype=bool)
         if e.size == 0:
             return np.zeros(0, dtype=bool)
-        n, bits = self.settings.n, int(self._bits[slot])
+        n, bits = self.settings.n, int(self._state[slot])
         # the n - 1 ticks before this scan, oldest first (bit 0 is the newest), then the new ones
         seq = np.concatenate([[(bits >> j) & 1 for j in range(n - 2, -1, -1)], e]).astype(np.int64)
         total = np.concatenate([[0], np.cumsum(seq)])
@@ -178,54 +206,42 @@ class KOfNFilter(_SlotFilter):
         if immediate is not None:
             alarm |= np.asarray(immediate, dtype=bool)
         last = seq[-n:][::-1]  # newest first
-        self._bits[slot] = np.uint64(sum(int(b) << j for j, b in enumerate(last)))
+        self._state[slot] = sum(int(b) << j for j, b in enumerate(last))
         return alarm
 
 
 class CusumFilter(_SlotFilter):
     """Bernoulli CUSUM on exceedances: +1 per exceeding tick, -down per clean tick."""
 
+    _zero = 0.0
+
     def __init__(self, settings: CusumSettings, n_slots: int) -> None:
         super().__init__(n_slots)
         self.settings = settings
-        self._stat = np.zeros(self.n_slots)
         self._alarm_level = settings.h - _CUSUM_EPS
         self._cap = settings.effective_cap
         self._down = -float(settings.down)
 
-    def update(self, exceed: np.ndarray, immediate: np.ndarray | None = None, slots: np.ndarray | None = None) -> np.ndarray:
-        e = np.asarray(exceed, dtype=bool)
-        step = np.where(e, 1.0, self._down)
-        if slots is None:
-            if e.shape != self._stat.shape:
-                self._rows(e, None)  # raises with a clear message
-            s = self._stat  # all slots: update in place, no gather/scatter
-            s += step
-        else:
-            rows = self._rows(e, slots)
-            s = self._stat[rows] + step
-        np.maximum(s, 0.0, out=s)
-        np.minimum(s, self._cap, out=s)
-        if slots is not None:
-            self._stat[rows] = s
-        alarm = s >= self._alarm_level
-        if immediate is not None:
-            alarm |= immediate
-        return alarm
+    @cached_property
+    def advance(self) -> Callable[[float, bool, bool], tuple[float, bool]]:
+        down, cap, level = self._down, self._cap, self._alarm_level
 
-    def reset(self, slot: int | np.ndarray) -> None:
-        self._stat[slot] = 0.0
+        def advance(stat: float, exceed: bool, immediate: bool) -> tuple[float, bool]:
+            stat = min(max(stat + (1.0 if exceed else down), 0.0), cap)
+            return stat, stat >= level or immediate
+
+        return advance
 
     def scan(self, exceed: np.ndarray, immediate: np.ndarray | None, slot: int) -> np.ndarray:
         """``update`` of one slot over many consecutive ticks (replay): the alarm per tick, and the
         slot's statistic left as tick-by-tick updates would leave it. The recursion clips, so it is
         a plain loop over Python floats (same float64 arithmetic as ``update``)."""
-        s, down, cap, level = float(self._stat[slot]), self._down, self._cap, self._alarm_level
+        s, down, cap, level = float(self._state[slot]), self._down, self._cap, self._alarm_level
         out = []
         for e in np.asarray(exceed, dtype=bool).tolist():
             s = min(max(s + (1.0 if e else down), 0.0), cap)
             out.append(s >= level)
-        self._stat[slot] = s
+        self._state[slot] = s
         alarm = np.array(out, dtype=bool)
         if immediate is not None:
             alarm |= np.asarray(immediate, dtype=bool)
@@ -234,7 +250,7 @@ class CusumFilter(_SlotFilter):
     @property
     def statistic(self) -> np.ndarray:
         """Current CUSUM value per slot (read-only copy, for snapshots and debugging)."""
-        return self._stat.copy()
+        return self.state
 
 
 def make_filter(settings: FilterSettings, n_slots: int) -> KOfNFilter | CusumFilter:

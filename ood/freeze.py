@@ -9,29 +9,56 @@ Only fresh observations count, because a tick that reuses the same observation (
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import numpy as np
 
 
+_FLOAT32 = np.dtype(np.float32)
+
+
 class FreezeDetector:
+    """Per slot: the last fresh observation (float32, as Python floats) and the repeat count, kept
+    as Python numbers because a tick has few rows and a numpy call costs more than the check."""
+
     def __init__(self, n_slots: int, dim: int, repeats: int = 2) -> None:
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         self.repeats = repeats
-        self._last = np.full((n_slots, dim), np.nan, np.float32)
-        self._count = np.zeros(n_slots, np.int64)
+        self.dim = dim
+        self._last: list[list[float]] = [[math.nan] * dim for _ in range(n_slots)]
+        self._count = [0] * n_slots
 
-    def update(self, x: np.ndarray, slots: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+    def update(self, x: np.ndarray, slots: np.ndarray | Sequence[int], fresh: np.ndarray) -> np.ndarray:
         """x (batch, dim) raw features of the rows ticking now; returns the alarm per row.
 
         Delay: the `repeats`-th identical fresh observation after onset alarms, i.e. `repeats` ticks
         after the first frozen sample at the observation rate.
         """
-        last = self._last[slots]
-        same = np.all(x == last, axis=1) & fresh  # NaN never equals: non-finite rows are the gate's job
-        count = np.where(same, self._count[slots] + 1, np.where(fresh, 0, self._count[slots]))
-        self._count[slots] = count
-        self._last[slots[fresh]] = x[fresh]
-        return count >= self.repeats
+        return np.array(self.step(x, np.asarray(slots, dtype=np.intp).tolist(), np.asarray(fresh, dtype=bool).tolist()),
+                        dtype=bool)
+
+    def step(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool]) -> list[bool]:
+        """``update`` with the slots and fresh flags as Python sequences; returns a list.
+
+        Comparing two rows' ``tolist()`` compares every component with float ``==``, as numpy's
+        ``==`` does: NaN never equals, so non-finite rows are the gate's job, not a freeze."""
+        rows = x.tolist()
+        kept = rows if x.dtype is _FLOAT32 else np.asarray(x, dtype=np.float32).tolist()
+        last, count, repeats = self._last, self._count, self.repeats
+        alarm = []
+        for slot, now, keep, is_fresh in zip(slots, rows, kept, fresh):
+            if is_fresh:  # a reused observation is not a repeat of the sensor
+                count[slot] = count[slot] + 1 if now == last[slot] else 0
+                last[slot] = keep
+            alarm.append(count[slot] >= repeats)
+        return alarm
+
+    @property
+    def state(self) -> tuple[np.ndarray, np.ndarray]:
+        """(last fresh observation, repeat count) per slot (copies, for tests and debugging)."""
+        return np.array(self._last, dtype=np.float32), np.array(self._count)
 
     def scan(self, x: np.ndarray, slot: int, fresh: np.ndarray) -> np.ndarray:
         """``update`` of one slot over many consecutive ticks (replay), vectorised: x (ticks, dim),
@@ -41,7 +68,7 @@ class FreezeDetector:
         if at.size == 0:
             return np.full(len(x), self._count[slot] >= self.repeats)
         xf = x[at]
-        same = np.all(xf == np.vstack([self._last[slot][None], xf[:-1]]), axis=1)
+        same = np.all(xf == np.vstack([np.array(self._last[slot], dtype=np.float32)[None], xf[:-1]]), axis=1)
         # count at the j-th fresh tick: fresh ticks since the last one that differed, or, before
         # any difference, the slot's old count plus the run so far
         j = np.arange(at.size)
@@ -50,10 +77,10 @@ class FreezeDetector:
         # a tick that reuses an observation keeps the count of the last fresh tick before it
         latest = np.searchsorted(at, np.arange(len(x)), side="right") - 1
         count = np.where(latest >= 0, count_f[np.maximum(latest, 0)], self._count[slot])
-        self._count[slot] = count_f[-1]
-        self._last[slot] = xf[-1]
+        self._count[slot] = int(count_f[-1])
+        self._last[slot] = np.asarray(xf[-1], dtype=np.float32).tolist()
         return count >= self.repeats
 
     def reset(self, slot: int) -> None:
-        self._last[slot] = np.nan
+        self._last[slot] = [math.nan] * self.dim
         self._count[slot] = 0

@@ -36,8 +36,7 @@ def test_filter_scan_equals_updates(make, seed):
         assert got.tolist() == expected.tolist()
         seen += got.tolist()
     assert any(seen) and not all(seen)
-    state = "_bits" if isinstance(stepped, KOfNFilter) else "_stat"
-    assert getattr(scanned, state).tolist() == getattr(stepped, state).tolist()
+    assert scanned.state.tolist() == stepped.state.tolist()  # k-of-n windows or CUSUM statistics
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -57,5 +56,6 @@ def test_freeze_scan_equals_updates(seed):
         assert got.tolist() == expected.tolist()
         seen += got.tolist()
     assert any(seen) and not all(seen)
-    assert scanned._count.tolist() == stepped._count.tolist()
-    np.testing.assert_array_equal(scanned._last, stepped._last)
+    (last_a, count_a), (last_b, count_b) = scanned.state, stepped.state
+    assert count_a.tolist() == count_b.tolist()
+    np.testing.assert_array_equal(last_a, last_b)
