@@ -19,12 +19,12 @@ from .gate import FeatureSchema, Gate, fit_gate
 from .gatefile import load_gate, save_gate
 from .metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
 from .monitor import GateMonitor, GateStep
-from .score import GateFlags, GateScorer
+from .score import GateFlags, GateScorer, RowScores, StackedScorer
 
 __all__ = [
     "CusumFilter", "CusumSettings", "FeatureSchema", "FreezeDetector", "FilterSettings", "Gate", "GateFlags",
     "GateMonitor", "GateScorer", "GateStats", "GateStep", "KOfNFilter", "KOfNSettings", "NormBand",
     "ThresholdCalibration", "auroc", "bench_scorer", "calibrate_norm_band", "calibrate_threshold",
     "detection_delay", "false_veto_rate", "fit_gate", "fit_statistics", "load_gate", "make_filter",
-    "save_gate", "tnr_at_tpr",
+    "RowScores", "StackedScorer", "save_gate", "tnr_at_tpr",
 ]
