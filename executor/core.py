@@ -93,14 +93,16 @@ class Session:
 
 
 def _fill_gate_features(source: str, out: np.ndarray, x: np.ndarray, dv: np.ndarray | None,
-                        bad_dv: np.ndarray) -> None:
+                        bad_dv: np.ndarray | None) -> None:
     """What a gate of this source scores, into `out`. Rows the model could not be trusted on are NaN,
-    which vetoes them immediately: the model saw a substitute for invalid input, the gate must not."""
+    which vetoes them immediately: the model saw a substitute for invalid input, the gate must not.
+    `bad_dv` None: no such row."""
     if source == "input_features":
-        out[:] = x  # raw: NaN stays NaN
+        np.copyto(out, x)  # raw: NaN stays NaN
     elif dv is not None:
-        out[:] = dv
-        out[bad_dv] = np.nan
+        np.copyto(out, dv)
+        if bad_dv is not None:
+            out[bad_dv] = np.nan
     else:
         out[:] = np.nan  # no decision vector this tick: nothing can pass
 
@@ -422,26 +424,37 @@ class Executor:
 
     def _gate(self, rows: list[Session], finite: np.ndarray, out) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(score, threshold, veto) per row, scored on this tick's own features: a veto is never a tick
-        late. With several gates, any veto counts and the row reports the gate nearest its threshold."""
+        late. With several gates, any veto counts and the row reports the gate nearest its threshold.
+        All gates are scored, filtered and combined in one pass (ood.GateBank, the same decisions as
+        per-gate monitors and `nearest_gate`), with the freeze check's veto included."""
         if not self._gate_runs:
             return None
         n = len(rows)
-        slots = np.fromiter((s.slot for s in rows), np.int64, n)
-        per_gate = []
-        for run in self._gate_runs:
-            feats = run.features[:n]
-            no_model = np.zeros(n, bool) if out is not None else np.ones(n, bool)
-            _fill_gate_features(run.source, feats, self._x[:n],
-                                out.decision_vector if out is not None else None, ~finite | no_model)
-            step = run.monitor.step(feats, slots)
-            per_gate.append((step.score, step.alarm, run.threshold))
-        score, threshold, veto = nearest_gate(per_gate)
-        frozen = self._frozen[:n]
-        frozen[:] = False
+        try:
+            bank, views = self._gate_bank, self._gate_views
+        except AttributeError:  # first tick: the bank and per-batch-size views are made on first use
+            from ood import GateBank
+
+            bank, views = GateBank([run.monitor for run in self._gate_runs], self.config.max_sessions), {}
+            self._gate_bank, self._gate_views = bank, views
+        try:
+            x, fresh, frozen, columns = views[n]
+        except KeyError:
+            x, fresh, frozen, columns = views[n] = (self._x[:n], self._fresh[:n], self._frozen[:n],
+                                                    tuple(zip(self._gate_runs, bank.columns(n))))
+        slots = [s.slot for s in rows]
+        dv = out.decision_vector if out is not None else None
+        bad_dv = None if all(finite.tolist()) else ~finite
+        for run, column in columns:
+            _fill_gate_features(run.source, column, x, dv, bad_dv)
         if self._freeze is not None:
-            frozen[:] = self._freeze.update(self._x[:n], slots, self._fresh[:n])
-            veto |= frozen
-        return score, threshold, veto
+            frozen_rows = self._freeze.step(x, slots, fresh.tolist())
+            frozen[:] = frozen_rows
+        else:
+            frozen_rows = None
+            frozen[:] = False
+        step = bank.step(n, slots, also=frozen_rows)
+        return step.score, step.threshold, step.alarm
 
     def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,
                      gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None, tick_index: int, tick_ns: int,

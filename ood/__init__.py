@@ -10,6 +10,7 @@ Typical use::
     step = monitor.step(features_batch, slots)   # per tick: step.score, step.alarm, step.flags
 """
 
+from .bank import BankStep, GateBank
 from .bench import bench_scorer
 from .calibrate import NormBand, ThresholdCalibration, calibrate_norm_band, calibrate_threshold
 from .filter import CusumFilter, CusumSettings, FilterSettings, KOfNFilter, KOfNSettings, make_filter
@@ -22,7 +23,8 @@ from .monitor import GateMonitor, GateStep
 from .score import GateFlags, GateScorer, RowScores, StackedScorer
 
 __all__ = [
-    "CusumFilter", "CusumSettings", "FeatureSchema", "FreezeDetector", "FilterSettings", "Gate", "GateFlags",
+    "BankStep", "CusumFilter", "CusumSettings", "FeatureSchema", "FreezeDetector", "FilterSettings", "Gate", "GateBank",
+    "GateFlags",
     "GateMonitor", "GateScorer", "GateStats", "GateStep", "KOfNFilter", "KOfNSettings", "NormBand",
     "ThresholdCalibration", "auroc", "bench_scorer", "calibrate_norm_band", "calibrate_threshold",
     "detection_delay", "false_veto_rate", "fit_gate", "fit_statistics", "load_gate", "make_filter",

@@ -152,7 +152,8 @@ class _SlotFilter:
 
     @property
     def slot_states(self) -> list:
-        """The live per-slot state (a gate bank advances it in place with ``advance``)."""
+        """The live per-slot state (a gate bank advances it in place with ``advance``); the list
+        object itself is never replaced."""
         return self._state
 
     @property

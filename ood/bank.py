@@ -1,0 +1,87 @@
+"""Several gates watching the same session slots, run as one per tick.
+
+An executor with a gate on the decision vector and one on the raw inputs would otherwise pay every
+numpy call of scoring and filtering once per gate and per tick; at a batch of one that per-call cost
+is the whole cost. A ``GateBank`` scores all gates in one ``StackedScorer`` pass (a fixed handful
+of numpy calls), then makes each (row, gate)'s decisions in one pass of Python over plain numbers:
+the norm guard, the threshold, the gate's own sequential filter rule (``filter.advance`` on the
+filter's own per-slot state, so ``monitor.reset(slot)`` and a replay's ``filter.scan`` act on the
+same state), and per row: any gate's alarm vetoes, and the row reports the gate nearest its
+threshold (largest score / threshold, the first one on a tie), as ``executor.core.nearest_gate``
+does for a replay.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from .monitor import GateMonitor
+from .score import StackedScorer
+
+_INF = float("inf")
+
+
+def _ratio_at_zero(score: float, threshold: float) -> float:
+    """score / 0.0 with IEEE (numpy) semantics instead of ZeroDivisionError."""
+    if score == 0.0 or score != score:
+        return math.nan
+    return math.copysign(_INF, score) * math.copysign(1.0, threshold)
+
+
+class BankStep(NamedTuple):
+    """(batch,) results of one tick."""
+
+    score: np.ndarray  # float64: the score of the gate nearest its threshold (+inf for NaN/Inf input)
+    threshold: np.ndarray  # float64: that gate's threshold
+    alarm: np.ndarray  # bool: some gate alarmed (filtered exceedance, norm guard or NaN/Inf), or `also`
+
+
+class GateBank:
+    def __init__(self, monitors: Sequence[GateMonitor], n_slots: int) -> None:
+        self.monitors = list(monitors)
+        if not self.monitors:
+            raise ValueError("a gate bank needs at least one gate monitor")
+        for j, m in enumerate(self.monitors):
+            if m.filter.n_slots < n_slots:
+                raise ValueError(f"monitor {j} has {m.filter.n_slots} slots, the bank needs {n_slots}")
+        scorers = [m.scorer for m in self.monitors]
+        self.scorer = StackedScorer([s.stats for s in scorers], [s.threshold for s in scorers],
+                                    [s.norm_low for s in scorers], [s.norm_high for s in scorers], max_batch=n_slots)
+        self.n_slots = n_slots
+        self._gates = [(mon.filter.slot_states, mon.filter.advance) for mon in self.monitors]
+
+    @property
+    def n_gates(self) -> int:
+        return len(self.monitors)
+
+    def columns(self, n: int) -> tuple[np.ndarray, ...]:
+        """Per gate, where to write this tick's (n, dim_g) features before ``step``."""
+        return self.scorer.columns(n)
+
+    def step(self, n: int, slots: Sequence[int], also: Sequence[bool] | None = None) -> BankStep:
+        """Score the features written to ``columns(n)`` for the rows in ``slots`` (slot numbers, in
+        row order), filter, combine; ``also``: per row, a veto from elsewhere (the freeze check)."""
+        r = self.scorer.score_rows(n)
+        scores, thresholds, exceed, immediate, gates = r.score, r.threshold, r.exceed, r.immediate, self._gates
+        best_score, best_threshold, veto = [], [], []
+        i = 0
+        for row, slot in enumerate(slots):
+            top, score, threshold = -_INF, 0.0, 0.0
+            alarm = also is not None and also[row]
+            for state, advance in gates:
+                s, t = scores[i], thresholds[i]
+                state[slot], a = advance(state[slot], exceed[i], immediate[i])
+                alarm = alarm or a
+                ratio = s / t if t else _ratio_at_zero(s, t)
+                if ratio > top:
+                    top, score, threshold = ratio, s, t
+                i += 1
+            best_score.append(score)
+            best_threshold.append(threshold)
+            veto.append(alarm)
+        out = np.array((best_score, best_threshold))
+        return BankStep(out[0], out[1], np.array(veto, dtype=bool))

@@ -1,0 +1,123 @@
+"""The executor's one-pass gate (ood.GateBank, Python-number filters and freeze check) decides every
+tick as the per-gate monitors, the numpy filter and freeze rules and executor.core.nearest_gate
+decided before it, on nominal and faulty inputs, with sessions coming and going."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from controller.gate_tools import load_gate_for_model, nominal_inputs
+from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
+from executor.config import ExecutorConfig
+from executor.core import Executor, nearest_gate
+from executor.model_runner import DecisionModel
+from executor.snapshot import Observation
+from ood import GateMonitor
+
+
+class _NumpyKOfN:
+    """The k-of-n filter as it was: a uint64 window per slot, updated with numpy bit operations."""
+
+    def __init__(self, k: int, n: int, n_slots: int) -> None:
+        self.bits = np.zeros(n_slots, np.uint64)
+        self.mask, self.k = np.uint64((1 << n) - 1), k
+
+    def update(self, exceed, immediate=None, slots=None):  # noqa: ANN001 - GateMonitor's filter protocol
+        bits = (self.bits[slots] << np.uint64(1)) | exceed
+        bits &= self.mask
+        self.bits[slots] = bits
+        return (np.bitwise_count(bits) >= self.k) | immediate
+
+    def reset(self, slot: int) -> None:
+        self.bits[slot] = 0
+
+
+class _NumpyFreeze:
+    """The freeze check as it was, in numpy."""
+
+    def __init__(self, n_slots: int, dim: int, repeats: int) -> None:
+        self.last = np.full((n_slots, dim), np.nan, np.float32)
+        self.count = np.zeros(n_slots, np.int64)
+        self.repeats = repeats
+
+    def update(self, x: np.ndarray, slots: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+        same = np.all(x == self.last[slots], axis=1) & fresh
+        count = np.where(same, self.count[slots] + 1, np.where(fresh, 0, self.count[slots]))
+        self.count[slots] = count
+        self.last[slots[fresh]] = x[fresh]
+        return count >= self.repeats
+
+    def reset(self, slot: int) -> None:
+        self.last[slot] = np.nan
+        self.count[slot] = 0
+
+
+def test_bank_decides_every_tick_as_the_per_gate_reference() -> None:
+    model = DecisionModel(BASE_MODEL_PATH)
+    gates = [load_gate_for_model(g, model) for g in DEFAULT_GATES]
+    cap = 6
+    ex = Executor(model, ExecutorConfig(max_sessions=cap, min_margin=0.0), gates)
+    ref = [(GateMonitor(g.scorer(cap), _NumpyKOfN(g.filter.k, g.filter.n, cap)), g.schema.source, g.threshold)
+           for g in gates]
+    ref_freeze = _NumpyFreeze(cap, model.n_features, ex.config.freeze_repeats)
+    features, _ = nominal_inputs([3], every=2, duration_s=4.0)
+    rng = np.random.default_rng(11)
+    held: dict[str, np.ndarray] = {}
+    seq: dict[str, int] = {}
+
+    def open_session(sid: str) -> None:
+        slot = ex.open_session(sid, include_decision_vector=True).slot
+        for monitor, _, _ in ref:
+            monitor.reset(slot)
+        ref_freeze.reset(slot)
+        seq[sid] = 0
+
+    for sid in ("a", "b", "c", "d"):
+        open_session(sid)
+    vetoes = exceedances = 0
+    for k in range(400):
+        if k == 150:  # sessions come and go: slots are no longer consecutive
+            ex.close_session("b")
+            held.pop("b", None)
+            open_session("e")
+            open_session("f")
+        if k == 250:
+            ex.close_session("a")
+            held.pop("a", None)
+        obs = {}
+        for sid in list(ex.sessions):
+            if rng.random() < 0.3 and sid in held:
+                continue  # no new observation: the tick reuses the last one
+            x = features[rng.integers(len(features))].copy()
+            fault = rng.random()
+            if fault < 0.05:
+                x[rng.integers(len(x))] = np.nan
+            elif fault < 0.08:
+                x[:] = 0.0
+            elif fault < 0.2:
+                x *= np.float32(3.6)  # units mix-up: out of distribution, finite
+            elif fault < 0.35 and sid in held:
+                x = held[sid].copy()  # a stuck sensor repeats itself
+            seq[sid] += 1
+            obs[sid] = Observation(seq=seq[sid], timestamp_ns=0, features=x)
+            held[sid] = x
+        fresh = {sid: sid in obs for sid in ex.sessions}
+        snaps = ex.step(obs, now_ns=k * 5_000_000)
+        sids = [s.session_id for s in snaps]
+        slots = np.array([ex.sessions[sid].slot for sid in sids])
+        x = np.stack([held[sid] for sid in sids])
+        finite = np.isfinite(x).all(axis=1)
+        dv = np.stack([s.decision_vector for s in snaps]).astype(np.float32)
+        per_gate = []
+        for monitor, source, threshold in ref:
+            feats = x if source == "input_features" else np.where(finite[:, None], dv, np.float32(np.nan))
+            step = monitor.step(feats, slots)
+            per_gate.append((step.score, step.alarm, threshold))
+            exceedances += int(step.flags.exceed.sum())
+        score, threshold, veto = nearest_gate(per_gate)
+        veto |= ref_freeze.update(x, slots, np.array([fresh[sid] for sid in sids]))
+        np.testing.assert_allclose([s.gate_score for s in snaps], score, rtol=1e-9)
+        assert [s.gate_threshold for s in snaps] == threshold.tolist()
+        assert [s.gate_veto for s in snaps] == veto.tolist(), k
+        vetoes += int(veto.sum())
+    assert 0 < vetoes and 0 < exceedances  # the comparison saw alarms of every kind, not only quiet ticks
