@@ -1,14 +1,23 @@
 """`dualloop bench gate`: the gate's cost per session per tick, next to the model's forward pass.
 
 Runs the real executor in-process (one batched tick for N sessions, as the server does) with and
-without the gate, and reads the executor's own stage timings.
+without the gates, at 1, 8 and 32 sessions in one run, and reads the executor's own stage timings
+(nanosecond totals in `Executor.stats`, so a 1-session tick is not rounded to whole microseconds).
+Prints a table and stores the numbers as JSON next to the other benches' results.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 import ood
 from executor.config import ExecutorConfig
@@ -16,9 +25,20 @@ from executor.core import Executor
 from executor.model_runner import DecisionModel
 from executor.snapshot import Observation
 
+SESSION_COUNTS = (1, 8, 32)
+
+
+def _stats(values_us: np.ndarray, sessions: int, name: str) -> dict[str, float]:
+    p50, p99 = float(np.median(values_us)), float(np.percentile(values_us, 99))
+    out = {f"{name}_us_p50": p50, f"{name}_us_p99": p99}
+    if name == "gate":
+        out |= {"gate_us_per_session_p50": p50 / sessions, "gate_us_per_session_p99": p99 / sessions}
+    return out
+
 
 def bench_gate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], sessions: int = 8, ticks: int = 4000,
                seed: int = 0) -> dict[str, dict[str, float]]:
+    """One session count: stage timings (us, p50/p99) per tick without and with the gates."""
     rng = np.random.default_rng(seed)
     n_feat = model.n_features
     out: dict[str, dict[str, float]] = {}
@@ -27,19 +47,56 @@ def bench_gate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], sessions: 
         ids = [f"s{i}" for i in range(sessions)]
         for sid in ids:
             ex.open_session(sid)
-        forward, gate_t, total = [], [], []
+        stage = ex.stats.stage_ns
+        forward, gate_t, total = (np.empty(ticks) for _ in range(3))
         for k in range(ticks):
             obs = {sid: Observation(seq=k + 1, timestamp_ns=0, features=rng.normal(0, 1, n_feat).astype(np.float32))
                    for sid in ids}
+            f0, g0 = int(stage[1]), int(stage[2])
             t0 = time.perf_counter_ns()
-            snaps = ex.step(obs, now_ns=k * 5_000_000)
-            total.append(time.perf_counter_ns() - t0)
-            forward.append(snaps[0].timings.forward_us)
-            gate_t.append(snaps[0].timings.gate_us)
+            ex.step(obs, now_ns=k * 5_000_000)
+            total[k] = time.perf_counter_ns() - t0
+            forward[k], gate_t[k] = int(stage[1]) - f0, int(stage[2]) - g0
         warm = slice(ticks // 10, None)
-        f, gt, tt = np.array(forward[warm], float), np.array(gate_t[warm], float), np.array(total[warm], float) / 1e3
-        out[label] = {"forward_us_p50": float(np.median(f)), "forward_us_p99": float(np.percentile(f, 99)),
-                      "gate_us_p50": float(np.median(gt)), "gate_us_p99": float(np.percentile(gt, 99)),
-                      "gate_us_per_session_p50": float(np.median(gt)) / sessions,
-                      "tick_us_p50": float(np.median(tt)), "tick_us_p99": float(np.percentile(tt, 99))}
+        out[label] = (_stats(forward[warm] / 1e3, sessions, "forward") | _stats(gate_t[warm] / 1e3, sessions, "gate")
+                      | _stats(total[warm] / 1e3, sessions, "tick"))
     return out
+
+
+def bench_gate_table(model: DecisionModel, gates: list[ood.Gate], session_counts: Sequence[int] = SESSION_COUNTS,
+                     ticks: int = 4000, out_dir: Path = Path("runs/bench"), console: Console | None = None,
+                     model_path: str = "", gate_paths: Sequence[str] = ()) -> dict[str, Any]:
+    """`bench_gate` at each session count; prints the table and writes runs/bench/gate-<time>.json."""
+    console = console or Console()
+    rows = {}
+    for n in session_counts:
+        console.print(f"bench gate: {n} session{'s' if n != 1 else ''}, {ticks} ticks without and with "
+                      f"{len(gates)} gate{'s' if len(gates) != 1 else ''} ...")
+        rows[str(n)] = bench_gate(model, gates, n, ticks)
+    result: dict[str, Any] = {
+        "when": datetime.now().isoformat(timespec="seconds"), "model": model_path,
+        "gates": list(gate_paths), "ticks": ticks, "warmup_ticks": ticks // 10, "sessions": rows,
+        "target_gate_us_per_session": 20.0,
+    }
+    print_gate_table(result, console)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"gate-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    console.print(f"results: {path}")
+    return result
+
+
+def print_gate_table(result: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"gate cost per tick ({len(result['gates'])} gates; executor stage timings, "
+                        f"{result['ticks'] - result['warmup_ticks']} ticks after warm-up)")
+    for col in ("sessions", "forward p50 / p99 us", "gate p50 / p99 us",
+                "gate per session p50 / p99 us", "tick p50 / p99 us (no gate)", "tick p50 / p99 us (gates)"):
+        table.add_column(col, justify="right")
+    for n, r in result["sessions"].items():
+        on, off = r["with gate"], r["without gate"]
+        table.add_row(n, f"{on['forward_us_p50']:.1f} / {on['forward_us_p99']:.1f}",
+                      f"{on['gate_us_p50']:.1f} / {on['gate_us_p99']:.1f}",
+                      f"{on['gate_us_per_session_p50']:.1f} / {on['gate_us_per_session_p99']:.1f}",
+                      f"{off['tick_us_p50']:.0f} / {off['tick_us_p99']:.0f}",
+                      f"{on['tick_us_p50']:.0f} / {on['tick_us_p99']:.0f}")
+    console.print(table)

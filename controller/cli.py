@@ -88,19 +88,20 @@ def _bench(args: argparse.Namespace) -> int:
                      seconds=min(args.duration, 60.0), console=console)
         return 0
     if args.what == "gate":
-        from controller.bench_gate import bench_gate
+        from controller.bench_gate import SESSION_COUNTS, bench_gate_table
         from controller.gate_tools import load_gate_for_model
         from executor.model_runner import DecisionModel
 
-        if not args.gate:
-            raise ConfigError("bench gate needs --gate FILE (dualloop gate fit)")
-        model = DecisionModel(args.model)
-        gates = [load_gate_for_model(g, model) for g in args.gate]
-        for label, r in bench_gate(model, gates, args.sessions).items():
-            console.print(f"{label:>12}: forward p50 {r['forward_us_p50']:.0f} us (p99 {r['forward_us_p99']:.0f}); "
-                          f"gate p50 {r['gate_us_p50']:.0f} us for {args.sessions} sessions = "
-                          f"{r['gate_us_per_session_p50']:.1f} us per session (p99 {r['gate_us_p99']:.0f}); "
-                          f"whole tick p50 {r['tick_us_p50']:.0f} us, p99 {r['tick_us_p99']:.0f} us")
+        model_path, gate_paths = args.model, args.gate
+        if not gate_paths:  # the shipped model with its two gates, as `serve` runs them by default
+            if args.model != TEST_MODEL_PATH:
+                raise ConfigError("bench gate needs --gate FILE for a model other than models/base.onnx")
+            model_path, gate_paths = BASE_MODEL_PATH, list(DEFAULT_GATES)
+        model = DecisionModel(model_path)
+        gates = [load_gate_for_model(g, model) for g in gate_paths]
+        counts = sorted(set(SESSION_COUNTS) | {args.sessions})  # the standard table, plus --sessions
+        bench_gate_table(model, gates, counts, out_dir=args.out, console=console, model_path=str(model_path),
+                         gate_paths=[str(g) for g in gate_paths])
         return 0
     if args.what == "tick":
         result = bench_tick(args.model, args.sessions, args.duration, args.out, args.guard_ms,
@@ -274,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tick: executor timing under gRPC load; sim: simulator steps per second next to highway-env; "
                    "gate: gate cost next to the forward pass; planner: tick lateness with the behaviour planner busy "
                    "on 32 sessions vs idle; replay: 60 s logs replayed, x real time on one core vs the per-tick path")
-    p.add_argument("--gate", type=Path, action="append", help="gate file (bench gate); repeat for several")
+    p.add_argument("--gate", type=Path, action="append", help="gate file (bench gate; default: models/base.onnx with its two gates); repeat for several")
     p.add_argument("--model", type=Path, default=TEST_MODEL_PATH)
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--duration", type=float, default=60.0, help="seconds")

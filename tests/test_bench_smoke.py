@@ -34,3 +34,22 @@ def test_bench_replay_reports_both_paths(tmp_path):
         assert r["ticks"] > 500 and r["same_decisions"]
         assert r["fast_compute_ms"]["runs"] == 7 and r["fast_compute_ms"]["min"] <= r["fast_compute_ms"]["median"]
         assert r["speedup_median"] > 0 and r["reference_compute_ms"] > 0 and r["end_to_end_ms"] > 0
+
+
+def test_bench_gate_reports_each_session_count(tmp_path):
+    """`dualloop bench gate`'s table: gate cost per session at each count, next to the forward pass."""
+    from controller.bench_gate import bench_gate_table
+    from controller.gate_tools import load_gate_for_model
+    from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
+    from executor.model_runner import DecisionModel
+
+    model = DecisionModel(BASE_MODEL_PATH)
+    gates = [load_gate_for_model(g, model) for g in DEFAULT_GATES]
+    result = bench_gate_table(model, gates, (1, 3), ticks=60, out_dir=tmp_path)
+    (result_file,) = tmp_path.glob("gate-*.json")
+    assert json.loads(result_file.read_text()) == result
+    assert set(result["sessions"]) == {"1", "3"}
+    for row in result["sessions"].values():
+        on, off = row["with gate"], row["without gate"]
+        assert 0 < on["gate_us_p50"] <= on["gate_us_p99"] and on["forward_us_p50"] > 0
+        assert on["gate_us_per_session_p50"] > 0 and off["gate_us_p50"] < on["gate_us_p50"]
