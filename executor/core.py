@@ -92,19 +92,23 @@ class Session:
     ticks: int = 0
 
 
-def _fill_gate_features(source: str, out: np.ndarray, x: np.ndarray, dv: np.ndarray | None,
-                        bad_dv: np.ndarray | None) -> None:
+def _fill_gate_features(source: str, out: np.ndarray | None, x: np.ndarray, dv: np.ndarray | None,
+                        bad_dv: np.ndarray | None) -> np.ndarray | None:
     """What a gate of this source scores, into `out`. Rows the model could not be trusted on are NaN,
     which vetoes them immediately: the model saw a substitute for invalid input, the gate must not.
-    `bad_dv` None: no such row."""
-    if source == "input_features":
-        np.copyto(out, x)  # raw: NaN stays NaN
-    elif dv is not None:
-        np.copyto(out, dv)
-        if bad_dv is not None:
-            out[bad_dv] = np.nan
-    else:
+    With `out` None nothing is copied: the rows are returned (None: no decision vector, every row is
+    NaN) and the caller scores the `bad_dv` rows as NaN (a tick passes the rows whose raw inputs hold
+    NaN/Inf: for the raw-input gate that changes nothing, those rows are non-finite either way)."""
+    rows = x if source == "input_features" else dv  # raw inputs: NaN stays NaN
+    if out is None:
+        return rows
+    if rows is None:
         out[:] = np.nan  # no decision vector this tick: nothing can pass
+    else:
+        np.copyto(out, rows)
+        if rows is dv and bad_dv is not None:
+            out[bad_dv] = np.nan
+    return None
 
 
 def nearest_gate(per_gate: list[tuple[np.ndarray, np.ndarray, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -436,25 +440,23 @@ class Executor:
             from ood import GateBank
 
             bank, views = GateBank([run.monitor for run in self._gate_runs], self.config.max_sessions), {}
-            self._gate_bank, self._gate_views = bank, views
+            self._gate_bank, self._gate_views, self._gate_any_frozen = bank, views, False
         try:
-            x, fresh, frozen, columns = views[n]
+            x, fresh, frozen = views[n]
         except KeyError:
-            x, fresh, frozen, columns = views[n] = (self._x[:n], self._fresh[:n], self._frozen[:n],
-                                                    tuple(zip(self._gate_runs, bank.columns(n))))
+            x, fresh, frozen = views[n] = self._x[:n], self._fresh[:n], self._frozen[:n]
         slots = [s.slot for s in rows]
         dv = out.decision_vector if out is not None else None
-        bad_dv = None if all(finite.tolist()) else ~finite
-        for run, column in columns:
-            _fill_gate_features(run.source, column, x, dv, bad_dv)
-        if self._freeze is not None:
-            frozen_rows = self._freeze.step(x, slots, fresh.tolist())
-            frozen[:] = frozen_rows
-        else:
-            frozen_rows = None
-            frozen[:] = False
-        step = bank.step(n, slots, also=frozen_rows)
-        return step.score, step.threshold, step.alarm
+        # rows with NaN/Inf inputs are scored as NaN by every gate (the model saw a substitute)
+        bad = None if all(finite.tolist()) else ~finite
+        features = [_fill_gate_features(run.source, None, x, dv, bad) for run in self._gate_runs]
+        frozen_rows = None if self._freeze is None else self._freeze.step(x, slots, fresh.tolist())
+        any_frozen = frozen_rows is not None and True in frozen_rows
+        if any_frozen or self._gate_any_frozen:  # else the buffer is all False already
+            self._frozen[:] = False
+            frozen[:] = frozen_rows if any_frozen else False
+            self._gate_any_frozen = any_frozen
+        return bank.step(slots, features, bad, also=frozen_rows)
 
     def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,
                      gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None, tick_index: int, tick_ns: int,

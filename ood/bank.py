@@ -58,24 +58,26 @@ class GateBank:
     def n_gates(self) -> int:
         return len(self.monitors)
 
-    def columns(self, n: int) -> tuple[np.ndarray, ...]:
-        """Per gate, where to write this tick's (n, dim_g) features before ``step``."""
-        return self.scorer.columns(n)
-
-    def step(self, n: int, slots: Sequence[int], also: Sequence[bool] | None = None) -> BankStep:
-        """Score the features written to ``columns(n)`` for the rows in ``slots`` (slot numbers, in
-        row order), filter, combine; ``also``: per row, a veto from elsewhere (the freeze check)."""
-        r = self.scorer.score_rows(n)
-        scores, thresholds, exceed, immediate, gates = r.score, r.threshold, r.exceed, r.immediate, self._gates
+    def step(self, slots: Sequence[int], features: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None,
+             also: Sequence[bool] | None = None) -> BankStep:
+        """One tick for the rows of ``slots`` (slot numbers, in row order): ``features[g]`` is gate
+        g's (rows, dim_g) features (None: every row NaN), ``nan_rows`` rows to score as NaN in every
+        gate (see ``StackedScorer.score_rows``), ``also`` per row a veto from elsewhere (the freeze
+        check)."""
+        n = len(slots)
+        r = self.scorer.score_rows(n, features, nan_rows)
+        scores, thresholds, exceed, immediate = r.score, r.threshold, r.exceed, r.immediate
         best_score, best_threshold, veto = [], [], []
         i = 0
         for row, slot in enumerate(slots):
             top, score, threshold = -_INF, 0.0, 0.0
             alarm = also is not None and also[row]
-            for state, advance in gates:
-                s, t = scores[i], thresholds[i]
+            for state, advance in self._gates:
+                s = scores[i]
+                t = thresholds[i]
                 state[slot], a = advance(state[slot], exceed[i], immediate[i])
-                alarm = alarm or a
+                if a:
+                    alarm = True
                 ratio = s / t if t else _ratio_at_zero(s, t)
                 if ratio > top:
                     top, score, threshold = ratio, s, t
@@ -83,5 +85,5 @@ class GateBank:
             best_score.append(score)
             best_threshold.append(threshold)
             veto.append(alarm)
-        out = np.array((best_score, best_threshold))
-        return BankStep(out[0], out[1], np.array(veto, dtype=bool))
+        out = np.array(best_score + best_threshold)
+        return BankStep(out[:n], out[n:], np.array(veto, dtype=bool))

@@ -1,24 +1,25 @@
 """Per-tick gate scoring: one call for all sessions, and for several gates at once.
 
 A tick scores few rows (one per session), so its cost is the number of numpy calls, not
-arithmetic. Here a tick is three numpy calls whatever the number of gates and rows, plus a few
-float operations per (row, gate) in Python; no exceptions for bad data. A row with NaN/Inf gets
-score +inf and ``nonfinite=True`` so the caller can veto it in the same tick; the raw-norm guard is
-reported separately from the Mahalanobis exceedance because it must bypass the sequential filter.
+arithmetic: here a tick is one product per gate, straight from the caller's arrays (no copy), one
+``vecdot`` and one ``tolist()`` for all gates and rows, then a few float operations per (row, gate)
+in Python. No exceptions for bad data. A row with NaN/Inf gets score +inf and ``nonfinite=True``
+so the caller can veto it in the same tick; the raw-norm guard is reported separately from the
+Mahalanobis exceedance because it must bypass the sequential filter.
 
 The score of a row x (raw norm n, normalised z = x / n) is d2 = ||z W - c W||^2 with W the
 precomputed whitening and c the training centre. Expanded, d2 = (q / n - 2 t) / n + ||c W||^2 with
-q = ||x W||^2 and t = x . (W (c W)^T): the normalisation is two float operations per (row, gate)
-instead of a pass over the features, and everything numpy does is linear or quadratic in the raw
-features. So each gate's features are zero padded to the widest gate: one ``vecdot`` gives every
-gate's ||x||^2, one stacked matmul (a small GEMM per gate) gives x W (and x W_bg) next to the
-linear terms (x . W (c W)^T and, tied and relative variants, one per class and one for the
-background), one ``vecdot`` the squared lengths of x W. Padding is zero, so it adds exact zeros.
+q = ||x W||^2 and t = x . W (c W)^T: the normalisation is two float operations per (row, gate)
+instead of a pass over the features, and all numpy does is linear in x and then sums of squares.
+Gate g's projection maps its features to [x | x W | (x W_bg) | linear terms], every block zero
+padded to the widest gate (the identity block copies x, so ||x||^2 comes from the same ``vecdot``
+as ||x W||^2); the linear terms are x . W (c W)^T and, tied and relative variants, one per class
+and one for the background. Padding is zero, so it adds exact zeros.
 
 The expansion cancels (d2 is the difference of terms near ||c W||^2); in float64 that costs about
 1e-13 relative here, far inside any threshold's meaning. Rows whose squares are not comfortably
-inside float64's range (below 1e-200 or above 1e200, or overflowing) are rescaled by their largest
-entry first, which keeps the direction, hence d2, and their norm is taken from before the rescale.
+inside float64's range (below 1e-200 or above 1e200, or overflowing) are scored again rescaled by
+their largest entry, which keeps the direction, hence d2; their norm is taken from before.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .fit import GateStats
 
 _TINY = float(np.finfo(np.float64).tiny)
 _INF = float("inf")
-_SQ_LOW, _SQ_HIGH = 1e-200, 1e200  # squared norms outside this range are rescaled first
+_NAN = float("nan")
+_SQ_LOW, _SQ_HIGH = 1e-200, 1e200  # squared norms outside this range are scored rescaled
 
 
 class GateFlags(NamedTuple):
@@ -64,31 +66,26 @@ class RowScores(NamedTuple):
 class _Views(NamedTuple):
     """Every buffer view and per-entry constant one batch size needs, made once per size."""
 
-    x: np.ndarray  # (b, G, width) the features, zero padded
-    x_stack: np.ndarray  # (G, b, width): what the projection reads, one GEMM per gate
-    columns: tuple[np.ndarray, ...]  # per gate (b, dim_g): where callers write that gate's features
-    sq: np.ndarray  # (b, G) ||x||^2
-    sq_flat: np.ndarray  # (b * G,)
-    u_stack: np.ndarray  # (G, b, parts * width + L): x W (and x W_bg), then the linear terms
-    u_quad: np.ndarray  # (b, G, parts, width): x W (and x W_bg)
-    quad: np.ndarray  # (b, G, parts): ||x W||^2 (and ||x W_bg||^2), next to the linear terms
-    terms: np.ndarray  # (b, G, L + parts): the linear terms, then ||x W||^2 (and ||x W_bg||^2)
-    gate: list[int]  # per entry, row-major (b, G): its gate
-    low: list[float]  # per entry: the gate's norm band and threshold
+    out: tuple[np.ndarray, ...]  # per gate (b, cols), C-contiguous: [x | x W | (x W_bg) | linear | squares]
+    blocks: np.ndarray  # (G, b, 1 + parts, width): x, x W (and x W_bg)
+    squares: np.ndarray  # (G, b, 1 + parts): ||x||^2, ||x W||^2 (and ||x W_bg||^2)
+    tail: np.ndarray  # (G, b, L + 1 + parts): the linear terms, then the squares
+    low: list[float]  # per entry, row-major (b, G): the gate's norm band and threshold
     high: list[float]
     threshold: list[float]
     clean: list[bool]  # all False: nonfinite when no row is bad
+    zeros: list[float]
+    order: list[tuple[int, int]]  # gate-major: (row-major entry, gate)
 
 
 class StackedScorer:
     """Scores feature rows against several gates' fitted statistics at once.
 
-    Gate g reads its ``dim_g`` features from ``columns(b)[g]`` (write them there, then call
-    ``score_rows(b)``), or ``GateScorer.score(x)`` does that for one gate.
-    ``thresholds`` default to +inf (never exceed) so the same class computes raw scores for
-    calibration. ``norm_low`` is raised to the smallest positive float so an all-zero row is always
-    outside the band, whatever the calibration said. Not thread-safe (it reuses its buffers): one
-    scorer per executor thread.
+    ``score_rows(b, rows)``: ``rows[g]`` is gate g's (b, dim_g) features (float32 or float64, read
+    in place; None: every row is NaN). ``thresholds`` default to +inf (never exceed) so the same
+    class computes raw scores for calibration. ``norm_low`` is raised to the smallest positive
+    float so an all-zero row is always outside the band, whatever the calibration said. Not
+    thread-safe (it reuses its buffers): one scorer per executor thread.
     """
 
     def __init__(
@@ -137,14 +134,19 @@ class StackedScorer:
                 self._classes.append(([float(o @ o) for o in offsets], [float(cw @ o) for o in offsets], cc_bg))
             linear.append(vecs)
         self._n_linear = n_linear = max(len(v) for v in linear)
-        self._proj = np.zeros((g_count, width, parts * width + n_linear))
-        for g, s in enumerate(self.gate_stats):
-            d = s.dim
-            self._proj[g, :d, :d] = s.whiten
+        # each gate's product fills a whole buffer row (the squares' columns with zeros, for the
+        # vecdot to overwrite), so it can be written by ndarray.dot, which wants a C-contiguous out
+        self._n_cols = cols = (1 + parts) * width + n_linear + 1 + parts
+        self._proj = []
+        for s, vecs in zip(self.gate_stats, linear):
+            d, proj = s.dim, np.zeros((s.dim, cols))
+            proj[:, :d] = np.eye(d)  # x itself, for ||x||^2
+            proj[:, width : width + d] = s.whiten
             if s.variant == "relative":
-                self._proj[g, :d, width : width + d] = s.bg_whiten
-            for j, vec in enumerate(linear[g]):
-                self._proj[g, :d, parts * width + j] = vec
+                proj[:, 2 * width : 2 * width + d] = s.bg_whiten
+            for j, vec in enumerate(vecs):
+                proj[:, (1 + parts) * width + j] = vec
+            self._proj.append(proj)
         self._capacity = 0
         self._grow(max(1, int(max_batch)))
 
@@ -153,13 +155,8 @@ class StackedScorer:
         return len(self.gate_stats)
 
     def _grow(self, batch: int) -> None:
-        g_count, width = self.n_gates, self.width
         self._capacity = batch
-        self._x = np.zeros((batch, g_count, width))  # the padding stays zero forever
-        self._sq = np.empty((batch, g_count))
-        # x W (and x W_bg), the linear terms, then ||x W||^2 (and ||x W_bg||^2): the numbers the
-        # distance needs are contiguous per (row, gate), so one tolist() reads them all
-        self._u = np.empty((batch, g_count, self._proj.shape[2] + self._parts))
+        self._u = np.zeros((self.n_gates, batch, self._n_cols))  # gate-major: each gate's rows contiguous
         self._views: dict[int, _Views] = {}
 
     def views(self, b: int) -> _Views:
@@ -167,81 +164,89 @@ class StackedScorer:
         if v is None:
             if b > self._capacity:
                 self._grow(b)
-            g_count, width, quad_cols = self.n_gates, self.width, self._parts * self.width
-            x, u = self._x[:b], self._u[:b]
+            g_count, width, cols, parts = self.n_gates, self.width, self._n_cols, self._parts
+            u = self._u[:, :b]
             v = self._views[b] = _Views(
-                x=x, x_stack=x.transpose(1, 0, 2), columns=tuple(x[:, g, :d] for g, d in enumerate(self.dims)),
-                sq=self._sq[:b], sq_flat=self._sq[:b].reshape(b * g_count), u_stack=u[:, :, : self._proj.shape[2]].transpose(1, 0, 2),
-                u_quad=u[:, :, :quad_cols].reshape(b, g_count, self._parts, width),
-                quad=u[:, :, self._proj.shape[2] :], terms=u[:, :, quad_cols:], gate=list(range(g_count)) * b, low=self.norm_lows.tolist() * b, high=self.norm_highs.tolist() * b,
-                threshold=self.thresholds.tolist() * b, clean=[False] * (b * g_count))
+                out=tuple(u[g] for g in range(g_count)),
+                blocks=u[:, :, : (1 + parts) * width].reshape(g_count, b, 1 + parts, width),
+                squares=u[:, :, cols - 1 - parts :], tail=u[:, :, (1 + parts) * width :],
+                low=self.norm_lows.tolist() * b, high=self.norm_highs.tolist() * b,
+                threshold=self.thresholds.tolist() * b, clean=[False] * (b * g_count), zeros=[0.0] * (b * g_count),
+                order=[(row * g_count + g, g) for g in range(g_count) for row in range(b)])
         return v
 
-    def columns(self, b: int) -> tuple[np.ndarray, ...]:
-        """Per gate, the (b, dim_g) view that ``score_rows(b)`` scores: write each tick's features here."""
-        return self.views(b).columns
+    def score_rows(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None) -> RowScores:
+        """Score ``b`` rows for every gate; ``rows[g]``: gate g's (b, dim_g) features (None: all NaN).
 
-    def score_rows(self, b: int) -> RowScores:
-        """Score the first ``b`` rows written to ``columns(b)`` for every gate, with their flags."""
+        ``nan_rows`` (optional, (b,) bool): rows to score as NaN in every gate, because the caller
+        knows they hold NaN/Inf. Other rows should not hold +-Inf: a matmul with Inf warns (Inf * 0);
+        ``GateScorer.score`` replaces them by NaN, which flows through quietly."""
         v = self.views(b)
-        x = v.x
-        np.vecdot(x, x, out=v.sq)
-        raw = sq = v.sq_flat.tolist()  # ||x||^2 per (row, gate), row-major
-        bad = huge = None
-        if not sum(sq) < _SQ_HIGH or min(sq, default=1.0) < _SQ_LOW:  # NaN/Inf, or squares far from 1 (or a zero row)
-            bad, huge, changed = self._condition(x, raw)
-            if changed:
-                np.vecdot(x, x, out=v.sq)
-                sq = v.sq_flat.tolist()
-        np.matmul(v.x_stack, self._proj, out=v.u_stack)  # x W and the linear terms
-        np.vecdot(v.u_quad, v.u_quad, out=v.quad)
-        cc, classes, q_at, sqrt = self._cc, self._classes, self._n_linear, math.sqrt
-        scores, norm_out, exceed = [], [], []
-        for r, s, g, lo, hi, t, lin in zip(raw, sq, v.gate, v.low, v.high, v.threshold,
-                                           chain.from_iterable(v.terms.tolist())):
-            n = sqrt(s) or _TINY  # an all-zero row: the centre's distance from the origin
-            d2 = (lin[q_at] / n - 2.0 * lin[0]) / n + cc[g]
+        for src, proj, out in zip(rows, self._proj, v.out):
+            if src is None:
+                out[...] = _NAN
+            elif nan_rows is None:
+                src.dot(proj, out=out)
+            else:  # rows with NaN/Inf: NaN throughout, never Inf into the matmul
+                np.where(nan_rows[:, None], _NAN, src).dot(proj, out=out)
+        np.vecdot(v.blocks, v.blocks, out=v.squares)
+        cc, classes, n_linear, sqrt = self._cc, self._classes, self._n_linear, math.sqrt
+        low, high, threshold = v.low, v.high, v.threshold
+        scores, norm_out, exceed, special = v.zeros[:], v.clean[:], v.clean[:], None
+        # the buffer is gate-major; entries are row-major (row, gate): v.order gives each one's place
+        for (e, g), lin in zip(v.order, chain.from_iterable(v.tail.tolist())):
+            s = lin[n_linear]  # ||x||^2
+            n = sqrt(s)
+            if not _SQ_LOW <= s <= _SQ_HIGH and s != 0.0:  # NaN/Inf, or squares far from 1: see _special
+                special = (special or []) + [(e, s)]
+            d = n or _TINY  # an all-zero row: the centre's distance from the origin
+            d2 = (lin[n_linear + 1] / d - 2.0 * lin[0]) / d + cc[g]
             spec = classes[g]
             if spec is not None:  # tied / relative: the nearest class, then minus the background
                 oo, co, cc_bg = spec
                 at = 1 if cc_bg is None else 2
-                d2 = max(d2 + min(o - 2.0 * (lin[at + k] / n - c) for k, (o, c) in enumerate(zip(oo, co))), 0.0)
+                d2 = max(d2 + min(o - 2.0 * (lin[at + k] / d - c) for k, (o, c) in enumerate(zip(oo, co))), 0.0)
                 if cc_bg is not None:
-                    d2 -= (lin[q_at + 1] / n - 2.0 * lin[1]) / n + cc_bg
-            r = sqrt(r)  # the raw norm, for the guard (NaN for NaN rows: never outside)
-            scores.append(d2)
-            norm_out.append(r < lo or r > hi)
-            exceed.append(d2 > t)
-        if bad is None and huge is None:
-            return RowScores(v.threshold, scores, v.clean, norm_out, exceed, norm_out)
-        if huge is not None:  # squares overflowed: outside any band, even an open one
-            norm_out = [o or h for o, h in zip(norm_out, huge)]
-        if bad is None:
-            return RowScores(v.threshold, scores, v.clean, norm_out, exceed, norm_out)
-        scores = [_INF if x else s for s, x in zip(scores, bad)]
-        norm_out = [o and not x for o, x in zip(norm_out, bad)]  # its own flag; the norm of a NaN row means nothing
-        exceed = [s > t for s, t in zip(scores, v.threshold)]
-        return RowScores(v.threshold, scores, bad, norm_out, exceed, [o or x for o, x in zip(norm_out, bad)])
+                    d2 -= (lin[n_linear + 2] / d - 2.0 * lin[1]) / d + cc_bg
+            scores[e] = d2
+            norm_out[e] = n < low[e] or n > high[e]  # the raw norm's guard (NaN: never outside)
+            exceed[e] = d2 > threshold[e]
+        if special is None:
+            return RowScores(threshold, scores, v.clean, norm_out, exceed, norm_out)
+        return self._special(b, rows, nan_rows, special, scores, norm_out, exceed)
 
-    def _condition(self, x: np.ndarray, sq: list[float]) -> tuple[list[bool] | None, list[bool] | None, bool]:
-        """Rare path: zero NaN/Inf features (their score is set to +inf), and rescale finite ones
-        whose squares overflowed (``huge``: reported outside the norm band) or sit near float64's
-        limits, by their largest entry. Returns (bad, huge) per entry, row-major, and whether any
-        features changed."""
-        finite = np.isfinite(x).all(axis=2).reshape(-1).tolist()
-        g_count, changed = self.n_gates, False
-        for e, (ok, s) in enumerate(zip(finite, sq)):
+    def _special(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None,
+                 special: list[tuple[int, float]], scores: list[float], norm_out: list[bool],
+                 exceed: list[bool]) -> RowScores:
+        """Rare path. NaN/Inf features: score +inf, ``nonfinite``, no norm flag. Finite features whose
+        squares overflowed or sit near float64's limits: scored again rescaled by their largest
+        entry (same direction, same d2); overflow is outside any norm band."""
+        g_count, threshold = self.n_gates, self._views[b].threshold
+        bad = [False] * len(scores)
+        rescaled: list[np.ndarray | None] = [None] * g_count
+        for e, s in special:
             row, g = divmod(e, g_count)
-            if not ok:
-                x[row, g] = 0.0
-            elif s != 0.0 and not _SQ_LOW <= s <= _SQ_HIGH:
-                x[row, g] /= np.abs(x[row, g]).max()
-            else:
+            src = rows[g]
+            x = None if src is None or (nan_rows is not None and nan_rows[row]) else np.asarray(src[row], np.float64)
+            if x is None or not np.isfinite(x).all():
+                bad[e] = True
                 continue
-            changed = True
-        bad = [not ok for ok in finite]
-        huge = [ok and not math.isfinite(s) for ok, s in zip(finite, sq)]
-        return (bad if any(bad) else None), (huge if any(huge) else None), changed
+            if rescaled[g] is None:
+                rescaled[g] = np.zeros((b, self.dims[g]))
+            rescaled[g][row] = x / np.abs(x).max()
+            if s == _INF:
+                norm_out[e] = True  # squares overflowed: outside any band, even an open one
+        if any(r is not None for r in rescaled):
+            again = self.score_rows(b, [np.zeros((b, d)) if r is None else r for r, d in zip(rescaled, self.dims)])
+            for e, _ in special:
+                if not bad[e]:
+                    scores[e], exceed[e] = again.score[e], again.exceed[e]
+        for e, _ in special:
+            if bad[e]:
+                scores[e], norm_out[e], exceed[e] = _INF, False, _INF > threshold[e]
+        if not any(bad):
+            return RowScores(threshold, scores, self._views[b].clean, norm_out, exceed, norm_out)
+        return RowScores(threshold, scores, bad, norm_out, exceed, [o or x for o, x in zip(norm_out, bad)])
 
 
 class GateScorer(StackedScorer):
@@ -267,9 +272,11 @@ class GateScorer(StackedScorer):
         """Return (scores (batch,), flags), fresh arrays. Raises only for a wrong shape (a wiring bug)."""
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise ValueError(f"gate expects features of shape (batch, {self.dim}), got {x.shape}")
-        (column,) = self.columns(x.shape[0])
-        np.copyto(column, x, casting="same_kind")
-        r = self.score_rows(x.shape[0])
+        x = np.asarray(x, np.float64)
+        inf = np.isinf(x)
+        if inf.any():
+            x = np.where(inf, _NAN, x)
+        r = self.score_rows(x.shape[0], [x])
         return np.array(r.score, np.float64), GateFlags(*(np.array(f, bool) for f in (r.nonfinite, r.norm_out, r.exceed)))
 
 
