@@ -26,6 +26,7 @@ from executor.model_runner import DecisionModel
 from executor.snapshot import Observation
 
 SESSION_COUNTS = (1, 8, 32)
+TICKS = 4000  # per session count, with and without the gates; the first tenth is warm-up
 
 
 def _stats(values_us: np.ndarray, sessions: int, name: str) -> dict[str, float]:
@@ -64,10 +65,11 @@ def bench_gate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], sessions: 
 
 
 def bench_gate_table(model: DecisionModel, gates: list[ood.Gate], session_counts: Sequence[int] = SESSION_COUNTS,
-                     ticks: int = 4000, out_dir: Path = Path("runs/bench"), console: Console | None = None,
+                     ticks: int | None = None, out_dir: Path = Path("runs/bench"), console: Console | None = None,
                      model_path: str = "", gate_paths: Sequence[str] = ()) -> dict[str, Any]:
     """`bench_gate` at each session count; prints the table and writes runs/bench/gate-<time>.json."""
     console = console or Console()
+    ticks = TICKS if ticks is None else ticks
     rows = {}
     for n in session_counts:
         console.print(f"bench gate: {n} session{'s' if n != 1 else ''}, {ticks} ticks without and with "

@@ -90,6 +90,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.what == "gate":
         from controller.bench_gate import SESSION_COUNTS, bench_gate_table
         from controller.gate_tools import load_gate_for_model
+        from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
         from executor.model_runner import DecisionModel
 
         model_path, gate_paths = args.model, args.gate

@@ -53,3 +53,14 @@ def test_bench_gate_reports_each_session_count(tmp_path):
         on, off = row["with gate"], row["without gate"]
         assert 0 < on["gate_us_p50"] <= on["gate_us_p99"] and on["forward_us_p50"] > 0
         assert on["gate_us_per_session_p50"] > 0 and off["gate_us_p50"] < on["gate_us_p50"]
+
+
+def test_bench_gate_cli_defaults_to_the_base_model_and_its_gates(tmp_path, monkeypatch):
+    import controller.bench_gate
+
+    monkeypatch.setattr(controller.bench_gate, "TICKS", 40)
+    assert main(["bench", "gate", "--sessions", "2", "--out", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("gate-*.json")
+    result = json.loads(result_file.read_text())
+    assert set(result["sessions"]) == {"1", "2", "8", "32"} and len(result["gates"]) == 2
+    assert result["ticks"] == 40
