@@ -188,6 +188,13 @@ class Executor:
                                    f"{len(expected)} ({expected[0]}, ..., {expected[-1]})")
             self._gate_runs.append(_GateRun(g.monitor(cap), g.schema.source,
                                             np.zeros((cap, g.dim), np.float32), float(g.threshold)))
+        self._gate_bank = None
+        if self._gate_runs:
+            from ood import GateBank
+
+            self._gate_bank = GateBank([run.monitor for run in self._gate_runs], cap)
+        self._gate_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # per batch size
+        self._gate_any_frozen = False
         self._freeze = None
         if self.gates and self.config.freeze_repeats > 0:
             from ood import FreezeDetector
@@ -434,13 +441,7 @@ class Executor:
         if not self._gate_runs:
             return None
         n = len(rows)
-        try:
-            bank, views = self._gate_bank, self._gate_views
-        except AttributeError:  # first tick: the bank and per-batch-size views are made on first use
-            from ood import GateBank
-
-            bank, views = GateBank([run.monitor for run in self._gate_runs], self.config.max_sessions), {}
-            self._gate_bank, self._gate_views, self._gate_any_frozen = bank, views, False
+        bank, views = self._gate_bank, self._gate_views
         try:
             x, fresh, frozen = views[n]
         except KeyError:
