@@ -140,3 +140,25 @@ def test_scheduler_with_remote_source_counts_remote_timeouts():
     finally:
         source.release.set()
         server.stop()
+
+
+def test_a_remote_that_times_out_costs_one_deadline_per_batch_not_one_per_session():
+    source = BlockedSource()
+    server = serve_planner(source, port=0, max_workers=8)
+    try:
+        factory = functools.partial(RemotePlanner, server.address, 0.1)
+        with PlanScheduler(factory, deadline_s=0.4) as sched:
+            for i in range(3):
+                sched.request(f"car-{i}", features(), 0)
+            give_up = time.monotonic() + 3.0
+            while sched.stats()["timeouts"] < 3 and time.monotonic() < give_up:
+                sched.poll()
+                time.sleep(0.01)
+            stats = sched.stats()
+            # After the first remote timeout the rest of the batch is not attempted but asked again:
+            # each session times out on its own deadline, and the worker is never killed.
+            assert stats["timeouts"] == 3 and stats["restarts"] == 0 and stats["requeued"] == 3, stats
+            assert stats["batches"] == 3 and stats["batch_time_us_p99"] < 0.4e6
+    finally:
+        source.release.set()
+        server.stop()
