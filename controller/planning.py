@@ -2,9 +2,10 @@
 
 REALTIME sessions are planned by a PlanScheduler (a worker process): the tick loop only calls
 RealtimePlanning.on_tick, which asks for plans when a session's period has elapsed and applies the
-plans that have finished, both non-blocking. LOCKSTEP sessions must stay deterministic, so they are
-planned in-line at each period boundary of observation time (LockstepPlanning), by the stream
-handler over gRPC or by sim.closed_loop's InProcessDecider, with the same code either way.
+plans that have finished, both non-blocking. Sessions due in the same tick go to the worker as one
+batch (the poll() right after the requests sends them). LOCKSTEP sessions must stay deterministic,
+so they are planned in-line at each period boundary of observation time (LockstepPlanning), by the
+stream handler over gRPC or by sim.closed_loop's InProcessDecider, with the same code either way.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ def source_factory(cfg: PlannerConfig) -> SourceFactory:
 
 
 def worker_deadline_s(cfg: PlannerConfig) -> float:
-    """When the plan is abandoned. A remote source gets slack past its own gRPC deadline, so that
-    the call's DEADLINE_EXCEEDED (counted, worker kept) comes first and a kill is the last resort."""
+    """When a batch in flight is abandoned (its worker killed). A remote source gets slack past its
+    own gRPC deadline, so that the call's DEADLINE_EXCEEDED (counted, worker kept) comes first and a
+    kill is the last resort: the worker starts no new call after a third of this, and one more call
+    then lasts at most 2/3 of it minus the slack (planner.scheduler.PlanScheduler.budget_s)."""
     return cfg.deadline_s * 1.5 + 0.02 if cfg.source == "remote" else cfg.deadline_s
 
 
