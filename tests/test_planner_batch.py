@@ -194,3 +194,15 @@ def test_evaluate_is_the_batch_of_one():
     assert p.target_speed in (0.0, float(cands.target_speed[cands.best]))
     with pytest.raises(ValueError, match="NaN or Inf"):
         planner.evaluate(np.full(N_FEATURES, np.nan))
+
+
+def test_plan_values_are_make_plan():
+    """Plan.values() builds the vector directly (the tick loop applies a batch of plans at once)."""
+    from sim.schema import BEHAVIOURS, make_plan
+
+    for i, behaviour in enumerate(BEHAVIOURS):
+        for speed, offset in ((0.0, 0.0), (12.345678, -3.5), (25.0, 3.5)):
+            v = Plan("id", "s", 0, 1, "t", behaviour, speed, offset).values()
+            expected = make_plan(speed, offset, i)
+            assert v.dtype == expected.dtype and v.shape == expected.shape
+            np.testing.assert_array_equal(v, expected)
