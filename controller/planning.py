@@ -192,13 +192,23 @@ class RealtimePlanning:
                 if obs is None:  # nothing to plan from yet: look again next tick
                     earliest = now_ns
                     continue
-                # A missed request is not made up for: the scheduler counts the overrun instead.
                 self.scheduler.request(session_id, obs.features, now_ns)
-                due = due + self.period_ns if due + self.period_ns > now_ns else now_ns + self.period_ns
+                due = self._next_boundary(now_ns)
                 self._due[session_id] = due
             earliest = min(earliest, due)
         self._earliest = earliest
         self._known = len(self.executor.sessions)
+
+    def _next_boundary(self, now_ns: int) -> int:
+        """The first multiple of the period on the monotonic clock at least half a period away.
+
+        A session's first request goes out at once; after that every session is due at the same
+        boundaries, so the scheduler sends all of them in one batch per period (one rollout)
+        instead of one small batch for each tick some session happened to open in. The half period
+        keeps a session that opened just before a boundary from asking again a tick later. A missed
+        boundary is not made up for: the scheduler counts the overrun instead."""
+        period = self.period_ns
+        return -(-(now_ns + period // 2) // period) * period  # ceil to the grid
 
     def decorate(self, session_id: str, msg: pb.DecisionSnapshot) -> pb.DecisionSnapshot:
         return self._summaries.decorate(session_id, msg)
