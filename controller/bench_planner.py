@@ -53,7 +53,8 @@ def print_planner_report(result: dict[str, Any], console: Console) -> None:
     if p:
         console.print(f"planner ({p['source']}, worker process): {p['plans']} plans in {p['batches']} batches "
                       f"(p50 {p['batch_size_p50']:.0f} sessions), time per batch p50 "
-                      f"{p['batch_time_us_p50'] / 1e3:.2f} ms, p99 {p['batch_time_us_p99'] / 1e3:.2f} ms, per plan p50 "
+                      f"{p['batch_time_us_p50'] / 1e3:.2f} ms, p99 {p['batch_time_us_p99'] / 1e3:.2f} ms (CPU p50 "
+                      f"{p['batch_cpu_us_p50'] / 1e3:.2f} ms, p99 {p['batch_cpu_us_p99'] / 1e3:.2f} ms), per plan p50 "
                       f"{p['plan_time_us_p50'] / 1e3:.2f} ms, p99 {p['plan_time_us_p99'] / 1e3:.2f} ms; request -> "
                       f"plan p99 {p['latency_us_p99'] / 1e3:.1f} ms; overruns (missed cycles) {p['overruns']}, "
                       f"errors {p['errors']}, timeouts {p['timeouts']}; "

@@ -116,7 +116,8 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
         now = planning.scheduler.stats()
         planner_stats = {k: int(now[k]) - int(plan0[k]) for k in _PLANNER_COUNTS}
         planner_stats.update({k: now[k] for k in ("plan_time_us_p50", "plan_time_us_p99", "batch_time_us_p50",
-                                                  "batch_time_us_p99", "batch_size_p50", "latency_us_p50",
+                                                  "batch_time_us_p99", "batch_cpu_us_p50", "batch_cpu_us_p99",
+                                                  "batch_size_p50", "latency_us_p50",
                                                   "latency_us_p99", "source")})
         planner_stats["applied"] = planning.realtime.applied
     await server.stop()

@@ -192,6 +192,7 @@ class PlanScheduler:
         self._in_flight: _InFlight | None = None
         self._plan_us: deque[float] = deque(maxlen=history)  # batch time / requests attempted
         self._batch_us: deque[float] = deque(maxlen=history)
+        self._batch_cpu_us: deque[float] = deque(maxlen=history)  # the worker's CPU time per batch
         self._batch_size: deque[int] = deque(maxlen=history)
         self._latency_us: deque[float] = deque(maxlen=history)
         self._counts = dict.fromkeys(
@@ -302,7 +303,7 @@ class PlanScheduler:
         out["in_flight"] = len(self._in_flight.unanswered) if self._in_flight is not None else 0
         out["last_error"] = self._last_error
         for key, history in (("plan_time_us", self._plan_us), ("batch_time_us", self._batch_us),
-                             ("latency_us", self._latency_us)):
+                             ("batch_cpu_us", self._batch_cpu_us), ("latency_us", self._latency_us)):
             values = np.asarray(history)
             out[f"{key}_p50"] = float(np.percentile(values, 50)) if values.size else float("nan")
             out[f"{key}_p99"] = float(np.percentile(values, 99)) if values.size else float("nan")
@@ -410,7 +411,7 @@ class PlanScheduler:
     def _receive(self, worker: _Worker) -> None:
         now = time.monotonic()
         try:
-            kind, elapsed_ns, payload = decode(worker.conn.recv_bytes())
+            envelope = decode(worker.conn.recv_bytes())
         except (EOFError, OSError, ValueError):
             # The worker is gone; a source that kills its interpreter is an error, not a hang.
             if self._in_flight is not None:
@@ -419,6 +420,7 @@ class PlanScheduler:
             self._retire(worker, count_timeout=False)
             self._schedule_backoff(now)
             return
+        kind, payload = envelope.kind, envelope.payload
         if kind == READY:
             worker.ready, worker.name = True, payload.decode("utf-8", "replace")
             self._backoff = self._restart_backoff_s
@@ -448,7 +450,7 @@ class PlanScheduler:
             flight.answered += 1
             self._answer(item, frame_kind, data, now, flight)
         if not flight.unanswered:
-            self._finish_batch(flight, elapsed_ns)
+            self._finish_batch(flight, envelope.wall_ns, envelope.cpu_ns)
 
     def _answer(self, item: _Sent, kind: bytes, data: bytes, now: float, flight: _InFlight) -> None:
         session_id = item.session_id
@@ -479,12 +481,13 @@ class PlanScheduler:
             self._counts["dropped_unpolled"] += 1
         self._ready.append(plan)
 
-    def _finish_batch(self, flight: _InFlight, elapsed_ns: int) -> None:
+    def _finish_batch(self, flight: _InFlight, wall_ns: int, cpu_ns: int) -> None:
         self._in_flight = None
         attempted = len(flight.items) - len(flight.skipped)
-        self._batch_us.append(elapsed_ns / 1e3)
+        self._batch_us.append(wall_ns / 1e3)
+        self._batch_cpu_us.append(cpu_ns / 1e3)
         self._batch_size.append(len(flight.items))
-        self._plan_us.append(elapsed_ns / 1e3 / max(attempted, 1))
+        self._plan_us.append(wall_ns / 1e3 / max(attempted, 1))
         # Skipped requests go first in the next batch (they have waited longest), unless the session
         # was forgotten or has asked again since (the newer request wins).
         again = {item.session_id: item.request for item in flight.skipped

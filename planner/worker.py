@@ -4,10 +4,11 @@ Runs as a child process (default) or a thread. Messages are bytes only, never pi
 run of frames, each a struct header (kind, payload length) followed by its payload:
   scheduler -> worker: one message per batch, a REQUEST frame per session, each a serialised
     planner.proto PlanRequest; b"" asks the worker to exit.
-  worker -> scheduler: an envelope header (kind, planning time in ns) followed by
+  worker -> scheduler: an envelope header (kind, planning wall time and CPU time in ns) followed by
     READY  + the source's name (utf-8), once the source is built;
     BATCH  + one frame per request of the batch, in request order (a long batch is answered in
-             several BATCH messages, see below); the planning time is the whole batch's;
+             several BATCH messages, see below); the times are the whole batch's (wall time much
+             longer than CPU time means the niced worker waited for a CPU);
     ERROR  + a message (utf-8): the batch message itself could not be read (a bug, not a source
              fault): every request still unanswered in it failed;
     FATAL  + a message: the source could not be built, the worker exits.
@@ -38,6 +39,7 @@ import signal
 import struct
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Callable, cast
 
@@ -47,7 +49,7 @@ from planner.wire import plan_to_pb, request_from_pb
 
 READY, BATCH, FATAL = b"R", b"B", b"F"  # envelope kinds (ERROR too)
 REQUEST, PLAN, ERROR, LATE, SKIP = b"Q", b"P", b"E", b"L", b"S"  # frame kinds
-_HEADER = struct.Struct("<cq")  # envelope: kind, planning time in ns
+_HEADER = struct.Struct("<cqq")  # envelope: kind, planning wall time and CPU time in ns
 _FRAME = struct.Struct("<cI")  # frame: kind, payload length
 STOP_MESSAGE = b""
 MAX_REPLY_BYTES = 16 * 1024  # multiprocessing.Connection sends up to 16 KiB in a single write
@@ -58,15 +60,23 @@ Reply = tuple[bytes, bytes]  # (frame kind, payload)
 _SKIPPED = object()  # a request _plan_each did not attempt
 
 
-def encode(kind: bytes, elapsed_ns: int, payload: bytes) -> bytes:
-    return _HEADER.pack(kind, elapsed_ns) + payload
+@dataclass(frozen=True)
+class Envelope:
+    kind: bytes
+    wall_ns: int  # time spent planning the batch
+    cpu_ns: int  # CPU time the worker used for it
+    payload: bytes
 
 
-def decode(message: bytes) -> tuple[bytes, int, bytes]:
+def encode(kind: bytes, payload: bytes, wall_ns: int = 0, cpu_ns: int = 0) -> bytes:
+    return _HEADER.pack(kind, wall_ns, cpu_ns) + payload
+
+
+def decode(message: bytes) -> Envelope:
     if len(message) < _HEADER.size:
         raise ValueError(f"planner worker sent a {len(message)}-byte message, shorter than its header")
-    kind, elapsed_ns = _HEADER.unpack_from(message)
-    return kind, elapsed_ns, message[_HEADER.size:]
+    kind, wall_ns, cpu_ns = _HEADER.unpack_from(message)
+    return Envelope(kind, wall_ns, cpu_ns, message[_HEADER.size:])
 
 
 def pack_frames(frames: Sequence[Reply]) -> bytes:
@@ -108,9 +118,9 @@ def run_worker(conn: Connection, factory: SourceFactory, nice: int | None = None
         source = factory()
         name = str(getattr(source, "name", type(source).__name__))
     except BaseException as err:  # noqa: BLE001 - any failure to build is reported, then we exit
-        _send(conn, encode(FATAL, 0, _describe(err)))
+        _send(conn, encode(FATAL, _describe(err)))
         return
-    if not _send(conn, encode(READY, 0, name.encode())):
+    if not _send(conn, encode(READY, name.encode())):
         return
     while True:
         try:
@@ -119,16 +129,16 @@ def run_worker(conn: Connection, factory: SourceFactory, nice: int | None = None
             return  # the scheduler is gone or replaced us
         if data == STOP_MESSAGE:
             return
-        t0 = time.perf_counter_ns()
+        t0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
         try:
             frames = unpack_frames(data)
         except ValueError as err:
-            if not _send(conn, encode(ERROR, time.perf_counter_ns() - t0, _describe(err))):
+            if not _send(conn, encode(ERROR, _describe(err))):
                 return
             continue
         replies = answer_batch(source, [payload for _, payload in frames], budget_s)
-        elapsed_ns = time.perf_counter_ns() - t0
-        for message in _reply_messages(replies, elapsed_ns):
+        timing = (time.perf_counter_ns() - t0, time.thread_time_ns() - cpu0)
+        for message in _reply_messages(replies, *timing):
             if not _send(conn, message):
                 return
 
@@ -202,19 +212,19 @@ def _reply(result: object) -> Reply:
         return ERROR, _describe(err)
 
 
-def _reply_messages(replies: Sequence[Reply], elapsed_ns: int) -> Iterator[bytes]:
+def _reply_messages(replies: Sequence[Reply], wall_ns: int, cpu_ns: int) -> Iterator[bytes]:
     """BATCH messages of at most MAX_REPLY_BYTES each (one frame per message if a frame is bigger)."""
     chunk: list[Reply] = []
     size = _HEADER.size
     for reply in replies:
         frame_size = _FRAME.size + len(reply[1])
         if chunk and size + frame_size > MAX_REPLY_BYTES:
-            yield encode(BATCH, elapsed_ns, pack_frames(chunk))
+            yield encode(BATCH, pack_frames(chunk), wall_ns, cpu_ns)
             chunk, size = [], _HEADER.size
         chunk.append(reply)
         size += frame_size
     if chunk or not replies:
-        yield encode(BATCH, elapsed_ns, pack_frames(chunk))
+        yield encode(BATCH, pack_frames(chunk), wall_ns, cpu_ns)
 
 
 def _send(conn: Connection, message: bytes) -> bool:

@@ -258,6 +258,7 @@ def test_a_batch_of_32_sessions_comes_back_in_one_round_trip():
         assert stats["batches"] == 3 and stats["batch_size_max"] == 32 and stats["plans"] == 96
         assert stats["errors"] == stats["timeouts"] == stats["overruns"] == stats["restarts"] == 0
         assert stats["batch_time_us_p50"] < 100_000 and stats["plan_time_us_p50"] < stats["batch_time_us_p50"]
+        assert 0 < stats["batch_cpu_us_p50"] <= stats["batch_time_us_p50"] * 1.01
         assert {p.behaviour for p in previous.values()} >= {"keep", "change_left"}
 
 
