@@ -33,6 +33,7 @@ for the rest while this niced process is descheduled.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
@@ -114,6 +115,7 @@ def run_worker(conn: Connection, factory: SourceFactory, nice: int | None = None
             os.nice(nice)  # the executor's ticks outrank planning on a 2-core machine
         except OSError:
             pass
+    _plan_timeout()  # grpc's import takes ~0.2 s: before READY, not inside the first batch's deadline
     try:
         source = factory()
         name = str(getattr(source, "name", type(source).__name__))
@@ -178,8 +180,6 @@ def _plan(source: PlanSource, requests: Sequence[PlanRequest], budget_s: float) 
 
 
 def _plan_each(source: PlanSource, requests: Sequence[PlanRequest], budget_s: float) -> list[object]:
-    from planner.remote import PlanTimeout  # imported here: keeps grpc out of the module's import cost
-
     results: list[object] = []
     start = time.monotonic()
     gave_up = False
@@ -191,16 +191,14 @@ def _plan_each(source: PlanSource, requests: Sequence[PlanRequest], budget_s: fl
             results.append(source.plan(request))
         except Exception as err:  # noqa: BLE001 - a raising source is counted, not fatal
             results.append(err)
-            gave_up = isinstance(err, PlanTimeout)
+            gave_up = isinstance(err, _plan_timeout())
     return results
 
 
 def _reply(result: object) -> Reply:
-    from planner.remote import PlanTimeout
-
     if result is _SKIPPED:
         return SKIP, b"not attempted: the batch ran out of time"
-    if isinstance(result, PlanTimeout):
+    if isinstance(result, _plan_timeout()):
         return LATE, _describe(result)
     if isinstance(result, BaseException):
         return ERROR, _describe(result)
@@ -210,6 +208,13 @@ def _reply(result: object) -> Reply:
         return PLAN, plan_to_pb(result).SerializeToString()
     except Exception as err:  # noqa: BLE001 - a plan that cannot be put on the wire is the source's error
         return ERROR, _describe(err)
+
+
+@functools.cache
+def _plan_timeout() -> type[Exception]:
+    from planner.remote import PlanTimeout  # imported late: keeps grpc out of this module's import cost
+
+    return PlanTimeout
 
 
 def _reply_messages(replies: Sequence[Reply], wall_ns: int, cpu_ns: int) -> Iterator[bytes]:
