@@ -81,7 +81,7 @@ async def run_clients(address: str, sessions: int, duration_s: float, period_s: 
             _session(stub, i, len(info.features), duration_s, period_s, seed) for i in range(sessions))))
 
 
-_PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "restarts", "batches")
+_PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "restarts", "batches", "starved_batches")
 
 
 async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: int | None, save: str,
