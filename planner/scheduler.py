@@ -54,8 +54,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dualloop.v1 import planner_pb2 as pb
-from planner.plan import Plan, PlanError, PlanRequest
-from planner.wire import plan_from_pb, request_to_pb
+from planner.plan import Plan, PlanError
+from planner.wire import plan_from_pb, request_bytes
 from planner.worker import (BATCH, FATAL, LATE, PLAN, READY, REQUEST, SKIP, STOP_MESSAGE, SourceFactory, decode,
                             pack_frames, run_worker, unpack_frames)
 from sim.schema import N_FEATURES
@@ -108,6 +108,7 @@ class _Worker:
         self.started = time.monotonic()
         self.ready = False
         self.name = ""
+        self.cpu_reported_s: float | None = None  # the worker's CPU time in its latest message
         self._process: mp.process.BaseProcess | None = None
         self._thread: threading.Thread | None = None
         if mode == "process":
@@ -129,7 +130,7 @@ class _Worker:
 
     def cpu_s(self) -> float | None:
         """CPU time the planning thread has used (schedstat); None where the kernel does not say
-        (not Linux). One small /proc read, ~10 us."""
+        (not Linux). A /proc read, ~50 us: only when a deadline has passed."""
         try:
             with open(f"{self._proc}/schedstat", "rb") as f:
                 return int(f.read().split()[0]) / 1e9
@@ -230,7 +231,7 @@ class PlanScheduler:
 
         self._pending: dict[str, _Pending] = {}  # insertion order = age: the oldest go first
         self._outstanding: set[str] = set()  # requested, no plan/error/timeout back yet
-        self._previous: dict[str, Plan] = {}
+        self._previous: dict[str, tuple[str, bytes]] = {}  # plan id and PlanResponse bytes, per session
         self._ready: deque[Plan] = deque()
         self._max_ready = max_ready
         self._in_flight: _InFlight | None = None
@@ -463,11 +464,12 @@ class PlanScheduler:
     def _send_batch(self, worker: _Worker) -> None:
         session_ids = list(itertools.islice(self._pending, self.max_batch))  # oldest first
         items = [_Sent(session_id, self._pending.pop(session_id)) for session_id in session_ids]
-        frames = [(REQUEST, request_to_pb(PlanRequest(item.session_id, item.request.features, item.request.now_ns,
-                                                      self._previous.get(item.session_id))).SerializeToString())
+        frames = [(REQUEST, request_bytes(item.session_id, item.request.features, item.request.now_ns,
+                                          *self._previous.get(item.session_id, ("", b""))))
                   for item in items]
         now = time.monotonic()
-        self._in_flight = _InFlight(items, now, now + self.deadline_s, worker.cpu_s())
+        # The worker's CPU time at its latest message: it has been idle since, waiting for this batch.
+        self._in_flight = _InFlight(items, now, now + self.deadline_s, worker.cpu_reported_s)
         self._counts["batches"] += 1
         try:
             worker.conn.send_bytes(pack_frames(frames))
@@ -487,6 +489,7 @@ class PlanScheduler:
             self._schedule_backoff(now)
             return
         kind, payload = envelope.kind, envelope.payload
+        worker.cpu_reported_s = envelope.cpu_total_ns / 1e9
         if kind == READY:
             worker.ready, worker.name = True, payload.decode("utf-8", "replace")
             self._backoff = self._restart_backoff_s
@@ -541,7 +544,7 @@ class PlanScheduler:
         if item.discard:
             return
         self._counts["plans"] += 1
-        self._previous[session_id] = plan
+        self._previous[session_id] = (plan.plan_id, data)
         if len(self._ready) >= self._max_ready:
             self._ready.popleft()
             self._counts["dropped_unpolled"] += 1

@@ -15,7 +15,7 @@ from planner.behaviour import BehaviourPlanner
 from planner.plan import Plan, PlanRequest
 from planner.remote import PlanTimeout, RemotePlanner, RemotePlannerError, serve_planner
 from planner.scheduler import PlanScheduler
-from planner.wire import BEHAVIOUR_TO_WIRE, plan_from_pb, plan_to_pb, request_from_pb, request_to_pb
+from planner.wire import BEHAVIOUR_TO_WIRE, plan_from_pb, plan_to_pb, request_bytes, request_from_pb, request_to_pb
 from sim.schema import BEHAVIOURS, FEATURE_INDEX, N_FEATURES, SENSOR_RANGE_M
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +83,19 @@ def test_wire_round_trip():
     assert plan_from_pb(plan_to_pb(previous)) == previous
     with pytest.raises(ValueError, match="behaviour"):
         plan_from_pb(pb.PlanResponse(plan_id="bad", valid_for_ns=1))
+
+
+def test_request_bytes_is_request_to_pb():
+    """The scheduler's fast encoder gives the same message as the reference one."""
+    previous = Plan("p/1", "car", 5, 10**9, "x", "change_left", 22.5, 3.5)
+    for prev in (None, previous):
+        request = PlanRequest("car", features(), 200_000_005, prev)
+        fast = request_bytes("car", request.features, request.now_ns, *((prev.plan_id, plan_to_pb(prev).SerializeToString())
+                                                                      if prev else ()))
+        assert pb.PlanRequest.FromString(fast) == request_to_pb(request)
+        back = request_from_pb(pb.PlanRequest.FromString(fast))
+        assert back.previous == prev and back.now_ns == request.now_ns
+        np.testing.assert_array_equal(back.features, request.features)
 
 
 def test_remote_planner_against_reference_server():
