@@ -29,8 +29,9 @@ blocks the caller. A worker that is ready to run but short of CPU at the deadlin
 (Linux: its state and CPU time in /proc): it gets until it could have used a deadline's worth of
 CPU, up to starved_limit_s. On a busy machine the niced worker waits first, and killing it would
 only start a fresh one, cold, on the same busy machine (measured: 6 ms of CPU per batch of 32 took
-up to 190 ms while other work ran). Call
-request(), poll(), forget() and stats() from one thread (the tick loop's).
+up to 190 ms while other work ran).
+
+Call request(), poll(), forget() and stats() from one thread (the tick loop's).
 
 Counters (stats()): requests; plans; errors; timeouts (a session's plan abandoned at a deadline:
 its own source's, or the batch's); overruns (a session's previous request not answered when the
