@@ -51,10 +51,14 @@ def print_planner_report(result: dict[str, Any], console: Console) -> None:
     console.print(f"p99 busy/idle: [bold]{ratio:.2f}x[/] ({verdict} the {GOAL_RATIO}x goal)")
     p = result["busy"]["planner"] or {}
     if p:
-        console.print(f"planner ({p['source']}, worker process): {p['plans']} plans, time per plan p50 "
+        console.print(f"planner ({p['source']}, worker process): {p['plans']} plans in {p['batches']} batches "
+                      f"(p50 {p['batch_size_p50']:.0f} sessions), time per batch p50 "
+                      f"{p['batch_time_us_p50'] / 1e3:.2f} ms, p99 {p['batch_time_us_p99'] / 1e3:.2f} ms (CPU p50 "
+                      f"{p['batch_cpu_us_p50'] / 1e3:.2f} ms, p99 {p['batch_cpu_us_p99'] / 1e3:.2f} ms), per plan p50 "
                       f"{p['plan_time_us_p50'] / 1e3:.2f} ms, p99 {p['plan_time_us_p99'] / 1e3:.2f} ms; request -> "
                       f"plan p99 {p['latency_us_p99'] / 1e3:.1f} ms; overruns (missed cycles) {p['overruns']}, "
-                      f"errors {p['errors']}, timeouts {p['timeouts']}; "
+                      f"errors {p['errors']}, timeouts {p['timeouts']}, restarts {p['restarts']}, batches that waited "
+                      f"for a CPU past the deadline {p['starved_batches']}; "
                       f"STALE_PLAN ticks {result['busy']['stale_plan_ticks']}")
 
 

@@ -81,7 +81,7 @@ async def run_clients(address: str, sessions: int, duration_s: float, period_s: 
             _session(stub, i, len(info.features), duration_s, period_s, seed) for i in range(sessions))))
 
 
-_PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "restarts")
+_PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "restarts", "batches", "starved_batches")
 
 
 async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: int | None, save: str,
@@ -115,7 +115,9 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
     if planning is not None:  # counts over the window; plan times over the last plans (a rolling history)
         now = planning.scheduler.stats()
         planner_stats = {k: int(now[k]) - int(plan0[k]) for k in _PLANNER_COUNTS}
-        planner_stats.update({k: now[k] for k in ("plan_time_us_p50", "plan_time_us_p99", "latency_us_p50",
+        planner_stats.update({k: now[k] for k in ("plan_time_us_p50", "plan_time_us_p99", "batch_time_us_p50",
+                                                  "batch_time_us_p99", "batch_cpu_us_p50", "batch_cpu_us_p99",
+                                                  "batch_size_p50", "latency_us_p50",
                                                   "latency_us_p99", "source")})
         planner_stats["applied"] = planning.realtime.applied
     await server.stop()

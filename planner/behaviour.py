@@ -4,8 +4,14 @@ Unlike the 5 ms executor, which reacts to the present, this looks ahead: for eve
 (lane in {keep, left, right} x a ladder of target speeds) it rolls the ego forward with an IDM-like
 longitudinal model behind the predicted leader(s) of the lane it will be in, against traffic
 predicted at constant velocity from the observation features, and adds up costs for collision risk,
-progress, comfort and rules of the road. All candidates are rolled out together (numpy arrays of
-shape (steps, candidates)); the Python loop only runs over time steps.
+progress, comfort and rules of the road.
+
+plan_many() plans a batch of sessions at once: every candidate of every session is one column of
+the same arrays (shape (steps, candidates of all sessions)), so the Python loop runs over the 60
+time steps once per batch, not once per session. Each numpy call costs about a microsecond
+whatever its length here, so 32 sessions cost little more than one. plan() is a batch of one, and
+every column is computed with the same elementwise operations whatever batch it is in, so a
+session's plan does not depend on which other sessions were planned with it.
 
 It sees only what a server sees (one feature vector per session), so everything it knows about the
 neighbouring lanes comes from the front/rear gap and relative-speed features.
@@ -16,7 +22,9 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -85,6 +93,31 @@ class BehaviourParams:
     memory_sessions: int = 4096  # per-session lane-change memory is bounded (LRU)
 
 
+@dataclass(frozen=True)
+class _Situation:
+    """What the planner knows about each session of a batch: (B,) or (B, 3 lanes) arrays."""
+
+    v0: FloatArray  # ego speed, never negative
+    a0: FloatArray
+    cruise: FloatArray  # desired speed, capped in curves
+    lane_offset: FloatArray
+    exists: npt.NDArray[np.bool_]  # (B, 3): keep, left, right
+    front_gap: FloatArray  # (B, 3) leaders, _FAR_M when there is none
+    front_v: FloatArray
+    rear_gap: FloatArray  # (B, 3) followers (none in the ego lane)
+    rear_v: FloatArray
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """Every candidate of every session side by side, (N,) arrays; session b owns starts[b]:starts[b+1]."""
+
+    owner: npt.NDArray[np.int64]  # index of the session in the batch
+    lane: npt.NDArray[np.int64]
+    target: FloatArray
+    starts: npt.NDArray[np.int64]  # (B + 1,)
+
+
 @dataclass
 class Candidates:
     """The evaluated candidate table, (K,) arrays; exposed for tests and debugging."""
@@ -120,9 +153,47 @@ class BehaviourPlanner:
 
     # ---- PlanSource -------------------------------------------------------------------------
     def plan(self, request: PlanRequest) -> Plan:
+        [result] = self.plan_many([request])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def plan_many(self, requests: Sequence[PlanRequest]) -> list[Plan | Exception]:
+        """One plan per request, in order, from one vectorised rollout; a request that cannot be
+        planned (non-finite features) gets its exception in its slot and the others are planned.
+
+        The result is the same as plan() called on each request in turn, lane-change memory
+        included. The only exception is the memory's LRU bound: with more than memory_sessions
+        sessions remembered, a batch evicts at its end instead of between requests."""
+        results: list[Plan | Exception | None] = [None] * len(requests)
+        # A session's memory is read before its batch and written after it, so a session planned
+        # twice in one batch (the scheduler never does that) takes two rounds, in request order.
+        for indices in _rounds(requests):
+            batch = [requests[i] for i in indices]
+            x = np.stack([np.asarray(r.features, dtype=np.float64) for r in batch])
+            finite = np.isfinite(x).all(axis=1)
+            for i in np.flatnonzero(~finite):
+                results[indices[i]] = ValueError("features contain NaN or Inf")
+            good = [i for i in range(len(batch)) if finite[i]]
+            if not good:
+                continue
+            cols, cands = self._evaluate(x[good], [batch[i] for i in good])
+            for j, i in enumerate(good):
+                try:
+                    results[indices[i]] = self._decide(batch[i], cols, cands, j)
+                except Exception as err:  # noqa: BLE001 - one bad plan must not sink the batch
+                    results[indices[i]] = err
+        return cast("list[Plan | Exception]", results)  # every slot was filled above
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._last_change_ns.pop(session_id, None)
+
+    def _decide(self, request: PlanRequest, cols: _Columns, cands: Candidates, b: int) -> Plan:
+        """The plan for session b of an evaluated batch; remembers a lane change for the cooldown."""
         p = self.params
-        cands = self.evaluate(request.features, request.previous, request.now_ns, request.session_id)
-        best = cands.best
+        lo, hi = int(cols.starts[b]), int(cols.starts[b + 1])
+        best = lo + int(np.argmin(cands.cost[lo:hi]))
         lane = int(cands.lane[best])
         behaviour = LANE_BEHAVIOUR[lane]
         target_speed = float(cands.target_speed[best])
@@ -137,11 +208,7 @@ class BehaviourPlanner:
         if changed_ns is None and prev is not None and prev.behaviour.startswith("change_"):
             changed_ns = prev.created_ns
         if changed_ns is not None:
-            with self._lock:
-                self._last_change_ns[request.session_id] = changed_ns
-                self._last_change_ns.move_to_end(request.session_id)
-                while len(self._last_change_ns) > p.memory_sessions:
-                    self._last_change_ns.popitem(last=False)
+            self._remember_change(request.session_id, changed_ns)
         return Plan(
             plan_id=make_plan_id(self.name, request.session_id, request.now_ns),
             session_id=request.session_id, created_ns=request.now_ns,
@@ -149,9 +216,12 @@ class BehaviourPlanner:
             target_speed=target_speed, target_lane_offset=offset,
         )
 
-    def forget(self, session_id: str) -> None:
+    def _remember_change(self, session_id: str, changed_ns: int) -> None:
         with self._lock:
-            self._last_change_ns.pop(session_id, None)
+            self._last_change_ns[session_id] = changed_ns
+            self._last_change_ns.move_to_end(session_id)
+            while len(self._last_change_ns) > self.params.memory_sessions:
+                self._last_change_ns.popitem(last=False)
 
     # ---- the evaluation ---------------------------------------------------------------------
     def cruise_speed(self, features: npt.NDArray[np.floating]) -> float:
@@ -162,64 +232,30 @@ class BehaviourPlanner:
         self, features: npt.NDArray[np.floating], previous: Plan | None = None, now_ns: int = 0,
         session_id: str = "",
     ) -> Candidates:
-        p = self.params
+        """The candidate table of one session (what plan() chooses from), for tests and debugging."""
         x = np.asarray(features, dtype=np.float64)
         if not np.all(np.isfinite(x)):
             raise ValueError("features contain NaN or Inf")
-        v0 = max(float(x[_F["ego_speed"]]), 0.0)
-        a0 = float(x[_F["ego_accel"]])
-        cruise = self.cruise_speed(x)
+        request = PlanRequest(session_id, np.asarray(features, dtype=np.float32), now_ns, previous)
+        _, cands = self._evaluate(x[None, :], [request])
+        return cands
 
-        # Traffic per lane (keep, left, right), predicted at constant velocity.
-        exists = np.array([True, x[_F["left_lane_exists"]] > 0.5, x[_F["right_lane_exists"]] > 0.5])
-        front_gap = x[_FRONT_GAP]
-        front_v = np.maximum(v0 + x[_FRONT_REL], 0.0)
-        # Trust the gap over lead_present: a faulty flag must not hide a car 20 m ahead.
-        no_front = front_gap >= _NOTHING_THERE_M
-        front_gap = np.where(no_front, _FAR_M, front_gap)
-        front_v = np.where(no_front, max(v0, cruise), front_v)
-        rear_gap = np.concatenate([[_FAR_M], x[_REAR_GAP]])
-        rear_v = np.concatenate([[0.0], np.maximum(v0 + x[_REAR_REL], 0.0)])
-        rear_gap = np.where(rear_gap >= _NOTHING_THERE_M, _FAR_M, rear_gap)
-
-        # Candidates: existing lanes x target speeds. A lane that does not exist is never a candidate.
-        lanes = np.flatnonzero(exists)
-        lane = np.repeat(lanes, self._fractions.size)
-        target = np.tile(self._fractions * cruise, lanes.size)
-        k = lane.size
-        changing = lane != KEEP_LANE
-
-        # Leader positions over time (steps, K), measured from the ego's front bumper at t = 0.
+    def _evaluate(self, x: FloatArray, requests: Sequence[PlanRequest]) -> tuple[_Columns, Candidates]:
+        """Rolls out and scores every candidate of the (B, N_FEATURES) finite batch x; requests[b]
+        gives session b's previous plan, time and id (for the hysteresis)."""
+        p = self.params
+        sit = self._situation(x)
+        cols = self._columns(sit)
+        lane, own, changing = cols.lane, cols.owner, cols.lane != KEEP_LANE
+        # Leader positions over time (steps, N), measured from the ego's front bumper at t = 0.
         t = self._t[:, None]
-        own_lead = front_gap[KEEP_LANE] + front_v[KEEP_LANE] * t  # (steps, 1)
-        new_lead = front_gap[lane] + front_v[lane] * t  # (steps, K)
-        v_own, v_new = front_v[KEEP_LANE], front_v[lane]
+        v_own, v_new = sit.front_v[own, KEEP_LANE], sit.front_v[own, lane]
+        own_lead = sit.front_gap[own, KEEP_LANE] + v_own * t
+        new_lead = sit.front_gap[own, lane] + v_new * t
         # Before the ego crosses into the new lane it must respect both leaders.
         both = changing[None, :] & (t < 0.5 * p.lane_change_s)
-
-        s = np.zeros(k)
-        v = np.full(k, v0)
-        s_hist = np.empty((self._n_steps, k))
-        v_hist = np.empty((self._n_steps, k))
-        a_hist = np.empty((self._n_steps, k))
-        dt = p.step_s
-        v0_target = np.maximum(target, 0.1)
-        sqrt_ab = 2.0 * math.sqrt(p.a_max * p.b_comf)
-        # While leaving, the old leader only has to be kept at a short headway, not followed: the
-        # ego is already moving out from behind it.
-        own_time_gap = np.where(changing, p.leaving_time_gap, p.time_gap)
-        for i in range(self._n_steps):
-            gap_new = new_lead[i] - s
-            gap_own = own_lead[i, 0] - s
-            a_new = self._idm(v, v0_target, gap_new, v_new, sqrt_ab, p.time_gap)
-            a_own = self._idm(v, v0_target, gap_own, v_own, sqrt_ab, own_time_gap)
-            a = np.where(both[i], np.minimum(a_new, a_own), a_new)
-            a = np.minimum(np.maximum(a, -p.b_max), p.a_max)
-            v_next = np.maximum(v + a * dt, 0.0)
-            a = (v_next - v) / dt  # what actually happened once the ego stopped
-            s += 0.5 * (v + v_next) * dt
-            v = v_next
-            s_hist[i], v_hist[i], a_hist[i] = s, v, a
+        s_hist, v_hist, a_hist = self._rollout(sit.v0[own], cols.target, changing, own_lead, new_lead,
+                                               v_own, v_new, both)
 
         # ---- collision risk (leaders) ----
         gap_new = new_lead - s_hist
@@ -236,15 +272,17 @@ class BehaviourPlanner:
 
         # ---- hard constraint on the new follower while the change is under way ----
         during = t <= p.lane_change_s
-        rear_g = rear_gap[lane] + s_hist - rear_v[lane] * t
-        rear_closing = rear_v[lane] - v_hist
+        rear_gap0, rear_v = sit.rear_gap[own, lane], sit.rear_v[own, lane]
+        rear_g = rear_gap0 + s_hist - rear_v * t
+        rear_closing = rear_v - v_hist
         rear_ttc = np.where(rear_closing > 1e-3, rear_g / np.maximum(rear_closing, 1e-3), np.inf)
         rear_bad = during & ((rear_g < p.rear_min_gap) | (rear_ttc < p.rear_min_ttc_s))
-        rear_unsafe = changing & (rear_bad.any(axis=0) | (rear_gap[lane] < p.rear_min_gap))
+        rear_unsafe = changing & (rear_bad.any(axis=0) | (rear_gap0 < p.rear_min_gap))
 
         # ---- progress and comfort ----
-        progress = np.mean(np.maximum(cruise - v_hist, 0.0), axis=0) / max(cruise, 1.0)
-        jerk = np.diff(np.vstack([np.full((1, k), a0), a_hist]), axis=0) / dt
+        cruise = sit.cruise[own]
+        progress = np.mean(np.maximum(cruise - v_hist, 0.0), axis=0) / np.maximum(cruise, 1.0)
+        jerk = np.diff(np.vstack([sit.a0[own][None, :], a_hist]), axis=0) / p.step_s
         accel_cost = np.mean(a_hist**2, axis=0) / p.b_comf**2
         jerk_cost = np.mean(jerk**2, axis=0) / p.jerk_ref**2
         hard_brake = np.mean(np.maximum(0.0, -a_hist - p.b_comf), axis=0)
@@ -252,7 +290,7 @@ class BehaviourPlanner:
         # ---- rules of the road ----
         rules = np.where(changing, p.w_change, 0.0)
         rules += np.where(lane == LEFT_LANE, p.w_left, 0.0) + np.where(lane == RIGHT_LANE, p.w_right, 0.0)
-        rules += self._hysteresis(lane, previous, float(x[_F["lane_offset"]]), now_ns, session_id)
+        rules += self._hysteresis(sit, requests)[own, lane]
 
         terms = {
             "progress": p.w_progress * progress,
@@ -267,39 +305,125 @@ class BehaviourPlanner:
         }
         cost = np.sum(list(terms.values()), axis=0)
         blocked = (lead_v[-1] < p.stop_speed) & (v_hist[-1] < p.stop_approach_speed)
-        return Candidates(lane=lane, target_speed=target, cost=cost, feasible=~(collides | rear_unsafe),
-                          end_speed=v_hist[-1], min_gap=min_gap, blocked=blocked, terms=terms)
+        cands = Candidates(lane=lane, target_speed=cols.target, cost=cost, feasible=~(collides | rear_unsafe),
+                           end_speed=v_hist[-1], min_gap=min_gap, blocked=blocked, terms=terms)
+        return cols, cands
 
-    def _idm(self, v: FloatArray, v0: FloatArray, gap: FloatArray, v_lead: FloatArray | float,
-             sqrt_ab: float, time_gap: FloatArray | float) -> FloatArray:
+    def _situation(self, x: FloatArray) -> _Situation:
+        """Traffic per session and lane (keep, left, right), predicted at constant velocity.
+        Python's max(a, b)/min(a, b) are written as np.where so a -0.0 stays what plan() always saw."""
+        p = self.params
+        speed = x[:, _F["ego_speed"]]
+        v0 = np.where(speed < 0.0, 0.0, speed)
+        curvature = np.abs(x[:, _F["road_curvature"]])
+        curve_speed = np.sqrt(p.max_lateral_accel / np.where(curvature < 1e-9, 1e-9, curvature))
+        cruise = np.where(curve_speed < p.cruise_speed, curve_speed, p.cruise_speed)
+        ones = np.ones(x.shape[0], dtype=bool)
+        exists = np.stack([ones, x[:, _F["left_lane_exists"]] > 0.5, x[:, _F["right_lane_exists"]] > 0.5], axis=1)
+        front_gap = x[:, _FRONT_GAP]
+        front_v = np.maximum(v0[:, None] + x[:, _FRONT_REL], 0.0)
+        # Trust the gap over lead_present: a faulty flag must not hide a car 20 m ahead.
+        no_front = front_gap >= _NOTHING_THERE_M
+        front_gap = np.where(no_front, _FAR_M, front_gap)
+        front_v = np.where(no_front, np.where(cruise > v0, cruise, v0)[:, None], front_v)
+        rear_gap = np.concatenate([np.full((x.shape[0], 1), _FAR_M), x[:, _REAR_GAP]], axis=1)
+        rear_v = np.concatenate([np.zeros((x.shape[0], 1)), np.maximum(v0[:, None] + x[:, _REAR_REL], 0.0)], axis=1)
+        rear_gap = np.where(rear_gap >= _NOTHING_THERE_M, _FAR_M, rear_gap)
+        return _Situation(v0=v0, a0=x[:, _F["ego_accel"]], cruise=cruise, lane_offset=x[:, _F["lane_offset"]],
+                          exists=exists, front_gap=front_gap, front_v=front_v, rear_gap=rear_gap, rear_v=rear_v)
+
+    def _columns(self, sit: _Situation) -> _Columns:
+        """Candidates: existing lanes x target speeds, session by session, lane by lane (the order
+        plan() has always used: argmin ties go to the first). A missing lane is never a candidate."""
+        n_frac = self._fractions.size
+        mask = np.repeat(sit.exists, n_frac, axis=1).reshape(-1)  # (B * 3 * n_frac,)
+        flat = np.flatnonzero(mask)
+        owner = flat // (3 * n_frac)
+        lane = (flat // n_frac) % 3
+        target = self._fractions[flat % n_frac] * sit.cruise[owner]
+        per_session = sit.exists.sum(axis=1) * n_frac
+        starts = np.concatenate([[0], np.cumsum(per_session)])
+        return _Columns(owner=owner, lane=lane, target=target, starts=starts)
+
+    def _rollout(self, v0: FloatArray, target: FloatArray, changing: npt.NDArray[np.bool_], own_lead: FloatArray,
+                 new_lead: FloatArray, v_own: FloatArray, v_new: FloatArray,
+                 both: npt.NDArray[np.bool_]) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """IDM-like ego behind the leader(s) of each candidate: position, speed and acceleration
+        histories, (steps, N). The only Python loop of a batch."""
+        p = self.params
+        n = v0.size
+        s = np.zeros(n)
+        v = v0.copy()
+        s_hist = np.empty((self._n_steps, n))
+        v_hist = np.empty((self._n_steps, n))
+        a_hist = np.empty((self._n_steps, n))
+        dt = p.step_s
+        v0_target = np.maximum(target, 0.1)
+        sqrt_ab = 2.0 * math.sqrt(p.a_max * p.b_comf)
+        # While leaving, the old leader only has to be kept at a short headway, not followed: the
+        # ego is already moving out from behind it.
+        own_time_gap = np.where(changing, p.leaving_time_gap, p.time_gap)
+        any_both = both.any(axis=1)
+        for i in range(self._n_steps):
+            free = self._idm_free(v, v0_target)
+            a = self._idm(v, free, new_lead[i] - s, v_new, sqrt_ab, p.time_gap)
+            if any_both[i]:  # past the first half of a change only the new leader counts: skip the work
+                a_own = self._idm(v, free, own_lead[i] - s, v_own, sqrt_ab, own_time_gap)
+                a = np.where(both[i], np.minimum(a, a_own), a)
+            a = np.minimum(np.maximum(a, -p.b_max), p.a_max)
+            v_next = np.maximum(v + a * dt, 0.0)
+            a = (v_next - v) / dt  # what actually happened once the ego stopped
+            s += 0.5 * (v + v_next) * dt
+            v = v_next
+            s_hist[i], v_hist[i], a_hist[i] = s, v, a
+        return s_hist, v_hist, a_hist
+
+    def _idm_free(self, v: FloatArray, v0: FloatArray) -> FloatArray:
         # The free-road term never asks for more than comfortable braking: lowering the target
         # speed means "slow down smoothly", braking hard is the interaction term's job.
         p = self.params
-        s_star = p.min_gap + np.maximum(0.0, v * time_gap + v * (v - v_lead) / sqrt_ab)
         ratio = v / v0
-        free = np.maximum(p.a_max * (1.0 - ratio**4), -p.b_comf)
+        return np.maximum(p.a_max * (1.0 - ratio**4), -p.b_comf)
+
+    def _idm(self, v: FloatArray, free: FloatArray, gap: FloatArray, v_lead: FloatArray,
+             sqrt_ab: float, time_gap: FloatArray | float) -> FloatArray:
+        p = self.params
+        s_star = p.min_gap + np.maximum(0.0, v * time_gap + v * (v - v_lead) / sqrt_ab)
         inter = s_star / np.maximum(gap, 0.1)
         return free - p.a_max * inter * inter
 
-    def _hysteresis(self, lane: npt.NDArray[np.int64], previous: Plan | None, lane_offset: float,
-                    now_ns: int, session_id: str) -> FloatArray:
-        """Costs that make the planner finish what it started and not flip back."""
+    def _hysteresis(self, sit: _Situation, requests: Sequence[PlanRequest]) -> FloatArray:
+        """(B, 3 lanes) costs that make the planner finish what it started and not flip back."""
         p = self.params
-        cost = np.zeros(lane.size)
-        if previous is not None and previous.behaviour in ("change_left", "change_right"):
-            sign = 1.0 if previous.behaviour == "change_left" else -1.0
-            # Past the lane boundary the ego's "current lane" is already the new one: the ego sits
-            # on the far side of its centre, and keeping the lane is how the change finishes.
-            crossed = sign * lane_offset < -0.25 * p.lane_width
-            continuing = KEEP_LANE if crossed else (LEFT_LANE if sign > 0 else RIGHT_LANE)
-            reverse = RIGHT_LANE if sign > 0 else LEFT_LANE
-            cost += np.where(lane == continuing, p.w_continue, 0.0)
-            cost += np.where(lane == reverse, p.w_reverse, 0.0)
-            if not crossed:  # aborting is allowed when it must be, but it has to be worth it
-                cost += np.where(lane == KEEP_LANE, 0.5 * p.w_reverse, 0.0)
-            return cost
-        with self._lock:
-            last = self._last_change_ns.get(session_id)
-        if last is not None and 0 <= now_ns - last < p.cooldown_s * 1e9:
-            cost += np.where(lane != KEEP_LANE, p.w_cooldown, 0.0)
+        cost = np.zeros((len(requests), 3))
+        with self._lock:  # one look at the memory for the whole batch
+            last = [self._last_change_ns.get(r.session_id) for r in requests]
+        for b, request in enumerate(requests):
+            previous = request.previous
+            if previous is not None and previous.behaviour in ("change_left", "change_right"):
+                sign = 1.0 if previous.behaviour == "change_left" else -1.0
+                # Past the lane boundary the ego's "current lane" is already the new one: the ego sits
+                # on the far side of its centre, and keeping the lane is how the change finishes.
+                crossed = sign * float(sit.lane_offset[b]) < -0.25 * p.lane_width
+                continuing = KEEP_LANE if crossed else (LEFT_LANE if sign > 0 else RIGHT_LANE)
+                reverse = RIGHT_LANE if sign > 0 else LEFT_LANE
+                cost[b, continuing] = p.w_continue
+                cost[b, reverse] = p.w_reverse
+                if not crossed:  # aborting is allowed when it must be, but it has to be worth it
+                    cost[b, KEEP_LANE] = 0.5 * p.w_reverse
+            elif last[b] is not None and 0 <= request.now_ns - last[b] < p.cooldown_s * 1e9:
+                cost[b, KEEP_LANE + 1:] = p.w_cooldown
         return cost
+
+
+def _rounds(requests: Sequence[PlanRequest]) -> list[list[int]]:
+    """Indices of requests grouped so that no session appears twice in a group, in request order."""
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for i, request in enumerate(requests):
+        k = seen.get(request.session_id, 0)
+        seen[request.session_id] = k + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(i)
+    return rounds

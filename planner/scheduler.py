@@ -8,32 +8,58 @@
 
 How it stays cheap: there is no scheduler thread in the caller's process. An earlier version had a
 dispatcher thread; every time it woke it competed for the GIL with the tick loop, and CPython's 5 ms
-switch interval turned that into 5 ms stalls of request() (measured p99 ~5 ms). Now request() and
-poll() do the bookkeeping themselves with non-blocking pipe operations (a select with zero timeout,
-one short read or write of a serialised planner.proto message, never a pickle): one request is in
-flight at a time, so the pipe never fills and a write never blocks. The worker (a child process by
-default, reniced, so the planner's numpy work never holds this process's GIL; a thread on request)
-builds the source and plans. A worker that misses the deadline is killed (a signal, microseconds)
-and its replacement is spawned by a short-lived helper thread, so even a restart never blocks the
-caller. Call request(), poll(), forget() and stats() from one thread (the tick loop's).
+switch interval turned that into 5 ms stalls of request() (measured p99 ~5 ms). Now request() only
+notes the request, and poll() does the rest with non-blocking pipe operations (a select with zero
+timeout, short reads and one write of serialised planner.proto messages, never a pickle).
+
+Requests are planned in batches: poll() sends everything requested since the last batch (up to
+max_batch sessions, oldest first so no session starves) as one message, and the worker plans the
+batch in one call when its source has plan_many() (the behaviour planner rolls all sessions out
+together: a batch of 32 costs about what one session used to). One batch is in flight at a time,
+so the pipe never fills and a write never blocks; requests made meanwhile wait for the next batch
+(a newer request for a session replaces its older one). Every request of a batch is answered on
+its own (a plan, an error, a timeout, or "not attempted, ask again" from a per-request source that
+ran out of time), so one bad request never fails the others.
+
+The worker (a child process by default, reniced, so the planner's numpy work never holds this
+process's GIL; a thread on request) builds the source and plans. A batch still unanswered at the
+deadline is killed with its worker (a signal, microseconds), every session in it counts as a
+timeout, and the replacement is spawned by a short-lived helper thread, so even a restart never
+blocks the caller. A worker that is ready to run but short of CPU at the deadline is not hung
+(Linux: its state and CPU time in /proc): it gets until it could have used a deadline's worth of
+CPU, up to starved_limit_s. On a busy machine the niced worker waits first, and killing it would
+only start a fresh one, cold, on the same busy machine (measured: 6 ms of CPU per batch of 32 took
+up to 190 ms while other work ran).
+
+Call request(), poll(), forget() and stats() from one thread (the tick loop's).
+
+Counters (stats()): requests; plans; errors; timeouts (a session's plan abandoned at a deadline:
+its own source's, or the batch's); overruns (a session's previous request not answered when the
+next came: a missed planning cycle); replaced (a pending request replaced by a newer one);
+requeued (skipped by a per-request source short of time, asked again); batches; starved_batches
+(batches whose deadline was moved on because the worker waited for a CPU); restarts.
 """
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
+import select
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from dualloop.v1 import planner_pb2 as pb
-from planner.plan import Plan, PlanError, PlanRequest
-from planner.wire import plan_from_pb, request_to_pb
-from planner.worker import FATAL, LATE, PLAN, READY, STOP_MESSAGE, SourceFactory, decode, run_worker
+from planner.plan import Plan, PlanError
+from planner.wire import plan_from_pb, request_bytes
+from planner.worker import (BATCH, FATAL, LATE, PLAN, READY, REQUEST, SKIP, STOP_MESSAGE, SourceFactory, decode,
+                            pack_frames, run_worker, unpack_frames)
+from sim.schema import N_FEATURES
 
 WorkerMode = Literal["process", "thread"]
 
@@ -46,17 +72,35 @@ class _Pending:
 
 
 @dataclass
-class _InFlight:
+class _Sent:
+    """One session's request in the batch in flight."""
+
     session_id: str
-    sent: float  # time.monotonic()
-    queued: float
+    request: _Pending  # kept so that a request the worker skipped can be asked again
     discard: bool = False  # forget() was called while it was being planned
+
+
+@dataclass
+class _InFlight:
+    """The batch being planned; its replies may come in several messages, in request order."""
+
+    items: list[_Sent]
+    sent: float  # time.monotonic()
+    deadline: float  # time.monotonic(); moved on while the worker waits for a CPU
+    cpu0: float | None  # the worker's CPU time when the batch was sent
+    answered: int = 0
+    skipped: list[_Sent] = field(default_factory=list)
+    starved: bool = False  # its deadline was moved on because the worker waited for a CPU
+
+    @property
+    def unanswered(self) -> list[_Sent]:
+        return self.items[self.answered:]
 
 
 class _Worker:
     """One worker (process or thread) and the scheduler's end of its pipe."""
 
-    def __init__(self, factory: SourceFactory, mode: WorkerMode, nice: int | None) -> None:
+    def __init__(self, factory: SourceFactory, mode: WorkerMode, nice: int | None, budget_s: float) -> None:
         # spawn, not fork: the server process has gRPC threads, and forking a threaded process
         # can deadlock the child on a lock some other thread held.
         ctx = mp.get_context("spawn")
@@ -65,17 +109,47 @@ class _Worker:
         self.started = time.monotonic()
         self.ready = False
         self.name = ""
+        self.cpu_reported_s: float | None = None  # the worker's CPU time in its latest message
         self._process: mp.process.BaseProcess | None = None
         self._thread: threading.Thread | None = None
         if mode == "process":
-            self._process = ctx.Process(target=run_worker, args=(child, factory, nice), daemon=True,
+            self._process = ctx.Process(target=run_worker, args=(child, factory, nice, budget_s), daemon=True,
                                         name="dualloop-planner")
             self._process.start()
             child.close()  # only the child holds its end, so its death reads as EOF here
         else:
-            self._thread = threading.Thread(target=run_worker, args=(child, factory, None), daemon=True,
+            self._thread = threading.Thread(target=run_worker, args=(child, factory, None, budget_s), daemon=True,
                                             name="dualloop-planner")
             self._thread.start()
+        # Connection.poll(0) builds a selector on every call (~3 us); this is one poll() syscall.
+        self._poller = select.poll()
+        self._poller.register(self.conn.fileno(), select.POLLIN)
+        # What the kernel knows about the thread that plans (Linux): its state and CPU time.
+        task = (f"{self._process.pid}" if self._process is not None
+                else f"self/task/{self._thread.native_id if self._thread is not None else 0}")
+        self._proc = f"/proc/{task}"
+
+    def cpu_s(self) -> float | None:
+        """CPU time the planning thread has used (schedstat); None where the kernel does not say
+        (not Linux). A /proc read, ~50 us: only when a deadline has passed."""
+        try:
+            with open(f"{self._proc}/schedstat", "rb") as f:
+                return int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def runnable(self) -> bool:
+        """Running or ready to run (state R), as opposed to sleeping or blocked."""
+        try:
+            with open(f"{self._proc}/stat", "rb") as f:
+                stat = f.read()
+            return stat[stat.rindex(b")") + 2:].startswith(b"R")  # the name may hold spaces and ')'
+        except (OSError, ValueError):
+            return False
+
+    def readable(self) -> bool:
+        """A message (or EOF: the worker died) is waiting; never blocks."""
+        return bool(self._poller.poll(0))
 
     @property
     def pid(self) -> int | None:
@@ -117,7 +191,7 @@ class _Worker:
 
 
 class PlanScheduler:
-    """Latest-wins plan requests per session, planned in a supervised worker."""
+    """Latest-wins plan requests per session, planned in batches in a supervised worker."""
 
     def __init__(
         self,
@@ -130,30 +204,46 @@ class PlanScheduler:
         startup_timeout_s: float = 60.0,
         restart_backoff_s: float = 0.2,
         max_ready: int = 4096,
+        max_batch: int = 256,
+        starved_limit_s: float | None = None,
         history: int = 2048,
     ) -> None:
         if mode not in ("process", "thread"):
             raise ValueError(f"mode must be 'process' or 'thread', got {mode!r}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.period_s = period_s
         self.deadline_s = period_s if deadline_s is None else deadline_s
+        # A source planned request by request stops starting new ones after a third of the deadline:
+        # one more call that then takes its own full deadline (a remote source's is at most 2/3 of
+        # ours, controller.planning.worker_deadline_s) still answers before the batch is killed.
+        self.budget_s = self.deadline_s / 3.0
+        # A worker waiting for a CPU is not hung: its deadline moves on, up to this long after the
+        # batch was sent (killing it would only start a fresh worker, cold, on the same busy
+        # machine; the worker is niced, so it is the first to wait).
+        self.starved_limit_s = 3.0 * self.deadline_s if starved_limit_s is None else starved_limit_s
         self.mode: WorkerMode = mode
+        self.max_batch = max_batch
         self._factory = source_factory
         self._nice = nice if mode == "process" else None
         self._startup_timeout_s = startup_timeout_s
         self._restart_backoff_s = restart_backoff_s
         self._backoff = restart_backoff_s
 
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, _Pending] = {}  # insertion order = age: the oldest go first
         self._outstanding: set[str] = set()  # requested, no plan/error/timeout back yet
-        self._previous: dict[str, Plan] = {}
+        self._previous: dict[str, tuple[str, bytes]] = {}  # plan id and PlanResponse bytes, per session
         self._ready: deque[Plan] = deque()
         self._max_ready = max_ready
         self._in_flight: _InFlight | None = None
-        self._plan_us: deque[float] = deque(maxlen=history)
+        self._plan_us: deque[float] = deque(maxlen=history)  # batch time / requests attempted
+        self._batch_us: deque[float] = deque(maxlen=history)
+        self._batch_cpu_us: deque[float] = deque(maxlen=history)  # the worker's CPU time per batch
+        self._batch_size: deque[int] = deque(maxlen=history)
         self._latency_us: deque[float] = deque(maxlen=history)
         self._counts = dict.fromkeys(
-            ("requests", "replaced", "overruns", "plans", "errors", "timeouts", "restarts",
-             "startup_failures", "dropped_unpolled"), 0)
+            ("requests", "replaced", "overruns", "plans", "errors", "timeouts", "requeued", "batches",
+             "starved_batches", "restarts", "startup_failures", "dropped_unpolled"), 0)
         self._last_error = ""
 
         self._worker: _Worker | None = None
@@ -169,7 +259,7 @@ class PlanScheduler:
         if self._running:
             raise RuntimeError("PlanScheduler already started")
         self._running = True
-        self._worker = _Worker(self._factory, self.mode, self._nice)
+        self._worker = self._new_worker()
         if not wait_ready:
             return
         give_up = time.monotonic() + (self._startup_timeout_s if timeout_s is None else timeout_s)
@@ -219,22 +309,23 @@ class PlanScheduler:
 
     # ---- the tick loop's side: cheap and non-blocking ---------------------------------------
     def request(self, session_id: str, features: npt.NDArray[np.float32], now_ns: int) -> None:
-        """Ask for a plan for this session; a newer request replaces one not yet started."""
+        """Ask for a plan for this session; a newer request replaces one not yet sent. Requests go
+        to the worker with the next poll(), all together as one batch."""
+        x = np.array(features, dtype=np.float32, copy=True)
+        if x.shape != (N_FEATURES,):
+            raise ValueError(f"features must have shape ({N_FEATURES},), got {x.shape}")
         counts = self._counts
         counts["requests"] += 1
         if session_id in self._outstanding:
             counts["overruns"] += 1  # the previous request's plan was not ready in time
         if session_id in self._pending:
             counts["replaced"] += 1
-        self._pending[session_id] = _Pending(np.array(features, dtype=np.float32, copy=True), now_ns,
-                                             time.monotonic())
+        self._pending[session_id] = _Pending(x, now_ns, time.monotonic())
         self._outstanding.add(session_id)
-        worker = self._worker
-        if worker is not None and worker.ready and self._in_flight is None:
-            self._send_next(worker)
 
     def poll(self) -> list[Plan]:
-        """Plans finished since the last poll (oldest first). Also moves the work along."""
+        """Plans finished since the last poll (oldest first). Also moves the work along: reads the
+        worker's replies, enforces the deadline and sends the next batch."""
         self._pump()
         if not self._ready:
             return []
@@ -247,24 +338,30 @@ class PlanScheduler:
         self._pending.pop(session_id, None)
         self._outstanding.discard(session_id)
         self._previous.pop(session_id, None)
-        if self._in_flight is not None and self._in_flight.session_id == session_id:
-            self._in_flight.discard = True
+        if self._in_flight is not None:
+            for item in self._in_flight.items:
+                if item.session_id == session_id:
+                    item.discard = True
 
     def stats(self) -> dict[str, float | int | str | None]:
         out: dict[str, float | int | str | None] = dict(self._counts)
         out["pending"] = len(self._pending)
-        out["in_flight"] = int(self._in_flight is not None)
+        out["in_flight"] = len(self._in_flight.unanswered) if self._in_flight is not None else 0
         out["last_error"] = self._last_error
-        for key, history in (("plan_time_us", self._plan_us), ("latency_us", self._latency_us)):
+        for key, history in (("plan_time_us", self._plan_us), ("batch_time_us", self._batch_us),
+                             ("batch_cpu_us", self._batch_cpu_us), ("latency_us", self._latency_us)):
             values = np.asarray(history)
             out[f"{key}_p50"] = float(np.percentile(values, 50)) if values.size else float("nan")
             out[f"{key}_p99"] = float(np.percentile(values, 99)) if values.size else float("nan")
+        sizes = np.asarray(self._batch_size)
+        out["batch_size_p50"] = float(np.percentile(sizes, 50)) if sizes.size else float("nan")
+        out["batch_size_max"] = int(sizes.max()) if sizes.size else 0
         worker = self._worker
         out["worker_pid"] = worker.pid if worker is not None else None
         out["source"] = worker.name if worker is not None else ""
         return out
 
-    # ---- moving the work along (runs inside request/poll: non-blocking only) ---------------
+    # ---- moving the work along (runs inside poll: non-blocking only) -----------------------
     def _pump(self) -> None:
         if not self._running:
             return
@@ -275,14 +372,15 @@ class PlanScheduler:
         if worker is None:
             self._adopt_or_spawn(now)
             return
-        while worker is self._worker and worker.conn.poll(0):
+        while worker is self._worker and worker.readable():
             self._receive(worker)
         worker = self._worker
         if worker is None:
             return
         flight = self._in_flight
-        if flight is not None and now > flight.sent + self.deadline_s:
-            self._last_error = f"no plan within {self.deadline_s * 1e3:.0f} ms: worker replaced"
+        if flight is not None and now > flight.deadline and not self._starved(worker, flight, now):
+            self._last_error = (f"{len(flight.unanswered)} plan(s) not answered within "
+                                f"{(now - flight.sent) * 1e3:.0f} ms: worker replaced")
             self._retire(worker, count_timeout=True)
             self._next_start = now  # a hang is the source's fault, not a reason to wait
         elif not worker.ready and now > worker.started + self._startup_timeout_s:
@@ -291,7 +389,31 @@ class PlanScheduler:
             self._retire(worker, count_timeout=False)
             self._schedule_backoff(now)
         elif worker.ready and flight is None and self._pending:
-            self._send_next(worker)
+            self._send_batch(worker)
+
+    def _starved(self, worker: _Worker, flight: _InFlight, now: float) -> bool:
+        """At the deadline: is the worker ready to run but short of CPU? Then it gets until it
+        could have used a deadline's worth of CPU (up to starved_limit_s after the batch was sent).
+        A hung source is sleeping or blocked, or has used the whole deadline on a CPU: it is killed.
+        (The kernel's run-queue wait would say this more directly, but it is only counted once the
+        task runs again, and a starved worker may not have run at all.)"""
+        if flight.cpu0 is None:
+            return False
+        cpu = worker.cpu_s()
+        if cpu is None or not worker.runnable():
+            return False
+        used = cpu - flight.cpu0
+        deadline = min(now + self.deadline_s - used, flight.sent + self.starved_limit_s)
+        if used >= self.deadline_s or now >= deadline:
+            return False
+        if not flight.starved:
+            flight.starved = True
+            self._counts["starved_batches"] += 1
+        flight.deadline = deadline
+        return True
+
+    def _new_worker(self) -> _Worker:
+        return _Worker(self._factory, self.mode, self._nice, self.budget_s)
 
     def _adopt_or_spawn(self, now: float) -> None:
         if self._starter is not None:
@@ -307,7 +429,7 @@ class PlanScheduler:
 
     def _spawn(self) -> None:
         try:
-            self._started_worker = _Worker(self._factory, self.mode, self._nice)
+            self._started_worker = self._new_worker()
         except Exception as err:  # noqa: BLE001 - e.g. an unpicklable factory: report, retry later
             self._counts["startup_failures"] += 1
             self._last_error = f"cannot start the planner worker: {type(err).__name__}: {err}"
@@ -318,39 +440,57 @@ class PlanScheduler:
         self._backoff = min(self._backoff * 2.0, 5.0)
 
     def _retire(self, worker: _Worker, count_timeout: bool) -> None:
+        """Kill the worker; the batch it was planning is lost (each of its sessions is a timeout
+        when the batch hung)."""
         worker.kill_nowait()
         if worker.pid is not None:  # a hung thread cannot be reaped; it is simply abandoned
             self._dying.append(worker)
         self._worker = None
         self._counts["restarts"] += 1
+        lost = self._abandon_batch()
         if count_timeout:
-            self._counts["timeouts"] += 1
-        flight, self._in_flight = self._in_flight, None
-        if flight is not None and flight.session_id not in self._pending:
-            self._outstanding.discard(flight.session_id)
+            self._counts["timeouts"] += len(lost)
 
-    def _send_next(self, worker: _Worker) -> None:
-        session_id = next(iter(self._pending))  # oldest first: no session starves
-        pending = self._pending.pop(session_id)
-        request = PlanRequest(session_id, pending.features, pending.now_ns, self._previous.get(session_id))
-        self._in_flight = _InFlight(session_id, time.monotonic(), pending.queued)
+    def _abandon_batch(self) -> list[_Sent]:
+        """Close the books on the batch in flight; returns its unanswered requests."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return []
+        lost = flight.unanswered + flight.skipped
+        for item in lost:
+            if item.session_id not in self._pending:
+                self._outstanding.discard(item.session_id)
+        return flight.unanswered
+
+    def _send_batch(self, worker: _Worker) -> None:
+        session_ids = list(itertools.islice(self._pending, self.max_batch))  # oldest first
+        items = [_Sent(session_id, self._pending.pop(session_id)) for session_id in session_ids]
+        frames = [(REQUEST, request_bytes(item.session_id, item.request.features, item.request.now_ns,
+                                          *self._previous.get(item.session_id, ("", b""))))
+                  for item in items]
+        now = time.monotonic()
+        # The worker's CPU time at its latest message: it has been idle since, waiting for this batch.
+        self._in_flight = _InFlight(items, now, now + self.deadline_s, worker.cpu_reported_s)
+        self._counts["batches"] += 1
         try:
-            worker.conn.send_bytes(request_to_pb(request).SerializeToString())
+            worker.conn.send_bytes(pack_frames(frames))
         except (OSError, ValueError):
             pass  # the worker died: its EOF (or the deadline) replaces it
 
     def _receive(self, worker: _Worker) -> None:
         now = time.monotonic()
         try:
-            kind, elapsed_ns, payload = decode(worker.conn.recv_bytes())
+            envelope = decode(worker.conn.recv_bytes())
         except (EOFError, OSError, ValueError):
             # The worker is gone; a source that kills its interpreter is an error, not a hang.
             if self._in_flight is not None:
-                self._counts["errors"] += 1
+                self._counts["errors"] += len(self._in_flight.unanswered)
             self._last_error = "planner worker exited"
             self._retire(worker, count_timeout=False)
             self._schedule_backoff(now)
             return
+        kind, payload = envelope.kind, envelope.payload
+        worker.cpu_reported_s = envelope.cpu_total_ns / 1e9
         if kind == READY:
             worker.ready, worker.name = True, payload.decode("utf-8", "replace")
             self._backoff = self._restart_backoff_s
@@ -361,30 +501,67 @@ class PlanScheduler:
             self._retire(worker, count_timeout=False)
             self._schedule_backoff(now)
             return
-        flight, self._in_flight = self._in_flight, None
+        flight = self._in_flight
         if flight is None:
-            return  # an answer to nothing (cannot happen with one request in flight)
-        if flight.session_id not in self._pending:
-            self._outstanding.discard(flight.session_id)
+            return  # an answer to nothing (cannot happen with one batch in flight)
+        try:
+            if kind != BATCH:
+                raise ValueError(payload.decode("utf-8", "replace"))
+            frames = unpack_frames(payload)
+            if len(frames) > len(flight.unanswered):
+                raise ValueError(f"{len(frames)} replies for {len(flight.unanswered)} requests")
+        except ValueError as err:  # the batch message itself was garbled: every request in it failed
+            self._counts["errors"] += len(flight.unanswered)
+            self._last_error = f"planner batch failed: {err}"
+            self._abandon_batch()
+            return
+        for frame_kind, data in frames:
+            item = flight.items[flight.answered]
+            flight.answered += 1
+            self._answer(item, frame_kind, data, now, flight)
+        if not flight.unanswered:
+            self._finish_batch(flight, envelope.wall_ns, envelope.cpu_ns)
+
+    def _answer(self, item: _Sent, kind: bytes, data: bytes, now: float, flight: _InFlight) -> None:
+        session_id = item.session_id
+        if kind == SKIP:
+            flight.skipped.append(item)  # asked again once the batch is complete
+            return
+        if session_id not in self._pending:
+            self._outstanding.discard(session_id)
         if kind != PLAN:
             self._counts["timeouts" if kind == LATE else "errors"] += 1
-            self._last_error = payload.decode("utf-8", "replace")
+            self._last_error = data.decode("utf-8", "replace")
             return
         try:
-            plan = plan_from_pb(pb.PlanResponse.FromString(payload))
-            if plan.session_id != flight.session_id:
-                raise PlanError(f"plan for session {plan.session_id!r} answers a request for {flight.session_id!r}")
+            plan = plan_from_pb(pb.PlanResponse.FromString(data))
+            if plan.session_id != session_id:
+                raise PlanError(f"plan for session {plan.session_id!r} answers a request for {session_id!r}")
         except Exception as err:  # noqa: BLE001 - a malformed plan is the source's error
             self._counts["errors"] += 1
             self._last_error = f"invalid plan: {err}"
             return
-        self._plan_us.append(elapsed_ns / 1e3)
-        self._latency_us.append((now - flight.queued) * 1e6)
-        if flight.discard:
+        self._latency_us.append((now - item.request.queued) * 1e6)
+        if item.discard:
             return
         self._counts["plans"] += 1
-        self._previous[flight.session_id] = plan
+        self._previous[session_id] = (plan.plan_id, data)
         if len(self._ready) >= self._max_ready:
             self._ready.popleft()
             self._counts["dropped_unpolled"] += 1
         self._ready.append(plan)
+
+    def _finish_batch(self, flight: _InFlight, wall_ns: int, cpu_ns: int) -> None:
+        self._in_flight = None
+        attempted = len(flight.items) - len(flight.skipped)
+        self._batch_us.append(wall_ns / 1e3)
+        self._batch_cpu_us.append(cpu_ns / 1e3)
+        self._batch_size.append(len(flight.items))
+        self._plan_us.append(wall_ns / 1e3 / max(attempted, 1))
+        # Skipped requests go first in the next batch (they have waited longest), unless the session
+        # was forgotten or has asked again since (the newer request wins).
+        again = {item.session_id: item.request for item in flight.skipped
+                 if not item.discard and item.session_id not in self._pending}
+        if again:
+            self._counts["requeued"] += len(again)
+            self._pending = {**again, **self._pending}

@@ -238,3 +238,43 @@ def test_realtime_remote_planner_that_never_answers_in_time(test_model_path: Pat
         with ServerThread(cfg) as srv:
             stats = _exercise_fault(srv, control, "hang")
     assert stats["realtime_timeouts"] > 0 and stats["realtime_plans"] > 0
+
+
+def test_realtime_sessions_opened_apart_share_one_batch_per_period(test_model_path: Path) -> None:
+    """Sessions that open at different ticks are planned at once the first time, then together: one
+    batch (one rollout) per period, not one small batch for every tick some session opened in; the
+    plans of a batch are applied a few a tick."""
+    from controller.planning import RealtimePlanning
+    from executor.snapshot import Observation
+    from planner.scheduler import PlanScheduler
+
+    period_ns, tick_ns, n = 200_000_000, 5_000_000, 12
+    ex = Executor(DecisionModel(test_model_path))
+    features = np.asarray(_sensor(), np.float32)
+    with PlanScheduler(BehaviourPlanner, period_s=period_ns / 1e9, deadline_s=2.0) as sched:
+        planning = RealtimePlanning(ex, sched, period_ns)
+        start = 10**12 + 3 * tick_ns  # a tick grid that is not the period grid
+        applied_per_tick = []
+        for k in range(5 * 40 + 1):  # five periods of 5 ms ticks (simulated time, real worker)
+            now = start + k * tick_ns
+            if k % 3 == 0 and k // 3 < n:  # session i opens at tick 3 i
+                ex.open_session(f"car-{k // 3}")
+            for session_id in ex.sessions:
+                ex.submit(session_id, Observation(seq=k + 1, timestamp_ns=now, features=features, arrival_ns=now))
+            before = planning.applied
+            planning.on_tick(now)
+            applied_per_tick.append(planning.applied - before)
+            time.sleep(0.003)
+        give_up = time.monotonic() + 5.0
+        while sched.stats()["in_flight"] or sched.stats()["pending"] or planning.applied < sched.stats()["plans"]:
+            assert time.monotonic() < give_up
+            planning.on_tick(now)
+            time.sleep(0.005)
+        stats = sched.stats()
+    # a batch's plans are applied at most 8 a tick (the tick loop's work stays even)
+    assert max(applied_per_tick) == 8 < n
+    sizes = list(sched._batch_size)
+    # each session's first request as it opened (some may share a batch), then all n together
+    assert sizes[-3:] == [n, n, n], sizes
+    assert stats["requests"] == stats["plans"] == planning.applied and stats["overruns"] == 0
+    assert stats["requests"] <= n + 5 * n  # five period boundaries

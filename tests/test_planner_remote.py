@@ -15,7 +15,7 @@ from planner.behaviour import BehaviourPlanner
 from planner.plan import Plan, PlanRequest
 from planner.remote import PlanTimeout, RemotePlanner, RemotePlannerError, serve_planner
 from planner.scheduler import PlanScheduler
-from planner.wire import BEHAVIOUR_TO_WIRE, plan_from_pb, plan_to_pb, request_from_pb, request_to_pb
+from planner.wire import BEHAVIOUR_TO_WIRE, plan_from_pb, plan_to_pb, request_bytes, request_from_pb, request_to_pb
 from sim.schema import BEHAVIOURS, FEATURE_INDEX, N_FEATURES, SENSOR_RANGE_M
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,6 +85,19 @@ def test_wire_round_trip():
         plan_from_pb(pb.PlanResponse(plan_id="bad", valid_for_ns=1))
 
 
+def test_request_bytes_is_request_to_pb():
+    """The scheduler's fast encoder gives the same message as the reference one."""
+    previous = Plan("p/1", "car", 5, 10**9, "x", "change_left", 22.5, 3.5)
+    for prev in (None, previous):
+        request = PlanRequest("car", features(), 200_000_005, prev)
+        fast = request_bytes("car", request.features, request.now_ns, *((prev.plan_id, plan_to_pb(prev).SerializeToString())
+                                                                      if prev else ()))
+        assert pb.PlanRequest.FromString(fast) == request_to_pb(request)
+        back = request_from_pb(pb.PlanRequest.FromString(fast))
+        assert back.previous == prev and back.now_ns == request.now_ns
+        np.testing.assert_array_equal(back.features, request.features)
+
+
 def test_remote_planner_against_reference_server():
     with serve_planner(BehaviourPlanner(), port=0) as server:
         assert server.host == "127.0.0.1"
@@ -137,6 +150,28 @@ def test_scheduler_with_remote_source_counts_remote_timeouts():
             # The remote gave up at its own deadline: a timeout, and no need to replace the worker.
             assert stats["timeouts"] == 1 and stats["restarts"] == 0, stats
             assert "did not answer" in stats["last_error"]
+    finally:
+        source.release.set()
+        server.stop()
+
+
+def test_a_remote_that_times_out_costs_one_deadline_per_batch_not_one_per_session():
+    source = BlockedSource()
+    server = serve_planner(source, port=0, max_workers=8)
+    try:
+        factory = functools.partial(RemotePlanner, server.address, 0.1)
+        with PlanScheduler(factory, deadline_s=0.4) as sched:
+            for i in range(3):
+                sched.request(f"car-{i}", features(), 0)
+            give_up = time.monotonic() + 3.0
+            while sched.stats()["timeouts"] < 3 and time.monotonic() < give_up:
+                sched.poll()
+                time.sleep(0.01)
+            stats = sched.stats()
+            # After the first remote timeout the rest of the batch is not attempted but asked again:
+            # each session times out on its own deadline, and the worker is never killed.
+            assert stats["timeouts"] == 3 and stats["restarts"] == 0 and stats["requeued"] == 3, stats
+            assert stats["batches"] == 3 and stats["batch_time_us_p99"] < 0.4e6
     finally:
         source.release.set()
         server.stop()
