@@ -351,27 +351,27 @@ def test_forgotten_session_in_flight_is_not_delivered():
 @pytest.mark.skipif(not (hasattr(os, "sched_setaffinity") and os.path.exists("/proc/self/schedstat")),
                     reason="needs Linux CPU affinity and schedstat")
 def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung():
-    """The worker shares one CPU with a busy process and runs at nice 19: its batch takes far longer
+    """The worker shares one CPU with a busy process and runs at nice 15: its batch takes far longer
     than the deadline, all of it spent waiting for the CPU. That is not a hang: no kill, no timeout."""
     cpu = min(os.sched_getaffinity(0))
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         os.sched_setaffinity(hog.pid, {cpu})
         # about 20 ms of CPU for this batch here when starved (7 ms otherwise), far below the deadline
-        with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S, deadline_s=PERIOD_S, nice=19,
+        with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S, deadline_s=PERIOD_S, nice=15,
                            starved_limit_s=20.0) as sched:
             os.sched_setaffinity(sched.stats()["worker_pid"], {cpu})
             for i in range(64):
                 sched.request(f"car-{i}", varied_features(i), 0)
             got: list[Plan] = []
-            assert wait_for(lambda: len(got) == 64, 20.0, sched, got), sched.stats()
+            assert wait_for(lambda: len(got) == 64, 60.0, sched, got), sched.stats()
             stats = sched.stats()
     finally:
         hog.kill()
         hog.wait()
     assert stats["batch_time_us_p50"] > 2 * PERIOD_S * 1e6, "the worker was not starved: the test proves nothing"
     assert stats["batch_cpu_us_p50"] < PERIOD_S * 1e6
-    assert stats["timeouts"] == stats["restarts"] == 0 and stats["starved_batches"] == 1, stats
+    assert stats["timeouts"] == stats["restarts"] == 0 and stats["starved_batches"] >= 1, stats
 
 
 def test_a_source_spinning_on_a_cpu_is_still_killed_at_its_deadline():
