@@ -37,6 +37,7 @@ _TINY = float(np.finfo(np.float64).tiny)
 _INF = float("inf")
 _NAN = float("nan")
 _SQ_LOW, _SQ_HIGH = 1e-200, 1e200  # squared norms outside this range are scored rescaled
+_VECTORISED_FROM = 64  # rows; below it a Python pass over plain floats costs fewer numpy calls
 
 
 class GateFlags(NamedTuple):
@@ -190,6 +191,8 @@ class StackedScorer:
             else:  # rows with NaN/Inf: NaN throughout, never Inf into the matmul
                 np.where(nan_rows[:, None], _NAN, src).dot(proj, out=out)
         np.vecdot(v.blocks, v.blocks, out=v.squares)
+        if b > _VECTORISED_FROM and all(c is None for c in self._classes):
+            return self._single_vectorised(b, v, rows, nan_rows)
         cc, classes, n_linear, sqrt = self._cc, self._classes, self._n_linear, math.sqrt
         low, high, threshold = v.low, v.high, v.threshold
         scores, norm_out, exceed, special = v.zeros[:], v.clean[:], v.clean[:], None
@@ -214,6 +217,26 @@ class StackedScorer:
         if special is None:
             return RowScores(threshold, scores, v.clean, norm_out, exceed, norm_out)
         return self._special(b, rows, nan_rows, special, scores, norm_out, exceed)
+
+    def _single_vectorised(self, b: int, v: _Views, rows: Sequence[np.ndarray | None],
+                           nan_rows: np.ndarray | None) -> RowScores:
+        """The loop above for many rows of single-variant gates (replay, calibration), as numpy
+        operations in the same order on the same float64 values: the same scores and flags."""
+        nl = self._n_linear
+        s = v.tail[:, :, nl]  # (G, b): ||x||^2
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf rows: handled as special below
+            n = np.sqrt(s)
+            d = np.where(n == 0.0, _TINY, n)
+            d2 = (v.tail[:, :, nl + 1] / d - 2.0 * v.tail[:, :, 0]) / d + np.array(self._cc)[:, None]
+        norm_out = (n < self.norm_lows[:, None]) | (n > self.norm_highs[:, None])
+        exceed = d2 > self.thresholds[:, None]
+        special = ~((s >= _SQ_LOW) & (s <= _SQ_HIGH)) & (s != 0.0)  # NaN compares False: special
+        scores, norm_list, exceed_list = d2.T.ravel().tolist(), norm_out.T.ravel().tolist(), exceed.T.ravel().tolist()
+        if not special.any():
+            return RowScores(v.threshold, scores, v.clean, norm_list, exceed_list, norm_list)
+        g_count = self.n_gates
+        spec = [(row * g_count + g, float(s[g, row])) for g, row in zip(*np.nonzero(special))]
+        return self._special(b, rows, nan_rows, sorted(spec), scores, norm_list, exceed_list)
 
     def _special(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None,
                  special: list[tuple[int, float]], scores: list[float], norm_out: list[bool],

@@ -86,3 +86,21 @@ def test_several_gates_in_one_pass_equal_each_gate_alone() -> None:
             np.testing.assert_allclose(np.array(got.score[entries])[ok], _reference_d2(rows[g][ok], s), rtol=1e-9,
                                        atol=1e-9)
     assert got.nonfinite[1 + len(stats) * (9 // 2)] and not any(got.nonfinite[: len(stats)])
+
+
+def test_many_rows_score_as_the_per_row_pass_does(monkeypatch):
+    """Above _VECTORISED_FROM rows, single-variant gates are scored with numpy instead of a Python
+    pass: bit-identical scores and flags, NaN/Inf, all-zero and overflowing rows included."""
+    import ood.score as score_module
+
+    rng = np.random.default_rng(11)
+    stats = ood.fit_statistics(rng.normal(size=(500, 6)), variant="single")
+    x = rng.normal(size=(400, 6)) * rng.uniform(0.01, 100.0, size=(400, 1))
+    x[3], x[4], x[5], x[6, 2] = np.nan, 0.0, 1e170, np.inf
+    scorer = ood.GateScorer(stats, threshold=5.0, norm_low=0.5, norm_high=80.0, max_batch=400)
+    fast = scorer.score(x)
+    monkeypatch.setattr(score_module, "_VECTORISED_FROM", 10**9)
+    slow = scorer.score(x)
+    assert np.array_equal(fast[0], slow[0])
+    assert all(np.array_equal(a, b) for a, b in zip(fast[1], slow[1]))
+    assert fast[1].nonfinite[[3, 6]].all() and fast[1].norm_out[[4, 5]].all() and fast[1].exceed.any()
