@@ -134,6 +134,14 @@ def print_tick_report(result: dict[str, Any], console: Console) -> None:
     console.print(sessions)
 
 
+def store_result(out_dir: Path, kind: str, result: dict[str, Any], stamp: str | None = None) -> Path:
+    """A benchmark's results as runs/bench/<kind>-<timestamp>.json; returns the path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{kind}-{stamp or datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path
+
+
 def bench_tick(model: Path, sessions: int = 8, duration_s: float = 60.0, out_dir: Path = Path("runs/bench"),
                guard_ms: float = 2.0, rt_priority: int | None = None, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
@@ -147,8 +155,7 @@ def bench_tick(model: Path, sessions: int = 8, duration_s: float = 60.0, out_dir
     plot_path = out_dir / f"tick-{stamp}.png"
     _plot(result, plot_path)
     stored = {k: v for k, v in result.items() if k != "_raw"}
-    json_path = out_dir / f"tick-{stamp}.json"
-    json_path.write_text(json.dumps(stored, indent=2))
+    json_path = store_result(out_dir, "tick", stored, stamp)
     print_tick_report(result, console)
     console.print(f"results: {json_path}  plot: {plot_path}")
     return stored

@@ -8,7 +8,6 @@ Prints a table and stores the numbers as JSON next to the other benches' results
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -20,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 import ood
+from controller.bench import store_result
 from executor.config import ExecutorConfig
 from executor.core import Executor
 from executor.model_runner import DecisionModel
@@ -81,9 +81,7 @@ def bench_gate_table(model: DecisionModel, gates: list[ood.Gate], session_counts
         "target_gate_us_per_session": 20.0,
     }
     print_gate_table(result, console)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"gate-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2))
+    path = store_result(out_dir, "gate", result)
     console.print(f"results: {path}")
     return result
 

@@ -8,7 +8,6 @@ p99; each window's bare ticker shows how noisy the machine was at the time.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from controller.bench import _bench_tick
+from controller.bench import _bench_tick, store_result
 from controller.server import new_event_loop
 
 GOAL_RATIO = 1.2
@@ -82,9 +81,7 @@ def bench_planner(model: Path, sessions: int = 32, duration_s: float = 30.0, out
     }
     result["p99_ratio_busy_over_idle"] = (result["busy"]["lateness_us"]["p99"]
                                           / max(result["idle"]["lateness_us"]["p99"], 1e-9))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"planner-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2))
+    path = store_result(out_dir, "planner", result)
     print_planner_report(result, console)
     console.print(f"results: {path}")
     return result

@@ -12,7 +12,6 @@ The process is pinned to one core while it runs: the target is "on one core".
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -25,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from threadpoolctl import threadpool_limits
 
+from controller.bench import store_result
 from controller.logfile import read_log
 from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
 from controller.replay import _observations, build_executor, executor_config_for, replay_log, run_replay
@@ -87,9 +87,7 @@ def bench_replay(model: Path = BASE_MODEL_PATH, gates: tuple[Path, ...] = DEFAUL
             os.sched_setaffinity(0, cpus)
     result = {"when": datetime.now().isoformat(timespec="seconds"), "model": str(model),
               "gates": [str(g) for g in gates], "pinned_to_one_core": pinned, "logs": results}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"replay-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2))
+    path = store_result(out_dir, "replay", result)
     print_replay_report(result, console)
     console.print(f"results: {path}")
     return result
