@@ -14,7 +14,8 @@ every column is computed with the same elementwise operations whatever batch it 
 session's plan does not depend on which other sessions were planned with it.
 
 It sees only what a server sees (one feature vector per session), so everything it knows about the
-neighbouring lanes comes from the front/rear gap and relative-speed features.
+neighbouring lanes comes from the front/rear gap and relative-speed features. Its target speeds
+stay within what the executor was trained to follow (BehaviourParams.speed_steps).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ _REAR_REL = np.array([_F["left_rear_rel_speed"], _F["right_rear_rel_speed"]])
 # A gap this close to the sensor range means "nothing there" (the sensor caps gaps, then adds noise).
 _NOTHING_THERE_M = SENSOR_RANGE_M - 3.0
 _FAR_M = 1.0e4  # where an absent vehicle is put, so that it never interacts
+_STOP = -1.0  # the ladder position of the "come to a stop" candidate (target speed 0)
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,24 @@ class BehaviourParams:
     lane_width: float = 3.5
     horizon_s: float = 6.0
     step_s: float = 0.1
-    speed_fractions: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7, 0.85, 1.0)  # of the cruise speed
+    # Target speeds: 0 (come to a stop) and a ladder from the lowest target up to the cruise speed.
+    # The executor was trained on plans whose target is the expert's desired speed for the whole
+    # drive (25 m/s in dense traffic and merges, 22-31 elsewhere) or 0 with "stop", and its steering
+    # depends on that number. Dense traffic at 15 m/s with fixed keep plans: at 22/20/18 m/s instead
+    # of 25 it sat 0.9/1.2/1.4 m off its lane centre, at 14-15 m/s it drove into the next lane (2
+    # collisions in 10 runs), at 31 it sat 0.5-0.8 m left; the gate vetoed none of it. So the target
+    # is never below the ego's speed (floor at the ego's speed instead of the knots below: 2
+    # collisions in 6 dense_traffic runs), and slowing down is left to the leaders in the rollout,
+    # or to a "stop" plan.
+    speed_steps: tuple[float, ...] = (0.0, 0.5, 1.0)  # positions from the lowest target to cruise
+    # (ego speed, lowest target) knots, interpolated: 25 m/s at dense-traffic and merge speeds, 22
+    # m/s from 22 m/s up (where the expert's desired speed was its own starting speed, 22-28).
+    lowest_target: tuple[tuple[float, float], tuple[float, float]] = ((18.0, 25.0), (22.0, 22.0))
+    # No road vehicle's speed (252 km/h): a broken unit (km/h read as m/s) or a broken sensor. The
+    # planner refuses (planning from km/h took 2 of 3 unit_mismatch_kmh runs off the road); below
+    # it, a fast ego is told to hold its speed (a target below it makes the executor brake hard and
+    # swerve: on the model's default plan, speed_out_of_range left the road).
+    max_speed: float = 70.0
     valid_for_s: float = 1.0
     # Ego longitudinal model (IDM-like, as the executor was trained to drive).
     time_gap: float = 1.5
@@ -145,7 +164,7 @@ class BehaviourPlanner:
         p = self.params
         self._n_steps = int(round(p.horizon_s / p.step_s))
         self._t = (np.arange(self._n_steps) + 1) * p.step_s  # time at the end of each step
-        self._fractions = np.asarray(p.speed_fractions, dtype=np.float64)
+        self._ladder = np.concatenate([[_STOP], np.asarray(p.speed_steps, dtype=np.float64)])
         # When we last proposed a lane change, per session: the cooldown needs memory that the
         # previous plan alone cannot carry (after a change, the previous plan is already "keep").
         self._last_change_ns: OrderedDict[str, int] = OrderedDict()
@@ -160,7 +179,8 @@ class BehaviourPlanner:
 
     def plan_many(self, requests: Sequence[PlanRequest]) -> list[Plan | Exception]:
         """One plan per request, in order, from one vectorised rollout; a request that cannot be
-        planned (non-finite features) gets its exception in its slot and the others are planned.
+        planned (non-finite features, an ego speed beyond max_speed) gets its exception in its slot
+        and the others are planned.
 
         The result is the same as plan() called on each request in turn, lane-change memory
         included. The only exception is the memory's LRU bound: with more than memory_sessions
@@ -171,10 +191,11 @@ class BehaviourPlanner:
         for indices in _rounds(requests):
             batch = [requests[i] for i in indices]
             x = np.stack([np.asarray(r.features, dtype=np.float64) for r in batch])
-            finite = np.isfinite(x).all(axis=1)
-            for i in np.flatnonzero(~finite):
-                results[indices[i]] = ValueError("features contain NaN or Inf")
-            good = [i for i in range(len(batch)) if finite[i]]
+            problems = self._problems(x)
+            for i, problem in enumerate(problems):
+                if problem:
+                    results[indices[i]] = ValueError(problem)
+            good = [i for i in range(len(batch)) if not problems[i]]
             if not good:
                 continue
             cols, cands = self._evaluate(x[good], [batch[i] for i in good])
@@ -198,9 +219,10 @@ class BehaviourPlanner:
         behaviour = LANE_BEHAVIOUR[lane]
         target_speed = float(cands.target_speed[best])
         offset = float(LANE_SIGN[lane] * p.lane_width)
-        if cands.blocked[best]:
-            # Even the best option ends up stopping behind a stationary obstacle: say so (and stay
-            # in lane), so the executor brakes early and smoothly instead of closing in at cruise intent.
+        if cands.blocked[best] or target_speed == 0.0:
+            # Even the best option ends up stopping behind a stationary obstacle (or is the stop
+            # itself): say so (and stay in lane), so the executor brakes early and smoothly instead
+            # of closing in at cruise intent.
             behaviour, target_speed, offset = "stop", 0.0, 0.0
         # Remember the latest lane change, ours or one the previous plan (from any source) was making.
         changed_ns = request.now_ns if behaviour.startswith("change_") else None
@@ -234,11 +256,24 @@ class BehaviourPlanner:
     ) -> Candidates:
         """The candidate table of one session (what plan() chooses from), for tests and debugging."""
         x = np.asarray(features, dtype=np.float64)
-        if not np.all(np.isfinite(x)):
-            raise ValueError("features contain NaN or Inf")
+        [problem] = self._problems(x[None, :])
+        if problem:
+            raise ValueError(problem)
         request = PlanRequest(session_id, np.asarray(features, dtype=np.float32), now_ns, previous)
         _, cands = self._evaluate(x[None, :], [request])
         return cands
+
+    def _problems(self, x: FloatArray) -> list[str]:
+        """Why each row of (B, N_FEATURES) x cannot be planned, "" when it can. Beyond max_speed no
+        target is one the executor was trained to follow, and an ego speed like that is more often
+        a broken unit than a real speed: the planner refuses, and the executor degrades with
+        STALE_PLAN instead of following a plan made from garbage."""
+        finite = np.isfinite(x).all(axis=1)
+        speed = np.where(finite, x[:, _F["ego_speed"]], 0.0)
+        limit = self.params.max_speed
+        return ["features contain NaN or Inf" if not ok
+                else f"ego speed {v:.1f} m/s is beyond the planner's {limit:.0f} m/s" if v > limit
+                else "" for ok, v in zip(finite, speed)]
 
     def _evaluate(self, x: FloatArray, requests: Sequence[PlanRequest]) -> tuple[_Columns, Candidates]:
         """Rolls out and scores every candidate of the (B, N_FEATURES) finite batch x; requests[b]
@@ -335,12 +370,24 @@ class BehaviourPlanner:
     def _columns(self, sit: _Situation) -> _Columns:
         """Candidates: existing lanes x target speeds, session by session, lane by lane (the order
         plan() has always used: argmin ties go to the first). A missing lane is never a candidate."""
-        n_frac = self._fractions.size
+        n_frac = self._ladder.size
         mask = np.repeat(sit.exists, n_frac, axis=1).reshape(-1)  # (B * 3 * n_frac,)
         flat = np.flatnonzero(mask)
         owner = flat // (3 * n_frac)
         lane = (flat // n_frac) % 3
-        target = self._fractions[flat % n_frac] * sit.cruise[owner]
+        step = self._ladder[flat % n_frac]
+        cruise = sit.cruise[owner]
+        p = self.params
+        # Never a target below the current speed: the ego already faster than the cruise speed is
+        # told to hold its speed, not to slow down (a keep plan at 25 m/s while doing 28.5 made the
+        # executor brake at 8 m/s^2 and steer across two lanes in nominal_cruise).
+        (v_a, t_a), (v_b, t_b) = p.lowest_target
+        v = sit.v0[owner]
+        lowest = np.maximum(np.interp(v, [v_a, v_b], [t_a, t_b]), v)
+        # ...except in a curve too tight for that speed: its limit comes first.
+        lowest = np.where(cruise < p.cruise_speed, np.minimum(lowest, cruise), lowest)
+        highest = np.maximum(cruise, lowest)
+        target = np.where(step == _STOP, 0.0, lowest + step * (highest - lowest))
         per_session = sit.exists.sum(axis=1) * n_frac
         starts = np.concatenate([[0], np.cumsum(per_session)])
         return _Columns(owner=owner, lane=lane, target=target, starts=starts)

@@ -189,7 +189,9 @@ def test_evaluate_is_the_batch_of_one():
     planner = BehaviourPlanner()
     x = random_features(rng)
     cands = planner.evaluate(x)
-    assert cands.lane.size == cands.cost.size == 6 * (1 + int(x[F["left_lane_exists"]]) + int(x[F["right_lane_exists"]]))
+    per_lane = 1 + len(planner.params.speed_steps)  # "stop" and the ladder of target speeds
+    assert cands.lane.size == cands.cost.size == per_lane * (1 + int(x[F["left_lane_exists"]])
+                                                             + int(x[F["right_lane_exists"]]))
     p = planner.plan(PlanRequest("s", x, 0))
     assert p.target_speed in (0.0, float(cands.target_speed[cands.best]))
     with pytest.raises(ValueError, match="NaN or Inf"):

@@ -159,3 +159,35 @@ def test_planning_is_far_sighted_but_cheap_enough():
         times.append(time.perf_counter() - t0)
     assert planner.params.horizon_s >= 5.0
     assert np.median(times) < 0.05  # a few ms expected; generous for a noisy VM
+
+# ---- closed-loop findings (issue 5): each test is a situation the planner used to get wrong ----
+
+
+def test_target_speed_is_one_the_executor_was_trained_to_follow():
+    """0 with "stop", else never below the ego's speed nor below 22 m/s (25 at dense-traffic speeds),
+    and above 25 m/s only to hold a faster ego's speed."""
+    planner = BehaviourPlanner()
+    rng = np.random.default_rng(4)
+    for i in range(300):
+        v = float(rng.uniform(0, 40))
+        x = features(v=v, lead=(float(rng.uniform(3, 150)), float(rng.uniform(-v, 5))), right=bool(rng.integers(2)),
+                     left_front=(float(rng.uniform(0, 150)), float(rng.uniform(-v, 10))),
+                     right_front=(float(rng.uniform(0, 150)), float(rng.uniform(-v, 10))))
+        p = plan(planner, x, session=f"t{i}")
+        v = float(x[F["ego_speed"]])  # as the planner saw it (float32)
+        if p.behaviour == "stop":
+            assert p.target_speed == 0.0
+            continue
+        assert max(v, 22.0) <= p.target_speed <= max(v, 25.0)
+        if v <= 18.0:
+            assert p.target_speed == 25.0
+    # dense traffic: the lane flows at 15 m/s, the target stays the trained 25 (see speed_steps)
+    assert plan(planner, features(v=15.0, lead=(30.0, 0.0), left=False)).target_speed == 25.0
+
+
+def test_refuses_an_ego_speed_no_road_vehicle_has():
+    planner = BehaviourPlanner()
+    with pytest.raises(ValueError, match="ego speed 90.0 m/s is beyond"):
+        plan(planner, features(v=90.0))  # 25 m/s read in km/h
+    fast = plan(planner, features(v=55.0))
+    assert (fast.behaviour, fast.target_speed) == ("keep", 55.0)  # hold it: a lower target swerves
