@@ -14,8 +14,11 @@ every column is computed with the same elementwise operations whatever batch it 
 session's plan does not depend on which other sessions were planned with it.
 
 It sees only what a server sees (one feature vector per session), so everything it knows about the
-neighbouring lanes comes from the front/rear gap and relative-speed features. Its target speeds
-stay within what the executor was trained to follow (BehaviourParams.speed_steps).
+neighbouring lanes comes from the front/rear gap and relative-speed features. Where those say more
+than 6 s of rollout can, it looks further: a lane with a stationary obstacle still ahead at the end
+of the horizon (a stopped car, or the end of an on-ramp, which the sensors report as one) is a dead
+end to leave through the first safe gap. Its target speeds stay within what the executor was
+trained to follow (BehaviourParams.speed_steps).
 """
 
 from __future__ import annotations
@@ -88,6 +91,11 @@ class BehaviourParams:
     # Lane changes.
     lane_change_s: float = 4.0  # the executor's lateral manoeuvre time
     leaving_time_gap: float = 0.5  # headway still kept to the leader of the lane we are leaving
+    # Headway accepted behind the new leader while the change is under way, opened back up to
+    # time_gap afterwards: what the expert accepts when it slots in behind a car to merge (its
+    # discretionary changes accept even less, 0.3 s). At 1.5 s a change behind a slower car looks
+    # like an emergency stop to the rollout (lead_brakes_hard, 6 seeds: 699 vetoed ticks, not 66).
+    merge_time_gap: float = 0.8
     rear_min_gap: float = 5.0  # hard: the new follower never closer than this during the change
     rear_min_ttc_s: float = 2.0  # hard: nor closing on us faster than this
     cooldown_s: float = 4.0  # after a change, a new one has to earn this much more
@@ -108,6 +116,12 @@ class BehaviourParams:
     w_continue: float = -0.5  # finishing a lane change already started (negative: a bonus)
     w_reverse: float = 3.0  # flipping back towards the lane we are leaving or just left
     w_cooldown: float = 1.0
+    # A lane with a stationary obstacle ahead (a stopped car, the end of an on-ramp) is a dead end:
+    # whatever the rollout does within the horizon, staying there ends in a stop after it. Costs up
+    # to this much, more the closer the obstacle at the end of the horizon, so a safe gap to leave
+    # is taken as soon as there is one instead of when the braking starts (without it 2 of 6
+    # slow_merge runs drove off the end of the ramp).
+    w_dead_end: float = 3.5
     collision_cost: float = 1.0e3
     memory_sessions: int = 4096  # per-session lane-change memory is bounded (LRU)
 
@@ -289,6 +303,7 @@ class BehaviourPlanner:
         new_lead = sit.front_gap[own, lane] + v_new * t
         # Before the ego crosses into the new lane it must respect both leaders.
         both = changing[None, :] & (t < 0.5 * p.lane_change_s)
+        new_time_gap = np.where(changing[None, :] & (t < p.lane_change_s), p.merge_time_gap, p.time_gap)
         s_hist, v_hist, a_hist = self._rollout(sit.v0[own], cols.target, changing, own_lead, new_lead,
                                                v_own, v_new, both)
 
@@ -299,7 +314,7 @@ class BehaviourPlanner:
         lead_v = np.where(gap_own < gap_new, v_own, v_new)
         min_gap = gap.min(axis=0)
         collides = min_gap <= 0.0
-        desired = p.min_gap + np.where(gap_own < gap_new, p.leaving_time_gap, p.time_gap) * v_hist
+        desired = p.min_gap + np.where(gap_own < gap_new, p.leaving_time_gap, new_time_gap) * v_hist
         headway = np.mean(np.maximum(0.0, 1.0 - gap / desired) ** 2, axis=0)
         closing = v_hist - lead_v
         ttc = np.where(closing > 1e-3, np.maximum(gap, 0.0) / np.maximum(closing, 1e-3), np.inf)
@@ -317,10 +332,18 @@ class BehaviourPlanner:
         # ---- progress and comfort ----
         cruise = sit.cruise[own]
         progress = np.mean(np.maximum(cruise - v_hist, 0.0), axis=0) / np.maximum(cruise, 1.0)
-        jerk = np.diff(np.vstack([sit.a0[own][None, :], a_hist]), axis=0) / p.step_s
+        # The plan's own smoothness: the step from the measured acceleration to the rollout's first
+        # one is not the plan's doing (the executor chooses its acceleration every tick), and
+        # counting it made "stop" the cheapest plan whenever the executor happened to brake hard.
+        jerk = np.diff(a_hist, axis=0) / p.step_s
         accel_cost = np.mean(a_hist**2, axis=0) / p.b_comf**2
         jerk_cost = np.mean(jerk**2, axis=0) / p.jerk_ref**2
         hard_brake = np.mean(np.maximum(0.0, -a_hist - p.b_comf), axis=0)
+
+        # ---- beyond the horizon: a stationary obstacle still ahead in the final lane ----
+        stationary = v_new < p.stop_speed
+        closeness = np.clip(1.0 - gap_new[-1] / SENSOR_RANGE_M, 0.0, 1.0)
+        dead_end = np.where(stationary & (gap_new[-1] < SENSOR_RANGE_M), closeness, 0.0)
 
         # ---- rules of the road ----
         rules = np.where(changing, p.w_change, 0.0)
@@ -335,6 +358,7 @@ class BehaviourPlanner:
             "headway": p.w_headway * headway,
             "ttc": p.w_ttc * ttc_risk,
             "rules": rules,
+            "dead_end": p.w_dead_end * dead_end,
             "collision": np.where(collides, p.collision_cost, 0.0),
             "rear_unsafe": np.where(rear_unsafe, p.collision_cost, 0.0),
         }
@@ -410,10 +434,12 @@ class BehaviourPlanner:
         # While leaving, the old leader only has to be kept at a short headway, not followed: the
         # ego is already moving out from behind it.
         own_time_gap = np.where(changing, p.leaving_time_gap, p.time_gap)
+        merge_time_gap = np.where(changing, p.merge_time_gap, p.time_gap)  # to the new leader, during a change
         any_both = both.any(axis=1)
         for i in range(self._n_steps):
             free = self._idm_free(v, v0_target)
-            a = self._idm(v, free, new_lead[i] - s, v_new, sqrt_ab, p.time_gap)
+            new_time_gap = merge_time_gap if self._t[i] < p.lane_change_s else p.time_gap
+            a = self._idm(v, free, new_lead[i] - s, v_new, sqrt_ab, new_time_gap)
             if any_both[i]:  # past the first half of a change only the new leader counts: skip the work
                 a_own = self._idm(v, free, own_lead[i] - s, v_own, sqrt_ab, own_time_gap)
                 a = np.where(both[i], np.minimum(a, a_own), a)

@@ -162,6 +162,60 @@ def test_planning_is_far_sighted_but_cheap_enough():
 
 # ---- closed-loop findings (issue 5): each test is a situation the planner used to get wrong ----
 
+def _on_ramp(seed: int, before_end_m: float, see_lane_ends: bool = True) -> np.ndarray:
+    """Features as the simulator's sensors report them with the ego on slow_merge's on-ramp,
+    `before_end_m` before its end at 17 m/s, among the scenario's own traffic."""
+    from sim.env import make_scenario
+    from sim.world import EGO
+
+    env = make_scenario("slow_merge", seed, see_lane_ends=see_lane_ends)
+    world = env.world
+    world.s[0, EGO] = float(world.road.lane_end_s[0, 0]) - before_end_m
+    world.v[0, EGO] = 17.0
+    return env.observe()[0]
+
+
+def test_merges_off_an_on_ramp_as_soon_as_it_sees_the_end():
+    x = _on_ramp(900_001, 120.0)  # the lane's end is a stationary obstacle 117 m ahead; a gap to the left
+    assert x[F["lead_distance"]] < 120.0 and abs(x[F["lead_rel_speed"]] + 17.0) < 1.0
+    p = plan(BehaviourPlanner(), x)
+    assert (p.behaviour, p.target_lane_offset) == ("change_left", 3.5)
+    assert p.target_speed >= 17.0  # never a target below the current speed
+    # Within the 6 s horizon the ramp still looks faster than the slow lane: it is the cost of the
+    # dead end beyond the horizon that makes the planner take this gap instead of a later one.
+    from planner.behaviour import BehaviourParams
+    assert plan(BehaviourPlanner(BehaviourParams(w_dead_end=0.0)), x).behaviour == "keep"
+    # Sensors that do not see the end (what the demo had): nothing tells the planner to merge.
+    assert plan(BehaviourPlanner(), _on_ramp(900_001, 120.0, see_lane_ends=False)).behaviour == "keep"
+
+
+def test_waits_on_the_ramp_while_a_car_is_alongside_and_stops_if_it_must():
+    x = _on_ramp(900_001, 100.0)
+    assert x[F["left_front_gap"]] < 1.0  # a car of the slow lane right beside the ego
+    assert plan(BehaviourPlanner(), x).behaviour == "keep"
+    # Close to the end with the gap still taken: stop before it rather than squeeze in.
+    blocked = features(v=8.0, lead=(35.0, -8.0), left_front=(0.0, 0.0), left_rear=(3.0, 0.0))
+    p = plan(BehaviourPlanner(), blocked)
+    assert (p.behaviour, p.target_speed, p.target_lane_offset) == ("stop", 0.0, 0.0)
+
+
+def test_does_not_move_back_onto_a_ramp_that_ends():
+    slow_lead = (40.0, -3.0)
+    free = features(v=14.0, lead=slow_lead, left=False, right=True)
+    assert plan(BehaviourPlanner(), free).behaviour == "change_right"  # a free lane on the right gains
+    ending = features(v=14.0, lead=slow_lead, left=False, right=True, right_front=(145.0, -14.0))
+    assert plan(BehaviourPlanner(), ending).behaviour == "keep"  # ...unless it ends 145 m ahead
+    # 6 s of rollout at 14 m/s do not reach that far: it is the dead end beyond them that says no
+    from planner.behaviour import BehaviourParams
+    assert plan(BehaviourPlanner(BehaviourParams(w_dead_end=0.0)), ending).behaviour == "change_right"
+
+
+def test_braking_executor_on_a_free_road_is_not_told_to_stop():
+    x = features(v=30.0, left=False)
+    x[F["ego_accel"]] = -7.0  # braking for reasons of its own; nothing ahead
+    p = plan(BehaviourPlanner(), x)
+    assert (p.behaviour, p.target_speed) == ("keep", 30.0)  # hold the speed; the executor may slow down
+
 
 def test_target_speed_is_one_the_executor_was_trained_to_follow():
     """0 with "stop", else never below the ego's speed nor below 22 m/s (25 at dense-traffic speeds),
@@ -191,3 +245,25 @@ def test_refuses_an_ego_speed_no_road_vehicle_has():
         plan(planner, features(v=90.0))  # 25 m/s read in km/h
     fast = plan(planner, features(v=55.0))
     assert (fast.behaviour, fast.target_speed) == ("keep", 55.0)  # hold it: a lower target swerves
+
+
+def test_slow_merge_in_closed_loop_merges_off_the_ramp():
+    """The shipped model and gates, driven by the planner over the whole scenario (held-out seed)."""
+    import ood
+    from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
+    from controller.planning import LockstepPlanning
+    from dualloop.v1 import controller_pb2 as pb
+    from executor.core import Executor
+    from executor.model_runner import DecisionModel
+    from sim.closed_loop import InProcessDecider, run_closed_loop
+    from sim.env import make_scenario
+    from sim.world import EGO
+
+    executor = Executor(DecisionModel(BASE_MODEL_PATH), None, [ood.load_gate(g) for g in DEFAULT_GATES])
+    env = make_scenario("slow_merge", 950_003)
+    decider = InProcessDecider(executor, "merge", LockstepPlanning(BehaviourPlanner(), 200_000_000))
+    run = run_closed_loop(env, decider, 950_003)
+    assert run.metrics.collisions == 0 and not run.metrics.off_road
+    assert env.world.ego_lane()[0] >= 1 and env.world.s[0, EGO] > env.world.road.lane_end_s[0, 0]  # past the end
+    assert ("behaviour", "change_left", 3.5) in {p[:3] for p in run.plans}
+    assert run.ticks_with(pb.OOD_VETO) < 100  # the merge stays in the model's distribution
