@@ -121,19 +121,20 @@ def test_finishes_a_lane_change_instead_of_flipping():
 def test_does_not_flip_back_right_after_a_change():
     planner = BehaviourPlanner()
     previous = Plan("p0", "c", 0, 10**9, "behaviour", "change_left", 25.0, 3.5)
-    # Just crossed into the left lane: the old lane (now on the right) is free, keep-right would
-    # normally pull the ego back there.
-    crossed = features(right=True, lane_offset=-1.2)
+    # Just crossed into the left lane, behind a car 5 m/s slower: the old lane (now on the right)
+    # is free, and moving back there would gain a little.
+    slower_ahead = (60.0, -5.0)
+    crossed = features(right=True, lane_offset=-1.2, lead=slower_ahead)
     p1 = plan(planner, crossed, previous, session="c", now_ns=0)
     assert p1.behaviour == "keep"
-    p2 = plan(planner, features(right=True), p1, session="c", now_ns=200_000_000)
+    p2 = plan(planner, features(right=True, lead=slower_ahead), p1, session="c", now_ns=200_000_000)
     assert p2.behaviour == "keep"  # cooldown: not straight back
-    # Much later the keep-right rule applies again.
-    later = plan(planner, features(right=True), p2, session="c", now_ns=10_000_000_000)
+    # Much later the gain is worth a change again.
+    later = plan(planner, features(right=True, lead=slower_ahead), p2, session="c", now_ns=10_000_000_000)
     assert later.behaviour == "change_right"
     # A planner without the memory (a different session) moves right at once: the memory matters.
-    assert plan(planner, features(right=True), dataclasses.replace(p1, session_id="d"), session="d").behaviour \
-        == "change_right"
+    assert plan(planner, features(right=True, lead=slower_ahead), dataclasses.replace(p1, session_id="d"),
+                session="d").behaviour == "change_right"
 
 
 def test_plan_values_follow_schema_order():
@@ -159,6 +160,7 @@ def test_planning_is_far_sighted_but_cheap_enough():
         times.append(time.perf_counter() - t0)
     assert planner.params.horizon_s >= 5.0
     assert np.median(times) < 0.05  # a few ms expected; generous for a noisy VM
+
 
 # ---- closed-loop findings (issue 5): each test is a situation the planner used to get wrong ----
 
@@ -210,11 +212,40 @@ def test_does_not_move_back_onto_a_ramp_that_ends():
     assert plan(BehaviourPlanner(BehaviourParams(w_dead_end=0.0)), ending).behaviour == "change_right"
 
 
+def test_no_lane_change_on_top_of_hard_braking_for_a_cut_in():
+    x = features(v=22.0, lead=(8.0, -3.0), right=True)  # a car just cut in 8 m ahead
+    assert plan(BehaviourPlanner(), x).behaviour == "change_right"
+    x[F["ego_accel"]] = -6.0  # the executor is braking hard for it
+    assert plan(BehaviourPlanner(), x).behaviour == "keep"
+
+
 def test_braking_executor_on_a_free_road_is_not_told_to_stop():
     x = features(v=30.0, left=False)
     x[F["ego_accel"]] = -7.0  # braking for reasons of its own; nothing ahead
     p = plan(BehaviourPlanner(), x)
     assert (p.behaviour, p.target_speed) == ("keep", 30.0)  # hold the speed; the executor may slow down
+
+
+def test_does_not_speed_up_to_pass_a_car_that_may_cut_in():
+    alone = plan(BehaviourPlanner(), features(v=22.0, right=True))
+    passing = plan(BehaviourPlanner(), features(v=22.0, right=True, right_front=(15.0, -3.0)))
+    assert alone.target_speed == 25.0 and passing.target_speed == pytest.approx(22.0, abs=0.1)
+    assert passing.behaviour == alone.behaviour == "keep"
+    # a stopped car in the next lane is not going to pull out
+    parked = plan(BehaviourPlanner(), features(v=22.0, right=True, right_front=(15.0, -22.0)))
+    assert parked.target_speed == 25.0
+
+
+def test_no_lane_change_without_a_gain():
+    """Keep-right moves with nothing to gain were lane changes the executor had never been shown."""
+    assert plan(BehaviourPlanner(), features(v=25.0, right=True)).behaviour == "keep"
+
+
+def test_target_speed_says_what_the_lane_allows():
+    """Behind a car at the ego's speed the target stays at the lowest the executor follows well;
+    with the road ahead free it is the cruise speed."""
+    assert plan(BehaviourPlanner(), features(v=20.0, lead=(30.0, 0.0), left=False)).target_speed == 23.5
+    assert plan(BehaviourPlanner(), features(v=20.0, left=False)).target_speed == 25.0
 
 
 def test_target_speed_is_one_the_executor_was_trained_to_follow():
