@@ -470,9 +470,11 @@ class BehaviourPlanner:
         # executor brake at 8 m/s^2 and steer across two lanes in nominal_cruise).
         (v_a, t_a), (v_b, t_b) = p.lowest_target
         v = sit.v0[owner]
+        # This floor also stands above the curve limit, which caps only the top of the ladder: the
+        # simulator's curves (radius 600 m and up) limit nothing below 34 m/s, so the limit only
+        # ever bound on curvature noise, and then sent targets below the ego's speed (noise_burst:
+        # 713 vetoed ticks instead of 0).
         lowest = np.maximum(np.interp(v, [v_a, v_b], [t_a, t_b]), v)
-        # ...except in a curve too tight for that speed: its limit comes first.
-        lowest = np.where(cruise < p.cruise_speed, np.minimum(lowest, cruise), lowest)
         highest = np.maximum(cruise, lowest)
         target = np.where(step == _STOP, 0.0, lowest + step * (highest - lowest))
         per_session = sit.exists.sum(axis=1) * n_frac

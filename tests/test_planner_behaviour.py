@@ -268,6 +268,10 @@ def test_target_speed_is_one_the_executor_was_trained_to_follow():
             assert p.target_speed == 25.0
     # dense traffic: the lane flows at 15 m/s, the target stays the trained 25 (see speed_steps)
     assert plan(planner, features(v=15.0, lead=(30.0, 0.0), left=False)).target_speed == 25.0
+    # a burst of curvature noise (a 100 m radius) does not pull the target below the ego's speed
+    curved = features(v=22.0, left=False)
+    curved[F["road_curvature"]] = 0.01
+    assert plan(planner, curved).target_speed >= 22.0
 
 
 def test_refuses_an_ego_speed_no_road_vehicle_has():
