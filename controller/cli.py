@@ -243,7 +243,7 @@ def _demo(args: argparse.Namespace) -> int:
     gates = args.gate if args.gate else ([g for g in DEFAULT_GATES if g.is_file()]
                                          if model == BASE_MODEL_PATH and not args.no_gate else [])
     run_demo(model, args.out, scenarios, duration_s=args.duration, console=console, gates=gates,
-             planner=None if args.planner == "none" else args.planner)
+             planner=args.planner)
     return 0
 
 
@@ -347,8 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenarios", help="comma-separated subset (default: all)")
     p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
     p.add_argument("--no-gate", action="store_true", help="drive without the OOD gate")
-    p.add_argument("--planner", choices=["none", "behaviour"], default="none",
-                   help="behaviour: plans come from the server's built-in planner instead of the simulator's")
+    p.add_argument("--planner", choices=["auto", "none", "behaviour"], default="auto",
+                   help="auto: the server's built-in planner plans the nominal scenarios, the simulator the "
+                        "out-of-distribution ones; none: the simulator plans all; behaviour: the built-in planner "
+                        "plans all")
     p.add_argument("--duration", type=float, help="seconds of sim time per scenario (default: the scenario's own)")
     p.add_argument("--out", type=Path, default=Path("runs"))
     p.set_defaults(fn=_demo)

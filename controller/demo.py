@@ -2,7 +2,8 @@
 
 A server process serves the model on loopback; this process runs each scenario of the simulator as
 an ordinary LOCKSTEP gRPC client, then prints one row per scenario and writes logs, plots and a
-report under runs/<timestamp>/.
+report under runs/<timestamp>/. Scenarios planned by the server's built-in planner and scenarios
+planned by the simulator go to two server processes, one after the other (see plan_sources()).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Sequence
 import grpc
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from controller.report import plot_run, plot_tick_work, write_report
@@ -105,57 +106,103 @@ def _table(rows: list[ScenarioRow], model_name: str) -> Table:
     return table
 
 
-def run_demo(model: Path, out_root: Path = Path("runs"), scenarios: list[str] | None = None,
-             seed: int = HELD_OUT_SEED, duration_s: float | None = None, console: Console | None = None,
-             gates: Sequence[Path] = (), planner: str | None = None) -> Path:
-    """planner: a server planner source ("behaviour"); None: the simulator sends its own plans."""
-    console = console or Console()
-    names = scenarios or list(SCENARIOS)
-    out = out_root / datetime.now().strftime("%Y%m%d-%H%M%S")
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    params = {"duration_s": duration_s} if duration_s else {}
-    extra = tuple(a for g in gates for a in ("--gate", str(g)))
-    if planner:  # the CLI has no planner flag: a config file carries the section
-        config = out / "server.toml"
-        config.write_text(f'[planner]\nsource = "{planner}"\n')
+AUTO = "auto"  # the demo's default plan source, see plan_sources()
+
+
+def plan_sources(names: Sequence[str], planner: str | None) -> dict[str, str | None]:
+    """The server planner that plans each scenario, None where the simulator sends its own plans.
+
+    "auto" (the default): the built-in behaviour planner plans the nominal scenarios, the simulator
+    the out-of-distribution ones. Those exist to test the gate and the safe-state machine on broken
+    inputs; the planner refuses the worst of them (NaN, km/h read as m/s) and the executor then
+    degrades through STALE_PLAN, which made unit_mismatch_kmh spend longer in fallback than with the
+    simulator's plans. "none" (or None): the simulator plans everything; a source name: it plans all.
+    """
+    if planner == AUTO:
+        return {name: None if SCENARIOS[name].ood else "behaviour" for name in names}
+    source = None if planner in (None, "none") else planner
+    return {name: source for name in names}
+
+
+def _save_log(out: Path, name: str, run: ClosedLoopRun) -> None:
+    np.savez_compressed(out / "logs" / f"{name}.npz", t=run.t, applied_index=run.applied_index,
+                        applied_accel=run.applied_accel, applied_steer=run.applied_steer,
+                        safety_state=run.safety_state, reasons=run.reasons, gate_score=run.gate_score,
+                        round_trip_us=run.round_trip_us, ego_speed=run.metrics.series.ego_speed,
+                        lead_gap=run.metrics.series.lead_gap)
+
+
+@dataclass(frozen=True)
+class _Suite:
+    """What every server and scenario of one demo run share."""
+
+    model: Path
+    out: Path
+    gate_args: tuple[str, ...]
+    seed: int
+    params: dict
+    console: Console
+
+
+def _drive_group(suite: _Suite, names: Sequence[str], source: str | None, progress: Progress, task: TaskID,
+                 ) -> tuple[dict[str, tuple[ScenarioRow, ClosedLoopRun]], pb.ModelInfo]:
+    """Drive `names` against one server process whose planner is `source` (None: none)."""
+    extra, model, out, console = suite.gate_args, suite.model, suite.out, suite.console
+    if source:  # the CLI has no planner flag: a config file carries the section
+        config = out / f"server-{source}.toml"
+        config.write_text(f'[planner]\nsource = "{source}"\n')
         extra += ("--config", str(config))
     server, address = start_server(model, extra)
-    rows: list[ScenarioRow] = []
-    runs: list[ClosedLoopRun] = []
+    results: dict[str, tuple[ScenarioRow, ClosedLoopRun]] = {}
     try:
         with grpc.insecure_channel(address) as channel:
             stub = pb_grpc.ControllerStub(channel)
             info = stub.GetModelInfo(pb.GetModelInfoRequest())
             gate_text = f", gates {info.gate_version} ({info.gate_source})" if info.gate_version else ", no OOD gate"
-            gate_text += f", planner {info.planner}" if info.planner else ", plans from the simulator"
-            console.print(f"[bold]dualloop demo[/]: model {model.name} ({info.model_version}){gate_text}, "
-                          f"server {address}")
-            whole = stub.GetStats(pb.GetStatsRequest())
-            with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=console, transient=True) as progress:
-                suite = progress.add_task("scenario suite", total=len(names))
-                for name in names:
-                    progress.update(suite, description=name)
-                    stub.GetStats(pb.GetStatsRequest(reset=True))
-                    run = drive_over_grpc(address, name, seed, **params)
-                    rows.append(_row(run, SCENARIOS[name].ood, stub.GetStats(pb.GetStatsRequest())))
-                    runs.append(run)
-                    np.savez_compressed(out / "logs" / f"{name}.npz", t=run.t, applied_index=run.applied_index,
-                                        applied_accel=run.applied_accel, applied_steer=run.applied_steer,
-                                        safety_state=run.safety_state, reasons=run.reasons,
-                                        gate_score=run.gate_score, round_trip_us=run.round_trip_us,
-                                        ego_speed=run.metrics.series.ego_speed, lead_gap=run.metrics.series.lead_gap)
-                    progress.advance(suite)
-            whole = stub.GetStats(pb.GetStatsRequest())
+            plans = f"plans from the server's planner ({info.planner})" if info.planner else "plans from the simulator"
+            console.print(f"[bold]dualloop demo[/]: model {model.name} ({info.model_version}){gate_text}, server "
+                          f"{address}; {plans} for {', '.join(names)}")
+            for name in names:
+                progress.update(task, description=name)
+                stub.GetStats(pb.GetStatsRequest(reset=True))
+                run = drive_over_grpc(address, name, suite.seed, **suite.params)
+                results[name] = (_row(run, SCENARIOS[name].ood, stub.GetStats(pb.GetStatsRequest())), run)
+                _save_log(out, name, run)
+                progress.advance(task)
     finally:
         stop_server(server)
+    return results, info
+
+
+def run_demo(model: Path, out_root: Path = Path("runs"), scenarios: list[str] | None = None,
+             seed: int = HELD_OUT_SEED, duration_s: float | None = None, console: Console | None = None,
+             gates: Sequence[Path] = (), planner: str | None = AUTO) -> Path:
+    """planner: "auto", "none" (None) or a server planner source for every scenario; see plan_sources().
+    One server process per plan source: a server's planner plans all of its LOCKSTEP sessions."""
+    console = console or Console()
+    names = scenarios or list(SCENARIOS)
+    out = out_root / datetime.now().strftime("%Y%m%d-%H%M%S")
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    suite = _Suite(model, out, tuple(a for g in gates for a in ("--gate", str(g))), seed,
+                   {"duration_s": duration_s} if duration_s else {}, console)
+    sources = plan_sources(names, planner)
+    results: dict[str, tuple[ScenarioRow, ClosedLoopRun]] = {}
+    with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("scenario suite", total=len(names))
+        for source in dict.fromkeys(sources.values()):  # in order of first use
+            group = [name for name in names if sources[name] == source]
+            done, info = _drive_group(suite, group, source, progress, task)
+            results.update(done)
+    rows = [results[name][0] for name in names]
+    runs = [results[name][1] for name in names]
     console.print(_table(rows, model.name))
     plots = [plot_run(run, out) for run in runs]
     lateness_plot = plot_tick_work(runs, out / "tick_work.png")
-    (out / "summary.json").write_text(json.dumps({"model": str(model), "model_version": info.model_version,
-                                                  "planner": info.planner or "simulator",
-                                                  "seed": seed, "rows": [r.__dict__ for r in rows]}, indent=2,
-                                                 default=float))
+    (out / "summary.json").write_text(json.dumps({
+        "model": str(model), "model_version": info.model_version, "planner": planner or "none",
+        "plan_sources": {name: source or "simulator" for name, source in sources.items()},
+        "seed": seed, "rows": [r.__dict__ for r in rows]}, indent=2, default=float))
     report = write_report(out, model, info.model_version, rows, plots, lateness_plot)
     console.print(f"logs, plots and report: {out}/  (open {report})")
     return out

@@ -18,6 +18,7 @@ from executor.model_card import Normalisation
 from executor.model_runner import DecisionModel
 from sim.env import ActionNoise, run_expert_batch
 from sim.scenarios import NOMINAL_SCENARIOS
+from sim.sensors import TRAINING_SEES_LANE_ENDS
 
 FIT_SEEDS = range(100_000, 100_012)  # disjoint from training, validation and demo seeds
 CALIBRATION_SEEDS = range(110_000, 110_012)
@@ -52,7 +53,8 @@ def nominal_inputs(seeds: Sequence[int], every: int = 4, scenarios: Sequence[str
     model's own hard braking behind a braking lead."""
     feats, plans = [], []
     for name in scenarios:
-        _, data = run_expert_batch(name, list(seeds), every=every, noise=noise, **params)
+        _, data = run_expert_batch(name, list(seeds), every=every, noise=noise,
+                                   see_lane_ends=TRAINING_SEES_LANE_ENDS, **params)
         feats.append(data.features[data.valid])
         plans.append(data.plan[data.valid])
     return np.concatenate(feats), np.concatenate(plans)

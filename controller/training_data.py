@@ -16,6 +16,7 @@ from executor.model_card import ModelCard
 from sim import schema
 from sim.env import ActionNoise, run_expert_batch
 from sim.scenarios import NOMINAL_SCENARIOS
+from sim.sensors import TRAINING_SEES_LANE_ENDS
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 # Seed layout: root seed * _ROOT + split offset + scenario * _SCENARIO + episode. Disjoint as long as
@@ -115,7 +116,8 @@ def generate(config: DataConfig, seed: int, on_scenario: Callable[[str], None] |
     for si, name in enumerate(config.scenarios):
         per_split = {s: split_seeds(seed, s, si, config.episodes(s)) for s in SPLITS}
         all_seeds = [x for s in SPLITS for x in per_split[s]]
-        _, data = run_expert_batch(name, all_seeds, every=config.every, noise=config.noise, **params)
+        _, data = run_expert_batch(name, all_seeds, every=config.every, noise=config.noise,
+                                   see_lane_ends=TRAINING_SEES_LANE_ENDS, **params)
         start = 0
         for s in SPLITS:
             sl = slice(start, start + len(per_split[s]))

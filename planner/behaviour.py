@@ -14,7 +14,12 @@ every column is computed with the same elementwise operations whatever batch it 
 session's plan does not depend on which other sessions were planned with it.
 
 It sees only what a server sees (one feature vector per session), so everything it knows about the
-neighbouring lanes comes from the front/rear gap and relative-speed features.
+neighbouring lanes comes from the front/rear gap and relative-speed features. Where those say more
+than 6 s of rollout can, it looks further: a lane with a stationary obstacle still ahead at the end
+of the horizon (a stopped car, or the end of an on-ramp, which the sensors report as one) is a dead
+end to leave through the first safe gap, and a slower car close ahead in the next lane is one that
+may cut in, to be passed without speeding up. Its target speeds stay within what the executor was
+trained to follow (BehaviourParams.speed_steps).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ _REAR_REL = np.array([_F["left_rear_rel_speed"], _F["right_rear_rel_speed"]])
 # A gap this close to the sensor range means "nothing there" (the sensor caps gaps, then adds noise).
 _NOTHING_THERE_M = SENSOR_RANGE_M - 3.0
 _FAR_M = 1.0e4  # where an absent vehicle is put, so that it never interacts
+_STOP = -1.0  # the ladder position of the "come to a stop" candidate (target speed 0)
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,24 @@ class BehaviourParams:
     lane_width: float = 3.5
     horizon_s: float = 6.0
     step_s: float = 0.1
-    speed_fractions: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7, 0.85, 1.0)  # of the cruise speed
+    # Target speeds: 0 (come to a stop) and a ladder from the lowest target up to the cruise speed.
+    # The executor was trained on plans whose target is the expert's desired speed for the whole
+    # drive (25 m/s in dense traffic and merges, 22-31 elsewhere) or 0 with "stop", and its steering
+    # depends on that number. Dense traffic at 15 m/s with fixed keep plans: at 22/20/18 m/s instead
+    # of 25 it sat 0.9/1.2/1.4 m off its lane centre, at 14-15 m/s it drove into the next lane (2
+    # collisions in 10 runs), at 31 it sat 0.5-0.8 m left; the gate vetoed none of it. So the target
+    # is never below the ego's speed (floor at the ego's speed instead of the knots below: 2
+    # collisions in 6 dense_traffic runs), and slowing down is left to the leaders in the rollout,
+    # or to a "stop" plan.
+    speed_steps: tuple[float, ...] = (0.0, 0.5, 1.0)  # positions from the lowest target to cruise
+    # (ego speed, lowest target) knots, interpolated: 25 m/s at dense-traffic and merge speeds, 22
+    # m/s from 22 m/s up (where the expert's desired speed was its own starting speed, 22-28).
+    lowest_target: tuple[tuple[float, float], tuple[float, float]] = ((18.0, 25.0), (22.0, 22.0))
+    # No road vehicle's speed (252 km/h): a broken unit (km/h read as m/s) or a broken sensor. The
+    # planner refuses (planning from km/h took 2 of 3 unit_mismatch_kmh runs off the road); below
+    # it, a fast ego is told to hold its speed (a target below it makes the executor brake hard and
+    # swerve: on the model's default plan, speed_out_of_range left the road).
+    max_speed: float = 70.0
     valid_for_s: float = 1.0
     # Ego longitudinal model (IDM-like, as the executor was trained to drive).
     time_gap: float = 1.5
@@ -69,12 +92,18 @@ class BehaviourParams:
     # Lane changes.
     lane_change_s: float = 4.0  # the executor's lateral manoeuvre time
     leaving_time_gap: float = 0.5  # headway still kept to the leader of the lane we are leaving
+    # Headway accepted behind the new leader while the change is under way, opened back up to
+    # time_gap afterwards: what the expert accepts when it slots in behind a car to merge (its
+    # discretionary changes accept even less, 0.3 s). At 1.5 s a change behind a slower car looks
+    # like an emergency stop to the rollout (lead_brakes_hard, 6 seeds: 699 vetoed ticks, not 66).
+    merge_time_gap: float = 0.8
     rear_min_gap: float = 5.0  # hard: the new follower never closer than this during the change
     rear_min_ttc_s: float = 2.0  # hard: nor closing on us faster than this
     cooldown_s: float = 4.0  # after a change, a new one has to earn this much more
     ttc_min_s: float = 4.0  # below this time-to-collision a leader is a risk
     stop_speed: float = 1.0  # a leader slower than this is a stationary obstacle
     stop_approach_speed: float = 5.0  # ending the horizon slower than this behind one means "stop"
+    hard_braking: float = 2.5  # the ego braking harder than this (measured) behind a close leader is avoiding it
     # Cost weights (dimensionless; a speed deficit of the whole cruise speed for the whole horizon
     # costs w_progress).
     w_progress: float = 4.0
@@ -84,11 +113,37 @@ class BehaviourParams:
     w_headway: float = 3.0
     w_ttc: float = 3.0
     w_change: float = 0.2
-    w_left: float = 0.15  # overtake on the left, then come back
-    w_right: float = -0.3  # keep right when the right lane is as good (negative: a bonus)
+    w_left: float = 0.15  # a change to the left costs a little more: right is preferred when both gain
+    # No bonus for moving right without a gain: the executor was trained on lane changes made for an
+    # advantage (the expert's MOBIL), and keep-right moves it had never seen were vetoed (cut_in on
+    # 6 seeds: 963 vetoed ticks with a -0.3 bonus, 0 without).
+    w_right: float = 0.0
     w_continue: float = -0.5  # finishing a lane change already started (negative: a bonus)
     w_reverse: float = 3.0  # flipping back towards the lane we are leaving or just left
     w_cooldown: float = 1.0
+    # A lane with a stationary obstacle ahead (a stopped car, the end of an on-ramp) is a dead end:
+    # whatever the rollout does within the horizon, staying there ends in a stop after it. Costs up
+    # to this much, more the closer the obstacle at the end of the horizon, so a safe gap to leave
+    # is taken as soon as there is one instead of when the braking starts (without it 2 of 6
+    # slow_merge runs drove off the end of the ramp).
+    w_dead_end: float = 3.5
+    # Starting a lane change while braking hard behind a close leader: the executor brakes for it and
+    # was never shown a lane change on top of an emergency stop (without this, cut_in on the demo
+    # seed: a change started at -8 m/s^2, 165 vetoed ticks instead of 0).
+    w_change_braking: float = 5.0
+    # The target speed says what the executor should settle at: a target far above what the chosen
+    # lane lets the ego reach within the horizon makes it press into the gap ahead; and a target that
+    # moves with every small change of the costs is noise (without these two, lead_brakes_hard on 6
+    # seeds: 387 vetoed ticks instead of 66).
+    w_target: float = 1.0
+    w_retarget: float = 0.3  # per m/s the target moves from the previous plan's, over the cruise speed
+    # A slower car close ahead in a neighbouring lane may cut in: staying in lane, the ego is scored
+    # on the braking that would take, so the planner does not speed up to pass it closely; the
+    # executor reacts to a cut-in only once the car is in its lane (without it, cut_in on the demo
+    # seed: 145 vetoed ticks instead of 0).
+    w_cut_in: float = 1.0
+    cut_in_range_m: float = 40.0
+    cut_in_min_gap_m: float = 5.0
     collision_cost: float = 1.0e3
     memory_sessions: int = 4096  # per-session lane-change memory is bounded (LRU)
 
@@ -115,6 +170,7 @@ class _Columns:
     owner: npt.NDArray[np.int64]  # index of the session in the batch
     lane: npt.NDArray[np.int64]
     target: FloatArray
+    lowest: FloatArray  # the session's lowest non-zero target
     starts: npt.NDArray[np.int64]  # (B + 1,)
 
 
@@ -145,7 +201,7 @@ class BehaviourPlanner:
         p = self.params
         self._n_steps = int(round(p.horizon_s / p.step_s))
         self._t = (np.arange(self._n_steps) + 1) * p.step_s  # time at the end of each step
-        self._fractions = np.asarray(p.speed_fractions, dtype=np.float64)
+        self._ladder = np.concatenate([[_STOP], np.asarray(p.speed_steps, dtype=np.float64)])
         # When we last proposed a lane change, per session: the cooldown needs memory that the
         # previous plan alone cannot carry (after a change, the previous plan is already "keep").
         self._last_change_ns: OrderedDict[str, int] = OrderedDict()
@@ -160,7 +216,8 @@ class BehaviourPlanner:
 
     def plan_many(self, requests: Sequence[PlanRequest]) -> list[Plan | Exception]:
         """One plan per request, in order, from one vectorised rollout; a request that cannot be
-        planned (non-finite features) gets its exception in its slot and the others are planned.
+        planned (non-finite features, an ego speed beyond max_speed) gets its exception in its slot
+        and the others are planned.
 
         The result is the same as plan() called on each request in turn, lane-change memory
         included. The only exception is the memory's LRU bound: with more than memory_sessions
@@ -171,10 +228,11 @@ class BehaviourPlanner:
         for indices in _rounds(requests):
             batch = [requests[i] for i in indices]
             x = np.stack([np.asarray(r.features, dtype=np.float64) for r in batch])
-            finite = np.isfinite(x).all(axis=1)
-            for i in np.flatnonzero(~finite):
-                results[indices[i]] = ValueError("features contain NaN or Inf")
-            good = [i for i in range(len(batch)) if finite[i]]
+            problems = self._problems(x)
+            for i, problem in enumerate(problems):
+                if problem:
+                    results[indices[i]] = ValueError(problem)
+            good = [i for i in range(len(batch)) if not problems[i]]
             if not good:
                 continue
             cols, cands = self._evaluate(x[good], [batch[i] for i in good])
@@ -198,9 +256,10 @@ class BehaviourPlanner:
         behaviour = LANE_BEHAVIOUR[lane]
         target_speed = float(cands.target_speed[best])
         offset = float(LANE_SIGN[lane] * p.lane_width)
-        if cands.blocked[best]:
-            # Even the best option ends up stopping behind a stationary obstacle: say so (and stay
-            # in lane), so the executor brakes early and smoothly instead of closing in at cruise intent.
+        if cands.blocked[best] or target_speed == 0.0:
+            # Even the best option ends up stopping behind a stationary obstacle (or is the stop
+            # itself): say so (and stay in lane), so the executor brakes early and smoothly instead
+            # of closing in at cruise intent.
             behaviour, target_speed, offset = "stop", 0.0, 0.0
         # Remember the latest lane change, ours or one the previous plan (from any source) was making.
         changed_ns = request.now_ns if behaviour.startswith("change_") else None
@@ -234,11 +293,24 @@ class BehaviourPlanner:
     ) -> Candidates:
         """The candidate table of one session (what plan() chooses from), for tests and debugging."""
         x = np.asarray(features, dtype=np.float64)
-        if not np.all(np.isfinite(x)):
-            raise ValueError("features contain NaN or Inf")
+        [problem] = self._problems(x[None, :])
+        if problem:
+            raise ValueError(problem)
         request = PlanRequest(session_id, np.asarray(features, dtype=np.float32), now_ns, previous)
         _, cands = self._evaluate(x[None, :], [request])
         return cands
+
+    def _problems(self, x: FloatArray) -> list[str]:
+        """Why each row of (B, N_FEATURES) x cannot be planned, "" when it can. Beyond max_speed no
+        target is one the executor was trained to follow, and an ego speed like that is more often
+        a broken unit than a real speed: the planner refuses, and the executor degrades with
+        STALE_PLAN instead of following a plan made from garbage."""
+        finite = np.isfinite(x).all(axis=1)
+        speed = np.where(finite, x[:, _F["ego_speed"]], 0.0)
+        limit = self.params.max_speed
+        return ["features contain NaN or Inf" if not ok
+                else f"ego speed {v:.1f} m/s is beyond the planner's {limit:.0f} m/s" if v > limit
+                else "" for ok, v in zip(finite, speed)]
 
     def _evaluate(self, x: FloatArray, requests: Sequence[PlanRequest]) -> tuple[_Columns, Candidates]:
         """Rolls out and scores every candidate of the (B, N_FEATURES) finite batch x; requests[b]
@@ -254,6 +326,7 @@ class BehaviourPlanner:
         new_lead = sit.front_gap[own, lane] + v_new * t
         # Before the ego crosses into the new lane it must respect both leaders.
         both = changing[None, :] & (t < 0.5 * p.lane_change_s)
+        new_time_gap = np.where(changing[None, :] & (t < p.lane_change_s), p.merge_time_gap, p.time_gap)
         s_hist, v_hist, a_hist = self._rollout(sit.v0[own], cols.target, changing, own_lead, new_lead,
                                                v_own, v_new, both)
 
@@ -264,7 +337,7 @@ class BehaviourPlanner:
         lead_v = np.where(gap_own < gap_new, v_own, v_new)
         min_gap = gap.min(axis=0)
         collides = min_gap <= 0.0
-        desired = p.min_gap + np.where(gap_own < gap_new, p.leaving_time_gap, p.time_gap) * v_hist
+        desired = p.min_gap + np.where(gap_own < gap_new, p.leaving_time_gap, new_time_gap) * v_hist
         headway = np.mean(np.maximum(0.0, 1.0 - gap / desired) ** 2, axis=0)
         closing = v_hist - lead_v
         ttc = np.where(closing > 1e-3, np.maximum(gap, 0.0) / np.maximum(closing, 1e-3), np.inf)
@@ -282,15 +355,29 @@ class BehaviourPlanner:
         # ---- progress and comfort ----
         cruise = sit.cruise[own]
         progress = np.mean(np.maximum(cruise - v_hist, 0.0), axis=0) / np.maximum(cruise, 1.0)
-        jerk = np.diff(np.vstack([sit.a0[own][None, :], a_hist]), axis=0) / p.step_s
+        # The plan's own smoothness: the step from the measured acceleration to the rollout's first
+        # one is not the plan's doing (the executor chooses its acceleration every tick), and
+        # counting it made "stop" the cheapest plan whenever the executor happened to brake hard.
+        jerk = np.diff(a_hist, axis=0) / p.step_s
         accel_cost = np.mean(a_hist**2, axis=0) / p.b_comf**2
         jerk_cost = np.mean(jerk**2, axis=0) / p.jerk_ref**2
         hard_brake = np.mean(np.maximum(0.0, -a_hist - p.b_comf), axis=0)
 
+        cut_in = self._cut_in_risk(sit, cols, s_hist, v_hist)
+
+        # ---- beyond the horizon: a stationary obstacle still ahead in the final lane ----
+        stationary = v_new < p.stop_speed
+        closeness = np.clip(1.0 - gap_new[-1] / SENSOR_RANGE_M, 0.0, 1.0)
+        dead_end = np.where(stationary & (gap_new[-1] < SENSOR_RANGE_M), closeness, 0.0)
+        # The target the plan will state, against the speed the rollout actually ends at.
+        overshoot = np.maximum(cols.target - np.maximum(v_hist[-1], cols.lowest), 0.0)
+
         # ---- rules of the road ----
         rules = np.where(changing, p.w_change, 0.0)
+        rules += np.where(changing & self._braking_for_leader(sit)[own], p.w_change_braking, 0.0)
         rules += np.where(lane == LEFT_LANE, p.w_left, 0.0) + np.where(lane == RIGHT_LANE, p.w_right, 0.0)
         rules += self._hysteresis(sit, requests)[own, lane]
+        rules += p.w_retarget * self._retarget(cols, requests) / np.maximum(cruise, 1.0)
 
         terms = {
             "progress": p.w_progress * progress,
@@ -300,6 +387,9 @@ class BehaviourPlanner:
             "headway": p.w_headway * headway,
             "ttc": p.w_ttc * ttc_risk,
             "rules": rules,
+            "dead_end": p.w_dead_end * dead_end,
+            "cut_in": p.w_cut_in * cut_in,
+            "target": p.w_target * overshoot / np.maximum(cruise, 1.0),
             "collision": np.where(collides, p.collision_cost, 0.0),
             "rear_unsafe": np.where(rear_unsafe, p.collision_cost, 0.0),
         }
@@ -308,6 +398,38 @@ class BehaviourPlanner:
         cands = Candidates(lane=lane, target_speed=cols.target, cost=cost, feasible=~(collides | rear_unsafe),
                            end_speed=v_hist[-1], min_gap=min_gap, blocked=blocked, terms=terms)
         return cols, cands
+
+    def _braking_for_leader(self, sit: _Situation) -> npt.NDArray[np.bool_]:
+        """(B,) the ego brakes hard (measured) with its leader close: avoiding it, not manoeuvring."""
+        p = self.params
+        gap, closing = sit.front_gap[:, KEEP_LANE], sit.v0 - sit.front_v[:, KEEP_LANE]
+        close = (gap < p.min_gap + p.time_gap * sit.v0) | ((closing > 0.0) & (gap < p.ttc_min_s * closing))
+        return (sit.a0 < -p.hard_braking) & close
+
+    def _cut_in_risk(self, sit: _Situation, cols: _Columns, s_hist: FloatArray, v_hist: FloatArray) -> FloatArray:
+        """(N,) risk of staying in lane next to the slower cars close ahead in the neighbouring lanes,
+        each predicted at constant velocity: (braking a cut-in would need / b_comf)^2, at most 1,
+        above the session's least risky keep candidate; 0 for lane changes."""
+        p = self.params
+        own, keep = cols.owner, cols.lane == KEEP_LANE
+        risk = np.zeros(cols.lane.size)
+        for side in (LEFT_LANE, RIGHT_LANE):
+            gap0, v_side = sit.front_gap[own, side], sit.front_v[own, side]
+            # a moving car slower than the ego; a stopped one is not going to pull out
+            near = (keep & sit.exists[own, side] & (gap0 > 0.0) & (gap0 < p.cut_in_range_m)
+                    & (v_side < sit.v0[own]) & (v_side >= p.stop_speed))
+            gap = gap0 + v_side * self._t[:, None] - s_hist
+            closing = np.maximum(v_hist - v_side, 0.0)
+            # The braking a cut-in would ask for, while the car is still ahead; every pass goes
+            # through a small gap, so what tells passes apart is the closing speed.
+            braking = closing**2 / (2.0 * np.maximum(gap, p.cut_in_min_gap_m))
+            side_risk = np.max(np.where(gap > 0.0, np.minimum(braking / p.b_comf, 1.0) ** 2, 0.0), axis=0)
+            risk = np.maximum(risk, np.where(near, side_risk, 0.0))
+        # Relative to the session's least risky keep candidate: it decides how fast to pass, not
+        # whether to leave the lane (passing slower cars in the next lane is everyday driving).
+        moving = keep & (cols.target > 0.0)  # slowing to a stop is no way to pass a car
+        least = np.minimum.reduceat(np.where(moving, risk, np.inf), cols.starts[:-1])
+        return np.where(moving, risk - least[own], 0.0)
 
     def _situation(self, x: FloatArray) -> _Situation:
         """Traffic per session and lane (keep, left, right), predicted at constant velocity.
@@ -335,15 +457,29 @@ class BehaviourPlanner:
     def _columns(self, sit: _Situation) -> _Columns:
         """Candidates: existing lanes x target speeds, session by session, lane by lane (the order
         plan() has always used: argmin ties go to the first). A missing lane is never a candidate."""
-        n_frac = self._fractions.size
+        n_frac = self._ladder.size
         mask = np.repeat(sit.exists, n_frac, axis=1).reshape(-1)  # (B * 3 * n_frac,)
         flat = np.flatnonzero(mask)
         owner = flat // (3 * n_frac)
         lane = (flat // n_frac) % 3
-        target = self._fractions[flat % n_frac] * sit.cruise[owner]
+        step = self._ladder[flat % n_frac]
+        cruise = sit.cruise[owner]
+        p = self.params
+        # Never a target below the current speed: the ego already faster than the cruise speed is
+        # told to hold its speed, not to slow down (a keep plan at 25 m/s while doing 28.5 made the
+        # executor brake at 8 m/s^2 and steer across two lanes in nominal_cruise).
+        (v_a, t_a), (v_b, t_b) = p.lowest_target
+        v = sit.v0[owner]
+        # This floor also stands above the curve limit, which caps only the top of the ladder: the
+        # simulator's curves (radius 600 m and up) limit nothing below 34 m/s, so the limit only
+        # ever bound on curvature noise, and then sent targets below the ego's speed (noise_burst:
+        # 713 vetoed ticks instead of 0).
+        lowest = np.maximum(np.interp(v, [v_a, v_b], [t_a, t_b]), v)
+        highest = np.maximum(cruise, lowest)
+        target = np.where(step == _STOP, 0.0, lowest + step * (highest - lowest))
         per_session = sit.exists.sum(axis=1) * n_frac
         starts = np.concatenate([[0], np.cumsum(per_session)])
-        return _Columns(owner=owner, lane=lane, target=target, starts=starts)
+        return _Columns(owner=owner, lane=lane, target=target, lowest=lowest, starts=starts)
 
     def _rollout(self, v0: FloatArray, target: FloatArray, changing: npt.NDArray[np.bool_], own_lead: FloatArray,
                  new_lead: FloatArray, v_own: FloatArray, v_new: FloatArray,
@@ -363,10 +499,12 @@ class BehaviourPlanner:
         # While leaving, the old leader only has to be kept at a short headway, not followed: the
         # ego is already moving out from behind it.
         own_time_gap = np.where(changing, p.leaving_time_gap, p.time_gap)
+        merge_time_gap = np.where(changing, p.merge_time_gap, p.time_gap)  # to the new leader, during a change
         any_both = both.any(axis=1)
         for i in range(self._n_steps):
             free = self._idm_free(v, v0_target)
-            a = self._idm(v, free, new_lead[i] - s, v_new, sqrt_ab, p.time_gap)
+            new_time_gap = merge_time_gap if self._t[i] < p.lane_change_s else p.time_gap
+            a = self._idm(v, free, new_lead[i] - s, v_new, sqrt_ab, new_time_gap)
             if any_both[i]:  # past the first half of a change only the new leader counts: skip the work
                 a_own = self._idm(v, free, own_lead[i] - s, v_own, sqrt_ab, own_time_gap)
                 a = np.where(both[i], np.minimum(a, a_own), a)
@@ -391,6 +529,14 @@ class BehaviourPlanner:
         s_star = p.min_gap + np.maximum(0.0, v * time_gap + v * (v - v_lead) / sqrt_ab)
         inter = s_star / np.maximum(gap, 0.1)
         return free - p.a_max * inter * inter
+
+    def _retarget(self, cols: _Columns, requests: Sequence[PlanRequest]) -> FloatArray:
+        """(N,) how far each candidate's target speed moves the previous plan's (0 after a stop,
+        or without one): a target that flips with every small change of the costs is noise."""
+        prev = np.array([r.previous.target_speed if r.previous is not None and r.previous.behaviour != "stop"
+                         else np.nan for r in requests])[cols.owner]
+        moving = cols.target > 0.0
+        return np.where(np.isfinite(prev) & moving, np.abs(cols.target - np.nan_to_num(prev)), 0.0)
 
     def _hysteresis(self, sit: _Situation, requests: Sequence[PlanRequest]) -> FloatArray:
         """(B, 3 lanes) costs that make the planner finish what it started and not flip back."""

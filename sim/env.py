@@ -33,7 +33,8 @@ PLAN_PERIOD_S: float = 0.2
 class SimEnv:
     """A batch of B episodes of one scenario; with squeeze=True (B == 1) arrays lose the batch axis."""
 
-    def __init__(self, instance: ScenarioInstance, end_on_collision: bool = True, squeeze: bool = False) -> None:
+    def __init__(self, instance: ScenarioInstance, end_on_collision: bool = True, squeeze: bool = False,
+                 see_lane_ends: bool = True) -> None:
         if squeeze and len(instance.seeds) != 1:
             raise ValueError("squeeze needs a single episode")
         self.instance = instance
@@ -43,7 +44,7 @@ class SimEnv:
         self.duration_s = instance.duration_s
         self.end_on_collision = end_on_collision
         self.squeeze = squeeze
-        self.sensors = Sensors(self.world, instance.seeds, instance.fault)
+        self.sensors = Sensors(self.world, instance.seeds, instance.fault, see_lane_ends)
         self.expert = Expert(self.world, instance.cruise_speed)
         self._plan_every = max(1, int(round(PLAN_PERIOD_S / self.world.dt)))
         self.n_steps = int(math.ceil(self.duration_s / self.world.dt - 1e-9))
@@ -112,14 +113,18 @@ class SimEnv:
         return eps[0] if self.squeeze else eps
 
 
-def make_scenario(name: str, seed: int, end_on_collision: bool = True, **params: Any) -> SimEnv:
+def make_scenario(name: str, seed: int, end_on_collision: bool = True, see_lane_ends: bool = True,
+                  **params: Any) -> SimEnv:
     """One episode of a registered scenario, arrays without batch axis."""
-    return SimEnv(build_scenario(name, [seed], **params), end_on_collision=end_on_collision, squeeze=True)
+    return SimEnv(build_scenario(name, [seed], **params), end_on_collision=end_on_collision, squeeze=True,
+                  see_lane_ends=see_lane_ends)
 
 
-def make_batch(name: str, seeds: Sequence[int], end_on_collision: bool = True, **params: Any) -> SimEnv:
+def make_batch(name: str, seeds: Sequence[int], end_on_collision: bool = True, see_lane_ends: bool = True,
+               **params: Any) -> SimEnv:
     """len(seeds) episodes of a scenario stepped together, arrays with a leading batch axis."""
-    return SimEnv(build_scenario(name, list(seeds), **params), end_on_collision=end_on_collision)
+    return SimEnv(build_scenario(name, list(seeds), **params), end_on_collision=end_on_collision,
+                  see_lane_ends=see_lane_ends)
 
 
 @dataclass
@@ -161,14 +166,15 @@ class ActionNoise:
 
 
 def run_expert_batch(
-    name: str, seeds: Sequence[int], every: int = 1, noise: ActionNoise | None = None, **params: Any
+    name: str, seeds: Sequence[int], every: int = 1, noise: ActionNoise | None = None, see_lane_ends: bool = True,
+    **params: Any,
 ) -> tuple[list[EpisodeMetrics], ExpertData]:
     """Drive len(seeds) episodes with the expert, recording every `every`-th step.
 
     With `noise`, the executed action is the expert's plus the noise; the recorded controls and
-    labels are always the expert's own.
+    labels are always the expert's own. see_lane_ends: see sim.sensors.true_features.
     """
-    env = make_batch(name, seeds, **params)
+    env = make_batch(name, seeds, see_lane_ends=see_lane_ends, **params)
     accel_noise, steer_noise = noise.sample(seeds, env.n_steps, env.world.dt) if noise else (None, None)
     n_rec = (env.n_steps + every - 1) // every
     b = env.batch

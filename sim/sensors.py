@@ -18,6 +18,7 @@ from sim.schema import FEATURE_INDEX, FEATURES, N_FEATURES, SENSOR_RANGE_M, SPEE
 from sim.world import EGO, World
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 FAULT_KINDS: tuple[str, ...] = ("none", "dropout", "stuck", "noise_burst", "unit_mismatch")
 KMH_PER_MS: float = 3.6
@@ -51,6 +52,12 @@ def _sigma_vector(table: dict[str, float], gap: float, rel: float) -> npt.NDArra
 
 NOMINAL_SIGMA = _sigma_vector(_NOMINAL_SIGMA, _GAP_SIGMA, _REL_SPEED_SIGMA)
 BURST_SIGMA = _sigma_vector(_BURST_SIGMA, _BURST_GAP, _BURST_REL)
+# models/base.onnx and its gates were fitted on features from sensors that did not see lane ends.
+# Training and gate-fitting data keep that view so that `train --size base` and `gate fit` still
+# reproduce the shipped files; closed-loop driving sees lane ends (the shipped model and gates were
+# measured to drive the merges without extra vetoes). Flip this when the model is retrained.
+TRAINING_SEES_LANE_ENDS: bool = False
+
 _GAP_COLS = np.array([i for i, f in enumerate(FEATURES) if f.name.endswith("_gap") or f.name == "lead_distance"])
 _SPEED_COLS = np.array([FEATURE_INDEX[n] for n in SPEED_FEATURES])
 
@@ -68,8 +75,25 @@ class FaultConfig:
             raise ValueError(f"unknown fault kind {self.kind!r}, expected one of {FAULT_KINDS}")
 
 
-def true_features(world: World) -> FloatArray:
-    """Noise-free FEATURES (B, N_FEATURES) float64 from the world's ground truth."""
+def _with_lane_ends(world: World, lanes: IntArray, front_gap: FloatArray,
+                    front_v: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Front gaps and speeds (B, 3) with the end of each lane that ends ahead of the ego seen as a
+    parked car at the end of the lane, as World.leader_gap shows it to traffic."""
+    road = world.road
+    s_e = world.s[:, EGO]
+    safe = np.clip(lanes, 0, road.n_lanes - 1)
+    end = road.lane_end_s[np.arange(world.batch)[:, None], safe]
+    end_gap = end - s_e[:, None] - 0.5 * world.vehicle.length
+    closer = (lanes == safe) & (s_e[:, None] < end) & (end_gap < front_gap)
+    return np.where(closer, end_gap, front_gap), np.where(closer, 0.0, front_v)
+
+
+def true_features(world: World, see_lane_ends: bool = True) -> FloatArray:
+    """Noise-free FEATURES (B, N_FEATURES) float64 from the world's ground truth.
+
+    see_lane_ends: the end of a lane (an on-ramp's) reads like a stationary car in that lane's front
+    gap, as a camera sees the end of the markings or the barrier. Without it a ramp's end is
+    invisible until the ego is off the road."""
     road = world.road
     b = world.batch
     lane = world.ego_lane()
@@ -80,6 +104,8 @@ def true_features(world: World) -> FloatArray:
         axis=1,
     )
     front_gap, front_v, rear_gap, rear_v = world.ego_neighbours(lanes)
+    if see_lane_ends and road.has_lane_ends:
+        front_gap, front_v = _with_lane_ends(world, lanes, front_gap, front_v)
     front_seen = exists & (front_gap < SENSOR_RANGE_M)
     rear_seen = exists & (rear_gap < SENSOR_RANGE_M)
     fg = np.where(front_seen, np.maximum(front_gap, 0.0), SENSOR_RANGE_M)
@@ -106,11 +132,13 @@ def true_features(world: World) -> FloatArray:
 class Sensors:
     """Noisy, possibly faulty FEATURES for every episode of a world, one sample per step."""
 
-    def __init__(self, world: World, seeds: Sequence[int], fault: FaultConfig | None = None) -> None:
+    def __init__(self, world: World, seeds: Sequence[int], fault: FaultConfig | None = None,
+                 see_lane_ends: bool = True) -> None:
         if len(seeds) != world.batch:
             raise ValueError("one seed per episode is required")
         self.world = world
         self.fault = fault or FaultConfig()
+        self.see_lane_ends = see_lane_ends
         b = world.batch
         self.onset = np.broadcast_to(np.asarray(self.fault.onset_s, dtype=np.float64), (b,)).copy()
         self.fault_end = self.onset + np.broadcast_to(
@@ -132,7 +160,7 @@ class Sensors:
     def true(self) -> FloatArray:
         """Ground-truth features at the current step (cached per step)."""
         if self._true_step != self.world.step_index:
-            self._true = true_features(self.world)
+            self._true = true_features(self.world, self.see_lane_ends)
             self._true_step = self.world.step_index
         return self._true
 

@@ -35,6 +35,10 @@ def test_demo_writes_table_logs_plots_and_report(tmp_path, test_model_path):
     summary = json.loads((out / "summary.json").read_text())
     assert [r["scenario"] for r in summary["rows"]] == ["nominal_cruise", "sensor_dropout"]
     assert summary["rows"][1]["ood"] is True
+    # by default the server's planner plans the nominal scenarios, the simulator the OOD ones;
+    # the table's plan source says which plans the executor actually used
+    assert summary["plan_sources"] == {"nominal_cruise": "behaviour", "sensor_dropout": "simulator"}
+    assert [r["plan_source"] for r in summary["rows"]] == ["behaviour", "sim"]
     for row in summary["rows"]:
         assert (out / f"{row['scenario']}.png").stat().st_size > 10_000
         log = np.load(out / "logs" / f"{row['scenario']}.npz")

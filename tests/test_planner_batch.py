@@ -118,9 +118,9 @@ def test_plan_many_equals_plan_with_cooldown_memory():
     rng = np.random.default_rng(3)
     batched, single = BehaviourPlanner(), BehaviourPlanner()
     for planner in (batched, single):
-        for i in range(0, 32, 2):  # even sessions changed lane 1 s ago, odd ones never did
+        for i in range(0, 96, 2):  # even sessions changed lane 1 s ago, odd ones never did
             planner._remember_change(f"s{i}", 0)
-    requests = [PlanRequest(f"s{i}", random_features(rng), 10**9) for i in range(32)]
+    requests = [PlanRequest(f"s{i}", random_features(rng), 10**9) for i in range(96)]
     assert_same(batched.plan_many(requests), one_by_one(single, requests))
     # and the memory does change the outcome: without it some even session plans differently
     fresh = BehaviourPlanner().plan_many(requests)
@@ -171,6 +171,8 @@ def test_a_session_twice_in_one_batch_is_planned_in_order():
     for gap, _ in _PAIRS:
         free_right[F[gap]] = SENSOR_RANGE_M
     free_right[F["left_lane_exists"]] = free_right[F["right_lane_exists"]] = 1.0
+    # a lead 5 m/s slower 60 m ahead: either free lane gains, the right one is preferred
+    free_right[F["lead_present"]], free_right[F["lead_distance"]], free_right[F["lead_rel_speed"]] = 1.0, 60.0, -5.0
     overtake = free_right.copy()  # a slow lead 30 m ahead and no right lane: overtake on the left
     overtake[F["lead_present"]], overtake[F["lead_distance"]], overtake[F["lead_rel_speed"]] = 1.0, 30.0, -10.0
     overtake[F["right_lane_exists"]] = 0.0
@@ -179,7 +181,7 @@ def test_a_session_twice_in_one_batch_is_planned_in_order():
     got = BehaviourPlanner().plan_many(requests)
     assert_same(got, one_by_one(BehaviourPlanner(), requests))
     assert got[0].behaviour == "change_left" and got[1].behaviour == "change_right"
-    # "a" would keep right like "b" did, but its lane change earlier in the same batch holds it
+    # "a" would move right like "b" did, but its lane change earlier in the same batch holds it
     # (the hysteresis of the previous plan is not in play: these requests carry none)
     assert got[2].behaviour == got[3].behaviour == "keep"
 
@@ -189,7 +191,9 @@ def test_evaluate_is_the_batch_of_one():
     planner = BehaviourPlanner()
     x = random_features(rng)
     cands = planner.evaluate(x)
-    assert cands.lane.size == cands.cost.size == 6 * (1 + int(x[F["left_lane_exists"]]) + int(x[F["right_lane_exists"]]))
+    per_lane = 1 + len(planner.params.speed_steps)  # "stop" and the ladder of target speeds
+    assert cands.lane.size == cands.cost.size == per_lane * (1 + int(x[F["left_lane_exists"]])
+                                                             + int(x[F["right_lane_exists"]]))
     p = planner.plan(PlanRequest("s", x, 0))
     assert p.target_speed in (0.0, float(cands.target_speed[cands.best]))
     with pytest.raises(ValueError, match="NaN or Inf"):

@@ -121,19 +121,20 @@ def test_finishes_a_lane_change_instead_of_flipping():
 def test_does_not_flip_back_right_after_a_change():
     planner = BehaviourPlanner()
     previous = Plan("p0", "c", 0, 10**9, "behaviour", "change_left", 25.0, 3.5)
-    # Just crossed into the left lane: the old lane (now on the right) is free, keep-right would
-    # normally pull the ego back there.
-    crossed = features(right=True, lane_offset=-1.2)
+    # Just crossed into the left lane, behind a car 5 m/s slower: the old lane (now on the right)
+    # is free, and moving back there would gain a little.
+    slower_ahead = (60.0, -5.0)
+    crossed = features(right=True, lane_offset=-1.2, lead=slower_ahead)
     p1 = plan(planner, crossed, previous, session="c", now_ns=0)
     assert p1.behaviour == "keep"
-    p2 = plan(planner, features(right=True), p1, session="c", now_ns=200_000_000)
+    p2 = plan(planner, features(right=True, lead=slower_ahead), p1, session="c", now_ns=200_000_000)
     assert p2.behaviour == "keep"  # cooldown: not straight back
-    # Much later the keep-right rule applies again.
-    later = plan(planner, features(right=True), p2, session="c", now_ns=10_000_000_000)
+    # Much later the gain is worth a change again.
+    later = plan(planner, features(right=True, lead=slower_ahead), p2, session="c", now_ns=10_000_000_000)
     assert later.behaviour == "change_right"
     # A planner without the memory (a different session) moves right at once: the memory matters.
-    assert plan(planner, features(right=True), dataclasses.replace(p1, session_id="d"), session="d").behaviour \
-        == "change_right"
+    assert plan(planner, features(right=True, lead=slower_ahead), dataclasses.replace(p1, session_id="d"),
+                session="d").behaviour == "change_right"
 
 
 def test_plan_values_follow_schema_order():
@@ -159,3 +160,145 @@ def test_planning_is_far_sighted_but_cheap_enough():
         times.append(time.perf_counter() - t0)
     assert planner.params.horizon_s >= 5.0
     assert np.median(times) < 0.05  # a few ms expected; generous for a noisy VM
+
+
+# ---- closed-loop findings (issue 5): each test is a situation the planner used to get wrong ----
+
+def _on_ramp(seed: int, before_end_m: float, see_lane_ends: bool = True) -> np.ndarray:
+    """Features as the simulator's sensors report them with the ego on slow_merge's on-ramp,
+    `before_end_m` before its end at 17 m/s, among the scenario's own traffic."""
+    from sim.env import make_scenario
+    from sim.world import EGO
+
+    env = make_scenario("slow_merge", seed, see_lane_ends=see_lane_ends)
+    world = env.world
+    world.s[0, EGO] = float(world.road.lane_end_s[0, 0]) - before_end_m
+    world.v[0, EGO] = 17.0
+    return env.observe()[0]
+
+
+def test_merges_off_an_on_ramp_as_soon_as_it_sees_the_end():
+    x = _on_ramp(900_001, 120.0)  # the lane's end is a stationary obstacle 117 m ahead; a gap to the left
+    assert x[F["lead_distance"]] < 120.0 and abs(x[F["lead_rel_speed"]] + 17.0) < 1.0
+    p = plan(BehaviourPlanner(), x)
+    assert (p.behaviour, p.target_lane_offset) == ("change_left", 3.5)
+    assert p.target_speed >= 17.0  # never a target below the current speed
+    # Within the 6 s horizon the ramp still looks faster than the slow lane: it is the cost of the
+    # dead end beyond the horizon that makes the planner take this gap instead of a later one.
+    from planner.behaviour import BehaviourParams
+    assert plan(BehaviourPlanner(BehaviourParams(w_dead_end=0.0)), x).behaviour == "keep"
+    # Sensors that do not see the end (what the demo had): nothing tells the planner to merge.
+    assert plan(BehaviourPlanner(), _on_ramp(900_001, 120.0, see_lane_ends=False)).behaviour == "keep"
+
+
+def test_waits_on_the_ramp_while_a_car_is_alongside_and_stops_if_it_must():
+    x = _on_ramp(900_001, 100.0)
+    assert x[F["left_front_gap"]] < 1.0  # a car of the slow lane right beside the ego
+    assert plan(BehaviourPlanner(), x).behaviour == "keep"
+    # Close to the end with the gap still taken: stop before it rather than squeeze in.
+    blocked = features(v=8.0, lead=(35.0, -8.0), left_front=(0.0, 0.0), left_rear=(3.0, 0.0))
+    p = plan(BehaviourPlanner(), blocked)
+    assert (p.behaviour, p.target_speed, p.target_lane_offset) == ("stop", 0.0, 0.0)
+
+
+def test_does_not_move_back_onto_a_ramp_that_ends():
+    slow_lead = (40.0, -3.0)
+    free = features(v=14.0, lead=slow_lead, left=False, right=True)
+    assert plan(BehaviourPlanner(), free).behaviour == "change_right"  # a free lane on the right gains
+    ending = features(v=14.0, lead=slow_lead, left=False, right=True, right_front=(145.0, -14.0))
+    assert plan(BehaviourPlanner(), ending).behaviour == "keep"  # ...unless it ends 145 m ahead
+    # 6 s of rollout at 14 m/s do not reach that far: it is the dead end beyond them that says no
+    from planner.behaviour import BehaviourParams
+    assert plan(BehaviourPlanner(BehaviourParams(w_dead_end=0.0)), ending).behaviour == "change_right"
+
+
+def test_no_lane_change_on_top_of_hard_braking_for_a_cut_in():
+    x = features(v=22.0, lead=(8.0, -3.0), right=True)  # a car just cut in 8 m ahead
+    assert plan(BehaviourPlanner(), x).behaviour == "change_right"
+    x[F["ego_accel"]] = -6.0  # the executor is braking hard for it
+    assert plan(BehaviourPlanner(), x).behaviour == "keep"
+
+
+def test_braking_executor_on_a_free_road_is_not_told_to_stop():
+    x = features(v=30.0, left=False)
+    x[F["ego_accel"]] = -7.0  # braking for reasons of its own; nothing ahead
+    p = plan(BehaviourPlanner(), x)
+    assert (p.behaviour, p.target_speed) == ("keep", 30.0)  # hold the speed; the executor may slow down
+
+
+def test_does_not_speed_up_to_pass_a_car_that_may_cut_in():
+    alone = plan(BehaviourPlanner(), features(v=22.0, right=True))
+    passing = plan(BehaviourPlanner(), features(v=22.0, right=True, right_front=(15.0, -3.0)))
+    assert alone.target_speed == 25.0 and passing.target_speed == pytest.approx(22.0, abs=0.1)
+    assert passing.behaviour == alone.behaviour == "keep"
+    # a stopped car in the next lane is not going to pull out
+    parked = plan(BehaviourPlanner(), features(v=22.0, right=True, right_front=(15.0, -22.0)))
+    assert parked.target_speed == 25.0
+
+
+def test_no_lane_change_without_a_gain():
+    """Keep-right moves with nothing to gain were lane changes the executor had never been shown."""
+    assert plan(BehaviourPlanner(), features(v=25.0, right=True)).behaviour == "keep"
+
+
+def test_target_speed_says_what_the_lane_allows():
+    """Behind a car at the ego's speed the target stays at the lowest the executor follows well;
+    with the road ahead free it is the cruise speed."""
+    assert plan(BehaviourPlanner(), features(v=20.0, lead=(30.0, 0.0), left=False)).target_speed == 23.5
+    assert plan(BehaviourPlanner(), features(v=20.0, left=False)).target_speed == 25.0
+
+
+def test_target_speed_is_one_the_executor_was_trained_to_follow():
+    """0 with "stop", else never below the ego's speed nor below 22 m/s (25 at dense-traffic speeds),
+    and above 25 m/s only to hold a faster ego's speed."""
+    planner = BehaviourPlanner()
+    rng = np.random.default_rng(4)
+    for i in range(300):
+        v = float(rng.uniform(0, 40))
+        x = features(v=v, lead=(float(rng.uniform(3, 150)), float(rng.uniform(-v, 5))), right=bool(rng.integers(2)),
+                     left_front=(float(rng.uniform(0, 150)), float(rng.uniform(-v, 10))),
+                     right_front=(float(rng.uniform(0, 150)), float(rng.uniform(-v, 10))))
+        p = plan(planner, x, session=f"t{i}")
+        v = float(x[F["ego_speed"]])  # as the planner saw it (float32)
+        if p.behaviour == "stop":
+            assert p.target_speed == 0.0
+            continue
+        assert max(v, 22.0) <= p.target_speed <= max(v, 25.0)
+        if v <= 18.0:
+            assert p.target_speed == 25.0
+    # dense traffic: the lane flows at 15 m/s, the target stays the trained 25 (see speed_steps)
+    assert plan(planner, features(v=15.0, lead=(30.0, 0.0), left=False)).target_speed == 25.0
+    # a burst of curvature noise (a 100 m radius) does not pull the target below the ego's speed
+    curved = features(v=22.0, left=False)
+    curved[F["road_curvature"]] = 0.01
+    assert plan(planner, curved).target_speed >= 22.0
+
+
+def test_refuses_an_ego_speed_no_road_vehicle_has():
+    planner = BehaviourPlanner()
+    with pytest.raises(ValueError, match="ego speed 90.0 m/s is beyond"):
+        plan(planner, features(v=90.0))  # 25 m/s read in km/h
+    fast = plan(planner, features(v=55.0))
+    assert (fast.behaviour, fast.target_speed) == ("keep", 55.0)  # hold it: a lower target swerves
+
+
+def test_slow_merge_in_closed_loop_merges_off_the_ramp():
+    """The shipped model and gates, driven by the planner over the whole scenario (held-out seed)."""
+    import ood
+    from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
+    from controller.planning import LockstepPlanning
+    from dualloop.v1 import controller_pb2 as pb
+    from executor.core import Executor
+    from executor.model_runner import DecisionModel
+    from sim.closed_loop import InProcessDecider, run_closed_loop
+    from sim.env import make_scenario
+    from sim.world import EGO
+
+    executor = Executor(DecisionModel(BASE_MODEL_PATH), None, [ood.load_gate(g) for g in DEFAULT_GATES])
+    env = make_scenario("slow_merge", 950_003)
+    decider = InProcessDecider(executor, "merge", LockstepPlanning(BehaviourPlanner(), 200_000_000))
+    run = run_closed_loop(env, decider, 950_003)
+    assert run.metrics.collisions == 0 and not run.metrics.off_road
+    assert env.world.ego_lane()[0] >= 1 and env.world.s[0, EGO] > env.world.road.lane_end_s[0, 0]  # past the end
+    assert ("behaviour", "change_left", 3.5) in {p[:3] for p in run.plans}
+    assert run.ticks_with(pb.OOD_VETO) < 100  # the merge stays in the model's distribution

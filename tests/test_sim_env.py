@@ -64,3 +64,32 @@ def test_run_expert_episode_records_training_pairs() -> None:
     assert data.valid.all()
     assert metrics.collisions == 0
     assert data.t[1] - data.t[0] == pytest.approx(0.01)
+
+
+def test_the_end_of_an_on_ramp_reads_like_a_parked_car() -> None:
+    """Where a lane ends the sensors see a stationary obstacle in that lane (own or neighbouring),
+    as the world's traffic does; sensors that do not see lane ends (what the shipped model was
+    trained on) read nothing there."""
+    from sim.schema import FEATURE_INDEX as F
+    from sim.sensors import true_features
+    from sim.world import EGO
+
+    env = make_scenario("slow_merge", seed=900_001)
+    w = env.world
+    end = float(w.road.lane_end_s[0, 0])
+    w.s[0, EGO], w.v[0, EGO] = end - 100.0, 15.0  # on the ramp (lane 0), which is empty of traffic
+    x = true_features(w)
+    assert x[0, F["lead_present"]] == 1.0
+    assert x[0, F["lead_distance"]] == pytest.approx(100.0 - 0.5 * w.vehicle.length)
+    assert x[0, F["lead_rel_speed"]] == pytest.approx(-15.0)
+    blind = true_features(w, see_lane_ends=False)
+    assert blind[0, F["lead_distance"]] == SENSOR_RANGE_M and blind[0, F["lead_present"]] == 0.0
+    w.d[0, EGO] = w.road.lane_width  # merged: the ramp's end is now in the right lane
+    x = true_features(w)
+    assert x[0, F["right_lane_exists"]] == 1.0
+    assert x[0, F["right_front_gap"]] == pytest.approx(100.0 - 0.5 * w.vehicle.length)
+    assert x[0, F["right_front_rel_speed"]] == pytest.approx(-15.0)
+    w.s[0, EGO] = end + 1.0  # past it there is no right lane any more
+    assert true_features(w)[0, F["right_lane_exists"]] == 0.0
+    far = make_scenario("slow_merge", seed=900_001)  # 250-350 m away: beyond the sensors' range
+    assert far.observe()[0][F["lead_distance"]] == SENSOR_RANGE_M
