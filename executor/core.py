@@ -132,7 +132,7 @@ def nearest_gate(per_gate: list[tuple[np.ndarray, np.ndarray, float]]) -> tuple[
 class _GateRun:
     monitor: object  # ood.GateMonitor
     source: str  # one of GATE_SOURCES
-    features: np.ndarray  # preallocated (max_sessions, dim)
+    dim: int  # features the gate scores
     threshold: float
 
 
@@ -187,7 +187,7 @@ class Executor:
                                    f"({have[0]}, ..., {have[-1]}); model {card.name} {card.version} provides "
                                    f"{len(expected)} ({expected[0]}, ..., {expected[-1]})")
             self._gate_runs.append(_GateRun(g.monitor(cap), g.schema.source,
-                                            np.zeros((cap, g.dim), np.float32), float(g.threshold)))
+                                            g.dim, float(g.threshold)))
         self._gate_bank = None
         if self._gate_runs:
             from ood import GateBank

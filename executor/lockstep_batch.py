@@ -220,7 +220,7 @@ def _gate_scores(ex: Executor, x: np.ndarray, out, finite: np.ndarray, model_ok:
 
     results = []
     for run in ex._gate_runs:
-        feats = np.empty((len(x), run.features.shape[1]), np.float32)
+        feats = np.empty((len(x), run.dim), np.float32)
         _fill_gate_features(run.source, feats, x, out.decision_vector if out is not None else None,
                             ~finite | ~model_ok)
         results.append(score_in_chunks(run.monitor.scorer, feats))
