@@ -369,7 +369,8 @@ def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung():
     finally:
         hog.kill()
         hog.wait()
-    assert stats["batch_time_us_p50"] > 2 * PERIOD_S * 1e6, "the worker was not starved: the test proves nothing"
+    # past its deadline (PERIOD_S) in wall time, yet not killed: otherwise the test proves nothing
+    assert stats["batch_time_us_p50"] > PERIOD_S * 1e6, "the worker was not starved: the test proves nothing"
     assert stats["batch_cpu_us_p50"] < PERIOD_S * 1e6
     assert stats["timeouts"] == stats["restarts"] == 0 and stats["starved_batches"] >= 1, stats
 
