@@ -204,17 +204,22 @@ def _diff(args: argparse.Namespace) -> int:
 
 def _gate_fit(args: argparse.Namespace) -> int:
     from controller.gate_tools import fit_gate_for_model
+    from executor.core import GATE_SOURCES
     from executor.model_runner import DecisionModel
 
     model = DecisionModel(args.model)
     console.print(f"fitting a {args.variant} gate on {args.source} of {args.model} from simulated nominal driving ...")
     gate = fit_gate_for_model(model, args.source, args.variant, alpha=args.alpha)
-    out = args.out or DEFAULT_GATES[0 if args.source == "decision_vector" else 1]
+    out = args.out or DEFAULT_GATES[GATE_SOURCES.index(args.source)]
     digest = gate.save(str(out))
     cal = gate.calibration
     console.print(f"wrote {out} (version {digest[:16]}): threshold {gate.threshold:.2f} at a per-tick false-veto "
                   f"rate of {cal.alpha} (measured {cal.empirical_rate:.5f} on {cal.n} held-out ticks); norm band "
                   f"[{gate.norm_band.low:.2f}, {gate.norm_band.high:.2f}]; filter {gate.filter}")
+    if gate.feature_range is not None:
+        rng = gate.feature_range
+        console.print(f"range guard: training range {'and change ' if rng.change_low else ''}+-{rng.margin:.0%} of "
+                      f"its span per feature; {rng.calibration_rate:.5f} of held-out ticks outside it")
     return 0
 
 
@@ -330,7 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     gate_sub = p.add_subparsers(dest="gate_command", required=True)
     g = gate_sub.add_parser("fit", help="fit a gate for a model from simulated nominal driving")
     g.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
-    g.add_argument("--source", choices=["decision_vector", "input_features"], default="decision_vector")
+    g.add_argument("--source", choices=["decision_vector", "input_features"], default="decision_vector",
+                   help="what the gate scores: the model's decision vector, or the raw inputs (with limits on "
+                   "their values and on their change between observations)")
     g.add_argument("--variant", choices=["single", "tied", "relative"], default="single")
     g.add_argument("--alpha", type=float, default=1e-3, help="per-tick false-veto rate to calibrate at")
     g.add_argument("--out", type=Path, help="default: models/base.gate.npz (decision vector) or "

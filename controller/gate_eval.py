@@ -3,7 +3,8 @@
 Open loop: expert-driven episodes on held-out seeds; their recorded features go through the model
 and the gate exactly as in the executor (same monitor, same filter, same freeze check, one slot per
 episode, tick by tick), giving per-tick scores and vetoes. From those: AUROC and TNR at 95% TPR per
-OOD scenario (nominal ticks vs ticks after the fault's onset), the detection delay after onset, and
+OOD scenario (nominal ticks vs ticks after the fault's onset; a tick that a guard vetoes at once
+ranks above every score, nominal ticks included), the detection delay after onset, and
 the false-veto rate per hour of nominal driving. Closed loop: each OOD scenario driven by the
 executor with the gate and without it.
 """
@@ -20,7 +21,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import ood
-from controller.gate_tools import forward_rows, model_features
+from controller.gate_tools import episode_changes, forward_rows, model_features
 from executor.config import ExecutorConfig
 from executor.core import Executor
 from executor.model_runner import DecisionModel
@@ -38,8 +39,9 @@ class ScenarioScores:
     name: str
     ood: bool
     t: np.ndarray  # (T,)
-    score: np.ndarray  # (B, T) Mahalanobis score, +inf for non-finite rows
+    score: np.ndarray  # (B, T) Mahalanobis score (ratio to threshold with several gates), +inf for non-finite rows
     alarm: np.ndarray  # (B, T) veto as the executor would apply it
+    immediate: np.ndarray  # (B, T) a guard vetoed at once (NaN/Inf, norm band, feature range, freeze check)
     valid: np.ndarray  # (B, T)
     onset_tick: np.ndarray  # (B,) first tick at or after the fault's onset; T when never
     end_tick: np.ndarray  # (B,) first tick after the fault is over (noise bursts end); T when it lasts
@@ -50,7 +52,8 @@ class ScenarioScores:
 def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], name: str, seeds: Sequence[int],
                    freeze_repeats: int = 2, **params: Any) -> ScenarioScores:
     """Per-tick score and veto as the executor computes them. With several gates the score is the
-    largest score/threshold ratio (so the threshold is 1) and any gate's alarm vetoes."""
+    largest score/threshold ratio (so the threshold is 1) and any gate's alarm vetoes; a tick a guard
+    vetoes at once (NaN/Inf, norm band, feature range, freeze check) is marked `immediate`."""
     gates = [gates] if isinstance(gates, ood.Gate) else list(gates)
     _, data = run_expert_batch(name, list(seeds), **params)
     b, t_len = data.valid.shape
@@ -62,27 +65,36 @@ def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], n
     slots = np.arange(b)
     score = np.full((b, t_len), -np.inf)
     alarm = np.zeros((b, t_len), bool)
+    immediate = np.zeros((b, t_len), bool)
     for gate in gates:
         feats = dv if gate.schema.source == "decision_vector" else model_features(
             model, flat_x, flat_p, gate.schema.source).reshape(b, t_len, -1)
         feats = np.where(finite[..., None], feats, np.nan).astype(np.float32)
+        rng = gate.feature_range
+        changes = episode_changes(data.features) if rng is not None and rng.change_low else None
+        plans = data.plan if rng is not None and rng.context_names else None
         monitor = gate.monitor(b)
         scale = 1.0 if len(gates) == 1 else 1.0 / gate.threshold
         for k in range(t_len):
-            step = monitor.step(feats[:, k], slots)
+            step = monitor.step(feats[:, k], slots, None if changes is None else changes[:, k],
+                                None if plans is None else plans[:, k])
             score[:, k] = np.maximum(score[:, k], step.score * scale)
             alarm[:, k] |= step.alarm
+            immediate[:, k] |= step.flags.immediate
     if freeze_repeats:
         freeze = ood.FreezeDetector(b, data.features.shape[2], freeze_repeats)
         fresh = np.ones(b, bool)
         for k in range(t_len):
-            alarm[:, k] |= freeze.update(data.features[:, k], slots, fresh)
+            frozen = freeze.update(data.features[:, k], slots, fresh)
+            alarm[:, k] |= frozen
+            immediate[:, k] |= frozen
+
     instance = build_scenario(name, list(seeds), **params)
     onset_s = instance.ood_onset_s
     end_s = onset_s + np.broadcast_to(np.asarray(instance.fault.duration_s, float), onset_s.shape)
     to_tick = lambda times: np.array([np.searchsorted(data.t, x - 1e-9) if np.isfinite(x) else t_len  # noqa: E731
                                       for x in times])
-    return ScenarioScores(name, bool(np.isfinite(onset_s).any()), data.t, score, alarm, data.valid, to_tick(onset_s),
+    return ScenarioScores(name, bool(np.isfinite(onset_s).any()), data.t, score, alarm, immediate, data.valid, to_tick(onset_s),
                           to_tick(end_s), decision=dv, action=logits.argmax(axis=2))
 
 
@@ -92,9 +104,15 @@ def _after_onset(s: ScenarioScores) -> np.ndarray:
     return s.valid & (ticks >= s.onset_tick[:, None]) & (ticks < s.end_tick[:, None])
 
 
+def verdict(s: ScenarioScores) -> np.ndarray:
+    """The gate's judgement of each tick as one number: its score, and +inf where a guard vetoed at
+    once, since such a veto outranks every score."""
+    return np.where(s.immediate, np.inf, s.score)
+
+
 def separation(nominal: list[ScenarioScores], faulty: ScenarioScores) -> dict[str, float]:
-    inside = np.concatenate([s.score[s.valid] for s in nominal])
-    outside = faulty.score[_after_onset(faulty)]
+    inside = np.concatenate([verdict(s)[s.valid] for s in nominal])
+    outside = verdict(faulty)[_after_onset(faulty)]
     # +inf (non-finite input) ranks above everything, which is what a veto means
     big = np.finfo(np.float64).max
     inside, outside = np.minimum(inside, big), np.minimum(outside, big)

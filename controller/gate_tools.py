@@ -19,6 +19,7 @@ from executor.model_runner import DecisionModel
 from sim.env import ActionNoise, run_expert_batch
 from sim.scenarios import NOMINAL_SCENARIOS
 from sim.sensors import TRAINING_SEES_LANE_ENDS
+from sim.world import DT
 
 FIT_SEEDS = range(100_000, 100_012)  # disjoint from training, validation and demo seeds
 CALIBRATION_SEEDS = range(110_000, 110_012)
@@ -44,26 +45,52 @@ def model_features(model: DecisionModel, features: np.ndarray, plan: np.ndarray,
     return forward_rows(model, features, plan, batch)[2]
 
 
+def episode_changes(features: np.ndarray) -> np.ndarray:
+    """Changes (B, T, F) float64 of episodes (B, T, F) recorded at every tick, as the executor's
+    ood.ChangeTracker makes them for a session that sees each observation fresh (NaN where unknown)."""
+    b, t_len, f = features.shape
+    tracker = ood.ChangeTracker(1, f)
+    changes = np.full((b, t_len, f), np.nan)
+    for i in range(b):
+        tracker.reset(0)
+        changes[i] = tracker.scan(features[i], np.isfinite(features[i]).all(axis=1), 0)
+    return changes
+
+
 def nominal_inputs(seeds: Sequence[int], every: int = 4, scenarios: Sequence[str] = NOMINAL_SCENARIOS,
-                   noise: ActionNoise | None = ActionNoise(), **params) -> tuple[np.ndarray, np.ndarray]:
-    """(features, plan) rows from expert-driven nominal episodes, valid rows only.
+                   noise: ActionNoise | None = ActionNoise(), with_changes: bool = False,
+                   **params) -> tuple[np.ndarray, ...]:
+    """(features, plan) rows from expert-driven nominal episodes, every `every`-th tick, valid rows
+    only; with_changes: also each row's change since the tick before (a sensor at the tick rate).
 
     With the same executed-action noise as the training data by default: the states a learned
     driver visits are a little off the expert's path, and a gate fitted on the clean path vetoed the
     model's own hard braking behind a braking lead."""
-    feats, plans = [], []
+    feats, plans, changes = [], [], []
     for name in scenarios:
-        _, data = run_expert_batch(name, list(seeds), every=every, noise=noise,
+        _, data = run_expert_batch(name, list(seeds), every=1 if with_changes else every, noise=noise,
                                    see_lane_ends=TRAINING_SEES_LANE_ENDS, **params)
-        feats.append(data.features[data.valid])
-        plans.append(data.plan[data.valid])
-    return np.concatenate(feats), np.concatenate(plans)
+        pick = slice(None, None, every if with_changes else 1)
+        valid = data.valid[:, pick]
+        feats.append(data.features[:, pick][valid])
+        plans.append(data.plan[:, pick][valid])
+        if with_changes:
+            changes.append(episode_changes(data.features)[:, pick][valid])
+    out = (np.concatenate(feats), np.concatenate(plans))
+    return (*out, np.concatenate(changes)) if with_changes else out
 
 
-def _both(seeds: Sequence[int], every: int, params: dict) -> tuple[np.ndarray, np.ndarray]:
-    clean = nominal_inputs(seeds, every, noise=None, **params)
-    noisy = nominal_inputs(seeds, every, **params)
-    return np.concatenate([clean[0], noisy[0]]), np.concatenate([clean[1], noisy[1]])
+def _both(seeds: Sequence[int], every: int, params: dict, with_changes: bool) -> tuple[np.ndarray, ...]:
+    """Rows from clean and from noise-injected nominal roll-outs, stacked."""
+    clean = nominal_inputs(seeds, every, noise=None, with_changes=with_changes, **params)
+    noisy = nominal_inputs(seeds, every, with_changes=with_changes, **params)
+    return tuple(np.concatenate([a, b]) for a, b in zip(clean, noisy))
+
+
+# The range guard's margin, as a fraction of each feature's training span, per source: the raw inputs
+# have physical envelopes for their values and their changes (a speed far above training, a 3 m/s jump
+# in 5 ms); the decision vector has none worth stating.
+RANGE_MARGIN = {"decision_vector": None, "input_features": 0.25}
 
 
 def fit_gate_for_model(model: DecisionModel, source: str = "decision_vector", variant: str = "single",
@@ -75,11 +102,17 @@ def fit_gate_for_model(model: DecisionModel, source: str = "decision_vector", va
     # Nominal driving both ways: the expert's own clean path, and the noise-injected roll-outs the
     # model was trained on (a learned driver visits both). Fitted on noisy roll-outs only, the gate
     # vetoed the clean expert's merge from an ending on-ramp (0.35% false vetoes per tick).
-    x_fit, p_fit = _both(fit_seeds, every, scenario_params)
-    x_cal, p_cal = _both(calibration_seeds, every, scenario_params)
+    inputs = source == "input_features"
+    x_fit, p_fit, *c_fit = _both(fit_seeds, every, scenario_params, with_changes=inputs)
+    x_cal, p_cal, *c_cal = _both(calibration_seeds, every, scenario_params, with_changes=inputs)
     card = model.card
     return ood.fit_gate(
         model_features(model, x_fit, p_fit, source), model_features(model, x_cal, p_cal, source),
+        range_margin=RANGE_MARGIN[source], changes_train=c_fit[0] if inputs else None,
+        changes_calib=c_cal[0] if inputs else None,
+        change_note=f"per observation at {1000 * DT:g} ms (simulated sensors at the tick rate)" if inputs else "",
+        context_train=p_fit if inputs else None, context_calib=p_cal if inputs else None,
+        context_names=[p.name for p in card.plan] if inputs else (),
         variant=variant, alpha=alpha, norm_alpha=norm_alpha,
         feature_names=gate_feature_names(model, source), source=source,
         data_description=(f"simulated nominal driving ({', '.join(NOMINAL_SCENARIOS)}), expert driver, fit seeds "

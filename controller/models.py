@@ -18,8 +18,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_MODEL_PATH = REPO_ROOT / "models" / "test_model.onnx"
 TEST_MODEL_SEED = 20261130
 BASE_MODEL_PATH = REPO_ROOT / "models" / "base.onnx"
-# The base model's gates: one on its decision vector, one on the raw input features (they catch
-# different faults: unit mismatch and out-of-range speed vs sensor dropout in the same tick).
+# The base model's gates, one per source of executor.core.GATE_SOURCES and in that order: its decision
+# vector and the raw input features (with their range and change limits). They catch different faults
+# (unit mismatch vs a dead sensor, a speed far out of range or a noise burst), each in its own tick.
 DEFAULT_GATES = (REPO_ROOT / "models" / "base.gate.npz", REPO_ROOT / "models" / "base.inputs.gate.npz")
 
 # Comfortable deceleration in lane: the minimal-risk choice when nothing valid is known.

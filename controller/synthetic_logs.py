@@ -12,6 +12,7 @@ from controller.logfile import read_log, write_log
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import log_pb2
 from sim import schema
+from sim.sensors import NOMINAL_SIGMA
 
 from controller.models import REPO_ROOT
 
@@ -20,7 +21,7 @@ REAL_DRIVE = REPO_ROOT / "tests" / "fixtures" / "comma2k19-example1.mcap"
 
 def synthetic_log(path: Path, seconds: float = 60.0, rate_hz: float = 200.0, seed: int = 0,
                   plan_every_s: float = 0.2, faults: bool = False) -> Path:
-    """The fixture's features resampled to `rate_hz` with small noise, a client plan every
+    """The fixture's features resampled to `rate_hz` with the simulator's sensor noise, a client plan every
     `plan_every_s` (target speed varying), and the fixture's actual actions.
 
     faults (needs seconds >= 5): every way a tick can go wrong, at fixed times: inputs scaled far out
@@ -37,7 +38,7 @@ def synthetic_log(path: Path, seconds: float = 60.0, rate_hz: float = 200.0, see
     obs, frozen = [], None
     for i in range(n):
         j = min(int(i * 100 / rate_hz), len(feats) - 1)
-        x = feats[j] + rng.normal(0, 0.01, feats.shape[1]).astype(np.float32)
+        x = feats[j] + (NOMINAL_SIGMA * rng.standard_normal(feats.shape[1])).astype(np.float32)
         t = i / rate_hz
         if faults:
             if 3.0 <= t < 3.05:

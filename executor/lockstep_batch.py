@@ -129,7 +129,7 @@ def run_lockstep(ex: Executor, session: Session, observations: Sequence[Observat
     else:
         probs, controls = np.zeros((len(rows), n_act), np.float32), np.zeros((len(rows), n_ctl), np.float32)
         top, top1, margin = np.zeros(len(rows), np.int64), np.zeros(len(rows), np.float32), np.zeros(len(rows), np.float32)
-    gate_rows = _gate_scores(ex, x, out, finite, model_ok)
+    gate_rows = _gate_scores(ex, x, p, out, finite, model_ok, session.slot)
     hashes = input_hashes(x, p)
 
     # -- onto the tick grid --
@@ -213,17 +213,20 @@ def _plans(ex: Executor, observations: Sequence[Observation]) -> tuple[np.ndarra
     return values, ids, created
 
 
-def _gate_scores(ex: Executor, x: np.ndarray, out, finite: np.ndarray, model_ok: np.ndarray) -> list:
-    """Per gate: (score, flags) for each observation row, scored as a live tick would score it."""
+def _gate_scores(ex: Executor, x: np.ndarray, p: np.ndarray, out, finite: np.ndarray, model_ok: np.ndarray,
+                 slot: int) -> list:
+    """Per gate: (score, flags) for each observation row (features x, plan p), scored as a live tick would."""
     from executor.core import _fill_gate_features
     from ood.score import score_in_chunks
 
     results = []
-    for run in ex._gate_runs:
+    change = None if ex._change is None else ex._change.scan(x, finite, slot)
+    for run, changes_limited, plan_limited in zip(ex._gate_runs, ex._change_gates, ex._plan_gates):
         feats = np.empty((len(x), run.dim), np.float32)
         _fill_gate_features(run.source, feats, x, out.decision_vector if out is not None else None,
                             ~finite | ~model_ok)
-        results.append(score_in_chunks(run.monitor.scorer, feats))
+        results.append(score_in_chunks(run.monitor.scorer, feats, changes=change if changes_limited else None,
+                                       context=p if plan_limited else None))
     return results
 
 

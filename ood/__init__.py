@@ -12,7 +12,8 @@ Typical use::
 
 from .bank import BankStep, GateBank
 from .bench import bench_scorer
-from .calibrate import NormBand, ThresholdCalibration, calibrate_norm_band, calibrate_threshold
+from .calibrate import FeatureRange, NormBand, ThresholdCalibration, calibrate_norm_band, calibrate_threshold, fit_feature_range
+from .change import ChangeTracker
 from .filter import CusumFilter, CusumSettings, FilterSettings, KOfNFilter, KOfNSettings, make_filter
 from .fit import GateStats, fit_statistics
 from .freeze import FreezeDetector
@@ -23,7 +24,7 @@ from .monitor import GateMonitor, GateStep
 from .score import GateFlags, GateScorer, RowScores, StackedScorer
 
 __all__ = [
-    "BankStep", "CusumFilter", "CusumSettings", "FeatureSchema", "FreezeDetector", "FilterSettings", "Gate", "GateBank",
+    "BankStep", "ChangeTracker", "CusumFilter", "FeatureRange", "fit_feature_range", "CusumSettings", "FeatureSchema", "FreezeDetector", "FilterSettings", "Gate", "GateBank",
     "GateFlags",
     "GateMonitor", "GateScorer", "GateStats", "GateStep", "KOfNFilter", "KOfNSettings", "NormBand",
     "ThresholdCalibration", "auroc", "bench_scorer", "calibrate_norm_band", "calibrate_threshold",

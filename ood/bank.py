@@ -50,7 +50,8 @@ class GateBank:
                 raise ValueError(f"monitor {j} has {m.filter.n_slots} slots, the bank needs {n_slots}")
         scorers = [m.scorer for m in self.monitors]
         self.scorer = StackedScorer([s.stats for s in scorers], [s.threshold for s in scorers],
-                                    [s.norm_low for s in scorers], [s.norm_high for s in scorers], max_batch=n_slots)
+                                    [s.norm_low for s in scorers], [s.norm_high for s in scorers], max_batch=n_slots,
+                                    ranges=[s.feature_range for s in scorers])
         self.n_slots = n_slots
         self._gates = [(mon.filter.slot_states, mon.filter.advance) for mon in self.monitors]
 
@@ -59,13 +60,15 @@ class GateBank:
         return len(self.monitors)
 
     def step(self, slots: Sequence[int], features: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None,
-             also: Sequence[bool] | None = None) -> BankStep:
+             also: Sequence[bool] | None = None, changes: Sequence[np.ndarray | None] | None = None,
+             context: Sequence[np.ndarray | None] | None = None) -> BankStep:
         """One tick for the rows of ``slots`` (slot numbers, in row order): ``features[g]`` is gate
         g's (rows, dim_g) features (None: every row NaN), ``nan_rows`` rows to score as NaN in every
         gate (see ``StackedScorer.score_rows``), ``also`` per row a veto from elsewhere (the freeze
-        check)."""
+        check), ``changes[g]`` and ``context[g]`` the rows' changes since their previous observation
+        and their context (plan) for gate g's feature range (see ``StackedScorer.score_rows``)."""
         n = len(slots)
-        r = self.scorer.score_rows(n, features, nan_rows)
+        r = self.scorer.score_rows(n, features, nan_rows, changes, context)
         scores, thresholds, exceed, immediate = r.score, r.threshold, r.exceed, r.immediate
         best_score, best_threshold, veto = [], [], []
         i = 0

@@ -16,7 +16,9 @@ bound) while gross faults (dropped or saturated sensors, all-zero vectors) stay 
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,3 +154,96 @@ def calibrate_norm_band(norms: np.ndarray, alpha: float, margin: float = 1.0) ->
         low=low, high=high, alpha=alpha, n=n,
         empirical_rate=float(np.mean((v < low) | (v > high))), margin=float(margin),
     )
+
+
+@dataclass(frozen=True, eq=False)
+class FeatureRange:
+    """Plausibility limits per raw feature: a value outside its range, a change since the previous
+    observation outside its change range, or a context value (what else conditions the model, e.g.
+    its plan) outside its range vetoes at once.
+
+    The Mahalanobis score sees L2-normalised rows, which hides a feature's magnitude when others
+    dominate the norm (a speed of 50 m/s beside gaps of 150 m looks like one of 30); it sees one
+    observation at a time, so a sensor whose values jump about plausibly (a noise burst) passes it;
+    and it does not see a plan that asks for what the model never trained on (a 57 m/s target).
+    Each range is the training data's [min, max] widened by ``margin`` times its span on each side:
+    a fixed, inspectable envelope, like the operating limits a safety case states. Changes are per
+    observation, at the rate the training data was recorded (``change_note`` says which).
+    """
+
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    margin: float  # fraction of each range's training span added on both sides
+    n: int  # training rows it was measured on
+    calibration_rate: float  # fraction of held-out rows outside some limit
+    change_low: tuple[float, ...] = ()  # empty: no change limits
+    change_high: tuple[float, ...] = ()
+    change_note: str = ""
+    context_names: tuple[str, ...] = ()  # empty: no context limits
+    context_low: tuple[float, ...] = ()
+    context_high: tuple[float, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"low": list(self.low), "high": list(self.high), "margin": float(self.margin), "n": int(self.n),
+                "calibration_rate": float(self.calibration_rate), "change_low": list(self.change_low),
+                "change_high": list(self.change_high), "change_note": self.change_note,
+                "context_names": list(self.context_names), "context_low": list(self.context_low),
+                "context_high": list(self.context_high)}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> FeatureRange:
+        floats = lambda key: tuple(float(v) for v in d.get(key, ()))  # noqa: E731
+        rng = FeatureRange(floats("low"), floats("high"), float(d["margin"]), int(d["n"]), float(d["calibration_rate"]),
+                           floats("change_low"), floats("change_high"), str(d.get("change_note", "")),
+                           tuple(str(v) for v in d.get("context_names", ())), floats("context_low"),
+                           floats("context_high"))
+        if len(rng.low) != len(rng.high) or len(rng.change_low) != len(rng.change_high) or \
+                (rng.change_low and len(rng.change_low) != len(rng.low)) or \
+                not len(rng.context_names) == len(rng.context_low) == len(rng.context_high):
+            raise ValueError(f"feature range lengths differ: {len(rng.low)} lows, {len(rng.high)} highs, "
+                             f"{len(rng.change_low)} change lows, {len(rng.change_high)} change highs, "
+                             f"{len(rng.context_names)} context names, {len(rng.context_low)} lows, "
+                             f"{len(rng.context_high)} highs")
+        return rng
+
+    def limits(self) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """(low, high) arrays of the values, the changes and the context (None where there are none)."""
+        pairs = ((self.low, self.high), (self.change_low, self.change_high), (self.context_low, self.context_high))
+        return [(np.array(lo), np.array(hi)) if lo else None for lo, hi in pairs]
+
+    def outside(self, x: np.ndarray, changes: np.ndarray | None = None, context: np.ndarray | None = None) -> np.ndarray:
+        """(n,) bool: rows with a value (or a change, or a context value, where given and limited)
+        outside its limits. NaN compares False: a non-finite row is not out of range, it is non-finite."""
+        out = np.zeros(len(x), bool)
+        for rows, lim in zip((x, changes, context), self.limits()):
+            if rows is not None and lim is not None:
+                r = np.asarray(rows)
+                out |= ((r < lim[0]) | (r > lim[1])).any(axis=1)
+        return out
+
+
+def _widened(x: np.ndarray, margin: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    lo, hi = np.nanmin(x, axis=0), np.nanmax(x, axis=0)
+    span = hi - lo
+    return tuple((lo - margin * span).tolist()), tuple((hi + margin * span).tolist())
+
+
+def fit_feature_range(x_train: np.ndarray, x_calib: np.ndarray, margin: float,
+                      changes_train: np.ndarray | None = None, changes_calib: np.ndarray | None = None,
+                      change_note: str = "", context_train: np.ndarray | None = None,
+                      context_calib: np.ndarray | None = None, context_names: Sequence[str] = ()) -> FeatureRange:
+    """Limits from ``x_train`` (``changes_train``, NaN where unknown; ``context_train``): [min -
+    margin*span, max + margin*span] per column; the fraction of calibration rows outside them is recorded."""
+    if not (margin >= 0.0 and np.isfinite(margin)):
+        raise ValueError(f"range margin must be a finite fraction >= 0, got {margin}")
+    if (changes_train is None) != (changes_calib is None) or (context_train is None) != (context_calib is None):
+        raise ValueError("change and context limits need rows for both the training and the calibration data")
+    if context_train is not None and len(context_names) != np.shape(context_train)[1]:
+        raise ValueError(f"{len(context_names)} context names for {np.shape(context_train)[1]} context columns")
+    low, high = _widened(np.asarray(x_train, np.float64), margin)
+    change_low, change_high = ((), ()) if changes_train is None else _widened(np.asarray(changes_train, np.float64), margin)
+    context_low, context_high = ((), ()) if context_train is None else _widened(np.asarray(context_train, np.float64), margin)
+    rng = FeatureRange(low, high, float(margin), int(len(x_train)), 0.0, change_low, change_high, change_note,
+                       tuple(context_names) if context_train is not None else (), context_low, context_high)
+    rate = float(rng.outside(np.asarray(x_calib, np.float64), changes_calib, context_calib).mean())
+    return dataclasses.replace(rng, calibration_rate=rate)

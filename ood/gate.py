@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .calibrate import NormBand, ThresholdCalibration, calibrate_norm_band, calibrate_threshold
+from .calibrate import FeatureRange, NormBand, ThresholdCalibration, calibrate_norm_band, calibrate_threshold, fit_feature_range
 from .filter import FilterSettings, KOfNSettings, filter_settings_from_dict, make_filter
 from .fit import GateStats, check_feature_matrix, fit_statistics, raw_norms
 from .monitor import GateMonitor
@@ -45,6 +46,7 @@ class Gate:
     norm_band: NormBand
     filter: FilterSettings
     schema: FeatureSchema
+    feature_range: FeatureRange | None = None  # raw features outside it veto at once; None: no range guard
 
     @property
     def threshold(self) -> float:
@@ -74,8 +76,11 @@ class Gate:
         """
         filt = self.filter
         score = filt.false_alarm_probability(self.calibration.alpha) if isinstance(filt, KOfNSettings) else float("nan")
-        return {"norm_guard": self.norm_band.alpha, "filtered_score": score,
-                "norm_guard_measured": self.norm_band.empirical_rate}
+        out = {"norm_guard": self.norm_band.alpha, "filtered_score": score,
+               "norm_guard_measured": self.norm_band.empirical_rate}
+        if self.feature_range is not None:
+            out["range_guard_measured"] = self.feature_range.calibration_rate
+        return out
 
     def scorer(self, max_batch: int = 64) -> GateScorer:
         return GateScorer(
@@ -84,6 +89,7 @@ class Gate:
             norm_low=self.norm_band.low,
             norm_high=self.norm_band.high,
             max_batch=max_batch,
+            feature_range=self.feature_range,
         )
 
     def monitor(self, n_slots: int) -> GateMonitor:
@@ -119,6 +125,13 @@ def fit_gate(
     source: str,
     data_description: str,
     filter: FilterSettings | dict[str, Any] | None = None,
+    range_margin: float | None = None,
+    changes_train: np.ndarray | None = None,
+    changes_calib: np.ndarray | None = None,
+    change_note: str = "",
+    context_train: np.ndarray | None = None,
+    context_calib: np.ndarray | None = None,
+    context_names: Sequence[str] = (),
 ) -> Gate:
     """Fit on ``X_train``, calibrate threshold and norm band on held-out ``X_calib``.
 
@@ -127,7 +140,13 @@ def fit_gate(
     (no filter), and ``norm_margin`` >= 1 widens that band multiplicatively to push the
     nominal immediate-veto rate well below norm_alpha; see ``Gate.nominal_veto_rate``.
     ``data_description`` says what X_calib is (recorded where, which model version) and is
-    stored with the threshold.
+    stored with the threshold. ``range_margin`` (a fraction, e.g. 0.25) adds a per-feature range
+    guard: the training rows' [min, max] widened by that fraction of the span on each side, outside
+    which a row vetoes at once (see ``FeatureRange``); None fits none. With ``changes_train`` and
+    ``changes_calib`` (each row's change since the previous observation, NaN where unknown) it also
+    limits how far a feature may move between observations; ``change_note`` says at what rate. With
+    ``context_train`` and ``context_calib`` (what else conditions the model, e.g. its plan, named by
+    ``context_names``) it also limits those values.
     """
     schema = FeatureSchema(tuple(str(n) for n in feature_names), str(source))
     stats = fit_statistics(X_train, y_train, variant=variant, shrinkage=shrinkage)
@@ -139,4 +158,7 @@ def fit_gate(
     scores, _ = score_in_chunks(GateScorer(stats), calib)
     calibration = calibrate_threshold(scores, alpha, data_description)
     band = calibrate_norm_band(raw_norms(calib), alpha if norm_alpha is None else norm_alpha, norm_margin)
-    return Gate(stats, calibration, band, _filter_settings(filter), schema)
+    feature_range = None if range_margin is None else fit_feature_range(
+        X_train, calib, range_margin, changes_train, changes_calib, change_note, context_train, context_calib,
+        context_names)
+    return Gate(stats, calibration, band, _filter_settings(filter), schema, feature_range)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .calibrate import NormBand, ThresholdCalibration
+from .calibrate import FeatureRange, NormBand, ThresholdCalibration
 from .filter import filter_settings_from_dict
 from .fit import VARIANTS, GateStats, NormStats
 from .gate import FeatureSchema, Gate
@@ -42,7 +42,7 @@ def _canonical_arrays(stats: GateStats) -> dict[str, np.ndarray]:
 
 def _metadata(gate: Gate) -> dict[str, Any]:
     s = gate.stats
-    return {
+    meta = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "variant": s.variant,
@@ -57,6 +57,9 @@ def _metadata(gate: Gate) -> dict[str, Any]:
         "filter": gate.filter.to_dict(),
         "schema": gate.schema.to_dict(),
     }
+    if gate.feature_range is not None:  # absent, not null, without one: older files keep their hash
+        meta["feature_range"] = gate.feature_range.to_dict()
+    return meta
 
 
 def _canonical_json(meta: dict[str, Any]) -> str:
@@ -194,7 +197,11 @@ def load_gate(
             norm_band=NormBand.from_dict(meta["norm_band"]),
             filter=filter_settings_from_dict(meta["filter"]),
             schema=FeatureSchema(tuple(meta["schema"]["feature_names"]), str(meta["schema"]["source"])),
+            # optional: gate files written before the range guard have none
+            feature_range=None if meta.get("feature_range") is None else FeatureRange.from_dict(meta["feature_range"]),
         )
+        if gate.feature_range is not None and len(gate.feature_range.low) != dim:
+            raise ValueError(f"gate file {path}: feature range of {len(gate.feature_range.low)} features for dim {dim}")
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ValueError) and str(exc).startswith(f"gate file {path}"):
             raise

@@ -39,8 +39,11 @@ class GateMonitor:
     def n_slots(self) -> int:
         return self.filter.n_slots
 
-    def step(self, features: np.ndarray, slots: np.ndarray | None = None) -> GateStep:
-        score, flags = self.scorer.score(features)
+    def step(self, features: np.ndarray, slots: np.ndarray | None = None, changes: np.ndarray | None = None,
+             context: np.ndarray | None = None) -> GateStep:
+        """``changes``, ``context``: each row's change since its previous observation and its context
+        (plan), for the gate's feature range."""
+        score, flags = self.scorer.score(features, changes, context)
         alarm = self.filter.update(flags.exceed, immediate=flags.immediate, slots=slots)
         return GateStep(score, alarm, flags)
 

@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .calibrate import FeatureRange
 from .fit import GateStats
 
 _TINY = float(np.finfo(np.float64).tiny)
@@ -38,6 +39,7 @@ _INF = float("inf")
 _NAN = float("nan")
 _SQ_LOW, _SQ_HIGH = 1e-200, 1e200  # squared norms outside this range are scored rescaled
 _VECTORISED_FROM = 64  # rows; below it a Python pass over plain floats costs fewer numpy calls
+_PYTHON_RANGE_ROWS = 4  # rows; up to it the feature range is checked in Python (about 2 us a row, not 9)
 
 
 class GateFlags(NamedTuple):
@@ -46,11 +48,12 @@ class GateFlags(NamedTuple):
     nonfinite: np.ndarray  # a feature was NaN/Inf: score is +inf, veto now
     norm_out: np.ndarray  # raw L2 norm outside the calibrated band (always true for all-zero)
     exceed: np.ndarray  # score > threshold (Mahalanobis); goes through the sequential filter
+    out_of_range: np.ndarray  # a value, its change or a context value outside the gate's FeatureRange: veto now
 
     @property
     def immediate(self) -> np.ndarray:
         """Rows that must alarm this tick regardless of the filter."""
-        return self.nonfinite | self.norm_out
+        return self.nonfinite | self.norm_out | self.out_of_range
 
 
 class RowScores(NamedTuple):
@@ -61,7 +64,8 @@ class RowScores(NamedTuple):
     nonfinite: list[bool]
     norm_out: list[bool]
     exceed: list[bool]
-    immediate: list[bool]  # nonfinite or norm_out
+    immediate: list[bool]  # nonfinite, norm_out or out_of_range
+    out_of_range: list[bool]  # a value, its change or a context value outside the gate's FeatureRange
 
 
 class _Views(NamedTuple):
@@ -96,6 +100,7 @@ class StackedScorer:
         norm_low: Sequence[float] | None = None,
         norm_high: Sequence[float] | None = None,
         max_batch: int = 64,
+        ranges: Sequence[FeatureRange | None] | None = None,
     ) -> None:
         self.gate_stats = list(stats)
         g_count = len(self.gate_stats)
@@ -109,6 +114,17 @@ class StackedScorer:
             return out
 
         self.thresholds = per_gate(thresholds, _INF)
+        ranges = [None] * g_count if ranges is None else list(ranges)
+        if len(ranges) != g_count:
+            raise ValueError(f"expected {g_count} feature ranges (one per gate, None for none), got {len(ranges)}")
+        for s, rng in zip(self.gate_stats, ranges):
+            if rng is not None and len(rng.low) != s.dim:
+                raise ValueError(f"a feature range of {len(rng.low)} features for a gate of {s.dim}")
+        # per gate: [values, changes, context] as (low, high) or None each (FeatureRange.limits), or None
+        self._ranges = [None if rng is None else rng.limits() for rng in ranges]
+        self._range_lists = [None if lim is None else [None if pair is None else (pair[0].tolist(), pair[1].tolist())
+                                                       for pair in lim] for lim in self._ranges]
+        self._any_range = any(rng is not None for rng in ranges)
         self.norm_lows = np.maximum(per_gate(norm_low, 0.0), _TINY)
         self.norm_highs = per_gate(norm_high, _INF)
         self.dims = [s.dim for s in self.gate_stats]
@@ -176,12 +192,81 @@ class StackedScorer:
                 order=[(row * g_count + g, g) for g in range(g_count) for row in range(b)])
         return v
 
-    def score_rows(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None) -> RowScores:
+    def score_rows(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None,
+                   changes: Sequence[np.ndarray | None] | None = None,
+                   context: Sequence[np.ndarray | None] | None = None) -> RowScores:
         """Score ``b`` rows for every gate; ``rows[g]``: gate g's (b, dim_g) features (None: all NaN).
 
         ``nan_rows`` (optional, (b,) bool): rows to score as NaN in every gate, because the caller
         knows they hold NaN/Inf. Other rows should not hold +-Inf: a matmul with Inf warns (Inf * 0);
-        ``GateScorer.score`` replaces them by NaN, which flows through quietly."""
+        ``GateScorer.score`` replaces them by NaN, which flows through quietly. ``changes[g]``
+        (optional, (b, dim_g) or None): each row's change since the session's previous observation
+        (``ChangeTracker``; NaN where none is known) and ``context[g]`` (optional, (b, k) or None):
+        the values that condition the model with the row (its plan), both checked against gate g's
+        ``FeatureRange``."""
+        r = self._score_rows(b, rows, nan_rows)
+        if not self._any_range:
+            return r
+        outside = self._outside_range(b, rows, nan_rows, changes, context)
+        if outside is None:
+            return r
+        immediate, oor = r.immediate[:], self._views[b].clean[:]
+        for e in outside:
+            immediate[e] = oor[e] = True
+        return r._replace(immediate=immediate, out_of_range=oor)
+
+    def _outside_range(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None,
+                       changes: Sequence[np.ndarray | None] | None,
+                       context: Sequence[np.ndarray | None] | None) -> list[int] | None:
+        """Entries (row-major (row, gate)) with a value, change or context value outside the gate's
+        limits; None when there are none. NaN compares False: NaN is the nonfinite flag's."""
+        if b <= _PYTHON_RANGE_ROWS:
+            return self._outside_range_few(rows, nan_rows, changes, context)
+        hits = None
+        g_count = self.n_gates
+        for g, limits in enumerate(self._ranges):
+            if limits is None:
+                continue
+            out = None
+            sources = (rows[g], None if changes is None else changes[g], None if context is None else context[g])
+            for src, lim in zip(sources, limits):
+                if src is None or lim is None:
+                    continue
+                low, high = lim
+                if not ((src < low).any() or (src > high).any()):  # the common case: two calls
+                    continue
+                now = ((src < low) | (src > high)).any(axis=1)
+                out = now if out is None else out | now
+            if out is None:
+                continue
+            if nan_rows is not None:
+                out &= ~nan_rows
+            hits = (hits or []) + [row * g_count + g for row in np.flatnonzero(out).tolist()]
+        return hits
+
+    def _outside_range_few(self, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None,
+                           changes: Sequence[np.ndarray | None] | None,
+                           context: Sequence[np.ndarray | None] | None) -> list[int] | None:
+        """``_outside_range`` for a few rows, in Python over plain floats (a tick of one session would
+        pay more for the numpy calls than for the comparisons). Same comparisons, same NaN rule."""
+        hits = None
+        g_count = self.n_gates
+        skip = None if nan_rows is None else nan_rows.tolist()
+        for g, limits in enumerate(self._range_lists):
+            if limits is None:
+                continue
+            sources = (rows[g], None if changes is None else changes[g], None if context is None else context[g])
+            present = [(src.tolist(), lim) for src, lim in zip(sources, limits) if src is not None and lim is not None]
+            for row in range(len(present[0][0]) if present else 0):
+                if skip is not None and skip[row]:
+                    continue
+                if any(v < lo or v > hi for values, (low, high) in present
+                       for v, lo, hi in zip(values[row], low, high)):
+                    hits = (hits or []) + [row * g_count + g]
+        return hits
+
+    def _score_rows(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None) -> RowScores:
+        """``score_rows`` without the feature range check."""
         v = self.views(b)
         for src, proj, out in zip(rows, self._proj, v.out):
             if src is None:
@@ -215,7 +300,7 @@ class StackedScorer:
             norm_out[e] = n < low[e] or n > high[e]  # the raw norm's guard (NaN: never outside)
             exceed[e] = d2 > threshold[e]
         if special is None:
-            return RowScores(threshold, scores, v.clean, norm_out, exceed, norm_out)
+            return RowScores(threshold, scores, v.clean, norm_out, exceed, norm_out, v.clean)
         return self._special(b, rows, nan_rows, special, scores, norm_out, exceed)
 
     def _single_vectorised(self, b: int, v: _Views, rows: Sequence[np.ndarray | None],
@@ -233,7 +318,7 @@ class StackedScorer:
         special = ~((s >= _SQ_LOW) & (s <= _SQ_HIGH)) & (s != 0.0)  # NaN compares False: special
         scores, norm_list, exceed_list = d2.T.ravel().tolist(), norm_out.T.ravel().tolist(), exceed.T.ravel().tolist()
         if not special.any():
-            return RowScores(v.threshold, scores, v.clean, norm_list, exceed_list, norm_list)
+            return RowScores(v.threshold, scores, v.clean, norm_list, exceed_list, norm_list, v.clean)
         g_count = self.n_gates
         spec = [(row * g_count + g, float(s[g, row])) for g, row in zip(*np.nonzero(special))]
         return self._special(b, rows, nan_rows, sorted(spec), scores, norm_list, exceed_list)
@@ -260,7 +345,7 @@ class StackedScorer:
             if s == _INF:
                 norm_out[e] = True  # squares overflowed: outside any band, even an open one
         if any(r is not None for r in rescaled):
-            again = self.score_rows(b, [np.zeros((b, d)) if r is None else r for r, d in zip(rescaled, self.dims)])
+            again = self._score_rows(b, [np.zeros((b, d)) if r is None else r for r, d in zip(rescaled, self.dims)])
             for e, _ in special:
                 if not bad[e]:
                     scores[e], exceed[e] = again.score[e], again.exceed[e]
@@ -268,8 +353,9 @@ class StackedScorer:
             if bad[e]:
                 scores[e], norm_out[e], exceed[e] = _INF, False, _INF > threshold[e]
         if not any(bad):
-            return RowScores(threshold, scores, self._views[b].clean, norm_out, exceed, norm_out)
-        return RowScores(threshold, scores, bad, norm_out, exceed, [o or x for o, x in zip(norm_out, bad)])
+            return RowScores(threshold, scores, self._views[b].clean, norm_out, exceed, norm_out, self._views[b].clean)
+        return RowScores(threshold, scores, bad, norm_out, exceed, [o or x for o, x in zip(norm_out, bad)],
+                         self._views[b].clean)
 
 
 class GateScorer(StackedScorer):
@@ -282,8 +368,10 @@ class GateScorer(StackedScorer):
         norm_low: float = 0.0,
         norm_high: float = float("inf"),
         max_batch: int = 64,
+        feature_range: FeatureRange | None = None,
     ) -> None:
-        super().__init__([stats], [threshold], [norm_low], [norm_high], max_batch)
+        super().__init__([stats], [threshold], [norm_low], [norm_high], max_batch, [feature_range])
+        self.feature_range = feature_range
         self.stats = stats
         self.variant = stats.variant
         self.dim = stats.dim
@@ -291,21 +379,28 @@ class GateScorer(StackedScorer):
         self.norm_low = float(self.norm_lows[0])
         self.norm_high = float(self.norm_highs[0])
 
-    def score(self, x: np.ndarray) -> tuple[np.ndarray, GateFlags]:
-        """Return (scores (batch,), flags), fresh arrays. Raises only for a wrong shape (a wiring bug)."""
+    def score(self, x: np.ndarray, changes: np.ndarray | None = None,
+              context: np.ndarray | None = None) -> tuple[np.ndarray, GateFlags]:
+        """Return (scores (batch,), flags), fresh arrays. Raises only for a wrong shape (a wiring bug).
+        ``changes``, ``context``: for the feature range, see ``score_rows``."""
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise ValueError(f"gate expects features of shape (batch, {self.dim}), got {x.shape}")
         x = np.asarray(x, np.float64)
         inf = np.isinf(x)
         if inf.any():
             x = np.where(inf, _NAN, x)
-        r = self.score_rows(x.shape[0], [x])
-        return np.array(r.score, np.float64), GateFlags(*(np.array(f, bool) for f in (r.nonfinite, r.norm_out, r.exceed)))
+        r = self.score_rows(x.shape[0], [x], changes=None if changes is None else [changes],
+                            context=None if context is None else [context])
+        return np.array(r.score, np.float64), GateFlags(
+            *(np.array(f, bool) for f in (r.nonfinite, r.norm_out, r.exceed, r.out_of_range)))
 
 
-def score_in_chunks(scorer: GateScorer, x: np.ndarray, chunk: int = 8192) -> tuple[np.ndarray, GateFlags]:
+def score_in_chunks(scorer: GateScorer, x: np.ndarray, chunk: int = 8192, changes: np.ndarray | None = None,
+                    context: np.ndarray | None = None) -> tuple[np.ndarray, GateFlags]:
     """Score a large offline matrix without growing the scorer's buffers to its size."""
-    parts = [scorer.score(x[i : i + chunk]) for i in range(0, x.shape[0], chunk)]
+    cut = lambda a, i: None if a is None else a[i : i + chunk]  # noqa: E731
+    parts = [scorer.score(x[i : i + chunk], cut(changes, i), cut(context, i))
+             for i in range(0, x.shape[0], chunk)]
     d2 = np.concatenate([p[0] for p in parts])
     flags = GateFlags(*(np.concatenate([getattr(p[1], f) for p in parts]) for f in GateFlags._fields))
     return d2, flags

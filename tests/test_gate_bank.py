@@ -52,6 +52,26 @@ class _NumpyFreeze:
         self.count[slot] = 0
 
 
+class _NumpyChanges:
+    """Each row's change since its slot's last finite fresh observation, in numpy (NaN: unknown)."""
+
+    def __init__(self, n_slots: int, dim: int) -> None:
+        self.last = np.full((n_slots, dim), np.nan)
+        self.change = np.full((n_slots, dim), np.nan)
+
+    def update(self, x: np.ndarray, slots: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+        x64 = x.astype(np.float64)
+        finite = np.isfinite(x64).all(axis=1)
+        new = np.where(finite[:, None], x64 - self.last[slots], np.nan)  # NaN last: unknown
+        self.change[slots[fresh]] = new[fresh]
+        self.last[slots[fresh & finite]] = x64[fresh & finite]
+        return self.change[slots]
+
+    def reset(self, slot: int) -> None:
+        self.last[slot] = np.nan
+        self.change[slot] = np.nan
+
+
 def test_bank_decides_every_tick_as_the_per_gate_reference() -> None:
     model = DecisionModel(BASE_MODEL_PATH)
     gates = [load_gate_for_model(g, model) for g in DEFAULT_GATES]
@@ -60,6 +80,8 @@ def test_bank_decides_every_tick_as_the_per_gate_reference() -> None:
     ref = [(GateMonitor(g.scorer(cap), _NumpyKOfN(g.filter.k, g.filter.n, cap)), g.schema.source, g.threshold)
            for g in gates]
     ref_freeze = _NumpyFreeze(cap, model.n_features, ex.config.freeze_repeats)
+    ref_changes = _NumpyChanges(cap, model.n_features)
+    assert any(g.feature_range is not None and g.feature_range.change_low for g in gates)  # the change limits are tested
     features, _ = nominal_inputs([3], every=2, duration_s=4.0)
     rng = np.random.default_rng(11)
     held: dict[str, np.ndarray] = {}
@@ -70,11 +92,12 @@ def test_bank_decides_every_tick_as_the_per_gate_reference() -> None:
         for monitor, _, _ in ref:
             monitor.reset(slot)
         ref_freeze.reset(slot)
+        ref_changes.reset(slot)
         seq[sid] = 0
 
     for sid in ("a", "b", "c", "d"):
         open_session(sid)
-    vetoes = exceedances = 0
+    vetoes = exceedances = out_of_range = 0
     for k in range(400):
         if k == 150:  # sessions come and go: slots are no longer consecutive
             ex.close_session("b")
@@ -96,6 +119,8 @@ def test_bank_decides_every_tick_as_the_per_gate_reference() -> None:
                 x[:] = 0.0
             elif fault < 0.2:
                 x *= np.float32(3.6)  # units mix-up: out of distribution, finite
+            elif fault < 0.25 and sid in held:
+                x = held[sid] + np.float32(0.5)  # a jump: within range, beyond the change limits
             elif fault < 0.35 and sid in held:
                 x = held[sid].copy()  # a stuck sensor repeats itself
             seq[sid] += 1
@@ -108,16 +133,21 @@ def test_bank_decides_every_tick_as_the_per_gate_reference() -> None:
         x = np.stack([held[sid] for sid in sids])
         finite = np.isfinite(x).all(axis=1)
         dv = np.stack([s.decision_vector for s in snaps]).astype(np.float32)
+        is_fresh = np.array([fresh[sid] for sid in sids])
+        changes = ref_changes.update(x, slots, is_fresh)
         per_gate = []
         for monitor, source, threshold in ref:
-            feats = x if source == "input_features" else np.where(finite[:, None], dv, np.float32(np.nan))
-            step = monitor.step(feats, slots)
+            if source == "input_features":
+                step = monitor.step(x, slots, changes)
+                out_of_range += int(step.flags.out_of_range.sum())
+            else:
+                step = monitor.step(np.where(finite[:, None], dv, np.float32(np.nan)), slots)
             per_gate.append((step.score, step.alarm, threshold))
             exceedances += int(step.flags.exceed.sum())
         score, threshold, veto = nearest_gate(per_gate)
-        veto |= ref_freeze.update(x, slots, np.array([fresh[sid] for sid in sids]))
+        veto |= ref_freeze.update(x, slots, is_fresh)
         np.testing.assert_allclose([s.gate_score for s in snaps], score, rtol=1e-9)
         assert [s.gate_threshold for s in snaps] == threshold.tolist()
         assert [s.gate_veto for s in snaps] == veto.tolist(), k
         vetoes += int(veto.sum())
-    assert 0 < vetoes and 0 < exceedances  # the comparison saw alarms of every kind, not only quiet ticks
+    assert 0 < vetoes and 0 < exceedances and 0 < out_of_range  # alarms of every kind, not only quiet ticks

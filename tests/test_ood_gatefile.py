@@ -134,3 +134,77 @@ def test_pickled_payloads_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"evil\.npz: unreadable or not a pickle-free"):
         load_gate(path)
     assert zipfile.is_zipfile(path)
+
+
+def test_feature_range_round_trips_and_older_files_without_one_still_load(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3000, D)) + 3.0
+    changes = rng.normal(scale=0.1, size=(3000, D))
+    changes[0] = np.nan  # a first observation: no change known, ignored by the fit
+    gate = ood.fit_gate(x[:2000], x[2000:], alpha=0.01, feature_names=NAMES, source="input_features",
+                        data_description="synthetic", range_margin=0.25, changes_train=changes[:2000],
+                        changes_calib=changes[2000:], change_note="per observation at 5 ms")
+    r = gate.feature_range
+    assert r is not None and len(r.low) == D and len(r.change_low) == D and np.isfinite(r.change_low).all()
+    span = x[:2000].max(axis=0) - x[:2000].min(axis=0)
+    np.testing.assert_allclose(r.high, x[:2000].max(axis=0) + 0.25 * span)
+    path = tmp_path / "ranged.npz"
+    digest = gate.save(str(path))
+    loaded = load_gate(path)
+    assert loaded.version_hash == digest and loaded.feature_range.to_dict() == r.to_dict()
+    probe = x[2000:2010].copy()
+    probe[3, 4] = r.high[4] + 1.0  # out of range
+    jump = changes[2000:2010].copy()
+    jump[6, 1] = r.change_low[1] - 0.5  # a change beyond its limit
+    _, flags = loaded.scorer().score(probe, jump)
+    assert np.flatnonzero(flags.out_of_range).tolist() == [3, 6] and flags.immediate[[3, 6]].all()
+    _, without_changes = loaded.scorer().score(probe)
+    assert np.flatnonzero(without_changes.out_of_range).tolist() == [3]
+    # a file written before the range guard has no such entry and keeps its hash
+    old = ood.fit_gate(x[:2000], x[2000:], alpha=0.01, feature_names=NAMES, source="input_features",
+                       data_description="synthetic")
+    old_path = tmp_path / "old.npz"
+    old_digest = old.save(str(old_path))
+    with np.load(old_path, allow_pickle=False) as npz:
+        assert "feature_range" not in json.loads(str(npz["metadata"][()]))
+    plain = load_gate(old_path)
+    assert plain.feature_range is None and plain.version_hash == old_digest
+
+
+def test_edited_feature_range_is_refused(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(3000, D)) + 3.0
+    gate = ood.fit_gate(x[:2000], x[2000:], alpha=0.01, feature_names=NAMES, source="input_features",
+                        data_description="synthetic", range_margin=0.25)
+    path = tmp_path / "g.npz"
+    gate.save(str(path))
+
+    def widen(entries) -> None:  # type: ignore[no-untyped-def]
+        meta = json.loads(str(entries["metadata"][()]))
+        meta["feature_range"]["high"][0] = 1e9  # someone loosens a limit by hand
+        entries["metadata"] = np.array(json.dumps(meta))
+
+    _rewrite(path, tmp_path / "edited.npz", widen)
+    with pytest.raises(ValueError, match="content hash mismatch"):
+        load_gate(tmp_path / "edited.npz")
+
+
+def test_feature_range_checks_few_rows_as_many() -> None:
+    """A tick of a few sessions checks the range in Python, a replay in numpy: the same verdicts."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(3000, D)) + 3.0
+    changes, plans = rng.normal(scale=0.1, size=(3000, D)), rng.normal(size=(3000, 2))
+    gate = ood.fit_gate(x[:2000], x[2000:], alpha=0.01, feature_names=NAMES, source="input_features",
+                        data_description="synthetic", range_margin=0.1, changes_train=changes[:2000],
+                        changes_calib=changes[2000:], context_train=plans[:2000], context_calib=plans[2000:],
+                        context_names=("a", "b"))
+    n = 200
+    probe, c, p = x[2000:2000 + n] * 1.4, changes[2000:2000 + n] * 1.6, plans[2000:2000 + n] * 1.6
+    probe[7, 3] = np.nan
+    c[11] = np.nan  # an unknown change
+    many = gate.scorer(max_batch=n).score(probe, c, p)[1]
+    few = [gate.scorer(max_batch=4).score(probe[i:i + k], c[i:i + k], p[i:i + k])[1]
+           for i, k in zip(range(0, n, 3), [3] * (n // 3 + 1))]
+    for field in ("out_of_range", "immediate", "nonfinite"):
+        assert np.concatenate([getattr(f, field) for f in few]).tolist() == getattr(many, field).tolist()
+    assert 10 < many.out_of_range.sum() < n

@@ -59,3 +59,36 @@ def test_freeze_scan_equals_updates(seed):
     (last_a, count_a), (last_b, count_b) = scanned.state, stepped.state
     assert count_a.tolist() == count_b.tolist()
     np.testing.assert_array_equal(last_a, last_b)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_change_scan_equals_steps(seed):
+    """The replay's changes between observations equal a live session's, fresh ticks or not, with
+    NaN observations (no change, and the next change is measured from the last finite one)."""
+    from ood.change import ChangeTracker
+
+    rng = np.random.default_rng(seed)
+    dim, slot = 4, 2
+    stepped, scanned = ChangeTracker(3, dim), ChangeTracker(3, dim)
+    for length in (1, 200, 30):  # consecutive scans continue from each other's state
+        x = rng.normal(size=(length, dim)).astype(np.float32)
+        x[rng.random(length) < 0.05] = np.nan
+        finite = np.isfinite(x).all(axis=1)
+        # a live session: each observation is fresh on its first tick, then reused by 0-2 more ticks
+        expected = []
+        for i in range(length):
+            for repeat in range(1 + int(rng.integers(0, 3))):
+                got = stepped.step(x[i:i + 1], [slot], [repeat == 0], [bool(finite[i])])[0]
+                if repeat == 0:
+                    expected.append(got)
+                else:  # a reused observation reports the change it made
+                    np.testing.assert_array_equal(got, expected[-1])
+        scan = scanned.scan(x, finite, slot)
+        np.testing.assert_array_equal(scan, np.array(expected))
+        last_a, change_a = stepped.state
+        last_b, change_b = scanned.state
+        assert last_a[slot] == last_b[slot]
+        np.testing.assert_array_equal(change_a[slot], change_b[slot])
+    # the very first observation of a slot, and every NaN one, have no change
+    first = ChangeTracker(1, dim).scan(rng.normal(size=(3, dim)).astype(np.float32), np.ones(3, bool), 0)
+    assert np.isnan(first[0]).all() and np.isfinite(first[1:]).all()

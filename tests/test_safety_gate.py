@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,12 @@ TICK = 5 * MS
 @pytest.fixture(scope="module")
 def nominal_rows():
     return nominal_inputs(range(41, 43), every=10, duration_s=6.0)  # as the gates below are fitted
+
+
+@pytest.fixture(scope="module")
+def consecutive_rows():
+    """One nominal episode's observations tick by tick, as a sensor delivers them (changes included)."""
+    return nominal_inputs([41], every=1, duration_s=2.0)[0]
 
 
 @pytest.fixture(scope="module")
@@ -138,15 +146,61 @@ def test_nan_vetoes_in_the_same_tick(test_model, gates, nominal_rows):
     assert snaps[2].safety_state is SafetyState.VETO_HOLD
 
 
-def test_zeroed_sensor_caught_by_norm_guard(test_model, gates, nominal_rows):
+def test_zeroed_sensor_caught_by_norm_guard(test_model, gates, consecutive_rows):
     import ood
 
-    features, _ = nominal_rows
     gate = ood.load_gate(gates["input_features"])
     ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
-    snaps = run(ex, [features[0], features[1], np.zeros(19, np.float32)])
+    snaps = run(ex, [consecutive_rows[0], consecutive_rows[1], np.zeros(19, np.float32)])
     assert not any(s.gate_veto for s in snaps[:2])
     assert snaps[2].gate_veto and Reason.OOD_VETO in snaps[2].reasons
+
+
+def test_range_guard_vetoes_out_of_range_values_and_jumps_in_their_tick(test_model, gates, consecutive_rows):
+    """A speed far above training, and a jump between two observations too big for a real sensor,
+    veto in their own tick (no filter delay); the first observation has no change to judge."""
+    import ood
+    from sim.schema import FEATURE_INDEX
+
+    gate = ood.load_gate(gates["input_features"])
+    rng, speed = gate.feature_range, FEATURE_INDEX["ego_speed"]
+    assert rng is not None and rng.change_low and rng.calibration_rate < 1e-3
+    rows = [consecutive_rows[k].copy() for k in range(40)]
+    fast = rows[10].copy()
+    fast[speed] = rng.high[speed] + 1.0  # out of range; the tick after it is a jump back down
+    jump = rows[30].copy()
+    jump[speed] = rows[29][speed] + rng.change_high[speed] + 0.5  # in range, but a jump
+    assert rng.low[speed] <= jump[speed] <= rng.high[speed]
+    rows[10], rows[30] = fast, jump
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    snaps = run(ex, rows)
+    vetoed = [k for k, s in enumerate(snaps) if s.gate_veto]
+    assert vetoed == [10, 11, 30, 31], vetoed  # each fault, and the jump back from it
+    # the same gate without its limits sees none of it in the same tick
+    plain = lockstep(test_model, ExecutorConfig(min_margin=0.0), dataclasses.replace(gate, feature_range=None))
+    assert not any(s.gate_veto for s in run(plain, rows)[:12])
+    fresh = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    assert not run(fresh, [rows[5]])[0].gate_veto  # a first observation has nothing to jump from
+
+
+def test_range_guard_vetoes_a_plan_the_model_never_trained_on(test_model, gates, consecutive_rows):
+    """A plan asking for 57 m/s conditions the model as far outside its training as a 57 m/s
+    observation would: vetoed from the tick it applies, and trusted again once a sane plan comes."""
+    import ood
+    from sim.schema import BEHAVIOURS, make_plan
+
+    gate = ood.load_gate(gates["input_features"])
+    assert gate.feature_range.context_names == tuple(p.name for p in test_model.card.plan)
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    keep = BEHAVIOURS.index("keep")
+    snaps = []
+    for k in range(12):
+        target = 57.0 if 4 <= k < 8 else 25.0
+        snaps += ex.advance_lockstep("a", Observation(
+            seq=k + 1, timestamp_ns=k * TICK, features=consecutive_rows[k], plan_id=f"p{target}",
+            plan_values=np.asarray(make_plan(target, 0.0, keep), np.float32)))
+    assert [k for k, s in enumerate(snaps) if s.gate_veto] == [4, 5, 6, 7]
+    assert Reason.OOD_VETO in snaps[4].reasons
 
 
 def test_nominal_driving_passes_the_gate(test_model, gates, nominal_rows):
@@ -261,8 +315,9 @@ def test_gate_veto_rolls_back_past_the_filter_delay(test_model, gates, nominal_r
     import ood
 
     features, _ = nominal_rows
-    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0, safety=SafetyConfig(lane_keeping=None)),
-                  ood.load_gate(gates["input_features"]))
+    # without its range guard, which would veto km/h speeds in their first tick
+    gate = dataclasses.replace(ood.load_gate(gates["input_features"]), feature_range=None)
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0, safety=SafetyConfig(lane_keeping=None)), gate)
     from sim.schema import FEATURE_INDEX, SPEED_FEATURES
 
     speeds = [FEATURE_INDEX[n] for n in SPEED_FEATURES]
