@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from operator import sub as _sub
 
 import numpy as np
 
@@ -30,8 +31,11 @@ class ChangeTracker:
         self._last: list[list[float] | None] = [None] * n_slots
         self._change: list[list[float]] = [self._unknown] * n_slots
 
-    def step(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool], finite: Sequence[bool]) -> np.ndarray:
-        """x (rows, dim) float32 raw features of the rows ticking now; their changes (rows, dim) float64."""
+    def step(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool], finite: Sequence[bool]
+             ) -> list[list[float]]:
+        """x (rows, dim) float32 raw features of the rows ticking now; their changes, one list of
+        floats per row (the scorer takes them as they are; ``np.array`` makes the (rows, dim) array).
+        The lists are the tracker's own: read them, do not change them."""
         last, change, out = self._last, self._change, []
         for slot, now, is_fresh, ok in zip(slots, x.tolist(), fresh, finite):
             if is_fresh:
@@ -39,10 +43,10 @@ class ChangeTracker:
                 if not ok:
                     change[slot] = self._unknown
                 else:
-                    change[slot] = self._unknown if before is None else [a - b for a, b in zip(now, before)]
+                    change[slot] = self._unknown if before is None else list(map(_sub, now, before))
                     last[slot] = now
             out.append(change[slot])
-        return np.array(out, dtype=np.float64)
+        return out
 
     def scan(self, x: np.ndarray, finite: np.ndarray, slot: int) -> np.ndarray:
         """``step`` for consecutive fresh observations of one slot (a replay: each row is fresh once):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import chain
+from operator import gt as _gt, lt as _lt
 from typing import NamedTuple
 
 import numpy as np
@@ -232,7 +233,7 @@ class StackedScorer:
             for src, lim in zip(sources, limits):
                 if src is None or lim is None:
                     continue
-                low, high = lim
+                src, (low, high) = np.asarray(src), lim
                 if not ((src < low).any() or (src > high).any()):  # the common case: two calls
                     continue
                 now = ((src < low) | (src > high)).any(axis=1)
@@ -256,12 +257,14 @@ class StackedScorer:
             if limits is None:
                 continue
             sources = (rows[g], None if changes is None else changes[g], None if context is None else context[g])
-            present = [(src.tolist(), lim) for src, lim in zip(sources, limits) if src is not None and lim is not None]
+            present = [(src if isinstance(src, list) else src.tolist(), lim)
+                       for src, lim in zip(sources, limits) if src is not None and lim is not None]
             for row in range(len(present[0][0]) if present else 0):
                 if skip is not None and skip[row]:
                     continue
-                if any(v < lo or v > hi for values, (low, high) in present
-                       for v, lo, hi in zip(values[row], low, high)):
+                # map(lt/gt) compare in C; NaN compares False, as in numpy
+                if any(any(map(_lt, values[row], low)) or any(map(_gt, values[row], high))
+                       for values, (low, high) in present):
                     hits = (hits or []) + [row * g_count + g]
         return hits
 
