@@ -2,8 +2,8 @@
 
 REALTIME sessions are planned by a PlanScheduler (a worker process): the tick loop only calls
 RealtimePlanning.on_tick, which asks for plans when a session's period has elapsed and applies the
-plans that have finished, both non-blocking. Sessions due in the same tick go to the worker as one
-batch (the poll() right after the requests sends them). LOCKSTEP sessions must stay deterministic,
+plans that have finished, both non-blocking and spread over a few ticks. All sessions due at a
+period boundary go to the worker as one batch, released at the boundary. LOCKSTEP sessions must stay deterministic,
 so they are planned in-line at each period boundary of observation time (LockstepPlanning), by the
 stream handler over gRPC or by sim.closed_loop's InProcessDecider, with the same code either way.
 """
@@ -27,10 +27,14 @@ from planner.worker import SourceFactory
 
 _NEVER = math.inf
 _KEEP_SUMMARIES = 4  # a session's snapshots can name the plan before the current one (LOCKSTEP)
-# A batch's plans arrive together. Applying 32 in one tick took ~0.4 ms of the tick loop on the
-# loaded 2-core VM and the next tick was late 3x as often as others; 8 a tick spreads a batch of
-# 32 over 4 ticks (15 ms, nothing next to a 200 ms planning period).
+# A batch's plans arrive together. Decoding and applying 32 in one tick took ~0.4 ms of the tick
+# loop on the loaded 2-core VM and the next tick was late 3x as often as others; 8 a tick spreads a
+# batch of 32 over 4 ticks (15 ms, nothing next to a 200 ms planning period).
 _APPLY_PER_TICK = 8
+# Likewise the requests: encoding 32 at a period boundary cost that tick ~0.2 ms. Each session's
+# request goes out in one of the _SPREAD_TICKS ticks before its boundary (its observation is then up
+# to 15 ms older than the boundary), and the batch is released at the boundary, still as one batch.
+_SPREAD_TICKS = 4
 
 
 def make_source(source: str, path: str | None = None, address: str | None = None,
@@ -165,21 +169,24 @@ class RealtimePlanning:
         self.scheduler = scheduler
         self.period_ns = period_ns
         self._due: dict[str, float] = {}  # next request time per session; inf: not ours (LOCKSTEP)
+        self._slot: dict[str, int] = {}  # which of the _SPREAD_TICKS ticks before a boundary it asks in
+        self._asked: set[str] = set()  # sessions that have had their first request
+        self._opened = 0  # sessions seen, for the next one's slot
         self._earliest = 0.0
+        self._release_at = _NEVER  # the boundary the requests made so far are sent at
         self._known = 0  # sessions at the last scan
         self._summaries = _Summaries()
-        self._finished: deque[Plan] = deque()  # polled, not applied yet (oldest first)
         self.applied = 0
 
     def on_tick(self, now_ns: int) -> None:
-        """Cheap unless a period boundary is due: one comparison, then one non-blocking poll."""
+        """Cheap unless requests are due: one comparison, then one non-blocking poll."""
         ex = self.executor
         if now_ns >= self._earliest or len(ex.sessions) != self._known:
             self._scan(now_ns)
-        finished = self._finished
-        finished.extend(self.scheduler.poll())
-        for _ in range(min(len(finished), _APPLY_PER_TICK)):
-            plan = finished.popleft()
+        if now_ns >= self._release_at:
+            self.scheduler.release()
+            self._release_at = _NEVER
+        for plan in self.scheduler.poll(_APPLY_PER_TICK):
             session = ex.sessions.get(plan.session_id)
             if session is None or session.clock is not Clock.REALTIME:
                 continue
@@ -195,6 +202,8 @@ class RealtimePlanning:
                 if s.clock is not Clock.REALTIME:
                     self._due[session_id] = _NEVER
                     continue
+                self._slot[session_id] = self._opened % _SPREAD_TICKS
+                self._opened += 1
                 due = now_ns
             if now_ns >= due:
                 obs = s.pending if s.pending is not None else s.current
@@ -202,7 +211,15 @@ class RealtimePlanning:
                     earliest = now_ns
                     continue
                 self.scheduler.request(session_id, obs.features, now_ns)
-                due = self._next_boundary(now_ns)
+                # a session's first request goes out at once; later ones with the batch of the
+                # boundary just ahead (they are made in the ticks before it)
+                first = session_id not in self._asked
+                self._asked.add(session_id)
+                # the boundary it was asked for: the nearest one (the tick grid is not the period
+                # grid, so the last few requests come a little after it)
+                boundary = (now_ns + self.period_ns // 2) // self.period_ns * self.period_ns
+                self._release_at = min(self._release_at, now_ns if first else boundary)
+                due = self._next_boundary(now_ns) - self._slot[session_id] * self.executor.period_ns
                 self._due[session_id] = due
             earliest = min(earliest, due)
         self._earliest = earliest
@@ -224,10 +241,10 @@ class RealtimePlanning:
 
     def forget(self, session_id: str) -> None:
         self._due.pop(session_id, None)
+        self._slot.pop(session_id, None)
+        self._asked.discard(session_id)
         self._summaries.forget(session_id)
-        self.scheduler.forget(session_id)
-        if any(p.session_id == session_id for p in self._finished):  # a new session may reuse the id
-            self._finished = deque(p for p in self._finished if p.session_id != session_id)
+        self.scheduler.forget(session_id)  # its finished plans too: a new session may reuse the id
         self._earliest = 0.0  # rescan: another session may have taken this one's place
 
 
@@ -239,7 +256,7 @@ class ServerPlanning:
         self.factory = factory or source_factory(cfg)
         self.deadline_s = worker_deadline_s(cfg)
         self.scheduler = PlanScheduler(self.factory, period_s=cfg.period_ms / 1e3, deadline_s=self.deadline_s,
-                                       mode=cfg.worker)
+                                       mode=cfg.worker, hold=True)
         self.realtime = RealtimePlanning(executor, self.scheduler, cfg.period_ns)
         self.lockstep: LockstepPlanning | None = None
         # LOCKSTEP plans run here, awaited by their stream: the loop (and REALTIME ticks) keeps going.

@@ -42,16 +42,15 @@ def request_to_pb(request: PlanRequest) -> pb.PlanRequest:
     return msg
 
 
-def request_bytes(session_id: str, features: npt.NDArray[np.float32], now_ns: int, previous_id: str = "",
-                  previous_pb: bytes = b"") -> bytes:
+def request_bytes(session_id: str, features: npt.NDArray[np.float32], now_ns: int, previous_pb: bytes = b"") -> bytes:
     """A serialised PlanRequest built in one go: the same message as request_to_pb(...).SerializeToString()
     for a previous plan whose PlanResponse bytes are previous_pb, at half the cost (the server's tick
-    loop encodes a whole batch in one tick, and the previous plan is taken in as the bytes it came
-    in, not rebuilt field by field)."""
+    loop encodes its requests, and the previous plan is taken in as the bytes it came in, not
+    rebuilt field by field)."""
     msg = pb.PlanRequest(session_id=session_id, features=features.tolist(), now_ns=now_ns)
     if previous_pb:
-        msg.previous_plan_id = previous_id
         msg.previous.MergeFromString(previous_pb)
+        msg.previous_plan_id = msg.previous.plan_id
     return msg.SerializeToString()
 
 

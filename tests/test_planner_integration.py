@@ -242,8 +242,9 @@ def test_realtime_remote_planner_that_never_answers_in_time(test_model_path: Pat
 
 def test_realtime_sessions_opened_apart_share_one_batch_per_period(test_model_path: Path) -> None:
     """Sessions that open at different ticks are planned at once the first time, then together: one
-    batch (one rollout) per period, not one small batch for every tick some session opened in; the
-    plans of a batch are applied a few a tick."""
+    batch (one rollout) per period, not one small batch for every tick some session opened in, even
+    though their requests are made over a few ticks before the boundary; the plans of a batch are
+    applied a few a tick."""
     from controller.planning import RealtimePlanning
     from executor.snapshot import Observation
     from planner.scheduler import PlanScheduler
@@ -251,19 +252,20 @@ def test_realtime_sessions_opened_apart_share_one_batch_per_period(test_model_pa
     period_ns, tick_ns, n = 200_000_000, 5_000_000, 12
     ex = Executor(DecisionModel(test_model_path))
     features = np.asarray(_sensor(), np.float32)
-    with PlanScheduler(BehaviourPlanner, period_s=period_ns / 1e9, deadline_s=2.0) as sched:
+    with PlanScheduler(BehaviourPlanner, period_s=period_ns / 1e9, deadline_s=2.0, hold=True) as sched:
         planning = RealtimePlanning(ex, sched, period_ns)
         start = 10**12 + 3 * tick_ns  # a tick grid that is not the period grid
-        applied_per_tick = []
+        applied_per_tick, asked_per_tick = [], []
         for k in range(5 * 40 + 1):  # five periods of 5 ms ticks (simulated time, real worker)
             now = start + k * tick_ns
             if k % 3 == 0 and k // 3 < n:  # session i opens at tick 3 i
                 ex.open_session(f"car-{k // 3}")
             for session_id in ex.sessions:
                 ex.submit(session_id, Observation(seq=k + 1, timestamp_ns=now, features=features, arrival_ns=now))
-            before = planning.applied
+            before, asked = planning.applied, sched.stats()["requests"]
             planning.on_tick(now)
             applied_per_tick.append(planning.applied - before)
+            asked_per_tick.append(sched.stats()["requests"] - asked)
             time.sleep(0.003)
         give_up = time.monotonic() + 5.0
         while sched.stats()["in_flight"] or sched.stats()["pending"] or planning.applied < sched.stats()["plans"]:
@@ -278,3 +280,28 @@ def test_realtime_sessions_opened_apart_share_one_batch_per_period(test_model_pa
     assert sizes[-3:] == [n, n, n], sizes
     assert stats["requests"] == stats["plans"] == planning.applied and stats["overruns"] == 0
     assert stats["requests"] <= n + 5 * n  # five period boundaries
+    # once all are open, a boundary's requests are made over four ticks, about n / 4 a tick
+    assert max(asked_per_tick[-80:]) <= -(-n // 4) + 1 and sum(asked_per_tick[-80:]) == 2 * n
+
+
+def test_a_request_made_just_after_its_boundary_is_sent_in_that_period(test_model_path: Path) -> None:
+    """A session asks in the first tick at or after its boundary (the tick grid is not the period
+    grid): its request is released at once, every period, not one period late every other time."""
+    from controller.planning import RealtimePlanning
+    from executor.snapshot import Observation
+    from planner.scheduler import PlanScheduler
+
+    period_ns, tick_ns = 200_000_000, 5_000_000
+    ex = Executor(DecisionModel(test_model_path))
+    ex.open_session("solo")
+    features = np.asarray(_sensor(), np.float32)
+    with PlanScheduler(BehaviourPlanner, period_s=period_ns / 1e9, deadline_s=2.0, hold=True) as sched:
+        planning = RealtimePlanning(ex, sched, period_ns)
+        start = 10**12 + 3_000_000  # ticks 3 ms after each boundary
+        for k in range(6 * 40):
+            now = start + k * tick_ns
+            ex.submit("solo", Observation(seq=k + 1, timestamp_ns=now, features=features, arrival_ns=now))
+            planning.on_tick(now)
+            time.sleep(0.002)
+        stats = sched.stats()
+    assert stats["overruns"] == 0 and stats["batches"] >= 6 and stats["plans"] >= 5, stats

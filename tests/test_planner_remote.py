@@ -90,8 +90,8 @@ def test_request_bytes_is_request_to_pb():
     previous = Plan("p/1", "car", 5, 10**9, "x", "change_left", 22.5, 3.5)
     for prev in (None, previous):
         request = PlanRequest("car", features(), 200_000_005, prev)
-        fast = request_bytes("car", request.features, request.now_ns, *((prev.plan_id, plan_to_pb(prev).SerializeToString())
-                                                                      if prev else ()))
+        fast = request_bytes("car", request.features, request.now_ns,
+                             plan_to_pb(prev).SerializeToString() if prev else b"")
         assert pb.PlanRequest.FromString(fast) == request_to_pb(request)
         back = request_from_pb(pb.PlanRequest.FromString(fast))
         assert back.previous == prev and back.now_ns == request.now_ns
