@@ -29,6 +29,7 @@ class ExpertParams:
     emergency_ttc_s: float = 3.0
     plan_period_s: float = 0.2
     lane_change_s: float = 4.0
+    min_change_speed: float = 3.0  # m/s: no lane change is started slower than this
     cooldown_s: float = 4.0
     politeness: float = 0.2
     threshold: float = 0.4
@@ -137,7 +138,11 @@ class Expert:
             best_gain = np.where(ok, gain, best_gain)
             best_dir = np.where(ok, direction, best_dir)
 
-        can_start = ~self.changing & (t - self.last_change_end >= p.cooldown_s) & (t >= 1.0)
+        # Not from a standstill: behind a stopped car the own lane's leader holds the expert at 0 m/s,
+        # and pure pursuit at 0 m/s steered at full lock for the rest of the drive (14 of 24
+        # stopped_vehicle_ahead episodes, a quarter of their samples, labelled with full-lock steering).
+        can_start = (~self.changing & (t - self.last_change_end >= p.cooldown_s) & (t >= 1.0)
+                     & (v >= p.min_change_speed))
         start = can_start & (best_dir != 0)
         self.target_lane = np.where(start, lane + best_dir, np.where(self.changing, self.target_lane, lane))
         self.lc_from = np.where(start, d, self.lc_from)
@@ -150,12 +155,12 @@ class Expert:
         obstacle_stopped = (fv[rows, tgt_idx] < 0.5) & (fg[rows, tgt_idx] < 80.0)
         stop = ~self.changing & obstacle_stopped
         direction = self.target_lane - lane
+        # Once across the lane boundary the plan says "keep" (offset 0) while the manoeuvre settles on
+        # the new lane's centre, as the behaviour planner's plans do: a plan that kept the change's
+        # behaviour there taught the executor a "finish the change" it then missed with a planner.
         self.behaviour = np.where(
             stop, STOP, np.where(direction > 0, LEFT, np.where(direction < 0, RIGHT, KEEP))
         )
-        self.behaviour = np.where(self.changing & (direction == 0),
-                                  np.where(self.target_lane > np.rint(self.lc_from / width), LEFT, RIGHT),
-                                  self.behaviour)
         self.target_speed = np.where(stop, 0.0, self.cruise)
         self.plan_vector = make_plan(self.target_speed, direction * width, self.behaviour)
         return self.plan_vector

@@ -26,3 +26,13 @@ def test_expert_answers_a_hard_braking_lead() -> None:
     swerved = (data.plan[..., PLAN_INDEX["plan_keep"]] == 0).any(axis=1)
     assert (hard | swerved).all()  # either it brakes hard or it plans around the lead
     assert hard.any() and sum(m.hard_brakes for m in metrics) >= 1
+
+
+def test_no_lane_change_from_a_standstill() -> None:
+    """Behind a stopped car the expert waits rather than steering at full lock at 0 m/s."""
+    _, data = run_expert_batch("stopped_vehicle_ahead", SEEDS, every=20)
+    behaviour = data.plan[..., PLAN_INDEX["plan_keep"]:].argmax(axis=2)
+    changing = (behaviour == 1) | (behaviour == 2)
+    still = data.features[..., 0] < 1.0
+    assert not (changing & still & data.valid).any()
+    assert np.abs(data.controls[..., 1][data.valid]).max() < 0.2
