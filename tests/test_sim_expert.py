@@ -28,6 +28,46 @@ def test_expert_answers_a_hard_braking_lead() -> None:
     assert hard.any() and sum(m.hard_brakes for m in metrics) >= 1
 
 
+def test_target_speeds_change_within_training_drives() -> None:
+    """Training roll-outs: drives whose target follows the traffic (on the planner's ladder), drives
+    whose target steps at random, drives at their cruise speed; the plan states the target."""
+    from sim.env import EXPERT_TARGET_STEPS as steps
+    from sim.scenarios import build_scenario
+
+    instance = build_scenario("dense_traffic", SEEDS)
+    schedule = steps.sample(SEEDS, instance.cruise_speed, instance.duration_s)
+    follow = schedule.follow
+    random = ~follow & np.isfinite(schedule.starts[:, 1])
+    fixed = ~follow & ~random
+    assert follow.any() and random.any() and fixed.any()
+    metrics, data = run_expert_batch("dense_traffic", SEEDS, every=20)
+    assert not [m.seed for m in metrics if m.collisions or m.off_road]
+    target = data.plan[..., PLAN_INDEX["target_speed"]].astype(np.float64)
+    cruise = np.broadcast_to(instance.cruise_speed[:, None], target.shape)
+    assert (target >= steps.low_fraction * cruise - 1e-3).all() and (target <= cruise + 1e-3).all()
+    np.testing.assert_allclose(target[fixed], cruise[fixed], atol=1e-4)
+    # traffic at 12-16 m/s: a target that follows it is well below the cruise speed, on the ladder
+    rungs = target[follow] / (steps.step_fraction * cruise[follow])
+    np.testing.assert_allclose(rungs, np.round(rungs), atol=1e-3)
+    assert np.median(target[follow]) <= 0.7 * 25.0
+    # random steps hold for at least dwell_s[0] between changes
+    for b in np.flatnonzero(random):
+        changes = np.flatnonzero(np.abs(np.diff(target[b])) > 1e-3)
+        assert changes.size >= 1 and (np.diff(data.t[changes]) >= steps.dwell_s[0] - 0.2).all()
+
+
+def test_closed_loop_scenarios_keep_one_target_and_ood_ones_never_step() -> None:
+    from sim.env import make_scenario
+    from sim.scenarios import OOD_SCENARIOS
+
+    env = make_scenario("dense_traffic", 3)
+    assert env.expert.schedule is None  # the simulator's own plans in closed loop: the cruise speed
+    for name in OOD_SCENARIOS:
+        _, data = run_expert_batch(name, [1, 2], every=200)
+        speeds = data.plan[..., PLAN_INDEX["target_speed"]][data.valid]
+        assert len(np.unique(speeds[speeds > 0])) <= 2  # one cruise speed per drive
+
+
 def test_no_lane_change_from_a_standstill() -> None:
     """Behind a stopped car the expert waits rather than steering at full lock at 0 m/s."""
     _, data = run_expert_batch("stopped_vehicle_ahead", SEEDS, every=20)
