@@ -22,7 +22,7 @@ import numpy.typing as npt
 from sim.expert import Expert, TargetSteps
 from sim.metrics import EpisodeMetrics, MetricsRecorder
 from sim.scenarios import SCENARIOS, ScenarioInstance, build_scenario
-from sim.schema import N_FEATURES, N_PLAN, label_from_accel
+from sim.schema import N_FEATURES, N_PLAN, PLAN_INDEX, label_from_accel
 from sim.sensors import Sensors
 from sim.world import EGO
 
@@ -141,6 +141,13 @@ class ExpertData:
     label: npt.NDArray[np.int64]  # (B, T) index into ACTIONS
     controls: npt.NDArray[np.float32]  # (B, T, 2) accel, steer
     valid: npt.NDArray[np.bool_]  # (B, T) False after an episode ended (crash)
+    # With relabel: the same recorded states under another target speed (TargetSteps.alternatives),
+    # as if a planner had just switched to it, and the expert's controls for it (the steering is
+    # the same; "stop" plans keep theirs). Teaches the executor that the target speed changes how
+    # it accelerates, never where it steers. None without.
+    alt_plan: npt.NDArray[np.float32] | None = None  # (B, T, N_PLAN)
+    alt_label: npt.NDArray[np.int64] | None = None  # (B, T)
+    alt_controls: npt.NDArray[np.float32] | None = None  # (B, T, 2)
 
 
 @dataclass(frozen=True)
@@ -176,7 +183,7 @@ EXPERT_TARGET_STEPS: TargetSteps = TargetSteps()
 
 def run_expert_batch(
     name: str, seeds: Sequence[int], every: int = 1, noise: ActionNoise | None = None, see_lane_ends: bool = True,
-    target_steps: TargetSteps | None = EXPERT_TARGET_STEPS, **params: Any,
+    target_steps: TargetSteps | None = EXPERT_TARGET_STEPS, relabel: bool = False, **params: Any,
 ) -> tuple[list[EpisodeMetrics], ExpertData]:
     """Drive len(seeds) episodes with the expert, recording every `every`-th step.
 
@@ -185,6 +192,8 @@ def run_expert_batch(
     target_steps: how the expert's target speed changes within a nominal drive (None: the scenario's
     cruise speed throughout). Out-of-distribution scenarios always keep their own speeds: the fault
     is what they are about, and speed_out_of_range is defined by its speed.
+    relabel: also record every state under another target speed (ExpertData.alt_plan); needs
+    target_steps and a nominal scenario.
     """
     steps = target_steps if name in SCENARIOS and not SCENARIOS[name].ood else None
     env = make_batch(name, seeds, see_lane_ends=see_lane_ends, target_steps=steps, **params)
@@ -196,6 +205,11 @@ def run_expert_batch(
     controls = np.zeros((b, n_rec, 2), dtype=np.float32)
     valid = np.zeros((b, n_rec), dtype=bool)
     times = np.zeros(n_rec)
+    relabelling = relabel and steps is not None
+    if relabelling:
+        alt_speed = steps.alternatives(seeds, env.instance.cruise_speed, n_rec)
+        alt_plans = np.zeros_like(plans)
+        alt_accel = np.zeros((b, n_rec), dtype=np.float32)
     k = 0
     while not env.done:
         accel, steer = env.expert.act()
@@ -205,6 +219,13 @@ def run_expert_batch(
             controls[:, k, 0], controls[:, k, 1] = accel, steer
             valid[:, k] = ~env.done_mask
             times[k] = env.t
+            if relabelling:
+                stop = p[:, PLAN_INDEX["plan_stop"]] > 0.5
+                other, _ = env.expert.act(alt_speed[:, k])
+                alt_plans[:, k] = p
+                alt_plans[:, k, PLAN_INDEX["target_speed"]] = np.where(stop, p[:, PLAN_INDEX["target_speed"]],
+                                                                       alt_speed[:, k])
+                alt_accel[:, k] = np.where(stop, accel, other)
             k += 1
         if accel_noise is not None:
             i = env.step_index
@@ -212,6 +233,11 @@ def run_expert_batch(
         env.step(accel, steer)
     data = ExpertData(times[:k], feats[:, :k], plans[:, :k], label_from_accel(controls[:, :k, 0]),
                       controls[:, :k], valid[:, :k])
+    if relabelling:
+        alt_controls = controls[:, :k].copy()
+        alt_controls[..., 0] = alt_accel[:, :k]
+        data.alt_plan, data.alt_label, data.alt_controls = (alt_plans[:, :k], label_from_accel(alt_accel[:, :k]),
+                                                            alt_controls)
     metrics = env.metrics()
     assert isinstance(metrics, list)
     return metrics, data

@@ -139,6 +139,17 @@ class TargetSteps:
         keep = (current >= np.minimum(limit, up) - 1e-9) & (current <= up + self.hysteresis_mps) & (current >= low)
         return np.where(keep & (current <= cruise), current, up)
 
+    def alternatives(self, seeds: Sequence[int], cruise: npt.ArrayLike, n: int) -> FloatArray:
+        """(B, n) other target speeds from the same distribution, one per recorded step of each
+        episode (its own stream of the episode's seed): the plan a planner might have switched to."""
+        cruise = np.broadcast_to(np.asarray(cruise, dtype=np.float64), (len(seeds),))
+        out = np.empty((len(seeds), n))
+        for b, (seed, top) in enumerate(zip(seeds, cruise)):
+            rng = np.random.default_rng([int(seed), self.seed, 0xA17])
+            low = min(max(self.lowest, self.low_fraction * top), top)
+            out[b] = np.where(rng.random(n) < self.at_cruise, top, rng.uniform(low, top, n))
+        return out
+
 
 def expert_idm(
     v: FloatArray, v0: FloatArray, gap: FloatArray, v_lead: FloatArray, p: ExpertParams,
@@ -285,10 +296,11 @@ class Expert:
         return self.plan_vector
 
     # ---- 5 ms: controls ---------------------------------------------------------------------
-    def act(self) -> tuple[FloatArray, FloatArray]:
-        """Controls (accel m/s^2, steer rad), each (B,), for the current state."""
+    def act(self, desired: FloatArray | None = None) -> tuple[FloatArray, FloatArray]:
+        """Controls (accel m/s^2, steer rad), each (B,), for the current state; with `desired`, what
+        they would be with that target speed instead of the current one (the steering is the same)."""
         w, p = self.world, self.p
-        desired = self.desired
+        desired = self.desired if desired is None else desired
         t = w.t
         lane = w.ego_lane()
         v, d, psi = w.v[:, EGO], w.d[:, EGO], w.ego_psi

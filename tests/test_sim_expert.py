@@ -63,9 +63,27 @@ def test_closed_loop_scenarios_keep_one_target_and_ood_ones_never_step() -> None
     env = make_scenario("dense_traffic", 3)
     assert env.expert.schedule is None  # the simulator's own plans in closed loop: the cruise speed
     for name in OOD_SCENARIOS:
-        _, data = run_expert_batch(name, [1, 2], every=200)
+        _, data = run_expert_batch(name, [1, 2], every=200, relabel=True)
+        assert data.alt_plan is None
         speeds = data.plan[..., PLAN_INDEX["target_speed"]][data.valid]
         assert len(np.unique(speeds[speeds > 0])) <= 2  # one cruise speed per drive
+
+
+def test_relabelled_states_keep_the_steering_and_brake_for_a_lower_target() -> None:
+    """The same recorded state under another target: the expert's steering does not change, its
+    acceleration follows the target (lower target, never more acceleration)."""
+    _, data = run_expert_batch("dense_traffic", [11, 12, 13], every=20, relabel=True)
+    assert data.alt_plan is not None and data.alt_label is not None and data.alt_controls is not None
+    np.testing.assert_array_equal(data.alt_controls[..., 1], data.controls[..., 1])
+    np.testing.assert_array_equal(np.delete(data.alt_plan, PLAN_INDEX["target_speed"], axis=2),
+                                  np.delete(data.plan, PLAN_INDEX["target_speed"], axis=2))
+    np.testing.assert_array_equal(data.alt_label, label_from_accel(data.alt_controls[..., 0]))
+    t_old = data.plan[..., PLAN_INDEX["target_speed"]]
+    t_new = data.alt_plan[..., PLAN_INDEX["target_speed"]]
+    lower, higher = t_new < t_old - 1.0, t_new > t_old + 1.0
+    assert lower.any() and higher.any()
+    assert (data.alt_controls[..., 0][lower] <= data.controls[..., 0][lower] + 1e-6).all()
+    assert (data.alt_controls[..., 0][higher] >= data.controls[..., 0][higher] - 1e-6).all()
 
 
 def test_no_lane_change_from_a_standstill() -> None:
