@@ -39,6 +39,11 @@ class DataConfig:
     # Executed-action noise (labels stay clean) so the data shows how to recover from drift; without
     # it the learned steering was unstable in closed loop (it steered into the lane error).
     noise: ActionNoise | None = ActionNoise()
+    # Every recorded state a second time under another target speed, with the expert's controls for
+    # it (sim.env.ExpertData.alt_plan): the target then changes how the model accelerates, not where
+    # it steers. A model trained on stepped targets alone still turned a lane change back when the
+    # plan's target moved from 12.5 to 17.5 m/s in the middle of it (slow_merge, seed 900002).
+    relabel_targets: bool = True
 
     def __post_init__(self) -> None:
         counts = (self.train_episodes, self.val_episodes, self.test_episodes)
@@ -117,13 +122,16 @@ def generate(config: DataConfig, seed: int, on_scenario: Callable[[str], None] |
         per_split = {s: split_seeds(seed, s, si, config.episodes(s)) for s in SPLITS}
         all_seeds = [x for s in SPLITS for x in per_split[s]]
         _, data = run_expert_batch(name, all_seeds, every=config.every, noise=config.noise,
-                                   see_lane_ends=TRAINING_SEES_LANE_ENDS, **params)
+                                   see_lane_ends=TRAINING_SEES_LANE_ENDS, relabel=config.relabel_targets, **params)
         start = 0
         for s in SPLITS:
             sl = slice(start, start + len(per_split[s]))
             start = sl.stop
             parts[s].append(_flatten(data.features[sl], data.plan[sl], data.label[sl], data.controls[sl],
                                      data.valid[sl], si))
+            if data.alt_plan is not None and data.alt_label is not None and data.alt_controls is not None:
+                parts[s].append(_flatten(data.features[sl], data.alt_plan[sl], data.alt_label[sl],
+                                         data.alt_controls[sl], data.valid[sl], si))
             seeds[s] += per_split[s]
         if on_scenario is not None:
             on_scenario(name)

@@ -18,8 +18,9 @@ neighbouring lanes comes from the front/rear gap and relative-speed features. Wh
 than 6 s of rollout can, it looks further: a lane with a stationary obstacle still ahead at the end
 of the horizon (a stopped car, or the end of an on-ramp, which the sensors report as one) is a dead
 end to leave through the first safe gap, and a slower car close ahead in the next lane is one that
-may cut in, to be passed without speeding up. Its target speeds stay within what the executor was
-trained to follow (BehaviourParams.speed_steps).
+may cut in, to be passed without speeding up. Its target speeds are a ladder of fractions of the
+cruise speed (BehaviourParams.speed_steps): the executor was trained on targets that step within a
+drive over that range (sim.expert.TargetSteps).
 """
 
 from __future__ import annotations
@@ -63,23 +64,19 @@ class BehaviourParams:
     lane_width: float = 3.5
     horizon_s: float = 6.0
     step_s: float = 0.1
-    # Target speeds: 0 (come to a stop) and a ladder from the lowest target up to the cruise speed.
-    # The executor was trained on plans whose target is the expert's desired speed for the whole
-    # drive (25 m/s in dense traffic and merges, 22-31 elsewhere) or 0 with "stop", and its steering
-    # depends on that number. Dense traffic at 15 m/s with fixed keep plans: at 22/20/18 m/s instead
-    # of 25 it sat 0.9/1.2/1.4 m off its lane centre, at 14-15 m/s it drove into the next lane (2
-    # collisions in 10 runs), at 31 it sat 0.5-0.8 m left; the gate vetoed none of it. So the target
-    # is never below the ego's speed (floor at the ego's speed instead of the knots below: 2
-    # collisions in 6 dense_traffic runs), and slowing down is left to the leaders in the rollout,
-    # or to a "stop" plan.
-    speed_steps: tuple[float, ...] = (0.0, 0.5, 1.0)  # positions from the lowest target to cruise
-    # (ego speed, lowest target) knots, interpolated: 25 m/s at dense-traffic and merge speeds, 22
-    # m/s from 22 m/s up (where the expert's desired speed was its own starting speed, 22-28).
-    lowest_target: tuple[tuple[float, float], tuple[float, float]] = ((18.0, 25.0), (22.0, 22.0))
+    # Target speeds: 0 (come to a stop) and these fractions of the cruise speed, 2.5 m/s apart at 25
+    # m/s, so that the target follows the traffic. The executor was trained on targets that step
+    # within a drive between 0.3 x and 1 x the drive's cruise speed (sim.expert.TargetSteps); the
+    # model trained on one target per drive steered off its lane centre on any other (dense traffic
+    # at 15 m/s, keep plans at 22/20/18 m/s instead of 25: 0.9/1.2/1.4 m), so the planner had been
+    # held to targets at or above the trained ones.
+    speed_steps: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+    # An ego faster than every target the executor was trained on (the expert's drives cruise at up
+    # to 31 m/s) is told to hold its speed: a target far below it made the executor brake hard and
+    # swerve (speed_out_of_range on the model's default plan left the road).
+    hold_above: float = 31.0
     # No road vehicle's speed (252 km/h): a broken unit (km/h read as m/s) or a broken sensor. The
-    # planner refuses (planning from km/h took 2 of 3 unit_mismatch_kmh runs off the road); below
-    # it, a fast ego is told to hold its speed (a target below it makes the executor brake hard and
-    # swerve: on the model's default plan, speed_out_of_range left the road).
+    # planner refuses (planning from km/h took 2 of 3 unit_mismatch_kmh runs off the road).
     max_speed: float = 70.0
     valid_for_s: float = 1.0
     # Ego longitudinal model (IDM-like, as the executor was trained to drive).
@@ -136,7 +133,19 @@ class BehaviourParams:
     # moves with every small change of the costs is noise (without these two, lead_brakes_hard on 6
     # seeds: 387 vetoed ticks instead of 66).
     w_target: float = 1.0
-    w_retarget: float = 0.3  # per m/s the target moves from the previous plan's, over the cruise speed
+    # Per m/s the target moves from the previous plan's, over the cruise speed. 0.3 let the target
+    # flip between neighbouring steps every period on an on-ramp beside a slow lane, and the executor
+    # was vetoed around the merge (8 slow_merge seeds with the retrained model: 1629 vetoed ticks at
+    # 1.0, 602 at 1.5, 252 at 2.0); at 2.0 the target no longer followed a lead slowing from 17 to
+    # 15 m/s in dense traffic (demo seed).
+    w_retarget: float = 1.5
+    # A leader faster than the ego by pull_away m/s and by pull_away_fraction of the ego's speed is
+    # pulling away (starting off after a stop): it does not cap the target. Held at its present speed
+    # it capped the target at a crawl (7.5 m/s behind one starting off, the ego at 3 m/s beside
+    # traffic at 23, vetoed). With 1 m/s alone, the expert's targets, which follow the same rule,
+    # flipped between 23.6 and 29.5 m/s every period behind a leader barely faster than the ego.
+    pull_away: float = 1.0
+    pull_away_fraction: float = 0.3
     # A slower car close ahead in a neighbouring lane may cut in: staying in lane, the ego is scored
     # on the braking that would take, so the planner does not speed up to pass it closely; the
     # executor reacts to a cut-in only once the car is in its lane (without it, cut_in on the demo
@@ -370,7 +379,11 @@ class BehaviourPlanner:
         closeness = np.clip(1.0 - gap_new[-1] / SENSOR_RANGE_M, 0.0, 1.0)
         dead_end = np.where(stationary & (gap_new[-1] < SENSOR_RANGE_M), closeness, 0.0)
         # The target the plan will state, against the speed the rollout actually ends at.
-        overshoot = np.maximum(cols.target - np.maximum(v_hist[-1], cols.lowest), 0.0)
+        faster = sit.front_v[own, lane] - sit.v0[own]
+        pulling_away = (sit.front_gap[own, lane] < _FAR_M) & (faster > np.maximum(p.pull_away,
+                                                                                 p.pull_away_fraction * sit.v0[own]))
+        reach = np.where(pulling_away, cruise, np.maximum(v_hist[-1], cols.lowest))
+        overshoot = np.maximum(cols.target - reach, 0.0)
 
         # ---- rules of the road ----
         rules = np.where(changing, p.w_change, 0.0)
@@ -464,19 +477,10 @@ class BehaviourPlanner:
         lane = (flat // n_frac) % 3
         step = self._ladder[flat % n_frac]
         cruise = sit.cruise[owner]
-        p = self.params
-        # Never a target below the current speed: the ego already faster than the cruise speed is
-        # told to hold its speed, not to slow down (a keep plan at 25 m/s while doing 28.5 made the
-        # executor brake at 8 m/s^2 and steer across two lanes in nominal_cruise).
-        (v_a, t_a), (v_b, t_b) = p.lowest_target
         v = sit.v0[owner]
-        # This floor also stands above the curve limit, which caps only the top of the ladder: the
-        # simulator's curves (radius 600 m and up) limit nothing below 34 m/s, so the limit only
-        # ever bound on curvature noise, and then sent targets below the ego's speed (noise_burst:
-        # 713 vetoed ticks instead of 0).
-        lowest = np.maximum(np.interp(v, [v_a, v_b], [t_a, t_b]), v)
-        highest = np.maximum(cruise, lowest)
-        target = np.where(step == _STOP, 0.0, lowest + step * (highest - lowest))
+        hold = v > self.params.hold_above
+        lowest = np.where(hold, v, min(self.params.speed_steps) * cruise)
+        target = np.where(step == _STOP, 0.0, np.where(hold, v, step * cruise))
         per_session = sit.exists.sum(axis=1) * n_frac
         starts = np.concatenate([[0], np.cumsum(per_session)])
         return _Columns(owner=owner, lane=lane, target=target, lowest=lowest, starts=starts)

@@ -19,10 +19,10 @@ from typing import Any, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from sim.expert import Expert
+from sim.expert import Expert, TargetSteps
 from sim.metrics import EpisodeMetrics, MetricsRecorder
-from sim.scenarios import ScenarioInstance, build_scenario
-from sim.schema import N_FEATURES, N_PLAN, label_from_accel
+from sim.scenarios import SCENARIOS, ScenarioInstance, build_scenario
+from sim.schema import N_FEATURES, N_PLAN, PLAN_INDEX, label_from_accel
 from sim.sensors import Sensors
 from sim.world import EGO
 
@@ -34,7 +34,9 @@ class SimEnv:
     """A batch of B episodes of one scenario; with squeeze=True (B == 1) arrays lose the batch axis."""
 
     def __init__(self, instance: ScenarioInstance, end_on_collision: bool = True, squeeze: bool = False,
-                 see_lane_ends: bool = True) -> None:
+                 see_lane_ends: bool = True, target_steps: TargetSteps | None = None) -> None:
+        """target_steps: the expert's target speed steps within the drive (training data); None: it
+        follows the scenario's cruise speed throughout, as the simulator's planner in closed loop."""
         if squeeze and len(instance.seeds) != 1:
             raise ValueError("squeeze needs a single episode")
         self.instance = instance
@@ -45,9 +47,11 @@ class SimEnv:
         self.end_on_collision = end_on_collision
         self.squeeze = squeeze
         self.sensors = Sensors(self.world, instance.seeds, instance.fault, see_lane_ends)
-        self.expert = Expert(self.world, instance.cruise_speed)
-        self._plan_every = max(1, int(round(PLAN_PERIOD_S / self.world.dt)))
         self.n_steps = int(math.ceil(self.duration_s / self.world.dt - 1e-9))
+        schedule = (None if target_steps is None
+                    else target_steps.sample(instance.seeds, instance.cruise_speed, self.duration_s))
+        self.expert = Expert(self.world, instance.cruise_speed, schedule=schedule)
+        self._plan_every = max(1, int(round(PLAN_PERIOD_S / self.world.dt)))
         self.recorder = MetricsRecorder(self.batch, self.n_steps, self.world.dt)
         self.finished = np.zeros(self.batch, dtype=bool)
 
@@ -121,10 +125,10 @@ def make_scenario(name: str, seed: int, end_on_collision: bool = True, see_lane_
 
 
 def make_batch(name: str, seeds: Sequence[int], end_on_collision: bool = True, see_lane_ends: bool = True,
-               **params: Any) -> SimEnv:
+               target_steps: TargetSteps | None = None, **params: Any) -> SimEnv:
     """len(seeds) episodes of a scenario stepped together, arrays with a leading batch axis."""
     return SimEnv(build_scenario(name, list(seeds), **params), end_on_collision=end_on_collision,
-                  see_lane_ends=see_lane_ends)
+                  see_lane_ends=see_lane_ends, target_steps=target_steps)
 
 
 @dataclass
@@ -137,6 +141,13 @@ class ExpertData:
     label: npt.NDArray[np.int64]  # (B, T) index into ACTIONS
     controls: npt.NDArray[np.float32]  # (B, T, 2) accel, steer
     valid: npt.NDArray[np.bool_]  # (B, T) False after an episode ended (crash)
+    # With relabel: the same recorded states under another target speed (TargetSteps.alternatives),
+    # as if a planner had just switched to it, and the expert's controls for it (the steering is
+    # the same; "stop" plans keep theirs). Teaches the executor that the target speed changes how
+    # it accelerates, never where it steers. None without.
+    alt_plan: npt.NDArray[np.float32] | None = None  # (B, T, N_PLAN)
+    alt_label: npt.NDArray[np.int64] | None = None  # (B, T)
+    alt_controls: npt.NDArray[np.float32] | None = None  # (B, T, 2)
 
 
 @dataclass(frozen=True)
@@ -165,16 +176,27 @@ class ActionNoise:
         return out[0] * self.accel_std, out[1] * self.steer_std
 
 
+# The expert's target speed in the roll-outs that train the executor and fit its gates (and in the
+# gates' nominal evaluation): it changes within a drive, as a planner's does (TargetSteps).
+EXPERT_TARGET_STEPS: TargetSteps = TargetSteps()
+
+
 def run_expert_batch(
     name: str, seeds: Sequence[int], every: int = 1, noise: ActionNoise | None = None, see_lane_ends: bool = True,
-    **params: Any,
+    target_steps: TargetSteps | None = EXPERT_TARGET_STEPS, relabel: bool = False, **params: Any,
 ) -> tuple[list[EpisodeMetrics], ExpertData]:
     """Drive len(seeds) episodes with the expert, recording every `every`-th step.
 
     With `noise`, the executed action is the expert's plus the noise; the recorded controls and
     labels are always the expert's own. see_lane_ends: see sim.sensors.true_features.
+    target_steps: how the expert's target speed changes within a nominal drive (None: the scenario's
+    cruise speed throughout). Out-of-distribution scenarios always keep their own speeds: the fault
+    is what they are about, and speed_out_of_range is defined by its speed.
+    relabel: also record every state under another target speed (ExpertData.alt_plan); needs
+    target_steps and a nominal scenario.
     """
-    env = make_batch(name, seeds, see_lane_ends=see_lane_ends, **params)
+    steps = target_steps if name in SCENARIOS and not SCENARIOS[name].ood else None
+    env = make_batch(name, seeds, see_lane_ends=see_lane_ends, target_steps=steps, **params)
     accel_noise, steer_noise = noise.sample(seeds, env.n_steps, env.world.dt) if noise else (None, None)
     n_rec = (env.n_steps + every - 1) // every
     b = env.batch
@@ -183,6 +205,11 @@ def run_expert_batch(
     controls = np.zeros((b, n_rec, 2), dtype=np.float32)
     valid = np.zeros((b, n_rec), dtype=bool)
     times = np.zeros(n_rec)
+    relabelling = relabel and steps is not None
+    if relabelling:
+        alt_speed = steps.alternatives(seeds, env.instance.cruise_speed, n_rec)
+        alt_plans = np.zeros_like(plans)
+        alt_accel = np.zeros((b, n_rec), dtype=np.float32)
     k = 0
     while not env.done:
         accel, steer = env.expert.act()
@@ -192,6 +219,13 @@ def run_expert_batch(
             controls[:, k, 0], controls[:, k, 1] = accel, steer
             valid[:, k] = ~env.done_mask
             times[k] = env.t
+            if relabelling:
+                stop = p[:, PLAN_INDEX["plan_stop"]] > 0.5
+                other, _ = env.expert.act(alt_speed[:, k])
+                alt_plans[:, k] = p
+                alt_plans[:, k, PLAN_INDEX["target_speed"]] = np.where(stop, p[:, PLAN_INDEX["target_speed"]],
+                                                                       alt_speed[:, k])
+                alt_accel[:, k] = np.where(stop, accel, other)
             k += 1
         if accel_noise is not None:
             i = env.step_index
@@ -199,6 +233,11 @@ def run_expert_batch(
         env.step(accel, steer)
     data = ExpertData(times[:k], feats[:, :k], plans[:, :k], label_from_accel(controls[:, :k, 0]),
                       controls[:, :k], valid[:, :k])
+    if relabelling:
+        alt_controls = controls[:, :k].copy()
+        alt_controls[..., 0] = alt_accel[:, :k]
+        data.alt_plan, data.alt_label, data.alt_controls = (alt_plans[:, :k], label_from_accel(alt_accel[:, :k]),
+                                                            alt_controls)
     metrics = env.metrics()
     assert isinstance(metrics, list)
     return metrics, data

@@ -3,10 +3,16 @@
 Two rates, like the product: plan() runs every 200 ms (lane-change decision, behaviour, target
 speed), act() runs every 5 ms step (IDM-style longitudinal control with emergency braking, pure
 pursuit on a smooth lane-change reference). Everything is vectorised over the batch.
+
+The target speed it follows (and states in its plan) is the drive's cruise speed, or with
+TargetSteps one that changes within the drive: with the traffic, as the behaviour planner's does, or
+at random times among lower speeds. The executor learns from those drives to follow a plan's target
+wherever it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +35,7 @@ class ExpertParams:
     emergency_ttc_s: float = 3.0
     plan_period_s: float = 0.2
     lane_change_s: float = 4.0
+    min_change_speed: float = 3.0  # m/s: no lane change is started slower than this
     cooldown_s: float = 4.0
     politeness: float = 0.2
     threshold: float = 0.4
@@ -38,6 +45,110 @@ class ExpertParams:
     merge_time_gap: float = 0.8  # accepted headway behind the car we merge behind
     lookahead_s: float = 0.9
     min_lookahead_m: float = 6.0
+
+
+@dataclass(frozen=True)
+class TargetSchedule:
+    """What TargetSteps drew for a batch: segment k of episode b runs from starts[b, k] (starts[b, 0]
+    is 0, unused slots are +inf) at speeds[b, k]; where follow[b], the target follows the traffic."""
+
+    starts: FloatArray  # (B, K)
+    speeds: FloatArray  # (B, K)
+    follow: npt.NDArray[np.bool_]  # (B,)
+    steps: "TargetSteps"
+
+
+@dataclass(frozen=True)
+class TargetSteps:
+    """How a drive's target speed changes, drawn per episode from the episode's seed (so an episode
+    does not depend on its batch). Three kinds of drive:
+
+    - follow (share `follow`): the target says what the lane allows, as the behaviour planner's does
+      (planner.behaviour): the speed of a slower leader within reach in the lane the expert is in or
+      moving to, rounded up to a step of 0.1 x the cruise speed (never below low_fraction x it), the
+      cruise speed with the lane free or its leader pulling away;
+    - random steps (share `share`): segments of dwell_s (uniform), each at the cruise speed with
+      probability at_cruise, else uniform in [max(lowest, low_fraction * cruise), cruise], so the
+      executor also sees targets that have nothing to do with the traffic (a planner slowing down
+      beside a car that may cut in);
+    - the others keep their cruise speed throughout.
+
+    An executor trained on one target per drive steered off its lane centre when a plan's target was
+    below the drive's (dense traffic at 18 m/s: 1.3 m). The gates are fitted on the same roll-outs,
+    which is why most drives do not step at random: with every drive stepping, few passed a stopped
+    car at cruise speed (the input gate then vetoed the planner's ego doing so at 22 m/s in
+    lead_brakes_hard), and random slow segments left the ego alone on the road, where the raw
+    features' norm (every gap at the sensor range) is beyond the input gate's band.
+    """
+
+    follow: float = 0.5
+    share: float = 0.3
+    dwell_s: tuple[float, float] = (3.0, 8.0)
+    at_cruise: float = 0.4
+    low_fraction: float = 0.3
+    lowest: float = 5.0
+    step_fraction: float = 0.1  # the follow targets' rounding, as the planner's ladder
+    reach_s: float = 5.0  # a leader closer than this many seconds at the ego's speed (or reach_m) limits
+    reach_m: float = 50.0
+    # A leader faster than the ego by this many m/s, and by this fraction of the ego's speed, is
+    # pulling away (starting off after a stop) and does not limit, as in the planner.
+    pull_away: float = 1.0
+    pull_away_fraction: float = 0.3
+    hysteresis_mps: float = 1.0
+    seed: int = 0
+
+    def sample(self, seeds: Sequence[int], cruise: npt.ArrayLike, duration_s: float) -> TargetSchedule:
+        cruise = np.broadcast_to(np.asarray(cruise, dtype=np.float64), (len(seeds),))
+        rows: list[tuple[list[float], list[float]]] = []
+        follow = np.zeros(len(seeds), dtype=bool)
+        for b, (seed, top) in enumerate(zip(seeds, cruise)):
+            rng = np.random.default_rng([int(seed), self.seed, 0x7A6E7])
+            low = min(max(self.lowest, self.low_fraction * top), top)
+            kind = rng.random()
+            follow[b] = kind < self.follow
+            if follow[b] or kind >= self.follow + self.share:  # no random steps
+                rows.append(([0.0], [float(top)]))
+                continue
+            starts, speeds, t = [], [], 0.0
+            while t < duration_s:
+                starts.append(t)
+                speeds.append(float(top) if rng.random() < self.at_cruise else float(rng.uniform(low, top)))
+                t += float(rng.uniform(*self.dwell_s))
+            rows.append((starts, speeds))
+        k = max(len(st) for st, _ in rows)
+        starts_arr = np.full((len(seeds), k), np.inf)
+        speeds_arr = np.repeat(cruise[:, None], k, axis=1).astype(np.float64)
+        for b, (st, sp) in enumerate(rows):
+            starts_arr[b, :len(st)], speeds_arr[b, :len(sp)] = st, sp
+        return TargetSchedule(starts_arr, speeds_arr, follow, self)
+
+    def allowed(self, cruise: FloatArray, v: FloatArray, gap: FloatArray, v_lead: FloatArray,
+                current: FloatArray) -> FloatArray:
+        """The follow target: what the lane allows, on the planner's ladder. A stationary obstacle is
+        not traffic to follow (it is a stop or a lane to leave). The current target stays while it is
+        still the allowed speed rounded up, give or take hysteresis_mps: a leader's speed hovering at a
+        step would otherwise flip the target every 200 ms."""
+        reach = np.maximum(self.reach_m, self.reach_s * v)
+        near = gap < np.where(current < cruise - 1e-6, 1.3 * reach, reach)  # hysteresis, as below
+        pulling_away = v_lead - v > np.maximum(self.pull_away, self.pull_away_fraction * v)
+        limited = near & (v_lead < cruise) & (v_lead > 0.5) & ~pulling_away
+        limit = np.where(limited, v_lead, cruise)
+        step = self.step_fraction * cruise
+        low = self.low_fraction * cruise
+        up = np.clip(np.ceil(limit / step - 1e-9) * step, low, cruise)
+        keep = (current >= np.minimum(limit, up) - 1e-9) & (current <= up + self.hysteresis_mps) & (current >= low)
+        return np.where(keep & (current <= cruise), current, up)
+
+    def alternatives(self, seeds: Sequence[int], cruise: npt.ArrayLike, n: int) -> FloatArray:
+        """(B, n) other target speeds from the same distribution, one per recorded step of each
+        episode (its own stream of the episode's seed): the plan a planner might have switched to."""
+        cruise = np.broadcast_to(np.asarray(cruise, dtype=np.float64), (len(seeds),))
+        out = np.empty((len(seeds), n))
+        for b, (seed, top) in enumerate(zip(seeds, cruise)):
+            rng = np.random.default_rng([int(seed), self.seed, 0xA17])
+            low = min(max(self.lowest, self.low_fraction * top), top)
+            out[b] = np.where(rng.random(n) < self.at_cruise, top, rng.uniform(low, top, n))
+        return out
 
 
 def expert_idm(
@@ -57,11 +168,15 @@ def expert_idm(
 class Expert:
     """Drives every episode of a World from ground truth; holds its current plan."""
 
-    def __init__(self, world: World, cruise_speed: FloatArray, params: ExpertParams | None = None) -> None:
+    def __init__(self, world: World, cruise_speed: FloatArray, params: ExpertParams | None = None,
+                 schedule: TargetSchedule | None = None) -> None:
+        """schedule: from TargetSteps.sample; None: the cruise speed throughout."""
         self.world = world
         self.p = params or ExpertParams()
         b = world.batch
         self.cruise = np.broadcast_to(np.asarray(cruise_speed, dtype=np.float64), (b,)).copy()
+        self.schedule = schedule
+        self.desired = self.cruise.copy()  # the speed it drives towards: the cruise or the schedule's
         self.target_lane = world.ego_lane().copy()
         self.lc_from = world.d[:, EGO].copy()
         self.lc_start = np.full(b, -np.inf)
@@ -93,6 +208,9 @@ class Expert:
         lane = w.ego_lane()
         v, s, d = w.v[:, EGO], w.s[:, EGO], w.d[:, EGO]
         width = w.road.lane_width
+        if self.schedule is not None:
+            k = (self.schedule.starts <= t + 1e-9).sum(axis=1) - 1
+            self.desired = self.schedule.speeds[np.arange(b), np.maximum(k, 0)]
 
         done = self.changing & (t - self.lc_start >= p.lane_change_s) & (
             np.abs(d - self.target_lane * width) < 0.3
@@ -104,6 +222,9 @@ class Expert:
         fg, fv, rg, rv = self._front(lanes)
         own_end = self._lane_end_gap(lane[:, None])[:, 0]
         must_merge = own_end < p.merge_horizon_m
+        # Lane-change gains are judged at the cruise speed whatever the target: the expert changes
+        # lanes as often with a low target as with the cruise, so the data has every target during
+        # lane changes too.
         a_cur = expert_idm(v, self.cruise, fg[:, 0], fv[:, 0], p)
 
         best_gain = np.full(b, -np.inf)
@@ -137,7 +258,11 @@ class Expert:
             best_gain = np.where(ok, gain, best_gain)
             best_dir = np.where(ok, direction, best_dir)
 
-        can_start = ~self.changing & (t - self.last_change_end >= p.cooldown_s) & (t >= 1.0)
+        # Not from a standstill: behind a stopped car the own lane's leader holds the expert at 0 m/s,
+        # and pure pursuit at 0 m/s steered at full lock for the rest of the drive (14 of 24
+        # stopped_vehicle_ahead episodes, a quarter of their samples, labelled with full-lock steering).
+        can_start = (~self.changing & (t - self.last_change_end >= p.cooldown_s) & (t >= 1.0)
+                     & (v >= p.min_change_speed))
         start = can_start & (best_dir != 0)
         self.target_lane = np.where(start, lane + best_dir, np.where(self.changing, self.target_lane, lane))
         self.lc_from = np.where(start, d, self.lc_from)
@@ -150,20 +275,32 @@ class Expert:
         obstacle_stopped = (fv[rows, tgt_idx] < 0.5) & (fg[rows, tgt_idx] < 80.0)
         stop = ~self.changing & obstacle_stopped
         direction = self.target_lane - lane
+        # Once across the lane boundary the plan says "keep" (offset 0) while the manoeuvre settles on
+        # the new lane's centre, as the behaviour planner's plans do: a plan that kept the change's
+        # behaviour there taught the executor a "finish the change" it then missed with a planner.
         self.behaviour = np.where(
             stop, STOP, np.where(direction > 0, LEFT, np.where(direction < 0, RIGHT, KEEP))
         )
-        self.behaviour = np.where(self.changing & (direction == 0),
-                                  np.where(self.target_lane > np.rint(self.lc_from / width), LEFT, RIGHT),
-                                  self.behaviour)
-        self.target_speed = np.where(stop, 0.0, self.cruise)
+        if self.schedule is not None:
+            # A random target does not hold on a lane that ends: alongside the slow lane at its speed
+            # the expert found no gap and stopped at the end of the ramp (slow_merge, 1 in 24 drives).
+            self.desired = np.where(must_merge & ~self.schedule.follow, self.cruise, self.desired)
+        if self.schedule is not None and self.schedule.follow.any():
+            # the lane it is in or moving to; on a lane that ends, the one it has to merge into
+            limiting = np.where(must_merge & (tgt_idx == 0), 1, tgt_idx)
+            allowed = self.schedule.steps.allowed(self.cruise, v, fg[rows, limiting], fv[rows, limiting],
+                                                  self.desired)
+            self.desired = np.where(self.schedule.follow, allowed, self.desired)
+        self.target_speed = np.where(stop, 0.0, self.desired)
         self.plan_vector = make_plan(self.target_speed, direction * width, self.behaviour)
         return self.plan_vector
 
     # ---- 5 ms: controls ---------------------------------------------------------------------
-    def act(self) -> tuple[FloatArray, FloatArray]:
-        """Controls (accel m/s^2, steer rad), each (B,), for the current state."""
+    def act(self, desired: FloatArray | None = None) -> tuple[FloatArray, FloatArray]:
+        """Controls (accel m/s^2, steer rad), each (B,), for the current state; with `desired`, what
+        they would be with that target speed instead of the current one (the steering is the same)."""
         w, p = self.world, self.p
+        desired = self.desired if desired is None else desired
         t = w.t
         lane = w.ego_lane()
         v, d, psi = w.v[:, EGO], w.d[:, EGO], w.ego_psi
@@ -171,8 +308,8 @@ class Expert:
         lanes = np.stack([lane, self.target_lane], axis=1)
         fg, fv, _, _ = self._front(lanes)
         accel = np.minimum(
-            expert_idm(v, self.cruise, fg[:, 0], fv[:, 0], p),
-            expert_idm(v, self.cruise, fg[:, 1], fv[:, 1], p),
+            expert_idm(v, desired, fg[:, 0], fv[:, 0], p),
+            expert_idm(v, desired, fg[:, 1], fv[:, 1], p),
         )
         # Merge preparation: slot in behind the nearest car of the lane we must merge into.
         own_end = self._lane_end_gap(lane[:, None])[:, 0]
@@ -180,7 +317,7 @@ class Expert:
         if merging.any():
             adj_lane = np.clip(lane + 1, 0, w.road.n_lanes - 1)[:, None]
             ag, av, _, _ = self._front(adj_lane)
-            a_merge = expert_idm(v, self.cruise, ag[:, 0], av[:, 0], p, time_gap=p.merge_time_gap)
+            a_merge = expert_idm(v, desired, ag[:, 0], av[:, 0], p, time_gap=p.merge_time_gap)
             accel = np.where(merging, np.minimum(accel, a_merge), accel)
 
         # Emergency: brake for the deceleration that cancels the closing speed before contact.

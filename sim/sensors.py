@@ -52,11 +52,10 @@ def _sigma_vector(table: dict[str, float], gap: float, rel: float) -> npt.NDArra
 
 NOMINAL_SIGMA = _sigma_vector(_NOMINAL_SIGMA, _GAP_SIGMA, _REL_SPEED_SIGMA)
 BURST_SIGMA = _sigma_vector(_BURST_SIGMA, _BURST_GAP, _BURST_REL)
-# models/base.onnx and its gates were fitted on features from sensors that did not see lane ends.
-# Training and gate-fitting data keep that view so that `train --size base` and `gate fit` still
-# reproduce the shipped files; closed-loop driving sees lane ends (the shipped model and gates were
-# measured to drive the merges without extra vetoes). Flip this when the model is retrained.
-TRAINING_SEES_LANE_ENDS: bool = False
+# Whether training and gate-fitting data come from sensors that see where a lane ends, as closed-loop
+# driving does. The models/base.onnx trained before lane ends were visible kept the old view (False)
+# so that it still reproduced; the model retrained for stepped target speeds sees them.
+TRAINING_SEES_LANE_ENDS: bool = True
 
 _GAP_COLS = np.array([i for i, f in enumerate(FEATURES) if f.name.endswith("_gap") or f.name == "lead_distance"])
 _SPEED_COLS = np.array([FEATURE_INDEX[n] for n in SPEED_FEATURES])

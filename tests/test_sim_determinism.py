@@ -34,6 +34,12 @@ def test_episode_does_not_depend_on_its_batch() -> None:
     _, batch = run_expert_batch("cut_in", [4, 5, 6], duration_s=3.0)
     np.testing.assert_array_equal(alone.features[0], batch.features[1])
     np.testing.assert_array_equal(alone.controls[0], batch.controls[1])
+    # stepped targets and relabelled targets come from the episode's own seed too
+    _, alone = run_expert_batch("dense_traffic", [5], duration_s=12.0, every=20, relabel=True)
+    _, batch = run_expert_batch("dense_traffic", [4, 5, 6], duration_s=12.0, every=20, relabel=True)
+    assert alone.alt_plan is not None and batch.alt_plan is not None
+    np.testing.assert_array_equal(alone.plan[0], batch.plan[1])
+    np.testing.assert_array_equal(alone.alt_plan[0], batch.alt_plan[1])
 
 
 def test_batch_env_shapes() -> None:
