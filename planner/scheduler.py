@@ -384,6 +384,7 @@ class PlanScheduler:
     def stats(self) -> dict[str, float | int | str | None]:
         out: dict[str, float | int | str | None] = dict(self._counts)
         out["pending"] = len(self._pending)
+        out["ready"] = len(self._ready)  # answered, not yet handed out by poll()
         out["in_flight"] = len(self._in_flight.unanswered) if self._in_flight is not None else 0
         out["last_error"] = self._last_error
         for key, history in (("plan_time_us", self._plan_us), ("batch_time_us", self._batch_us),

@@ -268,7 +268,8 @@ def test_realtime_sessions_opened_apart_share_one_batch_per_period(test_model_pa
             asked_per_tick.append(sched.stats()["requests"] - asked)
             time.sleep(0.003)
         give_up = time.monotonic() + 5.0
-        while sched.stats()["in_flight"] or sched.stats()["pending"] or planning.applied < sched.stats()["plans"]:
+        while sched.stats()["in_flight"] or sched.stats()["pending"] or sched.stats()["ready"] \
+                or planning.applied < sched.stats()["plans"]:
             assert time.monotonic() < give_up
             planning.on_tick(now)
             time.sleep(0.005)
