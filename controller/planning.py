@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
