@@ -30,12 +30,15 @@ async def _subprocess(*args: str) -> asyncio.subprocess.Process:
 
 
 async def _bench_tick(model: Path, sessions: int, duration_s: float, guard_ms: float, rt_priority: int | None,
-                      console: Console, planner: str = "none", label: str = "bench tick") -> dict[str, Any]:
+                      console: Console, planner: str = "none", label: str = "bench tick",
+                      alternate_s: float | None = None) -> dict[str, Any]:
     rt = ("--realtime-priority", str(rt_priority)) if rt_priority else ()
+    alternate = ("--alternate-s", str(alternate_s)) if alternate_s else ()
     with tempfile.TemporaryDirectory() as tmp:
         server_file, bare_file = str(Path(tmp) / "server.npy"), str(Path(tmp) / "bare.npy")
         server = await _subprocess("server", "--model", str(model), "--sessions", str(sessions),
-                                   "--guard-ms", str(guard_ms), "--save", server_file, "--planner", planner, *rt)
+                                   "--guard-ms", str(guard_ms), "--save", server_file, "--planner", planner, *rt,
+                                   *alternate)
         assert server.stdout is not None
         first = await server.stdout.readline()
         if not first:

@@ -20,8 +20,8 @@ import grpc
 import numpy as np
 
 from controller.config import ServerConfig
-from controller.server import ControllerServer, new_event_loop
-from controller.ticker import percentiles_us, run_bare_ticker
+from controller.server import ControllerRuntime, ControllerServer, new_event_loop
+from controller.ticker import LatenessLog, percentiles_us, run_bare_ticker
 from executor.core import ExecutorStats
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import controller_pb2_grpc as pb_grpc
@@ -84,11 +84,34 @@ async def run_clients(address: str, sessions: int, duration_s: float, period_s: 
 _PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "restarts", "batches", "starved_batches")
 
 
+def _alternate(runtime: ControllerRuntime, phase_s: float, settle_s: float) -> tuple[dict[str, LatenessLog], asyncio.Task]:
+    """Planner paused (idle) and planning (busy) in turns of phase_s, starting idle; each phase's
+    first settle_s is left out (a batch asked for before a pause is still being planned)."""
+    logs = {"idle": LatenessLog(), "busy": LatenessLog()}
+    realtime = runtime.planning.realtime
+
+    async def turns() -> None:
+        busy = False
+        while True:
+            realtime.paused = not busy
+            runtime.stats.lateness = LatenessLog(1024)  # settling: not counted
+            await asyncio.sleep(settle_s)
+            runtime.stats.lateness = logs["busy" if busy else "idle"]
+            await asyncio.sleep(phase_s - settle_s)
+            busy = not busy
+
+    return logs, asyncio.ensure_future(turns())
+
+
 async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: int | None, save: str,
-                     planner: str = "none") -> dict:
+                     planner: str = "none", alternate_s: float | None = None) -> dict:
+    executor_cfg: dict[str, object] = {"max_sessions": max(sessions, 1), "ticker_guard_ms": guard_ms}
+    if alternate_s:
+        # The paused phases must not put sessions in STALE_PLAN fallback (a different tick path);
+        # plan ages are reported from the scheduler's request -> plan latency instead.
+        executor_cfg["max_plan_age_ms"] = 3_600_000.0
     server = ControllerServer(ServerConfig(model=model, port=0, realtime_priority=rt_priority,
-                                           executor={"max_sessions": max(sessions, 1), "ticker_guard_ms": guard_ms},
-                                           planner={"source": planner}))
+                                           executor=executor_cfg, planner={"source": planner}))
     port = await server.start()
     print(json.dumps({"port": port}), flush=True)
     runtime, executor = server.runtime, server.executor
@@ -99,9 +122,13 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
     missed0 = runtime.ticker.missed
     planning = runtime.planning
     plan0 = planning.scheduler.stats() if planning is not None else {}
+    phases, turns = (_alternate(runtime, alternate_s, min(0.5, alternate_s / 4))
+                     if alternate_s and planning is not None else (None, None))
     cpu0, t0 = time.process_time(), time.monotonic()
     while runtime.stats.sessions_closed == 0:
         await asyncio.sleep(0.005)
+    if turns is not None:
+        turns.cancel()
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - t0
     stats = runtime.stats
     ticks = max(stats.ticks, 1)
@@ -109,8 +136,12 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
     split = {"model": float(stage_us[0] + stage_us[1]), "rules": float(stage_us[3]), "gate": float(stage_us[2]),
              "streaming": stats.stream_ns / ticks / 1e3}
     split["other (gRPC I/O, event loop, precise wait)"] = cpu_s / ticks * 1e6 - sum(split.values())
-    lateness = stats.lateness.values()
-    np.save(save, lateness)
+    if phases is not None:  # the idle phases' values first, then the busy ones'
+        np.save(save, np.concatenate([phases["idle"].values(), phases["busy"].values()]))
+        lateness = phases["busy"].values()
+    else:
+        lateness = stats.lateness.values()
+        np.save(save, lateness)
     planner_stats = None
     if planning is not None:  # counts over the window; plan times over the last plans (a rolling history)
         now = planning.scheduler.stats()
@@ -121,7 +152,9 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
                                                   "latency_us_p99", "source")})
         planner_stats["applied"] = planning.realtime.applied
     await server.stop()
-    return {"planner": planner_stats,"ticks": stats.ticks, "missed_deadlines": runtime.ticker.missed - missed0, "wall_s": wall_s,
+    phase_stats = None if phases is None else {
+        name: {"ticks": len(log), "lateness_us": percentiles_us(log.values())} for name, log in phases.items()}
+    return {"phases": phase_stats, "planner": planner_stats, "ticks": stats.ticks, "missed_deadlines": runtime.ticker.missed - missed0, "wall_s": wall_s,
             "lateness_us": percentiles_us(lateness), "tick_work_us": percentiles_us(stats.tick_work_ns.values()),
             "decision_latency_us": percentiles_us(stats.decision_latency.values()), "cpu_per_tick_us": split,
             "cpu_fraction": cpu_s / wall_s, "snapshots_sent": stats.snapshots_sent, "scheduling": server.scheduling}
@@ -143,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     srv.add_argument("--realtime-priority", type=int, default=None)
     srv.add_argument("--save", required=True, help="write the raw lateness values (ns) to this .npy file")
     srv.add_argument("--planner", default="none", help="the server's planner source (controller.config.PlannerConfig)")
+    srv.add_argument("--alternate-s", type=float, default=None,
+                     help="pause and resume the planner in turns of this many seconds; lateness per phase")
     b = sub.add_parser("bare")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--period-ms", type=float, default=5.0)
@@ -156,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
             run_clients(args.address, args.sessions, args.duration, args.period_ms / 1e3, args.seed))
     elif args.what == "server":
         result = loop.run_until_complete(run_server(args.model, args.sessions, args.guard_ms, args.realtime_priority,
-                                                    args.save, args.planner))
+                                                    args.save, args.planner, args.alternate_s))
     else:
         result = loop.run_until_complete(run_bare_ticker(int(args.period_ms * 1e6), args.duration,
                                                          int(args.guard_ms * 1e6), save=args.save,

@@ -74,8 +74,13 @@ def _bench(args: argparse.Namespace) -> int:
         console.print(result)
         return 0
     if args.what == "planner":
-        from controller.bench_planner import bench_planner
+        from controller.bench_planner import PHASE_S, bench_planner
 
+        if args.duration < 4 * PHASE_S:
+            console.print(f"[red]error:[/] bench planner --duration {args.duration:g}: too short, the planner is "
+                          f"idle and busy in turns of {PHASE_S:g} s and each needs two turns (at least "
+                          f"{4 * PHASE_S:g} s)", highlight=False)
+            return 2
         bench_planner(args.model, args.sessions if args.sessions != 8 else 32, args.duration, args.out, args.guard_ms,
                       args.realtime_priority or None, planner="behaviour", console=console)
         return 0

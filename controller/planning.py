@@ -176,13 +176,17 @@ class RealtimePlanning:
         self._known = 0  # sessions at the last scan
         self._summaries = _Summaries()
         self.applied = 0
+        # While paused no request is made or released; plans already asked for are still applied.
+        # `dualloop bench planner` alternates busy and paused phases in one run, so that both see the
+        # same machine noise.
+        self.paused = False
 
     def on_tick(self, now_ns: int) -> None:
         """Cheap unless requests are due: one comparison, then one non-blocking poll."""
         ex = self.executor
-        if now_ns >= self._earliest or len(ex.sessions) != self._known:
+        if not self.paused and (now_ns >= self._earliest or len(ex.sessions) != self._known):
             self._scan(now_ns)
-        if now_ns >= self._release_at:
+        if now_ns >= self._release_at and not self.paused:
             self.scheduler.release()
             self._release_at = _NEVER
         for plan in self.scheduler.poll(_APPLY_PER_TICK):

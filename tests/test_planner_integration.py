@@ -306,3 +306,48 @@ def test_a_request_made_just_after_its_boundary_is_sent_in_that_period(test_mode
             time.sleep(0.002)
         stats = sched.stats()
     assert stats["overruns"] == 0 and stats["batches"] >= 6 and stats["plans"] >= 5, stats
+
+
+def test_a_paused_planner_asks_for_nothing_and_resumes_within_a_period(test_model_path: Path) -> None:
+    """`bench planner` pauses the planner in turns: paused, no request is made or released (the
+    worker gets no work); plans already asked for are still applied; resumed, every session is
+    overdue and asked for again in the first tick."""
+    from controller.planning import RealtimePlanning
+    from executor.snapshot import Observation
+    from planner.scheduler import PlanScheduler
+
+    period_ns, tick_ns, n = 200_000_000, 5_000_000, 4
+    ex = Executor(DecisionModel(test_model_path))
+    for i in range(n):
+        ex.open_session(f"car-{i}")
+    features = np.asarray(_sensor(), np.float32)
+    with PlanScheduler(BehaviourPlanner, period_s=period_ns / 1e9, deadline_s=2.0, hold=True) as sched:
+        planning = RealtimePlanning(ex, sched, period_ns)
+        start, k = 10**12 + 2 * tick_ns, 0
+
+        def run(ticks: int) -> None:
+            nonlocal k
+            for _ in range(ticks):
+                now = start + k * tick_ns
+                for session_id in ex.sessions:
+                    ex.submit(session_id, Observation(seq=k + 1, timestamp_ns=now, features=features, arrival_ns=now))
+                planning.on_tick(now)
+                k += 1
+                time.sleep(0.002)
+
+        run(1)  # every session's first request goes out at once
+        planning.paused = True
+        asked = sched.stats()["requests"]
+        assert asked == n
+        run(3 * 40)  # three periods paused
+        stats = sched.stats()
+        assert stats["requests"] == asked and stats["batches"] == 1, stats  # nothing asked, nothing sent
+        assert planning.applied == n  # the batch asked for before the pause was still applied
+        planning.paused = False
+        run(1)
+        assert sched.stats()["requests"] == 2 * n
+        give_up = time.monotonic() + 5.0
+        while planning.applied < 2 * n:  # released at the nearest boundary, then applied
+            assert time.monotonic() < give_up, sched.stats()
+            run(1)
+        assert sched.stats()["overruns"] == 0
