@@ -84,23 +84,26 @@ async def run_clients(address: str, sessions: int, duration_s: float, period_s: 
 _PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "restarts", "batches", "starved_batches")
 
 
-def _alternate(runtime: ControllerRuntime, phase_s: float, settle_s: float) -> tuple[dict[str, LatenessLog], asyncio.Task]:
-    """Planner paused (idle) and planning (busy) in turns of phase_s, starting idle; each phase's
-    first settle_s is left out (a batch asked for before a pause is still being planned)."""
-    logs = {"idle": LatenessLog(), "busy": LatenessLog()}
+def _alternate(runtime: ControllerRuntime, phase_s: float,
+               settle_s: float) -> tuple[list[tuple[bool, LatenessLog]], asyncio.Task]:
+    """Planner paused (idle) and planning (busy) in turns of phase_s, starting idle; each turn's
+    first settle_s is left out (a batch asked for before a pause is still being planned).
+    Returns one (busy, lateness) per turn, filled as the run goes."""
+    turns: list[tuple[bool, LatenessLog]] = []
     realtime = runtime.planning.realtime
 
-    async def turns() -> None:
+    async def alternate() -> None:
         busy = False
         while True:
             realtime.paused = not busy
             runtime.stats.lateness = LatenessLog(1024)  # settling: not counted
             await asyncio.sleep(settle_s)
-            runtime.stats.lateness = logs["busy" if busy else "idle"]
+            turns.append((busy, LatenessLog(int(phase_s * 1e9 / runtime.executor.period_ns) + 64)))
+            runtime.stats.lateness = turns[-1][1]
             await asyncio.sleep(phase_s - settle_s)
             busy = not busy
 
-    return logs, asyncio.ensure_future(turns())
+    return turns, asyncio.ensure_future(alternate())
 
 
 async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: int | None, save: str,
@@ -122,13 +125,13 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
     missed0 = runtime.ticker.missed
     planning = runtime.planning
     plan0 = planning.scheduler.stats() if planning is not None else {}
-    phases, turns = (_alternate(runtime, alternate_s, min(0.5, alternate_s / 4))
-                     if alternate_s and planning is not None else (None, None))
+    turns, alternating = (_alternate(runtime, alternate_s, min(0.5, alternate_s / 4))
+                          if alternate_s and planning is not None else (None, None))
     cpu0, t0 = time.process_time(), time.monotonic()
     while runtime.stats.sessions_closed == 0:
         await asyncio.sleep(0.005)
-    if turns is not None:
-        turns.cancel()
+    if alternating is not None:
+        alternating.cancel()
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - t0
     stats = runtime.stats
     ticks = max(stats.ticks, 1)
@@ -136,9 +139,10 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
     split = {"model": float(stage_us[0] + stage_us[1]), "rules": float(stage_us[3]), "gate": float(stage_us[2]),
              "streaming": stats.stream_ns / ticks / 1e3}
     split["other (gRPC I/O, event loop, precise wait)"] = cpu_s / ticks * 1e6 - sum(split.values())
-    if phases is not None:  # the idle phases' values first, then the busy ones'
-        np.save(save, np.concatenate([phases["idle"].values(), phases["busy"].values()]))
-        lateness = phases["busy"].values()
+    if turns is not None:  # rows (turn, busy, lateness ns): bench planner compares the turns
+        np.save(save, np.concatenate([np.column_stack([np.full(len(log), k), np.full(len(log), busy), log.values()])
+                                      for k, (busy, log) in enumerate(turns)]).astype(np.int64))
+        lateness = np.concatenate([log.values() for busy, log in turns if busy])
     else:
         lateness = stats.lateness.values()
         np.save(save, lateness)
@@ -152,9 +156,7 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
                                                   "latency_us_p99", "source")})
         planner_stats["applied"] = planning.realtime.applied
     await server.stop()
-    phase_stats = None if phases is None else {
-        name: {"ticks": len(log), "lateness_us": percentiles_us(log.values())} for name, log in phases.items()}
-    return {"phases": phase_stats, "planner": planner_stats, "ticks": stats.ticks, "missed_deadlines": runtime.ticker.missed - missed0, "wall_s": wall_s,
+    return {"planner": planner_stats, "ticks": stats.ticks, "missed_deadlines": runtime.ticker.missed - missed0, "wall_s": wall_s,
             "lateness_us": percentiles_us(lateness), "tick_work_us": percentiles_us(stats.tick_work_ns.values()),
             "decision_latency_us": percentiles_us(stats.decision_latency.values()), "cpu_per_tick_us": split,
             "cpu_fraction": cpu_s / wall_s, "snapshots_sent": stats.snapshots_sent, "scheduling": server.scheduling}

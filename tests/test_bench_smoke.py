@@ -64,3 +64,17 @@ def test_bench_gate_cli_defaults_to_the_base_model_and_its_gates(tmp_path, monke
     result = json.loads(result_file.read_text())
     assert set(result["sessions"]) == {"1", "2", "8", "32"} and len(result["gates"]) == 2
     assert result["ticks"] == 40
+
+
+def test_bench_planner_compares_idle_and_busy_turns_of_one_run(tmp_path, test_model_path):
+    assert main(["bench", "planner", "--model", str(test_model_path), "--sessions", "2", "--duration", "8",
+                 "--out", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("planner-*.json")
+    result = json.loads(result_file.read_text())
+    for side in ("idle", "busy"):
+        assert result[side]["turns"] == 2 and result[side]["ticks"] > 400  # 2 x 1.5 s counted at 200 Hz
+        assert set(result[side]["lateness_us"]) == {"min", "p50", "p99", "p99.9", "max"}
+    low, high = result["p99_ratio_interval_95"]
+    assert low <= result["p99_ratio_busy_over_idle"] <= high
+    planner = result["planner_stats"]
+    assert planner["source"] == "behaviour" and planner["plans"] >= 2 * 4 and planner["errors"] == 0
