@@ -252,7 +252,8 @@ def _demo(args: argparse.Namespace) -> int:
     scenarios = args.scenarios.split(",") if args.scenarios else None
     gates = args.gate if args.gate else ([g for g in DEFAULT_GATES if g.is_file()]
                                          if model == BASE_MODEL_PATH and not args.no_gate else [])
-    run_demo(model, args.out, scenarios, duration_s=args.duration, console=console, gates=gates,
+    seed = {} if args.seed is None else {"seed": args.seed}
+    run_demo(model, args.out, scenarios, **seed, duration_s=args.duration, console=console, gates=gates,
              planner=args.planner)
     return 0
 
@@ -364,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "out-of-distribution ones; none: the simulator plans all; behaviour: the built-in planner "
                         "plans all")
     p.add_argument("--duration", type=float, help="seconds of sim time per scenario (default: the scenario's own)")
+    p.add_argument("--seed", type=int, help="the episode seed of every scenario (default: 900001, held out from training)")
     p.add_argument("--out", type=Path, default=Path("runs"))
     p.set_defaults(fn=_demo)
     return parser

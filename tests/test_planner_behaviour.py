@@ -313,3 +313,28 @@ def test_slow_merge_in_closed_loop_merges_off_the_ramp():
     assert env.world.ego_lane()[0] >= 1 and env.world.s[0, EGO] > env.world.road.lane_end_s[0, 0]  # past the end
     assert ("behaviour", "change_left", 3.5) in {p[:3] for p in run.plans}
     assert run.ticks_with(pb.OOD_VETO) < 100  # the merge stays in the model's distribution
+
+
+def test_dense_traffic_in_closed_loop_moves_to_the_faster_lane_and_follows_its_speed():
+    """Dense traffic (held-out seed 900003, `dualloop demo --seed 900003`): the ego starts in the
+    slowest lane; the planner takes a gap into the faster lane on its left and steps its target speed
+    to what the traffic allows, with the shipped model and gates and no veto."""
+    import ood
+    from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
+    from controller.planning import LockstepPlanning
+    from dualloop.v1 import controller_pb2 as pb
+    from executor.core import Executor
+    from executor.model_runner import DecisionModel
+    from sim.closed_loop import InProcessDecider, run_closed_loop
+    from sim.env import make_scenario
+
+    executor = Executor(DecisionModel(BASE_MODEL_PATH), None, [ood.load_gate(g) for g in DEFAULT_GATES])
+    env = make_scenario("dense_traffic", 900_003)
+    start_lane = int(env.world.ego_lane()[0])
+    decider = InProcessDecider(executor, "dense", LockstepPlanning(BehaviourPlanner(), 200_000_000))
+    run = run_closed_loop(env, decider, 900_003)
+    assert run.metrics.collisions == 0 and not run.metrics.off_road
+    assert ("behaviour", "change_left", 3.5) in {p[:3] for p in run.plans}
+    assert int(env.world.ego_lane()[0]) == start_lane + 1
+    assert run.speed_changes() >= 1 and {p[0] for p in run.plans} == {"behaviour"}
+    assert run.ticks_with(pb.OOD_VETO) == 0
