@@ -41,7 +41,7 @@ def compare_turns(rows: npt.NDArray[np.int64], resamples: int = 2000,
     second of the VM makes a run of late ticks, so resampling single ticks would overstate certainty)."""
     turn, busy, late = rows[:, 0], rows[:, 1].astype(bool), rows[:, 2]
     sides = {name: [late[turn == k] for k in np.unique(turn[busy == flag])]
-             for name, flag in (("idle", False), ("busy", True))}
+             for name, flag in (("idle", False), ("busy", True))}  # a turn with no tick has no row
     if not sides["idle"] or not sides["busy"]:
         raise ValueError("the run ended before both an idle and a busy turn were measured")
     result: dict[str, Any] = {name: {"turns": len(t), "ticks": int(sum(x.size for x in t)),

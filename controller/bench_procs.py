@@ -87,7 +87,8 @@ _PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "resta
 def _alternate(runtime: ControllerRuntime, phase_s: float,
                settle_s: float) -> tuple[list[tuple[bool, LatenessLog]], asyncio.Task]:
     """Planner paused (idle) and planning (busy) in turns of phase_s, starting idle; each turn's
-    first settle_s is left out (a batch asked for before a pause is still being planned).
+    first settle_s is left out, and an idle turn's ticks count only once the batch asked for before
+    the pause has been planned and applied.
     Returns one (busy, lateness) per turn, filled as the run goes."""
     turns: list[tuple[bool, LatenessLog]] = []
     realtime = runtime.planning.realtime
@@ -97,10 +98,14 @@ def _alternate(runtime: ControllerRuntime, phase_s: float,
         while True:
             realtime.paused = not busy
             runtime.stats.lateness = LatenessLog(1024)  # settling: not counted
+            started = time.monotonic()
             await asyncio.sleep(settle_s)
+            # an idle turn is counted from when the worker has finished what it was given
+            while not busy and not realtime.scheduler.quiet and time.monotonic() - started < phase_s:
+                await asyncio.sleep(0.005)
             turns.append((busy, LatenessLog(int(phase_s * 1e9 / runtime.executor.period_ns) + 64)))
             runtime.stats.lateness = turns[-1][1]
-            await asyncio.sleep(phase_s - settle_s)
+            await asyncio.sleep(max(0.0, phase_s - (time.monotonic() - started)))
             busy = not busy
 
     return turns, asyncio.ensure_future(alternate())

@@ -381,6 +381,11 @@ class PlanScheduler:
                 if item.session_id == session_id:
                     item.discard = True
 
+    @property
+    def quiet(self) -> bool:
+        """Nothing asked for is still waiting, being planned or waiting to be handed out."""
+        return not self._pending and not self._ready and (self._in_flight is None or not self._in_flight.unanswered)
+
     def stats(self) -> dict[str, float | int | str | None]:
         out: dict[str, float | int | str | None] = dict(self._counts)
         out["pending"] = len(self._pending)
