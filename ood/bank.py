@@ -47,7 +47,7 @@ class GateBank:
                                     ranges=[s.feature_range for s in scorers])
         self.n_slots = n_slots
         self._gates = [(mon.filter.slot_states, mon.filter.advance) for mon in self.monitors]
-        self._one_row = OneRowTick(self.scorer, self._gates)
+        self._one_row = OneRowTick(self.scorer, self._gates, [mon.filter.zero for mon in self.monitors])
 
     @property
     def n_gates(self) -> int:

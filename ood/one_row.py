@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,22 +25,39 @@ from .score import _SQ_HIGH, _SQ_LOW, _TINY, ClassTerms, StackedScorer, class_co
 _INF = float("inf")
 
 
+class _Gate(NamedTuple):
+    """What one gate's decision needs, as plain Python numbers."""
+
+    cc: float  # ||c W||^2
+    spec: ClassTerms | None  # tied / relative terms, None for a single Gaussian
+    low: float  # norm band
+    high: float
+    threshold: float
+    index: int
+    ranged: bool  # has a FeatureRange
+    state: list  # the filter's live per-slot states
+    advance: Callable[[Any, bool, bool], tuple[Any, bool]]
+    quiet: Any  # a state that a clean tick leaves as it is, without alarm (the filter's zero)
+
+
 class OneRowTick:
     """``GateBank.step`` for a single clean row (one session ticking)."""
 
-    def __init__(self, scorer: StackedScorer, gates: Sequence[tuple[list, Callable[[Any, bool, bool], tuple[Any, bool]]]]
-                 ) -> None:
+    def __init__(self, scorer: StackedScorer, gates: Sequence[tuple[list, Callable[[Any, bool, bool], tuple[Any, bool]]]],
+                 zeros: Sequence[Any]) -> None:
         self.scorer = scorer
         v = scorer.views(1)
         # the scorer's own views at a batch of one: the same buffer rows, products and vecdot
         self._products = list(zip(scorer._proj, v.out))
-        self._blocks, self._squares, self._tail = v.blocks, v.squares, v.tail
-        n_linear = scorer._n_linear
-        self._gates: list[tuple[float, ClassTerms | None, float, float, float, list, Callable, bool]] = [
-            (scorer._cc[g], scorer._classes[g], float(scorer.norm_lows[g]), float(scorer.norm_highs[g]),
-             float(scorer.thresholds[g]), state, advance, scorer._range_lists[g] is not None)
-            for g, (state, advance) in enumerate(gates)]
-        self._n_linear = n_linear
+        self._blocks, self._squares = v.blocks, v.squares
+        self._tail = v.tail.reshape(scorer.n_gates, -1)  # a view: the batch axis has one row
+        self._n_linear = scorer._n_linear
+        self._gates = []
+        for g, ((state, advance), zero) in enumerate(zip(gates, zeros)):
+            quiet = zero if advance(zero, False, False) == (zero, False) else _NEVER
+            self._gates.append(_Gate(scorer._cc[g], scorer._classes[g], float(scorer.norm_lows[g]),
+                                     float(scorer.norm_highs[g]), float(scorer.thresholds[g]), g,
+                                     scorer._range_lists[g] is not None, state, advance, quiet))
 
     def step(self, slot: int, features: Sequence[np.ndarray | None], also: Sequence[bool] | None,
              changes: Sequence[Any] | None, context: Sequence[np.ndarray | None] | None
@@ -52,42 +69,51 @@ class OneRowTick:
                 return None
             src.dot(proj, out=out)
         np.vecdot(self._blocks, self._blocks, out=self._squares)
-        terms = self._tail.tolist()  # (gates, 1, terms)
-        n_linear, sqrt, scorer = self._n_linear, math.sqrt, self.scorer
+        n_linear, sqrt = self._n_linear, math.sqrt
         decided = []
-        for g, (cc, spec, low, high, threshold, _, _, ranged) in enumerate(self._gates):
-            lin = terms[g][0]
+        for gate, lin in zip(self._gates, self._tail.tolist()):
             s = lin[n_linear]  # ||x||^2
             if not _SQ_LOW <= s <= _SQ_HIGH and s != 0.0:  # NaN/Inf, or squares far from 1
                 return None
             n = sqrt(s)
             d = n or _TINY  # an all-zero row: the centre's distance from the origin
-            d2 = (lin[n_linear + 1] / d - 2.0 * lin[0]) / d + cc
-            if spec is not None:
-                d2 = class_conditional(d2, lin, d, spec, n_linear)
-            immediate = n < low or n > high  # the raw norm's guard
-            if ranged and not immediate:
-                sources = (features[g], None if changes is None else changes[g],
-                           None if context is None else context[g])
-                given, lo, hi = scorer.flat_limits(g, sources)
-                if given:
-                    values: list[float] = []
-                    for i in given:
-                        src = sources[i]
-                        values += src[0] if isinstance(src, list) else src[0].tolist()
-                    immediate = outside_limits(values, lo, hi)
-            decided.append((d2, d2 > threshold, immediate))
+            d2 = (lin[n_linear + 1] / d - 2.0 * lin[0]) / d + gate.cc
+            if gate.spec is not None:
+                d2 = class_conditional(d2, lin, d, gate.spec, n_linear)
+            immediate = n < gate.low or n > gate.high  # the raw norm's guard
+            if gate.ranged and not immediate:
+                immediate = self._outside(gate.index, features, changes, context)
+            decided.append((d2, d2 > gate.threshold, immediate))
         # every gate scored: only now move the filters
         alarm = also is not None and also[0]
         top, score, threshold = -_INF, 0.0, 0.0
-        for (d2, exceed, immediate), (_, _, _, _, t, state, advance, _) in zip(decided, self._gates):
-            state[slot], a = advance(state[slot], exceed, immediate)
-            if a:
-                alarm = True
+        for (d2, exceed, immediate), gate in zip(decided, self._gates):
+            state = gate.state
+            if exceed or immediate or state[slot] != gate.quiet:  # else the filter stays as it is
+                state[slot], a = gate.advance(state[slot], exceed, immediate)
+                if a:
+                    alarm = True
+            t = gate.threshold
             ratio = d2 / t if t else ratio_at_zero(d2, t)
             if ratio > top:
                 top, score, threshold = ratio, d2, t
         return score, threshold, alarm
+
+    def _outside(self, g: int, features: Sequence[np.ndarray | None], changes: Sequence[Any] | None,
+                 context: Sequence[np.ndarray | None] | None) -> bool:
+        """The row's values, change or context outside gate g's limits (``StackedScorer._outside_range``)."""
+        sources = (features[g], None if changes is None else changes[g], None if context is None else context[g])
+        given, low, high = self.scorer.flat_limits(g, sources)
+        if not given:
+            return False
+        values: list[float] = []
+        for i in given:
+            src = sources[i]
+            values += src[0] if isinstance(src, list) else src[0].tolist()
+        return outside_limits(values, low, high)
+
+
+_NEVER = object()  # a filter whose zero state moves on a clean tick is always advanced
 
 
 def ratio_at_zero(score: float, threshold: float) -> float:
