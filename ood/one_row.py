@@ -5,7 +5,8 @@ per-(row, gate) lists built, copied and zipped, a named tuple of them, a second 
 the filters, and the range check's generators. Here a tick is the scorer's own numpy calls on its
 own one-row buffer (the same products on the same shapes as ``StackedScorer`` at a batch of one, so
 the same bits), then one Python pass over the gates on plain floats: score, norm guard, range
-check, filter, nearest gate.
+check, filter, nearest gate. A filter at its zero state on a clean tick stays there, so it is not
+advanced at all (checked per filter when the tick is built).
 
 It takes only the common tick: finite rows, every gate's features given, squares inside float64's
 comfortable range. For anything else (NaN/Inf, no decision vector, rows near float64's limits) it
