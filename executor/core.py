@@ -210,6 +210,7 @@ class Executor:
                 raise GateMismatch(f"the gate limits a plan of {list(g.feature_range.context_names)}; model "
                                    f"{card.name} {card.version} is conditioned on {plan_names}")
         self._any_plan_gate = any(self._plan_gates)
+        self._gate_on_inputs = [run.source == "input_features" for run in self._gate_runs]
         if any(self._change_gates):
             from ood import ChangeTracker
 
@@ -470,16 +471,17 @@ class Executor:
         slots = [s.slot for s in rows]
         dv = out.decision_vector if out is not None else None
         # rows with NaN/Inf inputs are scored as NaN by every gate (the model saw a substitute)
-        bad = None if all(finite.tolist()) else ~finite
+        ok = finite.tolist()
+        bad = None if all(ok) else ~finite
         fresh_rows = fresh.tolist()
-        features = [_fill_gate_features(run.source, None, x, dv, bad) for run in self._gate_runs]
+        # what _fill_gate_features(source, None, ...) returns, per gate, by a C-level map (one session's
+        # tick is short enough that a Python-level comprehension per list shows in it)
+        features = list(map((dv, x).__getitem__, self._gate_on_inputs))
         changes = plans = None
         if self._change is not None:
-            change = self._change.step(x, slots, fresh_rows, finite.tolist())
-            changes = [change if limited else None for limited in self._change_gates]
+            changes = list(map((None, self._change.step(x, slots, fresh_rows, ok)).__getitem__, self._change_gates))
         if self._any_plan_gate:
-            p = self._p[:n]
-            plans = [p if limited else None for limited in self._plan_gates]
+            plans = list(map((None, self._p[:n]).__getitem__, self._plan_gates))
         frozen_rows = None if self._freeze is None else self._freeze.step(x, slots, fresh_rows)
         any_frozen = frozen_rows is not None and True in frozen_rows
         if any_frozen or self._gate_any_frozen:  # else the buffer is all False already

@@ -8,28 +8,22 @@ the norm guard, the threshold, the gate's own sequential filter rule (``filter.a
 filter's own per-slot state, so ``monitor.reset(slot)`` and a replay's ``filter.scan`` act on the
 same state), and per row: any gate's alarm vetoes, and the row reports the gate nearest its
 threshold (largest score / threshold, the first one on a tie), as ``executor.core.nearest_gate``
-does for a replay.
+does for a replay. One clean row (one session ticking) takes ``one_row.OneRowTick``: the same
+decisions in one pass over the gates, without the per-(row, gate) lists.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from .monitor import GateMonitor
+from .one_row import OneRowTick, ratio_at_zero
 from .score import StackedScorer
 
 _INF = float("inf")
-
-
-def _ratio_at_zero(score: float, threshold: float) -> float:
-    """score / 0.0 with IEEE (numpy) semantics instead of ZeroDivisionError."""
-    if score == 0.0 or score != score:
-        return math.nan
-    return math.copysign(_INF, score) * math.copysign(1.0, threshold)
 
 
 class BankStep(NamedTuple):
@@ -54,6 +48,7 @@ class GateBank:
                                     ranges=[s.feature_range for s in scorers])
         self.n_slots = n_slots
         self._gates = [(mon.filter.slot_states, mon.filter.advance) for mon in self.monitors]
+        self._one_row = OneRowTick(self.scorer, self._gates, [mon.filter.zero for mon in self.monitors])
 
     @property
     def n_gates(self) -> int:
@@ -68,6 +63,12 @@ class GateBank:
         check), ``changes[g]`` and ``context[g]`` the rows' changes since their previous observation
         and their context (plan) for gate g's feature range (see ``StackedScorer.score_rows``)."""
         n = len(slots)
+        if n == 1 and nan_rows is None:  # one session ticking, finite inputs: the common tick
+            one = self._one_row.step(slots[0], features, also, changes, context)
+            if one is not None:
+                score, threshold, alarm = one
+                out = np.array((score, threshold))
+                return BankStep(out[:1], out[1:], np.array((alarm,), dtype=bool))
         r = self.scorer.score_rows(n, features, nan_rows, changes, context)
         scores, thresholds, exceed, immediate = r.score, r.threshold, r.exceed, r.immediate
         best_score, best_threshold, veto = [], [], []
@@ -81,7 +82,7 @@ class GateBank:
                 state[slot], a = advance(state[slot], exceed[i], immediate[i])
                 if a:
                     alarm = True
-                ratio = s / t if t else _ratio_at_zero(s, t)
+                ratio = s / t if t else ratio_at_zero(s, t)
                 if ratio > top:
                     top, score, threshold = ratio, s, t
                 i += 1

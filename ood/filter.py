@@ -151,6 +151,11 @@ class _SlotFilter:
         return alarm
 
     @property
+    def zero(self) -> int | float:
+        """A fresh slot's state."""
+        return self._zero
+
+    @property
     def slot_states(self) -> list:
         """The live per-slot state (a gate bank advances it in place with ``advance``); the list
         object itself is never replaced."""

@@ -43,6 +43,27 @@ _VECTORISED_FROM = 64  # rows; below it a Python pass over plain floats costs fe
 _PYTHON_RANGE_ROWS = 4  # rows; up to it the feature range is checked in Python (about 2 us a row, not 9)
 
 
+ClassTerms = tuple[list[float], list[float], float | None]  # per class ||o_k||^2, (c W) . o_k; ||c W_bg||^2
+
+
+def class_conditional(d2: float, lin: list[float], d: float, spec: ClassTerms, n_linear: int) -> float:
+    """A tied / relative gate's score from the single-Gaussian expansion ``d2`` of one row: the
+    nearest class, then (relative) minus the background's distance. ``lin`` is the row's linear
+    terms then its squares (the buffer's tail), ``d`` its raw norm (the smallest float for zero)."""
+    oo, co, cc_bg = spec
+    at = 1 if cc_bg is None else 2
+    d2 = max(d2 + min(o - 2.0 * (lin[at + k] / d - c) for k, (o, c) in enumerate(zip(oo, co))), 0.0)
+    if cc_bg is not None:
+        d2 -= (lin[n_linear + 2] / d - 2.0 * lin[1]) / d + cc_bg
+    return d2
+
+
+def outside_limits(values: list[float], low: list[float], high: list[float]) -> bool:
+    """Some value below its low or above its high limit; map(lt/gt) compare in C, and NaN compares
+    False, as in numpy."""
+    return any(map(_lt, values, low)) or any(map(_gt, values, high))
+
+
 class GateFlags(NamedTuple):
     """Per-row booleans (fresh arrays, safe to keep)."""
 
@@ -126,6 +147,8 @@ class StackedScorer:
         self._range_lists = [None if lim is None else [None if pair is None else (pair[0].tolist(), pair[1].tolist())
                                                        for pair in lim] for lim in self._ranges]
         self._any_range = any(rng is not None for rng in ranges)
+        self._ranged = [g for g, lim in enumerate(self._range_lists) if lim is not None]
+        self._flat: dict[tuple[int, bool, bool, bool], tuple[tuple[int, ...], list[float], list[float]]] = {}
         self.norm_lows = np.maximum(per_gate(norm_low, 0.0), _TINY)
         self.norm_highs = per_gate(norm_high, _INF)
         self.dims = [s.dim for s in self.gate_stats]
@@ -134,7 +157,7 @@ class StackedScorer:
         # per gate: the whitening(s), and the constant vectors whose dot with x the distance needs
         linear: list[list[np.ndarray]] = []
         self._cc: list[float] = []  # ||c W||^2
-        self._classes: list[tuple[list[float], list[float], float | None] | None] = []
+        self._classes: list[ClassTerms | None] = []
         for s in self.gate_stats:
             cw = s.center @ s.whiten
             vecs = [s.whiten @ cw]
@@ -253,20 +276,35 @@ class StackedScorer:
         hits = None
         g_count = self.n_gates
         skip = None if nan_rows is None else nan_rows.tolist()
-        for g, limits in enumerate(self._range_lists):
-            if limits is None:
-                continue
+        for g in self._ranged:
             sources = (rows[g], None if changes is None else changes[g], None if context is None else context[g])
-            present = [(src if isinstance(src, list) else src.tolist(), lim)
-                       for src, lim in zip(sources, limits) if src is not None and lim is not None]
-            for row in range(len(present[0][0]) if present else 0):
+            given, low, high = self.flat_limits(g, sources)
+            if not given:
+                continue
+            present = [src if isinstance(src, list) else src.tolist() for src in (sources[i] for i in given)]
+            first, rest = present[0], present[1:]
+            for row in range(len(first)):
                 if skip is not None and skip[row]:
                     continue
-                # map(lt/gt) compare in C; NaN compares False, as in numpy
-                if any(any(map(_lt, values[row], low)) or any(map(_gt, values[row], high))
-                       for values, (low, high) in present):
+                values = first[row]
+                for src in rest:
+                    values = values + src[row]
+                if outside_limits(values, low, high):
                     hits = (hits or []) + [row * g_count + g]
         return hits
+
+    def flat_limits(self, g: int, sources: Sequence[object | None]) -> tuple[tuple[int, ...], list[float], list[float]]:
+        """Gate g's limits for the ``sources`` given (values, changes, context; None: not given) as one
+        (low, high) pair of lists, concatenated in that order, and which sources they cover: a row's
+        check is then two C-level passes over one list instead of two per source."""
+        key = (g, sources[0] is not None, sources[1] is not None, sources[2] is not None)
+        flat = self._flat.get(key)
+        if flat is None:
+            limits = self._range_lists[g] or [None, None, None]
+            given = tuple(i for i, (src, lim) in enumerate(zip(key[1:], limits)) if src and lim is not None)
+            flat = self._flat[key] = (given, [v for i in given for v in limits[i][0]],
+                                      [v for i in given for v in limits[i][1]])
+        return flat
 
     def _score_rows(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None) -> RowScores:
         """``score_rows`` without the feature range check."""
@@ -293,12 +331,8 @@ class StackedScorer:
             d = n or _TINY  # an all-zero row: the centre's distance from the origin
             d2 = (lin[n_linear + 1] / d - 2.0 * lin[0]) / d + cc[g]
             spec = classes[g]
-            if spec is not None:  # tied / relative: the nearest class, then minus the background
-                oo, co, cc_bg = spec
-                at = 1 if cc_bg is None else 2
-                d2 = max(d2 + min(o - 2.0 * (lin[at + k] / d - c) for k, (o, c) in enumerate(zip(oo, co))), 0.0)
-                if cc_bg is not None:
-                    d2 -= (lin[n_linear + 2] / d - 2.0 * lin[1]) / d + cc_bg
+            if spec is not None:
+                d2 = class_conditional(d2, lin, d, spec, n_linear)
             scores[e] = d2
             norm_out[e] = n < low[e] or n > high[e]  # the raw norm's guard (NaN: never outside)
             exceed[e] = d2 > threshold[e]

@@ -5,6 +5,7 @@ decided before it, on nominal and faulty inputs, with sessions coming and going.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from controller.gate_tools import load_gate_for_model, nominal_inputs
 from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -72,7 +73,9 @@ class _NumpyChanges:
         self.change[slot] = np.nan
 
 
-def test_bank_decides_every_tick_as_the_per_gate_reference() -> None:
+@pytest.mark.parametrize("first", [("a", "b", "c", "d"), ("a",)])
+def test_bank_decides_every_tick_as_the_per_gate_reference(first: tuple[str, ...]) -> None:
+    """Several sessions (the bank's general path) and one session at a time (its one-row path)."""
     model = DecisionModel(BASE_MODEL_PATH)
     gates = [load_gate_for_model(g, model) for g in DEFAULT_GATES]
     cap = 6
@@ -95,16 +98,20 @@ def test_bank_decides_every_tick_as_the_per_gate_reference() -> None:
         ref_changes.reset(slot)
         seq[sid] = 0
 
-    for sid in ("a", "b", "c", "d"):
+    for sid in first:
         open_session(sid)
     vetoes = exceedances = out_of_range = 0
     for k in range(400):
-        if k == 150:  # sessions come and go: slots are no longer consecutive
+        if k == 150 and len(first) == 1:  # a new session in another slot
+            ex.close_session("a")
+            held.pop("a", None)
+            open_session("e")
+        elif k == 150:  # sessions come and go: slots are no longer consecutive
             ex.close_session("b")
             held.pop("b", None)
             open_session("e")
             open_session("f")
-        if k == 250:
+        if k == 250 and len(first) > 1:
             ex.close_session("a")
             held.pop("a", None)
         obs = {}

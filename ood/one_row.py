@@ -1,0 +1,124 @@
+"""A gate bank's tick for one session: the same decisions as ``GateBank.step``, without its per-row lists.
+
+With one session ticking, the bank's cost is not arithmetic but Python bookkeeping around it: flat
+per-(row, gate) lists built, copied and zipped, a named tuple of them, a second loop over them for
+the filters, and the range check's generators. Here a tick is the scorer's own numpy calls on its
+own one-row buffer (the same products on the same shapes as ``StackedScorer`` at a batch of one, so
+the same bits), then one Python pass over the gates on plain floats: score, norm guard, range
+check, filter, nearest gate. A filter at its zero state on a clean tick stays there, so it is not
+advanced at all (checked per filter when the tick is built).
+
+It takes only the common tick: finite rows, every gate's features given, squares inside float64's
+comfortable range. For anything else (NaN/Inf, no decision vector, rows near float64's limits) it
+returns None before any filter state moves, and the bank takes its general path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .score import _SQ_HIGH, _SQ_LOW, _TINY, ClassTerms, StackedScorer, class_conditional, outside_limits
+
+_INF = float("inf")
+
+
+class _Gate(NamedTuple):
+    """What one gate's decision needs, as plain Python numbers."""
+
+    cc: float  # ||c W||^2
+    spec: ClassTerms | None  # tied / relative terms, None for a single Gaussian
+    low: float  # norm band
+    high: float
+    threshold: float
+    index: int
+    ranged: bool  # has a FeatureRange
+    state: list  # the filter's live per-slot states
+    advance: Callable[[Any, bool, bool], tuple[Any, bool]]
+    quiet: Any  # a state that a clean tick leaves as it is, without alarm (the filter's zero)
+
+
+class OneRowTick:
+    """``GateBank.step`` for a single clean row (one session ticking)."""
+
+    def __init__(self, scorer: StackedScorer, gates: Sequence[tuple[list, Callable[[Any, bool, bool], tuple[Any, bool]]]],
+                 zeros: Sequence[Any]) -> None:
+        self.scorer = scorer
+        v = scorer.views(1)
+        # the scorer's own views at a batch of one: the same buffer rows, products and vecdot
+        self._products = list(zip(scorer._proj, v.out))
+        self._blocks, self._squares = v.blocks, v.squares
+        self._tail = v.tail.reshape(scorer.n_gates, -1)  # a view: the batch axis has one row
+        self._n_linear = scorer._n_linear
+        self._gates = []
+        for g, ((state, advance), zero) in enumerate(zip(gates, zeros)):
+            quiet = zero if advance(zero, False, False) == (zero, False) else _NEVER
+            self._gates.append(_Gate(scorer._cc[g], scorer._classes[g], float(scorer.norm_lows[g]),
+                                     float(scorer.norm_highs[g]), float(scorer.thresholds[g]), g,
+                                     scorer._range_lists[g] is not None, state, advance, quiet))
+
+    def step(self, slot: int, features: Sequence[np.ndarray | None], also: Sequence[bool] | None,
+             changes: Sequence[Any] | None, context: Sequence[np.ndarray | None] | None
+             ) -> tuple[float, float, bool] | None:
+        """(score, threshold, alarm) of the row, as ``GateBank.step`` decides them; None (and nothing
+        changed) when the row needs the general path."""
+        for src, (proj, out) in zip(features, self._products):
+            if src is None:
+                return None
+            src.dot(proj, out=out)
+        np.vecdot(self._blocks, self._blocks, out=self._squares)
+        n_linear, sqrt = self._n_linear, math.sqrt
+        decided = []
+        for gate, lin in zip(self._gates, self._tail.tolist()):
+            s = lin[n_linear]  # ||x||^2
+            if not _SQ_LOW <= s <= _SQ_HIGH and s != 0.0:  # NaN/Inf, or squares far from 1
+                return None
+            n = sqrt(s)
+            d = n or _TINY  # an all-zero row: the centre's distance from the origin
+            d2 = (lin[n_linear + 1] / d - 2.0 * lin[0]) / d + gate.cc
+            if gate.spec is not None:
+                d2 = class_conditional(d2, lin, d, gate.spec, n_linear)
+            immediate = n < gate.low or n > gate.high  # the raw norm's guard
+            if gate.ranged and not immediate:
+                immediate = self._outside(gate.index, features, changes, context)
+            decided.append((d2, d2 > gate.threshold, immediate))
+        # every gate scored: only now move the filters
+        alarm = also is not None and also[0]
+        top, score, threshold = -_INF, 0.0, 0.0
+        for (d2, exceed, immediate), gate in zip(decided, self._gates):
+            state = gate.state
+            if exceed or immediate or state[slot] != gate.quiet:  # else the filter stays as it is
+                state[slot], a = gate.advance(state[slot], exceed, immediate)
+                if a:
+                    alarm = True
+            t = gate.threshold
+            ratio = d2 / t if t else ratio_at_zero(d2, t)
+            if ratio > top:
+                top, score, threshold = ratio, d2, t
+        return score, threshold, alarm
+
+    def _outside(self, g: int, features: Sequence[np.ndarray | None], changes: Sequence[Any] | None,
+                 context: Sequence[np.ndarray | None] | None) -> bool:
+        """The row's values, change or context outside gate g's limits (``StackedScorer._outside_range``)."""
+        sources = (features[g], None if changes is None else changes[g], None if context is None else context[g])
+        given, low, high = self.scorer.flat_limits(g, sources)
+        if not given:
+            return False
+        values: list[float] = []
+        for i in given:
+            src = sources[i]
+            values += src[0] if isinstance(src, list) else src[0].tolist()
+        return outside_limits(values, low, high)
+
+
+_NEVER = object()  # a filter whose zero state moves on a clean tick is always advanced
+
+
+def ratio_at_zero(score: float, threshold: float) -> float:
+    """score / 0.0 with IEEE (numpy) semantics instead of ZeroDivisionError."""
+    if score == 0.0 or score != score:
+        return math.nan
+    return math.copysign(_INF, score) * math.copysign(1.0, threshold)
