@@ -48,6 +48,12 @@ REASONS_OF_FLAGS = [tuple(r for r in TICK_REASONS if flags & REASON_BITS[r]) for
 
 _NAN = float("nan")
 _perf_ns = time.perf_counter_ns
+
+
+def _numpy_ratio(score: float, threshold: float) -> float:
+    """score / threshold as numpy divides (nearest_gate), for a zero threshold: +-inf or NaN."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.float64(score) / np.float64(threshold))
 _mono_ns = time.monotonic_ns
 
 
@@ -515,23 +521,29 @@ class Executor:
                         step: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         """The actuation check on this tick's rows, folded into the gates' (score, threshold, veto) in
         place: its alarm vetoes, and it is reported when nearer its threshold than every gate (as
-        `nearest_gate` ranks it last in a replay). No command on a row: no verdict."""
+        `nearest_gate` ranks it last in a replay). No command on a row: no verdict. Plain Python per
+        row (`.item` reads one float without making an array): about a microsecond a session."""
         accel_at, speed_at, command_at = self._actuation_at
         monitor = self._actuation
-        times, commands = [], []
-        for s in rows:
+        item = x.item  # the tick's float32 inputs, as a replay reads them
+        times, accel, speed, commands = [], [], [], []
+        for i, s in enumerate(rows):
             obs = s.current
             times.append(obs.timestamp_ns)
+            accel.append(item(i, accel_at))
+            speed.append(item(i, speed_at))
             c = obs.actual_controls
-            commands.append(float(c[command_at]) if s.actual_is_command and c is not None and c.size else _NAN)
-        scores, alarms = monitor.step(slots, fresh, times, x[:, accel_at].tolist(), x[:, speed_at].tolist(), commands)
+            commands.append(c.item(command_at) if s.actual_is_command and c is not None and c.size else _NAN)
+        scores, alarms = monitor.step(slots, fresh, times, accel, speed, commands)
         score, threshold, veto = step
         limit = monitor.threshold
         for i, (s, alarm) in enumerate(zip(scores, alarms)):
             if alarm:
                 veto[i] = True
-            if s == s and s / limit > score[i] / threshold[i]:
-                score[i], threshold[i] = s, limit
+            if s == s:  # a verdict: report it if nearer its threshold than the nearest gate
+                best, t = score.item(i), threshold.item(i)
+                if s / limit > (best / t if t else _numpy_ratio(best, t)):
+                    score[i], threshold[i] = s, limit
 
     def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,
                      gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None, tick_index: int, tick_ns: int,
