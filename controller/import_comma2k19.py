@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from controller.import_report import ImportReport, count_labels
 from controller.logfile import write_log
-from controller.logformat import ACTUAL_CONTROLS_DETAIL, FORMAT_VERSION
+from controller.logformat import FORMAT_VERSION
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import log_pb2
 from sim.schema import ACTIONS, CONTROL_NAMES, FEATURE_INDEX, FEATURE_NAMES, N_FEATURES, SENSOR_RANGE_M, label_from_accel
@@ -277,8 +277,6 @@ def import_comma2k19(directory: str | Path, out_path: str | Path, rate_hz: float
             "road_curvature": "yaw_rate / ego_speed (no lane model in this data)",
             "actual_action": f"label_from_accel(slope of CAN speed over the next {LABEL_WINDOW_S} s)",
             "actual_steer": f"steering wheel angle / {STEERING_RATIO} (RAV4 steering ratio), radians, + = left",
-            # not ACTUAL_IS_COMMAND: a label from the speed itself, so a replay runs no actuation check on it
-            ACTUAL_CONTROLS_DETAIL: "label: the speed profile's slope after the observation, not a command",
         },
     )
     feats32 = features.astype(np.float32)
