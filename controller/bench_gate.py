@@ -46,6 +46,7 @@ def bench_gate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], sessions: 
 
     rows = nominal_inputs([seed + 1], every=1, scenarios=("nominal_cruise",), noise=None)[0]
     offsets = np.random.default_rng(seed).integers(0, len(rows), sessions)
+    accel_at = model.card.feature_names.index("ego_accel") if "ego_accel" in model.card.feature_names else 0
     out: dict[str, dict[str, float]] = {}
     for label, g in (("without gate", None), ("with gate", gate)):
         ex = Executor(model, ExecutorConfig(max_sessions=max(sessions, 1)), g)
@@ -55,7 +56,9 @@ def bench_gate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], sessions: 
         stage = ex.stats.stage_ns
         forward, gate_t, total = (np.empty(ticks) for _ in range(3))
         for k in range(ticks):
-            obs = {sid: Observation(seq=k + 1, timestamp_ns=0, features=rows[(off + k) % len(rows)])
+            # with the command in effect (here the measured acceleration), so an actuation check runs in full
+            obs = {sid: Observation(seq=k + 1, timestamp_ns=k * 5_000_000, features=(x := rows[(off + k) % len(rows)]),
+                                    actual_controls=np.array([x[accel_at], 0.0], np.float32))
                    for sid, off in zip(ids, offsets)}
             f0, g0 = int(stage[1]), int(stage[2])
             t0 = time.perf_counter_ns()

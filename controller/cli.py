@@ -214,7 +214,7 @@ def _gate_fit(args: argparse.Namespace) -> int:
 
     model = DecisionModel(args.model)
     console.print(f"fitting a {args.variant} gate on {args.source} of {args.model} from simulated nominal driving ...")
-    gate = fit_gate_for_model(model, args.source, args.variant, alpha=args.alpha)
+    gate = fit_gate_for_model(model, args.source, args.variant, alpha=args.alpha, actuation=not args.no_actuation)
     out = args.out or DEFAULT_GATES[GATE_SOURCES.index(args.source)]
     digest = gate.save(str(out))
     cal = gate.calibration
@@ -225,6 +225,13 @@ def _gate_fit(args: argparse.Namespace) -> int:
         rng = gate.feature_range
         console.print(f"range guard: training range {'and change ' if rng.change_low else ''}+-{rng.margin:.0%} of "
                       f"its span per feature; {rng.calibration_rate:.5f} of held-out ticks outside it")
+    if gate.actuation is not None:
+        act = gate.actuation
+        m, c = act.model, act.calibration
+        console.print(f"actuation check: {act.settings.command_control} -> {act.settings.accel_feature} fitted as lag "
+                      f"{m.tau_s * 1000:.1f} ms, gain {m.gain:.3f}, offset {m.offset:+.3f} m/s^2 (rmse {m.rmse:.3f} on "
+                      f"{m.n} observations); shortfall threshold {c.threshold:.4f} m/s^2 at {c.alpha} per observation "
+                      f"(measured {c.empirical_rate:.6f} on {c.n} held-out observations)")
     return 0
 
 
@@ -348,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--alpha", type=float, default=1e-3, help="per-tick false-veto rate to calibrate at")
     g.add_argument("--out", type=Path, help="default: models/base.gate.npz (decision vector) or "
                    "models/base.inputs.gate.npz (input features)")
+    g.add_argument("--no-actuation", action="store_true", help="input_features: fit no actuation check (measured "
+                   "acceleration short of the command the vehicle was executing)")
     g.set_defaults(fn=_gate_fit)
     g = gate_sub.add_parser("eval", help="AUROC, detection delay, false vetoes, closed loop with/without, plots")
     g.add_argument("--model", type=Path, default=BASE_MODEL_PATH)

@@ -5,7 +5,10 @@ and the gate exactly as in the executor (same monitor, same filter, same freeze 
 episode, tick by tick), giving per-tick scores and vetoes. From those: AUROC and TNR at 95% TPR per
 OOD scenario (nominal ticks vs ticks after the fault's onset; a tick that a guard vetoes at once
 ranks above every score, nominal ticks included), the detection delay after onset, and
-the false-veto rate per hour of nominal driving. Closed loop: each OOD scenario driven by the
+the false-veto rate per hour of nominal driving. A gate's actuation check sees, with each tick, the
+command the expert's previous step applied (as the closed-loop client sends it). Low friction shows
+only while the car is asked to brake or accelerate, so each scenario's separation is also reported
+on the post-onset ticks with such a demand (|command| >= DEMAND_ACCEL), next to their share. Closed loop: each OOD scenario driven by the
 executor with the gate and without it.
 """
 
@@ -32,6 +35,9 @@ from sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS, build_scenario
 
 EVAL_SEEDS = range(700_000, 700_006)
 TICK_S = 0.005
+# m/s^2: a command at least this strong asks the car to brake or accelerate (the action labels'
+# brake / accelerate boundary); below it a shortfall of actuation cannot show.
+DEMAND_ACCEL = 0.5
 
 
 @dataclass
@@ -45,6 +51,7 @@ class ScenarioScores:
     valid: np.ndarray  # (B, T)
     onset_tick: np.ndarray  # (B,) first tick at or after the fault's onset; T when never
     end_tick: np.ndarray  # (B,) first tick after the fault is over (noise bursts end); T when it lasts
+    demand: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, bool))  # (B, T) |command| >= DEMAND_ACCEL
     decision: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T, d) sampled later
     action: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T) model argmax
 
@@ -66,6 +73,9 @@ def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], n
     score = np.full((b, t_len), -np.inf)
     alarm = np.zeros((b, t_len), bool)
     immediate = np.zeros((b, t_len), bool)
+    # the command in effect at each tick (what the previous step applied), NaN where unknown or invalid
+    command = np.where(data.valid, data.applied[..., 0], np.nan)
+    ratios = len(gates) > 1 or any(g.actuation is not None for g in gates)  # compare gates by score / threshold
     for gate in gates:
         feats = dv if gate.schema.source == "decision_vector" else model_features(
             model, flat_x, flat_p, gate.schema.source).reshape(b, t_len, -1)
@@ -74,13 +84,17 @@ def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], n
         changes = episode_changes(data.features) if rng is not None and rng.change_low else None
         plans = data.plan if rng is not None and rng.context_names else None
         monitor = gate.monitor(b)
-        scale = 1.0 if len(gates) == 1 else 1.0 / gate.threshold
+        scale = 1.0 / gate.threshold if ratios else 1.0
         for k in range(t_len):
             step = monitor.step(feats[:, k], slots, None if changes is None else changes[:, k],
                                 None if plans is None else plans[:, k])
             score[:, k] = np.maximum(score[:, k], step.score * scale)
             alarm[:, k] |= step.alarm
             immediate[:, k] |= step.flags.immediate
+        if gate.actuation is not None:
+            act_score, act_alarm = actuation_verdicts(model, gate.actuation, data.t, data.features, command)
+            score = np.fmax(score, act_score / gate.actuation.threshold)  # no verdict (NaN) changes nothing
+            alarm |= act_alarm
     if freeze_repeats:
         freeze = ood.FreezeDetector(b, data.features.shape[2], freeze_repeats)
         fresh = np.ones(b, bool)
@@ -95,7 +109,25 @@ def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], n
     to_tick = lambda times: np.array([np.searchsorted(data.t, x - 1e-9) if np.isfinite(x) else t_len  # noqa: E731
                                       for x in times])
     return ScenarioScores(name, bool(np.isfinite(onset_s).any()), data.t, score, alarm, immediate, data.valid, to_tick(onset_s),
-                          to_tick(end_s), decision=dv, action=logits.argmax(axis=2))
+                          to_tick(end_s), demand=np.abs(np.nan_to_num(command)) >= DEMAND_ACCEL, decision=dv,
+                          action=logits.argmax(axis=2))
+
+
+def actuation_verdicts(model: DecisionModel, check: ood.ActuationCheck, t: np.ndarray, features: np.ndarray,
+                       command: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(score, alarm) (B, T) of the actuation check on episodes observed at every tick, stepped tick by
+    tick as the executor steps it (one slot per episode, every observation fresh)."""
+    b, t_len = command.shape
+    accel_at, speed_at, _ = check.indices(model.card.feature_names, [c.name for c in model.card.controls])
+    monitor = check.monitor(b)
+    slots, fresh = list(range(b)), [True] * b
+    t_ns = np.round(t * 1e9).astype(np.int64).tolist()
+    score, alarm = np.full((b, t_len), np.nan), np.zeros((b, t_len), bool)
+    for k in range(t_len):
+        s, a = monitor.step(slots, fresh, [t_ns[k]] * b, features[:, k, accel_at].tolist(),
+                            features[:, k, speed_at].tolist(), command[:, k].tolist())
+        score[:, k], alarm[:, k] = s, a
+    return score, alarm
 
 
 def _after_onset(s: ScenarioScores) -> np.ndarray:
@@ -122,10 +154,17 @@ def separation(nominal: list[ScenarioScores], faulty: ScenarioScores) -> dict[st
         hits = np.flatnonzero(faulty.alarm[b, start:] & faulty.valid[b, start:])
         delays.append(float(hits[0]) if hits.size else np.inf)
     d = np.array(delays)
+    after = _after_onset(faulty)
+    with_demand = after & faulty.demand
+    demand = np.minimum(verdict(faulty)[with_demand], big)
     return {"auroc": ood.auroc(inside, outside), "tnr_at_95tpr": ood.tnr_at_tpr(inside, outside, 0.95),
             "delay_median_ticks": float(np.median(d)), "delay_max_ticks": float(d.max()),
             "detected": float(np.isfinite(d).mean()),
-            "vetoed_after_onset": float(faulty.alarm[_after_onset(faulty)].mean())}
+            "vetoed_after_onset": float(faulty.alarm[after].mean()),
+            # the ticks after onset on which the car was asked to brake or accelerate
+            "demand_share": float(with_demand.sum() / max(after.sum(), 1)),
+            "auroc_demand": ood.auroc(inside, demand) if demand.size else float("nan"),
+            "vetoed_with_demand": float(faulty.alarm[with_demand].mean()) if demand.size else float("nan")}
 
 
 def false_vetoes(nominal: list[ScenarioScores]) -> dict[str, float]:
@@ -166,7 +205,7 @@ def evaluate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], seeds: Seque
         nominal = [scores[n] for n in NOMINAL_SCENARIOS]
         result: dict[str, Any] = {
             "gate": "+".join(g.version_hash[:16] for g in gates), "source": "+".join(g.schema.source for g in gates),
-            "threshold": gates[0].threshold if len(gates) == 1 else 1.0,
+            "threshold": gates[0].threshold if len(gates) == 1 and gates[0].actuation is None else 1.0,
             "seeds": [int(s) for s in seeds], "false_vetoes_nominal": false_vetoes(nominal),
             "ood": {n: separation(nominal, scores[n]) for n in OOD_SCENARIOS},
         }
@@ -187,12 +226,14 @@ def print_evaluation(result: dict[str, Any], console: Console) -> None:
     table = Table(title=f"gate {result['gate']} ({result['source']}), threshold {result['threshold']:.1f}; nominal: "
                         f"{fv['vetoes']} vetoes in {fv['ticks']} ticks = {fv['per_tick'] * 100:.3f}% per tick, "
                         f"{fv['per_hour']:.1f} per hour")
-    for col in ("OOD scenario", "AUROC", "TNR@95%TPR", "detected", "delay median", "delay max", "vetoed after onset"):
+    for col in ("OOD scenario", "AUROC", "TNR@95%TPR", "detected", "delay median", "delay max", "vetoed after onset",
+                "demand share", "AUROC demand", "vetoed w/ demand"):
         table.add_column(col, justify="left" if col == "OOD scenario" else "right")
     for name, r in result["ood"].items():
         table.add_row(name, f"{r['auroc']:.4f}", f"{r['tnr_at_95tpr']:.3f}", f"{r['detected'] * 100:.0f}%",
                       f"{r['delay_median_ticks']:.0f}", f"{r['delay_max_ticks']:.0f}",
-                      f"{r['vetoed_after_onset'] * 100:.0f}%")
+                      f"{r['vetoed_after_onset'] * 100:.0f}%", f"{r['demand_share'] * 100:.0f}%",
+                      f"{r['auroc_demand']:.4f}", f"{r['vetoed_with_demand'] * 100:.0f}%")
     console.print(table)
     loop = Table(title="closed loop on OOD scenarios, without and with the gate")
     for col in ("scenario", "collisions w/o", "min TTC w/o", "collisions with", "min TTC with", "fallback s with"):

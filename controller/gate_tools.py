@@ -7,6 +7,7 @@ does (same normalisation), giving either the decision vectors or the raw input f
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Sequence
 
@@ -16,8 +17,9 @@ import ood
 from executor.core import GATE_SOURCES, gate_feature_names
 from executor.model_card import Normalisation
 from executor.model_runner import DecisionModel
-from sim.env import ActionNoise, run_expert_batch
+from sim.env import ActionNoise, ExpertData, run_expert_batch
 from sim.scenarios import NOMINAL_SCENARIOS
+from sim.schema import FEATURE_NAMES
 from sim.sensors import TRAINING_SEES_LANE_ENDS
 from sim.world import DT
 
@@ -57,11 +59,27 @@ def episode_changes(features: np.ndarray) -> np.ndarray:
     return changes
 
 
+def actuation_episodes(data: ExpertData, settings: ood.ActuationSettings = ood.ActuationSettings(),
+                       feature_names: Sequence[str] = FEATURE_NAMES) -> list[ood.ActuationEpisode]:
+    """Expert episodes recorded at every tick as the actuation check sees them: the measured
+    acceleration and speed, and the command the car was executing (what the step before applied,
+    as a closed-loop client sends it); NaN where the row is not valid."""
+    names = list(feature_names)
+    accel_at, speed_at = names.index(settings.accel_feature), names.index(settings.speed_feature)
+    t_ns = np.round(data.t * 1e9).astype(np.int64)
+    f64 = lambda a: a.astype(np.float64)  # noqa: E731
+    return [ood.ActuationEpisode(t_ns, f64(data.features[b, :, accel_at]), f64(data.features[b, :, speed_at]),
+                                 np.where(data.valid[b], f64(data.applied[b, :, 0]), np.nan))
+            for b in range(data.valid.shape[0])]
+
+
 def nominal_inputs(seeds: Sequence[int], every: int = 4, scenarios: Sequence[str] = NOMINAL_SCENARIOS,
                    noise: ActionNoise | None = ActionNoise(), with_changes: bool = False,
-                   **params) -> tuple[np.ndarray, ...]:
+                   actuation: list[ood.ActuationEpisode] | None = None, **params) -> tuple[np.ndarray, ...]:
     """(features, plan) rows from expert-driven nominal episodes, every `every`-th tick, valid rows
     only; with_changes: also each row's change since the tick before (a sensor at the tick rate).
+    actuation: a list that gets every episode at every tick for the actuation check (needs with_changes,
+    which records every tick).
 
     With the same executed-action noise as the training data by default: the states a learned
     driver visits are a little off the expert's path, and a gate fitted on the clean path vetoed the
@@ -76,14 +94,17 @@ def nominal_inputs(seeds: Sequence[int], every: int = 4, scenarios: Sequence[str
         plans.append(data.plan[:, pick][valid])
         if with_changes:
             changes.append(episode_changes(data.features)[:, pick][valid])
+            if actuation is not None:
+                actuation += actuation_episodes(data)
     out = (np.concatenate(feats), np.concatenate(plans))
     return (*out, np.concatenate(changes)) if with_changes else out
 
 
-def _both(seeds: Sequence[int], every: int, params: dict, with_changes: bool) -> tuple[np.ndarray, ...]:
+def _both(seeds: Sequence[int], every: int, params: dict, with_changes: bool,
+          actuation: list[ood.ActuationEpisode] | None = None) -> tuple[np.ndarray, ...]:
     """Rows from clean and from noise-injected nominal roll-outs, stacked."""
-    clean = nominal_inputs(seeds, every, noise=None, with_changes=with_changes, **params)
-    noisy = nominal_inputs(seeds, every, with_changes=with_changes, **params)
+    clean = nominal_inputs(seeds, every, noise=None, with_changes=with_changes, actuation=actuation, **params)
+    noisy = nominal_inputs(seeds, every, with_changes=with_changes, actuation=actuation, **params)
     return tuple(np.concatenate([a, b]) for a, b in zip(clean, noisy))
 
 
@@ -91,22 +112,35 @@ def _both(seeds: Sequence[int], every: int, params: dict, with_changes: bool) ->
 # have physical envelopes for their values and their changes (a speed far above training, a 3 m/s jump
 # in 5 ms); the decision vector has none worth stating.
 RANGE_MARGIN = {"decision_vector": None, "input_features": 0.25}
+# The actuation check's per-observation rate before its k-of-n filter. Tighter than the gates' 1e-3:
+# its smoothed shortfall is correlated from one observation to the next, so the filter removes few of
+# its exceedances, and the nominal false-veto budget (0.1% per tick) is shared with the gates.
+ACTUATION_ALPHA = 1e-4
 
 
 def fit_gate_for_model(model: DecisionModel, source: str = "decision_vector", variant: str = "single",
                        alpha: float = 1e-3, norm_alpha: float = 1e-4, fit_seeds: Sequence[int] = FIT_SEEDS,
                        calibration_seeds: Sequence[int] = CALIBRATION_SEEDS, every: int = 4,
-                       filter_settings: dict | None = None, **scenario_params) -> ood.Gate:
+                       filter_settings: dict | None = None, actuation: bool = True, **scenario_params) -> ood.Gate:
+    """A gate for `model` on `source`; a gate on the raw inputs also gets the actuation check (fitted
+    lag, gain and offset from command to measured acceleration, threshold on held-out driving)
+    unless `actuation` is False."""
     if source not in GATE_SOURCES:
         raise ValueError(f"source must be one of {GATE_SOURCES}, got {source!r}")
     # Nominal driving both ways: the expert's own clean path, and the noise-injected roll-outs the
     # model was trained on (a learned driver visits both). Fitted on noisy roll-outs only, the gate
     # vetoed the clean expert's merge from an ending on-ramp (0.35% false vetoes per tick).
     inputs = source == "input_features"
-    x_fit, p_fit, *c_fit = _both(fit_seeds, every, scenario_params, with_changes=inputs)
-    x_cal, p_cal, *c_cal = _both(calibration_seeds, every, scenario_params, with_changes=inputs)
+    act_fit: list[ood.ActuationEpisode] | None = [] if inputs and actuation else None
+    act_cal: list[ood.ActuationEpisode] | None = [] if inputs and actuation else None
+    x_fit, p_fit, *c_fit = _both(fit_seeds, every, scenario_params, with_changes=inputs, actuation=act_fit)
+    x_cal, p_cal, *c_cal = _both(calibration_seeds, every, scenario_params, with_changes=inputs, actuation=act_cal)
     card = model.card
-    return ood.fit_gate(
+    description = (f"simulated nominal driving ({', '.join(NOMINAL_SCENARIOS)}), expert driver, fit seeds "
+                   f"{fit_seeds.start}-{fit_seeds.stop - 1}, calibration seeds "
+                   f"{calibration_seeds.start}-{calibration_seeds.stop - 1}") if isinstance(fit_seeds, range) \
+        else "simulated nominal"
+    gate = ood.fit_gate(
         model_features(model, x_fit, p_fit, source), model_features(model, x_cal, p_cal, source),
         range_margin=RANGE_MARGIN[source], changes_train=c_fit[0] if inputs else None,
         changes_calib=c_cal[0] if inputs else None,
@@ -115,12 +149,19 @@ def fit_gate_for_model(model: DecisionModel, source: str = "decision_vector", va
         context_names=[p.name for p in card.plan] if inputs else (),
         variant=variant, alpha=alpha, norm_alpha=norm_alpha,
         feature_names=gate_feature_names(model, source), source=source,
-        data_description=(f"simulated nominal driving ({', '.join(NOMINAL_SCENARIOS)}), expert driver, fit seeds "
-                          f"{fit_seeds.start}-{fit_seeds.stop - 1}, calibration seeds "
-                          f"{calibration_seeds.start}-{calibration_seeds.stop - 1}, every {every} ticks; "
-                          f"model {card.name} {card.version}") if isinstance(fit_seeds, range) else "simulated nominal",
+        data_description=f"{description}, every {every} ticks; model {card.name} {card.version}"
+        if isinstance(fit_seeds, range) else description,
         filter=filter_settings,
     )
+    if act_fit is None:
+        return gate
+    # clean and noise-injected roll-outs alike: the command is what was executed, noise included
+    check = ood.fit_actuation_check(
+        act_fit, act_cal, ACTUATION_ALPHA,
+        f"{description}, clean and noise-injected roll-outs, every tick with a command while moving "
+        f"(the command the previous {1000 * DT:g} ms step applied)" if isinstance(fit_seeds, range) else description)
+    check.indices(card.feature_names, [c.name for c in card.controls])  # refuse a model it cannot read
+    return dataclasses.replace(gate, actuation=check)
 
 
 def load_gate_for_model(path: Path, model: DecisionModel) -> ood.Gate:

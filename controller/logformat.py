@@ -29,6 +29,19 @@ TOPIC_SNAPSHOT = "/dualloop/snapshot"
 TOPIC_PLAN = "/dualloop/plan"
 TOPIC_SUMMARY = "/dualloop/summary"
 
+# SessionHeader.source_details key saying what the observations' ActualAction.controls are. With the
+# value ACTUAL_IS_COMMAND they are the command the vehicle was executing when each observation was
+# taken (controller.proto's contract for live clients), and a replay runs the gate's actuation check
+# on them; anything else, or no entry (an import whose "actual" action is a label made from the
+# drive's own speed profile), and the check gives no verdict.
+ACTUAL_CONTROLS_DETAIL = "actual_controls"
+ACTUAL_IS_COMMAND = "command in effect at the observation"
+
+
+def actual_is_command(header: log_pb2.SessionHeader) -> bool:
+    return header.source_details.get(ACTUAL_CONTROLS_DETAIL, "") == ACTUAL_IS_COMMAND
+
+
 # Each topic carries exactly one message type; the reader decodes with these generated classes
 # rather than with dynamic descriptors (faster, and the log cannot smuggle in another type).
 TOPIC_TYPES: dict[str, type[Message]] = {

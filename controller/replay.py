@@ -18,6 +18,7 @@ import numpy as np
 
 from controller.gate_tools import load_gate_for_model
 from controller.logfile import LogData, read_log, write_log
+from controller.logformat import actual_is_command
 from controller.replay_report import ReplayReport, summarise
 from controller.wire import observation_from_proto, snapshot_to_proto
 from dualloop.v1 import controller_pb2 as pb
@@ -62,13 +63,15 @@ def _observations(data: LogData) -> list[Observation]:
 
 
 def run_replay(ex: Executor, session_id: str, observations: Sequence[Observation], shadow: bool = True,
-               fast: bool = True) -> tuple[list[Snapshot], dict[str, float]]:
+               fast: bool = True, actual_is_command: bool = False) -> tuple[list[Snapshot], dict[str, float]]:
     """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds.
 
+    actual_is_command: the observations' actual controls are the command in effect (the log says so,
+    `controller.logformat.actual_is_command`), so the gate's actuation check judges them.
     fast: the whole session in one vectorised pass (`Executor.run_lockstep`); otherwise observation
     by observation through `advance_lockstep`, the reference the fast path is tested against."""
     t0 = time.perf_counter()
-    ex.open_session(session_id, Clock.LOCKSTEP, shadow=shadow)
+    ex.open_session(session_id, Clock.LOCKSTEP, shadow=shadow, actual_is_command=actual_is_command)
     try:
         if fast:
             table = ex.run_lockstep(session_id, observations)
@@ -115,7 +118,8 @@ def replay_log(log_path: str | Path, model_path: str | Path, gate_paths: Sequenc
         raise ValueError(f"{source_path}: session {data.session_id!r} has no observations to replay")
     ex = build_executor(model_path, gate_paths, executor_config_for(data.header, tick_period_ms))
     t1 = time.perf_counter()
-    snaps, timings = run_replay(ex, data.session_id, observations, shadow=shadow, fast=fast)
+    commands = actual_is_command(data.header)
+    snaps, timings = run_replay(ex, data.session_id, observations, shadow=shadow, fast=fast, actual_is_command=commands)
     timings["load_s"] = t1 - t0
     header = replay_header(data, source_path, ex, gate_paths, shadow)
     result = ReplayResult(source_path, header, snaps, ReplayReport(), timings=timings)
@@ -126,5 +130,8 @@ def replay_log(log_path: str | Path, model_path: str | Path, gate_paths: Sequenc
     t3 = time.perf_counter()
     drive_s = (observations[-1].timestamp_ns - observations[0].timestamp_ns) / 1e9
     result.report = summarise(snaps, ex, len(observations), drive_s, source_path, timings)
+    result.report.actuation_check = ("none in the gates" if ex._actuation is None else "ran" if commands else
+                                     "skipped: the log does not declare its actual controls as the command in effect "
+                                     f"({data.header.source_details.get('actual_controls') or 'no declaration'})")
     timings["report_s"] = time.perf_counter() - t3
     return result

@@ -39,6 +39,7 @@ class ReplayReport:
     fresh_agreement_top1: float = float("nan")
     timings: dict[str, float] = field(default_factory=dict)
     speedup: float = 0.0  # drive duration / replay compute time
+    actuation_check: str = ""  # whether the gate's actuation check ran, and why not
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -100,6 +101,8 @@ def format_report(r: ReplayReport) -> str:
         f"  reasons:  {_counts(r.reasons) or 'none'}", f"  safety:   {_counts(r.safety_states)}",
         f"  gate veto on {r.gate_veto_ticks} ticks ({100 * r.gate_veto_fraction:.1f}% of the drive looks out of distribution)",
     ]
+    if r.actuation_check:
+        lines.append(f"  actuation check: {r.actuation_check}")
     groups = r.agreement.get("groups", {})
     if "all" in groups:
         lines.append(f"  agreement with the actual action: {100 * r.agreement_top1:.1f}% of {groups['all']['ticks']} "

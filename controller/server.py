@@ -20,6 +20,7 @@ import numpy as np
 
 from controller.config import ConfigError, ServerConfig
 from controller.conflation import LatestSlot
+from controller.logformat import ACTUAL_CONTROLS_DETAIL, ACTUAL_IS_COMMAND
 from controller.planning import ServerPlanning
 from controller.recorder import Recorder
 from controller.shadow import ShadowAgreement
@@ -119,7 +120,9 @@ class ControllerRuntime:
             model_schema_hash=card.schema_hash(), gate_version="+".join(g.version_hash[:16] for g in gates),
             config_json=self.config.model_dump_json(), source="grpc session", start_time_unix_ns=time.time_ns(),
             format_version=1, feature_names=card.feature_names, action_names=card.actions,
-            control_names=[c.name for c in card.controls], tick_period_ns=self.executor.period_ns))
+            control_names=[c.name for c in card.controls], tick_period_ns=self.executor.period_ns,
+            # what a live client's actual action is, by controller.proto's contract
+            source_details={ACTUAL_CONTROLS_DETAIL: ACTUAL_IS_COMMAND}))
 
     def record_observation(self, session_id: str, observation: pb.Observation) -> None:
         if self.recorder is not None:

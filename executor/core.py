@@ -46,7 +46,14 @@ TICK_REASONS = (Reason.INVALID_INPUT, Reason.MODEL_ERROR, Reason.STALE_OBSERVATI
 REASON_BITS = {r: 1 << k for k, r in enumerate(TICK_REASONS)}
 REASONS_OF_FLAGS = [tuple(r for r in TICK_REASONS if flags & REASON_BITS[r]) for flags in range(1 << len(TICK_REASONS))]
 
+_NAN = float("nan")
 _perf_ns = time.perf_counter_ns
+
+
+def _numpy_ratio(score: float, threshold: float) -> float:
+    """score / threshold as numpy divides (nearest_gate), for a zero threshold: +-inf or NaN."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.float64(score) / np.float64(threshold))
 _mono_ns = time.monotonic_ns
 
 
@@ -81,6 +88,11 @@ class Session:
     include_decision_vector: bool
     plan: np.ndarray
     slot: int  # row of this session in per-session state arrays (the gate's filter)
+    # Whether the observations' actual controls are the command the vehicle was executing when each
+    # was taken (controller.proto's contract), which the gate's actuation check compares with the
+    # measured acceleration. False for logs whose actual action is a label (a comma2k19 import's is
+    # the speed's slope over the next 0.5 s): the check then gives no verdict.
+    actual_is_command: bool = True
     safety: SafetyMemory = field(default_factory=SafetyMemory)
     plan_id: str = ""
     plan_created_ns: int = 0
@@ -215,6 +227,18 @@ class Executor:
             from ood import ChangeTracker
 
             self._change = ChangeTracker(cap, model.n_features)
+        # measured acceleration short of the command in effect (a gate on the raw inputs may carry it)
+        self._actuation = None
+        self._actuation_at = (0, 0, 0)  # accel feature, speed feature, command control
+        checks = [g.actuation for g in self.gates if g.actuation is not None]
+        if len(checks) > 1:
+            raise GateMismatch(f"{len(checks)} gates carry an actuation check; a session's command is judged once")
+        if checks:
+            try:
+                self._actuation_at = checks[0].indices(card.feature_names, [c.name for c in card.controls])
+            except ValueError as exc:
+                raise GateMismatch(f"model {card.name} {card.version}: {exc}") from None
+            self._actuation = checks[0].monitor(cap)
         self._freeze = None
         if self.gates and self.config.freeze_repeats > 0:
             from ood import FreezeDetector
@@ -224,7 +248,7 @@ class Executor:
     # -- sessions -----------------------------------------------------------------------------
 
     def open_session(self, session_id: str, clock: Clock = Clock.REALTIME, shadow: bool = False,
-                     include_decision_vector: bool = False) -> Session:
+                     include_decision_vector: bool = False, actual_is_command: bool = True) -> Session:
         if not session_id:
             raise SessionError("session id must not be empty")
         if session_id in self.sessions:
@@ -233,13 +257,15 @@ class Executor:
             raise SessionError(f"the server is full: {self.config.max_sessions} sessions open (max_sessions)")
         session = Session(session_id=session_id, clock=Clock(clock), shadow=shadow,
                           include_decision_vector=include_decision_vector, plan=self._plan_default.copy(),
-                          slot=self._free_slots.pop())
+                          slot=self._free_slots.pop(), actual_is_command=actual_is_command)
         for run in self._gate_runs:
             run.monitor.reset(session.slot)
         if self._freeze is not None:
             self._freeze.reset(session.slot)
         if self._change is not None:
             self._change.reset(session.slot)
+        if self._actuation is not None:
+            self._actuation.reset(session.slot)
         self.sessions[session_id] = session
         return session
 
@@ -488,7 +514,38 @@ class Executor:
             self._frozen[:] = False
             frozen[:] = frozen_rows if any_frozen else False
             self._gate_any_frozen = any_frozen
-        return bank.step(slots, features, bad, also=frozen_rows, changes=changes, context=plans)
+        step = bank.step(slots, features, bad, also=frozen_rows, changes=changes, context=plans)
+        if self._actuation is not None:
+            self._actuation_step(rows, slots, fresh_rows, x, step)
+        return step
+
+    def _actuation_step(self, rows: list[Session], slots: list[int], fresh: list[bool], x: np.ndarray,
+                        step: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        """The actuation check on this tick's rows, folded into the gates' (score, threshold, veto) in
+        place: its alarm vetoes, and it is reported when nearer its threshold than every gate (as
+        `nearest_gate` ranks it last in a replay). No command on a row: no verdict. Plain Python per
+        row (`.item` reads one float without making an array): about a microsecond a session."""
+        accel_at, speed_at, command_at = self._actuation_at
+        monitor = self._actuation
+        item = x.item  # the tick's float32 inputs, as a replay reads them
+        times, accel, speed, commands = [], [], [], []
+        for i, s in enumerate(rows):
+            obs = s.current
+            times.append(obs.timestamp_ns)
+            accel.append(item(i, accel_at))
+            speed.append(item(i, speed_at))
+            c = obs.actual_controls
+            commands.append(c.item(command_at) if s.actual_is_command and c is not None and c.size else _NAN)
+        scores, alarms = monitor.step(slots, fresh, times, accel, speed, commands)
+        score, threshold, veto = step
+        limit = monitor.threshold
+        for i, (s, alarm) in enumerate(zip(scores, alarms)):
+            if alarm:
+                veto[i] = True
+            if s == s:  # a verdict: report it if nearer its threshold than the nearest gate
+                best, t = score.item(i), threshold.item(i)
+                if s / limit > (best / t if t else _numpy_ratio(best, t)):
+                    score[i], threshold[i] = s, limit
 
     def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,
                      gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None, tick_index: int, tick_ns: int,

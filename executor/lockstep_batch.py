@@ -139,7 +139,8 @@ def run_lockstep(ex: Executor, session: Session, observations: Sequence[Observat
     plan_age = np.where(has_plan, tick_ns - plan_created[which], 0)
     x_ticks = feats[which]
     frozen = ex._freeze.scan(x_ticks, session.slot, fresh) if ex._freeze is not None else np.zeros(n_ticks, bool)
-    score, threshold, veto = _gate_scan(ex, session.slot, gate_rows, r)
+    actuation = _actuation_scan(ex, session, observations, feats, ts, rows)
+    score, threshold, veto = _gate_scan(ex, session.slot, gate_rows, r, actuation)
     veto |= frozen
     flags = ex.reason_flags(finite[r], model_ok[r], age, plan_age, veto, margin[r])
     scored = (finite & model_ok)[r]
@@ -230,15 +231,36 @@ def _gate_scores(ex: Executor, x: np.ndarray, p: np.ndarray, out, finite: np.nda
     return results
 
 
-def _gate_scan(ex: Executor, slot: int, gate_rows: list, r: np.ndarray
+def _actuation_scan(ex: Executor, session: Session, observations: Sequence[Observation], feats: np.ndarray,
+                    ts: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The actuation check's (score, alarm) per observation row the ticks used, scanned as live ticks
+    step it (each row fresh once); None without the check."""
+    if ex._actuation is None:
+        return None
+    accel_at, speed_at, command_at = ex._actuation_at
+    nan = float("nan")
+    if session.actual_is_command:
+        commands = [nan if (c := observations[i].actual_controls) is None or not c.size else float(c[command_at])
+                    for i in rows.tolist()]
+    else:
+        commands = [nan] * len(rows)
+    x = feats[rows]
+    return ex._actuation.scan(session.slot, ts[rows], x[:, accel_at], x[:, speed_at], commands)
+
+
+def _gate_scan(ex: Executor, slot: int, gate_rows: list, r: np.ndarray,
+               actuation: tuple[np.ndarray, np.ndarray] | None = None
                ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
-    """(score, threshold, veto) per tick: each gate's sequential filter scanned over the ticks."""
+    """(score, threshold, veto) per tick: each gate's sequential filter scanned over the ticks, and
+    the actuation check's verdicts (per observation row) last."""
     from executor.core import nearest_gate
 
     if not ex._gate_runs:
         return None, None, np.zeros(len(r), bool)
     per_gate = [(score[r], run.monitor.filter.scan(flags.exceed[r], flags.immediate[r], slot), run.threshold)
                 for run, (score, flags) in zip(ex._gate_runs, gate_rows)]
+    if actuation is not None:
+        per_gate.append((actuation[0][r], actuation[1][r], ex._actuation.threshold))
     return nearest_gate(per_gate)
 
 

@@ -10,6 +10,8 @@ Typical use::
     step = monitor.step(features_batch, slots)   # per tick: step.score, step.alarm, step.flags
 """
 
+from .actuation import (ActuationCheck, ActuationEpisode, ActuationModel, ActuationMonitor, ActuationSettings,
+                        fit_actuation_check)
 from .bank import BankStep, GateBank
 from .bench import bench_scorer
 from .calibrate import FeatureRange, NormBand, ThresholdCalibration, calibrate_norm_band, calibrate_threshold, fit_feature_range
@@ -24,6 +26,7 @@ from .monitor import GateMonitor, GateStep
 from .score import GateFlags, GateScorer, RowScores, StackedScorer
 
 __all__ = [
+    "ActuationCheck", "ActuationEpisode", "ActuationModel", "ActuationMonitor", "ActuationSettings", "fit_actuation_check",
     "BankStep", "ChangeTracker", "CusumFilter", "FeatureRange", "fit_feature_range", "CusumSettings", "FeatureSchema", "FreezeDetector", "FilterSettings", "Gate", "GateBank",
     "GateFlags",
     "GateMonitor", "GateScorer", "GateStats", "GateStep", "KOfNFilter", "KOfNSettings", "NormBand",

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .actuation import ActuationCheck
 from .calibrate import FeatureRange, NormBand, ThresholdCalibration, calibrate_norm_band, calibrate_threshold, fit_feature_range
 from .filter import FilterSettings, KOfNSettings, filter_settings_from_dict, make_filter
 from .fit import GateStats, check_feature_matrix, fit_statistics, raw_norms
@@ -47,6 +48,8 @@ class Gate:
     filter: FilterSettings
     schema: FeatureSchema
     feature_range: FeatureRange | None = None  # raw features outside it veto at once; None: no range guard
+    # measured acceleration short of the command in effect (raw-input gates only); None: no such check
+    actuation: ActuationCheck | None = None
 
     @property
     def threshold(self) -> float:
@@ -80,6 +83,8 @@ class Gate:
                "norm_guard_measured": self.norm_band.empirical_rate}
         if self.feature_range is not None:
             out["range_guard_measured"] = self.feature_range.calibration_rate
+        if self.actuation is not None:  # before its filter and distrust hold, per observation with a verdict
+            out["actuation_measured"] = self.actuation.calibration.empirical_rate
         return out
 
     def scorer(self, max_batch: int = 64) -> GateScorer:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .actuation import ActuationCheck
 from .calibrate import FeatureRange, NormBand, ThresholdCalibration
 from .filter import filter_settings_from_dict
 from .fit import VARIANTS, GateStats, NormStats
@@ -59,6 +60,8 @@ def _metadata(gate: Gate) -> dict[str, Any]:
     }
     if gate.feature_range is not None:  # absent, not null, without one: older files keep their hash
         meta["feature_range"] = gate.feature_range.to_dict()
+    if gate.actuation is not None:  # the same: absent without one
+        meta["actuation"] = gate.actuation.to_dict()
     return meta
 
 
@@ -199,6 +202,8 @@ def load_gate(
             schema=FeatureSchema(tuple(meta["schema"]["feature_names"]), str(meta["schema"]["source"])),
             # optional: gate files written before the range guard have none
             feature_range=None if meta.get("feature_range") is None else FeatureRange.from_dict(meta["feature_range"]),
+            # optional too: gate files written before the actuation check have none
+            actuation=None if meta.get("actuation") is None else ActuationCheck.from_dict(meta["actuation"]),
         )
         if gate.feature_range is not None and len(gate.feature_range.low) != dim:
             raise ValueError(f"gate file {path}: feature range of {len(gate.feature_range.low)} features for dim {dim}")
@@ -208,6 +213,11 @@ def load_gate(
         raise ValueError(f"gate file {path}: bad or missing metadata field ({type(exc).__name__}: {exc})") from exc
     if len(gate.schema.feature_names) != dim:
         raise ValueError(f"gate file {path}: {len(gate.schema.feature_names)} feature names for dim {dim}")
+    if gate.actuation is not None:
+        wanted = (gate.actuation.settings.accel_feature, gate.actuation.settings.speed_feature)
+        if not set(wanted) <= set(gate.schema.feature_names):
+            raise ValueError(f"gate file {path}: the actuation check reads {list(wanted)}, which this gate's "
+                             f"{gate.schema.source} features do not include")
     if gate.version_hash != meta["version_hash"]:
         raise ValueError(
             f"gate file {path}: content hash mismatch (stored {str(meta['version_hash'])[:12]}..., "

@@ -4,7 +4,9 @@ The controller is reached either over gRPC (`GrpcDecider`: a real Drive session,
 reproducible runs or REALTIME paced by the wall clock) or in-process (`InProcessDecider`: the same
 Executor the server wraps, for fast batch runs). Either way the loop is the same: observe, send the
 observation (and the simulator planner's plan, unless the controller has a planner of its own),
-apply the snapshot's applied action, step.
+apply the snapshot's applied action, step. Each observation carries, as its actual action, the
+command the simulator applied at the step before it (what the car was executing when the
+observation was taken; none on the first), as a shadow-mode stack sends the vehicle's command.
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ DT_NS = 5_000_000
 PLAN_PERIOD_STEPS = 40  # the simulator's planner publishes a plan every 200 ms
 
 
+# The action in effect when an observation was taken: (action index or -1, controls float32).
+Actual = tuple[int, np.ndarray]
+
+
 class Decider(Protocol):
     def decide(self, seq: int, timestamp_ns: int, features: np.ndarray, plan_id: str,
-               plan: np.ndarray | None) -> pb.DecisionSnapshot | None: ...
+               plan: np.ndarray | None, actual: Actual | None = None) -> pb.DecisionSnapshot | None: ...
 
     def close(self) -> None: ...
 
@@ -57,8 +63,10 @@ class InProcessDecider:
     def has_planner(self) -> bool:
         return self.planner is not None
 
-    def decide(self, seq, timestamp_ns, features, plan_id, plan):
+    def decide(self, seq, timestamp_ns, features, plan_id, plan, actual=None):
         obs = Observation(seq=seq, timestamp_ns=timestamp_ns, features=features, plan_id=plan_id, plan_values=plan)
+        if actual is not None:
+            obs.actual_index, obs.actual_controls = actual
         if self.planner is not None:
             obs.plan_id, obs.plan_values = "", None
             self.planner.plan_now(self.session_id, obs)
@@ -100,9 +108,11 @@ class GrpcDecider:
         except grpc.RpcError:
             pass
 
-    def decide(self, seq, timestamp_ns, features, plan_id, plan):
+    def decide(self, seq, timestamp_ns, features, plan_id, plan, actual=None):
         self.session.send(seq, timestamp_ns, features.tolist(), plan_id=plan_id,
-                          plan=plan.tolist() if plan is not None else None)
+                          plan=plan.tolist() if plan is not None else None,
+                          actual_index=None if actual is None else actual[0],
+                          actual_controls=() if actual is None else actual[1].tolist())
         if self.clock == pb.LOCKSTEP:
             return self.session.recv()
         return self._latest
@@ -182,6 +192,7 @@ def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool | 
     reasons = np.zeros(n, np.int64)
     plan_ids: list[str] = []
     accel, steer = 0.0, 0.0  # nothing applied before the first decision
+    actual: Actual | None = None  # what the previous step applied
     t_wall0 = time.monotonic()
     k = 0
     while not env.done and k < n:
@@ -195,7 +206,7 @@ def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool | 
             if slack > 0:
                 time.sleep(slack)
         t0 = time.perf_counter_ns()
-        snap = decider.decide(k + 1, k * DT_NS, features, plan_id, plan_values)
+        snap = decider.decide(k + 1, k * DT_NS, features, plan_id, plan_values, actual)
         rec["rtt"][k] = (time.perf_counter_ns() - t0) / 1e3
         if snap is not None:
             accel, steer = snap.applied.controls[0], snap.applied.controls[1]
@@ -216,6 +227,8 @@ def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool | 
         rec["t"][k] = env.t
         rec["accel"][k], rec["steer"][k] = accel, steer
         env.step(accel, steer)
+        # float32, as the wire carries it: in-process and gRPC runs see the same command
+        actual = (int(idx[k]), np.array([accel, steer], np.float32))
         k += 1
     decider.close()
     return ClosedLoopRun(

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from sim.expert import Expert, TargetSteps
 from sim.metrics import EpisodeMetrics, MetricsRecorder
 from sim.scenarios import SCENARIOS, ScenarioInstance, build_scenario
-from sim.schema import N_FEATURES, N_PLAN, PLAN_INDEX, label_from_accel
+from sim.schema import N_FEATURES, N_PLAN, PLAN_INDEX, clip_controls, label_from_accel
 from sim.sensors import Sensors
 from sim.world import EGO
 
@@ -141,6 +141,10 @@ class ExpertData:
     label: npt.NDArray[np.int64]  # (B, T) index into ACTIONS
     controls: npt.NDArray[np.float32]  # (B, T, 2) accel, steer
     valid: npt.NDArray[np.bool_]  # (B, T) False after an episode ended (crash)
+    # The command the ego was executing when each observation was taken: what the previous step
+    # applied (noise included, clipped as the simulator clips it), NaN before the first step. This
+    # is what a closed-loop client sends as the observation's actual action (controller.proto).
+    applied: npt.NDArray[np.float32] | None = None  # (B, T, 2) accel, steer
     # With relabel: the same recorded states under another target speed (TargetSteps.alternatives),
     # as if a planner had just switched to it, and the expert's controls for it (the steering is
     # the same; "stop" plans keep theirs). Teaches the executor that the target speed changes how
@@ -203,6 +207,8 @@ def run_expert_batch(
     feats = np.zeros((b, n_rec, N_FEATURES), dtype=np.float32)
     plans = np.zeros((b, n_rec, N_PLAN), dtype=np.float32)
     controls = np.zeros((b, n_rec, 2), dtype=np.float32)
+    applied = np.full((b, n_rec, 2), np.nan, dtype=np.float32)
+    in_effect = np.full((b, 2), np.nan)  # the command the last step applied
     valid = np.zeros((b, n_rec), dtype=bool)
     times = np.zeros(n_rec)
     relabelling = relabel and steps is not None
@@ -217,6 +223,7 @@ def run_expert_batch(
             f, p = env.observe()
             feats[:, k], plans[:, k] = f, p
             controls[:, k, 0], controls[:, k, 1] = accel, steer
+            applied[:, k] = in_effect
             valid[:, k] = ~env.done_mask
             times[k] = env.t
             if relabelling:
@@ -230,9 +237,10 @@ def run_expert_batch(
         if accel_noise is not None:
             i = env.step_index
             accel, steer = accel + accel_noise[:, i], steer + steer_noise[:, i]
+        in_effect = np.stack(np.broadcast_arrays(*clip_controls(accel, steer)), axis=1)
         env.step(accel, steer)
     data = ExpertData(times[:k], feats[:, :k], plans[:, :k], label_from_accel(controls[:, :k, 0]),
-                      controls[:, :k], valid[:, :k])
+                      controls[:, :k], valid[:, :k], applied=applied[:, :k])
     if relabelling:
         alt_controls = controls[:, :k].copy()
         alt_controls[..., 0] = alt_accel[:, :k]

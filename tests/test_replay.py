@@ -153,3 +153,33 @@ def test_ray_missing_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"pip install 'dualloop\[ray\]'") as err:
         replay_many([FIXTURE], TEST_MODEL_PATH, use_ray=True)
     assert str(err.value) == RAY_MISSING
+
+
+@pytest.mark.parametrize("rate_hz", [200.0, 150.0, 100.0])
+def test_fast_replay_equals_plain_with_the_actuation_check(tmp_path, rate_hz):
+    """Every fault of the synthetic log, and commands the car falls short of (0.3-0.9 s: 1 m/s^2 more
+    braking than it achieves), none for a while (3.4-3.6 s), at sensor rates on and off the tick grid."""
+    log = synthetic_log(tmp_path / "faults.mcap", seconds=5.0, rate_hz=rate_hz, faults=True)
+    data = read_log(log)
+    obs = _observations(data)
+    for o in obs:
+        t = (o.timestamp_ns - obs[0].timestamp_ns) / 1e9
+        accel = float(o.features[1]) if np.isfinite(o.features[1]) else 0.0
+        o.actual_controls = None if 3.4 <= t < 3.6 else \
+            np.array([accel - (1.0 if 0.3 <= t < 0.9 else 0.0), 0.0], np.float32)
+    runs = []
+    for fast in (True, False):
+        ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(data.header))
+        runs.append(run_replay(ex, "s", obs, fast=fast, actual_is_command=True)[0])
+    _assert_same(*runs)
+    threshold = ex._actuation.threshold
+    assert [s.gate_threshold for s in runs[0]] == [s.gate_threshold for s in runs[1]]
+    by_check = [s for s in runs[1] if s.gate_threshold == threshold]
+    assert by_check and [s.gate_score for s in by_check] == [s.gate_score for s in runs[0] if s.gate_threshold == threshold]
+    assert any(s.gate_veto for s in by_check) and all(0.3 <= s.scheduled_time_ns / 1e9 - 1.0 for s in by_check)
+
+
+def test_real_drive_labels_are_not_judged_as_commands(fixture_replay):
+    """The comma2k19 import's actual action is a label made from the speed itself: no actuation verdict."""
+    assert fixture_replay.report.actuation_check.startswith("skipped")
+    assert "actuation check: skipped" in format_report(fixture_replay.report)
