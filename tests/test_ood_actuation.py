@@ -265,3 +265,39 @@ def test_bad_settings_and_mismatched_models_are_named(check, tmp_path: Path) -> 
 def test_executor_refuses_two_checks(model, gates) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(GateMismatch, match="2 gates carry an actuation check"):
         Executor(model, None, [gates[1], gates[1]])
+
+
+def _lagged(command: np.ndarray, tau_s: float, gain: float = 1.0) -> np.ndarray:
+    """The acceleration a first-order actuator (the simulator's) delivers for a command, from rest."""
+    a, out = 0.0, []
+    alpha = -math.expm1(-DT_NS * 1e-9 / tau_s)
+    for c in command:
+        out.append(a)
+        a += alpha * (gain * c - a)
+    return np.array(out)
+
+
+def test_a_throttle_step_at_the_start_with_a_noisy_first_reading_is_not_vetoed(gates) -> None:  # type: ignore[no-untyped-def]
+    """The expected accel starts from the first reading; the check judges only after the lag has
+    forgotten it (dense_traffic seed 900003 opened with a 1 m/s^2 step and a first reading 0.13 high,
+    and was vetoed from its 13th tick before the warm-up)."""
+    check = next(g.actuation for g in gates if g.actuation is not None)
+    command = np.full(200, 1.0)
+    accel = _lagged(command, check.model.tau_s)
+    accel[0] += 0.15  # 3 sigma of the accelerometer's noise
+    t = np.arange(200, dtype=np.int64) * DT_NS
+    scores, alarms = check.monitor(1).scan(0, t, accel, np.full(200, 12.0), command)
+    assert not alarms.any()
+    warm = int(np.ceil(3 * check.model.tau_s / (DT_NS * 1e-9)))
+    assert np.isnan(scores[:warm]).all() and np.isfinite(scores[warm:]).all()  # no verdict while warming up
+
+
+def test_a_car_that_brakes_short_from_its_first_observation_is_vetoed_after_the_warm_up(gates) -> None:  # type: ignore[no-untyped-def]
+    check = next(g.actuation for g in gates if g.actuation is not None)
+    command = np.full(200, -3.0)
+    accel = _lagged(command, check.model.tau_s, gain=0.4)  # low friction: 40% of the braking
+    t = np.arange(200, dtype=np.int64) * DT_NS
+    _, alarms = check.monitor(1).scan(0, t, accel, np.full(200, 20.0), command)
+    first = int(np.argmax(alarms))
+    assert alarms.any() and first * DT_NS * 1e-9 < 3 * check.model.tau_s + 0.05
+    assert alarms[first:].all()
