@@ -10,16 +10,12 @@ import pytest
 
 import ood
 from ood import FeatureRange, GateBank, GateMonitor, KOfNSettings, CusumSettings, make_filter
-from ood.fit import fit_statistics
+from gate_data import clustered_stats
 from ood.score import GateScorer
 
 
 def _stats(rng: np.random.Generator, d: int, variant: str) -> ood.GateStats:
-    k = 3
-    centres = 2.0 * rng.normal(size=(k, d)) + 3.0 * rng.normal(size=d)
-    y = rng.integers(0, k, size=2000)
-    x = centres[y] + rng.normal(size=(2000, d)) @ (rng.normal(size=(d, d)) / np.sqrt(d))
-    return fit_statistics(x, None if variant == "single" else y, variant=variant)
+    return clustered_stats(rng, d, variant, classes=3, n=2000)
 
 
 def _range(rng: np.random.Generator, stats: ood.GateStats, n_context: int) -> FeatureRange:

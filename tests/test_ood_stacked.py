@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ood
-from ood.fit import fit_statistics
+from gate_data import clustered_stats
 from ood.score import GateScorer, StackedScorer
 
 
@@ -36,11 +36,7 @@ def _reference_d2(x: np.ndarray, stats: ood.GateStats) -> np.ndarray:
 
 
 def _fitted(rng: np.random.Generator, d: int, variant: str) -> ood.GateStats:
-    k = 4
-    centres = 2.0 * rng.normal(size=(k, d)) + 3.0 * rng.normal(size=d)
-    y = rng.integers(0, k, size=3000)
-    x = centres[y] + rng.normal(size=(3000, d)) @ (rng.normal(size=(d, d)) / np.sqrt(d))
-    return fit_statistics(x, None if variant == "single" else y, variant=variant)
+    return clustered_stats(rng, d, variant, classes=4, n=3000)
 
 
 def _rows(rng: np.random.Generator, stats: ood.GateStats, n: int) -> np.ndarray:
