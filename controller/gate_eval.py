@@ -115,18 +115,15 @@ def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], n
 
 def actuation_verdicts(model: DecisionModel, check: ood.ActuationCheck, t: np.ndarray, features: np.ndarray,
                        command: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(score, alarm) (B, T) of the actuation check on episodes observed at every tick, stepped tick by
-    tick as the executor steps it (one slot per episode, every observation fresh)."""
+    """(score, alarm) (B, T) of the actuation check on episodes observed at every tick, each episode
+    scanned as a replay scans a session (the live ticks' rule; one slot per episode)."""
     b, t_len = command.shape
     accel_at, speed_at, _ = check.indices(model.card.feature_names, [c.name for c in model.card.controls])
     monitor = check.monitor(b)
-    slots, fresh = list(range(b)), [True] * b
-    t_ns = np.round(t * 1e9).astype(np.int64).tolist()
+    t_ns = np.round(t * 1e9).astype(np.int64)
     score, alarm = np.full((b, t_len), np.nan), np.zeros((b, t_len), bool)
-    for k in range(t_len):
-        s, a = monitor.step(slots, fresh, [t_ns[k]] * b, features[:, k, accel_at].tolist(),
-                            features[:, k, speed_at].tolist(), command[:, k].tolist())
-        score[:, k], alarm[:, k] = s, a
+    for e in range(b):
+        score[e], alarm[e] = monitor.scan(e, t_ns, features[e, :, accel_at], features[e, :, speed_at], command[e])
     return score, alarm
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from controller.gate_tools import load_gate_for_model
 from controller.logfile import LogData, read_log, write_log
-from controller.logformat import actual_is_command
+from controller.logformat import ACTUAL_CONTROLS_DETAIL, actual_is_command
 from controller.replay_report import ReplayReport, summarise
 from controller.wire import observation_from_proto, snapshot_to_proto
 from dualloop.v1 import controller_pb2 as pb
@@ -132,6 +132,6 @@ def replay_log(log_path: str | Path, model_path: str | Path, gate_paths: Sequenc
     result.report = summarise(snaps, ex, len(observations), drive_s, source_path, timings)
     result.report.actuation_check = ("none in the gates" if ex._actuation is None else "ran" if commands else
                                      "skipped: the log does not declare its actual controls as the command in effect "
-                                     f"({data.header.source_details.get('actual_controls') or 'no declaration'})")
+                                     f"({data.header.source_details.get(ACTUAL_CONTROLS_DETAIL) or 'no declaration'})")
     timings["report_s"] = time.perf_counter() - t3
     return result

@@ -48,12 +48,6 @@ REASONS_OF_FLAGS = [tuple(r for r in TICK_REASONS if flags & REASON_BITS[r]) for
 
 _NAN = float("nan")
 _perf_ns = time.perf_counter_ns
-
-
-def _numpy_ratio(score: float, threshold: float) -> float:
-    """score / threshold as numpy divides (nearest_gate), for a zero threshold: +-inf or NaN."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return float(np.float64(score) / np.float64(threshold))
 _mono_ns = time.monotonic_ns
 
 
@@ -149,6 +143,14 @@ class _GateRun:
     source: str  # one of GATE_SOURCES
     dim: int  # features the gate scores
     threshold: float
+
+
+def command_in_effect(session: Session, obs: Observation, at: int) -> float:
+    """Control `at` of the command the vehicle was executing when `obs` was taken (its actual action),
+    as the actuation check reads it on live ticks and in a replay; NaN when there is none or the
+    session's actual actions are not commands."""
+    c = obs.actual_controls
+    return c.item(at) if session.actual_is_command and c is not None and c.size else _NAN
 
 
 @dataclass
@@ -534,8 +536,7 @@ class Executor:
             times.append(obs.timestamp_ns)
             accel.append(item(i, accel_at))
             speed.append(item(i, speed_at))
-            c = obs.actual_controls
-            commands.append(c.item(command_at) if s.actual_is_command and c is not None and c.size else _NAN)
+            commands.append(command_in_effect(s, obs, command_at))
         scores, alarms = monitor.step(slots, fresh, times, accel, speed, commands)
         score, threshold, veto = step
         limit = monitor.threshold
@@ -544,7 +545,13 @@ class Executor:
                 veto[i] = True
             if s == s:  # a verdict: report it if nearer its threshold than the nearest gate
                 best, t = score.item(i), threshold.item(i)
-                if s / limit > (best / t if t else _numpy_ratio(best, t)):
+                if t:
+                    nearer = s / limit > best / t
+                else:  # a zero threshold: IEEE division, as the gates are ranked
+                    from ood.one_row import ratio_at_zero
+
+                    nearer = s / limit > ratio_at_zero(best, t)
+                if nearer:
                     score[i], threshold[i] = s, limit
 
     def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,

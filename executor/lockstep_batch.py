@@ -237,13 +237,10 @@ def _actuation_scan(ex: Executor, session: Session, observations: Sequence[Obser
     step it (each row fresh once); None without the check."""
     if ex._actuation is None:
         return None
+    from executor.core import command_in_effect
+
     accel_at, speed_at, command_at = ex._actuation_at
-    nan = float("nan")
-    if session.actual_is_command:
-        commands = [nan if (c := observations[i].actual_controls) is None or not c.size else float(c[command_at])
-                    for i in rows.tolist()]
-    else:
-        commands = [nan] * len(rows)
+    commands = [command_in_effect(session, observations[i], command_at) for i in rows.tolist()]
     x = feats[rows]
     return ex._actuation.scan(session.slot, ts[rows], x[:, accel_at], x[:, speed_at], commands)
 
