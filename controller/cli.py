@@ -64,24 +64,32 @@ def _make_test_model(args: argparse.Namespace) -> int:
     return 0
 
 
+_BENCH_DURATION_S = {"tick": 60.0, "planner": 600.0, "sim": 3.0, "replay": 60.0, "gate": 0.0}
+_BENCH_SESSIONS = {"planner": 32}
+
+
 def _bench(args: argparse.Namespace) -> int:
     from controller.bench import bench_tick
 
+    # what each bench runs unless told: the planner's busy/idle p99 ratio needs many turns of each
+    # (60 s runs gave 0.5x to 1.6x on this VM, a 600 s run 1.02x with a 95% interval of 0.85-1.22x)
+    duration = args.duration if args.duration is not None else _BENCH_DURATION_S[args.what]
+    sessions = args.sessions if args.sessions is not None else _BENCH_SESSIONS.get(args.what, 8)
     if args.what == "sim":
         from sim.bench import bench_sim
 
-        result = bench_sim(seconds=args.duration if args.duration != 60.0 else 3.0)
+        result = bench_sim(seconds=duration)
         console.print(result)
         return 0
     if args.what == "planner":
         from controller.bench_planner import PHASE_S, bench_planner
 
-        if args.duration < 4 * PHASE_S:
-            console.print(f"[red]error:[/] bench planner --duration {args.duration:g}: too short, the planner is "
+        if duration < 4 * PHASE_S:
+            console.print(f"[red]error:[/] bench planner --duration {duration:g}: too short, the planner is "
                           f"idle and busy in turns of {PHASE_S:g} s and each needs two turns (at least "
                           f"{4 * PHASE_S:g} s)", highlight=False)
             return 2
-        bench_planner(args.model, args.sessions if args.sessions != 8 else 32, args.duration, args.out, args.guard_ms,
+        bench_planner(args.model, sessions, duration, args.out, args.guard_ms,
                       args.realtime_priority or None, planner="behaviour", console=console)
         return 0
     if args.what == "replay":
@@ -90,7 +98,7 @@ def _bench(args: argparse.Namespace) -> int:
 
         model = BASE_MODEL_PATH if args.model == TEST_MODEL_PATH else args.model
         bench_replay(model, tuple(args.gate) if args.gate else DEFAULT_GATES, out_dir=args.out,
-                     seconds=min(args.duration, 60.0), console=console)
+                     seconds=min(duration, 60.0), console=console)
         return 0
     if args.what == "gate":
         from controller.bench_gate import SESSION_COUNTS, bench_gate_table
@@ -105,12 +113,12 @@ def _bench(args: argparse.Namespace) -> int:
             model_path, gate_paths = BASE_MODEL_PATH, list(DEFAULT_GATES)
         model = DecisionModel(model_path)
         gates = [load_gate_for_model(g, model) for g in gate_paths]
-        counts = sorted(set(SESSION_COUNTS) | {args.sessions})  # the standard table, plus --sessions
+        counts = sorted(set(SESSION_COUNTS) | ({args.sessions} if args.sessions else set()))  # plus --sessions
         bench_gate_table(model, gates, counts, out_dir=args.out, console=console, model_path=str(model_path),
                          gate_paths=[str(g) for g in gate_paths])
         return 0
     if args.what == "tick":
-        result = bench_tick(args.model, args.sessions, args.duration, args.out, args.guard_ms,
+        result = bench_tick(args.model, sessions, duration, args.out, args.guard_ms,
                             args.realtime_priority or None)
         ok = (result["executor"]["missed_deadlines"] == 0 and result["p99_ratio_executor_over_bare"] <= 1.5
               and result["executor"]["lateness_us"]["p99"] < 500)
@@ -296,8 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "on 32 sessions vs idle; replay: 60 s logs replayed, x real time on one core vs the per-tick path")
     p.add_argument("--gate", type=Path, action="append", help="gate file (bench gate; default: models/base.onnx with its two gates); repeat for several")
     p.add_argument("--model", type=Path, default=TEST_MODEL_PATH)
-    p.add_argument("--sessions", type=int, default=8)
-    p.add_argument("--duration", type=float, default=60.0, help="seconds")
+    p.add_argument("--sessions", type=int, help="REALTIME sessions (tick: 8, planner: 32); gate: a count "
+                   "added to its table")
+    p.add_argument("--duration", type=float, help="seconds (tick: 60, planner: 600, sim: 3, replay: 60 at most)")
     p.add_argument("--out", type=Path, default=Path("runs/bench"))
     p.add_argument("--guard-ms", type=float, default=2.0,
                    help="how long before each deadline the loop timer hands over to the busy wait")

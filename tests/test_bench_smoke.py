@@ -78,3 +78,16 @@ def test_bench_planner_compares_idle_and_busy_turns_of_one_run(tmp_path, test_mo
     assert low <= result["p99_ratio_busy_over_idle"] <= high
     planner = result["planner_stats"]
     assert planner["source"] == "behaviour" and planner["plans"] >= 2 * 4 and planner["errors"] == 0
+
+
+def test_bench_planner_refuses_a_run_too_short_for_two_turns_of_each_kind(capsys, monkeypatch):
+    import controller.bench_planner
+
+    ran = []
+    monkeypatch.setattr(controller.bench_planner, "bench_planner", lambda *a, **k: ran.append(a))
+    assert main(["bench", "planner", "--duration", "7"]) == 2
+    assert "--duration 7: too short" in capsys.readouterr().out and not ran
+    # without --duration it runs long enough for a narrow interval: 600 s, 32 sessions
+    assert main(["bench", "planner"]) == 0
+    (args,) = ran
+    assert args[1:3] == (32, 600.0)
