@@ -128,6 +128,13 @@ class BehaviourParams:
     # was never shown a lane change on top of an emergency stop (without this, cut_in on the demo
     # seed: a change started at -8 m/s^2, 165 vetoed ticks instead of 0).
     w_change_braking: float = 5.0
+    # No lane change is started slower than this, as the executor's expert never does
+    # (sim.expert.ExpertParams.min_change_speed): the executor was never shown a change from a crawl.
+    # The rollout lets the ego move sideways at any speed, so stopped 2.5 m behind a stopped car it
+    # found the next lane free and planned change_left; the executor accelerated straight into the
+    # car instead (stopped_vehicle_ahead, seed 900012, with a model trained on the simulator's later
+    # traffic). A change already under way may go on at any speed.
+    min_change_speed: float = 3.0
     # The target speed says what the executor should settle at: a target far above what the chosen
     # lane lets the ego reach within the horizon makes it press into the gap ahead; and a target that
     # moves with every small change of the costs is noise (without these two, lead_brakes_hard on 6
@@ -360,6 +367,7 @@ class BehaviourPlanner:
         rear_ttc = np.where(rear_closing > 1e-3, rear_g / np.maximum(rear_closing, 1e-3), np.inf)
         rear_bad = during & ((rear_g < p.rear_min_gap) | (rear_ttc < p.rear_min_ttc_s))
         rear_unsafe = changing & (rear_bad.any(axis=0) | (rear_gap0 < p.rear_min_gap))
+        too_slow = changing & (sit.v0[own] < p.min_change_speed) & ~self._under_way(sit, requests)[own, lane]
 
         # ---- progress and comfort ----
         cruise = sit.cruise[own]
@@ -405,10 +413,11 @@ class BehaviourPlanner:
             "target": p.w_target * overshoot / np.maximum(cruise, 1.0),
             "collision": np.where(collides, p.collision_cost, 0.0),
             "rear_unsafe": np.where(rear_unsafe, p.collision_cost, 0.0),
+            "too_slow": np.where(too_slow, p.collision_cost, 0.0),
         }
         cost = np.sum(list(terms.values()), axis=0)
         blocked = (lead_v[-1] < p.stop_speed) & (v_hist[-1] < p.stop_approach_speed)
-        cands = Candidates(lane=lane, target_speed=cols.target, cost=cost, feasible=~(collides | rear_unsafe),
+        cands = Candidates(lane=lane, target_speed=cols.target, cost=cost, feasible=~(collides | rear_unsafe | too_slow),
                            end_speed=v_hist[-1], min_gap=min_gap, blocked=blocked, terms=terms)
         return cols, cands
 
@@ -542,6 +551,27 @@ class BehaviourPlanner:
         moving = cols.target > 0.0
         return np.where(np.isfinite(prev) & moving, np.abs(cols.target - np.nan_to_num(prev)), 0.0)
 
+    def _change_in_progress(self, sit: _Situation, b: int, previous: Plan | None) -> tuple[int, int, bool] | None:
+        """For a session whose previous plan was a lane change: (the lane candidate that continues
+        it, the one that reverses it, whether the ego has crossed the lane boundary); else None."""
+        if previous is None or previous.behaviour not in ("change_left", "change_right"):
+            return None
+        sign = 1.0 if previous.behaviour == "change_left" else -1.0
+        # Past the lane boundary the ego's "current lane" is already the new one: the ego sits on the
+        # far side of its centre, and keeping the lane is how the change finishes.
+        crossed = sign * float(sit.lane_offset[b]) < -0.25 * self.params.lane_width
+        continuing = KEEP_LANE if crossed else (LEFT_LANE if sign > 0 else RIGHT_LANE)
+        return continuing, (RIGHT_LANE if sign > 0 else LEFT_LANE), crossed
+
+    def _under_way(self, sit: _Situation, requests: Sequence[PlanRequest]) -> npt.NDArray[np.bool_]:
+        """(B, 3 lanes): the lane candidate that goes on with a change the previous plan started."""
+        out = np.zeros((len(requests), 3), bool)
+        for b, request in enumerate(requests):
+            change = self._change_in_progress(sit, b, request.previous)
+            if change is not None:
+                out[b, change[0]] = True
+        return out
+
     def _hysteresis(self, sit: _Situation, requests: Sequence[PlanRequest]) -> FloatArray:
         """(B, 3 lanes) costs that make the planner finish what it started and not flip back."""
         p = self.params
@@ -549,14 +579,9 @@ class BehaviourPlanner:
         with self._lock:  # one look at the memory for the whole batch
             last = [self._last_change_ns.get(r.session_id) for r in requests]
         for b, request in enumerate(requests):
-            previous = request.previous
-            if previous is not None and previous.behaviour in ("change_left", "change_right"):
-                sign = 1.0 if previous.behaviour == "change_left" else -1.0
-                # Past the lane boundary the ego's "current lane" is already the new one: the ego sits
-                # on the far side of its centre, and keeping the lane is how the change finishes.
-                crossed = sign * float(sit.lane_offset[b]) < -0.25 * p.lane_width
-                continuing = KEEP_LANE if crossed else (LEFT_LANE if sign > 0 else RIGHT_LANE)
-                reverse = RIGHT_LANE if sign > 0 else LEFT_LANE
+            change = self._change_in_progress(sit, b, request.previous)
+            if change is not None:
+                continuing, reverse, crossed = change
                 cost[b, continuing] = p.w_continue
                 cost[b, reverse] = p.w_reverse
                 if not crossed:  # aborting is allowed when it must be, but it has to be worth it

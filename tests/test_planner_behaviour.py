@@ -107,6 +107,27 @@ def test_goes_around_a_stopped_car_when_a_lane_is_free():
     assert p.behaviour == "change_left"
 
 
+def test_no_lane_change_is_started_slower_than_the_executor_was_shown_changes():
+    from sim.expert import ExpertParams
+
+    assert BehaviourPlanner().params.min_change_speed == ExpertParams().min_change_speed
+
+
+def test_no_lane_change_is_started_from_a_crawl_behind_a_stopped_car():
+    # Stopped 2.5 m behind a stopped car, the left lane free: the executor was never shown a change
+    # from a standstill (it drove into the car), so the plan is to stay stopped...
+    stuck = features(v=0.0, lead=(2.5, 0.0))
+    p = plan(BehaviourPlanner(), stuck)
+    assert (p.behaviour, p.target_speed) == ("stop", 0.0)
+    # ...just under the expert's minimum speed for a change too, and at it the change is taken.
+    assert plan(BehaviourPlanner(), features(v=2.9, lead=(30.0, -2.9))).behaviour == "stop"
+    assert plan(BehaviourPlanner(), features(v=3.0, lead=(30.0, -3.0))).behaviour == "change_left"
+    # A change already under way goes on, however slowly the ego is moving.
+    previous = Plan("p0", "e", 0, 10**9, "behaviour", "change_left", 10.0, 3.5)
+    slow_mid_change = features(v=2.0, lead=(30.0, -2.0), lane_offset=0.8)
+    assert plan(BehaviourPlanner(), slow_mid_change, previous, session="e").behaviour == "change_left"
+
+
 def test_finishes_a_lane_change_instead_of_flipping():
     planner = BehaviourPlanner()
     # Without history, a free right lane wins (keep right)...
@@ -338,3 +359,37 @@ def test_dense_traffic_in_closed_loop_moves_to_the_faster_lane_and_follows_its_s
     assert int(env.world.ego_lane()[0]) == start_lane + 1
     assert run.speed_changes() >= 1 and {p[0] for p in run.plans} == {"behaviour"}
     assert run.ticks_with(pb.OOD_VETO) == 0
+
+
+def test_stopped_behind_a_stopped_car_in_closed_loop_stays_stopped():
+    """stopped_vehicle_ahead, held-out seed 900012: boxed in, the ego stops 2.5 m behind the stopped
+    car. The rollout then found the left lane free; the change it planned from a standstill made the
+    executor creep into the car (1.0 m left with the shipped model, a collision with a retrained
+    one). No change is started from a crawl now: the ego stays where it stopped."""
+    import ood
+    from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
+    from controller.planning import LockstepPlanning
+    from executor.core import Executor
+    from executor.model_runner import DecisionModel
+    from sim.closed_loop import InProcessDecider, run_closed_loop
+    from sim.env import make_scenario
+    from sim.expert import ExpertParams
+
+    planner = BehaviourPlanner()
+    asked: list[tuple[float, str]] = []  # (ego speed, behaviour) of every plan, as the planner made it
+    plan_one = planner.plan
+
+    def recording(request: PlanRequest) -> Plan:
+        p = plan_one(request)
+        asked.append((float(request.features[F["ego_speed"]]), p.behaviour))
+        return p
+
+    planner.plan = recording  # type: ignore[method-assign]
+    executor = Executor(DecisionModel(BASE_MODEL_PATH), None, [ood.load_gate(g) for g in DEFAULT_GATES])
+    env = make_scenario("stopped_vehicle_ahead", 900_012)
+    run = run_closed_loop(env, InProcessDecider(executor, "stopped", LockstepPlanning(planner, 200_000_000)), 900_012)
+    assert run.metrics.collisions == 0
+    assert any(b == "stop" for _, b in asked)
+    slowest = ExpertParams().min_change_speed  # what the executor was trained on
+    assert not [(v, b) for v, b in asked if b.startswith("change_") and v < slowest]
+    assert env.true_features()[F["lead_distance"]] > 2.0  # still where it stopped, not creeping on
