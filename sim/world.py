@@ -24,6 +24,7 @@ BoolArray = npt.NDArray[np.bool_]
 
 DT: float = 0.005
 EGO: int = 0
+_EGO_INTENT_S = 1.0  # how far ahead traffic reads the ego's lateral motion when it changes lanes
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,11 @@ class World:
         p, idm, veh = self.mobil, self.idm, self.vehicle
         n_lanes = self.road.n_lanes
         occ = self.occupancy()
+        # Drivers see the ego drifting towards a lane before its body is in it: for their lane
+        # changes it is also where it will be in a second, so no car moves into the lane the ego is
+        # entering from the other side (cut_in, seed 900003: a car two lanes over did, from behind).
+        ego_ahead_d = self.d[:, EGO] + self.v[:, EGO] * np.sin(self.ego_psi) * _EGO_INTENT_S
+        occ[:, EGO, :] |= np.abs(ego_ahead_d[:, None] - self._lane_centres) < self._occ_threshold
         ds = self.s[:, None, :] - self.s[:, :, None]
         not_self = ~np.eye(self.m, dtype=bool)
         front_ok = (((ds >= 0.0) & not_self)[..., None]) & occ[:, None, :, :]  # (B, M, M, L)
