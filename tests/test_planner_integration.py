@@ -210,7 +210,10 @@ def _exercise_fault(srv: ServerThread, control: Path, fault: str) -> dict[str, f
     missed = srv.server.runtime.ticker.missed - missed_before
     assert np.all(np.diff(ticks) >= 1)
     assert len(ticks) + dropped <= span <= len(ticks) + dropped + missed
-    assert missed <= span * 0.02, f"{missed} missed deadlines out of {span} ticks"
+    # A planner on the loop's path would block it for the source's deadline (30-40 ms) in every 50 ms
+    # period: more than 60% of the ticks missed. The machine's own noise (this test beside another
+    # full test suite on the 2-core VM) missed up to 19 of 84; a quiet machine misses none.
+    assert missed <= span * 0.3, f"{missed} missed deadlines out of {span} ticks"
     # the fault showed up within the age limit plus a period or two, not later
     assert t_stale - t_fault < (MAX_PLAN_AGE_MS + 3 * PERIOD_MS) / 1e3 + 0.5
     return srv.server.runtime.planning.stats()
