@@ -20,6 +20,8 @@ from operator import sub as _sub
 
 import numpy as np
 
+from . import compiled
+
 
 class ChangeTracker:
     """Per slot, as Python floats (a tick has few rows; a numpy call costs more than the arithmetic):
@@ -30,12 +32,21 @@ class ChangeTracker:
         self._unknown = [math.nan] * dim
         self._last: list[list[float] | None] = [None] * n_slots
         self._change: list[list[float]] = [self._unknown] * n_slots
+        self._compiled = compiled.module()  # the same loop in C (ood/_tick.c), or None
+
+    @property
+    def is_compiled(self) -> bool:
+        return self._compiled is not None
 
     def step(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool], finite: Sequence[bool]
              ) -> list[list[float]]:
         """x (rows, dim) float32 raw features of the rows ticking now; their changes, one list of
         floats per row (the scorer takes them as they are; ``np.array`` makes the (rows, dim) array).
         The lists are the tracker's own: read them, do not change them."""
+        if self._compiled is not None:
+            out = self._compiled.change_step(self._last, self._change, self._unknown, x, slots, fresh, finite)
+            if out is not NotImplemented:  # x not float32: the loop below
+                return out
         last, change, out = self._last, self._change, []
         for slot, now, is_fresh, ok in zip(slots, x.tolist(), fresh, finite):
             if is_fresh:

@@ -11,6 +11,12 @@ advanced at all (checked per filter when the tick is built).
 It takes only the common tick: finite rows, every gate's features given, squares inside float64's
 comfortable range. For anything else (NaN/Inf, no decision vector, rows near float64's limits) it
 returns None before any filter state moves, and the bank takes its general path.
+
+The pass over plain floats after numpy's calls (``_decide``) is most of a one-session tick's cost, so
+it has a compiled twin, ``ood._tick.Kernel.decide`` (see ``ood.compiled``): the same operations on
+the same float64 values in the same order, hence the same bits. numpy keeps the products and sums of
+squares: OpenBLAS sums in its own order, and summing them anywhere else would change the scores'
+last bits. ``_decide`` stays the reference, and the path taken when the module did not build.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import compiled
 from .score import _SQ_HIGH, _SQ_LOW, _TINY, ClassTerms, StackedScorer, class_conditional, outside_limits
 
 _INF = float("inf")
@@ -59,6 +66,19 @@ class OneRowTick:
             self._gates.append(_Gate(scorer._cc[g], scorer._classes[g], float(scorer.norm_lows[g]),
                                      float(scorer.norm_highs[g]), float(scorer.thresholds[g]), g,
                                      scorer._range_lists[g] is not None, state, advance, quiet))
+        module = compiled.module()
+        self._kernel = None if module is None else module.Kernel(*self.kernel_args())
+
+    def kernel_args(self) -> tuple[int, np.ndarray, list[tuple]]:
+        """``ood._tick.Kernel``'s arguments: the scorer's buffer and, per gate, its constants and filter."""
+        return self._n_linear, self._tail, [
+            (gate.cc, *((None, None, None) if gate.spec is None else gate.spec), gate.low, gate.high, gate.threshold,
+             self.scorer._range_lists[gate.index], gate.state, gate.advance, gate.quiet) for gate in self._gates]
+
+    @property
+    def compiled(self) -> bool:
+        """This tick's decisions are made by the compiled module (else by ``_decide``)."""
+        return self._kernel is not None
 
     def step(self, slot: int, features: Sequence[np.ndarray | None], also: Sequence[bool] | None,
              changes: Sequence[Any] | None, context: Sequence[np.ndarray | None] | None
@@ -70,6 +90,16 @@ class OneRowTick:
                 return None
             src.dot(proj, out=out)
         np.vecdot(self._blocks, self._blocks, out=self._squares)
+        if self._kernel is not None:
+            out = self._kernel.decide(slot, features, also, changes, context)
+            if out is not NotImplemented:  # a source it cannot read: the Python pass below decides
+                return out
+        return self._decide(slot, features, also, changes, context)
+
+    def _decide(self, slot: int, features: Sequence[np.ndarray | None], also: Sequence[bool] | None,
+                changes: Sequence[Any] | None, context: Sequence[np.ndarray | None] | None
+                ) -> tuple[float, float, bool] | None:
+        """The decisions from the scorer's buffer once numpy has filled it (the reference pass)."""
         n_linear, sqrt = self._n_linear, math.sqrt
         decided = []
         for gate, lin in zip(self._gates, self._tail.tolist()):
