@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,7 @@ REASONS_OF_FLAGS = [tuple(r for r in TICK_REASONS if flags & REASON_BITS[r]) for
 
 _NAN = float("nan")
 _perf_ns = time.perf_counter_ns
+_slot_of = attrgetter("slot")
 _mono_ns = time.monotonic_ns
 
 
@@ -210,7 +212,8 @@ class Executor:
             from ood import GateBank
 
             self._gate_bank = GateBank([run.monitor for run in self._gate_runs], cap)
-        self._gate_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # per batch size
+        # per batch size: the tick's inputs, fresh flags and freeze verdicts, and each gate's plan rows
+        self._gate_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray | None] | None]] = {}
         self._gate_any_frozen = False
         # the changes between observations, when a gate on the raw inputs limits them; the plan, when
         # a gate limits it (the plan conditions the model as much as its observation does)
@@ -493,10 +496,11 @@ class Executor:
         n = len(rows)
         bank, views = self._gate_bank, self._gate_views
         try:
-            x, fresh, frozen = views[n]
+            x, fresh, frozen, plans = views[n]
         except KeyError:
-            x, fresh, frozen = views[n] = self._x[:n], self._fresh[:n], self._frozen[:n]
-        slots = [s.slot for s in rows]
+            plans = list(map((None, self._p[:n]).__getitem__, self._plan_gates)) if self._any_plan_gate else None
+            x, fresh, frozen, plans = views[n] = self._x[:n], self._fresh[:n], self._frozen[:n], plans
+        slots = list(map(_slot_of, rows))
         dv = out.decision_vector if out is not None else None
         # rows with NaN/Inf inputs are scored as NaN by every gate (the model saw a substitute)
         ok = finite.tolist()
@@ -505,26 +509,27 @@ class Executor:
         # what _fill_gate_features(source, None, ...) returns, per gate, by a C-level map (one session's
         # tick is short enough that a Python-level comprehension per list shows in it)
         features = list(map((dv, x).__getitem__, self._gate_on_inputs))
-        changes = plans = None
+        changes = None
         if self._change is not None:
             changes = list(map((None, self._change.step(x, slots, fresh_rows, ok)).__getitem__, self._change_gates))
-        if self._any_plan_gate:
-            plans = list(map((None, self._p[:n]).__getitem__, self._plan_gates))
         frozen_rows = None if self._freeze is None else self._freeze.step(x, slots, fresh_rows)
         any_frozen = frozen_rows is not None and True in frozen_rows
         if any_frozen or self._gate_any_frozen:  # else the buffer is all False already
             self._frozen[:] = False
             frozen[:] = frozen_rows if any_frozen else False
             self._gate_any_frozen = any_frozen
-        step = bank.step(slots, features, bad, also=frozen_rows, changes=changes, context=plans)
+        # Python lists until every verdict is in: the actuation check folds in on floats, and the
+        # arrays are made once (at one session, numpy calls are most of what a tick costs)
+        score, threshold, veto = bank.step_lists(slots, features, bad, also=frozen_rows, changes=changes, context=plans)
         if self._actuation is not None:
-            self._actuation_step(rows, slots, fresh_rows, x, step)
-        return step
+            self._actuation_step(rows, slots, fresh_rows, x, score, threshold, veto)
+        both = np.array((score, threshold), np.float64)  # one call for the two float rows
+        return both[0], both[1], np.array(veto, bool)
 
     def _actuation_step(self, rows: list[Session], slots: list[int], fresh: list[bool], x: np.ndarray,
-                        step: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
-        """The actuation check on this tick's rows, folded into the gates' (score, threshold, veto) in
-        place: its alarm vetoes, and it is reported when nearer its threshold than every gate (as
+                        score: list[float], threshold: list[float], veto: list[bool]) -> None:
+        """The actuation check on this tick's rows, folded into the gates' (score, threshold, veto) lists
+        in place: its alarm vetoes, and it is reported when nearer its threshold than every gate (as
         `nearest_gate` ranks it last in a replay). No command on a row: no verdict. Plain Python per
         row (`.item` reads one float without making an array): about a microsecond a session."""
         accel_at, speed_at, command_at = self._actuation_at
@@ -538,13 +543,12 @@ class Executor:
             speed.append(item(i, speed_at))
             commands.append(command_in_effect(s, obs, command_at))
         scores, alarms = monitor.step(slots, fresh, times, accel, speed, commands)
-        score, threshold, veto = step
         limit = monitor.threshold
         for i, (s, alarm) in enumerate(zip(scores, alarms)):
             if alarm:
                 veto[i] = True
             if s == s:  # a verdict: report it if nearer its threshold than the nearest gate
-                best, t = score.item(i), threshold.item(i)
+                best, t = score[i], threshold[i]
                 if t:
                     nearer = s / limit > best / t
                 else:  # a zero threshold: IEEE division, as the gates are ranked
