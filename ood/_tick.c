@@ -1,22 +1,24 @@
-/* ood._tick: the decisions of one session's gate tick (ood.one_row.OneRowTick._decide) in C.
+/* ood._tick: one session's gate tick (ood.one_row.OneRowTick) and the change and freeze loops in C.
  *
- * Why: with one session ticking, the gate's cost is Python bookkeeping, not arithmetic. numpy still
- * computes every product and sum of squares (OpenBLAS sums in its own order; redoing the sums here
- * would change the scores' last bits); this module takes over only what follows them, per gate: the
- * score from the buffer's linear terms and squares, the norm guard, the feature range check on the
- * row's values, changes and context, the threshold, then the filters (their Python rule, called only
- * when it can move, as in Python) and the gate nearest its threshold.
+ * Why: with one session ticking, the gate's cost is Python bookkeeping and numpy's per-call work, not
+ * arithmetic. Kernel.decide is OneRowTick._decide: per gate the score from the buffer's linear terms
+ * and squares, the norm guard, the feature range check on the row's values, changes and context, the
+ * threshold, then the filters (their Python rule, called only when it can move, as in Python) and
+ * the gate nearest its threshold. Kernel.step first fills that buffer as numpy's calls would, with the
+ * BLAS routines numpy itself calls (found by ood/blas.py; OpenBLAS sums in its own order, so any other
+ * summation would change the scores' last bits).
  *
- * It is the pure-Python pass line by line, with the same float64 operations in the same order (built
- * with -ffp-contract=off: no fused multiply-add), so the bits are the same; ``tests/test_ood_compiled.py``
- * compares the two. Anything it does not know how to read (a source that is not a float32/float64
- * row or a list of floats, a length that does not match its limits) returns NotImplemented before
- * any state moves, and the caller takes the Python pass, which stays the reference.
+ * Every pass is the pure-Python one line by line, with the same float64 operations in the same order
+ * (built with -ffp-contract=off: no fused multiply-add), so the bits are the same;
+ * tests/test_ood_compiled.py compares them. Anything it does not know how to read (a source that is
+ * not a float32/float64 row or a list of floats, a length that does not match its limits) returns
+ * NotImplemented before any state moves, and the caller takes the Python pass, the reference.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #define SQ_LOW 1e-200 /* ood.score._SQ_LOW, _SQ_HIGH */
@@ -37,12 +39,31 @@ typedef struct {
     PyObject *quiet;   /* a state a clean tick leaves as it is */
 } Gate;
 
+/* numpy's own BLAS routines (ood/blas.py finds them), 64-bit integer interface */
+typedef void (*gemv_fn)(int order, int trans, int64_t m, int64_t n, double alpha, const double *a, int64_t lda,
+                        const double *x, int64_t incx, double beta, double *y, int64_t incy);
+typedef double (*ddot_fn)(int64_t n, const double *x, int64_t incx, const double *y, int64_t incy);
+#define CBLAS_ROW_MAJOR 101
+#define CBLAS_TRANS 112
+
+typedef struct {
+    Py_buffer proj; /* (d, cols) float64, C-contiguous: [x | x W | (x W_bg) | linear terms | squares' zeros] */
+    Py_buffer wide; /* (1, d) float64: the row, widened */
+    Py_buffer out;  /* (1, cols) float64: the gate's row of the scorer's buffer */
+    int held;
+} Product;
+
 typedef struct {
     PyObject_HEAD
     Py_ssize_t n_gates, n_linear;
     Gate *gates;
     Py_buffer tail; /* (gates, linear terms + squares) float64, the scorer's own buffer */
     int has_tail;
+    /* the products and squares (StackedScorer._score_rows's numpy calls), when numpy's BLAS was found */
+    gemv_fn gemv;
+    ddot_fn ddot;
+    Py_ssize_t width, parts;
+    Product *products;
 } Kernel;
 
 static int read_doubles(PyObject *seq, Py_ssize_t *len, double **out) {
@@ -86,6 +107,17 @@ static void kernel_dealloc(Kernel *self) {
         PyMem_Free(self->gates);
     }
     if (self->has_tail) PyBuffer_Release(&self->tail);
+    if (self->products != NULL) {
+        for (Py_ssize_t g = 0; g < self->n_gates; g++) {
+            Product *p = &self->products[g];
+            if (p->held) {
+                PyBuffer_Release(&p->proj);
+                PyBuffer_Release(&p->wide);
+                PyBuffer_Release(&p->out);
+            }
+        }
+        PyMem_Free(self->products);
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -93,10 +125,12 @@ static void kernel_dealloc(Kernel *self) {
  * sequence of (cc, oo, co, cc_bg, low, high, threshold, limits, state, advance, quiet) with oo, co
  * lists (None for a single Gaussian), cc_bg a float (relative) or None, limits None or three
  * (low, high) pairs of float lists or None (values, changes, context). */
+static int init_products(Kernel *self, PyObject *blas);
+
 static int kernel_init(Kernel *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
     Py_ssize_t n_linear;
-    PyObject *tail, *gates;
-    if (!PyArg_ParseTuple(args, "nOO", &n_linear, &tail, &gates)) return -1;
+    PyObject *tail, *gates, *blas = Py_None;
+    if (!PyArg_ParseTuple(args, "nOO|O", &n_linear, &tail, &gates, &blas)) return -1;
     if (self->gates != NULL || self->has_tail) {
         PyErr_SetString(PyExc_RuntimeError, "a Kernel is initialised once");
         return -1;
@@ -183,10 +217,109 @@ static int kernel_init(Kernel *self, PyObject *args, PyObject *Py_UNUSED(kwds)) 
         }
     }
     Py_DECREF(fast);
+    return blas == Py_None ? 0 : init_products(self, blas);
+fail:
+    Py_DECREF(fast);
+    return -1;
+}
+
+/* blas: (gemv address, ddot address, width, parts, [(proj, wide, out) per gate]) */
+static int init_products(Kernel *self, PyObject *blas) {
+    unsigned long long gemv, ddot;
+    PyObject *rows;
+    if (!PyArg_ParseTuple(blas, "KKnnO;blas: (gemv, ddot, width, parts, rows)", &gemv, &ddot, &self->width,
+                          &self->parts, &rows))
+        return -1;
+    PyObject *fast = PySequence_Fast(rows, "rows must be a sequence");
+    if (fast == NULL) return -1;
+    if (PySequence_Fast_GET_SIZE(fast) != self->n_gates || gemv == 0 || ddot == 0) {
+        Py_DECREF(fast);
+        PyErr_SetString(PyExc_ValueError, "blas: two routines and one (proj, wide, out) per gate");
+        return -1;
+    }
+    self->products = PyMem_Calloc((size_t)(self->n_gates ? self->n_gates : 1), sizeof(Product));
+    if (self->products == NULL) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t g = 0; g < self->n_gates; g++) {
+        Product *p = &self->products[g];
+        PyObject *proj, *wide, *out;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, g), "OOO;(proj, wide, out)", &proj, &wide, &out))
+            goto fail;
+        if (PyObject_GetBuffer(proj, &p->proj, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fail;
+        if (PyObject_GetBuffer(wide, &p->wide, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+            PyBuffer_Release(&p->proj);
+            goto fail;
+        }
+        if (PyObject_GetBuffer(out, &p->out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+            PyBuffer_Release(&p->proj);
+            PyBuffer_Release(&p->wide);
+            goto fail;
+        }
+        p->held = 1;
+        Py_ssize_t cols = p->out.ndim == 2 ? p->out.shape[1] : -1;
+        if (p->proj.ndim != 2 || p->wide.ndim != 2 || p->out.ndim != 2 || strcmp(p->proj.format, "d") != 0 ||
+            strcmp(p->wide.format, "d") != 0 || strcmp(p->out.format, "d") != 0 || p->wide.shape[0] != 1 ||
+            p->out.shape[0] != 1 || p->proj.shape[0] != p->wide.shape[1] || p->proj.shape[1] != cols ||
+            cols < (1 + self->parts) * self->width + 1 + self->parts) {
+            PyErr_SetString(PyExc_ValueError, "blas: proj (d, cols), wide (1, d), out (1, cols), float64, C-contiguous");
+            goto fail;
+        }
+    }
+    Py_DECREF(fast);
+    self->gemv = (gemv_fn)(uintptr_t)gemv;
+    self->ddot = (ddot_fn)(uintptr_t)ddot;
     return 0;
 fail:
     Py_DECREF(fast);
     return -1;
+}
+
+/* The gates' buffer rows as ``OneRowTick.step``'s numpy calls fill them, by the same BLAS routines
+ * with the same arguments: each row widened to float64 (what ndarray.dot does to a float32 row), then
+ * cblas_dgemv(RowMajor, Trans, d, cols, 1, proj, cols, row, 1, 0, out, 1) (ndarray.dot of a (1, d)
+ * row with a C-contiguous matrix), then each block's sum of squares as numpy's DOUBLE_dot makes it
+ * (0.0 + cblas_ddot). 1 when done; 0 when a gate's features are None (the general path's); -2 when a
+ * row is not a (1, d) float32 row or contiguous float64 row (numpy's calls take it). */
+static int fill_products(Kernel *self, PyObject *features) {
+    Py_ssize_t parts = self->parts, width = self->width;
+    for (Py_ssize_t g = 0; g < self->n_gates; g++) {
+        Product *p = &self->products[g];
+        PyObject *src = PySequence_GetItem(features, g);
+        if (src == NULL) return -1;
+        if (src == Py_None) {
+            Py_DECREF(src);
+            return 0;
+        }
+        Py_buffer view;
+        int got = PyObject_GetBuffer(src, &view, PyBUF_RECORDS_RO);
+        Py_DECREF(src);
+        if (got < 0) {
+            PyErr_Clear();
+            return -2;
+        }
+        Py_ssize_t d = p->proj.shape[0], cols = p->proj.shape[1];
+        int f32 = view.format != NULL && strcmp(view.format, "f") == 0;
+        int f64 = view.format != NULL && strcmp(view.format, "d") == 0 && view.strides[1] == (Py_ssize_t)sizeof(double);
+        if (view.ndim != 2 || view.shape[0] != 1 || view.shape[1] != d || !(f32 || f64)) {
+            PyBuffer_Release(&view);
+            return -2;
+        }
+        double *wide = (double *)p->wide.buf, *out = (double *)p->out.buf;
+        const char *q = (const char *)view.buf;
+        for (Py_ssize_t i = 0; i < d; i++, q += view.strides[1])
+            wide[i] = f32 ? (double)*(const float *)q : *(const double *)q;
+        PyBuffer_Release(&view);
+        self->gemv(CBLAS_ROW_MAJOR, CBLAS_TRANS, d, cols, 1.0, (const double *)p->proj.buf, cols, wide, 1, 0.0, out, 1);
+        for (Py_ssize_t j = 0; j <= parts; j++) {
+            double sum = 0.0;
+            sum += self->ddot(width, out + j * width, 1, out + j * width, 1);
+            out[cols - 1 - parts + j] = sum;
+        }
+    }
+    return 1;
 }
 
 /* One source's first row outside [low, high] anywhere (NaN compares False, as in Python and numpy):
@@ -266,7 +399,7 @@ static double ratio_at_zero(double score, double threshold) {
 
 #define MAX_STACK_GATES 16
 
-/* decide(slot, features, also, changes, context) -> (score, threshold, alarm) | None | NotImplemented */
+/* decide(slot, features, also, changes, context) -> ([score], [threshold], [alarm]) | None | NotImplemented */
 static PyObject *kernel_decide(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "decide(slot, features, also, changes, context)");
@@ -367,7 +500,7 @@ static PyObject *kernel_decide(Kernel *self, PyObject *const *args, Py_ssize_t n
             threshold = t;
         }
     }
-    return Py_BuildValue("(ddO)", score, threshold, alarm ? Py_True : Py_False);
+    return Py_BuildValue("([d][d][O])", score, threshold, alarm ? Py_True : Py_False); /* GateBank.step_lists's */
 }
 
 /* -- the per-slot trackers' rows (ood.change.ChangeTracker.step, ood.freeze.FreezeDetector.step) ----------
@@ -540,7 +673,36 @@ done:
     return out;
 }
 
+/* widen(src, dst): copy a float32 row buffer into a float64 one of the same shape (exact) and return
+ * True; False (nothing written) for any other pair. numpy's dot of a float32 row with a float64
+ * matrix makes this very copy itself, in a fresh array, at more cost per call. */
+static PyObject *widen(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "widen(src, dst)");
+        return NULL;
+    }
+    Py_buffer src, dst;
+    if (!float32_rows(args[0], &src)) Py_RETURN_FALSE;
+    if (PyObject_GetBuffer(args[1], &dst, PyBUF_RECORDS) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    int ok = dst.ndim == 2 && dst.format != NULL && strcmp(dst.format, "d") == 0 && dst.shape[0] == src.shape[0] &&
+             dst.shape[1] == src.shape[1];
+    for (Py_ssize_t r = 0; ok && r < src.shape[0]; r++) {
+        const char *p = (const char *)src.buf + r * src.strides[0];
+        char *q = (char *)dst.buf + r * dst.strides[0];
+        for (Py_ssize_t i = 0; i < src.shape[1]; i++, p += src.strides[1], q += dst.strides[1])
+            *(double *)q = (double)*(const float *)p;
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef module_methods[] = {
+    {"widen", (PyCFunction)(void (*)(void))widen, METH_FASTCALL,
+     "widen(src, dst) -> True after copying a float32 row buffer into a float64 one of its shape, else False"},
     {"change_step", (PyCFunction)(void (*)(void))change_step, METH_FASTCALL,
      "change_step(last, change, unknown, x, slots, fresh, finite) -> list of change rows | NotImplemented"},
     {"freeze_step", (PyCFunction)(void (*)(void))freeze_step, METH_FASTCALL,
@@ -548,9 +710,47 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* products(features) -> True | None (a gate's features are None) | NotImplemented (numpy's calls) */
+static PyObject *kernel_products(Kernel *self, PyObject *features) {
+    if (self->products == NULL) Py_RETURN_NOTIMPLEMENTED;
+    int r = fill_products(self, features);
+    if (r == -1) return NULL;
+    if (r == -2) Py_RETURN_NOTIMPLEMENTED;
+    if (r == 0) Py_RETURN_NONE;
+    Py_RETURN_TRUE;
+}
+
+/* step(slot, features, also, changes, context): products, then decide, in one call */
+static PyObject *kernel_step(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "step(slot, features, also, changes, context)");
+        return NULL;
+    }
+    if (self->products == NULL) Py_RETURN_NOTIMPLEMENTED;
+    int r = fill_products(self, args[1]);
+    if (r == -1) return NULL;
+    if (r == -2) Py_RETURN_NOTIMPLEMENTED;
+    if (r == 0) Py_RETURN_NONE;
+    return kernel_decide(self, args, nargs);
+}
+
+static PyObject *kernel_blas(Kernel *self, void *Py_UNUSED(closure)) {
+    return PyBool_FromLong(self->products != NULL);
+}
+
+static PyGetSetDef kernel_getset[] = {
+    {"blas", (getter)kernel_blas, NULL, "the products are made here with numpy's BLAS routines", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMethodDef kernel_methods[] = {
+    {"step", (PyCFunction)(void (*)(void))kernel_step, METH_FASTCALL,
+     "step(slot, features, also, changes, context): products() then decide() in one call"},
+    {"products", (PyCFunction)kernel_products, METH_O,
+     "products(features) -> True after filling the gates' buffer rows, None (a gate's features are None), "
+     "NotImplemented (numpy's calls must)"},
     {"decide", (PyCFunction)(void (*)(void))kernel_decide, METH_FASTCALL,
-     "decide(slot, features, also, changes, context) -> (score, threshold, alarm), None for the general path, "
+     "decide(slot, features, also, changes, context) -> ([score], [threshold], [alarm]), None for the general path, "
      "NotImplemented for the Python pass"},
     {NULL, NULL, 0, NULL},
 };
@@ -564,6 +764,7 @@ static PyTypeObject KernelType = {
     .tp_init = (initproc)kernel_init,
     .tp_dealloc = (destructor)kernel_dealloc,
     .tp_methods = kernel_methods,
+    .tp_getset = kernel_getset,
 };
 
 static struct PyModuleDef tick_module = {

@@ -24,6 +24,7 @@ from .one_row import OneRowTick, ratio_at_zero
 from .score import StackedScorer
 
 _INF = float("inf")
+_F64, _BOOL = np.dtype(np.float64), np.dtype(bool)  # dtype objects: np.array resolves them faster than types
 
 
 class BankStep(NamedTuple):
@@ -68,7 +69,7 @@ class GateBank:
         check), ``changes[g]`` and ``context[g]`` the rows' changes since their previous observation
         and their context (plan) for gate g's feature range (see ``StackedScorer.score_rows``)."""
         score, threshold, alarm = self.step_lists(slots, features, nan_rows, also, changes, context)
-        return BankStep(np.array(score, np.float64), np.array(threshold, np.float64), np.array(alarm, dtype=bool))
+        return BankStep(np.array(score, _F64), np.array(threshold, _F64), np.array(alarm, _BOOL))
 
     def step_lists(self, slots: Sequence[int], features: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None,
                    also: Sequence[bool] | None = None, changes: Sequence[np.ndarray | None] | None = None,
@@ -79,7 +80,7 @@ class GateBank:
         if n == 1 and nan_rows is None:  # one session ticking, finite inputs: the common tick
             one = self._one_row.step(slots[0], features, also, changes, context)
             if one is not None:
-                return [one[0]], [one[1]], [bool(one[2])]
+                return one
         r = self.scorer.score_rows(n, features, nan_rows, changes, context)
         scores, thresholds, exceed, immediate = r.score, r.threshold, r.exceed, r.immediate
         best_score, best_threshold, veto = [], [], []

@@ -59,11 +59,17 @@ class _Counting:
 
     def __init__(self, kernel: object) -> None:
         self.kernel, self.decided = kernel, 0
+        self.blas = kernel.blas
 
-    def decide(self, *args: object) -> object:
-        out = self.kernel.decide(*args)
+    def _count(self, out: object) -> object:
         self.decided += out is not None and out is not NotImplemented
         return out
+
+    def step(self, *args: object) -> object:
+        return self._count(self.kernel.step(*args))
+
+    def decide(self, *args: object) -> object:
+        return self._count(self.kernel.decide(*args))
 
 
 def _bank(stats: list, ranges: list, thresholds: list[float], filters: list, n_slots: int, compiled: bool) -> GateBank:
@@ -128,9 +134,15 @@ def _first_difference(fast: GateBank, reference: GateBank, stats: list, ranges: 
 @pytest.mark.parametrize("variants", [("single", "single"), ("single", "tied", "relative", "single"),
                                       ("relative", "tied")])
 @pytest.mark.parametrize("zero_threshold", [False, True])
-def test_compiled_decisions_equal_pure_python_bit_for_bit(variants: tuple[str, ...], zero_threshold: bool) -> None:
+@pytest.mark.parametrize("products", ["C", "numpy"])
+def test_compiled_decisions_equal_pure_python_bit_for_bit(variants: tuple[str, ...], zero_threshold: bool,
+                                                          products: str) -> None:
     stats, ranges, fast, reference = _setup(variants, zero_threshold, seed=11)
     assert fast.compiled and not reference.compiled
+    if products == "numpy":  # numpy's calls (on rows widened in C) make the products, Kernel.decide the rest
+        fast._one_row._one_call = False
+    elif not fast._one_row.one_call:
+        pytest.skip("numpy's BLAS routines were not found: numpy makes the products")
     counting = fast._one_row._kernel = _Counting(fast._one_row._kernel)
     assert _first_difference(fast, reference, stats, ranges, 800, seed=5) is None
     assert counting.decided > 300  # the compiled kernel decided most ticks itself, not the fallbacks
@@ -138,14 +150,38 @@ def test_compiled_decisions_equal_pure_python_bit_for_bit(variants: tuple[str, .
 
 @needs_compiled
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
-def test_the_comparison_fails_on_a_one_ulp_difference() -> None:
-    """A kernel whose first gate's ||c W||^2 is one ulp off must be caught: the test above can fail."""
+@pytest.mark.parametrize("where", ["decisions", "products"])
+def test_the_comparison_fails_on_a_one_ulp_difference(where: str) -> None:
+    """A kernel whose first gate's ||c W||^2 (or, making the products itself, one entry of its
+    whitening) is one ulp off must be caught: the test above can fail."""
     stats, ranges, fast, reference = _setup(("single", "single"), False, seed=11)
-    n_linear, tail, gates = fast._one_row.kernel_args()
-    cc = gates[0][0]
-    gates[0] = (float(np.nextafter(cc, np.inf)),) + gates[0][1:]
-    fast._one_row._kernel = ood.compiled.module().Kernel(n_linear, tail, gates)
+    one = fast._one_row
+    n_linear, tail, gates = one.kernel_args()
+    blas = one.blas_args
+    if where == "decisions":
+        gates[0] = (float(np.nextafter(gates[0][0], np.inf)),) + gates[0][1:]
+    else:
+        if blas is None:
+            pytest.skip("numpy's BLAS routines were not found: numpy makes the products")
+        proj, wide, out = blas[4][0]
+        proj = proj.copy()
+        w = fast.scorer.width  # where x W's block starts
+        proj[0, w] = np.nextafter(proj[0, w], np.inf)
+        blas = (*blas[:4], [(proj, wide, out)] + list(blas[4][1:]))
+    one._kernel = ood.compiled.module().Kernel(n_linear, tail, gates, blas)
     assert _first_difference(fast, reference, stats, ranges, 400, seed=5) is not None
+
+
+@needs_compiled
+def test_the_products_are_made_in_c_where_numpys_blas_is_found() -> None:
+    """numpy's wheels ship the OpenBLAS ood.blas looks for; the tick is then one C call, with numpy's bits
+    (checked when the kernel is built, and by the comparisons above)."""
+    import ood.blas
+
+    stats, _, fast, _ = _setup(("single", "relative"), False, seed=3)
+    assert fast._one_row.one_call is (ood.blas.find() is not None)
+    if ood.blas.find() is None:
+        pytest.skip("this numpy's BLAS is not one ood.blas knows: numpy makes the products")
 
 
 @needs_compiled
@@ -153,7 +189,7 @@ def test_kernel_leaves_what_it_cannot_read_to_python_before_moving_a_filter() ->
     stats, ranges, fast, _ = _setup(("single", "single"), False, seed=2)
     one = fast._one_row
     rows = [s.center[None].copy() for s in stats]
-    for src, (proj, out) in zip(rows, one._products):  # what OneRowTick.step has numpy do first
+    for src, (proj, _, out) in zip(rows, one._products):  # what OneRowTick.step has numpy do first
         src.dot(proj, out=out)
     np.vecdot(one._blocks, one._blocks, out=one._squares)
     assert one._kernel.decide(0, rows, None, None, None) is not NotImplemented  # a clean row: decided
