@@ -60,6 +60,11 @@ class GateBank:
         """One session's ticks take the compiled decisions (``ood.compiled``), not the pure-Python pass."""
         return self._one_row.compiled
 
+    @property
+    def products_in_c(self) -> bool:
+        """The compiled tick makes the products too, with numpy's own BLAS routines (see ``ood.blas``)."""
+        return self._one_row.one_call
+
     def step(self, slots: Sequence[int], features: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None,
              also: Sequence[bool] | None = None, changes: Sequence[np.ndarray | None] | None = None,
              context: Sequence[np.ndarray | None] | None = None) -> BankStep:
