@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from operator import attrgetter
-from collections.abc import Sequence
+from operator import attrgetter, itemgetter
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -50,7 +50,7 @@ REASONS_OF_FLAGS = [tuple(r for r in TICK_REASONS if flags & REASON_BITS[r]) for
 _NAN = float("nan")
 _perf_ns = time.perf_counter_ns
 _slot_of = attrgetter("slot")
-_F64, _BOOL = np.dtype(np.float64), np.dtype(bool)  # dtype objects: np.array resolves them faster than types
+_BOOL = np.dtype(bool)  # a dtype object: np.array resolves it faster than the type
 _mono_ns = time.monotonic_ns
 
 
@@ -148,6 +148,15 @@ class _GateRun:
     threshold: float
 
 
+def _picker(flags: Sequence[bool]) -> Callable[[tuple], tuple]:
+    """pair -> (pair[flag] for each flag), as a tuple, by one C-level call (at one session a Python
+    loop over the gates shows in the tick)."""
+    if len(flags) > 1:
+        return itemgetter(*map(int, flags))
+    at = [int(flag) for flag in flags]  # no gates, or one: itemgetter would not return a tuple
+    return lambda pair: tuple(pair[i] for i in at)
+
+
 def command_in_effect(session: Session, obs: Observation, at: int) -> float:
     """Control `at` of the command the vehicle was executing when `obs` was taken (its actual action),
     as the actuation check reads it on live ticks and in a replay; NaN when there is none or the
@@ -229,6 +238,9 @@ class Executor:
                                    f"{card.name} {card.version} is conditioned on {plan_names}")
         self._any_plan_gate = any(self._plan_gates)
         self._gate_on_inputs = [run.source == "input_features" for run in self._gate_runs]
+        # per gate, (decision vector, inputs)[on inputs] and (None, changes)[limits changes], in one C call
+        self._pick_features = _picker(self._gate_on_inputs)
+        self._pick_changes = _picker(self._change_gates)
         if any(self._change_gates):
             from ood import ChangeTracker
 
@@ -487,9 +499,10 @@ class Executor:
         flags |= np.where(scored & low, REASON_BITS[Reason.LOW_MARGIN], 0)
         return flags
 
-    def _gate(self, rows: list[Session], finite: np.ndarray, out) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def _gate(self, rows: list[Session], finite: np.ndarray, out) -> tuple[list[float], list[float], np.ndarray] | None:
         """(score, threshold, veto) per row, scored on this tick's own features: a veto is never a tick
-        late. With several gates, any veto counts and the row reports the gate nearest its threshold.
+        late; scores and thresholds as Python floats (snapshots take them one by one), the veto as an
+        array (the reason flags take it whole). With several gates, any veto counts and the row reports the gate nearest its threshold.
         All gates are scored, filtered and combined in one pass (ood.GateBank, the same decisions as
         per-gate monitors and `nearest_gate`), with the freeze check's veto included."""
         if not self._gate_runs:
@@ -507,24 +520,23 @@ class Executor:
         ok = finite.tolist()
         bad = None if all(ok) else ~finite
         fresh_rows = fresh.tolist()
-        # what _fill_gate_features(source, None, ...) returns, per gate, by a C-level map (one session's
-        # tick is short enough that a Python-level comprehension per list shows in it)
-        features = list(map((dv, x).__getitem__, self._gate_on_inputs))
+        # what _fill_gate_features(source, None, ...) returns, per gate
+        features = self._pick_features((dv, x))
         changes = None
         if self._change is not None:
-            changes = list(map((None, self._change.step(x, slots, fresh_rows, ok)).__getitem__, self._change_gates))
+            changes = self._pick_changes((None, self._change.step(x, slots, fresh_rows, ok)))
         frozen_rows = None if self._freeze is None else self._freeze.step(x, slots, fresh_rows)
         any_frozen = frozen_rows is not None and True in frozen_rows
         if any_frozen or self._gate_any_frozen:  # else the buffer is all False already
             self._frozen[:] = False
             frozen[:] = frozen_rows if any_frozen else False
             self._gate_any_frozen = any_frozen
-        # Python lists until every verdict is in: the actuation check folds in on floats, and the
-        # arrays are made once (at one session, numpy calls are most of what a tick costs)
-        score, threshold, veto = bank.step_lists(slots, features, bad, also=frozen_rows, changes=changes, context=plans)
+        # Python lists: the actuation check folds in on floats, and only the veto becomes an array (at
+        # one session, numpy calls are most of what a tick costs)
+        score, threshold, veto = bank.step_lists(slots, features, bad, frozen_rows, changes, plans)
         if self._actuation is not None:
             self._actuation_step(rows, slots, fresh_rows, x, score, threshold, veto)
-        return np.array(score, _F64), np.array(threshold, _F64), np.array(veto, _BOOL)
+        return score, threshold, np.array(veto, _BOOL)
 
     def _actuation_step(self, rows: list[Session], slots: list[int], fresh: list[bool], x: np.ndarray,
                         score: list[float], threshold: list[float], veto: list[bool]) -> None:
@@ -559,7 +571,7 @@ class Executor:
                     score[i], threshold[i] = s, limit
 
     def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,
-                     gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None, tick_index: int, tick_ns: int,
+                     gate: tuple[list[float], list[float], np.ndarray] | None, tick_index: int, tick_ns: int,
                      lateness_ns: int) -> list[Snapshot]:
         n = len(rows)
         if out is not None:

@@ -545,16 +545,18 @@ bad:
     return -1;
 }
 
-/* change_step(last, change, unknown, x, slots, fresh, finite): ChangeTracker.step's loop over its
- * per-slot lists; NotImplemented (nothing changed) when x is not a 2-d float32 buffer. */
+/* change_step(python, last, change, unknown, x, slots, fresh, finite): ChangeTracker.step's loop over
+ * its per-slot lists; python(x, slots, fresh, finite), the Python loop, when x is not a 2-d float32
+ * buffer (bound by functools.partial, this is the tracker's step: no Python frame around the C one). */
 static PyObject *change_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "change_step(last, change, unknown, x, slots, fresh, finite)");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "change_step(python, last, change, unknown, x, slots, fresh, finite)");
         return NULL;
     }
-    PyObject *last = args[0], *change = args[1], *unknown = args[2];
+    PyObject *last = args[1], *change = args[2], *unknown = args[3];
+    args += 1; /* from here on as the loop's arguments: last, change, unknown, x, slots, fresh, finite */
     Py_buffer view;
-    if (!float32_rows(args[3], &view)) Py_RETURN_NOTIMPLEMENTED;
+    if (!float32_rows(args[3], &view)) return PyObject_Vectorcall(args[-1], args + 3, 4, NULL);
     PyObject *slots = NULL, *fresh = NULL, *finite = NULL, *out = NULL;
     if ((slots = PySequence_Fast(args[4], "slots")) == NULL || (fresh = PySequence_Fast(args[5], "fresh")) == NULL ||
         (finite = PySequence_Fast(args[6], "finite")) == NULL)
@@ -613,17 +615,18 @@ done:
     return out;
 }
 
-/* freeze_step(last, count, repeats, x, slots, fresh): FreezeDetector.step's loop for float32 rows;
- * NotImplemented (nothing changed) for any other x. A row equals the stored one when every component
- * compares == (NaN never does), as Python's list == compares these fresh floats. */
+/* freeze_step(python, last, count, repeats, x, slots, fresh): FreezeDetector.step's loop for float32
+ * rows; python(x, slots, fresh), the Python loop, for any other x. A row equals the stored one when
+ * every component compares == (NaN never does), as Python's list == compares these fresh floats. */
 static PyObject *freeze_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "freeze_step(last, count, repeats, x, slots, fresh)");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "freeze_step(python, last, count, repeats, x, slots, fresh)");
         return NULL;
     }
-    PyObject *last = args[0], *count = args[1], *repeats = args[2];
+    PyObject *last = args[1], *count = args[2], *repeats = args[3];
+    args += 1;
     Py_buffer view;
-    if (!float32_rows(args[3], &view)) Py_RETURN_NOTIMPLEMENTED;
+    if (!float32_rows(args[3], &view)) return PyObject_Vectorcall(args[-1], args + 3, 3, NULL);
     PyObject *slots = NULL, *fresh = NULL, *out = NULL;
     if ((slots = PySequence_Fast(args[4], "slots")) == NULL || (fresh = PySequence_Fast(args[5], "fresh")) == NULL)
         goto done;
@@ -704,9 +707,9 @@ static PyMethodDef module_methods[] = {
     {"widen", (PyCFunction)(void (*)(void))widen, METH_FASTCALL,
      "widen(src, dst) -> True after copying a float32 row buffer into a float64 one of its shape, else False"},
     {"change_step", (PyCFunction)(void (*)(void))change_step, METH_FASTCALL,
-     "change_step(last, change, unknown, x, slots, fresh, finite) -> list of change rows | NotImplemented"},
+     "change_step(python, last, change, unknown, x, slots, fresh, finite) -> list of change rows"},
     {"freeze_step", (PyCFunction)(void (*)(void))freeze_step, METH_FASTCALL,
-     "freeze_step(last, count, repeats, x, slots, fresh) -> list of alarms | NotImplemented"},
+     "freeze_step(python, last, count, repeats, x, slots, fresh) -> list of alarms"},
     {NULL, NULL, 0, NULL},
 };
 

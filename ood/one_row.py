@@ -72,17 +72,24 @@ class OneRowTick:
                                      float(scorer.norm_highs[g]), float(scorer.thresholds[g]), g,
                                      scorer._range_lists[g] is not None, state, advance, quiet))
         module = compiled.module()
-        self._kernel = None if module is None else module.Kernel(*self.kernel_args())
         self._widen = None if module is None else module.widen
+        kernel = None if module is None else module.Kernel(*self.kernel_args())
         # the products and squares too, with numpy's own BLAS routines (ood.blas), once they are seen
         # to give numpy's bits here: the whole tick is then one call
         routines = None if module is None else blas.find()
         self.blas_args = None if routines is None else (*routines, scorer.width, scorer._parts, self._products)
         if self.blas_args is not None:
-            kernel = module.Kernel(*self.kernel_args(), self.blas_args)
-            if self._blas_agrees(kernel):
-                self._kernel = kernel
-        self._one_call = self._kernel is not None and self._kernel.blas
+            with_blas = module.Kernel(*self.kernel_args(), self.blas_args)
+            if self._blas_agrees(with_blas):
+                kernel = with_blas
+        self.use_kernel(kernel)
+
+    def use_kernel(self, kernel: Any) -> None:
+        """Tick with this ``ood._tick.Kernel`` (None: the pure-Python pass)."""
+        self._kernel = kernel
+        self._one_call = kernel is not None and kernel.blas
+        # the cheapest entry for a caller: the compiled tick itself (NotImplemented: call ``step``), or ``step``
+        self.first: Callable[..., Any] = kernel.step if self._one_call else self.step
 
     def _blas_agrees(self, kernel: Any) -> bool:
         """The kernel's products fill the buffer rows with numpy's bits, on random rows of a few scales."""

@@ -139,11 +139,14 @@ def test_compiled_decisions_equal_pure_python_bit_for_bit(variants: tuple[str, .
                                                           products: str) -> None:
     stats, ranges, fast, reference = _setup(variants, zero_threshold, seed=11)
     assert fast.compiled and not reference.compiled
+    one = fast._one_row
     if products == "numpy":  # numpy's calls (on rows widened in C) make the products, Kernel.decide the rest
-        fast._one_row._one_call = False
-    elif not fast._one_row.one_call:
+        one.use_kernel(ood.compiled.module().Kernel(*one.kernel_args()))
+    elif not one.one_call:
         pytest.skip("numpy's BLAS routines were not found: numpy makes the products")
-    counting = fast._one_row._kernel = _Counting(fast._one_row._kernel)
+    counting = _Counting(one._kernel)
+    one.use_kernel(counting)
+    assert one.one_call is (products == "C")
     assert _first_difference(fast, reference, stats, ranges, 800, seed=5) is None
     assert counting.decided > 300  # the compiled kernel decided most ticks itself, not the fallbacks
 
@@ -168,7 +171,7 @@ def test_the_comparison_fails_on_a_one_ulp_difference(where: str) -> None:
         w = fast.scorer.width  # where x W's block starts
         proj[0, w] = np.nextafter(proj[0, w], np.inf)
         blas = (*blas[:4], [(proj, wide, out)] + list(blas[4][1:]))
-    one._kernel = ood.compiled.module().Kernel(n_linear, tail, gates, blas)
+    one.use_kernel(ood.compiled.module().Kernel(n_linear, tail, gates, blas))
     assert _first_difference(fast, reference, stats, ranges, 400, seed=5) is not None
 
 
