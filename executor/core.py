@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
 from collections.abc import Callable, Sequence
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -501,10 +501,11 @@ class Executor:
 
     def _gate(self, rows: list[Session], finite: np.ndarray, out) -> tuple[list[float], list[float], np.ndarray] | None:
         """(score, threshold, veto) per row, scored on this tick's own features: a veto is never a tick
-        late; scores and thresholds as Python floats (snapshots take them one by one), the veto as an
-        array (the reason flags take it whole). With several gates, any veto counts and the row reports the gate nearest its threshold.
+        late. With several gates, any veto counts and the row reports the gate nearest its threshold.
         All gates are scored, filtered and combined in one pass (ood.GateBank, the same decisions as
-        per-gate monitors and `nearest_gate`), with the freeze check's veto included."""
+        per-gate monitors and `nearest_gate`), with the freeze check's veto included. Scores and
+        thresholds come as Python floats (snapshots take them one by one), the veto as an array (the
+        reason flags take it whole)."""
         if not self._gate_runs:
             return None
         n = len(rows)

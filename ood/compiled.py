@@ -1,10 +1,11 @@
-"""Which path a gate bank's one-row tick takes: compiled (``ood._tick``, built from ood/_tick.c
-when the package is installed on a machine with a C compiler) or pure Python.
+"""Which path the gate's per-tick work takes (a gate bank's one-row tick, the change and freeze
+trackers' loops): compiled (``ood._tick``, built from ood/_tick.c when the package is installed on a
+machine with a C compiler) or pure Python.
 
 The pure-Python path is the reference and the fallback: it is always there, and the compiled one
 must decide the same bits (tests compare them). ``DUALLOOP_GATE_PURE_PYTHON=1`` in the environment,
-or ``use_compiled(False)``, makes gate banks built afterwards take the pure-Python path (benches
-compare both in one run).
+or ``use_compiled(False)``, makes gate banks and trackers built afterwards take the pure-Python path
+(``dualloop bench gate --compare-pure`` runs both in one process).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def available() -> bool:
 
 
 def module() -> ModuleType | None:
-    """The compiled module when gate banks built now should use it, else None."""
+    """The compiled module when gate banks and trackers built now should use it, else None."""
     return _module if _wanted else None
 
 
