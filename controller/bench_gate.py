@@ -56,14 +56,17 @@ def bench_gate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], sessions: 
     offsets = np.random.default_rng(seed).integers(0, len(rows), sessions)
     accel_at = model.card.feature_names.index("ego_accel") if "ego_accel" in model.card.feature_names else 0
     ids = [f"s{i}" for i in range(sessions)]
-    runs = [("without gate", None, True), ("with gate", gate, True)] + ([(PURE, gate, False)] if compare_pure else [])
+    # (label, gates, pure Python): the gates' path is picked when they are built; "with gate" takes the
+    # installed one (compiled unless it did not build or DUALLOOP_GATE_PURE_PYTHON asks otherwise)
+    runs = [("without gate", None, False), ("with gate", gate, False)] + ([(PURE, gate, True)] if compare_pure else [])
     executors = []
-    for label, g, compiled in runs:
-        ood.compiled.use_compiled(compiled)  # the gate bank picks its path when it is built
+    for label, g, pure in runs:
+        before = ood.compiled.use_compiled(False) if pure else None
         try:
             ex = Executor(model, ExecutorConfig(max_sessions=max(sessions, 1)), g)
         finally:
-            ood.compiled.use_compiled(True)
+            if before is not None:
+                ood.compiled.use_compiled(before)
         for sid in ids:
             ex.open_session(sid)
         executors.append((label, ex, ex.stats.stage_ns, *(np.empty(ticks) for _ in range(3))))
@@ -95,13 +98,14 @@ def bench_gate_table(model: DecisionModel, gates: list[ood.Gate], session_counts
     """`bench_gate` at each session count; prints the table and writes runs/bench/gate-<time>.json."""
     console = console or Console()
     ticks = TICKS if ticks is None else ticks
-    path = ood.compiled.path_name(ood.compiled.available())
     rows = {}
     for n in session_counts:
         console.print(f"bench gate: {n} session{'s' if n != 1 else ''}, {ticks} ticks without and with "
-                      f"{len(gates)} gate{'s' if len(gates) != 1 else ''} ({path}"
-                      f"{', and pure Python, interleaved' if compare_pure else ''}) ...")
+                      f"{len(gates)} gate{'s' if len(gates) != 1 else ''}"
+                      f"{' (and on the pure-Python path, interleaved)' if compare_pure else ''} ...")
         rows[str(n)] = bench_gate(model, gates, n, ticks, compare_pure=compare_pure)
+    # the path the measured executors took, from their own gate banks
+    path = ood.compiled.path_name(all(r["with gate"].get("compiled") for r in rows.values()))
     if path == "compiled" and all(r["with gate"].get("products_in_c") for r in rows.values()):
         path = "compiled, products by numpy's BLAS from C"
     result: dict[str, Any] = {

@@ -32,10 +32,12 @@ def module() -> ModuleType | None:
     return _module if _wanted else None
 
 
-def use_compiled(on: bool) -> None:
-    """Choose the path of gate banks built from now on (those built before keep theirs)."""
+def use_compiled(on: bool) -> bool:
+    """Choose the path of gate banks and trackers built from now on (those built before keep theirs);
+    returns the previous choice, to restore it."""
     global _wanted
-    _wanted = bool(on)
+    before, _wanted = _wanted, bool(on)
+    return before
 
 
 def path_name(compiled: bool) -> str:

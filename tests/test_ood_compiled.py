@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import ood
+import ood.blas
 import ood.compiled
 from ood import ChangeTracker, CusumSettings, FreezeDetector, GateBank, GateMonitor, KOfNSettings, make_filter
 from ood.score import GateScorer
@@ -31,10 +32,10 @@ def _compiler() -> str | None:
 def _path(compiled: bool):  # noqa: ANN202 - a context manager
     class _Use:
         def __enter__(self) -> None:
-            ood.compiled.use_compiled(compiled)
+            self.before = ood.compiled.use_compiled(compiled)
 
         def __exit__(self, *exc: object) -> None:
-            ood.compiled.use_compiled(True)
+            ood.compiled.use_compiled(self.before)
 
     return _Use()
 
@@ -49,6 +50,7 @@ def test_the_compiled_module_is_built_and_in_use_where_a_compiler_exists() -> No
     stats = _stats(rng, 8, "single")
     bank = GateBank([GateMonitor(GateScorer(stats, 1.0), make_filter(KOfNSettings(), 2))], 2)
     assert bank.compiled and ChangeTracker(2, 8).is_compiled and FreezeDetector(2, 8).is_compiled
+    assert bank.products_in_c is (ood.blas.find() is not None)
     with _path(False):
         assert not GateBank([GateMonitor(GateScorer(stats, 1.0), make_filter(KOfNSettings(), 2))], 2).compiled
         assert not ChangeTracker(2, 8).is_compiled and not FreezeDetector(2, 8).is_compiled

@@ -82,11 +82,11 @@ def test_one_row_tick_equals_the_general_path(variants: tuple[str, ...], dtype: 
     if compiled and not ood.compiled.available():
         pytest.skip("ood._tick did not build (no C compiler)")
     n_slots = 3
-    ood.compiled.use_compiled(compiled)
+    before = ood.compiled.use_compiled(compiled)
     try:
         stats, ranges, fast, general = _banks(variants, 7, n_slots)
     finally:
-        ood.compiled.use_compiled(True)
+        ood.compiled.use_compiled(before)
     assert fast.compiled is compiled
     general._one_row = _GeneralOnly()
     taken = [0]
