@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test bench proto test-model clean
 
-$(STAMP): pyproject.toml
+# setup.py and ood/_tick.c: the optional C extension, rebuilt by the editable install
+$(STAMP): pyproject.toml setup.py ood/_tick.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

@@ -115,7 +115,7 @@ def _bench(args: argparse.Namespace) -> int:
         gates = [load_gate_for_model(g, model) for g in gate_paths]
         counts = sorted(set(SESSION_COUNTS) | ({args.sessions} if args.sessions else set()))  # plus --sessions
         bench_gate_table(model, gates, counts, out_dir=args.out, console=console, model_path=str(model_path),
-                         gate_paths=[str(g) for g in gate_paths])
+                         gate_paths=[str(g) for g in gate_paths], compare_pure=args.compare_pure)
         return 0
     if args.what == "tick":
         result = bench_tick(args.model, sessions, duration, args.out, args.guard_ms,
@@ -304,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "on 32 sessions vs idle; replay: 60 s logs replayed, x real time on one core vs the per-tick path")
     p.add_argument("--gate", type=Path, action="append", help="gate file (bench gate; default: models/base.onnx with its two gates); repeat for several")
     p.add_argument("--model", type=Path, default=TEST_MODEL_PATH)
+    p.add_argument("--compare-pure", action="store_true",
+                   help="bench gate: also run the gates' pure-Python path, interleaved tick by tick, and print the ratio")
     p.add_argument("--sessions", type=int, help="REALTIME sessions (tick: 8, planner: 32); gate: a count "
                    "added to its table")
     p.add_argument("--duration", type=float, help="seconds (tick: 60, planner: 600, sim: 3, replay: 60 at most)")

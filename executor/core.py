@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,6 +49,8 @@ REASONS_OF_FLAGS = [tuple(r for r in TICK_REASONS if flags & REASON_BITS[r]) for
 
 _NAN = float("nan")
 _perf_ns = time.perf_counter_ns
+_slot_of = attrgetter("slot")
+_BOOL = np.dtype(bool)  # a dtype object: np.array resolves it faster than the type
 _mono_ns = time.monotonic_ns
 
 
@@ -145,6 +148,15 @@ class _GateRun:
     threshold: float
 
 
+def _picker(flags: Sequence[bool]) -> Callable[[tuple], tuple]:
+    """pair -> (pair[flag] for each flag), as a tuple, by one C-level call (at one session a Python
+    loop over the gates shows in the tick)."""
+    if len(flags) > 1:
+        return itemgetter(*map(int, flags))
+    at = [int(flag) for flag in flags]  # no gates, or one: itemgetter would not return a tuple
+    return lambda pair: tuple(pair[i] for i in at)
+
+
 def command_in_effect(session: Session, obs: Observation, at: int) -> float:
     """Control `at` of the command the vehicle was executing when `obs` was taken (its actual action),
     as the actuation check reads it on live ticks and in a replay; NaN when there is none or the
@@ -210,7 +222,8 @@ class Executor:
             from ood import GateBank
 
             self._gate_bank = GateBank([run.monitor for run in self._gate_runs], cap)
-        self._gate_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # per batch size
+        # per batch size: the tick's inputs, fresh flags and freeze verdicts, and each gate's plan rows
+        self._gate_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray | None] | None]] = {}
         self._gate_any_frozen = False
         # the changes between observations, when a gate on the raw inputs limits them; the plan, when
         # a gate limits it (the plan conditions the model as much as its observation does)
@@ -225,6 +238,9 @@ class Executor:
                                    f"{card.name} {card.version} is conditioned on {plan_names}")
         self._any_plan_gate = any(self._plan_gates)
         self._gate_on_inputs = [run.source == "input_features" for run in self._gate_runs]
+        # per gate, (decision vector, inputs)[on inputs] and (None, changes)[limits changes], in one C call
+        self._pick_features = _picker(self._gate_on_inputs)
+        self._pick_changes = _picker(self._change_gates)
         if any(self._change_gates):
             from ood import ChangeTracker
 
@@ -483,48 +499,50 @@ class Executor:
         flags |= np.where(scored & low, REASON_BITS[Reason.LOW_MARGIN], 0)
         return flags
 
-    def _gate(self, rows: list[Session], finite: np.ndarray, out) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def _gate(self, rows: list[Session], finite: np.ndarray, out) -> tuple[list[float], list[float], np.ndarray] | None:
         """(score, threshold, veto) per row, scored on this tick's own features: a veto is never a tick
         late. With several gates, any veto counts and the row reports the gate nearest its threshold.
         All gates are scored, filtered and combined in one pass (ood.GateBank, the same decisions as
-        per-gate monitors and `nearest_gate`), with the freeze check's veto included."""
+        per-gate monitors and `nearest_gate`), with the freeze check's veto included. Scores and
+        thresholds come as Python floats (snapshots take them one by one), the veto as an array (the
+        reason flags take it whole)."""
         if not self._gate_runs:
             return None
         n = len(rows)
         bank, views = self._gate_bank, self._gate_views
         try:
-            x, fresh, frozen = views[n]
+            x, fresh, frozen, plans = views[n]
         except KeyError:
-            x, fresh, frozen = views[n] = self._x[:n], self._fresh[:n], self._frozen[:n]
-        slots = [s.slot for s in rows]
+            plans = list(map((None, self._p[:n]).__getitem__, self._plan_gates)) if self._any_plan_gate else None
+            x, fresh, frozen, plans = views[n] = self._x[:n], self._fresh[:n], self._frozen[:n], plans
+        slots = list(map(_slot_of, rows))
         dv = out.decision_vector if out is not None else None
         # rows with NaN/Inf inputs are scored as NaN by every gate (the model saw a substitute)
         ok = finite.tolist()
         bad = None if all(ok) else ~finite
         fresh_rows = fresh.tolist()
-        # what _fill_gate_features(source, None, ...) returns, per gate, by a C-level map (one session's
-        # tick is short enough that a Python-level comprehension per list shows in it)
-        features = list(map((dv, x).__getitem__, self._gate_on_inputs))
-        changes = plans = None
+        # what _fill_gate_features(source, None, ...) returns, per gate
+        features = self._pick_features((dv, x))
+        changes = None
         if self._change is not None:
-            changes = list(map((None, self._change.step(x, slots, fresh_rows, ok)).__getitem__, self._change_gates))
-        if self._any_plan_gate:
-            plans = list(map((None, self._p[:n]).__getitem__, self._plan_gates))
+            changes = self._pick_changes((None, self._change.step(x, slots, fresh_rows, ok)))
         frozen_rows = None if self._freeze is None else self._freeze.step(x, slots, fresh_rows)
         any_frozen = frozen_rows is not None and True in frozen_rows
         if any_frozen or self._gate_any_frozen:  # else the buffer is all False already
             self._frozen[:] = False
             frozen[:] = frozen_rows if any_frozen else False
             self._gate_any_frozen = any_frozen
-        step = bank.step(slots, features, bad, also=frozen_rows, changes=changes, context=plans)
+        # Python lists: the actuation check folds in on floats, and only the veto becomes an array (at
+        # one session, numpy calls are most of what a tick costs)
+        score, threshold, veto = bank.step_lists(slots, features, bad, frozen_rows, changes, plans)
         if self._actuation is not None:
-            self._actuation_step(rows, slots, fresh_rows, x, step)
-        return step
+            self._actuation_step(rows, slots, fresh_rows, x, score, threshold, veto)
+        return score, threshold, np.array(veto, _BOOL)
 
     def _actuation_step(self, rows: list[Session], slots: list[int], fresh: list[bool], x: np.ndarray,
-                        step: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
-        """The actuation check on this tick's rows, folded into the gates' (score, threshold, veto) in
-        place: its alarm vetoes, and it is reported when nearer its threshold than every gate (as
+                        score: list[float], threshold: list[float], veto: list[bool]) -> None:
+        """The actuation check on this tick's rows, folded into the gates' (score, threshold, veto) lists
+        in place: its alarm vetoes, and it is reported when nearer its threshold than every gate (as
         `nearest_gate` ranks it last in a replay). No command on a row: no verdict. Plain Python per
         row (`.item` reads one float without making an array): about a microsecond a session."""
         accel_at, speed_at, command_at = self._actuation_at
@@ -538,13 +556,12 @@ class Executor:
             speed.append(item(i, speed_at))
             commands.append(command_in_effect(s, obs, command_at))
         scores, alarms = monitor.step(slots, fresh, times, accel, speed, commands)
-        score, threshold, veto = step
         limit = monitor.threshold
         for i, (s, alarm) in enumerate(zip(scores, alarms)):
             if alarm:
                 veto[i] = True
             if s == s:  # a verdict: report it if nearer its threshold than the nearest gate
-                best, t = score.item(i), threshold.item(i)
+                best, t = score[i], threshold[i]
                 if t:
                     nearer = s / limit > best / t
                 else:  # a zero threshold: IEEE division, as the gates are ranked
@@ -555,7 +572,7 @@ class Executor:
                     score[i], threshold[i] = s, limit
 
     def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,
-                     gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None, tick_index: int, tick_ns: int,
+                     gate: tuple[list[float], list[float], np.ndarray] | None, tick_index: int, tick_ns: int,
                      lateness_ns: int) -> list[Snapshot]:
         n = len(rows)
         if out is not None:

@@ -24,6 +24,7 @@ from .one_row import OneRowTick, ratio_at_zero
 from .score import StackedScorer
 
 _INF = float("inf")
+_F64, _BOOL = np.dtype(np.float64), np.dtype(bool)  # dtype objects: np.array resolves them faster than types
 
 
 class BankStep(NamedTuple):
@@ -54,6 +55,16 @@ class GateBank:
     def n_gates(self) -> int:
         return len(self.monitors)
 
+    @property
+    def compiled(self) -> bool:
+        """One session's ticks take the compiled decisions (``ood.compiled``), not the pure-Python pass."""
+        return self._one_row.compiled
+
+    @property
+    def products_in_c(self) -> bool:
+        """The compiled tick makes the products too, with numpy's own BLAS routines (see ``ood.blas``)."""
+        return self._one_row.one_call
+
     def step(self, slots: Sequence[int], features: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None,
              also: Sequence[bool] | None = None, changes: Sequence[np.ndarray | None] | None = None,
              context: Sequence[np.ndarray | None] | None = None) -> BankStep:
@@ -62,13 +73,21 @@ class GateBank:
         gate (see ``StackedScorer.score_rows``), ``also`` per row a veto from elsewhere (the freeze
         check), ``changes[g]`` and ``context[g]`` the rows' changes since their previous observation
         and their context (plan) for gate g's feature range (see ``StackedScorer.score_rows``)."""
+        score, threshold, alarm = self.step_lists(slots, features, nan_rows, also, changes, context)
+        return BankStep(np.array(score, _F64), np.array(threshold, _F64), np.array(alarm, _BOOL))
+
+    def step_lists(self, slots: Sequence[int], features: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None,
+                   also: Sequence[bool] | None = None, changes: Sequence[np.ndarray | None] | None = None,
+                   context: Sequence[np.ndarray | None] | None = None) -> tuple[list[float], list[float], list[bool]]:
+        """``step`` as Python lists (score, threshold, alarm per row), fresh: a caller that folds in more
+        per-row verdicts (the executor's actuation check) does it on floats, then makes its arrays once."""
         n = len(slots)
         if n == 1 and nan_rows is None:  # one session ticking, finite inputs: the common tick
-            one = self._one_row.step(slots[0], features, also, changes, context)
+            one = self._one_row.first(slots[0], features, also, changes, context)
+            if one is NotImplemented:  # a row the compiled tick cannot read
+                one = self._one_row.step(slots[0], features, also, changes, context)
             if one is not None:
-                score, threshold, alarm = one
-                out = np.array((score, threshold))
-                return BankStep(out[:1], out[1:], np.array((alarm,), dtype=bool))
+                return one
         r = self.scorer.score_rows(n, features, nan_rows, changes, context)
         scores, thresholds, exceed, immediate = r.score, r.threshold, r.exceed, r.immediate
         best_score, best_threshold, veto = [], [], []
@@ -88,6 +107,5 @@ class GateBank:
                 i += 1
             best_score.append(score)
             best_threshold.append(threshold)
-            veto.append(alarm)
-        out = np.array(best_score + best_threshold)
-        return BankStep(out[:n], out[n:], np.array(veto, dtype=bool))
+            veto.append(bool(alarm))
+        return best_score, best_threshold, veto

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
+
+from . import compiled
 
 
 _FLOAT32 = np.dtype(np.float32)
@@ -29,6 +32,10 @@ class FreezeDetector:
         self.dim = dim
         self._last: list[list[float]] = [[math.nan] * dim for _ in range(n_slots)]
         self._count = [0] * n_slots
+        module = compiled.module()
+        self.is_compiled = module is not None
+        if module is not None:  # this instance's step: the same loop in C (ood/_tick.c), called directly
+            self.step = partial(module.freeze_step, self._step_python, self._last, self._count, self.repeats)
 
     def update(self, x: np.ndarray, slots: np.ndarray | Sequence[int], fresh: np.ndarray) -> np.ndarray:
         """x (batch, dim) raw features of the rows ticking now; returns the alarm per row.
@@ -44,6 +51,10 @@ class FreezeDetector:
 
         Comparing two rows' ``tolist()`` compares every component with float ``==``, as numpy's
         ``==`` does: NaN never equals, so non-finite rows are the gate's job, not a freeze."""
+        return self._step_python(x, slots, fresh)
+
+    def _step_python(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool]) -> list[bool]:
+        """``step`` in Python: the reference, and the C loop's path for rows that are not float32."""
         rows = x.tolist()
         kept = rows if x.dtype is _FLOAT32 else np.asarray(x, dtype=np.float32).tolist()
         last, count, repeats = self._last, self._count, self.repeats

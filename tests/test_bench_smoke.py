@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import ood.compiled
 from controller.cli import main
 
 
@@ -49,6 +50,7 @@ def test_bench_gate_reports_each_session_count(tmp_path):
     (result_file,) = tmp_path.glob("gate-*.json")
     assert json.loads(result_file.read_text()) == result
     assert set(result["sessions"]) == {"1", "3"}
+    assert result["gate_path"].startswith("compiled" if ood.compiled.module() is not None else "pure Python")
     for row in result["sessions"].values():
         on, off = row["with gate"], row["without gate"]
         assert 0 < on["gate_us_p50"] <= on["gate_us_p99"] and on["forward_us_p50"] > 0

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import ood
+import ood.compiled
 from ood import FeatureRange, GateBank, GateMonitor, KOfNSettings, CusumSettings, make_filter
 from gate_data import clustered_stats
 from ood.score import GateScorer
@@ -51,6 +52,8 @@ class _GeneralOnly:
     def step(self, *args: object) -> None:
         return None
 
+    first = step
+
 
 def _row(rng: np.random.Generator, stats: ood.GateStats, kind: int) -> np.ndarray:
     x = stats.center * (1.0 + rng.normal(size=stats.dim) * 0.02)
@@ -74,19 +77,27 @@ def _row(rng: np.random.Generator, stats: ood.GateStats, kind: int) -> np.ndarra
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
 @pytest.mark.parametrize("variants", [("single", "single"), ("single", "tied", "relative", "single")])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_one_row_tick_equals_the_general_path(variants: tuple[str, ...], dtype: type) -> None:
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pure"])
+def test_one_row_tick_equals_the_general_path(variants: tuple[str, ...], dtype: type, compiled: bool) -> None:
+    if compiled and not ood.compiled.available():
+        pytest.skip("ood._tick did not build (no C compiler)")
     n_slots = 3
-    stats, ranges, fast, general = _banks(variants, 7, n_slots)
+    before = ood.compiled.use_compiled(compiled)
+    try:
+        stats, ranges, fast, general = _banks(variants, 7, n_slots)
+    finally:
+        ood.compiled.use_compiled(before)
+    assert fast.compiled is compiled
     general._one_row = _GeneralOnly()
     taken = [0]
-    real_step = fast._one_row.step
+    real_first = fast._one_row.first
 
-    def counting(*args: object):  # noqa: ANN202 - wraps OneRowTick.step
-        out = real_step(*args)
-        taken[0] += out is not None
+    def counting(*args: object):  # noqa: ANN202 - wraps OneRowTick.first
+        out = real_first(*args)
+        taken[0] += out is not None and out is not NotImplemented
         return out
 
-    fast._one_row.step = counting
+    fast._one_row.first = counting
     rng = np.random.default_rng(3)
     kinds = [0] * 12 + [1, 1, 2, 3, 4, 5, 6, 7]
     vetoes = 0
