@@ -69,12 +69,14 @@ def test_bench_gate_cli_defaults_to_the_base_model_and_its_gates(tmp_path, monke
 
 
 def test_bench_planner_compares_idle_and_busy_turns_of_one_run(tmp_path, test_model_path):
-    assert main(["bench", "planner", "--model", str(test_model_path), "--sessions", "2", "--duration", "8",
+    # 10 s: two turns of each kind even when a loaded machine starts the clients late (at 8 s, the
+    # shortest run the CLI takes, a run beside another test suite once counted only one busy turn)
+    assert main(["bench", "planner", "--model", str(test_model_path), "--sessions", "2", "--duration", "10",
                  "--out", str(tmp_path)]) == 0
     (result_file,) = tmp_path.glob("planner-*.json")
     result = json.loads(result_file.read_text())
     for side in ("idle", "busy"):
-        assert result[side]["turns"] == 2 and result[side]["ticks"] > 400  # 2 x 1.5 s counted at 200 Hz
+        assert result[side]["turns"] >= 2 and result[side]["ticks"] > 400  # 2 x 1.5 s counted at 200 Hz
         assert set(result[side]["lateness_us"]) == {"min", "p50", "p99", "p99.9", "max"}
     low, high = result["p99_ratio_interval_95"]
     assert low <= result["p99_ratio_busy_over_idle"] <= high
