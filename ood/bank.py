@@ -84,8 +84,8 @@ class GateBank:
         n = len(slots)
         if n == 1 and nan_rows is None:  # one session ticking, finite inputs: the common tick
             one = self._one_row.first(slots[0], features, also, changes, context)
-            if one is NotImplemented:  # a row the compiled tick cannot read
-                one = self._one_row.step(slots[0], features, also, changes, context)
+            if one is NotImplemented:  # a row the one-call tick cannot read: not tried a second time
+                one = self._one_row.without_blas(slots[0], features, also, changes, context)
             if one is not None:
                 return one
         r = self.scorer.score_rows(n, features, nan_rows, changes, context)

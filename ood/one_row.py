@@ -127,6 +127,13 @@ class OneRowTick:
             out = self._kernel.step(slot, features, also, changes, context)
             if out is not NotImplemented:  # a row it cannot read: numpy's calls below
                 return out
+        return self.without_blas(slot, features, also, changes, context)
+
+    def without_blas(self, slot: int, features: Sequence[np.ndarray | None], also: Sequence[bool] | None,
+                     changes: Sequence[Any] | None, context: Sequence[np.ndarray | None] | None
+                     ) -> tuple[list[float], list[float], list[bool]] | None:
+        """``step`` with numpy's calls making the products: for a row the one-call tick returned
+        NotImplemented for (``first`` already tried it), or when there is no such tick."""
         if not self._numpy_products(features):
             return None
         if self._kernel is not None:
