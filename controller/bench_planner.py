@@ -86,6 +86,9 @@ def print_planner_report(result: dict[str, Any], console: Console) -> None:
                       f"plan p99 {p['latency_us_p99'] / 1e3:.1f} ms; overruns (missed cycles) {p['overruns']}, "
                       f"errors {p['errors']}, timeouts {p['timeouts']}, restarts {p['restarts']}, batches that waited "
                       f"for a CPU past the deadline {p['starved_batches']}")
+        policy = ("SCHED_IDLE, raised to SCHED_BATCH while a batch waited for a CPU: "
+                  f"{p.get('priority_raises', 0)} times" if p.get("worker_idle_priority") else "SCHED_BATCH")
+        console.print(f"planner worker's CPU policy: {policy}")
 
 
 def bench_planner(model: Path, sessions: int = 32, duration_s: float = 60.0, out_dir: Path = Path("runs/bench"),

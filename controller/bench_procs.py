@@ -81,7 +81,8 @@ async def run_clients(address: str, sessions: int, duration_s: float, period_s: 
             _session(stub, i, len(info.features), duration_s, period_s, seed) for i in range(sessions))))
 
 
-_PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "restarts", "batches", "starved_batches")
+_PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "restarts", "batches", "starved_batches",
+                   "priority_raises")
 
 
 def _alternate(runtime: ControllerRuntime, phase_s: float,
@@ -158,7 +159,7 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
         planner_stats.update({k: now[k] for k in ("plan_time_us_p50", "plan_time_us_p99", "batch_time_us_p50",
                                                   "batch_time_us_p99", "batch_cpu_us_p50", "batch_cpu_us_p99",
                                                   "batch_size_p50", "latency_us_p50",
-                                                  "latency_us_p99", "source")})
+                                                  "latency_us_p99", "source", "worker_idle_priority")})
         planner_stats["applied"] = planning.realtime.applied
     await server.stop()
     return {"planner": planner_stats, "ticks": stats.ticks, "missed_deadlines": runtime.ticker.missed - missed0, "wall_s": wall_s,

@@ -23,7 +23,11 @@ its own (a plan, an error, a timeout, or "not attempted, ask again" from a per-r
 ran out of time), so one bad request never fails the others.
 
 The worker (a child process by default, reniced, so the planner's numpy work never holds this
-process's GIL; a thread on request) builds the source and plans. A batch still unanswered at the
+process's GIL; a thread on request) builds the source and plans. Where the kernel lets this
+process raise it again, the worker process waits and plans under SCHED_IDLE, so that it never delays
+anything else on the machine, and a batch still waiting for a CPU after raise_after_s (a quarter of
+the deadline by default) is raised to SCHED_BATCH at its nice level until it is answered
+(planner.priority); elsewhere it runs SCHED_BATCH throughout. A batch still unanswered at the
 deadline is killed with its worker (a signal, microseconds), every session in it counts as a
 timeout, and the replacement is spawned by a short-lived helper thread, so even a restart never
 blocks the caller. A worker that is ready to run but short of CPU at the deadline is not hung
@@ -59,6 +63,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dualloop.v1 import planner_pb2 as pb
+from planner import priority
 from planner.plan import Plan, PlanError
 from planner.wire import plan_from_pb, request_bytes
 from planner.worker import (BATCH, FATAL, LATE, PLAN, READY, REQUEST, SKIP, STOP_MESSAGE, SourceFactory, decode,
@@ -104,6 +109,8 @@ class _InFlight:
     answered: int = 0
     skipped: list[_Sent] = field(default_factory=list)
     starved: bool = False  # its deadline was moved on because the worker waited for a CPU
+    raise_check: float = float("inf")  # time.monotonic() from which to look whether it waits for a CPU
+    raised: bool = False  # the worker was raised out of SCHED_IDLE for it (or that was refused)
 
     @property
     def unanswered(self) -> list[_Sent]:
@@ -113,12 +120,14 @@ class _InFlight:
 class _Worker:
     """One worker (process or thread) and the scheduler's end of its pipe."""
 
-    def __init__(self, factory: SourceFactory, mode: WorkerMode, nice: int | None, budget_s: float) -> None:
+    def __init__(self, factory: SourceFactory, mode: WorkerMode, nice: int | None, budget_s: float,
+                 idle: bool = False) -> None:
         # spawn, not fork: the server process has gRPC threads, and forking a threaded process
         # can deadlock the child on a lock some other thread held.
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe(duplex=True)
         self.mode = mode
+        self.idle = idle and mode == "process"  # SCHED_IDLE between raises
         self.started = time.monotonic()
         self.ready = False
         self.name = ""
@@ -126,8 +135,8 @@ class _Worker:
         self._process: mp.process.BaseProcess | None = None
         self._thread: threading.Thread | None = None
         if mode == "process":
-            self._process = ctx.Process(target=run_worker, args=(child, factory, nice, budget_s), daemon=True,
-                                        name="dualloop-planner")
+            self._process = ctx.Process(target=run_worker, args=(child, factory, nice, budget_s, self.idle),
+                                        daemon=True, name="dualloop-planner")
             self._process.start()
             child.close()  # only the child holds its end, so its death reads as EOF here
         else:
@@ -221,6 +230,8 @@ class PlanScheduler:
         starved_limit_s: float | None = None,
         history: int = 2048,
         hold: bool = False,
+        idle_priority: bool | None = None,
+        raise_after_s: float | None = None,
     ) -> None:
         if mode not in ("process", "thread"):
             raise ValueError(f"mode must be 'process' or 'thread', got {mode!r}")
@@ -240,6 +251,10 @@ class PlanScheduler:
         self.max_batch = max_batch
         self._factory = source_factory
         self._nice = nice if mode == "process" else None
+        # SCHED_IDLE only where the worker can be raised out of it again (None: find out)
+        self._idle_priority = (mode == "process" and (priority.can_raise_from_idle(nice) if idle_priority is None
+                                                      else idle_priority))
+        self.raise_after_s = self.deadline_s / 4.0 if raise_after_s is None else raise_after_s
         self._startup_timeout_s = startup_timeout_s
         self._restart_backoff_s = restart_backoff_s
         self._backoff = restart_backoff_s
@@ -261,7 +276,7 @@ class PlanScheduler:
         self._latency_us: deque[float] = deque(maxlen=history)
         self._counts = dict.fromkeys(
             ("requests", "replaced", "overruns", "plans", "errors", "timeouts", "requeued", "batches",
-             "starved_batches", "restarts", "startup_failures", "dropped_unpolled"), 0)
+             "starved_batches", "priority_raises", "restarts", "startup_failures", "dropped_unpolled"), 0)
         self._last_error = ""
 
         self._worker: _Worker | None = None
@@ -402,6 +417,7 @@ class PlanScheduler:
         out["batch_size_max"] = int(sizes.max()) if sizes.size else 0
         worker = self._worker
         out["worker_pid"] = worker.pid if worker is not None else None
+        out["worker_idle_priority"] = worker.idle if worker is not None else self._idle_priority
         out["source"] = worker.name if worker is not None else ""
         return out
 
@@ -422,6 +438,8 @@ class PlanScheduler:
         if worker is None:
             return
         flight = self._in_flight
+        if flight is not None and not flight.raised and now >= flight.raise_check:
+            self._raise_if_waiting(worker, flight, now)
         if flight is not None and now > flight.deadline and not self._starved(worker, flight, now):
             self._last_error = (f"{len(flight.unanswered)} plan(s) not answered within "
                                 f"{(now - flight.sent) * 1e3:.0f} ms: worker replaced")
@@ -457,8 +475,28 @@ class PlanScheduler:
         flight.deadline = deadline
         return True
 
+    def _raise_if_waiting(self, worker: _Worker, flight: _InFlight, now: float) -> None:
+        """A SCHED_IDLE worker whose batch has had less than half the CPU time since it was sent
+        and is ready to run (not sleeping on, say, a remote planner) is waiting for a CPU: raised to
+        SCHED_BATCH until it answers. Two /proc reads, only for a batch outstanding this long."""
+        cpu = worker.cpu_s()
+        if flight.cpu0 is None or cpu is None or worker.pid is None:
+            flight.raised = True  # nothing to go by (not Linux): leave it be
+            return
+        if not worker.runnable() or cpu - flight.cpu0 >= 0.5 * (now - flight.sent):
+            flight.raise_check = now + self.raise_after_s / 4.0  # look again a little later
+            return
+        flight.raised = True
+        if priority.raise_to_batch(worker.pid):
+            self._counts["priority_raises"] += 1
+            return
+        # Refused after all (limits changed, a sandbox): later workers run SCHED_BATCH throughout;
+        # this batch is left to the deadline and its CPU-starvation allowance.
+        self._idle_priority = False
+        self._last_error = "cannot raise the planner worker out of SCHED_IDLE: later workers run SCHED_BATCH"
+
     def _new_worker(self) -> _Worker:
-        return _Worker(self._factory, self.mode, self._nice, self.budget_s)
+        return _Worker(self._factory, self.mode, self._nice, self.budget_s, self._idle_priority)
 
     def _adopt_or_spawn(self, now: float) -> None:
         if self._starter is not None:
@@ -513,7 +551,8 @@ class PlanScheduler:
         frames = [(REQUEST, item.request.encoded) for item in items]
         now = time.monotonic()
         # The worker's CPU time at its latest message: it has been idle since, waiting for this batch.
-        self._in_flight = _InFlight(items, now, now + self.deadline_s, worker.cpu_reported_s)
+        self._in_flight = _InFlight(items, now, now + self.deadline_s, worker.cpu_reported_s,
+                                    raise_check=now + self.raise_after_s if worker.idle else float("inf"))
         self._counts["batches"] += 1
         try:
             worker.conn.send_bytes(pack_frames(frames))

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import signal
 import struct
 import time
@@ -46,6 +45,7 @@ from multiprocessing.connection import Connection
 from typing import Callable, cast
 
 from dualloop.v1 import planner_pb2 as pb
+from planner import priority
 from planner.plan import Plan, PlanRequest, PlanSource
 from planner.wire import plan_to_pb, request_from_pb
 
@@ -108,12 +108,15 @@ def _describe(err: BaseException) -> bytes:
 
 
 def run_worker(conn: Connection, factory: SourceFactory, nice: int | None = None,
-               budget_s: float = math.inf) -> None:
-    """Worker main loop; returns when the scheduler closes the pipe or sends STOP_MESSAGE."""
+               budget_s: float = math.inf, idle: bool = False) -> None:
+    """Worker main loop; returns when the scheduler closes the pipe or sends STOP_MESSAGE.
+    idle: run SCHED_IDLE between batches (the scheduler raises it while a batch waits for a CPU,
+    planner.priority)."""
     if nice is not None:  # process mode only: a thread cannot be reniced on its own portably
         # The scheduler (not Ctrl-C) decides when the worker ends.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _lower_priority(nice)
+        priority.lower(nice, idle)
+    idle = idle and nice is not None
     _plan_timeout()  # grpc's import takes ~0.2 s: before READY, not inside the first batch's deadline
     try:
         source = factory()
@@ -142,24 +145,8 @@ def run_worker(conn: Connection, factory: SourceFactory, nice: int | None = None
         for message in _reply_messages(replies, *timing):
             if not _send(conn, message):
                 return
-
-
-def _lower_priority(nice: int) -> None:
-    """The executor's ticks outrank planning on a 2-core machine: nice, and SCHED_BATCH (Linux).
-
-    SCHED_BATCH because a batch arrives over a unix socket, whose write wakes the reader
-    "synchronously": Linux puts the woken worker on the writer's CPU and lets it preempt the
-    writer, i.e. the tick loop, for as long as the batch takes (measured: the scheduler's send took
-    2.9 ms p50, each time with an involuntary context switch; 13-33 us as SCHED_BATCH, which never
-    preempts on wake-up). Both need no privilege; either may be refused, planning goes on."""
-    try:
-        os.nice(nice)
-    except OSError:
-        pass
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError):  # not Linux
-        pass
+        if idle:  # the scheduler may have raised us while the batch waited for a CPU
+            priority.to_idle()
 
 
 def answer_batch(source: PlanSource, payloads: Sequence[bytes], budget_s: float = math.inf) -> list[Reply]:

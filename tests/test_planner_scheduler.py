@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from planner import priority
 from planner.behaviour import BehaviourPlanner
 from planner.plan import Plan, PlanRequest, make_plan_id
 from planner.scheduler import PlanScheduler
@@ -385,3 +386,118 @@ def test_a_source_spinning_on_a_cpu_is_still_killed_at_its_deadline():
         # machine was busy, and never later than starved_limit_s (3 deadlines)
         assert time.monotonic() - t0 < 0.6 + 0.1
         assert sched.stats()["restarts"] == 1
+
+
+class BurningSource:
+    """Plans after using `cpu_s` of CPU time: a planner that needs the CPU, not a sleeping one."""
+
+    name = "burning"
+
+    def __init__(self, cpu_s: float) -> None:
+        self.cpu_s = cpu_s
+
+    def plan(self, request: PlanRequest) -> Plan:
+        until = time.thread_time() + self.cpu_s
+        while time.thread_time() < until:
+            pass
+        return Plan(make_plan_id(self.name, request.session_id, request.now_ns), request.session_id,
+                    request.now_ns, 10**9, self.name, "keep", 20.0, 0.0)
+
+
+needs_idle_priority = pytest.mark.skipif(
+    not (priority.supported() and priority.can_raise_from_idle(10) and os.path.exists("/proc/self/schedstat")),
+    reason="needs Linux and the right to raise a process out of SCHED_IDLE (CAP_SYS_NICE or RLIMIT_NICE)")
+
+
+@needs_idle_priority
+def test_the_worker_waits_and_plans_under_sched_idle_where_it_can_be_raised():
+    with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S) as sched:
+        pid = sched.stats()["worker_pid"]
+        assert sched.stats()["worker_idle_priority"] is True
+        assert priority.policy_name(pid) == "SCHED_IDLE"
+        for i in range(8):
+            sched.request(f"car-{i}", varied_features(i), 0)
+        got: list[Plan] = []
+        assert wait_for(lambda: len(got) == 8, 5.0, sched, got), sched.stats()
+        # a batch that had a CPU at once (2 cores, nothing else running) is never raised
+        assert sched.stats()["priority_raises"] == 0
+        assert priority.policy_name(pid) == "SCHED_IDLE"
+
+
+def test_without_the_right_to_raise_it_the_worker_runs_sched_batch():
+    with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S, idle_priority=False) as sched:
+        assert sched.stats()["worker_idle_priority"] is False
+        if priority.supported():
+            assert priority.policy_name(sched.stats()["worker_pid"]) == "SCHED_BATCH"
+
+
+@needs_idle_priority
+def test_a_batch_waiting_for_a_cpu_is_raised_until_it_is_answered():
+    """The SCHED_IDLE worker shares one CPU with a busy normal process: left idle it would get
+    almost none of it (30 ms of CPU would take seconds). The scheduler raises it to SCHED_BATCH,
+    and the worker drops back to SCHED_IDLE once it has answered."""
+    cpu = min(os.sched_getaffinity(0))
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(hog.pid, {cpu})
+        with PlanScheduler(functools.partial(BurningSource, 0.03), period_s=PERIOD_S, deadline_s=PERIOD_S,
+                           starved_limit_s=20.0) as sched:
+            pid = sched.stats()["worker_pid"]
+            os.sched_setaffinity(pid, {cpu})
+            sched.request("car-1", features(), 0)
+            got: list[Plan] = []
+            seen: set[str] = set()
+            give_up = time.monotonic() + 20.0
+            while not got and time.monotonic() < give_up:
+                got.extend(sched.poll())
+                seen.add(priority.policy_name(pid))
+                time.sleep(0.002)
+            assert got, sched.stats()
+            stats = sched.stats()
+            assert stats["priority_raises"] == 1 and "SCHED_BATCH" in seen, (stats, seen)
+            assert stats["timeouts"] == stats["restarts"] == 0
+            back = time.monotonic() + 2.0  # the worker lowers itself just after its reply
+            while priority.policy_name(pid) != "SCHED_IDLE" and time.monotonic() < back:
+                time.sleep(0.002)
+            assert priority.policy_name(pid) == "SCHED_IDLE"
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+@needs_idle_priority
+def test_a_worker_sleeping_on_its_source_is_not_raised():
+    """Waiting on something (a remote planner, a sleep) is not waiting for a CPU."""
+    with PlanScheduler(functools.partial(SlowSource, 0.2), period_s=PERIOD_S, deadline_s=1.0) as sched:
+        sched.request("car-1", features(), 0)
+        got: list[Plan] = []
+        assert wait_for(lambda: len(got) == 1, 5.0, sched, got), sched.stats()
+        assert sched.stats()["priority_raises"] == 0
+
+
+@needs_idle_priority
+def test_when_raising_is_refused_later_workers_run_sched_batch(monkeypatch):
+    """A refusal the start-up check did not foresee (a sandbox, limits changed): the starving batch
+    is left to the CPU-starvation allowance, and the worker that replaces it runs SCHED_BATCH."""
+    monkeypatch.setattr(priority, "raise_to_batch", lambda pid: "")
+    cpu = min(os.sched_getaffinity(0))
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(hog.pid, {cpu})
+        with PlanScheduler(functools.partial(BurningSource, 0.03), period_s=PERIOD_S, deadline_s=PERIOD_S,
+                           starved_limit_s=0.5) as sched:
+            first = sched.stats()["worker_pid"]
+            os.sched_setaffinity(first, {cpu})
+            sched.request("car-1", features(), 0)
+            got: list[Plan] = []
+            assert wait_for(lambda: "SCHED_IDLE" in str(sched.stats()["last_error"]), 5.0, sched, got), sched.stats()
+            assert wait_for(lambda: sched.stats()["restarts"] == 1, 5.0, sched, got), sched.stats()
+            assert not got and sched.stats()["timeouts"] == 1
+            sched.request("car-1", features(), 1)
+            assert wait_for(lambda: len(got) == 1, 10.0, sched, got), sched.stats()
+            stats = sched.stats()
+            assert stats["worker_pid"] != first and stats["worker_idle_priority"] is False
+            assert priority.policy_name(stats["worker_pid"]) == "SCHED_BATCH"
+    finally:
+        hog.kill()
+        hog.wait()
