@@ -532,9 +532,13 @@ class BehaviourPlanner:
     def _idm_free(self, v: FloatArray, v0: FloatArray) -> FloatArray:
         # The free-road term never asks for more than comfortable braking: lowering the target
         # speed means "slow down smoothly", braking hard is the interaction term's job.
+        # ratio**4 as two squarings: numpy's power is SVML's pow on AVX-512 machines and libm's
+        # elsewhere (they differ in the last bit in ~5 % of cases); two products are the same bits
+        # everywhere, and what the compiled path (planner._rollout) computes.
         p = self.params
         ratio = v / v0
-        return np.maximum(p.a_max * (1.0 - ratio**4), -p.b_comf)
+        r2 = ratio * ratio
+        return np.maximum(p.a_max * (1.0 - r2 * r2), -p.b_comf)
 
     def _idm(self, v: FloatArray, free: FloatArray, gap: FloatArray, v_lead: FloatArray,
              sqrt_ab: float, time_gap: FloatArray | float) -> FloatArray:
