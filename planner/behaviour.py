@@ -35,6 +35,7 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
+from planner import compiled
 from planner.plan import Plan, PlanRequest, make_plan_id
 from sim.schema import FEATURE_INDEX, SENSOR_RANGE_M
 
@@ -190,6 +191,52 @@ class _Columns:
     starts: npt.NDArray[np.int64]  # (B + 1,)
 
 
+@dataclass(frozen=True)
+class _Traffic:
+    """What the rollout of every column needs, (N,) arrays: its session's situation seen from its lane."""
+
+    v0: FloatArray
+    target: FloatArray
+    changing: npt.NDArray[np.bool_]  # a lane change (the candidate's lane is not the ego's)
+    cruise: FloatArray
+    own_gap: FloatArray  # the leader in the ego's lane, _FAR_M when there is none
+    own_v: FloatArray
+    new_gap: FloatArray  # the leader in the candidate's lane (the same one when keeping the lane)
+    new_v: FloatArray
+    rear_gap: FloatArray  # the follower in the candidate's lane (none when keeping the lane)
+    rear_v: FloatArray
+    # left, right: the leader in each neighbouring lane, and whether it is a slower car that may cut in
+    side_gap: tuple[FloatArray, FloatArray]
+    side_v: tuple[FloatArray, FloatArray]
+    near: tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What the rollout of every column comes to, (N,) arrays: all that _evaluate scores."""
+
+    end_speed: FloatArray  # at the end of the horizon
+    end_gap: FloatArray  # to the leader of the candidate's lane, at the end of the horizon
+    end_lead_v: FloatArray  # of the leader that counts at the end of the horizon
+    min_gap: FloatArray  # to the leader(s) that count, over the horizon
+    headway: FloatArray  # mean of max(0, 1 - gap / desired gap)^2
+    ttc_risk: FloatArray  # max of max(0, 1 - time-to-collision / ttc_min_s)^2
+    rear_bad: npt.NDArray[np.bool_]  # a lane change whose new follower comes too close during it
+    shortfall: FloatArray  # mean of max(cruise - speed, 0)
+    accel_sq: FloatArray  # mean squared acceleration
+    jerk_sq: FloatArray  # mean squared jerk (within the rollout)
+    hard_brake: FloatArray  # mean braking beyond b_comf
+    cut_in: FloatArray  # _side_risk
+
+    ROWS = 12  # the compiled path's (ROWS, N) output, in field order (rear_bad as 0.0 / 1.0)
+
+    @classmethod
+    def from_rows(cls, out: FloatArray) -> _Outcome:
+        rows = list(out)
+        rows[6] = rows[6] != 0.0
+        return cls(*rows)
+
+
 @dataclass
 class Candidates:
     """The evaluated candidate table, (K,) arrays; exposed for tests and debugging."""
@@ -218,10 +265,22 @@ class BehaviourPlanner:
         self._n_steps = int(round(p.horizon_s / p.step_s))
         self._t = (np.arange(self._n_steps) + 1) * p.step_s  # time at the end of each step
         self._ladder = np.concatenate([[_STOP], np.asarray(p.speed_steps, dtype=np.float64)])
+        # The rollout's path, chosen now (planner.compiled): the C module, or None for numpy's.
+        self._compiled = compiled.module()
+        # Its constants, in the order planner/_rollout.c reads them (enum Constant there).
+        self._constants = np.array([
+            p.step_s, p.a_max, p.b_comf, p.b_max, p.min_gap, p.time_gap, p.leaving_time_gap, p.merge_time_gap,
+            p.lane_change_s, 0.5 * p.lane_change_s, 2.0 * math.sqrt(p.a_max * p.b_comf), p.ttc_min_s,
+            p.rear_min_gap, p.rear_min_ttc_s, p.cut_in_min_gap_m, _FAR_M], dtype=np.float64)
         # When we last proposed a lane change, per session: the cooldown needs memory that the
         # previous plan alone cannot carry (after a change, the previous plan is already "keep").
         self._last_change_ns: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()  # serve_planner may call plan() from several gRPC threads
+
+    @property
+    def is_compiled(self) -> bool:
+        """The rollout runs in the compiled module (planner._rollout), not numpy."""
+        return self._compiled is not None
 
     # ---- PlanSource -------------------------------------------------------------------------
     def plan(self, request: PlanRequest) -> Plan:
@@ -335,62 +394,28 @@ class BehaviourPlanner:
         sit = self._situation(x)
         cols = self._columns(sit)
         lane, own, changing = cols.lane, cols.owner, cols.lane != KEEP_LANE
-        # Leader positions over time (steps, N), measured from the ego's front bumper at t = 0.
-        t = self._t[:, None]
-        v_own, v_new = sit.front_v[own, KEEP_LANE], sit.front_v[own, lane]
-        own_lead = sit.front_gap[own, KEEP_LANE] + v_own * t
-        new_lead = sit.front_gap[own, lane] + v_new * t
-        # Before the ego crosses into the new lane it must respect both leaders.
-        both = changing[None, :] & (t < 0.5 * p.lane_change_s)
-        new_time_gap = np.where(changing[None, :] & (t < p.lane_change_s), p.merge_time_gap, p.time_gap)
-        s_hist, v_hist, a_hist = self._rollout(sit.v0[own], cols.target, changing, own_lead, new_lead,
-                                               v_own, v_new, both)
+        traffic = self._traffic(sit, cols)
+        # The rollout and what it comes to per candidate: compiled (planner._rollout) or numpy, the same bits.
+        out = self._outcome_compiled(traffic) if self._compiled is not None else self._outcome(traffic)
 
-        # ---- collision risk (leaders) ----
-        gap_new = new_lead - s_hist
-        gap_own = np.where(both, own_lead - s_hist, _FAR_M)
-        gap = np.minimum(gap_new, gap_own)
-        lead_v = np.where(gap_own < gap_new, v_own, v_new)
-        min_gap = gap.min(axis=0)
-        collides = min_gap <= 0.0
-        desired = p.min_gap + np.where(gap_own < gap_new, p.leaving_time_gap, new_time_gap) * v_hist
-        headway = np.mean(np.maximum(0.0, 1.0 - gap / desired) ** 2, axis=0)
-        closing = v_hist - lead_v
-        ttc = np.where(closing > 1e-3, np.maximum(gap, 0.0) / np.maximum(closing, 1e-3), np.inf)
-        ttc_risk = np.max(np.maximum(0.0, 1.0 - ttc / p.ttc_min_s) ** 2, axis=0)
-
-        # ---- hard constraint on the new follower while the change is under way ----
-        during = t <= p.lane_change_s
-        rear_gap0, rear_v = sit.rear_gap[own, lane], sit.rear_v[own, lane]
-        rear_g = rear_gap0 + s_hist - rear_v * t
-        rear_closing = rear_v - v_hist
-        rear_ttc = np.where(rear_closing > 1e-3, rear_g / np.maximum(rear_closing, 1e-3), np.inf)
-        rear_bad = during & ((rear_g < p.rear_min_gap) | (rear_ttc < p.rear_min_ttc_s))
-        rear_unsafe = changing & (rear_bad.any(axis=0) | (rear_gap0 < p.rear_min_gap))
+        collides = out.min_gap <= 0.0
+        rear_unsafe = changing & (out.rear_bad | (traffic.rear_gap < p.rear_min_gap))
         too_slow = changing & (sit.v0[own] < p.min_change_speed) & ~self._under_way(sit, requests)[own, lane]
-
-        # ---- progress and comfort ----
-        cruise = sit.cruise[own]
-        progress = np.mean(np.maximum(cruise - v_hist, 0.0), axis=0) / np.maximum(cruise, 1.0)
-        # The plan's own smoothness: the step from the measured acceleration to the rollout's first
-        # one is not the plan's doing (the executor chooses its acceleration every tick), and
-        # counting it made "stop" the cheapest plan whenever the executor happened to brake hard.
-        jerk = np.diff(a_hist, axis=0) / p.step_s
-        accel_cost = np.mean(a_hist**2, axis=0) / p.b_comf**2
-        jerk_cost = np.mean(jerk**2, axis=0) / p.jerk_ref**2
-        hard_brake = np.mean(np.maximum(0.0, -a_hist - p.b_comf), axis=0)
-
-        cut_in = self._cut_in_risk(sit, cols, s_hist, v_hist)
+        cruise = traffic.cruise
+        progress = out.shortfall / np.maximum(cruise, 1.0)
+        accel_cost = out.accel_sq / p.b_comf**2
+        jerk_cost = out.jerk_sq / p.jerk_ref**2
+        cut_in = self._cut_in_risk(cols, out.cut_in)
 
         # ---- beyond the horizon: a stationary obstacle still ahead in the final lane ----
-        stationary = v_new < p.stop_speed
-        closeness = np.clip(1.0 - gap_new[-1] / SENSOR_RANGE_M, 0.0, 1.0)
-        dead_end = np.where(stationary & (gap_new[-1] < SENSOR_RANGE_M), closeness, 0.0)
+        stationary = traffic.new_v < p.stop_speed
+        closeness = np.clip(1.0 - out.end_gap / SENSOR_RANGE_M, 0.0, 1.0)
+        dead_end = np.where(stationary & (out.end_gap < SENSOR_RANGE_M), closeness, 0.0)
         # The target the plan will state, against the speed the rollout actually ends at.
         faster = sit.front_v[own, lane] - sit.v0[own]
         pulling_away = (sit.front_gap[own, lane] < _FAR_M) & (faster > np.maximum(p.pull_away,
                                                                                  p.pull_away_fraction * sit.v0[own]))
-        reach = np.where(pulling_away, cruise, np.maximum(v_hist[-1], cols.lowest))
+        reach = np.where(pulling_away, cruise, np.maximum(out.end_speed, cols.lowest))
         overshoot = np.maximum(cols.target - reach, 0.0)
 
         # ---- rules of the road ----
@@ -404,9 +429,9 @@ class BehaviourPlanner:
             "progress": p.w_progress * progress,
             "accel": p.w_accel * accel_cost,
             "jerk": p.w_jerk * jerk_cost,
-            "hard_brake": p.w_hard_brake * hard_brake,
-            "headway": p.w_headway * headway,
-            "ttc": p.w_ttc * ttc_risk,
+            "hard_brake": p.w_hard_brake * out.hard_brake,
+            "headway": p.w_headway * out.headway,
+            "ttc": p.w_ttc * out.ttc_risk,
             "rules": rules,
             "dead_end": p.w_dead_end * dead_end,
             "cut_in": p.w_cut_in * cut_in,
@@ -416,10 +441,86 @@ class BehaviourPlanner:
             "too_slow": np.where(too_slow, p.collision_cost, 0.0),
         }
         cost = np.sum(list(terms.values()), axis=0)
-        blocked = (lead_v[-1] < p.stop_speed) & (v_hist[-1] < p.stop_approach_speed)
+        blocked = (out.end_lead_v < p.stop_speed) & (out.end_speed < p.stop_approach_speed)
         cands = Candidates(lane=lane, target_speed=cols.target, cost=cost, feasible=~(collides | rear_unsafe | too_slow),
-                           end_speed=v_hist[-1], min_gap=min_gap, blocked=blocked, terms=terms)
+                           end_speed=out.end_speed, min_gap=out.min_gap, blocked=blocked, terms=terms)
         return cols, cands
+
+    def _traffic(self, sit: _Situation, cols: _Columns) -> _Traffic:
+        """What the rollout of each column needs: its session's situation, seen from its lane."""
+        p = self.params
+        lane, own = cols.lane, cols.owner
+        keep = lane == KEEP_LANE
+        v0 = sit.v0[own]
+        side_gap, side_v, near = [], [], []
+        for side in (LEFT_LANE, RIGHT_LANE):
+            gap0, v_side = sit.front_gap[own, side], sit.front_v[own, side]
+            side_gap.append(gap0)
+            side_v.append(v_side)
+            # a moving car slower than the ego, close ahead in the next lane: it may cut in (a
+            # stopped one is not going to pull out)
+            near.append(keep & sit.exists[own, side] & (gap0 > 0.0) & (gap0 < p.cut_in_range_m)
+                        & (v_side < v0) & (v_side >= p.stop_speed))
+        return _Traffic(v0=v0, target=cols.target, changing=~keep, cruise=sit.cruise[own],
+                        own_gap=sit.front_gap[own, KEEP_LANE], own_v=sit.front_v[own, KEEP_LANE],
+                        new_gap=sit.front_gap[own, lane], new_v=sit.front_v[own, lane],
+                        rear_gap=sit.rear_gap[own, lane], rear_v=sit.rear_v[own, lane],
+                        side_gap=(side_gap[0], side_gap[1]), side_v=(side_v[0], side_v[1]), near=(near[0], near[1]))
+
+    def _outcome(self, tr: _Traffic) -> _Outcome:
+        """The numpy rollout and what it comes to per column: the reference the compiled path
+        (planner._rollout) reproduces bit for bit."""
+        p = self.params
+        changing = tr.changing
+        # Leader positions over time (steps, N), measured from the ego's front bumper at t = 0.
+        t = self._t[:, None]
+        own_lead = tr.own_gap + tr.own_v * t
+        new_lead = tr.new_gap + tr.new_v * t
+        # Before the ego crosses into the new lane it must respect both leaders.
+        both = changing[None, :] & (t < 0.5 * p.lane_change_s)
+        new_time_gap = np.where(changing[None, :] & (t < p.lane_change_s), p.merge_time_gap, p.time_gap)
+        s_hist, v_hist, a_hist = self._rollout(tr.v0, tr.target, changing, own_lead, new_lead, tr.own_v, tr.new_v,
+                                               both)
+
+        # ---- collision risk (leaders) ----
+        gap_new = new_lead - s_hist
+        gap_own = np.where(both, own_lead - s_hist, _FAR_M)
+        gap = np.minimum(gap_new, gap_own)
+        lead_v = np.where(gap_own < gap_new, tr.own_v, tr.new_v)
+        desired = p.min_gap + np.where(gap_own < gap_new, p.leaving_time_gap, new_time_gap) * v_hist
+        headway = np.mean(np.maximum(0.0, 1.0 - gap / desired) ** 2, axis=0)
+        closing = v_hist - lead_v
+        ttc = np.where(closing > 1e-3, np.maximum(gap, 0.0) / np.maximum(closing, 1e-3), np.inf)
+        ttc_risk = np.max(np.maximum(0.0, 1.0 - ttc / p.ttc_min_s) ** 2, axis=0)
+
+        # ---- hard constraint on the new follower while the change is under way ----
+        during = t <= p.lane_change_s
+        rear_g = tr.rear_gap + s_hist - tr.rear_v * t
+        rear_closing = tr.rear_v - v_hist
+        rear_ttc = np.where(rear_closing > 1e-3, rear_g / np.maximum(rear_closing, 1e-3), np.inf)
+        rear_bad = during & ((rear_g < p.rear_min_gap) | (rear_ttc < p.rear_min_ttc_s))
+
+        # ---- progress and comfort ----
+        # The plan's own smoothness: the step from the measured acceleration to the rollout's first
+        # one is not the plan's doing (the executor chooses its acceleration every tick), and
+        # counting it made "stop" the cheapest plan whenever the executor happened to brake hard.
+        jerk = np.diff(a_hist, axis=0) / p.step_s
+        return _Outcome(
+            end_speed=v_hist[-1], end_gap=gap_new[-1], end_lead_v=lead_v[-1], min_gap=gap.min(axis=0),
+            headway=headway, ttc_risk=ttc_risk, rear_bad=changing & rear_bad.any(axis=0),
+            shortfall=np.mean(np.maximum(tr.cruise - v_hist, 0.0), axis=0),
+            accel_sq=np.mean(a_hist**2, axis=0), jerk_sq=np.mean(jerk**2, axis=0),
+            hard_brake=np.mean(np.maximum(0.0, -a_hist - p.b_comf), axis=0),
+            cut_in=self._side_risk(tr, s_hist, v_hist))
+
+    def _outcome_compiled(self, tr: _Traffic) -> _Outcome:
+        """_outcome in one call of the compiled module (planner._rollout): the same bits."""
+        assert self._compiled is not None
+        out = np.empty((_Outcome.ROWS, tr.v0.size))
+        self._compiled.outcome(self._constants, self._t, tr.v0, tr.target, tr.changing, tr.cruise, tr.own_gap, tr.own_v,
+                               tr.new_gap, tr.new_v, tr.rear_gap, tr.rear_v, tr.near[0], tr.side_gap[0], tr.side_v[0],
+                               tr.near[1], tr.side_gap[1], tr.side_v[1], out)
+        return _Outcome.from_rows(out)
 
     def _braking_for_leader(self, sit: _Situation) -> npt.NDArray[np.bool_]:
         """(B,) the ego brakes hard (measured) with its leader close: avoiding it, not manoeuvring."""
@@ -428,18 +529,13 @@ class BehaviourPlanner:
         close = (gap < p.min_gap + p.time_gap * sit.v0) | ((closing > 0.0) & (gap < p.ttc_min_s * closing))
         return (sit.a0 < -p.hard_braking) & close
 
-    def _cut_in_risk(self, sit: _Situation, cols: _Columns, s_hist: FloatArray, v_hist: FloatArray) -> FloatArray:
-        """(N,) risk of staying in lane next to the slower cars close ahead in the neighbouring lanes,
-        each predicted at constant velocity: (braking a cut-in would need / b_comf)^2, at most 1,
-        above the session's least risky keep candidate; 0 for lane changes."""
+    def _side_risk(self, tr: _Traffic, s_hist: FloatArray, v_hist: FloatArray) -> FloatArray:
+        """(N,) risk of staying in lane next to the slower cars close ahead in the neighbouring lanes
+        (tr.near), each predicted at constant velocity: (braking a cut-in would need / b_comf)^2, at
+        most 1; 0 where no car is near."""
         p = self.params
-        own, keep = cols.owner, cols.lane == KEEP_LANE
-        risk = np.zeros(cols.lane.size)
-        for side in (LEFT_LANE, RIGHT_LANE):
-            gap0, v_side = sit.front_gap[own, side], sit.front_v[own, side]
-            # a moving car slower than the ego; a stopped one is not going to pull out
-            near = (keep & sit.exists[own, side] & (gap0 > 0.0) & (gap0 < p.cut_in_range_m)
-                    & (v_side < sit.v0[own]) & (v_side >= p.stop_speed))
+        risk = np.zeros(tr.v0.size)
+        for near, gap0, v_side in zip(tr.near, tr.side_gap, tr.side_v):
             gap = gap0 + v_side * self._t[:, None] - s_hist
             closing = np.maximum(v_hist - v_side, 0.0)
             # The braking a cut-in would ask for, while the car is still ahead; every pass goes
@@ -447,11 +543,16 @@ class BehaviourPlanner:
             braking = closing**2 / (2.0 * np.maximum(gap, p.cut_in_min_gap_m))
             side_risk = np.max(np.where(gap > 0.0, np.minimum(braking / p.b_comf, 1.0) ** 2, 0.0), axis=0)
             risk = np.maximum(risk, np.where(near, side_risk, 0.0))
+        return risk
+
+    def _cut_in_risk(self, cols: _Columns, risk: FloatArray) -> FloatArray:
+        """(N,) the cut-in risk of each keep candidate (_side_risk) above its session's least risky
+        keep candidate; 0 for lane changes."""
         # Relative to the session's least risky keep candidate: it decides how fast to pass, not
         # whether to leave the lane (passing slower cars in the next lane is everyday driving).
-        moving = keep & (cols.target > 0.0)  # slowing to a stop is no way to pass a car
+        moving = (cols.lane == KEEP_LANE) & (cols.target > 0.0)  # slowing to a stop is no way to pass a car
         least = np.minimum.reduceat(np.where(moving, risk, np.inf), cols.starts[:-1])
-        return np.where(moving, risk - least[own], 0.0)
+        return np.where(moving, risk - least[cols.owner], 0.0)
 
     def _situation(self, x: FloatArray) -> _Situation:
         """Traffic per session and lane (keep, left, right), predicted at constant velocity.
@@ -532,9 +633,13 @@ class BehaviourPlanner:
     def _idm_free(self, v: FloatArray, v0: FloatArray) -> FloatArray:
         # The free-road term never asks for more than comfortable braking: lowering the target
         # speed means "slow down smoothly", braking hard is the interaction term's job.
+        # ratio**4 as two squarings: numpy's power is SVML's pow on AVX-512 machines and libm's
+        # elsewhere (they differ in the last bit in ~5 % of cases); two products are the same bits
+        # everywhere, and what the compiled path (planner._rollout) computes.
         p = self.params
         ratio = v / v0
-        return np.maximum(p.a_max * (1.0 - ratio**4), -p.b_comf)
+        r2 = ratio * ratio
+        return np.maximum(p.a_max * (1.0 - r2 * r2), -p.b_comf)
 
     def _idm(self, v: FloatArray, free: FloatArray, gap: FloatArray, v_lead: FloatArray,
              sqrt_ab: float, time_gap: FloatArray | float) -> FloatArray:
