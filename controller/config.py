@@ -42,6 +42,10 @@ class PlannerConfig(BaseModel):
     # REALTIME planning runs in a child process (its numpy work never holds the server's GIL);
     # "thread" is for sources that cannot be rebuilt in another process.
     worker: Literal["process", "thread"] = "process"
+    # The process worker waits and plans under SCHED_IDLE, raised to SCHED_BATCH only while a batch
+    # waits for a CPU, where the server may raise it (planner.priority); false: SCHED_BATCH always,
+    # a fair (niced) share of a busy machine instead of what nobody else wants.
+    idle_priority: bool = True
 
     @model_validator(mode="after")
     def _source_needs_its_setting(self) -> "PlannerConfig":

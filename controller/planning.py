@@ -259,7 +259,7 @@ class ServerPlanning:
         self.factory = factory or source_factory(cfg)
         self.deadline_s = worker_deadline_s(cfg)
         self.scheduler = PlanScheduler(self.factory, period_s=cfg.period_ms / 1e3, deadline_s=self.deadline_s,
-                                       mode=cfg.worker, hold=True)
+                                       mode=cfg.worker, hold=True, idle_priority=None if cfg.idle_priority else False)
         self.realtime = RealtimePlanning(executor, self.scheduler, cfg.period_ns)
         self.lockstep: LockstepPlanning | None = None
         # LOCKSTEP plans run here, awaited by their stream: the loop (and REALTIME ticks) keeps going.

@@ -21,6 +21,7 @@ from dualloop.v1 import controller_pb2_grpc as pb_grpc
 from executor.config import ExecutorConfig
 from executor.core import Executor
 from executor.model_runner import DecisionModel
+from planner import priority
 from planner.behaviour import BehaviourPlanner
 from planner.plan import Plan, PlanRequest, make_plan_id
 from planner.remote import serve_planner
@@ -97,6 +98,19 @@ def test_model_info_names_the_planner(test_model_path: Path) -> None:
     with ServerThread(ServerConfig(model=test_model_path, port=0)) as srv:
         with grpc.insecure_channel(srv.address) as ch:
             assert pb_grpc.ControllerStub(ch).GetModelInfo(pb.GetModelInfoRequest()).planner == ""
+
+
+def test_idle_priority_can_be_turned_off(test_model_path: Path) -> None:
+    """planner.idle_priority = false: the worker runs SCHED_BATCH throughout (a fair, niced share)."""
+    cfg = ServerConfig(model=test_model_path, port=0, planner={"source": "behaviour", "idle_priority": False})
+    with ServerThread(cfg) as srv:
+        stats = srv.server.runtime.planning.scheduler.stats()
+        assert stats["worker_idle_priority"] is False
+        if priority.supported():
+            assert priority.policy_name(stats["worker_pid"]) == "SCHED_BATCH"
+    with ServerThread(ServerConfig(model=test_model_path, port=0, planner={"source": "behaviour"})) as srv:
+        stats = srv.server.runtime.planning.scheduler.stats()
+        assert stats["worker_idle_priority"] is priority.can_raise_from_idle(10)
 
 
 # ---- LOCKSTEP: in-line, deterministic ------------------------------------------------------
