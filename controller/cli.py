@@ -89,6 +89,10 @@ def _bench(args: argparse.Namespace) -> int:
                           f"idle and busy in turns of {PHASE_S:g} s and each needs two turns (at least "
                           f"{4 * PHASE_S:g} s)", highlight=False)
             return 2
+        if args.compare_pure:
+            from controller.bench_plan_cost import bench_plan_cost
+
+            bench_plan_cost(args.out, console)
         bench_planner(args.model, sessions, duration, args.out, args.guard_ms,
                       args.realtime_priority or None, planner="behaviour", console=console)
         return 0
@@ -305,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate", type=Path, action="append", help="gate file (bench gate; default: models/base.onnx with its two gates); repeat for several")
     p.add_argument("--model", type=Path, default=TEST_MODEL_PATH)
     p.add_argument("--compare-pure", action="store_true",
-                   help="bench gate: also run the gates' pure-Python path, interleaved tick by tick, and print the ratio")
+                   help="bench gate: also run the gates' pure-Python path, interleaved tick by tick, and print the "
+                   "ratio; bench planner: first the planner's CPU per batch on its compiled and numpy paths, interleaved")
     p.add_argument("--sessions", type=int, help="REALTIME sessions (tick: 8, planner: 32); gate: a count "
                    "added to its table")
     p.add_argument("--duration", type=float, help="seconds (tick: 60, planner: 600, sim: 3, replay: 60 at most)")

@@ -15,7 +15,7 @@ situation, the candidate table, the weighting of the terms) stays in numpy and i
 
 The numbers (this 2-core machine, another load on it, CPU time per ``plan_many`` batch,
 ``time.thread_time_ns``, both paths interleaved in one process, 600 batches each, half the sessions
-features from simulated drives and half random; ``python scripts/bench_planner_compiled.py``):
+features from simulated drives and half random; ``dualloop bench planner --compare-pure``):
 32 sessions 1.09 ms median / 1.41 ms p99 compiled against 5.80 / 6.71 ms numpy (5.3x / 4.7x less),
 1 session 0.23 / 0.32 ms against 1.21 / 1.38 ms (5.3x / 4.3x). The C call itself is about 0.3-0.45 ms
 of a batch of 32 (~540 candidates), bound by its ~8 divisions per candidate and step; the rest is the

@@ -340,3 +340,14 @@ def test_the_module_refuses_what_it_cannot_read() -> None:
         module.outcome(*args[:6], tr.own_gap.repeat(2)[::2], *args[7:], out)
     with pytest.raises(ValueError, match="C-contiguous"):
         module.outcome(*args, np.empty((tr.v0.size, _Outcome.ROWS)).T)
+
+
+@needs_compiled
+def test_the_cost_bench_compares_both_paths_on_the_same_batches() -> None:
+    from controller.bench_plan_cost import compare_paths
+
+    result = compare_paths(sizes=(3,), batches=6, warmup=1, seeds=(1,))
+    row = result["batch_3"]
+    for path in ("compiled", "numpy"):
+        assert 0.0 < row[path]["p50_us"] <= row[path]["p99_us"]
+    assert row["ratio_p50"] == row["numpy"]["p50_us"] / row["compiled"]["p50_us"]
