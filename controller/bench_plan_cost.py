@@ -55,9 +55,8 @@ def make_batches(size: int, count: int, simulated: np.ndarray, seed: int) -> lis
     return out
 
 
-def compare_paths(sizes: Sequence[int] = (32, 1), batches: int = 600, warmup: int = 20,
-                  console: Console | None = None, seeds: Sequence[int] = (1, 2)) -> dict[str, Any]:
-    """{"batch_<size>": {"compiled": {...}, "numpy": {...}, "ratio_p50", "ratio_p99"}}; CPU in us."""
+def planner_pair() -> tuple[BehaviourPlanner, BehaviourPlanner]:
+    """(compiled, numpy) behaviour planners, whatever path new planners take by default."""
     if not planner.compiled.available():
         raise RuntimeError("planner._rollout is not built (no C compiler at install time): nothing to compare")
     before = planner.compiled.use_compiled(True)
@@ -67,6 +66,13 @@ def compare_paths(sizes: Sequence[int] = (32, 1), batches: int = 600, warmup: in
         reference = BehaviourPlanner()
     finally:
         planner.compiled.use_compiled(before)
+    return fast, reference
+
+
+def compare_paths(sizes: Sequence[int] = (32, 1), batches: int = 600, warmup: int = 20,
+                  console: Console | None = None, seeds: Sequence[int] = (1, 2)) -> dict[str, Any]:
+    """{"batch_<size>": {"compiled": {...}, "numpy": {...}, "ratio_p50", "ratio_p99"}}; CPU in us."""
+    fast, reference = planner_pair()
     simulated = simulated_features(seeds)
     result: dict[str, Any] = {}
     for size in sizes:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import planner.compiled
+from controller.bench_plan_cost import compare_paths, planner_pair
 from planner.behaviour import _Outcome, BehaviourPlanner, Candidates
 from planner.plan import Plan, PlanRequest
 from sim.env import run_expert_batch
@@ -39,13 +40,7 @@ def _compiler() -> str | None:
 
 def _planners() -> tuple[BehaviourPlanner, BehaviourPlanner]:
     """(compiled, numpy)"""
-    before = planner.compiled.use_compiled(True)
-    try:
-        fast = BehaviourPlanner()
-        planner.compiled.use_compiled(False)
-        reference = BehaviourPlanner()
-    finally:
-        planner.compiled.use_compiled(before)
+    fast, reference = planner_pair()
     assert fast.is_compiled and not reference.is_compiled
     return fast, reference
 
@@ -344,8 +339,6 @@ def test_the_module_refuses_what_it_cannot_read() -> None:
 
 @needs_compiled
 def test_the_cost_bench_compares_both_paths_on_the_same_batches() -> None:
-    from controller.bench_plan_cost import compare_paths
-
     result = compare_paths(sizes=(3,), batches=6, warmup=1, seeds=(1,))
     row = result["batch_3"]
     for path in ("compiled", "numpy"):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing as mp
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -73,6 +75,20 @@ def wait_for(predicate, timeout_s: float, sched: PlanScheduler, collected: list[
             return True
         time.sleep(0.005)
     return False
+
+
+@contextlib.contextmanager
+def busy_cpu() -> Iterator[int]:
+    """One CPU kept busy by a normal-priority process for the duration; yields that CPU's number
+    (pin the process under test to it with os.sched_setaffinity)."""
+    cpu = min(os.sched_getaffinity(0))
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(hog.pid, {cpu})
+        yield cpu
+    finally:
+        hog.kill()
+        hog.wait()
 
 
 def test_good_source_delivers_plans_within_two_periods():
@@ -357,10 +373,7 @@ def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung(monkeypatch: pytest.Mo
     # The numpy rollout: the compiled one (planner.compiled) makes the batch too cheap to be starved
     # past the deadline (about 3 ms of wall time here with the hog).
     monkeypatch.setenv("DUALLOOP_PLANNER_PURE_PYTHON", "1")  # read by the spawned worker
-    cpu = min(os.sched_getaffinity(0))
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        os.sched_setaffinity(hog.pid, {cpu})
+    with busy_cpu() as cpu:
         # about 20 ms of CPU for this batch here when starved (7 ms otherwise), far below the deadline
         with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S, deadline_s=PERIOD_S, nice=15,
                            starved_limit_s=20.0) as sched:
@@ -370,9 +383,6 @@ def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung(monkeypatch: pytest.Mo
             got: list[Plan] = []
             assert wait_for(lambda: len(got) == 64, 60.0, sched, got), sched.stats()
             stats = sched.stats()
-    finally:
-        hog.kill()
-        hog.wait()
     # past its deadline (PERIOD_S) in wall time, yet not killed: otherwise the test proves nothing
     assert stats["batch_time_us_p50"] > PERIOD_S * 1e6, "the worker was not starved: the test proves nothing"
     assert stats["batch_cpu_us_p50"] < PERIOD_S * 1e6
@@ -441,10 +451,7 @@ def test_a_batch_waiting_for_a_cpu_is_raised_until_it_is_answered():
     """The SCHED_IDLE worker shares one CPU with a busy normal process: left idle it would get
     almost none of it (30 ms of CPU would take seconds). The scheduler raises it to SCHED_BATCH,
     and the worker drops back to SCHED_IDLE once it has answered."""
-    cpu = min(os.sched_getaffinity(0))
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        os.sched_setaffinity(hog.pid, {cpu})
+    with busy_cpu() as cpu:
         with PlanScheduler(functools.partial(BurningSource, 0.03), period_s=PERIOD_S, deadline_s=PERIOD_S,
                            starved_limit_s=20.0) as sched:
             pid = sched.stats()["worker_pid"]
@@ -465,9 +472,6 @@ def test_a_batch_waiting_for_a_cpu_is_raised_until_it_is_answered():
             while priority.policy_name(pid) != "SCHED_IDLE" and time.monotonic() < back:
                 time.sleep(0.002)
             assert priority.policy_name(pid) == "SCHED_IDLE"
-    finally:
-        hog.kill()
-        hog.wait()
 
 
 @needs_idle_priority
@@ -492,10 +496,7 @@ def test_when_raising_is_refused_later_workers_run_sched_batch(monkeypatch):
     """A refusal the start-up check did not foresee (a sandbox, limits changed): the starving batch
     is left to the CPU-starvation allowance, and the worker that replaces it runs SCHED_BATCH."""
     monkeypatch.setattr(priority, "raise_to_batch", lambda pid: "")
-    cpu = min(os.sched_getaffinity(0))
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        os.sched_setaffinity(hog.pid, {cpu})
+    with busy_cpu() as cpu:
         with PlanScheduler(functools.partial(BurningSource, 0.03), period_s=PERIOD_S, deadline_s=PERIOD_S,
                            starved_limit_s=0.5) as sched:
             first = sched.stats()["worker_pid"]
@@ -510,6 +511,3 @@ def test_when_raising_is_refused_later_workers_run_sched_batch(monkeypatch):
             stats = sched.stats()
             assert stats["worker_pid"] != first and stats["worker_idle_priority"] is False
             assert priority.policy_name(stats["worker_pid"]) == "SCHED_BATCH"
-    finally:
-        hog.kill()
-        hog.wait()
