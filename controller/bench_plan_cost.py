@@ -39,17 +39,20 @@ def simulated_features(seeds: Sequence[int] = (1, 2)) -> np.ndarray:
     return np.concatenate(feats)
 
 
+def bench_features(rng: np.random.Generator) -> np.ndarray:
+    """The bench's random features: every feature N(0, 1), the ego at 25 m/s (float32)."""
+    x = rng.normal(0.0, 1.0, N_FEATURES)
+    x[FEATURE_INDEX["ego_speed"]] = 25.0
+    return x.astype(np.float32)
+
+
 def make_batches(size: int, count: int, simulated: np.ndarray, seed: int) -> list[list[PlanRequest]]:
     rng = np.random.default_rng(seed)
     out = []
     for k in range(count):
         requests = []
         for i in range(size):
-            if (i + k) % 2:
-                x = rng.normal(0.0, 1.0, N_FEATURES)
-                x[FEATURE_INDEX["ego_speed"]] = 25.0
-            else:
-                x = simulated[rng.integers(len(simulated))]
+            x = bench_features(rng) if (i + k) % 2 else simulated[rng.integers(len(simulated))]
             requests.append(PlanRequest(f"s{i}", np.asarray(x, np.float32), k * 200_000_000))
         out.append(requests)
     return out

@@ -127,7 +127,7 @@ class _Worker:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe(duplex=True)
         self.mode = mode
-        self.idle = idle and mode == "process"  # SCHED_IDLE between raises
+        self.idle = idle  # SCHED_IDLE between raises (the scheduler asks for it in process mode only)
         self.started = time.monotonic()
         self.ready = False
         self.name = ""

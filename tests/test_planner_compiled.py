@@ -20,10 +20,9 @@ import numpy as np
 import pytest
 
 import planner.compiled
-from controller.bench_plan_cost import compare_paths, planner_pair
+from controller.bench_plan_cost import bench_features, compare_paths, planner_pair, simulated_features
 from planner.behaviour import _Outcome, BehaviourPlanner, Candidates
 from planner.plan import Plan, PlanRequest
-from sim.env import run_expert_batch
 from sim.schema import FEATURE_INDEX, N_FEATURES, SENSOR_RANGE_M
 from test_planner_batch import _PAIRS, random_features
 
@@ -137,21 +136,10 @@ def _situations(rng: np.random.Generator) -> list[np.ndarray]:
     return out
 
 
-def _normal(rng: np.random.Generator) -> np.ndarray:
-    """The bench's random features: every feature N(0, 1), the ego at 25 m/s."""
-    x = rng.normal(0.0, 1.0, N_FEATURES)
-    x[F["ego_speed"]] = 25.0
-    return x.astype(np.float32)
-
-
 @pytest.fixture(scope="module")
 def simulated() -> np.ndarray:
     """Feature vectors as the simulator's sensors report them while the expert drives, every 200 ms."""
-    feats = []
-    for name in ("dense_traffic", "cut_in", "slow_merge", "stopped_vehicle_ahead", "lead_brakes_hard"):
-        _, data = run_expert_batch(name, [4, 5], every=40)
-        feats.append(data.features[data.valid])
-    return np.concatenate(feats)
+    return simulated_features(seeds=(4, 5))
 
 
 def test_the_compiled_module_is_built_and_in_use_where_a_compiler_exists() -> None:
@@ -183,7 +171,7 @@ def test_compiled_equals_numpy_on_random_features(size: int) -> None:
     rng = np.random.default_rng(size)
     fast, reference = _planners()
     for k in range(max(3, 200 // size)):
-        features = [_normal(rng) if i % 2 else random_features(rng) for i in range(size)]
+        features = [bench_features(rng) if i % 2 else random_features(rng) for i in range(size)]
         _compare(fast, reference, [PlanRequest(f"s{i}", x, k * PERIOD_NS) for i, x in enumerate(features)])
 
 
@@ -243,7 +231,7 @@ def test_compiled_equals_numpy_over_periods() -> None:
         requests = []
         for i in rng.choice(64, size=n, replace=False):
             s = f"car-{int(i)}"
-            x = random_features(rng) if i % 3 else _normal(rng)
+            x = random_features(rng) if i % 3 else bench_features(rng)
             requests.append(PlanRequest(s, x, k * PERIOD_NS, previous.get(s)))
             mid_change += s in previous and previous[s].behaviour.startswith("change_")
         for r, p in zip(requests, _compare(fast, reference, requests)):

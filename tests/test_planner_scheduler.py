@@ -422,6 +422,14 @@ needs_idle_priority = pytest.mark.skipif(
     reason="needs Linux and the right to raise a process out of SCHED_IDLE (CAP_SYS_NICE or RLIMIT_NICE)")
 
 
+def back_to_idle(pid: int, timeout_s: float = 2.0) -> bool:
+    """The worker lowers itself to SCHED_IDLE just after its reply: wait for it."""
+    give_up = time.monotonic() + timeout_s
+    while priority.policy_name(pid) != "SCHED_IDLE" and time.monotonic() < give_up:
+        time.sleep(0.002)
+    return priority.policy_name(pid) == "SCHED_IDLE"
+
+
 @needs_idle_priority
 def test_the_worker_waits_and_plans_under_sched_idle_where_it_can_be_raised():
     with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S) as sched:
@@ -433,10 +441,7 @@ def test_the_worker_waits_and_plans_under_sched_idle_where_it_can_be_raised():
         got: list[Plan] = []
         assert wait_for(lambda: len(got) == 8, 5.0, sched, got), sched.stats()
         # back to SCHED_IDLE after the batch, even if a busy machine had it raised meanwhile
-        back = time.monotonic() + 2.0
-        while priority.policy_name(pid) != "SCHED_IDLE" and time.monotonic() < back:
-            time.sleep(0.002)
-        assert priority.policy_name(pid) == "SCHED_IDLE"
+        assert back_to_idle(pid)
 
 
 def test_without_the_right_to_raise_it_the_worker_runs_sched_batch():
@@ -468,10 +473,7 @@ def test_a_batch_waiting_for_a_cpu_is_raised_until_it_is_answered():
             stats = sched.stats()
             assert stats["priority_raises"] == 1 and "SCHED_BATCH" in seen, (stats, seen)
             assert stats["timeouts"] == stats["restarts"] == 0
-            back = time.monotonic() + 2.0  # the worker lowers itself just after its reply
-            while priority.policy_name(pid) != "SCHED_IDLE" and time.monotonic() < back:
-                time.sleep(0.002)
-            assert priority.policy_name(pid) == "SCHED_IDLE"
+            assert back_to_idle(pid)
 
 
 @needs_idle_priority
