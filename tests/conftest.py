@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import shutil
+import sysconfig
 from pathlib import Path
 
 import grpc
@@ -32,3 +34,10 @@ def server(test_model_path: Path):
 def channel(server):
     with grpc.insecure_channel(server.address) as ch:
         yield ch
+
+
+@pytest.fixture(scope="session")
+def c_compiler() -> str | None:
+    """The C compiler pip would build the optional extensions with, or None: where one exists, the
+    compiled-path tests insist that the extensions built and are in use."""
+    return shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0])

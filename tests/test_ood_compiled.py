@@ -8,8 +8,6 @@ bench or CI run never measures the fallback without saying so."""
 from __future__ import annotations
 
 import os
-import shutil
-import sysconfig
 
 import numpy as np
 import pytest
@@ -24,11 +22,6 @@ from test_ood_one_row import _range, _row, _stats
 needs_compiled = pytest.mark.skipif(not ood.compiled.available(), reason="ood._tick did not build (no C compiler)")
 
 
-def _compiler() -> str | None:
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    return shutil.which(cc)
-
-
 def _path(compiled: bool):  # noqa: ANN202 - a context manager
     class _Use:
         def __enter__(self) -> None:
@@ -40,8 +33,8 @@ def _path(compiled: bool):  # noqa: ANN202 - a context manager
     return _Use()
 
 
-def test_the_compiled_module_is_built_and_in_use_where_a_compiler_exists() -> None:
-    if _compiler() is None:
+def test_the_compiled_module_is_built_and_in_use_where_a_compiler_exists(c_compiler: str | None) -> None:
+    if c_compiler is None:
         pytest.skip("no C compiler here: the pure-Python path is the one installed")
     if os.environ.get("DUALLOOP_GATE_PURE_PYTHON", "") not in ("", "0"):
         pytest.skip("DUALLOOP_GATE_PURE_PYTHON asks for the pure-Python path")

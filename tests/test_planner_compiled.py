@@ -10,10 +10,8 @@ measures the fallback without saying so."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,11 +28,6 @@ F = FEATURE_INDEX
 PERIOD_NS = 200_000_000
 needs_compiled = pytest.mark.skipif(not planner.compiled.available(),
                                     reason="planner._rollout did not build (no C compiler)")
-
-
-def _compiler() -> str | None:
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    return shutil.which(cc)
 
 
 def _planners() -> tuple[BehaviourPlanner, BehaviourPlanner]:
@@ -142,8 +135,8 @@ def simulated() -> np.ndarray:
     return simulated_features(seeds=(4, 5))
 
 
-def test_the_compiled_module_is_built_and_in_use_where_a_compiler_exists() -> None:
-    if _compiler() is None:
+def test_the_compiled_module_is_built_and_in_use_where_a_compiler_exists(c_compiler: str | None) -> None:
+    if c_compiler is None:
         pytest.skip("no C compiler here: the numpy path is the one installed")
     if os.environ.get("DUALLOOP_PLANNER_PURE_PYTHON", "") not in ("", "0"):
         pytest.skip("DUALLOOP_PLANNER_PURE_PYTHON asks for the numpy path")
