@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test bench proto test-model clean
 
-# setup.py and ood/_tick.c: the optional C extension, rebuilt by the editable install
-$(STAMP): pyproject.toml setup.py ood/_tick.c
+# setup.py and every C source (the optional extensions): rebuilt by the editable install when one changes
+$(STAMP): pyproject.toml setup.py $(wildcard */*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

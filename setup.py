@@ -1,21 +1,38 @@
-"""Only the optional C extensions live here; everything else about the package is in pyproject.toml.
+"""The namespace mapping and the optional C extensions; everything else is in pyproject.toml.
 
-``ood._tick`` (ood/_tick.c, CPython C API only) makes one session's gate decisions after numpy's
-products; ``planner._rollout`` (planner/_rollout.c, likewise) rolls out and scores the behaviour
-planner's candidates. ``optional=True``: a machine without a C compiler still installs, and
-``ood.compiled`` / ``planner.compiled`` then take the pure-Python (numpy) path, which is the
-reference the compiled one is tested against.
+One import namespace: the repository keeps its fixed top level (controller/, executor/, planner/,
+ood/, sim/, models/, proto/), and the build maps each folder onto ``dualloop.<folder>``. The root
+package is proto/dualloop because the generated stubs must sit beside the .proto files as
+``dualloop.v1``. Nothing but ``dualloop`` lands in site-packages.
+
+``dualloop.ood._tick`` (ood/_tick.c) makes one session's gate decisions after numpy's products;
+``dualloop.planner._rollout`` (planner/_rollout.c) rolls out and scores the behaviour planner's
+candidates. Both use the CPython C API only and are ``optional``: a machine without a C compiler
+still installs, and ``ood.compiled`` / ``planner.compiled`` take the numpy path, which is the
+reference the compiled one is tested against (docs/duplicated-rules.md).
 """
 
 import sys
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
+
+FOLDERS = ("controller", "executor", "planner", "ood", "sim", "models")
+
+package_dir = {"dualloop": "proto/dualloop"}
+packages = ["dualloop", "dualloop.v1"]
+for folder in FOLDERS:
+    package_dir[f"dualloop.{folder}"] = folder
+    packages += [f"dualloop.{folder}"] + [f"dualloop.{folder}.{sub}" for sub in find_packages(where=folder)]
 
 # -ffp-contract=off: no fused multiply-add, so every float64 operation rounds as Python's does
-# (the scores and the planner's costs must be the same bits as the pure-Python path's)
+# (the scores and the planner's costs must be the same bits as the numpy path's)
 _ARGS = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off", "-fno-fast-math"]
 
-setup(ext_modules=[
-    Extension("ood._tick", ["ood/_tick.c"], extra_compile_args=_ARGS, optional=True),
-    Extension("planner._rollout", ["planner/_rollout.c"], extra_compile_args=_ARGS, optional=True),
-])
+setup(
+    package_dir=package_dir,
+    packages=packages,
+    ext_modules=[
+        Extension("dualloop.ood._tick", ["ood/_tick.c"], extra_compile_args=_ARGS, optional=True),
+        Extension("dualloop.planner._rollout", ["planner/_rollout.c"], extra_compile_args=_ARGS, optional=True),
+    ],
+)

@@ -10,16 +10,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from controller.config import ConfigError, load_server_config
-from controller.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
-from executor.model_card import ModelFileError
+from dualloop.controller.serve.config import ConfigError, load_server_config
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
+from dualloop.executor.model_card import ModelFileError
 
 # Wide enough for the scenario table when the output is a log file rather than a terminal.
 console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from controller.server import ControllerServer, new_event_loop
+    from dualloop.controller.serve.server import ControllerServer, new_event_loop
 
     config = load_server_config(args.config, model=args.model, gates=args.gate, host=args.host, port=args.port,
                                 allow_non_loopback=True if args.allow_non_loopback else None,
@@ -48,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from executor.model_runner import DecisionModel
+    from dualloop.executor.model_runner import DecisionModel
 
     card = DecisionModel(args.model, warmup_batches=()).card
     console.print_json(card.to_json())
@@ -57,7 +57,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _make_test_model(args: argparse.Namespace) -> int:
-    from controller.models import build_test_model
+    from dualloop.controller.training.driving_card import build_test_model
 
     card = build_test_model(args.out)
     console.print(f"wrote {args.out} (version {card.version}, schema {card.schema_hash()})")
@@ -69,20 +69,20 @@ _BENCH_SESSIONS = {"planner": 32}
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from controller.bench import bench_tick
+    from dualloop.controller.bench.tick import bench_tick
 
     # what each bench runs unless told: the planner's busy/idle p99 ratio needs many turns of each
     # (60 s runs gave 0.5x to 1.6x on this VM, a 600 s run 1.02x with a 95% interval of 0.85-1.22x)
     duration = args.duration if args.duration is not None else _BENCH_DURATION_S[args.what]
     sessions = args.sessions if args.sessions is not None else _BENCH_SESSIONS.get(args.what, 8)
     if args.what == "sim":
-        from sim.bench import bench_sim
+        from dualloop.controller.bench.sim import bench_sim
 
         result = bench_sim(seconds=duration)
         console.print(result)
         return 0
     if args.what == "planner":
-        from controller.bench_planner import PHASE_S, bench_planner
+        from dualloop.controller.bench.planner import PHASE_S, bench_planner
 
         if duration < 4 * PHASE_S:
             console.print(f"[red]error:[/] bench planner --duration {duration:g}: too short, the planner is "
@@ -90,25 +90,25 @@ def _bench(args: argparse.Namespace) -> int:
                           f"{4 * PHASE_S:g} s)", highlight=False)
             return 2
         if args.compare_pure:
-            from controller.bench_plan_cost import bench_plan_cost
+            from dualloop.controller.bench.plan_cost import bench_plan_cost
 
             bench_plan_cost(args.out, console)
         bench_planner(args.model, sessions, duration, args.out, args.guard_ms,
                       args.realtime_priority or None, planner="behaviour", console=console)
         return 0
     if args.what == "replay":
-        from controller.bench_replay import bench_replay
-        from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
+        from dualloop.controller.bench.replay import bench_replay
+        from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
         model = BASE_MODEL_PATH if args.model == TEST_MODEL_PATH else args.model
         bench_replay(model, tuple(args.gate) if args.gate else DEFAULT_GATES, out_dir=args.out,
                      seconds=min(duration, 60.0), console=console)
         return 0
     if args.what == "gate":
-        from controller.bench_gate import SESSION_COUNTS, bench_gate_table
-        from controller.gate_tools import load_gate_for_model
-        from controller.models import BASE_MODEL_PATH, DEFAULT_GATES
-        from executor.model_runner import DecisionModel
+        from dualloop.controller.bench.gate import SESSION_COUNTS, bench_gate_table
+        from dualloop.controller.gates.fitting import load_gate_for_model
+        from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+        from dualloop.executor.model_runner import DecisionModel
 
         model_path, gate_paths = args.model, args.gate
         if not gate_paths:  # the shipped model with its two gates, as `serve` runs them by default
@@ -132,7 +132,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from controller.training import compare_models, train_main
+    from dualloop.controller.training.trainer import compare_models, train_main
 
     result = train_main(args.size, args.seed, args.out, quick=args.quick)
     if args.check is not None:
@@ -144,7 +144,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from controller.quantize import quantize_main
+    from dualloop.controller.training.quantize import quantize_main
 
     out = args.out or args.model.with_suffix(".int8.onnx")
     quantize_main(str(args.model), str(out))
@@ -153,10 +153,10 @@ def _quantize(args: argparse.Namespace) -> int:
 
 def _import(args: argparse.Namespace) -> int:
     if args.kind == "comma2k19":
-        from controller.import_comma2k19 import Comma2k19Error, import_comma2k19 as run
+        from dualloop.controller.logs.import_comma2k19 import Comma2k19Error, import_comma2k19 as run
         errors: tuple[type[Exception], ...] = (Comma2k19Error,)
     else:
-        from controller.import_csv import CsvImportError, import_csv as run
+        from dualloop.controller.logs.import_csv import CsvImportError, import_csv as run
         errors = (CsvImportError,)
     out = args.out or Path(args.source).with_suffix(".mcap") if args.kind == "csv" else args.out or Path(
         f"{Path(args.source).name}.mcap")
@@ -177,8 +177,8 @@ def _replay(args: argparse.Namespace) -> int:
     if len(args.logs) == 1 and not args.ray and not args.workers:
         import json
 
-        from controller.replay import replay_log
-        from controller.replay_report import format_report
+        from dualloop.controller.replay.lockstep import replay_log
+        from dualloop.controller.replay.report import format_report
 
         out = args.out or Path("runs/replay") / f"{Path(args.logs[0]).stem}.replayed.mcap"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +188,7 @@ def _replay(args: argparse.Namespace) -> int:
         report_path.write_text(json.dumps(result.report.as_dict(), indent=2, default=float))
         console.print(f"new log: {out}  report: {report_path}")
         return 0
-    from controller.fleet import replay_many
+    from dualloop.controller.replay.fleet import replay_many
 
     try:
         fleet = replay_many(args.logs, args.model, gates, workers=args.workers, use_ray=args.ray,
@@ -205,7 +205,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from controller.diff import NotSameInput, Tolerances, diff_exit_code, diff_logs, format_diff
+    from dualloop.controller.replay.diff import NotSameInput, Tolerances, diff_exit_code, diff_logs, format_diff
 
     try:
         report = diff_logs(args.a, args.b, tolerances=Tolerances(controls_abs=args.controls_tol))
@@ -220,9 +220,9 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _gate_fit(args: argparse.Namespace) -> int:
-    from controller.gate_tools import fit_gate_for_model
-    from executor.core import GATE_SOURCES
-    from executor.model_runner import DecisionModel
+    from dualloop.controller.gates.fitting import fit_gate_for_model
+    from dualloop.executor.core import GATE_SOURCES
+    from dualloop.executor.model_runner import DecisionModel
 
     model = DecisionModel(args.model)
     console.print(f"fitting a {args.variant} gate on {args.source} of {args.model} from simulated nominal driving ...")
@@ -250,9 +250,9 @@ def _gate_fit(args: argparse.Namespace) -> int:
 def _gate_eval(args: argparse.Namespace) -> int:
     import json
 
-    from controller.gate_eval import evaluate
-    from controller.gate_tools import load_gate_for_model
-    from executor.model_runner import DecisionModel
+    from dualloop.controller.gates.evaluation import evaluate
+    from dualloop.controller.gates.fitting import load_gate_for_model
+    from dualloop.executor.model_runner import DecisionModel
 
     model = DecisionModel(args.model)
     gates = [load_gate_for_model(g, model) for g in (args.gate or DEFAULT_GATES)]
@@ -263,7 +263,7 @@ def _gate_eval(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from controller.demo import run_demo
+    from dualloop.controller.demo.suite import run_demo
 
     model = args.model or (BASE_MODEL_PATH if BASE_MODEL_PATH.is_file() else TEST_MODEL_PATH)
     if model == TEST_MODEL_PATH:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor.safety import SafetyConfig
+from dualloop.executor.safety import SafetyConfig
 
 
 class ExecutorConfig(BaseModel):

@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from executor.config import ExecutorConfig
-from executor.model_card import Normalisation
-from executor.model_runner import DecisionModel, ModelOutputs
-from executor.safety import SafetyMachine, SafetyMemory
-from executor.snapshot import (AppliedAction, Clock, Observation, Reason, SafetyState, Snapshot,
+from dualloop.executor.config import ExecutorConfig
+from dualloop.executor.model_card import Normalisation
+from dualloop.executor.model_runner import DecisionModel, ModelOutputs
+from dualloop.executor.safety import SafetyMachine, SafetyMemory
+from dualloop.executor.snapshot import (AppliedAction, Clock, Observation, Reason, SafetyState, Snapshot,
                                StageTimings, input_hashes)
 
 if TYPE_CHECKING:
-    from executor.lockstep_batch import TickTable
-    from ood import Gate
+    from dualloop.executor.lockstep_batch import TickTable
+    from dualloop.ood import Gate
 
 # decision_vector: the model's penultimate layer; input_features: the raw inputs (their norm guard
 # catches a dead sensor in its own tick; their range guard a value far outside training, or one that
@@ -219,7 +219,7 @@ class Executor:
                                             g.dim, float(g.threshold)))
         self._gate_bank = None
         if self._gate_runs:
-            from ood import GateBank
+            from dualloop.ood import GateBank
 
             self._gate_bank = GateBank([run.monitor for run in self._gate_runs], cap)
         # per batch size: the tick's inputs, fresh flags and freeze verdicts, and each gate's plan rows
@@ -242,7 +242,7 @@ class Executor:
         self._pick_features = _picker(self._gate_on_inputs)
         self._pick_changes = _picker(self._change_gates)
         if any(self._change_gates):
-            from ood import ChangeTracker
+            from dualloop.ood import ChangeTracker
 
             self._change = ChangeTracker(cap, model.n_features)
         # measured acceleration short of the command in effect (a gate on the raw inputs may carry it)
@@ -259,7 +259,7 @@ class Executor:
             self._actuation = checks[0].monitor(cap)
         self._freeze = None
         if self.gates and self.config.freeze_repeats > 0:
-            from ood import FreezeDetector
+            from dualloop.ood import FreezeDetector
 
             self._freeze = FreezeDetector(cap, model.n_features, self.config.freeze_repeats)
 
@@ -417,7 +417,7 @@ class Executor:
     def run_lockstep(self, session_id: str, observations: Sequence[Observation]) -> TickTable:
         """All ticks of a new LOCKSTEP session fed with `observations`, in one vectorised pass
         (replay): the same decisions as `advance_lockstep` observation by observation."""
-        from executor.lockstep_batch import run_lockstep
+        from dualloop.executor.lockstep_batch import run_lockstep
 
         return run_lockstep(self, self._session(session_id), observations)
 
@@ -565,7 +565,7 @@ class Executor:
                 if t:
                     nearer = s / limit > best / t
                 else:  # a zero threshold: IEEE division, as the gates are ranked
-                    from ood.one_row import ratio_at_zero
+                    from dualloop.ood.one_row import ratio_at_zero
 
                     nearer = s / limit > ratio_at_zero(best, t)
                 if nearer:

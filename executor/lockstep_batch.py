@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from executor.snapshot import AppliedAction, Observation, Reason, SafetyState, Snapshot, StageTimings, input_hashes
+from dualloop.executor.snapshot import AppliedAction, Observation, Reason, SafetyState, Snapshot, StageTimings, input_hashes
 
 if TYPE_CHECKING:
-    from executor.core import Executor, Session
+    from dualloop.executor.core import Executor, Session
 
 
 @dataclass
@@ -217,8 +217,8 @@ def _plans(ex: Executor, observations: Sequence[Observation]) -> tuple[np.ndarra
 def _gate_scores(ex: Executor, x: np.ndarray, p: np.ndarray, out, finite: np.ndarray, model_ok: np.ndarray,
                  slot: int) -> list:
     """Per gate: (score, flags) for each observation row (features x, plan p), scored as a live tick would."""
-    from executor.core import _fill_gate_features
-    from ood.score import score_in_chunks
+    from dualloop.executor.core import _fill_gate_features
+    from dualloop.ood.score import score_in_chunks
 
     results = []
     change = None if ex._change is None else ex._change.scan(x, finite, slot)
@@ -237,7 +237,7 @@ def _actuation_scan(ex: Executor, session: Session, observations: Sequence[Obser
     step it (each row fresh once); None without the check."""
     if ex._actuation is None:
         return None
-    from executor.core import command_in_effect
+    from dualloop.executor.core import command_in_effect
 
     accel_at, speed_at, command_at = ex._actuation_at
     commands = [command_in_effect(session, observations[i], command_at) for i in rows.tolist()]
@@ -250,7 +250,7 @@ def _gate_scan(ex: Executor, slot: int, gate_rows: list, r: np.ndarray,
                ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
     """(score, threshold, veto) per tick: each gate's sequential filter scanned over the ticks, and
     the actuation check's verdicts (per observation row) last."""
-    from executor.core import nearest_gate
+    from dualloop.executor.core import nearest_gate
 
     if not ex._gate_runs:
         return None, None, np.zeros(len(r), bool)
@@ -264,7 +264,7 @@ def _gate_scan(ex: Executor, slot: int, gate_rows: list, r: np.ndarray,
 def _safety_scan(ex: Executor, session: Session, flags: np.ndarray, scored: np.ndarray, top: np.ndarray,
                  controls: np.ndarray, tick_ns: np.ndarray, x: np.ndarray, frozen: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[Reason, ...]]]:
-    from executor.core import REASONS_OF_FLAGS
+    from dualloop.executor.core import REASONS_OF_FLAGS
 
     n = len(flags)
     applied = top.astype(np.int64, copy=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from executor.model_card import METADATA_KEY, ModelCard, ModelFileError, parse_card
+from dualloop.executor.model_card import METADATA_KEY, ModelCard, ModelFileError, parse_card
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from executor.model_card import METADATA_KEY, ModelCard
+from dualloop.executor.model_card import METADATA_KEY, ModelCard
 
 
 @dataclass(frozen=True)

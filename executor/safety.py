@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor.snapshot import AppliedAction, Reason, SafetyState
+from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
 
 
 class LaneKeepingConfig(BaseModel):

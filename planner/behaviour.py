@@ -35,9 +35,9 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from planner import compiled
-from planner.plan import Plan, PlanRequest, make_plan_id
-from sim.schema import FEATURE_INDEX, SENSOR_RANGE_M
+from dualloop.planner import compiled
+from dualloop.planner.plan import Plan, PlanRequest, make_plan_id
+from dualloop.sim.schema import FEATURE_INDEX, SENSOR_RANGE_M
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -28,8 +28,8 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from planner.plan import Plan, PlanRequest, make_plan_id
-from sim.schema import BEHAVIOURS, FEATURE_INDEX, FEATURE_NAMES, N_FEATURES
+from dualloop.planner.plan import Plan, PlanRequest, make_plan_id
+from dualloop.sim.schema import BEHAVIOURS, FEATURE_INDEX, FEATURE_NAMES, N_FEATURES
 
 METADATA_KEY = "dualloop.planner_card"
 FORMAT_VERSION = 1

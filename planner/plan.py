@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from sim.schema import BEHAVIOURS, N_FEATURES, N_PLAN, PLAN_INDEX
+from dualloop.sim.schema import BEHAVIOURS, N_FEATURES, N_PLAN, PLAN_INDEX
 
 DEFAULT_VALID_FOR_NS: int = 1_000_000_000  # 1 s: five planner periods, so one lost plan is harmless
 _SPEED, _OFFSET, _ONE_HOT = PLAN_INDEX["target_speed"], PLAN_INDEX["target_lane_offset"], PLAN_INDEX["plan_keep"]

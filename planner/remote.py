@@ -14,8 +14,8 @@ import grpc
 
 from dualloop.v1 import planner_pb2 as pb
 from dualloop.v1 import planner_pb2_grpc as pb_grpc
-from planner.plan import Plan, PlanError, PlanRequest, PlanSource
-from planner.wire import plan_from_pb, plan_to_pb, request_from_pb, request_to_pb
+from dualloop.planner.plan import Plan, PlanError, PlanRequest, PlanSource
+from dualloop.planner.wire import plan_from_pb, plan_to_pb, request_from_pb, request_to_pb
 
 
 class PlanTimeout(TimeoutError):

@@ -63,12 +63,12 @@ import numpy as np
 import numpy.typing as npt
 
 from dualloop.v1 import planner_pb2 as pb
-from planner import priority
-from planner.plan import Plan, PlanError
-from planner.wire import plan_from_pb, request_bytes
-from planner.worker import (BATCH, FATAL, LATE, PLAN, READY, REQUEST, SKIP, STOP_MESSAGE, SourceFactory, decode,
+from dualloop.planner import priority
+from dualloop.planner.plan import Plan, PlanError
+from dualloop.planner.wire import plan_from_pb, request_bytes
+from dualloop.planner.worker import (BATCH, FATAL, LATE, PLAN, READY, REQUEST, SKIP, STOP_MESSAGE, SourceFactory, decode,
                             pack_frames, run_worker, unpack_frames)
-from sim.schema import N_FEATURES
+from dualloop.sim.schema import N_FEATURES
 
 WorkerMode = Literal["process", "thread"]
 

@@ -7,8 +7,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dualloop.v1 import planner_pb2 as pb
-from planner.plan import Plan, PlanRequest
-from sim.schema import BEHAVIOURS
+from dualloop.planner.plan import Plan, PlanRequest
+from dualloop.sim.schema import BEHAVIOURS
 
 # Derived from sim.schema.BEHAVIOURS so a new behaviour fails here at import, not on the wire.
 BEHAVIOUR_TO_WIRE: dict[str, int] = {b: pb.PlanBehaviour.Value(f"PLAN_BEHAVIOUR_{b.upper()}") for b in BEHAVIOURS}

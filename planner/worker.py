@@ -45,9 +45,9 @@ from multiprocessing.connection import Connection
 from typing import Callable, cast
 
 from dualloop.v1 import planner_pb2 as pb
-from planner import priority
-from planner.plan import Plan, PlanRequest, PlanSource
-from planner.wire import plan_to_pb, request_from_pb
+from dualloop.planner import priority
+from dualloop.planner.plan import Plan, PlanRequest, PlanSource
+from dualloop.planner.wire import plan_to_pb, request_from_pb
 
 READY, BATCH, FATAL = b"R", b"B", b"F"  # envelope kinds (ERROR too)
 REQUEST, PLAN, ERROR, LATE, SKIP = b"Q", b"P", b"E", b"L", b"S"  # frame kinds
@@ -216,7 +216,7 @@ def _reply(result: object) -> Reply:
 
 @functools.cache
 def _plan_timeout() -> type[Exception]:
-    from planner.remote import PlanTimeout  # imported late: keeps grpc out of this module's import cost
+    from dualloop.planner.remote import PlanTimeout  # imported late: keeps grpc out of this module's import cost
 
     return PlanTimeout
 

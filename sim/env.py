@@ -19,12 +19,12 @@ from typing import Any, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from sim.expert import Expert, TargetSteps
-from sim.metrics import EpisodeMetrics, MetricsRecorder
-from sim.scenarios import SCENARIOS, ScenarioInstance, build_scenario
-from sim.schema import N_FEATURES, N_PLAN, PLAN_INDEX, clip_controls, label_from_accel
-from sim.sensors import Sensors
-from sim.world import EGO
+from dualloop.sim.expert import Expert, TargetSteps
+from dualloop.sim.metrics import EpisodeMetrics, MetricsRecorder
+from dualloop.sim.scenarios import SCENARIOS, ScenarioInstance, build_scenario
+from dualloop.sim.schema import N_FEATURES, N_PLAN, PLAN_INDEX, clip_controls, label_from_accel
+from dualloop.sim.sensors import Sensors
+from dualloop.sim.world import EGO
 
 FloatArray = npt.NDArray[np.float64]
 PLAN_PERIOD_S: float = 0.2

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sim.schema import ACCEL_MAX, ACCEL_MIN, BEHAVIOURS, STEER_MAX, STEER_MIN, label_from_accel, make_plan
-from sim.world import EGO, World
+from dualloop.sim.schema import ACCEL_MAX, ACCEL_MIN, BEHAVIOURS, STEER_MAX, STEER_MIN, label_from_accel, make_plan
+from dualloop.sim.world import EGO, World
 
 FloatArray = npt.NDArray[np.float64]
 

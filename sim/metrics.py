@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sim.schema import BRAKE_HARD_BELOW, FEATURE_INDEX
+from dualloop.sim.schema import BRAKE_HARD_BELOW, FEATURE_INDEX
 
 FloatArray = npt.NDArray[np.float64]
 _LEAD_PRESENT = FEATURE_INDEX["lead_present"]

@@ -14,9 +14,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from sim.road import make_road, random_curvature
-from sim.sensors import FaultConfig
-from sim.world import IdmParams, World, Friction, TrafficScript
+from dualloop.sim.road import make_road, random_curvature
+from dualloop.sim.sensors import FaultConfig
+from dualloop.sim.world import IdmParams, World, Friction, TrafficScript
 
 FloatArray = npt.NDArray[np.float64]
 

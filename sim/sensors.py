@@ -14,8 +14,8 @@ from typing import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from sim.schema import FEATURE_INDEX, FEATURES, N_FEATURES, SENSOR_RANGE_M, SPEED_FEATURES
-from sim.world import EGO, World
+from dualloop.sim.schema import FEATURE_INDEX, FEATURES, N_FEATURES, SENSOR_RANGE_M, SPEED_FEATURES
+from dualloop.sim.world import EGO, World
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from sim.road import Road
-from sim.schema import ACCEL_MAX, ACCEL_MIN, STEER_MAX, STEER_MIN
+from dualloop.sim.road import Road
+from dualloop.sim.schema import ACCEL_MAX, ACCEL_MIN, STEER_MAX, STEER_MIN
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

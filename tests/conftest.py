@@ -7,10 +7,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller.config import ServerConfig
-from controller.models import TEST_MODEL_PATH
-from controller.server import ServerThread
-from executor.model_runner import DecisionModel
+from dualloop.controller.serve.config import ServerConfig
+from dualloop.models import TEST_MODEL_PATH
+from dualloop.controller.serve.server import ServerThread
+from dualloop.executor.model_runner import DecisionModel
 
 
 @pytest.fixture(scope="session")

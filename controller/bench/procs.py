@@ -1,0 +1,212 @@
+"""The processes of `dualloop bench tick`, each started as `python -m dualloop.controller.bench.procs ROLE`.
+
+- server: the real controller, measuring itself while the clients are connected; no UI in this
+  process, so nothing but serving competes with the tick loop;
+- clients: N REALTIME sessions over gRPC, each sending an observation every period (a sensor at the
+  tick rate) and reading every snapshot it is given;
+- bare: the bare ticker baseline.
+Each prints one JSON line on stdout at the end (the server prints its port first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+import grpc
+import numpy as np
+
+from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.server import ControllerRuntime, ControllerServer, new_event_loop
+from dualloop.controller.serve.ticker import LatenessLog, percentiles_us, run_bare_ticker
+from dualloop.executor.core import ExecutorStats
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import controller_pb2_grpc as pb_grpc
+
+
+async def _session(stub: pb_grpc.ControllerStub, index: int, n_features: int, duration_s: float,
+                   period_s: float, seed: int) -> dict[str, object]:
+    rng = np.random.default_rng(seed + index)
+    features = rng.normal(0, 1, n_features).astype(np.float32)
+    features[0] = 25.0
+    stop_at = time.monotonic() + duration_s
+    call = stub.Drive()
+    await call.write(pb.DriveRequest(open=pb.OpenSession(session_id=f"bench-{index}", clock=pb.REALTIME)))
+    opened = await call.read()
+    assert opened.WhichOneof("msg") == "opened"
+
+    async def send() -> int:
+        seq = 0
+        next_t = time.monotonic()
+        while time.monotonic() < stop_at:
+            seq += 1
+            features[1] = np.float32(seq % 100) / 100  # vary the input a little
+            await call.write(pb.DriveRequest(observation=pb.Observation(
+                seq=seq, timestamp_ns=time.monotonic_ns(), features=features.tolist())))
+            next_t += period_s
+            await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+        await call.done_writing()
+        return seq
+
+    sender = asyncio.create_task(send())
+    ticks: list[int] = []
+    dropped = 0
+    reasons: dict[int, int] = {}
+    while True:
+        msg = await call.read()
+        if msg is grpc.aio.EOF:
+            break
+        snap = msg.snapshot
+        ticks.append(snap.tick)
+        dropped = snap.snapshots_dropped
+        for r in snap.reasons:
+            reasons[r] = reasons.get(r, 0) + 1
+    sent = await sender
+    t = np.asarray(ticks, dtype=np.int64)
+    gaps = int((np.diff(t) != 1).sum()) if t.size > 1 else 0
+    return {"session": index, "observations_sent": sent, "snapshots_received": len(ticks),
+            "snapshots_dropped": dropped, "tick_gaps": gaps,
+            "tick_span": int(t[-1] - t[0] + 1) if t.size else 0,
+            "reasons": {pb.ReasonCode.Name(k): v for k, v in reasons.items()}}
+
+
+async def run_clients(address: str, sessions: int, duration_s: float, period_s: float, seed: int) -> list[dict]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.ControllerStub(channel)
+        info = await stub.GetModelInfo(pb.GetModelInfoRequest())
+        return list(await asyncio.gather(*(
+            _session(stub, i, len(info.features), duration_s, period_s, seed) for i in range(sessions))))
+
+
+_PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "restarts", "batches", "starved_batches",
+                   "priority_raises")
+
+
+def _alternate(runtime: ControllerRuntime, phase_s: float,
+               settle_s: float) -> tuple[list[tuple[bool, LatenessLog]], asyncio.Task]:
+    """Planner paused (idle) and planning (busy) in turns of phase_s, starting idle; each turn's
+    first settle_s is left out, and an idle turn's ticks count only once the batch asked for before
+    the pause has been planned and applied.
+    Returns one (busy, lateness) per turn, filled as the run goes."""
+    turns: list[tuple[bool, LatenessLog]] = []
+    realtime = runtime.planning.realtime
+
+    async def alternate() -> None:
+        busy = False
+        while True:
+            realtime.paused = not busy
+            runtime.stats.lateness = LatenessLog(1024)  # settling: not counted
+            started = time.monotonic()
+            await asyncio.sleep(settle_s)
+            # an idle turn is counted from when the worker has finished what it was given
+            while not busy and not realtime.scheduler.quiet and time.monotonic() - started < phase_s:
+                await asyncio.sleep(0.005)
+            turns.append((busy, LatenessLog(int(phase_s * 1e9 / runtime.executor.period_ns) + 64)))
+            runtime.stats.lateness = turns[-1][1]
+            await asyncio.sleep(max(0.0, phase_s - (time.monotonic() - started)))
+            busy = not busy
+
+    return turns, asyncio.ensure_future(alternate())
+
+
+async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: int | None, save: str,
+                     planner: str = "none", alternate_s: float | None = None) -> dict:
+    executor_cfg: dict[str, object] = {"max_sessions": max(sessions, 1), "ticker_guard_ms": guard_ms}
+    if alternate_s:
+        # The paused phases must not put sessions in STALE_PLAN fallback (a different tick path);
+        # plan ages are reported from the scheduler's request -> plan latency instead.
+        executor_cfg["max_plan_age_ms"] = 3_600_000.0
+    server = ControllerServer(ServerConfig(model=model, port=0, realtime_priority=rt_priority,
+                                           executor=executor_cfg, planner={"source": planner}))
+    port = await server.start()
+    print(json.dumps({"port": port}), flush=True)
+    runtime, executor = server.runtime, server.executor
+    while runtime.stats.sessions_opened < sessions:  # measure only while all sessions are connected
+        await asyncio.sleep(0.005)
+    runtime.stats.reset()
+    executor.stats = ExecutorStats()
+    missed0 = runtime.ticker.missed
+    planning = runtime.planning
+    plan0 = planning.scheduler.stats() if planning is not None else {}
+    turns, alternating = (_alternate(runtime, alternate_s, min(0.5, alternate_s / 4))
+                          if alternate_s and planning is not None else (None, None))
+    cpu0, t0 = time.process_time(), time.monotonic()
+    while runtime.stats.sessions_closed == 0:
+        await asyncio.sleep(0.005)
+    if alternating is not None:
+        alternating.cancel()
+    cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - t0
+    stats = runtime.stats
+    ticks = max(stats.ticks, 1)
+    stage_us = executor.stats.stage_ns / ticks / 1e3
+    split = {"model": float(stage_us[0] + stage_us[1]), "rules": float(stage_us[3]), "gate": float(stage_us[2]),
+             "streaming": stats.stream_ns / ticks / 1e3}
+    split["other (gRPC I/O, event loop, precise wait)"] = cpu_s / ticks * 1e6 - sum(split.values())
+    if turns is not None:  # rows (turn, busy, lateness ns): bench planner compares the turns
+        np.save(save, np.concatenate([np.column_stack([np.full(len(log), k), np.full(len(log), busy), log.values()])
+                                      for k, (busy, log) in enumerate(turns)]).astype(np.int64))
+        lateness = np.concatenate([log.values() for busy, log in turns if busy])
+    else:
+        lateness = stats.lateness.values()
+        np.save(save, lateness)
+    planner_stats = None
+    if planning is not None:  # counts over the window; plan times over the last plans (a rolling history)
+        now = planning.scheduler.stats()
+        planner_stats = {k: int(now[k]) - int(plan0[k]) for k in _PLANNER_COUNTS}
+        planner_stats.update({k: now[k] for k in ("plan_time_us_p50", "plan_time_us_p99", "batch_time_us_p50",
+                                                  "batch_time_us_p99", "batch_cpu_us_p50", "batch_cpu_us_p99",
+                                                  "batch_size_p50", "latency_us_p50",
+                                                  "latency_us_p99", "source", "worker_idle_priority")})
+        planner_stats["applied"] = planning.realtime.applied
+    await server.stop()
+    return {"planner": planner_stats, "ticks": stats.ticks, "missed_deadlines": runtime.ticker.missed - missed0, "wall_s": wall_s,
+            "lateness_us": percentiles_us(lateness), "tick_work_us": percentiles_us(stats.tick_work_ns.values()),
+            "decision_latency_us": percentiles_us(stats.decision_latency.values()), "cpu_per_tick_us": split,
+            "cpu_fraction": cpu_s / wall_s, "snapshots_sent": stats.snapshots_sent, "scheduling": server.scheduling}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m dualloop.controller.bench.procs")
+    sub = parser.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("clients")
+    c.add_argument("--address", required=True)
+    c.add_argument("--sessions", type=int, default=8)
+    c.add_argument("--duration", type=float, default=10.0)
+    c.add_argument("--period-ms", type=float, default=5.0)
+    c.add_argument("--seed", type=int, default=0)
+    srv = sub.add_parser("server")
+    srv.add_argument("--model", required=True)
+    srv.add_argument("--sessions", type=int, default=8)
+    srv.add_argument("--guard-ms", type=float, default=2.0)
+    srv.add_argument("--realtime-priority", type=int, default=None)
+    srv.add_argument("--save", required=True, help="write the raw lateness values (ns) to this .npy file")
+    srv.add_argument("--planner", default="none", help="the server's planner source (controller.config.PlannerConfig)")
+    srv.add_argument("--alternate-s", type=float, default=None,
+                     help="pause and resume the planner in turns of this many seconds; lateness per phase")
+    b = sub.add_parser("bare")
+    b.add_argument("--duration", type=float, default=10.0)
+    b.add_argument("--period-ms", type=float, default=5.0)
+    b.add_argument("--guard-ms", type=float, default=2.0)
+    b.add_argument("--save", help="write the raw lateness values (ns) to this .npy file")
+    b.add_argument("--realtime-priority", type=int, default=None)
+    args = parser.parse_args(argv)
+    loop = new_event_loop()
+    if args.what == "clients":
+        result = loop.run_until_complete(
+            run_clients(args.address, args.sessions, args.duration, args.period_ms / 1e3, args.seed))
+    elif args.what == "server":
+        result = loop.run_until_complete(run_server(args.model, args.sessions, args.guard_ms, args.realtime_priority,
+                                                    args.save, args.planner, args.alternate_s))
+    else:
+        result = loop.run_until_complete(run_bare_ticker(int(args.period_ms * 1e6), args.duration,
+                                                         int(args.guard_ms * 1e6), save=args.save,
+                                                         realtime_priority=args.realtime_priority))
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

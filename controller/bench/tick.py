@@ -1,0 +1,164 @@
+"""`dualloop bench tick`: executor timing under real gRPC load, next to a bare ticker in the same run.
+
+Three processes share the machine for the same window: this one serves (executor + gRPC), one runs
+N REALTIME client sessions, one runs the bare ticker (nothing but waiting for the same deadlines).
+The bare ticker's lateness is the machine's floor under that load; the executor is judged against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from dualloop.controller.serve.server import new_event_loop
+
+
+async def _subprocess(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(sys.executable, "-m", "dualloop.controller.bench.procs", *args,
+                                                stdout=asyncio.subprocess.PIPE)
+
+
+async def _bench_tick(model: Path, sessions: int, duration_s: float, guard_ms: float, rt_priority: int | None,
+                      console: Console, planner: str = "none", label: str = "bench tick",
+                      alternate_s: float | None = None) -> dict[str, Any]:
+    rt = ("--realtime-priority", str(rt_priority)) if rt_priority else ()
+    alternate = ("--alternate-s", str(alternate_s)) if alternate_s else ()
+    with tempfile.TemporaryDirectory() as tmp:
+        server_file, bare_file = str(Path(tmp) / "server.npy"), str(Path(tmp) / "bare.npy")
+        server = await _subprocess("server", "--model", str(model), "--sessions", str(sessions),
+                                   "--guard-ms", str(guard_ms), "--save", server_file, "--planner", planner, *rt,
+                                   *alternate)
+        assert server.stdout is not None
+        first = await server.stdout.readline()
+        if not first:
+            raise RuntimeError("the bench server process did not start (see its error above)")
+        port = json.loads(first)["port"]
+        clients = await _subprocess("clients", "--address", f"127.0.0.1:{port}", "--sessions", str(sessions),
+                                    "--duration", str(duration_s))
+        bare = await _subprocess("bare", "--duration", str(duration_s), "--save", bare_file,
+                                 "--guard-ms", str(guard_ms), *rt)
+        t0 = time.monotonic()
+        with Progress(TextColumn(f"[bold]{label}[/]"), BarColumn(),
+                      TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TimeRemainingColumn(),
+                      console=console, transient=True) as progress:
+            task = progress.add_task("run", total=duration_s)
+            while clients.returncode is None:
+                progress.update(task, completed=min(duration_s, time.monotonic() - t0))
+                try:
+                    await asyncio.wait_for(clients.wait(), 0.25)
+                except asyncio.TimeoutError:
+                    pass
+        client_out, _ = await clients.communicate()
+        server_out, _ = await server.communicate()
+        bare_out, _ = await bare.communicate()
+        if clients.returncode or server.returncode or bare.returncode:
+            raise RuntimeError(f"a bench process failed (server exit {server.returncode}, clients exit "
+                               f"{clients.returncode}, bare exit {bare.returncode})")
+        raw = {"executor_lateness_ns": np.load(server_file), "bare_lateness_ns": np.load(bare_file)}
+    ex = json.loads(server_out)
+    bare_result = json.loads(bare_out)
+    return {
+        "when": datetime.now().isoformat(timespec="seconds"), "sessions": sessions, "duration_s": ex["wall_s"],
+        "guard_ms": guard_ms, "planner": planner,
+        "scheduling": {"executor": ex["scheduling"], "bare_ticker": bare_result["scheduling"]},
+        "executor": ex,
+        "bare_ticker": {"ticks": bare_result["ticks"], "missed_deadlines": bare_result["missed"],
+                        "lateness_us": bare_result["lateness_us"], "cpu_fraction": bare_result["cpu_fraction"]},
+        "p99_ratio_executor_over_bare": ex["lateness_us"]["p99"] / max(bare_result["lateness_us"]["p99"], 1e-9),
+        "sessions_detail": json.loads(client_out),
+        "_raw": raw,
+    }
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, values in (("executor (serving gRPC)", result["_raw"]["executor_lateness_ns"]),
+                          ("bare ticker (same run)", result["_raw"]["bare_lateness_ns"])):
+        v = np.sort(values.astype(np.float64) / 1e3)
+        if v.size:
+            ax.plot(np.maximum(v, 0.01), 1.0 - np.arange(v.size) / v.size, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tick lateness (us)")
+    ax.set_ylabel("fraction of ticks later than x")
+    ax.set_title(f"{result['sessions']} REALTIME sessions, {result['duration_s']:.0f} s, 5 ms ticks")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_tick_report(result: dict[str, Any], console: Console) -> None:
+    ex, bare = result["executor"], result["bare_ticker"]
+    table = Table(title=f"tick lateness, {result['sessions']} sessions, {result['duration_s']:.1f} s (us); "
+                        f"guard {result['guard_ms']} ms, {result['scheduling']['executor']}")
+    for col in ("", "min", "p50", "p99", "p99.9", "max", "missed"):
+        table.add_column(col, justify="right")
+    for name, r in (("executor", ex), ("bare ticker", bare)):
+        lat = r["lateness_us"]
+        table.add_row(name, *(f"{lat[k]:.1f}" for k in ("min", "p50", "p99", "p99.9", "max")),
+                      str(r["missed_deadlines"]))
+    console.print(table)
+    lat = ex["decision_latency_us"]
+    console.print(f"p99 ratio executor/bare: [bold]{result['p99_ratio_executor_over_bare']:.2f}x[/]   "
+                  f"decision latency (observation arrival -> first snapshot using it): p50 {lat['p50']:.0f} us, "
+                  f"p99 {lat['p99']:.0f} us, max {lat['max']:.0f} us")
+    work = ex["tick_work_us"]
+    console.print(f"tick work (wake -> snapshots handed to outboxes): p50 {work['p50']:.0f} us, p99 {work['p99']:.0f} us; "
+                  f"server CPU {ex['cpu_fraction'] * 100:.0f}% of a core, bare ticker {bare['cpu_fraction'] * 100:.0f}%")
+    split = Table(title="server CPU per tick (us)")
+    split.add_column("part")
+    split.add_column("us", justify="right")
+    for k, v in ex["cpu_per_tick_us"].items():
+        split.add_row(k, f"{v:.1f}")
+    console.print(split)
+    sessions = Table(title="per session")
+    for col in ("session", "obs sent", "snapshots", "dropped", "tick gaps", "tick span"):
+        sessions.add_column(col, justify="right")
+    for s in result["sessions_detail"]:
+        sessions.add_row(str(s["session"]), str(s["observations_sent"]), str(s["snapshots_received"]),
+                         str(s["snapshots_dropped"]), str(s["tick_gaps"]), str(s["tick_span"]))
+    console.print(sessions)
+
+
+def store_result(out_dir: Path, kind: str, result: dict[str, Any], stamp: str | None = None) -> Path:
+    """A benchmark's results as runs/bench/<kind>-<timestamp>.json; returns the path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{kind}-{stamp or datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path
+
+
+def bench_tick(model: Path, sessions: int = 8, duration_s: float = 60.0, out_dir: Path = Path("runs/bench"),
+               guard_ms: float = 2.0, rt_priority: int | None = None, console: Console | None = None) -> dict[str, Any]:
+    console = console or Console()
+    loop = new_event_loop()
+    try:
+        result = loop.run_until_complete(_bench_tick(model, sessions, duration_s, guard_ms, rt_priority, console))
+    finally:
+        loop.close()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    plot_path = out_dir / f"tick-{stamp}.png"
+    _plot(result, plot_path)
+    stored = {k: v for k, v in result.items() if k != "_raw"}
+    json_path = store_result(out_dir, "tick", stored, stamp)
+    print_tick_report(result, console)
+    console.print(f"results: {json_path}  plot: {plot_path}")
+    return stored

@@ -1,0 +1,225 @@
+"""Read dualloop logs (one MCAP file or a rotated series) and write whole logs synchronously.
+
+The reader walks the file front to back (it never needs the index at the end), so a log whose
+writer was killed reads up to its last complete chunk: `truncated` says the end was missing or
+broken, `messages_read` how many records were recovered. Records come back in file order, which is
+the order the recorder saw them (log_time can mix clocks in REALTIME sessions, see log.proto).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zstandard
+from google.protobuf.message import DecodeError, Message
+from mcap.exceptions import EndOfFile, McapError
+from mcap.records import Channel, Footer, Schema
+from mcap.records import Message as McapMessage
+from mcap.stream_reader import StreamReader
+
+from dualloop.controller.logs.format import (
+    FORMAT_VERSION,
+    TOPIC_HEADER,
+    TOPIC_OBSERVATION,
+    TOPIC_PLAN,
+    TOPIC_SNAPSHOT,
+    TOPIC_SUMMARY,
+    TOPIC_TYPES,
+    LogFileWriter,
+    rotated_files,
+)
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import log_pb2
+
+# A corrupt length field must not make the reader try to allocate gigabytes.
+_RECORD_SIZE_LIMIT = 256 * 1024 * 1024
+
+
+class LogFileError(ValueError):
+    """The file is not a dualloop log at all (wrong magic, unknown format version, no sessions)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    topic: str
+    session_id: str
+    log_time_ns: int
+    message: Message
+    file: Path
+
+
+@dataclass
+class LogData:
+    """One session of a log, in file order."""
+
+    header: log_pb2.SessionHeader
+    observations: list[pb.Observation] = field(default_factory=list)
+    snapshots: list[pb.DecisionSnapshot] = field(default_factory=list)
+    plans: list[log_pb2.PlanRecord] = field(default_factory=list)
+    summary: log_pb2.SessionSummary | None = None
+    files: list[Path] = field(default_factory=list)
+    # True when a file of the log ended without its footer (writer killed) or in a broken record.
+    truncated: bool = False
+    truncation: str = ""  # which file and why, for people
+    messages_read: int = 0  # records recovered across the whole log, all sessions
+
+    @property
+    def session_id(self) -> str:
+        return self.header.session_id
+
+
+def resolve_log_paths(path: str | Path | Iterable[str | Path]) -> list[Path]:
+    """A file, a list of files, or the stem of a rotated series (`runs/x.mcap` -> x-0000.mcap ...)."""
+    if isinstance(path, (str, Path)):
+        single = Path(path)
+        if single.is_file():
+            return [single]
+        parts = rotated_files(single)
+        if parts:
+            return parts
+        raise FileNotFoundError(f"{single}: no such log (nor rotated parts {single.stem}-NNNN.mcap)")
+    paths = [Path(p) for p in path]
+    if not paths:
+        raise FileNotFoundError("no log files given")
+    return paths
+
+
+class LogReader:
+    """Iterate the records of a log; after (or during) iteration, `truncated`, `truncation` and
+    `messages_read` say how much was recovered."""
+
+    def __init__(self, path: str | Path | Iterable[str | Path]) -> None:
+        self.files = resolve_log_paths(path)
+        self.truncated = False
+        self.truncation = ""
+        self.messages_read = 0
+        self.skipped_topics: dict[str, int] = {}
+
+    def __iter__(self) -> Iterator[LogRecord]:
+        for file in self.files:
+            yield from self._read_file(file)
+
+    def _read_file(self, file: Path) -> Iterator[LogRecord]:
+        channels: dict[int, tuple[str, str]] = {}
+        saw_footer = False
+        with open(file, "rb") as stream:
+            records = StreamReader(stream, validate_crcs=True, record_size_limit=_RECORD_SIZE_LIMIT).records
+            try:
+                for record in records:
+                    if isinstance(record, Channel):
+                        channels[record.id] = (record.topic, record.metadata.get("session_id", ""))
+                    elif isinstance(record, McapMessage):
+                        decoded = self._decode(file, channels, record)
+                        if decoded is not None:
+                            self.messages_read += 1
+                            yield decoded
+                    elif isinstance(record, Footer):
+                        saw_footer = True
+                    elif isinstance(record, Schema):
+                        continue
+            except (McapError, DecodeError, EOFError, ValueError, struct.error, zlib.error,
+                    zstandard.ZstdError, MemoryError) as exc:
+                if self.messages_read == 0 and _is_not_mcap(exc):
+                    raise LogFileError(f"{file}: not an MCAP file ({exc})") from exc
+                if isinstance(exc, EndOfFile):  # mid-record or between records: the tail is missing
+                    self._mark_truncated(file, f"file ends without its footer after {self.messages_read} messages "
+                                               "(the writer did not finish: killed or still running)")
+                else:
+                    self._mark_truncated(file, f"broken record after {self.messages_read} messages "
+                                               f"({type(exc).__name__}: {exc})")
+                return
+        if not saw_footer:
+            self._mark_truncated(file, f"file ends without its footer after {self.messages_read} messages "
+                                       "(the writer did not finish: killed or still running)")
+
+    def _mark_truncated(self, file: Path, why: str) -> None:
+        self.truncated = True
+        self.truncation += ("; " if self.truncation else "") + f"{file}: {why}"
+
+    def _decode(self, file: Path, channels: dict[int, tuple[str, str]], record: McapMessage) -> LogRecord | None:
+        topic, session_id = channels.get(record.channel_id, ("", ""))
+        message_type = TOPIC_TYPES.get(topic)
+        if message_type is None:  # someone else's topic in the same file: not ours to interpret
+            self.skipped_topics[topic] = self.skipped_topics.get(topic, 0) + 1
+            return None
+        message = message_type()
+        message.ParseFromString(record.data)
+        return LogRecord(topic, session_id, record.log_time, message, file)
+
+
+def _is_not_mcap(exc: Exception) -> bool:
+    return "magic" in str(exc).lower()
+
+
+def read_sessions(path: str | Path | Iterable[str | Path]) -> dict[str, LogData]:
+    """Every session in the log, in order of first appearance."""
+    reader = LogReader(path)
+    sessions: dict[str, LogData] = {}
+    for rec in reader:
+        data = sessions.get(rec.session_id)
+        if data is None:
+            if rec.topic != TOPIC_HEADER:
+                header = log_pb2.SessionHeader(session_id=rec.session_id, source="unknown (no header)")
+            else:
+                header = rec.message  # type: ignore[assignment]
+                if header.format_version > FORMAT_VERSION:  # type: ignore[attr-defined]
+                    raise LogFileError(f"{rec.file}: log format version {header.format_version} is newer "  # type: ignore[attr-defined]
+                                       f"than this dualloop reads ({FORMAT_VERSION})")
+            data = sessions[rec.session_id] = LogData(header=header)  # type: ignore[arg-type]
+        if rec.file not in data.files:
+            data.files.append(rec.file)
+        if rec.topic == TOPIC_OBSERVATION:
+            data.observations.append(rec.message)  # type: ignore[arg-type]
+        elif rec.topic == TOPIC_SNAPSHOT:
+            data.snapshots.append(rec.message)  # type: ignore[arg-type]
+        elif rec.topic == TOPIC_PLAN:
+            data.plans.append(rec.message)  # type: ignore[arg-type]
+        elif rec.topic == TOPIC_SUMMARY:
+            data.summary = rec.message  # type: ignore[assignment]
+        # repeated headers (one per rotated file) carry only a different `part`: the first one stands
+    for data in sessions.values():
+        data.truncated, data.truncation, data.messages_read = reader.truncated, reader.truncation, reader.messages_read
+    return sessions
+
+
+def read_log(path: str | Path | Iterable[str | Path], session_id: str | None = None) -> LogData:
+    """The one session of a log (or the named one, when the log holds several)."""
+    sessions = read_sessions(path)
+    where = ", ".join(str(p) for p in resolve_log_paths(path))
+    if session_id is not None:
+        if session_id not in sessions:
+            raise LogFileError(f"{where}: no session {session_id!r} (sessions: {', '.join(sessions) or 'none'})")
+        return sessions[session_id]
+    if len(sessions) != 1:
+        raise LogFileError(f"{where}: {len(sessions)} sessions ({', '.join(sessions) or 'none'}); name one")
+    return next(iter(sessions.values()))
+
+
+def write_log(path: str | Path, header: log_pb2.SessionHeader, observations: Iterable[pb.Observation],
+              snapshots: Iterable[pb.DecisionSnapshot] = (), plans: Iterable[log_pb2.PlanRecord] = ()) -> Path:
+    """Write one session as a finished log file: header, then observations, snapshots and plans,
+    each group in the order given. For importers and tests; live sessions use the Recorder."""
+    out = Path(path)
+    session_id = header.session_id
+    if not header.format_version:
+        header.format_version = FORMAT_VERSION
+    file = LogFileWriter(out)
+    try:
+        observations = iter(observations)
+        first = next(observations, None)
+        file.write(TOPIC_HEADER, session_id, header, first.timestamp_ns if first is not None else 0)
+        if first is not None:
+            file.write(TOPIC_OBSERVATION, session_id, first, first.timestamp_ns)
+        for obs in observations:
+            file.write(TOPIC_OBSERVATION, session_id, obs, obs.timestamp_ns)
+        for snap in snapshots:
+            file.write(TOPIC_SNAPSHOT, session_id, snap, snap.scheduled_time_ns)
+        for plan in plans:
+            file.write(TOPIC_PLAN, session_id, plan, plan.created_time_ns)
+    finally:
+        file.finish()
+    return out

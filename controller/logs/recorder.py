@@ -1,0 +1,277 @@
+"""Record sessions to an MCAP log without ever slowing down the caller.
+
+The caller (the gRPC handlers, the tick loop) only appends a reference to a bounded queue: no
+serialisation, no I/O, no lock it could wait on. When the queue is full the record is dropped and
+counted, like every other buffer in dualloop. A background thread serialises, writes, flushes to the
+OS every `flush_interval_s` (so a killed process loses at most that much plus the queue), and rotates
+files by size or duration; every file starts with the header of each session it holds, so each
+rotated part reads on its own.
+
+Messages handed to the recorder must not be mutated afterwards: the queue holds the object itself.
+
+MCAP log_time of each record is the event's own time (see proto/dualloop/v1/log.proto);
+publish_time is the wall clock (Unix ns) when the caller handed the record over.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf.message import Message
+
+from dualloop.controller.logs.format import (
+    FORMAT_VERSION,
+    TOPIC_HEADER,
+    TOPIC_OBSERVATION,
+    TOPIC_PLAN,
+    TOPIC_SNAPSHOT,
+    TOPIC_SUMMARY,
+    LogFileWriter,
+    rotated_path,
+)
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import log_pb2
+
+log = logging.getLogger(__name__)
+
+
+class _Kind(enum.IntEnum):
+    OBSERVATION = 0
+    SNAPSHOT = 1
+    PLAN = 2
+    OPEN = 3
+    CLOSE = 4
+    STOP = 5
+
+
+_DATA_TOPICS = {_Kind.OBSERVATION: TOPIC_OBSERVATION, _Kind.SNAPSHOT: TOPIC_SNAPSHOT, _Kind.PLAN: TOPIC_PLAN}
+
+
+@dataclass
+class RecorderStats:
+    written: dict[str, int] = field(default_factory=lambda: {"observation": 0, "snapshot": 0, "plan": 0})
+    dropped: dict[str, int] = field(default_factory=lambda: {"observation": 0, "snapshot": 0, "plan": 0})
+    files: list[Path] = field(default_factory=list)
+    max_queue_depth: int = 0
+    error: str = ""  # the first write error; the recorder keeps draining (and dropping) after it
+
+    @property
+    def total_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+
+@dataclass
+class _SessionCounts:
+    written: list[int] = field(default_factory=lambda: [0, 0, 0])
+    dropped: list[int] = field(default_factory=lambda: [0, 0, 0])
+    last_log_time_ns: int = 0
+
+
+class Recorder:
+    """Background MCAP recorder for any number of sessions.
+
+    `path` is the file to write; with rotation (`rotate_bytes` and/or `rotate_seconds`) it is the
+    stem of `<stem>-0000.mcap`, `<stem>-0001.mcap`, ...
+    """
+
+    def __init__(self, path: str | Path, *, queue_size: int = 16384, rotate_bytes: int | None = None,
+                 rotate_seconds: float | None = None, flush_interval_s: float = 0.25,
+                 compress: bool = True) -> None:
+        if queue_size < 1:
+            raise ValueError("queue_size must be at least 1")
+        self.path = Path(path)
+        self.queue_size = queue_size
+        self.rotate_bytes = rotate_bytes
+        self.rotate_seconds = rotate_seconds
+        self.flush_interval_s = flush_interval_s
+        self.compress = compress
+        self.stats = RecorderStats()
+        # deque.append/popleft are atomic under the GIL: producers and the writer never wait on
+        # each other. Several producer threads may overshoot the bound by at most one item each.
+        self._queue: collections.deque[tuple[_Kind, str, Message | None, int]] = collections.deque()
+        self._sessions: dict[str, _SessionCounts] = collections.defaultdict(_SessionCounts)
+        self._headers: dict[str, log_pb2.SessionHeader] = {}
+        self._file: LogFileWriter | None = None
+        self._part = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="dualloop-recorder", daemon=True)
+        self._thread.start()
+
+    # ---- caller side: constant time, never blocks ----
+
+    def _offer(self, kind: _Kind, session_id: str, message: Message) -> bool:
+        if self._closed or len(self._queue) >= self.queue_size:
+            self._sessions[session_id].dropped[kind] += 1
+            self.stats.dropped[_KIND_NAMES[kind]] += 1
+            return False
+        self._queue.append((kind, session_id, message, time.time_ns()))
+        return True
+
+    def write_observation(self, session_id: str, observation: pb.Observation) -> bool:
+        """Queue an observation (with its actual action and client plan); False when dropped."""
+        return self._offer(_Kind.OBSERVATION, session_id, observation)
+
+    def write_snapshot(self, snapshot: pb.DecisionSnapshot) -> bool:
+        return self._offer(_Kind.SNAPSHOT, snapshot.session_id, snapshot)
+
+    def write_plan(self, record: log_pb2.PlanRecord) -> bool:
+        return self._offer(_Kind.PLAN, record.session_id, record)
+
+    def open_session(self, header: log_pb2.SessionHeader) -> None:
+        """Declare a session. Control records bypass the bound (they are rare, one per session)."""
+        if not header.format_version:
+            header.format_version = FORMAT_VERSION
+        if not header.start_time_unix_ns:
+            header.start_time_unix_ns = time.time_ns()
+        self._queue.append((_Kind.OPEN, header.session_id, header, 0))
+
+    def close_session(self, session_id: str) -> None:
+        """Write the session's summary (counts, drops); it is not repeated in later rotated files."""
+        self._queue.append((_Kind.CLOSE, session_id, None, 0))
+
+    def close(self, timeout_s: float = 30.0) -> RecorderStats:
+        """Write what is queued, summaries of sessions still open, the index and footer."""
+        if not self._closed:
+            self._closed = True
+            self._queue.append((_Kind.STOP, "", None, 0))
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"recorder did not finish writing {self.path} within {timeout_s} s")
+        return self.stats
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    # ---- writer thread ----
+
+    def _run(self) -> None:
+        queue = self._queue
+        last_flush = time.monotonic()
+        while True:
+            drained = 0
+            # Bounded batches, so the flush deadline is honoured under a sustained stream too.
+            while queue and drained < 1024:
+                depth = len(queue)
+                if depth > self.stats.max_queue_depth:
+                    self.stats.max_queue_depth = depth
+                kind, session_id, message, publish_ns = queue.popleft()
+                drained += 1
+                if kind is _Kind.STOP:
+                    self._finish_all()
+                    return
+                self._handle(kind, session_id, message, publish_ns)
+            now = time.monotonic()
+            if self._file is not None and now - last_flush >= self.flush_interval_s:
+                self._guarded(self._file.flush)
+                last_flush = now
+            if not drained:
+                time.sleep(0.005)
+
+    def _guarded(self, action: object, *args: object) -> bool:
+        try:
+            action(*args)  # type: ignore[operator]
+            return True
+        except Exception as exc:  # disk full, permissions: keep draining so callers never block
+            if not self.stats.error:
+                self.stats.error = f"{type(exc).__name__}: {exc}"
+                log.error("recorder: writing %s failed: %s", self.path, exc)
+            return False
+
+    def _handle(self, kind: _Kind, session_id: str, message: Message | None, publish_ns: int) -> None:
+        if kind is _Kind.OPEN:
+            assert isinstance(message, log_pb2.SessionHeader)
+            self._headers[session_id] = message
+            return
+        if kind is _Kind.CLOSE:
+            self._guarded(self._write_summary, session_id)
+            self._headers.pop(session_id, None)
+            return
+        log_time = _event_time(kind, message)
+        if not self._guarded(self._write_data, kind, session_id, message, log_time, publish_ns):
+            self._sessions[session_id].dropped[kind] += 1
+            self.stats.dropped[_KIND_NAMES[kind]] += 1
+
+    def _current_file(self) -> LogFileWriter:
+        if self._file is not None:
+            too_big = self.rotate_bytes is not None and self._file.size_bytes >= self.rotate_bytes
+            too_old = (self.rotate_seconds is not None
+                       and time.monotonic() - self._file.opened_monotonic_s >= self.rotate_seconds)
+            if not (too_big or too_old):
+                return self._file
+            self._file.finish()
+            self._file = None
+            self._part += 1
+        rotating = self.rotate_bytes is not None or self.rotate_seconds is not None
+        path = rotated_path(self.path, self._part) if rotating else self.path
+        self._file = LogFileWriter(path, compress=self.compress)
+        self.stats.files.append(path)
+        return self._file
+
+    def _ensure_header(self, file: LogFileWriter, session_id: str, log_time_ns: int) -> None:
+        if session_id in file.headers_written:
+            return
+        header = log_pb2.SessionHeader()
+        known = self._headers.get(session_id)
+        if known is not None:
+            header.CopyFrom(known)
+        else:  # data before open_session: still self-describing, and says so
+            header.session_id = session_id
+            header.source = "unknown (no session header was given to the recorder)"
+            header.format_version = FORMAT_VERSION
+        header.part = self._part
+        file.write(TOPIC_HEADER, session_id, header, log_time_ns)
+
+    def _write_data(self, kind: _Kind, session_id: str, message: Message, log_time_ns: int,
+                    publish_ns: int) -> None:
+        file = self._current_file()
+        self._ensure_header(file, session_id, log_time_ns)
+        file.write(_DATA_TOPICS[kind], session_id, message, log_time_ns, publish_ns)
+        counts = self._sessions[session_id]
+        counts.written[kind] += 1
+        counts.last_log_time_ns = log_time_ns
+        self.stats.written[_KIND_NAMES[kind]] += 1
+
+    def _write_summary(self, session_id: str) -> None:
+        counts = self._sessions[session_id]
+        file = self._current_file()
+        self._ensure_header(file, session_id, counts.last_log_time_ns)
+        summary = log_pb2.SessionSummary(
+            session_id=session_id, end_time_unix_ns=time.time_ns(),
+            observations_written=counts.written[_Kind.OBSERVATION], snapshots_written=counts.written[_Kind.SNAPSHOT],
+            plans_written=counts.written[_Kind.PLAN], observations_dropped=counts.dropped[_Kind.OBSERVATION],
+            snapshots_dropped=counts.dropped[_Kind.SNAPSHOT], plans_dropped=counts.dropped[_Kind.PLAN])
+        file.write(TOPIC_SUMMARY, session_id, summary, counts.last_log_time_ns)
+
+    def _finish_all(self) -> None:
+        for session_id in list(self._headers):
+            self._guarded(self._write_summary, session_id)
+        self._headers.clear()
+        if self._file is None:  # nothing was ever recorded: still leave a valid, empty log
+            self._guarded(self._current_file)
+        if self._file is not None:
+            self._guarded(self._file.finish)
+            self._file = None
+
+
+_KIND_NAMES = {_Kind.OBSERVATION: "observation", _Kind.SNAPSHOT: "snapshot", _Kind.PLAN: "plan"}
+
+
+def _event_time(kind: _Kind, message: Message | None) -> int:
+    if kind is _Kind.OBSERVATION:
+        return message.timestamp_ns  # type: ignore[union-attr]
+    if kind is _Kind.SNAPSHOT:
+        return message.scheduled_time_ns  # type: ignore[union-attr]
+    return message.created_time_ns  # type: ignore[union-attr]

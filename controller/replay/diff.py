@@ -1,0 +1,168 @@
+"""Compare two logs of the same input (`dualloop diff A B`), like openpilot's process replay.
+
+Snapshots are aligned by (session, tick); the report gives the first divergence, per-field counts
+of ticks beyond tolerance, and the migration matrix of discrete decisions. `diff_exit_code` turns
+it into a CI gate: non-zero when a chosen field changed on more ticks than allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dualloop.controller.logs.logfile import LogData, read_sessions
+from dualloop.controller.replay.report import format_confusion
+from dualloop.v1 import controller_pb2 as pb
+
+FIELDS = ("missing", "applied_index", "proposed_index", "applied_controls", "proposed_controls",
+          "reasons", "safety_state", "gate_veto")
+
+
+class NotSameInput(ValueError):
+    """The two logs were not made from the same observations; a diff would be meaningless."""
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    controls_abs: float = 1e-4  # applied / proposed controls, per component
+
+
+@dataclass
+class Divergence:
+    session_id: str
+    tick: int
+    scheduled_time_ns: int
+    fields: list[str]
+
+
+@dataclass
+class DiffReport:
+    a: str
+    b: str
+    ticks: int = 0  # aligned (session, tick) pairs, including ones missing from one side
+    changed: dict[str, int] = field(default_factory=lambda: {f: 0 for f in FIELDS})
+    first: Divergence | None = None
+    actions: list[str] = field(default_factory=list)
+    decisions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))  # a x b, applied index
+
+    def fraction(self, name: str) -> float:
+        return self.changed[name] / self.ticks if self.ticks else 0.0
+
+    @property
+    def migrations(self) -> dict[tuple[str, str], int]:
+        """Ticks whose applied action moved from one action (in A) to another (in B)."""
+        return {(self.actions[i], self.actions[j]): int(v) for (i, j), v in np.ndenumerate(self.decisions)
+                if i != j and v}
+
+
+def _observation_digest(data: LogData) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for msg in data.observations:
+        copy = pb.Observation()
+        copy.CopyFrom(msg)
+        copy.ClearField("actual")  # the input is what the controller saw, not the label
+        h.update(copy.SerializeToString(deterministic=True))
+    return h.hexdigest()
+
+
+def _sessions(log: str | Path | dict[str, LogData]) -> dict[str, LogData]:
+    return log if isinstance(log, dict) else read_sessions(log)
+
+
+def _check_same_input(a: dict[str, LogData], b: dict[str, LogData], names: tuple[str, str]) -> None:
+    if set(a) != set(b):
+        raise NotSameInput(f"{names[0]} and {names[1]} hold different sessions: {sorted(a)} vs {sorted(b)}")
+    for sid in a:
+        na, nb = len(a[sid].observations), len(b[sid].observations)
+        if na != nb:
+            raise NotSameInput(f"session {sid!r}: {na} observations in {names[0]}, {nb} in {names[1]}; "
+                               "not the same input")
+        if _observation_digest(a[sid]) != _observation_digest(b[sid]):
+            raise NotSameInput(f"session {sid!r}: the observations differ between {names[0]} and {names[1]}; "
+                               "not the same input")
+
+
+def _differences(x: pb.DecisionSnapshot, y: pb.DecisionSnapshot, tol: Tolerances) -> list[str]:
+    if x.input_hash != y.input_hash:
+        raise NotSameInput(f"session {x.session_id!r} tick {x.tick}: input hashes differ "
+                           f"({x.input_hash:016x} vs {y.input_hash:016x}); not the same input")
+    out = []
+    if x.applied.index != y.applied.index:
+        out.append("applied_index")
+    if x.proposed.action.index != y.proposed.action.index:
+        out.append("proposed_index")
+    for name, u, v in (("applied_controls", x.applied.controls, y.applied.controls),
+                       ("proposed_controls", x.proposed.action.controls, y.proposed.action.controls)):
+        if len(u) != len(v) or (len(u) and np.max(np.abs(np.subtract(u, v))) > tol.controls_abs):
+            out.append(name)
+    if list(x.reasons) != list(y.reasons):
+        out.append("reasons")
+    if x.safety_state != y.safety_state:
+        out.append("safety_state")
+    if x.gate.veto != y.gate.veto:
+        out.append("gate_veto")
+    return out
+
+
+def diff_logs(a: str | Path | dict[str, LogData], b: str | Path | dict[str, LogData],
+              tolerances: Tolerances = Tolerances(), actions: Sequence[str] | None = None) -> DiffReport:
+    """Compare the snapshots of two logs of the same input; raises NotSameInput when they are not."""
+    names = (str(a) if not isinstance(a, dict) else "A", str(b) if not isinstance(b, dict) else "B")
+    sa, sb = _sessions(a), _sessions(b)
+    _check_same_input(sa, sb, names)
+    first = next(iter(sa.values()), None)
+    action_names = list(actions or (first.header.action_names if first else []))
+    if not action_names:  # an old header without names: index them
+        action_names = [str(i) for i in range(max(
+            [s.applied.index + 1 for d in [*sa.values(), *sb.values()] for s in d.snapshots] or [0]))]
+    report = DiffReport(names[0], names[1], actions=action_names,
+                        decisions=np.zeros((len(action_names), len(action_names)), np.int64))
+    for sid in sa:
+        ta = {s.tick: s for s in sa[sid].snapshots}
+        tb = {s.tick: s for s in sb[sid].snapshots}
+        for tick in sorted(ta.keys() | tb.keys()):
+            report.ticks += 1
+            x, y = ta.get(tick), tb.get(tick)
+            if x is None or y is None:
+                fields = ["missing"]
+            else:
+                fields = _differences(x, y, tolerances)
+                if 0 <= x.applied.index < len(action_names) and 0 <= y.applied.index < len(action_names):
+                    report.decisions[x.applied.index, y.applied.index] += 1
+            for f in fields:
+                report.changed[f] += 1
+            if fields and (report.first is None or (x or y).scheduled_time_ns < report.first.scheduled_time_ns):
+                report.first = Divergence(sid, tick, (x or y).scheduled_time_ns, fields)
+    return report
+
+
+def diff_exit_code(report: DiffReport, tolerance: float = 0.0,
+                   fields: Sequence[str] = ("missing", "applied_index")) -> int:
+    """0 when every chosen field changed on at most `tolerance` (a fraction) of the ticks, else 1."""
+    unknown = [f for f in fields if f not in FIELDS]
+    if unknown:
+        raise ValueError(f"unknown diff field(s) {unknown}; choose from {', '.join(FIELDS)}")
+    return int(any(report.fraction(f) > tolerance for f in fields))
+
+
+def format_diff(r: DiffReport) -> str:
+    lines = [f"diff {r.a} -> {r.b}: {r.ticks} ticks"]
+    if r.first is None:
+        lines.append("  identical within tolerance")
+    else:
+        f = r.first
+        lines.append(f"  first divergence: session {f.session_id} tick {f.tick} at {f.scheduled_time_ns / 1e9:.3f} s "
+                     f"({', '.join(f.fields)})")
+    for name in FIELDS:
+        lines.append(f"  {name:18s} {r.changed[name]:7d} ticks ({100 * r.fraction(name):.2f}%)")
+    moves = r.migrations
+    lines.append(f"  migrations of the applied decision: {sum(moves.values())} ticks")
+    for (src, dst), n in sorted(moves.items(), key=lambda kv: -kv[1]):
+        lines.append(f"    {src} -> {dst}: {n}")
+    if moves:
+        lines.append("    " + format_confusion(r.actions, r.decisions.tolist(), "A", "B").replace("\n", "\n    "))
+    return "\n".join(lines)

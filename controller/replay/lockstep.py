@@ -1,0 +1,137 @@
+"""Deterministic LOCKSTEP replay of a recorded log through the executor (`dualloop replay`).
+
+Replay inputs never depend on the controller's outputs, so a whole session runs in one vectorised
+pass (`Executor.run_lockstep`, see executor/lockstep_batch.py): one forward call for every
+observation, the gates' filters and the safe-state machine as scans. `fast=False` runs the
+executor observation by observation instead (`advance_lockstep`); tests compare both.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dualloop.controller.gates.fitting import load_gate_for_model
+from dualloop.controller.logs.logfile import LogData, read_log, write_log
+from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, actual_is_command
+from dualloop.controller.replay.report import ReplayReport, summarise
+from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import log_pb2
+from dualloop.executor.config import ExecutorConfig
+from dualloop.executor.core import Executor
+from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.snapshot import Clock, Observation, Snapshot
+
+
+@dataclass
+class ReplayResult:
+    source: Path
+    header: log_pb2.SessionHeader  # of the replay's own log
+    snapshots: list[Snapshot]
+    report: ReplayReport
+    out_path: Path | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
+
+
+def executor_config_for(header: log_pb2.SessionHeader, tick_period_ms: float | None = None) -> ExecutorConfig:
+    """The executor settings the log was recorded with (config_json's `executor`), else defaults.
+
+    An imported log's header tick_period_ns is the sensor rate, not an executor setting, so it is
+    not used: the replay ticks at the configured executor period (5 ms by default)."""
+    raw = json.loads(header.config_json or "{}")
+    settings = dict(raw.get("executor", {})) if isinstance(raw, dict) else {}
+    if tick_period_ms is not None:
+        settings["tick_period_ms"] = tick_period_ms
+    return ExecutorConfig(**settings)
+
+
+def build_executor(model_path: str | Path, gate_paths: Sequence[str | Path], config: ExecutorConfig) -> Executor:
+    model = DecisionModel(model_path, warmup_batches=(1,))
+    gates = [load_gate_for_model(Path(g), model) for g in gate_paths]
+    return Executor(model, config, gates or None)
+
+
+def _observations(data: LogData) -> list[Observation]:
+    # arrival time is irrelevant in LOCKSTEP (ages come from timestamps): 0 keeps replays identical
+    return [observation_from_proto(msg, 0) for msg in data.observations]
+
+
+def run_replay(ex: Executor, session_id: str, observations: Sequence[Observation], shadow: bool = True,
+               fast: bool = True, actual_is_command: bool = False) -> tuple[list[Snapshot], dict[str, float]]:
+    """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds.
+
+    actual_is_command: the observations' actual controls are the command in effect (the log says so,
+    `controller.logformat.actual_is_command`), so the gate's actuation check judges them.
+    fast: the whole session in one vectorised pass (`Executor.run_lockstep`); otherwise observation
+    by observation through `advance_lockstep`, the reference the fast path is tested against."""
+    t0 = time.perf_counter()
+    ex.open_session(session_id, Clock.LOCKSTEP, shadow=shadow, actual_is_command=actual_is_command)
+    try:
+        if fast:
+            table = ex.run_lockstep(session_id, observations)
+            t1 = time.perf_counter()
+            snaps = table.snapshots()
+        else:
+            snaps = []
+            for obs in observations:
+                snaps += ex.advance_lockstep(session_id, obs)
+            t1 = time.perf_counter()
+    finally:
+        ex.close_session(session_id)
+    return snaps, {"compute_s": t1 - t0, "snapshots_s": time.perf_counter() - t1}
+
+
+def replay_header(source: LogData, source_path: Path, ex: Executor, gate_paths: Sequence[str | Path],
+                  shadow: bool) -> log_pb2.SessionHeader:
+    header = log_pb2.SessionHeader()
+    header.CopyFrom(source.header)
+    header.clock = pb.LOCKSTEP
+    header.shadow = shadow
+    header.model_version = ex.card.version
+    header.model_schema_hash = ex.card.schema_hash()
+    header.gate_version = "+".join(g.version_hash for g in ex.gates)
+    header.config_json = json.dumps({"model": str(ex.model.path), "gates": [str(g) for g in gate_paths],
+                                     "executor": ex.config.model_dump(mode="json")}, sort_keys=True)
+    header.source = f"replay of {source_path} ({source.header.source})"
+    header.tick_period_ns = ex.period_ns
+    header.part = 0
+    header.source_details["replay_of"] = str(source_path)
+    header.source_details["replayed_model"] = f"{ex.card.name} {ex.card.version}"
+    return header
+
+
+def replay_log(log_path: str | Path, model_path: str | Path, gate_paths: Sequence[str | Path] = (),
+               out_path: str | Path | None = None, shadow: bool = True, fast: bool = True,
+               tick_period_ms: float | None = None, session_id: str | None = None) -> ReplayResult:
+    """Replay one session of a log in LOCKSTEP with a model (and gates); optionally write a new log."""
+    source_path = Path(log_path)
+    t0 = time.perf_counter()
+    data = read_log(source_path, session_id)
+    observations = _observations(data)
+    if not observations:
+        raise ValueError(f"{source_path}: session {data.session_id!r} has no observations to replay")
+    ex = build_executor(model_path, gate_paths, executor_config_for(data.header, tick_period_ms))
+    t1 = time.perf_counter()
+    commands = actual_is_command(data.header)
+    snaps, timings = run_replay(ex, data.session_id, observations, shadow=shadow, fast=fast, actual_is_command=commands)
+    timings["load_s"] = t1 - t0
+    header = replay_header(data, source_path, ex, gate_paths, shadow)
+    result = ReplayResult(source_path, header, snaps, ReplayReport(), timings=timings)
+    if out_path is not None:
+        t2 = time.perf_counter()
+        result.out_path = write_log(out_path, header, data.observations, (snapshot_to_proto(s) for s in snaps))
+        timings["write_s"] = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    drive_s = (observations[-1].timestamp_ns - observations[0].timestamp_ns) / 1e9
+    result.report = summarise(snaps, ex, len(observations), drive_s, source_path, timings)
+    result.report.actuation_check = ("none in the gates" if ex._actuation is None else "ran" if commands else
+                                     "skipped: the log does not declare its actual controls as the command in effect "
+                                     f"({data.header.source_details.get(ACTUAL_CONTROLS_DETAIL) or 'no declaration'})")
+    timings["report_s"] = time.perf_counter() - t3
+    return result

@@ -1,0 +1,319 @@
+"""The server's planner: glue between a PlanSource and the executor's sessions.
+
+REALTIME sessions are planned by a PlanScheduler (a worker process): the tick loop only calls
+RealtimePlanning.on_tick, which asks for plans when a session's period has elapsed and applies the
+plans that have finished, both non-blocking and spread over a few ticks. All sessions due at a
+period boundary go to the worker as one batch, released at the boundary. LOCKSTEP sessions must stay deterministic,
+so they are planned in-line at each period boundary of observation time (LockstepPlanning), by the
+stream handler over gRPC or by sim.closed_loop's InProcessDecider, with the same code either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from dualloop.controller.serve.config import PlannerConfig
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.executor.core import Executor
+from dualloop.executor.snapshot import Clock, Observation
+from dualloop.planner.plan import Plan, PlanRequest, PlanSource
+from dualloop.planner.scheduler import PlanScheduler
+from dualloop.planner.worker import SourceFactory
+
+_NEVER = math.inf
+_KEEP_SUMMARIES = 4  # a session's snapshots can name the plan before the current one (LOCKSTEP)
+# A batch's plans arrive together. Decoding and applying 32 in one tick took ~0.4 ms of the tick
+# loop on the loaded 2-core VM and the next tick was late 3x as often as others; 8 a tick spreads a
+# batch of 32 over 4 ticks (15 ms, nothing next to a 200 ms planning period).
+_APPLY_PER_TICK = 8
+# Likewise the requests: encoding 32 at a period boundary cost that tick ~0.2 ms. Each session's
+# request goes out in one of the _SPREAD_TICKS ticks before its boundary (its observation is then up
+# to 15 ms older than the boundary), and the batch is released at the boundary, still as one batch.
+_SPREAD_TICKS = 4
+
+
+def make_source(source: str, path: str | None = None, address: str | None = None,
+                deadline_s: float = 0.2) -> PlanSource:
+    """Build a source by name; module level so that a partial of it can cross to a spawned worker."""
+    if source == "behaviour":
+        from dualloop.planner.behaviour import BehaviourPlanner
+        return BehaviourPlanner()
+    if source == "onnx":
+        from dualloop.planner.onnx_planner import OnnxPlanner
+        return OnnxPlanner(str(path))
+    if source == "remote":
+        from dualloop.planner.remote import RemotePlanner
+        return RemotePlanner(str(address), deadline_s=deadline_s)
+    raise ValueError(f"unknown planner source {source!r}")
+
+
+def source_factory(cfg: PlannerConfig) -> SourceFactory:
+    return functools.partial(make_source, cfg.source, str(cfg.path) if cfg.path else None, cfg.address,
+                             cfg.deadline_s)
+
+
+def worker_deadline_s(cfg: PlannerConfig) -> float:
+    """When a batch in flight is abandoned (its worker killed). A remote source gets slack past its
+    own gRPC deadline, so that the call's DEADLINE_EXCEEDED (counted, worker kept) comes first and a
+    kill is the last resort: the worker starts no new call after a third of this, and one more call
+    then lasts at most 2/3 of it minus the slack (planner.scheduler.PlanScheduler.budget_s)."""
+    return cfg.deadline_s * 1.5 + 0.02 if cfg.source == "remote" else cfg.deadline_s
+
+
+def summary_of(plan: Plan) -> pb.PlanSummary:
+    return pb.PlanSummary(source=plan.source, behaviour=plan.behaviour, target_speed=plan.target_speed,
+                          target_lane_offset=plan.target_lane_offset)
+
+
+class _Summaries:
+    """plan id -> PlanSummary for the last few plans of each session (to annotate snapshots)."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, dict[str, pb.PlanSummary]] = {}
+
+    def add(self, plan: Plan) -> None:
+        book = self._by_session.setdefault(plan.session_id, {})
+        book[plan.plan_id] = summary_of(plan)
+        while len(book) > _KEEP_SUMMARIES:
+            del book[next(iter(book))]
+
+    def decorate(self, session_id: str, msg: pb.DecisionSnapshot) -> pb.DecisionSnapshot:
+        book = self._by_session.get(session_id)
+        summary = book.get(msg.plan_id) if book else None
+        if summary is not None:
+            msg.plan.CopyFrom(summary)
+        return msg
+
+    def forget(self, session_id: str) -> None:
+        self._by_session.pop(session_id, None)
+
+
+@dataclass
+class _LockstepSession:
+    next_ns: int | None = None  # the next period boundary in observation time
+    previous: Plan | None = None
+
+
+@dataclass
+class LockstepPlanning:
+    """Plans a LOCKSTEP session at each period boundary of its observation time, in-line."""
+
+    source: PlanSource
+    period_ns: int
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("plans", "errors", "timeouts"), 0))
+    last_error: str = ""
+    _sessions: dict[str, _LockstepSession] = field(default_factory=dict)
+    _summaries: _Summaries = field(default_factory=_Summaries)
+
+    def due(self, session_id: str, obs: Observation) -> PlanRequest | None:
+        """The request to plan before this observation is ticked, or None between boundaries.
+        The grid starts at the session's first observation, like the executor's tick grid."""
+        state = self._sessions.setdefault(session_id, _LockstepSession())
+        ts = obs.timestamp_ns
+        if state.next_ns is None:
+            state.next_ns = ts
+        if ts < state.next_ns:
+            return None
+        state.next_ns += ((ts - state.next_ns) // self.period_ns + 1) * self.period_ns
+        try:
+            return PlanRequest(session_id, obs.features, ts, state.previous)
+        except ValueError as err:  # wrong-length features: the executor refuses the observation itself
+            self.fail(err)
+            return None
+
+    def accept(self, obs: Observation, plan: Plan) -> None:
+        """Condition the executor from this observation's timestamp on (created_ns = request time)."""
+        self.counts["plans"] += 1
+        self._sessions.setdefault(plan.session_id, _LockstepSession()).previous = plan
+        self._summaries.add(plan)
+        obs.plan_id, obs.plan_values = plan.plan_id, plan.values()
+
+    def fail(self, err: BaseException, timeout: bool = False) -> None:
+        # The old plan stays; once too old, the executor degrades with STALE_PLAN.
+        self.counts["timeouts" if timeout else "errors"] += 1
+        self.last_error = f"{type(err).__name__}: {err}"
+
+    def plan_now(self, session_id: str, obs: Observation) -> None:
+        """Synchronous: for the in-process closed loop (sim.closed_loop.InProcessDecider)."""
+        request = self.due(session_id, obs)
+        if request is None:
+            return
+        try:
+            plan = self.source.plan(request)
+        except Exception as err:  # noqa: BLE001 - a raising source is counted, never fatal
+            self.fail(err)
+            return
+        self.accept(obs, plan)
+
+    def decorate(self, session_id: str, msg: pb.DecisionSnapshot) -> pb.DecisionSnapshot:
+        return self._summaries.decorate(session_id, msg)
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+        self._summaries.forget(session_id)
+        forget = getattr(self.source, "forget", None)
+        if callable(forget):  # per-session memory (e.g. a lane-change cooldown): replays start clean
+            forget(session_id)
+
+
+class RealtimePlanning:
+    """The tick loop's side of the PlanScheduler: request when due, apply what finished."""
+
+    def __init__(self, executor: Executor, scheduler: PlanScheduler, period_ns: int) -> None:
+        self.executor = executor
+        self.scheduler = scheduler
+        self.period_ns = period_ns
+        self._due: dict[str, float] = {}  # next request time per session; inf: not ours (LOCKSTEP)
+        self._slot: dict[str, int] = {}  # which of the _SPREAD_TICKS ticks before a boundary it asks in
+        self._asked: set[str] = set()  # sessions that have had their first request
+        self._opened = 0  # sessions seen, for the next one's slot
+        self._earliest = 0.0
+        self._release_at = _NEVER  # the boundary the requests made so far are sent at
+        self._known = 0  # sessions at the last scan
+        self._summaries = _Summaries()
+        self.applied = 0
+        # While paused no request is made or released; plans already asked for are still applied.
+        # `dualloop bench planner` alternates busy and paused phases in one run, so that both see the
+        # same machine noise.
+        self.paused = False
+
+    def on_tick(self, now_ns: int) -> None:
+        """Cheap unless requests are due: one comparison, then one non-blocking poll."""
+        ex = self.executor
+        if not self.paused and (now_ns >= self._earliest or len(ex.sessions) != self._known):
+            self._scan(now_ns)
+        if now_ns >= self._release_at and not self.paused:
+            self.scheduler.release()
+            self._release_at = _NEVER
+        for plan in self.scheduler.poll(_APPLY_PER_TICK):
+            session = ex.sessions.get(plan.session_id)
+            if session is None or session.clock is not Clock.REALTIME:
+                continue
+            ex.set_plan(plan.session_id, plan.values(), plan.plan_id, plan.created_ns)
+            self._summaries.add(plan)
+            self.applied += 1
+
+    def _scan(self, now_ns: int) -> None:
+        earliest = _NEVER
+        for session_id, s in self.executor.sessions.items():
+            due = self._due.get(session_id)
+            if due is None:
+                if s.clock is not Clock.REALTIME:
+                    self._due[session_id] = _NEVER
+                    continue
+                self._slot[session_id] = self._opened % _SPREAD_TICKS
+                self._opened += 1
+                due = now_ns
+            if now_ns >= due:
+                obs = s.pending if s.pending is not None else s.current
+                if obs is None:  # nothing to plan from yet: look again next tick
+                    earliest = now_ns
+                    continue
+                self.scheduler.request(session_id, obs.features, now_ns)
+                # a session's first request goes out at once; later ones with the batch of the
+                # boundary just ahead (they are made in the ticks before it)
+                first = session_id not in self._asked
+                self._asked.add(session_id)
+                # the boundary it was asked for: the nearest one (the tick grid is not the period
+                # grid, so the last few requests come a little after it)
+                boundary = (now_ns + self.period_ns // 2) // self.period_ns * self.period_ns
+                self._release_at = min(self._release_at, now_ns if first else boundary)
+                due = self._next_boundary(now_ns) - self._slot[session_id] * self.executor.period_ns
+                self._due[session_id] = due
+            earliest = min(earliest, due)
+        self._earliest = earliest
+        self._known = len(self.executor.sessions)
+
+    def _next_boundary(self, now_ns: int) -> int:
+        """The first multiple of the period on the monotonic clock at least half a period away.
+
+        A session's first request goes out at once; after that every session is due at the same
+        boundaries, so the scheduler sends all of them in one batch per period (one rollout)
+        instead of one small batch for each tick some session happened to open in. The half period
+        keeps a session that opened just before a boundary from asking again a tick later. A missed
+        boundary is not made up for: the scheduler counts the overrun instead."""
+        period = self.period_ns
+        return -(-(now_ns + period // 2) // period) * period  # ceil to the grid
+
+    def decorate(self, session_id: str, msg: pb.DecisionSnapshot) -> pb.DecisionSnapshot:
+        return self._summaries.decorate(session_id, msg)
+
+    def forget(self, session_id: str) -> None:
+        self._due.pop(session_id, None)
+        self._slot.pop(session_id, None)
+        self._asked.discard(session_id)
+        self._summaries.forget(session_id)
+        self.scheduler.forget(session_id)  # its finished plans too: a new session may reuse the id
+        self._earliest = 0.0  # rescan: another session may have taken this one's place
+
+
+class ServerPlanning:
+    """Both paths for one server, from its PlannerConfig (or a factory, for tests and custom sources)."""
+
+    def __init__(self, cfg: PlannerConfig, executor: Executor, factory: SourceFactory | None = None) -> None:
+        self.cfg = cfg
+        self.factory = factory or source_factory(cfg)
+        self.deadline_s = worker_deadline_s(cfg)
+        self.scheduler = PlanScheduler(self.factory, period_s=cfg.period_ms / 1e3, deadline_s=self.deadline_s,
+                                       mode=cfg.worker, hold=True, idle_priority=None if cfg.idle_priority else False)
+        self.realtime = RealtimePlanning(executor, self.scheduler, cfg.period_ns)
+        self.lockstep: LockstepPlanning | None = None
+        # LOCKSTEP plans run here, awaited by their stream: the loop (and REALTIME ticks) keeps going.
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dualloop-lockstep-plan")
+        self.name = ""
+
+    def start(self) -> None:
+        """Blocking (spawns the worker, builds the sources): call before the tick loop starts."""
+        self.scheduler.start()
+        self.lockstep = LockstepPlanning(self.factory(), self.cfg.period_ns)
+        self.name = str(self.scheduler.stats()["source"] or getattr(self.lockstep.source, "name", self.cfg.source))
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self.lockstep.source if self.lockstep else None, "close", None)
+        if callable(close):
+            close()
+
+    async def plan_lockstep(self, session_id: str, obs: Observation) -> None:
+        """Plan this LOCKSTEP observation if it reaches a period boundary; the result (or the
+        fault, counted) is decided before the executor advances, so the run stays deterministic."""
+        lock = self.lockstep
+        assert lock is not None
+        obs.plan_id, obs.plan_values = "", None  # the server's planner conditions this session
+        request = lock.due(session_id, obs)
+        if request is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            plan = await asyncio.wait_for(loop.run_in_executor(self._pool, lock.source.plan, request),
+                                          self.deadline_s)
+        except asyncio.TimeoutError as err:
+            lock.fail(err, timeout=True)
+            return
+        except Exception as err:  # noqa: BLE001 - the source's fault is counted, the session goes on
+            lock.fail(err, timeout=type(err).__name__ == "PlanTimeout")
+            return
+        lock.accept(obs, plan)
+
+    def decorate(self, session_id: str, clock: int, msg: pb.DecisionSnapshot) -> pb.DecisionSnapshot:
+        if clock == pb.LOCKSTEP:
+            return self.lockstep.decorate(session_id, msg) if self.lockstep else msg
+        return self.realtime.decorate(session_id, msg)
+
+    def forget(self, session_id: str) -> None:
+        self.realtime.forget(session_id)
+        if self.lockstep is not None:
+            self.lockstep.forget(session_id)
+
+    def stats(self) -> dict[str, object]:
+        out: dict[str, object] = {f"realtime_{k}": v for k, v in self.scheduler.stats().items()}
+        out["realtime_applied"] = self.realtime.applied
+        if self.lockstep is not None:
+            out.update({f"lockstep_{k}": v for k, v in self.lockstep.counts.items()})
+            out["lockstep_last_error"] = self.lockstep.last_error
+        return out

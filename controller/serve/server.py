@@ -1,0 +1,457 @@
+"""The gRPC server: a thin layer that feeds the executor and streams its snapshots.
+
+One asyncio loop (uvloop) runs both the gRPC handlers and the tick loop: the ticker sleeps on the
+loop until just before each deadline, so handlers run in the gaps, and the tick itself is short.
+REALTIME sessions are conflated both ways (newest observation wins, newest snapshot wins); LOCKSTEP
+sessions are lossless and paced by the client, since their snapshots are a deterministic record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+
+from dualloop.controller.serve.config import ConfigError, ServerConfig
+from dualloop.controller.serve.conflation import LatestSlot
+from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, ACTUAL_IS_COMMAND
+from dualloop.controller.serve.planning import ServerPlanning
+from dualloop.controller.logs.recorder import Recorder
+from dualloop.controller.serve.shadow import ShadowAgreement
+from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker, set_realtime_priority
+from dualloop.controller.serve.wire import model_info, observation_from_proto, snapshot_to_proto
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import log_pb2
+from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.executor.core import Executor, InvalidObservation, SessionError
+from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.snapshot import Clock, Snapshot
+from dualloop.planner.worker import SourceFactory
+
+_mono_ns = time.monotonic_ns
+_perf_ns = time.perf_counter_ns
+
+# Upper bounds of the lateness histogram buckets in GetStats (microseconds).
+LATENESS_BUCKETS_US = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0]
+
+
+class RuntimeStats:
+    """What `dualloop bench tick` and operators read: lateness, misses, latency, streaming cost."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.lateness = LatenessLog()
+        self.decision_latency = LatenessLog()
+        self.tick_work_ns = LatenessLog()
+        self.missed = 0
+        self.ticks = 0
+        self.snapshots_sent = 0
+        self.stream_ns = 0  # converting and handing snapshots to gRPC
+        self.sessions_opened = 0
+        self.sessions_closed = 0
+        self.window_start_ns = _mono_ns()
+
+
+class ControllerRuntime:
+    """Executor + tick loop + per-session outboxes, shared by all Drive streams."""
+
+    KEEP_CLOSED_SHADOW_STATS = 256  # closed sessions whose agreement stays queryable
+
+    def __init__(self, executor: Executor, config: ServerConfig) -> None:
+        self.executor = executor
+        self.config = config
+        self.outboxes: dict[str, LatestSlot[Snapshot]] = {}
+        self.recorder: Recorder | None = None
+        # insertion-ordered: the oldest closed sessions are forgotten first
+        self.shadow: dict[str, ShadowAgreement] = {}
+        self.stats = RuntimeStats()
+        self._last_seq: dict[str, int] = {}
+        self._stopping = False
+        self.ticker = PreciseTicker(executor.period_ns, guard_ns=int(config.executor.ticker_guard_ms * 1e6))
+        self.missed_at_reset = 0
+        self.scheduling = "not started"
+        self.planning: ServerPlanning | None = None  # the server's own planner, if configured
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def reset_stats(self) -> None:
+        self.stats.reset()
+        self.missed_at_reset = self.ticker.missed
+
+    async def run_ticks(self) -> None:
+        ex, stats, ticker = self.executor, self.stats, self.ticker
+        while not self._stopping:
+            precise = ex.realtime_sessions > 0
+            tick = await ticker.next(precise)
+            if precise:  # lateness and tick counts describe ticks someone was served
+                stats.lateness.add(tick.lateness_ns)
+                stats.ticks += 1
+            stats.missed = ticker.missed
+            if self.planning is not None:
+                self.planning.realtime.on_tick(tick.scheduled_ns)
+            snaps = ex.tick(tick.scheduled_ns, tick.index, tick.lateness_ns)
+            for snap in snaps:
+                self.record_agreement(snap)
+                self.record_snapshot(snap)
+                box = self.outboxes.get(snap.session_id)
+                if box is not None:
+                    box.put(snap)
+                if self._last_seq.get(snap.session_id) != snap.observation_seq:
+                    self._last_seq[snap.session_id] = snap.observation_seq
+                    # arrival -> first snapshot that used it
+                    stats.decision_latency.add(snap.observation_age_ns + snap.emit_time_ns - snap.scheduled_time_ns)
+            stats.tick_work_ns.add(_mono_ns() - tick.started_ns)
+
+    def open_recording(self, session_id: str, clock: int, shadow: bool) -> None:
+        if self.recorder is None:
+            return
+        card, gates = self.executor.card, self.executor.gates
+        self.recorder.open_session(log_pb2.SessionHeader(
+            session_id=session_id, clock=clock, shadow=shadow, model_version=card.version,
+            model_schema_hash=card.schema_hash(), gate_version="+".join(g.version_hash[:16] for g in gates),
+            config_json=self.config.model_dump_json(), source="grpc session", start_time_unix_ns=time.time_ns(),
+            format_version=1, feature_names=card.feature_names, action_names=card.actions,
+            control_names=[c.name for c in card.controls], tick_period_ns=self.executor.period_ns,
+            # what a live client's actual action is, by controller.proto's contract
+            source_details={ACTUAL_CONTROLS_DETAIL: ACTUAL_IS_COMMAND}))
+
+    def record_observation(self, session_id: str, observation: pb.Observation) -> None:
+        if self.recorder is not None:
+            self.recorder.write_observation(session_id, observation)
+
+    def record_snapshot(self, snap: Snapshot) -> None:
+        """To the session log, when recording: every snapshot, not only those a slow client received."""
+        if self.recorder is not None:
+            self.recorder.write_snapshot(snapshot_to_proto(snap))
+
+    def record_agreement(self, snap: Snapshot) -> None:
+        agreement = self.shadow.get(snap.session_id)
+        if agreement is None:
+            card = self.executor.card
+            agreement = self.shadow[snap.session_id] = ShadowAgreement(card.actions, len(card.controls))
+            while len(self.shadow) > self.KEEP_CLOSED_SHADOW_STATS + len(self.executor.sessions):
+                del self.shadow[next(iter(self.shadow))]
+        if snap.actual_index < 0:  # the common live case: nothing to compare, keep the tick cheap
+            agreement.without_actual += 1
+            return
+        agreement.update(snap.applied.index, snap.applied.controls, snap.actual_index, snap.actual_controls,
+                         snap.safety_state.name, tuple(r.name for r in snap.reasons))
+
+    def forget(self, session_id: str) -> None:
+        self.executor.close_session(session_id)
+        if self.recorder is not None:
+            self.recorder.close_session(session_id)
+        box = self.outboxes.pop(session_id, None)
+        if box is not None:
+            box.close()
+        self._last_seq.pop(session_id, None)
+        if self.planning is not None:
+            self.planning.forget(session_id)
+        self.stats.sessions_closed += 1
+
+
+class ControllerService(pb_grpc.ControllerServicer):
+    def __init__(self, runtime: ControllerRuntime) -> None:
+        self.runtime = runtime
+        self.executor = runtime.executor
+        gates = self.executor.gates
+        self._info = model_info(self.executor.card, self.executor.period_ns,
+                                "+".join(g.version_hash[:16] for g in gates), "+".join(g.schema.source for g in gates))
+        if runtime.planning is not None:
+            self._info.planner = runtime.planning.name
+        self._planning = runtime.planning
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+        return self._info
+
+    async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ServerStats:
+        runtime = self.runtime
+        stats = runtime.stats
+        lateness = stats.lateness.values().astype(np.float64) / 1e3
+        p50, p99, p999, mx = (np.percentile(lateness, [50, 99, 99.9, 100]) if lateness.size else (0.0,) * 4)
+        edges = np.array(LATENESS_BUCKETS_US)
+        counts = np.bincount(np.searchsorted(edges, lateness, side="left"), minlength=edges.size + 1)
+        reply = pb.ServerStats(
+            ticks=stats.ticks, missed_deadlines=runtime.ticker.missed - runtime.missed_at_reset,
+            lateness_p50_us=p50, lateness_p99_us=p99, lateness_p999_us=p999, lateness_max_us=mx,
+            lateness_bucket_upper_us=LATENESS_BUCKETS_US, lateness_histogram=counts.tolist(),
+            sessions_open=len(self.executor.sessions), sessions_opened=stats.sessions_opened,
+            snapshots_sent=stats.snapshots_sent, scheduling=runtime.scheduling,
+            window_s=(_mono_ns() - stats.window_start_ns) / 1e9)
+        if request.reset:
+            runtime.reset_stats()
+        return reply
+
+    async def GetShadowStats(self, request: pb.GetShadowStatsRequest,
+                             context: grpc.aio.ServicerContext) -> pb.ShadowStats:
+        agreement = self.runtime.shadow.get(request.session_id)
+        if agreement is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no agreement statistics for session {request.session_id!r}: it never ticked, or "
+                                f"closed long ago (the last {ControllerRuntime.KEEP_CLOSED_SHADOW_STATS} are kept)")
+        return agreement.to_proto(request.session_id)
+
+    async def Drive(self, request_iterator: AsyncIterator[pb.DriveRequest], context: grpc.aio.ServicerContext) -> None:
+        requests = request_iterator.__aiter__()
+        try:
+            first = await asyncio.wait_for(requests.__anext__(), self.runtime.config.open_timeout_s)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"no OpenSession within open_timeout_s={self.runtime.config.open_timeout_s} s")
+        if first.WhichOneof("msg") != "open":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the first message of a Drive stream must be 'open' (OpenSession); got "
+                                f"{first.WhichOneof('msg') or 'an empty DriveRequest'}")
+        req = first.open
+        if req.clock not in (pb.REALTIME, pb.LOCKSTEP):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"OpenSession.clock must be REALTIME (1) or LOCKSTEP (2); got {req.clock}")
+        schema_hash = self.executor.card.schema_hash()
+        if req.expected_schema_hash and req.expected_schema_hash != schema_hash:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"the client built observations for schema {req.expected_schema_hash}; this server's "
+                                f"model {self.executor.card.version} has schema {schema_hash}: call GetModelInfo")
+        session_id = req.session_id or uuid.uuid4().hex[:12]
+        try:
+            self.executor.open_session(session_id, Clock(req.clock), shadow=req.shadow,
+                                       include_decision_vector=req.include_decision_vector)
+        except SessionError as err:
+            code = grpc.StatusCode.ALREADY_EXISTS if "already open" in str(err) else grpc.StatusCode.RESOURCE_EXHAUSTED
+            await context.abort(code, str(err))
+        self.runtime.stats.sessions_opened += 1
+        self.runtime.open_recording(session_id, req.clock, req.shadow)
+        try:
+            await context.write(pb.DriveResponse(opened=pb.SessionOpened(
+                session_id=session_id, clock=req.clock, tick_period_ns=self.executor.period_ns, model=self._info)))
+            if req.clock == pb.REALTIME:
+                error = await self._drive_realtime(session_id, requests, context)
+            else:
+                error = await self._drive_lockstep(session_id, requests, context)
+            if error is not None:
+                await context.abort(*error)
+        finally:
+            self.runtime.forget(session_id)
+
+    @staticmethod
+    def _observation(msg: pb.DriveRequest) -> pb.Observation | None:
+        return msg.observation if msg.WhichOneof("msg") == "observation" else None
+
+    _NOT_AN_OBSERVATION = (grpc.StatusCode.INVALID_ARGUMENT,
+                           "after 'open', a Drive stream carries only observations; a second 'open' or an "
+                           "empty DriveRequest is not allowed")
+
+    async def _drive_realtime(self, session_id: str, requests, context) -> tuple | None:
+        box: LatestSlot[Snapshot] = LatestSlot()
+        self.runtime.outboxes[session_id] = box
+        error: list[tuple] = []
+        planning = self._planning
+
+        async def read() -> None:
+            try:
+                async for msg in requests:
+                    obs_msg = self._observation(msg)
+                    if obs_msg is None:
+                        error.append(self._NOT_AN_OBSERVATION)
+                        return
+                    obs = observation_from_proto(obs_msg, _mono_ns())
+                    if planning is not None:  # the server's planner conditions this session
+                        obs.plan_id, obs.plan_values = "", None
+                    try:
+                        self.executor.submit(session_id, obs)
+                    except InvalidObservation as err:
+                        error.append((grpc.StatusCode.INVALID_ARGUMENT, str(err)))
+                        return
+                    self.runtime.record_observation(session_id, obs_msg)
+            finally:
+                box.close()  # the client finished (or broke the contract): end the stream
+
+        reader = asyncio.create_task(read())
+        stats = self.runtime.stats
+        try:
+            while (snap := await box.get()) is not None:
+                t0 = _perf_ns()
+                snap.snapshots_dropped = box.dropped
+                proto = snapshot_to_proto(snap)
+                if planning is not None:
+                    planning.decorate(session_id, pb.REALTIME, proto)
+                msg = pb.DriveResponse(snapshot=proto)
+                stats.stream_ns += _perf_ns() - t0
+                await context.write(msg)
+                stats.snapshots_sent += 1
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        return error[0] if error else None
+
+    async def _drive_lockstep(self, session_id: str, requests, context) -> tuple | None:
+        stats = self.runtime.stats
+        planning = self._planning
+        async for msg in requests:
+            obs_msg = self._observation(msg)
+            if obs_msg is None:
+                return self._NOT_AN_OBSERVATION
+            obs = observation_from_proto(obs_msg, _mono_ns())
+            if planning is not None:
+                await planning.plan_lockstep(session_id, obs)
+            try:
+                snaps = self.executor.advance_lockstep(session_id, obs)
+            except InvalidObservation as err:
+                return grpc.StatusCode.INVALID_ARGUMENT, str(err)
+            self.runtime.record_observation(session_id, obs_msg)
+            for snap in snaps:
+                self.runtime.record_agreement(snap)
+                self.runtime.record_snapshot(snap)
+                proto = snapshot_to_proto(snap)
+                if planning is not None:
+                    planning.decorate(session_id, pb.LOCKSTEP, proto)
+                # Awaiting each write is the backpressure: a LOCKSTEP stream never drops a snapshot.
+                await context.write(pb.DriveResponse(snapshot=proto))
+                stats.snapshots_sent += 1
+        return None
+
+
+class ControllerServer:
+    """Owns the model, executor, gRPC server and tick loop; run it on an asyncio loop."""
+
+    def __init__(self, config: ServerConfig, model: DecisionModel | None = None,
+                 plan_source: SourceFactory | None = None) -> None:
+        """plan_source overrides config.planner.source (its period and deadline still apply)."""
+        self.config = config
+        self.model = model or DecisionModel(config.model, warmup_batches=tuple(
+            b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.executor.max_sessions))
+        gates = []
+        for path in config.gates:
+            from dualloop.controller.gates.fitting import load_gate_for_model
+
+            try:
+                gates.append(load_gate_for_model(path, self.model))
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"gate {path}: {err}") from None
+        self.executor = Executor(self.model, config.executor, gates)
+        self.runtime = ControllerRuntime(self.executor, config)
+        if config.planner.enabled or plan_source is not None:
+            self.runtime.planning = ServerPlanning(config.planner, self.executor, plan_source)
+        self.port: int | None = None
+        self.scheduling = "not started"
+        self._server: grpc.aio.Server | None = None
+        self._ticks: asyncio.Task | None = None
+
+    async def start(self) -> int:
+        if self.runtime.planning is not None:  # spawns the worker and builds the sources: seconds at most
+            await asyncio.to_thread(self.runtime.planning.start)
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_ControllerServicer_to_server(ControllerService(self.runtime), self._server)
+        host = self.config.host
+        address = f"[{host}]:{self.config.port}" if ":" in host else f"{host}:{self.config.port}"
+        self.port = self._server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"cannot bind {address}: is the port in use?")
+        await self._server.start()
+        # After gRPC has started its threads, so that they share the priority (see the function).
+        self.scheduling = self.runtime.scheduling = set_realtime_priority(self.config.realtime_priority)
+        if self.config.record_dir is not None:
+            self.config.record_dir.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            mb = self.config.record_rotate_mb
+            self.runtime.recorder = Recorder(self.config.record_dir / f"dualloop-{stamp}.mcap",
+                                             rotate_bytes=int(mb * 1e6) if mb else None,
+                                             rotate_seconds=self.config.record_rotate_s)
+        self._ticks = asyncio.create_task(self.runtime.run_ticks())
+        return self.port
+
+    async def stop(self, grace_s: float = 0.5) -> None:
+        self.runtime.stop()
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        if self._ticks is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticks
+        if self.runtime.planning is not None:
+            await asyncio.to_thread(self.runtime.planning.stop)
+        if self.runtime.recorder is not None:
+            self.recording_stats = await asyncio.to_thread(self.runtime.recorder.close)
+
+    async def wait(self) -> None:
+        assert self._server is not None
+        await self._server.wait_for_termination()
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class ServerThread:
+    """A real server on its own loop in a background thread: for tests, demos and benchmarks."""
+
+    def __init__(self, config: ServerConfig, model: DecisionModel | None = None,
+                 plan_source: SourceFactory | None = None) -> None:
+        self.server = ControllerServer(config, model, plan_source)
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="dualloop-server", daemon=True)
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.server.port is not None
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.server.start())
+        except BaseException as err:  # noqa: BLE001 - reported to the starting thread
+            self._error = err
+            self._started.set()
+            return
+        self._started.set()
+        self.loop.run_forever()
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        self._started.wait(30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def call(self, fn, *args):
+        """Run fn(*args) on the server loop and return its result (for inspecting state in tests)."""
+        return asyncio.run_coroutine_threadsafe(_call(fn, *args), self.loop).result(10)
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+async def _call(fn, *args):
+    return fn(*args)
+

@@ -1,0 +1,73 @@
+"""Conversion between the executor's dataclasses and the dualloop.v1 protobuf messages."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.executor.model_card import ModelCard
+from dualloop.executor.snapshot import Observation, Snapshot
+
+# Fields of DecisionSnapshot that are wall-clock by nature (executor.snapshot.WALL_CLOCK_FIELDS).
+WALL_CLOCK_PROTO_FIELDS = ("emit_time_ns", "lateness_us", "timings")
+
+
+def model_info(card: ModelCard, tick_period_ns: int, gate_version: str = "", gate_source: str = "") -> pb.ModelInfo:
+    return pb.ModelInfo(
+        gate_version=gate_version, gate_source=gate_source,
+        model_version=card.version, size_class=card.size_class,
+        features=[pb.FeatureSpec(name=f.name, unit=f.unit, mean=f.mean, std=f.std) for f in card.features],
+        plan=[pb.FeatureSpec(name=f.name, unit=f.unit, mean=f.mean, std=f.std) for f in card.plan],
+        actions=card.actions,
+        controls=[pb.ControlSpec(name=c.name, unit=c.unit, min=c.min, max=c.max) for c in card.controls],
+        decision_vector_output=card.io.decision_vector, decision_vector_size=card.decision_vector_size,
+        schema_hash=card.schema_hash(), tick_period_ns=tick_period_ns,
+    )
+
+
+def observation_from_proto(msg: pb.Observation, arrival_ns: int) -> Observation:
+    actual = msg.actual if msg.HasField("actual") else None
+    plan = msg.plan if msg.HasField("plan") else None
+    return Observation(
+        seq=msg.seq, timestamp_ns=msg.timestamp_ns,
+        features=np.asarray(msg.features, dtype=np.float32),
+        arrival_ns=arrival_ns,
+        actual_index=actual.action_index if actual is not None else -1,
+        actual_controls=np.asarray(actual.controls, dtype=np.float32) if actual is not None else None,
+        plan_id=plan.plan_id if plan is not None else "",
+        plan_values=np.asarray(plan.values, dtype=np.float32) if plan is not None else None,
+    )
+
+
+def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
+    msg = pb.DecisionSnapshot(
+        session_id=s.session_id, tick=s.tick, scheduled_time_ns=s.scheduled_time_ns,
+        emit_time_ns=s.emit_time_ns, lateness_us=s.lateness_us, observation_seq=s.observation_seq,
+        observation_age_ns=s.observation_age_ns, plan_id=s.plan_id, plan_age_ns=s.plan_age_ns,
+        model_version=s.model_version,
+        proposed=pb.Proposal(
+            action=pb.Action(index=s.proposed_index, name=s.proposed_name, controls=s.proposed_controls.tolist()),
+            probabilities=s.probabilities.tolist(), confidence=s.confidence, margin=s.margin),
+        applied=pb.Action(index=s.applied.index, name=s.applied.name, controls=s.applied.controls.tolist()),
+        reasons=[int(r) for r in s.reasons], safety_state=int(s.safety_state),
+        input_hash=s.input_hash,
+        timings=pb.StageTimings(preprocess_us=s.timings.preprocess_us, forward_us=s.timings.forward_us,
+                                gate_us=s.timings.gate_us, postprocess_us=s.timings.postprocess_us),
+        shadow=s.shadow, snapshots_dropped=s.snapshots_dropped, observations_dropped=s.observations_dropped,
+    )
+    if s.gate_score is not None:
+        msg.gate.score = s.gate_score
+        msg.gate.threshold = s.gate_threshold or 0.0
+        msg.gate.veto = s.gate_veto
+    if s.decision_vector is not None:
+        msg.decision_vector.extend(s.decision_vector.tolist())
+    return msg
+
+
+def without_wall_clock(msg: pb.DecisionSnapshot) -> bytes:
+    """Deterministic bytes of a snapshot: what two LOCKSTEP replays must agree on."""
+    copy = pb.DecisionSnapshot()
+    copy.CopyFrom(msg)
+    for name in WALL_CLOCK_PROTO_FIELDS:
+        copy.ClearField(name)
+    return copy.SerializeToString(deterministic=True)

@@ -1,0 +1,200 @@
+"""Train, calibrate and export the driving decision models (small / base / large).
+
+    train(size, seed, out)        -> TrainResult       the library call
+    train_main(size, seed, out_dir, quick) -> TrainResult   the CLI call: progress and summary tables
+
+Pipeline: expert data (controller.training_data) -> numpy MLP (controller.training_mlp) -> softmax
+temperature on the validation split (controller.training_calib) -> metrics on the test split ->
+export_mlp -> batch-1 forward latency of the exported file -> export again with it in the card.
+
+Reproducibility: the same seed on the same machine gives the same weights, the same card and the
+same version hash; only the two measured latency fields (wall-clock by nature, left out of the
+hash) differ. With measure_latency_in_card=False the file is byte-identical.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from dualloop.controller.training.driving_card import driving_card
+from dualloop.controller.training.calibration import (expected_calibration_error, fit_temperature, nll, per_class_recall,
+                                       probabilities)
+from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, Split, generate
+from dualloop.controller.training.mlp import FitHistory, MLPConfig, fit, forward_weights
+from dualloop.executor.model_card import MEASURED_METRICS, ModelCard
+from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.onnx_export import MLPWeights, export_mlp
+from dualloop.sim import schema
+
+SIZES: dict[str, tuple[int, ...]] = {"small": (32, 32), "base": (64, 64), "large": (128, 128, 128)}
+DEFAULT_SEED = 7
+FULL_DATA = DataConfig()
+QUICK_DATA = DataConfig(train_episodes=12, val_episodes=4, test_episodes=4, every=20)
+QUICK_EPOCHS = 8
+LATENCY_KEYS = MEASURED_METRICS  # measured at export; not part of the version hash
+
+
+@dataclass
+class TrainResult:
+    path: Path
+    card: ModelCard
+    weights: MLPWeights
+    normaliser: Normaliser
+    metrics: dict[str, float | str]
+    history: FitHistory
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Hooks:
+    """Progress callbacks; all optional so the library call stays silent."""
+
+    on_scenario: Callable[[str], None] | None = None
+    on_epoch: Callable[[int, float, float], None] | None = None
+    on_stage: Callable[[str], None] | None = None
+
+
+def mlp_config(size: str, quick: bool = False) -> MLPConfig:
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
+    cfg = MLPConfig(hidden=SIZES[size])
+    return replace(cfg, max_epochs=QUICK_EPOCHS) if quick else cfg
+
+
+def evaluate(weights: MLPWeights, x: np.ndarray, split: Split, temperature: float) -> dict[str, float]:
+    """Test-split metrics of the exported weights (the numbers a user of the file will see)."""
+    logits, controls, _ = forward_weights(weights, x)
+    pred = logits.argmax(axis=1)
+    recall = per_class_recall(pred, split.label)
+    err = np.clip(controls, [c.low for c in schema.CONTROLS], [c.high for c in schema.CONTROLS]) - split.controls
+    rmse = np.sqrt((err.astype(np.float64) ** 2).mean(axis=0))
+    out = {
+        "test_accuracy": float((pred == split.label).mean()),
+        "test_balanced_accuracy": float(np.nanmean(recall)),
+        "test_nll_before": nll(logits, split.label),
+        "test_nll_after": nll(logits, split.label, temperature),
+        "test_ece_before": expected_calibration_error(probabilities(logits), split.label),
+        "test_ece_after": expected_calibration_error(probabilities(logits, temperature), split.label),
+        "test_majority_baseline": float(split.class_counts().max() / len(split)),
+    }
+    for name, r in zip(schema.ACTIONS, recall):
+        out[f"test_recall_{name}"] = float(r) if np.isfinite(r) else "n/a"
+    for name, r in zip(schema.CONTROL_NAMES, rmse):
+        out[f"test_rmse_{name}"] = float(r)
+    return out
+
+
+def measure_latency(path: Path, x: np.ndarray, n_features: int, n_calls: int = 3000) -> tuple[float, float]:
+    """Median and p99 (us) of DecisionModel.forward at batch 1, cycling through real test inputs."""
+    model = DecisionModel(path)
+    rows = [(np.ascontiguousarray(x[i:i + 1, :n_features]), np.ascontiguousarray(x[i:i + 1, n_features:]))
+            for i in range(min(len(x), 256))]
+    times = np.empty(n_calls, np.int64)
+    for i in range(n_calls):
+        f, p = rows[i % len(rows)]
+        t0 = time.perf_counter_ns()
+        model.forward(f, p)
+        times[i] = time.perf_counter_ns() - t0
+    us = times / 1000.0
+    return round(float(np.median(us)), 1), round(float(np.percentile(us, 99)), 1)
+
+
+def _round_metrics(m: dict[str, float | str]) -> dict[str, float | str]:
+    # Rounded: a card is read by people; 6 significant digits keep it exact enough for comparisons.
+    return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in m.items()}
+
+
+def _card(size: str, dv: int, norm: Normaliser, temperature: float, metrics: dict[str, float | str]) -> ModelCard:
+    return driving_card(f"dualloop-{size}", size, dv, feature_stats=(norm.feat_mean, norm.feat_std),
+                        plan_stats=(norm.plan_mean, norm.plan_std), temperature=temperature,
+                        training_metrics=_round_metrics(metrics))
+
+
+def train(size: str, seed: int, out: Path, quick: bool = False, data: Dataset | None = None,
+          data_config: DataConfig | None = None, config: MLPConfig | None = None,
+          measure_latency_in_card: bool = True, hooks: Hooks | None = None) -> TrainResult:
+    """Generate data (unless given), train, calibrate, evaluate and export one model to `out`."""
+    hooks = hooks or Hooks()
+    config = config or mlp_config(size, quick)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if data is None:
+        data_config = data_config or (QUICK_DATA if quick else FULL_DATA)
+        data = generate(data_config, seed, hooks.on_scenario)
+    timings["data"] = time.perf_counter() - t0
+    norm = Normaliser.fit(data.train)
+    x_tr, x_va, x_te = (norm.inputs(s) for s in (data.train, data.val, data.test))
+    t1 = time.perf_counter()
+    # One BLAS thread: float sums then do not depend on how many cores the machine has, and the
+    # small matmuls here gain nothing from threads anyway.
+    with threadpool_limits(limits=1):
+        model, history = fit(x_tr, data.train.label, data.train.controls, x_va, data.val.label,
+                             data.val.controls, config, seed, hooks.on_epoch)
+        weights = model.to_weights()
+        val_logits, _, _ = forward_weights(weights, x_va)
+        temperature = fit_temperature(val_logits, data.val.label)
+        metrics: dict[str, float | str] = evaluate(weights, x_te, data.test, temperature)
+    timings["train"] = time.perf_counter() - t1
+    metrics |= {"temperature": temperature, "val_nll_before": nll(val_logits, data.val.label),
+                "val_nll_after": nll(val_logits, data.val.label, temperature), "seed": float(seed),
+                "n_train": float(len(data.train)), "n_val": float(len(data.val)), "n_test": float(len(data.test)),
+                "data_every_steps": float(data.config.every), "epochs_run": float(history.epochs_run),
+                "best_epoch": float(history.best_epoch + 1), "hidden": "x".join(map(str, config.hidden)),
+                "trainer": "numpy float32 AdamW, weighted CE + range-scaled controls MSE"}
+    out = Path(out)
+    card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
+    if measure_latency_in_card:
+        if hooks.on_stage is not None:
+            hooks.on_stage("measuring forward latency")
+        p50, p99 = measure_latency(out, x_te, schema.N_FEATURES)
+        metrics |= dict(zip(LATENCY_KEYS, (p50, p99)))
+        card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
+    timings["total"] = time.perf_counter() - t0
+    return TrainResult(out, card, weights, norm, card.training_metrics, history, timings)
+
+
+def model_path(size: str, out_dir: Path, quick: bool) -> Path:
+    # A quick model never overwrites the shipped one.
+    return Path(out_dir) / (f"{size}.quick.onnx" if quick else f"{size}.onnx")
+
+
+def train_main(size: str, seed: int = DEFAULT_SEED, out_dir: Path = Path("models"), quick: bool = False,
+               measure_latency_in_card: bool = True) -> TrainResult:
+    """CLI entry: trains with rich progress bars, prints the summary tables, returns the result."""
+    from dualloop.controller.training.report import print_summary, progress_hooks
+
+    data_config = QUICK_DATA if quick else FULL_DATA
+    config = mlp_config(size, quick)
+    with progress_hooks(len(data_config.scenarios), config.max_epochs) as hooks:
+        result = train(size, seed, model_path(size, out_dir, quick), quick=quick, data_config=data_config,
+                       config=config, measure_latency_in_card=measure_latency_in_card, hooks=hooks)
+    print_summary(result)
+    return result
+
+
+def compare_models(a: Path, b: Path) -> list[str]:
+    """What differs between two exported models, beyond the measured metrics (empty: the same model)."""
+    import onnx
+    from onnx import numpy_helper
+
+    ma, mb = onnx.load(str(a)), onnx.load(str(b))
+    diffs = []
+    wa = {t.name: numpy_helper.to_array(t) for t in ma.graph.initializer}
+    wb = {t.name: numpy_helper.to_array(t) for t in mb.graph.initializer}
+    if wa.keys() != wb.keys():
+        diffs.append(f"different tensors: {sorted(wa.keys() ^ wb.keys())}")
+    diffs += [f"weights {k} differ (max |diff| {np.abs(wa[k] - wb[k]).max():.3g})"
+              for k in sorted(wa.keys() & wb.keys()) if not np.array_equal(wa[k], wb[k])]
+    ca = DecisionModel(a, warmup_batches=()).card
+    cb = DecisionModel(b, warmup_batches=()).card
+    if ca.identity_json() != cb.identity_json():
+        diffs.append("model cards differ beyond the measured metrics")
+    if ca.version != cb.version:
+        diffs.append(f"versions differ: {ca.version} vs {cb.version}")
+    return diffs

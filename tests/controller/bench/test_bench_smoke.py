@@ -1,0 +1,97 @@
+"""`dualloop bench tick` runs end to end and reports every number it promises (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from dualloop.ood import compiled as ood_compiled
+from dualloop.controller.bench import gate as bench_gate
+from dualloop.controller.bench import planner as bench_planner
+from dualloop.controller.cli import main
+
+
+def test_bench_tick_reports_all_fields(tmp_path, test_model_path):
+    assert main(["bench", "tick", "--model", str(test_model_path), "--sessions", "2", "--duration", "2",
+                 "--out", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("tick-*.json")
+    assert list(tmp_path.glob("tick-*.png"))
+    result = json.loads(result_file.read_text())
+    ex, bare = result["executor"], result["bare_ticker"]
+    for side in (ex, bare):
+        assert set(side["lateness_us"]) == {"min", "p50", "p99", "p99.9", "max"}
+        assert side["ticks"] > 200
+        assert side["missed_deadlines"] >= 0
+    assert set(ex["cpu_per_tick_us"]) >= {"model", "rules", "streaming"}
+    assert ex["decision_latency_us"]["p50"] > 0
+    assert len(result["sessions_detail"]) == 2
+    for s in result["sessions_detail"]:
+        assert s["snapshots_received"] > 200 and s["observations_sent"] > 200
+
+
+def test_bench_replay_reports_both_paths(tmp_path):
+    assert main(["bench", "replay", "--duration", "3", "--out", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("replay-*.json")
+    result = json.loads(result_file.read_text())
+    assert len(result["logs"]) == 2
+    for r in result["logs"].values():
+        assert r["ticks"] > 500 and r["same_decisions"]
+        assert r["fast_compute_ms"]["runs"] == 7 and r["fast_compute_ms"]["min"] <= r["fast_compute_ms"]["median"]
+        assert r["speedup_median"] > 0 and r["reference_compute_ms"] > 0 and r["end_to_end_ms"] > 0
+
+
+def test_bench_gate_reports_each_session_count(tmp_path):
+    """`dualloop bench gate`'s table: gate cost per session at each count, next to the forward pass."""
+    from dualloop.controller.bench.gate import bench_gate_table
+    from dualloop.controller.gates.fitting import load_gate_for_model
+    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+    from dualloop.executor.model_runner import DecisionModel
+
+    model = DecisionModel(BASE_MODEL_PATH)
+    gates = [load_gate_for_model(g, model) for g in DEFAULT_GATES]
+    result = bench_gate_table(model, gates, (1, 3), ticks=60, out_dir=tmp_path)
+    (result_file,) = tmp_path.glob("gate-*.json")
+    assert json.loads(result_file.read_text()) == result
+    assert set(result["sessions"]) == {"1", "3"}
+    assert result["gate_path"].startswith("compiled" if ood_compiled.module() is not None else "pure Python")
+    for row in result["sessions"].values():
+        on, off = row["with gate"], row["without gate"]
+        assert 0 < on["gate_us_p50"] <= on["gate_us_p99"] and on["forward_us_p50"] > 0
+        assert on["gate_us_per_session_p50"] > 0 and off["gate_us_p50"] < on["gate_us_p50"]
+
+
+def test_bench_gate_cli_defaults_to_the_base_model_and_its_gates(tmp_path, monkeypatch):
+
+    monkeypatch.setattr(bench_gate, "TICKS", 40)
+    assert main(["bench", "gate", "--sessions", "2", "--out", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("gate-*.json")
+    result = json.loads(result_file.read_text())
+    assert set(result["sessions"]) == {"1", "2", "8", "32"} and len(result["gates"]) == 2
+    assert result["ticks"] == 40
+
+
+def test_bench_planner_compares_idle_and_busy_turns_of_one_run(tmp_path, test_model_path):
+    # 10 s: two turns of each kind even when a loaded machine starts the clients late (at 8 s, the
+    # shortest run the CLI takes, a run beside another test suite once counted only one busy turn)
+    assert main(["bench", "planner", "--model", str(test_model_path), "--sessions", "2", "--duration", "10",
+                 "--out", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("planner-*.json")
+    result = json.loads(result_file.read_text())
+    for side in ("idle", "busy"):
+        assert result[side]["turns"] >= 2 and result[side]["ticks"] > 400  # 2 x 1.5 s counted at 200 Hz
+        assert set(result[side]["lateness_us"]) == {"min", "p50", "p99", "p99.9", "max"}
+    low, high = result["p99_ratio_interval_95"]
+    assert low <= result["p99_ratio_busy_over_idle"] <= high
+    planner = result["planner_stats"]
+    assert planner["source"] == "behaviour" and planner["plans"] >= 2 * 4 and planner["errors"] == 0
+
+
+def test_bench_planner_refuses_a_run_too_short_for_two_turns_of_each_kind(capsys, monkeypatch):
+
+    ran = []
+    monkeypatch.setattr(bench_planner, "bench_planner", lambda *a, **k: ran.append(a))
+    assert main(["bench", "planner", "--duration", "7"]) == 2
+    assert "--duration 7: too short" in capsys.readouterr().out and not ran
+    # without --duration it runs long enough for a narrow interval: 600 s, 32 sessions
+    assert main(["bench", "planner"]) == 0
+    (args,) = ran
+    assert args[1:3] == (32, 600.0)

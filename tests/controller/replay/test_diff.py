@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import pytest
+
+from dualloop.controller.replay.diff import NotSameInput, diff_exit_code, diff_logs, format_diff
+from dualloop.models import BASE_MODEL_PATH, TEST_MODEL_PATH
+from dualloop.controller.replay.lockstep import replay_log
+from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
+from dualloop.controller.logs.synthetic import slice_log
+
+
+@pytest.fixture(scope="module")
+def replays(tmp_path_factory):
+    d = tmp_path_factory.mktemp("diff")
+    return {name: replay_log(FIXTURE, model, out_path=d / f"{name}.mcap").out_path
+            for name, model in (("test", TEST_MODEL_PATH), ("test2", TEST_MODEL_PATH), ("base", BASE_MODEL_PATH))}
+
+
+def test_two_models_migrate_and_fail_the_gate(replays):
+    report = diff_logs(replays["test"], replays["base"])
+    assert report.ticks == 11989 and report.first is not None
+    assert report.migrations and sum(report.migrations.values()) == report.changed["applied_index"] > 0
+    assert report.decisions.sum() == report.ticks
+    assert diff_exit_code(report, tolerance=0.01) == 1
+    assert diff_exit_code(report, tolerance=1.0) == 0
+    assert "first divergence" in format_diff(report)
+
+
+def test_same_model_twice_is_empty(replays):
+    report = diff_logs(replays["test"], replays["test2"])
+    assert report.first is None and report.migrations == {}
+    assert all(v == 0 for v in report.changed.values())
+    assert diff_exit_code(report, tolerance=0.0, fields=("applied_index", "reasons", "applied_controls")) == 0
+    assert "identical within tolerance" in format_diff(report)
+
+
+def test_different_inputs_are_refused(replays, tmp_path):
+    other = replay_log(slice_log(tmp_path / "s.mcap", 0, 100, "comma2k19-comma2k19-example1"), TEST_MODEL_PATH,
+                       out_path=tmp_path / "o.mcap").out_path
+    with pytest.raises(NotSameInput, match="observations"):
+        diff_logs(replays["test"], other)
+
+
+def test_unknown_field_is_an_error(replays):
+    with pytest.raises(ValueError, match="unknown diff field"):
+        diff_exit_code(diff_logs(replays["test"], replays["test2"]), fields=("nope",))

@@ -1,0 +1,185 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dualloop.controller.replay.fleet import RAY_MISSING, replay_many
+from dualloop.controller.logs.logfile import read_log
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
+from dualloop.controller.replay.lockstep import _observations, build_executor, executor_config_for, replay_log, run_replay
+from dualloop.controller.replay.report import format_report
+from dualloop.controller.serve.wire import snapshot_to_proto, without_wall_clock
+from dualloop.executor.core import InvalidObservation
+from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
+from dualloop.controller.logs.synthetic import slice_log, synthetic_log
+
+
+@pytest.fixture(scope="module")
+def fixture_replay(tmp_path_factory):
+    out = tmp_path_factory.mktemp("replay") / "a.mcap"
+    return replay_log(FIXTURE, BASE_MODEL_PATH, DEFAULT_GATES, out_path=out)
+
+
+def test_real_drive_agreement_over_every_observation(fixture_replay):
+    r = fixture_replay.report
+    assert r.observations == 5995 and r.fresh_ticks == 5995  # every observation drives one fresh tick
+    assert r.ticks == 11989  # 59.94 s on the 5 ms grid
+    groups = r.agreement["groups"]
+    assert groups["all"]["ticks"] == r.ticks and r.agreement["ticks_without_actual"] == 0
+    assert np.array(r.agreement["confusion"]).sum() == r.ticks
+    assert 0.0 <= r.agreement_top1 <= 1.0 and 0.0 <= r.gate_veto_fraction <= 1.0
+    assert "agreement with the actual action" in format_report(r)
+
+
+def test_replay_log_header_and_round_trip(fixture_replay):
+    data = read_log(fixture_replay.out_path)
+    h = data.header
+    assert h.model_version == fixture_replay.header.model_version != ""
+    assert h.gate_version.count("+") == len(DEFAULT_GATES) - 1 and h.source_details["replay_of"] == str(FIXTURE)
+    assert len(data.observations) == 5995 and len(data.snapshots) == 11989
+
+
+def test_double_replay_is_byte_identical(fixture_replay, tmp_path):
+    again = replay_log(FIXTURE, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp_path / "b.mcap")
+    a = read_log(fixture_replay.out_path).snapshots
+    b = read_log(again.out_path).snapshots
+    assert len(a) == len(b) and all(without_wall_clock(x) == without_wall_clock(y) for x, y in zip(a, b))
+
+
+def _assert_same(fast, plain):
+    assert len(fast) == len(plain)
+    for f, p in zip(fast, plain):
+        assert (f.tick, f.observation_seq, f.proposed_index, f.applied.index, f.reasons, f.safety_state,
+                f.gate_veto, f.input_hash, f.plan_id) == \
+               (p.tick, p.observation_seq, p.proposed_index, p.applied.index, p.reasons, p.safety_state,
+                p.gate_veto, p.input_hash, p.plan_id)
+        np.testing.assert_allclose(f.probabilities, p.probabilities, atol=1e-5)
+        np.testing.assert_allclose(f.applied.controls, p.applied.controls, atol=1e-5)
+        np.testing.assert_allclose(f.proposed_controls, p.proposed_controls, atol=1e-5)
+        if p.gate_score is not None:
+            assert f.gate_score == pytest.approx(p.gate_score, rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("model,gates", [(BASE_MODEL_PATH, DEFAULT_GATES), (TEST_MODEL_PATH, ())])
+def test_fast_replay_equals_plain_lockstep(tmp_path, model, gates):
+    log = synthetic_log(tmp_path / "syn.mcap", seconds=4.0, rate_hz=150.0)  # off-grid: reused and dropped obs
+    data = read_log(log)
+    obs = _observations(data)
+    runs = []
+    for fast in (True, False):
+        ex = build_executor(model, gates, executor_config_for(data.header))
+        runs.append(run_replay(ex, "s", obs, fast=fast)[0])
+    _assert_same(*runs)
+    assert len({s.plan_id for s in runs[0]}) > 5
+
+
+@pytest.mark.parametrize("rate_hz", [200.0, 150.0])
+def test_fast_replay_equals_plain_through_every_fault(tmp_path, rate_hz):
+    log = synthetic_log(tmp_path / "faults.mcap", seconds=5.0, rate_hz=rate_hz, faults=True)
+    obs = _observations(read_log(log))
+    runs = []
+    for fast in (True, False):
+        ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(read_log(log).header))
+        runs.append(run_replay(ex, "s", obs, fast=fast)[0])
+    _assert_same(*runs)
+    seen = {r.name for s in runs[1] for r in s.reasons} | {s.safety_state.name for s in runs[1]}
+    assert seen >= {"OOD_VETO", "INVALID_INPUT", "STALE_OBSERVATION", "STALE_PLAN", "FALLBACK",
+                    "VETO_HOLD", "FALLBACK_ACTIVE", "RECOVERING", "NOMINAL"}, seen
+    assert [s.observations_dropped for s in runs[0]] == [s.observations_dropped for s in runs[1]]
+    assert [s.plan_age_ns for s in runs[0]] == [s.plan_age_ns for s in runs[1]]
+
+
+def test_fast_replay_equals_plain_on_the_real_drive(fixture_replay):
+    data = read_log(FIXTURE)
+    ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(data.header))
+    plain, _ = run_replay(ex, data.session_id, _observations(data), fast=False)
+    _assert_same(fixture_replay.snapshots, plain)
+    assert [snapshot_to_proto(s).applied.index for s in plain[:50]] == \
+           [s.applied.index for s in fixture_replay.snapshots[:50]]
+
+
+def test_fast_replay_refuses_what_a_live_session_refuses():
+    data = read_log(FIXTURE)
+    obs = _observations(data)[:20]
+    obs[7].timestamp_ns = obs[6].timestamp_ns  # time must strictly increase
+    ex = build_executor(TEST_MODEL_PATH, (), executor_config_for(data.header))
+    with pytest.raises(InvalidObservation, match=f"observation seq {obs[7].seq} has timestamp"):
+        run_replay(ex, "s", obs, fast=True)
+    assert "s" not in ex.sessions  # closed again
+
+
+def test_replay_many_with_a_process_pool(tmp_path):
+    logs = [slice_log(tmp_path / f"l{i}.mcap", i * 300, 200, f"s{i}") for i in range(3)]
+    result = replay_many(logs, TEST_MODEL_PATH, workers=2, out_dir=tmp_path / "out", progress=False)
+    assert not result.errors and len(result.reports) == 3
+    assert result.ticks == sum(r["ticks"] for r in result.reports.values()) > 3 * 390
+    assert result.confusion().sum() == result.ticks
+    assert len(list((tmp_path / "out").glob("*.replay.mcap"))) == 3
+
+
+def test_replay_many_on_a_ray_cluster(tmp_path):
+    ray = pytest.importorskip("ray")
+    logs = [slice_log(tmp_path / f"l{i}.mcap", i * 300, 200, f"s{i}") for i in range(3)]
+    # the test's own single-machine cluster, on loopback; dualloop only ever joins one
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2, log_to_driver=False)
+    try:
+        result = replay_many(logs, TEST_MODEL_PATH, use_ray=True, out_dir=tmp_path / "out", progress=False)
+    finally:
+        ray.shutdown()
+    assert not result.errors and len(result.reports) == 3
+    pooled = replay_many(logs, TEST_MODEL_PATH, workers=2, progress=False)
+    assert {p: r["applied"] for p, r in result.reports.items()} == {p: r["applied"] for p, r in pooled.reports.items()}
+    assert len(list((tmp_path / "out").glob("*.replay.mcap"))) == 3
+
+
+def test_ray_without_a_cluster_says_how_to_start_one(tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # and no cluster on this machine: the last test shut its own down
+    with pytest.raises(RuntimeError, match="ray start --head"):
+        replay_many([slice_log(tmp_path / "l.mcap", 0, 50, "s")], TEST_MODEL_PATH, use_ray=True, progress=False)
+
+
+def test_ray_missing_names_the_extra(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray":
+            raise ImportError("no ray")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(RuntimeError, match=r"pip install 'dualloop\[ray\]'") as err:
+        replay_many([FIXTURE], TEST_MODEL_PATH, use_ray=True)
+    assert str(err.value) == RAY_MISSING
+
+
+@pytest.mark.parametrize("rate_hz", [200.0, 150.0, 100.0])
+def test_fast_replay_equals_plain_with_the_actuation_check(tmp_path, rate_hz):
+    """Every fault of the synthetic log, and commands the car falls short of (0.3-0.9 s: 1 m/s^2 more
+    braking than it achieves), none for a while (3.4-3.6 s), at sensor rates on and off the tick grid."""
+    log = synthetic_log(tmp_path / "faults.mcap", seconds=5.0, rate_hz=rate_hz, faults=True)
+    data = read_log(log)
+    obs = _observations(data)
+    for o in obs:
+        t = (o.timestamp_ns - obs[0].timestamp_ns) / 1e9
+        accel = float(o.features[1]) if np.isfinite(o.features[1]) else 0.0
+        o.actual_controls = None if 3.4 <= t < 3.6 else \
+            np.array([accel - (1.0 if 0.3 <= t < 0.9 else 0.0), 0.0], np.float32)
+    runs = []
+    for fast in (True, False):
+        ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(data.header))
+        runs.append(run_replay(ex, "s", obs, fast=fast, actual_is_command=True)[0])
+    _assert_same(*runs)
+    threshold = ex._actuation.threshold
+    assert [s.gate_threshold for s in runs[0]] == [s.gate_threshold for s in runs[1]]
+    by_check = [s for s in runs[1] if s.gate_threshold == threshold]
+    assert by_check and [s.gate_score for s in by_check] == [s.gate_score for s in runs[0] if s.gate_threshold == threshold]
+    assert any(s.gate_veto for s in by_check) and all(0.3 <= s.scheduled_time_ns / 1e9 - 1.0 for s in by_check)
+
+
+def test_real_drive_labels_are_not_judged_as_commands(fixture_replay):
+    """The comma2k19 import's actual action is a label made from the speed itself: no actuation verdict."""
+    assert fixture_replay.report.actuation_check.startswith("skipped")
+    assert "actuation check: skipped" in format_report(fixture_replay.report)

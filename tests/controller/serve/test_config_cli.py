@@ -1,0 +1,77 @@
+"""Configuration errors name the file and field; the CLI serves on loopback and stops cleanly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from dualloop.controller.serve.config import ConfigError, load_server_config
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import controller_pb2_grpc as pb_grpc
+
+
+def test_defaults_bind_loopback(test_model_path):
+    config = load_server_config(model=test_model_path)
+    assert config.host == "127.0.0.1" and config.executor.tick_period_ms == 5.0
+
+
+def test_non_loopback_needs_explicit_permission(test_model_path):
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        load_server_config(model=test_model_path, host="192.0.2.10")
+    assert load_server_config(model=test_model_path, host="192.0.2.10", allow_non_loopback=True).host == "192.0.2.10"
+    assert load_server_config(model=test_model_path, host="::1").host == "::1"
+
+
+def test_toml_error_names_file_and_field(tmp_path, test_model_path):
+    path = tmp_path / "server.toml"
+    path.write_text(f'model = "{test_model_path}"\n[executor]\nmin_margin = 2.0\ntick_period_ms = 5\n')
+    with pytest.raises(ConfigError) as err:
+        load_server_config(path)
+    assert str(path) in str(err.value) and "executor.min_margin" in str(err.value)
+    path.write_text(f'model = "{test_model_path}"\n[executor]\ntick_perod_ms = 5\n')
+    with pytest.raises(ConfigError, match="executor.tick_perod_ms: Extra inputs are not permitted"):
+        load_server_config(path)
+
+
+def test_yaml_config_and_overrides(tmp_path, test_model_path):
+    path = tmp_path / "server.yaml"
+    path.write_text(f"model: {test_model_path}\nport: 6000\nexecutor:\n  min_margin: 0.1\n")
+    config = load_server_config(path, port=6001)
+    assert config.port == 6001 and config.executor.min_margin == 0.1
+    path.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="cannot parse"):
+        load_server_config(path)
+
+
+def test_cli_refuses_bad_host_with_message(test_model_path):
+    proc = subprocess.run([sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(test_model_path),
+                           "--host", "203.0.113.5"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "not a loopback address" in proc.stdout + proc.stderr
+
+
+def test_cli_serve_answers_and_stops_on_sigterm(test_model_path):
+    env = dict(os.environ, COLUMNS="200")
+    proc = subprocess.Popen([sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(test_model_path),
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        match = re.search(r"on 127\.0\.0\.1:(\d+)", line)
+        assert match, line
+        with grpc.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
+            info = pb_grpc.ControllerStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+        assert len(info.features) == 19
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0
+        assert "stopped after" in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,212 @@
+"""The executor in-process: batching, decision rules, reason codes, conflation, LOCKSTEP grid."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dualloop.executor.config import ExecutorConfig
+from dualloop.executor.safety import SafetyConfig
+from dualloop.executor.core import Executor, InvalidObservation, SessionError
+from dualloop.executor.snapshot import Clock, Observation, Reason, SafetyState
+
+MS = 1_000_000
+
+
+def features(rng: np.random.Generator, n: int = 19) -> np.ndarray:
+    x = rng.normal(0, 1, n).astype(np.float32)
+    x[0] = 20 + 5 * x[0]
+    return x
+
+
+def obs(seq: int, x: np.ndarray, ts: int = 0) -> Observation:
+    return Observation(seq=seq, timestamp_ns=ts, features=x)
+
+
+def test_batch_equals_one_by_one(test_model):
+    rng = np.random.default_rng(1)
+    inputs = {f"s{i}": features(rng) for i in range(8)}
+    batched = Executor(test_model)
+    for sid in inputs:
+        batched.open_session(sid, include_decision_vector=True)
+    together = {s.session_id: s for s in batched.step({k: obs(1, v) for k, v in inputs.items()}, now_ns=0)}
+    assert len(together) == 8
+    for sid, x in inputs.items():
+        alone = Executor(test_model)
+        alone.open_session(sid, include_decision_vector=True)
+        (single,) = alone.step({sid: obs(1, x)}, now_ns=0)
+        both = together[sid]
+        assert single.proposed_index == both.proposed_index
+        np.testing.assert_allclose(single.probabilities, both.probabilities, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(single.proposed_controls, both.proposed_controls, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(single.decision_vector, both.decision_vector, rtol=0, atol=1e-5)
+        assert single.input_hash == both.input_hash
+
+
+def test_snapshot_content(test_model):
+    ex = Executor(test_model)
+    ex.open_session("a")
+    (s,) = ex.step({"a": obs(7, features(np.random.default_rng(2)))}, now_ns=1000)
+    assert s.observation_seq == 7 and s.model_version == test_model.card.version
+    assert s.probabilities.shape == (4,) and abs(float(s.probabilities.sum()) - 1) < 1e-5
+    assert s.confidence == pytest.approx(float(s.probabilities.max()))
+    top2 = np.sort(s.probabilities)[-2:]
+    assert s.margin == pytest.approx(float(top2[1] - top2[0]), abs=1e-6)
+    lo = np.array([c.min for c in test_model.card.controls])
+    hi = np.array([c.max for c in test_model.card.controls])
+    assert np.all(s.proposed_controls >= lo) and np.all(s.proposed_controls <= hi)
+    assert s.decision_vector is None  # not asked for
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_input_holds_last_valid_action(test_model, bad):
+    rng = np.random.default_rng(3)
+    # without the lane keeper's steering bound, the hold is exactly the last valid action
+    ex = Executor(test_model, ExecutorConfig(min_margin=0.0, safety=SafetyConfig(lane_keeping=None)))
+    ex.open_session("a")
+    (good,) = ex.step({"a": obs(1, features(rng))}, now_ns=0)
+    assert good.reasons == () and good.safety_state is SafetyState.NOMINAL
+    x = features(rng)
+    x[4] = bad
+    (held,) = ex.step({"a": obs(2, x)}, now_ns=5 * MS)
+    assert Reason.INVALID_INPUT in held.reasons
+    assert held.applied.index == good.applied.index
+    np.testing.assert_array_equal(held.applied.controls, good.applied.controls)
+    assert np.all(np.isfinite(held.applied.controls)) and held.proposed_index == -1
+
+
+def test_non_finite_first_input_applies_safe_default(test_model):
+    ex = Executor(test_model)
+    ex.open_session("a")
+    x = np.full(19, np.nan, np.float32)
+    (s,) = ex.step({"a": obs(1, x)}, now_ns=0)
+    assert set(s.reasons) == {Reason.INVALID_INPUT, Reason.SAFE_DEFAULT}
+    assert s.applied.name == test_model.card.safe_action.action
+    np.testing.assert_array_equal(s.applied.controls, np.array(test_model.card.safe_action.controls, np.float32))
+
+
+def test_low_margin_abstains(test_model):
+    rng = np.random.default_rng(4)
+    ex = Executor(test_model, ExecutorConfig(min_margin=0.0))
+    ex.open_session("a")
+    (first,) = ex.step({"a": obs(1, features(rng))}, now_ns=0)
+    ex.config = ExecutorConfig(min_margin=1.0)  # nothing can clear this margin
+    (second,) = ex.step({"a": obs(2, features(rng))}, now_ns=5 * MS)
+    assert Reason.LOW_MARGIN in second.reasons and second.proposed_index >= 0
+    assert second.applied.index == first.applied.index
+
+
+def test_stale_observation(test_model):
+    ex = Executor(test_model, ExecutorConfig(max_observation_age_ms=15))
+    ex.open_session("a")
+    ex.step({"a": obs(1, features(np.random.default_rng(5)))}, now_ns=0)
+    ages = {}
+    for k in range(1, 6):
+        (s,) = ex.tick(k * 5 * MS)
+        ages[s.observation_age_ns] = s.reasons
+    assert Reason.STALE_OBSERVATION not in ages[15 * MS]
+    assert Reason.STALE_OBSERVATION in ages[20 * MS]
+
+
+def test_model_error_degrades_without_nan(test_model):
+    ex = Executor(test_model)
+    session = ex.open_session("a")
+    ex.step({"a": obs(1, features(np.random.default_rng(6)))}, now_ns=0)
+    session.plan[:] = np.nan  # a broken plan makes the forward pass produce NaN
+    (s,) = ex.step({"a": obs(2, features(np.random.default_rng(7)))}, now_ns=5 * MS)
+    assert Reason.MODEL_ERROR in s.reasons
+    assert np.all(np.isfinite(s.applied.controls))
+    assert ex.stats.model_errors == 1
+
+
+def test_conflation_keeps_newest_and_counts(test_model):
+    rng = np.random.default_rng(8)
+    ex = Executor(test_model)
+    ex.open_session("a")
+    ex.submit("a", obs(1, features(rng)))
+    ex.submit("a", obs(2, features(rng)))
+    ex.submit("a", obs(3, features(rng)))
+    (s,) = ex.tick(0)
+    assert s.observation_seq == 3 and s.observations_dropped == 2
+
+
+def test_observation_contract_errors(test_model):
+    ex = Executor(test_model)
+    ex.open_session("a")
+    with pytest.raises(InvalidObservation, match="has 18 features; the model expects 19"):
+        ex.submit("a", obs(1, np.zeros(18, np.float32)))
+    ex.submit("a", obs(5, np.zeros(19, np.float32)))
+    with pytest.raises(InvalidObservation, match="not after the previous seq 5"):
+        ex.submit("a", obs(5, np.zeros(19, np.float32)))
+    with pytest.raises(SessionError, match="already open"):
+        ex.open_session("a")
+    with pytest.raises(SessionError, match="no open session"):
+        ex.submit("b", obs(1, np.zeros(19, np.float32)))
+
+
+def test_lockstep_grid(test_model):
+    rng = np.random.default_rng(9)
+    ex = Executor(test_model)
+    ex.open_session("a", clock=Clock.LOCKSTEP)
+    t0 = 1_000 * MS
+    first = ex.advance_lockstep("a", obs(1, features(rng), t0))
+    assert [(s.tick, s.observation_age_ns) for s in first] == [(0, 0)]
+    later = ex.advance_lockstep("a", obs(2, features(rng), t0 + 10 * MS))
+    # the tick between the two observations uses the older one, 5 ms old
+    assert [(s.tick, s.observation_seq, s.observation_age_ns) for s in later] == [(1, 1, 5 * MS), (2, 2, 0)]
+    off_grid = ex.advance_lockstep("a", obs(3, features(rng), t0 + 12 * MS))
+    assert off_grid == []  # its tick is at 15 ms, due when time reaches it
+    nxt = ex.advance_lockstep("a", obs(4, features(rng), t0 + 15 * MS))
+    assert [(s.tick, s.observation_seq) for s in nxt] == [(3, 4)]
+    assert nxt[0].observations_dropped == 1  # seq 3 was never used by a tick
+    with pytest.raises(InvalidObservation, match="LOCKSTEP time must strictly increase"):
+        ex.advance_lockstep("a", obs(5, features(rng), t0 + 15 * MS))
+    with pytest.raises(InvalidObservation, match="lockstep_max_gap_s"):
+        ex.advance_lockstep("a", obs(6, features(rng), t0 + 60_000 * MS))
+
+
+def test_realtime_sessions_do_not_tick_lockstep_ones(test_model):
+    ex = Executor(test_model)
+    ex.open_session("rt")
+    ex.open_session("ls", clock=Clock.LOCKSTEP)
+    ex.advance_lockstep("ls", obs(1, np.zeros(19, np.float32), 0))
+    snaps = ex.step({"rt": obs(1, np.zeros(19, np.float32))}, now_ns=0)
+    assert [s.session_id for s in snaps] == ["rt"]
+
+
+def test_client_plan_conditions_from_its_timestamp(test_model):
+    rng = np.random.default_rng(10)
+    ex = Executor(test_model)
+    ex.open_session("a", clock=Clock.LOCKSTEP)
+    x = features(rng)
+    (base,) = ex.advance_lockstep("a", obs(1, x, 0))
+    assert base.plan_id == ""
+    plan = np.array([10.0, 3.5, 0, 1, 0, 0], np.float32)
+    later = ex.advance_lockstep("a", Observation(seq=2, timestamp_ns=10 * MS, features=x, plan_id="p1",
+                                                 plan_values=plan))
+    assert [(s.plan_id, s.plan_age_ns) for s in later] == [("", 0), ("p1", 0)]
+    assert later[0].input_hash == base.input_hash  # same features, old plan
+    assert later[1].input_hash != base.input_hash  # the plan is part of the input
+    (aged,) = ex.advance_lockstep("a", obs(3, x, 15 * MS))
+    assert aged.plan_id == "p1" and aged.plan_age_ns == 5 * MS
+    with pytest.raises(InvalidObservation, match="plan 'bad' has 2 values; the model's plan has 6"):
+        ex.advance_lockstep("a", Observation(seq=4, timestamp_ns=20 * MS, features=x, plan_id="bad",
+                                             plan_values=np.zeros(2, np.float32)))
+    with pytest.raises(InvalidObservation, match="non-finite"):
+        ex.advance_lockstep("a", Observation(seq=5, timestamp_ns=20 * MS, features=x, plan_id="nan",
+                                             plan_values=np.full(6, np.nan, np.float32)))
+
+
+def test_input_hashes_are_per_row_and_see_every_bit():
+    from dualloop.executor.snapshot import input_hashes
+
+    rng = np.random.default_rng(5)
+    x, p = rng.normal(size=(64, 19)).astype(np.float32), rng.normal(size=(64, 4)).astype(np.float32)
+    h = input_hashes(x, p)
+    assert len(set(h.tolist())) == 64
+    assert all(input_hashes(x[i:i + 1], p[i:i + 1])[0] == h[i] for i in range(64))  # batch size does not matter
+    for j in range(23):  # one ulp anywhere in the features or the plan changes the hash
+        x2, p2 = x.copy(), p.copy()
+        target = x2 if j < 19 else p2
+        target[7, j % 19 if j < 19 else j - 19] = np.nextafter(target[7, j % 19 if j < 19 else j - 19], np.float32(np.inf))
+        assert input_hashes(x2, p2)[7] != h[7]

@@ -1,0 +1,89 @@
+"""The model file contract: card required and consistent, export reproducible and exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from dualloop.models import TEST_MODEL_PATH
+
+from dualloop.controller.training.driving_card import build_test_model, driving_card
+from dualloop.executor.model_card import METADATA_KEY, ModelFileError
+from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.onnx_export import export_mlp, random_mlp
+
+
+def test_test_model_is_reproducible_from_its_seed(tmp_path):
+    card = build_test_model(tmp_path / "m.onnx")
+    assert (tmp_path / "m.onnx").read_bytes() == TEST_MODEL_PATH.read_bytes(), \
+        "models/test_model.onnx differs from `dualloop make-test-model`"
+    assert card.version == DecisionModel(TEST_MODEL_PATH, warmup_batches=()).card.version
+
+
+def test_forward_matches_numpy_reference(tmp_path):
+    card = driving_card("ref", "test", decision_vector_size=16)
+    w = random_mlp(25, (32, 16), 4, 2, seed=3)
+    export_mlp(w, card, tmp_path / "ref.onnx")
+    model = DecisionModel(tmp_path / "ref.onnx")
+    rng = np.random.default_rng(0)
+    x, p = rng.normal(size=(5, 19)).astype(np.float32), rng.normal(size=(5, 6)).astype(np.float32)
+    h = np.concatenate([x, p], axis=1)
+    for W, b in w.hidden:
+        h = np.maximum(h @ W + b, 0)
+    out = model.forward(x, p)
+    np.testing.assert_allclose(out.decision_vector, h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.logits, h @ w.logits[0] + w.logits[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.controls, h @ w.controls[0] + w.controls[1], rtol=1e-5, atol=1e-5)
+
+
+def _rewrite_card(src: Path, dst: Path, edit) -> None:
+    model = onnx.load(str(src))
+    props = {p.key: p.value for p in model.metadata_props}
+    del model.metadata_props[:]
+    new = edit(props)
+    for k, v in new.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = k, v
+    onnx.save(model, str(dst))
+
+
+def test_model_without_card_is_refused(tmp_path):
+    _rewrite_card(TEST_MODEL_PATH, tmp_path / "bare.onnx", lambda props: {})
+    with pytest.raises(ModelFileError, match=f"no '{METADATA_KEY}' entry"):
+        DecisionModel(tmp_path / "bare.onnx")
+
+
+def test_invalid_card_names_the_field(tmp_path):
+    def broken(props):
+        card = json.loads(props[METADATA_KEY])
+        card["controls"][0]["min"] = 5.0  # above its max
+        card["plan_default"] = [0.0]
+        return {METADATA_KEY: json.dumps(card)}
+
+    _rewrite_card(TEST_MODEL_PATH, tmp_path / "broken.onnx", broken)
+    with pytest.raises(ModelFileError) as err:
+        DecisionModel(tmp_path / "broken.onnx")
+    assert "controls.0" in str(err.value) and "broken.onnx" in str(err.value)
+
+
+def test_card_graph_mismatch_is_refused(tmp_path):
+    def wrong_width(props):
+        card = json.loads(props[METADATA_KEY])
+        card["decision_vector_size"] = 99
+        return {METADATA_KEY: json.dumps(card)}
+
+    _rewrite_card(TEST_MODEL_PATH, tmp_path / "wrong.onnx", wrong_width)
+    with pytest.raises(ModelFileError, match="decision_vector.*implies \\[batch, 99\\]"):
+        DecisionModel(tmp_path / "wrong.onnx")
+
+
+def test_missing_and_garbage_files(tmp_path):
+    with pytest.raises(ModelFileError, match="not found"):
+        DecisionModel(tmp_path / "nope.onnx")
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(ModelFileError, match="onnxruntime cannot load it"):
+        DecisionModel(tmp_path / "junk.onnx")

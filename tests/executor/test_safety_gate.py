@@ -1,0 +1,391 @@
+"""The safe-state machine's exact transitions, and the OOD gate inside the executor and server."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dualloop.controller.serve.config import ConfigError, ServerConfig
+from dualloop.controller.gates.fitting import fit_gate_for_model, nominal_inputs
+from dualloop.controller.serve.server import ControllerServer
+from dualloop.executor.config import ExecutorConfig
+from dualloop.executor.core import Executor, GateMismatch
+from dualloop.executor.safety import SafetyConfig, fallback_profile
+from dualloop.executor.snapshot import Clock, Observation, Reason, SafetyState
+
+MS = 1_000_000
+TICK = 5 * MS
+
+
+@pytest.fixture(scope="module")
+def nominal_rows():
+    return nominal_inputs(range(41, 43), every=10, duration_s=6.0)  # as the gates below are fitted
+
+
+@pytest.fixture(scope="module")
+def consecutive_rows():
+    """One nominal episode's observations tick by tick, as a sensor delivers them (changes included)."""
+    return nominal_inputs([41], every=1, duration_s=2.0)[0]
+
+
+@pytest.fixture(scope="module")
+def gates(test_model, tmp_path_factory):
+    """Real gate files fitted on simulated nominal driving, one per feature source. Since the target
+    speed changes within nominal drives, 3 fit and 4 calibration episodes per scenario no longer
+    covered 2 others (6 vetoes in test_nominal_driving_passes_the_gate); 6 and 8 do."""
+    out = {}
+    for source in ("decision_vector", "input_features"):
+        gate = fit_gate_for_model(test_model, source, fit_seeds=range(1, 7), calibration_seeds=range(7, 15), every=1,
+                                  duration_s=6.0)
+        path = tmp_path_factory.mktemp("gates") / f"{source}.npz"
+        gate.save(str(path))
+        out[source] = path
+    return out
+
+
+def lockstep(model, config: ExecutorConfig, gate=None) -> Executor:
+    ex = Executor(model, config, gate)
+    ex.open_session("a", clock=Clock.LOCKSTEP)
+    return ex
+
+
+def run(ex: Executor, rows: list[np.ndarray], start_tick: int = 0):
+    snaps = []
+    for k, x in enumerate(rows, start=start_tick):
+        snaps += ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * TICK, features=x))
+    return snaps
+
+
+def test_transitions_and_timeouts_are_exact(test_model, nominal_rows):
+    features, _ = nominal_rows
+    # without the lane keeper (and its steering bound) the hold is exactly the held action
+    config = ExecutorConfig(min_margin=0.0, safety=SafetyConfig(hold_timeout_ms=300, recovery_dwell_ms=500,
+                                                                lane_keeping=None))
+    good = [features[i] for i in range(10)]
+    bad = [np.full(19, np.nan, np.float32)] * 100
+    clean = [features[i] for i in range(10, 160)]
+
+    def sequence():
+        ex = lockstep(test_model, config)
+        return run(ex, good + bad + clean)
+
+    snaps = sequence()
+    states = [s.safety_state for s in snaps]
+    assert states[:10] == [SafetyState.NOMINAL] * 10
+    assert states[10:70] == [SafetyState.VETO_HOLD] * 60  # 300 ms of hold ...
+    assert states[70:110] == [SafetyState.FALLBACK_ACTIVE] * 40  # ... then the fallback
+    assert states[110:210] == [SafetyState.RECOVERING] * 100  # 500 ms clean dwell
+    assert states[210:] == [SafetyState.NOMINAL] * 50
+    held = snaps[9].applied  # NaN is caught in its own tick: the last action is still trusted
+    assert all(s.applied.index == held.index and np.array_equal(s.applied.controls, held.controls)
+               for s in snaps[10:70])
+    assert all(Reason.FALLBACK in s.reasons for s in snaps[70:210])
+    accel = np.array([s.applied.controls[0] for s in snaps[70:110]])
+    expected = fallback_profile(config.safety, float(held.controls[0]), TICK, 40)
+    np.testing.assert_allclose(accel, expected, rtol=0, atol=1e-6)  # jerk-limited towards -3 m/s^2
+    assert np.all(np.abs(np.diff(accel)) <= 2.5 * 0.005 + 1e-6)
+    assert all(np.isfinite(s.applied.controls).all() for s in snaps)
+    assert snaps[210].applied.index == snaps[210].proposed_index  # the model drives again
+    # reproducible tick for tick
+    again = sequence()
+    assert [(s.safety_state, s.reasons, s.applied.index) for s in again] == \
+        [(s.safety_state, s.reasons, s.applied.index) for s in snaps]
+
+
+def test_distrust_during_recovery_resumes_the_hold_timer(test_model, nominal_rows):
+    features, _ = nominal_rows
+    config = ExecutorConfig(min_margin=0.0, safety=SafetyConfig(hold_timeout_ms=100, recovery_dwell_ms=100))
+    nan = np.full(19, np.nan, np.float32)
+    rows = [features[0]] * 2 + [nan] * 10 + [features[1]] * 5 + [nan] * 15
+    snaps = run(lockstep(test_model, config), rows)
+    states = [s.safety_state for s in snaps]
+    assert states[2:12] == [SafetyState.VETO_HOLD] * 10
+    assert states[12:17] == [SafetyState.RECOVERING] * 5
+    # back in VETO_HOLD; the timer started at tick 2, so 100 ms later (tick 22) it falls back
+    assert states[17:22] == [SafetyState.VETO_HOLD] * 5
+    assert states[22] == SafetyState.FALLBACK_ACTIVE
+
+
+def test_stale_plan_degrades_and_fresh_plan_recovers(test_model, nominal_rows):
+    features, plans = nominal_rows
+    config = ExecutorConfig(min_margin=0.0, max_plan_age_ms=600,
+                            safety=SafetyConfig(hold_timeout_ms=1000, recovery_dwell_ms=50))
+    ex = lockstep(test_model, config)
+    snaps = []
+    for k in range(200):
+        plan = plans[k] if k in (0, 150) else None
+        snaps += ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * TICK, features=features[k],
+                                                      plan_id=f"p{k}" if plan is not None else "", plan_values=plan))
+    assert Reason.STALE_PLAN not in snaps[120].reasons  # 600 ms old: still fresh enough
+    assert Reason.STALE_PLAN in snaps[121].reasons and snaps[121].safety_state is SafetyState.VETO_HOLD
+    assert snaps[150].safety_state is SafetyState.RECOVERING and snaps[150].plan_age_ns == 0
+    assert snaps[160].safety_state is SafetyState.NOMINAL
+
+
+def test_endless_low_margin_ends_in_fallback(test_model, nominal_rows):
+    features, _ = nominal_rows
+    config = ExecutorConfig(min_margin=1.0, safety=SafetyConfig(max_abstain_ms=100))
+    snaps = run(lockstep(test_model, config), [features[i] for i in range(30)])
+    assert all(Reason.LOW_MARGIN in s.reasons for s in snaps)
+    assert [s.safety_state for s in snaps[:20]] == [SafetyState.NOMINAL] * 20
+    assert snaps[20].safety_state is SafetyState.FALLBACK_ACTIVE
+
+
+def test_nan_vetoes_in_the_same_tick(test_model, gates, nominal_rows):
+    from dualloop import ood
+
+    features, _ = nominal_rows
+    gate = ood.load_gate(gates["decision_vector"])
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    x = features[5].copy()
+    x[7] = np.nan
+    snaps = run(ex, [features[0], features[1], x])
+    assert not snaps[1].gate_veto and np.isfinite(snaps[1].gate_score)
+    assert snaps[2].gate_veto and Reason.OOD_VETO in snaps[2].reasons  # the same tick, not the next
+    assert snaps[2].gate_score == float("inf") and snaps[2].gate_threshold == gate.threshold
+    assert snaps[2].safety_state is SafetyState.VETO_HOLD
+
+
+def test_zeroed_sensor_caught_by_norm_guard(test_model, gates, consecutive_rows):
+    from dualloop import ood
+
+    gate = ood.load_gate(gates["input_features"])
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    snaps = run(ex, [consecutive_rows[0], consecutive_rows[1], np.zeros(19, np.float32)])
+    assert not any(s.gate_veto for s in snaps[:2])
+    assert snaps[2].gate_veto and Reason.OOD_VETO in snaps[2].reasons
+
+
+def test_range_guard_vetoes_out_of_range_values_and_jumps_in_their_tick(test_model, gates, consecutive_rows):
+    """A speed far above training, and a jump between two observations too big for a real sensor,
+    veto in their own tick (no filter delay); the first observation has no change to judge."""
+    from dualloop import ood
+    from dualloop.sim.schema import FEATURE_INDEX
+
+    gate = ood.load_gate(gates["input_features"])
+    rng, speed = gate.feature_range, FEATURE_INDEX["ego_speed"]
+    # (this test gate is fitted on a few episodes, so its ranges are narrow; the shipped gate's
+    # held-out rate is about 1e-5)
+    assert rng is not None and rng.change_low and rng.calibration_rate < 0.05
+    rows = [consecutive_rows[k].copy() for k in range(40)]
+    fast = rows[10].copy()
+    fast[speed] = rng.high[speed] + 1.0  # out of range; the tick after it is a jump back down
+    jump = rows[30].copy()
+    jump[speed] = rows[29][speed] + rng.change_high[speed] + 0.5  # in range, but a jump
+    assert rng.low[speed] <= jump[speed] <= rng.high[speed]
+    rows[10], rows[30] = fast, jump
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    snaps = run(ex, rows)
+    vetoed = [k for k, s in enumerate(snaps) if s.gate_veto]
+    assert vetoed == [10, 11, 30, 31], vetoed  # each fault, and the jump back from it
+    # the same gate without its limits sees none of it in the same tick
+    plain = lockstep(test_model, ExecutorConfig(min_margin=0.0), dataclasses.replace(gate, feature_range=None))
+    assert not any(s.gate_veto for s in run(plain, rows)[:12])
+    fresh = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    assert not run(fresh, [rows[5]])[0].gate_veto  # a first observation has nothing to jump from
+
+
+def test_range_guard_vetoes_a_plan_the_model_never_trained_on(test_model, gates, consecutive_rows):
+    """A plan asking for 57 m/s conditions the model as far outside its training as a 57 m/s
+    observation would: vetoed from the tick it applies, and trusted again once a sane plan comes."""
+    from dualloop import ood
+    from dualloop.sim.schema import BEHAVIOURS, make_plan
+
+    gate = ood.load_gate(gates["input_features"])
+    assert gate.feature_range.context_names == tuple(p.name for p in test_model.card.plan)
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    keep = BEHAVIOURS.index("keep")
+    snaps = []
+    for k in range(12):
+        target = 57.0 if 4 <= k < 8 else 25.0
+        snaps += ex.advance_lockstep("a", Observation(
+            seq=k + 1, timestamp_ns=k * TICK, features=consecutive_rows[k], plan_id=f"p{target}",
+            plan_values=np.asarray(make_plan(target, 0.0, keep), np.float32)))
+    assert [k for k, s in enumerate(snaps) if s.gate_veto] == [4, 5, 6, 7]
+    assert Reason.OOD_VETO in snaps[4].reasons
+
+
+def test_nominal_driving_passes_the_gate(test_model, gates, nominal_rows):
+    from dualloop import ood
+
+    features, plans = nominal_rows
+    gate = ood.load_gate(gates["decision_vector"])
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    snaps = []
+    for k in range(300):
+        snaps += ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * TICK, features=features[k],
+                                                      plan_id=f"p{k}", plan_values=plans[k]))
+    assert sum(s.gate_veto for s in snaps) <= 3  # calibrated at 0.1 % per tick, filtered 3-of-5
+
+
+def test_gate_schema_mismatch_is_refused(test_model, gates, tmp_path):
+    from dualloop import ood
+
+    from dualloop.executor.onnx_export import export_mlp, random_mlp
+    from dualloop.controller.training.driving_card import driving_card
+
+    other = tmp_path / "wide.onnx"
+    export_mlp(random_mlp(25, (32, 48), 4, 2, seed=1), driving_card("wide", "test", 48), other)
+    from dualloop.executor.model_runner import DecisionModel
+
+    wide = DecisionModel(other)
+    with pytest.raises(GateMismatch, match="fitted on 64 decision_vector features"):
+        Executor(wide, ExecutorConfig(), ood.load_gate(gates["decision_vector"]))
+    with pytest.raises(ConfigError, match="gate .*decision_vector"):
+        ControllerServer(ServerConfig(model=other, gates=[gates["decision_vector"]], port=0))
+
+
+def test_server_fills_gate_fields(test_model_path, gates, nominal_rows):
+    import grpc
+
+    from dualloop.controller.serve.client import DriveSession
+    from dualloop.controller.serve.server import ServerThread
+    from dualloop.v1 import controller_pb2 as pb
+    from dualloop.v1 import controller_pb2_grpc as pb_grpc
+
+    features, _ = nominal_rows
+    with ServerThread(ServerConfig(model=test_model_path, gates=[gates["decision_vector"], gates["input_features"]],
+                                   port=0)) as srv:
+        with grpc.insecure_channel(srv.address) as channel:
+            info = pb_grpc.ControllerStub(channel).GetModelInfo(pb.GetModelInfoRequest())
+            assert len(info.gate_version) == 33 and info.gate_source == "decision_vector+input_features"
+            s = DriveSession(channel, "g", pb.LOCKSTEP)
+            s.send(1, 0, features[0].tolist())
+            ok = s.recv()
+            s.send(2, TICK, [float("nan")] * 19)
+            vetoed = s.recv()
+            s.close()
+    assert ok.HasField("gate") and ok.gate.threshold > 0 and not ok.gate.veto
+    assert vetoed.gate.veto and pb.OOD_VETO in vetoed.reasons and vetoed.safety_state == pb.VETO_HOLD
+
+
+def test_stuck_sensor_vetoes_after_two_repeats(test_model, gates, nominal_rows):
+    from dualloop import ood
+
+    features, _ = nominal_rows
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), ood.load_gate(gates["decision_vector"]))
+    stuck = features[20]
+    rows = [features[i] for i in range(20)] + [stuck] * 6
+    snaps = run(ex, rows)
+    vetoes = [s.gate_veto for s in snaps]
+    assert not any(vetoes[:22])  # the onset sample and its first repeat pass
+    assert all(vetoes[22:])  # the second identical fresh observation is a stuck sensor
+
+
+def test_freeze_detector_counts_only_fresh_observations():
+    from dualloop.ood import FreezeDetector
+
+    det = FreezeDetector(n_slots=2, dim=3, repeats=2)
+    x = np.ones((1, 3), np.float32)
+    slot = np.array([1])
+    assert not det.update(x, slot, np.array([True]))[0]
+    for _ in range(5):  # the same observation reused by later ticks is not a repeat of the sensor
+        assert not det.update(x, slot, np.array([False]))[0]
+    assert not det.update(x, slot, np.array([True]))[0]
+    assert det.update(x, slot, np.array([True]))[0]
+    assert not det.update(x + 1e-3, slot, np.array([True]))[0]  # any change resets
+    nan = np.full((1, 3), np.nan, np.float32)
+    det.update(nan, slot, np.array([True]))
+    assert not det.update(nan, slot, np.array([True]))[0]  # NaN is the gate's job, not a freeze
+
+
+def test_gate_eval_matches_the_executor_tick_for_tick(test_model, gates):
+    """The evaluation's vectorised replay must judge every tick as the executor itself does."""
+    from dualloop import ood
+
+    from dualloop.controller.gates.evaluation import score_episodes
+    from dualloop.sim.env import run_expert_batch
+
+    gate = ood.load_gate(gates["decision_vector"])
+    params = {"duration_s": 6.0}
+    scored = score_episodes(test_model, gate, "stuck_sensor", [31], **params)
+    _, data = run_expert_batch("stuck_sensor", [31], **params)
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    snaps = []
+    for k in range(data.features.shape[1]):
+        snaps += ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * TICK, features=data.features[0, k],
+                                                      plan_id=f"p{k}", plan_values=data.plan[0, k]))
+    np.testing.assert_allclose([s.gate_score for s in snaps], scored.score[0], rtol=1e-5)
+    np.testing.assert_array_equal([s.gate_veto for s in snaps], scored.alarm[0])
+    assert scored.alarm[0].any()  # the stuck sensor is caught ...
+    assert not scored.alarm[0, : scored.onset_tick[0]].any()  # ... and nothing before its onset
+
+
+def test_gate_veto_rolls_back_past_the_filter_delay(test_model, gates, nominal_rows):
+    """A 3-of-5 filter confirms a finite anomaly on its third tick: the two ticks before it were
+    already suspect, so the hold must apply an action from before the anomaly began."""
+    from dualloop import ood
+
+    features, _ = nominal_rows
+    # without its range guard, which would veto km/h speeds in their first tick
+    gate = dataclasses.replace(ood.load_gate(gates["input_features"]), feature_range=None)
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0, safety=SafetyConfig(lane_keeping=None)), gate)
+    from dualloop.sim.schema import FEATURE_INDEX, SPEED_FEATURES
+
+    speeds = [FEATURE_INDEX[n] for n in SPEED_FEATURES]
+    odd = []
+    for i in range(20, 30):  # speeds in km/h: the norm stays plausible, the score does not
+        x = features[i].copy()
+        x[speeds] *= np.float32(3.6)
+        odd.append(x)
+    snaps = run(ex, [features[i] for i in range(20)] + odd)
+    first_veto = next(i for i, s in enumerate(snaps) if s.gate_veto)
+    assert first_veto == 22  # the filter needed three exceeding ticks
+    assert not snaps[20].gate_veto and not snaps[21].gate_veto  # these two drove on suspect input
+    held = snaps[first_veto].applied
+    rolled_back_to = snaps[first_veto - 1 - ex.config.safety.rollback_ticks].applied
+    assert held.index == rolled_back_to.index and held.controls[1] == rolled_back_to.controls[1]  # steer
+    # accel: the rolled-back command, unless the (vetoed) model asked to brake harder (monotone braking)
+    proposed = float(snaps[first_veto].proposed_controls[0])
+    assert held.controls[0] == pytest.approx(min(float(rolled_back_to.controls[0]), max(proposed, -6.0)))
+    assert not np.array_equal(held.controls, snaps[21].applied.controls)
+
+
+def test_a_veto_never_removes_braking(test_model):
+    """The safety side may add braking but not take away braking the model asked for."""
+    from dualloop.executor.safety import SafetyMachine, SafetyMemory
+    from dualloop.executor.snapshot import AppliedAction
+
+    config = SafetyConfig(max_vetoed_brake=6.0)
+    safe = AppliedAction(1, "brake", np.array([-2.0, 0.0], np.float32))
+    machine = SafetyMachine(config, ["accel", "steer"], TICK, safe, test_model.card.feature_names)
+    mem = SafetyMemory()
+    cruise = AppliedAction(2, "keep", np.array([0.5, 0.01], np.float32))
+    for k in range(10):
+        machine.decide(mem, k * TICK, [], cruise)
+    hard = AppliedAction(0, "brake_hard", np.array([-8.0, 0.0], np.float32))
+    applied, state = machine.decide(mem, 10 * TICK, [Reason.OOD_VETO], hard)
+    assert state is SafetyState.VETO_HOLD
+    assert applied.controls[0] == pytest.approx(-6.0)  # the model's braking, bounded
+    assert applied.controls[1] == pytest.approx(0.01)  # steering still the held action's
+    gentle = AppliedAction(3, "accelerate", np.array([2.0, 0.0], np.float32))
+    applied, _ = machine.decide(mem, 11 * TICK, [Reason.OOD_VETO], gentle)
+    assert applied.controls[0] == pytest.approx(0.5)  # accelerating is not taken from a vetoed model
+
+
+def test_held_steering_respects_the_lateral_acceleration_bound(test_model):
+    """A steer held from a slower moment must not be applied at a speed where it is violent."""
+    from dualloop.executor.safety import SafetyMachine, SafetyMemory
+    from dualloop.executor.snapshot import AppliedAction
+
+    names = test_model.card.feature_names
+    config = SafetyConfig()
+    safe = AppliedAction(1, "brake", np.array([-2.0, 0.0], np.float32))
+    machine = SafetyMachine(config, ["accel", "steer"], TICK, safe, names)
+    mem = SafetyMemory()
+    x = np.zeros(len(names), np.float32)
+    x[names.index("ego_speed")] = 10.0
+    turning = AppliedAction(2, "keep", np.array([0.0, 0.03], np.float32))
+    for k in range(10):
+        machine.decide(mem, k * TICK, [], turning, x)
+    fast = x.copy()
+    fast[names.index("ego_speed")] = 55.0
+    applied, state = machine.decide(mem, 10 * TICK, [Reason.INVALID_INPUT], None, fast)
+    limit = np.arctan(config.lane_keeping.wheelbase_m * config.lane_keeping.max_lateral_accel / 55.0 ** 2)
+    assert state is SafetyState.VETO_HOLD
+    assert limit < 0.03 and applied.controls[1] == pytest.approx(limit, rel=1e-5)
+    slow = x.copy()  # at the speed it was applied at, the same steer is within the bound
+    applied, _ = machine.decide(mem, 11 * TICK, [Reason.INVALID_INPUT], None, slow)
+    assert applied.controls[1] == pytest.approx(0.03)

@@ -1,0 +1,62 @@
+"""Split-conformal calibration: the false-veto rate on fresh data is the stated alpha."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dualloop.ood.calibrate import calibrate_norm_band, calibrate_threshold, conformal_rank
+from dualloop.ood.fit import fit_statistics, raw_norms
+from dualloop.ood.score import GateScorer
+
+
+def test_conformal_rank_and_threshold_are_the_right_order_statistic() -> None:
+    assert conformal_rank(999, 0.001) == 999  # (n+1)(1-alpha) = 999 exactly; no float bump
+    assert conformal_rank(1000, 0.001) == 1000
+    assert conformal_rank(99, 0.05) == 95
+    scores = np.random.default_rng(0).permutation(np.arange(1.0, 100.0))  # 1..99
+    cal = calibrate_threshold(scores, 0.05, "integers 1..99")
+    assert cal.threshold == 95.0 and cal.rank == 95 and cal.n == 99
+    assert cal.quantile_level == pytest.approx(95 / 99)
+    assert cal.empirical_rate == pytest.approx(4 / 99)
+    assert cal.data_description == "integers 1..99"
+
+
+def test_too_few_rows_or_bad_inputs_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least 999 held-out rows, got 500"):
+        calibrate_threshold(np.arange(500.0), 0.001, "x")
+    with pytest.raises(ValueError, match="data_description"):
+        calibrate_threshold(np.arange(500.0), 0.1, " ")
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        calibrate_threshold(np.array([1.0, np.inf, 2.0]), 0.5, "x")
+    with pytest.raises(ValueError, match="all-zero"):
+        calibrate_norm_band(np.r_[np.zeros(5), np.ones(100)], 0.1)
+
+
+def test_false_veto_rate_on_fresh_data_is_near_alpha() -> None:
+    rng = np.random.default_rng(42)
+    d, alpha = 16, 0.01
+    mix = rng.normal(size=(d, d)) / 4
+    mean = 3.0 * rng.normal(size=d)
+    draw = lambda n: mean + rng.normal(size=(n, d)) @ mix  # noqa: E731
+    stats = fit_statistics(draw(5000))
+    scorer = GateScorer(stats)
+    cal = calibrate_threshold(scorer.score(draw(20000))[0], alpha, "synthetic gaussian, seed 42")
+    fresh, _ = scorer.score(draw(200000))
+    rate = float(np.mean(fresh > cal.threshold))
+    # Sampling sd of the calibrated quantile ~ sqrt(a(1-a)/n_cal) = 7e-4; 4 sd allowed.
+    assert abs(rate - alpha) < 0.003, rate
+    assert abs(cal.empirical_rate - alpha) < 1e-3
+
+
+def test_norm_band_rate_on_fresh_data_is_near_alpha() -> None:
+    rng = np.random.default_rng(5)
+    mean = 2.0 * rng.normal(size=8)
+    band = calibrate_norm_band(raw_norms(mean + rng.normal(size=(20000, 8))), 0.02)
+    fresh = raw_norms(mean + rng.normal(size=(200000, 8)))
+    rate = float(np.mean((fresh < band.low) | (fresh > band.high)))
+    assert abs(rate - 0.02) < 0.004, rate
+    assert 0 < band.low < band.high
+    assert math.isclose(band.empirical_rate, 0.02, abs_tol=2e-3)
