@@ -15,8 +15,8 @@ a batch of one, so its output never depends on what other sessions happen to be 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
@@ -26,8 +26,15 @@ from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.executor.safety import SafetyMachine, SafetyMemory
-from dualloop.executor.snapshot import (AppliedAction, Clock, Observation, Reason, SafetyState, Snapshot,
-                               StageTimings, input_hashes)
+from dualloop.executor.snapshot import (
+    AppliedAction,
+    Clock,
+    Observation,
+    Reason,
+    Snapshot,
+    StageTimings,
+    input_hashes,
+)
 
 if TYPE_CHECKING:
     from dualloop.executor.lockstep_batch import TickTable
@@ -42,8 +49,14 @@ if TYPE_CHECKING:
 GATE_SOURCES = ("decision_vector", "input_features")
 
 # A tick's reasons before the safe-state machine, in the order snapshots list them.
-TICK_REASONS = (Reason.INVALID_INPUT, Reason.MODEL_ERROR, Reason.STALE_OBSERVATION, Reason.STALE_PLAN,
-                Reason.OOD_VETO, Reason.LOW_MARGIN)
+TICK_REASONS = (
+    Reason.INVALID_INPUT,
+    Reason.MODEL_ERROR,
+    Reason.STALE_OBSERVATION,
+    Reason.STALE_PLAN,
+    Reason.OOD_VETO,
+    Reason.LOW_MARGIN,
+)
 REASON_BITS = {r: 1 << k for k, r in enumerate(TICK_REASONS)}
 REASONS_OF_FLAGS = [tuple(r for r in TICK_REASONS if flags & REASON_BITS[r]) for flags in range(1 << len(TICK_REASONS))]
 
@@ -104,8 +117,9 @@ class Session:
     ticks: int = 0
 
 
-def _fill_gate_features(source: str, out: np.ndarray | None, x: np.ndarray, dv: np.ndarray | None,
-                        bad_dv: np.ndarray | None) -> np.ndarray | None:
+def _fill_gate_features(
+    source: str, out: np.ndarray | None, x: np.ndarray, dv: np.ndarray | None, bad_dv: np.ndarray | None
+) -> np.ndarray | None:
     """What a gate of this source scores, into `out`. Rows the model could not be trusted on are NaN,
     which vetoes them immediately: the model saw a substitute for invalid input, the gate must not.
     With `out` None nothing is copied: the rows are returned (None: no decision vector, every row is
@@ -174,8 +188,9 @@ class ExecutorStats:
 
 
 class Executor:
-    def __init__(self, model: DecisionModel, config: ExecutorConfig | None = None,
-                 gate: Gate | list[Gate] | None = None) -> None:
+    def __init__(
+        self, model: DecisionModel, config: ExecutorConfig | None = None, gate: Gate | list[Gate] | None = None
+    ) -> None:
         self.model = model
         self.config = config or ExecutorConfig()
         card = model.card
@@ -196,14 +211,16 @@ class Executor:
         self._fresh = np.zeros(cap, bool)
         self._frozen = np.zeros(cap, bool)  # rows the freeze check flagged this tick
         safe = card.safe_action
-        self.safe_action = AppliedAction(self._actions.index(safe.action), safe.action,
-                                         np.array(safe.controls, np.float32))
+        self.safe_action = AppliedAction(
+            self._actions.index(safe.action), safe.action, np.array(safe.controls, np.float32)
+        )
         self.sessions: dict[str, Session] = {}
         self.stats = ExecutorStats()
         self._realtime_tick = 0
         self._max_plan_age_ns = int(self.config.max_plan_age_ms * 1e6)
-        self.safety = SafetyMachine(self.config.safety, [c.name for c in card.controls], self.period_ns,
-                                    self.safe_action, card.feature_names)
+        self.safety = SafetyMachine(
+            self.config.safety, [c.name for c in card.controls], self.period_ns, self.safe_action, card.feature_names
+        )
         self._free_slots = list(range(cap - 1, -1, -1))
         # Several gates may watch different features (decision vector, raw inputs); any one vetoes.
         self.gates: list[Gate] = [] if gate is None else list(gate) if isinstance(gate, (list, tuple)) else [gate]
@@ -212,11 +229,12 @@ class Executor:
             expected = gate_feature_names(model, g.schema.source)
             if list(g.schema.feature_names) != expected:
                 have = g.schema.feature_names
-                raise GateMismatch(f"the gate was fitted on {len(have)} {g.schema.source} features "
-                                   f"({have[0]}, ..., {have[-1]}); model {card.name} {card.version} provides "
-                                   f"{len(expected)} ({expected[0]}, ..., {expected[-1]})")
-            self._gate_runs.append(_GateRun(g.monitor(cap), g.schema.source,
-                                            g.dim, float(g.threshold)))
+                raise GateMismatch(
+                    f"the gate was fitted on {len(have)} {g.schema.source} features "
+                    f"({have[0]}, ..., {have[-1]}); model {card.name} {card.version} provides "
+                    f"{len(expected)} ({expected[0]}, ..., {expected[-1]})"
+                )
+            self._gate_runs.append(_GateRun(g.monitor(cap), g.schema.source, g.dim, float(g.threshold)))
         self._gate_bank = None
         if self._gate_runs:
             from dualloop.ood import GateBank
@@ -228,14 +246,18 @@ class Executor:
         # the changes between observations, when a gate on the raw inputs limits them; the plan, when
         # a gate limits it (the plan conditions the model as much as its observation does)
         self._change = None
-        self._change_gates = [g.schema.source == "input_features" and g.feature_range is not None
-                              and bool(g.feature_range.change_low) for g in self.gates]
+        self._change_gates = [
+            g.schema.source == "input_features" and g.feature_range is not None and bool(g.feature_range.change_low)
+            for g in self.gates
+        ]
         self._plan_gates = [g.feature_range is not None and bool(g.feature_range.context_names) for g in self.gates]
         plan_names = [p.name for p in card.plan]
         for g, limited in zip(self.gates, self._plan_gates):
             if limited and list(g.feature_range.context_names) != plan_names:
-                raise GateMismatch(f"the gate limits a plan of {list(g.feature_range.context_names)}; model "
-                                   f"{card.name} {card.version} is conditioned on {plan_names}")
+                raise GateMismatch(
+                    f"the gate limits a plan of {list(g.feature_range.context_names)}; model "
+                    f"{card.name} {card.version} is conditioned on {plan_names}"
+                )
         self._any_plan_gate = any(self._plan_gates)
         self._gate_on_inputs = [run.source == "input_features" for run in self._gate_runs]
         # per gate, (decision vector, inputs)[on inputs] and (None, changes)[limits changes], in one C call
@@ -265,17 +287,29 @@ class Executor:
 
     # -- sessions -----------------------------------------------------------------------------
 
-    def open_session(self, session_id: str, clock: Clock = Clock.REALTIME, shadow: bool = False,
-                     include_decision_vector: bool = False, actual_is_command: bool = True) -> Session:
+    def open_session(
+        self,
+        session_id: str,
+        clock: Clock = Clock.REALTIME,
+        shadow: bool = False,
+        include_decision_vector: bool = False,
+        actual_is_command: bool = True,
+    ) -> Session:
         if not session_id:
             raise SessionError("session id must not be empty")
         if session_id in self.sessions:
             raise SessionError(f"session {session_id!r} is already open")
         if len(self.sessions) >= self.config.max_sessions:
             raise SessionError(f"the server is full: {self.config.max_sessions} sessions open (max_sessions)")
-        session = Session(session_id=session_id, clock=Clock(clock), shadow=shadow,
-                          include_decision_vector=include_decision_vector, plan=self._plan_default.copy(),
-                          slot=self._free_slots.pop(), actual_is_command=actual_is_command)
+        session = Session(
+            session_id=session_id,
+            clock=Clock(clock),
+            shadow=shadow,
+            include_decision_vector=include_decision_vector,
+            plan=self._plan_default.copy(),
+            slot=self._free_slots.pop(),
+            actual_is_command=actual_is_command,
+        )
         for run in self._gate_runs:
             run.monitor.reset(session.slot)
         if self._freeze is not None:
@@ -311,24 +345,33 @@ class Executor:
             names = self.card.feature_names
             raise InvalidObservation(
                 f"observation seq {obs.seq} has {obs.features.size} features; the model expects {n} "
-                f"({names[0]}, {names[1]}, ..., {names[-1]}); GetModelInfo lists them in order")
+                f"({names[0]}, {names[1]}, ..., {names[-1]}); GetModelInfo lists them in order"
+            )
         if obs.seq <= session.last_seq:
-            raise InvalidObservation(f"observation seq {obs.seq} is not after the previous seq "
-                                     f"{session.last_seq}; sequence numbers must strictly increase")
+            raise InvalidObservation(
+                f"observation seq {obs.seq} is not after the previous seq "
+                f"{session.last_seq}; sequence numbers must strictly increase"
+            )
         if obs.actual_controls is not None and obs.actual_controls.size not in (0, len(self.card.controls)):
-            raise InvalidObservation(f"observation seq {obs.seq}: actual action has {obs.actual_controls.size} "
-                                     f"controls; the model has {len(self.card.controls)} "
-                                     f"({', '.join(c.name for c in self.card.controls)})")
+            raise InvalidObservation(
+                f"observation seq {obs.seq}: actual action has {obs.actual_controls.size} "
+                f"controls; the model has {len(self.card.controls)} "
+                f"({', '.join(c.name for c in self.card.controls)})"
+            )
         if obs.plan_values is not None:
             if obs.plan_values.shape != (self.model.n_plan,):
-                raise InvalidObservation(f"observation seq {obs.seq}: plan {obs.plan_id!r} has {obs.plan_values.size} "
-                                         f"values; the model's plan has {self.model.n_plan} "
-                                         f"({', '.join(p.name for p in self.card.plan)})")
+                raise InvalidObservation(
+                    f"observation seq {obs.seq}: plan {obs.plan_id!r} has {obs.plan_values.size} "
+                    f"values; the model's plan has {self.model.n_plan} "
+                    f"({', '.join(p.name for p in self.card.plan)})"
+                )
             if not np.isfinite(obs.plan_values).all():
                 raise InvalidObservation(f"observation seq {obs.seq}: plan {obs.plan_id!r} has non-finite values")
         if not -1 <= obs.actual_index < len(self._actions):
-            raise InvalidObservation(f"observation seq {obs.seq}: actual action index {obs.actual_index} is "
-                                     f"not -1 (unknown) or 0..{len(self._actions) - 1}")
+            raise InvalidObservation(
+                f"observation seq {obs.seq}: actual action index {obs.actual_index} is "
+                f"not -1 (unknown) or 0..{len(self._actions) - 1}"
+            )
 
     def submit(self, session_id: str, obs: Observation) -> None:
         """REALTIME input: the newest observation replaces an unused older one (counted)."""
@@ -358,8 +401,11 @@ class Executor:
         if tick_index is None:
             tick_index = self._realtime_tick
         self._realtime_tick = tick_index + 1
-        rows = [s for s in self.sessions.values()
-                if s.clock is Clock.REALTIME and (s.pending is not None or s.current is not None)]
+        rows = [
+            s
+            for s in self.sessions.values()
+            if s.clock is Clock.REALTIME and (s.pending is not None or s.current is not None)
+        ]
         if not rows:
             return []
         return self._run_batch(rows, tick_index, scheduled_ns, lateness_ns)
@@ -402,13 +448,17 @@ class Executor:
         """LOCKSTEP time strictly increases and never jumps further than lockstep_max_gap_s."""
         ts = obs.timestamp_ns
         if session.last_timestamp_ns is not None and ts <= session.last_timestamp_ns:
-            raise InvalidObservation(f"observation seq {obs.seq} has timestamp {ts} ns, not after the previous "
-                                     f"{session.last_timestamp_ns} ns; LOCKSTEP time must strictly increase")
+            raise InvalidObservation(
+                f"observation seq {obs.seq} has timestamp {ts} ns, not after the previous "
+                f"{session.last_timestamp_ns} ns; LOCKSTEP time must strictly increase"
+            )
         next_tick = ts if session.next_tick_ns is None else session.next_tick_ns
         if (ts - next_tick) // self.period_ns + 1 > self.max_lockstep_ticks:
-            raise InvalidObservation(f"observation seq {obs.seq} jumps {(ts - next_tick) / 1e9:.3f} s "
-                                     f"ahead; LOCKSTEP refuses gaps over lockstep_max_gap_s="
-                                     f"{self.config.lockstep_max_gap_s} s")
+            raise InvalidObservation(
+                f"observation seq {obs.seq} jumps {(ts - next_tick) / 1e9:.3f} s "
+                f"ahead; LOCKSTEP refuses gaps over lockstep_max_gap_s="
+                f"{self.config.lockstep_max_gap_s} s"
+            )
 
     @property
     def max_lockstep_ticks(self) -> int:
@@ -422,8 +472,11 @@ class Executor:
         return run_lockstep(self, self._session(session_id), observations)
 
     def _lockstep_tick(self, session: Session) -> list[Snapshot]:
-        snaps = self._run_batch([session], session.lockstep_tick, session.next_tick_ns, 0) \
-            if (session.pending is not None or session.current is not None) else []
+        snaps = (
+            self._run_batch([session], session.lockstep_tick, session.next_tick_ns, 0)
+            if (session.pending is not None or session.current is not None)
+            else []
+        )
         session.lockstep_tick += 1
         session.next_tick_ns += self.period_ns
         return snaps
@@ -455,8 +508,9 @@ class Executor:
         t2 = _perf_ns()
         gate = self._gate(rows, finite, out if model_ok else None)
         t3 = _perf_ns()
-        snaps = self._postprocess(rows, observations, finite, out if model_ok else None, gate, tick_index, tick_ns,
-                                  lateness_ns)
+        snaps = self._postprocess(
+            rows, observations, finite, out if model_ok else None, gate, tick_index, tick_ns, lateness_ns
+        )
         t4 = _perf_ns()
         timings = StageTimings((t1 - t0) // 1000, (t2 - t1) // 1000, (t3 - t2) // 1000, (t4 - t3) // 1000)
         emit_ns = _mono_ns()
@@ -485,8 +539,15 @@ class Executor:
         margin = top1 - probs[np.arange(n), top[:, 1]]
         return probs, top[:, 0], top1, margin, np.clip(out.controls, self._ctrl_min, self._ctrl_max)
 
-    def reason_flags(self, finite: np.ndarray, model_ok: np.ndarray, age_ns: np.ndarray, plan_age_ns: np.ndarray,
-                     veto: np.ndarray, margin: np.ndarray) -> np.ndarray:
+    def reason_flags(
+        self,
+        finite: np.ndarray,
+        model_ok: np.ndarray,
+        age_ns: np.ndarray,
+        plan_age_ns: np.ndarray,
+        veto: np.ndarray,
+        margin: np.ndarray,
+    ) -> np.ndarray:
         """Why each row's proposal is not to be trusted as it is, as REASON_BITS (the live tick and the
         replay scan share this one definition); the safe-state machine may add FALLBACK/SAFE_DEFAULT."""
         scored = finite & model_ok
@@ -539,8 +600,16 @@ class Executor:
             self._actuation_step(rows, slots, fresh_rows, x, score, threshold, veto)
         return score, threshold, np.array(veto, _BOOL)
 
-    def _actuation_step(self, rows: list[Session], slots: list[int], fresh: list[bool], x: np.ndarray,
-                        score: list[float], threshold: list[float], veto: list[bool]) -> None:
+    def _actuation_step(
+        self,
+        rows: list[Session],
+        slots: list[int],
+        fresh: list[bool],
+        x: np.ndarray,
+        score: list[float],
+        threshold: list[float],
+        veto: list[bool],
+    ) -> None:
         """The actuation check on this tick's rows, folded into the gates' (score, threshold, veto) lists
         in place: its alarm vetoes, and it is reported when nearer its threshold than every gate (as
         `nearest_gate` ranks it last in a replay). No command on a row: no verdict. Plain Python per
@@ -571,20 +640,40 @@ class Executor:
                 if nearer:
                     score[i], threshold[i] = s, limit
 
-    def _postprocess(self, rows: list[Session], observations: list[Observation], finite: np.ndarray, out,
-                     gate: tuple[list[float], list[float], np.ndarray] | None, tick_index: int, tick_ns: int,
-                     lateness_ns: int) -> list[Snapshot]:
+    def _postprocess(
+        self,
+        rows: list[Session],
+        observations: list[Observation],
+        finite: np.ndarray,
+        out,
+        gate: tuple[list[float], list[float], np.ndarray] | None,
+        tick_index: int,
+        tick_ns: int,
+        lateness_ns: int,
+    ) -> list[Snapshot]:
         n = len(rows)
         if out is not None:
             probs, top, top1, margin, controls = self.propose(out)
         else:
             margin = np.zeros(n, np.float32)
-        ages = np.fromiter((tick_ns - (obs.arrival_ns if s.clock is Clock.REALTIME else obs.timestamp_ns)
-                            for s, obs in zip(rows, observations)), np.int64, n)
+        ages = np.fromiter(
+            (
+                tick_ns - (obs.arrival_ns if s.clock is Clock.REALTIME else obs.timestamp_ns)
+                for s, obs in zip(rows, observations)
+            ),
+            np.int64,
+            n,
+        )
         np.maximum(ages, 0, out=ages)
         plan_ages = np.fromiter(((tick_ns - s.plan_created_ns) if s.plan_id else 0 for s in rows), np.int64, n)
-        flags = self.reason_flags(finite, np.full(n, out is not None), ages, plan_ages,
-                                  gate[2] if gate is not None else np.zeros(n, bool), margin)
+        flags = self.reason_flags(
+            finite,
+            np.full(n, out is not None),
+            ages,
+            plan_ages,
+            gate[2] if gate is not None else np.zeros(n, bool),
+            margin,
+        )
         hashes = input_hashes(self._x[:n], self._p[:n])
         empty = np.zeros(0, np.float32)
         lateness_us = max(0, lateness_ns) // 1000
@@ -602,24 +691,44 @@ class Executor:
                 idx, prop_probs, prop_controls, conf, marg = -1, empty, empty, 0.0, 0.0
             proposal = AppliedAction(idx, self._actions[idx], prop_controls) if scored else None
             # a frozen sensor's lane offset and heading must not steer the fallback
-            applied, state = self.safety.decide(s.safety, tick_ns, reasons, proposal,
-                                                None if self._frozen[i] else self._x[i])
+            applied, state = self.safety.decide(
+                s.safety, tick_ns, reasons, proposal, None if self._frozen[i] else self._x[i]
+            )
             s.ticks += 1
-            snaps.append(Snapshot(
-                session_id=s.session_id, tick=tick_index, scheduled_time_ns=tick_ns, emit_time_ns=0,
-                lateness_us=lateness_us, observation_seq=obs.seq, observation_age_ns=age,
-                model_version=self.card.version, proposed_index=idx,
-                proposed_name=self._actions[idx] if idx >= 0 else "", probabilities=prop_probs,
-                proposed_controls=prop_controls, confidence=conf, margin=marg, applied=applied,
-                reasons=tuple(reasons), safety_state=state,
-                input_hash=int(hashes[i]), timings=StageTimings(),
-                shadow=s.shadow, plan_id=s.plan_id, plan_age_ns=plan_age,
-                decision_vector=out.decision_vector[i].copy() if (s.include_decision_vector and out is not None)
-                else None,
-                snapshots_dropped=s.snapshots_dropped, observations_dropped=s.observations_dropped,
-                actual_index=obs.actual_index, actual_controls=obs.actual_controls,
-                gate_score=float(gate[0][i]) if gate is not None else None,
-                gate_threshold=float(gate[1][i]) if gate is not None else None,
-                gate_veto=bool(gate[2][i]) if gate is not None else False,
-            ))
+            snaps.append(
+                Snapshot(
+                    session_id=s.session_id,
+                    tick=tick_index,
+                    scheduled_time_ns=tick_ns,
+                    emit_time_ns=0,
+                    lateness_us=lateness_us,
+                    observation_seq=obs.seq,
+                    observation_age_ns=age,
+                    model_version=self.card.version,
+                    proposed_index=idx,
+                    proposed_name=self._actions[idx] if idx >= 0 else "",
+                    probabilities=prop_probs,
+                    proposed_controls=prop_controls,
+                    confidence=conf,
+                    margin=marg,
+                    applied=applied,
+                    reasons=tuple(reasons),
+                    safety_state=state,
+                    input_hash=int(hashes[i]),
+                    timings=StageTimings(),
+                    shadow=s.shadow,
+                    plan_id=s.plan_id,
+                    plan_age_ns=plan_age,
+                    decision_vector=out.decision_vector[i].copy()
+                    if (s.include_decision_vector and out is not None)
+                    else None,
+                    snapshots_dropped=s.snapshots_dropped,
+                    observations_dropped=s.observations_dropped,
+                    actual_index=obs.actual_index,
+                    actual_controls=obs.actual_controls,
+                    gate_score=float(gate[0][i]) if gate is not None else None,
+                    gate_threshold=float(gate[1][i]) if gate is not None else None,
+                    gate_veto=bool(gate[2][i]) if gate is not None else False,
+                )
+            )
         return snaps

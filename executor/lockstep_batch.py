@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dualloop.executor.snapshot import AppliedAction, Observation, Reason, SafetyState, Snapshot, StageTimings, input_hashes
+from dualloop.executor.snapshot import (
+    AppliedAction,
+    Observation,
+    Reason,
+    SafetyState,
+    Snapshot,
+    StageTimings,
+    input_hashes,
+)
 
 if TYPE_CHECKING:
     from dualloop.executor.core import Executor, Session
@@ -74,25 +82,39 @@ class TickTable:
             scored = bool(self.scored[k])
             idx = int(self.proposed[k]) if scored else -1
             applied = int(self.applied[k])
-            out.append(Snapshot(
-                session_id=self.session_id, tick=k, scheduled_time_ns=int(self.tick_ns[k]), emit_time_ns=0,
-                lateness_us=0, observation_seq=obs.seq, observation_age_ns=int(self.age_ns[k]),
-                model_version=self.model_version, proposed_index=idx, proposed_name=names[idx] if scored else "",
-                probabilities=self.probabilities[k] if scored else empty,
-                proposed_controls=self.proposed_controls[k] if scored else empty,
-                confidence=float(self.confidence[k]) if scored else 0.0,
-                margin=float(self.margin[k]) if scored else 0.0,
-                applied=AppliedAction(applied, names[applied], self.applied_controls[k]),
-                reasons=self.reasons[k], safety_state=states[int(self.safety_state[k])],
-                input_hash=int(self.input_hash[k]), timings=timings, shadow=self.shadow,
-                plan_id=self.plan_id[self.obs_index[k]], plan_age_ns=int(self.plan_age_ns[k]),
-                decision_vector=self.decision_vector[k] if self.decision_vector is not None else None,
-                observations_dropped=int(self.observations_dropped[k]),
-                actual_index=obs.actual_index, actual_controls=obs.actual_controls,
-                gate_score=float(self.gate_score[k]) if gate else None,
-                gate_threshold=float(self.gate_threshold[k]) if gate else None,
-                gate_veto=bool(self.gate_veto[k]),
-            ))
+            out.append(
+                Snapshot(
+                    session_id=self.session_id,
+                    tick=k,
+                    scheduled_time_ns=int(self.tick_ns[k]),
+                    emit_time_ns=0,
+                    lateness_us=0,
+                    observation_seq=obs.seq,
+                    observation_age_ns=int(self.age_ns[k]),
+                    model_version=self.model_version,
+                    proposed_index=idx,
+                    proposed_name=names[idx] if scored else "",
+                    probabilities=self.probabilities[k] if scored else empty,
+                    proposed_controls=self.proposed_controls[k] if scored else empty,
+                    confidence=float(self.confidence[k]) if scored else 0.0,
+                    margin=float(self.margin[k]) if scored else 0.0,
+                    applied=AppliedAction(applied, names[applied], self.applied_controls[k]),
+                    reasons=self.reasons[k],
+                    safety_state=states[int(self.safety_state[k])],
+                    input_hash=int(self.input_hash[k]),
+                    timings=timings,
+                    shadow=self.shadow,
+                    plan_id=self.plan_id[self.obs_index[k]],
+                    plan_age_ns=int(self.plan_age_ns[k]),
+                    decision_vector=self.decision_vector[k] if self.decision_vector is not None else None,
+                    observations_dropped=int(self.observations_dropped[k]),
+                    actual_index=obs.actual_index,
+                    actual_controls=obs.actual_controls,
+                    gate_score=float(self.gate_score[k]) if gate else None,
+                    gate_threshold=float(self.gate_threshold[k]) if gate else None,
+                    gate_veto=bool(self.gate_veto[k]),
+                )
+            )
         return out
 
 
@@ -128,7 +150,11 @@ def run_lockstep(ex: Executor, session: Session, observations: Sequence[Observat
         probs, top, top1, margin, controls = ex.propose(out)
     else:
         probs, controls = np.zeros((len(rows), n_act), np.float32), np.zeros((len(rows), n_ctl), np.float32)
-        top, top1, margin = np.zeros(len(rows), np.int64), np.zeros(len(rows), np.float32), np.zeros(len(rows), np.float32)
+        top, top1, margin = (
+            np.zeros(len(rows), np.int64),
+            np.zeros(len(rows), np.float32),
+            np.zeros(len(rows), np.float32),
+        )
     gate_rows = _gate_scores(ex, x, p, out, finite, model_ok, session.slot)
     hashes = input_hashes(x, p)
 
@@ -144,16 +170,36 @@ def run_lockstep(ex: Executor, session: Session, observations: Sequence[Observat
     veto |= frozen
     flags = ex.reason_flags(finite[r], model_ok[r], age, plan_age, veto, margin[r])
     scored = (finite & model_ok)[r]
-    applied, applied_controls, state, reasons = _safety_scan(ex, session, flags, scored, top[r], controls[r],
-                                                             tick_ns, x_ticks, frozen)
+    applied, applied_controls, state, reasons = _safety_scan(
+        ex, session, flags, scored, top[r], controls[r], tick_ns, x_ticks, frozen
+    )
 
     table = TickTable(
-        session_id=session.session_id, shadow=session.shadow, model_version=ex.card.version,
-        actions=list(ex.card.actions), observations=observations, tick_ns=tick_ns, obs_index=which, age_ns=age,
-        plan_id=plan_ids, plan_age_ns=plan_age, scored=scored, proposed=top[r], probabilities=probs[r],
-        proposed_controls=controls[r], confidence=top1[r], margin=margin[r], applied=applied,
-        applied_controls=applied_controls, reasons=reasons, safety_state=state, input_hash=hashes[r],
-        gate_score=score, gate_threshold=threshold, gate_veto=veto, observations_dropped=dropped_before[which],
+        session_id=session.session_id,
+        shadow=session.shadow,
+        model_version=ex.card.version,
+        actions=list(ex.card.actions),
+        observations=observations,
+        tick_ns=tick_ns,
+        obs_index=which,
+        age_ns=age,
+        plan_id=plan_ids,
+        plan_age_ns=plan_age,
+        scored=scored,
+        proposed=top[r],
+        probabilities=probs[r],
+        proposed_controls=controls[r],
+        confidence=top1[r],
+        margin=margin[r],
+        applied=applied,
+        applied_controls=applied_controls,
+        reasons=reasons,
+        safety_state=state,
+        input_hash=hashes[r],
+        gate_score=score,
+        gate_threshold=threshold,
+        gate_veto=veto,
+        observations_dropped=dropped_before[which],
         decision_vector=out.decision_vector[r] if (session.include_decision_vector and out is not None) else None,
     )
     _leave_session(ex, session, observations, table, plans, plan_ids, plan_created, used)
@@ -178,8 +224,11 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
     ok = ok and seq[0] > session.last_seq and bool(np.all(np.diff(seq) > 0)) and bool(np.all(np.diff(ts) > 0))
     ok = ok and bool(np.all((actual >= -1) & (actual < n_act)))
     ok = ok and all(o.actual_controls is None or o.actual_controls.size in (0, n_ctl) for o in observations)
-    ok = ok and all(o.plan_values.shape == (ex.model.n_plan,) and np.isfinite(o.plan_values).all()
-                    for o in observations if o.plan_values is not None)
+    ok = ok and all(
+        o.plan_values.shape == (ex.model.n_plan,) and np.isfinite(o.plan_values).all()
+        for o in observations
+        if o.plan_values is not None
+    )
     if ok:
         # the grid position before each observation, as advance_lockstep keeps it
         after = ts[0] + ((ts[:-1] - ts[0]) // ex.period_ns + 1) * ex.period_ns
@@ -214,8 +263,9 @@ def _plans(ex: Executor, observations: Sequence[Observation]) -> tuple[np.ndarra
     return values, ids, created
 
 
-def _gate_scores(ex: Executor, x: np.ndarray, p: np.ndarray, out, finite: np.ndarray, model_ok: np.ndarray,
-                 slot: int) -> list:
+def _gate_scores(
+    ex: Executor, x: np.ndarray, p: np.ndarray, out, finite: np.ndarray, model_ok: np.ndarray, slot: int
+) -> list:
     """Per gate: (score, flags) for each observation row (features x, plan p), scored as a live tick would."""
     from dualloop.executor.core import _fill_gate_features
     from dualloop.ood.score import score_in_chunks
@@ -224,15 +274,26 @@ def _gate_scores(ex: Executor, x: np.ndarray, p: np.ndarray, out, finite: np.nda
     change = None if ex._change is None else ex._change.scan(x, finite, slot)
     for run, changes_limited, plan_limited in zip(ex._gate_runs, ex._change_gates, ex._plan_gates):
         feats = np.empty((len(x), run.dim), np.float32)
-        _fill_gate_features(run.source, feats, x, out.decision_vector if out is not None else None,
-                            ~finite | ~model_ok)
-        results.append(score_in_chunks(run.monitor.scorer, feats, changes=change if changes_limited else None,
-                                       context=p if plan_limited else None))
+        _fill_gate_features(run.source, feats, x, out.decision_vector if out is not None else None, ~finite | ~model_ok)
+        results.append(
+            score_in_chunks(
+                run.monitor.scorer,
+                feats,
+                changes=change if changes_limited else None,
+                context=p if plan_limited else None,
+            )
+        )
     return results
 
 
-def _actuation_scan(ex: Executor, session: Session, observations: Sequence[Observation], feats: np.ndarray,
-                    ts: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _actuation_scan(
+    ex: Executor,
+    session: Session,
+    observations: Sequence[Observation],
+    feats: np.ndarray,
+    ts: np.ndarray,
+    rows: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray] | None:
     """The actuation check's (score, alarm) per observation row the ticks used, scanned as live ticks
     step it (each row fresh once); None without the check."""
     if ex._actuation is None:
@@ -245,25 +306,35 @@ def _actuation_scan(ex: Executor, session: Session, observations: Sequence[Obser
     return ex._actuation.scan(session.slot, ts[rows], x[:, accel_at], x[:, speed_at], commands)
 
 
-def _gate_scan(ex: Executor, slot: int, gate_rows: list, r: np.ndarray,
-               actuation: tuple[np.ndarray, np.ndarray] | None = None
-               ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
+def _gate_scan(
+    ex: Executor, slot: int, gate_rows: list, r: np.ndarray, actuation: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
     """(score, threshold, veto) per tick: each gate's sequential filter scanned over the ticks, and
     the actuation check's verdicts (per observation row) last."""
     from dualloop.executor.core import nearest_gate
 
     if not ex._gate_runs:
         return None, None, np.zeros(len(r), bool)
-    per_gate = [(score[r], run.monitor.filter.scan(flags.exceed[r], flags.immediate[r], slot), run.threshold)
-                for run, (score, flags) in zip(ex._gate_runs, gate_rows)]
+    per_gate = [
+        (score[r], run.monitor.filter.scan(flags.exceed[r], flags.immediate[r], slot), run.threshold)
+        for run, (score, flags) in zip(ex._gate_runs, gate_rows)
+    ]
     if actuation is not None:
         per_gate.append((actuation[0][r], actuation[1][r], ex._actuation.threshold))
     return nearest_gate(per_gate)
 
 
-def _safety_scan(ex: Executor, session: Session, flags: np.ndarray, scored: np.ndarray, top: np.ndarray,
-                 controls: np.ndarray, tick_ns: np.ndarray, x: np.ndarray, frozen: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[Reason, ...]]]:
+def _safety_scan(
+    ex: Executor,
+    session: Session,
+    flags: np.ndarray,
+    scored: np.ndarray,
+    top: np.ndarray,
+    controls: np.ndarray,
+    tick_ns: np.ndarray,
+    x: np.ndarray,
+    frozen: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[Reason, ...]]]:
     from dualloop.executor.core import REASONS_OF_FLAGS
 
     n = len(flags)
@@ -280,8 +351,11 @@ def _safety_scan(ex: Executor, session: Session, flags: np.ndarray, scored: np.n
             nxt = events[np.searchsorted(events, t)] if events.size and events[-1] >= t else n
             if nxt > t:  # clean NOMINAL ticks: the proposals apply as they are (filled above)
                 last = range(max(t, nxt - keep), nxt)
-                machine.trust_run(mem, [AppliedAction(int(top[k]), names[top[k]], controls[k].copy()) for k in last],
-                                  [x[k] for k in last])
+                machine.trust_run(
+                    mem,
+                    [AppliedAction(int(top[k]), names[top[k]], controls[k].copy()) for k in last],
+                    [x[k] for k in last],
+                )
                 t = nxt
                 continue
         tick_reasons = list(reasons[t])
@@ -293,8 +367,16 @@ def _safety_scan(ex: Executor, session: Session, flags: np.ndarray, scored: np.n
     return applied, applied_controls, state, reasons
 
 
-def _leave_session(ex: Executor, session: Session, observations: Sequence[Observation], table: TickTable,
-                   plans: np.ndarray, plan_ids: list[str], plan_created: np.ndarray, used: np.ndarray) -> None:
+def _leave_session(
+    ex: Executor,
+    session: Session,
+    observations: Sequence[Observation],
+    table: TickTable,
+    plans: np.ndarray,
+    plan_ids: list[str],
+    plan_created: np.ndarray,
+    used: np.ndarray,
+) -> None:
     """The session as advance_lockstep would have left it, so live ticks may continue from here."""
     last = observations[-1]
     n_ticks = len(table)

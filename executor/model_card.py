@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 METADATA_KEY = "dualloop.model_card"
@@ -39,7 +38,7 @@ class ControlSpec(BaseModel):
     max: float
 
     @model_validator(mode="after")
-    def _range(self) -> "ControlSpec":
+    def _range(self) -> ControlSpec:
         if not self.min < self.max:
             raise ValueError(f"control {self.name!r}: min {self.min} must be below max {self.max}")
         return self
@@ -81,19 +80,24 @@ class ModelCard(BaseModel):
     training_metrics: dict[str, float | str] = {}
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ModelCard":
+    def _consistent(self) -> ModelCard:
         if len(self.plan_default) != len(self.plan):
             raise ValueError(f"plan_default has {len(self.plan_default)} values for {len(self.plan)} plan fields")
         if self.safe_action.action not in self.actions:
             raise ValueError(f"safe_action.action {self.safe_action.action!r} is not one of {self.actions}")
         if len(self.safe_action.controls) != len(self.controls):
-            raise ValueError(f"safe_action.controls has {len(self.safe_action.controls)} values for "
-                             f"{len(self.controls)} controls")
+            raise ValueError(
+                f"safe_action.controls has {len(self.safe_action.controls)} values for {len(self.controls)} controls"
+            )
         for value, spec in zip(self.safe_action.controls, self.controls):
             if not spec.min <= value <= spec.max:
                 raise ValueError(f"safe_action control {spec.name}={value} is outside [{spec.min}, {spec.max}]")
-        for kind, names in (("feature", [f.name for f in self.features]), ("plan", [p.name for p in self.plan]),
-                            ("action", self.actions), ("control", [c.name for c in self.controls])):
+        for kind, names in (
+            ("feature", [f.name for f in self.features]),
+            ("plan", [p.name for p in self.plan]),
+            ("action", self.actions),
+            ("control", [c.name for c in self.controls]),
+        ):
             if len(set(names)) != len(names):
                 raise ValueError(f"duplicate {kind} names in {names}")
         return self
@@ -131,13 +135,18 @@ class Normalisation:
     plan_inv_std: np.ndarray
 
     @classmethod
-    def of(cls, card: "ModelCard") -> "Normalisation":
+    def of(cls, card: ModelCard) -> Normalisation:
         f32 = lambda values: np.array(values, np.float32)  # noqa: E731
-        return cls(f32([f.mean for f in card.features]), f32([1.0 / f.std for f in card.features]),
-                   f32([p.mean for p in card.plan]), f32([1.0 / p.std for p in card.plan]))
+        return cls(
+            f32([f.mean for f in card.features]),
+            f32([1.0 / f.std for f in card.features]),
+            f32([p.mean for p in card.plan]),
+            f32([1.0 / p.std for p in card.plan]),
+        )
 
-    def apply(self, x: np.ndarray, p: np.ndarray, xn: np.ndarray | None = None, pn: np.ndarray | None = None
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def apply(
+        self, x: np.ndarray, p: np.ndarray, xn: np.ndarray | None = None, pn: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(features, plan, finite rows); non-finite feature rows become 0 so the model never sees NaN.
         Writes into xn/pn when given (the tick's preallocated buffers)."""
         finite = np.isfinite(x).all(axis=1)

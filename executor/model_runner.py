@@ -60,17 +60,22 @@ class DecisionModel:
         inputs = {i.name: i.shape for i in self._session.get_inputs()}
         outputs = {o.name: o.shape for o in self._session.get_outputs()}
         expected_in = {io.features: len(card.features), io.plan: len(card.plan)}
-        expected_out = {io.logits: len(card.actions), io.controls: len(card.controls),
-                        io.decision_vector: card.decision_vector_size}
+        expected_out = {
+            io.logits: len(card.actions),
+            io.controls: len(card.controls),
+            io.decision_vector: card.decision_vector_size,
+        }
         for kind, have, want in (("input", inputs, expected_in), ("output", outputs, expected_out)):
             for name, width in want.items():
                 if name not in have:
-                    raise ModelFileError(f"{self.path}: the card names {kind} {name!r} but the graph has "
-                                         f"{sorted(have)}")
+                    raise ModelFileError(
+                        f"{self.path}: the card names {kind} {name!r} but the graph has {sorted(have)}"
+                    )
                 shape = have[name]
                 if len(shape) != 2 or shape[1] != width:
-                    raise ModelFileError(f"{self.path}: {kind} {name!r} has shape {shape}; the card implies "
-                                         f"[batch, {width}]")
+                    raise ModelFileError(
+                        f"{self.path}: {kind} {name!r} has shape {shape}; the card implies [batch, {width}]"
+                    )
 
     def forward(self, features: np.ndarray, plan: np.ndarray) -> ModelOutputs:
         logits, controls, dv = self._session.run(self._outputs, {self._inputs[0]: features, self._inputs[1]: plan})

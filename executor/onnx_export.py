@@ -30,11 +30,20 @@ def random_mlp(n_in: int, hidden: tuple[int, ...], n_actions: int, n_controls: i
     layers = []
     width = n_in
     for h in hidden:
-        layers.append((rng.normal(0, np.sqrt(2.0 / width), (width, h)).astype(np.float32),
-                       rng.normal(0, 0.05, h).astype(np.float32)))
+        layers.append(
+            (
+                rng.normal(0, np.sqrt(2.0 / width), (width, h)).astype(np.float32),
+                rng.normal(0, 0.05, h).astype(np.float32),
+            )
+        )
         width = h
-    head = lambda n: (rng.normal(0, np.sqrt(1.0 / width), (width, n)).astype(np.float32),  # noqa: E731
-                      rng.normal(0, 0.05, n).astype(np.float32))
+
+    def head(n):
+        return (
+            rng.normal(0, np.sqrt(1.0 / width), (width, n)).astype(np.float32),
+            rng.normal(0, 0.05, n).astype(np.float32),
+        )
+
     return MLPWeights(hidden=layers, logits=head(n_actions), controls=head(n_controls))
 
 
@@ -45,11 +54,15 @@ def export_mlp(weights: MLPWeights, card: ModelCard, path: Path) -> ModelCard:
 
     n_feat, n_plan = len(card.features), len(card.plan)
     if weights.hidden[0][0].shape[0] != n_feat + n_plan:
-        raise ValueError(f"first layer takes {weights.hidden[0][0].shape[0]} inputs; the card declares "
-                         f"{n_feat} features + {n_plan} plan fields")
+        raise ValueError(
+            f"first layer takes {weights.hidden[0][0].shape[0]} inputs; the card declares "
+            f"{n_feat} features + {n_plan} plan fields"
+        )
     if weights.hidden[-1][0].shape[1] != card.decision_vector_size:
-        raise ValueError(f"last hidden layer has {weights.hidden[-1][0].shape[1]} units; card says "
-                         f"decision_vector_size={card.decision_vector_size}")
+        raise ValueError(
+            f"last hidden layer has {weights.hidden[-1][0].shape[1]} units; card says "
+            f"decision_vector_size={card.decision_vector_size}"
+        )
     io = card.io
     inits, nodes = [], []
     nodes.append(helper.make_node("Concat", [io.features, io.plan], ["x0"], axis=1))
@@ -66,13 +79,17 @@ def export_mlp(weights: MLPWeights, card: ModelCard, path: Path) -> ModelCard:
 
     batch = "batch"
     graph = helper.make_graph(
-        nodes, card.name,
-        inputs=[helper.make_tensor_value_info(io.features, TensorProto.FLOAT, [batch, n_feat]),
-                helper.make_tensor_value_info(io.plan, TensorProto.FLOAT, [batch, n_plan])],
-        outputs=[helper.make_tensor_value_info(io.logits, TensorProto.FLOAT, [batch, len(card.actions)]),
-                 helper.make_tensor_value_info(io.controls, TensorProto.FLOAT, [batch, len(card.controls)]),
-                 helper.make_tensor_value_info(io.decision_vector, TensorProto.FLOAT,
-                                               [batch, card.decision_vector_size])],
+        nodes,
+        card.name,
+        inputs=[
+            helper.make_tensor_value_info(io.features, TensorProto.FLOAT, [batch, n_feat]),
+            helper.make_tensor_value_info(io.plan, TensorProto.FLOAT, [batch, n_plan]),
+        ],
+        outputs=[
+            helper.make_tensor_value_info(io.logits, TensorProto.FLOAT, [batch, len(card.actions)]),
+            helper.make_tensor_value_info(io.controls, TensorProto.FLOAT, [batch, len(card.controls)]),
+            helper.make_tensor_value_info(io.decision_vector, TensorProto.FLOAT, [batch, card.decision_vector_size]),
+        ],
         initializer=inits,
     )
     model = helper.make_model(graph, producer_name="dualloop", opset_imports=[helper.make_opsetid("", 17)])

@@ -75,8 +75,9 @@ class SafetyConfig(BaseModel):
     lane_keeping: LaneKeepingConfig | None = LaneKeepingConfig()
 
 
-DISTRUST = frozenset({Reason.OOD_VETO, Reason.INVALID_INPUT, Reason.MODEL_ERROR, Reason.STALE_OBSERVATION,
-                      Reason.STALE_PLAN})
+DISTRUST = frozenset(
+    {Reason.OOD_VETO, Reason.INVALID_INPUT, Reason.MODEL_ERROR, Reason.STALE_OBSERVATION, Reason.STALE_PLAN}
+)
 
 
 @dataclass(slots=True)
@@ -97,8 +98,14 @@ class SafetyMemory:
 
 
 class SafetyMachine:
-    def __init__(self, config: SafetyConfig, control_names: list[str], period_ns: int,
-                 safe_action: AppliedAction, feature_names: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        config: SafetyConfig,
+        control_names: list[str],
+        period_ns: int,
+        safe_action: AppliedAction,
+        feature_names: list[str] | None = None,
+    ) -> None:
         self.config = config
         lk, names = config.lane_keeping, feature_names or []
         needed = (lk.offset_feature, lk.heading_feature, lk.curvature_feature, lk.speed_feature) if lk else ()
@@ -112,8 +119,14 @@ class SafetyMachine:
         self._jerk_step = config.fallback_jerk * period_ns / 1e9
         self.safe_action = safe_action
 
-    def decide(self, mem: SafetyMemory, now_ns: int, reasons: list[Reason], proposal: AppliedAction | None,
-               features: np.ndarray | None = None) -> tuple[AppliedAction, SafetyState]:
+    def decide(
+        self,
+        mem: SafetyMemory,
+        now_ns: int,
+        reasons: list[Reason],
+        proposal: AppliedAction | None,
+        features: np.ndarray | None = None,
+    ) -> tuple[AppliedAction, SafetyState]:
         """Advance one tick; `reasons` may gain FALLBACK / SAFE_DEFAULT. Returns (applied, state).
 
         `features` are this tick's raw inputs, used only by the fallback's lane keeper."""
@@ -130,8 +143,14 @@ class SafetyMachine:
             applied = AppliedAction(applied.index, applied.name, controls)
         return applied, state
 
-    def _decide(self, mem: SafetyMemory, now_ns: int, reasons: list[Reason], proposal: AppliedAction | None,
-                features: np.ndarray | None) -> tuple[AppliedAction, SafetyState]:
+    def _decide(
+        self,
+        mem: SafetyMemory,
+        now_ns: int,
+        reasons: list[Reason],
+        proposal: AppliedAction | None,
+        features: np.ndarray | None,
+    ) -> tuple[AppliedAction, SafetyState]:
         distrust = any(r in DISTRUST for r in reasons)
         self._features = features
         if mem.state is SafetyState.NOMINAL:
@@ -171,7 +190,8 @@ class SafetyMachine:
         if mem.state is SafetyState.VETO_HOLD and now_ns - mem.hold_since_ns >= self._hold_ns:
             mem.state = SafetyState.FALLBACK_ACTIVE
         in_fallback = mem.state is SafetyState.FALLBACK_ACTIVE or (
-            mem.state is SafetyState.RECOVERING and mem.came_from is SafetyState.FALLBACK_ACTIVE)
+            mem.state is SafetyState.RECOVERING and mem.came_from is SafetyState.FALLBACK_ACTIVE
+        )
         return (self._fallback(mem, reasons) if in_fallback else self._hold(mem, reasons)), mem.state
 
     def _bound_steer(self, mem: SafetyMemory, applied: AppliedAction) -> AppliedAction:
@@ -195,8 +215,9 @@ class SafetyMachine:
         """What a run of clean NOMINAL ticks leaves in memory, given the run's last proposals (and
         their ticks' inputs): only the newest rollback_ticks + 1 of them can matter (replay scan)."""
         mem.abstain_since_ns = None
-        for proposal, x in zip(proposals[-(self.config.rollback_ticks + 1):],
-                               features[-(self.config.rollback_ticks + 1):]):
+        for proposal, x in zip(
+            proposals[-(self.config.rollback_ticks + 1) :], features[-(self.config.rollback_ticks + 1) :]
+        ):
             self._features = x
             self._trust(mem, proposal)
 
@@ -261,6 +282,10 @@ def fallback_profile(config: SafetyConfig, start_accel: float, period_ns: int, t
     step = config.fallback_jerk * period_ns / 1e9
     out, a = np.empty(ticks), start_accel
     for k in range(ticks):
-        a = max(a - step, -config.fallback_decel) if a > -config.fallback_decel else min(a + step, -config.fallback_decel)
+        a = (
+            max(a - step, -config.fallback_decel)
+            if a > -config.fallback_decel
+            else min(a + step, -config.fallback_decel)
+        )
         out[k] = a
     return out

@@ -111,9 +111,14 @@ def input_hashes(features: np.ndarray, plan: np.ndarray) -> np.ndarray:
     """A 64-bit fingerprint of each row's exact inputs (float32 bit patterns of features and plan),
     vectorised over rows so a live batch and a whole replay pay a handful of numpy calls. Rows that
     differ in one word never collide (odd multipliers); a splitmix64 finaliser mixes the bits."""
-    words = np.concatenate([np.ascontiguousarray(features, np.float32).view(np.uint32),
-                            np.ascontiguousarray(plan, np.float32).view(np.uint32)], axis=1).astype(np.uint64)
-    h = words @ _HASH_MULTIPLIERS[:words.shape[1]]  # wraps modulo 2**64
+    words = np.concatenate(
+        [
+            np.ascontiguousarray(features, np.float32).view(np.uint32),
+            np.ascontiguousarray(plan, np.float32).view(np.uint32),
+        ],
+        axis=1,
+    ).astype(np.uint64)
+    h = words @ _HASH_MULTIPLIERS[: words.shape[1]]  # wraps modulo 2**64
     h ^= h >> np.uint64(30)
     h *= np.uint64(0xBF58476D1CE4E5B9)
     h ^= h >> np.uint64(27)

@@ -10,27 +10,73 @@ Typical use::
     step = monitor.step(features_batch, slots)   # per tick: step.score, step.alarm, step.flags
 """
 
-from .actuation import (ActuationCheck, ActuationEpisode, ActuationModel, ActuationMonitor, ActuationSettings,
-                        fit_actuation_check)
-from .bank import BankStep, GateBank
-from .bench import bench_scorer
-from .calibrate import FeatureRange, NormBand, ThresholdCalibration, calibrate_norm_band, calibrate_threshold, fit_feature_range
-from .change import ChangeTracker
-from .filter import CusumFilter, CusumSettings, FilterSettings, KOfNFilter, KOfNSettings, make_filter
-from .fit import GateStats, fit_statistics
-from .freeze import FreezeDetector
-from .gate import FeatureSchema, Gate, fit_gate
-from .gatefile import load_gate, save_gate
-from .metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
-from .monitor import GateMonitor, GateStep
-from .score import GateFlags, GateScorer, RowScores, StackedScorer
+from dualloop.ood.actuation import (
+    ActuationCheck,
+    ActuationEpisode,
+    ActuationModel,
+    ActuationMonitor,
+    ActuationSettings,
+    fit_actuation_check,
+)
+from dualloop.ood.bank import BankStep, GateBank
+from dualloop.ood.bench import bench_scorer
+from dualloop.ood.calibrate import (
+    FeatureRange,
+    NormBand,
+    ThresholdCalibration,
+    calibrate_norm_band,
+    calibrate_threshold,
+    fit_feature_range,
+)
+from dualloop.ood.change import ChangeTracker
+from dualloop.ood.filter import CusumFilter, CusumSettings, FilterSettings, KOfNFilter, KOfNSettings, make_filter
+from dualloop.ood.fit import GateStats, fit_statistics
+from dualloop.ood.freeze import FreezeDetector
+from dualloop.ood.gate import FeatureSchema, Gate, fit_gate
+from dualloop.ood.gatefile import load_gate, save_gate
+from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
+from dualloop.ood.monitor import GateMonitor, GateStep
+from dualloop.ood.score import GateFlags, GateScorer, RowScores, StackedScorer
 
 __all__ = [
-    "ActuationCheck", "ActuationEpisode", "ActuationModel", "ActuationMonitor", "ActuationSettings", "fit_actuation_check",
-    "BankStep", "ChangeTracker", "CusumFilter", "FeatureRange", "fit_feature_range", "CusumSettings", "FeatureSchema", "FreezeDetector", "FilterSettings", "Gate", "GateBank",
+    "ActuationCheck",
+    "ActuationEpisode",
+    "ActuationModel",
+    "ActuationMonitor",
+    "ActuationSettings",
+    "fit_actuation_check",
+    "BankStep",
+    "ChangeTracker",
+    "CusumFilter",
+    "FeatureRange",
+    "fit_feature_range",
+    "CusumSettings",
+    "FeatureSchema",
+    "FreezeDetector",
+    "FilterSettings",
+    "Gate",
+    "GateBank",
     "GateFlags",
-    "GateMonitor", "GateScorer", "GateStats", "GateStep", "KOfNFilter", "KOfNSettings", "NormBand",
-    "ThresholdCalibration", "auroc", "bench_scorer", "calibrate_norm_band", "calibrate_threshold",
-    "detection_delay", "false_veto_rate", "fit_gate", "fit_statistics", "load_gate", "make_filter",
-    "RowScores", "StackedScorer", "save_gate", "tnr_at_tpr",
+    "GateMonitor",
+    "GateScorer",
+    "GateStats",
+    "GateStep",
+    "KOfNFilter",
+    "KOfNSettings",
+    "NormBand",
+    "ThresholdCalibration",
+    "auroc",
+    "bench_scorer",
+    "calibrate_norm_band",
+    "calibrate_threshold",
+    "detection_delay",
+    "false_veto_rate",
+    "fit_gate",
+    "fit_statistics",
+    "load_gate",
+    "make_filter",
+    "RowScores",
+    "StackedScorer",
+    "save_gate",
+    "tnr_at_tpr",
 ]

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .calibrate import ThresholdCalibration, calibrate_threshold
+from dualloop.ood.calibrate import ThresholdCalibration, calibrate_threshold
 
 _NAN = math.nan
 _INF = math.inf
@@ -72,7 +72,9 @@ class ActuationSettings:
         if not (isinstance(self.k, int) and isinstance(self.n, int) and 1 <= self.k <= self.n <= 64):
             raise ValueError(f"actuation check needs integers 1 <= k <= n <= 64, got k={self.k}, n={self.n}")
         if not (self.accel_feature and self.speed_feature and self.command_control):
-            raise ValueError("actuation check needs the names of its acceleration and speed features and command control")
+            raise ValueError(
+                "actuation check needs the names of its acceleration and speed features and command control"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -98,13 +100,23 @@ class ActuationModel:
     n: int  # fitting observations
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.tau_s) and self.tau_s > 0.0 and math.isfinite(self.gain) and self.gain > 0.0
-                and math.isfinite(self.offset)):
+        if not (
+            math.isfinite(self.tau_s)
+            and self.tau_s > 0.0
+            and math.isfinite(self.gain)
+            and self.gain > 0.0
+            and math.isfinite(self.offset)
+        ):
             raise ValueError(f"actuation model needs tau_s > 0, gain > 0 and a finite offset, got {self}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tau_s": float(self.tau_s), "gain": float(self.gain), "offset": float(self.offset),
-                "rmse": float(self.rmse), "n": int(self.n)}
+        return {
+            "tau_s": float(self.tau_s),
+            "gain": float(self.gain),
+            "offset": float(self.offset),
+            "rmse": float(self.rmse),
+            "n": int(self.n),
+        }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ActuationModel:
@@ -134,13 +146,19 @@ class ActuationCheck:
         return self.calibration.threshold
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model.to_dict(), "settings": self.settings.to_dict(),
-                "calibration": self.calibration.to_dict()}
+        return {
+            "model": self.model.to_dict(),
+            "settings": self.settings.to_dict(),
+            "calibration": self.calibration.to_dict(),
+        }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ActuationCheck:
-        check = ActuationCheck(ActuationModel.from_dict(d["model"]), ActuationSettings.from_dict(d["settings"]),
-                               ThresholdCalibration.from_dict(d["calibration"]))
+        check = ActuationCheck(
+            ActuationModel.from_dict(d["model"]),
+            ActuationSettings.from_dict(d["settings"]),
+            ThresholdCalibration.from_dict(d["calibration"]),
+        )
         if not (math.isfinite(check.threshold) and check.threshold > 0.0):
             raise ValueError(f"actuation check threshold must be a finite number > 0, got {check.threshold}")
         return check
@@ -170,8 +188,9 @@ _START: SlotState = (None, None, 0.0, 0, 0.0, 0)
 _WARM_UP_TAUS = 3.0
 
 
-def make_rule(model: ActuationModel, settings: ActuationSettings, threshold: float
-              ) -> Callable[[SlotState, int, float, float, float], tuple[SlotState, float, bool]]:
+def make_rule(
+    model: ActuationModel, settings: ActuationSettings, threshold: float
+) -> Callable[[SlotState, int, float, float, float], tuple[SlotState, float, bool]]:
     """The per-observation rule: ``advance(state, t_ns, accel, speed, command) -> (state, score,
     alarm)``; score is the mean shortfall (NaN: no verdict), or while distrust is held the held
     level if larger. Plain Python floats: this runs once per session per fresh observation."""
@@ -231,8 +250,15 @@ class ActuationMonitor:
         self._state: list[SlotState] = [_START] * n_slots
         self._last: list[tuple[float, bool]] = [(_NAN, False)] * n_slots
 
-    def step(self, slots: Sequence[int], fresh: Sequence[bool], t_ns: Sequence[int], accel: Sequence[float],
-             speed: Sequence[float], command: Sequence[float]) -> tuple[list[float], list[bool]]:
+    def step(
+        self,
+        slots: Sequence[int],
+        fresh: Sequence[bool],
+        t_ns: Sequence[int],
+        accel: Sequence[float],
+        speed: Sequence[float],
+        command: Sequence[float],
+    ) -> tuple[list[float], list[bool]]:
         """Per row: (score, alarm). ``command`` NaN where the observation carries none."""
         state, last, advance = self._state, self._last, self.advance
         scores, alarms = [], []
@@ -246,8 +272,9 @@ class ActuationMonitor:
             alarms.append(alarm)
         return scores, alarms
 
-    def scan(self, slot: int, t_ns: Sequence[int], accel: Sequence[float], speed: Sequence[float],
-             command: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    def scan(
+        self, slot: int, t_ns: Sequence[int], accel: Sequence[float], speed: Sequence[float], command: Sequence[float]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Consecutive fresh observations of one slot: (score (n,) float64, alarm (n,) bool), the
         slot left as observation-by-observation steps would leave it."""
         st, advance = self._state[slot], self.advance
@@ -276,14 +303,17 @@ def _floats(x: Sequence[float] | np.ndarray) -> list[float]:
 
 # -- fitting ------------------------------------------------------------------------------------
 
+
 def _check_episodes(episodes: Sequence[ActuationEpisode], what: str) -> list[ActuationEpisode]:
     out = []
     for i, ep in enumerate(episodes):
         t = np.asarray(ep.t_ns, np.int64)
         arrays = [np.asarray(x, np.float64) for x in (ep.accel, ep.speed, ep.command)]
         if t.ndim != 1 or any(a.shape != t.shape for a in arrays):
-            raise ValueError(f"{what} episode {i}: t_ns, accel, speed and command need one equal length, got "
-                             f"{[t.shape] + [a.shape for a in arrays]}")
+            raise ValueError(
+                f"{what} episode {i}: t_ns, accel, speed and command need one equal length, got "
+                f"{[t.shape] + [a.shape for a in arrays]}"
+            )
         if t.size > 1 and not np.all(np.diff(t) > 0):
             raise ValueError(f"{what} episode {i}: timestamps must strictly increase")
         out.append(ActuationEpisode(t, *arrays))
@@ -319,8 +349,8 @@ def _pad_runs(runs: list[tuple[ActuationEpisode, slice]]) -> _Runs:
     for i, (ep, seg) in enumerate(runs):
         n = seg.stop - seg.start
         accel[i, :n], command[i, :n] = ep.accel[seg], ep.command[seg]
-        dt[i, :n - 1] = np.diff(ep.t_ns[seg]) * 1e-9
-        valid[i, :n - 1] = True
+        dt[i, : n - 1] = np.diff(ep.t_ns[seg]) * 1e-9
+        valid[i, : n - 1] = True
     return _Runs(accel, command, dt, valid)
 
 
@@ -340,8 +370,11 @@ def _lag_terms(runs: _Runs, tau: float) -> tuple[np.ndarray, np.ndarray, np.ndar
     return runs.accel[:, 1:][v], (runs.accel[:, :1] * keep)[v], lc[v], l1[v]
 
 
-def fit_actuation_model(episodes: Sequence[ActuationEpisode], settings: ActuationSettings = ActuationSettings(),
-                        taus: Sequence[float] | None = None) -> ActuationModel:
+def fit_actuation_model(
+    episodes: Sequence[ActuationEpisode],
+    settings: ActuationSettings = ActuationSettings(),
+    taus: Sequence[float] | None = None,
+) -> ActuationModel:
     """Least squares over (tau, gain, offset): for each tau on a log grid, (gain, offset) in closed form;
     then a finer grid between the best coarse point's neighbours."""
     eps = _check_episodes(episodes, "actuation fitting")
@@ -371,8 +404,9 @@ def fit_actuation_model(episodes: Sequence[ActuationEpisode], settings: Actuatio
     return ActuationModel(tau_s=float(best), gain=gain, offset=offset, rmse=math.sqrt(mse), n=n)
 
 
-def shortfall_scores(model: ActuationModel, settings: ActuationSettings, episodes: Sequence[ActuationEpisode]
-                     ) -> np.ndarray:
+def shortfall_scores(
+    model: ActuationModel, settings: ActuationSettings, episodes: Sequence[ActuationEpisode]
+) -> np.ndarray:
     """The rule's mean shortfall at every observation with a verdict (no threshold yet: nothing is
     confirmed or held), for calibration."""
     eps = _check_episodes(episodes, "actuation calibration")
@@ -387,14 +421,21 @@ def shortfall_scores(model: ActuationModel, settings: ActuationSettings, episode
     return np.array(out)
 
 
-def fit_actuation_check(train: Sequence[ActuationEpisode], calib: Sequence[ActuationEpisode], alpha: float,
-                        data_description: str, settings: ActuationSettings = ActuationSettings()) -> ActuationCheck:
+def fit_actuation_check(
+    train: Sequence[ActuationEpisode],
+    calib: Sequence[ActuationEpisode],
+    alpha: float,
+    data_description: str,
+    settings: ActuationSettings = ActuationSettings(),
+) -> ActuationCheck:
     """Fit the actuation model on ``train``; threshold the mean shortfall on held-out ``calib`` at the
     per-observation rate ``alpha`` (split-conformal, as the gates' scores)."""
     model = fit_actuation_model(train, settings)
     scores = shortfall_scores(model, settings, calib)
     calibration = calibrate_threshold(scores, alpha, data_description)
     if not calibration.threshold > 0.0:
-        raise ValueError(f"actuation calibration gave a threshold of {calibration.threshold}; the held-out data "
-                         "shows no shortfall noise at all, so it cannot be nominal driving")
+        raise ValueError(
+            f"actuation calibration gave a threshold of {calibration.threshold}; the held-out data "
+            "shows no shortfall noise at all, so it cannot be nominal driving"
+        )
     return ActuationCheck(model, settings, calibration)

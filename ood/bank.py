@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .monitor import GateMonitor
-from .one_row import OneRowTick, ratio_at_zero
-from .score import StackedScorer
+from dualloop.ood.monitor import GateMonitor
+from dualloop.ood.one_row import OneRowTick, ratio_at_zero
+from dualloop.ood.score import StackedScorer
 
 _INF = float("inf")
 _F64, _BOOL = np.dtype(np.float64), np.dtype(bool)  # dtype objects: np.array resolves them faster than types
@@ -44,9 +44,14 @@ class GateBank:
             if m.filter.n_slots < n_slots:
                 raise ValueError(f"monitor {j} has {m.filter.n_slots} slots, the bank needs {n_slots}")
         scorers = [m.scorer for m in self.monitors]
-        self.scorer = StackedScorer([s.stats for s in scorers], [s.threshold for s in scorers],
-                                    [s.norm_low for s in scorers], [s.norm_high for s in scorers], max_batch=n_slots,
-                                    ranges=[s.feature_range for s in scorers])
+        self.scorer = StackedScorer(
+            [s.stats for s in scorers],
+            [s.threshold for s in scorers],
+            [s.norm_low for s in scorers],
+            [s.norm_high for s in scorers],
+            max_batch=n_slots,
+            ranges=[s.feature_range for s in scorers],
+        )
         self.n_slots = n_slots
         self._gates = [(mon.filter.slot_states, mon.filter.advance) for mon in self.monitors]
         self._one_row = OneRowTick(self.scorer, self._gates, [mon.filter.zero for mon in self.monitors])
@@ -65,9 +70,15 @@ class GateBank:
         """The compiled tick makes the products too, with numpy's own BLAS routines (see ``ood.blas``)."""
         return self._one_row.one_call
 
-    def step(self, slots: Sequence[int], features: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None,
-             also: Sequence[bool] | None = None, changes: Sequence[np.ndarray | None] | None = None,
-             context: Sequence[np.ndarray | None] | None = None) -> BankStep:
+    def step(
+        self,
+        slots: Sequence[int],
+        features: Sequence[np.ndarray | None],
+        nan_rows: np.ndarray | None = None,
+        also: Sequence[bool] | None = None,
+        changes: Sequence[np.ndarray | None] | None = None,
+        context: Sequence[np.ndarray | None] | None = None,
+    ) -> BankStep:
         """One tick for the rows of ``slots`` (slot numbers, in row order): ``features[g]`` is gate
         g's (rows, dim_g) features (None: every row NaN), ``nan_rows`` rows to score as NaN in every
         gate (see ``StackedScorer.score_rows``), ``also`` per row a veto from elsewhere (the freeze
@@ -76,9 +87,15 @@ class GateBank:
         score, threshold, alarm = self.step_lists(slots, features, nan_rows, also, changes, context)
         return BankStep(np.array(score, _F64), np.array(threshold, _F64), np.array(alarm, _BOOL))
 
-    def step_lists(self, slots: Sequence[int], features: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None,
-                   also: Sequence[bool] | None = None, changes: Sequence[np.ndarray | None] | None = None,
-                   context: Sequence[np.ndarray | None] | None = None) -> tuple[list[float], list[float], list[bool]]:
+    def step_lists(
+        self,
+        slots: Sequence[int],
+        features: Sequence[np.ndarray | None],
+        nan_rows: np.ndarray | None = None,
+        also: Sequence[bool] | None = None,
+        changes: Sequence[np.ndarray | None] | None = None,
+        context: Sequence[np.ndarray | None] | None = None,
+    ) -> tuple[list[float], list[float], list[bool]]:
         """``step`` as Python lists (score, threshold, alarm per row), fresh: a caller that folds in more
         per-row verdicts (the executor's actuation check) does it on floats, then makes its arrays once."""
         n = len(slots)

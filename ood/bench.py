@@ -6,18 +6,22 @@ import time
 
 import numpy as np
 
-from .fit import fit_statistics
-from .score import GateScorer
+from dualloop.ood.fit import fit_statistics
+from dualloop.ood.score import GateScorer
 
 
-def bench_scorer(d: int = 64, batch: int = 1, n_iter: int = 20000, variant: str = "single", seed: int = 0) -> dict[str, float]:
+def bench_scorer(
+    d: int = 64, batch: int = 1, n_iter: int = 20000, variant: str = "single", seed: int = 0
+) -> dict[str, float]:
     """Time ``GateScorer.score`` on random float32 rows; microseconds per call and per row."""
     rng = np.random.default_rng(seed)
     n_train = max(4 * d, 2000)
     mean = rng.normal(size=d)
     x_train = mean + rng.normal(size=(n_train, d)) * 0.5
     y = rng.integers(0, 5, size=n_train) if variant != "single" else None
-    scorer = GateScorer(fit_statistics(x_train, y, variant=variant), threshold=float(d), norm_low=1e-3, norm_high=1e6, max_batch=batch)
+    scorer = GateScorer(
+        fit_statistics(x_train, y, variant=variant), threshold=float(d), norm_low=1e-3, norm_high=1e6, max_batch=batch
+    )
     x = (mean + rng.normal(size=(batch, d)) * 0.5).astype(np.float32)
     for _ in range(min(200, n_iter)):  # warm caches and buffers
         scorer.score(x)

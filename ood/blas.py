@@ -27,8 +27,12 @@ _SYMBOLS = (("scipy_cblas_dgemv64_", "scipy_cblas_ddot64_"),)
 def find() -> tuple[int, int] | None:
     """The addresses of numpy's ``cblas_dgemv`` and ``cblas_ddot`` (64-bit integer interface), or None."""
     root = Path(np.__file__).resolve().parent
-    candidates = [p for folder in (root.parent / "numpy.libs", root / ".dylibs")
-                  for p in sorted(folder.glob("*openblas*")) if p.is_file()]
+    candidates = [
+        p
+        for folder in (root.parent / "numpy.libs", root / ".dylibs")
+        for p in sorted(folder.glob("*openblas*"))
+        if p.is_file()
+    ]
     for path in candidates:
         try:
             lib = ctypes.CDLL(str(path))  # the library numpy already loaded: the same handle, no second copy
@@ -36,8 +40,10 @@ def find() -> tuple[int, int] | None:
             continue
         for gemv, ddot in _SYMBOLS:
             try:
-                return (ctypes.cast(getattr(lib, gemv), ctypes.c_void_p).value,
-                        ctypes.cast(getattr(lib, ddot), ctypes.c_void_p).value)
+                return (
+                    ctypes.cast(getattr(lib, gemv), ctypes.c_void_p).value,
+                    ctypes.cast(getattr(lib, ddot), ctypes.c_void_p).value,
+                )
             except AttributeError:
                 continue
     return None

@@ -89,8 +89,12 @@ class NormBand:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> NormBand:
         return NormBand(
-            low=float(d["low"]), high=float(d["high"]), alpha=float(d["alpha"]), n=int(d["n"]),
-            empirical_rate=float(d["empirical_rate"]), margin=float(d["margin"]),
+            low=float(d["low"]),
+            high=float(d["high"]),
+            alpha=float(d["alpha"]),
+            n=int(d["n"]),
+            empirical_rate=float(d["empirical_rate"]),
+            margin=float(d["margin"]),
         )
 
 
@@ -145,14 +149,19 @@ def calibrate_norm_band(norms: np.ndarray, alpha: float, margin: float = 1.0) ->
     lo_rank = math.floor((n + 1) * (alpha / 2.0) + _RANK_EPS)
     if hi_rank > n or lo_rank < 1:
         raise ValueError(
-            f"norm band at alpha={alpha} needs at least {math.ceil(2.0 / alpha - 1.0 - _RANK_EPS)} held-out rows, got {n}"
+            f"norm band at alpha={alpha} needs at least {math.ceil(2.0 / alpha - 1.0 - _RANK_EPS)} held-out rows, "
+            f"got {n}"
         )
     low, high = float(v[lo_rank - 1]) / margin, float(v[hi_rank - 1]) * margin
     if low <= 0.0:
         raise ValueError("held-out data contains all-zero feature rows; the norm band would accept them")
     return NormBand(
-        low=low, high=high, alpha=alpha, n=n,
-        empirical_rate=float(np.mean((v < low) | (v > high))), margin=float(margin),
+        low=low,
+        high=high,
+        alpha=alpha,
+        n=n,
+        empirical_rate=float(np.mean((v < low) | (v > high))),
+        margin=float(margin),
     )
 
 
@@ -184,26 +193,48 @@ class FeatureRange:
     context_high: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"low": list(self.low), "high": list(self.high), "margin": float(self.margin), "n": int(self.n),
-                "calibration_rate": float(self.calibration_rate), "change_low": list(self.change_low),
-                "change_high": list(self.change_high), "change_note": self.change_note,
-                "context_names": list(self.context_names), "context_low": list(self.context_low),
-                "context_high": list(self.context_high)}
+        return {
+            "low": list(self.low),
+            "high": list(self.high),
+            "margin": float(self.margin),
+            "n": int(self.n),
+            "calibration_rate": float(self.calibration_rate),
+            "change_low": list(self.change_low),
+            "change_high": list(self.change_high),
+            "change_note": self.change_note,
+            "context_names": list(self.context_names),
+            "context_low": list(self.context_low),
+            "context_high": list(self.context_high),
+        }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> FeatureRange:
         floats = lambda key: tuple(float(v) for v in d.get(key, ()))  # noqa: E731
-        rng = FeatureRange(floats("low"), floats("high"), float(d["margin"]), int(d["n"]), float(d["calibration_rate"]),
-                           floats("change_low"), floats("change_high"), str(d.get("change_note", "")),
-                           tuple(str(v) for v in d.get("context_names", ())), floats("context_low"),
-                           floats("context_high"))
-        if len(rng.low) != len(rng.high) or len(rng.change_low) != len(rng.change_high) or \
-                (rng.change_low and len(rng.change_low) != len(rng.low)) or \
-                not len(rng.context_names) == len(rng.context_low) == len(rng.context_high):
-            raise ValueError(f"feature range lengths differ: {len(rng.low)} lows, {len(rng.high)} highs, "
-                             f"{len(rng.change_low)} change lows, {len(rng.change_high)} change highs, "
-                             f"{len(rng.context_names)} context names, {len(rng.context_low)} lows, "
-                             f"{len(rng.context_high)} highs")
+        rng = FeatureRange(
+            floats("low"),
+            floats("high"),
+            float(d["margin"]),
+            int(d["n"]),
+            float(d["calibration_rate"]),
+            floats("change_low"),
+            floats("change_high"),
+            str(d.get("change_note", "")),
+            tuple(str(v) for v in d.get("context_names", ())),
+            floats("context_low"),
+            floats("context_high"),
+        )
+        if (
+            len(rng.low) != len(rng.high)
+            or len(rng.change_low) != len(rng.change_high)
+            or (rng.change_low and len(rng.change_low) != len(rng.low))
+            or not len(rng.context_names) == len(rng.context_low) == len(rng.context_high)
+        ):
+            raise ValueError(
+                f"feature range lengths differ: {len(rng.low)} lows, {len(rng.high)} highs, "
+                f"{len(rng.change_low)} change lows, {len(rng.change_high)} change highs, "
+                f"{len(rng.context_names)} context names, {len(rng.context_low)} lows, "
+                f"{len(rng.context_high)} highs"
+            )
         return rng
 
     def limits(self) -> list[tuple[np.ndarray, np.ndarray] | None]:
@@ -211,7 +242,9 @@ class FeatureRange:
         pairs = ((self.low, self.high), (self.change_low, self.change_high), (self.context_low, self.context_high))
         return [(np.array(lo), np.array(hi)) if lo else None for lo, hi in pairs]
 
-    def outside(self, x: np.ndarray, changes: np.ndarray | None = None, context: np.ndarray | None = None) -> np.ndarray:
+    def outside(
+        self, x: np.ndarray, changes: np.ndarray | None = None, context: np.ndarray | None = None
+    ) -> np.ndarray:
         """(n,) bool: rows with a value (or a change, or a context value, where given and limited)
         outside its limits. NaN compares False: a non-finite row is not out of range, it is non-finite."""
         out = np.zeros(len(x), bool)
@@ -228,10 +261,17 @@ def _widened(x: np.ndarray, margin: float) -> tuple[tuple[float, ...], tuple[flo
     return tuple((lo - margin * span).tolist()), tuple((hi + margin * span).tolist())
 
 
-def fit_feature_range(x_train: np.ndarray, x_calib: np.ndarray, margin: float,
-                      changes_train: np.ndarray | None = None, changes_calib: np.ndarray | None = None,
-                      change_note: str = "", context_train: np.ndarray | None = None,
-                      context_calib: np.ndarray | None = None, context_names: Sequence[str] = ()) -> FeatureRange:
+def fit_feature_range(
+    x_train: np.ndarray,
+    x_calib: np.ndarray,
+    margin: float,
+    changes_train: np.ndarray | None = None,
+    changes_calib: np.ndarray | None = None,
+    change_note: str = "",
+    context_train: np.ndarray | None = None,
+    context_calib: np.ndarray | None = None,
+    context_names: Sequence[str] = (),
+) -> FeatureRange:
     """Limits from ``x_train`` (``changes_train``, NaN where unknown; ``context_train``): [min -
     margin*span, max + margin*span] per column; the fraction of calibration rows outside them is recorded."""
     if not (margin >= 0.0 and np.isfinite(margin)):
@@ -241,9 +281,24 @@ def fit_feature_range(x_train: np.ndarray, x_calib: np.ndarray, margin: float,
     if context_train is not None and len(context_names) != np.shape(context_train)[1]:
         raise ValueError(f"{len(context_names)} context names for {np.shape(context_train)[1]} context columns")
     low, high = _widened(np.asarray(x_train, np.float64), margin)
-    change_low, change_high = ((), ()) if changes_train is None else _widened(np.asarray(changes_train, np.float64), margin)
-    context_low, context_high = ((), ()) if context_train is None else _widened(np.asarray(context_train, np.float64), margin)
-    rng = FeatureRange(low, high, float(margin), int(len(x_train)), 0.0, change_low, change_high, change_note,
-                       tuple(context_names) if context_train is not None else (), context_low, context_high)
+    change_low, change_high = (
+        ((), ()) if changes_train is None else _widened(np.asarray(changes_train, np.float64), margin)
+    )
+    context_low, context_high = (
+        ((), ()) if context_train is None else _widened(np.asarray(context_train, np.float64), margin)
+    )
+    rng = FeatureRange(
+        low,
+        high,
+        float(margin),
+        int(len(x_train)),
+        0.0,
+        change_low,
+        change_high,
+        change_note,
+        tuple(context_names) if context_train is not None else (),
+        context_low,
+        context_high,
+    )
     rate = float(rng.outside(np.asarray(x_calib, np.float64), changes_calib, context_calib).mean())
     return dataclasses.replace(rng, calibration_rate=rate)

@@ -21,7 +21,7 @@ from operator import sub as _sub
 
 import numpy as np
 
-from . import compiled
+from dualloop.ood import compiled
 
 
 class ChangeTracker:
@@ -38,15 +38,17 @@ class ChangeTracker:
         if module is not None:  # this instance's step: the same loop in C (ood/_tick.c), called directly
             self.step = partial(module.change_step, self._step_python, self._last, self._change, self._unknown)
 
-    def step(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool], finite: Sequence[bool]
-             ) -> list[list[float]]:
+    def step(
+        self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool], finite: Sequence[bool]
+    ) -> list[list[float]]:
         """x (rows, dim) float32 raw features of the rows ticking now; their changes, one list of
         floats per row (the scorer takes them as they are; ``np.array`` makes the (rows, dim) array).
         The lists are the tracker's own: read them, do not change them."""
         return self._step_python(x, slots, fresh, finite)
 
-    def _step_python(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool], finite: Sequence[bool]
-                     ) -> list[list[float]]:
+    def _step_python(
+        self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool], finite: Sequence[bool]
+    ) -> list[list[float]]:
         """``step`` in Python: the reference, and the C loop's path for rows that are not float32."""
         last, change, out = self._last, self._change, []
         for slot, now, is_fresh, ok in zip(slots, x.tolist(), fresh, finite):

@@ -15,7 +15,7 @@ from types import ModuleType
 
 _module: ModuleType | None
 try:
-    from . import _tick as _module
+    from dualloop.ood import _tick as _module
 except ImportError:  # not built (no compiler at install time): the pure-Python path
     _module = None
 

@@ -88,7 +88,12 @@ class CusumSettings:
         return math.ceil((self.effective_cap - self.h) / self.down - _CUSUM_EPS) + 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "h": float(self.h), "down": float(self.down), "cap": None if self.cap is None else float(self.cap)}
+        return {
+            "kind": self.kind,
+            "h": float(self.h),
+            "down": float(self.down),
+            "cap": None if self.cap is None else float(self.cap),
+        }
 
 
 FilterSettings = KOfNSettings | CusumSettings
@@ -108,8 +113,9 @@ class SequentialFilter(Protocol):
     settings: FilterSettings
     n_slots: int
 
-    def update(self, exceed: np.ndarray, immediate: np.ndarray | None = None,
-               slots: np.ndarray | list[int] | None = None) -> np.ndarray: ...
+    def update(
+        self, exceed: np.ndarray, immediate: np.ndarray | None = None, slots: np.ndarray | list[int] | None = None
+    ) -> np.ndarray: ...
 
     def reset(self, slot: int | np.ndarray) -> None: ...
 
@@ -132,8 +138,9 @@ class _SlotFilter:
         """The per-tick rule for one slot: ``advance(state, exceed, immediate) -> (new state, alarm)``."""
         raise NotImplementedError
 
-    def update(self, exceed: np.ndarray, immediate: np.ndarray | None = None,
-               slots: np.ndarray | list[int] | None = None) -> np.ndarray:
+    def update(
+        self, exceed: np.ndarray, immediate: np.ndarray | None = None, slots: np.ndarray | list[int] | None = None
+    ) -> np.ndarray:
         """Advance the slots in ``slots`` (None: all, in order) by one tick; the alarm per row."""
         e = np.asarray(exceed, dtype=bool)
         rows = range(self.n_slots) if slots is None else np.asarray(slots, dtype=np.intp).tolist()

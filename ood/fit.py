@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .shrinkage import SHRINKAGE_METHODS, shrunk_covariance
+from dualloop.ood.shrinkage import SHRINKAGE_METHODS, shrunk_covariance
 
 Variant = Literal["single", "tied", "relative"]
 VARIANTS: tuple[str, ...] = ("single", "tied", "relative")
@@ -176,10 +176,20 @@ def fit_statistics(
     if variant == "single":
         cov, coef = shrunk_covariance(z - center, shrinkage)
         return GateStats(
-            variant=variant, shrinkage=shrinkage, n_train=n, center=center, covariance=cov,
-            whiten=whitening_from_covariance(cov), shrinkage_coef=coef,
-            class_labels=np.zeros(0, dtype=np.int64), class_means=empty_kd, class_offsets=empty_kd,
-            bg_covariance=empty_dd, bg_whiten=empty_dd, bg_shrinkage_coef=0.0, norm=norm,
+            variant=variant,
+            shrinkage=shrinkage,
+            n_train=n,
+            center=center,
+            covariance=cov,
+            whiten=whitening_from_covariance(cov),
+            shrinkage_coef=coef,
+            class_labels=np.zeros(0, dtype=np.int64),
+            class_means=empty_kd,
+            class_offsets=empty_kd,
+            bg_covariance=empty_dd,
+            bg_whiten=empty_dd,
+            bg_shrinkage_coef=0.0,
+            norm=norm,
         )
 
     if y is None:
@@ -203,8 +213,18 @@ def fit_statistics(
         bg_cov, bg_coef = shrunk_covariance(z - center, shrinkage)
         bg_whiten = whitening_from_covariance(bg_cov)
     return GateStats(
-        variant=variant, shrinkage=shrinkage, n_train=n, center=center, covariance=cov,
-        whiten=whiten, shrinkage_coef=coef, class_labels=classes.astype(np.int64),
-        class_means=class_means, class_offsets=offsets, bg_covariance=bg_cov, bg_whiten=bg_whiten,
-        bg_shrinkage_coef=bg_coef, norm=norm,
+        variant=variant,
+        shrinkage=shrinkage,
+        n_train=n,
+        center=center,
+        covariance=cov,
+        whiten=whiten,
+        shrinkage_coef=coef,
+        class_labels=classes.astype(np.int64),
+        class_means=class_means,
+        class_offsets=offsets,
+        bg_covariance=bg_cov,
+        bg_whiten=bg_whiten,
+        bg_shrinkage_coef=bg_coef,
+        norm=norm,
     )

@@ -15,8 +15,7 @@ from functools import partial
 
 import numpy as np
 
-from . import compiled
-
+from dualloop.ood import compiled
 
 _FLOAT32 = np.dtype(np.float32)
 
@@ -43,8 +42,9 @@ class FreezeDetector:
         Delay: the `repeats`-th identical fresh observation after onset alarms, i.e. `repeats` ticks
         after the first frozen sample at the observation rate.
         """
-        return np.array(self.step(x, np.asarray(slots, dtype=np.intp).tolist(), np.asarray(fresh, dtype=bool).tolist()),
-                        dtype=bool)
+        return np.array(
+            self.step(x, np.asarray(slots, dtype=np.intp).tolist(), np.asarray(fresh, dtype=bool).tolist()), dtype=bool
+        )
 
     def step(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool]) -> list[bool]:
         """``update`` with the slots and fresh flags as Python sequences; returns a list.

@@ -6,19 +6,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .actuation import ActuationCheck
-from .calibrate import FeatureRange, NormBand, ThresholdCalibration, calibrate_norm_band, calibrate_threshold, fit_feature_range
-from .filter import FilterSettings, KOfNSettings, filter_settings_from_dict, make_filter
-from .fit import GateStats, check_feature_matrix, fit_statistics, raw_norms
-from .monitor import GateMonitor
-from .score import GateScorer, score_in_chunks
+from dualloop.ood.actuation import ActuationCheck
+from dualloop.ood.calibrate import (
+    FeatureRange,
+    NormBand,
+    ThresholdCalibration,
+    calibrate_norm_band,
+    calibrate_threshold,
+    fit_feature_range,
+)
+from dualloop.ood.filter import FilterSettings, KOfNSettings, filter_settings_from_dict, make_filter
+from dualloop.ood.fit import GateStats, check_feature_matrix, fit_statistics, raw_norms
+from dualloop.ood.monitor import GateMonitor
+from dualloop.ood.score import GateScorer, score_in_chunks
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class Gate:
     @cached_property
     def version_hash(self) -> str:
         """sha256 of the canonical content (metadata JSON + arrays); identical after a round trip."""
-        from .gatefile import content_hash  # gatefile imports Gate; importing here breaks the cycle
+        from dualloop.ood.gatefile import content_hash  # gatefile imports Gate; importing here breaks the cycle
 
         return content_hash(self)
 
@@ -79,8 +86,11 @@ class Gate:
         """
         filt = self.filter
         score = filt.false_alarm_probability(self.calibration.alpha) if isinstance(filt, KOfNSettings) else float("nan")
-        out = {"norm_guard": self.norm_band.alpha, "filtered_score": score,
-               "norm_guard_measured": self.norm_band.empirical_rate}
+        out = {
+            "norm_guard": self.norm_band.alpha,
+            "filtered_score": score,
+            "norm_guard_measured": self.norm_band.empirical_rate,
+        }
         if self.feature_range is not None:
             out["range_guard_measured"] = self.feature_range.calibration_rate
         if self.actuation is not None:  # before its filter and distrust hold, per observation with a verdict
@@ -103,7 +113,7 @@ class Gate:
 
     def save(self, path: str) -> str:
         """Write the gate file; returns the version hash."""
-        from .gatefile import save_gate
+        from dualloop.ood.gatefile import save_gate
 
         return save_gate(self, path)
 
@@ -163,7 +173,19 @@ def fit_gate(
     scores, _ = score_in_chunks(GateScorer(stats), calib)
     calibration = calibrate_threshold(scores, alpha, data_description)
     band = calibrate_norm_band(raw_norms(calib), alpha if norm_alpha is None else norm_alpha, norm_margin)
-    feature_range = None if range_margin is None else fit_feature_range(
-        X_train, calib, range_margin, changes_train, changes_calib, change_note, context_train, context_calib,
-        context_names)
+    feature_range = (
+        None
+        if range_margin is None
+        else fit_feature_range(
+            X_train,
+            calib,
+            range_margin,
+            changes_train,
+            changes_calib,
+            change_note,
+            context_train,
+            context_calib,
+            context_names,
+        )
+    )
     return Gate(stats, calibration, band, _filter_settings(filter), schema, feature_range)

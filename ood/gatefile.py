@@ -18,19 +18,41 @@ from typing import Any
 
 import numpy as np
 
-from .actuation import ActuationCheck
-from .calibrate import FeatureRange, NormBand, ThresholdCalibration
-from .filter import filter_settings_from_dict
-from .fit import VARIANTS, GateStats, NormStats
-from .gate import FeatureSchema, Gate
-from .shrinkage import SHRINKAGE_METHODS
+from dualloop.ood.actuation import ActuationCheck
+from dualloop.ood.calibrate import FeatureRange, NormBand, ThresholdCalibration
+from dualloop.ood.filter import filter_settings_from_dict
+from dualloop.ood.fit import VARIANTS, GateStats, NormStats
+from dualloop.ood.gate import FeatureSchema, Gate
+from dualloop.ood.shrinkage import SHRINKAGE_METHODS
 
 FORMAT_NAME = "dualloop.ood.gate"
 FORMAT_VERSION = 1
 _INT_ARRAYS = ("class_labels",)
-_ARRAY_NAMES = ("center", "covariance", "whiten", "class_labels", "class_means", "class_offsets", "bg_covariance", "bg_whiten")
-_META_KEYS = ("format", "format_version", "variant", "shrinkage", "n_train", "dim", "shrinkage_coef",
-              "bg_shrinkage_coef", "norm_train", "calibration", "norm_band", "filter", "schema")
+_ARRAY_NAMES = (
+    "center",
+    "covariance",
+    "whiten",
+    "class_labels",
+    "class_means",
+    "class_offsets",
+    "bg_covariance",
+    "bg_whiten",
+)
+_META_KEYS = (
+    "format",
+    "format_version",
+    "variant",
+    "shrinkage",
+    "n_train",
+    "dim",
+    "shrinkage_coef",
+    "bg_shrinkage_coef",
+    "norm_train",
+    "calibration",
+    "norm_band",
+    "filter",
+    "schema",
+)
 
 
 def _canonical_arrays(stats: GateStats) -> dict[str, np.ndarray]:
@@ -119,7 +141,10 @@ def describe_schema_mismatch(gate_names: Sequence[str], expected: Sequence[str])
         parts.append(f"in gate but not expected: {extra[:8]}{' ...' if len(extra) > 8 else ''}")
     if not missing and not extra:
         i = next(i for i, (a, b) in enumerate(zip(gate_names, expected)) if a != b)
-        parts.append(f"same names in a different order; first difference at position {i}: gate {gate_names[i]!r}, caller {expected[i]!r}")
+        parts.append(
+            f"same names in a different order; first difference at position {i}: gate {gate_names[i]!r}, "
+            f"caller {expected[i]!r}"
+        )
     return "; ".join(parts)
 
 
@@ -132,15 +157,23 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
     except FileNotFoundError:
         raise
     except Exception as exc:  # zipfile/zlib/numpy raise many types for a damaged file
-        raise ValueError(f"gate file {path}: unreadable or not a pickle-free .npz ({type(exc).__name__}: {exc})") from exc
+        raise ValueError(
+            f"gate file {path}: unreadable or not a pickle-free .npz ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def _check_shapes(path: str, arrays: dict[str, np.ndarray], variant: str, dim: int) -> None:
     k = arrays["class_labels"].shape[0] if arrays["class_labels"].ndim == 1 else -1
     bg = (dim, dim) if variant == "relative" else (0, 0)
     want = {
-        "center": (dim,), "covariance": (dim, dim), "whiten": (dim, dim), "class_labels": (k,),
-        "class_means": (k, dim), "class_offsets": (k, dim), "bg_covariance": bg, "bg_whiten": bg,
+        "center": (dim,),
+        "covariance": (dim, dim),
+        "whiten": (dim, dim),
+        "class_labels": (k,),
+        "class_means": (k, dim),
+        "class_offsets": (k, dim),
+        "bg_covariance": bg,
+        "bg_whiten": bg,
     }
     wrong = [f"{n} {arrays[n].shape} (want {want[n]})" for n in _ARRAY_NAMES if arrays[n].shape != want[n]]
     if (variant == "single") != (k == 0):
@@ -190,9 +223,13 @@ def load_gate(
         dim = int(meta["dim"])
         _check_shapes(path, arrays, meta["variant"], dim)
         stats = GateStats(
-            variant=meta["variant"], shrinkage=meta["shrinkage"], n_train=int(meta["n_train"]),
-            shrinkage_coef=float(meta["shrinkage_coef"]), bg_shrinkage_coef=float(meta["bg_shrinkage_coef"]),
-            norm=NormStats.from_dict(meta["norm_train"]), **arrays,
+            variant=meta["variant"],
+            shrinkage=meta["shrinkage"],
+            n_train=int(meta["n_train"]),
+            shrinkage_coef=float(meta["shrinkage_coef"]),
+            bg_shrinkage_coef=float(meta["bg_shrinkage_coef"]),
+            norm=NormStats.from_dict(meta["norm_train"]),
+            **arrays,
         )
         gate = Gate(
             stats=stats,
@@ -216,8 +253,10 @@ def load_gate(
     if gate.actuation is not None:
         wanted = (gate.actuation.settings.accel_feature, gate.actuation.settings.speed_feature)
         if not set(wanted) <= set(gate.schema.feature_names):
-            raise ValueError(f"gate file {path}: the actuation check reads {list(wanted)}, which this gate's "
-                             f"{gate.schema.source} features do not include")
+            raise ValueError(
+                f"gate file {path}: the actuation check reads {list(wanted)}, which this gate's "
+                f"{gate.schema.source} features do not include"
+            )
     if gate.version_hash != meta["version_hash"]:
         raise ValueError(
             f"gate file {path}: content hash mismatch (stored {str(meta['version_hash'])[:12]}..., "
@@ -229,6 +268,7 @@ def load_gate(
             raise ValueError(f"gate file {path}: feature schema mismatch: {diff}")
     if expected_source is not None and gate.schema.source != expected_source:
         raise ValueError(
-            f"gate file {path}: feature source mismatch: gate was fitted on {gate.schema.source!r}, caller feeds {expected_source!r}"
+            f"gate file {path}: feature source mismatch: gate was fitted on {gate.schema.source!r}, "
+            f"caller feeds {expected_source!r}"
         )
     return gate

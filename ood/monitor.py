@@ -6,8 +6,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .filter import CusumFilter, FilterSettings, KOfNFilter, make_filter
-from .score import GateFlags, GateScorer
+from dualloop.ood.filter import CusumFilter, FilterSettings, KOfNFilter, make_filter
+from dualloop.ood.score import GateFlags, GateScorer
 
 
 class GateStep(NamedTuple):
@@ -39,8 +39,13 @@ class GateMonitor:
     def n_slots(self) -> int:
         return self.filter.n_slots
 
-    def step(self, features: np.ndarray, slots: np.ndarray | None = None, changes: np.ndarray | None = None,
-             context: np.ndarray | None = None) -> GateStep:
+    def step(
+        self,
+        features: np.ndarray,
+        slots: np.ndarray | None = None,
+        changes: np.ndarray | None = None,
+        context: np.ndarray | None = None,
+    ) -> GateStep:
         """``changes``, ``context``: each row's change since its previous observation and its context
         (plan), for the gate's feature range."""
         score, flags = self.scorer.score(features, changes, context)

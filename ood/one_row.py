@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import blas, compiled
-from .score import _SQ_HIGH, _SQ_LOW, _TINY, ClassTerms, StackedScorer, class_conditional, outside_limits
+from dualloop.ood import blas, compiled
+from dualloop.ood.score import _SQ_HIGH, _SQ_LOW, _TINY, ClassTerms, StackedScorer, class_conditional, outside_limits
 
 _INF = float("inf")
 
@@ -54,8 +54,12 @@ class _Gate(NamedTuple):
 class OneRowTick:
     """``GateBank.step`` for a single clean row (one session ticking)."""
 
-    def __init__(self, scorer: StackedScorer, gates: Sequence[tuple[list, Callable[[Any, bool, bool], tuple[Any, bool]]]],
-                 zeros: Sequence[Any]) -> None:
+    def __init__(
+        self,
+        scorer: StackedScorer,
+        gates: Sequence[tuple[list, Callable[[Any, bool, bool], tuple[Any, bool]]]],
+        zeros: Sequence[Any],
+    ) -> None:
         self.scorer = scorer
         v = scorer.views(1)
         # the scorer's own views at a batch of one: the same buffer rows, products and vecdot
@@ -68,9 +72,20 @@ class OneRowTick:
         self._gates = []
         for g, ((state, advance), zero) in enumerate(zip(gates, zeros)):
             quiet = zero if advance(zero, False, False) == (zero, False) else _NEVER
-            self._gates.append(_Gate(scorer._cc[g], scorer._classes[g], float(scorer.norm_lows[g]),
-                                     float(scorer.norm_highs[g]), float(scorer.thresholds[g]), g,
-                                     scorer._range_lists[g] is not None, state, advance, quiet))
+            self._gates.append(
+                _Gate(
+                    scorer._cc[g],
+                    scorer._classes[g],
+                    float(scorer.norm_lows[g]),
+                    float(scorer.norm_highs[g]),
+                    float(scorer.thresholds[g]),
+                    g,
+                    scorer._range_lists[g] is not None,
+                    state,
+                    advance,
+                    quiet,
+                )
+            )
         module = compiled.module()
         self._widen = None if module is None else module.widen
         kernel = None if module is None else module.Kernel(*self.kernel_args())
@@ -95,7 +110,9 @@ class OneRowTick:
         """The kernel's products fill the buffer rows with numpy's bits, on random rows of a few scales."""
         rng = np.random.default_rng(0)
         for scale in (1e-3, 1.0, 1e3):
-            rows = [(rng.standard_normal((1, proj.shape[0])) * scale).astype(np.float32) for proj, _, _ in self._products]
+            rows = [
+                (rng.standard_normal((1, proj.shape[0])) * scale).astype(np.float32) for proj, _, _ in self._products
+            ]
             self._numpy_products(rows)
             expected = [out.tobytes() for _, _, out in self._products]
             if kernel.products(rows) is not True or [out.tobytes() for _, _, out in self._products] != expected:
@@ -104,9 +121,24 @@ class OneRowTick:
 
     def kernel_args(self) -> tuple[int, np.ndarray, list[tuple]]:
         """``ood._tick.Kernel``'s arguments: the scorer's buffer and, per gate, its constants and filter."""
-        return self._n_linear, self._tail, [
-            (gate.cc, *((None, None, None) if gate.spec is None else gate.spec), gate.low, gate.high, gate.threshold,
-             self.scorer._range_lists[gate.index], gate.state, gate.advance, gate.quiet) for gate in self._gates]
+        return (
+            self._n_linear,
+            self._tail,
+            [
+                (
+                    gate.cc,
+                    *((None, None, None) if gate.spec is None else gate.spec),
+                    gate.low,
+                    gate.high,
+                    gate.threshold,
+                    self.scorer._range_lists[gate.index],
+                    gate.state,
+                    gate.advance,
+                    gate.quiet,
+                )
+                for gate in self._gates
+            ],
+        )
 
     @property
     def compiled(self) -> bool:
@@ -118,9 +150,14 @@ class OneRowTick:
         """The compiled module makes the products too, with numpy's BLAS (else numpy's calls do)."""
         return self._one_call
 
-    def step(self, slot: int, features: Sequence[np.ndarray | None], also: Sequence[bool] | None,
-             changes: Sequence[Any] | None, context: Sequence[np.ndarray | None] | None
-             ) -> tuple[list[float], list[float], list[bool]] | None:
+    def step(
+        self,
+        slot: int,
+        features: Sequence[np.ndarray | None],
+        also: Sequence[bool] | None,
+        changes: Sequence[Any] | None,
+        context: Sequence[np.ndarray | None] | None,
+    ) -> tuple[list[float], list[float], list[bool]] | None:
         """([score], [threshold], [alarm]) of the row, as ``GateBank.step_lists`` gives them; None (and
         nothing changed) when the row needs the general path."""
         if self._one_call:
@@ -129,9 +166,14 @@ class OneRowTick:
                 return out
         return self.without_blas(slot, features, also, changes, context)
 
-    def without_blas(self, slot: int, features: Sequence[np.ndarray | None], also: Sequence[bool] | None,
-                     changes: Sequence[Any] | None, context: Sequence[np.ndarray | None] | None
-                     ) -> tuple[list[float], list[float], list[bool]] | None:
+    def without_blas(
+        self,
+        slot: int,
+        features: Sequence[np.ndarray | None],
+        also: Sequence[bool] | None,
+        changes: Sequence[Any] | None,
+        context: Sequence[np.ndarray | None] | None,
+    ) -> tuple[list[float], list[float], list[bool]] | None:
         """``step`` with numpy's calls making the products: for a row the one-call tick returned
         NotImplemented for (``first`` already tried it), or when there is no such tick."""
         if not self._numpy_products(features):
@@ -154,9 +196,14 @@ class OneRowTick:
         np.vecdot(self._blocks, self._blocks, out=self._squares)
         return True
 
-    def _decide(self, slot: int, features: Sequence[np.ndarray | None], also: Sequence[bool] | None,
-                changes: Sequence[Any] | None, context: Sequence[np.ndarray | None] | None
-                ) -> tuple[list[float], list[float], list[bool]] | None:
+    def _decide(
+        self,
+        slot: int,
+        features: Sequence[np.ndarray | None],
+        also: Sequence[bool] | None,
+        changes: Sequence[Any] | None,
+        context: Sequence[np.ndarray | None] | None,
+    ) -> tuple[list[float], list[float], list[bool]] | None:
         """The decisions from the scorer's buffer once numpy has filled it (the reference pass)."""
         n_linear, sqrt = self._n_linear, math.sqrt
         decided = []
@@ -188,8 +235,13 @@ class OneRowTick:
                 top, score, threshold = ratio, d2, t
         return [score], [threshold], [bool(alarm)]
 
-    def _outside(self, g: int, features: Sequence[np.ndarray | None], changes: Sequence[Any] | None,
-                 context: Sequence[np.ndarray | None] | None) -> bool:
+    def _outside(
+        self,
+        g: int,
+        features: Sequence[np.ndarray | None],
+        changes: Sequence[Any] | None,
+        context: Sequence[np.ndarray | None] | None,
+    ) -> bool:
         """The row's values, change or context outside gate g's limits (``StackedScorer._outside_range``)."""
         sources = (features[g], None if changes is None else changes[g], None if context is None else context[g])
         given, low, high = self.scorer.flat_limits(g, sources)

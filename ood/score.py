@@ -27,13 +27,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import chain
-from operator import gt as _gt, lt as _lt
+from operator import gt as _gt
+from operator import lt as _lt
 from typing import NamedTuple
 
 import numpy as np
 
-from .calibrate import FeatureRange
-from .fit import GateStats
+from dualloop.ood.calibrate import FeatureRange
+from dualloop.ood.fit import GateStats
 
 _TINY = float(np.finfo(np.float64).tiny)
 _INF = float("inf")
@@ -144,8 +145,10 @@ class StackedScorer:
                 raise ValueError(f"a feature range of {len(rng.low)} features for a gate of {s.dim}")
         # per gate: [values, changes, context] as (low, high) or None each (FeatureRange.limits), or None
         self._ranges = [None if rng is None else rng.limits() for rng in ranges]
-        self._range_lists = [None if lim is None else [None if pair is None else (pair[0].tolist(), pair[1].tolist())
-                                                       for pair in lim] for lim in self._ranges]
+        self._range_lists = [
+            None if lim is None else [None if pair is None else (pair[0].tolist(), pair[1].tolist()) for pair in lim]
+            for lim in self._ranges
+        ]
         self._any_range = any(rng is not None for rng in ranges)
         self._ranged = [g for g, lim in enumerate(self._range_lists) if lim is not None]
         self._flat: dict[tuple[int, bool, bool, bool], tuple[tuple[int, ...], list[float], list[float]]] = {}
@@ -210,15 +213,25 @@ class StackedScorer:
             v = self._views[b] = _Views(
                 out=tuple(u[g] for g in range(g_count)),
                 blocks=u[:, :, : (1 + parts) * width].reshape(g_count, b, 1 + parts, width),
-                squares=u[:, :, cols - 1 - parts :], tail=u[:, :, (1 + parts) * width :],
-                low=self.norm_lows.tolist() * b, high=self.norm_highs.tolist() * b,
-                threshold=self.thresholds.tolist() * b, clean=[False] * (b * g_count), zeros=[0.0] * (b * g_count),
-                order=[(row * g_count + g, g) for g in range(g_count) for row in range(b)])
+                squares=u[:, :, cols - 1 - parts :],
+                tail=u[:, :, (1 + parts) * width :],
+                low=self.norm_lows.tolist() * b,
+                high=self.norm_highs.tolist() * b,
+                threshold=self.thresholds.tolist() * b,
+                clean=[False] * (b * g_count),
+                zeros=[0.0] * (b * g_count),
+                order=[(row * g_count + g, g) for g in range(g_count) for row in range(b)],
+            )
         return v
 
-    def score_rows(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None,
-                   changes: Sequence[np.ndarray | None] | None = None,
-                   context: Sequence[np.ndarray | None] | None = None) -> RowScores:
+    def score_rows(
+        self,
+        b: int,
+        rows: Sequence[np.ndarray | None],
+        nan_rows: np.ndarray | None = None,
+        changes: Sequence[np.ndarray | None] | None = None,
+        context: Sequence[np.ndarray | None] | None = None,
+    ) -> RowScores:
         """Score ``b`` rows for every gate; ``rows[g]``: gate g's (b, dim_g) features (None: all NaN).
 
         ``nan_rows`` (optional, (b,) bool): rows to score as NaN in every gate, because the caller
@@ -239,9 +252,14 @@ class StackedScorer:
             immediate[e] = oor[e] = True
         return r._replace(immediate=immediate, out_of_range=oor)
 
-    def _outside_range(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None,
-                       changes: Sequence[np.ndarray | None] | None,
-                       context: Sequence[np.ndarray | None] | None) -> list[int] | None:
+    def _outside_range(
+        self,
+        b: int,
+        rows: Sequence[np.ndarray | None],
+        nan_rows: np.ndarray | None,
+        changes: Sequence[np.ndarray | None] | None,
+        context: Sequence[np.ndarray | None] | None,
+    ) -> list[int] | None:
         """Entries (row-major (row, gate)) with a value, change or context value outside the gate's
         limits; None when there are none. NaN compares False: NaN is the nonfinite flag's."""
         if b <= _PYTHON_RANGE_ROWS:
@@ -268,9 +286,13 @@ class StackedScorer:
             hits = (hits or []) + [row * g_count + g for row in np.flatnonzero(out).tolist()]
         return hits
 
-    def _outside_range_few(self, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None,
-                           changes: Sequence[np.ndarray | None] | None,
-                           context: Sequence[np.ndarray | None] | None) -> list[int] | None:
+    def _outside_range_few(
+        self,
+        rows: Sequence[np.ndarray | None],
+        nan_rows: np.ndarray | None,
+        changes: Sequence[np.ndarray | None] | None,
+        context: Sequence[np.ndarray | None] | None,
+    ) -> list[int] | None:
         """``_outside_range`` for a few rows, in Python over plain floats (a tick of one session would
         pay more for the numpy calls than for the comparisons). Same comparisons, same NaN rule."""
         hits = None
@@ -302,8 +324,11 @@ class StackedScorer:
         if flat is None:
             limits = self._range_lists[g] or [None, None, None]
             given = tuple(i for i, (src, lim) in enumerate(zip(key[1:], limits)) if src and lim is not None)
-            flat = self._flat[key] = (given, [v for i in given for v in limits[i][0]],
-                                      [v for i in given for v in limits[i][1]])
+            flat = self._flat[key] = (
+                given,
+                [v for i in given for v in limits[i][0]],
+                [v for i in given for v in limits[i][1]],
+            )
         return flat
 
     def _score_rows(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None = None) -> RowScores:
@@ -340,8 +365,9 @@ class StackedScorer:
             return RowScores(threshold, scores, v.clean, norm_out, exceed, norm_out, v.clean)
         return self._special(b, rows, nan_rows, special, scores, norm_out, exceed)
 
-    def _single_vectorised(self, b: int, v: _Views, rows: Sequence[np.ndarray | None],
-                           nan_rows: np.ndarray | None) -> RowScores:
+    def _single_vectorised(
+        self, b: int, v: _Views, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None
+    ) -> RowScores:
         """The loop above for many rows of single-variant gates (replay, calibration), as numpy
         operations in the same order on the same float64 values: the same scores and flags."""
         nl = self._n_linear
@@ -360,9 +386,16 @@ class StackedScorer:
         spec = [(row * g_count + g, float(s[g, row])) for g, row in zip(*np.nonzero(special))]
         return self._special(b, rows, nan_rows, sorted(spec), scores, norm_list, exceed_list)
 
-    def _special(self, b: int, rows: Sequence[np.ndarray | None], nan_rows: np.ndarray | None,
-                 special: list[tuple[int, float]], scores: list[float], norm_out: list[bool],
-                 exceed: list[bool]) -> RowScores:
+    def _special(
+        self,
+        b: int,
+        rows: Sequence[np.ndarray | None],
+        nan_rows: np.ndarray | None,
+        special: list[tuple[int, float]],
+        scores: list[float],
+        norm_out: list[bool],
+        exceed: list[bool],
+    ) -> RowScores:
         """Rare path. NaN/Inf features: score +inf, ``nonfinite``, no norm flag. Finite features whose
         squares overflowed or sit near float64's limits: scored again rescaled by their largest
         entry (same direction, same d2); overflow is outside any norm band."""
@@ -391,8 +424,9 @@ class StackedScorer:
                 scores[e], norm_out[e], exceed[e] = _INF, False, _INF > threshold[e]
         if not any(bad):
             return RowScores(threshold, scores, self._views[b].clean, norm_out, exceed, norm_out, self._views[b].clean)
-        return RowScores(threshold, scores, bad, norm_out, exceed, [o or x for o, x in zip(norm_out, bad)],
-                         self._views[b].clean)
+        return RowScores(
+            threshold, scores, bad, norm_out, exceed, [o or x for o, x in zip(norm_out, bad)], self._views[b].clean
+        )
 
 
 class GateScorer(StackedScorer):
@@ -416,8 +450,9 @@ class GateScorer(StackedScorer):
         self.norm_low = float(self.norm_lows[0])
         self.norm_high = float(self.norm_highs[0])
 
-    def score(self, x: np.ndarray, changes: np.ndarray | None = None,
-              context: np.ndarray | None = None) -> tuple[np.ndarray, GateFlags]:
+    def score(
+        self, x: np.ndarray, changes: np.ndarray | None = None, context: np.ndarray | None = None
+    ) -> tuple[np.ndarray, GateFlags]:
         """Return (scores (batch,), flags), fresh arrays. Raises only for a wrong shape (a wiring bug).
         ``changes``, ``context``: for the feature range, see ``score_rows``."""
         if x.ndim != 2 or x.shape[1] != self.dim:
@@ -426,18 +461,27 @@ class GateScorer(StackedScorer):
         inf = np.isinf(x)
         if inf.any():
             x = np.where(inf, _NAN, x)
-        r = self.score_rows(x.shape[0], [x], changes=None if changes is None else [changes],
-                            context=None if context is None else [context])
+        r = self.score_rows(
+            x.shape[0],
+            [x],
+            changes=None if changes is None else [changes],
+            context=None if context is None else [context],
+        )
         return np.array(r.score, np.float64), GateFlags(
-            *(np.array(f, bool) for f in (r.nonfinite, r.norm_out, r.exceed, r.out_of_range)))
+            *(np.array(f, bool) for f in (r.nonfinite, r.norm_out, r.exceed, r.out_of_range))
+        )
 
 
-def score_in_chunks(scorer: GateScorer, x: np.ndarray, chunk: int = 8192, changes: np.ndarray | None = None,
-                    context: np.ndarray | None = None) -> tuple[np.ndarray, GateFlags]:
+def score_in_chunks(
+    scorer: GateScorer,
+    x: np.ndarray,
+    chunk: int = 8192,
+    changes: np.ndarray | None = None,
+    context: np.ndarray | None = None,
+) -> tuple[np.ndarray, GateFlags]:
     """Score a large offline matrix without growing the scorer's buffers to its size."""
     cut = lambda a, i: None if a is None else a[i : i + chunk]  # noqa: E731
-    parts = [scorer.score(x[i : i + chunk], cut(changes, i), cut(context, i))
-             for i in range(0, x.shape[0], chunk)]
+    parts = [scorer.score(x[i : i + chunk], cut(changes, i), cut(context, i)) for i in range(0, x.shape[0], chunk)]
     d2 = np.concatenate([p[0] for p in parts])
     flags = GateFlags(*(np.concatenate([getattr(p[1], f) for p in parts]) for f in GateFlags._fields))
     return d2, flags

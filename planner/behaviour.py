@@ -268,10 +268,27 @@ class BehaviourPlanner:
         # The rollout's path, chosen now (planner.compiled): the C module, or None for numpy's.
         self._compiled = compiled.module()
         # Its constants, in the order planner/_rollout.c reads them (enum Constant there).
-        self._constants = np.array([
-            p.step_s, p.a_max, p.b_comf, p.b_max, p.min_gap, p.time_gap, p.leaving_time_gap, p.merge_time_gap,
-            p.lane_change_s, 0.5 * p.lane_change_s, 2.0 * math.sqrt(p.a_max * p.b_comf), p.ttc_min_s,
-            p.rear_min_gap, p.rear_min_ttc_s, p.cut_in_min_gap_m, _FAR_M], dtype=np.float64)
+        self._constants = np.array(
+            [
+                p.step_s,
+                p.a_max,
+                p.b_comf,
+                p.b_max,
+                p.min_gap,
+                p.time_gap,
+                p.leaving_time_gap,
+                p.merge_time_gap,
+                p.lane_change_s,
+                0.5 * p.lane_change_s,
+                2.0 * math.sqrt(p.a_max * p.b_comf),
+                p.ttc_min_s,
+                p.rear_min_gap,
+                p.rear_min_ttc_s,
+                p.cut_in_min_gap_m,
+                _FAR_M,
+            ],
+            dtype=np.float64,
+        )
         # When we last proposed a lane change, per session: the cooldown needs memory that the
         # previous plan alone cannot carry (after a change, the previous plan is already "keep").
         self._last_change_ns: OrderedDict[str, int] = OrderedDict()
@@ -345,9 +362,13 @@ class BehaviourPlanner:
             self._remember_change(request.session_id, changed_ns)
         return Plan(
             plan_id=make_plan_id(self.name, request.session_id, request.now_ns),
-            session_id=request.session_id, created_ns=request.now_ns,
-            valid_for_ns=int(p.valid_for_s * 1e9), source=self.name, behaviour=behaviour,
-            target_speed=target_speed, target_lane_offset=offset,
+            session_id=request.session_id,
+            created_ns=request.now_ns,
+            valid_for_ns=int(p.valid_for_s * 1e9),
+            source=self.name,
+            behaviour=behaviour,
+            target_speed=target_speed,
+            target_lane_offset=offset,
         )
 
     def _remember_change(self, session_id: str, changed_ns: int) -> None:
@@ -363,7 +384,10 @@ class BehaviourPlanner:
         return min(self.params.cruise_speed, math.sqrt(self.params.max_lateral_accel / max(curvature, 1e-9)))
 
     def evaluate(
-        self, features: npt.NDArray[np.floating], previous: Plan | None = None, now_ns: int = 0,
+        self,
+        features: npt.NDArray[np.floating],
+        previous: Plan | None = None,
+        now_ns: int = 0,
         session_id: str = "",
     ) -> Candidates:
         """The candidate table of one session (what plan() chooses from), for tests and debugging."""
@@ -383,9 +407,14 @@ class BehaviourPlanner:
         finite = np.isfinite(x).all(axis=1)
         speed = np.where(finite, x[:, _F["ego_speed"]], 0.0)
         limit = self.params.max_speed
-        return ["features contain NaN or Inf" if not ok
-                else f"ego speed {v:.1f} m/s is beyond the planner's {limit:.0f} m/s" if v > limit
-                else "" for ok, v in zip(finite, speed)]
+        return [
+            "features contain NaN or Inf"
+            if not ok
+            else f"ego speed {v:.1f} m/s is beyond the planner's {limit:.0f} m/s"
+            if v > limit
+            else ""
+            for ok, v in zip(finite, speed)
+        ]
 
     def _evaluate(self, x: FloatArray, requests: Sequence[PlanRequest]) -> tuple[_Columns, Candidates]:
         """Rolls out and scores every candidate of the (B, N_FEATURES) finite batch x; requests[b]
@@ -413,8 +442,9 @@ class BehaviourPlanner:
         dead_end = np.where(stationary & (out.end_gap < SENSOR_RANGE_M), closeness, 0.0)
         # The target the plan will state, against the speed the rollout actually ends at.
         faster = sit.front_v[own, lane] - sit.v0[own]
-        pulling_away = (sit.front_gap[own, lane] < _FAR_M) & (faster > np.maximum(p.pull_away,
-                                                                                 p.pull_away_fraction * sit.v0[own]))
+        pulling_away = (sit.front_gap[own, lane] < _FAR_M) & (
+            faster > np.maximum(p.pull_away, p.pull_away_fraction * sit.v0[own])
+        )
         reach = np.where(pulling_away, cruise, np.maximum(out.end_speed, cols.lowest))
         overshoot = np.maximum(cols.target - reach, 0.0)
 
@@ -442,8 +472,16 @@ class BehaviourPlanner:
         }
         cost = np.sum(list(terms.values()), axis=0)
         blocked = (out.end_lead_v < p.stop_speed) & (out.end_speed < p.stop_approach_speed)
-        cands = Candidates(lane=lane, target_speed=cols.target, cost=cost, feasible=~(collides | rear_unsafe | too_slow),
-                           end_speed=out.end_speed, min_gap=out.min_gap, blocked=blocked, terms=terms)
+        cands = Candidates(
+            lane=lane,
+            target_speed=cols.target,
+            cost=cost,
+            feasible=~(collides | rear_unsafe | too_slow),
+            end_speed=out.end_speed,
+            min_gap=out.min_gap,
+            blocked=blocked,
+            terms=terms,
+        )
         return cols, cands
 
     def _traffic(self, sit: _Situation, cols: _Columns) -> _Traffic:
@@ -459,13 +497,29 @@ class BehaviourPlanner:
             side_v.append(v_side)
             # a moving car slower than the ego, close ahead in the next lane: it may cut in (a
             # stopped one is not going to pull out)
-            near.append(keep & sit.exists[own, side] & (gap0 > 0.0) & (gap0 < p.cut_in_range_m)
-                        & (v_side < v0) & (v_side >= p.stop_speed))
-        return _Traffic(v0=v0, target=cols.target, changing=~keep, cruise=sit.cruise[own],
-                        own_gap=sit.front_gap[own, KEEP_LANE], own_v=sit.front_v[own, KEEP_LANE],
-                        new_gap=sit.front_gap[own, lane], new_v=sit.front_v[own, lane],
-                        rear_gap=sit.rear_gap[own, lane], rear_v=sit.rear_v[own, lane],
-                        side_gap=(side_gap[0], side_gap[1]), side_v=(side_v[0], side_v[1]), near=(near[0], near[1]))
+            near.append(
+                keep
+                & sit.exists[own, side]
+                & (gap0 > 0.0)
+                & (gap0 < p.cut_in_range_m)
+                & (v_side < v0)
+                & (v_side >= p.stop_speed)
+            )
+        return _Traffic(
+            v0=v0,
+            target=cols.target,
+            changing=~keep,
+            cruise=sit.cruise[own],
+            own_gap=sit.front_gap[own, KEEP_LANE],
+            own_v=sit.front_v[own, KEEP_LANE],
+            new_gap=sit.front_gap[own, lane],
+            new_v=sit.front_v[own, lane],
+            rear_gap=sit.rear_gap[own, lane],
+            rear_v=sit.rear_v[own, lane],
+            side_gap=(side_gap[0], side_gap[1]),
+            side_v=(side_v[0], side_v[1]),
+            near=(near[0], near[1]),
+        )
 
     def _outcome(self, tr: _Traffic) -> _Outcome:
         """The numpy rollout and what it comes to per column: the reference the compiled path
@@ -479,8 +533,7 @@ class BehaviourPlanner:
         # Before the ego crosses into the new lane it must respect both leaders.
         both = changing[None, :] & (t < 0.5 * p.lane_change_s)
         new_time_gap = np.where(changing[None, :] & (t < p.lane_change_s), p.merge_time_gap, p.time_gap)
-        s_hist, v_hist, a_hist = self._rollout(tr.v0, tr.target, changing, own_lead, new_lead, tr.own_v, tr.new_v,
-                                               both)
+        s_hist, v_hist, a_hist = self._rollout(tr.v0, tr.target, changing, own_lead, new_lead, tr.own_v, tr.new_v, both)
 
         # ---- collision risk (leaders) ----
         gap_new = new_lead - s_hist
@@ -506,20 +559,45 @@ class BehaviourPlanner:
         # counting it made "stop" the cheapest plan whenever the executor happened to brake hard.
         jerk = np.diff(a_hist, axis=0) / p.step_s
         return _Outcome(
-            end_speed=v_hist[-1], end_gap=gap_new[-1], end_lead_v=lead_v[-1], min_gap=gap.min(axis=0),
-            headway=headway, ttc_risk=ttc_risk, rear_bad=changing & rear_bad.any(axis=0),
+            end_speed=v_hist[-1],
+            end_gap=gap_new[-1],
+            end_lead_v=lead_v[-1],
+            min_gap=gap.min(axis=0),
+            headway=headway,
+            ttc_risk=ttc_risk,
+            rear_bad=changing & rear_bad.any(axis=0),
             shortfall=np.mean(np.maximum(tr.cruise - v_hist, 0.0), axis=0),
-            accel_sq=np.mean(a_hist**2, axis=0), jerk_sq=np.mean(jerk**2, axis=0),
+            accel_sq=np.mean(a_hist**2, axis=0),
+            jerk_sq=np.mean(jerk**2, axis=0),
             hard_brake=np.mean(np.maximum(0.0, -a_hist - p.b_comf), axis=0),
-            cut_in=self._side_risk(tr, s_hist, v_hist))
+            cut_in=self._side_risk(tr, s_hist, v_hist),
+        )
 
     def _outcome_compiled(self, tr: _Traffic) -> _Outcome:
         """_outcome in one call of the compiled module (planner._rollout): the same bits."""
         assert self._compiled is not None
         out = np.empty((_Outcome.ROWS, tr.v0.size))
-        self._compiled.outcome(self._constants, self._t, tr.v0, tr.target, tr.changing, tr.cruise, tr.own_gap, tr.own_v,
-                               tr.new_gap, tr.new_v, tr.rear_gap, tr.rear_v, tr.near[0], tr.side_gap[0], tr.side_v[0],
-                               tr.near[1], tr.side_gap[1], tr.side_v[1], out)
+        self._compiled.outcome(
+            self._constants,
+            self._t,
+            tr.v0,
+            tr.target,
+            tr.changing,
+            tr.cruise,
+            tr.own_gap,
+            tr.own_v,
+            tr.new_gap,
+            tr.new_v,
+            tr.rear_gap,
+            tr.rear_v,
+            tr.near[0],
+            tr.side_gap[0],
+            tr.side_v[0],
+            tr.near[1],
+            tr.side_gap[1],
+            tr.side_v[1],
+            out,
+        )
         return _Outcome.from_rows(out)
 
     def _braking_for_leader(self, sit: _Situation) -> npt.NDArray[np.bool_]:
@@ -574,8 +652,17 @@ class BehaviourPlanner:
         rear_gap = np.concatenate([np.full((x.shape[0], 1), _FAR_M), x[:, _REAR_GAP]], axis=1)
         rear_v = np.concatenate([np.zeros((x.shape[0], 1)), np.maximum(v0[:, None] + x[:, _REAR_REL], 0.0)], axis=1)
         rear_gap = np.where(rear_gap >= _NOTHING_THERE_M, _FAR_M, rear_gap)
-        return _Situation(v0=v0, a0=x[:, _F["ego_accel"]], cruise=cruise, lane_offset=x[:, _F["lane_offset"]],
-                          exists=exists, front_gap=front_gap, front_v=front_v, rear_gap=rear_gap, rear_v=rear_v)
+        return _Situation(
+            v0=v0,
+            a0=x[:, _F["ego_accel"]],
+            cruise=cruise,
+            lane_offset=x[:, _F["lane_offset"]],
+            exists=exists,
+            front_gap=front_gap,
+            front_v=front_v,
+            rear_gap=rear_gap,
+            rear_v=rear_v,
+        )
 
     def _columns(self, sit: _Situation) -> _Columns:
         """Candidates: existing lanes x target speeds, session by session, lane by lane (the order
@@ -595,9 +682,17 @@ class BehaviourPlanner:
         starts = np.concatenate([[0], np.cumsum(per_session)])
         return _Columns(owner=owner, lane=lane, target=target, lowest=lowest, starts=starts)
 
-    def _rollout(self, v0: FloatArray, target: FloatArray, changing: npt.NDArray[np.bool_], own_lead: FloatArray,
-                 new_lead: FloatArray, v_own: FloatArray, v_new: FloatArray,
-                 both: npt.NDArray[np.bool_]) -> tuple[FloatArray, FloatArray, FloatArray]:
+    def _rollout(
+        self,
+        v0: FloatArray,
+        target: FloatArray,
+        changing: npt.NDArray[np.bool_],
+        own_lead: FloatArray,
+        new_lead: FloatArray,
+        v_own: FloatArray,
+        v_new: FloatArray,
+        both: npt.NDArray[np.bool_],
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
         """IDM-like ego behind the leader(s) of each candidate: position, speed and acceleration
         histories, (steps, N). The only Python loop of a batch."""
         p = self.params
@@ -641,8 +736,15 @@ class BehaviourPlanner:
         r2 = ratio * ratio
         return np.maximum(p.a_max * (1.0 - r2 * r2), -p.b_comf)
 
-    def _idm(self, v: FloatArray, free: FloatArray, gap: FloatArray, v_lead: FloatArray,
-             sqrt_ab: float, time_gap: FloatArray | float) -> FloatArray:
+    def _idm(
+        self,
+        v: FloatArray,
+        free: FloatArray,
+        gap: FloatArray,
+        v_lead: FloatArray,
+        sqrt_ab: float,
+        time_gap: FloatArray | float,
+    ) -> FloatArray:
         p = self.params
         s_star = p.min_gap + np.maximum(0.0, v * time_gap + v * (v - v_lead) / sqrt_ab)
         inter = s_star / np.maximum(gap, 0.1)
@@ -651,8 +753,12 @@ class BehaviourPlanner:
     def _retarget(self, cols: _Columns, requests: Sequence[PlanRequest]) -> FloatArray:
         """(N,) how far each candidate's target speed moves the previous plan's (0 after a stop,
         or without one): a target that flips with every small change of the costs is noise."""
-        prev = np.array([r.previous.target_speed if r.previous is not None and r.previous.behaviour != "stop"
-                         else np.nan for r in requests])[cols.owner]
+        prev = np.array(
+            [
+                r.previous.target_speed if r.previous is not None and r.previous.behaviour != "stop" else np.nan
+                for r in requests
+            ]
+        )[cols.owner]
         moving = cols.target > 0.0
         return np.where(np.isfinite(prev) & moving, np.abs(cols.target - np.nan_to_num(prev)), 0.0)
 
@@ -692,7 +798,7 @@ class BehaviourPlanner:
                 if not crossed:  # aborting is allowed when it must be, but it has to be worth it
                     cost[b, KEEP_LANE] = 0.5 * p.w_reverse
             elif last[b] is not None and 0 <= request.now_ns - last[b] < p.cooldown_s * 1e9:
-                cost[b, KEEP_LANE + 1:] = p.w_cooldown
+                cost[b, KEEP_LANE + 1 :] = p.w_cooldown
         return cost
 
 

@@ -31,7 +31,7 @@ from types import ModuleType
 
 _module: ModuleType | None
 try:
-    from . import _rollout as _module
+    from dualloop.planner import _rollout as _module
 except ImportError:  # not built (no compiler at install time): the numpy path
     _module = None
 

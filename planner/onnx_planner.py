@@ -33,8 +33,11 @@ from dualloop.sim.schema import BEHAVIOURS, FEATURE_INDEX, FEATURE_NAMES, N_FEAT
 
 METADATA_KEY = "dualloop.planner_card"
 FORMAT_VERSION = 1
-DEFAULT_IO: dict[str, str] = {"features": "features", "behaviour_logits": "behaviour_logits",
-                              "target_speed": "target_speed"}
+DEFAULT_IO: dict[str, str] = {
+    "features": "features",
+    "behaviour_logits": "behaviour_logits",
+    "target_speed": "target_speed",
+}
 _LEFT, _RIGHT = BEHAVIOURS.index("change_left"), BEHAVIOURS.index("change_right")
 _STOP = BEHAVIOURS.index("stop")
 _LANE_SIGN = np.array([{"change_left": 1.0, "change_right": -1.0}.get(b, 0.0) for b in BEHAVIOURS])
@@ -46,9 +49,11 @@ class PlannerFileError(ValueError):
 
 def parse_planner_card(raw: str | None, path: str) -> dict[str, Any]:
     if raw is None:
-        raise PlannerFileError(f"{path}: no '{METADATA_KEY}' entry in the ONNX metadata; a planner model must "
-                               f"declare its feature order and outputs there (build it with "
-                               f"planner.onnx_planner.export_planner_mlp)")
+        raise PlannerFileError(
+            f"{path}: no '{METADATA_KEY}' entry in the ONNX metadata; a planner model must "
+            f"declare its feature order and outputs there (build it with "
+            f"planner.onnx_planner.export_planner_mlp)"
+        )
     try:
         card = json.loads(raw)
     except json.JSONDecodeError as err:
@@ -111,14 +116,18 @@ class OnnxPlanner:
     def _check_graph(self, io: dict[str, str]) -> None:
         have_in = {i.name: i.shape for i in self._session.get_inputs()}
         have_out = {o.name: o.shape for o in self._session.get_outputs()}
-        want = (("input", have_in, io["features"], N_FEATURES),
-                ("output", have_out, io["behaviour_logits"], len(BEHAVIOURS)),
-                ("output", have_out, io["target_speed"], 1))
+        want = (
+            ("input", have_in, io["features"], N_FEATURES),
+            ("output", have_out, io["behaviour_logits"], len(BEHAVIOURS)),
+            ("output", have_out, io["target_speed"], 1),
+        )
         for kind, have, name, width in want:
             if name not in have:
                 raise PlannerFileError(f"{self.path}: the card names {kind} {name!r} but the graph has {sorted(have)}")
             if len(have[name]) != 2 or have[name][1] != width:
-                raise PlannerFileError(f"{self.path}: {kind} {name!r} has shape {have[name]}, expected [batch, {width}]")
+                raise PlannerFileError(
+                    f"{self.path}: {kind} {name!r} has shape {have[name]}, expected [batch, {width}]"
+                )
 
     def infer(self, features: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """Raw outputs for a batch (n, 19): logits (n, 4), target speed (n, 1)."""
@@ -142,9 +151,13 @@ class OnnxPlanner:
         behaviour = int(np.argmax(scores))
         target = 0.0 if behaviour == _STOP else float(np.clip(speed[0, 0], 0.0, self.card["max_speed"]))
         return Plan(
-            plan_id=make_plan_id(self.name, request.session_id, request.now_ns), session_id=request.session_id,
-            created_ns=request.now_ns, valid_for_ns=self._valid_for_ns, source=self.name,
-            behaviour=BEHAVIOURS[behaviour], target_speed=target,
+            plan_id=make_plan_id(self.name, request.session_id, request.now_ns),
+            session_id=request.session_id,
+            created_ns=request.now_ns,
+            valid_for_ns=self._valid_for_ns,
+            source=self.name,
+            behaviour=BEHAVIOURS[behaviour],
+            target_speed=target,
             target_lane_offset=float(_LANE_SIGN[behaviour] * self.card["lane_width"]),
         )
 
@@ -160,9 +173,19 @@ class PlannerWeights:
 
 
 # Rough scales of the raw features, so random and freshly trained weights see unit-sized inputs.
-_DEFAULT_STD = np.array([10.0 if n in ("ego_speed",) or n.endswith("rel_speed") else
-                         50.0 if n.endswith("_gap") or n == "lead_distance" else
-                         0.01 if n == "road_curvature" else 1.0 for n in FEATURE_NAMES], dtype=np.float32)
+_DEFAULT_STD = np.array(
+    [
+        10.0
+        if n in ("ego_speed",) or n.endswith("rel_speed")
+        else 50.0
+        if n.endswith("_gap") or n == "lead_distance"
+        else 0.01
+        if n == "road_curvature"
+        else 1.0
+        for n in FEATURE_NAMES
+    ],
+    dtype=np.float32,
+)
 
 
 def random_planner_weights(hidden: tuple[int, ...] = (256, 256, 256), seed: int = 0) -> PlannerWeights:
@@ -180,8 +203,14 @@ def random_planner_weights(hidden: tuple[int, ...] = (256, 256, 256), seed: int 
 
 
 def export_planner_mlp(
-    path: str | Path, weights: PlannerWeights | None = None, *, name: str = "mlp-planner",
-    size_class: str = "large", max_speed: float = 40.0, lane_width: float = 3.5, valid_for_s: float = 1.0,
+    path: str | Path,
+    weights: PlannerWeights | None = None,
+    *,
+    name: str = "mlp-planner",
+    size_class: str = "large",
+    max_speed: float = 40.0,
+    lane_width: float = 3.5,
+    valid_for_s: float = 1.0,
     training: dict[str, float | str] | None = None,
 ) -> dict[str, Any]:
     """Write a planner ONNX file (normalise -> [Gemm, Relu]* -> logits / sigmoid speed); returns its card."""
@@ -190,38 +219,61 @@ def export_planner_mlp(
 
     w = weights or random_planner_weights()
     io = DEFAULT_IO
-    inits = [numpy_helper.from_array(w.feature_mean.astype(np.float32), "mean"),
-             numpy_helper.from_array((1.0 / w.feature_std).astype(np.float32), "inv_std"),
-             numpy_helper.from_array(np.array([max_speed], np.float32), "max_speed")]
-    nodes = [helper.make_node("Sub", [io["features"], "mean"], ["centred"]),
-             helper.make_node("Mul", ["centred", "inv_std"], ["h_in"])]
+    inits = [
+        numpy_helper.from_array(w.feature_mean.astype(np.float32), "mean"),
+        numpy_helper.from_array((1.0 / w.feature_std).astype(np.float32), "inv_std"),
+        numpy_helper.from_array(np.array([max_speed], np.float32), "max_speed"),
+    ]
+    nodes = [
+        helper.make_node("Sub", [io["features"], "mean"], ["centred"]),
+        helper.make_node("Mul", ["centred", "inv_std"], ["h_in"]),
+    ]
     prev = "h_in"
     for i, (wi, bi) in enumerate(w.hidden):
         inits += [numpy_helper.from_array(wi, f"W{i}"), numpy_helper.from_array(bi, f"b{i}")]
-        nodes += [helper.make_node("Gemm", [prev, f"W{i}", f"b{i}"], [f"z{i}"]),
-                  helper.make_node("Relu", [f"z{i}"], [f"h{i}"])]
+        nodes += [
+            helper.make_node("Gemm", [prev, f"W{i}", f"b{i}"], [f"z{i}"]),
+            helper.make_node("Relu", [f"z{i}"], [f"h{i}"]),
+        ]
         prev = f"h{i}"
-    inits += [numpy_helper.from_array(w.logits[0], "W_logits"), numpy_helper.from_array(w.logits[1], "b_logits"),
-              numpy_helper.from_array(w.speed[0], "W_speed"), numpy_helper.from_array(w.speed[1], "b_speed")]
-    nodes += [helper.make_node("Gemm", [prev, "W_logits", "b_logits"], [io["behaviour_logits"]]),
-              helper.make_node("Gemm", [prev, "W_speed", "b_speed"], ["speed_raw"]),
-              helper.make_node("Sigmoid", ["speed_raw"], ["speed_unit"]),
-              # Sigmoid times max_speed: the output is in range by construction.
-              helper.make_node("Mul", ["speed_unit", "max_speed"], [io["target_speed"]])]
+    inits += [
+        numpy_helper.from_array(w.logits[0], "W_logits"),
+        numpy_helper.from_array(w.logits[1], "b_logits"),
+        numpy_helper.from_array(w.speed[0], "W_speed"),
+        numpy_helper.from_array(w.speed[1], "b_speed"),
+    ]
+    nodes += [
+        helper.make_node("Gemm", [prev, "W_logits", "b_logits"], [io["behaviour_logits"]]),
+        helper.make_node("Gemm", [prev, "W_speed", "b_speed"], ["speed_raw"]),
+        helper.make_node("Sigmoid", ["speed_raw"], ["speed_unit"]),
+        # Sigmoid times max_speed: the output is in range by construction.
+        helper.make_node("Mul", ["speed_unit", "max_speed"], [io["target_speed"]]),
+    ]
     graph = helper.make_graph(
-        nodes, name,
+        nodes,
+        name,
         inputs=[helper.make_tensor_value_info(io["features"], TensorProto.FLOAT, ["batch", N_FEATURES])],
-        outputs=[helper.make_tensor_value_info(io["behaviour_logits"], TensorProto.FLOAT, ["batch", len(BEHAVIOURS)]),
-                 helper.make_tensor_value_info(io["target_speed"], TensorProto.FLOAT, ["batch", 1])],
+        outputs=[
+            helper.make_tensor_value_info(io["behaviour_logits"], TensorProto.FLOAT, ["batch", len(BEHAVIOURS)]),
+            helper.make_tensor_value_info(io["target_speed"], TensorProto.FLOAT, ["batch", 1]),
+        ],
         initializer=inits,
     )
     model = helper.make_model(graph, producer_name="dualloop", opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     onnx.checker.check_model(model)
     card: dict[str, Any] = {
-        "format_version": FORMAT_VERSION, "name": name, "size_class": size_class, "version": "",
-        "features": list(FEATURE_NAMES), "behaviours": list(BEHAVIOURS), "lane_width": lane_width,
-        "max_speed": max_speed, "valid_for_s": valid_for_s, "io": dict(io), "training": training or {},
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "size_class": size_class,
+        "version": "",
+        "features": list(FEATURE_NAMES),
+        "behaviours": list(BEHAVIOURS),
+        "lane_width": lane_width,
+        "max_speed": max_speed,
+        "valid_for_s": valid_for_s,
+        "io": dict(io),
+        "training": training or {},
     }
     digest = hashlib.sha256(model.SerializeToString(deterministic=True))
     digest.update(json.dumps(card, sort_keys=True).encode())

@@ -38,8 +38,9 @@ class Plan:
         if self.behaviour not in BEHAVIOURS:
             raise PlanError(f"plan {self.plan_id!r}: behaviour {self.behaviour!r} is not one of {BEHAVIOURS}")
         if not (math.isfinite(self.target_speed) and math.isfinite(self.target_lane_offset)):
-            raise PlanError(f"plan {self.plan_id!r}: non-finite target ({self.target_speed}, "
-                            f"{self.target_lane_offset})")
+            raise PlanError(
+                f"plan {self.plan_id!r}: non-finite target ({self.target_speed}, {self.target_lane_offset})"
+            )
         if self.target_speed < 0.0:
             raise PlanError(f"plan {self.plan_id!r}: negative target speed {self.target_speed}")
         if self.valid_for_ns <= 0:

@@ -82,8 +82,11 @@ def policy_name(pid: int) -> str:
     if not hasattr(os, "sched_getscheduler"):
         return "unknown"
     policy = os.sched_getscheduler(pid)
-    names = {getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR")
-             if hasattr(os, n)}
+    names = {
+        getattr(os, n): n
+        for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR")
+        if hasattr(os, n)
+    }
     return names.get(policy & 0xFF, str(policy))
 
 

@@ -12,10 +12,10 @@ from concurrent import futures
 
 import grpc
 
-from dualloop.v1 import planner_pb2 as pb
-from dualloop.v1 import planner_pb2_grpc as pb_grpc
 from dualloop.planner.plan import Plan, PlanError, PlanRequest, PlanSource
 from dualloop.planner.wire import plan_from_pb, plan_to_pb, request_from_pb, request_to_pb
+from dualloop.v1 import planner_pb2 as pb
+from dualloop.v1 import planner_pb2_grpc as pb_grpc
 
 
 class PlanTimeout(TimeoutError):
@@ -51,8 +51,10 @@ class RemotePlanner:
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise PlanTimeout(f"remote planner {self.address} did not answer within "
-                                  f"{self.deadline_s * 1e3:.0f} ms (session {request.session_id!r})") from None
+                raise PlanTimeout(
+                    f"remote planner {self.address} did not answer within "
+                    f"{self.deadline_s * 1e3:.0f} ms (session {request.session_id!r})"
+                ) from None
             details = err.details() if hasattr(err, "details") else str(err)
             raise RemotePlannerError(f"remote planner {self.address}: {code}: {details}") from None
         try:
@@ -99,15 +101,16 @@ class PlannerServer:
             self._stopped.set()
             self._server.stop(grace_s).wait()
 
-    def __enter__(self) -> "PlannerServer":
+    def __enter__(self) -> PlannerServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def serve_planner(source: PlanSource, port: int = 0, host: str = "127.0.0.1", allow_non_loopback: bool = False,
-                  max_workers: int = 4) -> PlannerServer:
+def serve_planner(
+    source: PlanSource, port: int = 0, host: str = "127.0.0.1", allow_non_loopback: bool = False, max_workers: int = 4
+) -> PlannerServer:
     """Expose any PlanSource as a `dualloop.v1.Planner` service; port 0 picks a free port."""
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback

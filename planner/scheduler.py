@@ -62,13 +62,26 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from dualloop.v1 import planner_pb2 as pb
 from dualloop.planner import priority
 from dualloop.planner.plan import Plan, PlanError
 from dualloop.planner.wire import plan_from_pb, request_bytes
-from dualloop.planner.worker import (BATCH, FATAL, LATE, PLAN, READY, REQUEST, SKIP, STOP_MESSAGE, SourceFactory, decode,
-                            pack_frames, run_worker, unpack_frames)
+from dualloop.planner.worker import (
+    BATCH,
+    FATAL,
+    LATE,
+    PLAN,
+    READY,
+    REQUEST,
+    SKIP,
+    STOP_MESSAGE,
+    SourceFactory,
+    decode,
+    pack_frames,
+    run_worker,
+    unpack_frames,
+)
 from dualloop.sim.schema import N_FEATURES
+from dualloop.v1 import planner_pb2 as pb
 
 WorkerMode = Literal["process", "thread"]
 
@@ -114,14 +127,15 @@ class _InFlight:
 
     @property
     def unanswered(self) -> list[_Sent]:
-        return self.items[self.answered:]
+        return self.items[self.answered :]
 
 
 class _Worker:
     """One worker (process or thread) and the scheduler's end of its pipe."""
 
-    def __init__(self, factory: SourceFactory, mode: WorkerMode, nice: int | None, budget_s: float,
-                 idle: bool = False) -> None:
+    def __init__(
+        self, factory: SourceFactory, mode: WorkerMode, nice: int | None, budget_s: float, idle: bool = False
+    ) -> None:
         # spawn, not fork: the server process has gRPC threads, and forking a threaded process
         # can deadlock the child on a lock some other thread held.
         ctx = mp.get_context("spawn")
@@ -135,20 +149,28 @@ class _Worker:
         self._process: mp.process.BaseProcess | None = None
         self._thread: threading.Thread | None = None
         if mode == "process":
-            self._process = ctx.Process(target=run_worker, args=(child, factory, nice, budget_s, self.idle),
-                                        daemon=True, name="dualloop-planner")
+            self._process = ctx.Process(
+                target=run_worker,
+                args=(child, factory, nice, budget_s, self.idle),
+                daemon=True,
+                name="dualloop-planner",
+            )
             self._process.start()
             child.close()  # only the child holds its end, so its death reads as EOF here
         else:
-            self._thread = threading.Thread(target=run_worker, args=(child, factory, None, budget_s), daemon=True,
-                                            name="dualloop-planner")
+            self._thread = threading.Thread(
+                target=run_worker, args=(child, factory, None, budget_s), daemon=True, name="dualloop-planner"
+            )
             self._thread.start()
         # Connection.poll(0) builds a selector on every call (~3 us); this is one poll() syscall.
         self._poller = select.poll()
         self._poller.register(self.conn.fileno(), select.POLLIN)
         # What the kernel knows about the thread that plans (Linux): its state and CPU time.
-        task = (f"{self._process.pid}" if self._process is not None
-                else f"self/task/{self._thread.native_id if self._thread is not None else 0}")
+        task = (
+            f"{self._process.pid}"
+            if self._process is not None
+            else f"self/task/{self._thread.native_id if self._thread is not None else 0}"
+        )
         self._proc = f"/proc/{task}"
 
     def cpu_s(self) -> float | None:
@@ -165,7 +187,7 @@ class _Worker:
         try:
             with open(f"{self._proc}/stat", "rb") as f:
                 stat = f.read()
-            return stat[stat.rindex(b")") + 2:].startswith(b"R")  # the name may hold spaces and ')'
+            return stat[stat.rindex(b")") + 2 :].startswith(b"R")  # the name may hold spaces and ')'
         except (OSError, ValueError):
             return False
 
@@ -252,8 +274,9 @@ class PlanScheduler:
         self._factory = source_factory
         self._nice = nice if mode == "process" else None
         # SCHED_IDLE only where the worker can be raised out of it again (None: find out)
-        self._idle_priority = (mode == "process" and (priority.can_raise_from_idle(nice) if idle_priority is None
-                                                      else idle_priority))
+        self._idle_priority = mode == "process" and (
+            priority.can_raise_from_idle(nice) if idle_priority is None else idle_priority
+        )
         self.raise_after_s = self.deadline_s / 4.0 if raise_after_s is None else raise_after_s
         self._startup_timeout_s = startup_timeout_s
         self._restart_backoff_s = restart_backoff_s
@@ -275,8 +298,23 @@ class PlanScheduler:
         self._batch_size: deque[int] = deque(maxlen=history)
         self._latency_us: deque[float] = deque(maxlen=history)
         self._counts = dict.fromkeys(
-            ("requests", "replaced", "overruns", "plans", "errors", "timeouts", "requeued", "batches",
-             "starved_batches", "priority_raises", "restarts", "startup_failures", "dropped_unpolled"), 0)
+            (
+                "requests",
+                "replaced",
+                "overruns",
+                "plans",
+                "errors",
+                "timeouts",
+                "requeued",
+                "batches",
+                "starved_batches",
+                "priority_raises",
+                "restarts",
+                "startup_failures",
+                "dropped_unpolled",
+            ),
+            0,
+        )
         self._last_error = ""
 
         self._worker: _Worker | None = None
@@ -325,7 +363,7 @@ class PlanScheduler:
             worker.kill()
         self._dying.clear()
 
-    def __enter__(self) -> "PlanScheduler":
+    def __enter__(self) -> PlanScheduler:
         self.start()
         return self
 
@@ -352,8 +390,9 @@ class PlanScheduler:
             counts["overruns"] += 1  # the previous request's plan was not ready in time
         if session_id in self._pending:
             counts["replaced"] += 1
-        encoded = request_bytes(session_id, np.asarray(features, np.float32), now_ns,
-                                self._previous.get(session_id, b""))
+        encoded = request_bytes(
+            session_id, np.asarray(features, np.float32), now_ns, self._previous.get(session_id, b"")
+        )
         self._pending[session_id] = _Pending(encoded, now_ns, time.monotonic())
         self._outstanding.add(session_id)
 
@@ -373,8 +412,7 @@ class PlanScheduler:
             try:
                 plan = plan_from_pb(pb.PlanResponse.FromString(done.data))
                 if plan.session_id != done.session_id:
-                    raise PlanError(f"plan for session {plan.session_id!r} answers a request for "
-                                    f"{done.session_id!r}")
+                    raise PlanError(f"plan for session {plan.session_id!r} answers a request for {done.session_id!r}")
             except Exception as err:  # noqa: BLE001 - a malformed plan is the source's error
                 self._counts["errors"] += 1
                 self._last_error = f"invalid plan: {err}"
@@ -407,8 +445,12 @@ class PlanScheduler:
         out["ready"] = len(self._ready)  # answered, not yet handed out by poll()
         out["in_flight"] = len(self._in_flight.unanswered) if self._in_flight is not None else 0
         out["last_error"] = self._last_error
-        for key, history in (("plan_time_us", self._plan_us), ("batch_time_us", self._batch_us),
-                             ("batch_cpu_us", self._batch_cpu_us), ("latency_us", self._latency_us)):
+        for key, history in (
+            ("plan_time_us", self._plan_us),
+            ("batch_time_us", self._batch_us),
+            ("batch_cpu_us", self._batch_cpu_us),
+            ("latency_us", self._latency_us),
+        ):
             values = np.asarray(history)
             out[f"{key}_p50"] = float(np.percentile(values, 50)) if values.size else float("nan")
             out[f"{key}_p99"] = float(np.percentile(values, 99)) if values.size else float("nan")
@@ -441,8 +483,10 @@ class PlanScheduler:
         if flight is not None and not flight.raised and now >= flight.raise_check:
             self._raise_if_waiting(worker, flight, now)
         if flight is not None and now > flight.deadline and not self._starved(worker, flight, now):
-            self._last_error = (f"{len(flight.unanswered)} plan(s) not answered within "
-                                f"{(now - flight.sent) * 1e3:.0f} ms: worker replaced")
+            self._last_error = (
+                f"{len(flight.unanswered)} plan(s) not answered within "
+                f"{(now - flight.sent) * 1e3:.0f} ms: worker replaced"
+            )
             self._retire(worker, count_timeout=True)
             self._next_start = now  # a hang is the source's fault, not a reason to wait
         elif not worker.ready and now > worker.started + self._startup_timeout_s:
@@ -551,8 +595,13 @@ class PlanScheduler:
         frames = [(REQUEST, item.request.encoded) for item in items]
         now = time.monotonic()
         # The worker's CPU time at its latest message: it has been idle since, waiting for this batch.
-        self._in_flight = _InFlight(items, now, now + self.deadline_s, worker.cpu_reported_s,
-                                    raise_check=now + self.raise_after_s if worker.idle else float("inf"))
+        self._in_flight = _InFlight(
+            items,
+            now,
+            now + self.deadline_s,
+            worker.cpu_reported_s,
+            raise_check=now + self.raise_after_s if worker.idle else float("inf"),
+        )
         self._counts["batches"] += 1
         try:
             worker.conn.send_bytes(pack_frames(frames))
@@ -632,8 +681,11 @@ class PlanScheduler:
         self._plan_us.append(wall_ns / 1e3 / max(attempted, 1))
         # Skipped requests go first in the next batch (they have waited longest), unless the session
         # was forgotten or has asked again since (the newer request wins).
-        again = {item.session_id: item.request for item in flight.skipped
-                 if not item.discard and item.session_id not in self._pending}
+        again = {
+            item.session_id: item.request
+            for item in flight.skipped
+            if not item.discard and item.session_id not in self._pending
+        }
         if again:
             self._counts["requeued"] += len(again)
             self._pending = {**again, **self._pending}

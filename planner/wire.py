@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from dualloop.v1 import planner_pb2 as pb
 from dualloop.planner.plan import Plan, PlanRequest
 from dualloop.sim.schema import BEHAVIOURS
+from dualloop.v1 import planner_pb2 as pb
 
 # Derived from sim.schema.BEHAVIOURS so a new behaviour fails here at import, not on the wire.
 BEHAVIOUR_TO_WIRE: dict[str, int] = {b: pb.PlanBehaviour.Value(f"PLAN_BEHAVIOUR_{b.upper()}") for b in BEHAVIOURS}
@@ -17,9 +17,14 @@ WIRE_TO_BEHAVIOUR: dict[int, str] = {v: k for k, v in BEHAVIOUR_TO_WIRE.items()}
 
 def plan_to_pb(plan: Plan) -> pb.PlanResponse:
     return pb.PlanResponse(
-        plan_id=plan.plan_id, session_id=plan.session_id, behaviour=BEHAVIOUR_TO_WIRE[plan.behaviour],
-        target_speed=plan.target_speed, target_lane_offset=plan.target_lane_offset,
-        valid_for_ns=plan.valid_for_ns, created_ns=plan.created_ns, source=plan.source,
+        plan_id=plan.plan_id,
+        session_id=plan.session_id,
+        behaviour=BEHAVIOUR_TO_WIRE[plan.behaviour],
+        target_speed=plan.target_speed,
+        target_lane_offset=plan.target_lane_offset,
+        valid_for_ns=plan.valid_for_ns,
+        created_ns=plan.created_ns,
+        source=plan.source,
     )
 
 
@@ -27,15 +32,19 @@ def plan_from_pb(msg: pb.PlanResponse) -> Plan:
     """Raises PlanError (a ValueError) for an unknown behaviour or non-finite targets."""
     behaviour = WIRE_TO_BEHAVIOUR.get(msg.behaviour, f"<wire value {msg.behaviour}>")
     return Plan(
-        plan_id=msg.plan_id, session_id=msg.session_id, created_ns=msg.created_ns,
-        valid_for_ns=msg.valid_for_ns, source=msg.source, behaviour=behaviour,
-        target_speed=float(msg.target_speed), target_lane_offset=float(msg.target_lane_offset),
+        plan_id=msg.plan_id,
+        session_id=msg.session_id,
+        created_ns=msg.created_ns,
+        valid_for_ns=msg.valid_for_ns,
+        source=msg.source,
+        behaviour=behaviour,
+        target_speed=float(msg.target_speed),
+        target_lane_offset=float(msg.target_lane_offset),
     )
 
 
 def request_to_pb(request: PlanRequest) -> pb.PlanRequest:
-    msg = pb.PlanRequest(session_id=request.session_id, features=request.features.tolist(),
-                         now_ns=request.now_ns)
+    msg = pb.PlanRequest(session_id=request.session_id, features=request.features.tolist(), now_ns=request.now_ns)
     if request.previous is not None:
         msg.previous_plan_id = request.previous.plan_id
         msg.previous.CopyFrom(plan_to_pb(request.previous))
@@ -56,5 +65,9 @@ def request_bytes(session_id: str, features: npt.NDArray[np.float32], now_ns: in
 
 def request_from_pb(msg: pb.PlanRequest) -> PlanRequest:
     previous = plan_from_pb(msg.previous) if msg.HasField("previous") else None
-    return PlanRequest(session_id=msg.session_id, features=np.asarray(msg.features, dtype=np.float32),
-                       now_ns=msg.now_ns, previous=previous)
+    return PlanRequest(
+        session_id=msg.session_id,
+        features=np.asarray(msg.features, dtype=np.float32),
+        now_ns=msg.now_ns,
+        previous=previous,
+    )

@@ -39,15 +39,15 @@ import math
 import signal
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Callable, cast
+from typing import cast
 
-from dualloop.v1 import planner_pb2 as pb
 from dualloop.planner import priority
 from dualloop.planner.plan import Plan, PlanRequest, PlanSource
 from dualloop.planner.wire import plan_to_pb, request_from_pb
+from dualloop.v1 import planner_pb2 as pb
 
 READY, BATCH, FATAL = b"R", b"B", b"F"  # envelope kinds (ERROR too)
 REQUEST, PLAN, ERROR, LATE, SKIP = b"Q", b"P", b"E", b"L", b"S"  # frame kinds
@@ -79,7 +79,7 @@ def decode(message: bytes) -> Envelope:
     if len(message) < _HEADER.size:
         raise ValueError(f"planner worker sent a {len(message)}-byte message, shorter than its header")
     kind, wall_ns, cpu_ns, cpu_total_ns = _HEADER.unpack_from(message)
-    return Envelope(kind, wall_ns, cpu_ns, cpu_total_ns, message[_HEADER.size:])
+    return Envelope(kind, wall_ns, cpu_ns, cpu_total_ns, message[_HEADER.size :])
 
 
 def pack_frames(frames: Sequence[Reply]) -> bytes:
@@ -98,7 +98,7 @@ def unpack_frames(data: bytes) -> list[Reply]:
         at += _FRAME.size
         if at + n > len(data):
             raise ValueError(f"frame of {n} bytes at byte {at} runs past the end ({len(data)})")
-        frames.append((kind, bytes(view[at:at + n])))
+        frames.append((kind, bytes(view[at : at + n])))
         at += n
     return frames
 
@@ -107,8 +107,9 @@ def _describe(err: BaseException) -> bytes:
     return f"{type(err).__name__}: {err}".encode("utf-8", "replace")[:_MAX_ERROR_BYTES]
 
 
-def run_worker(conn: Connection, factory: SourceFactory, nice: int | None = None,
-               budget_s: float = math.inf, idle: bool = False) -> None:
+def run_worker(
+    conn: Connection, factory: SourceFactory, nice: int | None = None, budget_s: float = math.inf, idle: bool = False
+) -> None:
     """Worker main loop; returns when the scheduler closes the pipe or sends STOP_MESSAGE.
     idle: run SCHED_IDLE between batches (the scheduler raises it while a batch waits for a CPU,
     planner.priority)."""
@@ -177,8 +178,9 @@ def _plan(source: PlanSource, requests: Sequence[PlanRequest], budget_s: float) 
     except Exception as err:  # noqa: BLE001 - the whole call failed: every request failed with it
         return [err] * len(requests)
     if len(results) != len(requests):
-        err = RuntimeError(f"{type(source).__name__}.plan_many returned {len(results)} results "
-                           f"for {len(requests)} requests")
+        err = RuntimeError(
+            f"{type(source).__name__}.plan_many returned {len(results)} results for {len(requests)} requests"
+        )
         return [err] * len(requests)
     return results
 

@@ -13,8 +13,9 @@ training data is generated quickly (run_expert_batch).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -33,8 +34,14 @@ PLAN_PERIOD_S: float = 0.2
 class SimEnv:
     """A batch of B episodes of one scenario; with squeeze=True (B == 1) arrays lose the batch axis."""
 
-    def __init__(self, instance: ScenarioInstance, end_on_collision: bool = True, squeeze: bool = False,
-                 see_lane_ends: bool = True, target_steps: TargetSteps | None = None) -> None:
+    def __init__(
+        self,
+        instance: ScenarioInstance,
+        end_on_collision: bool = True,
+        squeeze: bool = False,
+        see_lane_ends: bool = True,
+        target_steps: TargetSteps | None = None,
+    ) -> None:
         """target_steps: the expert's target speed steps within the drive (training data); None: it
         follows the scenario's cruise speed throughout, as the simulator's planner in closed loop."""
         if squeeze and len(instance.seeds) != 1:
@@ -48,8 +55,11 @@ class SimEnv:
         self.squeeze = squeeze
         self.sensors = Sensors(self.world, instance.seeds, instance.fault, see_lane_ends)
         self.n_steps = int(math.ceil(self.duration_s / self.world.dt - 1e-9))
-        schedule = (None if target_steps is None
-                    else target_steps.sample(instance.seeds, instance.cruise_speed, self.duration_s))
+        schedule = (
+            None
+            if target_steps is None
+            else target_steps.sample(instance.seeds, instance.cruise_speed, self.duration_s)
+        )
         self.expert = Expert(self.world, instance.cruise_speed, schedule=schedule)
         self._plan_every = max(1, int(round(PLAN_PERIOD_S / self.world.dt)))
         self.recorder = MetricsRecorder(self.batch, self.n_steps, self.world.dt)
@@ -117,18 +127,33 @@ class SimEnv:
         return eps[0] if self.squeeze else eps
 
 
-def make_scenario(name: str, seed: int, end_on_collision: bool = True, see_lane_ends: bool = True,
-                  **params: Any) -> SimEnv:
+def make_scenario(
+    name: str, seed: int, end_on_collision: bool = True, see_lane_ends: bool = True, **params: Any
+) -> SimEnv:
     """One episode of a registered scenario, arrays without batch axis."""
-    return SimEnv(build_scenario(name, [seed], **params), end_on_collision=end_on_collision, squeeze=True,
-                  see_lane_ends=see_lane_ends)
+    return SimEnv(
+        build_scenario(name, [seed], **params),
+        end_on_collision=end_on_collision,
+        squeeze=True,
+        see_lane_ends=see_lane_ends,
+    )
 
 
-def make_batch(name: str, seeds: Sequence[int], end_on_collision: bool = True, see_lane_ends: bool = True,
-               target_steps: TargetSteps | None = None, **params: Any) -> SimEnv:
+def make_batch(
+    name: str,
+    seeds: Sequence[int],
+    end_on_collision: bool = True,
+    see_lane_ends: bool = True,
+    target_steps: TargetSteps | None = None,
+    **params: Any,
+) -> SimEnv:
     """len(seeds) episodes of a scenario stepped together, arrays with a leading batch axis."""
-    return SimEnv(build_scenario(name, list(seeds), **params), end_on_collision=end_on_collision,
-                  see_lane_ends=see_lane_ends, target_steps=target_steps)
+    return SimEnv(
+        build_scenario(name, list(seeds), **params),
+        end_on_collision=end_on_collision,
+        see_lane_ends=see_lane_ends,
+        target_steps=target_steps,
+    )
 
 
 @dataclass
@@ -186,8 +211,14 @@ EXPERT_TARGET_STEPS: TargetSteps = TargetSteps()
 
 
 def run_expert_batch(
-    name: str, seeds: Sequence[int], every: int = 1, noise: ActionNoise | None = None, see_lane_ends: bool = True,
-    target_steps: TargetSteps | None = EXPERT_TARGET_STEPS, relabel: bool = False, **params: Any,
+    name: str,
+    seeds: Sequence[int],
+    every: int = 1,
+    noise: ActionNoise | None = None,
+    see_lane_ends: bool = True,
+    target_steps: TargetSteps | None = EXPERT_TARGET_STEPS,
+    relabel: bool = False,
+    **params: Any,
 ) -> tuple[list[EpisodeMetrics], ExpertData]:
     """Drive len(seeds) episodes with the expert, recording every `every`-th step.
 
@@ -230,8 +261,9 @@ def run_expert_batch(
                 stop = p[:, PLAN_INDEX["plan_stop"]] > 0.5
                 other, _ = env.expert.act(alt_speed[:, k])
                 alt_plans[:, k] = p
-                alt_plans[:, k, PLAN_INDEX["target_speed"]] = np.where(stop, p[:, PLAN_INDEX["target_speed"]],
-                                                                       alt_speed[:, k])
+                alt_plans[:, k, PLAN_INDEX["target_speed"]] = np.where(
+                    stop, p[:, PLAN_INDEX["target_speed"]], alt_speed[:, k]
+                )
                 alt_accel[:, k] = np.where(stop, accel, other)
             k += 1
         if accel_noise is not None:
@@ -239,13 +271,23 @@ def run_expert_batch(
             accel, steer = accel + accel_noise[:, i], steer + steer_noise[:, i]
         in_effect = np.stack(np.broadcast_arrays(*clip_controls(accel, steer)), axis=1)
         env.step(accel, steer)
-    data = ExpertData(times[:k], feats[:, :k], plans[:, :k], label_from_accel(controls[:, :k, 0]),
-                      controls[:, :k], valid[:, :k], applied=applied[:, :k])
+    data = ExpertData(
+        times[:k],
+        feats[:, :k],
+        plans[:, :k],
+        label_from_accel(controls[:, :k, 0]),
+        controls[:, :k],
+        valid[:, :k],
+        applied=applied[:, :k],
+    )
     if relabelling:
         alt_controls = controls[:, :k].copy()
         alt_controls[..., 0] = alt_accel[:, :k]
-        data.alt_plan, data.alt_label, data.alt_controls = (alt_plans[:, :k], label_from_accel(alt_accel[:, :k]),
-                                                            alt_controls)
+        data.alt_plan, data.alt_label, data.alt_controls = (
+            alt_plans[:, :k],
+            label_from_accel(alt_accel[:, :k]),
+            alt_controls,
+        )
     metrics = env.metrics()
     assert isinstance(metrics, list)
     return metrics, data

@@ -55,7 +55,7 @@ class TargetSchedule:
     starts: FloatArray  # (B, K)
     speeds: FloatArray  # (B, K)
     follow: npt.NDArray[np.bool_]  # (B,)
-    steps: "TargetSteps"
+    steps: TargetSteps
 
 
 @dataclass(frozen=True)
@@ -119,11 +119,12 @@ class TargetSteps:
         starts_arr = np.full((len(seeds), k), np.inf)
         speeds_arr = np.repeat(cruise[:, None], k, axis=1).astype(np.float64)
         for b, (st, sp) in enumerate(rows):
-            starts_arr[b, :len(st)], speeds_arr[b, :len(sp)] = st, sp
+            starts_arr[b, : len(st)], speeds_arr[b, : len(sp)] = st, sp
         return TargetSchedule(starts_arr, speeds_arr, follow, self)
 
-    def allowed(self, cruise: FloatArray, v: FloatArray, gap: FloatArray, v_lead: FloatArray,
-                current: FloatArray) -> FloatArray:
+    def allowed(
+        self, cruise: FloatArray, v: FloatArray, gap: FloatArray, v_lead: FloatArray, current: FloatArray
+    ) -> FloatArray:
         """The follow target: what the lane allows, on the planner's ladder. A stationary obstacle is
         not traffic to follow (it is a stop or a lane to leave). The current target stays while it is
         still the allowed speed rounded up, give or take hysteresis_mps: a leader's speed hovering at a
@@ -152,7 +153,11 @@ class TargetSteps:
 
 
 def expert_idm(
-    v: FloatArray, v0: FloatArray, gap: FloatArray, v_lead: FloatArray, p: ExpertParams,
+    v: FloatArray,
+    v0: FloatArray,
+    gap: FloatArray,
+    v_lead: FloatArray,
+    p: ExpertParams,
     time_gap: float | None = None,
 ) -> FloatArray:
     """IDM whose free-road term never brakes harder than b_comf (smooth when far above v0)."""
@@ -168,8 +173,13 @@ def expert_idm(
 class Expert:
     """Drives every episode of a World from ground truth; holds its current plan."""
 
-    def __init__(self, world: World, cruise_speed: FloatArray, params: ExpertParams | None = None,
-                 schedule: TargetSchedule | None = None) -> None:
+    def __init__(
+        self,
+        world: World,
+        cruise_speed: FloatArray,
+        params: ExpertParams | None = None,
+        schedule: TargetSchedule | None = None,
+    ) -> None:
         """schedule: from TargetSteps.sample; None: the cruise speed throughout."""
         self.world = world
         self.p = params or ExpertParams()
@@ -212,9 +222,7 @@ class Expert:
             k = (self.schedule.starts <= t + 1e-9).sum(axis=1) - 1
             self.desired = self.schedule.speeds[np.arange(b), np.maximum(k, 0)]
 
-        done = self.changing & (t - self.lc_start >= p.lane_change_s) & (
-            np.abs(d - self.target_lane * width) < 0.3
-        )
+        done = self.changing & (t - self.lc_start >= p.lane_change_s) & (np.abs(d - self.target_lane * width) < 0.3)
         self.changing &= ~done
         self.last_change_end = np.where(done, t, self.last_change_end)
 
@@ -261,8 +269,7 @@ class Expert:
         # Not from a standstill: behind a stopped car the own lane's leader holds the expert at 0 m/s,
         # and pure pursuit at 0 m/s steered at full lock for the rest of the drive (14 of 24
         # stopped_vehicle_ahead episodes, a quarter of their samples, labelled with full-lock steering).
-        can_start = (~self.changing & (t - self.last_change_end >= p.cooldown_s) & (t >= 1.0)
-                     & (v >= p.min_change_speed))
+        can_start = ~self.changing & (t - self.last_change_end >= p.cooldown_s) & (t >= 1.0) & (v >= p.min_change_speed)
         start = can_start & (best_dir != 0)
         self.target_lane = np.where(start, lane + best_dir, np.where(self.changing, self.target_lane, lane))
         self.lc_from = np.where(start, d, self.lc_from)
@@ -278,9 +285,7 @@ class Expert:
         # Once across the lane boundary the plan says "keep" (offset 0) while the manoeuvre settles on
         # the new lane's centre, as the behaviour planner's plans do: a plan that kept the change's
         # behaviour there taught the executor a "finish the change" it then missed with a planner.
-        self.behaviour = np.where(
-            stop, STOP, np.where(direction > 0, LEFT, np.where(direction < 0, RIGHT, KEEP))
-        )
+        self.behaviour = np.where(stop, STOP, np.where(direction > 0, LEFT, np.where(direction < 0, RIGHT, KEEP)))
         if self.schedule is not None:
             # A random target does not hold on a lane that ends: alongside the slow lane at its speed
             # the expert found no gap and stopped at the end of the ramp (slow_merge, 1 in 24 drives).
@@ -288,8 +293,7 @@ class Expert:
         if self.schedule is not None and self.schedule.follow.any():
             # the lane it is in or moving to; on a lane that ends, the one it has to merge into
             limiting = np.where(must_merge & (tgt_idx == 0), 1, tgt_idx)
-            allowed = self.schedule.steps.allowed(self.cruise, v, fg[rows, limiting], fv[rows, limiting],
-                                                  self.desired)
+            allowed = self.schedule.steps.allowed(self.cruise, v, fg[rows, limiting], fv[rows, limiting], self.desired)
             self.desired = np.where(self.schedule.follow, allowed, self.desired)
         self.target_speed = np.where(stop, 0.0, self.desired)
         self.plan_vector = make_plan(self.target_speed, direction * width, self.behaviour)

@@ -54,8 +54,15 @@ class MetricsRecorder:
         self._columns: list[FloatArray] = []  # one (5, B) column per step, stacked on demand
         self._max_steps = max_steps
 
-    def update(self, t: float, truth: FloatArray, ego_v: FloatArray, ego_a: FloatArray,
-               accel_cmd: FloatArray, active: npt.NDArray[np.bool_]) -> None:
+    def update(
+        self,
+        t: float,
+        truth: FloatArray,
+        ego_v: FloatArray,
+        ego_a: FloatArray,
+        accel_cmd: FloatArray,
+        active: npt.NDArray[np.bool_],
+    ) -> None:
         """Record one step for the episodes still `active` (truth = noise-free FEATURES)."""
         present = truth[:, _LEAD_PRESENT] > 0.5
         gap = np.where(present, truth[:, _LEAD_GAP], np.inf)
@@ -87,8 +94,13 @@ class MetricsRecorder:
         n = min(n, len(self._columns))
         ser = np.stack([c[:, b] for c in self._columns[:n]], axis=1) if n else np.zeros((5, 0))
         return EpisodeMetrics(
-            seed=seed, collisions=collisions, off_road=off_road, min_ttc_s=float(self.min_ttc[b]),
-            min_lead_gap_m=float(self.min_gap[b]), hard_brakes=int(self.hard_brakes[b]),
-            max_abs_jerk=float(self.max_jerk[b]), duration_s=n * self.dt,
+            seed=seed,
+            collisions=collisions,
+            off_road=off_road,
+            min_ttc_s=float(self.min_ttc[b]),
+            min_lead_gap_m=float(self.min_gap[b]),
+            hard_brakes=int(self.hard_brakes[b]),
+            max_abs_jerk=float(self.max_jerk[b]),
+            duration_s=n * self.dt,
             series=EpisodeSeries(ser[0].copy(), ser[1].copy(), ser[2].copy(), ser[3].copy(), ser[4].copy()),
         )

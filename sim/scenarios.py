@@ -8,15 +8,16 @@ batch it was built in.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from dualloop.sim.road import make_road, random_curvature
 from dualloop.sim.sensors import FaultConfig
-from dualloop.sim.world import IdmParams, World, Friction, TrafficScript
+from dualloop.sim.world import Friction, IdmParams, TrafficScript, World
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -175,12 +176,19 @@ def _dense(rng: np.random.Generator, n_traffic: int = 30, n_lanes: int = 3) -> E
     ego_lane = int(rng.integers(0, n_lanes))
     speeds = _lane_speeds(rng, n_lanes, 12.0, 2.0)
     ego_v = speeds[ego_lane]
-    return _base_episode(rng, n_traffic, n_lanes, ego_lane, ego_v, 25.0, speeds, (1.0, 1.5), behind_clear=25.0, ahead_clear=30.0)
+    return _base_episode(
+        rng, n_traffic, n_lanes, ego_lane, ego_v, 25.0, speeds, (1.0, 1.5), behind_clear=25.0, ahead_clear=30.0
+    )
 
 
 def _with_lead(
-    rng: np.random.Generator, n_traffic: int, n_lanes: int, headway: tuple[float, float],
-    brake_at: float, brake_accel: float, hold_s: float | None,
+    rng: np.random.Generator,
+    n_traffic: int,
+    n_lanes: int,
+    headway: tuple[float, float],
+    brake_at: float,
+    brake_accel: float,
+    hold_s: float | None,
 ) -> EpisodeInit:
     ego_lane = int(rng.integers(0, n_lanes))
     ego_v = rng.uniform(22.0, 28.0)
@@ -188,8 +196,17 @@ def _with_lead(
     lead_s = EGO_START_S + 5.0 + gap
     speeds = _lane_speeds(rng, n_lanes, 22.0, 3.0)
     ep = _base_episode(
-        rng, n_traffic, n_lanes, ego_lane, ego_v, ego_v, speeds, (1.3, 2.5),
-        extra=[(lead_s, ego_lane, ego_v, ego_v)], behind_clear=60.0, ahead_clear=gap + 60.0,
+        rng,
+        n_traffic,
+        n_lanes,
+        ego_lane,
+        ego_v,
+        ego_v,
+        speeds,
+        (1.3, 2.5),
+        extra=[(lead_s, ego_lane, ego_v, ego_v)],
+        behind_clear=60.0,
+        ahead_clear=gap + 60.0,
     )
     stop_time = ego_v / -brake_accel
     end = brake_at + (stop_time + rng.uniform(1.0, 3.0) if hold_s is None else hold_s)
@@ -212,14 +229,26 @@ def _cut_in(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int = 3) -> 
     cutter_s = EGO_START_S + 5.0 + rng.uniform(8.0, 18.0) + (ego_v - cutter_v) * cut_at
     speeds = _lane_speeds(rng, n_lanes, 22.0, 3.0)
     ep = _base_episode(
-        rng, n_traffic, n_lanes, ego_lane, ego_v, ego_v, speeds, (1.3, 2.5),
-        extra=[(cutter_s, from_lane, cutter_v, cutter_v)], behind_clear=60.0, ahead_clear=cutter_s - EGO_START_S + 60.0,
+        rng,
+        n_traffic,
+        n_lanes,
+        ego_lane,
+        ego_v,
+        ego_v,
+        speeds,
+        (1.3, 2.5),
+        extra=[(cutter_s, from_lane, cutter_v, cutter_v)],
+        behind_clear=60.0,
+        ahead_clear=cutter_s - EGO_START_S + 60.0,
         exclude=[(from_lane, cutter_s - 40.0, cutter_s + 120.0)],
     )
     # Constant speed until the cut-in, so traffic ahead of it cannot make the ego pass it first.
     ep.script = {
-        "lane_change_time": {1: cut_at}, "lane_change_dir": {1: -side},
-        "accel_start": {1: 0.0}, "accel_end": {1: cut_at}, "accel_value": {1: 0.0},
+        "lane_change_time": {1: cut_at},
+        "lane_change_dir": {1: -side},
+        "accel_start": {1: 0.0},
+        "accel_end": {1: cut_at},
+        "accel_value": {1: 0.0},
     }
     return ep
 
@@ -230,8 +259,17 @@ def _stopped_ahead(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int =
     stopped_s = EGO_START_S + rng.uniform(120.0, 220.0)
     speeds = _lane_speeds(rng, n_lanes, 22.0, 3.0)
     ep = _base_episode(
-        rng, n_traffic, n_lanes, ego_lane, ego_v, ego_v, speeds, (1.3, 2.5),
-        extra=[(stopped_s, ego_lane, 0.0, 0.1)], behind_clear=60.0, ahead_clear=stopped_s - EGO_START_S + 20.0,
+        rng,
+        n_traffic,
+        n_lanes,
+        ego_lane,
+        ego_v,
+        ego_v,
+        speeds,
+        (1.3, 2.5),
+        extra=[(stopped_s, ego_lane, 0.0, 0.1)],
+        behind_clear=60.0,
+        ahead_clear=stopped_s - EGO_START_S + 20.0,
     )
     ep.script = {"accel_start": {1: 0.0}, "accel_end": {1: np.inf}, "accel_value": {1: -8.0}}
     return ep
@@ -244,8 +282,17 @@ def _slow_merge(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int = 4)
     end[0] = EGO_START_S + rng.uniform(250.0, 350.0)
     speeds = [0.0, rng.uniform(11.0, 14.0)] + [20.0 + 3.0 * k + rng.uniform(-1.0, 1.0) for k in range(n_lanes - 2)]
     return _base_episode(
-        rng, n_traffic, n_lanes, 0, ego_v, 25.0, speeds, (1.3, 2.5),
-        traffic_lanes=range(1, n_lanes), lane_end=end, fixed_gap_lanes={1: (35.0, 60.0)},
+        rng,
+        n_traffic,
+        n_lanes,
+        0,
+        ego_v,
+        25.0,
+        speeds,
+        (1.3, 2.5),
+        traffic_lanes=range(1, n_lanes),
+        lane_end=end,
+        fixed_gap_lanes={1: (35.0, 60.0)},
     )
 
 
@@ -290,8 +337,13 @@ def _script(episodes: Sequence[EpisodeInit], m: int) -> TrafficScript:
 
 
 def build_instance(
-    name: str, seeds: Sequence[int], builder: Callable[..., EpisodeInit], duration_s: float,
-    fault_kind: str, ood: bool, **params: Any,
+    name: str,
+    seeds: Sequence[int],
+    builder: Callable[..., EpisodeInit],
+    duration_s: float,
+    fault_kind: str,
+    ood: bool,
+    **params: Any,
 ) -> ScenarioInstance:
     episodes = [builder(np.random.default_rng(int(sd)), **params) for sd in seeds]
     sizes = {ep.s.shape[0] for ep in episodes}
@@ -319,15 +371,24 @@ def build_instance(
         duration_s=np.array([ep.fault_duration for ep in episodes]),
     )
     return ScenarioInstance(
-        name=name, seeds=tuple(int(s) for s in seeds), world=world, fault=fault, duration_s=duration_s,
+        name=name,
+        seeds=tuple(int(s) for s in seeds),
+        world=world,
+        fault=fault,
+        duration_s=duration_s,
         cruise_speed=np.array([ep.cruise for ep in episodes]),
-        ood_onset_s=np.array([ep.ood_onset for ep in episodes]), ood=ood,
+        ood_onset_s=np.array([ep.ood_onset for ep in episodes]),
+        ood=ood,
     )
 
 
 def _spec(
-    name: str, description: str, builder: Callable[..., EpisodeInit], duration_s: float,
-    ood: bool = False, fault_kind: str = "none",
+    name: str,
+    description: str,
+    builder: Callable[..., EpisodeInit],
+    duration_s: float,
+    ood: bool = False,
+    fault_kind: str = "none",
 ) -> ScenarioSpec:
     def factory(seeds: Sequence[int] | int, duration_s: float = duration_s, **params: Any) -> ScenarioInstance:
         seed_list = [seeds] if isinstance(seeds, (int, np.integer)) else list(seeds)
@@ -341,15 +402,54 @@ SCENARIOS: dict[str, ScenarioSpec] = {
     for s in (
         _spec("nominal_cruise", "3-lane highway, moderate traffic, straights and gentle curves", _nominal, 30.0),
         _spec("dense_traffic", "30 cars at 12-18 m/s with short gaps", _dense, 25.0),
-        _spec("lead_brakes_hard", "in-lane lead at 1.6-2.2 s headway brakes at 5-7 m/s^2 to a stop", _lead_brakes_hard, 20.0),
+        _spec(
+            "lead_brakes_hard",
+            "in-lane lead at 1.6-2.2 s headway brakes at 5-7 m/s^2 to a stop",
+            _lead_brakes_hard,
+            20.0,
+        ),
         _spec("cut_in", "slower car 8-18 m ahead in the next lane cuts into the ego lane", _cut_in, 20.0),
         _spec("stopped_vehicle_ahead", "stationary car 120-220 m ahead in the ego lane", _stopped_ahead, 25.0),
         _spec("slow_merge", "on-ramp ends in 250-350 m; merge into slow lane with 35-60 m gaps", _slow_merge, 25.0),
-        _spec("sensor_dropout", "nominal cruise; all features read 0 from onset", _with_fault("dropout"), 20.0, True, "dropout"),
-        _spec("stuck_sensor", "nominal cruise; features freeze at their onset value", _with_fault("stuck"), 20.0, True, "stuck"),
-        _spec("noise_burst", "nominal cruise; large sensor noise for 2-4 s from onset", _with_fault("noise_burst"), 20.0, True, "noise_burst"),
-        _spec("unit_mismatch_kmh", "nominal cruise; speeds arrive in km/h from onset", _with_fault("unit_mismatch"), 20.0, True, "unit_mismatch"),
-        _spec("low_friction", "low-mu road from onset (brakes 40 %, max 3 m/s^2), then the lead brakes", _low_friction, 20.0, True),
+        _spec(
+            "sensor_dropout",
+            "nominal cruise; all features read 0 from onset",
+            _with_fault("dropout"),
+            20.0,
+            True,
+            "dropout",
+        ),
+        _spec(
+            "stuck_sensor",
+            "nominal cruise; features freeze at their onset value",
+            _with_fault("stuck"),
+            20.0,
+            True,
+            "stuck",
+        ),
+        _spec(
+            "noise_burst",
+            "nominal cruise; large sensor noise for 2-4 s from onset",
+            _with_fault("noise_burst"),
+            20.0,
+            True,
+            "noise_burst",
+        ),
+        _spec(
+            "unit_mismatch_kmh",
+            "nominal cruise; speeds arrive in km/h from onset",
+            _with_fault("unit_mismatch"),
+            20.0,
+            True,
+            "unit_mismatch",
+        ),
+        _spec(
+            "low_friction",
+            "low-mu road from onset (brakes 40 %, max 3 m/s^2), then the lead brakes",
+            _low_friction,
+            20.0,
+            True,
+        ),
         _spec("speed_out_of_range", "ego at 55-60 m/s, far above the training range", _speed_out_of_range, 15.0, True),
     )
 }

@@ -90,12 +90,8 @@ STEER_MIN, STEER_MAX = CONTROLS[1].low, CONTROLS[1].high
 FEATURE_INDEX: dict[str, int] = {n: i for i, n in enumerate(FEATURE_NAMES)}
 PLAN_INDEX: dict[str, int] = {n: i for i, n in enumerate(PLAN_NAMES)}
 ACTION_INDEX: dict[str, int] = {n: i for i, n in enumerate(ACTIONS)}
-SPEED_FEATURES: tuple[str, ...] = tuple(
-    n for n in FEATURE_NAMES if n == "ego_speed" or n.endswith("rel_speed")
-)
-GAP_FEATURES: tuple[str, ...] = tuple(
-    n for n in FEATURE_NAMES if n.endswith("_gap") or n == "lead_distance"
-)
+SPEED_FEATURES: tuple[str, ...] = tuple(n for n in FEATURE_NAMES if n == "ego_speed" or n.endswith("rel_speed"))
+GAP_FEATURES: tuple[str, ...] = tuple(n for n in FEATURE_NAMES if n.endswith("_gap") or n == "lead_distance")
 BOOL_FEATURES: tuple[str, ...] = tuple(f.name for f in FEATURES if f.unit == "bool")
 
 

@@ -8,8 +8,8 @@ its nominal twin before the fault's onset: that is what makes detection delay me
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -26,14 +26,24 @@ _BLOCK = 256  # steps of noise drawn at once per episode
 
 # 1-sigma of the nominal measurement noise, per feature unit kind (absolute part).
 _NOMINAL_SIGMA: dict[str, float] = {
-    "ego_speed": 0.05, "ego_accel": 0.05, "lead_distance": 0.15, "lead_rel_speed": 0.1,
-    "lane_offset": 0.03, "heading_error": 0.003, "yaw_rate": 0.002, "road_curvature": 5e-5,
+    "ego_speed": 0.05,
+    "ego_accel": 0.05,
+    "lead_distance": 0.15,
+    "lead_rel_speed": 0.1,
+    "lane_offset": 0.03,
+    "heading_error": 0.003,
+    "yaw_rate": 0.002,
+    "road_curvature": 5e-5,
 }
 _GAP_SIGMA, _GAP_SIGMA_REL, _REL_SPEED_SIGMA = 0.3, 0.005, 0.2
 # Burst noise: large enough to be obviously abnormal, per feature.
 _BURST_SIGMA: dict[str, float] = {
-    "ego_speed": 3.0, "ego_accel": 2.0, "lane_offset": 0.5, "heading_error": 0.05,
-    "yaw_rate": 0.05, "road_curvature": 0.005,
+    "ego_speed": 3.0,
+    "ego_accel": 2.0,
+    "lane_offset": 0.5,
+    "heading_error": 0.05,
+    "yaw_rate": 0.05,
+    "road_curvature": 0.005,
 }
 _BURST_GAP, _BURST_REL = 15.0, 3.0
 
@@ -74,8 +84,9 @@ class FaultConfig:
             raise ValueError(f"unknown fault kind {self.kind!r}, expected one of {FAULT_KINDS}")
 
 
-def _with_lane_ends(world: World, lanes: IntArray, front_gap: FloatArray,
-                    front_v: FloatArray) -> tuple[FloatArray, FloatArray]:
+def _with_lane_ends(
+    world: World, lanes: IntArray, front_gap: FloatArray, front_v: FloatArray
+) -> tuple[FloatArray, FloatArray]:
     """Front gaps and speeds (B, 3) with the end of each lane that ends ahead of the ego seen as a
     parked car at the end of the lane, as World.leader_gap shows it to traffic."""
     road = world.road
@@ -131,8 +142,9 @@ def true_features(world: World, see_lane_ends: bool = True) -> FloatArray:
 class Sensors:
     """Noisy, possibly faulty FEATURES for every episode of a world, one sample per step."""
 
-    def __init__(self, world: World, seeds: Sequence[int], fault: FaultConfig | None = None,
-                 see_lane_ends: bool = True) -> None:
+    def __init__(
+        self, world: World, seeds: Sequence[int], fault: FaultConfig | None = None, see_lane_ends: bool = True
+    ) -> None:
         if len(seeds) != world.batch:
             raise ValueError("one seed per episode is required")
         self.world = world
@@ -140,9 +152,7 @@ class Sensors:
         self.see_lane_ends = see_lane_ends
         b = world.batch
         self.onset = np.broadcast_to(np.asarray(self.fault.onset_s, dtype=np.float64), (b,)).copy()
-        self.fault_end = self.onset + np.broadcast_to(
-            np.asarray(self.fault.duration_s, dtype=np.float64), (b,)
-        )
+        self.fault_end = self.onset + np.broadcast_to(np.asarray(self.fault.duration_s, dtype=np.float64), (b,))
         # Separate streams: nominal noise must not depend on whether a fault is configured.
         streams = [np.random.SeedSequence([int(sd), 0x5E45]).spawn(2) for sd in seeds]
         self._noise_rngs = [np.random.Generator(np.random.PCG64(st[0])) for st in streams]

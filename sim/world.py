@@ -57,9 +57,7 @@ class MobilParams:
     duration_s: float = 3.0
 
 
-def idm_accel(
-    v: FloatArray, v0: FloatArray, gap: FloatArray, v_lead: FloatArray, p: IdmParams
-) -> FloatArray:
+def idm_accel(v: FloatArray, v0: FloatArray, gap: FloatArray, v_lead: FloatArray, p: IdmParams) -> FloatArray:
     """Intelligent Driver Model acceleration; gap = inf means a free road."""
     dv = v - v_lead
     s_star = p.min_gap + np.maximum(0.0, v * p.time_gap + v * dv / (2.0 * np.sqrt(p.a_max * p.b_comf)))
@@ -80,7 +78,7 @@ class Friction:
     drive_gain: FloatArray  # (B,)
 
     @classmethod
-    def nominal(cls, batch: int) -> "Friction":
+    def nominal(cls, batch: int) -> Friction:
         return cls(np.full(batch, np.inf), np.ones(batch), np.full(batch, -ACCEL_MIN), np.ones(batch))
 
 
@@ -95,7 +93,7 @@ class TrafficScript:
     lane_change_dir: IntArray  # (B, M) +1 left, -1 right
 
     @classmethod
-    def empty(cls, batch: int, m: int) -> "TrafficScript":
+    def empty(cls, batch: int, m: int) -> TrafficScript:
         inf = np.full((batch, m), np.inf)
         return cls(inf.copy(), inf.copy(), np.zeros((batch, m)), inf.copy(), np.zeros((batch, m), np.int64))
 
@@ -259,16 +257,10 @@ class World:
 
         a_self_new = idm_accel(self.v, self.v0, nf_gap, nf_v, idm)
         a_nr_new = np.where(has_nr, idm_accel(nr_v, nr_v0, nr_gap, self.v, idm), 0.0)
-        a_nr_old = np.where(
-            has_nr, idm_accel(nr_v, nr_v0, nr_gap + nf_gap + veh.length, nf_v, idm), 0.0
-        )
+        a_nr_old = np.where(has_nr, idm_accel(nr_v, nr_v0, nr_gap + nf_gap + veh.length, nf_v, idm), 0.0)
         a_or_old = np.where(has_or, idm_accel(or_v, or_v0, or_gap, self.v, idm), 0.0)
-        a_or_new = np.where(
-            has_or, idm_accel(or_v, or_v0, or_gap + of_gap + veh.length, of_v, idm), 0.0
-        )
-        incentive = a_self_new - a_current + self.politeness * (
-            a_nr_new - a_nr_old + a_or_new - a_or_old
-        )
+        a_or_new = np.where(has_or, idm_accel(or_v, or_v0, or_gap + of_gap + veh.length, of_v, idm), 0.0)
+        incentive = a_self_new - a_current + self.politeness * (a_nr_new - a_nr_old + a_or_new - a_or_old)
         b_safe = np.where(nr_idx == EGO, p.b_safe_ego, p.b_safe)
         safe = (a_nr_new >= -b_safe) & (nf_gap > p.min_gap) & (nr_gap > p.min_gap)
         go = eligible & safe & (incentive > p.threshold)
@@ -304,9 +296,7 @@ class World:
         if self.t >= self._friction_onset:
             fr = self.friction
             slippery = self.t >= fr.onset_s
-            reduced = np.maximum(
-                np.where(cmd_a < 0.0, cmd_a * fr.brake_gain, cmd_a * fr.drive_gain), -fr.max_decel
-            )
+            reduced = np.maximum(np.where(cmd_a < 0.0, cmd_a * fr.brake_gain, cmd_a * fr.drive_gain), -fr.max_decel)
             cmd_a = np.where(slippery, reduced, cmd_a)
         ego_a = self.a[:, EGO] + (cmd_a - self.a[:, EGO]) * (dt / veh.tau_accel)
         self.ego_delta = self.ego_delta + (cmd_d - self.ego_delta) * (dt / veh.tau_steer)

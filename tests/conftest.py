@@ -8,9 +8,9 @@ import grpc
 import pytest
 
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.models import TEST_MODEL_PATH
 from dualloop.controller.serve.server import ServerThread
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.models import TEST_MODEL_PATH
 
 
 @pytest.fixture(scope="session")

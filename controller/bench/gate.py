@@ -1,8 +1,9 @@
 """`dualloop bench gate`: the gate's cost per session per tick, next to the model's forward pass.
 
 Runs the real executor in-process (one batched tick for N sessions, as the server does) on simulated
-nominal observations, with and without the gates, at 1, 8 and 32 sessions in one run, and reads the executor's own stage timings
-(nanosecond totals in `Executor.stats`, so a 1-session tick is not rounded to whole microseconds).
+nominal observations, with and without the gates, at 1, 8 and 32 sessions in one run, and reads the
+executor's own stage timings (nanosecond totals in `Executor.stats`, so a 1-session tick is not rounded
+to whole microseconds).
 The executors being compared tick in turn, tick by tick, so a noisy machine weighs on all of them alike.
 The gates take their compiled path (``ood.compiled``) when it built; the table says which path was
 measured, and ``--compare-pure`` adds the pure-Python path, interleaved with the others, and the ratio.
@@ -22,12 +23,12 @@ from rich.console import Console
 from rich.table import Table
 
 from dualloop import ood
-from dualloop.ood import compiled as ood_compiled
 from dualloop.controller.bench.tick import store_result
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Observation
+from dualloop.ood import compiled as ood_compiled
 
 SESSION_COUNTS = (1, 8, 32)
 TICKS = 4000  # per session count, with and without the gates; the first tenth is warm-up
@@ -44,8 +45,14 @@ def _stats(values_us: np.ndarray, sessions: int, name: str) -> dict[str, float]:
 PURE = "with gate, pure Python"  # the label of the pure-Python path's executor (--compare-pure)
 
 
-def bench_gate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], sessions: int = 8, ticks: int = 4000,
-               seed: int = 0, compare_pure: bool = False) -> dict[str, dict[str, float]]:
+def bench_gate(
+    model: DecisionModel,
+    gate: ood.Gate | list[ood.Gate],
+    sessions: int = 8,
+    ticks: int = 4000,
+    seed: int = 0,
+    compare_pure: bool = False,
+) -> dict[str, dict[str, float]]:
     """One session count: stage timings (us, p50/p99) per tick without and with the gates (and, with
     ``compare_pure``, with the gates on their pure-Python path), the executors ticking in turn."""
     # nominal driving, observation after observation, as a sensor delivers it: what a gate sees most
@@ -72,9 +79,15 @@ def bench_gate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], sessions: 
         executors.append((label, ex, ex.stats.stage_ns, *(np.empty(ticks) for _ in range(3))))
     for k in range(ticks):
         # with the command in effect (here the measured acceleration), so an actuation check runs in full
-        obs = {sid: Observation(seq=k + 1, timestamp_ns=k * 5_000_000, features=(x := rows[(off + k) % len(rows)]),
-                                actual_controls=np.array([x[accel_at], 0.0], np.float32))
-               for sid, off in zip(ids, offsets)}
+        obs = {
+            sid: Observation(
+                seq=k + 1,
+                timestamp_ns=k * 5_000_000,
+                features=(x := rows[(off + k) % len(rows)]),
+                actual_controls=np.array([x[accel_at], 0.0], np.float32),
+            )
+            for sid, off in zip(ids, offsets)
+        }
         for _, ex, stage, forward, gate_t, total in executors:
             f0, g0 = int(stage[1]), int(stage[2])
             t0 = time.perf_counter_ns()
@@ -84,34 +97,52 @@ def bench_gate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], sessions: 
     warm = slice(ticks // 10, None)
     out: dict[str, dict[str, float]] = {}
     for label, ex, _, forward, gate_t, total in executors:
-        out[label] = (_stats(forward[warm] / 1e3, sessions, "forward") | _stats(gate_t[warm] / 1e3, sessions, "gate")
-                      | _stats(total[warm] / 1e3, sessions, "tick"))
+        out[label] = (
+            _stats(forward[warm] / 1e3, sessions, "forward")
+            | _stats(gate_t[warm] / 1e3, sessions, "gate")
+            | _stats(total[warm] / 1e3, sessions, "tick")
+        )
         if ex._gate_bank is not None:
             out[label]["compiled"] = float(ex._gate_bank.compiled)
             out[label]["products_in_c"] = float(ex._gate_bank.products_in_c)
     return out
 
 
-def bench_gate_table(model: DecisionModel, gates: list[ood.Gate], session_counts: Sequence[int] = SESSION_COUNTS,
-                     ticks: int | None = None, out_dir: Path = Path("runs/bench"), console: Console | None = None,
-                     model_path: str = "", gate_paths: Sequence[str] = (), compare_pure: bool = False) -> dict[str, Any]:
+def bench_gate_table(
+    model: DecisionModel,
+    gates: list[ood.Gate],
+    session_counts: Sequence[int] = SESSION_COUNTS,
+    ticks: int | None = None,
+    out_dir: Path = Path("runs/bench"),
+    console: Console | None = None,
+    model_path: str = "",
+    gate_paths: Sequence[str] = (),
+    compare_pure: bool = False,
+) -> dict[str, Any]:
     """`bench_gate` at each session count; prints the table and writes runs/bench/gate-<time>.json."""
     console = console or Console()
     ticks = TICKS if ticks is None else ticks
     rows = {}
     for n in session_counts:
-        console.print(f"bench gate: {n} session{'s' if n != 1 else ''}, {ticks} ticks without and with "
-                      f"{len(gates)} gate{'s' if len(gates) != 1 else ''}"
-                      f"{' (and on the pure-Python path, interleaved)' if compare_pure else ''} ...")
+        console.print(
+            f"bench gate: {n} session{'s' if n != 1 else ''}, {ticks} ticks without and with "
+            f"{len(gates)} gate{'s' if len(gates) != 1 else ''}"
+            f"{' (and on the pure-Python path, interleaved)' if compare_pure else ''} ..."
+        )
         rows[str(n)] = bench_gate(model, gates, n, ticks, compare_pure=compare_pure)
     # the path the measured executors took, from their own gate banks
     path = ood_compiled.path_name(all(r["with gate"].get("compiled") for r in rows.values()))
     if path == "compiled" and all(r["with gate"].get("products_in_c") for r in rows.values()):
         path = "compiled, products by numpy's BLAS from C"
     result: dict[str, Any] = {
-        "when": datetime.now().isoformat(timespec="seconds"), "model": model_path,
-        "gates": list(gate_paths), "ticks": ticks, "warmup_ticks": ticks // 10, "sessions": rows,
-        "gate_path": path, "target_gate_us_per_session": 20.0,
+        "when": datetime.now().isoformat(timespec="seconds"),
+        "model": model_path,
+        "gates": list(gate_paths),
+        "ticks": ticks,
+        "warmup_ticks": ticks // 10,
+        "sessions": rows,
+        "gate_path": path,
+        "target_gate_us_per_session": 20.0,
     }
     print_gate_table(result, console)
     path = store_result(out_dir, "gate", result)
@@ -120,18 +151,29 @@ def bench_gate_table(model: DecisionModel, gates: list[ood.Gate], session_counts
 
 
 def print_gate_table(result: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"gate cost per tick ({len(result['gates'])} gates, {result.get('gate_path', 'pure Python')} "
-                        f"path; executor stage timings, {result['ticks'] - result['warmup_ticks']} ticks after warm-up)")
-    for col in ("sessions", "forward p50 / p99 us", "gate p50 / p99 us",
-                "gate per session p50 / p99 us", "tick p50 / p99 us (no gate)", "tick p50 / p99 us (gates)"):
+    table = Table(
+        title=f"gate cost per tick ({len(result['gates'])} gates, {result.get('gate_path', 'pure Python')} "
+        f"path; executor stage timings, {result['ticks'] - result['warmup_ticks']} ticks after warm-up)"
+    )
+    for col in (
+        "sessions",
+        "forward p50 / p99 us",
+        "gate p50 / p99 us",
+        "gate per session p50 / p99 us",
+        "tick p50 / p99 us (no gate)",
+        "tick p50 / p99 us (gates)",
+    ):
         table.add_column(col, justify="right")
     for n, r in result["sessions"].items():
         on, off = r["with gate"], r["without gate"]
-        table.add_row(n, f"{on['forward_us_p50']:.1f} / {on['forward_us_p99']:.1f}",
-                      f"{on['gate_us_p50']:.1f} / {on['gate_us_p99']:.1f}",
-                      f"{on['gate_us_per_session_p50']:.1f} / {on['gate_us_per_session_p99']:.1f}",
-                      f"{off['tick_us_p50']:.0f} / {off['tick_us_p99']:.0f}",
-                      f"{on['tick_us_p50']:.0f} / {on['tick_us_p99']:.0f}")
+        table.add_row(
+            n,
+            f"{on['forward_us_p50']:.1f} / {on['forward_us_p99']:.1f}",
+            f"{on['gate_us_p50']:.1f} / {on['gate_us_p99']:.1f}",
+            f"{on['gate_us_per_session_p50']:.1f} / {on['gate_us_per_session_p99']:.1f}",
+            f"{off['tick_us_p50']:.0f} / {off['tick_us_p99']:.0f}",
+            f"{on['tick_us_p50']:.0f} / {on['tick_us_p99']:.0f}",
+        )
     console.print(table)
     pure = {n: r[PURE] for n, r in result["sessions"].items() if PURE in r}
     if pure:
@@ -140,6 +182,9 @@ def print_gate_table(result: dict[str, Any], console: Console) -> None:
             table.add_column(col, justify="right")
         for n, p in pure.items():
             on = result["sessions"][n]["with gate"]
-            table.add_row(n, f"{p['gate_us_per_session_p50']:.1f} / {p['gate_us_per_session_p99']:.1f}",
-                          f"{on['gate_us_p50'] / p['gate_us_p50']:.2f} / {on['gate_us_p99'] / p['gate_us_p99']:.2f}")
+            table.add_row(
+                n,
+                f"{p['gate_us_per_session_p50']:.1f} / {p['gate_us_per_session_p99']:.1f}",
+                f"{on['gate_us_p50'] / p['gate_us_p50']:.2f} / {on['gate_us_p99'] / p['gate_us_p99']:.2f}",
+            )
         console.print(table)

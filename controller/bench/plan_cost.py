@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from dualloop.planner import compiled as planner_compiled
 from dualloop.controller.bench.tick import store_result
+from dualloop.planner import compiled as planner_compiled
 from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.plan import PlanRequest
 from dualloop.sim.env import run_expert_batch
@@ -72,8 +72,13 @@ def planner_pair() -> tuple[BehaviourPlanner, BehaviourPlanner]:
     return fast, reference
 
 
-def compare_paths(sizes: Sequence[int] = (32, 1), batches: int = 600, warmup: int = 20,
-                  console: Console | None = None, seeds: Sequence[int] = (1, 2)) -> dict[str, Any]:
+def compare_paths(
+    sizes: Sequence[int] = (32, 1),
+    batches: int = 600,
+    warmup: int = 20,
+    console: Console | None = None,
+    seeds: Sequence[int] = (1, 2),
+) -> dict[str, Any]:
     """{"batch_<size>": {"compiled": {...}, "numpy": {...}, "ratio_p50", "ratio_p99"}}; CPU in us."""
     fast, reference = planner_pair()
     simulated = simulated_features(seeds)
@@ -81,9 +86,12 @@ def compare_paths(sizes: Sequence[int] = (32, 1), batches: int = 600, warmup: in
     for size in sizes:
         work = make_batches(size, batches + warmup, simulated, seed=size)
         cpu: dict[str, list[int]] = {"compiled": [], "numpy": []}
-        for k, requests in enumerate(track(work, description=f"batches of {size}", console=console,
-                                           disable=console is None)):
-            order = ((fast, "compiled"), (reference, "numpy")) if k % 2 == 0 else ((reference, "numpy"), (fast, "compiled"))
+        for k, requests in enumerate(
+            track(work, description=f"batches of {size}", console=console, disable=console is None)
+        ):
+            order = (
+                ((fast, "compiled"), (reference, "numpy")) if k % 2 == 0 else ((reference, "numpy"), (fast, "compiled"))
+            )
             plans = []
             for source, name in order:
                 t0 = time.thread_time_ns()
@@ -92,25 +100,38 @@ def compare_paths(sizes: Sequence[int] = (32, 1), batches: int = 600, warmup: in
                     cpu[name].append(time.thread_time_ns() - t0)
             if plans[0] != plans[1]:
                 raise AssertionError(f"batch {k} of {size}: the compiled and numpy paths planned differently")
-        row: dict[str, Any] = {name: {"p50_us": float(np.median(v)) / 1e3, "p99_us": float(np.percentile(v, 99)) / 1e3}
-                               for name, v in cpu.items()}
+        row: dict[str, Any] = {
+            name: {"p50_us": float(np.median(v)) / 1e3, "p99_us": float(np.percentile(v, 99)) / 1e3}
+            for name, v in cpu.items()
+        }
         row["ratio_p50"] = row["numpy"]["p50_us"] / row["compiled"]["p50_us"]
         row["ratio_p99"] = row["numpy"]["p99_us"] / row["compiled"]["p99_us"]
         result[f"batch_{size}"] = row
     return result
 
 
-def bench_plan_cost(out_dir: Path, console: Console, sizes: Sequence[int] = (32, 1), batches: int = 600) -> dict[str, Any]:
-    result = {"when": datetime.now().isoformat(timespec="seconds"), "batches": batches,
-              **compare_paths(sizes, batches, console=console)}
+def bench_plan_cost(
+    out_dir: Path, console: Console, sizes: Sequence[int] = (32, 1), batches: int = 600
+) -> dict[str, Any]:
+    result = {
+        "when": datetime.now().isoformat(timespec="seconds"),
+        "batches": batches,
+        **compare_paths(sizes, batches, console=console),
+    }
     table = Table(title=f"planner CPU per plan_many batch (us), {batches} batches each, both paths interleaved")
     for col in ("sessions", "compiled p50", "p99", "numpy p50", "p99", "numpy / compiled p50", "p99"):
         table.add_column(col, justify="right")
     for size in sizes:
         r = result[f"batch_{size}"]
-        table.add_row(str(size), f"{r['compiled']['p50_us']:.0f}", f"{r['compiled']['p99_us']:.0f}",
-                      f"{r['numpy']['p50_us']:.0f}", f"{r['numpy']['p99_us']:.0f}",
-                      f"{r['ratio_p50']:.1f}x", f"{r['ratio_p99']:.1f}x")
+        table.add_row(
+            str(size),
+            f"{r['compiled']['p50_us']:.0f}",
+            f"{r['compiled']['p99_us']:.0f}",
+            f"{r['numpy']['p50_us']:.0f}",
+            f"{r['numpy']['p99_us']:.0f}",
+            f"{r['ratio_p50']:.1f}x",
+            f"{r['ratio_p99']:.1f}x",
+        )
     console.print(table)
     console.print(f"results: {store_result(out_dir, 'planner-cost', result)}")
     return result

@@ -34,85 +34,134 @@ PHASE_S = 2.0
 BOOTSTRAP_SEED = 0
 
 
-def compare_turns(rows: npt.NDArray[np.int64], resamples: int = 2000,
-                  seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
+def compare_turns(rows: npt.NDArray[np.int64], resamples: int = 2000, seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
     """rows (turn, busy, lateness ns): percentiles of each side, the busy/idle p99 ratio and its 95%
     interval from a bootstrap over whole turns (ticks within a turn are not independent: a noisy
     second of the VM makes a run of late ticks, so resampling single ticks would overstate certainty)."""
     turn, busy, late = rows[:, 0], rows[:, 1].astype(bool), rows[:, 2]
-    sides = {name: [late[turn == k] for k in np.unique(turn[busy == flag])]
-             for name, flag in (("idle", False), ("busy", True))}  # a turn with no tick has no row
+    sides = {
+        name: [late[turn == k] for k in np.unique(turn[busy == flag])]
+        for name, flag in (("idle", False), ("busy", True))
+    }  # a turn with no tick has no row
     if not sides["idle"] or not sides["busy"]:
         raise ValueError("the run ended before both an idle and a busy turn were measured")
-    result: dict[str, Any] = {name: {"turns": len(t), "ticks": int(sum(x.size for x in t)),
-                                     "lateness_us": percentiles_us(np.concatenate(t))} for name, t in sides.items()}
-    result["p99_ratio_busy_over_idle"] = (result["busy"]["lateness_us"]["p99"]
-                                          / max(result["idle"]["lateness_us"]["p99"], 1e-3))
+    result: dict[str, Any] = {
+        name: {"turns": len(t), "ticks": int(sum(x.size for x in t)), "lateness_us": percentiles_us(np.concatenate(t))}
+        for name, t in sides.items()
+    }
+    result["p99_ratio_busy_over_idle"] = result["busy"]["lateness_us"]["p99"] / max(
+        result["idle"]["lateness_us"]["p99"], 1e-3
+    )
     rng = np.random.default_rng(seed)
     ratios = np.empty(resamples)
     for r in range(resamples):
-        p99 = [np.percentile(np.concatenate([t[i] for i in rng.integers(0, len(t), len(t))]), 99)
-               for t in (sides["idle"], sides["busy"])]
+        p99 = [
+            np.percentile(np.concatenate([t[i] for i in rng.integers(0, len(t), len(t))]), 99)
+            for t in (sides["idle"], sides["busy"])
+        ]
         ratios[r] = p99[1] / max(p99[0], 1.0)  # 1 ns floor: a p99 of 0 would divide by zero
     result["p99_ratio_interval_95"] = [float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))]
     return result
 
 
 def print_planner_report(result: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"tick lateness (us), {result['sessions']} REALTIME sessions, {result['duration_s']:.0f} s "
-                        f"in turns of {result['phase_s']:.0f} s")
+    table = Table(
+        title=f"tick lateness (us), {result['sessions']} REALTIME sessions, {result['duration_s']:.0f} s "
+        f"in turns of {result['phase_s']:.0f} s"
+    )
     for col in ("planner", "turns", "ticks", "p50", "p99", "p99.9", "max"):
         table.add_column(col, justify="right")
     for name in ("idle", "busy"):
         w = result[name]
         lat = w["lateness_us"]
-        table.add_row(name if name == "idle" else f"busy ({result['planner']})", str(w["turns"]), str(w["ticks"]),
-                      *(f"{lat[k]:.0f}" for k in ("p50", "p99", "p99.9", "max")))
+        table.add_row(
+            name if name == "idle" else f"busy ({result['planner']})",
+            str(w["turns"]),
+            str(w["ticks"]),
+            *(f"{lat[k]:.0f}" for k in ("p50", "p99", "p99.9", "max")),
+        )
     console.print(table)
-    console.print(f"whole run: {result['missed_deadlines']} missed deadlines; bare ticker p99 "
-                  f"{result['bare_lateness_us']['p99']:.0f} us (the machine's floor in the same run)")
+    console.print(
+        f"whole run: {result['missed_deadlines']} missed deadlines; bare ticker p99 "
+        f"{result['bare_lateness_us']['p99']:.0f} us (the machine's floor in the same run)"
+    )
     ratio = result["p99_ratio_busy_over_idle"]
     verdict = "[green]within[/]" if ratio <= GOAL_RATIO else "[red]over[/]"
     low, high = result["p99_ratio_interval_95"]
-    console.print(f"p99 busy/idle: [bold]{ratio:.2f}x[/] ({verdict} the {GOAL_RATIO}x goal); 95% interval "
-                  f"{low:.2f}-{high:.2f}x (bootstrap over turns)")
+    console.print(
+        f"p99 busy/idle: [bold]{ratio:.2f}x[/] ({verdict} the {GOAL_RATIO}x goal); 95% interval "
+        f"{low:.2f}-{high:.2f}x (bootstrap over turns)"
+    )
     p = result["planner_stats"] or {}
     if p:
-        console.print(f"planner ({p['source']}, worker process): {p['plans']} plans in {p['batches']} batches "
-                      f"(p50 {p['batch_size_p50']:.0f} sessions), time per batch p50 "
-                      f"{p['batch_time_us_p50'] / 1e3:.2f} ms, p99 {p['batch_time_us_p99'] / 1e3:.2f} ms (CPU p50 "
-                      f"{p['batch_cpu_us_p50'] / 1e3:.2f} ms, p99 {p['batch_cpu_us_p99'] / 1e3:.2f} ms), per plan p50 "
-                      f"{p['plan_time_us_p50'] / 1e3:.2f} ms, p99 {p['plan_time_us_p99'] / 1e3:.2f} ms; request -> "
-                      f"plan p99 {p['latency_us_p99'] / 1e3:.1f} ms; overruns (missed cycles) {p['overruns']}, "
-                      f"errors {p['errors']}, timeouts {p['timeouts']}, restarts {p['restarts']}, batches that waited "
-                      f"for a CPU past the deadline {p['starved_batches']}")
-        policy = ("SCHED_IDLE, raised to SCHED_BATCH while a batch waited for a CPU: "
-                  f"{p.get('priority_raises', 0)} times" if p.get("worker_idle_priority") else "SCHED_BATCH")
+        console.print(
+            f"planner ({p['source']}, worker process): {p['plans']} plans in {p['batches']} batches "
+            f"(p50 {p['batch_size_p50']:.0f} sessions), time per batch p50 "
+            f"{p['batch_time_us_p50'] / 1e3:.2f} ms, p99 {p['batch_time_us_p99'] / 1e3:.2f} ms (CPU p50 "
+            f"{p['batch_cpu_us_p50'] / 1e3:.2f} ms, p99 {p['batch_cpu_us_p99'] / 1e3:.2f} ms), per plan p50 "
+            f"{p['plan_time_us_p50'] / 1e3:.2f} ms, p99 {p['plan_time_us_p99'] / 1e3:.2f} ms; request -> "
+            f"plan p99 {p['latency_us_p99'] / 1e3:.1f} ms; overruns (missed cycles) {p['overruns']}, "
+            f"errors {p['errors']}, timeouts {p['timeouts']}, restarts {p['restarts']}, batches that waited "
+            f"for a CPU past the deadline {p['starved_batches']}"
+        )
+        policy = (
+            f"SCHED_IDLE, raised to SCHED_BATCH while a batch waited for a CPU: {p.get('priority_raises', 0)} times"
+            if p.get("worker_idle_priority")
+            else "SCHED_BATCH"
+        )
         console.print(f"planner worker's CPU policy: {policy}")
 
 
-def bench_planner(model: Path, sessions: int = 32, duration_s: float = 60.0, out_dir: Path = Path("runs/bench"),
-                  guard_ms: float = 2.0, rt_priority: int | None = None, planner: str = "behaviour",
-                  console: Console | None = None, phase_s: float = PHASE_S) -> dict[str, Any]:
+def bench_planner(
+    model: Path,
+    sessions: int = 32,
+    duration_s: float = 60.0,
+    out_dir: Path = Path("runs/bench"),
+    guard_ms: float = 2.0,
+    rt_priority: int | None = None,
+    planner: str = "behaviour",
+    console: Console | None = None,
+    phase_s: float = PHASE_S,
+) -> dict[str, Any]:
     """One run, planner idle and busy in turns; prints and stores the comparison."""
     if duration_s < 4 * phase_s:
-        raise ValueError(f"--duration {duration_s:g} s is too short: at least two idle and two busy phases of "
-                         f"{phase_s:g} s are needed ({4 * phase_s:g} s)")
+        raise ValueError(
+            f"--duration {duration_s:g} s is too short: at least two idle and two busy phases of "
+            f"{phase_s:g} s are needed ({4 * phase_s:g} s)"
+        )
     console = console or Console()
     loop = new_event_loop()
     try:
-        run = loop.run_until_complete(_bench_tick(model, sessions, duration_s, guard_ms, rt_priority, console,
-                                                  planner=planner, label=f"planner idle/busy ({planner})",
-                                                  alternate_s=phase_s))
+        run = loop.run_until_complete(
+            _bench_tick(
+                model,
+                sessions,
+                duration_s,
+                guard_ms,
+                rt_priority,
+                console,
+                planner=planner,
+                label=f"planner idle/busy ({planner})",
+                alternate_s=phase_s,
+            )
+        )
     finally:
         loop.close()
     ex = run["executor"]
     result: dict[str, Any] = {
-        "when": datetime.now().isoformat(timespec="seconds"), "model": str(model), "sessions": sessions,
-        "duration_s": duration_s, "phase_s": phase_s, "guard_ms": guard_ms, "planner": planner,
-        "scheduling": run["scheduling"], **compare_turns(run["_raw"]["executor_lateness_ns"]),
-        "missed_deadlines": ex["missed_deadlines"], "bare_lateness_us": run["bare_ticker"]["lateness_us"],
-        "cpu_fraction": ex["cpu_fraction"], "planner_stats": ex["planner"],
+        "when": datetime.now().isoformat(timespec="seconds"),
+        "model": str(model),
+        "sessions": sessions,
+        "duration_s": duration_s,
+        "phase_s": phase_s,
+        "guard_ms": guard_ms,
+        "planner": planner,
+        "scheduling": run["scheduling"],
+        **compare_turns(run["_raw"]["executor_lateness_ns"]),
+        "missed_deadlines": ex["missed_deadlines"],
+        "bare_lateness_us": run["bare_ticker"]["lateness_us"],
+        "cpu_fraction": ex["cpu_fraction"],
+        "planner_stats": ex["planner"],
         "tick_gaps": sum(s["tick_gaps"] for s in run["sessions_detail"]),
         "snapshots_dropped": sum(s["snapshots_dropped"] for s in run["sessions_detail"]),
     }

@@ -27,8 +27,9 @@ from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import controller_pb2_grpc as pb_grpc
 
 
-async def _session(stub: pb_grpc.ControllerStub, index: int, n_features: int, duration_s: float,
-                   period_s: float, seed: int) -> dict[str, object]:
+async def _session(
+    stub: pb_grpc.ControllerStub, index: int, n_features: int, duration_s: float, period_s: float, seed: int
+) -> dict[str, object]:
     rng = np.random.default_rng(seed + index)
     features = rng.normal(0, 1, n_features).astype(np.float32)
     features[0] = 25.0
@@ -44,8 +45,11 @@ async def _session(stub: pb_grpc.ControllerStub, index: int, n_features: int, du
         while time.monotonic() < stop_at:
             seq += 1
             features[1] = np.float32(seq % 100) / 100  # vary the input a little
-            await call.write(pb.DriveRequest(observation=pb.Observation(
-                seq=seq, timestamp_ns=time.monotonic_ns(), features=features.tolist())))
+            await call.write(
+                pb.DriveRequest(
+                    observation=pb.Observation(seq=seq, timestamp_ns=time.monotonic_ns(), features=features.tolist())
+                )
+            )
             next_t += period_s
             await asyncio.sleep(max(0.0, next_t - time.monotonic()))
         await call.done_writing()
@@ -67,26 +71,44 @@ async def _session(stub: pb_grpc.ControllerStub, index: int, n_features: int, du
     sent = await sender
     t = np.asarray(ticks, dtype=np.int64)
     gaps = int((np.diff(t) != 1).sum()) if t.size > 1 else 0
-    return {"session": index, "observations_sent": sent, "snapshots_received": len(ticks),
-            "snapshots_dropped": dropped, "tick_gaps": gaps,
-            "tick_span": int(t[-1] - t[0] + 1) if t.size else 0,
-            "reasons": {pb.ReasonCode.Name(k): v for k, v in reasons.items()}}
+    return {
+        "session": index,
+        "observations_sent": sent,
+        "snapshots_received": len(ticks),
+        "snapshots_dropped": dropped,
+        "tick_gaps": gaps,
+        "tick_span": int(t[-1] - t[0] + 1) if t.size else 0,
+        "reasons": {pb.ReasonCode.Name(k): v for k, v in reasons.items()},
+    }
 
 
 async def run_clients(address: str, sessions: int, duration_s: float, period_s: float, seed: int) -> list[dict]:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.ControllerStub(channel)
         info = await stub.GetModelInfo(pb.GetModelInfoRequest())
-        return list(await asyncio.gather(*(
-            _session(stub, i, len(info.features), duration_s, period_s, seed) for i in range(sessions))))
+        return list(
+            await asyncio.gather(
+                *(_session(stub, i, len(info.features), duration_s, period_s, seed) for i in range(sessions))
+            )
+        )
 
 
-_PLANNER_COUNTS = ("requests", "overruns", "plans", "errors", "timeouts", "restarts", "batches", "starved_batches",
-                   "priority_raises")
+_PLANNER_COUNTS = (
+    "requests",
+    "overruns",
+    "plans",
+    "errors",
+    "timeouts",
+    "restarts",
+    "batches",
+    "starved_batches",
+    "priority_raises",
+)
 
 
-def _alternate(runtime: ControllerRuntime, phase_s: float,
-               settle_s: float) -> tuple[list[tuple[bool, LatenessLog]], asyncio.Task]:
+def _alternate(
+    runtime: ControllerRuntime, phase_s: float, settle_s: float
+) -> tuple[list[tuple[bool, LatenessLog]], asyncio.Task]:
     """Planner paused (idle) and planning (busy) in turns of phase_s, starting idle; each turn's
     first settle_s is left out, and an idle turn's ticks count only once the batch asked for before
     the pause has been planned and applied.
@@ -112,15 +134,25 @@ def _alternate(runtime: ControllerRuntime, phase_s: float,
     return turns, asyncio.ensure_future(alternate())
 
 
-async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: int | None, save: str,
-                     planner: str = "none", alternate_s: float | None = None) -> dict:
+async def run_server(
+    model: str,
+    sessions: int,
+    guard_ms: float,
+    rt_priority: int | None,
+    save: str,
+    planner: str = "none",
+    alternate_s: float | None = None,
+) -> dict:
     executor_cfg: dict[str, object] = {"max_sessions": max(sessions, 1), "ticker_guard_ms": guard_ms}
     if alternate_s:
         # The paused phases must not put sessions in STALE_PLAN fallback (a different tick path);
         # plan ages are reported from the scheduler's request -> plan latency instead.
         executor_cfg["max_plan_age_ms"] = 3_600_000.0
-    server = ControllerServer(ServerConfig(model=model, port=0, realtime_priority=rt_priority,
-                                           executor=executor_cfg, planner={"source": planner}))
+    server = ControllerServer(
+        ServerConfig(
+            model=model, port=0, realtime_priority=rt_priority, executor=executor_cfg, planner={"source": planner}
+        )
+    )
     port = await server.start()
     print(json.dumps({"port": port}), flush=True)
     runtime, executor = server.runtime, server.executor
@@ -131,8 +163,11 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
     missed0 = runtime.ticker.missed
     planning = runtime.planning
     plan0 = planning.scheduler.stats() if planning is not None else {}
-    turns, alternating = (_alternate(runtime, alternate_s, min(0.5, alternate_s / 4))
-                          if alternate_s and planning is not None else (None, None))
+    turns, alternating = (
+        _alternate(runtime, alternate_s, min(0.5, alternate_s / 4))
+        if alternate_s and planning is not None
+        else (None, None)
+    )
     cpu0, t0 = time.process_time(), time.monotonic()
     while runtime.stats.sessions_closed == 0:
         await asyncio.sleep(0.005)
@@ -142,12 +177,23 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
     stats = runtime.stats
     ticks = max(stats.ticks, 1)
     stage_us = executor.stats.stage_ns / ticks / 1e3
-    split = {"model": float(stage_us[0] + stage_us[1]), "rules": float(stage_us[3]), "gate": float(stage_us[2]),
-             "streaming": stats.stream_ns / ticks / 1e3}
+    split = {
+        "model": float(stage_us[0] + stage_us[1]),
+        "rules": float(stage_us[3]),
+        "gate": float(stage_us[2]),
+        "streaming": stats.stream_ns / ticks / 1e3,
+    }
     split["other (gRPC I/O, event loop, precise wait)"] = cpu_s / ticks * 1e6 - sum(split.values())
     if turns is not None:  # rows (turn, busy, lateness ns): bench planner compares the turns
-        np.save(save, np.concatenate([np.column_stack([np.full(len(log), k), np.full(len(log), busy), log.values()])
-                                      for k, (busy, log) in enumerate(turns)]).astype(np.int64))
+        np.save(
+            save,
+            np.concatenate(
+                [
+                    np.column_stack([np.full(len(log), k), np.full(len(log), busy), log.values()])
+                    for k, (busy, log) in enumerate(turns)
+                ]
+            ).astype(np.int64),
+        )
         lateness = np.concatenate([log.values() for busy, log in turns if busy])
     else:
         lateness = stats.lateness.values()
@@ -156,16 +202,39 @@ async def run_server(model: str, sessions: int, guard_ms: float, rt_priority: in
     if planning is not None:  # counts over the window; plan times over the last plans (a rolling history)
         now = planning.scheduler.stats()
         planner_stats = {k: int(now[k]) - int(plan0[k]) for k in _PLANNER_COUNTS}
-        planner_stats.update({k: now[k] for k in ("plan_time_us_p50", "plan_time_us_p99", "batch_time_us_p50",
-                                                  "batch_time_us_p99", "batch_cpu_us_p50", "batch_cpu_us_p99",
-                                                  "batch_size_p50", "latency_us_p50",
-                                                  "latency_us_p99", "source", "worker_idle_priority")})
+        planner_stats.update(
+            {
+                k: now[k]
+                for k in (
+                    "plan_time_us_p50",
+                    "plan_time_us_p99",
+                    "batch_time_us_p50",
+                    "batch_time_us_p99",
+                    "batch_cpu_us_p50",
+                    "batch_cpu_us_p99",
+                    "batch_size_p50",
+                    "latency_us_p50",
+                    "latency_us_p99",
+                    "source",
+                    "worker_idle_priority",
+                )
+            }
+        )
         planner_stats["applied"] = planning.realtime.applied
     await server.stop()
-    return {"planner": planner_stats, "ticks": stats.ticks, "missed_deadlines": runtime.ticker.missed - missed0, "wall_s": wall_s,
-            "lateness_us": percentiles_us(lateness), "tick_work_us": percentiles_us(stats.tick_work_ns.values()),
-            "decision_latency_us": percentiles_us(stats.decision_latency.values()), "cpu_per_tick_us": split,
-            "cpu_fraction": cpu_s / wall_s, "snapshots_sent": stats.snapshots_sent, "scheduling": server.scheduling}
+    return {
+        "planner": planner_stats,
+        "ticks": stats.ticks,
+        "missed_deadlines": runtime.ticker.missed - missed0,
+        "wall_s": wall_s,
+        "lateness_us": percentiles_us(lateness),
+        "tick_work_us": percentiles_us(stats.tick_work_ns.values()),
+        "decision_latency_us": percentiles_us(stats.decision_latency.values()),
+        "cpu_per_tick_us": split,
+        "cpu_fraction": cpu_s / wall_s,
+        "snapshots_sent": stats.snapshots_sent,
+        "scheduling": server.scheduling,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -184,8 +253,12 @@ def main(argv: list[str] | None = None) -> None:
     srv.add_argument("--realtime-priority", type=int, default=None)
     srv.add_argument("--save", required=True, help="write the raw lateness values (ns) to this .npy file")
     srv.add_argument("--planner", default="none", help="the server's planner source (controller.config.PlannerConfig)")
-    srv.add_argument("--alternate-s", type=float, default=None,
-                     help="pause and resume the planner in turns of this many seconds; lateness per phase")
+    srv.add_argument(
+        "--alternate-s",
+        type=float,
+        default=None,
+        help="pause and resume the planner in turns of this many seconds; lateness per phase",
+    )
     b = sub.add_parser("bare")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--period-ms", type=float, default=5.0)
@@ -196,14 +269,30 @@ def main(argv: list[str] | None = None) -> None:
     loop = new_event_loop()
     if args.what == "clients":
         result = loop.run_until_complete(
-            run_clients(args.address, args.sessions, args.duration, args.period_ms / 1e3, args.seed))
+            run_clients(args.address, args.sessions, args.duration, args.period_ms / 1e3, args.seed)
+        )
     elif args.what == "server":
-        result = loop.run_until_complete(run_server(args.model, args.sessions, args.guard_ms, args.realtime_priority,
-                                                    args.save, args.planner, args.alternate_s))
+        result = loop.run_until_complete(
+            run_server(
+                args.model,
+                args.sessions,
+                args.guard_ms,
+                args.realtime_priority,
+                args.save,
+                args.planner,
+                args.alternate_s,
+            )
+        )
     else:
-        result = loop.run_until_complete(run_bare_ticker(int(args.period_ms * 1e6), args.duration,
-                                                         int(args.guard_ms * 1e6), save=args.save,
-                                                         realtime_priority=args.realtime_priority))
+        result = loop.run_until_complete(
+            run_bare_ticker(
+                int(args.period_ms * 1e6),
+                args.duration,
+                int(args.guard_ms * 1e6),
+                save=args.save,
+                realtime_priority=args.realtime_priority,
+            )
+        )
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 

@@ -26,9 +26,15 @@ from threadpoolctl import threadpool_limits
 
 from dualloop.controller.bench.tick import store_result
 from dualloop.controller.logs.logfile import read_log
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
-from dualloop.controller.replay.lockstep import _observations, build_executor, executor_config_for, replay_log, run_replay
 from dualloop.controller.logs.synthetic import REAL_DRIVE, slice_log, synthetic_log
+from dualloop.controller.replay.lockstep import (
+    _observations,
+    build_executor,
+    executor_config_for,
+    replay_log,
+    run_replay,
+)
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
 GOAL_SPEEDUP = 1000.0
 
@@ -50,22 +56,32 @@ def _one_log(name: str, log: Path, model: Path, gates: tuple[Path, ...], repeats
     end_to_end = time.perf_counter() - t0
     median = statistics.median(fast)
     return {
-        "log": str(log), "ticks": len(snaps), "observations": len(observations), "drive_s": drive_s,
+        "log": str(log),
+        "ticks": len(snaps),
+        "observations": len(observations),
+        "drive_s": drive_s,
         "fast_compute_ms": {"median": median * 1e3, "min": min(fast) * 1e3, "max": max(fast) * 1e3, "runs": len(fast)},
-        "speedup_median": drive_s / median, "speedup_best": drive_s / min(fast),
+        "speedup_median": drive_s / median,
+        "speedup_best": drive_s / min(fast),
         "reference_compute_ms": ref_timings["compute_s"] * 1e3,
         "reference_speedup": drive_s / ref_timings["compute_s"],
         "fast_over_reference": ref_timings["compute_s"] / median,
         "same_decisions": [s.applied.index for s in snaps] == [s.applied.index for s in reference],
-        "end_to_end_ms": end_to_end * 1e3, "end_to_end_speedup": drive_s / end_to_end,
+        "end_to_end_ms": end_to_end * 1e3,
+        "end_to_end_speedup": drive_s / end_to_end,
         "end_to_end_phases_ms": {k: v * 1e3 for k, v in result.timings.items()},
         "gate_veto_fraction": result.report.gate_veto_fraction,
     }
 
 
-def bench_replay(model: Path = BASE_MODEL_PATH, gates: tuple[Path, ...] = DEFAULT_GATES, repeats: int = 7,
-                 out_dir: Path = Path("runs/bench"), seconds: float = 60.0,
-                 console: Console | None = None) -> dict[str, Any]:
+def bench_replay(
+    model: Path = BASE_MODEL_PATH,
+    gates: tuple[Path, ...] = DEFAULT_GATES,
+    repeats: int = 7,
+    out_dir: Path = Path("runs/bench"),
+    seconds: float = 60.0,
+    console: Console | None = None,
+) -> dict[str, Any]:
     """`seconds` < 60 shortens both logs (the real drive is cut to its first `seconds`)."""
     console = console or Console()
     pinned = hasattr(os, "sched_setaffinity")
@@ -76,8 +92,10 @@ def bench_replay(model: Path = BASE_MODEL_PATH, gates: tuple[Path, ...] = DEFAUL
         with threadpool_limits(1), tempfile.TemporaryDirectory() as tmp, console.status("replaying") as status:
             tmp_dir = Path(tmp)
             real = REAL_DRIVE if seconds >= 60.0 else slice_log(tmp_dir / "real.mcap", 0, int(seconds * 100), "real")
-            logs = {"real drive (100 Hz)": real,
-                    "synthetic (200 Hz, plans)": synthetic_log(tmp_dir / "synthetic.mcap", seconds=seconds, rate_hz=200.0)}
+            logs = {
+                "real drive (100 Hz)": real,
+                "synthetic (200 Hz, plans)": synthetic_log(tmp_dir / "synthetic.mcap", seconds=seconds, rate_hz=200.0),
+            }
             results = {}
             for name, log in logs.items():
                 status.update(f"replaying {name}")
@@ -85,8 +103,13 @@ def bench_replay(model: Path = BASE_MODEL_PATH, gates: tuple[Path, ...] = DEFAUL
     finally:
         if pinned:
             os.sched_setaffinity(0, cpus)
-    result = {"when": datetime.now().isoformat(timespec="seconds"), "model": str(model),
-              "gates": [str(g) for g in gates], "pinned_to_one_core": pinned, "logs": results}
+    result = {
+        "when": datetime.now().isoformat(timespec="seconds"),
+        "model": str(model),
+        "gates": [str(g) for g in gates],
+        "pinned_to_one_core": pinned,
+        "logs": results,
+    }
     path = store_result(out_dir, "replay", result)
     print_replay_report(result, console)
     console.print(f"results: {path}")
@@ -95,18 +118,35 @@ def bench_replay(model: Path = BASE_MODEL_PATH, gates: tuple[Path, ...] = DEFAUL
 
 def print_replay_report(result: dict[str, Any], console: Console) -> None:
     table = Table(title="replay speed, one core" if result["pinned_to_one_core"] else "replay speed")
-    for col in ("log", "ticks", "replay ms (median, min-max)", "x real time", "per-tick path ms", "speed-up",
-                "whole command ms", "x real time"):
+    for col in (
+        "log",
+        "ticks",
+        "replay ms (median, min-max)",
+        "x real time",
+        "per-tick path ms",
+        "speed-up",
+        "whole command ms",
+        "x real time",
+    ):
         table.add_column(col, justify="right")
     for name, r in result["logs"].items():
         f = r["fast_compute_ms"]
-        table.add_row(name, str(r["ticks"]), f"{f['median']:.1f} ({f['min']:.1f}-{f['max']:.1f})",
-                      f"{r['speedup_median']:.0f}x", f"{r['reference_compute_ms']:.0f}",
-                      f"{r['fast_over_reference']:.0f}x", f"{r['end_to_end_ms']:.0f}", f"{r['end_to_end_speedup']:.0f}x")
+        table.add_row(
+            name,
+            str(r["ticks"]),
+            f"{f['median']:.1f} ({f['min']:.1f}-{f['max']:.1f})",
+            f"{r['speedup_median']:.0f}x",
+            f"{r['reference_compute_ms']:.0f}",
+            f"{r['fast_over_reference']:.0f}x",
+            f"{r['end_to_end_ms']:.0f}",
+            f"{r['end_to_end_speedup']:.0f}x",
+        )
     console.print(table)
     worst = min(r["speedup_median"] for r in result["logs"].values())
     verdict = "[green]met[/]" if worst >= GOAL_SPEEDUP else "[red]not met[/]"
-    console.print(f"goal: replay >= {GOAL_SPEEDUP:.0f}x real time on one core: {verdict} (slowest log {worst:.0f}x). "
-                  "The whole command adds reading and writing MCAP (per message in the mcap library) and the report.")
+    console.print(
+        f"goal: replay >= {GOAL_SPEEDUP:.0f}x real time on one core: {verdict} (slowest log {worst:.0f}x). "
+        "The whole command adds reading and writing MCAP (per message in the mcap library) and the report."
+    )
     if not all(r["same_decisions"] for r in result["logs"].values()):
         console.print("[red]the vectorised replay and the per-tick path disagree on applied actions[/]")

@@ -108,8 +108,12 @@ def bench_sim(vehicles: int = 20, hz: int = 200, seconds: float = 3.0, batch: in
     batched = _ours_world(vehicles, batch, seconds) * batch
     hw, note = _highway_env(vehicles, hz, seconds)
     return BenchResult(
-        vehicles=vehicles, hz=hz, batch=batch,
-        ours_steps_per_s=single, ours_env_steps_per_s=env_rate, ours_batch_episode_steps_per_s=batched,
+        vehicles=vehicles,
+        hz=hz,
+        batch=batch,
+        ours_steps_per_s=single,
+        ours_env_steps_per_s=env_rate,
+        ours_batch_episode_steps_per_s=batched,
         highway_env_steps_per_s=hw,
         ratio_single=None if hw is None else single / hw,
         ratio_batch=None if hw is None else batched / hw,

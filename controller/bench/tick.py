@@ -25,56 +25,93 @@ from dualloop.controller.serve.server import new_event_loop
 
 
 async def _subprocess(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(sys.executable, "-m", "dualloop.controller.bench.procs", *args,
-                                                stdout=asyncio.subprocess.PIPE)
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dualloop.controller.bench.procs", *args, stdout=asyncio.subprocess.PIPE
+    )
 
 
-async def _bench_tick(model: Path, sessions: int, duration_s: float, guard_ms: float, rt_priority: int | None,
-                      console: Console, planner: str = "none", label: str = "bench tick",
-                      alternate_s: float | None = None) -> dict[str, Any]:
+async def _bench_tick(
+    model: Path,
+    sessions: int,
+    duration_s: float,
+    guard_ms: float,
+    rt_priority: int | None,
+    console: Console,
+    planner: str = "none",
+    label: str = "bench tick",
+    alternate_s: float | None = None,
+) -> dict[str, Any]:
     rt = ("--realtime-priority", str(rt_priority)) if rt_priority else ()
     alternate = ("--alternate-s", str(alternate_s)) if alternate_s else ()
     with tempfile.TemporaryDirectory() as tmp:
         server_file, bare_file = str(Path(tmp) / "server.npy"), str(Path(tmp) / "bare.npy")
-        server = await _subprocess("server", "--model", str(model), "--sessions", str(sessions),
-                                   "--guard-ms", str(guard_ms), "--save", server_file, "--planner", planner, *rt,
-                                   *alternate)
+        server = await _subprocess(
+            "server",
+            "--model",
+            str(model),
+            "--sessions",
+            str(sessions),
+            "--guard-ms",
+            str(guard_ms),
+            "--save",
+            server_file,
+            "--planner",
+            planner,
+            *rt,
+            *alternate,
+        )
         assert server.stdout is not None
         first = await server.stdout.readline()
         if not first:
             raise RuntimeError("the bench server process did not start (see its error above)")
         port = json.loads(first)["port"]
-        clients = await _subprocess("clients", "--address", f"127.0.0.1:{port}", "--sessions", str(sessions),
-                                    "--duration", str(duration_s))
-        bare = await _subprocess("bare", "--duration", str(duration_s), "--save", bare_file,
-                                 "--guard-ms", str(guard_ms), *rt)
+        clients = await _subprocess(
+            "clients", "--address", f"127.0.0.1:{port}", "--sessions", str(sessions), "--duration", str(duration_s)
+        )
+        bare = await _subprocess(
+            "bare", "--duration", str(duration_s), "--save", bare_file, "--guard-ms", str(guard_ms), *rt
+        )
         t0 = time.monotonic()
-        with Progress(TextColumn(f"[bold]{label}[/]"), BarColumn(),
-                      TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TimeRemainingColumn(),
-                      console=console, transient=True) as progress:
+        with Progress(
+            TextColumn(f"[bold]{label}[/]"),
+            BarColumn(),
+            TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
             task = progress.add_task("run", total=duration_s)
             while clients.returncode is None:
                 progress.update(task, completed=min(duration_s, time.monotonic() - t0))
                 try:
                     await asyncio.wait_for(clients.wait(), 0.25)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         client_out, _ = await clients.communicate()
         server_out, _ = await server.communicate()
         bare_out, _ = await bare.communicate()
         if clients.returncode or server.returncode or bare.returncode:
-            raise RuntimeError(f"a bench process failed (server exit {server.returncode}, clients exit "
-                               f"{clients.returncode}, bare exit {bare.returncode})")
+            raise RuntimeError(
+                f"a bench process failed (server exit {server.returncode}, clients exit "
+                f"{clients.returncode}, bare exit {bare.returncode})"
+            )
         raw = {"executor_lateness_ns": np.load(server_file), "bare_lateness_ns": np.load(bare_file)}
     ex = json.loads(server_out)
     bare_result = json.loads(bare_out)
     return {
-        "when": datetime.now().isoformat(timespec="seconds"), "sessions": sessions, "duration_s": ex["wall_s"],
-        "guard_ms": guard_ms, "planner": planner,
+        "when": datetime.now().isoformat(timespec="seconds"),
+        "sessions": sessions,
+        "duration_s": ex["wall_s"],
+        "guard_ms": guard_ms,
+        "planner": planner,
         "scheduling": {"executor": ex["scheduling"], "bare_ticker": bare_result["scheduling"]},
         "executor": ex,
-        "bare_ticker": {"ticks": bare_result["ticks"], "missed_deadlines": bare_result["missed"],
-                        "lateness_us": bare_result["lateness_us"], "cpu_fraction": bare_result["cpu_fraction"]},
+        "bare_ticker": {
+            "ticks": bare_result["ticks"],
+            "missed_deadlines": bare_result["missed"],
+            "lateness_us": bare_result["lateness_us"],
+            "cpu_fraction": bare_result["cpu_fraction"],
+        },
         "p99_ratio_executor_over_bare": ex["lateness_us"]["p99"] / max(bare_result["lateness_us"]["p99"], 1e-9),
         "sessions_detail": json.loads(client_out),
         "_raw": raw,
@@ -83,12 +120,15 @@ async def _bench_tick(model: Path, sessions: int, duration_s: float, guard_ms: f
 
 def _plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for label, values in (("executor (serving gRPC)", result["_raw"]["executor_lateness_ns"]),
-                          ("bare ticker (same run)", result["_raw"]["bare_lateness_ns"])):
+    for label, values in (
+        ("executor (serving gRPC)", result["_raw"]["executor_lateness_ns"]),
+        ("bare ticker (same run)", result["_raw"]["bare_lateness_ns"]),
+    ):
         v = np.sort(values.astype(np.float64) / 1e3)
         if v.size:
             ax.plot(np.maximum(v, 0.01), 1.0 - np.arange(v.size) / v.size, label=label)
@@ -106,22 +146,29 @@ def _plot(result: dict[str, Any], path: Path) -> None:
 
 def print_tick_report(result: dict[str, Any], console: Console) -> None:
     ex, bare = result["executor"], result["bare_ticker"]
-    table = Table(title=f"tick lateness, {result['sessions']} sessions, {result['duration_s']:.1f} s (us); "
-                        f"guard {result['guard_ms']} ms, {result['scheduling']['executor']}")
+    table = Table(
+        title=f"tick lateness, {result['sessions']} sessions, {result['duration_s']:.1f} s (us); "
+        f"guard {result['guard_ms']} ms, {result['scheduling']['executor']}"
+    )
     for col in ("", "min", "p50", "p99", "p99.9", "max", "missed"):
         table.add_column(col, justify="right")
     for name, r in (("executor", ex), ("bare ticker", bare)):
         lat = r["lateness_us"]
-        table.add_row(name, *(f"{lat[k]:.1f}" for k in ("min", "p50", "p99", "p99.9", "max")),
-                      str(r["missed_deadlines"]))
+        table.add_row(
+            name, *(f"{lat[k]:.1f}" for k in ("min", "p50", "p99", "p99.9", "max")), str(r["missed_deadlines"])
+        )
     console.print(table)
     lat = ex["decision_latency_us"]
-    console.print(f"p99 ratio executor/bare: [bold]{result['p99_ratio_executor_over_bare']:.2f}x[/]   "
-                  f"decision latency (observation arrival -> first snapshot using it): p50 {lat['p50']:.0f} us, "
-                  f"p99 {lat['p99']:.0f} us, max {lat['max']:.0f} us")
+    console.print(
+        f"p99 ratio executor/bare: [bold]{result['p99_ratio_executor_over_bare']:.2f}x[/]   "
+        f"decision latency (observation arrival -> first snapshot using it): p50 {lat['p50']:.0f} us, "
+        f"p99 {lat['p99']:.0f} us, max {lat['max']:.0f} us"
+    )
     work = ex["tick_work_us"]
-    console.print(f"tick work (wake -> snapshots handed to outboxes): p50 {work['p50']:.0f} us, p99 {work['p99']:.0f} us; "
-                  f"server CPU {ex['cpu_fraction'] * 100:.0f}% of a core, bare ticker {bare['cpu_fraction'] * 100:.0f}%")
+    console.print(
+        f"tick work (wake -> snapshots handed to outboxes): p50 {work['p50']:.0f} us, p99 {work['p99']:.0f} us; "
+        f"server CPU {ex['cpu_fraction'] * 100:.0f}% of a core, bare ticker {bare['cpu_fraction'] * 100:.0f}%"
+    )
     split = Table(title="server CPU per tick (us)")
     split.add_column("part")
     split.add_column("us", justify="right")
@@ -132,8 +179,14 @@ def print_tick_report(result: dict[str, Any], console: Console) -> None:
     for col in ("session", "obs sent", "snapshots", "dropped", "tick gaps", "tick span"):
         sessions.add_column(col, justify="right")
     for s in result["sessions_detail"]:
-        sessions.add_row(str(s["session"]), str(s["observations_sent"]), str(s["snapshots_received"]),
-                         str(s["snapshots_dropped"]), str(s["tick_gaps"]), str(s["tick_span"]))
+        sessions.add_row(
+            str(s["session"]),
+            str(s["observations_sent"]),
+            str(s["snapshots_received"]),
+            str(s["snapshots_dropped"]),
+            str(s["tick_gaps"]),
+            str(s["tick_span"]),
+        )
     console.print(sessions)
 
 
@@ -145,8 +198,15 @@ def store_result(out_dir: Path, kind: str, result: dict[str, Any], stamp: str | 
     return path
 
 
-def bench_tick(model: Path, sessions: int = 8, duration_s: float = 60.0, out_dir: Path = Path("runs/bench"),
-               guard_ms: float = 2.0, rt_priority: int | None = None, console: Console | None = None) -> dict[str, Any]:
+def bench_tick(
+    model: Path,
+    sessions: int = 8,
+    duration_s: float = 60.0,
+    out_dir: Path = Path("runs/bench"),
+    guard_ms: float = 2.0,
+    rt_priority: int | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
     console = console or Console()
     loop = new_event_loop()
     try:

@@ -21,12 +21,12 @@ import numpy as np
 
 from dualloop.controller.serve.client import DriveSession, realtime_channel
 from dualloop.controller.serve.wire import snapshot_to_proto
-from dualloop.v1 import controller_pb2 as pb
 from dualloop.executor.core import Executor
 from dualloop.executor.snapshot import Clock, Observation
 from dualloop.sim.env import SimEnv, make_scenario
 from dualloop.sim.metrics import EpisodeMetrics
 from dualloop.sim.schema import BEHAVIOURS, PLAN_INDEX
+from dualloop.v1 import controller_pb2 as pb
 
 if TYPE_CHECKING:
     from dualloop.controller.serve.planning import LockstepPlanning
@@ -40,8 +40,15 @@ Actual = tuple[int, np.ndarray]
 
 
 class Decider(Protocol):
-    def decide(self, seq: int, timestamp_ns: int, features: np.ndarray, plan_id: str,
-               plan: np.ndarray | None, actual: Actual | None = None) -> pb.DecisionSnapshot | None: ...
+    def decide(
+        self,
+        seq: int,
+        timestamp_ns: int,
+        features: np.ndarray,
+        plan_id: str,
+        plan: np.ndarray | None,
+        actual: Actual | None = None,
+    ) -> pb.DecisionSnapshot | None: ...
 
     def close(self) -> None: ...
 
@@ -109,10 +116,15 @@ class GrpcDecider:
             pass
 
     def decide(self, seq, timestamp_ns, features, plan_id, plan, actual=None):
-        self.session.send(seq, timestamp_ns, features.tolist(), plan_id=plan_id,
-                          plan=plan.tolist() if plan is not None else None,
-                          actual_index=None if actual is None else actual[0],
-                          actual_controls=() if actual is None else actual[1].tolist())
+        self.session.send(
+            seq,
+            timestamp_ns,
+            features.tolist(),
+            plan_id=plan_id,
+            plan=plan.tolist() if plan is not None else None,
+            actual_index=None if actual is None else actual[0],
+            actual_controls=() if actual is None else actual[1].tolist(),
+        )
         if self.clock == pb.LOCKSTEP:
             return self.session.recv()
         return self._latest
@@ -173,12 +185,17 @@ _BEHAVIOUR_SLOTS = [PLAN_INDEX[f"plan_{b}"] for b in BEHAVIOURS]
 
 def _sent_plan(plan: np.ndarray) -> tuple[str, str, float, float]:
     behaviour = BEHAVIOURS[int(np.argmax(plan[_BEHAVIOUR_SLOTS]))]
-    return ("sim", behaviour, round(float(plan[PLAN_INDEX["target_lane_offset"]]), 2),
-            float(plan[PLAN_INDEX["target_speed"]]))
+    return (
+        "sim",
+        behaviour,
+        round(float(plan[PLAN_INDEX["target_lane_offset"]]), 2),
+        float(plan[PLAN_INDEX["target_speed"]]),
+    )
 
 
-def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool | None = None,
-                    realtime: bool = False) -> ClosedLoopRun:
+def run_closed_loop(
+    env: SimEnv, decider: Decider, seed: int, send_plan: bool | None = None, realtime: bool = False
+) -> ClosedLoopRun:
     """Until the episode ends. With `realtime`, each step waits for its wall-clock slot.
     send_plan None: send the simulator's plans only when the controller has no planner."""
     if send_plan is None:
@@ -232,15 +249,28 @@ def run_closed_loop(env: SimEnv, decider: Decider, seed: int, send_plan: bool | 
         k += 1
     decider.close()
     return ClosedLoopRun(
-        scenario=env.name, seed=seed, metrics=env.metrics(), t=rec["t"][:k], applied_index=idx[:k],
-        applied_accel=rec["accel"][:k], applied_steer=rec["steer"][:k], safety_state=state[:k],
-        reasons=reasons[:k], gate_score=rec["gate"][:k], lateness_us=rec["late"][:k], tick_work_us=rec["work"][:k],
+        scenario=env.name,
+        seed=seed,
+        metrics=env.metrics(),
+        t=rec["t"][:k],
+        applied_index=idx[:k],
+        applied_accel=rec["accel"][:k],
+        applied_steer=rec["steer"][:k],
+        safety_state=state[:k],
+        reasons=reasons[:k],
+        gate_score=rec["gate"][:k],
+        lateness_us=rec["late"][:k],
+        tick_work_us=rec["work"][:k],
         round_trip_us=rec["rtt"][:k],
-        plan_ids=plan_ids, ood_onset_s=float(env.instance.ood_onset_s[0]), plans=plans)
+        plan_ids=plan_ids,
+        ood_onset_s=float(env.instance.ood_onset_s[0]),
+        plans=plans,
+    )
 
 
-def drive_in_process(executor: Executor, scenario: str, seed: int, planner: LockstepPlanning | None = None,
-                     **params) -> ClosedLoopRun:
+def drive_in_process(
+    executor: Executor, scenario: str, seed: int, planner: LockstepPlanning | None = None, **params
+) -> ClosedLoopRun:
     """planner: e.g. LockstepPlanning(BehaviourPlanner(), 200_000_000), as a server with one plans."""
     env = make_scenario(scenario, seed, **params)
     return run_closed_loop(env, InProcessDecider(executor, f"{scenario}-{seed}", planner), seed)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import matplotlib
 
@@ -11,9 +12,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dualloop.v1 import controller_pb2 as pb  # noqa: E402
 from dualloop.controller.demo.closed_loop import ClosedLoopRun  # noqa: E402
 from dualloop.sim.schema import ACTIONS  # noqa: E402
+from dualloop.v1 import controller_pb2 as pb  # noqa: E402
 
 _STATE_COLOURS = {pb.VETO_HOLD: "#f4a261", pb.FALLBACK_ACTIVE: "#e63946", pb.RECOVERING: "#a8dadc"}
 
@@ -46,8 +47,10 @@ def plot_run(run: ClosedLoopRun, out_dir: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[2].set_xlabel("time (s)")
     verdict = f"{run.metrics.collisions} collisions" + (", off road" if run.metrics.off_road else "")
-    axes[0].set_title(f"{run.scenario} (seed {run.seed}): {verdict}; shaded: hold / fallback / recovering;"
-                      f" dashed: fault onset", fontsize=9)
+    axes[0].set_title(
+        f"{run.scenario} (seed {run.seed}): {verdict}; shaded: hold / fallback / recovering; dashed: fault onset",
+        fontsize=9,
+    )
     fig.tight_layout()
     path = out_dir / f"{run.scenario}.png"
     fig.savefig(path, dpi=100)
@@ -64,8 +67,11 @@ def plot_tick_work(runs: Sequence[ClosedLoopRun], path: Path) -> Path:
         ax.hist(np.maximum(work, 1.0), bins=np.logspace(0, np.log10(max(work.max(), 10.0)), 60), color="#457b9d")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(f"executor work per tick over the demo: {work.size} ticks, p50 {np.median(work):.0f} us, "
-                     f"p99 {np.percentile(work, 99):.0f} us (5 ms budget)", fontsize=9)
+        ax.set_title(
+            f"executor work per tick over the demo: {work.size} ticks, p50 {np.median(work):.0f} us, "
+            f"p99 {np.percentile(work, 99):.0f} us (5 ms budget)",
+            fontsize=9,
+        )
     ax.set_xlabel("preprocess + forward + gate + postprocess (us)")
     ax.set_ylabel("ticks")
     fig.tight_layout()
@@ -74,19 +80,27 @@ def plot_tick_work(runs: Sequence[ClosedLoopRun], path: Path) -> Path:
     return path
 
 
-def write_report(out_dir: Path, model: Path, version: str, rows: Sequence[Any], plots: Sequence[Path],
-                 lateness_plot: Path) -> Path:
-    lines = [f"# dualloop closed-loop report", "", f"Model `{model}` version `{version}`; scenarios driven over gRPC "
-             f"in LOCKSTEP on held-out seeds. Logs (npz per scenario) are in `logs/`.", "",
-             "| scenario | OOD | collisions | min TTC s | min gap m | hard brakes | max jerk | vetoes | fallback s | "
-             "tick work p99 us | plan updates | plan changes | speed changes | plan source |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def write_report(
+    out_dir: Path, model: Path, version: str, rows: Sequence[Any], plots: Sequence[Path], lateness_plot: Path
+) -> Path:
+    lines = [
+        "# dualloop closed-loop report",
+        "",
+        f"Model `{model}` version `{version}`; scenarios driven over gRPC "
+        f"in LOCKSTEP on held-out seeds. Logs (npz per scenario) are in `logs/`.",
+        "",
+        "| scenario | OOD | collisions | min TTC s | min gap m | hard brakes | max jerk | vetoes | fallback s | "
+        "tick work p99 us | plan updates | plan changes | speed changes | plan source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r.scenario} | {'yes' if r.ood else ''} | {r.collisions}{' off-road' if r.off_road else ''} | "
-                     f"{r.min_ttc_s:.1f} | {r.min_gap_m:.1f} | {r.hard_brakes} | {r.max_jerk:.1f} | {r.gate_vetoes} | "
-                     f"{r.fallback_s:.2f} | {r.tick_work_p99_us:.0f} | {r.plan_updates} | "
-                     f"{getattr(r, 'plan_changes', '')} | {getattr(r, 'speed_changes', '')} | "
-                     f"{getattr(r, 'plan_source', '')} |")
+        lines.append(
+            f"| {r.scenario} | {'yes' if r.ood else ''} | {r.collisions}{' off-road' if r.off_road else ''} | "
+            f"{r.min_ttc_s:.1f} | {r.min_gap_m:.1f} | {r.hard_brakes} | {r.max_jerk:.1f} | {r.gate_vetoes} | "
+            f"{r.fallback_s:.2f} | {r.tick_work_p99_us:.0f} | {r.plan_updates} | "
+            f"{getattr(r, 'plan_changes', '')} | {getattr(r, 'speed_changes', '')} | "
+            f"{getattr(r, 'plan_source', '')} |"
+        )
     lines += ["", f"![tick work]({lateness_plot.name})", ""]
     lines += [f"## {p.stem}\n\n![{p.stem}]({p.name})\n" for p in plots]
     path = out_dir / "report.md"

@@ -13,10 +13,10 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
 
 import grpc
 import numpy as np
@@ -24,11 +24,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from dualloop.controller.demo.closed_loop import ClosedLoopRun, drive_over_grpc
 from dualloop.controller.demo.report import plot_run, plot_tick_work, write_report
+from dualloop.sim.scenarios import SCENARIOS
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import controller_pb2_grpc as pb_grpc
-from dualloop.controller.demo.closed_loop import ClosedLoopRun, drive_over_grpc
-from dualloop.sim.scenarios import SCENARIOS
 
 HELD_OUT_SEED = 900_001  # far from any training seed range
 
@@ -57,9 +57,13 @@ class ScenarioRow:
 
 
 def start_server(model: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(model), "--port", "0",
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**__import__("os").environ, "COLUMNS": "250"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(model), "--port", "0", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**__import__("os").environ, "COLUMNS": "250"},
+    )
     line = proc.stdout.readline()
     match = re.search(r" on 127\.0\.0\.1:(\d+)", line)
     if not match:
@@ -79,30 +83,68 @@ def stop_server(proc: subprocess.Popen) -> None:
 def _row(run: ClosedLoopRun, ood: bool, stats: pb.ServerStats) -> ScenarioRow:
     m = run.metrics
     return ScenarioRow(
-        scenario=run.scenario, ood=ood, seed=run.seed, collisions=m.collisions, off_road=m.off_road,
-        min_ttc_s=m.min_ttc_s, min_gap_m=m.min_lead_gap_m, hard_brakes=m.hard_brakes, max_jerk=m.max_abs_jerk,
+        scenario=run.scenario,
+        ood=ood,
+        seed=run.seed,
+        collisions=m.collisions,
+        off_road=m.off_road,
+        min_ttc_s=m.min_ttc_s,
+        min_gap_m=m.min_lead_gap_m,
+        hard_brakes=m.hard_brakes,
+        max_jerk=m.max_abs_jerk,
         gate_vetoes=run.ticks_with(pb.OOD_VETO),
         fallback_s=float((run.safety_state == pb.FALLBACK_ACTIVE).sum()) * 0.005,
-        tick_work_p99_us=float(np.nanpercentile(run.tick_work_us, 99)), missed_deadlines=stats.missed_deadlines,
-        round_trip_p99_us=float(np.percentile(run.round_trip_us, 99)), plan_updates=run.plan_updates,
-        ticks=len(run.t), plan_changes=run.plan_changes, speed_changes=run.speed_changes(),
-        plan_source="+".join(run.plan_sources))
+        tick_work_p99_us=float(np.nanpercentile(run.tick_work_us, 99)),
+        missed_deadlines=stats.missed_deadlines,
+        round_trip_p99_us=float(np.percentile(run.round_trip_us, 99)),
+        plan_updates=run.plan_updates,
+        ticks=len(run.t),
+        plan_changes=run.plan_changes,
+        speed_changes=run.speed_changes(),
+        plan_source="+".join(run.plan_sources),
+    )
 
 
 def _table(rows: list[ScenarioRow], model_name: str) -> Table:
     table = Table(title=f"closed loop over gRPC (LOCKSTEP), model {model_name}, held-out seeds")
-    cols = ["scenario", "coll.", "min TTC s", "min gap m", "hard brakes", "max jerk", "vetoes", "fallback s",
-            "tick work p99 us", "rtt p99 us", "plan upd.", "plan chg.", "speed chg.", "plan src"]
+    cols = [
+        "scenario",
+        "coll.",
+        "min TTC s",
+        "min gap m",
+        "hard brakes",
+        "max jerk",
+        "vetoes",
+        "fallback s",
+        "tick work p99 us",
+        "rtt p99 us",
+        "plan upd.",
+        "plan chg.",
+        "speed chg.",
+        "plan src",
+    ]
     for c in cols:
         table.add_column(c, justify="left" if c == "scenario" else "right")
     for r in rows:
         coll = f"[red]{r.collisions}[/]" if r.collisions else "0"
         if r.off_road:
             coll += " [red]off-road[/]"
-        table.add_row(r.scenario + (" (OOD)" if r.ood else ""), coll, f"{r.min_ttc_s:.1f}", f"{r.min_gap_m:.1f}",
-                      str(r.hard_brakes), f"{r.max_jerk:.1f}", str(r.gate_vetoes), f"{r.fallback_s:.2f}",
-                      f"{r.tick_work_p99_us:.0f}", f"{r.round_trip_p99_us:.0f}", str(r.plan_updates),
-                      str(r.plan_changes), str(r.speed_changes), r.plan_source)
+        table.add_row(
+            r.scenario + (" (OOD)" if r.ood else ""),
+            coll,
+            f"{r.min_ttc_s:.1f}",
+            f"{r.min_gap_m:.1f}",
+            str(r.hard_brakes),
+            f"{r.max_jerk:.1f}",
+            str(r.gate_vetoes),
+            f"{r.fallback_s:.2f}",
+            f"{r.tick_work_p99_us:.0f}",
+            f"{r.round_trip_p99_us:.0f}",
+            str(r.plan_updates),
+            str(r.plan_changes),
+            str(r.speed_changes),
+            r.plan_source,
+        )
     return table
 
 
@@ -125,11 +167,19 @@ def plan_sources(names: Sequence[str], planner: str | None) -> dict[str, str | N
 
 
 def _save_log(out: Path, name: str, run: ClosedLoopRun) -> None:
-    np.savez_compressed(out / "logs" / f"{name}.npz", t=run.t, applied_index=run.applied_index,
-                        applied_accel=run.applied_accel, applied_steer=run.applied_steer,
-                        safety_state=run.safety_state, reasons=run.reasons, gate_score=run.gate_score,
-                        round_trip_us=run.round_trip_us, ego_speed=run.metrics.series.ego_speed,
-                        lead_gap=run.metrics.series.lead_gap)
+    np.savez_compressed(
+        out / "logs" / f"{name}.npz",
+        t=run.t,
+        applied_index=run.applied_index,
+        applied_accel=run.applied_accel,
+        applied_steer=run.applied_steer,
+        safety_state=run.safety_state,
+        reasons=run.reasons,
+        gate_score=run.gate_score,
+        round_trip_us=run.round_trip_us,
+        ego_speed=run.metrics.series.ego_speed,
+        lead_gap=run.metrics.series.lead_gap,
+    )
 
 
 @dataclass(frozen=True)
@@ -144,8 +194,13 @@ class _Suite:
     console: Console
 
 
-def _drive_group(suite: _Suite, names: Sequence[str], source: str | None, progress: Progress, task: TaskID,
-                 ) -> tuple[dict[str, tuple[ScenarioRow, ClosedLoopRun]], pb.ModelInfo]:
+def _drive_group(
+    suite: _Suite,
+    names: Sequence[str],
+    source: str | None,
+    progress: Progress,
+    task: TaskID,
+) -> tuple[dict[str, tuple[ScenarioRow, ClosedLoopRun]], pb.ModelInfo]:
     """Drive `names` against one server process whose planner is `source` (None: none)."""
     extra, model, out, console = suite.gate_args, suite.model, suite.out, suite.console
     if source:  # the CLI has no planner flag: a config file carries the section
@@ -160,8 +215,10 @@ def _drive_group(suite: _Suite, names: Sequence[str], source: str | None, progre
             info = stub.GetModelInfo(pb.GetModelInfoRequest())
             gate_text = f", gates {info.gate_version} ({info.gate_source})" if info.gate_version else ", no OOD gate"
             plans = f"plans from the server's planner ({info.planner})" if info.planner else "plans from the simulator"
-            console.print(f"[bold]dualloop demo[/]: model {model.name} ({info.model_version}){gate_text}, server "
-                          f"{address}; {plans} for {', '.join(names)}")
+            console.print(
+                f"[bold]dualloop demo[/]: model {model.name} ({info.model_version}){gate_text}, server "
+                f"{address}; {plans} for {', '.join(names)}"
+            )
             for name in names:
                 progress.update(task, description=name)
                 stub.GetStats(pb.GetStatsRequest(reset=True))
@@ -174,21 +231,40 @@ def _drive_group(suite: _Suite, names: Sequence[str], source: str | None, progre
     return results, info
 
 
-def run_demo(model: Path, out_root: Path = Path("runs"), scenarios: list[str] | None = None,
-             seed: int = HELD_OUT_SEED, duration_s: float | None = None, console: Console | None = None,
-             gates: Sequence[Path] = (), planner: str | None = AUTO) -> Path:
+def run_demo(
+    model: Path,
+    out_root: Path = Path("runs"),
+    scenarios: list[str] | None = None,
+    seed: int = HELD_OUT_SEED,
+    duration_s: float | None = None,
+    console: Console | None = None,
+    gates: Sequence[Path] = (),
+    planner: str | None = AUTO,
+) -> Path:
     """planner: "auto", "none" (None) or a server planner source for every scenario; see plan_sources().
     One server process per plan source: a server's planner plans all of its LOCKSTEP sessions."""
     console = console or Console()
     names = scenarios or list(SCENARIOS)
     out = out_root / datetime.now().strftime("%Y%m%d-%H%M%S")
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    suite = _Suite(model, out, tuple(a for g in gates for a in ("--gate", str(g))), seed,
-                   {"duration_s": duration_s} if duration_s else {}, console)
+    suite = _Suite(
+        model,
+        out,
+        tuple(a for g in gates for a in ("--gate", str(g))),
+        seed,
+        {"duration_s": duration_s} if duration_s else {},
+        console,
+    )
     sources = plan_sources(names, planner)
     results: dict[str, tuple[ScenarioRow, ClosedLoopRun]] = {}
-    with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+    with Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         task = progress.add_task("scenario suite", total=len(names))
         for source in dict.fromkeys(sources.values()):  # in order of first use
             group = [name for name in names if sources[name] == source]
@@ -199,10 +275,20 @@ def run_demo(model: Path, out_root: Path = Path("runs"), scenarios: list[str] | 
     console.print(_table(rows, model.name))
     plots = [plot_run(run, out) for run in runs]
     lateness_plot = plot_tick_work(runs, out / "tick_work.png")
-    (out / "summary.json").write_text(json.dumps({
-        "model": str(model), "model_version": info.model_version, "planner": planner or "none",
-        "plan_sources": {name: source or "simulator" for name, source in sources.items()},
-        "seed": seed, "rows": [r.__dict__ for r in rows]}, indent=2, default=float))
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "model": str(model),
+                "model_version": info.model_version,
+                "planner": planner or "none",
+                "plan_sources": {name: source or "simulator" for name, source in sources.items()},
+                "seed": seed,
+                "rows": [r.__dict__ for r in rows],
+            },
+            indent=2,
+            default=float,
+        )
+    )
     report = write_report(out, model, info.model_version, rows, plots, lateness_plot)
     console.print(f"logs, plots and report: {out}/  (open {report})")
     return out

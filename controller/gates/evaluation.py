@@ -8,15 +8,16 @@ ranks above every score, nominal ticks included), the detection delay after onse
 the false-veto rate per hour of nominal driving. A gate's actuation check sees, with each tick, the
 command the expert's previous step applied (as the closed-loop client sends it). Low friction shows
 only while the car is asked to brake or accelerate, so each scenario's separation is also reported
-on the post-onset ticks with such a demand (|command| >= DEMAND_ACCEL), next to their share. Closed loop: each OOD scenario driven by the
-executor with the gate and without it.
+on the post-onset ticks with such a demand (|command| >= DEMAND_ACCEL), next to their share.
+Closed loop: each OOD scenario driven by the executor with the gate and without it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -24,12 +25,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dualloop import ood
+from dualloop.controller.demo.closed_loop import drive_in_process
 from dualloop.controller.gates.fitting import episode_changes, forward_rows, model_features
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Reason, SafetyState
-from dualloop.controller.demo.closed_loop import drive_in_process
 from dualloop.sim.env import run_expert_batch
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS, build_scenario
 
@@ -51,13 +52,21 @@ class ScenarioScores:
     valid: np.ndarray  # (B, T)
     onset_tick: np.ndarray  # (B,) first tick at or after the fault's onset; T when never
     end_tick: np.ndarray  # (B,) first tick after the fault is over (noise bursts end); T when it lasts
-    demand: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, bool))  # (B, T) |command| >= DEMAND_ACCEL
+    demand: np.ndarray = field(
+        repr=False, default_factory=lambda: np.zeros(0, bool)
+    )  # (B, T) |command| >= DEMAND_ACCEL
     decision: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T, d) sampled later
     action: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T) model argmax
 
 
-def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], name: str, seeds: Sequence[int],
-                   freeze_repeats: int = 2, **params: Any) -> ScenarioScores:
+def score_episodes(
+    model: DecisionModel,
+    gates: ood.Gate | Sequence[ood.Gate],
+    name: str,
+    seeds: Sequence[int],
+    freeze_repeats: int = 2,
+    **params: Any,
+) -> ScenarioScores:
     """Per-tick score and veto as the executor computes them. With several gates the score is the
     largest score/threshold ratio (so the threshold is 1) and any gate's alarm vetoes; a tick a guard
     vetoes at once (NaN/Inf, norm band, feature range, freeze check) is marked `immediate`."""
@@ -77,8 +86,11 @@ def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], n
     command = np.where(data.valid, data.applied[..., 0], np.nan)
     ratios = len(gates) > 1 or any(g.actuation is not None for g in gates)  # compare gates by score / threshold
     for gate in gates:
-        feats = dv if gate.schema.source == "decision_vector" else model_features(
-            model, flat_x, flat_p, gate.schema.source).reshape(b, t_len, -1)
+        feats = (
+            dv
+            if gate.schema.source == "decision_vector"
+            else model_features(model, flat_x, flat_p, gate.schema.source).reshape(b, t_len, -1)
+        )
         feats = np.where(finite[..., None], feats, np.nan).astype(np.float32)
         rng = gate.feature_range
         changes = episode_changes(data.features) if rng is not None and rng.change_low else None
@@ -86,8 +98,9 @@ def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], n
         monitor = gate.monitor(b)
         scale = 1.0 / gate.threshold if ratios else 1.0
         for k in range(t_len):
-            step = monitor.step(feats[:, k], slots, None if changes is None else changes[:, k],
-                                None if plans is None else plans[:, k])
+            step = monitor.step(
+                feats[:, k], slots, None if changes is None else changes[:, k], None if plans is None else plans[:, k]
+            )
             score[:, k] = np.maximum(score[:, k], step.score * scale)
             alarm[:, k] |= step.alarm
             immediate[:, k] |= step.flags.immediate
@@ -106,15 +119,29 @@ def score_episodes(model: DecisionModel, gates: ood.Gate | Sequence[ood.Gate], n
     instance = build_scenario(name, list(seeds), **params)
     onset_s = instance.ood_onset_s
     end_s = onset_s + np.broadcast_to(np.asarray(instance.fault.duration_s, float), onset_s.shape)
-    to_tick = lambda times: np.array([np.searchsorted(data.t, x - 1e-9) if np.isfinite(x) else t_len  # noqa: E731
-                                      for x in times])
-    return ScenarioScores(name, bool(np.isfinite(onset_s).any()), data.t, score, alarm, immediate, data.valid, to_tick(onset_s),
-                          to_tick(end_s), demand=np.abs(np.nan_to_num(command)) >= DEMAND_ACCEL, decision=dv,
-                          action=logits.argmax(axis=2))
+
+    def to_tick(times):
+        return np.array([np.searchsorted(data.t, x - 1e-9) if np.isfinite(x) else t_len for x in times])
+
+    return ScenarioScores(
+        name,
+        bool(np.isfinite(onset_s).any()),
+        data.t,
+        score,
+        alarm,
+        immediate,
+        data.valid,
+        to_tick(onset_s),
+        to_tick(end_s),
+        demand=np.abs(np.nan_to_num(command)) >= DEMAND_ACCEL,
+        decision=dv,
+        action=logits.argmax(axis=2),
+    )
 
 
-def actuation_verdicts(model: DecisionModel, check: ood.ActuationCheck, t: np.ndarray, features: np.ndarray,
-                       command: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def actuation_verdicts(
+    model: DecisionModel, check: ood.ActuationCheck, t: np.ndarray, features: np.ndarray, command: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(score, alarm) (B, T) of the actuation check on episodes observed at every tick, each episode
     scanned as a replay scans a session (the live ticks' rule; one slot per episode)."""
     b, t_len = command.shape
@@ -154,14 +181,18 @@ def separation(nominal: list[ScenarioScores], faulty: ScenarioScores) -> dict[st
     after = _after_onset(faulty)
     with_demand = after & faulty.demand
     demand = np.minimum(verdict(faulty)[with_demand], big)
-    return {"auroc": ood.auroc(inside, outside), "tnr_at_95tpr": ood.tnr_at_tpr(inside, outside, 0.95),
-            "delay_median_ticks": float(np.median(d)), "delay_max_ticks": float(d.max()),
-            "detected": float(np.isfinite(d).mean()),
-            "vetoed_after_onset": float(faulty.alarm[after].mean()),
-            # the ticks after onset on which the car was asked to brake or accelerate
-            "demand_share": float(with_demand.sum() / max(after.sum(), 1)),
-            "auroc_demand": ood.auroc(inside, demand) if demand.size else float("nan"),
-            "vetoed_with_demand": float(faulty.alarm[with_demand].mean()) if demand.size else float("nan")}
+    return {
+        "auroc": ood.auroc(inside, outside),
+        "tnr_at_95tpr": ood.tnr_at_tpr(inside, outside, 0.95),
+        "delay_median_ticks": float(np.median(d)),
+        "delay_max_ticks": float(d.max()),
+        "detected": float(np.isfinite(d).mean()),
+        "vetoed_after_onset": float(faulty.alarm[after].mean()),
+        # the ticks after onset on which the car was asked to brake or accelerate
+        "demand_share": float(with_demand.sum() / max(after.sum(), 1)),
+        "auroc_demand": ood.auroc(inside, demand) if demand.size else float("nan"),
+        "vetoed_with_demand": float(faulty.alarm[with_demand].mean()) if demand.size else float("nan"),
+    }
 
 
 def false_vetoes(nominal: list[ScenarioScores]) -> dict[str, float]:
@@ -171,24 +202,39 @@ def false_vetoes(nominal: list[ScenarioScores]) -> dict[str, float]:
     return {"ticks": ticks, "vetoes": vetoes, "per_tick": vetoes / max(ticks, 1), "per_hour": vetoes / hours}
 
 
-def closed_loop_with_and_without(model: DecisionModel, gate: ood.Gate | list[ood.Gate], scenarios: Sequence[str],
-                                 seed: int,
-                                 config: ExecutorConfig | None = None) -> list[dict[str, Any]]:
+def closed_loop_with_and_without(
+    model: DecisionModel,
+    gate: ood.Gate | list[ood.Gate],
+    scenarios: Sequence[str],
+    seed: int,
+    config: ExecutorConfig | None = None,
+) -> list[dict[str, Any]]:
     rows = []
     for name in scenarios:
         row: dict[str, Any] = {"scenario": name}
         for label, g in (("without", None), ("with", gate)):
             run = drive_in_process(Executor(model, config, g), name, seed)
             m = run.metrics
-            row[label] = {"collisions": m.collisions, "off_road": bool(m.off_road), "min_ttc_s": m.min_ttc_s,
-                          "vetoes": run.ticks_with(Reason.OOD_VETO),
-                          "fallback_s": float((run.safety_state == SafetyState.FALLBACK_ACTIVE).sum()) * TICK_S}
+            row[label] = {
+                "collisions": m.collisions,
+                "off_road": bool(m.off_road),
+                "min_ttc_s": m.min_ttc_s,
+                "vetoes": run.ticks_with(Reason.OOD_VETO),
+                "fallback_s": float((run.safety_state == SafetyState.FALLBACK_ACTIVE).sum()) * TICK_S,
+            }
         rows.append(row)
     return rows
 
 
-def evaluate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], seeds: Sequence[int] = EVAL_SEEDS, closed_loop_seed: int = 700_100,
-             out_dir: Path | None = None, console: Console | None = None, **params: Any) -> dict[str, Any]:
+def evaluate(
+    model: DecisionModel,
+    gate: ood.Gate | list[ood.Gate],
+    seeds: Sequence[int] = EVAL_SEEDS,
+    closed_loop_seed: int = 700_100,
+    out_dir: Path | None = None,
+    console: Console | None = None,
+    **params: Any,
+) -> dict[str, Any]:
     console = console or Console()
     gates = [gate] if isinstance(gate, ood.Gate) else list(gate)
     names = list(NOMINAL_SCENARIOS) + list(OOD_SCENARIOS)
@@ -201,9 +247,11 @@ def evaluate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], seeds: Seque
             progress.advance(task)
         nominal = [scores[n] for n in NOMINAL_SCENARIOS]
         result: dict[str, Any] = {
-            "gate": "+".join(g.version_hash[:16] for g in gates), "source": "+".join(g.schema.source for g in gates),
+            "gate": "+".join(g.version_hash[:16] for g in gates),
+            "source": "+".join(g.schema.source for g in gates),
             "threshold": gates[0].threshold if len(gates) == 1 and gates[0].actuation is None else 1.0,
-            "seeds": [int(s) for s in seeds], "false_vetoes_nominal": false_vetoes(nominal),
+            "seeds": [int(s) for s in seeds],
+            "false_vetoes_nominal": false_vetoes(nominal),
             "ood": {n: separation(nominal, scores[n]) for n in OOD_SCENARIOS},
         }
         progress.update(task, description="closed loop with and without the gate")
@@ -220,24 +268,49 @@ def evaluate(model: DecisionModel, gate: ood.Gate | list[ood.Gate], seeds: Seque
 
 def print_evaluation(result: dict[str, Any], console: Console) -> None:
     fv = result["false_vetoes_nominal"]
-    table = Table(title=f"gate {result['gate']} ({result['source']}), threshold {result['threshold']:.1f}; nominal: "
-                        f"{fv['vetoes']} vetoes in {fv['ticks']} ticks = {fv['per_tick'] * 100:.3f}% per tick, "
-                        f"{fv['per_hour']:.1f} per hour")
-    for col in ("OOD scenario", "AUROC", "TNR@95%TPR", "detected", "delay median", "delay max", "vetoed after onset",
-                "demand share", "AUROC demand", "vetoed w/ demand"):
+    table = Table(
+        title=f"gate {result['gate']} ({result['source']}), threshold {result['threshold']:.1f}; nominal: "
+        f"{fv['vetoes']} vetoes in {fv['ticks']} ticks = {fv['per_tick'] * 100:.3f}% per tick, "
+        f"{fv['per_hour']:.1f} per hour"
+    )
+    for col in (
+        "OOD scenario",
+        "AUROC",
+        "TNR@95%TPR",
+        "detected",
+        "delay median",
+        "delay max",
+        "vetoed after onset",
+        "demand share",
+        "AUROC demand",
+        "vetoed w/ demand",
+    ):
         table.add_column(col, justify="left" if col == "OOD scenario" else "right")
     for name, r in result["ood"].items():
-        table.add_row(name, f"{r['auroc']:.4f}", f"{r['tnr_at_95tpr']:.3f}", f"{r['detected'] * 100:.0f}%",
-                      f"{r['delay_median_ticks']:.0f}", f"{r['delay_max_ticks']:.0f}",
-                      f"{r['vetoed_after_onset'] * 100:.0f}%", f"{r['demand_share'] * 100:.0f}%",
-                      f"{r['auroc_demand']:.4f}", f"{r['vetoed_with_demand'] * 100:.0f}%")
+        table.add_row(
+            name,
+            f"{r['auroc']:.4f}",
+            f"{r['tnr_at_95tpr']:.3f}",
+            f"{r['detected'] * 100:.0f}%",
+            f"{r['delay_median_ticks']:.0f}",
+            f"{r['delay_max_ticks']:.0f}",
+            f"{r['vetoed_after_onset'] * 100:.0f}%",
+            f"{r['demand_share'] * 100:.0f}%",
+            f"{r['auroc_demand']:.4f}",
+            f"{r['vetoed_with_demand'] * 100:.0f}%",
+        )
     console.print(table)
     loop = Table(title="closed loop on OOD scenarios, without and with the gate")
     for col in ("scenario", "collisions w/o", "min TTC w/o", "collisions with", "min TTC with", "fallback s with"):
         loop.add_column(col, justify="left" if col == "scenario" else "right")
     for row in result["closed_loop"]:
         w, g = row["without"], row["with"]
-        loop.add_row(row["scenario"], f"{w['collisions']}{' off-road' if w['off_road'] else ''}",
-                     f"{w['min_ttc_s']:.1f}", f"{g['collisions']}{' off-road' if g['off_road'] else ''}",
-                     f"{g['min_ttc_s']:.1f}", f"{g['fallback_s']:.1f}")
+        loop.add_row(
+            row["scenario"],
+            f"{w['collisions']}{' off-road' if w['off_road'] else ''}",
+            f"{w['min_ttc_s']:.1f}",
+            f"{g['collisions']}{' off-road' if g['off_road'] else ''}",
+            f"{g['min_ttc_s']:.1f}",
+            f"{g['fallback_s']:.1f}",
+        )
     console.print(loop)

@@ -8,8 +8,8 @@ does (same normalisation), giving either the decision vectors or the raw input f
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -33,14 +33,20 @@ def forward_rows(model: DecisionModel, features: np.ndarray, plan: np.ndarray, b
     norm = Normalisation.of(model.card)
     parts = []
     for a in range(0, len(features), batch):
-        x, p, _ = norm.apply(np.asarray(features[a:a + batch], np.float32), np.asarray(plan[a:a + batch], np.float32))
+        x, p, _ = norm.apply(
+            np.asarray(features[a : a + batch], np.float32), np.asarray(plan[a : a + batch], np.float32)
+        )
         parts.append(model.forward(x, p))
-    return (np.concatenate([o.logits for o in parts]), np.concatenate([o.controls for o in parts]),
-            np.concatenate([o.decision_vector for o in parts]))
+    return (
+        np.concatenate([o.logits for o in parts]),
+        np.concatenate([o.controls for o in parts]),
+        np.concatenate([o.decision_vector for o in parts]),
+    )
 
 
-def model_features(model: DecisionModel, features: np.ndarray, plan: np.ndarray, source: str,
-                   batch: int = 4096) -> np.ndarray:
+def model_features(
+    model: DecisionModel, features: np.ndarray, plan: np.ndarray, source: str, batch: int = 4096
+) -> np.ndarray:
     """What the executor's gate sees for these inputs: decision vectors or raw features."""
     if source == "input_features":
         return features.astype(np.float32)
@@ -59,8 +65,11 @@ def episode_changes(features: np.ndarray) -> np.ndarray:
     return changes
 
 
-def actuation_episodes(data: ExpertData, settings: ood.ActuationSettings = ood.ActuationSettings(),
-                       feature_names: Sequence[str] = FEATURE_NAMES) -> list[ood.ActuationEpisode]:
+def actuation_episodes(
+    data: ExpertData,
+    settings: ood.ActuationSettings = ood.ActuationSettings(),
+    feature_names: Sequence[str] = FEATURE_NAMES,
+) -> list[ood.ActuationEpisode]:
     """Expert episodes recorded at every tick as the actuation check sees them: the measured
     acceleration and speed, and the command the car was executing (what the step before applied,
     as a closed-loop client sends it); NaN where the row is not valid."""
@@ -68,14 +77,26 @@ def actuation_episodes(data: ExpertData, settings: ood.ActuationSettings = ood.A
     accel_at, speed_at = names.index(settings.accel_feature), names.index(settings.speed_feature)
     t_ns = np.round(data.t * 1e9).astype(np.int64)
     f64 = lambda a: a.astype(np.float64)  # noqa: E731
-    return [ood.ActuationEpisode(t_ns, f64(data.features[b, :, accel_at]), f64(data.features[b, :, speed_at]),
-                                 np.where(data.valid[b], f64(data.applied[b, :, 0]), np.nan))
-            for b in range(data.valid.shape[0])]
+    return [
+        ood.ActuationEpisode(
+            t_ns,
+            f64(data.features[b, :, accel_at]),
+            f64(data.features[b, :, speed_at]),
+            np.where(data.valid[b], f64(data.applied[b, :, 0]), np.nan),
+        )
+        for b in range(data.valid.shape[0])
+    ]
 
 
-def nominal_inputs(seeds: Sequence[int], every: int = 4, scenarios: Sequence[str] = NOMINAL_SCENARIOS,
-                   noise: ActionNoise | None = ActionNoise(), with_changes: bool = False,
-                   actuation: list[ood.ActuationEpisode] | None = None, **params) -> tuple[np.ndarray, ...]:
+def nominal_inputs(
+    seeds: Sequence[int],
+    every: int = 4,
+    scenarios: Sequence[str] = NOMINAL_SCENARIOS,
+    noise: ActionNoise | None = ActionNoise(),
+    with_changes: bool = False,
+    actuation: list[ood.ActuationEpisode] | None = None,
+    **params,
+) -> tuple[np.ndarray, ...]:
     """(features, plan) rows from expert-driven nominal episodes, every `every`-th tick, valid rows
     only; with_changes: also each row's change since the tick before (a sensor at the tick rate).
     actuation: a list that gets every episode at every tick for the actuation check (needs with_changes,
@@ -86,8 +107,14 @@ def nominal_inputs(seeds: Sequence[int], every: int = 4, scenarios: Sequence[str
     model's own hard braking behind a braking lead."""
     feats, plans, changes = [], [], []
     for name in scenarios:
-        _, data = run_expert_batch(name, list(seeds), every=1 if with_changes else every, noise=noise,
-                                   see_lane_ends=TRAINING_SEES_LANE_ENDS, **params)
+        _, data = run_expert_batch(
+            name,
+            list(seeds),
+            every=1 if with_changes else every,
+            noise=noise,
+            see_lane_ends=TRAINING_SEES_LANE_ENDS,
+            **params,
+        )
         pick = slice(None, None, every if with_changes else 1)
         valid = data.valid[:, pick]
         feats.append(data.features[:, pick][valid])
@@ -100,8 +127,13 @@ def nominal_inputs(seeds: Sequence[int], every: int = 4, scenarios: Sequence[str
     return (*out, np.concatenate(changes)) if with_changes else out
 
 
-def _both(seeds: Sequence[int], every: int, params: dict, with_changes: bool,
-          actuation: list[ood.ActuationEpisode] | None = None) -> tuple[np.ndarray, ...]:
+def _both(
+    seeds: Sequence[int],
+    every: int,
+    params: dict,
+    with_changes: bool,
+    actuation: list[ood.ActuationEpisode] | None = None,
+) -> tuple[np.ndarray, ...]:
     """Rows from clean and from noise-injected nominal roll-outs, stacked."""
     clean = nominal_inputs(seeds, every, noise=None, with_changes=with_changes, actuation=actuation, **params)
     noisy = nominal_inputs(seeds, every, with_changes=with_changes, actuation=actuation, **params)
@@ -118,10 +150,19 @@ RANGE_MARGIN = {"decision_vector": None, "input_features": 0.25}
 ACTUATION_ALPHA = 1e-4
 
 
-def fit_gate_for_model(model: DecisionModel, source: str = "decision_vector", variant: str = "single",
-                       alpha: float = 1e-3, norm_alpha: float = 1e-4, fit_seeds: Sequence[int] = FIT_SEEDS,
-                       calibration_seeds: Sequence[int] = CALIBRATION_SEEDS, every: int = 4,
-                       filter_settings: dict | None = None, actuation: bool = True, **scenario_params) -> ood.Gate:
+def fit_gate_for_model(
+    model: DecisionModel,
+    source: str = "decision_vector",
+    variant: str = "single",
+    alpha: float = 1e-3,
+    norm_alpha: float = 1e-4,
+    fit_seeds: Sequence[int] = FIT_SEEDS,
+    calibration_seeds: Sequence[int] = CALIBRATION_SEEDS,
+    every: int = 4,
+    filter_settings: dict | None = None,
+    actuation: bool = True,
+    **scenario_params,
+) -> ood.Gate:
     """A gate for `model` on `source`; a gate on the raw inputs also gets the actuation check (fitted
     lag, gain and offset from command to measured acceleration, threshold on held-out driving)
     unless `actuation` is False."""
@@ -136,30 +177,47 @@ def fit_gate_for_model(model: DecisionModel, source: str = "decision_vector", va
     x_fit, p_fit, *c_fit = _both(fit_seeds, every, scenario_params, with_changes=inputs, actuation=act_fit)
     x_cal, p_cal, *c_cal = _both(calibration_seeds, every, scenario_params, with_changes=inputs, actuation=act_cal)
     card = model.card
-    description = (f"simulated nominal driving ({', '.join(NOMINAL_SCENARIOS)}), expert driver, fit seeds "
-                   f"{fit_seeds.start}-{fit_seeds.stop - 1}, calibration seeds "
-                   f"{calibration_seeds.start}-{calibration_seeds.stop - 1}") if isinstance(fit_seeds, range) \
+    description = (
+        (
+            f"simulated nominal driving ({', '.join(NOMINAL_SCENARIOS)}), expert driver, fit seeds "
+            f"{fit_seeds.start}-{fit_seeds.stop - 1}, calibration seeds "
+            f"{calibration_seeds.start}-{calibration_seeds.stop - 1}"
+        )
+        if isinstance(fit_seeds, range)
         else "simulated nominal"
+    )
     gate = ood.fit_gate(
-        model_features(model, x_fit, p_fit, source), model_features(model, x_cal, p_cal, source),
-        range_margin=RANGE_MARGIN[source], changes_train=c_fit[0] if inputs else None,
+        model_features(model, x_fit, p_fit, source),
+        model_features(model, x_cal, p_cal, source),
+        range_margin=RANGE_MARGIN[source],
+        changes_train=c_fit[0] if inputs else None,
         changes_calib=c_cal[0] if inputs else None,
         change_note=f"per observation at {1000 * DT:g} ms (simulated sensors at the tick rate)" if inputs else "",
-        context_train=p_fit if inputs else None, context_calib=p_cal if inputs else None,
+        context_train=p_fit if inputs else None,
+        context_calib=p_cal if inputs else None,
         context_names=[p.name for p in card.plan] if inputs else (),
-        variant=variant, alpha=alpha, norm_alpha=norm_alpha,
-        feature_names=gate_feature_names(model, source), source=source,
+        variant=variant,
+        alpha=alpha,
+        norm_alpha=norm_alpha,
+        feature_names=gate_feature_names(model, source),
+        source=source,
         data_description=f"{description}, every {every} ticks; model {card.name} {card.version}"
-        if isinstance(fit_seeds, range) else description,
+        if isinstance(fit_seeds, range)
+        else description,
         filter=filter_settings,
     )
     if act_fit is None:
         return gate
     # clean and noise-injected roll-outs alike: the command is what was executed, noise included
     check = ood.fit_actuation_check(
-        act_fit, act_cal, ACTUATION_ALPHA,
+        act_fit,
+        act_cal,
+        ACTUATION_ALPHA,
         f"{description}, clean and noise-injected roll-outs, every tick with a command while moving "
-        f"(the command the previous {1000 * DT:g} ms step applied)" if isinstance(fit_seeds, range) else description)
+        f"(the command the previous {1000 * DT:g} ms step applied)"
+        if isinstance(fit_seeds, range)
+        else description,
+    )
     check.indices(card.feature_names, [c.name for c in card.controls])  # refuse a model it cannot read
     return dataclasses.replace(gate, actuation=check)
 

@@ -11,8 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dualloop.sim.schema import ACTIONS  # noqa: E402
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS  # noqa: E402
+from dualloop.sim.schema import ACTIONS  # noqa: E402
 
 if TYPE_CHECKING:
     from dualloop.controller.gates.evaluation import ScenarioScores
@@ -47,7 +47,7 @@ def plot_scores_over_time(scores: dict[str, ScenarioScores], threshold: float, p
         ax.set_yscale("log")
         ax.set_title(f"{name} (dashed: onset, shaded: vetoed)", fontsize=9)
         ax.grid(alpha=0.3)
-    for ax in axes.ravel()[len(names):]:
+    for ax in axes.ravel()[len(names) :]:
         ax.axis("off")
     fig.supxlabel("time (s)")
     fig.supylabel("Mahalanobis score" if threshold != 1.0 else "score / threshold (largest over gates)")
@@ -123,6 +123,8 @@ def plot_projection(scores: dict[str, ScenarioScores], path: Path, per_scenario:
 
 def plot_evaluation(scores: dict[str, ScenarioScores], threshold: float, out_dir: Path) -> list[Path]:
     """threshold: the gate's, or 1.0 when the scores are score/threshold ratios of several gates."""
-    return [plot_scores_over_time(scores, threshold, out_dir / "gate_scores_over_time.png"),
-            plot_histograms(scores, threshold, out_dir / "gate_score_histograms.png"),
-            plot_projection(scores, out_dir / "gate_projection.png")]
+    return [
+        plot_scores_over_time(scores, threshold, out_dir / "gate_scores_over_time.png"),
+        plot_histograms(scores, threshold, out_dir / "gate_score_histograms.png"),
+        plot_projection(scores, out_dir / "gate_projection.png"),
+    ]

@@ -92,7 +92,8 @@ class LogFileWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._stream: BinaryIO = open(path, "wb")
         self._writer = McapWriter(
-            self._stream, chunk_size=chunk_bytes,
+            self._stream,
+            chunk_size=chunk_bytes,
             compression=CompressionType.ZSTD if compress else CompressionType.NONE,
         )
         self._writer.start(profile=PROFILE, library=LIBRARY)
@@ -113,26 +114,31 @@ class LogFileWriter:
             schema = self._schemas.get(name)
             if schema is None:
                 schema = self._writer.register_schema(
-                    name=name, encoding="protobuf",
-                    data=build_file_descriptor_set(message_type).SerializeToString())
+                    name=name, encoding="protobuf", data=build_file_descriptor_set(message_type).SerializeToString()
+                )
                 self._schemas[name] = schema
             channel = self._writer.register_channel(
-                topic=topic, message_encoding="protobuf", schema_id=schema,
-                metadata={"session_id": session_id})
+                topic=topic, message_encoding="protobuf", schema_id=schema, metadata={"session_id": session_id}
+            )
             self._channels[key] = channel
             self._sequence[channel] = 0
         return channel
 
-    def write(self, topic: str, session_id: str, message: Message, log_time_ns: int,
-              publish_time_ns: int | None = None) -> None:
+    def write(
+        self, topic: str, session_id: str, message: Message, log_time_ns: int, publish_time_ns: int | None = None
+    ) -> None:
         data = message.SerializeToString(deterministic=True)  # map order fixed: reproducible files
         channel = self._channel(topic, session_id)
         sequence = self._sequence[channel]
         self._sequence[channel] = sequence + 1
         log_time = mcap_time(log_time_ns)
-        self._writer.add_message(channel_id=channel, log_time=log_time, data=data,
-                                 publish_time=log_time if publish_time_ns is None else mcap_time(publish_time_ns),
-                                 sequence=sequence)
+        self._writer.add_message(
+            channel_id=channel,
+            log_time=log_time,
+            data=data,
+            publish_time=log_time if publish_time_ns is None else mcap_time(publish_time_ns),
+            sequence=sequence,
+        )
         self._unflushed_bytes += len(data) + 31  # record overhead: opcode, lengths, times, sequence
         self.messages += 1
         if topic == TOPIC_HEADER:

@@ -27,12 +27,20 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from dualloop.controller.logs.format import FORMAT_VERSION
 from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
-from dualloop.controller.logs.format import FORMAT_VERSION
+from dualloop.sim.schema import (
+    ACTIONS,
+    CONTROL_NAMES,
+    FEATURE_INDEX,
+    FEATURE_NAMES,
+    N_FEATURES,
+    SENSOR_RANGE_M,
+    label_from_accel,
+)
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import log_pb2
-from dualloop.sim.schema import ACTIONS, CONTROL_NAMES, FEATURE_INDEX, FEATURE_NAMES, N_FEATURES, SENSOR_RANGE_M, label_from_accel
 
 # Toyota RAV4 2018 steering ratio (steering-wheel angle / front-wheel angle), as in the brief.
 STEERING_RATIO = 15.3
@@ -54,15 +62,22 @@ TRACK_STALE_S = 0.3
 # reports some objects twice under two addresses, which must not make the lead switch back and forth.
 LEAD_SWITCH_MARGIN_M = 1.0
 
-MEASURED = ("ego_speed", "ego_accel", "lead_present", "lead_distance", "lead_rel_speed", "yaw_rate",
-            "road_curvature")
+MEASURED = ("ego_speed", "ego_accel", "lead_present", "lead_distance", "lead_rel_speed", "yaw_rate", "road_curvature")
 # Neutral values for what comma2k19's processed logs do not measure. Lanes on both sides are assumed
 # to exist (I-280 is a multi-lane highway) with nobody in them within sensor range.
 FILLED: dict[str, float] = {
-    "lane_offset": 0.0, "heading_error": 0.0, "left_lane_exists": 1.0, "right_lane_exists": 1.0,
-    "left_front_gap": SENSOR_RANGE_M, "left_front_rel_speed": 0.0, "left_rear_gap": SENSOR_RANGE_M,
-    "left_rear_rel_speed": 0.0, "right_front_gap": SENSOR_RANGE_M, "right_front_rel_speed": 0.0,
-    "right_rear_gap": SENSOR_RANGE_M, "right_rear_rel_speed": 0.0,
+    "lane_offset": 0.0,
+    "heading_error": 0.0,
+    "left_lane_exists": 1.0,
+    "right_lane_exists": 1.0,
+    "left_front_gap": SENSOR_RANGE_M,
+    "left_front_rel_speed": 0.0,
+    "left_rear_gap": SENSOR_RANGE_M,
+    "left_rear_rel_speed": 0.0,
+    "right_front_gap": SENSOR_RANGE_M,
+    "right_front_rel_speed": 0.0,
+    "right_rear_gap": SENSOR_RANGE_M,
+    "right_rear_rel_speed": 0.0,
 }
 assert set(MEASURED) | set(FILLED) == set(FEATURE_NAMES) and not set(MEASURED) & set(FILLED)
 
@@ -102,8 +117,13 @@ def load_segment(directory: Path) -> Segment:
         order = np.argsort(t, kind="stable")  # the channels are sorted already; be robust anyway
         arrays[channel] = (t[order].astype(np.float64), value[order].astype(np.float64))
     speed_t, speed = arrays["CAN/speed"]
-    return Segment(speed_t, speed.reshape(len(speed_t), -1)[:, 0], *arrays["CAN/steering_angle"],
-                   *arrays["CAN/radar"], *arrays["IMU/gyro"])
+    return Segment(
+        speed_t,
+        speed.reshape(len(speed_t), -1)[:, 0],
+        *arrays["CAN/steering_angle"],
+        *arrays["CAN/radar"],
+        *arrays["IMU/gyro"],
+    )
 
 
 def latest_index(sample_t: npt.NDArray[np.float64], grid: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
@@ -111,8 +131,13 @@ def latest_index(sample_t: npt.NDArray[np.float64], grid: npt.NDArray[np.float64
     return np.searchsorted(sample_t, grid, side="right") - 1
 
 
-def window_slope(sample_t: npt.NDArray[np.float64], value: npt.NDArray[np.float64], grid: npt.NDArray[np.float64],
-                 start_s: float, end_s: float) -> npt.NDArray[np.float64]:
+def window_slope(
+    sample_t: npt.NDArray[np.float64],
+    value: npt.NDArray[np.float64],
+    grid: npt.NDArray[np.float64],
+    start_s: float,
+    end_s: float,
+) -> npt.NDArray[np.float64]:
     """Least-squares slope of value(t) over the samples in (g + start_s, g + end_s] for each grid time.
 
     Vectorised with cumulative sums; windows with fewer than two samples give 0.
@@ -128,8 +153,9 @@ def window_slope(sample_t: npt.NDArray[np.float64], value: npt.NDArray[np.float6
     return np.where((n >= 2) & (denominator > 1e-12), slope, 0.0)
 
 
-def window_mean(sample_t: npt.NDArray[np.float64], value: npt.NDArray[np.float64], grid: npt.NDArray[np.float64],
-                length_s: float) -> npt.NDArray[np.float64]:
+def window_mean(
+    sample_t: npt.NDArray[np.float64], value: npt.NDArray[np.float64], grid: npt.NDArray[np.float64], length_s: float
+) -> npt.NDArray[np.float64]:
     """Mean of the samples in (g - length_s, g]; the latest sample when the window is empty."""
     sums = np.concatenate(([0.0], np.cumsum(value)))
     lo = np.searchsorted(sample_t, grid - length_s, side="right")
@@ -170,8 +196,10 @@ def select_leads(seg: Segment, grid: npt.NDArray[np.float64]) -> npt.NDArray[np.
             _update_track(tracks, *pending)
             pending = next(rows, None)
         confirmed = {
-            address: track for address, track in tracks.items()
-            if track.in_lane_since is not None and now - track.last_t <= TRACK_STALE_S
+            address: track
+            for address, track in tracks.items()
+            if track.in_lane_since is not None
+            and now - track.last_t <= TRACK_STALE_S
             and now - track.in_lane_since >= LEAD_CONFIRM_S
         }
         if not confirmed:
@@ -193,8 +221,9 @@ def _radar_rows(seg: Segment) -> Iterator[tuple[float, int, bool, float, float, 
             yield float(t), int(row[5]), bool(row[6] == 1), float(distance), float(left), float(rel_speed)
 
 
-def _update_track(tracks: dict[int, _Track], t: float, address: int, new_track: bool, distance: float,
-                  left: float, rel_speed: float) -> None:
+def _update_track(
+    tracks: dict[int, _Track], t: float, address: int, new_track: bool, distance: float, left: float, rel_speed: float
+) -> None:
     track = tracks.get(address)
     if track is None or new_track or t - track.last_t > TRACK_STALE_S:
         # A new object on this address: it has to earn its place in the lane from scratch.
@@ -218,8 +247,13 @@ def route_name(directory: Path) -> str:
     return directory.name
 
 
-def import_comma2k19(directory: str | Path, out_path: str | Path, rate_hz: float = 100.0,
-                     session_id: str | None = None, start_time_unix_ns: int | None = None) -> ImportReport:
+def import_comma2k19(
+    directory: str | Path,
+    out_path: str | Path,
+    rate_hz: float = 100.0,
+    session_id: str | None = None,
+    start_time_unix_ns: int | None = None,
+) -> ImportReport:
     """Convert a comma2k19 processed-log segment folder into a dualloop log at `out_path`.
 
     `start_time_unix_ns` goes into the header (default: now); fix it to make the output byte-identical.
@@ -258,21 +292,29 @@ def import_comma2k19(directory: str | Path, out_path: str | Path, rate_hz: float
 
     route = route_name(directory)
     header = log_pb2.SessionHeader(
-        session_id=session_id or f"comma2k19-{directory.name}", clock=pb.LOCKSTEP, shadow=True,
-        config_json="{}", source=f"comma2k19 import of {route}",
+        session_id=session_id or f"comma2k19-{directory.name}",
+        clock=pb.LOCKSTEP,
+        shadow=True,
+        config_json="{}",
+        source=f"comma2k19 import of {route}",
         start_time_unix_ns=time.time_ns() if start_time_unix_ns is None else start_time_unix_ns,
-        format_version=FORMAT_VERSION, feature_names=FEATURE_NAMES,
+        format_version=FORMAT_VERSION,
+        feature_names=FEATURE_NAMES,
         measured_features=[n for n in FEATURE_NAMES if n in MEASURED],
         filled_features=[n for n in FEATURE_NAMES if n in FILLED],
-        action_names=ACTIONS, control_names=CONTROL_NAMES, tick_period_ns=period_ns,
+        action_names=ACTIONS,
+        control_names=CONTROL_NAMES,
+        tick_period_ns=period_ns,
         source_details={
-            "dataset": "comma2k19 (MIT licence, arXiv:1812.05752)", "route": route,
-            "boot_time_of_t0_s": f"{start:.6f}", "rate_hz": f"{rate_hz:g}",
+            "dataset": "comma2k19 (MIT licence, arXiv:1812.05752)",
+            "route": route,
+            "boot_time_of_t0_s": f"{start:.6f}",
+            "rate_hz": f"{rate_hz:g}",
             "ego_speed": "CAN speed, latest sample at or before each grid time",
             "ego_accel": f"least-squares slope of CAN speed over the previous {ACCEL_WINDOW_S} s "
-                         "(the IMU forward axis carries a -0.6 m/s^2 gravity bias from mount pitch and grade)",
+            "(the IMU forward axis carries a -0.6 m/s^2 gravity bias from mount pitch and grade)",
             "lead": f"nearest radar track with |left| < {LEAD_ENTER_M} m (leaves at >= {LEAD_EXIT_M} m), "
-                    f"in lane for {LEAD_CONFIRM_S} s, reported within {TRACK_STALE_S} s, range <= {SENSOR_RANGE_M} m",
+            f"in lane for {LEAD_CONFIRM_S} s, reported within {TRACK_STALE_S} s, range <= {SENSOR_RANGE_M} m",
             "yaw_rate": f"-gyro[down], mean over the previous {YAW_WINDOW_S} s",
             "road_curvature": "yaw_rate / ego_speed (no lane model in this data)",
             "actual_action": f"label_from_accel(slope of CAN speed over the next {LABEL_WINDOW_S} s)",
@@ -284,12 +326,21 @@ def import_comma2k19(directory: str | Path, out_path: str | Path, rate_hz: float
     def observations() -> Iterator[pb.Observation]:
         for i in range(count):
             yield pb.Observation(
-                seq=i + 1, timestamp_ns=int(timestamps_ns[i]), features=feats32[i].tolist(),
-                actual=pb.ActualAction(action_index=int(actions[i]),
-                                       controls=[float(label_accel[i]), float(steer[i])]))
+                seq=i + 1,
+                timestamp_ns=int(timestamps_ns[i]),
+                features=feats32[i].tolist(),
+                actual=pb.ActualAction(action_index=int(actions[i]), controls=[float(label_accel[i]), float(steer[i])]),
+            )
 
     write_log(out_path, header, observations())
     return ImportReport(
-        source=header.source, out_path=out_path, observations=count, duration_s=(count - 1) * period_ns / 1e9,
-        rate_hz=rate_hz, lead_present_fraction=float(leads[:, 0].mean()), label_counts=count_labels(actions),
-        measured_features=list(header.measured_features), filled_features=list(header.filled_features))
+        source=header.source,
+        out_path=out_path,
+        observations=count,
+        duration_s=(count - 1) * period_ns / 1e9,
+        rate_hz=rate_hz,
+        lead_present_fraction=float(leads[:, 0].mean()),
+        label_counts=count_labels(actions),
+        measured_features=list(header.measured_features),
+        filled_features=list(header.filled_features),
+    )

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from dualloop.controller.logs.format import FORMAT_VERSION
 from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
-from dualloop.controller.logs.format import FORMAT_VERSION
+from dualloop.sim.schema import ACTION_INDEX, ACTIONS, CONTROL_NAMES, FEATURE_INDEX, FEATURE_NAMES, label_from_accel
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import log_pb2
-from dualloop.sim.schema import ACTION_INDEX, ACTIONS, CONTROL_NAMES, FEATURE_INDEX, FEATURE_NAMES, label_from_accel
 
 TIME_COLUMN = "time"
 ACTION_COLUMN = "actual_action"
@@ -58,17 +58,21 @@ def _read_header(path: Path, header: list[str], allow_extra_columns: bool) -> _C
     if missing:
         raise CsvImportError(
             f"{path}: line 1 (header): missing column{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(repr(m) for m in missing)} (required: 'time' and every feature of sim.schema.FEATURE_NAMES)")
+            f"{', '.join(repr(m) for m in missing)} (required: 'time' and every feature of sim.schema.FEATURE_NAMES)"
+        )
     if (CONTROL_COLUMNS[0] in seen) != (CONTROL_COLUMNS[1] in seen):
         absent = CONTROL_COLUMNS[1] if CONTROL_COLUMNS[0] in seen else CONTROL_COLUMNS[0]
-        raise CsvImportError(f"{path}: line 1 (header): missing column '{absent}' "
-                             f"('actual_accel' and 'actual_steer' come together)")
+        raise CsvImportError(
+            f"{path}: line 1 (header): missing column '{absent}' ('actual_accel' and 'actual_steer' come together)"
+        )
     extra = [name for name in names if name not in REQUIRED_COLUMNS and name not in OPTIONAL_COLUMNS]
     if extra and not allow_extra_columns:
         raise CsvImportError(
-            f"{path}: line 1 (header): unknown column{'s' if len(extra) > 1 else ''} {', '.join(repr(e) for e in extra)} "
+            f"{path}: line 1 (header): unknown column{'s' if len(extra) > 1 else ''} "
+            f"{', '.join(repr(e) for e in extra)} "
             f"(expected 'time', the features, and optionally {', '.join(OPTIONAL_COLUMNS)}; "
-            "allow_extra_columns=True ignores unknown columns)")
+            "allow_extra_columns=True ignores unknown columns)"
+        )
     return _Columns({name: i for i, name in enumerate(names)}, extra)
 
 
@@ -92,8 +96,10 @@ def _action(path: Path, line: int, cell: str) -> int:
         index = len(ACTIONS)  # falls through to the error below
     if -1 <= index < len(ACTIONS):
         return index
-    raise CsvImportError(f"{path}: line {line}, column '{ACTION_COLUMN}': {text!r} is not an action "
-                         f"(one of {', '.join(ACTIONS)}, an index 0-{len(ACTIONS) - 1}, or -1/empty for unknown)")
+    raise CsvImportError(
+        f"{path}: line {line}, column '{ACTION_COLUMN}': {text!r} is not an action "
+        f"(one of {', '.join(ACTIONS)}, an index 0-{len(ACTIONS) - 1}, or -1/empty for unknown)"
+    )
 
 
 def _actual(path: Path, line: int, row: list[str], columns: _Columns) -> pb.ActualAction | None:
@@ -105,8 +111,10 @@ def _actual(path: Path, line: int, row: list[str], columns: _Columns) -> pb.Actu
         cells = [row[columns.index[name]].strip() for name in CONTROL_COLUMNS]
         if any(cells) and not all(cells):
             empty = CONTROL_COLUMNS[cells.index("")]
-            raise CsvImportError(f"{path}: line {line}, column '{empty}': empty while "
-                                 f"'{CONTROL_COLUMNS[1 - CONTROL_COLUMNS.index(empty)]}' is given")
+            raise CsvImportError(
+                f"{path}: line {line}, column '{empty}': empty while "
+                f"'{CONTROL_COLUMNS[1 - CONTROL_COLUMNS.index(empty)]}' is given"
+            )
         if all(cells):
             controls = [_number(path, line, name, cell) for name, cell in zip(CONTROL_COLUMNS, cells)]
             if index < 0:
@@ -141,7 +149,8 @@ def read_csv_observations(path: Path, allow_extra_columns: bool = False) -> tupl
             if previous_ns is not None and timestamp_ns <= previous_ns:
                 raise CsvImportError(
                     f"{path}: line {line}, column 'time': {seconds!r} s is not after {previous_ns / 1e9!r} s "
-                    f"(line {previous_line}); time must strictly increase")
+                    f"(line {previous_line}); time must strictly increase"
+                )
             features = [_number(path, line, FEATURE_NAMES[k], row[c]) for k, c in enumerate(feature_columns)]
             observations.append(pb.Observation(seq=len(observations) + 1, timestamp_ns=timestamp_ns, features=features))
             actual = _actual(path, line, row, columns)
@@ -153,8 +162,14 @@ def read_csv_observations(path: Path, allow_extra_columns: bool = False) -> tupl
     return observations, columns.extra
 
 
-def import_csv(file: str | Path, out_path: str | Path, *, session_id: str | None = None,
-               allow_extra_columns: bool = False, start_time_unix_ns: int | None = None) -> ImportReport:
+def import_csv(
+    file: str | Path,
+    out_path: str | Path,
+    *,
+    session_id: str | None = None,
+    allow_extra_columns: bool = False,
+    start_time_unix_ns: int | None = None,
+) -> ImportReport:
     """Convert a CSV drive log (columns above) into a dualloop log at `out_path`."""
     path, out_path = Path(file), Path(out_path)
     if not path.is_file():
@@ -163,19 +178,32 @@ def import_csv(file: str | Path, out_path: str | Path, *, session_id: str | None
     times = np.array([o.timestamp_ns for o in observations], dtype=np.int64)
     period_ns = int(np.median(np.diff(times))) if len(times) > 1 else 0
     header = log_pb2.SessionHeader(
-        session_id=session_id or f"csv-{path.stem}", clock=pb.LOCKSTEP, shadow=True, config_json="{}",
-        source=f"csv import of {path}", format_version=FORMAT_VERSION,
+        session_id=session_id or f"csv-{path.stem}",
+        clock=pb.LOCKSTEP,
+        shadow=True,
+        config_json="{}",
+        source=f"csv import of {path}",
+        format_version=FORMAT_VERSION,
         start_time_unix_ns=time.time_ns() if start_time_unix_ns is None else start_time_unix_ns,
-        feature_names=FEATURE_NAMES, measured_features=FEATURE_NAMES, action_names=ACTIONS,
-        control_names=CONTROL_NAMES, tick_period_ns=period_ns,
+        feature_names=FEATURE_NAMES,
+        measured_features=FEATURE_NAMES,
+        action_names=ACTIONS,
+        control_names=CONTROL_NAMES,
+        tick_period_ns=period_ns,
         source_details={"file": str(path), "ignored_columns": ",".join(extra)},
     )
     write_log(out_path, header, observations)
     actions = np.array([o.actual.action_index if o.HasField("actual") else -1 for o in observations], dtype=np.int64)
     lead = np.array([o.features[FEATURE_INDEX["lead_present"]] for o in observations])
     return ImportReport(
-        source=header.source, out_path=out_path, observations=len(observations),
-        duration_s=float(times[-1] - times[0]) / 1e9, rate_hz=1e9 / period_ns if period_ns else 0.0,
-        lead_present_fraction=float(np.mean(lead >= 0.5)), label_counts=count_labels(actions),
-        measured_features=list(FEATURE_NAMES), filled_features=[],
-        warnings=[f"ignored unknown column{'s' if len(extra) > 1 else ''} {', '.join(extra)}"] if extra else [])
+        source=header.source,
+        out_path=out_path,
+        observations=len(observations),
+        duration_s=float(times[-1] - times[0]) / 1e9,
+        rate_hz=1e9 / period_ns if period_ns else 0.0,
+        lead_present_fraction=float(np.mean(lead >= 0.5)),
+        label_counts=count_labels(actions),
+        measured_features=list(FEATURE_NAMES),
+        filled_features=[],
+        warnings=[f"ignored unknown column{'s' if len(extra) > 1 else ''} {', '.join(extra)}"] if extra else [],
+    )

@@ -121,20 +121,35 @@ class LogReader:
                         saw_footer = True
                     elif isinstance(record, Schema):
                         continue
-            except (McapError, DecodeError, EOFError, ValueError, struct.error, zlib.error,
-                    zstandard.ZstdError, MemoryError) as exc:
+            except (
+                McapError,
+                DecodeError,
+                EOFError,
+                ValueError,
+                struct.error,
+                zlib.error,
+                zstandard.ZstdError,
+                MemoryError,
+            ) as exc:
                 if self.messages_read == 0 and _is_not_mcap(exc):
                     raise LogFileError(f"{file}: not an MCAP file ({exc})") from exc
                 if isinstance(exc, EndOfFile):  # mid-record or between records: the tail is missing
-                    self._mark_truncated(file, f"file ends without its footer after {self.messages_read} messages "
-                                               "(the writer did not finish: killed or still running)")
+                    self._mark_truncated(
+                        file,
+                        f"file ends without its footer after {self.messages_read} messages "
+                        "(the writer did not finish: killed or still running)",
+                    )
                 else:
-                    self._mark_truncated(file, f"broken record after {self.messages_read} messages "
-                                               f"({type(exc).__name__}: {exc})")
+                    self._mark_truncated(
+                        file, f"broken record after {self.messages_read} messages ({type(exc).__name__}: {exc})"
+                    )
                 return
         if not saw_footer:
-            self._mark_truncated(file, f"file ends without its footer after {self.messages_read} messages "
-                                       "(the writer did not finish: killed or still running)")
+            self._mark_truncated(
+                file,
+                f"file ends without its footer after {self.messages_read} messages "
+                "(the writer did not finish: killed or still running)",
+            )
 
     def _mark_truncated(self, file: Path, why: str) -> None:
         self.truncated = True
@@ -167,8 +182,10 @@ def read_sessions(path: str | Path | Iterable[str | Path]) -> dict[str, LogData]
             else:
                 header = rec.message  # type: ignore[assignment]
                 if header.format_version > FORMAT_VERSION:  # type: ignore[attr-defined]
-                    raise LogFileError(f"{rec.file}: log format version {header.format_version} is newer "  # type: ignore[attr-defined]
-                                       f"than this dualloop reads ({FORMAT_VERSION})")
+                    raise LogFileError(
+                        f"{rec.file}: log format version {header.format_version} is newer "  # type: ignore[attr-defined]
+                        f"than this dualloop reads ({FORMAT_VERSION})"
+                    )
             data = sessions[rec.session_id] = LogData(header=header)  # type: ignore[arg-type]
         if rec.file not in data.files:
             data.files.append(rec.file)
@@ -199,8 +216,13 @@ def read_log(path: str | Path | Iterable[str | Path], session_id: str | None = N
     return next(iter(sessions.values()))
 
 
-def write_log(path: str | Path, header: log_pb2.SessionHeader, observations: Iterable[pb.Observation],
-              snapshots: Iterable[pb.DecisionSnapshot] = (), plans: Iterable[log_pb2.PlanRecord] = ()) -> Path:
+def write_log(
+    path: str | Path,
+    header: log_pb2.SessionHeader,
+    observations: Iterable[pb.Observation],
+    snapshots: Iterable[pb.DecisionSnapshot] = (),
+    plans: Iterable[log_pb2.PlanRecord] = (),
+) -> Path:
     """Write one session as a finished log file: header, then observations, snapshots and plans,
     each group in the order given. For importers and tests; live sessions use the Recorder."""
     out = Path(path)

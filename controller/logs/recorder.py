@@ -80,9 +80,16 @@ class Recorder:
     stem of `<stem>-0000.mcap`, `<stem>-0001.mcap`, ...
     """
 
-    def __init__(self, path: str | Path, *, queue_size: int = 16384, rotate_bytes: int | None = None,
-                 rotate_seconds: float | None = None, flush_interval_s: float = 0.25,
-                 compress: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        queue_size: int = 16384,
+        rotate_bytes: int | None = None,
+        rotate_seconds: float | None = None,
+        flush_interval_s: float = 0.25,
+        compress: bool = True,
+    ) -> None:
         if queue_size < 1:
             raise ValueError("queue_size must be at least 1")
         self.path = Path(path)
@@ -207,8 +214,10 @@ class Recorder:
     def _current_file(self) -> LogFileWriter:
         if self._file is not None:
             too_big = self.rotate_bytes is not None and self._file.size_bytes >= self.rotate_bytes
-            too_old = (self.rotate_seconds is not None
-                       and time.monotonic() - self._file.opened_monotonic_s >= self.rotate_seconds)
+            too_old = (
+                self.rotate_seconds is not None
+                and time.monotonic() - self._file.opened_monotonic_s >= self.rotate_seconds
+            )
             if not (too_big or too_old):
                 return self._file
             self._file.finish()
@@ -234,8 +243,7 @@ class Recorder:
         header.part = self._part
         file.write(TOPIC_HEADER, session_id, header, log_time_ns)
 
-    def _write_data(self, kind: _Kind, session_id: str, message: Message, log_time_ns: int,
-                    publish_ns: int) -> None:
+    def _write_data(self, kind: _Kind, session_id: str, message: Message, log_time_ns: int, publish_ns: int) -> None:
         file = self._current_file()
         self._ensure_header(file, session_id, log_time_ns)
         file.write(_DATA_TOPICS[kind], session_id, message, log_time_ns, publish_ns)
@@ -249,10 +257,15 @@ class Recorder:
         file = self._current_file()
         self._ensure_header(file, session_id, counts.last_log_time_ns)
         summary = log_pb2.SessionSummary(
-            session_id=session_id, end_time_unix_ns=time.time_ns(),
-            observations_written=counts.written[_Kind.OBSERVATION], snapshots_written=counts.written[_Kind.SNAPSHOT],
-            plans_written=counts.written[_Kind.PLAN], observations_dropped=counts.dropped[_Kind.OBSERVATION],
-            snapshots_dropped=counts.dropped[_Kind.SNAPSHOT], plans_dropped=counts.dropped[_Kind.PLAN])
+            session_id=session_id,
+            end_time_unix_ns=time.time_ns(),
+            observations_written=counts.written[_Kind.OBSERVATION],
+            snapshots_written=counts.written[_Kind.SNAPSHOT],
+            plans_written=counts.written[_Kind.PLAN],
+            observations_dropped=counts.dropped[_Kind.OBSERVATION],
+            snapshots_dropped=counts.dropped[_Kind.SNAPSHOT],
+            plans_dropped=counts.dropped[_Kind.PLAN],
+        )
         file.write(TOPIC_SUMMARY, session_id, summary, counts.last_log_time_ns)
 
     def _finish_all(self) -> None:

@@ -9,17 +9,22 @@ from pathlib import Path
 import numpy as np
 
 from dualloop.controller.logs.logfile import read_log, write_log
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
 from dualloop.sim import schema
 from dualloop.sim.sensors import NOMINAL_SIGMA
-
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import log_pb2
 
 REAL_DRIVE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "comma2k19-example1.mcap"
 
 
-def synthetic_log(path: Path, seconds: float = 60.0, rate_hz: float = 200.0, seed: int = 0,
-                  plan_every_s: float = 0.2, faults: bool = False) -> Path:
+def synthetic_log(
+    path: Path,
+    seconds: float = 60.0,
+    rate_hz: float = 200.0,
+    seed: int = 0,
+    plan_every_s: float = 0.2,
+    faults: bool = False,
+) -> Path:
     """The fixture's features resampled to `rate_hz` with the simulator's sensor noise, a client plan every
     `plan_every_s` (target speed varying), and the fixture's actual actions.
 
@@ -57,10 +62,17 @@ def synthetic_log(path: Path, seconds: float = 60.0, rate_hz: float = 200.0, see
             msg.plan.plan_id = f"p{k}"
             msg.plan.values.extend(np.asarray(values, np.float32).tolist())
         obs.append(msg)
-    header = log_pb2.SessionHeader(session_id="synthetic", clock=pb.LOCKSTEP, shadow=True, config_json="{}",
-                                   source=f"synthetic {seconds:g} s at {rate_hz:g} Hz, seed {seed}",
-                                   feature_names=src.header.feature_names, action_names=src.header.action_names,
-                                   control_names=src.header.control_names, tick_period_ns=period_ns)
+    header = log_pb2.SessionHeader(
+        session_id="synthetic",
+        clock=pb.LOCKSTEP,
+        shadow=True,
+        config_json="{}",
+        source=f"synthetic {seconds:g} s at {rate_hz:g} Hz, seed {seed}",
+        feature_names=src.header.feature_names,
+        action_names=src.header.action_names,
+        control_names=src.header.control_names,
+        tick_period_ns=period_ns,
+    )
     return write_log(path, header, obs)
 
 
@@ -69,4 +81,4 @@ def slice_log(path: Path, start: int, count: int, session_id: str) -> Path:
     header = log_pb2.SessionHeader()
     header.CopyFrom(src.header)
     header.session_id = session_id
-    return write_log(path, header, src.observations[start:start + count])
+    return write_log(path, header, src.observations[start : start + count])

@@ -18,8 +18,16 @@ from dualloop.controller.logs.logfile import LogData, read_sessions
 from dualloop.controller.replay.report import format_confusion
 from dualloop.v1 import controller_pb2 as pb
 
-FIELDS = ("missing", "applied_index", "proposed_index", "applied_controls", "proposed_controls",
-          "reasons", "safety_state", "gate_veto")
+FIELDS = (
+    "missing",
+    "applied_index",
+    "proposed_index",
+    "applied_controls",
+    "proposed_controls",
+    "reasons",
+    "safety_state",
+    "gate_veto",
+)
 
 
 class NotSameInput(ValueError):
@@ -55,8 +63,9 @@ class DiffReport:
     @property
     def migrations(self) -> dict[tuple[str, str], int]:
         """Ticks whose applied action moved from one action (in A) to another (in B)."""
-        return {(self.actions[i], self.actions[j]): int(v) for (i, j), v in np.ndenumerate(self.decisions)
-                if i != j and v}
+        return {
+            (self.actions[i], self.actions[j]): int(v) for (i, j), v in np.ndenumerate(self.decisions) if i != j and v
+        }
 
 
 def _observation_digest(data: LogData) -> str:
@@ -79,24 +88,30 @@ def _check_same_input(a: dict[str, LogData], b: dict[str, LogData], names: tuple
     for sid in a:
         na, nb = len(a[sid].observations), len(b[sid].observations)
         if na != nb:
-            raise NotSameInput(f"session {sid!r}: {na} observations in {names[0]}, {nb} in {names[1]}; "
-                               "not the same input")
+            raise NotSameInput(
+                f"session {sid!r}: {na} observations in {names[0]}, {nb} in {names[1]}; not the same input"
+            )
         if _observation_digest(a[sid]) != _observation_digest(b[sid]):
-            raise NotSameInput(f"session {sid!r}: the observations differ between {names[0]} and {names[1]}; "
-                               "not the same input")
+            raise NotSameInput(
+                f"session {sid!r}: the observations differ between {names[0]} and {names[1]}; not the same input"
+            )
 
 
 def _differences(x: pb.DecisionSnapshot, y: pb.DecisionSnapshot, tol: Tolerances) -> list[str]:
     if x.input_hash != y.input_hash:
-        raise NotSameInput(f"session {x.session_id!r} tick {x.tick}: input hashes differ "
-                           f"({x.input_hash:016x} vs {y.input_hash:016x}); not the same input")
+        raise NotSameInput(
+            f"session {x.session_id!r} tick {x.tick}: input hashes differ "
+            f"({x.input_hash:016x} vs {y.input_hash:016x}); not the same input"
+        )
     out = []
     if x.applied.index != y.applied.index:
         out.append("applied_index")
     if x.proposed.action.index != y.proposed.action.index:
         out.append("proposed_index")
-    for name, u, v in (("applied_controls", x.applied.controls, y.applied.controls),
-                       ("proposed_controls", x.proposed.action.controls, y.proposed.action.controls)):
+    for name, u, v in (
+        ("applied_controls", x.applied.controls, y.applied.controls),
+        ("proposed_controls", x.proposed.action.controls, y.proposed.action.controls),
+    ):
         if len(u) != len(v) or (len(u) and np.max(np.abs(np.subtract(u, v))) > tol.controls_abs):
             out.append(name)
     if list(x.reasons) != list(y.reasons):
@@ -108,8 +123,12 @@ def _differences(x: pb.DecisionSnapshot, y: pb.DecisionSnapshot, tol: Tolerances
     return out
 
 
-def diff_logs(a: str | Path | dict[str, LogData], b: str | Path | dict[str, LogData],
-              tolerances: Tolerances = Tolerances(), actions: Sequence[str] | None = None) -> DiffReport:
+def diff_logs(
+    a: str | Path | dict[str, LogData],
+    b: str | Path | dict[str, LogData],
+    tolerances: Tolerances = Tolerances(),
+    actions: Sequence[str] | None = None,
+) -> DiffReport:
     """Compare the snapshots of two logs of the same input; raises NotSameInput when they are not."""
     names = (str(a) if not isinstance(a, dict) else "A", str(b) if not isinstance(b, dict) else "B")
     sa, sb = _sessions(a), _sessions(b)
@@ -117,10 +136,13 @@ def diff_logs(a: str | Path | dict[str, LogData], b: str | Path | dict[str, LogD
     first = next(iter(sa.values()), None)
     action_names = list(actions or (first.header.action_names if first else []))
     if not action_names:  # an old header without names: index them
-        action_names = [str(i) for i in range(max(
-            [s.applied.index + 1 for d in [*sa.values(), *sb.values()] for s in d.snapshots] or [0]))]
-    report = DiffReport(names[0], names[1], actions=action_names,
-                        decisions=np.zeros((len(action_names), len(action_names)), np.int64))
+        action_names = [
+            str(i)
+            for i in range(max([s.applied.index + 1 for d in [*sa.values(), *sb.values()] for s in d.snapshots] or [0]))
+        ]
+    report = DiffReport(
+        names[0], names[1], actions=action_names, decisions=np.zeros((len(action_names), len(action_names)), np.int64)
+    )
     for sid in sa:
         ta = {s.tick: s for s in sa[sid].snapshots}
         tb = {s.tick: s for s in sb[sid].snapshots}
@@ -140,8 +162,9 @@ def diff_logs(a: str | Path | dict[str, LogData], b: str | Path | dict[str, LogD
     return report
 
 
-def diff_exit_code(report: DiffReport, tolerance: float = 0.0,
-                   fields: Sequence[str] = ("missing", "applied_index")) -> int:
+def diff_exit_code(
+    report: DiffReport, tolerance: float = 0.0, fields: Sequence[str] = ("missing", "applied_index")
+) -> int:
     """0 when every chosen field changed on at most `tolerance` (a fraction) of the ticks, else 1."""
     unknown = [f for f in fields if f not in FIELDS]
     if unknown:
@@ -155,8 +178,10 @@ def format_diff(r: DiffReport) -> str:
         lines.append("  identical within tolerance")
     else:
         f = r.first
-        lines.append(f"  first divergence: session {f.session_id} tick {f.tick} at {f.scheduled_time_ns / 1e9:.3f} s "
-                     f"({', '.join(f.fields)})")
+        lines.append(
+            f"  first divergence: session {f.session_id} tick {f.tick} at {f.scheduled_time_ns / 1e9:.3f} s "
+            f"({', '.join(f.fields)})"
+        )
     for name in FIELDS:
         lines.append(f"  {name:18s} {r.changed[name]:7d} ticks ({100 * r.fraction(name):.2f}%)")
     moves = r.migrations

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,16 +43,24 @@ class FleetResult:
 def _replay_one(log: str, model: str, gates: list[str], out_dir: str | None) -> dict:
     from threadpoolctl import threadpool_limits
 
-    from dualloop.controller.replay.lockstep import replay_log  # imported in the worker: spawn starts a clean interpreter
+    from dualloop.controller.replay.lockstep import (
+        replay_log,
+    )  # imported in the worker: spawn starts a clean interpreter
 
     out = str(Path(out_dir) / f"{Path(log).stem}.replay.mcap") if out_dir else None
     with threadpool_limits(1):  # one log per core: BLAS threads would only fight the other workers
         return replay_log(log, model, gates, out_path=out).report.as_dict()
 
 
-def replay_many(paths: Sequence[str | Path], model: str | Path, gates: Sequence[str | Path] = (),
-                workers: int | None = None, use_ray: bool = False, out_dir: str | Path | None = None,
-                progress: bool = True) -> FleetResult:
+def replay_many(
+    paths: Sequence[str | Path],
+    model: str | Path,
+    gates: Sequence[str | Path] = (),
+    workers: int | None = None,
+    use_ray: bool = False,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+) -> FleetResult:
     args = ([str(p) for p in paths], str(model), [str(g) for g in gates], str(out_dir) if out_dir else None)
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -61,8 +69,9 @@ def replay_many(paths: Sequence[str | Path], model: str | Path, gates: Sequence[
     return _with_pool(*args, workers=workers, progress=progress)
 
 
-def _with_pool(paths: list[str], model: str, gates: list[str], out_dir: str | None, workers: int | None,
-               progress: bool) -> FleetResult:
+def _with_pool(
+    paths: list[str], model: str, gates: list[str], out_dir: str | None, workers: int | None, progress: bool
+) -> FleetResult:
     result = FleetResult()
     workers = max(1, min(workers or os.cpu_count() or 1, len(paths)))
     # spawn: no fork of a process that may hold onnxruntime threads or a gRPC server
@@ -73,7 +82,9 @@ def _with_pool(paths: list[str], model: str, gates: list[str], out_dir: str | No
 
 
 def _collect(futures: dict, result: FleetResult, progress: bool) -> None:
-    advance: Callable[[], None] = lambda: None
+    def advance() -> None:
+        return None
+
     bar = None
     if progress:
         from rich.progress import Progress
@@ -107,9 +118,11 @@ def _with_ray(paths: list[str], model: str, gates: list[str], out_dir: str | Non
         try:
             ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), log_to_driver=False)
         except ConnectionError as err:
-            raise RuntimeError(f"--ray found no Ray cluster ({err}). Start one with `ray start --head` (its services "
-                               "listen on the network: see Ray's security notes) or set RAY_ADDRESS; without "
-                               "--ray, the logs are replayed by a local process pool.") from None
+            raise RuntimeError(
+                f"--ray found no Ray cluster ({err}). Start one with `ray start --head` (its services "
+                "listen on the network: see Ray's security notes) or set RAY_ADDRESS; without "
+                "--ray, the logs are replayed by a local process pool."
+            ) from None
     remote = ray.remote(num_cpus=1)(_replay_one)
     futures = {remote.remote(p, model, gates, out_dir).future(): p for p in paths}
     result = FleetResult()

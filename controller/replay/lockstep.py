@@ -14,19 +14,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from dualloop.controller.gates.fitting import load_gate_for_model
-from dualloop.controller.logs.logfile import LogData, read_log, write_log
 from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, actual_is_command
+from dualloop.controller.logs.logfile import LogData, read_log, write_log
 from dualloop.controller.replay.report import ReplayReport, summarise
 from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Observation, Snapshot
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import log_pb2
 
 
 @dataclass
@@ -62,8 +60,14 @@ def _observations(data: LogData) -> list[Observation]:
     return [observation_from_proto(msg, 0) for msg in data.observations]
 
 
-def run_replay(ex: Executor, session_id: str, observations: Sequence[Observation], shadow: bool = True,
-               fast: bool = True, actual_is_command: bool = False) -> tuple[list[Snapshot], dict[str, float]]:
+def run_replay(
+    ex: Executor,
+    session_id: str,
+    observations: Sequence[Observation],
+    shadow: bool = True,
+    fast: bool = True,
+    actual_is_command: bool = False,
+) -> tuple[list[Snapshot], dict[str, float]]:
     """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds.
 
     actual_is_command: the observations' actual controls are the command in effect (the log says so,
@@ -87,8 +91,9 @@ def run_replay(ex: Executor, session_id: str, observations: Sequence[Observation
     return snaps, {"compute_s": t1 - t0, "snapshots_s": time.perf_counter() - t1}
 
 
-def replay_header(source: LogData, source_path: Path, ex: Executor, gate_paths: Sequence[str | Path],
-                  shadow: bool) -> log_pb2.SessionHeader:
+def replay_header(
+    source: LogData, source_path: Path, ex: Executor, gate_paths: Sequence[str | Path], shadow: bool
+) -> log_pb2.SessionHeader:
     header = log_pb2.SessionHeader()
     header.CopyFrom(source.header)
     header.clock = pb.LOCKSTEP
@@ -96,8 +101,14 @@ def replay_header(source: LogData, source_path: Path, ex: Executor, gate_paths: 
     header.model_version = ex.card.version
     header.model_schema_hash = ex.card.schema_hash()
     header.gate_version = "+".join(g.version_hash for g in ex.gates)
-    header.config_json = json.dumps({"model": str(ex.model.path), "gates": [str(g) for g in gate_paths],
-                                     "executor": ex.config.model_dump(mode="json")}, sort_keys=True)
+    header.config_json = json.dumps(
+        {
+            "model": str(ex.model.path),
+            "gates": [str(g) for g in gate_paths],
+            "executor": ex.config.model_dump(mode="json"),
+        },
+        sort_keys=True,
+    )
     header.source = f"replay of {source_path} ({source.header.source})"
     header.tick_period_ns = ex.period_ns
     header.part = 0
@@ -106,9 +117,16 @@ def replay_header(source: LogData, source_path: Path, ex: Executor, gate_paths: 
     return header
 
 
-def replay_log(log_path: str | Path, model_path: str | Path, gate_paths: Sequence[str | Path] = (),
-               out_path: str | Path | None = None, shadow: bool = True, fast: bool = True,
-               tick_period_ms: float | None = None, session_id: str | None = None) -> ReplayResult:
+def replay_log(
+    log_path: str | Path,
+    model_path: str | Path,
+    gate_paths: Sequence[str | Path] = (),
+    out_path: str | Path | None = None,
+    shadow: bool = True,
+    fast: bool = True,
+    tick_period_ms: float | None = None,
+    session_id: str | None = None,
+) -> ReplayResult:
     """Replay one session of a log in LOCKSTEP with a model (and gates); optionally write a new log."""
     source_path = Path(log_path)
     t0 = time.perf_counter()
@@ -130,8 +148,13 @@ def replay_log(log_path: str | Path, model_path: str | Path, gate_paths: Sequenc
     t3 = time.perf_counter()
     drive_s = (observations[-1].timestamp_ns - observations[0].timestamp_ns) / 1e9
     result.report = summarise(snaps, ex, len(observations), drive_s, source_path, timings)
-    result.report.actuation_check = ("none in the gates" if ex._actuation is None else "ran" if commands else
-                                     "skipped: the log does not declare its actual controls as the command in effect "
-                                     f"({data.header.source_details.get(ACTUAL_CONTROLS_DETAIL) or 'no declaration'})")
+    result.report.actuation_check = (
+        "none in the gates"
+        if ex._actuation is None
+        else "ran"
+        if commands
+        else "skipped: the log does not declare its actual controls as the command in effect "
+        f"({data.header.source_details.get(ACTUAL_CONTROLS_DETAIL) or 'no declaration'})"
+    )
     timings["report_s"] = time.perf_counter() - t3
     return result

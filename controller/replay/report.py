@@ -45,15 +45,21 @@ class ReplayReport:
         return asdict(self)
 
 
-def summarise(snaps: Sequence[Snapshot], ex: Executor, observations: int, drive_s: float, source: Path,
-              timings: dict[str, float]) -> ReplayReport:
+def summarise(
+    snaps: Sequence[Snapshot], ex: Executor, observations: int, drive_s: float, source: Path, timings: dict[str, float]
+) -> ReplayReport:
     actions, n_ctl = list(ex.card.actions), len(ex.card.controls)
     applied = np.fromiter((s.applied.index for s in snaps), np.int64, len(snaps))
     applied_controls = np.array([s.applied.controls for s in snaps], np.float64).reshape(len(snaps), n_ctl)
     actual = np.fromiter((s.actual_index for s in snaps), np.int64, len(snaps))
     missing = np.full(n_ctl, np.nan)
-    actual_controls = np.array([s.actual_controls if s.actual_controls is not None and s.actual_controls.size == n_ctl
-                                else missing for s in snaps], np.float64).reshape(len(snaps), n_ctl)
+    actual_controls = np.array(
+        [
+            s.actual_controls if s.actual_controls is not None and s.actual_controls.size == n_ctl else missing
+            for s in snaps
+        ],
+        np.float64,
+    ).reshape(len(snaps), n_ctl)
     states = [s.safety_state.name for s in snaps]
     names = [tuple(r.name for r in s.reasons) for s in snaps]
     reasons = Counter(name for tick in names for name in tick)
@@ -63,25 +69,41 @@ def summarise(snaps: Sequence[Snapshot], ex: Executor, observations: int, drive_
     seq = np.fromiter((s.observation_seq for s in snaps), np.int64, len(snaps))
     first = np.flatnonzero(np.concatenate([[True], seq[1:] != seq[:-1]])) if len(snaps) else np.zeros(0, np.int64)
     fresh = ShadowAgreement(actions, n_ctl)
-    fresh.update_many(applied[first], applied_controls[first], actual[first], actual_controls[first],
-                      [states[k] for k in first], [names[k] for k in first])
+    fresh.update_many(
+        applied[first],
+        applied_controls[first],
+        actual[first],
+        actual_controls[first],
+        [states[k] for k in first],
+        [names[k] for k in first],
+    )
     vetoes = sum(s.gate_veto for s in snaps)
     compute = timings.get("compute_s", 0.0)
     return ReplayReport(
-        source=str(source), model=f"{ex.card.name} {ex.card.version}", gates=[g.version_hash for g in ex.gates],
-        observations=observations, ticks=len(snaps), drive_s=drive_s,
-        applied=dict(Counter(s.applied.name for s in snaps)), proposed=dict(Counter(s.proposed_name or "-" for s in snaps)),
-        reasons=dict(reasons), safety_states=dict(Counter(states)),
-        gate_veto_ticks=vetoes, gate_veto_fraction=vetoes / len(snaps) if snaps else 0.0,
-        agreement=agreement.as_dict(), agreement_top1=agreement.agreement(),
+        source=str(source),
+        model=f"{ex.card.name} {ex.card.version}",
+        gates=[g.version_hash for g in ex.gates],
+        observations=observations,
+        ticks=len(snaps),
+        drive_s=drive_s,
+        applied=dict(Counter(s.applied.name for s in snaps)),
+        proposed=dict(Counter(s.proposed_name or "-" for s in snaps)),
+        reasons=dict(reasons),
+        safety_states=dict(Counter(states)),
+        gate_veto_ticks=vetoes,
+        gate_veto_fraction=vetoes / len(snaps) if snaps else 0.0,
+        agreement=agreement.as_dict(),
+        agreement_top1=agreement.agreement(),
         fresh_ticks=fresh.groups["all"].ticks if "all" in fresh.groups else 0,
-        fresh_agreement_top1=fresh.agreement(), timings=dict(timings),
+        fresh_agreement_top1=fresh.agreement(),
+        timings=dict(timings),
         speedup=drive_s / compute if compute > 0 else 0.0,
     )
 
 
-def format_confusion(actions: Sequence[str], confusion: Sequence[Sequence[int]], rows: str = "actual",
-                     cols: str = "applied") -> str:
+def format_confusion(
+    actions: Sequence[str], confusion: Sequence[Sequence[int]], rows: str = "actual", cols: str = "applied"
+) -> str:
     width = max(10, *(len(a) + 2 for a in actions))
     lines = [f"{rows} \\ {cols}".ljust(width) + "".join(a.rjust(width) for a in actions)]
     for name, row in zip(actions, confusion):
@@ -92,27 +114,39 @@ def format_confusion(actions: Sequence[str], confusion: Sequence[Sequence[int]],
 def format_report(r: ReplayReport) -> str:
     t = r.timings
     lines = [
-        f"replay of {r.source}", f"  model {r.model}; gates {', '.join(r.gates) or 'none'}",
+        f"replay of {r.source}",
+        f"  model {r.model}; gates {', '.join(r.gates) or 'none'}",
         f"  {r.observations} observations, {r.ticks} ticks, {r.drive_s:.2f} s of drive",
         f"  replay {t.get('compute_s', 0) * 1e3:.1f} ms: {r.speedup:.0f}x real time (reading the log "
         f"{t.get('load_s', 0) * 1e3:.0f} ms, snapshots {t.get('snapshots_s', 0) * 1e3:.0f} ms"
         + (f", writing the log {t['write_s'] * 1e3:.0f} ms)" if "write_s" in t else ")"),
-        f"  applied:  {_counts(r.applied)}", f"  proposed: {_counts(r.proposed)}",
-        f"  reasons:  {_counts(r.reasons) or 'none'}", f"  safety:   {_counts(r.safety_states)}",
-        f"  gate veto on {r.gate_veto_ticks} ticks ({100 * r.gate_veto_fraction:.1f}% of the drive looks out of distribution)",
+        f"  applied:  {_counts(r.applied)}",
+        f"  proposed: {_counts(r.proposed)}",
+        f"  reasons:  {_counts(r.reasons) or 'none'}",
+        f"  safety:   {_counts(r.safety_states)}",
+        f"  gate veto on {r.gate_veto_ticks} ticks "
+        f"({100 * r.gate_veto_fraction:.1f}% of the drive looks out of distribution)",
     ]
     if r.actuation_check:
         lines.append(f"  actuation check: {r.actuation_check}")
     groups = r.agreement.get("groups", {})
     if "all" in groups:
-        lines.append(f"  agreement with the actual action: {100 * r.agreement_top1:.1f}% of {groups['all']['ticks']} "
-                     f"ticks; {100 * r.fresh_agreement_top1:.1f}% of {r.fresh_ticks} observations")
-        lines.append("    " + format_confusion(r.agreement["actions"], r.agreement["confusion"]).replace("\n", "\n    "))
+        lines.append(
+            f"  agreement with the actual action: {100 * r.agreement_top1:.1f}% of {groups['all']['ticks']} "
+            f"ticks; {100 * r.fresh_agreement_top1:.1f}% of {r.fresh_ticks} observations"
+        )
+        lines.append(
+            "    " + format_confusion(r.agreement["actions"], r.agreement["confusion"]).replace("\n", "\n    ")
+        )
         for key, g in groups.items():
             mae = ", ".join(f"{v:.3f}" for v in g["control_mae"])
-            lines.append(f"    {key:28s} {g['ticks']:7d} ticks  agree {100 * (g['agreement'] or 0):5.1f}%  control MAE [{mae}]")
+            lines.append(
+                f"    {key:28s} {g['ticks']:7d} ticks  agree {100 * (g['agreement'] or 0):5.1f}%  control MAE [{mae}]"
+            )
     else:
-        lines.append(f"  no actual action in the log ({r.agreement.get('ticks_without_actual', 0)} ticks): no agreement")
+        lines.append(
+            f"  no actual action in the log ({r.agreement.get('ticks_without_actual', 0)} ticks): no agreement"
+        )
     return "\n".join(lines)
 
 

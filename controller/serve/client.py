@@ -24,18 +24,35 @@ def realtime_channel(address: str, window_bytes: int = 8192) -> grpc.Channel:
     before the server ever sees backpressure. A small fixed window keeps that backlog to a few
     snapshots and lets the server's latest-wins outbox do the conflation (and count the drops).
     """
-    return grpc.insecure_channel(address, options=[("grpc.http2.bdp_probe", 0),
-                                                   ("grpc.http2.lookahead_bytes", window_bytes)])
+    return grpc.insecure_channel(
+        address, options=[("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", window_bytes)]
+    )
 
 
 class DriveSession:
-    def __init__(self, channel: grpc.Channel, session_id: str = "", clock: int = pb.REALTIME, shadow: bool = False,
-                 include_decision_vector: bool = False, expected_schema_hash: str = "", max_pending: int = 1024):
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        session_id: str = "",
+        clock: int = pb.REALTIME,
+        shadow: bool = False,
+        include_decision_vector: bool = False,
+        expected_schema_hash: str = "",
+        max_pending: int = 1024,
+    ):
         # Bounded: a producer faster than the network blocks here instead of growing memory.
         self._requests: queue.Queue = queue.Queue(maxsize=max_pending)
-        self._requests.put(pb.DriveRequest(open=pb.OpenSession(
-            session_id=session_id, clock=clock, shadow=shadow, include_decision_vector=include_decision_vector,
-            expected_schema_hash=expected_schema_hash)))
+        self._requests.put(
+            pb.DriveRequest(
+                open=pb.OpenSession(
+                    session_id=session_id,
+                    clock=clock,
+                    shadow=shadow,
+                    include_decision_vector=include_decision_vector,
+                    expected_schema_hash=expected_schema_hash,
+                )
+            )
+        )
         self._call = pb_grpc.ControllerStub(channel).Drive(self._iterate())
         first = next(self._call)
         self.opened: pb.SessionOpened = first.opened
@@ -45,8 +62,16 @@ class DriveSession:
         while (item := self._requests.get()) is not _END:
             yield item
 
-    def send(self, seq: int, timestamp_ns: int, features: Sequence[float], actual_index: int | None = None,
-             actual_controls: Sequence[float] = (), plan_id: str = "", plan: Sequence[float] | None = None) -> None:
+    def send(
+        self,
+        seq: int,
+        timestamp_ns: int,
+        features: Sequence[float],
+        actual_index: int | None = None,
+        actual_controls: Sequence[float] = (),
+        plan_id: str = "",
+        plan: Sequence[float] | None = None,
+    ) -> None:
         obs = pb.Observation(seq=seq, timestamp_ns=timestamp_ns, features=features)
         if plan is not None:
             obs.plan.plan_id = plan_id

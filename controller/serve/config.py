@@ -48,7 +48,7 @@ class PlannerConfig(BaseModel):
     idle_priority: bool = True
 
     @model_validator(mode="after")
-    def _source_needs_its_setting(self) -> "PlannerConfig":
+    def _source_needs_its_setting(self) -> PlannerConfig:
         if self.source == "onnx" and self.path is None:
             raise ValueError("source 'onnx' needs path (the planner model file)")
         if self.source == "remote" and not self.address:
@@ -93,10 +93,12 @@ class ServerConfig(BaseModel):
     planner: PlannerConfig = PlannerConfig()
 
     @model_validator(mode="after")
-    def _loopback_unless_allowed(self) -> "ServerConfig":
+    def _loopback_unless_allowed(self) -> ServerConfig:
         if not is_loopback(self.host) and not self.allow_non_loopback:
-            raise ValueError(f"host {self.host!r} is not a loopback address; set allow_non_loopback "
-                             f"(--allow-non-loopback) to serve beyond this machine")
+            raise ValueError(
+                f"host {self.host!r} is not a loopback address; set allow_non_loopback "
+                f"(--allow-non-loopback) to serve beyond this machine"
+            )
         return self
 
 

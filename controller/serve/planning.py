@@ -17,12 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from dualloop.controller.serve.config import PlannerConfig
-from dualloop.v1 import controller_pb2 as pb
 from dualloop.executor.core import Executor
 from dualloop.executor.snapshot import Clock, Observation
 from dualloop.planner.plan import Plan, PlanRequest, PlanSource
 from dualloop.planner.scheduler import PlanScheduler
 from dualloop.planner.worker import SourceFactory
+from dualloop.v1 import controller_pb2 as pb
 
 _NEVER = math.inf
 _KEEP_SUMMARIES = 4  # a session's snapshots can name the plan before the current one (LOCKSTEP)
@@ -36,24 +36,27 @@ _APPLY_PER_TICK = 8
 _SPREAD_TICKS = 4
 
 
-def make_source(source: str, path: str | None = None, address: str | None = None,
-                deadline_s: float = 0.2) -> PlanSource:
+def make_source(
+    source: str, path: str | None = None, address: str | None = None, deadline_s: float = 0.2
+) -> PlanSource:
     """Build a source by name; module level so that a partial of it can cross to a spawned worker."""
     if source == "behaviour":
         from dualloop.planner.behaviour import BehaviourPlanner
+
         return BehaviourPlanner()
     if source == "onnx":
         from dualloop.planner.onnx_planner import OnnxPlanner
+
         return OnnxPlanner(str(path))
     if source == "remote":
         from dualloop.planner.remote import RemotePlanner
+
         return RemotePlanner(str(address), deadline_s=deadline_s)
     raise ValueError(f"unknown planner source {source!r}")
 
 
 def source_factory(cfg: PlannerConfig) -> SourceFactory:
-    return functools.partial(make_source, cfg.source, str(cfg.path) if cfg.path else None, cfg.address,
-                             cfg.deadline_s)
+    return functools.partial(make_source, cfg.source, str(cfg.path) if cfg.path else None, cfg.address, cfg.deadline_s)
 
 
 def worker_deadline_s(cfg: PlannerConfig) -> float:
@@ -65,8 +68,12 @@ def worker_deadline_s(cfg: PlannerConfig) -> float:
 
 
 def summary_of(plan: Plan) -> pb.PlanSummary:
-    return pb.PlanSummary(source=plan.source, behaviour=plan.behaviour, target_speed=plan.target_speed,
-                          target_lane_offset=plan.target_lane_offset)
+    return pb.PlanSummary(
+        source=plan.source,
+        behaviour=plan.behaviour,
+        target_speed=plan.target_speed,
+        target_lane_offset=plan.target_lane_offset,
+    )
 
 
 class _Summaries:
@@ -258,8 +265,14 @@ class ServerPlanning:
         self.cfg = cfg
         self.factory = factory or source_factory(cfg)
         self.deadline_s = worker_deadline_s(cfg)
-        self.scheduler = PlanScheduler(self.factory, period_s=cfg.period_ms / 1e3, deadline_s=self.deadline_s,
-                                       mode=cfg.worker, hold=True, idle_priority=None if cfg.idle_priority else False)
+        self.scheduler = PlanScheduler(
+            self.factory,
+            period_s=cfg.period_ms / 1e3,
+            deadline_s=self.deadline_s,
+            mode=cfg.worker,
+            hold=True,
+            idle_priority=None if cfg.idle_priority else False,
+        )
         self.realtime = RealtimePlanning(executor, self.scheduler, cfg.period_ns)
         self.lockstep: LockstepPlanning | None = None
         # LOCKSTEP plans run here, awaited by their stream: the loop (and REALTIME ticks) keeps going.
@@ -290,9 +303,8 @@ class ServerPlanning:
             return
         loop = asyncio.get_running_loop()
         try:
-            plan = await asyncio.wait_for(loop.run_in_executor(self._pool, lock.source.plan, request),
-                                          self.deadline_s)
-        except asyncio.TimeoutError as err:
+            plan = await asyncio.wait_for(loop.run_in_executor(self._pool, lock.source.plan, request), self.deadline_s)
+        except TimeoutError as err:
             lock.fail(err, timeout=True)
             return
         except Exception as err:  # noqa: BLE001 - the source's fault is counted, the session goes on

@@ -18,21 +18,21 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 
+from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, ACTUAL_IS_COMMAND
+from dualloop.controller.logs.recorder import Recorder
 from dualloop.controller.serve.config import ConfigError, ServerConfig
 from dualloop.controller.serve.conflation import LatestSlot
-from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, ACTUAL_IS_COMMAND
 from dualloop.controller.serve.planning import ServerPlanning
-from dualloop.controller.logs.recorder import Recorder
 from dualloop.controller.serve.shadow import ShadowAgreement
 from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker, set_realtime_priority
 from dualloop.controller.serve.wire import model_info, observation_from_proto, snapshot_to_proto
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
 from dualloop.executor.core import Executor, InvalidObservation, SessionError
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Snapshot
 from dualloop.planner.worker import SourceFactory
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.v1 import log_pb2
 
 _mono_ns = time.monotonic_ns
 _perf_ns = time.perf_counter_ns
@@ -115,14 +115,26 @@ class ControllerRuntime:
         if self.recorder is None:
             return
         card, gates = self.executor.card, self.executor.gates
-        self.recorder.open_session(log_pb2.SessionHeader(
-            session_id=session_id, clock=clock, shadow=shadow, model_version=card.version,
-            model_schema_hash=card.schema_hash(), gate_version="+".join(g.version_hash[:16] for g in gates),
-            config_json=self.config.model_dump_json(), source="grpc session", start_time_unix_ns=time.time_ns(),
-            format_version=1, feature_names=card.feature_names, action_names=card.actions,
-            control_names=[c.name for c in card.controls], tick_period_ns=self.executor.period_ns,
-            # what a live client's actual action is, by controller.proto's contract
-            source_details={ACTUAL_CONTROLS_DETAIL: ACTUAL_IS_COMMAND}))
+        self.recorder.open_session(
+            log_pb2.SessionHeader(
+                session_id=session_id,
+                clock=clock,
+                shadow=shadow,
+                model_version=card.version,
+                model_schema_hash=card.schema_hash(),
+                gate_version="+".join(g.version_hash[:16] for g in gates),
+                config_json=self.config.model_dump_json(),
+                source="grpc session",
+                start_time_unix_ns=time.time_ns(),
+                format_version=1,
+                feature_names=card.feature_names,
+                action_names=card.actions,
+                control_names=[c.name for c in card.controls],
+                tick_period_ns=self.executor.period_ns,
+                # what a live client's actual action is, by controller.proto's contract
+                source_details={ACTUAL_CONTROLS_DETAIL: ACTUAL_IS_COMMAND},
+            )
+        )
 
     def record_observation(self, session_id: str, observation: pb.Observation) -> None:
         if self.recorder is not None:
@@ -143,8 +155,14 @@ class ControllerRuntime:
         if snap.actual_index < 0:  # the common live case: nothing to compare, keep the tick cheap
             agreement.without_actual += 1
             return
-        agreement.update(snap.applied.index, snap.applied.controls, snap.actual_index, snap.actual_controls,
-                         snap.safety_state.name, tuple(r.name for r in snap.reasons))
+        agreement.update(
+            snap.applied.index,
+            snap.applied.controls,
+            snap.actual_index,
+            snap.actual_controls,
+            snap.safety_state.name,
+            tuple(r.name for r in snap.reasons),
+        )
 
     def forget(self, session_id: str) -> None:
         self.executor.close_session(session_id)
@@ -164,8 +182,12 @@ class ControllerService(pb_grpc.ControllerServicer):
         self.runtime = runtime
         self.executor = runtime.executor
         gates = self.executor.gates
-        self._info = model_info(self.executor.card, self.executor.period_ns,
-                                "+".join(g.version_hash[:16] for g in gates), "+".join(g.schema.source for g in gates))
+        self._info = model_info(
+            self.executor.card,
+            self.executor.period_ns,
+            "+".join(g.version_hash[:16] for g in gates),
+            "+".join(g.schema.source for g in gates),
+        )
         if runtime.planning is not None:
             self._info.planner = runtime.planning.name
         self._planning = runtime.planning
@@ -177,27 +199,38 @@ class ControllerService(pb_grpc.ControllerServicer):
         runtime = self.runtime
         stats = runtime.stats
         lateness = stats.lateness.values().astype(np.float64) / 1e3
-        p50, p99, p999, mx = (np.percentile(lateness, [50, 99, 99.9, 100]) if lateness.size else (0.0,) * 4)
+        p50, p99, p999, mx = np.percentile(lateness, [50, 99, 99.9, 100]) if lateness.size else (0.0,) * 4
         edges = np.array(LATENESS_BUCKETS_US)
         counts = np.bincount(np.searchsorted(edges, lateness, side="left"), minlength=edges.size + 1)
         reply = pb.ServerStats(
-            ticks=stats.ticks, missed_deadlines=runtime.ticker.missed - runtime.missed_at_reset,
-            lateness_p50_us=p50, lateness_p99_us=p99, lateness_p999_us=p999, lateness_max_us=mx,
-            lateness_bucket_upper_us=LATENESS_BUCKETS_US, lateness_histogram=counts.tolist(),
-            sessions_open=len(self.executor.sessions), sessions_opened=stats.sessions_opened,
-            snapshots_sent=stats.snapshots_sent, scheduling=runtime.scheduling,
-            window_s=(_mono_ns() - stats.window_start_ns) / 1e9)
+            ticks=stats.ticks,
+            missed_deadlines=runtime.ticker.missed - runtime.missed_at_reset,
+            lateness_p50_us=p50,
+            lateness_p99_us=p99,
+            lateness_p999_us=p999,
+            lateness_max_us=mx,
+            lateness_bucket_upper_us=LATENESS_BUCKETS_US,
+            lateness_histogram=counts.tolist(),
+            sessions_open=len(self.executor.sessions),
+            sessions_opened=stats.sessions_opened,
+            snapshots_sent=stats.snapshots_sent,
+            scheduling=runtime.scheduling,
+            window_s=(_mono_ns() - stats.window_start_ns) / 1e9,
+        )
         if request.reset:
             runtime.reset_stats()
         return reply
 
-    async def GetShadowStats(self, request: pb.GetShadowStatsRequest,
-                             context: grpc.aio.ServicerContext) -> pb.ShadowStats:
+    async def GetShadowStats(
+        self, request: pb.GetShadowStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ShadowStats:
         agreement = self.runtime.shadow.get(request.session_id)
         if agreement is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no agreement statistics for session {request.session_id!r}: it never ticked, or "
-                                f"closed long ago (the last {ControllerRuntime.KEEP_CLOSED_SHADOW_STATS} are kept)")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no agreement statistics for session {request.session_id!r}: it never ticked, or "
+                f"closed long ago (the last {ControllerRuntime.KEEP_CLOSED_SHADOW_STATS} are kept)",
+            )
         return agreement.to_proto(request.session_id)
 
     async def Drive(self, request_iterator: AsyncIterator[pb.DriveRequest], context: grpc.aio.ServicerContext) -> None:
@@ -206,34 +239,48 @@ class ControllerService(pb_grpc.ControllerServicer):
             first = await asyncio.wait_for(requests.__anext__(), self.runtime.config.open_timeout_s)
         except StopAsyncIteration:
             return
-        except asyncio.TimeoutError:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                f"no OpenSession within open_timeout_s={self.runtime.config.open_timeout_s} s")
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no OpenSession within open_timeout_s={self.runtime.config.open_timeout_s} s",
+            )
         if first.WhichOneof("msg") != "open":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"the first message of a Drive stream must be 'open' (OpenSession); got "
-                                f"{first.WhichOneof('msg') or 'an empty DriveRequest'}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the first message of a Drive stream must be 'open' (OpenSession); got "
+                f"{first.WhichOneof('msg') or 'an empty DriveRequest'}",
+            )
         req = first.open
         if req.clock not in (pb.REALTIME, pb.LOCKSTEP):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"OpenSession.clock must be REALTIME (1) or LOCKSTEP (2); got {req.clock}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"OpenSession.clock must be REALTIME (1) or LOCKSTEP (2); got {req.clock}",
+            )
         schema_hash = self.executor.card.schema_hash()
         if req.expected_schema_hash and req.expected_schema_hash != schema_hash:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"the client built observations for schema {req.expected_schema_hash}; this server's "
-                                f"model {self.executor.card.version} has schema {schema_hash}: call GetModelInfo")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the client built observations for schema {req.expected_schema_hash}; this server's "
+                f"model {self.executor.card.version} has schema {schema_hash}: call GetModelInfo",
+            )
         session_id = req.session_id or uuid.uuid4().hex[:12]
         try:
-            self.executor.open_session(session_id, Clock(req.clock), shadow=req.shadow,
-                                       include_decision_vector=req.include_decision_vector)
+            self.executor.open_session(
+                session_id, Clock(req.clock), shadow=req.shadow, include_decision_vector=req.include_decision_vector
+            )
         except SessionError as err:
             code = grpc.StatusCode.ALREADY_EXISTS if "already open" in str(err) else grpc.StatusCode.RESOURCE_EXHAUSTED
             await context.abort(code, str(err))
         self.runtime.stats.sessions_opened += 1
         self.runtime.open_recording(session_id, req.clock, req.shadow)
         try:
-            await context.write(pb.DriveResponse(opened=pb.SessionOpened(
-                session_id=session_id, clock=req.clock, tick_period_ns=self.executor.period_ns, model=self._info)))
+            await context.write(
+                pb.DriveResponse(
+                    opened=pb.SessionOpened(
+                        session_id=session_id, clock=req.clock, tick_period_ns=self.executor.period_ns, model=self._info
+                    )
+                )
+            )
             if req.clock == pb.REALTIME:
                 error = await self._drive_realtime(session_id, requests, context)
             else:
@@ -247,9 +294,11 @@ class ControllerService(pb_grpc.ControllerServicer):
     def _observation(msg: pb.DriveRequest) -> pb.Observation | None:
         return msg.observation if msg.WhichOneof("msg") == "observation" else None
 
-    _NOT_AN_OBSERVATION = (grpc.StatusCode.INVALID_ARGUMENT,
-                           "after 'open', a Drive stream carries only observations; a second 'open' or an "
-                           "empty DriveRequest is not allowed")
+    _NOT_AN_OBSERVATION = (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "after 'open', a Drive stream carries only observations; a second 'open' or an "
+        "empty DriveRequest is not allowed",
+    )
 
     async def _drive_realtime(self, session_id: str, requests, context) -> tuple | None:
         box: LatestSlot[Snapshot] = LatestSlot()
@@ -325,12 +374,14 @@ class ControllerService(pb_grpc.ControllerServicer):
 class ControllerServer:
     """Owns the model, executor, gRPC server and tick loop; run it on an asyncio loop."""
 
-    def __init__(self, config: ServerConfig, model: DecisionModel | None = None,
-                 plan_source: SourceFactory | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, model: DecisionModel | None = None, plan_source: SourceFactory | None = None
+    ) -> None:
         """plan_source overrides config.planner.source (its period and deadline still apply)."""
         self.config = config
-        self.model = model or DecisionModel(config.model, warmup_batches=tuple(
-            b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.executor.max_sessions))
+        self.model = model or DecisionModel(
+            config.model, warmup_batches=tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.executor.max_sessions)
+        )
         gates = []
         for path in config.gates:
             from dualloop.controller.gates.fitting import load_gate_for_model
@@ -365,9 +416,11 @@ class ControllerServer:
             self.config.record_dir.mkdir(parents=True, exist_ok=True)
             stamp = time.strftime("%Y%m%d-%H%M%S")
             mb = self.config.record_rotate_mb
-            self.runtime.recorder = Recorder(self.config.record_dir / f"dualloop-{stamp}.mcap",
-                                             rotate_bytes=int(mb * 1e6) if mb else None,
-                                             rotate_seconds=self.config.record_rotate_s)
+            self.runtime.recorder = Recorder(
+                self.config.record_dir / f"dualloop-{stamp}.mcap",
+                rotate_bytes=int(mb * 1e6) if mb else None,
+                rotate_seconds=self.config.record_rotate_s,
+            )
         self._ticks = asyncio.create_task(self.runtime.run_ticks())
         return self.port
 
@@ -399,8 +452,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 class ServerThread:
     """A real server on its own loop in a background thread: for tests, demos and benchmarks."""
 
-    def __init__(self, config: ServerConfig, model: DecisionModel | None = None,
-                 plan_source: SourceFactory | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, model: DecisionModel | None = None, plan_source: SourceFactory | None = None
+    ) -> None:
         self.server = ControllerServer(config, model, plan_source)
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self._run, name="dualloop-server", daemon=True)
@@ -427,7 +481,7 @@ class ServerThread:
         self._started.set()
         self.loop.run_forever()
 
-    def start(self) -> "ServerThread":
+    def start(self) -> ServerThread:
         self._thread.start()
         self._started.wait(30)
         if self._error is not None:
@@ -445,7 +499,7 @@ class ServerThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -454,4 +508,3 @@ class ServerThread:
 
 async def _call(fn, *args):
     return fn(*args)
-

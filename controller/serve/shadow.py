@@ -33,8 +33,15 @@ class ShadowAgreement:
         self.groups: dict[str, _Group] = {}
         self.without_actual = 0
 
-    def update(self, applied_index: int, applied_controls: np.ndarray, actual_index: int,
-               actual_controls: np.ndarray | None, state: str, reasons: tuple[str, ...]) -> None:
+    def update(
+        self,
+        applied_index: int,
+        applied_controls: np.ndarray,
+        actual_index: int,
+        actual_controls: np.ndarray | None,
+        state: str,
+        reasons: tuple[str, ...],
+    ) -> None:
         if actual_index < 0:
             self.without_actual += 1
             return
@@ -48,8 +55,15 @@ class ShadowAgreement:
         for key in ("all", f"state:{state}", *(f"reason:{r}" for r in reasons)):
             self._add(key, 1, int(agree), int(err is not None), abs_err, sq_err)
 
-    def update_many(self, applied_index: np.ndarray, applied_controls: np.ndarray, actual_index: np.ndarray,
-                    actual_controls: np.ndarray, states: Sequence[str], reasons: Sequence[tuple[str, ...]]) -> None:
+    def update_many(
+        self,
+        applied_index: np.ndarray,
+        applied_controls: np.ndarray,
+        actual_index: np.ndarray,
+        actual_controls: np.ndarray,
+        states: Sequence[str],
+        reasons: Sequence[tuple[str, ...]],
+    ) -> None:
         """`update` for many ticks at once (replay reports), vectorised over ticks: the same counts.
         actual_controls is (ticks, n_controls) with a NaN row where the tick had none."""
         has = np.asarray(actual_index) >= 0
@@ -72,11 +86,24 @@ class ShadowAgreement:
         for key in sorted(first, key=first.__getitem__):
             m = np.array(members[key])
             e, w = err[m], with_controls[m]
-            self._add(key, len(m), int(np.count_nonzero(agree[m])), int(np.count_nonzero(w)),
-                      np.abs(e[w]).sum(axis=0), (e[w] * e[w]).sum(axis=0))
+            self._add(
+                key,
+                len(m),
+                int(np.count_nonzero(agree[m])),
+                int(np.count_nonzero(w)),
+                np.abs(e[w]).sum(axis=0),
+                (e[w] * e[w]).sum(axis=0),
+            )
 
-    def _add(self, key: str, ticks: int, agreeing: int, with_controls: int, abs_err: np.ndarray | None,
-             sq_err: np.ndarray | None) -> None:
+    def _add(
+        self,
+        key: str,
+        ticks: int,
+        agreeing: int,
+        with_controls: int,
+        abs_err: np.ndarray | None,
+        sq_err: np.ndarray | None,
+    ) -> None:
         g = self.groups.get(key)
         if g is None:
             g = self.groups[key] = _Group(abs_err=np.zeros(self.n_controls), sq_err=np.zeros(self.n_controls))
@@ -95,15 +122,35 @@ class ShadowAgreement:
         groups = []
         for key, g in self.groups.items():
             n = max(g.with_controls, 1)
-            groups.append(pb.AgreementGroup(key=key, ticks=g.ticks, agreeing=g.agreeing,
-                                            control_mae=(g.abs_err / n).tolist(),
-                                            control_rmse=np.sqrt(g.sq_err / n).tolist()))
-        return pb.ShadowStats(session_id=session_id, actions=self.actions, confusion=self.confusion.ravel().tolist(),
-                              groups=groups, ticks_without_actual=self.without_actual)
+            groups.append(
+                pb.AgreementGroup(
+                    key=key,
+                    ticks=g.ticks,
+                    agreeing=g.agreeing,
+                    control_mae=(g.abs_err / n).tolist(),
+                    control_rmse=np.sqrt(g.sq_err / n).tolist(),
+                )
+            )
+        return pb.ShadowStats(
+            session_id=session_id,
+            actions=self.actions,
+            confusion=self.confusion.ravel().tolist(),
+            groups=groups,
+            ticks_without_actual=self.without_actual,
+        )
 
     def as_dict(self) -> dict:
-        return {"actions": self.actions, "confusion": self.confusion.tolist(), "ticks_without_actual": self.without_actual,
-                "groups": {k: {"ticks": g.ticks, "agreement": g.agreeing / g.ticks if g.ticks else None,
-                               "control_mae": (g.abs_err / max(g.with_controls, 1)).tolist(),
-                               "control_rmse": np.sqrt(g.sq_err / max(g.with_controls, 1)).tolist()}
-                           for k, g in self.groups.items()}}
+        return {
+            "actions": self.actions,
+            "confusion": self.confusion.tolist(),
+            "ticks_without_actual": self.without_actual,
+            "groups": {
+                k: {
+                    "ticks": g.ticks,
+                    "agreement": g.agreeing / g.ticks if g.ticks else None,
+                    "control_mae": (g.abs_err / max(g.with_controls, 1)).tolist(),
+                    "control_rmse": np.sqrt(g.sq_err / max(g.with_controls, 1)).tolist(),
+                }
+                for k, g in self.groups.items()
+            },
+        }

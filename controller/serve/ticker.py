@@ -58,8 +58,9 @@ class LatenessLog:
 class PreciseTicker:
     """Waits for the deadlines start + k * period on the monotonic clock."""
 
-    def __init__(self, period_ns: int, guard_ns: int = 2_000_000, start_ns: int | None = None,
-                 spin_ns: int = 200_000) -> None:
+    def __init__(
+        self, period_ns: int, guard_ns: int = 2_000_000, start_ns: int | None = None, spin_ns: int = 200_000
+    ) -> None:
         if period_ns <= 0:
             raise ValueError(f"tick period must be positive, got {period_ns} ns")
         self.period_ns = period_ns
@@ -134,8 +135,13 @@ def percentiles_us(values_ns: np.ndarray) -> dict[str, float]:
     return {"min": float(v.min()), "p50": float(p50), "p99": float(p99), "p99.9": float(p999), "max": float(v.max())}
 
 
-async def run_bare_ticker(period_ns: int, duration_s: float, guard_ns: int = 2_000_000,
-                          save: str | None = None, realtime_priority: int | None = None) -> dict[str, object]:
+async def run_bare_ticker(
+    period_ns: int,
+    duration_s: float,
+    guard_ns: int = 2_000_000,
+    save: str | None = None,
+    realtime_priority: int | None = None,
+) -> dict[str, object]:
     """A loop that does nothing but wait for the deadlines: the machine's floor for lateness."""
     scheduling = set_realtime_priority(realtime_priority)
     ticker = PreciseTicker(period_ns, guard_ns=guard_ns)
@@ -148,5 +154,10 @@ async def run_bare_ticker(period_ns: int, duration_s: float, guard_ns: int = 2_0
     cpu = time.process_time() - cpu0
     if save:
         np.save(save, log.values())
-    return {"lateness_us": percentiles_us(log.values()), "missed": ticker.missed, "ticks": ticker.ticks,
-            "cpu_fraction": cpu / duration_s, "scheduling": scheduling}
+    return {
+        "lateness_us": percentiles_us(log.values()),
+        "missed": ticker.missed,
+        "ticks": ticker.ticks,
+        "cpu_fraction": cpu / duration_s,
+        "scheduling": scheduling,
+    }

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dualloop.v1 import controller_pb2 as pb
 from dualloop.executor.model_card import ModelCard
 from dualloop.executor.snapshot import Observation, Snapshot
+from dualloop.v1 import controller_pb2 as pb
 
 # Fields of DecisionSnapshot that are wall-clock by nature (executor.snapshot.WALL_CLOCK_FIELDS).
 WALL_CLOCK_PROTO_FIELDS = ("emit_time_ns", "lateness_us", "timings")
@@ -14,14 +14,18 @@ WALL_CLOCK_PROTO_FIELDS = ("emit_time_ns", "lateness_us", "timings")
 
 def model_info(card: ModelCard, tick_period_ns: int, gate_version: str = "", gate_source: str = "") -> pb.ModelInfo:
     return pb.ModelInfo(
-        gate_version=gate_version, gate_source=gate_source,
-        model_version=card.version, size_class=card.size_class,
+        gate_version=gate_version,
+        gate_source=gate_source,
+        model_version=card.version,
+        size_class=card.size_class,
         features=[pb.FeatureSpec(name=f.name, unit=f.unit, mean=f.mean, std=f.std) for f in card.features],
         plan=[pb.FeatureSpec(name=f.name, unit=f.unit, mean=f.mean, std=f.std) for f in card.plan],
         actions=card.actions,
         controls=[pb.ControlSpec(name=c.name, unit=c.unit, min=c.min, max=c.max) for c in card.controls],
-        decision_vector_output=card.io.decision_vector, decision_vector_size=card.decision_vector_size,
-        schema_hash=card.schema_hash(), tick_period_ns=tick_period_ns,
+        decision_vector_output=card.io.decision_vector,
+        decision_vector_size=card.decision_vector_size,
+        schema_hash=card.schema_hash(),
+        tick_period_ns=tick_period_ns,
     )
 
 
@@ -29,7 +33,8 @@ def observation_from_proto(msg: pb.Observation, arrival_ns: int) -> Observation:
     actual = msg.actual if msg.HasField("actual") else None
     plan = msg.plan if msg.HasField("plan") else None
     return Observation(
-        seq=msg.seq, timestamp_ns=msg.timestamp_ns,
+        seq=msg.seq,
+        timestamp_ns=msg.timestamp_ns,
         features=np.asarray(msg.features, dtype=np.float32),
         arrival_ns=arrival_ns,
         actual_index=actual.action_index if actual is not None else -1,
@@ -41,19 +46,35 @@ def observation_from_proto(msg: pb.Observation, arrival_ns: int) -> Observation:
 
 def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
     msg = pb.DecisionSnapshot(
-        session_id=s.session_id, tick=s.tick, scheduled_time_ns=s.scheduled_time_ns,
-        emit_time_ns=s.emit_time_ns, lateness_us=s.lateness_us, observation_seq=s.observation_seq,
-        observation_age_ns=s.observation_age_ns, plan_id=s.plan_id, plan_age_ns=s.plan_age_ns,
+        session_id=s.session_id,
+        tick=s.tick,
+        scheduled_time_ns=s.scheduled_time_ns,
+        emit_time_ns=s.emit_time_ns,
+        lateness_us=s.lateness_us,
+        observation_seq=s.observation_seq,
+        observation_age_ns=s.observation_age_ns,
+        plan_id=s.plan_id,
+        plan_age_ns=s.plan_age_ns,
         model_version=s.model_version,
         proposed=pb.Proposal(
             action=pb.Action(index=s.proposed_index, name=s.proposed_name, controls=s.proposed_controls.tolist()),
-            probabilities=s.probabilities.tolist(), confidence=s.confidence, margin=s.margin),
+            probabilities=s.probabilities.tolist(),
+            confidence=s.confidence,
+            margin=s.margin,
+        ),
         applied=pb.Action(index=s.applied.index, name=s.applied.name, controls=s.applied.controls.tolist()),
-        reasons=[int(r) for r in s.reasons], safety_state=int(s.safety_state),
+        reasons=[int(r) for r in s.reasons],
+        safety_state=int(s.safety_state),
         input_hash=s.input_hash,
-        timings=pb.StageTimings(preprocess_us=s.timings.preprocess_us, forward_us=s.timings.forward_us,
-                                gate_us=s.timings.gate_us, postprocess_us=s.timings.postprocess_us),
-        shadow=s.shadow, snapshots_dropped=s.snapshots_dropped, observations_dropped=s.observations_dropped,
+        timings=pb.StageTimings(
+            preprocess_us=s.timings.preprocess_us,
+            forward_us=s.timings.forward_us,
+            gate_us=s.timings.gate_us,
+            postprocess_us=s.timings.postprocess_us,
+        ),
+        shadow=s.shadow,
+        snapshots_dropped=s.snapshots_dropped,
+        observations_dropped=s.observations_dropped,
     )
     if s.gate_score is not None:
         msg.gate.score = s.gate_score

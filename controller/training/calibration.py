@@ -26,8 +26,9 @@ def nll(logits: np.ndarray, labels: npt.NDArray[np.int64], temperature: float = 
     return float(-lp[np.arange(len(labels)), labels].mean())
 
 
-def fit_temperature(logits: np.ndarray, labels: npt.NDArray[np.int64], lo: float = 0.05, hi: float = 20.0,
-                    iters: int = 80) -> float:
+def fit_temperature(
+    logits: np.ndarray, labels: npt.NDArray[np.int64], lo: float = 0.05, hi: float = 20.0, iters: int = 80
+) -> float:
     """Golden-section search on log T: NLL(T) is unimodal in T for temperature scaling."""
     a, b = math.log(lo), math.log(hi)
     g = (math.sqrt(5.0) - 1.0) / 2.0
@@ -53,14 +54,15 @@ def expected_calibration_error(probs: np.ndarray, labels: npt.NDArray[np.int64],
     correct = (probs.argmax(axis=1) == labels).astype(np.float64)
     # Bin b holds conf in (b/n, (b+1)/n]; conf == 0 cannot happen for a softmax, clip it anyway.
     bins = np.clip(np.ceil(conf * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
-    count = np.bincount(bins, minlength=n_bins).astype(np.float64)
+    np.bincount(bins, minlength=n_bins).astype(np.float64)
     acc_sum = np.bincount(bins, weights=correct, minlength=n_bins)
     conf_sum = np.bincount(bins, weights=conf, minlength=n_bins)
     return float(np.abs(acc_sum - conf_sum).sum() / max(len(labels), 1))
 
 
-def per_class_recall(pred: npt.NDArray[np.int64], labels: npt.NDArray[np.int64],
-                     n_classes: int = schema.N_ACTIONS) -> npt.NDArray[np.float64]:
+def per_class_recall(
+    pred: npt.NDArray[np.int64], labels: npt.NDArray[np.int64], n_classes: int = schema.N_ACTIONS
+) -> npt.NDArray[np.float64]:
     """Recall per class; NaN for a class absent from `labels` (not 0: nothing was missed)."""
     hits = np.bincount(labels[pred == labels], minlength=n_classes).astype(np.float64)
     support = np.bincount(labels, minlength=n_classes).astype(np.float64)

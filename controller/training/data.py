@@ -69,7 +69,7 @@ class Split:
     def __len__(self) -> int:
         return int(self.label.shape[0])
 
-    def subset(self, idx: npt.NDArray[np.int64]) -> "Split":
+    def subset(self, idx: npt.NDArray[np.int64]) -> Split:
         return Split(self.features[idx], self.plan[idx], self.label[idx], self.controls[idx], self.scenario[idx])
 
     def class_counts(self) -> npt.NDArray[np.int64]:
@@ -94,8 +94,14 @@ def split_seeds(seed: int, split: str, scenario_index: int, n: int) -> list[int]
     return list(range(start, start + n))
 
 
-def _flatten(data_features: np.ndarray, data_plan: np.ndarray, label: np.ndarray, controls: np.ndarray,
-             valid: np.ndarray, scenario_index: int) -> Split:
+def _flatten(
+    data_features: np.ndarray,
+    data_plan: np.ndarray,
+    label: np.ndarray,
+    controls: np.ndarray,
+    valid: np.ndarray,
+    scenario_index: int,
+) -> Split:
     keep = valid.reshape(-1)
     n = int(keep.sum())
     return Split(
@@ -108,8 +114,9 @@ def _flatten(data_features: np.ndarray, data_plan: np.ndarray, label: np.ndarray
 
 
 def concat(parts: list[Split]) -> Split:
-    return Split(*(np.concatenate([getattr(p, f) for p in parts]) for f in
-                   ("features", "plan", "label", "controls", "scenario")))
+    return Split(
+        *(np.concatenate([getattr(p, f) for p in parts]) for f in ("features", "plan", "label", "controls", "scenario"))
+    )
 
 
 def generate(config: DataConfig, seed: int, on_scenario: Callable[[str], None] | None = None) -> Dataset:
@@ -121,17 +128,33 @@ def generate(config: DataConfig, seed: int, on_scenario: Callable[[str], None] |
     for si, name in enumerate(config.scenarios):
         per_split = {s: split_seeds(seed, s, si, config.episodes(s)) for s in SPLITS}
         all_seeds = [x for s in SPLITS for x in per_split[s]]
-        _, data = run_expert_batch(name, all_seeds, every=config.every, noise=config.noise,
-                                   see_lane_ends=TRAINING_SEES_LANE_ENDS, relabel=config.relabel_targets, **params)
+        _, data = run_expert_batch(
+            name,
+            all_seeds,
+            every=config.every,
+            noise=config.noise,
+            see_lane_ends=TRAINING_SEES_LANE_ENDS,
+            relabel=config.relabel_targets,
+            **params,
+        )
         start = 0
         for s in SPLITS:
             sl = slice(start, start + len(per_split[s]))
             start = sl.stop
-            parts[s].append(_flatten(data.features[sl], data.plan[sl], data.label[sl], data.controls[sl],
-                                     data.valid[sl], si))
+            parts[s].append(
+                _flatten(data.features[sl], data.plan[sl], data.label[sl], data.controls[sl], data.valid[sl], si)
+            )
             if data.alt_plan is not None and data.alt_label is not None and data.alt_controls is not None:
-                parts[s].append(_flatten(data.features[sl], data.alt_plan[sl], data.alt_label[sl],
-                                         data.alt_controls[sl], data.valid[sl], si))
+                parts[s].append(
+                    _flatten(
+                        data.features[sl],
+                        data.alt_plan[sl],
+                        data.alt_label[sl],
+                        data.alt_controls[sl],
+                        data.valid[sl],
+                        si,
+                    )
+                )
             seeds[s] += per_split[s]
         if on_scenario is not None:
             on_scenario(name)
@@ -162,17 +185,17 @@ class Normaliser:
         return mean.astype(np.float32).astype(np.float64), std.astype(np.float32).astype(np.float64)
 
     @classmethod
-    def fit(cls, split: Split) -> "Normaliser":
+    def fit(cls, split: Split) -> Normaliser:
         fm, fs = cls._stats(split.features)
         pm, ps = cls._stats(split.plan)
         return cls(fm, fs, pm, ps)
 
     @classmethod
-    def from_card(cls, card: ModelCard) -> "Normaliser":
+    def from_card(cls, card: ModelCard) -> Normaliser:
         def arr(specs: list, attr: str) -> np.ndarray:
             return np.array([getattr(s, attr) for s in specs], np.float64)
-        return cls(arr(card.features, "mean"), arr(card.features, "std"), arr(card.plan, "mean"),
-                   arr(card.plan, "std"))
+
+        return cls(arr(card.features, "mean"), arr(card.features, "std"), arr(card.plan, "mean"), arr(card.plan, "std"))
 
     @staticmethod
     def _apply(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
@@ -182,8 +205,7 @@ class Normaliser:
         return out
 
     def apply(self, features: np.ndarray, plan: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return (self._apply(features, self.feat_mean, self.feat_std),
-                self._apply(plan, self.plan_mean, self.plan_std))
+        return (self._apply(features, self.feat_mean, self.feat_std), self._apply(plan, self.plan_mean, self.plan_std))
 
     def inputs(self, split: Split) -> np.ndarray:
         """The trainer's input: concat(features_norm, plan_norm), as the ONNX graph's Concat does."""

@@ -34,10 +34,15 @@ def _rough_scale(name: str, unit: str) -> tuple[float, float]:
     return 0.0, 1.0
 
 
-def driving_card(name: str, size_class: str, decision_vector_size: int,
-                 feature_stats: tuple[np.ndarray, np.ndarray] | None = None,
-                 plan_stats: tuple[np.ndarray, np.ndarray] | None = None,
-                 temperature: float = 1.0, training_metrics: dict[str, float | str] | None = None) -> ModelCard:
+def driving_card(
+    name: str,
+    size_class: str,
+    decision_vector_size: int,
+    feature_stats: tuple[np.ndarray, np.ndarray] | None = None,
+    plan_stats: tuple[np.ndarray, np.ndarray] | None = None,
+    temperature: float = 1.0,
+    training_metrics: dict[str, float | str] | None = None,
+) -> ModelCard:
     def specs(fields, stats):
         out = []
         for i, f in enumerate(fields):
@@ -47,17 +52,27 @@ def driving_card(name: str, size_class: str, decision_vector_size: int,
 
     default_plan = schema.make_plan(25.0, 0.0, schema.BEHAVIOURS.index("keep")).tolist()
     return ModelCard(
-        name=name, size_class=size_class, features=specs(schema.FEATURES, feature_stats),
-        plan=specs(schema.PLAN, plan_stats), plan_default=default_plan, actions=list(schema.ACTIONS),
+        name=name,
+        size_class=size_class,
+        features=specs(schema.FEATURES, feature_stats),
+        plan=specs(schema.PLAN, plan_stats),
+        plan_default=default_plan,
+        actions=list(schema.ACTIONS),
         controls=[ControlSpec(name=c.name, unit=c.unit, min=c.low, max=c.high) for c in schema.CONTROLS],
-        safe_action=SAFE_ACTION, decision_vector_size=decision_vector_size, temperature=temperature,
+        safe_action=SAFE_ACTION,
+        decision_vector_size=decision_vector_size,
+        temperature=temperature,
         training_metrics=training_metrics or {},
     )
 
 
 def build_test_model(path: Path = TEST_MODEL_PATH, seed: int = TEST_MODEL_SEED) -> ModelCard:
     hidden = (64, 64)
-    card = driving_card("dualloop-test", "test", decision_vector_size=hidden[-1],
-                        training_metrics={"note": "fixed random weights, untrained"})
+    card = driving_card(
+        "dualloop-test",
+        "test",
+        decision_vector_size=hidden[-1],
+        training_metrics={"note": "fixed random weights, untrained"},
+    )
     weights = random_mlp(schema.N_FEATURES + schema.N_PLAN, hidden, schema.N_ACTIONS, len(schema.CONTROLS), seed)
     return export_mlp(weights, card, path)

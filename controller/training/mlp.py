@@ -58,8 +58,9 @@ def class_weights(labels: npt.NDArray[np.int64], power: float) -> F32:
 class MLP:
     """Parameters as one flat list [W0, b0, ..., W_logits, b_logits, W_ctrl, b_ctrl]."""
 
-    def __init__(self, n_in: int, hidden: tuple[int, ...], n_actions: int, n_controls: int,
-                 rng: np.random.Generator) -> None:
+    def __init__(
+        self, n_in: int, hidden: tuple[int, ...], n_actions: int, n_controls: int, rng: np.random.Generator
+    ) -> None:
         self.params: list[F32] = []
         width = n_in
         for h in hidden:
@@ -83,8 +84,9 @@ class MLP:
         ctrl = h @ self.params[k + 2] + self.params[k + 3]
         return logits, ctrl, acts
 
-    def loss_grads(self, x: F32, y: npt.NDArray[np.int64], u: F32, cw: F32,
-                   control_weight: float) -> tuple[float, list[F32]]:
+    def loss_grads(
+        self, x: F32, y: npt.NDArray[np.int64], u: F32, cw: F32, control_weight: float
+    ) -> tuple[float, list[F32]]:
         logits, ctrl, acts = self.forward(x)
         n = x.shape[0]
         p = softmax(logits)
@@ -124,8 +126,7 @@ class MLP:
         hidden = [(self.params[2 * i].copy(), self.params[2 * i + 1].copy()) for i in range(self.n_hidden)]
         wc = (self.params[k + 2] * CTRL_RANGE[None, :]).astype(np.float32)
         bc = (self.params[k + 3] * CTRL_RANGE + CTRL_CENTRE).astype(np.float32)
-        return MLPWeights(hidden=hidden, logits=(self.params[k].copy(), self.params[k + 1].copy()),
-                          controls=(wc, bc))
+        return MLPWeights(hidden=hidden, logits=(self.params[k].copy(), self.params[k + 1].copy()), controls=(wc, bc))
 
 
 def _he(rng: np.random.Generator, n_in: int, n_out: int) -> F32:
@@ -154,8 +155,9 @@ def forward_weights(w: MLPWeights, x: F32) -> tuple[F32, F32, F32]:
 class Adam:
     """AdamW in float32, state allocated once; updates the parameter arrays in place."""
 
-    def __init__(self, params: list[F32], lr: float, weight_decay: float, b1: float = 0.9,
-                 b2: float = 0.999, eps: float = 1e-8) -> None:
+    def __init__(
+        self, params: list[F32], lr: float, weight_decay: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
+    ) -> None:
         self.params, self.lr, self.wd, self.b1, self.b2, self.eps = params, lr, weight_decay, b1, b2, eps
         self.m = [np.zeros_like(p) for p in params]
         self.v = [np.zeros_like(p) for p in params]
@@ -164,9 +166,9 @@ class Adam:
     def step(self, grads: list[F32], lr_scale: float = 1.0) -> None:
         self.t += 1
         lr = self.lr * lr_scale
-        c1, c2 = 1.0 - self.b1 ** self.t, 1.0 - self.b2 ** self.t
+        c1, c2 = 1.0 - self.b1**self.t, 1.0 - self.b2**self.t
         step = np.float32(lr / c1)
-        for i, (p, g, m, v) in enumerate(zip(self.params, grads, self.m, self.v)):
+        for _i, (p, g, m, v) in enumerate(zip(self.params, grads, self.m, self.v)):
             m *= np.float32(self.b1)
             m += np.float32(1.0 - self.b1) * g
             v *= np.float32(self.b2)
@@ -187,8 +189,17 @@ class FitHistory:
 EpochHook = Callable[[int, float, float], None]
 
 
-def fit(x: F32, y: npt.NDArray[np.int64], controls: F32, x_val: F32, y_val: npt.NDArray[np.int64],
-        controls_val: F32, config: MLPConfig, seed: int, on_epoch: EpochHook | None = None) -> tuple[MLP, FitHistory]:
+def fit(
+    x: F32,
+    y: npt.NDArray[np.int64],
+    controls: F32,
+    x_val: F32,
+    y_val: npt.NDArray[np.int64],
+    controls_val: F32,
+    config: MLPConfig,
+    seed: int,
+    on_epoch: EpochHook | None = None,
+) -> tuple[MLP, FitHistory]:
     """Minibatch AdamW with a cosine learning rate; keeps the weights of the best validation epoch."""
     rng = np.random.default_rng(seed)
     model = MLP(x.shape[1], config.hidden, schema.N_ACTIONS, len(schema.CONTROLS), rng)
@@ -203,7 +214,7 @@ def fit(x: F32, y: npt.NDArray[np.int64], controls: F32, x_val: F32, y_val: npt.
         order = rng.permutation(n)
         running = 0.0
         for s in range(steps_per_epoch):
-            idx = order[s * bs:(s + 1) * bs]
+            idx = order[s * bs : (s + 1) * bs]
             loss, grads = model.loss_grads(x[idx], y[idx], u[idx], cw, config.control_weight)
             progress = (epoch * steps_per_epoch + s) / total
             opt.step(grads, 0.5 * (1.0 + np.cos(np.pi * progress)))

@@ -19,12 +19,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                      quantize_static)
+from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-from dualloop.controller.training.trainer import measure_latency
 from dualloop.controller.training.calibration import confusion, per_class_recall
 from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, generate
+from dualloop.controller.training.trainer import measure_latency
 from dualloop.executor.model_card import METADATA_KEY, ModelCard
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim import schema
@@ -41,8 +40,10 @@ class _Reader(CalibrationDataReader):
     """Feeds normalised (features, plan) batches; onnxruntime records activation ranges from them."""
 
     def __init__(self, features: np.ndarray, plan: np.ndarray, card: ModelCard, batch: int = 256) -> None:
-        self._batches = [{card.io.features: features[i:i + batch], card.io.plan: plan[i:i + batch]}
-                         for i in range(0, len(features), batch)]
+        self._batches = [
+            {card.io.features: features[i : i + batch], card.io.plan: plan[i : i + batch]}
+            for i in range(0, len(features), batch)
+        ]
         self._it = iter(self._batches)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
@@ -72,8 +73,10 @@ def _int8_card(fp32: ModelCard, model: onnx.ModelProto, quant_format: QuantForma
     # The FP32 latency does not describe this file; quantize() measures the INT8 one.
     for k in ("forward_b1_p50_us", "forward_b1_p99_us"):
         metrics.pop(k, None)
-    metrics |= {"quantization": f"int8 static {quant_format.name}, u8 activations, s8 per-channel weights",
-                "quantized_from": fp32.version}
+    metrics |= {
+        "quantization": f"int8 static {quant_format.name}, u8 activations, s8 per-channel weights",
+        "quantized_from": fp32.version,
+    }
     card = fp32.model_copy(update={"version": "", "training_metrics": metrics})
     del model.metadata_props[:]
     digest = hashlib.sha256(model.SerializeToString(deterministic=True))
@@ -87,25 +90,39 @@ def _write(model: onnx.ModelProto, card: ModelCard, path: Path) -> None:
     path.write_bytes(model.SerializeToString(deterministic=True))
 
 
-def quantize_file(fp32_path: Path, out_path: Path, calib: tuple[np.ndarray, np.ndarray],
-                  quant_format: QuantFormat = QuantFormat.QDQ) -> ModelCard:
+def quantize_file(
+    fp32_path: Path, out_path: Path, calib: tuple[np.ndarray, np.ndarray], quant_format: QuantFormat = QuantFormat.QDQ
+) -> ModelCard:
     """Quantise and write `out_path` with the dualloop card (quantize_static drops metadata_props)."""
     fp32 = DecisionModel(fp32_path, warmup_batches=()).card
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "q.onnx"
-        quantize_static(str(fp32_path), str(raw), _Reader(*calib, fp32), quant_format=quant_format,
-                        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=CalibrationMethod.MinMax)
+        quantize_static(
+            str(fp32_path),
+            str(raw),
+            _Reader(*calib, fp32),
+            quant_format=quant_format,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+        )
         model = onnx.load(str(raw))
     card = _int8_card(fp32, model, quant_format)
     _write(model, card, out_path)
     return card
 
 
-def compare(fp32: DecisionModel, int8: DecisionModel, features: np.ndarray, plan: np.ndarray,
-            labels: np.ndarray, flag_drop: float = RECALL_DROP_FLAG) -> dict[str, Any]:
+def compare(
+    fp32: DecisionModel,
+    int8: DecisionModel,
+    features: np.ndarray,
+    plan: np.ndarray,
+    labels: np.ndarray,
+    flag_drop: float = RECALL_DROP_FLAG,
+) -> dict[str, Any]:
     """Per-class FP32 vs INT8 recall, agreement and the FP32-vs-INT8 confusion matrix."""
     a, b = fp32.forward(features, plan), int8.forward(features, plan)
     pa, pb = a.logits.argmax(axis=1), b.logits.argmax(axis=1)
@@ -115,13 +132,21 @@ def compare(fp32: DecisionModel, int8: DecisionModel, features: np.ndarray, plan
     for c, name in enumerate(schema.ACTIONS):
         n_fp32 = int(cm[c].sum())
         drop = float(ra[c] - rb[c]) if np.isfinite(ra[c]) else float("nan")
-        rows.append({"action": name, "support": int((labels == c).sum()),
-                     "fp32_recall": float(ra[c]), "int8_recall": float(rb[c]), "recall_drop": drop,
-                     "agreement": float(cm[c, c] / n_fp32) if n_fp32 else float("nan"),
-                     "flagged": bool(np.isfinite(drop) and drop > flag_drop)})
+        rows.append(
+            {
+                "action": name,
+                "support": int((labels == c).sum()),
+                "fp32_recall": float(ra[c]),
+                "int8_recall": float(rb[c]),
+                "recall_drop": drop,
+                "agreement": float(cm[c, c] / n_fp32) if n_fp32 else float("nan"),
+                "flagged": bool(np.isfinite(drop) and drop > flag_drop),
+            }
+        )
     return {
         "n_test": int(len(labels)),
-        "fp32_accuracy": float((pa == labels).mean()), "int8_accuracy": float((pb == labels).mean()),
+        "fp32_accuracy": float((pa == labels).mean()),
+        "int8_accuracy": float((pb == labels).mean()),
         "agreement": float((pa == pb).mean()),
         "controls_max_abs_diff": [float(v) for v in np.abs(a.controls - b.controls).max(axis=0)],
         "decision_vector_max_abs_diff": float(np.abs(a.decision_vector - b.decision_vector).max()),
@@ -132,8 +157,14 @@ def compare(fp32: DecisionModel, int8: DecisionModel, features: np.ndarray, plan
     }
 
 
-def quantize(fp32_path: Path, out_path: Path, seed: int | None = None, data: Dataset | None = None,
-             quant_format: QuantFormat = QuantFormat.QDQ, latency_calls: int = 3000) -> QuantResult:
+def quantize(
+    fp32_path: Path,
+    out_path: Path,
+    seed: int | None = None,
+    data: Dataset | None = None,
+    quant_format: QuantFormat = QuantFormat.QDQ,
+    latency_calls: int = 3000,
+) -> QuantResult:
     """Quantise, then compare against FP32 on test episodes and time both at batch 1.
 
     `seed` defaults to the seed recorded in the FP32 card, so calibration and test data come from the
@@ -152,8 +183,13 @@ def quantize(fp32_path: Path, out_path: Path, seed: int | None = None, data: Dat
         "fp32_p50_p99": measure_latency(Path(fp32_path), x, schema.N_FEATURES, latency_calls),
         "int8_p50_p99": measure_latency(Path(out_path), x, schema.N_FEATURES, latency_calls),
     }
-    report |= {"fp32_path": str(fp32_path), "int8_path": str(out_path), "int8_version": card.version,
-               "format": quant_format.name, "seed": seed}
+    report |= {
+        "fp32_path": str(fp32_path),
+        "int8_path": str(out_path),
+        "int8_version": card.version,
+        "format": quant_format.name,
+        "seed": seed,
+    }
     return QuantResult(Path(out_path), card, report)
 
 
@@ -168,8 +204,15 @@ def print_report(report: dict[str, Any]) -> None:
         t.add_column(col, justify="right")
     for r in report["per_class"]:
         drop = "n/a" if not np.isfinite(r["recall_drop"]) else f"{100 * r['recall_drop']:+.1f}"
-        t.add_row(r["action"], str(r["support"]), pct(r["fp32_recall"]), pct(r["int8_recall"]), drop,
-                  pct(r["agreement"]), "[red]FLAG[/]" if r["flagged"] else "")
+        t.add_row(
+            r["action"],
+            str(r["support"]),
+            pct(r["fp32_recall"]),
+            pct(r["int8_recall"]),
+            drop,
+            pct(r["agreement"]),
+            "[red]FLAG[/]" if r["flagged"] else "",
+        )
     console.print(t)
     cm = Table(title="predictions: FP32 (rows) vs INT8 (columns)")
     cm.add_column("")
@@ -179,20 +222,25 @@ def print_report(report: dict[str, Any]) -> None:
         cm.add_row(a, *map(str, row))
     console.print(cm)
     lat = report["latency_us"]
-    console.print(f"accuracy FP32 {pct(report['fp32_accuracy'])}, INT8 {pct(report['int8_accuracy'])}, "
-                  f"agreement {pct(report['agreement'])}; controls max |diff| "
-                  f"{report['controls_max_abs_diff']}; forward batch 1 p50/p99: FP32 "
-                  f"{lat['fp32_p50_p99'][0]}/{lat['fp32_p50_p99'][1]} us, INT8 "
-                  f"{lat['int8_p50_p99'][0]}/{lat['int8_p50_p99'][1]} us")
+    console.print(
+        f"accuracy FP32 {pct(report['fp32_accuracy'])}, INT8 {pct(report['int8_accuracy'])}, "
+        f"agreement {pct(report['agreement'])}; controls max |diff| "
+        f"{report['controls_max_abs_diff']}; forward batch 1 p50/p99: FP32 "
+        f"{lat['fp32_p50_p99'][0]}/{lat['fp32_p50_p99'][1]} us, INT8 "
+        f"{lat['int8_p50_p99'][0]}/{lat['int8_p50_p99'][1]} us"
+    )
     if report["flagged"]:
-        console.print(f"[red]recall drops by more than {100 * report['flag_threshold']:.0f} points for: "
-                      f"{', '.join(report['flagged'])}[/]")
+        console.print(
+            f"[red]recall drops by more than {100 * report['flag_threshold']:.0f} points for: "
+            f"{', '.join(report['flagged'])}[/]"
+        )
     else:
         console.print(f"no class loses more than {100 * report['flag_threshold']:.0f} points of recall")
 
 
-def quantize_main(fp32_path: Path, out_path: Path, seed: int | None = None,
-                  quant_format: str = "QDQ") -> dict[str, Any]:
+def quantize_main(
+    fp32_path: Path, out_path: Path, seed: int | None = None, quant_format: str = "QDQ"
+) -> dict[str, Any]:
     """CLI entry: quantise, print the per-class report, return it as a dict."""
     result = quantize(Path(fp32_path), Path(out_path), seed, quant_format=QuantFormat[quant_format])
     print_report(result.report)

@@ -17,11 +17,17 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def progress_hooks(n_scenarios: int, max_epochs: int, console: Console | None = None) -> Iterator["Hooks"]:
+def progress_hooks(n_scenarios: int, max_epochs: int, console: Console | None = None) -> Iterator[Hooks]:
     from dualloop.controller.training.trainer import Hooks
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[note]}"), console=console or Console()) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[note]}"),
+        console=console or Console(),
+    ) as bar:
         data = bar.add_task("expert data", total=n_scenarios, note="")
         epochs = bar.add_task("training", total=max_epochs, note="")
 
@@ -44,7 +50,7 @@ def _fmt(v: float | str, pct: bool = False) -> str:
     return f"{100 * v:.1f} %" if pct else f"{v:.4g}"
 
 
-def summary_tables(result: "TrainResult") -> list[Table]:
+def summary_tables(result: TrainResult) -> list[Table]:
     m, card = result.metrics, result.card
     head = Table(title=f"{card.name} ({card.size_class}) -> {result.path}", show_header=False)
     rows = [
@@ -52,15 +58,20 @@ def summary_tables(result: "TrainResult") -> list[Table]:
         ("hidden / decision vector", f"{m['hidden']} / {card.decision_vector_size}"),
         ("samples train / val / test", f"{int(m['n_train'])} / {int(m['n_val'])} / {int(m['n_test'])}"),
         ("epochs (best)", f"{int(m['epochs_run'])} ({int(m['best_epoch'])})"),
-        ("test accuracy (majority baseline)", f"{_fmt(m['test_accuracy'], True)} ({_fmt(m['test_majority_baseline'], True)})"),
+        (
+            "test accuracy (majority baseline)",
+            f"{_fmt(m['test_accuracy'], True)} ({_fmt(m['test_majority_baseline'], True)})",
+        ),
         ("test balanced accuracy", _fmt(m["test_balanced_accuracy"], True)),
         ("controls RMSE accel / steer", f"{_fmt(m['test_rmse_accel'])} m/s^2 / {_fmt(m['test_rmse_steer'])} rad"),
         ("temperature", _fmt(m["temperature"])),
         ("test NLL before / after", f"{_fmt(m['test_nll_before'])} / {_fmt(m['test_nll_after'])}"),
         ("test ECE (15 bins) before / after", f"{_fmt(m['test_ece_before'])} / {_fmt(m['test_ece_after'])}"),
         ("seed", str(int(m["seed"]))),
-        ("time data / train / total", " / ".join(f"{result.timings_s.get(k, 0.0):.1f} s"
-                                                 for k in ("data", "train", "total"))),
+        (
+            "time data / train / total",
+            " / ".join(f"{result.timings_s.get(k, 0.0):.1f} s" for k in ("data", "train", "total")),
+        ),
     ]
     if "forward_b1_p50_us" in m:
         rows.append(("forward batch 1 p50 / p99", f"{m['forward_b1_p50_us']} / {m['forward_b1_p99_us']} us"))
@@ -73,7 +84,7 @@ def summary_tables(result: "TrainResult") -> list[Table]:
     return [head, recall]
 
 
-def print_summary(result: "TrainResult", console: Console | None = None) -> None:
+def print_summary(result: TrainResult, console: Console | None = None) -> None:
     console = console or Console()
     for t in summary_tables(result):
         console.print(t)

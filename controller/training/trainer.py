@@ -22,10 +22,15 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from dualloop.controller.training.driving_card import driving_card
-from dualloop.controller.training.calibration import (expected_calibration_error, fit_temperature, nll, per_class_recall,
-                                       probabilities)
+from dualloop.controller.training.calibration import (
+    expected_calibration_error,
+    fit_temperature,
+    nll,
+    per_class_recall,
+    probabilities,
+)
 from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, Split, generate
+from dualloop.controller.training.driving_card import driving_card
 from dualloop.controller.training.mlp import FitHistory, MLPConfig, fit, forward_weights
 from dualloop.executor.model_card import MEASURED_METRICS, ModelCard
 from dualloop.executor.model_runner import DecisionModel
@@ -93,8 +98,10 @@ def evaluate(weights: MLPWeights, x: np.ndarray, split: Split, temperature: floa
 def measure_latency(path: Path, x: np.ndarray, n_features: int, n_calls: int = 3000) -> tuple[float, float]:
     """Median and p99 (us) of DecisionModel.forward at batch 1, cycling through real test inputs."""
     model = DecisionModel(path)
-    rows = [(np.ascontiguousarray(x[i:i + 1, :n_features]), np.ascontiguousarray(x[i:i + 1, n_features:]))
-            for i in range(min(len(x), 256))]
+    rows = [
+        (np.ascontiguousarray(x[i : i + 1, :n_features]), np.ascontiguousarray(x[i : i + 1, n_features:]))
+        for i in range(min(len(x), 256))
+    ]
     times = np.empty(n_calls, np.int64)
     for i in range(n_calls):
         f, p = rows[i % len(rows)]
@@ -111,14 +118,28 @@ def _round_metrics(m: dict[str, float | str]) -> dict[str, float | str]:
 
 
 def _card(size: str, dv: int, norm: Normaliser, temperature: float, metrics: dict[str, float | str]) -> ModelCard:
-    return driving_card(f"dualloop-{size}", size, dv, feature_stats=(norm.feat_mean, norm.feat_std),
-                        plan_stats=(norm.plan_mean, norm.plan_std), temperature=temperature,
-                        training_metrics=_round_metrics(metrics))
+    return driving_card(
+        f"dualloop-{size}",
+        size,
+        dv,
+        feature_stats=(norm.feat_mean, norm.feat_std),
+        plan_stats=(norm.plan_mean, norm.plan_std),
+        temperature=temperature,
+        training_metrics=_round_metrics(metrics),
+    )
 
 
-def train(size: str, seed: int, out: Path, quick: bool = False, data: Dataset | None = None,
-          data_config: DataConfig | None = None, config: MLPConfig | None = None,
-          measure_latency_in_card: bool = True, hooks: Hooks | None = None) -> TrainResult:
+def train(
+    size: str,
+    seed: int,
+    out: Path,
+    quick: bool = False,
+    data: Dataset | None = None,
+    data_config: DataConfig | None = None,
+    config: MLPConfig | None = None,
+    measure_latency_in_card: bool = True,
+    hooks: Hooks | None = None,
+) -> TrainResult:
     """Generate data (unless given), train, calibrate, evaluate and export one model to `out`."""
     hooks = hooks or Hooks()
     config = config or mlp_config(size, quick)
@@ -134,19 +155,36 @@ def train(size: str, seed: int, out: Path, quick: bool = False, data: Dataset | 
     # One BLAS thread: float sums then do not depend on how many cores the machine has, and the
     # small matmuls here gain nothing from threads anyway.
     with threadpool_limits(limits=1):
-        model, history = fit(x_tr, data.train.label, data.train.controls, x_va, data.val.label,
-                             data.val.controls, config, seed, hooks.on_epoch)
+        model, history = fit(
+            x_tr,
+            data.train.label,
+            data.train.controls,
+            x_va,
+            data.val.label,
+            data.val.controls,
+            config,
+            seed,
+            hooks.on_epoch,
+        )
         weights = model.to_weights()
         val_logits, _, _ = forward_weights(weights, x_va)
         temperature = fit_temperature(val_logits, data.val.label)
         metrics: dict[str, float | str] = evaluate(weights, x_te, data.test, temperature)
     timings["train"] = time.perf_counter() - t1
-    metrics |= {"temperature": temperature, "val_nll_before": nll(val_logits, data.val.label),
-                "val_nll_after": nll(val_logits, data.val.label, temperature), "seed": float(seed),
-                "n_train": float(len(data.train)), "n_val": float(len(data.val)), "n_test": float(len(data.test)),
-                "data_every_steps": float(data.config.every), "epochs_run": float(history.epochs_run),
-                "best_epoch": float(history.best_epoch + 1), "hidden": "x".join(map(str, config.hidden)),
-                "trainer": "numpy float32 AdamW, weighted CE + range-scaled controls MSE"}
+    metrics |= {
+        "temperature": temperature,
+        "val_nll_before": nll(val_logits, data.val.label),
+        "val_nll_after": nll(val_logits, data.val.label, temperature),
+        "seed": float(seed),
+        "n_train": float(len(data.train)),
+        "n_val": float(len(data.val)),
+        "n_test": float(len(data.test)),
+        "data_every_steps": float(data.config.every),
+        "epochs_run": float(history.epochs_run),
+        "best_epoch": float(history.best_epoch + 1),
+        "hidden": "x".join(map(str, config.hidden)),
+        "trainer": "numpy float32 AdamW, weighted CE + range-scaled controls MSE",
+    }
     out = Path(out)
     card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
     if measure_latency_in_card:
@@ -164,16 +202,29 @@ def model_path(size: str, out_dir: Path, quick: bool) -> Path:
     return Path(out_dir) / (f"{size}.quick.onnx" if quick else f"{size}.onnx")
 
 
-def train_main(size: str, seed: int = DEFAULT_SEED, out_dir: Path = Path("models"), quick: bool = False,
-               measure_latency_in_card: bool = True) -> TrainResult:
+def train_main(
+    size: str,
+    seed: int = DEFAULT_SEED,
+    out_dir: Path = Path("models"),
+    quick: bool = False,
+    measure_latency_in_card: bool = True,
+) -> TrainResult:
     """CLI entry: trains with rich progress bars, prints the summary tables, returns the result."""
     from dualloop.controller.training.report import print_summary, progress_hooks
 
     data_config = QUICK_DATA if quick else FULL_DATA
     config = mlp_config(size, quick)
     with progress_hooks(len(data_config.scenarios), config.max_epochs) as hooks:
-        result = train(size, seed, model_path(size, out_dir, quick), quick=quick, data_config=data_config,
-                       config=config, measure_latency_in_card=measure_latency_in_card, hooks=hooks)
+        result = train(
+            size,
+            seed,
+            model_path(size, out_dir, quick),
+            quick=quick,
+            data_config=data_config,
+            config=config,
+            measure_latency_in_card=measure_latency_in_card,
+            hooks=hooks,
+        )
     print_summary(result)
     return result
 
@@ -189,8 +240,11 @@ def compare_models(a: Path, b: Path) -> list[str]:
     wb = {t.name: numpy_helper.to_array(t) for t in mb.graph.initializer}
     if wa.keys() != wb.keys():
         diffs.append(f"different tensors: {sorted(wa.keys() ^ wb.keys())}")
-    diffs += [f"weights {k} differ (max |diff| {np.abs(wa[k] - wb[k]).max():.3g})"
-              for k in sorted(wa.keys() & wb.keys()) if not np.array_equal(wa[k], wb[k])]
+    diffs += [
+        f"weights {k} differ (max |diff| {np.abs(wa[k] - wb[k]).max():.3g})"
+        for k in sorted(wa.keys() & wb.keys())
+        if not np.array_equal(wa[k], wb[k])
+    ]
     ca = DecisionModel(a, warmup_batches=()).card
     cb = DecisionModel(b, warmup_batches=()).card
     if ca.identity_json() != cb.identity_json():

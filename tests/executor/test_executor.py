@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from dualloop.executor.config import ExecutorConfig
-from dualloop.executor.safety import SafetyConfig
 from dualloop.executor.core import Executor, InvalidObservation, SessionError
+from dualloop.executor.safety import SafetyConfig
 from dualloop.executor.snapshot import Clock, Observation, Reason, SafetyState
 
 MS = 1_000_000
@@ -182,19 +182,26 @@ def test_client_plan_conditions_from_its_timestamp(test_model):
     (base,) = ex.advance_lockstep("a", obs(1, x, 0))
     assert base.plan_id == ""
     plan = np.array([10.0, 3.5, 0, 1, 0, 0], np.float32)
-    later = ex.advance_lockstep("a", Observation(seq=2, timestamp_ns=10 * MS, features=x, plan_id="p1",
-                                                 plan_values=plan))
+    later = ex.advance_lockstep(
+        "a", Observation(seq=2, timestamp_ns=10 * MS, features=x, plan_id="p1", plan_values=plan)
+    )
     assert [(s.plan_id, s.plan_age_ns) for s in later] == [("", 0), ("p1", 0)]
     assert later[0].input_hash == base.input_hash  # same features, old plan
     assert later[1].input_hash != base.input_hash  # the plan is part of the input
     (aged,) = ex.advance_lockstep("a", obs(3, x, 15 * MS))
     assert aged.plan_id == "p1" and aged.plan_age_ns == 5 * MS
     with pytest.raises(InvalidObservation, match="plan 'bad' has 2 values; the model's plan has 6"):
-        ex.advance_lockstep("a", Observation(seq=4, timestamp_ns=20 * MS, features=x, plan_id="bad",
-                                             plan_values=np.zeros(2, np.float32)))
+        ex.advance_lockstep(
+            "a",
+            Observation(seq=4, timestamp_ns=20 * MS, features=x, plan_id="bad", plan_values=np.zeros(2, np.float32)),
+        )
     with pytest.raises(InvalidObservation, match="non-finite"):
-        ex.advance_lockstep("a", Observation(seq=5, timestamp_ns=20 * MS, features=x, plan_id="nan",
-                                             plan_values=np.full(6, np.nan, np.float32)))
+        ex.advance_lockstep(
+            "a",
+            Observation(
+                seq=5, timestamp_ns=20 * MS, features=x, plan_id="nan", plan_values=np.full(6, np.nan, np.float32)
+            ),
+        )
 
 
 def test_input_hashes_are_per_row_and_see_every_bit():
@@ -204,9 +211,11 @@ def test_input_hashes_are_per_row_and_see_every_bit():
     x, p = rng.normal(size=(64, 19)).astype(np.float32), rng.normal(size=(64, 4)).astype(np.float32)
     h = input_hashes(x, p)
     assert len(set(h.tolist())) == 64
-    assert all(input_hashes(x[i:i + 1], p[i:i + 1])[0] == h[i] for i in range(64))  # batch size does not matter
+    assert all(input_hashes(x[i : i + 1], p[i : i + 1])[0] == h[i] for i in range(64))  # batch size does not matter
     for j in range(23):  # one ulp anywhere in the features or the plan changes the hash
         x2, p2 = x.copy(), p.copy()
         target = x2 if j < 19 else p2
-        target[7, j % 19 if j < 19 else j - 19] = np.nextafter(target[7, j % 19 if j < 19 else j - 19], np.float32(np.inf))
+        target[7, j % 19 if j < 19 else j - 19] = np.nextafter(
+            target[7, j % 19 if j < 19 else j - 19], np.float32(np.inf)
+        )
         assert input_hashes(x2, p2)[7] != h[7]

@@ -9,18 +9,18 @@ import numpy as np
 import onnx
 import pytest
 
-from dualloop.models import TEST_MODEL_PATH
-
 from dualloop.controller.training.driving_card import build_test_model, driving_card
 from dualloop.executor.model_card import METADATA_KEY, ModelFileError
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.onnx_export import export_mlp, random_mlp
+from dualloop.models import TEST_MODEL_PATH
 
 
 def test_test_model_is_reproducible_from_its_seed(tmp_path):
     card = build_test_model(tmp_path / "m.onnx")
-    assert (tmp_path / "m.onnx").read_bytes() == TEST_MODEL_PATH.read_bytes(), \
+    assert (tmp_path / "m.onnx").read_bytes() == TEST_MODEL_PATH.read_bytes(), (
         "models/test_model.onnx differs from `dualloop make-test-model`"
+    )
     assert card.version == DecisionModel(TEST_MODEL_PATH, warmup_batches=()).card.version
 
 

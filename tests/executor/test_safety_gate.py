@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dualloop.controller.serve.config import ConfigError, ServerConfig
 from dualloop.controller.gates.fitting import fit_gate_for_model, nominal_inputs
+from dualloop.controller.serve.config import ConfigError, ServerConfig
 from dualloop.controller.serve.server import ControllerServer
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor, GateMismatch
@@ -37,8 +37,9 @@ def gates(test_model, tmp_path_factory):
     covered 2 others (6 vetoes in test_nominal_driving_passes_the_gate); 6 and 8 do."""
     out = {}
     for source in ("decision_vector", "input_features"):
-        gate = fit_gate_for_model(test_model, source, fit_seeds=range(1, 7), calibration_seeds=range(7, 15), every=1,
-                                  duration_s=6.0)
+        gate = fit_gate_for_model(
+            test_model, source, fit_seeds=range(1, 7), calibration_seeds=range(7, 15), every=1, duration_s=6.0
+        )
         path = tmp_path_factory.mktemp("gates") / f"{source}.npz"
         gate.save(str(path))
         out[source] = path
@@ -61,8 +62,9 @@ def run(ex: Executor, rows: list[np.ndarray], start_tick: int = 0):
 def test_transitions_and_timeouts_are_exact(test_model, nominal_rows):
     features, _ = nominal_rows
     # without the lane keeper (and its steering bound) the hold is exactly the held action
-    config = ExecutorConfig(min_margin=0.0, safety=SafetyConfig(hold_timeout_ms=300, recovery_dwell_ms=500,
-                                                                lane_keeping=None))
+    config = ExecutorConfig(
+        min_margin=0.0, safety=SafetyConfig(hold_timeout_ms=300, recovery_dwell_ms=500, lane_keeping=None)
+    )
     good = [features[i] for i in range(10)]
     bad = [np.full(19, np.nan, np.float32)] * 100
     clean = [features[i] for i in range(10, 160)]
@@ -79,8 +81,9 @@ def test_transitions_and_timeouts_are_exact(test_model, nominal_rows):
     assert states[110:210] == [SafetyState.RECOVERING] * 100  # 500 ms clean dwell
     assert states[210:] == [SafetyState.NOMINAL] * 50
     held = snaps[9].applied  # NaN is caught in its own tick: the last action is still trusted
-    assert all(s.applied.index == held.index and np.array_equal(s.applied.controls, held.controls)
-               for s in snaps[10:70])
+    assert all(
+        s.applied.index == held.index and np.array_equal(s.applied.controls, held.controls) for s in snaps[10:70]
+    )
     assert all(Reason.FALLBACK in s.reasons for s in snaps[70:210])
     accel = np.array([s.applied.controls[0] for s in snaps[70:110]])
     expected = fallback_profile(config.safety, float(held.controls[0]), TICK, 40)
@@ -90,8 +93,9 @@ def test_transitions_and_timeouts_are_exact(test_model, nominal_rows):
     assert snaps[210].applied.index == snaps[210].proposed_index  # the model drives again
     # reproducible tick for tick
     again = sequence()
-    assert [(s.safety_state, s.reasons, s.applied.index) for s in again] == \
-        [(s.safety_state, s.reasons, s.applied.index) for s in snaps]
+    assert [(s.safety_state, s.reasons, s.applied.index) for s in again] == [
+        (s.safety_state, s.reasons, s.applied.index) for s in snaps
+    ]
 
 
 def test_distrust_during_recovery_resumes_the_hold_timer(test_model, nominal_rows):
@@ -110,14 +114,23 @@ def test_distrust_during_recovery_resumes_the_hold_timer(test_model, nominal_row
 
 def test_stale_plan_degrades_and_fresh_plan_recovers(test_model, nominal_rows):
     features, plans = nominal_rows
-    config = ExecutorConfig(min_margin=0.0, max_plan_age_ms=600,
-                            safety=SafetyConfig(hold_timeout_ms=1000, recovery_dwell_ms=50))
+    config = ExecutorConfig(
+        min_margin=0.0, max_plan_age_ms=600, safety=SafetyConfig(hold_timeout_ms=1000, recovery_dwell_ms=50)
+    )
     ex = lockstep(test_model, config)
     snaps = []
     for k in range(200):
         plan = plans[k] if k in (0, 150) else None
-        snaps += ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * TICK, features=features[k],
-                                                      plan_id=f"p{k}" if plan is not None else "", plan_values=plan))
+        snaps += ex.advance_lockstep(
+            "a",
+            Observation(
+                seq=k + 1,
+                timestamp_ns=k * TICK,
+                features=features[k],
+                plan_id=f"p{k}" if plan is not None else "",
+                plan_values=plan,
+            ),
+        )
     assert Reason.STALE_PLAN not in snaps[120].reasons  # 600 ms old: still fresh enough
     assert Reason.STALE_PLAN in snaps[121].reasons and snaps[121].safety_state is SafetyState.VETO_HOLD
     assert snaps[150].safety_state is SafetyState.RECOVERING and snaps[150].plan_age_ns == 0
@@ -200,9 +213,16 @@ def test_range_guard_vetoes_a_plan_the_model_never_trained_on(test_model, gates,
     snaps = []
     for k in range(12):
         target = 57.0 if 4 <= k < 8 else 25.0
-        snaps += ex.advance_lockstep("a", Observation(
-            seq=k + 1, timestamp_ns=k * TICK, features=consecutive_rows[k], plan_id=f"p{target}",
-            plan_values=np.asarray(make_plan(target, 0.0, keep), np.float32)))
+        snaps += ex.advance_lockstep(
+            "a",
+            Observation(
+                seq=k + 1,
+                timestamp_ns=k * TICK,
+                features=consecutive_rows[k],
+                plan_id=f"p{target}",
+                plan_values=np.asarray(make_plan(target, 0.0, keep), np.float32),
+            ),
+        )
     assert [k for k, s in enumerate(snaps) if s.gate_veto] == [4, 5, 6, 7]
     assert Reason.OOD_VETO in snaps[4].reasons
 
@@ -215,16 +235,17 @@ def test_nominal_driving_passes_the_gate(test_model, gates, nominal_rows):
     ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
     snaps = []
     for k in range(300):
-        snaps += ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * TICK, features=features[k],
-                                                      plan_id=f"p{k}", plan_values=plans[k]))
+        snaps += ex.advance_lockstep(
+            "a",
+            Observation(seq=k + 1, timestamp_ns=k * TICK, features=features[k], plan_id=f"p{k}", plan_values=plans[k]),
+        )
     assert sum(s.gate_veto for s in snaps) <= 3  # calibrated at 0.1 % per tick, filtered 3-of-5
 
 
 def test_gate_schema_mismatch_is_refused(test_model, gates, tmp_path):
     from dualloop import ood
-
-    from dualloop.executor.onnx_export import export_mlp, random_mlp
     from dualloop.controller.training.driving_card import driving_card
+    from dualloop.executor.onnx_export import export_mlp, random_mlp
 
     other = tmp_path / "wide.onnx"
     export_mlp(random_mlp(25, (32, 48), 4, 2, seed=1), driving_card("wide", "test", 48), other)
@@ -246,8 +267,9 @@ def test_server_fills_gate_fields(test_model_path, gates, nominal_rows):
     from dualloop.v1 import controller_pb2_grpc as pb_grpc
 
     features, _ = nominal_rows
-    with ServerThread(ServerConfig(model=test_model_path, gates=[gates["decision_vector"], gates["input_features"]],
-                                   port=0)) as srv:
+    with ServerThread(
+        ServerConfig(model=test_model_path, gates=[gates["decision_vector"], gates["input_features"]], port=0)
+    ) as srv:
         with grpc.insecure_channel(srv.address) as channel:
             info = pb_grpc.ControllerStub(channel).GetModelInfo(pb.GetModelInfoRequest())
             assert len(info.gate_version) == 33 and info.gate_source == "decision_vector+input_features"
@@ -294,7 +316,6 @@ def test_freeze_detector_counts_only_fresh_observations():
 def test_gate_eval_matches_the_executor_tick_for_tick(test_model, gates):
     """The evaluation's vectorised replay must judge every tick as the executor itself does."""
     from dualloop import ood
-
     from dualloop.controller.gates.evaluation import score_episodes
     from dualloop.sim.env import run_expert_batch
 
@@ -305,8 +326,16 @@ def test_gate_eval_matches_the_executor_tick_for_tick(test_model, gates):
     ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
     snaps = []
     for k in range(data.features.shape[1]):
-        snaps += ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * TICK, features=data.features[0, k],
-                                                      plan_id=f"p{k}", plan_values=data.plan[0, k]))
+        snaps += ex.advance_lockstep(
+            "a",
+            Observation(
+                seq=k + 1,
+                timestamp_ns=k * TICK,
+                features=data.features[0, k],
+                plan_id=f"p{k}",
+                plan_values=data.plan[0, k],
+            ),
+        )
     np.testing.assert_allclose([s.gate_score for s in snaps], scored.score[0], rtol=1e-5)
     np.testing.assert_array_equal([s.gate_veto for s in snaps], scored.alarm[0])
     assert scored.alarm[0].any()  # the stuck sensor is caught ...
@@ -383,7 +412,7 @@ def test_held_steering_respects_the_lateral_acceleration_bound(test_model):
     fast = x.copy()
     fast[names.index("ego_speed")] = 55.0
     applied, state = machine.decide(mem, 10 * TICK, [Reason.INVALID_INPUT], None, fast)
-    limit = np.arctan(config.lane_keeping.wheelbase_m * config.lane_keeping.max_lateral_accel / 55.0 ** 2)
+    limit = np.arctan(config.lane_keeping.wheelbase_m * config.lane_keeping.max_lateral_accel / 55.0**2)
     assert state is SafetyState.VETO_HOLD
     assert limit < 0.03 and applied.controls[1] == pytest.approx(limit, rel=1e-5)
     slow = x.copy()  # at the speed it was applied at, the same steer is within the bound

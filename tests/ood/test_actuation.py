@@ -7,20 +7,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dualloop import ood
+from dualloop.controller.demo.closed_loop import InProcessDecider, drive_in_process, run_closed_loop
 from dualloop.controller.gates.fitting import actuation_episodes, load_gate_for_model
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.executor.core import Executor, GateMismatch
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Observation, Reason
-from dualloop.controller.demo.closed_loop import InProcessDecider, drive_in_process, run_closed_loop
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.env import make_scenario, run_expert_batch
 from dualloop.sim.scenarios import build_scenario
 
@@ -51,9 +49,13 @@ def _expert(name: str, seed: int, **params):  # type: ignore[no-untyped-def]
 def _observations(data, commands: bool = True) -> list[Observation]:  # type: ignore[no-untyped-def]
     out = []
     for k in range(int(data.valid[0].sum())):
-        obs = Observation(seq=k + 1, timestamp_ns=k * DT_NS, features=data.features[0, k].copy(),
-                          plan_id=f"p{k // 40}" if k % 40 == 0 else "",
-                          plan_values=data.plan[0, k].copy() if k % 40 == 0 else None)
+        obs = Observation(
+            seq=k + 1,
+            timestamp_ns=k * DT_NS,
+            features=data.features[0, k].copy(),
+            plan_id=f"p{k // 40}" if k % 40 == 0 else "",
+            plan_values=data.plan[0, k].copy() if k % 40 == 0 else None,
+        )
         if commands and np.isfinite(data.applied[0, k]).all():
             obs.actual_controls = data.applied[0, k].astype(np.float32)
         out.append(obs)
@@ -127,16 +129,20 @@ def test_no_command_no_verdict(model, gates, check) -> None:  # type: ignore[no-
 
 def test_nominal_hard_braking_is_not_vetoed(model, gates, check) -> None:  # type: ignore[no-untyped-def]
     # the hardest braking among the evaluation seeds; 700_005 stops behind the stopped car (standstill)
-    for name, seed in (("lead_brakes_hard", 700_001), ("stopped_vehicle_ahead", 700_003), ("stopped_vehicle_ahead", 700_005)):
+    for name, seed in (
+        ("lead_brakes_hard", 700_001),
+        ("stopped_vehicle_ahead", 700_003),
+        ("stopped_vehicle_ahead", 700_005),
+    ):
         data = _expert(name, seed)
         assert np.nanmin(data.applied[0, :, 0]) < -2.4  # it does brake hard
         _, snaps = _run(model, gates, _observations(data))
         act = _actuation_vetoes(snaps, check)
         # nothing from 1 s before any braking harder than 1 m/s^2 to 2 s after it...
-        braking = np.flatnonzero(np.nan_to_num(data.applied[0, :len(act), 0]) < -1.0)
+        braking = np.flatnonzero(np.nan_to_num(data.applied[0, : len(act), 0]) < -1.0)
         near = np.zeros(len(act), bool)
         for k in braking:
-            near[max(k - 200, 0):k + 400] = True
+            near[max(k - 200, 0) : k + 400] = True
         assert braking.size and not act[near].any(), name
         # ...and elsewhere no more than sensor noise at the calibrated rate gives: here at most one
         # tick (stopped_vehicle_ahead 700003 after the sim's traffic fix: one, accelerating at 0.42
@@ -155,8 +161,13 @@ def test_live_and_replay_give_identical_verdicts(model, gates, check) -> None:  
     _, fast = _run(model, gates, observations, fast=True)
     assert len(plain) == len(fast)
     for p, f in zip(plain, fast):
-        assert (p.tick, p.gate_veto, p.reasons, p.safety_state, p.applied.index) == \
-               (f.tick, f.gate_veto, f.reasons, f.safety_state, f.applied.index)
+        assert (p.tick, p.gate_veto, p.reasons, p.safety_state, p.applied.index) == (
+            f.tick,
+            f.gate_veto,
+            f.reasons,
+            f.safety_state,
+            f.applied.index,
+        )
         assert p.gate_threshold == f.gate_threshold
         if p.gate_threshold == check.threshold:  # the check's own arithmetic is the same, bit for bit
             assert p.gate_score == f.gate_score
@@ -217,6 +228,7 @@ def test_low_friction_closed_loop_with_the_check(model, gates) -> None:  # type:
 
 # -- gate file ----------------------------------------------------------------------------------
 
+
 def test_gate_file_round_trip_keeps_the_check_and_its_hash(gates, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     gate = gates[1]
     digest = gate.save(str(tmp_path / "g.npz"))
@@ -249,8 +261,9 @@ def _rewrite_metadata(src: Path, dst: Path, edit) -> None:  # type: ignore[no-un
 
 def test_hand_edited_check_is_refused(tmp_path: Path) -> None:
     src = DEFAULT_GATES[1]
-    _rewrite_metadata(src, tmp_path / "edited.npz",
-                      lambda m: m["actuation"]["calibration"].__setitem__("threshold", 10.0))
+    _rewrite_metadata(
+        src, tmp_path / "edited.npz", lambda m: m["actuation"]["calibration"].__setitem__("threshold", 10.0)
+    )
     with pytest.raises(ValueError, match="content hash mismatch"):
         ood.load_gate(tmp_path / "edited.npz")
     _rewrite_metadata(src, tmp_path / "bad.npz", lambda m: m["actuation"]["settings"].__setitem__("window_s", -1))
@@ -268,8 +281,9 @@ def test_bad_settings_and_mismatched_models_are_named(check, tmp_path: Path) -> 
     with pytest.raises(ValueError, match="reads the control 'accel'"):
         check.indices(["ego_accel", "ego_speed"], ["throttle"])
     with pytest.raises(ValueError, match="need >= 100"):
-        ood.fit_actuation_check([ood.ActuationEpisode(np.arange(3) * DT_NS, np.zeros(3), np.ones(3) * 20,
-                                                      np.zeros(3))], [], 1e-4, "x")
+        ood.fit_actuation_check(
+            [ood.ActuationEpisode(np.arange(3) * DT_NS, np.zeros(3), np.ones(3) * 20, np.zeros(3))], [], 1e-4, "x"
+        )
 
 
 def test_executor_refuses_two_checks(model, gates) -> None:  # type: ignore[no-untyped-def]

@@ -12,10 +12,17 @@ import os
 import numpy as np
 import pytest
 
-from dualloop import ood
-from dualloop.ood import blas
+from dualloop.ood import (
+    ChangeTracker,
+    CusumSettings,
+    FreezeDetector,
+    GateBank,
+    GateMonitor,
+    KOfNSettings,
+    blas,
+    make_filter,
+)
 from dualloop.ood import compiled as ood_compiled
-from dualloop.ood import ChangeTracker, CusumSettings, FreezeDetector, GateBank, GateMonitor, KOfNSettings, make_filter
 from dualloop.ood.score import GateScorer
 from tests.ood.test_one_row import _range, _row, _stats
 
@@ -69,28 +76,43 @@ class _Counting:
 
 def _bank(stats: list, ranges: list, thresholds: list[float], filters: list, n_slots: int, compiled: bool) -> GateBank:
     with _path(compiled):
-        monitors = [GateMonitor(GateScorer(s, t, 0.2 * float(np.linalg.norm(s.center)),
-                                           5.0 * float(np.linalg.norm(s.center)), n_slots, r), make_filter(f, n_slots))
-                    for s, r, t, f in zip(stats, ranges, thresholds, filters)]
+        monitors = [
+            GateMonitor(
+                GateScorer(
+                    s, t, 0.2 * float(np.linalg.norm(s.center)), 5.0 * float(np.linalg.norm(s.center)), n_slots, r
+                ),
+                make_filter(f, n_slots),
+            )
+            for s, r, t, f in zip(stats, ranges, thresholds, filters)
+        ]
         return GateBank(monitors, n_slots)
 
 
-def _setup(variants: tuple[str, ...], zero_threshold: bool, seed: int, n_slots: int = 3
-           ) -> tuple[list, list, GateBank, GateBank]:
+def _setup(
+    variants: tuple[str, ...], zero_threshold: bool, seed: int, n_slots: int = 3
+) -> tuple[list, list, GateBank, GateBank]:
     rng = np.random.default_rng(seed)
     dims = [19, 64, 7, 12][: len(variants)]
     stats = [_stats(rng, d, v) for d, v in zip(dims, variants)]
     ranges = [_range(rng, s, 3) if g % 2 == 0 else None for g, s in enumerate(stats)]
     filters = [KOfNSettings(2, 4), CusumSettings(2.0, 0.5, cap=4.0), KOfNSettings(3, 5), CusumSettings(3.0, 1.0)]
-    thresholds = [float(np.quantile(GateScorer(s).score(s.center[None] + rng.normal(size=(200, s.dim)) * 0.05)[0], 0.9))
-                  for s in stats]
+    thresholds = [
+        float(np.quantile(GateScorer(s).score(s.center[None] + rng.normal(size=(200, s.dim)) * 0.05)[0], 0.9))
+        for s in stats
+    ]
     if zero_threshold:  # the ranking's IEEE division by zero, and a gate that exceeds on every positive score
         thresholds[-1] = 0.0
-    return (stats, ranges, _bank(stats, ranges, thresholds, filters, n_slots, True),
-            _bank(stats, ranges, thresholds, filters, n_slots, False))
+    return (
+        stats,
+        ranges,
+        _bank(stats, ranges, thresholds, filters, n_slots, True),
+        _bank(stats, ranges, thresholds, filters, n_slots, False),
+    )
 
 
-def _first_difference(fast: GateBank, reference: GateBank, stats: list, ranges: list, ticks: int, seed: int) -> int | None:
+def _first_difference(
+    fast: GateBank, reference: GateBank, stats: list, ranges: list, ticks: int, seed: int
+) -> int | None:
     """Drive both banks with the same random one-row ticks; the first tick where they differ in any bit
     (score, threshold, alarm, any filter's state), else None."""
     rng = np.random.default_rng(seed)
@@ -105,33 +127,42 @@ def _first_difference(fast: GateBank, reference: GateBank, stats: list, ranges: 
                 nan_rows = np.array([True])
             else:
                 rows = [np.where(np.isinf(r), np.nan, r) for r in rows]
-        changes = [None if ranges[g] is None else rng.normal(size=(1, s.dim)) * (1.0 if rng.random() < 0.9 else 5.0)
-                   for g, s in enumerate(stats)]
+        changes = [
+            None if ranges[g] is None else rng.normal(size=(1, s.dim)) * (1.0 if rng.random() < 0.9 else 5.0)
+            for g, s in enumerate(stats)
+        ]
         if rng.random() < 0.5:
             changes = [None if c is None else c.tolist() for c in changes]  # as ChangeTracker gives them
-        context = [None if ranges[g] is None else rng.uniform(-1.2, 1.2, size=(1, 3)).astype(np.float32)
-                   for g in range(len(stats))]
+        context = [
+            None if ranges[g] is None else rng.uniform(-1.2, 1.2, size=(1, 3)).astype(np.float32)
+            for g in range(len(stats))
+        ]
         changes = None if rng.random() < 0.2 else changes
         context = None if rng.random() < 0.2 else context
         also = [bool(rng.random() < 0.05)] if rng.random() < 0.5 else None
         with np.errstate(all="ignore"):
             a = fast.step([slot], rows, nan_rows, also, changes, context)
             b = reference.step([slot], rows, nan_rows, also, changes, context)
-        if (a.score.tobytes() != b.score.tobytes() or a.threshold.tobytes() != b.threshold.tobytes()
-                or a.alarm.tolist() != b.alarm.tolist()
-                or any(f.filter.slot_states != r.filter.slot_states for f, r in zip(fast.monitors, reference.monitors))):
+        if (
+            a.score.tobytes() != b.score.tobytes()
+            or a.threshold.tobytes() != b.threshold.tobytes()
+            or a.alarm.tolist() != b.alarm.tolist()
+            or any(f.filter.slot_states != r.filter.slot_states for f, r in zip(fast.monitors, reference.monitors))
+        ):
             return tick
     return None
 
 
 @needs_compiled
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
-@pytest.mark.parametrize("variants", [("single", "single"), ("single", "tied", "relative", "single"),
-                                      ("relative", "tied")])
+@pytest.mark.parametrize(
+    "variants", [("single", "single"), ("single", "tied", "relative", "single"), ("relative", "tied")]
+)
 @pytest.mark.parametrize("zero_threshold", [False, True])
 @pytest.mark.parametrize("products", ["C", "numpy"])
-def test_compiled_decisions_equal_pure_python_bit_for_bit(variants: tuple[str, ...], zero_threshold: bool,
-                                                          products: str) -> None:
+def test_compiled_decisions_equal_pure_python_bit_for_bit(
+    variants: tuple[str, ...], zero_threshold: bool, products: str
+) -> None:
     stats, ranges, fast, reference = _setup(variants, zero_threshold, seed=11)
     assert fast.compiled and not reference.compiled
     one = fast._one_row
@@ -227,8 +258,9 @@ def test_change_tracker_compiled_equals_python(dtype: type) -> None:
         assert _rows_bits(a) == _rows_bits(b), tick
         (last_a, change_a), (last_b, change_b) = fast.state, reference.state
         assert change_a.tobytes() == change_b.tobytes(), tick
-        assert [None if v is None else np.array(v).tobytes() for v in last_a] == \
-               [None if v is None else np.array(v).tobytes() for v in last_b], tick
+        assert [None if v is None else np.array(v).tobytes() for v in last_a] == [
+            None if v is None else np.array(v).tobytes() for v in last_b
+        ], tick
 
 
 @needs_compiled
@@ -267,11 +299,11 @@ def test_executor_ticks_equal_on_both_paths() -> None:
     """The shipped model and gates, one and three sessions, nominal rows with faults injected: every
     snapshot's gate score bits, threshold, veto, reasons and applied action agree between the paths."""
     from dualloop.controller.gates.fitting import load_gate_for_model, nominal_inputs
-    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
     from dualloop.executor.config import ExecutorConfig
     from dualloop.executor.core import Executor
     from dualloop.executor.model_runner import DecisionModel
     from dualloop.executor.snapshot import Observation
+    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
     model = DecisionModel(BASE_MODEL_PATH)
     gates = [load_gate_for_model(g, model) for g in DEFAULT_GATES]
@@ -306,10 +338,27 @@ def test_executor_ticks_equal_on_both_paths() -> None:
                 if rng.random() < 0.2 and k:
                     continue  # no fresh observation for this session this tick
                 obs[f"s{i}"] = x
-            snaps = [ex.step({sid: Observation(seq=k + 1, timestamp_ns=k * 5_000_000, features=x,
-                                               actual_controls=np.array([x[accel_at], 0.0], np.float32))
-                              for sid, x in obs.items()}, now_ns=k * 5_000_000) for ex in executors]
+            snaps = [
+                ex.step(
+                    {
+                        sid: Observation(
+                            seq=k + 1,
+                            timestamp_ns=k * 5_000_000,
+                            features=x,
+                            actual_controls=np.array([x[accel_at], 0.0], np.float32),
+                        )
+                        for sid, x in obs.items()
+                    },
+                    now_ns=k * 5_000_000,
+                )
+                for ex in executors
+            ]
             for a, b in zip(*snaps):
                 assert np.float64(a.gate_score).tobytes() == np.float64(b.gate_score).tobytes(), (sessions, k)
-                assert (a.gate_threshold, a.gate_veto, a.reasons, a.safety_state, a.applied.index) == \
-                       (b.gate_threshold, b.gate_veto, b.reasons, b.safety_state, b.applied.index), (sessions, k)
+                assert (a.gate_threshold, a.gate_veto, a.reasons, a.safety_state, a.applied.index) == (
+                    b.gate_threshold,
+                    b.gate_veto,
+                    b.reasons,
+                    b.safety_state,
+                    b.applied.index,
+                ), (sessions, k)

@@ -41,8 +41,14 @@ def test_cusum_step_delay_is_ceil_h_minus_one(h: float, expected: int) -> None:
     assert not alarms[:7].any() and alarms[7 + expected :].all()
 
 
-@pytest.mark.parametrize("filt", [KOfNFilter(KOfNSettings(2, 4), 1), KOfNFilter(KOfNSettings(3, 5), 1),
-                                  CusumFilter(CusumSettings(h=2.0, down=0.5), 1)])
+@pytest.mark.parametrize(
+    "filt",
+    [
+        KOfNFilter(KOfNSettings(2, 4), 1),
+        KOfNFilter(KOfNSettings(3, 5), 1),
+        CusumFilter(CusumSettings(h=2.0, down=0.5), 1),
+    ],
+)
 def test_isolated_single_tick_spikes_never_alarm(filt) -> None:  # type: ignore[no-untyped-def]
     trace = np.zeros((200, 1), bool)
     trace[::5] = True  # one spike every 5 ticks, i.e. never 2 within a 4-window

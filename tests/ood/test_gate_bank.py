@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from dualloop.controller.gates.fitting import load_gate_for_model, nominal_inputs
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor, nearest_gate
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Observation
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.ood import GateMonitor
 
 
@@ -80,11 +80,15 @@ def test_bank_decides_every_tick_as_the_per_gate_reference(first: tuple[str, ...
     gates = [load_gate_for_model(g, model) for g in DEFAULT_GATES]
     cap = 6
     ex = Executor(model, ExecutorConfig(max_sessions=cap, min_margin=0.0), gates)
-    ref = [(GateMonitor(g.scorer(cap), _NumpyKOfN(g.filter.k, g.filter.n, cap)), g.schema.source, g.threshold)
-           for g in gates]
+    ref = [
+        (GateMonitor(g.scorer(cap), _NumpyKOfN(g.filter.k, g.filter.n, cap)), g.schema.source, g.threshold)
+        for g in gates
+    ]
     ref_freeze = _NumpyFreeze(cap, model.n_features, ex.config.freeze_repeats)
     ref_changes = _NumpyChanges(cap, model.n_features)
-    assert any(g.feature_range is not None and g.feature_range.change_low for g in gates)  # the change limits are tested
+    assert any(
+        g.feature_range is not None and g.feature_range.change_low for g in gates
+    )  # the change limits are tested
     features, _ = nominal_inputs([3], every=2, duration_s=4.0)
     rng = np.random.default_rng(11)
     held: dict[str, np.ndarray] = {}

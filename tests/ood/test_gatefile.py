@@ -23,9 +23,15 @@ def fitted(request) -> tuple[ood.Gate, np.ndarray]:  # type: ignore[no-untyped-d
     centres = 2.0 * rng.normal(size=(3, D)) + 4.0 * rng.normal(size=D)
     x = centres[y] + rng.normal(size=(3000, D))
     gate = ood.fit_gate(
-        x[:2000], x[2000:], y[:2000] if request.param != "single" else None,
-        variant=request.param, alpha=0.01, feature_names=NAMES, source="decision_vector",
-        data_description="synthetic 3-class, seed 11", filter=ood.CusumSettings(h=3, down=0.25),
+        x[:2000],
+        x[2000:],
+        y[:2000] if request.param != "single" else None,
+        variant=request.param,
+        alpha=0.01,
+        feature_names=NAMES,
+        source="decision_vector",
+        data_description="synthetic 3-class, seed 11",
+        filter=ood.CusumSettings(h=3, down=0.25),
     )
     test = np.vstack([x[:50] * 1.1, rng.normal(size=(10, D)), np.zeros((1, D))])
     test[5, 2] = np.nan
@@ -67,7 +73,9 @@ def test_schema_mismatch_is_refused_with_the_difference(fitted, tmp_path: Path) 
     gate, _ = fitted
     path = tmp_path / "g.npz"
     gate.save(str(path))
-    with pytest.raises(ValueError, match=r"g\.npz.*gate has 12 features, caller expects 13.*expected but not in gate: \['extra'\]"):
+    with pytest.raises(
+        ValueError, match=r"g\.npz.*gate has 12 features, caller expects 13.*expected but not in gate: \['extra'\]"
+    ):
         load_gate(path, expected_feature_names=NAMES + ["extra"])
     renamed = NAMES[:4] + ["speed"] + NAMES[5:]
     with pytest.raises(ValueError, match=r"expected but not in gate: \['speed'\]; in gate but not expected: \['h4'\]"):
@@ -141,9 +149,18 @@ def test_feature_range_round_trips_and_older_files_without_one_still_load(tmp_pa
     x = rng.normal(size=(3000, D)) + 3.0
     changes = rng.normal(scale=0.1, size=(3000, D))
     changes[0] = np.nan  # a first observation: no change known, ignored by the fit
-    gate = ood.fit_gate(x[:2000], x[2000:], alpha=0.01, feature_names=NAMES, source="input_features",
-                        data_description="synthetic", range_margin=0.25, changes_train=changes[:2000],
-                        changes_calib=changes[2000:], change_note="per observation at 5 ms")
+    gate = ood.fit_gate(
+        x[:2000],
+        x[2000:],
+        alpha=0.01,
+        feature_names=NAMES,
+        source="input_features",
+        data_description="synthetic",
+        range_margin=0.25,
+        changes_train=changes[:2000],
+        changes_calib=changes[2000:],
+        change_note="per observation at 5 ms",
+    )
     r = gate.feature_range
     assert r is not None and len(r.low) == D and len(r.change_low) == D and np.isfinite(r.change_low).all()
     span = x[:2000].max(axis=0) - x[:2000].min(axis=0)
@@ -161,8 +178,9 @@ def test_feature_range_round_trips_and_older_files_without_one_still_load(tmp_pa
     _, without_changes = loaded.scorer().score(probe)
     assert np.flatnonzero(without_changes.out_of_range).tolist() == [3]
     # a file written before the range guard has no such entry and keeps its hash
-    old = ood.fit_gate(x[:2000], x[2000:], alpha=0.01, feature_names=NAMES, source="input_features",
-                       data_description="synthetic")
+    old = ood.fit_gate(
+        x[:2000], x[2000:], alpha=0.01, feature_names=NAMES, source="input_features", data_description="synthetic"
+    )
     old_path = tmp_path / "old.npz"
     old_digest = old.save(str(old_path))
     with np.load(old_path, allow_pickle=False) as npz:
@@ -174,8 +192,15 @@ def test_feature_range_round_trips_and_older_files_without_one_still_load(tmp_pa
 def test_edited_feature_range_is_refused(tmp_path: Path) -> None:
     rng = np.random.default_rng(6)
     x = rng.normal(size=(3000, D)) + 3.0
-    gate = ood.fit_gate(x[:2000], x[2000:], alpha=0.01, feature_names=NAMES, source="input_features",
-                        data_description="synthetic", range_margin=0.25)
+    gate = ood.fit_gate(
+        x[:2000],
+        x[2000:],
+        alpha=0.01,
+        feature_names=NAMES,
+        source="input_features",
+        data_description="synthetic",
+        range_margin=0.25,
+    )
     path = tmp_path / "g.npz"
     gate.save(str(path))
 
@@ -194,17 +219,29 @@ def test_feature_range_checks_few_rows_as_many() -> None:
     rng = np.random.default_rng(8)
     x = rng.normal(size=(3000, D)) + 3.0
     changes, plans = rng.normal(scale=0.1, size=(3000, D)), rng.normal(size=(3000, 2))
-    gate = ood.fit_gate(x[:2000], x[2000:], alpha=0.01, feature_names=NAMES, source="input_features",
-                        data_description="synthetic", range_margin=0.1, changes_train=changes[:2000],
-                        changes_calib=changes[2000:], context_train=plans[:2000], context_calib=plans[2000:],
-                        context_names=("a", "b"))
+    gate = ood.fit_gate(
+        x[:2000],
+        x[2000:],
+        alpha=0.01,
+        feature_names=NAMES,
+        source="input_features",
+        data_description="synthetic",
+        range_margin=0.1,
+        changes_train=changes[:2000],
+        changes_calib=changes[2000:],
+        context_train=plans[:2000],
+        context_calib=plans[2000:],
+        context_names=("a", "b"),
+    )
     n = 200
-    probe, c, p = x[2000:2000 + n] * 1.4, changes[2000:2000 + n] * 1.6, plans[2000:2000 + n] * 1.6
+    probe, c, p = x[2000 : 2000 + n] * 1.4, changes[2000 : 2000 + n] * 1.6, plans[2000 : 2000 + n] * 1.6
     probe[7, 3] = np.nan
     c[11] = np.nan  # an unknown change
     many = gate.scorer(max_batch=n).score(probe, c, p)[1]
-    few = [gate.scorer(max_batch=4).score(probe[i:i + k], c[i:i + k], p[i:i + k])[1]
-           for i, k in zip(range(0, n, 3), [3] * (n // 3 + 1))]
+    few = [
+        gate.scorer(max_batch=4).score(probe[i : i + k], c[i : i + k], p[i : i + k])[1]
+        for i, k in zip(range(0, n, 3), [3] * (n // 3 + 1))
+    ]
     for field in ("out_of_range", "immediate", "nonfinite"):
         assert np.concatenate([getattr(f, field) for f in few]).tolist() == getattr(many, field).tolist()
     assert 10 < many.out_of_range.sum() < n

@@ -8,14 +8,23 @@ from dualloop import ood
 from dualloop.ood.metrics import detection_delay, false_veto_rate
 
 
-def _gate(filter_settings: ood.FilterSettings, norm_margin: float = 1.3) -> tuple[ood.Gate, np.ndarray, np.random.Generator]:
+def _gate(
+    filter_settings: ood.FilterSettings, norm_margin: float = 1.3
+) -> tuple[ood.Gate, np.ndarray, np.random.Generator]:
     rng = np.random.default_rng(21)
     d = 24
     mean = 3.0 * rng.normal(size=d)
     x = mean + rng.normal(size=(12000, d))
-    gate = ood.fit_gate(x[:8000], x[8000:], alpha=0.001, feature_names=[f"f{i}" for i in range(d)],
-                        source="input_features", data_description="synthetic nominal", filter=filter_settings,
-                        norm_margin=norm_margin)  # margin: nominal ticks must not hit the unfiltered guard
+    gate = ood.fit_gate(
+        x[:8000],
+        x[8000:],
+        alpha=0.001,
+        feature_names=[f"f{i}" for i in range(d)],
+        source="input_features",
+        data_description="synthetic nominal",
+        filter=filter_settings,
+        norm_margin=norm_margin,
+    )  # margin: nominal ticks must not hit the unfiltered guard
     return gate, mean, rng
 
 

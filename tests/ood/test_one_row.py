@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from dualloop import ood
+from dualloop.ood import CusumSettings, FeatureRange, GateBank, GateMonitor, KOfNSettings, make_filter
 from dualloop.ood import compiled as ood_compiled
-from dualloop.ood import FeatureRange, GateBank, GateMonitor, KOfNSettings, CusumSettings, make_filter
-from tests.ood.gate_data import clustered_stats
 from dualloop.ood.score import GateScorer
+from tests.ood.gate_data import clustered_stats
 
 
 def _stats(rng: np.random.Generator, d: int, variant: str) -> ood.GateStats:
@@ -21,27 +21,46 @@ def _stats(rng: np.random.Generator, d: int, variant: str) -> ood.GateStats:
 
 def _range(rng: np.random.Generator, stats: ood.GateStats, n_context: int) -> FeatureRange:
     spread = np.abs(stats.center) * 40.0 + 5.0
-    return FeatureRange(tuple((-spread).tolist()), tuple(spread.tolist()), 0.25, 100, 0.0,
-                        tuple([-3.0] * stats.dim), tuple([3.0] * stats.dim), "test",
-                        tuple(f"p{i}" for i in range(n_context)), tuple([-1.0] * n_context),
-                        tuple([1.0] * n_context))
+    return FeatureRange(
+        tuple((-spread).tolist()),
+        tuple(spread.tolist()),
+        0.25,
+        100,
+        0.0,
+        tuple([-3.0] * stats.dim),
+        tuple([3.0] * stats.dim),
+        "test",
+        tuple(f"p{i}" for i in range(n_context)),
+        tuple([-1.0] * n_context),
+        tuple([1.0] * n_context),
+    )
 
 
-def _banks(variants: tuple[str, ...], seed: int, n_slots: int) -> tuple[list, list[FeatureRange | None], GateBank, GateBank]:
+def _banks(
+    variants: tuple[str, ...], seed: int, n_slots: int
+) -> tuple[list, list[FeatureRange | None], GateBank, GateBank]:
     rng = np.random.default_rng(seed)
     dims = [19, 64, 7, 12][: len(variants)]
     stats = [_stats(rng, d, v) for d, v in zip(dims, variants)]
     ranges = [_range(rng, s, 3) if g % 2 == 0 else None for g, s in enumerate(stats)]
     filters = [KOfNSettings(2, 4), CusumSettings(2.0, 0.5), KOfNSettings(3, 5), KOfNSettings(2, 3)]
 
-    thresholds = [float(np.quantile(GateScorer(s).score(s.center[None] + rng.normal(size=(200, s.dim)) * 0.05)[0], 0.9))
-                  for s in stats]
+    thresholds = [
+        float(np.quantile(GateScorer(s).score(s.center[None] + rng.normal(size=(200, s.dim)) * 0.05)[0], 0.9))
+        for s in stats
+    ]
 
     def bank() -> GateBank:
         monitors = []
         for g, s in enumerate(stats):
-            scorer = GateScorer(s, thresholds[g], 0.2 * float(np.linalg.norm(s.center)), 5.0 * float(np.linalg.norm(s.center)),
-                                n_slots, ranges[g])
+            scorer = GateScorer(
+                s,
+                thresholds[g],
+                0.2 * float(np.linalg.norm(s.center)),
+                5.0 * float(np.linalg.norm(s.center)),
+                n_slots,
+                ranges[g],
+            )
             monitors.append(GateMonitor(scorer, make_filter(filters[g], n_slots)))
         return GateBank(monitors, n_slots)
 
@@ -103,16 +122,20 @@ def test_one_row_tick_equals_the_general_path(variants: tuple[str, ...], dtype: 
     vetoes = 0
     for tick in range(600):
         slot = int(rng.integers(n_slots))
-        rows = [_row(rng, s, kinds[rng.integers(len(kinds))] if rng.random() < 0.5 else 0)[None].astype(dtype)
-                for s in stats]
+        rows = [
+            _row(rng, s, kinds[rng.integers(len(kinds))] if rng.random() < 0.5 else 0)[None].astype(dtype)
+            for s in stats
+        ]
         finite = all(np.isfinite(r).all() for r in rows)
         nan_rows = None if finite or rng.random() < 0.5 else np.array([True])  # the executor marks them; tests may not
         if any(np.isinf(r).any() for r in rows) and nan_rows is None:
             rows = [np.where(np.isinf(r), np.nan, r) for r in rows]  # the bank's callers never pass Inf unmarked
         if rng.random() < 0.05:
             rows[1] = None  # no decision vector this tick
-        changes = [None if ranges[g] is None else (rng.normal(size=(1, s.dim)) * (1.0 if rng.random() < 0.9 else 5.0))
-                   for g, s in enumerate(stats)]
+        changes = [
+            None if ranges[g] is None else (rng.normal(size=(1, s.dim)) * (1.0 if rng.random() < 0.9 else 5.0))
+            for g, s in enumerate(stats)
+        ]
         if rng.random() < 0.5:
             changes = [None if c is None else c.tolist() for c in changes]  # as ChangeTracker gives them
         context = [None if ranges[g] is None else rng.uniform(-1.2, 1.2, size=(1, 3)) for g in range(len(stats))]
@@ -139,7 +162,12 @@ def test_one_row_tick_hands_odd_rows_over_before_moving_a_filter() -> None:
     for monitor in bank.monitors:
         monitor.filter.slot_states[1] = monitor.filter._zero
     clean = [s.center[None].copy() for s in stats]
-    for odd in ([clean[0], None], [clean[0] * np.nan, clean[1]], [clean[0] * 1e170, clean[1]], [clean[0] * 1e-120, clean[1]]):
+    for odd in (
+        [clean[0], None],
+        [clean[0] * np.nan, clean[1]],
+        [clean[0] * 1e170, clean[1]],
+        [clean[0] * 1e-120, clean[1]],
+    ):
         with np.errstate(all="ignore"):
             assert one.step(1, odd, None, None, None) is None
         assert [m.filter.slot_states[1] for m in bank.monitors] == [0, 0]

@@ -15,13 +15,16 @@ def _bursty(rng: np.random.Generator, n: int, p: float) -> np.ndarray:
     return base | np.convolve(rng.random(n) < p / 4, np.ones(6))[:n].astype(bool)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: KOfNFilter(KOfNSettings(3, 5), 4),
-    lambda: KOfNFilter(KOfNSettings(1, 1), 4),
-    lambda: KOfNFilter(KOfNSettings(7, 64), 4),
-    lambda: CusumFilter(CusumSettings(3.0, 0.5), 4),
-    lambda: CusumFilter(CusumSettings(2.5, 0.3, cap=6.0), 4),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: KOfNFilter(KOfNSettings(3, 5), 4),
+        lambda: KOfNFilter(KOfNSettings(1, 1), 4),
+        lambda: KOfNFilter(KOfNSettings(7, 64), 4),
+        lambda: CusumFilter(CusumSettings(3.0, 0.5), 4),
+        lambda: CusumFilter(CusumSettings(2.5, 0.3, cap=6.0), 4),
+    ],
+)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_filter_scan_equals_updates(make, seed):
     rng = np.random.default_rng(seed)
@@ -30,8 +33,9 @@ def test_filter_scan_equals_updates(make, seed):
     for length in (1, 3, 200, 1, 57):  # consecutive scans continue from each other's state
         exceed = _bursty(rng, length, 0.1)
         immediate = rng.random(length) < 0.02
-        expected = np.array([stepped.update(exceed[i:i + 1], immediate[i:i + 1], np.array([slot]))[0]
-                             for i in range(length)])
+        expected = np.array(
+            [stepped.update(exceed[i : i + 1], immediate[i : i + 1], np.array([slot]))[0] for i in range(length)]
+        )
         got = scanned.scan(exceed, immediate, slot)
         assert got.tolist() == expected.tolist()
         seen += got.tolist()
@@ -48,10 +52,12 @@ def test_freeze_scan_equals_updates(seed):
     for length in (1, 300, 40):
         x = rng.normal(size=(length, dim)).astype(np.float32)
         for start in rng.integers(0, length, size=length // 20):  # frozen stretches
-            x[start:start + rng.integers(2, 12)] = x[start]
+            x[start : start + rng.integers(2, 12)] = x[start]
         x[rng.random(length) < 0.01] = np.nan
         fresh = rng.random(length) < 0.6
-        expected = np.array([stepped.update(x[i:i + 1], np.array([slot]), fresh[i:i + 1])[0] for i in range(length)])
+        expected = np.array(
+            [stepped.update(x[i : i + 1], np.array([slot]), fresh[i : i + 1])[0] for i in range(length)]
+        )
         got = scanned.scan(x, slot, fresh)
         assert got.tolist() == expected.tolist()
         seen += got.tolist()
@@ -78,7 +84,7 @@ def test_change_scan_equals_steps(seed):
         expected = []
         for i in range(length):
             for repeat in range(1 + int(rng.integers(0, 3))):
-                got = stepped.step(x[i:i + 1], [slot], [repeat == 0], [bool(finite[i])])[0]
+                got = stepped.step(x[i : i + 1], [slot], [repeat == 0], [bool(finite[i])])[0]
                 if repeat == 0:
                     expected.append(got)
                 else:  # a reused observation reports the change it made

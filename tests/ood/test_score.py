@@ -16,7 +16,9 @@ def setup() -> tuple[GateScorer, np.ndarray, np.ndarray]:
     mean = 2.0 * rng.normal(size=d)
     train = mean + rng.normal(size=(3000, d))
     norms = raw_norms(train)
-    scorer = GateScorer(fit_statistics(train), threshold=60.0, norm_low=float(norms.min()) * 0.9, norm_high=float(norms.max()) * 1.1)
+    scorer = GateScorer(
+        fit_statistics(train), threshold=60.0, norm_low=float(norms.min()) * 0.9, norm_high=float(norms.max()) * 1.1
+    )
     test = mean + rng.normal(size=(16, d))
     return scorer, test, mean
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from dualloop import ood
-from tests.ood.gate_data import clustered_stats
 from dualloop.ood.score import GateScorer, StackedScorer
+from tests.ood.gate_data import clustered_stats
 
 
 def _reference_d2(x: np.ndarray, stats: ood.GateStats) -> np.ndarray:
@@ -62,7 +62,12 @@ def test_scores_equal_the_definition(variant: str, seed: int) -> None:
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the 1e300 row, as in test_ood_score
 def test_several_gates_in_one_pass_equal_each_gate_alone() -> None:
     rng = np.random.default_rng(5)
-    stats = [_fitted(rng, 19, "single"), _fitted(rng, 64, "single"), _fitted(rng, 7, "tied"), _fitted(rng, 30, "relative")]
+    stats = [
+        _fitted(rng, 19, "single"),
+        _fitted(rng, 64, "single"),
+        _fitted(rng, 7, "tied"),
+        _fitted(rng, 30, "relative"),
+    ]
     thresholds, lows, highs = [50.0, 80.0, 20.0, 5.0], [0.5, 1.0, 0.1, 2.0], [300.0, 40.0, 1e4, 30.0]
     stacked = StackedScorer(stats, thresholds, lows, highs, max_batch=4)
     for batch in (1, 3, 9):  # 9 grows the buffers
@@ -79,8 +84,9 @@ def test_several_gates_in_one_pass_equal_each_gate_alone() -> None:
             assert got.exceed[entries] == want.exceed.tolist()
             assert got.immediate[entries] == want.immediate.tolist()
             ok = np.isfinite(rows[g]).all(axis=1)
-            np.testing.assert_allclose(np.array(got.score[entries])[ok], _reference_d2(rows[g][ok], s), rtol=1e-9,
-                                       atol=1e-9)
+            np.testing.assert_allclose(
+                np.array(got.score[entries])[ok], _reference_d2(rows[g][ok], s), rtol=1e-9, atol=1e-9
+            )
     assert got.nonfinite[1 + len(stats) * (9 // 2)] and not any(got.nonfinite[: len(stats)])
 
 

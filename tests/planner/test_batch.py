@@ -14,9 +14,13 @@ from dualloop.sim.schema import FEATURE_INDEX, N_FEATURES, SENSOR_RANGE_M
 
 F = FEATURE_INDEX
 PERIOD_NS = 200_000_000
-_PAIRS = (("lead_distance", "lead_rel_speed"), ("left_front_gap", "left_front_rel_speed"),
-          ("left_rear_gap", "left_rear_rel_speed"), ("right_front_gap", "right_front_rel_speed"),
-          ("right_rear_gap", "right_rear_rel_speed"))
+_PAIRS = (
+    ("lead_distance", "lead_rel_speed"),
+    ("left_front_gap", "left_front_rel_speed"),
+    ("left_rear_gap", "left_rear_rel_speed"),
+    ("right_front_gap", "right_front_rel_speed"),
+    ("right_rear_gap", "right_rear_rel_speed"),
+)
 
 
 def random_features(rng: np.random.Generator) -> np.ndarray:
@@ -102,8 +106,9 @@ def test_plan_many_equals_plan_mid_lane_change():
     requests = []
     for i in range(64):
         behaviour = ("change_left", "change_right")[i % 2]
-        previous = Plan(f"p{i}", f"s{i}", 0, 10**9, "behaviour", behaviour, 25.0,
-                        3.5 if behaviour == "change_left" else -3.5)
+        previous = Plan(
+            f"p{i}", f"s{i}", 0, 10**9, "behaviour", behaviour, 25.0, 3.5 if behaviour == "change_left" else -3.5
+        )
         x = random_features(rng)
         x[F["left_lane_exists"]] = x[F["right_lane_exists"]] = 1.0
         x[F["lane_offset"]] = np.float32(rng.uniform(-1.75, 1.75))  # either side of the boundary
@@ -127,16 +132,17 @@ def test_plan_many_equals_plan_with_cooldown_memory():
     assert any(a != b for a, b in zip(batched.plan_many(requests), fresh))
 
 
-@pytest.mark.parametrize("names", [("cut_in", "dense_traffic", "slow_merge"),
-                                   ("stopped_vehicle_ahead", "sensor_dropout", "unit_mismatch_kmh")])
+@pytest.mark.parametrize(
+    "names",
+    [("cut_in", "dense_traffic", "slow_merge"), ("stopped_vehicle_ahead", "sensor_dropout", "unit_mismatch_kmh")],
+)
 def test_plan_many_equals_plan_in_simulated_traffic(names):
     """Feature vectors as the simulator's sensors report them while the expert drives, every 200 ms."""
     envs = {name: make_batch(name, [1, 2, 3]) for name in names}
     twins = Twins()
     for step in range(1200):  # 6 s of sim time
         if step % 40 == 0:
-            features = {f"{name}-{b}": x for name, env in envs.items()
-                        for b, x in enumerate(env.observe()[0])}
+            features = {f"{name}-{b}": x for name, env in envs.items() for b, x in enumerate(env.observe()[0])}
             twins.step(features, step * 5_000_000)
         for env in envs.values():
             if not env.done:
@@ -176,8 +182,12 @@ def test_a_session_twice_in_one_batch_is_planned_in_order():
     overtake = free_right.copy()  # a slow lead 30 m ahead and no right lane: overtake on the left
     overtake[F["lead_present"]], overtake[F["lead_distance"]], overtake[F["lead_rel_speed"]] = 1.0, 30.0, -10.0
     overtake[F["right_lane_exists"]] = 0.0
-    requests = [PlanRequest("a", overtake, 0), PlanRequest("b", free_right, 0),
-                PlanRequest("a", free_right, PERIOD_NS), PlanRequest("a", free_right, 2 * PERIOD_NS)]
+    requests = [
+        PlanRequest("a", overtake, 0),
+        PlanRequest("b", free_right, 0),
+        PlanRequest("a", free_right, PERIOD_NS),
+        PlanRequest("a", free_right, 2 * PERIOD_NS),
+    ]
     got = BehaviourPlanner().plan_many(requests)
     assert_same(got, one_by_one(BehaviourPlanner(), requests))
     assert got[0].behaviour == "change_left" and got[1].behaviour == "change_right"
@@ -192,8 +202,11 @@ def test_evaluate_is_the_batch_of_one():
     x = random_features(rng)
     cands = planner.evaluate(x)
     per_lane = 1 + len(planner.params.speed_steps)  # "stop" and the ladder of target speeds
-    assert cands.lane.size == cands.cost.size == per_lane * (1 + int(x[F["left_lane_exists"]])
-                                                             + int(x[F["right_lane_exists"]]))
+    assert (
+        cands.lane.size
+        == cands.cost.size
+        == per_lane * (1 + int(x[F["left_lane_exists"]]) + int(x[F["right_lane_exists"]]))
+    )
     p = planner.plan(PlanRequest("s", x, 0))
     assert p.target_speed in (0.0, float(cands.target_speed[cands.best]))
     with pytest.raises(ValueError, match="NaN or Inf"):

@@ -15,10 +15,17 @@ F = FEATURE_INDEX
 ONE_HOT = slice(PLAN_INDEX["plan_keep"], PLAN_INDEX["plan_stop"] + 1)
 
 
-def features(v: float = 25.0, lead: tuple[float, float] | None = None, left: bool = True, right: bool = False,
-             left_front: tuple[float, float] | None = None, left_rear: tuple[float, float] | None = None,
-             right_front: tuple[float, float] | None = None, right_rear: tuple[float, float] | None = None,
-             lane_offset: float = 0.0) -> np.ndarray:
+def features(
+    v: float = 25.0,
+    lead: tuple[float, float] | None = None,
+    left: bool = True,
+    right: bool = False,
+    left_front: tuple[float, float] | None = None,
+    left_rear: tuple[float, float] | None = None,
+    right_front: tuple[float, float] | None = None,
+    right_rear: tuple[float, float] | None = None,
+    lane_offset: float = 0.0,
+) -> np.ndarray:
     """A feature vector; (gap m, relative speed m/s) pairs, None = nothing within sensor range."""
     x = np.zeros(N_FEATURES, np.float32)
     x[F["ego_speed"]] = v
@@ -28,16 +35,21 @@ def features(v: float = 25.0, lead: tuple[float, float] | None = None, left: boo
         x[F["lead_present"]] = 1.0
         x[F["lead_distance"]], x[F["lead_rel_speed"]] = lead
     x[F["left_lane_exists"]], x[F["right_lane_exists"]] = float(left), float(right)
-    for prefix, value in (("left_front", left_front), ("left_rear", left_rear),
-                          ("right_front", right_front), ("right_rear", right_rear)):
+    for prefix, value in (
+        ("left_front", left_front),
+        ("left_rear", left_rear),
+        ("right_front", right_front),
+        ("right_rear", right_rear),
+    ):
         if value is not None:
             x[F[f"{prefix}_gap"]], x[F[f"{prefix}_rel_speed"]] = value
     x[F["lane_offset"]] = lane_offset
     return x
 
 
-def plan(planner: BehaviourPlanner, x: np.ndarray, previous: Plan | None = None, session: str = "s",
-         now_ns: int = 0) -> Plan:
+def plan(
+    planner: BehaviourPlanner, x: np.ndarray, previous: Plan | None = None, session: str = "s", now_ns: int = 0
+) -> Plan:
     return planner.plan(PlanRequest(session, x, now_ns, previous))
 
 
@@ -79,12 +91,16 @@ def test_never_changes_into_a_missing_lane():
     rng = np.random.default_rng(0)
     seen = set()
     for i in range(300):
-        x = features(v=float(rng.uniform(0, 35)), lead=(float(rng.uniform(3, 150)), float(rng.uniform(-30, 5))),
-                     left=bool(rng.integers(2)), right=bool(rng.integers(2)),
-                     left_front=(float(rng.uniform(0, 150)), float(rng.uniform(-20, 10))),
-                     left_rear=(float(rng.uniform(0, 150)), float(rng.uniform(-10, 10))),
-                     right_front=(float(rng.uniform(0, 150)), float(rng.uniform(-20, 10))),
-                     right_rear=(float(rng.uniform(0, 150)), float(rng.uniform(-10, 10))))
+        x = features(
+            v=float(rng.uniform(0, 35)),
+            lead=(float(rng.uniform(3, 150)), float(rng.uniform(-30, 5))),
+            left=bool(rng.integers(2)),
+            right=bool(rng.integers(2)),
+            left_front=(float(rng.uniform(0, 150)), float(rng.uniform(-20, 10))),
+            left_rear=(float(rng.uniform(0, 150)), float(rng.uniform(-10, 10))),
+            right_front=(float(rng.uniform(0, 150)), float(rng.uniform(-20, 10))),
+            right_rear=(float(rng.uniform(0, 150)), float(rng.uniform(-10, 10))),
+        )
         p = plan(planner, x, session=f"r{i}")
         assert_valid(p)
         seen.add(p.behaviour)
@@ -154,8 +170,12 @@ def test_does_not_flip_back_right_after_a_change():
     later = plan(planner, features(right=True, lead=slower_ahead), p2, session="c", now_ns=10_000_000_000)
     assert later.behaviour == "change_right"
     # A planner without the memory (a different session) moves right at once: the memory matters.
-    assert plan(planner, features(right=True, lead=slower_ahead), dataclasses.replace(p1, session_id="d"),
-                session="d").behaviour == "change_right"
+    assert (
+        plan(
+            planner, features(right=True, lead=slower_ahead), dataclasses.replace(p1, session_id="d"), session="d"
+        ).behaviour
+        == "change_right"
+    )
 
 
 def test_plan_values_follow_schema_order():
@@ -185,6 +205,7 @@ def test_planning_is_far_sighted_but_cheap_enough():
 
 # ---- closed-loop findings (issue 5): each test is a situation the planner used to get wrong ----
 
+
 def _on_ramp(seed: int, before_end_m: float, see_lane_ends: bool = True) -> np.ndarray:
     """Features as the simulator's sensors report them with the ego on slow_merge's on-ramp,
     `before_end_m` before its end at 17 m/s, among the scenario's own traffic."""
@@ -209,6 +230,7 @@ def test_merges_off_an_on_ramp_as_soon_as_it_sees_the_end():
     # Within the 6 s horizon the ramp still looks faster than the slow lane: it is the cost of the
     # dead end beyond the horizon that makes the planner take this gap instead of a later one.
     from dualloop.planner.behaviour import BehaviourParams
+
     assert plan(BehaviourPlanner(BehaviourParams(w_dead_end=0.0)), x).behaviour == "keep"
     # Sensors that do not see the end (what the demo had): nothing tells the planner to merge.
     assert plan(BehaviourPlanner(), _on_ramp(900_001, 120.0, see_lane_ends=False)).behaviour == "keep"
@@ -288,9 +310,13 @@ def test_target_speeds_are_the_ladder_the_executor_was_trained_on():
     below = 0
     for i in range(300):
         v = float(rng.uniform(0, 40))
-        x = features(v=v, lead=(float(rng.uniform(3, 150)), float(rng.uniform(-v, 5))), right=bool(rng.integers(2)),
-                     left_front=(float(rng.uniform(0, 150)), float(rng.uniform(-v, 10))),
-                     right_front=(float(rng.uniform(0, 150)), float(rng.uniform(-v, 10))))
+        x = features(
+            v=v,
+            lead=(float(rng.uniform(3, 150)), float(rng.uniform(-v, 5))),
+            right=bool(rng.integers(2)),
+            left_front=(float(rng.uniform(0, 150)), float(rng.uniform(-v, 10))),
+            right_front=(float(rng.uniform(0, 150)), float(rng.uniform(-v, 10))),
+        )
         p = plan(planner, x, session=f"t{i}")
         v = float(x[F["ego_speed"]])  # as the planner saw it (float32)
         if p.behaviour == "stop":
@@ -317,14 +343,14 @@ def test_refuses_an_ego_speed_no_road_vehicle_has():
 def test_slow_merge_in_closed_loop_merges_off_the_ramp():
     """The shipped model and gates, driven by the planner over the whole scenario (held-out seed)."""
     from dualloop import ood
-    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+    from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
     from dualloop.controller.serve.planning import LockstepPlanning
-    from dualloop.v1 import controller_pb2 as pb
     from dualloop.executor.core import Executor
     from dualloop.executor.model_runner import DecisionModel
-    from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
+    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
     from dualloop.sim.env import make_scenario
     from dualloop.sim.world import EGO
+    from dualloop.v1 import controller_pb2 as pb
 
     executor = Executor(DecisionModel(BASE_MODEL_PATH), None, [ood.load_gate(g) for g in DEFAULT_GATES])
     env = make_scenario("slow_merge", 950_003)
@@ -341,13 +367,13 @@ def test_dense_traffic_in_closed_loop_moves_to_the_faster_lane_and_follows_its_s
     slowest lane; the planner takes a gap into the faster lane on its left and steps its target speed
     to what the traffic allows, with the shipped model and gates and no veto."""
     from dualloop import ood
-    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+    from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
     from dualloop.controller.serve.planning import LockstepPlanning
-    from dualloop.v1 import controller_pb2 as pb
     from dualloop.executor.core import Executor
     from dualloop.executor.model_runner import DecisionModel
-    from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
+    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
     from dualloop.sim.env import make_scenario
+    from dualloop.v1 import controller_pb2 as pb
 
     executor = Executor(DecisionModel(BASE_MODEL_PATH), None, [ood.load_gate(g) for g in DEFAULT_GATES])
     env = make_scenario("dense_traffic", 900_003)
@@ -367,11 +393,11 @@ def test_stopped_behind_a_stopped_car_in_closed_loop_stays_stopped():
     executor creep into the car (1.0 m left with the shipped model, a collision with a retrained
     one). No change is started from a crawl now: the ego stays where it stopped."""
     from dualloop import ood
-    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+    from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
     from dualloop.controller.serve.planning import LockstepPlanning
     from dualloop.executor.core import Executor
     from dualloop.executor.model_runner import DecisionModel
-    from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
+    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
     from dualloop.sim.env import make_scenario
     from dualloop.sim.expert import ExpertParams
 

@@ -17,17 +17,18 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from dualloop.planner import compiled as planner_compiled
 from dualloop.controller.bench.plan_cost import bench_features, compare_paths, planner_pair, simulated_features
-from dualloop.planner.behaviour import _Outcome, BehaviourPlanner, Candidates
+from dualloop.planner import compiled as planner_compiled
+from dualloop.planner.behaviour import BehaviourPlanner, Candidates, _Outcome
 from dualloop.planner.plan import Plan, PlanRequest
 from dualloop.sim.schema import FEATURE_INDEX, N_FEATURES, SENSOR_RANGE_M
 from tests.planner.test_batch import _PAIRS, random_features
 
 F = FEATURE_INDEX
 PERIOD_NS = 200_000_000
-needs_compiled = pytest.mark.skipif(not planner_compiled.available(),
-                                    reason="planner._rollout did not build (no C compiler)")
+needs_compiled = pytest.mark.skipif(
+    not planner_compiled.available(), reason="planner._rollout did not build (no C compiler)"
+)
 
 
 def _planners() -> tuple[BehaviourPlanner, BehaviourPlanner]:
@@ -48,8 +49,11 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _differences(a: Candidates, b: Candidates) -> list[str]:
     """The fields and cost terms of two candidate tables that differ in any bit."""
-    out = [f for f in ("lane", "target_speed", "cost", "feasible", "end_speed", "min_gap", "blocked")
-           if not _same(getattr(a, f), getattr(b, f))]
+    out = [
+        f
+        for f in ("lane", "target_speed", "cost", "feasible", "end_speed", "min_gap", "blocked")
+        if not _same(getattr(a, f), getattr(b, f))
+    ]
     if a.terms.keys() != b.terms.keys():
         return [*out, "terms' names"]
     return out + [f"terms[{k!r}]" for k in a.terms if not _same(a.terms[k], b.terms[k])]
@@ -59,7 +63,9 @@ def _outcome_differences(a: _Outcome, b: _Outcome) -> list[str]:
     return [f for f in a.__dataclass_fields__ if not _same(getattr(a, f), getattr(b, f))]
 
 
-def _compare(fast: BehaviourPlanner, reference: BehaviourPlanner, requests: Sequence[PlanRequest]) -> list[Plan | Exception]:
+def _compare(
+    fast: BehaviourPlanner, reference: BehaviourPlanner, requests: Sequence[PlanRequest]
+) -> list[Plan | Exception]:
     """Evaluates and plans the batch on both paths: every bit the same; the compiled path's plans."""
     x = np.stack([np.asarray(r.features, dtype=np.float64) for r in requests])
     good = [i for i, p in enumerate(reference._problems(x)) if not p]
@@ -140,7 +146,9 @@ def test_the_compiled_module_is_built_and_in_use_where_a_compiler_exists(c_compi
         pytest.skip("no C compiler here: the numpy path is the one installed")
     if os.environ.get("DUALLOOP_PLANNER_PURE_PYTHON", "") not in ("", "0"):
         pytest.skip("DUALLOOP_PLANNER_PURE_PYTHON asks for the numpy path")
-    assert planner_compiled.available(), "a C compiler exists but planner._rollout did not build: reinstall (pip install -e .)"
+    assert planner_compiled.available(), (
+        "a C compiler exists but planner._rollout did not build: reinstall (pip install -e .)"
+    )
     assert BehaviourPlanner().is_compiled
     before = planner_compiled.use_compiled(False)
     try:
@@ -241,8 +249,17 @@ def test_compiled_equals_numpy_for_other_params() -> None:
 
     from dualloop.planner.behaviour import BehaviourParams
 
-    params = dataclasses.replace(BehaviourParams(), horizon_s=4.0, lane_change_s=5.0, min_gap=3.0, time_gap=1.2,
-                                 merge_time_gap=0.6, b_max=6.0, rear_min_gap=8.0, cut_in_min_gap_m=3.0)
+    params = dataclasses.replace(
+        BehaviourParams(),
+        horizon_s=4.0,
+        lane_change_s=5.0,
+        min_gap=3.0,
+        time_gap=1.2,
+        merge_time_gap=0.6,
+        b_max=6.0,
+        rear_min_gap=8.0,
+        cut_in_min_gap_m=3.0,
+    )
     before = planner_compiled.use_compiled(True)
     fast = BehaviourPlanner(params)
     planner_compiled.use_compiled(False)
@@ -297,9 +314,26 @@ def test_the_module_refuses_what_it_cannot_read() -> None:
     sit = fast._situation(x)
     tr = fast._traffic(sit, fast._columns(sit))
     module = fast._compiled
-    args = [fast._constants, fast._t, tr.v0, tr.target, tr.changing, tr.cruise, tr.own_gap, tr.own_v, tr.new_gap,
-            tr.new_v, tr.rear_gap, tr.rear_v, tr.near[0], tr.side_gap[0], tr.side_v[0], tr.near[1], tr.side_gap[1],
-            tr.side_v[1]]
+    args = [
+        fast._constants,
+        fast._t,
+        tr.v0,
+        tr.target,
+        tr.changing,
+        tr.cruise,
+        tr.own_gap,
+        tr.own_v,
+        tr.new_gap,
+        tr.new_v,
+        tr.rear_gap,
+        tr.rear_v,
+        tr.near[0],
+        tr.side_gap[0],
+        tr.side_v[0],
+        tr.near[1],
+        tr.side_gap[1],
+        tr.side_v[1],
+    ]
     out = np.empty((_Outcome.ROWS, tr.v0.size))
     module.outcome(*args, out)
     with pytest.raises(TypeError):

@@ -11,22 +11,22 @@ import grpc
 import numpy as np
 import pytest
 
+from dualloop.controller.demo.closed_loop import drive_in_process, drive_over_grpc
 from dualloop.controller.serve.client import DriveSession, realtime_channel
-from dualloop.models import BASE_MODEL_PATH
 from dualloop.controller.serve.config import ConfigError, ServerConfig, load_server_config
 from dualloop.controller.serve.planning import LockstepPlanning
 from dualloop.controller.serve.server import ServerThread
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.models import BASE_MODEL_PATH
 from dualloop.planner import priority
 from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.plan import Plan, PlanRequest, make_plan_id
 from dualloop.planner.remote import serve_planner
-from dualloop.controller.demo.closed_loop import drive_in_process, drive_over_grpc
 from dualloop.sim.env import make_scenario
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import controller_pb2_grpc as pb_grpc
 
 PERIOD_MS = 50.0
 MAX_PLAN_AGE_MS = 150.0
@@ -48,9 +48,16 @@ class ScriptedSource:
             raise RuntimeError("injected planner failure")
         if mode == "hang":
             time.sleep(self.hang_s)
-        return Plan(plan_id=make_plan_id(self.name, request.session_id, request.now_ns),
-                    session_id=request.session_id, created_ns=request.now_ns, valid_for_ns=1_000_000_000,
-                    source=self.name, behaviour="keep", target_speed=20.0, target_lane_offset=0.0)
+        return Plan(
+            plan_id=make_plan_id(self.name, request.session_id, request.now_ns),
+            session_id=request.session_id,
+            created_ns=request.now_ns,
+            valid_for_ns=1_000_000_000,
+            source=self.name,
+            behaviour="keep",
+            target_speed=20.0,
+            target_lane_offset=0.0,
+        )
 
 
 class FailsAfter:
@@ -72,12 +79,21 @@ class FailsAfter:
 def fault_config(model: Path, **planner: object) -> ServerConfig:
     # Short limits keep the tests fast; a lenient observation age and no margin rule leave
     # STALE_PLAN as the only reason a session can degrade.
-    return ServerConfig(model=model, port=0, planner={"period_ms": PERIOD_MS, "deadline_ms": 40.0, **planner},
-                        executor={"max_plan_age_ms": MAX_PLAN_AGE_MS, "max_observation_age_ms": 200.0,
-                                  "min_margin": 0.0, "safety": {"recovery_dwell_ms": 100.0}})
+    return ServerConfig(
+        model=model,
+        port=0,
+        planner={"period_ms": PERIOD_MS, "deadline_ms": 40.0, **planner},
+        executor={
+            "max_plan_age_ms": MAX_PLAN_AGE_MS,
+            "max_observation_age_ms": 200.0,
+            "min_margin": 0.0,
+            "safety": {"recovery_dwell_ms": 100.0},
+        },
+    )
 
 
 # ---- configuration ---------------------------------------------------------------------------
+
 
 def test_planner_section_validates_and_names_the_field(tmp_path: Path, test_model_path: Path) -> None:
     assert ServerConfig(model=test_model_path).planner.source == "none"
@@ -85,8 +101,10 @@ def test_planner_section_validates_and_names_the_field(tmp_path: Path, test_mode
     cfg.write_text(f'model = "{test_model_path}"\n[planner]\nsource = "onnx"\n')
     with pytest.raises(ConfigError, match="planner"):
         load_server_config(cfg)
-    cfg.write_text(f'model = "{test_model_path}"\n[planner]\nsource = "remote"\naddress = "127.0.0.1:1"\n'
-                   f'period_ms = 100\ndeadline_ms = 30\n')
+    cfg.write_text(
+        f'model = "{test_model_path}"\n[planner]\nsource = "remote"\naddress = "127.0.0.1:1"\n'
+        f"period_ms = 100\ndeadline_ms = 30\n"
+    )
     planner = load_server_config(cfg).planner
     assert (planner.source, planner.period_ns, planner.deadline_s) == ("remote", 100_000_000, 0.03)
 
@@ -115,13 +133,15 @@ def test_idle_priority_can_be_turned_off(test_model_path: Path) -> None:
 
 # ---- LOCKSTEP: in-line, deterministic ------------------------------------------------------
 
+
 def test_lockstep_planning_is_identical_in_process_and_over_grpc() -> None:
     model = DecisionModel(BASE_MODEL_PATH)  # drives the scenario (the test model's random weights crash)
     with ServerThread(ServerConfig(model=BASE_MODEL_PATH, port=0, planner={"source": "behaviour"}), model) as srv:
         remote = drive_over_grpc(srv.address, "cut_in", 7, duration_s=2.0)
         again = drive_over_grpc(srv.address, "cut_in", 7, duration_s=2.0)
-    local = drive_in_process(Executor(model), "cut_in", 7,
-                             planner=LockstepPlanning(BehaviourPlanner(), 200_000_000), duration_s=2.0)
+    local = drive_in_process(
+        Executor(model), "cut_in", 7, planner=LockstepPlanning(BehaviourPlanner(), 200_000_000), duration_s=2.0
+    )
     # the simulator sent no plans: every plan is the server's, one per 200 ms of observation time
     assert remote.plan_ids[0] == "behaviour/cut_in-7/0"
     assert remote.plan_updates == 10 and {p[0] for p in remote.plans} == {"behaviour"}
@@ -142,6 +162,7 @@ def test_lockstep_raising_source_keeps_the_old_plan_then_stale_plan() -> None:
 
 
 # ---- REALTIME faults over gRPC ------------------------------------------------------------
+
 
 def _sensor() -> list[float]:
     features, _ = make_scenario("nominal_cruise", 0).observe()
@@ -285,8 +306,12 @@ def test_realtime_sessions_opened_apart_share_one_batch_per_period(test_model_pa
             asked_per_tick.append(sched.stats()["requests"] - asked)
             time.sleep(0.003)
         give_up = time.monotonic() + 5.0
-        while sched.stats()["in_flight"] or sched.stats()["pending"] or sched.stats()["ready"] \
-                or planning.applied < sched.stats()["plans"]:
+        while (
+            sched.stats()["in_flight"]
+            or sched.stats()["pending"]
+            or sched.stats()["ready"]
+            or planning.applied < sched.stats()["plans"]
+        ):
             assert time.monotonic() < give_up
             planning.on_tick(now)
             time.sleep(0.005)

@@ -38,7 +38,7 @@ def test_random_weights_give_valid_plans(planner_path):
         p = planner.plan(PlanRequest("s", x, i))
         v = p.values()
         assert np.all(np.isfinite(v)) and 0.0 <= p.target_speed <= planner.card["max_speed"]
-        one_hot = v[PLAN_INDEX["plan_keep"]:]
+        one_hot = v[PLAN_INDEX["plan_keep"] :]
         assert one_hot.sum() == 1.0 and set(one_hot.tolist()) <= {0.0, 1.0}
         if x[FEATURE_INDEX["left_lane_exists"]] == 0:
             assert p.behaviour != "change_left"

@@ -10,13 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dualloop.v1 import planner_pb2 as pb
 from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.plan import Plan, PlanRequest
 from dualloop.planner.remote import PlanTimeout, RemotePlanner, RemotePlannerError, serve_planner
 from dualloop.planner.scheduler import PlanScheduler
-from dualloop.planner.wire import BEHAVIOUR_TO_WIRE, plan_from_pb, plan_to_pb, request_bytes, request_from_pb, request_to_pb
+from dualloop.planner.wire import (
+    BEHAVIOUR_TO_WIRE,
+    plan_from_pb,
+    plan_to_pb,
+    request_bytes,
+    request_from_pb,
+    request_to_pb,
+)
 from dualloop.sim.schema import BEHAVIOURS, FEATURE_INDEX, N_FEATURES, SENSOR_RANGE_M
+from dualloop.v1 import planner_pb2 as pb
 from tests.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -57,8 +64,15 @@ def test_stubs_match_planner_proto(tmp_path):
     from grpc_tools import protoc
 
     include = Path(protoc.__file__).parent / "_proto"
-    args = ["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={tmp_path}", f"--pyi_out={tmp_path}",
-            f"--grpc_python_out={tmp_path}", "dualloop/v1/planner.proto"]
+    args = [
+        "protoc",
+        f"-I{ROOT / 'proto'}",
+        f"-I{include}",
+        f"--python_out={tmp_path}",
+        f"--pyi_out={tmp_path}",
+        f"--grpc_python_out={tmp_path}",
+        "dualloop/v1/planner.proto",
+    ]
     assert protoc.main(args) == 0
     for name in ("planner_pb2.py", "planner_pb2.pyi", "planner_pb2_grpc.py"):
         fresh = (tmp_path / "dualloop" / "v1" / name).read_text()
@@ -91,8 +105,9 @@ def test_request_bytes_is_request_to_pb():
     previous = Plan("p/1", "car", 5, 10**9, "x", "change_left", 22.5, 3.5)
     for prev in (None, previous):
         request = PlanRequest("car", features(), 200_000_005, prev)
-        fast = request_bytes("car", request.features, request.now_ns,
-                             plan_to_pb(prev).SerializeToString() if prev else b"")
+        fast = request_bytes(
+            "car", request.features, request.now_ns, plan_to_pb(prev).SerializeToString() if prev else b""
+        )
         assert pb.PlanRequest.FromString(fast) == request_to_pb(request)
         back = request_from_pb(pb.PlanRequest.FromString(fast))
         assert back.previous == prev and back.now_ns == request.now_ns

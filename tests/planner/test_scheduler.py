@@ -50,8 +50,16 @@ class HangingSource:
     def plan(self, request: PlanRequest) -> Plan:
         if self.always or request.features[FEATURE_INDEX["ego_speed"]] == POISON:
             time.sleep(60.0)
-        return Plan(make_plan_id(self.name, request.session_id, request.now_ns), request.session_id,
-                    request.now_ns, 10**9, self.name, "keep", 20.0, 0.0)
+        return Plan(
+            make_plan_id(self.name, request.session_id, request.now_ns),
+            request.session_id,
+            request.now_ns,
+            10**9,
+            self.name,
+            "keep",
+            20.0,
+            0.0,
+        )
 
 
 def pid_alive(pid: int) -> bool:
@@ -102,7 +110,7 @@ def test_good_source_delivers_plans_within_two_periods():
             for s in ("car-1", "car-2", "car-3"):
                 sched.request(s, features(), now_ns)
             before = len(got)
-            assert wait_for(lambda: len(got) >= before + 3, 2 * PERIOD_S, sched, got), sched.stats()
+            assert wait_for(lambda: len(got) >= before + 3, 2 * PERIOD_S, sched, got), sched.stats()  # noqa: B023 (called at once)
             assert time.monotonic() - sent < 2 * PERIOD_S
             assert {p.session_id for p in got[before:]} == {"car-1", "car-2", "car-3"}
             assert all(p.created_ns == now_ns and p.source == "behaviour" for p in got[before:])
@@ -206,6 +214,7 @@ def test_a_source_that_cannot_be_built_fails_start_with_its_error(tmp_path):
 
 # ---- batches -------------------------------------------------------------------------------
 
+
 class SpinningSource:
     """Hangs in a busy loop: runnable all the time, with a CPU to itself."""
 
@@ -225,8 +234,16 @@ class SlowSource:
 
     def plan(self, request: PlanRequest) -> Plan:
         time.sleep(self.delay_s)
-        return Plan(make_plan_id(self.name, request.session_id, request.now_ns), request.session_id,
-                    request.now_ns, 10**9, self.name, "keep", 20.0, 0.0)
+        return Plan(
+            make_plan_id(self.name, request.session_id, request.now_ns),
+            request.session_id,
+            request.now_ns,
+            10**9,
+            self.name,
+            "keep",
+            20.0,
+            0.0,
+        )
 
 
 class BrokenBatchSource:
@@ -274,12 +291,13 @@ def test_a_batch_of_32_sessions_comes_back_in_one_round_trip():
         previous: dict[str, Plan] = {}
         for k in range(3):
             now_ns = k * int(PERIOD_S * 1e9)
-            requests = [PlanRequest(f"car-{i}", varied_features(i + k), now_ns, previous.get(f"car-{i}"))
-                        for i in range(32)]
+            requests = [
+                PlanRequest(f"car-{i}", varied_features(i + k), now_ns, previous.get(f"car-{i}")) for i in range(32)
+            ]
             for r in requests:
                 sched.request(r.session_id, r.features, r.now_ns)
             got: list[Plan] = []
-            assert wait_for(lambda: len(got) >= 32, 2 * PERIOD_S, sched, got), sched.stats()
+            assert wait_for(lambda: len(got) >= 32, 2 * PERIOD_S, sched, got), sched.stats()  # noqa: B023 (called at once)
             assert messages == {"sent": k + 1, "received": k + 1}  # one message each way per batch
             assert sorted(got, key=lambda p: int(p.session_id[4:])) == reference.plan_many(requests)
             previous = {p.session_id: p for p in got}
@@ -365,8 +383,10 @@ def test_forgotten_session_in_flight_is_not_delivered():
         assert sorted(p.session_id for p in got) == ["car-0", "car-2"]
 
 
-@pytest.mark.skipif(not (hasattr(os, "sched_setaffinity") and os.path.exists("/proc/self/schedstat")),
-                    reason="needs Linux CPU affinity and schedstat")
+@pytest.mark.skipif(
+    not (hasattr(os, "sched_setaffinity") and os.path.exists("/proc/self/schedstat")),
+    reason="needs Linux CPU affinity and schedstat",
+)
 def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung(monkeypatch: pytest.MonkeyPatch):
     """The worker shares one CPU with a busy process and runs at nice 15: its batch takes far longer
     than the deadline, all of it spent waiting for the CPU. That is not a hang: no kill, no timeout."""
@@ -375,8 +395,9 @@ def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung(monkeypatch: pytest.Mo
     monkeypatch.setenv("DUALLOOP_PLANNER_PURE_PYTHON", "1")  # read by the spawned worker
     with busy_cpu() as cpu:
         # about 20 ms of CPU for this batch here when starved (7 ms otherwise), far below the deadline
-        with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S, deadline_s=PERIOD_S, nice=15,
-                           starved_limit_s=20.0) as sched:
+        with PlanScheduler(
+            BehaviourPlanner, period_s=PERIOD_S, deadline_s=PERIOD_S, nice=15, starved_limit_s=20.0
+        ) as sched:
             os.sched_setaffinity(sched.stats()["worker_pid"], {cpu})
             for i in range(64):
                 sched.request(f"car-{i}", varied_features(i), 0)
@@ -413,13 +434,22 @@ class BurningSource:
         until = time.thread_time() + self.cpu_s
         while time.thread_time() < until:
             pass
-        return Plan(make_plan_id(self.name, request.session_id, request.now_ns), request.session_id,
-                    request.now_ns, 10**9, self.name, "keep", 20.0, 0.0)
+        return Plan(
+            make_plan_id(self.name, request.session_id, request.now_ns),
+            request.session_id,
+            request.now_ns,
+            10**9,
+            self.name,
+            "keep",
+            20.0,
+            0.0,
+        )
 
 
 needs_idle_priority = pytest.mark.skipif(
     not (priority.supported() and priority.can_raise_from_idle(10) and os.path.exists("/proc/self/schedstat")),
-    reason="needs Linux and the right to raise a process out of SCHED_IDLE (CAP_SYS_NICE or RLIMIT_NICE)")
+    reason="needs Linux and the right to raise a process out of SCHED_IDLE (CAP_SYS_NICE or RLIMIT_NICE)",
+)
 
 
 def back_to_idle(pid: int, timeout_s: float = 2.0) -> bool:
@@ -457,8 +487,9 @@ def test_a_batch_waiting_for_a_cpu_is_raised_until_it_is_answered():
     almost none of it (30 ms of CPU would take seconds). The scheduler raises it to SCHED_BATCH,
     and the worker drops back to SCHED_IDLE once it has answered."""
     with busy_cpu() as cpu:
-        with PlanScheduler(functools.partial(BurningSource, 0.03), period_s=PERIOD_S, deadline_s=PERIOD_S,
-                           starved_limit_s=20.0) as sched:
+        with PlanScheduler(
+            functools.partial(BurningSource, 0.03), period_s=PERIOD_S, deadline_s=PERIOD_S, starved_limit_s=20.0
+        ) as sched:
             pid = sched.stats()["worker_pid"]
             os.sched_setaffinity(pid, {cpu})
             sched.request("car-1", features(), 0)
@@ -481,8 +512,9 @@ def test_a_worker_sleeping_on_its_source_is_not_raised():
     """Waiting on something (a remote planner, a sleep) is not waiting for a CPU: looked at every
     12 ms from 50 ms on, the worker is never raised while its source sleeps (once it wakes on a
     busy machine, it may be)."""
-    with PlanScheduler(functools.partial(SlowSource, 0.5), period_s=PERIOD_S, deadline_s=1.0,
-                       raise_after_s=0.05) as sched:
+    with PlanScheduler(
+        functools.partial(SlowSource, 0.5), period_s=PERIOD_S, deadline_s=1.0, raise_after_s=0.05
+    ) as sched:
         sched.request("car-1", features(), 0)
         got: list[Plan] = []
         asleep_until = time.monotonic() + 0.4
@@ -499,8 +531,9 @@ def test_when_raising_is_refused_later_workers_run_sched_batch(monkeypatch):
     is left to the CPU-starvation allowance, and the worker that replaces it runs SCHED_BATCH."""
     monkeypatch.setattr(priority, "raise_to_batch", lambda pid: "")
     with busy_cpu() as cpu:
-        with PlanScheduler(functools.partial(BurningSource, 0.03), period_s=PERIOD_S, deadline_s=PERIOD_S,
-                           starved_limit_s=0.5) as sched:
+        with PlanScheduler(
+            functools.partial(BurningSource, 0.03), period_s=PERIOD_S, deadline_s=PERIOD_S, starved_limit_s=0.5
+        ) as sched:
             first = sched.stats()["worker_pid"]
             os.sched_setaffinity(first, {cpu})
             sched.request("car-1", features(), 0)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-from dualloop.v1 import controller_pb2 as pb
 from dualloop.executor.snapshot import Clock, Reason, SafetyState
+from dualloop.v1 import controller_pb2 as pb
 from tests.paths import REPO_ROOT
 
 ROOT = REPO_ROOT

@@ -10,9 +10,21 @@ from dualloop.sim.schema import N_FEATURES, N_PLAN, SENSOR_RANGE_M
 
 def test_registry_lists_all_required_scenarios() -> None:
     assert set(NOMINAL_SCENARIOS) == {
-        "nominal_cruise", "dense_traffic", "lead_brakes_hard", "cut_in", "stopped_vehicle_ahead", "slow_merge"}
+        "nominal_cruise",
+        "dense_traffic",
+        "lead_brakes_hard",
+        "cut_in",
+        "stopped_vehicle_ahead",
+        "slow_merge",
+    }
     assert set(OOD_SCENARIOS) == {
-        "sensor_dropout", "stuck_sensor", "noise_burst", "unit_mismatch_kmh", "low_friction", "speed_out_of_range"}
+        "sensor_dropout",
+        "stuck_sensor",
+        "noise_burst",
+        "unit_mismatch_kmh",
+        "low_friction",
+        "speed_out_of_range",
+    }
     for spec in SCENARIOS.values():
         assert spec.description and "\n" not in spec.description
 

@@ -75,8 +75,10 @@ def test_relabelled_states_keep_the_steering_and_brake_for_a_lower_target() -> N
     _, data = run_expert_batch("dense_traffic", [11, 12, 13], every=20, relabel=True)
     assert data.alt_plan is not None and data.alt_label is not None and data.alt_controls is not None
     np.testing.assert_array_equal(data.alt_controls[..., 1], data.controls[..., 1])
-    np.testing.assert_array_equal(np.delete(data.alt_plan, PLAN_INDEX["target_speed"], axis=2),
-                                  np.delete(data.plan, PLAN_INDEX["target_speed"], axis=2))
+    np.testing.assert_array_equal(
+        np.delete(data.alt_plan, PLAN_INDEX["target_speed"], axis=2),
+        np.delete(data.plan, PLAN_INDEX["target_speed"], axis=2),
+    )
     np.testing.assert_array_equal(data.alt_label, label_from_accel(data.alt_controls[..., 0]))
     t_old = data.plan[..., PLAN_INDEX["target_speed"]]
     t_new = data.alt_plan[..., PLAN_INDEX["target_speed"]]
@@ -89,7 +91,7 @@ def test_relabelled_states_keep_the_steering_and_brake_for_a_lower_target() -> N
 def test_no_lane_change_from_a_standstill() -> None:
     """Behind a stopped car the expert waits rather than steering at full lock at 0 m/s."""
     _, data = run_expert_batch("stopped_vehicle_ahead", SEEDS, every=20)
-    behaviour = data.plan[..., PLAN_INDEX["plan_keep"]:].argmax(axis=2)
+    behaviour = data.plan[..., PLAN_INDEX["plan_keep"] :].argmax(axis=2)
     changing = (behaviour == 1) | (behaviour == 2)
     still = data.features[..., 0] < 1.0
     assert not (changing & still & data.valid).any()

@@ -11,7 +11,12 @@ def test_feature_schema_order_and_units() -> None:
     assert schema.FEATURE_UNITS[schema.FEATURE_INDEX["road_curvature"]] == "1/m"
     assert schema.SENSOR_RANGE_M == 150.0
     assert schema.PLAN_NAMES == (
-        "target_speed", "target_lane_offset", "plan_keep", "plan_change_left", "plan_change_right", "plan_stop",
+        "target_speed",
+        "target_lane_offset",
+        "plan_keep",
+        "plan_change_left",
+        "plan_change_right",
+        "plan_stop",
     )
     assert schema.ACTIONS == ("brake_hard", "brake", "keep", "accelerate")
     assert [(c.name, c.low, c.high) for c in schema.CONTROLS] == [("accel", -8.0, 3.0), ("steer", -0.5, 0.5)]
@@ -20,8 +25,17 @@ def test_feature_schema_order_and_units() -> None:
 
 @pytest.mark.parametrize(
     "accel, action",
-    [(-8.0, "brake_hard"), (-3.5001, "brake_hard"), (-3.5, "brake"), (-0.5001, "brake"), (-0.5, "keep"),
-     (0.0, "keep"), (0.5, "keep"), (0.5001, "accelerate"), (3.0, "accelerate")],
+    [
+        (-8.0, "brake_hard"),
+        (-3.5001, "brake_hard"),
+        (-3.5, "brake"),
+        (-0.5001, "brake"),
+        (-0.5, "keep"),
+        (0.0, "keep"),
+        (0.5, "keep"),
+        (0.5001, "accelerate"),
+        (3.0, "accelerate"),
+    ],
 )
 def test_label_from_accel_thresholds(accel: float, action: str) -> None:
     assert int(schema.label_from_accel(accel)) == schema.ACTION_INDEX[action]

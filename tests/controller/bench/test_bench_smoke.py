@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import json
 
-from dualloop.ood import compiled as ood_compiled
 from dualloop.controller.bench import gate as bench_gate
 from dualloop.controller.bench import planner as bench_planner
 from dualloop.controller.cli import main
+from dualloop.ood import compiled as ood_compiled
 
 
 def test_bench_tick_reports_all_fields(tmp_path, test_model_path):
-    assert main(["bench", "tick", "--model", str(test_model_path), "--sessions", "2", "--duration", "2",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "tick",
+                "--model",
+                str(test_model_path),
+                "--sessions",
+                "2",
+                "--duration",
+                "2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     (result_file,) = tmp_path.glob("tick-*.json")
     assert list(tmp_path.glob("tick-*.png"))
     result = json.loads(result_file.read_text())
@@ -43,8 +58,8 @@ def test_bench_gate_reports_each_session_count(tmp_path):
     """`dualloop bench gate`'s table: gate cost per session at each count, next to the forward pass."""
     from dualloop.controller.bench.gate import bench_gate_table
     from dualloop.controller.gates.fitting import load_gate_for_model
-    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
     from dualloop.executor.model_runner import DecisionModel
+    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
     model = DecisionModel(BASE_MODEL_PATH)
     gates = [load_gate_for_model(g, model) for g in DEFAULT_GATES]
@@ -72,8 +87,23 @@ def test_bench_gate_cli_defaults_to_the_base_model_and_its_gates(tmp_path, monke
 def test_bench_planner_compares_idle_and_busy_turns_of_one_run(tmp_path, test_model_path):
     # 10 s: two turns of each kind even when a loaded machine starts the clients late (at 8 s, the
     # shortest run the CLI takes, a run beside another test suite once counted only one busy turn)
-    assert main(["bench", "planner", "--model", str(test_model_path), "--sessions", "2", "--duration", "10",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "planner",
+                "--model",
+                str(test_model_path),
+                "--sessions",
+                "2",
+                "--duration",
+                "10",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     (result_file,) = tmp_path.glob("planner-*.json")
     result = json.loads(result_file.read_text())
     for side in ("idle", "busy"):

@@ -7,9 +7,9 @@ import json
 import numpy as np
 from rich.console import Console
 
+from dualloop.controller.demo.closed_loop import drive_in_process, drive_over_grpc
 from dualloop.controller.demo.suite import run_demo
 from dualloop.executor.core import Executor
-from dualloop.controller.demo.closed_loop import drive_in_process, drive_over_grpc
 
 
 def test_grpc_and_in_process_drive_identically(server, test_model):
@@ -30,8 +30,13 @@ def test_closed_loop_is_reproducible(test_model):
 
 
 def test_demo_writes_table_logs_plots_and_report(tmp_path, test_model_path):
-    out = run_demo(test_model_path, tmp_path, ["nominal_cruise", "sensor_dropout"], duration_s=1.0,
-                   console=Console(width=200, record=True))
+    out = run_demo(
+        test_model_path,
+        tmp_path,
+        ["nominal_cruise", "sensor_dropout"],
+        duration_s=1.0,
+        console=Console(width=200, record=True),
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert [r["scenario"] for r in summary["rows"]] == ["nominal_cruise", "sensor_dropout"]
     assert summary["rows"][1]["ood"] is True
@@ -52,8 +57,9 @@ def test_realtime_closed_loop_over_grpc(server):
     from dualloop.v1 import controller_pb2 as pb
 
     # the fixture serves the untrained test model: do not end the episode at its first crash
-    run = drive_over_grpc(server.address, "nominal_cruise", seed=11, clock=pb.REALTIME, duration_s=1.0,
-                          end_on_collision=False)
+    run = drive_over_grpc(
+        server.address, "nominal_cruise", seed=11, clock=pb.REALTIME, duration_s=1.0, end_on_collision=False
+    )
     assert len(run.t) == 200  # 1 s of 5 ms steps, paced by the wall clock
     decided = run.applied_index >= 0
     assert decided[20:].all()  # after the first few steps every step had a decision to apply

@@ -80,7 +80,9 @@ def test_fixture_observations_are_accepted_by_the_executor(fixture_log, test_mod
 def test_fresh_import_equals_the_fixture(tmp_path: Path) -> None:
     out = tmp_path / "fresh.mcap"
     report = c2k.import_comma2k19(DATASET, out, rate_hz=100, start_time_unix_ns=1_533_198_887_000_000_000)
-    assert out.read_bytes() == FIXTURE.read_bytes(), "importer changed: regenerate the fixture (tests/fixtures/README.md)"
+    assert out.read_bytes() == FIXTURE.read_bytes(), (
+        "importer changed: regenerate the fixture (tests/fixtures/README.md)"
+    )
     assert report.observations == len(read_log(out).observations) and report.lead_present_fraction > 0.8
     assert "imported comma2k19" in report.summary()
 
@@ -89,9 +91,18 @@ def test_fresh_import_equals_the_fixture(tmp_path: Path) -> None:
 def test_no_look_ahead_in_observation_features() -> None:
     seg = c2k.load_segment(DATASET)
     cut = seg.speed_t[0] + 30.0
-    head = c2k.Segment(*(part for times, values in ((seg.speed_t, seg.speed), (seg.steer_t, seg.steer_deg),
-                                                     (seg.radar_t, seg.radar), (seg.gyro_t, seg.gyro))
-                         for part in (times[times <= cut], values[times <= cut])))
+    head = c2k.Segment(
+        *(
+            part
+            for times, values in (
+                (seg.speed_t, seg.speed),
+                (seg.steer_t, seg.steer_deg),
+                (seg.radar_t, seg.radar),
+                (seg.gyro_t, seg.gyro),
+            )
+            for part in (times[times <= cut], values[times <= cut])
+        )
+    )
     grid = np.arange(seg.speed_t[0] + 1.0, cut, 0.01)
     np.testing.assert_array_equal(c2k.ego_accel_from_speed(head, grid), c2k.ego_accel_from_speed(seg, grid))
     np.testing.assert_array_equal(c2k.select_leads(head, grid), c2k.select_leads(seg, grid))
@@ -101,8 +112,9 @@ def _segment_with_radar(rows: list[tuple[float, float, float, int, int]]) -> c2k
     """A segment whose radar reports (t, forward, left, address, new_flag); the rest is constant."""
     t = np.arange(0.0, 10.0, 0.01)
     radar = np.array([[d, left, 0.5, np.nan, np.nan, addr, new] for _, d, left, addr, new in rows])
-    return c2k.Segment(t, np.full_like(t, 15.0), t, np.zeros_like(t),
-                       np.array([r[0] for r in rows]), radar, t, np.zeros((len(t), 3)))
+    return c2k.Segment(
+        t, np.full_like(t, 15.0), t, np.zeros_like(t), np.array([r[0] for r in rows]), radar, t, np.zeros((len(t), 3))
+    )
 
 
 def test_lead_hysteresis_persistence_and_disappearance() -> None:

@@ -56,18 +56,37 @@ def test_features_only_file_is_enough(tmp_path: Path) -> None:
     ("mutate", "message"),
     [
         (lambda h, r: (h[:3] + h[4:], [x[:3] + x[4:] for x in r]), r"line 1 \(header\): missing column 'lead_present'"),
-        (lambda h, r: (h, r[:2] + [row("0.02", speed="fast")] + r[3:]), r"line 4, column 'ego_speed': 'fast' is not a number"),
-        (lambda h, r: (h, r[:3] + [row("0.01")] + r[4:]), r"line 5, column 'time': 0\.01 s is not after 0\.02 s \(line 4\)"),
+        (
+            lambda h, r: (h, r[:2] + [row("0.02", speed="fast")] + r[3:]),
+            r"line 4, column 'ego_speed': 'fast' is not a number",
+        ),
+        (
+            lambda h, r: (h, r[:3] + [row("0.01")] + r[4:]),
+            r"line 5, column 'time': 0\.01 s is not after 0\.02 s \(line 4\)",
+        ),
         (lambda h, r: (h, r[:3] + [row("0.02")] + r[4:]), r"line 5, column 'time': 0\.02 s is not after 0\.02 s"),
-        (lambda h, r: (h, r[:1] + [row("0.01", speed="nan")] + r[2:]), r"line 3, column 'ego_speed': 'nan' is not a finite"),
+        (
+            lambda h, r: (h, r[:1] + [row("0.01", speed="nan")] + r[2:]),
+            r"line 3, column 'ego_speed': 'nan' is not a finite",
+        ),
         (lambda h, r: (h + ["colour"], [x + ["red"] for x in r]), r"line 1 \(header\): unknown column 'colour'"),
         (lambda h, r: (h, r[:1] + [row("0.01", action="swerve")] + r[2:]), r"line 3, column 'actual_action': 'swerve'"),
         (lambda h, r: (h, r[:1] + [row("0.01", accel="")] + r[2:]), r"line 3, column 'actual_accel': empty while"),
         (lambda h, r: (h, r[:1] + [row("0.01")[:-1]] + r[2:]), r"line 3: 22 cells, the header has 23"),
         (lambda h, r: (h[:-1], [x[:-1] for x in r]), r"missing column 'actual_steer'"),
     ],
-    ids=["missing-column", "non-numeric", "time-backwards", "time-repeated", "nan", "unknown-column",
-         "unknown-action", "half-controls", "short-row", "accel-without-steer"],
+    ids=[
+        "missing-column",
+        "non-numeric",
+        "time-backwards",
+        "time-repeated",
+        "nan",
+        "unknown-column",
+        "unknown-action",
+        "half-controls",
+        "short-row",
+        "accel-without-steer",
+    ],
 )
 def test_malformed_files_name_file_line_and_column(tmp_path: Path, mutate, message: str) -> None:
     header, rows = mutate(list(HEADER), [row(f"{i * 0.01:.2f}") for i in range(6)])

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dualloop.controller.logs import recorder as recorder_module
-from dualloop.controller.logs.logfile import LogFileError, read_log, read_sessions, write_log
 from dualloop.controller.logs.format import rotated_files
+from dualloop.controller.logs.logfile import LogFileError, read_log, read_sessions, write_log
 from dualloop.controller.logs.recorder import Recorder
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import log_pb2
@@ -19,8 +19,12 @@ PERIOD_NS = 5_000_000
 
 
 def observation(i: int) -> pb.Observation:
-    obs = pb.Observation(seq=i, timestamp_ns=i * PERIOD_NS, features=[float(i) + k / 10 for k in range(19)],
-                         actual=pb.ActualAction(action_index=i % 4, controls=[0.1 * (i % 7), -0.01]))
+    obs = pb.Observation(
+        seq=i,
+        timestamp_ns=i * PERIOD_NS,
+        features=[float(i) + k / 10 for k in range(19)],
+        actual=pb.ActualAction(action_index=i % 4, controls=[0.1 * (i % 7), -0.01]),
+    )
     if i % 40 == 0:
         obs.plan.plan_id = f"client-plan-{i}"
         obs.plan.values.extend([20.0, 0.0, 1.0, 0.0, 0.0, 0.0])
@@ -29,17 +33,35 @@ def observation(i: int) -> pb.Observation:
 
 def snapshot(session_id: str, i: int) -> pb.DecisionSnapshot:
     return pb.DecisionSnapshot(
-        session_id=session_id, tick=i, scheduled_time_ns=i * PERIOD_NS, emit_time_ns=i * PERIOD_NS + 7_000,
-        observation_seq=i, model_version="m1", reasons=[pb.LOW_MARGIN] if i % 3 == 0 else [],
-        proposed=pb.Proposal(action=pb.Action(index=2, name="keep", controls=[0.0, 0.0]),
-                             probabilities=[0.1, 0.2, 0.6, 0.1], confidence=0.6, margin=0.4),
-        applied=pb.Action(index=2, name="keep", controls=[0.0, 0.0]), safety_state=pb.NOMINAL,
-        input_hash=0xDEADBEEF00000000 + i)
+        session_id=session_id,
+        tick=i,
+        scheduled_time_ns=i * PERIOD_NS,
+        emit_time_ns=i * PERIOD_NS + 7_000,
+        observation_seq=i,
+        model_version="m1",
+        reasons=[pb.LOW_MARGIN] if i % 3 == 0 else [],
+        proposed=pb.Proposal(
+            action=pb.Action(index=2, name="keep", controls=[0.0, 0.0]),
+            probabilities=[0.1, 0.2, 0.6, 0.1],
+            confidence=0.6,
+            margin=0.4,
+        ),
+        applied=pb.Action(index=2, name="keep", controls=[0.0, 0.0]),
+        safety_state=pb.NOMINAL,
+        input_hash=0xDEADBEEF00000000 + i,
+    )
 
 
 def header(session_id: str) -> log_pb2.SessionHeader:
-    return log_pb2.SessionHeader(session_id=session_id, clock=pb.LOCKSTEP, shadow=True, model_version="m1",
-                                 model_schema_hash="abc123", config_json='{"port": 0}', source="grpc session")
+    return log_pb2.SessionHeader(
+        session_id=session_id,
+        clock=pb.LOCKSTEP,
+        shadow=True,
+        model_version="m1",
+        model_schema_hash="abc123",
+        config_json='{"port": 0}',
+        source="grpc session",
+    )
 
 
 def as_bytes(messages: list) -> list[bytes]:
@@ -50,8 +72,12 @@ def test_round_trip_gives_identical_messages_in_order(tmp_path: Path) -> None:
     path = tmp_path / "session.mcap"
     sent_obs = {sid: [observation(i) for i in range(500)] for sid in ("car-1", "car-2")}
     sent_snaps = {sid: [snapshot(sid, i) for i in range(500)] for sid in ("car-1", "car-2")}
-    plan = log_pb2.PlanRecord(session_id="car-1", created_time_ns=123, source="builtin",
-                              plan=pb.PlanUpdate(plan_id="p1", values=[15.0, 0, 1, 0, 0, 0]))
+    plan = log_pb2.PlanRecord(
+        session_id="car-1",
+        created_time_ns=123,
+        source="builtin",
+        plan=pb.PlanUpdate(plan_id="p1", values=[15.0, 0, 1, 0, 0, 0]),
+    )
     with Recorder(path) as rec:
         for sid in ("car-1", "car-2"):
             rec.open_session(header(sid))

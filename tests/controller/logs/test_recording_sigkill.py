@@ -38,8 +38,7 @@ while True:
 
 def test_sigkill_mid_recording_keeps_everything_older_than_a_second(tmp_path: Path) -> None:
     path = tmp_path / "killed.mcap"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True,
-                             cwd=REPO_ROOT)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "recording"
         time.sleep(2.5)

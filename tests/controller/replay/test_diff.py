@@ -2,18 +2,20 @@ from __future__ import annotations
 
 import pytest
 
-from dualloop.controller.replay.diff import NotSameInput, diff_exit_code, diff_logs, format_diff
-from dualloop.models import BASE_MODEL_PATH, TEST_MODEL_PATH
-from dualloop.controller.replay.lockstep import replay_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
 from dualloop.controller.logs.synthetic import slice_log
+from dualloop.controller.replay.diff import NotSameInput, diff_exit_code, diff_logs, format_diff
+from dualloop.controller.replay.lockstep import replay_log
+from dualloop.models import BASE_MODEL_PATH, TEST_MODEL_PATH
 
 
 @pytest.fixture(scope="module")
 def replays(tmp_path_factory):
     d = tmp_path_factory.mktemp("diff")
-    return {name: replay_log(FIXTURE, model, out_path=d / f"{name}.mcap").out_path
-            for name, model in (("test", TEST_MODEL_PATH), ("test2", TEST_MODEL_PATH), ("base", BASE_MODEL_PATH))}
+    return {
+        name: replay_log(FIXTURE, model, out_path=d / f"{name}.mcap").out_path
+        for name, model in (("test", TEST_MODEL_PATH), ("test2", TEST_MODEL_PATH), ("base", BASE_MODEL_PATH))
+    }
 
 
 def test_two_models_migrate_and_fail_the_gate(replays):
@@ -35,8 +37,11 @@ def test_same_model_twice_is_empty(replays):
 
 
 def test_different_inputs_are_refused(replays, tmp_path):
-    other = replay_log(slice_log(tmp_path / "s.mcap", 0, 100, "comma2k19-comma2k19-example1"), TEST_MODEL_PATH,
-                       out_path=tmp_path / "o.mcap").out_path
+    other = replay_log(
+        slice_log(tmp_path / "s.mcap", 0, 100, "comma2k19-comma2k19-example1"),
+        TEST_MODEL_PATH,
+        out_path=tmp_path / "o.mcap",
+    ).out_path
     with pytest.raises(NotSameInput, match="observations"):
         diff_logs(replays["test"], other)
 

@@ -3,15 +3,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dualloop.controller.replay.fleet import RAY_MISSING, replay_many
 from dualloop.controller.logs.logfile import read_log
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
-from dualloop.controller.replay.lockstep import _observations, build_executor, executor_config_for, replay_log, run_replay
+from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
+from dualloop.controller.logs.synthetic import slice_log, synthetic_log
+from dualloop.controller.replay.fleet import RAY_MISSING, replay_many
+from dualloop.controller.replay.lockstep import (
+    _observations,
+    build_executor,
+    executor_config_for,
+    replay_log,
+    run_replay,
+)
 from dualloop.controller.replay.report import format_report
 from dualloop.controller.serve.wire import snapshot_to_proto, without_wall_clock
 from dualloop.executor.core import InvalidObservation
-from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
-from dualloop.controller.logs.synthetic import slice_log, synthetic_log
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +55,27 @@ def test_double_replay_is_byte_identical(fixture_replay, tmp_path):
 def _assert_same(fast, plain):
     assert len(fast) == len(plain)
     for f, p in zip(fast, plain):
-        assert (f.tick, f.observation_seq, f.proposed_index, f.applied.index, f.reasons, f.safety_state,
-                f.gate_veto, f.input_hash, f.plan_id) == \
-               (p.tick, p.observation_seq, p.proposed_index, p.applied.index, p.reasons, p.safety_state,
-                p.gate_veto, p.input_hash, p.plan_id)
+        assert (
+            f.tick,
+            f.observation_seq,
+            f.proposed_index,
+            f.applied.index,
+            f.reasons,
+            f.safety_state,
+            f.gate_veto,
+            f.input_hash,
+            f.plan_id,
+        ) == (
+            p.tick,
+            p.observation_seq,
+            p.proposed_index,
+            p.applied.index,
+            p.reasons,
+            p.safety_state,
+            p.gate_veto,
+            p.input_hash,
+            p.plan_id,
+        )
         np.testing.assert_allclose(f.probabilities, p.probabilities, atol=1e-5)
         np.testing.assert_allclose(f.applied.controls, p.applied.controls, atol=1e-5)
         np.testing.assert_allclose(f.proposed_controls, p.proposed_controls, atol=1e-5)
@@ -83,8 +106,17 @@ def test_fast_replay_equals_plain_through_every_fault(tmp_path, rate_hz):
         runs.append(run_replay(ex, "s", obs, fast=fast)[0])
     _assert_same(*runs)
     seen = {r.name for s in runs[1] for r in s.reasons} | {s.safety_state.name for s in runs[1]}
-    assert seen >= {"OOD_VETO", "INVALID_INPUT", "STALE_OBSERVATION", "STALE_PLAN", "FALLBACK",
-                    "VETO_HOLD", "FALLBACK_ACTIVE", "RECOVERING", "NOMINAL"}, seen
+    assert seen >= {
+        "OOD_VETO",
+        "INVALID_INPUT",
+        "STALE_OBSERVATION",
+        "STALE_PLAN",
+        "FALLBACK",
+        "VETO_HOLD",
+        "FALLBACK_ACTIVE",
+        "RECOVERING",
+        "NOMINAL",
+    }, seen
     assert [s.observations_dropped for s in runs[0]] == [s.observations_dropped for s in runs[1]]
     assert [s.plan_age_ns for s in runs[0]] == [s.plan_age_ns for s in runs[1]]
 
@@ -94,8 +126,9 @@ def test_fast_replay_equals_plain_on_the_real_drive(fixture_replay):
     ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(data.header))
     plain, _ = run_replay(ex, data.session_id, _observations(data), fast=False)
     _assert_same(fixture_replay.snapshots, plain)
-    assert [snapshot_to_proto(s).applied.index for s in plain[:50]] == \
-           [s.applied.index for s in fixture_replay.snapshots[:50]]
+    assert [snapshot_to_proto(s).applied.index for s in plain[:50]] == [
+        s.applied.index for s in fixture_replay.snapshots[:50]
+    ]
 
 
 def test_fast_replay_refuses_what_a_live_session_refuses():
@@ -165,8 +198,9 @@ def test_fast_replay_equals_plain_with_the_actuation_check(tmp_path, rate_hz):
     for o in obs:
         t = (o.timestamp_ns - obs[0].timestamp_ns) / 1e9
         accel = float(o.features[1]) if np.isfinite(o.features[1]) else 0.0
-        o.actual_controls = None if 3.4 <= t < 3.6 else \
-            np.array([accel - (1.0 if 0.3 <= t < 0.9 else 0.0), 0.0], np.float32)
+        o.actual_controls = (
+            None if 3.4 <= t < 3.6 else np.array([accel - (1.0 if 0.3 <= t < 0.9 else 0.0), 0.0], np.float32)
+        )
     runs = []
     for fast in (True, False):
         ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(data.header))
@@ -175,7 +209,9 @@ def test_fast_replay_equals_plain_with_the_actuation_check(tmp_path, rate_hz):
     threshold = ex._actuation.threshold
     assert [s.gate_threshold for s in runs[0]] == [s.gate_threshold for s in runs[1]]
     by_check = [s for s in runs[1] if s.gate_threshold == threshold]
-    assert by_check and [s.gate_score for s in by_check] == [s.gate_score for s in runs[0] if s.gate_threshold == threshold]
+    assert by_check and [s.gate_score for s in by_check] == [
+        s.gate_score for s in runs[0] if s.gate_threshold == threshold
+    ]
     assert any(s.gate_veto for s in by_check) and all(0.3 <= s.scheduled_time_ns / 1e9 - 1.0 for s in by_check)
 
 

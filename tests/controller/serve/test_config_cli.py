@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import grpc
 import pytest
@@ -51,16 +50,34 @@ def test_yaml_config_and_overrides(tmp_path, test_model_path):
 
 
 def test_cli_refuses_bad_host_with_message(test_model_path):
-    proc = subprocess.run([sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(test_model_path),
-                           "--host", "203.0.113.5"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dualloop.controller.cli",
+            "serve",
+            "--model",
+            str(test_model_path),
+            "--host",
+            "203.0.113.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "not a loopback address" in proc.stdout + proc.stderr
 
 
 def test_cli_serve_answers_and_stops_on_sigterm(test_model_path):
     env = dict(os.environ, COLUMNS="200")
-    proc = subprocess.Popen([sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(test_model_path),
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(test_model_path), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline()
         match = re.search(r"on 127\.0\.0\.1:(\d+)", line)

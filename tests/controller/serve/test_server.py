@@ -139,15 +139,27 @@ def test_get_model_info_matches_model_file(channel, test_model):
     assert info.tick_period_ns == 5_000_000
 
 
-@pytest.mark.parametrize("request_msg, code, text", [
-    (pb.DriveRequest(open=pb.OpenSession(session_id="x", clock=7)), grpc.StatusCode.INVALID_ARGUMENT,
-     "REALTIME (1) or LOCKSTEP (2); got 7"),
-    (pb.DriveRequest(open=pb.OpenSession(session_id="x")), grpc.StatusCode.INVALID_ARGUMENT, "got 0"),
-    (pb.DriveRequest(observation=pb.Observation(seq=1)), grpc.StatusCode.INVALID_ARGUMENT,
-     "first message of a Drive stream must be 'open'"),
-    (pb.DriveRequest(open=pb.OpenSession(session_id="x", clock=pb.REALTIME, expected_schema_hash="0123")),
-     grpc.StatusCode.FAILED_PRECONDITION, "built observations for schema 0123"),
-])
+@pytest.mark.parametrize(
+    "request_msg, code, text",
+    [
+        (
+            pb.DriveRequest(open=pb.OpenSession(session_id="x", clock=7)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "REALTIME (1) or LOCKSTEP (2); got 7",
+        ),
+        (pb.DriveRequest(open=pb.OpenSession(session_id="x")), grpc.StatusCode.INVALID_ARGUMENT, "got 0"),
+        (
+            pb.DriveRequest(observation=pb.Observation(seq=1)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "first message of a Drive stream must be 'open'",
+        ),
+        (
+            pb.DriveRequest(open=pb.OpenSession(session_id="x", clock=pb.REALTIME, expected_schema_hash="0123")),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "built observations for schema 0123",
+        ),
+    ],
+)
 def test_malformed_open(channel, request_msg, code, text):
     call = pb_grpc.ControllerStub(channel).Drive(iter([request_msg]))
     with pytest.raises(grpc.RpcError) as err:
@@ -245,8 +257,13 @@ def test_shadow_agreement_over_grpc(channel):
     for k in range(40):
         # the "vehicle" did action 2 (keep) with accel 0.1 on even ticks; nothing known on odd ones
         known = k % 2 == 0
-        s.send(k + 1, k * 5_000_000, sensor(k), actual_index=2 if known else None,
-               actual_controls=[0.1, 0.0] if known else ())
+        s.send(
+            k + 1,
+            k * 5_000_000,
+            sensor(k),
+            actual_index=2 if known else None,
+            actual_controls=[0.1, 0.0] if known else (),
+        )
         snap = s.recv()
         assert snap.shadow
         applied.append((known, snap.applied.index, list(snap.applied.controls), snap.safety_state))
@@ -268,8 +285,8 @@ def test_shadow_agreement_over_grpc(channel):
 
 def test_sessions_are_recorded(test_model_path, tmp_path):
     """Every accepted observation and every snapshot of a session lands in its MCAP log."""
-    from dualloop.controller.serve.config import ServerConfig
     from dualloop.controller.logs.logfile import read_sessions
+    from dualloop.controller.serve.config import ServerConfig
     from dualloop.controller.serve.server import ServerThread
 
     with ServerThread(ServerConfig(model=test_model_path, port=0, record_dir=tmp_path)) as srv:

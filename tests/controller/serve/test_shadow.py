@@ -30,4 +30,6 @@ def test_update_many_equals_updates():
     for key, g in a["groups"].items():
         h = b["groups"][key]
         assert (g["ticks"], g["agreement"]) == (h["ticks"], h["agreement"])
-        assert g["control_mae"] == pytest.approx(h["control_mae"]) and g["control_rmse"] == pytest.approx(h["control_rmse"])
+        assert g["control_mae"] == pytest.approx(h["control_mae"]) and g["control_rmse"] == pytest.approx(
+            h["control_rmse"]
+        )

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from dualloop import ood
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+from dualloop.controller.demo.closed_loop import drive_in_process
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim import schema
-from dualloop.controller.demo.closed_loop import drive_in_process
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS
 
 STEP_SEEDS = (950_001, 950_002, 950_003, 950_004)
@@ -28,8 +28,14 @@ def test_card_is_complete(base):
     assert card.size_class == "base" and card.version and card.temperature != 1.0
     assert card.feature_names == list(schema.FEATURE_NAMES) and card.actions == list(schema.ACTIONS)
     m = card.training_metrics
-    for key in ("test_accuracy", "test_ece_before", "test_ece_after", "forward_b1_p50_us", "forward_b1_p99_us",
-                *(f"test_recall_{a}" for a in schema.ACTIONS)):
+    for key in (
+        "test_accuracy",
+        "test_ece_before",
+        "test_ece_after",
+        "forward_b1_p50_us",
+        "forward_b1_p99_us",
+        *(f"test_recall_{a}" for a in schema.ACTIONS),
+    ):
         assert key in m, key
     assert m["test_accuracy"] > m["test_majority_baseline"] + 0.15
     assert m["test_ece_after"] < m["test_ece_before"]
@@ -62,16 +68,25 @@ class SpeedStep:
         from dualloop.planner.plan import Plan, make_plan_id
 
         speed = self.before if request.now_ns < self.at_ns else self.after
-        return Plan(make_plan_id(self.name, request.session_id, request.now_ns), request.session_id,
-                    request.now_ns, 10**9, self.name, "keep", speed, 0.0)
+        return Plan(
+            make_plan_id(self.name, request.session_id, request.now_ns),
+            request.session_id,
+            request.now_ns,
+            10**9,
+            self.name,
+            "keep",
+            speed,
+            0.0,
+        )
 
 
-def drive_speed_step(model: DecisionModel, seed: int, before: float = 25.0, after: float = 12.0,
-                     at_s: float = 3.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, object]:
+def drive_speed_step(
+    model: DecisionModel, seed: int, before: float = 25.0, after: float = 12.0, at_s: float = 3.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, object]:
     """dense_traffic with keep plans whose target steps from `before` to `after`: per 5 ms step the
     ego's lane offset (true), lane index and speed, and the run."""
-    from dualloop.controller.serve.planning import LockstepPlanning
     from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
+    from dualloop.controller.serve.planning import LockstepPlanning
     from dualloop.sim.env import make_scenario
     from dualloop.sim.world import EGO
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dualloop.controller.training.trainer import LATENCY_KEYS, TrainResult, train
 from dualloop.controller.training.calibration import expected_calibration_error, fit_temperature, nll, probabilities
 from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, generate
 from dualloop.controller.training.mlp import MLPConfig, forward_weights
+from dualloop.controller.training.trainer import LATENCY_KEYS, TrainResult, train
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim import schema
 
@@ -45,8 +45,7 @@ def test_splits_are_disjoint_by_episode_seed(tiny_data: Dataset) -> None:
 def test_training_twice_gives_identical_files(tiny_data: Dataset, tmp_path: Path) -> None:
     a = train("small", SEED, tmp_path / "a.onnx", data=tiny_data, config=TINY_MLP, measure_latency_in_card=False)
     b = train("small", SEED, tmp_path / "b.onnx", data=tiny_data, config=TINY_MLP, measure_latency_in_card=False)
-    c = train("small", SEED + 1, tmp_path / "c.onnx", data=tiny_data, config=TINY_MLP,
-              measure_latency_in_card=False)
+    c = train("small", SEED + 1, tmp_path / "c.onnx", data=tiny_data, config=TINY_MLP, measure_latency_in_card=False)
     digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
     assert digest(a.path) == digest(b.path)
     assert a.card.version == b.card.version
@@ -86,9 +85,20 @@ def test_card_is_complete(trained: TrainResult) -> None:
     assert [(c.name, c.min, c.max) for c in card.controls] == [(c.name, c.low, c.high) for c in schema.CONTROLS]
     assert card.size_class == "small" and card.decision_vector_size == TINY_MLP.hidden[-1]
     m = card.training_metrics
-    required = ["test_accuracy", "test_rmse_accel", "test_rmse_steer", "test_ece_before", "test_ece_after",
-                "temperature", "n_train", "n_val", "n_test", "seed", *LATENCY_KEYS,
-                *(f"test_recall_{a}" for a in schema.ACTIONS)]
+    required = [
+        "test_accuracy",
+        "test_rmse_accel",
+        "test_rmse_steer",
+        "test_ece_before",
+        "test_ece_after",
+        "temperature",
+        "n_train",
+        "n_val",
+        "n_test",
+        "seed",
+        *LATENCY_KEYS,
+        *(f"test_recall_{a}" for a in schema.ACTIONS),
+    ]
     assert [k for k in required if k not in m] == []
     assert m["temperature"] == card.temperature and m["seed"] == SEED
     assert 0 < m["forward_b1_p50_us"] <= m["forward_b1_p99_us"]
@@ -135,8 +145,9 @@ def test_model_beats_majority_baseline(trained: TrainResult, tiny_data: Dataset)
     assert trained.metrics["test_accuracy"] > majority + 0.02
 
 
-def test_int8_model_loads_with_card_and_reports_per_class(trained: TrainResult, tiny_data: Dataset,
-                                                          tmp_path: Path) -> None:
+def test_int8_model_loads_with_card_and_reports_per_class(
+    trained: TrainResult, tiny_data: Dataset, tmp_path: Path
+) -> None:
     from dualloop.controller.training.quantize import quantize
 
     result = quantize(trained.path, tmp_path / "tiny.int8.onnx", SEED, data=tiny_data, latency_calls=200)
@@ -164,6 +175,7 @@ def test_confusion_report_flags_a_recall_drop() -> None:
 
         def forward(self, f: np.ndarray, p: np.ndarray):  # noqa: ANN201 - duck-typed ModelOutputs
             from dualloop.executor.model_runner import ModelOutputs
+
             n = len(f)
             return ModelOutputs(self.logits, np.zeros((n, 2), np.float32), np.zeros((n, 3), np.float32))
 
@@ -171,8 +183,13 @@ def test_confusion_report_flags_a_recall_drop() -> None:
     fp32 = np.eye(4, dtype=np.float32)[labels]
     int8_pred = labels.copy()
     int8_pred[:3] = 1  # three brake_hard samples become brake: total accuracy still 97 %
-    report = compare(Fake(fp32), Fake(np.eye(4, dtype=np.float32)[int8_pred]),  # type: ignore[arg-type]
-                     np.zeros((100, 19), np.float32), np.zeros((100, 6), np.float32), labels)
+    report = compare(
+        Fake(fp32),
+        Fake(np.eye(4, dtype=np.float32)[int8_pred]),  # type: ignore[arg-type]
+        np.zeros((100, 19), np.float32),
+        np.zeros((100, 6), np.float32),
+        labels,
+    )
     assert report["int8_accuracy"] == pytest.approx(0.97)
     assert report["flagged"] == ["brake_hard"]
     assert report["per_class"][0]["recall_drop"] == pytest.approx(0.3)
