@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench proto test-model clean
+.PHONY: demo test check bench proto test-model clean
 
 # setup.py and every C source (the optional extensions): rebuilt by the editable install when one changes
 $(STAMP): pyproject.toml setup.py $(wildcard */*.c)
@@ -16,8 +16,17 @@ $(STAMP): pyproject.toml setup.py $(wildcard */*.c)
 demo: $(STAMP)
 	$(VENV)/bin/dualloop demo
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+# the checks first (seconds), then the suite; the 15 slowest tests close the report
+test: check
+	$(PY) -m pytest -q --durations=15
+
+# lint, format, types and layers; mypy and import-linter read the namespace view of scripts/namespace_view.py
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) scripts/namespace_view.py > /dev/null
+	$(VENV)/bin/mypy -p dualloop
+	PYTHONPATH=build/namespace $(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(VENV)/bin/dualloop bench tick --sessions 8 --duration 60
