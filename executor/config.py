@@ -26,7 +26,7 @@ class ExecutorConfig(BaseModel):
     max_sessions: int = Field(64, ge=1, le=4096)
     # LOCKSTEP: a timestamp jump longer than this is refused rather than ticked through.
     lockstep_max_gap_s: float = Field(10.0, gt=0.0)
-    # When the loop timer must hand back control before a deadline (see controller/ticker.py).
+    # When the loop timer must hand back control before a deadline (see controller/serve/ticker.py).
     ticker_guard_ms: float = Field(2.0, ge=0.0, le=4.0)
 
     @property

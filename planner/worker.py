@@ -34,7 +34,6 @@ for the rest while this niced process is descheduled.
 
 from __future__ import annotations
 
-import functools
 import math
 import signal
 import struct
@@ -46,6 +45,9 @@ from typing import cast
 
 from dualloop.planner import priority
 from dualloop.planner.plan import Plan, PlanRequest, PlanSource
+
+# grpc comes with it (~0.2 s): imported with this module, before READY, never inside a batch's deadline
+from dualloop.planner.remote import PlanTimeout
 from dualloop.planner.wire import plan_to_pb, request_from_pb
 from dualloop.v1 import planner_pb2 as pb
 
@@ -118,7 +120,6 @@ def run_worker(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         priority.lower(nice, idle)
     idle = idle and nice is not None
-    _plan_timeout()  # grpc's import takes ~0.2 s: before READY, not inside the first batch's deadline
     try:
         source = factory()
         name = str(getattr(source, "name", type(source).__name__))
@@ -197,14 +198,14 @@ def _plan_each(source: PlanSource, requests: Sequence[PlanRequest], budget_s: fl
             results.append(source.plan(request))
         except Exception as err:  # noqa: BLE001 - a raising source is counted, not fatal
             results.append(err)
-            gave_up = isinstance(err, _plan_timeout())
+            gave_up = isinstance(err, PlanTimeout)
     return results
 
 
 def _reply(result: object) -> Reply:
     if result is _SKIPPED:
         return SKIP, b"not attempted: the batch ran out of time"
-    if isinstance(result, _plan_timeout()):
+    if isinstance(result, PlanTimeout):
         return LATE, _describe(result)
     if isinstance(result, BaseException):
         return ERROR, _describe(result)
@@ -214,13 +215,6 @@ def _reply(result: object) -> Reply:
         return PLAN, plan_to_pb(result).SerializeToString()
     except Exception as err:  # noqa: BLE001 - a plan that cannot be put on the wire is the source's error
         return ERROR, _describe(err)
-
-
-@functools.cache
-def _plan_timeout() -> type[Exception]:
-    from dualloop.planner.remote import PlanTimeout  # imported late: keeps grpc out of this module's import cost
-
-    return PlanTimeout
 
 
 def _reply_messages(replies: Sequence[Reply], wall_ns: int, cpu_ns: int) -> Iterator[bytes]:

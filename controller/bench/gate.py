@@ -24,6 +24,7 @@ from rich.table import Table
 
 from dualloop import ood
 from dualloop.controller.bench.tick import store_result
+from dualloop.controller.gates.fitting import nominal_inputs
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
@@ -57,7 +58,6 @@ def bench_gate(
     ``compare_pure``, with the gates on their pure-Python path), the executors ticking in turn."""
     # nominal driving, observation after observation, as a sensor delivers it: what a gate sees most
     # of the time (random vectors would take the rare out-of-range path every tick)
-    from dualloop.controller.gates.fitting import nominal_inputs
 
     rows = nominal_inputs([seed + 1], every=1, scenarios=("nominal_cruise",), noise=None)[0]
     offsets = np.random.default_rng(seed).integers(0, len(rows), sessions)

@@ -252,7 +252,9 @@ def main(argv: list[str] | None = None) -> None:
     srv.add_argument("--guard-ms", type=float, default=2.0)
     srv.add_argument("--realtime-priority", type=int, default=None)
     srv.add_argument("--save", required=True, help="write the raw lateness values (ns) to this .npy file")
-    srv.add_argument("--planner", default="none", help="the server's planner source (controller.config.PlannerConfig)")
+    srv.add_argument(
+        "--planner", default="none", help="the server's planner source (controller.serve.config.PlannerConfig)"
+    )
     srv.add_argument(
         "--alternate-s",
         type=float,

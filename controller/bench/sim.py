@@ -1,6 +1,6 @@
 """Throughput of this simulator against highway-env at the same configuration.
 
-    python -m sim.bench --seconds 5
+    python -m controller.bench.sim --seconds 5
 
 highway-env is an optional, bench-only dependency (`pip install highway-env`); when it is missing
 the result says so instead of failing.

@@ -14,12 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import grpc
 import numpy as np
 
 from dualloop.controller.serve.client import DriveSession, realtime_channel
+from dualloop.controller.serve.planning import LockstepPlanning
 from dualloop.controller.serve.wire import snapshot_to_proto
 from dualloop.executor.core import Executor
 from dualloop.executor.snapshot import Clock, Observation
@@ -27,9 +28,6 @@ from dualloop.sim.env import SimEnv, make_scenario
 from dualloop.sim.metrics import EpisodeMetrics
 from dualloop.sim.schema import BEHAVIOURS, PLAN_INDEX
 from dualloop.v1 import controller_pb2 as pb
-
-if TYPE_CHECKING:
-    from dualloop.controller.serve.planning import LockstepPlanning
 
 DT_NS = 5_000_000
 PLAN_PERIOD_STEPS = 40  # the simulator's planner publishes a plan every 200 ms
@@ -58,7 +56,7 @@ class Decider(Protocol):
 
 class InProcessDecider:
     """The executor in this process, one LOCKSTEP session; with `planner`, planned exactly as the
-    gRPC server plans a LOCKSTEP session (controller.planning.LockstepPlanning, in-line)."""
+    gRPC server plans a LOCKSTEP session (controller.serve.planning.LockstepPlanning, in-line)."""
 
     def __init__(self, executor: Executor, session_id: str, planner: LockstepPlanning | None = None) -> None:
         self.executor = executor

@@ -15,7 +15,6 @@ Closed loop: each OOD scenario driven by the executor with the gate and without 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,8 @@ from rich.table import Table
 from dualloop import ood
 from dualloop.controller.demo.closed_loop import drive_in_process
 from dualloop.controller.gates.fitting import episode_changes, forward_rows, model_features
+from dualloop.controller.gates.plots import plot_evaluation
+from dualloop.controller.gates.scores import ScenarioScores, fault_active
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
@@ -39,24 +40,6 @@ TICK_S = 0.005
 # m/s^2: a command at least this strong asks the car to brake or accelerate (the action labels'
 # brake / accelerate boundary); below it a shortfall of actuation cannot show.
 DEMAND_ACCEL = 0.5
-
-
-@dataclass
-class ScenarioScores:
-    name: str
-    ood: bool
-    t: np.ndarray  # (T,)
-    score: np.ndarray  # (B, T) Mahalanobis score (ratio to threshold with several gates), +inf for non-finite rows
-    alarm: np.ndarray  # (B, T) veto as the executor would apply it
-    immediate: np.ndarray  # (B, T) a guard vetoed at once (NaN/Inf, norm band, feature range, freeze check)
-    valid: np.ndarray  # (B, T)
-    onset_tick: np.ndarray  # (B,) first tick at or after the fault's onset; T when never
-    end_tick: np.ndarray  # (B,) first tick after the fault is over (noise bursts end); T when it lasts
-    demand: np.ndarray = field(
-        repr=False, default_factory=lambda: np.zeros(0, bool)
-    )  # (B, T) |command| >= DEMAND_ACCEL
-    decision: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T, d) sampled later
-    action: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T) model argmax
 
 
 def score_episodes(
@@ -154,12 +137,6 @@ def actuation_verdicts(
     return score, alarm
 
 
-def _after_onset(s: ScenarioScores) -> np.ndarray:
-    """The ticks the fault is active: from onset until it ends (a noise burst does), valid only."""
-    ticks = np.arange(s.score.shape[1])[None, :]
-    return s.valid & (ticks >= s.onset_tick[:, None]) & (ticks < s.end_tick[:, None])
-
-
 def verdict(s: ScenarioScores) -> np.ndarray:
     """The gate's judgement of each tick as one number: its score, and +inf where a guard vetoed at
     once, since such a veto outranks every score."""
@@ -168,7 +145,7 @@ def verdict(s: ScenarioScores) -> np.ndarray:
 
 def separation(nominal: list[ScenarioScores], faulty: ScenarioScores) -> dict[str, float]:
     inside = np.concatenate([verdict(s)[s.valid] for s in nominal])
-    outside = verdict(faulty)[_after_onset(faulty)]
+    outside = verdict(faulty)[fault_active(faulty)]
     # +inf (non-finite input) ranks above everything, which is what a veto means
     big = np.finfo(np.float64).max
     inside, outside = np.minimum(inside, big), np.minimum(outside, big)
@@ -178,7 +155,7 @@ def separation(nominal: list[ScenarioScores], faulty: ScenarioScores) -> dict[st
         hits = np.flatnonzero(faulty.alarm[b, start:] & faulty.valid[b, start:])
         delays.append(float(hits[0]) if hits.size else np.inf)
     d = np.array(delays)
-    after = _after_onset(faulty)
+    after = fault_active(faulty)
     with_demand = after & faulty.demand
     demand = np.minimum(verdict(faulty)[with_demand], big)
     return {
@@ -259,8 +236,6 @@ def evaluate(
         progress.update(task, completed=len(names) + len(OOD_SCENARIOS))
     print_evaluation(result, console)
     if out_dir is not None:
-        from dualloop.controller.gates.plots import plot_evaluation
-
         out_dir.mkdir(parents=True, exist_ok=True)
         result["plots"] = [str(p) for p in plot_evaluation(scores, result["threshold"], out_dir)]
     return result

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -220,10 +219,3 @@ def fit_gate_for_model(
     )
     check.indices(card.feature_names, [c.name for c in card.controls])  # refuse a model it cannot read
     return dataclasses.replace(gate, actuation=check)
-
-
-def load_gate_for_model(path: Path, model: DecisionModel) -> ood.Gate:
-    """Load a gate file and check it against the model (the executor checks the names again)."""
-    gate = ood.load_gate(path)
-    ood.load_gate(path, expected_feature_names=gate_feature_names(model, gate.schema.source))
-    return gate

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -11,17 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from dualloop.controller.gates.scores import ScenarioScores, fault_active  # noqa: E402
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS  # noqa: E402
 from dualloop.sim.schema import ACTIONS  # noqa: E402
-
-if TYPE_CHECKING:
-    from dualloop.controller.gates.evaluation import ScenarioScores
-
-
-def _after_onset(s: ScenarioScores) -> np.ndarray:
-    from dualloop.controller.gates.evaluation import _after_onset as active
-
-    return active(s)
 
 
 def _finite(x: np.ndarray, cap: float) -> np.ndarray:
@@ -65,7 +56,7 @@ def plot_histograms(scores: dict[str, ScenarioScores], threshold: float, path: P
     ax.hist(_finite(nominal, cap), bins=bins, density=True, alpha=0.5, color="grey", label="nominal")
     for name in OOD_SCENARIOS:
         s = scores[name]
-        after = _after_onset(s)
+        after = fault_active(s)
         ax.hist(_finite(s.score[after], cap), bins=bins, density=True, histtype="step", lw=1.3, label=name)
     ax.axvline(threshold, color="#e63946", lw=1.2, label="threshold")
     ax.set_xscale("log")
@@ -105,7 +96,7 @@ def plot_projection(scores: dict[str, ScenarioScores], path: Path, per_scenario:
     right.scatter(p_nom[vetoed_nom, 0], p_nom[vetoed_nom, 1], s=12, color="black", marker="x", label="nominal, vetoed")
     for name in OOD_SCENARIOS:
         s = scores[name]
-        x, _, alarm = sample(s, _after_onset(s))
+        x, _, alarm = sample(s, fault_active(s))
         if len(x):
             p = project(x)
             right.scatter(p[:, 0], p[:, 1], s=5, alpha=0.6, label=f"{name} ({alarm.mean() * 100:.0f}% vetoed)")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dualloop.controller.replay.lockstep import replay_log
+
 RAY_MISSING = "--ray needs Ray, which is an optional extra: pip install 'dualloop[ray]'"
 
 
@@ -42,10 +44,6 @@ class FleetResult:
 
 def _replay_one(log: str, model: str, gates: list[str], out_dir: str | None) -> dict:
     from threadpoolctl import threadpool_limits
-
-    from dualloop.controller.replay.lockstep import (
-        replay_log,
-    )  # imported in the worker: spawn starts a clean interpreter
 
     out = str(Path(out_dir) / f"{Path(log).stem}.replay.mcap") if out_dir else None
     with threadpool_limits(1):  # one log per core: BLAS threads would only fight the other workers

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dualloop.controller.gates.fitting import load_gate_for_model
 from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, actual_is_command
 from dualloop.controller.logs.logfile import LogData, read_log, write_log
 from dualloop.controller.replay.report import ReplayReport, summarise
+from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
@@ -71,7 +71,7 @@ def run_replay(
     """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds.
 
     actual_is_command: the observations' actual controls are the command in effect (the log says so,
-    `controller.logformat.actual_is_command`), so the gate's actuation check judges them.
+    `controller.logs.format.actual_is_command`), so the gate's actuation check judges them.
     fast: the whole session in one vectorised pass (`Executor.run_lockstep`); otherwise observation
     by observation through `advance_lockstep`, the reference the fast path is tested against."""
     t0 = time.perf_counter()

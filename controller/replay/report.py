@@ -7,15 +7,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dualloop.controller.serve.shadow import ShadowAgreement
+from dualloop.executor.core import Executor
 from dualloop.executor.snapshot import Snapshot
-
-if TYPE_CHECKING:
-    from dualloop.executor.core import Executor
 
 
 @dataclass

@@ -5,7 +5,7 @@ RealtimePlanning.on_tick, which asks for plans when a session's period has elaps
 plans that have finished, both non-blocking and spread over a few ticks. All sessions due at a
 period boundary go to the worker as one batch, released at the boundary. LOCKSTEP sessions must stay deterministic,
 so they are planned in-line at each period boundary of observation time (LockstepPlanning), by the
-stream handler over gRPC or by sim.closed_loop's InProcessDecider, with the same code either way.
+stream handler over gRPC or by controller.demo.closed_loop's InProcessDecider, with the same code either way.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from dualloop.controller.serve.config import PlannerConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.snapshot import Clock, Observation
+from dualloop.planner.behaviour import BehaviourPlanner
+from dualloop.planner.onnx_planner import OnnxPlanner
 from dualloop.planner.plan import Plan, PlanRequest, PlanSource
+from dualloop.planner.remote import RemotePlanner
 from dualloop.planner.scheduler import PlanScheduler
 from dualloop.planner.worker import SourceFactory
 from dualloop.v1 import controller_pb2 as pb
@@ -41,16 +44,10 @@ def make_source(
 ) -> PlanSource:
     """Build a source by name; module level so that a partial of it can cross to a spawned worker."""
     if source == "behaviour":
-        from dualloop.planner.behaviour import BehaviourPlanner
-
         return BehaviourPlanner()
     if source == "onnx":
-        from dualloop.planner.onnx_planner import OnnxPlanner
-
         return OnnxPlanner(str(path))
     if source == "remote":
-        from dualloop.planner.remote import RemotePlanner
-
         return RemotePlanner(str(address), deadline_s=deadline_s)
     raise ValueError(f"unknown planner source {source!r}")
 
@@ -145,7 +142,7 @@ class LockstepPlanning:
         self.last_error = f"{type(err).__name__}: {err}"
 
     def plan_now(self, session_id: str, obs: Observation) -> None:
-        """Synchronous: for the in-process closed loop (sim.closed_loop.InProcessDecider)."""
+        """Synchronous: for the in-process closed loop (controller.demo.closed_loop.InProcessDecider)."""
         request = self.due(session_id, obs)
         if request is None:
             return

@@ -22,6 +22,7 @@ from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, ACTUAL_IS_CO
 from dualloop.controller.logs.recorder import Recorder
 from dualloop.controller.serve.config import ConfigError, ServerConfig
 from dualloop.controller.serve.conflation import LatestSlot
+from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.planning import ServerPlanning
 from dualloop.controller.serve.shadow import ShadowAgreement
 from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker, set_realtime_priority
@@ -384,8 +385,6 @@ class ControllerServer:
         )
         gates = []
         for path in config.gates:
-            from dualloop.controller.gates.fitting import load_gate_for_model
-
             try:
                 gates.append(load_gate_for_model(path, self.model))
             except (OSError, ValueError) as err:

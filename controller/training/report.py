@@ -4,22 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from dualloop.controller.training.trainer import Hooks, TrainResult
 from dualloop.sim import schema
-
-if TYPE_CHECKING:
-    from dualloop.controller.training.trainer import Hooks, TrainResult
 
 
 @contextmanager
 def progress_hooks(n_scenarios: int, max_epochs: int, console: Console | None = None) -> Iterator[Hooks]:
-    from dualloop.controller.training.trainer import Hooks
-
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),

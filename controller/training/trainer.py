@@ -1,10 +1,9 @@
 """Train, calibrate and export the driving decision models (small / base / large).
 
     train(size, seed, out)        -> TrainResult       the library call
-    train_main(size, seed, out_dir, quick) -> TrainResult   the CLI call: progress and summary tables
 
-Pipeline: expert data (controller.training_data) -> numpy MLP (controller.training_mlp) -> softmax
-temperature on the validation split (controller.training_calib) -> metrics on the test split ->
+Pipeline: expert data (controller.training.data) -> numpy MLP (controller.training.mlp) -> softmax
+temperature on the validation split (controller.training.calibration) -> metrics on the test split ->
 export_mlp -> batch-1 forward latency of the exported file -> export again with it in the card.
 
 Reproducibility: the same seed on the same machine gives the same weights, the same card and the
@@ -200,33 +199,6 @@ def train(
 def model_path(size: str, out_dir: Path, quick: bool) -> Path:
     # A quick model never overwrites the shipped one.
     return Path(out_dir) / (f"{size}.quick.onnx" if quick else f"{size}.onnx")
-
-
-def train_main(
-    size: str,
-    seed: int = DEFAULT_SEED,
-    out_dir: Path = Path("models"),
-    quick: bool = False,
-    measure_latency_in_card: bool = True,
-) -> TrainResult:
-    """CLI entry: trains with rich progress bars, prints the summary tables, returns the result."""
-    from dualloop.controller.training.report import print_summary, progress_hooks
-
-    data_config = QUICK_DATA if quick else FULL_DATA
-    config = mlp_config(size, quick)
-    with progress_hooks(len(data_config.scenarios), config.max_epochs) as hooks:
-        result = train(
-            size,
-            seed,
-            model_path(size, out_dir, quick),
-            quick=quick,
-            data_config=data_config,
-            config=config,
-            measure_latency_in_card=measure_latency_in_card,
-            hooks=hooks,
-        )
-    print_summary(result)
-    return result
 
 
 def compare_models(a: Path, b: Path) -> list[str]:

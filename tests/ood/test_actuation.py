@@ -14,7 +14,8 @@ import pytest
 
 from dualloop import ood
 from dualloop.controller.demo.closed_loop import InProcessDecider, drive_in_process, run_closed_loop
-from dualloop.controller.gates.fitting import actuation_episodes, load_gate_for_model
+from dualloop.controller.gates.fitting import actuation_episodes
+from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.executor.core import Executor, GateMismatch
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Observation, Reason

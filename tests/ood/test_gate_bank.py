@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dualloop.controller.gates.fitting import load_gate_for_model, nominal_inputs
+from dualloop.controller.gates.fitting import nominal_inputs
+from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor, nearest_gate
 from dualloop.executor.model_runner import DecisionModel

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from dualloop.controller.bench import cli as bench_cli
 from dualloop.controller.bench import gate as bench_gate
-from dualloop.controller.bench import planner as bench_planner
 from dualloop.controller.cli import main
 from dualloop.ood import compiled as ood_compiled
 
@@ -57,7 +57,7 @@ def test_bench_replay_reports_both_paths(tmp_path):
 def test_bench_gate_reports_each_session_count(tmp_path):
     """`dualloop bench gate`'s table: gate cost per session at each count, next to the forward pass."""
     from dualloop.controller.bench.gate import bench_gate_table
-    from dualloop.controller.gates.fitting import load_gate_for_model
+    from dualloop.controller.serve.gate_files import load_gate_for_model
     from dualloop.executor.model_runner import DecisionModel
     from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
@@ -118,7 +118,7 @@ def test_bench_planner_compares_idle_and_busy_turns_of_one_run(tmp_path, test_mo
 def test_bench_planner_refuses_a_run_too_short_for_two_turns_of_each_kind(capsys, monkeypatch):
 
     ran = []
-    monkeypatch.setattr(bench_planner, "bench_planner", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(bench_cli, "bench_planner", lambda *a, **k: ran.append(a))
     assert main(["bench", "planner", "--duration", "7"]) == 2
     assert "--duration 7: too short" in capsys.readouterr().out and not ran
     # without --duration it runs long enough for a narrow interval: 600 s, 32 sessions

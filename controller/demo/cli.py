@@ -1,0 +1,49 @@
+"""`dualloop demo`: the main job, the scenario suite in closed loop over gRPC."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dualloop.controller.console import console
+from dualloop.controller.demo.suite import run_demo
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("demo", help="the main job: the scenario suite in closed loop over gRPC, with a report")
+    p.add_argument("--model", type=Path, help="default: models/base.onnx")
+    p.add_argument("--scenarios", help="comma-separated subset (default: all)")
+    p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
+    p.add_argument("--no-gate", action="store_true", help="drive without the OOD gate")
+    p.add_argument(
+        "--planner",
+        choices=["auto", "none", "behaviour"],
+        default="auto",
+        help="auto: the server's built-in planner plans the nominal scenarios, the simulator the "
+        "out-of-distribution ones; none: the simulator plans all; behaviour: the built-in planner "
+        "plans all",
+    )
+    p.add_argument("--duration", type=float, help="seconds of sim time per scenario (default: the scenario's own)")
+    p.add_argument(
+        "--seed", type=int, help="the episode seed of every scenario (default: 900001, held out from training)"
+    )
+    p.add_argument("--out", type=Path, default=Path("runs"))
+    p.set_defaults(fn=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    model = args.model or (BASE_MODEL_PATH if BASE_MODEL_PATH.is_file() else TEST_MODEL_PATH)
+    if model == TEST_MODEL_PATH:
+        console.print("[yellow]no trained model found (models/base.onnx): driving with the untrained test model[/]")
+    scenarios = args.scenarios.split(",") if args.scenarios else None
+    gates = (
+        args.gate
+        if args.gate
+        else ([g for g in DEFAULT_GATES if g.is_file()] if model == BASE_MODEL_PATH and not args.no_gate else [])
+    )
+    seed = {} if args.seed is None else {"seed": args.seed}
+    run_demo(
+        model, args.out, scenarios, **seed, duration_s=args.duration, console=console, gates=gates, planner=args.planner
+    )
+    return 0

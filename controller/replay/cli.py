@@ -1,0 +1,92 @@
+"""`dualloop replay` (one log or a fleet) and `dualloop diff`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dualloop.controller.console import console, print_error
+from dualloop.controller.replay.diff import NotSameInput, Tolerances, diff_exit_code, diff_logs, format_diff
+from dualloop.controller.replay.fleet import replay_many
+from dualloop.controller.replay.lockstep import replay_log
+from dualloop.controller.replay.report import format_report
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("replay", help="run recorded logs through a model in LOCKSTEP; one log or many")
+    p.add_argument("logs", nargs="+", type=Path)
+    p.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
+    p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
+    p.add_argument("--no-gate", action="store_true")
+    p.add_argument("--out", type=Path, help="one log: the new log's path; many: a folder")
+    p.add_argument("--workers", type=int, help="process pool size for many logs (default: the cores)")
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="distribute over an existing Ray cluster (RAY_ADDRESS or `ray start --head`; pip install 'dualloop[ray]')",
+    )
+    p.set_defaults(fn=_replay)
+
+    p = sub.add_parser("diff", help="compare two logs of the same input; non-zero exit beyond tolerance")
+    p.add_argument("a", type=Path)
+    p.add_argument("b", type=Path)
+    p.add_argument("--tolerance", type=float, default=0.0, help="allowed fraction of changed ticks per field")
+    p.add_argument("--field", action="append", help="fields that gate the exit code (default: missing, applied_index)")
+    p.add_argument("--controls-tol", type=float, default=1e-4, help="absolute tolerance on controls")
+    p.set_defaults(fn=_diff)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    gates = (
+        args.gate
+        if args.gate is not None
+        else ([g for g in DEFAULT_GATES if g.is_file()] if args.model == BASE_MODEL_PATH else [])
+    )
+    if args.no_gate:
+        gates = []
+    if len(args.logs) == 1 and not args.ray and not args.workers:
+        out = args.out or Path("runs/replay") / f"{Path(args.logs[0]).stem}.replayed.mcap"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        result = replay_log(args.logs[0], args.model, gates, out_path=out)
+        console.print(format_report(result.report), highlight=False)
+        report_path = out.with_suffix(".json")
+        report_path.write_text(json.dumps(result.report.as_dict(), indent=2, default=float))
+        console.print(f"new log: {out}  report: {report_path}")
+        return 0
+
+    try:
+        fleet = replay_many(
+            args.logs,
+            args.model,
+            gates,
+            workers=args.workers,
+            use_ray=args.ray,
+            out_dir=args.out or Path("runs/replay"),
+        )
+    except RuntimeError as err:  # Ray missing or no cluster: the message says what to do
+        print_error(err)
+        return 2
+    console.print(
+        f"replayed {len(fleet.reports)} logs ({fleet.ticks} ticks), {len(fleet.errors)} failed; top-1 "
+        f"agreement with the actual actions {fleet.agreement_top1:.3f}; gate vetoed "
+        f"{fleet.gate_veto_fraction * 100:.1f}% of ticks",
+        highlight=False,
+    )
+    for path, err in fleet.errors.items() if isinstance(fleet.errors, dict) else fleet.errors:
+        console.print(f"[red]failed:[/] {path}: {err}", highlight=False)
+    return 1 if fleet.errors else 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    try:
+        report = diff_logs(args.a, args.b, tolerances=Tolerances(controls_abs=args.controls_tol))
+    except NotSameInput as err:
+        print_error(err)
+        return 2
+    console.print(format_diff(report), highlight=False)
+    code = diff_exit_code(report, tolerance=args.tolerance, fields=tuple(args.field or ("missing", "applied_index")))
+    if code:
+        console.print(f"[red]changed beyond tolerance {args.tolerance}[/]")
+    return code

@@ -1,0 +1,97 @@
+"""`dualloop train`, `dualloop quantize` and `dualloop make-test-model`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dualloop.controller.console import console
+from dualloop.controller.training.driving_card import build_test_model
+from dualloop.controller.training.report import print_summary, progress_hooks
+from dualloop.controller.training.trainer import (
+    DEFAULT_SEED,
+    FULL_DATA,
+    QUICK_DATA,
+    TrainResult,
+    compare_models,
+    mlp_config,
+    model_path,
+    train,
+)
+from dualloop.models import TEST_MODEL_PATH
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("train", help="train a decision model from expert demonstrations and export it")
+    p.add_argument("--size", choices=["small", "base", "large"], default="base")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--out", type=Path, default=Path("models"), help="folder for <size>.onnx")
+    p.add_argument("--quick", action="store_true", help="little data, few epochs (writes <size>.quick.onnx)")
+    p.add_argument("--check", type=Path, help="then compare with this model file (exit 1 if it differs)")
+    p.set_defaults(fn=_train)
+
+    p = sub.add_parser("quantize", help="INT8 variant with a per-class confusion report against FP32")
+    p.add_argument("model", type=Path)
+    p.add_argument("--out", type=Path, help="default: <model>.int8.onnx")
+    p.set_defaults(fn=_quantize)
+
+    p = sub.add_parser("make-test-model", help="build the untrained test model from its fixed seed")
+    p.add_argument("--out", type=Path, default=TEST_MODEL_PATH)
+    p.set_defaults(fn=_make_test_model)
+
+
+def _train(args: argparse.Namespace) -> int:
+
+    result = train_main(args.size, args.seed, args.out, quick=args.quick)
+    if args.check is not None:
+        diffs = compare_models(args.check, result.path)
+        console.print(
+            f"[green]{result.path} reproduces {args.check} exactly (weights, card, version)[/]"
+            if not diffs
+            else f"[red]{result.path} differs from {args.check}:[/] " + "; ".join(diffs)
+        )
+        return 1 if diffs else 0
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+
+    # needs the onnx package (the [dev] extra): imported when the command runs, so every other
+    # command works without it
+    from dualloop.controller.training.quantize import quantize_main
+
+    out = args.out or args.model.with_suffix(".int8.onnx")
+    quantize_main(str(args.model), str(out))
+    return 0
+
+
+def _make_test_model(args: argparse.Namespace) -> int:
+
+    card = build_test_model(args.out)
+    console.print(f"wrote {args.out} (version {card.version}, schema {card.schema_hash()})")
+    return 0
+
+
+def train_main(
+    size: str,
+    seed: int = DEFAULT_SEED,
+    out_dir: Path = Path("models"),
+    quick: bool = False,
+    measure_latency_in_card: bool = True,
+) -> TrainResult:
+    """CLI entry: trains with rich progress bars, prints the summary tables, returns the result."""
+    data_config = QUICK_DATA if quick else FULL_DATA
+    config = mlp_config(size, quick)
+    with progress_hooks(len(data_config.scenarios), config.max_epochs) as hooks:
+        result = train(
+            size,
+            seed,
+            model_path(size, out_dir, quick),
+            quick=quick,
+            data_config=data_config,
+            config=config,
+            measure_latency_in_card=measure_latency_in_card,
+            hooks=hooks,
+        )
+    print_summary(result)
+    return result
