@@ -262,7 +262,7 @@ class PlanScheduler:
         self.deadline_s = period_s if deadline_s is None else deadline_s
         # A source planned request by request stops starting new ones after a third of the deadline:
         # one more call that then takes its own full deadline (a remote source's is at most 2/3 of
-        # ours, controller.planning.worker_deadline_s) still answers before the batch is killed.
+        # ours, controller.serve.planning.worker_deadline_s) still answers before the batch is killed.
         self.budget_s = self.deadline_s / 3.0
         # A worker waiting for a CPU is not hung: its deadline moves on, up to this long after the
         # batch was sent (killing it would only start a fresh worker, cold, on the same busy

@@ -58,7 +58,7 @@ class Decider(Protocol):
 
 class InProcessDecider:
     """The executor in this process, one LOCKSTEP session; with `planner`, planned exactly as the
-    gRPC server plans a LOCKSTEP session (controller.planning.LockstepPlanning, in-line)."""
+    gRPC server plans a LOCKSTEP session (controller.serve.planning.LockstepPlanning, in-line)."""
 
     def __init__(self, executor: Executor, session_id: str, planner: LockstepPlanning | None = None) -> None:
         self.executor = executor

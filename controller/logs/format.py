@@ -1,7 +1,7 @@
 """The log file format (proto/dualloop/v1/log.proto): topics, message types, and one MCAP file writer.
 
-Shared by the background recorder (controller/recorder.py) and the synchronous writer and reader
-(controller/logfile.py), so both agree on topic names, schemas and channel layout by construction.
+Shared by the background recorder (controller/logs/recorder.py) and the synchronous writer and reader
+(controller/logs/logfile.py), so both agree on topic names, schemas and channel layout by construction.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def run_replay(
     """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds.
 
     actual_is_command: the observations' actual controls are the command in effect (the log says so,
-    `controller.logformat.actual_is_command`), so the gate's actuation check judges them.
+    `controller.logs.format.actual_is_command`), so the gate's actuation check judges them.
     fast: the whole session in one vectorised pass (`Executor.run_lockstep`); otherwise observation
     by observation through `advance_lockstep`, the reference the fast path is tested against."""
     t0 = time.perf_counter()
