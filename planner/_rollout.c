@@ -14,7 +14,7 @@
  * the free-road term's ratio**4 is written (r*r)*(r*r) in both paths. Work whose result numpy throws
  * away is skipped: the time-to-collision where the gap is not closing (numpy's np.where gives inf, whose
  * risk is 0), the new follower's check outside a lane change (masked off by `changing`) or once it has
- * failed (an any()), the cut-in risk where no car is near (masked off). tests/test_planner_compiled.py
+ * failed (an any()), the cut-in risk where no car is near (masked off). tests/planner/test_compiled.py
  * compares the bits.
  *
  * CPython C API only: arrays come in through the buffer protocol (C-contiguous float64, bool masks),

@@ -58,6 +58,8 @@ _FAR_M = 1.0e4  # where an absent vehicle is put, so that it never interacts
 _STOP = -1.0  # the ladder position of the "come to a stop" candidate (target speed 0)
 
 
+# Each comment below says why a parameter is what it is; the closed-loop runs that set the values
+# (scenarios, seeds, vetoed ticks) are recorded in docs/design-notes/planner.md.
 @dataclass(frozen=True)
 class BehaviourParams:
     cruise_speed: float = 25.0  # desired speed on a straight free road, m/s
@@ -65,19 +67,14 @@ class BehaviourParams:
     lane_width: float = 3.5
     horizon_s: float = 6.0
     step_s: float = 0.1
-    # Target speeds: 0 (come to a stop) and these fractions of the cruise speed, 2.5 m/s apart at 25
-    # m/s, so that the target follows the traffic. The executor was trained on targets that step
-    # within a drive between 0.3 x and 1 x the drive's cruise speed (sim.expert.TargetSteps); the
-    # model trained on one target per drive steered off its lane centre on any other (dense traffic
-    # at 15 m/s, keep plans at 22/20/18 m/s instead of 25: 0.9/1.2/1.4 m), so the planner had been
-    # held to targets at or above the trained ones.
+    # Target speeds: 0 (come to a stop) and these fractions of the cruise speed, so that the target
+    # follows the traffic; the executor was trained on targets stepping over this range within a
+    # drive (sim.expert.TargetSteps).
     speed_steps: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-    # An ego faster than every target the executor was trained on (the expert's drives cruise at up
-    # to 31 m/s) is told to hold its speed: a target far below it made the executor brake hard and
-    # swerve (speed_out_of_range on the model's default plan left the road).
+    # An ego faster than every target the executor was trained on (the expert cruises at up to
+    # 31 m/s) is told to hold its speed: a target far below it makes the executor brake hard.
     hold_above: float = 31.0
-    # No road vehicle's speed (252 km/h): a broken unit (km/h read as m/s) or a broken sensor. The
-    # planner refuses (planning from km/h took 2 of 3 unit_mismatch_kmh runs off the road).
+    # No road vehicle's speed (252 km/h): a broken unit (km/h read as m/s) or sensor; the planner refuses.
     max_speed: float = 70.0
     valid_for_s: float = 1.0
     # Ego longitudinal model (IDM-like, as the executor was trained to drive).
@@ -90,10 +87,9 @@ class BehaviourParams:
     # Lane changes.
     lane_change_s: float = 4.0  # the executor's lateral manoeuvre time
     leaving_time_gap: float = 0.5  # headway still kept to the leader of the lane we are leaving
-    # Headway accepted behind the new leader while the change is under way, opened back up to
-    # time_gap afterwards: what the expert accepts when it slots in behind a car to merge (its
-    # discretionary changes accept even less, 0.3 s). At 1.5 s a change behind a slower car looks
-    # like an emergency stop to the rollout (lead_brakes_hard, 6 seeds: 699 vetoed ticks, not 66).
+    # Headway accepted behind the new leader while the change is under way (opened back up to
+    # time_gap afterwards), as the expert accepts when it merges: at time_gap, a change behind a
+    # slower car looks like an emergency stop to the rollout.
     merge_time_gap: float = 0.8
     rear_min_gap: float = 5.0  # hard: the new follower never closer than this during the change
     rear_min_ttc_s: float = 2.0  # hard: nor closing on us faster than this
@@ -112,52 +108,39 @@ class BehaviourParams:
     w_ttc: float = 3.0
     w_change: float = 0.2
     w_left: float = 0.15  # a change to the left costs a little more: right is preferred when both gain
-    # No bonus for moving right without a gain: the executor was trained on lane changes made for an
-    # advantage (the expert's MOBIL), and keep-right moves it had never seen were vetoed (cut_in on
-    # 6 seeds: 963 vetoed ticks with a -0.3 bonus, 0 without).
+    # No bonus for moving right without a gain: the executor was trained only on lane changes made
+    # for an advantage (the expert's MOBIL).
     w_right: float = 0.0
     w_continue: float = -0.5  # finishing a lane change already started (negative: a bonus)
     w_reverse: float = 3.0  # flipping back towards the lane we are leaving or just left
     w_cooldown: float = 1.0
-    # A lane with a stationary obstacle ahead (a stopped car, the end of an on-ramp) is a dead end:
-    # whatever the rollout does within the horizon, staying there ends in a stop after it. Costs up
-    # to this much, more the closer the obstacle at the end of the horizon, so a safe gap to leave
-    # is taken as soon as there is one instead of when the braking starts (without it 2 of 6
-    # slow_merge runs drove off the end of the ramp).
+    # A lane with a stationary obstacle ahead (a stopped car, the end of an on-ramp) is a dead end
+    # beyond the horizon. Costs up to this much, more the closer the obstacle, so a safe gap to
+    # leave is taken as soon as there is one instead of when the braking starts.
     w_dead_end: float = 3.5
-    # Starting a lane change while braking hard behind a close leader: the executor brakes for it and
-    # was never shown a lane change on top of an emergency stop (without this, cut_in on the demo
-    # seed: a change started at -8 m/s^2, 165 vetoed ticks instead of 0).
+    # Starting a lane change while braking hard behind a close leader: the executor was never shown
+    # a lane change on top of an emergency stop.
     w_change_braking: float = 5.0
-    # No lane change is started slower than this, as the executor's expert never does
-    # (sim.expert.ExpertParams.min_change_speed): the executor was never shown a change from a crawl.
-    # The rollout lets the ego move sideways at any speed, so stopped 2.5 m behind a stopped car it
-    # found the next lane free and planned change_left; the executor accelerated straight into the
-    # car instead (stopped_vehicle_ahead, seed 900012, with a model trained on the simulator's later
-    # traffic). A change already under way may go on at any speed.
+    # No lane change is started slower than this, as the expert never does
+    # (sim.expert.ExpertParams.min_change_speed): the executor was never shown a change from a crawl
+    # (the rollout would move the ego sideways at any speed). A change under way may go on.
     min_change_speed: float = 3.0
     # The target speed says what the executor should settle at: a target far above what the chosen
-    # lane lets the ego reach within the horizon makes it press into the gap ahead; and a target that
-    # moves with every small change of the costs is noise (without these two, lead_brakes_hard on 6
-    # seeds: 387 vetoed ticks instead of 66).
+    # lane lets the ego reach within the horizon makes it press into the gap ahead, and a target
+    # that moves with every small change of the costs is noise.
     w_target: float = 1.0
-    # Per m/s the target moves from the previous plan's, over the cruise speed. 0.3 let the target
-    # flip between neighbouring steps every period on an on-ramp beside a slow lane, and the executor
-    # was vetoed around the merge (8 slow_merge seeds with the retrained model: 1629 vetoed ticks at
-    # 1.0, 602 at 1.5, 252 at 2.0); at 2.0 the target no longer followed a lead slowing from 17 to
-    # 15 m/s in dense traffic (demo seed).
+    # Per m/s the target moves from the previous plan's, over the cruise speed: enough that the
+    # target does not flip between neighbouring steps every period, little enough that it still
+    # follows a slowing leader.
     w_retarget: float = 1.5
     # A leader faster than the ego by pull_away m/s and by pull_away_fraction of the ego's speed is
-    # pulling away (starting off after a stop): it does not cap the target. Held at its present speed
-    # it capped the target at a crawl (7.5 m/s behind one starting off, the ego at 3 m/s beside
-    # traffic at 23, vetoed). With 1 m/s alone, the expert's targets, which follow the same rule,
-    # flipped between 23.6 and 29.5 m/s every period behind a leader barely faster than the ego.
+    # pulling away (starting off after a stop) and does not cap the target; both conditions, so that
+    # a leader barely faster than the ego does not make the target flip.
     pull_away: float = 1.0
     pull_away_fraction: float = 0.3
-    # A slower car close ahead in a neighbouring lane may cut in: staying in lane, the ego is scored
-    # on the braking that would take, so the planner does not speed up to pass it closely; the
-    # executor reacts to a cut-in only once the car is in its lane (without it, cut_in on the demo
-    # seed: 145 vetoed ticks instead of 0).
+    # A slower car close ahead in a neighbouring lane may cut in: staying in lane is scored on the
+    # braking that would take, so the planner does not speed up to pass it closely (the executor
+    # reacts to a cut-in only once the car is in its lane).
     w_cut_in: float = 1.0
     cut_in_range_m: float = 40.0
     cut_in_min_gap_m: float = 5.0

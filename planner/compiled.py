@@ -2,7 +2,7 @@
 planner/_rollout.c when the package is installed on a machine with a C compiler) or numpy.
 
 The numpy path (``BehaviourPlanner._outcome``) is the reference and the fallback: it is always there,
-and the compiled one must give the same bits (tests/test_planner_compiled.py compares them).
+and the compiled one must give the same bits (tests/planner/test_compiled.py compares them).
 ``DUALLOOP_PLANNER_PURE_PYTHON=1`` in the environment, or ``use_compiled(False)``, makes planners
 built afterwards take the numpy path.
 
@@ -13,15 +13,10 @@ float64 operations in the same order as numpy (reductions over steps add rows in
 axis-0 reductions do), so no (steps x candidates) array is made; the rest of ``_evaluate`` (the
 situation, the candidate table, the weighting of the terms) stays in numpy and is shared.
 
-The numbers (this 2-core machine, another load on it, CPU time per ``plan_many`` batch,
-``time.thread_time_ns``, both paths interleaved in one process, 600 batches each, half the sessions
-features from simulated drives and half random; ``dualloop bench planner --compare-pure``):
-32 sessions 1.09 ms median / 1.41 ms p99 compiled against 5.80 / 6.71 ms numpy (5.3x / 4.7x less),
-1 session 0.23 / 0.32 ms against 1.21 / 1.38 ms (5.3x / 4.3x). The C call itself is about 0.3-0.45 ms
-of a batch of 32 (~540 candidates), bound by its ~8 divisions per candidate and step; the rest is the
-shared numpy and Python around it (the situation, the candidate table, the terms, _decide).
-The free-road term's ratio**4 is written (r*r)*(r*r) in both paths: numpy's power is SVML's pow
-on AVX-512 machines, which no C expression reproduces; plans did not change with it.
+Why: the numpy rollout was most of the planner's CPU, which competes with the executor's ticks;
+the compiled one costs about a fifth (``dualloop bench planner --compare-pure``; the numbers are in
+docs/measurements.md). The free-road term's ratio**4 is written (r*r)*(r*r) in both paths: numpy's
+power is SVML's pow on AVX-512 machines, which no C expression reproduces; plans did not change.
 """
 
 from __future__ import annotations

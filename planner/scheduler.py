@@ -6,11 +6,11 @@
     sched.request("car-1", features, now_ns)          # latest wins per session
     for plan in sched.poll(): ...                      # plans finished since the last poll
 
-How it stays cheap: there is no scheduler thread in the caller's process. An earlier version had a
-dispatcher thread; every time it woke it competed for the GIL with the tick loop, and CPython's 5 ms
-switch interval turned that into 5 ms stalls of request() (measured p99 ~5 ms). Now request() only
-notes the request, and poll() does the rest with non-blocking pipe operations (a select with zero
-timeout, short reads and one write of serialised planner.proto messages, never a pickle).
+How it stays cheap: there is no scheduler thread in the caller's process (a dispatcher thread
+competes with the tick loop for the GIL, and CPython's 5 ms switch interval turns that into 5 ms
+stalls of request(): docs/design-notes/planner.md). request() only notes the request, and poll()
+does the rest with non-blocking pipe operations (a select with zero timeout, short reads and one
+write of serialised planner.proto messages, never a pickle).
 
 Requests are planned in batches: poll() sends everything requested since the last batch (up to
 max_batch sessions, oldest first so no session starves) as one message (with hold=True, only after
@@ -33,8 +33,7 @@ timeout, and the replacement is spawned by a short-lived helper thread, so even 
 blocks the caller. A worker that is ready to run but short of CPU at the deadline is not hung
 (Linux: its state and CPU time in /proc): it gets until it could have used a deadline's worth of
 CPU, up to starved_limit_s. On a busy machine the niced worker waits first, and killing it would
-only start a fresh one, cold, on the same busy machine (measured: 6 ms of CPU per batch of 32 took
-up to 190 ms while other work ran).
+only start a fresh one, cold, on the same busy machine.
 
 A request is encoded when it is made and a plan decoded when poll() hands it out, at most poll's
 limit a call: a batch of 32 plans decoded in the tick that received it cost that tick ~0.3 ms.

@@ -73,12 +73,9 @@ class TargetSteps:
       beside a car that may cut in);
     - the others keep their cruise speed throughout.
 
-    An executor trained on one target per drive steered off its lane centre when a plan's target was
-    below the drive's (dense traffic at 18 m/s: 1.3 m). The gates are fitted on the same roll-outs,
-    which is why most drives do not step at random: with every drive stepping, few passed a stopped
-    car at cruise speed (the input gate then vetoed the planner's ego doing so at 22 m/s in
-    lead_brakes_hard), and random slow segments left the ego alone on the road, where the raw
-    features' norm (every gap at the sensor range) is beyond the input gate's band.
+    Why steps: an executor trained on one target per drive steers off its lane centre on any other.
+    Why not all at random: the gates are fitted on the same roll-outs, and must still see drives at
+    cruise speed past stopped cars and in traffic (docs/design-notes/sim.md).
     """
 
     follow: float = 0.5
@@ -266,9 +263,8 @@ class Expert:
             best_gain = np.where(ok, gain, best_gain)
             best_dir = np.where(ok, direction, best_dir)
 
-        # Not from a standstill: behind a stopped car the own lane's leader holds the expert at 0 m/s,
-        # and pure pursuit at 0 m/s steered at full lock for the rest of the drive (14 of 24
-        # stopped_vehicle_ahead episodes, a quarter of their samples, labelled with full-lock steering).
+        # Not from a standstill: pure pursuit at 0 m/s steers at full lock, and those labels would teach
+        # the model to (docs/design-notes/sim.md).
         can_start = ~self.changing & (t - self.last_change_end >= p.cooldown_s) & (t >= 1.0) & (v >= p.min_change_speed)
         start = can_start & (best_dir != 0)
         self.target_lane = np.where(start, lane + best_dir, np.where(self.changing, self.target_lane, lane))

@@ -207,7 +207,7 @@ class World:
         occ = self.occupancy()
         # Drivers see the ego drifting towards a lane before its body is in it: for their lane
         # changes it is also where it will be in a second, so no car moves into the lane the ego is
-        # entering from the other side (cut_in, seed 900003: a car two lanes over did, from behind).
+        # entering from the other side (docs/design-notes/sim.md).
         ego_ahead_d = self.d[:, EGO] + self.v[:, EGO] * np.sin(self.ego_psi) * _EGO_INTENT_S
         occ[:, EGO, :] |= np.abs(ego_ahead_d[:, None] - self._lane_centres) < self._occ_threshold
         ds = self.s[:, None, :] - self.s[:, :, None]

@@ -29,13 +29,11 @@ from dualloop.v1 import controller_pb2 as pb
 
 _NEVER = math.inf
 _KEEP_SUMMARIES = 4  # a session's snapshots can name the plan before the current one (LOCKSTEP)
-# A batch's plans arrive together. Decoding and applying 32 in one tick took ~0.4 ms of the tick
-# loop on the loaded 2-core VM and the next tick was late 3x as often as others; 8 a tick spreads a
-# batch of 32 over 4 ticks (15 ms, nothing next to a 200 ms planning period).
+# A batch's plans arrive together; applying them all in one tick made that tick's successor late
+# (docs/design-notes/planner.md), so 8 a tick spreads a batch of 32 over 4 ticks (15 ms).
 _APPLY_PER_TICK = 8
-# Likewise the requests: encoding 32 at a period boundary cost that tick ~0.2 ms. Each session's
-# request goes out in one of the _SPREAD_TICKS ticks before its boundary (its observation is then up
-# to 15 ms older than the boundary), and the batch is released at the boundary, still as one batch.
+# Likewise the requests: each session's request goes out in one of the _SPREAD_TICKS ticks before
+# its boundary (its observation up to 15 ms older), and the batch is released at the boundary.
 _SPREAD_TICKS = 4
 
 

@@ -41,8 +41,7 @@ class DataConfig:
     noise: ActionNoise | None = ActionNoise()
     # Every recorded state a second time under another target speed, with the expert's controls for
     # it (sim.env.ExpertData.alt_plan): the target then changes how the model accelerates, not where
-    # it steers. A model trained on stepped targets alone still turned a lane change back when the
-    # plan's target moved from 12.5 to 17.5 m/s in the middle of it (slow_merge, seed 900002).
+    # it steers (docs/design-notes/controller.md).
     relabel_targets: bool = True
 
     def __post_init__(self) -> None:
