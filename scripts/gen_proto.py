@@ -1,4 +1,4 @@
-"""Regenerate the Python stubs from proto/ (committed; tests/test_proto.py fails when they drift)."""
+"""Regenerate the Python stubs from proto/ (committed; tests/proto/test_proto.py fails when they drift)."""
 
 from __future__ import annotations
 
