@@ -5,11 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from dualloop.executor.model_card import ModelCard
-from dualloop.executor.snapshot import Observation, Snapshot
+from dualloop.executor.snapshot import WALL_CLOCK_FIELDS, Observation, Snapshot
 from dualloop.v1 import controller_pb2 as pb
-
-# Fields of DecisionSnapshot that are wall-clock by nature (executor.snapshot.WALL_CLOCK_FIELDS).
-WALL_CLOCK_PROTO_FIELDS = ("emit_time_ns", "lateness_us", "timings")
 
 
 def model_info(card: ModelCard, tick_period_ns: int, gate_version: str = "", gate_source: str = "") -> pb.ModelInfo:
@@ -89,6 +86,6 @@ def without_wall_clock(msg: pb.DecisionSnapshot) -> bytes:
     """Deterministic bytes of a snapshot: what two LOCKSTEP replays must agree on."""
     copy = pb.DecisionSnapshot()
     copy.CopyFrom(msg)
-    for name in WALL_CLOCK_PROTO_FIELDS:
+    for name in WALL_CLOCK_FIELDS:  # the Snapshot's names are the DecisionSnapshot's
         copy.ClearField(name)
     return copy.SerializeToString(deterministic=True)
