@@ -32,10 +32,12 @@ from dualloop.ood.change import ChangeTracker
 from dualloop.ood.filter import CusumFilter, CusumSettings, FilterSettings, KOfNFilter, KOfNSettings, make_filter
 from dualloop.ood.fit import GateStats, fit_statistics
 from dualloop.ood.freeze import FreezeDetector
-from dualloop.ood.gate import FeatureSchema, Gate, fit_gate
-from dualloop.ood.gatefile import load_gate, save_gate
+from dualloop.ood.gate import Gate, fit_gate
+from dualloop.ood.gatefile import load_gate
+from dualloop.ood.gateformat import save_gate
 from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
 from dualloop.ood.monitor import GateMonitor, GateStep
+from dualloop.ood.schema import FeatureSchema
 from dualloop.ood.score import GateFlags, GateScorer, RowScores, StackedScorer
 
 __all__ = [

@@ -10,7 +10,8 @@
  *
  * Every pass is the pure-Python one line by line, with the same float64 operations in the same order
  * (built with -ffp-contract=off: no fused multiply-add), so the bits are the same;
- * tests/ood/test_compiled.py compares them. Anything it does not know how to read (a source that is
+ * tests/ood/test_compiled.py and tests/ood/test_one_row.py compare them. Anything it does not know how
+ * to read (a source that is
  * not a float32/float64 row or a list of floats, a length that does not match its limits) returns
  * NotImplemented before any state moves, and the caller takes the Python pass, the reference.
  */

@@ -81,7 +81,7 @@ class ActuationSettings:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ActuationSettings:
-        kinds = {f.name: f.type for f in dataclasses.fields(ActuationSettings)}
+        kinds = {f.name: str(f.type) for f in dataclasses.fields(ActuationSettings)}  # annotations: strings
         unknown = sorted(set(d) - set(kinds))
         if unknown:
             raise ValueError(f"actuation settings: unknown fields {unknown}")
@@ -177,14 +177,13 @@ class ActuationCheck:
         return ActuationMonitor(self, n_slots)
 
 
-# per slot: (last timestamp ns or None, expected accel or None, mean shortfall, k-of-n bits, distrust)
-# (last observation time, expected accel, mean shortfall, k-of-n bits, distrust, time of the (re)start)
+# per slot: (last observation time ns or None, expected accel or None, mean shortfall, k-of-n bits,
+# distrust, time of the (re)start ns)
 SlotState = tuple[int | None, float | None, float, int, float, int]
 _START: SlotState = (None, None, 0.0, 0, 0.0, 0)
 # The expected accel starts from one noisy measurement; it is judged only once the lag has forgotten
-# that start (3 time constants: 5% of its error left). Without this a drive that opened with a
-# throttle step was vetoed from its 13th tick (dense_traffic, seed 900003: a first reading 0.13
-# m/s^2 above the true accel, 26 vetoed ticks).
+# that start (3 time constants: 5% of its error left), else a drive opening with a throttle step is
+# vetoed for its first reading's noise (docs/design-notes/ood.md, "Actuation warm-up").
 _WARM_UP_TAUS = 3.0
 
 
@@ -219,9 +218,9 @@ def make_rule(
         if c - c != 0.0 or a - a != 0.0 or not v >= vmin or v - v != 0.0:
             return (t_ns, None, 0.0, 0, d, 0), (d * hold if d >= 1.0 else _NAN), d >= 1.0
         if e is None or dt_ns > max_gap_ns or f is None:
-            e, start = a, t_ns  # (re)start from the measurement: no evidence yet
-        else:
-            e += f[0] * (gain * c + offset - e)
+            # (re)start from the measurement: no evidence yet, and the warm-up begins now (warm_up_ns > 0)
+            return (t_ns, a, 0.0, 0, d, t_ns), (d * hold if d >= 1.0 else _NAN), d >= 1.0
+        e += f[0] * (gain * c + offset - e)
         if t_ns - start < warm_up_ns:
             return (t_ns, e, 0.0, 0, d, start), (d * hold if d >= 1.0 else _NAN), d >= 1.0
         m += f[1] * ((e - a if e >= 0.0 else a - e) - m)
@@ -298,7 +297,8 @@ class ActuationMonitor:
 
 
 def _floats(x: Sequence[float] | np.ndarray) -> list[float]:
-    return np.asarray(x).tolist()
+    values: list[float] = np.asarray(x).tolist()
+    return values
 
 
 # -- fitting ------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dualloop.ood.monitor import GateMonitor
-from dualloop.ood.one_row import OneRowTick, ratio_at_zero
+from dualloop.ood.one_row import Decisions, FilterSlots, OneRowTick, ratio_at_zero
 from dualloop.ood.score import StackedScorer
 
 _INF = float("inf")
@@ -53,7 +53,7 @@ class GateBank:
             ranges=[s.feature_range for s in scorers],
         )
         self.n_slots = n_slots
-        self._gates = [(mon.filter.slot_states, mon.filter.advance) for mon in self.monitors]
+        self._gates: list[FilterSlots] = [(mon.filter.slot_states, mon.filter.advance) for mon in self.monitors]
         self._one_row = OneRowTick(self.scorer, self._gates, [mon.filter.zero for mon in self.monitors])
 
     @property
@@ -95,7 +95,7 @@ class GateBank:
         also: Sequence[bool] | None = None,
         changes: Sequence[np.ndarray | None] | None = None,
         context: Sequence[np.ndarray | None] | None = None,
-    ) -> tuple[list[float], list[float], list[bool]]:
+    ) -> Decisions:
         """``step`` as Python lists (score, threshold, alarm per row), fresh: a caller that folds in more
         per-row verdicts (the executor's actuation check) does it on floats, then makes its arrays once."""
         n = len(slots)

@@ -40,10 +40,10 @@ def find() -> tuple[int, int] | None:
             continue
         for gemv, ddot in _SYMBOLS:
             try:
-                return (
-                    ctypes.cast(getattr(lib, gemv), ctypes.c_void_p).value,
-                    ctypes.cast(getattr(lib, ddot), ctypes.c_void_p).value,
-                )
+                gemv_at = ctypes.cast(getattr(lib, gemv), ctypes.c_void_p).value
+                ddot_at = ctypes.cast(getattr(lib, ddot), ctypes.c_void_p).value
             except AttributeError:
                 continue
+            if gemv_at is not None and ddot_at is not None:  # ctypes gives None for a NULL address
+                return gemv_at, ddot_at
     return None

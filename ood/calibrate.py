@@ -209,7 +209,9 @@ class FeatureRange:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> FeatureRange:
-        floats = lambda key: tuple(float(v) for v in d.get(key, ()))  # noqa: E731
+        def floats(key: str) -> tuple[float, ...]:
+            return tuple(float(v) for v in d.get(key, ()))
+
         rng = FeatureRange(
             floats("low"),
             floats("high"),

@@ -15,7 +15,7 @@ Rules, the same for a live tick (``step``) and a replay (``scan``):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from operator import sub as _sub
 
@@ -28,6 +28,12 @@ class ChangeTracker:
     """Per slot, as Python floats (a tick has few rows; a numpy call costs more than the arithmetic):
     the last finite fresh observation (None before the first) and the last change."""
 
+    step: Callable[[np.ndarray, Sequence[int], Sequence[bool], Sequence[bool]], list[list[float]]]
+    """``step(x, slots, fresh, finite)``: x (rows, dim) float32 raw features of the rows ticking now;
+    their changes, one list of floats per row (the scorer takes them as they are; ``np.array`` makes
+    the (rows, dim) array). The lists are the tracker's own: read them, do not change them. This
+    instance's loop: the compiled one (ood/_tick.c) when built, called directly, else ``_step_python``."""
+
     def __init__(self, n_slots: int, dim: int) -> None:
         self.dim = dim
         self._unknown = [math.nan] * dim
@@ -35,16 +41,11 @@ class ChangeTracker:
         self._change: list[list[float]] = [self._unknown] * n_slots
         module = compiled.module()
         self.is_compiled = module is not None
-        if module is not None:  # this instance's step: the same loop in C (ood/_tick.c), called directly
-            self.step = partial(module.change_step, self._step_python, self._last, self._change, self._unknown)
-
-    def step(
-        self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool], finite: Sequence[bool]
-    ) -> list[list[float]]:
-        """x (rows, dim) float32 raw features of the rows ticking now; their changes, one list of
-        floats per row (the scorer takes them as they are; ``np.array`` makes the (rows, dim) array).
-        The lists are the tracker's own: read them, do not change them."""
-        return self._step_python(x, slots, fresh, finite)
+        self.step = (
+            self._step_python
+            if module is None
+            else partial(module.change_step, self._step_python, self._last, self._change, self._unknown)
+        )
 
     def _step_python(
         self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool], finite: Sequence[bool]

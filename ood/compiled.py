@@ -13,11 +13,14 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
+# The one import of the optional extension, at import time with a fallback (ood/_tick.pyi types it)
 _module: ModuleType | None
 try:
-    from dualloop.ood import _tick as _module
+    from dualloop.ood import _tick
 except ImportError:  # not built (no compiler at install time): the pure-Python path
     _module = None
+else:
+    _module = _tick
 
 _wanted = os.environ.get("DUALLOOP_GATE_PURE_PYTHON", "") in ("", "0")
 

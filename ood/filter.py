@@ -32,9 +32,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 # S is a sum of +1 and -down steps; rounding must not delay an alarm at exactly S == h.
 _CUSUM_EPS = 1e-9
@@ -120,21 +121,24 @@ class SequentialFilter(Protocol):
     def reset(self, slot: int | np.ndarray) -> None: ...
 
 
-class _SlotFilter:
+_State = TypeVar("_State", int, float)  # a slot's state: k-of-n bits, or a CUSUM statistic
+
+
+class _SlotFilter(Generic[_State]):
     """One state per session slot, kept as Python numbers: a tick has few rows (one per session),
     and for few rows one numpy call costs more than the whole update in Python. The rule itself
     is ``advance``; ``update`` applies it to arrays, ``step`` to lists (the executor's gate bank)."""
 
-    _zero: int | float
+    _zero: _State
 
     def __init__(self, n_slots: int) -> None:
         if n_slots < 1:
             raise ValueError(f"n_slots must be >= 1, got {n_slots}")
         self.n_slots = int(n_slots)
-        self._state: list = [self._zero] * self.n_slots
+        self._state: list[_State] = [self._zero] * self.n_slots
 
     @cached_property
-    def advance(self) -> Callable[[Any, bool, bool], tuple[Any, bool]]:
+    def advance(self) -> Callable[[_State, bool, bool], tuple[_State, bool]]:
         """The per-tick rule for one slot: ``advance(state, exceed, immediate) -> (new state, alarm)``."""
         raise NotImplementedError
 
@@ -158,12 +162,12 @@ class _SlotFilter:
         return alarm
 
     @property
-    def zero(self) -> int | float:
+    def zero(self) -> _State:
         """A fresh slot's state."""
         return self._zero
 
     @property
-    def slot_states(self) -> list:
+    def slot_states(self) -> list[_State]:
         """The live per-slot state (a gate bank advances it in place with ``advance``); the list
         object itself is never replaced."""
         return self._state
@@ -178,7 +182,7 @@ class _SlotFilter:
             self._state[s] = self._zero
 
 
-class KOfNFilter(_SlotFilter):
+class KOfNFilter(_SlotFilter[int]):
     """Alarm when >= k of a slot's last n updates exceeded.
 
     Each slot's window is the low n bits of one integer (newest tick in bit 0), so an update is a
@@ -215,7 +219,7 @@ class KOfNFilter(_SlotFilter):
         # the n - 1 ticks before this scan, oldest first (bit 0 is the newest), then the new ones
         seq = np.concatenate([[(bits >> j) & 1 for j in range(n - 2, -1, -1)], e]).astype(np.int64)
         total = np.concatenate([[0], np.cumsum(seq)])
-        alarm = (total[n:] - total[:-n]) >= self._k  # windows ending at each new tick
+        alarm: npt.NDArray[np.bool_] = (total[n:] - total[:-n]) >= self._k  # windows ending at each new tick
         if immediate is not None:
             alarm |= np.asarray(immediate, dtype=bool)
         last = seq[-n:][::-1]  # newest first
@@ -223,7 +227,7 @@ class KOfNFilter(_SlotFilter):
         return alarm
 
 
-class CusumFilter(_SlotFilter):
+class CusumFilter(_SlotFilter[float]):
     """Bernoulli CUSUM on exceedances: +1 per exceeding tick, -down per clean tick."""
 
     _zero = 0.0

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from dualloop.ood.shrinkage import SHRINKAGE_METHODS, shrunk_covariance
 
@@ -95,10 +96,11 @@ class GateStats:
         }
 
 
-def raw_norms(x: np.ndarray) -> np.ndarray:
+def raw_norms(x: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Row-wise L2 norms in float64 (float32 squares overflow sooner)."""
     x64 = np.asarray(x, dtype=np.float64)
-    return np.sqrt(np.einsum("ij,ij->i", x64, x64))
+    norms: npt.NDArray[np.float64] = np.sqrt(np.einsum("ij,ij->i", x64, x64))
+    return norms
 
 
 def check_feature_matrix(x: np.ndarray, what: str) -> np.ndarray:
@@ -119,9 +121,10 @@ def check_feature_matrix(x: np.ndarray, what: str) -> np.ndarray:
     return arr
 
 
-def l2_normalise(x: np.ndarray) -> np.ndarray:
+def l2_normalise(x: npt.ArrayLike) -> npt.NDArray[np.float64]:
     norms = raw_norms(x)
-    return np.asarray(x, dtype=np.float64) / np.maximum(norms, np.finfo(np.float64).tiny)[:, None]
+    z: npt.NDArray[np.float64] = np.asarray(x, dtype=np.float64) / np.maximum(norms, np.finfo(np.float64).tiny)[:, None]
+    return z
 
 
 def whitening_from_covariance(cov: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ Only fresh observations count, because a tick that reuses the same observation (
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
@@ -24,6 +24,10 @@ class FreezeDetector:
     """Per slot: the last fresh observation (float32, as Python floats) and the repeat count, kept
     as Python numbers because a tick has few rows and a numpy call costs more than the check."""
 
+    step: Callable[[np.ndarray, Sequence[int], Sequence[bool]], list[bool]]
+    """``update`` with the slots and fresh flags as Python sequences; returns a list. This instance's
+    loop: the compiled one (ood/_tick.c) when built, called directly, else ``_step_python``."""
+
     def __init__(self, n_slots: int, dim: int, repeats: int = 2) -> None:
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -33,8 +37,11 @@ class FreezeDetector:
         self._count = [0] * n_slots
         module = compiled.module()
         self.is_compiled = module is not None
-        if module is not None:  # this instance's step: the same loop in C (ood/_tick.c), called directly
-            self.step = partial(module.freeze_step, self._step_python, self._last, self._count, self.repeats)
+        self.step = (
+            self._step_python
+            if module is None
+            else partial(module.freeze_step, self._step_python, self._last, self._count, self.repeats)
+        )
 
     def update(self, x: np.ndarray, slots: np.ndarray | Sequence[int], fresh: np.ndarray) -> np.ndarray:
         """x (batch, dim) raw features of the rows ticking now; returns the alarm per row.
@@ -46,15 +53,11 @@ class FreezeDetector:
             self.step(x, np.asarray(slots, dtype=np.intp).tolist(), np.asarray(fresh, dtype=bool).tolist()), dtype=bool
         )
 
-    def step(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool]) -> list[bool]:
-        """``update`` with the slots and fresh flags as Python sequences; returns a list.
+    def _step_python(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool]) -> list[bool]:
+        """``step`` in Python: the reference, and the C loop's path for rows that are not float32.
 
         Comparing two rows' ``tolist()`` compares every component with float ``==``, as numpy's
         ``==`` does: NaN never equals, so non-finite rows are the gate's job, not a freeze."""
-        return self._step_python(x, slots, fresh)
-
-    def _step_python(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool]) -> list[bool]:
-        """``step`` in Python: the reference, and the C loop's path for rows that are not float32."""
         rows = x.tolist()
         kept = rows if x.dtype is _FLOAT32 else np.asarray(x, dtype=np.float32).tolist()
         last, count, repeats = self._last, self._count, self.repeats

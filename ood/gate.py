@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -24,27 +25,10 @@ from dualloop.ood.calibrate import (
 )
 from dualloop.ood.filter import FilterSettings, KOfNSettings, filter_settings_from_dict, make_filter
 from dualloop.ood.fit import GateStats, check_feature_matrix, fit_statistics, raw_norms
+from dualloop.ood.gateformat import content_hash, save_gate
 from dualloop.ood.monitor import GateMonitor
+from dualloop.ood.schema import FeatureSchema
 from dualloop.ood.score import GateScorer, score_in_chunks
-
-
-@dataclass(frozen=True)
-class FeatureSchema:
-    """What the gate was fitted on: ordered feature names and where they come from."""
-
-    feature_names: tuple[str, ...]
-    source: str  # e.g. "decision_vector" (model penultimate layer) or "input_features"
-
-    def __post_init__(self) -> None:
-        if not self.feature_names:
-            raise ValueError("feature schema needs at least one feature name")
-        if len(set(self.feature_names)) != len(self.feature_names):
-            raise ValueError("feature names must be unique")
-        if not self.source:
-            raise ValueError("feature schema needs a source (e.g. 'decision_vector')")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"feature_names": list(self.feature_names), "source": self.source}
 
 
 @dataclass(frozen=True, eq=False)  # holds numpy arrays: == would be ambiguous
@@ -73,8 +57,6 @@ class Gate:
     @cached_property
     def version_hash(self) -> str:
         """sha256 of the canonical content (metadata JSON + arrays); identical after a round trip."""
-        from dualloop.ood.gatefile import content_hash  # gatefile imports Gate; importing here breaks the cycle
-
         return content_hash(self)
 
     def nominal_veto_rate(self) -> dict[str, float]:
@@ -111,10 +93,8 @@ class Gate:
         """Scorer + per-slot filter sized for ``n_slots`` concurrent sessions."""
         return GateMonitor(self.scorer(max_batch=n_slots), make_filter(self.filter, n_slots))
 
-    def save(self, path: str) -> str:
-        """Write the gate file; returns the version hash."""
-        from dualloop.ood.gatefile import save_gate
-
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the gate file (``gateformat.save_gate``); returns the version hash."""
         return save_gate(self, path)
 
 

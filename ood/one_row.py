@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from types import NotImplementedType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,6 +35,12 @@ from dualloop.ood import blas, compiled
 from dualloop.ood.score import _SQ_HIGH, _SQ_LOW, _TINY, ClassTerms, StackedScorer, class_conditional, outside_limits
 
 _INF = float("inf")
+
+# A gate's filter as the tick drives it: its live per-slot states and its rule, advance(state, exceed,
+# immediate) -> (state, alarm). Any: the state is k-of-n bits (int) or a CUSUM statistic (float), per gate.
+FilterSlots = tuple[list[Any], Callable[[Any, bool, bool], tuple[Any, bool]]]
+# ([score], [threshold], [alarm]) of one row, as ``GateBank.step_lists`` returns them
+Decisions = tuple[list[float], list[float], list[bool]]
 
 
 class _Gate(NamedTuple):
@@ -44,9 +51,9 @@ class _Gate(NamedTuple):
     low: float  # norm band
     high: float
     threshold: float
-    index: int
+    position: int  # the gate's place in the bank
     ranged: bool  # has a FeatureRange
-    state: list  # the filter's live per-slot states
+    state: list[Any]  # the filter's live per-slot states
     advance: Callable[[Any, bool, bool], tuple[Any, bool]]
     quiet: Any  # a state that a clean tick leaves as it is, without alarm (the filter's zero)
 
@@ -57,7 +64,7 @@ class OneRowTick:
     def __init__(
         self,
         scorer: StackedScorer,
-        gates: Sequence[tuple[list, Callable[[Any, bool, bool], tuple[Any, bool]]]],
+        gates: Sequence[FilterSlots],
         zeros: Sequence[Any],
     ) -> None:
         self.scorer = scorer
@@ -93,7 +100,7 @@ class OneRowTick:
         # to give numpy's bits here: the whole tick is then one call
         routines = None if module is None else blas.find()
         self.blas_args = None if routines is None else (*routines, scorer.width, scorer._parts, self._products)
-        if self.blas_args is not None:
+        if module is not None and self.blas_args is not None:
             with_blas = module.Kernel(*self.kernel_args(), self.blas_args)
             if self._blas_agrees(with_blas):
                 kernel = with_blas
@@ -104,7 +111,7 @@ class OneRowTick:
         self._kernel = kernel
         self._one_call = kernel is not None and kernel.blas
         # the cheapest entry for a caller: the compiled tick itself (NotImplemented: call ``step``), or ``step``
-        self.first: Callable[..., Any] = kernel.step if self._one_call else self.step
+        self.first: Callable[..., Decisions | None | NotImplementedType] = kernel.step if self._one_call else self.step
 
     def _blas_agrees(self, kernel: Any) -> bool:
         """The kernel's products fill the buffer rows with numpy's bits, on random rows of a few scales."""
@@ -119,7 +126,7 @@ class OneRowTick:
                 return False
         return True
 
-    def kernel_args(self) -> tuple[int, np.ndarray, list[tuple]]:
+    def kernel_args(self) -> tuple[int, np.ndarray, list[tuple[Any, ...]]]:
         """``ood._tick.Kernel``'s arguments: the scorer's buffer and, per gate, its constants and filter."""
         return (
             self._n_linear,
@@ -131,7 +138,7 @@ class OneRowTick:
                     gate.low,
                     gate.high,
                     gate.threshold,
-                    self.scorer._range_lists[gate.index],
+                    self.scorer._range_lists[gate.position],
                     gate.state,
                     gate.advance,
                     gate.quiet,
@@ -157,11 +164,11 @@ class OneRowTick:
         also: Sequence[bool] | None,
         changes: Sequence[Any] | None,
         context: Sequence[np.ndarray | None] | None,
-    ) -> tuple[list[float], list[float], list[bool]] | None:
+    ) -> Decisions | None:
         """([score], [threshold], [alarm]) of the row, as ``GateBank.step_lists`` gives them; None (and
         nothing changed) when the row needs the general path."""
         if self._one_call:
-            out = self._kernel.step(slot, features, also, changes, context)
+            out: Decisions | None | NotImplementedType = self._kernel.step(slot, features, also, changes, context)
             if out is not NotImplemented:  # a row it cannot read: numpy's calls below
                 return out
         return self.without_blas(slot, features, also, changes, context)
@@ -173,13 +180,13 @@ class OneRowTick:
         also: Sequence[bool] | None,
         changes: Sequence[Any] | None,
         context: Sequence[np.ndarray | None] | None,
-    ) -> tuple[list[float], list[float], list[bool]] | None:
+    ) -> Decisions | None:
         """``step`` with numpy's calls making the products: for a row the one-call tick returned
         NotImplemented for (``first`` already tried it), or when there is no such tick."""
         if not self._numpy_products(features):
             return None
         if self._kernel is not None:
-            out = self._kernel.decide(slot, features, also, changes, context)
+            out: Decisions | None | NotImplementedType = self._kernel.decide(slot, features, also, changes, context)
             if out is not NotImplemented:  # a source it cannot read: the Python pass below decides
                 return out
         return self._decide(slot, features, also, changes, context)
@@ -203,7 +210,7 @@ class OneRowTick:
         also: Sequence[bool] | None,
         changes: Sequence[Any] | None,
         context: Sequence[np.ndarray | None] | None,
-    ) -> tuple[list[float], list[float], list[bool]] | None:
+    ) -> Decisions | None:
         """The decisions from the scorer's buffer once numpy has filled it (the reference pass)."""
         n_linear, sqrt = self._n_linear, math.sqrt
         decided = []
@@ -218,7 +225,7 @@ class OneRowTick:
                 d2 = class_conditional(d2, lin, d, gate.spec, n_linear)
             immediate = n < gate.low or n > gate.high  # the raw norm's guard
             if gate.ranged and not immediate:
-                immediate = self._outside(gate.index, features, changes, context)
+                immediate = self._outside(gate.position, features, changes, context)
             decided.append((d2, d2 > gate.threshold, immediate))
         # every gate scored: only now move the filters
         alarm = also is not None and also[0]
@@ -243,7 +250,12 @@ class OneRowTick:
         context: Sequence[np.ndarray | None] | None,
     ) -> bool:
         """The row's values, change or context outside gate g's limits (``StackedScorer._outside_range``)."""
-        sources = (features[g], None if changes is None else changes[g], None if context is None else context[g])
+        # Any: the sources ``given`` lists are not None (flat_limits leaves the others out)
+        sources: tuple[Any, ...] = (
+            features[g],
+            None if changes is None else changes[g],
+            None if context is None else context[g],
+        )
         given, low, high = self.scorer.flat_limits(g, sources)
         if not given:
             return False

@@ -29,9 +29,10 @@ from collections.abc import Sequence
 from itertools import chain
 from operator import gt as _gt
 from operator import lt as _lt
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from dualloop.ood.calibrate import FeatureRange
 from dualloop.ood.fit import GateStats
@@ -41,7 +42,7 @@ _INF = float("inf")
 _NAN = float("nan")
 _SQ_LOW, _SQ_HIGH = 1e-200, 1e200  # squared norms outside this range are scored rescaled
 _VECTORISED_FROM = 64  # rows; below it a Python pass over plain floats costs fewer numpy calls
-_PYTHON_RANGE_ROWS = 4  # rows; up to it the feature range is checked in Python (about 2 us a row, not 9)
+_PYTHON_RANGE_ROWS = 4  # rows; up to it the range check in Python beats numpy's per-call cost (design notes)
 
 
 ClassTerms = tuple[list[float], list[float], float | None]  # per class ||o_k||^2, (c W) . o_k; ||c W_bg||^2
@@ -68,13 +69,13 @@ def outside_limits(values: list[float], low: list[float], high: list[float]) -> 
 class GateFlags(NamedTuple):
     """Per-row booleans (fresh arrays, safe to keep)."""
 
-    nonfinite: np.ndarray  # a feature was NaN/Inf: score is +inf, veto now
-    norm_out: np.ndarray  # raw L2 norm outside the calibrated band (always true for all-zero)
-    exceed: np.ndarray  # score > threshold (Mahalanobis); goes through the sequential filter
-    out_of_range: np.ndarray  # a value, its change or a context value outside the gate's FeatureRange: veto now
+    nonfinite: npt.NDArray[np.bool_]  # a feature was NaN/Inf: score is +inf, veto now
+    norm_out: npt.NDArray[np.bool_]  # raw L2 norm outside the calibrated band (always true for all-zero)
+    exceed: npt.NDArray[np.bool_]  # score > threshold (Mahalanobis); goes through the sequential filter
+    out_of_range: npt.NDArray[np.bool_]  # a value, its change or a context value outside the FeatureRange: veto now
 
     @property
-    def immediate(self) -> np.ndarray:
+    def immediate(self) -> npt.NDArray[np.bool_]:
         """Rows that must alarm this tick regardless of the filter."""
         return self.nonfinite | self.norm_out | self.out_of_range
 
@@ -299,7 +300,12 @@ class StackedScorer:
         g_count = self.n_gates
         skip = None if nan_rows is None else nan_rows.tolist()
         for g in self._ranged:
-            sources = (rows[g], None if changes is None else changes[g], None if context is None else context[g])
+            # Any: the sources ``given`` lists are not None (flat_limits leaves the others out)
+            sources: tuple[Any, ...] = (
+                rows[g],
+                None if changes is None else changes[g],
+                None if context is None else context[g],
+            )
             given, low, high = self.flat_limits(g, sources)
             if not given:
                 continue
@@ -323,11 +329,11 @@ class StackedScorer:
         flat = self._flat.get(key)
         if flat is None:
             limits = self._range_lists[g] or [None, None, None]
-            given = tuple(i for i, (src, lim) in enumerate(zip(key[1:], limits)) if src and lim is not None)
+            chosen = [(i, lim) for i, (src, lim) in enumerate(zip(key[1:], limits)) if src and lim is not None]
             flat = self._flat[key] = (
-                given,
-                [v for i in given for v in limits[i][0]],
-                [v for i in given for v in limits[i][1]],
+                tuple(i for i, _ in chosen),
+                [v for _, lim in chosen for v in lim[0]],
+                [v for _, lim in chosen for v in lim[1]],
             )
         return flat
 
@@ -409,9 +415,10 @@ class StackedScorer:
             if x is None or not np.isfinite(x).all():
                 bad[e] = True
                 continue
-            if rescaled[g] is None:
-                rescaled[g] = np.zeros((b, self.dims[g]))
-            rescaled[g][row] = x / np.abs(x).max()
+            again_g = rescaled[g]
+            if again_g is None:
+                again_g = rescaled[g] = np.zeros((b, self.dims[g]))
+            again_g[row] = x / np.abs(x).max()
             if s == _INF:
                 norm_out[e] = True  # squares overflowed: outside any band, even an open one
         if any(r is not None for r in rescaled):
@@ -480,7 +487,10 @@ def score_in_chunks(
     context: np.ndarray | None = None,
 ) -> tuple[np.ndarray, GateFlags]:
     """Score a large offline matrix without growing the scorer's buffers to its size."""
-    cut = lambda a, i: None if a is None else a[i : i + chunk]  # noqa: E731
+
+    def cut(a: np.ndarray | None, i: int) -> np.ndarray | None:
+        return None if a is None else a[i : i + chunk]
+
     parts = [scorer.score(x[i : i + chunk], cut(changes, i), cut(context, i)) for i in range(0, x.shape[0], chunk)]
     d2 = np.concatenate([p[0] for p in parts])
     flags = GateFlags(*(np.concatenate([getattr(p[1], f) for p in parts]) for f in GateFlags._fields))

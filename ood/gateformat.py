@@ -1,0 +1,149 @@
+"""The gate file's format: canonical content, content hash and atomic writer. No pickle.
+
+A gate file is one ``.npz`` with ``metadata`` (0-d unicode array holding JSON) and the float64/int64
+arrays of ``GateStats.arrays()``. The version hash is sha256 over the canonical JSON of the metadata
+(sorted keys, no whitespace, hash field excluded) followed by each array's name, dtype, shape and
+little-endian bytes in name order; it is stored in the metadata and re-checked on load
+(``gatefile.load_gate``), so a truncated, edited or bit-flipped file is refused rather than trusted.
+
+This module knows a gate only by the parts it writes (``GateContent``), not the ``Gate`` class, so
+``Gate.version_hash`` and ``Gate.save`` use it and ``gatefile`` (which builds Gates) sits above both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from dualloop.ood.actuation import ActuationCheck
+from dualloop.ood.calibrate import FeatureRange, NormBand, ThresholdCalibration
+from dualloop.ood.filter import FilterSettings
+from dualloop.ood.fit import GateStats
+from dualloop.ood.schema import FeatureSchema
+
+FORMAT_NAME = "dualloop.ood.gate"
+FORMAT_VERSION = 1
+INT_ARRAYS = ("class_labels",)
+ARRAY_NAMES = (
+    "center",
+    "covariance",
+    "whiten",
+    "class_labels",
+    "class_means",
+    "class_offsets",
+    "bg_covariance",
+    "bg_whiten",
+)
+META_KEYS = (
+    "format",
+    "format_version",
+    "variant",
+    "shrinkage",
+    "n_train",
+    "dim",
+    "shrinkage_coef",
+    "bg_shrinkage_coef",
+    "norm_train",
+    "calibration",
+    "norm_band",
+    "filter",
+    "schema",
+)
+
+
+class GateContent(Protocol):
+    """What a gate file holds (``Gate`` has these fields); read-only, as a frozen dataclass's are."""
+
+    @property
+    def stats(self) -> GateStats: ...
+    @property
+    def calibration(self) -> ThresholdCalibration: ...
+    @property
+    def norm_band(self) -> NormBand: ...
+    @property
+    def filter(self) -> FilterSettings: ...
+    @property
+    def schema(self) -> FeatureSchema: ...
+    @property
+    def feature_range(self) -> FeatureRange | None: ...
+    @property
+    def actuation(self) -> ActuationCheck | None: ...
+
+
+def canonical_arrays(stats: GateStats) -> dict[str, npt.NDArray[Any]]:
+    """The arrays as stored and hashed: little-endian int64 labels, float64 otherwise, C order."""
+    out = {}
+    for name, arr in stats.arrays().items():
+        dtype = "<i8" if name in INT_ARRAYS else "<f8"
+        out[name] = np.ascontiguousarray(arr, dtype=dtype)
+    return out
+
+
+def metadata(gate: GateContent) -> dict[str, Any]:
+    s = gate.stats
+    meta = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "variant": s.variant,
+        "shrinkage": s.shrinkage,
+        "n_train": int(s.n_train),
+        "dim": s.dim,
+        "shrinkage_coef": float(s.shrinkage_coef),
+        "bg_shrinkage_coef": float(s.bg_shrinkage_coef),
+        "norm_train": s.norm.to_dict(),
+        "calibration": gate.calibration.to_dict(),
+        "norm_band": gate.norm_band.to_dict(),
+        "filter": gate.filter.to_dict(),
+        "schema": gate.schema.to_dict(),
+    }
+    if gate.feature_range is not None:  # absent, not null, without one: older files keep their hash
+        meta["feature_range"] = gate.feature_range.to_dict()
+    if gate.actuation is not None:  # the same: absent without one
+        meta["actuation"] = gate.actuation.to_dict()
+    return meta
+
+
+def canonical_json(meta: dict[str, Any]) -> str:
+    # allow_nan=False: Infinity/NaN are not JSON and would make the file unreadable elsewhere.
+    return json.dumps(meta, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def digest(meta: dict[str, Any], arrays: dict[str, npt.NDArray[Any]]) -> str:
+    """The version hash of canonical metadata and arrays (see the module docstring)."""
+    h = hashlib.sha256(canonical_json(meta).encode("utf-8"))
+    for name in sorted(arrays):
+        arr = arrays[name]
+        h.update(f"\0{name}\0{arr.dtype.str}\0{list(arr.shape)}\0".encode())
+        h.update(arr.tobytes(order="C"))
+    return h.hexdigest()
+
+
+def content_hash(gate: GateContent) -> str:
+    return digest(metadata(gate), canonical_arrays(gate.stats))
+
+
+def save_gate(gate: GateContent, path: str | os.PathLike[str]) -> str:
+    """Write atomically (temp file + rename) so a reader never sees half a gate. Returns the hash."""
+    path = os.fspath(path)
+    meta = metadata(gate)
+    arrays = canonical_arrays(gate.stats)
+    version_hash = digest(meta, arrays)
+    # Any: np.savez's stub reads a ** dict as if it might hold its allow_pickle flag
+    entries: dict[str, Any] = {"metadata": np.array(canonical_json({**meta, "version_hash": version_hash})), **arrays}
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".gate-", suffix=".npz.tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **entries)  # file handle: no ".npz" appended
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return version_hash
