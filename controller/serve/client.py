@@ -34,7 +34,7 @@ class DriveSession:
         self,
         channel: grpc.Channel,
         session_id: str = "",
-        clock: int = pb.REALTIME,
+        clock: pb.ClockMode = pb.REALTIME,
         shadow: bool = False,
         include_decision_vector: bool = False,
         expected_schema_hash: str = "",

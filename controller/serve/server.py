@@ -111,7 +111,7 @@ class ControllerRuntime:
                     stats.decision_latency.add(snap.observation_age_ns + snap.emit_time_ns - snap.scheduled_time_ns)
             stats.tick_work_ns.add(_mono_ns() - tick.started_ns)
 
-    def open_recording(self, session_id: str, clock: int, shadow: bool) -> None:
+    def open_recording(self, session_id: str, clock: pb.ClockMode, shadow: bool) -> None:
         if self.recorder is None:
             return
         card, gates = self.executor.card, self.executor.gates
