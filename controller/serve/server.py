@@ -231,6 +231,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 f"no agreement statistics for session {request.session_id!r}: it never ticked, or "
                 f"closed long ago (the last {ControllerRuntime.KEEP_CLOSED_SHADOW_STATS} are kept)",
             )
+        assert agreement is not None  # abort() raised
         return agreement.to_proto(request.session_id)
 
     async def Drive(self, request_iterator: AsyncIterator[pb.DriveRequest], context: grpc.aio.ServicerContext) -> None:
