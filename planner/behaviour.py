@@ -387,7 +387,7 @@ class BehaviourPlanner:
         target is one the executor was trained to follow, and an ego speed like that is more often
         a broken unit than a real speed: the planner refuses, and the executor degrades with
         STALE_PLAN instead of following a plan made from garbage."""
-        finite = np.isfinite(x).all(axis=1)
+        finite = cast("npt.NDArray[np.bool_]", np.isfinite(x).all(axis=1))  # (B,); the stubs allow a scalar
         speed = np.where(finite, x[:, _F["ego_speed"]], 0.0)
         limit = self.params.max_speed
         return [
@@ -692,7 +692,7 @@ class BehaviourPlanner:
         # ego is already moving out from behind it.
         own_time_gap = np.where(changing, p.leaving_time_gap, p.time_gap)
         merge_time_gap = np.where(changing, p.merge_time_gap, p.time_gap)  # to the new leader, during a change
-        any_both = both.any(axis=1)
+        any_both = cast("npt.NDArray[np.bool_]", both.any(axis=1))  # (steps,); the stubs allow a scalar
         for i in range(self._n_steps):
             free = self._idm_free(v, v0_target)
             new_time_gap = merge_time_gap if self._t[i] < p.lane_change_s else p.time_gap
@@ -780,7 +780,7 @@ class BehaviourPlanner:
                 cost[b, reverse] = p.w_reverse
                 if not crossed:  # aborting is allowed when it must be, but it has to be worth it
                     cost[b, KEEP_LANE] = 0.5 * p.w_reverse
-            elif last[b] is not None and 0 <= request.now_ns - last[b] < p.cooldown_s * 1e9:
+            elif (last_b := last[b]) is not None and 0 <= request.now_ns - last_b < p.cooldown_s * 1e9:
                 cost[b, KEEP_LANE + 1 :] = p.w_cooldown
         return cost
 

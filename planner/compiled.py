@@ -21,12 +21,14 @@ power is SVML's pow on AVX-512 machines, which no C expression reproduces; plans
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
 _module: ModuleType | None
 try:
-    from dualloop.planner import _rollout as _module
+    # by name: the C extension has no stub, and mypy would take `from ... import` for an attribute
+    _module = importlib.import_module("dualloop.planner._rollout")
 except ImportError:  # not built (no compiler at install time): the numpy path
     _module = None
 

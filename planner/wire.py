@@ -3,6 +3,8 @@ or socket: typed protobuf, never pickle."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import numpy.typing as npt
 
@@ -11,7 +13,9 @@ from dualloop.sim.schema import BEHAVIOURS
 from dualloop.v1 import planner_pb2 as pb
 
 # Derived from sim.schema.BEHAVIOURS so a new behaviour fails here at import, not on the wire.
-BEHAVIOUR_TO_WIRE: dict[str, int] = {b: pb.PlanBehaviour.Value(f"PLAN_BEHAVIOUR_{b.upper()}") for b in BEHAVIOURS}
+BEHAVIOUR_TO_WIRE: dict[str, pb.PlanBehaviour] = {
+    b: cast("pb.PlanBehaviour", pb.PlanBehaviour.Value(f"PLAN_BEHAVIOUR_{b.upper()}")) for b in BEHAVIOURS
+}
 WIRE_TO_BEHAVIOUR: dict[int, str] = {v: k for k, v in BEHAVIOUR_TO_WIRE.items()}
 
 

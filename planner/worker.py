@@ -179,10 +179,10 @@ def _plan(source: PlanSource, requests: Sequence[PlanRequest], budget_s: float) 
     except Exception as err:  # noqa: BLE001 - the whole call failed: every request failed with it
         return [err] * len(requests)
     if len(results) != len(requests):
-        err = RuntimeError(
+        mismatch = RuntimeError(
             f"{type(source).__name__}.plan_many returned {len(results)} results for {len(requests)} requests"
         )
-        return [err] * len(requests)
+        return [mismatch] * len(requests)
     return results
 
 

@@ -244,6 +244,7 @@ def run_expert_batch(
     times = np.zeros(n_rec)
     relabelling = relabel and steps is not None
     if relabelling:
+        assert steps is not None  # relabelling says so
         alt_speed = steps.alternatives(seeds, env.instance.cruise_speed, n_rec)
         alt_plans = np.zeros_like(plans)
         alt_accel = np.zeros((b, n_rec), dtype=np.float32)
@@ -267,6 +268,7 @@ def run_expert_batch(
                 alt_accel[:, k] = np.where(stop, accel, other)
             k += 1
         if accel_noise is not None:
+            assert steer_noise is not None  # sampled together
             i = env.step_index
             accel, steer = accel + accel_noise[:, i], steer + steer_noise[:, i]
         in_effect = np.stack(np.broadcast_arrays(*clip_controls(accel, steer)), axis=1)

@@ -277,11 +277,11 @@ class Expert:
         rows = np.arange(b)
         obstacle_stopped = (fv[rows, tgt_idx] < 0.5) & (fg[rows, tgt_idx] < 80.0)
         stop = ~self.changing & obstacle_stopped
-        direction = self.target_lane - lane
+        change_dir = self.target_lane - lane
         # Once across the lane boundary the plan says "keep" (offset 0) while the manoeuvre settles on
         # the new lane's centre, as the behaviour planner's plans do: a plan that kept the change's
         # behaviour there taught the executor a "finish the change" it then missed with a planner.
-        self.behaviour = np.where(stop, STOP, np.where(direction > 0, LEFT, np.where(direction < 0, RIGHT, KEEP)))
+        self.behaviour = np.where(stop, STOP, np.where(change_dir > 0, LEFT, np.where(change_dir < 0, RIGHT, KEEP)))
         if self.schedule is not None:
             # A random target does not hold on a lane that ends: alongside the slow lane at its speed
             # the expert found no gap and stopped at the end of the ramp (slow_merge, 1 in 24 drives).
@@ -292,7 +292,7 @@ class Expert:
             allowed = self.schedule.steps.allowed(self.cruise, v, fg[rows, limiting], fv[rows, limiting], self.desired)
             self.desired = np.where(self.schedule.follow, allowed, self.desired)
         self.target_speed = np.where(stop, 0.0, self.desired)
-        self.plan_vector = make_plan(self.target_speed, direction * width, self.behaviour)
+        self.plan_vector = make_plan(self.target_speed, change_dir * width, self.behaviour)
         return self.plan_vector
 
     # ---- 5 ms: controls ---------------------------------------------------------------------

@@ -38,7 +38,7 @@ class EpisodeInit:
     v0: FloatArray
     politeness: FloatArray
     cruise: float
-    script: dict[str, FloatArray] = field(default_factory=dict)
+    script: dict[str, dict[int, float]] = field(default_factory=dict)  # TrafficScript field -> car -> value
     friction: tuple[float, float, float, float] = (np.inf, 1.0, 8.0, 1.0)  # onset, brake, max, drive
     fault_onset: float = np.inf
     fault_duration: float = np.inf
@@ -140,12 +140,16 @@ def _base_episode(
         share = max(1, n_random * len(fixed) // max(len(lanes), 1))
         for ln, gaps in fixed.items():
             s, la, v = place_traffic(rng, share, [ln], lane_speed, gap_scale, zones, ego_s + 60.0, gaps)
-            parts_s.append(s), parts_lane.append(la), parts_v.append(v)
+            parts_s.append(s)
+            parts_lane.append(la)
+            parts_v.append(v)
             counts[ln] = share
     remaining = n_random - sum(counts.values())
     if remaining > 0:
         s, la, v = place_traffic(rng, remaining, normal_lanes, lane_speed, gap_scale, zones, ego_s + 80.0)
-        parts_s.append(s), parts_lane.append(la), parts_v.append(v)
+        parts_s.append(s)
+        parts_lane.append(la)
+        parts_v.append(v)
     t_s = np.concatenate(parts_s) if parts_s else np.zeros(0)
     t_lane = np.concatenate(parts_lane) if parts_lane else np.zeros(0, np.int64)
     t_v = np.concatenate(parts_v) if parts_v else np.zeros(0)

@@ -192,6 +192,7 @@ class World:
 
     def _forced_lane_changes(self) -> None:
         sc = self.script
+        assert sc is not None  # __post_init__ fills it
         due = sc.lane_change_time <= self.t
         new_lane = np.clip(self.lane_target + sc.lane_change_dir, 0, self.road.n_lanes - 1)
         self._start_lane_change(due, new_lane)
@@ -227,6 +228,7 @@ class World:
         rows = np.arange(self.batch)[:, None]
         cols = np.arange(self.m)[None, :]
         end_of_new = self.road.lane_end_s[rows, safe_lane]
+        assert self.script is not None  # __post_init__ fills it
         eligible = (
             self._is_traffic
             & ~self.changing
@@ -277,6 +279,7 @@ class World:
         a = idm_accel(self.v, self.v0, gap, lead_v, self.idm)
         if self._has_overrides:
             sc = self.script
+            assert sc is not None  # __post_init__ fills it
             active = (self.t >= sc.accel_start) & (self.t < sc.accel_end)
             a = np.where(active, sc.accel_value, a)
         if self.t >= self._next_forced:
@@ -295,6 +298,7 @@ class World:
         cmd_d = np.maximum(np.minimum(steer_cmd, STEER_MAX), STEER_MIN)
         if self.t >= self._friction_onset:
             fr = self.friction
+            assert fr is not None  # __post_init__ fills it
             slippery = self.t >= fr.onset_s
             reduced = np.maximum(np.where(cmd_a < 0.0, cmd_a * fr.brake_gain, cmd_a * fr.drive_gain), -fr.max_decel)
             cmd_a = np.where(slippery, reduced, cmd_a)

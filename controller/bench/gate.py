@@ -76,7 +76,7 @@ def bench_gate(
                 ood_compiled.use_compiled(before)
         for sid in ids:
             ex.open_session(sid)
-        executors.append((label, ex, ex.stats.stage_ns, *(np.empty(ticks) for _ in range(3))))
+        executors.append((label, ex, ex.stats.stage_ns, np.empty(ticks), np.empty(ticks), np.empty(ticks)))
     for k in range(ticks):
         # with the command in effect (here the measured acceleration), so an actuation check runs in full
         obs = {
@@ -145,8 +145,8 @@ def bench_gate_table(
         "target_gate_us_per_session": 20.0,
     }
     print_gate_table(result, console)
-    path = store_result(out_dir, "gate", result)
-    console.print(f"results: {path}")
+    saved = store_result(out_dir, "gate", result)
+    console.print(f"results: {saved}")
     return result
 
 

@@ -15,6 +15,7 @@ import asyncio
 import json
 import sys
 import time
+from typing import cast
 
 import grpc
 import numpy as np
@@ -114,6 +115,7 @@ def _alternate(
     the pause has been planned and applied.
     Returns one (busy, lateness) per turn, filled as the run goes."""
     turns: list[tuple[bool, LatenessLog]] = []
+    assert runtime.planning is not None  # run_server alternates only with a planner
     realtime = runtime.planning.realtime
 
     async def alternate() -> None:
@@ -198,10 +200,11 @@ async def run_server(
     else:
         lateness = stats.lateness.values()
         np.save(save, lateness)
-    planner_stats = None
+    planner_stats: dict[str, object] | None = None
     if planning is not None:  # counts over the window; plan times over the last plans (a rolling history)
         now = planning.scheduler.stats()
-        planner_stats = {k: int(now[k]) - int(plan0[k]) for k in _PLANNER_COUNTS}
+        # the counters are ints (stats() also holds times, a source name and None)
+        planner_stats = {k: int(cast(int, now[k])) - int(cast(int, plan0[k])) for k in _PLANNER_COUNTS}
         planner_stats.update(
             {
                 k: now[k]
@@ -269,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--realtime-priority", type=int, default=None)
     args = parser.parse_args(argv)
     loop = new_event_loop()
+    result: object
     if args.what == "clients":
         result = loop.run_until_complete(
             run_clients(args.address, args.sessions, args.duration, args.period_ms / 1e3, args.seed)

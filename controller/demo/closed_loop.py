@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 import grpc
 import numpy as np
@@ -249,7 +249,7 @@ def run_closed_loop(
     return ClosedLoopRun(
         scenario=env.name,
         seed=seed,
-        metrics=env.metrics(),
+        metrics=cast(EpisodeMetrics, env.metrics()),  # one episode: make_scenario's env is squeezed
         t=rec["t"][:k],
         applied_index=idx[:k],
         applied_accel=rec["accel"][:k],

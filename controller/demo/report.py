@@ -25,7 +25,7 @@ def _shade_states(ax, t: np.ndarray, state: np.ndarray) -> None:
         on = np.concatenate([[False], state == value, [False]]).astype(np.int8)
         starts, ends = np.flatnonzero(np.diff(on) == 1), np.flatnonzero(np.diff(on) == -1)
         for a, b in zip(starts, ends):
-            ax.axvspan(t[a], t[min(b, len(t) - 1)], color=colour, alpha=0.3, lw=0)
+            ax.axvspan(t[a], t[min(int(b), len(t) - 1)], color=colour, alpha=0.3, lw=0)
 
 
 def plot_run(run: ClosedLoopRun, out_dir: Path) -> Path:
@@ -64,7 +64,8 @@ def plot_tick_work(runs: Sequence[ClosedLoopRun], path: Path) -> Path:
     work = np.concatenate([r.tick_work_us[np.isfinite(r.tick_work_us)] for r in runs]) if runs else np.zeros(0)
     fig, ax = plt.subplots(figsize=(8, 3.5))
     if work.size:
-        ax.hist(np.maximum(work, 1.0), bins=np.logspace(0, np.log10(max(work.max(), 10.0)), 60), color="#457b9d")
+        bins = np.logspace(0, np.log10(max(work.max(), 10.0)), 60)
+        ax.hist(np.maximum(work, 1.0), bins=bins, color="#457b9d")  # type: ignore[arg-type]  # matplotlib's stub wants a Sequence; its docs take an array of edges
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(

@@ -64,6 +64,7 @@ def start_server(model: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.P
         text=True,
         env={**__import__("os").environ, "COLUMNS": "250"},
     )
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()
     match = re.search(r" on 127\.0\.0\.1:(\d+)", line)
     if not match:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from rich.console import Console
@@ -58,7 +58,7 @@ def score_episodes(
     b, t_len = data.valid.shape
     flat_x = data.features.reshape(b * t_len, -1)
     flat_p = data.plan.reshape(b * t_len, -1)
-    finite = np.isfinite(data.features).all(axis=2)
+    finite = cast("np.ndarray", np.isfinite(data.features).all(axis=2))  # (B, T); the stubs allow a scalar
     logits, _, dv = forward_rows(model, flat_x, flat_p)
     logits, dv = logits.reshape(b, t_len, -1), dv.reshape(b, t_len, -1)
     slots = np.arange(b)
@@ -66,6 +66,7 @@ def score_episodes(
     alarm = np.zeros((b, t_len), bool)
     immediate = np.zeros((b, t_len), bool)
     # the command in effect at each tick (what the previous step applied), NaN where unknown or invalid
+    assert data.applied is not None  # run_expert_batch records it
     command = np.where(data.valid, data.applied[..., 0], np.nan)
     ratios = len(gates) > 1 or any(g.actuation is not None for g in gates)  # compare gates by score / threshold
     for gate in gates:
@@ -133,7 +134,8 @@ def actuation_verdicts(
     t_ns = np.round(t * 1e9).astype(np.int64)
     score, alarm = np.full((b, t_len), np.nan), np.zeros((b, t_len), bool)
     for e in range(b):
-        score[e], alarm[e] = monitor.scan(e, t_ns, features[e, :, accel_at], features[e, :, speed_at], command[e])
+        # scan's parameters say Sequence, but it takes arrays (np.asarray, ood.actuation._floats)
+        score[e], alarm[e] = monitor.scan(e, t_ns, features[e, :, accel_at], features[e, :, speed_at], command[e])  # type: ignore[arg-type]
     return score, alarm
 
 

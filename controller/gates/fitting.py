@@ -75,6 +75,7 @@ def actuation_episodes(
     names = list(feature_names)
     accel_at, speed_at = names.index(settings.accel_feature), names.index(settings.speed_feature)
     t_ns = np.round(data.t * 1e9).astype(np.int64)
+    assert data.applied is not None  # run_expert_batch records it
     f64 = lambda a: a.astype(np.float64)  # noqa: E731
     return [
         ood.ActuationEpisode(
@@ -182,7 +183,7 @@ def fit_gate_for_model(
             f"{fit_seeds.start}-{fit_seeds.stop - 1}, calibration seeds "
             f"{calibration_seeds.start}-{calibration_seeds.stop - 1}"
         )
-        if isinstance(fit_seeds, range)
+        if isinstance(fit_seeds, range) and isinstance(calibration_seeds, range)
         else "simulated nominal"
     )
     gate = ood.fit_gate(
@@ -207,6 +208,7 @@ def fit_gate_for_model(
     )
     if act_fit is None:
         return gate
+    assert act_cal is not None  # made with act_fit
     # clean and noise-injected roll-outs alike: the command is what was executed, noise included
     check = ood.fit_actuation_check(
         act_fit,

@@ -32,7 +32,7 @@ def plot_scores_over_time(scores: dict[str, ScenarioScores], threshold: float, p
         veto = s.alarm[0]
         on = np.concatenate([[0], veto.astype(np.int8), [0]])
         for a, b in zip(np.flatnonzero(np.diff(on) == 1), np.flatnonzero(np.diff(on) == -1)):
-            ax.axvspan(s.t[a], s.t[min(b, len(s.t) - 1)], color="#f4a261", alpha=0.35, lw=0)
+            ax.axvspan(s.t[a], s.t[min(int(b), len(s.t) - 1)], color="#f4a261", alpha=0.35, lw=0)
         if s.onset_tick[0] < len(s.t):
             ax.axvline(s.t[s.onset_tick[0]], color="black", ls="--", lw=1)
         ax.set_yscale("log")
@@ -53,11 +53,11 @@ def plot_histograms(scores: dict[str, ScenarioScores], threshold: float, path: P
     nominal = np.concatenate([scores[n].score[scores[n].valid] for n in NOMINAL_SCENARIOS])
     bins = np.logspace(np.log10(max(_finite(nominal, cap).min(), 1e-3)), np.log10(cap), 80)
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    ax.hist(_finite(nominal, cap), bins=bins, density=True, alpha=0.5, color="grey", label="nominal")
+    ax.hist(_finite(nominal, cap), bins=bins, density=True, alpha=0.5, color="grey", label="nominal")  # type: ignore[arg-type]  # matplotlib's stub wants a Sequence; its docs take an array of edges
     for name in OOD_SCENARIOS:
         s = scores[name]
         after = fault_active(s)
-        ax.hist(_finite(s.score[after], cap), bins=bins, density=True, histtype="step", lw=1.3, label=name)
+        ax.hist(_finite(s.score[after], cap), bins=bins, density=True, histtype="step", lw=1.3, label=name)  # type: ignore[arg-type]  # matplotlib's stub wants a Sequence; its docs take an array of edges
     ax.axvline(threshold, color="#e63946", lw=1.2, label="threshold")
     ax.set_xscale("log")
     ax.set_xlabel("Mahalanobis score (non-finite inputs shown at the right edge)")

@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import zstandard
 from google.protobuf.message import DecodeError, Message
@@ -180,23 +181,23 @@ def read_sessions(path: str | Path | Iterable[str | Path]) -> dict[str, LogData]
             if rec.topic != TOPIC_HEADER:
                 header = log_pb2.SessionHeader(session_id=rec.session_id, source="unknown (no header)")
             else:
-                header = rec.message  # type: ignore[assignment]
-                if header.format_version > FORMAT_VERSION:  # type: ignore[attr-defined]
+                header = cast(log_pb2.SessionHeader, rec.message)  # the topic says which message it is
+                if header.format_version > FORMAT_VERSION:
                     raise LogFileError(
-                        f"{rec.file}: log format version {header.format_version} is newer "  # type: ignore[attr-defined]
+                        f"{rec.file}: log format version {header.format_version} is newer "
                         f"than this dualloop reads ({FORMAT_VERSION})"
                     )
-            data = sessions[rec.session_id] = LogData(header=header)  # type: ignore[arg-type]
+            data = sessions[rec.session_id] = LogData(header=header)
         if rec.file not in data.files:
             data.files.append(rec.file)
         if rec.topic == TOPIC_OBSERVATION:
-            data.observations.append(rec.message)  # type: ignore[arg-type]
+            data.observations.append(cast(pb.Observation, rec.message))
         elif rec.topic == TOPIC_SNAPSHOT:
-            data.snapshots.append(rec.message)  # type: ignore[arg-type]
+            data.snapshots.append(cast(pb.DecisionSnapshot, rec.message))
         elif rec.topic == TOPIC_PLAN:
-            data.plans.append(rec.message)  # type: ignore[arg-type]
+            data.plans.append(cast(log_pb2.PlanRecord, rec.message))
         elif rec.topic == TOPIC_SUMMARY:
-            data.summary = rec.message  # type: ignore[assignment]
+            data.summary = cast(log_pb2.SessionSummary, rec.message)
         # repeated headers (one per rotated file) carry only a different `part`: the first one stands
     for data in sessions.values():
         data.truncated, data.truncation, data.messages_read = reader.truncated, reader.truncation, reader.messages_read

@@ -157,8 +157,10 @@ def diff_logs(
                     report.decisions[x.applied.index, y.applied.index] += 1
             for f in fields:
                 report.changed[f] += 1
-            if fields and (report.first is None or (x or y).scheduled_time_ns < report.first.scheduled_time_ns):
-                report.first = Divergence(sid, tick, (x or y).scheduled_time_ns, fields)
+            seen = x or y
+            assert seen is not None  # the tick comes from ta or tb
+            if fields and (report.first is None or seen.scheduled_time_ns < report.first.scheduled_time_ns):
+                report.first = Divergence(sid, tick, seen.scheduled_time_ns, fields)
     return report
 
 

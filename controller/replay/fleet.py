@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class FleetResult:
     def confusion(self) -> np.ndarray | None:
         """Actual x applied over every log that has actual actions."""
         mats = [np.array(r["agreement"]["confusion"]) for r in self.reports.values() if r["agreement"].get("confusion")]
-        return sum(mats) if mats else None
+        return cast(np.ndarray, sum(mats)) if mats else None  # not sum()'s start, 0: mats is not empty
 
     @property
     def agreement_top1(self) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import grpc
 
@@ -46,7 +47,7 @@ class DriveSession:
             pb.DriveRequest(
                 open=pb.OpenSession(
                     session_id=session_id,
-                    clock=clock,
+                    clock=cast("pb.ClockMode", clock),  # a ClockMode number; the stubs type it as the enum class
                     shadow=shadow,
                     include_decision_vector=include_decision_vector,
                     expected_schema_hash=expected_schema_hash,

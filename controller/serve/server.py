@@ -112,7 +112,7 @@ class ControllerRuntime:
                     stats.decision_latency.add(snap.observation_age_ns + snap.emit_time_ns - snap.scheduled_time_ns)
             stats.tick_work_ns.add(_mono_ns() - tick.started_ns)
 
-    def open_recording(self, session_id: str, clock: int, shadow: bool) -> None:
+    def open_recording(self, session_id: str, clock: pb.ClockMode, shadow: bool) -> None:
         if self.recorder is None:
             return
         card, gates = self.executor.card, self.executor.gates
@@ -232,6 +232,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 f"no agreement statistics for session {request.session_id!r}: it never ticked, or "
                 f"closed long ago (the last {ControllerRuntime.KEEP_CLOSED_SHADOW_STATS} are kept)",
             )
+        assert agreement is not None  # abort() raised
         return agreement.to_proto(request.session_id)
 
     async def Drive(self, request_iterator: AsyncIterator[pb.DriveRequest], context: grpc.aio.ServicerContext) -> None:

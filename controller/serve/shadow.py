@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -74,7 +75,7 @@ class ShadowAgreement:
         np.add.at(self.confusion, (actual[scored], applied[scored]), 1)
         agree = applied == actual
         err = np.asarray(applied_controls, np.float64)[rows] - np.asarray(actual_controls, np.float64)[rows]
-        with_controls = np.isfinite(err).all(axis=1)
+        with_controls = cast("np.ndarray", np.isfinite(err).all(axis=1))  # (ticks,); the stubs allow a scalar
         err[~with_controls] = 0.0
         # every group a tick belongs to, first seen first (the order `update` would create them in)
         first: dict[str, tuple[int, int]] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from dualloop.executor.model_card import ModelCard
@@ -60,8 +62,9 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
             margin=s.margin,
         ),
         applied=pb.Action(index=s.applied.index, name=s.applied.name, controls=s.applied.controls.tolist()),
-        reasons=[int(r) for r in s.reasons],
-        safety_state=int(s.safety_state),
+        # Reason and SafetyState carry the wire numbers; the stubs type enum fields as their enum class
+        reasons=cast("list[pb.ReasonCode]", [int(r) for r in s.reasons]),
+        safety_state=cast("pb.SafetyState", int(s.safety_state)),
         input_hash=s.input_hash,
         timings=pb.StageTimings(
             preprocess_us=s.timings.preprocess_us,

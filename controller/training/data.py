@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -123,7 +124,7 @@ def generate(config: DataConfig, seed: int, on_scenario: Callable[[str], None] |
     not depend on their batch, and one big batch is much cheaper than three small ones)."""
     parts: dict[str, list[Split]] = {s: [] for s in SPLITS}
     seeds: dict[str, list[int]] = {s: [] for s in SPLITS}
-    params = {} if config.duration_s is None else {"duration_s": config.duration_s}
+    params: dict[str, Any] = {} if config.duration_s is None else {"duration_s": config.duration_s}
     for si, name in enumerate(config.scenarios):
         per_split = {s: split_seeds(seed, s, si, config.episodes(s)) for s in SPLITS}
         all_seeds = [x for s in SPLITS for x in per_split[s]]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -105,7 +106,8 @@ class MLP:
         grads: list[F32] = [np.empty(0, np.float32)] * len(self.params)
         grads[k], grads[k + 1] = h.T @ dlogits, dlogits.sum(axis=0)
         grads[k + 2], grads[k + 3] = h.T @ dctrl, dctrl.sum(axis=0)
-        dh = dlogits @ self.params[k].T + dctrl @ self.params[k + 2].T
+        # float32 at run time; the stubs lose the dtype in these products
+        dh = cast(F32, dlogits @ self.params[k].T + dctrl @ self.params[k + 2].T)
         for i in range(self.n_hidden - 1, -1, -1):
             dz = dh * (acts[i + 1] > 0)
             grads[2 * i], grads[2 * i + 1] = acts[i].T @ dz, dz.sum(axis=0)

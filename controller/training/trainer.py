@@ -71,14 +71,14 @@ def mlp_config(size: str, quick: bool = False) -> MLPConfig:
     return replace(cfg, max_epochs=QUICK_EPOCHS) if quick else cfg
 
 
-def evaluate(weights: MLPWeights, x: np.ndarray, split: Split, temperature: float) -> dict[str, float]:
+def evaluate(weights: MLPWeights, x: np.ndarray, split: Split, temperature: float) -> dict[str, float | str]:
     """Test-split metrics of the exported weights (the numbers a user of the file will see)."""
     logits, controls, _ = forward_weights(weights, x)
     pred = logits.argmax(axis=1)
     recall = per_class_recall(pred, split.label)
     err = np.clip(controls, [c.low for c in schema.CONTROLS], [c.high for c in schema.CONTROLS]) - split.controls
     rmse = np.sqrt((err.astype(np.float64) ** 2).mean(axis=0))
-    out = {
+    out: dict[str, float | str] = {  # a recall is "n/a" for an action the test split lacks
         "test_accuracy": float((pred == split.label).mean()),
         "test_balanced_accuracy": float(np.nanmean(recall)),
         "test_nll_before": nll(logits, split.label),
