@@ -66,12 +66,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     # what each bench runs unless told: the planner's busy/idle p99 ratio needs many turns of each
-    # (60 s runs gave 0.5x to 1.6x on this VM, a 600 s run 1.02x with a 95% interval of 0.85-1.22x)
+    # (docs/measurements.md)
     duration = args.duration if args.duration is not None else _BENCH_DURATION_S[args.what]
     sessions = args.sessions if args.sessions is not None else _BENCH_SESSIONS.get(args.what, 8)
     if args.what == "sim":
-        result = bench_sim(seconds=duration)
-        console.print(result)
+        console.print(bench_sim(seconds=duration))
         return 0
     if args.what == "planner":
         if duration < 4 * PHASE_S:

@@ -74,8 +74,8 @@ def _replay(args: argparse.Namespace) -> int:
         f"{fleet.gate_veto_fraction * 100:.1f}% of ticks",
         highlight=False,
     )
-    for path, err in fleet.errors.items() if isinstance(fleet.errors, dict) else fleet.errors:
-        console.print(f"[red]failed:[/] {path}: {err}", highlight=False)
+    for path, why in fleet.errors.items():
+        console.print(f"[red]failed:[/] {path}: {why}", highlight=False)
     return 1 if fleet.errors else 0
 
 

@@ -61,7 +61,7 @@ def _quantize(args: argparse.Namespace) -> int:
     from dualloop.controller.training.quantize import quantize_main
 
     out = args.out or args.model.with_suffix(".int8.onnx")
-    quantize_main(str(args.model), str(out))
+    quantize_main(args.model, out)
     return 0
 
 
