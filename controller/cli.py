@@ -282,7 +282,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 def _gate_fit(args: argparse.Namespace) -> int:
     from dualloop.controller.gates.fitting import fit_gate_for_model
-    from dualloop.executor.core import GATE_SOURCES
+    from dualloop.executor.gating import GATE_SOURCES
     from dualloop.executor.model_runner import DecisionModel
 
     model = DecisionModel(args.model)

@@ -9,7 +9,8 @@ import pytest
 
 from dualloop.controller.gates.fitting import load_gate_for_model, nominal_inputs
 from dualloop.executor.config import ExecutorConfig
-from dualloop.executor.core import Executor, nearest_gate
+from dualloop.executor.core import Executor
+from dualloop.executor.gating import nearest_gate
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Observation
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
