@@ -75,7 +75,7 @@ class TickTable:
         states = {int(s): s for s in SafetyState}
         timings = StageTimings()  # wall-clock by nature; a replay has none per tick
         names, obs_all = self.actions, self.observations
-        gate = self.gate_score is not None
+        gate_score, gate_threshold = self.gate_score, self.gate_threshold  # both None without gates
         out = []
         for k in range(len(self.tick_ns)):
             obs = obs_all[self.obs_index[k]]
@@ -110,8 +110,8 @@ class TickTable:
                     observations_dropped=int(self.observations_dropped[k]),
                     actual_index=obs.actual_index,
                     actual_controls=obs.actual_controls,
-                    gate_score=float(self.gate_score[k]) if gate else None,
-                    gate_threshold=float(self.gate_threshold[k]) if gate else None,
+                    gate_score=float(gate_score[k]) if gate_score is not None else None,
+                    gate_threshold=float(gate_threshold[k]) if gate_threshold is not None else None,
                     gate_veto=bool(self.gate_veto[k]),
                 )
             )

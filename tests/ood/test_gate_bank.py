@@ -1,5 +1,5 @@
 """The executor's one-pass gate (ood.GateBank, Python-number filters and freeze check) decides every
-tick as the per-gate monitors, the numpy filter and freeze rules and executor.core.nearest_gate
+tick as the per-gate monitors, the numpy filter and freeze rules and executor.gating.nearest_gate
 decided before it, on nominal and faulty inputs, with sessions coming and going."""
 
 from __future__ import annotations
