@@ -9,7 +9,8 @@ use it directly:
 
 REALTIME sessions are ticked together by `tick()` (one onnxruntime call for all of them); a
 LOCKSTEP session is ticked by its own observations' timestamps in `advance_lockstep()`, always with
-a batch of one, so its output never depends on what other sessions happen to be doing.
+a batch of one, so its output never depends on what other sessions happen to be doing; a whole
+LOCKSTEP session runs in one vectorised pass with `lockstep_batch.run_lockstep` (replay).
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class ExecutorStats:
 
 
 class Executor:
+    """Sessions, input checks and the tick: the forward pass here, the gates in `gating`
+    (GateWiring), why a proposal is distrusted in `reasons` (ReasonRules), what is applied then in
+    `safety` (SafetyMachine)."""
+
     def __init__(
         self, model: DecisionModel, config: ExecutorConfig | None = None, gate: Gate | list[Gate] | None = None
     ) -> None:
