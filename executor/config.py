@@ -10,24 +10,24 @@ from dualloop.executor.safety import SafetyConfig
 class ExecutorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tick_period_ms: float = Field(5.0, gt=0.0, le=1000.0)
+    tick_period_ms: float = Field(default=5.0, gt=0.0, le=1000.0)
     # Top-1 minus top-2 probability below this: abstain and hold the last applied action.
-    min_margin: float = Field(0.05, ge=0.0, le=1.0)
+    min_margin: float = Field(default=0.05, ge=0.0, le=1.0)
     # An observation older than this is stale (a few ticks, like Autoware's input timeouts).
-    max_observation_age_ms: float = Field(15.0, gt=0.0)
+    max_observation_age_ms: float = Field(default=15.0, gt=0.0)
     # A plan older than this (three planner periods) is stale, like an input timeout. Sessions that
     # never received a plan run on the model's default plan and are not affected.
-    max_plan_age_ms: float = Field(600.0, gt=0.0)
+    max_plan_age_ms: float = Field(default=600.0, gt=0.0)
     safety: SafetyConfig = SafetyConfig()
     # With a gate: this many consecutive fresh observations identical to the previous one, every
     # component bit for bit, are a stuck sensor (OOD_VETO). 0 turns the check off, e.g. for a log
     # whose sensors are quantised so coarsely that they legitimately repeat.
-    freeze_repeats: int = Field(2, ge=0)
-    max_sessions: int = Field(64, ge=1, le=4096)
+    freeze_repeats: int = Field(default=2, ge=0)
+    max_sessions: int = Field(default=64, ge=1, le=4096)
     # LOCKSTEP: a timestamp jump longer than this is refused rather than ticked through.
-    lockstep_max_gap_s: float = Field(10.0, gt=0.0)
+    lockstep_max_gap_s: float = Field(default=10.0, gt=0.0)
     # When the loop timer must hand back control before a deadline (see controller/serve/ticker.py).
-    ticker_guard_ms: float = Field(2.0, ge=0.0, le=4.0)
+    ticker_guard_ms: float = Field(default=2.0, ge=0.0, le=4.0)
 
     @property
     def tick_period_ns(self) -> int:

@@ -9,174 +9,36 @@ use it directly:
 
 REALTIME sessions are ticked together by `tick()` (one onnxruntime call for all of them); a
 LOCKSTEP session is ticked by its own observations' timestamps in `advance_lockstep()`, always with
-a batch of one, so its output never depends on what other sessions happen to be doing.
+a batch of one, so its output never depends on what other sessions happen to be doing; a whole
+LOCKSTEP session runs in one vectorised pass with `lockstep_batch.run_lockstep` (replay).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dualloop.executor.config import ExecutorConfig
+from dualloop.executor.gating import GateVerdicts, GateWiring
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel, ModelOutputs
-from dualloop.executor.safety import SafetyMachine, SafetyMemory
+from dualloop.executor.reasons import REASONS_OF_FLAGS, ReasonRules
+from dualloop.executor.safety import SafetyMachine
+from dualloop.executor.sessions import InvalidObservation, Session, SessionError
 from dualloop.executor.snapshot import (
     AppliedAction,
     Clock,
     Observation,
-    Reason,
     Snapshot,
     StageTimings,
     input_hashes,
 )
+from dualloop.ood import Gate
 
-if TYPE_CHECKING:
-    from dualloop.executor.lockstep_batch import TickTable
-    from dualloop.ood import Gate
-
-# decision_vector: the model's penultimate layer; input_features: the raw inputs (their norm guard
-# catches a dead sensor in its own tick; their range guard a value far outside training, or one that
-# jumped too far since the previous observation). Inputs standardised with the card were tried as a
-# third source and were worse on every count (false vetoes 0.71% per tick, unit mismatch AUROC 0.85);
-# a Mahalanobis gate on the changes between observations was tried too: AUROC 0.36 on noise bursts
-# (L2 normalisation hides their size) and 34% of the real drive over its threshold.
-GATE_SOURCES = ("decision_vector", "input_features")
-
-# A tick's reasons before the safe-state machine, in the order snapshots list them.
-TICK_REASONS = (
-    Reason.INVALID_INPUT,
-    Reason.MODEL_ERROR,
-    Reason.STALE_OBSERVATION,
-    Reason.STALE_PLAN,
-    Reason.OOD_VETO,
-    Reason.LOW_MARGIN,
-)
-REASON_BITS = {r: 1 << k for k, r in enumerate(TICK_REASONS)}
-REASONS_OF_FLAGS = [tuple(r for r in TICK_REASONS if flags & REASON_BITS[r]) for flags in range(1 << len(TICK_REASONS))]
-
-_NAN = float("nan")
 _perf_ns = time.perf_counter_ns
-_slot_of = attrgetter("slot")
-_BOOL = np.dtype(bool)  # a dtype object: np.array resolves it faster than the type
 _mono_ns = time.monotonic_ns
-
-
-class InvalidObservation(ValueError):
-    """An observation that breaks the session's contract (shape, order); the message says how."""
-
-
-class SessionError(ValueError):
-    """Opening or addressing a session failed (duplicate id, unknown id, capacity)."""
-
-
-class GateMismatch(ValueError):
-    """A gate fitted on other features than this model provides; the message says which."""
-
-
-def decision_vector_names(model: DecisionModel) -> list[str]:
-    """Names of the decision vector's components, as a gate fitted on it records them."""
-    return [f"{model.card.io.decision_vector}[{i}]" for i in range(model.card.decision_vector_size)]
-
-
-def gate_feature_names(model: DecisionModel, source: str) -> list[str]:
-    if source not in GATE_SOURCES:
-        raise GateMismatch(f"gate source {source!r} is not one of {GATE_SOURCES}")
-    return decision_vector_names(model) if source == "decision_vector" else model.card.feature_names
-
-
-@dataclass(slots=True)
-class Session:
-    session_id: str
-    clock: Clock
-    shadow: bool
-    include_decision_vector: bool
-    plan: np.ndarray
-    slot: int  # row of this session in per-session state arrays (the gate's filter)
-    # Whether the observations' actual controls are the command the vehicle was executing when each
-    # was taken (controller.proto's contract), which the gate's actuation check compares with the
-    # measured acceleration. False for logs whose actual action is a label (a comma2k19 import's is
-    # the speed's slope over the next 0.5 s): the check then gives no verdict.
-    actual_is_command: bool = True
-    safety: SafetyMemory = field(default_factory=SafetyMemory)
-    plan_id: str = ""
-    plan_created_ns: int = 0
-    pending: Observation | None = None  # newest observation no tick has used yet (latest wins)
-    current: Observation | None = None  # the observation the last tick used
-    last_seq: int = -1
-    last_timestamp_ns: int | None = None
-    observations_dropped: int = 0
-    snapshots_dropped: int = 0
-    next_tick_ns: int | None = None  # LOCKSTEP grid position
-    lockstep_tick: int = 0
-    ticks: int = 0
-
-
-def _fill_gate_features(
-    source: str, out: np.ndarray | None, x: np.ndarray, dv: np.ndarray | None, bad_dv: np.ndarray | None
-) -> np.ndarray | None:
-    """What a gate of this source scores, into `out`. Rows the model could not be trusted on are NaN,
-    which vetoes them immediately: the model saw a substitute for invalid input, the gate must not.
-    With `out` None nothing is copied: the rows are returned (None: no decision vector, every row is
-    NaN) and the caller scores the `bad_dv` rows as NaN (a tick passes the rows whose raw inputs hold
-    NaN/Inf: for the raw-input gate that changes nothing, those rows are non-finite either way)."""
-    rows = x if source == "input_features" else dv  # raw inputs: NaN stays NaN
-    if out is None:
-        return rows
-    if rows is None:
-        out[:] = np.nan  # no decision vector this tick: nothing can pass
-    else:
-        np.copyto(out, rows)
-        if rows is dv and bad_dv is not None:
-            out[bad_dv] = np.nan
-    return None
-
-
-def nearest_gate(per_gate: list[tuple[np.ndarray, np.ndarray, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(score, threshold, veto) per row from each gate's (score, alarm, threshold): any alarm vetoes,
-    and the row reports the gate nearest its threshold (the first one on a tie)."""
-    n = len(per_gate[0][0])
-    best_ratio = np.full(n, -np.inf)
-    score, threshold = np.zeros(n), np.zeros(n)
-    veto = np.zeros(n, bool)
-    for run_score, alarm, run_threshold in per_gate:
-        veto |= alarm
-        ratio = run_score / run_threshold
-        take = ratio > best_ratio
-        best_ratio = np.where(take, ratio, best_ratio)
-        score = np.where(take, run_score, score)
-        threshold = np.where(take, run_threshold, threshold)
-    return score, threshold, veto
-
-
-@dataclass(slots=True)
-class _GateRun:
-    monitor: object  # ood.GateMonitor
-    source: str  # one of GATE_SOURCES
-    dim: int  # features the gate scores
-    threshold: float
-
-
-def _picker(flags: Sequence[bool]) -> Callable[[tuple], tuple]:
-    """pair -> (pair[flag] for each flag), as a tuple, by one C-level call (at one session a Python
-    loop over the gates shows in the tick)."""
-    if len(flags) > 1:
-        return itemgetter(*map(int, flags))
-    at = [int(flag) for flag in flags]  # no gates, or one: itemgetter would not return a tuple
-    return lambda pair: tuple(pair[i] for i in at)
-
-
-def command_in_effect(session: Session, obs: Observation, at: int) -> float:
-    """Control `at` of the command the vehicle was executing when `obs` was taken (its actual action),
-    as the actuation check reads it on live ticks and in a replay; NaN when there is none or the
-    session's actual actions are not commands."""
-    c = obs.actual_controls
-    return c.item(at) if session.actual_is_command and c is not None and c.size else _NAN
 
 
 @dataclass
@@ -188,28 +50,31 @@ class ExecutorStats:
 
 
 class Executor:
+    """Sessions, input checks and the tick: the forward pass here, the gates in `gating`
+    (GateWiring), why a proposal is distrusted in `reasons` (ReasonRules), what is applied then in
+    `safety` (SafetyMachine)."""
+
     def __init__(
         self, model: DecisionModel, config: ExecutorConfig | None = None, gate: Gate | list[Gate] | None = None
     ) -> None:
         self.model = model
-        self.config = config or ExecutorConfig()
+        self._config = config or ExecutorConfig()
         card = model.card
         self.card = card
         self.period_ns = self.config.tick_period_ns
-        self._max_age_ns = self.config.max_observation_age_ns
         self.normalisation = Normalisation.of(card)
-        self._plan_default = np.array(card.plan_default, np.float32)
+        self.plan_default = np.array(card.plan_default, np.float32)  # a session's plan until it gets one
         self._ctrl_min = np.array([c.min for c in card.controls], np.float32)
         self._ctrl_max = np.array([c.max for c in card.controls], np.float32)
         self._inv_temperature = np.float32(1.0 / card.temperature)
         self._actions = list(card.actions)
         cap = self.config.max_sessions
+        # the tick's buffers, rows 0..n-1 for its n sessions (the gate step reads them too)
         self._x = np.zeros((cap, model.n_features), np.float32)
         self._xn = np.zeros((cap, model.n_features), np.float32)
         self._p = np.zeros((cap, model.n_plan), np.float32)
         self._pn = np.zeros((cap, model.n_plan), np.float32)
         self._fresh = np.zeros(cap, bool)
-        self._frozen = np.zeros(cap, bool)  # rows the freeze check flagged this tick
         safe = card.safe_action
         self.safe_action = AppliedAction(
             self._actions.index(safe.action), safe.action, np.array(safe.controls, np.float32)
@@ -217,73 +82,28 @@ class Executor:
         self.sessions: dict[str, Session] = {}
         self.stats = ExecutorStats()
         self._realtime_tick = 0
-        self._max_plan_age_ns = int(self.config.max_plan_age_ms * 1e6)
+        self.reasons = ReasonRules(
+            self.config.max_observation_age_ns, int(self.config.max_plan_age_ms * 1e6), self.config.min_margin
+        )
         self.safety = SafetyMachine(
             self.config.safety, [c.name for c in card.controls], self.period_ns, self.safe_action, card.feature_names
         )
         self._free_slots = list(range(cap - 1, -1, -1))
-        # Several gates may watch different features (decision vector, raw inputs); any one vetoes.
-        self.gates: list[Gate] = [] if gate is None else list(gate) if isinstance(gate, (list, tuple)) else [gate]
-        self._gate_runs: list[_GateRun] = []
-        for g in self.gates:
-            expected = gate_feature_names(model, g.schema.source)
-            if list(g.schema.feature_names) != expected:
-                have = g.schema.feature_names
-                raise GateMismatch(
-                    f"the gate was fitted on {len(have)} {g.schema.source} features "
-                    f"({have[0]}, ..., {have[-1]}); model {card.name} {card.version} provides "
-                    f"{len(expected)} ({expected[0]}, ..., {expected[-1]})"
-                )
-            self._gate_runs.append(_GateRun(g.monitor(cap), g.schema.source, g.dim, float(g.threshold)))
-        self._gate_bank = None
-        if self._gate_runs:
-            from dualloop.ood import GateBank
+        gates = [] if gate is None else list(gate) if isinstance(gate, (list, tuple)) else [gate]
+        self.gating = GateWiring(model, gates, cap, self.config.freeze_repeats, self._x, self._p, self._fresh)
+        self.gates = self.gating.gates
+        self._frozen = self.gating.frozen  # the freeze check's verdicts of the tick's rows
 
-            self._gate_bank = GateBank([run.monitor for run in self._gate_runs], cap)
-        # per batch size: the tick's inputs, fresh flags and freeze verdicts, and each gate's plan rows
-        self._gate_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray | None] | None]] = {}
-        self._gate_any_frozen = False
-        # the changes between observations, when a gate on the raw inputs limits them; the plan, when
-        # a gate limits it (the plan conditions the model as much as its observation does)
-        self._change = None
-        self._change_gates = [
-            g.schema.source == "input_features" and g.feature_range is not None and bool(g.feature_range.change_low)
-            for g in self.gates
-        ]
-        self._plan_gates = [g.feature_range is not None and bool(g.feature_range.context_names) for g in self.gates]
-        plan_names = [p.name for p in card.plan]
-        for g, limited in zip(self.gates, self._plan_gates):
-            if limited and list(g.feature_range.context_names) != plan_names:
-                raise GateMismatch(
-                    f"the gate limits a plan of {list(g.feature_range.context_names)}; model "
-                    f"{card.name} {card.version} is conditioned on {plan_names}"
-                )
-        self._any_plan_gate = any(self._plan_gates)
-        self._gate_on_inputs = [run.source == "input_features" for run in self._gate_runs]
-        # per gate, (decision vector, inputs)[on inputs] and (None, changes)[limits changes], in one C call
-        self._pick_features = _picker(self._gate_on_inputs)
-        self._pick_changes = _picker(self._change_gates)
-        if any(self._change_gates):
-            from dualloop.ood import ChangeTracker
+    @property
+    def config(self) -> ExecutorConfig:
+        return self._config
 
-            self._change = ChangeTracker(cap, model.n_features)
-        # measured acceleration short of the command in effect (a gate on the raw inputs may carry it)
-        self._actuation = None
-        self._actuation_at = (0, 0, 0)  # accel feature, speed feature, command control
-        checks = [g.actuation for g in self.gates if g.actuation is not None]
-        if len(checks) > 1:
-            raise GateMismatch(f"{len(checks)} gates carry an actuation check; a session's command is judged once")
-        if checks:
-            try:
-                self._actuation_at = checks[0].indices(card.feature_names, [c.name for c in card.controls])
-            except ValueError as exc:
-                raise GateMismatch(f"model {card.name} {card.version}: {exc}") from None
-            self._actuation = checks[0].monitor(cap)
-        self._freeze = None
-        if self.gates and self.config.freeze_repeats > 0:
-            from dualloop.ood import FreezeDetector
-
-            self._freeze = FreezeDetector(cap, model.n_features, self.config.freeze_repeats)
+    @config.setter
+    def config(self, config: ExecutorConfig) -> None:
+        """A new config on a running executor: max_sessions, lockstep_max_gap_s and min_margin take
+        effect from now on; the rest was fixed when the executor was built."""
+        self._config = config
+        self.reasons.min_margin = config.min_margin
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -306,18 +126,11 @@ class Executor:
             clock=Clock(clock),
             shadow=shadow,
             include_decision_vector=include_decision_vector,
-            plan=self._plan_default.copy(),
+            plan=self.plan_default.copy(),
             slot=self._free_slots.pop(),
             actual_is_command=actual_is_command,
         )
-        for run in self._gate_runs:
-            run.monitor.reset(session.slot)
-        if self._freeze is not None:
-            self._freeze.reset(session.slot)
-        if self._change is not None:
-            self._change.reset(session.slot)
-        if self._actuation is not None:
-            self._actuation.reset(session.slot)
+        self.gating.reset(session.slot)
         self.sessions[session_id] = session
         return session
 
@@ -331,7 +144,8 @@ class Executor:
         if session is not None:
             self._free_slots.append(session.slot)
 
-    def _session(self, session_id: str) -> Session:
+    def session(self, session_id: str) -> Session:
+        """The open session `session_id` (SessionError if there is none)."""
         try:
             return self.sessions[session_id]
         except KeyError:
@@ -375,7 +189,7 @@ class Executor:
 
     def submit(self, session_id: str, obs: Observation) -> None:
         """REALTIME input: the newest observation replaces an unused older one (counted)."""
-        session = self._session(session_id)
+        session = self.session(session_id)
         self.check_observation(session, obs)
         session.last_seq = obs.seq
         if obs.plan_values is not None:
@@ -386,7 +200,7 @@ class Executor:
 
     def set_plan(self, session_id: str, values: np.ndarray, plan_id: str, created_ns: int) -> bool:
         """Condition the session on a new plan from now on; a repeated plan id changes nothing."""
-        session = self._session(session_id)
+        session = self.session(session_id)
         if plan_id and plan_id == session.plan_id:
             return False
         session.plan[:] = values
@@ -424,7 +238,7 @@ class Executor:
         Ticks strictly before the timestamp use the previous observation (its age shows it); a tick
         exactly at the timestamp uses this one. The grid starts at the first observation's time.
         """
-        session = self._session(session_id)
+        session = self.session(session_id)
         self.check_observation(session, obs)
         self.check_lockstep_time(session, obs)
         ts = obs.timestamp_ns
@@ -464,21 +278,16 @@ class Executor:
     def max_lockstep_ticks(self) -> int:
         return int(self.config.lockstep_max_gap_s * 1e9 / self.period_ns)
 
-    def run_lockstep(self, session_id: str, observations: Sequence[Observation]) -> TickTable:
-        """All ticks of a new LOCKSTEP session fed with `observations`, in one vectorised pass
-        (replay): the same decisions as `advance_lockstep` observation by observation."""
-        from dualloop.executor.lockstep_batch import run_lockstep
-
-        return run_lockstep(self, self._session(session_id), observations)
-
     def _lockstep_tick(self, session: Session) -> list[Snapshot]:
+        tick_ns = session.next_tick_ns
+        assert tick_ns is not None  # advance_lockstep placed the grid before ticking it
         snaps = (
-            self._run_batch([session], session.lockstep_tick, session.next_tick_ns, 0)
+            self._run_batch([session], session.lockstep_tick, tick_ns, 0)
             if (session.pending is not None or session.current is not None)
             else []
         )
         session.lockstep_tick += 1
-        session.next_tick_ns += self.period_ns
+        session.next_tick_ns = tick_ns + self.period_ns
         return snaps
 
     def _run_batch(self, rows: list[Session], tick_index: int, tick_ns: int, lateness_ns: int) -> list[Snapshot]:
@@ -488,16 +297,21 @@ class Executor:
         observations: list[Observation] = []
         fresh = self._fresh[:n]
         for i, s in enumerate(rows):
-            fresh[i] = s.pending is not None
-            if fresh[i]:
-                s.current, s.pending = s.pending, None
-            obs = s.current
+            obs = s.pending
+            if obs is None:
+                obs = s.current
+                assert obs is not None  # tick() and _lockstep_tick() take only sessions that have had one
+                fresh[i] = False
+            else:
+                s.current, s.pending = obs, None
+                fresh[i] = True
             observations.append(obs)
             x[i] = obs.features
             p[i] = s.plan
         # the model never sees NaN; such rows are marked INVALID_INPUT below
         xn, pn, finite = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n])
         t1 = _perf_ns()
+        out: ModelOutputs | None
         try:
             out = self.model.forward(xn, pn)
             model_ok = bool(np.isfinite(out.logits).all() and np.isfinite(out.controls).all())
@@ -505,12 +319,11 @@ class Executor:
             out, model_ok = None, False
         if not model_ok:
             self.stats.model_errors += 1
+            out = None
         t2 = _perf_ns()
-        gate = self._gate(rows, finite, out if model_ok else None)
+        gate = self.gating.step(rows, observations, finite, out)
         t3 = _perf_ns()
-        snaps = self._postprocess(
-            rows, observations, finite, out if model_ok else None, gate, tick_index, tick_ns, lateness_ns
-        )
+        snaps = self._postprocess(rows, observations, finite, out, gate, tick_index, tick_ns, lateness_ns)
         t4 = _perf_ns()
         timings = StageTimings((t1 - t0) // 1000, (t2 - t1) // 1000, (t3 - t2) // 1000, (t4 - t3) // 1000)
         emit_ns = _mono_ns()
@@ -539,114 +352,13 @@ class Executor:
         margin = top1 - probs[np.arange(n), top[:, 1]]
         return probs, top[:, 0], top1, margin, np.clip(out.controls, self._ctrl_min, self._ctrl_max)
 
-    def reason_flags(
-        self,
-        finite: np.ndarray,
-        model_ok: np.ndarray,
-        age_ns: np.ndarray,
-        plan_age_ns: np.ndarray,
-        veto: np.ndarray,
-        margin: np.ndarray,
-    ) -> np.ndarray:
-        """Why each row's proposal is not to be trusted as it is, as REASON_BITS (the live tick and the
-        replay scan share this one definition); the safe-state machine may add FALLBACK/SAFE_DEFAULT."""
-        scored = finite & model_ok
-        flags = np.where(finite, 0, REASON_BITS[Reason.INVALID_INPUT])
-        flags |= np.where(model_ok, 0, REASON_BITS[Reason.MODEL_ERROR])
-        flags |= np.where(age_ns > self._max_age_ns, REASON_BITS[Reason.STALE_OBSERVATION], 0)
-        flags |= np.where(plan_age_ns > self._max_plan_age_ns, REASON_BITS[Reason.STALE_PLAN], 0)
-        flags |= np.where(veto, REASON_BITS[Reason.OOD_VETO], 0)
-        low = np.asarray(margin, np.float64) < self.config.min_margin  # float64, as the config states it
-        flags |= np.where(scored & low, REASON_BITS[Reason.LOW_MARGIN], 0)
-        return flags
-
-    def _gate(self, rows: list[Session], finite: np.ndarray, out) -> tuple[list[float], list[float], np.ndarray] | None:
-        """(score, threshold, veto) per row, scored on this tick's own features: a veto is never a tick
-        late. With several gates, any veto counts and the row reports the gate nearest its threshold.
-        All gates are scored, filtered and combined in one pass (ood.GateBank, the same decisions as
-        per-gate monitors and `nearest_gate`), with the freeze check's veto included. Scores and
-        thresholds come as Python floats (snapshots take them one by one), the veto as an array (the
-        reason flags take it whole)."""
-        if not self._gate_runs:
-            return None
-        n = len(rows)
-        bank, views = self._gate_bank, self._gate_views
-        try:
-            x, fresh, frozen, plans = views[n]
-        except KeyError:
-            plans = list(map((None, self._p[:n]).__getitem__, self._plan_gates)) if self._any_plan_gate else None
-            x, fresh, frozen, plans = views[n] = self._x[:n], self._fresh[:n], self._frozen[:n], plans
-        slots = list(map(_slot_of, rows))
-        dv = out.decision_vector if out is not None else None
-        # rows with NaN/Inf inputs are scored as NaN by every gate (the model saw a substitute)
-        ok = finite.tolist()
-        bad = None if all(ok) else ~finite
-        fresh_rows = fresh.tolist()
-        # what _fill_gate_features(source, None, ...) returns, per gate
-        features = self._pick_features((dv, x))
-        changes = None
-        if self._change is not None:
-            changes = self._pick_changes((None, self._change.step(x, slots, fresh_rows, ok)))
-        frozen_rows = None if self._freeze is None else self._freeze.step(x, slots, fresh_rows)
-        any_frozen = frozen_rows is not None and True in frozen_rows
-        if any_frozen or self._gate_any_frozen:  # else the buffer is all False already
-            self._frozen[:] = False
-            frozen[:] = frozen_rows if any_frozen else False
-            self._gate_any_frozen = any_frozen
-        # Python lists: the actuation check folds in on floats, and only the veto becomes an array (at
-        # one session, numpy calls are most of what a tick costs)
-        score, threshold, veto = bank.step_lists(slots, features, bad, frozen_rows, changes, plans)
-        if self._actuation is not None:
-            self._actuation_step(rows, slots, fresh_rows, x, score, threshold, veto)
-        return score, threshold, np.array(veto, _BOOL)
-
-    def _actuation_step(
-        self,
-        rows: list[Session],
-        slots: list[int],
-        fresh: list[bool],
-        x: np.ndarray,
-        score: list[float],
-        threshold: list[float],
-        veto: list[bool],
-    ) -> None:
-        """The actuation check on this tick's rows, folded into the gates' (score, threshold, veto) lists
-        in place: its alarm vetoes, and it is reported when nearer its threshold than every gate (as
-        `nearest_gate` ranks it last in a replay). No command on a row: no verdict. Plain Python per
-        row (`.item` reads one float without making an array): about a microsecond a session."""
-        accel_at, speed_at, command_at = self._actuation_at
-        monitor = self._actuation
-        item = x.item  # the tick's float32 inputs, as a replay reads them
-        times, accel, speed, commands = [], [], [], []
-        for i, s in enumerate(rows):
-            obs = s.current
-            times.append(obs.timestamp_ns)
-            accel.append(item(i, accel_at))
-            speed.append(item(i, speed_at))
-            commands.append(command_in_effect(s, obs, command_at))
-        scores, alarms = monitor.step(slots, fresh, times, accel, speed, commands)
-        limit = monitor.threshold
-        for i, (s, alarm) in enumerate(zip(scores, alarms)):
-            if alarm:
-                veto[i] = True
-            if s == s:  # a verdict: report it if nearer its threshold than the nearest gate
-                best, t = score[i], threshold[i]
-                if t:
-                    nearer = s / limit > best / t
-                else:  # a zero threshold: IEEE division, as the gates are ranked
-                    from dualloop.ood.one_row import ratio_at_zero
-
-                    nearer = s / limit > ratio_at_zero(best, t)
-                if nearer:
-                    score[i], threshold[i] = s, limit
-
     def _postprocess(
         self,
         rows: list[Session],
         observations: list[Observation],
         finite: np.ndarray,
-        out,
-        gate: tuple[list[float], list[float], np.ndarray] | None,
+        out: ModelOutputs | None,
+        gate: GateVerdicts | None,
         tick_index: int,
         tick_ns: int,
         lateness_ns: int,
@@ -666,7 +378,7 @@ class Executor:
         )
         np.maximum(ages, 0, out=ages)
         plan_ages = np.fromiter(((tick_ns - s.plan_created_ns) if s.plan_id else 0 for s in rows), np.int64, n)
-        flags = self.reason_flags(
+        flags = self.reasons.flags(
             finite,
             np.full(n, out is not None),
             ages,

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dualloop.executor.core import Executor
+from dualloop.executor.model_runner import ModelOutputs
+from dualloop.executor.reasons import REASONS_OF_FLAGS
+from dualloop.executor.sessions import Session
 from dualloop.executor.snapshot import (
     AppliedAction,
     Observation,
@@ -29,9 +32,6 @@ from dualloop.executor.snapshot import (
     StageTimings,
     input_hashes,
 )
-
-if TYPE_CHECKING:
-    from dualloop.executor.core import Executor, Session
 
 
 @dataclass
@@ -75,7 +75,7 @@ class TickTable:
         states = {int(s): s for s in SafetyState}
         timings = StageTimings()  # wall-clock by nature; a replay has none per tick
         names, obs_all = self.actions, self.observations
-        gate = self.gate_score is not None
+        gate_score, gate_threshold = self.gate_score, self.gate_threshold  # both None without gates
         out = []
         for k in range(len(self.tick_ns)):
             obs = obs_all[self.obs_index[k]]
@@ -110,15 +110,19 @@ class TickTable:
                     observations_dropped=int(self.observations_dropped[k]),
                     actual_index=obs.actual_index,
                     actual_controls=obs.actual_controls,
-                    gate_score=float(self.gate_score[k]) if gate else None,
-                    gate_threshold=float(self.gate_threshold[k]) if gate else None,
+                    gate_score=float(gate_score[k]) if gate_score is not None else None,
+                    gate_threshold=float(gate_threshold[k]) if gate_threshold is not None else None,
                     gate_veto=bool(self.gate_veto[k]),
                 )
             )
         return out
 
 
-def run_lockstep(ex: Executor, session: Session, observations: Sequence[Observation]) -> TickTable:
+def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observation]) -> TickTable:
+    """All ticks of the new LOCKSTEP session `session_id` fed with `observations`, in one vectorised
+    pass: the same decisions as `ex.advance_lockstep` observation by observation, and the session
+    left as those calls would leave it."""
+    session = ex.session(session_id)
     if session.last_timestamp_ns is not None or session.lockstep_tick:
         raise ValueError(f"session {session.session_id!r} has ticked already; run_lockstep needs a new session")
     feats, ts = _validate(ex, session, observations)
@@ -140,6 +144,7 @@ def run_lockstep(ex: Executor, session: Session, observations: Sequence[Observat
     rows = np.flatnonzero(used)
     x, p = feats[rows], plans[rows]
     xn, pn, finite = ex.normalisation.apply(x, p)
+    out: ModelOutputs | None
     try:
         out = ex.model.forward(xn, pn)
         model_ok = np.isfinite(out.logits).all(axis=1) & np.isfinite(out.controls).all(axis=1)
@@ -155,7 +160,10 @@ def run_lockstep(ex: Executor, session: Session, observations: Sequence[Observat
             np.zeros(len(rows), np.float32),
             np.zeros(len(rows), np.float32),
         )
-    gate_rows = _gate_scores(ex, x, p, out, finite, model_ok, session.slot)
+    gating = ex.gating
+    gate_rows = gating.score_rows(
+        x, p, out.decision_vector if out is not None else None, finite, model_ok, session.slot
+    )
     hashes = input_hashes(x, p)
 
     # -- onto the tick grid --
@@ -164,11 +172,11 @@ def run_lockstep(ex: Executor, session: Session, observations: Sequence[Observat
     has_plan = np.array([bool(plan_ids[i]) for i in range(n_obs)])[which]
     plan_age = np.where(has_plan, tick_ns - plan_created[which], 0)
     x_ticks = feats[which]
-    frozen = ex._freeze.scan(x_ticks, session.slot, fresh) if ex._freeze is not None else np.zeros(n_ticks, bool)
-    actuation = _actuation_scan(ex, session, observations, feats, ts, rows)
-    score, threshold, veto = _gate_scan(ex, session.slot, gate_rows, r, actuation)
+    frozen = gating.scan_freeze(x_ticks, session.slot, fresh)
+    actuation = gating.scan_actuation(session, observations, feats, ts, rows)
+    score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation)
     veto |= frozen
-    flags = ex.reason_flags(finite[r], model_ok[r], age, plan_age, veto, margin[r])
+    flags = ex.reasons.flags(finite[r], model_ok[r], age, plan_age, veto, margin[r])
     scored = (finite & model_ok)[r]
     applied, applied_controls, state, reasons = _safety_scan(
         ex, session, flags, scored, top[r], controls[r], tick_ns, x_ticks, frozen
@@ -253,7 +261,7 @@ def _plans(ex: Executor, observations: Sequence[Observation]) -> tuple[np.ndarra
     values = np.empty((len(observations), ex.model.n_plan), np.float32)
     ids: list[str] = []
     created = np.zeros(len(observations), np.int64)
-    current, plan_id, since = ex._plan_default, "", 0
+    current, plan_id, since = ex.plan_default, "", 0
     for i, o in enumerate(observations):
         if o.plan_values is not None and not (o.plan_id and o.plan_id == plan_id):
             current, plan_id, since = o.plan_values, o.plan_id, o.timestamp_ns
@@ -261,67 +269,6 @@ def _plans(ex: Executor, observations: Sequence[Observation]) -> tuple[np.ndarra
         ids.append(plan_id)
         created[i] = since
     return values, ids, created
-
-
-def _gate_scores(
-    ex: Executor, x: np.ndarray, p: np.ndarray, out, finite: np.ndarray, model_ok: np.ndarray, slot: int
-) -> list:
-    """Per gate: (score, flags) for each observation row (features x, plan p), scored as a live tick would."""
-    from dualloop.executor.core import _fill_gate_features
-    from dualloop.ood.score import score_in_chunks
-
-    results = []
-    change = None if ex._change is None else ex._change.scan(x, finite, slot)
-    for run, changes_limited, plan_limited in zip(ex._gate_runs, ex._change_gates, ex._plan_gates):
-        feats = np.empty((len(x), run.dim), np.float32)
-        _fill_gate_features(run.source, feats, x, out.decision_vector if out is not None else None, ~finite | ~model_ok)
-        results.append(
-            score_in_chunks(
-                run.monitor.scorer,
-                feats,
-                changes=change if changes_limited else None,
-                context=p if plan_limited else None,
-            )
-        )
-    return results
-
-
-def _actuation_scan(
-    ex: Executor,
-    session: Session,
-    observations: Sequence[Observation],
-    feats: np.ndarray,
-    ts: np.ndarray,
-    rows: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """The actuation check's (score, alarm) per observation row the ticks used, scanned as live ticks
-    step it (each row fresh once); None without the check."""
-    if ex._actuation is None:
-        return None
-    from dualloop.executor.core import command_in_effect
-
-    accel_at, speed_at, command_at = ex._actuation_at
-    commands = [command_in_effect(session, observations[i], command_at) for i in rows.tolist()]
-    x = feats[rows]
-    return ex._actuation.scan(session.slot, ts[rows], x[:, accel_at], x[:, speed_at], commands)
-
-
-def _gate_scan(
-    ex: Executor, slot: int, gate_rows: list, r: np.ndarray, actuation: tuple[np.ndarray, np.ndarray] | None = None
-) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
-    """(score, threshold, veto) per tick: each gate's sequential filter scanned over the ticks, and
-    the actuation check's verdicts (per observation row) last."""
-    from dualloop.executor.core import nearest_gate
-
-    if not ex._gate_runs:
-        return None, None, np.zeros(len(r), bool)
-    per_gate = [
-        (score[r], run.monitor.filter.scan(flags.exceed[r], flags.immediate[r], slot), run.threshold)
-        for run, (score, flags) in zip(ex._gate_runs, gate_rows)
-    ]
-    if actuation is not None:
-        per_gate.append((actuation[0][r], actuation[1][r], ex._actuation.threshold))
-    return nearest_gate(per_gate)
 
 
 def _safety_scan(
@@ -335,8 +282,6 @@ def _safety_scan(
     x: np.ndarray,
     frozen: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[Reason, ...]]]:
-    from dualloop.executor.core import REASONS_OF_FLAGS
-
     n = len(flags)
     applied = top.astype(np.int64, copy=True)
     applied_controls = controls.astype(np.float32, copy=True)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 METADATA_KEY = "dualloop.model_card"
-FORMAT_VERSION = 1
+FORMAT_VERSION: Final = 1
 # Training metrics that are measurements of this machine at export time, not properties of the
 # model: stored in the card, left out of the version hash so a retrain reproduces the version.
 MEASURED_METRICS = ("forward_b1_p50_us", "forward_b1_p99_us")
@@ -136,7 +136,9 @@ class Normalisation:
 
     @classmethod
     def of(cls, card: ModelCard) -> Normalisation:
-        f32 = lambda values: np.array(values, np.float32)  # noqa: E731
+        def f32(values: list[float]) -> np.ndarray:
+            return np.array(values, np.float32)
+
         return cls(
             f32([f.mean for f in card.features]),
             f32([1.0 / f.std for f in card.features]),

@@ -38,7 +38,7 @@ def random_mlp(n_in: int, hidden: tuple[int, ...], n_actions: int, n_controls: i
         )
         width = h
 
-    def head(n):
+    def head(n: int) -> tuple[np.ndarray, np.ndarray]:
         return (
             rng.normal(0, np.sqrt(1.0 / width), (width, n)).astype(np.float32),
             rng.normal(0, 0.05, n).astype(np.float32),

@@ -39,38 +39,38 @@ class LaneKeepingConfig(BaseModel):
     heading_feature: str = "heading_error"  # rad, + = pointing left of the road
     curvature_feature: str = "road_curvature"  # 1/m, + = turning left
     speed_feature: str = "ego_speed"
-    wheelbase_m: float = Field(2.7, gt=0.0)
-    gain: float = Field(1.0, ge=0.0, description="offset gain of the Stanley law")
-    max_correction_rad: float = Field(0.05, ge=0.0, description="bound on the feedback part")
+    wheelbase_m: float = Field(default=2.7, gt=0.0)
+    gain: float = Field(default=1.0, ge=0.0, description="offset gain of the Stanley law")
+    max_correction_rad: float = Field(default=0.05, ge=0.0, description="bound on the feedback part")
     # Every held or fallback steering command is bounded so that the lateral acceleration stays
     # below this at the current speed (the larger of measured and last trusted): a steer held from
     # 25 m/s is violent at 55 m/s (0.034 rad there is ~37 m/s^2).
-    max_lateral_accel: float = Field(3.0, gt=0.0, description="m/s^2")
+    max_lateral_accel: float = Field(default=3.0, gt=0.0, description="m/s^2")
 
 
 class SafetyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    hold_timeout_ms: float = Field(300.0, ge=0.0)
-    recovery_dwell_ms: float = Field(500.0, ge=0.0)
-    fallback_decel: float = Field(3.0, gt=0.0, description="m/s^2, comfortable braking")
+    hold_timeout_ms: float = Field(default=300.0, ge=0.0)
+    recovery_dwell_ms: float = Field(default=500.0, ge=0.0)
+    fallback_decel: float = Field(default=3.0, gt=0.0, description="m/s^2, comfortable braking")
     # When the fallback cannot see the lane (inputs frozen or non-finite), lateral control is open
     # loop on the last trusted curvature: stop sooner (a stuck sensor drifted off a curve at 3 m/s^2).
-    blind_decel: float = Field(5.0, gt=0.0, description="m/s^2, braking while the lane is not visible")
-    fallback_jerk: float = Field(2.5, gt=0.0, description="m/s^3, jerk limit while entering the fallback")
+    blind_decel: float = Field(default=5.0, gt=0.0, description="m/s^2, braking while the lane is not visible")
+    fallback_jerk: float = Field(default=2.5, gt=0.0, description="m/s^3, jerk limit while entering the fallback")
     # LOW_MARGIN abstentions hold the last action tick by tick; this many in a row escalate to the
     # fallback so an undecided model cannot keep an old command forever.
-    max_abstain_ms: float = Field(1000.0, ge=0.0)
+    max_abstain_ms: float = Field(default=1000.0, ge=0.0)
     accel_control: str = "accel"  # which control is longitudinal acceleration
     steer_control: str = "steer"
     # Braking is monotone: while the model is not trusted, the applied acceleration is the lower of
     # the safe side's and the model's proposal, the latter bounded here. A veto may add braking but
     # never remove the braking the model asked for (a gate vetoing the model's hard braking behind a
     # braking lead must not make the car brake less). 0 disables.
-    max_vetoed_brake: float = Field(6.0, ge=0.0, description="m/s^2")
+    max_vetoed_brake: float = Field(default=6.0, ge=0.0, description="m/s^2")
     # How far back the hold reaches: at least the gate filter's worst confirmation delay (n - 1
     # for k-of-n 3/5).
-    rollback_ticks: int = Field(4, ge=0)
+    rollback_ticks: int = Field(default=4, ge=0)
     # None: the fallback holds the last trusted steering instead of keeping the lane.
     lane_keeping: LaneKeepingConfig | None = LaneKeepingConfig()
 
@@ -167,6 +167,7 @@ class SafetyMachine:
                     return self._fallback(mem, reasons), mem.state
                 return self._hold(mem, reasons), mem.state
             else:
+                assert proposal is not None  # no distrust: the model scored this tick
                 mem.abstain_since_ns = None
                 self._trust(mem, proposal)
                 return proposal, mem.state
@@ -195,9 +196,9 @@ class SafetyMachine:
         return (self._fallback(mem, reasons) if in_fallback else self._hold(mem, reasons)), mem.state
 
     def _bound_steer(self, mem: SafetyMemory, applied: AppliedAction) -> AppliedAction:
-        if self._lane is None or self._steer is None:
-            return applied
         lk = self.config.lane_keeping
+        if self._lane is None or lk is None or self._steer is None:
+            return applied
         speed = mem.trusted_speed
         if self._features is not None and math.isfinite(measured := float(self._features[self._lane[3]])):
             speed = max(speed, measured)
@@ -243,9 +244,9 @@ class SafetyMachine:
 
     def _lane_keeping_steer(self, mem: SafetyMemory) -> tuple[float | None, bool]:
         """(steer, lane visible); steer None without lane keeping."""
-        if self._lane is None:
-            return None, self._features is not None and bool(np.isfinite(self._features).all())
         lk = self.config.lane_keeping
+        if self._lane is None or lk is None:
+            return None, self._features is not None and bool(np.isfinite(self._features).all())
         steer = math.atan(lk.wheelbase_m * mem.trusted_curvature)
         x = self._features
         if x is not None:

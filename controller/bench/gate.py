@@ -102,9 +102,9 @@ def bench_gate(
             | _stats(gate_t[warm] / 1e3, sessions, "gate")
             | _stats(total[warm] / 1e3, sessions, "tick")
         )
-        if ex._gate_bank is not None:
-            out[label]["compiled"] = float(ex._gate_bank.compiled)
-            out[label]["products_in_c"] = float(ex._gate_bank.products_in_c)
+        if ex.gating.bank is not None:
+            out[label]["compiled"] = float(ex.gating.bank.compiled)
+            out[label]["products_in_c"] = float(ex.gating.bank.products_in_c)
     return out
 
 

@@ -3,7 +3,7 @@
 Two logs of 60 s on the 5 ms grid (12,000 ticks each): the real drive (100 Hz observations; the
 gates veto part of it, so the safe-state machine has work to do) and a synthetic 200 Hz log made
 from it with a client plan every 200 ms. For each log, in the same run:
-  - the vectorised replay (`Executor.run_lockstep`) `repeats` times: compute time from decoded
+  - the vectorised replay (`lockstep_batch.run_lockstep`) `repeats` times: compute time from decoded
     observations to every tick's decision (median, min, max), and its speed-up over real time;
   - the reference path (`advance_lockstep`, observation by observation) once: the baseline;
   - the whole command (read the MCAP, replay, build snapshots, write the new MCAP, report) once.

@@ -10,7 +10,7 @@ from dualloop.controller.console import console
 from dualloop.controller.gates.evaluation import evaluate
 from dualloop.controller.gates.fitting import fit_gate_for_model
 from dualloop.controller.serve.gate_files import load_gate_for_model
-from dualloop.executor.core import GATE_SOURCES
+from dualloop.executor.gating import GATE_SOURCES
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 

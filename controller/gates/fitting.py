@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dualloop import ood
-from dualloop.executor.core import GATE_SOURCES, gate_feature_names
+from dualloop.executor.gating import GATE_SOURCES, gate_feature_names
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim.env import ActionNoise, ExpertData, run_expert_batch

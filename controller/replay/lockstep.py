@@ -1,7 +1,7 @@
 """Deterministic LOCKSTEP replay of a recorded log through the executor (`dualloop replay`).
 
 Replay inputs never depend on the controller's outputs, so a whole session runs in one vectorised
-pass (`Executor.run_lockstep`, see executor/lockstep_batch.py): one forward call for every
+pass (`run_lockstep` in executor/lockstep_batch.py): one forward call for every
 observation, the gates' filters and the safe-state machine as scans. `fast=False` runs the
 executor observation by observation instead (`advance_lockstep`); tests compare both.
 """
@@ -21,6 +21,7 @@ from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
+from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Observation, Snapshot
 from dualloop.v1 import controller_pb2 as pb
@@ -72,13 +73,13 @@ def run_replay(
 
     actual_is_command: the observations' actual controls are the command in effect (the log says so,
     `controller.logs.format.actual_is_command`), so the gate's actuation check judges them.
-    fast: the whole session in one vectorised pass (`Executor.run_lockstep`); otherwise observation
+    fast: the whole session in one vectorised pass (`lockstep_batch.run_lockstep`); otherwise observation
     by observation through `advance_lockstep`, the reference the fast path is tested against."""
     t0 = time.perf_counter()
     ex.open_session(session_id, Clock.LOCKSTEP, shadow=shadow, actual_is_command=actual_is_command)
     try:
         if fast:
-            table = ex.run_lockstep(session_id, observations)
+            table = run_lockstep(ex, session_id, observations)
             t1 = time.perf_counter()
             snaps = table.snapshots()
         else:
@@ -150,7 +151,7 @@ def replay_log(
     result.report = summarise(snaps, ex, len(observations), drive_s, source_path, timings)
     result.report.actuation_check = (
         "none in the gates"
-        if ex._actuation is None
+        if ex.gating.actuation is None
         else "ran"
         if commands
         else "skipped: the log does not declare its actual controls as the command in effect "

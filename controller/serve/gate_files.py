@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dualloop import ood
-from dualloop.executor.core import gate_feature_names
+from dualloop.executor.gating import gate_feature_names
 from dualloop.executor.model_runner import DecisionModel
 
 

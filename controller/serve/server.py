@@ -27,8 +27,9 @@ from dualloop.controller.serve.planning import ServerPlanning
 from dualloop.controller.serve.shadow import ShadowAgreement
 from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker, set_realtime_priority
 from dualloop.controller.serve.wire import model_info, observation_from_proto, snapshot_to_proto
-from dualloop.executor.core import Executor, InvalidObservation, SessionError
+from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.sessions import InvalidObservation, SessionError
 from dualloop.executor.snapshot import Clock, Snapshot
 from dualloop.planner.worker import SourceFactory
 from dualloop.v1 import controller_pb2 as pb

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from dualloop.executor.config import ExecutorConfig
-from dualloop.executor.core import Executor, InvalidObservation, SessionError
+from dualloop.executor.core import Executor
 from dualloop.executor.safety import SafetyConfig
+from dualloop.executor.sessions import InvalidObservation, SessionError
 from dualloop.executor.snapshot import Clock, Observation, Reason, SafetyState
 
 MS = 1_000_000

@@ -11,7 +11,8 @@ from dualloop.controller.gates.fitting import fit_gate_for_model, nominal_inputs
 from dualloop.controller.serve.config import ConfigError, ServerConfig
 from dualloop.controller.serve.server import ControllerServer
 from dualloop.executor.config import ExecutorConfig
-from dualloop.executor.core import Executor, GateMismatch
+from dualloop.executor.core import Executor
+from dualloop.executor.gating import GateMismatch
 from dualloop.executor.safety import SafetyConfig, fallback_profile
 from dualloop.executor.snapshot import Clock, Observation, Reason, SafetyState
 

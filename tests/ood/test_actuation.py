@@ -16,7 +16,9 @@ from dualloop import ood
 from dualloop.controller.demo.closed_loop import InProcessDecider, drive_in_process, run_closed_loop
 from dualloop.controller.gates.fitting import actuation_episodes
 from dualloop.controller.serve.gate_files import load_gate_for_model
-from dualloop.executor.core import Executor, GateMismatch
+from dualloop.executor.core import Executor
+from dualloop.executor.gating import GateMismatch
+from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Observation, Reason
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -67,7 +69,7 @@ def _run(model, gates, observations, actual_is_command: bool = True, fast: bool 
     ex = Executor(model, None, gates)
     ex.open_session("s", Clock.LOCKSTEP, actual_is_command=actual_is_command)
     if fast:
-        return ex, ex.run_lockstep("s", observations).snapshots()
+        return ex, run_lockstep(ex, "s", observations).snapshots()
     snaps = []
     for obs in observations:
         snaps += ex.advance_lockstep("s", obs)
@@ -124,7 +126,7 @@ def test_no_command_no_verdict(model, gates, check) -> None:  # type: ignore[no-
     for observations, is_command in ((_observations(data, commands=False), True), (_observations(data), False)):
         ex, snaps = _run(model, gates, observations, actual_is_command=is_command)
         assert not _actuation_vetoes(snaps, check).any()
-        state, (score, alarm) = ex._actuation.state(ex.sessions["s"].slot)
+        state, (score, alarm) = ex.gating.actuation.state(ex.sessions["s"].slot)
         assert state[1] is None and math.isnan(score) and not alarm  # nothing expected, nothing judged
 
 

@@ -319,8 +319,8 @@ def test_executor_ticks_equal_on_both_paths() -> None:
             for i in range(sessions):
                 ex.open_session(f"s{i}")
             executors.append(ex)
-        assert executors[1]._gate_bank.compiled is False
-        assert executors[0]._gate_bank.compiled is ood_compiled.available()
+        assert executors[1].gating.bank.compiled is False
+        assert executors[0].gating.bank.compiled is ood_compiled.available()
         stuck = None
         for k in range(500):
             obs = {}

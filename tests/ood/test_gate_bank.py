@@ -1,5 +1,5 @@
 """The executor's one-pass gate (ood.GateBank, Python-number filters and freeze check) decides every
-tick as the per-gate monitors, the numpy filter and freeze rules and executor.core.nearest_gate
+tick as the per-gate monitors, the numpy filter and freeze rules and executor.gating.nearest_gate
 decided before it, on nominal and faulty inputs, with sessions coming and going."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 from dualloop.controller.gates.fitting import nominal_inputs
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.executor.config import ExecutorConfig
-from dualloop.executor.core import Executor, nearest_gate
+from dualloop.executor.core import Executor
+from dualloop.executor.gating import nearest_gate
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Observation
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES

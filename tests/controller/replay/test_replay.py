@@ -16,7 +16,7 @@ from dualloop.controller.replay.lockstep import (
 )
 from dualloop.controller.replay.report import format_report
 from dualloop.controller.serve.wire import snapshot_to_proto, without_wall_clock
-from dualloop.executor.core import InvalidObservation
+from dualloop.executor.sessions import InvalidObservation
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 
 
@@ -206,7 +206,7 @@ def test_fast_replay_equals_plain_with_the_actuation_check(tmp_path, rate_hz):
         ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(data.header))
         runs.append(run_replay(ex, "s", obs, fast=fast, actual_is_command=True)[0])
     _assert_same(*runs)
-    threshold = ex._actuation.threshold
+    threshold = ex.gating.actuation.threshold
     assert [s.gate_threshold for s in runs[0]] == [s.gate_threshold for s in runs[1]]
     by_check = [s for s in runs[1] if s.gate_threshold == threshold]
     assert by_check and [s.gate_score for s in by_check] == [

@@ -1,0 +1,367 @@
+"""The OOD gates as the executor wires them onto a model: which features each gate scores, the
+per-session state they keep (filters, change and freeze trackers, the actuation check), the live
+tick's gate step, and the scans a vectorised replay runs to reach the same verdicts.
+
+The live step (`GateWiring.step`) and the replay scans (`score_rows`, `scan_freeze`,
+`scan_actuation`, `scan`) are two implementations of one rule; tests/executor and
+tests/controller/replay pin them against each other tick by tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from operator import attrgetter, itemgetter
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dualloop.executor.model_runner import DecisionModel, ModelOutputs
+from dualloop.executor.sessions import Session
+from dualloop.executor.snapshot import Observation
+from dualloop.ood import ActuationMonitor, ChangeTracker, FreezeDetector, Gate, GateBank, GateMonitor
+from dualloop.ood.one_row import ratio_at_zero
+from dualloop.ood.score import GateFlags, score_in_chunks
+
+# What a gate may watch. decision_vector: the model's penultimate layer; input_features: the raw
+# inputs, whose norm guard catches a dead sensor in its own tick and whose range guard a value far
+# outside training or a jump since the previous observation. Other sources were measured and
+# rejected (docs/design-notes/executor.md).
+GATE_SOURCES = ("decision_vector", "input_features")
+
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
+# a live tick's gate verdicts: score and threshold per row as Python floats (snapshots take them one
+# by one), the veto as an array (the reason flags take it whole)
+GateVerdicts = tuple[list[float], list[float], BoolArray]
+# one gate's scores of a replay's observation rows
+RowScores = tuple[FloatArray, GateFlags]
+
+_NAN = float("nan")
+_BOOL = np.dtype(bool)  # a dtype object: np.array resolves it faster than the type
+_slot_of = attrgetter("slot")
+
+
+class GateMismatch(ValueError):
+    """A gate fitted on other features than this model provides; the message says which."""
+
+
+def decision_vector_names(model: DecisionModel) -> list[str]:
+    """Names of the decision vector's components, as a gate fitted on it records them."""
+    return [f"{model.card.io.decision_vector}[{i}]" for i in range(model.card.decision_vector_size)]
+
+
+def gate_feature_names(model: DecisionModel, source: str) -> list[str]:
+    if source not in GATE_SOURCES:
+        raise GateMismatch(f"gate source {source!r} is not one of {GATE_SOURCES}")
+    return decision_vector_names(model) if source == "decision_vector" else model.card.feature_names
+
+
+def fill_gate_features(
+    source: str,
+    out: npt.NDArray[np.float32],
+    x: npt.NDArray[np.float32],
+    dv: npt.NDArray[np.float32] | None,
+    bad_dv: BoolArray | None,
+) -> None:
+    """What a gate of this source scores, into `out`. Rows the model could not be trusted on are NaN,
+    which vetoes them immediately: the model saw a substitute for invalid input, the gate must not.
+    (A live tick does not copy: `GateWiring.step` hands the bank the rows themselves and the rows
+    whose raw inputs hold NaN/Inf, which every gate scores as NaN.)"""
+    rows = x if source == "input_features" else dv  # raw inputs: NaN stays NaN
+    if rows is None:
+        out[:] = np.nan  # no decision vector: nothing can pass
+    else:
+        np.copyto(out, rows)
+        if rows is dv and bad_dv is not None:
+            out[bad_dv] = np.nan
+
+
+def nearest_gate(per_gate: Sequence[tuple[FloatArray, BoolArray, float]]) -> tuple[FloatArray, FloatArray, BoolArray]:
+    """(score, threshold, veto) per row from each gate's (score, alarm, threshold): any alarm vetoes,
+    and the row reports the gate nearest its threshold (the first one on a tie)."""
+    n = len(per_gate[0][0])
+    best_ratio = np.full(n, -np.inf)
+    score, threshold = np.zeros(n), np.zeros(n)
+    veto = np.zeros(n, bool)
+    for run_score, alarm, run_threshold in per_gate:
+        veto |= alarm
+        ratio = run_score / run_threshold
+        take = ratio > best_ratio
+        best_ratio = np.where(take, ratio, best_ratio)
+        score = np.where(take, run_score, score)
+        threshold = np.where(take, run_threshold, threshold)
+    return score, threshold, veto
+
+
+def command_in_effect(session: Session, obs: Observation, at: int) -> float:
+    """Control `at` of the command the vehicle was executing when `obs` was taken (its actual action),
+    as the actuation check reads it on live ticks and in a replay; NaN when there is none or the
+    session's actual actions are not commands."""
+    c = obs.actual_controls
+    return c.item(at) if session.actual_is_command and c is not None and c.size else _NAN
+
+
+@dataclass(slots=True)
+class GateRun:
+    """One gate as wired: its per-slot monitor and what it scores."""
+
+    monitor: GateMonitor
+    source: str  # one of GATE_SOURCES
+    dim: int  # features the gate scores
+    threshold: float
+
+
+def _picker(flags: Sequence[bool]) -> Callable[[tuple[Any, Any]], tuple[Any, ...]]:
+    """pair -> (pair[flag] for each flag), as a tuple, by one C-level call (at one session a Python
+    loop over the gates shows in the tick)."""
+    if len(flags) > 1:
+        return itemgetter(*map(int, flags))
+    at = [int(flag) for flag in flags]  # no gates, or one: itemgetter would not return a tuple
+    return lambda pair: tuple(pair[i] for i in at)
+
+
+class GateWiring:
+    """Every gate on one model and the per-session state they keep, one slot per session.
+
+    Several gates may watch different features (decision vector, raw inputs); any one vetoes. Gates
+    on the raw inputs may also limit the changes between observations, the plan (it conditions the
+    model as much as the observation does) and carry the actuation check (measured acceleration
+    short of the command in effect). With a gate, a frozen sensor vetoes too.
+
+    The live step reads the executor's tick buffers (`inputs`, `plans`, `fresh`: rows 0..n-1 are the
+    tick's sessions) and writes `frozen`, the freeze check's verdict per row of the last tick.
+    """
+
+    def __init__(
+        self,
+        model: DecisionModel,
+        gates: Sequence[Gate],
+        capacity: int,
+        freeze_repeats: int,
+        inputs: npt.NDArray[np.float32],
+        plans: npt.NDArray[np.float32],
+        fresh: BoolArray,
+    ) -> None:
+        card = model.card
+        self.gates = list(gates)
+        self.runs: list[GateRun] = []
+        for g in self.gates:
+            expected = gate_feature_names(model, g.schema.source)
+            if list(g.schema.feature_names) != expected:
+                have = g.schema.feature_names
+                raise GateMismatch(
+                    f"the gate was fitted on {len(have)} {g.schema.source} features "
+                    f"({have[0]}, ..., {have[-1]}); model {card.name} {card.version} provides "
+                    f"{len(expected)} ({expected[0]}, ..., {expected[-1]})"
+                )
+            self.runs.append(GateRun(g.monitor(capacity), g.schema.source, g.dim, float(g.threshold)))
+        # all gates scored, filtered and combined in one pass (the same decisions as per-gate monitors
+        # and `nearest_gate`); None without gates
+        self.bank = GateBank([run.monitor for run in self.runs], capacity) if self.runs else None
+        self._x, self._p, self._fresh = inputs, plans, fresh
+        self.frozen = np.zeros(capacity, bool)  # rows the freeze check flagged in the last tick
+        self._any_frozen = False
+        # per batch size: the tick's inputs, fresh flags and freeze verdicts, and each gate's plan rows
+        self._views: dict[
+            int, tuple[npt.NDArray[np.float32], BoolArray, BoolArray, list[npt.NDArray[np.float32] | None] | None]
+        ] = {}
+        self.change_gates = [
+            g.schema.source == "input_features" and g.feature_range is not None and bool(g.feature_range.change_low)
+            for g in self.gates
+        ]
+        plan_names = [p.name for p in card.plan]
+        self.plan_gates = []
+        for g in self.gates:
+            context = [] if g.feature_range is None else list(g.feature_range.context_names)
+            if context and context != plan_names:
+                raise GateMismatch(
+                    f"the gate limits a plan of {context}; model "
+                    f"{card.name} {card.version} is conditioned on {plan_names}"
+                )
+            self.plan_gates.append(bool(context))
+        self._any_plan_gate = any(self.plan_gates)
+        # per gate, (decision vector, inputs)[on inputs] and (None, changes)[limits changes], in one C call
+        self._pick_features = _picker([run.source == "input_features" for run in self.runs])
+        self._pick_changes = _picker(self.change_gates)
+        self.change = ChangeTracker(capacity, model.n_features) if any(self.change_gates) else None
+        self.actuation: ActuationMonitor | None = None
+        self.actuation_at = (0, 0, 0)  # accel feature, speed feature, command control
+        checks = [g.actuation for g in self.gates if g.actuation is not None]
+        if len(checks) > 1:
+            raise GateMismatch(f"{len(checks)} gates carry an actuation check; a session's command is judged once")
+        if checks:
+            try:
+                self.actuation_at = checks[0].indices(card.feature_names, [c.name for c in card.controls])
+            except ValueError as exc:
+                raise GateMismatch(f"model {card.name} {card.version}: {exc}") from None
+            self.actuation = checks[0].monitor(capacity)
+        self.freeze = (
+            FreezeDetector(capacity, model.n_features, freeze_repeats) if self.gates and freeze_repeats > 0 else None
+        )
+
+    def reset(self, slot: int) -> None:
+        """A new session in `slot`: every gate's state for it starts afresh."""
+        for run in self.runs:
+            run.monitor.reset(slot)
+        if self.freeze is not None:
+            self.freeze.reset(slot)
+        if self.change is not None:
+            self.change.reset(slot)
+        if self.actuation is not None:
+            self.actuation.reset(slot)
+
+    # -- the live tick --------------------------------------------------------------------------
+
+    def step(
+        self, rows: list[Session], observations: list[Observation], finite: BoolArray, out: ModelOutputs | None
+    ) -> GateVerdicts | None:
+        """(score, threshold, veto) per row of this tick (None without gates), scored on the tick's own
+        features: a veto is never a tick late. `out` is None when the model failed. The freeze check's
+        and the actuation check's vetoes are included."""
+        bank = self.bank
+        if bank is None:
+            return None
+        n = len(rows)
+        views = self._views
+        try:
+            x, fresh, frozen, plans = views[n]
+        except KeyError:
+            plans = list(map((None, self._p[:n]).__getitem__, self.plan_gates)) if self._any_plan_gate else None
+            x, fresh, frozen, plans = views[n] = self._x[:n], self._fresh[:n], self.frozen[:n], plans
+        slots = list(map(_slot_of, rows))
+        dv = out.decision_vector if out is not None else None
+        # rows with NaN/Inf inputs are scored as NaN by every gate (the model saw a substitute)
+        ok = finite.tolist()
+        bad = None if all(ok) else ~finite
+        fresh_rows = fresh.tolist()
+        # what fill_gate_features would copy, per gate
+        features = self._pick_features((dv, x))
+        changes = None
+        if self.change is not None:
+            changes = self._pick_changes((None, self.change.step(x, slots, fresh_rows, ok)))
+        frozen_rows = None if self.freeze is None else self.freeze.step(x, slots, fresh_rows)
+        any_frozen = frozen_rows is not None and True in frozen_rows
+        if any_frozen or self._any_frozen:  # else the buffer is all False already
+            self.frozen[:] = False
+            frozen[:] = frozen_rows if any_frozen else False
+            self._any_frozen = any_frozen
+        # Python lists: the actuation check folds in on floats, and only the veto becomes an array (at
+        # one session, numpy calls are most of what a tick costs)
+        score, threshold, veto = bank.step_lists(slots, features, bad, frozen_rows, changes, plans)
+        if self.actuation is not None:
+            self._actuation_step(self.actuation, rows, observations, slots, fresh_rows, x, score, threshold, veto)
+        return score, threshold, np.array(veto, _BOOL)
+
+    def _actuation_step(
+        self,
+        monitor: ActuationMonitor,
+        rows: list[Session],
+        observations: list[Observation],
+        slots: list[int],
+        fresh: list[bool],
+        x: npt.NDArray[np.float32],
+        score: list[float],
+        threshold: list[float],
+        veto: list[bool],
+    ) -> None:
+        """The actuation check on this tick's rows, folded into the gates' (score, threshold, veto) lists
+        in place: its alarm vetoes, and it is reported when nearer its threshold than every gate (as
+        `nearest_gate` ranks it last in a replay). No command on a row: no verdict. Plain Python per
+        row (`.item` reads one float without making an array): about a microsecond a session."""
+        accel_at, speed_at, command_at = self.actuation_at
+        item = x.item  # the tick's float32 inputs, as a replay reads them
+        times, accel, speed, commands = [], [], [], []
+        for i, (s, obs) in enumerate(zip(rows, observations)):
+            times.append(obs.timestamp_ns)
+            accel.append(item(i, accel_at))
+            speed.append(item(i, speed_at))
+            commands.append(command_in_effect(s, obs, command_at))
+        scores, alarms = monitor.step(slots, fresh, times, accel, speed, commands)
+        limit = monitor.threshold
+        for i, (s_i, alarm) in enumerate(zip(scores, alarms)):
+            if alarm:
+                veto[i] = True
+            if s_i == s_i:  # a verdict: report it if nearer its threshold than the nearest gate
+                best, t = score[i], threshold[i]
+                # a zero threshold: IEEE division, as the gates are ranked
+                nearer = s_i / limit > (best / t if t else ratio_at_zero(best, t))
+                if nearer:
+                    score[i], threshold[i] = s_i, limit
+
+    # -- a replay's scans -----------------------------------------------------------------------
+
+    def score_rows(
+        self,
+        x: npt.NDArray[np.float32],
+        p: npt.NDArray[np.float32],
+        dv: npt.NDArray[np.float32] | None,
+        finite: BoolArray,
+        model_ok: BoolArray,
+        slot: int,
+    ) -> list[RowScores]:
+        """Per gate: (score, flags) of each observation row (features x, plan p, decision vector dv),
+        scored as a live tick would; rows the model could not be trusted on are NaN for
+        decision-vector gates. Advances the slot's change tracker over the rows, as live ticks would."""
+        change = None if self.change is None else self.change.scan(x, finite, slot)
+        untrusted = ~finite | ~model_ok
+        results = []
+        for run, changes_limited, plan_limited in zip(self.runs, self.change_gates, self.plan_gates):
+            feats = np.empty((len(x), run.dim), np.float32)
+            fill_gate_features(run.source, feats, x, dv, untrusted)
+            results.append(
+                score_in_chunks(
+                    run.monitor.scorer,
+                    feats,
+                    changes=change if changes_limited else None,
+                    context=p if plan_limited else None,
+                )
+            )
+        return results
+
+    def scan_freeze(self, x: npt.NDArray[np.float32], slot: int, fresh: BoolArray) -> BoolArray:
+        """The freeze check's verdict per tick (x and fresh per tick), the slot left as live ticks
+        would leave it; all False without the check."""
+        if self.freeze is None:
+            return np.zeros(len(x), bool)
+        return self.freeze.scan(x, slot, fresh)
+
+    def scan_actuation(
+        self,
+        session: Session,
+        observations: Sequence[Observation],
+        feats: npt.NDArray[np.float32],
+        ts: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.intp],
+    ) -> tuple[FloatArray, BoolArray] | None:
+        """The actuation check's (score, alarm) per observation row the ticks used, scanned as live ticks
+        step it (each row fresh once); None without the check."""
+        if self.actuation is None:
+            return None
+        accel_at, speed_at, command_at = self.actuation_at
+        commands = [command_in_effect(session, observations[i], command_at) for i in rows.tolist()]
+        x = feats[rows]
+        return self.actuation.scan(
+            session.slot, ts[rows].tolist(), x[:, accel_at].tolist(), x[:, speed_at].tolist(), commands
+        )
+
+    def scan(
+        self,
+        slot: int,
+        gate_rows: list[RowScores],
+        r: npt.NDArray[np.intp],
+        actuation: tuple[FloatArray, BoolArray] | None = None,
+    ) -> tuple[FloatArray | None, FloatArray | None, BoolArray]:
+        """(score, threshold, veto) per tick, tick k on observation row r[k]: each gate's sequential
+        filter scanned over the ticks, and the actuation check's verdicts last (None, None, no veto
+        without gates)."""
+        if not self.runs:
+            return None, None, np.zeros(len(r), bool)
+        per_gate = [
+            (score[r], run.monitor.filter.scan(flags.exceed[r], flags.immediate[r], slot), run.threshold)
+            for run, (score, flags) in zip(self.runs, gate_rows)
+        ]
+        if actuation is not None and self.actuation is not None:
+            per_gate.append((actuation[0][r], actuation[1][r], self.actuation.threshold))
+        return nearest_gate(per_gate)

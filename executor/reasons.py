@@ -1,0 +1,60 @@
+"""Why a tick's proposal is not to be trusted as it is: the reasons a tick finds before the safe-state
+machine, as bit flags. The live tick and the vectorised replay both call `ReasonRules.flags`, so
+the rule has one definition; the safe-state machine may add FALLBACK/SAFE_DEFAULT afterwards."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from dualloop.executor.snapshot import Reason
+
+# A tick's reasons before the safe-state machine, in the order snapshots list them.
+TICK_REASONS = (
+    Reason.INVALID_INPUT,
+    Reason.MODEL_ERROR,
+    Reason.STALE_OBSERVATION,
+    Reason.STALE_PLAN,
+    Reason.OOD_VETO,
+    Reason.LOW_MARGIN,
+)
+REASON_BITS = {r: 1 << k for k, r in enumerate(TICK_REASONS)}
+# flags -> the reasons they stand for, in TICK_REASONS order (a lookup per row, not a loop over bits)
+REASONS_OF_FLAGS = [tuple(r for r in TICK_REASONS if flags & REASON_BITS[r]) for flags in range(1 << len(TICK_REASONS))]
+
+_INVALID = REASON_BITS[Reason.INVALID_INPUT]
+_MODEL_ERROR = REASON_BITS[Reason.MODEL_ERROR]
+_STALE_OBSERVATION = REASON_BITS[Reason.STALE_OBSERVATION]
+_STALE_PLAN = REASON_BITS[Reason.STALE_PLAN]
+_OOD_VETO = REASON_BITS[Reason.OOD_VETO]
+_LOW_MARGIN = REASON_BITS[Reason.LOW_MARGIN]
+
+
+class ReasonRules:
+    """The limits the reasons are judged by (from ExecutorConfig), and the rule itself."""
+
+    def __init__(self, max_observation_age_ns: int, max_plan_age_ns: int, min_margin: float) -> None:
+        self.max_observation_age_ns = max_observation_age_ns
+        self.max_plan_age_ns = max_plan_age_ns
+        self.min_margin = min_margin
+
+    def flags(
+        self,
+        finite: npt.NDArray[np.bool_],
+        model_ok: npt.NDArray[np.bool_],
+        age_ns: npt.NDArray[np.int64],
+        plan_age_ns: npt.NDArray[np.int64],
+        veto: npt.NDArray[np.bool_],
+        margin: npt.NDArray[np.floating],
+    ) -> npt.NDArray[np.int64]:
+        """Why each row's proposal is not to be trusted as it is, as REASON_BITS. LOW_MARGIN only on
+        rows the model scored (finite input, working model): elsewhere the margin means nothing."""
+        scored = finite & model_ok
+        flags: npt.NDArray[np.int64] = np.where(finite, 0, _INVALID)
+        flags |= np.where(model_ok, 0, _MODEL_ERROR)
+        flags |= np.where(age_ns > self.max_observation_age_ns, _STALE_OBSERVATION, 0)
+        flags |= np.where(plan_age_ns > self.max_plan_age_ns, _STALE_PLAN, 0)
+        flags |= np.where(veto, _OOD_VETO, 0)
+        low = np.asarray(margin, np.float64) < self.min_margin  # float64, as the config states it
+        flags |= np.where(scored & low, _LOW_MARGIN, 0)
+        return flags

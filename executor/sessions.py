@@ -1,0 +1,46 @@
+"""A session as the executor keeps it, and the errors that refuse a session or an observation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from dualloop.executor.safety import SafetyMemory
+from dualloop.executor.snapshot import Clock, Observation
+
+
+class InvalidObservation(ValueError):
+    """An observation that breaks the session's contract (shape, order); the message says how."""
+
+
+class SessionError(ValueError):
+    """Opening or addressing a session failed (duplicate id, unknown id, capacity)."""
+
+
+@dataclass(slots=True)
+class Session:
+    session_id: str
+    clock: Clock
+    shadow: bool
+    include_decision_vector: bool
+    plan: npt.NDArray[np.float32]
+    slot: int  # row of this session in per-session state arrays (the gate's filter)
+    # Whether the observations' actual controls are the command the vehicle was executing when each
+    # was taken (controller.proto's contract), which the gate's actuation check compares with the
+    # measured acceleration. False for logs whose actual action is a label (a comma2k19 import's is
+    # the speed's slope over the next 0.5 s): the check then gives no verdict.
+    actual_is_command: bool = True
+    safety: SafetyMemory = field(default_factory=SafetyMemory)
+    plan_id: str = ""
+    plan_created_ns: int = 0
+    pending: Observation | None = None  # newest observation no tick has used yet (latest wins)
+    current: Observation | None = None  # the observation the last tick used
+    last_seq: int = -1
+    last_timestamp_ns: int | None = None
+    observations_dropped: int = 0
+    snapshots_dropped: int = 0
+    next_tick_ns: int | None = None  # LOCKSTEP grid position
+    lockstep_tick: int = 0
+    ticks: int = 0
