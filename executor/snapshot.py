@@ -1,7 +1,7 @@
 """What flows through the executor: observations in, decision snapshots out (plain dataclasses).
 
 The numeric values of the enums equal the wire enums in proto/dualloop/v1/controller.proto
-(tests/test_proto.py checks it), so conversion is a cast and the executor needs no wire import.
+(tests/proto/test_proto.py checks it), so conversion is a cast and the executor needs no wire import.
 """
 
 from __future__ import annotations

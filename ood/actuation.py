@@ -183,7 +183,7 @@ SlotState = tuple[int | None, float | None, float, int, float, int]
 _START: SlotState = (None, None, 0.0, 0, 0.0, 0)
 # The expected accel starts from one noisy measurement; it is judged only once the lag has forgotten
 # that start (3 time constants: 5% of its error left), else a drive opening with a throttle step is
-# vetoed for its first reading's noise (docs/design-notes/ood.md, "Actuation warm-up").
+# vetoed for its first reading's noise (docs/design-notes/ood.md, "Actuation check: the warm-up after a (re)start").
 _WARM_UP_TAUS = 3.0
 
 

@@ -7,7 +7,7 @@ of numpy calls), then makes each (row, gate)'s decisions in one pass of Python o
 the norm guard, the threshold, the gate's own sequential filter rule (``filter.advance`` on the
 filter's own per-slot state, so ``monitor.reset(slot)`` and a replay's ``filter.scan`` act on the
 same state), and per row: any gate's alarm vetoes, and the row reports the gate nearest its
-threshold (largest score / threshold, the first one on a tie), as ``executor.core.nearest_gate``
+threshold (largest score / threshold, the first one on a tie), as ``executor.gating.nearest_gate``
 does for a replay. One clean row (one session ticking) takes ``one_row.OneRowTick``: the same
 decisions in one pass over the gates, without the per-(row, gate) lists.
 """

@@ -164,7 +164,8 @@ def generate(config: DataConfig, seed: int, on_scenario: Callable[[str], None] |
 
 @dataclass(frozen=True)
 class Normaliser:
-    """(x - mean) / std exactly as executor.core applies it: float32 mean, float32(1 / std).
+    """(x - mean) / std exactly as the executor applies it (executor.model_card.Normalisation): float32
+    mean, float32(1 / std).
 
     Statistics are rounded to float32 before they go into the card, so the card's JSON floats, the
     trainer and the executor all use the same numbers.
@@ -199,7 +200,7 @@ class Normaliser:
 
     @staticmethod
     def _apply(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-        inv = np.array([1.0 / s for s in std], np.float32)  # same rounding as executor.core
+        inv = np.array([1.0 / s for s in std], np.float32)  # same rounding as executor.model_card.Normalisation
         out = np.subtract(np.asarray(x, np.float32), mean.astype(np.float32))
         out *= inv
         return out

@@ -29,7 +29,7 @@ from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim import schema
 
 # Calibration and test data for quantisation: the first episodes of the model's validation and test
-# seed ranges (training_data.split_seeds), so these test samples are a subset of the model's own test
+# seed ranges (controller.training.data.split_seeds), so these test samples are a subset of the model's own test
 # split and never seen in training.
 QUANT_DATA = DataConfig(train_episodes=1, val_episodes=8, test_episodes=32, every=10)
 CALIBRATION_SAMPLES = 4096
