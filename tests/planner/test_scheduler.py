@@ -387,6 +387,7 @@ def test_forgotten_session_in_flight_is_not_delivered():
         assert sorted(p.session_id for p in got) == ["car-0", "car-2"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not (hasattr(os, "sched_setaffinity") and os.path.exists("/proc/self/schedstat")),
     reason="needs Linux CPU affinity and schedstat",
@@ -485,6 +486,7 @@ def test_without_the_right_to_raise_it_the_worker_runs_sched_batch():
             assert priority.policy_name(sched.stats()["worker_pid"]) == "SCHED_BATCH"
 
 
+@pytest.mark.slow
 @needs_idle_priority
 def test_a_batch_waiting_for_a_cpu_is_raised_until_it_is_answered():
     """The SCHED_IDLE worker shares one CPU with a busy normal process: left idle it would get
@@ -511,6 +513,7 @@ def test_a_batch_waiting_for_a_cpu_is_raised_until_it_is_answered():
             assert back_to_idle(pid)
 
 
+@pytest.mark.slow
 @needs_idle_priority
 def test_a_worker_sleeping_on_its_source_is_not_raised(tmp_path):
     """Waiting on something (a remote planner, a sleep) is not waiting for a CPU: looked at every
@@ -539,6 +542,7 @@ def test_a_worker_sleeping_on_its_source_is_not_raised(tmp_path):
         assert wait_for(lambda: len(got) == 1, 20.0, sched, got), sched.stats()
 
 
+@pytest.mark.slow
 @needs_idle_priority
 def test_when_raising_is_refused_later_workers_run_sched_batch(monkeypatch):
     """A refusal the start-up check did not foresee (a sandbox, limits changed): the starving batch
