@@ -205,6 +205,10 @@ class _Worker:
 
     def stop(self, timeout_s: float) -> None:
         """Ask politely, then kill. A hung thread cannot be killed: it is abandoned (daemon)."""
+        if self.idle and self._process is not None and self._process.pid is not None:
+            # On a busy machine a SCHED_IDLE worker gets no CPU, not even to exit (measured under
+            # two CPU hogs: still running 4 s after the stop, SIGKILL pending): raise it first.
+            priority.raise_to_batch(self._process.pid)
         try:
             self.conn.send_bytes(STOP_MESSAGE)
         except (OSError, ValueError):
@@ -226,7 +230,10 @@ class _Worker:
         if self._process is not None:
             if self._process.is_alive():
                 self._process.kill()
-            self._process.join(2.0)
+            # SIGKILL cannot be refused: the process is gone as soon as it gets a CPU to exit on,
+            # which a busy machine may take a while to give it (the bound only guards against a
+            # process stuck in the kernel).
+            self._process.join(30.0)
         try:
             self.conn.close()  # a thread worker blocked in recv sees EOF and exits
         except OSError:

@@ -130,6 +130,7 @@ def test_no_command_no_verdict(model, gates, check) -> None:  # type: ignore[no-
         assert state[1] is None and math.isnan(score) and not alarm  # nothing expected, nothing judged
 
 
+@pytest.mark.slow
 def test_nominal_hard_braking_is_not_vetoed(model, gates, check) -> None:  # type: ignore[no-untyped-def]
     # the hardest braking among the evaluation seeds; 700_005 stops behind the stopped car (standstill)
     for name, seed in (
@@ -223,6 +224,7 @@ def test_closed_loop_sends_the_previous_steps_command(model) -> None:  # type: i
         assert controls.tolist() == np.float32([run.applied_accel[k - 1], run.applied_steer[k - 1]]).tolist()
 
 
+@pytest.mark.slow
 def test_low_friction_closed_loop_with_the_check(model, gates) -> None:  # type: ignore[no-untyped-def]
     run = drive_in_process(Executor(model, None, gates), "low_friction", 700_100)
     vetoed = ((run.reasons >> Reason.OOD_VETO) & 1).astype(bool)

@@ -295,6 +295,7 @@ def test_freeze_detector_compiled_equals_python(dtype: type) -> None:
     assert most >= 2  # freezes did happen
 
 
+@pytest.mark.slow
 def test_executor_ticks_equal_on_both_paths() -> None:
     """The shipped model and gates, one and three sessions, nominal rows with faults injected: every
     snapshot's gate score bits, threshold, veto, reasons and applied action agree between the paths."""

@@ -75,6 +75,7 @@ class _NumpyChanges:
         self.change[slot] = np.nan
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first", [("a", "b", "c", "d"), ("a",)])
 def test_bank_decides_every_tick_as_the_per_gate_reference(first: tuple[str, ...]) -> None:
     """Several sessions (the bank's general path) and one session at a time (its one-row path)."""

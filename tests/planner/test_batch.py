@@ -132,6 +132,7 @@ def test_plan_many_equals_plan_with_cooldown_memory():
     assert any(a != b for a, b in zip(batched.plan_many(requests), fresh))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "names",
     [("cut_in", "dense_traffic", "slow_merge"), ("stopped_vehicle_ahead", "sensor_dropout", "unit_mismatch_kmh")],

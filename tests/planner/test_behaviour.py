@@ -340,6 +340,7 @@ def test_refuses_an_ego_speed_no_road_vehicle_has():
     assert (fast.behaviour, fast.target_speed) == ("keep", 55.0)  # hold it: a lower target swerves
 
 
+@pytest.mark.slow
 def test_slow_merge_in_closed_loop_merges_off_the_ramp():
     """The shipped model and gates, driven by the planner over the whole scenario (held-out seed)."""
     from dualloop import ood
@@ -362,6 +363,7 @@ def test_slow_merge_in_closed_loop_merges_off_the_ramp():
     assert run.ticks_with(pb.OOD_VETO) < 100  # the merge stays in the model's distribution
 
 
+@pytest.mark.slow
 def test_dense_traffic_in_closed_loop_moves_to_the_faster_lane_and_follows_its_speed():
     """Dense traffic (held-out seed 900003, `dualloop demo --seed 900003`): the ego starts in the
     slowest lane; the planner takes a gap into the faster lane on its left and steps its target speed
@@ -387,6 +389,7 @@ def test_dense_traffic_in_closed_loop_moves_to_the_faster_lane_and_follows_its_s
     assert run.ticks_with(pb.OOD_VETO) == 0
 
 
+@pytest.mark.slow
 def test_stopped_behind_a_stopped_car_in_closed_loop_stays_stopped():
     """stopped_vehicle_ahead, held-out seed 900012: boxed in, the ego stops 2.5 m behind the stopped
     car. The rollout then found the left lane free; the change it planned from a standstill made the

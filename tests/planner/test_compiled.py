@@ -352,6 +352,7 @@ def test_the_module_refuses_what_it_cannot_read() -> None:
         module.outcome(*args, np.empty((tr.v0.size, _Outcome.ROWS)).T)
 
 
+@pytest.mark.slow
 @needs_compiled
 def test_the_cost_bench_compares_both_paths_on_the_same_batches() -> None:
     result = compare_paths(sizes=(3,), batches=6, warmup=1, seeds=(1,))

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from dualloop.sim.env import make_batch, make_scenario, run_expert_batch
 
@@ -29,6 +30,7 @@ def test_different_seeds_differ() -> None:
     assert not np.array_equal(f1, f2)
 
 
+@pytest.mark.slow
 def test_episode_does_not_depend_on_its_batch() -> None:
     _, alone = run_expert_batch("cut_in", [5], duration_s=3.0)
     _, batch = run_expert_batch("cut_in", [4, 5, 6], duration_s=3.0)

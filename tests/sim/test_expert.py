@@ -8,6 +8,7 @@ from dualloop.sim.schema import ACTION_INDEX, PLAN_INDEX, label_from_accel
 SEEDS = list(range(24))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NOMINAL_SCENARIOS)
 def test_expert_never_collides_on_nominal_scenarios(name: str) -> None:
     metrics, data = run_expert_batch(name, SEEDS, every=20)
@@ -56,6 +57,7 @@ def test_target_speeds_change_within_training_drives() -> None:
         assert changes.size >= 1 and (np.diff(data.t[changes]) >= steps.dwell_s[0] - 0.2).all()
 
 
+@pytest.mark.slow
 def test_closed_loop_scenarios_keep_one_target_and_ood_ones_never_step() -> None:
     from dualloop.sim.env import make_scenario
     from dualloop.sim.scenarios import OOD_SCENARIOS
@@ -88,6 +90,7 @@ def test_relabelled_states_keep_the_steering_and_brake_for_a_lower_target() -> N
     assert (data.alt_controls[..., 0][higher] >= data.controls[..., 0][higher] - 1e-6).all()
 
 
+@pytest.mark.slow
 def test_no_lane_change_from_a_standstill() -> None:
     """Behind a stopped car the expert waits rather than steering at full lock at 0 m/s."""
     _, data = run_expert_batch("stopped_vehicle_ahead", SEEDS, every=20)

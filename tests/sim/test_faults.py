@@ -25,6 +25,7 @@ def _run(name: str, faulty: bool, seconds: float) -> tuple[np.ndarray, np.ndarra
     return np.array(feats), np.array(times), env
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sensor_dropout", "stuck_sensor", "noise_burst", "unit_mismatch_kmh"])
 def test_fault_changes_features_from_onset_only(name: str) -> None:
     seconds = 14.0 if name == "noise_burst" else 11.0  # onsets are 5-10 s, bursts last 2-4 s

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dualloop.controller.bench import cli as bench_cli
 from dualloop.controller.bench import gate as bench_gate
 from dualloop.controller.cli import main
 from dualloop.ood import compiled as ood_compiled
 
 
+@pytest.mark.slow
 def test_bench_tick_reports_all_fields(tmp_path, test_model_path):
     assert (
         main(
@@ -54,6 +57,7 @@ def test_bench_replay_reports_both_paths(tmp_path):
         assert r["speedup_median"] > 0 and r["reference_compute_ms"] > 0 and r["end_to_end_ms"] > 0
 
 
+@pytest.mark.slow
 def test_bench_gate_reports_each_session_count(tmp_path):
     """`dualloop bench gate`'s table: gate cost per session at each count, next to the forward pass."""
     from dualloop.controller.bench.gate import bench_gate_table
@@ -74,6 +78,7 @@ def test_bench_gate_reports_each_session_count(tmp_path):
         assert on["gate_us_per_session_p50"] > 0 and off["gate_us_p50"] < on["gate_us_p50"]
 
 
+@pytest.mark.slow
 def test_bench_gate_cli_defaults_to_the_base_model_and_its_gates(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench_gate, "TICKS", 40)
@@ -84,6 +89,7 @@ def test_bench_gate_cli_defaults_to_the_base_model_and_its_gates(tmp_path, monke
     assert result["ticks"] == 40
 
 
+@pytest.mark.slow
 def test_bench_planner_compares_idle_and_busy_turns_of_one_run(tmp_path, test_model_path):
     # 10 s: two turns of each kind even when a loaded machine starts the clients late (at 8 s, the
     # shortest run the CLI takes, a run beside another test suite once counted only one busy turn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from rich.console import Console
 
 from dualloop.controller.demo.closed_loop import drive_in_process, drive_over_grpc
@@ -29,6 +30,7 @@ def test_closed_loop_is_reproducible(test_model):
     np.testing.assert_array_equal(a.metrics.series.ego_speed, b.metrics.series.ego_speed)
 
 
+@pytest.mark.slow
 def test_demo_writes_table_logs_plots_and_report(tmp_path, test_model_path):
     out = run_demo(
         test_model_path,

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from dualloop.controller.logs.logfile import read_log
 from tests.paths import REPO_ROOT
 
@@ -36,6 +38,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_sigkill_mid_recording_keeps_everything_older_than_a_second(tmp_path: Path) -> None:
     path = tmp_path / "killed.mcap"
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)

@@ -121,6 +121,7 @@ def test_fast_replay_equals_plain_through_every_fault(tmp_path, rate_hz):
     assert [s.plan_age_ns for s in runs[0]] == [s.plan_age_ns for s in runs[1]]
 
 
+@pytest.mark.slow
 def test_fast_replay_equals_plain_on_the_real_drive(fixture_replay):
     data = read_log(FIXTURE)
     ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(data.header))
@@ -150,6 +151,7 @@ def test_replay_many_with_a_process_pool(tmp_path):
     assert len(list((tmp_path / "out").glob("*.replay.mcap"))) == 3
 
 
+@pytest.mark.slow
 def test_replay_many_on_a_ray_cluster(tmp_path):
     ray = pytest.importorskip("ray")
     logs = [slice_log(tmp_path / f"l{i}.mcap", i * 300, 200, f"s{i}") for i in range(3)]

@@ -46,6 +46,7 @@ def test_int8_variant_loads_with_its_card(base):
     assert int8.card.feature_names == base.card.feature_names and int8.card.version != base.card.version
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", NOMINAL_SCENARIOS)
 def test_drives_nominal_scenarios_without_collision(base, scenario):
     gates = [ood.load_gate(g) for g in DEFAULT_GATES]
@@ -106,6 +107,7 @@ def drive_speed_step(
     return np.array(offset), np.array(lane), np.array(speed), run
 
 
+@pytest.mark.slow
 def test_follows_a_lower_target_speed_without_leaving_its_lane(base):
     """Issue 5: the planner's target speed follows the traffic, so it steps within a drive. In dense
     traffic a keep plan stepping from 25 to 12 m/s: the model slows to the new target and stays on
