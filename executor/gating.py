@@ -342,9 +342,7 @@ class GateWiring:
         accel_at, speed_at, command_at = self.actuation_at
         commands = [command_in_effect(session, observations[i], command_at) for i in rows.tolist()]
         x = feats[rows]
-        return self.actuation.scan(
-            session.slot, ts[rows].tolist(), x[:, accel_at].tolist(), x[:, speed_at].tolist(), commands
-        )
+        return self.actuation.scan(session.slot, ts[rows], x[:, accel_at], x[:, speed_at], commands)
 
     def scan(
         self,

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from dualloop.ood.calibrate import ThresholdCalibration, calibrate_threshold
 
@@ -272,7 +273,12 @@ class ActuationMonitor:
         return scores, alarms
 
     def scan(
-        self, slot: int, t_ns: Sequence[int], accel: Sequence[float], speed: Sequence[float], command: Sequence[float]
+        self,
+        slot: int,
+        t_ns: Sequence[int] | npt.NDArray[np.int64],
+        accel: Sequence[float] | npt.NDArray[np.floating[Any]],
+        speed: Sequence[float] | npt.NDArray[np.floating[Any]],
+        command: Sequence[float] | npt.NDArray[np.floating[Any]],
     ) -> tuple[np.ndarray, np.ndarray]:
         """Consecutive fresh observations of one slot: (score (n,) float64, alarm (n,) bool), the
         slot left as observation-by-observation steps would leave it."""

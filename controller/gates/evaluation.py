@@ -134,8 +134,7 @@ def actuation_verdicts(
     t_ns = np.round(t * 1e9).astype(np.int64)
     score, alarm = np.full((b, t_len), np.nan), np.zeros((b, t_len), bool)
     for e in range(b):
-        # scan's parameters say Sequence, but it takes arrays (np.asarray, ood.actuation._floats)
-        score[e], alarm[e] = monitor.scan(e, t_ns, features[e, :, accel_at], features[e, :, speed_at], command[e])  # type: ignore[arg-type]
+        score[e], alarm[e] = monitor.scan(e, t_ns, features[e, :, accel_at], features[e, :, speed_at], command[e])
     return score, alarm
 
 
