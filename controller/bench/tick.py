@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from dualloop.controller.plotting import pyplot
 from dualloop.controller.serve.server import new_event_loop
 
 
@@ -119,11 +120,7 @@ async def _bench_tick(
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for label, values in (
         ("executor (serving gRPC)", result["_raw"]["executor_lateness_ns"]),

@@ -6,15 +6,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from dualloop.controller.demo.closed_loop import ClosedLoopRun  # noqa: E402
-from dualloop.sim.schema import ACTIONS  # noqa: E402
-from dualloop.v1 import controller_pb2 as pb  # noqa: E402
+from dualloop.controller.demo.closed_loop import ClosedLoopRun
+from dualloop.controller.plotting import pyplot
+from dualloop.sim.schema import ACTIONS
+from dualloop.v1 import controller_pb2 as pb
 
 _STATE_COLOURS = {pb.VETO_HOLD: "#f4a261", pb.FALLBACK_ACTIVE: "#e63946", pb.RECOVERING: "#a8dadc"}
 
@@ -29,6 +26,7 @@ def _shade_states(ax, t: np.ndarray, state: np.ndarray) -> None:
 
 
 def plot_run(run: ClosedLoopRun, out_dir: Path) -> Path:
+    plt = pyplot()
     s = run.metrics.series
     fig, axes = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
     axes[0].plot(s.t, s.ego_speed, color="#1d3557")
@@ -61,11 +59,12 @@ def plot_run(run: ClosedLoopRun, out_dir: Path) -> Path:
 def plot_tick_work(runs: Sequence[ClosedLoopRun], path: Path) -> Path:
     """How long the executor worked on each tick (its own stage timings), all scenarios together.
     REALTIME lateness against the wall clock is `dualloop bench tick`'s job."""
+    plt = pyplot()
     work = np.concatenate([r.tick_work_us[np.isfinite(r.tick_work_us)] for r in runs]) if runs else np.zeros(0)
     fig, ax = plt.subplots(figsize=(8, 3.5))
     if work.size:
         bins = np.logspace(0, np.log10(max(work.max(), 10.0)), 60)
-        ax.hist(np.maximum(work, 1.0), bins=bins, color="#457b9d")  # type: ignore[arg-type]  # matplotlib's stub wants a Sequence; its docs take an array of edges
+        ax.hist(np.maximum(work, 1.0), bins=bins, color="#457b9d")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(

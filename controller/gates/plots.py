@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from dualloop.controller.gates.scores import ScenarioScores, fault_active  # noqa: E402
-from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS  # noqa: E402
-from dualloop.sim.schema import ACTIONS  # noqa: E402
+from dualloop.controller.gates.scores import ScenarioScores, fault_active
+from dualloop.controller.plotting import pyplot
+from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS
+from dualloop.sim.schema import ACTIONS
 
 
 def _finite(x: np.ndarray, cap: float) -> np.ndarray:
@@ -20,6 +17,7 @@ def _finite(x: np.ndarray, cap: float) -> np.ndarray:
 
 
 def plot_scores_over_time(scores: dict[str, ScenarioScores], threshold: float, path: Path) -> Path:
+    plt = pyplot()
     names = list(OOD_SCENARIOS)
     cols = 2
     rows = (len(names) + cols - 1) // cols
@@ -49,15 +47,16 @@ def plot_scores_over_time(scores: dict[str, ScenarioScores], threshold: float, p
 
 
 def plot_histograms(scores: dict[str, ScenarioScores], threshold: float, path: Path) -> Path:
+    plt = pyplot()
     cap = threshold * 1e3
     nominal = np.concatenate([scores[n].score[scores[n].valid] for n in NOMINAL_SCENARIOS])
     bins = np.logspace(np.log10(max(_finite(nominal, cap).min(), 1e-3)), np.log10(cap), 80)
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    ax.hist(_finite(nominal, cap), bins=bins, density=True, alpha=0.5, color="grey", label="nominal")  # type: ignore[arg-type]  # matplotlib's stub wants a Sequence; its docs take an array of edges
+    ax.hist(_finite(nominal, cap), bins=bins, density=True, alpha=0.5, color="grey", label="nominal")
     for name in OOD_SCENARIOS:
         s = scores[name]
         after = fault_active(s)
-        ax.hist(_finite(s.score[after], cap), bins=bins, density=True, histtype="step", lw=1.3, label=name)  # type: ignore[arg-type]  # matplotlib's stub wants a Sequence; its docs take an array of edges
+        ax.hist(_finite(s.score[after], cap), bins=bins, density=True, histtype="step", lw=1.3, label=name)
     ax.axvline(threshold, color="#e63946", lw=1.2, label="threshold")
     ax.set_xscale("log")
     ax.set_xlabel("Mahalanobis score (non-finite inputs shown at the right edge)")
@@ -71,6 +70,7 @@ def plot_histograms(scores: dict[str, ScenarioScores], threshold: float, path: P
 
 def plot_projection(scores: dict[str, ScenarioScores], path: Path, per_scenario: int = 600, seed: int = 0) -> Path:
     """PCA of decision vectors fitted on nominal ticks: where do the OOD ticks fall?"""
+    plt = pyplot()
     rng = np.random.default_rng(seed)
 
     def sample(s: ScenarioScores, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
