@@ -140,7 +140,8 @@ def test_remote_planner_times_out_at_its_deadline():
         with pytest.raises(PlanTimeout, match="did not answer within 150 ms"):
             remote.plan(PlanRequest("car-1", features(), 0))
         elapsed = time.perf_counter() - t0
-        assert 0.14 <= elapsed < 0.5, elapsed
+        # at the deadline, not at the source's release (never, here); room for a busy machine above it
+        assert 0.14 <= elapsed < 1.0, elapsed
     finally:
         source.release.set()
         server.stop()

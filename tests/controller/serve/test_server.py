@@ -124,10 +124,12 @@ def test_disconnect_removes_session(server, channel):
     assert "gone" in open_sessions(server)
     t0 = time.monotonic()
     session.cancel()
-    while "gone" in open_sessions(server) and time.monotonic() - t0 < 2.0:
+    while "gone" in open_sessions(server) and time.monotonic() - t0 < 5.0:
         time.sleep(0.001)
     assert "gone" not in open_sessions(server)
-    assert time.monotonic() - t0 < 0.1  # a tick or two, with slack for a busy machine
+    # on the cancel itself (a tick or two), not on a stream timeout of seconds; the bound leaves room
+    # for a machine busy with other work
+    assert time.monotonic() - t0 < 0.5
 
 
 def test_get_model_info_matches_model_file(channel, test_model):
