@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard */*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) scripts/namespace_view.py --pth > /dev/null
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -26,7 +27,7 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(PY) scripts/namespace_view.py > /dev/null
 	$(VENV)/bin/mypy -p dualloop
-	PYTHONPATH=build/namespace $(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(VENV)/bin/dualloop bench tick --sessions 8 --duration 60
