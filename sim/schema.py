@@ -11,6 +11,8 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from dualloop.executor import action_labels as _labels
+
 
 class Field(NamedTuple):
     name: str
@@ -64,11 +66,13 @@ N_PLAN: int = len(PLAN)
 BEHAVIOURS: tuple[str, ...] = ("keep", "change_left", "change_right", "stop")
 
 # Discrete longitudinal decision, ordered from strongest braking to accelerating.
-ACTIONS: tuple[str, ...] = ("brake_hard", "brake", "keep", "accelerate")
+# The bands and the look-ahead label live in executor/action_labels.py (one definition for the sim,
+# imports, replay and training).
+ACTIONS: tuple[str, ...] = _labels.ACTIONS
 N_ACTIONS: int = len(ACTIONS)
-BRAKE_HARD_BELOW: float = -3.5
-BRAKE_BELOW: float = -0.5
-KEEP_AT_MOST: float = 0.5
+BRAKE_HARD_BELOW: float = _labels.BRAKE_HARD_BELOW
+BRAKE_BELOW: float = _labels.BRAKE_BELOW
+KEEP_AT_MOST: float = _labels.KEEP_AT_MOST
 
 
 class Control(NamedTuple):
@@ -96,18 +100,9 @@ BOOL_FEATURES: tuple[str, ...] = tuple(f.name for f in FEATURES if f.unit == "bo
 
 
 def label_from_accel(accel: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """Map a longitudinal acceleration (m/s^2) to the index of its discrete action in ACTIONS.
-
-    a < -3.5 -> brake_hard, -3.5 <= a < -0.5 -> brake, -0.5 <= a <= 0.5 -> keep, a > 0.5 ->
-    accelerate. Works element-wise on arrays of any shape; returns int64 indices of the same shape
-    (a 0-d array for a scalar input). NaN maps to accelerate, so callers must validate first.
-    """
-    a = np.asarray(accel, dtype=np.float64)
-    label = np.full(a.shape, ACTION_INDEX["accelerate"], dtype=np.int64)
-    label[a <= KEEP_AT_MOST] = ACTION_INDEX["keep"]
-    label[a < BRAKE_BELOW] = ACTION_INDEX["brake"]
-    label[a < BRAKE_HARD_BELOW] = ACTION_INDEX["brake_hard"]
-    return label
+    """Index into ACTIONS of each acceleration's band (`action_labels.action_of_accel`): a < -3.5
+    brake_hard, < -0.5 brake, <= 0.5 keep, else accelerate; NaN -> -1 (no label)."""
+    return _labels.action_of_accel(accel)
 
 
 def make_plan(

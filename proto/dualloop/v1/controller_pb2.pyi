@@ -51,18 +51,22 @@ FALLBACK_ACTIVE: SafetyState
 RECOVERING: SafetyState
 
 class OpenSession(_message.Message):
-    __slots__ = ("session_id", "clock", "shadow", "include_decision_vector", "expected_schema_hash")
+    __slots__ = ("session_id", "clock", "shadow", "include_decision_vector", "expected_schema_hash", "observation_period_ns", "provided_features")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_DECISION_VECTOR_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SCHEMA_HASH_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
+    PROVIDED_FEATURES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     clock: ClockMode
     shadow: bool
     include_decision_vector: bool
     expected_schema_hash: str
-    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., shadow: _Optional[bool] = ..., include_decision_vector: _Optional[bool] = ..., expected_schema_hash: _Optional[str] = ...) -> None: ...
+    observation_period_ns: int
+    provided_features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., shadow: _Optional[bool] = ..., include_decision_vector: _Optional[bool] = ..., expected_schema_hash: _Optional[str] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ActualAction(_message.Message):
     __slots__ = ("action_index", "controls")
@@ -103,16 +107,20 @@ class DriveRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ...) -> None: ...
 
 class SessionOpened(_message.Message):
-    __slots__ = ("session_id", "clock", "tick_period_ns", "model")
+    __slots__ = ("session_id", "clock", "tick_period_ns", "model", "observation_period_ns", "provided_features")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     TICK_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
+    PROVIDED_FEATURES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     clock: ClockMode
     tick_period_ns: int
     model: ModelInfo
-    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ...) -> None: ...
+    observation_period_ns: int
+    provided_features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("index", "name", "controls")
@@ -159,7 +167,7 @@ class StageTimings(_message.Message):
     def __init__(self, preprocess_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., gate_us: _Optional[int] = ..., postprocess_us: _Optional[int] = ...) -> None: ...
 
 class DecisionSnapshot(_message.Message):
-    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan")
+    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TICK_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_TIME_NS_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +190,8 @@ class DecisionSnapshot(_message.Message):
     SNAPSHOTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_HELD_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tick: int
     scheduled_time_ns: int
@@ -204,7 +214,9 @@ class DecisionSnapshot(_message.Message):
     snapshots_dropped: int
     observations_dropped: int
     plan: PlanSummary
-    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ...) -> None: ...
+    observation_held: bool
+    observation_period_ns: int
+    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ...) -> None: ...
 
 class PlanSummary(_message.Message):
     __slots__ = ("source", "behaviour", "target_speed", "target_lane_offset")

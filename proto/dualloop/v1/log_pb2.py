@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dualloop.v1 import controller_pb2 as dualloop_dot_v1_dot_controller__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64ualloop/v1/log.proto\x12\x0b\x64ualloop.v1\x1a\x1c\x64ualloop/v1/controller.proto\"\x96\x04\n\rSessionHeader\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x05\x63lock\x18\x02 \x01(\x0e\x32\x16.dualloop.v1.ClockMode\x12\x0e\n\x06shadow\x18\x03 \x01(\x08\x12\x15\n\rmodel_version\x18\x04 \x01(\t\x12\x19\n\x11model_schema_hash\x18\x05 \x01(\t\x12\x14\n\x0cgate_version\x18\x06 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x07 \x01(\t\x12\x0e\n\x06source\x18\x08 \x01(\t\x12\x1a\n\x12start_time_unix_ns\x18\t \x01(\x03\x12\x16\n\x0e\x66ormat_version\x18\n \x01(\r\x12\x15\n\rfeature_names\x18\x0b \x03(\t\x12\x19\n\x11measured_features\x18\x0c \x03(\t\x12\x17\n\x0f\x66illed_features\x18\r \x03(\t\x12\x14\n\x0c\x61\x63tion_names\x18\x0e \x03(\t\x12\x15\n\rcontrol_names\x18\x0f \x03(\t\x12\x16\n\x0etick_period_ns\x18\x10 \x01(\x03\x12\x0c\n\x04part\x18\x11 \x01(\r\x12\x45\n\x0esource_details\x18\x12 \x03(\x0b\x32-.dualloop.v1.SessionHeader.SourceDetailsEntry\x1a\x34\n\x12SourceDetailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"p\n\nPlanRecord\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63reated_time_ns\x18\x02 \x01(\x03\x12%\n\x04plan\x18\x03 \x01(\x0b\x32\x17.dualloop.v1.PlanUpdate\x12\x0e\n\x06source\x18\x04 \x01(\t\"\xde\x01\n\x0eSessionSummary\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10\x65nd_time_unix_ns\x18\x02 \x01(\x03\x12\x1c\n\x14observations_written\x18\x03 \x01(\x04\x12\x19\n\x11snapshots_written\x18\x04 \x01(\x04\x12\x15\n\rplans_written\x18\x05 \x01(\x04\x12\x1c\n\x14observations_dropped\x18\x06 \x01(\x04\x12\x19\n\x11snapshots_dropped\x18\x07 \x01(\x04\x12\x15\n\rplans_dropped\x18\x08 \x01(\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64ualloop/v1/log.proto\x12\x0b\x64ualloop.v1\x1a\x1c\x64ualloop/v1/controller.proto\"\xb5\x04\n\rSessionHeader\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x05\x63lock\x18\x02 \x01(\x0e\x32\x16.dualloop.v1.ClockMode\x12\x0e\n\x06shadow\x18\x03 \x01(\x08\x12\x15\n\rmodel_version\x18\x04 \x01(\t\x12\x19\n\x11model_schema_hash\x18\x05 \x01(\t\x12\x14\n\x0cgate_version\x18\x06 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x07 \x01(\t\x12\x0e\n\x06source\x18\x08 \x01(\t\x12\x1a\n\x12start_time_unix_ns\x18\t \x01(\x03\x12\x16\n\x0e\x66ormat_version\x18\n \x01(\r\x12\x15\n\rfeature_names\x18\x0b \x03(\t\x12\x19\n\x11measured_features\x18\x0c \x03(\t\x12\x17\n\x0f\x66illed_features\x18\r \x03(\t\x12\x14\n\x0c\x61\x63tion_names\x18\x0e \x03(\t\x12\x15\n\rcontrol_names\x18\x0f \x03(\t\x12\x16\n\x0etick_period_ns\x18\x10 \x01(\x03\x12\x0c\n\x04part\x18\x11 \x01(\r\x12\x45\n\x0esource_details\x18\x12 \x03(\x0b\x32-.dualloop.v1.SessionHeader.SourceDetailsEntry\x12\x1d\n\x15observation_period_ns\x18\x13 \x01(\x03\x1a\x34\n\x12SourceDetailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"p\n\nPlanRecord\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63reated_time_ns\x18\x02 \x01(\x03\x12%\n\x04plan\x18\x03 \x01(\x0b\x32\x17.dualloop.v1.PlanUpdate\x12\x0e\n\x06source\x18\x04 \x01(\t\"\xde\x01\n\x0eSessionSummary\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10\x65nd_time_unix_ns\x18\x02 \x01(\x03\x12\x1c\n\x14observations_written\x18\x03 \x01(\x04\x12\x19\n\x11snapshots_written\x18\x04 \x01(\x04\x12\x15\n\rplans_written\x18\x05 \x01(\x04\x12\x1c\n\x14observations_dropped\x18\x06 \x01(\x04\x12\x19\n\x11snapshots_dropped\x18\x07 \x01(\x04\x12\x15\n\rplans_dropped\x18\x08 \x01(\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SESSIONHEADER_SOURCEDETAILSENTRY']._loaded_options = None
   _globals['_SESSIONHEADER_SOURCEDETAILSENTRY']._serialized_options = b'8\001'
   _globals['_SESSIONHEADER']._serialized_start=69
-  _globals['_SESSIONHEADER']._serialized_end=603
-  _globals['_SESSIONHEADER_SOURCEDETAILSENTRY']._serialized_start=551
-  _globals['_SESSIONHEADER_SOURCEDETAILSENTRY']._serialized_end=603
-  _globals['_PLANRECORD']._serialized_start=605
-  _globals['_PLANRECORD']._serialized_end=717
-  _globals['_SESSIONSUMMARY']._serialized_start=720
-  _globals['_SESSIONSUMMARY']._serialized_end=942
+  _globals['_SESSIONHEADER']._serialized_end=634
+  _globals['_SESSIONHEADER_SOURCEDETAILSENTRY']._serialized_start=582
+  _globals['_SESSIONHEADER_SOURCEDETAILSENTRY']._serialized_end=634
+  _globals['_PLANRECORD']._serialized_start=636
+  _globals['_PLANRECORD']._serialized_end=748
+  _globals['_SESSIONSUMMARY']._serialized_start=751
+  _globals['_SESSIONSUMMARY']._serialized_end=973
 # @@protoc_insertion_point(module_scope)

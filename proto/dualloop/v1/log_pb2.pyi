@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SessionHeader(_message.Message):
-    __slots__ = ("session_id", "clock", "shadow", "model_version", "model_schema_hash", "gate_version", "config_json", "source", "start_time_unix_ns", "format_version", "feature_names", "measured_features", "filled_features", "action_names", "control_names", "tick_period_ns", "part", "source_details")
+    __slots__ = ("session_id", "clock", "shadow", "model_version", "model_schema_hash", "gate_version", "config_json", "source", "start_time_unix_ns", "format_version", "feature_names", "measured_features", "filled_features", "action_names", "control_names", "tick_period_ns", "part", "source_details", "observation_period_ns")
     class SourceDetailsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class SessionHeader(_message.Message):
     TICK_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
     SOURCE_DETAILS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     clock: _controller_pb2.ClockMode
     shadow: bool
@@ -52,7 +53,8 @@ class SessionHeader(_message.Message):
     tick_period_ns: int
     part: int
     source_details: _containers.ScalarMap[str, str]
-    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[_controller_pb2.ClockMode, str]] = ..., shadow: _Optional[bool] = ..., model_version: _Optional[str] = ..., model_schema_hash: _Optional[str] = ..., gate_version: _Optional[str] = ..., config_json: _Optional[str] = ..., source: _Optional[str] = ..., start_time_unix_ns: _Optional[int] = ..., format_version: _Optional[int] = ..., feature_names: _Optional[_Iterable[str]] = ..., measured_features: _Optional[_Iterable[str]] = ..., filled_features: _Optional[_Iterable[str]] = ..., action_names: _Optional[_Iterable[str]] = ..., control_names: _Optional[_Iterable[str]] = ..., tick_period_ns: _Optional[int] = ..., part: _Optional[int] = ..., source_details: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    observation_period_ns: int
+    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[_controller_pb2.ClockMode, str]] = ..., shadow: _Optional[bool] = ..., model_version: _Optional[str] = ..., model_schema_hash: _Optional[str] = ..., gate_version: _Optional[str] = ..., config_json: _Optional[str] = ..., source: _Optional[str] = ..., start_time_unix_ns: _Optional[int] = ..., format_version: _Optional[int] = ..., feature_names: _Optional[_Iterable[str]] = ..., measured_features: _Optional[_Iterable[str]] = ..., filled_features: _Optional[_Iterable[str]] = ..., action_names: _Optional[_Iterable[str]] = ..., control_names: _Optional[_Iterable[str]] = ..., tick_period_ns: _Optional[int] = ..., part: _Optional[int] = ..., source_details: _Optional[_Mapping[str, str]] = ..., observation_period_ns: _Optional[int] = ...) -> None: ...
 
 class PlanRecord(_message.Message):
     __slots__ = ("session_id", "created_time_ns", "plan", "source")
