@@ -32,6 +32,11 @@ class Session:
     # measured acceleration. False for logs whose actual action is a label (a comma2k19 import's is
     # the speed's slope over the next 0.5 s): the check then gives no verdict.
     actual_is_command: bool = True
+    # The sensor profile: which features this session measures (None: all). Missing ones arrive as
+    # NaN and are masked (docs/design-notes/real-sensors.md).
+    present: npt.NDArray[np.bool_] | None = None
+    # The sensor's observation period as declared; 0: measured from the observations' timestamps.
+    observation_period_ns: int = 0
     safety: SafetyMemory = field(default_factory=SafetyMemory)
     plan_id: str = ""
     plan_created_ns: int = 0
