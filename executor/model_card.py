@@ -75,6 +75,10 @@ class ModelCard(BaseModel):
     safe_action: SafeAction
     io: IONames = IONames()
     decision_vector_size: int = Field(gt=0)
+    # The model was trained with missing features masked: its features input is the normalised
+    # features followed by the sensor profile as 0/1 (width 2n). Without it a missing feature is
+    # still fed as its training mean, the best a model that never met masks can be given.
+    mask_input: bool = False
     # Softmax temperature fitted on held-out data; 1.0 means uncalibrated.
     temperature: float = Field(1.0, gt=0.0)
     training_metrics: dict[str, float | str] = {}
@@ -117,7 +121,8 @@ class ModelCard(BaseModel):
         return hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> str:
-        return self.model_dump_json()
+        # mask_input is written only when set: cards (and version hashes) of earlier models stay as they were
+        return self.model_dump_json(exclude=None if self.mask_input else {"mask_input"})
 
     def identity_json(self) -> str:
         """The card as the version hash sees it: without the version and the measured metrics."""
@@ -147,15 +152,26 @@ class Normalisation:
         )
 
     def apply(
-        self, x: np.ndarray, p: np.ndarray, xn: np.ndarray | None = None, pn: np.ndarray | None = None
+        self,
+        x: np.ndarray,
+        p: np.ndarray,
+        xn: np.ndarray | None = None,
+        pn: np.ndarray | None = None,
+        present: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(features, plan, finite rows); non-finite feature rows become 0 so the model never sees NaN.
+        `present` (rows, n) bool, None = all: a missing feature is whatever the client sent (NaN by
+        contract), does not make its row non-finite, and is fed as the training mean (0).
         Writes into xn/pn when given (the tick's preallocated buffers)."""
-        finite = np.isfinite(x).all(axis=1)
         xn = np.subtract(x, self.mean, out=xn)
         xn *= self.inv_std
         pn = np.subtract(p, self.plan_mean, out=pn)
         pn *= self.plan_inv_std
+        if present is None:
+            finite = np.isfinite(x).all(axis=1)
+        else:
+            finite = (np.isfinite(x) | ~present).all(axis=1)
+            np.copyto(xn, 0.0, where=~present)
         if not finite.all():
             xn[~finite] = 0.0
         return xn, pn, finite

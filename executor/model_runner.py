@@ -51,6 +51,7 @@ class DecisionModel:
         self._outputs = [io.logits, io.controls, io.decision_vector]
         self.n_features = len(self.card.features)
         self.n_plan = len(self.card.plan)
+        self._all_present: np.ndarray = np.ones((0, self.n_features), np.float32)
         for n in warmup_batches:  # first calls allocate and pick kernels: keep that out of the first tick
             for _ in range(3):
                 self.forward(np.zeros((n, self.n_features), np.float32), np.zeros((n, self.n_plan), np.float32))
@@ -59,7 +60,7 @@ class DecisionModel:
         card, io = self.card, self.card.io
         inputs = {i.name: i.shape for i in self._session.get_inputs()}
         outputs = {o.name: o.shape for o in self._session.get_outputs()}
-        expected_in = {io.features: len(card.features), io.plan: len(card.plan)}
+        expected_in = {io.features: len(card.features) * (2 if card.mask_input else 1), io.plan: len(card.plan)}
         expected_out = {
             io.logits: len(card.actions),
             io.controls: len(card.controls),
@@ -77,6 +78,18 @@ class DecisionModel:
                         f"{self.path}: {kind} {name!r} has shape {shape}; the card implies [batch, {width}]"
                     )
 
-    def forward(self, features: np.ndarray, plan: np.ndarray) -> ModelOutputs:
+    def forward(self, features: np.ndarray, plan: np.ndarray, present: np.ndarray | None = None) -> ModelOutputs:
+        """Normalised features and plan (n, .) float32; `present` (n, features) bool, None = all.
+        A model with mask_input gets [features, present as 0/1]; any other ignores `present`
+        (Normalisation.apply has already put missing features at their mean)."""
+        if self.card.mask_input:
+            features = np.concatenate([features, self._mask(len(features), present)], axis=1)
         logits, controls, dv = self._session.run(self._outputs, {self._inputs[0]: features, self._inputs[1]: plan})
         return ModelOutputs(logits=logits, controls=controls, decision_vector=dv)
+
+    def _mask(self, n: int, present: np.ndarray | None) -> np.ndarray:
+        if present is not None:
+            return present.astype(np.float32)
+        if len(self._all_present) < n:
+            self._all_present = np.ones((max(n, 2 * len(self._all_present)), self.n_features), np.float32)
+        return self._all_present[:n]

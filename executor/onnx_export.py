@@ -52,11 +52,12 @@ def export_mlp(weights: MLPWeights, card: ModelCard, path: Path) -> ModelCard:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    n_feat, n_plan = len(card.features), len(card.plan)
+    # a mask_input model's features input is [normalised features, present as 0/1]
+    n_feat, n_plan = len(card.features) * (2 if card.mask_input else 1), len(card.plan)
     if weights.hidden[0][0].shape[0] != n_feat + n_plan:
         raise ValueError(
             f"first layer takes {weights.hidden[0][0].shape[0]} inputs; the card declares "
-            f"{n_feat} features + {n_plan} plan fields"
+            f"{n_feat} feature inputs + {n_plan} plan fields"
         )
     if weights.hidden[-1][0].shape[1] != card.decision_vector_size:
         raise ValueError(

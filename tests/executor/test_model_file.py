@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from dualloop.controller.training.driving_card import build_test_model, driving_card
-from dualloop.executor.model_card import METADATA_KEY, ModelFileError
+from dualloop.executor.model_card import METADATA_KEY, ModelFileError, Normalisation
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.onnx_export import export_mlp, random_mlp
 from dualloop.models import TEST_MODEL_PATH
@@ -38,6 +38,50 @@ def test_forward_matches_numpy_reference(tmp_path):
     np.testing.assert_allclose(out.decision_vector, h, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.logits, h @ w.logits[0] + w.logits[1], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.controls, h @ w.controls[0] + w.controls[1], rtol=1e-5, atol=1e-5)
+
+
+def test_mask_input_model_gets_the_profile_and_missing_features_at_their_mean(tmp_path):
+    card = driving_card("masked", "test", decision_vector_size=16).model_copy(update={"mask_input": True})
+    w = random_mlp(2 * 19 + 6, (32, 16), 4, 2, seed=5)
+    export_mlp(w, card, tmp_path / "masked.onnx")
+    model = DecisionModel(tmp_path / "masked.onnx")
+    norm = Normalisation.of(model.card)
+    rng = np.random.default_rng(1)
+    x, p = rng.normal(size=(3, 19)).astype(np.float32), rng.normal(size=(3, 6)).astype(np.float32)
+    present = np.ones((3, 19), bool)
+    present[1, 5:] = False
+    x[1, 5:] = np.nan  # missing features arrive as NaN by contract
+    xn, pn, finite = norm.apply(x, p, present=present)
+    assert finite.all(), "NaN in a missing feature is not invalid input"
+    assert (xn[1, 5:] == 0).all() and np.isfinite(xn).all()
+    h = np.concatenate([xn, present.astype(np.float32), pn], axis=1)
+    for W, b in w.hidden:
+        h = np.maximum(h @ W + b, 0)
+    out = model.forward(xn, pn, present)
+    np.testing.assert_allclose(out.logits, h @ w.logits[0] + w.logits[1], rtol=1e-5, atol=1e-5)
+    # without a profile every feature counts as present (mask all ones), and NaN is invalid again
+    full = model.forward(xn, pn)
+    assert not np.allclose(full.logits[1], out.logits[1])
+    np.testing.assert_allclose(full.logits[0], out.logits[0], rtol=1e-6)
+    assert not norm.apply(x, p)[2][1]
+    # a present NaN is still invalid under a profile
+    x[0, 0] = np.nan
+    assert not norm.apply(x, p, present=present)[2][0]
+
+
+def test_mask_input_model_with_the_wrong_input_width_is_refused(tmp_path):
+    card = driving_card("masked", "test", decision_vector_size=16).model_copy(update={"mask_input": True})
+    export_mlp(random_mlp(2 * 19 + 6, (32, 16), 4, 2, seed=5), card, tmp_path / "masked.onnx")
+    _rewrite_card(
+        tmp_path / "masked.onnx",
+        tmp_path / "unmasked.onnx",
+        lambda props: {
+            k: v.replace('"mask_input":true', '"mask_input":false') if k == METADATA_KEY else v
+            for k, v in props.items()
+        },
+    )
+    with pytest.raises(ModelFileError, match=r"features.*\[batch, 19\]"):
+        DecisionModel(tmp_path / "unmasked.onnx")
 
 
 def _rewrite_card(src: Path, dst: Path, edit) -> None:
