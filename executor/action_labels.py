@@ -99,6 +99,6 @@ def backward_accel(
     past[early] = v[0]
     span[early] = t[early] - t[0]
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = (v - past) / span
+        out: FloatArray = (v - past) / span
     out[span == 0] = np.nan
     return out

@@ -13,8 +13,12 @@ class ExecutorConfig(BaseModel):
     tick_period_ms: float = Field(default=5.0, gt=0.0, le=1000.0)
     # Top-1 minus top-2 probability below this: abstain and hold the last applied action.
     min_margin: float = Field(default=0.05, ge=0.0, le=1.0)
-    # An observation older than this is stale (a few ticks, like Autoware's input timeouts).
+    # An observation is late (STALE_OBSERVATION) when older than the session's observation period
+    # plus this allowance for transport and jitter (a few ticks, like Autoware's input timeouts).
     max_observation_age_ms: float = Field(default=15.0, gt=0.0)
+    # The observation period assumed for a session that declared none, until two observations have
+    # measured it: the slowest common sensor rate (10 Hz), so a slow sensor's first interval is not late.
+    assumed_observation_period_ms: float = Field(default=100.0, gt=0.0, le=10_000.0)
     # A plan older than this (three planner periods) is stale, like an input timeout. Sessions that
     # never received a plan run on the model's default plan and are not affected.
     max_plan_age_ms: float = Field(default=600.0, gt=0.0)
@@ -36,3 +40,7 @@ class ExecutorConfig(BaseModel):
     @property
     def max_observation_age_ns(self) -> int:
         return int(round(self.max_observation_age_ms * 1e6))
+
+    @property
+    def assumed_observation_period_ns(self) -> int:
+        return int(round(self.assumed_observation_period_ms * 1e6))

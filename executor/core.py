@@ -26,7 +26,7 @@ from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.executor.reasons import REASONS_OF_FLAGS, ReasonRules
 from dualloop.executor.safety import SafetyMachine
-from dualloop.executor.sessions import InvalidObservation, Session, SessionError
+from dualloop.executor.sessions import InvalidObservation, Session, SessionError, note_observation_time
 from dualloop.executor.snapshot import (
     AppliedAction,
     Clock,
@@ -75,6 +75,7 @@ class Executor:
         self._p = np.zeros((cap, model.n_plan), np.float32)
         self._pn = np.zeros((cap, model.n_plan), np.float32)
         self._fresh = np.zeros(cap, bool)
+        self._present = np.ones((cap, model.n_features), bool)  # the tick's sensor profiles
         safe = card.safe_action
         self.safe_action = AppliedAction(
             self._actions.index(safe.action), safe.action, np.array(safe.controls, np.float32)
@@ -82,6 +83,7 @@ class Executor:
         self.sessions: dict[str, Session] = {}
         self.stats = ExecutorStats()
         self._realtime_tick = 0
+        self._assumed_period_ns = self.config.assumed_observation_period_ns
         self.reasons = ReasonRules(
             self.config.max_observation_age_ns, int(self.config.max_plan_age_ms * 1e6), self.config.min_margin
         )
@@ -114,9 +116,16 @@ class Executor:
         shadow: bool = False,
         include_decision_vector: bool = False,
         actual_is_command: bool = True,
+        observation_period_ns: int = 0,
+        provided_features: list[str] | tuple[str, ...] | None = None,
     ) -> Session:
+        """`observation_period_ns`: the sensor's period (0: measured); `provided_features`: the
+        sensor profile, the features this session measures (None or empty: all)."""
         if not session_id:
             raise SessionError("session id must not be empty")
+        if observation_period_ns < 0:
+            raise SessionError(f"observation_period_ns must be >= 0 (0: measured), got {observation_period_ns}")
+        present = self.sensor_profile(provided_features)
         if session_id in self.sessions:
             raise SessionError(f"session {session_id!r} is already open")
         if len(self.sessions) >= self.config.max_sessions:
@@ -129,10 +138,30 @@ class Executor:
             plan=self.plan_default.copy(),
             slot=self._free_slots.pop(),
             actual_is_command=actual_is_command,
+            present=present,
+            observation_period_ns=observation_period_ns,
         )
         self.gating.reset(session.slot)
         self.sessions[session_id] = session
         return session
+
+    def sensor_profile(self, provided_features: list[str] | tuple[str, ...] | None) -> np.ndarray | None:
+        """The present mask of a sensor profile; None when every feature is provided."""
+        if not provided_features:
+            return None
+        names = self.card.feature_names
+        unknown = [n for n in provided_features if n not in names]
+        if unknown:
+            raise SessionError(
+                f"provided_features names {', '.join(map(repr, unknown))}, not features of model "
+                f"{self.card.name}; GetModelInfo lists them ({names[0]}, {names[1]}, ..., {names[-1]})"
+            )
+        present = np.isin(np.array(names), np.array(list(provided_features)))
+        return None if present.all() else present
+
+    def observation_period_ns(self, session: Session) -> int:
+        """The period a session's staleness is judged against: declared, else measured, else assumed."""
+        return session.observation_period_ns or session.measured_period_ns or self._assumed_period_ns
 
     @property
     def realtime_sessions(self) -> int:
@@ -192,6 +221,7 @@ class Executor:
         session = self.session(session_id)
         self.check_observation(session, obs)
         session.last_seq = obs.seq
+        note_observation_time(session, obs.timestamp_ns)
         if obs.plan_values is not None:
             self.set_plan(session_id, obs.plan_values, obs.plan_id, obs.arrival_ns)
         if session.pending is not None:
@@ -245,10 +275,10 @@ class Executor:
         if session.next_tick_ns is None:
             session.next_tick_ns = ts
         session.last_seq = obs.seq
-        session.last_timestamp_ns = ts
         out: list[Snapshot] = []
-        while session.next_tick_ns < ts:
+        while session.next_tick_ns < ts:  # on the previous observation, with the period it gave
             out += self._lockstep_tick(session)
+        note_observation_time(session, ts)
         if session.pending is not None:
             session.observations_dropped += 1  # an off-grid observation no tick got to use
         session.pending = obs
@@ -296,6 +326,7 @@ class Executor:
         x, p = self._x[:n], self._p[:n]
         observations: list[Observation] = []
         fresh = self._fresh[:n]
+        present: np.ndarray | None = None
         for i, s in enumerate(rows):
             obs = s.pending
             if obs is None:
@@ -308,12 +339,20 @@ class Executor:
             observations.append(obs)
             x[i] = obs.features
             p[i] = s.plan
-        # the model never sees NaN; such rows are marked INVALID_INPUT below
-        xn, pn, finite = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n])
+            if s.present is not None:
+                if present is None:
+                    present = self._present[:n]
+                    present[:i] = True
+                present[i] = s.present
+            elif present is not None:
+                present[i] = True
+        # the model never sees NaN; such rows are marked INVALID_INPUT below (missing features are
+        # masked, not invalid)
+        xn, pn, finite = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n], present)
         t1 = _perf_ns()
         out: ModelOutputs | None
         try:
-            out = self.model.forward(xn, pn)
+            out = self.model.forward(xn, pn, present)
             model_ok = bool(np.isfinite(out.logits).all() and np.isfinite(out.controls).all())
         except Exception:  # noqa: BLE001 - any runtime failure degrades the tick, never the loop
             out, model_ok = None, False
@@ -378,6 +417,7 @@ class Executor:
         )
         np.maximum(ages, 0, out=ages)
         plan_ages = np.fromiter(((tick_ns - s.plan_created_ns) if s.plan_id else 0 for s in rows), np.int64, n)
+        periods = [self.observation_period_ns(s) for s in rows]
         flags = self.reasons.flags(
             finite,
             np.full(n, out is not None),
@@ -385,7 +425,9 @@ class Executor:
             plan_ages,
             gate[2] if gate is not None else np.zeros(n, bool),
             margin,
+            np.array(periods, np.int64),
         )
+        fresh = self._fresh
         hashes = input_hashes(self._x[:n], self._p[:n])
         empty = np.zeros(0, np.float32)
         lateness_us = max(0, lateness_ns) // 1000
@@ -436,6 +478,8 @@ class Executor:
                     else None,
                     snapshots_dropped=s.snapshots_dropped,
                     observations_dropped=s.observations_dropped,
+                    observation_held=not fresh[i],
+                    observation_period_ns=periods[i],
                     actual_index=obs.actual_index,
                     actual_controls=obs.actual_controls,
                     gate_score=float(gate[0][i]) if gate is not None else None,

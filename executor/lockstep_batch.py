@@ -22,7 +22,7 @@ import numpy as np
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import ModelOutputs
 from dualloop.executor.reasons import REASONS_OF_FLAGS
-from dualloop.executor.sessions import Session
+from dualloop.executor.sessions import PERIOD_WINDOW, Session, median_interval
 from dualloop.executor.snapshot import (
     AppliedAction,
     Observation,
@@ -46,6 +46,8 @@ class TickTable:
     tick_ns: np.ndarray  # (T,) int64 scheduled time
     obs_index: np.ndarray  # (T,) the observation each tick used
     age_ns: np.ndarray  # (T,) int64
+    held: np.ndarray  # (T,) bool: the tick reused the observation of an earlier tick
+    observation_period_ns: np.ndarray  # (T,) int64: what staleness was judged against
     plan_id: list[str]  # per observation: the plan in force from it on
     plan_age_ns: np.ndarray  # (T,) int64
     scored: np.ndarray  # (T,) bool: finite input and a working model
@@ -108,6 +110,8 @@ class TickTable:
                     plan_age_ns=int(self.plan_age_ns[k]),
                     decision_vector=self.decision_vector[k] if self.decision_vector is not None else None,
                     observations_dropped=int(self.observations_dropped[k]),
+                    observation_held=bool(self.held[k]),
+                    observation_period_ns=int(self.observation_period_ns[k]),
                     actual_index=obs.actual_index,
                     actual_controls=obs.actual_controls,
                     gate_score=float(gate_score[k]) if gate_score is not None else None,
@@ -143,10 +147,11 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     # -- memoryless, once per observation ticks used --
     rows = np.flatnonzero(used)
     x, p = feats[rows], plans[rows]
-    xn, pn, finite = ex.normalisation.apply(x, p)
+    present = None if session.present is None else np.broadcast_to(session.present, x.shape)
+    xn, pn, finite = ex.normalisation.apply(x, p, present=present)
     out: ModelOutputs | None
     try:
-        out = ex.model.forward(xn, pn)
+        out = ex.model.forward(xn, pn, present)
         model_ok = np.isfinite(out.logits).all(axis=1) & np.isfinite(out.controls).all(axis=1)
     except Exception:  # noqa: BLE001 - as in a live tick: every tick degrades to MODEL_ERROR
         out, model_ok = None, np.zeros(len(rows), bool)
@@ -176,7 +181,8 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     actuation = gating.scan_actuation(session, observations, feats, ts, rows)
     score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation)
     veto |= frozen
-    flags = ex.reasons.flags(finite[r], model_ok[r], age, plan_age, veto, margin[r])
+    periods = _observation_periods(ex, session, ts)[which]
+    flags = ex.reasons.flags(finite[r], model_ok[r], age, plan_age, veto, margin[r], periods)
     scored = (finite & model_ok)[r]
     applied, applied_controls, state, reasons = _safety_scan(
         ex, session, flags, scored, top[r], controls[r], tick_ns, x_ticks, frozen
@@ -191,6 +197,8 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         tick_ns=tick_ns,
         obs_index=which,
         age_ns=age,
+        held=~fresh,
+        observation_period_ns=periods,
         plan_id=plan_ids,
         plan_age_ns=plan_age,
         scored=scored,
@@ -253,6 +261,23 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
             scratch.last_seq, scratch.last_timestamp_ns = obs.seq, obs.timestamp_ns
         raise ValueError("observations failed a check that the per-observation checks accept (a bug)")
     return feats, ts
+
+
+def _observation_periods(ex: Executor, session: Session, ts: np.ndarray) -> np.ndarray:
+    """The period each observation's ticks are judged against, as `note_observation_time` and
+    `Executor.observation_period_ns` give it observation by observation."""
+    if session.observation_period_ns:
+        return np.full(len(ts), session.observation_period_ns, np.int64)
+    out = np.empty(len(ts), np.int64)
+    intervals: list[int] = []
+    for i, interval in enumerate(np.diff(ts, prepend=ts[0]).tolist()):
+        if i:
+            intervals.append(interval)
+            if len(intervals) > PERIOD_WINDOW:
+                del intervals[0]
+        out[i] = median_interval(intervals) or ex.observation_period_ns(session)
+    session.intervals_ns, session.measured_period_ns = intervals, median_interval(intervals)
+    return out
 
 
 def _plans(ex: Executor, observations: Sequence[Observation]) -> tuple[np.ndarray, list[str], np.ndarray]:

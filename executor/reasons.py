@@ -46,13 +46,15 @@ class ReasonRules:
         plan_age_ns: npt.NDArray[np.int64],
         veto: npt.NDArray[np.bool_],
         margin: npt.NDArray[np.floating],
+        observation_period_ns: npt.NDArray[np.int64] | int = 0,
     ) -> npt.NDArray[np.int64]:
         """Why each row's proposal is not to be trusted as it is, as REASON_BITS. LOW_MARGIN only on
-        rows the model scored (finite input, working model): elsewhere the margin means nothing."""
+        rows the model scored (finite input, working model): elsewhere the margin means nothing.
+        An observation is late when older than its session's observation period plus the allowance."""
         scored = finite & model_ok
         flags: npt.NDArray[np.int64] = np.where(finite, 0, _INVALID)
         flags |= np.where(model_ok, 0, _MODEL_ERROR)
-        flags |= np.where(age_ns > self.max_observation_age_ns, _STALE_OBSERVATION, 0)
+        flags |= np.where(age_ns > observation_period_ns + self.max_observation_age_ns, _STALE_OBSERVATION, 0)
         flags |= np.where(plan_age_ns > self.max_plan_age_ns, _STALE_PLAN, 0)
         flags |= np.where(veto, _OOD_VETO, 0)
         low = np.asarray(margin, np.float64) < self.min_margin  # float64, as the config states it

@@ -17,6 +17,10 @@
   and heading error while those read finite. Never a stale command held forever.
 - RECOVERING keeps the safe side in charge until the inputs have been clean for `recovery_dwell`;
   only then does the model's proposal drive again (Simplex: switch back after a clean dwell).
+- A late observation (STALE_OBSERVATION alone) is not distrust of what the sensors said: it holds
+  the last action (VETO_HOLD), and the first tick with a fresh observation drives again, with no
+  dwell. Past `hold_timeout` the sensor is gone and the fallback takes over as for any hold; any
+  other reason during the hold makes it an ordinary one (rollback aside), recovered with the dwell.
 Times are tick times, so LOCKSTEP runs reproduce every transition exactly.
 """
 
@@ -78,6 +82,8 @@ class SafetyConfig(BaseModel):
 DISTRUST = frozenset(
     {Reason.OOD_VETO, Reason.INVALID_INPUT, Reason.MODEL_ERROR, Reason.STALE_OBSERVATION, Reason.STALE_PLAN}
 )
+# Reasons that doubt the inputs' content; lateness alone (STALE_OBSERVATION) does not.
+CONTENT_DISTRUST = DISTRUST - {Reason.STALE_OBSERVATION}
 
 
 @dataclass(slots=True)
@@ -95,6 +101,7 @@ class SafetyMemory:
     trusted_curvature: float = 0.0
     trusted_speed: float = 0.0
     rolled_back: bool = False  # the last hold reached back past suspect ticks
+    late_hold: bool = False  # the VETO_HOLD is for a late observation only (no dwell to leave it)
 
 
 class SafetyMachine:
@@ -153,9 +160,15 @@ class SafetyMachine:
     ) -> tuple[AppliedAction, SafetyState]:
         distrust = any(r in DISTRUST for r in reasons)
         self._features = features
+        if mem.late_hold and mem.state is SafetyState.VETO_HOLD:
+            if not distrust:  # a fresh observation after a late one: drive again at once
+                mem.state, mem.late_hold = SafetyState.NOMINAL, False
+            elif any(r in CONTENT_DISTRUST for r in reasons):
+                mem.late_hold = False  # an ordinary hold from here on (its timer keeps running)
         if mem.state is SafetyState.NOMINAL:
             if distrust:
                 mem.state, mem.hold_since_ns = SafetyState.VETO_HOLD, now_ns
+                mem.late_hold = not any(r in CONTENT_DISTRUST for r in reasons)
                 if Reason.OOD_VETO in reasons:  # only the gate's filter confirms late
                     self._roll_back(mem)
             elif Reason.LOW_MARGIN in reasons:
@@ -189,7 +202,7 @@ class SafetyMachine:
                 return proposal, mem.state
 
         if mem.state is SafetyState.VETO_HOLD and now_ns - mem.hold_since_ns >= self._hold_ns:
-            mem.state = SafetyState.FALLBACK_ACTIVE
+            mem.state, mem.late_hold = SafetyState.FALLBACK_ACTIVE, False
         in_fallback = mem.state is SafetyState.FALLBACK_ACTIVE or (
             mem.state is SafetyState.RECOVERING and mem.came_from is SafetyState.FALLBACK_ACTIVE
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +38,9 @@ class Session:
     present: npt.NDArray[np.bool_] | None = None
     # The sensor's observation period as declared; 0: measured from the observations' timestamps.
     observation_period_ns: int = 0
+    # the recent intervals between observation timestamps (newest last) and the period they give
+    intervals_ns: list[int] = field(default_factory=list)
+    measured_period_ns: int = 0
     safety: SafetyMemory = field(default_factory=SafetyMemory)
     plan_id: str = ""
     plan_created_ns: int = 0
@@ -49,3 +53,26 @@ class Session:
     next_tick_ns: int | None = None  # LOCKSTEP grid position
     lockstep_tick: int = 0
     ticks: int = 0
+
+
+# How many recent intervals the measured observation period is the median of: enough that one lost
+# observation (a double interval) does not move it.
+PERIOD_WINDOW = 16
+
+
+def median_interval(intervals: Sequence[int]) -> int:
+    """The upper median of the intervals (an integer, so live ticks and a replay agree exactly)."""
+    return sorted(intervals)[len(intervals) // 2] if intervals else 0
+
+
+def note_observation_time(session: Session, timestamp_ns: int) -> None:
+    """Measure the observation period from the timestamps of accepted observations (sensor time)."""
+    last = session.last_timestamp_ns
+    session.last_timestamp_ns = timestamp_ns
+    if last is None or timestamp_ns <= last:
+        return  # nothing to measure (a REALTIME clock that steps back is not an interval)
+    intervals = session.intervals_ns
+    intervals.append(timestamp_ns - last)
+    if len(intervals) > PERIOD_WINDOW:
+        del intervals[0]
+    session.measured_period_ns = median_interval(intervals)

@@ -98,6 +98,8 @@ class Snapshot:
     gate_veto: bool = False
     snapshots_dropped: int = 0
     observations_dropped: int = 0
+    observation_held: bool = False  # the tick reused an observation an earlier tick used
+    observation_period_ns: int = 0  # the period staleness was judged against
     actual_index: int = -1  # shadow mode: what the vehicle did on this tick's observation
     actual_controls: np.ndarray | None = None
     extra: dict[str, float] = field(default_factory=dict)

@@ -61,6 +61,14 @@ def _observations(data: LogData) -> list[Observation]:
     return [observation_from_proto(msg, 0) for msg in data.observations]
 
 
+def sensor_profile(header: log_pb2.SessionHeader) -> list[str] | None:
+    """The features a log's sensors measured; None for all. Logs that filled the rest with values
+    (filled_features, before the sensor-profile contract) are replayed as they were: all present."""
+    if header.filled_features or not header.measured_features:
+        return None
+    return list(header.measured_features)
+
+
 def run_replay(
     ex: Executor,
     session_id: str,
@@ -68,6 +76,8 @@ def run_replay(
     shadow: bool = True,
     fast: bool = True,
     actual_is_command: bool = False,
+    observation_period_ns: int = 0,
+    provided_features: Sequence[str] | None = None,
 ) -> tuple[list[Snapshot], dict[str, float]]:
     """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds.
 
@@ -76,7 +86,14 @@ def run_replay(
     fast: the whole session in one vectorised pass (`lockstep_batch.run_lockstep`); otherwise observation
     by observation through `advance_lockstep`, the reference the fast path is tested against."""
     t0 = time.perf_counter()
-    ex.open_session(session_id, Clock.LOCKSTEP, shadow=shadow, actual_is_command=actual_is_command)
+    ex.open_session(
+        session_id,
+        Clock.LOCKSTEP,
+        shadow=shadow,
+        actual_is_command=actual_is_command,
+        observation_period_ns=observation_period_ns,
+        provided_features=None if provided_features is None else list(provided_features),
+    )
     try:
         if fast:
             table = run_lockstep(ex, session_id, observations)
@@ -138,7 +155,16 @@ def replay_log(
     ex = build_executor(model_path, gate_paths, executor_config_for(data.header, tick_period_ms))
     t1 = time.perf_counter()
     commands = actual_is_command(data.header)
-    snaps, timings = run_replay(ex, data.session_id, observations, shadow=shadow, fast=fast, actual_is_command=commands)
+    snaps, timings = run_replay(
+        ex,
+        data.session_id,
+        observations,
+        shadow=shadow,
+        fast=fast,
+        actual_is_command=commands,
+        observation_period_ns=data.header.observation_period_ns,
+        provided_features=sensor_profile(data.header),
+    )
     timings["load_s"] = t1 - t0
     header = replay_header(data, source_path, ex, gate_paths, shadow)
     result = ReplayResult(source_path, header, snaps, ReplayReport(), timings=timings)

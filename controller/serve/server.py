@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 import numpy as np
@@ -113,7 +113,14 @@ class ControllerRuntime:
                     stats.decision_latency.add(snap.observation_age_ns + snap.emit_time_ns - snap.scheduled_time_ns)
             stats.tick_work_ns.add(_mono_ns() - tick.started_ns)
 
-    def open_recording(self, session_id: str, clock: pb.ClockMode, shadow: bool) -> None:
+    def open_recording(
+        self,
+        session_id: str,
+        clock: pb.ClockMode,
+        shadow: bool,
+        observation_period_ns: int = 0,
+        measured_features: Sequence[str] = (),
+    ) -> None:
         if self.recorder is None:
             return
         card, gates = self.executor.card, self.executor.gates
@@ -133,6 +140,8 @@ class ControllerRuntime:
                 action_names=card.actions,
                 control_names=[c.name for c in card.controls],
                 tick_period_ns=self.executor.period_ns,
+                observation_period_ns=observation_period_ns,
+                measured_features=measured_features,
                 # what a live client's actual action is, by controller.proto's contract
                 source_details={ACTUAL_CONTROLS_DETAIL: ACTUAL_IS_COMMAND},
             )
@@ -268,19 +277,41 @@ class ControllerService(pb_grpc.ControllerServicer):
             )
         session_id = req.session_id or uuid.uuid4().hex[:12]
         try:
-            self.executor.open_session(
-                session_id, Clock(req.clock), shadow=req.shadow, include_decision_vector=req.include_decision_vector
+            session = self.executor.open_session(
+                session_id,
+                Clock(req.clock),
+                shadow=req.shadow,
+                include_decision_vector=req.include_decision_vector,
+                observation_period_ns=req.observation_period_ns,
+                provided_features=list(req.provided_features),
             )
         except SessionError as err:
-            code = grpc.StatusCode.ALREADY_EXISTS if "already open" in str(err) else grpc.StatusCode.RESOURCE_EXHAUSTED
-            await context.abort(code, str(err))
+            message = str(err)
+            code = (
+                grpc.StatusCode.ALREADY_EXISTS
+                if "already open" in message
+                else grpc.StatusCode.INVALID_ARGUMENT
+                if "provided_features" in message or "observation_period_ns" in message
+                else grpc.StatusCode.RESOURCE_EXHAUSTED
+            )
+            await context.abort(code, message)
+        provided = (
+            self.executor.card.feature_names
+            if session.present is None
+            else [n for n, on in zip(self.executor.card.feature_names, session.present) if on]
+        )
         self.runtime.stats.sessions_opened += 1
-        self.runtime.open_recording(session_id, req.clock, req.shadow)
+        self.runtime.open_recording(session_id, req.clock, req.shadow, req.observation_period_ns, provided)
         try:
             await context.write(
                 pb.DriveResponse(
                     opened=pb.SessionOpened(
-                        session_id=session_id, clock=req.clock, tick_period_ns=self.executor.period_ns, model=self._info
+                        session_id=session_id,
+                        clock=req.clock,
+                        tick_period_ns=self.executor.period_ns,
+                        model=self._info,
+                        observation_period_ns=req.observation_period_ns,
+                        provided_features=provided,
                     )
                 )
             )

@@ -75,6 +75,8 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
         shadow=s.shadow,
         snapshots_dropped=s.snapshots_dropped,
         observations_dropped=s.observations_dropped,
+        observation_held=s.observation_held,
+        observation_period_ns=s.observation_period_ns,
     )
     if s.gate_score is not None:
         msg.gate.score = s.gate_score

@@ -97,16 +97,84 @@ def test_low_margin_abstains(test_model):
     assert second.applied.index == first.applied.index
 
 
-def test_stale_observation(test_model):
+def test_stale_observation_is_judged_against_the_declared_period(test_model):
     ex = Executor(test_model, ExecutorConfig(max_observation_age_ms=15))
-    ex.open_session("a")
+    ex.open_session("a", observation_period_ns=10 * MS)  # a 100 Hz sensor
     ex.step({"a": obs(1, features(np.random.default_rng(5)))}, now_ns=0)
-    ages = {}
-    for k in range(1, 6):
+    ticks = {}
+    for k in range(1, 7):
         (s,) = ex.tick(k * 5 * MS)
-        ages[s.observation_age_ns] = s.reasons
-    assert Reason.STALE_OBSERVATION not in ages[15 * MS]
-    assert Reason.STALE_OBSERVATION in ages[20 * MS]
+        ticks[s.observation_age_ns] = s
+    assert all(s.observation_held and s.observation_period_ns == 10 * MS for s in ticks.values())
+    assert Reason.STALE_OBSERVATION not in ticks[25 * MS].reasons  # period 10 + allowance 15
+    assert Reason.STALE_OBSERVATION in ticks[30 * MS].reasons
+
+
+def test_period_is_measured_when_not_declared(test_model):
+    ex = Executor(test_model, ExecutorConfig(max_observation_age_ms=15, assumed_observation_period_ms=100))
+    ex.open_session("a")
+    rng = np.random.default_rng(5)
+    (first,) = ex.step({"a": obs(1, features(rng), ts=0)}, now_ns=0)
+    assert first.observation_period_ns == 100 * MS and not first.observation_held  # assumed until measured
+    # a 20 Hz sensor: one interval of 50 ms measures the period
+    (s,) = ex.step({"a": obs(2, features(rng), ts=50 * MS)}, now_ns=50 * MS)
+    assert s.observation_period_ns == 50 * MS
+    late = [ex.tick(t * MS)[0] for t in range(55, 125, 5)]
+    stale = [s.observation_age_ns for s in late if Reason.STALE_OBSERVATION in s.reasons]
+    assert min(stale) == 70 * MS  # older than 50 + 15 ms
+    # one lost observation (a double interval) does not move the median of the recent intervals
+    for k, ts in enumerate((100, 150, 200, 300, 350), start=3):
+        (s,) = ex.step({"a": obs(k, features(rng), ts=ts * MS)}, now_ns=ts * MS)
+    assert s.observation_period_ns == 50 * MS
+
+
+def test_late_observation_holds_and_the_next_fresh_one_drives_again_without_a_dwell(test_model):
+    ex = Executor(test_model, ExecutorConfig(max_observation_age_ms=15, min_margin=0.0))
+    ex.open_session("a", observation_period_ns=100 * MS)  # 10 Hz
+    rng = np.random.default_rng(8)
+    states = []
+    for k in range(4):  # 10 Hz observations, then one 60 ms late
+        t_obs = k * 100 * MS + (60 * MS if k == 3 else 0)
+        ex.step({"a": obs(k + 1, features(rng), ts=t_obs)}, now_ns=t_obs)
+        for t in range(t_obs + 5 * MS, (k + 1) * 100 * MS + (60 * MS if k == 2 else 0), 5 * MS):
+            (s,) = ex.tick(t)
+            states.append((t // MS, s.safety_state, Reason.STALE_OBSERVATION in s.reasons, s.applied.index))
+    held = [(t, st) for t, st, stale, _ in states if stale]
+    assert held and all(st is SafetyState.VETO_HOLD for _, st in held), "a late observation holds"
+    assert held[0][0] == 320  # the third observation (t=200 ms) is late after 115 ms
+    after = [st for t, st, _, _ in states if t > 360]
+    assert after and all(st is SafetyState.NOMINAL for st in after), "no recovery dwell after lateness"
+    # the hold applied the last action from before the lateness
+    before = [a for t, st, stale, a in states if t < 320][-1]
+    assert all(a == before for _, st, stale, a in states if stale)
+
+
+def test_lateness_past_the_hold_timeout_is_a_lost_sensor(test_model):
+    ex = Executor(test_model, ExecutorConfig(max_observation_age_ms=15, safety=SafetyConfig(hold_timeout_ms=300)))
+    ex.open_session("a", observation_period_ns=100 * MS)
+    ex.step({"a": obs(1, features(np.random.default_rng(9)))}, now_ns=0)
+    states = {t: ex.tick(t * MS)[0].safety_state for t in range(5, 600, 5)}
+    assert states[110] is SafetyState.NOMINAL and states[120] is SafetyState.VETO_HOLD
+    assert states[420] is SafetyState.FALLBACK_ACTIVE
+
+
+def test_sensor_profile_masks_missing_features(test_model):
+    ex = Executor(test_model)
+    names = test_model.card.feature_names
+    ex.open_session("five", provided_features=names[:5])
+    ex.open_session("all")
+    x = features(np.random.default_rng(3))
+    x_missing = x.copy()
+    x_missing[5:] = np.nan
+    snaps = {s.session_id: s for s in ex.step({"five": obs(1, x_missing), "all": obs(1, x_missing)}, now_ns=0)}
+    assert Reason.INVALID_INPUT not in snaps["five"].reasons and snaps["five"].proposed_index >= 0
+    assert Reason.INVALID_INPUT in snaps["all"].reasons  # NaN in a measured feature is invalid
+    bad = x_missing.copy()
+    bad[0] = np.nan
+    snaps = {s.session_id: s for s in ex.step({"five": obs(2, bad)}, now_ns=5 * MS)}
+    assert Reason.INVALID_INPUT in snaps["five"].reasons
+    with pytest.raises(SessionError, match="provided_features names 'speed'"):
+        ex.open_session("typo", provided_features=["speed"])
 
 
 def test_model_error_degrades_without_nan(test_model):
