@@ -42,6 +42,14 @@ def actual_is_command(header: log_pb2.SessionHeader) -> bool:
     return header.source_details.get(ACTUAL_CONTROLS_DETAIL, "") == ACTUAL_IS_COMMAND
 
 
+def sensor_profile(header: log_pb2.SessionHeader) -> list[str] | None:
+    """The features a log's sensors measured; None for all. Logs that filled the rest with values
+    (filled_features, before the sensor-profile contract) are replayed as they were: all present."""
+    if header.filled_features or not header.measured_features:
+        return None
+    return list(header.measured_features)
+
+
 # Each topic carries exactly one message type; the reader decodes with these generated classes
 # rather than with dynamic descriptors (faster, and the log cannot smuggle in another type).
 TOPIC_TYPES: dict[str, type[Message]] = {

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, actual_is_command
+from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, actual_is_command, sensor_profile
 from dualloop.controller.logs.logfile import LogData, read_log, write_log
 from dualloop.controller.replay.report import ReplayReport, summarise
 from dualloop.controller.serve.gate_files import load_gate_for_model
@@ -59,14 +59,6 @@ def build_executor(model_path: str | Path, gate_paths: Sequence[str | Path], con
 def _observations(data: LogData) -> list[Observation]:
     # arrival time is irrelevant in LOCKSTEP (ages come from timestamps): 0 keeps replays identical
     return [observation_from_proto(msg, 0) for msg in data.observations]
-
-
-def sensor_profile(header: log_pb2.SessionHeader) -> list[str] | None:
-    """The features a log's sensors measured; None for all. Logs that filled the rest with values
-    (filled_features, before the sensor-profile contract) are replayed as they were: all present."""
-    if header.filled_features or not header.measured_features:
-        return None
-    return list(header.measured_features)
 
 
 def run_replay(

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
+
 from dualloop.controller.console import console
+from dualloop.controller.logs.logfile import LogData, read_sessions
 from dualloop.controller.serve.config import load_server_config
+from dualloop.controller.serve.log_stream import stream_logs
 from dualloop.controller.serve.server import ControllerServer, new_event_loop
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,6 +41,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--realtime-priority", type=int, help="SCHED_FIFO priority (1-99) for the tick loop")
     p.add_argument("--record-dir", type=Path, help="record every session to MCAP in this folder")
     p.set_defaults(fn=serve)
+
+    p = sub.add_parser(
+        "stream",
+        help="shadow mode with recorded drives: stream logs to a server in REALTIME at their own pace",
+    )
+    p.add_argument("logs", nargs="+", type=Path, help="log files or folders of .mcap logs")
+    p.add_argument("--address", help="a running server (host:port); default: start one on loopback")
+    p.add_argument("--model", type=Path, help="for the server started here (default: the shipped model and its gates)")
+    p.add_argument("--gate", type=Path, action="append", help="for the server started here (repeat for several)")
+    p.add_argument("--sessions", type=int, default=1, help="concurrent sessions per log (default 1)")
+    p.add_argument("--every", type=int, default=1, help="send every k-th observation (a slower sensor)")
+    p.add_argument("--speed", type=float, default=1.0, help="time scale (2: twice real time)")
+    p.add_argument("--json", type=Path, help="also write the counts as JSON")
+    p.set_defaults(fn=stream)
 
     p = sub.add_parser("info", help="print a model's card (schema, actions, version)")
     p.add_argument("model", type=Path)
@@ -70,6 +96,76 @@ def serve(args: argparse.Namespace) -> int:
 
     loop = new_event_loop()
     loop.run_until_complete(run())
+    return 0
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _server_process(args: argparse.Namespace) -> Iterator[str]:
+    """`dualloop serve` in its own process (its tick loop must not share this client's GIL)."""
+    port = _free_loopback_port()
+    cmd = [sys.executable, "-m", "dualloop.controller.cli", "serve", "--port", str(port)]
+    cmd += ["--model", str(args.model or BASE_MODEL_PATH)]
+    for gate in args.gate if args.gate is not None else ([] if args.model else DEFAULT_GATES):
+        cmd += ["--gate", str(gate)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    address = f"127.0.0.1:{port}"
+    try:
+        with grpc.insecure_channel(address) as channel:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    grpc.channel_ready_future(channel).result(timeout=1)
+                    break
+                except grpc.FutureTimeoutError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise SystemExit(f"the server did not start (exit code {proc.poll()})") from None
+        yield address
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def stream(args: argparse.Namespace) -> int:
+    if args.sessions < 1 or args.every < 1 or args.speed <= 0:
+        console.print("[red]--sessions and --every must be >= 1 and --speed > 0[/]")
+        return 2
+    logs: list[LogData] = []
+    for path in args.logs:
+        files = sorted(path.glob("*.mcap")) if path.is_dir() else [path]
+        for file in files:
+            logs += (d for d in read_sessions(file).values() if d.observations)
+    if not logs:
+        console.print(f"[red]no observations in {', '.join(map(str, args.logs))}[/]")
+        return 2
+    with contextlib.ExitStack() as stack:
+        address = args.address or stack.enter_context(_server_process(args))
+        total_s = max((d.observations[-1].timestamp_ns - d.observations[0].timestamp_ns) / 1e9 for d in logs)
+        console.print(
+            f"streaming {len(logs)} session(s) x {args.sessions} to {address}, every {args.every} observation(s), "
+            f"about {total_s / args.speed:.0f} s"
+        )
+        result = asyncio.run(stream_logs(address, logs, args.sessions, args.every, args.speed))
+    summary = result.as_dict()
+    periods = ", ".join(f"{p / 1e6:g} ms" for p in result.periods_ns)
+    console.print(
+        f"{result.sessions} session(s), {result.observations_sent} observations sent, {result.snapshots} snapshots; "
+        f"observation period {periods}; held ticks {summary['held_fraction']:.1%}"
+    )
+    for state, count in result.states.most_common():
+        console.print(f"  {state:<16} {count / result.snapshots:7.2%}")
+    for reason, count in result.reasons.most_common():
+        console.print(f"  reason {reason:<16} {count / result.snapshots:7.2%} of ticks")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
     return 0
 
 

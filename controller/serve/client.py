@@ -40,6 +40,8 @@ class DriveSession:
         include_decision_vector: bool = False,
         expected_schema_hash: str = "",
         max_pending: int = 1024,
+        observation_period_ns: int = 0,
+        provided_features: Sequence[str] = (),
     ):
         # Bounded: a producer faster than the network blocks here instead of growing memory.
         self._requests: queue.Queue = queue.Queue(maxsize=max_pending)
@@ -51,6 +53,8 @@ class DriveSession:
                     shadow=shadow,
                     include_decision_vector=include_decision_vector,
                     expected_schema_hash=expected_schema_hash,
+                    observation_period_ns=observation_period_ns,
+                    provided_features=provided_features,
                 )
             )
         )

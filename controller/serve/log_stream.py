@@ -1,0 +1,143 @@
+"""Shadow mode with a recorded drive: stream a log's observations to a server in REALTIME, at the
+pace of their own timestamps, as a robot stack beside the controller would, and count what came
+back (`dualloop stream`).
+
+Each session declares the log's sensor rate and sensor profile when it opens, as an integrator's
+client should (OpenSession.observation_period_ns, provided_features). The observations' timestamps
+are the client's send times, the sensor clock of a live stack. `every` keeps one observation in k
+(a 100 Hz log streamed as a 20 Hz sensor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import cast
+
+import grpc
+import numpy as np
+
+from dualloop.controller.logs.format import sensor_profile
+from dualloop.controller.logs.logfile import LogData
+from dualloop.v1 import controller_pb2 as pb
+from dualloop.v1 import controller_pb2_grpc as pb_grpc
+
+# as controller.serve.client.realtime_channel: a small receive window, so a slow reader sees the
+# server's conflation instead of seconds of buffered snapshots
+_CHANNEL_OPTIONS = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 8192)]
+
+
+@dataclass
+class StreamResult:
+    """What the sessions received, summed over them."""
+
+    sessions: int = 0
+    observations_sent: int = 0
+    snapshots: int = 0
+    states: Counter[str] = field(default_factory=Counter)
+    reasons: Counter[str] = field(default_factory=Counter)
+    held: int = 0
+    periods_ns: set[int] = field(default_factory=set)
+    duration_s: float = 0.0
+
+    def fraction(self, state: str) -> float:
+        return self.states[state] / self.snapshots if self.snapshots else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "sessions": self.sessions,
+            "observations_sent": self.observations_sent,
+            "snapshots": self.snapshots,
+            "nominal_fraction": self.fraction("NOMINAL"),
+            "states": dict(self.states),
+            "reasons": dict(self.reasons),
+            "held_fraction": self.held / self.snapshots if self.snapshots else 0.0,
+            "observation_periods_ns": sorted(self.periods_ns),
+            "duration_s": self.duration_s,
+        }
+
+
+def decimated(data: LogData, every: int) -> tuple[list[pb.Observation], int]:
+    """Every k-th observation, and the observation period they have (0 when the log does not say)."""
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
+    period = data.header.observation_period_ns
+    if not period and len(data.observations) > 1:
+        period = int(np.median(np.diff([o.timestamp_ns for o in data.observations])))
+    return list(data.observations[::every]), period * every
+
+
+async def _session(
+    stub: pb_grpc.ControllerStub,
+    session_id: str,
+    observations: list[pb.Observation],
+    period_ns: int,
+    provided: list[str] | None,
+    speed: float,
+    result: StreamResult,
+) -> None:
+    call = stub.Drive()
+    await call.write(
+        pb.DriveRequest(
+            open=pb.OpenSession(
+                session_id=session_id,
+                clock=pb.REALTIME,
+                shadow=True,
+                observation_period_ns=int(period_ns / speed),
+                provided_features=provided or [],
+            )
+        )
+    )
+    first = await call.read()
+    if first == grpc.aio.EOF or first.WhichOneof("msg") != "opened":
+        raise RuntimeError(f"session {session_id}: the server did not open it")
+
+    async def send() -> None:
+        t0_log = observations[0].timestamp_ns
+        t0 = time.monotonic_ns()
+        for k, obs in enumerate(observations):
+            due = t0 + int((obs.timestamp_ns - t0_log) / speed)
+            delay = (due - time.monotonic_ns()) / 1e9
+            if delay > 0:
+                await asyncio.sleep(delay)
+            msg = pb.Observation()
+            msg.CopyFrom(obs)
+            msg.seq = k + 1
+            msg.timestamp_ns = time.monotonic_ns()  # the live sensor clock
+            await call.write(pb.DriveRequest(observation=msg))
+            result.observations_sent += 1
+        await call.done_writing()
+
+    sender = asyncio.create_task(send())
+    while (response := await call.read()) != grpc.aio.EOF:
+        snap = cast("pb.DriveResponse", response).snapshot
+        result.snapshots += 1
+        result.states[pb.SafetyState.Name(cast("pb.SafetyState.ValueType", snap.safety_state))] += 1
+        for reason in snap.reasons:
+            result.reasons[pb.ReasonCode.Name(reason)] += 1
+        result.held += snap.observation_held
+        result.periods_ns.add(snap.observation_period_ns)
+    await sender
+
+
+async def stream_logs(
+    address: str, logs: list[LogData], sessions_per_log: int = 1, every: int = 1, speed: float = 1.0
+) -> StreamResult:
+    """Stream every log (each `sessions_per_log` times, concurrently) to the server at `address`."""
+    result = StreamResult()
+    t0 = time.monotonic()
+    async with grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS) as channel:
+        stub = pb_grpc.ControllerStub(channel)
+        tasks = []
+        for i, data in enumerate(logs):
+            observations, period = decimated(data, every)
+            provided = sensor_profile(data.header)
+            for k in range(sessions_per_log):
+                sid = f"stream-{i}-{k}-{data.session_id}"[:120]
+                tasks.append(_session(stub, sid, observations, period, provided, speed, result))
+        result.sessions = len(tasks)
+        await asyncio.gather(*tasks)
+    result.duration_s = time.monotonic() - t0
+    return result
