@@ -114,7 +114,7 @@ async def _session(
     while (response := await call.read()) != grpc.aio.EOF:
         snap = cast("pb.DriveResponse", response).snapshot
         result.snapshots += 1
-        result.states[pb.SafetyState.Name(cast("pb.SafetyState.ValueType", snap.safety_state))] += 1
+        result.states[pb.SafetyState.Name(snap.safety_state)] += 1
         for reason in snap.reasons:
             result.reasons[pb.ReasonCode.Name(reason)] += 1
         result.held += snap.observation_held
