@@ -358,3 +358,19 @@ def test_the_real_drive(tmp_path, capsys):
 def test_from_replay_reports_names_the_skipped():
     report, skipped = from_replay_reports([{"source": "x.mcap", "evaluation": {"skipped": "other actions"}}])
     assert report.logs == [] and skipped == {"x.mcap": "other actions"}
+
+
+def test_many_logs_through_the_command(tmp_path, capsys):
+    """Several logs (the process pool): the table and the JSON hold each log, in the order given, and the pool."""
+    a = make_log(tmp_path / "a.mcap", session_id="a")
+    b = make_log(tmp_path / "b.mcap", ROWS[:3], session_id="b")
+    out_json = tmp_path / "many.json"
+    argv = ["replay", str(a), str(b), "--model", str(TEST_MODEL_PATH), "--workers", "1", "--out", str(tmp_path)]
+    assert main([*argv, "--json", str(out_json)]) == 0
+    printed = capsys.readouterr().out
+    assert "pooled over ticks (2 logs)" in printed and "macro mean over logs" in printed
+    d = json.loads(out_json.read_text())
+    assert [row["source"] for row in d["logs"]] == [str(a), str(b)]
+    assert d["pooled"]["labelled"] == SCORED + 3 and d["pooled"]["logs"] == 2
+    assert d["pooled"]["scores"]["ego_accel"]["agreement"] == pytest.approx(9 / 10)
+    assert d["macro"]["ego_accel"]["agreement"] == pytest.approx((6 / 7 + 1) / 2)
