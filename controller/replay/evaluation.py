@@ -478,10 +478,11 @@ def _rows(name: str, e: LogEvaluation) -> list[str]:
     best = {m: e.best_baseline(m) or "-" for m in METRICS}
     ratio, against = e.disagreement_ratio()
     verdict = "" if not np.isfinite(ratio) else (" (meets" if ratio <= DISAGREEMENT_TARGET else " (misses")
-    lines.append(
-        f"{'':32s} NOMINAL {_pct(e.fraction('nominal')).strip()}, OOD_VETO {_pct(e.fraction('ood_veto')).strip()}, "
-        f"STALE_OBSERVATION {_pct(e.fraction('stale_observation')).strip()} of the scored ticks"
+    states = ", ".join(
+        f"{k.upper()} {_pct(e.fraction(k)).strip()} ({e.states.get(k, 0)})"
+        for k in ("nominal", "ood_veto", "stale_observation")
     )
+    lines.append(f"{'':32s} {states} of the scored ticks")
     lines.append(
         f"{'':32s} best baseline: agreement {best['agreement']}, balanced {best['balanced_accuracy']}, "
         f"MAE {best['accel_mae']}; disagreement ratio "
