@@ -576,7 +576,7 @@ def plot_evaluation(report: EvaluationReport, path: str | Path) -> Path:
     ax.set_ylim(0, 1.2)
     ax.set_yticks(np.linspace(0, 1, 6))
     ax.set_ylabel("agreement with the label")
-    ax.set_title("agreement per log: model vs baselines (one tick per labelled observation)")
+    ax.set_title("agreement per log: model vs baselines")
     ax.legend(fontsize=8, loc="upper center", ncol=3)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
