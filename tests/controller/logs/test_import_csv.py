@@ -49,13 +49,15 @@ def test_features_only_file_is_enough(tmp_path: Path) -> None:
     src = write_csv(tmp_path / "plain.csv", [row("1.0")[:20], row("1.5")[:20]], header=HEADER[:20])
     data = read_log(import_csv(src, tmp_path / "plain.mcap").out_path)
     assert [o.timestamp_ns for o in data.observations] == [1_000_000_000, 1_500_000_000]
-    assert not any(o.HasField("actual") for o in data.observations)
+    # No action column: the look-ahead label needs 0.5 s of future, which the last row lacks.
+    assert data.observations[0].actual.action_index == ACTION_INDEX["keep"]
+    assert not data.observations[1].HasField("actual")
 
 
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda h, r: (h[:3] + h[4:], [x[:3] + x[4:] for x in r]), r"line 1 \(header\): missing column 'lead_present'"),
+        (lambda h, r: (h[:1] + h[2:], [x[:1] + x[2:] for x in r]), r"line 1 \(header\): missing column 'ego_speed'"),
         (
             lambda h, r: (h, r[:2] + [row("0.02", speed="fast")] + r[3:]),
             r"line 4, column 'ego_speed': 'fast' is not a number",
@@ -73,7 +75,7 @@ def test_features_only_file_is_enough(tmp_path: Path) -> None:
         (lambda h, r: (h, r[:1] + [row("0.01", action="swerve")] + r[2:]), r"line 3, column 'actual_action': 'swerve'"),
         (lambda h, r: (h, r[:1] + [row("0.01", accel="")] + r[2:]), r"line 3, column 'actual_accel': empty while"),
         (lambda h, r: (h, r[:1] + [row("0.01")[:-1]] + r[2:]), r"line 3: 22 cells, the header has 23"),
-        (lambda h, r: (h[:-1], [x[:-1] for x in r]), r"missing column 'actual_steer'"),
+        (lambda h, r: (h[:-2] + h[-1:], [x[:-2] + x[-1:] for x in r]), r"missing column 'actual_accel'"),
     ],
     ids=[
         "missing-column",
@@ -85,7 +87,7 @@ def test_features_only_file_is_enough(tmp_path: Path) -> None:
         "unknown-action",
         "half-controls",
         "short-row",
-        "accel-without-steer",
+        "steer-without-accel",
     ],
 )
 def test_malformed_files_name_file_line_and_column(tmp_path: Path, mutate, message: str) -> None:
