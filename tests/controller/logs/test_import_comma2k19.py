@@ -10,7 +10,7 @@ import pytest
 from dualloop.controller.logs import import_comma2k19 as c2k
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.serve.wire import observation_from_proto
-from dualloop.executor.action_labels import lookahead_labels
+from dualloop.executor.action_labels import backward_accel, lookahead_labels
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock
@@ -179,3 +179,41 @@ def test_nearer_cut_in_takes_over_and_duplicates_do_not_flicker() -> None:
     before = (grid > 0.5) & (grid < 2.0)
     assert np.all(leads[before, 1] == 60.0)
     assert np.all(leads[grid > 2.0 + c2k.LEAD_CONFIRM_S + 0.01, 1] == 25.0)
+
+
+def _save(folder: Path, t: np.ndarray, value: np.ndarray) -> None:
+    folder.mkdir(parents=True)
+    for name, array in (("t", t), ("value", value)):
+        with open(folder / name, "wb") as stream:  # the dataset's files have no .npy suffix
+            np.save(stream, array)
+
+
+def test_import_of_a_segment_on_disk_leaves_missing_features_nan(tmp_path: Path) -> None:
+    """A small segment written in comma2k19's layout: the unmeasured features are NaN and absent from
+    the sensor profile, labels are lookahead_labels of the stored speed, ego_accel is causal."""
+    segment = tmp_path / "segment"
+    t = 1000.0 + np.arange(0.0, 12.0, 0.01)
+    speed = 15.0 + 2.0 * np.sin(t)
+    _save(segment / "processed_log" / "CAN" / "speed", t, speed.reshape(-1, 1))
+    _save(segment / "processed_log" / "CAN" / "steering_angle", t, np.full_like(t, 3.0))
+    radar_t = np.arange(1000.0, 1012.0, 0.05)
+    radar = np.array([[30.0, 0.2, -1.0, np.nan, np.nan, 530, 0] for _ in radar_t])
+    _save(segment / "processed_log" / "CAN" / "radar", radar_t, radar)
+    _save(segment / "processed_log" / "IMU" / "gyro", t, np.zeros((len(t), 3)))
+    report = c2k.import_comma2k19(segment, tmp_path / "s.mcap", start_time_unix_ns=1)
+    data = read_log(tmp_path / "s.mcap")
+    head = data.header
+    assert list(head.measured_features) == [n for n in FEATURE_NAMES if n in c2k.MEASURED]
+    assert not head.filled_features and report.filled_features == []
+    assert head.observation_period_ns == 10_000_000 and head.tick_period_ns == 5_000_000
+    x = np.array([o.features for o in data.observations], dtype=np.float64)
+    for name in FEATURE_NAMES:
+        assert np.isnan(x[:, FEATURE_INDEX[name]]).all() == (name not in c2k.MEASURED), name
+    # the grid's first time is the first CAN sample: no past, left out
+    assert data.observations[0].timestamp_ns == 10_000_000
+    stamps = np.array([o.timestamp_ns for o in data.observations]) / 1e9
+    labels, accel = lookahead_labels(stamps, x[:, FEATURE_INDEX["ego_speed"]])
+    np.testing.assert_array_equal([o.actual.action_index for o in data.observations], labels)
+    np.testing.assert_allclose([o.actual.controls[0] for o in data.observations], accel, atol=1e-4, equal_nan=True)
+    np.testing.assert_allclose(x[:, FEATURE_INDEX["ego_accel"]], backward_accel(t, speed)[1 : len(x) + 1], atol=1e-4)
+    assert {ACTIONS[i] for i in labels if i >= 0} >= {"brake", "accelerate"}
