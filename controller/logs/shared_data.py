@@ -51,14 +51,15 @@ class SharedDataResult:
 
     def summary(self) -> str:
         lines = [
-            f"{'dataset':<18} {'split':<8} {'drives':>6} {'sessions':>8} {'minutes':>8} {'ticks':>9}  labels "
-            f"(share of labelled ticks: {', '.join(ACTIONS)}; unlabelled)"
+            f"{'dataset':<18} {'split':<8} {'drives':>6} {'sessions':>8} {'minutes':>8} {'observ.':>8} {'ticks':>9}  "
+            f"labels (share of labelled observations: {', '.join(ACTIONS)}; unlabelled)"
         ]
         for (dataset, split), t in sorted(self.totals.items()):
             labelled = sum(t.labels[a] for a in ACTIONS) or 1
             shares = " ".join(f"{100 * t.labels[a] / labelled:4.1f}%" for a in ACTIONS)
             lines.append(
-                f"{dataset:<18} {split:<8} {t.drives:>6} {t.sessions:>8} {t.seconds / 60:>8.1f} {t.ticks:>9}  "
+                f"{dataset:<18} {split:<8} {t.drives:>6} {t.sessions:>8} {t.seconds / 60:>8.1f} {t.observations:>8} "
+                f"{t.ticks:>9}  "
                 f"{shares}; {t.labels['unknown']} unlabelled"
                 + "".join(f"; {n} pairs left out: {why}" for why, n in t.left_out.items())
             )
@@ -66,7 +67,8 @@ class SharedDataResult:
             chosen = [t for (_, s), t in self.totals.items() if s == split]
             lines.append(
                 f"{'all':<18} {split:<8} {sum(t.drives for t in chosen):>6} {sum(t.sessions for t in chosen):>8} "
-                f"{sum(t.seconds for t in chosen) / 60:>8.1f} {sum(t.ticks for t in chosen):>9}"
+                f"{sum(t.seconds for t in chosen) / 60:>8.1f} {sum(t.observations for t in chosen):>8} "
+                f"{sum(t.ticks for t in chosen):>9}"
             )
         dropped = [d for d in self.drives if d.split == DROPPED]
         if dropped:
