@@ -199,7 +199,7 @@ def _read_header(path: Path, header: list[str], allow_extra_columns: bool, units
         )
     for name, unit in units.items():
         if name not in seen:
-            raise CsvImportError(f"{path}: --units names column '{name}', which is not in the header")
+            raise CsvImportError(f"{path}: line 1 (header): --units names column '{name}', which is not in the header")
         if name in declared and declared[name] != unit:
             raise CsvImportError(
                 f"{path}: line 1 (header), column '{name}': the header says [{declared[name]}], --units says {unit}"
