@@ -20,7 +20,7 @@ session and file. The first row of a piece has no causal acceleration yet (NaN) 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,3 +180,37 @@ def output_path(out: Path | None, session_id: str, stem: str, sessions: int) -> 
         return out
     suffix = session_id.removeprefix(stem).lstrip("-") or session_id
     return out.with_name(f"{out.stem}-{suffix}.mcap")
+
+
+def write_pairs(
+    pairs: Iterable[FollowingPair],
+    out: Path | None,
+    stem: str,
+    *,
+    only: Collection[str] | None,
+    source: Callable[[FollowingPair], str],
+    details: Mapping[str, str],
+    observation_period_ns: int,
+    start_time_unix_ns: int | None,
+) -> list[ImportReport]:
+    """Every piece of every pair (or of those whose session id is in `only`), one session each, at
+    `output_path(out, ..., stem, ...)`; one report per written session."""
+    planned = [
+        (session_id, pair, rows)
+        for pair in pairs
+        if only is None or pair.session_id in only
+        for session_id, rows in pair_sessions(pair)
+    ]
+    return [
+        write_following_session(
+            output_path(out, session_id, stem, len(planned)),
+            session_id,
+            pair,
+            rows,
+            source=source(pair),
+            details=details,
+            observation_period_ns=observation_period_ns,
+            start_time_unix_ns=start_time_unix_ns,
+        )
+        for session_id, pair, rows in planned
+    ]

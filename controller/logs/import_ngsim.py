@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dualloop.controller.logs.following import FollowingPair, output_path, pair_sessions, write_following_session
+from dualloop.controller.logs.following import FollowingPair, write_pairs
 from dualloop.controller.logs.import_report import ImportReport
 
 CHAIN_LENGTH = 6
@@ -134,23 +134,13 @@ def import_ngsim(
         "file": chain.path.name,
         "time": "t1: seconds since the chain's start (the absolute NGSIM time was not kept)",
     }
-    planned = [
-        (session_id, pair, rows)
-        for pair in chain.pairs
-        if only is None or pair.session_id in only
-        for session_id, rows in pair_sessions(pair)
-    ]
-    out_path = Path(out) if out is not None else None
-    return [
-        write_following_session(
-            output_path(out_path, session_id, "ngsim", len(planned)),
-            session_id,
-            pair,
-            rows,
-            source=f"ngsim import of {chain.path} ({pair.session_id})",
-            details=details,
-            observation_period_ns=OBSERVATION_PERIOD_NS,
-            start_time_unix_ns=start_time_unix_ns,
-        )
-        for session_id, pair, rows in planned
-    ]
+    return write_pairs(
+        chain.pairs,
+        Path(out) if out is not None else None,
+        "ngsim",
+        only=only,
+        source=lambda pair: f"ngsim import of {chain.path} ({pair.session_id})",
+        details=details,
+        observation_period_ns=OBSERVATION_PERIOD_NS,
+        start_time_unix_ns=start_time_unix_ns,
+    )

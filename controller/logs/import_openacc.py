@@ -27,12 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dualloop.controller.logs.following import (
-    FollowingPair,
-    output_path,
-    pair_sessions,
-    write_following_session,
-)
+from dualloop.controller.logs.following import FollowingPair, write_pairs
 from dualloop.controller.logs.import_report import ImportReport
 
 OBSERVATION_PERIOD_NS = 100_000_000  # JRC downsampled every campaign to 10 Hz
@@ -233,23 +228,13 @@ def import_openacc(
     }
     if parsed.vehicles:
         details["vehicle_order"] = ",".join(parsed.vehicles.values())
-    planned = [
-        (session_id, pair, rows)
-        for pair in parsed.pairs
-        if only is None or pair.session_id in only
-        for session_id, rows in pair_sessions(pair)
-    ]
-    out_path = Path(out) if out is not None else None
-    return [
-        write_following_session(
-            output_path(out_path, session_id, parsed.path.stem, len(planned)),
-            session_id,
-            pair,
-            rows,
-            source=f"openacc import of {parsed.path} ({pair.session_id.removeprefix(parsed.path.stem + '-')})",
-            details=details,
-            observation_period_ns=OBSERVATION_PERIOD_NS,
-            start_time_unix_ns=start_time_unix_ns,
-        )
-        for session_id, pair, rows in planned
-    ]
+    return write_pairs(
+        parsed.pairs,
+        Path(out) if out is not None else None,
+        parsed.path.stem,
+        only=only,
+        source=lambda pair: f"openacc import of {parsed.path} ({pair.session_id.removeprefix(parsed.path.stem + '-')})",
+        details=details,
+        observation_period_ns=OBSERVATION_PERIOD_NS,
+        start_time_unix_ns=start_time_unix_ns,
+    )
