@@ -41,6 +41,7 @@ RowScores = tuple[FloatArray, GateFlags]
 _NAN = float("nan")
 _BOOL = np.dtype(bool)  # a dtype object: np.array resolves it faster than the type
 _slot_of = attrgetter("slot")
+_timestamp_of = attrgetter("timestamp_ns")
 
 
 class GateMismatch(ValueError):
@@ -240,7 +241,8 @@ class GateWiring:
         features = self._pick_features((dv, x))
         changes = None
         if self.change is not None:
-            changes = self._pick_changes((None, self.change.step(x, slots, fresh_rows, ok)))
+            times = list(map(_timestamp_of, observations))
+            changes = self._pick_changes((None, self.change.step(x, slots, fresh_rows, ok, times)))
         frozen_rows = None if self.freeze is None else self.freeze.step(x, slots, fresh_rows)
         any_frozen = frozen_rows is not None and True in frozen_rows
         if any_frozen or self._any_frozen:  # else the buffer is all False already
@@ -300,11 +302,12 @@ class GateWiring:
         finite: BoolArray,
         model_ok: BoolArray,
         slot: int,
+        timestamps: npt.NDArray[np.int64],
     ) -> list[RowScores]:
-        """Per gate: (score, flags) of each observation row (features x, plan p, decision vector dv),
-        scored as a live tick would; rows the model could not be trusted on are NaN for
-        decision-vector gates. Advances the slot's change tracker over the rows, as live ticks would."""
-        change = None if self.change is None else self.change.scan(x, finite, slot)
+        """Per gate: (score, flags) of each observation row (features x, plan p, decision vector dv,
+        sensor timestamps), scored as a live tick would; rows the model could not be trusted on are NaN
+        for decision-vector gates. Advances the slot's change tracker over the rows, as live ticks would."""
+        change = None if self.change is None else self.change.scan(x, finite, slot, timestamps)
         untrusted = ~finite | ~model_ok
         results = []
         for run, changes_limited, plan_limited in zip(self.runs, self.change_gates, self.plan_gates):

@@ -162,7 +162,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         )
     gating = ex.gating
     gate_rows = gating.score_rows(
-        x, p, out.decision_vector if out is not None else None, finite, model_ok, session.slot
+        x, p, out.decision_vector if out is not None else None, finite, model_ok, session.slot, ts[rows]
     )
     hashes = input_hashes(x, p)
 

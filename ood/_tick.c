@@ -546,26 +546,30 @@ bad:
     return -1;
 }
 
-/* change_step(python, last, change, unknown, x, slots, fresh, finite): ChangeTracker.step's loop over
- * its per-slot lists; python(x, slots, fresh, finite), the Python loop, when x is not a 2-d float32
- * buffer (bound by functools.partial, this is the tracker's step: no Python frame around the C one). */
+/* change_step(python, last, last_t, change, unknown, x, slots, fresh, finite, times): ChangeTracker.step's
+ * loop over its per-slot lists; python(x, slots, fresh, finite, times), the Python loop, when x is not a
+ * 2-d float32 buffer (bound by functools.partial, this is the tracker's step: no Python frame around the
+ * C one). The rate is (now - before) / dt with dt = (double)(t - t_before) * 1e-9, as in Python. */
 static PyObject *change_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "change_step(python, last, change, unknown, x, slots, fresh, finite)");
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "change_step(python, last, last_t, change, unknown, x, slots, fresh, finite, times)");
         return NULL;
     }
-    PyObject *last = args[1], *change = args[2], *unknown = args[3];
-    args += 1; /* from here on as the loop's arguments: last, change, unknown, x, slots, fresh, finite */
+    PyObject *last = args[1], *last_t = args[2], *change = args[3], *unknown = args[4];
+    args += 1; /* from here on as the loop's arguments: last, last_t, change, unknown, x, slots, fresh, finite,
+                  times */
     Py_buffer view;
-    if (!float32_rows(args[3], &view)) return PyObject_Vectorcall(args[-1], args + 3, 4, NULL);
-    PyObject *slots = NULL, *fresh = NULL, *finite = NULL, *out = NULL;
-    if ((slots = PySequence_Fast(args[4], "slots")) == NULL || (fresh = PySequence_Fast(args[5], "fresh")) == NULL ||
-        (finite = PySequence_Fast(args[6], "finite")) == NULL)
+    if (!float32_rows(args[4], &view)) return PyObject_Vectorcall(args[-1], args + 4, 5, NULL);
+    PyObject *slots = NULL, *fresh = NULL, *finite = NULL, *times = NULL, *out = NULL;
+    if ((slots = PySequence_Fast(args[5], "slots")) == NULL || (fresh = PySequence_Fast(args[6], "fresh")) == NULL ||
+        (finite = PySequence_Fast(args[7], "finite")) == NULL || (times = PySequence_Fast(args[8], "times")) == NULL)
         goto done;
     Py_ssize_t n = view.shape[0], dim = view.shape[1]; /* zip: the shortest */
     if (PySequence_Fast_GET_SIZE(slots) < n) n = PySequence_Fast_GET_SIZE(slots);
     if (PySequence_Fast_GET_SIZE(fresh) < n) n = PySequence_Fast_GET_SIZE(fresh);
     if (PySequence_Fast_GET_SIZE(finite) < n) n = PySequence_Fast_GET_SIZE(finite);
+    if (PySequence_Fast_GET_SIZE(times) < n) n = PySequence_Fast_GET_SIZE(times);
     if ((out = PyList_New(0)) == NULL) goto done;
     for (Py_ssize_t r = 0; r < n; r++) {
         PyObject *slot = PySequence_Fast_GET_ITEM(slots, r);
@@ -577,23 +581,31 @@ static PyObject *change_step(PyObject *Py_UNUSED(module), PyObject *const *args,
             if (!ok) {
                 if (PyObject_SetItem(change, slot, unknown) < 0) goto fail;
             } else {
-                PyObject *before = PyObject_GetItem(last, slot), *now = NULL, *diff = NULL;
+                PyObject *t_obj = PySequence_Fast_GET_ITEM(times, r);
+                long long t = PyLong_AsLongLong(t_obj);
+                if (t == -1 && PyErr_Occurred()) goto fail;
+                PyObject *before = PyObject_GetItem(last, slot), *before_t = NULL, *now = NULL, *diff = NULL;
                 if (before == NULL) goto fail;
-                int err = (now = row_list(&view, r)) == NULL;
-                if (!err && before == Py_None) {
+                int err = (before_t = PyObject_GetItem(last_t, slot)) == NULL;
+                long long t0 = err ? 0 : PyLong_AsLongLong(before_t);
+                err = err || (t0 == -1 && PyErr_Occurred()) || (now = row_list(&view, r)) == NULL;
+                double dt = (double)(t - t0) * 1e-9; /* ood.change.NS */
+                if (!err && (before == Py_None || !(dt > 0.0))) {
                     err = PyObject_SetItem(change, slot, unknown) < 0;
                 } else if (!err) {
                     err = stored_row(before, dim) < 0 || (diff = PyList_New(dim)) == NULL;
                     for (Py_ssize_t i = 0; !err && i < dim; i++) {
-                        PyObject *v = PyFloat_FromDouble(PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, i)) -
-                                                         PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, i)));
+                        PyObject *v = PyFloat_FromDouble((PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, i)) -
+                                                          PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, i))) /
+                                                         dt);
                         if (v == NULL) err = 1;
                         else PyList_SET_ITEM(diff, i, v);
                     }
                     err = err || PyObject_SetItem(change, slot, diff) < 0;
                 }
-                err = err || PyObject_SetItem(last, slot, now) < 0;
+                err = err || PyObject_SetItem(last, slot, now) < 0 || PyObject_SetItem(last_t, slot, t_obj) < 0;
                 Py_DECREF(before);
+                Py_XDECREF(before_t);
                 Py_XDECREF(now);
                 Py_XDECREF(diff);
                 if (err) goto fail;
@@ -612,6 +624,7 @@ done:
     Py_XDECREF(slots);
     Py_XDECREF(fresh);
     Py_XDECREF(finite);
+    Py_XDECREF(times);
     PyBuffer_Release(&view);
     return out;
 }
@@ -708,7 +721,7 @@ static PyMethodDef module_methods[] = {
     {"widen", (PyCFunction)(void (*)(void))widen, METH_FASTCALL,
      "widen(src, dst) -> True after copying a float32 row buffer into a float64 one of its shape, else False"},
     {"change_step", (PyCFunction)(void (*)(void))change_step, METH_FASTCALL,
-     "change_step(python, last, change, unknown, x, slots, fresh, finite) -> list of change rows"},
+     "change_step(python, last, last_t, change, unknown, x, slots, fresh, finite, times) -> list of rate rows"},
     {"freeze_step", (PyCFunction)(void (*)(void))freeze_step, METH_FASTCALL,
      "freeze_step(python, last, count, repeats, x, slots, fresh) -> list of alarms"},
     {NULL, NULL, 0, NULL},

@@ -176,8 +176,10 @@ class FeatureRange:
     observation at a time, so a sensor whose values jump about plausibly (a noise burst) passes it;
     and it does not see a plan that asks for what the model never trained on (a 57 m/s target).
     Each range is the training data's [min, max] widened by ``margin`` times its span on each side:
-    a fixed, inspectable envelope, like the operating limits a safety case states. Changes are per
-    observation, at the rate the training data was recorded (``change_note`` says which).
+    a fixed, inspectable envelope, like the operating limits a safety case states. Changes are rates
+    in the feature's unit per second (``ood.ChangeTracker``: the change between two fresh observations
+    divided by the time between their timestamps), so one limit holds at any observation rate;
+    ``change_note`` says what they were measured on.
     """
 
     low: tuple[float, ...]

@@ -83,6 +83,12 @@ def load_gate(
     missing_keys = [k for k in (*META_KEYS, "version_hash") if k not in meta]
     if missing_keys:
         raise ValueError(f"gate file {path}: metadata lacks fields {missing_keys}")
+    if meta["format"] == FORMAT_NAME and meta["format_version"] == 1:
+        raise ValueError(
+            f"gate file {path}: format v1, whose change limits are per observation at the rate it was fitted "
+            f"on; this code reads v{FORMAT_VERSION}, whose limits are per second at any observation rate. "
+            f"Refit the gate (dualloop gate fit) to use it."
+        )
     if meta["format"] != FORMAT_NAME or meta["format_version"] != FORMAT_VERSION:
         raise ValueError(
             f"gate file {path}: format {meta['format']!r} v{meta['format_version']}, "

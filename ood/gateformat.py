@@ -28,7 +28,8 @@ from dualloop.ood.fit import GateStats
 from dualloop.ood.schema import FeatureSchema
 
 FORMAT_NAME = "dualloop.ood.gate"
-FORMAT_VERSION = 1
+# 2: change limits in unit/s (ood.ChangeTracker's rates), not per observation at the fitting rate
+FORMAT_VERSION = 2
 INT_ARRAYS = ("class_labels",)
 ARRAY_NAMES = (
     "center",

@@ -77,7 +77,7 @@ def score_episodes(
         )
         feats = np.where(finite[..., None], feats, np.nan).astype(np.float32)
         rng = gate.feature_range
-        changes = episode_changes(data.features) if rng is not None and rng.change_low else None
+        changes = episode_changes(data.features, data.t) if rng is not None and rng.change_low else None
         plans = data.plan if rng is not None and rng.context_names else None
         monitor = gate.monitor(b)
         scale = 1.0 / gate.threshold if ratios else 1.0

@@ -52,15 +52,22 @@ def model_features(
     return forward_rows(model, features, plan, batch)[2]
 
 
-def episode_changes(features: np.ndarray) -> np.ndarray:
-    """Changes (B, T, F) float64 of episodes (B, T, F) recorded at every tick, as the executor's
-    ood.ChangeTracker makes them for a session that sees each observation fresh (NaN where unknown)."""
+def episode_times_ns(t: np.ndarray) -> np.ndarray:
+    """The sensor timestamps (int ns) of an episode's ticks at times ``t`` (s), as a client sends them."""
+    return np.round(np.asarray(t, np.float64) * 1e9).astype(np.int64)
+
+
+def episode_changes(features: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Rates of change (B, T, F) float64, unit/s, of episodes (B, T, F) observed at times ``t`` (T,) s,
+    as the executor's ood.ChangeTracker makes them for a session that sees each observation fresh (NaN
+    where unknown)."""
     b, t_len, f = features.shape
     tracker = ood.ChangeTracker(1, f)
+    times = episode_times_ns(t)
     changes = np.full((b, t_len, f), np.nan)
     for i in range(b):
         tracker.reset(0)
-        changes[i] = tracker.scan(features[i], np.isfinite(features[i]).all(axis=1), 0)
+        changes[i] = tracker.scan(features[i], np.isfinite(features[i]).all(axis=1), 0, times)
     return changes
 
 
@@ -74,7 +81,7 @@ def actuation_episodes(
     as a closed-loop client sends it); NaN where the row is not valid."""
     names = list(feature_names)
     accel_at, speed_at = names.index(settings.accel_feature), names.index(settings.speed_feature)
-    t_ns = np.round(data.t * 1e9).astype(np.int64)
+    t_ns = episode_times_ns(data.t)
     assert data.applied is not None  # run_expert_batch records it
     f64 = lambda a: a.astype(np.float64)  # noqa: E731
     return [
@@ -120,7 +127,7 @@ def nominal_inputs(
         feats.append(data.features[:, pick][valid])
         plans.append(data.plan[:, pick][valid])
         if with_changes:
-            changes.append(episode_changes(data.features)[:, pick][valid])
+            changes.append(episode_changes(data.features, data.t)[:, pick][valid])
             if actuation is not None:
                 actuation += actuation_episodes(data)
     out = (np.concatenate(feats), np.concatenate(plans))
@@ -192,7 +199,10 @@ def fit_gate_for_model(
         range_margin=RANGE_MARGIN[source],
         changes_train=c_fit[0] if inputs else None,
         changes_calib=c_cal[0] if inputs else None,
-        change_note=f"per observation at {1000 * DT:g} ms (simulated sensors at the tick rate)" if inputs else "",
+        change_note=f"per second, measured between observations {1000 * DT:g} ms apart (simulated sensors at the "
+        "tick rate)"
+        if inputs
+        else "",
         context_train=p_fit if inputs else None,
         context_calib=p_cal if inputs else None,
         context_names=[p.name for p in card.plan] if inputs else (),

@@ -187,7 +187,8 @@ def test_range_guard_vetoes_out_of_range_values_and_jumps_in_their_tick(test_mod
     fast = rows[10].copy()
     fast[speed] = rng.high[speed] + 1.0  # out of range; the tick after it is a jump back down
     jump = rows[30].copy()
-    jump[speed] = rows[29][speed] + rng.change_high[speed] + 0.5  # in range, but a jump
+    # in range, but a jump: the limit is a rate (m/s per s), the rows are one tick apart
+    jump[speed] = rows[29][speed] + (rng.change_high[speed] + 20.0) * TICK * 1e-9
     assert rng.low[speed] <= jump[speed] <= rng.high[speed]
     rows[10], rows[30] = fast, jump
     ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)

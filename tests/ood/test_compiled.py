@@ -242,6 +242,7 @@ def test_change_tracker_compiled_equals_python(dtype: type) -> None:
         fast = ChangeTracker(n_slots, dim)
     with _path(False):
         reference = ChangeTracker(n_slots, dim)
+    now = 1_700_000_000_000_000_000
     for tick in range(600):
         n = int(rng.integers(1, n_slots + 1))
         slots = rng.permutation(n_slots)[:n].tolist()
@@ -250,14 +251,19 @@ def test_change_tracker_compiled_equals_python(dtype: type) -> None:
         x[rng.random(size=(n, dim)) < 0.01] = np.inf
         fresh = (rng.random(n) < 0.7).tolist()
         finite = np.isfinite(x).all(axis=1).tolist()
+        # irregular sensor clocks at 10-200 Hz; now and then a repeated or earlier timestamp (no rate)
+        now += int(rng.integers(5_000_000, 100_000_000))
+        times = [now - int(rng.integers(0, 3_000_000)) for _ in slots]
+        if rng.random() < 0.05:
+            times[0] -= 200_000_000
         if rng.random() < 0.05:
             fast.reset(slots[0])
             reference.reset(slots[0])
-        a = fast.step(x.astype(dtype), slots, fresh, finite)
-        b = reference.step(x.astype(dtype), slots, fresh, finite)
+        a = fast.step(x.astype(dtype), slots, fresh, finite, times)
+        b = reference.step(x.astype(dtype), slots, fresh, finite, times)
         assert _rows_bits(a) == _rows_bits(b), tick
-        (last_a, change_a), (last_b, change_b) = fast.state, reference.state
-        assert change_a.tobytes() == change_b.tobytes(), tick
+        (last_a, t_a, change_a), (last_b, t_b, change_b) = fast.state, reference.state
+        assert change_a.tobytes() == change_b.tobytes() and t_a == t_b, tick
         assert [None if v is None else np.array(v).tobytes() for v in last_a] == [
             None if v is None else np.array(v).tobytes() for v in last_b
         ], tick

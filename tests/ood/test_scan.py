@@ -67,34 +67,73 @@ def test_freeze_scan_equals_updates(seed):
     np.testing.assert_array_equal(last_a, last_b)
 
 
+def _irregular_times(rng: np.random.Generator, n: int, hz: float, start: int = 0) -> np.ndarray:
+    """Sensor timestamps (int ns) at about ``hz``: the period jitters by up to +-30%, and now and then
+    an observation is late by up to two periods (a real sensor's clock over a real link)."""
+    period = 1e9 / hz
+    gaps = period * (1.0 + rng.uniform(-0.3, 0.3, n))
+    gaps[rng.random(n) < 0.05] += period * rng.uniform(0.5, 2.0)
+    return start + np.cumsum(np.round(gaps).astype(np.int64))
+
+
+@pytest.mark.parametrize("hz", [10.0, 20.0, 100.0, 200.0])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_change_scan_equals_steps(seed):
-    """The replay's changes between observations equal a live session's, fresh ticks or not, with
-    NaN observations (no change, and the next change is measured from the last finite one)."""
+def test_change_scan_equals_steps(seed, hz):
+    """The replay's rates of change between observations equal a live session's, fresh ticks or not,
+    at several observation rates with irregular timestamps, with NaN observations (no rate, and the
+    next one is measured from the last finite one) and features NaN in every row (a feature the
+    session does not measure: no rate for it, the others measured)."""
     from dualloop.ood.change import ChangeTracker
 
     rng = np.random.default_rng(seed)
     dim, slot = 4, 2
     stepped, scanned = ChangeTracker(3, dim), ChangeTracker(3, dim)
+    t0 = 1_700_000_000_000_000_000  # ns since the epoch: the intervals must survive large timestamps
     for length in (1, 200, 30):  # consecutive scans continue from each other's state
         x = rng.normal(size=(length, dim)).astype(np.float32)
+        x[:, 3] = np.nan  # not measured
         x[rng.random(length) < 0.05] = np.nan
-        finite = np.isfinite(x).all(axis=1)
+        finite = np.isfinite(x[:, :3]).all(axis=1)
+        times = _irregular_times(rng, length, hz, t0)
+        t0 = int(times[-1])
         # a live session: each observation is fresh on its first tick, then reused by 0-2 more ticks
         expected = []
         for i in range(length):
             for repeat in range(1 + int(rng.integers(0, 3))):
-                got = stepped.step(x[i : i + 1], [slot], [repeat == 0], [bool(finite[i])])[0]
+                got = stepped.step(x[i : i + 1], [slot], [repeat == 0], [bool(finite[i])], [int(times[i])])[0]
                 if repeat == 0:
                     expected.append(got)
-                else:  # a reused observation reports the change it made
+                else:  # a reused observation reports the rate it made
                     np.testing.assert_array_equal(got, expected[-1])
-        scan = scanned.scan(x, finite, slot)
-        np.testing.assert_array_equal(scan, np.array(expected))
-        last_a, change_a = stepped.state
-        last_b, change_b = scanned.state
-        assert last_a[slot] == last_b[slot]
-        np.testing.assert_array_equal(change_a[slot], change_b[slot])
-    # the very first observation of a slot, and every NaN one, have no change
-    first = ChangeTracker(1, dim).scan(rng.normal(size=(3, dim)).astype(np.float32), np.ones(3, bool), 0)
+        scan = scanned.scan(x, finite, slot, times)
+        assert scan.tobytes() == np.array(expected, np.float64).tobytes()
+        last_a, t_a, change_a = stepped.state
+        last_b, t_b, change_b = scanned.state
+        assert np.array(last_a[slot]).tobytes() == np.array(last_b[slot]).tobytes() and t_a[slot] == t_b[slot]
+        assert change_a[slot].tobytes() == change_b[slot].tobytes()
+    assert np.isnan(scan[:, 3]).all() and np.isfinite(scan[finite][1:, :3]).all()
+    # the very first observation of a slot, and every NaN one, have no rate
+    first = ChangeTracker(1, dim).scan(
+        rng.normal(size=(3, dim)).astype(np.float32), np.ones(3, bool), 0, [10**9, 2 * 10**9, 3 * 10**9]
+    )
     assert np.isnan(first[0]).all() and np.isfinite(first[1:]).all()
+
+
+def test_change_is_a_rate_per_second_at_any_observation_rate():
+    """A feature moving at 2 units/s gives 2.0 at 10, 20, 100 and 200 Hz, live and in a replay; the
+    same rows with a 1 ns interval would give 1e9 times the change (the limit is per second)."""
+    from dualloop.ood.change import ChangeTracker
+
+    for hz in (10, 20, 100, 200):
+        period = 10**9 // hz
+        times = np.arange(6, dtype=np.int64) * period + 5 * 10**9
+        x = (2.0 * (times - times[0]) * 1e-9).astype(np.float32)[:, None]
+        live = ChangeTracker(1, 1)
+        rates = [live.step(x[i : i + 1], [0], [True], [True], [int(times[i])])[0][0] for i in range(6)]
+        replay = ChangeTracker(1, 1).scan(x, np.ones(6, bool), 0, times)[:, 0]
+        assert np.isnan(rates[0]) and np.allclose(rates[1:], 2.0, rtol=1e-5)
+        assert np.array(rates).tobytes() == replay.tobytes()
+    # an interval that is not positive gives no rate (and no division by zero)
+    same = ChangeTracker(1, 1)
+    same.step(np.ones((1, 1), np.float32), [0], [True], [True], [100])
+    assert np.isnan(same.step(np.full((1, 1), 2.0, np.float32), [0], [True], [True], [100])[0][0])
