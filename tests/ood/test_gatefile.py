@@ -111,6 +111,11 @@ def test_corrupt_or_incomplete_files_are_refused(fitted, tmp_path: Path) -> None
         del meta["norm_band"]
         e["metadata"] = np.array(json.dumps(meta))
 
+    def format_v1(e: dict) -> None:  # type: ignore[type-arg]
+        meta = json.loads(str(e["metadata"][()]))
+        meta["format_version"] = 1
+        e["metadata"] = np.array(json.dumps(meta))
+
     def flip_whitening(e: dict) -> None:  # type: ignore[type-arg]
         e["whiten"] = e["whiten"].copy()
         e["whiten"][0, 0] += 1e-12
@@ -118,6 +123,8 @@ def test_corrupt_or_incomplete_files_are_refused(fitted, tmp_path: Path) -> None
     cases = [
         (tamper_threshold, "content hash mismatch"),
         (drop_field, r"lacks fields \['norm_band'\]"),
+        # v1's change limits were per observation at the fitting rate: refused, with what to do
+        (format_v1, r"format v1, whose change limits are per observation.*Refit the gate \(dualloop gate fit\)"),
         (flip_whitening, "content hash mismatch"),
         (lambda e: e.pop("center"), r"missing arrays \['center'\]"),
         (lambda e: e.pop("metadata"), "no 'metadata' entry"),
