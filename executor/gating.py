@@ -21,6 +21,7 @@ from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.executor.sessions import Session
 from dualloop.executor.snapshot import Observation
 from dualloop.ood import ActuationMonitor, ChangeTracker, FreezeDetector, Gate, GateBank, GateMonitor
+from dualloop.ood.freeze import common_settings
 from dualloop.ood.one_row import ratio_at_zero
 from dualloop.ood.score import GateFlags, score_in_chunks
 
@@ -42,6 +43,7 @@ _NAN = float("nan")
 _BOOL = np.dtype(bool)  # a dtype object: np.array resolves it faster than the type
 _slot_of = attrgetter("slot")
 _timestamp_of = attrgetter("timestamp_ns")
+_present_of = attrgetter("present")
 
 
 class GateMismatch(ValueError):
@@ -198,9 +200,20 @@ class GateWiring:
             except ValueError as exc:
                 raise GateMismatch(f"model {card.name} {card.version}: {exc}") from None
             self.actuation = checks[0].monitor(capacity)
+        try:
+            stated = common_settings([g.freeze for g in self.gates])
+            rest = None if stated is None else stated.rest(card.feature_names)
+        except ValueError as exc:
+            raise GateMismatch(f"model {card.name} {card.version}: {exc}") from None
         self.freeze = (
-            FreezeDetector(capacity, model.n_features, freeze_repeats) if self.gates and freeze_repeats > 0 else None
+            FreezeDetector(capacity, model.n_features, freeze_repeats, rest)
+            if self.gates and freeze_repeats > 0
+            else None
         )
+        # the sensor profile (Session.present) each slot's state was last set for, and how many slots
+        # have one: with none, a tick of unmasked sessions does not look
+        self._slot_present: list[BoolArray | None] = [None] * capacity
+        self._profiled = 0
 
     def reset(self, slot: int) -> None:
         """A new session in `slot`: every gate's state for it starts afresh."""
@@ -208,6 +221,9 @@ class GateWiring:
             run.monitor.reset(slot)
         if self.freeze is not None:
             self.freeze.reset(slot)
+        if self._slot_present[slot] is not None:
+            self._slot_present[slot] = None
+            self._profiled -= 1
         if self.change is not None:
             self.change.reset(slot)
         if self.actuation is not None:
@@ -232,6 +248,9 @@ class GateWiring:
             plans = list(map((None, self._p[:n]).__getitem__, self.plan_gates)) if self._any_plan_gate else None
             x, fresh, frozen, plans = views[n] = self._x[:n], self._fresh[:n], self.frozen[:n], plans
         slots = list(map(_slot_of, rows))
+        presents = list(map(_present_of, rows))
+        if self._profiled or presents.count(None) != n:
+            self._note_profiles(slots, presents)
         dv = out.decision_vector if out is not None else None
         # rows with NaN/Inf inputs are scored as NaN by every gate (the model saw a substitute)
         ok = finite.tolist()
@@ -255,6 +274,15 @@ class GateWiring:
         if self.actuation is not None:
             self._actuation_step(self.actuation, rows, observations, slots, fresh_rows, x, score, threshold, veto)
         return score, threshold, np.array(veto, _BOOL)
+
+    def _note_profiles(self, slots: list[int], presents: list[BoolArray | None]) -> None:
+        """Set the per-slot state that depends on a session's sensor profile where it changed."""
+        for slot, present in zip(slots, presents):
+            if self._slot_present[slot] is not present:
+                self._profiled += (present is not None) - (self._slot_present[slot] is not None)
+                self._slot_present[slot] = present
+                if self.freeze is not None:
+                    self.freeze.set_present(slot, present)
 
     def _actuation_step(
         self,
@@ -323,9 +351,13 @@ class GateWiring:
             )
         return results
 
-    def scan_freeze(self, x: npt.NDArray[np.float32], slot: int, fresh: BoolArray) -> BoolArray:
-        """The freeze check's verdict per tick (x and fresh per tick), the slot left as live ticks
-        would leave it; all False without the check."""
+    def scan_freeze(
+        self, x: npt.NDArray[np.float32], slot: int, fresh: BoolArray, present: BoolArray | None = None
+    ) -> BoolArray:
+        """The freeze check's verdict per tick (x and fresh per tick) of a session with this sensor
+        profile (`Session.present`), the slot left as live ticks would leave it; all False without the
+        check."""
+        self._note_profiles([slot], [present])
         if self.freeze is None:
             return np.zeros(len(x), bool)
         return self.freeze.scan(x, slot, fresh)

@@ -172,7 +172,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     has_plan = np.array([bool(plan_ids[i]) for i in range(n_obs)])[which]
     plan_age = np.where(has_plan, tick_ns - plan_created[which], 0)
     x_ticks = feats[which]
-    frozen = gating.scan_freeze(x_ticks, session.slot, fresh)
+    frozen = gating.scan_freeze(x_ticks, session.slot, fresh, session.present)
     actuation = gating.scan_actuation(session, observations, feats, ts, rows)
     score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation)
     veto |= frozen

@@ -31,7 +31,7 @@ from dualloop.ood.calibrate import (
 from dualloop.ood.change import ChangeTracker
 from dualloop.ood.filter import CusumFilter, CusumSettings, FilterSettings, KOfNFilter, KOfNSettings, make_filter
 from dualloop.ood.fit import GateStats, fit_statistics
-from dualloop.ood.freeze import FreezeDetector
+from dualloop.ood.freeze import FreezeDetector, FreezeSettings
 from dualloop.ood.gate import Gate, fit_gate
 from dualloop.ood.gatefile import load_gate
 from dualloop.ood.gateformat import save_gate
@@ -55,6 +55,7 @@ __all__ = [
     "CusumSettings",
     "FeatureSchema",
     "FreezeDetector",
+    "FreezeSettings",
     "FilterSettings",
     "Gate",
     "GateBank",

@@ -629,20 +629,25 @@ done:
     return out;
 }
 
-/* freeze_step(python, last, count, repeats, x, slots, fresh): FreezeDetector.step's loop for float32
- * rows; python(x, slots, fresh), the Python loop, for any other x. A row equals the stored one when
- * every component compares == (NaN never does), as Python's list == compares these fresh floats. */
+/* freeze_step(python, last, count, keep, rest_at, rest_speed, repeats, x, slots, fresh): FreezeDetector.step's
+ * loop for float32 rows; python(x, slots, fresh), the Python loop, for any other x. A row equals the stored
+ * one when every component the slot compares (keep[slot]: None for all, else a list of positions) compares
+ * == (NaN never does), as Python's list == compares these fresh floats; a repeat whose speed
+ * (rest_at[slot] >= 0) reads |v| <= rest_speed is a car at rest and resets the count, as in Python. */
 static PyObject *freeze_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "freeze_step(python, last, count, repeats, x, slots, fresh)");
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "freeze_step(python, last, count, keep, rest_at, rest_speed, repeats, x, slots, fresh)");
         return NULL;
     }
-    PyObject *last = args[1], *count = args[2], *repeats = args[3];
+    PyObject *last = args[1], *count = args[2], *keep = args[3], *rest_at = args[4], *repeats = args[6];
+    double rest_speed = PyFloat_AsDouble(args[5]);
+    if (rest_speed == -1.0 && PyErr_Occurred()) return NULL;
     args += 1;
     Py_buffer view;
-    if (!float32_rows(args[3], &view)) return PyObject_Vectorcall(args[-1], args + 3, 3, NULL);
+    if (!float32_rows(args[6], &view)) return PyObject_Vectorcall(args[-1], args + 6, 3, NULL);
     PyObject *slots = NULL, *fresh = NULL, *out = NULL;
-    if ((slots = PySequence_Fast(args[4], "slots")) == NULL || (fresh = PySequence_Fast(args[5], "fresh")) == NULL)
+    if ((slots = PySequence_Fast(args[7], "slots")) == NULL || (fresh = PySequence_Fast(args[8], "fresh")) == NULL)
         goto done;
     Py_ssize_t n = view.shape[0], dim = view.shape[1];
     if (PySequence_Fast_GET_SIZE(slots) < n) n = PySequence_Fast_GET_SIZE(slots);
@@ -653,12 +658,39 @@ static PyObject *freeze_step(PyObject *Py_UNUSED(module), PyObject *const *args,
         int is_fresh = PyObject_IsTrue(PySequence_Fast_GET_ITEM(fresh, r));
         if (is_fresh < 0) goto fail;
         if (is_fresh) { /* a reused observation is not a repeat of the sensor */
-            PyObject *before = PyObject_GetItem(last, slot), *now = NULL, *c = NULL;
+            PyObject *before = PyObject_GetItem(last, slot), *now = NULL, *c = NULL, *cols = NULL, *at = NULL;
             if (before == NULL) goto fail;
-            int err = stored_row(before, dim) < 0 || (now = row_list(&view, r)) == NULL;
+            int err = stored_row(before, dim) < 0 || (now = row_list(&view, r)) == NULL ||
+                      (cols = PyObject_GetItem(keep, slot)) == NULL || (at = PyObject_GetItem(rest_at, slot)) == NULL;
             int same = 1;
-            for (Py_ssize_t i = 0; !err && same && i < dim; i++)
-                same = PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, i)) == PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, i));
+            if (!err && cols == Py_None) {
+                for (Py_ssize_t i = 0; same && i < dim; i++)
+                    same = PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, i)) == PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, i));
+            } else if (!err) {
+                if (!PyList_Check(cols)) {
+                    PyErr_SetString(PyExc_ValueError, "a slot's compared features are None or a list of positions");
+                    err = 1;
+                }
+                for (Py_ssize_t k = 0; !err && same && k < PyList_GET_SIZE(cols); k++) {
+                    Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(cols, k));
+                    if (i == -1 && PyErr_Occurred()) err = 1;
+                    else if (i < 0 || i >= dim) {
+                        PyErr_SetString(PyExc_ValueError, "a compared feature's position is outside the row");
+                        err = 1;
+                    } else
+                        same = PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, i)) ==
+                               PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, i));
+                }
+            }
+            if (!err && same) {
+                Py_ssize_t speed_at = PyLong_AsSsize_t(at);
+                if (speed_at == -1 && PyErr_Occurred()) err = 1;
+                else if (speed_at >= dim) {
+                    PyErr_SetString(PyExc_ValueError, "the speed feature's position is outside the row");
+                    err = 1;
+                } else if (speed_at >= 0 && fabs(PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, speed_at))) <= rest_speed)
+                    same = 0; /* a car at rest */
+            }
             if (!err && same) {
                 PyObject *old = PyObject_GetItem(count, slot);
                 Py_ssize_t k = old == NULL ? -1 : PyLong_AsSsize_t(old);
@@ -672,6 +704,8 @@ static PyObject *freeze_step(PyObject *Py_UNUSED(module), PyObject *const *args,
             Py_DECREF(before);
             Py_XDECREF(now);
             Py_XDECREF(c);
+            Py_XDECREF(cols);
+            Py_XDECREF(at);
             if (err) goto fail;
         }
         PyObject *c = PyObject_GetItem(count, slot);
@@ -723,7 +757,7 @@ static PyMethodDef module_methods[] = {
     {"change_step", (PyCFunction)(void (*)(void))change_step, METH_FASTCALL,
      "change_step(python, last, last_t, change, unknown, x, slots, fresh, finite, times) -> list of rate rows"},
     {"freeze_step", (PyCFunction)(void (*)(void))freeze_step, METH_FASTCALL,
-     "freeze_step(python, last, count, repeats, x, slots, fresh) -> list of alarms"},
+     "freeze_step(python, last, count, keep, rest_at, rest_speed, repeats, x, slots, fresh) -> list of alarms"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -32,6 +32,7 @@ from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Reason, SafetyState
+from dualloop.ood.freeze import common_settings
 from dualloop.sim.env import run_expert_batch
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS, build_scenario
 
@@ -93,7 +94,9 @@ def score_episodes(
             score = np.fmax(score, act_score / gate.actuation.threshold)  # no verdict (NaN) changes nothing
             alarm |= act_alarm
     if freeze_repeats:
-        freeze = ood.FreezeDetector(b, data.features.shape[2], freeze_repeats)
+        stated = common_settings([g.freeze for g in gates])
+        rest = None if stated is None else stated.rest(model.card.feature_names)
+        freeze = ood.FreezeDetector(b, data.features.shape[2], freeze_repeats, rest)
         fresh = np.ones(b, bool)
         for k in range(t_len):
             frozen = freeze.update(data.features[:, k], slots, fresh)

@@ -151,6 +151,9 @@ def _both(
 # have physical envelopes for their values and their changes (a speed far above training, a 3 m/s jump
 # in 5 ms); the decision vector has none worth stating.
 RANGE_MARGIN = {"decision_vector": None, "input_features": 0.25}
+# How the freeze check tells a car at rest from a stuck sensor: a real speed sensor reads exactly 0 at
+# standstill (the simulated one is noisy, so this never exempts a simulated repeat).
+FREEZE = ood.FreezeSettings(speed_feature="ego_speed", rest_speed=0.1)
 # The actuation check's per-observation rate before its k-of-n filter. Tighter than the gates' 1e-3:
 # its smoothed shortfall is correlated from one observation to the next, so the filter removes few of
 # its exceedances, and the nominal false-veto budget (0.1% per tick) is shared with the gates.
@@ -216,6 +219,8 @@ def fit_gate_for_model(
         else description,
         filter=filter_settings,
     )
+    # a car at rest repeats its observations exactly (speed 0, accel 0, the same gap): not a freeze
+    gate = dataclasses.replace(gate, freeze=FREEZE)
     if act_fit is None:
         return gate
     assert act_cal is not None  # made with act_fit

@@ -38,13 +38,16 @@ class _NumpyKOfN:
 class _NumpyFreeze:
     """The freeze check as it was, in numpy."""
 
-    def __init__(self, n_slots: int, dim: int, repeats: int) -> None:
+    def __init__(self, n_slots: int, dim: int, repeats: int, rest: tuple[int, float] | None) -> None:
         self.last = np.full((n_slots, dim), np.nan, np.float32)
         self.count = np.zeros(n_slots, np.int64)
         self.repeats = repeats
+        self.rest = rest
 
     def update(self, x: np.ndarray, slots: np.ndarray, fresh: np.ndarray) -> np.ndarray:
         same = np.all(x == self.last[slots], axis=1) & fresh
+        if self.rest is not None:  # a car at rest repeats itself
+            same &= ~(np.abs(x[:, self.rest[0]].astype(np.float64)) <= self.rest[1])
         count = np.where(same, self.count[slots] + 1, np.where(fresh, 0, self.count[slots]))
         self.count[slots] = count
         self.last[slots[fresh]] = x[fresh]
@@ -93,7 +96,7 @@ def test_bank_decides_every_tick_as_the_per_gate_reference(first: tuple[str, ...
         (GateMonitor(g.scorer(cap), _NumpyKOfN(g.filter.k, g.filter.n, cap)), g.schema.source, g.threshold)
         for g in gates
     ]
-    ref_freeze = _NumpyFreeze(cap, model.n_features, ex.config.freeze_repeats)
+    ref_freeze = _NumpyFreeze(cap, model.n_features, ex.config.freeze_repeats, ex.gating.freeze.rest)
     ref_changes = _NumpyChanges(cap, model.n_features)
     assert any(
         g.feature_range is not None and g.feature_range.change_low for g in gates

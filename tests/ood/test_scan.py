@@ -43,17 +43,31 @@ def test_filter_scan_equals_updates(make, seed):
     assert scanned.state.tolist() == stepped.state.tolist()  # k-of-n windows or CUSUM statistics
 
 
+@pytest.mark.parametrize("profile", ["all", "rest", "masked"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_freeze_scan_equals_updates(seed):
+def test_freeze_scan_equals_updates(seed, profile):
+    """Tick by tick and over a whole session, the same alarms and state: every feature compared, or
+    with the rest rule (repeats at speed 0 are a car at rest), or over the present features only (the
+    missing ones NaN), with stretches at rest and stuck stretches at speed."""
     rng = np.random.default_rng(seed)
     dim, slot = 5, 1
-    stepped, scanned = FreezeDetector(3, dim, repeats=2), FreezeDetector(3, dim, repeats=2)
+    rest = None if profile == "all" else (0, 0.1)
+    stepped, scanned = FreezeDetector(3, dim, 2, rest), FreezeDetector(3, dim, 2, rest)
+    if profile == "masked":
+        present = np.array([True, True, False, True, False])
+        stepped.set_present(slot, present)
+        scanned.set_present(slot, present)
     seen = []
     for length in (1, 300, 40):
         x = rng.normal(size=(length, dim)).astype(np.float32)
         for start in rng.integers(0, length, size=length // 20):  # frozen stretches
             x[start : start + rng.integers(2, 12)] = x[start]
+        for start in rng.integers(0, length, size=length // 30):  # at rest: speed 0 (or tiny), all repeated
+            x[start : start + rng.integers(2, 12)] = x[start] * np.array([0.0, 0, 1, 1, 1], np.float32)
+        x[x[:, 0] == 0.0, 0] = rng.choice([0.0, 0.1, -0.05, 0.10001])  # on and off the rest limit
         x[rng.random(length) < 0.01] = np.nan
+        if profile == "masked":
+            x[:, [2, 4]] = np.nan
         fresh = rng.random(length) < 0.6
         expected = np.array(
             [stepped.update(x[i : i + 1], np.array([slot]), fresh[i : i + 1])[0] for i in range(length)]
@@ -65,6 +79,38 @@ def test_freeze_scan_equals_updates(seed):
     (last_a, count_a), (last_b, count_b) = scanned.state, stepped.state
     assert count_a.tolist() == count_b.tolist()
     np.testing.assert_array_equal(last_a, last_b)
+
+
+def test_a_car_at_rest_is_not_a_freeze_and_a_stuck_sensor_at_speed_is():
+    """Speed 0, acceleration 0, the same gap: a stopped car repeats itself exactly, for ever; a sensor
+    stuck at 20 m/s alarms at its second repeat. Without the rest rule the stopped car would alarm."""
+    stopped = np.array([[0.0, 0.0, 1.0, 7.5, 0.0]], np.float32)
+    stuck = np.array([[20.0, 0.3, 1.0, 40.0, -0.5]], np.float32)
+    for make in (lambda: FreezeDetector(1, 5, 2, (0, 0.1)), lambda: FreezeDetector(1, 5, 2)):
+        det = make()
+        at_rest = [det.update(stopped, [0], np.array([True]))[0] for _ in range(50)]
+        assert not any(at_rest) if det.rest is not None else at_rest[2:] == [True] * 48
+        det.reset(0)
+        moving = [det.update(stuck, [0], np.array([True]))[0] for _ in range(5)]
+        assert moving == [False, False, True, True, True]
+        replay = make()
+        assert bool(replay.scan(np.repeat(stopped, 50, 0), 0, np.ones(50, bool)).any()) == (det.rest is None)
+
+
+def test_only_present_features_are_compared():
+    """A session that does not measure two features sends them as NaN, which never equals itself: its
+    stuck sensor is still caught, on the features it measures; a change in a measured one resets."""
+    present = np.array([True, True, False, True, False])
+    row = np.array([[20.0, 0.3, np.nan, 40.0, np.nan]], np.float32)
+    det, plain = FreezeDetector(1, 5, 2, (0, 0.1)), FreezeDetector(1, 5, 2, (0, 0.1))
+    det.set_present(0, present)
+    assert [det.update(row, [0], np.array([True]))[0] for _ in range(4)] == [False, False, True, True]
+    assert not any(plain.update(row, [0], np.array([True]))[0] for _ in range(4))  # NaN: never a repeat
+    moved = row.copy()
+    moved[0, 3] += 0.5
+    assert not det.update(moved, [0], np.array([True]))[0]
+    det.set_present(0, None)
+    assert not det.update(moved, [0], np.array([True]))[0]
 
 
 def _irregular_times(rng: np.random.Generator, n: int, hz: float, start: int = 0) -> np.ndarray:
