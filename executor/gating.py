@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter, itemgetter
+from functools import partial
+from operator import attrgetter, is_not, itemgetter
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from dualloop.executor.sessions import Session
 from dualloop.executor.snapshot import Observation
 from dualloop.ood import ActuationMonitor, ChangeTracker, FreezeDetector, Gate, GateBank, GateMonitor
 from dualloop.ood.freeze import common_settings
+from dualloop.ood.marginal import ProfileGate, profile_gate
 from dualloop.ood.one_row import ratio_at_zero
 from dualloop.ood.score import GateFlags, score_in_chunks
 
@@ -44,6 +46,7 @@ _BOOL = np.dtype(bool)  # a dtype object: np.array resolves it faster than the t
 _slot_of = attrgetter("slot")
 _timestamp_of = attrgetter("timestamp_ns")
 _present_of = attrgetter("present")
+_given = partial(is_not, None)
 
 
 class GateMismatch(ValueError):
@@ -106,6 +109,20 @@ def command_in_effect(session: Session, obs: Observation, at: int) -> float:
     return c.item(at) if session.actual_is_command and c is not None and c.size else _NAN
 
 
+# Distinct sensor profiles whose gates are kept made (each a few milliseconds to make, on first use)
+MAX_PROFILES = 16
+
+
+def _finite_present(x: npt.NDArray[np.float32], finite: BoolArray, presents: list[BoolArray | None]) -> BoolArray:
+    """Per row: the features its session measures are finite (NaN elsewhere is how a missing feature
+    arrives, not an invalid input). `finite` as the executor made it, for every feature or for these."""
+    out = finite.copy()
+    for i, present in enumerate(presents):
+        if present is not None and not out[i]:
+            out[i] = bool(np.isfinite(x[i][present]).all())
+    return out
+
+
 @dataclass(slots=True)
 class GateRun:
     """One gate as wired: its per-slot monitor and what it scores."""
@@ -114,6 +131,16 @@ class GateRun:
     source: str  # one of GATE_SOURCES
     dim: int  # features the gate scores
     threshold: float
+
+
+@dataclass(slots=True)
+class Profile:
+    """The gates as they judge the sessions of one sensor profile (`GateWiring.profile`)."""
+
+    present: BoolArray
+    gates: list[ProfileGate | None]  # per gate: how it completes and judges the rows; None: unchanged
+    runs: list[GateRun]  # per gate: its run for these sessions (the profile's scorer, the gate's filter)
+    bank: GateBank
 
 
 def _picker(flags: Sequence[bool]) -> Callable[[tuple[Any, Any]], tuple[Any, ...]]:
@@ -185,6 +212,10 @@ class GateWiring:
                 )
             self.plan_gates.append(bool(context))
         self._any_plan_gate = any(self.plan_gates)
+        self.capacity = capacity
+        # per sensor profile (Session.present), the gates as they judge its sessions (`profile`)
+        self._profiles: dict[bytes, Profile] = {}
+        self.profiles_dropped = 0
         # per gate, (decision vector, inputs)[on inputs] and (None, changes)[limits changes], in one C call
         self._pick_features = _picker([run.source == "input_features" for run in self.runs])
         self._pick_changes = _picker(self.change_gates)
@@ -249,8 +280,11 @@ class GateWiring:
             x, fresh, frozen, plans = views[n] = self._x[:n], self._fresh[:n], self.frozen[:n], plans
         slots = list(map(_slot_of, rows))
         presents = list(map(_present_of, rows))
-        if self._profiled or presents.count(None) != n:
+        masked = any(map(_given, presents))
+        if masked or self._profiled:
             self._note_profiles(slots, presents)
+        if masked:  # NaN in a feature a session does not measure is no invalid input
+            finite = _finite_present(x, finite, presents)
         dv = out.decision_vector if out is not None else None
         # rows with NaN/Inf inputs are scored as NaN by every gate (the model saw a substitute)
         ok = finite.tolist()
@@ -270,10 +304,92 @@ class GateWiring:
             self._any_frozen = any_frozen
         # Python lists: the actuation check folds in on floats, and only the veto becomes an array (at
         # one session, numpy calls are most of what a tick costs)
-        score, threshold, veto = bank.step_lists(slots, features, bad, frozen_rows, changes, plans)
+        if masked:
+            score, threshold, veto = self._step_profiles(slots, presents, x, dv, bad, frozen_rows, changes, plans)
+        else:
+            score, threshold, veto = bank.step_lists(slots, features, bad, frozen_rows, changes, plans)
         if self.actuation is not None:
             self._actuation_step(self.actuation, rows, observations, slots, fresh_rows, x, score, threshold, veto)
         return score, threshold, np.array(veto, _BOOL)
+
+    def _step_profiles(
+        self,
+        slots: list[int],
+        presents: list[BoolArray | None],
+        x: npt.NDArray[np.float32],
+        dv: npt.NDArray[np.float32] | None,
+        bad: BoolArray | None,
+        frozen: list[bool] | None,
+        changes: Sequence[Any] | None,
+        plans: list[npt.NDArray[np.float32] | None] | None,
+    ) -> tuple[list[float], list[float], list[bool]]:
+        """`GateBank.step_lists` for a tick with sessions that measure only some features: each sensor
+        profile's rows through its own bank (its raw-input gates on their completed copies, with the
+        profile's thresholds and limits; the same filters), in row order."""
+        n = len(slots)
+        groups: dict[int, tuple[Profile | None, list[int]]] = {}
+        for i, present in enumerate(presents):
+            profile = self.profile(present)
+            groups.setdefault(id(profile), (profile, []))[1].append(i)
+        score, threshold, veto = [0.0] * n, [0.0] * n, [False] * n
+        for profile, idx in groups.values():
+            at = np.array(idx, np.intp)
+            features: list[npt.NDArray[Any] | None] = []
+            for g, run in enumerate(self.runs):
+                if run.source == "decision_vector":
+                    features.append(None if dv is None else dv[at])
+                elif profile is not None and profile.gates[g] is not None:
+                    features.append(profile.gates[g].marginal.complete(x[at]))  # type: ignore[union-attr]
+                else:
+                    features.append(x[at])
+            sub_bad = None if bad is None or not bad[at].any() else bad[at]
+            # the tracker's rows of these sessions, as lists (as it gives them)
+            sub_changes: Any = None
+            if changes is not None:
+                sub_changes = [None if c is None else [c[i] for i in idx] for c in changes]
+            bank = self.bank if profile is None else profile.bank
+            assert bank is not None  # a tick with gates
+            s, t, v = bank.step_lists(
+                [slots[i] for i in idx],
+                features,
+                sub_bad,
+                None if frozen is None else [frozen[i] for i in idx],
+                sub_changes,
+                None if plans is None else [None if p is None else p[at] for p in plans],
+            )
+            for i, si, ti, vi in zip(idx, s, t, v):
+                score[i], threshold[i], veto[i] = si, ti, vi
+        return score, threshold, veto
+
+    def profile(self, present: BoolArray | None) -> Profile | None:
+        """The gates as they judge sessions measuring only `present` (None, or all present: the gates
+        themselves). Made on first use and kept for the next ones (at most `MAX_PROFILES`, the oldest
+        dropped first, counted in `profiles_dropped`)."""
+        if present is None or present.all():
+            return None
+        key = present.tobytes()
+        found = self._profiles.get(key)
+        if found is None:
+            if len(self._profiles) >= MAX_PROFILES:
+                del self._profiles[next(iter(self._profiles))]
+                self.profiles_dropped += 1
+            found = self._profiles[key] = self._make_profile(present)
+        return found
+
+    def _make_profile(self, present: BoolArray) -> Profile:
+        gates: list[ProfileGate | None] = []
+        runs = []
+        for gate, run in zip(self.gates, self.runs):
+            if run.source != "input_features":
+                gates.append(None)
+                runs.append(run)
+                continue
+            judged = profile_gate(gate, present)
+            gates.append(judged)
+            # the profile's scorer, the gate's own filter (its per-slot state is the session's)
+            monitor = GateMonitor(judged.scorer(self.capacity), run.monitor.filter)
+            runs.append(GateRun(monitor, run.source, run.dim, float(judged.threshold)))
+        return Profile(present.copy(), gates, runs, GateBank([r.monitor for r in runs], self.capacity))
 
     def _note_profiles(self, slots: list[int], presents: list[BoolArray | None]) -> None:
         """Set the per-slot state that depends on a session's sensor profile where it changed."""
@@ -331,16 +447,27 @@ class GateWiring:
         model_ok: BoolArray,
         slot: int,
         timestamps: npt.NDArray[np.int64],
+        present: BoolArray | None = None,
     ) -> list[RowScores]:
         """Per gate: (score, flags) of each observation row (features x, plan p, decision vector dv,
-        sensor timestamps), scored as a live tick would; rows the model could not be trusted on are NaN
-        for decision-vector gates. Advances the slot's change tracker over the rows, as live ticks would."""
+        sensor timestamps) of a session with this sensor profile (`Session.present`), scored as a live
+        tick would; rows the model could not be trusted on are NaN for decision-vector gates. Advances
+        the slot's change tracker over the rows, as live ticks would."""
+        profile = self.profile(present)
+        if present is not None:  # NaN in a feature the session does not measure is no invalid input
+            finite = finite | np.isfinite(x[:, present]).all(axis=1)
         change = None if self.change is None else self.change.scan(x, finite, slot, timestamps)
         untrusted = ~finite | ~model_ok
         results = []
-        for run, changes_limited, plan_limited in zip(self.runs, self.change_gates, self.plan_gates):
-            feats = np.empty((len(x), run.dim), np.float32)
-            fill_gate_features(run.source, feats, x, dv, untrusted)
+        for g, (run, changes_limited, plan_limited) in enumerate(zip(self.runs, self.change_gates, self.plan_gates)):
+            judged = None if profile is None else profile.gates[g]
+            feats: npt.NDArray[Any]
+            if judged is not None:
+                feats = judged.marginal.complete(x)
+                run = profile.runs[g]  # type: ignore[union-attr]
+            else:
+                feats = np.empty((len(x), run.dim), np.float32)
+                fill_gate_features(run.source, feats, x, dv, untrusted)
             results.append(
                 score_in_chunks(
                     run.monitor.scorer,
@@ -385,15 +512,18 @@ class GateWiring:
         gate_rows: list[RowScores],
         r: npt.NDArray[np.intp],
         actuation: tuple[FloatArray, BoolArray] | None = None,
+        present: BoolArray | None = None,
     ) -> tuple[FloatArray | None, FloatArray | None, BoolArray]:
-        """(score, threshold, veto) per tick, tick k on observation row r[k]: each gate's sequential
-        filter scanned over the ticks, and the actuation check's verdicts last (None, None, no veto
-        without gates)."""
+        """(score, threshold, veto) per tick, tick k on observation row r[k], of a session with this
+        sensor profile: each gate's sequential filter scanned over the ticks, and the actuation check's
+        verdicts last (None, None, no veto without gates)."""
         if not self.runs:
             return None, None, np.zeros(len(r), bool)
+        profile = self.profile(present)
+        runs = self.runs if profile is None else profile.runs
         per_gate = [
             (score[r], run.monitor.filter.scan(flags.exceed[r], flags.immediate[r], slot), run.threshold)
-            for run, (score, flags) in zip(self.runs, gate_rows)
+            for run, (score, flags) in zip(runs, gate_rows)
         ]
         if actuation is not None and self.actuation is not None:
             per_gate.append((actuation[0][r], actuation[1][r], self.actuation.threshold))

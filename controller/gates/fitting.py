@@ -151,6 +151,9 @@ def _both(
 # have physical envelopes for their values and their changes (a speed far above training, a 3 m/s jump
 # in 5 ms); the decision vector has none worth stating.
 RANGE_MARGIN = {"decision_vector": None, "input_features": 0.25}
+# Held-out rows a raw-input gate keeps, to calibrate a sensor profile's threshold and norm band on (the
+# band's conformal rank at norm_alpha 1e-4 needs 2 / 1e-4 - 1 of them): 20 000 rows are 1.5 MB of float32.
+PROFILE_ROWS = 20_000
 # How the freeze check tells a car at rest from a stuck sensor: a real speed sensor reads exactly 0 at
 # standstill (the simulated one is noisy, so this never exempts a simulated repeat).
 FREEZE = ood.FreezeSettings(speed_feature="ego_speed", rest_speed=0.1)
@@ -218,6 +221,7 @@ def fit_gate_for_model(
         if isinstance(fit_seeds, range)
         else description,
         filter=filter_settings,
+        keep_calibration_rows=PROFILE_ROWS if inputs else 0,
     )
     # a car at rest repeats its observations exactly (speed 0, accel 0, the same gap): not a freeze
     gate = dataclasses.replace(gate, freeze=FREEZE)
