@@ -136,6 +136,8 @@ def fit_gate(
     context_calib: np.ndarray | None = None,
     context_names: Sequence[str] = (),
     keep_calibration_rows: int = 0,
+    range_envelope: Sequence[tuple[float, float] | None] | None = None,
+    range_envelope_note: str = "",
 ) -> Gate:
     """Fit on ``X_train``, calibrate threshold and norm band on held-out ``X_calib``.
 
@@ -150,7 +152,9 @@ def fit_gate(
     ``changes_calib`` (each row's change since the previous observation, NaN where unknown) it also
     limits how far a feature may move between observations; ``change_note`` says at what rate. With
     ``context_train`` and ``context_calib`` (what else conditions the model, e.g. its plan, named by
-    ``context_names``) it also limits those values. ``keep_calibration_rows`` > 0 stores that many of
+    ``context_names``) it also limits those values; ``range_envelope`` (per feature, (low, high) or
+    None, said by ``range_envelope_note``) widens the value limits to physically plausible readings
+    (``fit_feature_range``). ``keep_calibration_rows`` > 0 stores that many of
     the calibration rows (evenly spaced, float32) with the gate, for the thresholds of sensor profiles
     (``ood.marginal.profile_gate``); a raw-input gate wants at least 2 / norm_alpha of them.
     """
@@ -177,6 +181,8 @@ def fit_gate(
             context_train,
             context_calib,
             context_names,
+            range_envelope,
+            range_envelope_note,
         )
     )
     kept = None

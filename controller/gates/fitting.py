@@ -57,17 +57,18 @@ def episode_times_ns(t: np.ndarray) -> np.ndarray:
     return np.round(np.asarray(t, np.float64) * 1e9).astype(np.int64)
 
 
-def episode_changes(features: np.ndarray, t: np.ndarray) -> np.ndarray:
+def episode_changes(features: np.ndarray, t: np.ndarray, present: np.ndarray | None = None) -> np.ndarray:
     """Rates of change (B, T, F) float64, unit/s, of episodes (B, T, F) observed at times ``t`` (T,) s,
     as the executor's ood.ChangeTracker makes them for a session that sees each observation fresh (NaN
-    where unknown)."""
+    where unknown), measuring every feature or only ``present`` ones ((F,) bool, the others NaN)."""
     b, t_len, f = features.shape
     tracker = ood.ChangeTracker(1, f)
     times = episode_times_ns(t)
     changes = np.full((b, t_len, f), np.nan)
     for i in range(b):
         tracker.reset(0)
-        changes[i] = tracker.scan(features[i], np.isfinite(features[i]).all(axis=1), 0, times)
+        measured = features[i] if present is None else features[i][:, present]
+        changes[i] = tracker.scan(features[i], np.isfinite(measured).all(axis=1), 0, times)
     return changes
 
 
@@ -151,6 +152,32 @@ def _both(
 # have physical envelopes for their values and their changes (a speed far above training, a 3 m/s jump
 # in 5 ms); the decision vector has none worth stating.
 RANGE_MARGIN = {"decision_vector": None, "input_features": 0.25}
+# What real sensors read, where the simulator's training range is narrower: a human's accelerations
+# with measurement noise reach about +-8 m/s^2 (the simulated expert's stay within -7.5 and +2), real
+# speeds 0-45 m/s, real gaps to a lead up to 250 m (the simulated sensor's range is 150 m), relative speeds
+# +-30 m/s. The range guard's value limits are widened to include them (never narrowed); the gate's
+# Mahalanobis score and norm guard still judge such readings by the training data.
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "accel": (-8.0, 8.0),
+    "speed": (0.0, 45.0),
+    "gap": (0.0, 250.0),
+    "rel_speed": (-30.0, 30.0),
+}
+PLAUSIBLE_NOTE = "widened to real sensors' readings: accelerations +-8 m/s^2, speed 0-45 m/s, gaps 0-250 m, "
+PLAUSIBLE_NOTE += "relative speeds +-30 m/s"
+
+
+def _kind(name: str) -> str:
+    """Which physical envelope of PLAUSIBLE a highway feature has ("" for none)."""
+    if name.endswith("rel_speed"):
+        return "rel_speed"
+    if name.endswith("_gap") or name == "lead_distance":
+        return "gap"
+    if name.endswith("_accel"):
+        return "accel"
+    return "speed" if name == "ego_speed" else ""
+
+
 # Held-out rows a raw-input gate keeps, to calibrate a sensor profile's threshold and norm band on (the
 # band's conformal rank at norm_alpha 1e-4 needs 2 / 1e-4 - 1 of them): 20 000 rows are 1.5 MB of float32.
 PROFILE_ROWS = 20_000
@@ -222,6 +249,8 @@ def fit_gate_for_model(
         else description,
         filter=filter_settings,
         keep_calibration_rows=PROFILE_ROWS if inputs else 0,
+        range_envelope=[PLAUSIBLE.get(_kind(name)) for name in FEATURE_NAMES] if inputs else None,
+        range_envelope_note=PLAUSIBLE_NOTE if inputs else "",
     )
     # a car at rest repeats its observations exactly (speed 0, accel 0, the same gap): not a freeze
     gate = dataclasses.replace(gate, freeze=FREEZE)
