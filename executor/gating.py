@@ -335,11 +335,17 @@ class GateWiring:
         for profile, idx in groups.values():
             at = np.array(idx, np.intp)
             features: list[npt.NDArray[Any] | None] = []
+            also = None if frozen is None else [frozen[i] for i in idx]
             for g, run in enumerate(self.runs):
+                judged = None if profile is None else profile.gates[g]
                 if run.source == "decision_vector":
                     features.append(None if dv is None else dv[at])
-                elif profile is not None and profile.gates[g] is not None:
-                    features.append(profile.gates[g].marginal.complete(x[at]))  # type: ignore[union-attr]
+                elif judged is not None:
+                    rows = x[at]
+                    features.append(judged.marginal.complete(rows))
+                    # its norm guard on the present features: a veto now, as the scorer's band would be
+                    out = judged.norm_out(rows).tolist()
+                    also = out if also is None else [a or o for a, o in zip(also, out)]
                 else:
                     features.append(x[at])
             sub_bad = None if bad is None or not bad[at].any() else bad[at]
@@ -353,7 +359,7 @@ class GateWiring:
                 [slots[i] for i in idx],
                 features,
                 sub_bad,
-                None if frozen is None else [frozen[i] for i in idx],
+                also,
                 sub_changes,
                 None if plans is None else [None if p is None else p[at] for p in plans],
             )
@@ -468,14 +474,16 @@ class GateWiring:
             else:
                 feats = np.empty((len(x), run.dim), np.float32)
                 fill_gate_features(run.source, feats, x, dv, untrusted)
-            results.append(
-                score_in_chunks(
-                    run.monitor.scorer,
-                    feats,
-                    changes=change if changes_limited else None,
-                    context=p if plan_limited else None,
-                )
+            score, flags = score_in_chunks(
+                run.monitor.scorer,
+                feats,
+                changes=change if changes_limited else None,
+                context=p if plan_limited else None,
             )
+            if judged is not None:  # its norm guard on the present features (as the live step's)
+                out = judged.norm_out(x)
+                flags = flags._replace(norm_out=flags.norm_out | out)  # immediate: norm_out among others
+            results.append((score, flags))
         return results
 
     def scan_freeze(

@@ -101,6 +101,8 @@ def score_episodes(
         monitor = gate.monitor(b) if judged is None else ood.GateMonitor(judged.scorer(b), make_filter(gate.filter, b))
         threshold = gate.threshold if judged is None else judged.threshold
         scale = 1.0 / threshold if ratios else 1.0
+        # a profile's norm guard looks at the present features (ood.marginal.ProfileGate.norm_out)
+        norm_out = None if judged is None else judged.norm_out(flat_x).reshape(b, t_len) & finite
         for k in range(t_len):
             step = monitor.step(
                 feats[:, k], slots, None if changes is None else changes[:, k], None if plans is None else plans[:, k]
@@ -108,6 +110,9 @@ def score_episodes(
             score[:, k] = np.maximum(score[:, k], step.score * scale)
             alarm[:, k] |= step.alarm
             immediate[:, k] |= step.flags.immediate
+            if norm_out is not None:
+                alarm[:, k] |= norm_out[:, k]
+                immediate[:, k] |= norm_out[:, k]
         if gate.actuation is not None:
             act_score, act_alarm = actuation_verdicts(model, gate.actuation, data.t, features, command)
             score = np.fmax(score, act_score / gate.actuation.threshold)  # no verdict (NaN) changes nothing

@@ -126,14 +126,20 @@ def test_a_profile_is_calibrated_on_the_gates_calibration_rows() -> None:
     done = judged.marginal.complete(np.where(present, fresh, np.nan))
     score, flags = ood.score.score_in_chunks(scorer, done)
     assert 0.005 < flags.exceed.mean() < 0.02  # alpha 0.01 on fresh rows
-    assert flags.norm_out.mean() < 0.02 and not flags.out_of_range[~flags.norm_out].any()
+    assert not flags.norm_out.any() and not flags.out_of_range.any()  # the scorer's band is open
+    corner = np.maximum(np.abs(gate.feature_range.low), np.abs(gate.feature_range.high))[present]
+    assert judged.norm_high >= np.linalg.norm(corner)  # never stricter than every value limit together
+    norm_out = judged.norm_out(fresh)  # the profile's norm guard, on the present features
+    assert norm_out.mean() < 0.02 and (judged.norm_out(fresh * 100.0).all() and judged.norm_out(fresh * 0.01).all())
     full_rate = (score > gate.threshold).mean()
     assert full_rate < 0.002  # the full-dimension threshold: conservative towards fewer vetoes
     rng_p = judged.feature_range
     assert rng_p is not None and np.isinf(np.array(rng_p.low)[~present]).all()
     np.testing.assert_array_equal(np.array(rng_p.high)[present], np.array(gate.feature_range.high)[present])
     bare = profile_gate(ood.Gate(gate.stats, gate.calibration, gate.norm_band, gate.filter, gate.schema), present)
-    assert bare.calibrated_on == 0 and bare.threshold == gate.threshold and bare.norm_high == gate.norm_band.high
+    assert bare.calibrated_on == 0 and bare.threshold == gate.threshold
+    assert (bare.norm_low, bare.norm_high) == (0.0, np.inf)  # no band to state: only all-zero rows refused
+    assert bare.norm_out(np.zeros((1, d)))[0] is np.False_ and bare.scorer().score(np.zeros((1, d)))[1].norm_out[0]
 
 
 def test_present_limits_open_only_the_missing_features() -> None:
