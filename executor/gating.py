@@ -216,6 +216,9 @@ class GateWiring:
         # per sensor profile (Session.present), the gates as they judge its sessions (`profile`)
         self._profiles: dict[bytes, Profile] = {}
         self.profiles_dropped = 0
+        # per slot: the profile and, per raw-input gate, the completed row and norm verdict of the
+        # session's current observation (`_completion`)
+        self._held: list[tuple[Profile, dict[int, tuple[FloatArray, bool]]] | None] = [None] * capacity
         # per gate, (decision vector, inputs)[on inputs] and (None, changes)[limits changes], in one C call
         self._pick_features = _picker([run.source == "input_features" for run in self.runs])
         self._pick_changes = _picker(self.change_gates)
@@ -255,6 +258,7 @@ class GateWiring:
         if self._slot_present[slot] is not None:
             self._slot_present[slot] = None
             self._profiled -= 1
+        self._held[slot] = None
         if self.change is not None:
             self.change.reset(slot)
         if self.actuation is not None:
@@ -305,7 +309,9 @@ class GateWiring:
         # Python lists: the actuation check folds in on floats, and only the veto becomes an array (at
         # one session, numpy calls are most of what a tick costs)
         if masked:
-            score, threshold, veto = self._step_profiles(slots, presents, x, dv, bad, frozen_rows, changes, plans)
+            score, threshold, veto = self._step_profiles(
+                slots, presents, fresh_rows, x, dv, bad, frozen_rows, changes, plans
+            )
         else:
             score, threshold, veto = bank.step_lists(slots, features, bad, frozen_rows, changes, plans)
         if self.actuation is not None:
@@ -316,6 +322,7 @@ class GateWiring:
         self,
         slots: list[int],
         presents: list[BoolArray | None],
+        fresh: list[bool],
         x: npt.NDArray[np.float32],
         dv: npt.NDArray[np.float32] | None,
         bad: BoolArray | None,
@@ -325,7 +332,8 @@ class GateWiring:
     ) -> tuple[list[float], list[float], list[bool]]:
         """`GateBank.step_lists` for a tick with sessions that measure only some features: each sensor
         profile's rows through its own bank (its raw-input gates on their completed copies, with the
-        profile's thresholds and limits; the same filters), in row order."""
+        profile's thresholds and limits; the same filters), in row order. A tick that reuses its
+        observation reuses its completion too (a 10 Hz sensor on 200 Hz ticks completes once in 20)."""
         n = len(slots)
         groups: dict[int, tuple[Profile | None, list[int]]] = {}
         for i, present in enumerate(presents):
@@ -333,7 +341,8 @@ class GateWiring:
             groups.setdefault(id(profile), (profile, []))[1].append(i)
         score, threshold, veto = [0.0] * n, [0.0] * n, [False] * n
         for profile, idx in groups.values():
-            at = np.array(idx, np.intp)
+            whole = len(idx) == n  # every row (one profile ticking): the tick's own arrays, not copies
+            at: Any = slice(None) if whole else np.array(idx, np.intp)
             features: list[npt.NDArray[Any] | None] = []
             also = None if frozen is None else [frozen[i] for i in idx]
             for g, run in enumerate(self.runs):
@@ -341,31 +350,47 @@ class GateWiring:
                 if run.source == "decision_vector":
                     features.append(None if dv is None else dv[at])
                 elif judged is not None:
-                    rows = x[at]
-                    features.append(judged.marginal.complete(rows))
+                    assert profile is not None  # judged is a profile's
+                    done = [self._completion(slots[i], fresh[i], profile, g, judged, x[i : i + 1]) for i in idx]
+                    features.append(done[0][0] if len(done) == 1 else np.vstack([d for d, _ in done]))
                     # its norm guard on the present features: a veto now, as the scorer's band would be
-                    out = judged.norm_out(rows).tolist()
-                    also = out if also is None else [a or o for a, o in zip(also, out)]
+                    also = [o for _, o in done] if also is None else [a or o for a, (_, o) in zip(also, done)]
                 else:
                     features.append(x[at])
             sub_bad = None if bad is None or not bad[at].any() else bad[at]
             # the tracker's rows of these sessions, as lists (as it gives them)
-            sub_changes: Any = None
-            if changes is not None:
+            sub_changes: Any = changes if whole else None
+            if changes is not None and not whole:
                 sub_changes = [None if c is None else [c[i] for i in idx] for c in changes]
             bank = self.bank if profile is None else profile.bank
             assert bank is not None  # a tick with gates
             s, t, v = bank.step_lists(
-                [slots[i] for i in idx],
+                slots if whole else [slots[i] for i in idx],
                 features,
                 sub_bad,
                 also,
                 sub_changes,
-                None if plans is None else [None if p is None else p[at] for p in plans],
+                plans if whole or plans is None else [None if p is None else p[at] for p in plans],
             )
+            if whole:
+                return s, t, v
             for i, si, ti, vi in zip(idx, s, t, v):
                 score[i], threshold[i], veto[i] = si, ti, vi
         return score, threshold, veto
+
+    def _completion(
+        self, slot: int, fresh: bool, profile: Profile, g: int, judged: ProfileGate, row: npt.NDArray[np.float32]
+    ) -> tuple[FloatArray, bool]:
+        """Gate g's completed copy of a session's row and its present features' norm verdict, made once
+        per fresh observation and kept for the ticks that reuse it."""
+        held = self._held[slot]
+        if not fresh and held is not None and held[0] is profile and g in held[1]:
+            return held[1][g]
+        made = judged.marginal.complete(row), bool(judged.norm_out(row)[0])
+        if fresh or held is None or held[0] is not profile:
+            self._held[slot] = held = (profile, {})
+        held[1][g] = made
+        return made
 
     def profile(self, present: BoolArray | None) -> Profile | None:
         """The gates as they judge sessions measuring only `present` (None, or all present: the gates
@@ -403,6 +428,7 @@ class GateWiring:
             if self._slot_present[slot] is not present:
                 self._profiled += (present is not None) - (self._slot_present[slot] is not None)
                 self._slot_present[slot] = present
+                self._held[slot] = None
                 if self.freeze is not None:
                     self.freeze.set_present(slot, present)
 
