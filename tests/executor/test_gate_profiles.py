@@ -149,3 +149,46 @@ def test_a_realistic_10hz_drive_is_within_the_change_limits(gates, drive) -> Non
     per_observation = np.diff(rows.astype(np.float64), axis=0)  # the old reading: limits * 5 ms per observation
     old_outside = ((per_observation < low * 0.005) | (per_observation > high * 0.005)).any(axis=1)
     assert old_outside.mean() > 0.2
+
+
+def test_sessions_of_several_profiles_in_one_tick_are_judged_as_alone(model, gates, drive) -> None:
+    """Four sessions ticking together (every feature; the longitudinal profile twice; another
+    profile), observations at 20 Hz on 200 Hz ticks, with faults: each session's gate verdicts are the
+    ones it gets ticking alone (the bank's several-row path and its one-row path, the profiles' banks
+    side by side, their filters kept per session)."""
+    t, x = drive
+    lateral = np.array([n in LONGITUDINAL or n in ("lane_offset", "heading_error", "yaw_rate") for n in FEATURE_NAMES])
+    profiles = {"all": None, "long1": _longitudinal(), "long2": _longitudinal(), "lateral": lateral}
+    rng = np.random.default_rng(21)
+    feeds = {}
+    for k, (sid, present) in enumerate(profiles.items()):
+        ns, rows = _observe(rng, t[k * 40 :], x[k * 40 :], 20.0, present)
+        feeds[sid] = (ns - ns[0], _faults(rng, rows, present))
+    ticks = 1000
+
+    def run(sids: list[str]) -> dict[str, list[tuple[bool, float, float]]]:
+        ex = Executor(model, ExecutorConfig(min_margin=0.0, max_sessions=4), gates)
+        for sid in sids:
+            ex.open_session(sid).present = profiles[sid]
+        out: dict[str, list[tuple[bool, float, float]]] = {sid: [] for sid in sids}
+        seq = dict.fromkeys(sids, 0)
+        for k in range(ticks):
+            now = k * 5_000_000
+            obs = {}
+            for sid in sids:
+                ns, rows = feeds[sid]
+                if seq[sid] < len(ns) and ns[seq[sid]] <= now:  # the newest observation by now, once
+                    i = int(np.searchsorted(ns, now, side="right")) - 1
+                    obs[sid] = Observation(seq=i + 1, timestamp_ns=int(ns[i]), features=rows[i])
+                    seq[sid] = i + 1
+            for snap in ex.step(obs, now):
+                out[snap.session_id].append((snap.gate_veto, snap.gate_score, snap.gate_threshold))
+        return out
+
+    together = run(list(profiles))
+    for sid in profiles:
+        alone = run([sid])[sid]
+        assert [v for v, _, _ in together[sid]] == [v for v, _, _ in alone], sid
+        assert [th for _, _, th in together[sid]] == [th for _, _, th in alone], sid
+        np.testing.assert_allclose([s for _, s, _ in together[sid]], [s for _, s, _ in alone], rtol=1e-9)
+        assert any(v for v, _, _ in alone), sid
