@@ -109,7 +109,8 @@ def command_in_effect(session: Session, obs: Observation, at: int) -> float:
     return c.item(at) if session.actual_is_command and c is not None and c.size else _NAN
 
 
-# Distinct sensor profiles whose gates are kept made (each a few milliseconds to make, on first use)
+# Distinct sensor profiles whose gates are kept made. Making one scores the gate's calibration rows
+# (40-70 ms for the shipped raw-input gate's 20 000): call `GateWiring.profile` when a session opens.
 MAX_PROFILES = 16
 
 
