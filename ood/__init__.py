@@ -8,6 +8,7 @@ Typical use::
     gate = ood.load_gate("gate.npz", expected_feature_names=names)
     monitor = gate.monitor(n_slots=32)
     step = monitor.step(features_batch, slots)   # per tick: step.score, step.alarm, step.flags
+    judged = ood.profile_gate(gate, present)       # sensors measuring only `present` (a raw-input gate)
 """
 
 from dualloop.ood.actuation import (
@@ -35,6 +36,7 @@ from dualloop.ood.freeze import FreezeDetector, FreezeSettings
 from dualloop.ood.gate import Gate, fit_gate
 from dualloop.ood.gatefile import load_gate
 from dualloop.ood.gateformat import save_gate
+from dualloop.ood.marginal import Marginal, ProfileGate, marginal, profile_gate
 from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
 from dualloop.ood.monitor import GateMonitor, GateStep
 from dualloop.ood.schema import FeatureSchema
@@ -66,6 +68,8 @@ __all__ = [
     "GateStep",
     "KOfNFilter",
     "KOfNSettings",
+    "Marginal",
+    "ProfileGate",
     "NormBand",
     "ThresholdCalibration",
     "auroc",
@@ -78,6 +82,8 @@ __all__ = [
     "fit_statistics",
     "load_gate",
     "make_filter",
+    "marginal",
+    "profile_gate",
     "RowScores",
     "StackedScorer",
     "save_gate",
