@@ -214,6 +214,7 @@ class GateWiring:
             self.plan_gates.append(bool(context))
         self._any_plan_gate = any(self.plan_gates)
         self.capacity = capacity
+        self._raw_input_gates = any(run.source == "input_features" for run in self.runs)
         # per sensor profile (Session.present), the gates as they judge its sessions (`profile`)
         self._profiles: dict[bytes, Profile] = {}
         self.profiles_dropped = 0
@@ -394,10 +395,10 @@ class GateWiring:
         return made
 
     def profile(self, present: BoolArray | None) -> Profile | None:
-        """The gates as they judge sessions measuring only `present` (None, or all present: the gates
-        themselves). Made on first use and kept for the next ones (at most `MAX_PROFILES`, the oldest
-        dropped first, counted in `profiles_dropped`)."""
-        if present is None or present.all():
+        """The gates as they judge sessions measuring only `present` (None, or all present, or no gate on
+        the raw inputs: the gates themselves). Made on first use and kept for the next ones (at most
+        `MAX_PROFILES`, the oldest dropped first, counted in `profiles_dropped`)."""
+        if present is None or present.all() or not self._raw_input_gates:
             return None
         key = present.tobytes()
         found = self._profiles.get(key)

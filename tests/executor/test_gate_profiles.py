@@ -192,3 +192,19 @@ def test_sessions_of_several_profiles_in_one_tick_are_judged_as_alone(model, gat
         assert [th for _, _, th in together[sid]] == [th for _, _, th in alone], sid
         np.testing.assert_allclose([s for _, s, _ in together[sid]], [s for _, s, _ in alone], rtol=1e-9)
         assert any(v for v, _, _ in alone), sid
+
+
+@pytest.mark.parametrize("which", ["none", "decision_vector"])
+def test_a_masked_session_without_a_raw_input_gate(model, gates, drive, which) -> None:
+    """No gate, or only the decision vector's: nothing to complete, live and replay agree, and a
+    missing feature's NaN vetoes nothing."""
+    chosen = [] if which == "none" else [g for g in gates if g.schema.source == "decision_vector"]
+    present = _longitudinal()
+    ns, rows = _observe(np.random.default_rng(2), *drive, 10.0, present)
+    observations = [Observation(seq=i + 1, timestamp_ns=int(s), features=r) for i, (s, r) in enumerate(zip(ns, rows))]
+    live_ex, replay_ex = (Executor(model, ExecutorConfig(min_margin=0.0), chosen) for _ in range(2))
+    for ex in (live_ex, replay_ex):
+        ex.open_session("a", clock=Clock.LOCKSTEP).present = present
+        assert ex.gating.profile(present) is None
+    live = [s.gate_veto for obs in observations[:40] for s in live_ex.advance_lockstep("a", obs)]
+    np.testing.assert_array_equal(live, run_lockstep(replay_ex, "a", observations[:40]).gate_veto)
