@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter, itemgetter
+from functools import partial
+from operator import attrgetter, is_not, itemgetter
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,8 @@ from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.executor.sessions import Session
 from dualloop.executor.snapshot import Observation
 from dualloop.ood import ActuationMonitor, ChangeTracker, FreezeDetector, Gate, GateBank, GateMonitor
+from dualloop.ood.freeze import common_settings
+from dualloop.ood.marginal import ProfileGate, profile_gate
 from dualloop.ood.one_row import ratio_at_zero
 from dualloop.ood.score import GateFlags, score_in_chunks
 
@@ -41,6 +44,9 @@ RowScores = tuple[FloatArray, GateFlags]
 _NAN = float("nan")
 _BOOL = np.dtype(bool)  # a dtype object: np.array resolves it faster than the type
 _slot_of = attrgetter("slot")
+_timestamp_of = attrgetter("timestamp_ns")
+_present_of = attrgetter("present")
+_given = partial(is_not, None)
 
 
 class GateMismatch(ValueError):
@@ -103,6 +109,21 @@ def command_in_effect(session: Session, obs: Observation, at: int) -> float:
     return c.item(at) if session.actual_is_command and c is not None and c.size else _NAN
 
 
+# Distinct sensor profiles whose gates are kept made. Making one scores the gate's calibration rows
+# (40-70 ms for the shipped raw-input gate's 20 000): call `GateWiring.profile` when a session opens.
+MAX_PROFILES = 16
+
+
+def _finite_present(x: npt.NDArray[np.float32], finite: BoolArray, presents: list[BoolArray | None]) -> BoolArray:
+    """Per row: the features its session measures are finite (NaN elsewhere is how a missing feature
+    arrives, not an invalid input). `finite` as the executor made it, for every feature or for these."""
+    out = finite.copy()
+    for i, present in enumerate(presents):
+        if present is not None and not out[i]:
+            out[i] = bool(np.isfinite(x[i][present]).all())
+    return out
+
+
 @dataclass(slots=True)
 class GateRun:
     """One gate as wired: its per-slot monitor and what it scores."""
@@ -111,6 +132,16 @@ class GateRun:
     source: str  # one of GATE_SOURCES
     dim: int  # features the gate scores
     threshold: float
+
+
+@dataclass(slots=True)
+class Profile:
+    """The gates as they judge the sessions of one sensor profile (`GateWiring.profile`)."""
+
+    present: BoolArray
+    gates: list[ProfileGate | None]  # per gate: how it completes and judges the rows; None: unchanged
+    runs: list[GateRun]  # per gate: its run for these sessions (the profile's scorer, the gate's filter)
+    bank: GateBank
 
 
 def _picker(flags: Sequence[bool]) -> Callable[[tuple[Any, Any]], tuple[Any, ...]]:
@@ -182,6 +213,14 @@ class GateWiring:
                 )
             self.plan_gates.append(bool(context))
         self._any_plan_gate = any(self.plan_gates)
+        self.capacity = capacity
+        self._raw_input_gates = any(run.source == "input_features" for run in self.runs)
+        # per sensor profile (Session.present), the gates as they judge its sessions (`profile`)
+        self._profiles: dict[bytes, Profile] = {}
+        self.profiles_dropped = 0
+        # per slot: the profile and, per raw-input gate, the completed row and norm verdict of the
+        # session's current observation (`_completion`)
+        self._held: list[tuple[Profile, dict[int, tuple[FloatArray, bool]]] | None] = [None] * capacity
         # per gate, (decision vector, inputs)[on inputs] and (None, changes)[limits changes], in one C call
         self._pick_features = _picker([run.source == "input_features" for run in self.runs])
         self._pick_changes = _picker(self.change_gates)
@@ -197,9 +236,20 @@ class GateWiring:
             except ValueError as exc:
                 raise GateMismatch(f"model {card.name} {card.version}: {exc}") from None
             self.actuation = checks[0].monitor(capacity)
+        try:
+            stated = common_settings([g.freeze for g in self.gates])
+            rest = None if stated is None else stated.rest(card.feature_names)
+        except ValueError as exc:
+            raise GateMismatch(f"model {card.name} {card.version}: {exc}") from None
         self.freeze = (
-            FreezeDetector(capacity, model.n_features, freeze_repeats) if self.gates and freeze_repeats > 0 else None
+            FreezeDetector(capacity, model.n_features, freeze_repeats, rest)
+            if self.gates and freeze_repeats > 0
+            else None
         )
+        # the sensor profile (Session.present) each slot's state was last set for, and how many slots
+        # have one: with none, a tick of unmasked sessions does not look
+        self._slot_present: list[BoolArray | None] = [None] * capacity
+        self._profiled = 0
 
     def reset(self, slot: int) -> None:
         """A new session in `slot`: every gate's state for it starts afresh."""
@@ -207,6 +257,10 @@ class GateWiring:
             run.monitor.reset(slot)
         if self.freeze is not None:
             self.freeze.reset(slot)
+        if self._slot_present[slot] is not None:
+            self._slot_present[slot] = None
+            self._profiled -= 1
+        self._held[slot] = None
         if self.change is not None:
             self.change.reset(slot)
         if self.actuation is not None:
@@ -231,6 +285,12 @@ class GateWiring:
             plans = list(map((None, self._p[:n]).__getitem__, self.plan_gates)) if self._any_plan_gate else None
             x, fresh, frozen, plans = views[n] = self._x[:n], self._fresh[:n], self.frozen[:n], plans
         slots = list(map(_slot_of, rows))
+        presents = list(map(_present_of, rows))
+        masked = any(map(_given, presents))
+        if masked or self._profiled:
+            self._note_profiles(slots, presents)
+        if masked:  # NaN in a feature a session does not measure is no invalid input
+            finite = _finite_present(x, finite, presents)
         dv = out.decision_vector if out is not None else None
         # rows with NaN/Inf inputs are scored as NaN by every gate (the model saw a substitute)
         ok = finite.tolist()
@@ -240,7 +300,8 @@ class GateWiring:
         features = self._pick_features((dv, x))
         changes = None
         if self.change is not None:
-            changes = self._pick_changes((None, self.change.step(x, slots, fresh_rows, ok)))
+            times = list(map(_timestamp_of, observations))
+            changes = self._pick_changes((None, self.change.step(x, slots, fresh_rows, ok, times)))
         frozen_rows = None if self.freeze is None else self.freeze.step(x, slots, fresh_rows)
         any_frozen = frozen_rows is not None and True in frozen_rows
         if any_frozen or self._any_frozen:  # else the buffer is all False already
@@ -249,10 +310,129 @@ class GateWiring:
             self._any_frozen = any_frozen
         # Python lists: the actuation check folds in on floats, and only the veto becomes an array (at
         # one session, numpy calls are most of what a tick costs)
-        score, threshold, veto = bank.step_lists(slots, features, bad, frozen_rows, changes, plans)
+        if masked:
+            score, threshold, veto = self._step_profiles(
+                slots, presents, fresh_rows, x, dv, bad, frozen_rows, changes, plans
+            )
+        else:
+            score, threshold, veto = bank.step_lists(slots, features, bad, frozen_rows, changes, plans)
         if self.actuation is not None:
             self._actuation_step(self.actuation, rows, observations, slots, fresh_rows, x, score, threshold, veto)
         return score, threshold, np.array(veto, _BOOL)
+
+    def _step_profiles(
+        self,
+        slots: list[int],
+        presents: list[BoolArray | None],
+        fresh: list[bool],
+        x: npt.NDArray[np.float32],
+        dv: npt.NDArray[np.float32] | None,
+        bad: BoolArray | None,
+        frozen: list[bool] | None,
+        changes: Sequence[Any] | None,
+        plans: list[npt.NDArray[np.float32] | None] | None,
+    ) -> tuple[list[float], list[float], list[bool]]:
+        """`GateBank.step_lists` for a tick with sessions that measure only some features: each sensor
+        profile's rows through its own bank (its raw-input gates on their completed copies, with the
+        profile's thresholds and limits; the same filters), in row order. A tick that reuses its
+        observation reuses its completion too (a 10 Hz sensor on 200 Hz ticks completes once in 20)."""
+        n = len(slots)
+        groups: dict[int, tuple[Profile | None, list[int]]] = {}
+        for i, present in enumerate(presents):
+            profile = self.profile(present)
+            groups.setdefault(id(profile), (profile, []))[1].append(i)
+        score, threshold, veto = [0.0] * n, [0.0] * n, [False] * n
+        for profile, idx in groups.values():
+            whole = len(idx) == n  # every row (one profile ticking): the tick's own arrays, not copies
+            at: Any = slice(None) if whole else np.array(idx, np.intp)
+            features: list[npt.NDArray[Any] | None] = []
+            also = None if frozen is None else [frozen[i] for i in idx]
+            for g, run in enumerate(self.runs):
+                judged = None if profile is None else profile.gates[g]
+                if run.source == "decision_vector":
+                    features.append(None if dv is None else dv[at])
+                elif judged is not None:
+                    assert profile is not None  # judged is a profile's
+                    done = [self._completion(slots[i], fresh[i], profile, g, judged, x[i : i + 1]) for i in idx]
+                    features.append(done[0][0] if len(done) == 1 else np.vstack([d for d, _ in done]))
+                    # its norm guard on the present features: a veto now, as the scorer's band would be
+                    also = [o for _, o in done] if also is None else [a or o for a, (_, o) in zip(also, done)]
+                else:
+                    features.append(x[at])
+            sub_bad = None if bad is None or not bad[at].any() else bad[at]
+            # the tracker's rows of these sessions, as lists (as it gives them)
+            sub_changes: Any = changes if whole else None
+            if changes is not None and not whole:
+                sub_changes = [None if c is None else [c[i] for i in idx] for c in changes]
+            bank = self.bank if profile is None else profile.bank
+            assert bank is not None  # a tick with gates
+            s, t, v = bank.step_lists(
+                slots if whole else [slots[i] for i in idx],
+                features,
+                sub_bad,
+                also,
+                sub_changes,
+                plans if whole or plans is None else [None if p is None else p[at] for p in plans],
+            )
+            if whole:
+                return s, t, v
+            for i, si, ti, vi in zip(idx, s, t, v):
+                score[i], threshold[i], veto[i] = si, ti, vi
+        return score, threshold, veto
+
+    def _completion(
+        self, slot: int, fresh: bool, profile: Profile, g: int, judged: ProfileGate, row: npt.NDArray[np.float32]
+    ) -> tuple[FloatArray, bool]:
+        """Gate g's completed copy of a session's row and its present features' norm verdict, made once
+        per fresh observation and kept for the ticks that reuse it."""
+        held = self._held[slot]
+        if not fresh and held is not None and held[0] is profile and g in held[1]:
+            return held[1][g]
+        made = judged.marginal.complete(row), bool(judged.norm_out(row)[0])
+        if fresh or held is None or held[0] is not profile:
+            self._held[slot] = held = (profile, {})
+        held[1][g] = made
+        return made
+
+    def profile(self, present: BoolArray | None) -> Profile | None:
+        """The gates as they judge sessions measuring only `present` (None, or all present, or no gate on
+        the raw inputs: the gates themselves). Made on first use and kept for the next ones (at most
+        `MAX_PROFILES`, the oldest dropped first, counted in `profiles_dropped`)."""
+        if present is None or present.all() or not self._raw_input_gates:
+            return None
+        key = present.tobytes()
+        found = self._profiles.get(key)
+        if found is None:
+            if len(self._profiles) >= MAX_PROFILES:
+                del self._profiles[next(iter(self._profiles))]
+                self.profiles_dropped += 1
+            found = self._profiles[key] = self._make_profile(present)
+        return found
+
+    def _make_profile(self, present: BoolArray) -> Profile:
+        gates: list[ProfileGate | None] = []
+        runs = []
+        for gate, run in zip(self.gates, self.runs):
+            if run.source != "input_features":
+                gates.append(None)
+                runs.append(run)
+                continue
+            judged = profile_gate(gate, present)
+            gates.append(judged)
+            # the profile's scorer, the gate's own filter (its per-slot state is the session's)
+            monitor = GateMonitor(judged.scorer(self.capacity), run.monitor.filter)
+            runs.append(GateRun(monitor, run.source, run.dim, float(judged.threshold)))
+        return Profile(present.copy(), gates, runs, GateBank([r.monitor for r in runs], self.capacity))
+
+    def _note_profiles(self, slots: list[int], presents: list[BoolArray | None]) -> None:
+        """Set the per-slot state that depends on a session's sensor profile where it changed."""
+        for slot, present in zip(slots, presents):
+            if self._slot_present[slot] is not present:
+                self._profiled += (present is not None) - (self._slot_present[slot] is not None)
+                self._slot_present[slot] = present
+                self._held[slot] = None
+                if self.freeze is not None:
+                    self.freeze.set_present(slot, present)
 
     def _actuation_step(
         self,
@@ -300,29 +480,47 @@ class GateWiring:
         finite: BoolArray,
         model_ok: BoolArray,
         slot: int,
+        timestamps: npt.NDArray[np.int64],
+        present: BoolArray | None = None,
     ) -> list[RowScores]:
-        """Per gate: (score, flags) of each observation row (features x, plan p, decision vector dv),
-        scored as a live tick would; rows the model could not be trusted on are NaN for
-        decision-vector gates. Advances the slot's change tracker over the rows, as live ticks would."""
-        change = None if self.change is None else self.change.scan(x, finite, slot)
+        """Per gate: (score, flags) of each observation row (features x, plan p, decision vector dv,
+        sensor timestamps) of a session with this sensor profile (`Session.present`), scored as a live
+        tick would; rows the model could not be trusted on are NaN for decision-vector gates. Advances
+        the slot's change tracker over the rows, as live ticks would."""
+        profile = self.profile(present)
+        if present is not None:  # NaN in a feature the session does not measure is no invalid input
+            finite = finite | np.isfinite(x[:, present]).all(axis=1)
+        change = None if self.change is None else self.change.scan(x, finite, slot, timestamps)
         untrusted = ~finite | ~model_ok
         results = []
-        for run, changes_limited, plan_limited in zip(self.runs, self.change_gates, self.plan_gates):
-            feats = np.empty((len(x), run.dim), np.float32)
-            fill_gate_features(run.source, feats, x, dv, untrusted)
-            results.append(
-                score_in_chunks(
-                    run.monitor.scorer,
-                    feats,
-                    changes=change if changes_limited else None,
-                    context=p if plan_limited else None,
-                )
+        for g, (run, changes_limited, plan_limited) in enumerate(zip(self.runs, self.change_gates, self.plan_gates)):
+            judged = None if profile is None else profile.gates[g]
+            feats: npt.NDArray[Any]
+            if judged is not None:
+                feats = judged.marginal.complete(x)
+                run = profile.runs[g]  # type: ignore[union-attr]
+            else:
+                feats = np.empty((len(x), run.dim), np.float32)
+                fill_gate_features(run.source, feats, x, dv, untrusted)
+            score, flags = score_in_chunks(
+                run.monitor.scorer,
+                feats,
+                changes=change if changes_limited else None,
+                context=p if plan_limited else None,
             )
+            if judged is not None:  # its norm guard on the present features (as the live step's)
+                out = judged.norm_out(x)
+                flags = flags._replace(norm_out=flags.norm_out | out)  # immediate: norm_out among others
+            results.append((score, flags))
         return results
 
-    def scan_freeze(self, x: npt.NDArray[np.float32], slot: int, fresh: BoolArray) -> BoolArray:
-        """The freeze check's verdict per tick (x and fresh per tick), the slot left as live ticks
-        would leave it; all False without the check."""
+    def scan_freeze(
+        self, x: npt.NDArray[np.float32], slot: int, fresh: BoolArray, present: BoolArray | None = None
+    ) -> BoolArray:
+        """The freeze check's verdict per tick (x and fresh per tick) of a session with this sensor
+        profile (`Session.present`), the slot left as live ticks would leave it; all False without the
+        check."""
+        self._note_profiles([slot], [present])
         if self.freeze is None:
             return np.zeros(len(x), bool)
         return self.freeze.scan(x, slot, fresh)
@@ -350,15 +548,18 @@ class GateWiring:
         gate_rows: list[RowScores],
         r: npt.NDArray[np.intp],
         actuation: tuple[FloatArray, BoolArray] | None = None,
+        present: BoolArray | None = None,
     ) -> tuple[FloatArray | None, FloatArray | None, BoolArray]:
-        """(score, threshold, veto) per tick, tick k on observation row r[k]: each gate's sequential
-        filter scanned over the ticks, and the actuation check's verdicts last (None, None, no veto
-        without gates)."""
+        """(score, threshold, veto) per tick, tick k on observation row r[k], of a session with this
+        sensor profile: each gate's sequential filter scanned over the ticks, and the actuation check's
+        verdicts last (None, None, no veto without gates)."""
         if not self.runs:
             return None, None, np.zeros(len(r), bool)
+        profile = self.profile(present)
+        runs = self.runs if profile is None else profile.runs
         per_gate = [
             (score[r], run.monitor.filter.scan(flags.exceed[r], flags.immediate[r], slot), run.threshold)
-            for run, (score, flags) in zip(self.runs, gate_rows)
+            for run, (score, flags) in zip(runs, gate_rows)
         ]
         if actuation is not None and self.actuation is not None:
             per_gate.append((actuation[0][r], actuation[1][r], self.actuation.threshold))

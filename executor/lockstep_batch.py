@@ -166,9 +166,8 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
             np.zeros(len(rows), np.float32),
         )
     gating = ex.gating
-    gate_rows = gating.score_rows(
-        x, p, out.decision_vector if out is not None else None, finite, model_ok, session.slot
-    )
+    dv = out.decision_vector if out is not None else None
+    gate_rows = gating.score_rows(x, p, dv, finite, model_ok, session.slot, ts[rows], session.present)
     hashes = input_hashes(x, p)
 
     # -- onto the tick grid --
@@ -177,9 +176,9 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     has_plan = np.array([bool(plan_ids[i]) for i in range(n_obs)])[which]
     plan_age = np.where(has_plan, tick_ns - plan_created[which], 0)
     x_ticks = feats[which]
-    frozen = gating.scan_freeze(x_ticks, session.slot, fresh)
+    frozen = gating.scan_freeze(x_ticks, session.slot, fresh, session.present)
     actuation = gating.scan_actuation(session, observations, feats, ts, rows)
-    score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation)
+    score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation, session.present)
     veto |= frozen
     periods = _observation_periods(ex, session, ts)[which]
     flags = ex.reasons.flags(finite[r], model_ok[r], age, plan_age, veto, margin[r], periods)

@@ -8,6 +8,7 @@ Typical use::
     gate = ood.load_gate("gate.npz", expected_feature_names=names)
     monitor = gate.monitor(n_slots=32)
     step = monitor.step(features_batch, slots)   # per tick: step.score, step.alarm, step.flags
+    judged = ood.profile_gate(gate, present)       # sensors measuring only `present` (a raw-input gate)
 """
 
 from dualloop.ood.actuation import (
@@ -31,10 +32,11 @@ from dualloop.ood.calibrate import (
 from dualloop.ood.change import ChangeTracker
 from dualloop.ood.filter import CusumFilter, CusumSettings, FilterSettings, KOfNFilter, KOfNSettings, make_filter
 from dualloop.ood.fit import GateStats, fit_statistics
-from dualloop.ood.freeze import FreezeDetector
+from dualloop.ood.freeze import FreezeDetector, FreezeSettings
 from dualloop.ood.gate import Gate, fit_gate
 from dualloop.ood.gatefile import load_gate
 from dualloop.ood.gateformat import save_gate
+from dualloop.ood.marginal import Marginal, ProfileGate, marginal, profile_gate
 from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
 from dualloop.ood.monitor import GateMonitor, GateStep
 from dualloop.ood.schema import FeatureSchema
@@ -55,6 +57,7 @@ __all__ = [
     "CusumSettings",
     "FeatureSchema",
     "FreezeDetector",
+    "FreezeSettings",
     "FilterSettings",
     "Gate",
     "GateBank",
@@ -65,6 +68,8 @@ __all__ = [
     "GateStep",
     "KOfNFilter",
     "KOfNSettings",
+    "Marginal",
+    "ProfileGate",
     "NormBand",
     "ThresholdCalibration",
     "auroc",
@@ -77,6 +82,8 @@ __all__ = [
     "fit_statistics",
     "load_gate",
     "make_filter",
+    "marginal",
+    "profile_gate",
     "RowScores",
     "StackedScorer",
     "save_gate",

@@ -546,26 +546,30 @@ bad:
     return -1;
 }
 
-/* change_step(python, last, change, unknown, x, slots, fresh, finite): ChangeTracker.step's loop over
- * its per-slot lists; python(x, slots, fresh, finite), the Python loop, when x is not a 2-d float32
- * buffer (bound by functools.partial, this is the tracker's step: no Python frame around the C one). */
+/* change_step(python, last, last_t, change, unknown, x, slots, fresh, finite, times): ChangeTracker.step's
+ * loop over its per-slot lists; python(x, slots, fresh, finite, times), the Python loop, when x is not a
+ * 2-d float32 buffer (bound by functools.partial, this is the tracker's step: no Python frame around the
+ * C one). The rate is (now - before) / dt with dt = (double)(t - t_before) * 1e-9, as in Python. */
 static PyObject *change_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "change_step(python, last, change, unknown, x, slots, fresh, finite)");
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "change_step(python, last, last_t, change, unknown, x, slots, fresh, finite, times)");
         return NULL;
     }
-    PyObject *last = args[1], *change = args[2], *unknown = args[3];
-    args += 1; /* from here on as the loop's arguments: last, change, unknown, x, slots, fresh, finite */
+    PyObject *last = args[1], *last_t = args[2], *change = args[3], *unknown = args[4];
+    args += 1; /* from here on as the loop's arguments: last, last_t, change, unknown, x, slots, fresh, finite,
+                  times */
     Py_buffer view;
-    if (!float32_rows(args[3], &view)) return PyObject_Vectorcall(args[-1], args + 3, 4, NULL);
-    PyObject *slots = NULL, *fresh = NULL, *finite = NULL, *out = NULL;
-    if ((slots = PySequence_Fast(args[4], "slots")) == NULL || (fresh = PySequence_Fast(args[5], "fresh")) == NULL ||
-        (finite = PySequence_Fast(args[6], "finite")) == NULL)
+    if (!float32_rows(args[4], &view)) return PyObject_Vectorcall(args[-1], args + 4, 5, NULL);
+    PyObject *slots = NULL, *fresh = NULL, *finite = NULL, *times = NULL, *out = NULL;
+    if ((slots = PySequence_Fast(args[5], "slots")) == NULL || (fresh = PySequence_Fast(args[6], "fresh")) == NULL ||
+        (finite = PySequence_Fast(args[7], "finite")) == NULL || (times = PySequence_Fast(args[8], "times")) == NULL)
         goto done;
     Py_ssize_t n = view.shape[0], dim = view.shape[1]; /* zip: the shortest */
     if (PySequence_Fast_GET_SIZE(slots) < n) n = PySequence_Fast_GET_SIZE(slots);
     if (PySequence_Fast_GET_SIZE(fresh) < n) n = PySequence_Fast_GET_SIZE(fresh);
     if (PySequence_Fast_GET_SIZE(finite) < n) n = PySequence_Fast_GET_SIZE(finite);
+    if (PySequence_Fast_GET_SIZE(times) < n) n = PySequence_Fast_GET_SIZE(times);
     if ((out = PyList_New(0)) == NULL) goto done;
     for (Py_ssize_t r = 0; r < n; r++) {
         PyObject *slot = PySequence_Fast_GET_ITEM(slots, r);
@@ -577,23 +581,31 @@ static PyObject *change_step(PyObject *Py_UNUSED(module), PyObject *const *args,
             if (!ok) {
                 if (PyObject_SetItem(change, slot, unknown) < 0) goto fail;
             } else {
-                PyObject *before = PyObject_GetItem(last, slot), *now = NULL, *diff = NULL;
+                PyObject *t_obj = PySequence_Fast_GET_ITEM(times, r);
+                long long t = PyLong_AsLongLong(t_obj);
+                if (t == -1 && PyErr_Occurred()) goto fail;
+                PyObject *before = PyObject_GetItem(last, slot), *before_t = NULL, *now = NULL, *diff = NULL;
                 if (before == NULL) goto fail;
-                int err = (now = row_list(&view, r)) == NULL;
-                if (!err && before == Py_None) {
+                int err = (before_t = PyObject_GetItem(last_t, slot)) == NULL;
+                long long t0 = err ? 0 : PyLong_AsLongLong(before_t);
+                err = err || (t0 == -1 && PyErr_Occurred()) || (now = row_list(&view, r)) == NULL;
+                double dt = (double)(t - t0) * 1e-9; /* ood.change.NS */
+                if (!err && (before == Py_None || !(dt > 0.0))) {
                     err = PyObject_SetItem(change, slot, unknown) < 0;
                 } else if (!err) {
                     err = stored_row(before, dim) < 0 || (diff = PyList_New(dim)) == NULL;
                     for (Py_ssize_t i = 0; !err && i < dim; i++) {
-                        PyObject *v = PyFloat_FromDouble(PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, i)) -
-                                                         PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, i)));
+                        PyObject *v = PyFloat_FromDouble((PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, i)) -
+                                                          PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, i))) /
+                                                         dt);
                         if (v == NULL) err = 1;
                         else PyList_SET_ITEM(diff, i, v);
                     }
                     err = err || PyObject_SetItem(change, slot, diff) < 0;
                 }
-                err = err || PyObject_SetItem(last, slot, now) < 0;
+                err = err || PyObject_SetItem(last, slot, now) < 0 || PyObject_SetItem(last_t, slot, t_obj) < 0;
                 Py_DECREF(before);
+                Py_XDECREF(before_t);
                 Py_XDECREF(now);
                 Py_XDECREF(diff);
                 if (err) goto fail;
@@ -612,24 +624,30 @@ done:
     Py_XDECREF(slots);
     Py_XDECREF(fresh);
     Py_XDECREF(finite);
+    Py_XDECREF(times);
     PyBuffer_Release(&view);
     return out;
 }
 
-/* freeze_step(python, last, count, repeats, x, slots, fresh): FreezeDetector.step's loop for float32
- * rows; python(x, slots, fresh), the Python loop, for any other x. A row equals the stored one when
- * every component compares == (NaN never does), as Python's list == compares these fresh floats. */
+/* freeze_step(python, last, count, keep, rest_at, rest_speed, repeats, x, slots, fresh): FreezeDetector.step's
+ * loop for float32 rows; python(x, slots, fresh), the Python loop, for any other x. A row equals the stored
+ * one when every component the slot compares (keep[slot]: None for all, else a list of positions) compares
+ * == (NaN never does), as Python's list == compares these fresh floats; a repeat whose speed
+ * (rest_at[slot] >= 0) reads |v| <= rest_speed is a car at rest and resets the count, as in Python. */
 static PyObject *freeze_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "freeze_step(python, last, count, repeats, x, slots, fresh)");
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "freeze_step(python, last, count, keep, rest_at, rest_speed, repeats, x, slots, fresh)");
         return NULL;
     }
-    PyObject *last = args[1], *count = args[2], *repeats = args[3];
+    PyObject *last = args[1], *count = args[2], *keep = args[3], *rest_at = args[4], *repeats = args[6];
+    double rest_speed = PyFloat_AsDouble(args[5]);
+    if (rest_speed == -1.0 && PyErr_Occurred()) return NULL;
     args += 1;
     Py_buffer view;
-    if (!float32_rows(args[3], &view)) return PyObject_Vectorcall(args[-1], args + 3, 3, NULL);
+    if (!float32_rows(args[6], &view)) return PyObject_Vectorcall(args[-1], args + 6, 3, NULL);
     PyObject *slots = NULL, *fresh = NULL, *out = NULL;
-    if ((slots = PySequence_Fast(args[4], "slots")) == NULL || (fresh = PySequence_Fast(args[5], "fresh")) == NULL)
+    if ((slots = PySequence_Fast(args[7], "slots")) == NULL || (fresh = PySequence_Fast(args[8], "fresh")) == NULL)
         goto done;
     Py_ssize_t n = view.shape[0], dim = view.shape[1];
     if (PySequence_Fast_GET_SIZE(slots) < n) n = PySequence_Fast_GET_SIZE(slots);
@@ -640,12 +658,39 @@ static PyObject *freeze_step(PyObject *Py_UNUSED(module), PyObject *const *args,
         int is_fresh = PyObject_IsTrue(PySequence_Fast_GET_ITEM(fresh, r));
         if (is_fresh < 0) goto fail;
         if (is_fresh) { /* a reused observation is not a repeat of the sensor */
-            PyObject *before = PyObject_GetItem(last, slot), *now = NULL, *c = NULL;
+            PyObject *before = PyObject_GetItem(last, slot), *now = NULL, *c = NULL, *cols = NULL, *at = NULL;
             if (before == NULL) goto fail;
-            int err = stored_row(before, dim) < 0 || (now = row_list(&view, r)) == NULL;
+            int err = stored_row(before, dim) < 0 || (now = row_list(&view, r)) == NULL ||
+                      (cols = PyObject_GetItem(keep, slot)) == NULL || (at = PyObject_GetItem(rest_at, slot)) == NULL;
             int same = 1;
-            for (Py_ssize_t i = 0; !err && same && i < dim; i++)
-                same = PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, i)) == PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, i));
+            if (!err && cols == Py_None) {
+                for (Py_ssize_t i = 0; same && i < dim; i++)
+                    same = PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, i)) == PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, i));
+            } else if (!err) {
+                if (!PyList_Check(cols)) {
+                    PyErr_SetString(PyExc_ValueError, "a slot's compared features are None or a list of positions");
+                    err = 1;
+                }
+                for (Py_ssize_t k = 0; !err && same && k < PyList_GET_SIZE(cols); k++) {
+                    Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(cols, k));
+                    if (i == -1 && PyErr_Occurred()) err = 1;
+                    else if (i < 0 || i >= dim) {
+                        PyErr_SetString(PyExc_ValueError, "a compared feature's position is outside the row");
+                        err = 1;
+                    } else
+                        same = PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, i)) ==
+                               PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, i));
+                }
+            }
+            if (!err && same) {
+                Py_ssize_t speed_at = PyLong_AsSsize_t(at);
+                if (speed_at == -1 && PyErr_Occurred()) err = 1;
+                else if (speed_at >= dim) {
+                    PyErr_SetString(PyExc_ValueError, "the speed feature's position is outside the row");
+                    err = 1;
+                } else if (speed_at >= 0 && fabs(PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, speed_at))) <= rest_speed)
+                    same = 0; /* a car at rest */
+            }
             if (!err && same) {
                 PyObject *old = PyObject_GetItem(count, slot);
                 Py_ssize_t k = old == NULL ? -1 : PyLong_AsSsize_t(old);
@@ -659,6 +704,8 @@ static PyObject *freeze_step(PyObject *Py_UNUSED(module), PyObject *const *args,
             Py_DECREF(before);
             Py_XDECREF(now);
             Py_XDECREF(c);
+            Py_XDECREF(cols);
+            Py_XDECREF(at);
             if (err) goto fail;
         }
         PyObject *c = PyObject_GetItem(count, slot);
@@ -708,9 +755,9 @@ static PyMethodDef module_methods[] = {
     {"widen", (PyCFunction)(void (*)(void))widen, METH_FASTCALL,
      "widen(src, dst) -> True after copying a float32 row buffer into a float64 one of its shape, else False"},
     {"change_step", (PyCFunction)(void (*)(void))change_step, METH_FASTCALL,
-     "change_step(python, last, change, unknown, x, slots, fresh, finite) -> list of change rows"},
+     "change_step(python, last, last_t, change, unknown, x, slots, fresh, finite, times) -> list of rate rows"},
     {"freeze_step", (PyCFunction)(void (*)(void))freeze_step, METH_FASTCALL,
-     "freeze_step(python, last, count, repeats, x, slots, fresh) -> list of alarms"},
+     "freeze_step(python, last, count, keep, rest_at, rest_speed, repeats, x, slots, fresh) -> list of alarms"},
     {NULL, NULL, 0, NULL},
 };
 

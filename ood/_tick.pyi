@@ -13,18 +13,23 @@ def widen(src: npt.NDArray[Any], dst: npt.NDArray[np.float64], /) -> bool: ...
 def change_step(
     python: Callable[..., list[list[float]]],
     last: list[list[float] | None],
+    last_t: list[int],
     change: list[list[float]],
     unknown: list[float],
     x: npt.NDArray[Any],
     slots: Sequence[int],
     fresh: Sequence[bool],
     finite: Sequence[bool],
+    times: Sequence[int],
     /,
 ) -> list[list[float]]: ...
 def freeze_step(
     python: Callable[..., list[bool]],
     last: list[list[float]],
     count: list[int],
+    keep: list[list[int] | None],
+    rest_at: list[int],
+    rest_speed: float,
     repeats: int,
     x: npt.NDArray[Any],
     slots: Sequence[int],

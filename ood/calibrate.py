@@ -176,8 +176,12 @@ class FeatureRange:
     observation at a time, so a sensor whose values jump about plausibly (a noise burst) passes it;
     and it does not see a plan that asks for what the model never trained on (a 57 m/s target).
     Each range is the training data's [min, max] widened by ``margin`` times its span on each side:
-    a fixed, inspectable envelope, like the operating limits a safety case states. Changes are per
-    observation, at the rate the training data was recorded (``change_note`` says which).
+    a fixed, inspectable envelope, like the operating limits a safety case states; where a simulator's
+    training range is narrower than what real sensors read (a human's 6 m/s^2 with noise), the value
+    limits are widened to a stated physical envelope (``envelope_note``). Changes are rates
+    in the feature's unit per second (``ood.ChangeTracker``: the change between two fresh observations
+    divided by the time between their timestamps), so one limit holds at any observation rate;
+    ``change_note`` says what they were measured on.
     """
 
     low: tuple[float, ...]
@@ -191,6 +195,8 @@ class FeatureRange:
     context_names: tuple[str, ...] = ()  # empty: no context limits
     context_low: tuple[float, ...] = ()
     context_high: tuple[float, ...] = ()
+    # what widened the value limits beyond the training data's (physically plausible readings), if anything
+    envelope_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -205,6 +211,7 @@ class FeatureRange:
             "context_names": list(self.context_names),
             "context_low": list(self.context_low),
             "context_high": list(self.context_high),
+            "envelope_note": self.envelope_note,
         }
 
     @staticmethod
@@ -224,6 +231,7 @@ class FeatureRange:
             tuple(str(v) for v in d.get("context_names", ())),
             floats("context_low"),
             floats("context_high"),
+            str(d.get("envelope_note", "")),
         )
         if (
             len(rng.low) != len(rng.high)
@@ -273,9 +281,13 @@ def fit_feature_range(
     context_train: np.ndarray | None = None,
     context_calib: np.ndarray | None = None,
     context_names: Sequence[str] = (),
+    envelope: Sequence[tuple[float, float] | None] | None = None,
+    envelope_note: str = "",
 ) -> FeatureRange:
     """Limits from ``x_train`` (``changes_train``, NaN where unknown; ``context_train``): [min -
-    margin*span, max + margin*span] per column; the fraction of calibration rows outside them is recorded."""
+    margin*span, max + margin*span] per column; the fraction of calibration rows outside them is recorded.
+    ``envelope`` (per feature, (low, high) or None) widens a feature's value limits to include that
+    range: [min(fitted low, low), max(fitted high, high)]; ``envelope_note`` says what it is."""
     if not (margin >= 0.0 and np.isfinite(margin)):
         raise ValueError(f"range margin must be a finite fraction >= 0, got {margin}")
     if (changes_train is None) != (changes_calib is None) or (context_train is None) != (context_calib is None):
@@ -283,6 +295,11 @@ def fit_feature_range(
     if context_train is not None and len(context_names) != np.shape(context_train)[1]:
         raise ValueError(f"{len(context_names)} context names for {np.shape(context_train)[1]} context columns")
     low, high = _widened(np.asarray(x_train, np.float64), margin)
+    if envelope is not None:
+        if len(envelope) != len(low):
+            raise ValueError(f"an envelope of {len(envelope)} features for {len(low)} feature columns")
+        low = tuple(v if e is None else min(v, float(e[0])) for v, e in zip(low, envelope))
+        high = tuple(v if e is None else max(v, float(e[1])) for v, e in zip(high, envelope))
     change_low, change_high = (
         ((), ()) if changes_train is None else _widened(np.asarray(changes_train, np.float64), margin)
     )
@@ -301,6 +318,7 @@ def fit_feature_range(
         tuple(context_names) if context_train is not None else (),
         context_low,
         context_high,
+        envelope_note if envelope is not None else "",
     )
     rate = float(rng.outside(np.asarray(x_calib, np.float64), changes_calib, context_calib).mean())
     return dataclasses.replace(rng, calibration_rate=rate)

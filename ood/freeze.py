@@ -1,47 +1,125 @@
-"""Frozen-input detection: a stuck sensor repeats itself exactly.
+"""Frozen-input detection: a stuck sensor repeats itself exactly, a car at rest may too.
 
 A single frozen vector looks perfectly typical to a Mahalanobis score; what gives it away is time:
 real sensor noise never repeats every component bit for bit. This counts, per session slot, how many
 consecutive *fresh* observations were identical to the one before and alarms at `repeats`.
 Only fresh observations count, because a tick that reuses the same observation (a 100 Hz sensor on
 200 Hz ticks) is not a repeat of the sensor.
+
+Two things repeat legitimately and are not counted:
+- a car at rest (``FreezeSettings``): a real speed sensor reads exactly 0 at standstill, the
+  acceleration 0 and the gap to a stopped lead stays the same, so whole observations repeat (5.3% of
+  a real 10 Hz drive's). A repeat whose speed feature reads at most ``rest_speed`` in magnitude resets
+  the count instead. The price: a sensor that sticks while the car stands still is not caught here
+  (it is indistinguishable from standing still until the car moves, and its speed reading moves with
+  it only if the sensor is alive);
+- features the session does not measure (its sensor profile, ``set_present``): they are NaN, which
+  never equals itself, so only the present features are compared.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dualloop.ood import compiled
 
 _FLOAT32 = np.dtype(np.float32)
 
 
+@dataclass(frozen=True)
+class FreezeSettings:
+    """How the freeze check tells a car at rest from a stuck sensor; stated, not fitted."""
+
+    speed_feature: str = "ego_speed"  # m/s
+    rest_speed: float = 0.1  # m/s; a repeat at |speed| <= this is a car at rest, not a freeze
+
+    def __post_init__(self) -> None:
+        if not self.speed_feature:
+            raise ValueError("freeze check needs the name of its speed feature")
+        if not (math.isfinite(self.rest_speed) and self.rest_speed >= 0.0):
+            raise ValueError(f"freeze check: rest_speed must be a finite number >= 0, got {self.rest_speed!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"speed_feature": self.speed_feature, "rest_speed": float(self.rest_speed)}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> FreezeSettings:
+        unknown = sorted(set(d) - {"speed_feature", "rest_speed"})
+        if unknown:
+            raise ValueError(f"freeze settings: unknown fields {unknown}")
+        return FreezeSettings(str(d["speed_feature"]), float(d["rest_speed"]))
+
+    def rest(self, feature_names: Sequence[str]) -> tuple[int, float]:
+        """(speed feature position, rest speed) for ``FreezeDetector``; ValueError when it is missing."""
+        names = list(feature_names)
+        if self.speed_feature not in names:
+            raise ValueError(f"freeze check reads the feature {self.speed_feature!r}, which the inputs do not have")
+        return names.index(self.speed_feature), float(self.rest_speed)
+
+
+def common_settings(settings: Sequence[FreezeSettings | None]) -> FreezeSettings | None:
+    """The one freeze setting several gates state (None if none does); ValueError if they differ."""
+    stated = {s for s in settings if s is not None}
+    if len(stated) > 1:
+        raise ValueError(f"the gates state different freeze settings: {sorted(map(repr, stated))}")
+    return stated.pop() if stated else None
+
+
 class FreezeDetector:
-    """Per slot: the last fresh observation (float32, as Python floats) and the repeat count, kept
-    as Python numbers because a tick has few rows and a numpy call costs more than the check."""
+    """Per slot: the last fresh observation (float32, as Python floats), the repeat count, the features
+    it compares (None: all) and where its speed is (-1: no rest rule), kept as Python numbers because a
+    tick has few rows and a numpy call costs more than the check."""
 
     step: Callable[[np.ndarray, Sequence[int], Sequence[bool]], list[bool]]
     """``update`` with the slots and fresh flags as Python sequences; returns a list. This instance's
     loop: the compiled one (ood/_tick.c) when built, called directly, else ``_step_python``."""
 
-    def __init__(self, n_slots: int, dim: int, repeats: int = 2) -> None:
+    def __init__(self, n_slots: int, dim: int, repeats: int = 2, rest: tuple[int, float] | None = None) -> None:
+        """``rest``: (speed feature position, rest speed) of ``FreezeSettings.rest``; None: every repeat
+        counts."""
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
+        if rest is not None and not (0 <= rest[0] < dim and rest[1] >= 0.0):
+            raise ValueError(f"rest rule {rest} for {dim} features")
         self.repeats = repeats
         self.dim = dim
+        self.rest = rest
+        self._rest_speed = -1.0 if rest is None else float(rest[1])
         self._last: list[list[float]] = [[math.nan] * dim for _ in range(n_slots)]
         self._count = [0] * n_slots
+        self._keep: list[list[int] | None] = [None] * n_slots
+        self._rest_at = [-1 if rest is None else rest[0]] * n_slots
         module = compiled.module()
         self.is_compiled = module is not None
         self.step = (
             self._step_python
             if module is None
-            else partial(module.freeze_step, self._step_python, self._last, self._count, self.repeats)
+            else partial(
+                module.freeze_step,
+                self._step_python,
+                self._last,
+                self._count,
+                self._keep,
+                self._rest_at,
+                self._rest_speed,
+                self.repeats,
+            )
         )
+
+    def set_present(self, slot: int, present: npt.NDArray[np.bool_] | None) -> None:
+        """The features the slot's session measures (None: all); only they are compared, and the rest
+        rule applies only when the speed feature is one of them."""
+        keep = None if present is None or bool(np.all(present)) else np.flatnonzero(present).tolist()
+        self._keep[slot] = keep
+        speed = -1 if self.rest is None else self.rest[0]
+        self._rest_at[slot] = speed if keep is None or speed in keep else -1
 
     def update(self, x: np.ndarray, slots: np.ndarray | Sequence[int], fresh: np.ndarray) -> np.ndarray:
         """x (batch, dim) raw features of the rows ticking now; returns the alarm per row.
@@ -61,11 +139,16 @@ class FreezeDetector:
         rows = x.tolist()
         kept = rows if x.dtype is _FLOAT32 else np.asarray(x, dtype=np.float32).tolist()
         last, count, repeats = self._last, self._count, self.repeats
+        keep, rest_at, rest_speed = self._keep, self._rest_at, self._rest_speed
         alarm = []
-        for slot, now, keep, is_fresh in zip(slots, rows, kept, fresh):
+        for slot, now, k, is_fresh in zip(slots, rows, kept, fresh):
             if is_fresh:  # a reused observation is not a repeat of the sensor
-                count[slot] = count[slot] + 1 if now == last[slot] else 0
-                last[slot] = keep
+                before, cols, r = last[slot], keep[slot], rest_at[slot]
+                same = now == before if cols is None else [now[i] for i in cols] == [before[i] for i in cols]
+                if same and r >= 0 and abs(now[r]) <= rest_speed:  # a car at rest
+                    same = False
+                count[slot] = count[slot] + 1 if same else 0
+                last[slot] = k
             alarm.append(count[slot] >= repeats)
         return alarm
 
@@ -82,7 +165,12 @@ class FreezeDetector:
         if at.size == 0:
             return np.full(len(x), self._count[slot] >= self.repeats)
         xf = x[at]
-        same = np.all(xf == np.vstack([np.array(self._last[slot], dtype=np.float32)[None], xf[:-1]]), axis=1)
+        before = np.vstack([np.array(self._last[slot], dtype=np.float32)[None], xf[:-1]])
+        cols = self._keep[slot]
+        same = np.all(xf == before, axis=1) if cols is None else np.all(xf[:, cols] == before[:, cols], axis=1)
+        r = self._rest_at[slot]
+        if r >= 0:  # in float64, as the Python floats compare (a float32 compare rounds the limit)
+            same &= ~(np.abs(np.asarray(xf[:, r], np.float64)) <= self._rest_speed)
         # count at the j-th fresh tick: fresh ticks since the last one that differed, or, before
         # any difference, the slot's old count plus the run so far
         j = np.arange(at.size)
@@ -98,3 +186,4 @@ class FreezeDetector:
     def reset(self, slot: int) -> None:
         self._last[slot] = [math.nan] * self.dim
         self._count[slot] = 0
+        self.set_present(slot, None)

@@ -25,6 +25,7 @@ from dualloop.ood.calibrate import (
 )
 from dualloop.ood.filter import FilterSettings, KOfNSettings, filter_settings_from_dict, make_filter
 from dualloop.ood.fit import GateStats, check_feature_matrix, fit_statistics, raw_norms
+from dualloop.ood.freeze import FreezeSettings
 from dualloop.ood.gateformat import content_hash, save_gate
 from dualloop.ood.monitor import GateMonitor
 from dualloop.ood.schema import FeatureSchema
@@ -41,6 +42,13 @@ class Gate:
     feature_range: FeatureRange | None = None  # raw features outside it veto at once; None: no range guard
     # measured acceleration short of the command in effect (raw-input gates only); None: no such check
     actuation: ActuationCheck | None = None
+    # how the freeze check (on the raw inputs, with any gate) tells a car at rest from a stuck sensor;
+    # None: every exact repeat counts
+    freeze: FreezeSettings | None = None
+    # (k, dim) float32: a sample of the held-out rows the threshold was calibrated on, kept so that a
+    # sensor profile's threshold and norm band can be calibrated on them too (ood.marginal.profile_gate);
+    # None: a profile keeps the gate's own
+    calibration_rows: np.ndarray | None = None
 
     @property
     def threshold(self) -> float:
@@ -127,6 +135,9 @@ def fit_gate(
     context_train: np.ndarray | None = None,
     context_calib: np.ndarray | None = None,
     context_names: Sequence[str] = (),
+    keep_calibration_rows: int = 0,
+    range_envelope: Sequence[tuple[float, float] | None] | None = None,
+    range_envelope_note: str = "",
 ) -> Gate:
     """Fit on ``X_train``, calibrate threshold and norm band on held-out ``X_calib``.
 
@@ -141,7 +152,11 @@ def fit_gate(
     ``changes_calib`` (each row's change since the previous observation, NaN where unknown) it also
     limits how far a feature may move between observations; ``change_note`` says at what rate. With
     ``context_train`` and ``context_calib`` (what else conditions the model, e.g. its plan, named by
-    ``context_names``) it also limits those values.
+    ``context_names``) it also limits those values; ``range_envelope`` (per feature, (low, high) or
+    None, said by ``range_envelope_note``) widens the value limits to physically plausible readings
+    (``fit_feature_range``). ``keep_calibration_rows`` > 0 stores that many of
+    the calibration rows (evenly spaced, float32) with the gate, for the thresholds of sensor profiles
+    (``ood.marginal.profile_gate``); a raw-input gate wants at least 2 / norm_alpha of them.
     """
     schema = FeatureSchema(tuple(str(n) for n in feature_names), str(source))
     stats = fit_statistics(X_train, y_train, variant=variant, shrinkage=shrinkage)
@@ -166,6 +181,12 @@ def fit_gate(
             context_train,
             context_calib,
             context_names,
+            range_envelope,
+            range_envelope_note,
         )
     )
-    return Gate(stats, calibration, band, _filter_settings(filter), schema, feature_range)
+    kept = None
+    if keep_calibration_rows > 0:
+        pick = np.linspace(0, len(calib) - 1, min(int(keep_calibration_rows), len(calib))).round().astype(np.intp)
+        kept = np.ascontiguousarray(calib[np.unique(pick)], np.float32)
+    return Gate(stats, calibration, band, _filter_settings(filter), schema, feature_range, calibration_rows=kept)

@@ -18,8 +18,9 @@ from dualloop.ood.actuation import ActuationCheck
 from dualloop.ood.calibrate import FeatureRange, NormBand, ThresholdCalibration
 from dualloop.ood.filter import filter_settings_from_dict
 from dualloop.ood.fit import VARIANTS, GateStats, NormStats
+from dualloop.ood.freeze import FreezeSettings
 from dualloop.ood.gate import Gate
-from dualloop.ood.gateformat import ARRAY_NAMES, FORMAT_NAME, FORMAT_VERSION, INT_ARRAYS, META_KEYS
+from dualloop.ood.gateformat import ARRAY_NAMES, CALIBRATION_ROWS, FORMAT_NAME, FORMAT_VERSION, INT_ARRAYS, META_KEYS
 from dualloop.ood.schema import FeatureSchema, describe_schema_mismatch
 from dualloop.ood.shrinkage import SHRINKAGE_METHODS
 
@@ -83,6 +84,12 @@ def load_gate(
     missing_keys = [k for k in (*META_KEYS, "version_hash") if k not in meta]
     if missing_keys:
         raise ValueError(f"gate file {path}: metadata lacks fields {missing_keys}")
+    if meta["format"] == FORMAT_NAME and meta["format_version"] == 1:
+        raise ValueError(
+            f"gate file {path}: format v1, whose change limits are per observation at the rate it was fitted "
+            f"on; this code reads v{FORMAT_VERSION}, whose limits are per second at any observation rate. "
+            f"Refit the gate (dualloop gate fit) to use it."
+        )
     if meta["format"] != FORMAT_NAME or meta["format_version"] != FORMAT_VERSION:
         raise ValueError(
             f"gate file {path}: format {meta['format']!r} v{meta['format_version']}, "
@@ -117,7 +124,15 @@ def load_gate(
             feature_range=None if meta.get("feature_range") is None else FeatureRange.from_dict(meta["feature_range"]),
             # optional too: gate files written before the actuation check have none
             actuation=None if meta.get("actuation") is None else ActuationCheck.from_dict(meta["actuation"]),
+            # optional: a gate without one counts every exact repeat as a freeze
+            freeze=None if meta.get("freeze") is None else FreezeSettings.from_dict(meta["freeze"]),
+            calibration_rows=entries.get(CALIBRATION_ROWS),
         )
+        rows = gate.calibration_rows
+        if rows is not None and (rows.dtype != np.dtype("<f4") or rows.ndim != 2 or rows.shape[1] != dim):
+            raise ValueError(
+                f"gate file {path}: {CALIBRATION_ROWS} must be (k, {dim}) float32, got {rows.dtype} {rows.shape}"
+            )
         if gate.feature_range is not None and len(gate.feature_range.low) != dim:
             raise ValueError(f"gate file {path}: feature range of {len(gate.feature_range.low)} features for dim {dim}")
     except (KeyError, TypeError, ValueError) as exc:

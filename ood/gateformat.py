@@ -25,11 +25,14 @@ from dualloop.ood.actuation import ActuationCheck
 from dualloop.ood.calibrate import FeatureRange, NormBand, ThresholdCalibration
 from dualloop.ood.filter import FilterSettings
 from dualloop.ood.fit import GateStats
+from dualloop.ood.freeze import FreezeSettings
 from dualloop.ood.schema import FeatureSchema
 
 FORMAT_NAME = "dualloop.ood.gate"
-FORMAT_VERSION = 1
+# 2: change limits in unit/s (ood.ChangeTracker's rates), not per observation at the fitting rate
+FORMAT_VERSION = 2
 INT_ARRAYS = ("class_labels",)
+CALIBRATION_ROWS = "calibration_rows"  # optional: (k, dim) float32
 ARRAY_NAMES = (
     "center",
     "covariance",
@@ -74,14 +77,21 @@ class GateContent(Protocol):
     def feature_range(self) -> FeatureRange | None: ...
     @property
     def actuation(self) -> ActuationCheck | None: ...
+    @property
+    def freeze(self) -> FreezeSettings | None: ...
+    @property
+    def calibration_rows(self) -> npt.NDArray[Any] | None: ...
 
 
-def canonical_arrays(stats: GateStats) -> dict[str, npt.NDArray[Any]]:
-    """The arrays as stored and hashed: little-endian int64 labels, float64 otherwise, C order."""
+def canonical_arrays(stats: GateStats, calibration_rows: npt.NDArray[Any] | None = None) -> dict[str, npt.NDArray[Any]]:
+    """The arrays as stored and hashed: little-endian int64 labels, float64 statistics, the optional
+    calibration rows as little-endian float32 (what the sensors send), C order."""
     out = {}
     for name, arr in stats.arrays().items():
         dtype = "<i8" if name in INT_ARRAYS else "<f8"
         out[name] = np.ascontiguousarray(arr, dtype=dtype)
+    if calibration_rows is not None:  # absent without: a gate without rows keeps the entries it had
+        out[CALIBRATION_ROWS] = np.ascontiguousarray(calibration_rows, dtype="<f4")
     return out
 
 
@@ -106,6 +116,8 @@ def metadata(gate: GateContent) -> dict[str, Any]:
         meta["feature_range"] = gate.feature_range.to_dict()
     if gate.actuation is not None:  # the same: absent without one
         meta["actuation"] = gate.actuation.to_dict()
+    if gate.freeze is not None:
+        meta["freeze"] = gate.freeze.to_dict()
     return meta
 
 
@@ -125,14 +137,14 @@ def digest(meta: dict[str, Any], arrays: dict[str, npt.NDArray[Any]]) -> str:
 
 
 def content_hash(gate: GateContent) -> str:
-    return digest(metadata(gate), canonical_arrays(gate.stats))
+    return digest(metadata(gate), canonical_arrays(gate.stats, gate.calibration_rows))
 
 
 def save_gate(gate: GateContent, path: str | os.PathLike[str]) -> str:
     """Write atomically (temp file + rename) so a reader never sees half a gate. Returns the hash."""
     path = os.fspath(path)
     meta = metadata(gate)
-    arrays = canonical_arrays(gate.stats)
+    arrays = canonical_arrays(gate.stats, gate.calibration_rows)
     version_hash = digest(meta, arrays)
     # Any: np.savez's stub reads a ** dict as if it might hold its allow_pickle flag
     entries: dict[str, Any] = {"metadata": np.array(canonical_json({**meta, "version_hash": version_hash})), **arrays}
@@ -140,7 +152,7 @@ def save_gate(gate: GateContent, path: str | os.PathLike[str]) -> str:
     fd, tmp = tempfile.mkstemp(prefix=".gate-", suffix=".npz.tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **entries)  # file handle: no ".npz" appended
+            np.savez_compressed(f, **entries)  # file handle: no ".npz" appended
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

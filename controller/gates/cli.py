@@ -45,6 +45,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
     g.add_argument("--gate", type=Path, action="append", help="repeat for several (default: the base model's two)")
     g.add_argument("--out", type=Path, default=Path("runs/gate-eval"))
+    g.add_argument(
+        "--present",
+        help="comma-separated features the sensors measure (the others arrive as NaN); open loop only",
+    )
     g.set_defaults(fn=_gate_eval)
 
 
@@ -81,7 +85,8 @@ def _gate_fit(args: argparse.Namespace) -> int:
 def _gate_eval(args: argparse.Namespace) -> int:
     model = DecisionModel(args.model)
     gates = [load_gate_for_model(g, model) for g in (args.gate or DEFAULT_GATES)]
-    result = evaluate(model, gates, out_dir=args.out, console=console)
+    present = None if not args.present else [n.strip() for n in args.present.split(",") if n.strip()]
+    result = evaluate(model, gates, out_dir=args.out, console=console, present=present)
     (args.out / "gate_eval.json").write_text(json.dumps(result, indent=2, default=float))
     console.print(f"results and plots: {args.out}/")
     return 0

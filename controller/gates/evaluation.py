@@ -32,6 +32,9 @@ from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Reason, SafetyState
+from dualloop.ood.filter import make_filter
+from dualloop.ood.freeze import common_settings
+from dualloop.ood.marginal import profile_gate
 from dualloop.sim.env import run_expert_batch
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS, build_scenario
 
@@ -48,18 +51,30 @@ def score_episodes(
     name: str,
     seeds: Sequence[int],
     freeze_repeats: int = 2,
+    present: np.ndarray | None = None,
     **params: Any,
 ) -> ScenarioScores:
     """Per-tick score and veto as the executor computes them. With several gates the score is the
     largest score/threshold ratio (so the threshold is 1) and any gate's alarm vetoes; a tick a guard
-    vetoes at once (NaN/Inf, norm band, feature range, freeze check) is marked `immediate`."""
+    vetoes at once (NaN/Inf, norm band, feature range, freeze check) is marked `immediate`.
+
+    ``present`` ((F,) bool): sensors that measure only these features (docs/design-notes/real-sensors.md):
+    the others are NaN, the model sees them as their training mean, a raw-input gate judges the profile
+    (``ood.marginal.profile_gate``), and the change, range and freeze checks look at present features only."""
     gates = [gates] if isinstance(gates, ood.Gate) else list(gates)
     _, data = run_expert_batch(name, list(seeds), **params)
     b, t_len = data.valid.shape
-    flat_x = data.features.reshape(b * t_len, -1)
+    features = data.features
+    if present is not None:  # the sensors: NaN where not measured
+        features = np.where(present, features, np.float32(np.nan))
+    flat_x = features.reshape(b * t_len, -1)
     flat_p = data.plan.reshape(b * t_len, -1)
-    finite = cast("np.ndarray", np.isfinite(data.features).all(axis=2))  # (B, T); the stubs allow a scalar
-    logits, _, dv = forward_rows(model, flat_x, flat_p)
+    measured = features if present is None else features[..., present]
+    finite = cast("np.ndarray", np.isfinite(measured).all(axis=2))  # (B, T); the stubs allow a scalar
+    model_x = flat_x
+    if present is not None:  # the model sees a missing feature as its training mean
+        model_x = np.where(present, flat_x, np.array([f.mean for f in model.card.features], np.float32))
+    logits, _, dv = forward_rows(model, model_x, flat_p)
     logits, dv = logits.reshape(b, t_len, -1), dv.reshape(b, t_len, -1)
     slots = np.arange(b)
     score = np.full((b, t_len), -np.inf)
@@ -70,17 +85,24 @@ def score_episodes(
     command = np.where(data.valid, data.applied[..., 0], np.nan)
     ratios = len(gates) > 1 or any(g.actuation is not None for g in gates)  # compare gates by score / threshold
     for gate in gates:
-        feats = (
-            dv
-            if gate.schema.source == "decision_vector"
-            else model_features(model, flat_x, flat_p, gate.schema.source).reshape(b, t_len, -1)
-        )
-        feats = np.where(finite[..., None], feats, np.nan).astype(np.float32)
+        judged = None if present is None or gate.schema.source != "input_features" else profile_gate(gate, present)
+        if gate.schema.source == "decision_vector":
+            feats = dv
+        elif judged is not None:  # the gate's completed copy of the rows
+            feats = judged.marginal.complete(flat_x).reshape(b, t_len, -1)
+        else:
+            feats = model_features(model, flat_x, flat_p, gate.schema.source).reshape(b, t_len, -1)
+        feats = np.where(finite[..., None], feats, np.nan)
+        if judged is None:
+            feats = feats.astype(np.float32)
         rng = gate.feature_range
-        changes = episode_changes(data.features) if rng is not None and rng.change_low else None
+        changes = episode_changes(features, data.t, present) if rng is not None and rng.change_low else None
         plans = data.plan if rng is not None and rng.context_names else None
-        monitor = gate.monitor(b)
-        scale = 1.0 / gate.threshold if ratios else 1.0
+        monitor = gate.monitor(b) if judged is None else ood.GateMonitor(judged.scorer(b), make_filter(gate.filter, b))
+        threshold = gate.threshold if judged is None else judged.threshold
+        scale = 1.0 / threshold if ratios else 1.0
+        # a profile's norm guard looks at the present features (ood.marginal.ProfileGate.norm_out)
+        norm_out = None if judged is None else judged.norm_out(flat_x).reshape(b, t_len) & finite
         for k in range(t_len):
             step = monitor.step(
                 feats[:, k], slots, None if changes is None else changes[:, k], None if plans is None else plans[:, k]
@@ -88,15 +110,22 @@ def score_episodes(
             score[:, k] = np.maximum(score[:, k], step.score * scale)
             alarm[:, k] |= step.alarm
             immediate[:, k] |= step.flags.immediate
+            if norm_out is not None:
+                alarm[:, k] |= norm_out[:, k]
+                immediate[:, k] |= norm_out[:, k]
         if gate.actuation is not None:
-            act_score, act_alarm = actuation_verdicts(model, gate.actuation, data.t, data.features, command)
+            act_score, act_alarm = actuation_verdicts(model, gate.actuation, data.t, features, command)
             score = np.fmax(score, act_score / gate.actuation.threshold)  # no verdict (NaN) changes nothing
             alarm |= act_alarm
     if freeze_repeats:
-        freeze = ood.FreezeDetector(b, data.features.shape[2], freeze_repeats)
+        stated = common_settings([g.freeze for g in gates])
+        rest = None if stated is None else stated.rest(model.card.feature_names)
+        freeze = ood.FreezeDetector(b, features.shape[2], freeze_repeats, rest)
+        for slot in range(b):
+            freeze.set_present(slot, present)
         fresh = np.ones(b, bool)
         for k in range(t_len):
-            frozen = freeze.update(data.features[:, k], slots, fresh)
+            frozen = freeze.update(features[:, k], slots, fresh)
             alarm[:, k] |= frozen
             immediate[:, k] |= frozen
 
@@ -211,17 +240,27 @@ def evaluate(
     closed_loop_seed: int = 700_100,
     out_dir: Path | None = None,
     console: Console | None = None,
+    present: Sequence[str] | None = None,
     **params: Any,
 ) -> dict[str, Any]:
+    """The open-loop separation and false vetoes, then the closed loop with and without the gates.
+    ``present`` (feature names): sensors that measure only these (open loop only: the closed loop drives
+    the simulator's full sensors)."""
     console = console or Console()
     gates = [gate] if isinstance(gate, ood.Gate) else list(gate)
     names = list(NOMINAL_SCENARIOS) + list(OOD_SCENARIOS)
     scores: dict[str, ScenarioScores] = {}
+    mask = None
+    if present is not None:
+        unknown = sorted(set(present) - set(model.card.feature_names))
+        if unknown:
+            raise ValueError(f"--present names features the model does not have: {unknown}")
+        mask = np.array([n in set(present) for n in model.card.feature_names])
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("scoring scenarios", total=len(names) + len(OOD_SCENARIOS))
         for name in names:
             progress.update(task, description=f"scoring {name}")
-            scores[name] = score_episodes(model, gates, name, seeds, **params)
+            scores[name] = score_episodes(model, gates, name, seeds, present=mask, **params)
             progress.advance(task)
         nominal = [scores[n] for n in NOMINAL_SCENARIOS]
         result: dict[str, Any] = {
@@ -231,9 +270,12 @@ def evaluate(
             "seeds": [int(s) for s in seeds],
             "false_vetoes_nominal": false_vetoes(nominal),
             "ood": {n: separation(nominal, scores[n]) for n in OOD_SCENARIOS},
+            "present": None if present is None else list(present),
         }
         progress.update(task, description="closed loop with and without the gate")
-        result["closed_loop"] = closed_loop_with_and_without(model, gates, OOD_SCENARIOS, closed_loop_seed)
+        result["closed_loop"] = (
+            closed_loop_with_and_without(model, gates, OOD_SCENARIOS, closed_loop_seed) if present is None else []
+        )
         progress.update(task, completed=len(names) + len(OOD_SCENARIOS))
     print_evaluation(result, console)
     if out_dir is not None:
@@ -244,8 +286,9 @@ def evaluate(
 
 def print_evaluation(result: dict[str, Any], console: Console) -> None:
     fv = result["false_vetoes_nominal"]
+    profile = "" if not result.get("present") else f", sensors measuring {', '.join(result['present'])}"
     table = Table(
-        title=f"gate {result['gate']} ({result['source']}), threshold {result['threshold']:.1f}; nominal: "
+        title=f"gate {result['gate']} ({result['source']}{profile}), threshold {result['threshold']:.1f}; nominal: "
         f"{fv['vetoes']} vetoes in {fv['ticks']} ticks = {fv['per_tick'] * 100:.3f}% per tick, "
         f"{fv['per_hour']:.1f} per hour"
     )
@@ -276,6 +319,8 @@ def print_evaluation(result: dict[str, Any], console: Console) -> None:
             f"{r['vetoed_with_demand'] * 100:.0f}%",
         )
     console.print(table)
+    if not result["closed_loop"]:
+        return
     loop = Table(title="closed loop on OOD scenarios, without and with the gate")
     for col in ("scenario", "collisions w/o", "min TTC w/o", "collisions with", "min TTC with", "fallback s with"):
         loop.add_column(col, justify="left" if col == "scenario" else "right")

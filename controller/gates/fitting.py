@@ -52,15 +52,23 @@ def model_features(
     return forward_rows(model, features, plan, batch)[2]
 
 
-def episode_changes(features: np.ndarray) -> np.ndarray:
-    """Changes (B, T, F) float64 of episodes (B, T, F) recorded at every tick, as the executor's
-    ood.ChangeTracker makes them for a session that sees each observation fresh (NaN where unknown)."""
+def episode_times_ns(t: np.ndarray) -> np.ndarray:
+    """The sensor timestamps (int ns) of an episode's ticks at times ``t`` (s), as a client sends them."""
+    return np.round(np.asarray(t, np.float64) * 1e9).astype(np.int64)
+
+
+def episode_changes(features: np.ndarray, t: np.ndarray, present: np.ndarray | None = None) -> np.ndarray:
+    """Rates of change (B, T, F) float64, unit/s, of episodes (B, T, F) observed at times ``t`` (T,) s,
+    as the executor's ood.ChangeTracker makes them for a session that sees each observation fresh (NaN
+    where unknown), measuring every feature or only ``present`` ones ((F,) bool, the others NaN)."""
     b, t_len, f = features.shape
     tracker = ood.ChangeTracker(1, f)
+    times = episode_times_ns(t)
     changes = np.full((b, t_len, f), np.nan)
     for i in range(b):
         tracker.reset(0)
-        changes[i] = tracker.scan(features[i], np.isfinite(features[i]).all(axis=1), 0)
+        measured = features[i] if present is None else features[i][:, present]
+        changes[i] = tracker.scan(features[i], np.isfinite(measured).all(axis=1), 0, times)
     return changes
 
 
@@ -74,7 +82,7 @@ def actuation_episodes(
     as a closed-loop client sends it); NaN where the row is not valid."""
     names = list(feature_names)
     accel_at, speed_at = names.index(settings.accel_feature), names.index(settings.speed_feature)
-    t_ns = np.round(data.t * 1e9).astype(np.int64)
+    t_ns = episode_times_ns(data.t)
     assert data.applied is not None  # run_expert_batch records it
     f64 = lambda a: a.astype(np.float64)  # noqa: E731
     return [
@@ -120,7 +128,7 @@ def nominal_inputs(
         feats.append(data.features[:, pick][valid])
         plans.append(data.plan[:, pick][valid])
         if with_changes:
-            changes.append(episode_changes(data.features)[:, pick][valid])
+            changes.append(episode_changes(data.features, data.t)[:, pick][valid])
             if actuation is not None:
                 actuation += actuation_episodes(data)
     out = (np.concatenate(feats), np.concatenate(plans))
@@ -144,6 +152,38 @@ def _both(
 # have physical envelopes for their values and their changes (a speed far above training, a 3 m/s jump
 # in 5 ms); the decision vector has none worth stating.
 RANGE_MARGIN = {"decision_vector": None, "input_features": 0.25}
+# What real sensors read, where the simulator's training range is narrower: a human's accelerations
+# with measurement noise reach about +-8 m/s^2 (the simulated expert's stay within -7.5 and +2), real
+# speeds 0-45 m/s, real gaps to a lead up to 250 m (the simulated sensor's range is 150 m), relative speeds
+# +-30 m/s. The range guard's value limits are widened to include them (never narrowed); the gate's
+# Mahalanobis score and norm guard still judge such readings by the training data.
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "accel": (-8.0, 8.0),
+    "speed": (0.0, 45.0),
+    "gap": (0.0, 250.0),
+    "rel_speed": (-30.0, 30.0),
+}
+PLAUSIBLE_NOTE = "widened to real sensors' readings: accelerations +-8 m/s^2, speed 0-45 m/s, gaps 0-250 m, "
+PLAUSIBLE_NOTE += "relative speeds +-30 m/s"
+
+
+def _kind(name: str) -> str:
+    """Which physical envelope of PLAUSIBLE a highway feature has ("" for none)."""
+    if name.endswith("rel_speed"):
+        return "rel_speed"
+    if name.endswith("_gap") or name == "lead_distance":
+        return "gap"
+    if name.endswith("_accel"):
+        return "accel"
+    return "speed" if name == "ego_speed" else ""
+
+
+# Held-out rows a raw-input gate keeps, to calibrate a sensor profile's threshold and norm band on (the
+# band's conformal rank at norm_alpha 1e-4 needs 2 / 1e-4 - 1 of them): 20 000 rows are 1.5 MB of float32.
+PROFILE_ROWS = 20_000
+# How the freeze check tells a car at rest from a stuck sensor: a real speed sensor reads exactly 0 at
+# standstill (the simulated one is noisy, so this never exempts a simulated repeat).
+FREEZE = ood.FreezeSettings(speed_feature="ego_speed", rest_speed=0.1)
 # The actuation check's per-observation rate before its k-of-n filter. Tighter than the gates' 1e-3:
 # its smoothed shortfall is correlated from one observation to the next, so the filter removes few of
 # its exceedances, and the nominal false-veto budget (0.1% per tick) is shared with the gates.
@@ -192,7 +232,10 @@ def fit_gate_for_model(
         range_margin=RANGE_MARGIN[source],
         changes_train=c_fit[0] if inputs else None,
         changes_calib=c_cal[0] if inputs else None,
-        change_note=f"per observation at {1000 * DT:g} ms (simulated sensors at the tick rate)" if inputs else "",
+        change_note=f"per second, measured between observations {1000 * DT:g} ms apart (simulated sensors at the "
+        "tick rate)"
+        if inputs
+        else "",
         context_train=p_fit if inputs else None,
         context_calib=p_cal if inputs else None,
         context_names=[p.name for p in card.plan] if inputs else (),
@@ -205,7 +248,12 @@ def fit_gate_for_model(
         if isinstance(fit_seeds, range)
         else description,
         filter=filter_settings,
+        keep_calibration_rows=PROFILE_ROWS if inputs else 0,
+        range_envelope=[PLAUSIBLE.get(_kind(name)) for name in FEATURE_NAMES] if inputs else None,
+        range_envelope_note=PLAUSIBLE_NOTE if inputs else "",
     )
+    # a car at rest repeats its observations exactly (speed 0, accel 0, the same gap): not a freeze
+    gate = dataclasses.replace(gate, freeze=FREEZE)
     if act_fit is None:
         return gate
     assert act_cal is not None  # made with act_fit

@@ -187,7 +187,8 @@ def test_range_guard_vetoes_out_of_range_values_and_jumps_in_their_tick(test_mod
     fast = rows[10].copy()
     fast[speed] = rng.high[speed] + 1.0  # out of range; the tick after it is a jump back down
     jump = rows[30].copy()
-    jump[speed] = rows[29][speed] + rng.change_high[speed] + 0.5  # in range, but a jump
+    # in range, but a jump: the limit is a rate (m/s per s), the rows are one tick apart
+    jump[speed] = rows[29][speed] + (rng.change_high[speed] + 20.0) * TICK * 1e-9
     assert rng.low[speed] <= jump[speed] <= rng.high[speed]
     rows[10], rows[30] = fast, jump
     ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
@@ -295,6 +296,36 @@ def test_stuck_sensor_vetoes_after_two_repeats(test_model, gates, nominal_rows):
     vetoes = [s.gate_veto for s in snaps]
     assert not any(vetoes[:22])  # the onset sample and its first repeat pass
     assert all(vetoes[22:])  # the second identical fresh observation is a stuck sensor
+
+
+def test_a_car_at_rest_is_not_frozen_but_a_stuck_sensor_at_speed_is(test_model, gates, nominal_rows):
+    """Stopped behind a stopped car, a real car's sensors repeat exactly (speed 0, accel 0, the same
+    gap), observation after observation: the gate's freeze settings say that is rest, not a stuck
+    sensor. The same repeats at speed are a stuck sensor; without the settings, rest would be too."""
+    from dualloop import ood
+    from dualloop.sim.schema import FEATURE_INDEX
+
+    features, _ = nominal_rows
+    gate = ood.load_gate(gates["decision_vector"])
+    assert gate.freeze is not None and gate.freeze.speed_feature == "ego_speed"
+    stopped = features[20].copy()
+    for name in ("ego_speed", "ego_accel", "lead_rel_speed"):
+        stopped[FEATURE_INDEX[name]] = 0.0
+    stopped[FEATURE_INDEX["lead_present"]], stopped[FEATURE_INDEX["lead_distance"]] = 1.0, 6.5
+
+    def frozen(g, rows):  # noqa: ANN001, ANN202
+        ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), g)
+        out = []
+        for k, x in enumerate(rows):
+            ex.advance_lockstep("a", Observation(seq=k + 1, timestamp_ns=k * 100 * MS, features=x))  # 10 Hz
+            out.append(bool(ex.gating.frozen[0]))
+        return out
+
+    at_rest = [features[i] for i in range(20)] + [stopped] * 40
+    assert not any(frozen(gate, at_rest))
+    assert frozen(dataclasses.replace(gate, freeze=None), at_rest)[22:] == [True] * 38
+    stuck = [features[i] for i in range(20)] + [features[20]] * 6
+    assert frozen(gate, stuck) == [False] * 22 + [True] * 4
 
 
 def test_freeze_detector_counts_only_fresh_observations():

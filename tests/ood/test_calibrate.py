@@ -7,7 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from dualloop.ood.calibrate import calibrate_norm_band, calibrate_threshold, conformal_rank
+from dualloop.ood.calibrate import (
+    FeatureRange,
+    calibrate_norm_band,
+    calibrate_threshold,
+    conformal_rank,
+    fit_feature_range,
+)
 from dualloop.ood.fit import fit_statistics, raw_norms
 from dualloop.ood.score import GateScorer
 
@@ -60,3 +66,21 @@ def test_norm_band_rate_on_fresh_data_is_near_alpha() -> None:
     assert abs(rate - 0.02) < 0.004, rate
     assert 0 < band.low < band.high
     assert math.isclose(band.empirical_rate, 0.02, abs_tol=2e-3)
+
+
+def test_the_range_is_widened_to_a_physical_envelope_never_narrowed() -> None:
+    """Training data narrower than what real sensors read (a simulator's accelerations in [-7.5, 2]):
+    the stated envelope widens the value limits; where training is wider already it stays; the note
+    round-trips with the limits, and a reading inside the envelope is no longer out of range."""
+    rng = np.random.default_rng(2)
+    x = np.column_stack([rng.uniform(-7.5, 2.0, 500), rng.uniform(0.0, 40.0, 500), rng.normal(size=500)])
+    plain = fit_feature_range(x[:400], x[400:], 0.25)
+    wide = fit_feature_range(x[:400], x[400:], 0.25, envelope=[(-8.0, 8.0), (0.0, 45.0), None], envelope_note="n")
+    assert wide.high[0] == 8.0 and wide.low[0] == plain.low[0] < -8.0  # widened up, kept wider down
+    assert wide.high[1] == max(plain.high[1], 45.0) and wide.low[1] == plain.low[1]
+    assert (wide.low[2], wide.high[2]) == (plain.low[2], plain.high[2])
+    assert wide.envelope_note == "n" and FeatureRange.from_dict(wide.to_dict()).to_dict() == wide.to_dict()
+    human = np.array([[6.0, 20.0, 0.0]])
+    assert plain.outside(human)[0] and not wide.outside(human)[0]
+    with pytest.raises(ValueError, match="an envelope of 2 features for 3"):
+        fit_feature_range(x[:400], x[400:], 0.25, envelope=[None, None])

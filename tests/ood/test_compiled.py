@@ -242,6 +242,7 @@ def test_change_tracker_compiled_equals_python(dtype: type) -> None:
         fast = ChangeTracker(n_slots, dim)
     with _path(False):
         reference = ChangeTracker(n_slots, dim)
+    now = 1_700_000_000_000_000_000
     for tick in range(600):
         n = int(rng.integers(1, n_slots + 1))
         slots = rng.permutation(n_slots)[:n].tolist()
@@ -250,31 +251,40 @@ def test_change_tracker_compiled_equals_python(dtype: type) -> None:
         x[rng.random(size=(n, dim)) < 0.01] = np.inf
         fresh = (rng.random(n) < 0.7).tolist()
         finite = np.isfinite(x).all(axis=1).tolist()
+        # irregular sensor clocks at 10-200 Hz; now and then a repeated or earlier timestamp (no rate)
+        now += int(rng.integers(5_000_000, 100_000_000))
+        times = [now - int(rng.integers(0, 3_000_000)) for _ in slots]
+        if rng.random() < 0.05:
+            times[0] -= 200_000_000
         if rng.random() < 0.05:
             fast.reset(slots[0])
             reference.reset(slots[0])
-        a = fast.step(x.astype(dtype), slots, fresh, finite)
-        b = reference.step(x.astype(dtype), slots, fresh, finite)
+        a = fast.step(x.astype(dtype), slots, fresh, finite, times)
+        b = reference.step(x.astype(dtype), slots, fresh, finite, times)
         assert _rows_bits(a) == _rows_bits(b), tick
-        (last_a, change_a), (last_b, change_b) = fast.state, reference.state
-        assert change_a.tobytes() == change_b.tobytes(), tick
+        (last_a, t_a, change_a), (last_b, t_b, change_b) = fast.state, reference.state
+        assert change_a.tobytes() == change_b.tobytes() and t_a == t_b, tick
         assert [None if v is None else np.array(v).tobytes() for v in last_a] == [
             None if v is None else np.array(v).tobytes() for v in last_b
         ], tick
 
 
 @needs_compiled
+@pytest.mark.parametrize("rest", [None, (1, 0.125)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_freeze_detector_compiled_equals_python(dtype: type) -> None:
+def test_freeze_detector_compiled_equals_python(dtype: type, rest: tuple[int, float] | None) -> None:
+    """The same alarms and counts, with and without the rest rule, on slots that compare every feature
+    or only a sensor profile's (the others NaN), with stretches at rest on and around its limit."""
     rng = np.random.default_rng(8)
     dim, n_slots = 5, 3
     with _path(True):
-        fast = FreezeDetector(n_slots, dim, repeats=2)
+        fast = FreezeDetector(n_slots, dim, 2, rest)
     with _path(False):
-        reference = FreezeDetector(n_slots, dim, repeats=2)
+        reference = FreezeDetector(n_slots, dim, 2, rest)
+    profiles = [None, np.array([True, True, False, True, False]), np.array([False, False, True, True, True])]
     held = rng.normal(size=(n_slots, dim)).astype(np.float32)
-    most = 0
-    for tick in range(600):
+    most = rested = 0
+    for tick in range(900):
         n = int(rng.integers(1, n_slots + 1))
         slots = rng.permutation(n_slots)[:n].tolist()
         x = rng.normal(size=(n, dim)).astype(np.float32)
@@ -284,15 +294,24 @@ def test_freeze_detector_compiled_equals_python(dtype: type) -> None:
             elif rng.random() < 0.1:
                 x[r, rng.integers(dim)] = np.nan
                 held[slot] = x[r]
+            elif rng.random() < 0.2:  # at rest, or just above it
+                held[slot, 1] = rng.choice([0.0, -0.0, 0.125, -0.125, 0.1250001, 0.2])
+                x[r] = held[slot]
         fresh = (rng.random(n) < 0.8).tolist()
         if rng.random() < 0.03:
             fast.reset(slots[0])
             reference.reset(slots[0])
+        if rng.random() < 0.02:
+            present = profiles[int(rng.integers(len(profiles)))]
+            fast.set_present(slots[0], present)
+            reference.set_present(slots[0], present)
         assert fast.step(x.astype(dtype), slots, fresh) == reference.step(x.astype(dtype), slots, fresh), tick
         (last_a, count_a), (last_b, count_b) = fast.state, reference.state
         assert last_a.tobytes() == last_b.tobytes() and count_a.tolist() == count_b.tolist(), tick
         most = max(most, *count_b.tolist())
+        rested += rest is not None and bool(np.any(np.abs(x[:, 1]) == 0.125))
     assert most >= 2  # freezes did happen
+    assert rest is None or rested > 20  # and repeats at rest
 
 
 @pytest.mark.slow

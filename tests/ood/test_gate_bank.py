@@ -38,13 +38,16 @@ class _NumpyKOfN:
 class _NumpyFreeze:
     """The freeze check as it was, in numpy."""
 
-    def __init__(self, n_slots: int, dim: int, repeats: int) -> None:
+    def __init__(self, n_slots: int, dim: int, repeats: int, rest: tuple[int, float] | None) -> None:
         self.last = np.full((n_slots, dim), np.nan, np.float32)
         self.count = np.zeros(n_slots, np.int64)
         self.repeats = repeats
+        self.rest = rest
 
     def update(self, x: np.ndarray, slots: np.ndarray, fresh: np.ndarray) -> np.ndarray:
         same = np.all(x == self.last[slots], axis=1) & fresh
+        if self.rest is not None:  # a car at rest repeats itself
+            same &= ~(np.abs(x[:, self.rest[0]].astype(np.float64)) <= self.rest[1])
         count = np.where(same, self.count[slots] + 1, np.where(fresh, 0, self.count[slots]))
         self.count[slots] = count
         self.last[slots[fresh]] = x[fresh]
@@ -56,22 +59,28 @@ class _NumpyFreeze:
 
 
 class _NumpyChanges:
-    """Each row's change since its slot's last finite fresh observation, in numpy (NaN: unknown)."""
+    """Each row's rate of change (unit/s) since its slot's last finite fresh observation, in numpy (NaN:
+    unknown)."""
 
     def __init__(self, n_slots: int, dim: int) -> None:
         self.last = np.full((n_slots, dim), np.nan)
+        self.last_t = np.zeros(n_slots, np.int64)
         self.change = np.full((n_slots, dim), np.nan)
 
-    def update(self, x: np.ndarray, slots: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+    def update(self, x: np.ndarray, slots: np.ndarray, fresh: np.ndarray, times: np.ndarray) -> np.ndarray:
         x64 = x.astype(np.float64)
         finite = np.isfinite(x64).all(axis=1)
-        new = np.where(finite[:, None], x64 - self.last[slots], np.nan)  # NaN last: unknown
+        dt = (times - self.last_t[slots]).astype(np.float64) * 1e-9
+        with np.errstate(divide="ignore", invalid="ignore"):
+            new = np.where(finite[:, None] & (dt > 0)[:, None], (x64 - self.last[slots]) / dt[:, None], np.nan)
         self.change[slots[fresh]] = new[fresh]
         self.last[slots[fresh & finite]] = x64[fresh & finite]
+        self.last_t[slots[fresh & finite]] = times[fresh & finite]
         return self.change[slots]
 
     def reset(self, slot: int) -> None:
         self.last[slot] = np.nan
+        self.last_t[slot] = 0
         self.change[slot] = np.nan
 
 
@@ -87,7 +96,7 @@ def test_bank_decides_every_tick_as_the_per_gate_reference(first: tuple[str, ...
         (GateMonitor(g.scorer(cap), _NumpyKOfN(g.filter.k, g.filter.n, cap)), g.schema.source, g.threshold)
         for g in gates
     ]
-    ref_freeze = _NumpyFreeze(cap, model.n_features, ex.config.freeze_repeats)
+    ref_freeze = _NumpyFreeze(cap, model.n_features, ex.config.freeze_repeats, ex.gating.freeze.rest)
     ref_changes = _NumpyChanges(cap, model.n_features)
     assert any(
         g.feature_range is not None and g.feature_range.change_low for g in gates
@@ -96,6 +105,7 @@ def test_bank_decides_every_tick_as_the_per_gate_reference(first: tuple[str, ...
     rng = np.random.default_rng(11)
     held: dict[str, np.ndarray] = {}
     seq: dict[str, int] = {}
+    stamp: dict[str, int] = {}
 
     def open_session(sid: str) -> None:
         slot = ex.open_session(sid, include_decision_vector=True).slot
@@ -138,7 +148,9 @@ def test_bank_decides_every_tick_as_the_per_gate_reference(first: tuple[str, ...
             elif fault < 0.35 and sid in held:
                 x = held[sid].copy()  # a stuck sensor repeats itself
             seq[sid] += 1
-            obs[sid] = Observation(seq=seq[sid], timestamp_ns=0, features=x)
+            # the sensor's clock: a little before the tick, irregularly
+            stamp[sid] = k * 5_000_000 - int(rng.integers(0, 2_000_000))
+            obs[sid] = Observation(seq=seq[sid], timestamp_ns=stamp[sid], features=x)
             held[sid] = x
         fresh = {sid: sid in obs for sid in ex.sessions}
         snaps = ex.step(obs, now_ns=k * 5_000_000)
@@ -148,7 +160,7 @@ def test_bank_decides_every_tick_as_the_per_gate_reference(first: tuple[str, ...
         finite = np.isfinite(x).all(axis=1)
         dv = np.stack([s.decision_vector for s in snaps]).astype(np.float32)
         is_fresh = np.array([fresh[sid] for sid in sids])
-        changes = ref_changes.update(x, slots, is_fresh)
+        changes = ref_changes.update(x, slots, is_fresh, np.array([stamp[sid] for sid in sids], np.int64))
         per_gate = []
         for monitor, source, threshold in ref:
             if source == "input_features":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zipfile
 from pathlib import Path
@@ -111,6 +112,11 @@ def test_corrupt_or_incomplete_files_are_refused(fitted, tmp_path: Path) -> None
         del meta["norm_band"]
         e["metadata"] = np.array(json.dumps(meta))
 
+    def format_v1(e: dict) -> None:  # type: ignore[type-arg]
+        meta = json.loads(str(e["metadata"][()]))
+        meta["format_version"] = 1
+        e["metadata"] = np.array(json.dumps(meta))
+
     def flip_whitening(e: dict) -> None:  # type: ignore[type-arg]
         e["whiten"] = e["whiten"].copy()
         e["whiten"][0, 0] += 1e-12
@@ -118,6 +124,8 @@ def test_corrupt_or_incomplete_files_are_refused(fitted, tmp_path: Path) -> None
     cases = [
         (tamper_threshold, "content hash mismatch"),
         (drop_field, r"lacks fields \['norm_band'\]"),
+        # v1's change limits were per observation at the fitting rate: refused, with what to do
+        (format_v1, r"format v1, whose change limits are per observation.*Refit the gate \(dualloop gate fit\)"),
         (flip_whitening, "content hash mismatch"),
         (lambda e: e.pop("center"), r"missing arrays \['center'\]"),
         (lambda e: e.pop("metadata"), "no 'metadata' entry"),
@@ -187,6 +195,24 @@ def test_feature_range_round_trips_and_older_files_without_one_still_load(tmp_pa
         assert "feature_range" not in json.loads(str(npz["metadata"][()]))
     plain = load_gate(old_path)
     assert plain.feature_range is None and plain.version_hash == old_digest
+
+
+def test_freeze_settings_round_trip_and_are_hashed(fitted, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    gate, _ = fitted
+    plain = tmp_path / "plain.npz"
+    gate.save(str(plain))
+    with np.load(plain, allow_pickle=False) as npz:
+        assert "freeze" not in json.loads(str(npz["metadata"][()]))  # absent, not null, without settings
+    assert load_gate(plain).freeze is None
+    settings = ood.FreezeSettings(speed_feature=NAMES[2], rest_speed=0.25)
+    with_rest = dataclasses.replace(gate, freeze=settings)
+    path = tmp_path / "rest.npz"
+    digest = with_rest.save(str(path))
+    loaded = load_gate(path)
+    assert loaded.freeze == settings and loaded.version_hash == digest != gate.version_hash
+    assert loaded.freeze.rest(NAMES) == (2, 0.25)
+    with pytest.raises(ValueError, match="reads the feature 'speed'"):
+        ood.FreezeSettings("speed").rest(NAMES)
 
 
 def test_edited_feature_range_is_refused(tmp_path: Path) -> None:
