@@ -142,6 +142,7 @@ class Executor:
             observation_period_ns=observation_period_ns,
         )
         self.gating.reset(session.slot)
+        self.gating.profile(present)  # built now (tens of ms), not on the session's first tick
         self.sessions[session_id] = session
         return session
 
