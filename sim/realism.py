@@ -306,8 +306,11 @@ def _sense_episode(
     x[:, ~present] = np.nan
     # rows: labelled, past the accel window's warm-up, at most one per row_period
     every = max(1, int(round(config.row_period_s / (period * fine_dt))))
-    # (observations stop where the episode crashed: no label looks past it)
+    # (observations stop where the episode crashed: no label looks past it). backward_accel is NaN
+    # where float rounding puts t - 0.5 s just before the first sample: such a row is one the
+    # executor would refuse, not a training row.
     keep = (label >= 0) & (t_obs >= ACCEL_WINDOW_S) & (np.arange(len(obs)) % every == int(rng.integers(every)))
+    keep &= (np.isfinite(x) | ~present).all(axis=1)
     return obs[keep], x[keep], label[keep], la_accel[keep], sensing
 
 
