@@ -38,7 +38,7 @@ class MLPConfig:
     patience: int = 10  # epochs without a better validation loss before stopping
     weight_decay: float = 0.1  # decoupled (AdamW): ~10 % shrink over a run; curbs memorising episodes
     control_weight: float = 4.0  # controls MSE is in (range units)^2: ~100x smaller than the CE
-    class_weight_power: float = 0.5  # 0: unweighted, 1: fully balanced; 0.5 lifts brake_hard
+    class_weight_power: float = 0.6  # 0: unweighted, 1: fully balanced; 0.6 lifts brake_hard
     # without wrecking the calibration of the common classes
 
 

@@ -192,14 +192,17 @@ def training_splits(rows: LogRows) -> dict[str, dict[str, Split]]:
 
 
 def file_facts(paths: Sequence[Path], rows: LogRows) -> dict[str, str]:
-    """What a card records about the recorded drives it was trained on (a retrain must use the same)."""
+    """What a card records about the recorded drives it was trained on (a retrain must use the same):
+    a digest of the rows read (sessions, features, profiles, labels; not the files' bytes, which
+    hold the wall-clock time of the import), the number of files, and the labelled rows per dataset."""
     digest = hashlib.sha256()
-    for p in paths:
-        digest.update(p.name.encode())
-        digest.update(hashlib.sha256(p.read_bytes()).digest())
+    for name in rows.sessions:
+        digest.update(name.encode() + b"\0")
+    for a in (rows.features, rows.present, rows.label, rows.accel, rows.session, rows.t_s):
+        digest.update(np.ascontiguousarray(a).tobytes())
     per = {n: int(((rows.dataset == n) & (rows.label >= 0)).sum()) for n in sorted(set(rows.datasets))}
     return {
-        "logs_sha256": digest.hexdigest()[:16],
+        "logs_rows_sha256": digest.hexdigest()[:16],
         "logs_files": str(len(paths)),
         "logs_labelled_rows": ", ".join(f"{n} {k}" for n, k in per.items()),
     }

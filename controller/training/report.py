@@ -70,6 +70,20 @@ def summary_tables(result: TrainResult) -> list[Table]:
             " / ".join(f"{result.timings_s.get(k, 0.0):.1f} s" for k in ("data", "train", "total")),
         ),
     ]
+    for kind, what in (("sim", "with a plan, simulator sensors"), ("realistic", "realistic sensing and drivers")):
+        if f"test_accuracy_{kind}" in m:
+            rows.append((f"test accuracy, {kind}/ drives ({what})", _fmt(m[f"test_accuracy_{kind}"], True)))
+    for key in sorted(k for k in m if k.startswith("val_logs_") and k.endswith("_disagreement_ratio")):
+        name = key.removeprefix("val_logs_").removesuffix("_disagreement_ratio")
+        pre = f"val_logs_{name}"
+        rows.append(
+            (
+                f"recorded validation {name}: agree / bal (best baseline)",
+                f"{_fmt(m[pre + '_agreement'], True)} / {_fmt(m[pre + '_balanced_accuracy'], True)} "
+                f"({m[pre + '_best_baseline']} {_fmt(m[pre + '_best_baseline_agreement'], True)} / "
+                f"{_fmt(m[pre + '_best_baseline_balanced_accuracy'], True)}; disagreement x{_fmt(m[key])})",
+            )
+        )
     if "forward_b1_p50_us" in m:
         rows.append(("forward batch 1 p50 / p99", f"{m['forward_b1_p50_us']} / {m['forward_b1_p99_us']} us"))
     for k, v in rows:
