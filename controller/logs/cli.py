@@ -1,4 +1,4 @@
-"""`dualloop import`: a recorded drive (comma2k19 segment, CSV) into a dualloop log (MCAP)."""
+"""`dualloop import`: recorded drives (comma2k19, CSV, OpenACC, NGSIM, the shared data) into dualloop logs."""
 
 from __future__ import annotations
 
@@ -6,26 +6,124 @@ import argparse
 from pathlib import Path
 
 from dualloop.controller.console import console, print_error
+from dualloop.controller.logs.datasets import default_data_dir
 from dualloop.controller.logs.import_comma2k19 import Comma2k19Error, import_comma2k19
-from dualloop.controller.logs.import_csv import CsvImportError, import_csv
+from dualloop.controller.logs.import_csv import EXTRA_COLUMNS_FLAG, CsvImportError, import_csv, parse_units
+from dualloop.controller.logs.import_ngsim import NgsimError, import_ngsim
+from dualloop.controller.logs.import_openacc import OpenAccError, import_openacc
+from dualloop.controller.logs.import_report import ImportReport
+from dualloop.controller.logs.shared_data import import_shared_data
+
+_ERRORS = (Comma2k19Error, CsvImportError, OpenAccError, NgsimError)
+_PAIR_OUT_HELP = (
+    "a directory for <session id>.mcap files (default: the current directory), or a .mcap name: used as is "
+    "for one session, <name>-<pair>.mcap for several"
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("import", help="turn a recorded drive into a dualloop log (MCAP)")
-    p.add_argument("kind", choices=["comma2k19", "csv"])
-    p.add_argument("source", type=Path, help="comma2k19 segment folder, or a CSV file")
-    p.add_argument("--out", type=Path, help="output .mcap (default: next to the source name)")
-    p.set_defaults(fn=_import)
+    p = sub.add_parser("import", help="turn recorded drives into dualloop logs (MCAP)")
+    kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
+
+    c = kinds.add_parser("comma2k19", help="a comma2k19 processed-log segment folder")
+    c.add_argument("source", type=Path, help="the segment folder")
+    c.add_argument("-o", "--out", type=Path, help="output .mcap (default: <folder name>.mcap)")
+    c.set_defaults(fn=_import_comma2k19)
+
+    v = kinds.add_parser("csv", help="a CSV drive log: time, ego_speed and any other features (docs/importers.md)")
+    v.add_argument("source", type=Path, help="the CSV file")
+    v.add_argument("-o", "--out", type=Path, help="output .mcap (default: the CSV's name with .mcap)")
+    v.add_argument("--units", default="", help="declared units, e.g. ego_speed=km/h,lead_distance=ft")
+    v.add_argument("--rate-hz", type=float, help="the sensor's rate (default: measured from the time column)")
+    v.add_argument(EXTRA_COLUMNS_FLAG, action="store_true", help="ignore unknown columns (with a warning)")
+    v.add_argument("--session-id", help="session id (default: csv-<file stem>)")
+    v.set_defaults(fn=_import_csv)
+
+    o = kinds.add_parser("openacc", help="an OpenACC CSV (AstaZero _new or JRC/ZalaZone layout): one session per pair")
+    o.add_argument("source", type=Path, help="the CSV file")
+    o.add_argument("-o", "--out", type=Path, help=_PAIR_OUT_HELP)
+    o.set_defaults(fn=_import_openacc)
+
+    n = kinds.add_parser("ngsim", help="an NGSIM I-80 six-vehicle chain CSV: one session per follower pair")
+    n.add_argument("source", type=Path, help="the chain CSV file")
+    n.add_argument("-o", "--out", type=Path, help=_PAIR_OUT_HELP)
+    n.set_defaults(fn=_import_ngsim)
+
+    default = default_data_dir()
+    s = kinds.add_parser("shared-data", help="every shared real drive into <out>/train and <out>/heldout")
+    s.add_argument(
+        "source",
+        type=Path,
+        nargs="?",
+        default=default,
+        help=f"the shared data folder (default: ../shared/data beside the repository: {default or 'absent here'})",
+    )
+    s.add_argument("-o", "--out", type=Path, default=Path("runs/real"), help="output folder (default: runs/real)")
+    s.set_defaults(fn=_import_shared_data)
 
 
-def _import(args: argparse.Namespace) -> int:
+def _print(reports: list[ImportReport]) -> None:
+    for report in reports:
+        console.print(report.summary(), highlight=False)
+    if not reports:
+        console.print("no session long enough to import (pieces < 10 s are dropped)", highlight=False)
+
+
+def _import_comma2k19(args: argparse.Namespace) -> int:
     try:
-        if args.kind == "comma2k19":
-            report = import_comma2k19(args.source, args.out or Path(f"{Path(args.source).name}.mcap"))
-        else:
-            report = import_csv(args.source, args.out or Path(args.source).with_suffix(".mcap"))
-    except (Comma2k19Error, CsvImportError) as err:
+        _print([import_comma2k19(args.source, args.out or Path(f"{Path(args.source).name}.mcap"))])
+    except Comma2k19Error as err:
         print_error(err)
         return 2
-    console.print(report.summary(), highlight=False)
+    return 0
+
+
+def _import_csv(args: argparse.Namespace) -> int:
+    try:
+        report = import_csv(
+            args.source,
+            args.out or Path(args.source).with_suffix(".mcap"),
+            session_id=args.session_id,
+            allow_extra_columns=args.allow_extra_columns,
+            units=parse_units(args.units),
+            rate_hz=args.rate_hz,
+        )
+    except CsvImportError as err:
+        print_error(err)
+        return 2
+    _print([report])
+    return 0
+
+
+def _import_openacc(args: argparse.Namespace) -> int:
+    try:
+        _print(import_openacc(args.source, args.out or Path(".")))
+    except OpenAccError as err:
+        print_error(err)
+        return 2
+    return 0
+
+
+def _import_ngsim(args: argparse.Namespace) -> int:
+    try:
+        _print(import_ngsim(args.source, args.out or Path(".")))
+    except NgsimError as err:
+        print_error(err)
+        return 2
+    return 0
+
+
+def _import_shared_data(args: argparse.Namespace) -> int:
+    if args.source is None:
+        print_error("no shared data folder: give one (../shared/data beside the repository does not exist)")
+        return 2
+    console.print(f"importing {args.source} into {args.out}/train and {args.out}/heldout", highlight=False)
+    try:
+        result = import_shared_data(
+            Path(args.source), Path(args.out), progress=lambda line: console.print(line, highlight=False)
+        )
+    except (*_ERRORS, FileNotFoundError) as err:
+        print_error(err)
+        return 2
+    console.print(result.summary(), highlight=False)
     return 0

@@ -1,19 +1,20 @@
 """Import a comma2k19 processed-log segment as a dualloop drive log.
 
 Only the longitudinal picture is real: ego speed (CAN), ego acceleration (derived from the CAN
-speed, see `ego_accel_from_speed`), and the in-lane lead from the radar tracks. Lateral and
-neighbouring-lane features are not in this data and get neutral values (the header lists which).
+speed, see `ego_accel_from_speed`), and the in-lane lead from the radar tracks, plus yaw rate and a
+kinematic curvature from the gyro. Lane offset, heading error and the neighbouring lanes are not in
+this data: they are NaN and left out of measured_features (the sensor profile), never filled.
 
 Time base: every channel is resampled onto a fixed grid (default 100 Hz, near the CAN rate) using
 the latest sample at or before each grid time, so an observation never contains anything measured
-after its own timestamp. Timestamps start at 0 ns at the first instant every channel has data.
+after its own timestamp. Timestamps start at 0 ns at the first instant every channel has data; the
+grid times before the CAN speed has a past (no causal ego_accel yet) are left out.
 
 The human's actual action is the one exception to "no look-ahead": it is ground truth, not an
-input. It is the least-squares slope of the CAN speed over the `LABEL_WINDOW_S` *after* each grid
-time (what the driver's pedal did next, like the commanded accel the simulator labels with),
-mapped with sim.schema.label_from_accel: a < -3.5 brake_hard, < -0.5 brake, <= 0.5 keep, else
-accelerate. Its controls are [that accel, front-wheel angle = steering-wheel angle / STEERING_RATIO
-in radians, + = left].
+input. It is `action_labels.lookahead_labels` of the grid's ego speed: the band of
+(v(t + 0.5 s) - v(t)) / 0.5 s (what the driver's pedal did next), -1 for the last 0.5 s. Its
+controls are [that accel, front-wheel angle = steering-wheel angle / STEERING_RATIO in radians,
++ = left].
 """
 
 from __future__ import annotations
@@ -27,27 +28,17 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from dualloop.controller.logs.format import FORMAT_VERSION
+from dualloop.controller.logs.following import TICK_PERIOD_NS
+from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, FORMAT_VERSION
 from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
-from dualloop.sim.schema import (
-    ACTIONS,
-    CONTROL_NAMES,
-    FEATURE_INDEX,
-    FEATURE_NAMES,
-    N_FEATURES,
-    SENSOR_RANGE_M,
-    label_from_accel,
-)
+from dualloop.executor.action_labels import ACCEL_WINDOW_S, LOOKAHEAD_S, backward_accel, lookahead_labels
+from dualloop.sim.schema import ACTIONS, CONTROL_NAMES, FEATURE_INDEX, FEATURE_NAMES, N_FEATURES, SENSOR_RANGE_M
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import log_pb2
 
 # Toyota RAV4 2018 steering ratio (steering-wheel angle / front-wheel angle), as in the brief.
 STEERING_RATIO = 15.3
-# ego_accel: slope of the speed over the last 0.5 s. The CAN speed is quantised and its timestamps
-# jitter (consecutive samples differ by up to 0.5 m/s), so a single difference is useless.
-ACCEL_WINDOW_S = 0.5
-LABEL_WINDOW_S = 0.5
 # The gyro is noisy at 104 Hz; a short trailing mean makes yaw rate and curvature usable.
 YAW_WINDOW_S = 0.25
 # Lead selection. A track enters the ego lane at |left| < 2.0 m and leaves at |left| >= 2.5 m
@@ -63,23 +54,6 @@ TRACK_STALE_S = 0.3
 LEAD_SWITCH_MARGIN_M = 1.0
 
 MEASURED = ("ego_speed", "ego_accel", "lead_present", "lead_distance", "lead_rel_speed", "yaw_rate", "road_curvature")
-# Neutral values for what comma2k19's processed logs do not measure. Lanes on both sides are assumed
-# to exist (I-280 is a multi-lane highway) with nobody in them within sensor range.
-FILLED: dict[str, float] = {
-    "lane_offset": 0.0,
-    "heading_error": 0.0,
-    "left_lane_exists": 1.0,
-    "right_lane_exists": 1.0,
-    "left_front_gap": SENSOR_RANGE_M,
-    "left_front_rel_speed": 0.0,
-    "left_rear_gap": SENSOR_RANGE_M,
-    "left_rear_rel_speed": 0.0,
-    "right_front_gap": SENSOR_RANGE_M,
-    "right_front_rel_speed": 0.0,
-    "right_rear_gap": SENSOR_RANGE_M,
-    "right_rear_rel_speed": 0.0,
-}
-assert set(MEASURED) | set(FILLED) == set(FEATURE_NAMES) and not set(MEASURED) & set(FILLED)
 
 _CHANNELS = ("CAN/speed", "CAN/steering_angle", "CAN/radar", "IMU/gyro")
 
@@ -131,28 +105,6 @@ def latest_index(sample_t: npt.NDArray[np.float64], grid: npt.NDArray[np.float64
     return np.searchsorted(sample_t, grid, side="right") - 1
 
 
-def window_slope(
-    sample_t: npt.NDArray[np.float64],
-    value: npt.NDArray[np.float64],
-    grid: npt.NDArray[np.float64],
-    start_s: float,
-    end_s: float,
-) -> npt.NDArray[np.float64]:
-    """Least-squares slope of value(t) over the samples in (g + start_s, g + end_s] for each grid time.
-
-    Vectorised with cumulative sums; windows with fewer than two samples give 0.
-    """
-    tc = sample_t - sample_t[0]  # keep the sums well conditioned
-    sums = [np.concatenate(([0.0], np.cumsum(x))) for x in (np.ones_like(tc), tc, value, tc * tc, tc * value)]
-    lo = np.searchsorted(sample_t, grid + start_s, side="right")
-    hi = np.searchsorted(sample_t, grid + end_s, side="right")
-    n, st, sv, stt, stv = (s[hi] - s[lo] for s in sums)
-    denominator = n * stt - st * st
-    with np.errstate(invalid="ignore", divide="ignore"):
-        slope = (n * stv - st * sv) / denominator
-    return np.where((n >= 2) & (denominator > 1e-12), slope, 0.0)
-
-
 def window_mean(
     sample_t: npt.NDArray[np.float64], value: npt.NDArray[np.float64], grid: npt.NDArray[np.float64], length_s: float
 ) -> npt.NDArray[np.float64]:
@@ -167,12 +119,15 @@ def window_mean(
 
 
 def ego_accel_from_speed(seg: Segment, grid: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """Why the CAN speed and not the IMU's forward accelerometer: on this segment the accelerometer
+    """`action_labels.backward_accel` of the CAN speed samples, the latest at or before each grid time
+    (the samples before the grid's start give the first grid times a full window).
+
+    Why the CAN speed and not the IMU's forward accelerometer: on this segment the accelerometer
     agrees in shape (correlation 0.85 with the speed's slope) but reads -0.6 m/s^2 on average while
     the car speeds up from 8 to 20 m/s: the windshield mount's pitch and the road grade leak gravity
     into the forward axis. Uncorrected, that bias alone would turn "keep" into "brake"; the speed
     slope has no such bias and is what the action labels are measured with too."""
-    return window_slope(seg.speed_t, seg.speed, grid, -ACCEL_WINDOW_S, 0.0)
+    return backward_accel(seg.speed_t, seg.speed)[latest_index(seg.speed_t, grid)]
 
 
 @dataclass
@@ -281,14 +236,19 @@ def import_comma2k19(
         features[:, FEATURE_INDEX[name]] = leads[:, column]
     features[:, FEATURE_INDEX["yaw_rate"]] = yaw_rate
     features[:, FEATURE_INDEX["road_curvature"]] = yaw_rate / np.maximum(speed, 1.0)  # kinematic: r = v * kappa
-    for name, value in FILLED.items():
-        features[:, FEATURE_INDEX[name]] = value
-    if not np.all(np.isfinite(features)):
-        raise Comma2k19Error(f"{directory}: non-finite feature values after resampling")
+    measured = [FEATURE_INDEX[n] for n in MEASURED]
+    missing = [i for i in range(N_FEATURES) if i not in measured]
+    features[:, missing] = np.nan  # not in this data: the sensor profile says so, nothing is invented
 
-    label_accel = window_slope(seg.speed_t, seg.speed, grid, 0.0, LABEL_WINDOW_S)
-    actions = label_from_accel(label_accel)
+    actions, label_accel = lookahead_labels(timestamps_ns / 1e9, speed)
     steer = np.deg2rad(seg.steer_deg[latest_index(seg.steer_t, grid)]) / STEERING_RATIO
+    # backward_accel is NaN only where the speed has no past yet: the first grid times.
+    first = int(np.argmax(np.isfinite(features[:, FEATURE_INDEX["ego_accel"]])))
+    timestamps_ns, actions = timestamps_ns[first:], actions[first:]
+    features, leads, label_accel, steer = features[first:], leads[first:], label_accel[first:], steer[first:]
+    count -= first
+    if not np.all(np.isfinite(features[:, measured])):
+        raise Comma2k19Error(f"{directory}: non-finite feature values after resampling")
 
     route = route_name(directory)
     header = log_pb2.SessionHeader(
@@ -301,23 +261,28 @@ def import_comma2k19(
         format_version=FORMAT_VERSION,
         feature_names=FEATURE_NAMES,
         measured_features=[n for n in FEATURE_NAMES if n in MEASURED],
-        filled_features=[n for n in FEATURE_NAMES if n in FILLED],
         action_names=ACTIONS,
         control_names=CONTROL_NAMES,
-        tick_period_ns=period_ns,
+        tick_period_ns=TICK_PERIOD_NS,
+        observation_period_ns=period_ns,
         source_details={
             "dataset": "comma2k19 (MIT licence, arXiv:1812.05752)",
             "route": route,
             "boot_time_of_t0_s": f"{start:.6f}",
             "rate_hz": f"{rate_hz:g}",
             "ego_speed": "CAN speed, latest sample at or before each grid time",
-            "ego_accel": f"least-squares slope of CAN speed over the previous {ACCEL_WINDOW_S} s "
-            "(the IMU forward axis carries a -0.6 m/s^2 gravity bias from mount pitch and grade)",
+            "ego_accel": f"backward_accel: slope of the CAN speed over the previous {ACCEL_WINDOW_S} s, latest "
+            "sample at or before each grid time (the IMU forward axis carries a -0.6 m/s^2 gravity bias "
+            "from mount pitch and grade)",
             "lead": f"nearest radar track with |left| < {LEAD_ENTER_M} m (leaves at >= {LEAD_EXIT_M} m), "
             f"in lane for {LEAD_CONFIRM_S} s, reported within {TRACK_STALE_S} s, range <= {SENSOR_RANGE_M} m",
             "yaw_rate": f"-gyro[down], mean over the previous {YAW_WINDOW_S} s",
             "road_curvature": "yaw_rate / ego_speed (no lane model in this data)",
-            "actual_action": f"label_from_accel(slope of CAN speed over the next {LABEL_WINDOW_S} s)",
+            "actual_action": f"lookahead_labels of ego_speed: band of (v(t + {LOOKAHEAD_S} s) - v(t)) / "
+            f"{LOOKAHEAD_S} s; controls[accel] = that look-ahead acceleration",
+            ACTUAL_CONTROLS_DETAIL: "look-ahead acceleration label made from the speed profile, not a command; "
+            "steer: the steering wheel angle at the observation",
+            "missing": "lane_offset, heading_error and the neighbour lanes are not in this data: NaN",
             "actual_steer": f"steering wheel angle / {STEERING_RATIO} (RAV4 steering ratio), radians, + = left",
         },
     )
@@ -337,10 +302,11 @@ def import_comma2k19(
         source=header.source,
         out_path=out_path,
         observations=count,
-        duration_s=(count - 1) * period_ns / 1e9,
+        duration_s=float(timestamps_ns[-1] - timestamps_ns[0]) / 1e9,
         rate_hz=rate_hz,
         lead_present_fraction=float(leads[:, 0].mean()),
         label_counts=count_labels(actions),
         measured_features=list(header.measured_features),
-        filled_features=list(header.filled_features),
+        filled_features=[],
+        session_id=header.session_id,
     )

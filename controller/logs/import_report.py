@@ -25,11 +25,12 @@ class ImportReport:
     measured_features: list[str]
     filled_features: list[str]
     warnings: list[str] = field(default_factory=list)
+    session_id: str = ""
 
     def summary(self) -> str:
         labels = ", ".join(f"{name} {count}" for name, count in self.label_counts.items() if count)
         lines = [
-            f"imported {self.source} -> {self.out_path}",
+            f"imported {self.source} -> {self.out_path}" + (f" (session {self.session_id})" if self.session_id else ""),
             f"  {self.observations} observations over {self.duration_s:.1f} s ({self.rate_hz:.0f} Hz), "
             f"lead present {100 * self.lead_present_fraction:.0f}% of the time",
             f"  actual actions: {labels or 'none'}",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dualloop.controller.console import console, print_error
 from dualloop.controller.replay.diff import NotSameInput, Tolerances, diff_exit_code, diff_logs, format_diff
+from dualloop.controller.replay.evaluation import format_evaluation, from_replay_reports, plot_evaluation
 from dualloop.controller.replay.fleet import replay_many
 from dualloop.controller.replay.lockstep import replay_log
 from dualloop.controller.replay.report import format_report
@@ -26,6 +27,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--ray",
         action="store_true",
         help="distribute over an existing Ray cluster (RAY_ADDRESS or `ray start --head`; pip install 'dualloop[ray]')",
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="write the evaluation against the labels and the baselines (per log, pooled, macro) as JSON",
+    )
+    p.add_argument(
+        "--plot", type=Path, metavar="PATH.png", help="plot the pooled confusion matrices and agreement per log"
     )
     p.set_defaults(fn=_replay)
 
@@ -54,6 +64,7 @@ def _replay(args: argparse.Namespace) -> int:
         report_path = out.with_suffix(".json")
         report_path.write_text(json.dumps(result.report.as_dict(), indent=2, default=float))
         console.print(f"new log: {out}  report: {report_path}")
+        _evaluate([result.report.as_dict()], args)
         return 0
 
     try:
@@ -76,7 +87,24 @@ def _replay(args: argparse.Namespace) -> int:
     )
     for path, why in fleet.errors.items():
         console.print(f"[red]failed:[/] {path}: {why}", highlight=False)
+    _evaluate([fleet.reports[str(p)] for p in args.logs if str(p) in fleet.reports], args)
     return 1 if fleet.errors else 0
+
+
+def _evaluate(reports: list[dict], args: argparse.Namespace) -> None:
+    """The evaluation table of the replayed logs (in the order given); --json and --plot."""
+    evaluation, skipped = from_replay_reports(reports)
+    for source, why in skipped.items():
+        console.print(f"[yellow]not evaluated:[/] {source}: {why}", highlight=False)
+    if not evaluation.logs:
+        return
+    console.print(format_evaluation(evaluation), highlight=False, markup=False)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(evaluation.as_dict(), indent=2, allow_nan=False))
+        console.print(f"evaluation: {args.json}")
+    if args.plot:
+        console.print(f"plot: {plot_evaluation(evaluation, args.plot)}")
 
 
 def _diff(args: argparse.Namespace) -> int:

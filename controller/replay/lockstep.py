@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, actual_is_command, sensor_profile
 from dualloop.controller.logs.logfile import LogData, read_log, write_log
+from dualloop.controller.replay.evaluation import EvaluationUnavailable, evaluate_replay, unmeasured_features
 from dualloop.controller.replay.report import ReplayReport, summarise
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto
@@ -175,5 +176,14 @@ def replay_log(
         else "skipped: the log does not declare its actual controls as the command in effect "
         f"({data.header.source_details.get(ACTUAL_CONTROLS_DETAIL) or 'no declaration'})"
     )
-    timings["report_s"] = time.perf_counter() - t3
+    t4 = time.perf_counter()
+    timings["report_s"] = t4 - t3
+    try:  # against the labels and the baselines, one tick per observation
+        evaluation = evaluate_replay(
+            snaps, observations, ex.card, source_path, unmeasured_features(data.header, ex.card.feature_names)
+        )
+        result.report.evaluation = evaluation.as_dict()
+    except EvaluationUnavailable as err:
+        result.report.evaluation = {"skipped": str(err)}
+    timings["evaluation_s"] = time.perf_counter() - t4
     return result

@@ -37,6 +37,8 @@ class ReplayReport:
     timings: dict[str, float] = field(default_factory=dict)
     speedup: float = 0.0  # drive duration / replay compute time
     actuation_check: str = ""  # whether the gate's actuation check ran, and why not
+    # evaluation.LogEvaluation.as_dict() against the labels and the baselines, or {"skipped": why}
+    evaluation: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -10,6 +10,7 @@ import pytest
 from dualloop.controller.logs import import_comma2k19 as c2k
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.serve.wire import observation_from_proto
+from dualloop.executor.action_labels import backward_accel, lookahead_labels
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock
@@ -77,14 +78,34 @@ def test_fixture_observations_are_accepted_by_the_executor(fixture_log, test_mod
 
 
 @needs_dataset
-def test_fresh_import_equals_the_fixture(tmp_path: Path) -> None:
+def test_fresh_import_agrees_with_the_fixture(tmp_path: Path) -> None:
+    """The fixture was made before the importer stopped filling: the measured columns must still be
+    the same values (one row later: the first grid time has no causal ego_accel and is left out),
+    the unmeasured ones NaN, and the labels those of action_labels."""
     out = tmp_path / "fresh.mcap"
     report = c2k.import_comma2k19(DATASET, out, rate_hz=100, start_time_unix_ns=1_533_198_887_000_000_000)
-    assert out.read_bytes() == FIXTURE.read_bytes(), (
-        "importer changed: regenerate the fixture (tests/fixtures/README.md)"
-    )
-    assert report.observations == len(read_log(out).observations) and report.lead_present_fraction > 0.8
-    assert "imported comma2k19" in report.summary()
+    fresh, old = read_log(out), read_log(FIXTURE)
+    assert report.observations == len(fresh.observations) == len(old.observations) - 1
+    assert [o.timestamp_ns for o in fresh.observations] == [o.timestamp_ns for o in old.observations[1:]]
+    new_x = np.array([o.features for o in fresh.observations])
+    old_x = np.array([o.features for o in old.observations[1:]])
+    measured = list(fresh.header.measured_features)
+    assert measured == [n for n in FEATURE_NAMES if n in c2k.MEASURED] and not fresh.header.filled_features
+    for name in FEATURE_NAMES:
+        k = FEATURE_INDEX[name]
+        if name == "ego_accel":  # 2-point backward slope now, least squares then: same signal, less smoothing
+            assert np.sqrt(np.mean((new_x[:, k] - old_x[:, k]) ** 2)) < 0.15
+        elif name in measured:
+            np.testing.assert_array_equal(new_x[:, k], old_x[:, k], err_msg=name)
+        else:
+            assert np.isnan(new_x[:, k]).all(), name
+    t = np.array([o.timestamp_ns for o in fresh.observations]) / 1e9
+    labels, accel = lookahead_labels(t, column(fresh.observations, "ego_speed"))
+    # recomputed from the stored float32 speeds: equal bands, accelerations within float32 rounding
+    np.testing.assert_array_equal([o.actual.action_index for o in fresh.observations], labels)
+    np.testing.assert_allclose([o.actual.controls[0] for o in fresh.observations], accel, atol=1e-4)
+    assert fresh.header.observation_period_ns == 10_000_000 and fresh.header.tick_period_ns == 5_000_000
+    assert report.lead_present_fraction > 0.8 and "imported comma2k19" in report.summary()
 
 
 @needs_dataset
@@ -158,3 +179,41 @@ def test_nearer_cut_in_takes_over_and_duplicates_do_not_flicker() -> None:
     before = (grid > 0.5) & (grid < 2.0)
     assert np.all(leads[before, 1] == 60.0)
     assert np.all(leads[grid > 2.0 + c2k.LEAD_CONFIRM_S + 0.01, 1] == 25.0)
+
+
+def _save(folder: Path, t: np.ndarray, value: np.ndarray) -> None:
+    folder.mkdir(parents=True)
+    for name, array in (("t", t), ("value", value)):
+        with open(folder / name, "wb") as stream:  # the dataset's files have no .npy suffix
+            np.save(stream, array)
+
+
+def test_import_of_a_segment_on_disk_leaves_missing_features_nan(tmp_path: Path) -> None:
+    """A small segment written in comma2k19's layout: the unmeasured features are NaN and absent from
+    the sensor profile, labels are lookahead_labels of the stored speed, ego_accel is causal."""
+    segment = tmp_path / "segment"
+    t = 1000.0 + np.arange(0.0, 12.0, 0.01)
+    speed = 15.0 + 2.0 * np.sin(t)
+    _save(segment / "processed_log" / "CAN" / "speed", t, speed.reshape(-1, 1))
+    _save(segment / "processed_log" / "CAN" / "steering_angle", t, np.full_like(t, 3.0))
+    radar_t = np.arange(1000.0, 1012.0, 0.05)
+    radar = np.array([[30.0, 0.2, -1.0, np.nan, np.nan, 530, 0] for _ in radar_t])
+    _save(segment / "processed_log" / "CAN" / "radar", radar_t, radar)
+    _save(segment / "processed_log" / "IMU" / "gyro", t, np.zeros((len(t), 3)))
+    report = c2k.import_comma2k19(segment, tmp_path / "s.mcap", start_time_unix_ns=1)
+    data = read_log(tmp_path / "s.mcap")
+    head = data.header
+    assert list(head.measured_features) == [n for n in FEATURE_NAMES if n in c2k.MEASURED]
+    assert not head.filled_features and report.filled_features == []
+    assert head.observation_period_ns == 10_000_000 and head.tick_period_ns == 5_000_000
+    x = np.array([o.features for o in data.observations], dtype=np.float64)
+    for name in FEATURE_NAMES:
+        assert np.isnan(x[:, FEATURE_INDEX[name]]).all() == (name not in c2k.MEASURED), name
+    # the grid's first time is the first CAN sample: no past, left out
+    assert data.observations[0].timestamp_ns == 10_000_000
+    stamps = np.array([o.timestamp_ns for o in data.observations]) / 1e9
+    labels, accel = lookahead_labels(stamps, x[:, FEATURE_INDEX["ego_speed"]])
+    np.testing.assert_array_equal([o.actual.action_index for o in data.observations], labels)
+    np.testing.assert_allclose([o.actual.controls[0] for o in data.observations], accel, atol=1e-4, equal_nan=True)
+    np.testing.assert_allclose(x[:, FEATURE_INDEX["ego_accel"]], backward_accel(t, speed)[1 : len(x) + 1], atol=1e-4)
+    assert {ACTIONS[i] for i in labels if i >= 0} >= {"brake", "accelerate"}

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from dualloop.controller.cli import main
 from dualloop.controller.logs.import_csv import CsvImportError, import_csv
 from dualloop.controller.logs.logfile import read_log
-from dualloop.sim.schema import ACTION_INDEX, FEATURE_NAMES
+from dualloop.executor.action_labels import backward_accel, lookahead_labels
+from dualloop.sim.schema import ACTION_INDEX, FEATURE_INDEX, FEATURE_NAMES, PLAN_NAMES
 
 HEADER = ["time", *FEATURE_NAMES, "actual_action", "actual_accel", "actual_steer"]
 
@@ -49,13 +53,15 @@ def test_features_only_file_is_enough(tmp_path: Path) -> None:
     src = write_csv(tmp_path / "plain.csv", [row("1.0")[:20], row("1.5")[:20]], header=HEADER[:20])
     data = read_log(import_csv(src, tmp_path / "plain.mcap").out_path)
     assert [o.timestamp_ns for o in data.observations] == [1_000_000_000, 1_500_000_000]
-    assert not any(o.HasField("actual") for o in data.observations)
+    # No action column: the look-ahead label needs 0.5 s of future, which the last row lacks.
+    assert data.observations[0].actual.action_index == ACTION_INDEX["keep"]
+    assert not data.observations[1].HasField("actual")
 
 
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda h, r: (h[:3] + h[4:], [x[:3] + x[4:] for x in r]), r"line 1 \(header\): missing column 'lead_present'"),
+        (lambda h, r: (h[:1] + h[2:], [x[:1] + x[2:] for x in r]), r"line 1 \(header\): missing column 'ego_speed'"),
         (
             lambda h, r: (h, r[:2] + [row("0.02", speed="fast")] + r[3:]),
             r"line 4, column 'ego_speed': 'fast' is not a number",
@@ -73,7 +79,7 @@ def test_features_only_file_is_enough(tmp_path: Path) -> None:
         (lambda h, r: (h, r[:1] + [row("0.01", action="swerve")] + r[2:]), r"line 3, column 'actual_action': 'swerve'"),
         (lambda h, r: (h, r[:1] + [row("0.01", accel="")] + r[2:]), r"line 3, column 'actual_accel': empty while"),
         (lambda h, r: (h, r[:1] + [row("0.01")[:-1]] + r[2:]), r"line 3: 22 cells, the header has 23"),
-        (lambda h, r: (h[:-1], [x[:-1] for x in r]), r"missing column 'actual_steer'"),
+        (lambda h, r: (h[:-2] + h[-1:], [x[:-2] + x[-1:] for x in r]), r"missing column 'actual_accel'"),
     ],
     ids=[
         "missing-column",
@@ -85,7 +91,7 @@ def test_features_only_file_is_enough(tmp_path: Path) -> None:
         "unknown-action",
         "half-controls",
         "short-row",
-        "accel-without-steer",
+        "steer-without-accel",
     ],
 )
 def test_malformed_files_name_file_line_and_column(tmp_path: Path, mutate, message: str) -> None:
@@ -113,3 +119,122 @@ def test_empty_and_header_only_files(tmp_path: Path) -> None:
         import_csv(only_header, tmp_path / "h.mcap")
     with pytest.raises(CsvImportError, match="no such file"):
         import_csv(tmp_path / "absent.csv", tmp_path / "a.mcap")
+
+
+def write_table(path: Path, header: list[str], rows: list[list[object]]) -> Path:
+    path.write_text("\n".join(",".join(str(c) for c in cells) for cells in [header, *rows]) + "\n")
+    return path
+
+
+def speed_profile(n: int = 40, dt: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    t = 100.0 + dt * np.arange(n)
+    return t, 20.0 + 2.0 * np.sin(t)  # m/s, accelerating and braking
+
+
+def test_five_columns_with_declared_units(tmp_path: Path) -> None:
+    t, v = speed_profile()
+    rows = [[f"{ti:.1f}", f"{vi * 3.6:.6f}", 1, f"{30 / 0.3048:.6f}", f"{-1 / 0.44704:.6f}"] for ti, vi in zip(t, v)]
+    header = ["time", "ego_speed[km/h]", "lead_present", "lead_distance", "lead_rel_speed [mph]"]
+    src = write_table(tmp_path / "five.csv", header, rows)
+    report = import_csv(src, tmp_path / "five.mcap", units={"lead_distance": "ft"}, start_time_unix_ns=1)
+    data = read_log(tmp_path / "five.mcap")
+    head = data.header
+    measured = ["ego_speed", "ego_accel", "lead_present", "lead_distance", "lead_rel_speed"]
+    assert list(head.measured_features) == measured and report.measured_features == measured
+    assert not head.filled_features and "backward slope of ego_speed over 0.5 s" in head.source_details["ego_accel"]
+    assert head.observation_period_ns == 100_000_000 and head.tick_period_ns == 5_000_000
+    assert "lookahead_labels" in head.source_details["actual_action"]
+    # the first row has no past for ego_accel: left out, with a warning naming its line
+    assert len(data.observations) == 39 and data.observations[0].timestamp_ns == 100_100_000_000
+    assert any("line 2" in w for w in report.warnings)
+    x = np.array([o.features for o in data.observations], dtype=np.float64)
+    np.testing.assert_allclose(x[:, FEATURE_INDEX["ego_speed"]], v[1:], rtol=1e-5)
+    np.testing.assert_allclose(x[:, FEATURE_INDEX["lead_distance"]], 30.0, rtol=1e-5)
+    np.testing.assert_allclose(x[:, FEATURE_INDEX["lead_rel_speed"]], -1.0, rtol=1e-5)
+    np.testing.assert_allclose(x[:, FEATURE_INDEX["ego_accel"]], backward_accel(t, v)[1:], atol=1e-4)
+    missing = [FEATURE_INDEX[n] for n in FEATURE_NAMES if n not in measured]
+    assert np.isnan(x[:, missing]).all()
+    labels, accel = lookahead_labels(t, v)
+    stored = [o.actual.action_index if o.HasField("actual") else -1 for o in data.observations]
+    assert stored == labels[1:].tolist() and labels[-5:].tolist() == [-1] * 5
+    assert data.observations[0].actual.controls[0] == pytest.approx(accel[1], abs=1e-3)
+    assert math.isnan(data.observations[0].actual.controls[1])
+    assert set(labels[1:-5].tolist()) >= {ACTION_INDEX["brake"], ACTION_INDEX["accelerate"]}
+
+
+def test_speed_in_kmh_without_a_declaration_is_refused(tmp_path: Path) -> None:
+    t, v = speed_profile()
+    rows = [[f"{ti:.1f}", f"{vi * 3.6:.3f}"] for ti, vi in zip(t, v)]
+    src = write_table(tmp_path / "kmh.csv", ["time", "ego_speed"], rows)
+    line = int(np.argmax(v)) + 2
+    with pytest.raises(CsvImportError) as caught:
+        import_csv(src, tmp_path / "kmh.mcap")
+    message = str(caught.value)
+    assert message.startswith(f"{src}: line {line}, column 'ego_speed': ")
+    assert "looks like km/h; declare --units ego_speed=km/h" in message
+    assert import_csv(src, tmp_path / "kmh.mcap", units={"ego_speed": "km/h"}).observations == 39
+
+
+@pytest.mark.parametrize(
+    ("header", "units", "message"),
+    [
+        (["time", "ego_speed", "colour"], {}, r"line 1 \(header\): unknown column 'colour' .*--allow-extra-columns"),
+        (["time", "ego_speed[furlongs]"], {}, r"line 1 \(header\), column 'ego_speed': unit 'furlongs' .*km/h, .*mph"),
+        (["time", "ego_speed"], {"ego_speed": "ft"}, r"column 'ego_speed': unit 'ft' is not one"),
+        (["time", "ego_speed"], {"lead_distance": "ft"}, r"--units names column 'lead_distance', which is not in"),
+        (["time", "ego_speed[km/h]"], {"ego_speed": "mph"}, r"the header says \[km/h\], --units says mph"),
+        (["time", "ego_speed", "target_speed"], {}, r"plan columns 'target_lane_offset', .* all together"),
+        (["time", "lead_distance"], {}, r"missing column 'ego_speed'"),
+    ],
+    ids=["unknown-column", "unknown-unit", "wrong-dimension", "units-for-absent", "two-units", "half-plan", "no-speed"],
+)
+def test_header_errors_name_the_column(tmp_path: Path, header: list[str], units: dict[str, str], message: str) -> None:
+    src = write_table(tmp_path / "h.csv", header, [[0.1 * i] + [1.0] * (len(header) - 1) for i in range(5)])
+    with pytest.raises(CsvImportError, match=message) as caught:
+        import_csv(src, tmp_path / "h.mcap", units=units)
+    assert str(caught.value).startswith(f"{src}: ")
+
+
+def test_declared_rate_and_irregular_rows(tmp_path: Path) -> None:
+    t = np.cumsum(np.where(np.arange(60) % 3 == 0, 0.15, 0.05))  # jittery logger
+    v = np.full(60, 10.0)
+    src = write_table(
+        tmp_path / "j.csv", ["time", "ego_speed", "ego_accel"], [[f"{a:.3f}", b, 0] for a, b in zip(t, v)]
+    )
+    measured = import_csv(src, tmp_path / "m.mcap")
+    assert any(w.startswith("irregular rows") for w in measured.warnings)
+    assert read_log(tmp_path / "m.mcap").header.observation_period_ns == 50_000_000
+    declared = import_csv(src, tmp_path / "d.mcap", rate_hz=12.5)
+    assert not any(w.startswith("irregular") for w in declared.warnings)
+    head = read_log(tmp_path / "d.mcap").header
+    assert head.observation_period_ns == 80_000_000 and head.source_details["rate"] == "12.5 Hz, declared"
+    assert list(head.measured_features) == ["ego_speed", "ego_accel"]  # from the file: nothing derived
+    assert "ego_accel" not in head.source_details
+
+
+def test_plan_columns_become_plan_updates(tmp_path: Path) -> None:
+    header = ["time", "ego_speed", "ego_accel", *PLAN_NAMES, "actual_accel"]
+    plans = [[25, 0, 1, 0, 0, 0]] * 3 + [[25, 3.5, 0, 1, 0, 0]] * 2 + [[25, 0, 1, 0, 0, 0]]
+    rows = [[0.1 * i, 20, 0, *p, -1.0] for i, p in enumerate(plans)]
+    src = write_table(tmp_path / "p.csv", header, rows)
+    data = read_log(import_csv(src, tmp_path / "p.mcap").out_path)
+    assert [o.plan.plan_id for o in data.observations] == ["plan-1"] * 3 + ["plan-2"] * 2 + ["plan-3"]
+    assert list(data.observations[3].plan.values) == [25, 3.5, 0, 1, 0, 0]
+    # actual_accel without actual_steer: the band of the accel, steer NaN
+    first = data.observations[0].actual
+    assert first.action_index == ACTION_INDEX["brake"] and first.controls[0] == -1.0 and math.isnan(first.controls[1])
+    assert data.header.source_details["actual_action"] == "the band of actual_accel"
+
+
+def test_cli_csv_with_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    t, v = speed_profile()
+    src = write_table(
+        tmp_path / "c.csv", ["time", "ego_speed"], [[f"{a:.1f}", f"{b / 0.44704:.4f}"] for a, b in zip(t, v)]
+    )
+    assert (
+        main(["import", "csv", str(src), "--units", "ego_speed=mph", "--rate-hz", "10", "-o", str(tmp_path / "c.mcap")])
+        == 0
+    )
+    assert "39 observations" in capsys.readouterr().out
+    assert main(["import", "csv", str(src), "--units", "ego_speed"]) == 2
+    assert "is not NAME=UNIT" in capsys.readouterr().out
