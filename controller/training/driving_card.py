@@ -45,8 +45,9 @@ def driving_card(
     mask_input: bool = False,
     plan_default: list[float] | None = None,
 ) -> ModelCard:
-    """plan_default: the plan of a session that has none (default: keep at 25 m/s, the test
-    model's); trained models give schema.no_plan(), the plan recorded drives are trained with."""
+    """plan_default: the plan of a session that has none (default: schema.no_plan(), the plan
+    recorded drives are trained with; every model the project builds reads "no plan" the same way,
+    so replays of one log with two of them see the same inputs)."""
 
     def specs(fields, stats):
         out = []
@@ -55,9 +56,7 @@ def driving_card(
             out.append(FeatureSpec(name=f.name, unit=f.unit, mean=mean, std=max(std, 1e-6)))
         return out
 
-    default_plan = (
-        schema.make_plan(25.0, 0.0, schema.BEHAVIOURS.index("keep")).tolist() if plan_default is None else plan_default
-    )
+    default_plan = schema.no_plan().tolist() if plan_default is None else plan_default
     return ModelCard(
         name=name,
         size_class=size_class,
