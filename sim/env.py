@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dualloop.sim.expert import Expert, TargetSteps
+from dualloop.executor.action_labels import UNLABELLED, lookahead_labels
+from dualloop.sim.expert import DriverStyle, Expert, TargetSteps
 from dualloop.sim.metrics import EpisodeMetrics, MetricsRecorder
 from dualloop.sim.scenarios import SCENARIOS, ScenarioInstance, build_scenario
-from dualloop.sim.schema import N_FEATURES, N_PLAN, PLAN_INDEX, clip_controls, label_from_accel
+from dualloop.sim.schema import FEATURE_INDEX, N_FEATURES, N_PLAN, PLAN_INDEX, clip_controls, label_from_accel
 from dualloop.sim.sensors import Sensors
 from dualloop.sim.world import EGO
 
@@ -41,9 +42,11 @@ class SimEnv:
         squeeze: bool = False,
         see_lane_ends: bool = True,
         target_steps: TargetSteps | None = None,
+        expert_style: DriverStyle | None = None,
     ) -> None:
         """target_steps: the expert's target speed steps within the drive (training data); None: it
-        follows the scenario's cruise speed throughout, as the simulator's planner in closed loop."""
+        follows the scenario's cruise speed throughout, as the simulator's planner in closed loop.
+        expert_style: the expert's car-following style per episode (None: ExpertParams')."""
         if squeeze and len(instance.seeds) != 1:
             raise ValueError("squeeze needs a single episode")
         self.instance = instance
@@ -60,7 +63,7 @@ class SimEnv:
             if target_steps is None
             else target_steps.sample(instance.seeds, instance.cruise_speed, self.duration_s)
         )
-        self.expert = Expert(self.world, instance.cruise_speed, schedule=schedule)
+        self.expert = Expert(self.world, instance.cruise_speed, schedule=schedule, style=expert_style)
         self._plan_every = max(1, int(round(PLAN_PERIOD_S / self.world.dt)))
         self.recorder = MetricsRecorder(self.batch, self.n_steps, self.world.dt)
         self.finished = np.zeros(self.batch, dtype=bool)
@@ -177,6 +180,17 @@ class ExpertData:
     alt_plan: npt.NDArray[np.float32] | None = None  # (B, T, N_PLAN)
     alt_label: npt.NDArray[np.int64] | None = None  # (B, T)
     alt_controls: npt.NDArray[np.float32] | None = None  # (B, T, 2)
+
+    def lookahead_label(self) -> npt.NDArray[np.int64]:
+        """(B, T) the action as a recorded human's is labelled (executor.action_labels): the band of
+        the measured speed's slope over the next 0.5 s; UNLABELLED where that runs past the end of
+        the episode or past its crash."""
+        out = np.full(self.valid.shape, UNLABELLED, dtype=np.int64)
+        for b in range(self.valid.shape[0]):
+            n = int(self.valid[b].sum())  # valid is a prefix: an episode only ends
+            if n > 1:
+                out[b, :n] = lookahead_labels(self.t[:n], self.features[b, :n, FEATURE_INDEX["ego_speed"]])[0]
+        return out
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,17 @@ class ExpertParams:
 
 
 @dataclass(frozen=True)
+class DriverStyle:
+    """The expert's car-following style per episode (B,), in place of ExpertParams' time_gap,
+    min_gap, a_max and b_comf: a population of drivers for the training drives (sim.realism)."""
+
+    time_gap: FloatArray
+    min_gap: FloatArray
+    a_max: FloatArray
+    b_comf: FloatArray
+
+
+@dataclass(frozen=True)
 class TargetSchedule:
     """What TargetSteps drew for a batch: segment k of episode b runs from starts[b, k] (starts[b, 0]
     is 0, unused slots are +inf) at speeds[b, k]; where follow[b], the target follows the traffic."""
@@ -154,7 +165,7 @@ def expert_idm(
     v0: FloatArray,
     gap: FloatArray,
     v_lead: FloatArray,
-    p: ExpertParams,
+    p: ExpertParams | DriverStyle,
     time_gap: float | None = None,
 ) -> FloatArray:
     """IDM whose free-road term never brakes harder than b_comf (smooth when far above v0)."""
@@ -176,10 +187,13 @@ class Expert:
         cruise_speed: FloatArray,
         params: ExpertParams | None = None,
         schedule: TargetSchedule | None = None,
+        style: DriverStyle | None = None,
     ) -> None:
-        """schedule: from TargetSteps.sample; None: the cruise speed throughout."""
+        """schedule: from TargetSteps.sample; None: the cruise speed throughout. style: how this
+        episode's driver follows (None: ExpertParams')."""
         self.world = world
         self.p = params or ExpertParams()
+        self.style: ExpertParams | DriverStyle = self.p if style is None else style
         b = world.batch
         self.cruise = np.broadcast_to(np.asarray(cruise_speed, dtype=np.float64), (b,)).copy()
         self.schedule = schedule
@@ -230,7 +244,7 @@ class Expert:
         # Lane-change gains are judged at the cruise speed whatever the target: the expert changes
         # lanes as often with a low target as with the cruise, so the data has every target during
         # lane changes too.
-        a_cur = expert_idm(v, self.cruise, fg[:, 0], fv[:, 0], p)
+        a_cur = expert_idm(v, self.cruise, fg[:, 0], fv[:, 0], self.style)
 
         best_gain = np.full(b, -np.inf)
         best_dir = np.zeros(b, dtype=np.int64)
@@ -239,7 +253,7 @@ class Expert:
                 self._lane_end_gap((lane + direction)[:, None])[:, 0] > p.merge_horizon_m
             )
             has_rear = np.isfinite(rg[:, k])
-            a_new = expert_idm(v, self.cruise, fg[:, k], fv[:, k], p)
+            a_new = expert_idm(v, self.cruise, fg[:, k], fv[:, k], self.style)
             # The follower is judged with its own speed as desired speed: we only ask "how hard
             # would it have to brake", not what it wants.
             a_f_new = np.where(has_rear, expert_idm(rv[:, k], rv[:, k] + 1.0, rg[:, k], v, p), 0.0)
@@ -308,8 +322,8 @@ class Expert:
         lanes = np.stack([lane, self.target_lane], axis=1)
         fg, fv, _, _ = self._front(lanes)
         accel = np.minimum(
-            expert_idm(v, desired, fg[:, 0], fv[:, 0], p),
-            expert_idm(v, desired, fg[:, 1], fv[:, 1], p),
+            expert_idm(v, desired, fg[:, 0], fv[:, 0], self.style),
+            expert_idm(v, desired, fg[:, 1], fv[:, 1], self.style),
         )
         # Merge preparation: slot in behind the nearest car of the lane we must merge into.
         own_end = self._lane_end_gap(lane[:, None])[:, 0]
@@ -317,7 +331,7 @@ class Expert:
         if merging.any():
             adj_lane = np.clip(lane + 1, 0, w.road.n_lanes - 1)[:, None]
             ag, av, _, _ = self._front(adj_lane)
-            a_merge = expert_idm(v, desired, ag[:, 0], av[:, 0], p, time_gap=p.merge_time_gap)
+            a_merge = expert_idm(v, desired, ag[:, 0], av[:, 0], self.style, time_gap=p.merge_time_gap)
             accel = np.where(merging, np.minimum(accel, a_merge), accel)
 
         # Emergency: brake for the deceleration that cancels the closing speed before contact.

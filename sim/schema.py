@@ -121,6 +121,20 @@ def make_plan(
     return plan
 
 
+# The plan of a drive that has none: a recorded human's, and a session's before its first plan. No
+# behaviour (every one-hot 0) says "no plan"; the target speed in it means nothing (25 m/s, the old
+# default). Models are trained with it on human and human-like drives, so without a plan they
+# propose what a driver would do (docs/design-notes/sim.md).
+NO_PLAN_TARGET_SPEED: float = 25.0
+
+
+def no_plan() -> npt.NDArray[np.float32]:
+    """The plan vector (N_PLAN,) float32 of a drive without a plan."""
+    plan = np.zeros(N_PLAN, dtype=np.float32)
+    plan[PLAN_INDEX["target_speed"]] = NO_PLAN_TARGET_SPEED
+    return plan
+
+
 def clip_controls(
     accel: npt.ArrayLike, steer: npt.ArrayLike
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:

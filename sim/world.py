@@ -47,6 +47,27 @@ class IdmParams:
 
 
 @dataclass(frozen=True)
+class TrafficDrivers:
+    """A population of traffic drivers (training data): IDM parameters per vehicle (B, M) in place of
+    the shared IdmParams, and a slow wave on each driver's desired speed, v0 * (1 + amplitude *
+    sin(2 pi t / period + phase)), which makes leaders speed up and slow down as real traffic does
+    (stop-and-go when the amplitude is large). The ego's column is unused: the ego is driven."""
+
+    time_gap: FloatArray
+    min_gap: FloatArray
+    a_max: FloatArray
+    b_comf: FloatArray
+    wave_amplitude: FloatArray
+    wave_period_s: FloatArray
+    wave_phase: FloatArray
+    max_decel: float = 9.0
+
+    def desired_speed(self, v0: FloatArray, t: float) -> FloatArray:
+        wave = 1.0 + self.wave_amplitude * np.sin(2.0 * np.pi * t / self.wave_period_s + self.wave_phase)
+        return np.maximum(v0 * wave, 0.1)
+
+
+@dataclass(frozen=True)
 class MobilParams:
     politeness: float = 0.3
     threshold: float = 0.25  # m/s^2 of net advantage needed to bother changing
@@ -57,7 +78,9 @@ class MobilParams:
     duration_s: float = 3.0
 
 
-def idm_accel(v: FloatArray, v0: FloatArray, gap: FloatArray, v_lead: FloatArray, p: IdmParams) -> FloatArray:
+def idm_accel(
+    v: FloatArray, v0: FloatArray, gap: FloatArray, v_lead: FloatArray, p: IdmParams | TrafficDrivers
+) -> FloatArray:
     """Intelligent Driver Model acceleration; gap = inf means a free road."""
     dv = v - v_lead
     s_star = p.min_gap + np.maximum(0.0, v * p.time_gap + v * dv / (2.0 * np.sqrt(p.a_max * p.b_comf)))
@@ -113,6 +136,7 @@ class World:
     mobil: MobilParams = field(default_factory=MobilParams)
     friction: Friction | None = None
     script: TrafficScript | None = None
+    drivers: TrafficDrivers | None = None  # None: every traffic car drives with `idm`
     neighbour_refresh_steps: int = 4  # leaders are re-identified every 20 ms, gaps every step
 
     def __post_init__(self) -> None:
@@ -257,7 +281,8 @@ class World:
         has_or = np.isfinite(or_gap)
         or_v, or_v0 = v_flat[or_idx + base], v0_flat[or_idx + base]
 
-        a_self_new = idm_accel(self.v, self.v0, nf_gap, nf_v, idm)
+        own_v0, own_idm = self._traffic_idm()
+        a_self_new = idm_accel(self.v, own_v0, nf_gap, nf_v, own_idm)
         a_nr_new = np.where(has_nr, idm_accel(nr_v, nr_v0, nr_gap, self.v, idm), 0.0)
         a_nr_old = np.where(has_nr, idm_accel(nr_v, nr_v0, nr_gap + nf_gap + veh.length, nf_v, idm), 0.0)
         a_or_old = np.where(has_or, idm_accel(or_v, or_v0, or_gap, self.v, idm), 0.0)
@@ -270,13 +295,20 @@ class World:
             self._start_lane_change(go, safe_lane)
 
     # ---- stepping ---------------------------------------------------------------------------
+    def _traffic_idm(self) -> tuple[FloatArray, IdmParams | TrafficDrivers]:
+        """Each car's desired speed now and its IDM parameters."""
+        if self.drivers is None:
+            return self.v0, self.idm
+        return self.drivers.desired_speed(self.v0, self.t), self.drivers
+
     def step(self, accel_cmd: npt.ArrayLike, steer_cmd: npt.ArrayLike) -> None:
         """Advance every episode by dt with the ego commands (B,) or scalars (broadcast)."""
         dt, veh = self.dt, self.vehicle
         if self.step_index % self.neighbour_refresh_steps == 0:
             self._refresh_leaders()
         gap, lead_v = self.leader_gap()
-        a = idm_accel(self.v, self.v0, gap, lead_v, self.idm)
+        v0, idm = self._traffic_idm()
+        a = idm_accel(self.v, v0, gap, lead_v, idm)
         if self._has_overrides:
             sc = self.script
             assert sc is not None  # __post_init__ fills it

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from dualloop.controller.console import console
 from dualloop.controller.training.driving_card import build_test_model
-from dualloop.controller.training.report import print_summary, progress_hooks
+from dualloop.controller.training.log_eval import evaluate as evaluate_logs
+from dualloop.controller.training.recorded import log_paths, read_log_rows
+from dualloop.controller.training.report import print_log_reports, print_summary, progress_hooks
 from dualloop.controller.training.trainer import (
     DEFAULT_SEED,
     FULL_DATA,
+    LOG_SHARE,
     QUICK_DATA,
     TrainResult,
     compare_models,
@@ -18,7 +22,7 @@ from dualloop.controller.training.trainer import (
     model_path,
     train,
 )
-from dualloop.models import TEST_MODEL_PATH
+from dualloop.models import BASE_MODEL_PATH, TEST_MODEL_PATH
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,7 +32,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--out", type=Path, default=Path("models"), help="folder for <size>.onnx")
     p.add_argument("--quick", action="store_true", help="little data, few epochs (writes <size>.quick.onnx)")
     p.add_argument("--check", type=Path, help="then compare with this model file (exit 1 if it differs)")
+    p.add_argument(
+        "--logs",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="DIR_OR_FILE",
+        help="recorded drives to train on beside the simulated ones (training drives only, e.g. runs/real/train)",
+    )
+    p.add_argument(
+        "--log-share", type=float, default=LOG_SHARE, help="the recorded drives' share of the training weight"
+    )
     p.set_defaults(fn=_train)
+
+    p = sub.add_parser("eval-logs", help="a model's proposals on recorded drives vs the human and the baselines")
+    p.add_argument("logs", type=Path, nargs="+", metavar="DIR_OR_FILE", help="held-out drives, e.g. runs/real/heldout")
+    p.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
+    p.set_defaults(fn=_eval_logs)
 
     p = sub.add_parser("quantize", help="INT8 variant with a per-class confusion report against FP32")
     p.add_argument("model", type=Path)
@@ -42,7 +62,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _train(args: argparse.Namespace) -> int:
 
-    result = train_main(args.size, args.seed, args.out, quick=args.quick)
+    result = train_main(args.size, args.seed, args.out, quick=args.quick, logs=args.logs, log_share=args.log_share)
     if args.check is not None:
         diffs = compare_models(args.check, result.path)
         console.print(
@@ -51,6 +71,12 @@ def _train(args: argparse.Namespace) -> int:
             else f"[red]{result.path} differs from {args.check}:[/] " + "; ".join(diffs)
         )
         return 1 if diffs else 0
+    return 0
+
+
+def _eval_logs(args: argparse.Namespace) -> int:
+    rows = read_log_rows(log_paths(args.logs))
+    print_log_reports(evaluate_logs(args.model, rows), f"{args.model} on {len(rows.sessions)} sessions")
     return 0
 
 
@@ -78,6 +104,8 @@ def train_main(
     out_dir: Path = Path("models"),
     quick: bool = False,
     measure_latency_in_card: bool = True,
+    logs: Sequence[Path] = (),
+    log_share: float = LOG_SHARE,
 ) -> TrainResult:
     """CLI entry: trains with rich progress bars, prints the summary tables, returns the result."""
     data_config = QUICK_DATA if quick else FULL_DATA
@@ -92,6 +120,8 @@ def train_main(
             config=config,
             measure_latency_in_card=measure_latency_in_card,
             hooks=hooks,
+            logs=logs,
+            log_share=log_share,
         )
     print_summary(result)
     return result

@@ -42,7 +42,13 @@ def driving_card(
     plan_stats: tuple[np.ndarray, np.ndarray] | None = None,
     temperature: float = 1.0,
     training_metrics: dict[str, float | str] | None = None,
+    mask_input: bool = False,
+    plan_default: list[float] | None = None,
 ) -> ModelCard:
+    """plan_default: the plan of a session that has none (default: schema.no_plan(), the plan
+    recorded drives are trained with; every model the project builds reads "no plan" the same way,
+    so replays of one log with two of them see the same inputs)."""
+
     def specs(fields, stats):
         out = []
         for i, f in enumerate(fields):
@@ -50,7 +56,7 @@ def driving_card(
             out.append(FeatureSpec(name=f.name, unit=f.unit, mean=mean, std=max(std, 1e-6)))
         return out
 
-    default_plan = schema.make_plan(25.0, 0.0, schema.BEHAVIOURS.index("keep")).tolist()
+    default_plan = schema.no_plan().tolist() if plan_default is None else plan_default
     return ModelCard(
         name=name,
         size_class=size_class,
@@ -63,6 +69,7 @@ def driving_card(
         decision_vector_size=decision_vector_size,
         temperature=temperature,
         training_metrics=training_metrics or {},
+        mask_input=mask_input,
     )
 
 

@@ -38,7 +38,7 @@ class MLPConfig:
     patience: int = 10  # epochs without a better validation loss before stopping
     weight_decay: float = 0.1  # decoupled (AdamW): ~10 % shrink over a run; curbs memorising episodes
     control_weight: float = 4.0  # controls MSE is in (range units)^2: ~100x smaller than the CE
-    class_weight_power: float = 0.5  # 0: unweighted, 1: fully balanced; 0.5 lifts brake_hard
+    class_weight_power: float = 0.6  # 0: unweighted, 1: fully balanced; 0.6 lifts brake_hard
     # without wrecking the calibration of the common classes
 
 
@@ -46,9 +46,10 @@ def scale_controls(controls: np.ndarray) -> F32:
     return ((np.asarray(controls, np.float32) - CTRL_CENTRE) / CTRL_RANGE).astype(np.float32)
 
 
-def class_weights(labels: npt.NDArray[np.int64], power: float) -> F32:
-    """(n / (K n_c))^power, normalised to a sample-weighted mean of 1; an absent class gets 0."""
-    counts = np.bincount(labels, minlength=schema.N_ACTIONS).astype(np.float64)
+def class_weights(labels: npt.NDArray[np.int64], power: float, row_weight: F32 | None = None) -> F32:
+    """(n / (K n_c))^power, normalised to a sample-weighted mean of 1; an absent class gets 0.
+    With row weights, n and n_c are weighted counts."""
+    counts = np.bincount(labels, weights=row_weight, minlength=schema.N_ACTIONS).astype(np.float64)
     present = counts > 0
     w = np.zeros_like(counts)
     w[present] = (counts.sum() / (present.sum() * counts[present])) ** power
@@ -86,21 +87,22 @@ class MLP:
         return logits, ctrl, acts
 
     def loss_grads(
-        self, x: F32, y: npt.NDArray[np.int64], u: F32, cw: F32, control_weight: float
+        self, x: F32, y: npt.NDArray[np.int64], u: F32, cw: F32, control_weight: float, rw: F32 | None = None
     ) -> tuple[float, list[F32]]:
+        """rw: per-row weights (None: all 1); a NaN control target is left out of the controls loss."""
         logits, ctrl, acts = self.forward(x)
         n = x.shape[0]
         p = softmax(logits)
-        w = cw[y]
+        w = cw[y] if rw is None else cw[y] * rw
         wsum = np.float32(max(float(w.sum()), 1e-12))
         rows = np.arange(n)
         ce = float(-(w * np.log(np.maximum(p[rows, y], 1e-12))).sum() / wsum)
-        diff = ctrl - u
-        mse = float((diff * diff).mean())
+        diff, cscale = _control_error(ctrl, u, rw)
+        mse = float((diff * diff * cscale).sum())
         dlogits = p
         dlogits[rows, y] -= 1.0
         dlogits *= (w / wsum)[:, None]
-        dctrl = diff * np.float32(2.0 * control_weight / diff.size)
+        dctrl = diff * cscale * np.float32(2.0 * control_weight)
         k = 2 * self.n_hidden
         h = acts[-1]
         grads: list[F32] = [np.empty(0, np.float32)] * len(self.params)
@@ -115,12 +117,15 @@ class MLP:
                 dh = dz @ self.params[2 * i].T
         return ce + control_weight * mse, grads
 
-    def loss(self, x: F32, y: npt.NDArray[np.int64], u: F32, cw: F32, control_weight: float) -> float:
+    def loss(
+        self, x: F32, y: npt.NDArray[np.int64], u: F32, cw: F32, control_weight: float, rw: F32 | None = None
+    ) -> float:
         logits, ctrl, _ = self.forward(x)
-        w = cw[y]
+        w = cw[y] if rw is None else cw[y] * rw
         logp = log_softmax(logits)
         ce = float(-(w * logp[np.arange(len(y)), y]).sum() / max(float(w.sum()), 1e-12))
-        return ce + control_weight * float(((ctrl - u) ** 2).mean())
+        diff, cscale = _control_error(ctrl, u, rw)
+        return ce + control_weight * float((diff * diff * cscale).sum())
 
     def to_weights(self) -> MLPWeights:
         """Export form: controls head folded back into physical units."""
@@ -129,6 +134,20 @@ class MLP:
         wc = (self.params[k + 2] * CTRL_RANGE[None, :]).astype(np.float32)
         bc = (self.params[k + 3] * CTRL_RANGE + CTRL_CENTRE).astype(np.float32)
         return MLPWeights(hidden=hidden, logits=(self.params[k].copy(), self.params[k + 1].copy()), controls=(wc, bc))
+
+
+def _control_error(ctrl: F32, u: F32, rw: F32 | None) -> tuple[F32, F32]:
+    """(prediction - target, with 0 where the target is unknown) and each element's weight in the
+    mean squared error: the row weight over the weighted count of known targets. With every target
+    known and no row weights that is the plain mean, 1 / u.size."""
+    known = np.isfinite(u)
+    diff = np.where(known, ctrl - np.where(known, u, 0.0), 0.0).astype(np.float32)
+    scale = known.astype(np.float32)
+    if rw is not None:
+        scale *= rw[:, None]
+    total = float(scale.sum())
+    scale /= np.float32(max(total, 1e-12))
+    return diff, scale
 
 
 def _he(rng: np.random.Generator, n_in: int, n_out: int) -> F32:
@@ -201,11 +220,14 @@ def fit(
     config: MLPConfig,
     seed: int,
     on_epoch: EpochHook | None = None,
+    weight: F32 | None = None,
+    weight_val: F32 | None = None,
 ) -> tuple[MLP, FitHistory]:
-    """Minibatch AdamW with a cosine learning rate; keeps the weights of the best validation epoch."""
+    """Minibatch AdamW with a cosine learning rate; keeps the weights of the best validation epoch.
+    weight / weight_val: per-row weights (None: all 1); NaN control targets are not fitted."""
     rng = np.random.default_rng(seed)
     model = MLP(x.shape[1], config.hidden, schema.N_ACTIONS, len(schema.CONTROLS), rng)
-    cw = class_weights(y, config.class_weight_power)
+    cw = class_weights(y, config.class_weight_power, weight)
     u, u_val = scale_controls(controls), scale_controls(controls_val)
     opt = Adam(model.params, config.lr, config.weight_decay)
     n, bs = x.shape[0], config.batch_size
@@ -217,11 +239,13 @@ def fit(
         running = 0.0
         for s in range(steps_per_epoch):
             idx = order[s * bs : (s + 1) * bs]
-            loss, grads = model.loss_grads(x[idx], y[idx], u[idx], cw, config.control_weight)
+            loss, grads = model.loss_grads(
+                x[idx], y[idx], u[idx], cw, config.control_weight, None if weight is None else weight[idx]
+            )
             progress = (epoch * steps_per_epoch + s) / total
             opt.step(grads, 0.5 * (1.0 + np.cos(np.pi * progress)))
             running += loss * len(idx)
-        val = model.loss(x_val, y_val, u_val, cw, config.control_weight)
+        val = model.loss(x_val, y_val, u_val, cw, config.control_weight, weight_val)
         hist.train_loss.append(running / n)
         hist.val_loss.append(val)
         hist.epochs_run = epoch + 1

@@ -31,7 +31,7 @@ from dualloop.sim import schema
 # Calibration and test data for quantisation: the first episodes of the model's validation and test
 # seed ranges (controller.training.data.split_seeds), so these test samples are a subset of the model's own test
 # split and never seen in training.
-QUANT_DATA = DataConfig(train_episodes=1, val_episodes=8, test_episodes=32, every=10)
+QUANT_DATA = DataConfig(train_episodes=1, val_episodes=8, test_episodes=32, every=10, realistic_episodes=(0, 4, 16))
 CALIBRATION_SAMPLES = 4096
 RECALL_DROP_FLAG = 0.02  # flag a class losing more than 2 points of recall
 
@@ -40,6 +40,7 @@ class _Reader(CalibrationDataReader):
     """Feeds normalised (features, plan) batches; onnxruntime records activation ranges from them."""
 
     def __init__(self, features: np.ndarray, plan: np.ndarray, card: ModelCard, batch: int = 256) -> None:
+        """features: the graph's features input (with the mask for a mask_input model)."""
         self._batches = [
             {card.io.features: features[i : i + batch], card.io.plan: plan[i : i + batch]}
             for i in range(0, len(features), batch)
@@ -64,7 +65,7 @@ def _calibration_inputs(data: Dataset, norm: Normaliser, seed: int) -> tuple[np.
     rng = np.random.default_rng(seed)
     n = min(CALIBRATION_SAMPLES, len(data.val))
     idx = np.sort(rng.choice(len(data.val), size=n, replace=False))
-    return norm.apply(data.val.features[idx], data.val.plan[idx])
+    return norm.graph_inputs(data.val.features[idx], data.val.plan[idx], data.val.present[idx])
 
 
 def _int8_card(fp32: ModelCard, model: onnx.ModelProto, quant_format: QuantFormat) -> ModelCard:
@@ -122,9 +123,11 @@ def compare(
     plan: np.ndarray,
     labels: np.ndarray,
     flag_drop: float = RECALL_DROP_FLAG,
+    present: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Per-class FP32 vs INT8 recall, agreement and the FP32-vs-INT8 confusion matrix."""
-    a, b = fp32.forward(features, plan), int8.forward(features, plan)
+    """Per-class FP32 vs INT8 recall, agreement and the FP32-vs-INT8 confusion matrix (normalised
+    features and plan, the sensor profile)."""
+    a, b = fp32.forward(features, plan, present), int8.forward(features, plan, present)
     pa, pb = a.logits.argmax(axis=1), b.logits.argmax(axis=1)
     ra, rb = per_class_recall(pa, labels), per_class_recall(pb, labels)
     cm = confusion(pa, pb)
@@ -176,12 +179,12 @@ def quantize(
     norm = Normaliser.from_card(fp32.card)
     card = quantize_file(fp32_path, out_path, _calibration_inputs(data, norm, seed), quant_format)
     int8 = DecisionModel(out_path)
-    f, p = norm.apply(data.test.features, data.test.plan)
-    report = compare(fp32, int8, f, p, data.test.label)
-    x = np.concatenate([f, p], axis=1)
+    present = data.test.present
+    f, p = norm.apply(data.test.features, data.test.plan, present)
+    report = compare(fp32, int8, f, p, data.test.label, present=present)
     report["latency_us"] = {
-        "fp32_p50_p99": measure_latency(Path(fp32_path), x, schema.N_FEATURES, latency_calls),
-        "int8_p50_p99": measure_latency(Path(out_path), x, schema.N_FEATURES, latency_calls),
+        "fp32_p50_p99": measure_latency(Path(fp32_path), f, p, present, latency_calls),
+        "int8_p50_p99": measure_latency(Path(out_path), f, p, present, latency_calls),
     }
     report |= {
         "fp32_path": str(fp32_path),

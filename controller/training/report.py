@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from dualloop.controller.training.log_eval import BASELINES, DatasetReport
 from dualloop.controller.training.trainer import Hooks, TrainResult
 from dualloop.sim import schema
 
@@ -68,6 +70,20 @@ def summary_tables(result: TrainResult) -> list[Table]:
             " / ".join(f"{result.timings_s.get(k, 0.0):.1f} s" for k in ("data", "train", "total")),
         ),
     ]
+    for kind, what in (("sim", "with a plan, simulator sensors"), ("realistic", "realistic sensing and drivers")):
+        if f"test_accuracy_{kind}" in m:
+            rows.append((f"test accuracy, {kind}/ drives ({what})", _fmt(m[f"test_accuracy_{kind}"], True)))
+    for key in sorted(k for k in m if k.startswith("val_logs_") and k.endswith("_disagreement_ratio")):
+        name = key.removeprefix("val_logs_").removesuffix("_disagreement_ratio")
+        pre = f"val_logs_{name}"
+        rows.append(
+            (
+                f"recorded validation {name}: agree / bal (best baseline)",
+                f"{_fmt(m[pre + '_agreement'], True)} / {_fmt(m[pre + '_balanced_accuracy'], True)} "
+                f"({m[pre + '_best_baseline']} {_fmt(m[pre + '_best_baseline_agreement'], True)} / "
+                f"{_fmt(m[pre + '_best_baseline_balanced_accuracy'], True)}; disagreement x{_fmt(m[key])})",
+            )
+        )
     if "forward_b1_p50_us" in m:
         rows.append(("forward batch 1 p50 / p99", f"{m['forward_b1_p50_us']} / {m['forward_b1_p99_us']} us"))
     for k, v in rows:
@@ -77,6 +93,32 @@ def summary_tables(result: TrainResult) -> list[Table]:
         recall.add_column(name, justify="right")
     recall.add_row(*(_fmt(m[f"test_recall_{a}"], True) for a in schema.ACTIONS))
     return [head, recall]
+
+
+def log_report_table(reports: list[DatasetReport], title: str) -> Table:
+    """Per dataset: the model's agreement and balanced accuracy beside each baseline's (each on its
+    own rows; the model on the best baseline's rows for the ratio), and whether issue 15's targets
+    are met (disagreement <= 0.75x the best baseline's, balanced accuracy above every baseline's)."""
+    t = Table(title=title)
+    for col in ("dataset", "sessions", "rows", "model agree / bal", *BASELINES, "disagree ratio", "targets"):
+        t.add_column(col, justify="right")
+    pct = lambda v: "n/a" if not np.isfinite(v) else f"{100 * v:.1f}"  # noqa: E731
+    for r in reports:
+        cells = [f"{pct(s.agreement)} / {pct(s.balanced_accuracy)}" if s.rows else "n/a" for s in r.baselines.values()]
+        t.add_row(
+            r.dataset,
+            str(r.sessions),
+            str(r.model.rows),
+            f"{pct(r.model.agreement)} / {pct(r.model.balanced_accuracy)}",
+            *cells,
+            f"{r.disagreement_ratio:.2f} ({r.best_baseline})",
+            "[green]met[/]" if r.meets_targets else "[red]not met[/]",
+        )
+    return t
+
+
+def print_log_reports(reports: list[DatasetReport], title: str, console: Console | None = None) -> None:
+    (console or Console(width=160)).print(log_report_table(reports, title))
 
 
 def print_summary(result: TrainResult, console: Console | None = None) -> None:

@@ -1,10 +1,13 @@
 """Train, calibrate and export the driving decision models (small / base / large).
 
-    train(size, seed, out)        -> TrainResult       the library call
+    train(size, seed, out, logs=...)  -> TrainResult       the library call
 
-Pipeline: expert data (controller.training.data) -> numpy MLP (controller.training.mlp) -> softmax
-temperature on the validation split (controller.training.calibration) -> metrics on the test split ->
-export_mlp -> batch-1 forward latency of the exported file -> export again with it in the card.
+Pipeline: simulated drives (controller.training.data) and recorded drives (controller.training.
+recorded: their training sessions; one in five validates) -> numpy MLP on [normalised features,
+sensor profile, plan] (controller.training.mlp) -> softmax temperature on the validation split
+(controller.training.calibration) -> metrics on the simulated test split and on the recorded
+validation sessions beside the trivial baselines (controller.training.log_eval) -> export_mlp with
+mask_input -> batch-1 forward latency of the exported file -> export again with it in the card.
 
 Reproducibility: the same seed on the same machine gives the same weights, the same card and the
 same version hash; only the two measured latency fields (wall-clock by nature, left out of the
@@ -14,7 +17,7 @@ hash) differ. With measure_latency_in_card=False the file is byte-identical.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -28,9 +31,18 @@ from dualloop.controller.training.calibration import (
     per_class_recall,
     probabilities,
 )
-from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, Split, generate
+from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, Split, add_logs, generate
 from dualloop.controller.training.driving_card import driving_card
+from dualloop.controller.training.log_eval import evaluate as evaluate_logs
+from dualloop.controller.training.log_eval import report_metrics
 from dualloop.controller.training.mlp import FitHistory, MLPConfig, fit, forward_weights
+from dualloop.controller.training.recorded import (
+    LogRows,
+    file_facts,
+    log_paths,
+    read_log_rows,
+)
+from dualloop.controller.training.recorded import training_splits as recorded_training_splits
 from dualloop.executor.model_card import MEASURED_METRICS, ModelCard
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.onnx_export import MLPWeights, export_mlp
@@ -39,7 +51,9 @@ from dualloop.sim import schema
 SIZES: dict[str, tuple[int, ...]] = {"small": (32, 32), "base": (64, 64), "large": (128, 128, 128)}
 DEFAULT_SEED = 7
 FULL_DATA = DataConfig()
-QUICK_DATA = DataConfig(train_episodes=12, val_episodes=4, test_episodes=4, every=20)
+QUICK_DATA = DataConfig(train_episodes=12, val_episodes=4, test_episodes=4, every=20, realistic_episodes=(12, 4, 4))
+# The recorded drives' share of the total training weight (controller.training.data.add_logs).
+LOG_SHARE = 0.35
 QUICK_EPOCHS = 8
 LATENCY_KEYS = MEASURED_METRICS  # measured at export; not part of the version hash
 
@@ -77,7 +91,7 @@ def evaluate(weights: MLPWeights, x: np.ndarray, split: Split, temperature: floa
     pred = logits.argmax(axis=1)
     recall = per_class_recall(pred, split.label)
     err = np.clip(controls, [c.low for c in schema.CONTROLS], [c.high for c in schema.CONTROLS]) - split.controls
-    rmse = np.sqrt((err.astype(np.float64) ** 2).mean(axis=0))
+    rmse = np.sqrt(np.nanmean(err.astype(np.float64) ** 2, axis=0))
     out: dict[str, float | str] = {  # a recall is "n/a" for an action the test split lacks
         "test_accuracy": float((pred == split.label).mean()),
         "test_balanced_accuracy": float(np.nanmean(recall)),
@@ -94,18 +108,26 @@ def evaluate(weights: MLPWeights, x: np.ndarray, split: Split, temperature: floa
     return out
 
 
-def measure_latency(path: Path, x: np.ndarray, n_features: int, n_calls: int = 3000) -> tuple[float, float]:
-    """Median and p99 (us) of DecisionModel.forward at batch 1, cycling through real test inputs."""
+def measure_latency(
+    path: Path, features: np.ndarray, plan: np.ndarray, present: np.ndarray | None = None, n_calls: int = 3000
+) -> tuple[float, float]:
+    """Median and p99 (us) of DecisionModel.forward at batch 1, cycling through real test inputs
+    (normalised features and plan, and the sensor profile)."""
     model = DecisionModel(path)
+    n = min(len(features), 256)
     rows = [
-        (np.ascontiguousarray(x[i : i + 1, :n_features]), np.ascontiguousarray(x[i : i + 1, n_features:]))
-        for i in range(min(len(x), 256))
+        (
+            np.ascontiguousarray(features[i : i + 1], np.float32),
+            np.ascontiguousarray(plan[i : i + 1], np.float32),
+            None if present is None else np.ascontiguousarray(present[i : i + 1]),
+        )
+        for i in range(n)
     ]
     times = np.empty(n_calls, np.int64)
     for i in range(n_calls):
-        f, p = rows[i % len(rows)]
+        f, p, m = rows[i % len(rows)]
         t0 = time.perf_counter_ns()
-        model.forward(f, p)
+        model.forward(f, p, m)
         times[i] = time.perf_counter_ns() - t0
     us = times / 1000.0
     return round(float(np.median(us)), 1), round(float(np.percentile(us, 99)), 1)
@@ -125,7 +147,27 @@ def _card(size: str, dv: int, norm: Normaliser, temperature: float, metrics: dic
         plan_stats=(norm.plan_mean, norm.plan_std),
         temperature=temperature,
         training_metrics=_round_metrics(metrics),
+        mask_input=norm.mask_input,
+        plan_default=schema.no_plan().tolist(),
     )
+
+
+def with_logs(data: Dataset, rows: LogRows, facts: dict[str, str], share: float = LOG_SHARE) -> Dataset:
+    """The simulated dataset with the recorded drives' training sessions in train and val."""
+    by_split: dict[str, dict[str, Split]] = dict(recorded_training_splits(rows))
+    return add_logs(data, by_split, share, facts)
+
+
+def _sources_metrics(data: Dataset, weights: MLPWeights, x_te: np.ndarray) -> dict[str, float | str]:
+    """Test accuracy of the simulated drives with a plan (sim/) and of the realistic ones."""
+    logits, _, _ = forward_weights(weights, x_te)
+    pred = logits.argmax(axis=1)
+    out: dict[str, float | str] = {}
+    for kind in ("sim", "realistic"):
+        rows = data.source_rows("test", f"{kind}/")
+        if rows.any():
+            out[f"test_accuracy_{kind}"] = float((pred[rows] == data.test.label[rows]).mean())
+    return out
 
 
 def train(
@@ -138,8 +180,11 @@ def train(
     config: MLPConfig | None = None,
     measure_latency_in_card: bool = True,
     hooks: Hooks | None = None,
+    logs: Sequence[str | Path] = (),
+    log_share: float = LOG_SHARE,
 ) -> TrainResult:
-    """Generate data (unless given), train, calibrate, evaluate and export one model to `out`."""
+    """Generate data (unless given), add the recorded drives in `logs` (files or folders: training
+    drives only), train, calibrate, evaluate and export one model to `out`."""
     hooks = hooks or Hooks()
     config = config or mlp_config(size, quick)
     timings: dict[str, float] = {}
@@ -147,6 +192,11 @@ def train(
     if data is None:
         data_config = data_config or (QUICK_DATA if quick else FULL_DATA)
         data = generate(data_config, seed, hooks.on_scenario)
+    log_rows: LogRows | None = None
+    if logs:
+        paths = log_paths(logs)
+        log_rows = read_log_rows(paths)
+        data = with_logs(data, log_rows, file_facts(paths, log_rows), log_share)
     timings["data"] = time.perf_counter() - t0
     norm = Normaliser.fit(data.train)
     x_tr, x_va, x_te = (norm.inputs(s) for s in (data.train, data.val, data.test))
@@ -164,11 +214,14 @@ def train(
             config,
             seed,
             hooks.on_epoch,
+            weight=data.train.weight,
+            weight_val=data.val.weight,
         )
         weights = model.to_weights()
         val_logits, _, _ = forward_weights(weights, x_va)
         temperature = fit_temperature(val_logits, data.val.label)
         metrics: dict[str, float | str] = evaluate(weights, x_te, data.test, temperature)
+        metrics |= _sources_metrics(data, weights, x_te)
     timings["train"] = time.perf_counter() - t1
     metrics |= {
         "temperature": temperature,
@@ -183,13 +236,23 @@ def train(
         "best_epoch": float(history.best_epoch + 1),
         "hidden": "x".join(map(str, config.hidden)),
         "trainer": "numpy float32 AdamW, weighted CE + range-scaled controls MSE",
+        "realism_seed": float(data.config.realism.seed),
+        "log_share": log_share if log_rows is not None else 0.0,
     }
+    metrics |= data.logs
     out = Path(out)
     card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
+    if log_rows is not None:
+        # the recorded validation sessions, beside the baselines: what tuning may look at
+        val_rows = log_rows.subset(log_rows.validation)
+        if len(val_rows):
+            metrics |= report_metrics(evaluate_logs(out, val_rows), "val_logs")
+            card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
     if measure_latency_in_card:
         if hooks.on_stage is not None:
             hooks.on_stage("measuring forward latency")
-        p50, p99 = measure_latency(out, x_te, schema.N_FEATURES)
+        f, p = norm.apply(data.test.features, data.test.plan, data.test.present)
+        p50, p99 = measure_latency(out, f, p, data.test.present)
         metrics |= dict(zip(LATENCY_KEYS, (p50, p99)))
         card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
     timings["total"] = time.perf_counter() - t0

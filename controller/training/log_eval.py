@@ -1,0 +1,149 @@
+"""A model's proposals on recorded drives against the human's look-ahead labels, beside the trivial
+baselines, per dataset: the quick offline form of `dualloop replay`'s evaluation, for training.
+
+One row per labelled observation (the replay also takes one tick per observation). The model sees
+what the executor feeds it: the features normalised with the log's sensor profile as the mask and
+the card's plan_default (recorded drives have no plan). A row with NaN in a measured feature is one
+the executor refuses (INVALID_INPUT): a disagreement. A baseline that needs an unmeasured feature is
+n/a on that row and scored on its other rows, the model beside it on the same rows.
+
+Baselines (the replay's, controller.replay.baselines, same constants):
+- keep: always keep;
+- ego_accel: the band of the measured ego_accel;
+- time_gap: an ACC constant time-gap law on the in-lane lead, a = 0.23 (gap - (3 + 1.6 v)) + 0.07
+  dv, keep without a lead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from dualloop.controller.training.recorded import LogRows
+from dualloop.executor.action_labels import action_of_accel
+from dualloop.executor.model_card import Normalisation
+from dualloop.executor.model_runner import DecisionModel
+from dualloop.sim import schema
+
+BASELINES = ("keep", "ego_accel", "time_gap")
+TIME_GAP_S, STANDSTILL_GAP_M, K_GAP, K_DV = 1.6, 3.0, 0.23, 0.07
+DISAGREEMENT_TARGET = 0.75  # issue 15: at most this fraction of the best baseline's disagreement
+
+IntArray = npt.NDArray[np.int64]
+
+
+def baseline_actions(rows: LogRows) -> dict[str, IntArray]:
+    """Each baseline's action per row, -1 where a feature it needs is not measured."""
+    col = {
+        n: np.where(rows.present[:, i], rows.features[:, i], np.nan).astype(np.float64)
+        for i, n in enumerate(schema.FEATURE_NAMES)
+    }
+    gap_error = col["lead_distance"] - (STANDSTILL_GAP_M + TIME_GAP_S * col["ego_speed"])
+    follow = np.clip(K_GAP * gap_error + K_DV * col["lead_rel_speed"], schema.ACCEL_MIN, schema.ACCEL_MAX)
+    with np.errstate(invalid="ignore"):
+        has_lead = col["lead_present"] >= 0.5
+    time_gap = np.where(np.isnan(col["lead_present"]), np.nan, np.where(has_lead, follow, 0.0))
+    return {
+        "keep": action_of_accel(np.zeros(len(rows))),
+        "ego_accel": action_of_accel(col["ego_accel"]),
+        "time_gap": action_of_accel(time_gap),
+    }
+
+
+def model_actions(model: DecisionModel | Path, rows: LogRows, batch: int = 4096) -> IntArray:
+    """The model's top-1 proposal per row, -1 where the executor would refuse the input."""
+    model = model if isinstance(model, DecisionModel) else DecisionModel(model, warmup_batches=())
+    norm = Normalisation.of(model.card)
+    plan = np.broadcast_to(np.asarray(model.card.plan_default, np.float32), (len(rows), len(model.card.plan)))
+    out = np.full(len(rows), -1, np.int64)
+    for start in range(0, len(rows), batch):
+        sl = slice(start, start + batch)
+        present = rows.present[sl]
+        xn, pn, finite = norm.apply(rows.features[sl].astype(np.float32), plan[sl].copy(), present=present)
+        logits = model.forward(xn, pn, present).logits
+        out[sl] = np.where(finite, logits.argmax(axis=1), -1)
+    return out
+
+
+@dataclass(frozen=True)
+class Score:
+    rows: int
+    agreement: float
+    balanced_accuracy: float
+
+
+def score(pred: IntArray, label: IntArray) -> Score:
+    """On the given rows (all labelled): agreement and mean per-class recall over the label classes
+    present; a prediction of -1 is wrong."""
+    if len(label) == 0:
+        return Score(0, float("nan"), float("nan"))
+    recalls = [float((pred[label == c] == c).mean()) for c in np.unique(label)]
+    return Score(len(label), float((pred == label).mean()), float(np.mean(recalls)))
+
+
+@dataclass(frozen=True)
+class DatasetReport:
+    dataset: str
+    sessions: int
+    model: Score
+    baselines: dict[str, Score]  # each on its own rows (where it is not n/a)
+    model_on: dict[str, Score]  # the model on each baseline's rows
+
+    @property
+    def best_baseline(self) -> str:
+        return max(self.baselines, key=lambda b: self.baselines[b].agreement if self.baselines[b].rows else -1.0)
+
+    @property
+    def disagreement_ratio(self) -> float:
+        """Model's disagreement over the best baseline's, on the best baseline's rows."""
+        b = self.best_baseline
+        return (1.0 - self.model_on[b].agreement) / max(1.0 - self.baselines[b].agreement, 1e-12)
+
+    @property
+    def meets_targets(self) -> bool:
+        beats_balanced = all(
+            self.model_on[b].balanced_accuracy > s.balanced_accuracy for b, s in self.baselines.items() if s.rows
+        )
+        return self.disagreement_ratio <= DISAGREEMENT_TARGET and beats_balanced
+
+
+def evaluate(model: DecisionModel | Path, rows: LogRows) -> list[DatasetReport]:
+    """Per dataset of the rows, then all of them pooled ("all")."""
+    pred = model_actions(model, rows)
+    base = baseline_actions(rows)
+    labelled = rows.label >= 0
+    dataset = rows.dataset
+    reports = []
+    for name in [*sorted(set(rows.datasets)), "all"]:
+        on = labelled & ((dataset == name) if name != "all" else True)
+        if not on.any():
+            continue
+        sessions = len(set(rows.session[on].tolist()))
+        baselines, model_on = {}, {}
+        for b, act in base.items():
+            rows_b = on & (act >= 0)
+            baselines[b] = score(act[rows_b], rows.label[rows_b])
+            model_on[b] = score(pred[rows_b], rows.label[rows_b])
+        reports.append(DatasetReport(name, sessions, score(pred[on], rows.label[on]), baselines, model_on))
+    return reports
+
+
+def report_metrics(reports: list[DatasetReport], prefix: str) -> dict[str, float | str]:
+    """Flat card metrics: <prefix>_<dataset>_{agreement, balanced_accuracy, best_baseline, ...}."""
+    out: dict[str, float | str] = {}
+    for r in reports:
+        key = f"{prefix}_{r.dataset}"
+        b = r.best_baseline
+        out |= {
+            f"{key}_rows": float(r.model.rows),
+            f"{key}_agreement": r.model.agreement,
+            f"{key}_balanced_accuracy": r.model.balanced_accuracy,
+            f"{key}_best_baseline": b,
+            f"{key}_best_baseline_agreement": r.baselines[b].agreement,
+            f"{key}_disagreement_ratio": r.disagreement_ratio,
+            f"{key}_best_baseline_balanced_accuracy": max(s.balanced_accuracy for s in r.baselines.values() if s.rows),
+        }
+    return out
