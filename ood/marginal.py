@@ -211,10 +211,17 @@ def profile_gate(gate: Gate, present: npt.ArrayLike) -> ProfileGate:
         return ProfileGate(gate, m, gate.threshold, 0.0, _INF, rng, 0)
     try:
         band = calibrate_norm_band(raw_norms(rows[:, m.at]), gate.norm_band.alpha, gate.norm_band.margin)
-        low, high = band.low, max(band.high, _corner(gate.feature_range, m.at))
+        low, high = min(band.low, NORM_FLOOR), max(band.high, _corner(gate.feature_range, m.at))
     except ValueError:  # too few rows for the norm alpha, or rows whose present features are all 0
         low, high = 0.0, _INF
     return ProfileGate(gate, m, threshold, low, high, rng, len(rows))
+
+
+# The lowest a profile's norm band may start: a working sensor that sees a lead reads lead_present = 1,
+# so its present features' norm is at least 1, even stopped 1 m behind the lead in a queue (real
+# stop-and-go driving, NGSIM I-80 and the OpenACC ZalaZone course, reads 1.0-2.3 there, below every
+# simulated row's). A dead sensor's all-zero row is refused by the scorer whatever the band.
+NORM_FLOOR = 1.0
 
 
 def _corner(rng: FeatureRange | None, at: npt.NDArray[np.intp]) -> float:

@@ -17,6 +17,7 @@ from dualloop.executor.gating import GATE_SOURCES, gate_feature_names
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim.env import ActionNoise, ExpertData, run_expert_batch
+from dualloop.sim.realism import LONGITUDINAL_FEATURES
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS
 from dualloop.sim.schema import FEATURE_NAMES
 from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
@@ -26,16 +27,19 @@ FIT_SEEDS = range(100_000, 100_012)  # disjoint from training, validation and de
 CALIBRATION_SEEDS = range(110_000, 110_012)
 
 
-def forward_rows(model: DecisionModel, features: np.ndarray, plan: np.ndarray, batch: int = 4096):
+def forward_rows(
+    model: DecisionModel, features: np.ndarray, plan: np.ndarray, batch: int = 4096, present: np.ndarray | None = None
+):
     """The model's outputs for many rows, normalised with the card as the executor does (NaN rows
-    are zeroed for the forward pass, as the executor substitutes them)."""
+    are zeroed for the forward pass, as the executor substitutes them); `present` (F,) bool: as a
+    session measuring only those features is fed."""
     norm = Normalisation.of(model.card)
     parts = []
     for a in range(0, len(features), batch):
-        x, p, _ = norm.apply(
-            np.asarray(features[a : a + batch], np.float32), np.asarray(plan[a : a + batch], np.float32)
-        )
-        parts.append(model.forward(x, p))
+        x = np.asarray(features[a : a + batch], np.float32)
+        mask = None if present is None else np.broadcast_to(present, x.shape)
+        x, p, _ = norm.apply(x, np.asarray(plan[a : a + batch], np.float32), present=mask)
+        parts.append(model.forward(x, p, mask))
     return (
         np.concatenate([o.logits for o in parts]),
         np.concatenate([o.controls for o in parts]),
@@ -50,6 +54,25 @@ def model_features(
     if source == "input_features":
         return features.astype(np.float32)
     return forward_rows(model, features, plan, batch)[2]
+
+
+def fitting_rows(model: DecisionModel, features: np.ndarray, plan: np.ndarray, source: str) -> np.ndarray:
+    """What a gate is fitted and calibrated on: `model_features`, and for a decision-vector gate on a
+    model with mask inputs also the decision vectors of the same rows as a longitudinal session sees them."""
+    if source == "input_features" or not model.card.mask_input:
+        return model_features(model, features, plan, source)
+    # A model with mask inputs meets sessions measuring everything and sessions measuring only the
+    # longitudinal features, mostly without a plan of their own (the card's plan_default), and its
+    # decision vector differs between them: the gate learns all of these.
+    longitudinal = np.isin(np.array(model.card.feature_names), LONGITUDINAL_FEATURES)
+    no_plan = np.broadcast_to(np.array(model.card.plan_default, np.float32), plan.shape)
+    return np.concatenate(
+        [
+            forward_rows(model, features, plan)[2],
+            forward_rows(model, features, no_plan)[2],
+            forward_rows(model, features, no_plan, present=longitudinal)[2],
+        ]
+    )
 
 
 def episode_times_ns(t: np.ndarray) -> np.ndarray:
@@ -226,9 +249,14 @@ def fit_gate_for_model(
         if isinstance(fit_seeds, range) and isinstance(calibration_seeds, range)
         else "simulated nominal"
     )
+    if source == "decision_vector" and card.mask_input:
+        description += (
+            "; decision vectors as sessions see them that measure every feature (with the expert's plan "
+            "and with none) and only the longitudinal ones (with none)"
+        )
     gate = ood.fit_gate(
-        model_features(model, x_fit, p_fit, source),
-        model_features(model, x_cal, p_cal, source),
+        fitting_rows(model, x_fit, p_fit, source),
+        fitting_rows(model, x_cal, p_cal, source),
         range_margin=RANGE_MARGIN[source],
         changes_train=c_fit[0] if inputs else None,
         changes_calib=c_cal[0] if inputs else None,

@@ -208,3 +208,17 @@ def test_a_masked_session_without_a_raw_input_gate(model, gates, drive, which) -
         assert ex.gating.profile(present) is None
     live = [s.gate_veto for obs in observations[:40] for s in live_ex.advance_lockstep("a", obs)]
     np.testing.assert_array_equal(live, run_lockstep(replay_ex, "a", observations[:40]).gate_veto)
+
+
+def test_a_queue_behind_the_lead_passes_and_a_dead_sensor_does_not(model, gates):
+    """Stopped 0.8 m behind the lead (real queues read present-feature norms of 1.0-2.3, below every
+    simulated row's) is no norm alarm for a longitudinal session; an all-zero dead sensor still is."""
+    verdicts = {}
+    for name, five in (("queue", [0.4, -0.1, 1.0, 0.8, -0.3]), ("dead", [0.0] * 5)):
+        ex = Executor(model, ExecutorConfig(), gates)
+        ex.open_session(name, Clock.LOCKSTEP, provided_features=list(LONGITUDINAL))
+        x = np.full(len(FEATURE_NAMES), np.nan, np.float32)
+        x[[FEATURE_INDEX[n] for n in LONGITUDINAL]] = five
+        (snap,) = ex.advance_lockstep(name, Observation(seq=1, timestamp_ns=0, features=x))
+        verdicts[name] = snap.gate_veto
+    assert verdicts == {"queue": False, "dead": True}
