@@ -4,8 +4,11 @@ back (`dualloop stream`).
 
 Each session declares the log's sensor rate and sensor profile when it opens, as an integrator's
 client should (OpenSession.observation_period_ns, provided_features). The observations' timestamps
-are the client's send times, the sensor clock of a live stack. `every` keeps one observation in k
-(a 100 Hz log streamed as a 20 Hz sensor).
+are the log's sensor times moved onto the client's monotonic clock, as a live stack stamps its
+samples (not their send times: a rate of change over a send-time interval measures the event
+loop). `every` keeps one observation in k (a 100 Hz log streamed as a 20 Hz sensor). An import's
+actual controls are a label made from the drive's own speed, not the command in effect, so only its
+action index is sent.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import cast
 import grpc
 import numpy as np
 
-from dualloop.controller.logs.format import sensor_profile
+from dualloop.controller.logs.format import actual_is_command, sensor_profile
 from dualloop.controller.logs.logfile import LogData
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import controller_pb2_grpc as pb_grpc
@@ -75,6 +78,7 @@ async def _session(
     observations: list[pb.Observation],
     period_ns: int,
     provided: list[str] | None,
+    commands: bool,
     speed: float,
     result: StreamResult,
 ) -> None:
@@ -104,8 +108,10 @@ async def _session(
                 await asyncio.sleep(delay)
             msg = pb.Observation()
             msg.CopyFrom(obs)
+            if not commands:  # a label, not the command in effect: the actuation check must not judge it
+                del msg.actual.controls[:]
             msg.seq = k + 1
-            msg.timestamp_ns = time.monotonic_ns()  # the live sensor clock
+            msg.timestamp_ns = due  # sensor time on this client's clock: when the sample was taken, not sent
             await call.write(pb.DriveRequest(observation=msg))
             result.observations_sent += 1
         await call.done_writing()
@@ -136,7 +142,8 @@ async def stream_logs(
             provided = sensor_profile(data.header)
             for k in range(sessions_per_log):
                 sid = f"stream-{i}-{k}-{data.session_id}"[:120]
-                tasks.append(_session(stub, sid, observations, period, provided, speed, result))
+                commands = actual_is_command(data.header)
+                tasks.append(_session(stub, sid, observations, period, provided, commands, speed, result))
         result.sessions = len(tasks)
         await asyncio.gather(*tasks)
     result.duration_s = time.monotonic() - t0

@@ -9,10 +9,12 @@ import grpc
 import numpy as np
 import pytest
 
-from dualloop.controller.logs.logfile import read_log
+from dualloop.controller.logs.logfile import read_log, read_sessions
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.log_stream import stream_logs
+from dualloop.controller.serve.server import ServerThread
 from dualloop.v1 import controller_pb2 as pb
 
 MS = 1_000_000
@@ -50,3 +52,18 @@ def test_stream_a_log_at_20_hz(server, tmp_path):
     assert result.periods_ns == {50 * MS}
     assert result.snapshots > 2 * 1.0 / 0.005 * 0.5  # a snapshot per tick, minus conflation
     assert result.held / result.snapshots > 0.6
+
+
+def test_stream_sends_an_imports_labels_but_not_as_commands(test_model_path, tmp_path):
+    """An import's actual controls are a label from the drive's own speed: streamed, only the action
+    index goes on the wire (sent as controls they would switch on the actuation check)."""
+    log = synthetic_log(tmp_path / "log.mcap", seconds=0.5, rate_hz=100.0)
+    data = read_log(log)
+    assert any(len(o.actual.controls) for o in data.observations), "the fixture must carry actual controls"
+    with ServerThread(ServerConfig(model=test_model_path, port=0, record_dir=tmp_path / "rec")) as srv:
+        asyncio.run(stream_logs(srv.address, [data]))
+    (recorded,) = read_sessions(sorted((tmp_path / "rec").glob("*.mcap"))).values()
+    sent = recorded.observations
+    assert len(sent) == len(data.observations)
+    assert all(len(o.actual.controls) == 0 for o in sent)
+    assert [o.actual.action_index for o in sent] == [o.actual.action_index for o in data.observations]
