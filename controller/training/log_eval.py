@@ -7,11 +7,8 @@ the card's plan_default (recorded drives have no plan). A row with NaN in a meas
 the executor refuses (INVALID_INPUT): a disagreement. A baseline that needs an unmeasured feature is
 n/a on that row and scored on its other rows, the model beside it on the same rows.
 
-Baselines (the replay's, controller.replay.baselines, same constants):
-- keep: always keep;
-- ego_accel: the band of the measured ego_accel;
-- time_gap: an ACC constant time-gap law on the in-lane lead, a = 0.23 (gap - (3 + 1.6 v)) + 0.07
-  dv, keep without a lead.
+The baselines are the replay's (controller.replay.baselines: keep, the band of the measured
+ego_accel, a constant time-gap law), on the same rows.
 """
 
 from __future__ import annotations
@@ -22,35 +19,24 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from dualloop.controller.replay import baselines as bl
+from dualloop.controller.replay import evaluation
 from dualloop.controller.training.recorded import LogRows
-from dualloop.executor.action_labels import action_of_accel
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim import schema
 
-BASELINES = ("keep", "ego_accel", "time_gap")
-TIME_GAP_S, STANDSTILL_GAP_M, K_GAP, K_DV = 1.6, 3.0, 0.23, 0.07
-DISAGREEMENT_TARGET = 0.75  # issue 15: at most this fraction of the best baseline's disagreement
+BASELINES = bl.BASELINES
+DISAGREEMENT_TARGET = evaluation.DISAGREEMENT_TARGET  # issue 15: at most this fraction of the best baseline's
 
 IntArray = npt.NDArray[np.int64]
 
 
 def baseline_actions(rows: LogRows) -> dict[str, IntArray]:
     """Each baseline's action per row, -1 where a feature it needs is not measured."""
-    col = {
-        n: np.where(rows.present[:, i], rows.features[:, i], np.nan).astype(np.float64)
-        for i, n in enumerate(schema.FEATURE_NAMES)
-    }
-    gap_error = col["lead_distance"] - (STANDSTILL_GAP_M + TIME_GAP_S * col["ego_speed"])
-    follow = np.clip(K_GAP * gap_error + K_DV * col["lead_rel_speed"], schema.ACCEL_MIN, schema.ACCEL_MAX)
-    with np.errstate(invalid="ignore"):
-        has_lead = col["lead_present"] >= 0.5
-    time_gap = np.where(np.isnan(col["lead_present"]), np.nan, np.where(has_lead, follow, 0.0))
-    return {
-        "keep": action_of_accel(np.zeros(len(rows))),
-        "ego_accel": action_of_accel(col["ego_accel"]),
-        "time_gap": action_of_accel(time_gap),
-    }
+    measured = np.where(rows.present, rows.features, np.nan)
+    accels = bl.baseline_accels(measured, schema.FEATURE_NAMES, (schema.ACCEL_MIN, schema.ACCEL_MAX))
+    return bl.baseline_actions(accels)
 
 
 def model_actions(model: DecisionModel | Path, rows: LogRows, batch: int = 4096) -> IntArray:
