@@ -8,9 +8,10 @@ import grpc
 import pytest
 
 from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.server import ServerThread
 from dualloop.executor.model_runner import DecisionModel
-from dualloop.models import TEST_MODEL_PATH
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +23,18 @@ def test_model_path() -> Path:
 @pytest.fixture(scope="session")
 def test_model(test_model_path: Path) -> DecisionModel:
     return DecisionModel(test_model_path)
+
+
+@pytest.fixture(scope="session")
+def base_model() -> DecisionModel:
+    """The shipped model, as users run it."""
+    return DecisionModel(BASE_MODEL_PATH)
+
+
+@pytest.fixture(scope="session")
+def base_gates(base_model: DecisionModel) -> list:
+    """The shipped gates, loaded for the shipped model."""
+    return [load_gate_for_model(g, base_model) for g in DEFAULT_GATES]
 
 
 @pytest.fixture()

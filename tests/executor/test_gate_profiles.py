@@ -8,13 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.lockstep_batch import run_lockstep
-from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Observation
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.ood import ChangeTracker
 from dualloop.sim.env import run_expert_batch
 from dualloop.sim.schema import FEATURE_INDEX, FEATURE_NAMES
@@ -22,14 +19,14 @@ from dualloop.sim.schema import FEATURE_INDEX, FEATURE_NAMES
 LONGITUDINAL = ("ego_speed", "ego_accel", "lead_present", "lead_distance", "lead_rel_speed")
 
 
-@pytest.fixture(scope="module")
-def model() -> DecisionModel:
-    return DecisionModel(BASE_MODEL_PATH)
+@pytest.fixture()
+def model(base_model):  # noqa: ANN001, ANN201
+    return base_model
 
 
-@pytest.fixture(scope="module")
-def gates(model):  # noqa: ANN001, ANN201
-    return [load_gate_for_model(g, model) for g in DEFAULT_GATES]
+@pytest.fixture()
+def gates(base_gates):  # noqa: ANN001, ANN201
+    return base_gates
 
 
 @pytest.fixture(scope="module")
