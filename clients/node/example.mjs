@@ -1,0 +1,40 @@
+// A minimal dualloop client, from proto/ alone: node example.mjs HOST:PORT (docs/contract.md).
+import stream from 'node:stream';
+import grpc from '@grpc/grpc-js';
+import protoLoader from '@grpc/proto-loader';
+
+const proto = new URL('../../proto', import.meta.url).pathname;
+const definition = protoLoader.loadSync('dualloop/v1/controller.proto',
+  { includeDirs: [proto], keepCase: true, longs: String, enums: String, defaults: true, oneofs: true });
+const { Controller } = grpc.loadPackageDefinition(definition).dualloop.v1;
+
+// A small receive window and small stream buffers: a client that falls behind reads the newest
+// snapshot after a short backlog; the server drops the rest (snapshots_dropped).
+stream.setDefaultHighWaterMark(false, 1024);
+stream.setDefaultHighWaterMark(true, 1);
+const client = new Controller(process.argv[2], grpc.credentials.createInsecure(),
+  { 'grpc-node.flow_control_window': 8192 });
+
+const info = await new Promise((ok, fail) => client.GetModelInfo({}, (e, r) => (e ? fail(e) : ok(r))));
+const call = client.Drive();
+call.write({ open: { clock: 'REALTIME', observation_period_ns: String(50_000_000) } }); // first: open, 20 Hz
+let latest = null;
+call.on('data', (msg) => {
+  if (msg.msg === 'opened') return console.log(`session ${msg.opened.session_id}, tick ${msg.opened.tick_period_ns} ns`);
+  if (latest?.safety_state !== msg.snapshot.safety_state) { // NOMINAL, VETO_HOLD, FALLBACK_ACTIVE, RECOVERING
+    console.log(`tick ${msg.snapshot.tick}: ${msg.snapshot.safety_state} ${msg.snapshot.reasons.join(',')}`);
+  }
+  latest = msg.snapshot; // actuate latest.applied, never latest.proposed
+});
+call.on('error', (err) => { console.error(`${grpc.status[err.code]}: ${err.details}`); process.exit(1); });
+call.on('end', () => {
+  console.log(`last: ${latest.applied.name} [${latest.applied.controls}] ${latest.safety_state}`);
+  client.close();
+});
+for (let seq = 1; seq <= 20; seq++) { // 1 s at 20 Hz: in ModelInfo.features order and units
+  const features = info.features.map((f, i) => (f.unit === 'bool' ? Math.round(f.mean)
+    : f.unit === '1/m' ? 0 : f.mean + 0.1 * f.std * Math.sin(0.37 * seq + 0.5 * i)));
+  call.write({ observation: { seq: String(seq), timestamp_ns: String(process.hrtime.bigint()), features } });
+  await new Promise((ok) => setTimeout(ok, 50));
+}
+call.end(); // half-close: the server ends the session and the stream
