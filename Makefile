@@ -17,8 +17,16 @@ $(STAMP): pyproject.toml setup.py $(wildcard */*.c)
 demo: $(STAMP)
 	$(VENV)/bin/dualloop demo
 
+# The Node client's dependencies (tests/clients runs it against a live server), reinstalled when the
+# lock file is newer; without npm the Node tests skip (unless DUALLOOP_REQUIRE_NODE=1, as in CI).
+NODE_DEPS := $(if $(shell command -v npm),clients/node/node_modules/.package-lock.json)
+
+clients/node/node_modules/.package-lock.json: clients/node/package-lock.json
+	npm ci --prefix clients/node --no-audit --no-fund --loglevel=error
+	touch $@
+
 # the checks first (seconds), then the suite; the 15 slowest tests close the report
-test: check
+test: check $(NODE_DEPS)
 	$(PY) -m pytest -q --durations=15
 
 # lint, format, types and layers; mypy and import-linter read the namespace view of scripts/namespace_view.py

@@ -1,0 +1,100 @@
+"""The Node client in clients/node (built only from proto/) against a live server.
+
+Skips without node or without clients/node/node_modules (`npm ci --prefix clients/node`), unless
+DUALLOOP_REQUIRE_NODE=1 (CI sets it): then a missing Node is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+
+from dualloop.controller.serve.server import ServerThread
+from dualloop.executor.snapshot import WALL_CLOCK_FIELDS
+from tests.paths import REPO_ROOT
+
+NODE_CLIENT = REPO_ROOT / "clients" / "node"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    path = shutil.which("node")
+    missing = (
+        "node is not on PATH"
+        if path is None
+        else "clients/node/node_modules is missing: run `npm ci --prefix clients/node`"
+        if not (NODE_CLIENT / "node_modules" / "@grpc" / "grpc-js").is_dir()
+        else None
+    )
+    if missing is not None:
+        if os.environ.get("DUALLOOP_REQUIRE_NODE") == "1":
+            pytest.fail(f"DUALLOOP_REQUIRE_NODE=1 but {missing}")
+        pytest.skip(missing)
+    assert path is not None
+    return path
+
+
+def run_node(node: str, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [node, str(NODE_CLIENT / script), *args], capture_output=True, text=True, timeout=180, cwd=NODE_CLIENT
+    )
+
+
+def summary_of(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """check.mjs ends with one JSON line."""
+    lines = result.stdout.strip().splitlines()
+    assert lines, f"no output; stderr: {result.stderr}"
+    summary: dict[str, Any] = json.loads(lines[-1])
+    return summary
+
+
+def test_node_client_checks_a_live_server(node: str, shipped_server: ServerThread) -> None:
+    # The wall-clock fields come from the server's own list, so a new one is excluded here too.
+    result = run_node(node, "check.mjs", shipped_server.address, "--wall-clock-fields", ",".join(WALL_CLOCK_FIELDS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = summary_of(result)
+    assert summary["ok"] and summary["failures"] == []
+    lockstep = summary["lockstep"]
+    # 3 s of sensor time at 10 Hz on 5 ms ticks: 29 * 20 + 1 snapshots, identical in both sessions
+    assert lockstep["identical"] and lockstep["snapshots"] == 581
+    assert set(lockstep["safety_states"]) == {"NOMINAL", "VETO_HOLD", "FALLBACK_ACTIVE", "RECOVERING"}
+    realtime = summary["realtime"]
+    assert realtime["window_bytes"] == 8192 and realtime["snapshots"] > 0
+    for stall in ("paused_reader", "busy_event_loop"):
+        assert realtime[stall]["backlog"] < realtime[stall]["ticks"] / 2
+    assert summary["bad_inputs"] == {
+        "wrong feature count": "INVALID_ARGUMENT",
+        "first message not open": "INVALID_ARGUMENT",
+        "unknown clock": "INVALID_ARGUMENT",
+        "unknown provided feature": "INVALID_ARGUMENT",
+        "seq not increasing": "INVALID_ARGUMENT",
+        "LOCKSTEP time going back": "INVALID_ARGUMENT",
+        "schema hash mismatch": "FAILED_PRECONDITION",
+        "session id already open": "ALREADY_EXISTS",
+    }
+
+
+def test_node_determinism_check_sees_wall_clock_fields(node: str, shipped_server: ServerThread) -> None:
+    """The byte comparison bites: with `timings` not excluded, two identical runs differ."""
+    fields = "emit_time_ns,lateness_us"
+    result = run_node(node, "check.mjs", shipped_server.address, "--only", "lockstep", "--wall-clock-fields", fields)
+    summary = summary_of(result)
+    assert result.returncode == 1 and not summary["lockstep"]["identical"]
+    assert summary["failures"] == [
+        "LOCKSTEP byte-identical apart from wall-clock fields: first difference at snapshot 0"
+    ]
+
+
+def test_node_example_runs(node: str, shipped_server: ServerThread) -> None:
+    """The minimal example docs/contract.md quotes."""
+    result = run_node(node, "example.mjs", shipped_server.address)
+    assert result.returncode == 0, result.stdout + result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    actions = shipped_server.call(lambda: shipped_server.server.executor.card.actions)
+    assert last.startswith("last: ") and last.split()[1] in actions, result.stdout
