@@ -28,3 +28,11 @@ def test_python_example_reports_an_unreachable_server() -> None:
     example = REPO_ROOT / "clients" / "python" / "example.py"
     result = subprocess.run([sys.executable, str(example), "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "UNAVAILABLE" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("example", ["clients/python/example.py", "clients/node/example.mjs"])
+def test_contract_guide_quotes_the_examples_verbatim(example: str) -> None:
+    """docs/contract.md shows the files the tests run, not a copy that drifts."""
+    guide = (REPO_ROOT / "docs" / "contract.md").read_text()
+    code = (REPO_ROOT / example).read_text()
+    assert f"\n{code}```\n" in guide
