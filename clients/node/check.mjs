@@ -11,8 +11,8 @@
 //    twice (a paused reader, a busy event loop) and must then find a short backlog, not every tick
 //    of the stall (the server conflates and counts the drops).
 // 3. LOCKSTEP twice, concurrently, with the same observation stream (declared period, a sensor
-//    profile, plans, an out-of-distribution stretch and a stale plan): the snapshots must be byte-identical apart from the wall-clock fields and
-//    the session id.
+//    profile, plans, an out-of-distribution stretch and a stale plan): the snapshots must be
+//    byte-identical apart from the wall-clock fields and the session id.
 // 4. Bad inputs: each gets the documented status code, and the server keeps serving.
 // The last line of output is a JSON summary.
 import path from 'node:path';
@@ -27,7 +27,9 @@ const LOAD_OPTIONS = { includeDirs: [PROTO_ROOT], keepCase: true, longs: String,
 const definition = protoLoader.loadSync('dualloop/v1/controller.proto', LOAD_OPTIONS);
 const v1 = grpc.loadPackageDefinition(definition).dualloop.v1;
 const DRIVE = definition['dualloop.v1.Controller'].Drive;
-const SNAPSHOT_FIELDS = new Map(definition['dualloop.v1.DecisionSnapshot'].type.field.map((f) => [f.name, f.number]));
+const fieldNumbers = (message) => new Map(definition[`dualloop.v1.${message}`].type.field.map((f) => [f.name, f.number]));
+const SNAPSHOT_FIELDS = fieldNumbers('DecisionSnapshot');
+const RESPONSE_SNAPSHOT = fieldNumbers('DriveResponse').get('snapshot');
 
 const PARTS = ['realtime', 'lockstep', 'errors'];
 const args = parseArgs(process.argv.slice(2));
@@ -48,6 +50,7 @@ function parseArgs(argv) {
   }
   if (!out.address) usage('the server address is missing');
   if (!Number.isInteger(out.window) || out.window < 0) usage('--window takes a byte count (0: grpc-js default)');
+  if (!Number.isInteger(out.pauseMs) || out.pauseMs < 100) usage('--pause-ms takes milliseconds (at least 100)');
   if (out.only.some((p) => !PARTS.includes(p))) usage(`--only takes some of ${PARTS.join(',')}`);
   return out;
 }
@@ -68,7 +71,7 @@ const now = () => process.hrtime.bigint(); // CLOCK_MONOTONIC, as the server's e
 
 // A deterministic, plausible feature row from the schema alone: flags at their usual value, the
 // rest swaying around their training mean by a tenth of a standard deviation (a std is not a
-// range: curvature's is 1/m, so it sways by 1 mm^-1). Missing features (not provided) are NaN.
+// range: curvature's is 1 /m, so it sways by 0.001 /m, a 1 km radius). Missing features are NaN.
 function features(info, k, provided = null, amplitude = 0.1) {
   return info.features.map((f, i) => {
     if (provided && !provided.has(f.name)) return NaN;
@@ -132,7 +135,7 @@ function wireFields(buf) {
 
 // The snapshot's bytes as the server sent them, minus the given field numbers.
 function snapshotBytesWithout(driveResponseBytes, drop) {
-  const snap = wireFields(driveResponseBytes).find((f) => f.number === 2); // DriveResponse.snapshot
+  const snap = wireFields(driveResponseBytes).find((f) => f.number === RESPONSE_SNAPSHOT);
   const payload = driveResponseBytes.subarray(snap.body, snap.end);
   return Buffer.concat(wireFields(payload).filter((f) => !drop.has(f.number)).map((f) => payload.subarray(f.start, f.end)));
 }
