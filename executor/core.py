@@ -450,6 +450,14 @@ class Executor:
                 s.safety, tick_ns, reasons, proposal, None if self._frozen[i] else self._x[i]
             )
             s.ticks += 1
+            missed, transport = 0, None
+            if s.clock is Clock.REALTIME:
+                # grid indices skipped since this session's previous tick (missed deadlines)
+                if s.last_tick_index is not None:
+                    missed = max(0, tick_index - s.last_tick_index - 1)
+                s.last_tick_index = tick_index
+                if obs.sent_time_ns:
+                    transport = obs.received_wall_ns - obs.sent_time_ns
             snaps.append(
                 Snapshot(
                     session_id=s.session_id,
@@ -486,6 +494,10 @@ class Executor:
                     gate_score=float(gate[0][i]) if gate is not None else None,
                     gate_threshold=float(gate[1][i]) if gate is not None else None,
                     gate_veto=bool(gate[2][i]) if gate is not None else False,
+                    max_lateness_since_previous_us=lateness_us,
+                    ticks_missed_since_previous=missed,
+                    transport_delay_ns=transport,
+                    observation_age_with_transport_ns=None if transport is None else age + transport,
                 )
             )
         return snaps

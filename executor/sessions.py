@@ -53,6 +53,7 @@ class Session:
     next_tick_ns: int | None = None  # LOCKSTEP grid position
     lockstep_tick: int = 0
     ticks: int = 0
+    last_tick_index: int | None = None  # REALTIME: the grid index of the session's previous tick
 
 
 # How many recent intervals the measured observation period is the median of: enough that one lost
