@@ -46,7 +46,7 @@ class Session:
     plan_created_ns: int = 0
     pending: Observation | None = None  # newest observation no tick has used yet (latest wins)
     current: Observation | None = None  # the observation the last tick used
-    last_seq: int = -1
+    last_seq: int = 0  # seq starts at 1: 0 is proto3's unset value
     last_timestamp_ns: int | None = None
     observations_dropped: int = 0
     snapshots_dropped: int = 0

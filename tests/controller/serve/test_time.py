@@ -12,6 +12,7 @@ import time
 
 import grpc
 import numpy as np
+import pytest
 
 from dualloop.controller.serve import ticker as ticker_module
 from dualloop.controller.serve.cli import stop_line
@@ -185,3 +186,29 @@ def test_lockstep_time_fields_are_deterministic(channel):
         assert not a.HasField("transport_delay_ns") and not a.HasField("observation_age_with_transport_ns")
         assert without_wall_clock(a) == without_wall_clock(b)
     assert [s.tick for s in stamped] == list(range(30))
+
+
+def test_seq_zero_and_realtime_time_going_back_are_refused(channel):
+    """seq starts at 1 in both clocks (0 is protobuf's unset value); REALTIME sensor time may stand
+    still but never go back. Each is INVALID_ARGUMENT naming the values."""
+    for clock in (pb.REALTIME, pb.LOCKSTEP):
+        session = DriveSession(channel, f"zero-{clock}", clock)
+        session.send(0, 0, sensor(0))
+        with pytest.raises(grpc.RpcError) as err:
+            session.recv()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "observation seq 0: seq starts at 1" in err.value.details()
+
+    session = DriveSession(channel, "back", pb.REALTIME)
+    session.send(1, 2_000 * MS, sensor(1))
+    session.recv()
+    session.send(2, 2_000 * MS, sensor(2))  # equal: allowed (a sensor that repeats its stamp)
+    while session.recv().observation_seq != 2:
+        pass
+    session.send(3, 1_999 * MS, sensor(3))
+    with pytest.raises(grpc.RpcError) as err:
+        while True:  # snapshots of held seq 2 until the refusal ends the stream
+            session.recv()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    expected = "seq 3 has timestamp 1999000000 ns, before the previous observation's (seq 2) 2000000000 ns"
+    assert expected in err.value.details()
