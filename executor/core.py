@@ -5,7 +5,7 @@ use it directly:
 
     ex = Executor(DecisionModel("model.onnx"))
     ex.open_session("car-1")
-    snaps = ex.step({"car-1": Observation(seq=0, timestamp_ns=0, features=x)}, now_ns=0)
+    snaps = ex.step({"car-1": Observation(seq=1, timestamp_ns=0, features=x)}, now_ns=0)
 
 REALTIME sessions are ticked together by `tick()` (one onnxruntime call for all of them); a
 LOCKSTEP session is ticked by its own observations' timestamps in `advance_lockstep()`, always with
@@ -191,6 +191,11 @@ class Executor:
                 f"observation seq {obs.seq} has {obs.features.size} features; the model expects {n} "
                 f"({names[0]}, {names[1]}, ..., {names[-1]}); GetModelInfo lists them in order"
             )
+        if obs.seq == 0:
+            raise InvalidObservation(
+                "observation seq 0: seq starts at 1 and strictly increases (0 is protobuf's unset value, "
+                "so it would hide a client that never sets seq)"
+            )
         if obs.seq <= session.last_seq:
             raise InvalidObservation(
                 f"observation seq {obs.seq} is not after the previous seq "
@@ -221,6 +226,13 @@ class Executor:
         """REALTIME input: the newest observation replaces an unused older one (counted)."""
         session = self.session(session_id)
         self.check_observation(session, obs)
+        if session.last_timestamp_ns is not None and obs.timestamp_ns < session.last_timestamp_ns:
+            # sensor time going back is a client bug (or a restarted sensor): say so, don't guess
+            raise InvalidObservation(
+                f"observation seq {obs.seq} has timestamp {obs.timestamp_ns} ns, before the previous "
+                f"observation's (seq {session.last_seq}) {session.last_timestamp_ns} ns; REALTIME "
+                f"timestamps must not decrease (equal is allowed)"
+            )
         session.last_seq = obs.seq
         note_observation_time(session, obs.timestamp_ns)
         if obs.plan_values is not None:
@@ -450,6 +462,14 @@ class Executor:
                 s.safety, tick_ns, reasons, proposal, None if self._frozen[i] else self._x[i]
             )
             s.ticks += 1
+            missed, transport = 0, None
+            if s.clock is Clock.REALTIME:
+                # grid indices skipped since this session's previous tick (missed deadlines)
+                if s.last_tick_index is not None:
+                    missed = max(0, tick_index - s.last_tick_index - 1)
+                s.last_tick_index = tick_index
+                if obs.sent_time_ns:
+                    transport = obs.received_wall_ns - obs.sent_time_ns
             snaps.append(
                 Snapshot(
                     session_id=s.session_id,
@@ -486,6 +506,10 @@ class Executor:
                     gate_score=float(gate[0][i]) if gate is not None else None,
                     gate_threshold=float(gate[1][i]) if gate is not None else None,
                     gate_veto=bool(gate[2][i]) if gate is not None else False,
+                    max_lateness_since_previous_us=lateness_us,
+                    ticks_missed_since_previous=missed,
+                    transport_delay_ns=transport,
+                    observation_age_with_transport_ns=None if transport is None else age + transport,
                 )
             )
         return snaps

@@ -46,13 +46,14 @@ class Session:
     plan_created_ns: int = 0
     pending: Observation | None = None  # newest observation no tick has used yet (latest wins)
     current: Observation | None = None  # the observation the last tick used
-    last_seq: int = -1
+    last_seq: int = 0  # seq starts at 1: 0 is proto3's unset value
     last_timestamp_ns: int | None = None
     observations_dropped: int = 0
     snapshots_dropped: int = 0
     next_tick_ns: int | None = None  # LOCKSTEP grid position
     lockstep_tick: int = 0
     ticks: int = 0
+    last_tick_index: int | None = None  # REALTIME: the grid index of the session's previous tick
 
 
 # How many recent intervals the measured observation period is the median of: enough that one lost

@@ -37,7 +37,14 @@ class SafetyState(enum.IntEnum):
 
 # Snapshot fields whose values come from the wall clock by nature; everything else is a pure
 # function of the inputs in LOCKSTEP and must replay byte-identically.
-WALL_CLOCK_FIELDS = ("emit_time_ns", "lateness_us", "timings")
+WALL_CLOCK_FIELDS = (
+    "emit_time_ns",
+    "lateness_us",
+    "timings",
+    "max_lateness_since_previous_us",
+    "transport_delay_ns",
+    "observation_age_with_transport_ns",
+)
 
 
 @dataclass(slots=True)
@@ -50,6 +57,8 @@ class Observation:
     actual_controls: np.ndarray | None = None
     plan_id: str = ""  # a plan made by the client (its own planner), with its values in plan order
     plan_values: np.ndarray | None = None
+    sent_time_ns: int = 0  # client wall clock (Unix epoch) when sent; 0: not given
+    received_wall_ns: int = 0  # server wall clock (Unix epoch) at receipt, for the transport delay
 
 
 @dataclass(slots=True)
@@ -103,6 +112,14 @@ class Snapshot:
     actual_index: int = -1  # shadow mode: what the vehicle did on this tick's observation
     actual_controls: np.ndarray | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    # Since the previous snapshot delivered to the client: the outbox accumulates these over the
+    # snapshots it conflates (controller.serve.conflation); the executor fills in this tick's share.
+    snapshots_conflated_since_previous: int = 0
+    max_lateness_since_previous_us: int = 0
+    ticks_missed_since_previous: int = 0  # REALTIME grid ticks skipped since this session's last tick
+    # REALTIME, when the observation carried its send time (wall clock; None: unknown)
+    transport_delay_ns: int | None = None
+    observation_age_with_transport_ns: int | None = None
 
 
 # Odd 64-bit multipliers, one per input word (grown on demand, from a fixed seed: hashes are stable).

@@ -74,6 +74,7 @@ def _observation_digest(data: LogData) -> str:
         copy = pb.Observation()
         copy.CopyFrom(msg)
         copy.ClearField("actual")  # the input is what the controller saw, not the label
+        copy.ClearField("sent_time_ns")  # when the client sent it is wall-clock, not input
         h.update(copy.SerializeToString(deterministic=True))
     return h.hexdigest()
 

@@ -88,15 +88,21 @@ def serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         await server.stop()
-        s = server.runtime.stats
-        console.print(
-            f"stopped after {s.ticks} ticks, {server.runtime.ticker.missed} missed deadlines, "
-            f"{s.snapshots_sent} snapshots sent"
-        )
+        console.print(stop_line(server))
 
     loop = new_event_loop()
     loop.run_until_complete(run())
     return 0
+
+
+def stop_line(server: ControllerServer) -> str:
+    """The exit line: totals since start, one kind of count throughout (GetStats resets only its window)."""
+    s = server.runtime.stats
+    uptime_s = (time.monotonic_ns() - s.started_ns) / 1e9
+    return (
+        f"stopped after {uptime_s:.1f} s; since start: {s.ticks_total} ticks with REALTIME sessions open, "
+        f"{server.runtime.ticker.missed} missed deadlines, {s.snapshots_sent_total} snapshots sent"
+    )
 
 
 def _free_loopback_port() -> int:

@@ -76,8 +76,11 @@ class DriveSession:
         actual_controls: Sequence[float] = (),
         plan_id: str = "",
         plan: Sequence[float] | None = None,
+        sent_time_ns: int = 0,
     ) -> None:
-        obs = pb.Observation(seq=seq, timestamp_ns=timestamp_ns, features=features)
+        """sent_time_ns: this host's wall clock (time.time_ns()) at sending, so that the server can
+        report the transport delay; 0: not given."""
+        obs = pb.Observation(seq=seq, timestamp_ns=timestamp_ns, features=features, sent_time_ns=sent_time_ns)
         if plan is not None:
             obs.plan.plan_id = plan_id
             obs.plan.values.extend(plan)

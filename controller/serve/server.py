@@ -21,7 +21,7 @@ import numpy as np
 from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, ACTUAL_IS_COMMAND
 from dualloop.controller.logs.recorder import Recorder
 from dualloop.controller.serve.config import ConfigError, ServerConfig
-from dualloop.controller.serve.conflation import LatestSlot
+from dualloop.controller.serve.conflation import LatestSlot, carry_over
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.planning import ServerPlanning
 from dualloop.controller.serve.shadow import ShadowAgreement
@@ -47,6 +47,10 @@ class RuntimeStats:
     """What `dualloop bench tick` and operators read: lateness, misses, latency, streaming cost."""
 
     def __init__(self) -> None:
+        # totals since start: a GetStats reset (the window below) never touches them
+        self.started_ns = _mono_ns()
+        self.ticks_total = 0
+        self.snapshots_sent_total = 0
         self.reset()
 
     def reset(self) -> None:
@@ -97,6 +101,7 @@ class ControllerRuntime:
             if precise:  # lateness and tick counts describe ticks someone was served
                 stats.lateness.add(tick.lateness_ns)
                 stats.ticks += 1
+                stats.ticks_total += 1
             stats.missed = ticker.missed
             if self.planning is not None:
                 self.planning.realtime.on_tick(tick.scheduled_ns)
@@ -227,6 +232,10 @@ class ControllerService(pb_grpc.ControllerServicer):
             snapshots_sent=stats.snapshots_sent,
             scheduling=runtime.scheduling,
             window_s=(_mono_ns() - stats.window_start_ns) / 1e9,
+            ticks_total=stats.ticks_total,
+            missed_deadlines_total=runtime.ticker.missed,
+            uptime_s=(_mono_ns() - stats.started_ns) / 1e9,
+            snapshots_sent_total=stats.snapshots_sent_total,
         )
         if request.reset:
             runtime.reset_stats()
@@ -335,7 +344,7 @@ class ControllerService(pb_grpc.ControllerServicer):
     )
 
     async def _drive_realtime(self, session_id: str, requests, context) -> tuple | None:
-        box: LatestSlot[Snapshot] = LatestSlot()
+        box: LatestSlot[Snapshot] = LatestSlot(carry_over)
         self.runtime.outboxes[session_id] = box
         error: list[tuple] = []
         planning = self._planning
@@ -347,7 +356,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                     if obs_msg is None:
                         error.append(self._NOT_AN_OBSERVATION)
                         return
-                    obs = observation_from_proto(obs_msg, _mono_ns())
+                    obs = observation_from_proto(obs_msg, _mono_ns(), time.time_ns())
                     if planning is not None:  # the server's planner conditions this session
                         obs.plan_id, obs.plan_values = "", None
                     try:
@@ -372,6 +381,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 stats.stream_ns += _perf_ns() - t0
                 await context.write(msg)
                 stats.snapshots_sent += 1
+                stats.snapshots_sent_total += 1
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -402,6 +412,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 # Awaiting each write is the backpressure: a LOCKSTEP stream never drops a snapshot.
                 await context.write(pb.DriveResponse(snapshot=proto))
                 stats.snapshots_sent += 1
+                stats.snapshots_sent_total += 1
         return None
 
 

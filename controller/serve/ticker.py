@@ -9,8 +9,11 @@ period. So the ticker waits in three steps:
 2. in the thread (`time.sleep`, CPU free) until a short spin interval before the deadline;
 3. a busy wait on the monotonic clock for the last ~200 us.
 
-A tick that could not start before the next one was due is *missed*: it is counted and skipped,
-never run late in a burst (ros2_control's "missed cycles", openpilot's Ratekeeper lag).
+A deadline whose tick could not start before the next deadline was due is *missed*: it is counted
+and skipped, never run late in a burst (ros2_control's "missed cycles", openpilot's Ratekeeper lag).
+This holds whether the loop arrives late or the wait itself overshoots, so every tick that runs
+starts less than one period after its deadline, and the missed count is exactly the grid deadlines
+no tick ran on (controller.proto, ServerStats.missed_deadlines).
 """
 
 from __future__ import annotations
@@ -80,14 +83,8 @@ class PreciseTicker:
         index = self._next_index
         deadline = self._start_ns + index * self.period_ns
         now = _now_ns()
-        missed = 0
         if now >= deadline + self.period_ns:
-            # Too late for this one and maybe more: skip to the newest deadline that has passed.
-            missed = (now - deadline) // self.period_ns
-            index += missed
-            deadline += missed * self.period_ns
-            if precise:
-                self.missed += missed
+            pass  # already too late for this deadline: skipped below, no wait
         elif not precise:
             if deadline > now:
                 await asyncio.sleep((deadline - now) / 1e9)
@@ -101,6 +98,16 @@ class PreciseTicker:
                 time.sleep(fine_ns / 1e9)
             while (now := _now_ns()) < deadline:
                 pass
+        missed = 0
+        # Checked after the wait too (a wait can overshoot by a whole period under load), so that a
+        # tick never starts a full period or more after its deadline: lateness < period, always.
+        if now >= deadline + self.period_ns:
+            # Too late for this one and maybe more: skip to the newest deadline that has passed.
+            missed = (now - deadline) // self.period_ns
+            index += missed
+            deadline += missed * self.period_ns
+            if precise:
+                self.missed += missed
         self._next_index = index + 1
         self.ticks += 1
         return Tick(index=index, scheduled_ns=deadline, started_ns=now, missed_before=missed)

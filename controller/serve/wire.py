@@ -28,7 +28,8 @@ def model_info(card: ModelCard, tick_period_ns: int, gate_version: str = "", gat
     )
 
 
-def observation_from_proto(msg: pb.Observation, arrival_ns: int) -> Observation:
+def observation_from_proto(msg: pb.Observation, arrival_ns: int, received_wall_ns: int = 0) -> Observation:
+    """arrival_ns: server monotonic clock at receipt; received_wall_ns: its wall clock (Unix epoch)."""
     actual = msg.actual if msg.HasField("actual") else None
     plan = msg.plan if msg.HasField("plan") else None
     return Observation(
@@ -40,6 +41,8 @@ def observation_from_proto(msg: pb.Observation, arrival_ns: int) -> Observation:
         actual_controls=np.asarray(actual.controls, dtype=np.float32) if actual is not None else None,
         plan_id=plan.plan_id if plan is not None else "",
         plan_values=np.asarray(plan.values, dtype=np.float32) if plan is not None else None,
+        sent_time_ns=msg.sent_time_ns,
+        received_wall_ns=received_wall_ns,
     )
 
 
@@ -77,7 +80,13 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
         observations_dropped=s.observations_dropped,
         observation_held=s.observation_held,
         observation_period_ns=s.observation_period_ns,
+        snapshots_conflated_since_previous=s.snapshots_conflated_since_previous,
+        max_lateness_since_previous_us=s.max_lateness_since_previous_us,
+        ticks_missed_since_previous=s.ticks_missed_since_previous,
     )
+    if s.transport_delay_ns is not None:
+        msg.transport_delay_ns = s.transport_delay_ns
+        msg.observation_age_with_transport_ns = s.observation_age_with_transport_ns or 0
     if s.gate_score is not None:
         msg.gate.score = s.gate_score
         msg.gate.threshold = s.gate_threshold or 0.0

@@ -288,3 +288,35 @@ def test_input_hashes_are_per_row_and_see_every_bit():
             target[7, j % 19 if j < 19 else j - 19], np.float32(np.inf)
         )
         assert input_hashes(x2, p2)[7] != h[7]
+
+
+def test_order_rules_and_time_accounting(test_model):
+    """seq 0 is refused by the live and the vectorised LOCKSTEP paths alike; REALTIME time may stand
+    still, not go back; a REALTIME snapshot counts the grid ticks its session skipped, and carries
+    the transport delay when its observation said when it was sent."""
+    from dualloop.executor.lockstep_batch import run_lockstep
+
+    rng = np.random.default_rng(10)
+    ex = Executor(test_model)
+    ex.open_session("ls", clock=Clock.LOCKSTEP)
+    with pytest.raises(InvalidObservation, match="observation seq 0: seq starts at 1"):
+        ex.advance_lockstep("ls", obs(0, features(rng)))
+    ex.open_session("batch", clock=Clock.LOCKSTEP)
+    with pytest.raises(InvalidObservation, match="observation seq 0: seq starts at 1"):
+        run_lockstep(ex, "batch", [obs(0, features(rng)), obs(1, features(rng), 5 * MS)])
+
+    ex.open_session("rt")
+    ex.submit("rt", obs(1, features(rng), 100 * MS))
+    ex.submit("rt", obs(2, features(rng), 100 * MS))
+    with pytest.raises(InvalidObservation, match=r"timestamp 99000000 ns, before the previous observation's \(seq 2\)"):
+        ex.submit("rt", obs(3, features(rng), 99 * MS))
+    (first,) = ex.tick(0, tick_index=7)
+    (after_gap,) = ex.tick(20 * MS, tick_index=11)
+    assert first.ticks_missed_since_previous == 0 and after_gap.ticks_missed_since_previous == 3
+    assert first.transport_delay_ns is None and first.observation_age_with_transport_ns is None
+    sent = Observation(seq=4, timestamp_ns=200 * MS, features=features(rng), arrival_ns=21 * MS)
+    sent.sent_time_ns, sent.received_wall_ns = 1_000 * MS, 1_030 * MS
+    ex.submit("rt", sent)
+    (snap,) = ex.tick(25 * MS, tick_index=12)
+    assert snap.transport_delay_ns == 30 * MS and snap.observation_age_ns == 4 * MS
+    assert snap.observation_age_with_transport_ns == 34 * MS

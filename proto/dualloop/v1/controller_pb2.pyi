@@ -85,18 +85,20 @@ class PlanUpdate(_message.Message):
     def __init__(self, plan_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Observation(_message.Message):
-    __slots__ = ("seq", "timestamp_ns", "features", "actual", "plan")
+    __slots__ = ("seq", "timestamp_ns", "features", "actual", "plan", "sent_time_ns")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_NS_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     ACTUAL_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    SENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ns: int
     features: _containers.RepeatedScalarFieldContainer[float]
     actual: ActualAction
     plan: PlanUpdate
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ns: _Optional[int] = ..., features: _Optional[_Iterable[float]] = ..., actual: _Optional[_Union[ActualAction, _Mapping]] = ..., plan: _Optional[_Union[PlanUpdate, _Mapping]] = ...) -> None: ...
+    sent_time_ns: int
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ns: _Optional[int] = ..., features: _Optional[_Iterable[float]] = ..., actual: _Optional[_Union[ActualAction, _Mapping]] = ..., plan: _Optional[_Union[PlanUpdate, _Mapping]] = ..., sent_time_ns: _Optional[int] = ...) -> None: ...
 
 class DriveRequest(_message.Message):
     __slots__ = ("open", "observation")
@@ -167,7 +169,7 @@ class StageTimings(_message.Message):
     def __init__(self, preprocess_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., gate_us: _Optional[int] = ..., postprocess_us: _Optional[int] = ...) -> None: ...
 
 class DecisionSnapshot(_message.Message):
-    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns")
+    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns", "snapshots_conflated_since_previous", "max_lateness_since_previous_us", "ticks_missed_since_previous", "transport_delay_ns", "observation_age_with_transport_ns")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TICK_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_TIME_NS_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +194,11 @@ class DecisionSnapshot(_message.Message):
     PLAN_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_HELD_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_CONFLATED_SINCE_PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LATENESS_SINCE_PREVIOUS_US_FIELD_NUMBER: _ClassVar[int]
+    TICKS_MISSED_SINCE_PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_DELAY_NS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_AGE_WITH_TRANSPORT_NS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tick: int
     scheduled_time_ns: int
@@ -216,7 +223,12 @@ class DecisionSnapshot(_message.Message):
     plan: PlanSummary
     observation_held: bool
     observation_period_ns: int
-    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ...) -> None: ...
+    snapshots_conflated_since_previous: int
+    max_lateness_since_previous_us: int
+    ticks_missed_since_previous: int
+    transport_delay_ns: int
+    observation_age_with_transport_ns: int
+    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ..., snapshots_conflated_since_previous: _Optional[int] = ..., max_lateness_since_previous_us: _Optional[int] = ..., ticks_missed_since_previous: _Optional[int] = ..., transport_delay_ns: _Optional[int] = ..., observation_age_with_transport_ns: _Optional[int] = ...) -> None: ...
 
 class PlanSummary(_message.Message):
     __slots__ = ("source", "behaviour", "target_speed", "target_lane_offset")
@@ -303,7 +315,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, reset: _Optional[bool] = ...) -> None: ...
 
 class ServerStats(_message.Message):
-    __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s")
+    __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s", "ticks_total", "missed_deadlines_total", "uptime_s", "snapshots_sent_total")
     TICKS_FIELD_NUMBER: _ClassVar[int]
     MISSED_DEADLINES_FIELD_NUMBER: _ClassVar[int]
     LATENESS_P50_US_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +329,10 @@ class ServerStats(_message.Message):
     SNAPSHOTS_SENT_FIELD_NUMBER: _ClassVar[int]
     SCHEDULING_FIELD_NUMBER: _ClassVar[int]
     WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    TICKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MISSED_DEADLINES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_SENT_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ticks: int
     missed_deadlines: int
     lateness_p50_us: float
@@ -330,7 +346,11 @@ class ServerStats(_message.Message):
     snapshots_sent: int
     scheduling: str
     window_s: float
-    def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ...) -> None: ...
+    ticks_total: int
+    missed_deadlines_total: int
+    uptime_s: float
+    snapshots_sent_total: int
+    def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ..., ticks_total: _Optional[int] = ..., missed_deadlines_total: _Optional[int] = ..., uptime_s: _Optional[float] = ..., snapshots_sent_total: _Optional[int] = ...) -> None: ...
 
 class GetShadowStatsRequest(_message.Message):
     __slots__ = ("session_id",)

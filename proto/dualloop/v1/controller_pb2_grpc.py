@@ -76,7 +76,8 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetStats(self, request, context):
-        """The executor's periodicity statistics since the last reset: how well the server keeps time.
+        """The executor's periodicity statistics since the last reset (by any client), and totals since
+        start that no reset touches: how well the server keeps time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -49,3 +49,19 @@ def test_different_inputs_are_refused(replays, tmp_path):
 def test_unknown_field_is_an_error(replays):
     with pytest.raises(ValueError, match="unknown diff field"):
         diff_exit_code(diff_logs(replays["test"], replays["test2"]), fields=("nope",))
+
+
+def test_send_times_are_not_input():
+    """Two recordings of the same observations sent at different wall-clock times are the same input;
+    different features are not."""
+    from dualloop.controller.logs.logfile import LogData
+    from dualloop.controller.replay.diff import _observation_digest
+    from dualloop.v1 import controller_pb2 as pb
+    from dualloop.v1 import log_pb2
+
+    def log(sent: int, x: float) -> LogData:
+        obs = [pb.Observation(seq=k + 1, timestamp_ns=k, features=[x] * 3, sent_time_ns=sent + k) for k in range(5)]
+        return LogData(header=log_pb2.SessionHeader(session_id="s"), observations=obs)
+
+    assert _observation_digest(log(1_700_000_000_000_000_000, 1.0)) == _observation_digest(log(0, 1.0))
+    assert _observation_digest(log(0, 1.0)) != _observation_digest(log(0, 2.0))
