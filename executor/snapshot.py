@@ -35,6 +35,14 @@ class SafetyState(enum.IntEnum):
     RECOVERING = 4
 
 
+class PlanState(enum.IntEnum):
+    """Whether a tick had a valid plan (the wire's PLAN_STATE_* values)."""
+
+    NONE = 1  # no plan received yet: the model's no-plan default
+    VALID = 2
+    EXPIRED = 3  # older than its validity (sensor time)
+
+
 # Snapshot fields whose values come from the wall clock by nature; everything else is a pure
 # function of the inputs in LOCKSTEP and must replay byte-identically.
 WALL_CLOCK_FIELDS = ("emit_time_ns", "lateness_us", "timings")
@@ -50,6 +58,8 @@ class Observation:
     actual_controls: np.ndarray | None = None
     plan_id: str = ""  # a plan made by the client (its own planner), with its values in plan order
     plan_values: np.ndarray | None = None
+    plan_valid_for_ns: int = 0  # 0: the executor's default plan validity
+    plan_created_ns: int = 0  # sensor time; 0: this observation's timestamp
 
 
 @dataclass(slots=True)
@@ -92,6 +102,8 @@ class Snapshot:
     shadow: bool = False
     plan_id: str = ""
     plan_age_ns: int = 0
+    plan_state: PlanState = PlanState.NONE
+    plan_valid_for_ns: int = 0
     decision_vector: np.ndarray | None = None
     gate_score: float | None = None
     gate_threshold: float | None = None
