@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dualloop.controller.logs.format import require_plan
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
 from dualloop.controller.logs.synthetic import slice_log, synthetic_log
@@ -66,6 +67,9 @@ def _assert_same(fast, plain):
             f.gate_veto,
             f.input_hash,
             f.plan_id,
+            f.plan_state,
+            f.plan_age_ns,
+            f.plan_valid_for_ns,
             f.observation_held,
             f.observation_period_ns,
         ) == (
@@ -78,6 +82,9 @@ def _assert_same(fast, plain):
             p.gate_veto,
             p.input_hash,
             p.plan_id,
+            p.plan_state,
+            p.plan_age_ns,
+            p.plan_valid_for_ns,
             p.observation_held,
             p.observation_period_ns,
         )
@@ -108,7 +115,7 @@ def test_fast_replay_equals_plain_through_every_fault(tmp_path, rate_hz):
     runs = []
     for fast in (True, False):
         ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(read_log(log).header))
-        runs.append(run_replay(ex, "s", obs, fast=fast)[0])
+        runs.append(run_replay(ex, "s", obs, fast=fast, require_plan=require_plan(read_log(log).header))[0])
     _assert_same(*runs)
     seen = {r.name for s in runs[1] for r in s.reasons} | {s.safety_state.name for s in runs[1]}
     assert seen >= {
