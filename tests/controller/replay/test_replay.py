@@ -16,9 +16,9 @@ from dualloop.controller.replay.lockstep import (
     run_replay,
 )
 from dualloop.controller.replay.report import format_report
-from dualloop.controller.serve.wire import snapshot_to_proto, without_wall_clock
+from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto, without_wall_clock
 from dualloop.executor.sessions import InvalidObservation
-from dualloop.executor.snapshot import Reason, SafetyState
+from dualloop.executor.snapshot import PlanState, Reason, SafetyState
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 
 
@@ -265,3 +265,31 @@ def test_real_drive_labels_are_not_judged_as_commands(fixture_replay):
     """The comma2k19 import's actual action is a label made from the speed itself: no actuation verdict."""
     assert fixture_replay.report.actuation_check.startswith("skipped")
     assert "actuation check: skipped" in format_report(fixture_replay.report)
+
+
+def test_logs_without_plan_validity_replay_with_the_defaults(fixture_replay, tmp_path):
+    """Logs recorded before PlanUpdate had valid_for_ns/created_ns: a plan is made at its observation's
+    timestamp and valid for the default, exactly as if the log said so; a plan-less log has no plan."""
+    assert {s.plan_state for s in fixture_replay.snapshots} == {PlanState.NONE}
+    assert not any(Reason.STALE_PLAN in s.reasons for s in fixture_replay.snapshots)
+    log = synthetic_log(tmp_path / "old.mcap", seconds=2.0, rate_hz=150.0)
+    data = read_log(log)
+    assert all(o.plan.valid_for_ns == 0 and o.plan.created_ns == 0 for o in data.observations)
+    explicit = []
+    for o in data.observations:
+        copy = type(o)()
+        copy.CopyFrom(o)
+        if copy.HasField("plan"):
+            copy.plan.created_ns = copy.timestamp_ns
+            copy.plan.valid_for_ns = int(executor_config_for(data.header).max_plan_age_ms * 1e6)
+        explicit.append(copy)
+    runs = []
+    for observations in (data.observations, explicit):
+        ex = build_executor(TEST_MODEL_PATH, (), executor_config_for(data.header))
+        obs = [observation_from_proto(m, 0) for m in observations]
+        runs.append([without_wall_clock(snapshot_to_proto(s)) for s in run_replay(ex, "s", obs)[0]])
+    assert runs[0] == runs[1]
+    ex = build_executor(TEST_MODEL_PATH, (), executor_config_for(data.header))
+    snaps = run_replay(ex, "s", _observations(data))[0]
+    assert {s.plan_state for s in snaps} == {PlanState.VALID}  # a plan every 200 ms, from the first observation
+    assert {s.plan_valid_for_ns for s in snaps} == {600_000_000}
