@@ -247,7 +247,9 @@ class Executor:
         session.last_seq = obs.seq
         note_observation_time(session, obs.timestamp_ns)
         if obs.plan_values is not None:
-            self.set_plan(session_id, obs.plan_values, obs.plan_id, obs.plan_created_ns or obs.timestamp_ns, obs.plan_valid_for_ns)
+            self.set_plan(
+                session_id, obs.plan_values, obs.plan_id, obs.plan_created_ns or obs.timestamp_ns, obs.plan_valid_for_ns
+            )
         if session.pending is not None:
             session.observations_dropped += 1
         session.pending = obs
@@ -400,7 +402,15 @@ class Executor:
         gate = self.gating.step(rows, observations, finite, out)
         t3 = _perf_ns()
         snaps = self._postprocess(
-            rows, observations, finite, out, gate, tick_index, tick_ns, lateness_ns, (plan_ages, plan_states, stale_plan)
+            rows,
+            observations,
+            finite,
+            out,
+            gate,
+            tick_index,
+            tick_ns,
+            lateness_ns,
+            (plan_ages, plan_states, stale_plan),
         )
         t4 = _perf_ns()
         timings = StageTimings((t1 - t0) // 1000, (t2 - t1) // 1000, (t3 - t2) // 1000, (t4 - t3) // 1000)

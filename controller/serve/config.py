@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dualloop.executor.config import ExecutorConfig
 
-
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
 DEFAULT_CLIENT_WINDOW_BYTES = 8192
 

@@ -124,8 +124,9 @@ def test_an_expired_plan_is_the_no_plan_default_without_require_plan(base_model,
     """Without require_plan, ticks past a plan's validity see exactly what a plan-less session sees."""
     observations = with_plans(drive)
     never = [replace(o, plan_id="", plan_values=None) for o in observations]
-    with_plan, plan_less = by_observation(live(base_model, observations, False)), by_observation(
-        live(base_model, never, False)
+    with_plan, plan_less = (
+        by_observation(live(base_model, observations, False)),
+        by_observation(live(base_model, never, False)),
     )
     expired = [k for k, s in with_plan.items() if s.plan_state is PlanState.EXPIRED]
     assert expired
