@@ -464,7 +464,7 @@ def import_csv(
                 )
             if data.plans is not None and plan_ids is not None and valid_for is not None:
                 obs.plan.CopyFrom(
-                    pb.PlanUpdate(plan_id=plan_ids[i], values=data.plans[i].tolist(), valid_for_ns=valid_for[i])
+                    pb.PlanUpdate(plan_id=plan_ids[i], values=data.plans[i].tolist(), valid_for_ns=valid_for[int(i)])
                 )
             yield obs
 
