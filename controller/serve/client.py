@@ -80,11 +80,16 @@ class DriveSession:
         actual_controls: Sequence[float] = (),
         plan_id: str = "",
         plan: Sequence[float] | None = None,
+        plan_valid_for_ns: int = 0,
+        plan_created_ns: int = 0,
     ) -> None:
+        """`plan_valid_for_ns`, `plan_created_ns`: 0 for the defaults (docs/contract.md#plans)."""
         obs = pb.Observation(seq=seq, timestamp_ns=timestamp_ns, features=features)
         if plan is not None:
             obs.plan.plan_id = plan_id
             obs.plan.values.extend(plan)
+            obs.plan.valid_for_ns = plan_valid_for_ns
+            obs.plan.created_ns = plan_created_ns
         if actual_index is not None:
             obs.actual.action_index = actual_index
             obs.actual.controls.extend(actual_controls)

@@ -236,3 +236,16 @@ def test_server_planner_plans_do_not_expire_on_a_foreign_sensor_clock(test_model
     assert len({s.plan_id for s in planned}) > 2  # refreshed by the planner, period after period
     assert not any(pb.STALE_PLAN in s.reasons for s in snaps)
     assert all(s.plan_state == pb.PLAN_STATE_NONE for s in snaps if not s.plan_id)
+
+
+def test_a_plan_s_own_validity_and_creation_time_over_the_wire(channel: grpc.Channel) -> None:
+    session = lockstep(channel, "own-validity", require_plan=True)
+    snaps = []
+    for k in range(30):
+        plan_args = {"plan": PLAN, "plan_id": "p", "plan_valid_for_ns": 50 * MS, "plan_created_ns": 0} if k == 5 else {}
+        session.send(k + 1, k * TICK, sensor(k + 1), **plan_args)  # type: ignore[arg-type]
+        snaps.append(session.recv())
+    session.close()
+    assert {s.plan_valid_for_ns for s in snaps[5:]} == {50 * MS}
+    assert [s.plan_state for s in snaps[5:17]] == [pb.PLAN_STATE_VALID] * 11 + [pb.PLAN_STATE_EXPIRED]
+    assert pb.STALE_PLAN in snaps[16].reasons and pb.STALE_PLAN not in snaps[15].reasons
