@@ -24,13 +24,14 @@ from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.gating import GateVerdicts, GateWiring
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel, ModelOutputs
-from dualloop.executor.reasons import REASONS_OF_FLAGS, ReasonRules
+from dualloop.executor.reasons import REASONS_OF_FLAGS, ReasonRules, plan_rule
 from dualloop.executor.safety import SafetyMachine
 from dualloop.executor.sessions import InvalidObservation, Session, SessionError, note_observation_time
 from dualloop.executor.snapshot import (
     AppliedAction,
     Clock,
     Observation,
+    PlanState,
     Snapshot,
     StageTimings,
     input_hashes,
@@ -118,9 +119,13 @@ class Executor:
         actual_is_command: bool = True,
         observation_period_ns: int = 0,
         provided_features: list[str] | tuple[str, ...] | None = None,
+        require_plan: bool = False,
+        expired_plan_is_stale: bool = False,
     ) -> Session:
         """`observation_period_ns`: the sensor's period (0: measured); `provided_features`: the
-        sensor profile, the features this session measures (None or empty: all)."""
+        sensor profile, the features this session measures (None or empty: all); `require_plan`:
+        no valid plan is STALE_PLAN; `expired_plan_is_stale`: an expired plan is (a session the
+        server's planner plans: its plans stopping is a fault)."""
         if not session_id:
             raise SessionError("session id must not be empty")
         if observation_period_ns < 0:
@@ -140,6 +145,8 @@ class Executor:
             actual_is_command=actual_is_command,
             present=present,
             observation_period_ns=observation_period_ns,
+            require_plan=require_plan,
+            expired_plan_is_stale=expired_plan_is_stale,
         )
         self.gating.reset(session.slot)
         self.gating.profile(present)  # built now (tens of ms), not on the session's first tick
@@ -163,6 +170,11 @@ class Executor:
     def observation_period_ns(self, session: Session) -> int:
         """The period a session's staleness is judged against: declared, else measured, else assumed."""
         return session.observation_period_ns or session.measured_period_ns or self._assumed_period_ns
+
+    @property
+    def assumed_observation_period_ns(self) -> int:
+        """The observation period assumed until a session that declared none has measured one."""
+        return self._assumed_period_ns
 
     @property
     def realtime_sessions(self) -> int:
@@ -216,6 +228,17 @@ class Executor:
                 )
             if not np.isfinite(obs.plan_values).all():
                 raise InvalidObservation(f"observation seq {obs.seq}: plan {obs.plan_id!r} has non-finite values")
+            if obs.plan_valid_for_ns < 0:
+                raise InvalidObservation(
+                    f"observation seq {obs.seq}: plan {obs.plan_id!r} has valid_for_ns {obs.plan_valid_for_ns}; "
+                    f"it must be > 0, or 0 for the default ({self.reasons.max_plan_age_ns} ns)"
+                )
+            if obs.plan_created_ns > obs.timestamp_ns:
+                raise InvalidObservation(
+                    f"observation seq {obs.seq}: plan {obs.plan_id!r} has created_ns {obs.plan_created_ns}, "
+                    f"after the observation's timestamp_ns {obs.timestamp_ns}; created_ns is sensor time "
+                    f"(0: the observation's timestamp)"
+                )
         if not -1 <= obs.actual_index < len(self._actions):
             raise InvalidObservation(
                 f"observation seq {obs.seq}: actual action index {obs.actual_index} is "
@@ -236,19 +259,27 @@ class Executor:
         session.last_seq = obs.seq
         note_observation_time(session, obs.timestamp_ns)
         if obs.plan_values is not None:
-            self.set_plan(session_id, obs.plan_values, obs.plan_id, obs.arrival_ns)
+            self.set_plan(
+                session_id, obs.plan_values, obs.plan_id, obs.plan_created_ns or obs.timestamp_ns, obs.plan_valid_for_ns
+            )
         if session.pending is not None:
             session.observations_dropped += 1
         session.pending = obs
 
-    def set_plan(self, session_id: str, values: np.ndarray, plan_id: str, created_ns: int) -> bool:
-        """Condition the session on a new plan from now on; a repeated plan id changes nothing."""
+    def set_plan(
+        self, session_id: str, values: np.ndarray, plan_id: str, created_ns: int, valid_for_ns: int = 0
+    ) -> bool:
+        """Condition the session on a new plan from now on, valid for `valid_for_ns` (0: the
+        default) after `created_ns` (sensor time); a repeated plan id changes nothing, not even
+        the validity."""
         session = self.session(session_id)
         if plan_id and plan_id == session.plan_id:
             return False
         session.plan[:] = values
         session.plan_id = plan_id
         session.plan_created_ns = created_ns
+        session.plan_valid_for_ns = valid_for_ns or self.reasons.max_plan_age_ns
+        session.has_plan = True
         return True
 
     # -- ticking --------------------------------------------------------------------------------
@@ -296,7 +327,7 @@ class Executor:
             session.observations_dropped += 1  # an off-grid observation no tick got to use
         session.pending = obs
         if obs.plan_values is not None:  # from its timestamp on, not for the ticks before it
-            self.set_plan(session_id, obs.plan_values, obs.plan_id, ts)
+            self.set_plan(session_id, obs.plan_values, obs.plan_id, obs.plan_created_ns or ts, obs.plan_valid_for_ns)
         if session.next_tick_ns == ts:
             out += self._lockstep_tick(session)
         return out
@@ -340,6 +371,8 @@ class Executor:
         observations: list[Observation] = []
         fresh = self._fresh[:n]
         present: np.ndarray | None = None
+        plan_ages, valid_for = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        has_plan = np.zeros(n, bool)
         for i, s in enumerate(rows):
             obs = s.pending
             if obs is None:
@@ -352,6 +385,10 @@ class Executor:
             observations.append(obs)
             x[i] = obs.features
             p[i] = s.plan
+            # plan age in sensor time: the timestamp of the observation this tick decides on
+            if s.has_plan:
+                has_plan[i], valid_for[i] = True, s.plan_valid_for_ns
+                plan_ages[i] = max(0, obs.timestamp_ns - s.plan_created_ns)
             if s.present is not None:
                 if present is None:
                     present = self._present[:n]
@@ -359,6 +396,7 @@ class Executor:
                 present[i] = s.present
             elif present is not None:
                 present[i] = True
+        plan_states, stale_plan = self._plan_rule(rows, has_plan, plan_ages, valid_for, p)
         # the model never sees NaN; such rows are marked INVALID_INPUT below (missing features are
         # masked, not invalid)
         xn, pn, finite = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n], present)
@@ -375,7 +413,17 @@ class Executor:
         t2 = _perf_ns()
         gate = self.gating.step(rows, observations, finite, out)
         t3 = _perf_ns()
-        snaps = self._postprocess(rows, observations, finite, out, gate, tick_index, tick_ns, lateness_ns)
+        snaps = self._postprocess(
+            rows,
+            observations,
+            finite,
+            out,
+            gate,
+            tick_index,
+            tick_ns,
+            lateness_ns,
+            (plan_ages, plan_states, stale_plan),
+        )
         t4 = _perf_ns()
         timings = StageTimings((t1 - t0) // 1000, (t2 - t1) // 1000, (t3 - t2) // 1000, (t4 - t3) // 1000)
         emit_ns = _mono_ns()
@@ -390,6 +438,21 @@ class Executor:
         st.stage_ns[2] += t3 - t2
         st.stage_ns[3] += t4 - t3
         return snaps
+
+    def _plan_rule(
+        self, rows: list[Session], has_plan: np.ndarray, ages: np.ndarray, valid_for: np.ndarray, p: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(PlanState, STALE_PLAN) per row; rows without a valid plan get the no-plan default in `p`."""
+        if len(rows) == 1:  # LOCKSTEP and most REALTIME ticks: no per-row arrays of flags
+            s = rows[0]
+            state, valid, stale = plan_rule(has_plan, ages, valid_for, s.require_plan, s.expired_plan_is_stale)
+        else:
+            require = np.fromiter((s.require_plan for s in rows), bool, len(rows))
+            expired_stale = np.fromiter((s.expired_plan_is_stale for s in rows), bool, len(rows))
+            state, valid, stale = plan_rule(has_plan, ages, valid_for, require, expired_stale)
+        if not valid.all():
+            p[~valid] = self.plan_default
+        return state, stale
 
     def propose(self, out: ModelOutputs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The model's proposal per row: (probabilities, top-1 index, its probability, top-1 minus
@@ -414,8 +477,11 @@ class Executor:
         tick_index: int,
         tick_ns: int,
         lateness_ns: int,
+        plans: tuple[np.ndarray, np.ndarray, np.ndarray],
     ) -> list[Snapshot]:
+        """`plans`: each row's (plan age, PlanState, STALE_PLAN) by the plan rule."""
         n = len(rows)
+        plan_ages, plan_states, stale_plan = plans
         if out is not None:
             probs, top, top1, margin, controls = self.propose(out)
         else:
@@ -429,13 +495,12 @@ class Executor:
             n,
         )
         np.maximum(ages, 0, out=ages)
-        plan_ages = np.fromiter(((tick_ns - s.plan_created_ns) if s.plan_id else 0 for s in rows), np.int64, n)
         periods = [self.observation_period_ns(s) for s in rows]
         flags = self.reasons.flags(
             finite,
             np.full(n, out is not None),
             ages,
-            plan_ages,
+            stale_plan,
             gate[2] if gate is not None else np.zeros(n, bool),
             margin,
             np.array(periods, np.int64),
@@ -494,6 +559,8 @@ class Executor:
                     shadow=s.shadow,
                     plan_id=s.plan_id,
                     plan_age_ns=plan_age,
+                    plan_state=PlanState(int(plan_states[i])),
+                    plan_valid_for_ns=s.plan_valid_for_ns if s.has_plan else 0,
                     decision_vector=out.decision_vector[i].copy()
                     if (s.include_decision_vector and out is not None)
                     else None,

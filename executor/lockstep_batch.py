@@ -21,11 +21,12 @@ import numpy as np
 
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import ModelOutputs
-from dualloop.executor.reasons import REASONS_OF_FLAGS
+from dualloop.executor.reasons import REASONS_OF_FLAGS, plan_rule
 from dualloop.executor.sessions import PERIOD_WINDOW, Session, median_interval
 from dualloop.executor.snapshot import (
     AppliedAction,
     Observation,
+    PlanState,
     Reason,
     SafetyState,
     Snapshot,
@@ -50,6 +51,8 @@ class TickTable:
     observation_period_ns: np.ndarray  # (T,) int64: what staleness was judged against
     plan_id: list[str]  # per observation: the plan in force from it on
     plan_age_ns: np.ndarray  # (T,) int64
+    plan_state: np.ndarray  # (T,) int64 PlanState values
+    plan_valid_for_ns: np.ndarray  # (T,) int64, 0 without a plan
     scored: np.ndarray  # (T,) bool: finite input and a working model
     proposed: np.ndarray  # (T,) int64 action index
     probabilities: np.ndarray  # (T, actions) float32
@@ -75,6 +78,7 @@ class TickTable:
         # out of its reused buffers instead).
         empty = np.zeros(0, np.float32)
         states = {int(s): s for s in SafetyState}
+        plan_states = {int(s): s for s in PlanState}
         timings = StageTimings()  # wall-clock by nature; a replay has none per tick
         names, obs_all = self.actions, self.observations
         gate_score, gate_threshold = self.gate_score, self.gate_threshold  # both None without gates
@@ -108,6 +112,8 @@ class TickTable:
                     shadow=self.shadow,
                     plan_id=self.plan_id[self.obs_index[k]],
                     plan_age_ns=int(self.plan_age_ns[k]),
+                    plan_state=plan_states[int(self.plan_state[k])],
+                    plan_valid_for_ns=int(self.plan_valid_for_ns[k]),
                     decision_vector=self.decision_vector[k] if self.decision_vector is not None else None,
                     observations_dropped=int(self.observations_dropped[k]),
                     observation_held=bool(self.held[k]),
@@ -142,11 +148,17 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     used[which] = True
     # an observation is dropped when a newer one arrives before any tick used it
     dropped_before = np.cumsum(~used)
-    plans, plan_ids, plan_created = _plans(ex, observations)
+    plans, plan_ids, plan_created, plan_valid_for, has_plan = _plans(ex, observations)
+    # The plan rule, per observation: a plan's age is sensor time, the timestamp of the observation
+    # a tick decides on, so held ticks share their observation's plan state (as live ticks do).
+    plan_age = np.where(has_plan, np.maximum(ts - plan_created, 0), 0)
+    plan_state, plan_valid, stale_plan = plan_rule(
+        has_plan, plan_age, plan_valid_for, session.require_plan, session.expired_plan_is_stale
+    )
 
     # -- memoryless, once per observation ticks used --
     rows = np.flatnonzero(used)
-    x, p = feats[rows], plans[rows]
+    x, p = feats[rows], np.where(plan_valid[rows, None], plans[rows], ex.plan_default)
     present = None if session.present is None else np.broadcast_to(session.present, x.shape)
     xn, pn, finite = ex.normalisation.apply(x, p, present=present)
     out: ModelOutputs | None
@@ -173,15 +185,13 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     # -- onto the tick grid --
     r = np.searchsorted(rows, which)  # row of each tick's observation
     age = tick_ns - ts[which]
-    has_plan = np.array([bool(plan_ids[i]) for i in range(n_obs)])[which]
-    plan_age = np.where(has_plan, tick_ns - plan_created[which], 0)
     x_ticks = feats[which]
     frozen = gating.scan_freeze(x_ticks, session.slot, fresh, session.present)
     actuation = gating.scan_actuation(session, observations, feats, ts, rows)
     score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation, session.present)
     veto |= frozen
     periods = _observation_periods(ex, session, ts)[which]
-    flags = ex.reasons.flags(finite[r], model_ok[r], age, plan_age, veto, margin[r], periods)
+    flags = ex.reasons.flags(finite[r], model_ok[r], age, stale_plan[which], veto, margin[r], periods)
     scored = (finite & model_ok)[r]
     applied, applied_controls, state, reasons = _safety_scan(
         ex, session, flags, scored, top[r], controls[r], tick_ns, x_ticks, frozen
@@ -199,7 +209,9 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         held=~fresh,
         observation_period_ns=periods,
         plan_id=plan_ids,
-        plan_age_ns=plan_age,
+        plan_age_ns=plan_age[which],
+        plan_state=plan_state[which],
+        plan_valid_for_ns=np.where(has_plan, plan_valid_for, 0)[which],
         scored=scored,
         proposed=top[r],
         probabilities=probs[r],
@@ -217,7 +229,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         observations_dropped=dropped_before[which],
         decision_vector=out.decision_vector[r] if (session.include_decision_vector and out is not None) else None,
     )
-    _leave_session(ex, session, observations, table, plans, plan_ids, plan_created, used)
+    _leave_session(ex, session, observations, table, plans, plan_ids, plan_created, plan_valid_for, has_plan, used)
     ex.stats.model_errors += int(np.count_nonzero(~model_ok[r]))
     return table
 
@@ -240,7 +252,10 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
     ok = ok and bool(np.all((actual >= -1) & (actual < n_act)))
     ok = ok and all(o.actual_controls is None or o.actual_controls.size in (0, n_ctl) for o in observations)
     ok = ok and all(
-        o.plan_values.shape == (ex.model.n_plan,) and np.isfinite(o.plan_values).all()
+        o.plan_values.shape == (ex.model.n_plan,)
+        and np.isfinite(o.plan_values).all()
+        and o.plan_valid_for_ns >= 0
+        and o.plan_created_ns <= o.timestamp_ns
         for o in observations
         if o.plan_values is not None
     )
@@ -279,20 +294,26 @@ def _observation_periods(ex: Executor, session: Session, ts: np.ndarray) -> np.n
     return out
 
 
-def _plans(ex: Executor, observations: Sequence[Observation]) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """The plan in force from each observation on (values, id, creation time): a client plan applies
-    from its observation's timestamp; a repeated plan id changes nothing."""
-    values = np.empty((len(observations), ex.model.n_plan), np.float32)
+def _plans(
+    ex: Executor, observations: Sequence[Observation]
+) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """The plan received by each observation (values, id, creation time, resolved validity, whether
+    any): a client plan applies from its observation's timestamp; a repeated plan id changes
+    nothing (`Executor.set_plan`)."""
+    n = len(observations)
+    values = np.empty((n, ex.model.n_plan), np.float32)
     ids: list[str] = []
-    created = np.zeros(len(observations), np.int64)
-    current, plan_id, since = ex.plan_default, "", 0
+    created, valid_for, has = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
+    current, plan_id, since, validity, any_plan = ex.plan_default, "", 0, 0, False
+    default_validity = ex.reasons.max_plan_age_ns
     for i, o in enumerate(observations):
         if o.plan_values is not None and not (o.plan_id and o.plan_id == plan_id):
-            current, plan_id, since = o.plan_values, o.plan_id, o.timestamp_ns
+            current, plan_id, any_plan = o.plan_values, o.plan_id, True
+            since, validity = o.plan_created_ns or o.timestamp_ns, o.plan_valid_for_ns or default_validity
         values[i] = current
         ids.append(plan_id)
-        created[i] = since
-    return values, ids, created
+        created[i], valid_for[i], has[i] = since, validity, any_plan
+    return values, ids, created, valid_for, has
 
 
 def _safety_scan(
@@ -344,6 +365,8 @@ def _leave_session(
     plans: np.ndarray,
     plan_ids: list[str],
     plan_created: np.ndarray,
+    plan_valid_for: np.ndarray,
+    has_plan: np.ndarray,
     used: np.ndarray,
 ) -> None:
     """The session as advance_lockstep would have left it, so live ticks may continue from here."""
@@ -358,5 +381,6 @@ def _leave_session(
     session.observations_dropped = int(np.count_nonzero(~used[:-1]))
     session.plan[:] = plans[-1]
     session.plan_id, session.plan_created_ns = plan_ids[-1], int(plan_created[-1])
+    session.plan_valid_for_ns, session.has_plan = int(plan_valid_for[-1]), bool(has_plan[-1])
     ex.stats.ticks += n_ticks
     ex.stats.rows += n_ticks

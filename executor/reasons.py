@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from dualloop.executor.snapshot import Reason
+from dualloop.executor.snapshot import PlanState, Reason
 
 # A tick's reasons before the safe-state machine, in the order snapshots list them.
 TICK_REASONS = (
@@ -43,7 +43,7 @@ class ReasonRules:
         finite: npt.NDArray[np.bool_],
         model_ok: npt.NDArray[np.bool_],
         age_ns: npt.NDArray[np.int64],
-        plan_age_ns: npt.NDArray[np.int64],
+        stale_plan: npt.NDArray[np.bool_],
         veto: npt.NDArray[np.bool_],
         margin: npt.NDArray[np.floating],
         observation_period_ns: npt.NDArray[np.int64] | int = 0,
@@ -55,8 +55,27 @@ class ReasonRules:
         flags: npt.NDArray[np.int64] = np.where(finite, 0, _INVALID)
         flags |= np.where(model_ok, 0, _MODEL_ERROR)
         flags |= np.where(age_ns > observation_period_ns + self.max_observation_age_ns, _STALE_OBSERVATION, 0)
-        flags |= np.where(plan_age_ns > self.max_plan_age_ns, _STALE_PLAN, 0)
+        flags |= np.where(stale_plan, _STALE_PLAN, 0)
         flags |= np.where(veto, _OOD_VETO, 0)
         low = np.asarray(margin, np.float64) < self.min_margin  # float64, as the config states it
         flags |= np.where(scored & low, _LOW_MARGIN, 0)
         return flags
+
+
+def plan_rule(
+    has_plan: npt.NDArray[np.bool_],
+    age_ns: npt.NDArray[np.int64],
+    valid_for_ns: npt.NDArray[np.int64],
+    require_plan: bool | npt.NDArray[np.bool_],
+    expired_is_stale: bool | npt.NDArray[np.bool_],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """The one plan rule (docs/contract.md#plans), per row: (PlanState values, valid, stale).
+
+    A plan is valid while its age (sensor time: the tick's observation timestamp minus the plan's
+    creation) is at most its validity. Without a valid plan the model sees the no-plan default;
+    that is STALE_PLAN when the session requires plans, or, for an expired plan, when the server's
+    planner makes them (its failing to refresh one is a fault)."""
+    valid = has_plan & (age_ns <= valid_for_ns)
+    state = np.where(~has_plan, int(PlanState.NONE), np.where(valid, int(PlanState.VALID), int(PlanState.EXPIRED)))
+    stale = ~valid & (require_plan | (has_plan & expired_is_stale))
+    return state.astype(np.int64), valid, stale

@@ -126,6 +126,18 @@ class SafetyMachine:
         self._jerk_step = config.fallback_jerk * period_ns / 1e9
         self.safe_action = safe_action
 
+    @property
+    def hold_timeout_ns(self) -> int:
+        return self._hold_ns
+
+    @property
+    def recovery_dwell_ns(self) -> int:
+        return self._dwell_ns
+
+    @property
+    def max_abstain_ns(self) -> int:
+        return self._abstain_ns
+
     def decide(
         self,
         mem: SafetyMemory,

@@ -42,8 +42,14 @@ class Session:
     intervals_ns: list[int] = field(default_factory=list)
     measured_period_ns: int = 0
     safety: SafetyMemory = field(default_factory=SafetyMemory)
+    # The plan rule (docs/contract.md#plans): with require_plan, no valid plan is STALE_PLAN; with
+    # expired_plan_is_stale (server-planner sessions), an expired one is, a missing one is not.
+    require_plan: bool = False
+    expired_plan_is_stale: bool = False
+    has_plan: bool = False  # a plan was received (its id may be empty)
     plan_id: str = ""
-    plan_created_ns: int = 0
+    plan_created_ns: int = 0  # sensor time (the clock of the observations' timestamps)
+    plan_valid_for_ns: int = 0  # resolved: the plan's own, or the default
     pending: Observation | None = None  # newest observation no tick has used yet (latest wins)
     current: Observation | None = None  # the observation the last tick used
     last_seq: int = 0  # seq starts at 1: 0 is proto3's unset value

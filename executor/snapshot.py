@@ -35,6 +35,14 @@ class SafetyState(enum.IntEnum):
     RECOVERING = 4
 
 
+class PlanState(enum.IntEnum):
+    """Whether a tick had a valid plan (the wire's PLAN_STATE_* values)."""
+
+    NONE = 1  # no plan received yet: the model's no-plan default
+    VALID = 2
+    EXPIRED = 3  # older than its validity (sensor time)
+
+
 # Snapshot fields whose values come from the wall clock by nature; everything else is a pure
 # function of the inputs in LOCKSTEP and must replay byte-identically.
 WALL_CLOCK_FIELDS = (
@@ -59,6 +67,8 @@ class Observation:
     plan_values: np.ndarray | None = None
     sent_time_ns: int = 0  # client wall clock (Unix epoch) when sent; 0: not given
     received_wall_ns: int = 0  # server wall clock (Unix epoch) at receipt, for the transport delay
+    plan_valid_for_ns: int = 0  # 0: the executor's default plan validity
+    plan_created_ns: int = 0  # sensor time; 0: this observation's timestamp
 
 
 @dataclass(slots=True)
@@ -101,6 +111,8 @@ class Snapshot:
     shadow: bool = False
     plan_id: str = ""
     plan_age_ns: int = 0
+    plan_state: PlanState = PlanState.NONE
+    plan_valid_for_ns: int = 0
     decision_vector: np.ndarray | None = None
     gate_score: float | None = None
     gate_threshold: float | None = None

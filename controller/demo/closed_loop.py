@@ -62,7 +62,8 @@ class InProcessDecider:
         self.executor = executor
         self.session_id = session_id
         self.planner = planner
-        executor.open_session(session_id, Clock.LOCKSTEP)
+        # planned by the server's planner: its plans expiring is a fault (STALE_PLAN), as on the server
+        executor.open_session(session_id, Clock.LOCKSTEP, expired_plan_is_stale=planner is not None)
 
     @property
     def has_planner(self) -> bool:

@@ -36,6 +36,13 @@ TOPIC_SUMMARY = "/dualloop/summary"
 # drive's own speed profile), and the check gives no verdict.
 ACTUAL_CONTROLS_DETAIL = "actual_controls"
 ACTUAL_IS_COMMAND = "command in effect at the observation"
+# SessionHeader.source_details key, "true" when the session required plans (OpenSession.require_plan):
+# a replay judges its plans by the same rule. Absent (older logs): plans were optional.
+REQUIRE_PLAN_DETAIL = "require_plan"
+
+
+def require_plan(header: log_pb2.SessionHeader) -> bool:
+    return header.source_details.get(REQUIRE_PLAN_DETAIL, "") == "true"
 
 
 def actual_is_command(header: log_pb2.SessionHeader) -> bool:

@@ -6,7 +6,8 @@ Columns (header row required, names exact, order free; docs/importers.md has exa
                        the header are the sensor profile (SessionHeader.measured_features): the
                        others are written as NaN, never filled. A present feature's cells must be numbers.
   <plan names>         optional, all of sim.schema.PLAN_NAMES or none: the plan in effect at each row
-                       (Observation.plan; its plan_id changes when the values change).
+                       (Observation.plan; its plan_id changes when the values change, and its
+                       valid_for_ns covers its rows and one interval beyond).
   actual_action        optional: what the driver/stack did, an action name (brake_hard, brake, keep,
                        accelerate) or its index 0-3; -1 or empty = unknown for that row.
   actual_accel         optional: the actual acceleration (m/s^2); empty = unknown for that row. Without
@@ -449,6 +450,7 @@ def import_csv(
     stamps = timestamps_ns(t)
     feats32 = features.astype(np.float32)
     plan_ids = _plan_ids(data.plans) if data.plans is not None else None
+    valid_for = _plan_validity(plan_ids, rows, stamps, period_ns) if plan_ids is not None else None
 
     def observations() -> Iterator[pb.Observation]:
         for seq, i in enumerate(rows, start=1):
@@ -460,8 +462,10 @@ def import_csv(
                         controls=[float(c) for c in controls[i]] if np.isfinite(controls[i, 0]) else [],
                     )
                 )
-            if data.plans is not None and plan_ids is not None:
-                obs.plan.CopyFrom(pb.PlanUpdate(plan_id=plan_ids[i], values=data.plans[i].tolist()))
+            if data.plans is not None and plan_ids is not None and valid_for is not None:
+                obs.plan.CopyFrom(
+                    pb.PlanUpdate(plan_id=plan_ids[i], values=data.plans[i].tolist(), valid_for_ns=valid_for[int(i)])
+                )
             yield obs
 
     write_log(out_path, header, observations())
@@ -485,6 +489,21 @@ def import_csv(
         + warnings,
         session_id=header.session_id,
     )
+
+
+def _plan_validity(
+    plan_ids: list[str], rows: npt.NDArray[np.intp], stamps: npt.NDArray[np.int64], period_ns: int
+) -> dict[int, int]:
+    """Row -> valid_for_ns: a plan is in effect over the rows of its run and one interval beyond (a
+    repeated id does not extend a plan, docs/contract.md#plans, so the first row must say how long)."""
+    out: dict[int, int] = {}
+    start = 0
+    for k in range(1, len(rows) + 1):
+        if k == len(rows) or plan_ids[rows[k]] != plan_ids[rows[start]]:
+            span = int(stamps[rows[k - 1]] - stamps[rows[start]]) + max(period_ns, 1)
+            out.update((int(r), span) for r in rows[start:k])
+            start = k
+    return out
 
 
 def _plan_ids(plans: npt.NDArray[np.float64]) -> list[str]:

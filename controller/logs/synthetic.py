@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dualloop.controller.logs.format import REQUIRE_PLAN_DETAIL
 from dualloop.controller.logs.logfile import read_log, write_log
 from dualloop.sim import schema
 from dualloop.sim.sensors import NOMINAL_SIGMA
@@ -31,7 +32,7 @@ def synthetic_log(
     faults (needs seconds >= 5): every way a tick can go wrong, at fixed times: inputs scaled far out
     of distribution (1.0-1.6 s: gate veto, hold, fallback, recovery), a NaN observation (2.0 s), a
     dead sensor (2.2-2.25 s), frozen inputs (2.6-2.8 s), a gap with no observations (3.0-3.05 s),
-    and no more plans after 3.2 s (stale plan)."""
+    and no more plans after 3.2 s (stale plan: the session requires plans, REQUIRE_PLAN_DETAIL)."""
     src = read_log(REAL_DRIVE)
     feats = np.array([list(o.features) for o in src.observations], np.float32)
     actual = [o.actual for o in src.observations]
@@ -73,6 +74,8 @@ def synthetic_log(
         control_names=src.header.control_names,
         tick_period_ns=period_ns,
     )
+    if faults:
+        header.source_details[REQUIRE_PLAN_DETAIL] = "true"
     return write_log(path, header, obs)
 
 

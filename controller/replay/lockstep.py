@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, actual_is_command, sensor_profile
+from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, actual_is_command, require_plan, sensor_profile
 from dualloop.controller.logs.logfile import LogData, read_log, write_log
 from dualloop.controller.replay.evaluation import EvaluationUnavailable, evaluate_replay, unmeasured_features
 from dualloop.controller.replay.report import ReplayReport, summarise
@@ -71,13 +71,15 @@ def run_replay(
     actual_is_command: bool = False,
     observation_period_ns: int = 0,
     provided_features: Sequence[str] | None = None,
+    require_plan: bool = False,
 ) -> tuple[list[Snapshot], dict[str, float]]:
     """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds.
 
     actual_is_command: the observations' actual controls are the command in effect (the log says so,
     `controller.logs.format.actual_is_command`), so the gate's actuation check judges them.
     fast: the whole session in one vectorised pass (`lockstep_batch.run_lockstep`); otherwise observation
-    by observation through `advance_lockstep`, the reference the fast path is tested against."""
+    by observation through `advance_lockstep`, the reference the fast path is tested against.
+    require_plan: the session required plans (OpenSession.require_plan; the log says so)."""
     t0 = time.perf_counter()
     ex.open_session(
         session_id,
@@ -86,6 +88,7 @@ def run_replay(
         actual_is_command=actual_is_command,
         observation_period_ns=observation_period_ns,
         provided_features=None if provided_features is None else list(provided_features),
+        require_plan=require_plan,
     )
     try:
         if fast:
@@ -157,6 +160,7 @@ def replay_log(
         actual_is_command=commands,
         observation_period_ns=data.header.observation_period_ns,
         provided_features=sensor_profile(data.header),
+        require_plan=require_plan(data.header),
     )
     timings["load_s"] = t1 - t0
     header = replay_header(data, source_path, ex, gate_paths, shadow)

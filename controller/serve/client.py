@@ -11,19 +11,21 @@ from typing import cast
 
 import grpc
 
+from dualloop.controller.serve.config import DEFAULT_CLIENT_WINDOW_BYTES
 from dualloop.v1 import controller_pb2 as pb
 from dualloop.v1 import controller_pb2_grpc as pb_grpc
 
 _END = object()
 
 
-def realtime_channel(address: str, window_bytes: int = 8192) -> grpc.Channel:
+def realtime_channel(address: str, window_bytes: int = DEFAULT_CLIENT_WINDOW_BYTES) -> grpc.Channel:
     """A channel for REALTIME sessions that want the newest snapshot, not a backlog.
 
     By default HTTP/2 flow control (with BDP probing) lets a client's receive window grow to
     megabytes, so a client that falls behind reads seconds-old snapshots from its own gRPC buffer
     before the server ever sees backpressure. A small fixed window keeps that backlog to a few
     snapshots and lets the server's latest-wins outbox do the conflation (and count the drops).
+    The server advises a window in SessionOpened.limits.recommended_client_window_bytes.
     """
     return grpc.insecure_channel(
         address, options=[("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", window_bytes)]
@@ -42,6 +44,7 @@ class DriveSession:
         max_pending: int = 1024,
         observation_period_ns: int = 0,
         provided_features: Sequence[str] = (),
+        require_plan: bool = False,
     ):
         # Bounded: a producer faster than the network blocks here instead of growing memory.
         self._requests: queue.Queue = queue.Queue(maxsize=max_pending)
@@ -55,6 +58,7 @@ class DriveSession:
                     expected_schema_hash=expected_schema_hash,
                     observation_period_ns=observation_period_ns,
                     provided_features=provided_features,
+                    require_plan=require_plan,
                 )
             )
         )
@@ -77,13 +81,18 @@ class DriveSession:
         plan_id: str = "",
         plan: Sequence[float] | None = None,
         sent_time_ns: int = 0,
+        plan_valid_for_ns: int = 0,
+        plan_created_ns: int = 0,
     ) -> None:
         """sent_time_ns: this host's wall clock (time.time_ns()) at sending, so that the server can
-        report the transport delay; 0: not given."""
+        report the transport delay; 0: not given. `plan_valid_for_ns`, `plan_created_ns`: 0 for the
+        defaults (docs/contract.md#plans)."""
         obs = pb.Observation(seq=seq, timestamp_ns=timestamp_ns, features=features, sent_time_ns=sent_time_ns)
         if plan is not None:
             obs.plan.plan_id = plan_id
             obs.plan.values.extend(plan)
+            obs.plan.valid_for_ns = plan_valid_for_ns
+            obs.plan.created_ns = plan_created_ns
         if actual_index is not None:
             obs.actual.action_index = actual_index
             obs.actual.controls.extend(actual_controls)

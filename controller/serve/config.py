@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dualloop.executor.config import ExecutorConfig
 
+DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
+DEFAULT_CLIENT_WINDOW_BYTES = 8192
+
 
 class ConfigError(ValueError):
     """A configuration a person must fix; the message names the file and the field."""
@@ -90,6 +93,12 @@ class ServerConfig(BaseModel):
     record_rotate_s: float | None = Field(None, gt=0.0)
     # A Drive stream must send its OpenSession within this time.
     open_timeout_s: float = Field(10.0, gt=0.0)
+    # The largest request message the server accepts (gRPC's own default, made explicit so that
+    # SessionLimits reports what is enforced); a larger one fails the stream with RESOURCE_EXHAUSTED.
+    max_receive_message_bytes: int = Field(DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, ge=4096)
+    # The HTTP/2 receive window advised to REALTIME clients (SessionLimits): a few snapshots, so a
+    # client that pauses reads the newest one, not a backlog buffered in its own window.
+    client_window_bytes: int = Field(DEFAULT_CLIENT_WINDOW_BYTES, ge=1024)
     planner: PlannerConfig = PlannerConfig()
 
     @model_validator(mode="after")

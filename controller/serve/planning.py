@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from dualloop.controller.serve.config import PlannerConfig
 from dualloop.executor.core import Executor
+from dualloop.executor.sessions import Session
 from dualloop.executor.snapshot import Clock, Observation
 from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.onnx_planner import OnnxPlanner
@@ -128,11 +129,13 @@ class LockstepPlanning:
             return None
 
     def accept(self, obs: Observation, plan: Plan) -> None:
-        """Condition the executor from this observation's timestamp on (created_ns = request time)."""
+        """Condition the executor from this observation's timestamp on (the request's time), for as
+        long as the planner says the plan is valid."""
         self.counts["plans"] += 1
         self._sessions.setdefault(plan.session_id, _LockstepSession()).previous = plan
         self._summaries.add(plan)
         obs.plan_id, obs.plan_values = plan.plan_id, plan.values()
+        obs.plan_created_ns, obs.plan_valid_for_ns = 0, plan.valid_for_ns  # 0: the observation's timestamp
 
     def fail(self, err: BaseException, timeout: bool = False) -> None:
         # The old plan stays; once too old, the executor degrades with STALE_PLAN.
@@ -177,6 +180,9 @@ class RealtimePlanning:
         self._release_at = _NEVER  # the boundary the requests made so far are sent at
         self._known = 0  # sessions at the last scan
         self._summaries = _Summaries()
+        # per session: (request time, timestamp of the observation it planned from), oldest first;
+        # a plan's age is sensor time, so it is created at its observation's timestamp
+        self._requested: dict[str, list[tuple[int, int]]] = {}
         self.applied = 0
         # While paused no request is made or released; plans already asked for are still applied.
         # `dualloop bench planner` alternates busy and paused phases in one run, so that both see the
@@ -195,7 +201,9 @@ class RealtimePlanning:
             session = ex.sessions.get(plan.session_id)
             if session is None or session.clock is not Clock.REALTIME:
                 continue
-            ex.set_plan(plan.session_id, plan.values(), plan.plan_id, plan.created_ns)
+            ex.set_plan(
+                plan.session_id, plan.values(), plan.plan_id, self._sensor_time(plan, session), plan.valid_for_ns
+            )
             self._summaries.add(plan)
             self.applied += 1
 
@@ -216,6 +224,9 @@ class RealtimePlanning:
                     earliest = now_ns
                     continue
                 self.scheduler.request(session_id, obs.features, now_ns)
+                requested = self._requested.setdefault(session_id, [])
+                requested.append((now_ns, obs.timestamp_ns))
+                del requested[:-_KEEP_SUMMARIES]  # unanswered requests (faults) are not kept
                 # a session's first request goes out at once; later ones with the batch of the
                 # boundary just ahead (they are made in the ticks before it)
                 first = session_id not in self._asked
@@ -229,6 +240,16 @@ class RealtimePlanning:
             earliest = min(earliest, due)
         self._earliest = earliest
         self._known = len(self.executor.sessions)
+
+    def _sensor_time(self, plan: Plan, session: Session) -> int:
+        """The timestamp of the observation `plan` was made from (its request time is server time)."""
+        requested = self._requested.get(plan.session_id, [])
+        for k, (asked_ns, timestamp_ns) in enumerate(requested):
+            if asked_ns == plan.created_ns:
+                del requested[: k + 1]
+                return timestamp_ns
+        current = session.current or session.pending  # not asked by this loop: as of now
+        return current.timestamp_ns if current is not None else 0
 
     def _next_boundary(self, now_ns: int) -> int:
         """The first multiple of the period on the monotonic clock at least half a period away.
@@ -248,6 +269,7 @@ class RealtimePlanning:
         self._due.pop(session_id, None)
         self._slot.pop(session_id, None)
         self._asked.discard(session_id)
+        self._requested.pop(session_id, None)
         self._summaries.forget(session_id)
         self.scheduler.forget(session_id)  # its finished plans too: a new session may reuse the id
         self._earliest = 0.0  # rescan: another session may have taken this one's place

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 import numpy as np
 
-from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, ACTUAL_IS_COMMAND
+from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, ACTUAL_IS_COMMAND, REQUIRE_PLAN_DETAIL
 from dualloop.controller.logs.recorder import Recorder
 from dualloop.controller.serve.config import ConfigError, ServerConfig
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
@@ -26,7 +26,7 @@ from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.planning import ServerPlanning
 from dualloop.controller.serve.shadow import ShadowAgreement
 from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker, set_realtime_priority
-from dualloop.controller.serve.wire import model_info, observation_from_proto, snapshot_to_proto
+from dualloop.controller.serve.wire import model_info, observation_from_proto, session_limits, snapshot_to_proto
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.sessions import InvalidObservation, SessionError
@@ -125,9 +125,14 @@ class ControllerRuntime:
         shadow: bool,
         observation_period_ns: int = 0,
         measured_features: Sequence[str] = (),
+        require_plan: bool = False,
     ) -> None:
         if self.recorder is None:
             return
+        # what a live client's actual action is, by controller.proto's contract
+        details = {ACTUAL_CONTROLS_DETAIL: ACTUAL_IS_COMMAND}
+        if require_plan:  # a replay judges plans by the same rule
+            details[REQUIRE_PLAN_DETAIL] = "true"
         card, gates = self.executor.card, self.executor.gates
         self.recorder.open_session(
             log_pb2.SessionHeader(
@@ -147,8 +152,7 @@ class ControllerRuntime:
                 tick_period_ns=self.executor.period_ns,
                 observation_period_ns=observation_period_ns,
                 measured_features=measured_features,
-                # what a live client's actual action is, by controller.proto's contract
-                source_details={ACTUAL_CONTROLS_DETAIL: ACTUAL_IS_COMMAND},
+                source_details=details,
             )
         )
 
@@ -293,6 +297,9 @@ class ControllerService(pb_grpc.ControllerServicer):
                 include_decision_vector=req.include_decision_vector,
                 observation_period_ns=req.observation_period_ns,
                 provided_features=list(req.provided_features),
+                require_plan=req.require_plan,
+                # the server's planner plans this session: its plans expiring is a fault
+                expired_plan_is_stale=self._planning is not None,
             )
         except SessionError as err:
             message = str(err)
@@ -310,7 +317,9 @@ class ControllerService(pb_grpc.ControllerServicer):
             else [n for n, on in zip(self.executor.card.feature_names, session.present) if on]
         )
         self.runtime.stats.sessions_opened += 1
-        self.runtime.open_recording(session_id, req.clock, req.shadow, req.observation_period_ns, provided)
+        self.runtime.open_recording(
+            session_id, req.clock, req.shadow, req.observation_period_ns, provided, req.require_plan
+        )
         try:
             await context.write(
                 pb.DriveResponse(
@@ -321,6 +330,9 @@ class ControllerService(pb_grpc.ControllerServicer):
                         model=self._info,
                         observation_period_ns=req.observation_period_ns,
                         provided_features=provided,
+                        # read now: the running configuration, as this session is judged by it
+                        limits=session_limits(self.executor, self.runtime.config),
+                        require_plan=req.require_plan,
                     )
                 )
             )
@@ -445,7 +457,12 @@ class ControllerServer:
     async def start(self) -> int:
         if self.runtime.planning is not None:  # spawns the worker and builds the sources: seconds at most
             await asyncio.to_thread(self.runtime.planning.start)
-        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", self.config.max_receive_message_bytes),
+            ]
+        )
         pb_grpc.add_ControllerServicer_to_server(ControllerService(self.runtime), self._server)
         host = self.config.host
         address = f"[{host}]:{self.config.port}" if ":" in host else f"{host}:{self.config.port}"

@@ -6,6 +6,8 @@ from typing import cast
 
 import numpy as np
 
+from dualloop.controller.serve.config import ServerConfig
+from dualloop.executor.core import Executor
 from dualloop.executor.model_card import ModelCard
 from dualloop.executor.snapshot import WALL_CLOCK_FIELDS, Observation, Snapshot
 from dualloop.v1 import controller_pb2 as pb
@@ -28,6 +30,33 @@ def model_info(card: ModelCard, tick_period_ns: int, gate_version: str = "", gat
     )
 
 
+def session_limits(ex: Executor, config: ServerConfig) -> pb.SessionLimits:
+    """The limits a session is judged by, read from the running executor and server configuration
+    (the values the executor compares against, not copies of their defaults)."""
+    safety = ex.safety
+    safe = ex.safe_action
+    return pb.SessionLimits(
+        max_observation_age_ns=ex.reasons.max_observation_age_ns,
+        assumed_observation_period_ns=ex.assumed_observation_period_ns,
+        default_plan_valid_for_ns=ex.reasons.max_plan_age_ns,
+        lockstep_max_ticks=ex.max_lockstep_ticks,
+        lockstep_max_gap_ns=ex.max_lockstep_ticks * ex.period_ns,
+        hold_timeout_ns=safety.hold_timeout_ns,
+        recovery_dwell_ns=safety.recovery_dwell_ns,
+        max_abstain_ns=safety.max_abstain_ns,
+        safe_action=pb.Action(index=safe.index, name=safe.name, controls=safe.controls.tolist()),
+        fallback_decel=safety.config.fallback_decel,
+        blind_decel=safety.config.blind_decel,
+        fallback_jerk=safety.config.fallback_jerk,
+        # the check runs only with a gate (it vetoes through OOD_VETO)
+        freeze_repeats=ex.gating.freeze.repeats if ex.gating.freeze is not None else 0,
+        min_margin=ex.reasons.min_margin,
+        max_receive_message_bytes=config.max_receive_message_bytes,
+        recommended_client_window_bytes=config.client_window_bytes,
+        open_timeout_ns=int(round(config.open_timeout_s * 1e9)),
+    )
+
+
 def observation_from_proto(msg: pb.Observation, arrival_ns: int, received_wall_ns: int = 0) -> Observation:
     """arrival_ns: server monotonic clock at receipt; received_wall_ns: its wall clock (Unix epoch)."""
     actual = msg.actual if msg.HasField("actual") else None
@@ -43,6 +72,8 @@ def observation_from_proto(msg: pb.Observation, arrival_ns: int, received_wall_n
         plan_values=np.asarray(plan.values, dtype=np.float32) if plan is not None else None,
         sent_time_ns=msg.sent_time_ns,
         received_wall_ns=received_wall_ns,
+        plan_valid_for_ns=plan.valid_for_ns if plan is not None else 0,
+        plan_created_ns=plan.created_ns if plan is not None else 0,
     )
 
 
@@ -57,6 +88,8 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
         observation_age_ns=s.observation_age_ns,
         plan_id=s.plan_id,
         plan_age_ns=s.plan_age_ns,
+        plan_state=cast("pb.PlanState", int(s.plan_state)),
+        plan_valid_for_ns=s.plan_valid_for_ns,
         model_version=s.model_version,
         proposed=pb.Proposal(
             action=pb.Action(index=s.proposed_index, name=s.proposed_name, controls=s.proposed_controls.tolist()),

@@ -181,7 +181,8 @@ def test_model_error_degrades_without_nan(test_model):
     ex = Executor(test_model)
     session = ex.open_session("a")
     ex.step({"a": obs(1, features(np.random.default_rng(6)))}, now_ns=0)
-    session.plan[:] = np.nan  # a broken plan makes the forward pass produce NaN
+    # a broken plan makes the forward pass produce NaN (set past the checks that refuse it on the wire)
+    ex.set_plan("a", np.full(session.plan.shape, np.nan, np.float32), "broken", 0)
     (s,) = ex.step({"a": obs(2, features(np.random.default_rng(7)))}, now_ns=5 * MS)
     assert Reason.MODEL_ERROR in s.reasons
     assert np.all(np.isfinite(s.applied.controls))

@@ -14,7 +14,7 @@ from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.gating import GateMismatch
 from dualloop.executor.safety import SafetyConfig, fallback_profile
-from dualloop.executor.snapshot import Clock, Observation, Reason, SafetyState
+from dualloop.executor.snapshot import Clock, Observation, PlanState, Reason, SafetyState
 
 MS = 1_000_000
 TICK = 5 * MS
@@ -113,12 +113,16 @@ def test_distrust_during_recovery_resumes_the_hold_timer(test_model, nominal_row
     assert states[22] == SafetyState.FALLBACK_ACTIVE
 
 
-def test_stale_plan_degrades_and_fresh_plan_recovers(test_model, nominal_rows):
+@pytest.mark.parametrize("require_plan", [True, False])
+def test_stale_plan_degrades_and_fresh_plan_recovers(test_model, nominal_rows, require_plan: bool):
+    """An expired plan is STALE_PLAN (hold, recovery with a new plan) when the session requires
+    plans; otherwise the ticks run on the no-plan default with no reason, and say EXPIRED."""
     features, plans = nominal_rows
     config = ExecutorConfig(
         min_margin=0.0, max_plan_age_ms=600, safety=SafetyConfig(hold_timeout_ms=1000, recovery_dwell_ms=50)
     )
-    ex = lockstep(test_model, config)
+    ex = Executor(test_model, config)
+    ex.open_session("a", clock=Clock.LOCKSTEP, require_plan=require_plan)
     snaps = []
     for k in range(200):
         plan = plans[k] if k in (0, 150) else None
@@ -133,9 +137,22 @@ def test_stale_plan_degrades_and_fresh_plan_recovers(test_model, nominal_rows):
             ),
         )
     assert Reason.STALE_PLAN not in snaps[120].reasons  # 600 ms old: still fresh enough
-    assert Reason.STALE_PLAN in snaps[121].reasons and snaps[121].safety_state is SafetyState.VETO_HOLD
-    assert snaps[150].safety_state is SafetyState.RECOVERING and snaps[150].plan_age_ns == 0
-    assert snaps[160].safety_state is SafetyState.NOMINAL
+    assert snaps[120].plan_state is PlanState.VALID and snaps[121].plan_state is PlanState.EXPIRED
+    assert snaps[121].plan_id == "p0" and snaps[121].plan_valid_for_ns == 600 * MS
+    if require_plan:
+        assert Reason.STALE_PLAN in snaps[121].reasons and snaps[121].safety_state is SafetyState.VETO_HOLD
+        assert snaps[150].safety_state is SafetyState.RECOVERING and snaps[150].plan_age_ns == 0
+        assert snaps[160].safety_state is SafetyState.NOMINAL
+    else:
+        assert all(s.reasons == () and s.safety_state is SafetyState.NOMINAL for s in snaps[115:200])
+        # the expired plan is gone: the same inputs as a session that never had one
+        fresh = Executor(test_model, config)
+        fresh.open_session("b", clock=Clock.LOCKSTEP)
+        (plan_less,) = fresh.advance_lockstep("b", Observation(seq=1, timestamp_ns=0, features=features[121]))
+        assert plan_less.plan_state is PlanState.NONE
+        assert snaps[121].input_hash == plan_less.input_hash
+        assert snaps[121].proposed_index == plan_less.proposed_index
+    assert snaps[150].plan_state is PlanState.VALID and snaps[150].plan_id == "p150"
 
 
 def test_endless_low_margin_ends_in_fallback(test_model, nominal_rows):

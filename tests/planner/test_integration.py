@@ -38,9 +38,10 @@ class ScriptedSource:
 
     name = "scripted"
 
-    def __init__(self, control: str, hang_s: float = 10.0) -> None:
+    def __init__(self, control: str, hang_s: float = 10.0, valid_for_ms: float = MAX_PLAN_AGE_MS) -> None:
         self.control = Path(control)
         self.hang_s = hang_s
+        self.valid_for_ns = int(valid_for_ms * 1e6)  # the executor honours the planner's validity
 
     def plan(self, request: PlanRequest) -> Plan:
         mode = self.control.read_text().strip()
@@ -52,7 +53,7 @@ class ScriptedSource:
             plan_id=make_plan_id(self.name, request.session_id, request.now_ns),
             session_id=request.session_id,
             created_ns=request.now_ns,
-            valid_for_ns=1_000_000_000,
+            valid_for_ns=self.valid_for_ns,
             source=self.name,
             behaviour="keep",
             target_speed=20.0,
@@ -158,7 +159,8 @@ def test_lockstep_raising_source_keeps_the_old_plan_then_stale_plan() -> None:
     assert planning.counts == {"plans": 2, "errors": 8, "timeouts": 0}
     assert run.plan_updates == 2  # the second plan (t = 0.2 s) stays in use
     stale = run.t[((run.reasons >> pb.STALE_PLAN) & 1).astype(bool)]
-    assert stale.size and stale[0] == pytest.approx(0.2 + 0.6 + 0.005, abs=1e-6)  # older than 600 ms
+    # the planner's own validity (BehaviourPlanner: 1 s), not the executor's default for client plans
+    assert stale.size and stale[0] == pytest.approx(0.2 + 1.0 + 0.005, abs=1e-6)  # older than 1 s
 
 
 # ---- REALTIME faults over gRPC ------------------------------------------------------------
@@ -281,7 +283,7 @@ def test_realtime_remote_planner_that_never_answers_in_time(test_model_path: Pat
     # CPU-bound processes, so this test's times are scaled up together: a deadline a loaded machine
     # can meet, a hang far beyond it, and the age limit and period that follow from them.
     period_ms, max_age_ms = 200.0, 600.0
-    with serve_planner(ScriptedSource(str(control), hang_s=1.0), max_workers=8) as remote:
+    with serve_planner(ScriptedSource(str(control), hang_s=1.0, valid_for_ms=max_age_ms), max_workers=8) as remote:
         cfg = fault_config(
             test_model_path,
             max_plan_age_ms=max_age_ms,

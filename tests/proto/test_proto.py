@@ -44,3 +44,11 @@ def test_wire_has_only_typed_fields():
             if field.message_type is not None:
                 assert field.message_type.full_name.startswith("dualloop.v1."), f"{message.name}.{field.name}"
     assert seen > 40 and pb.DESCRIPTOR.package == "dualloop.v1"
+
+
+def test_plan_state_matches_wire():
+    from dualloop.executor.snapshot import PlanState
+
+    for member in PlanState:
+        assert pb.PlanState.Value(f"PLAN_STATE_{member.name}") == member.value, member
+    assert len(pb.PlanState.keys()) == len(PlanState) + 1  # + PLAN_STATE_UNSPECIFIED

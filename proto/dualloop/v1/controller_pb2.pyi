@@ -32,6 +32,13 @@ class SafetyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VETO_HOLD: _ClassVar[SafetyState]
     FALLBACK_ACTIVE: _ClassVar[SafetyState]
     RECOVERING: _ClassVar[SafetyState]
+
+class PlanState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PLAN_STATE_UNSPECIFIED: _ClassVar[PlanState]
+    PLAN_STATE_NONE: _ClassVar[PlanState]
+    PLAN_STATE_VALID: _ClassVar[PlanState]
+    PLAN_STATE_EXPIRED: _ClassVar[PlanState]
 CLOCK_MODE_UNSPECIFIED: ClockMode
 REALTIME: ClockMode
 LOCKSTEP: ClockMode
@@ -49,9 +56,13 @@ NOMINAL: SafetyState
 VETO_HOLD: SafetyState
 FALLBACK_ACTIVE: SafetyState
 RECOVERING: SafetyState
+PLAN_STATE_UNSPECIFIED: PlanState
+PLAN_STATE_NONE: PlanState
+PLAN_STATE_VALID: PlanState
+PLAN_STATE_EXPIRED: PlanState
 
 class OpenSession(_message.Message):
-    __slots__ = ("session_id", "clock", "shadow", "include_decision_vector", "expected_schema_hash", "observation_period_ns", "provided_features")
+    __slots__ = ("session_id", "clock", "shadow", "include_decision_vector", "expected_schema_hash", "observation_period_ns", "provided_features", "require_plan")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +70,7 @@ class OpenSession(_message.Message):
     EXPECTED_SCHEMA_HASH_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     PROVIDED_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_PLAN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     clock: ClockMode
     shadow: bool
@@ -66,7 +78,8 @@ class OpenSession(_message.Message):
     expected_schema_hash: str
     observation_period_ns: int
     provided_features: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., shadow: _Optional[bool] = ..., include_decision_vector: _Optional[bool] = ..., expected_schema_hash: _Optional[str] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ...) -> None: ...
+    require_plan: bool
+    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., shadow: _Optional[bool] = ..., include_decision_vector: _Optional[bool] = ..., expected_schema_hash: _Optional[str] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., require_plan: _Optional[bool] = ...) -> None: ...
 
 class ActualAction(_message.Message):
     __slots__ = ("action_index", "controls")
@@ -77,12 +90,16 @@ class ActualAction(_message.Message):
     def __init__(self, action_index: _Optional[int] = ..., controls: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class PlanUpdate(_message.Message):
-    __slots__ = ("plan_id", "values")
+    __slots__ = ("plan_id", "values", "valid_for_ns", "created_ns")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    VALID_FOR_NS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_NS_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     values: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, plan_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+    valid_for_ns: int
+    created_ns: int
+    def __init__(self, plan_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ..., valid_for_ns: _Optional[int] = ..., created_ns: _Optional[int] = ...) -> None: ...
 
 class Observation(_message.Message):
     __slots__ = ("seq", "timestamp_ns", "features", "actual", "plan", "sent_time_ns")
@@ -109,20 +126,62 @@ class DriveRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ...) -> None: ...
 
 class SessionOpened(_message.Message):
-    __slots__ = ("session_id", "clock", "tick_period_ns", "model", "observation_period_ns", "provided_features")
+    __slots__ = ("session_id", "clock", "tick_period_ns", "model", "observation_period_ns", "provided_features", "limits", "require_plan")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     TICK_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     PROVIDED_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_PLAN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     clock: ClockMode
     tick_period_ns: int
     model: ModelInfo
     observation_period_ns: int
     provided_features: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ...) -> None: ...
+    limits: SessionLimits
+    require_plan: bool
+    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., require_plan: _Optional[bool] = ...) -> None: ...
+
+class SessionLimits(_message.Message):
+    __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns")
+    MAX_OBSERVATION_AGE_NS_FIELD_NUMBER: _ClassVar[int]
+    ASSUMED_OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PLAN_VALID_FOR_NS_FIELD_NUMBER: _ClassVar[int]
+    LOCKSTEP_MAX_TICKS_FIELD_NUMBER: _ClassVar[int]
+    LOCKSTEP_MAX_GAP_NS_FIELD_NUMBER: _ClassVar[int]
+    HOLD_TIMEOUT_NS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_DWELL_NS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ABSTAIN_NS_FIELD_NUMBER: _ClassVar[int]
+    SAFE_ACTION_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_DECEL_FIELD_NUMBER: _ClassVar[int]
+    BLIND_DECEL_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_JERK_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_REPEATS_FIELD_NUMBER: _ClassVar[int]
+    MIN_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECEIVE_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDED_CLIENT_WINDOW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPEN_TIMEOUT_NS_FIELD_NUMBER: _ClassVar[int]
+    max_observation_age_ns: int
+    assumed_observation_period_ns: int
+    default_plan_valid_for_ns: int
+    lockstep_max_ticks: int
+    lockstep_max_gap_ns: int
+    hold_timeout_ns: int
+    recovery_dwell_ns: int
+    max_abstain_ns: int
+    safe_action: Action
+    fallback_decel: float
+    blind_decel: float
+    fallback_jerk: float
+    freeze_repeats: int
+    min_margin: float
+    max_receive_message_bytes: int
+    recommended_client_window_bytes: int
+    open_timeout_ns: int
+    def __init__(self, max_observation_age_ns: _Optional[int] = ..., assumed_observation_period_ns: _Optional[int] = ..., default_plan_valid_for_ns: _Optional[int] = ..., lockstep_max_ticks: _Optional[int] = ..., lockstep_max_gap_ns: _Optional[int] = ..., hold_timeout_ns: _Optional[int] = ..., recovery_dwell_ns: _Optional[int] = ..., max_abstain_ns: _Optional[int] = ..., safe_action: _Optional[_Union[Action, _Mapping]] = ..., fallback_decel: _Optional[float] = ..., blind_decel: _Optional[float] = ..., fallback_jerk: _Optional[float] = ..., freeze_repeats: _Optional[int] = ..., min_margin: _Optional[float] = ..., max_receive_message_bytes: _Optional[int] = ..., recommended_client_window_bytes: _Optional[int] = ..., open_timeout_ns: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("index", "name", "controls")
@@ -169,7 +228,7 @@ class StageTimings(_message.Message):
     def __init__(self, preprocess_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., gate_us: _Optional[int] = ..., postprocess_us: _Optional[int] = ...) -> None: ...
 
 class DecisionSnapshot(_message.Message):
-    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns", "snapshots_conflated_since_previous", "max_lateness_since_previous_us", "ticks_missed_since_previous", "transport_delay_ns", "observation_age_with_transport_ns")
+    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns", "snapshots_conflated_since_previous", "max_lateness_since_previous_us", "ticks_missed_since_previous", "transport_delay_ns", "observation_age_with_transport_ns", "plan_state", "plan_valid_for_ns")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TICK_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_TIME_NS_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +258,8 @@ class DecisionSnapshot(_message.Message):
     TICKS_MISSED_SINCE_PREVIOUS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_DELAY_NS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_AGE_WITH_TRANSPORT_NS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_STATE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VALID_FOR_NS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tick: int
     scheduled_time_ns: int
@@ -228,7 +289,9 @@ class DecisionSnapshot(_message.Message):
     ticks_missed_since_previous: int
     transport_delay_ns: int
     observation_age_with_transport_ns: int
-    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ..., snapshots_conflated_since_previous: _Optional[int] = ..., max_lateness_since_previous_us: _Optional[int] = ..., ticks_missed_since_previous: _Optional[int] = ..., transport_delay_ns: _Optional[int] = ..., observation_age_with_transport_ns: _Optional[int] = ...) -> None: ...
+    plan_state: PlanState
+    plan_valid_for_ns: int
+    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ..., snapshots_conflated_since_previous: _Optional[int] = ..., max_lateness_since_previous_us: _Optional[int] = ..., ticks_missed_since_previous: _Optional[int] = ..., transport_delay_ns: _Optional[int] = ..., observation_age_with_transport_ns: _Optional[int] = ..., plan_state: _Optional[_Union[PlanState, str]] = ..., plan_valid_for_ns: _Optional[int] = ...) -> None: ...
 
 class PlanSummary(_message.Message):
     __slots__ = ("source", "behaviour", "target_speed", "target_lane_offset")

@@ -220,6 +220,8 @@ def test_plan_columns_become_plan_updates(tmp_path: Path) -> None:
     data = read_log(import_csv(src, tmp_path / "p.mcap").out_path)
     assert [o.plan.plan_id for o in data.observations] == ["plan-1"] * 3 + ["plan-2"] * 2 + ["plan-3"]
     assert list(data.observations[3].plan.values) == [25, 3.5, 0, 1, 0, 0]
+    # each plan is valid over its rows and one interval beyond (a repeated id does not extend it)
+    assert [o.plan.valid_for_ns for o in data.observations] == [300_000_000] * 3 + [200_000_000] * 2 + [100_000_000]
     # actual_accel without actual_steer: the band of the accel, steer NaN
     first = data.observations[0].actual
     assert first.action_index == ACTION_INDEX["brake"] and first.controls[0] == -1.0 and math.isnan(first.controls[1])

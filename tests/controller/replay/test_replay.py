@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dualloop.controller.logs.format import require_plan
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
 from dualloop.controller.logs.synthetic import slice_log, synthetic_log
@@ -15,9 +16,9 @@ from dualloop.controller.replay.lockstep import (
     run_replay,
 )
 from dualloop.controller.replay.report import format_report
-from dualloop.controller.serve.wire import snapshot_to_proto, without_wall_clock
+from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto, without_wall_clock
 from dualloop.executor.sessions import InvalidObservation
-from dualloop.executor.snapshot import Reason, SafetyState
+from dualloop.executor.snapshot import PlanState, Reason, SafetyState
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 
 
@@ -66,6 +67,9 @@ def _assert_same(fast, plain):
             f.gate_veto,
             f.input_hash,
             f.plan_id,
+            f.plan_state,
+            f.plan_age_ns,
+            f.plan_valid_for_ns,
             f.observation_held,
             f.observation_period_ns,
         ) == (
@@ -78,6 +82,9 @@ def _assert_same(fast, plain):
             p.gate_veto,
             p.input_hash,
             p.plan_id,
+            p.plan_state,
+            p.plan_age_ns,
+            p.plan_valid_for_ns,
             p.observation_held,
             p.observation_period_ns,
         )
@@ -108,7 +115,7 @@ def test_fast_replay_equals_plain_through_every_fault(tmp_path, rate_hz):
     runs = []
     for fast in (True, False):
         ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(read_log(log).header))
-        runs.append(run_replay(ex, "s", obs, fast=fast)[0])
+        runs.append(run_replay(ex, "s", obs, fast=fast, require_plan=require_plan(read_log(log).header))[0])
     _assert_same(*runs)
     seen = {r.name for s in runs[1] for r in s.reasons} | {s.safety_state.name for s in runs[1]}
     assert seen >= {
@@ -258,3 +265,31 @@ def test_real_drive_labels_are_not_judged_as_commands(fixture_replay):
     """The comma2k19 import's actual action is a label made from the speed itself: no actuation verdict."""
     assert fixture_replay.report.actuation_check.startswith("skipped")
     assert "actuation check: skipped" in format_report(fixture_replay.report)
+
+
+def test_logs_without_plan_validity_replay_with_the_defaults(fixture_replay, tmp_path):
+    """Logs recorded before PlanUpdate had valid_for_ns/created_ns: a plan is made at its observation's
+    timestamp and valid for the default, exactly as if the log said so; a plan-less log has no plan."""
+    assert {s.plan_state for s in fixture_replay.snapshots} == {PlanState.NONE}
+    assert not any(Reason.STALE_PLAN in s.reasons for s in fixture_replay.snapshots)
+    log = synthetic_log(tmp_path / "old.mcap", seconds=2.0, rate_hz=150.0)
+    data = read_log(log)
+    assert all(o.plan.valid_for_ns == 0 and o.plan.created_ns == 0 for o in data.observations)
+    explicit = []
+    for o in data.observations:
+        copy = type(o)()
+        copy.CopyFrom(o)
+        if copy.HasField("plan"):
+            copy.plan.created_ns = copy.timestamp_ns
+            copy.plan.valid_for_ns = int(executor_config_for(data.header).max_plan_age_ms * 1e6)
+        explicit.append(copy)
+    runs = []
+    for observations in (data.observations, explicit):
+        ex = build_executor(TEST_MODEL_PATH, (), executor_config_for(data.header))
+        obs = [observation_from_proto(m, 0) for m in observations]
+        runs.append([without_wall_clock(snapshot_to_proto(s)) for s in run_replay(ex, "s", obs)[0]])
+    assert runs[0] == runs[1]
+    ex = build_executor(TEST_MODEL_PATH, (), executor_config_for(data.header))
+    snaps = run_replay(ex, "s", _observations(data))[0]
+    assert {s.plan_state for s in snaps} == {PlanState.VALID}  # a plan every 200 ms, from the first observation
+    assert {s.plan_valid_for_ns for s in snaps} == {600_000_000}
