@@ -51,7 +51,7 @@ FALLBACK_ACTIVE: SafetyState
 RECOVERING: SafetyState
 
 class OpenSession(_message.Message):
-    __slots__ = ("session_id", "clock", "shadow", "include_decision_vector", "expected_schema_hash", "observation_period_ns", "provided_features")
+    __slots__ = ("session_id", "clock", "shadow", "include_decision_vector", "expected_schema_hash", "observation_period_ns", "provided_features", "actual_controls_are_commands")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class OpenSession(_message.Message):
     EXPECTED_SCHEMA_HASH_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     PROVIDED_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_CONTROLS_ARE_COMMANDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     clock: ClockMode
     shadow: bool
@@ -66,7 +67,8 @@ class OpenSession(_message.Message):
     expected_schema_hash: str
     observation_period_ns: int
     provided_features: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., shadow: _Optional[bool] = ..., include_decision_vector: _Optional[bool] = ..., expected_schema_hash: _Optional[str] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ...) -> None: ...
+    actual_controls_are_commands: bool
+    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., shadow: _Optional[bool] = ..., include_decision_vector: _Optional[bool] = ..., expected_schema_hash: _Optional[str] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., actual_controls_are_commands: _Optional[bool] = ...) -> None: ...
 
 class ActualAction(_message.Message):
     __slots__ = ("action_index", "controls")
@@ -107,20 +109,22 @@ class DriveRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ...) -> None: ...
 
 class SessionOpened(_message.Message):
-    __slots__ = ("session_id", "clock", "tick_period_ns", "model", "observation_period_ns", "provided_features")
+    __slots__ = ("session_id", "clock", "tick_period_ns", "model", "observation_period_ns", "provided_features", "session_instance")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     TICK_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     PROVIDED_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     clock: ClockMode
     tick_period_ns: int
     model: ModelInfo
     observation_period_ns: int
     provided_features: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ...) -> None: ...
+    session_instance: str
+    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., session_instance: _Optional[str] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("index", "name", "controls")
@@ -167,7 +171,7 @@ class StageTimings(_message.Message):
     def __init__(self, preprocess_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., gate_us: _Optional[int] = ..., postprocess_us: _Optional[int] = ...) -> None: ...
 
 class DecisionSnapshot(_message.Message):
-    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns")
+    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns", "invalid_input")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TICK_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_TIME_NS_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +196,7 @@ class DecisionSnapshot(_message.Message):
     PLAN_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_HELD_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
+    INVALID_INPUT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tick: int
     scheduled_time_ns: int
@@ -216,7 +221,8 @@ class DecisionSnapshot(_message.Message):
     plan: PlanSummary
     observation_held: bool
     observation_period_ns: int
-    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ...) -> None: ...
+    invalid_input: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ..., invalid_input: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PlanSummary(_message.Message):
     __slots__ = ("source", "behaviour", "target_speed", "target_lane_offset")
@@ -333,10 +339,14 @@ class ServerStats(_message.Message):
     def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ...) -> None: ...
 
 class GetShadowStatsRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "reset", "session_instance")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    SESSION_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    reset: bool
+    session_instance: str
+    def __init__(self, session_id: _Optional[str] = ..., reset: _Optional[bool] = ..., session_instance: _Optional[str] = ...) -> None: ...
 
 class AgreementGroup(_message.Message):
     __slots__ = ("key", "ticks", "agreeing", "control_mae", "control_rmse")
@@ -353,15 +363,23 @@ class AgreementGroup(_message.Message):
     def __init__(self, key: _Optional[str] = ..., ticks: _Optional[int] = ..., agreeing: _Optional[int] = ..., control_mae: _Optional[_Iterable[float]] = ..., control_rmse: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ShadowStats(_message.Message):
-    __slots__ = ("session_id", "actions", "confusion", "groups", "ticks_without_actual")
+    __slots__ = ("session_id", "actions", "confusion", "groups", "ticks_without_actual", "proposed_confusion", "proposed_groups", "session_instance", "ticks_invalid_actual_controls")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     CONFUSION_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     TICKS_WITHOUT_ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_CONFUSION_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    TICKS_INVALID_ACTUAL_CONTROLS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     actions: _containers.RepeatedScalarFieldContainer[str]
     confusion: _containers.RepeatedScalarFieldContainer[int]
     groups: _containers.RepeatedCompositeFieldContainer[AgreementGroup]
     ticks_without_actual: int
-    def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., confusion: _Optional[_Iterable[int]] = ..., groups: _Optional[_Iterable[_Union[AgreementGroup, _Mapping]]] = ..., ticks_without_actual: _Optional[int] = ...) -> None: ...
+    proposed_confusion: _containers.RepeatedScalarFieldContainer[int]
+    proposed_groups: _containers.RepeatedCompositeFieldContainer[AgreementGroup]
+    session_instance: str
+    ticks_invalid_actual_controls: int
+    def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., confusion: _Optional[_Iterable[int]] = ..., groups: _Optional[_Iterable[_Union[AgreementGroup, _Mapping]]] = ..., ticks_without_actual: _Optional[int] = ..., proposed_confusion: _Optional[_Iterable[int]] = ..., proposed_groups: _Optional[_Iterable[_Union[AgreementGroup, _Mapping]]] = ..., session_instance: _Optional[str] = ..., ticks_invalid_actual_controls: _Optional[int] = ...) -> None: ...
