@@ -22,7 +22,7 @@ import numpy as np
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import ModelOutputs
 from dualloop.executor.reasons import REASONS_OF_FLAGS
-from dualloop.executor.sessions import PERIOD_WINDOW, Session, median_interval
+from dualloop.executor.sessions import PERIOD_WINDOW, Session, median_interval, without_invalid_content
 from dualloop.executor.snapshot import (
     AppliedAction,
     Observation,
@@ -51,6 +51,7 @@ class TickTable:
     plan_id: list[str]  # per observation: the plan in force from it on
     plan_age_ns: np.ndarray  # (T,) int64
     scored: np.ndarray  # (T,) bool: finite input and a working model
+    finite: np.ndarray  # (T,) bool: the measured features were finite
     proposed: np.ndarray  # (T,) int64 action index
     probabilities: np.ndarray  # (T, actions) float32
     proposed_controls: np.ndarray  # (T, controls) float32
@@ -114,6 +115,7 @@ class TickTable:
                     observation_period_ns=int(self.observation_period_ns[k]),
                     actual_index=obs.actual_index,
                     actual_controls=obs.actual_controls,
+                    invalid_input=obs.invalid_parts if self.finite[k] else ("features", *obs.invalid_parts),
                     gate_score=float(gate_score[k]) if gate_score is not None else None,
                     gate_threshold=float(gate_threshold[k]) if gate_threshold is not None else None,
                     gate_veto=bool(self.gate_veto[k]),
@@ -130,6 +132,9 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     if session.last_timestamp_ns is not None or session.lockstep_tick:
         raise ValueError(f"session {session.session_id!r} has ticked already; run_lockstep needs a new session")
     feats, ts = _validate(ex, session, observations)
+    # content errors as advance_lockstep treats them: non-finite plans and actual controls discarded
+    observations = [without_invalid_content(o) for o in observations]
+    bad_content = np.fromiter((bool(o.invalid_parts) for o in observations), bool, len(observations))
     n_obs, period = len(observations), ex.period_ns
     # The grid: a tick every period from the first timestamp; each uses the newest observation at or
     # before its time (as advance_lockstep: ticks strictly before an observation use the previous one).
@@ -181,7 +186,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation, session.present)
     veto |= frozen
     periods = _observation_periods(ex, session, ts)[which]
-    flags = ex.reasons.flags(finite[r], model_ok[r], age, plan_age, veto, margin[r], periods)
+    flags = ex.reasons.flags(finite[r], model_ok[r], age, plan_age, veto, margin[r], periods, bad_content[which])
     scored = (finite & model_ok)[r]
     applied, applied_controls, state, reasons = _safety_scan(
         ex, session, flags, scored, top[r], controls[r], tick_ns, x_ticks, frozen
@@ -201,6 +206,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         plan_id=plan_ids,
         plan_age_ns=plan_age,
         scored=scored,
+        finite=finite[r],
         proposed=top[r],
         probabilities=probs[r],
         proposed_controls=controls[r],
@@ -239,11 +245,7 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
     ok = ok and seq[0] > session.last_seq and bool(np.all(np.diff(seq) > 0)) and bool(np.all(np.diff(ts) > 0))
     ok = ok and bool(np.all((actual >= -1) & (actual < n_act)))
     ok = ok and all(o.actual_controls is None or o.actual_controls.size in (0, n_ctl) for o in observations)
-    ok = ok and all(
-        o.plan_values.shape == (ex.model.n_plan,) and np.isfinite(o.plan_values).all()
-        for o in observations
-        if o.plan_values is not None
-    )
+    ok = ok and all(o.plan_values.shape == (ex.model.n_plan,) for o in observations if o.plan_values is not None)
     if ok:
         # the grid position before each observation, as advance_lockstep keeps it
         after = ts[0] + ((ts[:-1] - ts[0]) // ex.period_ns + 1) * ex.period_ns

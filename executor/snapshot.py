@@ -50,6 +50,9 @@ class Observation:
     actual_controls: np.ndarray | None = None
     plan_id: str = ""  # a plan made by the client (its own planner), with its values in plan order
     plan_values: np.ndarray | None = None
+    # Parts that held a non-finite value and were discarded on receipt ("plan", "actual.controls"):
+    # content errors never end a stream, the ticks on this observation report INVALID_INPUT.
+    invalid_parts: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -102,6 +105,8 @@ class Snapshot:
     observation_period_ns: int = 0  # the period staleness was judged against
     actual_index: int = -1  # shadow mode: what the vehicle did on this tick's observation
     actual_controls: np.ndarray | None = None
+    # Non-finite parts of the tick's observation: "features" (measured ones), "plan", "actual.controls".
+    invalid_input: tuple[str, ...] = ()
     extra: dict[str, float] = field(default_factory=dict)
 
 

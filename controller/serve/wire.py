@@ -77,6 +77,7 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
         observations_dropped=s.observations_dropped,
         observation_held=s.observation_held,
         observation_period_ns=s.observation_period_ns,
+        invalid_input=s.invalid_input,
     )
     if s.gate_score is not None:
         msg.gate.score = s.gate_score
