@@ -20,7 +20,7 @@ import numpy as np
 
 from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, ACTUAL_IS_COMMAND
 from dualloop.controller.logs.recorder import Recorder
-from dualloop.controller.serve.config import ConfigError, ServerConfig
+from dualloop.controller.serve.config import ConfigError, ServerConfig, host_port
 from dualloop.controller.serve.conflation import LatestSlot
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.planning import ServerPlanning
@@ -436,8 +436,7 @@ class ControllerServer:
             await asyncio.to_thread(self.runtime.planning.start)
         self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_ControllerServicer_to_server(ControllerService(self.runtime), self._server)
-        host = self.config.host
-        address = f"[{host}]:{self.config.port}" if ":" in host else f"{host}:{self.config.port}"
+        address = host_port(self.config.host, self.config.port)
         self.port = self._server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"cannot bind {address}: is the port in use?")
@@ -500,7 +499,9 @@ class ServerThread:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """Where a client on this machine reaches the server (the bind host; localhost: 127.0.0.1)."""
+        host = self.server.config.host
+        return host_port("127.0.0.1" if host.strip().lower() in ("localhost", "localhost.") else host, self.port)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
