@@ -36,6 +36,9 @@ TOPIC_SUMMARY = "/dualloop/summary"
 # drive's own speed profile), and the check gives no verdict.
 ACTUAL_CONTROLS_DETAIL = "actual_controls"
 ACTUAL_IS_COMMAND = "command in effect at the observation"
+# What a live session records when its client did not declare OpenSession.actual_controls_are_commands
+# (logs recorded before that field existed say ACTUAL_IS_COMMAND: their sessions ran the check).
+ACTUAL_NOT_DECLARED = "not declared the command in effect (OpenSession.actual_controls_are_commands false)"
 
 
 def actual_is_command(header: log_pb2.SessionHeader) -> bool:

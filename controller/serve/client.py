@@ -42,6 +42,7 @@ class DriveSession:
         max_pending: int = 1024,
         observation_period_ns: int = 0,
         provided_features: Sequence[str] = (),
+        actual_controls_are_commands: bool = False,
     ):
         # Bounded: a producer faster than the network blocks here instead of growing memory.
         self._requests: queue.Queue = queue.Queue(maxsize=max_pending)
@@ -55,6 +56,7 @@ class DriveSession:
                     expected_schema_hash=expected_schema_hash,
                     observation_period_ns=observation_period_ns,
                     provided_features=provided_features,
+                    actual_controls_are_commands=actual_controls_are_commands,
                 )
             )
         )
