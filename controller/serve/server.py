@@ -14,7 +14,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -246,7 +246,8 @@ class MalformedRequest:
         )
 
 
-def _lenient(message_type: type[Message]):  # noqa: ANN202 - a grpc request deserializer
+def _lenient(message_type: type[Message]) -> Callable[[bytes], Message | MalformedRequest]:
+    """A request deserializer that answers a MalformedRequest instead of raising."""
     name = message_type.DESCRIPTOR.full_name
 
     def parse(data: bytes) -> Message | MalformedRequest:
