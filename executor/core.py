@@ -26,7 +26,13 @@ from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.executor.reasons import REASONS_OF_FLAGS, ReasonRules, plan_rule
 from dualloop.executor.safety import SafetyMachine
-from dualloop.executor.sessions import InvalidObservation, Session, SessionError, note_observation_time
+from dualloop.executor.sessions import (
+    InvalidObservation,
+    Session,
+    SessionError,
+    note_observation_time,
+    without_invalid_content,
+)
 from dualloop.executor.snapshot import (
     AppliedAction,
     Clock,
@@ -196,12 +202,14 @@ class Executor:
     # -- input ----------------------------------------------------------------------------------
 
     def check_observation(self, session: Session, obs: Observation) -> None:
-        n = self.model.n_features
+        """Structure errors (sizes, indices, order): InvalidObservation, which ends the stream.
+        Non-finite values are content errors, handled by `without_invalid_content` (never here)."""
+        n, n_ctl, n_plan, n_act = self.model.n_features, len(self.card.controls), self.model.n_plan, len(self._actions)
         if obs.features.shape != (n,):
             names = self.card.feature_names
             raise InvalidObservation(
-                f"observation seq {obs.seq} has {obs.features.size} features; the model expects {n} "
-                f"({names[0]}, {names[1]}, ..., {names[-1]}); GetModelInfo lists them in order"
+                f"observation seq {obs.seq}: Observation.features has {obs.features.size} values; expected {n} "
+                f"({names[0]}, {names[1]}, ..., {names[-1]}; GetModelInfo lists them in order)"
             )
         if obs.seq == 0:
             raise InvalidObservation(
@@ -213,36 +221,31 @@ class Executor:
                 f"observation seq {obs.seq} is not after the previous seq "
                 f"{session.last_seq}; sequence numbers must strictly increase"
             )
-        if obs.actual_controls is not None and obs.actual_controls.size not in (0, len(self.card.controls)):
+        if obs.actual_controls is not None and obs.actual_controls.size not in (0, n_ctl):
             raise InvalidObservation(
-                f"observation seq {obs.seq}: actual action has {obs.actual_controls.size} "
-                f"controls; the model has {len(self.card.controls)} "
-                f"({', '.join(c.name for c in self.card.controls)})"
+                f"observation seq {obs.seq}: Observation.actual.controls has {obs.actual_controls.size} "
+                f"values; expected {n_ctl} ({', '.join(c.name for c in self.card.controls)}) or none"
             )
-        if obs.plan_values is not None:
-            if obs.plan_values.shape != (self.model.n_plan,):
-                raise InvalidObservation(
-                    f"observation seq {obs.seq}: plan {obs.plan_id!r} has {obs.plan_values.size} "
-                    f"values; the model's plan has {self.model.n_plan} "
-                    f"({', '.join(p.name for p in self.card.plan)})"
-                )
-            if not np.isfinite(obs.plan_values).all():
-                raise InvalidObservation(f"observation seq {obs.seq}: plan {obs.plan_id!r} has non-finite values")
-            if obs.plan_valid_for_ns < 0:
-                raise InvalidObservation(
-                    f"observation seq {obs.seq}: plan {obs.plan_id!r} has valid_for_ns {obs.plan_valid_for_ns}; "
-                    f"it must be > 0, or 0 for the default ({self.reasons.max_plan_age_ns} ns)"
-                )
-            if obs.plan_created_ns > obs.timestamp_ns:
-                raise InvalidObservation(
-                    f"observation seq {obs.seq}: plan {obs.plan_id!r} has created_ns {obs.plan_created_ns}, "
-                    f"after the observation's timestamp_ns {obs.timestamp_ns}; created_ns is sensor time "
-                    f"(0: the observation's timestamp)"
-                )
-        if not -1 <= obs.actual_index < len(self._actions):
+        if obs.plan_values is not None and obs.plan_values.shape != (n_plan,):
             raise InvalidObservation(
-                f"observation seq {obs.seq}: actual action index {obs.actual_index} is "
-                f"not -1 (unknown) or 0..{len(self._actions) - 1}"
+                f"observation seq {obs.seq}: Observation.plan.values (plan {obs.plan_id!r}) has "
+                f"{obs.plan_values.size} values; expected {n_plan} ({', '.join(p.name for p in self.card.plan)})"
+            )
+        if obs.plan_values is not None and obs.plan_valid_for_ns < 0:
+            raise InvalidObservation(
+                f"observation seq {obs.seq}: plan {obs.plan_id!r} has valid_for_ns {obs.plan_valid_for_ns}; "
+                f"it must be > 0, or 0 for the default ({self.reasons.max_plan_age_ns} ns)"
+            )
+        if obs.plan_values is not None and obs.plan_created_ns > obs.timestamp_ns:
+            raise InvalidObservation(
+                f"observation seq {obs.seq}: plan {obs.plan_id!r} has created_ns {obs.plan_created_ns}, "
+                f"after the observation's timestamp_ns {obs.timestamp_ns}; created_ns is sensor time "
+                f"(0: the observation's timestamp)"
+            )
+        if not -1 <= obs.actual_index < n_act:
+            raise InvalidObservation(
+                f"observation seq {obs.seq}: Observation.actual.action_index is {obs.actual_index}; "
+                f"expected -1 (unknown) or an index into ModelInfo.actions, 0..{n_act - 1}"
             )
 
     def submit(self, session_id: str, obs: Observation) -> None:
@@ -256,6 +259,7 @@ class Executor:
                 f"observation's (seq {session.last_seq}) {session.last_timestamp_ns} ns; REALTIME "
                 f"timestamps must not decrease (equal is allowed)"
             )
+        obs = without_invalid_content(obs)
         session.last_seq = obs.seq
         note_observation_time(session, obs.timestamp_ns)
         if obs.plan_values is not None:
@@ -315,6 +319,7 @@ class Executor:
         session = self.session(session_id)
         self.check_observation(session, obs)
         self.check_lockstep_time(session, obs)
+        obs = without_invalid_content(obs)
         ts = obs.timestamp_ns
         if session.next_tick_ns is None:
             session.next_tick_ns = ts
@@ -504,6 +509,7 @@ class Executor:
             gate[2] if gate is not None else np.zeros(n, bool),
             margin,
             np.array(periods, np.int64),
+            np.fromiter((bool(obs.invalid_parts) for obs in observations), bool, n),
         )
         fresh = self._fresh
         hashes = input_hashes(self._x[:n], self._p[:n])
@@ -570,6 +576,7 @@ class Executor:
                     observation_period_ns=periods[i],
                     actual_index=obs.actual_index,
                     actual_controls=obs.actual_controls,
+                    invalid_input=obs.invalid_parts if finite[i] else ("features", *obs.invalid_parts),
                     gate_score=float(gate[0][i]) if gate is not None else None,
                     gate_threshold=float(gate[1][i]) if gate is not None else None,
                     gate_veto=bool(gate[2][i]) if gate is not None else False,

@@ -22,7 +22,7 @@ import numpy as np
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import ModelOutputs
 from dualloop.executor.reasons import REASONS_OF_FLAGS, plan_rule
-from dualloop.executor.sessions import PERIOD_WINDOW, Session, median_interval
+from dualloop.executor.sessions import PERIOD_WINDOW, Session, median_interval, without_invalid_content
 from dualloop.executor.snapshot import (
     AppliedAction,
     Observation,
@@ -54,6 +54,7 @@ class TickTable:
     plan_state: np.ndarray  # (T,) int64 PlanState values
     plan_valid_for_ns: np.ndarray  # (T,) int64, 0 without a plan
     scored: np.ndarray  # (T,) bool: finite input and a working model
+    finite: np.ndarray  # (T,) bool: the measured features were finite
     proposed: np.ndarray  # (T,) int64 action index
     probabilities: np.ndarray  # (T, actions) float32
     proposed_controls: np.ndarray  # (T, controls) float32
@@ -120,6 +121,7 @@ class TickTable:
                     observation_period_ns=int(self.observation_period_ns[k]),
                     actual_index=obs.actual_index,
                     actual_controls=obs.actual_controls,
+                    invalid_input=obs.invalid_parts if self.finite[k] else ("features", *obs.invalid_parts),
                     gate_score=float(gate_score[k]) if gate_score is not None else None,
                     gate_threshold=float(gate_threshold[k]) if gate_threshold is not None else None,
                     gate_veto=bool(self.gate_veto[k]),
@@ -136,6 +138,9 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     if session.last_timestamp_ns is not None or session.lockstep_tick:
         raise ValueError(f"session {session.session_id!r} has ticked already; run_lockstep needs a new session")
     feats, ts = _validate(ex, session, observations)
+    # content errors as advance_lockstep treats them: non-finite plans and actual controls discarded
+    observations = [without_invalid_content(o) for o in observations]
+    bad_content = np.fromiter((bool(o.invalid_parts) for o in observations), bool, len(observations))
     n_obs, period = len(observations), ex.period_ns
     # The grid: a tick every period from the first timestamp; each uses the newest observation at or
     # before its time (as advance_lockstep: ticks strictly before an observation use the previous one).
@@ -191,7 +196,9 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation, session.present)
     veto |= frozen
     periods = _observation_periods(ex, session, ts)[which]
-    flags = ex.reasons.flags(finite[r], model_ok[r], age, stale_plan[which], veto, margin[r], periods)
+    flags = ex.reasons.flags(
+        finite[r], model_ok[r], age, stale_plan[which], veto, margin[r], periods, bad_content[which]
+    )
     scored = (finite & model_ok)[r]
     applied, applied_controls, state, reasons = _safety_scan(
         ex, session, flags, scored, top[r], controls[r], tick_ns, x_ticks, frozen
@@ -213,6 +220,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         plan_state=plan_state[which],
         plan_valid_for_ns=np.where(has_plan, plan_valid_for, 0)[which],
         scored=scored,
+        finite=finite[r],
         proposed=top[r],
         probabilities=probs[r],
         proposed_controls=controls[r],
@@ -252,10 +260,7 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
     ok = ok and bool(np.all((actual >= -1) & (actual < n_act)))
     ok = ok and all(o.actual_controls is None or o.actual_controls.size in (0, n_ctl) for o in observations)
     ok = ok and all(
-        o.plan_values.shape == (ex.model.n_plan,)
-        and np.isfinite(o.plan_values).all()
-        and o.plan_valid_for_ns >= 0
-        and o.plan_created_ns <= o.timestamp_ns
+        o.plan_values.shape == (ex.model.n_plan,) and o.plan_valid_for_ns >= 0 and o.plan_created_ns <= o.timestamp_ns
         for o in observations
         if o.plan_values is not None
     )

@@ -47,12 +47,17 @@ class ReasonRules:
         veto: npt.NDArray[np.bool_],
         margin: npt.NDArray[np.floating],
         observation_period_ns: npt.NDArray[np.int64] | int = 0,
+        invalid_content: npt.NDArray[np.bool_] | None = None,
     ) -> npt.NDArray[np.int64]:
         """Why each row's proposal is not to be trusted as it is, as REASON_BITS. LOW_MARGIN only on
         rows the model scored (finite input, working model): elsewhere the margin means nothing.
-        An observation is late when older than its session's observation period plus the allowance."""
+        An observation is late when older than its session's observation period plus the allowance.
+        invalid_content: the row's observation had a discarded non-finite plan or actual controls
+        (INVALID_INPUT as for non-finite features: one rule for invalid input)."""
         scored = finite & model_ok
         flags: npt.NDArray[np.int64] = np.where(finite, 0, _INVALID)
+        if invalid_content is not None:
+            flags |= np.where(invalid_content, _INVALID, 0)
         flags |= np.where(model_ok, 0, _MODEL_ERROR)
         flags |= np.where(age_ns > observation_period_ns + self.max_observation_age_ns, _STALE_OBSERVATION, 0)
         flags |= np.where(stale_plan, _STALE_PLAN, 0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -60,6 +60,29 @@ class Session:
     lockstep_tick: int = 0
     ticks: int = 0
     last_tick_index: int | None = None  # REALTIME: the grid index of the session's previous tick
+
+
+# What DecisionSnapshot.invalid_input may name, in the order it lists them.
+INVALID_PARTS = ("features", "plan", "actual.controls")
+
+
+def without_invalid_content(obs: Observation) -> Observation:
+    """The observation with its non-finite plan or actual controls discarded and named in
+    `invalid_parts` (the same object when there are none). Content errors never end a stream
+    (docs/contract.md#invalid-input): a bad plan is not adopted, bad actual controls are not counted
+    or judged. Shapes must have been checked (those are structure errors)."""
+    bad_plan = obs.plan_values is not None and not bool(np.isfinite(obs.plan_values).all())
+    bad_actual = obs.actual_controls is not None and not bool(np.isfinite(obs.actual_controls).all())
+    if not (bad_plan or bad_actual):
+        return obs
+    parts = set(obs.invalid_parts) | ({"plan"} if bad_plan else set()) | ({"actual.controls"} if bad_actual else set())
+    return replace(
+        obs,
+        plan_id="" if bad_plan else obs.plan_id,
+        plan_values=None if bad_plan else obs.plan_values,
+        actual_controls=None if bad_actual else obs.actual_controls,
+        invalid_parts=tuple(p for p in INVALID_PARTS if p in parts),
+    )
 
 
 # How many recent intervals the measured observation period is the median of: enough that one lost

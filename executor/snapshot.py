@@ -69,6 +69,9 @@ class Observation:
     received_wall_ns: int = 0  # server wall clock (Unix epoch) at receipt, for the transport delay
     plan_valid_for_ns: int = 0  # 0: the executor's default plan validity
     plan_created_ns: int = 0  # sensor time; 0: this observation's timestamp
+    # Parts that held a non-finite value and were discarded on receipt ("plan", "actual.controls"):
+    # content errors never end a stream, the ticks on this observation report INVALID_INPUT.
+    invalid_parts: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -123,6 +126,8 @@ class Snapshot:
     observation_period_ns: int = 0  # the period staleness was judged against
     actual_index: int = -1  # shadow mode: what the vehicle did on this tick's observation
     actual_controls: np.ndarray | None = None
+    # Non-finite parts of the tick's observation: "features" (measured ones), "plan", "actual.controls".
+    invalid_input: tuple[str, ...] = ()
     extra: dict[str, float] = field(default_factory=dict)
     # Since the previous snapshot delivered to the client: the outbox accumulates these over the
     # snapshots it conflates (controller.serve.conflation); the executor fills in this tick's share.

@@ -95,7 +95,8 @@ class GrpcDecider:
     def __init__(self, address: str, session_id: str, clock: int = pb.LOCKSTEP) -> None:
         self.clock = clock
         self._channel = realtime_channel(address) if clock == pb.REALTIME else grpc.insecure_channel(address)
-        self.session = DriveSession(self._channel, session_id, clock)
+        # the simulator's actual action is the command its previous step applied: the actuation check may judge it
+        self.session = DriveSession(self._channel, session_id, clock, actual_controls_are_commands=True)
         self.planner = self.session.opened.model.planner  # non-empty: the server plans, we must not
         self._latest: pb.DecisionSnapshot | None = None
         self._reader: threading.Thread | None = None

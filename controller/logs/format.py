@@ -45,6 +45,11 @@ def require_plan(header: log_pb2.SessionHeader) -> bool:
     return header.source_details.get(REQUIRE_PLAN_DETAIL, "") == "true"
 
 
+# What a live session records when its client did not declare OpenSession.actual_controls_are_commands
+# (logs recorded before that field existed say ACTUAL_IS_COMMAND: their sessions ran the check).
+ACTUAL_NOT_DECLARED = "not declared the command in effect (OpenSession.actual_controls_are_commands false)"
+
+
 def actual_is_command(header: log_pb2.SessionHeader) -> bool:
     return header.source_details.get(ACTUAL_CONTROLS_DETAIL, "") == ACTUAL_IS_COMMAND
 

@@ -18,7 +18,7 @@ import grpc
 
 from dualloop.controller.console import console
 from dualloop.controller.logs.logfile import LogData, read_sessions
-from dualloop.controller.serve.config import load_server_config
+from dualloop.controller.serve.config import host_port, load_server_config
 from dualloop.controller.serve.log_stream import stream_logs
 from dualloop.controller.serve.server import ControllerServer, new_event_loop
 from dualloop.executor.model_runner import DecisionModel
@@ -79,7 +79,7 @@ def serve(args: argparse.Namespace) -> int:
         card = server.executor.card
         console.print(
             f"dualloop serving model {card.name} {card.version} (schema {card.schema_hash()}) on "
-            f"{config.host}:{port}, tick {config.executor.tick_period_ms} ms, {server.scheduling}. "
+            f"{host_port(config.host, port)}, tick {config.executor.tick_period_ms} ms, {server.scheduling}. "
             f"Ctrl-C stops."
         )
         stop = asyncio.Event()

@@ -45,6 +45,7 @@ class DriveSession:
         observation_period_ns: int = 0,
         provided_features: Sequence[str] = (),
         require_plan: bool = False,
+        actual_controls_are_commands: bool = False,
     ):
         # Bounded: a producer faster than the network blocks here instead of growing memory.
         self._requests: queue.Queue = queue.Queue(maxsize=max_pending)
@@ -59,6 +60,7 @@ class DriveSession:
                     observation_period_ns=observation_period_ns,
                     provided_features=provided_features,
                     require_plan=require_plan,
+                    actual_controls_are_commands=actual_controls_are_commands,
                 )
             )
         )

@@ -20,13 +20,26 @@ class ConfigError(ValueError):
     """A configuration a person must fix; the message names the file and the field."""
 
 
+def _bare(host: str) -> str:
+    """The host without the brackets a URL puts around an IPv6 address ("[::1]" -> "::1")."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
+    """localhost, 127.0.0.0/8 or ::1, with or without brackets."""
+    bare = _bare(host.strip())
+    if bare.lower() in ("localhost", "localhost."):
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return ipaddress.ip_address(bare).is_loopback
     except ValueError:
         return False
+
+
+def host_port(host: str, port: int) -> str:
+    """host:port as gRPC parses it: an IPv6 address in brackets ("[::1]:50151"), given with or without."""
+    bare = _bare(host.strip())
+    return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
 
 
 class PlannerConfig(BaseModel):

@@ -91,6 +91,8 @@ async def _session(
                 shadow=True,
                 observation_period_ns=int(period_ns / speed),
                 provided_features=provided or [],
+                # a log's actual controls are judged by the actuation check only when it declares them commands
+                actual_controls_are_commands=commands,
             )
         )
     )
@@ -108,8 +110,6 @@ async def _session(
                 await asyncio.sleep(delay)
             msg = pb.Observation()
             msg.CopyFrom(obs)
-            if not commands:  # a label, not the command in effect: the actuation check must not judge it
-                del msg.actual.controls[:]
             msg.seq = k + 1
             msg.timestamp_ns = due  # sensor time on this client's clock: when the sample was taken, not sent
             await call.write(pb.DriveRequest(observation=msg))

@@ -9,18 +9,26 @@ sessions are lossless and paced by the client, since their snapshots are a deter
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError, Message
 
-from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, ACTUAL_IS_COMMAND, REQUIRE_PLAN_DETAIL
+from dualloop.controller.logs.format import (
+    ACTUAL_CONTROLS_DETAIL,
+    ACTUAL_IS_COMMAND,
+    ACTUAL_NOT_DECLARED,
+    REQUIRE_PLAN_DETAIL,
+)
 from dualloop.controller.logs.recorder import Recorder
-from dualloop.controller.serve.config import ConfigError, ServerConfig
+from dualloop.controller.serve.config import ConfigError, ServerConfig, host_port
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.planning import ServerPlanning
@@ -66,18 +74,32 @@ class RuntimeStats:
         self.window_start_ns = _mono_ns()
 
 
+@dataclass
+class ShadowInstance:
+    """The shadow statistics of one opening of a session (SessionOpened.session_instance)."""
+
+    session_id: str
+    instance: str
+    agreement: ShadowAgreement
+
+
 class ControllerRuntime:
     """Executor + tick loop + per-session outboxes, shared by all Drive streams."""
 
-    KEEP_CLOSED_SHADOW_STATS = 256  # closed sessions whose agreement stays queryable
+    KEEP_CLOSED_SHADOW_STATS = 256  # closed session instances whose agreement stays queryable
 
     def __init__(self, executor: Executor, config: ServerConfig) -> None:
         self.executor = executor
         self.config = config
         self.outboxes: dict[str, LatestSlot[Snapshot]] = {}
         self.recorder: Recorder | None = None
-        # insertion-ordered: the oldest closed sessions are forgotten first
-        self.shadow: dict[str, ShadowAgreement] = {}
+        # Shadow statistics per session instance: a reused session id starts fresh. Open instances
+        # by session id; every kept instance by its id; the newest instance of each session id; and
+        # the closed ones, oldest first, forgotten beyond KEEP_CLOSED_SHADOW_STATS (bounded memory).
+        self.shadow_open: dict[str, ShadowInstance] = {}
+        self.shadow_instances: dict[str, ShadowInstance] = {}
+        self.shadow_latest: dict[str, str] = {}
+        self._shadow_closed: collections.deque[str] = collections.deque()
         self.stats = RuntimeStats()
         self._last_seq: dict[str, int] = {}
         self._stopping = False
@@ -126,11 +148,12 @@ class ControllerRuntime:
         observation_period_ns: int = 0,
         measured_features: Sequence[str] = (),
         require_plan: bool = False,
+        actual_is_command: bool = False,
     ) -> None:
         if self.recorder is None:
             return
-        # what a live client's actual action is, by controller.proto's contract
-        details = {ACTUAL_CONTROLS_DETAIL: ACTUAL_IS_COMMAND}
+        # what the client declared its actual controls to be (OpenSession.actual_controls_are_commands)
+        details = {ACTUAL_CONTROLS_DETAIL: ACTUAL_IS_COMMAND if actual_is_command else ACTUAL_NOT_DECLARED}
         if require_plan:  # a replay judges plans by the same rule
             details[REQUIRE_PLAN_DETAIL] = "true"
         card, gates = self.executor.card, self.executor.gates
@@ -165,13 +188,35 @@ class ControllerRuntime:
         if self.recorder is not None:
             self.recorder.write_snapshot(snapshot_to_proto(snap))
 
+    def new_agreement(self) -> ShadowAgreement:
+        card = self.executor.card
+        return ShadowAgreement(card.actions, len(card.controls))
+
+    def open_shadow(self, session_id: str) -> str:
+        """Fresh shadow statistics for a new opening of `session_id`; returns its instance id."""
+        shadow = ShadowInstance(session_id, uuid.uuid4().hex, self.new_agreement())
+        self.shadow_open[session_id] = shadow
+        self.shadow_instances[shadow.instance] = shadow
+        self.shadow_latest[session_id] = shadow.instance
+        return shadow.instance
+
+    def close_shadow(self, session_id: str) -> None:
+        shadow = self.shadow_open.pop(session_id, None)
+        if shadow is None:
+            return
+        self._shadow_closed.append(shadow.instance)
+        while len(self._shadow_closed) > self.KEEP_CLOSED_SHADOW_STATS:
+            old = self.shadow_instances.pop(self._shadow_closed.popleft())
+            if self.shadow_latest.get(old.session_id) == old.instance:
+                del self.shadow_latest[old.session_id]
+
     def record_agreement(self, snap: Snapshot) -> None:
-        agreement = self.shadow.get(snap.session_id)
-        if agreement is None:
-            card = self.executor.card
-            agreement = self.shadow[snap.session_id] = ShadowAgreement(card.actions, len(card.controls))
-            while len(self.shadow) > self.KEEP_CLOSED_SHADOW_STATS + len(self.executor.sessions):
-                del self.shadow[next(iter(self.shadow))]
+        shadow = self.shadow_open.get(snap.session_id)
+        if shadow is None:  # a session opened on the executor directly, not through Drive
+            shadow = self.shadow_instances[self.open_shadow(snap.session_id)]
+        agreement = shadow.agreement
+        if snap.invalid_input and "actual.controls" in snap.invalid_input:
+            agreement.invalid_actual_controls += 1
         if snap.actual_index < 0:  # the common live case: nothing to compare, keep the tick cheap
             agreement.without_actual += 1
             return
@@ -182,6 +227,8 @@ class ControllerRuntime:
             snap.actual_controls,
             snap.safety_state.name,
             tuple(r.name for r in snap.reasons),
+            snap.proposed_index,
+            snap.proposed_controls,
         )
 
     def forget(self, session_id: str) -> None:
@@ -192,9 +239,62 @@ class ControllerRuntime:
         if box is not None:
             box.close()
         self._last_seq.pop(session_id, None)
+        self.close_shadow(session_id)
         if self.planning is not None:
             self.planning.forget(session_id)
         self.stats.sessions_closed += 1
+
+
+class MalformedRequest:
+    """What a request that does not parse as its message type arrives as (instead of an exception,
+    which grpc.aio would turn into UNKNOWN with a Python class name): handlers answer INVALID_ARGUMENT."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, type_name: str, size: int, error: str) -> None:
+        self.message = (
+            f"the request ({size} bytes) is not a valid {type_name} message: {error}; build requests with "
+            f"code generated from proto/dualloop/v1/controller.proto"
+        )
+
+
+def _lenient(message_type: type[Message]) -> Callable[[bytes], Message | MalformedRequest]:
+    """A request deserializer that answers a MalformedRequest instead of raising."""
+    name = message_type.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Message | MalformedRequest:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as err:
+            return MalformedRequest(name, len(data), str(err))
+
+    return parse
+
+
+def add_controller_service(service: ControllerService, server: grpc.aio.Server) -> None:
+    """pb_grpc.add_ControllerServicer_to_server, with request deserializers that never raise."""
+    handlers = {
+        "Drive": grpc.stream_stream_rpc_method_handler(
+            service.Drive, _lenient(pb.DriveRequest), pb.DriveResponse.SerializeToString
+        ),
+        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+            service.GetModelInfo, _lenient(pb.GetModelInfoRequest), pb.ModelInfo.SerializeToString
+        ),
+        "GetStats": grpc.unary_unary_rpc_method_handler(
+            service.GetStats, _lenient(pb.GetStatsRequest), pb.ServerStats.SerializeToString
+        ),
+        "GetShadowStats": grpc.unary_unary_rpc_method_handler(
+            service.GetShadowStats, _lenient(pb.GetShadowStatsRequest), pb.ShadowStats.SerializeToString
+        ),
+    }
+    name = pb.DESCRIPTOR.services_by_name["Controller"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
+async def _refuse_malformed(request: object, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(request, MalformedRequest):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
 
 
 class ControllerService(pb_grpc.ControllerServicer):
@@ -213,9 +313,11 @@ class ControllerService(pb_grpc.ControllerServicer):
         self._planning = runtime.planning
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+        await _refuse_malformed(request, context)
         return self._info
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ServerStats:
+        await _refuse_malformed(request, context)
         runtime = self.runtime
         stats = runtime.stats
         lateness = stats.lateness.values().astype(np.float64) / 1e3
@@ -248,15 +350,44 @@ class ControllerService(pb_grpc.ControllerServicer):
     async def GetShadowStats(
         self, request: pb.GetShadowStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ShadowStats:
-        agreement = self.runtime.shadow.get(request.session_id)
-        if agreement is None:
+        await _refuse_malformed(request, context)
+        runtime, keep = self.runtime, ControllerRuntime.KEEP_CLOSED_SHADOW_STATS
+        shadow: ShadowInstance | None = None
+        if request.session_instance:
+            shadow = runtime.shadow_instances.get(request.session_instance)
+            if shadow is None:
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"no agreement statistics for session_instance {request.session_instance!r}: not an "
+                    f"instance of this server, or closed long ago (the last {keep} closed instances are kept)",
+                )
+            assert shadow is not None  # abort() raised
+            if request.session_id and request.session_id != shadow.session_id:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"session_instance {request.session_instance!r} is an instance of session "
+                    f"{shadow.session_id!r}, not {request.session_id!r}; send one of them, or both matching",
+                )
+        elif request.session_id:
+            instance = runtime.shadow_latest.get(request.session_id)
+            shadow = runtime.shadow_instances.get(instance) if instance is not None else None
+            if shadow is None:
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"no agreement statistics for session {request.session_id!r}: never opened on this "
+                    f"server, or closed long ago (the last {keep} closed instances are kept)",
+                )
+        else:
             await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"no agreement statistics for session {request.session_id!r}: it never ticked, or "
-                f"closed long ago (the last {ControllerRuntime.KEEP_CLOSED_SHADOW_STATS} are kept)",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "GetShadowStatsRequest needs session_id (its newest opening) or session_instance "
+                "(SessionOpened.session_instance)",
             )
-        assert agreement is not None  # abort() raised
-        return agreement.to_proto(request.session_id)
+        assert shadow is not None  # every branch without one aborted
+        reply = shadow.agreement.to_proto(shadow.session_id, shadow.instance)
+        if request.reset:  # after answering: the counts just returned are not counted again
+            shadow.agreement = runtime.new_agreement()
+        return reply
 
     async def Drive(self, request_iterator: AsyncIterator[pb.DriveRequest], context: grpc.aio.ServicerContext) -> None:
         requests = request_iterator.__aiter__()
@@ -269,6 +400,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"no OpenSession within open_timeout_s={self.runtime.config.open_timeout_s} s",
             )
+        await _refuse_malformed(first, context)
         if first.WhichOneof("msg") != "open":
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -300,6 +432,8 @@ class ControllerService(pb_grpc.ControllerServicer):
                 require_plan=req.require_plan,
                 # the server's planner plans this session: its plans expiring is a fault
                 expired_plan_is_stale=self._planning is not None,
+                # the actuation check judges actual.controls only when the client says they are commands
+                actual_is_command=req.actual_controls_are_commands,
             )
         except SessionError as err:
             message = str(err)
@@ -317,8 +451,15 @@ class ControllerService(pb_grpc.ControllerServicer):
             else [n for n, on in zip(self.executor.card.feature_names, session.present) if on]
         )
         self.runtime.stats.sessions_opened += 1
+        instance = self.runtime.open_shadow(session_id)
         self.runtime.open_recording(
-            session_id, req.clock, req.shadow, req.observation_period_ns, provided, req.require_plan
+            session_id,
+            req.clock,
+            req.shadow,
+            req.observation_period_ns,
+            provided,
+            req.require_plan,
+            req.actual_controls_are_commands,
         )
         try:
             await context.write(
@@ -333,6 +474,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                         # read now: the running configuration, as this session is judged by it
                         limits=session_limits(self.executor, self.runtime.config),
                         require_plan=req.require_plan,
+                        session_instance=instance,
                     )
                 )
             )
@@ -364,6 +506,9 @@ class ControllerService(pb_grpc.ControllerServicer):
         async def read() -> None:
             try:
                 async for msg in requests:
+                    if isinstance(msg, MalformedRequest):
+                        error.append((grpc.StatusCode.INVALID_ARGUMENT, msg.message))
+                        return
                     obs_msg = self._observation(msg)
                     if obs_msg is None:
                         error.append(self._NOT_AN_OBSERVATION)
@@ -404,6 +549,8 @@ class ControllerService(pb_grpc.ControllerServicer):
         stats = self.runtime.stats
         planning = self._planning
         async for msg in requests:
+            if isinstance(msg, MalformedRequest):
+                return grpc.StatusCode.INVALID_ARGUMENT, msg.message
             obs_msg = self._observation(msg)
             if obs_msg is None:
                 return self._NOT_AN_OBSERVATION
@@ -463,9 +610,8 @@ class ControllerServer:
                 ("grpc.max_receive_message_length", self.config.max_receive_message_bytes),
             ]
         )
-        pb_grpc.add_ControllerServicer_to_server(ControllerService(self.runtime), self._server)
-        host = self.config.host
-        address = f"[{host}]:{self.config.port}" if ":" in host else f"{host}:{self.config.port}"
+        add_controller_service(ControllerService(self.runtime), self._server)
+        address = host_port(self.config.host, self.config.port)
         self.port = self._server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"cannot bind {address}: is the port in use?")
@@ -528,7 +674,9 @@ class ServerThread:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """Where a client on this machine reaches the server (the bind host; localhost: 127.0.0.1)."""
+        host = self.server.config.host
+        return host_port("127.0.0.1" if host.strip().lower() in ("localhost", "localhost.") else host, self.port)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)

@@ -3,7 +3,8 @@
 Counted per tick where the observation carried the actual action: top-1 agreement of the discrete
 decision, the confusion matrix (actual x applied), and the error of each continuous control, overall
 and broken down by safety state and by reason code, so "agrees 90%, but 40% while the gate vetoes"
-is visible. Used live by the server (GetShadowStats) and offline by replay reports.
+is visible; the same for the model's proposed action (`proposed`), so a veto that overrode a correct
+proposal shows too. Used live by the server (GetShadowStats) and offline by replay reports.
 """
 
 from __future__ import annotations
@@ -27,12 +28,16 @@ class _Group:
 
 
 class ShadowAgreement:
-    def __init__(self, actions: list[str], n_controls: int) -> None:
+    def __init__(self, actions: list[str], n_controls: int, track_proposed: bool = True) -> None:
         self.actions = list(actions)
         self.n_controls = n_controls
         self.confusion = np.zeros((len(actions), len(actions)), np.int64)
         self.groups: dict[str, _Group] = {}
         self.without_actual = 0
+        # ticks whose actual controls were non-finite and discarded (their action index still counts)
+        self.invalid_actual_controls = 0
+        # the same tallies with the proposed action in place of the applied one (live `update` only)
+        self.proposed = ShadowAgreement(actions, n_controls, track_proposed=False) if track_proposed else None
 
     def update(
         self,
@@ -42,10 +47,16 @@ class ShadowAgreement:
         actual_controls: np.ndarray | None,
         state: str,
         reasons: tuple[str, ...],
+        proposed_index: int = -1,
+        proposed_controls: np.ndarray | None = None,
     ) -> None:
+        """One tick; the proposal (index -1: the model did not propose) is tallied in `proposed`."""
         if actual_index < 0:
             self.without_actual += 1
             return
+        if self.proposed is not None and proposed_index >= 0:
+            assert proposed_controls is not None  # a proposal always has its controls
+            self.proposed.update(proposed_index, proposed_controls, actual_index, actual_controls, state, reasons)
         agree = applied_index == actual_index
         if applied_index >= 0:
             self.confusion[actual_index, applied_index] += 1
@@ -119,7 +130,7 @@ class ShadowAgreement:
         g = self.groups.get(key)
         return g.agreeing / g.ticks if g and g.ticks else float("nan")
 
-    def to_proto(self, session_id: str) -> pb.ShadowStats:
+    def _groups_proto(self) -> list[pb.AgreementGroup]:
         groups = []
         for key, g in self.groups.items():
             n = max(g.with_controls, 1)
@@ -132,13 +143,22 @@ class ShadowAgreement:
                     control_rmse=np.sqrt(g.sq_err / n).tolist(),
                 )
             )
-        return pb.ShadowStats(
+        return groups
+
+    def to_proto(self, session_id: str, session_instance: str = "") -> pb.ShadowStats:
+        msg = pb.ShadowStats(
             session_id=session_id,
             actions=self.actions,
             confusion=self.confusion.ravel().tolist(),
-            groups=groups,
+            groups=self._groups_proto(),
             ticks_without_actual=self.without_actual,
+            session_instance=session_instance,
+            ticks_invalid_actual_controls=self.invalid_actual_controls,
         )
+        if self.proposed is not None:
+            msg.proposed_confusion.extend(self.proposed.confusion.ravel().tolist())
+            msg.proposed_groups.extend(self.proposed._groups_proto())
+        return msg
 
     def as_dict(self) -> dict:
         return {

@@ -116,6 +116,7 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
         snapshots_conflated_since_previous=s.snapshots_conflated_since_previous,
         max_lateness_since_previous_us=s.max_lateness_since_previous_us,
         ticks_missed_since_previous=s.ticks_missed_since_previous,
+        invalid_input=s.invalid_input,
     )
     if s.transport_delay_ns is not None:
         msg.transport_delay_ns = s.transport_delay_ns

@@ -203,7 +203,7 @@ def test_conflation_keeps_newest_and_counts(test_model):
 def test_observation_contract_errors(test_model):
     ex = Executor(test_model)
     ex.open_session("a")
-    with pytest.raises(InvalidObservation, match="has 18 features; the model expects 19"):
+    with pytest.raises(InvalidObservation, match="Observation.features has 18 values; expected 19"):
         ex.submit("a", obs(1, np.zeros(18, np.float32)))
     ex.submit("a", obs(5, np.zeros(19, np.float32)))
     with pytest.raises(InvalidObservation, match="not after the previous seq 5"):
@@ -260,18 +260,21 @@ def test_client_plan_conditions_from_its_timestamp(test_model):
     assert later[1].input_hash != base.input_hash  # the plan is part of the input
     (aged,) = ex.advance_lockstep("a", obs(3, x, 15 * MS))
     assert aged.plan_id == "p1" and aged.plan_age_ns == 5 * MS
-    with pytest.raises(InvalidObservation, match="plan 'bad' has 2 values; the model's plan has 6"):
+    with pytest.raises(InvalidObservation, match="Observation.plan.values \\(plan 'bad'\\) has 2 values; expected 6"):
         ex.advance_lockstep(
             "a",
             Observation(seq=4, timestamp_ns=20 * MS, features=x, plan_id="bad", plan_values=np.zeros(2, np.float32)),
         )
-    with pytest.raises(InvalidObservation, match="non-finite"):
-        ex.advance_lockstep(
-            "a",
-            Observation(
-                seq=5, timestamp_ns=20 * MS, features=x, plan_id="nan", plan_values=np.full(6, np.nan, np.float32)
-            ),
-        )
+    # a non-finite plan is a content error: not adopted (p1 stays), the tick says INVALID_INPUT, the
+    # session goes on
+    nan_plan = np.full(6, np.nan, np.float32)
+    (bad,) = ex.advance_lockstep(
+        "a", Observation(seq=5, timestamp_ns=20 * MS, features=x, plan_id="nan", plan_values=nan_plan)
+    )
+    assert bad.plan_id == "p1" and Reason.INVALID_INPUT in bad.reasons and bad.invalid_input == ("plan",)
+    assert bad.input_hash == aged.input_hash  # the same features and the same (kept) plan
+    (after,) = ex.advance_lockstep("a", obs(6, x, 25 * MS))
+    assert after.plan_id == "p1" and after.invalid_input == () and np.array_equal(ex.sessions["a"].plan, plan)
 
 
 def test_input_hashes_are_per_row_and_see_every_bit():

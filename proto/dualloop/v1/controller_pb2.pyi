@@ -62,7 +62,7 @@ PLAN_STATE_VALID: PlanState
 PLAN_STATE_EXPIRED: PlanState
 
 class OpenSession(_message.Message):
-    __slots__ = ("session_id", "clock", "shadow", "include_decision_vector", "expected_schema_hash", "observation_period_ns", "provided_features", "require_plan")
+    __slots__ = ("session_id", "clock", "shadow", "include_decision_vector", "expected_schema_hash", "observation_period_ns", "provided_features", "require_plan", "actual_controls_are_commands")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class OpenSession(_message.Message):
     OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     PROVIDED_FEATURES_FIELD_NUMBER: _ClassVar[int]
     REQUIRE_PLAN_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_CONTROLS_ARE_COMMANDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     clock: ClockMode
     shadow: bool
@@ -79,7 +80,8 @@ class OpenSession(_message.Message):
     observation_period_ns: int
     provided_features: _containers.RepeatedScalarFieldContainer[str]
     require_plan: bool
-    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., shadow: _Optional[bool] = ..., include_decision_vector: _Optional[bool] = ..., expected_schema_hash: _Optional[str] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., require_plan: _Optional[bool] = ...) -> None: ...
+    actual_controls_are_commands: bool
+    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., shadow: _Optional[bool] = ..., include_decision_vector: _Optional[bool] = ..., expected_schema_hash: _Optional[str] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., require_plan: _Optional[bool] = ..., actual_controls_are_commands: _Optional[bool] = ...) -> None: ...
 
 class ActualAction(_message.Message):
     __slots__ = ("action_index", "controls")
@@ -126,7 +128,7 @@ class DriveRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ...) -> None: ...
 
 class SessionOpened(_message.Message):
-    __slots__ = ("session_id", "clock", "tick_period_ns", "model", "observation_period_ns", "provided_features", "limits", "require_plan")
+    __slots__ = ("session_id", "clock", "tick_period_ns", "model", "observation_period_ns", "provided_features", "limits", "require_plan", "session_instance")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     TICK_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +137,7 @@ class SessionOpened(_message.Message):
     PROVIDED_FEATURES_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     REQUIRE_PLAN_FIELD_NUMBER: _ClassVar[int]
+    SESSION_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     clock: ClockMode
     tick_period_ns: int
@@ -143,7 +146,8 @@ class SessionOpened(_message.Message):
     provided_features: _containers.RepeatedScalarFieldContainer[str]
     limits: SessionLimits
     require_plan: bool
-    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., require_plan: _Optional[bool] = ...) -> None: ...
+    session_instance: str
+    def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., require_plan: _Optional[bool] = ..., session_instance: _Optional[str] = ...) -> None: ...
 
 class SessionLimits(_message.Message):
     __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns")
@@ -228,7 +232,7 @@ class StageTimings(_message.Message):
     def __init__(self, preprocess_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., gate_us: _Optional[int] = ..., postprocess_us: _Optional[int] = ...) -> None: ...
 
 class DecisionSnapshot(_message.Message):
-    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns", "snapshots_conflated_since_previous", "max_lateness_since_previous_us", "ticks_missed_since_previous", "transport_delay_ns", "observation_age_with_transport_ns", "plan_state", "plan_valid_for_ns")
+    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns", "snapshots_conflated_since_previous", "max_lateness_since_previous_us", "ticks_missed_since_previous", "transport_delay_ns", "observation_age_with_transport_ns", "plan_state", "plan_valid_for_ns", "invalid_input")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TICK_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_TIME_NS_FIELD_NUMBER: _ClassVar[int]
@@ -260,6 +264,7 @@ class DecisionSnapshot(_message.Message):
     OBSERVATION_AGE_WITH_TRANSPORT_NS_FIELD_NUMBER: _ClassVar[int]
     PLAN_STATE_FIELD_NUMBER: _ClassVar[int]
     PLAN_VALID_FOR_NS_FIELD_NUMBER: _ClassVar[int]
+    INVALID_INPUT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tick: int
     scheduled_time_ns: int
@@ -291,7 +296,8 @@ class DecisionSnapshot(_message.Message):
     observation_age_with_transport_ns: int
     plan_state: PlanState
     plan_valid_for_ns: int
-    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ..., snapshots_conflated_since_previous: _Optional[int] = ..., max_lateness_since_previous_us: _Optional[int] = ..., ticks_missed_since_previous: _Optional[int] = ..., transport_delay_ns: _Optional[int] = ..., observation_age_with_transport_ns: _Optional[int] = ..., plan_state: _Optional[_Union[PlanState, str]] = ..., plan_valid_for_ns: _Optional[int] = ...) -> None: ...
+    invalid_input: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ..., snapshots_conflated_since_previous: _Optional[int] = ..., max_lateness_since_previous_us: _Optional[int] = ..., ticks_missed_since_previous: _Optional[int] = ..., transport_delay_ns: _Optional[int] = ..., observation_age_with_transport_ns: _Optional[int] = ..., plan_state: _Optional[_Union[PlanState, str]] = ..., plan_valid_for_ns: _Optional[int] = ..., invalid_input: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PlanSummary(_message.Message):
     __slots__ = ("source", "behaviour", "target_speed", "target_lane_offset")
@@ -416,10 +422,14 @@ class ServerStats(_message.Message):
     def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ..., ticks_total: _Optional[int] = ..., missed_deadlines_total: _Optional[int] = ..., uptime_s: _Optional[float] = ..., snapshots_sent_total: _Optional[int] = ...) -> None: ...
 
 class GetShadowStatsRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "reset", "session_instance")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    SESSION_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    reset: bool
+    session_instance: str
+    def __init__(self, session_id: _Optional[str] = ..., reset: _Optional[bool] = ..., session_instance: _Optional[str] = ...) -> None: ...
 
 class AgreementGroup(_message.Message):
     __slots__ = ("key", "ticks", "agreeing", "control_mae", "control_rmse")
@@ -436,15 +446,23 @@ class AgreementGroup(_message.Message):
     def __init__(self, key: _Optional[str] = ..., ticks: _Optional[int] = ..., agreeing: _Optional[int] = ..., control_mae: _Optional[_Iterable[float]] = ..., control_rmse: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ShadowStats(_message.Message):
-    __slots__ = ("session_id", "actions", "confusion", "groups", "ticks_without_actual")
+    __slots__ = ("session_id", "actions", "confusion", "groups", "ticks_without_actual", "proposed_confusion", "proposed_groups", "session_instance", "ticks_invalid_actual_controls")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     CONFUSION_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     TICKS_WITHOUT_ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_CONFUSION_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    TICKS_INVALID_ACTUAL_CONTROLS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     actions: _containers.RepeatedScalarFieldContainer[str]
     confusion: _containers.RepeatedScalarFieldContainer[int]
     groups: _containers.RepeatedCompositeFieldContainer[AgreementGroup]
     ticks_without_actual: int
-    def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., confusion: _Optional[_Iterable[int]] = ..., groups: _Optional[_Iterable[_Union[AgreementGroup, _Mapping]]] = ..., ticks_without_actual: _Optional[int] = ...) -> None: ...
+    proposed_confusion: _containers.RepeatedScalarFieldContainer[int]
+    proposed_groups: _containers.RepeatedCompositeFieldContainer[AgreementGroup]
+    session_instance: str
+    ticks_invalid_actual_controls: int
+    def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., confusion: _Optional[_Iterable[int]] = ..., groups: _Optional[_Iterable[_Union[AgreementGroup, _Mapping]]] = ..., ticks_without_actual: _Optional[int] = ..., proposed_confusion: _Optional[_Iterable[int]] = ..., proposed_groups: _Optional[_Iterable[_Union[AgreementGroup, _Mapping]]] = ..., session_instance: _Optional[str] = ..., ticks_invalid_actual_controls: _Optional[int] = ...) -> None: ...

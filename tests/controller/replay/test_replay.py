@@ -72,6 +72,7 @@ def _assert_same(fast, plain):
             f.plan_valid_for_ns,
             f.observation_held,
             f.observation_period_ns,
+            f.invalid_input,
         ) == (
             p.tick,
             p.observation_seq,
@@ -87,6 +88,7 @@ def _assert_same(fast, plain):
             p.plan_valid_for_ns,
             p.observation_held,
             p.observation_period_ns,
+            p.invalid_input,
         )
         np.testing.assert_allclose(f.probabilities, p.probabilities, atol=1e-5)
         np.testing.assert_allclose(f.applied.controls, p.applied.controls, atol=1e-5)
@@ -293,3 +295,29 @@ def test_logs_without_plan_validity_replay_with_the_defaults(fixture_replay, tmp
     snaps = run_replay(ex, "s", _observations(data))[0]
     assert {s.plan_state for s in snaps} == {PlanState.VALID}  # a plan every 200 ms, from the first observation
     assert {s.plan_valid_for_ns for s in snaps} == {600_000_000}
+
+
+@pytest.mark.parametrize("rate_hz", [200.0, 150.0])
+def test_fast_replay_equals_plain_with_invalid_plans_and_actual_controls(tmp_path, rate_hz):
+    """Content errors (docs/contract.md#invalid-input): a non-finite plan is not adopted and a
+    non-finite actual control is discarded, the ticks say INVALID_INPUT, in both paths alike."""
+    log = synthetic_log(tmp_path / "syn.mcap", seconds=3.0, rate_hz=rate_hz)
+    data = read_log(log)
+    obs = _observations(data)
+    with_plans = [k for k, o in enumerate(obs) if o.plan_values is not None]
+    for k in with_plans[1:6:2]:
+        obs[k].plan_values = obs[k].plan_values.copy()
+        obs[k].plan_values[k % len(obs[k].plan_values)] = np.nan
+    for k in (3, 4, 200):
+        obs[k].actual_controls = np.array([np.inf, 0.0], np.float32)
+    runs = []
+    for fast in (True, False):
+        ex = build_executor(TEST_MODEL_PATH, (), executor_config_for(data.header))
+        runs.append(run_replay(ex, "s", obs, fast=fast, actual_is_command=True)[0])
+    _assert_same(*runs)
+    invalid = [s for s in runs[0] if s.invalid_input]
+    assert {part for s in invalid for part in s.invalid_input} == {"plan", "actual.controls"}
+    assert all(Reason.INVALID_INPUT in s.reasons for s in invalid)
+    bad_ids = {obs[k].plan_id for k in with_plans[1:6:2]}
+    assert not bad_ids & {s.plan_id for s in runs[0]}  # never adopted
+    assert all(s.actual_controls is None for s in runs[0] if "actual.controls" in s.invalid_input)

@@ -9,6 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
+from dualloop.controller.logs.format import actual_is_command
 from dualloop.controller.logs.logfile import read_log, read_sessions
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.serve.client import DriveSession
@@ -55,15 +56,18 @@ def test_stream_a_log_at_20_hz(server, tmp_path):
 
 
 def test_stream_sends_an_imports_labels_but_not_as_commands(test_model_path, tmp_path):
-    """An import's actual controls are a label from the drive's own speed: streamed, only the action
-    index goes on the wire (sent as controls they would switch on the actuation check)."""
+    """An import's actual controls are a label from the drive's own speed: streamed with them (shadow
+    statistics), but not declared commands (OpenSession.actual_controls_are_commands), so the actuation
+    check does not judge them and the recording says so."""
     log = synthetic_log(tmp_path / "log.mcap", seconds=0.5, rate_hz=100.0)
     data = read_log(log)
     assert any(len(o.actual.controls) for o in data.observations), "the fixture must carry actual controls"
+    assert not actual_is_command(data.header)
     with ServerThread(ServerConfig(model=test_model_path, port=0, record_dir=tmp_path / "rec")) as srv:
         asyncio.run(stream_logs(srv.address, [data]))
     (recorded,) = read_sessions(sorted((tmp_path / "rec").glob("*.mcap"))).values()
     sent = recorded.observations
     assert len(sent) == len(data.observations)
-    assert all(len(o.actual.controls) == 0 for o in sent)
+    assert [list(o.actual.controls) for o in sent] == [list(o.actual.controls) for o in data.observations]
+    assert not actual_is_command(recorded.header)  # a replay of the recording skips the check too
     assert [o.actual.action_index for o in sent] == [o.actual.action_index for o in data.observations]

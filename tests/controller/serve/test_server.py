@@ -99,7 +99,7 @@ def test_wrong_length_features_is_invalid_argument(channel):
     with pytest.raises(grpc.RpcError) as err:
         session.recv()
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "has 18 features; the model expects 19" in err.value.details()
+    assert "Observation.features has 18 values; expected 19" in err.value.details()
 
 
 def test_nan_gives_invalid_input_and_finite_action(channel):
