@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dualloop.executor.checks import CheckBoard
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.gating import GateVerdicts, GateWiring
 from dualloop.executor.model_card import Normalisation
@@ -95,6 +96,14 @@ class Executor:
         self.gating = GateWiring(model, gates, cap, self.config.freeze_repeats, self._x, self._p, self._fresh)
         self.gates = self.gating.gates
         self._frozen = self.gating.frozen  # the freeze check's verdicts of the tick's rows
+        g = self.gating
+        self.checks = CheckBoard(
+            g.gates,
+            [run.source for run in g.runs],
+            self.config.freeze_repeats if g.freeze is not None else 0,
+            None if g.actuation is None else g.actuation.threshold,
+        )
+        self._tick_present: np.ndarray | None = None  # the tick's sensor profiles (None: all measured)
 
     @property
     def config(self) -> ExecutorConfig:
@@ -349,6 +358,7 @@ class Executor:
                 present[i] = True
         # the model never sees NaN; such rows are marked INVALID_INPUT below (missing features are
         # masked, not invalid)
+        self._tick_present = present
         xn, pn, finite = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n], present)
         t1 = _perf_ns()
         out: ModelOutputs | None
@@ -430,6 +440,8 @@ class Executor:
         )
         fresh = self._fresh
         hashes = input_hashes(self._x[:n], self._p[:n])
+        table = self._check_table(n, finite, out is not None, gate is not None, margin)
+        kinds = self.checks.kinds
         empty = np.zeros(0, np.float32)
         lateness_us = max(0, lateness_ns) // 1000
         snaps = []
@@ -486,6 +498,30 @@ class Executor:
                     gate_score=float(gate[0][i]) if gate is not None else None,
                     gate_threshold=float(gate[1][i]) if gate is not None else None,
                     gate_veto=bool(gate[2][i]) if gate is not None else False,
+                    check_kinds=kinds,
+                    checks=table[i],
                 )
             )
         return snaps
+
+    def _check_table(self, n: int, finite: np.ndarray, model_ok: bool, gated: bool, margin: np.ndarray) -> np.ndarray:
+        """The tick's (rows, checks) results (DecisionSnapshot.checks), from what the gate step kept."""
+        last = self.gating.last if gated else None
+        act = None
+        if last is not None and last.actuation is not None:
+            act = (np.array(last.actuation[0], np.float64), np.array(last.actuation[1], bool))
+        return self.checks.assemble(
+            n,
+            finite,
+            finite & model_ok,
+            None if last is None else [(np.array(s, np.float64), np.array(t), np.array(v, bool)) for s, t, v in last.density],
+            self._x[:n],
+            self._p[:n],
+            None if last is None or last.changes is None else np.array(last.changes, np.float64),
+            self._tick_present,
+            None if last is None else last.freeze_count,
+            self._frozen[:n],
+            act,
+            margin,
+            self.reasons.min_margin,
+        )

@@ -6,8 +6,9 @@ from typing import cast
 
 import numpy as np
 
+from dualloop.executor.checks import NAMES
 from dualloop.executor.model_card import ModelCard
-from dualloop.executor.snapshot import WALL_CLOCK_FIELDS, Observation, Snapshot
+from dualloop.executor.snapshot import WALL_CLOCK_FIELDS, Check, Observation, Snapshot
 from dualloop.v1 import controller_pb2 as pb
 
 
@@ -82,9 +83,34 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
         msg.gate.score = s.gate_score
         msg.gate.threshold = s.gate_threshold or 0.0
         msg.gate.veto = s.gate_veto
+    if s.checks is not None and len(s.check_kinds):
+        add_checks(msg, s.check_kinds, s.checks)
     if s.decision_vector is not None:
         msg.decision_vector.extend(s.decision_vector.tolist())
     return msg
+
+
+_CHECK_NAMES = {k: NAMES[k] for k in Check}
+
+
+def add_checks(msg: pb.DecisionSnapshot, kinds: tuple[Check, ...], row: np.ndarray) -> None:
+    """A snapshot's check results (a CHECK_DTYPE row per check, executor.checks) onto the wire."""
+    vetoed = []
+    for kind, score, threshold, veto, status in zip(
+        kinds, row["score"].tolist(), row["threshold"].tolist(), row["veto"].tolist(), row["status"].tolist()
+    ):
+        msg.checks.add(
+            check=cast("pb.Check", int(kind)),
+            name=_CHECK_NAMES[kind],
+            score=score,
+            threshold=threshold,
+            veto=veto,
+            status=cast("pb.CheckStatus", status),
+        )
+        if veto:
+            vetoed.append(int(kind))
+    if vetoed:
+        msg.vetoed_by.extend(cast("list[pb.Check]", vetoed))
 
 
 def without_wall_clock(msg: pb.DecisionSnapshot) -> bytes:

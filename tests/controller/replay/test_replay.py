@@ -86,6 +86,12 @@ def _assert_same(fast, plain):
         np.testing.assert_allclose(f.proposed_controls, p.proposed_controls, atol=1e-5)
         if p.gate_score is not None:
             assert f.gate_score == pytest.approx(p.gate_score, rel=1e-5, abs=1e-5)
+        # every check's verdict, status and threshold exactly; its score as the model's and gates'
+        # products allow between a batch of one and a whole replay (as gate_score above)
+        assert f.check_kinds == p.check_kinds and p.checks is not None and f.checks is not None
+        for name in ("veto", "status", "threshold"):
+            assert f.checks[name].tobytes() == p.checks[name].tobytes(), (p.tick, name, f.checks, p.checks)
+        np.testing.assert_allclose(f.checks["score"], p.checks["score"], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("model,gates", [(BASE_MODEL_PATH, DEFAULT_GATES), (TEST_MODEL_PATH, ())])
