@@ -440,7 +440,7 @@ class Executor:
         )
         fresh = self._fresh
         hashes = input_hashes(self._x[:n], self._p[:n])
-        table = self._check_table(n, finite, out is not None, gate is not None, margin)
+        table = self._check_table(rows, finite, out is not None, gate is not None, margin)
         kinds = self.checks.kinds
         empty = np.zeros(0, np.float32)
         lateness_us = max(0, lateness_ns) // 1000
@@ -504,24 +504,24 @@ class Executor:
             )
         return snaps
 
-    def _check_table(self, n: int, finite: np.ndarray, model_ok: bool, gated: bool, margin: np.ndarray) -> np.ndarray:
+    def _check_table(
+        self, rows: list[Session], finite: np.ndarray, model_ok: bool, gated: bool, margin: np.ndarray
+    ) -> np.ndarray:
         """The tick's (rows, checks) results (DecisionSnapshot.checks), from what the gate step kept."""
+        n = len(rows)
         last = self.gating.last if gated else None
-        act = None
-        if last is not None and last.actuation is not None:
-            act = (np.array(last.actuation[0], np.float64), np.array(last.actuation[1], bool))
+        changes = None if last is None or last.changes is None else np.array(last.changes, np.float64)
         return self.checks.assemble(
-            n,
             finite,
-            finite & model_ok,
-            None if last is None else [(np.array(s, np.float64), np.array(t), np.array(v, bool)) for s, t, v in last.density],
+            finite if model_ok else np.zeros(n, bool),
+            None if last is None else last.density,
             self._x[:n],
             self._p[:n],
-            None if last is None or last.changes is None else np.array(last.changes, np.float64),
+            changes,
             self._tick_present,
             None if last is None else last.freeze_count,
             self._frozen[:n],
-            act,
+            None if last is None else last.actuation,
             margin,
             self.reasons.min_margin,
         )

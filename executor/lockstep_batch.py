@@ -196,7 +196,6 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
 
     changes = gating.scanned_changes
     checks = ex.checks.assemble(
-        n_ticks,
         finite[r],
         scored,
         density if gating.runs else None,

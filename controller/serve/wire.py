@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import cast
 
 import numpy as np
@@ -90,27 +91,43 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
     return msg
 
 
-_CHECK_NAMES = {k: NAMES[k] for k in Check}
+class _CheckEncoder:
+    """A snapshot's check results as DecisionSnapshot.checks (field 28) wire bytes, packed in one
+    struct call and merged in one parse: per CheckResult, its constant head (tag, length, check,
+    name) then score, threshold, veto and status with their tags. About half the cost of adding the
+    messages field by field, 8 checks on every snapshot of every tick."""
+
+    def __init__(self, kinds: tuple[Check, ...]) -> None:
+        fmt, self.heads = "<", []
+        for kind in kinds:
+            name = NAMES[kind].encode()
+            # check (1, varint), name (2, bytes), score (3, double): the constant part and the tag
+            body = bytes([0x08, int(kind), 0x12, len(name)]) + name + b"\x19"
+            size = len(body) + 8 + 1 + 8 + 2 + 2  # score; threshold tag + value; veto, status
+            head = b"\xe2\x01" + bytes([size]) + body  # field 28, length-delimited (size < 128)
+            self.heads.append(head)
+            fmt += f"{len(head)}sdBdBBBB"  # head, score, 0x21 threshold, 0x28 veto, 0x30 status
+        self.packer = struct.Struct(fmt)
+
+    def encode(self, row: np.ndarray) -> bytes:
+        args: list[object] = []
+        for head, (score, threshold, veto, status) in zip(self.heads, row.tolist()):
+            args += (head, score, 0x21, threshold, 0x28, veto, 0x30, status)
+        return self.packer.pack(*args)
+
+
+_ENCODERS: dict[tuple[Check, ...], _CheckEncoder] = {}
 
 
 def add_checks(msg: pb.DecisionSnapshot, kinds: tuple[Check, ...], row: np.ndarray) -> None:
-    """A snapshot's check results (a CHECK_DTYPE row per check, executor.checks) onto the wire."""
-    vetoed = []
-    for kind, score, threshold, veto, status in zip(
-        kinds, row["score"].tolist(), row["threshold"].tolist(), row["veto"].tolist(), row["status"].tolist()
-    ):
-        msg.checks.add(
-            check=cast("pb.Check", int(kind)),
-            name=_CHECK_NAMES[kind],
-            score=score,
-            threshold=threshold,
-            veto=veto,
-            status=cast("pb.CheckStatus", status),
-        )
-        if veto:
-            vetoed.append(int(kind))
-    if vetoed:
-        msg.vetoed_by.extend(cast("list[pb.Check]", vetoed))
+    """A snapshot's check results (a CHECK_DTYPE row per check, executor.checks) onto the wire, and
+    the kinds that vetoed in vetoed_by."""
+    encoder = _ENCODERS.get(kinds)
+    if encoder is None:
+        encoder = _ENCODERS[kinds] = _CheckEncoder(kinds)
+    msg.MergeFromString(encoder.encode(row))
+    if row["veto"].any():
+        msg.vetoed_by.extend(cast("list[pb.Check]", [int(k) for k, v in zip(kinds, row["veto"].tolist()) if v]))
 
 
 def without_wall_clock(msg: pb.DecisionSnapshot) -> bytes:

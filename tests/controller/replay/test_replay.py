@@ -17,7 +17,7 @@ from dualloop.controller.replay.lockstep import (
 from dualloop.controller.replay.report import format_report
 from dualloop.controller.serve.wire import snapshot_to_proto, without_wall_clock
 from dualloop.executor.sessions import InvalidObservation
-from dualloop.executor.snapshot import Reason, SafetyState
+from dualloop.executor.snapshot import Check, Reason, SafetyState
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 
 
@@ -92,6 +92,11 @@ def _assert_same(fast, plain):
         for name in ("veto", "status", "threshold"):
             assert f.checks[name].tobytes() == p.checks[name].tobytes(), (p.tick, name, f.checks, p.checks)
         np.testing.assert_allclose(f.checks["score"], p.checks["score"], rtol=1e-5, atol=1e-5)
+        # the combined veto is exactly the checks' (all but the margin, whose verdict is LOW_MARGIN)
+        gates = np.array(p.check_kinds) != Check.MARGIN
+        assert p.gate_veto == bool(p.checks["veto"][gates].any()), (p.tick, p.checks)
+        assert (Reason.LOW_MARGIN in p.reasons) == bool(p.checks["veto"][~gates].any())
+        assert np.isfinite(p.checks["score"]).all() and np.isfinite(p.checks["threshold"]).all()
 
 
 @pytest.mark.parametrize("model,gates", [(BASE_MODEL_PATH, DEFAULT_GATES), (TEST_MODEL_PATH, ())])
