@@ -182,7 +182,9 @@ class CheckBoard:
                 k = self._range_at[c]
                 cols.append(
                     [
-                        (min(max(w, _RANGE_FLOOR), _RANGE_CAP), 0.0, w > 0.0, _SCORED) if w == w else (0.0, 0.0, False, u)
+                        (min(max(w, _RANGE_FLOOR), _RANGE_CAP), 0.0, w > 0.0, _SCORED)
+                        if w == w
+                        else (0.0, 0.0, False, u)
                         for w, u in zip([r[k] for r in worst], not_scored)
                     ]
                 )
@@ -197,7 +199,9 @@ class CheckBoard:
                     continue
                 cols.append(
                     [
-                        (min(max(a, -_RANGE_CAP), _RANGE_CAP), limit, alarm, _SCORED) if a == a else (0.0, limit, alarm, u)
+                        (min(max(a, -_RANGE_CAP), _RANGE_CAP), limit, alarm, _SCORED)
+                        if a == a
+                        else (0.0, limit, alarm, u)
                         for a, alarm, u in zip(_floats(actuation[0]), _floats(actuation[1]), not_scored)
                     ]
                 )
@@ -225,4 +229,5 @@ def _table(entries: list[tuple[float, float, bool, int]], n: int, c: int) -> np.
 
 def _floats(a: Any) -> list[Any]:
     """Per-row values as a Python list (an array's floats as Python floats, float32 exactly)."""
-    return a.tolist() if isinstance(a, np.ndarray) else a
+    out: list[Any] = a.tolist() if isinstance(a, np.ndarray) else a
+    return out

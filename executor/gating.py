@@ -64,11 +64,15 @@ def _density(
     out: Density = []
     for g, run in enumerate(runs):
         f = run.monitor.filter
-        alarmed, states = f.alarmed, f.slot_states
+        # Any: a k-of-n filter's states are ints, a CUSUM's floats; each filter reads its own
+        alarmed: Callable[[Any], bool] = f.alarmed
+        states: list[Any] = f.slot_states
         hit = hits[g::g_count]
         if present_norm is not None and g in judged:
             hit = [a or b for a, b in zip(hit, present_norm)]
-        out.append((scores[g::g_count], [run.threshold] * len(slots), [alarmed(states[s]) or h for s, h in zip(slots, hit)]))
+        out.append(
+            (scores[g::g_count], [run.threshold] * len(slots), [alarmed(states[s]) or h for s, h in zip(slots, hit)])
+        )
     return out
 
 
@@ -503,9 +507,10 @@ class GateWiring:
         veto: list[bool],
     ) -> tuple[list[float], list[bool]]:
         """The actuation check on this tick's rows, folded into the gates' (score, threshold, veto) lists
-        in place (and returned per row as (score, alarm)): its alarm vetoes, and it is reported when nearer its threshold than every gate (as
-        `nearest_gate` ranks it last in a replay). No command on a row: no verdict. Plain Python per
-        row (`.item` reads one float without making an array): about a microsecond a session."""
+        in place (and returned per row as (score, alarm)): its alarm vetoes, and it is reported when
+        nearer its threshold than every gate (as `nearest_gate` ranks it last in a replay). No command
+        on a row: no verdict. Plain Python per row (`.item` reads one float without making an array):
+        about a microsecond a session."""
         accel_at, speed_at, command_at = self.actuation_at
         item = x.item  # the tick's float32 inputs, as a replay reads them
         times, accel, speed, commands = [], [], [], []

@@ -184,7 +184,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     counts = gating.scan_freeze_counts(x_ticks, session.slot, fresh, session.present)
     frozen = np.zeros(n_ticks, bool) if counts is None else counts >= gating.freeze.repeats  # type: ignore[union-attr]
     actuation = gating.scan_actuation(session, observations, feats, ts, rows)
-    density: list = []
+    density: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation, session.present, density)
     veto |= frozen
     periods = _observation_periods(ex, session, ts)[which]

@@ -32,7 +32,9 @@ def test_enums_match_wire(ours, wire):
     assert len(wire.keys()) == len(ours) + 1  # + the UNSPECIFIED zero value
 
 
-@pytest.mark.parametrize("ours, wire, prefix", [(Check, pb.Check, "CHECK_"), (CheckStatus, pb.CheckStatus, "CHECK_STATUS_")])
+@pytest.mark.parametrize(
+    "ours, wire, prefix", [(Check, pb.Check, "CHECK_"), (CheckStatus, pb.CheckStatus, "CHECK_STATUS_")]
+)
 def test_check_enums_match_wire(ours, wire, prefix):
     for member in ours:
         assert wire.Value(prefix + member.name) == member.value, member
