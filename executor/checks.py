@@ -89,8 +89,9 @@ class RangeFamily:
                 if src != "plan":
                     b[~present] = np.nan
         low, high, inv = self.low, self.high, self.inv
-        with np.errstate(invalid="ignore", over="ignore"):
-            e = np.fmax((low - v) * inv, (v - high) * inv)
+        # no errstate (it costs as much as the arithmetic): v is finite or NaN here, and a float32
+        # value or rate times inv stays far inside float64's range
+        e = np.fmax((low - v) * inv, (v - high) * inv)
         # > 0 exactly where v < low or v > high: a difference of distinct floats is never 0, and inv
         # (at least 1 / span) keeps it from underflowing
         worst: np.ndarray = np.fmax.reduceat(e, self.starts, axis=1)

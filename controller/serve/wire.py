@@ -108,12 +108,17 @@ class _CheckEncoder:
             self.heads.append(head)
             fmt += f"{len(head)}sdBdBBBB"  # head, score, 0x21 threshold, 0x28 veto, 0x30 status
         self.packer = struct.Struct(fmt)
+        self.kinds = [int(k) for k in kinds]
 
-    def encode(self, row: np.ndarray) -> bytes:
+    def encode(self, row: np.ndarray) -> tuple[bytes, list[int]]:
+        """(the checks' wire bytes, the kinds that vetoed)."""
         args: list[object] = []
-        for head, (score, threshold, veto, status) in zip(self.heads, row.tolist()):
+        vetoed = []
+        for head, kind, (score, threshold, veto, status) in zip(self.heads, self.kinds, row.tolist()):
             args += (head, score, 0x21, threshold, 0x28, veto, 0x30, status)
-        return self.packer.pack(*args)
+            if veto:
+                vetoed.append(kind)
+        return self.packer.pack(*args), vetoed
 
 
 _ENCODERS: dict[tuple[Check, ...], _CheckEncoder] = {}
@@ -125,9 +130,10 @@ def add_checks(msg: pb.DecisionSnapshot, kinds: tuple[Check, ...], row: np.ndarr
     encoder = _ENCODERS.get(kinds)
     if encoder is None:
         encoder = _ENCODERS[kinds] = _CheckEncoder(kinds)
-    msg.MergeFromString(encoder.encode(row))
-    if row["veto"].any():
-        msg.vetoed_by.extend(cast("list[pb.Check]", [int(k) for k, v in zip(kinds, row["veto"].tolist()) if v]))
+    wire, vetoed = encoder.encode(row)
+    msg.MergeFromString(wire)
+    if vetoed:
+        msg.vetoed_by.extend(cast("list[pb.Check]", vetoed))
 
 
 def without_wall_clock(msg: pb.DecisionSnapshot) -> bytes:
