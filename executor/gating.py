@@ -627,7 +627,8 @@ class GateWiring:
     ) -> tuple[FloatArray | None, FloatArray | None, BoolArray]:
         """(score, threshold, veto) per tick, tick k on observation row r[k], of a session with this
         sensor profile: each gate's sequential filter scanned over the ticks, and the actuation check's
-        verdicts last (None, None, no veto without gates)."""
+        verdicts last (None, None, no veto without gates). `density`, when given, gets each gate's
+        (score, threshold, veto) per tick, as the live step keeps them (`TickChecks.density`)."""
         if not self.runs:
             return None, None, np.zeros(len(r), bool)
         profile = self.profile(present)

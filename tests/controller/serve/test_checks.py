@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import grpc
@@ -235,3 +236,15 @@ def test_packed_check_encoding_equals_the_messages_built_field_by_field():
     slow.vetoed_by.extend([pb.CHECK_INPUT_RANGE, pb.CHECK_MARGIN])
     assert fast == slow and fast.SerializeToString(deterministic=True) == slow.SerializeToString(deterministic=True)
     assert [c.name for c in fast.checks] == [NAMES[k] for k in kinds] and fast.checks[2].veto
+
+
+def test_realtime_snapshots_carry_the_checks_too(shipped_channel, driving):
+    session = DriveSession(shipped_channel, "rt-checks", pb.REALTIME)
+    snaps = []
+    for k, o in enumerate(driving[:20]):
+        session.send(k + 1, time.monotonic_ns(), o.features.tolist())
+        snaps.append(session.recv())  # at least one tick per observation: the stream waits for it
+    session.cancel()
+    assert all([c.check for c in s.checks] == EVERY_CHECK for s in snaps)
+    assert all(math.isfinite(c.score) and math.isfinite(c.threshold) for s in snaps for c in s.checks)
+    assert check(snaps[-1], pb.CHECK_INPUT_DENSITY).status == pb.CHECK_STATUS_SCORED
