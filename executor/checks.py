@@ -155,6 +155,7 @@ class CheckBoard:
         actuation: tuple[Any, Any] | None,
         margin: Any,
         min_margin: float,
+        vectorised: bool | None = None,
     ) -> np.ndarray:
         """The (rows, checks) CHECK_DTYPE results of a batch of rows (a live tick's, a replay's ticks).
         `finite`: the row's measured features are finite; `scored`: finite and the model worked;
@@ -162,10 +163,17 @@ class CheckBoard:
         score; `changes`: each feature's change per second since the previous observation (NaN
         unknown); `present` (rows, features): what each row's session measures (None: all);
         `freeze_count`: consecutive repeats; `actuation`: (score, alarm), score NaN where it gave no
-        verdict. Per-row values may be arrays or lists (a live tick's few rows: numpy calls per check
-        would cost more than the checks); either way the same rule and float64 values."""
+        verdict. Per-row values may be arrays or lists. A live tick's few rows are judged in Python (a
+        numpy call per check would cost more than the check), a replay's many with numpy
+        (`vectorised`; None: by the number of rows): the same rules on the same float64 values, so the
+        same bytes (tests/executor/test_checks.py)."""
         n = len(finite)
-        worst = self.ranges.judge(x, changes, plans, present, finite).tolist() if self._range_at else []
+        ranged = self.ranges.judge(x, changes, plans, present, finite) if self._range_at else None
+        if vectorised or (vectorised is None and n > _VECTORISED_FROM):
+            return self._vectorised(
+                finite, scored, density, ranged, freeze_count, frozen, actuation, margin, min_margin
+            )
+        worst = [] if ranged is None else ranged.tolist()
         ok, sc = finite.tolist(), scored.tolist()
         not_scored = [_NOT_APPLICABLE if o else _NOT_SCORED for o in ok]  # a check with no value to judge
         cols: list[list[tuple[float, float, bool, int]]] = []  # per check, its entry per row
@@ -215,7 +223,67 @@ class CheckBoard:
                 )
         return _table(list(chain.from_iterable(zip(*cols))), n, len(self.columns))
 
+    def _vectorised(
+        self,
+        finite: BoolArray,
+        scored: BoolArray,
+        density: list[tuple[Any, Any, Any]] | None,
+        worst: np.ndarray | None,
+        freeze_count: Any,
+        frozen: Any,
+        actuation: tuple[Any, Any] | None,
+        margin: Any,
+        min_margin: float,
+    ) -> np.ndarray:
+        """`assemble`'s rules as numpy operations over whole columns."""
+        n = len(finite)
+        out = np.zeros((n, len(self.columns)), CHECK_DTYPE)
+        score, threshold, veto, status = out["score"], out["threshold"], out["veto"], out["status"]
+        no_value = np.where(finite, _NOT_APPLICABLE, _NOT_SCORED)
+        for j, c in enumerate(self.columns):
+            kind = c.kind
+            if kind is Check.DECISION_VECTOR_DENSITY or kind is Check.INPUT_DENSITY:
+                if density is None:
+                    status[:, j] = _NOT_SCORED
+                    continue
+                s, t, v = (np.asarray(a) for a in density[c.gate])
+                ok = np.isfinite(s)
+                score[:, j] = np.where(ok, s, 0.0)
+                threshold[:, j] = t
+                veto[:, j] = v
+                status[:, j] = np.where(ok, _SCORED, _NOT_SCORED)
+            elif kind in _RANGE_KINDS:
+                assert worst is not None  # a range column: the family judged it
+                w = worst[:, self._range_at[c]]
+                known = ~np.isnan(w)
+                score[:, j] = np.where(known, np.clip(np.where(known, w, 0.0), _RANGE_FLOOR, _RANGE_CAP), 0.0)
+                veto[:, j] = known & (w > 0.0)
+                status[:, j] = np.where(known, _SCORED, no_value)
+            elif kind is Check.FREEZE:
+                score[:, j] = 0.0 if freeze_count is None else freeze_count
+                threshold[:, j] = self.freeze_repeats
+                veto[:, j] = frozen
+                status[:, j] = _SCORED
+            elif kind is Check.ACTUATION:
+                threshold[:, j] = self.actuation_threshold
+                if actuation is None:
+                    status[:, j] = _NOT_APPLICABLE
+                    continue
+                a = np.asarray(actuation[0], np.float64)
+                known = ~np.isnan(a)
+                score[:, j] = np.where(known, np.clip(np.where(known, a, 0.0), -_RANGE_CAP, _RANGE_CAP), 0.0)
+                veto[:, j] = actuation[1]
+                status[:, j] = np.where(known, _SCORED, no_value)
+            else:  # MARGIN
+                m = np.asarray(margin, np.float64)
+                score[:, j] = np.where(scored, m, 0.0)
+                threshold[:, j] = min_margin
+                veto[:, j] = scored & (m < min_margin)
+                status[:, j] = np.where(scored, _SCORED, _NOT_SCORED)
+        return out
 
+
+_VECTORISED_FROM = 64  # rows; below it the Python pass over plain floats costs fewer numpy calls
 _PACKERS: dict[int, struct.Struct] = {}
 
 
