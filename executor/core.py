@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dualloop.executor.checks import CheckBoard
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.gating import GateVerdicts, GateWiring
 from dualloop.executor.model_card import Normalisation
@@ -102,6 +103,14 @@ class Executor:
         self.gating = GateWiring(model, gates, cap, self.config.freeze_repeats, self._x, self._p, self._fresh)
         self.gates = self.gating.gates
         self._frozen = self.gating.frozen  # the freeze check's verdicts of the tick's rows
+        g = self.gating
+        self.checks = CheckBoard(
+            g.gates,
+            [run.source for run in g.runs],
+            self.config.freeze_repeats if g.freeze is not None else 0,
+            None if g.actuation is None else g.actuation.threshold,
+        )
+        self._tick_present: np.ndarray | None = None  # the tick's sensor profiles (None: all measured)
 
     @property
     def config(self) -> ExecutorConfig:
@@ -404,6 +413,7 @@ class Executor:
         plan_states, stale_plan = self._plan_rule(rows, has_plan, plan_ages, valid_for, p)
         # the model never sees NaN; such rows are marked INVALID_INPUT below (missing features are
         # masked, not invalid)
+        self._tick_present = present
         xn, pn, finite = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n], present)
         t1 = _perf_ns()
         out: ModelOutputs | None
@@ -513,6 +523,8 @@ class Executor:
         )
         fresh = self._fresh
         hashes = input_hashes(self._x[:n], self._p[:n])
+        table = self._check_table(rows, finite, out is not None, gate is not None, margin)
+        kinds = self.checks.kinds
         empty = np.zeros(0, np.float32)
         lateness_us = max(0, lateness_ns) // 1000
         snaps = []
@@ -584,6 +596,30 @@ class Executor:
                     ticks_missed_since_previous=missed,
                     transport_delay_ns=transport,
                     observation_age_with_transport_ns=None if transport is None else age + transport,
+                    check_kinds=kinds,
+                    checks=table[i],
                 )
             )
         return snaps
+
+    def _check_table(
+        self, rows: list[Session], finite: np.ndarray, model_ok: bool, gated: bool, margin: np.ndarray
+    ) -> np.ndarray:
+        """The tick's (rows, checks) results (DecisionSnapshot.checks), from what the gate step kept."""
+        n = len(rows)
+        last = self.gating.last if gated else None
+        changes = None if last is None or last.changes is None else np.array(last.changes, np.float64)
+        return self.checks.assemble(
+            finite,
+            finite if model_ok else np.zeros(n, bool),
+            None if last is None else last.density,
+            self._x[:n],
+            self._p[:n],
+            changes,
+            self._tick_present,
+            None if last is None else last.freeze_count,
+            self._frozen[:n],
+            None if last is None else last.actuation,
+            margin,
+            self.reasons.min_margin,
+        )

@@ -49,6 +49,33 @@ _present_of = attrgetter("present")
 _given = partial(is_not, None)
 
 
+def _density(
+    bank: GateBank,
+    runs: Sequence[GateRun],
+    slots: list[int],
+    present_norm: list[bool] | None = None,
+    judged: Sequence[int] = (),
+) -> Density:
+    """Each gate's (score, threshold, veto) per row of the bank's last step: its filter's own verdict
+    (the state it was left in), its norm guard or NaN/Inf, and for gates in `judged` (a sensor
+    profile's raw-input gates) the norm guard on the present features."""
+    scores, hits = bank.entries()
+    g_count = len(runs)
+    out: Density = []
+    for g, run in enumerate(runs):
+        f = run.monitor.filter
+        # Any: a k-of-n filter's states are ints, a CUSUM's floats; each filter reads its own
+        alarmed: Callable[[Any], bool] = f.alarmed
+        states: list[Any] = f.slot_states
+        hit = hits[g::g_count]
+        if present_norm is not None and g in judged:
+            hit = [a or b for a, b in zip(hit, present_norm)]
+        out.append(
+            (scores[g::g_count], [run.threshold] * len(slots), [alarmed(states[s]) or h for s, h in zip(slots, hit)])
+        )
+    return out
+
+
 class GateMismatch(ValueError):
     """A gate fitted on other features than this model provides; the message says which."""
 
@@ -122,6 +149,20 @@ def _finite_present(x: npt.NDArray[np.float32], finite: BoolArray, presents: lis
         if present is not None and not out[i]:
             out[i] = bool(np.isfinite(x[i][present]).all())
     return out
+
+
+# per gate: (score, threshold, veto) per row, as `CheckBoard.assemble` takes them
+Density = list[tuple[Any, Any, Any]]
+
+
+@dataclass(slots=True)
+class TickChecks:
+    """The per-check values of a live tick's rows that the combined verdict does not keep."""
+
+    density: Density
+    changes: list[list[float]] | None  # per row, each feature's change per second (NaN unknown)
+    freeze_count: list[int] | None
+    actuation: tuple[list[float], list[bool]] | None
 
 
 @dataclass(slots=True)
@@ -214,6 +255,8 @@ class GateWiring:
             self.plan_gates.append(bool(context))
         self._any_plan_gate = any(self.plan_gates)
         self.capacity = capacity
+        # what the last live tick's checks said, per row, for DecisionSnapshot.checks (`TickChecks`)
+        self.last: TickChecks | None = None
         self._raw_input_gates = any(run.source == "input_features" for run in self.runs)
         # per sensor profile (Session.present), the gates as they judge its sessions (`profile`)
         self._profiles: dict[bytes, Profile] = {}
@@ -298,10 +341,11 @@ class GateWiring:
         fresh_rows = fresh.tolist()
         # what fill_gate_features would copy, per gate
         features = self._pick_features((dv, x))
-        changes = None
+        changes = change_rows = None
         if self.change is not None:
             times = list(map(_timestamp_of, observations))
-            changes = self._pick_changes((None, self.change.step(x, slots, fresh_rows, ok, times)))
+            change_rows = self.change.step(x, slots, fresh_rows, ok, times)
+            changes = self._pick_changes((None, change_rows))
         frozen_rows = None if self.freeze is None else self.freeze.step(x, slots, fresh_rows)
         any_frozen = frozen_rows is not None and True in frozen_rows
         if any_frozen or self._any_frozen:  # else the buffer is all False already
@@ -311,13 +355,19 @@ class GateWiring:
         # Python lists: the actuation check folds in on floats, and only the veto becomes an array (at
         # one session, numpy calls are most of what a tick costs)
         if masked:
-            score, threshold, veto = self._step_profiles(
+            score, threshold, veto, density = self._step_profiles(
                 slots, presents, fresh_rows, x, dv, bad, frozen_rows, changes, plans
             )
         else:
             score, threshold, veto = bank.step_lists(slots, features, bad, frozen_rows, changes, plans)
+            density = _density(bank, self.runs, slots)
+        actuation = None
         if self.actuation is not None:
-            self._actuation_step(self.actuation, rows, observations, slots, fresh_rows, x, score, threshold, veto)
+            actuation = self._actuation_step(
+                self.actuation, rows, observations, slots, fresh_rows, x, score, threshold, veto
+            )
+        counts = None if self.freeze is None else self.freeze.counts(slots)
+        self.last = TickChecks(density, change_rows, counts, actuation)
         return score, threshold, np.array(veto, _BOOL)
 
     def _step_profiles(
@@ -331,7 +381,7 @@ class GateWiring:
         frozen: list[bool] | None,
         changes: Sequence[Any] | None,
         plans: list[npt.NDArray[np.float32] | None] | None,
-    ) -> tuple[list[float], list[float], list[bool]]:
+    ) -> tuple[list[float], list[float], list[bool], Density]:
         """`GateBank.step_lists` for a tick with sessions that measure only some features: each sensor
         profile's rows through its own bank (its raw-input gates on their completed copies, with the
         profile's thresholds and limits; the same filters), in row order. A tick that reuses its
@@ -342,11 +392,13 @@ class GateWiring:
             profile = self.profile(present)
             groups.setdefault(id(profile), (profile, []))[1].append(i)
         score, threshold, veto = [0.0] * n, [0.0] * n, [False] * n
+        density: Density = [([0.0] * n, [0.0] * n, [False] * n) for _ in self.runs]
         for profile, idx in groups.values():
             whole = len(idx) == n  # every row (one profile ticking): the tick's own arrays, not copies
             at: Any = slice(None) if whole else np.array(idx, np.intp)
             features: list[npt.NDArray[Any] | None] = []
             also = None if frozen is None else [frozen[i] for i in idx]
+            present_norm: list[bool] | None = None  # the input gates' norm guard on the present features
             for g, run in enumerate(self.runs):
                 judged = None if profile is None else profile.gates[g]
                 if run.source == "decision_vector":
@@ -357,6 +409,8 @@ class GateWiring:
                     features.append(done[0][0] if len(done) == 1 else np.vstack([d for d, _ in done]))
                     # its norm guard on the present features: a veto now, as the scorer's band would be
                     also = [o for _, o in done] if also is None else [a or o for a, (_, o) in zip(also, done)]
+                    norms = [o for _, o in done]
+                    present_norm = norms if present_norm is None else [a or o for a, o in zip(present_norm, norms)]
                 else:
                     features.append(x[at])
             sub_bad = None if bad is None or not bad[at].any() else bad[at]
@@ -366,19 +420,25 @@ class GateWiring:
                 sub_changes = [None if c is None else [c[i] for i in idx] for c in changes]
             bank = self.bank if profile is None else profile.bank
             assert bank is not None  # a tick with gates
+            sub_slots = slots if whole else [slots[i] for i in idx]
             s, t, v = bank.step_lists(
-                slots if whole else [slots[i] for i in idx],
+                sub_slots,
                 features,
                 sub_bad,
                 also,
                 sub_changes,
                 plans if whole or plans is None else [None if p is None else p[at] for p in plans],
             )
+            judged_gates = [] if profile is None else [g for g, j in enumerate(profile.gates) if j is not None]
+            sub = _density(bank, self.runs if profile is None else profile.runs, sub_slots, present_norm, judged_gates)
             if whole:
-                return s, t, v
+                return s, t, v, sub
             for i, si, ti, vi in zip(idx, s, t, v):
                 score[i], threshold[i], veto[i] = si, ti, vi
-        return score, threshold, veto
+            for (ds, dt, dv_), (ss, st, sv) in zip(density, sub):
+                for k, i in enumerate(idx):
+                    ds[i], dt[i], dv_[i] = ss[k], st[k], sv[k]
+        return score, threshold, veto, density
 
     def _completion(
         self, slot: int, fresh: bool, profile: Profile, g: int, judged: ProfileGate, row: npt.NDArray[np.float32]
@@ -445,11 +505,12 @@ class GateWiring:
         score: list[float],
         threshold: list[float],
         veto: list[bool],
-    ) -> None:
+    ) -> tuple[list[float], list[bool]]:
         """The actuation check on this tick's rows, folded into the gates' (score, threshold, veto) lists
-        in place: its alarm vetoes, and it is reported when nearer its threshold than every gate (as
-        `nearest_gate` ranks it last in a replay). No command on a row: no verdict. Plain Python per
-        row (`.item` reads one float without making an array): about a microsecond a session."""
+        in place (and returned per row as (score, alarm)): its alarm vetoes, and it is reported when
+        nearer its threshold than every gate (as `nearest_gate` ranks it last in a replay). No command
+        on a row: no verdict. Plain Python per row (`.item` reads one float without making an array):
+        about a microsecond a session."""
         accel_at, speed_at, command_at = self.actuation_at
         item = x.item  # the tick's float32 inputs, as a replay reads them
         times, accel, speed, commands = [], [], [], []
@@ -460,6 +521,7 @@ class GateWiring:
             commands.append(command_in_effect(s, obs, command_at))
         scores, alarms = monitor.step(slots, fresh, times, accel, speed, commands)
         limit = monitor.threshold
+        checked = (scores, alarms)
         for i, (s_i, alarm) in enumerate(zip(scores, alarms)):
             if alarm:
                 veto[i] = True
@@ -469,6 +531,7 @@ class GateWiring:
                 nearer = s_i / limit > (best / t if t else ratio_at_zero(best, t))
                 if nearer:
                     score[i], threshold[i] = s_i, limit
+        return checked
 
     # -- a replay's scans -----------------------------------------------------------------------
 
@@ -491,6 +554,7 @@ class GateWiring:
         if present is not None:  # NaN in a feature the session does not measure is no invalid input
             finite = finite | np.isfinite(x[:, present]).all(axis=1)
         change = None if self.change is None else self.change.scan(x, finite, slot, timestamps)
+        self.scanned_changes = change  # per row, for the change check (`CheckBoard`)
         untrusted = ~finite | ~model_ok
         results = []
         for g, (run, changes_limited, plan_limited) in enumerate(zip(self.runs, self.change_gates, self.plan_gates)):
@@ -525,6 +589,16 @@ class GateWiring:
             return np.zeros(len(x), bool)
         return self.freeze.scan(x, slot, fresh)
 
+    def scan_freeze_counts(
+        self, x: npt.NDArray[np.float32], slot: int, fresh: BoolArray, present: BoolArray | None = None
+    ) -> npt.NDArray[np.int64] | None:
+        """`scan_freeze`'s repeat count per tick (the verdict is count >= freeze_repeats); None without
+        the check."""
+        self._note_profiles([slot], [present])
+        if self.freeze is None:
+            return None
+        return self.freeze.scan_counts(x, slot, fresh)
+
     def scan_actuation(
         self,
         session: Session,
@@ -549,18 +623,24 @@ class GateWiring:
         r: npt.NDArray[np.intp],
         actuation: tuple[FloatArray, BoolArray] | None = None,
         present: BoolArray | None = None,
+        density: Density | None = None,
     ) -> tuple[FloatArray | None, FloatArray | None, BoolArray]:
         """(score, threshold, veto) per tick, tick k on observation row r[k], of a session with this
         sensor profile: each gate's sequential filter scanned over the ticks, and the actuation check's
-        verdicts last (None, None, no veto without gates)."""
+        verdicts last (None, None, no veto without gates). `density`, when given, gets each gate's
+        (score, threshold, veto) per tick, as the live step keeps them (`TickChecks.density`)."""
         if not self.runs:
             return None, None, np.zeros(len(r), bool)
         profile = self.profile(present)
         runs = self.runs if profile is None else profile.runs
-        per_gate = [
-            (score[r], run.monitor.filter.scan(flags.exceed[r], flags.immediate[r], slot), run.threshold)
-            for run, (score, flags) in zip(runs, gate_rows)
-        ]
+        per_gate = []
+        for run, (score, flags) in zip(runs, gate_rows):
+            # the filter's own verdict, then the immediate hits (as `filter.scan(exceed, immediate)`)
+            filtered = run.monitor.filter.scan(flags.exceed[r], None, slot)
+            per_gate.append((score[r], filtered | flags.immediate[r], run.threshold))
+            if density is not None:  # the density check: the filter, its norm guard, NaN/Inf
+                immediate = (flags.norm_out | flags.nonfinite)[r]
+                density.append((score[r], np.full(len(r), run.threshold), filtered | immediate))
         if actuation is not None and self.actuation is not None:
             per_gate.append((actuation[0][r], actuation[1][r], self.actuation.threshold))
         return nearest_gate(per_gate)

@@ -25,6 +25,7 @@ from dualloop.executor.reasons import REASONS_OF_FLAGS, plan_rule
 from dualloop.executor.sessions import PERIOD_WINDOW, Session, median_interval, without_invalid_content
 from dualloop.executor.snapshot import (
     AppliedAction,
+    Check,
     Observation,
     PlanState,
     Reason,
@@ -70,6 +71,8 @@ class TickTable:
     gate_veto: np.ndarray  # (T,) bool
     observations_dropped: np.ndarray  # (T,) int64
     decision_vector: np.ndarray | None  # (T, dim) when the session asked for it
+    check_kinds: tuple[Check, ...] = ()
+    checks: np.ndarray | None = None  # (T, checks) CHECK_DTYPE, as the live ticks' snapshots carry them
 
     def __len__(self) -> int:
         return len(self.tick_ns)
@@ -125,6 +128,8 @@ class TickTable:
                     gate_score=float(gate_score[k]) if gate_score is not None else None,
                     gate_threshold=float(gate_threshold[k]) if gate_threshold is not None else None,
                     gate_veto=bool(self.gate_veto[k]),
+                    check_kinds=self.check_kinds,
+                    checks=None if self.checks is None else self.checks[k],
                 )
             )
         return out
@@ -191,9 +196,11 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     r = np.searchsorted(rows, which)  # row of each tick's observation
     age = tick_ns - ts[which]
     x_ticks = feats[which]
-    frozen = gating.scan_freeze(x_ticks, session.slot, fresh, session.present)
+    counts = gating.scan_freeze_counts(x_ticks, session.slot, fresh, session.present)
+    frozen = np.zeros(n_ticks, bool) if counts is None else counts >= gating.freeze.repeats  # type: ignore[union-attr]
     actuation = gating.scan_actuation(session, observations, feats, ts, rows)
-    score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation, session.present)
+    density: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation, session.present, density)
     veto |= frozen
     periods = _observation_periods(ex, session, ts)[which]
     flags = ex.reasons.flags(
@@ -204,6 +211,21 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         ex, session, flags, scored, top[r], controls[r], tick_ns, x_ticks, frozen
     )
 
+    changes = gating.scanned_changes
+    checks = ex.checks.assemble(
+        finite[r],
+        scored,
+        density if gating.runs else None,
+        x_ticks,
+        plans[which],
+        None if changes is None else changes[r],
+        None if session.present is None else np.broadcast_to(session.present, x_ticks.shape),
+        counts,
+        frozen,
+        None if actuation is None else (actuation[0][r], actuation[1][r]),
+        margin[r],
+        ex.reasons.min_margin,
+    )
     table = TickTable(
         session_id=session.session_id,
         shadow=session.shadow,
@@ -236,6 +258,8 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         gate_veto=veto,
         observations_dropped=dropped_before[which],
         decision_vector=out.decision_vector[r] if (session.include_decision_vector and out is not None) else None,
+        check_kinds=ex.checks.kinds,
+        checks=checks,
     )
     _leave_session(ex, session, observations, table, plans, plan_ids, plan_created, plan_valid_for, has_plan, used)
     ex.stats.model_errors += int(np.count_nonzero(~model_ok[r]))

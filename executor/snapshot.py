@@ -43,6 +43,30 @@ class PlanState(enum.IntEnum):
     EXPIRED = 3  # older than its validity (sensor time)
 
 
+class Check(enum.IntEnum):
+    """The checks a tick can run (docs/contract.md#checks)."""
+
+    DECISION_VECTOR_DENSITY = 1
+    INPUT_DENSITY = 2
+    INPUT_RANGE = 3
+    INPUT_CHANGE = 4
+    PLAN_RANGE = 5
+    FREEZE = 6
+    ACTUATION = 7
+    MARGIN = 8
+
+
+class CheckStatus(enum.IntEnum):
+    SCORED = 1
+    NOT_APPLICABLE = 2
+    NOT_SCORED = 3
+
+
+# One tick's check results, one entry per configured check (Snapshot.check_kinds); a batch's are one
+# (rows, checks) array of this dtype and each snapshot holds its row, a view (no per-check objects).
+CHECK_DTYPE = np.dtype([("score", np.float64), ("threshold", np.float64), ("veto", np.bool_), ("status", np.int8)])
+
+
 # Snapshot fields whose values come from the wall clock by nature; everything else is a pure
 # function of the inputs in LOCKSTEP and must replay byte-identically.
 WALL_CLOCK_FIELDS = (
@@ -137,6 +161,9 @@ class Snapshot:
     # REALTIME, when the observation carried its send time (wall clock; None: unknown)
     transport_delay_ns: int | None = None
     observation_age_with_transport_ns: int | None = None
+    # the executor's checks (shared tuple) and this tick's results, a CHECK_DTYPE row per check
+    check_kinds: tuple[Check, ...] = ()
+    checks: np.ndarray | None = None
 
 
 # Odd 64-bit multipliers, one per input word (grown on demand, from a fixed seed: hashes are stable).

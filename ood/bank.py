@@ -21,7 +21,7 @@ import numpy as np
 
 from dualloop.ood.monitor import GateMonitor
 from dualloop.ood.one_row import Decisions, FilterSlots, OneRowTick, ratio_at_zero
-from dualloop.ood.score import StackedScorer
+from dualloop.ood.score import RowScores, StackedScorer
 
 _INF = float("inf")
 _F64, _BOOL = np.dtype(np.float64), np.dtype(bool)  # dtype objects: np.array resolves them faster than types
@@ -55,6 +55,7 @@ class GateBank:
         self.n_slots = n_slots
         self._gates: list[FilterSlots] = [(mon.filter.slot_states, mon.filter.advance) for mon in self.monitors]
         self._one_row = OneRowTick(self.scorer, self._gates, [mon.filter.zero for mon in self.monitors])
+        self._last: RowScores | None = None  # the last general step's scores (None: the one-row tick's)
 
     @property
     def n_gates(self) -> int:
@@ -104,8 +105,9 @@ class GateBank:
             if one is NotImplemented:  # a row the one-call tick cannot read: not tried a second time
                 one = self._one_row.without_blas(slots[0], features, also, changes, context)
             if one is not None:
+                self._last = None  # in the one-row tick's buffer: ``entries``
                 return one
-        r = self.scorer.score_rows(n, features, nan_rows, changes, context)
+        r = self._last = self.scorer.score_rows(n, features, nan_rows, changes, context)
         scores, thresholds, exceed, immediate = r.score, r.threshold, r.exceed, r.immediate
         best_score, best_threshold, veto = [], [], []
         i = 0
@@ -126,3 +128,12 @@ class GateBank:
             best_threshold.append(threshold)
             veto.append(bool(alarm))
         return best_score, best_threshold, veto
+
+    def entries(self) -> tuple[list[float], list[bool]]:
+        """The last step's (score, norm guard or NaN/Inf hit) of every (row, gate), row-major: what each
+        gate said of each row before the filters and the nearest-gate choice (DecisionSnapshot.checks).
+        Scores are +inf where a gate's features were not finite."""
+        r = self._last
+        if r is None:
+            return self._one_row.entries()
+        return r.score, [a or b for a, b in zip(r.norm_out, r.nonfinite)]

@@ -142,6 +142,10 @@ class _SlotFilter(Generic[_State]):
         """The per-tick rule for one slot: ``advance(state, exceed, immediate) -> (new state, alarm)``."""
         raise NotImplementedError
 
+    def alarmed(self, state: _State) -> bool:
+        """A slot in this state alarms on the filter alone (what ``advance`` said without ``immediate``)."""
+        raise NotImplementedError
+
     def update(
         self, exceed: np.ndarray, immediate: np.ndarray | None = None, slots: np.ndarray | list[int] | None = None
     ) -> np.ndarray:
@@ -209,6 +213,10 @@ class KOfNFilter(_SlotFilter[int]):
 
         return advance
 
+    def alarmed(self, bits: int) -> bool:
+        """A slot in this state alarms on its window alone (without an immediate hit)."""
+        return bits.bit_count() >= self._k
+
     def scan(self, exceed: np.ndarray, immediate: np.ndarray | None, slot: int) -> np.ndarray:
         """``update`` of one slot over many consecutive ticks (replay), vectorised: the alarm per
         tick, and the slot's window left as tick-by-tick updates would leave it."""
@@ -248,6 +256,10 @@ class CusumFilter(_SlotFilter[float]):
             return stat, stat >= level or immediate
 
         return advance
+
+    def alarmed(self, stat: float) -> bool:
+        """A slot in this state alarms on its statistic alone (without an immediate hit)."""
+        return stat >= self._alarm_level
 
     def scan(self, exceed: np.ndarray, immediate: np.ndarray | None, slot: int) -> np.ndarray:
         """``update`` of one slot over many consecutive ticks (replay): the alarm per tick, and the

@@ -157,13 +157,22 @@ class FreezeDetector:
         """(last fresh observation, repeat count) per slot (copies, for tests and debugging)."""
         return np.array(self._last, dtype=np.float32), np.array(self._count)
 
+    def counts(self, slots: Sequence[int]) -> list[int]:
+        """The repeat count of these slots now (after a step: the count each row was judged on)."""
+        count = self._count
+        return [count[slot] for slot in slots]
+
     def scan(self, x: np.ndarray, slot: int, fresh: np.ndarray) -> np.ndarray:
         """``update`` of one slot over many consecutive ticks (replay), vectorised: x (ticks, dim),
         fresh (ticks,). Returns the alarm per tick; leaves the slot as tick-by-tick updates would."""
+        return self.scan_counts(x, slot, fresh) >= self.repeats
+
+    def scan_counts(self, x: np.ndarray, slot: int, fresh: np.ndarray) -> np.ndarray:
+        """``scan``'s repeat count per tick (the alarm is count >= repeats)."""
         fresh = np.asarray(fresh, dtype=bool)
         at = np.flatnonzero(fresh)
         if at.size == 0:
-            return np.full(len(x), self._count[slot] >= self.repeats)
+            return np.full(len(x), self._count[slot])
         xf = x[at]
         before = np.vstack([np.array(self._last[slot], dtype=np.float32)[None], xf[:-1]])
         cols = self._keep[slot]
@@ -181,7 +190,7 @@ class FreezeDetector:
         count = np.where(latest >= 0, count_f[np.maximum(latest, 0)], self._count[slot])
         self._count[slot] = int(count_f[-1])
         self._last[slot] = np.asarray(xf[-1], dtype=np.float32).tolist()
-        return count >= self.repeats
+        return count
 
     def reset(self, slot: int) -> None:
         self._last[slot] = [math.nan] * self.dim

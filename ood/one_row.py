@@ -242,6 +242,21 @@ class OneRowTick:
                 top, score, threshold = ratio, d2, t
         return [score], [threshold], [bool(alarm)]
 
+    def entries(self) -> tuple[list[float], list[bool]]:
+        """(score, norm guard) per gate of the last tick this took, from the buffer it left (the
+        operations of ``_decide``, hence its bits); call only after a tick it decided."""
+        n_linear, sqrt = self._n_linear, math.sqrt
+        scores, norm_out = [], []
+        for gate, lin in zip(self._gates, self._tail.tolist()):
+            n = sqrt(lin[n_linear])
+            d = n or _TINY
+            d2 = (lin[n_linear + 1] / d - 2.0 * lin[0]) / d + gate.cc
+            if gate.spec is not None:
+                d2 = class_conditional(d2, lin, d, gate.spec, n_linear)
+            scores.append(d2)
+            norm_out.append(n < gate.low or n > gate.high)
+        return scores, norm_out
+
     def _outside(
         self,
         g: int,

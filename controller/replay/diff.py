@@ -27,6 +27,7 @@ FIELDS = (
     "reasons",
     "safety_state",
     "gate_veto",
+    "vetoed_by",  # which checks vetoed (DecisionSnapshot.vetoed_by; empty in logs older than the checks)
 )
 
 
@@ -121,6 +122,8 @@ def _differences(x: pb.DecisionSnapshot, y: pb.DecisionSnapshot, tol: Tolerances
         out.append("safety_state")
     if x.gate.veto != y.gate.veto:
         out.append("gate_veto")
+    if list(x.vetoed_by) != list(y.vetoed_by):
+        out.append("vetoed_by")
     return out
 
 

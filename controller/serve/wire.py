@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import struct
 from typing import cast
 
 import numpy as np
 
 from dualloop.controller.serve.config import ServerConfig
+from dualloop.executor.checks import NAMES
 from dualloop.executor.core import Executor
 from dualloop.executor.model_card import ModelCard
-from dualloop.executor.snapshot import WALL_CLOCK_FIELDS, Observation, Snapshot
+from dualloop.executor.snapshot import WALL_CLOCK_FIELDS, Check, Observation, Snapshot
 from dualloop.v1 import controller_pb2 as pb
 
 
@@ -125,9 +127,56 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
         msg.gate.score = s.gate_score
         msg.gate.threshold = s.gate_threshold or 0.0
         msg.gate.veto = s.gate_veto
+    if s.checks is not None and len(s.check_kinds):
+        add_checks(msg, s.check_kinds, s.checks)
     if s.decision_vector is not None:
         msg.decision_vector.extend(s.decision_vector.tolist())
     return msg
+
+
+class _CheckEncoder:
+    """A snapshot's check results as DecisionSnapshot.checks (field 28) wire bytes, packed in one
+    struct call and merged in one parse: per CheckResult, its constant head (tag, length, check,
+    name) then score, threshold, veto and status with their tags. About half the cost of adding the
+    messages field by field, 8 checks on every snapshot of every tick."""
+
+    def __init__(self, kinds: tuple[Check, ...]) -> None:
+        fmt, self.heads = "<", []
+        for kind in kinds:
+            name = NAMES[kind].encode()
+            # check (1, varint), name (2, bytes), score (3, double): the constant part and the tag
+            body = bytes([0x08, int(kind), 0x12, len(name)]) + name + b"\x19"
+            size = len(body) + 8 + 1 + 8 + 2 + 2  # score; threshold tag + value; veto, status
+            head = b"\xe2\x01" + bytes([size]) + body  # field 28, length-delimited (size < 128)
+            self.heads.append(head)
+            fmt += f"{len(head)}sdBdBBBB"  # head, score, 0x21 threshold, 0x28 veto, 0x30 status
+        self.packer = struct.Struct(fmt)
+        self.kinds = [int(k) for k in kinds]
+
+    def encode(self, row: np.ndarray) -> tuple[bytes, list[int]]:
+        """(the checks' wire bytes, the kinds that vetoed)."""
+        args: list[object] = []
+        vetoed = []
+        for head, kind, (score, threshold, veto, status) in zip(self.heads, self.kinds, row.tolist()):
+            args += (head, score, 0x21, threshold, 0x28, veto, 0x30, status)
+            if veto:
+                vetoed.append(kind)
+        return self.packer.pack(*args), vetoed
+
+
+_ENCODERS: dict[tuple[Check, ...], _CheckEncoder] = {}
+
+
+def add_checks(msg: pb.DecisionSnapshot, kinds: tuple[Check, ...], row: np.ndarray) -> None:
+    """A snapshot's check results (a CHECK_DTYPE row per check, executor.checks) onto the wire, and
+    the kinds that vetoed in vetoed_by."""
+    encoder = _ENCODERS.get(kinds)
+    if encoder is None:
+        encoder = _ENCODERS[kinds] = _CheckEncoder(kinds)
+    wire, vetoed = encoder.encode(row)
+    msg.MergeFromString(wire)
+    if vetoed:
+        msg.vetoed_by.extend(cast("list[pb.Check]", vetoed))
 
 
 def without_wall_clock(msg: pb.DecisionSnapshot) -> bytes:

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from dualloop.executor.snapshot import Clock, Reason, SafetyState
+from dualloop.executor.snapshot import Check, CheckStatus, Clock, Reason, SafetyState
 from dualloop.v1 import controller_pb2 as pb
 from tests.paths import REPO_ROOT
 
@@ -29,6 +29,15 @@ def test_committed_stubs_match_proto(tmp_path):
 def test_enums_match_wire(ours, wire):
     for member in ours:
         assert wire.Value(member.name) == member.value, member
+    assert len(wire.keys()) == len(ours) + 1  # + the UNSPECIFIED zero value
+
+
+@pytest.mark.parametrize(
+    "ours, wire, prefix", [(Check, pb.Check, "CHECK_"), (CheckStatus, pb.CheckStatus, "CHECK_STATUS_")]
+)
+def test_check_enums_match_wire(ours, wire, prefix):
+    for member in ours:
+        assert wire.Value(prefix + member.name) == member.value, member
     assert len(wire.keys()) == len(ours) + 1  # + the UNSPECIFIED zero value
 
 

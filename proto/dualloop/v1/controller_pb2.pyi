@@ -39,6 +39,25 @@ class PlanState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLAN_STATE_NONE: _ClassVar[PlanState]
     PLAN_STATE_VALID: _ClassVar[PlanState]
     PLAN_STATE_EXPIRED: _ClassVar[PlanState]
+
+class Check(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHECK_UNSPECIFIED: _ClassVar[Check]
+    CHECK_DECISION_VECTOR_DENSITY: _ClassVar[Check]
+    CHECK_INPUT_DENSITY: _ClassVar[Check]
+    CHECK_INPUT_RANGE: _ClassVar[Check]
+    CHECK_INPUT_CHANGE: _ClassVar[Check]
+    CHECK_PLAN_RANGE: _ClassVar[Check]
+    CHECK_FREEZE: _ClassVar[Check]
+    CHECK_ACTUATION: _ClassVar[Check]
+    CHECK_MARGIN: _ClassVar[Check]
+
+class CheckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHECK_STATUS_UNSPECIFIED: _ClassVar[CheckStatus]
+    CHECK_STATUS_SCORED: _ClassVar[CheckStatus]
+    CHECK_STATUS_NOT_APPLICABLE: _ClassVar[CheckStatus]
+    CHECK_STATUS_NOT_SCORED: _ClassVar[CheckStatus]
 CLOCK_MODE_UNSPECIFIED: ClockMode
 REALTIME: ClockMode
 LOCKSTEP: ClockMode
@@ -60,6 +79,19 @@ PLAN_STATE_UNSPECIFIED: PlanState
 PLAN_STATE_NONE: PlanState
 PLAN_STATE_VALID: PlanState
 PLAN_STATE_EXPIRED: PlanState
+CHECK_UNSPECIFIED: Check
+CHECK_DECISION_VECTOR_DENSITY: Check
+CHECK_INPUT_DENSITY: Check
+CHECK_INPUT_RANGE: Check
+CHECK_INPUT_CHANGE: Check
+CHECK_PLAN_RANGE: Check
+CHECK_FREEZE: Check
+CHECK_ACTUATION: Check
+CHECK_MARGIN: Check
+CHECK_STATUS_UNSPECIFIED: CheckStatus
+CHECK_STATUS_SCORED: CheckStatus
+CHECK_STATUS_NOT_APPLICABLE: CheckStatus
+CHECK_STATUS_NOT_SCORED: CheckStatus
 
 class OpenSession(_message.Message):
     __slots__ = ("session_id", "clock", "shadow", "include_decision_vector", "expected_schema_hash", "observation_period_ns", "provided_features", "require_plan", "actual_controls_are_commands")
@@ -232,7 +264,7 @@ class StageTimings(_message.Message):
     def __init__(self, preprocess_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., gate_us: _Optional[int] = ..., postprocess_us: _Optional[int] = ...) -> None: ...
 
 class DecisionSnapshot(_message.Message):
-    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns", "snapshots_conflated_since_previous", "max_lateness_since_previous_us", "ticks_missed_since_previous", "transport_delay_ns", "observation_age_with_transport_ns", "plan_state", "plan_valid_for_ns", "invalid_input")
+    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns", "snapshots_conflated_since_previous", "max_lateness_since_previous_us", "ticks_missed_since_previous", "transport_delay_ns", "observation_age_with_transport_ns", "plan_state", "plan_valid_for_ns", "invalid_input", "checks", "vetoed_by")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TICK_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_TIME_NS_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +297,8 @@ class DecisionSnapshot(_message.Message):
     PLAN_STATE_FIELD_NUMBER: _ClassVar[int]
     PLAN_VALID_FOR_NS_FIELD_NUMBER: _ClassVar[int]
     INVALID_INPUT_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    VETOED_BY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tick: int
     scheduled_time_ns: int
@@ -297,7 +331,25 @@ class DecisionSnapshot(_message.Message):
     plan_state: PlanState
     plan_valid_for_ns: int
     invalid_input: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ..., snapshots_conflated_since_previous: _Optional[int] = ..., max_lateness_since_previous_us: _Optional[int] = ..., ticks_missed_since_previous: _Optional[int] = ..., transport_delay_ns: _Optional[int] = ..., observation_age_with_transport_ns: _Optional[int] = ..., plan_state: _Optional[_Union[PlanState, str]] = ..., plan_valid_for_ns: _Optional[int] = ..., invalid_input: _Optional[_Iterable[str]] = ...) -> None: ...
+    checks: _containers.RepeatedCompositeFieldContainer[CheckResult]
+    vetoed_by: _containers.RepeatedScalarFieldContainer[Check]
+    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ..., snapshots_conflated_since_previous: _Optional[int] = ..., max_lateness_since_previous_us: _Optional[int] = ..., ticks_missed_since_previous: _Optional[int] = ..., transport_delay_ns: _Optional[int] = ..., observation_age_with_transport_ns: _Optional[int] = ..., plan_state: _Optional[_Union[PlanState, str]] = ..., plan_valid_for_ns: _Optional[int] = ..., invalid_input: _Optional[_Iterable[str]] = ..., checks: _Optional[_Iterable[_Union[CheckResult, _Mapping]]] = ..., vetoed_by: _Optional[_Iterable[_Union[Check, str]]] = ...) -> None: ...
+
+class CheckResult(_message.Message):
+    __slots__ = ("check", "name", "score", "threshold", "veto", "status")
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    VETO_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    check: Check
+    name: str
+    score: float
+    threshold: float
+    veto: bool
+    status: CheckStatus
+    def __init__(self, check: _Optional[_Union[Check, str]] = ..., name: _Optional[str] = ..., score: _Optional[float] = ..., threshold: _Optional[float] = ..., veto: _Optional[bool] = ..., status: _Optional[_Union[CheckStatus, str]] = ...) -> None: ...
 
 class PlanSummary(_message.Message):
     __slots__ = ("source", "behaviour", "target_speed", "target_lane_offset")

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import pytest
 
+from dualloop.controller.logs.logfile import read_log, write_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
 from dualloop.controller.logs.synthetic import slice_log
 from dualloop.controller.replay.diff import NotSameInput, diff_exit_code, diff_logs, format_diff
 from dualloop.controller.replay.lockstep import replay_log
-from dualloop.models import BASE_MODEL_PATH, TEST_MODEL_PATH
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +66,21 @@ def test_send_times_are_not_input():
 
     assert _observation_digest(log(1_700_000_000_000_000_000, 1.0)) == _observation_digest(log(0, 1.0))
     assert _observation_digest(log(0, 1.0)) != _observation_digest(log(0, 2.0))
+
+
+def test_a_log_from_before_the_checks_still_diffs(tmp_path):
+    """Logs written before DecisionSnapshot.checks existed read and diff: only which check vetoed is
+    new; the combined veto agrees."""
+    source = slice_log(tmp_path / "s.mcap", 1000, 1600, "comma2k19-comma2k19-example1")
+    new = replay_log(source, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp_path / "new.mcap").out_path
+    data = read_log(new)
+    for s in data.snapshots:
+        assert len(s.checks) == 8
+        s.ClearField("checks")
+        s.ClearField("vetoed_by")
+    old = write_log(tmp_path / "old.mcap", data.header, data.observations, data.snapshots)
+    report = diff_logs(old, new)
+    vetoes = sum(1 for s in read_log(new).snapshots if s.vetoed_by)
+    assert report.changed["gate_veto"] == 0 and report.changed["applied_index"] == 0
+    assert report.changed["vetoed_by"] == vetoes > 0
+    assert "vetoed_by" in format_diff(report)

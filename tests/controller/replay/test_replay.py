@@ -18,7 +18,7 @@ from dualloop.controller.replay.lockstep import (
 from dualloop.controller.replay.report import format_report
 from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto, without_wall_clock
 from dualloop.executor.sessions import InvalidObservation
-from dualloop.executor.snapshot import PlanState, Reason, SafetyState
+from dualloop.executor.snapshot import Check, PlanState, Reason, SafetyState
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 
 
@@ -95,6 +95,17 @@ def _assert_same(fast, plain):
         np.testing.assert_allclose(f.proposed_controls, p.proposed_controls, atol=1e-5)
         if p.gate_score is not None:
             assert f.gate_score == pytest.approx(p.gate_score, rel=1e-5, abs=1e-5)
+        # every check's verdict, status and threshold exactly; its score as the model's and gates'
+        # products allow between a batch of one and a whole replay (as gate_score above)
+        assert f.check_kinds == p.check_kinds and p.checks is not None and f.checks is not None
+        for name in ("veto", "status", "threshold"):
+            assert f.checks[name].tobytes() == p.checks[name].tobytes(), (p.tick, name, f.checks, p.checks)
+        np.testing.assert_allclose(f.checks["score"], p.checks["score"], rtol=1e-5, atol=1e-5)
+        # the combined veto is exactly the checks' (all but the margin, whose verdict is LOW_MARGIN)
+        gates = np.array(p.check_kinds) != Check.MARGIN
+        assert p.gate_veto == bool(p.checks["veto"][gates].any()), (p.tick, p.checks)
+        assert (Reason.LOW_MARGIN in p.reasons) == bool(p.checks["veto"][~gates].any())
+        assert np.isfinite(p.checks["score"]).all() and np.isfinite(p.checks["threshold"]).all()
 
 
 @pytest.mark.parametrize("model,gates", [(BASE_MODEL_PATH, DEFAULT_GATES), (TEST_MODEL_PATH, ())])

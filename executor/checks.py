@@ -1,0 +1,302 @@
+"""Each check a tick runs, with its own score, threshold and verdict (DecisionSnapshot.checks).
+
+The gates combine into one veto (`GateWiring.step`); this module says which check said what. The live
+tick and the vectorised replay hand `CheckBoard.assemble` the same per-check values (per-gate density
+scores and filter verdicts, the freeze counts, the actuation scores, the rows themselves) and it
+makes one (rows, checks) array of `CHECK_DTYPE`: one function for both paths, so their verdicts,
+statuses and thresholds agree exactly, and their scores as far as the model's and the gates' products
+do between a batch of one and a whole replay (as for the combined gate score). Scores are finite by
+construction: a score that could not be computed is 0 with status NOT_SCORED or NOT_APPLICABLE
+(docs/contract.md#checks).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dualloop.executor.snapshot import CHECK_DTYPE, Check, CheckStatus
+from dualloop.ood import Gate
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+NAMES = {
+    Check.DECISION_VECTOR_DENSITY: "decision_vector_density",
+    Check.INPUT_DENSITY: "input_density",
+    Check.INPUT_RANGE: "input_range",
+    Check.INPUT_CHANGE: "input_change",
+    Check.PLAN_RANGE: "plan_range",
+    Check.FREEZE: "freeze",
+    Check.ACTUATION: "actuation",
+    Check.MARGIN: "margin",
+}
+# a range score's floor (the centre of a range is -0.5; an open limit would be -inf) and cap (a
+# float32 value far outside a narrow range would overflow float64 division)
+_RANGE_FLOOR, _RANGE_CAP = -0.5, 1e30
+_SCORED, _NOT_APPLICABLE, _NOT_SCORED = (int(s) for s in CheckStatus)
+_NAN = float("nan")
+
+
+class RangeFamily:
+    """The range checks (values, changes, plan) of every gate, judged in one vectorised pass over a
+    batch's rows: the features of all of them side by side, so a tick pays the same dozen numpy calls
+    for one session or many. The excursion of a value v outside [low, high] is
+    max((low - v) * inv, (v - high) * inv) with inv = 1 / (high - low) (1 where that span is not a
+    positive finite number); a check's score is its largest excursion over the features it reads
+    (NaN ones skipped), and it vetoes where that is > 0: a value below low or above high."""
+
+    def __init__(self, parts: list[tuple[str, tuple[np.ndarray, np.ndarray]]]) -> None:
+        """`parts`: per check, in column order, its source ("values", "changes" or "plan") and limits."""
+        self.sources = [src for src, _ in parts]
+        low = np.concatenate([np.asarray(lim[0], np.float64) for _, lim in parts]) if parts else np.zeros(0)
+        high = np.concatenate([np.asarray(lim[1], np.float64) for _, lim in parts]) if parts else np.zeros(0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            span = high - low
+            self.inv = 1.0 / np.where(np.isfinite(span) & (span > 0), span, 1.0)
+        self.low, self.high = low, high
+        self.starts = np.cumsum([0] + [len(lim[0]) for _, lim in parts[:-1]]).astype(np.intp)
+
+    def judge(
+        self,
+        x: np.ndarray,
+        changes: np.ndarray | None,
+        plans: np.ndarray,
+        present: BoolArray | None,
+        applies: BoolArray,
+    ) -> np.ndarray:
+        """The worst excursion (rows, checks), > 0 where the check vetoes: NaN where a row has no value
+        to judge (rows where `applies` is False, non-finite input; no change known yet). `present` (rows, features):
+        the features each row's session measures (None: all)."""
+        blocks: list[np.ndarray] = []
+        for src in self.sources:
+            if src == "values":
+                blocks.append(x)
+            elif src == "plan":
+                blocks.append(plans)
+            else:
+                blocks.append(np.full(x.shape, np.nan) if changes is None else changes)
+        v = np.concatenate(blocks, axis=1, dtype=np.float64)
+        if not applies.all():
+            v[~applies] = np.nan  # nothing is judged on non-finite input
+        if present is not None:  # features a session does not measure are not judged
+            for b, src in zip(np.split(v, self.starts[1:], axis=1), self.sources):
+                if src != "plan":
+                    b[~present] = np.nan
+        low, high, inv = self.low, self.high, self.inv
+        # no errstate (it costs as much as the arithmetic): v is finite or NaN here, and a float32
+        # value or rate times inv stays far inside float64's range
+        e = np.fmax((low - v) * inv, (v - high) * inv)
+        # > 0 exactly where v < low or v > high: a difference of distinct floats is never 0, and inv
+        # (at least 1 / span) keeps it from underflowing
+        worst: np.ndarray = np.fmax.reduceat(e, self.starts, axis=1)
+        return worst
+
+
+@dataclass(frozen=True)
+class Column:
+    kind: Check
+    name: str
+    gate: int  # the gate it belongs to (density, range, change, plan); -1 for the others
+
+
+_RANGE_KINDS = {Check.INPUT_RANGE: "values", Check.INPUT_CHANGE: "changes", Check.PLAN_RANGE: "plan"}
+
+
+class CheckBoard:
+    """The checks an executor runs, in `Check` order, and how a tick's values become their results."""
+
+    def __init__(
+        self, gates: list[Gate], sources: list[str], freeze_repeats: int, actuation_threshold: float | None
+    ) -> None:
+        columns: list[Column] = []
+        ranges: dict[Column, tuple[np.ndarray, np.ndarray]] = {}
+        for g, (gate, source) in enumerate(zip(gates, sources)):
+            dens = Check.DECISION_VECTOR_DENSITY if source == "decision_vector" else Check.INPUT_DENSITY
+            columns.append(Column(dens, NAMES[dens], g))
+            rng = gate.feature_range
+            if rng is None or source != "input_features":
+                continue
+            for kind, pair in zip((Check.INPUT_RANGE, Check.INPUT_CHANGE, Check.PLAN_RANGE), rng.limits()):
+                if pair is not None:
+                    column = Column(kind, NAMES[kind], g)
+                    columns.append(column)
+                    ranges[column] = pair
+        if freeze_repeats > 0:
+            columns.append(Column(Check.FREEZE, NAMES[Check.FREEZE], -1))
+        if actuation_threshold is not None:
+            columns.append(Column(Check.ACTUATION, NAMES[Check.ACTUATION], -1))
+        columns.append(Column(Check.MARGIN, NAMES[Check.MARGIN], -1))
+        columns.sort(key=lambda c: c.kind)  # stable: gates of one kind in their order
+        self.columns = columns
+        self.kinds = tuple(c.kind for c in columns)
+        ranged = [c for c in columns if c in ranges]
+        self.ranges = RangeFamily([(_RANGE_KINDS[c.kind], ranges[c]) for c in ranged])
+        self._range_at = {c: k for k, c in enumerate(ranged)}  # column -> its place in the family
+        self.freeze_repeats = float(freeze_repeats)
+        self.actuation_threshold = 0.0 if actuation_threshold is None else float(actuation_threshold)
+
+    def assemble(
+        self,
+        finite: BoolArray,
+        scored: BoolArray,
+        density: list[tuple[Any, Any, Any]] | None,
+        x: np.ndarray,
+        plans: np.ndarray,
+        changes: np.ndarray | None,
+        present: BoolArray | None,
+        freeze_count: Any,
+        frozen: Any,
+        actuation: tuple[Any, Any] | None,
+        margin: Any,
+        min_margin: float,
+        vectorised: bool | None = None,
+    ) -> np.ndarray:
+        """The (rows, checks) CHECK_DTYPE results of a batch of rows (a live tick's, a replay's ticks).
+        `finite`: the row's measured features are finite; `scored`: finite and the model worked;
+        `density[g]`: gate g's (score, threshold, veto) per row, score +inf/NaN where it could not
+        score; `changes`: each feature's change per second since the previous observation (NaN
+        unknown); `present` (rows, features): what each row's session measures (None: all);
+        `freeze_count`: consecutive repeats; `actuation`: (score, alarm), score NaN where it gave no
+        verdict. Per-row values may be arrays or lists. A live tick's few rows are judged in Python (a
+        numpy call per check would cost more than the check), a replay's many with numpy
+        (`vectorised`; None: by the number of rows): the same rules on the same float64 values, so the
+        same bytes (tests/executor/test_checks.py)."""
+        n = len(finite)
+        ranged = self.ranges.judge(x, changes, plans, present, finite) if self._range_at else None
+        if vectorised or (vectorised is None and n > _VECTORISED_FROM):
+            return self._vectorised(
+                finite, scored, density, ranged, freeze_count, frozen, actuation, margin, min_margin
+            )
+        worst = [] if ranged is None else ranged.tolist()
+        ok, sc = finite.tolist(), scored.tolist()
+        not_scored = [_NOT_APPLICABLE if o else _NOT_SCORED for o in ok]  # a check with no value to judge
+        cols: list[list[tuple[float, float, bool, int]]] = []  # per check, its entry per row
+        for c in self.columns:
+            kind = c.kind
+            if kind is Check.DECISION_VECTOR_DENSITY or kind is Check.INPUT_DENSITY:
+                if density is None:
+                    cols.append([(0.0, 0.0, False, _NOT_SCORED)] * n)
+                    continue
+                s, t, v = (_floats(a) for a in density[c.gate])
+                cols.append(
+                    [(d, ti, vi, _SCORED) if d - d == 0.0 else (0.0, ti, vi, _NOT_SCORED) for d, ti, vi in zip(s, t, v)]
+                )
+            elif kind in _RANGE_KINDS:
+                k = self._range_at[c]
+                cols.append(
+                    [
+                        (min(max(w, _RANGE_FLOOR), _RANGE_CAP), 0.0, w > 0.0, _SCORED)
+                        if w == w
+                        else (0.0, 0.0, False, u)
+                        for w, u in zip([r[k] for r in worst], not_scored)
+                    ]
+                )
+            elif kind is Check.FREEZE:
+                repeats = self.freeze_repeats
+                counts = [0.0] * n if freeze_count is None else _floats(freeze_count)
+                cols.append([(float(k), repeats, f, _SCORED) for k, f in zip(counts, _floats(frozen))])
+            elif kind is Check.ACTUATION:
+                limit = self.actuation_threshold
+                if actuation is None:
+                    cols.append([(0.0, limit, False, _NOT_APPLICABLE)] * n)
+                    continue
+                cols.append(
+                    [
+                        (min(max(a, -_RANGE_CAP), _RANGE_CAP), limit, alarm, _SCORED)
+                        if a == a
+                        else (0.0, limit, alarm, u)
+                        for a, alarm, u in zip(_floats(actuation[0]), _floats(actuation[1]), not_scored)
+                    ]
+                )
+            else:  # MARGIN, as ReasonRules.flags judges LOW_MARGIN (in float64)
+                cols.append(
+                    [
+                        (m, min_margin, m < min_margin, _SCORED) if scored_i else (0.0, min_margin, False, _NOT_SCORED)
+                        for m, scored_i in zip(_floats(margin), sc)
+                    ]
+                )
+        return _table(list(chain.from_iterable(zip(*cols))), n, len(self.columns))
+
+    def _vectorised(
+        self,
+        finite: BoolArray,
+        scored: BoolArray,
+        density: list[tuple[Any, Any, Any]] | None,
+        worst: np.ndarray | None,
+        freeze_count: Any,
+        frozen: Any,
+        actuation: tuple[Any, Any] | None,
+        margin: Any,
+        min_margin: float,
+    ) -> np.ndarray:
+        """`assemble`'s rules as numpy operations over whole columns."""
+        n = len(finite)
+        out = np.zeros((n, len(self.columns)), CHECK_DTYPE)
+        score, threshold, veto, status = out["score"], out["threshold"], out["veto"], out["status"]
+        no_value = np.where(finite, _NOT_APPLICABLE, _NOT_SCORED)
+        for j, c in enumerate(self.columns):
+            kind = c.kind
+            if kind is Check.DECISION_VECTOR_DENSITY or kind is Check.INPUT_DENSITY:
+                if density is None:
+                    status[:, j] = _NOT_SCORED
+                    continue
+                s, t, v = (np.asarray(a) for a in density[c.gate])
+                ok = np.isfinite(s)
+                score[:, j] = np.where(ok, s, 0.0)
+                threshold[:, j] = t
+                veto[:, j] = v
+                status[:, j] = np.where(ok, _SCORED, _NOT_SCORED)
+            elif kind in _RANGE_KINDS:
+                assert worst is not None  # a range column: the family judged it
+                w = worst[:, self._range_at[c]]
+                known = ~np.isnan(w)
+                score[:, j] = np.where(known, np.clip(np.where(known, w, 0.0), _RANGE_FLOOR, _RANGE_CAP), 0.0)
+                veto[:, j] = known & (w > 0.0)
+                status[:, j] = np.where(known, _SCORED, no_value)
+            elif kind is Check.FREEZE:
+                score[:, j] = 0.0 if freeze_count is None else freeze_count
+                threshold[:, j] = self.freeze_repeats
+                veto[:, j] = frozen
+                status[:, j] = _SCORED
+            elif kind is Check.ACTUATION:
+                threshold[:, j] = self.actuation_threshold
+                if actuation is None:
+                    status[:, j] = _NOT_APPLICABLE
+                    continue
+                a = np.asarray(actuation[0], np.float64)
+                known = ~np.isnan(a)
+                score[:, j] = np.where(known, np.clip(np.where(known, a, 0.0), -_RANGE_CAP, _RANGE_CAP), 0.0)
+                veto[:, j] = actuation[1]
+                status[:, j] = np.where(known, _SCORED, no_value)
+            else:  # MARGIN
+                m = np.asarray(margin, np.float64)
+                score[:, j] = np.where(scored, m, 0.0)
+                threshold[:, j] = min_margin
+                veto[:, j] = scored & (m < min_margin)
+                status[:, j] = np.where(scored, _SCORED, _NOT_SCORED)
+        return out
+
+
+_VECTORISED_FROM = 64  # rows; below it the Python pass over plain floats costs fewer numpy calls
+_PACKERS: dict[int, struct.Struct] = {}
+
+
+def _table(entries: list[tuple[float, float, bool, int]], n: int, c: int) -> np.ndarray:
+    """The (n, c) CHECK_DTYPE array of row-major entries, packed in one call (numpy's conversion of
+    a list of tuples to a structured array costs several times more at a tick's size)."""
+    packer = _PACKERS.get(len(entries))
+    if packer is None:
+        packer = _PACKERS[len(entries)] = struct.Struct("<" + "dd?b" * len(entries))
+    return np.frombuffer(bytearray(packer.pack(*chain.from_iterable(entries))), CHECK_DTYPE).reshape(n, c)
+
+
+def _floats(a: Any) -> list[Any]:
+    """Per-row values as a Python list (an array's floats as Python floats, float32 exactly)."""
+    out: list[Any] = a.tolist() if isinstance(a, np.ndarray) else a
+    return out
