@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test check bench proto test-model clean
+.PHONY: demo test check bench proto proto-release test-model clean
 
 # setup.py and every C source (the optional extensions): rebuilt by the editable install when one changes
 $(STAMP): pyproject.toml setup.py $(wildcard */*.c)
@@ -19,10 +19,11 @@ demo: $(STAMP)
 
 # The Node client's dependencies (tests/clients runs it against a live server), reinstalled when the
 # lock file is newer; without npm the Node tests skip (unless DUALLOOP_REQUIRE_NODE=1, as in CI).
-NODE_DEPS := $(if $(shell command -v npm),clients/node/node_modules/.package-lock.json)
+# buf (tools/buf) checks the proto the same way (tests/proto/test_buf.py).
+NODE_DEPS := $(if $(shell command -v npm),clients/node/node_modules/.package-lock.json tools/buf/node_modules/.package-lock.json)
 
-clients/node/node_modules/.package-lock.json: clients/node/package-lock.json
-	npm ci --prefix clients/node --no-audit --no-fund --loglevel=error
+%/node_modules/.package-lock.json: %/package-lock.json
+	npm ci --prefix $* --no-audit --no-fund --loglevel=error
 	touch $@
 
 # the checks first (seconds), then the suite; the 15 slowest tests close the report
@@ -42,6 +43,10 @@ bench: $(STAMP)
 
 proto: $(STAMP)
 	$(PY) scripts/gen_proto.py
+
+# at a release: the image later changes are checked against (buf breaking must stay additive)
+proto-release: tools/buf/node_modules/.package-lock.json
+	tools/buf/node_modules/.bin/buf build proto --exclude-source-info -o proto/released/dualloop.binpb
 
 test-model: $(STAMP)
 	$(VENV)/bin/dualloop make-test-model

@@ -3,7 +3,7 @@
 One import namespace: the repository keeps its fixed top level (controller/, executor/, planner/,
 ood/, sim/, models/, proto/), and the build maps each folder onto ``dualloop.<folder>``. The root
 package is proto/dualloop because the generated stubs must sit beside the .proto files as
-``dualloop.v1``. Nothing but ``dualloop`` lands in site-packages.
+``dualloop.v2``. Nothing but ``dualloop`` lands in site-packages.
 
 ``dualloop.ood._tick`` (ood/_tick.c) makes one session's gate decisions after numpy's products;
 ``dualloop.planner._rollout`` (planner/_rollout.c) rolls out and scores the behaviour planner's
@@ -19,7 +19,7 @@ from setuptools import Extension, find_packages, setup
 FOLDERS = ("controller", "executor", "planner", "ood", "sim", "models")
 
 package_dir = {"dualloop": "proto/dualloop"}
-packages = ["dualloop", "dualloop.v1"]
+packages = ["dualloop", "dualloop.v2"]
 for folder in FOLDERS:
     package_dir[f"dualloop.{folder}"] = folder
     packages += [f"dualloop.{folder}"] + [f"dualloop.{folder}.{sub}" for sub in find_packages(where=folder)]

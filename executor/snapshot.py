@@ -1,6 +1,6 @@
 """What flows through the executor: observations in, decision snapshots out (plain dataclasses).
 
-The numeric values of the enums equal the wire enums in proto/dualloop/v1/controller.proto
+The numeric values of the enums equal the wire enums in proto/dualloop/v2/controller.proto
 (tests/proto/test_proto.py checks it), so conversion is a cast and the executor needs no wire import.
 """
 

@@ -14,8 +14,8 @@ import grpc
 
 from dualloop.planner.plan import Plan, PlanError, PlanRequest, PlanSource
 from dualloop.planner.wire import plan_from_pb, plan_to_pb, request_from_pb, request_to_pb
-from dualloop.v1 import planner_pb2 as pb
-from dualloop.v1 import planner_pb2_grpc as pb_grpc
+from dualloop.v2 import planner_pb2 as pb
+from dualloop.v2 import planner_pb2_grpc as pb_grpc
 
 
 class PlanTimeout(TimeoutError):
@@ -27,7 +27,7 @@ class RemotePlannerError(RuntimeError):
 
 
 class RemotePlanner:
-    """PlanSource calling a `dualloop.v1.Planner` service with a per-call deadline."""
+    """PlanSource calling a `dualloop.v2.PlannerService` service with a per-call deadline."""
 
     def __init__(self, address: str, deadline_s: float = 0.1, name: str | None = None) -> None:
         self.address = address
@@ -36,12 +36,12 @@ class RemotePlanner:
         # Created on first use: a channel must be made in the process that uses it (the scheduler's
         # worker), never inherited across a fork.
         self._channel: grpc.Channel | None = None
-        self._stub: pb_grpc.PlannerStub | None = None
+        self._stub: pb_grpc.PlannerServiceStub | None = None
 
-    def _connect(self) -> pb_grpc.PlannerStub:
+    def _connect(self) -> pb_grpc.PlannerServiceStub:
         if self._stub is None:
             self._channel = grpc.insecure_channel(self.address)
-            self._stub = pb_grpc.PlannerStub(self._channel)
+            self._stub = pb_grpc.PlannerServiceStub(self._channel)
         return self._stub
 
     def plan(self, request: PlanRequest) -> Plan:
@@ -68,7 +68,7 @@ class RemotePlanner:
             self._channel, self._stub = None, None
 
 
-class _PlannerServicer(pb_grpc.PlannerServicer):
+class _PlannerServicer(pb_grpc.PlannerServiceServicer):
     def __init__(self, source: PlanSource) -> None:
         self._source = source
 
@@ -111,7 +111,7 @@ class PlannerServer:
 def serve_planner(
     source: PlanSource, port: int = 0, host: str = "127.0.0.1", allow_non_loopback: bool = False, max_workers: int = 4
 ) -> PlannerServer:
-    """Expose any PlanSource as a `dualloop.v1.Planner` service; port 0 picks a free port."""
+    """Expose any PlanSource as a `dualloop.v2.PlannerService` service; port 0 picks a free port."""
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -119,7 +119,7 @@ def serve_planner(
     if not loopback and not allow_non_loopback:
         raise ValueError(f"refusing to serve the planner on {host!r}: only loopback unless allow_non_loopback=True")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="planner-rpc"))
-    pb_grpc.add_PlannerServicer_to_server(_PlannerServicer(source), server)
+    pb_grpc.add_PlannerServiceServicer_to_server(_PlannerServicer(source), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind the planner server to {host}:{port}")

@@ -80,7 +80,7 @@ from dualloop.planner.worker import (
     unpack_frames,
 )
 from dualloop.sim.schema import N_FEATURES
-from dualloop.v1 import planner_pb2 as pb
+from dualloop.v2 import planner_pb2 as pb
 
 WorkerMode = Literal["process", "thread"]
 

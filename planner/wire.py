@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from dualloop.planner.plan import Plan, PlanRequest
 from dualloop.sim.schema import BEHAVIOURS
-from dualloop.v1 import planner_pb2 as pb
+from dualloop.v2 import planner_pb2 as pb
 
 # Derived from sim.schema.BEHAVIOURS so a new behaviour fails here at import, not on the wire.
 BEHAVIOUR_TO_WIRE: dict[str, pb.PlanBehaviour] = {

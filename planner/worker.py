@@ -49,7 +49,7 @@ from dualloop.planner.plan import Plan, PlanRequest, PlanSource
 # grpc comes with it (~0.2 s): imported with this module, before READY, never inside a batch's deadline
 from dualloop.planner.remote import PlanTimeout
 from dualloop.planner.wire import plan_to_pb, request_from_pb
-from dualloop.v1 import planner_pb2 as pb
+from dualloop.v2 import planner_pb2 as pb
 
 READY, BATCH, FATAL = b"R", b"B", b"F"  # envelope kinds (ERROR too)
 REQUEST, PLAN, ERROR, LATE, SKIP = b"Q", b"P", b"E", b"L", b"S"  # frame kinds

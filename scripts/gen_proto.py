@@ -12,7 +12,7 @@ PROTO_ROOT = ROOT / "proto"
 
 
 def proto_files() -> list[Path]:
-    return sorted(PROTO_ROOT.glob("dualloop/v1/*.proto"))
+    return sorted(PROTO_ROOT.glob("dualloop/v2/*.proto"))
 
 
 def generate(out_dir: Path) -> None:

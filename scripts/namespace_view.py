@@ -23,7 +23,7 @@ def make_view(out: Path = ROOT / "build" / "namespace") -> Path:
     pkg.mkdir(parents=True, exist_ok=True)
     links = {name: ROOT / name for name in FOLDERS}
     links["__init__.py"] = ROOT / "proto" / "dualloop" / "__init__.py"
-    links["v1"] = ROOT / "proto" / "dualloop" / "v1"
+    links["v2"] = ROOT / "proto" / "dualloop" / "v2"
     for name, target in links.items():
         link = pkg / name
         if link.is_symlink() and link.readlink() == target:

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// A dualloop client in a second language, built only from proto/dualloop/v1/controller.proto
+// A dualloop client in a second language, built only from proto/dualloop/v2/controller.proto
 // (loaded at run time: no generated code). CI runs it against a live server; it checks what an
 // integrator relies on and exits non-zero on any failure.
 //
@@ -24,10 +24,10 @@ import protoLoader from '@grpc/proto-loader';
 
 const PROTO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../proto');
 const LOAD_OPTIONS = { includeDirs: [PROTO_ROOT], keepCase: true, longs: String, enums: String, defaults: true, oneofs: true };
-const definition = protoLoader.loadSync('dualloop/v1/controller.proto', LOAD_OPTIONS);
-const v1 = grpc.loadPackageDefinition(definition).dualloop.v1;
-const DRIVE = definition['dualloop.v1.Controller'].Drive;
-const fieldNumbers = (message) => new Map(definition[`dualloop.v1.${message}`].type.field.map((f) => [f.name, f.number]));
+const definition = protoLoader.loadSync('dualloop/v2/controller.proto', LOAD_OPTIONS);
+const v2 = grpc.loadPackageDefinition(definition).dualloop.v2;
+const DRIVE = definition['dualloop.v2.ControllerService'].Drive;
+const fieldNumbers = (message) => new Map(definition[`dualloop.v2.${message}`].type.field.map((f) => [f.name, f.number]));
 const SNAPSHOT_FIELDS = fieldNumbers('DecisionSnapshot');
 const RESPONSE_SNAPSHOT = fieldNumbers('DriveResponse').get('snapshot');
 
@@ -142,7 +142,7 @@ function snapshotBytesWithout(driveResponseBytes, drop) {
 
 // --- 1. the model's schema ------------------------------------------------------------------------
 async function modelInfo(client) {
-  const info = await unary(client, 'GetModelInfo', {});
+  const info = (await unary(client, 'GetModelInfo', {})).model;
   check('GetModelInfo', info.features.length > 0 && info.actions.length > 0,
     `${info.features.length} features, ${info.actions.length} actions, model ${info.model_version.slice(0, 12)}`);
   summary.model = { version: info.model_version, features: info.features.length, tick_period_ns: info.tick_period_ns };
@@ -165,11 +165,11 @@ function smallReceiveBuffers(windowBytes) {
 async function realtime(info) {
   // --window 0: grpc-js's defaults, to see the backlog they give (the check then fails).
   const options = args.window > 0 ? smallReceiveBuffers(args.window) : {};
-  const client = new v1.Controller(args.address, grpc.credentials.createInsecure(), options);
+  const client = new v2.ControllerService(args.address, grpc.credentials.createInsecure(), options);
   const tick = BigInt(info.tick_period_ns);
-  const s = drive(client, { session_id: `node-rt-${process.pid}`, clock: 'REALTIME', observation_period_ns: String(50n * MS) });
+  const s = drive(client, { session_id: `node-rt-${process.pid}`, clock: 'CLOCK_MODE_REALTIME', observation_period_ns: String(50n * MS) });
   const opened = await s.opened;
-  check('REALTIME opened', opened.clock === 'REALTIME' && BigInt(opened.tick_period_ns) === tick, `tick ${opened.tick_period_ns} ns`);
+  check('REALTIME opened', opened.clock === 'CLOCK_MODE_REALTIME' && BigInt(opened.tick_period_ns) === tick, `tick ${opened.tick_period_ns} ns`);
 
   const arrivals = []; // every snapshot with its arrival time
   s.call.on('data', (msg) => { if (msg.msg === 'snapshot') arrivals.push({ at: now(), snap: msg.snapshot }); });
@@ -249,7 +249,7 @@ async function lockstep(client, info) {
     observations.push(obs);
   }
   const run = async (id) => {
-    const s = drive(client, { session_id: id, clock: 'LOCKSTEP', observation_period_ns: String(period), provided_features: provided }, { raw: true });
+    const s = drive(client, { session_id: id, clock: 'CLOCK_MODE_LOCKSTEP', observation_period_ns: String(period), provided_features: provided }, { raw: true });
     const opened = await s.opened;
     for (const obs of observations) s.call.write({ observation: obs });
     s.call.end();
@@ -300,13 +300,13 @@ async function badInputs(client, info) {
   const n = info.features.length;
   const good = (k) => ({ observation: { seq: String(k), timestamp_ns: String(BigInt(k) * 5n * MS), features: features(info, k) } });
   const cases = [
-    ['wrong feature count', 'INVALID_ARGUMENT', { clock: 'LOCKSTEP' }, [{ observation: { seq: '1', timestamp_ns: '1', features: [1, 2] } }], String(n)],
+    ['wrong feature count', 'INVALID_ARGUMENT', { clock: 'CLOCK_MODE_LOCKSTEP' }, [{ observation: { seq: '1', timestamp_ns: '1', features: [1, 2] } }], String(n)],
     ['first message not open', 'INVALID_ARGUMENT', null, [good(1)], 'open'],
     ['unknown clock', 'INVALID_ARGUMENT', { clock: 'CLOCK_MODE_UNSPECIFIED' }, [], 'clock'],
-    ['unknown provided feature', 'INVALID_ARGUMENT', { clock: 'LOCKSTEP', provided_features: ['no_such_feature'] }, [], 'no_such_feature'],
-    ['seq not increasing', 'INVALID_ARGUMENT', { clock: 'LOCKSTEP' }, [good(2), { observation: { ...good(3).observation, seq: '2' } }], 'seq'],
-    ['LOCKSTEP time going back', 'INVALID_ARGUMENT', { clock: 'LOCKSTEP' }, [good(2), { observation: { ...good(1).observation, seq: '3' } }], 'timestamp'],
-    ['schema hash mismatch', 'FAILED_PRECONDITION', { clock: 'LOCKSTEP', expected_schema_hash: 'not-this-one' }, [], 'schema'],
+    ['unknown provided feature', 'INVALID_ARGUMENT', { clock: 'CLOCK_MODE_LOCKSTEP', provided_features: ['no_such_feature'] }, [], 'no_such_feature'],
+    ['seq not increasing', 'INVALID_ARGUMENT', { clock: 'CLOCK_MODE_LOCKSTEP' }, [good(2), { observation: { ...good(3).observation, seq: '2' } }], 'seq'],
+    ['LOCKSTEP time going back', 'INVALID_ARGUMENT', { clock: 'CLOCK_MODE_LOCKSTEP' }, [good(2), { observation: { ...good(1).observation, seq: '3' } }], 'timestamp'],
+    ['schema hash mismatch', 'FAILED_PRECONDITION', { clock: 'CLOCK_MODE_LOCKSTEP', expected_schema_hash: 'not-this-one' }, [], 'schema'],
   ];
   const results = {};
   for (const [name, code, open, messages, mention] of cases) {
@@ -321,23 +321,23 @@ async function badInputs(client, info) {
     check(`bad input: ${name} -> ${code}`, got === code && err.details.includes(mention), err ? `${got}: ${err.details}` : 'no error');
   }
   // the same id twice at once
-  const first = drive(client, { session_id: `node-dup-${process.pid}`, clock: 'LOCKSTEP' });
+  const first = drive(client, { session_id: `node-dup-${process.pid}`, clock: 'CLOCK_MODE_LOCKSTEP' });
   await first.opened;
-  const second = drive(client, { session_id: `node-dup-${process.pid}`, clock: 'LOCKSTEP' });
+  const second = drive(client, { session_id: `node-dup-${process.pid}`, clock: 'CLOCK_MODE_LOCKSTEP' });
   second.opened.catch(() => {});
   const dup = await second.done;
   results['session id already open'] = dup ? grpc.status[dup.code] : 'OK';
   check('bad input: session id already open -> ALREADY_EXISTS', dup?.code === grpc.status.ALREADY_EXISTS, dup ? dup.details : 'no error');
   first.call.end();
   await first.done;
-  const again = await unary(client, 'GetModelInfo', {});
+  const again = (await unary(client, 'GetModelInfo', {})).model;
   check('server still serving after bad inputs', again.features.length === n);
   summary.bad_inputs = results;
 }
 
 async function main() {
   const watchdog = setTimeout(() => { check('finished within 120 s', false); finish(); }, 120_000);
-  const client = new v1.Controller(args.address, grpc.credentials.createInsecure());
+  const client = new v2.ControllerService(args.address, grpc.credentials.createInsecure());
   try {
     const info = await modelInfo(client);
     if (args.only.includes('realtime')) await realtime(info);

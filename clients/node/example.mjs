@@ -4,24 +4,24 @@ import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
 
 const proto = new URL('../../proto', import.meta.url).pathname;
-const definition = protoLoader.loadSync('dualloop/v1/controller.proto',
+const definition = protoLoader.loadSync('dualloop/v2/controller.proto',
   { includeDirs: [proto], keepCase: true, longs: String, enums: String, defaults: true, oneofs: true });
-const { Controller } = grpc.loadPackageDefinition(definition).dualloop.v1;
+const { ControllerService } = grpc.loadPackageDefinition(definition).dualloop.v2;
 
 // A small receive window and small stream buffers: a client that falls behind reads the newest
 // snapshot after a short backlog; the server drops the rest (snapshots_dropped).
 stream.setDefaultHighWaterMark(false, 1024);
 stream.setDefaultHighWaterMark(true, 1);
-const client = new Controller(process.argv[2], grpc.credentials.createInsecure(),
+const client = new ControllerService(process.argv[2], grpc.credentials.createInsecure(),
   { 'grpc-node.flow_control_window': 8192 });
 
-const info = await new Promise((ok, fail) => client.GetModelInfo({}, (e, r) => (e ? fail(e) : ok(r))));
+const info = await new Promise((ok, fail) => client.GetModelInfo({}, (e, r) => (e ? fail(e) : ok(r.model))));
 const call = client.Drive();
-call.write({ open: { clock: 'REALTIME', observation_period_ns: String(50_000_000) } }); // first: open, 20 Hz
+call.write({ open: { clock: 'CLOCK_MODE_REALTIME', observation_period_ns: String(50_000_000) } }); // first: open, 20 Hz
 let latest = null;
 call.on('data', (msg) => {
   if (msg.msg === 'opened') return console.log(`session ${msg.opened.session_id}, tick ${msg.opened.tick_period_ns} ns`);
-  if (latest?.safety_state !== msg.snapshot.safety_state) { // NOMINAL, VETO_HOLD, FALLBACK_ACTIVE, RECOVERING
+  if (latest?.safety_state !== msg.snapshot.safety_state) { // SAFETY_STATE_NOMINAL, _VETO_HOLD, ...
     console.log(`tick ${msg.snapshot.tick}: ${msg.snapshot.safety_state} ${msg.snapshot.reasons.join(',')}`);
   }
   latest = msg.snapshot; // actuate latest.applied, never latest.proposed

@@ -24,19 +24,20 @@ from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import ControllerRuntime, ControllerServer, new_event_loop
 from dualloop.controller.serve.ticker import LatenessLog, percentiles_us, run_bare_ticker
 from dualloop.executor.core import ExecutorStats
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.executor.snapshot import Reason
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 
 async def _session(
-    stub: pb_grpc.ControllerStub, index: int, n_features: int, duration_s: float, period_s: float, seed: int
+    stub: pb_grpc.ControllerServiceStub, index: int, n_features: int, duration_s: float, period_s: float, seed: int
 ) -> dict[str, object]:
     rng = np.random.default_rng(seed + index)
     features = rng.normal(0, 1, n_features).astype(np.float32)
     features[0] = 25.0
     stop_at = time.monotonic() + duration_s
     call = stub.Drive()
-    await call.write(pb.DriveRequest(open=pb.OpenSession(session_id=f"bench-{index}", clock=pb.REALTIME)))
+    await call.write(pb.DriveRequest(open=pb.OpenSession(session_id=f"bench-{index}", clock=pb.CLOCK_MODE_REALTIME)))
     opened = await call.read()
     assert opened.WhichOneof("msg") == "opened"
 
@@ -79,14 +80,14 @@ async def _session(
         "snapshots_dropped": dropped,
         "tick_gaps": gaps,
         "tick_span": int(t[-1] - t[0] + 1) if t.size else 0,
-        "reasons": {pb.ReasonCode.Name(k): v for k, v in reasons.items()},
+        "reasons": {Reason(k).name: v for k, v in reasons.items()},
     }
 
 
 async def run_clients(address: str, sessions: int, duration_s: float, period_s: float, seed: int) -> list[dict]:
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = pb_grpc.ControllerStub(channel)
-        info = await stub.GetModelInfo(pb.GetModelInfoRequest())
+        stub = pb_grpc.ControllerServiceStub(channel)
+        info = (await stub.GetModelInfo(pb.GetModelInfoRequest())).model
         return list(
             await asyncio.gather(
                 *(_session(stub, i, len(info.features), duration_s, period_s, seed) for i in range(sessions))

@@ -27,7 +27,7 @@ from dualloop.executor.snapshot import Clock, Observation
 from dualloop.sim.env import SimEnv, make_scenario
 from dualloop.sim.metrics import EpisodeMetrics
 from dualloop.sim.schema import BEHAVIOURS, PLAN_INDEX
-from dualloop.v1 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2 as pb
 
 DT_NS = 5_000_000
 PLAN_PERIOD_STEPS = 40  # the simulator's planner publishes a plan every 200 ms
@@ -92,15 +92,15 @@ class GrpcDecider:
     """A Drive session over gRPC. LOCKSTEP: one snapshot per observation, waited for.
     REALTIME: snapshots arrive on the server's clock; the newest one received is applied."""
 
-    def __init__(self, address: str, session_id: str, clock: int = pb.LOCKSTEP) -> None:
+    def __init__(self, address: str, session_id: str, clock: int = pb.CLOCK_MODE_LOCKSTEP) -> None:
         self.clock = clock
-        self._channel = realtime_channel(address) if clock == pb.REALTIME else grpc.insecure_channel(address)
+        self._channel = realtime_channel(address) if clock == pb.CLOCK_MODE_REALTIME else grpc.insecure_channel(address)
         # the simulator's actual action is the command its previous step applied: the actuation check may judge it
         self.session = DriveSession(self._channel, session_id, clock, actual_controls_are_commands=True)
         self.planner = self.session.opened.model.planner  # non-empty: the server plans, we must not
         self._latest: pb.DecisionSnapshot | None = None
         self._reader: threading.Thread | None = None
-        if clock == pb.REALTIME:
+        if clock == pb.CLOCK_MODE_REALTIME:
             self._reader = threading.Thread(target=self._read, daemon=True)
             self._reader.start()
 
@@ -125,7 +125,7 @@ class GrpcDecider:
             actual_index=None if actual is None else actual[0],
             actual_controls=() if actual is None else actual[1].tolist(),
         )
-        if self.clock == pb.LOCKSTEP:
+        if self.clock == pb.CLOCK_MODE_LOCKSTEP:
             return self.session.recv()
         return self._latest
 
@@ -276,7 +276,9 @@ def drive_in_process(
     return run_closed_loop(env, InProcessDecider(executor, f"{scenario}-{seed}", planner), seed)
 
 
-def drive_over_grpc(address: str, scenario: str, seed: int, clock: int = pb.LOCKSTEP, **params) -> ClosedLoopRun:
+def drive_over_grpc(
+    address: str, scenario: str, seed: int, clock: int = pb.CLOCK_MODE_LOCKSTEP, **params
+) -> ClosedLoopRun:
     env = make_scenario(scenario, seed, **params)
     decider = GrpcDecider(address, f"{scenario}-{seed}", clock)
-    return run_closed_loop(env, decider, seed, realtime=clock == pb.REALTIME)
+    return run_closed_loop(env, decider, seed, realtime=clock == pb.CLOCK_MODE_REALTIME)

@@ -11,9 +11,13 @@ import numpy as np
 from dualloop.controller.demo.closed_loop import ClosedLoopRun
 from dualloop.controller.plotting import pyplot
 from dualloop.sim.schema import ACTIONS
-from dualloop.v1 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2 as pb
 
-_STATE_COLOURS = {pb.VETO_HOLD: "#f4a261", pb.FALLBACK_ACTIVE: "#e63946", pb.RECOVERING: "#a8dadc"}
+_STATE_COLOURS = {
+    pb.SAFETY_STATE_VETO_HOLD: "#f4a261",
+    pb.SAFETY_STATE_FALLBACK_ACTIVE: "#e63946",
+    pb.SAFETY_STATE_RECOVERING: "#a8dadc",
+}
 
 
 def _shade_states(ax, t: np.ndarray, state: np.ndarray) -> None:

@@ -27,8 +27,8 @@ from rich.table import Table
 from dualloop.controller.demo.closed_loop import ClosedLoopRun, drive_over_grpc
 from dualloop.controller.demo.report import plot_run, plot_tick_work, write_report
 from dualloop.sim.scenarios import SCENARIOS
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 HELD_OUT_SEED = 900_001  # far from any training seed range
 
@@ -81,7 +81,7 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def _row(run: ClosedLoopRun, ood: bool, stats: pb.ServerStats) -> ScenarioRow:
+def _row(run: ClosedLoopRun, ood: bool, stats: pb.GetStatsResponse) -> ScenarioRow:
     m = run.metrics
     return ScenarioRow(
         scenario=run.scenario,
@@ -93,8 +93,8 @@ def _row(run: ClosedLoopRun, ood: bool, stats: pb.ServerStats) -> ScenarioRow:
         min_gap_m=m.min_lead_gap_m,
         hard_brakes=m.hard_brakes,
         max_jerk=m.max_abs_jerk,
-        gate_vetoes=run.ticks_with(pb.OOD_VETO),
-        fallback_s=float((run.safety_state == pb.FALLBACK_ACTIVE).sum()) * 0.005,
+        gate_vetoes=run.ticks_with(pb.REASON_CODE_OOD_VETO),
+        fallback_s=float((run.safety_state == pb.SAFETY_STATE_FALLBACK_ACTIVE).sum()) * 0.005,
         tick_work_p99_us=float(np.nanpercentile(run.tick_work_us, 99)),
         missed_deadlines=stats.missed_deadlines,
         round_trip_p99_us=float(np.percentile(run.round_trip_us, 99)),
@@ -212,8 +212,8 @@ def _drive_group(
     results: dict[str, tuple[ScenarioRow, ClosedLoopRun]] = {}
     try:
         with grpc.insecure_channel(address) as channel:
-            stub = pb_grpc.ControllerStub(channel)
-            info = stub.GetModelInfo(pb.GetModelInfoRequest())
+            stub = pb_grpc.ControllerServiceStub(channel)
+            info = stub.GetModelInfo(pb.GetModelInfoRequest()).model
             gate_text = f", gates {info.gate_version} ({info.gate_source})" if info.gate_version else ", no OOD gate"
             plans = f"plans from the server's planner ({info.planner})" if info.planner else "plans from the simulator"
             console.print(

@@ -32,8 +32,8 @@ from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
 from dualloop.executor.action_labels import ACCEL_WINDOW_S, LOOKAHEAD_S, backward_accel, lookahead_labels
 from dualloop.sim.schema import ACTIONS, CONTROL_NAMES, FEATURE_INDEX, FEATURE_NAMES, N_FEATURES
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 # The executor's tick: the replay runs every 5 ms grid tick, holding the newest observation between.
 TICK_PERIOD_NS = 5_000_000
@@ -116,7 +116,7 @@ def write_following_session(
     stamps = timestamps_ns(t[keep])
     header = log_pb2.SessionHeader(
         session_id=session_id,
-        clock=pb.LOCKSTEP,
+        clock=pb.CLOCK_MODE_LOCKSTEP,
         shadow=True,
         config_json="{}",
         source=source,

@@ -1,4 +1,4 @@
-"""The log file format (proto/dualloop/v1/log.proto): topics, message types, and one MCAP file writer.
+"""The log file format (proto/dualloop/v2/log.proto): topics, message types, and one MCAP file writer.
 
 Shared by the background recorder (controller/logs/recorder.py) and the synchronous writer and reader
 (controller/logs/logfile.py), so both agree on topic names, schemas and channel layout by construction.
@@ -16,8 +16,8 @@ from mcap.writer import CompressionType
 from mcap.writer import Writer as McapWriter
 from mcap_protobuf.schema import build_file_descriptor_set
 
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 FORMAT_VERSION = 1
 PROFILE = ""  # MCAP's "protobuf" well-known profile is not defined; an empty profile is the norm.

@@ -34,8 +34,8 @@ from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
 from dualloop.executor.action_labels import ACCEL_WINDOW_S, LOOKAHEAD_S, backward_accel, lookahead_labels
 from dualloop.sim.schema import ACTIONS, CONTROL_NAMES, FEATURE_INDEX, FEATURE_NAMES, N_FEATURES, SENSOR_RANGE_M
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 # Toyota RAV4 2018 steering ratio (steering-wheel angle / front-wheel angle), as in the brief.
 STEERING_RATIO = 15.3
@@ -253,7 +253,7 @@ def import_comma2k19(
     route = route_name(directory)
     header = log_pb2.SessionHeader(
         session_id=session_id or f"comma2k19-{directory.name}",
-        clock=pb.LOCKSTEP,
+        clock=pb.CLOCK_MODE_LOCKSTEP,
         shadow=True,
         config_json="{}",
         source=f"comma2k19 import of {route}",

@@ -62,8 +62,8 @@ from dualloop.sim.schema import (
     PLAN_NAMES,
     label_from_accel,
 )
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 TIME_COLUMN = "time"
 ACTION_COLUMN = "actual_action"
@@ -432,7 +432,7 @@ def import_csv(
     measured = [n for n in FEATURE_NAMES if n in present]
     header = log_pb2.SessionHeader(
         session_id=session_id or f"csv-{path.stem}",
-        clock=pb.LOCKSTEP,
+        clock=pb.CLOCK_MODE_LOCKSTEP,
         shadow=True,
         config_json="{}",
         source=f"csv import of {path}",

@@ -33,8 +33,8 @@ from dualloop.controller.logs.format import (
     LogFileWriter,
     rotated_files,
 )
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 # A corrupt length field must not make the reader try to allocate gigabytes.
 _RECORD_SIZE_LIMIT = 256 * 1024 * 1024

@@ -9,7 +9,7 @@ rotated part reads on its own.
 
 Messages handed to the recorder must not be mutated afterwards: the queue holds the object itself.
 
-MCAP log_time of each record is the event's own time (see proto/dualloop/v1/log.proto);
+MCAP log_time of each record is the event's own time (see proto/dualloop/v2/log.proto);
 publish_time is the wall clock (Unix ns) when the caller handed the record over.
 """
 
@@ -35,8 +35,8 @@ from dualloop.controller.logs.format import (
     LogFileWriter,
     rotated_path,
 )
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from dualloop.controller.logs.format import REQUIRE_PLAN_DETAIL
 from dualloop.controller.logs.logfile import read_log, write_log
 from dualloop.sim import schema
 from dualloop.sim.sensors import NOMINAL_SIGMA
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 REAL_DRIVE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "comma2k19-example1.mcap"
 
@@ -65,7 +65,7 @@ def synthetic_log(
         obs.append(msg)
     header = log_pb2.SessionHeader(
         session_id="synthetic",
-        clock=pb.LOCKSTEP,
+        clock=pb.CLOCK_MODE_LOCKSTEP,
         shadow=True,
         config_json="{}",
         source=f"synthetic {seconds:g} s at {rate_hz:g} Hz, seed {seed}",

@@ -16,7 +16,7 @@ import numpy as np
 
 from dualloop.controller.logs.logfile import LogData, read_sessions
 from dualloop.controller.replay.report import format_confusion
-from dualloop.v1 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2 as pb
 
 FIELDS = (
     "missing",

@@ -38,7 +38,7 @@ from dualloop.controller.replay import baselines as bl
 from dualloop.executor.action_labels import ACTIONS
 from dualloop.executor.model_card import ModelCard
 from dualloop.executor.snapshot import Observation, Reason, SafetyState, Snapshot
-from dualloop.v1 import log_pb2
+from dualloop.v2 import log_pb2
 
 SCHEMA: Final = "dualloop.evaluation/1"
 TICKS_NOTE: Final = (

@@ -25,8 +25,8 @@ from dualloop.executor.core import Executor
 from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Observation, Snapshot
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 
 @dataclass
@@ -110,7 +110,7 @@ def replay_header(
 ) -> log_pb2.SessionHeader:
     header = log_pb2.SessionHeader()
     header.CopyFrom(source.header)
-    header.clock = pb.LOCKSTEP
+    header.clock = pb.CLOCK_MODE_LOCKSTEP
     header.shadow = shadow
     header.model_version = ex.card.version
     header.model_schema_hash = ex.card.schema_hash()

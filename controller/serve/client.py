@@ -12,8 +12,8 @@ from typing import cast
 import grpc
 
 from dualloop.controller.serve.config import DEFAULT_CLIENT_WINDOW_BYTES
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 _END = object()
 
@@ -37,7 +37,7 @@ class DriveSession:
         self,
         channel: grpc.Channel,
         session_id: str = "",
-        clock: int = pb.REALTIME,
+        clock: int = pb.CLOCK_MODE_REALTIME,
         shadow: bool = False,
         include_decision_vector: bool = False,
         expected_schema_hash: str = "",
@@ -64,7 +64,7 @@ class DriveSession:
                 )
             )
         )
-        self._call = pb_grpc.ControllerStub(channel).Drive(self._iterate())
+        self._call = pb_grpc.ControllerServiceStub(channel).Drive(self._iterate())
         first = next(self._call)
         self.opened: pb.SessionOpened = first.opened
         self.session_id = self.opened.session_id

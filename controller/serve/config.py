@@ -50,7 +50,7 @@ class PlannerConfig(BaseModel):
     # none: plans come from the clients (Observation.plan), as before.
     source: Literal["none", "behaviour", "onnx", "remote"] = "none"
     path: Path | None = None  # onnx: the planner model file
-    address: str | None = None  # remote: host:port of a dualloop.v1.Planner service
+    address: str | None = None  # remote: host:port of a dualloop.v2.PlannerService service
     period_ms: float = Field(200.0, gt=0.0)
     # Per plan; default: one period. A remote planner's gRPC deadline; other sources' worker is
     # replaced when a plan takes longer (a hang must not keep the next period waiting).
@@ -68,7 +68,7 @@ class PlannerConfig(BaseModel):
         if self.source == "onnx" and self.path is None:
             raise ValueError("source 'onnx' needs path (the planner model file)")
         if self.source == "remote" and not self.address:
-            raise ValueError("source 'remote' needs address (host:port of a dualloop.v1.Planner service)")
+            raise ValueError("source 'remote' needs address (host:port of a dualloop.v2.PlannerService service)")
         return self
 
     @property

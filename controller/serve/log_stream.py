@@ -24,8 +24,9 @@ import numpy as np
 
 from dualloop.controller.logs.format import actual_is_command, sensor_profile
 from dualloop.controller.logs.logfile import LogData
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.executor.snapshot import Reason, SafetyState
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 # as controller.serve.client.realtime_channel: a small receive window, so a slow reader sees the
 # server's conflation instead of seconds of buffered snapshots
@@ -73,7 +74,7 @@ def decimated(data: LogData, every: int) -> tuple[list[pb.Observation], int]:
 
 
 async def _session(
-    stub: pb_grpc.ControllerStub,
+    stub: pb_grpc.ControllerServiceStub,
     session_id: str,
     observations: list[pb.Observation],
     period_ns: int,
@@ -87,7 +88,7 @@ async def _session(
         pb.DriveRequest(
             open=pb.OpenSession(
                 session_id=session_id,
-                clock=pb.REALTIME,
+                clock=pb.CLOCK_MODE_REALTIME,
                 shadow=True,
                 observation_period_ns=int(period_ns / speed),
                 provided_features=provided or [],
@@ -120,9 +121,9 @@ async def _session(
     while (response := await call.read()) != grpc.aio.EOF:
         snap = cast("pb.DriveResponse", response).snapshot
         result.snapshots += 1
-        result.states[pb.SafetyState.Name(snap.safety_state)] += 1
+        result.states[SafetyState(snap.safety_state).name] += 1
         for reason in snap.reasons:
-            result.reasons[pb.ReasonCode.Name(reason)] += 1
+            result.reasons[Reason(reason).name] += 1
         result.held += snap.observation_held
         result.periods_ns.add(snap.observation_period_ns)
     await sender
@@ -135,7 +136,7 @@ async def stream_logs(
     result = StreamResult()
     t0 = time.monotonic()
     async with grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS) as channel:
-        stub = pb_grpc.ControllerStub(channel)
+        stub = pb_grpc.ControllerServiceStub(channel)
         tasks = []
         for i, data in enumerate(logs):
             observations, period = decimated(data, every)

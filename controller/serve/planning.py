@@ -26,7 +26,7 @@ from dualloop.planner.plan import Plan, PlanRequest, PlanSource
 from dualloop.planner.remote import RemotePlanner
 from dualloop.planner.scheduler import PlanScheduler
 from dualloop.planner.worker import SourceFactory
-from dualloop.v1 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2 as pb
 
 _NEVER = math.inf
 _KEEP_SUMMARIES = 4  # a session's snapshots can name the plan before the current one (LOCKSTEP)
@@ -330,7 +330,7 @@ class ServerPlanning:
         lock.accept(obs, plan)
 
     def decorate(self, session_id: str, clock: int, msg: pb.DecisionSnapshot) -> pb.DecisionSnapshot:
-        if clock == pb.LOCKSTEP:
+        if clock == pb.CLOCK_MODE_LOCKSTEP:
             return self.lockstep.decorate(session_id, msg) if self.lockstep else msg
         return self.realtime.decorate(session_id, msg)
 

@@ -40,9 +40,9 @@ from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.sessions import InvalidObservation, SessionError
 from dualloop.executor.snapshot import Clock, Snapshot
 from dualloop.planner.worker import SourceFactory
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
+from dualloop.v2 import log_pb2
 
 _mono_ns = time.monotonic_ns
 _perf_ns = time.perf_counter_ns
@@ -254,7 +254,7 @@ class MalformedRequest:
     def __init__(self, type_name: str, size: int, error: str) -> None:
         self.message = (
             f"the request ({size} bytes) is not a valid {type_name} message: {error}; build requests with "
-            f"code generated from proto/dualloop/v1/controller.proto"
+            f"code generated from proto/dualloop/v2/controller.proto"
         )
 
 
@@ -271,25 +271,43 @@ def _lenient(message_type: type[Message]) -> Callable[[bytes], Message | Malform
     return parse
 
 
+# The service name clients generated from proto v1 call. v2 renamed the service, enum values and
+# response messages without changing a field number, so v1's messages are v2's on the wire; only
+# GetModelInfo's answer differs (v2 wraps ModelInfo in GetModelInfoResponse.model = 1).
+V1_SERVICE = "dualloop.v1.Controller"
+
+
+def _model_info_v1(response: pb.GetModelInfoResponse) -> bytes:
+    return response.model.SerializeToString()
+
+
 def add_controller_service(service: ControllerService, server: grpc.aio.Server) -> None:
-    """pb_grpc.add_ControllerServicer_to_server, with request deserializers that never raise."""
-    handlers = {
-        "Drive": grpc.stream_stream_rpc_method_handler(
-            service.Drive, _lenient(pb.DriveRequest), pb.DriveResponse.SerializeToString
-        ),
-        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
-            service.GetModelInfo, _lenient(pb.GetModelInfoRequest), pb.ModelInfo.SerializeToString
-        ),
-        "GetStats": grpc.unary_unary_rpc_method_handler(
-            service.GetStats, _lenient(pb.GetStatsRequest), pb.ServerStats.SerializeToString
-        ),
-        "GetShadowStats": grpc.unary_unary_rpc_method_handler(
-            service.GetShadowStats, _lenient(pb.GetShadowStatsRequest), pb.ShadowStats.SerializeToString
-        ),
-    }
-    name = pb.DESCRIPTOR.services_by_name["Controller"].full_name
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
-    server.add_registered_method_handlers(name, handlers)
+    """pb_grpc.add_ControllerServiceServicer_to_server, with request deserializers that never raise,
+    and the same handlers under V1_SERVICE for clients built from proto v1."""
+
+    def handlers(model_info: Callable[[pb.GetModelInfoResponse], bytes]) -> dict[str, grpc.RpcMethodHandler]:
+        return {
+            "Drive": grpc.stream_stream_rpc_method_handler(
+                service.Drive, _lenient(pb.DriveRequest), pb.DriveResponse.SerializeToString
+            ),
+            "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+                service.GetModelInfo, _lenient(pb.GetModelInfoRequest), model_info
+            ),
+            "GetStats": grpc.unary_unary_rpc_method_handler(
+                service.GetStats, _lenient(pb.GetStatsRequest), pb.GetStatsResponse.SerializeToString
+            ),
+            "GetShadowStats": grpc.unary_unary_rpc_method_handler(
+                service.GetShadowStats, _lenient(pb.GetShadowStatsRequest), pb.GetShadowStatsResponse.SerializeToString
+            ),
+        }
+
+    name = pb.DESCRIPTOR.services_by_name["ControllerService"].full_name
+    for service_name, table in (
+        (name, handlers(pb.GetModelInfoResponse.SerializeToString)),
+        (V1_SERVICE, handlers(_model_info_v1)),
+    ):
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, table),))
+        server.add_registered_method_handlers(service_name, table)
 
 
 async def _refuse_malformed(request: object, context: grpc.aio.ServicerContext) -> None:
@@ -297,7 +315,7 @@ async def _refuse_malformed(request: object, context: grpc.aio.ServicerContext) 
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
 
 
-class ControllerService(pb_grpc.ControllerServicer):
+class ControllerService(pb_grpc.ControllerServiceServicer):
     def __init__(self, runtime: ControllerRuntime) -> None:
         self.runtime = runtime
         self.executor = runtime.executor
@@ -312,11 +330,13 @@ class ControllerService(pb_grpc.ControllerServicer):
             self._info.planner = runtime.planning.name
         self._planning = runtime.planning
 
-    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetModelInfoResponse:
         await _refuse_malformed(request, context)
-        return self._info
+        return pb.GetModelInfoResponse(model=self._info)
 
-    async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ServerStats:
+    async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.GetStatsResponse:
         await _refuse_malformed(request, context)
         runtime = self.runtime
         stats = runtime.stats
@@ -324,7 +344,7 @@ class ControllerService(pb_grpc.ControllerServicer):
         p50, p99, p999, mx = np.percentile(lateness, [50, 99, 99.9, 100]) if lateness.size else (0.0,) * 4
         edges = np.array(LATENESS_BUCKETS_US)
         counts = np.bincount(np.searchsorted(edges, lateness, side="left"), minlength=edges.size + 1)
-        reply = pb.ServerStats(
+        reply = pb.GetStatsResponse(
             ticks=stats.ticks,
             missed_deadlines=runtime.ticker.missed - runtime.missed_at_reset,
             lateness_p50_us=p50,
@@ -349,7 +369,7 @@ class ControllerService(pb_grpc.ControllerServicer):
 
     async def GetShadowStats(
         self, request: pb.GetShadowStatsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ShadowStats:
+    ) -> pb.GetShadowStatsResponse:
         await _refuse_malformed(request, context)
         runtime, keep = self.runtime, ControllerRuntime.KEEP_CLOSED_SHADOW_STATS
         shadow: ShadowInstance | None = None
@@ -408,7 +428,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 f"{first.WhichOneof('msg') or 'an empty DriveRequest'}",
             )
         req = first.open
-        if req.clock not in (pb.REALTIME, pb.LOCKSTEP):
+        if req.clock not in (pb.CLOCK_MODE_REALTIME, pb.CLOCK_MODE_LOCKSTEP):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"OpenSession.clock must be REALTIME (1) or LOCKSTEP (2); got {req.clock}",
@@ -478,7 +498,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                     )
                 )
             )
-            if req.clock == pb.REALTIME:
+            if req.clock == pb.CLOCK_MODE_REALTIME:
                 error = await self._drive_realtime(session_id, requests, context)
             else:
                 error = await self._drive_lockstep(session_id, requests, context)
@@ -533,7 +553,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 snap.snapshots_dropped = box.dropped
                 proto = snapshot_to_proto(snap)
                 if planning is not None:
-                    planning.decorate(session_id, pb.REALTIME, proto)
+                    planning.decorate(session_id, pb.CLOCK_MODE_REALTIME, proto)
                 msg = pb.DriveResponse(snapshot=proto)
                 stats.stream_ns += _perf_ns() - t0
                 await context.write(msg)
@@ -567,7 +587,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 self.runtime.record_snapshot(snap)
                 proto = snapshot_to_proto(snap)
                 if planning is not None:
-                    planning.decorate(session_id, pb.LOCKSTEP, proto)
+                    planning.decorate(session_id, pb.CLOCK_MODE_LOCKSTEP, proto)
                 # Awaiting each write is the backpressure: a LOCKSTEP stream never drops a snapshot.
                 await context.write(pb.DriveResponse(snapshot=proto))
                 stats.snapshots_sent += 1

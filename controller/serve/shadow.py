@@ -15,7 +15,7 @@ from typing import cast
 
 import numpy as np
 
-from dualloop.v1 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2 as pb
 
 
 @dataclass
@@ -145,8 +145,8 @@ class ShadowAgreement:
             )
         return groups
 
-    def to_proto(self, session_id: str, session_instance: str = "") -> pb.ShadowStats:
-        msg = pb.ShadowStats(
+    def to_proto(self, session_id: str, session_instance: str = "") -> pb.GetShadowStatsResponse:
+        msg = pb.GetShadowStatsResponse(
             session_id=session_id,
             actions=self.actions,
             confusion=self.confusion.ravel().tolist(),

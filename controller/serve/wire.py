@@ -1,4 +1,4 @@
-"""Conversion between the executor's dataclasses and the dualloop.v1 protobuf messages."""
+"""Conversion between the executor's dataclasses and the dualloop.v2 protobuf messages."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dualloop.executor.checks import NAMES
 from dualloop.executor.core import Executor
 from dualloop.executor.model_card import ModelCard
 from dualloop.executor.snapshot import WALL_CLOCK_FIELDS, Check, Observation, Snapshot
-from dualloop.v1 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2 as pb
 
 
 def model_info(card: ModelCard, tick_period_ns: int, gate_version: str = "", gate_source: str = "") -> pb.ModelInfo:

@@ -65,7 +65,7 @@ def test_node_client_checks_a_live_server(node: str, shipped_server: ServerThrea
     assert lockstep["identical"] and lockstep["snapshots"] == 581
     # the out-of-distribution stretch and the stale plan take the safe-state machine through its states
     states = set(lockstep["safety_states"])
-    assert {"NOMINAL", "VETO_HOLD"} <= states and len(states) >= 3, states
+    assert {"SAFETY_STATE_NOMINAL", "SAFETY_STATE_VETO_HOLD"} <= states and len(states) >= 3, states
     realtime = summary["realtime"]
     assert realtime["window_bytes"] == 8192 and realtime["snapshots"] > 0
     for stall in ("paused_reader", "busy_event_loop"):

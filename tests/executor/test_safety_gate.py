@@ -282,24 +282,28 @@ def test_server_fills_gate_fields(test_model_path, gates, nominal_rows):
 
     from dualloop.controller.serve.client import DriveSession
     from dualloop.controller.serve.server import ServerThread
-    from dualloop.v1 import controller_pb2 as pb
-    from dualloop.v1 import controller_pb2_grpc as pb_grpc
+    from dualloop.v2 import controller_pb2 as pb
+    from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
     features, _ = nominal_rows
     with ServerThread(
         ServerConfig(model=test_model_path, gates=[gates["decision_vector"], gates["input_features"]], port=0)
     ) as srv:
         with grpc.insecure_channel(srv.address) as channel:
-            info = pb_grpc.ControllerStub(channel).GetModelInfo(pb.GetModelInfoRequest())
+            info = pb_grpc.ControllerServiceStub(channel).GetModelInfo(pb.GetModelInfoRequest()).model
             assert len(info.gate_version) == 33 and info.gate_source == "decision_vector+input_features"
-            s = DriveSession(channel, "g", pb.LOCKSTEP)
+            s = DriveSession(channel, "g", pb.CLOCK_MODE_LOCKSTEP)
             s.send(1, 0, features[0].tolist())
             ok = s.recv()
             s.send(2, TICK, [float("nan")] * 19)
             vetoed = s.recv()
             s.close()
     assert ok.HasField("gate") and ok.gate.threshold > 0 and not ok.gate.veto
-    assert vetoed.gate.veto and pb.OOD_VETO in vetoed.reasons and vetoed.safety_state == pb.VETO_HOLD
+    assert (
+        vetoed.gate.veto
+        and pb.REASON_CODE_OOD_VETO in vetoed.reasons
+        and vetoed.safety_state == pb.SAFETY_STATE_VETO_HOLD
+    )
 
 
 def test_stuck_sensor_vetoes_after_two_repeats(test_model, gates, nominal_rows):

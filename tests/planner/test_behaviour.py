@@ -351,7 +351,7 @@ def test_slow_merge_in_closed_loop_merges_off_the_ramp():
     from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
     from dualloop.sim.env import make_scenario
     from dualloop.sim.world import EGO
-    from dualloop.v1 import controller_pb2 as pb
+    from dualloop.v2 import controller_pb2 as pb
 
     executor = Executor(DecisionModel(BASE_MODEL_PATH), None, [ood.load_gate(g) for g in DEFAULT_GATES])
     env = make_scenario("slow_merge", 950_003)
@@ -360,7 +360,7 @@ def test_slow_merge_in_closed_loop_merges_off_the_ramp():
     assert run.metrics.collisions == 0 and not run.metrics.off_road
     assert env.world.ego_lane()[0] >= 1 and env.world.s[0, EGO] > env.world.road.lane_end_s[0, 0]  # past the end
     assert ("behaviour", "change_left", 3.5) in {p[:3] for p in run.plans}
-    assert run.ticks_with(pb.OOD_VETO) < 100  # the merge stays in the model's distribution
+    assert run.ticks_with(pb.REASON_CODE_OOD_VETO) < 100  # the merge stays in the model's distribution
 
 
 @pytest.mark.slow
@@ -375,7 +375,7 @@ def test_dense_traffic_in_closed_loop_moves_to_the_faster_lane_and_follows_its_s
     from dualloop.executor.model_runner import DecisionModel
     from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
     from dualloop.sim.env import make_scenario
-    from dualloop.v1 import controller_pb2 as pb
+    from dualloop.v2 import controller_pb2 as pb
 
     executor = Executor(DecisionModel(BASE_MODEL_PATH), None, [ood.load_gate(g) for g in DEFAULT_GATES])
     env = make_scenario("dense_traffic", 900_003)
@@ -386,7 +386,7 @@ def test_dense_traffic_in_closed_loop_moves_to_the_faster_lane_and_follows_its_s
     assert ("behaviour", "change_left", 3.5) in {p[:3] for p in run.plans}
     assert int(env.world.ego_lane()[0]) == start_lane + 1
     assert run.speed_changes() >= 1 and {p[0] for p in run.plans} == {"behaviour"}
-    assert run.ticks_with(pb.OOD_VETO) == 0
+    assert run.ticks_with(pb.REASON_CODE_OOD_VETO) == 0
 
 
 @pytest.mark.slow

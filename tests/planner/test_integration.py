@@ -25,8 +25,8 @@ from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.plan import Plan, PlanRequest, make_plan_id
 from dualloop.planner.remote import serve_planner
 from dualloop.sim.env import make_scenario
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 PERIOD_MS = 50.0
 MAX_PLAN_AGE_MS = 150.0
@@ -113,10 +113,10 @@ def test_planner_section_validates_and_names_the_field(tmp_path: Path, test_mode
 def test_model_info_names_the_planner(test_model_path: Path) -> None:
     with ServerThread(ServerConfig(model=test_model_path, port=0, planner={"source": "behaviour"})) as srv:
         with grpc.insecure_channel(srv.address) as ch:
-            assert pb_grpc.ControllerStub(ch).GetModelInfo(pb.GetModelInfoRequest()).planner == "behaviour"
+            assert pb_grpc.ControllerServiceStub(ch).GetModelInfo(pb.GetModelInfoRequest()).model.planner == "behaviour"
     with ServerThread(ServerConfig(model=test_model_path, port=0)) as srv:
         with grpc.insecure_channel(srv.address) as ch:
-            assert pb_grpc.ControllerStub(ch).GetModelInfo(pb.GetModelInfoRequest()).planner == ""
+            assert pb_grpc.ControllerServiceStub(ch).GetModelInfo(pb.GetModelInfoRequest()).model.planner == ""
 
 
 def test_idle_priority_can_be_turned_off(test_model_path: Path) -> None:
@@ -158,7 +158,7 @@ def test_lockstep_raising_source_keeps_the_old_plan_then_stale_plan() -> None:
     run = drive_in_process(ex, "nominal_cruise", 3, planner=planning, duration_s=2.0)
     assert planning.counts == {"plans": 2, "errors": 8, "timeouts": 0}
     assert run.plan_updates == 2  # the second plan (t = 0.2 s) stays in use
-    stale = run.t[((run.reasons >> pb.STALE_PLAN) & 1).astype(bool)]
+    stale = run.t[((run.reasons >> pb.REASON_CODE_STALE_PLAN) & 1).astype(bool)]
     # the planner's own validity (BehaviourPlanner: 1 s), not the executor's default for client plans
     assert stale.size and stale[0] == pytest.approx(0.2 + 1.0 + 0.005, abs=1e-6)  # older than 1 s
 
@@ -176,7 +176,7 @@ class _Client:
 
     def __init__(self, address: str) -> None:
         self.channel = realtime_channel(address)
-        self.session = DriveSession(self.channel, "rt-plan", pb.REALTIME)
+        self.session = DriveSession(self.channel, "rt-plan", pb.CLOCK_MODE_REALTIME)
         self.snaps: list[pb.DecisionSnapshot] = []
         self._stop = threading.Event()
         self._features = _sensor()
@@ -229,22 +229,22 @@ def _exercise_fault(
     missed_before = srv.server.runtime.ticker.missed
     client = _Client(srv.address)
     try:
-        client.wait_for(lambda s: s.plan_id.startswith("scripted/") and s.safety_state == pb.NOMINAL, 10.0)
+        client.wait_for(lambda s: s.plan_id.startswith("scripted/") and s.safety_state == pb.SAFETY_STATE_NOMINAL, 10.0)
         control.write_text(fault)
         t_fault = time.monotonic()
-        stale = client.wait_for(lambda s: pb.STALE_PLAN in s.reasons, 5.0)
+        stale = client.wait_for(lambda s: pb.REASON_CODE_STALE_PLAN in s.reasons, 5.0)
         t_stale = time.monotonic()
-        client.wait_for(lambda s: s.safety_state != pb.NOMINAL, 2.0)
+        client.wait_for(lambda s: s.safety_state != pb.SAFETY_STATE_NOMINAL, 2.0)
         control.write_text("ok")
-        client.wait_for(lambda s: s.safety_state == pb.RECOVERING, 10.0)
-        client.wait_for(lambda s: s.safety_state == pb.NOMINAL, 5.0)
+        client.wait_for(lambda s: s.safety_state == pb.SAFETY_STATE_RECOVERING, 10.0)
+        client.wait_for(lambda s: s.safety_state == pb.SAFETY_STATE_NOMINAL, 5.0)
     finally:
         client.close()
     snaps = client.snaps
     first_stale = snaps[stale]
     # STALE_PLAN only once the plan is older than the limit, never before
     assert first_stale.plan_age_ns > max_plan_age_ms * 1e6
-    assert all(s.plan_age_ns > max_plan_age_ms * 1e6 for s in snaps if pb.STALE_PLAN in s.reasons)
+    assert all(s.plan_age_ns > max_plan_age_ms * 1e6 for s in snaps if pb.REASON_CODE_STALE_PLAN in s.reasons)
     # the executor kept ticking throughout: every tick reached the client unless reported
     # dropped (slow client) or missed (a deadline the machine could not keep)
     ticks = np.array([s.tick for s in snaps])

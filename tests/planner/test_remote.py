@@ -23,7 +23,7 @@ from dualloop.planner.wire import (
     request_to_pb,
 )
 from dualloop.sim.schema import BEHAVIOURS, FEATURE_INDEX, N_FEATURES, SENSOR_RANGE_M
-from dualloop.v1 import planner_pb2 as pb
+from dualloop.v2 import planner_pb2 as pb
 from tests.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -71,12 +71,12 @@ def test_stubs_match_planner_proto(tmp_path):
         f"--python_out={tmp_path}",
         f"--pyi_out={tmp_path}",
         f"--grpc_python_out={tmp_path}",
-        "dualloop/v1/planner.proto",
+        "dualloop/v2/planner.proto",
     ]
     assert protoc.main(args) == 0
     for name in ("planner_pb2.py", "planner_pb2.pyi", "planner_pb2_grpc.py"):
-        fresh = (tmp_path / "dualloop" / "v1" / name).read_text()
-        assert fresh == (ROOT / "proto" / "dualloop" / "v1" / name).read_text(), f"{name} drifted from planner.proto"
+        fresh = (tmp_path / "dualloop" / "v2" / name).read_text()
+        assert fresh == (ROOT / "proto" / "dualloop" / "v2" / name).read_text(), f"{name} drifted from planner.proto"
 
 
 def test_planner_proto_is_typed_and_covers_every_behaviour():
@@ -85,7 +85,7 @@ def test_planner_proto_is_typed_and_covers_every_behaviour():
     for message in pb.DESCRIPTOR.message_types_by_name.values():
         for field in message.fields:
             assert field.type != FieldDescriptor.TYPE_BYTES, f"{message.name}.{field.name}"
-    assert pb.DESCRIPTOR.package == "dualloop.v1"
+    assert pb.DESCRIPTOR.package == "dualloop.v2"
     assert sorted(BEHAVIOUR_TO_WIRE) == sorted(BEHAVIOURS)
 
 

@@ -7,11 +7,11 @@ import importlib.util
 import pytest
 
 from dualloop.executor.snapshot import Check, CheckStatus, Clock, Reason, SafetyState
-from dualloop.v1 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2 as pb
 from tests.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
-GEN = ROOT / "proto" / "dualloop" / "v1"
+GEN = ROOT / "proto" / "dualloop" / "v2"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("grpc_tools") is None, reason="grpcio-tools (dev extra) not installed")
@@ -21,14 +21,21 @@ def test_committed_stubs_match_proto(tmp_path):
     spec.loader.exec_module(gen)
     gen.generate(tmp_path)
     for name in ("controller_pb2.py", "controller_pb2.pyi", "controller_pb2_grpc.py"):
-        fresh = (tmp_path / "dualloop" / "v1" / name).read_text()
+        fresh = (tmp_path / "dualloop" / "v2" / name).read_text()
         assert fresh == (GEN / name).read_text(), f"{name} drifted from controller.proto: run `make proto`"
 
 
-@pytest.mark.parametrize("ours, wire", [(Reason, pb.ReasonCode), (SafetyState, pb.SafetyState), (Clock, pb.ClockMode)])
-def test_enums_match_wire(ours, wire):
+@pytest.mark.parametrize(
+    "ours, wire, prefix",
+    [
+        (Reason, pb.ReasonCode, "REASON_CODE_"),
+        (SafetyState, pb.SafetyState, "SAFETY_STATE_"),
+        (Clock, pb.ClockMode, "CLOCK_MODE_"),
+    ],
+)
+def test_enums_match_wire(ours, wire, prefix):
     for member in ours:
-        assert wire.Value(member.name) == member.value, member
+        assert wire.Value(prefix + member.name) == member.value, member
     assert len(wire.keys()) == len(ours) + 1  # + the UNSPECIFIED zero value
 
 
@@ -51,8 +58,8 @@ def test_wire_has_only_typed_fields():
             seen += 1
             assert field.type != FieldDescriptor.TYPE_BYTES, f"{message.name}.{field.name} is bytes"
             if field.message_type is not None:
-                assert field.message_type.full_name.startswith("dualloop.v1."), f"{message.name}.{field.name}"
-    assert seen > 40 and pb.DESCRIPTOR.package == "dualloop.v1"
+                assert field.message_type.full_name.startswith("dualloop.v2."), f"{message.name}.{field.name}"
+    assert seen > 40 and pb.DESCRIPTOR.package == "dualloop.v2"
 
 
 def test_plan_state_matches_wire():

@@ -10,28 +10,28 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class ClockMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CLOCK_MODE_UNSPECIFIED: _ClassVar[ClockMode]
-    REALTIME: _ClassVar[ClockMode]
-    LOCKSTEP: _ClassVar[ClockMode]
+    CLOCK_MODE_REALTIME: _ClassVar[ClockMode]
+    CLOCK_MODE_LOCKSTEP: _ClassVar[ClockMode]
 
 class ReasonCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    REASON_UNSPECIFIED: _ClassVar[ReasonCode]
-    OOD_VETO: _ClassVar[ReasonCode]
-    LOW_MARGIN: _ClassVar[ReasonCode]
-    STALE_OBSERVATION: _ClassVar[ReasonCode]
-    STALE_PLAN: _ClassVar[ReasonCode]
-    INVALID_INPUT: _ClassVar[ReasonCode]
-    MODEL_ERROR: _ClassVar[ReasonCode]
-    FALLBACK: _ClassVar[ReasonCode]
-    SAFE_DEFAULT: _ClassVar[ReasonCode]
+    REASON_CODE_UNSPECIFIED: _ClassVar[ReasonCode]
+    REASON_CODE_OOD_VETO: _ClassVar[ReasonCode]
+    REASON_CODE_LOW_MARGIN: _ClassVar[ReasonCode]
+    REASON_CODE_STALE_OBSERVATION: _ClassVar[ReasonCode]
+    REASON_CODE_STALE_PLAN: _ClassVar[ReasonCode]
+    REASON_CODE_INVALID_INPUT: _ClassVar[ReasonCode]
+    REASON_CODE_MODEL_ERROR: _ClassVar[ReasonCode]
+    REASON_CODE_FALLBACK: _ClassVar[ReasonCode]
+    REASON_CODE_SAFE_DEFAULT: _ClassVar[ReasonCode]
 
 class SafetyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SAFETY_STATE_UNSPECIFIED: _ClassVar[SafetyState]
-    NOMINAL: _ClassVar[SafetyState]
-    VETO_HOLD: _ClassVar[SafetyState]
-    FALLBACK_ACTIVE: _ClassVar[SafetyState]
-    RECOVERING: _ClassVar[SafetyState]
+    SAFETY_STATE_NOMINAL: _ClassVar[SafetyState]
+    SAFETY_STATE_VETO_HOLD: _ClassVar[SafetyState]
+    SAFETY_STATE_FALLBACK_ACTIVE: _ClassVar[SafetyState]
+    SAFETY_STATE_RECOVERING: _ClassVar[SafetyState]
 
 class PlanState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -59,22 +59,22 @@ class CheckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECK_STATUS_NOT_APPLICABLE: _ClassVar[CheckStatus]
     CHECK_STATUS_NOT_SCORED: _ClassVar[CheckStatus]
 CLOCK_MODE_UNSPECIFIED: ClockMode
-REALTIME: ClockMode
-LOCKSTEP: ClockMode
-REASON_UNSPECIFIED: ReasonCode
-OOD_VETO: ReasonCode
-LOW_MARGIN: ReasonCode
-STALE_OBSERVATION: ReasonCode
-STALE_PLAN: ReasonCode
-INVALID_INPUT: ReasonCode
-MODEL_ERROR: ReasonCode
-FALLBACK: ReasonCode
-SAFE_DEFAULT: ReasonCode
+CLOCK_MODE_REALTIME: ClockMode
+CLOCK_MODE_LOCKSTEP: ClockMode
+REASON_CODE_UNSPECIFIED: ReasonCode
+REASON_CODE_OOD_VETO: ReasonCode
+REASON_CODE_LOW_MARGIN: ReasonCode
+REASON_CODE_STALE_OBSERVATION: ReasonCode
+REASON_CODE_STALE_PLAN: ReasonCode
+REASON_CODE_INVALID_INPUT: ReasonCode
+REASON_CODE_MODEL_ERROR: ReasonCode
+REASON_CODE_FALLBACK: ReasonCode
+REASON_CODE_SAFE_DEFAULT: ReasonCode
 SAFETY_STATE_UNSPECIFIED: SafetyState
-NOMINAL: SafetyState
-VETO_HOLD: SafetyState
-FALLBACK_ACTIVE: SafetyState
-RECOVERING: SafetyState
+SAFETY_STATE_NOMINAL: SafetyState
+SAFETY_STATE_VETO_HOLD: SafetyState
+SAFETY_STATE_FALLBACK_ACTIVE: SafetyState
+SAFETY_STATE_RECOVERING: SafetyState
 PLAN_STATE_UNSPECIFIED: PlanState
 PLAN_STATE_NONE: PlanState
 PLAN_STATE_VALID: PlanState
@@ -375,6 +375,12 @@ class GetModelInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class GetModelInfoResponse(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: ModelInfo
+    def __init__(self, model: _Optional[_Union[ModelInfo, _Mapping]] = ...) -> None: ...
+
 class FeatureSpec(_message.Message):
     __slots__ = ("name", "unit", "mean", "std")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -435,7 +441,7 @@ class GetStatsRequest(_message.Message):
     reset: bool
     def __init__(self, reset: _Optional[bool] = ...) -> None: ...
 
-class ServerStats(_message.Message):
+class GetStatsResponse(_message.Message):
     __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s", "ticks_total", "missed_deadlines_total", "uptime_s", "snapshots_sent_total")
     TICKS_FIELD_NUMBER: _ClassVar[int]
     MISSED_DEADLINES_FIELD_NUMBER: _ClassVar[int]
@@ -497,7 +503,7 @@ class AgreementGroup(_message.Message):
     control_rmse: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, key: _Optional[str] = ..., ticks: _Optional[int] = ..., agreeing: _Optional[int] = ..., control_mae: _Optional[_Iterable[float]] = ..., control_rmse: _Optional[_Iterable[float]] = ...) -> None: ...
 
-class ShadowStats(_message.Message):
+class GetShadowStatsResponse(_message.Message):
     __slots__ = ("session_id", "actions", "confusion", "groups", "ticks_without_actual", "proposed_confusion", "proposed_groups", "session_instance", "ticks_invalid_actual_controls")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]

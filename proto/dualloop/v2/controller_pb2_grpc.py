@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dualloop.v1 import controller_pb2 as dualloop_dot_v1_dot_controller__pb2
+from dualloop.v2 import controller_pb2 as dualloop_dot_v2_dot_controller__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in dualloop/v1/controller_pb2_grpc.py depends on'
+        + ' but the generated code in dualloop/v2/controller_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class ControllerStub:
+class ControllerServiceStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -35,28 +35,28 @@ class ControllerStub:
             channel: A grpc.Channel.
         """
         self.Drive = channel.stream_stream(
-                '/dualloop.v1.Controller/Drive',
-                request_serializer=dualloop_dot_v1_dot_controller__pb2.DriveRequest.SerializeToString,
-                response_deserializer=dualloop_dot_v1_dot_controller__pb2.DriveResponse.FromString,
+                '/dualloop.v2.ControllerService/Drive',
+                request_serializer=dualloop_dot_v2_dot_controller__pb2.DriveRequest.SerializeToString,
+                response_deserializer=dualloop_dot_v2_dot_controller__pb2.DriveResponse.FromString,
                 _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
-                '/dualloop.v1.Controller/GetModelInfo',
-                request_serializer=dualloop_dot_v1_dot_controller__pb2.GetModelInfoRequest.SerializeToString,
-                response_deserializer=dualloop_dot_v1_dot_controller__pb2.ModelInfo.FromString,
+                '/dualloop.v2.ControllerService/GetModelInfo',
+                request_serializer=dualloop_dot_v2_dot_controller__pb2.GetModelInfoRequest.SerializeToString,
+                response_deserializer=dualloop_dot_v2_dot_controller__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
         self.GetStats = channel.unary_unary(
-                '/dualloop.v1.Controller/GetStats',
-                request_serializer=dualloop_dot_v1_dot_controller__pb2.GetStatsRequest.SerializeToString,
-                response_deserializer=dualloop_dot_v1_dot_controller__pb2.ServerStats.FromString,
+                '/dualloop.v2.ControllerService/GetStats',
+                request_serializer=dualloop_dot_v2_dot_controller__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=dualloop_dot_v2_dot_controller__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
         self.GetShadowStats = channel.unary_unary(
-                '/dualloop.v1.Controller/GetShadowStats',
-                request_serializer=dualloop_dot_v1_dot_controller__pb2.GetShadowStatsRequest.SerializeToString,
-                response_deserializer=dualloop_dot_v1_dot_controller__pb2.ShadowStats.FromString,
+                '/dualloop.v2.ControllerService/GetShadowStats',
+                request_serializer=dualloop_dot_v2_dot_controller__pb2.GetShadowStatsRequest.SerializeToString,
+                response_deserializer=dualloop_dot_v2_dot_controller__pb2.GetShadowStatsResponse.FromString,
                 _registered_method=True)
 
 
-class ControllerServicer:
+class ControllerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Drive(self, request_iterator, context):
@@ -92,37 +92,37 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
 
-def add_ControllerServicer_to_server(servicer, server):
+def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Drive': grpc.stream_stream_rpc_method_handler(
                     servicer.Drive,
-                    request_deserializer=dualloop_dot_v1_dot_controller__pb2.DriveRequest.FromString,
-                    response_serializer=dualloop_dot_v1_dot_controller__pb2.DriveResponse.SerializeToString,
+                    request_deserializer=dualloop_dot_v2_dot_controller__pb2.DriveRequest.FromString,
+                    response_serializer=dualloop_dot_v2_dot_controller__pb2.DriveResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
-                    request_deserializer=dualloop_dot_v1_dot_controller__pb2.GetModelInfoRequest.FromString,
-                    response_serializer=dualloop_dot_v1_dot_controller__pb2.ModelInfo.SerializeToString,
+                    request_deserializer=dualloop_dot_v2_dot_controller__pb2.GetModelInfoRequest.FromString,
+                    response_serializer=dualloop_dot_v2_dot_controller__pb2.GetModelInfoResponse.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
-                    request_deserializer=dualloop_dot_v1_dot_controller__pb2.GetStatsRequest.FromString,
-                    response_serializer=dualloop_dot_v1_dot_controller__pb2.ServerStats.SerializeToString,
+                    request_deserializer=dualloop_dot_v2_dot_controller__pb2.GetStatsRequest.FromString,
+                    response_serializer=dualloop_dot_v2_dot_controller__pb2.GetStatsResponse.SerializeToString,
             ),
             'GetShadowStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetShadowStats,
-                    request_deserializer=dualloop_dot_v1_dot_controller__pb2.GetShadowStatsRequest.FromString,
-                    response_serializer=dualloop_dot_v1_dot_controller__pb2.ShadowStats.SerializeToString,
+                    request_deserializer=dualloop_dot_v2_dot_controller__pb2.GetShadowStatsRequest.FromString,
+                    response_serializer=dualloop_dot_v2_dot_controller__pb2.GetShadowStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'dualloop.v1.Controller', rpc_method_handlers)
+            'dualloop.v2.ControllerService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('dualloop.v1.Controller', rpc_method_handlers)
+    server.add_registered_method_handlers('dualloop.v2.ControllerService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Controller:
+class ControllerService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -139,9 +139,9 @@ class Controller:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/dualloop.v1.Controller/Drive',
-            dualloop_dot_v1_dot_controller__pb2.DriveRequest.SerializeToString,
-            dualloop_dot_v1_dot_controller__pb2.DriveResponse.FromString,
+            '/dualloop.v2.ControllerService/Drive',
+            dualloop_dot_v2_dot_controller__pb2.DriveRequest.SerializeToString,
+            dualloop_dot_v2_dot_controller__pb2.DriveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -166,9 +166,9 @@ class Controller:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/dualloop.v1.Controller/GetModelInfo',
-            dualloop_dot_v1_dot_controller__pb2.GetModelInfoRequest.SerializeToString,
-            dualloop_dot_v1_dot_controller__pb2.ModelInfo.FromString,
+            '/dualloop.v2.ControllerService/GetModelInfo',
+            dualloop_dot_v2_dot_controller__pb2.GetModelInfoRequest.SerializeToString,
+            dualloop_dot_v2_dot_controller__pb2.GetModelInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -193,9 +193,9 @@ class Controller:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/dualloop.v1.Controller/GetStats',
-            dualloop_dot_v1_dot_controller__pb2.GetStatsRequest.SerializeToString,
-            dualloop_dot_v1_dot_controller__pb2.ServerStats.FromString,
+            '/dualloop.v2.ControllerService/GetStats',
+            dualloop_dot_v2_dot_controller__pb2.GetStatsRequest.SerializeToString,
+            dualloop_dot_v2_dot_controller__pb2.GetStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -220,9 +220,9 @@ class Controller:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/dualloop.v1.Controller/GetShadowStats',
-            dualloop_dot_v1_dot_controller__pb2.GetShadowStatsRequest.SerializeToString,
-            dualloop_dot_v1_dot_controller__pb2.ShadowStats.FromString,
+            '/dualloop.v2.ControllerService/GetShadowStats',
+            dualloop_dot_v2_dot_controller__pb2.GetShadowStatsRequest.SerializeToString,
+            dualloop_dot_v2_dot_controller__pb2.GetShadowStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,4 @@
-from dualloop.v1 import controller_pb2 as _controller_pb2
+from dualloop.v2 import controller_pb2 as _controller_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

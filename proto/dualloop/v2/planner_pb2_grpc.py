@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dualloop.v1 import planner_pb2 as dualloop_dot_v1_dot_planner__pb2
+from dualloop.v2 import planner_pb2 as dualloop_dot_v2_dot_planner__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in dualloop/v1/planner_pb2_grpc.py depends on'
+        + ' but the generated code in dualloop/v2/planner_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class PlannerStub:
+class PlannerServiceStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -35,13 +35,13 @@ class PlannerStub:
             channel: A grpc.Channel.
         """
         self.Plan = channel.unary_unary(
-                '/dualloop.v1.Planner/Plan',
-                request_serializer=dualloop_dot_v1_dot_planner__pb2.PlanRequest.SerializeToString,
-                response_deserializer=dualloop_dot_v1_dot_planner__pb2.PlanResponse.FromString,
+                '/dualloop.v2.PlannerService/Plan',
+                request_serializer=dualloop_dot_v2_dot_planner__pb2.PlanRequest.SerializeToString,
+                response_deserializer=dualloop_dot_v2_dot_planner__pb2.PlanResponse.FromString,
                 _registered_method=True)
 
 
-class PlannerServicer:
+class PlannerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Plan(self, request, context):
@@ -53,22 +53,22 @@ class PlannerServicer:
         raise NotImplementedError('Method not implemented!')
 
 
-def add_PlannerServicer_to_server(servicer, server):
+def add_PlannerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Plan': grpc.unary_unary_rpc_method_handler(
                     servicer.Plan,
-                    request_deserializer=dualloop_dot_v1_dot_planner__pb2.PlanRequest.FromString,
-                    response_serializer=dualloop_dot_v1_dot_planner__pb2.PlanResponse.SerializeToString,
+                    request_deserializer=dualloop_dot_v2_dot_planner__pb2.PlanRequest.FromString,
+                    response_serializer=dualloop_dot_v2_dot_planner__pb2.PlanResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'dualloop.v1.Planner', rpc_method_handlers)
+            'dualloop.v2.PlannerService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('dualloop.v1.Planner', rpc_method_handlers)
+    server.add_registered_method_handlers('dualloop.v2.PlannerService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Planner:
+class PlannerService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -85,9 +85,9 @@ class Planner:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/dualloop.v1.Planner/Plan',
-            dualloop_dot_v1_dot_planner__pb2.PlanRequest.SerializeToString,
-            dualloop_dot_v1_dot_planner__pb2.PlanResponse.FromString,
+            '/dualloop.v2.PlannerService/Plan',
+            dualloop_dot_v2_dot_planner__pb2.PlanRequest.SerializeToString,
+            dualloop_dot_v2_dot_planner__pb2.PlanResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,11 +56,11 @@ def test_demo_writes_table_logs_plots_and_report(tmp_path, test_model_path):
 
 def test_realtime_closed_loop_over_grpc(server):
     """REALTIME: the simulator steps on the wall clock and applies the newest snapshot it has."""
-    from dualloop.v1 import controller_pb2 as pb
+    from dualloop.v2 import controller_pb2 as pb
 
     # the fixture serves the untrained test model: do not end the episode at its first crash
     run = drive_over_grpc(
-        server.address, "nominal_cruise", seed=11, clock=pb.REALTIME, duration_s=1.0, end_on_collision=False
+        server.address, "nominal_cruise", seed=11, clock=pb.CLOCK_MODE_REALTIME, duration_s=1.0, end_on_collision=False
     )
     assert len(run.t) == 200  # 1 s of 5 ms steps, paced by the wall clock
     decided = run.applied_index >= 0

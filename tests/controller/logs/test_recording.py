@@ -12,8 +12,8 @@ from dualloop.controller.logs import recorder as recorder_module
 from dualloop.controller.logs.format import rotated_files
 from dualloop.controller.logs.logfile import LogFileError, read_log, read_sessions, write_log
 from dualloop.controller.logs.recorder import Recorder
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 PERIOD_NS = 5_000_000
 
@@ -39,7 +39,7 @@ def snapshot(session_id: str, i: int) -> pb.DecisionSnapshot:
         emit_time_ns=i * PERIOD_NS + 7_000,
         observation_seq=i,
         model_version="m1",
-        reasons=[pb.LOW_MARGIN] if i % 3 == 0 else [],
+        reasons=[pb.REASON_CODE_LOW_MARGIN] if i % 3 == 0 else [],
         proposed=pb.Proposal(
             action=pb.Action(index=2, name="keep", controls=[0.0, 0.0]),
             probabilities=[0.1, 0.2, 0.6, 0.1],
@@ -47,7 +47,7 @@ def snapshot(session_id: str, i: int) -> pb.DecisionSnapshot:
             margin=0.4,
         ),
         applied=pb.Action(index=2, name="keep", controls=[0.0, 0.0]),
-        safety_state=pb.NOMINAL,
+        safety_state=pb.SAFETY_STATE_NOMINAL,
         input_hash=0xDEADBEEF00000000 + i,
     )
 
@@ -55,7 +55,7 @@ def snapshot(session_id: str, i: int) -> pb.DecisionSnapshot:
 def header(session_id: str) -> log_pb2.SessionHeader:
     return log_pb2.SessionHeader(
         session_id=session_id,
-        clock=pb.LOCKSTEP,
+        clock=pb.CLOCK_MODE_LOCKSTEP,
         shadow=True,
         model_version="m1",
         model_schema_hash="abc123",

@@ -19,7 +19,7 @@ from tests.paths import REPO_ROOT
 CHILD = r"""
 import sys, time
 from dualloop.controller.logs.recorder import Recorder
-from dualloop.v1 import controller_pb2 as pb, log_pb2
+from dualloop.v2 import controller_pb2 as pb, log_pb2
 
 rec = Recorder(sys.argv[1], flush_interval_s=0.25)
 rec.open_session(log_pb2.SessionHeader(session_id="killed", source="sigkill test"))

@@ -57,8 +57,8 @@ def test_send_times_are_not_input():
     different features are not."""
     from dualloop.controller.logs.logfile import LogData
     from dualloop.controller.replay.diff import _observation_digest
-    from dualloop.v1 import controller_pb2 as pb
-    from dualloop.v1 import log_pb2
+    from dualloop.v2 import controller_pb2 as pb
+    from dualloop.v2 import log_pb2
 
     def log(sent: int, x: float) -> LogData:
         obs = [pb.Observation(seq=k + 1, timestamp_ns=k, features=[x] * 3, sent_time_ns=sent + k) for k in range(5)]

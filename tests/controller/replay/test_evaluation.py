@@ -28,8 +28,8 @@ from dualloop.controller.replay.lockstep import replay_log
 from dualloop.executor.action_labels import ACTIONS, action_of_accel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 from dualloop.sim import schema
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 BH, BRAKE, KEEP, ACC = (ACTIONS.index(a) for a in ("brake_hard", "brake", "keep", "accelerate"))
 PERIOD_NS = 10_000_000  # 100 Hz, on the 5 ms grid: every observation has a tick at its timestamp
@@ -78,7 +78,7 @@ def make_log(path, rows=ROWS, measured=schema.FEATURE_NAMES, filled=(), session_
         obs.append(msg)
     header = log_pb2.SessionHeader(
         session_id=session_id,
-        clock=pb.LOCKSTEP,
+        clock=pb.CLOCK_MODE_LOCKSTEP,
         shadow=True,
         config_json="{}",
         source="constructed for the evaluation tests",

@@ -21,7 +21,7 @@ from dualloop.controller.serve.wire import add_checks, without_wall_clock
 from dualloop.executor.checks import NAMES
 from dualloop.executor.snapshot import CHECK_DTYPE, Check, Observation
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
-from dualloop.v1 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2 as pb
 
 EVERY_CHECK = [
     pb.CHECK_DECISION_VECTOR_DENSITY,
@@ -58,7 +58,7 @@ def driving(tmp_path_factory) -> list[Observation]:
 def drive(channel: grpc.Channel, observations: list[Observation], name: str) -> list[pb.DecisionSnapshot]:
     """Every snapshot of a LOCKSTEP session fed with these observations (seq renumbered from 1); the
     session declares its actual controls to be commands, so the actuation check judges them."""
-    session = DriveSession(channel, name, pb.LOCKSTEP, actual_controls_are_commands=True)
+    session = DriveSession(channel, name, pb.CLOCK_MODE_LOCKSTEP, actual_controls_are_commands=True)
     for k, o in enumerate(observations):
         controls = () if o.actual_controls is None else o.actual_controls.tolist()
         session.send(
@@ -141,7 +141,7 @@ def test_out_of_range_feature_vetoes_by_the_range_check(shipped_channel, driving
     rng = check(hit, pb.CHECK_INPUT_RANGE)
     assert rng.veto and rng.status == pb.CHECK_STATUS_SCORED and rng.threshold == 0.0
     assert rng.score == pytest.approx((200.0 - 45.0) / (45.0 - -7.41418747), rel=1e-6)
-    assert pb.CHECK_INPUT_RANGE in hit.vetoed_by and hit.gate.veto and pb.OOD_VETO in hit.reasons
+    assert pb.CHECK_INPUT_RANGE in hit.vetoed_by and hit.gate.veto and pb.REASON_CODE_OOD_VETO in hit.reasons
     # the other checks still speak, each for itself
     assert [c.check for c in hit.checks] == EVERY_CHECK
     for kind in (pb.CHECK_DECISION_VECTOR_DENSITY, pb.CHECK_INPUT_DENSITY, pb.CHECK_PLAN_RANGE, pb.CHECK_MARGIN):
@@ -161,7 +161,7 @@ def test_nan_in_a_measured_feature_no_inf_or_nan_anywhere(shipped_channel, drivi
         # all but the superseded `gate`, kept exactly as it was for old clients (+Inf below)
         assert all(math.isfinite(v) for v in floats(s, skip=("gate",))), s.tick
     (hit,) = [s for s in snaps if s.observation_seq == bad + 1 and not s.observation_held]
-    assert pb.INVALID_INPUT in hit.reasons and hit.gate.veto
+    assert pb.REASON_CODE_INVALID_INPUT in hit.reasons and hit.gate.veto
     status = {c.check: c.status for c in hit.checks}
     for kind in (
         pb.CHECK_DECISION_VECTOR_DENSITY,
@@ -195,7 +195,7 @@ def test_frozen_sensor_is_the_freeze_checks_veto(shipped_channel, driving):
         frozen = check(fresh[seq], pb.CHECK_FREEZE)
         assert frozen.veto == (frozen.score >= threshold)
         assert (pb.CHECK_FREEZE in fresh[seq].vetoed_by) == frozen.veto
-    assert fresh[23].gate.veto and pb.OOD_VETO in fresh[23].reasons
+    assert fresh[23].gate.veto and pb.REASON_CODE_OOD_VETO in fresh[23].reasons
     assert not check(fresh[35], pb.CHECK_FREEZE).veto and check(fresh[35], pb.CHECK_FREEZE).score == 0.0
 
 
@@ -240,7 +240,7 @@ def test_packed_check_encoding_equals_the_messages_built_field_by_field():
 
 
 def test_realtime_snapshots_carry_the_checks_too(shipped_channel, driving):
-    session = DriveSession(shipped_channel, "rt-checks", pb.REALTIME)
+    session = DriveSession(shipped_channel, "rt-checks", pb.CLOCK_MODE_REALTIME)
     snaps = []
     for k, o in enumerate(driving[:20]):
         session.send(k + 1, time.monotonic_ns(), o.features.tolist())

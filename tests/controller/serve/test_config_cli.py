@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from dualloop.controller.serve.config import ConfigError, load_server_config
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 
 def test_defaults_bind_loopback(test_model_path):
@@ -83,7 +83,7 @@ def test_cli_serve_answers_and_stops_on_sigterm(test_model_path):
         match = re.search(r"on 127\.0\.0\.1:(\d+)", line)
         assert match, line
         with grpc.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
-            info = pb_grpc.ControllerStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+            info = pb_grpc.ControllerServiceStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10).model
         assert len(info.features) == 19
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=20)

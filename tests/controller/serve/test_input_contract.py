@@ -21,8 +21,8 @@ from dualloop.controller.serve.config import ServerConfig, host_port, is_loopbac
 from dualloop.controller.serve.server import ServerThread
 from dualloop.controller.serve.wire import snapshot_to_proto
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 MS = 1_000_000
 
@@ -35,7 +35,7 @@ def sensor(seq: int) -> list[float]:
 
 
 def _drive(channel, session_id: str, n: int, actual_index: int = 2) -> list[pb.DecisionSnapshot]:
-    s = DriveSession(channel, session_id, pb.LOCKSTEP, shadow=True)
+    s = DriveSession(channel, session_id, pb.CLOCK_MODE_LOCKSTEP, shadow=True)
     snaps = []
     for k in range(n):
         s.send(k + 1, k * 5 * MS, sensor(k), actual_index=actual_index, actual_controls=[0.1, 0.0])
@@ -55,8 +55,8 @@ def _rpc_error(fn, *args) -> grpc.RpcError:
 
 
 def test_shadow_stats_per_session_instance_with_proposed_agreement_and_reset(server, channel):
-    stub = pb_grpc.ControllerStub(channel)
-    first = DriveSession(channel, "car", pb.LOCKSTEP, shadow=True)
+    stub = pb_grpc.ControllerServiceStub(channel)
+    first = DriveSession(channel, "car", pb.CLOCK_MODE_LOCKSTEP, shadow=True)
     instance = first.opened.session_instance
     assert len(instance) == 32
     snaps = []
@@ -106,11 +106,11 @@ def test_closed_instances_kept_are_bounded(server, channel):
     server.call(setattr, server.server.runtime, "KEEP_CLOSED_SHADOW_STATS", 2)
     instances = []
     for k in range(3):
-        s = DriveSession(channel, f"short-{k}", pb.LOCKSTEP, shadow=True)
+        s = DriveSession(channel, f"short-{k}", pb.CLOCK_MODE_LOCKSTEP, shadow=True)
         instances.append(s.opened.session_instance)
         s.close()
         assert list(s.snapshots()) == []
-    stub = pb_grpc.ControllerStub(channel)
+    stub = pb_grpc.ControllerServiceStub(channel)
     gone = (pb.GetShadowStatsRequest(session_instance=instances[0]), pb.GetShadowStatsRequest(session_id="short-0"))
     for request in gone:
         assert _rpc_error(stub.GetShadowStats, request).code() == grpc.StatusCode.NOT_FOUND
@@ -131,14 +131,18 @@ def test_actuation_check_only_on_declared_commands(base_model, tmp_path):
         threshold = srv.call(lambda: srv.server.executor.gating.actuation.threshold)
         by_check = {}
         for declared in (True, False):
-            s = DriveSession(channel, f"declared-{declared}", pb.LOCKSTEP, actual_controls_are_commands=declared)
+            s = DriveSession(
+                channel, f"declared-{declared}", pb.CLOCK_MODE_LOCKSTEP, actual_controls_are_commands=declared
+            )
             for o in observations:
                 s.send_raw(pb.DriveRequest(observation=o))
             s.close()
             snaps = list(s.snapshots())
             assert len(snaps) > 300
             by_check[declared] = [x.gate.veto for x in snaps if x.gate.threshold == pytest.approx(threshold)]
-        stats = pb_grpc.ControllerStub(channel).GetShadowStats(pb.GetShadowStatsRequest(session_id="declared-False"))
+        stats = pb_grpc.ControllerServiceStub(channel).GetShadowStats(
+            pb.GetShadowStatsRequest(session_id="declared-False")
+        )
     assert any(by_check[True])  # the check judged the declared commands and caught the shortfall
     assert by_check[False] == []  # undeclared: never judged ...
     assert all(g.control_mae[0] > 0 for g in stats.groups)  # ... but used for the shadow statistics
@@ -151,31 +155,31 @@ def test_actuation_check_only_on_declared_commands(base_model, tmp_path):
 
 
 def test_content_errors_are_reported_and_discarded_never_ending_the_stream(server, channel):
-    s = DriveSession(channel, "content", pb.LOCKSTEP, shadow=True)
+    s = DriveSession(channel, "content", pb.CLOCK_MODE_LOCKSTEP, shadow=True)
     plan = [10.0, 3.5, 0.0, 1.0, 0.0, 0.0]
     s.send(1, 0, sensor(1), plan_id="p1", plan=plan, actual_index=2, actual_controls=[0.1, 0.0])
     good = s.recv()
-    assert good.plan_id == "p1" and list(good.invalid_input) == [] and pb.INVALID_INPUT not in good.reasons
+    assert good.plan_id == "p1" and list(good.invalid_input) == [] and pb.REASON_CODE_INVALID_INPUT not in good.reasons
     # a plan with NaN: not adopted, the previous plan stays
     s.send(2, 5 * MS, sensor(2), plan_id="p2", plan=[np.nan, *plan[1:]], actual_index=2, actual_controls=[0.1, 0.0])
     bad_plan = s.recv()
-    assert list(bad_plan.invalid_input) == ["plan"] and pb.INVALID_INPUT in bad_plan.reasons
+    assert list(bad_plan.invalid_input) == ["plan"] and pb.REASON_CODE_INVALID_INPUT in bad_plan.reasons
     assert bad_plan.plan_id == "p1" and bad_plan.plan_age_ns == 5 * MS
     # actual controls with Inf: not counted in the shadow statistics
     s.send(3, 10 * MS, sensor(3), actual_index=2, actual_controls=[np.inf, 0.0])
     bad_actual = s.recv()
-    assert list(bad_actual.invalid_input) == ["actual.controls"] and pb.INVALID_INPUT in bad_actual.reasons
+    assert list(bad_actual.invalid_input) == ["actual.controls"] and pb.REASON_CODE_INVALID_INPUT in bad_actual.reasons
     # a measured feature with NaN: held as before, and named
     x = sensor(4)
     x[2] = float("nan")
     s.send(4, 15 * MS, x, plan_id="p3", plan=[np.nan] * 6)
     bad_both = s.recv()
-    assert list(bad_both.invalid_input) == ["features", "plan"] and pb.INVALID_INPUT in bad_both.reasons
+    assert list(bad_both.invalid_input) == ["features", "plan"] and pb.REASON_CODE_INVALID_INPUT in bad_both.reasons
     # nothing accepted was lost: the stream goes on with p1, and a good plan is adopted again
     s.send(5, 20 * MS, sensor(5), plan_id="p2", plan=plan)
     recovered = s.recv()
     assert recovered.plan_id == "p2" and list(recovered.invalid_input) == []
-    stats = pb_grpc.ControllerStub(channel).GetShadowStats(pb.GetShadowStatsRequest(session_id="content"))
+    stats = pb_grpc.ControllerServiceStub(channel).GetShadowStats(pb.GetShadowStatsRequest(session_id="content"))
     s.close()
     assert list(s.snapshots()) == []
     groups = {g.key: g for g in stats.groups}
@@ -187,7 +191,7 @@ def test_content_errors_are_reported_and_discarded_never_ending_the_stream(serve
 
 
 def test_realtime_content_errors_keep_the_stream_and_the_plan(channel):
-    s = DriveSession(channel, "rt-content", pb.REALTIME)
+    s = DriveSession(channel, "rt-content", pb.CLOCK_MODE_REALTIME)
     plan = [10.0, 3.5, 0.0, 1.0, 0.0, 0.0]
 
     def until_seq(seq: int) -> pb.DecisionSnapshot:
@@ -199,11 +203,11 @@ def test_realtime_content_errors_keep_the_stream_and_the_plan(channel):
     assert until_seq(1).plan_id == "p1"
     s.send(2, 5 * MS, sensor(2), plan_id="p2", plan=[np.nan] * 6, actual_index=1, actual_controls=[np.nan, 0.0])
     bad = until_seq(2)
-    assert list(bad.invalid_input) == ["plan", "actual.controls"] and pb.INVALID_INPUT in bad.reasons
+    assert list(bad.invalid_input) == ["plan", "actual.controls"] and pb.REASON_CODE_INVALID_INPUT in bad.reasons
     assert bad.plan_id == "p1"
     s.send(3, 10 * MS, sensor(3))
     good = until_seq(3)
-    assert good.plan_id == "p1" and list(good.invalid_input) == [] and pb.INVALID_INPUT not in good.reasons
+    assert good.plan_id == "p1" and list(good.invalid_input) == [] and pb.REASON_CODE_INVALID_INPUT not in good.reasons
     s.cancel()
 
 
@@ -216,7 +220,7 @@ def test_realtime_content_errors_keep_the_stream_and_the_plan(channel):
         (lambda o: setattr(o.actual, "action_index", 4), "Observation.actual.action_index is 4; expected -1"),
     ],
 )
-@pytest.mark.parametrize("clock", [pb.LOCKSTEP, pb.REALTIME])
+@pytest.mark.parametrize("clock", [pb.CLOCK_MODE_LOCKSTEP, pb.CLOCK_MODE_REALTIME])
 def test_structure_errors_end_the_stream_naming_field_and_sizes(channel, clock, mutate, text):
     s = DriveSession(channel, "", clock)
     obs = pb.Observation(seq=1, timestamp_ns=0, features=sensor(1))
@@ -242,7 +246,7 @@ def test_live_lockstep_and_replay_agree_on_invalid_input(test_model, test_model_
         source[k].actual.controls[0] = float("nan")
     with ServerThread(ServerConfig(model=test_model_path, port=0, record_dir=tmp_path / "rec"), test_model) as srv:
         with grpc.insecure_channel(srv.address) as channel:
-            s = DriveSession(channel, "live", pb.LOCKSTEP, shadow=True)
+            s = DriveSession(channel, "live", pb.CLOCK_MODE_LOCKSTEP, shadow=True)
             for o in source:
                 s.send_raw(pb.DriveRequest(observation=o))
             s.close()
@@ -276,23 +280,23 @@ def _identity(b: bytes) -> bytes:
 def test_malformed_bytes_are_invalid_argument_with_a_human_message(channel):
     garbage = b"\xff\xff\xff\xff\x0f"
     drive = channel.stream_stream(
-        "/dualloop.v1.Controller/Drive", request_serializer=_identity, response_deserializer=_identity
+        "/dualloop.v2.ControllerService/Drive", request_serializer=_identity, response_deserializer=_identity
     )
     err = _rpc_error(lambda: list(drive(iter([garbage]))))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "(5 bytes) is not a valid dualloop.v1.DriveRequest" in err.details() and "class" not in err.details()
+    assert "(5 bytes) is not a valid dualloop.v2.DriveRequest" in err.details() and "class" not in err.details()
     # after a valid open, mid-stream
-    opening = pb.DriveRequest(open=pb.OpenSession(session_id="g", clock=pb.LOCKSTEP)).SerializeToString()
+    opening = pb.DriveRequest(open=pb.OpenSession(session_id="g", clock=pb.CLOCK_MODE_LOCKSTEP)).SerializeToString()
     responses = drive(iter([opening, garbage]))
     assert pb.DriveResponse.FromString(next(responses)).WhichOneof("msg") == "opened"
     err = _rpc_error(lambda: list(responses))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "DriveRequest" in err.details()
     for method, name in (("GetStats", "GetStatsRequest"), ("GetShadowStats", "GetShadowStatsRequest")):
         unary = channel.unary_unary(
-            f"/dualloop.v1.Controller/{method}", request_serializer=_identity, response_deserializer=_identity
+            f"/dualloop.v2.ControllerService/{method}", request_serializer=_identity, response_deserializer=_identity
         )
         err = _rpc_error(unary, garbage)
-        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and f"dualloop.v1.{name}" in err.details()
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and f"dualloop.v2.{name}" in err.details()
 
 
 # -- loopback -------------------------------------------------------------------------------------
@@ -318,7 +322,7 @@ def test_serving_and_connecting_on_every_loopback_spelling(test_model, test_mode
             targets.append(f"localhost:{srv.port}")
         for target in targets:
             with grpc.insecure_channel(target) as channel:
-                s = DriveSession(channel, "", pb.LOCKSTEP)
+                s = DriveSession(channel, "", pb.CLOCK_MODE_LOCKSTEP)
                 s.send(1, 0, sensor(1))
                 assert s.recv().tick == 0
                 s.close()

@@ -15,8 +15,8 @@ import pytest
 from dualloop.controller.serve.client import DriveSession, realtime_channel
 from dualloop.controller.serve.config import DEFAULT_CLIENT_WINDOW_BYTES, ServerConfig
 from dualloop.controller.serve.server import ServerThread
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 MS = 1_000_000
 TICK = 5 * MS
@@ -67,7 +67,7 @@ def channel(server: ServerThread) -> Iterator[grpc.Channel]:
 
 
 def lockstep(channel: grpc.Channel, name: str, **open_args: object) -> DriveSession:
-    return DriveSession(channel, name, pb.LOCKSTEP, **open_args)  # type: ignore[arg-type]
+    return DriveSession(channel, name, pb.CLOCK_MODE_LOCKSTEP, **open_args)  # type: ignore[arg-type]
 
 
 def send(session: DriveSession, seq: int, ts: int, plan: list[float] | None = None, plan_id: str = "") -> None:
@@ -115,21 +115,21 @@ def test_hold_dwell_safe_default_and_plan_validity_are_enforced(channel: grpc.Ch
         snaps.append(session.recv())
     session.close()
     first = snaps[0]
-    assert first.plan_state == pb.PLAN_STATE_NONE and pb.STALE_PLAN in first.reasons
-    assert first.safety_state == pb.VETO_HOLD and pb.SAFE_DEFAULT in first.reasons
+    assert first.plan_state == pb.PLAN_STATE_NONE and pb.REASON_CODE_STALE_PLAN in first.reasons
+    assert first.safety_state == pb.SAFETY_STATE_VETO_HOLD and pb.REASON_CODE_SAFE_DEFAULT in first.reasons
     assert (first.applied.index, first.applied.name) == (limits.safe_action.index, limits.safe_action.name)
     assert list(first.applied.controls) == pytest.approx(list(limits.safe_action.controls))
-    fallback = next(s for s in snaps if s.safety_state == pb.FALLBACK_ACTIVE)
+    fallback = next(s for s in snaps if s.safety_state == pb.SAFETY_STATE_FALLBACK_ACTIVE)
     assert fallback.scheduled_time_ns - first.scheduled_time_ns == limits.hold_timeout_ns
-    assert snaps[60].safety_state == pb.RECOVERING and snaps[60].plan_state == pb.PLAN_STATE_VALID
-    nominal = next(s for s in snaps[60:] if s.safety_state == pb.NOMINAL)
+    assert snaps[60].safety_state == pb.SAFETY_STATE_RECOVERING and snaps[60].plan_state == pb.PLAN_STATE_VALID
+    nominal = next(s for s in snaps[60:] if s.safety_state == pb.SAFETY_STATE_NOMINAL)
     assert nominal.scheduled_time_ns - snaps[60].scheduled_time_ns == limits.recovery_dwell_ns
     assert snaps[61].plan_valid_for_ns == limits.default_plan_valid_for_ns
     valid_until = snaps[60].scheduled_time_ns + limits.default_plan_valid_for_ns
     for s in snaps[60:]:
         expired = s.scheduled_time_ns > valid_until
         assert s.plan_state == (pb.PLAN_STATE_EXPIRED if expired else pb.PLAN_STATE_VALID), s.tick
-        assert (pb.STALE_PLAN in s.reasons) is expired
+        assert (pb.REASON_CODE_STALE_PLAN in s.reasons) is expired
 
 
 @pytest.mark.parametrize("declared_ms", [20, 0])
@@ -145,8 +145,10 @@ def test_observation_age_limit_is_enforced(channel: grpc.Channel, declared_ms: i
     period = declared_ms * MS or limits.assumed_observation_period_ns
     assert {s.observation_period_ns for s in snaps[:40]} == {period}
     for s in snaps[:40]:
-        assert (pb.STALE_OBSERVATION in s.reasons) is (s.observation_age_ns > period + limits.max_observation_age_ns)
-    assert any(pb.STALE_OBSERVATION in s.reasons for s in snaps)
+        assert (pb.REASON_CODE_STALE_OBSERVATION in s.reasons) is (
+            s.observation_age_ns > period + limits.max_observation_age_ns
+        )
+    assert any(pb.REASON_CODE_STALE_OBSERVATION in s.reasons for s in snaps)
 
 
 def test_lockstep_gap_limit_is_enforced(channel: grpc.Channel) -> None:
@@ -187,7 +189,7 @@ def test_open_timeout_is_enforced(channel: grpc.Channel) -> None:
         yield from ()
 
     started = time.monotonic()  # before the call: the server's timer starts later still
-    call = pb_grpc.ControllerStub(channel).Drive(nothing())
+    call = pb_grpc.ControllerServiceStub(channel).Drive(nothing())
     with pytest.raises(grpc.RpcError) as err:
         next(call)
     done.set()
@@ -198,7 +200,7 @@ def test_open_timeout_is_enforced(channel: grpc.Channel) -> None:
 
 def test_window_advice_is_the_client_helper_default(server: ServerThread) -> None:
     with realtime_channel(server.address) as ch:  # the helper's default is the server's default advice
-        assert DriveSession(ch, "window", pb.REALTIME).opened.limits.recommended_client_window_bytes == 16384
+        assert DriveSession(ch, "window", pb.CLOCK_MODE_REALTIME).opened.limits.recommended_client_window_bytes == 16384
     assert DEFAULT_CLIENT_WINDOW_BYTES == ServerConfig.model_fields["client_window_bytes"].default
 
 
@@ -208,7 +210,7 @@ def test_server_planner_plans_do_not_expire_on_a_foreign_sensor_clock(test_model
     planner's (BehaviourPlanner: 1 s), so they stay valid."""
     config = ServerConfig(model=test_model_path, port=0, planner={"source": "behaviour", "period_ms": 100.0})
     with ServerThread(config) as srv, realtime_channel(srv.address) as ch:
-        session = DriveSession(ch, "planned", pb.REALTIME)
+        session = DriveSession(ch, "planned", pb.CLOCK_MODE_REALTIME)
         stop = threading.Event()
 
         def produce() -> None:
@@ -234,7 +236,7 @@ def test_server_planner_plans_do_not_expire_on_a_foreign_sensor_clock(test_model
     assert {s.plan_state for s in planned} == {pb.PLAN_STATE_VALID}
     assert {s.plan_valid_for_ns for s in planned} == {1_000_000_000}
     assert len({s.plan_id for s in planned}) > 2  # refreshed by the planner, period after period
-    assert not any(pb.STALE_PLAN in s.reasons for s in snaps)
+    assert not any(pb.REASON_CODE_STALE_PLAN in s.reasons for s in snaps)
     assert all(s.plan_state == pb.PLAN_STATE_NONE for s in snaps if not s.plan_id)
 
 
@@ -248,4 +250,4 @@ def test_a_plan_s_own_validity_and_creation_time_over_the_wire(channel: grpc.Cha
     session.close()
     assert {s.plan_valid_for_ns for s in snaps[5:]} == {50 * MS}
     assert [s.plan_state for s in snaps[5:17]] == [pb.PLAN_STATE_VALID] * 11 + [pb.PLAN_STATE_EXPIRED]
-    assert pb.STALE_PLAN in snaps[16].reasons and pb.STALE_PLAN not in snaps[15].reasons
+    assert pb.REASON_CODE_STALE_PLAN in snaps[16].reasons and pb.REASON_CODE_STALE_PLAN not in snaps[15].reasons

@@ -16,14 +16,16 @@ from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.log_stream import stream_logs
 from dualloop.controller.serve.server import ServerThread
-from dualloop.v1 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2 as pb
 
 MS = 1_000_000
 
 
 def test_open_session_echoes_the_period_and_profile(server, channel):
     names = list(server.server.executor.card.feature_names)
-    session = DriveSession(channel, "ten-hz", pb.REALTIME, observation_period_ns=100 * MS, provided_features=names[:5])
+    session = DriveSession(
+        channel, "ten-hz", pb.CLOCK_MODE_REALTIME, observation_period_ns=100 * MS, provided_features=names[:5]
+    )
     assert session.opened.observation_period_ns == 100 * MS
     assert list(session.opened.provided_features) == names[:5]
     x = np.full(19, np.nan, np.float32)
@@ -34,12 +36,15 @@ def test_open_session_echoes_the_period_and_profile(server, channel):
     assert all(s.observation_period_ns == 100 * MS for s in snaps)
     # one observation: only the tick that used it first is fresh (the outbox may have conflated it away)
     assert sum(not s.observation_held for s in snaps) <= 1 and all(s.observation_seq == 1 for s in snaps)
-    assert all(pb.STALE_OBSERVATION not in s.reasons and pb.INVALID_INPUT not in s.reasons for s in snaps)
+    assert all(
+        pb.REASON_CODE_STALE_OBSERVATION not in s.reasons and pb.REASON_CODE_INVALID_INPUT not in s.reasons
+        for s in snaps
+    )
 
 
 def test_unknown_provided_feature_is_invalid_argument(server, channel):
     with pytest.raises(grpc.RpcError) as err:
-        DriveSession(channel, "typo", pb.REALTIME, provided_features=["ego_speed", "speed_kmh"])
+        DriveSession(channel, "typo", pb.CLOCK_MODE_REALTIME, provided_features=["ego_speed", "speed_kmh"])
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "speed_kmh" in err.value.details() and "GetModelInfo" in err.value.details()
 

@@ -11,8 +11,8 @@ import pytest
 
 from dualloop.controller.serve.client import DriveSession, realtime_channel
 from dualloop.controller.serve.wire import without_wall_clock
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 
 def sensor(seq: int) -> list[float]:
@@ -28,7 +28,7 @@ def open_sessions(server) -> list[str]:
 
 def test_realtime_one_snapshot_per_tick(server, channel):
     missed_before = server.server.runtime.ticker.missed
-    session = DriveSession(channel, "rt", pb.REALTIME)
+    session = DriveSession(channel, "rt", pb.CLOCK_MODE_REALTIME)
     stop = threading.Event()
 
     def produce() -> None:
@@ -62,7 +62,7 @@ def test_realtime_one_snapshot_per_tick(server, channel):
 
 
 def lockstep_run(channel, session_id: str, n: int = 400) -> list[pb.DecisionSnapshot]:
-    session = DriveSession(channel, session_id, pb.LOCKSTEP, include_decision_vector=True)
+    session = DriveSession(channel, session_id, pb.CLOCK_MODE_LOCKSTEP, include_decision_vector=True)
     out = []
     for k in range(n):
         x = sensor(k)
@@ -87,14 +87,14 @@ def test_lockstep_runs_are_byte_identical(server, channel):
         y.session_id = x.session_id  # the only input that differs between the runs
         assert without_wall_clock(x) == without_wall_clock(y)
     assert [s.tick for s in a] == list(range(401))
-    assert pb.INVALID_INPUT in a[123].reasons
+    assert pb.REASON_CODE_INVALID_INPUT in a[123].reasons
     assert len(a[0].decision_vector) == 64
     # and the comparison is sensitive: a different input gives different bytes
     assert without_wall_clock(a[5]) != without_wall_clock(a[6])
 
 
 def test_wrong_length_features_is_invalid_argument(channel):
-    session = DriveSession(channel, "bad", pb.REALTIME)
+    session = DriveSession(channel, "bad", pb.CLOCK_MODE_REALTIME)
     session.send(1, 0, [1.0] * 18)
     with pytest.raises(grpc.RpcError) as err:
         session.recv()
@@ -103,14 +103,14 @@ def test_wrong_length_features_is_invalid_argument(channel):
 
 
 def test_nan_gives_invalid_input_and_finite_action(channel):
-    session = DriveSession(channel, "nan", pb.LOCKSTEP)
+    session = DriveSession(channel, "nan", pb.CLOCK_MODE_LOCKSTEP)
     session.send(1, 0, sensor(1))
     good = session.recv()
     x = sensor(2)
     x[0] = float("nan")
     session.send(2, 5_000_000, x)
     bad = session.recv()
-    assert pb.INVALID_INPUT in bad.reasons
+    assert pb.REASON_CODE_INVALID_INPUT in bad.reasons
     # the last valid action is held; its steering only ever shrinks, to the lateral-acceleration bound
     assert bad.applied.index == good.applied.index and bad.applied.controls[0] == good.applied.controls[0]
     assert abs(bad.applied.controls[1]) <= abs(good.applied.controls[1])
@@ -118,7 +118,7 @@ def test_nan_gives_invalid_input_and_finite_action(channel):
 
 
 def test_disconnect_removes_session(server, channel):
-    session = DriveSession(channel, "gone", pb.REALTIME)
+    session = DriveSession(channel, "gone", pb.CLOCK_MODE_REALTIME)
     session.send(1, 0, sensor(1))
     session.recv()
     assert "gone" in open_sessions(server)
@@ -133,7 +133,7 @@ def test_disconnect_removes_session(server, channel):
 
 
 def test_get_model_info_matches_model_file(channel, test_model):
-    info = pb_grpc.ControllerStub(channel).GetModelInfo(pb.GetModelInfoRequest())
+    info = pb_grpc.ControllerServiceStub(channel).GetModelInfo(pb.GetModelInfoRequest()).model
     card = test_model.card
     assert [f.name for f in info.features] == card.feature_names
     assert [f.unit for f in info.features] == [f.unit for f in card.features]
@@ -159,14 +159,16 @@ def test_get_model_info_matches_model_file(channel, test_model):
             "first message of a Drive stream must be 'open'",
         ),
         (
-            pb.DriveRequest(open=pb.OpenSession(session_id="x", clock=pb.REALTIME, expected_schema_hash="0123")),
+            pb.DriveRequest(
+                open=pb.OpenSession(session_id="x", clock=pb.CLOCK_MODE_REALTIME, expected_schema_hash="0123")
+            ),
             grpc.StatusCode.FAILED_PRECONDITION,
             "built observations for schema 0123",
         ),
     ],
 )
 def test_malformed_open(channel, request_msg, code, text):
-    call = pb_grpc.ControllerStub(channel).Drive(iter([request_msg]))
+    call = pb_grpc.ControllerServiceStub(channel).Drive(iter([request_msg]))
     with pytest.raises(grpc.RpcError) as err:
         list(call)
     assert err.value.code() == code
@@ -174,11 +176,11 @@ def test_malformed_open(channel, request_msg, code, text):
 
 
 def test_second_open_and_duplicate_ids(channel):
-    first = DriveSession(channel, "dup", pb.REALTIME)
+    first = DriveSession(channel, "dup", pb.CLOCK_MODE_REALTIME)
     with pytest.raises(grpc.RpcError) as err:
-        DriveSession(channel, "dup", pb.REALTIME)
+        DriveSession(channel, "dup", pb.CLOCK_MODE_REALTIME)
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    first.send_raw(pb.DriveRequest(open=pb.OpenSession(session_id="again", clock=pb.REALTIME)))
+    first.send_raw(pb.DriveRequest(open=pb.OpenSession(session_id="again", clock=pb.CLOCK_MODE_REALTIME)))
     with pytest.raises(grpc.RpcError) as err:
         first.recv()
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -187,12 +189,12 @@ def test_second_open_and_duplicate_ids(channel):
 
 def test_server_survives_bad_clients_and_serves_many(server, channel):
     # a broken client first ...
-    bad = DriveSession(channel, "bad", pb.LOCKSTEP)
+    bad = DriveSession(channel, "bad", pb.CLOCK_MODE_LOCKSTEP)
     bad.send(1, 0, [0.0])
     with pytest.raises(grpc.RpcError):
         bad.recv()
     # ... then 16 sessions at once all get decisions
-    sessions = [DriveSession(channel, f"m{i}", pb.LOCKSTEP) for i in range(16)]
+    sessions = [DriveSession(channel, f"m{i}", pb.CLOCK_MODE_LOCKSTEP) for i in range(16)]
     for i, s in enumerate(sessions):
         s.send(1, 0, sensor(i))
     results = [s.recv() for s in sessions]
@@ -208,7 +210,7 @@ def test_server_survives_bad_clients_and_serves_many(server, channel):
 
 
 def test_session_id_generated_and_shadow_marked(channel):
-    s = DriveSession(channel, "", pb.LOCKSTEP, shadow=True)
+    s = DriveSession(channel, "", pb.CLOCK_MODE_LOCKSTEP, shadow=True)
     assert len(s.session_id) == 12
     s.send(1, 0, sensor(1), actual_index=2, actual_controls=[0.1, 0.0])
     snap = s.recv()
@@ -218,7 +220,7 @@ def test_session_id_generated_and_shadow_marked(channel):
 def test_slow_realtime_client_is_conflated_not_buffered(server):
     """A client that stops reading loses intermediate snapshots (counted), never stalls the server."""
     channel = realtime_channel(server.address)
-    session = DriveSession(channel, "slow", pb.REALTIME, include_decision_vector=True)
+    session = DriveSession(channel, "slow", pb.CLOCK_MODE_REALTIME, include_decision_vector=True)
     session.send(1, 0, sensor(1))
     first = session.recv()
     ticks_before = server.server.runtime.stats.ticks
@@ -237,10 +239,10 @@ def test_slow_realtime_client_is_conflated_not_buffered(server):
 
 
 def test_get_stats_reports_and_resets(server, channel):
-    stub = pb_grpc.ControllerStub(channel)
+    stub = pb_grpc.ControllerServiceStub(channel)
     idle = stub.GetStats(pb.GetStatsRequest(reset=True))
     assert idle.ticks == 0  # no REALTIME session: no tick needed keeping time
-    session = DriveSession(channel, "stats", pb.REALTIME)
+    session = DriveSession(channel, "stats", pb.CLOCK_MODE_REALTIME)
     session.send(1, 0, sensor(1))
     session.recv()
     time.sleep(0.3)
@@ -256,8 +258,8 @@ def test_get_stats_reports_and_resets(server, channel):
 
 
 def test_shadow_agreement_over_grpc(channel):
-    stub = pb_grpc.ControllerStub(channel)
-    s = DriveSession(channel, "shadow", pb.LOCKSTEP, shadow=True)
+    stub = pb_grpc.ControllerServiceStub(channel)
+    s = DriveSession(channel, "shadow", pb.CLOCK_MODE_LOCKSTEP, shadow=True)
     applied = []
     for k in range(40):
         # the "vehicle" did action 2 (keep) with accel 0.1 on even ticks; nothing known on odd ones
@@ -296,7 +298,7 @@ def test_sessions_are_recorded(test_model_path, tmp_path):
 
     with ServerThread(ServerConfig(model=test_model_path, port=0, record_dir=tmp_path)) as srv:
         with grpc.insecure_channel(srv.address) as channel:
-            s = DriveSession(channel, "rec", pb.LOCKSTEP, shadow=True)
+            s = DriveSession(channel, "rec", pb.CLOCK_MODE_LOCKSTEP, shadow=True)
             sent = []
             for k in range(50):
                 s.send(k + 1, k * 5_000_000, sensor(k), actual_index=2, actual_controls=[0.0, 0.0])

@@ -19,8 +19,8 @@ from dualloop.controller.serve.cli import stop_line
 from dualloop.controller.serve.client import DriveSession, realtime_channel
 from dualloop.controller.serve.ticker import PreciseTicker
 from dualloop.controller.serve.wire import without_wall_clock
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import controller_pb2_grpc as pb_grpc
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 PERIOD = 5_000_000
 MS = 1_000_000
@@ -58,7 +58,7 @@ def assert_ticks_accounted(snaps: list[pb.DecisionSnapshot]) -> None:
 
 def test_slow_reader_learns_what_was_conflated(server):
     channel = realtime_channel(server.address)
-    session = DriveSession(channel, "slow", pb.REALTIME)
+    session = DriveSession(channel, "slow", pb.CLOCK_MODE_REALTIME)
     stop = threading.Event()
     producer = produce(session, stop)
     first = session.recv()
@@ -82,8 +82,8 @@ def test_missed_deadlines_reach_the_snapshots_and_the_totals(server):
     """A stalled server loop: the skipped deadlines are in the reader's snapshots, in the window and
     in the totals; a reset clears the window only, and the exit line reports totals."""
     channel = realtime_channel(server.address)
-    stub = pb_grpc.ControllerStub(channel)
-    session = DriveSession(channel, "stall", pb.REALTIME)
+    stub = pb_grpc.ControllerServiceStub(channel)
+    session = DriveSession(channel, "stall", pb.CLOCK_MODE_REALTIME)
     stop = threading.Event()
     producer = produce(session, stop)
     snaps = [session.recv() for _ in range(20)]
@@ -143,7 +143,7 @@ def test_a_wait_that_overshoots_is_a_missed_deadline_not_a_late_tick(monkeypatch
 
 
 def test_transport_delay_and_true_age(server, channel):
-    session = DriveSession(channel, "tx", pb.REALTIME)
+    session = DriveSession(channel, "tx", pb.CLOCK_MODE_REALTIME)
     # a buffer held the first observation 200 ms before it was sent ...
     session.send(1, 0, sensor(1), sent_time_ns=time.time_ns() - 200 * MS)
     snap = session.recv()
@@ -166,7 +166,7 @@ def test_transport_delay_and_true_age(server, channel):
 
 
 def lockstep_run(channel: grpc.Channel, session_id: str, sent_time: bool) -> list[pb.DecisionSnapshot]:
-    session = DriveSession(channel, session_id, pb.LOCKSTEP)
+    session = DriveSession(channel, session_id, pb.CLOCK_MODE_LOCKSTEP)
     out = []
     for k in range(30):
         session.send(k + 1, k * PERIOD, sensor(k), sent_time_ns=time.time_ns() if sent_time else 0)
@@ -191,7 +191,7 @@ def test_lockstep_time_fields_are_deterministic(channel):
 def test_seq_zero_and_realtime_time_going_back_are_refused(channel):
     """seq starts at 1 in both clocks (0 is protobuf's unset value); REALTIME sensor time may stand
     still but never go back. Each is INVALID_ARGUMENT naming the values."""
-    for clock in (pb.REALTIME, pb.LOCKSTEP):
+    for clock in (pb.CLOCK_MODE_REALTIME, pb.CLOCK_MODE_LOCKSTEP):
         session = DriveSession(channel, f"zero-{clock}", clock)
         session.send(0, 0, sensor(0))
         with pytest.raises(grpc.RpcError) as err:
@@ -199,7 +199,7 @@ def test_seq_zero_and_realtime_time_going_back_are_refused(channel):
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "observation seq 0: seq starts at 1" in err.value.details()
 
-    session = DriveSession(channel, "back", pb.REALTIME)
+    session = DriveSession(channel, "back", pb.CLOCK_MODE_REALTIME)
     session.send(1, 2_000 * MS, sensor(1))
     session.recv()
     session.send(2, 2_000 * MS, sensor(2))  # equal: allowed (a sensor that repeats its stamp)

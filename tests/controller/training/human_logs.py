@@ -10,8 +10,8 @@ import numpy as np
 from dualloop.controller.logs.logfile import write_log
 from dualloop.executor.action_labels import backward_accel, lookahead_labels
 from dualloop.sim import schema
-from dualloop.v1 import controller_pb2 as pb
-from dualloop.v1 import log_pb2
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 LONGITUDINAL = ("ego_speed", "ego_accel", "lead_present", "lead_distance", "lead_rel_speed")
 
@@ -40,7 +40,7 @@ def human_drive(path: Path, session: str, dataset: str = "Test Drives", seconds:
         obs.append(o)
     header = log_pb2.SessionHeader(
         session_id=session,
-        clock=pb.LOCKSTEP,
+        clock=pb.CLOCK_MODE_LOCKSTEP,
         shadow=True,
         config_json="{}",
         source=f"test import of {session}",
