@@ -13,6 +13,7 @@ from concurrent import futures
 import grpc
 
 from dualloop.planner.plan import Plan, PlanError, PlanRequest, PlanSource
+from dualloop.planner.tls import ClientTLS, ServerTLS
 from dualloop.planner.wire import plan_from_pb, plan_to_pb, request_from_pb, request_to_pb
 from dualloop.v2 import planner_pb2 as pb
 from dualloop.v2 import planner_pb2_grpc as pb_grpc
@@ -29,8 +30,11 @@ class RemotePlannerError(RuntimeError):
 class RemotePlanner:
     """PlanSource calling a `dualloop.v2.PlannerService` service with a per-call deadline."""
 
-    def __init__(self, address: str, deadline_s: float = 0.1, name: str | None = None) -> None:
+    def __init__(
+        self, address: str, deadline_s: float = 0.1, name: str | None = None, tls: ClientTLS | None = None
+    ) -> None:
         self.address = address
+        self.tls = tls  # None: plaintext (a planner on this machine)
         self.deadline_s = deadline_s
         self.name = name or f"remote:{address}"
         # Created on first use: a channel must be made in the process that uses it (the scheduler's
@@ -40,7 +44,7 @@ class RemotePlanner:
 
     def _connect(self) -> pb_grpc.PlannerServiceStub:
         if self._stub is None:
-            self._channel = grpc.insecure_channel(self.address)
+            self._channel = grpc.insecure_channel(self.address) if self.tls is None else self.tls.channel(self.address)
             self._stub = pb_grpc.PlannerServiceStub(self._channel)
         return self._stub
 
@@ -109,18 +113,27 @@ class PlannerServer:
 
 
 def serve_planner(
-    source: PlanSource, port: int = 0, host: str = "127.0.0.1", allow_non_loopback: bool = False, max_workers: int = 4
+    source: PlanSource,
+    port: int = 0,
+    host: str = "127.0.0.1",
+    allow_non_loopback: bool = False,
+    max_workers: int = 4,
+    tls: ServerTLS | None = None,
 ) -> PlannerServer:
-    """Expose any PlanSource as a `dualloop.v2.PlannerService` service; port 0 picks a free port."""
+    """Expose any PlanSource as a `dualloop.v2.PlannerService` service; port 0 picks a free port.
+    With tls, only TLS (mutual TLS with tls.client_ca_file) is served; plaintext beyond loopback is refused."""
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = False
     if not loopback and not allow_non_loopback:
         raise ValueError(f"refusing to serve the planner on {host!r}: only loopback unless allow_non_loopback=True")
+    if not loopback and tls is None:
+        raise ValueError(f"refusing to serve the planner on {host!r} in plaintext: give tls (a ServerTLS)")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="planner-rpc"))
     pb_grpc.add_PlannerServiceServicer_to_server(_PlannerServicer(source), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_insecure_port(address) if tls is None else server.add_secure_port(address, tls.credentials())
     if bound == 0:
         raise OSError(f"cannot bind the planner server to {host}:{port}")
     server.start()

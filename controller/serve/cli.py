@@ -20,6 +20,7 @@ from dualloop.controller.console import console
 from dualloop.controller.logs.logfile import LogData, read_sessions
 from dualloop.controller.serve.config import host_port, load_server_config
 from dualloop.controller.serve.log_stream import stream_logs
+from dualloop.controller.serve.security_cli import add_security_arguments, security_overrides, security_summary
 from dualloop.controller.serve.server import ControllerServer, new_event_loop
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -37,7 +38,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--config", type=Path, help="server configuration (.toml or .yaml)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 50151; 0 picks a free one)")
-    p.add_argument("--allow-non-loopback", action="store_true", help="permit binding beyond loopback")
+    p.add_argument(
+        "--allow-non-loopback", action="store_true", help="deprecated: a non-loopback --host needs --tls-cert now"
+    )
+    add_security_arguments(p)
     p.add_argument("--realtime-priority", type=int, help="SCHED_FIFO priority (1-99) for the tick loop")
     p.add_argument("--record-dir", type=Path, help="record every session to MCAP in this folder")
     p.set_defaults(fn=serve)
@@ -69,6 +73,7 @@ def serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         allow_non_loopback=True if args.allow_non_loopback else None,
+        **security_overrides(args),
         realtime_priority=args.realtime_priority,
         record_dir=args.record_dir,
     )
@@ -79,8 +84,8 @@ def serve(args: argparse.Namespace) -> int:
         card = server.executor.card
         console.print(
             f"dualloop serving model {card.name} {card.version} (schema {card.schema_hash()}) on "
-            f"{host_port(config.host, port)}, tick {config.executor.tick_period_ms} ms, {server.scheduling}. "
-            f"Ctrl-C stops."
+            f"{host_port(config.host, port)}, tick {config.executor.tick_period_ms} ms, {server.scheduling}, "
+            f"{security_summary(config, server.auth.enabled)}. Ctrl-C stops."
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

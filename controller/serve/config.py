@@ -10,7 +10,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dualloop.controller.serve.security import AuthConfig
 from dualloop.executor.config import ExecutorConfig
+from dualloop.planner.tls import ClientTLS, ServerTLS
 
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
 DEFAULT_CLIENT_WINDOW_BYTES = 8192
@@ -51,6 +53,7 @@ class PlannerConfig(BaseModel):
     source: Literal["none", "behaviour", "onnx", "remote"] = "none"
     path: Path | None = None  # onnx: the planner model file
     address: str | None = None  # remote: host:port of a dualloop.v2.PlannerService service
+    tls: ClientTLS | None = None  # remote: TLS (mutual with cert_file/key_file) to the planner; None: plaintext
     period_ms: float = Field(200.0, gt=0.0)
     # Per plan; default: one period. A remote planner's gRPC deadline; other sources' worker is
     # replaced when a plan takes longer (a hang must not keep the next period waiting).
@@ -93,8 +96,13 @@ class ServerConfig(BaseModel):
     gates: list[Path] = []
     host: str = "127.0.0.1"
     port: int = Field(50151, ge=0, le=65535)  # 0 picks a free port
-    # Binding beyond loopback exposes an actuation-adjacent service: it must be asked for.
+    # Deprecated: no longer permits plaintext beyond loopback (see allow_insecure_non_loopback);
+    # a non-loopback host with tls needs only the address. Accepted so that old files still load.
     allow_non_loopback: bool = False
+    # Serve plaintext (no TLS) on a non-loopback address: anyone on the network can read and send.
+    allow_insecure_non_loopback: bool = False
+    tls: ServerTLS | None = None  # None: plaintext, loopback only (unless allow_insecure_non_loopback)
+    auth: AuthConfig = AuthConfig()
     executor: ExecutorConfig = ExecutorConfig()
     # SCHED_FIFO priority for the thread that runs the tick loop (1-99), as ros2_control's controller
     # manager does; None keeps the normal scheduler. Needs CAP_SYS_NICE; refused -> a warning.
@@ -116,10 +124,20 @@ class ServerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _loopback_unless_allowed(self) -> ServerConfig:
-        if not is_loopback(self.host) and not self.allow_non_loopback:
+        if not is_loopback(self.host) and self.tls is None and not self.allow_insecure_non_loopback:
             raise ValueError(
-                f"host {self.host!r} is not a loopback address; set allow_non_loopback "
-                f"(--allow-non-loopback) to serve beyond this machine"
+                f"host {self.host!r} is not a loopback address and TLS is not configured: set tls.cert_file "
+                f"and tls.key_file (--tls-cert, --tls-key) to serve beyond this machine, or, to send "
+                f"everything in plaintext to the network, allow_insecure_non_loopback "
+                f"(--insecure-plaintext-on-network)"
+                + ("; allow_non_loopback no longer permits plaintext" if self.allow_non_loopback else "")
+            )
+        if (self.auth.client_identities or self.auth.shadow_client_identities) and (
+            self.tls is None or not self.tls.mutual
+        ):
+            raise ValueError(
+                "auth.client_identities need mutual TLS: set tls.client_ca_file (--tls-client-ca) to verify "
+                "client certificates"
             )
         return self
 
@@ -153,7 +171,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
 def load_server_config(path: Path | None = None, **overrides: Any) -> ServerConfig:
     """File settings, then command-line overrides (None means 'not given')."""
     data: dict[str, Any] = read_config_file(path) if path is not None else {}
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):  # a section: merge, flags win
+            data[key] = {**data[key], **value}
+        elif value is not None:
+            data[key] = value
     try:
         return ServerConfig.model_validate(data)
     except ValidationError as err:

@@ -25,6 +25,7 @@ from dualloop.planner.onnx_planner import OnnxPlanner
 from dualloop.planner.plan import Plan, PlanRequest, PlanSource
 from dualloop.planner.remote import RemotePlanner
 from dualloop.planner.scheduler import PlanScheduler
+from dualloop.planner.tls import ClientTLS
 from dualloop.planner.worker import SourceFactory
 from dualloop.v2 import controller_pb2 as pb
 
@@ -39,7 +40,11 @@ _SPREAD_TICKS = 4
 
 
 def make_source(
-    source: str, path: str | None = None, address: str | None = None, deadline_s: float = 0.2
+    source: str,
+    path: str | None = None,
+    address: str | None = None,
+    deadline_s: float = 0.2,
+    tls: ClientTLS | None = None,
 ) -> PlanSource:
     """Build a source by name; module level so that a partial of it can cross to a spawned worker."""
     if source == "behaviour":
@@ -47,12 +52,13 @@ def make_source(
     if source == "onnx":
         return OnnxPlanner(str(path))
     if source == "remote":
-        return RemotePlanner(str(address), deadline_s=deadline_s)
+        return RemotePlanner(str(address), deadline_s=deadline_s, tls=tls)
     raise ValueError(f"unknown planner source {source!r}")
 
 
 def source_factory(cfg: PlannerConfig) -> SourceFactory:
-    return functools.partial(make_source, cfg.source, str(cfg.path) if cfg.path else None, cfg.address, cfg.deadline_s)
+    path = str(cfg.path) if cfg.path else None
+    return functools.partial(make_source, cfg.source, path, cfg.address, cfg.deadline_s, cfg.tls)
 
 
 def worker_deadline_s(cfg: PlannerConfig) -> float:

@@ -32,6 +32,12 @@ from dualloop.controller.serve.config import ConfigError, ServerConfig, host_por
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.planning import ServerPlanning
+from dualloop.controller.serve.security import (
+    Authenticator,
+    AuthError,
+    AuthInterceptor,
+    refuse_actuating_for_shadow_only,
+)
 from dualloop.controller.serve.shadow import ShadowAgreement
 from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker, set_realtime_priority
 from dualloop.controller.serve.wire import model_info, observation_from_proto, session_limits, snapshot_to_proto
@@ -428,6 +434,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 f"{first.WhichOneof('msg') or 'an empty DriveRequest'}",
             )
         req = first.open
+        await refuse_actuating_for_shadow_only(context, req.shadow)
         if req.clock not in (pb.CLOCK_MODE_REALTIME, pb.CLOCK_MODE_LOCKSTEP):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -603,6 +610,10 @@ class ControllerServer:
     ) -> None:
         """plan_source overrides config.planner.source (its period and deadline still apply)."""
         self.config = config
+        try:  # tokens are read here, never kept in the configuration (it is recorded in session logs)
+            self.auth = Authenticator(config.auth)
+        except AuthError as err:
+            raise ConfigError(str(err)) from None
         self.model = model or DecisionModel(
             config.model, warmup_batches=tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.executor.max_sessions)
         )
@@ -628,11 +639,17 @@ class ControllerServer:
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", self.config.max_receive_message_bytes),
-            ]
+            ],
+            interceptors=[AuthInterceptor(self.auth)] if self.auth.enabled else None,
         )
         add_controller_service(ControllerService(self.runtime), self._server)
         address = host_port(self.config.host, self.config.port)
-        self.port = self._server.add_insecure_port(address)
+        tls = self.config.tls
+        self.port = (
+            self._server.add_insecure_port(address)
+            if tls is None
+            else self._server.add_secure_port(address, tls.credentials())
+        )
         if self.port == 0:
             raise OSError(f"cannot bind {address}: is the port in use?")
         await self._server.start()

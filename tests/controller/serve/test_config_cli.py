@@ -24,7 +24,9 @@ def test_defaults_bind_loopback(test_model_path):
 def test_non_loopback_needs_explicit_permission(test_model_path):
     with pytest.raises(ConfigError, match="not a loopback address"):
         load_server_config(model=test_model_path, host="192.0.2.10")
-    assert load_server_config(model=test_model_path, host="192.0.2.10", allow_non_loopback=True).host == "192.0.2.10"
+    # plaintext beyond loopback needs the loud flag (TLS needs none: tests/controller/serve/test_security.py)
+    config = load_server_config(model=test_model_path, host="192.0.2.10", allow_insecure_non_loopback=True)
+    assert config.host == "192.0.2.10"
     assert load_server_config(model=test_model_path, host="::1").host == "::1"
 
 

@@ -334,4 +334,4 @@ def test_non_loopback_is_refused_unless_allowed(test_model_path, host):
     assert not is_loopback(host)
     with pytest.raises(ValidationError, match="not a loopback address"):
         ServerConfig(model=test_model_path, host=host)
-    assert ServerConfig(model=test_model_path, host=host, allow_non_loopback=True).host == host
+    assert ServerConfig(model=test_model_path, host=host, allow_insecure_non_loopback=True).host == host

@@ -1,0 +1,289 @@
+"""Who may call the server: bearer tokens and client-certificate identities, checked on every RPC.
+
+The AuthInterceptor wraps every method handler (except the exempt ones, e.g. health checks) so
+that the check runs with the call's context, where both the metadata and the TLS peer's
+certificate (auth_context) are visible. A caller that passes gets a Scope in CALLER_SCOPE (a
+context variable of the handler's task); the Drive handler reads it where it reads OpenSession,
+and a shadow-only caller opening an actuating session gets PERMISSION_DENIED.
+
+Every refusal is UNAUTHENTICATED with one message that depends only on the server's settings,
+never on what the caller sent: no hint whether the token was missing, wrong or the certificate.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import hashlib
+import hmac
+import inspect
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from pydantic import BaseModel, ConfigDict
+
+log = logging.getLogger("dualloop.security")
+
+SHADOW_PREFIX = "shadow:"
+MIN_TOKEN_CHARS = 16
+# Callable without credentials by default: probes (Kubernetes, Envoy) carry no token, and
+# reflection describes only the public proto. Prefixes of the full method name.
+DEFAULT_EXEMPT = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1.ServerReflection/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+)
+_RELOAD_CHECK_S = 1.0  # how often a tokens file is checked for changes (one stat call)
+
+
+class Scope(enum.Enum):
+    FULL = "full"  # any session, any RPC
+    SHADOW = "shadow"  # Drive only with OpenSession.shadow = true (other RPCs as FULL)
+
+
+# The scope of the RPC the current task serves; None: authentication is off (nothing configured).
+CALLER_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("dualloop_caller_scope", default=None)
+
+
+class AuthConfig(BaseModel):
+    """Authentication settings; nothing configured (no token, no identity): authentication is off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # One token per line; '#' starts a comment; 'shadow:<token>' is shadow-only. Re-read when it
+    # changes (replace it atomically: write a new file, then rename it over the old one).
+    tokens_file: Path | None = None
+    # An environment variable with comma-separated tokens (same 'shadow:' prefix); None: not read.
+    tokens_env: str | None = "DUALLOOP_TOKENS"
+    # Mutual TLS: client certificate identities (subject CN or a DNS/URI/email SAN) allowed as FULL
+    # and as shadow-only callers. Needs tls.client_ca_file. With tokens too, a caller needs both.
+    client_identities: list[str] = []
+    shadow_client_identities: list[str] = []
+    # Methods callable without credentials (prefixes of '/package.Service/Method').
+    exempt_methods: list[str] = list(DEFAULT_EXEMPT)
+
+
+class AuthError(ValueError):
+    """A tokens file or variable that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class _Token:
+    digest: bytes  # sha256 of the token: equal lengths for compare_digest, no token kept in clear
+    scope: Scope
+
+
+def parse_tokens(text: str, source: str, separator: str | None = None) -> list[_Token]:
+    """Lines (or separator-split items) of tokens; errors name the source and the line/item."""
+    items = text.splitlines() if separator is None else text.split(separator)
+    tokens = []
+    for n, raw in enumerate(items, 1):
+        item = raw.split("#", 1)[0].strip() if separator is None else raw.strip()
+        if not item:
+            continue
+        scope = Scope.FULL
+        if item.startswith(SHADOW_PREFIX):
+            scope, item = Scope.SHADOW, item[len(SHADOW_PREFIX) :].strip()
+        where = f"{source}, {'line' if separator is None else 'item'} {n}"
+        if any(c.isspace() for c in item) or not item.isprintable():
+            raise AuthError(f"{where}: a token must be one word of printable characters")
+        if len(item) < MIN_TOKEN_CHARS:
+            raise AuthError(
+                f"{where}: token shorter than {MIN_TOKEN_CHARS} characters; generate one with "
+                f"python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        tokens.append(_Token(hashlib.sha256(item.encode()).digest(), scope))
+    return tokens
+
+
+def _read_tokens_file(path: Path) -> list[_Token]:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise AuthError(f"tokens file {path}: cannot read: {err}") from None
+    return parse_tokens(text, f"tokens file {path}")
+
+
+class TokenStore:
+    """The configured tokens (file + environment), the file re-read when it changes."""
+
+    def __init__(self, config: AuthConfig, environ: dict[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        value = env.get(config.tokens_env, "") if config.tokens_env else ""
+        self._env_tokens = parse_tokens(value, f"environment variable {config.tokens_env}", ",") if value else []
+        self._file = config.tokens_file
+        self._file_tokens: list[_Token] = []
+        self._stamp: tuple[int, int] | None = None
+        self._checked = 0.0
+        self._lock = threading.Lock()
+        if self._file is not None:
+            self._stamp = self._file_stamp()
+            self._file_tokens = _read_tokens_file(self._file)
+            if not self._file_tokens:
+                raise AuthError(f"tokens file {self._file}: no token in it (an empty file would refuse every caller)")
+
+    @property
+    def configured(self) -> bool:
+        return self._file is not None or bool(self._env_tokens)
+
+    def _file_stamp(self) -> tuple[int, int]:
+        assert self._file is not None
+        try:
+            st = self._file.stat()
+        except OSError as err:
+            raise AuthError(f"tokens file {self._file}: cannot read: {err.strerror or err}") from None
+        return st.st_mtime_ns, st.st_size
+
+    def tokens(self) -> list[_Token]:
+        if self._file is not None and time.monotonic() - self._checked >= _RELOAD_CHECK_S:
+            with self._lock:
+                self._checked = time.monotonic()
+                try:
+                    stamp = self._file_stamp()
+                    if stamp != self._stamp:
+                        self._file_tokens = _read_tokens_file(self._file)
+                        self._stamp = stamp
+                        log.info("tokens file %s reloaded: %d token(s)", self._file, len(self._file_tokens))
+                except AuthError as err:  # keep serving with the tokens we have
+                    log.warning("%s; keeping the previous tokens", err)
+        return self._env_tokens + self._file_tokens
+
+    def scope_of(self, presented: str) -> Scope | None:
+        """Compares against every token (no early exit), each in constant time."""
+        digest = hashlib.sha256(presented.encode()).digest()
+        full = shadow = False
+        for token in self.tokens():
+            equal = hmac.compare_digest(token.digest, digest)
+            full |= equal and token.scope is Scope.FULL
+            shadow |= equal and token.scope is Scope.SHADOW
+        return Scope.FULL if full else Scope.SHADOW if shadow else None
+
+
+def _bearer(metadata: Sequence[tuple[str, Any]] | None) -> str:
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+            scheme, _, token = text.partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return ""
+
+
+def peer_identities(auth_context: dict[str, list[bytes]]) -> set[str]:
+    """The verified client certificate's subject CN and SANs (gRPC fills these only after a valid handshake)."""
+    names: set[str] = set()
+    for key in ("x509_common_name", "x509_subject_alternative_name"):
+        names.update(v.decode(errors="replace") for v in auth_context.get(key, ()))
+    return names
+
+
+class Authenticator:
+    def __init__(self, config: AuthConfig, environ: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.store = TokenStore(config, environ)
+        self.full_ids = set(config.client_identities)
+        self.shadow_ids = set(config.shadow_client_identities)
+        self.identities = bool(self.full_ids or self.shadow_ids)
+        need = []
+        if self.store.configured:
+            need.append("a valid token as metadata 'authorization: Bearer <token>'")
+        if self.identities:
+            need.append("a client certificate whose identity is allowed")
+        self.refusal = "not authenticated: this server requires " + " and ".join(need)
+
+    @property
+    def enabled(self) -> bool:
+        return self.store.configured or self.identities
+
+    def scope(self, metadata: Sequence[tuple[str, Any]] | None, auth_context: dict[str, list[bytes]]) -> Scope | None:
+        """The caller's scope, or None (refuse). With tokens and identities both, both must pass and
+        the narrower scope wins."""
+        scopes = []
+        if self.store.configured:
+            scopes.append(self.store.scope_of(_bearer(metadata)))
+        if self.identities:
+            names = peer_identities(auth_context)
+            scopes.append(Scope.FULL if names & self.full_ids else Scope.SHADOW if names & self.shadow_ids else None)
+        if any(s is None for s in scopes):
+            return None
+        return Scope.SHADOW if Scope.SHADOW in scopes else Scope.FULL
+
+
+def _guarded(handler: grpc.RpcMethodHandler, auth: Authenticator) -> grpc.RpcMethodHandler:
+    """The same handler, checking the caller first and setting CALLER_SCOPE for its behaviour."""
+    if handler.request_streaming and handler.response_streaming:
+        behaviour, factory = handler.stream_stream, grpc.stream_stream_rpc_method_handler
+    elif handler.request_streaming:
+        behaviour, factory = handler.stream_unary, grpc.stream_unary_rpc_method_handler
+    elif handler.response_streaming:
+        behaviour, factory = handler.unary_stream, grpc.unary_stream_rpc_method_handler
+    else:
+        behaviour, factory = handler.unary_unary, grpc.unary_unary_rpc_method_handler
+
+    async def admit(context: grpc.aio.ServicerContext) -> contextvars.Token[Scope | None]:
+        scope = auth.scope(context.invocation_metadata(), context.auth_context())
+        if scope is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, auth.refusal)
+        return CALLER_SCOPE.set(scope)
+
+    wrapped: Callable[..., Any]
+    if inspect.isasyncgenfunction(behaviour):
+
+        async def wrapped_gen(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            token = await admit(context)
+            try:
+                async for response in behaviour(request, context):
+                    yield response
+            finally:
+                CALLER_SCOPE.reset(token)
+
+        wrapped = wrapped_gen
+    else:
+
+        async def wrapped_call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            token = await admit(context)
+            try:
+                result = behaviour(request, context)
+                return await result if inspect.isawaitable(result) else result
+            finally:
+                CALLER_SCOPE.reset(token)
+
+        wrapped = wrapped_call
+    return factory(
+        wrapped, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, auth: Authenticator) -> None:
+        self.auth = auth
+        self.exempt = tuple(auth.config.exempt_methods)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or method.startswith(self.exempt):
+            return handler
+        return _guarded(handler, self.auth)
+
+
+SHADOW_ONLY_RULE = (
+    "this caller's credential is shadow-only (a 'shadow:' token or a shadow_client_identities "
+    "certificate): it may open only shadow sessions (OpenSession.shadow = true), never an actuating one"
+)
+
+
+async def refuse_actuating_for_shadow_only(context: grpc.aio.ServicerContext, shadow: bool) -> None:
+    """Called where OpenSession is read: PERMISSION_DENIED naming the rule."""
+    if not shadow and CALLER_SCOPE.get() is Scope.SHADOW:
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, SHADOW_ONLY_RULE)
