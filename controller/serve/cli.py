@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -124,7 +125,9 @@ def _server_process(args: argparse.Namespace) -> Iterator[str]:
     cmd += ["--model", str(args.model or BASE_MODEL_PATH)]
     for gate in args.gate if args.gate is not None else ([] if args.model else DEFAULT_GATES):
         cmd += ["--gate", str(gate)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    # a private loopback server for this client, which sends no token: not the operator's tokens
+    env = {k: v for k, v in os.environ.items() if k != "DUALLOOP_TOKENS"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
     address = f"127.0.0.1:{port}"
     try:
         with grpc.insecure_channel(address) as channel:
