@@ -153,7 +153,12 @@ async def run_server(
         executor_cfg["max_plan_age_ms"] = 3_600_000.0
     server = ControllerServer(
         ServerConfig(
-            model=model, port=0, realtime_priority=rt_priority, executor=executor_cfg, planner={"source": planner}
+            model=model,
+            port=0,
+            realtime_priority=rt_priority,
+            executor=executor_cfg,
+            planner={"source": planner},
+            auth={"tokens_env": None},  # a private server for the bench's own clients, which send no token
         )
     )
     port = await server.start()

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from dualloop.controller.demo.closed_loop import ClosedLoopRun, drive_over_grpc
 from dualloop.controller.demo.report import plot_run, plot_tick_work, write_report
+from dualloop.controller.serve.security import private_server_env
 from dualloop.sim.scenarios import SCENARIOS
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
@@ -62,7 +63,7 @@ def start_server(model: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.P
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**__import__("os").environ, "COLUMNS": "250"},
+        env={**private_server_env(), "COLUMNS": "250"},
     )
     assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from dualloop.controller.console import console
 from dualloop.controller.logs.logfile import LogData, read_sessions
 from dualloop.controller.serve.config import host_port, load_server_config
 from dualloop.controller.serve.log_stream import stream_logs
+from dualloop.controller.serve.security import private_server_env
 from dualloop.controller.serve.security_cli import add_security_arguments, security_overrides, security_summary
 from dualloop.controller.serve.server import ControllerServer, new_event_loop
 from dualloop.executor.model_runner import DecisionModel
@@ -125,9 +125,7 @@ def _server_process(args: argparse.Namespace) -> Iterator[str]:
     cmd += ["--model", str(args.model or BASE_MODEL_PATH)]
     for gate in args.gate if args.gate is not None else ([] if args.model else DEFAULT_GATES):
         cmd += ["--gate", str(gate)]
-    # a private loopback server for this client, which sends no token: not the operator's tokens
-    env = {k: v for k, v in os.environ.items() if k != "DUALLOOP_TOKENS"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=private_server_env())
     address = f"127.0.0.1:{port}"
     try:
         with grpc.insecure_channel(address) as channel:

@@ -52,6 +52,15 @@ class Scope(enum.Enum):
 CALLER_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("dualloop_caller_scope", default=None)
 
 
+TOKENS_ENV = "DUALLOOP_TOKENS"
+
+
+def private_server_env() -> dict[str, str]:
+    """The environment for a private loopback server a dualloop command starts for its own client
+    (demo, stream, bench): that client sends no token, so the operator's tokens must not apply."""
+    return {k: v for k, v in os.environ.items() if k != TOKENS_ENV}
+
+
 class AuthConfig(BaseModel):
     """Authentication settings; nothing configured (no token, no identity): authentication is off."""
 
@@ -61,7 +70,7 @@ class AuthConfig(BaseModel):
     # changes (replace it atomically: write a new file, then rename it over the old one).
     tokens_file: Path | None = None
     # An environment variable with comma-separated tokens (same 'shadow:' prefix); None: not read.
-    tokens_env: str | None = "DUALLOOP_TOKENS"
+    tokens_env: str | None = TOKENS_ENV
     # Mutual TLS: client certificate identities (subject CN or a DNS/URI/email SAN) allowed as FULL
     # and as shadow-only callers. Needs tls.client_ca_file. With tokens too, a caller needs both.
     client_identities: list[str] = []
