@@ -779,7 +779,9 @@ class ControllerServer:
                 rotate_seconds=self.config.record_rotate_s,
             )
         self._ticks = asyncio.create_task(self.runtime.run_ticks())
-        self._warm()  # SERVING only once a forward pass has run (the model's first calls are slow)
+        # SERVING only once a forward pass has run (an onnxruntime session's first calls are slow); on
+        # a thread, so that health answers NOT_SERVING meanwhile
+        await asyncio.to_thread(self._warm)
         await self.health.serving()
         return self.port
 
@@ -908,7 +910,7 @@ class ServerThread:
     def stop(self) -> None:
         if not self._thread.is_alive():
             return
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(self.server.config.drain_grace_s + 10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
 

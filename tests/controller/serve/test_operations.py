@@ -336,3 +336,30 @@ def test_drain_grace_bounds_a_stuck_stream(test_model_path, human_log):
     text = human_log.getvalue()
     assert "WARNING server.drain_timeout streams_left=1 grace_s=0.3" in text
     assert re.search(r"INFO  server\.stop uptime_s=\S+ ticks_total=\d+", text)
+
+
+def test_not_serving_until_the_model_has_run(test_model_path):
+    """Health answers NOT_SERVING while the warm-up forward pass runs, SERVING once it has."""
+    srv = ServerThread(ServerConfig(model=test_model_path, port=0))
+    warm, release = threading.Event(), threading.Event()
+    real_warm = srv.server._warm
+
+    def slow_warm() -> None:
+        warm.set()
+        assert release.wait(20)
+        real_warm()
+
+    srv.server._warm = slow_warm  # type: ignore[method-assign]
+    starting = threading.Thread(target=srv.start)
+    starting.start()
+    try:
+        assert warm.wait(20)
+        with grpc.insecure_channel(f"127.0.0.1:{srv.server.port}") as ch:
+            assert check(ch) == NOT_SERVING and check(ch, SERVICE) == NOT_SERVING
+            release.set()
+            starting.join(20)
+            assert check(ch) == SERVING and check(ch, SERVICE) == SERVING
+    finally:
+        release.set()
+        starting.join(20)
+        srv.stop()
