@@ -363,3 +363,16 @@ def test_not_serving_until_the_model_has_run(test_model_path):
         release.set()
         starting.join(20)
         srv.stop()
+
+
+def test_unary_errors_are_logged(server, channel, human_log):
+    with pytest.raises(grpc.RpcError) as err:
+        pb_grpc.ControllerServiceStub(channel).GetShadowStats(pb.GetShadowStatsRequest(), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    deadline = time.monotonic() + 10  # logged right after the status left
+    while "rpc.error" not in human_log.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert re.search(
+        r"WARNING rpc\.error method=GetShadowStats peer=\S+ code=INVALID_ARGUMENT message=\"GetShadowStatsRequest",
+        human_log.getvalue(),
+    )
