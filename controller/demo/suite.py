@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -71,6 +72,8 @@ def start_server(model: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.P
     if not match:
         proc.kill()
         raise RuntimeError(f"the server did not start: {line.strip()} {proc.stdout.read()}")
+    # keep reading the server's log lines, or a long run fills the pipe and blocks the server
+    threading.Thread(target=proc.stdout.read, daemon=True).start()
     return proc, f"127.0.0.1:{match.group(1)}"
 
 

@@ -19,6 +19,7 @@ import grpc
 from dualloop.controller.console import console
 from dualloop.controller.logs.logfile import LogData, read_sessions
 from dualloop.controller.serve.config import host_port, load_server_config
+from dualloop.controller.serve.events import LOG_LEVELS, configure_logging
 from dualloop.controller.serve.log_stream import stream_logs
 from dualloop.controller.serve.security import private_server_env
 from dualloop.controller.serve.security_cli import add_security_arguments, security_overrides, security_summary
@@ -45,6 +46,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_security_arguments(p)
     p.add_argument("--realtime-priority", type=int, help="SCHED_FIFO priority (1-99) for the tick loop")
     p.add_argument("--record-dir", type=Path, help="record every session to MCAP in this folder")
+    p.add_argument("--log-format", choices=("human", "json"), help="server log on stderr (default human)")
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="default INFO")
+    p.add_argument("--drain-grace", type=float, help="seconds open streams get to end on SIGTERM (default 5)")
+    p.add_argument(
+        "--reflection",
+        action=argparse.BooleanOptionalAction,
+        help="gRPC server reflection (default: on when bound to loopback)",
+    )
     p.set_defaults(fn=serve)
 
     p = sub.add_parser(
@@ -77,7 +86,12 @@ def serve(args: argparse.Namespace) -> int:
         **security_overrides(args),
         realtime_priority=args.realtime_priority,
         record_dir=args.record_dir,
+        log_format=args.log_format,
+        log_level=args.log_level,
+        drain_grace_s=args.drain_grace,
+        reflection=args.reflection,
     )
+    configure_logging(config.log_level, config.log_format)
     server = ControllerServer(config)
 
     async def run() -> None:
@@ -88,6 +102,7 @@ def serve(args: argparse.Namespace) -> int:
             f"{host_port(config.host, port)}, tick {config.executor.tick_period_ms} ms, {server.scheduling}, "
             f"{security_summary(config, server.auth.enabled)}. Ctrl-C stops."
         )
+        server.log_start()  # after the line above: scripts read the port from the first line
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

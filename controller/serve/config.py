@@ -121,6 +121,17 @@ class ServerConfig(BaseModel):
     # client that pauses reads the newest one, not a backlog buffered in its own window.
     client_window_bytes: int = Field(DEFAULT_CLIENT_WINDOW_BYTES, ge=1024)
     planner: PlannerConfig = PlannerConfig()
+    # Operations (docs/operations.md). On SIGTERM/SIGINT open streams get this long to end after
+    # their final snapshot before gRPC cancels what is left.
+    drain_grace_s: float = Field(5.0, ge=0.0)
+    # Server reflection (grpcurl, Postman); None: on iff the server binds loopback.
+    reflection: bool | None = None
+    log_format: Literal["human", "json"] = "human"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @property
+    def reflection_enabled(self) -> bool:
+        return is_loopback(self.host) if self.reflection is None else self.reflection
 
     @model_validator(mode="after")
     def _loopback_unless_allowed(self) -> ServerConfig:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import numpy as np
@@ -28,9 +30,11 @@ from dualloop.controller.logs.format import (
     REQUIRE_PLAN_DETAIL,
 )
 from dualloop.controller.logs.recorder import Recorder
+from dualloop.controller.serve import events
 from dualloop.controller.serve.config import ConfigError, ServerConfig, host_port
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
 from dualloop.controller.serve.gate_files import load_gate_for_model
+from dualloop.controller.serve.health import Health, enable_reflection
 from dualloop.controller.serve.planning import ServerPlanning
 from dualloop.controller.serve.security import (
     Authenticator,
@@ -113,6 +117,11 @@ class ControllerRuntime:
         self.missed_at_reset = 0
         self.scheduling = "not started"
         self.planning: ServerPlanning | None = None  # the server's own planner, if configured
+        # Set when the server starts draining (SIGTERM): new sessions are refused, open ones end.
+        self.draining = asyncio.Event()
+        self.drives_active = 0  # Drive handlers running, opened or not
+        self.drives_idle = asyncio.Event()
+        self.drives_idle.set()
 
     def stop(self) -> None:
         self._stopping = True
@@ -287,6 +296,27 @@ def _model_info_v1(response: pb.GetModelInfoResponse) -> bytes:
     return response.model.SerializeToString()
 
 
+def _logged(method: str, handler: Callable) -> Callable:
+    """A unary handler whose errors are logged (rpc.error) with the status and message the client gets."""
+
+    async def logged(request: object, context: grpc.aio.ServicerContext) -> object:
+        try:
+            return await handler(request, context)
+        except grpc.aio.AbortError:
+            code = context.code()
+            events.event(
+                "rpc.error",
+                logging.WARNING,
+                method=method,
+                peer=context.peer(),
+                code=code.name if code is not None else "UNKNOWN",
+                message=context.details() or "",
+            )
+            raise
+
+    return logged
+
+
 def add_controller_service(service: ControllerService, server: grpc.aio.Server) -> None:
     """pb_grpc.add_ControllerServiceServicer_to_server, with request deserializers that never raise,
     and the same handlers under V1_SERVICE for clients built from proto v1."""
@@ -297,13 +327,17 @@ def add_controller_service(service: ControllerService, server: grpc.aio.Server) 
                 service.Drive, _lenient(pb.DriveRequest), pb.DriveResponse.SerializeToString
             ),
             "GetModelInfo": grpc.unary_unary_rpc_method_handler(
-                service.GetModelInfo, _lenient(pb.GetModelInfoRequest), model_info
+                _logged("GetModelInfo", service.GetModelInfo), _lenient(pb.GetModelInfoRequest), model_info
             ),
             "GetStats": grpc.unary_unary_rpc_method_handler(
-                service.GetStats, _lenient(pb.GetStatsRequest), pb.GetStatsResponse.SerializeToString
+                _logged("GetStats", service.GetStats),
+                _lenient(pb.GetStatsRequest),
+                pb.GetStatsResponse.SerializeToString,
             ),
             "GetShadowStats": grpc.unary_unary_rpc_method_handler(
-                service.GetShadowStats, _lenient(pb.GetShadowStatsRequest), pb.GetShadowStatsResponse.SerializeToString
+                _logged("GetShadowStats", service.GetShadowStats),
+                _lenient(pb.GetShadowStatsRequest),
+                pb.GetShadowStatsResponse.SerializeToString,
             ),
         }
 
@@ -319,6 +353,13 @@ def add_controller_service(service: ControllerService, server: grpc.aio.Server) 
 async def _refuse_malformed(request: object, context: grpc.aio.ServicerContext) -> None:
     if isinstance(request, MalformedRequest):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+
+
+_END, _DRAINED = object(), object()  # _next_request: the stream ended; the server is draining
+DRAINING_REFUSAL = (
+    "server draining (shutting down): not accepting new sessions; retry on another server, "
+    "or on this one once it is back"
+)
 
 
 class ControllerService(pb_grpc.ControllerServiceServicer):
@@ -416,6 +457,36 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         return reply
 
     async def Drive(self, request_iterator: AsyncIterator[pb.DriveRequest], context: grpc.aio.ServicerContext) -> None:
+        """_drive, logged (session.open/close/refused with the status the client gets) and counted for the drain."""
+        runtime = self.runtime
+        trace = events.SessionTrace(context.peer())
+        runtime.drives_active += 1
+        runtime.drives_idle.clear()
+        try:
+            await self._drive(request_iterator, context, trace)
+        except asyncio.CancelledError:
+            trace.ended("CANCELLED", "the client cancelled the call, or the server stopped before the stream ended")
+            raise
+        except grpc.aio.AbortError:  # context.abort(): the status is on the context
+            code = context.code()
+            trace.ended(code.name if code is not None else "UNKNOWN", context.details() or "")
+            raise
+        except Exception as err:
+            trace.ended("UNKNOWN", repr(err))
+            raise
+        else:
+            trace.ended("OK", "")
+        finally:
+            runtime.drives_active -= 1
+            if runtime.drives_active == 0:
+                runtime.drives_idle.set()
+
+    async def _drive(
+        self,
+        request_iterator: AsyncIterator[pb.DriveRequest],
+        context: grpc.aio.ServicerContext,
+        trace: events.SessionTrace,
+    ) -> None:
         requests = request_iterator.__aiter__()
         try:
             first = await asyncio.wait_for(requests.__anext__(), self.runtime.config.open_timeout_s)
@@ -447,6 +518,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 f"the client built observations for schema {req.expected_schema_hash}; this server's "
                 f"model {self.executor.card.version} has schema {schema_hash}: call GetModelInfo",
             )
+        if self.runtime.draining.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_REFUSAL)
         session_id = req.session_id or uuid.uuid4().hex[:12]
         try:
             session = self.executor.open_session(
@@ -479,6 +552,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         )
         self.runtime.stats.sessions_opened += 1
         instance = self.runtime.open_shadow(session_id)
+        trace.opened(session_id, pb.ClockMode.Name(req.clock).removeprefix("CLOCK_MODE_"), req.shadow, instance)
         self.runtime.open_recording(
             session_id,
             req.clock,
@@ -506,12 +580,19 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 )
             )
             if req.clock == pb.CLOCK_MODE_REALTIME:
-                error = await self._drive_realtime(session_id, requests, context)
+                error = await self._drive_realtime(session_id, requests, context, trace)
             else:
-                error = await self._drive_lockstep(session_id, requests, context)
+                error = await self._drive_lockstep(session_id, requests, context, trace)
             if error is not None:
                 await context.abort(*error)
         finally:
+            trace.ticks, trace.observations_dropped, trace.last_seq = (
+                session.ticks,
+                session.observations_dropped,
+                session.last_seq,
+            )
+            box = self.runtime.outboxes.get(session_id)
+            trace.snapshots_dropped = box.dropped if box is not None else 0
             self.runtime.forget(session_id)
 
     @staticmethod
@@ -524,7 +605,17 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         "empty DriveRequest is not allowed",
     )
 
-    async def _drive_realtime(self, session_id: str, requests, context) -> tuple | None:
+    def _drained(self, session_id: str) -> tuple:
+        """How a stream ends when the server drains, after its final snapshot."""
+        session = self.executor.sessions.get(session_id)
+        return (
+            grpc.StatusCode.UNAVAILABLE,
+            f"server draining (shutting down): session {session_id!r} ended after its final snapshot; the last "
+            f"observation received was seq {session.last_seq if session is not None else 0}; open a new session, "
+            f"on this server once it is back or on another",
+        )
+
+    async def _drive_realtime(self, session_id: str, requests, context, trace: events.SessionTrace) -> tuple | None:
         box: LatestSlot[Snapshot] = LatestSlot(carry_over)
         self.runtime.outboxes[session_id] = box
         error: list[tuple] = []
@@ -553,7 +644,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 box.close()  # the client finished (or broke the contract): end the stream
 
         reader = asyncio.create_task(read())
-        stats = self.runtime.stats
+        stats, draining = self.runtime.stats, self.runtime.draining
         try:
             while (snap := await box.get()) is not None:
                 t0 = _perf_ns()
@@ -566,16 +657,49 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 await context.write(msg)
                 stats.snapshots_sent += 1
                 stats.snapshots_sent_total += 1
+                trace.snapshots_sent += 1
+                if draining.is_set():  # the snapshot just sent was the final one
+                    error.append(self._drained(session_id))
+                    break
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
         return error[0] if error else None
 
-    async def _drive_lockstep(self, session_id: str, requests, context) -> tuple | None:
+    async def _drive_lockstep(self, session_id: str, requests, context, trace: events.SessionTrace) -> tuple | None:
+        drain = asyncio.ensure_future(self.runtime.draining.wait())
+        try:
+            return await self._lockstep_loop(session_id, requests, context, trace, drain)
+        finally:
+            drain.cancel()
+
+    async def _next_request(self, requests, drain: asyncio.Future) -> Any:
+        """The next request; _END at the end of the stream; _DRAINED once the server drains and no
+        request is waiting (a request that arrived is processed first: it has been accepted)."""
+        if drain.done():
+            return _DRAINED
+        read = asyncio.ensure_future(requests.__anext__())
+        try:
+            await asyncio.wait((read, drain), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not read.done():  # draining (or this handler was cancelled): abandon the read
+                read.cancel()
+        if not read.done() or read.cancelled():
+            return _DRAINED
+        try:
+            return read.result()
+        except StopAsyncIteration:
+            return _END
+
+    async def _lockstep_loop(
+        self, session_id: str, requests, context, trace: events.SessionTrace, drain: asyncio.Future
+    ) -> tuple | None:
         stats = self.runtime.stats
         planning = self._planning
-        async for msg in requests:
+        while (msg := await self._next_request(requests, drain)) is not _END:
+            if msg is _DRAINED:
+                return self._drained(session_id)
             if isinstance(msg, MalformedRequest):
                 return grpc.StatusCode.INVALID_ARGUMENT, msg.message
             obs_msg = self._observation(msg)
@@ -599,6 +723,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 await context.write(pb.DriveResponse(snapshot=proto))
                 stats.snapshots_sent += 1
                 stats.snapshots_sent_total += 1
+                trace.snapshots_sent += 1
         return None
 
 
@@ -631,6 +756,7 @@ class ControllerServer:
         self.scheduling = "not started"
         self._server: grpc.aio.Server | None = None
         self._ticks: asyncio.Task | None = None
+        self.health: Health | None = None
 
     async def start(self) -> int:
         if self.runtime.planning is not None:  # spawns the worker and builds the sources: seconds at most
@@ -643,6 +769,11 @@ class ControllerServer:
             interceptors=[AuthInterceptor(self.auth)] if self.auth.enabled else None,
         )
         add_controller_service(ControllerService(self.runtime), self._server)
+        services = (pb.DESCRIPTOR.services_by_name["ControllerService"].full_name, V1_SERVICE)
+        self.health = Health(self._server, services)
+        await self.health.not_serving()
+        if self.config.reflection_enabled:  # v1 is an alias without descriptors of its own: not listed
+            enable_reflection(self._server, services[:1])
         address = host_port(self.config.host, self.config.port)
         tls = self.config.tls
         self.port = (
@@ -665,19 +796,75 @@ class ControllerServer:
                 rotate_seconds=self.config.record_rotate_s,
             )
         self._ticks = asyncio.create_task(self.runtime.run_ticks())
+        # SERVING only once a forward pass has run (an onnxruntime session's first calls are slow); on
+        # a thread, so that health answers NOT_SERVING meanwhile
+        await asyncio.to_thread(self._warm)
+        await self.health.serving()
         return self.port
 
-    async def stop(self, grace_s: float = 0.5) -> None:
+    def log_start(self) -> None:
+        """The server.start event (the CLI logs it after its own start line, which scripts read first)."""
+        card = self.executor.card
+        assert self.port is not None
+        events.event(
+            "server.start",
+            address=host_port(self.config.host, self.port),
+            model=card.name,
+            model_version=card.version,
+            schema_hash=card.schema_hash(),
+            gates=[str(g) for g in self.config.gates],
+            tick_period_ms=self.config.executor.tick_period_ms,
+            scheduling=self.scheduling,
+            reflection=self.config.reflection_enabled,
+            record_dir=str(self.config.record_dir) if self.config.record_dir is not None else None,
+        )
+
+    def _warm(self) -> None:
+        n_features, n_plan = len(self.executor.card.features), len(self.executor.card.plan)
+        self.model.forward(np.zeros((1, n_features), np.float32), np.zeros((1, n_plan), np.float32))
+
+    async def drain(self, grace_s: float | None = None) -> None:
+        """Health NOT_SERVING, refuse new sessions (UNAVAILABLE), end the open ones after a final
+        snapshot (UNAVAILABLE "server draining"), and wait up to grace_s (config.drain_grace_s) for them."""
+        runtime = self.runtime
+        if runtime.draining.is_set():
+            return
+        grace = self.config.drain_grace_s if grace_s is None else grace_s
+        runtime.draining.set()
+        events.event("server.drain", sessions_open=len(self.executor.sessions), grace_s=grace)
+        if self.health is not None:
+            await self.health.draining()
+        try:
+            await asyncio.wait_for(runtime.drives_idle.wait(), grace)
+        except TimeoutError:
+            events.event("server.drain_timeout", logging.WARNING, streams_left=runtime.drives_active, grace_s=grace)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Drain (grace_s: default config.drain_grace_s), then stop gRPC, the ticks, the planner and the recorder."""
+        await self.drain(grace_s)
         self.runtime.stop()
         if self._server is not None:
-            await self._server.stop(grace_s)
+            # the drained streams' statuses are on their way; what is still open (a stream stuck
+            # past the grace, health Watch streams) is cancelled after this
+            await self._server.stop(0.5)
         if self._ticks is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticks
         if self.runtime.planning is not None:
             await asyncio.to_thread(self.runtime.planning.stop)
+        recording: dict[str, int] = {}
         if self.runtime.recorder is not None:
             self.recording_stats = await asyncio.to_thread(self.runtime.recorder.close)
+            recording = {"recorder_dropped": self.recording_stats.total_dropped}
+        stats = self.runtime.stats
+        events.event(
+            "server.stop",
+            uptime_s=round((_mono_ns() - stats.started_ns) / 1e9, 3),
+            ticks_total=stats.ticks_total,
+            missed_deadlines_total=self.runtime.ticker.missed,
+            snapshots_sent_total=stats.snapshots_sent_total,
+            **recording,
+        )
 
     async def wait(self) -> None:
         assert self._server is not None
@@ -740,7 +927,7 @@ class ServerThread:
     def stop(self) -> None:
         if not self._thread.is_alive():
             return
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(self.server.config.drain_grace_s + 10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
 

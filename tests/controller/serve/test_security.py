@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ConfigError, ServerConfig, load_server_config
@@ -238,18 +239,22 @@ def test_tokens_from_environment(start, pki, monkeypatch):
 
 
 def test_exempt_methods_need_no_token(start, pki, tokens_file):
-    # health checks are exempt by default; here a method this server has stands in for them
+    """Health checks answer without credentials by default (probes carry no token); a configured
+    exemption covers other methods; everything else still needs a token."""
     srv = start(
         tls=tls(pki),
         auth=AuthConfig(
-            tokens_file=tokens_file, tokens_env=None, exempt_methods=["/dualloop.v2.ControllerService/GetModelInfo"]
+            tokens_file=tokens_file,
+            tokens_env=None,
+            exempt_methods=[*AuthConfig().exempt_methods, "/dualloop.v2.ControllerService/GetModelInfo"],
         ),
     )
     with grpc.secure_channel(srv.address, creds(pki["ca"])) as channel:
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
         assert model_info(channel).features
         stats = pb_grpc.ControllerServiceStub(channel).GetStats
         assert rpc_error(stats, pb.GetStatsRequest(), timeout=10).code() == grpc.StatusCode.UNAUTHENTICATED
-    assert "/grpc.health.v1.Health/" in AuthConfig().exempt_methods
 
 
 def test_token_scope_compares_every_token():
