@@ -6,12 +6,15 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from dualloop.controller.console import print_error
 from dualloop.controller.extras import EXTRA_OF_MODULE, MissingExtra
 from dualloop.controller.serve.config import ConfigError
 from dualloop.executor.model_card import ModelFileError
+from dualloop.executor.model_runner import DecisionModel
+from dualloop.models import BASE_MODEL_PATH
 
 DESCRIPTION = (
     "dualloop: a real-time streaming controller. A 5 ms ONNX executor, a slow planner and an independent "
@@ -71,11 +74,6 @@ def _group(module: str, extra: str | None) -> Register:
 
 def version_text() -> str:
     """The installed distribution, the wire contract and the shipped model (what a bug report needs)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from dualloop.executor.model_runner import DecisionModel
-    from dualloop.models import BASE_MODEL_PATH
-
     try:
         dist = version("dualloop")
     except PackageNotFoundError:

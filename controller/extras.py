@@ -10,7 +10,6 @@ EXTRA_OF_MODULE = {
     "rich": "demo",
     "matplotlib": "demo",
     "onnx": "train",
-    "threadpoolctl": "bench",
     "ray": "ray",
     "gymnasium": "highway",
     "highway_env": "highway",
