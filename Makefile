@@ -6,15 +6,26 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test check bench proto proto-release test-model clean
 
-# setup.py and every C source (the optional extensions): rebuilt by the editable install when one changes
-$(STAMP): pyproject.toml setup.py $(wildcard */*.c)
-	$(PYTHON) -m venv $(VENV)
+# setup.py and every C source (the optional extensions): rebuilt by the editable install when one changes.
+# One venv for both: `make demo` installs only what the demo needs ('.[demo]'); `make test`/`make check`
+# upgrade the same venv to '.[dev]' (a superset, so it marks the demo's stamp done too).
+DEMO_STAMP := $(VENV)/.demo-stamp
+INSTALL_DEPS := pyproject.toml setup.py $(wildcard */*.c)
+
+$(DEMO_STAMP): $(INSTALL_DEPS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(INSTALL_DEPS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	$(PY) scripts/namespace_view.py --pth > /dev/null
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/dualloop demo
 
 # The Node client's dependencies (tests/clients runs it against a live server), reinstalled when the

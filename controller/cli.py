@@ -3,32 +3,102 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
-from dualloop.controller.bench import cli as bench_cli
 from dualloop.controller.console import print_error
-from dualloop.controller.demo import cli as demo_cli
-from dualloop.controller.gates import cli as gates_cli
-from dualloop.controller.logs import cli as logs_cli
-from dualloop.controller.replay import cli as replay_cli
-from dualloop.controller.serve import cli as serve_cli
+from dualloop.controller.extras import EXTRA_OF_MODULE, MissingExtra
 from dualloop.controller.serve.config import ConfigError
-from dualloop.controller.training import cli as training_cli
 from dualloop.executor.model_card import ModelFileError
+from dualloop.executor.model_runner import DecisionModel
+from dualloop.models import BASE_MODEL_PATH
 
 DESCRIPTION = (
     "dualloop: a real-time streaming controller. A 5 ms ONNX executor, a slow planner and an independent "
     "OOD gate behind one gRPC API, for shadow mode, closed-loop simulation and replay of recorded drives."
 )
-# in the order `dualloop --help` lists them
-COMMAND_GROUPS = (demo_cli, serve_cli, logs_cli, replay_cli, training_cli, gates_cli, bench_cli)
+# in the order `dualloop --help` lists them, each with the extra its commands need beyond serving
+COMMAND_GROUPS = (
+    ("dualloop.controller.demo.cli", "demo"),
+    ("dualloop.controller.serve.cli", None),
+    ("dualloop.controller.logs.cli", None),
+    ("dualloop.controller.replay.cli", None),
+    ("dualloop.controller.training.cli", "train"),
+    ("dualloop.controller.gates.cli", "train"),
+    ("dualloop.controller.bench.cli", "bench"),
+)
+
+
+if TYPE_CHECKING:
+    Register = Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]
+# the commands each group registers, for the stand-in of a group that cannot be imported
+GROUP_COMMANDS = {"training": ["train", "eval-logs", "quantize", "make-test-model"], "gates": ["gate"]}
+
+
+def _missing_group(module: str, err: ModuleNotFoundError, extra: str | None) -> Register:
+    """Stands in for a command group whose optional dependency is not installed (the lean install):
+    its commands are listed and, when run, name the extra to install instead of a traceback."""
+    missing = (err.name or "?").split(".")[0]
+    if missing not in EXTRA_OF_MODULE:
+        raise err  # not an optional extra: a broken install, show it
+    group = module.split(".")[-2]
+    extra = extra or EXTRA_OF_MODULE[missing]
+
+    def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        for name in GROUP_COMMANDS.get(group, [group]):
+            # no option prefix: every argument, --flags too, is taken as given and the extra is named
+            p = sub.add_parser(name, help=f"(needs pip install 'dualloop[{extra}]')", prefix_chars="\0", add_help=False)
+            p.add_argument("rest", nargs=argparse.REMAINDER)
+            p.set_defaults(fn=_raise(MissingExtra(f"`dualloop {name}`", missing, extra)))
+
+    return register
+
+
+def _raise(err: Exception) -> Callable[[argparse.Namespace], int]:
+    def fn(_args: argparse.Namespace) -> int:
+        raise err
+
+    return fn
+
+
+def _group(module: str, extra: str | None) -> Register:
+    try:
+        register: Register = importlib.import_module(module).register
+        return register
+    except ModuleNotFoundError as err:
+        return _missing_group(module, err, extra)
+
+
+def version_text() -> str:
+    """The installed distribution, the wire contract and the shipped model (what a bug report needs)."""
+    try:
+        dist = version("dualloop")
+    except PackageNotFoundError:
+        dist = "(not installed)"
+    try:
+        card = DecisionModel(BASE_MODEL_PATH, warmup_batches=()).card
+        model = f"{card.name} {card.version}"
+    except (ModelFileError, OSError) as err:
+        model = f"unreadable ({err})"
+    return f"dualloop {dist} (wire contract dualloop.v2; shipped model {model})"
+
+
+class _VersionAction(argparse.Action):
+    # computed only when asked: reading the model card costs an ONNX session
+    def __call__(self, parser: argparse.ArgumentParser, *_: object, **__: object) -> None:
+        print(version_text())
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dualloop", description=DESCRIPTION)
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in COMMAND_GROUPS:
-        group.register(sub)
+    for module, extra in COMMAND_GROUPS:
+        _group(module, extra)(sub)
     return parser
 
 
@@ -36,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))
-    except (ConfigError, ModelFileError, OSError) as err:
+    except (ConfigError, ModelFileError, OSError, MissingExtra) as err:
         print_error(err)
         return 2
 

@@ -1,14 +1,45 @@
-"""The terminal every command prints to, and how a command reports an error a person can act on."""
+"""The terminal every command prints to, and how a command reports an error a person can act on.
+
+rich is an optional extra (the demo's, training's, the benches'); the lean server install prints through
+a plain stand-in with the same print/print_json, its markup stripped.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 import sys
+from typing import Any
 
-from rich.console import Console
+# rich markup tags: [red], [/], [bold yellow], [/red]; not "[1, 2]", "[::1]:50151" or an escaped "\\[demo]"
+_MARKUP = re.compile(r"(?<!\\)(\[/?[a-z][a-z ]*\]|\[/\])")
+# what rich.markup.escape escapes: a "[" that would open a tag
+_TAG_LIKE = re.compile(r"(\[[a-z#/@][^[]*?\])")
 
-# Wide enough for the scenario table when the output is a log file rather than a terminal.
-console = Console(width=None if sys.stdout.isatty() else 200)
+
+class PlainConsole:
+    """What the serving commands use of rich's Console, as plain text on stdout."""
+
+    def print(self, *objects: object, sep: str = " ", end: str = "\n", markup: bool = True, **_style: Any) -> None:
+        text = sep.join(str(o) for o in objects)
+        if markup:
+            text = _MARKUP.sub("", text).replace("\\[", "[")
+        print(text, end=end, flush=True)
+
+    def print_json(self, text: str) -> None:
+        print(json.dumps(json.loads(text), indent=2), flush=True)
+
+
+try:
+    from rich.console import Console
+
+    # Wide enough for the scenario table when the output is a log file rather than a terminal.
+    console: Any = Console(width=None if sys.stdout.isatty() else 200)
+except ModuleNotFoundError:  # the lean install (pip install dualloop, no extras)
+    console = PlainConsole()
 
 
 def print_error(message: object) -> None:
-    console.print(f"[red]error:[/] {message}", highlight=False)
+    # the message is text, not markup: "pip install 'dualloop[demo]'" must print as written
+    text = _TAG_LIKE.sub(r"\\\1", str(message))
+    console.print(f"[red]error:[/] {text}", highlight=False)

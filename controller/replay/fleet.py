@@ -4,6 +4,7 @@ plain report dicts; the parent aggregates them, with progress either way."""
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import os
 from collections.abc import Sequence
@@ -85,7 +86,8 @@ def _collect(futures: dict, result: FleetResult, progress: bool) -> None:
         return None
 
     bar = None
-    if progress:
+    # rich is an extra (not in the lean install): without it, no bar
+    if progress and importlib.util.find_spec("rich") is not None:
         from rich.progress import Progress
 
         bar = Progress(transient=True)

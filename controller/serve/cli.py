@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -37,7 +38,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         help="OOD gate file fitted for this model (dualloop gate fit); repeat for several",
     )
-    p.add_argument("--config", type=Path, help="server configuration (.toml or .yaml)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get("DUALLOOP_CONFIG"),
+        help="server configuration (.toml or .yaml; default $DUALLOOP_CONFIG); DUALLOOP_* variables override it",
+    )
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 50151; 0 picks a free one)")
     p.add_argument(

@@ -1,14 +1,17 @@
-"""Server configuration: a pydantic model, loadable from TOML or YAML, with errors naming the field."""
+"""Server configuration: a pydantic model, loadable from TOML or YAML and DUALLOOP_* environment variables,
+with errors naming the field and where it was set."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
 from dualloop.controller.serve.security import AuthConfig
 from dualloop.executor.config import ExecutorConfig
@@ -153,11 +156,47 @@ class ServerConfig(BaseModel):
         return self
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
+ENV_PREFIX = "DUALLOOP_"
+ENV_NESTED_DELIMITER = "__"
+# the command-line flag of an override whose name differs from --<field-with-dashes>
+_FLAG_OF = {"gates": "--gate"}
+
+
+def env_name(loc: tuple[str | int, ...]) -> str:
+    """The environment variable of a field path: ("executor", "max_observation_age_ms") ->
+    DUALLOOP_EXECUTOR__MAX_OBSERVATION_AGE_MS (a list is one variable, given as JSON)."""
+    names = [str(p) for p in loc if isinstance(p, str)]
+    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(names).upper()
+
+
+def _has(data: dict[str, Any], loc: tuple[str | int, ...]) -> bool:
+    """Whether the leading keys of loc are set in data (the source a validation error came from)."""
+    if not loc or not isinstance(loc[0], str) or loc[0] not in data:
+        return False
+    value = data[loc[0]]
+    return not isinstance(value, dict) or len(loc) == 1 or _has(value, loc[1:])
+
+
+def format_validation_error(
+    err: ValidationError,
+    source: str,
+    env: dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> str:
+    """One line per problem, naming where the value came from: the flag, the variable or the file's field."""
     lines = [f"{source}: invalid configuration"]
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        lines.append(f"  {field}: {e['msg']}")
+        loc = tuple(e["loc"])
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        if flags and loc and loc[0] in flags:
+            where = f"{_FLAG_OF.get(str(loc[0]), '--' + str(loc[0]).replace('_', '-'))} ({field})"
+        elif env and _has(env, loc):
+            where = f"{env_name(loc)} ({field})"
+        elif e["type"] == "missing":
+            where = f"{field} (in the config file, or {env_name(loc)}, or a flag)"
+        else:
+            where = field
+        lines.append(f"  {where}: {e['msg']}")
     return "\n".join(lines)
 
 
@@ -179,15 +218,47 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_server_config(path: Path | None = None, **overrides: Any) -> ServerConfig:
-    """File settings, then command-line overrides (None means 'not given')."""
+class _ServerEnv(BaseSettings, ServerConfig):
+    """Only to read DUALLOOP_* variables for ServerConfig's fields (validation is ServerConfig's)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, case_sensitive=False, extra="forbid"
+    )
+
+
+def read_env() -> dict[str, Any]:
+    """The DUALLOOP_* variables that name a ServerConfig field, nested by "__", values still strings
+    (lists and tables are JSON). Variables that name no field are not read (DUALLOOP_CONFIG is the file's)."""
+    try:
+        return dict(EnvSettingsSource(_ServerEnv)())
+    except SettingsError as err:
+        field = re.search(r'field "(\w+)"', str(err))
+        name = env_name((field.group(1),)) if field else ENV_PREFIX + "*"
+        raise ConfigError(
+            f"environment: {name} cannot be parsed ({err}); lists and tables are given as JSON, "
+            f"e.g. {ENV_PREFIX}GATES='[\"a.gate.npz\"]'"
+        ) from None
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """over's settings on top of base's, table by table (one env variable changes one nested field)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_server_config(path: Path | None = None, *, use_env: bool = True, **overrides: Any) -> ServerConfig:
+    """Defaults < config file < DUALLOOP_* environment variables < command-line overrides (None means
+    'not given'): the conventional order, so a container's env adjusts a shipped file and a flag wins."""
     data: dict[str, Any] = read_config_file(path) if path is not None else {}
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):  # a section: merge, flags win
-            data[key] = {**data[key], **value}
-        elif value is not None:
-            data[key] = value
+    env = read_env() if use_env else {}
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    data = _merge(_merge(data, env), flags)
     try:
         return ServerConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, str(path) if path else "command line")) from None
+        sources = [str(path)] if path else []
+        sources += ["environment"] if env else []
+        sources += ["command line"] if flags or not sources else []
+        raise ConfigError(format_validation_error(err, ", ".join(sources), env, flags)) from None

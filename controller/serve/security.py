@@ -57,8 +57,9 @@ TOKENS_ENV = "DUALLOOP_TOKENS"
 
 def private_server_env() -> dict[str, str]:
     """The environment for a private loopback server a dualloop command starts for its own client
-    (demo, stream, bench): that client sends no token, so the operator's tokens must not apply."""
-    return {k: v for k, v in os.environ.items() if k != TOKENS_ENV}
+    (demo, stream): configured by that command's flags alone, not by the operator's DUALLOOP_*
+    settings (its client sends no token, and e.g. DUALLOOP_GATES must not change a demo)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("DUALLOOP_") and k != TOKENS_ENV}
 
 
 class AuthConfig(BaseModel):

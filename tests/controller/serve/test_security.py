@@ -299,7 +299,7 @@ def test_non_loopback_without_tls_refused_naming_the_flag(test_model_path, pki):
 def test_tls_file_errors_name_the_file(test_model_path, pki, tmp_path):
     server: Issued = pki["server"]
     missing = tmp_path / "nope.crt"
-    with pytest.raises(ConfigError, match=rf"tls: .*{re.escape(str(missing))}: cannot read"):
+    with pytest.raises(ConfigError, match=rf"\(tls\): .*{re.escape(str(missing))}: cannot read"):
         load_server_config(model=test_model_path, tls={"cert_file": missing, "key_file": server.key_file})
     garbage = tmp_path / "garbage.crt"
     garbage.write_text("hello")
