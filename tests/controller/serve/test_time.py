@@ -175,6 +175,7 @@ def lockstep_run(channel: grpc.Channel, session_id: str, sent_time: bool) -> lis
         session.send(k + 1, k * PERIOD, sensor(k), sent_time_ns=time.time_ns() if sent_time else 0)
         out.append(session.recv())
     session.close()
+    assert list(session.snapshots()) == []  # the stream ended (so the id is free again): nothing more came
     return out
 
 
