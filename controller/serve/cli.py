@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--allow-non-loopback", action="store_true", help="permit binding beyond loopback")
     p.add_argument("--realtime-priority", type=int, help="SCHED_FIFO priority (1-99) for the tick loop")
     p.add_argument("--record-dir", type=Path, help="record every session to MCAP in this folder")
+    p.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port (0: a free one; default: off)"
+    )
+    p.add_argument("--metrics-host", help="bind address for the metrics (default 127.0.0.1)")
     p.set_defaults(fn=serve)
 
     p = sub.add_parser(
@@ -71,6 +75,8 @@ def serve(args: argparse.Namespace) -> int:
         allow_non_loopback=True if args.allow_non_loopback else None,
         realtime_priority=args.realtime_priority,
         record_dir=args.record_dir,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     server = ControllerServer(config)
 
@@ -82,6 +88,8 @@ def serve(args: argparse.Namespace) -> int:
             f"{host_port(config.host, port)}, tick {config.executor.tick_period_ms} ms, {server.scheduling}. "
             f"Ctrl-C stops."
         )
+        if server.metrics_port is not None:
+            console.print(f"metrics: http://{host_port(config.metrics_host, server.metrics_port)}/metrics")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -113,6 +113,20 @@ class ServerConfig(BaseModel):
     # client that pauses reads the newest one, not a backlog buffered in its own window.
     client_window_bytes: int = Field(DEFAULT_CLIENT_WINDOW_BYTES, ge=1024)
     planner: PlannerConfig = PlannerConfig()
+    # Prometheus metrics over HTTP (docs/operations.md#metrics): None, the default, serves none and
+    # counts nothing; 0 picks a free port (ControllerServer.metrics_port says which).
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    # Plain HTTP without authentication: loopback unless allow_non_loopback, as for `host`.
+    metrics_host: str = "127.0.0.1"
+
+    @model_validator(mode="after")
+    def _metrics_loopback_unless_allowed(self) -> ServerConfig:
+        if self.metrics_port is not None and not is_loopback(self.metrics_host) and not self.allow_non_loopback:
+            raise ValueError(
+                f"metrics_host {self.metrics_host!r} is not a loopback address; set allow_non_loopback "
+                f"(--allow-non-loopback) to serve metrics beyond this machine"
+            )
+        return self
 
     @model_validator(mode="after")
     def _loopback_unless_allowed(self) -> ServerConfig:
