@@ -255,3 +255,31 @@ def test_off_by_default_loopback_only_and_one_registry_per_server(test_model_pat
         port = c.server.metrics_port
     with pytest.raises(OSError):
         scrape(port)
+
+
+def test_planner_metrics_agree_with_the_scheduler(driving) -> None:
+    config = ServerConfig(
+        model=BASE_MODEL_PATH, port=0, metrics_port=0, planner={"source": "behaviour", "period_ms": 50.0}
+    )
+    with ServerThread(config) as srv, grpc.insecure_channel(srv.address) as channel:
+        planning = srv.server.runtime.planning
+        rt = RealtimeClient(srv.address, driving)
+        ls = drive_lockstep(channel, driving)  # 0.6 s of observation time: a plan every 50 ms of it
+        deadline = time.monotonic() + 30
+        while srv.call(lambda: planning.scheduler.counts()["plans"]) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        before = srv.call(planning.scheduler.counts)
+        samples, types = scrape(srv.server.metrics_port)
+        after = srv.call(planning.scheduler.counts)
+        rt.close()
+        assert ls and types["dualloop_planner_latency_seconds"] == "histogram"
+        plans = value(samples, "dualloop_planner_plans_total", clock="REALTIME")
+        assert 3 <= before["plans"] <= plans <= after["plans"]
+        # every plan handed out was answered first, and its latency counted then
+        assert value(samples, "dualloop_planner_latency_seconds_count") >= plans
+        assert value(samples, "dualloop_planner_latency_seconds_sum") > 0
+        lockstep = srv.call(lambda: dict(planning.lockstep.counts))  # the stream has ended: stable
+        assert value(samples, "dualloop_planner_plans_total", clock="LOCKSTEP") == lockstep["plans"] > 0
+        assert value(samples, "dualloop_planner_errors_total", clock="LOCKSTEP") == lockstep["errors"]
+        for name in ("overruns", "restarts"):
+            assert before[name] <= value(samples, f"dualloop_planner_{name}_total") <= after[name]
