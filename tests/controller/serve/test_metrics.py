@@ -4,6 +4,11 @@ and checked against GetStats and against what the sessions received."""
 from __future__ import annotations
 
 import collections
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -257,6 +262,7 @@ def test_off_by_default_loopback_only_and_one_registry_per_server(test_model_pat
         scrape(port)
 
 
+@pytest.mark.slow
 def test_planner_metrics_agree_with_the_scheduler(driving) -> None:
     config = ServerConfig(
         model=BASE_MODEL_PATH, port=0, metrics_port=0, planner={"source": "behaviour", "period_ms": 50.0}
@@ -283,3 +289,32 @@ def test_planner_metrics_agree_with_the_scheduler(driving) -> None:
         assert value(samples, "dualloop_planner_errors_total", clock="LOCKSTEP") == lockstep["errors"]
         for name in ("overruns", "restarts"):
             assert before[name] <= value(samples, f"dualloop_planner_{name}_total") <= after[name]
+
+
+@pytest.mark.slow
+def test_cli_serve_metrics_port_and_host(test_model_path: Path) -> None:
+    serve = [sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(test_model_path), "--port", "0"]
+    refused = subprocess.run(
+        [*serve, "--metrics-port", "0", "--metrics-host", "203.0.113.5"], capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 2
+    assert "metrics_host '203.0.113.5' is not a loopback address" in refused.stdout + refused.stderr
+    proc = subprocess.Popen(
+        [*serve, "--metrics-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, COLUMNS="200"),
+    )
+    try:
+        proc.stdout.readline()  # the start line
+        match = re.search(r"metrics: http://127\.0\.0\.1:(\d+)/metrics", proc.stdout.readline())
+        assert match
+        samples, _ = scrape(int(match.group(1)))
+        assert value(samples, "dualloop_sessions_open", clock="REALTIME") == 0
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
