@@ -128,7 +128,7 @@ def test_scrape_agrees_with_get_stats_and_with_what_the_sessions_received(tmp_pa
         idle = DriveSession(channel, "ls-idle", pb.CLOCK_MODE_LOCKSTEP)  # open, never fed
         ls = drive_lockstep(channel, driving)
         deadline = time.monotonic() + 30
-        while sum(pb.REASON_CODE_OOD_VETO in s.reasons for s in rt.snaps) < 3 and time.monotonic() < deadline:
+        while sum(pb.CHECK_INPUT_RANGE in s.vetoed_by for s in rt.snaps) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
 
         received = list(rt.snaps)  # made before the scrape, so counted by it
@@ -187,7 +187,10 @@ def test_scrape_agrees_with_get_stats_and_with_what_the_sessions_received(tmp_pa
         assert got["OOD_VETO"] >= 3
         for name, n in got.items():
             assert value(samples, "dualloop_reasons_total", clock="REALTIME", reason=name) >= n, name
-        assert value(samples, "dualloop_check_vetoes_total", clock="REALTIME", check="INPUT_RANGE") >= 3
+        got = collections.Counter(pb.Check.Name(c).removeprefix("CHECK_") for s in received for c in s.vetoed_by)
+        assert got["INPUT_RANGE"] >= 3
+        for name, n in got.items():
+            assert value(samples, "dualloop_check_vetoes_total", clock="REALTIME", check=name) >= n, name
         assert (
             sum(
                 value(samples, "dualloop_safety_state_total", clock="REALTIME", state=name)
