@@ -1,7 +1,8 @@
 """Prometheus metrics: counted with plain ints where things happen, turned into metrics only when scraped.
 
 The tick never calls prometheus-client: it bumps list entries (a bisect for a histogram bucket, one
-increment per snapshot for its safety state, a few more for its reasons), and the counters the
+increment per snapshot for its safety state; for a snapshot with reasons, one per reason and its
+check row's bytes kept for a bulk sum), and the counters the
 runtime keeps anyway (RuntimeStats, ExecutorStats, the ticker, the planner's scheduler, the recorder)
 are read as they are. A scrape asks the server's loop for one `MetricsReading` (every value read in
 one loop callback, between ticks, so they agree with each other as GetStats' do) and builds the
