@@ -49,6 +49,7 @@ requeued (skipped by a per-request source short of time, asked again); batches; 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import multiprocessing as mp
 import select
@@ -83,6 +84,10 @@ from dualloop.sim.schema import N_FEATURES
 from dualloop.v2 import planner_pb2 as pb
 
 WorkerMode = Literal["process", "thread"]
+
+# Upper bounds (seconds) of the request -> plan latency histogram (a Prometheus histogram's buckets;
+# counted per plan at no more cost than the rolling history beside it).
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 @dataclass
@@ -303,6 +308,9 @@ class PlanScheduler:
         self._batch_cpu_us: deque[float] = deque(maxlen=history)  # the worker's CPU time per batch
         self._batch_size: deque[int] = deque(maxlen=history)
         self._latency_us: deque[float] = deque(maxlen=history)
+        # since start, never rolled: counts per LATENCY_BUCKETS_S bucket (the last one: above all) and the sum
+        self.latency_buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.latency_sum_s = 0.0
         self._counts = dict.fromkeys(
             (
                 "requests",
@@ -444,6 +452,10 @@ class PlanScheduler:
     def quiet(self) -> bool:
         """Nothing asked for is still waiting, being planned or waiting to be handed out."""
         return not self._pending and not self._ready and (self._in_flight is None or not self._in_flight.unanswered)
+
+    def counts(self) -> dict[str, int]:
+        """The counters of stats() alone (cheap: no percentiles), since start."""
+        return dict(self._counts)
 
     def stats(self) -> dict[str, float | int | str | None]:
         out: dict[str, float | int | str | None] = dict(self._counts)
@@ -670,7 +682,10 @@ class PlanScheduler:
             self._counts["timeouts" if kind == LATE else "errors"] += 1
             self._last_error = data.decode("utf-8", "replace")
             return
-        self._latency_us.append((now - item.request.queued) * 1e6)
+        latency_s = now - item.request.queued
+        self._latency_us.append(latency_s * 1e6)
+        self.latency_buckets[bisect.bisect_left(LATENCY_BUCKETS_S, latency_s)] += 1
+        self.latency_sum_s += latency_s
         if item.discard:
             return
         if len(self._ready) >= self._max_ready:

@@ -61,6 +61,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="SCHED_FIFO priority for the executor process and, for fairness, the bare ticker "
         "(0: normal scheduling; refused without CAP_SYS_NICE, which the report shows)",
     )
+    p.add_argument(
+        "--metrics",
+        choices=["off", "on", "both"],
+        default="off",
+        help="bench tick: the server serves Prometheus metrics, scraped every second (on), or runs "
+        "without and with them in turns (off, on, off, on; each --duration), compared side by side (both)",
+    )
     p.set_defaults(fn=_bench)
 
 
@@ -125,7 +132,17 @@ def _bench(args: argparse.Namespace) -> int:
         )
         return 0
     if args.what == "tick":
-        result = bench_tick(args.model, sessions, duration, args.out, args.guard_ms, args.realtime_priority or None)
+        result = bench_tick(
+            args.model,
+            sessions,
+            duration,
+            args.out,
+            args.guard_ms,
+            args.realtime_priority or None,
+            metrics=args.metrics,
+        )
+        if args.metrics == "both":
+            return 0
         ok = (
             result["executor"]["missed_deadlines"] == 0
             and result["p99_ratio_executor_over_bare"] <= 1.5

@@ -145,6 +145,7 @@ async def run_server(
     save: str,
     planner: str = "none",
     alternate_s: float | None = None,
+    metrics: bool = False,
 ) -> dict:
     executor_cfg: dict[str, object] = {"max_sessions": max(sessions, 1), "ticker_guard_ms": guard_ms}
     if alternate_s:
@@ -159,10 +160,11 @@ async def run_server(
             executor=executor_cfg,
             planner={"source": planner},
             auth={"tokens_env": None},  # a private server for the bench's own clients, which send no token
+            metrics_port=0 if metrics else None,  # the bench scrapes it from its own process
         )
     )
     port = await server.start()
-    print(json.dumps({"port": port}), flush=True)
+    print(json.dumps({"port": port, "metrics_port": server.metrics_port}), flush=True)
     runtime, executor = server.runtime, server.executor
     while runtime.stats.sessions_opened < sessions:  # measure only while all sessions are connected
         await asyncio.sleep(0.005)
@@ -270,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="pause and resume the planner in turns of this many seconds; lateness per phase",
     )
+    srv.add_argument("--metrics", action="store_true", help="serve Prometheus metrics (metrics_port 0)")
     b = sub.add_parser("bare")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--period-ms", type=float, default=5.0)
@@ -293,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.save,
                 args.planner,
                 args.alternate_s,
+                args.metrics,
             )
         )
     else:

@@ -12,6 +12,7 @@ import json
 import sys
 import tempfile
 import time
+import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,9 @@ async def _bench_tick(
     planner: str = "none",
     label: str = "bench tick",
     alternate_s: float | None = None,
+    metrics: bool = False,
 ) -> dict[str, Any]:
+    """metrics: the server serves Prometheus metrics and this process scrapes them every SCRAPE_S."""
     rt = ("--realtime-priority", str(rt_priority)) if rt_priority else ()
     alternate = ("--alternate-s", str(alternate_s)) if alternate_s else ()
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,12 +63,14 @@ async def _bench_tick(
             planner,
             *rt,
             *alternate,
+            *(("--metrics",) if metrics else ()),
         )
         assert server.stdout is not None
         first = await server.stdout.readline()
         if not first:
             raise RuntimeError("the bench server process did not start (see its error above)")
         port = json.loads(first)["port"]
+        scrape_ms: list[float] = []
         clients = await _subprocess(
             "clients", "--address", f"127.0.0.1:{port}", "--sessions", str(sessions), "--duration", str(duration_s)
         )
@@ -73,6 +78,11 @@ async def _bench_tick(
             "bare", "--duration", str(duration_s), "--save", bare_file, "--guard-ms", str(guard_ms), *rt
         )
         t0 = time.monotonic()
+        scraper = (
+            asyncio.ensure_future(_scrape_every(json.loads(first)["metrics_port"], SCRAPE_S, scrape_ms))
+            if metrics
+            else None
+        )
         with Progress(
             TextColumn(f"[bold]{label}[/]"),
             BarColumn(),
@@ -88,6 +98,8 @@ async def _bench_tick(
                     await asyncio.wait_for(clients.wait(), 0.25)
                 except TimeoutError:
                     pass
+        if scraper is not None:
+            scraper.cancel()
         client_out, _ = await clients.communicate()
         server_out, _ = await server.communicate()
         bare_out, _ = await bare.communicate()
@@ -115,8 +127,33 @@ async def _bench_tick(
         },
         "p99_ratio_executor_over_bare": ex["lateness_us"]["p99"] / max(bare_result["lateness_us"]["p99"], 1e-9),
         "sessions_detail": json.loads(client_out),
+        "metrics": {
+            "on": metrics,
+            "scrape_interval_s": SCRAPE_S if metrics else None,
+            "scrapes": len(scrape_ms),
+            "scrape_ms_p50": float(np.median(scrape_ms)) if scrape_ms else None,
+            "scrape_ms_max": max(scrape_ms) if scrape_ms else None,
+        },
         "_raw": raw,
     }
+
+
+SCRAPE_S = 1.0  # bench tick --metrics on: a scrape a second (Prometheus' default is every 15 s)
+
+
+async def _scrape_every(port: int, interval_s: float, took_ms: list[float]) -> None:
+    """GET /metrics every interval_s (from this process, as a Prometheus server would from its own)."""
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def get() -> None:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            response.read()
+
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.to_thread(get)
+        took_ms.append((time.perf_counter() - t0) * 1e3)
+        await asyncio.sleep(interval_s)
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
@@ -195,6 +232,29 @@ def store_result(out_dir: Path, kind: str, result: dict[str, Any], stamp: str | 
     return path
 
 
+def print_metrics_comparison(results: dict[str, dict[str, Any]], console: Console) -> None:
+    """`bench tick --metrics both`: the runs side by side, each with the bare ticker of its own run."""
+    table = Table(title="metrics off vs on, back to back (us; late: lateness; bare: the bare ticker of its run)")
+    for col in ("metrics", "work p50", "work p99", "late p50", "late p99", "missed", "bare p50", "bare p99"):
+        table.add_column(col, justify="right")
+    for mode, r in results.items():
+        work, lat, bare = r["executor"]["tick_work_us"], r["executor"]["lateness_us"], r["bare_ticker"]["lateness_us"]
+        table.add_row(
+            mode,
+            *(f"{v:.1f}" for v in (work["p50"], work["p99"], lat["p50"], lat["p99"])),
+            str(r["executor"]["missed_deadlines"]),
+            *(f"{v:.1f}" for v in (bare["p50"], bare["p99"])),
+        )
+    console.print(table)
+    for mode, r in results.items():
+        m = r["metrics"]
+        if m["on"] and m["scrapes"]:
+            console.print(
+                f"metrics {mode}: {m['scrapes']} scrapes, one every {m['scrape_interval_s']:g} s, "
+                f"p50 {m['scrape_ms_p50']:.1f} ms"
+            )
+
+
 def bench_tick(
     model: Path,
     sessions: int = 8,
@@ -203,11 +263,36 @@ def bench_tick(
     guard_ms: float = 2.0,
     rt_priority: int | None = None,
     console: Console | None = None,
+    metrics: str = "off",
 ) -> dict[str, Any]:
+    """metrics: "off", "on" (the server serves Prometheus metrics, scraped every SCRAPE_S) or "both":
+    off, on, off, on in one command (interleaved, so that a machine whose load drifts shows it as a
+    difference between two runs of the same kind); stored together as tick-metrics-<time>.json."""
     console = console or Console()
+    if metrics == "both":
+        both = {
+            f"{mode} ({k})": bench_tick(model, sessions, duration_s, out_dir, guard_ms, rt_priority, console, mode)
+            for k in (1, 2)
+            for mode in ("off", "on")
+        }
+        print_metrics_comparison(both, console)
+        path = store_result(out_dir, "tick-metrics", both)
+        console.print(f"both runs: {path}")
+        return both
     loop = new_event_loop()
     try:
-        result = loop.run_until_complete(_bench_tick(model, sessions, duration_s, guard_ms, rt_priority, console))
+        result = loop.run_until_complete(
+            _bench_tick(
+                model,
+                sessions,
+                duration_s,
+                guard_ms,
+                rt_priority,
+                console,
+                label=f"bench tick, metrics {metrics}",
+                metrics=metrics == "on",
+            )
+        )
     finally:
         loop.close()
     out_dir.mkdir(parents=True, exist_ok=True)

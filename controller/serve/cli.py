@@ -60,6 +60,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action=argparse.BooleanOptionalAction,
         help="gRPC server reflection (default: on when bound to loopback)",
     )
+    p.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port (0: a free one; default: off)"
+    )
+    p.add_argument("--metrics-host", help="bind address for the metrics (default 127.0.0.1)")
     p.set_defaults(fn=serve)
 
     p = sub.add_parser(
@@ -96,6 +100,8 @@ def serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         drain_grace_s=args.drain_grace,
         reflection=args.reflection,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     configure_logging(config.log_level, config.log_format)
     server = ControllerServer(config)
@@ -108,7 +114,9 @@ def serve(args: argparse.Namespace) -> int:
             f"{host_port(config.host, port)}, tick {config.executor.tick_period_ms} ms, {server.scheduling}, "
             f"{security_summary(config, server.auth.enabled)}. Ctrl-C stops."
         )
-        server.log_start()  # after the line above: scripts read the port from the first line
+        if server.metrics_port is not None:
+            console.print(f"metrics: http://{host_port(config.metrics_host, server.metrics_port)}/metrics")
+        server.log_start()  # after the lines above: scripts read the port from the first ones
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -136,6 +136,27 @@ class ServerConfig(BaseModel):
     def reflection_enabled(self) -> bool:
         return is_loopback(self.host) if self.reflection is None else self.reflection
 
+    # Prometheus metrics over HTTP (docs/operations.md#metrics): None, the default, serves none and
+    # counts nothing; 0 picks a free port (ControllerServer.metrics_port says which).
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    # Plain HTTP without authentication: loopback unless allow_insecure_non_loopback (the flag that
+    # also allows a plaintext gRPC server beyond loopback).
+    metrics_host: str = "127.0.0.1"
+
+    @model_validator(mode="after")
+    def _metrics_loopback_unless_allowed(self) -> ServerConfig:
+        if (
+            self.metrics_port is not None
+            and not is_loopback(self.metrics_host)
+            and not self.allow_insecure_non_loopback
+        ):
+            raise ValueError(
+                f"metrics_host {self.metrics_host!r} is not a loopback address and the metrics are plain "
+                f"HTTP without authentication; set allow_insecure_non_loopback "
+                f"(--insecure-plaintext-on-network) to serve them beyond this machine"
+            )
+        return self
+
     @model_validator(mode="after")
     def _loopback_unless_allowed(self) -> ServerConfig:
         if not is_loopback(self.host) and self.tls is None and not self.allow_insecure_non_loopback:

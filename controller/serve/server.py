@@ -35,6 +35,14 @@ from dualloop.controller.serve.config import ConfigError, ServerConfig, host_por
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.health import Health, enable_reflection
+from dualloop.controller.serve.metrics import (
+    MetricsCollector,
+    MetricsEndpoint,
+    MetricsReading,
+    PlannerReading,
+    RecorderReading,
+    ServerMetrics,
+)
 from dualloop.controller.serve.planning import ServerPlanning
 from dualloop.controller.serve.security import (
     Authenticator,
@@ -49,6 +57,7 @@ from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.sessions import InvalidObservation, SessionError
 from dualloop.executor.snapshot import Clock, Snapshot
+from dualloop.planner.scheduler import LATENCY_BUCKETS_S
 from dualloop.planner.worker import SourceFactory
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
@@ -122,6 +131,10 @@ class ControllerRuntime:
         self.drives_active = 0  # Drive handlers running, opened or not
         self.drives_idle = asyncio.Event()
         self.drives_idle.set()
+        # Prometheus counts beyond the runtime's own (None: no metrics endpoint, nothing counted)
+        self.metrics = (
+            ServerMetrics(LATENESS_BUCKETS_US, executor.checks.kinds) if config.metrics_port is not None else None
+        )
 
     def stop(self) -> None:
         self._stopping = True
@@ -132,6 +145,8 @@ class ControllerRuntime:
 
     async def run_ticks(self) -> None:
         ex, stats, ticker = self.executor, self.stats, self.ticker
+        metrics = self.metrics
+        tally = metrics.realtime.add if metrics is not None else None
         while not self._stopping:
             precise = ex.realtime_sessions > 0
             tick = await ticker.next(precise)
@@ -146,6 +161,8 @@ class ControllerRuntime:
             for snap in snaps:
                 self.record_agreement(snap)
                 self.record_snapshot(snap)
+                if tally is not None:
+                    tally(snap)
                 box = self.outboxes.get(snap.session_id)
                 if box is not None:
                     box.put(snap)
@@ -153,7 +170,10 @@ class ControllerRuntime:
                     self._last_seq[snap.session_id] = snap.observation_seq
                     # arrival -> first snapshot that used it
                     stats.decision_latency.add(snap.observation_age_ns + snap.emit_time_ns - snap.scheduled_time_ns)
-            stats.tick_work_ns.add(_mono_ns() - tick.started_ns)
+            work_ns = _mono_ns() - tick.started_ns
+            stats.tick_work_ns.add(work_ns)
+            if metrics is not None and precise:
+                metrics.on_tick(tick.lateness_ns, work_ns)
 
     def open_recording(
         self,
@@ -247,6 +267,8 @@ class ControllerRuntime:
         )
 
     def forget(self, session_id: str) -> None:
+        if self.metrics is not None:  # before they go: what the session had dropped
+            self.metrics.on_close(self.executor.sessions.get(session_id), self.outboxes.get(session_id))
         self.executor.close_session(session_id)
         if self.recorder is not None:
             self.recorder.close_session(session_id)
@@ -258,6 +280,42 @@ class ControllerRuntime:
         if self.planning is not None:
             self.planning.forget(session_id)
         self.stats.sessions_closed += 1
+
+    def metrics_reading(self) -> MetricsReading:
+        """One scrape's values (on the loop, between ticks: they agree with each other as GetStats' do)."""
+        metrics = self.metrics
+        assert metrics is not None
+        sessions_open = dict.fromkeys(Clock, 0)
+        dropped = {c: metrics.closed_observations_dropped[c] for c in Clock}
+        for s in self.executor.sessions.values():
+            sessions_open[s.clock] += 1
+            dropped[s.clock] += s.observations_dropped
+        planner = None
+        if self.planning is not None:
+            scheduler, lockstep = self.planning.scheduler, self.planning.lockstep
+            planner = PlannerReading(
+                scheduler.counts(),
+                dict(lockstep.counts) if lockstep is not None else {},
+                list(scheduler.latency_buckets),
+                scheduler.latency_sum_s,
+                LATENCY_BUCKETS_S,
+            )
+        rec = self.recorder
+        ex = self.executor.stats
+        return metrics.read(
+            missed_total=self.ticker.missed,
+            stage_ns=ex.stage_ns.tolist(),
+            batches=ex.ticks,
+            rows=ex.rows,
+            sessions_open=sessions_open,
+            observations_dropped=dropped,
+            snapshots_sent_total=self.stats.snapshots_sent_total,
+            snapshots_dropped_total=metrics.closed_snapshots_dropped + sum(b.dropped for b in self.outboxes.values()),
+            planner=planner,
+            recorder=None
+            if rec is None
+            else RecorderReading(rec.queue_depth, dict(rec.stats.dropped), dict(rec.stats.written)),
+        )
 
 
 class MalformedRequest:
@@ -551,6 +609,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             else [n for n, on in zip(self.executor.card.feature_names, session.present) if on]
         )
         self.runtime.stats.sessions_opened += 1
+        if self.runtime.metrics is not None:
+            self.runtime.metrics.opened[req.clock] += 1
         instance = self.runtime.open_shadow(session_id)
         trace.opened(session_id, pb.ClockMode.Name(req.clock).removeprefix("CLOCK_MODE_"), req.shadow, instance)
         self.runtime.open_recording(
@@ -697,6 +757,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
     ) -> tuple | None:
         stats = self.runtime.stats
         planning = self._planning
+        tally = self.runtime.metrics.lockstep.add if self.runtime.metrics is not None else None
         while (msg := await self._next_request(requests, drain)) is not _END:
             if msg is _DRAINED:
                 return self._drained(session_id)
@@ -716,6 +777,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             for snap in snaps:
                 self.runtime.record_agreement(snap)
                 self.runtime.record_snapshot(snap)
+                if tally is not None:
+                    tally(snap)
                 proto = snapshot_to_proto(snap)
                 if planning is not None:
                     planning.decorate(session_id, pb.CLOCK_MODE_LOCKSTEP, proto)
@@ -757,6 +820,8 @@ class ControllerServer:
         self._server: grpc.aio.Server | None = None
         self._ticks: asyncio.Task | None = None
         self.health: Health | None = None
+        self.metrics_endpoint: MetricsEndpoint | None = None
+        self.metrics_port: int | None = None  # where the metrics are served, once started
 
     async def start(self) -> int:
         if self.runtime.planning is not None:  # spawns the worker and builds the sources: seconds at most
@@ -795,6 +860,10 @@ class ControllerServer:
                 rotate_bytes=int(mb * 1e6) if mb else None,
                 rotate_seconds=self.config.record_rotate_s,
             )
+        if self.runtime.metrics is not None and self.config.metrics_port is not None:
+            collector = MetricsCollector(self.runtime.metrics_reading, asyncio.get_running_loop())
+            self.metrics_endpoint = MetricsEndpoint(collector)
+            self.metrics_port = self.metrics_endpoint.start(self.config.metrics_host, self.config.metrics_port)
         self._ticks = asyncio.create_task(self.runtime.run_ticks())
         # SERVING only once a forward pass has run (an onnxruntime session's first calls are slow); on
         # a thread, so that health answers NOT_SERVING meanwhile
@@ -865,6 +934,8 @@ class ControllerServer:
             snapshots_sent_total=stats.snapshots_sent_total,
             **recording,
         )
+        if self.metrics_endpoint is not None:  # last: a scrape during the stop still gets its answer
+            await asyncio.to_thread(self.metrics_endpoint.stop)
 
     async def wait(self) -> None:
         assert self._server is not None

@@ -46,6 +46,20 @@ def test_bench_tick_reports_all_fields(tmp_path, test_model_path):
         assert s["snapshots_received"] > 200 and s["observations_sent"] > 200
 
 
+@pytest.mark.slow
+def test_bench_tick_metrics_both_runs_off_and_on_in_turns(tmp_path, test_model_path):
+    args = ["bench", "tick", "--model", str(test_model_path), "--sessions", "1", "--duration", "2"]
+    assert main([*args, "--metrics", "both", "--out", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("tick-metrics-*.json")
+    runs = json.loads(result_file.read_text())
+    assert list(runs) == ["off (1)", "on (1)", "off (2)", "on (2)"]
+    for name, r in runs.items():
+        on = name.startswith("on")
+        assert r["metrics"]["on"] is on and (r["metrics"]["scrapes"] > 0) is on
+        assert r["executor"]["ticks"] > 200 and set(r["executor"]["tick_work_us"]) >= {"p50", "p99"}
+        assert r["bare_ticker"]["ticks"] > 200
+
+
 def test_bench_replay_reports_both_paths(tmp_path):
     assert main(["bench", "replay", "--duration", "3", "--out", str(tmp_path)]) == 0
     (result_file,) = tmp_path.glob("replay-*.json")
