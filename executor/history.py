@@ -1,0 +1,241 @@
+"""History features: what a session's own recent observations say, derived by the executor.
+
+One observation holds the state but not where it is heading: the human's look-ahead action is far
+better predicted from how the speed, the acceleration and the lead have been changing over the last
+second (issue 15; docs/design-notes/history-features.md). A model whose card lists
+`history_features` gets them after the wire features; the executor derives them from the session's
+own observation stream (every observation received, also those conflated away before a tick), so a
+client sends nothing new, but dropped observations and jittery timestamps change what it sees.
+
+Definitions (t in integer ns of sensor time; observation i of a session; only j <= i are used):
+
+    bin(x, e)[i] = mean of x_j over the newest <= K observations j <= i with
+                   t_i - e - BIN < t_j - TOL <= t_i - e             (BIN = 0.1 s, TOL = 1 ms, K = 32)
+                   (at 10 Hz one observation, at 100 Hz ten: sample-and-hold noise averages out);
+                   an empty bin is the value of the last observation at or before t_i - e + TOL
+    past(e) ok   = that last observation exists and 0 < t_i - t_jl <= e + GAP    (GAP = 0.3 s)
+    slope(x, D)  = (bin(x, 0) - bin(x, D)) / D                       (D in s, the nominal window)
+
+    name                         x                              D     unit    fallback
+    speed_slope_{0.1,0.2,0.3}s   ego_speed                      D     m/s^2   current ego_accel
+    accel_change_{0.2,0.5}s      ego_accel                      D     m/s^3   0
+    lead_rel_speed_slope_{0.2,0.5}s lead_rel_speed              D     m/s^2   0, also without a lead
+    lead_distance_slope_0.5s     lead_distance                  0.5   m/s     0, also without a lead
+    lead_accel_{0.5,1.0}s        ego_speed + lead_rel_speed     D     m/s^2   0, also without a lead
+
+The fallback ("nothing changed") applies where past(D) is not ok (the session's first D seconds, a
+gap in the stream) or the slope is not finite; "without a lead": lead_present < 0.5 at t_i or at
+t_jl (a lead switch is not a change). A history feature is missing (masked, like a wire feature)
+when any feature it reads (x, the fallback, lead_present) is not in the session's sensor profile.
+
+Batch (replay, training) and live (a per-session ring buffer of the last HORIZON seconds) run the
+same `HistoryDeriver.derive` on the same observations, with float64 inside and one float32 cast at
+the end; bins are summed newest first with explicit adds, starting from +0.0, so both give the same
+bits whatever the array lengths (tests/executor/test_history.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+TOL_NS = 1_000_000
+BIN_NS = 100_000_000
+GAP_NS = 300_000_000
+K = 32  # most observations one bin averages (320 Hz); newer ones win
+
+
+@dataclass(frozen=True)
+class HistorySpec:
+    name: str
+    unit: str
+    series: tuple[str, ...]  # the features summed into the series whose slope this is
+    delay_ns: int
+    fallback: str | None  # the feature whose current value stands in; None: 0
+    needs_lead: bool
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        extra = ((self.fallback,) if self.fallback else ()) + (("lead_present",) if self.needs_lead else ())
+        return tuple(dict.fromkeys(self.series + extra))
+
+
+def _specs() -> dict[str, HistorySpec]:
+    out: list[HistorySpec] = []
+    for d in (0.1, 0.2, 0.3):
+        out.append(HistorySpec(f"speed_slope_{d}s", "m/s^2", ("ego_speed",), int(d * 1e9), "ego_accel", False))
+    for d in (0.2, 0.5):
+        out.append(HistorySpec(f"accel_change_{d}s", "m/s^3", ("ego_accel",), int(d * 1e9), None, False))
+    for d in (0.2, 0.5):
+        out.append(HistorySpec(f"lead_rel_speed_slope_{d}s", "m/s^2", ("lead_rel_speed",), int(d * 1e9), None, True))
+    out.append(HistorySpec("lead_distance_slope_0.5s", "m/s", ("lead_distance",), 500_000_000, None, True))
+    for d in (0.5, 1.0):
+        out.append(
+            HistorySpec(f"lead_accel_{d}s", "m/s^2", ("ego_speed", "lead_rel_speed"), int(d * 1e9), None, True)
+        )
+    return {s.name: s for s in out}
+
+
+SPECS: dict[str, HistorySpec] = _specs()
+DEFAULT_HISTORY: tuple[str, ...] = tuple(SPECS)  # what `dualloop train` gives a model
+
+
+class HistoryError(ValueError):
+    """A card's history features the executor cannot derive (unknown name, a source it lacks)."""
+
+
+class HistoryDeriver:
+    """The history features a card names, resolved against its wire features."""
+
+    def __init__(self, names: Sequence[str], feature_names: Sequence[str]) -> None:
+        unknown = [n for n in names if n not in SPECS]
+        if unknown:
+            raise HistoryError(f"unknown history features {unknown}; known: {', '.join(SPECS)}")
+        self.names = tuple(names)
+        self.specs = [SPECS[n] for n in names]
+        features = list(feature_names)
+        read = {f for s in self.specs for f in s.sources}
+        lacking = sorted(read - set(features))
+        if lacking:
+            raise HistoryError(f"history features {list(names)} read {lacking}, which are not wire features")
+        needed = sorted(read, key=features.index)
+        self.columns = np.array([features.index(f) for f in needed], np.int64)  # wire columns read
+        col = {f: i for i, f in enumerate(needed)}
+        self._series = sorted({s.series for s in self.specs})
+        self._series_cols = [[col[f] for f in series] for series in self._series]
+        self._delays = sorted({s.delay_ns for s in self.specs})
+        self._lead = col.get("lead_present")
+        # (F, H): wire feature f is read by history feature h (for the sensor profile)
+        self._reads = np.zeros((len(features), len(self.specs)), np.int64)
+        for h, s in enumerate(self.specs):
+            for f in s.sources:
+                self._reads[features.index(f), h] = 1
+        self._col = col
+        self.horizon_ns = max(self._delays) + max(BIN_NS, GAP_NS) + 2 * TOL_NS
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def present(self, present: npt.NDArray[np.bool_] | None) -> npt.NDArray[np.bool_] | None:
+        """(..., H) which history features a sensor profile (..., F) gives; None: all."""
+        if present is None:
+            return None
+        return np.asarray((~np.asarray(present, bool)).astype(np.int64) @ self._reads == 0)
+
+    def derive(self, t_ns: np.ndarray, x: np.ndarray, rows: np.ndarray) -> npt.NDArray[np.float32]:
+        """(len(rows), H) float32 for observations `rows` of one session's stream: timestamps
+        (L,) int64, non-decreasing; x (L, len(columns)), the wire columns `columns` (float32)."""
+        t = np.asarray(t_ns, np.int64)
+        rows = np.asarray(rows, np.int64)
+        x64 = np.asarray(x, np.float32).astype(np.float64)
+        series = np.empty((len(t), len(self._series)), np.float64)
+        for s, cols in enumerate(self._series_cols):
+            series[:, s] = x64[:, cols[0]]
+            for c in cols[1:]:
+                series[:, s] += x64[:, c]
+        now, _, _ = _bin(t, series, rows, 0)
+        past = {e: _bin(t, series, rows, e) for e in self._delays}
+        out = np.empty((len(rows), len(self.specs)), np.float64)
+        for h, spec in enumerate(self.specs):
+            s = self._series.index(spec.series)
+            value, ok, jl = past[spec.delay_ns]
+            with np.errstate(invalid="ignore", over="ignore"):
+                slope = (now[:, s] - value[:, s]) / (spec.delay_ns / 1e9)
+            if spec.needs_lead:
+                lp = x64[:, self._col["lead_present"]]
+                ok = ok & (lp[rows] >= 0.5) & (lp[np.maximum(jl, 0)] >= 0.5)
+            fallback = x64[rows, self._col[spec.fallback]] if spec.fallback else 0.0
+            out[:, h] = np.where(ok & np.isfinite(slope), slope, fallback)
+        # a non-finite fallback belongs to a row the executor refuses anyway: keep the model input finite
+        return np.where(np.isfinite(out), out, 0.0).astype(np.float32)
+
+    def batch(self, t_ns: np.ndarray, features: np.ndarray, rows: np.ndarray | None = None) -> npt.NDArray[np.float32]:
+        """A whole session: features (L, F) wire order; rows None = every observation."""
+        r = np.arange(len(t_ns)) if rows is None else rows
+        return self.derive(t_ns, np.asarray(features)[:, self.columns], r)
+
+    def sessions(self, t_ns: np.ndarray, features: np.ndarray, session: np.ndarray) -> npt.NDArray[np.float32]:
+        """Many sessions' rows (N, F) at once, `session` (N,) their session ids; each session's rows
+        in time order (training data)."""
+        out = np.zeros((len(t_ns), len(self.specs)), np.float32)
+        session = np.asarray(session)
+        if len(session) == 0:
+            return out
+        starts = np.flatnonzero(np.r_[True, session[1:] != session[:-1]])
+        for a, b in zip(starts, np.r_[starts[1:], len(session)]):
+            out[a:b] = self.batch(t_ns[a:b], features[a:b])
+        return out
+
+    def state(self) -> HistoryState:
+        return HistoryState(self)
+
+
+def _bin(
+    t: np.ndarray, series: np.ndarray, rows: np.ndarray, e: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bin(series, e) at rows (R, S), past(e) ok (R,), jl (R,))."""
+    ti = t[rows]
+    jl = np.searchsorted(t, ti - e + TOL_NS, side="right") - 1
+    np.minimum(jl, rows, out=jl)  # causal even when later observations share t_i
+    lo = np.searchsorted(t, ti - e - BIN_NS + TOL_NS, side="right")
+    n = np.minimum(jl - lo + 1, K)
+    kmax = int(n.max(initial=0))
+    # +0.0 start and newest-first adds: the same bits for a row whatever else is in the arrays
+    acc = np.zeros((len(rows), series.shape[1]), np.float64)
+    safe = np.maximum(jl, 0)
+    for k in range(kmax):
+        acc += np.where((k < n)[:, None], series[np.maximum(jl - k, 0)], 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = acc / np.maximum(n, 1)[:, None]
+    value = np.where((n >= 1)[:, None], mean, series[safe])
+    span = ti - t[safe]
+    ok = (jl >= 0) & (span > 0) & (span <= e + GAP_NS)
+    return value, ok, jl
+
+
+class HistoryState:
+    """One session's live derivation: a ring buffer of the last `horizon_ns` of observations."""
+
+    def __init__(self, deriver: HistoryDeriver, capacity: int = 256) -> None:
+        self.deriver = deriver
+        self._t = np.zeros(capacity, np.int64)
+        self._x = np.zeros((capacity, len(deriver.columns)), np.float32)
+        self._start = 0
+        self._end = 0
+
+    def __len__(self) -> int:
+        return self._end - self._start
+
+    def push(self, t_ns: int, features: np.ndarray) -> npt.NDArray[np.float32]:
+        """Add an observation (wire features (F,)); its history features (H,)."""
+        self._append(t_ns, np.asarray(features)[self.deriver.columns])
+        t = self._t[self._start : self._end]
+        last = len(t) - 1
+        return self.deriver.derive(t, self._x[self._start : self._end], np.array([last]))[0]
+
+    def load(self, t_ns: np.ndarray, features: np.ndarray) -> None:
+        """Continue after a batch of observations (a replay's), as pushing them one by one would."""
+        if len(t_ns) == 0:
+            return
+        keep = np.flatnonzero(np.asarray(t_ns) >= int(t_ns[-1]) - self.deriver.horizon_ns)
+        for i in keep:  # the tail only: at most horizon_ns of observations
+            self._append(int(t_ns[i]), np.asarray(features[i])[self.deriver.columns])
+
+    def _append(self, t_ns: int, x: np.ndarray) -> None:
+        cut = int(t_ns) - self.deriver.horizon_ns
+        # drop what no future observation's bins or past(e) can reach
+        self._start += int(np.searchsorted(self._t[self._start : self._end], cut, side="left"))
+        if self._end == len(self._t):
+            n = self._end - self._start
+            if n * 2 > len(self._t):  # grow: a sensor faster than the buffer was sized for
+                self._t = np.concatenate([self._t, np.zeros_like(self._t)])
+                self._x = np.concatenate([self._x, np.zeros_like(self._x)])
+            self._t[:n] = self._t[self._start : self._end].copy()
+            self._x[:n] = self._x[self._start : self._end].copy()
+            self._start, self._end = 0, n
+        self._t[self._end] = t_ns
+        self._x[self._end] = x
+        self._end += 1
