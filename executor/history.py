@@ -73,9 +73,7 @@ def _specs() -> dict[str, HistorySpec]:
         out.append(HistorySpec(f"lead_rel_speed_slope_{d}s", "m/s^2", ("lead_rel_speed",), int(d * 1e9), None, True))
     out.append(HistorySpec("lead_distance_slope_0.5s", "m/s", ("lead_distance",), 500_000_000, None, True))
     for d in (0.5, 1.0):
-        out.append(
-            HistorySpec(f"lead_accel_{d}s", "m/s^2", ("ego_speed", "lead_rel_speed"), int(d * 1e9), None, True)
-        )
+        out.append(HistorySpec(f"lead_accel_{d}s", "m/s^2", ("ego_speed", "lead_rel_speed"), int(d * 1e9), None, True))
     return {s.name: s for s in out}
 
 
@@ -173,9 +171,7 @@ class HistoryDeriver:
         return HistoryState(self)
 
 
-def _bin(
-    t: np.ndarray, series: np.ndarray, rows: np.ndarray, e: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bin(t: np.ndarray, series: np.ndarray, rows: np.ndarray, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(bin(series, e) at rows (R, S), past(e) ok (R,), jl (R,))."""
     ti = t[rows]
     jl = np.searchsorted(t, ti - e + TOL_NS, side="right") - 1
@@ -196,6 +192,19 @@ def _bin(
     return value, ok, jl
 
 
+def episode_history(deriver: HistoryDeriver, t: np.ndarray, features: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """(B, T, H) history features of simulated episodes (B, T, F) recorded at times t (T,) s, each
+    episode's valid prefix as one observation stream. Recorded every k-th 5 ms step, a bin holds
+    fewer observations than the executor's at 200 Hz would: on noise-free sensors the same means."""
+    t_ns = np.round(np.asarray(t, np.float64) * 1e9).astype(np.int64)
+    out = np.zeros((*features.shape[:2], len(deriver)), np.float32)
+    for b in range(features.shape[0]):
+        n = int(valid[b].sum())  # valid is a prefix: an episode only ends
+        if n:
+            out[b, :n] = deriver.batch(t_ns[:n], features[b, :n])
+    return out
+
+
 class HistoryState:
     """One session's live derivation: a ring buffer of the last `horizon_ns` of observations."""
 
@@ -214,7 +223,8 @@ class HistoryState:
         self._append(t_ns, np.asarray(features)[self.deriver.columns])
         t = self._t[self._start : self._end]
         last = len(t) - 1
-        return self.deriver.derive(t, self._x[self._start : self._end], np.array([last]))[0]
+        out: npt.NDArray[np.float32] = self.deriver.derive(t, self._x[self._start : self._end], np.array([last]))[0]
+        return out
 
     def load(self, t_ns: np.ndarray, features: np.ndarray) -> None:
         """Continue after a batch of observations (a replay's), as pushing them one by one would."""

@@ -136,7 +136,9 @@ class ModelCard(BaseModel):
     def to_json(self) -> str:
         # mask_input and history_features are written only when set: cards (and version hashes) of
         # earlier models stay as they were
-        exclude = {k for k, on in (("mask_input", self.mask_input), ("history_features", self.history_features)) if not on}
+        exclude = {
+            k for k, on in (("mask_input", self.mask_input), ("history_features", self.history_features)) if not on
+        }
         return self.model_dump_json(exclude=exclude or None)
 
     def identity_json(self) -> str:

@@ -49,9 +49,7 @@ class DecisionModel:
         self._check_graph()
         try:  # what the executor derives from a session's stream for this model (None: nothing)
             self.history = (
-                HistoryDeriver(self.card.history_names, self.card.feature_names)
-                if self.card.history_features
-                else None
+                HistoryDeriver(self.card.history_names, self.card.feature_names) if self.card.history_features else None
             )
         except HistoryError as err:
             raise ModelFileError(f"{path}: {err}") from None
