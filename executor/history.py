@@ -36,6 +36,8 @@ bits whatever the array lengths (tests/executor/test_history.py).
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -206,46 +208,95 @@ def episode_history(deriver: HistoryDeriver, t: np.ndarray, features: np.ndarray
 
 
 class HistoryState:
-    """One session's live derivation: a ring buffer of the last `horizon_ns` of observations."""
+    """One session's live derivation: the last `horizon_ns` of observations, and the newest one's
+    history features computed in plain Python floats (IEEE doubles, as numpy's float64): the same
+    operations in the same order as `HistoryDeriver.derive`, so the same bits at a tenth of its cost
+    for one row (tests/executor/test_history.py compares them)."""
 
-    def __init__(self, deriver: HistoryDeriver, capacity: int = 256) -> None:
+    def __init__(self, deriver: HistoryDeriver) -> None:
         self.deriver = deriver
-        self._t = np.zeros(capacity, np.int64)
-        self._x = np.zeros((capacity, len(deriver.columns)), np.float32)
+        self._t: list[int] = []
+        self._series: list[list[float]] = []  # per observation, deriver._series order
+        self._lead: list[float] = []  # lead_present per observation (nan when not read)
         self._start = 0
-        self._end = 0
+        d = deriver
+        self._plan = [
+            (
+                d._series.index(s.series),
+                s.delay_ns,
+                s.delay_ns / 1e9,
+                s.needs_lead,
+                None if s.fallback is None else d._col[s.fallback],
+            )
+            for s in d.specs
+        ]
 
     def __len__(self) -> int:
-        return self._end - self._start
+        return len(self._t) - self._start
 
     def push(self, t_ns: int, features: np.ndarray) -> npt.NDArray[np.float32]:
         """Add an observation (wire features (F,)); its history features (H,)."""
-        self._append(t_ns, np.asarray(features)[self.deriver.columns])
-        t = self._t[self._start : self._end]
-        last = len(t) - 1
-        out: npt.NDArray[np.float32] = self.deriver.derive(t, self._x[self._start : self._end], np.array([last]))[0]
-        return out
+        x = np.asarray(features, np.float32)[self.deriver.columns].astype(np.float64).tolist()
+        self._append(int(t_ns), x)
+        return self._newest(x)
 
     def load(self, t_ns: np.ndarray, features: np.ndarray) -> None:
         """Continue after a batch of observations (a replay's), as pushing them one by one would."""
         if len(t_ns) == 0:
             return
         keep = np.flatnonzero(np.asarray(t_ns) >= int(t_ns[-1]) - self.deriver.horizon_ns)
+        cols = self.deriver.columns
         for i in keep:  # the tail only: at most horizon_ns of observations
-            self._append(int(t_ns[i]), np.asarray(features[i])[self.deriver.columns])
+            self._append(int(t_ns[i]), np.asarray(features[i], np.float32)[cols].astype(np.float64).tolist())
 
-    def _append(self, t_ns: int, x: np.ndarray) -> None:
-        cut = int(t_ns) - self.deriver.horizon_ns
+    def _append(self, t_ns: int, x: list[float]) -> None:
+        d = self.deriver
+        series = []
+        for cols in d._series_cols:
+            v = x[cols[0]]
+            for c in cols[1:]:
+                v += x[c]
+            series.append(v)
         # drop what no future observation's bins or past(e) can reach
-        self._start += int(np.searchsorted(self._t[self._start : self._end], cut, side="left"))
-        if self._end == len(self._t):
-            n = self._end - self._start
-            if n * 2 > len(self._t):  # grow: a sensor faster than the buffer was sized for
-                self._t = np.concatenate([self._t, np.zeros_like(self._t)])
-                self._x = np.concatenate([self._x, np.zeros_like(self._x)])
-            self._t[:n] = self._t[self._start : self._end].copy()
-            self._x[:n] = self._x[self._start : self._end].copy()
-            self._start, self._end = 0, n
-        self._t[self._end] = t_ns
-        self._x[self._end] = x
-        self._end += 1
+        self._start = bisect.bisect_left(self._t, t_ns - d.horizon_ns, self._start)
+        if self._start > 1024:
+            del self._t[: self._start], self._series[: self._start], self._lead[: self._start]
+            self._start = 0
+        self._t.append(t_ns)
+        self._series.append(series)
+        self._lead.append(x[d._lead] if d._lead is not None else math.nan)
+
+    def _bin(self, e: int) -> tuple[list[float], bool, int]:
+        """(bin(series, e) of the newest observation, past(e) ok, jl) as `_bin` gives them."""
+        t, series, start = self._t, self._series, self._start
+        i = len(t) - 1
+        ti = t[i]
+        jl = min(bisect.bisect_right(t, ti - e + TOL_NS, start) - 1, i)
+        lo = bisect.bisect_right(t, ti - e - BIN_NS + TOL_NS, start)
+        n = min(jl - lo + 1, K)
+        safe = max(jl, start)
+        if n >= 1:
+            acc = [0.0] * len(series[i])
+            for k in range(n):
+                row = series[jl - k]
+                for s in range(len(acc)):
+                    acc[s] += row[s]
+            value = [a / n for a in acc]
+        else:
+            value = list(series[safe])
+        span = ti - t[safe]
+        return value, jl >= start and 0 < span <= e + GAP_NS, safe
+
+    def _newest(self, x: list[float]) -> npt.NDArray[np.float32]:
+        now, _, _ = self._bin(0)
+        past = {e: self._bin(e) for e in self.deriver._delays}
+        lead = self._lead
+        out = []
+        for s, e, d_s, needs_lead, fallback_col in self._plan:
+            value, ok, jl = past[e]
+            slope = (now[s] - value[s]) / d_s
+            if needs_lead:
+                ok = ok and lead[-1] >= 0.5 and lead[jl] >= 0.5
+            v = slope if ok and math.isfinite(slope) else (x[fallback_col] if fallback_col is not None else 0.0)
+            out.append(v if math.isfinite(v) else 0.0)
+        return np.array(out, np.float32)

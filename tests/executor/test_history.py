@@ -81,6 +81,19 @@ def test_ring_buffer_and_batch_give_the_same_bits(drive) -> None:
         assert np.abs(batch).max() > 0.5  # the features are not all fallbacks
 
 
+def test_equal_timestamps_and_nan_give_the_same_bits(drive) -> None:
+    """REALTIME allows equal timestamps (a sensor that re-sends): a row never reads a later one with
+    the same time; a NaN reading spoils only the bins that hold it (they fall back)."""
+    deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
+    ns, rows = _observe(np.random.default_rng(4), *drive, 50.0, lost=0.0)
+    ns[10::7] = ns[9::7][: len(ns[10::7])]  # every 7th observation shares its predecessor's time
+    rows[40, FEATURE_INDEX["lead_rel_speed"]] = np.nan
+    state = deriver.state()
+    live = np.stack([state.push(int(s), r) for s, r in zip(ns, rows)])
+    assert live.tobytes() == deriver.batch(ns, rows).tobytes()
+    assert np.isfinite(live).all()
+
+
 def test_first_ticks_and_gaps_use_the_fallbacks() -> None:
     """Until D seconds of stream exist (and right after a gap longer than D + GAP), a speed slope is
     the current ego_accel and the other features are 0; with the history there, a constant speed
