@@ -30,7 +30,7 @@ import numpy.typing as npt
 from dualloop.executor.history import HistoryDeriver, episode_history
 from dualloop.executor.model_card import ModelCard
 from dualloop.sim import schema
-from dualloop.sim.env import ActionNoise, run_expert_batch
+from dualloop.sim.env import ActionNoise, ExpertData, run_expert_batch
 from dualloop.sim.realism import RealismConfig, run_realistic_batch
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS
 from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
@@ -227,7 +227,7 @@ def _sim_rows(name: str, config: DataConfig, per_split: dict[str, list[int]], so
     )
     label = data.lookahead_label()
     hist = deriver(config.history)
-    history = None if hist is None else episode_history(hist, data.t, data.features, data.valid)
+    history = None if hist is None else _stream_history(hist, name, all_seeds, config, params, data)
     out: dict[str, list[Split]] = {s: [] for s in SPLITS}
     start = 0
     for s in SPLITS:
@@ -250,6 +250,24 @@ def _sim_rows(name: str, config: DataConfig, per_split: dict[str, list[int]], so
                 )
             )
     return out
+
+
+def _stream_history(
+    hist: HistoryDeriver, name: str, seeds: list[int], config: DataConfig, params: dict[str, Any], data: ExpertData
+) -> np.ndarray:
+    """(B, T, H) history features of the recorded steps, derived from every 5 ms observation as the
+    executor receives the simulator's 200 Hz sensors (its bins average 20 observations; the recorded
+    steps alone would give it 2 of them, a noisier feature than the executor ever sees). The same
+    episodes again, recorded at every step (recording does not change the driving: checked)."""
+    _, full = run_expert_batch(
+        name, seeds, every=1, noise=config.noise, see_lane_ends=TRAINING_SEES_LANE_ENDS, relabel=False, **params
+    )
+    picked = full.features[:, :: config.every]
+    if not np.array_equal(picked[data.valid], data.features[data.valid]):
+        raise RuntimeError(
+            f"{name}: the episodes recorded at every step differ from those recorded every {config.every}"
+        )
+    return episode_history(hist, full.t, full.features, full.valid)[:, :: config.every]
 
 
 def _realistic_rows(
