@@ -153,22 +153,24 @@ def nominal_inputs(
     only; with_changes: also each row's change since the tick before (a sensor at the tick rate).
     actuation: a list that gets every episode at every tick for the actuation check (needs with_changes,
     which records every tick). history: also each row's history features (last), from its episode's
-    recorded steps as one observation stream (controller.training.data.episode_history).
+    every 5 ms observation as one stream (executor.history.episode_history).
 
     With the same executed-action noise as the training data by default: the states a learned
     driver visits are a little off the expert's path, and a gate fitted on the clean path vetoed the
     model's own hard braking behind a braking lead."""
     feats, plans, changes, hists = [], [], [], []
+    # changes and history features come from every 5 ms observation, as the executor receives them
+    every_tick = with_changes or history is not None
     for name in scenarios:
         _, data = run_expert_batch(
             name,
             list(seeds),
-            every=1 if with_changes else every,
+            every=1 if every_tick else every,
             noise=noise,
             see_lane_ends=TRAINING_SEES_LANE_ENDS,
             **params,
         )
-        pick = slice(None, None, every if with_changes else 1)
+        pick = slice(None, None, every if every_tick else 1)
         valid = data.valid[:, pick]
         feats.append(data.features[:, pick][valid])
         plans.append(data.plan[:, pick][valid])

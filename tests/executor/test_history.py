@@ -206,6 +206,13 @@ def test_a_card_whose_history_reads_an_unknown_feature_is_refused(tmp_path: Path
         DecisionModel(tmp_path / "bad.onnx")
 
 
-def test_models_without_history_keep_their_cards(base_model) -> None:
-    assert "history_features" not in base_model.card.to_json()
-    assert base_model.history is None and base_model.n_inputs == base_model.n_features
+def test_models_without_history_keep_their_cards(test_model) -> None:
+    """A card without history features writes no such field (earlier models' version hashes stand)."""
+    assert "history_features" not in test_model.card.to_json()
+    assert test_model.history is None and test_model.n_inputs == test_model.n_features
+
+
+def test_the_shipped_model_takes_the_history_features(base_model) -> None:
+    assert base_model.card.history_names == list(DEFAULT_HISTORY) and base_model.card.mask_input
+    assert base_model.n_inputs == base_model.n_features + len(DEFAULT_HISTORY)
+    assert base_model.history is not None
