@@ -16,7 +16,7 @@ LOCKSTEP session runs in one vectorised pass with `lockstep_batch.run_lockstep` 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -84,6 +84,12 @@ class Executor:
         self._pn = np.zeros((cap, model.n_plan), np.float32)
         self._fresh = np.zeros(cap, bool)
         self._present = np.ones((cap, model.n_features), bool)  # the tick's sensor profiles
+        # A model with history features (executor.history) takes [wire, history] features: derived per
+        # observation on receipt (Observation.history), assembled here; gates and the input hash stay
+        # on the wire features, what the client sent.
+        self.history = model.history
+        self._xm = np.zeros((cap, model.n_inputs), np.float32)
+        self._xmn = np.zeros((cap, model.n_inputs), np.float32)
         safe = card.safe_action
         self.safe_action = AppliedAction(
             self._actions.index(safe.action), safe.action, np.array(safe.controls, np.float32)
@@ -163,6 +169,8 @@ class Executor:
             require_plan=require_plan,
             expired_plan_is_stale=expired_plan_is_stale,
         )
+        if self.history is not None:
+            session.history = self.history.state()
         self.gating.reset(session.slot)
         self.gating.profile(present)  # built now (tens of ms), not on the session's first tick
         self.sessions[session_id] = session
@@ -268,7 +276,7 @@ class Executor:
                 f"observation's (seq {session.last_seq}) {session.last_timestamp_ns} ns; REALTIME "
                 f"timestamps must not decrease (equal is allowed)"
             )
-        obs = without_invalid_content(obs)
+        obs = self._with_history(session, without_invalid_content(obs))
         session.last_seq = obs.seq
         note_observation_time(session, obs.timestamp_ns)
         if obs.plan_values is not None:
@@ -337,6 +345,7 @@ class Executor:
         while session.next_tick_ns < ts:  # on the previous observation, with the period it gave
             out += self._lockstep_tick(session)
         note_observation_time(session, ts)
+        obs = self._with_history(session, obs)  # after the ticks before it: they never see it
         if session.pending is not None:
             session.observations_dropped += 1  # an off-grid observation no tick got to use
         session.pending = obs
@@ -345,6 +354,13 @@ class Executor:
         if session.next_tick_ns == ts:
             out += self._lockstep_tick(session)
         return out
+
+    def _with_history(self, session: Session, obs: Observation) -> Observation:
+        """The observation with its history features, every received observation entering the
+        session's stream (also one a newer replaces before a tick uses it)."""
+        if session.history is None:
+            return obs
+        return replace(obs, history=session.history.push(obs.timestamp_ns, obs.features))
 
     def check_lockstep_time(self, session: Session, obs: Observation) -> None:
         """LOCKSTEP time strictly increases and never jumps further than lockstep_max_gap_s."""
@@ -414,11 +430,20 @@ class Executor:
         # the model never sees NaN; such rows are marked INVALID_INPUT below (missing features are
         # masked, not invalid)
         self._tick_present = present
-        xn, pn, finite = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n], present)
+        if self.history is None:
+            xn, pn, finite = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n], present)
+            model_present = present
+        else:
+            xm, nf = self._xm[:n], self.model.n_features
+            xm[:, :nf] = x
+            for i, obs in enumerate(observations):
+                xm[i, nf:] = obs.history
+            model_present = self.model_present(present)
+            xn, pn, finite = self.normalisation.apply(xm, p, self._xmn[:n], self._pn[:n], model_present)
         t1 = _perf_ns()
         out: ModelOutputs | None
         try:
-            out = self.model.forward(xn, pn, present)
+            out = self.model.forward(xn, pn, model_present)
             model_ok = bool(np.isfinite(out.logits).all() and np.isfinite(out.controls).all())
         except Exception:  # noqa: BLE001 - any runtime failure degrades the tick, never the loop
             out, model_ok = None, False
@@ -453,6 +478,13 @@ class Executor:
         st.stage_ns[2] += t3 - t2
         st.stage_ns[3] += t4 - t3
         return snaps
+
+    def model_present(self, present: np.ndarray | None) -> np.ndarray | None:
+        """The model's input profile (rows, n_inputs) of wire sensor profiles (rows, F): a history
+        feature is missing when a feature it reads is."""
+        if present is None or self.history is None:
+            return present
+        return np.concatenate([present, self.history.present(present)], axis=1)
 
     def _plan_rule(
         self, rows: list[Session], has_plan: np.ndarray, ages: np.ndarray, valid_for: np.ndarray, p: np.ndarray

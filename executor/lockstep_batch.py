@@ -170,7 +170,13 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     rows = np.flatnonzero(used)
     x, p = feats[rows], np.where(plan_valid[rows, None], plans[rows], ex.plan_default)
     present = None if session.present is None else np.broadcast_to(session.present, x.shape)
-    xn, pn, finite = ex.normalisation.apply(x, p, present=present)
+    if ex.history is None:
+        xn, pn, finite = ex.normalisation.apply(x, p, present=present)
+    else:  # history features of the used observations, from the whole stream (as pushed live)
+        present = ex.model_present(present)
+        xn, pn, finite = ex.normalisation.apply(
+            np.concatenate([x, ex.history.batch(ts, feats, rows)], axis=1), p, present=present
+        )
     out: ModelOutputs | None
     try:
         out = ex.model.forward(xn, pn, present)
@@ -399,6 +405,15 @@ def _leave_session(
     used: np.ndarray,
 ) -> None:
     """The session as advance_lockstep would have left it, so live ticks may continue from here."""
+    if session.history is not None:  # the stream's tail, and the history of what later ticks hold on
+        feats = np.stack([o.features for o in observations]).astype(np.float32, copy=False)
+        ts = np.fromiter((o.timestamp_ns for o in observations), np.int64, len(observations))
+        session.history.load(ts, feats)
+        assert ex.history is not None
+        h = ex.history.batch(ts, feats, np.array([int(table.obs_index[-1]), len(observations) - 1]))
+        observations = list(observations)
+        observations[int(table.obs_index[-1])] = replace(observations[int(table.obs_index[-1])], history=h[0])
+        observations[-1] = replace(observations[-1], history=h[1])
     last = observations[-1]
     n_ticks = len(table)
     session.last_seq, session.last_timestamp_ns = last.seq, last.timestamp_ns

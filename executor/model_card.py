@@ -79,6 +79,10 @@ class ModelCard(BaseModel):
     # features followed by the sensor profile as 0/1 (width 2n). Without it a missing feature is
     # still fed as its training mean, the best a model that never met masks can be given.
     mask_input: bool = False
+    # Features the executor derives from the session's own recent observations (executor.history),
+    # fed after the wire features (and, with mask_input, their masks after the wire features' masks);
+    # mean/std normalise them as the wire features'. Empty: the model sees one observation.
+    history_features: list[FeatureSpec] = []
     # Softmax temperature fitted on held-out data; 1.0 means uncalibrated.
     temperature: float = Field(1.0, gt=0.0)
     training_metrics: dict[str, float | str] = {}
@@ -97,7 +101,7 @@ class ModelCard(BaseModel):
             if not spec.min <= value <= spec.max:
                 raise ValueError(f"safe_action control {spec.name}={value} is outside [{spec.min}, {spec.max}]")
         for kind, names in (
-            ("feature", [f.name for f in self.features]),
+            ("feature", [f.name for f in self.features] + [h.name for h in self.history_features]),
             ("plan", [p.name for p in self.plan]),
             ("action", self.actions),
             ("control", [c.name for c in self.controls]),
@@ -120,9 +124,22 @@ class ModelCard(BaseModel):
         }
         return hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()[:16]
 
+    @property
+    def history_names(self) -> list[str]:
+        return [h.name for h in self.history_features]
+
+    @property
+    def input_width(self) -> int:
+        """Width of the graph's features input: wire and history features (and their masks)."""
+        return (len(self.features) + len(self.history_features)) * (2 if self.mask_input else 1)
+
     def to_json(self) -> str:
-        # mask_input is written only when set: cards (and version hashes) of earlier models stay as they were
-        return self.model_dump_json(exclude=None if self.mask_input else {"mask_input"})
+        # mask_input and history_features are written only when set: cards (and version hashes) of
+        # earlier models stay as they were
+        exclude = {
+            k for k, on in (("mask_input", self.mask_input), ("history_features", self.history_features)) if not on
+        }
+        return self.model_dump_json(exclude=exclude or None)
 
     def identity_json(self) -> str:
         """The card as the version hash sees it: without the version and the measured metrics."""
@@ -144,9 +161,10 @@ class Normalisation:
         def f32(values: list[float]) -> np.ndarray:
             return np.array(values, np.float32)
 
+        specs = card.features + card.history_features  # history features follow the wire features
         return cls(
-            f32([f.mean for f in card.features]),
-            f32([1.0 / f.std for f in card.features]),
+            f32([f.mean for f in specs]),
+            f32([1.0 / f.std for f in specs]),
             f32([p.mean for p in card.plan]),
             f32([1.0 / p.std for p in card.plan]),
         )

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from dualloop.executor.history import HistoryDeriver, HistoryError
 from dualloop.executor.model_card import METADATA_KEY, ModelCard, ModelFileError, parse_card
 
 
@@ -46,21 +47,29 @@ class DecisionModel:
         meta = self._session.get_modelmeta().custom_metadata_map
         self.card: ModelCard = parse_card(meta.get(METADATA_KEY), self.path)
         self._check_graph()
+        try:  # what the executor derives from a session's stream for this model (None: nothing)
+            self.history = (
+                HistoryDeriver(self.card.history_names, self.card.feature_names) if self.card.history_features else None
+            )
+        except HistoryError as err:
+            raise ModelFileError(f"{path}: {err}") from None
         io = self.card.io
         self._inputs = (io.features, io.plan)
         self._outputs = [io.logits, io.controls, io.decision_vector]
-        self.n_features = len(self.card.features)
+        self.n_features = len(self.card.features)  # on the wire
+        self.n_history = len(self.card.history_features)  # derived by the executor (executor.history)
+        self.n_inputs = self.n_features + self.n_history
         self.n_plan = len(self.card.plan)
-        self._all_present: np.ndarray = np.ones((0, self.n_features), np.float32)
+        self._all_present: np.ndarray = np.ones((0, self.n_inputs), np.float32)
         for n in warmup_batches:  # first calls allocate and pick kernels: keep that out of the first tick
             for _ in range(3):
-                self.forward(np.zeros((n, self.n_features), np.float32), np.zeros((n, self.n_plan), np.float32))
+                self.forward(np.zeros((n, self.n_inputs), np.float32), np.zeros((n, self.n_plan), np.float32))
 
     def _check_graph(self) -> None:
         card, io = self.card, self.card.io
         inputs = {i.name: i.shape for i in self._session.get_inputs()}
         outputs = {o.name: o.shape for o in self._session.get_outputs()}
-        expected_in = {io.features: len(card.features) * (2 if card.mask_input else 1), io.plan: len(card.plan)}
+        expected_in = {io.features: card.input_width, io.plan: len(card.plan)}
         expected_out = {
             io.logits: len(card.actions),
             io.controls: len(card.controls),
@@ -79,7 +88,8 @@ class DecisionModel:
                     )
 
     def forward(self, features: np.ndarray, plan: np.ndarray, present: np.ndarray | None = None) -> ModelOutputs:
-        """Normalised features and plan (n, .) float32; `present` (n, features) bool, None = all.
+        """Normalised features and plan (n, .) float32, the features being the wire features and then
+        the history features (n_inputs wide); `present` (n, n_inputs) bool, None = all.
         A model with mask_input gets [features, present as 0/1]; any other ignores `present`
         (Normalisation.apply has already put missing features at their mean)."""
         if self.card.mask_input:
@@ -91,5 +101,5 @@ class DecisionModel:
         if present is not None:
             return present.astype(np.float32)
         if len(self._all_present) < n:
-            self._all_present = np.ones((max(n, 2 * len(self._all_present)), self.n_features), np.float32)
+            self._all_present = np.ones((max(n, 2 * len(self._all_present)), self.n_inputs), np.float32)
         return self._all_present[:n]

@@ -52,8 +52,9 @@ def export_mlp(weights: MLPWeights, card: ModelCard, path: Path) -> ModelCard:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    # a mask_input model's features input is [normalised features, present as 0/1]
-    n_feat, n_plan = len(card.features) * (2 if card.mask_input else 1), len(card.plan)
+    # a mask_input model's features input is [normalised features, present as 0/1] (history features
+    # after the wire features in both halves)
+    n_feat, n_plan = card.input_width, len(card.plan)
     if weights.hidden[0][0].shape[0] != n_feat + n_plan:
         raise ValueError(
             f"first layer takes {weights.hidden[0][0].shape[0]} inputs; the card declares "

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from dualloop.executor.history import HistoryState
 from dualloop.executor.safety import SafetyMemory
 from dualloop.executor.snapshot import Clock, Observation
 
@@ -60,6 +61,7 @@ class Session:
     lockstep_tick: int = 0
     ticks: int = 0
     last_tick_index: int | None = None  # REALTIME: the grid index of the session's previous tick
+    history: HistoryState | None = None  # the model's history features' ring buffer (executor.history)
 
 
 # What DecisionSnapshot.invalid_input may name, in the order it lists them.

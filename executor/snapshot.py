@@ -96,6 +96,9 @@ class Observation:
     # Parts that held a non-finite value and were discarded on receipt ("plan", "actual.controls"):
     # content errors never end a stream, the ticks on this observation report INVALID_INPUT.
     invalid_parts: tuple[str, ...] = ()
+    # The history features (executor.history) the executor derived for this observation from the
+    # session's stream; None for a model without them (set on receipt, never by a client).
+    history: np.ndarray | None = None
 
 
 @dataclass(slots=True)

@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dualloop.executor.action_labels import ACCEL_WINDOW_S, backward_accel, lookahead_labels
+from dualloop.executor.history import HistoryDeriver
 from dualloop.sim.env import EXPERT_TARGET_STEPS, ActionNoise, SimEnv
 from dualloop.sim.expert import DriverStyle
 from dualloop.sim.scenarios import SCENARIOS, build_scenario
@@ -124,6 +125,9 @@ class RealisticData:
     # (look-ahead accel, expert's steer), as a recorded human's actual action
     episode: npt.NDArray[np.int64]  # index into the batch's seeds
     sensing: list[EpisodeSensing]
+    # (N, H) history features (executor.history) from each episode's whole observation stream as
+    # the executor receives it (float32, its timestamps); None unless asked for
+    history: npt.NDArray[np.float32] | None = None
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
@@ -266,9 +270,10 @@ def _sense_episode(
     valid: npt.NDArray[np.bool_],
     config: RealismConfig,
     fine_dt: float,
-) -> tuple[npt.NDArray[np.int64], FloatArray, npt.NDArray[np.int64], FloatArray, EpisodeSensing]:
+    history: HistoryDeriver | None = None,
+) -> tuple[npt.NDArray[np.int64], FloatArray, npt.NDArray[np.int64], FloatArray, EpisodeSensing, FloatArray]:
     """One episode's observations: (record index of each row, its features with NaN where not
-    measured, its label, its look-ahead acceleration, the sensing drawn)."""
+    measured, its label, its look-ahead acceleration, the sensing drawn, its history features)."""
     n = int(valid.sum())  # valid is a prefix
     rate = float(rng.choice(config.rates_hz))
     period = max(1, int(round(1.0 / (rate * fine_dt))))
@@ -287,8 +292,9 @@ def _sense_episode(
     )
     obs = np.arange(phase + latency, n, period)  # record index of each observation's timestamp
     empty = np.zeros(0, np.int64)
+    n_hist = 0 if history is None else len(history)
     if len(obs) < 2:
-        return empty, np.zeros((0, N_FEATURES)), empty, np.zeros(0), sensing
+        return empty, np.zeros((0, N_FEATURES)), empty, np.zeros(0), sensing, np.zeros((0, n_hist))
     state = obs - latency  # what it measured
     held = np.maximum(state - (state - perception_phase) % perception, 0)  # last perception update
     x = truth[state].astype(np.float64)
@@ -304,6 +310,12 @@ def _sense_episode(
         x[:, _ACCEL] = backward_accel(t_obs, x[:, _SPEED])
     label, la_accel = lookahead_labels(t_obs, x[:, _SPEED])
     x[:, ~present] = np.nan
+    # from every observation the executor would receive, before the training rows are picked
+    hist = (
+        np.zeros((len(obs), 0))
+        if history is None
+        else history.batch(np.round(t_obs * 1e9).astype(np.int64), x.astype(np.float32))
+    )
     # rows: labelled, past the accel window's warm-up, at most one per row_period
     every = max(1, int(round(config.row_period_s / (period * fine_dt))))
     # (observations stop where the episode crashed: no label looks past it). backward_accel is NaN
@@ -311,25 +323,31 @@ def _sense_episode(
     # executor would refuse, not a training row.
     keep = (label >= 0) & (t_obs >= ACCEL_WINDOW_S) & (np.arange(len(obs)) % every == int(rng.integers(every)))
     keep &= (np.isfinite(x) | ~present).all(axis=1)
-    return obs[keep], x[keep], label[keep], la_accel[keep], sensing
+    return obs[keep], x[keep], label[keep], la_accel[keep], sensing, hist[keep]
 
 
 def run_realistic_batch(
-    name: str, seeds: Sequence[int], config: RealismConfig | None = None, **params: object
+    name: str,
+    seeds: Sequence[int],
+    config: RealismConfig | None = None,
+    history: HistoryDeriver | None = None,
+    **params: object,
 ) -> RealisticData:
     """Drive len(seeds) episodes of a nominal scenario with a population of drivers and sense them
-    as real sensor stacks do (module docstring)."""
+    as real sensor stacks do (module docstring); with `history`, also each row's history features."""
     config = config or RealismConfig()
     env = make_realistic_env(name, seeds, config, **params)
     truth = _drive(env, seeds, config)
     fine_dt = env.world.dt * config.fine_steps
     parts: list[tuple[np.ndarray, ...]] = []
     sensing: list[EpisodeSensing] = []
+    hists: list[np.ndarray] = []
     for b, seed in enumerate(seeds):
         rng = _rng(seed, config, 6)
-        idx, x, label, la_accel, sense = _sense_episode(
-            rng, truth.t, truth.features[b], truth.valid[b], config, fine_dt
+        idx, x, label, la_accel, sense, hist = _sense_episode(
+            rng, truth.t, truth.features[b], truth.valid[b], config, fine_dt, history
         )
+        hists.append(hist)
         sense.has_plan = bool(rng.random() >= config.no_plan_share)
         sensing.append(sense)
         controls = truth.command[b, idx].copy()
@@ -349,4 +367,5 @@ def run_realistic_batch(
         controls=cat[4].astype(np.float32),
         episode=cat[5].astype(np.int64),
         sensing=sensing,
+        history=None if history is None else np.concatenate(hists).astype(np.float32),
     )

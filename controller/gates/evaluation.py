@@ -30,6 +30,7 @@ from dualloop.controller.gates.plots import plot_evaluation
 from dualloop.controller.gates.scores import ScenarioScores, fault_active
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
+from dualloop.executor.history import episode_history
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Reason, SafetyState
 from dualloop.ood.filter import make_filter
@@ -74,7 +75,13 @@ def score_episodes(
     model_x = flat_x
     if present is not None:  # the model sees a missing feature as its training mean
         model_x = np.where(present, flat_x, np.array([f.mean for f in model.card.features], np.float32))
-    logits, _, dv = forward_rows(model, model_x, flat_p)
+    # a model with history features gets them from each episode's 5 ms observations, as the executor would
+    history = (
+        None
+        if model.history is None
+        else episode_history(model.history, data.t, features, data.valid).reshape(b * t_len, -1)
+    )
+    logits, _, dv = forward_rows(model, model_x, flat_p, history=history)
     logits, dv = logits.reshape(b, t_len, -1), dv.reshape(b, t_len, -1)
     slots = np.arange(b)
     score = np.full((b, t_len), -np.inf)
@@ -91,7 +98,7 @@ def score_episodes(
         elif judged is not None:  # the gate's completed copy of the rows
             feats = judged.marginal.complete(flat_x).reshape(b, t_len, -1)
         else:
-            feats = model_features(model, flat_x, flat_p, gate.schema.source).reshape(b, t_len, -1)
+            feats = model_features(model, flat_x, flat_p, gate.schema.source, history=history).reshape(b, t_len, -1)
         feats = np.where(finite[..., None], feats, np.nan)
         if judged is None:
             feats = feats.astype(np.float32)

@@ -14,6 +14,7 @@ import numpy as np
 
 from dualloop import ood
 from dualloop.executor.gating import GATE_SOURCES, gate_feature_names
+from dualloop.executor.history import HistoryDeriver, episode_history
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim.env import ActionNoise, ExpertData, run_expert_batch
@@ -28,16 +29,28 @@ CALIBRATION_SEEDS = range(110_000, 110_012)
 
 
 def forward_rows(
-    model: DecisionModel, features: np.ndarray, plan: np.ndarray, batch: int = 4096, present: np.ndarray | None = None
+    model: DecisionModel,
+    features: np.ndarray,
+    plan: np.ndarray,
+    batch: int = 4096,
+    present: np.ndarray | None = None,
+    history: np.ndarray | None = None,
 ):
     """The model's outputs for many rows, normalised with the card as the executor does (NaN rows
     are zeroed for the forward pass, as the executor substitutes them); `present` (F,) bool: as a
-    session measuring only those features is fed."""
+    session measuring only those features is fed; `history` (N, H): the rows' history features, for a
+    model that takes them (episode_history)."""
+    if (history is None) != (model.history is None):
+        raise ValueError(f"model {model.card.name} takes history features {model.card.history_names}: give them")
     norm = Normalisation.of(model.card)
     parts = []
     for a in range(0, len(features), batch):
         x = np.asarray(features[a : a + batch], np.float32)
         mask = None if present is None else np.broadcast_to(present, x.shape)
+        if history is not None and model.history is not None:
+            x = np.concatenate([x, np.asarray(history[a : a + batch], np.float32)], axis=1)
+            if mask is not None:
+                mask = np.concatenate([mask, model.history.present(mask)], axis=1)
         x, p, _ = norm.apply(x, np.asarray(plan[a : a + batch], np.float32), present=mask)
         parts.append(model.forward(x, p, mask))
     return (
@@ -48,19 +61,26 @@ def forward_rows(
 
 
 def model_features(
-    model: DecisionModel, features: np.ndarray, plan: np.ndarray, source: str, batch: int = 4096
+    model: DecisionModel,
+    features: np.ndarray,
+    plan: np.ndarray,
+    source: str,
+    batch: int = 4096,
+    history: np.ndarray | None = None,
 ) -> np.ndarray:
     """What the executor's gate sees for these inputs: decision vectors or raw features."""
     if source == "input_features":
         return features.astype(np.float32)
-    return forward_rows(model, features, plan, batch)[2]
+    return forward_rows(model, features, plan, batch, history=history)[2]
 
 
-def fitting_rows(model: DecisionModel, features: np.ndarray, plan: np.ndarray, source: str) -> np.ndarray:
+def fitting_rows(
+    model: DecisionModel, features: np.ndarray, plan: np.ndarray, source: str, history: np.ndarray | None = None
+) -> np.ndarray:
     """What a gate is fitted and calibrated on: `model_features`, and for a decision-vector gate on a
     model with mask inputs also the decision vectors of the same rows as a longitudinal session sees them."""
     if source == "input_features" or not model.card.mask_input:
-        return model_features(model, features, plan, source)
+        return model_features(model, features, plan, source, history=history)
     # A model with mask inputs meets sessions measuring everything and sessions measuring only the
     # longitudinal features, mostly without a plan of their own (the card's plan_default), and its
     # decision vector differs between them: the gate learns all of these.
@@ -68,9 +88,9 @@ def fitting_rows(model: DecisionModel, features: np.ndarray, plan: np.ndarray, s
     no_plan = np.broadcast_to(np.array(model.card.plan_default, np.float32), plan.shape)
     return np.concatenate(
         [
-            forward_rows(model, features, plan)[2],
-            forward_rows(model, features, no_plan)[2],
-            forward_rows(model, features, no_plan, present=longitudinal)[2],
+            forward_rows(model, features, plan, history=history)[2],
+            forward_rows(model, features, no_plan, history=history)[2],
+            forward_rows(model, features, no_plan, present=longitudinal, history=history)[2],
         ]
     )
 
@@ -126,36 +146,44 @@ def nominal_inputs(
     noise: ActionNoise | None = ActionNoise(),
     with_changes: bool = False,
     actuation: list[ood.ActuationEpisode] | None = None,
+    history: HistoryDeriver | None = None,
     **params,
 ) -> tuple[np.ndarray, ...]:
     """(features, plan) rows from expert-driven nominal episodes, every `every`-th tick, valid rows
     only; with_changes: also each row's change since the tick before (a sensor at the tick rate).
     actuation: a list that gets every episode at every tick for the actuation check (needs with_changes,
-    which records every tick).
+    which records every tick). history: also each row's history features (last), from its episode's
+    every 5 ms observation as one stream (executor.history.episode_history).
 
     With the same executed-action noise as the training data by default: the states a learned
     driver visits are a little off the expert's path, and a gate fitted on the clean path vetoed the
     model's own hard braking behind a braking lead."""
-    feats, plans, changes = [], [], []
+    feats, plans, changes, hists = [], [], [], []
+    # changes and history features come from every 5 ms observation, as the executor receives them
+    every_tick = with_changes or history is not None
     for name in scenarios:
         _, data = run_expert_batch(
             name,
             list(seeds),
-            every=1 if with_changes else every,
+            every=1 if every_tick else every,
             noise=noise,
             see_lane_ends=TRAINING_SEES_LANE_ENDS,
             **params,
         )
-        pick = slice(None, None, every if with_changes else 1)
+        pick = slice(None, None, every if every_tick else 1)
         valid = data.valid[:, pick]
         feats.append(data.features[:, pick][valid])
         plans.append(data.plan[:, pick][valid])
+        if history is not None:
+            hists.append(episode_history(history, data.t, data.features, data.valid)[:, pick][valid])
         if with_changes:
             changes.append(episode_changes(data.features, data.t)[:, pick][valid])
             if actuation is not None:
                 actuation += actuation_episodes(data)
-    out = (np.concatenate(feats), np.concatenate(plans))
-    return (*out, np.concatenate(changes)) if with_changes else out
+    out: tuple[np.ndarray, ...] = (np.concatenate(feats), np.concatenate(plans))
+    if with_changes:
+        out = (*out, np.concatenate(changes))
+    return (*out, np.concatenate(hists)) if history is not None else out
 
 
 def _both(
@@ -164,10 +192,13 @@ def _both(
     params: dict,
     with_changes: bool,
     actuation: list[ood.ActuationEpisode] | None = None,
+    history: HistoryDeriver | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Rows from clean and from noise-injected nominal roll-outs, stacked."""
-    clean = nominal_inputs(seeds, every, noise=None, with_changes=with_changes, actuation=actuation, **params)
-    noisy = nominal_inputs(seeds, every, with_changes=with_changes, actuation=actuation, **params)
+    clean = nominal_inputs(
+        seeds, every, noise=None, with_changes=with_changes, actuation=actuation, history=history, **params
+    )
+    noisy = nominal_inputs(seeds, every, with_changes=with_changes, actuation=actuation, history=history, **params)
     return tuple(np.concatenate([a, b]) for a, b in zip(clean, noisy))
 
 
@@ -237,8 +268,15 @@ def fit_gate_for_model(
     inputs = source == "input_features"
     act_fit: list[ood.ActuationEpisode] | None = [] if inputs and actuation else None
     act_cal: list[ood.ActuationEpisode] | None = [] if inputs and actuation else None
-    x_fit, p_fit, *c_fit = _both(fit_seeds, every, scenario_params, with_changes=inputs, actuation=act_fit)
-    x_cal, p_cal, *c_cal = _both(calibration_seeds, every, scenario_params, with_changes=inputs, actuation=act_cal)
+    # the decision vector of a model with history features needs them (the input gate reads the wire)
+    hist = None if inputs else model.history
+    x_fit, p_fit, *c_fit = _both(
+        fit_seeds, every, scenario_params, with_changes=inputs, actuation=act_fit, history=hist
+    )
+    x_cal, p_cal, *c_cal = _both(
+        calibration_seeds, every, scenario_params, with_changes=inputs, actuation=act_cal, history=hist
+    )
+    h_fit, h_cal = (c_fit[-1], c_cal[-1]) if hist is not None else (None, None)
     card = model.card
     description = (
         (
@@ -255,8 +293,8 @@ def fit_gate_for_model(
             "and with none) and only the longitudinal ones (with none)"
         )
     gate = ood.fit_gate(
-        fitting_rows(model, x_fit, p_fit, source),
-        fitting_rows(model, x_cal, p_cal, source),
+        fitting_rows(model, x_fit, p_fit, source, h_fit),
+        fitting_rows(model, x_cal, p_cal, source, h_cal),
         range_margin=RANGE_MARGIN[source],
         changes_train=c_fit[0] if inputs else None,
         changes_calib=c_cal[0] if inputs else None,

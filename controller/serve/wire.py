@@ -29,6 +29,7 @@ def model_info(card: ModelCard, tick_period_ns: int, gate_version: str = "", gat
         decision_vector_size=card.decision_vector_size,
         schema_hash=card.schema_hash(),
         tick_period_ns=tick_period_ns,
+        history_features=card.history_names,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from dualloop.controller.console import console
@@ -22,6 +23,7 @@ from dualloop.controller.training.trainer import (
     model_path,
     train,
 )
+from dualloop.executor.history import DEFAULT_HISTORY
 from dualloop.models import BASE_MODEL_PATH, TEST_MODEL_PATH
 
 
@@ -43,6 +45,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--log-share", type=float, default=LOG_SHARE, help="the recorded drives' share of the training weight"
     )
+    p.add_argument(
+        "--history",
+        action="store_true",
+        help="also feed the model the history features the executor derives from a session's observations "
+        "(executor.history; ModelInfo.history_features)",
+    )
     p.set_defaults(fn=_train)
 
     p = sub.add_parser("eval-logs", help="a model's proposals on recorded drives vs the human and the baselines")
@@ -62,7 +70,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _train(args: argparse.Namespace) -> int:
 
-    result = train_main(args.size, args.seed, args.out, quick=args.quick, logs=args.logs, log_share=args.log_share)
+    result = train_main(
+        args.size, args.seed, args.out, quick=args.quick, logs=args.logs, log_share=args.log_share, history=args.history
+    )
     if args.check is not None:
         diffs = compare_models(args.check, result.path)
         console.print(
@@ -106,9 +116,12 @@ def train_main(
     measure_latency_in_card: bool = True,
     logs: Sequence[Path] = (),
     log_share: float = LOG_SHARE,
+    history: bool = False,
 ) -> TrainResult:
     """CLI entry: trains with rich progress bars, prints the summary tables, returns the result."""
     data_config = QUICK_DATA if quick else FULL_DATA
+    if history:
+        data_config = replace(data_config, history=DEFAULT_HISTORY)
     config = mlp_config(size, quick)
     with progress_hooks(len(data_config.scenarios), config.max_epochs) as hooks:
         result = train(

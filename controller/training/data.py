@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dualloop.executor.history import HistoryDeriver, episode_history
 from dualloop.executor.model_card import ModelCard
 from dualloop.sim import schema
-from dualloop.sim.env import ActionNoise, run_expert_batch
+from dualloop.sim.env import ActionNoise, ExpertData, run_expert_batch
 from dualloop.sim.realism import RealismConfig, run_realistic_batch
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS
 from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
@@ -66,6 +67,9 @@ class DataConfig:
     # realistic/ drives (sim.realism) per scenario and split; 0 for none
     realistic_episodes: tuple[int, int, int] = (96, 24, 24)
     realism: RealismConfig = RealismConfig()
+    # History features (executor.history) every row gets, derived from its drive's observation
+    # stream as the executor derives them; () for a model that sees one observation.
+    history: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         counts = (self.train_episodes, self.val_episodes, self.test_episodes)
@@ -98,6 +102,7 @@ class Split:
     controls: F32
     source: npt.NDArray[np.int16]  # index into Dataset.sources
     weight: F32
+    history: F32  # (N, H) history features (DataConfig.history), derived from each row's drive
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
@@ -109,7 +114,7 @@ class Split:
         return np.bincount(self.label, minlength=schema.N_ACTIONS)
 
 
-_FIELDS = ("features", "present", "plan", "label", "controls", "source", "weight")
+_FIELDS = ("features", "present", "plan", "label", "controls", "source", "weight", "history")
 
 
 def empty_split() -> Split:
@@ -122,6 +127,7 @@ def empty_split() -> Split:
         np.zeros((0, 2), np.float32),
         np.zeros(0, np.int16),
         np.zeros(0, np.float32),
+        np.zeros((0, 0), np.float32),
     )
 
 
@@ -133,6 +139,7 @@ def make_split(
     controls: np.ndarray,
     source: int,
     weight: float = 1.0,
+    history: np.ndarray | None = None,
 ) -> Split:
     n = len(label)
     return Split(
@@ -143,10 +150,12 @@ def make_split(
         np.ascontiguousarray(controls, np.float32),
         np.full(n, source, np.int16),
         np.full(n, weight, np.float32),
+        np.zeros((n, 0), np.float32) if history is None else np.ascontiguousarray(history, np.float32),
     )
 
 
 def concat(parts: Sequence[Split]) -> Split:
+    parts = [p for p in parts if len(p)]  # an empty part's history has no width to agree on
     if not parts:
         return empty_split()
     return Split(*(np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS))
@@ -184,6 +193,7 @@ def _flatten(
     controls: np.ndarray,
     keep: np.ndarray,
     source: int,
+    history: np.ndarray | None = None,
 ) -> Split:
     keep = keep.reshape(-1)
     return make_split(
@@ -193,7 +203,12 @@ def _flatten(
         label.reshape(-1)[keep],
         controls.reshape(-1, 2)[keep],
         source,
+        history=None if history is None else history.reshape(-1, history.shape[-1])[keep],
     )
+
+
+def deriver(names: Sequence[str]) -> HistoryDeriver | None:
+    return HistoryDeriver(names, schema.FEATURE_NAMES) if names else None
 
 
 def _sim_rows(name: str, config: DataConfig, per_split: dict[str, list[int]], source: int) -> dict[str, list[Split]]:
@@ -211,13 +226,16 @@ def _sim_rows(name: str, config: DataConfig, per_split: dict[str, list[int]], so
         **params,
     )
     label = data.lookahead_label()
+    hist = deriver(config.history)
+    history = None if hist is None else _stream_history(hist, name, all_seeds, config, params, data)
     out: dict[str, list[Split]] = {s: [] for s in SPLITS}
     start = 0
     for s in SPLITS:
         sl = slice(start, start + len(per_split[s]))
         start = sl.stop
         driven = data.valid[sl] & (label[sl] >= 0)
-        out[s].append(_flatten(data.features[sl], data.plan[sl], label[sl], data.controls[sl], driven, source))
+        h = None if history is None else history[sl]
+        out[s].append(_flatten(data.features[sl], data.plan[sl], label[sl], data.controls[sl], driven, source, h))
         if data.alt_plan is not None and data.alt_label is not None and data.alt_controls is not None:
             # no future exists under a target the ego did not drive at: the expert's command for it
             out[s].append(
@@ -228,9 +246,28 @@ def _sim_rows(name: str, config: DataConfig, per_split: dict[str, list[int]], so
                     data.alt_controls[sl],
                     data.valid[sl],
                     source,
+                    h,
                 )
             )
     return out
+
+
+def _stream_history(
+    hist: HistoryDeriver, name: str, seeds: list[int], config: DataConfig, params: dict[str, Any], data: ExpertData
+) -> np.ndarray:
+    """(B, T, H) history features of the recorded steps, derived from every 5 ms observation as the
+    executor receives the simulator's 200 Hz sensors (its bins average 20 observations; the recorded
+    steps alone would give it 2 of them, a noisier feature than the executor ever sees). The same
+    episodes again, recorded at every step (recording does not change the driving: checked)."""
+    _, full = run_expert_batch(
+        name, seeds, every=1, noise=config.noise, see_lane_ends=TRAINING_SEES_LANE_ENDS, relabel=False, **params
+    )
+    picked = full.features[:, :: config.every]
+    if not np.array_equal(picked[data.valid], data.features[data.valid]):
+        raise RuntimeError(
+            f"{name}: the episodes recorded at every step differ from those recorded every {config.every}"
+        )
+    return episode_history(hist, full.t, full.features, full.valid)[:, :: config.every]
 
 
 def _realistic_rows(
@@ -241,7 +278,7 @@ def _realistic_rows(
     out: dict[str, list[Split]] = {s: [] for s in SPLITS}
     if not all_seeds:
         return out
-    data = run_realistic_batch(name, all_seeds, config.realism, **params)
+    data = run_realistic_batch(name, all_seeds, config.realism, history=deriver(config.history), **params)
     start = 0
     for s in SPLITS:
         rows = (data.episode >= start) & (data.episode < start + len(per_split[s]))
@@ -254,6 +291,7 @@ def _realistic_rows(
                 data.label[rows],
                 data.controls[rows],
                 source,
+                history=None if data.history is None else data.history[rows],
             )
         )
     return out
@@ -331,6 +369,10 @@ class Normaliser:
     plan_mean: npt.NDArray[np.float64]
     plan_std: npt.NDArray[np.float64]
     mask_input: bool = True
+    # history features after the wire features (executor.history): names and statistics
+    history: tuple[str, ...] = ()
+    hist_mean: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    hist_std: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     @staticmethod
     def _stats(x: np.ndarray, present: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -346,10 +388,21 @@ class Normaliser:
         return mean.astype(np.float32).astype(np.float64), std.astype(np.float32).astype(np.float64)
 
     @classmethod
-    def fit(cls, split: Split, mask_input: bool = True) -> Normaliser:
+    def fit(cls, split: Split, mask_input: bool = True, history: tuple[str, ...] = ()) -> Normaliser:
         fm, fs = cls._stats(split.features, split.present)
         pm, ps = cls._stats(split.plan)
-        return cls(fm, fs, pm, ps, mask_input)
+        if not history:
+            return cls(fm, fs, pm, ps, mask_input)
+        hm, hs = cls._stats(split.history, cls._history_present(history, split.present))
+        return cls(fm, fs, pm, ps, mask_input, tuple(history), hm, hs)
+
+    @staticmethod
+    def _history_present(history: tuple[str, ...], present: np.ndarray) -> np.ndarray:
+        d = deriver(history)
+        assert d is not None
+        out = d.present(np.asarray(present, bool))
+        assert out is not None
+        return out
 
     @classmethod
     def from_card(cls, card: ModelCard) -> Normaliser:
@@ -362,6 +415,9 @@ class Normaliser:
             arr(card.plan, "mean"),
             arr(card.plan, "std"),
             card.mask_input,
+            tuple(card.history_names),
+            arr(card.history_features, "mean"),
+            arr(card.history_features, "std"),
         )
 
     @staticmethod
@@ -371,25 +427,49 @@ class Normaliser:
         out *= inv
         return out
 
-    def apply(self, features: np.ndarray, plan: np.ndarray, present: np.ndarray | None = None) -> tuple[F32, F32]:
-        """Normalised (features, plan) as Normalisation.apply gives them: missing features 0."""
-        xn = self._apply(features, self.feat_mean, self.feat_std)
+    def apply(
+        self,
+        features: np.ndarray,
+        plan: np.ndarray,
+        present: np.ndarray | None = None,
+        history: np.ndarray | None = None,
+    ) -> tuple[F32, F32]:
+        """Normalised (features, plan) as Normalisation.apply gives them: missing features 0; with
+        history features, the features are [wire, history] and `present` is the wire profile."""
+        if self.history:
+            assert history is not None, "this normaliser's model takes history features"
+            features = np.concatenate([np.asarray(features, np.float32), np.asarray(history, np.float32)], axis=1)
+            present = self.full_present(present, len(features))
+        xn = self._apply(features, np.r_[self.feat_mean, self.hist_mean], np.r_[self.feat_std, self.hist_std])
         if present is not None:
             np.copyto(xn, np.float32(0.0), where=~np.asarray(present, bool))
         return xn, self._apply(plan, self.plan_mean, self.plan_std)
 
+    def full_present(self, present: np.ndarray | None, n: int) -> np.ndarray:
+        wire = np.ones((n, len(self.feat_mean)), bool) if present is None else np.asarray(present, bool)
+        wire = np.broadcast_to(wire, (n, len(self.feat_mean)))
+        return np.concatenate([wire, self._history_present(self.history, wire)], axis=1)
+
     def graph_inputs(
-        self, features: np.ndarray, plan: np.ndarray, present: np.ndarray | None = None
+        self,
+        features: np.ndarray,
+        plan: np.ndarray,
+        present: np.ndarray | None = None,
+        history: np.ndarray | None = None,
     ) -> tuple[F32, F32]:
         """The ONNX graph's (features, plan) inputs: with mask_input the features input is
-        [normalised features, present as 0/1], as executor.model_runner.DecisionModel.forward builds it."""
-        xn, pn = self.apply(features, plan, present)
+        [normalised features, present as 0/1], as executor.model_runner.DecisionModel.forward builds it
+        (history features after the wire features in both)."""
+        xn, pn = self.apply(features, plan, present, history)
         if self.mask_input:
-            mask = np.ones(xn.shape, np.float32) if present is None else np.asarray(present, np.float32)
+            if self.history:
+                mask = self.full_present(present, len(xn)).astype(np.float32)
+            else:
+                mask = np.ones(xn.shape, np.float32) if present is None else np.asarray(present, np.float32)
             xn = np.concatenate([xn, mask], axis=1)
         return xn, pn
 
     def inputs(self, split: Split) -> F32:
         """The trainer's input: concat(graph features input, plan), as the ONNX graph's Concat does."""
-        f, p = self.graph_inputs(split.features, split.plan, split.present)
+        f, p = self.graph_inputs(split.features, split.plan, split.present, split.history if self.history else None)
         return np.ascontiguousarray(np.concatenate([f, p], axis=1), np.float32)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dualloop.executor.history import SPECS as HISTORY_SPECS
 from dualloop.executor.model_card import ControlSpec, FeatureSpec, ModelCard, SafeAction
 from dualloop.executor.onnx_export import export_mlp, random_mlp
 from dualloop.models import TEST_MODEL_PATH
@@ -44,10 +45,12 @@ def driving_card(
     training_metrics: dict[str, float | str] | None = None,
     mask_input: bool = False,
     plan_default: list[float] | None = None,
+    history: tuple[tuple[str, ...], np.ndarray, np.ndarray] | None = None,
 ) -> ModelCard:
     """plan_default: the plan of a session that has none (default: schema.no_plan(), the plan
     recorded drives are trained with; every model the project builds reads "no plan" the same way,
-    so replays of one log with two of them see the same inputs)."""
+    so replays of one log with two of them see the same inputs). history: (names, mean, std) of
+    the history features (executor.history) the model takes after the wire features."""
 
     def specs(fields, stats):
         out = []
@@ -70,16 +73,28 @@ def driving_card(
         temperature=temperature,
         training_metrics=training_metrics or {},
         mask_input=mask_input,
+        history_features=[
+            FeatureSpec(name=n, unit=HISTORY_SPECS[n].unit, mean=float(m), std=max(float(sd), 1e-6))
+            for n, m, sd in zip(*history)
+        ]
+        if history is not None
+        else [],
     )
 
 
-def build_test_model(path: Path = TEST_MODEL_PATH, seed: int = TEST_MODEL_SEED) -> ModelCard:
+def build_test_model(
+    path: Path = TEST_MODEL_PATH, seed: int = TEST_MODEL_SEED, history: tuple[str, ...] = ()
+) -> ModelCard:
+    """history: names of history features to take (then also mask inputs), for tests of them."""
     hidden = (64, 64)
+    n = len(history)
     card = driving_card(
         "dualloop-test",
         "test",
         decision_vector_size=hidden[-1],
         training_metrics={"note": "fixed random weights, untrained"},
+        mask_input=bool(history),
+        history=(history, np.zeros(n), np.ones(n)) if history else None,
     )
-    weights = random_mlp(schema.N_FEATURES + schema.N_PLAN, hidden, schema.N_ACTIONS, len(schema.CONTROLS), seed)
+    weights = random_mlp(card.input_width + schema.N_PLAN, hidden, schema.N_ACTIONS, len(schema.CONTROLS), seed)
     return export_mlp(weights, card, path)

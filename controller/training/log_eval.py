@@ -39,18 +39,31 @@ def baseline_actions(rows: LogRows) -> dict[str, IntArray]:
     return bl.baseline_actions(accels)
 
 
-def model_actions(model: DecisionModel | Path, rows: LogRows, batch: int = 4096) -> IntArray:
-    """The model's top-1 proposal per row, -1 where the executor would refuse the input."""
+def model_actions(
+    model: DecisionModel | Path, rows: LogRows, batch: int = 4096, on: npt.NDArray[np.bool_] | None = None
+) -> IntArray:
+    """The model's top-1 proposal per row, -1 where the executor would refuse the input. A model
+    with history features gets them from each row's session as the executor derives them; `on`
+    (rows,) bool: score only these (-1 elsewhere), the history still from whole sessions."""
     model = model if isinstance(model, DecisionModel) else DecisionModel(model, warmup_batches=())
     norm = Normalisation.of(model.card)
     plan = np.broadcast_to(np.asarray(model.card.plan_default, np.float32), (len(rows), len(model.card.plan)))
+    history = None if model.history is None else rows.history(model.history)
     out = np.full(len(rows), -1, np.int64)
     for start in range(0, len(rows), batch):
         sl = slice(start, start + batch)
+        if on is not None and not on[sl].any():
+            continue
         present = rows.present[sl]
-        xn, pn, finite = norm.apply(rows.features[sl].astype(np.float32), plan[sl].copy(), present=present)
+        x = rows.features[sl].astype(np.float32)
+        if history is not None:
+            x = np.concatenate([x, history[sl]], axis=1)
+            present = np.concatenate([present, model.history.present(present)], axis=1)  # type: ignore[union-attr]
+        xn, pn, finite = norm.apply(x, plan[sl].copy(), present=present)
         logits = model.forward(xn, pn, present).logits
         out[sl] = np.where(finite, logits.argmax(axis=1), -1)
+    if on is not None:
+        out[~on] = -1
     return out
 
 
@@ -96,11 +109,16 @@ class DatasetReport:
         return self.disagreement_ratio <= DISAGREEMENT_TARGET and beats_balanced
 
 
-def evaluate(model: DecisionModel | Path, rows: LogRows) -> list[DatasetReport]:
-    """Per dataset of the rows, then all of them pooled ("all")."""
-    pred = model_actions(model, rows)
+def evaluate(
+    model: DecisionModel | Path, rows: LogRows, on: npt.NDArray[np.bool_] | None = None
+) -> list[DatasetReport]:
+    """Per dataset of the rows, then all of them pooled ("all"); `on`: only these rows (the
+    history features still from whole sessions)."""
+    pred = model_actions(model, rows, on=on)
     base = baseline_actions(rows)
     labelled = rows.label >= 0
+    if on is not None:
+        labelled = labelled & on
     dataset = rows.dataset
     reports = []
     for name in [*sorted(set(rows.datasets)), "all"]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,8 @@ def _calibration_inputs(data: Dataset, norm: Normaliser, seed: int) -> tuple[np.
     rng = np.random.default_rng(seed)
     n = min(CALIBRATION_SAMPLES, len(data.val))
     idx = np.sort(rng.choice(len(data.val), size=n, replace=False))
-    return norm.graph_inputs(data.val.features[idx], data.val.plan[idx], data.val.present[idx])
+    history = data.val.history[idx] if norm.history else None
+    return norm.graph_inputs(data.val.features[idx], data.val.plan[idx], data.val.present[idx], history)
 
 
 def _int8_card(fp32: ModelCard, model: onnx.ModelProto, quant_format: QuantFormat) -> ModelCard:
@@ -175,12 +176,15 @@ def quantize(
     fp32 = DecisionModel(fp32_path)
     if seed is None:
         seed = int(float(fp32.card.training_metrics.get("seed", 0)))
-    data = data if data is not None else generate(QUANT_DATA, seed)
+    # a model with history features gets them in its calibration and test rows too
+    data = data if data is not None else generate(replace(QUANT_DATA, history=tuple(fp32.card.history_names)), seed)
     norm = Normaliser.from_card(fp32.card)
     card = quantize_file(fp32_path, out_path, _calibration_inputs(data, norm, seed), quant_format)
     int8 = DecisionModel(out_path)
     present = data.test.present
-    f, p = norm.apply(data.test.features, data.test.plan, present)
+    f, p = norm.apply(data.test.features, data.test.plan, present, data.test.history if norm.history else None)
+    if norm.history:
+        present = norm.full_present(present, len(f))
     report = compare(fp32, int8, f, p, data.test.label, present=present)
     report["latency_us"] = {
         "fp32_p50_p99": measure_latency(Path(fp32_path), f, p, present, latency_calls),

@@ -26,6 +26,7 @@ import numpy.typing as npt
 from dualloop.controller.logs.format import sensor_profile
 from dualloop.controller.logs.logfile import LogData, read_sessions
 from dualloop.controller.training.data import Split, make_split
+from dualloop.executor.history import HistoryDeriver
 from dualloop.sim import schema
 
 F32 = npt.NDArray[np.float32]
@@ -49,6 +50,7 @@ class LogRows:
     sessions: tuple[str, ...]
     datasets: tuple[str, ...]  # per session
     files: tuple[str, ...]  # per session
+    t_ns: npt.NDArray[np.int64] | None = None  # the observations' sensor timestamps, ns
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
@@ -72,7 +74,15 @@ class LogRows:
             tuple(self.sessions[i] for i in kept),
             tuple(self.datasets[i] for i in kept),
             tuple(self.files[i] for i in kept),
+            None if self.t_ns is None else self.t_ns[rows],
         )
+
+    def history(self, deriver: HistoryDeriver) -> F32:
+        """(N, H) each row's history features from its session's rows as one observation stream
+        (whole sessions: a subset's stream lacks what it left out)."""
+        if self.t_ns is None:
+            raise ValueError("these rows have no timestamps (LogRows.t_ns) to derive history features from")
+        return deriver.sessions(self.t_ns, self.features, self.session)
 
     @property
     def validation(self) -> npt.NDArray[np.bool_]:
@@ -115,7 +125,14 @@ def log_paths(paths: Iterable[str | Path]) -> list[Path]:
 
 def _session_rows(
     log: LogData,
-) -> tuple[F32, npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+) -> tuple[
+    F32,
+    npt.NDArray[np.bool_],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.int64],
+]:
     names = list(log.header.feature_names) or list(schema.FEATURE_NAMES)
     column = {n: i for i, n in enumerate(names)}
     profile = sensor_profile(log.header)
@@ -145,7 +162,7 @@ def _session_rows(
     )
     t_ns = np.array([o.timestamp_ns for o in log.observations], np.int64)
     t_s = (t_ns - (t_ns[0] if n else 0)) / 1e9
-    return x, np.broadcast_to(present, x.shape).copy(), label, accel, t_s
+    return x, np.broadcast_to(present, x.shape).copy(), label, accel, t_s, t_ns
 
 
 def read_log_rows(paths: Iterable[str | Path]) -> LogRows:
@@ -155,20 +172,23 @@ def read_log_rows(paths: Iterable[str | Path]) -> LogRows:
     files: list[str] = []
     for path in log_paths(paths):
         for log in read_sessions(path).values():
-            x, present, label, accel, t_s = _session_rows(log)
-            parts.append((x, present, label, accel, np.full(len(label), len(sessions), np.int64), t_s))
+            x, present, label, accel, t_s, t_ns = _session_rows(log)
+            parts.append((x, present, label, accel, np.full(len(label), len(sessions), np.int64), t_s, t_ns))
             sessions.append(log.session_id)
             datasets.append(dataset_name(log))
             files.append(path.name)
     if not parts:
         raise ValueError("no sessions in the recorded drives given")
-    cat = [np.concatenate([p[i] for p in parts]) for i in range(6)]
-    return LogRows(cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], tuple(sessions), tuple(datasets), tuple(files))
+    cat = [np.concatenate([p[i] for p in parts]) for i in range(7)]
+    return LogRows(
+        cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], tuple(sessions), tuple(datasets), tuple(files), cat[6]
+    )
 
 
-def training_splits(rows: LogRows) -> dict[str, dict[str, Split]]:
+def training_splits(rows: LogRows, history: HistoryDeriver | None = None) -> dict[str, dict[str, Split]]:
     """{"train": {dataset: rows}, "val": {dataset: rows}}: labelled, valid rows, split by stretch
-    (LogRows.validation)."""
+    (LogRows.validation); with `history`, each row's history features from its whole session."""
+    hist = None if history is None else rows.history(history)
     usable = (rows.label >= 0) & rows.valid
     validation = rows.validation
     dataset = rows.dataset
@@ -187,6 +207,7 @@ def training_splits(rows: LogRows) -> dict[str, dict[str, Split]]:
                 rows.label[keep],
                 controls,
                 source=0,
+                history=None if hist is None else hist[keep],
             )
     return out
 

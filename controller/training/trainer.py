@@ -31,7 +31,7 @@ from dualloop.controller.training.calibration import (
     per_class_recall,
     probabilities,
 )
-from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, Split, add_logs, generate
+from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, Split, add_logs, deriver, generate
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.controller.training.log_eval import evaluate as evaluate_logs
 from dualloop.controller.training.log_eval import report_metrics
@@ -139,6 +139,7 @@ def _round_metrics(m: dict[str, float | str]) -> dict[str, float | str]:
 
 
 def _card(size: str, dv: int, norm: Normaliser, temperature: float, metrics: dict[str, float | str]) -> ModelCard:
+    history = (norm.history, norm.hist_mean, norm.hist_std) if norm.history else None
     return driving_card(
         f"dualloop-{size}",
         size,
@@ -149,12 +150,14 @@ def _card(size: str, dv: int, norm: Normaliser, temperature: float, metrics: dic
         training_metrics=_round_metrics(metrics),
         mask_input=norm.mask_input,
         plan_default=schema.no_plan().tolist(),
+        history=history,
     )
 
 
 def with_logs(data: Dataset, rows: LogRows, facts: dict[str, str], share: float = LOG_SHARE) -> Dataset:
-    """The simulated dataset with the recorded drives' training sessions in train and val."""
-    by_split: dict[str, dict[str, Split]] = dict(recorded_training_splits(rows))
+    """The simulated dataset with the recorded drives' training sessions in train and val (with the
+    history features of DataConfig.history, from each drive's own stream)."""
+    by_split: dict[str, dict[str, Split]] = dict(recorded_training_splits(rows, deriver(data.config.history)))
     return add_logs(data, by_split, share, facts)
 
 
@@ -198,7 +201,7 @@ def train(
         log_rows = read_log_rows(paths)
         data = with_logs(data, log_rows, file_facts(paths, log_rows), log_share)
     timings["data"] = time.perf_counter() - t0
-    norm = Normaliser.fit(data.train)
+    norm = Normaliser.fit(data.train, history=data.config.history)
     x_tr, x_va, x_te = (norm.inputs(s) for s in (data.train, data.val, data.test))
     t1 = time.perf_counter()
     # One BLAS thread: float sums then do not depend on how many cores the machine has, and the
@@ -244,15 +247,18 @@ def train(
     card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
     if log_rows is not None:
         # the recorded validation sessions, beside the baselines: what tuning may look at
-        val_rows = log_rows.subset(log_rows.validation)
-        if len(val_rows):
-            metrics |= report_metrics(evaluate_logs(out, val_rows), "val_logs")
+        val = log_rows.validation
+        if val.any():
+            metrics |= report_metrics(evaluate_logs(out, log_rows, on=val), "val_logs")
             card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
     if measure_latency_in_card:
         if hooks.on_stage is not None:
             hooks.on_stage("measuring forward latency")
-        f, p = norm.apply(data.test.features, data.test.plan, data.test.present)
-        p50, p99 = measure_latency(out, f, p, data.test.present)
+        f, p = norm.apply(
+            data.test.features, data.test.plan, data.test.present, data.test.history if norm.history else None
+        )
+        present = norm.full_present(data.test.present, len(f)) if norm.history else data.test.present
+        p50, p99 = measure_latency(out, f, p, present)
         metrics |= dict(zip(LATENCY_KEYS, (p50, p99)))
         card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
     timings["total"] = time.perf_counter() - t0

@@ -75,7 +75,7 @@ def test_ego_accel_is_causal_and_the_label_looks_ahead(accelerometer_share: floa
         profile_weights=(1.0, 0.0, 0.0),
     )
     for seed in range(6):
-        idx, x, label, la_accel, sensing = _sense_episode(
+        idx, x, label, la_accel, sensing, _ = _sense_episode(
             np.random.default_rng(seed), t, truth, np.ones(len(t), bool), quiet, dt
         )
         assert sensing.accelerometer == (accelerometer_share == 1.0)

@@ -406,7 +406,7 @@ class ControlSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., unit: _Optional[str] = ..., min: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_version", "size_class", "features", "plan", "actions", "controls", "decision_vector_output", "decision_vector_size", "schema_hash", "tick_period_ns", "gate_version", "gate_source", "planner")
+    __slots__ = ("model_version", "size_class", "features", "plan", "actions", "controls", "decision_vector_output", "decision_vector_size", "schema_hash", "tick_period_ns", "gate_version", "gate_source", "planner", "history_features")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SIZE_CLASS_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
@@ -420,6 +420,7 @@ class ModelInfo(_message.Message):
     GATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     GATE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     PLANNER_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FEATURES_FIELD_NUMBER: _ClassVar[int]
     model_version: str
     size_class: str
     features: _containers.RepeatedCompositeFieldContainer[FeatureSpec]
@@ -433,7 +434,8 @@ class ModelInfo(_message.Message):
     gate_version: str
     gate_source: str
     planner: str
-    def __init__(self, model_version: _Optional[str] = ..., size_class: _Optional[str] = ..., features: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., plan: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., actions: _Optional[_Iterable[str]] = ..., controls: _Optional[_Iterable[_Union[ControlSpec, _Mapping]]] = ..., decision_vector_output: _Optional[str] = ..., decision_vector_size: _Optional[int] = ..., schema_hash: _Optional[str] = ..., tick_period_ns: _Optional[int] = ..., gate_version: _Optional[str] = ..., gate_source: _Optional[str] = ..., planner: _Optional[str] = ...) -> None: ...
+    history_features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_version: _Optional[str] = ..., size_class: _Optional[str] = ..., features: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., plan: _Optional[_Iterable[_Union[FeatureSpec, _Mapping]]] = ..., actions: _Optional[_Iterable[str]] = ..., controls: _Optional[_Iterable[_Union[ControlSpec, _Mapping]]] = ..., decision_vector_output: _Optional[str] = ..., decision_vector_size: _Optional[int] = ..., schema_hash: _Optional[str] = ..., tick_period_ns: _Optional[int] = ..., gate_version: _Optional[str] = ..., gate_source: _Optional[str] = ..., planner: _Optional[str] = ..., history_features: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ("reset",)

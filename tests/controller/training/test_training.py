@@ -242,3 +242,48 @@ def test_confusion_report_flags_a_recall_drop() -> None:
     assert report["flagged"] == ["brake_hard"]
     assert report["per_class"][0]["recall_drop"] == pytest.approx(0.3)
     assert report["confusion_fp32_rows_int8_cols"][0] == [7, 3, 0, 0]
+
+
+@pytest.fixture(scope="module")
+def trained_history(human_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
+    from dataclasses import replace
+
+    from dualloop.executor.history import DEFAULT_HISTORY
+
+    data = generate(replace(TINY_DATA, history=DEFAULT_HISTORY), SEED)
+    out = tmp_path_factory.mktemp("train") / "tiny-history.onnx"
+    return train("small", SEED, out, data=data, config=TINY_MLP, logs=[human_logs])
+
+
+def test_a_history_model_is_fed_in_training_as_the_executor_feeds_it(
+    trained_history: TrainResult, human_logs: Path
+) -> None:
+    """Trained with history features (every kind of row has them, from its drive's own stream), the
+    card lists them; on a recorded drive, the proposals `eval-logs` computes from the training
+    inputs are the ones a LOCKSTEP replay through the executor makes on every observation."""
+    from dualloop.controller.training.log_eval import model_actions
+    from dualloop.controller.training.recorded import read_log_rows
+    from dualloop.executor.core import Executor
+    from dualloop.executor.history import DEFAULT_HISTORY
+    from dualloop.executor.lockstep_batch import run_lockstep
+    from dualloop.executor.snapshot import Clock, Observation
+
+    model = DecisionModel(trained_history.path, warmup_batches=())
+    assert model.card.history_names == list(DEFAULT_HISTORY) and model.card.mask_input
+    assert trained_history.normaliser.history == DEFAULT_HISTORY
+    assert np.all(np.array([h.std for h in model.card.history_features]) > 0)
+    rows = read_log_rows([human_logs / "d0.mcap"])
+    assert model.history is not None and np.abs(rows.history(model.history)).max() > 0.1
+    expected = model_actions(model, rows)
+    names = [n for n, on in zip(schema.FEATURE_NAMES, rows.present[0]) if on]
+    ex = Executor(model)
+    ex.open_session("d0", clock=Clock.LOCKSTEP, provided_features=names)
+    assert rows.t_ns is not None
+    obs = [
+        Observation(seq=i + 1, timestamp_ns=int(t), features=x)
+        for i, (t, x) in enumerate(zip(rows.t_ns, rows.features))
+    ]
+    table = run_lockstep(ex, "d0", obs)
+    fresh = ~table.held
+    assert fresh.sum() == len(obs)
+    np.testing.assert_array_equal(table.proposed[fresh], expected[table.obs_index[fresh]])

@@ -1,0 +1,302 @@
+"""History features: what a session's own recent observations say, derived by the executor.
+
+One observation holds the state but not where it is heading: the human's look-ahead action is far
+better predicted from how the speed, the acceleration and the lead have been changing over the last
+second (issue 15; docs/measurements.md, docs/contract.md#history-features). A model whose card lists
+`history_features` gets them after the wire features; the executor derives them from the session's
+own observation stream (every observation received, also those conflated away before a tick), so a
+client sends nothing new, but dropped observations and jittery timestamps change what it sees.
+
+Definitions (t in integer ns of sensor time; observation i of a session; only j <= i are used):
+
+    bin(x, e)[i] = mean of x_j over the newest <= K observations j <= i with
+                   t_i - e - BIN < t_j - TOL <= t_i - e             (BIN = 0.1 s, TOL = 1 ms, K = 32)
+                   (at 10 Hz one observation, at 100 Hz ten: sample-and-hold noise averages out);
+                   an empty bin is the value of the last observation at or before t_i - e + TOL
+    past(e) ok   = that last observation exists and 0 < t_i - t_jl <= e + GAP    (GAP = 0.3 s)
+    slope(x, D)  = (bin(x, 0) - bin(x, D)) / D                       (D in s, the nominal window)
+
+    name                         x                              D     unit    fallback
+    speed_slope_{0.1,0.2,0.3}s   ego_speed                      D     m/s^2   current ego_accel
+    accel_change_{0.2,0.5}s      ego_accel                      D     m/s^3   0
+    lead_rel_speed_slope_{0.2,0.5}s lead_rel_speed              D     m/s^2   0, also without a lead
+    lead_distance_slope_0.5s     lead_distance                  0.5   m/s     0, also without a lead
+    lead_accel_{0.5,1.0}s        ego_speed + lead_rel_speed     D     m/s^2   0, also without a lead
+
+The fallback ("nothing changed") applies where past(D) is not ok (the session's first D seconds, a
+gap in the stream) or the slope is not finite; "without a lead": lead_present < 0.5 at t_i or at
+t_jl (a lead switch is not a change). A history feature is missing (masked, like a wire feature)
+when any feature it reads (x, the fallback, lead_present) is not in the session's sensor profile.
+
+Batch (replay, training) and live (a per-session ring buffer of the last HORIZON seconds) run the
+same `HistoryDeriver.derive` on the same observations, with float64 inside and one float32 cast at
+the end; bins are summed newest first with explicit adds, starting from +0.0, so both give the same
+bits whatever the array lengths (tests/executor/test_history.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+TOL_NS = 1_000_000
+BIN_NS = 100_000_000
+GAP_NS = 300_000_000
+K = 32  # most observations one bin averages (320 Hz); newer ones win
+
+
+@dataclass(frozen=True)
+class HistorySpec:
+    name: str
+    unit: str
+    series: tuple[str, ...]  # the features summed into the series whose slope this is
+    delay_ns: int
+    fallback: str | None  # the feature whose current value stands in; None: 0
+    needs_lead: bool
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        extra = ((self.fallback,) if self.fallback else ()) + (("lead_present",) if self.needs_lead else ())
+        return tuple(dict.fromkeys(self.series + extra))
+
+
+def _specs() -> dict[str, HistorySpec]:
+    out: list[HistorySpec] = []
+    for d in (0.1, 0.2, 0.3):
+        out.append(HistorySpec(f"speed_slope_{d}s", "m/s^2", ("ego_speed",), int(d * 1e9), "ego_accel", False))
+    for d in (0.2, 0.5):
+        out.append(HistorySpec(f"accel_change_{d}s", "m/s^3", ("ego_accel",), int(d * 1e9), None, False))
+    for d in (0.2, 0.5):
+        out.append(HistorySpec(f"lead_rel_speed_slope_{d}s", "m/s^2", ("lead_rel_speed",), int(d * 1e9), None, True))
+    out.append(HistorySpec("lead_distance_slope_0.5s", "m/s", ("lead_distance",), 500_000_000, None, True))
+    for d in (0.5, 1.0):
+        out.append(HistorySpec(f"lead_accel_{d}s", "m/s^2", ("ego_speed", "lead_rel_speed"), int(d * 1e9), None, True))
+    return {s.name: s for s in out}
+
+
+SPECS: dict[str, HistorySpec] = _specs()
+DEFAULT_HISTORY: tuple[str, ...] = tuple(SPECS)  # what `dualloop train` gives a model
+
+
+class HistoryError(ValueError):
+    """A card's history features the executor cannot derive (unknown name, a source it lacks)."""
+
+
+class HistoryDeriver:
+    """The history features a card names, resolved against its wire features."""
+
+    def __init__(self, names: Sequence[str], feature_names: Sequence[str]) -> None:
+        unknown = [n for n in names if n not in SPECS]
+        if unknown:
+            raise HistoryError(f"unknown history features {unknown}; known: {', '.join(SPECS)}")
+        self.names = tuple(names)
+        self.specs = [SPECS[n] for n in names]
+        features = list(feature_names)
+        read = {f for s in self.specs for f in s.sources}
+        lacking = sorted(read - set(features))
+        if lacking:
+            raise HistoryError(f"history features {list(names)} read {lacking}, which are not wire features")
+        needed = sorted(read, key=features.index)
+        self.columns = np.array([features.index(f) for f in needed], np.int64)  # wire columns read
+        col = {f: i for i, f in enumerate(needed)}
+        self._series = sorted({s.series for s in self.specs})
+        self._series_cols = [[col[f] for f in series] for series in self._series]
+        self._delays = sorted({s.delay_ns for s in self.specs})
+        self._lead = col.get("lead_present")
+        # (F, H): wire feature f is read by history feature h (for the sensor profile)
+        self._reads = np.zeros((len(features), len(self.specs)), np.int64)
+        for h, s in enumerate(self.specs):
+            for f in s.sources:
+                self._reads[features.index(f), h] = 1
+        self._col = col
+        self.horizon_ns = max(self._delays) + max(BIN_NS, GAP_NS) + 2 * TOL_NS
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def present(self, present: npt.NDArray[np.bool_] | None) -> npt.NDArray[np.bool_] | None:
+        """(..., H) which history features a sensor profile (..., F) gives; None: all."""
+        if present is None:
+            return None
+        return np.asarray((~np.asarray(present, bool)).astype(np.int64) @ self._reads == 0)
+
+    def derive(self, t_ns: np.ndarray, x: np.ndarray, rows: np.ndarray) -> npt.NDArray[np.float32]:
+        """(len(rows), H) float32 for observations `rows` of one session's stream: timestamps
+        (L,) int64, non-decreasing; x (L, len(columns)), the wire columns `columns` (float32)."""
+        t = np.asarray(t_ns, np.int64)
+        rows = np.asarray(rows, np.int64)
+        x64 = np.asarray(x, np.float32).astype(np.float64)
+        series = np.empty((len(t), len(self._series)), np.float64)
+        for s, cols in enumerate(self._series_cols):
+            series[:, s] = x64[:, cols[0]]
+            for c in cols[1:]:
+                series[:, s] += x64[:, c]
+        now, _, _ = _bin(t, series, rows, 0)
+        past = {e: _bin(t, series, rows, e) for e in self._delays}
+        out = np.empty((len(rows), len(self.specs)), np.float64)
+        for h, spec in enumerate(self.specs):
+            s = self._series.index(spec.series)
+            value, ok, jl = past[spec.delay_ns]
+            with np.errstate(invalid="ignore", over="ignore"):
+                slope = (now[:, s] - value[:, s]) / (spec.delay_ns / 1e9)
+            if spec.needs_lead:
+                lp = x64[:, self._col["lead_present"]]
+                ok = ok & (lp[rows] >= 0.5) & (lp[np.maximum(jl, 0)] >= 0.5)
+            fallback = x64[rows, self._col[spec.fallback]] if spec.fallback else 0.0
+            out[:, h] = np.where(ok & np.isfinite(slope), slope, fallback)
+        # a non-finite fallback belongs to a row the executor refuses anyway: keep the model input finite
+        return np.where(np.isfinite(out), out, 0.0).astype(np.float32)
+
+    def batch(self, t_ns: np.ndarray, features: np.ndarray, rows: np.ndarray | None = None) -> npt.NDArray[np.float32]:
+        """A whole session: features (L, F) wire order; rows None = every observation."""
+        r = np.arange(len(t_ns)) if rows is None else rows
+        return self.derive(t_ns, np.asarray(features)[:, self.columns], r)
+
+    def sessions(self, t_ns: np.ndarray, features: np.ndarray, session: np.ndarray) -> npt.NDArray[np.float32]:
+        """Many sessions' rows (N, F) at once, `session` (N,) their session ids; each session's rows
+        in time order (training data)."""
+        out = np.zeros((len(t_ns), len(self.specs)), np.float32)
+        session = np.asarray(session)
+        if len(session) == 0:
+            return out
+        starts = np.flatnonzero(np.r_[True, session[1:] != session[:-1]])
+        for a, b in zip(starts, np.r_[starts[1:], len(session)]):
+            out[a:b] = self.batch(t_ns[a:b], features[a:b])
+        return out
+
+    def state(self) -> HistoryState:
+        return HistoryState(self)
+
+
+def _bin(t: np.ndarray, series: np.ndarray, rows: np.ndarray, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bin(series, e) at rows (R, S), past(e) ok (R,), jl (R,))."""
+    ti = t[rows]
+    jl = np.searchsorted(t, ti - e + TOL_NS, side="right") - 1
+    np.minimum(jl, rows, out=jl)  # causal even when later observations share t_i
+    lo = np.searchsorted(t, ti - e - BIN_NS + TOL_NS, side="right")
+    n = np.minimum(jl - lo + 1, K)
+    kmax = int(n.max(initial=0))
+    # +0.0 start and newest-first adds: the same bits for a row whatever else is in the arrays
+    acc = np.zeros((len(rows), series.shape[1]), np.float64)
+    safe = np.maximum(jl, 0)
+    for k in range(kmax):
+        acc += np.where((k < n)[:, None], series[np.maximum(jl - k, 0)], 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = acc / np.maximum(n, 1)[:, None]
+    value = np.where((n >= 1)[:, None], mean, series[safe])
+    span = ti - t[safe]
+    ok = (jl >= 0) & (span > 0) & (span <= e + GAP_NS)
+    return value, ok, jl
+
+
+def episode_history(deriver: HistoryDeriver, t: np.ndarray, features: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """(B, T, H) history features of simulated episodes (B, T, F) recorded at times t (T,) s, each
+    episode's valid prefix as one observation stream. Recorded every k-th 5 ms step, a bin holds
+    fewer observations than the executor's at 200 Hz would: on noise-free sensors the same means."""
+    t_ns = np.round(np.asarray(t, np.float64) * 1e9).astype(np.int64)
+    out = np.zeros((*features.shape[:2], len(deriver)), np.float32)
+    for b in range(features.shape[0]):
+        n = int(valid[b].sum())  # valid is a prefix: an episode only ends
+        if n:
+            out[b, :n] = deriver.batch(t_ns[:n], features[b, :n])
+    return out
+
+
+class HistoryState:
+    """One session's live derivation: the last `horizon_ns` of observations, and the newest one's
+    history features computed in plain Python floats (IEEE doubles, as numpy's float64): the same
+    operations in the same order as `HistoryDeriver.derive`, so the same bits at a tenth of its cost
+    for one row (tests/executor/test_history.py compares them)."""
+
+    def __init__(self, deriver: HistoryDeriver) -> None:
+        self.deriver = deriver
+        self._t: list[int] = []
+        self._series: list[list[float]] = []  # per observation, deriver._series order
+        self._lead: list[float] = []  # lead_present per observation (nan when not read)
+        self._start = 0
+        d = deriver
+        self._plan = [
+            (
+                d._series.index(s.series),
+                s.delay_ns,
+                s.delay_ns / 1e9,
+                s.needs_lead,
+                None if s.fallback is None else d._col[s.fallback],
+            )
+            for s in d.specs
+        ]
+
+    def __len__(self) -> int:
+        return len(self._t) - self._start
+
+    def push(self, t_ns: int, features: np.ndarray) -> npt.NDArray[np.float32]:
+        """Add an observation (wire features (F,)); its history features (H,)."""
+        x = np.asarray(features, np.float32)[self.deriver.columns].astype(np.float64).tolist()
+        self._append(int(t_ns), x)
+        return self._newest(x)
+
+    def load(self, t_ns: np.ndarray, features: np.ndarray) -> None:
+        """Continue after a batch of observations (a replay's), as pushing them one by one would."""
+        if len(t_ns) == 0:
+            return
+        keep = np.flatnonzero(np.asarray(t_ns) >= int(t_ns[-1]) - self.deriver.horizon_ns)
+        cols = self.deriver.columns
+        for i in keep:  # the tail only: at most horizon_ns of observations
+            self._append(int(t_ns[i]), np.asarray(features[i], np.float32)[cols].astype(np.float64).tolist())
+
+    def _append(self, t_ns: int, x: list[float]) -> None:
+        d = self.deriver
+        series = []
+        for cols in d._series_cols:
+            v = x[cols[0]]
+            for c in cols[1:]:
+                v += x[c]
+            series.append(v)
+        # drop what no future observation's bins or past(e) can reach
+        self._start = bisect.bisect_left(self._t, t_ns - d.horizon_ns, self._start)
+        if self._start > 1024:
+            del self._t[: self._start], self._series[: self._start], self._lead[: self._start]
+            self._start = 0
+        self._t.append(t_ns)
+        self._series.append(series)
+        self._lead.append(x[d._lead] if d._lead is not None else math.nan)
+
+    def _bin(self, e: int) -> tuple[list[float], bool, int]:
+        """(bin(series, e) of the newest observation, past(e) ok, jl) as `_bin` gives them."""
+        t, series, start = self._t, self._series, self._start
+        i = len(t) - 1
+        ti = t[i]
+        jl = min(bisect.bisect_right(t, ti - e + TOL_NS, start) - 1, i)
+        lo = bisect.bisect_right(t, ti - e - BIN_NS + TOL_NS, start)
+        n = min(jl - lo + 1, K)
+        safe = max(jl, start)
+        if n >= 1:
+            acc = [0.0] * len(series[i])
+            for k in range(n):
+                row = series[jl - k]
+                for s in range(len(acc)):
+                    acc[s] += row[s]
+            value = [a / n for a in acc]
+        else:
+            value = list(series[safe])
+        span = ti - t[safe]
+        return value, jl >= start and 0 < span <= e + GAP_NS, safe
+
+    def _newest(self, x: list[float]) -> npt.NDArray[np.float32]:
+        now, _, _ = self._bin(0)
+        past = {e: self._bin(e) for e in self.deriver._delays}
+        lead = self._lead
+        out = []
+        for s, e, d_s, needs_lead, fallback_col in self._plan:
+            value, ok, jl = past[e]
+            slope = (now[s] - value[s]) / d_s
+            if needs_lead:
+                ok = ok and lead[-1] >= 0.5 and lead[jl] >= 0.5
+            v = slope if ok and math.isfinite(slope) else (x[fallback_col] if fallback_col is not None else 0.0)
+            out.append(v if math.isfinite(v) else 0.0)
+        return np.array(out, np.float32)

@@ -1,0 +1,218 @@
+"""History features (executor.history): the live ring buffer and the vectorised derivation give the
+same bits, a LOCKSTEP session decides the same live and in a replay with a model that takes them, the
+first ticks and gaps use the documented fallbacks, and a missing source masks what reads it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dualloop.controller.serve.wire import snapshot_to_proto
+from dualloop.controller.training.driving_card import build_test_model
+from dualloop.executor.config import ExecutorConfig
+from dualloop.executor.core import Executor
+from dualloop.executor.history import DEFAULT_HISTORY, GAP_NS, HistoryDeriver
+from dualloop.executor.lockstep_batch import run_lockstep
+from dualloop.executor.model_card import ModelFileError
+from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.snapshot import Clock, Observation, Snapshot, StageTimings
+from dualloop.sim.env import run_expert_batch
+from dualloop.sim.schema import FEATURE_INDEX, FEATURE_NAMES
+
+LONGITUDINAL = ("ego_speed", "ego_accel", "lead_present", "lead_distance", "lead_rel_speed")
+
+
+@pytest.fixture(scope="module")
+def history_model(tmp_path_factory: pytest.TempPathFactory) -> DecisionModel:
+    path = tmp_path_factory.mktemp("history") / "history.onnx"
+    build_test_model(path, history=DEFAULT_HISTORY)
+    return DecisionModel(path)
+
+
+@pytest.fixture(scope="module")
+def drive() -> tuple[np.ndarray, np.ndarray]:
+    """An expert's drive behind a braking lead at every 5 ms: (t s, features)."""
+    _, data = run_expert_batch("lead_brakes_hard", [950_101], duration_s=8.0)
+    return data.t, data.features[0]
+
+
+def _observe(rng: np.random.Generator, t: np.ndarray, x: np.ndarray, hz: float, lost: float) -> tuple:
+    """Readings at about `hz` on a jittery clock (+-30%), a share `lost` of them never sent, and two
+    gaps longer than GAP_NS (the history falls back after them); speed noise as a real sensor's."""
+    period = 1.0 / hz
+    stamps, now = [], t[0] + 0.01
+    while now < t[-1]:
+        stamps.append(now)
+        now += period * (1.0 + rng.uniform(-0.3, 0.3))
+        if len(stamps) in (25, 60):
+            now += 0.6
+    stamps_a = np.array(stamps)
+    stamps_a = stamps_a[rng.random(len(stamps_a)) >= lost]
+    rows = x[np.searchsorted(t, stamps_a, side="right") - 1].copy()
+    rows[:, FEATURE_INDEX["ego_speed"]] += rng.normal(0, 0.05, len(rows)).astype(np.float32)
+    return np.round(stamps_a * 1e9).astype(np.int64), rows
+
+
+def _observations(ns: np.ndarray, rows: np.ndarray) -> list[Observation]:
+    return [Observation(seq=i + 1, timestamp_ns=int(s), features=r) for i, (s, r) in enumerate(zip(ns, rows))]
+
+
+def _wire(s: Snapshot) -> bytes:
+    """The snapshot as the wire carries it, without what is wall-clock by nature."""
+    s.emit_time_ns, s.timings = 0, StageTimings()
+    return snapshot_to_proto(s).SerializeToString()
+
+
+def test_ring_buffer_and_batch_give_the_same_bits(drive) -> None:
+    """Observation by observation through the ring buffer (which forgets what is older than its
+    horizon) and in one vectorised pass: bit-identical float32, at 10, 20, 100 and 250 Hz with gaps."""
+    deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
+    rng = np.random.default_rng(3)
+    for hz in (10.0, 20.0, 100.0, 250.0):
+        ns, rows = _observe(rng, *drive, hz, lost=0.1)
+        state = deriver.state()
+        live = np.stack([state.push(int(s), r) for s, r in zip(ns, rows)])
+        batch = deriver.batch(ns, rows)
+        assert live.shape == (len(ns), len(DEFAULT_HISTORY))
+        assert live.tobytes() == batch.tobytes(), hz
+        assert len(state) < 1.5 * hz  # the buffer holds its horizon, not the drive
+        assert np.abs(batch).max() > 0.5  # the features are not all fallbacks
+
+
+def test_equal_timestamps_and_nan_give_the_same_bits(drive) -> None:
+    """REALTIME allows equal timestamps (a sensor that re-sends): a row never reads a later one with
+    the same time; a NaN reading spoils only the bins that hold it (they fall back)."""
+    deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
+    ns, rows = _observe(np.random.default_rng(4), *drive, 50.0, lost=0.0)
+    ns[10::7] = ns[9::7][: len(ns[10::7])]  # every 7th observation shares its predecessor's time
+    rows[40, FEATURE_INDEX["lead_rel_speed"]] = np.nan
+    state = deriver.state()
+    live = np.stack([state.push(int(s), r) for s, r in zip(ns, rows)])
+    assert live.tobytes() == deriver.batch(ns, rows).tobytes()
+    assert np.isfinite(live).all()
+
+
+def test_first_ticks_and_gaps_use_the_fallbacks() -> None:
+    """Until D seconds of stream exist (and right after a gap longer than D + GAP), a speed slope is
+    the current ego_accel and the other features are 0; with the history there, a constant speed
+    ramp gives its slope."""
+    deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
+    n = 30
+    ns = np.arange(n, dtype=np.int64) * 100_000_000  # 10 Hz
+    ns[20:] += 2 * GAP_NS + 1_000_000_000  # a gap of 1.6 s before observation 20
+    x = np.zeros((n, len(FEATURE_NAMES)), np.float32)
+    x[:, FEATURE_INDEX["ego_speed"]] = 10.0 + 2.0 * ns / 1e9  # +2 m/s^2
+    x[:, FEATURE_INDEX["ego_accel"]] = 0.7
+    x[:, FEATURE_INDEX["lead_present"]] = 1.0
+    x[:, FEATURE_INDEX["lead_rel_speed"]] = -1.0 * ns / 1e9  # the lead at constant speed 10 m/s + ...
+    h = deriver.batch(ns, x)
+    col = {name: i for i, name in enumerate(DEFAULT_HISTORY)}
+    # the first observation: nothing changed
+    assert h[0, col["speed_slope_0.1s"]] == np.float32(0.7)
+    assert (h[0, [col[c] for c in DEFAULT_HISTORY if not c.startswith("speed_slope")]] == 0).all()
+    # 0.3 s in: every speed slope sees the ramp; the 0.5 s windows still fall back
+    assert h[3, col["speed_slope_0.3s"]] == pytest.approx(2.0, abs=1e-4)
+    assert h[3, col["accel_change_0.5s"]] == 0.0 and h[3, col["lead_accel_0.5s"]] == 0.0
+    # 1 s in: the lead's own acceleration (ego_speed + lead_rel_speed) is +1 m/s^2
+    assert h[10, col["lead_accel_1.0s"]] == pytest.approx(1.0, abs=1e-4)
+    # after the gap, the first observation is a first observation again
+    assert h[20, col["speed_slope_0.1s"]] == np.float32(0.7)
+    assert h[20, col["lead_accel_1.0s"]] == 0.0
+    assert h[22, col["speed_slope_0.2s"]] == pytest.approx(2.0, abs=1e-4)
+
+
+def test_a_missing_source_masks_what_reads_it() -> None:
+    deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
+    present = np.ones(len(FEATURE_NAMES), bool)
+    assert deriver.present(present).all() and deriver.present(None) is None
+    present[FEATURE_INDEX["lead_rel_speed"]] = False
+    got = dict(zip(DEFAULT_HISTORY, deriver.present(present)))
+    assert not got["lead_rel_speed_slope_0.2s"] and not got["lead_accel_1.0s"]
+    assert got["speed_slope_0.1s"] and got["lead_distance_slope_0.5s"] and got["accel_change_0.2s"]
+    present[FEATURE_INDEX["ego_accel"]] = False  # the speed slopes' fallback
+    got = dict(zip(DEFAULT_HISTORY, deriver.present(present)))
+    assert not got["speed_slope_0.1s"] and not got["accel_change_0.5s"]
+
+
+@pytest.mark.parametrize("hz", [10.0, 20.0, 100.0])
+@pytest.mark.parametrize("profile", ["all", "longitudinal"])
+def test_live_lockstep_and_replay_give_the_same_snapshots(history_model, drive, hz, profile) -> None:
+    """advance_lockstep observation by observation and run_lockstep in one pass, with a model that
+    takes history features: the same snapshots on the wire, byte for byte (wall-clock fields
+    excepted), on jittery clocks with lost observations, gaps and a NaN, with either sensor profile,
+    and alike when both continue live after the replay."""
+    rng = np.random.default_rng(int(hz) + len(profile))
+    ns, rows = _observe(rng, *drive, hz, lost=0.15)
+    rows[len(rows) // 2, FEATURE_INDEX["ego_speed"]] = np.nan
+    present = None if profile == "all" else np.isin(FEATURE_NAMES, LONGITUDINAL)
+    if present is not None:
+        rows[:, ~present] = np.nan
+    observations = _observations(ns, rows)
+    config = ExecutorConfig(min_margin=0.0)
+    live_ex, replay_ex = Executor(history_model, config), Executor(history_model, config)
+    for ex in (live_ex, replay_ex):
+        ex.open_session("a", clock=Clock.LOCKSTEP, provided_features=None if present is None else LONGITUDINAL)
+    live = [snap for obs in observations for snap in live_ex.advance_lockstep("a", obs)]
+    table = run_lockstep(replay_ex, "a", observations)
+    replayed = table.snapshots()
+    assert len(live) == len(replayed) > 100
+    assert [_wire(s) for s in live] == [_wire(s) for s in replayed]
+    # both sessions continue alike after the replay (the ring buffer was left as live pushes leave it)
+    more = _observations(ns[-1] + np.arange(1, 8) * int(1e9 / hz), np.repeat(rows[-1:], 7, axis=0))
+    for i, o in enumerate(more):
+        o.seq = len(observations) + i + 1
+    tail_live = [s for o in more for s in live_ex.advance_lockstep("a", o)]
+    tail_replay = [s for o in more for s in replay_ex.advance_lockstep("a", o)]
+    assert [_wire(s) for s in tail_live] == [_wire(s) for s in tail_replay]
+    # the model was fed real history, not fallbacks
+    deriver = history_model.history
+    assert deriver is not None
+    assert np.abs(deriver.batch(ns, rows)).max() > 0.1
+
+
+def test_realtime_pushes_every_observation_also_conflated_ones(history_model, drive) -> None:
+    """REALTIME: two observations between ticks, the older conflated away, still enter the stream;
+    the tick's history is the batch derivation's for the observation it uses."""
+    ns, rows = _observe(np.random.default_rng(8), *drive, 100.0, lost=0.0)
+    ex = Executor(history_model, ExecutorConfig(min_margin=0.0))
+    ex.open_session("a")
+    deriver = history_model.history
+    assert deriver is not None
+    expected = deriver.batch(ns, rows)
+    seen = []
+    for i, obs in enumerate(_observations(ns, rows)):
+        obs.arrival_ns = int(ns[i])
+        ex.submit("a", obs)
+        if i % 2:  # a tick every second observation
+            ex.tick(int(ns[i]))
+            seen.append(ex.sessions["a"].current.history)  # type: ignore[union-attr]
+    assert np.stack(seen).tobytes() == expected[1::2].tobytes()
+    assert ex.sessions["a"].observations_dropped == len(ns) // 2
+
+
+def test_a_card_whose_history_reads_an_unknown_feature_is_refused(tmp_path: Path) -> None:
+    from dualloop.controller.training.driving_card import driving_card
+    from dualloop.executor.model_card import FeatureSpec
+    from dualloop.executor.onnx_export import export_mlp, random_mlp
+    from dualloop.sim import schema
+
+    card = driving_card("bad", "test", 8)
+    card = card.model_copy(update={"history_features": [FeatureSpec(name="jerk_of_the_moon", unit="m/s^3")]})
+    weights = random_mlp(card.input_width + schema.N_PLAN, (8,), schema.N_ACTIONS, len(schema.CONTROLS), 1)
+    export_mlp(weights, card, tmp_path / "bad.onnx")
+    with pytest.raises(ModelFileError, match="unknown history features"):
+        DecisionModel(tmp_path / "bad.onnx")
+
+
+def test_models_without_history_keep_their_cards(test_model) -> None:
+    """A card without history features writes no such field (earlier models' version hashes stand)."""
+    assert "history_features" not in test_model.card.to_json()
+    assert test_model.history is None and test_model.n_inputs == test_model.n_features
+
+
+def test_the_shipped_model_takes_the_history_features(base_model) -> None:
+    assert base_model.card.history_names == list(DEFAULT_HISTORY) and base_model.card.mask_input
+    assert base_model.n_inputs == base_model.n_features + len(DEFAULT_HISTORY)
+    assert base_model.history is not None
