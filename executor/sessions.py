@@ -65,25 +65,22 @@ class Session:
 
 
 # What DecisionSnapshot.invalid_input may name, in the order it lists them.
-INVALID_PARTS = ("features", "plan", "actual.controls")
+INVALID_PARTS = ("features", "plan")
 
 
 def without_invalid_content(obs: Observation) -> Observation:
-    """The observation with its non-finite plan or actual controls discarded and named in
-    `invalid_parts` (the same object when there are none). Content errors never end a stream
-    (docs/contract.md#invalid-input): a bad plan is not adopted, bad actual controls are not counted
-    or judged. Shapes must have been checked (those are structure errors)."""
-    bad_plan = obs.plan_values is not None and not bool(np.isfinite(obs.plan_values).all())
-    bad_actual = obs.actual_controls is not None and not bool(np.isfinite(obs.actual_controls).all())
-    if not (bad_plan or bad_actual):
+    """The observation with a non-finite plan discarded and named in `invalid_parts` (the same object
+    when it has none). Content errors never end a stream (docs/contract.md#invalid-input): a bad plan
+    is not adopted. Actual controls are not decision inputs: a non-finite one means "not known" (a
+    label often knows the acceleration, not the steering) and is kept as sent. Shapes must have been
+    checked (those are structure errors)."""
+    if obs.plan_values is None or bool(np.isfinite(obs.plan_values).all()):
         return obs
-    parts = set(obs.invalid_parts) | ({"plan"} if bad_plan else set()) | ({"actual.controls"} if bad_actual else set())
     return replace(
         obs,
-        plan_id="" if bad_plan else obs.plan_id,
-        plan_values=None if bad_plan else obs.plan_values,
-        actual_controls=None if bad_actual else obs.actual_controls,
-        invalid_parts=tuple(p for p in INVALID_PARTS if p in parts),
+        plan_id="",
+        plan_values=None,
+        invalid_parts=tuple(p for p in INVALID_PARTS if p in {*obs.invalid_parts, "plan"}),
     )
 
 

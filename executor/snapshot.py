@@ -93,7 +93,7 @@ class Observation:
     received_wall_ns: int = 0  # server wall clock (Unix epoch) at receipt, for the transport delay
     plan_valid_for_ns: int = 0  # 0: the executor's default plan validity
     plan_created_ns: int = 0  # sensor time; 0: this observation's timestamp
-    # Parts that held a non-finite value and were discarded on receipt ("plan", "actual.controls"):
+    # Parts that held a non-finite value and were discarded on receipt ("plan"):
     # content errors never end a stream, the ticks on this observation report INVALID_INPUT.
     invalid_parts: tuple[str, ...] = ()
     # The history features (executor.history) the executor derived for this observation from the
@@ -153,7 +153,7 @@ class Snapshot:
     observation_period_ns: int = 0  # the period staleness was judged against
     actual_index: int = -1  # shadow mode: what the vehicle did on this tick's observation
     actual_controls: np.ndarray | None = None
-    # Non-finite parts of the tick's observation: "features" (measured ones), "plan", "actual.controls".
+    # Non-finite parts of the tick's observation: "features" (measured ones), "plan".
     invalid_input: tuple[str, ...] = ()
     extra: dict[str, float] = field(default_factory=dict)
     # Since the previous snapshot delivered to the client: the outbox accumulates these over the

@@ -250,8 +250,8 @@ class ControllerRuntime:
         if shadow is None:  # a session opened on the executor directly, not through Drive
             shadow = self.shadow_instances[self.open_shadow(snap.session_id)]
         agreement = shadow.agreement
-        if snap.invalid_input and "actual.controls" in snap.invalid_input:
-            agreement.invalid_actual_controls += 1
+        if snap.actual_controls is not None and not bool(np.isfinite(snap.actual_controls).all()):
+            agreement.unknown_actual_controls += 1
         if snap.actual_index < 0:  # the common live case: nothing to compare, keep the tick cheap
             agreement.without_actual += 1
             return
@@ -889,8 +889,8 @@ class ControllerServer:
         )
 
     def _warm(self) -> None:
-        n_features, n_plan = len(self.executor.card.features), len(self.executor.card.plan)
-        self.model.forward(np.zeros((1, n_features), np.float32), np.zeros((1, n_plan), np.float32))
+        # the model's whole input: wire features, then the history features it derives (if any)
+        self.model.forward(np.zeros((1, self.model.n_inputs), np.float32), np.zeros((1, self.model.n_plan), np.float32))
 
     async def drain(self, grace_s: float | None = None) -> None:
         """Health NOT_SERVING, refuse new sessions (UNAVAILABLE), end the open ones after a final

@@ -35,7 +35,7 @@ class ShadowAgreement:
         self.groups: dict[str, _Group] = {}
         self.without_actual = 0
         # ticks whose actual controls were non-finite and discarded (their action index still counts)
-        self.invalid_actual_controls = 0
+        self.unknown_actual_controls = 0  # ticks with a non-finite (not known) actual control
         # the same tallies with the proposed action in place of the applied one (live `update` only)
         self.proposed = ShadowAgreement(actions, n_controls, track_proposed=False) if track_proposed else None
 
@@ -63,6 +63,8 @@ class ShadowAgreement:
         err = None
         if actual_controls is not None and actual_controls.size == self.n_controls:
             err = np.asarray(applied_controls, np.float64) - np.asarray(actual_controls, np.float64)
+            if not np.isfinite(err).all():  # a control not known: the tick's controls are not counted
+                err = None
         abs_err, sq_err = (np.abs(err), err * err) if err is not None else (None, None)
         for key in ("all", f"state:{state}", *(f"reason:{r}" for r in reasons)):
             self._add(key, 1, int(agree), int(err is not None), abs_err, sq_err)
@@ -153,7 +155,7 @@ class ShadowAgreement:
             groups=self._groups_proto(),
             ticks_without_actual=self.without_actual,
             session_instance=session_instance,
-            ticks_invalid_actual_controls=self.invalid_actual_controls,
+            ticks_invalid_actual_controls=self.unknown_actual_controls,
         )
         if self.proposed is not None:
             msg.proposed_confusion.extend(self.proposed.confusion.ravel().tolist())
