@@ -30,16 +30,25 @@ from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 
 async def _session(
-    stub: pb_grpc.ControllerServiceStub, index: int, n_features: int, duration_s: float, period_s: float, seed: int
+    stub: pb_grpc.ControllerServiceStub,
+    index: int,
+    n_features: int,
+    duration_s: float,
+    period_s: float,
+    seed: int,
+    all_open: asyncio.Barrier,
 ) -> dict[str, object]:
     rng = np.random.default_rng(seed + index)
     features = rng.normal(0, 1, n_features).astype(np.float32)
     features[0] = 25.0
-    stop_at = time.monotonic() + duration_s
     call = stub.Drive()
     await call.write(pb.DriveRequest(open=pb.OpenSession(session_id=f"bench-{index}", clock=pb.CLOCK_MODE_REALTIME)))
     opened = await call.read()
     assert opened.WhichOneof("msg") == "opened"
+    # every session streams for the same duration_s from the moment all are open (the server measures
+    # from then): on a loaded machine a late opener must not shorten the window the others share
+    await all_open.wait()
+    stop_at = time.monotonic() + duration_s
 
     async def send() -> int:
         seq = 0
@@ -88,9 +97,10 @@ async def run_clients(address: str, sessions: int, duration_s: float, period_s: 
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.ControllerServiceStub(channel)
         info = (await stub.GetModelInfo(pb.GetModelInfoRequest())).model
+        all_open = asyncio.Barrier(sessions)
         return list(
             await asyncio.gather(
-                *(_session(stub, i, len(info.features), duration_s, period_s, seed) for i in range(sessions))
+                *(_session(stub, i, len(info.features), duration_s, period_s, seed, all_open) for i in range(sessions))
             )
         )
 
