@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rich.markup import escape
+
 from dualloop.controller.bench.gate import SESSION_COUNTS, bench_gate_table
 from dualloop.controller.bench.plan_cost import bench_plan_cost
 from dualloop.controller.bench.planner import PHASE_S, bench_planner
 from dualloop.controller.bench.replay import bench_replay
+from dualloop.controller.bench.secure import MissingExtraError, require_cryptography
 from dualloop.controller.bench.sim import bench_sim
 from dualloop.controller.bench.tick import bench_tick
 from dualloop.controller.console import console
@@ -67,6 +70,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="off",
         help="bench tick: the server serves Prometheus metrics, scraped every second (on), or runs "
         "without and with them in turns (off, on, off, on; each --duration), compared side by side (both)",
+    )
+    p.add_argument(
+        "--secure",
+        choices=["off", "on", "both"],
+        default="off",
+        help="bench tick: what a network deployment turns on (TLS with a certificate made for the run, a "
+        "bearer token checked on every RPC, metrics scraped every second; on), or plain and secure runs in "
+        "turns (plain, secure, plain, secure; each --duration) with a verdict in us (both)",
     )
     p.set_defaults(fn=_bench)
 
@@ -132,6 +143,19 @@ def _bench(args: argparse.Namespace) -> int:
         )
         return 0
     if args.what == "tick":
+        if args.secure != "off":
+            if args.metrics != "off":
+                console.print(
+                    f"[red]error:[/] bench tick --secure {args.secure} turns metrics on in its secure runs and "
+                    f"off in its plain ones; drop --metrics {args.metrics}",
+                    highlight=False,
+                )
+                return 2
+            try:
+                require_cryptography()
+            except MissingExtraError as err:
+                console.print(f"[red]error:[/] {escape(str(err))}", highlight=False)  # keeps '[bench]'
+                return 2
         result = bench_tick(
             args.model,
             sessions,
@@ -140,8 +164,9 @@ def _bench(args: argparse.Namespace) -> int:
             args.guard_ms,
             args.realtime_priority or None,
             metrics=args.metrics,
+            secure=args.secure,
         )
-        if args.metrics == "both":
+        if args.metrics == "both" or args.secure == "both":
             return 0
         ok = (
             result["executor"]["missed_deadlines"] == 0

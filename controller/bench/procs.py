@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import cast
@@ -20,6 +21,7 @@ from typing import cast
 import grpc
 import numpy as np
 
+from dualloop.controller.bench.secure import TOKEN_ENV
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import ControllerRuntime, ControllerServer, new_event_loop
 from dualloop.controller.serve.ticker import LatenessLog, percentiles_us, run_bare_ticker
@@ -93,8 +95,21 @@ async def _session(
     }
 
 
-async def run_clients(address: str, sessions: int, duration_s: float, period_s: float, seed: int) -> list[dict]:
-    async with grpc.aio.insecure_channel(address) as channel:
+def open_channel(address: str, ca_file: str | None, token: str | None) -> grpc.aio.Channel:
+    """Plaintext, or TLS trusting ca_file with the token sent as 'authorization: Bearer' on every call."""
+    if ca_file is None:
+        return grpc.aio.insecure_channel(address)
+    with open(ca_file, "rb") as f:
+        creds = grpc.ssl_channel_credentials(f.read())
+    if token:
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    return grpc.aio.secure_channel(address, creds)
+
+
+async def run_clients(
+    address: str, sessions: int, duration_s: float, period_s: float, seed: int, ca_file: str | None = None
+) -> list[dict]:
+    async with open_channel(address, ca_file, os.environ.get(TOKEN_ENV)) as channel:
         stub = pb_grpc.ControllerServiceStub(channel)
         info = (await stub.GetModelInfo(pb.GetModelInfoRequest())).model
         all_open = asyncio.Barrier(sessions)
@@ -156,23 +171,28 @@ async def run_server(
     planner: str = "none",
     alternate_s: float | None = None,
     metrics: bool = False,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tokens_file: str | None = None,
 ) -> dict:
     executor_cfg: dict[str, object] = {"max_sessions": max(sessions, 1), "ticker_guard_ms": guard_ms}
     if alternate_s:
         # The paused phases must not put sessions in STALE_PLAN fallback (a different tick path);
         # plan ages are reported from the scheduler's request -> plan latency instead.
         executor_cfg["max_plan_age_ms"] = 3_600_000.0
-    server = ControllerServer(
-        ServerConfig(
-            model=model,
-            port=0,
-            realtime_priority=rt_priority,
-            executor=executor_cfg,
-            planner={"source": planner},
-            auth={"tokens_env": None},  # a private server for the bench's own clients, which send no token
-            metrics_port=0 if metrics else None,  # the bench scrapes it from its own process
-        )
+    # a private server for the bench's own clients: tokens only from --tokens-file, never the environment
+    auth: dict[str, object] = {"tokens_env": None, "tokens_file": tokens_file}
+    config = ServerConfig(
+        model=model,
+        port=0,
+        realtime_priority=rt_priority,
+        executor=executor_cfg,
+        planner={"source": planner},
+        auth=auth,
+        tls={"cert_file": tls_cert, "key_file": tls_key} if tls_cert else None,
+        metrics_port=0 if metrics else None,  # the bench scrapes it from its own process
     )
+    server = ControllerServer(config)
     port = await server.start()
     print(json.dumps({"port": port, "metrics_port": server.metrics_port}), flush=True)
     runtime, executor = server.runtime, server.executor
@@ -242,8 +262,7 @@ async def run_server(
             }
         )
         planner_stats["applied"] = planning.realtime.applied
-    await server.stop()
-    return {
+    result = {
         "planner": planner_stats,
         "ticks": stats.ticks,
         "missed_deadlines": runtime.ticker.missed - missed0,
@@ -255,7 +274,21 @@ async def run_server(
         "cpu_fraction": cpu_s / wall_s,
         "snapshots_sent": stats.snapshots_sent,
         "scheduling": server.scheduling,
+        # what the server ran with, from its own configuration (the result shows a secure run was one)
+        "security": {
+            "tls": config.tls is not None,
+            "mutual_tls": config.tls is not None and config.tls.mutual,
+            "bearer_tokens": config.auth.tokens_file is not None,
+            "metrics": config.metrics_port is not None,
+        },
     }
+    # The window ended with the first session; the others end within a few ticks. Stopping now would
+    # drain them (UNAVAILABLE) and fail the clients process, so wait for them (counted above already).
+    give_up = time.monotonic() + 10.0
+    while runtime.stats.sessions_closed < sessions and time.monotonic() < give_up:
+        await asyncio.sleep(0.005)
+    await server.stop()
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -267,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--duration", type=float, default=10.0)
     c.add_argument("--period-ms", type=float, default=5.0)
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--ca-file", help=f"connect with TLS trusting this CA; the token is read from ${TOKEN_ENV}")
     srv = sub.add_parser("server")
     srv.add_argument("--model", required=True)
     srv.add_argument("--sessions", type=int, default=8)
@@ -283,6 +317,9 @@ def main(argv: list[str] | None = None) -> None:
         help="pause and resume the planner in turns of this many seconds; lateness per phase",
     )
     srv.add_argument("--metrics", action="store_true", help="serve Prometheus metrics (metrics_port 0)")
+    srv.add_argument("--tls-cert", help="serve TLS with this certificate (and --tls-key)")
+    srv.add_argument("--tls-key")
+    srv.add_argument("--tokens-file", help="require a bearer token from this file on every RPC")
     b = sub.add_parser("bare")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--period-ms", type=float, default=5.0)
@@ -294,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     result: object
     if args.what == "clients":
         result = loop.run_until_complete(
-            run_clients(args.address, args.sessions, args.duration, args.period_ms / 1e3, args.seed)
+            run_clients(args.address, args.sessions, args.duration, args.period_ms / 1e3, args.seed, args.ca_file)
         )
     elif args.what == "server":
         result = loop.run_until_complete(
@@ -307,6 +344,9 @@ def main(argv: list[str] | None = None) -> None:
                 args.planner,
                 args.alternate_s,
                 args.metrics,
+                args.tls_cert,
+                args.tls_key,
+                args.tokens_file,
             )
         )
     else:

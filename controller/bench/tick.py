@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -17,19 +18,35 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from dualloop.controller.bench.procs import open_channel
+from dualloop.controller.bench.secure import TOKEN_ENV, BenchPKI, make_pki
 from dualloop.controller.plotting import pyplot
 from dualloop.controller.serve.server import new_event_loop
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 
-async def _subprocess(*args: str) -> asyncio.subprocess.Process:
+async def _subprocess(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dualloop.controller.bench.procs", *args, stdout=asyncio.subprocess.PIPE
+        sys.executable, "-m", "dualloop.controller.bench.procs", *args, stdout=asyncio.subprocess.PIPE, env=env
     )
+
+
+async def _refused(address: str, ca_file: str | None) -> str:
+    """The status a caller without a token gets (plaintext if ca_file is None, else TLS): the secure
+    run's proof that the server it measured really refused what a network attacker would try."""
+    try:
+        async with open_channel(address, ca_file, None) as channel:
+            await pb_grpc.ControllerServiceStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    except grpc.aio.AioRpcError as err:
+        return err.code().name
+    return "OK"
 
 
 async def _bench_tick(
@@ -43,8 +60,15 @@ async def _bench_tick(
     label: str = "bench tick",
     alternate_s: float | None = None,
     metrics: bool = False,
+    pki: BenchPKI | None = None,
 ) -> dict[str, Any]:
-    """metrics: the server serves Prometheus metrics and this process scrapes them every SCRAPE_S."""
+    """metrics: the server serves Prometheus metrics and this process scrapes them every SCRAPE_S.
+    pki: the server serves TLS and requires its token, and the clients connect with both."""
+    tls_server = (
+        ("--tls-cert", str(pki.cert_file), "--tls-key", str(pki.key_file), "--tokens-file", str(pki.tokens_file))
+        if pki
+        else ()
+    )
     rt = ("--realtime-priority", str(rt_priority)) if rt_priority else ()
     alternate = ("--alternate-s", str(alternate_s)) if alternate_s else ()
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,15 +88,31 @@ async def _bench_tick(
             *rt,
             *alternate,
             *(("--metrics",) if metrics else ()),
+            *tls_server,
         )
         assert server.stdout is not None
         first = await server.stdout.readline()
         if not first:
             raise RuntimeError("the bench server process did not start (see its error above)")
         port = json.loads(first)["port"]
+        address = f"127.0.0.1:{port}"
+        # before the clients connect: the server measures only once all of them are
+        refused = (
+            {"plaintext": await _refused(address, None), "tls_without_token": await _refused(address, str(pki.ca_file))}
+            if pki
+            else None
+        )
         scrape_ms: list[float] = []
         clients = await _subprocess(
-            "clients", "--address", f"127.0.0.1:{port}", "--sessions", str(sessions), "--duration", str(duration_s)
+            "clients",
+            "--address",
+            address,
+            "--sessions",
+            str(sessions),
+            "--duration",
+            str(duration_s),
+            *(("--ca-file", str(pki.ca_file)) if pki else ()),
+            env={**os.environ, TOKEN_ENV: pki.token} if pki else None,
         )
         bare = await _subprocess(
             "bare", "--duration", str(duration_s), "--save", bare_file, "--guard-ms", str(guard_ms), *rt
@@ -134,6 +174,8 @@ async def _bench_tick(
             "scrape_ms_p50": float(np.median(scrape_ms)) if scrape_ms else None,
             "scrape_ms_max": max(scrape_ms) if scrape_ms else None,
         },
+        "secure": pki is not None,
+        "refused_without_credentials": refused,
         "_raw": raw,
     }
 
@@ -232,10 +274,15 @@ def store_result(out_dir: Path, kind: str, result: dict[str, Any], stamp: str | 
     return path
 
 
-def print_metrics_comparison(results: dict[str, dict[str, Any]], console: Console) -> None:
-    """`bench tick --metrics both`: the runs side by side, each with the bare ticker of its own run."""
-    table = Table(title="metrics off vs on, back to back (us; late: lateness; bare: the bare ticker of its run)")
-    for col in ("metrics", "work p50", "work p99", "late p50", "late p99", "missed", "bare p50", "bare p99"):
+def snapshots_dropped(result: dict[str, Any]) -> int:
+    """Snapshots the server dropped for slow readers, over all sessions of a run."""
+    return sum(int(s["snapshots_dropped"]) for s in result["sessions_detail"])
+
+
+def print_comparison(results: dict[str, dict[str, Any]], console: Console, title: str, first: str) -> None:
+    """Runs of one command side by side, each with the bare ticker of its own run."""
+    table = Table(title=f"{title}, back to back (us; late: lateness; bare: the bare ticker of its run)")
+    for col in (first, "work p50", "work p99", "late p50", "late p99", "missed", "dropped", "bare p50", "bare p99"):
         table.add_column(col, justify="right")
     for mode, r in results.items():
         work, lat, bare = r["executor"]["tick_work_us"], r["executor"]["lateness_us"], r["bare_ticker"]["lateness_us"]
@@ -243,9 +290,15 @@ def print_metrics_comparison(results: dict[str, dict[str, Any]], console: Consol
             mode,
             *(f"{v:.1f}" for v in (work["p50"], work["p99"], lat["p50"], lat["p99"])),
             str(r["executor"]["missed_deadlines"]),
+            str(snapshots_dropped(r)),
             *(f"{v:.1f}" for v in (bare["p50"], bare["p99"])),
         )
     console.print(table)
+
+
+def print_metrics_comparison(results: dict[str, dict[str, Any]], console: Console) -> None:
+    """`bench tick --metrics both`: the runs side by side, each with the bare ticker of its own run."""
+    print_comparison(results, console, "metrics off vs on", "metrics")
     for mode, r in results.items():
         m = r["metrics"]
         if m["on"] and m["scrapes"]:
@@ -253,6 +306,65 @@ def print_metrics_comparison(results: dict[str, dict[str, Any]], console: Consol
                 f"metrics {mode}: {m['scrapes']} scrapes, one every {m['scrape_interval_s']:g} s, "
                 f"p50 {m['scrape_ms_p50']:.1f} ms"
             )
+
+
+# bench tick --secure both: the secure runs must add at most this much to the executor's p99
+# lateness over the plain run just before each (a fiftieth of the 5 ms tick; the tick target is
+# p99 < 500 us), and miss no deadline when the plain runs miss none.
+SECURE_P99_BOUND_US = 100.0
+
+
+def secure_verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each secure run against the plain run before it: absolute differences in us, never ratios."""
+    plain = [r for r in runs.values() if not r["secure"]]
+    secure = [r for r in runs.values() if r["secure"]]
+
+    def p99(r: dict[str, Any], side: str, key: str) -> float:
+        return float(r[side][key]["p99"])
+
+    lateness = [p99(s, "executor", "lateness_us") - p99(p, "executor", "lateness_us") for p, s in zip(plain, secure)]
+    plain_missed = [int(r["executor"]["missed_deadlines"]) for r in plain]
+    secure_missed = [int(r["executor"]["missed_deadlines"]) for r in secure]
+    kept_zero = any(plain_missed) or not any(secure_missed)
+    return {
+        "bound_us": SECURE_P99_BOUND_US,
+        "missed_plain": plain_missed,
+        "missed_secure": secure_missed,
+        "kept_zero_missed": kept_zero,
+        "lateness_p99_diff_us": lateness,
+        "tick_work_p99_diff_us": [
+            p99(s, "executor", "tick_work_us") - p99(p, "executor", "tick_work_us") for p, s in zip(plain, secure)
+        ],
+        "bare_p99_diff_us": [
+            p99(s, "bare_ticker", "lateness_us") - p99(p, "bare_ticker", "lateness_us") for p, s in zip(plain, secure)
+        ],
+        # the machine's own stalls: the bare ticker of the same runs
+        "bare_missed_plain": [int(r["bare_ticker"]["missed_deadlines"]) for r in plain],
+        "bare_missed_secure": [int(r["bare_ticker"]["missed_deadlines"]) for r in secure],
+        "server_cpu_diff_percent": [
+            100 * (s["executor"]["cpu_fraction"] - p["executor"]["cpu_fraction"]) for p, s in zip(plain, secure)
+        ],
+        "dropped_plain": [snapshots_dropped(r) for r in plain],
+        "dropped_secure": [snapshots_dropped(r) for r in secure],
+        "met": kept_zero and max(lateness) <= SECURE_P99_BOUND_US,
+    }
+
+
+def print_secure_verdict(v: dict[str, Any], console: Console) -> None:
+    def us(values: list[float]) -> str:
+        return ", ".join(f"{x:+.1f}" for x in values) + " us"
+
+    console.print(
+        f"verdict: missed deadlines plain {v['missed_plain']}, secure {v['missed_secure']} "
+        f"({'kept 0' if v['kept_zero_missed'] else 'NOT kept at 0'}; the bare ticker of the same runs missed "
+        f"{v['bare_missed_plain']}, {v['bare_missed_secure']}); executor p99 lateness secure - plain "
+        f"{us(v['lateness_p99_diff_us'])} (bare floor moved {us(v['bare_p99_diff_us'])}; tick work p99 "
+        f"{us(v['tick_work_p99_diff_us'])}; server CPU "
+        + ", ".join(f"{x:+.1f}" for x in v["server_cpu_diff_percent"])
+        + f" % of a core); bound: 0 missed kept and p99 difference <= "
+        f"{v['bound_us']:g} us: " + ("[green]met[/]" if v["met"] else "[yellow]not met in this run[/]"),
+        highlight=False,
+    )
 
 
 def bench_tick(
@@ -264,11 +376,43 @@ def bench_tick(
     rt_priority: int | None = None,
     console: Console | None = None,
     metrics: str = "off",
+    secure: str = "off",
 ) -> dict[str, Any]:
     """metrics: "off", "on" (the server serves Prometheus metrics, scraped every SCRAPE_S) or "both":
     off, on, off, on in one command (interleaved, so that a machine whose load drifts shows it as a
-    difference between two runs of the same kind); stored together as tick-metrics-<time>.json."""
+    difference between two runs of the same kind); stored together as tick-metrics-<time>.json.
+    secure: "off", "on" (TLS + a bearer token + metrics scraped every SCRAPE_S, with certificates
+    made for the run) or "both": plain, secure, plain, secure (plain: none of them), stored together
+    as tick-secure-<time>.json with a verdict."""
     console = console or Console()
+    if secure == "both":
+        runs = {
+            f"{name} ({k})": bench_tick(
+                model, sessions, duration_s, out_dir, guard_ms, rt_priority, console, "off", mode
+            )
+            for k in (1, 2)
+            for name, mode in (("plain", "off"), ("secure", "on"))
+        }
+        print_comparison(runs, console, "plain vs secure (TLS + bearer token + metrics scraped each second)", "run")
+        verdict = secure_verdict(runs)
+        print_secure_verdict(verdict, console)
+        stored = {
+            "what": {
+                "command": "bench tick --secure both",
+                "sessions": sessions,
+                "duration_s": duration_s,
+                "plain": "no TLS, no authentication, no metrics",
+                "secure": f"TLS (EC P-256 certificate made for the run), a bearer token checked on every RPC, "
+                f"Prometheus metrics scraped every {SCRAPE_S:g} s",
+                "load_average_at_end": list(os.getloadavg()),
+                "cpus": os.cpu_count(),
+            },
+            "runs": runs,
+            "verdict": verdict,
+        }
+        path = store_result(out_dir, "tick-secure", stored)
+        console.print(f"all runs: {path}")
+        return stored
     if metrics == "both":
         both = {
             f"{mode} ({k})": bench_tick(model, sessions, duration_s, out_dir, guard_ms, rt_priority, console, mode)
@@ -281,18 +425,21 @@ def bench_tick(
         return both
     loop = new_event_loop()
     try:
-        result = loop.run_until_complete(
-            _bench_tick(
-                model,
-                sessions,
-                duration_s,
-                guard_ms,
-                rt_priority,
-                console,
-                label=f"bench tick, metrics {metrics}",
-                metrics=metrics == "on",
+        with tempfile.TemporaryDirectory() as pki_dir:
+            pki = make_pki(Path(pki_dir)) if secure == "on" else None
+            result = loop.run_until_complete(
+                _bench_tick(
+                    model,
+                    sessions,
+                    duration_s,
+                    guard_ms,
+                    rt_priority,
+                    console,
+                    label="bench tick, secure" if pki else f"bench tick, metrics {metrics}",
+                    metrics=metrics == "on" or pki is not None,
+                    pki=pki,
+                )
             )
-        )
     finally:
         loop.close()
     out_dir.mkdir(parents=True, exist_ok=True)

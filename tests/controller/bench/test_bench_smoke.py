@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -58,6 +59,75 @@ def test_bench_tick_metrics_both_runs_off_and_on_in_turns(tmp_path, test_model_p
         assert r["metrics"]["on"] is on and (r["metrics"]["scrapes"] > 0) is on
         assert r["executor"]["ticks"] > 200 and set(r["executor"]["tick_work_us"]) >= {"p50", "p99"}
         assert r["bare_ticker"]["ticks"] > 200
+
+
+@pytest.mark.slow
+def test_bench_tick_secure_both_runs_plain_and_secure_in_turns(tmp_path, test_model_path):
+    args = ["bench", "tick", "--model", str(test_model_path), "--sessions", "2", "--duration", "2"]
+    assert main([*args, "--secure", "both", "--out", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("tick-secure-*.json")
+    result = json.loads(result_file.read_text())
+    runs = result["runs"]
+    assert list(runs) == ["plain (1)", "secure (1)", "plain (2)", "secure (2)"]
+    for name, r in runs.items():
+        secure = name.startswith("secure")
+        # what the server ran with, from its own configuration
+        assert r["executor"]["security"] == {
+            "tls": secure,
+            "mutual_tls": False,
+            "bearer_tokens": secure,
+            "metrics": secure,
+        }
+        assert r["secure"] is secure and (r["metrics"]["scrapes"] > 0) is secure
+        # the server that was measured refused a plaintext client and a TLS client without the token
+        assert r["refused_without_credentials"] == (
+            {"plaintext": "UNAVAILABLE", "tls_without_token": "UNAUTHENTICATED"} if secure else None
+        )
+        assert r["executor"]["ticks"] > 200 and r["bare_ticker"]["ticks"] > 200
+        assert len(r["sessions_detail"]) == 2
+        assert all(s["snapshots_received"] > 200 for s in r["sessions_detail"])  # the clients got through
+    verdict = result["verdict"]
+    assert len(verdict["lateness_p99_diff_us"]) == 2 and verdict["bound_us"] > 0
+    assert result["what"]["sessions"] == 2 and len(result["what"]["load_average_at_end"]) == 3
+
+
+def _run(secure: bool, late_p99: float, missed: int) -> dict:
+    p99 = {"p99": late_p99}
+    return {
+        "secure": secure,
+        "executor": {
+            "lateness_us": p99,
+            "tick_work_us": {"p99": 300.0},
+            "missed_deadlines": missed,
+            "cpu_fraction": 0.5,
+        },
+        "bare_ticker": {"lateness_us": {"p99": 10.0}, "missed_deadlines": 0},
+        "sessions_detail": [{"snapshots_dropped": 1}, {"snapshots_dropped": 2}],
+    }
+
+
+def test_secure_verdict_is_absolute_and_pairs_each_secure_run_with_the_plain_one_before():
+    from dualloop.controller.bench.tick import SECURE_P99_BOUND_US, secure_verdict
+
+    runs = {"a": _run(False, 50.0, 0), "b": _run(True, 70.0, 0), "c": _run(False, 40.0, 0), "d": _run(True, 45.0, 0)}
+    v = secure_verdict(runs)
+    assert v["lateness_p99_diff_us"] == [20.0, 5.0] and v["dropped_secure"] == [3, 3] and v["met"]
+    runs["d"] = _run(True, 40.0 + SECURE_P99_BOUND_US + 1, 0)  # over the bound: not met
+    assert not secure_verdict(runs)["met"]
+    runs["d"] = _run(True, 45.0, 1)  # a missed deadline where the plain runs missed none
+    v = secure_verdict(runs)
+    assert not v["kept_zero_missed"] and not v["met"]
+
+
+def test_bench_tick_secure_refuses_metrics_and_names_the_extra_when_cryptography_is_missing(capsys, monkeypatch):
+    ran = []
+    monkeypatch.setattr(bench_cli, "bench_tick", lambda *a, **k: ran.append(k))
+    assert main(["bench", "tick", "--secure", "both", "--metrics", "on"]) == 2
+    assert "drop --metrics on" in capsys.readouterr().out
+    monkeypatch.setitem(sys.modules, "cryptography", None)  # import cryptography raises ImportError
+    assert main(["bench", "tick", "--secure", "on"]) == 2
+    out = capsys.readouterr().out
+    assert "cryptography" in out and "dualloop[bench]" in out and not ran
 
 
 def test_bench_replay_reports_both_paths(tmp_path):
