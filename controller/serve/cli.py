@@ -151,7 +151,7 @@ def _server_process(args: argparse.Namespace) -> Iterator[str]:
     """`dualloop serve` in its own process (its tick loop must not share this client's GIL)."""
     port = _free_loopback_port()
     cmd = [sys.executable, "-m", "dualloop.controller.cli", "serve", "--port", str(port)]
-    cmd += ["--model", str(args.model or BASE_MODEL_PATH)]
+    cmd += ["--model", str(args.model or BASE_MODEL_PATH), "--log-level", "WARNING"]  # the summary is ours
     for gate in args.gate if args.gate is not None else ([] if args.model else DEFAULT_GATES):
         cmd += ["--gate", str(gate)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=private_server_env())
