@@ -69,6 +69,7 @@ def test_cli_refuses_bad_host_with_message(test_model_path):
     )
     assert proc.returncode == 2
     assert "not a loopback address" in proc.stdout + proc.stderr
+    assert "--insecure-plaintext-on-network" in proc.stdout + proc.stderr  # the flag that would allow it
 
 
 def test_cli_serve_answers_and_stops_on_sigterm(test_model_path):

@@ -23,15 +23,7 @@ from dualloop.controller.serve.wire import snapshot_to_proto
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
-
-MS = 1_000_000
-
-
-def sensor(seq: int) -> list[float]:
-    rng = np.random.default_rng(seq)
-    x = rng.normal(0, 1, 19)
-    x[0] = 20 + x[0]
-    return x.astype(np.float32).tolist()
+from tests.controller.serve.inputs import MS, sensor
 
 
 def _drive(channel, session_id: str, n: int, actual_index: int = 2) -> list[pb.DecisionSnapshot]:

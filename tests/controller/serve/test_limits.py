@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 
 from dualloop.controller.serve.client import DriveSession, realtime_channel
@@ -17,8 +16,8 @@ from dualloop.controller.serve.config import DEFAULT_CLIENT_WINDOW_BYTES, Server
 from dualloop.controller.serve.server import ServerThread
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
+from tests.controller.serve.inputs import MS, sensor
 
-MS = 1_000_000
 TICK = 5 * MS
 PLAN = [20.0, 0.0, 1.0, 0.0, 0.0, 0.0]
 EXECUTOR = {
@@ -37,13 +36,6 @@ EXECUTOR = {
         "fallback_jerk": 2.0,
     },
 }
-
-
-def sensor(seq: int) -> list[float]:
-    rng = np.random.default_rng(seq)
-    x = rng.normal(0, 1, 19)
-    x[0] = 20 + x[0]
-    return x.astype(np.float32).tolist()
 
 
 @pytest.fixture(scope="module")

@@ -394,24 +394,3 @@ def test_cli_serves_tls_with_tokens(test_model_path, pki, tokens_file):
     finally:
         if proc.poll() is None:
             proc.kill()
-
-
-def test_cli_refuses_plaintext_on_network_naming_the_flag(test_model_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dualloop.controller.cli",
-            "serve",
-            "--model",
-            str(test_model_path),
-            "--host",
-            "203.0.113.5",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=dict(os.environ, COLUMNS="300"),
-    )
-    assert proc.returncode == 2
-    assert "--insecure-plaintext-on-network" in proc.stdout + proc.stderr

@@ -13,13 +13,7 @@ from dualloop.controller.serve.client import DriveSession, realtime_channel
 from dualloop.controller.serve.wire import without_wall_clock
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
-
-
-def sensor(seq: int) -> list[float]:
-    rng = np.random.default_rng(seq)
-    x = rng.normal(0, 1, 19)
-    x[0] = 20 + x[0]
-    return x.astype(np.float32).tolist()
+from tests.controller.serve.inputs import sensor
 
 
 def open_sessions(server) -> list[str]:

@@ -11,7 +11,6 @@ import threading
 import time
 
 import grpc
-import numpy as np
 import pytest
 
 from dualloop.controller.serve import ticker as ticker_module
@@ -21,16 +20,9 @@ from dualloop.controller.serve.ticker import PreciseTicker
 from dualloop.controller.serve.wire import without_wall_clock
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
+from tests.controller.serve.inputs import MS, sensor
 
 PERIOD = 5_000_000
-MS = 1_000_000
-
-
-def sensor(seq: int) -> list[float]:
-    rng = np.random.default_rng(seq)
-    x = rng.normal(0, 1, 19)
-    x[0] = 20 + x[0]
-    return x.astype(np.float32).tolist()
 
 
 def produce(session: DriveSession, stop: threading.Event) -> threading.Thread:
