@@ -63,6 +63,10 @@ class ScenarioSpec:
     description: str
     factory: Callable[..., ScenarioInstance]
     ood: bool = False
+    # When an OOD scenario's fault can show in the observations at all: a sensor fault ("always")
+    # on every tick after its onset; a fault of the vehicle ("under_demand", low friction) only
+    # while the car is asked to brake or accelerate: before that the drive reads as on a dry road.
+    observable: str = "always"
 
 
 # ---- traffic placement -----------------------------------------------------------------------
@@ -393,12 +397,13 @@ def _spec(
     duration_s: float,
     ood: bool = False,
     fault_kind: str = "none",
+    observable: str = "always",
 ) -> ScenarioSpec:
     def factory(seeds: Sequence[int] | int, duration_s: float = duration_s, **params: Any) -> ScenarioInstance:
         seed_list = [seeds] if isinstance(seeds, (int, np.integer)) else list(seeds)
         return build_instance(name, seed_list, builder, duration_s, fault_kind, ood, **params)
 
-    return ScenarioSpec(name, description, factory, ood)
+    return ScenarioSpec(name, description, factory, ood, observable)
 
 
 SCENARIOS: dict[str, ScenarioSpec] = {
@@ -453,6 +458,7 @@ SCENARIOS: dict[str, ScenarioSpec] = {
             _low_friction,
             20.0,
             True,
+            observable="under_demand",
         ),
         _spec("speed_out_of_range", "ego at 55-60 m/s, far above the training range", _speed_out_of_range, 15.0, True),
     )

@@ -8,8 +8,11 @@ ranks above every score, nominal ticks included), the detection delay after onse
 the false-veto rate per hour of nominal driving. A gate's actuation check sees, with each tick, the
 command the expert's previous step applied (as the closed-loop client sends it). Low friction shows
 only while the car is asked to brake or accelerate, so each scenario's separation is also reported
-on the post-onset ticks with such a demand (|command| >= DEMAND_ACCEL), next to their share.
-Closed loop: each OOD scenario driven by the executor with the gate and without it.
+on the post-onset ticks with such a demand (|command| >= DEMAND_ACCEL), next to their share, and
+judged there (sim.scenarios: the scenario's `observable`): no monitor of the observations can tell
+a low-friction road from a dry one while the car coasts. The targets (AUROC >= TARGET_AUROC on the
+ticks where each fault is observable, nominal false vetoes <= TARGET_FALSE_VETOES per tick) are
+checked and printed. Closed loop: each OOD scenario driven by the executor with the gate and without it.
 """
 
 from __future__ import annotations
@@ -37,13 +40,16 @@ from dualloop.ood.filter import make_filter
 from dualloop.ood.freeze import common_settings
 from dualloop.ood.marginal import profile_gate
 from dualloop.sim.env import run_expert_batch
-from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS, build_scenario
+from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS, SCENARIOS, build_scenario
 
 EVAL_SEEDS = range(700_000, 700_006)
 TICK_S = 0.005
 # m/s^2: a command at least this strong asks the car to brake or accelerate (the action labels'
 # brake / accelerate boundary); below it a shortfall of actuation cannot show.
 DEMAND_ACCEL = 0.5
+TARGET_AUROC = 0.99
+TARGET_FALSE_VETOES = 0.001  # per nominal tick
+JUDGED_ON = {"always": "every tick after onset", "under_demand": "ticks after onset with a demand"}
 
 
 def score_episodes(
@@ -180,7 +186,7 @@ def verdict(s: ScenarioScores) -> np.ndarray:
     return np.where(s.immediate, np.inf, s.score)
 
 
-def separation(nominal: list[ScenarioScores], faulty: ScenarioScores) -> dict[str, float]:
+def separation(nominal: list[ScenarioScores], faulty: ScenarioScores, observable: str = "always") -> dict[str, Any]:
     inside = np.concatenate([verdict(s)[s.valid] for s in nominal])
     outside = verdict(faulty)[fault_active(faulty)]
     # +inf (non-finite input) ranks above everything, which is what a veto means
@@ -206,7 +212,22 @@ def separation(nominal: list[ScenarioScores], faulty: ScenarioScores) -> dict[st
         "demand_share": float(with_demand.sum() / max(after.sum(), 1)),
         "auroc_demand": ood.auroc(inside, demand) if demand.size else float("nan"),
         "vetoed_with_demand": float(faulty.alarm[with_demand].mean()) if demand.size else float("nan"),
-    }
+        "judged_on": JUDGED_ON[observable],
+    } | {"auroc_judged": ood.auroc(inside, demand if observable == "under_demand" else outside)}
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """Which of the sim targets the evaluation meets: each OOD scenario's AUROC on the ticks where
+    its fault is observable, and the nominal false-veto rate."""
+    failed = [
+        f"{name}: AUROC {r['auroc_judged']:.4f} < {TARGET_AUROC} ({r['judged_on']})"
+        for name, r in result["ood"].items()
+        if not r["auroc_judged"] >= TARGET_AUROC
+    ]
+    rate = result["false_vetoes_nominal"]["per_tick"]
+    if rate > TARGET_FALSE_VETOES:
+        failed.append(f"nominal false vetoes {rate * 100:.3f}% per tick > {TARGET_FALSE_VETOES * 100:.1f}%")
+    return {"auroc_min": TARGET_AUROC, "false_vetoes_max_per_tick": TARGET_FALSE_VETOES, "failed": failed}
 
 
 def false_vetoes(nominal: list[ScenarioScores]) -> dict[str, float]:
@@ -276,7 +297,7 @@ def evaluate(
             "threshold": gates[0].threshold if len(gates) == 1 and gates[0].actuation is None else 1.0,
             "seeds": [int(s) for s in seeds],
             "false_vetoes_nominal": false_vetoes(nominal),
-            "ood": {n: separation(nominal, scores[n]) for n in OOD_SCENARIOS},
+            "ood": {n: separation(nominal, scores[n], SCENARIOS[n].observable) for n in OOD_SCENARIOS},
             "present": None if present is None else list(present),
         }
         progress.update(task, description="closed loop with and without the gate")
@@ -284,6 +305,7 @@ def evaluate(
             closed_loop_with_and_without(model, gates, OOD_SCENARIOS, closed_loop_seed) if present is None else []
         )
         progress.update(task, completed=len(names) + len(OOD_SCENARIOS))
+    result["targets"] = targets(result)
     print_evaluation(result, console)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -310,6 +332,7 @@ def print_evaluation(result: dict[str, Any], console: Console) -> None:
         "demand share",
         "AUROC demand",
         "vetoed w/ demand",
+        "judged AUROC",
     ):
         table.add_column(col, justify="left" if col == "OOD scenario" else "right")
     for name, r in result["ood"].items():
@@ -324,8 +347,17 @@ def print_evaluation(result: dict[str, Any], console: Console) -> None:
             f"{r['demand_share'] * 100:.0f}%",
             f"{r['auroc_demand']:.4f}",
             f"{r['vetoed_with_demand'] * 100:.0f}%",
+            f"{r['auroc_judged']:.4f}" + (" (w/ demand)" if r["judged_on"] == JUDGED_ON["under_demand"] else ""),
         )
     console.print(table)
+    t = result.get("targets")
+    if t is not None:
+        console.print(
+            f"[green]targets met[/]: AUROC >= {t['auroc_min']} where each fault is observable, nominal false "
+            f"vetoes <= {t['false_vetoes_max_per_tick'] * 100:.1f}% per tick"
+            if not t["failed"]
+            else "[red]targets not met:[/] " + "; ".join(t["failed"])
+        )
     if not result["closed_loop"]:
         return
     loop = Table(title="closed loop on OOD scenarios, without and with the gate")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dualloop import ood
+from dualloop.controller.training.rollouts import run_model_batch
 from dualloop.executor.gating import GATE_SOURCES, gate_feature_names
 from dualloop.executor.history import HistoryDeriver, episode_history
 from dualloop.executor.model_card import Normalisation
@@ -186,6 +187,23 @@ def nominal_inputs(
     return (*out, np.concatenate(hists)) if history is not None else out
 
 
+def model_driven_inputs(
+    model: DecisionModel, seeds: Sequence[int], every: int, scenarios: Sequence[str] = NOMINAL_SCENARIOS, **params
+) -> tuple[np.ndarray, ...]:
+    """(features, plan[, history]) rows, every `every`-th step, of nominal episodes the model drives
+    itself (controller.training.rollouts: no gates), history from every 5 ms observation."""
+    feats, plans, hists = [], [], []
+    for name in scenarios:
+        _, data = run_model_batch(model, name, list(seeds), see_lane_ends=TRAINING_SEES_LANE_ENDS, **params)
+        valid = data.valid[:, ::every]
+        feats.append(data.features[:, ::every][valid])
+        plans.append(data.plan[:, ::every][valid])
+        if model.history is not None:
+            hists.append(episode_history(model.history, data.t, data.features, data.valid)[:, ::every][valid])
+    out = (np.concatenate(feats), np.concatenate(plans))
+    return (*out, np.concatenate(hists)) if model.history is not None else out
+
+
 def _both(
     seeds: Sequence[int],
     every: int,
@@ -255,11 +273,13 @@ def fit_gate_for_model(
     every: int = 4,
     filter_settings: dict | None = None,
     actuation: bool = True,
+    model_driven: bool = True,
     **scenario_params,
 ) -> ood.Gate:
     """A gate for `model` on `source`; a gate on the raw inputs also gets the actuation check (fitted
     lag, gain and offset from command to measured acceleration, threshold on held-out driving)
-    unless `actuation` is False."""
+    unless `actuation` is False. A decision-vector gate also learns the model's own nominal driving on
+    the same seeds unless `model_driven` is False."""
     if source not in GATE_SOURCES:
         raise ValueError(f"source must be one of {GATE_SOURCES}, got {source!r}")
     # Nominal driving both ways: the expert's own clean path, and the noise-injected roll-outs the
@@ -277,10 +297,20 @@ def fit_gate_for_model(
         calibration_seeds, every, scenario_params, with_changes=inputs, actuation=act_cal, history=hist
     )
     h_fit, h_cal = (c_fit[-1], c_cal[-1]) if hist is not None else (None, None)
+    if not inputs and model_driven:
+        # and the model's own nominal driving: where it drives differently from the expert (it brakes
+        # earlier and softer behind a hard-braking lead), an expert-only gate vetoed it on a dry road
+        own_fit = model_driven_inputs(model, fit_seeds, every, **scenario_params)
+        own_cal = model_driven_inputs(model, calibration_seeds, every, **scenario_params)
+        x_fit, p_fit = np.concatenate([x_fit, own_fit[0]]), np.concatenate([p_fit, own_fit[1]])
+        x_cal, p_cal = np.concatenate([x_cal, own_cal[0]]), np.concatenate([p_cal, own_cal[1]])
+        if h_fit is not None and h_cal is not None:
+            h_fit, h_cal = np.concatenate([h_fit, own_fit[2]]), np.concatenate([h_cal, own_cal[2]])
     card = model.card
+    drivers = "expert and model drivers" if not inputs and model_driven else "expert driver"
     description = (
         (
-            f"simulated nominal driving ({', '.join(NOMINAL_SCENARIOS)}), expert driver, fit seeds "
+            f"simulated nominal driving ({', '.join(NOMINAL_SCENARIOS)}), {drivers}, fit seeds "
             f"{fit_seeds.start}-{fit_seeds.stop - 1}, calibration seeds "
             f"{calibration_seeds.start}-{calibration_seeds.stop - 1}"
         )

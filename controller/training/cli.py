@@ -51,6 +51,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also feed the model the history features the executor derives from a session's observations "
         "(executor.history; ModelInfo.history_features)",
     )
+    p.add_argument(
+        "--dagger",
+        action="store_true",
+        help="then drive the nominal scenarios with the model, label the states it reached with the "
+        "simulated expert's action and train again (one DAgger round; about twice the time)",
+    )
     p.set_defaults(fn=_train)
 
     p = sub.add_parser("eval-logs", help="a model's proposals on recorded drives vs the human and the baselines")
@@ -71,7 +77,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _train(args: argparse.Namespace) -> int:
 
     result = train_main(
-        args.size, args.seed, args.out, quick=args.quick, logs=args.logs, log_share=args.log_share, history=args.history
+        args.size,
+        args.seed,
+        args.out,
+        quick=args.quick,
+        logs=args.logs,
+        log_share=args.log_share,
+        history=args.history,
+        dagger=args.dagger,
     )
     if args.check is not None:
         diffs = compare_models(args.check, result.path)
@@ -117,13 +130,15 @@ def train_main(
     logs: Sequence[Path] = (),
     log_share: float = LOG_SHARE,
     history: bool = False,
+    dagger: bool = False,
 ) -> TrainResult:
     """CLI entry: trains with rich progress bars, prints the summary tables, returns the result."""
     data_config = QUICK_DATA if quick else FULL_DATA
     if history:
         data_config = replace(data_config, history=DEFAULT_HISTORY)
     config = mlp_config(size, quick)
-    with progress_hooks(len(data_config.scenarios), config.max_epochs) as hooks:
+    scenarios = len(data_config.scenarios) * (2 if dagger else 1)  # DAgger drives each again
+    with progress_hooks(scenarios, config.max_epochs) as hooks:
         result = train(
             size,
             seed,
@@ -135,6 +150,7 @@ def train_main(
             hooks=hooks,
             logs=logs,
             log_share=log_share,
+            dagger=dagger,
         )
     print_summary(result)
     return result

@@ -70,6 +70,9 @@ class DataConfig:
     # History features (executor.history) every row gets, derived from its drive's observation
     # stream as the executor derives them; () for a model that sees one observation.
     history: tuple[str, ...] = ()
+    # With `dualloop train --dagger`: the first model's own drives per nominal scenario, labelled
+    # by the expert (controller.training.dagger), added to train.
+    dagger_episodes: int = 48
 
     def __post_init__(self) -> None:
         counts = (self.train_episodes, self.val_episodes, self.test_episodes)

@@ -31,6 +31,7 @@ from dualloop.controller.training.calibration import (
     per_class_recall,
     probabilities,
 )
+from dualloop.controller.training.dagger import dagger_rows, with_dagger
 from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, Split, add_logs, deriver, generate
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.controller.training.log_eval import evaluate as evaluate_logs
@@ -173,37 +174,19 @@ def _sources_metrics(data: Dataset, weights: MLPWeights, x_te: np.ndarray) -> di
     return out
 
 
-def train(
-    size: str,
-    seed: int,
-    out: Path,
-    quick: bool = False,
-    data: Dataset | None = None,
-    data_config: DataConfig | None = None,
-    config: MLPConfig | None = None,
-    measure_latency_in_card: bool = True,
-    hooks: Hooks | None = None,
-    logs: Sequence[str | Path] = (),
-    log_share: float = LOG_SHARE,
-) -> TrainResult:
-    """Generate data (unless given), add the recorded drives in `logs` (files or folders: training
-    drives only), train, calibrate, evaluate and export one model to `out`."""
-    hooks = hooks or Hooks()
-    config = config or mlp_config(size, quick)
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    if data is None:
-        data_config = data_config or (QUICK_DATA if quick else FULL_DATA)
-        data = generate(data_config, seed, hooks.on_scenario)
-    log_rows: LogRows | None = None
-    if logs:
-        paths = log_paths(logs)
-        log_rows = read_log_rows(paths)
-        data = with_logs(data, log_rows, file_facts(paths, log_rows), log_share)
-    timings["data"] = time.perf_counter() - t0
+@dataclass
+class _Fitted:
+    weights: MLPWeights
+    norm: Normaliser
+    temperature: float
+    metrics: dict[str, float | str]
+    history: FitHistory
+
+
+def _fit(data: Dataset, config: MLPConfig, seed: int, hooks: Hooks) -> _Fitted:
+    """Normalise, fit, calibrate on the validation split, evaluate on the test split."""
     norm = Normaliser.fit(data.train, history=data.config.history)
     x_tr, x_va, x_te = (norm.inputs(s) for s in (data.train, data.val, data.test))
-    t1 = time.perf_counter()
     # One BLAS thread: float sums then do not depend on how many cores the machine has, and the
     # small matmuls here gain nothing from threads anyway.
     with threadpool_limits(limits=1):
@@ -225,11 +208,75 @@ def train(
         temperature = fit_temperature(val_logits, data.val.label)
         metrics: dict[str, float | str] = evaluate(weights, x_te, data.test, temperature)
         metrics |= _sources_metrics(data, weights, x_te)
-    timings["train"] = time.perf_counter() - t1
     metrics |= {
         "temperature": temperature,
         "val_nll_before": nll(val_logits, data.val.label),
         "val_nll_after": nll(val_logits, data.val.label, temperature),
+    }
+    return _Fitted(weights, norm, temperature, metrics, history)
+
+
+def train(
+    size: str,
+    seed: int,
+    out: Path,
+    quick: bool = False,
+    data: Dataset | None = None,
+    data_config: DataConfig | None = None,
+    config: MLPConfig | None = None,
+    measure_latency_in_card: bool = True,
+    hooks: Hooks | None = None,
+    logs: Sequence[str | Path] = (),
+    log_share: float = LOG_SHARE,
+    dagger: bool = False,
+) -> TrainResult:
+    """Generate data (unless given), add the recorded drives in `logs` (files or folders: training
+    drives only), train, calibrate, evaluate and export one model to `out`. `dagger`: then drive the
+    nominal scenarios with it, add the expert's actions in the states it reached, and train again
+    (controller.training.dagger)."""
+    hooks = hooks or Hooks()
+    out = Path(out)
+    config = config or mlp_config(size, quick)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if data is None:
+        data_config = data_config or (QUICK_DATA if quick else FULL_DATA)
+        data = generate(data_config, seed, hooks.on_scenario)
+    log_rows: LogRows | None = None
+    facts: dict[str, str] = {}
+    sim_data = data
+    if logs:
+        paths = log_paths(logs)
+        log_rows = read_log_rows(paths)
+        facts = file_facts(paths, log_rows)
+        data = with_logs(data, log_rows, facts, log_share)
+    timings["data"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    fitted = _fit(data, config, seed, hooks)
+    timings["train"] = time.perf_counter() - t1
+    dagger_failed: dict[str, int] = {}
+    if dagger:
+        # one DAgger round: the first model drives, the expert labels its states, train again
+        export_mlp(fitted.weights, _card(size, config.hidden[-1], fitted.norm, fitted.temperature, {}), out)
+        if hooks.on_stage is not None:
+            hooks.on_stage("driving the nominal scenarios with the first model (DAgger)")
+        t2 = time.perf_counter()
+        rows, dagger_failed = dagger_rows(out, sim_data.config, seed, 0, on_scenario=hooks.on_scenario)
+        data = with_dagger(sim_data, rows)
+        if log_rows is not None:
+            data = with_logs(data, log_rows, facts, log_share)
+        timings["dagger_rollouts"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        fitted = _fit(data, config, seed, hooks)
+        timings["train"] += time.perf_counter() - t3
+    weights, norm, temperature, metrics, history = (
+        fitted.weights,
+        fitted.norm,
+        fitted.temperature,
+        fitted.metrics,
+        fitted.history,
+    )
+    metrics |= {
         "seed": float(seed),
         "n_train": float(len(data.train)),
         "n_val": float(len(data.val)),
@@ -242,8 +289,13 @@ def train(
         "realism_seed": float(data.config.realism.seed),
         "log_share": log_share if log_rows is not None else 0.0,
     }
+    if dagger:
+        metrics |= {
+            "dagger_rows": float(data.source_rows("train", "dagger/").sum()),
+            # the first model's nominal drives that ended in a crash or off the road
+            "dagger_first_model_failed_drives": float(sum(dagger_failed.values())),
+        }
     metrics |= data.logs
-    out = Path(out)
     card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
     if log_rows is not None:
         # the recorded validation sessions, beside the baselines: what tuning may look at

@@ -4,6 +4,7 @@ real onnxruntime."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from dualloop.controller.training.calibration import expected_calibration_error,
 from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, generate
 from dualloop.controller.training.mlp import MLPConfig, forward_weights
 from dualloop.controller.training.trainer import LATENCY_KEYS, TrainResult, train
+from dualloop.executor.history import DEFAULT_HISTORY
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim import schema
@@ -246,10 +248,6 @@ def test_confusion_report_flags_a_recall_drop() -> None:
 
 @pytest.fixture(scope="module")
 def trained_history(human_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
-    from dataclasses import replace
-
-    from dualloop.executor.history import DEFAULT_HISTORY
-
     data = generate(replace(TINY_DATA, history=DEFAULT_HISTORY), SEED)
     out = tmp_path_factory.mktemp("train") / "tiny-history.onnx"
     return train("small", SEED, out, data=data, config=TINY_MLP, logs=[human_logs])
@@ -287,3 +285,18 @@ def test_a_history_model_is_fed_in_training_as_the_executor_feeds_it(
     fresh = ~table.held
     assert fresh.sum() == len(obs)
     np.testing.assert_array_equal(table.proposed[fresh], expected[table.obs_index[fresh]])
+
+
+@pytest.mark.slow
+def test_dagger_adds_the_first_models_own_states_and_trains_again(tiny_data: Dataset, tmp_path: Path) -> None:
+    """One DAgger round: the first model drives two episodes per nominal scenario; their states,
+    labelled by the expert, join the training split, and the card says how many."""
+    config = replace(tiny_data.config, dagger_episodes=2)
+    data = replace(tiny_data, config=config)
+    result = train("small", SEED, tmp_path / "dagger.onnx", data=data, config=TINY_MLP, dagger=True)
+    m = result.metrics
+    assert m["n_train"] == len(tiny_data.train) + m["dagger_rows"]
+    # every 10th step of 2 x 6 drives of up to 10 s, ending where a drive crashed
+    assert 0 < m["dagger_rows"] <= 12 * 200
+    assert 0 <= m["dagger_first_model_failed_drives"] <= 12
+    assert result.card.training_metrics["dagger_rows"] == m["dagger_rows"]
