@@ -39,7 +39,13 @@ def gates(test_model, tmp_path_factory):
     out = {}
     for source in ("decision_vector", "input_features"):
         gate = fit_gate_for_model(
-            test_model, source, fit_seeds=range(1, 7), calibration_seeds=range(7, 15), every=1, duration_s=6.0
+            test_model,
+            source,
+            fit_seeds=range(1, 7),
+            calibration_seeds=range(7, 15),
+            every=1,
+            duration_s=6.0,
+            model_driven=False,  # the untrained test model would not drive anywhere nominal
         )
         path = tmp_path_factory.mktemp("gates") / f"{source}.npz"
         gate.save(str(path))
