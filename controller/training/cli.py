@@ -53,9 +53,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--dagger",
-        action="store_true",
-        help="then drive the nominal scenarios with the model, label the states it reached with the "
-        "simulated expert's action and train again (one DAgger round; about twice the time)",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="rounds of driving the nominal scenarios with the model, labelling the states it reached with "
+        "the simulated expert's action and training again on all of them (DAgger; each round about the "
+        "time of the first training)",
     )
     p.set_defaults(fn=_train)
 
@@ -130,14 +133,14 @@ def train_main(
     logs: Sequence[Path] = (),
     log_share: float = LOG_SHARE,
     history: bool = False,
-    dagger: bool = False,
+    dagger: int = 0,
 ) -> TrainResult:
     """CLI entry: trains with rich progress bars, prints the summary tables, returns the result."""
     data_config = QUICK_DATA if quick else FULL_DATA
     if history:
         data_config = replace(data_config, history=DEFAULT_HISTORY)
     config = mlp_config(size, quick)
-    scenarios = len(data_config.scenarios) * (2 if dagger else 1)  # DAgger drives each again
+    scenarios = len(data_config.scenarios) * (1 + dagger)  # each DAgger round drives each again
     with progress_hooks(scenarios, config.max_epochs) as hooks:
         result = train(
             size,

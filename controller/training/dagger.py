@@ -1,8 +1,9 @@
 """Rows from the model's own driving, labelled by the expert (one DAgger round, Ross et al. 2011).
 
-`dualloop train --dagger` trains a model, drives the nominal scenarios with it in closed loop
+`dualloop train --dagger N` trains a model, drives the nominal scenarios with it in closed loop
 (controller.training.rollouts), asks the expert what it would do in every state the model reached,
-adds those rows to the training split and trains again from scratch with the same seed. Imitation
+adds those rows to the training split and trains again from scratch with the same seed; N rounds,
+each on new seeds, the rows of every round kept (DAgger's aggregate). Imitation
 from the expert's own drives, even noise-perturbed ones, never shows the states a slightly
 different driver drifts into: the first model left the road braking hard behind a lead, steering
 too little, in 11 of 144 nominal episodes that the expert drives cleanly.
@@ -37,8 +38,8 @@ from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
 DAGGER_SEED_OFFSET = 5_000
 
 
-def dagger_seeds(seed: int, scenario_index: int, n: int) -> list[int]:
-    return [s + DAGGER_SEED_OFFSET for s in split_seeds(seed, "train", scenario_index, n)]
+def dagger_seeds(seed: int, scenario_index: int, n: int, round_index: int = 0) -> list[int]:
+    return [s + DAGGER_SEED_OFFSET + round_index * n for s in split_seeds(seed, "train", scenario_index, n)]
 
 
 def dagger_rows(
@@ -46,20 +47,24 @@ def dagger_rows(
     config: DataConfig,
     seed: int,
     source: int,
+    round_index: int = 0,
     on_scenario: Callable[[str], None] | None = None,
 ) -> tuple[Split, dict[str, int]]:
     """Training rows of the model's own nominal drives, every `config.every`-th step, labelled with
     the expert's action; and how many of the drives the model crashed or left the road in (each
     drive's rows end there)."""
-    if max(config.train_episodes, config.dagger_episodes) > DAGGER_SEED_OFFSET:
-        raise ValueError(f"DAgger seeds start at offset {DAGGER_SEED_OFFSET}: at most that many episodes of each")
+    if config.train_episodes > DAGGER_SEED_OFFSET or (round_index + 1) * config.dagger_episodes > DAGGER_SEED_OFFSET:
+        raise ValueError(
+            f"DAgger seeds start at offset {DAGGER_SEED_OFFSET} of a scenario's block: at most that many training "
+            "episodes, and DAgger episodes over all rounds"
+        )
     params: dict[str, Any] = {} if config.duration_s is None else {"duration_s": config.duration_s}
     model = DecisionModel(model_path)
     hist = deriver(config.history)
     parts: list[Split] = []
     failed: dict[str, int] = {}
     for si, name in enumerate(config.scenarios):
-        seeds = dagger_seeds(seed, si, config.dagger_episodes)
+        seeds = dagger_seeds(seed, si, config.dagger_episodes, round_index)
         metrics, data = run_model_batch(model, name, seeds, see_lane_ends=TRAINING_SEES_LANE_ENDS, **params)
         failed[name] = sum(1 for m in metrics if m.collisions or m.off_road)
         pick = (slice(None), slice(None, None, config.every))

@@ -32,7 +32,16 @@ from dualloop.controller.training.calibration import (
     probabilities,
 )
 from dualloop.controller.training.dagger import dagger_rows, with_dagger
-from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, Split, add_logs, deriver, generate
+from dualloop.controller.training.data import (
+    DataConfig,
+    Dataset,
+    Normaliser,
+    Split,
+    add_logs,
+    concat,
+    deriver,
+    generate,
+)
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.controller.training.log_eval import evaluate as evaluate_logs
 from dualloop.controller.training.log_eval import report_metrics
@@ -228,12 +237,12 @@ def train(
     hooks: Hooks | None = None,
     logs: Sequence[str | Path] = (),
     log_share: float = LOG_SHARE,
-    dagger: bool = False,
+    dagger: int = 0,
 ) -> TrainResult:
     """Generate data (unless given), add the recorded drives in `logs` (files or folders: training
-    drives only), train, calibrate, evaluate and export one model to `out`. `dagger`: then drive the
-    nominal scenarios with it, add the expert's actions in the states it reached, and train again
-    (controller.training.dagger)."""
+    drives only), train, calibrate, evaluate and export one model to `out`. `dagger`: rounds of driving
+    the nominal scenarios with the model, adding the expert's actions in the states it reached and
+    training again (controller.training.dagger)."""
     hooks = hooks or Hooks()
     out = Path(out)
     config = config or mlp_config(size, quick)
@@ -254,18 +263,21 @@ def train(
     t1 = time.perf_counter()
     fitted = _fit(data, config, seed, hooks)
     timings["train"] = time.perf_counter() - t1
-    dagger_failed: dict[str, int] = {}
-    if dagger:
-        # one DAgger round: the first model drives, the expert labels its states, train again
+    failed_drives: list[int] = []  # per DAgger round: the model's nominal drives that crashed or left the road
+    dagger_sets = []
+    for round_index in range(dagger):
+        # the model drives, the expert labels its states, train again on everything so far
         export_mlp(fitted.weights, _card(size, config.hidden[-1], fitted.norm, fitted.temperature, {}), out)
         if hooks.on_stage is not None:
-            hooks.on_stage("driving the nominal scenarios with the first model (DAgger)")
+            hooks.on_stage(f"DAgger round {round_index + 1}: driving the nominal scenarios with the model")
         t2 = time.perf_counter()
-        rows, dagger_failed = dagger_rows(out, sim_data.config, seed, 0, on_scenario=hooks.on_scenario)
-        data = with_dagger(sim_data, rows)
+        rows, failed = dagger_rows(out, sim_data.config, seed, 0, round_index, on_scenario=hooks.on_scenario)
+        dagger_sets.append(rows)
+        failed_drives.append(sum(failed.values()))
+        data = with_dagger(sim_data, concat(dagger_sets))
         if log_rows is not None:
             data = with_logs(data, log_rows, facts, log_share)
-        timings["dagger_rollouts"] = time.perf_counter() - t2
+        timings["dagger_rollouts"] = timings.get("dagger_rollouts", 0.0) + time.perf_counter() - t2
         t3 = time.perf_counter()
         fitted = _fit(data, config, seed, hooks)
         timings["train"] += time.perf_counter() - t3
@@ -290,10 +302,12 @@ def train(
         "log_share": log_share if log_rows is not None else 0.0,
     }
     if dagger:
+        drives = sim_data.config.dagger_episodes * len(sim_data.config.scenarios)
         metrics |= {
+            "dagger_rounds": float(dagger),
             "dagger_rows": float(data.source_rows("train", "dagger/").sum()),
-            # the first model's nominal drives that ended in a crash or off the road
-            "dagger_first_model_failed_drives": float(sum(dagger_failed.values())),
+            # per round, the nominal drives of the model it drove with that crashed or left the road
+            "dagger_failed_drives": ", ".join(f"{n} of {drives}" for n in failed_drives),
         }
     metrics |= data.logs
     card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
