@@ -68,7 +68,7 @@ def worker_count(value: str) -> int:
     return n
 
 
-def _reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
+def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     """Check the port is free (a port already served by someone else's SO_REUSEPORT group would be
     silently shared), then hold it with SO_REUSEPORT so the workers can bind it; port 0 picks one."""
     bare = _bare(host.strip())
@@ -140,7 +140,7 @@ def _worker_command(config_file: Path, board: wb.Board, slot: int, announce: Pat
 
 def serve_workers(config: ServerConfig, workers: int, print_line=print) -> int:
     """Run `workers` server processes on config's port until SIGTERM/SIGINT; the exit code."""
-    reservation, port = _reserve_port(config.host, config.port)
+    reservation, port = reserve_port(config.host, config.port)
     board = wb.Board.create(workers, LATENESS_BUCKETS_US)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}

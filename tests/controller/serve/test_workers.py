@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from dualloop.controller.serve.board import Board, LatenessHistogram
 from dualloop.controller.serve.client import DriveSession
@@ -26,7 +27,7 @@ from dualloop.controller.serve.server import LATENESS_BUCKETS_US
 from dualloop.controller.serve.workers import worker_count
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
-from tests.controller.serve.test_operations import SERVING, Producer, check, lockstep_steps
+from tests.controller.serve.test_operations import SERVICE, SERVING, Producer, check, lockstep_steps
 from tests.paths import REPO_ROOT
 
 SESSIONS = 16  # one channel (one connection) each: the kernel spreads connections, not streams
@@ -91,6 +92,10 @@ def test_sessions_spread_and_stats_and_metrics_add_up(workers: Workers) -> None:
     for k in range(SESSIONS):
         with grpc.insecure_channel(workers.address) as channel:
             assert check(channel) == SERVING  # health on whichever worker this connection reached
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)  # and reflection
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            [answer] = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
+            assert SERVICE in {s.name for s in answer.list_services_response.service}
             clock = pb.CLOCK_MODE_LOCKSTEP if k % 2 else pb.CLOCK_MODE_REALTIME
             session = DriveSession(channel, f"s{k}", clock)
             opened += 1
