@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -184,6 +185,16 @@ _PLANNER_COUNTS = (
 )
 
 
+def pin_threads(cpus: set[int]) -> None:
+    """Every thread of this process onto cpus (threads started later inherit it from their creator).
+    The server pins itself once started, so that its planner worker process, started first, keeps
+    every CPU: pinned beside the tick loop it would wait behind it (it runs under SCHED_IDLE)."""
+    tasks = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+    for tid in tasks:
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(tid, cpus)
+
+
 def _alternate(
     runtime: ControllerRuntime, phase_s: float, settle_s: float
 ) -> tuple[list[tuple[bool, LatenessLog]], asyncio.Task]:
@@ -229,6 +240,7 @@ async def run_server(
     port: int = 0,
     board: wb.Board | None = None,
     slot: int = 0,
+    cpus: set[int] | None = None,
 ) -> dict:
     """board: one of several workers on `port` (the bench's --workers); the window opens when the
     workers together have every session open and closes when any session of any worker closes."""
@@ -252,6 +264,8 @@ async def run_server(
     )
     server = ControllerServer(config, worker=(board, slot) if board is not None else None)
     port = await server.start()
+    if cpus:
+        pin_threads(cpus)
     card = server.executor.card
     print(
         json.dumps(
@@ -355,6 +369,7 @@ async def run_server(
         "snapshots_sent": stats.snapshots_sent,
         "sessions_here": sessions_here,
         "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "planner_worker_cpus": "all (started before the server pinned itself)" if planning is not None else None,
         "scheduling": server.scheduling,
         # what the server ran with, from its own configuration (the result shows a secure run was one)
         "security": {
@@ -421,8 +436,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--realtime-priority", type=int, default=None)
     b.add_argument("--cpus", help="pin this process to these CPUs (comma-separated)")
     args = parser.parse_args(argv)
-    if args.cpus:  # before anything starts a thread: threads inherit the mask
-        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    cpus = {int(c) for c in args.cpus.split(",")} if args.cpus else None
+    if cpus and args.what != "server":  # before anything starts a thread: threads inherit the mask
+        os.sched_setaffinity(0, cpus)
     loop = new_event_loop()
     result: object
     if args.what == "clients":
@@ -456,6 +472,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.port,
                 wb.Board.attach(Path(args.board), args.workers, LATENESS_BUCKETS_US) if args.board else None,
                 args.slot,
+                cpus,
             )
         )
     else:
