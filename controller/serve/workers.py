@@ -275,8 +275,21 @@ async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, announce
         )
         tmp.replace(announce)  # the parent reads it once every worker is ready: never half written
     server.log_start()
+    orphaned = asyncio.ensure_future(_parent_gone(os.getppid(), stop, board.path))
     await stop.wait()
+    orphaned.cancel()
     await server.stop()
+
+
+async def _parent_gone(parent: int, stop: asyncio.Event, board: Path) -> None:
+    """A worker whose parent died (SIGKILL: no SIGTERM forwarded) drains and exits instead of
+    serving on unsupervised, and removes the board's file the parent would have removed (the
+    others still have it mapped)."""
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    events.event("server.parent_gone", logging.WARNING, parent_pid=parent)
+    board.unlink(missing_ok=True)
+    stop.set()
 
 
 def main(argv: list[str] | None = None) -> None:

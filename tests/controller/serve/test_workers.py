@@ -199,3 +199,22 @@ def test_worker_count_and_the_board_histogram() -> None:
         assert board.coarse(merged) == expect.tolist()
     finally:
         board.close()
+
+
+def test_workers_drain_and_exit_when_the_parent_is_killed(workers: Workers) -> None:
+    children = workers.children()
+    workers.proc.kill()  # SIGKILL: nothing is forwarded
+    workers.proc.wait(10)
+
+    def gone() -> bool:
+        return not any(Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid) for pid in children)
+
+    _wait_for(gone, "the workers kept serving without their parent", 30)
+    assert not list(Path("/dev/shm").glob(f"dualloop-board-{workers.proc.pid}-*"))  # nothing left behind
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
