@@ -196,9 +196,7 @@ class ControllerRuntime:
         while not self._stopping:
             precise = ex.realtime_sessions > 0
             tick = await ticker.next(precise)
-            if board is not None and ticker.ticks % wb.PUBLISH_EVERY == 0:
-                self.publish()  # may reset the window: stats is read after it
-            stats = self.stats
+            stats = self.stats  # publish() below may have started a new window
             if precise:  # lateness and tick counts describe ticks someone was served
                 stats.lateness.add(tick.lateness_ns)
                 stats.ticks += 1
@@ -223,6 +221,8 @@ class ControllerRuntime:
             stats.tick_work_ns.add(work_ns)
             if metrics is not None and precise:
                 metrics.on_tick(tick.lateness_ns, work_ns)
+            if board is not None and ticker.ticks % wb.PUBLISH_EVERY == 0:
+                self.publish()  # after the tick's work, in the time before the next deadline
 
     def open_recording(
         self,
