@@ -73,9 +73,13 @@ def workers(test_model_path: Path, tmp_path: Path) -> Iterator[Workers]:
         assert port and metrics, first + second + stderr.read_text()
         yield Workers(proc, f"127.0.0.1:{port.group(1)}", metrics.group(1), stderr)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        if proc.poll() is None:  # SIGTERM: the parent stops its workers (SIGKILL would orphan them for a second)
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
 
 def _wait_for(predicate, what: str, timeout_s: float = 20.0) -> None:
