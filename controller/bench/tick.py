@@ -706,16 +706,23 @@ def bench_sweep(
     model: Path, counts: Sequence[int], out_dir: Path = Path("runs/bench"), console: Console | None = None, **kw: Any
 ) -> dict[str, Any]:
     """bench tick at each session count in turn, stopping at the first that does not keep time
-    (tick_verdict); prints and stores the largest count that did (tick-sweep-<time>.json)."""
+    (tick_verdict); prints and stores the largest count that did (tick-sweep-<time>.json). A count
+    whose bare ticker itself missed the bounds says nothing of the executor: it is run once more
+    (the first run stays in the steps), and the sweep stops there if the machine is noisy again."""
     console = console or Console()
     steps: list[dict[str, Any]] = []
     for n in counts:
         r = bench_tick(model, n, out_dir=out_dir, console=console, **kw)
+        if not r["verdict"]["baseline_valid"]:
+            console.print(f"{n} sessions: the bare ticker missed its bounds (a noisy machine); once more")
+            steps.append(r)
+            r = bench_tick(model, n, out_dir=out_dir, console=console, **kw)
         steps.append(r)
         if not r["verdict"]["met"]:
             break
-    kept = [r["sessions"] for r in steps if r["verdict"]["met"]]
-    failed = next((r for r in steps if not r["verdict"]["met"]), None)
+    final = {r["sessions"]: r for r in steps}  # each count's last run (after a retry)
+    kept = [n for n, r in final.items() if r["verdict"]["met"]]
+    failed = next((r for r in final.values() if not r["verdict"]["met"]), None)
     table = Table(title="sweep: REALTIME sessions at 200 Hz (bounds: 0 missed, p99 < 1 ms, dropped < 0.1%)")
     for col in ("sessions", "missed", "p99 us", "bare p99 us", "dropped", "server CPU", "clients CPU", "kept time"):
         table.add_column(col, justify="right")

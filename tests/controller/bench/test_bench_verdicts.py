@@ -11,6 +11,7 @@ import json
 import pytest
 
 from dualloop.controller.bench import cli as bench_cli
+from dualloop.controller.bench import tick
 from dualloop.controller.bench.planner import planner_verdict
 from dualloop.controller.bench.tick import cpu_plan, tick_verdict
 from dualloop.controller.cli import main
@@ -115,3 +116,21 @@ def test_bench_tick_sweep_and_workers_smoke(tmp_path, test_model_path):
     assert ex["ticks"] == sum(w["ticks"] for w in ex["per_worker"])
     assert len(result["sessions_detail"]) == 4 and result["ran"]["workers"] == 2
     assert all(s["snapshots_received"] > 200 for s in result["sessions_detail"])
+
+
+def test_sweep_reruns_a_count_whose_baseline_was_noisy_and_stops_at_the_first_failure(monkeypatch, tmp_path):
+    outcomes = {8: [_tick(bare_missed=2), _tick()], 16: [_tick()], 24: [_tick(ex_missed=4)], 32: [_tick()]}
+    ran: list[int] = []
+
+    def fake_run(model, n, **kw):
+        ran.append(n)
+        r = {**outcomes[n].pop(0), "sessions": n, "ran": {}, "clients_cpu_fraction": 0.1}
+        r["executor"]["cpu_fraction"] = 0.5
+        r["verdict"] = tick_verdict(r)
+        return r
+
+    monkeypatch.setattr(tick, "bench_tick", fake_run)
+    result = tick.bench_sweep(BASE_MODEL_PATH, [8, 16, 24, 32], out_dir=tmp_path)
+    assert ran == [8, 8, 16, 24]  # 8 once more (noisy floor), then on until 24 fails; 32 never runs
+    assert result["largest_kept"] == 16 and result["stopped_at"] == 24
+    assert "stops keeping time at 24" in result["summary"]
