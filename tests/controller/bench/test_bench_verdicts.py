@@ -68,7 +68,7 @@ def test_cpu_plan_pins_the_server_apart_where_the_machine_allows():
     two = cpu_plan([0, 1], workers=1)
     assert two.servers == [[0]] and two.clients == [1] and two.bare == [1] and "CPU 0" in two.note
     both = cpu_plan([0, 1], workers=2)
-    assert both.servers == [[0], [1]] and both.clients is None and "no CPU left" in both.note
+    assert both.servers == [None, None] and both.clients is None and "no CPU left" in both.note
     assert cpu_plan([3], workers=1).servers == [None]
     four = cpu_plan([0, 1, 2, 3], workers=2)
     assert four.servers == [[0], [1]] and four.clients == [2, 3]
