@@ -13,12 +13,13 @@ from dualloop.controller.bench.planner import PHASE_S, bench_planner
 from dualloop.controller.bench.replay import bench_replay
 from dualloop.controller.bench.secure import MissingExtraError, require_cryptography
 from dualloop.controller.bench.sim import bench_sim
-from dualloop.controller.bench.tick import bench_tick
+from dualloop.controller.bench.tick import SWEEP, bench_sweep, bench_tick
 from dualloop.controller.console import console
 from dualloop.controller.serve.config import ConfigError
 from dualloop.controller.serve.gate_files import load_gate_for_model
+from dualloop.controller.serve.workers import worker_count
 from dualloop.executor.model_runner import DecisionModel
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
 _BENCH_DURATION_S = {"tick": 60.0, "planner": 600.0, "sim": 3.0, "replay": 60.0, "gate": 0.0}
 _BENCH_SESSIONS = {"planner": 32}
@@ -37,9 +38,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--gate",
         type=Path,
         action="append",
-        help="gate file (bench gate; default: models/base.onnx with its two gates); repeat for several",
+        help="gate file; repeat for several (default: without --model, the shipped model's two gates)",
     )
-    p.add_argument("--model", type=Path, default=TEST_MODEL_PATH)
+    p.add_argument(
+        "--model",
+        type=Path,
+        help="ONNX model (default: models/base.onnx with its two gates, as served; another model runs with the "
+        "--gate files given, none if none)",
+    )
     p.add_argument(
         "--compare-pure",
         action="store_true",
@@ -79,6 +85,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "bearer token checked on every RPC, metrics scraped every second; on), or plain and secure runs in "
         "turns (plain, secure, plain, secure; each --duration) with a verdict in us (both)",
     )
+    # bench tick: issue 18's honest-bench options
+    p.add_argument(
+        "--workers", type=worker_count, default=1, help="bench tick: server processes sharing the port ('auto')"
+    )
+    p.add_argument(
+        "--sweep",
+        nargs="?",
+        const=",".join(map(str, SWEEP)),
+        help="bench tick: session counts in turn (default %(const)s), stopping at the first that does not keep "
+        "time; prints the largest that did",
+    )
+    p.add_argument("--client-procs", type=int, help="bench tick: client processes (default one per 16 sessions)")
+    p.add_argument(
+        "--no-pin", action="store_true", help="bench tick: do not pin the server apart from clients and bare ticker"
+    )
+    p.add_argument(
+        "--planner",
+        choices=["none", "behaviour"],
+        default="none",
+        help="bench tick: the server's planner (default none, as `dualloop serve` runs by default)",
+    )
     p.set_defaults(fn=_bench)
 
 
@@ -86,6 +113,9 @@ def _bench(args: argparse.Namespace) -> int:
     # what each bench runs unless told: the planner's busy/idle p99 ratio needs many turns of each
     # (docs/measurements.md)
     duration = args.duration if args.duration is not None else _BENCH_DURATION_S[args.what]
+    # what users run: the shipped model with its gates, unless told otherwise
+    model_path = args.model or BASE_MODEL_PATH
+    gate_paths = tuple(args.gate) if args.gate else (() if args.model else DEFAULT_GATES)
     sessions = args.sessions if args.sessions is not None else _BENCH_SESSIONS.get(args.what, 8)
     if args.what == "sim":
         console.print(bench_sim(seconds=duration))
@@ -102,7 +132,7 @@ def _bench(args: argparse.Namespace) -> int:
         if args.compare_pure:
             bench_plan_cost(args.out, console)
         bench_planner(
-            args.model,
+            model_path,
             sessions,
             duration,
             args.out,
@@ -110,12 +140,12 @@ def _bench(args: argparse.Namespace) -> int:
             args.realtime_priority or None,
             planner="behaviour",
             console=console,
+            gates=gate_paths,
         )
         return 0
     if args.what == "replay":
-        model = BASE_MODEL_PATH if args.model == TEST_MODEL_PATH else args.model
         bench_replay(
-            model,
+            model_path,
             tuple(args.gate) if args.gate else DEFAULT_GATES,
             out_dir=args.out,
             seconds=min(duration, 60.0),
@@ -123,11 +153,8 @@ def _bench(args: argparse.Namespace) -> int:
         )
         return 0
     if args.what == "gate":
-        model_path, gate_paths = args.model, args.gate
         if not gate_paths:  # the shipped model with its two gates, as `serve` runs them by default
-            if args.model != TEST_MODEL_PATH:
-                raise ConfigError("bench gate needs --gate FILE for a model other than models/base.onnx")
-            model_path, gate_paths = BASE_MODEL_PATH, list(DEFAULT_GATES)
+            raise ConfigError("bench gate needs --gate FILE for a model other than models/base.onnx")
         model = DecisionModel(model_path)
         gates = [load_gate_for_model(g, model) for g in gate_paths]
         counts = sorted(set(SESSION_COUNTS) | ({args.sessions} if args.sessions else set()))  # plus --sessions
@@ -156,25 +183,34 @@ def _bench(args: argparse.Namespace) -> int:
             except MissingExtraError as err:
                 console.print(f"[red]error:[/] {escape(str(err))}", highlight=False)  # keeps '[bench]'
                 return 2
-        result = bench_tick(
-            args.model,
+        if args.workers > 1 and (args.secure != "off" or args.metrics != "off"):
+            console.print("[red]error:[/] bench tick --workers runs without --secure and --metrics", highlight=False)
+            return 2
+        tick_options = {
+            "guard_ms": args.guard_ms,
+            "rt_priority": args.realtime_priority or None,
+            "gates": gate_paths,
+            "workers": args.workers,
+            "client_procs": args.client_procs,
+            "pin": not args.no_pin,
+            "planner": args.planner,
+        }
+        if args.sweep:
+            try:
+                counts = [int(c) for c in args.sweep.split(",")]
+            except ValueError:
+                console.print(f"[red]error:[/] --sweep {args.sweep}: session counts like 8,16,32", highlight=False)
+                return 2
+            bench_sweep(model_path, counts, args.out, console, duration_s=duration, plot=False, **tick_options)
+            return 0
+        bench_tick(
+            model_path,
             sessions,
             duration,
             args.out,
-            args.guard_ms,
-            args.realtime_priority or None,
+            console=console,
             metrics=args.metrics,
             secure=args.secure,
-        )
-        if args.metrics == "both" or args.secure == "both":
-            return 0
-        ok = (
-            result["executor"]["missed_deadlines"] == 0
-            and result["p99_ratio_executor_over_bare"] <= 1.5
-            and result["executor"]["lateness_us"]["p99"] < 500
-        )
-        console.print(
-            "targets (0 missed, p99 <= 1.5x bare and < 500 us): "
-            + ("[green]met[/]" if ok else "[yellow]not met in this run[/]")
+            **tick_options,
         )
     return 0

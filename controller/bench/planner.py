@@ -16,6 +16,7 @@ is reported from the scheduler's request -> plan latency instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import numpy.typing as npt
 from rich.console import Console
 from rich.table import Table
 
-from dualloop.controller.bench.tick import _bench_tick, store_result
+from dualloop.controller.bench.tick import P99_BOUND_US, _bench_tick, print_ran, store_result
 from dualloop.controller.serve.server import new_event_loop
 from dualloop.controller.serve.ticker import percentiles_us
 
@@ -64,6 +65,25 @@ def compare_turns(rows: npt.NDArray[np.int64], resamples: int = 2000, seed: int 
     return result
 
 
+def planner_verdict(result: dict[str, Any]) -> dict[str, Any]:
+    """The goal with absolute bounds beside the ratio: a ratio of two overloaded windows is no pass."""
+    failures = []
+    if result.get("bare_missed_deadlines") or not result["bare_lateness_us"]["p99"] < P99_BOUND_US:
+        failures.append(
+            f"the machine's floor itself did not keep time (bare ticker: {result.get('bare_missed_deadlines', 0)} "
+            f"missed, p99 {result['bare_lateness_us']['p99']:.0f} us)"
+        )
+    if result["missed_deadlines"]:
+        failures.append(f"{result['missed_deadlines']} missed deadlines")
+    for side in ("idle", "busy"):
+        p99 = result[side]["lateness_us"]["p99"]
+        if not p99 < P99_BOUND_US:
+            failures.append(f"{side} p99 {p99:.0f} us >= {P99_BOUND_US:.0f} us")
+    if not result["p99_ratio_busy_over_idle"] <= GOAL_RATIO:
+        failures.append(f"busy/idle p99 {result['p99_ratio_busy_over_idle']:.2f}x > {GOAL_RATIO}x")
+    return {"met": not failures, "failures": failures, "ratio_bound": GOAL_RATIO, "p99_bound_us": P99_BOUND_US}
+
+
 def print_planner_report(result: dict[str, Any], console: Console) -> None:
     table = Table(
         title=f"tick lateness (us), {result['sessions']} REALTIME sessions, {result['duration_s']:.0f} s "
@@ -86,11 +106,13 @@ def print_planner_report(result: dict[str, Any], console: Console) -> None:
         f"{result['bare_lateness_us']['p99']:.0f} us (the machine's floor in the same run)"
     )
     ratio = result["p99_ratio_busy_over_idle"]
-    verdict = "[green]within[/]" if ratio <= GOAL_RATIO else "[red]over[/]"
     low, high = result["p99_ratio_interval_95"]
+    v = result["verdict"]
     console.print(
-        f"p99 busy/idle: [bold]{ratio:.2f}x[/] ({verdict} the {GOAL_RATIO}x goal); 95% interval "
-        f"{low:.2f}-{high:.2f}x (bootstrap over turns)"
+        f"p99 busy/idle: [bold]{ratio:.2f}x[/] (95% interval {low:.2f}-{high:.2f}x, bootstrap over turns); "
+        f"goal: <= {GOAL_RATIO}x with both windows' p99 < {P99_BOUND_US:.0f} us and 0 missed: "
+        + ("[green]met[/]" if v["met"] else "[yellow]not met[/]: " + "; ".join(v["failures"])),
+        highlight=False,
     )
     p = result["planner_stats"] or {}
     if p:
@@ -122,6 +144,7 @@ def bench_planner(
     planner: str = "behaviour",
     console: Console | None = None,
     phase_s: float = PHASE_S,
+    gates: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """One run, planner idle and busy in turns; prints and stores the comparison."""
     if duration_s < 4 * phase_s:
@@ -143,6 +166,7 @@ def bench_planner(
                 planner=planner,
                 label=f"planner idle/busy ({planner})",
                 alternate_s=phase_s,
+                gates=gates,
             )
         )
     finally:
@@ -151,6 +175,7 @@ def bench_planner(
     result: dict[str, Any] = {
         "when": datetime.now().isoformat(timespec="seconds"),
         "model": str(model),
+        "ran": run["ran"],
         "sessions": sessions,
         "duration_s": duration_s,
         "phase_s": phase_s,
@@ -164,8 +189,11 @@ def bench_planner(
         "planner_stats": ex["planner"],
         "tick_gaps": sum(s["tick_gaps"] for s in run["sessions_detail"]),
         "snapshots_dropped": sum(s["snapshots_dropped"] for s in run["sessions_detail"]),
+        "bare_missed_deadlines": run["bare_ticker"]["missed_deadlines"],
     }
+    result["verdict"] = planner_verdict(result)
     path = store_result(out_dir, "planner", result)
+    print_ran(run, console)
     print_planner_report(result, console)
     console.print(f"results: {path}")
     return result

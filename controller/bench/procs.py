@@ -12,21 +12,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import cast
 
 import grpc
 import numpy as np
 
 from dualloop.controller.bench.secure import TOKEN_ENV
+from dualloop.controller.logs.logfile import read_log
+from dualloop.controller.logs.synthetic import REAL_DRIVE
+from dualloop.controller.serve import board as wb
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ControllerRuntime, ControllerServer, new_event_loop
+from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ControllerRuntime, ControllerServer, new_event_loop
 from dualloop.controller.serve.ticker import LatenessLog, percentiles_us, run_bare_ticker
 from dualloop.executor.core import ExecutorStats
 from dualloop.executor.snapshot import Reason
+from dualloop.sim import schema
+from dualloop.sim.sensors import NOMINAL_SIGMA
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
@@ -34,15 +41,17 @@ from dualloop.v2 import controller_pb2_grpc as pb_grpc
 async def _session(
     stub: pb_grpc.ControllerServiceStub,
     index: int,
-    n_features: int,
+    info: pb.ModelInfo,
     duration_s: float,
     period_s: float,
     seed: int,
     all_open: asyncio.Barrier,
 ) -> dict[str, object]:
     rng = np.random.default_rng(seed + index)
-    features = rng.normal(0, 1, n_features).astype(np.float32)
-    features[0] = 25.0
+    drive, noise = bench_inputs(info)
+    offset = index * 997 % len(drive)  # sessions at different places of the drive
+    # a client plan every 200 ms (as synthetic logs carry) unless the server plans
+    plan = PLAN if len(info.plan) == len(PLAN) and not info.planner else None
     call = stub.Drive()
     await call.write(pb.DriveRequest(open=pb.OpenSession(session_id=f"bench-{index}", clock=pb.CLOCK_MODE_REALTIME)))
     opened = await call.read()
@@ -57,12 +66,12 @@ async def _session(
         next_t = time.monotonic()
         while time.monotonic() < stop_at:
             seq += 1
-            features[1] = np.float32(seq % 100) / 100  # vary the input a little
-            await call.write(
-                pb.DriveRequest(
-                    observation=pb.Observation(seq=seq, timestamp_ns=time.monotonic_ns(), features=features.tolist())
-                )
-            )
+            x = drive[(offset + seq // 2) % len(drive)] + noise * rng.standard_normal(noise.size).astype(np.float32)
+            obs = pb.Observation(seq=seq, timestamp_ns=time.monotonic_ns(), features=x.tolist())
+            if plan is not None and seq % 40 == 1:
+                obs.plan.plan_id = f"p{seq}"
+                obs.plan.values.extend(plan)
+            await call.write(pb.DriveRequest(observation=obs))
             next_t += period_s
             await asyncio.sleep(max(0.0, next_t - time.monotonic()))
         await call.done_writing()
@@ -95,29 +104,72 @@ async def _session(
     }
 
 
-def open_channel(address: str, ca_file: str | None, token: str | None) -> grpc.aio.Channel:
-    """Plaintext, or TLS trusting ca_file with the token sent as 'authorization: Bearer' on every call."""
+PLAN = schema.make_plan(25.0, 0.0, schema.BEHAVIOURS.index("keep")).tolist()
+
+
+def bench_inputs(info: pb.ModelInfo) -> tuple[np.ndarray, np.ndarray]:
+    """Observations as users send them: the real drive that ships with the tests (10 Hz, held over
+    two ticks each) with the simulator's sensor noise, when it fits the model; else draws near the
+    card's normalisation means. Inputs the gates reject on every tick would measure the fallback
+    path instead of the one served."""
+    n = len(info.features)
+    if REAL_DRIVE.exists():
+        drive = np.array([list(o.features) for o in read_log(REAL_DRIVE).observations], np.float32)
+        if drive.shape[1] == n and NOMINAL_SIGMA.size == n:
+            return drive, NOMINAL_SIGMA.astype(np.float32)
+    mean = np.array([f.mean for f in info.features], np.float32)
+    std = np.array([f.std for f in info.features], np.float32)
+    return mean[None, :], (0.1 * std).astype(np.float32)
+
+
+def open_channel(address: str, ca_file: str | None, token: str | None, private: bool = False) -> grpc.aio.Channel:
+    """Plaintext, or TLS trusting ca_file with the token sent as 'authorization: Bearer' on every call.
+    private: a connection of its own (channels with equal arguments otherwise share one)."""
+    options = [("grpc.use_local_subchannel_pool", 1)] if private else None
     if ca_file is None:
-        return grpc.aio.insecure_channel(address)
+        return grpc.aio.insecure_channel(address, options)
     with open(ca_file, "rb") as f:
         creds = grpc.ssl_channel_credentials(f.read())
     if token:
         creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
-    return grpc.aio.secure_channel(address, creds)
+    return grpc.aio.secure_channel(address, creds, options)
 
 
 async def run_clients(
-    address: str, sessions: int, duration_s: float, period_s: float, seed: int, ca_file: str | None = None
+    address: str,
+    sessions: int,
+    duration_s: float,
+    period_s: float,
+    seed: int,
+    ca_file: str | None = None,
+    first: int = 0,
+    channel_per_session: bool = False,
 ) -> list[dict]:
-    async with open_channel(address, ca_file, os.environ.get(TOKEN_ENV)) as channel:
-        stub = pb_grpc.ControllerServiceStub(channel)
-        info = (await stub.GetModelInfo(pb.GetModelInfoRequest())).model
+    """Sessions first .. first + sessions - 1. channel_per_session: a connection each (a server with
+    several workers gets connections, not streams, spread over its processes); else one for all."""
+    token = os.environ.get(TOKEN_ENV)
+    n_channels = sessions if channel_per_session else 1
+    channels = [open_channel(address, ca_file, token, private=channel_per_session) for _ in range(n_channels)]
+    try:
+        stubs = [pb_grpc.ControllerServiceStub(c) for c in channels]
+        info = (await stubs[0].GetModelInfo(pb.GetModelInfoRequest())).model
         all_open = asyncio.Barrier(sessions)
-        return list(
+        cpu0 = time.process_time()
+        results = list(
             await asyncio.gather(
-                *(_session(stub, i, len(info.features), duration_s, period_s, seed, all_open) for i in range(sessions))
+                *(
+                    _session(stubs[i % n_channels], first + i, info, duration_s, period_s, seed, all_open)
+                    for i in range(sessions)
+                )
             )
         )
+        cpu = time.process_time() - cpu0
+        for r in results:  # the whole process's CPU, on every row (the bench reads it once)
+            r["client_process_cpu_s"] = cpu
+        return results
+    finally:
+        for c in channels:
+            await c.close()
 
 
 _PLANNER_COUNTS = (
@@ -131,6 +183,16 @@ _PLANNER_COUNTS = (
     "starved_batches",
     "priority_raises",
 )
+
+
+def pin_threads(cpus: set[int]) -> None:
+    """Every thread of this process onto cpus (threads started later inherit it from their creator).
+    The server pins itself once started, so that its planner worker process, started first, keeps
+    every CPU: pinned beside the tick loop it would wait behind it (it runs under SCHED_IDLE)."""
+    tasks = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+    for tid in tasks:
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(tid, cpus)
 
 
 def _alternate(
@@ -174,7 +236,14 @@ async def run_server(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     tokens_file: str | None = None,
+    gates: list[str] | None = None,
+    port: int = 0,
+    board: wb.Board | None = None,
+    slot: int = 0,
+    cpus: set[int] | None = None,
 ) -> dict:
+    """board: one of several workers on `port` (the bench's --workers); the window opens when the
+    workers together have every session open and closes when any session of any worker closes."""
     executor_cfg: dict[str, object] = {"max_sessions": max(sessions, 1), "ticker_guard_ms": guard_ms}
     if alternate_s:
         # The paused phases must not put sessions in STALE_PLAN fallback (a different tick path);
@@ -184,7 +253,8 @@ async def run_server(
     auth: dict[str, object] = {"tokens_env": None, "tokens_file": tokens_file}
     config = ServerConfig(
         model=model,
-        port=0,
+        gates=gates or [],
+        port=port,
         realtime_priority=rt_priority,
         executor=executor_cfg,
         planner={"source": planner},
@@ -192,11 +262,34 @@ async def run_server(
         tls={"cert_file": tls_cert, "key_file": tls_key} if tls_cert else None,
         metrics_port=0 if metrics else None,  # the bench scrapes it from its own process
     )
-    server = ControllerServer(config)
+    server = ControllerServer(config, worker=(board, slot) if board is not None else None)
     port = await server.start()
-    print(json.dumps({"port": port, "metrics_port": server.metrics_port}), flush=True)
+    if cpus:
+        pin_threads(cpus)
+    card = server.executor.card
+    print(
+        json.dumps(
+            {
+                "port": port,
+                "metrics_port": server.metrics_port,
+                "model": {"name": card.name, "version": card.version, "path": str(model)},
+                "gates": [
+                    {"path": str(path), "version": gate.version_hash[:16]}
+                    for path, gate in zip(config.gates, server.executor.gates)
+                ],
+            }
+        ),
+        flush=True,
+    )
     runtime, executor = server.runtime, server.executor
-    while runtime.stats.sessions_opened < sessions:  # measure only while all sessions are connected
+
+    def opened() -> int:
+        return board.totals().sessions_opened if board is not None else runtime.stats.sessions_opened
+
+    def open_now() -> int:
+        return board.totals().sessions_open if board is not None else sessions - runtime.stats.sessions_closed
+
+    while opened() < sessions:  # measure only while all sessions are connected
         await asyncio.sleep(0.005)
     runtime.stats.reset()
     executor.stats = ExecutorStats()
@@ -209,7 +302,8 @@ async def run_server(
         else (None, None)
     )
     cpu0, t0 = time.process_time(), time.monotonic()
-    while runtime.stats.sessions_closed == 0:
+    sessions_here = len(executor.sessions)
+    while runtime.stats.sessions_closed == 0 and open_now() >= sessions:
         await asyncio.sleep(0.005)
     if alternating is not None:
         alternating.cancel()
@@ -273,6 +367,9 @@ async def run_server(
         "cpu_per_tick_us": split,
         "cpu_fraction": cpu_s / wall_s,
         "snapshots_sent": stats.snapshots_sent,
+        "sessions_here": sessions_here,
+        "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "planner_worker_cpus": "all (started before the server pinned itself)" if planning is not None else None,
         "scheduling": server.scheduling,
         # what the server ran with, from its own configuration (the result shows a secure run was one)
         "security": {
@@ -285,7 +382,9 @@ async def run_server(
     # The window ended with the first session; the others end within a few ticks. Stopping now would
     # drain them (UNAVAILABLE) and fail the clients process, so wait for them (counted above already).
     give_up = time.monotonic() + 10.0
-    while runtime.stats.sessions_closed < sessions and time.monotonic() < give_up:
+    while time.monotonic() < give_up and (
+        open_now() > 0 if board is not None else runtime.stats.sessions_closed < sessions
+    ):
         await asyncio.sleep(0.005)
     await server.stop()
     return result
@@ -301,6 +400,9 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--period-ms", type=float, default=5.0)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--ca-file", help=f"connect with TLS trusting this CA; the token is read from ${TOKEN_ENV}")
+    c.add_argument("--first", type=int, default=0, help="index of this process's first session")
+    c.add_argument("--channel-per-session", action="store_true", help="a connection per session (workers)")
+    c.add_argument("--cpus", help="pin this process to these CPUs (comma-separated)")
     srv = sub.add_parser("server")
     srv.add_argument("--model", required=True)
     srv.add_argument("--sessions", type=int, default=8)
@@ -320,18 +422,37 @@ def main(argv: list[str] | None = None) -> None:
     srv.add_argument("--tls-cert", help="serve TLS with this certificate (and --tls-key)")
     srv.add_argument("--tls-key")
     srv.add_argument("--tokens-file", help="require a bearer token from this file on every RPC")
+    srv.add_argument("--gate", action="append", help="gate file (repeat)")
+    srv.add_argument("--port", type=int, default=0)
+    srv.add_argument("--board", help="worker board file (bench tick --workers)")
+    srv.add_argument("--workers", type=int, default=1)
+    srv.add_argument("--slot", type=int, default=0)
+    srv.add_argument("--cpus", help="pin this process to these CPUs (comma-separated)")
     b = sub.add_parser("bare")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--period-ms", type=float, default=5.0)
     b.add_argument("--guard-ms", type=float, default=2.0)
     b.add_argument("--save", help="write the raw lateness values (ns) to this .npy file")
     b.add_argument("--realtime-priority", type=int, default=None)
+    b.add_argument("--cpus", help="pin this process to these CPUs (comma-separated)")
     args = parser.parse_args(argv)
+    cpus = {int(c) for c in args.cpus.split(",")} if args.cpus else None
+    if cpus and args.what != "server":  # before anything starts a thread: threads inherit the mask
+        os.sched_setaffinity(0, cpus)
     loop = new_event_loop()
     result: object
     if args.what == "clients":
         result = loop.run_until_complete(
-            run_clients(args.address, args.sessions, args.duration, args.period_ms / 1e3, args.seed, args.ca_file)
+            run_clients(
+                args.address,
+                args.sessions,
+                args.duration,
+                args.period_ms / 1e3,
+                args.seed,
+                args.ca_file,
+                args.first,
+                args.channel_per_session,
+            )
         )
     elif args.what == "server":
         result = loop.run_until_complete(
@@ -347,6 +468,11 @@ def main(argv: list[str] | None = None) -> None:
                 args.tls_cert,
                 args.tls_key,
                 args.tokens_file,
+                args.gate,
+                args.port,
+                wb.Board.attach(Path(args.board), args.workers, LATENESS_BUCKETS_US) if args.board else None,
+                args.slot,
+                cpus,
             )
         )
     else:

@@ -25,6 +25,7 @@ from dualloop.controller.serve.log_stream import stream_logs
 from dualloop.controller.serve.security import private_server_env
 from dualloop.controller.serve.security_cli import add_security_arguments, security_overrides, security_summary
 from dualloop.controller.serve.server import ControllerServer, new_event_loop
+from dualloop.controller.serve.workers import serve_workers, worker_count
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
@@ -64,6 +65,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port (0: a free one; default: off)"
     )
     p.add_argument("--metrics-host", help="bind address for the metrics (default 127.0.0.1)")
+    p.add_argument(
+        "--workers",
+        type=worker_count,
+        default=1,
+        help="server processes sharing the port (SO_REUSEPORT), each a full executor; 'auto': one per CPU "
+        "(default 1); a session stays on the process that accepted it (docs/operations.md#workers)",
+    )
     p.set_defaults(fn=serve)
 
     p = sub.add_parser(
@@ -104,6 +112,8 @@ def serve(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
     )
     configure_logging(config.log_level, config.log_format)
+    if args.workers > 1:
+        return serve_workers(config, args.workers, lambda line: console.print(line, highlight=False, markup=False))
     server = ControllerServer(config)
 
     async def run() -> None:

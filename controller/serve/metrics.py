@@ -336,7 +336,7 @@ class MetricsCollector(Collector):
 class MetricsEndpoint:
     """GET http://host:port/metrics (any path answers) on a daemon thread, with this server's own registry."""
 
-    def __init__(self, collector: MetricsCollector) -> None:
+    def __init__(self, collector: Collector) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         self._httpd: WSGIServer | None = None

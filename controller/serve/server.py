@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -30,6 +31,7 @@ from dualloop.controller.logs.format import (
     REQUIRE_PLAN_DETAIL,
 )
 from dualloop.controller.logs.recorder import Recorder
+from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import events
 from dualloop.controller.serve.config import ConfigError, ServerConfig, host_port
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
@@ -135,6 +137,49 @@ class ControllerRuntime:
         self.metrics = (
             ServerMetrics(LATENESS_BUCKETS_US, executor.checks.kinds) if config.metrics_port is not None else None
         )
+        # One of several worker processes (dualloop serve --workers N): its row on the shared board
+        self.board: wb.Board | None = None
+        self.board_slot = 0
+        self._board_epoch = 0
+        self._board_log: LatenessLog | None = None
+        self._board_seen = 0
+        self._board_hist: wb.LatenessHistogram | None = None
+        self.board_fields: dict[int, float] = {}  # set by the server: ready, metrics port, draining
+
+    def publish(self) -> None:
+        """This worker's figures to its row of the board (between ticks, on the loop)."""
+        board = self.board
+        if board is None:
+            return
+        if board.reset_epoch != self._board_epoch:  # GetStats(reset=True) on another worker
+            self._board_epoch = board.reset_epoch
+            self.reset_stats()
+        log = self.stats.lateness
+        if log is not self._board_log or self._board_hist is None:  # a new window
+            self._board_log, self._board_seen = log, 0
+            self._board_hist = wb.LatenessHistogram(board.edges)
+        self._board_hist.add(log.since(self._board_seen))
+        self._board_seen = log.count
+        stats, hist = self.stats, self._board_hist
+        board.write(
+            self.board_slot,
+            {
+                wb.PID: os.getpid(),
+                wb.TICKS: stats.ticks,
+                wb.TICKS_TOTAL: stats.ticks_total,
+                wb.MISSED: self.ticker.missed - self.missed_at_reset,
+                wb.MISSED_TOTAL: self.ticker.missed,
+                wb.SESSIONS_OPEN: len(self.executor.sessions),
+                wb.SESSIONS_OPENED: stats.sessions_opened,
+                wb.SNAPSHOTS_SENT: stats.snapshots_sent,
+                wb.SNAPSHOTS_SENT_TOTAL: stats.snapshots_sent_total,
+                wb.LATENESS_MAX_US: hist.max_us,
+                wb.LATENESS_COUNT: hist.n,
+                wb.PUBLISHED_NS: _mono_ns(),
+                **self.board_fields,
+            },
+            hist.counts,
+        )
 
     def stop(self) -> None:
         self._stopping = True
@@ -144,12 +189,14 @@ class ControllerRuntime:
         self.missed_at_reset = self.ticker.missed
 
     async def run_ticks(self) -> None:
-        ex, stats, ticker = self.executor, self.stats, self.ticker
+        ex, ticker = self.executor, self.ticker
         metrics = self.metrics
         tally = metrics.realtime.add if metrics is not None else None
+        board = self.board
         while not self._stopping:
             precise = ex.realtime_sessions > 0
             tick = await ticker.next(precise)
+            stats = self.stats  # publish() below may have started a new window
             if precise:  # lateness and tick counts describe ticks someone was served
                 stats.lateness.add(tick.lateness_ns)
                 stats.ticks += 1
@@ -174,6 +221,8 @@ class ControllerRuntime:
             stats.tick_work_ns.add(work_ns)
             if metrics is not None and precise:
                 metrics.on_tick(tick.lateness_ns, work_ns)
+            if board is not None and ticker.ticks % wb.PUBLISH_EVERY == 0:
+                self.publish()  # after the tick's work, in the time before the next deadline
 
     def open_recording(
         self,
@@ -444,6 +493,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.GetStatsResponse:
         await _refuse_malformed(request, context)
         runtime = self.runtime
+        if runtime.board is not None:
+            return self._workers_stats(request)
         stats = runtime.stats
         lateness = stats.lateness.values().astype(np.float64) / 1e3
         p50, p99, p999, mx = np.percentile(lateness, [50, 99, 99.9, 100]) if lateness.size else (0.0,) * 4
@@ -470,6 +521,43 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         )
         if request.reset:
             runtime.reset_stats()
+        return reply
+
+    def _workers_stats(self, request: pb.GetStatsRequest) -> pb.GetStatsResponse:
+        """GetStats for the whole server: every worker's row of the board, this one's just published
+        (the others' are at most board.PUBLISH_EVERY ticks old). Lateness percentiles come from the
+        merged fine histogram (board.py: within 2%, never below the exact value)."""
+        runtime = self.runtime
+        board = runtime.board
+        assert board is not None
+        runtime.publish()
+        t = board.totals()
+        p50, p99, p999 = board.percentiles_us(t.histogram, [50, 99, 99.9])
+        now = _mono_ns()
+        reply = pb.GetStatsResponse(
+            ticks=t.ticks,
+            missed_deadlines=t.missed,
+            lateness_p50_us=p50,
+            lateness_p99_us=p99,
+            lateness_p999_us=p999,
+            lateness_max_us=t.lateness_max_us,
+            lateness_bucket_upper_us=LATENESS_BUCKETS_US,
+            lateness_histogram=board.coarse(t.histogram),
+            sessions_open=t.sessions_open,
+            sessions_opened=t.sessions_opened,
+            snapshots_sent=t.snapshots_sent,
+            scheduling=f"{runtime.scheduling}; {t.workers} worker processes ({t.workers_ready} serving), "
+            f"sessions opened per worker in this window: {', '.join(map(str, t.opened_per_worker))}",
+            window_s=(now - runtime.stats.window_start_ns) / 1e9,
+            ticks_total=t.ticks_total,
+            missed_deadlines_total=t.missed_total,
+            uptime_s=(now - t.started_ns) / 1e9,
+            snapshots_sent_total=t.snapshots_sent_total,
+        )
+        if request.reset:  # every worker resets its window at its next publish; this one now
+            runtime._board_epoch = board.request_reset()
+            runtime.reset_stats()
+            runtime.publish()
         return reply
 
     async def GetShadowStats(
@@ -794,9 +882,14 @@ class ControllerServer:
     """Owns the model, executor, gRPC server and tick loop; run it on an asyncio loop."""
 
     def __init__(
-        self, config: ServerConfig, model: DecisionModel | None = None, plan_source: SourceFactory | None = None
+        self,
+        config: ServerConfig,
+        model: DecisionModel | None = None,
+        plan_source: SourceFactory | None = None,
+        worker: tuple[wb.Board, int] | None = None,
     ) -> None:
-        """plan_source overrides config.planner.source (its period and deadline still apply)."""
+        """plan_source overrides config.planner.source (its period and deadline still apply).
+        worker: (board, slot) when this is one of several processes sharing the port (workers.py)."""
         self.config = config
         try:  # tokens are read here, never kept in the configuration (it is recorded in session logs)
             self.auth = Authenticator(config.auth)
@@ -815,6 +908,8 @@ class ControllerServer:
         self.runtime = ControllerRuntime(self.executor, config)
         if config.planner.enabled or plan_source is not None:
             self.runtime.planning = ServerPlanning(config.planner, self.executor, plan_source)
+        if worker is not None:
+            self.runtime.board, self.runtime.board_slot = worker
         self.port: int | None = None
         self.scheduling = "not started"
         self._server: grpc.aio.Server | None = None
@@ -828,7 +923,8 @@ class ControllerServer:
             await asyncio.to_thread(self.runtime.planning.start)
         self._server = grpc.aio.server(
             options=[
-                ("grpc.so_reuseport", 0),
+                # several worker processes listen on one port; a single server keeps the port its own
+                ("grpc.so_reuseport", 1 if self.runtime.board is not None else 0),
                 ("grpc.max_receive_message_length", self.config.max_receive_message_bytes),
             ],
             interceptors=[AuthInterceptor(self.auth)] if self.auth.enabled else None,
@@ -856,7 +952,7 @@ class ControllerServer:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             mb = self.config.record_rotate_mb
             self.runtime.recorder = Recorder(
-                self.config.record_dir / f"dualloop-{stamp}.mcap",
+                self.config.record_dir / f"dualloop-{stamp}{self._worker_suffix}.mcap",
                 rotate_bytes=int(mb * 1e6) if mb else None,
                 rotate_seconds=self.config.record_rotate_s,
             )
@@ -869,7 +965,15 @@ class ControllerServer:
         # a thread, so that health answers NOT_SERVING meanwhile
         await asyncio.to_thread(self._warm)
         await self.health.serving()
+        if self.runtime.board is not None:
+            self.runtime.board_fields = {wb.READY: 1, wb.METRICS_PORT: self.metrics_port or 0}
+            self.runtime.publish()
         return self.port
+
+    @property
+    def _worker_suffix(self) -> str:
+        """Each worker records to files of its own."""
+        return f"-w{self.runtime.board_slot}" if self.runtime.board is not None else ""
 
     def log_start(self) -> None:
         """The server.start event (the CLI logs it after its own start line, which scripts read first)."""
@@ -900,6 +1004,9 @@ class ControllerServer:
             return
         grace = self.config.drain_grace_s if grace_s is None else grace_s
         runtime.draining.set()
+        if runtime.board is not None:
+            runtime.board_fields[wb.DRAINING] = 1
+            runtime.publish()
         events.event("server.drain", sessions_open=len(self.executor.sessions), grace_s=grace)
         if self.health is not None:
             await self.health.draining()
@@ -926,6 +1033,7 @@ class ControllerServer:
             self.recording_stats = await asyncio.to_thread(self.runtime.recorder.close)
             recording = {"recorder_dropped": self.recording_stats.total_dropped}
         stats = self.runtime.stats
+        self.runtime.publish()  # the final totals, for the parent's exit line
         events.event(
             "server.stop",
             uptime_s=round((_mono_ns() - stats.started_ns) / 1e9, 3),

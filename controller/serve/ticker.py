@@ -57,6 +57,17 @@ class LatenessLog:
     def __len__(self) -> int:
         return min(self._count, self._values.size)
 
+    @property
+    def count(self) -> int:
+        """Values added since the start (the ring keeps the last `capacity` of them)."""
+        return self._count
+
+    def since(self, count: int) -> np.ndarray:
+        """The values added after the first `count` (those the ring still holds)."""
+        start = max(count, self._count - self._values.size)
+        idx = np.arange(start, self._count) % self._values.size
+        return self._values[idx]
+
 
 class PreciseTicker:
     """Waits for the deadlines start + k * period on the monotonic clock."""

@@ -1,0 +1,314 @@
+"""`dualloop serve --workers N`: N server processes on one port, each a full executor + gRPC server.
+
+One Python process serves one core (one GIL, one event loop that also runs the tick), so the
+parent starts N worker processes that all bind the port with SO_REUSEPORT (gRPC's
+`grpc.so_reuseport` option; gRPC's own examples/python/multiprocessing does the same): the kernel
+hands each new connection to one of them. Everything a session has stays on the process that
+accepted its stream (REALTIME and LOCKSTEP alike); a channel's streams all go to one worker, so
+spreading sessions over workers needs several channels (one per client process, as real stacks
+have). Health and reflection are served by every worker.
+
+Whole-server figures: each worker publishes its counters to a shared-memory board (board.py) and
+answers GetStats from every row; the parent serves Prometheus metrics (when configured) by reading
+each worker's own metrics endpoint (a private loopback port) and summing the samples: every family
+the server exports is a counter, a histogram, a summary or an additive gauge.
+
+Supervision: SIGTERM or SIGINT to the parent is forwarded as SIGTERM to every worker, which drains
+(ControllerServer.stop: NOT_SERVING, refuse new sessions, end open ones after a final snapshot);
+the parent exits 0 once all have exited 0. A worker that dies on its own is reported
+(server.worker_exit) and restarted in its slot: its sessions ended with it (their clients see
+UNAVAILABLE and reconnect, to any worker), its totals are kept on the board. More than
+MAX_RESTARTS deaths within RESTART_WINDOW_S is a crash loop: the parent drains the rest and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterable
+from pathlib import Path
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from dualloop.controller.serve import board as wb
+from dualloop.controller.serve import events
+from dualloop.controller.serve.config import ServerConfig, _bare, host_port
+from dualloop.controller.serve.metrics import MetricsEndpoint
+from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ControllerServer, new_event_loop
+
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
+START_TIMEOUT_S = 120.0  # loading the model and the first forward pass, on a loaded machine
+SCRAPE_TIMEOUT_S = 2.0
+
+
+def worker_count(value: str) -> int:
+    """--workers: a positive count, or 'auto' (one per CPU this process may run on)."""
+    if value == "auto":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers {value!r}: a positive number or 'auto'") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--workers {value}: at least 1")
+    return n
+
+
+def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
+    """Check the port is free (a port already served by someone else's SO_REUSEPORT group would be
+    silently shared), then hold it with SO_REUSEPORT so the workers can bind it; port 0 picks one."""
+    bare = _bare(host.strip())
+    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+    addr = "127.0.0.1" if bare.lower() in ("localhost", "localhost.") else bare
+    if port:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((addr, port))
+            except OSError as err:
+                raise OSError(f"cannot bind {host_port(host, port)} ({err}): is the port in use?") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((addr, port))
+    return sock, int(sock.getsockname()[1])
+
+
+class SummedMetrics(Collector):
+    """The workers' metrics, sample by sample summed (scraped from their private endpoints)."""
+
+    def __init__(self, board: wb.Board, restarts: list[int]) -> None:
+        self.board = board
+        self.restarts = restarts
+
+    def _texts(self) -> list[str]:
+        texts = []
+        for slot in range(self.board.workers):
+            row = self.board.read_row(slot)
+            if not row[wb.READY] or not row[wb.METRICS_PORT]:
+                continue
+            try:
+                url = f"http://127.0.0.1:{int(row[wb.METRICS_PORT])}/metrics"
+                with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
+                    texts.append(response.read().decode())
+            except OSError as err:  # a worker dying or stopping: its figures are missing from this scrape
+                events.event("metrics.worker_unreachable", logging.WARNING, slot=slot, error=str(err))
+        return texts
+
+    def collect(self) -> Iterable[Metric]:
+        texts = self._texts()
+        families: dict[str, Metric] = {}
+        sums: dict[str, dict[tuple, float]] = {}
+        for text in texts:
+            for fam in text_string_to_metric_families(text):
+                if fam.name not in families:
+                    families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                    sums[fam.name] = {}
+                bucket = sums[fam.name]
+                for s in fam.samples:
+                    key = (s.name, tuple(sorted(s.labels.items())))
+                    bucket[key] = bucket.get(key, 0.0) + s.value
+        for name, fam in families.items():
+            for (sample, labels), value in sums[name].items():
+                fam.add_sample(sample, dict(labels), value)
+            yield fam
+        yield GaugeMetricFamily(
+            "dualloop_workers", "Worker processes whose metrics this scrape summed.", value=len(texts)
+        )
+        yield GaugeMetricFamily(
+            "dualloop_worker_restarts", "Worker processes restarted after dying.", value=self.restarts[0]
+        )
+
+
+def _worker_command(config_file: Path, board: wb.Board, slot: int, announce: Path | None) -> list[str]:
+    cmd = [sys.executable, "-m", "dualloop.controller.serve.workers", "--config-json", str(config_file)]
+    cmd += ["--board", str(board.path), "--workers", str(board.workers), "--slot", str(slot)]
+    return cmd + (["--announce", str(announce)] if announce is not None else [])
+
+
+def serve_workers(config: ServerConfig, workers: int, print_line=print) -> int:
+    """Run `workers` server processes on config's port until SIGTERM/SIGINT; the exit code."""
+    reservation, port = reserve_port(config.host, config.port)
+    board = wb.Board.create(workers, LATENESS_BUCKETS_US)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    procs: list[subprocess.Popen | None] = [None] * workers
+    restarts = [0]
+    endpoint: MetricsEndpoint | None = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="dualloop-workers-") as tmp:
+            worker_config = config.model_copy(
+                update={"port": port}
+                | ({"metrics_port": 0, "metrics_host": "127.0.0.1"} if config.metrics_port is not None else {})
+            )
+            config_file = Path(tmp) / "config.json"
+            config_file.write_text(worker_config.model_dump_json())
+            announce = Path(tmp) / "announce.json"
+
+            def spawn(slot: int) -> subprocess.Popen:
+                return subprocess.Popen(_worker_command(config_file, board, slot, announce if slot == 0 else None))
+
+            for slot in range(workers):
+                procs[slot] = spawn(slot)
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while board.totals().workers_ready < workers:
+                dead = [(s, p.returncode) for s, p in enumerate(procs) if p is not None and p.poll() is not None]
+                if dead or stop.is_set() or time.monotonic() > deadline:
+                    why = (
+                        f"worker {dead[0][0]} exited with code {dead[0][1]} while starting (its error is above)"
+                        if dead
+                        else "stopped while starting"
+                        if stop.is_set()
+                        else f"the workers did not start within {START_TIMEOUT_S:g} s"
+                    )
+                    print_line(f"error: {why}")
+                    _stop_all(procs, config.drain_grace_s)
+                    return 1
+                time.sleep(0.05)
+            reservation.close()  # every worker is bound: the port cannot be taken from them now
+            info = json.loads(announce.read_text())
+            print_line(
+                f"dualloop serving model {info['name']} {info['version']} (schema {info['schema_hash']}) on "
+                f"{host_port(config.host, port)} with {workers} worker processes (SO_REUSEPORT), tick "
+                f"{config.executor.tick_period_ms} ms, {info['scheduling']}, {info['security']}. Ctrl-C stops."
+            )
+            if config.metrics_port is not None:
+                endpoint = MetricsEndpoint(SummedMetrics(board, restarts))
+                mport = endpoint.start(config.metrics_host, config.metrics_port)
+                print_line(f"metrics: http://{host_port(config.metrics_host, mport)}/metrics (all workers summed)")
+            events.event("server.workers", address=host_port(config.host, port), workers=workers)
+            deaths: list[float] = []
+            code = 0
+            while not stop.wait(0.2):
+                for slot, proc in enumerate(procs):
+                    assert proc is not None
+                    if proc.poll() is None:
+                        continue
+                    events.event(
+                        "server.worker_exit", logging.ERROR, slot=slot, pid=proc.pid, exit_code=proc.returncode
+                    )
+                    now = time.monotonic()
+                    deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
+                    board.retire(slot)
+                    if len(deaths) > MAX_RESTARTS:
+                        print_line(
+                            f"error: {len(deaths)} worker processes died within {RESTART_WINDOW_S:g} s; stopping"
+                        )
+                        code = 1
+                        stop.set()
+                        break
+                    restarts[0] += 1
+                    procs[slot] = new = spawn(slot)
+                    events.event("server.worker_restart", logging.WARNING, slot=slot, pid=new.pid)
+            codes = _stop_all(procs, config.drain_grace_s)
+            t = board.totals()
+            uptime_s = (time.monotonic_ns() - t.started_ns) / 1e9
+            print_line(
+                f"stopped after {uptime_s:.1f} s; since start, {workers} workers: {t.ticks_total} ticks with "
+                f"REALTIME sessions open, {t.missed_total} missed deadlines, {t.snapshots_sent_total} snapshots "
+                f"sent; {restarts[0]} worker restarts"
+            )
+            return code or (1 if any(c != 0 for c in codes) else 0)
+    finally:
+        reservation.close()
+        if endpoint is not None:
+            endpoint.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        board.close()
+
+
+def _stop_all(procs: list[subprocess.Popen | None], grace_s: float) -> list[int]:
+    """SIGTERM to every worker (each drains), then wait; a worker still running after the grace and
+    a margin for its stop is killed."""
+    alive = [p for p in procs if p is not None and p.poll() is None]
+    for p in alive:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s + 15.0
+    codes = []
+    for q in procs:
+        if q is None:
+            continue
+        try:
+            codes.append(q.wait(max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            q.kill()
+            codes.append(q.wait())
+    return codes
+
+
+async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, announce: Path | None) -> None:
+    server = ControllerServer(config, worker=(board, slot))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    if announce is not None:
+        card = server.executor.card
+        security = f"TLS{' (mutual)' if config.tls.mutual else ''}" if config.tls is not None else "plaintext"
+        if server.auth.enabled:
+            security += ", bearer tokens"
+        tmp = announce.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "name": card.name,
+                    "version": card.version,
+                    "schema_hash": card.schema_hash(),
+                    "scheduling": server.scheduling,
+                    "security": security,
+                }
+            )
+        )
+        tmp.replace(announce)  # the parent reads it once every worker is ready: never half written
+    server.log_start()
+    orphaned = asyncio.ensure_future(_parent_gone(os.getppid(), stop, board.path))
+    await stop.wait()
+    orphaned.cancel()
+    await server.stop()
+
+
+async def _parent_gone(parent: int, stop: asyncio.Event, board: Path) -> None:
+    """A worker whose parent died (SIGKILL: no SIGTERM forwarded) drains and exits instead of
+    serving on unsupervised, and removes the board's file the parent would have removed (the
+    others still have it mapped)."""
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    events.event("server.parent_gone", logging.WARNING, parent_pid=parent)
+    board.unlink(missing_ok=True)
+    stop.set()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m dualloop.controller.serve.workers")
+    parser.add_argument("--config-json", type=Path, required=True)
+    parser.add_argument("--board", type=Path, required=True)
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--slot", type=int, required=True)
+    parser.add_argument("--announce", type=Path)
+    args = parser.parse_args(argv)
+    config = ServerConfig.model_validate_json(args.config_json.read_text())
+    events.configure_logging(config.log_level, config.log_format)
+    board = wb.Board.attach(args.board, args.workers, LATENESS_BUCKETS_US)
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(_run_worker(config, board, args.slot, args.announce))
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()

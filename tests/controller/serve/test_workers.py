@@ -1,0 +1,224 @@
+"""`dualloop serve --workers 2`: two real server processes on one loopback port (SO_REUSEPORT).
+
+Sessions spread over the workers, GetStats and the Prometheus metrics add up what every worker did
+(checked against what the clients themselves counted), health answers on every worker, SIGTERM
+drains every worker's streams, and a worker killed from outside is restarted.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from dualloop.controller.serve.board import Board, LatenessHistogram
+from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.serve.server import LATENESS_BUCKETS_US
+from dualloop.controller.serve.workers import worker_count
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
+from tests.controller.serve.test_operations import SERVICE, SERVING, Producer, check, lockstep_steps
+from tests.paths import REPO_ROOT
+
+SESSIONS = 16  # one channel (one connection) each: the kernel spreads connections, not streams
+
+
+class Workers:
+    def __init__(self, proc: subprocess.Popen, address: str, metrics: str, stderr: Path) -> None:
+        self.proc, self.address, self.metrics, self.stderr = proc, address, metrics, stderr
+
+    def children(self) -> list[int]:
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return [int(p) for p in path.read_text().split()]
+
+    def stats(self, reset: bool = False) -> pb.GetStatsResponse:
+        with grpc.insecure_channel(self.address) as channel:
+            return pb_grpc.ControllerServiceStub(channel).GetStats(pb.GetStatsRequest(reset=reset), timeout=10)
+
+    def scrape(self) -> dict[str, float]:
+        """name{labels} -> value, the clock label summed away."""
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                key = re.sub(r"\{clock=\"\w+\"\}", "", name)
+                out[key] = out.get(key, 0.0) + float(value)
+        return out
+
+
+@pytest.fixture()
+def workers(test_model_path: Path, tmp_path: Path) -> Iterator[Workers]:
+    cmd = [sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(test_model_path)]
+    cmd += ["--port", "0", "--workers", "2", "--metrics-port", "0", "--drain-grace", "10", "--log-format", "json"]
+    stderr = tmp_path / "stderr.jsonl"
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO_ROOT)
+    try:
+        assert proc.stdout is not None
+        first, second = proc.stdout.readline(), proc.stdout.readline()
+        port = re.search(r" on 127\.0\.0\.1:(\d+) with 2 worker processes", first)
+        metrics = re.search(r"http://(127\.0\.0\.1:\d+)/metrics", second)
+        assert port and metrics, first + second + stderr.read_text()
+        yield Workers(proc, f"127.0.0.1:{port.group(1)}", metrics.group(1), stderr)
+    finally:
+        if proc.poll() is None:  # SIGTERM: the parent stops its workers (SIGKILL would orphan them for a second)
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_sessions_spread_and_stats_and_metrics_add_up(workers: Workers) -> None:
+    received = 0
+    opened = 0
+    lockstep_ticks = 0
+    for k in range(SESSIONS):
+        with grpc.insecure_channel(workers.address) as channel:
+            assert check(channel) == SERVING  # health on whichever worker this connection reached
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)  # and reflection
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            [answer] = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
+            assert SERVICE in {s.name for s in answer.list_services_response.service}
+            clock = pb.CLOCK_MODE_LOCKSTEP if k % 2 else pb.CLOCK_MODE_REALTIME
+            session = DriveSession(channel, f"s{k}", clock)
+            opened += 1
+            if clock == pb.CLOCK_MODE_LOCKSTEP:
+                received += len(lockstep_steps(session, 1, 10 + k))
+                lockstep_ticks += 10 + k
+                session.close()
+                assert list(session.snapshots()) == []
+            else:
+                producer = Producer(session)
+                producer.wait_snapshots(5)
+                session.close()  # half-close: the server sends what it has and ends the stream OK
+                producer.join()
+                assert producer.error is None, producer.error
+                received += len(producer.snapshots)
+    assert lockstep_ticks == sum(10 + k for k in range(1, SESSIONS, 2))
+
+    def settled() -> bool:  # the other worker publishes every 100 ms
+        s = workers.stats()
+        return s.snapshots_sent_total == received and s.sessions_opened == opened and s.sessions_open == 0
+
+    _wait_for(settled, "GetStats never added up to what the clients received")
+    stats = workers.stats()
+    per_worker = [int(n) for n in re.search(r"per worker in this window: (\d+), (\d+)", stats.scheduling).groups()]
+    assert sum(per_worker) == SESSIONS and min(per_worker) > 0, stats.scheduling  # both workers served
+    assert stats.ticks > 0 and sum(stats.lateness_histogram) == stats.ticks
+    assert stats.lateness_p50_us <= stats.lateness_p99_us <= stats.lateness_max_us * 1.03
+
+    metrics = workers.scrape()
+    assert metrics["dualloop_workers"] == 2
+    assert metrics["dualloop_snapshots_sent_total"] == received
+    assert metrics["dualloop_sessions_opened_total"] == opened
+    assert metrics["dualloop_tick_lateness_seconds_count"] == stats.ticks_total
+
+    # a reset through any worker resets every worker's window
+    workers.stats(reset=True)
+    _wait_for(lambda: workers.stats().sessions_opened == 0, "the reset did not reach every worker")
+    assert workers.stats().snapshots_sent_total == received  # totals since start are kept
+
+
+def test_sigterm_drains_every_worker(workers: Workers) -> None:
+    # a channel of its own per session: channels with the same arguments share one connection
+    channels = [grpc.insecure_channel(workers.address, [("grpc.use_local_subchannel_pool", 1)]) for _ in range(8)]
+    try:
+        producers = [Producer(DriveSession(c, f"rt{k}", pb.CLOCK_MODE_REALTIME)) for k, c in enumerate(channels)]
+        for p in producers:
+            p.wait_snapshots(10)
+        _wait_for(lambda: workers.stats().sessions_open == 8, "not all sessions counted open")
+        per_worker = re.search(r"per worker in this window: (\d+), (\d+)", workers.stats().scheduling)
+        assert per_worker and min(int(n) for n in per_worker.groups()) > 0, "all sessions on one worker"
+        workers.proc.send_signal(signal.SIGTERM)
+        for p in producers:
+            p.join()
+            assert p.error is not None and p.error.code() == grpc.StatusCode.UNAVAILABLE, p.error
+            assert "server draining" in p.error.details()
+        assert workers.proc.wait(60) == 0
+    finally:
+        for c in channels:
+            c.close()
+    assert workers.proc.stdout is not None
+    last = workers.proc.stdout.read()
+    assert re.search(r"stopped after .* 2 workers: \d+ ticks .* 0 worker restarts", last), last
+    drains = [line for line in workers.stderr.read_text().splitlines() if '"server.drain"' in line]
+    assert len(drains) == 2  # each worker drained
+
+
+def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(workers: Workers) -> None:
+    with grpc.insecure_channel(workers.address) as channel:
+        lockstep_steps(DriveSession(channel, "before", pb.CLOCK_MODE_LOCKSTEP), 1, 20)
+    _wait_for(lambda: workers.stats().snapshots_sent_total == 20, "the first session's snapshots not counted")
+    first, _ = workers.children()
+    subprocess.run(["kill", "-KILL", str(first)], check=True)
+    _wait_for(lambda: first not in workers.children() and len(workers.children()) == 2, "no restart")
+    _wait_for(lambda: "(2 serving)" in workers.stats().scheduling, "the new worker never served", 60)
+    assert workers.stats().snapshots_sent_total >= 20  # a dead worker's totals are kept (or were on the other)
+    with grpc.insecure_channel(workers.address) as channel:
+        assert len(lockstep_steps(DriveSession(channel, "after", pb.CLOCK_MODE_LOCKSTEP), 1, 5)) == 5
+    assert '"server.worker_exit"' in workers.stderr.read_text()
+    metrics = workers.scrape()
+    assert metrics["dualloop_worker_restarts"] == 1
+
+
+def test_worker_count_and_the_board_histogram() -> None:
+    assert worker_count("3") == 3 and worker_count("auto") >= 1
+    with pytest.raises(Exception, match="at least 1"):
+        worker_count("0")
+    board = Board.create(2, LATENESS_BUCKETS_US)
+    try:
+        rng = np.random.default_rng(0)
+        values = [rng.lognormal(4, 1, 5000).astype(np.int64) * 1000 for _ in range(2)]  # ns
+        for slot, v in enumerate(values):
+            hist = LatenessHistogram(board.edges)
+            hist.add(v)
+            board.write(slot, {}, hist.counts)
+        merged = board.totals().histogram
+        exact = np.percentile(np.concatenate(values) / 1e3, 99)
+        (p99,) = board.percentiles_us(merged, [99])
+        assert exact <= p99 <= exact * 1.021  # the bin's upper edge: never below the truth, 2% above at most
+        all_us = np.concatenate(values) / 1e3
+        expect = np.bincount(np.searchsorted(LATENESS_BUCKETS_US, all_us, side="left"), minlength=13)
+        assert board.coarse(merged) == expect.tolist()
+    finally:
+        board.close()
+
+
+def test_workers_drain_and_exit_when_the_parent_is_killed(workers: Workers) -> None:
+    children = workers.children()
+    workers.proc.kill()  # SIGKILL: nothing is forwarded
+    workers.proc.wait(10)
+
+    def gone() -> bool:
+        return not any(Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid) for pid in children)
+
+    _wait_for(gone, "the workers kept serving without their parent", 30)
+    assert not list(Path("/dev/shm").glob(f"dualloop-board-{workers.proc.pid}-*"))  # nothing left behind
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
