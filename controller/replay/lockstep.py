@@ -14,15 +14,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, actual_is_command, require_plan, sensor_profile
+import numpy as np
+
+from dualloop.controller.logs.bulk import TopicMessages, write_messages
+from dualloop.controller.logs.format import (
+    ACTUAL_CONTROLS_DETAIL,
+    FORMAT_VERSION,
+    TOPIC_HEADER,
+    TOPIC_OBSERVATION,
+    TOPIC_SNAPSHOT,
+    actual_is_command,
+    require_plan,
+    sensor_profile,
+)
 from dualloop.controller.logs.logfile import LogData, read_log, write_log
 from dualloop.controller.replay.evaluation import EvaluationUnavailable, evaluate_replay, unmeasured_features
 from dualloop.controller.replay.report import ReplayReport, summarise
+from dualloop.controller.replay.wire_batch import encode_snapshots
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
-from dualloop.executor.lockstep_batch import run_lockstep
+from dualloop.ood import Gate
+from dualloop.executor.lockstep_batch import TickTable, run_lockstep
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Observation, Snapshot
 from dualloop.v2 import controller_pb2 as pb
@@ -51,10 +65,27 @@ def executor_config_for(header: log_pb2.SessionHeader, tick_period_ms: float | N
     return ExecutorConfig(**settings)
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model and its gates, loaded once and shared by the replays of many logs (a fleet worker
+    loads them in its initializer): an Executor keeps its sessions' state, never theirs."""
+
+    model: DecisionModel
+    gates: tuple[Gate, ...]
+    gate_paths: tuple[str, ...]
+
+    @classmethod
+    def load(cls, model_path: str | Path, gate_paths: Sequence[str | Path] = ()) -> LoadedModel:
+        model = DecisionModel(model_path, warmup_batches=(1,))
+        gates = tuple(load_gate_for_model(Path(g), model) for g in gate_paths)
+        return cls(model, gates, tuple(str(g) for g in gate_paths))
+
+    def executor(self, config: ExecutorConfig) -> Executor:
+        return Executor(self.model, config, list(self.gates) or None)
+
+
 def build_executor(model_path: str | Path, gate_paths: Sequence[str | Path], config: ExecutorConfig) -> Executor:
-    model = DecisionModel(model_path, warmup_batches=(1,))
-    gates = [load_gate_for_model(Path(g), model) for g in gate_paths]
-    return Executor(model, config, gates or None)
+    return LoadedModel.load(model_path, gate_paths).executor(config)
 
 
 def _observations(data: LogData) -> list[Observation]:
@@ -72,6 +103,7 @@ def run_replay(
     observation_period_ns: int = 0,
     provided_features: Sequence[str] | None = None,
     require_plan: bool = False,
+    table_out: list[TickTable] | None = None,
 ) -> tuple[list[Snapshot], dict[str, float]]:
     """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds.
 
@@ -79,7 +111,8 @@ def run_replay(
     `controller.logs.format.actual_is_command`), so the gate's actuation check judges them.
     fast: the whole session in one vectorised pass (`lockstep_batch.run_lockstep`); otherwise observation
     by observation through `advance_lockstep`, the reference the fast path is tested against.
-    require_plan: the session required plans (OpenSession.require_plan; the log says so)."""
+    require_plan: the session required plans (OpenSession.require_plan; the log says so).
+    table_out: the fast path appends its TickTable there (the snapshots' columns, for encoding)."""
     t0 = time.perf_counter()
     ex.open_session(
         session_id,
@@ -94,6 +127,8 @@ def run_replay(
         if fast:
             table = run_lockstep(ex, session_id, observations)
             t1 = time.perf_counter()
+            if table_out is not None:
+                table_out.append(table)
             snaps = table.snapshots()
         else:
             snaps = []
@@ -140,16 +175,26 @@ def replay_log(
     fast: bool = True,
     tick_period_ms: float | None = None,
     session_id: str | None = None,
+    loaded: LoadedModel | None = None,
 ) -> ReplayResult:
-    """Replay one session of a log in LOCKSTEP with a model (and gates); optionally write a new log."""
+    """Replay one session of a log in LOCKSTEP with a model (and gates); optionally write a new log.
+
+    loaded: the model and gates already loaded (model_path and gate_paths are then only named in
+    the new log's header and must be the ones `loaded` was loaded from)."""
     source_path = Path(log_path)
     t0 = time.perf_counter()
     data = read_log(source_path, session_id)
     observations = _observations(data)
     if not observations:
         raise ValueError(f"{source_path}: session {data.session_id!r} has no observations to replay")
-    ex = build_executor(model_path, gate_paths, executor_config_for(data.header, tick_period_ms))
+    t_read = time.perf_counter()
+    if loaded is None:
+        loaded = LoadedModel.load(model_path, gate_paths)
+    elif loaded.gate_paths != tuple(str(g) for g in gate_paths):
+        raise ValueError(f"the loaded gates {loaded.gate_paths} are not the ones named: {list(gate_paths)}")
+    ex = loaded.executor(executor_config_for(data.header, tick_period_ms))
     t1 = time.perf_counter()
+    tables: list[TickTable] = []
     commands = actual_is_command(data.header)
     snaps, timings = run_replay(
         ex,
@@ -161,13 +206,15 @@ def replay_log(
         observation_period_ns=data.header.observation_period_ns,
         provided_features=sensor_profile(data.header),
         require_plan=require_plan(data.header),
+        table_out=tables,
     )
     timings["load_s"] = t1 - t0
+    timings["read_s"] = t_read - t0
     header = replay_header(data, source_path, ex, gate_paths, shadow)
     result = ReplayResult(source_path, header, snaps, ReplayReport(), timings=timings)
     if out_path is not None:
         t2 = time.perf_counter()
-        result.out_path = write_log(out_path, header, data.observations, (snapshot_to_proto(s) for s in snaps))
+        result.out_path = _write_replay(Path(out_path), header, data, snaps, tables[0] if tables else None)
         timings["write_s"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     drive_s = (observations[-1].timestamp_ns - observations[0].timestamp_ns) / 1e9
@@ -191,3 +238,29 @@ def replay_log(
         result.report.evaluation = {"skipped": str(err)}
     timings["evaluation_s"] = time.perf_counter() - t4
     return result
+
+
+def _write_replay(
+    path: Path, header: log_pb2.SessionHeader, data: LogData, snaps: list[Snapshot], table: TickTable | None
+) -> Path:
+    """The replay's log: the source's observations, then the snapshots. From the fast path's table
+    the snapshots are encoded column-wise and the file written in bulk (byte-identical to
+    `write_log` of `snapshot_to_proto`, tests/controller/replay/test_fleet.py)."""
+    if table is None:
+        return write_log(path, header, data.observations, (snapshot_to_proto(s) for s in snaps))
+    if not header.format_version:
+        header.format_version = FORMAT_VERSION
+    first = data.observations[0].timestamp_ns
+    return write_messages(
+        path,
+        header.session_id,
+        [
+            TopicMessages(TOPIC_HEADER, [header.SerializeToString(deterministic=True)], np.array([first])),
+            TopicMessages(
+                TOPIC_OBSERVATION,
+                [o.SerializeToString(deterministic=True) for o in data.observations],
+                np.fromiter((o.timestamp_ns for o in data.observations), np.int64, len(data.observations)),
+            ),
+            TopicMessages(TOPIC_SNAPSHOT, encode_snapshots(table), table.tick_ns),
+        ],
+    )
