@@ -9,7 +9,7 @@ from pathlib import Path
 from dualloop.controller.console import console, print_error
 from dualloop.controller.replay.diff import NotSameInput, Tolerances, diff_exit_code, diff_logs, format_diff
 from dualloop.controller.replay.evaluation import format_evaluation, from_replay_reports, plot_evaluation
-from dualloop.controller.replay.fleet import replay_many
+from dualloop.controller.replay.fleet import FLEET_SCHEMA, format_fleet, replay_many
 from dualloop.controller.replay.lockstep import replay_log
 from dualloop.controller.replay.report import format_report
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -37,6 +37,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--plot", type=Path, metavar="PATH.png", help="plot the pooled confusion matrices and agreement per log"
     )
+    p.add_argument(
+        "--report",
+        type=Path,
+        metavar="PATH",
+        help=f"many logs: write the per-log and pooled replay report as JSON (schema {FLEET_SCHEMA})",
+    )
+    p.add_argument("--no-write", action="store_true", help="many logs: do not write the replayed logs")
     p.set_defaults(fn=_replay)
 
     p = sub.add_parser("diff", help="compare two logs of the same input; non-zero exit beyond tolerance")
@@ -74,11 +81,16 @@ def _replay(args: argparse.Namespace) -> int:
             gates,
             workers=args.workers,
             use_ray=args.ray,
-            out_dir=args.out or Path("runs/replay"),
+            out_dir=None if args.no_write else (args.out or Path("runs/replay")),
         )
     except RuntimeError as err:  # Ray missing or no cluster: the message says what to do
         print_error(err)
         return 2
+    console.print(format_fleet(fleet), highlight=False, markup=False)
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(fleet.as_dict(), indent=2, allow_nan=False))
+        console.print(f"report: {args.report}")
     console.print(
         f"replayed {len(fleet.reports)} logs ({fleet.ticks} ticks), {len(fleet.errors)} failed; top-1 "
         f"agreement with the actual actions {fleet.agreement_top1:.3f}; gate vetoed "

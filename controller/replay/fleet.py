@@ -1,6 +1,10 @@
 """Replay many logs at once: a process pool by default (one log per task, each on its own core),
 or an existing Ray cluster when asked (`pip install 'dualloop[ray]'`, `--ray`). Workers return
-plain report dicts; the parent aggregates them, with progress either way."""
+plain report dicts; the parent aggregates them, with progress either way.
+
+A pool worker loads the model and its gates once, in its initializer, and replays every log it is
+given with them (loading them took longer than replaying a minute of drive); a Ray worker keeps
+them after its first task. Only the Executor (the sessions' state) is new per log."""
 
 from __future__ import annotations
 
@@ -9,21 +13,39 @@ import multiprocessing
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
-from dualloop.controller.replay.lockstep import replay_log
+from dualloop.controller.replay.lockstep import LoadedModel, replay_log
 
 RAY_MISSING = "--ray needs Ray, which is an optional extra: pip install 'dualloop[ray]'"
+
+
+FLEET_SCHEMA = "dualloop.fleet/1"
 
 
 @dataclass
 class FleetResult:
     reports: dict[str, dict] = field(default_factory=dict)  # log path -> ReplayReport.as_dict()
     errors: dict[str, str] = field(default_factory=dict)  # log path -> why it failed
+    order: list[str] = field(default_factory=list)  # the logs as given
+    seconds: dict[str, float] = field(default_factory=dict)  # log path -> the worker's wall time on it
+    wall_s: float = 0.0  # the whole fleet, pool start-up (model loads) included
+    workers: int = 0
+
+    @property
+    def drive_s(self) -> float:
+        return sum(r["drive_s"] for r in self.reports.values())
+
+    @property
+    def speedup(self) -> float:
+        """Drive time over the fleet's wall time: the aggregate x real time."""
+        return self.drive_s / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def ticks(self) -> int:
@@ -44,12 +66,96 @@ class FleetResult:
         return float(np.trace(m) / m.sum()) if m is not None and m.sum() else float("nan")
 
 
-def _replay_one(log: str, model: str, gates: list[str], out_dir: str | None) -> dict:
-    from threadpoolctl import threadpool_limits
+    def per_log(self) -> list[dict[str, Any]]:
+        """One row per log, in the order given: what the per-log table prints."""
+        rows = []
+        for path in self.order:
+            r = self.reports.get(path)
+            if r is None:
+                rows.append({"log": path, "error": self.errors.get(path, "not replayed")})
+                continue
+            compute = r["timings"].get("compute_s", 0.0)
+            seconds = self.seconds.get(path, 0.0)
+            rows.append(
+                {
+                    "log": path,
+                    "drive_s": r["drive_s"],
+                    "observations": r["observations"],
+                    "ticks": r["ticks"],
+                    "compute_s": compute,
+                    "seconds": seconds,  # read, replay, write, report: the worker's whole time on it
+                    "compute_speedup": r["drive_s"] / compute if compute > 0 else 0.0,
+                    "speedup": r["drive_s"] / seconds if seconds > 0 else 0.0,
+                    "agreement_top1": _finite(r["agreement_top1"]),
+                    "gate_veto_ticks": r["gate_veto_ticks"],
+                    "gate_veto_fraction": r["gate_veto_fraction"],
+                }
+            )
+        return rows
 
+    def pooled(self) -> dict[str, Any]:
+        """Sums over the replayed logs (agreement from the pooled confusion: over ticks)."""
+        seconds = [self.seconds[p] for p in self.order if p in self.reports and p in self.seconds]
+        compute = sum(r["timings"].get("compute_s", 0.0) for r in self.reports.values())
+        return {
+            "logs": len(self.reports),
+            "failed": len(self.errors),
+            "drive_s": self.drive_s,
+            "observations": sum(r["observations"] for r in self.reports.values()),
+            "ticks": self.ticks,
+            "compute_s": compute,
+            "worker_s": sum(seconds),
+            "wall_s": self.wall_s,
+            "workers": self.workers,
+            "speedup": self.speedup,
+            "compute_speedup": self.drive_s / compute if compute > 0 else 0.0,
+            "seconds_per_log": {
+                "median": float(np.median(seconds)) if seconds else None,
+                "p99": float(np.percentile(seconds, 99)) if seconds else None,
+                "max": max(seconds) if seconds else None,
+            },
+            "agreement_top1": _finite(self.agreement_top1),
+            "gate_veto_ticks": sum(r["gate_veto_ticks"] for r in self.reports.values()),
+            "gate_veto_fraction": self.gate_veto_fraction,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "schema": FLEET_SCHEMA,
+            "logs": self.per_log(),
+            "pooled": self.pooled(),
+            "errors": dict(self.errors),
+        }
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and np.isfinite(x) else None
+
+
+# The worker's model and gates, loaded once (the pool's initializer, or a Ray worker's first task).
+_LOADED: dict[tuple[str, tuple[str, ...]], LoadedModel] = {}
+
+
+def _load(model: str, gates: list[str]) -> LoadedModel:
+    key = (model, tuple(gates))
+    loaded = _LOADED.get(key)
+    if loaded is None:
+        loaded = _LOADED[key] = LoadedModel.load(model, gates)
+    return loaded
+
+
+def _init_worker(model: str, gates: list[str]) -> None:
+    # one log per core: BLAS threads would only fight the other workers
+    threadpool_limits(1)
+    _load(model, gates)
+
+
+def _replay_one(log: str, model: str, gates: list[str], out_dir: str | None) -> tuple[dict, float]:
+    t0 = time.perf_counter()
     out = str(Path(out_dir) / f"{Path(log).stem}.replay.mcap") if out_dir else None
-    with threadpool_limits(1):  # one log per core: BLAS threads would only fight the other workers
-        return replay_log(log, model, gates, out_path=out).report.as_dict()
+    with threadpool_limits(1):
+        report = replay_log(log, model, gates, out_path=out, loaded=_load(model, gates)).report.as_dict()
+    return report, time.perf_counter() - t0
 
 
 def replay_many(
@@ -61,21 +167,33 @@ def replay_many(
     out_dir: str | Path | None = None,
     progress: bool = True,
 ) -> FleetResult:
+    """Every log replayed with the model and gates; out_dir: where the new logs go (named after
+    each log's stem: give logs distinct names)."""
     args = ([str(p) for p in paths], str(model), [str(g) for g in gates], str(out_dir) if out_dir else None)
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     if use_ray:
-        return _with_ray(*args, progress=progress)
-    return _with_pool(*args, workers=workers, progress=progress)
+        result = _with_ray(*args, progress=progress)
+    else:
+        result = _with_pool(*args, workers=workers, progress=progress)
+    result.order = list(args[0])
+    result.wall_s = time.perf_counter() - t0
+    return result
 
 
 def _with_pool(
     paths: list[str], model: str, gates: list[str], out_dir: str | None, workers: int | None, progress: bool
 ) -> FleetResult:
-    result = FleetResult()
     workers = max(1, min(workers or os.cpu_count() or 1, len(paths)))
+    result = FleetResult(workers=workers)
     # spawn: no fork of a process that may hold onnxruntime threads or a gRPC server
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(model, gates),
+    ) as pool:
         futures = {pool.submit(_replay_one, p, model, gates, out_dir): p for p in paths}
         _collect(futures, result, progress)
     return result
@@ -98,7 +216,7 @@ def _collect(futures: dict, result: FleetResult, progress: bool) -> None:
         for future in as_completed(futures):
             path = futures[future]
             try:
-                result.reports[path] = future.result()
+                result.reports[path], result.seconds[path] = future.result()
             except Exception as err:  # noqa: BLE001 - one bad log must not sink the fleet
                 result.errors[path] = f"{type(err).__name__}: {err}"
             advance()
@@ -129,3 +247,39 @@ def _with_ray(paths: list[str], model: str, gates: list[str], out_dir: str | Non
     result = FleetResult()
     _collect(futures, result, progress)
     return result
+
+
+def format_fleet(result: FleetResult) -> str:
+    """The per-log table (in the order given) and the pooled row."""
+    header = (
+        f"{'log':36s} {'drive s':>8s} {'ticks':>7s} {'replay ms':>9s} {'x rt':>6s} {'log ms':>8s} {'x rt':>6s} "
+        f"{'agree':>6s} {'veto':>6s}"
+    )
+    lines = [header, "-" * len(header)]
+    stems = [Path(p).stem for p in result.order]
+    for row, stem in zip(result.per_log(), stems):
+        name = (stem if stems.count(stem) == 1 else row["log"])[-36:]
+        if "error" in row:
+            lines.append(f"{name:36s} failed: {row['error']}")
+            continue
+        agree = row["agreement_top1"]
+        lines.append(
+            f"{name:36s} {row['drive_s']:8.1f} {row['ticks']:7d} {row['compute_s'] * 1e3:9.1f} "
+            f"{row['compute_speedup']:5.0f}x {row['seconds'] * 1e3:8.1f} {row['speedup']:5.0f}x "
+            f"{'n/a' if agree is None else f'{100 * agree:5.1f}%':>6s} {100 * row['gate_veto_fraction']:5.1f}%"
+        )
+    p = result.pooled()
+    lines.append("-" * len(header))
+    agree = p["agreement_top1"]
+    per_log = p["seconds_per_log"]
+    lines.append(
+        f"{'pooled (' + str(p['logs']) + ' logs, ' + str(p['failed']) + ' failed)':36s} {p['drive_s']:8.1f} "
+        f"{p['ticks']:7d} {p['compute_s'] * 1e3:9.1f} {p['compute_speedup']:5.0f}x {p['worker_s'] * 1e3:8.1f} "
+        f"{'':6s} {'n/a' if agree is None else f'{100 * agree:5.1f}%':>6s} {100 * p['gate_veto_fraction']:5.1f}%"
+    )
+    if per_log["median"] is not None:
+        lines.append(
+            f"{p['workers']} workers, {p['wall_s']:.2f} s wall (model loads included): {p['speedup']:.0f}x real time "
+            f"in aggregate; per log {per_log['median'] * 1e3:.0f} ms median, {per_log['p99'] * 1e3:.0f} ms p99"
+        )
+    return "\n".join(lines)
