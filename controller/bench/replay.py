@@ -8,12 +8,23 @@ from it with a client plan every 200 ms. For each log, in the same run:
   - the reference path (`advance_lockstep`, observation by observation) once: the baseline;
   - the whole command (read the MCAP, replay, build snapshots, write the new MCAP, report) once.
 The process is pinned to one core while it runs: the target is "on one core".
+
+Then the fleet (`logs` > 0): that many 60 s logs cut from the real drive (each the drive rotated
+by a different offset, its end joined to its start: real sensor data, distinct logs), replayed by
+the whole command, `dualloop replay LOG... --workers W` in a new interpreter, on every core it is
+given: wall time from launch to exit (interpreter start-up, worker start-up and model loads, reading,
+replaying, writing the new logs, the reports), its aggregate x real time, and the per-log times
+from its --report (median, p99). Beside it, in the same run, the bare start-up of the command
+(`dualloop replay --help`), and the machine's load average before and after.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import datetime
@@ -25,6 +36,10 @@ from rich.table import Table
 from threadpoolctl import threadpool_limits
 
 from dualloop.controller.bench.tick import store_result
+import numpy as np
+
+from dualloop.controller.logs.bulk import TopicMessages, write_messages
+from dualloop.controller.logs.format import FORMAT_VERSION, TOPIC_HEADER, TOPIC_OBSERVATION
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE, slice_log, synthetic_log
 from dualloop.controller.replay.lockstep import (
@@ -37,6 +52,101 @@ from dualloop.controller.replay.lockstep import (
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
 GOAL_SPEEDUP = 1000.0
+# `python -c` running the CLI as the console script does (no dependence on where the script lives)
+_CLI = "import sys; from dualloop.controller.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def rotated_drives(out_dir: Path, count: int, seconds: float = 60.0, source: Path = REAL_DRIVE) -> list[Path]:
+    """`count` logs of the real drive's first `seconds`, log k rotated by k * 59 observations (its end
+    joined to its start; the join's interval is the drive's median interval), seq and timestamps
+    renumbered so each is a valid log of its own."""
+    src = read_log(source)
+    obs = src.observations
+    ts = np.fromiter((o.timestamp_ns for o in obs), np.int64, len(obs))
+    gaps = np.diff(ts)
+    join = int(np.median(gaps))
+    n = len(obs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k in range(count):
+        offset = (k * 59) % n
+        order = np.concatenate([np.arange(offset, n), np.arange(0, offset)])
+        steps = np.concatenate([[0], np.where(order[1:] == order[:-1] + 1, gaps[np.minimum(order[:-1], n - 2)], join)])
+        times = ts[0] + np.cumsum(steps)
+        keep = times - times[0] <= int(seconds * 1e9)
+        data = []
+        for i, j in enumerate(order[keep].tolist()):
+            msg = type(obs[j])()
+            msg.CopyFrom(obs[j])
+            msg.seq, msg.timestamp_ns = i + 1, int(times[i])
+            data.append(msg.SerializeToString(deterministic=True))
+        header = type(src.header)()
+        header.CopyFrom(src.header)
+        header.session_id = f"rotated-{k:03d}"
+        header.source = f"{src.header.source}, rotated by {offset} observations (bench replay)"
+        header.format_version = header.format_version or FORMAT_VERSION
+        path = out_dir / f"drive-{k:03d}.mcap"
+        write_messages(
+            path,
+            header.session_id,
+            [
+                TopicMessages(TOPIC_HEADER, [header.SerializeToString(deterministic=True)], times[:1]),
+                TopicMessages(TOPIC_OBSERVATION, data, times[keep]),
+            ],
+        )
+        paths.append(path)
+    return paths
+
+
+def _run_cli(args: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", _CLI, *args], capture_output=True, text=True, check=False)
+    return time.perf_counter() - t0, done
+
+
+def bench_fleet(
+    model: Path, gates: tuple[Path, ...], logs: int, workers: int | None, seconds: float, tmp_dir: Path
+) -> dict[str, Any]:
+    """The whole `dualloop replay` command over `logs` rotated drives (see the module's doc)."""
+    paths = rotated_drives(tmp_dir / "fleet", logs, seconds)
+    report = tmp_dir / "fleet-report.json"
+    gate_args = [a for g in gates for a in ("--gate", str(g))] if gates else ["--no-gate"]
+    startup_s, _ = _run_cli(["replay", "--help"])
+    load_before = list(os.getloadavg())
+    args = ["replay", *map(str, paths), "--model", str(model), *gate_args, "--out", str(tmp_dir / "fleet-out")]
+    args += ["--report", str(report)] + (["--workers", str(workers)] if workers else [])
+    wall, done = _run_cli(args)
+    load_after = list(os.getloadavg())
+    if done.returncode != 0:
+        raise RuntimeError(f"dualloop replay exited {done.returncode}: {done.stderr[-2000:] or done.stdout[-2000:]}")
+    fleet = json.loads(report.read_text())
+    pooled = fleet["pooled"]
+    per_log = [r["seconds"] for r in fleet["logs"]]
+    drive_s = pooled["drive_s"]
+    return {
+        "logs": logs,
+        "log_source": f"{REAL_DRIVE.name} rotated (rotated_drives), {seconds:g} s each",
+        "workers": pooled["workers"],
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "drive_s": drive_s,
+        "ticks": pooled["ticks"],
+        "whole_command_s": wall,
+        "whole_command_speedup": drive_s / wall,
+        "goal_wall_s": drive_s / GOAL_SPEEDUP,  # the absolute bound beside the ratio
+        "in_process_wall_s": pooled["wall_s"],  # replay_many's own wall time (pool start-up included)
+        "per_log_s": {
+            "median": float(np.median(per_log)),
+            "p99": float(np.percentile(per_log, 99)),
+            "max": max(per_log),
+        },
+        "per_log_compute_s": {
+            "median": float(np.median([r["compute_s"] for r in fleet["logs"]])),
+            "p99": float(np.percentile([r["compute_s"] for r in fleet["logs"]], 99)),
+        },
+        "bare_startup_s": startup_s,  # `dualloop replay --help`: the interpreter and imports alone
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+    }
 
 
 def _one_log(name: str, log: Path, model: Path, gates: tuple[Path, ...], repeats: int, out_dir: Path) -> dict[str, Any]:
@@ -81,9 +191,13 @@ def bench_replay(
     out_dir: Path = Path("runs/bench"),
     seconds: float = 60.0,
     console: Console | None = None,
+    logs: int = 100,
+    workers: int | None = None,
 ) -> dict[str, Any]:
-    """`seconds` < 60 shortens both logs (the real drive is cut to its first `seconds`)."""
+    """`seconds` < 60 shortens both logs (the real drive is cut to its first `seconds`); `logs`: the
+    fleet's size (0: no fleet), `workers` its pool (default: the cores)."""
     console = console or Console()
+    load_at_start = list(os.getloadavg())
     pinned = hasattr(os, "sched_setaffinity")
     if pinned:
         cpus = os.sched_getaffinity(0)
@@ -92,23 +206,30 @@ def bench_replay(
         with threadpool_limits(1), tempfile.TemporaryDirectory() as tmp, console.status("replaying") as status:
             tmp_dir = Path(tmp)
             real = REAL_DRIVE if seconds >= 60.0 else slice_log(tmp_dir / "real.mcap", 0, int(seconds * 100), "real")
-            logs = {
+            bench_logs = {
                 "real drive (100 Hz)": real,
                 "synthetic (200 Hz, plans)": synthetic_log(tmp_dir / "synthetic.mcap", seconds=seconds, rate_hz=200.0),
             }
             results = {}
-            for name, log in logs.items():
+            for name, log in bench_logs.items():
                 status.update(f"replaying {name}")
                 results[name] = _one_log(name.split()[0], log, model, gates, repeats, tmp_dir)
     finally:
         if pinned:
             os.sched_setaffinity(0, cpus)
+    fleet = None
+    if logs > 0:
+        with tempfile.TemporaryDirectory() as tmp, console.status(f"replaying {logs} logs (the whole command)"):
+            fleet = bench_fleet(model, gates, logs, workers, seconds, Path(tmp))
     result = {
         "when": datetime.now().isoformat(timespec="seconds"),
         "model": str(model),
         "gates": [str(g) for g in gates],
         "pinned_to_one_core": pinned,
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": list(os.getloadavg()),
         "logs": results,
+        "fleet": fleet,
     }
     path = store_result(out_dir, "replay", result)
     print_replay_report(result, console)
@@ -147,6 +268,24 @@ def print_replay_report(result: dict[str, Any], console: Console) -> None:
     console.print(
         f"goal: replay >= {GOAL_SPEEDUP:.0f}x real time on one core: {verdict} (slowest log {worst:.0f}x). "
         "The whole command adds reading and writing MCAP (per message in the mcap library) and the report."
+    )
+    fleet = result.get("fleet")
+    if fleet:
+        ok = fleet["whole_command_speedup"] >= GOAL_SPEEDUP
+        console.print(
+            f"fleet: {fleet['logs']} logs ({fleet['log_source']}), {fleet['drive_s']:.0f} s of drive, "
+            f"{fleet['workers']} workers on {fleet['cores']} cores: the whole command took "
+            f"{fleet['whole_command_s']:.2f} s = {fleet['whole_command_speedup']:.0f}x real time "
+            f"(goal >= {GOAL_SPEEDUP:.0f}x, i.e. <= {fleet['goal_wall_s']:.2f} s: "
+            + ("[green]met[/]" if ok else "[red]not met[/]")
+            + f"); per log {fleet['per_log_s']['median'] * 1e3:.0f} ms median, "
+            f"{fleet['per_log_s']['p99'] * 1e3:.0f} ms p99 (replay compute {fleet['per_log_compute_s']['median'] * 1e3:.0f}"
+            f" ms median); bare start-up of the command {fleet['bare_startup_s']:.2f} s; load average "
+            f"{fleet['load_average_before'][0]:.2f} before, {fleet['load_average_after'][0]:.2f} after"
+        )
+    console.print(
+        f"machine load average (1 min) {result['load_average_at_start'][0]:.2f} at start, "
+        f"{result['load_average_at_end'][0]:.2f} at end, on {os.cpu_count()} cores: other work slows every number"
     )
     if not all(r["same_decisions"] for r in result["logs"].values()):
         console.print("[red]the vectorised replay and the per-tick path disagree on applied actions[/]")
