@@ -131,10 +131,14 @@ def test_bench_tick_secure_refuses_metrics_and_names_the_extra_when_cryptography
 
 
 def test_bench_replay_reports_both_paths(tmp_path):
-    assert main(["bench", "replay", "--duration", "3", "--out", str(tmp_path)]) == 0
+    assert main(["bench", "replay", "--duration", "3", "--logs", "3", "--out", str(tmp_path)]) == 0
     (result_file,) = tmp_path.glob("replay-*.json")
     result = json.loads(result_file.read_text())
     assert len(result["logs"]) == 2
+    fleet = result["fleet"]  # the whole command over 3 rotated drives of 3 s
+    assert fleet["logs"] == 3 and fleet["drive_s"] == pytest.approx(3 * 3.0, abs=0.1)
+    assert fleet["ticks"] > 3 * 590 and fleet["whole_command_s"] > fleet["bare_startup_s"] > 0
+    assert fleet["per_log_s"]["median"] <= fleet["per_log_s"]["p99"] and len(fleet["load_average_before"]) == 3
     for r in result["logs"].values():
         assert r["ticks"] > 500 and r["same_decisions"]
         assert r["fast_compute_ms"]["runs"] == 7 and r["fast_compute_ms"]["min"] <= r["fast_compute_ms"]["median"]
