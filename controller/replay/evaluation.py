@@ -36,6 +36,7 @@ import numpy.typing as npt
 from dualloop.controller.plotting import pyplot
 from dualloop.controller.replay import baselines as bl
 from dualloop.executor.action_labels import ACTIONS
+from dualloop.executor.lockstep_batch import TickTable
 from dualloop.executor.model_card import ModelCard
 from dualloop.executor.snapshot import Observation, Reason, SafetyState, Snapshot
 from dualloop.v2 import log_pb2
@@ -303,12 +304,61 @@ def unmeasured_features(header: log_pb2.SessionHeader, feature_names: Sequence[s
     return out
 
 
-def _state_counts(snaps: Sequence[Snapshot]) -> dict[str, int]:
-    return {
-        "nominal": sum(s.safety_state == SafetyState.NOMINAL for s in snaps),
-        "ood_veto": sum(Reason.OOD_VETO in s.reasons for s in snaps),
-        "stale_observation": sum(Reason.STALE_OBSERVATION in s.reasons for s in snaps),
-    }
+@dataclass
+class _Ticks:
+    """What the evaluation reads of each tick: from Snapshots or from the fast path's TickTable."""
+
+    seq: IntArray
+    proposed: IntArray  # -1: none
+    proposed_accel: FloatArray  # NaN: none
+    applied: IntArray
+    applied_accel: FloatArray
+    nominal: npt.NDArray[np.bool_]
+    ood_veto: npt.NDArray[np.bool_]
+    stale: npt.NDArray[np.bool_]
+
+    @classmethod
+    def of_snapshots(cls, snaps: Sequence[Snapshot], k: int | None, n_ctl: int) -> _Ticks:
+        n = len(snaps)
+        return cls(
+            seq=np.fromiter((s.observation_seq for s in snaps), np.int64, n),
+            proposed=np.fromiter((s.proposed_index for s in snaps), np.int64, n),
+            proposed_accel=np.array([_accel_of(s.proposed_controls, k, n_ctl) for s in snaps], np.float64),
+            applied=np.fromiter((s.applied.index for s in snaps), np.int64, n),
+            applied_accel=np.array([_accel_of(s.applied.controls, k, n_ctl) for s in snaps], np.float64),
+            nominal=np.fromiter((s.safety_state == SafetyState.NOMINAL for s in snaps), bool, n),
+            ood_veto=np.fromiter((Reason.OOD_VETO in s.reasons for s in snaps), bool, n),
+            stale=np.fromiter((Reason.STALE_OBSERVATION in s.reasons for s in snaps), bool, n),
+        )
+
+    @classmethod
+    def of_table(cls, table: TickTable, k: int | None) -> _Ticks:
+        obs, n = table.observations, len(table)
+        scored = table.scored.astype(bool)
+        nan = np.full(n, np.nan)
+        has: dict[tuple[Reason, ...], tuple[bool, bool]] = {}
+        flags = np.array(
+            [has.get(rs) or has.setdefault(rs, (Reason.OOD_VETO in rs, Reason.STALE_OBSERVATION in rs)) for rs in table.reasons],
+            bool,
+        ).reshape(n, 2)
+        return cls(
+            seq=np.fromiter((o.seq for o in obs), np.int64, len(obs))[table.obs_index],
+            proposed=np.where(scored, table.proposed, -1).astype(np.int64),
+            proposed_accel=nan if k is None else np.where(scored, table.proposed_controls[:, k], np.nan).astype(np.float64),
+            applied=table.applied.astype(np.int64),
+            applied_accel=nan if k is None else table.applied_controls[:, k].astype(np.float64),
+            nominal=table.safety_state == int(SafetyState.NOMINAL),
+            ood_veto=flags[:, 0],
+            stale=flags[:, 1],
+        )
+
+    def state_counts(self, rows: npt.NDArray[np.int64] | None = None) -> dict[str, int]:
+        pick = (lambda a: a) if rows is None else (lambda a: a[rows])
+        return {
+            "nominal": int(np.count_nonzero(pick(self.nominal))),
+            "ood_veto": int(np.count_nonzero(pick(self.ood_veto))),
+            "stale_observation": int(np.count_nonzero(pick(self.stale))),
+        }
 
 
 def _accel_of(controls: np.ndarray | None, k: int | None, n: int) -> float:
@@ -318,15 +368,16 @@ def _accel_of(controls: np.ndarray | None, k: int | None, n: int) -> float:
 
 
 def evaluate_replay(
-    snaps: Sequence[Snapshot],
+    snaps: Sequence[Snapshot] | TickTable,
     observations: Sequence[Observation],
     card: ModelCard,
     source: str | Path = "",
     unmeasured: set[str] | frozenset[str] = frozenset(),
 ) -> LogEvaluation:
-    """Score one LOCKSTEP session's snapshots (made from `observations`) against the labels the
-    observations carry, beside the baselines. Raises EvaluationUnavailable when the card's actions
-    are not the label bands."""
+    """Score one LOCKSTEP session's snapshots (made from `observations`; or the fast path's
+    TickTable, the same numbers without Snapshots) against the labels the observations carry,
+    beside the baselines. Raises EvaluationUnavailable when the card's actions are not the label
+    bands."""
     actions = list(card.actions)
     if actions != list(ACTIONS):
         raise EvaluationUnavailable(
@@ -336,20 +387,20 @@ def evaluate_replay(
     names = [c.name for c in card.controls]
     k = names.index("accel") if "accel" in names else None
     accel_range = (card.controls[k].min, card.controls[k].max) if k is not None else (-np.inf, np.inf)
+    t = _Ticks.of_table(snaps, k) if isinstance(snaps, TickTable) else _Ticks.of_snapshots(snaps, k, n_ctl)
 
-    seq = np.fromiter((s.observation_seq for s in snaps), np.int64, len(snaps))
-    first = np.flatnonzero(np.concatenate([[True], seq[1:] != seq[:-1]])) if len(snaps) else np.zeros(0, np.int64)
+    seq = t.seq
+    first = np.flatnonzero(np.concatenate([[True], seq[1:] != seq[:-1]])) if len(seq) else np.zeros(0, np.int64)
     row_of = {o.seq: i for i, o in enumerate(observations)}
-    evaluated = [snaps[i] for i in first.tolist()]
-    obs = [observations[row_of[s.observation_seq]] for s in evaluated]
+    obs = [observations[row_of[q]] for q in seq[first].tolist()]
 
     labels = np.fromiter((o.actual_index for o in obs), np.int64, len(obs))
     labels[(labels < 0) | (labels >= n_act)] = -1
     label_accel = np.array([_accel_of(o.actual_controls, k, n_ctl) for o in obs], np.float64)
-    proposed = np.fromiter((s.proposed_index for s in evaluated), np.int64, len(evaluated))
-    proposed_accel = np.array([_accel_of(s.proposed_controls, k, n_ctl) for s in evaluated], np.float64)
-    applied = np.fromiter((s.applied.index for s in evaluated), np.int64, len(evaluated))
-    applied_accel = np.array([_accel_of(s.applied.controls, k, n_ctl) for s in evaluated], np.float64)
+    proposed = t.proposed[first]
+    proposed_accel = t.proposed_accel[first]
+    applied = t.applied[first]
+    applied_accel = t.applied_accel[first]
     features = (
         np.stack([np.asarray(o.features, np.float64) for o in obs])
         if obs
@@ -367,19 +418,19 @@ def evaluate_replay(
         scores[name] = Scores.of(n_act, labels, base_action[name], label_accel, base_accel[name], False)
         on = np.where(base_action[name] >= 0, labels, -1)  # the model on exactly the baseline's ticks
         proposed_on[name] = Scores.of(n_act, on, proposed, label_accel, proposed_accel, no_action_is_wrong=True)
-    scored = [s for s, y in zip(evaluated, labels) if y >= 0]
+    scored_rows = first[labels >= 0]
     return LogEvaluation(
         source=str(source),
         model=f"{card.name} {card.version}",
         actions=actions,
         observations=len(observations),
-        ticked=len(evaluated),
-        labelled=len(scored),
+        ticked=len(first),
+        labelled=len(scored_rows),
         scores=scores,
         proposed_on=proposed_on,
-        states=_state_counts(scored),
-        all_ticks=len(snaps),
-        all_states=_state_counts(snaps),
+        states=t.state_counts(scored_rows),
+        all_ticks=len(seq),
+        all_states=t.state_counts(),
     )
 
 

@@ -47,10 +47,19 @@ from dualloop.v2 import log_pb2
 class ReplayResult:
     source: Path
     header: log_pb2.SessionHeader  # of the replay's own log
-    snapshots: list[Snapshot]
     report: ReplayReport
     out_path: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    # The fast path's ticks: its Snapshots are only made when asked for (a fleet never needs them;
+    # the report, the evaluation and the new log are made from the table's columns).
+    table: TickTable | None = None
+    _snapshots: list[Snapshot] | None = field(default=None, repr=False)
+
+    @property
+    def snapshots(self) -> list[Snapshot]:
+        if self._snapshots is None:
+            self._snapshots = self.table.snapshots() if self.table is not None else []
+        return self._snapshots
 
 
 def executor_config_for(header: log_pb2.SessionHeader, tick_period_ms: float | None = None) -> ExecutorConfig:
@@ -104,6 +113,7 @@ def run_replay(
     provided_features: Sequence[str] | None = None,
     require_plan: bool = False,
     table_out: list[TickTable] | None = None,
+    snapshots: bool = True,
 ) -> tuple[list[Snapshot], dict[str, float]]:
     """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds.
 
@@ -112,7 +122,8 @@ def run_replay(
     fast: the whole session in one vectorised pass (`lockstep_batch.run_lockstep`); otherwise observation
     by observation through `advance_lockstep`, the reference the fast path is tested against.
     require_plan: the session required plans (OpenSession.require_plan; the log says so).
-    table_out: the fast path appends its TickTable there (the snapshots' columns, for encoding)."""
+    table_out: the fast path appends its TickTable there (the snapshots' columns, for encoding);
+    snapshots=False: the fast path makes no Snapshots (an empty list), table_out has the ticks."""
     t0 = time.perf_counter()
     ex.open_session(
         session_id,
@@ -129,7 +140,7 @@ def run_replay(
             t1 = time.perf_counter()
             if table_out is not None:
                 table_out.append(table)
-            snaps = table.snapshots()
+            snaps = table.snapshots() if snapshots or table_out is None else []
         else:
             snaps = []
             for obs in observations:
@@ -207,18 +218,21 @@ def replay_log(
         provided_features=sensor_profile(data.header),
         require_plan=require_plan(data.header),
         table_out=tables,
+        snapshots=False,
     )
+    table = tables[0] if tables else None
+    ticks: list[Snapshot] | TickTable = table if table is not None else snaps
     timings["load_s"] = t1 - t0
     timings["read_s"] = t_read - t0
     header = replay_header(data, source_path, ex, gate_paths, shadow)
-    result = ReplayResult(source_path, header, snaps, ReplayReport(), timings=timings)
+    result = ReplayResult(source_path, header, ReplayReport(), timings=timings, table=table, _snapshots=snaps or None)
     if out_path is not None:
         t2 = time.perf_counter()
-        result.out_path = _write_replay(Path(out_path), header, data, snaps, tables[0] if tables else None)
+        result.out_path = _write_replay(Path(out_path), header, data, snaps, table)
         timings["write_s"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     drive_s = (observations[-1].timestamp_ns - observations[0].timestamp_ns) / 1e9
-    result.report = summarise(snaps, ex, len(observations), drive_s, source_path, timings)
+    result.report = summarise(ticks, ex, len(observations), drive_s, source_path, timings)
     result.report.actuation_check = (
         "none in the gates"
         if ex.gating.actuation is None
@@ -231,7 +245,7 @@ def replay_log(
     timings["report_s"] = t4 - t3
     try:  # against the labels and the baselines, one tick per observation
         evaluation = evaluate_replay(
-            snaps, observations, ex.card, source_path, unmeasured_features(data.header, ex.card.feature_names)
+            ticks, observations, ex.card, source_path, unmeasured_features(data.header, ex.card.feature_names)
         )
         result.report.evaluation = evaluation.as_dict()
     except EvaluationUnavailable as err:

@@ -12,7 +12,8 @@ import numpy as np
 
 from dualloop.controller.serve.shadow import ShadowAgreement
 from dualloop.executor.core import Executor
-from dualloop.executor.snapshot import Snapshot
+from dualloop.executor.lockstep_batch import TickTable
+from dualloop.executor.snapshot import Reason, SafetyState, Snapshot
 
 
 @dataclass
@@ -44,53 +45,118 @@ class ReplayReport:
         return asdict(self)
 
 
+@dataclass
+class TickSummary:
+    """What the report reads of each tick, as columns (from Snapshots or straight from the fast
+    path's TickTable: the same numbers either way, tests/controller/replay/test_fleet.py)."""
+
+    applied: np.ndarray  # (T,) int64
+    applied_controls: np.ndarray  # (T, controls) float64
+    actual: np.ndarray  # (T,) int64
+    actual_controls: np.ndarray  # (T, controls) float64, NaN rows where the tick had none
+    seq: np.ndarray  # (T,) int64 observation seq
+    gate_veto: np.ndarray  # (T,) bool
+    states: list[str]  # safety state name per tick
+    reasons: list[tuple[str, ...]]  # reason names per tick
+    applied_names: list[str]
+    proposed_names: list[str]  # "-" where the model proposed nothing
+
+    @classmethod
+    def of_snapshots(cls, snaps: Sequence[Snapshot], n_ctl: int) -> TickSummary:
+        missing = np.full(n_ctl, np.nan)
+        return cls(
+            applied=np.fromiter((s.applied.index for s in snaps), np.int64, len(snaps)),
+            applied_controls=np.array([s.applied.controls for s in snaps], np.float64).reshape(len(snaps), n_ctl),
+            actual=np.fromiter((s.actual_index for s in snaps), np.int64, len(snaps)),
+            actual_controls=np.array(
+                [
+                    s.actual_controls if s.actual_controls is not None and s.actual_controls.size == n_ctl else missing
+                    for s in snaps
+                ],
+                np.float64,
+            ).reshape(len(snaps), n_ctl),
+            seq=np.fromiter((s.observation_seq for s in snaps), np.int64, len(snaps)),
+            gate_veto=np.fromiter((s.gate_veto for s in snaps), bool, len(snaps)),
+            states=[s.safety_state.name for s in snaps],
+            reasons=[tuple(r.name for r in s.reasons) for s in snaps],
+            applied_names=[s.applied.name for s in snaps],
+            proposed_names=[s.proposed_name or "-" for s in snaps],
+        )
+
+    @classmethod
+    def of_table(cls, table: TickTable) -> TickSummary:
+        obs, n_ctl, which = table.observations, table.applied_controls.shape[1], table.obs_index
+        missing = np.full(n_ctl, np.nan)
+        per_obs = np.array(
+            [
+                o.actual_controls if o.actual_controls is not None and o.actual_controls.size == n_ctl else missing
+                for o in obs
+            ],
+            np.float64,
+        ).reshape(len(obs), n_ctl)
+        state_names = {int(s): s.name for s in SafetyState}
+        reason_names: dict[tuple[Reason, ...], tuple[str, ...]] = {}
+        names = table.actions
+        scored = table.scored.tolist()
+        return cls(
+            applied=table.applied.astype(np.int64),
+            applied_controls=table.applied_controls.astype(np.float64),
+            actual=np.fromiter((o.actual_index for o in obs), np.int64, len(obs))[which],
+            actual_controls=per_obs[which],
+            seq=np.fromiter((o.seq for o in obs), np.int64, len(obs))[which],
+            gate_veto=table.gate_veto.astype(bool),
+            states=[state_names[v] for v in table.safety_state.tolist()],
+            reasons=[
+                reason_names.get(rs) or reason_names.setdefault(rs, tuple(r.name for r in rs)) for rs in table.reasons
+            ],
+            applied_names=[names[i] for i in table.applied.tolist()],
+            proposed_names=[names[i] if ok else "-" for i, ok in zip(table.proposed.tolist(), scored)],
+        )
+
+
 def summarise(
-    snaps: Sequence[Snapshot], ex: Executor, observations: int, drive_s: float, source: Path, timings: dict[str, float]
+    snaps: Sequence[Snapshot] | TickTable,
+    ex: Executor,
+    observations: int,
+    drive_s: float,
+    source: Path,
+    timings: dict[str, float],
 ) -> ReplayReport:
+    """The report of a replay's ticks: its Snapshots, or the fast path's TickTable (no Snapshots)."""
     actions, n_ctl = list(ex.card.actions), len(ex.card.controls)
-    applied = np.fromiter((s.applied.index for s in snaps), np.int64, len(snaps))
-    applied_controls = np.array([s.applied.controls for s in snaps], np.float64).reshape(len(snaps), n_ctl)
-    actual = np.fromiter((s.actual_index for s in snaps), np.int64, len(snaps))
-    missing = np.full(n_ctl, np.nan)
-    actual_controls = np.array(
-        [
-            s.actual_controls if s.actual_controls is not None and s.actual_controls.size == n_ctl else missing
-            for s in snaps
-        ],
-        np.float64,
-    ).reshape(len(snaps), n_ctl)
-    states = [s.safety_state.name for s in snaps]
-    names = [tuple(r.name for r in s.reasons) for s in snaps]
+    t = TickSummary.of_table(snaps) if isinstance(snaps, TickTable) else TickSummary.of_snapshots(snaps, n_ctl)
+    ticks = len(t.applied)
+    states, names = t.states, t.reasons
     reasons = Counter(name for tick in names for name in tick)
     agreement = ShadowAgreement(actions, n_ctl)
-    agreement.update_many(applied, applied_controls, actual, actual_controls, states, names)
+    agreement.update_many(t.applied, t.applied_controls, t.actual, t.actual_controls, states, names)
     # one tick per observation (the first to use it): agreement per sensor sample
-    seq = np.fromiter((s.observation_seq for s in snaps), np.int64, len(snaps))
-    first = np.flatnonzero(np.concatenate([[True], seq[1:] != seq[:-1]])) if len(snaps) else np.zeros(0, np.int64)
+    seq = t.seq
+    first = np.flatnonzero(np.concatenate([[True], seq[1:] != seq[:-1]])) if ticks else np.zeros(0, np.int64)
     fresh = ShadowAgreement(actions, n_ctl)
     fresh.update_many(
-        applied[first],
-        applied_controls[first],
-        actual[first],
-        actual_controls[first],
+        t.applied[first],
+        t.applied_controls[first],
+        t.actual[first],
+        t.actual_controls[first],
         [states[k] for k in first],
         [names[k] for k in first],
     )
-    vetoes = sum(s.gate_veto for s in snaps)
+    vetoes = int(np.count_nonzero(t.gate_veto))
     compute = timings.get("compute_s", 0.0)
     return ReplayReport(
         source=str(source),
         model=f"{ex.card.name} {ex.card.version}",
         gates=[g.version_hash for g in ex.gates],
         observations=observations,
-        ticks=len(snaps),
+        ticks=ticks,
         drive_s=drive_s,
-        applied=dict(Counter(s.applied.name for s in snaps)),
-        proposed=dict(Counter(s.proposed_name or "-" for s in snaps)),
+        applied=dict(Counter(t.applied_names)),
+        proposed=dict(Counter(t.proposed_names)),
         reasons=dict(reasons),
         safety_states=dict(Counter(states)),
         gate_veto_ticks=vetoes,
-        gate_veto_fraction=vetoes / len(snaps) if snaps else 0.0,
+        gate_veto_fraction=vetoes / ticks if ticks else 0.0,
         agreement=agreement.as_dict(),
         agreement_top1=agreement.agreement(),
         fresh_ticks=fresh.groups["all"].ticks if "all" in fresh.groups else 0,

@@ -90,15 +90,24 @@ class ShadowAgreement:
         err = np.asarray(applied_controls, np.float64)[rows] - np.asarray(actual_controls, np.float64)[rows]
         with_controls = cast("np.ndarray", np.isfinite(err).all(axis=1))  # (ticks,); the stubs allow a scalar
         err[~with_controls] = 0.0
-        # every group a tick belongs to, first seen first (the order `update` would create them in)
+        # every group a tick belongs to, first seen first (the order `update` would create them in).
+        # A tick's groups depend only on its (state, reasons): work per distinct pair, not per tick.
+        combos: dict[tuple[str, tuple[str, ...]], int] = {}
+        codes = np.fromiter(
+            (combos.setdefault((states[k], tuple(reasons[k])), len(combos)) for k in rows.tolist()), np.int64, len(rows)
+        )
+        first_of_combo = np.full(len(combos), len(rows), np.int64)
+        np.minimum.at(first_of_combo, codes, np.arange(len(rows)))
         first: dict[str, tuple[int, int]] = {}
-        members: dict[str, list[int]] = {}
-        for j, k in enumerate(rows.tolist()):
-            for rank, key in enumerate(("all", f"state:{states[k]}", *(f"reason:{r}" for r in reasons[k]))):
-                first.setdefault(key, (j, rank))
-                members.setdefault(key, []).append(j)
+        combos_of: dict[str, list[int]] = {}
+        for (state, tick_reasons), c in combos.items():
+            for rank, key in enumerate(("all", f"state:{state}", *(f"reason:{r}" for r in tick_reasons))):
+                seen = (int(first_of_combo[c]), rank)
+                if key not in first or seen < first[key]:
+                    first[key] = seen
+                combos_of.setdefault(key, []).append(c)
         for key in sorted(first, key=first.__getitem__):
-            m = np.array(members[key])
+            m = np.flatnonzero(np.isin(codes, combos_of[key]))
             e, w = err[m], with_controls[m]
             self._add(
                 key,

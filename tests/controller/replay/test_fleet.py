@@ -208,3 +208,29 @@ def test_rotated_drives_are_distinct_valid_logs_of_the_real_drive(tmp_path):
         assert all(np.float32(o.features).tobytes() in source for o in data.observations)  # real samples only
         firsts.add(tuple(data.observations[0].features))
     assert len(firsts) == 3
+
+
+@pytest.mark.parametrize("which", ["faults", "drive", "no-gates"])
+def test_report_and_evaluation_from_the_table_are_those_from_the_snapshots(tmp_path, which):
+    from dualloop.controller.replay.evaluation import evaluate_replay, unmeasured_features
+    from dualloop.controller.replay.report import summarise
+
+    log = REAL_DRIVE if which == "drive" else synthetic_log(tmp_path / "f.mcap", seconds=5.0, rate_hz=150.0, faults=True)
+    model, gates = (TEST_MODEL_PATH, ()) if which == "no-gates" else (BASE_MODEL_PATH, DEFAULT_GATES)
+    data = read_log(log)
+    observations = _observations(data)
+    ex = LoadedModel.load(model, gates).executor(executor_config_for(data.header))
+    ex.open_session("s", Clock.LOCKSTEP, shadow=True, provided_features=sensor_profile(data.header))
+    table = run_lockstep(ex, "s", observations)
+    snaps = table.snapshots()
+    timings = {"compute_s": 0.01}
+    a = summarise(table, ex, len(observations), 5.0, Path(log), timings).as_dict()
+    b = summarise(snaps, ex, len(observations), 5.0, Path(log), timings).as_dict()
+    assert json.dumps(a) == json.dumps(b)  # same numbers, same key order
+    assert sum(a["safety_states"].values()) == len(snaps) and (which != "faults" or len(a["reasons"]) >= 4)
+    unmeasured = unmeasured_features(data.header, ex.card.feature_names)
+    if which == "no-gates":  # the test model's actions are not the label bands: no evaluation either way
+        return
+    e1 = evaluate_replay(table, observations, ex.card, log, unmeasured).as_dict()
+    e2 = evaluate_replay(snaps, observations, ex.card, log, unmeasured).as_dict()
+    assert json.dumps(e1) == json.dumps(e2) and e1["labelled"] > 0
