@@ -230,3 +230,82 @@ def write_messages(
     file.extend(MAGIC)
     out.write_bytes(file)
     return out
+
+
+class NotFast(Exception):
+    """The file is not a complete, clean MCAP: read it with LogReader (which reports how far it got)."""
+
+
+def _string(buf: bytes, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<I", buf, pos)
+    return bytes(buf[pos + 4 : pos + 4 + n]).decode(), pos + 4 + n
+
+
+def _channel(buf: bytes, pos: int) -> tuple[int, str, str]:
+    channel_id = struct.unpack_from("<H", buf, pos)[0]
+    topic, p = _string(buf, pos + 4)  # after the schema id
+    _, p = _string(buf, p)  # message encoding
+    (size,) = struct.unpack_from("<I", buf, p)
+    p, end, metadata = p + 4, p + 4 + size, {}
+    while p < end:
+        key, p = _string(buf, p)
+        metadata[key], p = _string(buf, p)
+    return channel_id, topic, metadata.get("session_id", "")
+
+
+_MESSAGE = struct.Struct("<BQHIQQ")  # opcode, record length, channel, sequence, log time, publish time
+
+
+def _records(
+    buf: bytes, start: int, end: int, channels: dict[int, tuple[str, str]], out: list[tuple[int, int, bytes]]
+) -> int:
+    """Walk records in buf[start:end]: channels into `channels`, messages into `out` (channel,
+    log time, data) in file order, chunks recursively. Returns the opcode of the last record."""
+    pos, op = start, 0
+    unpack = _MESSAGE.unpack_from
+    while pos < end:
+        op = buf[pos]
+        if op == Opcode.MESSAGE:
+            _, length, channel_id, _, log_time, _ = unpack(buf, pos)
+            body_end = pos + 9 + length
+            out.append((channel_id, log_time, buf[pos + 31 : body_end]))
+            pos = body_end
+            continue
+        (length,) = struct.unpack_from("<Q", buf, pos + 1)
+        body, pos = pos + 9, pos + 9 + length
+        if pos > end:
+            raise NotFast("record past the end")
+        if op == Opcode.CHANNEL:
+            channel_id, topic, session = _channel(buf, body)
+            channels[channel_id] = (topic, session)
+        elif op == Opcode.CHUNK:
+            _, _, size, crc = struct.unpack_from("<QQQI", buf, body)
+            compression, p = _string(buf, body + 28)
+            (n,) = struct.unpack_from("<Q", buf, p)
+            data = buf[p + 8 : p + 8 + n]
+            if compression == "zstd":
+                data = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+            elif compression:
+                raise NotFast(f"compression {compression!r}")
+            if len(data) != size or (crc and zlib.crc32(data) != crc):
+                raise NotFast("chunk size or CRC")
+            _records(data, 0, len(data), channels, out)
+        elif op == Opcode.DATA_END:
+            return op
+    return op
+
+
+def read_messages(path: Path) -> tuple[dict[int, tuple[str, str]], list[tuple[int, int, bytes]]]:
+    """(channel id -> (topic, session id), [(channel id, log time, data)] in file order) of a
+    complete MCAP file; NotFast when it is anything else (no footer, a broken record or CRC)."""
+    buf = path.read_bytes()
+    if len(buf) < 2 * len(MAGIC) + 29 or buf[:8] != MAGIC or buf[-8:] != MAGIC or buf[-37] != Opcode.FOOTER:
+        raise NotFast("not a complete MCAP file")
+    channels: dict[int, tuple[str, str]] = {}
+    out: list[tuple[int, int, bytes]] = []
+    try:
+        if _records(buf, 8, len(buf) - 8, channels, out) != Opcode.DATA_END:
+            raise NotFast("no data end record")
+    except (struct.error, IndexError, UnicodeDecodeError, zstandard.ZstdError) as err:
+        raise NotFast(str(err)) from err
+    return channels, out

@@ -22,6 +22,7 @@ from mcap.records import Channel, Footer, Schema
 from mcap.records import Message as McapMessage
 from mcap.stream_reader import StreamReader
 
+from dualloop.controller.logs.bulk import NotFast, read_messages
 from dualloop.controller.logs.format import (
     FORMAT_VERSION,
     TOPIC_HEADER,
@@ -171,11 +172,32 @@ def _is_not_mcap(exc: Exception) -> bool:
     return "magic" in str(exc).lower()
 
 
+def _fast_records(files: list[Path]) -> list[LogRecord] | None:
+    """The records of one complete, clean file, read in one pass over its bytes (bulk.read_messages:
+    ~10x less Python per message than the mcap StreamReader); None for anything else (several
+    files, a missing footer, a broken record), which LogReader then reads and reports on."""
+    if len(files) != 1:
+        return None
+    try:
+        channels, messages = read_messages(files[0])
+        records = []
+        for channel_id, log_time, data in messages:
+            topic, session_id = channels.get(channel_id, ("", ""))
+            message_type = TOPIC_TYPES.get(topic)
+            if message_type is not None:  # someone else's topic: not ours to interpret
+                records.append(LogRecord(topic, session_id, log_time, message_type.FromString(data), files[0]))
+        return records
+    except (NotFast, DecodeError, OSError):
+        return None
+
+
 def read_sessions(path: str | Path | Iterable[str | Path]) -> dict[str, LogData]:
     """Every session in the log, in order of first appearance."""
-    reader = LogReader(path)
+    files = resolve_log_paths(path)
+    fast = _fast_records(files)
+    reader = LogReader(files)
     sessions: dict[str, LogData] = {}
-    for rec in reader:
+    for rec in fast if fast is not None else reader:
         data = sessions.get(rec.session_id)
         if data is None:
             if rec.topic != TOPIC_HEADER:
@@ -199,8 +221,9 @@ def read_sessions(path: str | Path | Iterable[str | Path]) -> dict[str, LogData]
         elif rec.topic == TOPIC_SUMMARY:
             data.summary = cast(log_pb2.SessionSummary, rec.message)
         # repeated headers (one per rotated file) carry only a different `part`: the first one stands
+    read = len(fast) if fast is not None else reader.messages_read
     for data in sessions.values():
-        data.truncated, data.truncation, data.messages_read = reader.truncated, reader.truncation, reader.messages_read
+        data.truncated, data.truncation, data.messages_read = reader.truncated, reader.truncation, read
     return sessions
 
 

@@ -234,3 +234,24 @@ def test_report_and_evaluation_from_the_table_are_those_from_the_snapshots(tmp_p
     e1 = evaluate_replay(table, observations, ex.card, log, unmeasured).as_dict()
     e2 = evaluate_replay(snaps, observations, ex.card, log, unmeasured).as_dict()
     assert json.dumps(e1) == json.dumps(e2) and e1["labelled"] > 0
+
+
+def test_one_pass_reader_reads_what_the_stream_reader_reads(tmp_path, replayed, monkeypatch):
+    from dualloop.controller.logs import logfile
+    from dualloop.controller.logs.bulk import NotFast, read_messages
+
+    out = replayed[1].out_path
+    fast = logfile.read_log(out)
+    truncated = tmp_path / "cut.mcap"
+    truncated.write_bytes(out.read_bytes()[: out.stat().st_size // 2])
+    with pytest.raises(NotFast):
+        read_messages(truncated)  # no footer: LogReader reads it and says how far it got
+    cut_fast_path = logfile.read_log(truncated)
+    monkeypatch.setattr(logfile, "_fast_records", lambda files: None)
+    slow = logfile.read_log(out)
+    assert fast.header == slow.header and fast.observations == slow.observations
+    assert fast.snapshots == slow.snapshots and fast.messages_read == slow.messages_read > 1000
+    assert not fast.truncated and not slow.truncated
+    cut = logfile.read_log(truncated)
+    assert cut_fast_path.truncated and cut.truncated and cut_fast_path.truncation == cut.truncation
+    assert len(cut_fast_path.snapshots) == len(cut.snapshots) < len(slow.snapshots)
