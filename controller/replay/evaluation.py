@@ -336,9 +336,12 @@ class _Ticks:
         obs, n = table.observations, len(table)
         scored = table.scored.astype(bool)
         nan = np.full(n, np.nan)
-        has: dict[tuple[Reason, ...], tuple[bool, bool]] = {}
+        has: dict[int, tuple[bool, bool]] = {}  # by the tuple's identity: ticks share the rules' tuples
         flags = np.array(
-            [has.get(rs) or has.setdefault(rs, (Reason.OOD_VETO in rs, Reason.STALE_OBSERVATION in rs)) for rs in table.reasons],
+            [
+                has.get(id(rs)) or has.setdefault(id(rs), (Reason.OOD_VETO in rs, Reason.STALE_OBSERVATION in rs))
+                for rs in table.reasons
+            ],
             bool,
         ).reshape(n, 2)
         return cls(

@@ -13,7 +13,7 @@ import numpy as np
 from dualloop.controller.serve.shadow import ShadowAgreement
 from dualloop.executor.core import Executor
 from dualloop.executor.lockstep_batch import TickTable
-from dualloop.executor.snapshot import Reason, SafetyState, Snapshot
+from dualloop.executor.snapshot import SafetyState, Snapshot
 
 
 @dataclass
@@ -95,7 +95,9 @@ class TickSummary:
             np.float64,
         ).reshape(len(obs), n_ctl)
         state_names = {int(s): s.name for s in SafetyState}
-        reason_names: dict[tuple[Reason, ...], tuple[str, ...]] = {}
+        # by the tuple's identity: ticks share the rules' tuples, and hashing enums is slow
+        distinct = {id(rs): rs for rs in table.reasons}
+        reason_names = {i: tuple(r.name for r in rs) for i, rs in distinct.items()}
         names = table.actions
         scored = table.scored.tolist()
         return cls(
@@ -106,9 +108,7 @@ class TickSummary:
             seq=np.fromiter((o.seq for o in obs), np.int64, len(obs))[which],
             gate_veto=table.gate_veto.astype(bool),
             states=[state_names[v] for v in table.safety_state.tolist()],
-            reasons=[
-                reason_names.get(rs) or reason_names.setdefault(rs, tuple(r.name for r in rs)) for rs in table.reasons
-            ],
+            reasons=[reason_names[id(rs)] for rs in table.reasons],
             applied_names=[names[i] for i in table.applied.tolist()],
             proposed_names=[names[i] if ok else "-" for i, ok in zip(table.proposed.tolist(), scored)],
         )

@@ -154,8 +154,13 @@ def lookup(encoded: Sequence[bytes], index: np.ndarray) -> Fields:
     return [Col(table[index], sizes[index])]
 
 
-def by_value(values: Sequence[Hashable], encode: Callable[[Any], bytes]) -> Fields:
-    """Row k is encode(values[k]), encoding each distinct value once."""
+def by_value(values: Sequence[Any], encode: Callable[[Any], bytes], by_identity: bool = False) -> Fields:
+    """Row k is encode(values[k]), encoding each distinct value once; by_identity: distinct objects
+    (ticks share the rules' reason tuples, and hashing a tuple of enums is slow in Python)."""
+    if by_identity:
+        ids = np.fromiter(map(id, values), np.int64, len(values))
+        _, first, index = np.unique(ids, return_index=True, return_inverse=True)
+        return lookup([encode(values[i]) for i in first.tolist()], index.reshape(-1))
     codes: dict[Hashable, int] = {}
     index = np.fromiter((codes.setdefault(v, len(codes)) for v in values), np.int64, len(values))
     return lookup([encode(v) for v in codes], index)
@@ -176,6 +181,11 @@ def _packed_enums(field: int, values: Sequence[int]) -> bytes:
 def _strings(field: int, texts: Sequence[str]) -> bytes:
     # repeated string: one record per element, empty ones included
     return b"".join(_tag(field, _WIRE_LEN) + _varint_bytes(len(t.encode())) + t.encode() for t in texts)
+
+
+def _per_observation(table: TickTable, fields: Fields) -> Fields:
+    """Fields made per observation, onto the ticks."""
+    return [Col(c.buf[table.obs_index], c.n[table.obs_index]) for c in fields]
 
 
 def _action(index: np.ndarray, names: Sequence[str], controls: np.ndarray, present: np.ndarray | None) -> Fields:
@@ -212,12 +222,13 @@ def encode_snapshots(table: TickTable) -> list[bytes]:
         *field_varint(3, table.tick_ns),
         *field_varint(6, obs_seq[table.obs_index]),
         *field_varint(7, table.age_ns),
-        *by_value([table.plan_id[i] for i in table.obs_index.tolist()], lambda p: string_bytes(8, p)),
+        *_per_observation(table, by_value(table.plan_id, lambda p: string_bytes(8, p))),
         *field_varint(9, table.plan_age_ns),
         const(string_bytes(10, table.model_version), rows),
         *field_message(11, proposal),
         *field_message(12, _action(table.applied, table.actions, table.applied_controls, None)),
-        *by_value(table.reasons, lambda rs: _packed_enums(13, [int(r) for r in rs])),
+        # keyed by the tuple's identity: ticks share the rules' tuples, and hashing enums is slow
+        *by_value(table.reasons, lambda rs: _packed_enums(13, [int(r) for r in rs]), by_identity=True),
         *field_varint(14, table.safety_state),
     ]
     if table.gate_score is not None:
@@ -251,12 +262,19 @@ def encode_snapshots(table: TickTable) -> list[bytes]:
         kinds = [int(k) for k in table.check_kinds]
         vetoes = table.checks["veto"].astype(bool)
         bits = (vetoes * (1 << np.arange(len(kinds), dtype=np.int64))).sum(axis=1)
-        fields += by_value(bits.tolist(), lambda b: _packed_enums(29, [k for i, k in enumerate(kinds) if (b >> i) & 1]))
+        distinct, index = np.unique(bits, return_inverse=True)
+        fields += lookup(
+            [_packed_enums(29, [k for i, k in enumerate(kinds) if (b >> i) & 1]) for b in distinct.tolist()],
+            index.reshape(-1),
+        )
+    # invalid_input depends on the observation alone (its parts, and whether its features were finite)
+    finite = np.ones(len(table.observations), bool)
+    finite[table.obs_index] = table.finite
     invalid = [
         tuple(o.invalid_parts) if f else ("features", *o.invalid_parts)
-        for o, f in zip((table.observations[i] for i in table.obs_index.tolist()), table.finite.tolist())
+        for o, f in zip(table.observations, finite.tolist())
     ]
-    fields += by_value(invalid, lambda parts: _strings(35, parts))
+    fields += _per_observation(table, by_value(invalid, lambda parts: _strings(35, parts)))
     ends = np.cumsum(lengths(fields)).tolist()
     flat = _flat(fields).tobytes()
     return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
