@@ -31,13 +31,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 from threadpoolctl import threadpool_limits
 
 from dualloop.controller.bench.tick import store_result
-import numpy as np
-
 from dualloop.controller.logs.bulk import TopicMessages, write_messages
 from dualloop.controller.logs.format import FORMAT_VERSION, TOPIC_HEADER, TOPIC_OBSERVATION
 from dualloop.controller.logs.logfile import read_log
@@ -139,6 +138,13 @@ def bench_fleet(
             "p99": float(np.percentile(per_log, 99)),
             "max": max(per_log),
         },
+        "per_log_cpu_s": {  # the worker's CPU time per log: what a log costs without the machine's waits
+            "median": float(np.median([r["cpu_s"] for r in fleet["logs"]])),
+            "p99": float(np.percentile([r["cpu_s"] for r in fleet["logs"]], 99)),
+        },
+        # drive time over the workers' CPU time spread on the workers: the speed an idle machine
+        # with that many cores would approach (start-up not included)
+        "cpu_bound_speedup": drive_s / (pooled["worker_cpu_s"] / max(1, pooled["workers"])),
         "per_log_compute_s": {
             "median": float(np.median([r["compute_s"] for r in fleet["logs"]])),
             "p99": float(np.percentile([r["compute_s"] for r in fleet["logs"]], 99)),
@@ -272,16 +278,19 @@ def print_replay_report(result: dict[str, Any], console: Console) -> None:
     fleet = result.get("fleet")
     if fleet:
         ok = fleet["whole_command_speedup"] >= GOAL_SPEEDUP
+        wall, cpu = fleet["per_log_s"], fleet["per_log_cpu_s"]
         console.print(
             f"fleet: {fleet['logs']} logs ({fleet['log_source']}), {fleet['drive_s']:.0f} s of drive, "
             f"{fleet['workers']} workers on {fleet['cores']} cores: the whole command took "
             f"{fleet['whole_command_s']:.2f} s = {fleet['whole_command_speedup']:.0f}x real time "
             f"(goal >= {GOAL_SPEEDUP:.0f}x, i.e. <= {fleet['goal_wall_s']:.2f} s: "
             + ("[green]met[/]" if ok else "[red]not met[/]")
-            + f"); per log {fleet['per_log_s']['median'] * 1e3:.0f} ms median, "
-            f"{fleet['per_log_s']['p99'] * 1e3:.0f} ms p99 (replay compute {fleet['per_log_compute_s']['median'] * 1e3:.0f}"
-            f" ms median); bare start-up of the command {fleet['bare_startup_s']:.2f} s; load average "
-            f"{fleet['load_average_before'][0]:.2f} before, {fleet['load_average_after'][0]:.2f} after"
+            + f"); per log {wall['median'] * 1e3:.0f} ms median, {wall['p99'] * 1e3:.0f} ms p99 "
+            f"(CPU {cpu['median'] * 1e3:.0f} ms median, {cpu['p99'] * 1e3:.0f} ms p99: "
+            f"{fleet['cpu_bound_speedup']:.0f}x real time on {fleet['workers']} idle cores without start-up; "
+            f"replay compute {fleet['per_log_compute_s']['median'] * 1e3:.0f} ms median); bare start-up of the "
+            f"command {fleet['bare_startup_s']:.2f} s; load average {fleet['load_average_before'][0]:.2f} before, "
+            f"{fleet['load_average_after'][0]:.2f} after"
         )
     console.print(
         f"machine load average (1 min) {result['load_average_at_start'][0]:.2f} at start, "

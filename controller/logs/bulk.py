@@ -170,7 +170,9 @@ def write_messages(
             stop = min(max(stop, i + 1), n)
             offsets = chunk.size + (ends[i:stop] - record_sizes[i:stop] - base)
             chunk.index.setdefault(channel_id, []).append((times[i:stop], offsets.astype(np.uint64)))
-            chunk.start = int(times[i:stop].min()) if chunk.messages == 0 else min(chunk.start, int(times[i:stop].min()))
+            chunk.start = (
+                int(times[i:stop].min()) if chunk.messages == 0 else min(chunk.start, int(times[i:stop].min()))
+            )
             chunk.end = max(chunk.end, int(times[i:stop].max()))
             chunk.messages += stop - i
             data = group.data
@@ -198,7 +200,9 @@ def write_messages(
         start = summary.count
         for r in records:
             r.write(summary)
-        offsets_.append(SummaryOffset(group_opcode=opcode, group_start=summary_start + start, group_length=summary.count - start))
+        offsets_.append(
+            SummaryOffset(group_opcode=opcode, group_start=summary_start + start, group_length=summary.count - start)
+        )
 
     group_of(Opcode.SCHEMA, list(schemas.values()))
     group_of(Opcode.CHANNEL, list(channels.values()))

@@ -347,7 +347,9 @@ class _Ticks:
         return cls(
             seq=np.fromiter((o.seq for o in obs), np.int64, len(obs))[table.obs_index],
             proposed=np.where(scored, table.proposed, -1).astype(np.int64),
-            proposed_accel=nan if k is None else np.where(scored, table.proposed_controls[:, k], np.nan).astype(np.float64),
+            proposed_accel=nan
+            if k is None
+            else np.where(scored, table.proposed_controls[:, k], np.nan).astype(np.float64),
             applied=table.applied.astype(np.int64),
             applied_accel=nan if k is None else table.applied_controls[:, k].astype(np.float64),
             nominal=table.safety_state == int(SafetyState.NOMINAL),

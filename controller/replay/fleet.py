@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -35,6 +35,8 @@ class FleetResult:
     errors: dict[str, str] = field(default_factory=dict)  # log path -> why it failed
     order: list[str] = field(default_factory=list)  # the logs as given
     seconds: dict[str, float] = field(default_factory=dict)  # log path -> the worker's wall time on it
+    # log path -> the worker's CPU time on it: on a busy machine, what the log cost without the waits
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0  # the whole fleet, pool start-up (model loads) included
     workers: int = 0
 
@@ -65,10 +67,9 @@ class FleetResult:
         m = self.confusion()
         return float(np.trace(m) / m.sum()) if m is not None and m.sum() else float("nan")
 
-
     def per_log(self) -> list[dict[str, Any]]:
         """One row per log, in the order given: what the per-log table prints."""
-        rows = []
+        rows: list[dict[str, Any]] = []
         for path in self.order:
             r = self.reports.get(path)
             if r is None:
@@ -84,6 +85,7 @@ class FleetResult:
                     "ticks": r["ticks"],
                     "compute_s": compute,
                     "seconds": seconds,  # read, replay, write, report: the worker's whole time on it
+                    "cpu_s": self.cpu_seconds.get(path, 0.0),
                     "compute_speedup": r["drive_s"] / compute if compute > 0 else 0.0,
                     "speedup": r["drive_s"] / seconds if seconds > 0 else 0.0,
                     "agreement_top1": _finite(r["agreement_top1"]),
@@ -105,6 +107,7 @@ class FleetResult:
             "ticks": self.ticks,
             "compute_s": compute,
             "worker_s": sum(seconds),
+            "worker_cpu_s": sum(self.cpu_seconds.get(p, 0.0) for p in self.order if p in self.reports),
             "wall_s": self.wall_s,
             "workers": self.workers,
             "speedup": self.speedup,
@@ -150,12 +153,12 @@ def _init_worker(model: str, gates: list[str]) -> None:
     _load(model, gates)
 
 
-def _replay_one(log: str, model: str, gates: list[str], out_dir: str | None) -> tuple[dict, float]:
-    t0 = time.perf_counter()
+def _replay_one(log: str, model: str, gates: list[str], out_dir: str | None) -> tuple[dict, float, float]:
+    t0, cpu0 = time.perf_counter(), time.process_time()
     out = str(Path(out_dir) / f"{Path(log).stem}.replay.mcap") if out_dir else None
     with threadpool_limits(1):
         report = replay_log(log, model, gates, out_path=out, loaded=_load(model, gates)).report.as_dict()
-    return report, time.perf_counter() - t0
+    return report, time.perf_counter() - t0, time.process_time() - cpu0
 
 
 def replay_many(
@@ -216,7 +219,7 @@ def _collect(futures: dict, result: FleetResult, progress: bool) -> None:
         for future in as_completed(futures):
             path = futures[future]
             try:
-                result.reports[path], result.seconds[path] = future.result()
+                result.reports[path], result.seconds[path], result.cpu_seconds[path] = future.result()
             except Exception as err:  # noqa: BLE001 - one bad log must not sink the fleet
                 result.errors[path] = f"{type(err).__name__}: {err}"
             advance()

@@ -35,10 +35,10 @@ from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
-from dualloop.ood import Gate
 from dualloop.executor.lockstep_batch import TickTable, run_lockstep
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Observation, Snapshot
+from dualloop.ood import Gate
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import log_pb2
 

@@ -148,7 +148,9 @@ def test_fleet_reports_are_the_single_log_reports(fleet_logs, workers):
     """One worker replays every log with one model and gate load: nothing of one log may leak
     into the next (state in the shared model or gates would show here)."""
     tmp, logs = fleet_logs
-    fleet = replay_many(logs, BASE_MODEL_PATH, DEFAULT_GATES, workers=workers, out_dir=tmp / f"w{workers}", progress=False)
+    fleet = replay_many(
+        logs, BASE_MODEL_PATH, DEFAULT_GATES, workers=workers, out_dir=tmp / f"w{workers}", progress=False
+    )
     assert not fleet.errors and fleet.order == [str(p) for p in logs] and fleet.workers == workers
     for log in logs:
         single = replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp / "single.mcap")
@@ -203,7 +205,9 @@ def test_rotated_drives_are_distinct_valid_logs_of_the_real_drive(tmp_path):
     for p in paths:
         data = read_log(p)
         ts = np.array([o.timestamp_ns for o in data.observations])
-        assert not data.truncated and np.all(np.diff(ts) > 0) and (ts[-1] - ts[0]) / 1e9 == pytest.approx(10.0, abs=0.02)
+        assert (
+            not data.truncated and np.all(np.diff(ts) > 0) and (ts[-1] - ts[0]) / 1e9 == pytest.approx(10.0, abs=0.02)
+        )
         assert [o.seq for o in data.observations] == list(range(1, len(ts) + 1))
         assert all(np.float32(o.features).tobytes() in source for o in data.observations)  # real samples only
         firsts.add(tuple(data.observations[0].features))
@@ -215,7 +219,9 @@ def test_report_and_evaluation_from_the_table_are_those_from_the_snapshots(tmp_p
     from dualloop.controller.replay.evaluation import evaluate_replay, unmeasured_features
     from dualloop.controller.replay.report import summarise
 
-    log = REAL_DRIVE if which == "drive" else synthetic_log(tmp_path / "f.mcap", seconds=5.0, rate_hz=150.0, faults=True)
+    log = (
+        REAL_DRIVE if which == "drive" else synthetic_log(tmp_path / "f.mcap", seconds=5.0, rate_hz=150.0, faults=True)
+    )
     model, gates = (TEST_MODEL_PATH, ()) if which == "no-gates" else (BASE_MODEL_PATH, DEFAULT_GATES)
     data = read_log(log)
     observations = _observations(data)
