@@ -273,7 +273,7 @@ def print_replay_report(result: dict[str, Any], console: Console) -> None:
     verdict = "[green]met[/]" if worst >= GOAL_SPEEDUP else "[red]not met[/]"
     console.print(
         f"goal: replay >= {GOAL_SPEEDUP:.0f}x real time on one core: {verdict} (slowest log {worst:.0f}x). "
-        "The whole command adds reading and writing MCAP (per message in the mcap library) and the report."
+        "The whole command adds reading the log, writing the new one, the report and the evaluation."
     )
     fleet = result.get("fleet")
     if fleet:
