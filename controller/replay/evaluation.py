@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from dualloop.controller.plotting import pyplot
 from dualloop.controller.replay import baselines as bl
+from dualloop.controller.replay.wire_batch import reason_codes
 from dualloop.executor.action_labels import ACTIONS
 from dualloop.executor.lockstep_batch import TickTable
 from dualloop.executor.model_card import ModelCard
@@ -336,12 +337,11 @@ class _Ticks:
         obs, n = table.observations, len(table)
         scored = table.scored.astype(bool)
         nan = np.full(n, np.nan)
-        has: dict[int, tuple[bool, bool]] = {}  # by the tuple's identity: ticks share the rules' tuples
+        # per distinct reason set (by codes: hashing a tuple of enums calls Python per element)
+        veto, stale = int(Reason.OOD_VETO), int(Reason.STALE_OBSERVATION)
+        has: dict[tuple[int, ...], tuple[bool, bool]] = {}
         flags = np.array(
-            [
-                has.get(id(rs)) or has.setdefault(id(rs), (Reason.OOD_VETO in rs, Reason.STALE_OBSERVATION in rs))
-                for rs in table.reasons
-            ],
+            [has.get(rs) or has.setdefault(rs, (veto in rs, stale in rs)) for rs in reason_codes(table.reasons)],
             bool,
         ).reshape(n, 2)
         return cls(

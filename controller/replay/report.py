@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dualloop.controller.replay.wire_batch import reason_codes
 from dualloop.controller.serve.shadow import ShadowAgreement
 from dualloop.executor.core import Executor
 from dualloop.executor.lockstep_batch import TickTable
-from dualloop.executor.snapshot import SafetyState, Snapshot
+from dualloop.executor.snapshot import Reason, SafetyState, Snapshot
 
 
 @dataclass
@@ -86,20 +87,25 @@ class TickSummary:
     @classmethod
     def of_table(cls, table: TickTable) -> TickSummary:
         obs, n_ctl, which = table.observations, table.applied_controls.shape[1], table.obs_index
-        missing = np.full(n_ctl, np.nan)
-        per_obs = np.array(
-            [
-                o.actual_controls if o.actual_controls is not None and o.actual_controls.size == n_ctl else missing
-                for o in obs
-            ],
-            np.float64,
-        ).reshape(len(obs), n_ctl)
-        state_names = {int(s): s.name for s in SafetyState}
-        # by the tuple's identity: ticks share the rules' tuples, and hashing enums is slow
-        distinct = {id(rs): rs for rs in table.reasons}
-        reason_names = {i: tuple(r.name for r in rs) for i, rs in distinct.items()}
-        names = table.actions
-        scored = table.scored.tolist()
+        per_obs = np.full((len(obs), n_ctl), np.nan)
+        known = [(i, o.actual_controls) for i, o in enumerate(obs) if o.actual_controls is not None]
+        known = [(i, c) for i, c in known if c.size == n_ctl]
+        if known:
+            per_obs[[i for i, _ in known]] = np.stack([c for _, c in known])
+        # names by lookup in object arrays: no Python call per tick
+        state_names = np.empty(max(int(s) for s in SafetyState) + 1, object)
+        for state in SafetyState:
+            state_names[int(state)] = state.name
+        # reasons by their codes (hashing a tuple of enums calls Python per element)
+        codes: dict[tuple[int, ...], int] = {}
+        inverse = np.fromiter(
+            (codes.setdefault(rs, len(codes)) for rs in reason_codes(table.reasons)), np.int64, len(table.reasons)
+        )
+        reason_names = np.empty(len(codes), object)
+        for rs, j in codes.items():
+            reason_names[j] = tuple(Reason(r).name for r in rs)
+        names = np.array([*table.actions, "-"], object)
+        proposed = np.where(table.scored.astype(bool), table.proposed, len(table.actions))
         return cls(
             applied=table.applied.astype(np.int64),
             applied_controls=table.applied_controls.astype(np.float64),
@@ -107,10 +113,10 @@ class TickSummary:
             actual_controls=per_obs[which],
             seq=np.fromiter((o.seq for o in obs), np.int64, len(obs))[which],
             gate_veto=table.gate_veto.astype(bool),
-            states=[state_names[v] for v in table.safety_state.tolist()],
-            reasons=[reason_names[id(rs)] for rs in table.reasons],
-            applied_names=[names[i] for i in table.applied.tolist()],
-            proposed_names=[names[i] if ok else "-" for i, ok in zip(table.proposed.tolist(), scored)],
+            states=state_names[table.safety_state].tolist(),
+            reasons=reason_names[inverse].tolist(),
+            applied_names=names[table.applied].tolist(),
+            proposed_names=names[proposed].tolist(),
         )
 
 

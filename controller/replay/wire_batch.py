@@ -19,7 +19,7 @@ import numpy as np
 
 from dualloop.executor.checks import NAMES as CHECK_NAMES
 from dualloop.executor.lockstep_batch import TickTable
-from dualloop.executor.snapshot import StageTimings
+from dualloop.executor.snapshot import Reason, StageTimings
 
 U8 = np.uint8
 _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
@@ -95,8 +95,15 @@ def lengths(fields: Fields) -> np.ndarray:
 def _flat(cols: Fields) -> np.ndarray:
     """Every row's bytes one after the other (row 0's pieces, then row 1's ...)."""
     big = np.hstack([c.buf for c in cols])
-    mask = np.hstack([np.arange(c.buf.shape[1])[None, :] < c.n[:, None] for c in cols])
-    return big[mask]
+    widths = np.array([c.buf.shape[1] for c in cols])
+    # one mask for all pieces: byte j of piece i is kept where j < n_i (one gather, one compare)
+    small = np.uint8 if widths.max() < 256 else np.int32
+    lengths = np.empty((len(cols[0].n), len(cols)), small)
+    for i, c in enumerate(cols):
+        lengths[:, i] = c.n
+    piece = np.repeat(np.arange(len(cols)), widths)
+    offset = (np.arange(widths.sum()) - np.repeat(np.cumsum(widths) - widths, widths)).astype(small)
+    return big[lengths[:, piece] > offset[None, :]]
 
 
 def field_varint(field: int, values: np.ndarray) -> Fields:
@@ -154,16 +161,16 @@ def lookup(encoded: Sequence[bytes], index: np.ndarray) -> Fields:
     return [Col(table[index], sizes[index])]
 
 
-def by_value(values: Sequence[Any], encode: Callable[[Any], bytes], by_identity: bool = False) -> Fields:
-    """Row k is encode(values[k]), encoding each distinct value once; by_identity: distinct objects
-    (ticks share the rules' reason tuples, and hashing a tuple of enums is slow in Python)."""
-    if by_identity:
-        ids = np.fromiter(map(id, values), np.int64, len(values))
-        _, first, index = np.unique(ids, return_index=True, return_inverse=True)
-        return lookup([encode(values[i]) for i in first.tolist()], index.reshape(-1))
+def by_value(values: Sequence[Hashable], encode: Callable[[Any], bytes]) -> Fields:
+    """Row k is encode(values[k]), encoding each distinct value once."""
     codes: dict[Hashable, int] = {}
     index = np.fromiter((codes.setdefault(v, len(codes)) for v in values), np.int64, len(values))
     return lookup([encode(v) for v in codes], index)
+
+
+def reason_codes(reasons: Sequence[tuple[Reason, ...]]) -> list[tuple[int, ...]]:
+    """Each tick's reasons as plain ints: hashable in C (an enum's hash is a Python call)."""
+    return [tuple(map(int, rs)) for rs in reasons]
 
 
 def string_bytes(field: int, text: str) -> bytes:
@@ -227,8 +234,8 @@ def encode_snapshots(table: TickTable) -> list[bytes]:
         const(string_bytes(10, table.model_version), rows),
         *field_message(11, proposal),
         *field_message(12, _action(table.applied, table.actions, table.applied_controls, None)),
-        # keyed by the tuple's identity: ticks share the rules' tuples, and hashing enums is slow
-        *by_value(table.reasons, lambda rs: _packed_enums(13, [int(r) for r in rs]), by_identity=True),
+        # keyed by the codes: hashing a tuple of enums calls Python per element
+        *by_value(reason_codes(table.reasons), lambda rs: _packed_enums(13, rs)),
         *field_varint(14, table.safety_state),
     ]
     if table.gate_score is not None:
