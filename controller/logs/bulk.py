@@ -35,11 +35,22 @@ _HEAD_SIZE = _MESSAGE_HEAD.itemsize  # 31: opcode, record length, then the Messa
 
 @dataclass
 class TopicMessages:
-    """One topic's messages, serialised, with their log times (ns; publish time = log time)."""
+    """One topic's messages, serialised, with their log times (ns; publish time = log time): a list
+    of bytes, or `packed` (every message's bytes one after the other, and their sizes)."""
 
     topic: str
     data: Sequence[bytes]
     log_time_ns: np.ndarray
+    packed: tuple[np.ndarray, np.ndarray] | None = None  # (uint8 bytes, int64 size per message)
+
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.packed is not None:
+            return self.packed
+        sizes = np.fromiter(map(len, self.data), np.int64, len(self.data))
+        return np.frombuffer(b"".join(self.data), np.uint8), sizes
+
+    def __len__(self) -> int:
+        return len(self.packed[1]) if self.packed is not None else len(self.data)
 
 
 @dataclass
@@ -127,7 +138,7 @@ def write_messages(
             finalize()
 
     for group in groups:
-        n = len(group.data)
+        n = len(group)
         if n == 0:
             continue
         if group.topic not in channels:
@@ -148,7 +159,7 @@ def write_messages(
             in_chunk(channel)
         channel_id = channels[group.topic].id
         times = np.maximum(np.asarray(group.log_time_ns, np.int64), 0).astype(np.uint64)  # as mcap_time
-        sizes = np.fromiter((len(d) for d in group.data), np.int64, n)
+        payload, sizes = group.flat()
         heads = np.empty(n, _MESSAGE_HEAD)
         heads["op"] = Opcode.MESSAGE
         heads["length"] = sizes + (_HEAD_SIZE - 9)
@@ -157,9 +168,14 @@ def write_messages(
         heads["sequence"] = np.arange(sequence0, sequence0 + n)
         heads["log"] = heads["publish"] = times
         counts[channel_id] = sequence0 + n
-        head_bytes = heads.tobytes()
         record_sizes = sizes + _HEAD_SIZE
         ends = np.cumsum(record_sizes)
+        # every record (head, then the message's bytes) laid out in one buffer by two scatters
+        records = np.empty(int(ends[-1]), np.uint8)
+        starts = ends - record_sizes
+        records[(starts[:, None] + np.arange(_HEAD_SIZE)[None, :]).reshape(-1)] = heads.view(np.uint8)
+        records[np.arange(len(payload)) + np.repeat(starts + _HEAD_SIZE - (np.cumsum(sizes) - sizes), sizes)] = payload
+        record_bytes = records.tobytes()
         first_time = int(times.min()) if first_time is None else min(first_time, int(times.min()))
         last_time = max(last_time, int(times.max()))
         i = 0
@@ -175,16 +191,7 @@ def write_messages(
             )
             chunk.end = max(chunk.end, int(times[i:stop].max()))
             chunk.messages += stop - i
-            data = group.data
-            chunk.add(
-                b"".join(
-                    [
-                        piece
-                        for k in range(i, stop)
-                        for piece in (head_bytes[k * _HEAD_SIZE : (k + 1) * _HEAD_SIZE], data[k])
-                    ]
-                )
-            )
+            chunk.add(record_bytes[base : int(ends[stop - 1])])
             if chunk.size > chunk_bytes:
                 finalize()
             i = stop

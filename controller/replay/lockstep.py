@@ -30,7 +30,7 @@ from dualloop.controller.logs.format import (
 from dualloop.controller.logs.logfile import LogData, read_log, write_log
 from dualloop.controller.replay.evaluation import EvaluationUnavailable, evaluate_replay, unmeasured_features
 from dualloop.controller.replay.report import ReplayReport, summarise
-from dualloop.controller.replay.wire_batch import encode_snapshots
+from dualloop.controller.replay.wire_batch import encode_snapshots_packed
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto
 from dualloop.executor.config import ExecutorConfig
@@ -275,6 +275,6 @@ def _write_replay(
                 [o.SerializeToString(deterministic=True) for o in data.observations],
                 np.fromiter((o.timestamp_ns for o in data.observations), np.int64, len(data.observations)),
             ),
-            TopicMessages(TOPIC_SNAPSHOT, encode_snapshots(table), table.tick_ns),
+            TopicMessages(TOPIC_SNAPSHOT, [], table.tick_ns, packed=encode_snapshots_packed(table)),
         ],
     )

@@ -208,9 +208,18 @@ def _action(index: np.ndarray, names: Sequence[str], controls: np.ndarray, prese
 def encode_snapshots(table: TickTable) -> list[bytes]:
     """Every tick's DecisionSnapshot as `snapshot_to_proto(s).SerializeToString(deterministic=True)`
     gives it for `s` in `table.snapshots()`."""
+    flat, sizes = encode_snapshots_packed(table)
+    data = flat.tobytes()
+    ends = np.cumsum(sizes).tolist()
+    return [data[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+def encode_snapshots_packed(table: TickTable) -> tuple[np.ndarray, np.ndarray]:
+    """`encode_snapshots` as one buffer (uint8, the ticks' bytes one after the other) and the size
+    of each tick's: what `bulk.write_messages` takes without a bytes object per snapshot."""
     rows = len(table)
     if rows == 0:
-        return []
+        return np.zeros(0, U8), np.zeros(0, np.int64)
     if StageTimings() != StageTimings(0, 0, 0, 0):  # a replay's per-stage timings are all zero
         raise AssertionError("StageTimings defaults changed: update encode_snapshots")
     scored = table.scored.astype(bool)
@@ -282,6 +291,4 @@ def encode_snapshots(table: TickTable) -> list[bytes]:
         for o, f in zip(table.observations, finite.tolist())
     ]
     fields += _per_observation(table, by_value(invalid, lambda parts: _strings(35, parts)))
-    ends = np.cumsum(lengths(fields)).tolist()
-    flat = _flat(fields).tobytes()
-    return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+    return _flat(fields), lengths(fields)
