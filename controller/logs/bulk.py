@@ -243,6 +243,10 @@ def write_messages(
     return out
 
 
+# a corrupt size field must not make the reader allocate gigabytes (LogReader's limit too)
+_CHUNK_LIMIT = 256 * 1024 * 1024
+
+
 class NotFast(Exception):
     """The file is not a complete, clean MCAP: read it with LogReader (which reports how far it got)."""
 
@@ -279,6 +283,8 @@ def _records(
         if op == Opcode.MESSAGE:
             _, length, channel_id, _, log_time, _ = unpack(buf, pos)
             body_end = pos + 9 + length
+            if length < 22 or body_end > end:
+                raise NotFast("message record past the end")
             out.append((channel_id, log_time, buf[pos + 31 : body_end]))
             pos = body_end
             continue
@@ -294,6 +300,8 @@ def _records(
             compression, p = _string(buf, body + 28)
             (n,) = struct.unpack_from("<Q", buf, p)
             data = buf[p + 8 : p + 8 + n]
+            if size > _CHUNK_LIMIT or p + 8 + n > pos:
+                raise NotFast("chunk size")
             if compression == "zstd":
                 data = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
             elif compression:
@@ -317,6 +325,6 @@ def read_messages(path: Path) -> tuple[dict[int, tuple[str, str]], list[tuple[in
     try:
         if _records(buf, 8, len(buf) - 8, channels, out) != Opcode.DATA_END:
             raise NotFast("no data end record")
-    except (struct.error, IndexError, UnicodeDecodeError, zstandard.ZstdError) as err:
+    except (struct.error, IndexError, ValueError, OverflowError, MemoryError, zstandard.ZstdError) as err:
         raise NotFast(str(err)) from err
     return channels, out

@@ -261,3 +261,27 @@ def test_one_pass_reader_reads_what_the_stream_reader_reads(tmp_path, replayed, 
     cut = logfile.read_log(truncated)
     assert cut_fast_path.truncated and cut.truncated and cut_fast_path.truncation == cut.truncation
     assert len(cut_fast_path.snapshots) == len(cut.snapshots) < len(slow.snapshots)
+
+
+def test_one_pass_reader_on_corrupted_files_leaves_them_to_the_stream_reader(tmp_path, replayed):
+    """Flipped bytes anywhere: the one-pass reader reads the file or declines it (NotFast, never
+    another exception, never a huge allocation); read_log then answers data or a LogFileError."""
+    from dualloop.controller.logs import logfile
+    from dualloop.controller.logs.bulk import NotFast, read_messages
+
+    original = replayed[1].out_path.read_bytes()
+    rng = np.random.default_rng(18)
+    for trial in range(40):
+        raw = bytearray(original)
+        for at in rng.integers(0, len(raw), int(rng.integers(1, 4))):
+            raw[at] = int(rng.integers(0, 256))
+        path = tmp_path / f"c{trial}.mcap"
+        path.write_bytes(bytes(raw))
+        try:
+            read_messages(path)
+        except NotFast:
+            pass
+        try:
+            logfile.read_log(path)
+        except logfile.LogFileError:
+            pass
