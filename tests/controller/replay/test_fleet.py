@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 from mcap.reader import make_reader
 
+from dualloop.controller.bench.replay import rotated_drives
 from dualloop.controller.cli import main
-from dualloop.controller.logs.bulk import TopicMessages, write_messages
+from dualloop.controller.logs import logfile
+from dualloop.controller.logs.bulk import NotFast, TopicMessages, read_messages, write_messages
 from dualloop.controller.logs.format import (
     TOPIC_HEADER,
     TOPIC_OBSERVATION,
@@ -21,6 +23,7 @@ from dualloop.controller.logs.format import (
 )
 from dualloop.controller.logs.logfile import read_log, write_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE, slice_log, synthetic_log
+from dualloop.controller.replay.evaluation import evaluate_replay, unmeasured_features
 from dualloop.controller.replay.fleet import FLEET_SCHEMA, format_fleet, replay_many
 from dualloop.controller.replay.lockstep import (
     LoadedModel,
@@ -28,6 +31,7 @@ from dualloop.controller.replay.lockstep import (
     executor_config_for,
     replay_log,
 )
+from dualloop.controller.replay.report import summarise
 from dualloop.controller.replay.wire_batch import encode_snapshots
 from dualloop.controller.serve.wire import snapshot_to_proto, without_wall_clock
 from dualloop.executor.lockstep_batch import run_lockstep
@@ -197,8 +201,6 @@ def test_cli_fleet_report_json(fleet_logs, capsys):
 
 
 def test_rotated_drives_are_distinct_valid_logs_of_the_real_drive(tmp_path):
-    from dualloop.controller.bench.replay import rotated_drives
-
     paths = rotated_drives(tmp_path, 3, seconds=10.0)
     source = {np.float32(o.features).tobytes() for o in read_log(REAL_DRIVE).observations}
     firsts = set()
@@ -216,9 +218,6 @@ def test_rotated_drives_are_distinct_valid_logs_of_the_real_drive(tmp_path):
 
 @pytest.mark.parametrize("which", ["faults", "drive", "no-gates"])
 def test_report_and_evaluation_from_the_table_are_those_from_the_snapshots(tmp_path, which):
-    from dualloop.controller.replay.evaluation import evaluate_replay, unmeasured_features
-    from dualloop.controller.replay.report import summarise
-
     log = (
         REAL_DRIVE if which == "drive" else synthetic_log(tmp_path / "f.mcap", seconds=5.0, rate_hz=150.0, faults=True)
     )
@@ -243,9 +242,6 @@ def test_report_and_evaluation_from_the_table_are_those_from_the_snapshots(tmp_p
 
 
 def test_one_pass_reader_reads_what_the_stream_reader_reads(tmp_path, replayed, monkeypatch):
-    from dualloop.controller.logs import logfile
-    from dualloop.controller.logs.bulk import NotFast, read_messages
-
     out = replayed[1].out_path
     fast = logfile.read_log(out)
     truncated = tmp_path / "cut.mcap"
@@ -266,9 +262,6 @@ def test_one_pass_reader_reads_what_the_stream_reader_reads(tmp_path, replayed, 
 def test_one_pass_reader_on_corrupted_files_leaves_them_to_the_stream_reader(tmp_path, replayed):
     """Flipped bytes anywhere: the one-pass reader reads the file or declines it (NotFast, never
     another exception, never a huge allocation); read_log then answers data or a LogFileError."""
-    from dualloop.controller.logs import logfile
-    from dualloop.controller.logs.bulk import NotFast, read_messages
-
     original = replayed[1].out_path.read_bytes()
     rng = np.random.default_rng(18)
     for trial in range(40):
