@@ -58,7 +58,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--duration", type=float, help="seconds (tick: 60, planner: 600, sim: 3, replay: 60 at most)")
     p.add_argument("--out", type=Path, default=Path("runs/bench"))
     p.add_argument("--logs", type=int, help="replay: how many 60 s logs the whole-command fleet replays (100; 0: none)")
-    p.add_argument("--workers", type=int, help="replay: the fleet's process pool (default: the cores)")
+    p.add_argument(
+        "--fleet-workers", type=worker_count, help="replay: the fleet's process pool ('auto', the default: the cores)"
+    )
     p.add_argument(
         "--guard-ms",
         type=float,
@@ -153,7 +155,7 @@ def _bench(args: argparse.Namespace) -> int:
             seconds=min(duration, 60.0),
             console=console,
             logs=100 if args.logs is None else args.logs,
-            workers=args.workers,
+            workers=args.fleet_workers,
         )
         return 0
     if args.what == "gate":
