@@ -553,29 +553,42 @@ class Executor:
             np.array(periods, np.int64),
             np.fromiter((bool(obs.invalid_parts) for obs in observations), bool, n),
         )
-        fresh = self._fresh
-        hashes = input_hashes(self._x[:n], self._p[:n])
+        hashes = input_hashes(self._x[:n], self._p[:n]).tolist()
         table = self._check_table(rows, finite, out is not None, gate is not None, margin)
         kinds = self.checks.kinds
         empty = np.zeros(0, np.float32)
         lateness_us = max(0, lateness_ns) // 1000
+        # the batch's columns as Python values, once: a numpy scalar per row and field costs more
+        # than the rule itself at a live tick's few dozen rows
+        finite_rows, held = finite.tolist(), (~self._fresh[:n]).tolist()
+        reasons = [list(REASONS_OF_FLAGS[f]) for f in flags.tolist()]
+        proposals: list[AppliedAction | None] = [None] * n
+        if out is not None:
+            # rows of this tick's own arrays (fresh every tick), not copies
+            prob_rows, control_rows = list(probs), list(controls)
+            tops, confs, margins = top.tolist(), top1.tolist(), margin.tolist()
+            for i in range(n):
+                if finite_rows[i]:
+                    proposals[i] = AppliedAction(tops[i], self._actions[tops[i]], control_rows[i])
+        # a frozen sensor's lane offset and heading must not steer the fallback
+        decided = self.safety.decide_batch(
+            [s.safety for s in rows], tick_ns, reasons, proposals, self._x[:n], (~self._frozen[:n]).tolist()
+        )
+        if gate is not None:
+            gate_scores, gate_thresholds, gate_vetoes = gate[0], gate[1], gate[2].tolist()
+        ages_l, plan_ages_l, plan_states_l = ages.tolist(), plan_ages.tolist(), plan_states.tolist()
+        version, table_rows = self.card.version, list(table)
         snaps = []
         for i, s in enumerate(rows):
             obs = observations[i]
-            age, plan_age = int(ages[i]), int(plan_ages[i])
-            reasons = list(REASONS_OF_FLAGS[flags[i]])
-            scored = out is not None and finite[i]
-            if scored:
-                idx = int(top[i])
-                prop_probs, prop_controls = probs[i].copy(), controls[i].copy()
-                conf, marg = float(top1[i]), float(margin[i])
+            age = ages_l[i]
+            proposal = proposals[i]
+            if proposal is not None:
+                idx, name = proposal.index, proposal.name
+                prop_probs, prop_controls, conf, marg = prob_rows[i], proposal.controls, confs[i], margins[i]
             else:
-                idx, prop_probs, prop_controls, conf, marg = -1, empty, empty, 0.0, 0.0
-            proposal = AppliedAction(idx, self._actions[idx], prop_controls) if scored else None
-            # a frozen sensor's lane offset and heading must not steer the fallback
-            applied, state = self.safety.decide(
-                s.safety, tick_ns, reasons, proposal, None if self._frozen[i] else self._x[i]
-            )
+                idx, name, prop_probs, prop_controls, conf, marg = -1, "", empty, empty, 0.0, 0.0
+            applied, state = decided[i]
             s.ticks += 1
             missed, transport = 0, None
             if s.clock is Clock.REALTIME:
@@ -594,42 +607,42 @@ class Executor:
                     lateness_us=lateness_us,
                     observation_seq=obs.seq,
                     observation_age_ns=age,
-                    model_version=self.card.version,
+                    model_version=version,
                     proposed_index=idx,
-                    proposed_name=self._actions[idx] if idx >= 0 else "",
+                    proposed_name=name,
                     probabilities=prop_probs,
                     proposed_controls=prop_controls,
                     confidence=conf,
                     margin=marg,
                     applied=applied,
-                    reasons=tuple(reasons),
+                    reasons=tuple(reasons[i]),
                     safety_state=state,
-                    input_hash=int(hashes[i]),
+                    input_hash=hashes[i],
                     timings=StageTimings(),
                     shadow=s.shadow,
                     plan_id=s.plan_id,
-                    plan_age_ns=plan_age,
-                    plan_state=PlanState(int(plan_states[i])),
+                    plan_age_ns=plan_ages_l[i],
+                    plan_state=PlanState(plan_states_l[i]),
                     plan_valid_for_ns=s.plan_valid_for_ns if s.has_plan else 0,
                     decision_vector=out.decision_vector[i].copy()
                     if (s.include_decision_vector and out is not None)
                     else None,
                     snapshots_dropped=s.snapshots_dropped,
                     observations_dropped=s.observations_dropped,
-                    observation_held=not fresh[i],
+                    observation_held=held[i],
                     observation_period_ns=periods[i],
                     actual_index=obs.actual_index,
                     actual_controls=obs.actual_controls,
-                    invalid_input=obs.invalid_parts if finite[i] else ("features", *obs.invalid_parts),
-                    gate_score=float(gate[0][i]) if gate is not None else None,
-                    gate_threshold=float(gate[1][i]) if gate is not None else None,
-                    gate_veto=bool(gate[2][i]) if gate is not None else False,
+                    invalid_input=obs.invalid_parts if finite_rows[i] else ("features", *obs.invalid_parts),
+                    gate_score=float(gate_scores[i]) if gate is not None else None,
+                    gate_threshold=float(gate_thresholds[i]) if gate is not None else None,
+                    gate_veto=gate_vetoes[i] if gate is not None else False,
                     max_lateness_since_previous_us=lateness_us,
                     ticks_missed_since_previous=missed,
                     transport_delay_ns=transport,
                     observation_age_with_transport_ns=None if transport is None else age + transport,
                     check_kinds=kinds,
-                    checks=table[i],
+                    checks=table_rows[i],
                 )
             )
         return snaps
