@@ -23,6 +23,7 @@ import numpy as np
 from dualloop.executor.checks import CheckBoard
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.gating import GateVerdicts, GateWiring
+from dualloop.executor.history import HistoryRing
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.executor.reasons import REASONS_OF_FLAGS, ReasonRules, plan_rule
@@ -85,9 +86,12 @@ class Executor:
         self._fresh = np.zeros(cap, bool)
         self._present = np.ones((cap, model.n_features), bool)  # the tick's sensor profiles
         # A model with history features (executor.history) takes [wire, history] features: derived per
-        # observation on receipt (Observation.history), assembled here; gates and the input hash stay
-        # on the wire features, what the client sent.
+        # observation (Observation.history), assembled here; gates and the input hash stay on the wire
+        # features, what the client sent. Every received observation enters its session's stream on
+        # receipt; a REALTIME tick derives the features of the observations it uses, all rows in one
+        # pass over the sessions' ring (HistoryRing); LOCKSTEP derives them on receipt.
         self.history = model.history
+        self._history_ring = None if model.history is None else HistoryRing(model.history, self.config.max_sessions)
         self._xm = np.zeros((cap, model.n_inputs), np.float32)
         self._xmn = np.zeros((cap, model.n_inputs), np.float32)
         safe = card.safe_action
@@ -169,8 +173,8 @@ class Executor:
             require_plan=require_plan,
             expired_plan_is_stale=expired_plan_is_stale,
         )
-        if self.history is not None:
-            session.history = self.history.state()
+        if self._history_ring is not None:
+            session.history = self._history_ring.state(session.slot)
         self.gating.reset(session.slot)
         self.gating.profile(present)  # built now (tens of ms), not on the session's first tick
         self.sessions[session_id] = session
@@ -276,7 +280,10 @@ class Executor:
                 f"observation's (seq {session.last_seq}) {session.last_timestamp_ns} ns; REALTIME "
                 f"timestamps must not decrease (equal is allowed)"
             )
-        obs = self._with_history(session, without_invalid_content(obs))
+        obs = without_invalid_content(obs)
+        if session.history is not None:  # into the stream now; its features when a tick uses it
+            session.history.append(obs.timestamp_ns, obs.features)
+            session.history_due = True
         session.last_seq = obs.seq
         note_observation_time(session, obs.timestamp_ns)
         if obs.plan_values is not None:
@@ -399,6 +406,7 @@ class Executor:
         t0 = _perf_ns()
         x, p = self._x[:n], self._p[:n]
         observations: list[Observation] = []
+        derive: list[int] = []  # rows whose observation's history features are due (REALTIME)
         fresh = self._fresh[:n]
         present: np.ndarray | None = None
         plan_ages, valid_for = np.zeros(n, np.int64), np.zeros(n, np.int64)
@@ -412,6 +420,9 @@ class Executor:
             else:
                 s.current, s.pending = obs, None
                 fresh[i] = True
+                if s.history_due:
+                    derive.append(i)
+                    s.history_due = False
             observations.append(obs)
             x[i] = obs.features
             p[i] = s.plan
@@ -436,6 +447,11 @@ class Executor:
         else:
             xm, nf = self._xm[:n], self.model.n_features
             xm[:, :nf] = x
+            if derive:  # the newest of each session's stream: the observation the tick takes
+                assert self._history_ring is not None
+                derived = self._history_ring.newest([rows[i].history for i in derive], x[derive])  # type: ignore[misc]
+                for i, h in zip(derive, derived):
+                    observations[i].history = h
             for i, obs in enumerate(observations):
                 xm[i, nf:] = obs.history
             model_present = self.model_present(present)
