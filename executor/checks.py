@@ -166,8 +166,8 @@ class CheckBoard:
         `freeze_count`: consecutive repeats; `actuation`: (score, alarm), score NaN where it gave no
         verdict. Per-row values may be arrays or lists. A tick of a few rows is judged in Python (a
         numpy call per check would cost more than the check), more (a busy live tick, a replay) with
-        numpy over the whole table (`vectorised`; None: by the number of rows): the same rules on the same float64 values, so the
-        same bytes (tests/executor/test_checks.py)."""
+        numpy over the whole table (`vectorised`; None: by the number of rows): the same rules on the
+        same float64 values, so the same bytes (tests/executor/test_checks.py)."""
         n = len(finite)
         ranged = self.ranges.judge(x, changes, plans, present, finite) if self._range_at else None
         if vectorised or (vectorised is None and n > _VECTORISED_FROM):

@@ -449,7 +449,8 @@ class Executor:
             xm[:, :nf] = x
             if derive:  # the newest of each session's stream: the observation the tick takes
                 assert self._history_ring is not None
-                derived = self._history_ring.newest([rows[i].history for i in derive], x[derive])  # type: ignore[misc]
+                states = [h for h in (rows[i].history for i in derive) if h is not None]
+                derived = self._history_ring.newest(states, x[derive])
                 for i, h in zip(derive, derived):
                     observations[i].history = h
             for i, obs in enumerate(observations):

@@ -9,7 +9,7 @@ from typing import cast
 import numpy as np
 import pytest
 
-from dualloop.controller.serve.wire import add_checks, snapshot_to_proto
+from dualloop.controller.serve.wire import add_checks, drive_response_bytes, snapshot_response, snapshot_to_proto
 from dualloop.executor.snapshot import (
     CHECK_DTYPE,
     AppliedAction,
@@ -167,6 +167,22 @@ def test_snapshot_to_proto_gives_the_reference_bytes(seed: int) -> None:
         assert got == want
         assert got.SerializeToString() == want.SerializeToString()
         assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
+
+
+def test_snapshot_response_gives_drive_response_bytes() -> None:
+    """The pre-serialised response, for snapshots of 1 to 3 length bytes (a long decision vector)."""
+    rng = np.random.default_rng(7)
+    for size in (0, 16, 40, 5000):
+        for _ in range(50):
+            snap = _random_snapshot(rng)
+            snap.decision_vector = rng.normal(size=size).astype(np.float32) if size else None
+            msg = snapshot_to_proto(snap)
+            want = pb.DriveResponse(snapshot=msg).SerializeToString()
+            assert snapshot_response(msg) == want
+            assert pb.DriveResponse.FromString(snapshot_response(msg)).snapshot == msg
+    opened = pb.DriveResponse(opened=pb.SessionOpened(session_id="a"))
+    assert drive_response_bytes(opened) == opened.SerializeToString()
+    assert drive_response_bytes(b"\x12\x00") == b"\x12\x00"
 
 
 def test_the_comparison_can_fail() -> None:
