@@ -140,6 +140,7 @@ class CheckBoard:
         self._range_at = {c: k for k, c in enumerate(ranged)}  # column -> its place in the family
         self.freeze_repeats = float(freeze_repeats)
         self.actuation_threshold = 0.0 if actuation_threshold is None else float(actuation_threshold)
+        self._families = _Families.of(columns)
 
     def assemble(
         self,
@@ -163,10 +164,10 @@ class CheckBoard:
         score; `changes`: each feature's change per second since the previous observation (NaN
         unknown); `present` (rows, features): what each row's session measures (None: all);
         `freeze_count`: consecutive repeats; `actuation`: (score, alarm), score NaN where it gave no
-        verdict. Per-row values may be arrays or lists. A live tick's few rows are judged in Python (a
-        numpy call per check would cost more than the check), a replay's many with numpy
-        (`vectorised`; None: by the number of rows): the same rules on the same float64 values, so the
-        same bytes (tests/executor/test_checks.py)."""
+        verdict. Per-row values may be arrays or lists. A tick of a few rows is judged in Python (a
+        numpy call per check would cost more than the check), more (a busy live tick, a replay) with
+        numpy over the whole table (`vectorised`; None: by the number of rows): the same rules on the
+        same float64 values, so the same bytes (tests/executor/test_checks.py)."""
         n = len(finite)
         ranged = self.ranges.judge(x, changes, plans, present, finite) if self._range_at else None
         if vectorised or (vectorised is None and n > _VECTORISED_FROM):
@@ -235,55 +236,74 @@ class CheckBoard:
         margin: Any,
         min_margin: float,
     ) -> np.ndarray:
-        """`assemble`'s rules as numpy operations over whole columns."""
-        n = len(finite)
-        out = np.zeros((n, len(self.columns)), CHECK_DTYPE)
-        score, threshold, veto, status = out["score"], out["threshold"], out["veto"], out["status"]
-        no_value = np.where(finite, _NOT_APPLICABLE, _NOT_SCORED)
-        for j, c in enumerate(self.columns):
-            kind = c.kind
+        """`assemble`'s rules as numpy operations over the whole (checks, rows) table at once: each
+        check's raw value, threshold and veto in its row, then one rule per family of checks."""
+        n, c = len(finite), len(self.columns)
+        raw = np.full((c, n), np.nan)  # NaN: no value (density: +inf too)
+        threshold = np.zeros((c, n))
+        veto = np.zeros((c, n), bool)
+        for j, col in enumerate(self.columns):
+            kind = col.kind
             if kind is Check.DECISION_VECTOR_DENSITY or kind is Check.INPUT_DENSITY:
-                if density is None:
-                    status[:, j] = _NOT_SCORED
-                    continue
-                s, t, v = (np.asarray(a) for a in density[c.gate])
-                ok = np.isfinite(s)
-                score[:, j] = np.where(ok, s, 0.0)
-                threshold[:, j] = t
-                veto[:, j] = v
-                status[:, j] = np.where(ok, _SCORED, _NOT_SCORED)
+                if density is not None:
+                    raw[j], threshold[j], veto[j] = density[col.gate]
             elif kind in _RANGE_KINDS:
                 assert worst is not None  # a range column: the family judged it
-                w = worst[:, self._range_at[c]]
-                known = ~np.isnan(w)
-                score[:, j] = np.where(known, np.clip(np.where(known, w, 0.0), _RANGE_FLOOR, _RANGE_CAP), 0.0)
-                veto[:, j] = known & (w > 0.0)
-                status[:, j] = np.where(known, _SCORED, no_value)
+                raw[j] = worst[:, self._range_at[col]]
+                veto[j] = raw[j] > 0.0  # NaN: no verdict
             elif kind is Check.FREEZE:
-                score[:, j] = 0.0 if freeze_count is None else freeze_count
-                threshold[:, j] = self.freeze_repeats
-                veto[:, j] = frozen
-                status[:, j] = _SCORED
+                raw[j] = 0.0 if freeze_count is None else freeze_count
+                threshold[j], veto[j] = self.freeze_repeats, frozen
             elif kind is Check.ACTUATION:
-                threshold[:, j] = self.actuation_threshold
-                if actuation is None:
-                    status[:, j] = _NOT_APPLICABLE
-                    continue
-                a = np.asarray(actuation[0], np.float64)
-                known = ~np.isnan(a)
-                score[:, j] = np.where(known, np.clip(np.where(known, a, 0.0), -_RANGE_CAP, _RANGE_CAP), 0.0)
-                veto[:, j] = actuation[1]
-                status[:, j] = np.where(known, _SCORED, no_value)
-            else:  # MARGIN
-                m = np.asarray(margin, np.float64)
-                score[:, j] = np.where(scored, m, 0.0)
-                threshold[:, j] = min_margin
-                veto[:, j] = scored & (m < min_margin)
-                status[:, j] = np.where(scored, _SCORED, _NOT_SCORED)
+                threshold[j] = self.actuation_threshold
+                if actuation is not None:
+                    raw[j], veto[j] = actuation
+            else:  # MARGIN, as ReasonRules.flags judges LOW_MARGIN (in float64)
+                raw[j], threshold[j] = margin, min_margin
+                veto[j] = scored & (raw[j] < min_margin)
+        fam = self._families
+        no_value = np.where(finite, _NOT_APPLICABLE, _NOT_SCORED)
+        # density: scored where finite; range and actuation: where known, else no value to judge;
+        # freeze: always; margin: on rows the model scored
+        has = np.where(fam.density, np.isfinite(raw), np.where(fam.margin, scored, ~np.isnan(raw)))
+        status = np.where(has, _SCORED, np.where(fam.density | fam.margin, _NOT_SCORED, no_value))
+        if actuation is None and fam.actuation is not None:
+            status[fam.actuation] = _NOT_APPLICABLE
+        out = np.zeros((n, c), CHECK_DTYPE)
+        out["score"] = np.where(has, np.clip(raw, fam.low, fam.high), 0.0).T
+        out["threshold"] = threshold.T
+        out["veto"] = veto.T
+        out["status"] = status.T
         return out
 
 
-_VECTORISED_FROM = 64  # rows; below it the Python pass over plain floats costs fewer numpy calls
+@dataclass(frozen=True)
+class _Families:
+    """Which of a board's columns follow which rule (`CheckBoard._vectorised`), as (checks, 1) masks,
+    and each column's clip (ranges from their floor, actuation both ways, the others none)."""
+
+    density: BoolArray
+    margin: BoolArray
+    low: FloatArray
+    high: FloatArray
+    actuation: int | None
+
+    @classmethod
+    def of(cls, columns: list[Column]) -> _Families:
+        kinds = [c.kind for c in columns]
+        density = [k in (Check.DECISION_VECTOR_DENSITY, Check.INPUT_DENSITY) for k in kinds]
+        low = [_RANGE_FLOOR if k in _RANGE_KINDS else -_RANGE_CAP if k is Check.ACTUATION else -np.inf for k in kinds]
+        high = [_RANGE_CAP if k in _RANGE_KINDS or k is Check.ACTUATION else np.inf for k in kinds]
+        return cls(
+            np.array(density)[:, None],
+            np.array([k is Check.MARGIN for k in kinds])[:, None],
+            np.array(low)[:, None],
+            np.array(high)[:, None],
+            kinds.index(Check.ACTUATION) if Check.ACTUATION in kinds else None,
+        )
+
+
+_VECTORISED_FROM = 8  # rows; up to it the Python pass over plain floats costs less (32 rows: 53 us numpy, 90 us Python)
 _PACKERS: dict[int, struct.Struct] = {}
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from dualloop.executor.checks import CheckBoard
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.gating import GateVerdicts, GateWiring
+from dualloop.executor.history import HistoryRing
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.executor.reasons import REASONS_OF_FLAGS, ReasonRules, plan_rule
@@ -85,9 +86,12 @@ class Executor:
         self._fresh = np.zeros(cap, bool)
         self._present = np.ones((cap, model.n_features), bool)  # the tick's sensor profiles
         # A model with history features (executor.history) takes [wire, history] features: derived per
-        # observation on receipt (Observation.history), assembled here; gates and the input hash stay
-        # on the wire features, what the client sent.
+        # observation (Observation.history), assembled here; gates and the input hash stay on the wire
+        # features, what the client sent. Every received observation enters its session's stream on
+        # receipt; a REALTIME tick derives the features of the observations it uses, all rows in one
+        # pass over the sessions' ring (HistoryRing); LOCKSTEP derives them on receipt.
         self.history = model.history
+        self._history_ring = None if model.history is None else HistoryRing(model.history, self.config.max_sessions)
         self._xm = np.zeros((cap, model.n_inputs), np.float32)
         self._xmn = np.zeros((cap, model.n_inputs), np.float32)
         safe = card.safe_action
@@ -169,8 +173,8 @@ class Executor:
             require_plan=require_plan,
             expired_plan_is_stale=expired_plan_is_stale,
         )
-        if self.history is not None:
-            session.history = self.history.state()
+        if self._history_ring is not None:
+            session.history = self._history_ring.state(session.slot)
         self.gating.reset(session.slot)
         self.gating.profile(present)  # built now (tens of ms), not on the session's first tick
         self.sessions[session_id] = session
@@ -276,7 +280,10 @@ class Executor:
                 f"observation's (seq {session.last_seq}) {session.last_timestamp_ns} ns; REALTIME "
                 f"timestamps must not decrease (equal is allowed)"
             )
-        obs = self._with_history(session, without_invalid_content(obs))
+        obs = without_invalid_content(obs)
+        if session.history is not None:  # into the stream now; its features when a tick uses it
+            session.history.append(obs.timestamp_ns, obs.features)
+            session.history_due = True
         session.last_seq = obs.seq
         note_observation_time(session, obs.timestamp_ns)
         if obs.plan_values is not None:
@@ -399,6 +406,7 @@ class Executor:
         t0 = _perf_ns()
         x, p = self._x[:n], self._p[:n]
         observations: list[Observation] = []
+        derive: list[int] = []  # rows whose observation's history features are due (REALTIME)
         fresh = self._fresh[:n]
         present: np.ndarray | None = None
         plan_ages, valid_for = np.zeros(n, np.int64), np.zeros(n, np.int64)
@@ -412,6 +420,9 @@ class Executor:
             else:
                 s.current, s.pending = obs, None
                 fresh[i] = True
+                if s.history_due:
+                    derive.append(i)
+                    s.history_due = False
             observations.append(obs)
             x[i] = obs.features
             p[i] = s.plan
@@ -436,6 +447,12 @@ class Executor:
         else:
             xm, nf = self._xm[:n], self.model.n_features
             xm[:, :nf] = x
+            if derive:  # the newest of each session's stream: the observation the tick takes
+                assert self._history_ring is not None
+                states = [h for h in (rows[i].history for i in derive) if h is not None]
+                derived = self._history_ring.newest(states, x[derive])
+                for i, h in zip(derive, derived):
+                    observations[i].history = h
             for i, obs in enumerate(observations):
                 xm[i, nf:] = obs.history
             model_present = self.model_present(present)
@@ -553,29 +570,42 @@ class Executor:
             np.array(periods, np.int64),
             np.fromiter((bool(obs.invalid_parts) for obs in observations), bool, n),
         )
-        fresh = self._fresh
-        hashes = input_hashes(self._x[:n], self._p[:n])
+        hashes = input_hashes(self._x[:n], self._p[:n]).tolist()
         table = self._check_table(rows, finite, out is not None, gate is not None, margin)
         kinds = self.checks.kinds
         empty = np.zeros(0, np.float32)
         lateness_us = max(0, lateness_ns) // 1000
+        # the batch's columns as Python values, once: a numpy scalar per row and field costs more
+        # than the rule itself at a live tick's few dozen rows
+        finite_rows, held = finite.tolist(), (~self._fresh[:n]).tolist()
+        reasons = [list(REASONS_OF_FLAGS[f]) for f in flags.tolist()]
+        proposals: list[AppliedAction | None] = [None] * n
+        if out is not None:
+            # rows of this tick's own arrays (fresh every tick), not copies
+            prob_rows, control_rows = list(probs), list(controls)
+            tops, confs, margins = top.tolist(), top1.tolist(), margin.tolist()
+            for i in range(n):
+                if finite_rows[i]:
+                    proposals[i] = AppliedAction(tops[i], self._actions[tops[i]], control_rows[i])
+        # a frozen sensor's lane offset and heading must not steer the fallback
+        decided = self.safety.decide_batch(
+            [s.safety for s in rows], tick_ns, reasons, proposals, self._x[:n], (~self._frozen[:n]).tolist()
+        )
+        if gate is not None:
+            gate_scores, gate_thresholds, gate_vetoes = gate[0], gate[1], gate[2].tolist()
+        ages_l, plan_ages_l, plan_states_l = ages.tolist(), plan_ages.tolist(), plan_states.tolist()
+        version, table_rows = self.card.version, list(table)
         snaps = []
         for i, s in enumerate(rows):
             obs = observations[i]
-            age, plan_age = int(ages[i]), int(plan_ages[i])
-            reasons = list(REASONS_OF_FLAGS[flags[i]])
-            scored = out is not None and finite[i]
-            if scored:
-                idx = int(top[i])
-                prop_probs, prop_controls = probs[i].copy(), controls[i].copy()
-                conf, marg = float(top1[i]), float(margin[i])
+            age = ages_l[i]
+            proposal = proposals[i]
+            if proposal is not None:
+                idx, name = proposal.index, proposal.name
+                prop_probs, prop_controls, conf, marg = prob_rows[i], proposal.controls, confs[i], margins[i]
             else:
-                idx, prop_probs, prop_controls, conf, marg = -1, empty, empty, 0.0, 0.0
-            proposal = AppliedAction(idx, self._actions[idx], prop_controls) if scored else None
-            # a frozen sensor's lane offset and heading must not steer the fallback
-            applied, state = self.safety.decide(
-                s.safety, tick_ns, reasons, proposal, None if self._frozen[i] else self._x[i]
-            )
+                idx, name, prop_probs, prop_controls, conf, marg = -1, "", empty, empty, 0.0, 0.0
+            applied, state = decided[i]
             s.ticks += 1
             missed, transport = 0, None
             if s.clock is Clock.REALTIME:
@@ -594,42 +624,42 @@ class Executor:
                     lateness_us=lateness_us,
                     observation_seq=obs.seq,
                     observation_age_ns=age,
-                    model_version=self.card.version,
+                    model_version=version,
                     proposed_index=idx,
-                    proposed_name=self._actions[idx] if idx >= 0 else "",
+                    proposed_name=name,
                     probabilities=prop_probs,
                     proposed_controls=prop_controls,
                     confidence=conf,
                     margin=marg,
                     applied=applied,
-                    reasons=tuple(reasons),
+                    reasons=tuple(reasons[i]),
                     safety_state=state,
-                    input_hash=int(hashes[i]),
+                    input_hash=hashes[i],
                     timings=StageTimings(),
                     shadow=s.shadow,
                     plan_id=s.plan_id,
-                    plan_age_ns=plan_age,
-                    plan_state=PlanState(int(plan_states[i])),
+                    plan_age_ns=plan_ages_l[i],
+                    plan_state=PlanState(plan_states_l[i]),
                     plan_valid_for_ns=s.plan_valid_for_ns if s.has_plan else 0,
                     decision_vector=out.decision_vector[i].copy()
                     if (s.include_decision_vector and out is not None)
                     else None,
                     snapshots_dropped=s.snapshots_dropped,
                     observations_dropped=s.observations_dropped,
-                    observation_held=not fresh[i],
+                    observation_held=held[i],
                     observation_period_ns=periods[i],
                     actual_index=obs.actual_index,
                     actual_controls=obs.actual_controls,
-                    invalid_input=obs.invalid_parts if finite[i] else ("features", *obs.invalid_parts),
-                    gate_score=float(gate[0][i]) if gate is not None else None,
-                    gate_threshold=float(gate[1][i]) if gate is not None else None,
-                    gate_veto=bool(gate[2][i]) if gate is not None else False,
+                    invalid_input=obs.invalid_parts if finite_rows[i] else ("features", *obs.invalid_parts),
+                    gate_score=float(gate_scores[i]) if gate is not None else None,
+                    gate_threshold=float(gate_thresholds[i]) if gate is not None else None,
+                    gate_veto=gate_vetoes[i] if gate is not None else False,
                     max_lateness_since_previous_us=lateness_us,
                     ticks_missed_since_previous=missed,
                     transport_delay_ns=transport,
                     observation_age_with_transport_ns=None if transport is None else age + transport,
                     check_kinds=kinds,
-                    checks=table[i],
+                    checks=table_rows[i],
                 )
             )
         return snaps

@@ -22,6 +22,12 @@
   dwell. Past `hold_timeout` the sensor is gone and the fallback takes over as for any hold; any
   other reason during the hold makes it an ordinary one (rollback aside), recovered with the dwell.
 Times are tick times, so LOCKSTEP runs reproduce every transition exactly.
+
+`decide` is the reference, one session at a time. `decide_batch` is the live tick's: every session
+of a batch at once, equal to `decide` row by row (tests/executor/test_safety_batch.py checks it on
+random sequences). Almost every row of a live tick is *steady*: NOMINAL with no reason, so it applies
+the model's proposal and remembers it; those rows take one pass with their inputs read as columns,
+and only the rows with a reason or a state to leave go through `decide`.
 """
 
 from __future__ import annotations
@@ -161,6 +167,47 @@ class SafetyMachine:
             controls[self._accel] = wanted
             applied = AppliedAction(applied.index, applied.name, controls)
         return applied, state
+
+    def decide_batch(
+        self,
+        mems: list[SafetyMemory],
+        now_ns: int,
+        reasons: list[list[Reason]],
+        proposals: list[AppliedAction | None],
+        features: np.ndarray | None,
+        use_features: list[bool] | None = None,
+    ) -> list[tuple[AppliedAction, SafetyState]]:
+        """`decide` for each row of a batch ticking at `now_ns`, with the same results, the same
+        reasons added and the same memory left behind. `features` (rows, F): the rows' raw inputs;
+        `use_features[i]` False where row i's must not steer the fallback (None: all may)."""
+        nominal = SafetyState.NOMINAL
+        steady = [not r and m.state is nominal for m, r in zip(mems, reasons)]
+        out: list[tuple[AppliedAction, SafetyState]] = []
+        lane = self._lane if features is not None else None
+        if lane is not None and any(steady):  # the trusted road, read as two columns
+            assert features is not None
+            curvatures, speeds = features[:, lane[2]].tolist(), features[:, lane[3]].tolist()
+        keep = self.config.rollback_ticks + 1
+        for i, mem in enumerate(mems):
+            x = None if features is None or (use_features is not None and not use_features[i]) else features[i]
+            proposal = proposals[i]
+            if not steady[i] or proposal is None:
+                out.append(self.decide(mem, now_ns, reasons[i], proposal, x))
+                continue
+            # `_decide`'s NOMINAL branch without distrust or LOW_MARGIN: `_trust`, inline
+            mem.abstain_since_ns = None
+            mem.last_safe = proposal
+            recent = mem.recent
+            recent.append(proposal)
+            if len(recent) > keep:
+                del recent[0]
+            if lane is not None and x is not None:
+                if math.isfinite(curvature := curvatures[i]):
+                    mem.trusted_curvature = curvature
+                if math.isfinite(speed := speeds[i]):
+                    mem.trusted_speed = speed
+            out.append((proposal, nominal))
+        return out
 
     def _decide(
         self,

@@ -62,6 +62,7 @@ class Session:
     ticks: int = 0
     last_tick_index: int | None = None  # REALTIME: the grid index of the session's previous tick
     history: HistoryState | None = None  # the model's history features' ring buffer (executor.history)
+    history_due: bool = False  # REALTIME: the pending observation's history features are not derived yet
 
 
 # What DecisionSnapshot.invalid_input may name, in the order it lists them.

@@ -97,7 +97,8 @@ class Observation:
     # content errors never end a stream, the ticks on this observation report INVALID_INPUT.
     invalid_parts: tuple[str, ...] = ()
     # The history features (executor.history) the executor derived for this observation from the
-    # session's stream; None for a model without them (set on receipt, never by a client).
+    # session's stream; None for a model without them (set by the executor, never by a client: on
+    # receipt in LOCKSTEP, by the first REALTIME tick that uses the observation).
     history: np.ndarray | None = None
 
 

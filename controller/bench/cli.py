@@ -11,6 +11,8 @@ from dualloop.controller.bench.gate import SESSION_COUNTS, bench_gate_table
 from dualloop.controller.bench.plan_cost import bench_plan_cost
 from dualloop.controller.bench.planner import PHASE_S, bench_planner
 from dualloop.controller.bench.replay import bench_replay
+from dualloop.controller.bench.rules import SESSION_COUNTS as RULES_SESSION_COUNTS
+from dualloop.controller.bench.rules import bench_rules_table
 from dualloop.controller.bench.secure import MissingExtraError, require_cryptography
 from dualloop.controller.bench.sim import bench_sim
 from dualloop.controller.bench.tick import SWEEP, bench_sweep, bench_tick
@@ -21,7 +23,7 @@ from dualloop.controller.serve.workers import worker_count
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
-_BENCH_DURATION_S = {"tick": 60.0, "planner": 600.0, "sim": 3.0, "replay": 60.0, "gate": 0.0}
+_BENCH_DURATION_S = {"tick": 60.0, "planner": 600.0, "sim": 3.0, "replay": 60.0, "gate": 0.0, "rules": 10.0}
 _BENCH_SESSIONS = {"planner": 32}
 
 
@@ -29,10 +31,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="benchmarks that print numbers")
     p.add_argument(
         "what",
-        choices=["tick", "sim", "gate", "planner", "replay"],
+        choices=["tick", "sim", "gate", "planner", "replay", "rules"],
         help="tick: executor timing under gRPC load; sim: simulator steps per second next to highway-env; "
         "gate: gate cost next to the forward pass; planner: tick lateness with the behaviour planner busy "
-        "on 32 sessions vs idle; replay: 60 s logs replayed, x real time on one core vs the per-tick path",
+        "on 32 sessions vs idle; replay: 60 s logs replayed, x real time on one core vs the per-tick path; "
+        "rules: the server's CPU per REALTIME tick in process (read, model, rules, stream) at 8-64 sessions",
     )
     p.add_argument(
         "--gate",
@@ -55,7 +58,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--sessions", type=int, help="REALTIME sessions (tick: 8, planner: 32); gate: a count added to its table"
     )
-    p.add_argument("--duration", type=float, help="seconds (tick: 60, planner: 600, sim: 3, replay: 60 at most)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        help="seconds (tick: 60, planner: 600, sim: 3, replay: 60 at most; rules: 10 of ticks per count)",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/bench"))
     p.add_argument("--logs", type=int, help="replay: how many 60 s logs the whole-command fleet replays (100; 0: none)")
     p.add_argument(
@@ -156,6 +163,17 @@ def _bench(args: argparse.Namespace) -> int:
             console=console,
             logs=100 if args.logs is None else args.logs,
             workers=args.fleet_workers,
+        )
+        return 0
+    if args.what == "rules":  # the shipped model with its two gates unless told otherwise
+        shipped = args.model == TEST_MODEL_PATH and not args.gate
+        bench_rules_table(
+            BASE_MODEL_PATH if shipped else args.model,
+            list(DEFAULT_GATES) if shipped else (args.gate or []),
+            (args.sessions,) if args.sessions else RULES_SESSION_COUNTS,
+            ticks=max(20, int(duration * 200)),  # seconds of 5 ms ticks per session count
+            out_dir=args.out,
+            console=console,
         )
         return 0
     if args.what == "gate":

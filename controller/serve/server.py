@@ -54,7 +54,14 @@ from dualloop.controller.serve.security import (
 )
 from dualloop.controller.serve.shadow import ShadowAgreement
 from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker, set_realtime_priority
-from dualloop.controller.serve.wire import model_info, observation_from_proto, session_limits, snapshot_to_proto
+from dualloop.controller.serve.wire import (
+    drive_response_bytes,
+    model_info,
+    observation_from_proto,
+    session_limits,
+    snapshot_response,
+    snapshot_to_proto,
+)
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.sessions import InvalidObservation, SessionError
@@ -431,7 +438,7 @@ def add_controller_service(service: ControllerService, server: grpc.aio.Server) 
     def handlers(model_info: Callable[[pb.GetModelInfoResponse], bytes]) -> dict[str, grpc.RpcMethodHandler]:
         return {
             "Drive": grpc.stream_stream_rpc_method_handler(
-                service.Drive, _lenient(pb.DriveRequest), pb.DriveResponse.SerializeToString
+                service.Drive, _lenient(pb.DriveRequest), drive_response_bytes
             ),
             "GetModelInfo": grpc.unary_unary_rpc_method_handler(
                 _logged("GetModelInfo", service.GetModelInfo), _lenient(pb.GetModelInfoRequest), model_info
@@ -800,7 +807,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 proto = snapshot_to_proto(snap)
                 if planning is not None:
                     planning.decorate(session_id, pb.CLOCK_MODE_REALTIME, proto)
-                msg = pb.DriveResponse(snapshot=proto)
+                msg = snapshot_response(proto)
                 stats.stream_ns += _perf_ns() - t0
                 await context.write(msg)
                 stats.snapshots_sent += 1
@@ -871,7 +878,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 if planning is not None:
                     planning.decorate(session_id, pb.CLOCK_MODE_LOCKSTEP, proto)
                 # Awaiting each write is the backpressure: a LOCKSTEP stream never drops a snapshot.
-                await context.write(pb.DriveResponse(snapshot=proto))
+                await context.write(snapshot_response(proto))
                 stats.snapshots_sent += 1
                 stats.snapshots_sent_total += 1
                 trace.snapshots_sent += 1

@@ -13,7 +13,7 @@ from dualloop.controller.serve.wire import snapshot_to_proto
 from dualloop.controller.training.driving_card import build_test_model
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
-from dualloop.executor.history import DEFAULT_HISTORY, GAP_NS, HistoryDeriver
+from dualloop.executor.history import DEFAULT_HISTORY, GAP_NS, HistoryDeriver, HistoryRing
 from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.model_card import ModelFileError
 from dualloop.executor.model_runner import DecisionModel
@@ -79,6 +79,45 @@ def test_ring_buffer_and_batch_give_the_same_bits(drive) -> None:
         assert live.tobytes() == batch.tobytes(), hz
         assert len(state) < 1.5 * hz  # the buffer holds its horizon, not the drive
         assert np.abs(batch).max() > 0.5  # the features are not all fallbacks
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_ring_gives_each_push_its_bits(seed: int) -> None:
+    """HistoryRing.newest over many sessions at once equals each session's own push, bit for bit:
+    sessions at 10 Hz to 1 kHz (past the ring's size: the state's own path), jittery and equal
+    timestamps, gaps, NaN readings, -0.0 everywhere, lead switches, ticks that find only some
+    sessions with a new observation, and the ring's slots in any order."""
+    deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
+    rng = np.random.default_rng(seed)
+    periods = [100, 50, 20, 10, 5, 5, 3, 2, 1]  # ms
+    ring = HistoryRing(deriver, len(periods) + 3, size=512)
+    slots = rng.permutation(len(periods) + 3)[: len(periods)]
+    ref = [deriver.state() for _ in periods]
+    got = [ring.state(int(slot)) for slot in slots]
+    t = [0] * len(periods)
+    lead = FEATURE_INDEX["lead_present"]
+    compared, longest = 0, 0
+    for _ in range(3000):
+        due = []
+        for s, period in enumerate(periods):
+            if rng.random() < 0.5:
+                jump = rng.random() < 0.01 and period > 1  # the 1 kHz session keeps its horizon full
+                t[s] += int(rng.integers(0, 2 * 10**9)) if jump else int(period * 1e6 * rng.uniform(0.0, 2.0))
+                x = rng.normal(size=len(FEATURE_NAMES)).astype(np.float32)
+                x[lead] = float(rng.random() < 0.7)
+                x[rng.random(len(FEATURE_NAMES)) < 0.02] = np.nan
+                if rng.random() < 0.05:
+                    x[:] = -0.0
+                got[s].append(t[s], x)
+                due.append((s, x, ref[s].push(t[s], x)))
+        if due:
+            out = ring.newest([got[s] for s, _, _ in due], np.stack([x for _, x, _ in due]))
+            for row, (s, _, want) in zip(out, due):
+                assert row.tobytes() == want.tobytes(), (s, t[s])
+                compared += 1
+        longest = max(longest, len(ref[-1]))
+    assert compared > 10_000
+    assert longest > 512  # the 1 kHz session outgrew the ring: its rows took the state's path
 
 
 def test_equal_timestamps_and_nan_give_the_same_bits(drive) -> None:

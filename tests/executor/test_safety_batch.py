@@ -1,0 +1,151 @@
+"""`SafetyMachine.decide_batch` equals the reference `decide` row by row: on seeded random sequences
+of reasons, proposals and inputs over many ticks and sessions, the same applied actions (bits), states,
+added reasons and memories."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dualloop.executor.safety import LaneKeepingConfig, SafetyConfig, SafetyMachine, SafetyMemory
+from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
+
+TICK = 5_000_000
+FEATURES = ["ego_speed", "ego_accel", "lane_offset", "heading_error", "road_curvature", "lead_distance"]
+ACTIONS = ["brake_hard", "brake", "keep", "accelerate"]
+SAFE = AppliedAction(1, "brake", np.array([-2.0, 0.0], np.float32))
+# a tick's reasons as the executor orders them (executor.reasons.TICK_REASONS)
+TICK_REASONS = (
+    Reason.INVALID_INPUT,
+    Reason.MODEL_ERROR,
+    Reason.STALE_OBSERVATION,
+    Reason.STALE_PLAN,
+    Reason.OOD_VETO,
+    Reason.LOW_MARGIN,
+)
+
+
+def _ticks(rng: np.random.Generator, sessions: int, ticks: int):
+    """Per tick: (reasons, proposals, features (sessions, F), use_features) per session. Mostly clean
+    ticks, with runs of faults so holds, fallbacks, recoveries and abstentions all happen."""
+    fault = np.zeros(sessions, bool)
+    for _ in range(ticks):
+        fault ^= rng.random(sessions) < 0.03  # faults come and go in runs
+        reasons, proposals = [], []
+        for s in range(sessions):
+            r = [x for x in TICK_REASONS if rng.random() < (0.35 if fault[s] else 0.01)]
+            scored = Reason.INVALID_INPUT not in r and Reason.MODEL_ERROR not in r
+            idx = int(rng.integers(len(ACTIONS)))
+            controls = np.array([rng.normal(0.0, 3.0), rng.normal(0.0, 0.05)], np.float32)
+            reasons.append(r)
+            proposals.append(AppliedAction(idx, ACTIONS[idx], controls) if scored else None)
+        x = rng.normal(0.0, 1.0, (sessions, len(FEATURES))).astype(np.float32)
+        x[:, 0] = rng.uniform(0.0, 40.0, sessions)  # speeds, some below the steer bound's 1 m/s
+        x[rng.random(x.shape) < 0.05] = np.nan
+        yield reasons, proposals, x, (rng.random(sessions) > 0.05).tolist()
+
+
+def _same_action(a: AppliedAction | None, b: AppliedAction | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.index == b.index and a.name == b.name and a.controls.tobytes() == b.controls.tobytes()
+
+
+def _same_memory(a: SafetyMemory, b: SafetyMemory) -> bool:
+    actions = {"last_safe", "fallback"}
+    for f in dataclasses.fields(SafetyMemory):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name in actions:
+            if not _same_action(x, y):
+                return False
+        elif f.name == "recent":
+            if len(x) != len(y) or not all(map(_same_action, x, y)):
+                return False
+        elif isinstance(x, float):
+            if np.float64(x).tobytes() != np.float64(y).tobytes():
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def _compare(machine: SafetyMachine, batch: SafetyMachine, seed: int, sessions: int, ticks: int) -> int:
+    """Rows where decide_batch and decide row by row differ (applied, state, reasons or memory)."""
+    rng = np.random.default_rng(seed)
+    ref, got = [SafetyMemory() for _ in range(sessions)], [SafetyMemory() for _ in range(sessions)]
+    differ = 0
+    states = set()
+    for k, (reasons, proposals, x, use) in enumerate(_ticks(rng, sessions, ticks)):
+        now = k * TICK
+        batch_reasons = copy.deepcopy(reasons)
+        out = batch.decide_batch(got, now, batch_reasons, proposals, x, use)
+        for s in range(sessions):
+            applied, state = machine.decide(ref[s], now, reasons[s], proposals[s], x[s] if use[s] else None)
+            states.add(state)
+            same = (
+                _same_action(applied, out[s][0])
+                and state is out[s][1]
+                and reasons[s] == batch_reasons[s]
+                and _same_memory(ref[s], got[s])
+            )
+            differ += not same
+    # the sequences reached every state (RECOVERING lasts no tick without a dwell)
+    assert states == set(SafetyState) - ({SafetyState.RECOVERING} if machine.recovery_dwell_ns == 0 else set())
+    return differ
+
+
+def _machine(config: SafetyConfig) -> SafetyMachine:
+    return SafetyMachine(config, ["accel", "steer"], TICK, SAFE, FEATURES)
+
+
+CONFIGS = {
+    "default": SafetyConfig(),
+    "no lane keeping": SafetyConfig(lane_keeping=None),
+    "short timers": SafetyConfig(
+        hold_timeout_ms=20.0, recovery_dwell_ms=0.0, max_abstain_ms=10.0, rollback_ticks=0, max_vetoed_brake=0.0
+    ),
+    "lane keeping without its features": SafetyConfig(lane_keeping=LaneKeepingConfig(curvature_feature="absent")),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_decide_batch_equals_decide_row_by_row(name: str, seed: int) -> None:
+    config = CONFIGS[name]
+    assert _compare(_machine(config), _machine(config), seed, sessions=12, ticks=1500) == 0
+
+
+def test_decide_batch_without_features() -> None:
+    """Rows without inputs (features None): the lane keeper is blind, nothing is trusted from them."""
+    machine, batch = _machine(SafetyConfig()), _machine(SafetyConfig())
+    rng = np.random.default_rng(5)
+    ref, got = [SafetyMemory() for _ in range(4)], [SafetyMemory() for _ in range(4)]
+    for k, (reasons, proposals, _, _) in enumerate(_ticks(rng, 4, 600)):
+        batch_reasons = copy.deepcopy(reasons)
+        out = batch.decide_batch(got, k * TICK, batch_reasons, proposals, None)
+        for s in range(4):
+            applied, state = machine.decide(ref[s], k * TICK, reasons[s], proposals[s], None)
+            assert _same_action(applied, out[s][0]) and state is out[s][1] and reasons[s] == batch_reasons[s]
+            assert _same_memory(ref[s], got[s])
+
+
+class _ForgetsTheRoad(SafetyMachine):
+    """A batch that drops the steady rows' trusted speed: what a slip in decide_batch would look like."""
+
+    def decide_batch(self, mems, now_ns, reasons, proposals, features, use_features=None):  # type: ignore[no-untyped-def]
+        speeds = [m.trusted_speed for m in mems]
+        out = super().decide_batch(mems, now_ns, reasons, proposals, features, use_features)
+        for m, r, v in zip(mems, reasons, speeds):
+            if not r and m.state is SafetyState.NOMINAL:
+                m.trusted_speed = v
+        return out
+
+
+def test_the_comparison_can_fail() -> None:
+    """The comparison above sees a batch that differs from the reference in one memory field."""
+    config = SafetyConfig()
+    broken = _ForgetsTheRoad(config, ["accel", "steer"], TICK, SAFE, FEATURES)
+    assert _compare(_machine(config), broken, 0, sessions=12, ticks=300) > 0
