@@ -165,11 +165,10 @@ def _bench(args: argparse.Namespace) -> int:
             workers=args.fleet_workers,
         )
         return 0
-    if args.what == "rules":  # the shipped model with its two gates unless told otherwise
-        shipped = args.model == TEST_MODEL_PATH and not args.gate
+    if args.what == "rules":
         bench_rules_table(
-            BASE_MODEL_PATH if shipped else args.model,
-            list(DEFAULT_GATES) if shipped else (args.gate or []),
+            model_path,
+            list(gate_paths),
             (args.sessions,) if args.sessions else RULES_SESSION_COUNTS,
             ticks=max(20, int(duration * 200)),  # seconds of 5 ms ticks per session count
             out_dir=args.out,
