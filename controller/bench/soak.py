@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -46,7 +47,6 @@ from dualloop.controller.serve.security import private_server_env
 from dualloop.controller.serve.server import new_event_loop
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.env import ActionNoise, run_expert_batch
-from dualloop.sim.scenarios import NOMINAL_SCENARIOS
 from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
@@ -125,6 +125,7 @@ class ServeProcess:
         preexec_fn: Callable[[], None] | None = None,
         start_timeout_s: float = 120.0,
         log_level: str = "WARNING",
+        log_format: str = "human",
     ) -> None:
         self.port = free_loopback_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -135,6 +136,7 @@ class ServeProcess:
             **config,
             "port": self.port,
             "log_level": log_level,
+            "log_format": log_format,
         }
         config_file = work_dir / "serve-config.yaml"
         config_file.write_text(json.dumps(full, indent=2))  # JSON is YAML
@@ -180,6 +182,16 @@ class ServeProcess:
     def stderr_text(self) -> str:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
 
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        """The server's structured log lines so far (log_format="json"), of one event or all."""
+        out = []
+        for line in self.stderr_text().splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and (name is None or record.get("event") == name):
+                    out.append(record)
+        return out
+
     def stdout_text(self) -> str:
         return self.stdout_path.read_text(errors="replace") if self.stdout_path.exists() else ""
 
@@ -202,9 +214,9 @@ class ServeProcess:
         self.stop()
 
 
-def probe_session(address: str, features: Sequence[float], snapshots: int = 20, timeout_s: float = 30.0) -> list:
-    """Open a REALTIME session, send an observation per tick period until `snapshots` snapshots have
-    come, close it; returns the snapshots (pb.DecisionSnapshot)."""
+def probe_session(address: str, rows: np.ndarray, snapshots: int = 20, timeout_s: float = 60.0) -> list:
+    """Open a REALTIME session, send rows[k] (cycling) once per tick period until `snapshots`
+    snapshots have come, close it; returns the snapshots (pb.DecisionSnapshot)."""
 
     async def run() -> list:
         async with grpc.aio.insecure_channel(address) as channel:
@@ -213,13 +225,11 @@ def probe_session(address: str, features: Sequence[float], snapshots: int = 20, 
             opened = await call.read()
             period_s = opened.opened.tick_period_ns / 1e9
             got: list = []
-            seq = 0
 
             async def send() -> None:
-                nonlocal seq
-                while True:
-                    seq += 1
-                    obs = pb.Observation(seq=seq, timestamp_ns=time.monotonic_ns(), features=features)
+                for seq in itertools.count(1):
+                    row = rows[(seq - 1) % len(rows)]
+                    obs = pb.Observation(seq=seq, timestamp_ns=time.monotonic_ns(), features=row.tolist())
                     await call.write(pb.DriveRequest(observation=obs))
                     await asyncio.sleep(period_s)
 
@@ -240,13 +250,6 @@ def probe_session(address: str, features: Sequence[float], snapshots: int = 20, 
             return got
 
     return asyncio.run(run())
-
-
-def nominal_features(seed: int = 0, n: int = 19) -> list[float]:
-    """A plausible sensor row for the shipped model (about 20 m/s), seeded."""
-    x = np.random.default_rng(seed).normal(0, 1, n)
-    x[0] = 20 + x[0]
-    return [float(v) for v in x.astype(np.float32)]
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, every_s: float = 0.2) -> bool:
@@ -287,18 +290,27 @@ def memory_verdict(times_s: Sequence[float], rss_mb: Sequence[float], duration_s
 
 
 EPISODE_S = 30.0  # one client session per simulated drive: a soak also opens and closes sessions
+SOAK_SCENARIO = "dense_traffic"
+SOAK_DRIVES = 8  # drives the client slots share, each slot from its own offset
 
 
-def nominal_drives(count: int, seed: int, duration_s: float = EPISODE_S) -> list[np.ndarray]:
-    """Simulated nominal drives (the expert with the training data's action noise), every 5 ms
-    observation, what the shipped model and gates were made for: a soak that vetoed every tick
-    would run the fallback path, not the one users run."""
+def nominal_drives(count: int, seed: int, duration_s: float = EPISODE_S) -> np.ndarray:
+    """Simulated nominal drives, (count, ticks, features): the expert in dense traffic with the
+    training data's action noise, every 5 ms observation; what the shipped model and gates were made
+    for (a soak that vetoed every tick would run the fallback path, not the one users run). Dense
+    traffic, because its drives last the whole duration (a cruise may end early at the road's end)."""
     seeds = [seed + k for k in range(count)]
-    scenario = NOMINAL_SCENARIOS[0]
     _, data = run_expert_batch(
-        scenario, seeds, every=1, noise=ActionNoise(), see_lane_ends=TRAINING_SEES_LANE_ENDS, duration_s=duration_s
+        SOAK_SCENARIO,
+        seeds,
+        every=1,
+        noise=ActionNoise(),
+        see_lane_ends=TRAINING_SEES_LANE_ENDS,
+        duration_s=duration_s,
     )
-    return [data.features[k][data.valid[k]].astype(np.float32) for k in range(count)]
+    rows = [data.features[k][data.valid[k]] for k in range(count)]
+    n = min(len(r) for r in rows)
+    return np.stack([r[:n] for r in rows]).astype(np.float32)
 
 
 @dataclass
@@ -359,9 +371,8 @@ async def _drive_one(
     await sender
 
 
-async def run_soak_clients(address: str, sessions: int, duration_s: float, seed: int) -> dict[str, Any]:
-    """`sessions` slots for duration_s, each driving one simulated drive per session, back to back."""
-    drives = nominal_drives(min(sessions, 8), seed)  # shared by the slots, each from its own offset
+async def run_soak_clients(address: str, sessions: int, duration_s: float, drives: np.ndarray) -> dict[str, Any]:
+    """`sessions` slots for duration_s, each driving one of `drives` per session, back to back."""
     stop_at = time.monotonic() + duration_s
     slots = [SlotCounts(states={}, reasons={}) for _ in range(sessions)]
 
@@ -394,11 +405,20 @@ async def _subprocess(module: str, *args: str) -> asyncio.subprocess.Process:
 
 
 async def _soak(
-    server: ServeProcess, sessions: int, duration_s: float, sample_s: float, console: Console
+    server: ServeProcess, sessions: int, duration_s: float, sample_s: float, drives_file: Path, console: Console
 ) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     clients = await _subprocess(
-        "soak", "clients", "--address", server.address, "--sessions", str(sessions), "--duration", str(duration_s)
+        "soak",
+        "clients",
+        "--address",
+        server.address,
+        "--sessions",
+        str(sessions),
+        "--duration",
+        str(duration_s),
+        "--drives",
+        str(drives_file),
     )
     bare = await _subprocess("procs", "bare", "--duration", str(duration_s))
     samples: list[dict[str, Any]] = []
@@ -486,11 +506,15 @@ def bench_soak(
             f"(200 Hz observations) in a separate process for {duration_s:g} s; a bare ticker beside it",
             highlight=False,
         )
+        with console.status(f"simulating {SOAK_DRIVES} drives of {EPISODE_S:g} s for the clients"):
+            drives = nominal_drives(SOAK_DRIVES, 0)
+        drives_file = Path(tmp) / "drives.npy"
+        np.save(drives_file, drives)
         with ServeProcess(config, Path(tmp)) as server:
-            probe_session(server.address, nominal_features())  # lazily made threads belong to the baseline
+            probe_session(server.address, drives[0])  # lazily made threads belong to the baseline
             wait_until(lambda: server.stats().sessions_open == 0, SETTLE_S)
             baseline = server.sample()
-            run = asyncio.run(_soak(server, sessions, duration_s, sample_s, console))
+            run = asyncio.run(_soak(server, sessions, duration_s, sample_s, drives_file, console))
             leaks = _leaks(server, baseline)
             healthy = server.health()
             exit_code = server.stop()
@@ -599,11 +623,12 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--address", required=True)
     c.add_argument("--sessions", type=int, default=SOAK_SESSIONS)
     c.add_argument("--duration", type=float, default=60.0)
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--drives", type=Path, required=True, help=".npy of (drives, ticks, features) (nominal_drives)")
     args = parser.parse_args(argv)
+    drives = np.load(args.drives)
     loop = new_event_loop()
     try:
-        result = loop.run_until_complete(run_soak_clients(args.address, args.sessions, args.duration, args.seed))
+        result = loop.run_until_complete(run_soak_clients(args.address, args.sessions, args.duration, drives))
     finally:
         loop.close()
     json.dump(result, sys.stdout)
