@@ -214,9 +214,15 @@ class ServeProcess:
         self.stop()
 
 
-def probe_session(address: str, rows: np.ndarray, snapshots: int = 20, timeout_s: float = 60.0) -> list:
+def probe_session(
+    address: str,
+    rows: np.ndarray,
+    snapshots: int = 20,
+    timeout_s: float = 60.0,
+    until: Callable[[pb.DecisionSnapshot], bool] | None = None,
+) -> list:
     """Open a REALTIME session, send rows[k] (cycling) once per tick period until `snapshots`
-    snapshots have come, close it; returns the snapshots (pb.DecisionSnapshot)."""
+    snapshots have come (or one for which `until` is true), close it; returns the snapshots."""
 
     async def run() -> list:
         async with grpc.aio.insecure_channel(address) as channel:
@@ -225,13 +231,20 @@ def probe_session(address: str, rows: np.ndarray, snapshots: int = 20, timeout_s
             opened = await call.read()
             period_s = opened.opened.tick_period_ns / 1e9
             got: list = []
+            stop = asyncio.Event()
 
             async def send() -> None:
+                # stopped by the event, never cancelled: grpc.aio cancels the whole call when a
+                # task is cancelled in the middle of a write
                 for seq in itertools.count(1):
+                    if stop.is_set():
+                        break
                     row = rows[(seq - 1) % len(rows)]
                     obs = pb.Observation(seq=seq, timestamp_ns=time.monotonic_ns(), features=row.tolist())
                     await call.write(pb.DriveRequest(observation=obs))
-                    await asyncio.sleep(period_s)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), period_s)
+                await call.done_writing()
 
             sender = asyncio.ensure_future(send())
             try:
@@ -240,11 +253,11 @@ def probe_session(address: str, rows: np.ndarray, snapshots: int = 20, timeout_s
                     if msg is grpc.aio.EOF:
                         break
                     got.append(msg.snapshot)
+                    if until is not None and until(msg.snapshot):
+                        break
             finally:
-                sender.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sender
-            await call.done_writing()
+                stop.set()
+                await sender
             while await call.read() is not grpc.aio.EOF:
                 pass
             return got
