@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -328,27 +328,32 @@ def nominal_drives(count: int, seed: int, duration_s: float = EPISODE_S) -> np.n
 
 @dataclass
 class SlotCounts:
-    """One client slot: sessions driven one after another, each a simulated drive."""
+    """What the clients saw: sessions driven one after another per slot, each a simulated drive."""
 
     sessions: int = 0
-    refused: int = 0
+    refused: dict[str, int] = field(default_factory=dict)  # status name -> opens refused
+    failed: dict[str, int] = field(default_factory=dict)  # status name -> sessions ended by an error
     observations_sent: int = 0
     snapshots_received: int = 0
     snapshots_dropped: int = 0  # the server's count, from each session's last snapshot
     tick_gaps: int = 0
-    states: dict[str, int] | None = None
-    reasons: dict[str, int] | None = None
+    states: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def _count(book: dict[str, int], key: str) -> None:
+    book[key] = book.get(key, 0) + 1
 
 
 async def _drive_one(
     stub: pb_grpc.ControllerServiceStub, name: str, rows: np.ndarray, stop_at: float, counts: SlotCounts
 ) -> None:
     call = stub.Drive()
-    await call.write(pb.DriveRequest(open=pb.OpenSession(session_id=name, clock=pb.CLOCK_MODE_REALTIME)))
-    first = await call.read()
-    if first is grpc.aio.EOF:
-        counts.refused += 1
-        await call
+    try:
+        await call.write(pb.DriveRequest(open=pb.OpenSession(session_id=name, clock=pb.CLOCK_MODE_REALTIME)))
+        first = await call.read()
+    except grpc.aio.AioRpcError as err:
+        _count(counts.refused, err.code().name)
         return
     counts.sessions += 1
     period_s = first.opened.tick_period_ns / 1e9
@@ -366,49 +371,41 @@ async def _drive_one(
         await call.done_writing()
 
     sender = asyncio.ensure_future(send())
-    states, reasons = counts.states, counts.reasons
-    assert states is not None and reasons is not None
     last_tick, dropped = -1, 0
-    while (msg := await call.read()) is not grpc.aio.EOF:
-        snap = msg.snapshot
-        counts.snapshots_received += 1
-        if last_tick >= 0 and snap.tick != last_tick + 1:
-            counts.tick_gaps += 1
-        last_tick, dropped = snap.tick, snap.snapshots_dropped
-        state = pb.SafetyState.Name(snap.safety_state).removeprefix("SAFETY_STATE_")
-        states[state] = states.get(state, 0) + 1
-        for r in snap.reasons:
-            reason = pb.ReasonCode.Name(r).removeprefix("REASON_CODE_")
-            reasons[reason] = reasons.get(reason, 0) + 1
+    try:
+        while (msg := await call.read()) is not grpc.aio.EOF:
+            snap = msg.snapshot
+            counts.snapshots_received += 1
+            if last_tick >= 0 and snap.tick != last_tick + 1:
+                counts.tick_gaps += 1
+            last_tick, dropped = snap.tick, snap.snapshots_dropped
+            _count(counts.states, pb.SafetyState.Name(snap.safety_state).removeprefix("SAFETY_STATE_"))
+            for r in snap.reasons:
+                _count(counts.reasons, pb.ReasonCode.Name(r).removeprefix("REASON_CODE_"))
+        await sender
+    except grpc.aio.AioRpcError as err:  # the session ended by an error: counted, the slot goes on
+        _count(counts.failed, err.code().name)
+        await asyncio.gather(sender, return_exceptions=True)
     counts.snapshots_dropped += dropped
-    await sender
 
 
 async def run_soak_clients(address: str, sessions: int, duration_s: float, drives: np.ndarray) -> dict[str, Any]:
     """`sessions` slots for duration_s, each driving one of `drives` per session, back to back."""
     stop_at = time.monotonic() + duration_s
-    slots = [SlotCounts(states={}, reasons={}) for _ in range(sessions)]
+    counts = SlotCounts()  # one event loop: the slots share it without a lock
 
     async def slot(k: int, stub: pb_grpc.ControllerServiceStub) -> None:
         n = 0
         while time.monotonic() < stop_at:
             drive = drives[(k + n) % len(drives)]
             start = (k * 397) % max(1, len(drive) // 2) if n == 0 else 0  # stagger the slots' session ends
-            await _drive_one(stub, f"soak-{k}-{n}", drive[start:], stop_at, slots[k])
+            await _drive_one(stub, f"soak-{k}-{n}", drive[start:], stop_at, counts)
             n += 1
 
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.ControllerServiceStub(channel)
         await asyncio.gather(*(slot(k, stub) for k in range(sessions)))
-    total = SlotCounts(states={}, reasons={})
-    for c in slots:
-        for f in ("sessions", "refused", "observations_sent", "snapshots_received", "snapshots_dropped", "tick_gaps"):
-            setattr(total, f, getattr(total, f) + getattr(c, f))
-        for mine, theirs in ((total.states, c.states), (total.reasons, c.reasons)):
-            assert mine is not None and theirs is not None
-            for key, v in theirs.items():
-                mine[key] = mine.get(key, 0) + v
-    return asdict(total)
+    return asdict(counts)
 
 
 async def _subprocess(module: str, *args: str) -> asyncio.subprocess.Process:
@@ -519,8 +516,9 @@ def bench_soak(
             f"(200 Hz observations) in a separate process for {duration_s:g} s; a bare ticker beside it",
             highlight=False,
         )
-        with console.status(f"simulating {SOAK_DRIVES} drives of {EPISODE_S:g} s for the clients"):
-            drives = nominal_drives(SOAK_DRIVES, 0)
+        count = min(SOAK_DRIVES, sessions)
+        with console.status(f"simulating {count} drives of {EPISODE_S:g} s for the clients"):
+            drives = nominal_drives(count, 0)
         drives_file = Path(tmp) / "drives.npy"
         np.save(drives_file, drives)
         with ServeProcess(config, Path(tmp)) as server:
@@ -567,7 +565,8 @@ def bench_soak(
         "server_after": {"health": healthy, "exit_code": exit_code, "error_lines": errors[:20]},
         "samples": samples,
     }
-    result["met"] = bool(memory["met"]) and deadlines["met"] and leaks["met"] and not errors and exit_code == 0
+    served = not clients["refused"] and not clients["failed"] and not errors and exit_code == 0
+    result["met"] = bool(memory["met"]) and deadlines["met"] and leaks["met"] and served
     path = store_result(out_dir, "soak", result)
     print_soak_report(result, console)
     console.print(f"results: {path}")
@@ -618,7 +617,8 @@ def print_soak_report(result: dict[str, Any], console: Console) -> None:
     c = result["clients"]
     received = max(1, c["snapshots_received"])
     console.print(
-        f"clients: {c['sessions']} sessions driven ({c['refused']} refused), {c['snapshots_received']} snapshots "
+        f"clients: {c['sessions']} sessions driven (refused {c['refused'] or 'none'}, ended by an error "
+        f"{c['failed'] or 'none'}), {c['snapshots_received']} snapshots "
         f"received, {c['snapshots_dropped']} dropped for slow reading, {c['tick_gaps']} tick gaps; states "
         + ", ".join(f"{k} {v / received:.1%}" for k, v in sorted(c["states"].items()))
         + "; reasons "
