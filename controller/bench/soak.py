@@ -62,6 +62,7 @@ SLOPE_BOUND_MB_PER_MIN = 1.0  # absolute, after warm-up
 GROWTH_BOUND = 0.05  # RSS growth over the window after warm-up, as a fraction of the RSS at warm-up
 WARMUP_S = 60.0  # at most; a short run leaves out its first quarter instead
 SETTLE_S = 30.0  # how long the end check waits for sessions, threads and fds to come back
+STATS_TIMEOUT_S = 30.0  # GetStats while sampling; a sample without it records the error
 
 
 @dataclass
@@ -433,7 +434,7 @@ async def _soak(
     bare = await _subprocess("procs", "bare", "--duration", str(duration_s))
     samples: list[dict[str, Any]] = []
     t0 = time.monotonic()
-    first = await loop.run_in_executor(None, server.stats)
+    first = await loop.run_in_executor(None, server.stats, STATS_TIMEOUT_S)
     with Progress(
         TextColumn("[bold]bench soak[/]"),
         BarColumn(),
@@ -445,23 +446,27 @@ async def _soak(
     ) as progress:
         task = progress.add_task("", total=duration_s)
         while clients.returncode is None:
-            stats = await loop.run_in_executor(None, server.stats)
             proc = server.sample()
-            samples.append(
-                {
-                    "t_s": time.monotonic() - t0,
-                    **asdict(proc),
-                    "sessions_open": stats.sessions_open,
-                    "missed_deadlines_total": stats.missed_deadlines_total,
-                    "ticks_total": stats.ticks_total,
-                    "snapshots_sent_total": stats.snapshots_sent_total,
-                }
-            )
+            sample: dict[str, Any] = {"t_s": time.monotonic() - t0, **asdict(proc)}
+            try:  # a server too starved to answer within STATS_TIMEOUT_S is a finding, not the end of the run
+                stats = await loop.run_in_executor(None, server.stats, STATS_TIMEOUT_S)
+            except grpc.RpcError as err:
+                sample["stats_error"] = err.code().name if isinstance(err, grpc.Call) else str(err)
+                stats = None
+            if stats is not None:
+                sample.update(
+                    sessions_open=stats.sessions_open,
+                    missed_deadlines_total=stats.missed_deadlines_total,
+                    ticks_total=stats.ticks_total,
+                    snapshots_sent_total=stats.snapshots_sent_total,
+                )
+            samples.append(sample)
+            missed = stats.missed_deadlines_total - first.missed_deadlines_total if stats is not None else "?"
             progress.update(
                 task,
                 completed=min(duration_s, time.monotonic() - t0),
                 description=f"RSS {proc.rss_mb:.1f} MB, {proc.threads} threads, {proc.fds} fds, "
-                f"{stats.sessions_open} sessions, {stats.missed_deadlines_total - first.missed_deadlines_total} missed",
+                f"{stats.sessions_open if stats is not None else '?'} sessions, {missed} missed",
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(clients.wait(), sample_s)
@@ -469,7 +474,7 @@ async def _soak(
     bare_out, _ = await bare.communicate()
     if clients.returncode or bare.returncode:
         raise RuntimeError(f"a bench process failed (clients exit {clients.returncode}, bare exit {bare.returncode})")
-    end_stats = await loop.run_in_executor(None, server.stats)
+    end_stats = await loop.run_in_executor(None, server.stats, STATS_TIMEOUT_S)
     return {
         "samples": samples,
         "missed_deadlines": end_stats.missed_deadlines_total - first.missed_deadlines_total,
@@ -485,7 +490,11 @@ def _leaks(server: ServeProcess, baseline: ProcSample) -> dict[str, Any]:
 
     def settled() -> bool:
         proc = server.sample()
-        end.update(sessions_open=server.stats().sessions_open, threads=proc.threads, fds=proc.fds, rss_mb=proc.rss_mb)
+        try:
+            sessions_open: int | None = server.stats(STATS_TIMEOUT_S).sessions_open
+        except grpc.RpcError:
+            sessions_open = None
+        end.update(sessions_open=sessions_open, threads=proc.threads, fds=proc.fds, rss_mb=proc.rss_mb)
         return end["sessions_open"] == 0 and proc.threads <= baseline.threads and proc.fds <= baseline.fds
 
     ok = wait_until(settled, SETTLE_S, 0.5)
@@ -531,7 +540,7 @@ def bench_soak(
             exit_code = server.stop()
             errors = [line for line in server.stderr_text().splitlines() if "ERROR" in line or "Traceback" in line]
     samples = run["samples"]
-    busy = [s for s in samples if s["sessions_open"] > 0] or samples
+    busy = [s for s in samples if s.get("sessions_open", 1) > 0] or samples
     memory = memory_verdict([s["t_s"] for s in busy], [s["rss_mb"] for s in busy], duration_s)
     bare = run["bare"]
     deadlines = {
@@ -565,7 +574,9 @@ def bench_soak(
         "server_after": {"health": healthy, "exit_code": exit_code, "error_lines": errors[:20]},
         "samples": samples,
     }
-    served = not clients["refused"] and not clients["failed"] and not errors and exit_code == 0
+    unanswered = sum(1 for s in samples if "stats_error" in s)
+    result["stats_unanswered"] = unanswered
+    served = not clients["refused"] and not clients["failed"] and not errors and exit_code == 0 and not unanswered
     result["met"] = bool(memory["met"]) and deadlines["met"] and leaks["met"] and served
     path = store_result(out_dir, "soak", result)
     print_soak_report(result, console)
@@ -609,6 +620,12 @@ def print_soak_report(result: dict[str, Any], console: Console) -> None:
     table.add_row("sessions open at the end", str(lk["leaked_sessions"]), "0", verdict(lk["leaked_sessions"] == 0))
     for what, key in (("threads", "threads"), ("open fds", "fds")):
         table.add_row(f"{what} at the end", str(end[key]), f"<= baseline {base[key]}", verdict(not lk[f"leaked_{key}"]))
+    table.add_row(
+        "GetStats unanswered",
+        f"{result['stats_unanswered']} of {len(result['samples'])} samples",
+        f"0 (within {STATS_TIMEOUT_S:g} s)",
+        verdict(result["stats_unanswered"] == 0),
+    )
     after = result["server_after"]
     table.add_row(
         "server after", f"{after['health']}, exit {after['exit_code']}, {len(after['error_lines'])} error lines", "", ""
