@@ -15,6 +15,7 @@ from dualloop.controller.bench.rules import SESSION_COUNTS as RULES_SESSION_COUN
 from dualloop.controller.bench.rules import bench_rules_table
 from dualloop.controller.bench.secure import MissingExtraError, require_cryptography
 from dualloop.controller.bench.sim import bench_sim
+from dualloop.controller.bench.soak import SOAK_DURATION_S, SOAK_SESSIONS, bench_soak
 from dualloop.controller.bench.tick import SWEEP, bench_sweep, bench_tick
 from dualloop.controller.console import console
 from dualloop.controller.serve.config import ConfigError
@@ -23,19 +24,29 @@ from dualloop.controller.serve.workers import worker_count
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
-_BENCH_DURATION_S = {"tick": 60.0, "planner": 600.0, "sim": 3.0, "replay": 60.0, "gate": 0.0, "rules": 10.0}
-_BENCH_SESSIONS = {"planner": 32}
+_BENCH_DURATION_S = {
+    "tick": 60.0,
+    "planner": 600.0,
+    "sim": 3.0,
+    "replay": 60.0,
+    "gate": 0.0,
+    "rules": 10.0,
+    "soak": SOAK_DURATION_S,
+}
+_BENCH_SESSIONS = {"planner": 32, "soak": SOAK_SESSIONS}
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="benchmarks that print numbers")
     p.add_argument(
         "what",
-        choices=["tick", "sim", "gate", "planner", "replay", "rules"],
+        choices=["tick", "sim", "gate", "planner", "replay", "rules", "soak"],
         help="tick: executor timing under gRPC load; sim: simulator steps per second next to highway-env; "
         "gate: gate cost next to the forward pass; planner: tick lateness with the behaviour planner busy "
         "on 32 sessions vs idle; replay: 60 s logs replayed, x real time on one core vs the per-tick path; "
-        "rules: the server's CPU per REALTIME tick in process (read, model, rules, stream) at 8-64 sessions",
+        "rules: the server's CPU per REALTIME tick in process (read, model, rules, stream) at 8-64 sessions; "
+        "soak: `dualloop serve` (shipped model, gates, planner) under 16 sessions for 10 minutes: memory slope, "
+        "missed deadlines vs a bare ticker, leaked sessions/threads/fds",
     )
     p.add_argument(
         "--gate",
@@ -56,12 +67,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "ratio; bench planner: first the planner's CPU per batch on its compiled and numpy paths, interleaved",
     )
     p.add_argument(
-        "--sessions", type=int, help="REALTIME sessions (tick: 8, planner: 32); gate: a count added to its table"
+        "--sessions",
+        type=int,
+        help="REALTIME sessions (tick: 8, planner: 32, soak: 16); gate: a count added to its table",
     )
     p.add_argument(
         "--duration",
         type=float,
-        help="seconds (tick: 60, planner: 600, sim: 3, replay: 60 at most; rules: 10 of ticks per count)",
+        help="seconds (tick: 60, planner: 600, sim: 3, replay: 60 at most; rules: 10 of ticks per count; soak: 600)",
     )
     p.add_argument("--out", type=Path, default=Path("runs/bench"))
     p.add_argument("--logs", type=int, help="replay: how many 60 s logs the whole-command fleet replays (100; 0: none)")
@@ -131,6 +144,11 @@ def _bench(args: argparse.Namespace) -> int:
     if args.what == "sim":
         console.print(bench_sim(seconds=duration))
         return 0
+    if args.what == "soak":
+        if sessions < 1 or duration <= 0:
+            console.print("[red]error:[/] bench soak needs --sessions >= 1 and --duration > 0", highlight=False)
+            return 2
+        return 0 if bench_soak(sessions, duration, args.out, console=console)["met"] else 1
     if args.what == "planner":
         if duration < 4 * PHASE_S:
             console.print(

@@ -6,6 +6,7 @@ Shared by the background recorder (controller/logs/recorder.py) and the synchron
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from pathlib import Path
@@ -179,4 +180,10 @@ class LogFileWriter:
         try:
             self._writer.finish()
         finally:
+            self._stream.close()
+
+    def abandon(self) -> None:
+        """Close the file as it is, after a write error (no index, no footer): what was flushed
+        stays, and reads up to where it ends. Errors closing it (the buffered rest) are ignored."""
+        with contextlib.suppress(OSError, ValueError):
             self._stream.close()

@@ -107,6 +107,7 @@ class Recorder:
         self._file: LogFileWriter | None = None
         self._part = 0
         self._closed = False
+        self._failed = False  # a write failed: recording stopped (see _fail)
         self._thread = threading.Thread(target=self._run, name="dualloop-recorder", daemon=True)
         self._thread.start()
 
@@ -188,14 +189,27 @@ class Recorder:
                 time.sleep(0.005)
 
     def _guarded(self, action: object, *args: object) -> bool:
+        if self._failed:
+            return False
         try:
             action(*args)  # type: ignore[operator]
             return True
         except Exception as exc:  # disk full, permissions: keep draining so callers never block
-            if not self.stats.error:
-                self.stats.error = f"{type(exc).__name__}: {exc}"
-                log.error("recorder: writing %s failed: %s", self.path, exc)
+            self._fail(exc)
             return False
+
+    def _fail(self, exc: Exception) -> None:
+        """Stop recording at the first write error: every later record is dropped and counted.
+        Writing on would keep the MCAP writer's index of every record it could not write (memory
+        growing for as long as the disk stays full), and reopening the file would truncate what
+        was flushed before the error; so the file is closed as it is, a log cut short that readers
+        read up to the cut."""
+        self._failed = True
+        self.stats.error = f"{type(exc).__name__}: {exc}"
+        log.error("recorder: writing %s failed, recording stopped (later records are dropped): %s", self.path, exc)
+        if self._file is not None:
+            self._file.abandon()
+            self._file = None
 
     def _handle(self, kind: _Kind, session_id: str, message: Message | None, publish_ns: int) -> None:
         if kind is _Kind.OPEN:
@@ -272,7 +286,7 @@ class Recorder:
         for session_id in list(self._headers):
             self._guarded(self._write_summary, session_id)
         self._headers.clear()
-        if self._file is None:  # nothing was ever recorded: still leave a valid, empty log
+        if self._file is None and not self.stats.files:  # nothing was ever recorded: still leave a valid, empty log
             self._guarded(self._current_file)
         if self._file is not None:
             self._guarded(self._file.finish)

@@ -293,7 +293,9 @@ def families(r: MetricsReading) -> Iterable[Metric]:
             "dualloop_recorder_queue_depth", "Records waiting to be written.", value=rec.queue_depth
         )
         dropped = CounterMetricFamily(
-            "dualloop_recorder_dropped", "Records dropped: the recorder's queue was full.", labels=["kind"]
+            "dualloop_recorder_dropped",
+            "Records dropped: the recorder's queue was full, or a write failed (recording stopped).",
+            labels=["kind"],
         )
         written = CounterMetricFamily("dualloop_recorder_written", "Records written.", labels=["kind"])
         for record in sorted(rec.dropped):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,28 @@ def test_not_an_mcap_file_is_a_clear_error(tmp_path: Path) -> None:
         read_log(bogus)
     with pytest.raises(FileNotFoundError, match="no such log"):
         read_log(tmp_path / "missing.mcap")
+
+
+def test_a_full_disk_stops_recording_once_and_holds_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """/dev/full: every write fails with ENOSPC. The error is logged once, every record is counted
+    as dropped, and the recorder keeps nothing of them (it used to keep the MCAP writer, whose index
+    of the records it could not write grew for as long as the disk stayed full)."""
+    tracemalloc.start()
+    try:
+        rec = Recorder("/dev/full", flush_interval_s=0.0)
+        rec.open_session(header("car-1"))
+        before = tracemalloc.get_traced_memory()[0]
+        n = 30_000
+        for i in range(n):
+            while not rec.write_snapshot(snapshot("car-1", i)):  # queue full: let the writer drain
+                time.sleep(0.001)
+        stats = rec.close()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert "No space left" in stats.error
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and "recorder" in r.getMessage()]
+    assert len(errors) == 1, errors
+    assert stats.written["snapshot"] + stats.dropped["snapshot"] == n
+    assert stats.dropped["snapshot"] > n - 2000  # all but those handed to the writer before the first flush
+    assert held < 1_000_000, f"{held} bytes still held after close"
