@@ -253,7 +253,8 @@ class Executor:
                 f"observation seq {obs.seq}: plan {obs.plan_id!r} has valid_for_ns {obs.plan_valid_for_ns}; "
                 f"it must be > 0, or 0 for the default ({self.reasons.max_plan_age_ns} ns)"
             )
-        if obs.plan_values is not None and obs.plan_created_ns > obs.timestamp_ns:
+        # created_ns 0 stands for the observation's own timestamp, which may be negative sensor time
+        if obs.plan_values is not None and obs.plan_created_ns != 0 and obs.plan_created_ns > obs.timestamp_ns:
             raise InvalidObservation(
                 f"observation seq {obs.seq}: plan {obs.plan_id!r} has created_ns {obs.plan_created_ns}, "
                 f"after the observation's timestamp_ns {obs.timestamp_ns}; created_ns is sensor time "

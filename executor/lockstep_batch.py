@@ -290,7 +290,9 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
     ok = ok and bool(np.all((actual >= -1) & (actual < n_act)))
     ok = ok and all(o.actual_controls is None or o.actual_controls.size in (0, n_ctl) for o in observations)
     ok = ok and all(
-        o.plan_values.shape == (ex.model.n_plan,) and o.plan_valid_for_ns >= 0 and o.plan_created_ns <= o.timestamp_ns
+        o.plan_values.shape == (ex.model.n_plan,)
+        and o.plan_valid_for_ns >= 0
+        and (o.plan_created_ns or o.timestamp_ns) <= o.timestamp_ns  # 0: the observation's timestamp
         for o in observations
         if o.plan_values is not None
     )
