@@ -211,7 +211,7 @@ def streams(draw: st.DrawFn, schema_hash: str, clock: int) -> Stream:
         else:
             stream.items.append((draw(st.binary(min_size=1, max_size=40)), UNKNOWN))
     if stream.clock == REALTIME:
-        stream.pause_s = draw(st.sampled_from([0.001, 0.003, 0.006, 0.012]))
+        stream.pause_s = draw(st.sampled_from([0.001, 0.003, 0.006]))
     return stream
 
 
@@ -279,7 +279,7 @@ def run_stream(channel: grpc.Channel, stream: Stream) -> tuple[grpc.StatusCode, 
             if stream.clock == REALTIME:  # let the 5 ms ticks run on what was sent
                 time.sleep(stream.pause_s)
         if stream.clock == REALTIME and stream.items:
-            time.sleep(0.02)  # before the half-close, which ends a REALTIME session at once
+            time.sleep(0.015)  # before the half-close, which ends a REALTIME session at once
 
     responses: list[pb.DriveResponse] = []
     # generous: a stream that has not ended by then hangs, which is a failure (DEADLINE_EXCEEDED is not OK)
@@ -292,7 +292,7 @@ def run_stream(channel: grpc.Channel, stream: Stream) -> tuple[grpc.StatusCode, 
     return grpc.StatusCode.OK, "", responses
 
 
-@pytest.mark.parametrize("clock, examples", [(LOCKSTEP, 150), (REALTIME, 100)], ids=["LOCKSTEP", "REALTIME"])
+@pytest.mark.parametrize("clock, examples", [(LOCKSTEP, 150), (REALTIME, 60)], ids=["LOCKSTEP", "REALTIME"])
 def test_drive_streams_never_crash_never_leak_non_finite_and_fail_as_documented(
     fuzz_server: ServerThread, fuzz_channel: grpc.Channel, schema_hash: str, clock: int, examples: int
 ) -> None:
