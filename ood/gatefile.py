@@ -143,7 +143,8 @@ def load_gate(
             raise GateFileError(
                 f"gate file {path}: feature range of {len(gate.feature_range.low)} features for dim {dim}"
             )
-    except (KeyError, TypeError, ValueError) as exc:
+    # what a field of the wrong type or size raises on the way (a damaged or hand-edited file)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
         if isinstance(exc, GateFileError):
             raise
         raise GateFileError(f"gate file {path}: bad or missing metadata field ({type(exc).__name__}: {exc})") from exc
