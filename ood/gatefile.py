@@ -29,6 +29,18 @@ class GateFileError(ValueError):
     """A gate file that cannot be used; the message starts with "gate file PATH:" and says why."""
 
 
+def _not_json(constant: str) -> float:
+    # the writer refuses NaN and Infinity (gateformat.canonical_json), so a file holding one was edited
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not np.isfinite(value):
+        raise ValueError(f"{text} is beyond a float")
+    return value
+
+
 def _read_npz(path: str) -> dict[str, npt.NDArray[Any]]:
     try:
         with np.load(path, allow_pickle=False) as npz:
@@ -82,8 +94,8 @@ def load_gate(
             f"gate file {path}: 'metadata' must be a JSON string, got {raw_meta.dtype} {raw_meta.shape}"
         )
     try:
-        meta = json.loads(str(raw_meta[()]))
-    except json.JSONDecodeError as exc:
+        meta = json.loads(str(raw_meta[()]), parse_constant=_not_json, parse_float=_finite)
+    except ValueError as exc:  # JSONDecodeError is one
         raise GateFileError(f"gate file {path}: metadata is not valid JSON ({exc})") from exc
     if not isinstance(meta, dict):
         raise GateFileError(f"gate file {path}: metadata must be a JSON object")
