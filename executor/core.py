@@ -443,22 +443,32 @@ class Executor:
             xn, pn, finite = self.normalisation.apply(xm, p, self._xmn[:n], self._pn[:n], model_present)
         t1 = _perf_ns()
         out: ModelOutputs | None
+        gate_out: ModelOutputs | None
         try:
             out = self.model.forward(xn, pn, model_present)
-            model_ok = bool(np.isfinite(out.logits).all() and np.isfinite(out.controls).all())
+            # per row, as a replay judges its ticks: one session's input that overflows the model
+            # (finite, but huge) costs that session its proposal, not every session on the tick
+            model_ok = np.isfinite(out.logits).all(axis=1) & np.isfinite(out.controls).all(axis=1)
         except Exception:  # noqa: BLE001 - any runtime failure degrades the tick, never the loop
-            out, model_ok = None, False
-        if not model_ok:
-            self.stats.model_errors += 1
-            out = None
+            out, model_ok = None, np.zeros(n, bool)
+        gate_out = out
+        if not model_ok.all():
+            self.stats.model_errors += int(np.count_nonzero(~model_ok))
+            if not model_ok.any():
+                out = gate_out = None
+            else:  # the decision-vector gates score a failed row as NaN (a replay's `fill_gate_features`)
+                assert out is not None
+                dv = np.where(model_ok[:, None], out.decision_vector, np.float32(np.nan))
+                gate_out = replace(out, decision_vector=dv)
         t2 = _perf_ns()
-        gate = self.gating.step(rows, observations, finite, out)
+        gate = self.gating.step(rows, observations, finite, gate_out)
         t3 = _perf_ns()
         snaps = self._postprocess(
             rows,
             observations,
             finite,
             out,
+            model_ok,
             gate,
             tick_index,
             tick_ns,
@@ -506,10 +516,11 @@ class Executor:
         """The model's proposal per row: (probabilities, top-1 index, its probability, top-1 minus
         top-2 margin, controls clipped to the card's ranges)."""
         n = len(out.logits)
-        z = out.logits * self._inv_temperature
-        z -= z.max(axis=1, keepdims=True)
-        probs = np.exp(z)
-        probs /= probs.sum(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore", over="ignore"):  # a row the model failed on: NaN, never used
+            z = out.logits * self._inv_temperature
+            z -= z.max(axis=1, keepdims=True)
+            probs = np.exp(z)
+            probs /= probs.sum(axis=1, keepdims=True)
         top = np.argsort(-probs, axis=1, kind="stable")[:, :2]
         top1 = probs[np.arange(n), top[:, 0]]
         margin = top1 - probs[np.arange(n), top[:, 1]]
@@ -521,13 +532,15 @@ class Executor:
         observations: list[Observation],
         finite: np.ndarray,
         out: ModelOutputs | None,
+        model_ok: np.ndarray,
         gate: GateVerdicts | None,
         tick_index: int,
         tick_ns: int,
         lateness_ns: int,
         plans: tuple[np.ndarray, np.ndarray, np.ndarray],
     ) -> list[Snapshot]:
-        """`plans`: each row's (plan age, PlanState, STALE_PLAN) by the plan rule."""
+        """`model_ok`: the model's outputs for the row are finite (`out` None: no row's);
+        `plans`: each row's (plan age, PlanState, STALE_PLAN) by the plan rule."""
         n = len(rows)
         plan_ages, plan_states, stale_plan = plans
         if out is not None:
@@ -546,7 +559,7 @@ class Executor:
         periods = [self.observation_period_ns(s) for s in rows]
         flags = self.reasons.flags(
             finite,
-            np.full(n, out is not None),
+            model_ok,
             ages,
             stale_plan,
             gate[2] if gate is not None else np.zeros(n, bool),
@@ -556,7 +569,7 @@ class Executor:
         )
         fresh = self._fresh
         hashes = input_hashes(self._x[:n], self._p[:n])
-        table = self._check_table(rows, finite, out is not None, gate is not None, margin)
+        table = self._check_table(rows, finite, model_ok, gate is not None, margin)
         kinds = self.checks.kinds
         empty = np.zeros(0, np.float32)
         lateness_us = max(0, lateness_ns) // 1000
@@ -565,7 +578,7 @@ class Executor:
             obs = observations[i]
             age, plan_age = int(ages[i]), int(plan_ages[i])
             reasons = list(REASONS_OF_FLAGS[flags[i]])
-            scored = out is not None and finite[i]
+            scored = bool(model_ok[i] and finite[i])
             if scored:
                 idx = int(top[i])
                 prop_probs, prop_controls = probs[i].copy(), controls[i].copy()
@@ -613,7 +626,7 @@ class Executor:
                     plan_state=PlanState(int(plan_states[i])),
                     plan_valid_for_ns=s.plan_valid_for_ns if s.has_plan else 0,
                     decision_vector=out.decision_vector[i].copy()
-                    if (s.include_decision_vector and out is not None)
+                    if (s.include_decision_vector and out is not None and model_ok[i])
                     else None,
                     snapshots_dropped=s.snapshots_dropped,
                     observations_dropped=s.observations_dropped,
@@ -636,7 +649,7 @@ class Executor:
         return snaps
 
     def _check_table(
-        self, rows: list[Session], finite: np.ndarray, model_ok: bool, gated: bool, margin: np.ndarray
+        self, rows: list[Session], finite: np.ndarray, model_ok: np.ndarray, gated: bool, margin: np.ndarray
     ) -> np.ndarray:
         """The tick's (rows, checks) results (DecisionSnapshot.checks), from what the gate step kept."""
         n = len(rows)
@@ -644,7 +657,7 @@ class Executor:
         changes = None if last is None or last.changes is None else np.array(last.changes, np.float64)
         return self.checks.assemble(
             finite,
-            finite if model_ok else np.zeros(n, bool),
+            finite & model_ok,
             None if last is None else last.density,
             self._x[:n],
             self._p[:n],

@@ -118,7 +118,10 @@ class TickTable:
                     plan_age_ns=int(self.plan_age_ns[k]),
                     plan_state=plan_states[int(self.plan_state[k])],
                     plan_valid_for_ns=int(self.plan_valid_for_ns[k]),
-                    decision_vector=self.decision_vector[k] if self.decision_vector is not None else None,
+                    # none on a tick the model failed on, as a live tick (its values may not be finite)
+                    decision_vector=self.decision_vector[k]
+                    if self.decision_vector is not None and Reason.MODEL_ERROR not in self.reasons[k]
+                    else None,
                     observations_dropped=int(self.observations_dropped[k]),
                     observation_held=bool(self.held[k]),
                     observation_period_ns=int(self.observation_period_ns[k]),

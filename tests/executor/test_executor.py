@@ -324,3 +324,24 @@ def test_order_rules_and_time_accounting(test_model):
     (snap,) = ex.tick(25 * MS, tick_index=12)
     assert snap.transport_delay_ns == 30 * MS and snap.observation_age_ns == 4 * MS
     assert snap.observation_age_with_transport_ns == 34 * MS
+
+
+def test_a_session_that_overflows_the_model_does_not_cost_the_others_their_tick(base_model):
+    """One batch for every session: a row whose finite but huge input overflows the model is that
+    session's MODEL_ERROR only; the other rows are proposed as a batch of their own would be, and no
+    snapshot carries a decision vector of the failed row (found by tests/fuzz: the whole tick was
+    MODEL_ERROR)."""
+    rng = np.random.default_rng(7)
+    clean = features(rng)
+    ex = Executor(base_model, ExecutorConfig())
+    ex.open_session("clean", Clock.REALTIME)
+    ex.open_session("huge", Clock.REALTIME, include_decision_vector=True)
+    now = 1_000_000_000
+    snaps = {s.session_id: s for s in ex.step({"clean": obs(1, clean), "huge": obs(1, np.full(19, 3e37))}, now)}
+    alone = Executor(base_model, ExecutorConfig())
+    alone.open_session("clean", Clock.REALTIME)
+    (reference,) = alone.step({"clean": obs(1, clean)}, now)
+    assert Reason.MODEL_ERROR in snaps["huge"].reasons and snaps["huge"].decision_vector is None
+    assert Reason.MODEL_ERROR not in snaps["clean"].reasons
+    assert snaps["clean"].proposed_index == reference.proposed_index >= 0
+    np.testing.assert_allclose(snaps["clean"].probabilities, reference.probabilities, atol=1e-6)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -251,6 +252,37 @@ def unexpected_non_finite(response: pb.DriveResponse) -> list[str]:
     return bad
 
 
+class Bystander:
+    """A clean REALTIME session open beside the fuzzed streams: one observation every 10 ms until stop()."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.session = DriveSession(channel, "bystander", REALTIME, shadow=True)
+        self.snapshots: list[pb.DecisionSnapshot] = []
+        self.error: grpc.RpcError | None = None
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._send), threading.Thread(target=self._read)]
+        for thread in self._threads:
+            thread.start()
+
+    def _send(self) -> None:
+        seq = 0
+        while not self._stop.wait(0.01):
+            seq += 1
+            self.session.send(seq, seq * 10 * MS, sensor(seq))
+        self.session.close()
+
+    def _read(self) -> None:
+        try:
+            self.snapshots.extend(self.session.snapshots())
+        except grpc.RpcError as err:
+            self.error = err
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+
 class ErrorRecords(logging.Handler):
     """The log records at ERROR and above, from any logger (the server's, asyncio's, gRPC's)."""
 
@@ -346,13 +378,20 @@ def test_drive_streams_never_crash_never_leak_non_finite_and_fail_as_documented(
 
     errors = ErrorRecords()
     logging.getLogger().addHandler(errors)
+    bystander = Bystander(fuzz_channel)
     try:
         one_stream()
         gc.collect()  # asyncio reports a task whose exception nobody retrieved when the task is collected
     finally:
         logging.getLogger().removeHandler(errors)
+        bystander.stop()
     # nothing went wrong inside the server either: no error logged (refusals are warnings)
     assert not errors.records, [f"{r.name}: {r.getMessage()}" for r in errors.records]
+    # a clean session open all along was served throughout, and ended cleanly
+    assert bystander.error is None, bystander.error
+    assert len(bystander.snapshots) >= 10 and bystander.snapshots[-1].observation_seq > 0
+    odd = [(x.observation_seq, non_finite_fields(x), list(x.invalid_input)) for x in bystander.snapshots]
+    assert not [o for o in odd if o[1] or o[2]], [o for o in odd if o[1] or o[2]][:3]
     # the strategies reached the server's answers, not only the first refusal
     least = examples * FACTOR // 10
     assert seen.get(grpc.StatusCode.OK, 0) >= least and seen.get(INVALID, 0) >= least, seen
