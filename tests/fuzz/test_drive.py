@@ -36,6 +36,12 @@ from dualloop.v2 import controller_pb2_grpc as pb_grpc
 from tests.controller.serve.inputs import MS, sensor
 from tests.fuzz.budget import FACTOR, fuzz_settings
 
+# huge and non-finite inputs overflow inside the server's numpy by design (INVALID_INPUT or MODEL_ERROR follow)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
+
 REALTIME, LOCKSTEP = pb.CLOCK_MODE_REALTIME, pb.CLOCK_MODE_LOCKSTEP
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 # what a Drive stream may end with (docs/contract.md#status-codes) when no credentials are configured,
@@ -416,8 +422,9 @@ def assert_healthy(srv: ServerThread, channel: grpc.Channel) -> None:
     recorder = srv.server.runtime.recorder
     assert recorder is not None
     assert recorder.stats.error == "", recorder.stats.error
-    # the fuzzed sessions as recorded (the file is still being written: read up to its last chunk)
-    assert "after-fuzz" in read_sessions(recorder.stats.files) or recorder.stats.files
+    # the fuzzed sessions as recorded read back (the file is still being written: up to its last chunk)
+    time.sleep(0.5)  # the recorder flushes every 0.25 s
+    assert len(read_sessions(recorder.stats.files)) > 10
 
 
 @pytest.mark.parametrize("clock", [LOCKSTEP, REALTIME], ids=["LOCKSTEP", "REALTIME"])

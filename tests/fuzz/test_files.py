@@ -37,6 +37,9 @@ from dualloop.ood.gatefile import GateFileError, load_gate
 from tests.fuzz.budget import fuzz_settings
 from tests.paths import FIXTURES
 
+# damaged files hold values beyond float32 (the importers keep them as Inf)
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+
 REAL = FIXTURES / "real-drives"
 BASE_GATE = BASE_MODEL_PATH.with_suffix(".gate.npz")
 ODD_CELLS = [
