@@ -47,6 +47,7 @@ from dualloop.ood import Gate
 
 _perf_ns = time.perf_counter_ns
 _mono_ns = time.monotonic_ns
+_INT64_MAX = 2**63 - 1  # the wire's int64 fields: an age or delay beyond it is sent saturated
 
 
 @dataclass
@@ -419,7 +420,8 @@ class Executor:
             # plan age in sensor time: the timestamp of the observation this tick decides on
             if s.has_plan:
                 has_plan[i], valid_for[i] = True, s.plan_valid_for_ns
-                plan_ages[i] = max(0, obs.timestamp_ns - s.plan_created_ns)
+                # saturated: a created_ns in the far past (int64's minimum) is an age beyond int64
+                plan_ages[i] = min(max(0, obs.timestamp_ns - s.plan_created_ns), _INT64_MAX)
             if s.present is not None:
                 if present is None:
                     present = self._present[:n]
@@ -598,7 +600,8 @@ class Executor:
                     missed = max(0, tick_index - s.last_tick_index - 1)
                 s.last_tick_index = tick_index
                 if obs.sent_time_ns:
-                    transport = obs.received_wall_ns - obs.sent_time_ns
+                    # saturated, as the plan age: a client clock at int64's edge must not overflow the field
+                    transport = max(-_INT64_MAX, min(obs.received_wall_ns - obs.sent_time_ns, _INT64_MAX))
             snaps.append(
                 Snapshot(
                     session_id=s.session_id,
@@ -641,7 +644,9 @@ class Executor:
                     max_lateness_since_previous_us=lateness_us,
                     ticks_missed_since_previous=missed,
                     transport_delay_ns=transport,
-                    observation_age_with_transport_ns=None if transport is None else age + transport,
+                    observation_age_with_transport_ns=None
+                    if transport is None
+                    else max(-_INT64_MAX, min(age + transport, _INT64_MAX)),
                     check_kinds=kinds,
                     checks=table[i],
                 )

@@ -164,7 +164,10 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     plans, plan_ids, plan_created, plan_valid_for, has_plan = _plans(ex, observations)
     # The plan rule, per observation: a plan's age is sensor time, the timestamp of the observation
     # a tick decides on, so held ticks share their observation's plan state (as live ticks do).
-    plan_age = np.where(has_plan, np.maximum(ts - plan_created, 0), 0)
+    # created <= ts (validated), so a negative difference is int64 wrapping round: an age beyond
+    # int64 (a created_ns in the far past), saturated as a live tick saturates it
+    age = ts - plan_created
+    plan_age = np.where(has_plan, np.where(age < 0, np.iinfo(np.int64).max, age), 0)
     plan_state, plan_valid, stale_plan = plan_rule(
         has_plan, plan_age, plan_valid_for, session.require_plan, session.expired_plan_is_stale
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dualloop.controller.serve.wire import snapshot_to_proto
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.safety import SafetyConfig
@@ -345,3 +346,16 @@ def test_a_session_that_overflows_the_model_does_not_cost_the_others_their_tick(
     assert Reason.MODEL_ERROR not in snaps["clean"].reasons
     assert snaps["clean"].proposed_index == reference.proposed_index >= 0
     np.testing.assert_allclose(snaps["clean"].probabilities, reference.probabilities, atol=1e-6)
+
+
+def test_a_sent_time_at_int64s_edge_gives_a_saturated_transport_delay(test_model):
+    """sent_time_ns = -2**63 (a broken client clock): the delay and the age with it are sent saturated
+    at int64's limit, not overflowed (found by tests/fuzz)."""
+    ex = Executor(test_model)
+    ex.open_session("s", Clock.REALTIME)
+    o = obs(1, features(np.random.default_rng(3)))
+    o.sent_time_ns, o.received_wall_ns = -(2**63), 1_700_000_000_000_000_000
+    (snap,) = ex.step({"s": o}, now_ns=0)
+    assert snap.transport_delay_ns == snap.observation_age_with_transport_ns == 2**63 - 1
+    message = snapshot_to_proto(snap)
+    assert message.transport_delay_ns == 2**63 - 1

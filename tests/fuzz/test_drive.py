@@ -165,7 +165,7 @@ def observation(
     if n != N_FEATURES:
         fault(INVALID)
     obs = pb.Observation(seq=seq, timestamp_ns=ts, features=draw(float_row(seq, n)))
-    obs.sent_time_ns = draw(st.sampled_from([0, 0, time.time_ns(), -1, INT64_MAX, time.time_ns() + 10**12]))
+    obs.sent_time_ns = draw(st.sampled_from([0, 0, time.time_ns(), -1, INT64_MAX, -(2**63), time.time_ns() + 10**12]))
     if draw(st.integers(0, 2)) == 0:  # a plan
         n_plan = pick(draw, tidy, [N_PLAN] * 6, [0, 2, 7])
         obs.plan.plan_id = draw(st.sampled_from(["", "p", "q", "\x00", "plan-é"]))
