@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING
 
 from dualloop.controller.console import print_error
 from dualloop.controller.extras import EXTRA_OF_MODULE, MissingExtra
+from dualloop.controller.logs.logfile import LogFileError
 from dualloop.controller.serve.config import ConfigError
 from dualloop.executor.model_card import ModelFileError
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH
+from dualloop.ood import GateFileError
 
 DESCRIPTION = (
     "dualloop: a real-time streaming controller. A 5 ms ONNX executor, a slow planner and an independent "
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))
-    except (ConfigError, ModelFileError, OSError, MissingExtra) as err:
+    # the errors of files and settings a user gives: said in one line (they name the file), not a traceback
+    except (ConfigError, ModelFileError, GateFileError, LogFileError, OSError, MissingExtra) as err:
         print_error(err)
         return 2
 

@@ -42,4 +42,5 @@ except ModuleNotFoundError:  # the lean install (pip install dualloop, no extras
 def print_error(message: object) -> None:
     # the message is text, not markup: "pip install 'dualloop[demo]'" must print as written
     text = _TAG_LIKE.sub(r"\\\1", str(message))
-    console.print(f"[red]error:[/] {text}", highlight=False)
+    # soft_wrap: one line however long (the terminal wraps it; a log or a pipe keeps it whole)
+    console.print(f"[red]error:[/] {text}", highlight=False, soft_wrap=True)

@@ -48,6 +48,7 @@ from dualloop.ood import Gate
 
 _perf_ns = time.perf_counter_ns
 _mono_ns = time.monotonic_ns
+_INT64_MAX = 2**63 - 1  # the wire's int64 fields: an age or delay beyond it is sent saturated
 
 
 @dataclass
@@ -257,7 +258,8 @@ class Executor:
                 f"observation seq {obs.seq}: plan {obs.plan_id!r} has valid_for_ns {obs.plan_valid_for_ns}; "
                 f"it must be > 0, or 0 for the default ({self.reasons.max_plan_age_ns} ns)"
             )
-        if obs.plan_values is not None and obs.plan_created_ns > obs.timestamp_ns:
+        # created_ns 0 stands for the observation's own timestamp, which may be negative sensor time
+        if obs.plan_values is not None and obs.plan_created_ns != 0 and obs.plan_created_ns > obs.timestamp_ns:
             raise InvalidObservation(
                 f"observation seq {obs.seq}: plan {obs.plan_id!r} has created_ns {obs.plan_created_ns}, "
                 f"after the observation's timestamp_ns {obs.timestamp_ns}; created_ns is sensor time "
@@ -429,7 +431,8 @@ class Executor:
             # plan age in sensor time: the timestamp of the observation this tick decides on
             if s.has_plan:
                 has_plan[i], valid_for[i] = True, s.plan_valid_for_ns
-                plan_ages[i] = max(0, obs.timestamp_ns - s.plan_created_ns)
+                # saturated: a created_ns in the far past (int64's minimum) is an age beyond int64
+                plan_ages[i] = min(max(0, obs.timestamp_ns - s.plan_created_ns), _INT64_MAX)
             if s.present is not None:
                 if present is None:
                     present = self._present[:n]
@@ -459,22 +462,32 @@ class Executor:
             xn, pn, finite = self.normalisation.apply(xm, p, self._xmn[:n], self._pn[:n], model_present)
         t1 = _perf_ns()
         out: ModelOutputs | None
+        gate_out: ModelOutputs | None
         try:
             out = self.model.forward(xn, pn, model_present)
-            model_ok = bool(np.isfinite(out.logits).all() and np.isfinite(out.controls).all())
+            # per row, as a replay judges its ticks: one session's input that overflows the model
+            # (finite, but huge) costs that session its proposal, not every session on the tick
+            model_ok = np.isfinite(out.logits).all(axis=1) & np.isfinite(out.controls).all(axis=1)
         except Exception:  # noqa: BLE001 - any runtime failure degrades the tick, never the loop
-            out, model_ok = None, False
-        if not model_ok:
-            self.stats.model_errors += 1
-            out = None
+            out, model_ok = None, np.zeros(n, bool)
+        gate_out = out
+        if not model_ok.all():
+            self.stats.model_errors += int(np.count_nonzero(~model_ok))
+            if not model_ok.any():
+                out = gate_out = None
+            else:  # the decision-vector gates score a failed row as NaN (a replay's `fill_gate_features`)
+                assert out is not None
+                dv = np.where(model_ok[:, None], out.decision_vector, np.float32(np.nan))
+                gate_out = replace(out, decision_vector=dv)
         t2 = _perf_ns()
-        gate = self.gating.step(rows, observations, finite, out)
+        gate = self.gating.step(rows, observations, finite, gate_out)
         t3 = _perf_ns()
         snaps = self._postprocess(
             rows,
             observations,
             finite,
             out,
+            model_ok,
             gate,
             tick_index,
             tick_ns,
@@ -522,10 +535,11 @@ class Executor:
         """The model's proposal per row: (probabilities, top-1 index, its probability, top-1 minus
         top-2 margin, controls clipped to the card's ranges)."""
         n = len(out.logits)
-        z = out.logits * self._inv_temperature
-        z -= z.max(axis=1, keepdims=True)
-        probs = np.exp(z)
-        probs /= probs.sum(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore", over="ignore"):  # a row the model failed on: NaN, never used
+            z = out.logits * self._inv_temperature
+            z -= z.max(axis=1, keepdims=True)
+            probs = np.exp(z)
+            probs /= probs.sum(axis=1, keepdims=True)
         top = np.argsort(-probs, axis=1, kind="stable")[:, :2]
         top1 = probs[np.arange(n), top[:, 0]]
         margin = top1 - probs[np.arange(n), top[:, 1]]
@@ -537,13 +551,15 @@ class Executor:
         observations: list[Observation],
         finite: np.ndarray,
         out: ModelOutputs | None,
+        model_ok: np.ndarray,
         gate: GateVerdicts | None,
         tick_index: int,
         tick_ns: int,
         lateness_ns: int,
         plans: tuple[np.ndarray, np.ndarray, np.ndarray],
     ) -> list[Snapshot]:
-        """`plans`: each row's (plan age, PlanState, STALE_PLAN) by the plan rule."""
+        """`model_ok`: the model's outputs for the row are finite (`out` None: no row's);
+        `plans`: each row's (plan age, PlanState, STALE_PLAN) by the plan rule."""
         n = len(rows)
         plan_ages, plan_states, stale_plan = plans
         if out is not None:
@@ -562,7 +578,7 @@ class Executor:
         periods = [self.observation_period_ns(s) for s in rows]
         flags = self.reasons.flags(
             finite,
-            np.full(n, out is not None),
+            model_ok,
             ages,
             stale_plan,
             gate[2] if gate is not None else np.zeros(n, bool),
@@ -571,7 +587,7 @@ class Executor:
             np.fromiter((bool(obs.invalid_parts) for obs in observations), bool, n),
         )
         hashes = input_hashes(self._x[:n], self._p[:n]).tolist()
-        table = self._check_table(rows, finite, out is not None, gate is not None, margin)
+        table = self._check_table(rows, finite, model_ok, gate is not None, margin)
         kinds = self.checks.kinds
         empty = np.zeros(0, np.float32)
         lateness_us = max(0, lateness_ns) // 1000
@@ -584,8 +600,9 @@ class Executor:
             # rows of this tick's own arrays (fresh every tick), not copies
             prob_rows, control_rows = list(probs), list(controls)
             tops, confs, margins = top.tolist(), top1.tolist(), margin.tolist()
+            scored = (finite & model_ok).tolist()  # a row the model failed on proposes nothing
             for i in range(n):
-                if finite_rows[i]:
+                if scored[i]:
                     proposals[i] = AppliedAction(tops[i], self._actions[tops[i]], control_rows[i])
         # a frozen sensor's lane offset and heading must not steer the fallback
         decided = self.safety.decide_batch(
@@ -614,7 +631,8 @@ class Executor:
                     missed = max(0, tick_index - s.last_tick_index - 1)
                 s.last_tick_index = tick_index
                 if obs.sent_time_ns:
-                    transport = obs.received_wall_ns - obs.sent_time_ns
+                    # saturated, as the plan age: a client clock at int64's edge must not overflow the field
+                    transport = max(-_INT64_MAX, min(obs.received_wall_ns - obs.sent_time_ns, _INT64_MAX))
             snaps.append(
                 Snapshot(
                     session_id=s.session_id,
@@ -642,7 +660,7 @@ class Executor:
                     plan_state=PlanState(plan_states_l[i]),
                     plan_valid_for_ns=s.plan_valid_for_ns if s.has_plan else 0,
                     decision_vector=out.decision_vector[i].copy()
-                    if (s.include_decision_vector and out is not None)
+                    if (s.include_decision_vector and out is not None and model_ok[i])
                     else None,
                     snapshots_dropped=s.snapshots_dropped,
                     observations_dropped=s.observations_dropped,
@@ -657,7 +675,9 @@ class Executor:
                     max_lateness_since_previous_us=lateness_us,
                     ticks_missed_since_previous=missed,
                     transport_delay_ns=transport,
-                    observation_age_with_transport_ns=None if transport is None else age + transport,
+                    observation_age_with_transport_ns=None
+                    if transport is None
+                    else max(-_INT64_MAX, min(age + transport, _INT64_MAX)),
                     check_kinds=kinds,
                     checks=table_rows[i],
                 )
@@ -665,7 +685,7 @@ class Executor:
         return snaps
 
     def _check_table(
-        self, rows: list[Session], finite: np.ndarray, model_ok: bool, gated: bool, margin: np.ndarray
+        self, rows: list[Session], finite: np.ndarray, model_ok: np.ndarray, gated: bool, margin: np.ndarray
     ) -> np.ndarray:
         """The tick's (rows, checks) results (DecisionSnapshot.checks), from what the gate step kept."""
         n = len(rows)
@@ -673,7 +693,7 @@ class Executor:
         changes = None if last is None or last.changes is None else np.array(last.changes, np.float64)
         return self.checks.assemble(
             finite,
-            finite if model_ok else np.zeros(n, bool),
+            finite & model_ok,
             None if last is None else last.density,
             self._x[:n],
             self._p[:n],

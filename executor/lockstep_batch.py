@@ -118,7 +118,10 @@ class TickTable:
                     plan_age_ns=int(self.plan_age_ns[k]),
                     plan_state=plan_states[int(self.plan_state[k])],
                     plan_valid_for_ns=int(self.plan_valid_for_ns[k]),
-                    decision_vector=self.decision_vector[k] if self.decision_vector is not None else None,
+                    # none on a tick the model failed on, as a live tick (its values may not be finite)
+                    decision_vector=self.decision_vector[k]
+                    if self.decision_vector is not None and Reason.MODEL_ERROR not in self.reasons[k]
+                    else None,
                     observations_dropped=int(self.observations_dropped[k]),
                     observation_held=bool(self.held[k]),
                     observation_period_ns=int(self.observation_period_ns[k]),
@@ -161,7 +164,10 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     plans, plan_ids, plan_created, plan_valid_for, has_plan = _plans(ex, observations)
     # The plan rule, per observation: a plan's age is sensor time, the timestamp of the observation
     # a tick decides on, so held ticks share their observation's plan state (as live ticks do).
-    plan_age = np.where(has_plan, np.maximum(ts - plan_created, 0), 0)
+    # created <= ts (validated), so a negative difference is int64 wrapping round: an age beyond
+    # int64 (a created_ns in the far past), saturated as a live tick saturates it
+    age = ts - plan_created
+    plan_age = np.where(has_plan, np.where(age < 0, np.iinfo(np.int64).max, age), 0)
     plan_state, plan_valid, stale_plan = plan_rule(
         has_plan, plan_age, plan_valid_for, session.require_plan, session.expired_plan_is_stale
     )
@@ -290,7 +296,9 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
     ok = ok and bool(np.all((actual >= -1) & (actual < n_act)))
     ok = ok and all(o.actual_controls is None or o.actual_controls.size in (0, n_ctl) for o in observations)
     ok = ok and all(
-        o.plan_values.shape == (ex.model.n_plan,) and o.plan_valid_for_ns >= 0 and o.plan_created_ns <= o.timestamp_ns
+        o.plan_values.shape == (ex.model.n_plan,)
+        and o.plan_valid_for_ns >= 0
+        and (o.plan_created_ns or o.timestamp_ns) <= o.timestamp_ns  # 0: the observation's timestamp
         for o in observations
         if o.plan_values is not None
     )

@@ -44,9 +44,12 @@ class DecisionModel:
             self._session = ort.InferenceSession(self.path, _session_options(), providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime raises its own exception types
             raise ModelFileError(f"{path}: onnxruntime cannot load it: {err}") from None
-        meta = self._session.get_modelmeta().custom_metadata_map
-        self.card: ModelCard = parse_card(meta.get(METADATA_KEY), self.path)
-        self._check_graph()
+        try:  # onnxruntime decodes metadata and graph names as UTF-8 only when asked for them
+            meta = self._session.get_modelmeta().custom_metadata_map
+            self.card: ModelCard = parse_card(meta.get(METADATA_KEY), self.path)
+            self._check_graph()
+        except UnicodeDecodeError as err:
+            raise ModelFileError(f"{path}: its metadata or graph names are not UTF-8 text ({err})") from None
         try:  # what the executor derives from a session's stream for this model (None: nothing)
             self.history = (
                 HistoryDeriver(self.card.history_names, self.card.feature_names) if self.card.history_features else None

@@ -34,7 +34,7 @@ from dualloop.ood.filter import CusumFilter, CusumSettings, FilterSettings, KOfN
 from dualloop.ood.fit import GateStats, fit_statistics
 from dualloop.ood.freeze import FreezeDetector, FreezeSettings
 from dualloop.ood.gate import Gate, fit_gate
-from dualloop.ood.gatefile import load_gate
+from dualloop.ood.gatefile import GateFileError, load_gate
 from dualloop.ood.gateformat import save_gate
 from dualloop.ood.marginal import Marginal, ProfileGate, marginal, profile_gate
 from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
@@ -80,6 +80,7 @@ __all__ = [
     "false_veto_rate",
     "fit_gate",
     "fit_statistics",
+    "GateFileError",
     "load_gate",
     "make_filter",
     "marginal",

@@ -25,6 +25,22 @@ from dualloop.ood.schema import FeatureSchema, describe_schema_mismatch
 from dualloop.ood.shrinkage import SHRINKAGE_METHODS
 
 
+class GateFileError(ValueError):
+    """A gate file that cannot be used; the message starts with "gate file PATH:" and says why."""
+
+
+def _not_json(constant: str) -> float:
+    # the writer refuses NaN and Infinity (gateformat.canonical_json), so a file holding one was edited
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not np.isfinite(value):
+        raise ValueError(f"{text} is beyond a float")
+    return value
+
+
 def _read_npz(path: str) -> dict[str, npt.NDArray[Any]]:
     try:
         with np.load(path, allow_pickle=False) as npz:
@@ -34,7 +50,7 @@ def _read_npz(path: str) -> dict[str, npt.NDArray[Any]]:
     except FileNotFoundError:
         raise
     except Exception as exc:  # zipfile/zlib/numpy raise many types for a damaged file
-        raise ValueError(
+        raise GateFileError(
             f"gate file {path}: unreadable or not a pickle-free .npz ({type(exc).__name__}: {exc})"
         ) from exc
 
@@ -56,7 +72,7 @@ def _check_shapes(path: str, arrays: dict[str, npt.NDArray[Any]], variant: str, 
     if (variant == "single") != (k == 0):
         wrong.append(f"class_labels has {k} classes for variant {variant!r}")
     if wrong:
-        raise ValueError(f"gate file {path}: inconsistent array shapes: {', '.join(wrong)}")
+        raise GateFileError(f"gate file {path}: inconsistent array shapes: {', '.join(wrong)}")
 
 
 def load_gate(
@@ -64,44 +80,46 @@ def load_gate(
     expected_feature_names: Sequence[str] | None = None,
     expected_source: str | None = None,
 ) -> Gate:
-    """Load and verify a gate file; refuse (ValueError naming the file) on any mismatch."""
+    """Load and verify a gate file; refuse (GateFileError, a ValueError, naming the file) on any mismatch."""
     path = os.fspath(path)
     entries = _read_npz(path)
     if "metadata" not in entries:
-        raise ValueError(f"gate file {path}: no 'metadata' entry (not a dualloop gate file)")
+        raise GateFileError(f"gate file {path}: no 'metadata' entry (not a dualloop gate file)")
     missing_arrays = [n for n in ARRAY_NAMES if n not in entries]
     if missing_arrays:
-        raise ValueError(f"gate file {path}: missing arrays {missing_arrays}")
+        raise GateFileError(f"gate file {path}: missing arrays {missing_arrays}")
     raw_meta = entries["metadata"]
     if raw_meta.dtype.kind != "U" or raw_meta.shape != ():
-        raise ValueError(f"gate file {path}: 'metadata' must be a JSON string, got {raw_meta.dtype} {raw_meta.shape}")
+        raise GateFileError(
+            f"gate file {path}: 'metadata' must be a JSON string, got {raw_meta.dtype} {raw_meta.shape}"
+        )
     try:
-        meta = json.loads(str(raw_meta[()]))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"gate file {path}: metadata is not valid JSON ({exc})") from exc
+        meta = json.loads(str(raw_meta[()]), parse_constant=_not_json, parse_float=_finite)
+    except ValueError as exc:  # JSONDecodeError is one
+        raise GateFileError(f"gate file {path}: metadata is not valid JSON ({exc})") from exc
     if not isinstance(meta, dict):
-        raise ValueError(f"gate file {path}: metadata must be a JSON object")
+        raise GateFileError(f"gate file {path}: metadata must be a JSON object")
     missing_keys = [k for k in (*META_KEYS, "version_hash") if k not in meta]
     if missing_keys:
-        raise ValueError(f"gate file {path}: metadata lacks fields {missing_keys}")
+        raise GateFileError(f"gate file {path}: metadata lacks fields {missing_keys}")
     if meta["format"] == FORMAT_NAME and meta["format_version"] == 1:
-        raise ValueError(
+        raise GateFileError(
             f"gate file {path}: format v1, whose change limits are per observation at the rate it was fitted "
             f"on; this code reads v{FORMAT_VERSION}, whose limits are per second at any observation rate. "
             f"Refit the gate (dualloop gate fit) to use it."
         )
     if meta["format"] != FORMAT_NAME or meta["format_version"] != FORMAT_VERSION:
-        raise ValueError(
+        raise GateFileError(
             f"gate file {path}: format {meta['format']!r} v{meta['format_version']}, "
             f"this code reads {FORMAT_NAME!r} v{FORMAT_VERSION}"
         )
     if meta["variant"] not in VARIANTS or meta["shrinkage"] not in SHRINKAGE_METHODS:
-        raise ValueError(f"gate file {path}: unknown variant {meta['variant']!r} or shrinkage {meta['shrinkage']!r}")
+        raise GateFileError(f"gate file {path}: unknown variant {meta['variant']!r} or shrinkage {meta['shrinkage']!r}")
 
     arrays = {n: entries[n] for n in ARRAY_NAMES}
     bad_dtype = [f"{n}: {a.dtype}" for n, a in arrays.items() if a.dtype.kind != ("i" if n in INT_ARRAYS else "f")]
     if bad_dtype:
-        raise ValueError(f"gate file {path}: wrong array dtypes {bad_dtype}")
+        raise GateFileError(f"gate file {path}: wrong array dtypes {bad_dtype}")
     try:
         dim = int(meta["dim"])
         _check_shapes(path, arrays, meta["variant"], dim)
@@ -130,35 +148,38 @@ def load_gate(
         )
         rows = gate.calibration_rows
         if rows is not None and (rows.dtype != np.dtype("<f4") or rows.ndim != 2 or rows.shape[1] != dim):
-            raise ValueError(
+            raise GateFileError(
                 f"gate file {path}: {CALIBRATION_ROWS} must be (k, {dim}) float32, got {rows.dtype} {rows.shape}"
             )
         if gate.feature_range is not None and len(gate.feature_range.low) != dim:
-            raise ValueError(f"gate file {path}: feature range of {len(gate.feature_range.low)} features for dim {dim}")
-    except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, ValueError) and str(exc).startswith(f"gate file {path}"):
+            raise GateFileError(
+                f"gate file {path}: feature range of {len(gate.feature_range.low)} features for dim {dim}"
+            )
+    # what a field of the wrong type or size raises on the way (a damaged or hand-edited file)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
+        if isinstance(exc, GateFileError):
             raise
-        raise ValueError(f"gate file {path}: bad or missing metadata field ({type(exc).__name__}: {exc})") from exc
+        raise GateFileError(f"gate file {path}: bad or missing metadata field ({type(exc).__name__}: {exc})") from exc
     if len(gate.schema.feature_names) != dim:
-        raise ValueError(f"gate file {path}: {len(gate.schema.feature_names)} feature names for dim {dim}")
+        raise GateFileError(f"gate file {path}: {len(gate.schema.feature_names)} feature names for dim {dim}")
     if gate.actuation is not None:
         wanted = (gate.actuation.settings.accel_feature, gate.actuation.settings.speed_feature)
         if not set(wanted) <= set(gate.schema.feature_names):
-            raise ValueError(
+            raise GateFileError(
                 f"gate file {path}: the actuation check reads {list(wanted)}, which this gate's "
                 f"{gate.schema.source} features do not include"
             )
     if gate.version_hash != meta["version_hash"]:
-        raise ValueError(
+        raise GateFileError(
             f"gate file {path}: content hash mismatch (stored {str(meta['version_hash'])[:12]}..., "
             f"computed {gate.version_hash[:12]}...): the file is corrupt or was edited"
         )
     if expected_feature_names is not None:
         diff = describe_schema_mismatch(gate.schema.feature_names, expected_feature_names)
         if diff:
-            raise ValueError(f"gate file {path}: feature schema mismatch: {diff}")
+            raise GateFileError(f"gate file {path}: feature schema mismatch: {diff}")
     if expected_source is not None and gate.schema.source != expected_source:
-        raise ValueError(
+        raise GateFileError(
             f"gate file {path}: feature source mismatch: gate was fitted on {gate.schema.source!r}, "
             f"caller feeds {expected_source!r}"
         )

@@ -76,21 +76,51 @@ class Segment:
     gyro: npt.NDArray[np.float64]  # (N, 3) rad/s about [forward, right, down]
 
 
+# the value columns of each channel: (N,) or (N, 1) for one, (N, k) for k
+_COLUMNS = {"CAN/speed": 1, "CAN/steering_angle": 1, "CAN/radar": 7, "IMU/gyro": 3}
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        # allow_pickle=False: these are plain numeric arrays; never execute code from a dataset.
+        array = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # numpy raises ValueError, EOFError, OSError, SyntaxError... for a damaged .npy
+        raise Comma2k19Error(f"{path}: not a readable .npy array ({type(exc).__name__}: {exc})") from None
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "iuf":
+        raise Comma2k19Error(f"{path}: holds {getattr(array, 'dtype', type(array).__name__)}, not numbers")
+    return array
+
+
 def load_segment(directory: Path) -> Segment:
     arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for channel in _CHANNELS:
         folder = directory / "processed_log" / channel
         try:
-            # allow_pickle=False: these are plain numeric arrays; never execute code from a dataset.
-            t = np.load(folder / "t", allow_pickle=False)
-            value = np.load(folder / "value", allow_pickle=False)
+            t = _load_npy(folder / "t")
+            value = _load_npy(folder / "value")
         except FileNotFoundError as exc:
             raise Comma2k19Error(f"{directory}: not a comma2k19 segment: missing {exc.filename}") from exc
-        if t.ndim != 1 or len(value) != len(t) or len(t) < 2:
-            raise Comma2k19Error(f"{folder}: t {t.shape} and value {value.shape} do not match")
+        columns = _COLUMNS[channel]
+        shape_ok = value.shape[1:] in ((), (1,)) if columns == 1 else value.shape[1:] == (columns,)
+        if t.ndim != 1 or len(t) < 2 or value.ndim == 0 or len(value) != len(t) or not shape_ok:
+            raise Comma2k19Error(
+                f"{folder}: t {t.shape} and value {value.shape} do not match (expected t (N,) with N >= 2 and "
+                f"value {'(N,) or (N, 1)' if columns == 1 else f'(N, {columns})'})"
+            )
+        if not np.all(np.isfinite(t)):
+            bad = int(np.flatnonzero(~np.isfinite(t))[0])
+            raise Comma2k19Error(f"{folder / 't'}: sample {bad} is {t[bad]}, not a finite time")
         order = np.argsort(t, kind="stable")  # the channels are sorted already; be robust anyway
         arrays[channel] = (t[order].astype(np.float64), value[order].astype(np.float64))
     speed_t, speed = arrays["CAN/speed"]
+    repeated = np.flatnonzero(np.diff(speed_t) <= 0)
+    if len(repeated):  # the causal ego_accel needs one time per speed sample
+        raise Comma2k19Error(
+            f"{directory / 'processed_log' / 'CAN' / 'speed' / 't'}: time {speed_t[repeated[0]]!r} s appears twice; "
+            f"the speed samples' times must strictly increase"
+        )
     return Segment(
         speed_t,
         speed.reshape(len(speed_t), -1)[:, 0],

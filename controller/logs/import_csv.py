@@ -34,7 +34,6 @@ error names the file, the line (1 = the header) and the column.
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 import time
@@ -45,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from dualloop.controller.logs.csv_text import csv_rows
 from dualloop.controller.logs.following import TICK_PERIOD_NS, timestamps_ns
 from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, FORMAT_VERSION
 from dualloop.controller.logs.import_report import ImportReport, count_labels
@@ -250,20 +250,19 @@ def _action(path: Path, line: int, cell: str) -> int:
 
 
 def _rows(path: Path, allow_extra_columns: bool, units: Mapping[str, str]) -> Iterator[tuple[int, list[str], _Columns]]:
-    with open(path, newline="", encoding="utf-8-sig") as stream:  # -sig: spreadsheets write a BOM
-        reader = csv.reader(stream)
-        header = next(reader, None)
-        while header is not None and not any(cell.strip() for cell in header):
-            header = next(reader, None)
-        if header is None:
-            raise CsvImportError(f"{path}: empty file: expected a header row with 'time', 'ego_speed' and more")
-        columns = _read_header(path, header, allow_extra_columns, units)
-        for row in reader:
-            if not any(cell.strip() for cell in row):
-                continue  # blank lines (often a trailing one) carry nothing
-            if len(row) != len(header):
-                raise CsvImportError(f"{path}: line {reader.line_num}: {len(row)} cells, the header has {len(header)}")
-            yield reader.line_num, row, columns
+    rows = csv_rows(path, CsvImportError)
+    header = next(rows, (0, None))[1]
+    while header is not None and not any(cell.strip() for cell in header):
+        header = next(rows, (0, None))[1]
+    if header is None:
+        raise CsvImportError(f"{path}: empty file: expected a header row with 'time', 'ego_speed' and more")
+    columns = _read_header(path, header, allow_extra_columns, units)
+    for line, row in rows:
+        if not any(cell.strip() for cell in row):
+            continue  # blank lines (often a trailing one) carry nothing
+        if len(row) != len(header):
+            raise CsvImportError(f"{path}: line {line}: {len(row)} cells, the header has {len(header)}")
+        yield line, row, columns
 
 
 def read_csv(file: str | Path, allow_extra_columns: bool = False, units: Mapping[str, str] | None = None) -> CsvData:

@@ -14,7 +14,6 @@ The same pair can appear in several chain files (the chains overlap; the rows ar
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dualloop.controller.logs.csv_text import csv_rows
 from dualloop.controller.logs.following import FollowingPair, write_pairs
 from dualloop.controller.logs.import_report import ImportReport
 
@@ -57,10 +57,9 @@ def read_ngsim_chain(file: str | Path) -> NgsimChain:
     path = Path(file)
     if not path.is_file():
         raise NgsimError(f"{path}: no such file")
-    with open(path, newline="", encoding="utf-8-sig") as stream:
-        reader = csv.reader(stream)
-        header = [c.strip() for c in next(reader, [])]
-        data = [row for row in reader if any(c.strip() for c in row)]
+    rows = csv_rows(path, NgsimError)
+    header = [c.strip() for c in next(rows, (0, []))[1]]
+    data = [row for _, row in rows if any(c.strip() for c in row)]
     expected = ["t1"] + [f"{q}{k}" for k in range(1, CHAIN_LENGTH + 1) for q in ("ID", "Y", "v", "a")]
     missing = [c for c in expected if c not in header]
     if missing:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dualloop.controller.logs.csv_text import csv_rows
 from dualloop.controller.logs.following import FollowingPair, write_pairs
 from dualloop.controller.logs.import_report import ImportReport
 
@@ -138,8 +139,11 @@ class OpenAccPair:
 def describe_openacc(file: str | Path) -> list[OpenAccPair]:
     """The follower pairs of a file from its first rows only (for the train/held-out split)."""
     path = Path(file)
-    with open(path, newline="", encoding="utf-8-sig") as stream:
-        rows = list(itertools.islice(csv.reader(stream), METADATA_ROWS + 1))
+    try:  # the first rows only: a file can be large
+        with open(path, newline="", encoding="utf-8-sig") as stream:
+            rows = list(itertools.islice(csv.reader(stream), METADATA_ROWS + 1))
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise OpenAccError(f"{path}: not a UTF-8 CSV file ({err})") from None
     layout, header_line, meta = _layout(path, rows)
     header = [c.strip() for c in rows[header_line - 1]]
     order = meta.get("Vehicle_order", [])
@@ -155,8 +159,7 @@ def read_openacc(file: str | Path) -> OpenAccFile:
     path = Path(file)
     if not path.is_file():
         raise OpenAccError(f"{path}: no such file")
-    with open(path, newline="", encoding="utf-8-sig") as stream:
-        rows = list(csv.reader(stream))
+    rows = [row for _, row in csv_rows(path, OpenAccError)]
     layout, header_line, meta = _layout(path, rows)
     header = [c.strip() for c in rows[header_line - 1]]
     data = rows[header_line:]

@@ -132,6 +132,7 @@ class LogReader:
                 zlib.error,
                 zstandard.ZstdError,
                 MemoryError,
+                OverflowError,  # a corrupt length beyond what an index holds
             ) as exc:
                 if self.messages_read == 0 and _is_not_mcap(exc):
                     raise LogFileError(f"{file}: not an MCAP file ({exc})") from exc

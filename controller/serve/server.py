@@ -840,6 +840,10 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         finally:
             if not read.done():  # draining (or this handler was cancelled): abandon the read
                 read.cancel()
+            elif not read.cancelled():
+                # mark its outcome seen: when gRPC cancels this handler (a request over the size limit)
+                # just as the read ends, asyncio would otherwise log "Task exception was never retrieved"
+                read.exception()
         if not read.done() or read.cancelled():
             return _DRAINED
         try:

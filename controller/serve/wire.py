@@ -80,6 +80,16 @@ def observation_from_proto(msg: pb.Observation, arrival_ns: int, received_wall_n
     )
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _float32_saturated(x: float) -> float:
+    """A float32 field's value for a finite double beyond its range: the largest float32 (of the sign),
+    not the +-Inf the conversion would make; Inf and NaN stay as they are (found by tests/fuzz: a
+    squared Mahalanobis distance past 3.4e38 went out as gate.score = +Inf on finite input)."""
+    return max(-_FLOAT32_MAX, min(x, _FLOAT32_MAX)) if np.isfinite(x) else x
+
+
 def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
     """The wire message of a snapshot. The scalars go in one constructor call; the nested messages
     are filled field by field in place (a third cheaper than building each with keywords and
@@ -128,7 +138,7 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
         msg.transport_delay_ns = s.transport_delay_ns
         msg.observation_age_with_transport_ns = s.observation_age_with_transport_ns or 0
     if s.gate_score is not None:
-        msg.gate.score = s.gate_score
+        msg.gate.score = _float32_saturated(s.gate_score)
         msg.gate.threshold = s.gate_threshold or 0.0
         msg.gate.veto = s.gate_veto
     if s.checks is not None and len(s.check_kinds):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dualloop.controller.serve.wire import snapshot_to_proto
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.safety import SafetyConfig
@@ -324,3 +325,37 @@ def test_order_rules_and_time_accounting(test_model):
     (snap,) = ex.tick(25 * MS, tick_index=12)
     assert snap.transport_delay_ns == 30 * MS and snap.observation_age_ns == 4 * MS
     assert snap.observation_age_with_transport_ns == 34 * MS
+
+
+def test_a_session_that_overflows_the_model_does_not_cost_the_others_their_tick(base_model):
+    """One batch for every session: a row whose finite but huge input overflows the model is that
+    session's MODEL_ERROR only; the other rows are proposed as a batch of their own would be, and no
+    snapshot carries a decision vector of the failed row (found by tests/fuzz: the whole tick was
+    MODEL_ERROR)."""
+    rng = np.random.default_rng(7)
+    clean = features(rng)
+    ex = Executor(base_model, ExecutorConfig())
+    ex.open_session("clean", Clock.REALTIME)
+    ex.open_session("huge", Clock.REALTIME, include_decision_vector=True)
+    now = 1_000_000_000
+    snaps = {s.session_id: s for s in ex.step({"clean": obs(1, clean), "huge": obs(1, np.full(19, 3e37))}, now)}
+    alone = Executor(base_model, ExecutorConfig())
+    alone.open_session("clean", Clock.REALTIME)
+    (reference,) = alone.step({"clean": obs(1, clean)}, now)
+    assert Reason.MODEL_ERROR in snaps["huge"].reasons and snaps["huge"].decision_vector is None
+    assert Reason.MODEL_ERROR not in snaps["clean"].reasons
+    assert snaps["clean"].proposed_index == reference.proposed_index >= 0
+    np.testing.assert_allclose(snaps["clean"].probabilities, reference.probabilities, atol=1e-6)
+
+
+def test_a_sent_time_at_int64s_edge_gives_a_saturated_transport_delay(test_model):
+    """sent_time_ns = -2**63 (a broken client clock): the delay and the age with it are sent saturated
+    at int64's limit, not overflowed (found by tests/fuzz)."""
+    ex = Executor(test_model)
+    ex.open_session("s", Clock.REALTIME)
+    o = obs(1, features(np.random.default_rng(3)))
+    o.sent_time_ns, o.received_wall_ns = -(2**63), 1_700_000_000_000_000_000
+    (snap,) = ex.step({"s": o}, now_ns=0)
+    assert snap.transport_delay_ns == snap.observation_age_with_transport_ns == 2**63 - 1
+    message = snapshot_to_proto(snap)
+    assert message.transport_delay_ns == 2**63 - 1

@@ -131,3 +131,15 @@ def test_missing_and_garbage_files(tmp_path):
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
     with pytest.raises(ModelFileError, match="onnxruntime cannot load it"):
         DecisionModel(tmp_path / "junk.onnx")
+
+
+def test_metadata_that_is_not_utf8_is_a_model_file_error(tmp_path):
+    """onnxruntime parses the file but cannot hand back its card as text (found by tests/fuzz: was a
+    UnicodeDecodeError from get_modelmeta)."""
+    data = bytearray(TEST_MODEL_PATH.read_bytes())
+    at = data.index(b'"features"')  # inside the card's JSON in the metadata
+    data[at + 1] = 0xFF
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match=r"broken\.onnx: its metadata or graph names are not UTF-8 text"):
+        DecisionModel(broken, warmup_batches=())

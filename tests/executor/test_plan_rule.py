@@ -182,3 +182,37 @@ def test_plans_with_invalid_timing_are_refused(base_model, drive) -> None:
     bad[3] = replace(bad[3], plan_id="p", plan_values=PLAN_A, plan_valid_for_ns=-5)
     with pytest.raises(InvalidObservation, match="valid_for_ns -5"):
         run_lockstep(ex2, "s", bad)
+
+
+def test_created_ns_0_means_the_observations_timestamp_also_before_sensor_time_0(base_model, drive) -> None:
+    """Sensor time may be negative (a clock whose epoch is later): created_ns 0 still stands for the
+    observation's own timestamp, live and in the vectorised replay (found by tests/fuzz)."""
+    early = [replace(o, timestamp_ns=o.timestamp_ns - 10 * T0) for o in drive[:6]]
+    early[2] = replace(early[2], plan_id="p", plan_values=PLAN_A)
+    assert early[2].timestamp_ns < 0 and early[2].plan_created_ns == 0
+    live = Executor(base_model, CONFIG)
+    live.open_session("s", Clock.LOCKSTEP)
+    snaps = [snap for o in early for snap in live.advance_lockstep("s", o)]
+    replay = Executor(base_model, CONFIG)
+    replay.open_session("s", Clock.LOCKSTEP)
+    replayed = run_lockstep(replay, "s", early).snapshots()
+    for snaps_of in (snaps, replayed):
+        planned = [s for s in snaps_of if s.observation_seq >= early[2].seq]
+        assert planned and all(s.plan_id == "p" and s.plan_state == PlanState.VALID for s in planned)
+        assert planned[0].plan_age_ns == 0
+
+
+def test_a_plan_created_at_int64s_minimum_is_expired_not_an_overflow(base_model, drive) -> None:
+    """created_ns = -2**63: its age is beyond int64; saturated, the plan is expired, live and replayed
+    alike (found by tests/fuzz: the live tick raised OverflowError, the replay's int64 age wrapped
+    round to 0 and called the plan valid)."""
+    first = replace(drive[0], plan_id="p", plan_values=PLAN_A, plan_created_ns=-(2**63))
+    observations = [first, *drive[1:4]]
+    live = Executor(base_model, CONFIG)
+    live.open_session("s", Clock.LOCKSTEP)
+    snaps = [snap for o in observations for snap in live.advance_lockstep("s", o)]
+    replay = Executor(base_model, CONFIG)
+    replay.open_session("s", Clock.LOCKSTEP)
+    replayed = run_lockstep(replay, "s", observations).snapshots()
+    for run in (snaps, replayed):
+        assert run and all(s.plan_state == PlanState.EXPIRED and s.plan_age_ns == 2**63 - 1 for s in run)

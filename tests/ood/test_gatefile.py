@@ -121,8 +121,19 @@ def test_corrupt_or_incomplete_files_are_refused(fitted, tmp_path: Path) -> None
         e["whiten"] = e["whiten"].copy()
         e["whiten"][0, 0] += 1e-12
 
+    def null_filter(e: dict) -> None:  # type: ignore[type-arg]
+        meta = json.loads(str(e["metadata"][()]))
+        meta["filter"] = None  # found by tests/fuzz: was an AttributeError
+        e["metadata"] = np.array(json.dumps(meta))
+
+    def nan_threshold(e: dict) -> None:  # type: ignore[type-arg]
+        text = str(e["metadata"][()])
+        e["metadata"] = np.array(text.replace('"threshold":', '"threshold":NaN,"was":', 1))
+
     cases = [
         (tamper_threshold, "content hash mismatch"),
+        (nan_threshold, r"metadata is not valid JSON \(NaN is not a JSON number\)"),
+        (null_filter, r"bad or missing metadata field \(AttributeError"),
         (drop_field, r"lacks fields \['norm_band'\]"),
         # v1's change limits were per observation at the fitting rate: refused, with what to do
         (format_v1, r"format v1, whose change limits are per observation.*Refit the gate \(dualloop gate fit\)"),
@@ -134,7 +145,7 @@ def test_corrupt_or_incomplete_files_are_refused(fitted, tmp_path: Path) -> None
     for i, (edit, message) in enumerate(cases):
         bad = tmp_path / f"bad{i}.npz"
         _rewrite(good, bad, edit)
-        with pytest.raises(ValueError, match=rf"bad{i}\.npz.*{message}"):
+        with pytest.raises(ood.GateFileError, match=rf"bad{i}\.npz.*{message}"):
             load_gate(bad)
 
     truncated = tmp_path / "truncated.npz"

@@ -217,3 +217,34 @@ def test_import_of_a_segment_on_disk_leaves_missing_features_nan(tmp_path: Path)
     np.testing.assert_allclose([o.actual.controls[0] for o in data.observations], accel, atol=1e-4, equal_nan=True)
     np.testing.assert_allclose(x[:, FEATURE_INDEX["ego_accel"]], backward_accel(t, speed)[1 : len(x) + 1], atol=1e-4)
     assert {ACTIONS[i] for i in labels if i >= 0} >= {"brake", "accelerate"}
+
+
+def test_damaged_segment_files_are_named(tmp_path: Path) -> None:
+    """A truncated .npy, an array of text, and repeated speed times: each a Comma2k19Error naming the
+    file (found by tests/fuzz: were numpy's and backward_accel's own exceptions)."""
+    t = 1000.0 + np.arange(0.0, 3.0, 0.01)
+
+    def segment(name: str) -> Path:
+        root = tmp_path / name
+        _save(root / "processed_log" / "CAN" / "speed", t, (15.0 + np.sin(t)).reshape(-1, 1))
+        _save(root / "processed_log" / "CAN" / "steering_angle", t, np.zeros_like(t))
+        _save(root / "processed_log" / "CAN" / "radar", t, np.zeros((len(t), 7)))
+        _save(root / "processed_log" / "IMU" / "gyro", t, np.zeros((len(t), 3)))
+        return root
+
+    cut = segment("cut")
+    gyro_t = cut / "processed_log" / "IMU" / "gyro" / "t"
+    gyro_t.write_bytes(gyro_t.read_bytes()[:100])
+    text = segment("text")
+    with open(text / "processed_log" / "CAN" / "radar" / "value", "wb") as stream:
+        np.save(stream, np.array(["a"] * len(t)))
+    twice = segment("twice")
+    with open(twice / "processed_log" / "CAN" / "speed" / "t", "wb") as stream:
+        np.save(stream, np.concatenate([t[:10], t[9:-1]]))
+    for root, message in (
+        (cut, r"cut/processed_log/IMU/gyro/t: not a readable \.npy array"),
+        (text, r"text/processed_log/CAN/radar/value: holds <U1, not numbers"),
+        (twice, r"twice/processed_log/CAN/speed/t: time .* appears twice"),
+    ):
+        with pytest.raises(c2k.Comma2k19Error, match=message):
+            c2k.import_comma2k19(root, tmp_path / "x.mcap")

@@ -103,6 +103,18 @@ def test_malformed_files_name_file_line_and_column(tmp_path: Path, mutate, messa
     assert not (tmp_path / "bad.mcap").exists()  # nothing half-written
 
 
+def test_bytes_that_are_not_utf8_name_the_line(tmp_path: Path) -> None:
+    """A file saved as Latin-1 (found by tests/fuzz: was a UnicodeDecodeError traceback)."""
+    src = write_csv(tmp_path / "latin.csv", [row(f"{i * 0.01:.2f}") for i in range(4)])
+    lines = src.read_bytes().split(b"\n")
+    lines[3] = lines[3].replace(b",", b",\xe9", 1)
+    src.write_bytes(b"\n".join(lines))
+    with pytest.raises(
+        CsvImportError, match=r"latin\.csv: line 4: byte 0xe9 is not UTF-8 text; save the file as UTF-8"
+    ):
+        import_csv(src, tmp_path / "latin.mcap")
+
+
 def test_unknown_columns_can_be_ignored_with_a_warning(tmp_path: Path) -> None:
     src = write_csv(tmp_path / "extra.csv", [x + ["red"] for x in (row("0"), row("0.01"))], HEADER + ["colour"])
     report = import_csv(src, tmp_path / "extra.mcap", allow_extra_columns=True)

@@ -374,3 +374,20 @@ def test_many_logs_through_the_command(tmp_path, capsys):
     assert d["pooled"]["labelled"] == SCORED + 3 and d["pooled"]["logs"] == 2
     assert d["pooled"]["scores"]["ego_accel"]["agreement"] == pytest.approx(9 / 10)
     assert d["macro"]["ego_accel"]["agreement"] == pytest.approx((6 / 7 + 1) / 2)
+
+
+def test_a_file_that_is_not_a_log_or_not_a_gate_is_one_line(tmp_path, capsys):
+    """`dualloop replay` on a CSV given as the log, and on a log with a damaged gate: exit 2 and one
+    `error:` line naming the file (found by tests/fuzz: were tracebacks)."""
+    not_a_log = tmp_path / "drive.csv"
+    not_a_log.write_text("time,ego_speed\n0,1\n")
+    log = make_log(tmp_path / "a.mcap", session_id="a")
+    gate = tmp_path / "cut.gate.npz"
+    gate.write_bytes(DEFAULT_GATES[0].read_bytes()[:300])
+    for argv, name in (
+        (["replay", str(not_a_log), "--model", str(TEST_MODEL_PATH), "--no-gate"], "drive.csv: not an MCAP file"),
+        (["replay", str(log), "--gate", str(gate)], "cut.gate.npz: unreadable"),
+    ):
+        assert main([*argv, "--out", str(tmp_path / "r.mcap")]) == 2
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if x.strip()]
+        assert line.startswith("error: ") and name in line, line

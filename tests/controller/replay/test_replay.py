@@ -17,8 +17,9 @@ from dualloop.controller.replay.lockstep import (
 )
 from dualloop.controller.replay.report import format_report
 from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto, without_wall_clock
+from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.sessions import InvalidObservation
-from dualloop.executor.snapshot import Check, PlanState, Reason, SafetyState
+from dualloop.executor.snapshot import Check, Clock, PlanState, Reason, SafetyState
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 
 
@@ -333,3 +334,26 @@ def test_fast_replay_equals_plain_with_invalid_plans_and_actual_controls(tmp_pat
     assert not bad_ids & {s.plan_id for s in runs[0]}  # never adopted
     unknown = [s for s in runs[0] if s.actual_controls is not None and not np.isfinite(s.actual_controls).all()]
     assert unknown and not any(s.invalid_input or Reason.INVALID_INPUT in s.reasons for s in unknown)
+
+
+def test_fast_replay_equals_plain_when_the_model_overflows(tmp_path):
+    """Observations finite but huge enough to overflow the model: MODEL_ERROR on their ticks only, no
+    decision vector on those ticks, the same in both paths (with the shipped gates)."""
+    log = synthetic_log(tmp_path / "syn.mcap", seconds=2.0, rate_hz=100.0)
+    data = read_log(log)
+    obs = _observations(data)
+    for k in (40, 41, 120):
+        obs[k].features = np.full_like(obs[k].features, 3e37)
+    runs = []
+    for fast in (True, False):
+        ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(data.header))
+        ex.open_session("s", Clock.LOCKSTEP, shadow=True, include_decision_vector=True)
+        if fast:
+            runs.append(run_lockstep(ex, "s", obs).snapshots())
+        else:
+            runs.append([snap for o in obs for snap in ex.advance_lockstep("s", o)])
+    _assert_same(*runs)
+    failed = [s for s in runs[0] if Reason.MODEL_ERROR in s.reasons]
+    assert failed and {s.observation_seq for s in failed} <= {obs[k].seq for k in (40, 41, 120)}
+    for run in runs:
+        assert all((s.decision_vector is None) == (Reason.MODEL_ERROR in s.reasons) for s in run)
