@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from dualloop.executor.reasons import TICK_REASONS
 from dualloop.executor.safety import LaneKeepingConfig, SafetyConfig, SafetyMachine, SafetyMemory
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
 
@@ -17,15 +18,6 @@ TICK = 5_000_000
 FEATURES = ["ego_speed", "ego_accel", "lane_offset", "heading_error", "road_curvature", "lead_distance"]
 ACTIONS = ["brake_hard", "brake", "keep", "accelerate"]
 SAFE = AppliedAction(1, "brake", np.array([-2.0, 0.0], np.float32))
-# a tick's reasons as the executor orders them (executor.reasons.TICK_REASONS)
-TICK_REASONS = (
-    Reason.INVALID_INPUT,
-    Reason.MODEL_ERROR,
-    Reason.STALE_OBSERVATION,
-    Reason.STALE_PLAN,
-    Reason.OOD_VETO,
-    Reason.LOW_MARGIN,
-)
 
 
 def _ticks(rng: np.random.Generator, sessions: int, ticks: int):

@@ -273,6 +273,13 @@ def _odd_json_value() -> st.SearchStrategy:
     )
 
 
+def _keys(node: object) -> list:
+    """The keys of a JSON object, the indices of a list, nothing for a scalar."""
+    if isinstance(node, dict):
+        return list(node)
+    return list(range(len(node))) if isinstance(node, list) else []
+
+
 @st.composite
 def damaged_json(draw: st.DrawFn, doc: object) -> object:
     """`doc` with one to three values replaced by a wrong type, keys dropped, or lists cut."""
@@ -280,13 +287,7 @@ def damaged_json(draw: st.DrawFn, doc: object) -> object:
     for _ in range(draw(st.integers(1, 3))):
         parent, key = doc, None
         for _depth in range(draw(st.integers(0, 4))):  # walk down to a random place
-            keys = (
-                list(parent)
-                if isinstance(parent, dict)
-                else list(range(len(parent)))
-                if isinstance(parent, list)
-                else []
-            )
+            keys = _keys(parent)
             if not keys:
                 break
             key = draw(st.sampled_from(keys))
@@ -296,13 +297,7 @@ def damaged_json(draw: st.DrawFn, doc: object) -> object:
             else:
                 break
         if key is None:
-            keys = (
-                list(parent)
-                if isinstance(parent, dict)
-                else list(range(len(parent)))
-                if isinstance(parent, list)
-                else []
-            )
+            keys = _keys(parent)
             if not keys:
                 continue
             key = draw(st.sampled_from(keys))

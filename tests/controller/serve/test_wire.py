@@ -76,18 +76,6 @@ def _reference(s: Snapshot) -> pb.DecisionSnapshot:
     if s.decision_vector is not None:
         msg.decision_vector.extend(s.decision_vector.tolist())
     return msg
-    if s.transport_delay_ns is not None:
-        msg.transport_delay_ns = s.transport_delay_ns
-        msg.observation_age_with_transport_ns = s.observation_age_with_transport_ns or 0
-    if s.gate_score is not None:
-        msg.gate.score = s.gate_score
-        msg.gate.threshold = s.gate_threshold or 0.0
-        msg.gate.veto = s.gate_veto
-    if s.checks is not None and len(s.check_kinds):
-        add_checks(msg, s.check_kinds, s.checks)
-    if s.decision_vector is not None:
-        msg.decision_vector.extend(s.decision_vector.tolist())
-    return msg
 
 
 KINDS = (Check.INPUT_DENSITY, Check.INPUT_RANGE, Check.FREEZE, Check.MARGIN)

@@ -7,6 +7,7 @@ import pytest
 
 from dualloop import ood
 from dualloop.controller.demo.closed_loop import drive_in_process
+from dualloop.controller.training.rollouts import run_model_batch
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -16,6 +17,7 @@ from dualloop.sim.scenarios import NOMINAL_SCENARIOS
 STEP_SEEDS = (950_001, 950_002, 950_003, 950_004)
 
 HELD_OUT = (950_001, 950_002)  # no training, validation, test, gate or demo seed is near these
+BATCH_HELD_OUT = list(range(960_000, 960_006))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,10 @@ def test_card_is_complete(base):
     ):
         assert key in m, key
     assert m["test_accuracy"] > m["test_majority_baseline"] + 0.15
-    assert m["test_ece_after"] <= m["test_ece_before"]
+    # temperature scaling minimises the validation NLL: it must not raise the test NLL, nor the test
+    # ECE beyond its estimate's resolution (a temperature of 1.002 moved it by 5e-5)
+    assert m["test_nll_after"] <= m["test_nll_before"]
+    assert m["test_ece_after"] <= m["test_ece_before"] + 1e-3
 
 
 def test_takes_masks_and_was_trained_on_recorded_drives(base):
@@ -66,6 +71,19 @@ def test_drives_nominal_scenarios_without_collision(base, scenario):
         m = run.metrics
         assert m.collisions == 0 and not m.off_road, f"{scenario} seed {seed}: {m.collisions} collisions"
         assert np.isfinite(run.applied_accel).all() and len(run.t) > 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", NOMINAL_SCENARIOS)
+def test_drives_a_batch_of_held_out_seeds_without_collision(base, scenario):
+    """Six more held-out seeds per scenario, the model and its gates driving (batched roll-outs): the
+    first model of the DAgger training left the road in 11 of 144 such drives without gates, 2 of
+    them behind a hard-braking lead."""
+    gates = [ood.load_gate(g) for g in DEFAULT_GATES]
+    metrics, data = run_model_batch(base, scenario, BATCH_HELD_OUT, gates=gates)
+    failed = [(m.seed, m.collisions, m.off_road) for m in metrics if m.collisions or m.off_road]
+    assert not failed, f"{scenario}: (seed, collisions, off road) {failed}"
+    assert data.valid.all()
 
 
 class SpeedStep:
