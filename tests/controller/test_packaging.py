@@ -23,7 +23,7 @@ from dualloop.v2 import controller_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
 # what the extras bring: serving must import none of them (rich: used when present, so only blocked below)
-HEAVY = ("matplotlib", "scipy", "sklearn", "ray", "gymnasium", "highway_env", "torch", "onnx")
+HEAVY = ("matplotlib", "scipy", "sklearn", "ray", "gymnasium", "highway_env", "torch", "onnx", "mcap_ros2")
 EXTRAS = (*HEAVY, "rich")
 
 # Runs `dualloop` as `python -m dualloop` does, with every extra made unimportable first.
