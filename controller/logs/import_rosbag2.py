@@ -9,6 +9,9 @@ The mapping file (YAML) says which topic and field gives which feature, in which
       ego_accel:     {topic: /imu, field: linear_acceleration.x}
       lead_present:  {topic: /radar/lead_range, field: range, transform: present}
       lead_distance: {topic: /radar/lead_range, field: range}
+      # or from an object list: the track nearest ahead in the ego lane (ObjectSelect)
+      lead_rel_speed: {topic: /radar/tracks, field: velocity.x,
+                       select: {array: tracks, ahead: position.x, lateral: position.y}}
 
 Messages are decoded with mcap-ros2-support (the bag's own `ros2msg` schemas; no ROS install). Time is
 each message's MCAP log_time (the recorder's receive time). The output samples every feature at
@@ -59,6 +62,29 @@ class Rosbag2ImportError(ValueError):
     pass
 
 
+class ObjectSelect(BaseModel):
+    """Pick the lead from an object list (a radar's tracks): the element nearest ahead in the ego lane."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    array: str = Field(min_length=1)  # path to the list in the message: tracks, objects
+    ahead: str = Field(min_length=1)  # path in an element to its distance ahead, m (+ = ahead): position.x
+    lateral: str | None = None  # path in an element to its lateral offset, m: position.y
+    max_lateral_m: float = Field(default=1.75, gt=0)  # |lateral| at most this is in the ego lane
+
+    @field_validator("array", "ahead", "lateral")
+    @classmethod
+    def _paths(cls, value: str | None) -> str | None:
+        return None if value is None else _check_path(value)
+
+
+def _check_path(value: str) -> str:
+    for part in value.split("."):
+        if not _PATH_PART.match(part):
+            raise ValueError(f"{value!r} is not a field path like twist.twist.linear.x or objects[0].range")
+    return value
+
+
 class FeatureSource(BaseModel):
     """Where one feature comes from."""
 
@@ -72,14 +98,17 @@ class FeatureSource(BaseModel):
     # value: the field converted to the feature's unit. present: 1 where the field is a finite number,
     # 0 where it is +-inf (REP 117: a range sensor's "nothing detected"), for the *_present flags.
     transform: Literal["value", "present"] = "value"
+    # added after the unit conversion (value only): e.g. a radar's distance to the object's centre
+    # minus half a car length for the bumper-to-bumper lead_distance
+    offset: float = 0.0
+    # with select, `field` is a path inside the selected element of an object list; no element in the
+    # ego lane reads as the schema's "none": gaps the sensor range, rel speeds 0, flags 0 (else NaN)
+    select: ObjectSelect | None = None
 
     @field_validator("field")
     @classmethod
     def _path(cls, value: str) -> str:
-        for part in value.split("."):
-            if not _PATH_PART.match(part):
-                raise ValueError(f"{value!r} is not a field path like twist.twist.linear.x or objects[0].range")
-        return value
+        return _check_path(value)
 
 
 class Rosbag2Map(BaseModel):
@@ -198,25 +227,64 @@ def _series(
 ) -> npt.NDArray[np.float64]:
     """One feature's values, one per message of its topic, in the feature's unit."""
     out = np.empty(len(msgs))
+    none = np.zeros(len(msgs), dtype=bool)  # select found no object in the ego lane
     factor = UNITS[src.unit][1] if src.unit is not None and src.transform == "value" else 1.0
     for k, msg in enumerate(msgs):
         where = f"{bag}: topic {src.topic!r} message {k + 1} ({type(msg).__name__})"
-        try:
-            value = _value(msg, src.field)
-        except KeyError as err:
-            raise Rosbag2ImportError(f"{where}: {err.args[0]} ({map_path}: features.{name}.field)") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise Rosbag2ImportError(
-                f"{where}: field {src.field!r} is {type(value).__name__}, not a number "
-                f"({map_path}: features.{name}.field)"
-            )
-        out[k] = float(value)
+        node = msg
+        if src.select is not None:
+            node = _select(where, map_path, name, src.select, msg)
+            if node is None:
+                none[k] = True
+                continue
+        out[k] = _number(where, map_path, f"features.{name}.field", node, src.field)
     if src.transform == "present":
-        return np.where(np.isnan(out), np.nan, np.isfinite(out).astype(np.float64))
-    out *= factor
+        return np.where(none, 0.0, np.where(np.isnan(out), np.nan, np.isfinite(out).astype(np.float64)))
+    out = out * factor + src.offset
+    if name in GAP_FEATURES:
+        out[none] = np.inf
+    elif name.endswith("rel_speed"):
+        out[none] = 0.0
+    else:
+        out[none] = np.nan
     if name in GAP_FEATURES:  # +inf: nothing within range, which the schema writes as the sensor range
         out = np.where(np.isposinf(out), SENSOR_RANGE_M, np.minimum(out, SENSOR_RANGE_M))
     return np.where(np.isfinite(out), out, np.nan)
+
+
+def _number(where: str, map_path: Path, key: str, node: Any, path: str) -> float:
+    try:
+        value = _value(node, path)
+    except KeyError as err:
+        raise Rosbag2ImportError(f"{where}: {err.args[0]} ({map_path}: {key})") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Rosbag2ImportError(f"{where}: field {path!r} is {type(value).__name__}, not a number ({map_path}: {key})")
+    return float(value)
+
+
+def _select(where: str, map_path: Path, name: str, sel: ObjectSelect, msg: Any) -> Any:
+    """The element of the object list nearest ahead within max_lateral_m, None if there is none."""
+    key = f"features.{name}.select"
+    try:
+        items = _value(msg, sel.array)
+    except KeyError as err:
+        raise Rosbag2ImportError(f"{where}: {err.args[0]} ({map_path}: {key}.array)") from None
+    if not isinstance(items, (list, tuple)):
+        raise Rosbag2ImportError(
+            f"{where}: field {sel.array!r} is {type(items).__name__}, not a list ({map_path}: {key}.array)"
+        )
+    best, best_ahead = None, math.inf
+    for j, item in enumerate(items):
+        at = f"{where} {sel.array}[{j}]"
+        ahead = _number(at, map_path, f"{key}.ahead", item, sel.ahead)
+        if (
+            sel.lateral is not None
+            and abs(_number(at, map_path, f"{key}.lateral", item, sel.lateral)) > sel.max_lateral_m
+        ):
+            continue
+        if 0.0 < ahead < best_ahead:
+            best, best_ahead = item, ahead
+    return best
 
 
 def _sample(

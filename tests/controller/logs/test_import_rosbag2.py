@@ -60,6 +60,21 @@ RANGE = SEP.join(
         TIME,
     ]
 )
+# radar_msgs (ros-perception/radar_msgs, a ROS 2 package): an object list with positions and velocities
+RADAR_TRACKS = SEP.join(
+    [
+        "std_msgs/Header header\nradar_msgs/RadarTrack[] tracks\n",
+        HEADER,
+        TIME,
+        "MSG: radar_msgs/RadarTrack\nunique_identifier_msgs/UUID uuid\ngeometry_msgs/Point position\n"
+        "geometry_msgs/Vector3 velocity\ngeometry_msgs/Vector3 acceleration\ngeometry_msgs/Vector3 size\n"
+        "uint16 classification\nfloat32[6] position_covariance\nfloat32[6] velocity_covariance\n"
+        "float32[6] acceleration_covariance\nfloat32[6] size_covariance\n",
+        "MSG: unique_identifier_msgs/UUID\nuint8[16] uuid\n",
+        POINT,
+        VECTOR3,
+    ]
+)
 TWIST_STAMPED = SEP.join(["std_msgs/Header header\nTwist twist\n", HEADER, TIME, TWIST, VECTOR3])
 
 T0_NS = 1_700_000_000_000_000_000
@@ -82,6 +97,18 @@ def _vec(x: float = 0.0, y: float = 0.0, z: float = 0.0) -> dict[str, float]:
     return {"x": x, "y": y, "z": z}
 
 
+def _track(x: float, y: float, vx: float) -> dict[str, object]:
+    return {
+        "uuid": {"uuid": [0] * 16},
+        "position": _vec(x, y),
+        "velocity": _vec(vx),
+        "acceleration": _vec(),
+        "size": _vec(4.5, 1.8, 1.5),
+        "classification": 0,
+        **{f"{k}_covariance": [0.0] * 6 for k in ("position", "velocity", "acceleration", "size")},
+    }
+
+
 def write_bag(path: Path, odom_unit_factor: float = 1.0) -> Path:
     """50 Hz odometry (speed in m/s * factor), 100 Hz IMU, 20 Hz radar range and relative speed."""
     with path.open("wb") as f:
@@ -90,6 +117,7 @@ def write_bag(path: Path, odom_unit_factor: float = 1.0) -> Path:
         imu = w.register_msgdef("sensor_msgs/msg/Imu", IMU)
         rng = w.register_msgdef("sensor_msgs/msg/Range", RANGE)
         tw = w.register_msgdef("geometry_msgs/msg/TwistStamped", TWIST_STAMPED)
+        tracks = w.register_msgdef("radar_msgs/msg/RadarTracks", RADAR_TRACKS)
         for k in range(int(DURATION_S * 100) + 1):
             t_ns = T0_NS + k * 10_000_000
             t = k / 100
@@ -126,6 +154,10 @@ def write_bag(path: Path, odom_unit_factor: float = 1.0) -> Path:
                 reading |= {"header": _header(t_ns), "range": _gap(t), "variance": 0.0}
                 w.write_message("/radar/lead_range", rng, reading, log_time=t_ns)
                 rel = -2.0 if t < 6.0 else 0.0
+                objects = [_track(10.0, 3.5, 1.0)]  # a car in the left lane, alongside
+                if t < 6.0:  # the lead: its centre 2.5 m beyond its rear bumper
+                    objects.insert(0, _track(_gap(t) + 2.5, 0.2, -2.0))
+                w.write_message("/radar/tracks", tracks, {"header": _header(t_ns), "tracks": objects}, log_time=t_ns)
                 w.write_message(
                     "/radar/lead_velocity",
                     tw,
@@ -185,6 +217,29 @@ def test_bag_becomes_a_log_with_the_mapped_features_only(tmp_path: Path, bag: Pa
     speed = np.array([_speed(x) for x in held])
     np.testing.assert_array_equal(labels, lookahead_labels(t, speed)[0])
     assert report.lead_present_fraction == pytest.approx(np.mean(lead))
+
+
+def test_lead_from_an_object_list(tmp_path: Path, bag: Path) -> None:
+    """radar_msgs/RadarTracks: the nearest track ahead within the lane half-width is the lead."""
+    select = "select: {array: tracks, ahead: position.x, lateral: position.y, max_lateral_m: 1.75}"
+    text = (
+        "rate_hz: 20\nmax_age_s: 0.2\nfeatures:\n"
+        "  ego_speed: {topic: /odom, field: twist.twist.linear.x}\n"
+        f"  lead_present: {{topic: /radar/tracks, field: position.x, transform: present, {select}}}\n"
+        f"  lead_distance: {{topic: /radar/tracks, field: position.x, offset: -2.5, {select}}}\n"
+        f"  lead_rel_speed: {{topic: /radar/tracks, field: velocity.x, {select}}}\n"
+    )
+    import_rosbag2(bag, _map(tmp_path, text), tmp_path / "out.mcap")
+    data = read_log(tmp_path / "out.mcap")
+    feats = np.array([o.features for o in data.observations])
+    t = np.array([(o.timestamp_ns - T0_NS) / 1e9 for o in data.observations])
+    lead = t < 6.0
+    np.testing.assert_array_equal(feats[:, FEATURE_INDEX["lead_present"]], lead.astype(np.float32))
+    np.testing.assert_allclose(feats[lead, FEATURE_INDEX["lead_distance"]], 40.0 - 2.0 * t[lead], rtol=1e-6)
+    # the left-lane car is never the lead: without one the gap reads the sensor range and rel speed 0
+    assert (feats[~lead, FEATURE_INDEX["lead_distance"]] == SENSOR_RANGE_M).all()
+    np.testing.assert_array_equal(feats[:, FEATURE_INDEX["lead_rel_speed"]], np.where(lead, -2.0, 0.0))
+    assert np.isnan(feats[:, FEATURE_INDEX["left_front_gap"]]).all()
 
 
 def test_units_and_derived_ego_accel(tmp_path: Path) -> None:
@@ -247,7 +302,7 @@ def test_bad_map_files_name_the_file_and_field(tmp_path: Path, text: str, messag
         (
             ("topic: /odom", "topic: /odometry"),
             "topic '/odometry' ({map}: features.ego_speed.topic) is not in the bag; "
-            "its topics: /imu/data, /odom, /radar/lead_range, /radar/lead_velocity",
+            "its topics: /imu/data, /odom, /radar/lead_range, /radar/lead_velocity, /radar/tracks",
         ),
         (
             ("twist.twist.linear.x", "twist.linear.x"),
@@ -258,6 +313,11 @@ def test_bad_map_files_name_the_file_and_field(tmp_path: Path, text: str, messag
             ("field: range, unit: m", "field: header, unit: m"),
             "topic '/radar/lead_range' message 1 (Range): field 'header' is Header, not a number "
             "({map}: features.lead_distance.field)",
+        ),
+        (
+            ("field: range, unit: m", "field: range, unit: m, select: {array: header, ahead: x}"),
+            "topic '/radar/lead_range' message 1 (Range): field 'header' is Header, not a list "
+            "({map}: features.lead_distance.select.array)",
         ),
     ],
 )
