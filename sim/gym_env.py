@@ -15,11 +15,17 @@ from __future__ import annotations
 
 from typing import Any, SupportsFloat
 
-import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
-from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, VectorEnv
+
+try:
+    import gymnasium as gym
+    from gymnasium import spaces
+    from gymnasium.vector import AutoresetMode, VectorEnv
+except ModuleNotFoundError as _err:  # the lean install leaves gymnasium out
+    raise ModuleNotFoundError(
+        f"dualloop.sim.gym_env needs gymnasium>=1.1 ({_err}): pip install 'dualloop[gym]'", name="gymnasium"
+    ) from _err
 
 from dualloop.sim.env import SimEnv
 from dualloop.sim.scenarios import SCENARIOS, build_scenario
