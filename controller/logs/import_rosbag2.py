@@ -203,7 +203,8 @@ def _read_bag(bag: Path, mapping: Rosbag2Map, map_path: Path) -> dict[str, tuple
             reader = mcap_reader.make_reader(f, decoder_factories=[decoder.DecoderFactory()])
             summary = reader.get_summary()
             present = sorted({c.topic for c in summary.channels.values()}) if summary is not None else []
-            missing = [t for t in topics if t not in present]
+            # a bag without a summary section (recording cut short) is checked after reading instead
+            missing = [t for t in topics if t not in present] if summary is not None else []
             if missing:
                 users = [n for n, s in mapping.features.items() if s.topic == missing[0]]
                 raise Rosbag2ImportError(
@@ -219,6 +220,12 @@ def _read_bag(bag: Path, mapping: Rosbag2Map, map_path: Path) -> dict[str, tuple
         raise
     except Exception as err:  # mcap's and the CDR decoder's errors have no common base
         raise Rosbag2ImportError(f"{bag}: not a readable ROS 2 MCAP bag ({type(err).__name__}: {err})") from None
+    for topic, (_, msgs) in out.items():
+        if not msgs:
+            users = [n for n, s in mapping.features.items() if s.topic == topic]
+            raise Rosbag2ImportError(
+                f"{bag}: topic {topic!r} ({map_path}: features.{users[0]}.topic) has no messages in the bag"
+            )
     return {t: (np.asarray(s, dtype=np.int64), msgs) for t, (s, msgs) in out.items()}
 
 

@@ -334,3 +334,18 @@ def test_a_file_that_is_not_a_bag(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["import", "rosbag2", str(fake), "--map", str(_map(tmp_path))]) == 2
     printed = capsys.readouterr().out
     assert "notes.mcap: not a readable ROS 2 MCAP bag" in printed
+    assert main(["import", "rosbag2", str(tmp_path / "gone.mcap"), "--map", str(_map(tmp_path))]) == 2
+    assert "gone.mcap: no such file" in capsys.readouterr().out
+
+
+def test_a_mapped_topic_without_messages(tmp_path: Path) -> None:
+    bag = tmp_path / "quiet.mcap"
+    with bag.open("wb") as f:
+        w = Writer(f)
+        w.register_msgdef("nav_msgs/msg/Odometry", ODOMETRY)
+        odom = w.register_msgdef("sensor_msgs/msg/Imu", IMU)
+        w.write_message("/imu/data", odom, {"header": _header(T0_NS)}, log_time=T0_NS)
+        w.finish()
+    text = "rate_hz: 10\nfeatures:\n  ego_speed: {topic: /imu/data, field: linear_acceleration.x}\n"
+    with pytest.raises(Rosbag2ImportError, match=r"quiet.mcap: topic '/imu/data' has 1 message\(s\)"):
+        import_rosbag2(bag, _map(tmp_path, text), tmp_path / "out.mcap")
