@@ -11,7 +11,8 @@ EXTRA_OF_MODULE = {
     "matplotlib": "demo",
     "onnx": "train",
     "ray": "ray",
-    "gymnasium": "highway",
+    "gymnasium": "gym",
+    "mcap_ros2": "rosbag2",
     "highway_env": "highway",
 }
 

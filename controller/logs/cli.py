@@ -12,6 +12,7 @@ from dualloop.controller.logs.import_csv import EXTRA_COLUMNS_FLAG, CsvImportErr
 from dualloop.controller.logs.import_ngsim import NgsimError, import_ngsim
 from dualloop.controller.logs.import_openacc import OpenAccError, import_openacc
 from dualloop.controller.logs.import_report import ImportReport
+from dualloop.controller.logs.import_rosbag2 import Rosbag2ImportError, import_rosbag2
 from dualloop.controller.logs.shared_data import import_shared_data
 
 _ERRORS = (Comma2k19Error, CsvImportError, OpenAccError, NgsimError)
@@ -48,6 +49,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     n.add_argument("source", type=Path, help="the chain CSV file")
     n.add_argument("-o", "--out", type=Path, help=_PAIR_OUT_HELP)
     n.set_defaults(fn=_import_ngsim)
+
+    r = kinds.add_parser("rosbag2", help="a ROS 2 bag in MCAP, through a mapping file (docs/importers.md)")
+    r.add_argument("source", type=Path, help="the bag's .mcap file")
+    r.add_argument("--map", required=True, type=Path, help="YAML: topic, field and unit of each feature")
+    r.add_argument("-o", "--out", type=Path, help="output .mcap (default: <bag stem>.dualloop.mcap beside the bag)")
+    r.set_defaults(fn=_import_rosbag2)
 
     default = default_data_dir()
     s = kinds.add_parser("shared-data", help="every shared real drive into <out>/train and <out>/heldout")
@@ -108,6 +115,16 @@ def _import_ngsim(args: argparse.Namespace) -> int:
     try:
         _print(import_ngsim(args.source, args.out or Path(".")))
     except NgsimError as err:
+        print_error(err)
+        return 2
+    return 0
+
+
+def _import_rosbag2(args: argparse.Namespace) -> int:
+    out = args.out or Path(args.source).with_suffix(".dualloop.mcap")
+    try:
+        _print([import_rosbag2(args.source, args.map, out)])
+    except Rosbag2ImportError as err:
         print_error(err)
         return 2
     return 0

@@ -23,7 +23,7 @@ from dualloop.v2 import controller_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
 # what the extras bring: serving must import none of them (rich: used when present, so only blocked below)
-HEAVY = ("matplotlib", "scipy", "sklearn", "ray", "gymnasium", "highway_env", "torch", "onnx")
+HEAVY = ("matplotlib", "scipy", "sklearn", "ray", "gymnasium", "highway_env", "torch", "onnx", "mcap_ros2")
 EXTRAS = (*HEAVY, "rich")
 
 # Runs `dualloop` as `python -m dualloop` does, with every extra made unimportable first.
@@ -83,6 +83,14 @@ def test_extra_command_names_the_extra_to_install(tmp_path):
     assert "`dualloop demo` needs rich" in proc.stdout and "pip install 'dualloop[demo]'" in proc.stdout
     proc = _lean(tmp_path, "make-test-model")
     assert proc.returncode == 2 and "pip install 'dualloop[train]'" in proc.stdout
+    bag, mapping = tmp_path / "b.mcap", tmp_path / "m.yaml"
+    bag.write_bytes(b"")
+    mapping.write_text("rate_hz: 10\nfeatures:\n  ego_speed: {topic: /odom, field: twist.twist.linear.x}\n")
+    proc = _lean(tmp_path, "import", "rosbag2", str(bag), "--map", str(mapping))
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        "`dualloop import rosbag2` needs mcap_ros2" in proc.stdout and "pip install 'dualloop[rosbag2]'" in proc.stdout
+    )
 
 
 @pytest.mark.slow
