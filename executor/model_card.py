@@ -231,8 +231,8 @@ def parse_card(raw: str | None, path: str) -> ModelCard:
     if raw is None:
         raise ModelFileError(
             f"{path}: no '{METADATA_KEY}' entry in the ONNX metadata. dualloop needs the feature schema, "
-            f"action schema and decision-vector output declared there; export models with "
-            f"executor.onnx_export.export_mlp (or `dualloop make-test-model`)."
+            f"action schema and decision-vector output declared there: for a model from another tool, "
+            f"`dualloop card init {path}`, fill in the TODOs, then `dualloop card attach {path} CARD.toml`."
         )
     try:
         return ModelCard.model_validate_json(raw)
