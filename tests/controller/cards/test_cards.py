@@ -20,10 +20,12 @@ from dualloop.controller.cli import main
 from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import ServerThread
+from dualloop.executor.gating import decision_vector_names
 from dualloop.executor.model_card import METADATA_KEY, Normalisation
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH
 from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 N_OBS, N_GOAL, N_ACT, N_CMD, H1, H2 = 4, 2, 3, 2, 5, 3
 
@@ -167,7 +169,10 @@ def test_attached_card_serves_the_pooled_decision_vector_over_grpc(foreign, tmp_
 
     probs = np.exp(scores - scores.max(axis=1, keepdims=True))
     probs /= probs.sum(axis=1, keepdims=True)
+    assert decision_vector_names(model)[H1 - 1 : H1 + 1] == [f"h1[{H1 - 1}]", "h2[0]"]
     with ServerThread(ServerConfig(model=out, port=0)) as srv, grpc.insecure_channel(srv.address) as ch:
+        info = pb_grpc.ControllerServiceStub(ch).GetModelInfo(pb.GetModelInfoRequest()).model
+        assert (info.decision_vector_output, info.decision_vector_size) == ("h1,h2", H1 + H2)
         session = DriveSession(ch, "foreign", pb.CLOCK_MODE_LOCKSTEP, observation_period_ns=100_000_000)
         for i in range(len(obs)):
             session.send(i + 1, i * 100_000_000, obs[i].tolist())
