@@ -30,6 +30,7 @@ COMMAND_GROUPS = (
     ("dualloop.controller.replay.cli", None),
     ("dualloop.controller.training.cli", "train"),
     ("dualloop.controller.gates.cli", "train"),
+    ("dualloop.controller.cards.cli", "train"),
     ("dualloop.controller.bench.cli", "bench"),
 )
 
@@ -37,7 +38,11 @@ COMMAND_GROUPS = (
 if TYPE_CHECKING:
     Register = Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]
 # the commands each group registers, for the stand-in of a group that cannot be imported
-GROUP_COMMANDS = {"training": ["train", "eval-logs", "quantize", "make-test-model"], "gates": ["gate"]}
+GROUP_COMMANDS = {
+    "training": ["train", "eval-logs", "quantize", "make-test-model"],
+    "gates": ["gate"],
+    "cards": ["card"],
+}
 
 
 def _missing_group(module: str, err: ModuleNotFoundError, extra: str | None) -> Register:

@@ -82,7 +82,7 @@ class GateMismatch(ValueError):
 
 def decision_vector_names(model: DecisionModel) -> list[str]:
     """Names of the decision vector's components, as a gate fitted on it records them."""
-    return [f"{model.card.io.decision_vector}[{i}]" for i in range(model.card.decision_vector_size)]
+    return [f"{p.output}[{i}]" for p in model.card.decision_vector_parts for i in range(p.size)]
 
 
 def gate_feature_names(model: DecisionModel, source: str) -> list[str]:

@@ -61,6 +61,14 @@ class IONames(BaseModel):
     decision_vector: str = "decision_vector"
 
 
+class DecisionVectorPart(BaseModel):
+    """One graph output that makes up part of the decision vector (a layer of a pool, for example)."""
+
+    model_config = ConfigDict(extra="forbid")
+    output: str
+    size: int = Field(gt=0)
+
+
 class ModelCard(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format_version: Literal[1] = FORMAT_VERSION
@@ -75,6 +83,9 @@ class ModelCard(BaseModel):
     safe_action: SafeAction
     io: IONames = IONames()
     decision_vector_size: int = Field(gt=0)
+    # The decision vector as several graph outputs, concatenated in this order (their sizes summing to
+    # decision_vector_size); empty: the one output io.decision_vector.
+    decision_vector_outputs: list[DecisionVectorPart] = []
     # The model was trained with missing features masked: its features input is the normalised
     # features followed by the sensor profile as 0/1 (width 2n). Without it a missing feature is
     # still fed as its training mean, the best a model that never met masks can be given.
@@ -100,7 +111,14 @@ class ModelCard(BaseModel):
         for value, spec in zip(self.safe_action.controls, self.controls):
             if not spec.min <= value <= spec.max:
                 raise ValueError(f"safe_action control {spec.name}={value} is outside [{spec.min}, {spec.max}]")
+        if self.decision_vector_outputs:
+            total = sum(p.size for p in self.decision_vector_outputs)
+            if total != self.decision_vector_size:
+                raise ValueError(
+                    f"decision_vector_outputs sizes sum to {total}, decision_vector_size is {self.decision_vector_size}"
+                )
         for kind, names in (
+            ("decision vector output", [p.output for p in self.decision_vector_outputs]),
             ("feature", [f.name for f in self.features] + [h.name for h in self.history_features]),
             ("plan", [p.name for p in self.plan]),
             ("action", self.actions),
@@ -133,12 +151,22 @@ class ModelCard(BaseModel):
         """Width of the graph's features input: wire and history features (and their masks)."""
         return (len(self.features) + len(self.history_features)) * (2 if self.mask_input else 1)
 
+    @property
+    def decision_vector_parts(self) -> list[DecisionVectorPart]:
+        """The graph outputs that make up the decision vector, in order (one for most models)."""
+        return self.decision_vector_outputs or [
+            DecisionVectorPart(output=self.io.decision_vector, size=self.decision_vector_size)
+        ]
+
     def to_json(self) -> str:
-        # mask_input and history_features are written only when set: cards (and version hashes) of
-        # earlier models stay as they were
-        exclude = {
-            k for k, on in (("mask_input", self.mask_input), ("history_features", self.history_features)) if not on
-        }
+        # mask_input, history_features and decision_vector_outputs are written only when set: cards
+        # (and version hashes) of earlier models stay as they were
+        optional = (
+            ("mask_input", self.mask_input),
+            ("history_features", self.history_features),
+            ("decision_vector_outputs", self.decision_vector_outputs),
+        )
+        exclude = {k for k, on in optional if not on}
         return self.model_dump_json(exclude=exclude or None)
 
     def identity_json(self) -> str:
@@ -203,8 +231,8 @@ def parse_card(raw: str | None, path: str) -> ModelCard:
     if raw is None:
         raise ModelFileError(
             f"{path}: no '{METADATA_KEY}' entry in the ONNX metadata. dualloop needs the feature schema, "
-            f"action schema and decision-vector output declared there; export models with "
-            f"executor.onnx_export.export_mlp (or `dualloop make-test-model`)."
+            f"action schema and decision-vector output declared there: for a model from another tool, "
+            f"`dualloop card init {path}`, fill in the TODOs, then `dualloop card attach {path} CARD.toml`."
         )
     try:
         return ModelCard.model_validate_json(raw)

@@ -58,7 +58,7 @@ class DecisionModel:
             raise ModelFileError(f"{path}: {err}") from None
         io = self.card.io
         self._inputs = (io.features, io.plan)
-        self._outputs = [io.logits, io.controls, io.decision_vector]
+        self._outputs = [io.logits, io.controls] + [p.output for p in self.card.decision_vector_parts]
         self.n_features = len(self.card.features)  # on the wire
         self.n_history = len(self.card.history_features)  # derived by the executor (executor.history)
         self.n_inputs = self.n_features + self.n_history
@@ -73,11 +73,11 @@ class DecisionModel:
         inputs = {i.name: i.shape for i in self._session.get_inputs()}
         outputs = {o.name: o.shape for o in self._session.get_outputs()}
         expected_in = {io.features: card.input_width, io.plan: len(card.plan)}
-        expected_out = {
-            io.logits: len(card.actions),
-            io.controls: len(card.controls),
-            io.decision_vector: card.decision_vector_size,
-        }
+        expected_out = {io.logits: len(card.actions), io.controls: len(card.controls)}
+        for part in card.decision_vector_parts:
+            if part.output in expected_out:
+                raise ModelFileError(f"{self.path}: the card uses output {part.output!r} twice")
+            expected_out[part.output] = part.size
         for kind, have, want in (("input", inputs, expected_in), ("output", outputs, expected_out)):
             for name, width in want.items():
                 if name not in have:
@@ -97,7 +97,9 @@ class DecisionModel:
         (Normalisation.apply has already put missing features at their mean)."""
         if self.card.mask_input:
             features = np.concatenate([features, self._mask(len(features), present)], axis=1)
-        logits, controls, dv = self._session.run(self._outputs, {self._inputs[0]: features, self._inputs[1]: plan})
+        logits, controls, *parts = self._session.run(self._outputs, {self._inputs[0]: features, self._inputs[1]: plan})
+        # one part (every model dualloop exports): the output itself, no copy
+        dv = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         return ModelOutputs(logits=logits, controls=controls, decision_vector=dv)
 
     def _mask(self, n: int, present: np.ndarray | None) -> np.ndarray:

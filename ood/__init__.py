@@ -39,7 +39,7 @@ from dualloop.ood.gateformat import save_gate
 from dualloop.ood.marginal import Marginal, ProfileGate, marginal, profile_gate
 from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
 from dualloop.ood.monitor import GateMonitor, GateStep
-from dualloop.ood.schema import FeatureSchema
+from dualloop.ood.schema import FeatureSchema, ModelRef
 from dualloop.ood.score import GateFlags, GateScorer, RowScores, StackedScorer
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "fit_feature_range",
     "CusumSettings",
     "FeatureSchema",
+    "ModelRef",
     "FreezeDetector",
     "FreezeSettings",
     "FilterSettings",

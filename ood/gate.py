@@ -28,7 +28,7 @@ from dualloop.ood.fit import GateStats, check_feature_matrix, fit_statistics, ra
 from dualloop.ood.freeze import FreezeSettings
 from dualloop.ood.gateformat import content_hash, save_gate
 from dualloop.ood.monitor import GateMonitor
-from dualloop.ood.schema import FeatureSchema
+from dualloop.ood.schema import FeatureSchema, ModelRef
 from dualloop.ood.score import GateScorer, score_in_chunks
 
 
@@ -49,6 +49,8 @@ class Gate:
     # sensor profile's threshold and norm band can be calibrated on them too (ood.marginal.profile_gate);
     # None: a profile keeps the gate's own
     calibration_rows: np.ndarray | None = None
+    # the model it was fitted on; None: a gate file written before gates recorded it
+    model: ModelRef | None = None
 
     @property
     def threshold(self) -> float:

@@ -21,7 +21,7 @@ from dualloop.ood.fit import VARIANTS, GateStats, NormStats
 from dualloop.ood.freeze import FreezeSettings
 from dualloop.ood.gate import Gate
 from dualloop.ood.gateformat import ARRAY_NAMES, CALIBRATION_ROWS, FORMAT_NAME, FORMAT_VERSION, INT_ARRAYS, META_KEYS
-from dualloop.ood.schema import FeatureSchema, describe_schema_mismatch
+from dualloop.ood.schema import FeatureSchema, ModelRef, describe_schema_mismatch
 from dualloop.ood.shrinkage import SHRINKAGE_METHODS
 
 
@@ -145,6 +145,8 @@ def load_gate(
             # optional: a gate without one counts every exact repeat as a freeze
             freeze=None if meta.get("freeze") is None else FreezeSettings.from_dict(meta["freeze"]),
             calibration_rows=entries.get(CALIBRATION_ROWS),
+            # optional: files written before gates recorded their model have none
+            model=None if meta.get("model") is None else ModelRef.from_dict(meta["model"]),
         )
         rows = gate.calibration_rows
         if rows is not None and (rows.dtype != np.dtype("<f4") or rows.ndim != 2 or rows.shape[1] != dim):

@@ -26,7 +26,7 @@ from dualloop.ood.calibrate import FeatureRange, NormBand, ThresholdCalibration
 from dualloop.ood.filter import FilterSettings
 from dualloop.ood.fit import GateStats
 from dualloop.ood.freeze import FreezeSettings
-from dualloop.ood.schema import FeatureSchema
+from dualloop.ood.schema import FeatureSchema, ModelRef
 
 FORMAT_NAME = "dualloop.ood.gate"
 # 2: change limits in unit/s (ood.ChangeTracker's rates), not per observation at the fitting rate
@@ -81,6 +81,8 @@ class GateContent(Protocol):
     def freeze(self) -> FreezeSettings | None: ...
     @property
     def calibration_rows(self) -> npt.NDArray[Any] | None: ...
+    @property
+    def model(self) -> ModelRef | None: ...
 
 
 def canonical_arrays(stats: GateStats, calibration_rows: npt.NDArray[Any] | None = None) -> dict[str, npt.NDArray[Any]]:
@@ -118,6 +120,8 @@ def metadata(gate: GateContent) -> dict[str, Any]:
         meta["actuation"] = gate.actuation.to_dict()
     if gate.freeze is not None:
         meta["freeze"] = gate.freeze.to_dict()
+    if gate.model is not None:  # absent in files written before gates recorded their model
+        meta["model"] = gate.model.to_dict()
     return meta
 
 

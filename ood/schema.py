@@ -26,6 +26,24 @@ class FeatureSchema:
         return {"feature_names": list(self.feature_names), "source": self.source}
 
 
+@dataclass(frozen=True)
+class ModelRef:
+    """The model a gate was fitted on: its card's name, version (content hash) and feature schema hash.
+    The gate's statistics describe that model's decision vectors (or the inputs it was fed), so the
+    serving path refuses to put the gate in front of another model."""
+
+    name: str
+    version: str
+    schema_hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "schema_hash": self.schema_hash}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelRef:
+        return cls(str(d["name"]), str(d["version"]), str(d["schema_hash"]))
+
+
 def describe_schema_mismatch(gate_names: Sequence[str], expected: Sequence[str]) -> str | None:
     """Human-readable difference between two ordered name lists, or None if identical."""
     gate_names, expected = list(gate_names), list(expected)

@@ -350,6 +350,10 @@ def fit_gate_for_model(
     )
     # a car at rest repeats its observations exactly (speed 0, accel 0, the same gap): not a freeze
     gate = dataclasses.replace(gate, freeze=FREEZE)
+    # the model it describes: the serving path refuses the gate in front of another one
+    gate = dataclasses.replace(
+        gate, model=ood.ModelRef(name=card.name, version=card.version, schema_hash=card.schema_hash())
+    )
     if act_fit is None:
         return gate
     assert act_cal is not None  # made with act_fit

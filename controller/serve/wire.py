@@ -25,7 +25,8 @@ def model_info(card: ModelCard, tick_period_ns: int, gate_version: str = "", gat
         plan=[pb.FeatureSpec(name=f.name, unit=f.unit, mean=f.mean, std=f.std) for f in card.plan],
         actions=card.actions,
         controls=[pb.ControlSpec(name=c.name, unit=c.unit, min=c.min, max=c.max) for c in card.controls],
-        decision_vector_output=card.io.decision_vector,
+        # several outputs (a card's decision_vector_outputs): their names joined by commas, in order
+        decision_vector_output=",".join(p.output for p in card.decision_vector_parts),
         decision_vector_size=card.decision_vector_size,
         schema_hash=card.schema_hash(),
         tick_period_ns=tick_period_ns,

@@ -91,6 +91,8 @@ def test_extra_command_names_the_extra_to_install(tmp_path):
     assert (
         "`dualloop import rosbag2` needs mcap_ros2" in proc.stdout and "pip install 'dualloop[rosbag2]'" in proc.stdout
     )
+    proc = _lean(tmp_path, "card", "init", "my.onnx")  # reading and writing ONNX graphs needs onnx
+    assert proc.returncode == 2 and "pip install 'dualloop[train]'" in proc.stdout
 
 
 @pytest.mark.slow

@@ -29,3 +29,7 @@ def test_the_gate_is_calibrated_on_both_drivers(base_model) -> None:  # noqa: AN
     assert both.calibration.n > expert.calibration.n
     assert "expert and model drivers" in both.calibration.data_description
     assert "expert driver," in expert.calibration.data_description
+    # the gate records the model it describes (the serving path refuses it in front of another)
+    card = base_model.card
+    assert both.model is not None and both.model.version == card.version
+    assert both.model.schema_hash == card.schema_hash() and both.model.name == card.name
