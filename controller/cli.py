@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from dualloop.controller.console import print_error
 from dualloop.controller.extras import EXTRA_OF_MODULE, MissingExtra
 from dualloop.controller.logs.logfile import LogFileError
-from dualloop.controller.serve.config import ConfigError
+from dualloop.controller.serve.errors import ConfigError
 from dualloop.executor.model_card import ModelFileError
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH
@@ -33,6 +33,26 @@ COMMAND_GROUPS = (
     ("dualloop.controller.cards.cli", "train"),
     ("dualloop.controller.bench.cli", "bench"),
 )
+
+
+# the commands of each group: `dualloop CMD` imports only CMD's group (importing every group cost
+# the command ~1 s of start-up: grpc, asyncio, rich, matplotlib); tests/controller/test_cli.py
+# checks this against what the groups register
+COMMANDS = {
+    "demo": "dualloop.controller.demo.cli",
+    "serve": "dualloop.controller.serve.cli",
+    "stream": "dualloop.controller.serve.cli",
+    "info": "dualloop.controller.serve.cli",
+    "import": "dualloop.controller.logs.cli",
+    "replay": "dualloop.controller.replay.cli",
+    "diff": "dualloop.controller.replay.cli",
+    "train": "dualloop.controller.training.cli",
+    "eval-logs": "dualloop.controller.training.cli",
+    "quantize": "dualloop.controller.training.cli",
+    "make-test-model": "dualloop.controller.training.cli",
+    "gate": "dualloop.controller.gates.cli",
+    "bench": "dualloop.controller.bench.cli",
+}
 
 
 if TYPE_CHECKING:
@@ -100,17 +120,21 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """Every command group, or, when argv's first word is a command, only that command's group."""
     parser = argparse.ArgumentParser(prog="dualloop", description=DESCRIPTION)
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
+    wanted = COMMANDS.get(argv[0]) if argv else None
     for module, extra in COMMAND_GROUPS:
-        _group(module, extra)(sub)
+        if wanted is None or module == wanted:
+            _group(module, extra)(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.fn(args))
     # the errors of files and settings a user gives: said in one line (they name the file), not a traceback

@@ -2,7 +2,7 @@
 
 `LogFileWriter` hands the mcap library one message at a time (a Message object, an index entry,
 six small writes: ~15 us each in Python), which made writing a replay's 12,000 snapshots slower
-than the replay. Here the message records of a group are packed with numpy in one go and copied
+than the replay. Here the message records of a group are packed by numpy in one go, joined, and copied
 into chunks by slices; schemas, channels, chunks, message indexes and the summary are the same
 records, in the same order, with the same chunking and zstd compression as `LogFileWriter` writes
 them (the mcap library's own record classes write the structural records). For the same messages
@@ -170,12 +170,7 @@ def write_messages(
         counts[channel_id] = sequence0 + n
         record_sizes = sizes + _HEAD_SIZE
         ends = np.cumsum(record_sizes)
-        # every record (head, then the message's bytes) laid out in one buffer by two scatters
-        records = np.empty(int(ends[-1]), np.uint8)
-        starts = ends - record_sizes
-        records[(starts[:, None] + np.arange(_HEAD_SIZE)[None, :]).reshape(-1)] = heads.view(np.uint8)
-        records[np.arange(len(payload)) + np.repeat(starts + _HEAD_SIZE - (np.cumsum(sizes) - sizes), sizes)] = payload
-        record_bytes = records.tobytes()
+        record_bytes = _interleave(heads.tobytes(), payload.tobytes(), np.cumsum(sizes).tolist())
         first_time = int(times.min()) if first_time is None else min(first_time, int(times.min()))
         last_time = max(last_time, int(times.max()))
         i = 0
@@ -241,6 +236,18 @@ def write_messages(
     file.extend(MAGIC)
     out.write_bytes(file)
     return out
+
+
+def _interleave(heads: bytes, payload: bytes, ends: list[int]) -> bytes:
+    """Each message's head then its bytes, message after message: one join of slices (7x cheaper
+    than scattering the bytes with numpy, whose index arrays are 8 bytes per byte moved)."""
+    parts: list[bytes] = []
+    start = head = 0
+    for end in ends:
+        parts.append(heads[head : head + _HEAD_SIZE])
+        parts.append(payload[start:end])
+        start, head = end, head + _HEAD_SIZE
+    return b"".join(parts)
 
 
 # a corrupt size field must not make the reader allocate gigabytes (LogReader's limit too)

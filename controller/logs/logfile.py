@@ -173,20 +173,31 @@ def _is_not_mcap(exc: Exception) -> bool:
     return "magic" in str(exc).lower()
 
 
-def _fast_records(files: list[Path]) -> list[LogRecord] | None:
+# (topic, session id, message, file): what read_sessions takes of a record
+_Entry = tuple[str, str, Message, Path]
+
+
+def _fast_records(files: list[Path]) -> list[_Entry] | None:
     """The records of one complete, clean file, read in one pass over its bytes (bulk.read_messages:
-    ~10x less Python per message than the mcap StreamReader); None for anything else (several
-    files, a missing footer, a broken record), which LogReader then reads and reports on."""
+    ~10x less Python per message than the mcap StreamReader), as plain tuples (a LogRecord per
+    message cost as much as parsing it); None for anything else (several files, a missing footer,
+    a broken record), which LogReader then reads and reports on."""
     if len(files) != 1:
         return None
+    file = files[0]
     try:
-        channels, messages = read_messages(files[0])
+        channels, messages = read_messages(file)
+        # per channel once: its topic, session and parser; someone else's topic: not ours to interpret
+        parsers = {
+            channel_id: (topic, session_id, TOPIC_TYPES[topic].FromString)
+            for channel_id, (topic, session_id) in channels.items()
+            if topic in TOPIC_TYPES
+        }
         records = []
-        for channel_id, log_time, data in messages:
-            topic, session_id = channels.get(channel_id, ("", ""))
-            message_type = TOPIC_TYPES.get(topic)
-            if message_type is not None:  # someone else's topic: not ours to interpret
-                records.append(LogRecord(topic, session_id, log_time, message_type.FromString(data), files[0]))
+        for channel_id, _, data in messages:
+            known = parsers.get(channel_id)
+            if known is not None:
+                records.append((known[0], known[1], known[2](data), file))
         return records
     except (NotFast, DecodeError, OSError):
         return None
@@ -198,29 +209,30 @@ def read_sessions(path: str | Path | Iterable[str | Path]) -> dict[str, LogData]
     fast = _fast_records(files)
     reader = LogReader(files)
     sessions: dict[str, LogData] = {}
-    for rec in fast if fast is not None else reader:
-        data = sessions.get(rec.session_id)
+    entries = fast if fast is not None else ((r.topic, r.session_id, r.message, r.file) for r in reader)
+    for topic, session_id, message, file in entries:
+        data = sessions.get(session_id)
         if data is None:
-            if rec.topic != TOPIC_HEADER:
-                header = log_pb2.SessionHeader(session_id=rec.session_id, source="unknown (no header)")
+            if topic != TOPIC_HEADER:
+                header = log_pb2.SessionHeader(session_id=session_id, source="unknown (no header)")
             else:
-                header = cast(log_pb2.SessionHeader, rec.message)  # the topic says which message it is
+                header = cast(log_pb2.SessionHeader, message)  # the topic says which message it is
                 if header.format_version > FORMAT_VERSION:
                     raise LogFileError(
-                        f"{rec.file}: log format version {header.format_version} is newer "
+                        f"{file}: log format version {header.format_version} is newer "
                         f"than this dualloop reads ({FORMAT_VERSION})"
                     )
-            data = sessions[rec.session_id] = LogData(header=header)
-        if rec.file not in data.files:
-            data.files.append(rec.file)
-        if rec.topic == TOPIC_OBSERVATION:
-            data.observations.append(cast(pb.Observation, rec.message))
-        elif rec.topic == TOPIC_SNAPSHOT:
-            data.snapshots.append(cast(pb.DecisionSnapshot, rec.message))
-        elif rec.topic == TOPIC_PLAN:
-            data.plans.append(cast(log_pb2.PlanRecord, rec.message))
-        elif rec.topic == TOPIC_SUMMARY:
-            data.summary = cast(log_pb2.SessionSummary, rec.message)
+            data = sessions[session_id] = LogData(header=header)
+        if file not in data.files:
+            data.files.append(file)
+        if topic == TOPIC_OBSERVATION:
+            data.observations.append(cast(pb.Observation, message))
+        elif topic == TOPIC_SNAPSHOT:
+            data.snapshots.append(cast(pb.DecisionSnapshot, message))
+        elif topic == TOPIC_PLAN:
+            data.plans.append(cast(log_pb2.PlanRecord, message))
+        elif topic == TOPIC_SUMMARY:
+            data.summary = cast(log_pb2.SessionSummary, message)
         # repeated headers (one per rotated file) carry only a different `part`: the first one stands
     read = len(fast) if fast is not None else reader.messages_read
     for data in sessions.values():

@@ -190,16 +190,28 @@ def _with_pool(
 ) -> FleetResult:
     workers = max(1, min(workers or os.cpu_count() or 1, len(paths)))
     result = FleetResult(workers=workers)
-    # spawn: no fork of a process that may hold onnxruntime threads or a gRPC server
     with ProcessPoolExecutor(
         workers,
-        mp_context=multiprocessing.get_context("spawn"),
+        mp_context=_pool_context(),
         initializer=_init_worker,
         initargs=(model, gates),
     ) as pool:
         futures = {pool.submit(_replay_one, p, model, gates, out_dir): p for p in paths}
         _collect(futures, result, progress)
     return result
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """Never a fork of this process (it may hold onnxruntime threads or a gRPC server). A fork
+    server where there is one: a fresh process that imports this module once (not the command
+    line's __main__) and forks each worker from there, so no worker pays the ~0.5 s CPU of
+    importing numpy, onnxruntime, pydantic and the executor again; elsewhere spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # taken when the server starts (the first pool of this process); later pools reuse it
+    context.set_forkserver_preload([__name__])
+    return context
 
 
 def _collect(futures: dict, result: FleetResult, progress: bool) -> None:

@@ -13,16 +13,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
+from dualloop.controller.serve.errors import ConfigError
 from dualloop.controller.serve.security import AuthConfig
 from dualloop.executor.config import ExecutorConfig
 from dualloop.planner.tls import ClientTLS, ServerTLS
 
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
 DEFAULT_CLIENT_WINDOW_BYTES = 8192
-
-
-class ConfigError(ValueError):
-    """A configuration a person must fix; the message names the file and the field."""
 
 
 def _bare(host: str) -> str:

@@ -37,6 +37,7 @@ from dualloop.controller.serve.config import ConfigError, ServerConfig, host_por
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.health import Health, enable_reflection
+from dualloop.controller.serve.limits import session_limits
 from dualloop.controller.serve.metrics import (
     MetricsCollector,
     MetricsEndpoint,
@@ -58,7 +59,6 @@ from dualloop.controller.serve.wire import (
     drive_response_bytes,
     model_info,
     observation_from_proto,
-    session_limits,
     snapshot_response,
     snapshot_to_proto,
 )

@@ -7,9 +7,7 @@ from typing import cast
 
 import numpy as np
 
-from dualloop.controller.serve.config import ServerConfig
 from dualloop.executor.checks import NAMES
-from dualloop.executor.core import Executor
 from dualloop.executor.model_card import ModelCard
 from dualloop.executor.snapshot import WALL_CLOCK_FIELDS, Check, Observation, Snapshot
 from dualloop.v2 import controller_pb2 as pb
@@ -31,33 +29,6 @@ def model_info(card: ModelCard, tick_period_ns: int, gate_version: str = "", gat
         schema_hash=card.schema_hash(),
         tick_period_ns=tick_period_ns,
         history_features=card.history_names,
-    )
-
-
-def session_limits(ex: Executor, config: ServerConfig) -> pb.SessionLimits:
-    """The limits a session is judged by, read from the running executor and server configuration
-    (the values the executor compares against, not copies of their defaults)."""
-    safety = ex.safety
-    safe = ex.safe_action
-    return pb.SessionLimits(
-        max_observation_age_ns=ex.reasons.max_observation_age_ns,
-        assumed_observation_period_ns=ex.assumed_observation_period_ns,
-        default_plan_valid_for_ns=ex.reasons.max_plan_age_ns,
-        lockstep_max_ticks=ex.max_lockstep_ticks,
-        lockstep_max_gap_ns=ex.max_lockstep_ticks * ex.period_ns,
-        hold_timeout_ns=safety.hold_timeout_ns,
-        recovery_dwell_ns=safety.recovery_dwell_ns,
-        max_abstain_ns=safety.max_abstain_ns,
-        safe_action=pb.Action(index=safe.index, name=safe.name, controls=safe.controls.tolist()),
-        fallback_decel=safety.config.fallback_decel,
-        blind_decel=safety.config.blind_decel,
-        fallback_jerk=safety.config.fallback_jerk,
-        # the check runs only with a gate (it vetoes through OOD_VETO)
-        freeze_repeats=ex.gating.freeze.repeats if ex.gating.freeze is not None else 0,
-        min_margin=ex.reasons.min_margin,
-        max_receive_message_bytes=config.max_receive_message_bytes,
-        recommended_client_window_bytes=config.client_window_bytes,
-        open_timeout_ns=int(round(config.open_timeout_s * 1e9)),
     )
 
 

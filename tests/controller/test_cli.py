@@ -1,0 +1,38 @@
+"""The command line registers only the group of the command it runs, and knows every group's commands."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from dualloop.controller.cli import COMMAND_GROUPS, COMMANDS, build_parser
+
+
+def _commands(parser: argparse.ArgumentParser) -> set[str]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return set(sub.choices)
+
+
+def test_the_command_map_lists_every_registered_command_once() -> None:
+    assert _commands(build_parser()) == set(COMMANDS)
+    assert set(COMMANDS.values()) <= {module for module, _ in COMMAND_GROUPS}
+
+
+def test_a_command_registers_only_its_own_group() -> None:
+    assert _commands(build_parser(["replay", "--help"])) == {"replay", "diff"}
+    assert _commands(build_parser(["info"])) == {"serve", "stream", "info"}
+    # an unknown word or an option first: every group, so argparse names the choices
+    assert _commands(build_parser(["nope"])) == set(COMMANDS)
+    assert _commands(build_parser(["--version"])) == set(COMMANDS)
+
+
+def test_replay_starts_without_the_server_stack() -> None:
+    code = (
+        "import sys\n"
+        "from dualloop.controller.cli import build_parser\n"
+        "build_parser(['replay'])\n"
+        "print(sorted(m for m in ('grpc', 'asyncio', 'pydantic_settings', 'yaml') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
