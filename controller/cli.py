@@ -52,6 +52,7 @@ COMMANDS = {
     "make-test-model": "dualloop.controller.training.cli",
     "gate": "dualloop.controller.gates.cli",
     "bench": "dualloop.controller.bench.cli",
+    "card": "dualloop.controller.cards.cli",
 }
 
 
