@@ -30,7 +30,6 @@ from dualloop.controller.training.data import (
 from dualloop.controller.training.rollouts import run_model_batch
 from dualloop.executor.history import episode_history
 from dualloop.executor.model_runner import DecisionModel
-from dualloop.sim.env import EXPERT_TARGET_STEPS
 from dualloop.sim.schema import N_FEATURES
 from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
 
@@ -66,11 +65,7 @@ def dagger_rows(
     failed: dict[str, int] = {}
     for si, name in enumerate(config.scenarios):
         seeds = dagger_seeds(seed, si, config.dagger_episodes, round_index)
-        # the target speed steps within a drive as in the expert's training drives: rows of one target
-        # per drive taught a model to sit off its lane centre after a planner lowered the target
-        metrics, data = run_model_batch(
-            model, name, seeds, see_lane_ends=TRAINING_SEES_LANE_ENDS, target_steps=EXPERT_TARGET_STEPS, **params
-        )
+        metrics, data = run_model_batch(model, name, seeds, see_lane_ends=TRAINING_SEES_LANE_ENDS, **params)
         failed[name] = sum(1 for m in metrics if m.collisions or m.off_road)
         pick = (slice(None), slice(None, None, config.every))
         history = None if hist is None else episode_history(hist, data.t, data.features, data.valid)[pick]

@@ -20,7 +20,6 @@ from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Observation
 from dualloop.ood import Gate
 from dualloop.sim.env import ExpertData, make_batch
-from dualloop.sim.expert import TargetSteps
 from dualloop.sim.metrics import EpisodeMetrics
 from dualloop.sim.schema import N_FEATURES, N_PLAN, label_from_accel
 from dualloop.sim.world import DT
@@ -35,16 +34,13 @@ def run_model_batch(
     seeds: Sequence[int],
     gates: list[Gate] | None = None,
     see_lane_ends: bool = True,
-    target_steps: TargetSteps | None = None,
     **params,
 ) -> tuple[list[EpisodeMetrics], ExpertData]:
     """Drive len(seeds) episodes of scenario `name` with the model (and `gates`, if given), recording
     at every step the observation and the plan in effect as the executor saw them, the command the
     car was executing when it was taken (`applied`), and, as `controls` and `label`, the expert's
-    action in that state (what it would command there; the label is its acceleration's band).
-    `target_steps`: how the simulator planner's target speed steps within a drive (None: the
-    scenario's cruise speed throughout, as in closed loop)."""
-    env = make_batch(name, seeds, see_lane_ends=see_lane_ends, target_steps=target_steps, **params)
+    action in that state (what it would command there; the label is its acceleration's band)."""
+    env = make_batch(name, seeds, see_lane_ends=see_lane_ends, target_steps=None, **params)
     executor = Executor(model, None, gates)
     ids = [f"{name}-{s}" for s in seeds]
     for sid in ids:
