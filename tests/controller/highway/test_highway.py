@@ -70,9 +70,12 @@ def test_actions_map_onto_continuous_action_ranges():
     env.close()
 
 
-def test_idm_baseline_drives_highway_envs_own_idm_vehicle():
-    ep = drive_idm(SUITE["dense"], 1000, max_seconds=2.0)
+@pytest.mark.parametrize("name", list(SUITE))
+def test_idm_baseline_runs_every_suite_env(name):
+    """merge too: its reward is patched to accept the continuous action the ego space declares."""
+    ep = drive_idm(SUITE[name], 1000, max_seconds=2.0)
     assert ep.driver == "idm" and ep.seconds == pytest.approx(2.0)
+    assert not ep.collided
 
 
 def test_unknown_env_is_named_before_any_server_starts():
