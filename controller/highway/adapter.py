@@ -82,10 +82,13 @@ SUITE: dict[str, EnvSpec] = {
 }
 
 
-def make_env(spec: EnvSpec, max_seconds: float | None = None) -> gym.Env:
+def make_env(spec: EnvSpec, max_seconds: float | None = None, policy_hz: int | None = None) -> gym.Env:
+    """policy_hz: overrides the env's policy_frequency (it must divide the simulation frequency)."""
     config = {**spec.config, "observation": OBSERVATION, "action": ACTION}
     if max_seconds is not None:
         config["duration"] = max_seconds
+    if policy_hz is not None:
+        config["policy_frequency"] = policy_hz
     if spec.env_id == "merge-v0":
         # the registered id's class, but for the reward (above); the same wrappers as gym.make
         return gym.wrappers.OrderEnforcing(ContinuousMergeEnv(config=config))
@@ -187,11 +190,15 @@ def _limit_s(env: gym.Env, max_seconds: float | None) -> float:
     return max_seconds if max_seconds is not None else float(base(env).config.get("duration", 60))
 
 
-def drive_dualloop(spec: EnvSpec, seed: int, channel: Any, max_seconds: float | None = None) -> Episode:
+def drive_dualloop(
+    spec: EnvSpec, seed: int, channel: Any, max_seconds: float | None = None, policy_hz: int | None = None
+) -> Episode:
     """One episode: every policy step an observation over a LOCKSTEP session, then highway-env steps
     with the applied action of the tick at the observation's time."""
-    env = make_env(spec, max_seconds)
+    env = make_env(spec, max_seconds, policy_hz)
     period = policy_period_ns(env)
+    if period % TICK_NS:
+        raise ValueError(f"policy period {period} ns is not a whole number of 5 ms ticks")
     limit_ns = round(_limit_s(env, max_seconds) * 1e9)
     obs, _ = env.reset(seed=seed)
     session = DriveSession(
@@ -238,10 +245,10 @@ def drive_dualloop(spec: EnvSpec, seed: int, channel: Any, max_seconds: float | 
     return ep
 
 
-def drive_idm(spec: EnvSpec, seed: int, max_seconds: float | None = None) -> Episode:
+def drive_idm(spec: EnvSpec, seed: int, max_seconds: float | None = None, policy_hz: int | None = None) -> Episode:
     """The same episode with highway-env's own IDMVehicle (IDM + MOBIL) in the ego's place: its
     act() ignores the action passed, so the env steps unchanged with a zero action."""
-    env = make_env(spec, max_seconds)
+    env = make_env(spec, max_seconds, policy_hz)
     period = policy_period_ns(env)
     limit_ns = round(_limit_s(env, max_seconds) * 1e9)
     obs, _ = env.reset(seed=seed)

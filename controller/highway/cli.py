@@ -22,6 +22,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--model", type=Path, help="default: models/base.onnx")
     p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
     p.add_argument("--max-seconds", type=float, help="cap each episode (default: the env's duration, merge 60 s)")
+    p.add_argument(
+        "--policy-hz",
+        type=int,
+        help="override the envs' policy_frequency (default: their own, 1 Hz); must divide their simulation frequency",
+    )
     p.set_defaults(fn=_highway)
 
 
@@ -32,8 +37,16 @@ def _highway(args: argparse.Namespace) -> int:
     gates = args.gate or ([g for g in DEFAULT_GATES if g.is_file()] if model == BASE_MODEL_PATH else [])
     envs = [e.strip() for e in args.envs.split(",") if e.strip()]
     try:
-        rows = run_suite(model, gates, envs, args.seeds, with_gate=not args.no_gate, max_seconds=args.max_seconds)
+        rows = run_suite(
+            model,
+            gates,
+            envs,
+            args.seeds,
+            with_gate=not args.no_gate,
+            max_seconds=args.max_seconds,
+            policy_hz=args.policy_hz,
+        )
     except ValueError as err:
         raise SystemExit(str(err)) from None
-    print_suite(rows, model, console)
+    print_suite(rows, model, console, args.policy_hz)
     return 0

@@ -44,7 +44,12 @@ def serve_args(gates: Sequence[Path], config: Path) -> tuple[str, ...]:
 
 
 def run_dualloop(
-    model: Path, gates: Sequence[Path], envs: Sequence[str], seeds: Sequence[int], max_seconds: float | None
+    model: Path,
+    gates: Sequence[Path],
+    envs: Sequence[str],
+    seeds: Sequence[int],
+    max_seconds: float | None,
+    policy_hz: int | None = None,
 ) -> list[Episode]:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "server.toml"
@@ -52,7 +57,7 @@ def run_dualloop(
         server, address = start_server(model, serve_args(gates, config))
         try:
             with grpc.insecure_channel(address) as channel:
-                return [drive_dualloop(SUITE[e], s, channel, max_seconds) for e in envs for s in seeds]
+                return [drive_dualloop(SUITE[e], s, channel, max_seconds, policy_hz) for e in envs for s in seeds]
         finally:
             stop_server(server)
 
@@ -64,16 +69,20 @@ def run_suite(
     n_seeds: int,
     with_gate: bool = True,
     max_seconds: float | None = None,
+    policy_hz: int | None = None,
 ) -> list[Row]:
     unknown = [e for e in envs if e not in SUITE]
     if unknown:
         raise ValueError(f"--envs: unknown {', '.join(unknown)}; choose from {', '.join(SUITE)}")
+    # a period of whole 5 ms ticks (200 % hz), dividing every suite env's simulation frequency (15 and 5 Hz)
+    if policy_hz is not None and (policy_hz < 1 or 200 % policy_hz or 5 % policy_hz):
+        raise ValueError(f"--policy-hz {policy_hz}: must divide the envs' simulation frequencies (1 or 5)")
     seeds = [FIRST_SEED + i for i in range(n_seeds)]
     runs: dict[str, list[Episode]] = {}
     if with_gate and gates:
-        runs["dualloop + gate"] = run_dualloop(model, gates, envs, seeds, max_seconds)
-    runs["dualloop, no gate"] = run_dualloop(model, (), envs, seeds, max_seconds)
-    runs["highway-env IDM"] = [drive_idm(SUITE[e], s, max_seconds) for e in envs for s in seeds]
+        runs["dualloop + gate"] = run_dualloop(model, gates, envs, seeds, max_seconds, policy_hz)
+    runs["dualloop, no gate"] = run_dualloop(model, (), envs, seeds, max_seconds, policy_hz)
+    runs["highway-env IDM"] = [drive_idm(SUITE[e], s, max_seconds, policy_hz) for e in envs for s in seeds]
     return [
         Row(env, driver, [ep for ep in episodes if ep.env == env]) for env in envs for driver, episodes in runs.items()
     ]
@@ -103,11 +112,12 @@ def table(rows: list[Row], title: str) -> Table:
     return t
 
 
-def print_suite(rows: list[Row], model: Path, console: Console) -> None:
+def print_suite(rows: list[Row], model: Path, console: Console, policy_hz: int | None = None) -> None:
+    hz = f"{policy_hz} Hz policy" if policy_hz else "the envs' own policy frequency"
     console.print(
         table(
             rows,
-            f"highway-env closed loop, model {model.name}, seeds {FIRST_SEED}.. "
+            f"highway-env closed loop, model {model.name}, seeds {FIRST_SEED}.., {hz} "
             "(TTC to the in-lane lead, sampled at the policy frequency)",
         )
     )

@@ -78,9 +78,17 @@ def test_idm_baseline_runs_every_suite_env(name):
     assert not ep.collided
 
 
-def test_unknown_env_is_named_before_any_server_starts():
+def test_bad_arguments_are_named_before_any_server_starts():
     with pytest.raises(ValueError, match="unknown nowhere.*highway, merge, dense"):
         run_suite(BASE_MODEL_PATH, (), ["nowhere"], 1)
+    with pytest.raises(ValueError, match="--policy-hz 3: must divide"):
+        run_suite(BASE_MODEL_PATH, (), ["highway"], 1, policy_hz=3)
+
+
+def test_policy_frequency_override_sets_the_declared_period():
+    env = make_env(SUITE["dense"], policy_hz=5)
+    assert policy_period_ns(env) == 200_000_000
+    env.close()
 
 
 @pytest.mark.slow
