@@ -32,6 +32,7 @@ COMMAND_GROUPS = (
     ("dualloop.controller.gates.cli", "train"),
     ("dualloop.controller.cards.cli", "train"),
     ("dualloop.controller.bench.cli", "bench"),
+    ("dualloop.controller.highway.cli", "highway"),
 )
 
 

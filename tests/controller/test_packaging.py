@@ -93,6 +93,8 @@ def test_extra_command_names_the_extra_to_install(tmp_path):
     )
     proc = _lean(tmp_path, "card", "init", "my.onnx")  # reading and writing ONNX graphs needs onnx
     assert proc.returncode == 2 and "pip install 'dualloop[train]'" in proc.stdout
+    proc = _lean(tmp_path, "highway", "--seeds", "1")
+    assert proc.returncode == 2 and "pip install 'dualloop[highway]'" in proc.stdout
 
 
 @pytest.mark.slow

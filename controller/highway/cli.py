@@ -1,0 +1,52 @@
+"""`dualloop highway`: highway-env's ego in closed loop with dualloop over gRPC (extra `highway`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dualloop.controller.console import console
+from dualloop.controller.highway.adapter import SUITE
+from dualloop.controller.highway.suite import print_suite, run_suite
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "highway",
+        help="highway-env's ego driven by dualloop over gRPC, with and without the gate, next to highway-env's IDM ego",
+    )
+    p.add_argument("--envs", default=",".join(SUITE), help=f"comma-separated, from {', '.join(SUITE)} (default: all)")
+    p.add_argument("--seeds", type=int, default=3, help="episodes per env, seeds 1000.. (default 3)")
+    p.add_argument("--no-gate", action="store_true", help="skip the run with the OOD gate")
+    p.add_argument("--model", type=Path, help="default: models/base.onnx")
+    p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
+    p.add_argument("--max-seconds", type=float, help="cap each episode (default: the env's duration, merge 60 s)")
+    p.add_argument(
+        "--policy-hz",
+        type=int,
+        help="override the envs' policy_frequency (default: their own, 1 Hz); must divide their simulation frequency",
+    )
+    p.set_defaults(fn=_highway)
+
+
+def _highway(args: argparse.Namespace) -> int:
+    if args.seeds < 1:
+        raise SystemExit("--seeds: must be at least 1")
+    model = args.model or BASE_MODEL_PATH
+    gates = args.gate or ([g for g in DEFAULT_GATES if g.is_file()] if model == BASE_MODEL_PATH else [])
+    envs = [e.strip() for e in args.envs.split(",") if e.strip()]
+    try:
+        rows = run_suite(
+            model,
+            gates,
+            envs,
+            args.seeds,
+            with_gate=not args.no_gate,
+            max_seconds=args.max_seconds,
+            policy_hz=args.policy_hz,
+        )
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    print_suite(rows, model, console, args.policy_hz)
+    return 0
