@@ -54,6 +54,7 @@ COMMANDS = {
     "gate": "dualloop.controller.gates.cli",
     "bench": "dualloop.controller.bench.cli",
     "card": "dualloop.controller.cards.cli",
+    "highway": "dualloop.controller.highway.cli",
 }
 
 
