@@ -68,9 +68,22 @@ class HumanFormatter(logging.Formatter):
         return text
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a record is emitted, not as it was when logging was
+    configured: a server started in process outlives a caller that swapped stderr and closed it."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
 def configure_logging(level: str = "INFO", fmt: LogFormat = "human", stream: TextIO | None = None) -> None:
     """Send the server's events (and the other dualloop loggers') to stream (default stderr)."""
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler: logging.StreamHandler = logging.StreamHandler(stream) if stream is not None else _CurrentStderr()
     handler.setFormatter(JsonFormatter() if fmt == "json" else HumanFormatter())
     root = logging.getLogger("dualloop")
     for old in list(root.handlers):  # configuring twice (tests, a second serve) must not double lines
