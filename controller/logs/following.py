@@ -20,7 +20,7 @@ session and file. The first row of a piece has no causal acceleration yet (NaN) 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +60,34 @@ class FollowingPair:
     gap: FloatArray
     # Facts about this pair for the header's source_details (vehicles, columns used).
     details: dict[str, str]
+
+
+def imported_header(
+    session_id: str,
+    source: str,
+    measured: Sequence[str],
+    observation_period_ns: int,
+    details: Mapping[str, str],
+    start_time_unix_ns: int | None = None,
+) -> log_pb2.SessionHeader:
+    """The header of an imported drive: a shadow LOCKSTEP session in the highway schema whose sensors
+    measured `measured` (the other features are NaN), with where each value came from in `details`."""
+    return log_pb2.SessionHeader(
+        session_id=session_id,
+        clock=pb.CLOCK_MODE_LOCKSTEP,
+        shadow=True,
+        config_json="{}",
+        source=source,
+        format_version=FORMAT_VERSION,
+        start_time_unix_ns=time.time_ns() if start_time_unix_ns is None else start_time_unix_ns,
+        feature_names=FEATURE_NAMES,
+        measured_features=list(measured),
+        action_names=ACTIONS,
+        control_names=CONTROL_NAMES,
+        tick_period_ns=TICK_PERIOD_NS,
+        observation_period_ns=observation_period_ns,
+        source_details=details,
+    )
 
 
 def timestamps_ns(t_s: FloatArray) -> npt.NDArray[np.int64]:
@@ -114,21 +142,13 @@ def write_following_session(
     features[:, FEATURE_INDEX["lead_rel_speed"]] = pair.lead_speed[rows] - speed
     features, labels, label_accel = features[keep], labels[keep], label_accel[keep]
     stamps = timestamps_ns(t[keep])
-    header = log_pb2.SessionHeader(
+    header = imported_header(
         session_id=session_id,
-        clock=pb.CLOCK_MODE_LOCKSTEP,
-        shadow=True,
-        config_json="{}",
         source=source,
-        format_version=FORMAT_VERSION,
-        start_time_unix_ns=time.time_ns() if start_time_unix_ns is None else start_time_unix_ns,
-        feature_names=FEATURE_NAMES,
-        measured_features=[n for n in FEATURE_NAMES if n in FOLLOWING_FEATURES],
-        action_names=ACTIONS,
-        control_names=CONTROL_NAMES,
-        tick_period_ns=TICK_PERIOD_NS,
+        measured=[n for n in FEATURE_NAMES if n in FOLLOWING_FEATURES],
         observation_period_ns=observation_period_ns,
-        source_details={
+        start_time_unix_ns=start_time_unix_ns,
+        details={
             **details,
             **pair.details,
             "ego_accel": f"backward_accel: slope of the follower's speed over the previous {ACCEL_WINDOW_S} s "

@@ -20,7 +20,6 @@ controls are [that accel, front-wheel angle = steering-wheel angle / STEERING_RA
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,14 +27,13 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from dualloop.controller.logs.following import TICK_PERIOD_NS
-from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, FORMAT_VERSION
+from dualloop.controller.logs.following import imported_header
+from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL
 from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
 from dualloop.executor.action_labels import ACCEL_WINDOW_S, LOOKAHEAD_S, backward_accel, lookahead_labels
-from dualloop.sim.schema import ACTIONS, CONTROL_NAMES, FEATURE_INDEX, FEATURE_NAMES, N_FEATURES, SENSOR_RANGE_M
+from dualloop.sim.schema import FEATURE_INDEX, FEATURE_NAMES, N_FEATURES, SENSOR_RANGE_M
 from dualloop.v2 import controller_pb2 as pb
-from dualloop.v2 import log_pb2
 
 # Toyota RAV4 2018 steering ratio (steering-wheel angle / front-wheel angle), as in the brief.
 STEERING_RATIO = 15.3
@@ -281,21 +279,13 @@ def import_comma2k19(
         raise Comma2k19Error(f"{directory}: non-finite feature values after resampling")
 
     route = route_name(directory)
-    header = log_pb2.SessionHeader(
+    header = imported_header(
         session_id=session_id or f"comma2k19-{directory.name}",
-        clock=pb.CLOCK_MODE_LOCKSTEP,
-        shadow=True,
-        config_json="{}",
         source=f"comma2k19 import of {route}",
-        start_time_unix_ns=time.time_ns() if start_time_unix_ns is None else start_time_unix_ns,
-        format_version=FORMAT_VERSION,
-        feature_names=FEATURE_NAMES,
-        measured_features=[n for n in FEATURE_NAMES if n in MEASURED],
-        action_names=ACTIONS,
-        control_names=CONTROL_NAMES,
-        tick_period_ns=TICK_PERIOD_NS,
+        measured=[n for n in FEATURE_NAMES if n in MEASURED],
         observation_period_ns=period_ns,
-        source_details={
+        start_time_unix_ns=start_time_unix_ns,
+        details={
             "dataset": "comma2k19 (MIT licence, arXiv:1812.05752)",
             "route": route,
             "boot_time_of_t0_s": f"{start:.6f}",

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,15 +44,14 @@ import numpy as np
 import numpy.typing as npt
 
 from dualloop.controller.logs.csv_text import csv_rows
-from dualloop.controller.logs.following import TICK_PERIOD_NS, timestamps_ns
-from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, FORMAT_VERSION
+from dualloop.controller.logs.following import imported_header, timestamps_ns
+from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL
 from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
 from dualloop.executor.action_labels import ACCEL_WINDOW_S, LOOKAHEAD_S, backward_accel, lookahead_labels
 from dualloop.sim.schema import (
     ACTION_INDEX,
     ACTIONS,
-    CONTROL_NAMES,
     FEATURE_INDEX,
     FEATURE_NAMES,
     FEATURES,
@@ -63,7 +61,6 @@ from dualloop.sim.schema import (
     label_from_accel,
 )
 from dualloop.v2 import controller_pb2 as pb
-from dualloop.v2 import log_pb2
 
 TIME_COLUMN = "time"
 ACTION_COLUMN = "actual_action"
@@ -429,21 +426,13 @@ def import_csv(
         details["warnings"] = "; ".join(warnings)
 
     measured = [n for n in FEATURE_NAMES if n in present]
-    header = log_pb2.SessionHeader(
+    header = imported_header(
         session_id=session_id or f"csv-{path.stem}",
-        clock=pb.CLOCK_MODE_LOCKSTEP,
-        shadow=True,
-        config_json="{}",
         source=f"csv import of {path}",
-        format_version=FORMAT_VERSION,
-        start_time_unix_ns=time.time_ns() if start_time_unix_ns is None else start_time_unix_ns,
-        feature_names=FEATURE_NAMES,
-        measured_features=measured,
-        action_names=ACTIONS,
-        control_names=CONTROL_NAMES,
-        tick_period_ns=TICK_PERIOD_NS,
+        measured=measured,
         observation_period_ns=period_ns,
-        source_details=details,
+        start_time_unix_ns=start_time_unix_ns,
+        details=details,
     )
     rows = np.flatnonzero(keep)
     stamps = timestamps_ns(t)

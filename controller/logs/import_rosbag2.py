@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -36,15 +35,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dualloop.controller.extras import require
-from dualloop.controller.logs.following import TICK_PERIOD_NS
-from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL, FORMAT_VERSION
+from dualloop.controller.logs.following import imported_header
+from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL
 from dualloop.controller.logs.import_csv import COLUMN_UNITS, UNITS
 from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
 from dualloop.executor.action_labels import ACCEL_WINDOW_S, LOOKAHEAD_S, backward_accel, lookahead_labels
 from dualloop.sim.schema import (
-    ACTIONS,
-    CONTROL_NAMES,
     FEATURE_INDEX,
     FEATURE_NAMES,
     GAP_FEATURES,
@@ -52,7 +49,6 @@ from dualloop.sim.schema import (
     SENSOR_RANGE_M,
 )
 from dualloop.v2 import controller_pb2 as pb
-from dualloop.v2 import log_pb2
 
 _PATH_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
 _INDEX = re.compile(r"\[(\d+)\]")
@@ -363,21 +359,13 @@ def import_rosbag2(
     )
     if warnings:
         details["warnings"] = "; ".join(warnings)
-    header = log_pb2.SessionHeader(
+    header = imported_header(
         session_id=mapping.session_id or f"rosbag2-{bag.stem}",
-        clock=pb.CLOCK_MODE_LOCKSTEP,
-        shadow=True,
-        config_json="{}",
         source=f"rosbag2 import of {bag}",
-        format_version=FORMAT_VERSION,
-        start_time_unix_ns=time.time_ns() if start_time_unix_ns is None else start_time_unix_ns,
-        feature_names=FEATURE_NAMES,
-        measured_features=measured,
-        action_names=ACTIONS,
-        control_names=CONTROL_NAMES,
-        tick_period_ns=TICK_PERIOD_NS,
+        measured=measured,
         observation_period_ns=period_ns,
-        source_details=details,
+        start_time_unix_ns=start_time_unix_ns,
+        details=details,
     )
     feats32 = features.astype(np.float32)
 
