@@ -66,7 +66,10 @@ def test_client_process_killed_with_open_streams(tmp_path: Path, drive_rows: np.
         _back_to(server, baseline)
         closed = [e for e in server.events("session.close") if e["session_id"].startswith("soak-")]
         assert len(closed) == n, closed
-        assert all(e["code"] == "CANCELLED" and e["snapshots_sent"] > 0 for e in closed), closed
+        # every stream ended as cancelled by its vanished client (a session opened last, on a busy
+        # machine, may not have been sent a snapshot yet: the total above says they were streaming)
+        assert all(e["code"] == "CANCELLED" for e in closed), [(e["session_id"], e["code"]) for e in closed]
+        assert sum(e["snapshots_sent"] for e in closed) >= 100 * n
         assert_still_serving(server, drive_rows)
 
 

@@ -113,11 +113,24 @@ def test_gate_names_mismatch_says_how_to_refit(tmp_path: Path) -> None:
         load_gate_for_model(path, base)
 
 
-def test_shipped_gates_without_a_model_load_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+def test_the_shipped_gates_record_the_shipped_model() -> None:
     base = DecisionModel(BASE_MODEL_PATH, warmup_batches=())
+    for path in DEFAULT_GATES:
+        gate = load_gate_for_model(path, base)
+        assert gate.model is not None and gate.model.version == base.card.version, path
+
+
+def test_a_gate_without_a_model_record_loads_with_a_warning(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """Gate files written before they recorded their model: the shipped ones, stripped of it."""
+    base = DecisionModel(BASE_MODEL_PATH, warmup_batches=())
+    paths = []
+    for i, shipped in enumerate(DEFAULT_GATES):
+        path = tmp_path / f"old-{i}.gate.npz"
+        dataclasses.replace(ood.load_gate(shipped), model=None).save(str(path))
+        paths.append(path)
     with caplog.at_level(logging.WARNING, logger="dualloop.gates"):
-        gates = [load_gate_for_model(g, base) for g in DEFAULT_GATES]
+        gates = [load_gate_for_model(p, base) for p in paths]
     assert all(g.model is None for g in gates)
     warned = [r.getMessage() for r in caplog.records if r.name == "dualloop.gates"]
-    assert len(warned) == len(DEFAULT_GATES)
+    assert len(warned) == len(paths)
     assert all("does not record the model" in w and "dualloop gate fit --model" in w for w in warned)
