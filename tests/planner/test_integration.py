@@ -255,8 +255,9 @@ def _exercise_fault(
     assert len(ticks) + dropped <= span <= len(ticks) + dropped + missed
     # A planner on the loop's path would block it for the source's deadline (30-40 ms) in every 50 ms
     # period: more than 60% of the ticks missed. The machine's own noise (this test beside another
-    # full test suite on the 2-core VM) missed up to 19 of 84; a quiet machine misses none.
-    assert missed <= span * 0.3, f"{missed} missed deadlines out of {span} ticks"
+    # full test suite and two CPU-bound processes on the 2-core VM) missed up to 100 of 281 (36%); a
+    # quiet machine misses none. Half is between the two.
+    assert missed <= span * 0.5, f"{missed} missed deadlines out of {span} ticks"
     # the fault showed up within the age limit plus a period or two, not later
     assert t_stale - t_fault < (max_plan_age_ms + 3 * period_ms) / 1e3 + 0.5
     return srv.server.runtime.planning.stats()
