@@ -166,6 +166,7 @@ def debug_scalars(
         "proposed_index": float(snap.proposed.action.index),
         "safety_state": float(snap.safety_state),
         "gate_score": float(snap.gate.score),
+        "gate_threshold": float(snap.gate.threshold),
         "gate_veto": float(snap.gate.veto),
         "features_provided": float(len(provided)),
     }
