@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -104,6 +105,23 @@ def test_same_seed_same_run(driver, address):
     a, b = ([(s["applied_accel"], s["applied_steer"]) for s in (dict(d.scalars) for d in r.debug)] for r in runs)
     assert a == b
     np.testing.assert_array_equal(runs[0].ego.positions, runs[1].ego.positions)
+
+
+def test_concurrent_rollouts_decide_as_they_would_alone(driver, address):
+    """The server's handler threads share one executor; each rollout is its own LOCKSTEP session, so
+    two at once give exactly what each gives alone."""
+
+    def rollout(speed: float) -> list[tuple[float, float]]:
+        with FakeLoop(address, [CAMERA], step_s=STEP_S, initial_speed_mps=speed, initial_lateral_offset_m=0.2) as loop:
+            result = loop.run(15, seed=5)
+        return [(d.scalars["applied_accel"], d.scalars["applied_steer"]) for d in result.debug]
+
+    alone = [rollout(12.0), rollout(25.0)]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(rollout, (12.0, 25.0)))
+    assert together == alone
+    assert alone[0] != alone[1]
+    assert driver.sessions == 0
 
 
 def _egomotion(session: str, t_us: int, speed: float | None) -> RolloutEgoTrajectory:
