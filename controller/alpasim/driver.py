@@ -87,13 +87,26 @@ class DualloopDriver(BaseDriver):
         # the executor is single-threaded; the gRPC server's handler threads take turns
         self._lock = threading.Lock()
         self._runs: dict[str, _Run] = {}
+        # rollouts started whose executor session opens at their first drive (its sensor profile is
+        # what that drive measures): counted against max_sessions from the start
+        self._started: set[str] = set()
 
     @property
     def sessions(self) -> int:
         return len(self._runs)
 
+    def on_session_start(self, session: SessionState) -> None:
+        """Refuse a rollout the executor has no room for now, not at its first drive (the servicer
+        answers FAILED_PRECONDITION with this message)."""
+        with self._lock:
+            limit = self.executor.config.max_sessions
+            if len(self._started) >= limit:
+                raise SessionError(f"{limit} rollouts are open, the executor's max_sessions; close one first")
+            self._started.add(session.uuid)
+
     def on_session_close(self, session: SessionState) -> None:
         with self._lock:
+            self._started.discard(session.uuid)
             run = self._runs.pop(session.uuid, None)
             if run is not None:
                 run.decider.close()

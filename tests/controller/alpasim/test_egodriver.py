@@ -32,6 +32,7 @@ from carla_driver_interface.protocol import (
 from carla_driver_interface.testing import FakeCamera, FakeLoop
 
 from dualloop.controller.alpasim.driver import DualloopDriver, build_server
+from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.sim.schema import ACCEL_MAX, ACCEL_MIN, STEER_MAX, STEER_MIN
 
@@ -169,6 +170,22 @@ def test_bad_inputs_get_a_status_naming_the_field(stub, driver):
     code, details = _code(lambda: stub.drive(DriveRequest(session_uuid="nope", time_query_us=1), timeout=10))
     assert code == grpc.StatusCode.NOT_FOUND and "nope" in details
     assert driver.sessions == 0
+
+
+def test_a_rollout_beyond_max_sessions_is_refused_at_start(base_model):
+    driver = DualloopDriver(Executor(base_model, ExecutorConfig(max_sessions=1)))
+    server, port = build_server(driver, "127.0.0.1", 0)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=channel_options()) as channel:
+            stub = EgodriverServiceStub(channel)
+            first = _open(stub)
+            code, details = _code(lambda: _open(stub))
+            assert code == grpc.StatusCode.FAILED_PRECONDITION and "max_sessions" in details
+            stub.close_session(DriveSessionCloseRequest(session_uuid=first), timeout=10)
+            _open(stub)  # room again
+    finally:
+        server.stop(grace=None).wait()
 
 
 def test_a_sensor_that_drops_out_is_invalid_input_not_a_guess(stub):
