@@ -140,15 +140,15 @@ class DualloopDriver(BaseDriver):
             run = self._runs.get(session.uuid)
             if run is None:
                 run = self._open(session.uuid, measured, ctx.time_query_us - ctx.time_now_us)
+            # no newer egomotion since the last drive: that decision stands (LOCKSTEP time only
+            # moves with observations)
             fresh = run.last_ts_ns is None or ts_ns > run.last_ts_ns
             if fresh:
-                # no newer egomotion since the last drive: that decision stands (LOCKSTEP time only
-                # moves with observations)
                 x = feature_vector(self.feature_names, run.provided, measured)
                 snap = run.decider.decide(run.seq + 1, ts_ns, x, "", None, actual=run.actual)
                 run.seq += 1
                 run.last_ts_ns = ts_ns
-                if snap is not None:  # None: an off-grid first tick; the previous decision stands
+                if snap is not None:  # None: no tick since the previous observation (both in one 5 ms)
                     run.snapshot = snap
             snap = run.snapshot
         if snap is None:
