@@ -35,6 +35,7 @@ from dualloop.controller.alpasim.driver import DualloopDriver, build_server
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.sim.schema import ACCEL_MAX, ACCEL_MIN, STEER_MAX, STEER_MIN
+from dualloop.v2 import controller_pb2 as pb
 
 STEP_S = 0.1
 # the route-derived features and the speed: what FakeLoop's messages measure
@@ -203,6 +204,7 @@ def test_a_sensor_that_drops_out_is_invalid_input_not_a_guess(stub):
     s1, s2 = (_scalars(r) for r in (first, second))
     assert "reason.INVALID_INPUT" not in s1 and s1["features_provided"] == 4
     assert s2["reason.INVALID_INPUT"] == 1.0 and math.isnan(s2["feature.lane_offset"])
+    assert s1["safety_state"] == pb.SAFETY_STATE_NOMINAL and s2["safety_state"] == pb.SAFETY_STATE_VETO_HOLD
     assert len(second.trajectory.poses) > 1  # still a plan: the safety machine's held action
 
 
