@@ -33,6 +33,7 @@ COMMAND_GROUPS = (
     ("dualloop.controller.cards.cli", "train"),
     ("dualloop.controller.bench.cli", "bench"),
     ("dualloop.controller.highway.cli", "highway"),
+    ("dualloop.controller.alpasim.cli", "alpasim"),
 )
 
 
@@ -55,6 +56,7 @@ COMMANDS = {
     "bench": "dualloop.controller.bench.cli",
     "card": "dualloop.controller.cards.cli",
     "highway": "dualloop.controller.highway.cli",
+    "alpasim": "dualloop.controller.alpasim.cli",
 }
 
 

@@ -58,12 +58,26 @@ class InProcessDecider:
     """The executor in this process, one LOCKSTEP session; with `planner`, planned exactly as the
     gRPC server plans a LOCKSTEP session (controller.serve.planning.LockstepPlanning, in-line)."""
 
-    def __init__(self, executor: Executor, session_id: str, planner: LockstepPlanning | None = None) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        session_id: str,
+        planner: LockstepPlanning | None = None,
+        provided_features: tuple[str, ...] | None = None,
+        observation_period_ns: int = 0,
+    ) -> None:
+        """`provided_features`, `observation_period_ns`: the sensor profile and rate, as OpenSession's."""
         self.executor = executor
         self.session_id = session_id
         self.planner = planner
         # planned by the server's planner: its plans expiring is a fault (STALE_PLAN), as on the server
-        executor.open_session(session_id, Clock.LOCKSTEP, expired_plan_is_stale=planner is not None)
+        executor.open_session(
+            session_id,
+            Clock.LOCKSTEP,
+            expired_plan_is_stale=planner is not None,
+            provided_features=provided_features,
+            observation_period_ns=observation_period_ns,
+        )
 
     @property
     def has_planner(self) -> bool:
