@@ -28,7 +28,9 @@ from dualloop.controller.logs.format import (
     sensor_profile,
 )
 from dualloop.controller.logs.logfile import LogData, read_log, write_log
+from dualloop.controller.logs.plot import PlotSchema, channel_metadata, log_time_offset_ns, plot_topic
 from dualloop.controller.replay.evaluation import EvaluationUnavailable, evaluate_replay, unmeasured_features
+from dualloop.controller.replay.plot_batch import encode_plots_packed
 from dualloop.controller.replay.report import ReplayReport, summarise
 from dualloop.controller.replay.wire_batch import encode_snapshots_packed
 from dualloop.controller.serve.gate_files import load_gate_for_model
@@ -172,6 +174,10 @@ def replay_header(
     header.source = f"replay of {source_path} ({source.header.source})"
     header.tick_period_ns = ex.period_ns
     header.part = 0
+    if not header.feature_names:  # the names the plot channel plots by: the card's order is the observations'
+        header.feature_names[:] = ex.card.feature_names
+    if not header.control_names:
+        header.control_names[:] = [c.name for c in ex.card.controls]
     header.source_details["replay_of"] = str(source_path)
     header.source_details["replayed_model"] = f"{ex.card.name} {ex.card.version}"
     return header
@@ -257,11 +263,12 @@ def replay_log(
 def _write_replay(
     path: Path, header: log_pb2.SessionHeader, data: LogData, snaps: list[Snapshot], table: TickTable | None
 ) -> Path:
-    """The replay's log: the source's observations, then the snapshots. From the fast path's table
-    the snapshots are encoded column-wise and the file written in bulk (byte-identical to
-    `write_log` of `snapshot_to_proto`, tests/controller/replay/test_fleet.py)."""
+    """The replay's log: the source's observations, then the snapshots, then their plot messages
+    (logs/plot.py). From the fast path's table the snapshots and plots are encoded column-wise and
+    the file written in bulk (byte-identical to `write_log` of `snapshot_to_proto`,
+    tests/controller/replay/test_fleet.py)."""
     if table is None:
-        return write_log(path, header, data.observations, (snapshot_to_proto(s) for s in snaps))
+        return write_log(path, header, data.observations, (snapshot_to_proto(s) for s in snaps), plots=True)
     if not header.format_version:
         header.format_version = FORMAT_VERSION
     first = data.observations[0].timestamp_ns
@@ -276,5 +283,23 @@ def _write_replay(
                 np.fromiter((o.timestamp_ns for o in data.observations), np.int64, len(data.observations)),
             ),
             TopicMessages(TOPIC_SNAPSHOT, [], table.tick_ns, packed=encode_snapshots_packed(table)),
+            *_plot_group(header, table),
         ],
     )
+
+
+def _plot_group(header: log_pb2.SessionHeader, table: TickTable) -> list[TopicMessages]:
+    if not len(table):
+        return []
+    schema = PlotSchema.for_header(header)
+    offset = log_time_offset_ns(header, int(table.tick_ns[0]))
+    return [
+        TopicMessages(
+            plot_topic(header.session_id),
+            [],
+            table.tick_ns + offset,
+            packed=encode_plots_packed(schema, table),
+            schema=(schema.name, schema.data),
+            metadata=channel_metadata(header, offset),
+        )
+    ]
