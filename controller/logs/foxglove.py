@@ -33,7 +33,10 @@ STATES: tuple[tuple[str, str], ...] = (
     ("safety_state", "safety state"),
     ("proposed_action", "proposed"),
     ("applied_action", "applied"),
-    ("reasons", "reasons"),
+    ("reasons.OOD_VETO", "OOD veto"),
+    ("reasons.LOW_MARGIN", "low margin"),
+    ("reasons.STALE_OBSERVATION", "stale observation"),
+    ("reasons.FALLBACK", "fallback"),
 )
 
 

@@ -4,7 +4,9 @@ The log's data topics (`/dualloop/snapshot`, `/dualloop/observation`, format.py)
 controls as positional `repeated float`, share one topic name across sessions and, in LOCKSTEP,
 carry sim time as log_time (1970 in a viewer). Beside them every recorded session gets
 `/dualloop/<session>/plot`: a protobuf message whose schema is built from the session header's
-feature, control and check names, so a plot path reads `/dualloop/cut_in-900001/plot.features.ego_speed`.
+feature, control, action and check names, so a plot path reads
+`/dualloop/cut_in-900001/plot.features.ego_speed`; actions and the safety state are enums (a state
+transitions panel shows their names), reasons a bool per reason code.
 The schema is embedded in the file like every other (a FileDescriptorSet), so Foxglove and
 `mcap_protobuf`'s decoder decode it without dualloop; dualloop's own readers skip the topic.
 
@@ -12,10 +14,13 @@ log_time of a plot message (docs/foxglove.md):
 - REALTIME: the wall clock (Unix ns) when the recorder was handed the snapshot;
 - LOCKSTEP: the session's tick time plus the channel's `log_time_offset_ns`, which is the header's
   start_time_unix_ns (the wall clock when the recording, or the recording a replay replays, began),
-  or 0 when tick times are already Unix times (after 2001-09-09). Sessions never sit at 1970.
+  or 0 when tick times are already Unix times (after 2001-09-09). A log without a start time
+  (synthetic test logs) keeps its own times.
 
-The schema is proto2 so that every field written is present, zeros included (a plot shows a zero
-speed, not a gap), and `ttc_s` can be absent when nothing is closing in.
+The schema is proto2 so that every field is written, zeros included (a plot shows a zero speed, not
+a gap); values that do not exist are NaN (TTC when nothing closes in, an unscored tick's proposal).
+The recorder (live sessions, `make demo`) always writes the topic (config `record_plots`); a replay
+when asked (`dualloop replay --foxglove`), as it adds a third to a replay's CPU.
 """
 
 from __future__ import annotations
@@ -43,17 +48,15 @@ _SAFE = re.compile(r"[^A-Za-z0-9_\-]")
 _IDENT = re.compile(r"[^A-Za-z0-9_]")
 _CHECKS = sorted((int(kind), name) for kind, name in CHECK_NAMES.items())
 
-# The plot message's fixed fields: (name, number, type, comment). Sub-messages follow in _build.
+# The plot message's scalar fields: (name, number, type). Every field has a fixed width (fixed64
+# for counters, 1-byte enums and bools, floats), and every one is written on every tick, so a
+# session's plot messages all have one layout and a replay encodes them as one numpy record array
+# (controller/replay/plot_batch.py). Sub-messages and enums follow in _build.
 _F = descriptor_pb2.FieldDescriptorProto
-_FIXED: tuple[tuple[str, int, int], ...] = (
+_SCALARS: tuple[tuple[str, int, int], ...] = (
     ("session_id", 1, _F.TYPE_STRING),
-    ("tick", 2, _F.TYPE_UINT64),
+    ("tick", 2, _F.TYPE_FIXED64),
     ("time_s", 3, _F.TYPE_DOUBLE),  # the tick's scheduled time on the session's clock
-    ("reasons", 5, _F.TYPE_STRING),  # reason names, space separated
-    ("proposed_action", 6, _F.TYPE_STRING),
-    ("applied_action", 7, _F.TYPE_STRING),
-    ("proposed_index", 8, _F.TYPE_INT32),
-    ("applied_index", 9, _F.TYPE_INT32),
     ("overridden", 10, _F.TYPE_BOOL),  # the applied action is not the proposed one
     ("confidence", 11, _F.TYPE_FLOAT),
     ("margin", 12, _F.TYPE_FLOAT),
@@ -63,13 +66,18 @@ _FIXED: tuple[tuple[str, int, int], ...] = (
     ("observation_age_ms", 20, _F.TYPE_DOUBLE),
     ("plan_age_ms", 21, _F.TYPE_DOUBLE),
     ("held", 22, _F.TYPE_BOOL),
-    ("observation_seq", 23, _F.TYPE_UINT64),
+    ("observation_seq", 23, _F.TYPE_FIXED64),
     ("speed", 24, _F.TYPE_FLOAT),
     ("accel", 25, _F.TYPE_FLOAT),
     ("gap", 26, _F.TYPE_FLOAT),
-    ("ttc_s", 27, _F.TYPE_FLOAT),  # gap / closing speed; absent when not closing in
+    ("ttc_s", 27, _F.TYPE_FLOAT),  # gap / closing speed; NaN (no point in a plot) when not closing in
 )
-SAFETY_FIELD, PROPOSED_FIELD, APPLIED_FIELD, CHECKS_FIELD, FEATURES_FIELD = 4, 16, 17, 18, 19
+SAFETY_FIELD, REASONS_FIELD, PROPOSED_ACTION_FIELD, APPLIED_ACTION_FIELD = 4, 5, 6, 7
+PROPOSED_FIELD, APPLIED_FIELD, CHECKS_FIELD, FEATURES_FIELD = 16, 17, 18, 19
+NOT_SCORED = "NOT_SCORED"  # the action enum's 0: a tick the model could not score
+# Without action names (a header that has none) the enum names the indices.
+_UNNAMED_ACTIONS = tuple(f"action_{i}" for i in range(16))
+REASONS = {v.number: v.name.removeprefix("REASON_CODE_") for v in pb.ReasonCode.DESCRIPTOR.values if v.number}
 
 
 def plot_topic(session_id: str) -> str:
@@ -122,11 +130,13 @@ class PlotSchema:
 
     feature_names: tuple[str, ...]
     control_names: tuple[str, ...]
+    action_names: tuple[str, ...] = ()
     name: str = ""
     data: bytes = b""
     message_type: type[Message] = field(init=False, repr=False)
     features: list[str] = field(init=False)  # the field names
     controls: list[str] = field(init=False)
+    actions: list[str] = field(init=False)  # the action enum's value names, NOT_SCORED first
     speed: int | None = field(init=False)  # feature index of each summary field
     accel: int | None = field(init=False)
     gap: int | None = field(init=False)
@@ -135,12 +145,16 @@ class PlotSchema:
     def __post_init__(self) -> None:
         self.features = field_names(self.feature_names)
         self.controls = field_names(self.control_names)
+        self.actions = field_names((NOT_SCORED, *(self.action_names or _UNNAMED_ACTIONS)))
+        if len(self.actions) > 127:
+            raise ValueError(f"{len(self.actions) - 1} actions: the plot's action enum holds at most 126")
         index = {n: i for i, n in enumerate(self.feature_names)}
         self.speed, self.accel = index.get(SPEED), index.get(ACCEL)
         self.gap, self.closing = index.get(GAP), index.get(CLOSING)
-        digest = hashlib.sha256("\0".join((*self.feature_names, "|", *self.control_names)).encode()).hexdigest()
+        names = (*self.feature_names, "|", *self.control_names, "|", *self.action_names)
+        digest = hashlib.sha256("\0".join(names).encode()).hexdigest()
         package = f"dualloop.plot.s{digest[:12]}"
-        fdp = _build(package, self.features, self.controls)
+        fdp = _build(package, self.features, self.controls, self.actions)
         self.name = f"{package}.Plot"
         self.data = descriptor_pb2.FileDescriptorSet(file=[fdp]).SerializeToString(deterministic=True)
         pool = descriptor_pool.DescriptorPool()
@@ -149,7 +163,7 @@ class PlotSchema:
 
     @classmethod
     def for_header(cls, header: log_pb2.SessionHeader) -> PlotSchema:
-        return cls(tuple(header.feature_names), tuple(header.control_names))
+        return cls(tuple(header.feature_names), tuple(header.control_names), tuple(header.action_names))
 
     def from_snapshot(self, snap: pb.DecisionSnapshot, observation: pb.Observation | None) -> Message:
         """The plot of one recorded snapshot; `observation` is the one it used (None: unknown,
@@ -158,31 +172,30 @@ class PlotSchema:
         proposal = snap.proposed
         proposed, applied = proposal.action, snap.applied
         gate = snap.gate
+        reasons = set(snap.reasons)
+        nan = float("nan")
         kw: dict[str, object] = {
             "session_id": snap.session_id,
             "tick": snap.tick,
             "time_s": snap.scheduled_time_ns / 1e9,
             "safety_state": snap.safety_state,
-            "reasons": " ".join(_REASONS.get(r) or str(r) for r in snap.reasons),
-            "proposed_action": proposed.name,
-            "applied_action": applied.name,
-            "proposed_index": proposed.index,
-            "applied_index": applied.index,
+            "reasons": {name: code in reasons for code, name in sorted(REASONS.items())},
+            "proposed_action": proposed.index + 1 if proposed.index >= 0 else 0,
+            "applied_action": applied.index + 1,
             "overridden": proposed.index != applied.index,
             "confidence": proposal.confidence,
             "margin": proposal.margin,
             "gate_score": gate.score,
             "gate_threshold": gate.threshold,
             "gate_veto": gate.veto,
+            # an unscored tick proposes nothing: NaN, not a command of 0
+            "proposed": dict(zip(self.controls, proposed.controls or [nan] * len(self.controls))),
+            "applied": dict(zip(self.controls, applied.controls)),
             "observation_age_ms": snap.observation_age_ns / 1e6,
             "plan_age_ms": snap.plan_age_ns / 1e6,
             "held": snap.observation_held,
             "observation_seq": snap.observation_seq,
         }
-        if proposed.controls:
-            kw["proposed"] = dict(zip(self.controls, proposed.controls))
-        if applied.controls:
-            kw["applied"] = dict(zip(self.controls, applied.controls))
         if snap.checks:
             checks: dict[str, dict[str, object]] = {}
             for check in snap.checks:
@@ -205,48 +218,56 @@ class PlotSchema:
             return float(values[i]) if i is not None and i < len(values) else None
 
         speed, accel, gap, rel = pick(self.speed), pick(self.accel), pick(self.gap), pick(self.closing)
-        ttc = gap / -rel if gap is not None and rel is not None and rel < 0 and math.isfinite(gap / -rel) else None
+        ttc = None
+        if gap is not None and rel is not None:  # NaN unless closing in (the replay's columns: the same rule)
+            ttc = gap / -rel if rel < 0 and math.isfinite(gap / -rel) else math.nan
         return speed, accel, gap, ttc
 
 
-_REASONS = {v.number: v.name.removeprefix("REASON_CODE_") for v in pb.ReasonCode.DESCRIPTOR.values}
-
-
-def _build(package: str, features: Sequence[str], controls: Sequence[str]) -> descriptor_pb2.FileDescriptorProto:
+def _build(
+    package: str, features: Sequence[str], controls: Sequence[str], actions: Sequence[str]
+) -> descriptor_pb2.FileDescriptorProto:
     fdp = descriptor_pb2.FileDescriptorProto(name=f"{package.replace('.', '/')}/plot.proto", package=package)
     fdp.syntax = "proto2"
-    safety = fdp.enum_type.add(name="SafetyState")
-    for value in pb.SafetyState.DESCRIPTOR.values:
-        safety.value.add(name=value.name.removeprefix("SAFETY_STATE_"), number=value.number)
 
-    def message(name: str, fields: Sequence[tuple[str, int, int, str]]) -> None:
+    def message(name: str, fields: Sequence[tuple[str, int, int, str]]) -> descriptor_pb2.DescriptorProto:
         msg = fdp.message_type.add(name=name)
-        for fname, number, ftype, type_name in fields:
+        for fname, number, ftype, type_name in sorted(fields, key=lambda f: f[1]):
             f = msg.field.add(name=fname, number=number, type=ftype, label=_F.LABEL_OPTIONAL)
             if type_name:
                 f.type_name = type_name
+        return msg
 
     def floats(names: Sequence[str]) -> list[tuple[str, int, int, str]]:
         return [(n, i + 1, _F.TYPE_FLOAT, "") for i, n in enumerate(names)]
 
     message("Features", floats(features))
     message("Controls", floats(controls))
+    message("Reasons", [(name, code, _F.TYPE_BOOL, "") for code, name in REASONS.items()])
     message(
-        "Check", [("score", 1, _F.TYPE_DOUBLE, ""), ("threshold", 2, _F.TYPE_DOUBLE, ""), ("veto", 3, _F.TYPE_BOOL, "")]
+        "Check", [("score", 1, _F.TYPE_FLOAT, ""), ("threshold", 2, _F.TYPE_FLOAT, ""), ("veto", 3, _F.TYPE_BOOL, "")]
     )
     message("Checks", [(name, kind, _F.TYPE_MESSAGE, f".{package}.Check") for kind, name in _CHECKS])
+    # enums nested in their own messages: enum values are scoped to the enclosing message, so an
+    # action called NOMINAL cannot clash with the safety state
+    action = fdp.message_type.add(name="Action").enum_type.add(name="Name")
+    for number, name in enumerate(actions):
+        action.value.add(name=name, number=number)
+    safety = fdp.message_type.add(name="Safety").enum_type.add(name="State")
+    for value in pb.SafetyState.DESCRIPTOR.values:
+        safety.value.add(name=value.name.removeprefix("SAFETY_STATE_"), number=value.number)
     message(
         "Plot",
-        sorted(
-            [
-                *((n, num, t, "") for n, num, t in _FIXED),
-                ("safety_state", SAFETY_FIELD, _F.TYPE_ENUM, f".{package}.SafetyState"),
-                ("proposed", PROPOSED_FIELD, _F.TYPE_MESSAGE, f".{package}.Controls"),
-                ("applied", APPLIED_FIELD, _F.TYPE_MESSAGE, f".{package}.Controls"),
-                ("checks", CHECKS_FIELD, _F.TYPE_MESSAGE, f".{package}.Checks"),
-                ("features", FEATURES_FIELD, _F.TYPE_MESSAGE, f".{package}.Features"),
-            ],
-            key=lambda f: f[1],
-        ),
+        [
+            *((n, num, t, "") for n, num, t in _SCALARS),
+            ("safety_state", SAFETY_FIELD, _F.TYPE_ENUM, f".{package}.Safety.State"),
+            ("reasons", REASONS_FIELD, _F.TYPE_MESSAGE, f".{package}.Reasons"),
+            ("proposed_action", PROPOSED_ACTION_FIELD, _F.TYPE_ENUM, f".{package}.Action.Name"),
+            ("applied_action", APPLIED_ACTION_FIELD, _F.TYPE_ENUM, f".{package}.Action.Name"),
+            ("proposed", PROPOSED_FIELD, _F.TYPE_MESSAGE, f".{package}.Controls"),
+            ("applied", APPLIED_FIELD, _F.TYPE_MESSAGE, f".{package}.Controls"),
+            ("checks", CHECKS_FIELD, _F.TYPE_MESSAGE, f".{package}.Checks"),
+            ("features", FEATURES_FIELD, _F.TYPE_MESSAGE, f".{package}.Features"),
+        ],
     )
     return fdp

@@ -129,7 +129,7 @@ class Recorder:
         self._sessions: dict[str, _SessionCounts] = collections.defaultdict(_SessionCounts)
         self._headers: dict[str, log_pb2.SessionHeader] = {}
         self._plots: dict[str, _PlotState] = {}
-        self._plot_schemas: dict[tuple[tuple[str, ...], tuple[str, ...]], PlotSchema] = {}
+        self._plot_schemas: dict[tuple[tuple[str, ...], ...], PlotSchema] = {}
         self._file: LogFileWriter | None = None
         self._part = 0
         self._closed = False
@@ -303,7 +303,7 @@ class Recorder:
             self._write_plot(file, plot, message, log_time_ns, publish_ns)
 
     def _plot_state(self, header: log_pb2.SessionHeader) -> _PlotState:
-        key = (tuple(header.feature_names), tuple(header.control_names))
+        key = (tuple(header.feature_names), tuple(header.control_names), tuple(header.action_names))
         schema = self._plot_schemas.get(key)
         if schema is None:
             schema = self._plot_schemas[key] = PlotSchema(*key)

@@ -1,87 +1,93 @@
 """A replay's plot messages (controller/logs/plot.py) as wire bytes, straight from its TickTable.
 
-Built column-wise like wire_batch's snapshots (a message per tick through the protobuf runtime
-costs ~15 us, which would make writing a replay's log slower than the replay): the bytes are those
-`PlotSchema.from_snapshot(snapshot_to_proto(s), observation)` serialises for the same tick, which
-tests/controller/logs/test_foxglove.py checks tick by tick. Every field is written (proto2: present
-when set), except `ttc_s` where nothing is closing in and the proposal's controls of unscored ticks.
+Every field of the plot message has a fixed width and is written on every tick, so all of a
+session's plot messages share one byte layout: tags and lengths are constants and the values are
+columns. The layout is a numpy record dtype, the ticks one record array, its bytes the messages
+(~1 us per tick; a message per tick through the protobuf runtime costs ~15 us, longer than the
+replay). The bytes are those `PlotSchema.from_snapshot(snapshot_to_proto(s), observation)`
+serialises for the same tick; tests/controller/replay/test_fleet.py compares the files.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from dualloop.controller.logs.plot import (
+    APPLIED_ACTION_FIELD,
     APPLIED_FIELD,
     CHECKS_FIELD,
     FEATURES_FIELD,
+    PROPOSED_ACTION_FIELD,
     PROPOSED_FIELD,
+    REASONS,
+    REASONS_FIELD,
     SAFETY_FIELD,
     PlotSchema,
 )
-from dualloop.controller.replay.wire_batch import (
-    U8,
-    Col,
-    Fields,
-    by_value,
-    const,
-    field_message,
-    lengths,
-    lookup,
-    reason_codes,
-    varints,
-)
-from dualloop.controller.replay.wire_batch import _flat as flat
-from dualloop.controller.replay.wire_batch import _tag as tag
-from dualloop.controller.replay.wire_batch import _varint_bytes as varint_bytes
+from dualloop.controller.replay.wire_batch import reason_codes
 from dualloop.executor.lockstep_batch import TickTable
-from dualloop.executor.snapshot import Reason
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
-def _string(field: int, text: str) -> bytes:
-    data = text.encode()
-    return tag(field, _LEN) + varint_bytes(len(data)) + data
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        out.append(b | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
-def _int(field: int, values: np.ndarray) -> Fields:
-    return varints(np.asarray(values).astype(np.int64), tag(field, _VARINT))
+def _tag(number: int, wire: int) -> bytes:
+    return _varint((number << 3) | wire)
 
 
-def _fixed(field: int, values: np.ndarray, dtype: str, present: np.ndarray | None = None) -> Fields:
-    v = np.ascontiguousarray(values, dtype=dtype)
-    size = v.dtype.itemsize
-    rows = len(v)
-    n = np.full(rows, size, np.int64)
-    head = const(tag(field, _I32 if size == 4 else _I64), rows)
-    if present is not None:
-        n, head.n = n * present, head.n * present
-    return [head, Col(v.view(U8).reshape(rows, size), n)]
+@dataclass
+class _Layout:
+    """A message's fields in wire order: record dtype entries and what fills each."""
 
+    dtype: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
+    values: dict[str, np.ndarray | bytes] = field(default_factory=dict)
+    size: int = 0
 
-def _float(field: int, values: np.ndarray, present: np.ndarray | None = None) -> Fields:
-    return _fixed(field, values, "<f4", present)
+    def _add(self, code: str, width: int, value: np.ndarray | bytes, shape: tuple[int, ...] = ()) -> None:
+        name = f"f{len(self.dtype)}"
+        self.dtype.append((name, code, shape))
+        self.values[name] = value
+        self.size += width
 
+    def const(self, data: bytes) -> None:
+        self._add("u1", len(data), data, (len(data),))
 
-def _double(field: int, values: np.ndarray) -> Fields:
-    return _fixed(field, values, "<f8")
+    def scalar(self, number: int, code: str, values: np.ndarray) -> None:
+        """float32 (<f4), double (<f8), fixed64 (<u8), or a bool/enum below 128 (u1, one varint byte)."""
+        wire = {"<f4": _I32, "<f8": _I64, "<u8": _I64, "u1": _VARINT}[code]
+        self.const(_tag(number, wire))
+        self._add(code, np.dtype(code).itemsize, values)
 
+    def message(self, number: int, inner: _Layout) -> None:
+        self.const(_tag(number, _LEN) + _varint(inner.size))
+        for (_, code, shape), value in zip(inner.dtype, inner.values.values()):
+            self._add(code, int(np.dtype((code, shape)).itemsize), value, shape)
 
-def _floats_message(field: int, matrix: np.ndarray, present: np.ndarray | None = None) -> Fields:
-    """A message of float fields 1..k, every one written: row k of `matrix` (rows, k)."""
-    inner: Fields = []
-    for j in range(matrix.shape[1]):
-        inner += _float(j + 1, matrix[:, j])
-    if not inner:
-        inner = [const(b"", len(matrix))]
-    return field_message(field, inner, present)
+    def floats(self, matrix: np.ndarray) -> _Layout:
+        """A message of float fields 1..k from the columns of `matrix`."""
+        out = _Layout()
+        for j in range(matrix.shape[1]):
+            out.scalar(j + 1, "<f4", matrix[:, j])
+        return out
 
-
-def _columns(values: np.ndarray, count: int, rows: int) -> np.ndarray:
-    matrix = np.asarray(values, np.float32).reshape(rows, -1)
-    return matrix[:, :count]
+    def encode(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        records = np.empty(rows, np.dtype(self.dtype))
+        for name, value in self.values.items():
+            records[name] = np.frombuffer(value, np.uint8) if isinstance(value, bytes) else value
+        assert records.dtype.itemsize == self.size
+        return records.view(np.uint8).reshape(-1), np.full(rows, self.size, np.int64)
 
 
 def _saturated(x: np.ndarray) -> np.ndarray:
@@ -93,68 +99,74 @@ def encode_plots_packed(schema: PlotSchema, table: TickTable) -> tuple[np.ndarra
     """Every tick's plot message: one uint8 buffer and each tick's size (bulk.TopicMessages.packed)."""
     rows = len(table)
     if rows == 0:
-        return np.zeros(0, U8), np.zeros(0, np.int64)
+        return np.zeros(0, np.uint8), np.zeros(0, np.int64)
     scored = table.scored.astype(bool)
     proposed = np.where(scored, table.proposed, -1)
     applied = np.asarray(table.applied, np.int64)
-    names = [*table.actions, ""]
+    if applied.max(initial=0) + 1 >= len(schema.actions):
+        raise ValueError(f"action index {applied.max()} beyond the plot schema's {len(schema.actions) - 1} actions")
     obs_seq = np.fromiter((o.seq for o in table.observations), np.int64, len(table.observations))
     zero = np.zeros(rows)
     gate_score = zero if table.gate_score is None else _saturated(np.asarray(table.gate_score, np.float64))
-    gate_threshold = zero if table.gate_threshold is None else table.gate_threshold
-    fields: Fields = [
-        const(_string(1, table.session_id), rows),
-        *_int(2, np.arange(rows)),
-        *_double(3, table.tick_ns / 1e9),
-        *_int(SAFETY_FIELD, table.safety_state),
-        *by_value(reason_codes(table.reasons), lambda rs: _string(5, " ".join(Reason(r).name for r in rs))),
-        *lookup([_string(6, n) for n in names], np.where(proposed >= 0, proposed, len(names) - 1)),
-        *lookup([_string(7, n) for n in names], applied),
-        *_int(8, proposed),
-        *_int(9, applied),
-        *_int(10, proposed != applied),
-        *_float(11, np.where(scored, table.confidence, 0.0)),
-        *_float(12, np.where(scored, table.margin, 0.0)),
-        *_float(13, gate_score),
-        *_float(14, gate_threshold),
-        *_int(15, table.gate_veto.astype(bool)),
-    ]
-    if schema.controls:  # as many values as the schema has names (from_snapshot zips them)
-        fields += _floats_message(PROPOSED_FIELD, _columns(table.proposed_controls, len(schema.controls), rows), scored)
-        fields += _floats_message(APPLIED_FIELD, _columns(table.applied_controls, len(schema.controls), rows))
+    # few distinct reason sets: each one's bits once, then a row per tick by index
+    distinct: dict[tuple[int, ...], int] = {}
+    set_of_tick = np.fromiter(
+        (distinct.setdefault(rs, len(distinct)) for rs in reason_codes(table.reasons)), np.int64, rows
+    )
+    bits = np.zeros((len(distinct), max(REASONS) + 1), bool)
+    for rs, i in distinct.items():
+        bits[i, list(rs)] = True
+    reason_bits = bits[set_of_tick]
+    m = _Layout()
+    m.const(_tag(1, _LEN) + _varint(len(table.session_id.encode())) + table.session_id.encode())
+    m.scalar(2, "<u8", np.arange(rows))
+    m.scalar(3, "<f8", table.tick_ns / 1e9)
+    m.scalar(SAFETY_FIELD, "u1", table.safety_state)
+    reasons = _Layout()
+    for code in sorted(REASONS):
+        reasons.scalar(code, "u1", reason_bits[:, code])
+    m.message(REASONS_FIELD, reasons)
+    m.scalar(PROPOSED_ACTION_FIELD, "u1", proposed + 1)
+    m.scalar(APPLIED_ACTION_FIELD, "u1", applied + 1)
+    m.scalar(10, "u1", proposed != applied)
+    m.scalar(11, "<f4", np.where(scored, table.confidence, 0.0))
+    m.scalar(12, "<f4", np.where(scored, table.margin, 0.0))
+    m.scalar(13, "<f4", gate_score)
+    m.scalar(14, "<f4", zero if table.gate_threshold is None else table.gate_threshold)
+    m.scalar(15, "u1", table.gate_veto)
+    n_controls = len(schema.controls)  # as many as the schema names (from_snapshot zips them)
+    proposed_controls = np.asarray(table.proposed_controls, np.float32).reshape(rows, -1)[:, :n_controls]
+    proposed_controls = np.where(scored[:, None], proposed_controls, np.float32(np.nan))
+    m.message(PROPOSED_FIELD, m.floats(proposed_controls))
+    m.message(APPLIED_FIELD, m.floats(np.asarray(table.applied_controls, np.float32).reshape(rows, -1)[:, :n_controls]))
     if table.checks is not None and len(table.check_kinds):
         first: dict[int, int] = {}
         for j, kind in enumerate(table.check_kinds):
             first.setdefault(int(kind), j)  # the first of a kind, as PlotSchema.from_snapshot
-        inner: Fields = []
+        checks = _Layout()
         for number, j in sorted(first.items()):  # Checks' field numbers are the kinds
             c = table.checks[:, j]
-            check = [*_double(1, c["score"]), *_double(2, c["threshold"]), *_int(3, c["veto"].astype(bool))]
-            inner += field_message(number, check)
-        fields += field_message(CHECKS_FIELD, inner)
+            check = _Layout()
+            check.scalar(1, "<f4", c["score"])
+            check.scalar(2, "<f4", c["threshold"])
+            check.scalar(3, "u1", c["veto"])
+            checks.message(number, check)
+        m.message(CHECKS_FIELD, checks)
     features = np.stack([np.asarray(o.features, np.float32) for o in table.observations])
-    per_obs = _floats_message(FEATURES_FIELD, features[:, : len(schema.features)])
-    fields += [Col(c.buf[table.obs_index], c.n[table.obs_index]) for c in per_obs]
-    fields += [
-        *_double(20, table.age_ns / 1e6),
-        *_double(21, table.plan_age_ns / 1e6),
-        *_int(22, table.held.astype(bool)),
-        *_int(23, obs_seq[table.obs_index]),
-    ]
-    fields += _summary(schema, features[table.obs_index])
-    return flat(fields), lengths(fields)
-
-
-def _summary(schema: PlotSchema, features: np.ndarray) -> Fields:
-    """speed, accel, gap (24-26) where the card has them; ttc_s (27) where the lead is closing in."""
-    out: Fields = []
-    for field, index in ((24, schema.speed), (25, schema.accel), (26, schema.gap)):
-        if index is not None and index < features.shape[1]:
-            out += _float(field, features[:, index])
-    if schema.gap is not None and schema.closing is not None and max(schema.gap, schema.closing) < features.shape[1]:
+    features = features[:, : len(schema.features)][table.obs_index]
+    m.message(FEATURES_FIELD, m.floats(features))
+    m.scalar(20, "<f8", table.age_ns / 1e6)
+    m.scalar(21, "<f8", table.plan_age_ns / 1e6)
+    m.scalar(22, "u1", table.held)
+    m.scalar(23, "<u8", obs_seq[table.obs_index])
+    width = features.shape[1]
+    for number, index in ((24, schema.speed), (25, schema.accel), (26, schema.gap)):
+        if index is not None and index < width:
+            m.scalar(number, "<f4", features[:, index])
+    if schema.gap is not None and schema.closing is not None and max(schema.gap, schema.closing) < width:
         gap = features[:, schema.gap].astype(np.float64)
         rel = features[:, schema.closing].astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             ttc = gap / -rel
-        out += _float(27, np.where(np.isfinite(ttc), ttc, 0.0), (rel < 0) & np.isfinite(ttc))
-    return out
+        m.scalar(27, "<f4", np.where((rel < 0) & np.isfinite(ttc), ttc, np.nan))
+    return m.encode(rows)

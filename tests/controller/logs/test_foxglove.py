@@ -17,7 +17,7 @@ from mcap_protobuf.decoder import DecoderFactory
 from dualloop.controller.demo.closed_loop import session_id as demo_session_id
 from dualloop.controller.demo.suite import HELD_OUT_SEED
 from dualloop.controller.logs.foxglove import layout, layout_paths
-from dualloop.controller.logs.logfile import read_sessions
+from dualloop.controller.logs.logfile import read_log, read_sessions, write_log
 from dualloop.controller.logs.plot import (
     UNIX_TIME_FLOOR_NS,
     PlotSchema,
@@ -31,6 +31,7 @@ from dualloop.controller.replay.lockstep import replay_log
 from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.wire import snapshot_to_proto
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.scenarios import SCENARIOS
 from dualloop.v2 import controller_pb2 as pb
@@ -94,21 +95,26 @@ def test_the_recorders_sessions_each_have_a_plot_topic_decoded_by_name(live_reco
     names = field_names(test_model.card.feature_names)
     by_seq = {i + 1: sensor(i + 1) for i in range(60)}
     for plot, snap in zip(plots, lockstep):
-        assert (plot.tick, plot.session_id, plot.applied_action) == (snap.tick, "lock step.1", snap.applied.name)
-        assert plot.proposed_index == snap.proposed.action.index and plot.observation_seq == snap.observation_seq
+        assert (plot.tick, plot.session_id, plot.observation_seq) == (snap.tick, "lock step.1", snap.observation_seq)
+        # enums by name: the action names of the card, the safety states
+        actions = type(plot).DESCRIPTOR.fields_by_name["applied_action"].enum_type
+        assert actions.values_by_number[plot.applied_action].name == snap.applied.name
+        assert actions.values_by_number[plot.proposed_action].name == (snap.proposed.action.name or "NOT_SCORED")
         states = type(plot).DESCRIPTOR.fields_by_name["safety_state"].enum_type
-        assert states.values_by_number[plot.safety_state].name in {
-            "NOMINAL",
-            "VETO_HOLD",
-            "FALLBACK_ACTIVE",
-            "RECOVERING",
+        assert states.values_by_number[plot.safety_state].name == pb.SafetyState.Name(snap.safety_state).removeprefix(
+            "SAFETY_STATE_"
+        )
+        assert len(plot.reasons.ListFields()) == len(pb.ReasonCode.values()) - 1  # every reason, on or off
+        assert {f.name for f, on in plot.reasons.ListFields() if on} == {
+            pb.ReasonCode.Name(r).removeprefix("REASON_CODE_") for r in snap.reasons
         }
         # features by name, those of the observation the tick used (not merely the newest)
         expected = np.float32(by_seq[snap.observation_seq])
         got = np.float32([getattr(plot.features, n) for n in names])
         np.testing.assert_array_equal(got, expected)
         assert plot.speed == expected[0] and plot.HasField("accel") and plot.HasField("gap")
-        assert list(plot.applied.ListFields()) and plot.applied.accel == pytest.approx(snap.applied.controls[0])
+        assert plot.applied.accel == pytest.approx(snap.applied.controls[0])
+        assert plot.overridden == (snap.proposed.action.index != snap.applied.index)
     # the data topics are as before and the old reader skips the plot topic
     sessions = read_sessions(log)
     assert set(sessions) == {"lock step.1", "rt-1"}
@@ -141,7 +147,7 @@ def _raw(path: Path) -> list:
 def replayed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("replay")
     log = synthetic_log(tmp / "faults.mcap", seconds=4.0, rate_hz=100.0, faults=True)
-    return replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp / "out.mcap")
+    return replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp / "out.mcap", plots=True)
 
 
 def test_a_replay_writes_the_plot_topic_with_its_gate_checks(replayed):
@@ -150,7 +156,7 @@ def test_a_replay_writes_the_plot_topic_with_its_gate_checks(replayed):
     snaps = read_sessions(replayed.out_path)["synthetic"].snapshots
     assert len(plots) == len(snaps) > 500
     vetoed = [p for _, _, p in plots if p.gate_veto]
-    assert vetoed and all("OOD_VETO" in p.reasons or p.safety_state != 1 for p in vetoed)
+    assert vetoed and all(p.reasons.OOD_VETO or p.safety_state != 1 for p in vetoed)
     some = plots[len(plots) // 2][2]
     assert some.checks.HasField("decision_vector_density") and some.checks.HasField("input_density")
     assert some.gate_threshold > 0 and some.gate_score == pytest.approx(snaps[len(plots) // 2].gate.score, rel=1e-6)
@@ -159,9 +165,33 @@ def test_a_replay_writes_the_plot_topic_with_its_gate_checks(replayed):
     assert [t for t, _, _ in plots] == [s.scheduled_time_ns for s in snaps]
 
 
+def test_the_replays_column_wise_plots_are_the_per_message_ones(replayed, tmp_path):
+    """The replay's record-array plots, byte for byte, against PlotSchema.from_snapshot message by
+    message (write_log), on a log with every fault and both gates (vetoes, NaN features, unscored
+    ticks, every check)."""
+    source = read_log(replayed.source)
+    reference = write_log(
+        tmp_path / "ref.mcap",
+        replayed.header,
+        source.observations,
+        (snapshot_to_proto(s) for s in replayed.snapshots),
+        plots=True,
+    )
+    assert replayed.out_path.read_bytes() == reference.read_bytes()
+    plots = [p for _, _, p in decoded(replayed.out_path)[plot_topic("synthetic")]]
+    assert any(p.proposed_action == 0 for p in plots)  # unscored ticks: NOT_SCORED, NaN proposals
+    assert all(np.isnan(p.proposed.accel) for p in plots if p.proposed_action == 0)
+    assert any(p.reasons.INVALID_INPUT for p in plots) and any(p.checks.input_range.veto for p in plots)
+
+
+def test_a_replay_without_plots_has_none(replayed, tmp_path):
+    out = replay_log(replayed.source, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp_path / "plain.mcap").out_path
+    assert not [t for t in decoded(out) if is_plot_topic(t)]
+
+
 def test_a_replay_of_a_recording_lines_up_with_its_wall_clock(live_recording, tmp_path, test_model_path):
     log, lockstep, wall_before, wall_after = live_recording
-    out = replay_log(log, test_model_path, session_id="lock step.1", out_path=tmp_path / "r.mcap").out_path
+    out = replay_log(log, test_model_path, session_id="lock step.1", out_path=tmp_path / "r.mcap", plots=True).out_path
     times = [t for t, _, _ in decoded(out)[plot_topic("lock step.1")]]
     assert len(times) == len(lockstep) and wall_before <= times[0] - lockstep[0].scheduled_time_ns <= wall_after
 
