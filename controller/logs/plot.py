@@ -20,7 +20,7 @@ log_time of a plot message (docs/foxglove.md):
 The schema is proto2 so that every field is written, zeros included (a plot shows a zero speed, not
 a gap); values that do not exist are NaN (TTC when nothing closes in, an unscored tick's proposal).
 The recorder (live sessions, `make demo`) always writes the topic (config `record_plots`); a replay
-when asked (`dualloop replay --foxglove`), as it adds a third to a replay's CPU.
+when asked (`dualloop replay --foxglove`), as it adds about a quarter to a replay's CPU.
 """
 
 from __future__ import annotations

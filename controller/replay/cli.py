@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--foxglove",
         action="store_true",
         help="one log: add the plot topic /dualloop/<session>/plot to the new log, every value by name for "
-        "Foxglove (docs/foxglove.md; ~+30%% CPU and +65%% size per log)",
+        "Foxglove (docs/foxglove.md; ~+25%% CPU and +65%% size per log)",
     )
     p.set_defaults(fn=_replay)
 

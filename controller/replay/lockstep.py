@@ -199,7 +199,7 @@ def replay_log(
 ) -> ReplayResult:
     """Replay one session of a log in LOCKSTEP with a model (and gates); optionally write a new log.
 
-    plots: the new log also gets the session's plot topic (logs/plot.py, for Foxglove): ~1/3 more
+    plots: the new log also gets the session's plot topic (logs/plot.py, for Foxglove): ~1/4 more
     CPU and 2/3 more bytes per log, so fleets and benchmarks leave it out.
 
     loaded: the model and gates already loaded (model_path and gate_paths are then only named in
