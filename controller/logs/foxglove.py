@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from dualloop.controller.logs.plot import plot_topic
+from mcap.exceptions import McapError
+from mcap.records import Channel
+from mcap.stream_reader import StreamReader
+
+from dualloop.controller.logs.plot import is_plot_topic, plot_topic
 
 # (title, [(field path, label)]) per plot panel, from the plot message's fields
 PLOTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
@@ -107,3 +112,19 @@ def layout_paths(data: dict[str, Any]) -> list[str]:
         if "topicPath" in panel:
             out.append(panel["topicPath"])
     return out
+
+
+def plot_sessions(paths: Sequence[Path]) -> list[str]:
+    """The sessions with a plot topic in these recordings, in order of first appearance (read up
+    to where a file ends, so a recording still being written or cut short works too)."""
+    sessions: dict[str, None] = {}
+    for path in paths:
+        with open(path, "rb") as stream:
+            try:
+                for record in StreamReader(stream, skip_magic=False).records:
+                    if isinstance(record, Channel) and is_plot_topic(record.topic):
+                        sessions.setdefault(record.metadata.get("session_id", record.topic.split("/")[2]), None)
+            except (McapError, EOFError, ValueError) as err:
+                if not sessions:
+                    raise ValueError(f"{path}: not a readable MCAP file ({err})") from err
+    return list(sessions)

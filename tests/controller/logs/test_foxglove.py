@@ -14,6 +14,7 @@ import pytest
 from mcap.reader import make_reader
 from mcap_protobuf.decoder import DecoderFactory
 
+from dualloop.controller.cli import main
 from dualloop.controller.demo.closed_loop import session_id as demo_session_id
 from dualloop.controller.demo.suite import HELD_OUT_SEED
 from dualloop.controller.logs.foxglove import layout, layout_paths
@@ -229,3 +230,14 @@ def test_the_shipped_layout_is_the_demos_and_its_paths_exist_in_a_recording(live
             assert name in d.fields_by_name, f"{path}: no field {name!r} in {d.full_name}"
             if i < len(fields) - 1:
                 d = d.fields_by_name[name].message_type
+
+
+def test_foxglove_layout_command_makes_a_tab_per_recorded_session(live_recording, tmp_path, capsys):
+    log, _, _, _ = live_recording
+    out = tmp_path / "layout.json"
+    assert main(["foxglove-layout", str(log), "-o", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written == layout(["lock step.1", "rt-1"])
+    plain = synthetic_log(tmp_path / "plain.mcap", seconds=0.2, rate_hz=50.0)
+    assert main(["foxglove-layout", str(plain), "-o", str(tmp_path / "none.json")]) == 2
+    assert "no plot topics" in capsys.readouterr().out and not (tmp_path / "none.json").exists()
