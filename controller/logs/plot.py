@@ -78,6 +78,8 @@ NOT_SCORED = "NOT_SCORED"  # the action enum's 0: a tick the model could not sco
 # Without action names (a header that has none) the enum names the indices.
 _UNNAMED_ACTIONS = tuple(f"action_{i}" for i in range(16))
 REASONS = {v.number: v.name.removeprefix("REASON_CODE_") for v in pb.ReasonCode.DESCRIPTOR.values if v.number}
+_REASON_ITEMS = sorted(REASONS.items())
+_NO_REASONS = {name: False for _, name in _REASON_ITEMS}
 
 
 def plot_topic(session_id: str) -> str:
@@ -172,14 +174,15 @@ class PlotSchema:
         proposal = snap.proposed
         proposed, applied = proposal.action, snap.applied
         gate = snap.gate
-        reasons = set(snap.reasons)
-        nan = float("nan")
+        codes = snap.reasons
+        proposed_controls = list(proposed.controls)
         kw: dict[str, object] = {
             "session_id": snap.session_id,
             "tick": snap.tick,
             "time_s": snap.scheduled_time_ns / 1e9,
             "safety_state": snap.safety_state,
-            "reasons": {name: code in reasons for code, name in sorted(REASONS.items())},
+            # most ticks have no reason: one shared dict (the constructor only reads it)
+            "reasons": {name: code in codes for code, name in _REASON_ITEMS} if codes else _NO_REASONS,
             "proposed_action": proposed.index + 1 if proposed.index >= 0 else 0,
             "applied_action": applied.index + 1,
             "overridden": proposed.index != applied.index,
@@ -189,7 +192,7 @@ class PlotSchema:
             "gate_threshold": gate.threshold,
             "gate_veto": gate.veto,
             # an unscored tick proposes nothing: NaN, not a command of 0
-            "proposed": dict(zip(self.controls, proposed.controls or [nan] * len(self.controls))),
+            "proposed": dict(zip(self.controls, proposed_controls or [math.nan] * len(self.controls))),
             "applied": dict(zip(self.controls, applied.controls)),
             "observation_age_ms": snap.observation_age_ns / 1e6,
             "plan_age_ms": snap.plan_age_ns / 1e6,
@@ -204,7 +207,7 @@ class PlotSchema:
                     checks[name] = {"score": check.score, "threshold": check.threshold, "veto": check.veto}
             kw["checks"] = checks
         if observation is not None:
-            values = observation.features
+            values = list(observation.features)
             kw["features"] = dict(zip(self.features, values))
             for name, v in zip(("speed", "accel", "gap", "ttc_s"), self.summary(values)):
                 if v is not None:
