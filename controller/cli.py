@@ -46,6 +46,7 @@ COMMANDS = {
     "stream": "dualloop.controller.serve.cli",
     "info": "dualloop.controller.serve.cli",
     "import": "dualloop.controller.logs.cli",
+    "foxglove-layout": "dualloop.controller.logs.cli",
     "replay": "dualloop.controller.replay.cli",
     "diff": "dualloop.controller.replay.cli",
     "train": "dualloop.controller.training.cli",

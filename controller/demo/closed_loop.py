@@ -37,6 +37,11 @@ PLAN_PERIOD_STEPS = 40  # the simulator's planner publishes a plan every 200 ms
 Actual = tuple[int, np.ndarray]
 
 
+def session_id(scenario: str, seed: int) -> str:
+    """The session a scenario drives over gRPC; it names the session's plot topic in a recording."""
+    return f"{scenario}-{seed}"
+
+
 class Decider(Protocol):
     def decide(
         self,
@@ -294,5 +299,5 @@ def drive_over_grpc(
     address: str, scenario: str, seed: int, clock: int = pb.CLOCK_MODE_LOCKSTEP, **params
 ) -> ClosedLoopRun:
     env = make_scenario(scenario, seed, **params)
-    decider = GrpcDecider(address, f"{scenario}-{seed}", clock)
+    decider = GrpcDecider(address, session_id(scenario, seed), clock)
     return run_closed_loop(env, decider, seed, realtime=clock == pb.CLOCK_MODE_REALTIME)
