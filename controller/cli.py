@@ -44,6 +44,7 @@ COMMANDS = {
     "serve": "dualloop.controller.serve.cli",
     "stream": "dualloop.controller.serve.cli",
     "info": "dualloop.controller.serve.cli",
+    "admin": "dualloop.controller.serve.cli",
     "import": "dualloop.controller.logs.cli",
     "replay": "dualloop.controller.replay.cli",
     "diff": "dualloop.controller.replay.cli",
