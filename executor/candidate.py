@@ -113,6 +113,9 @@ class Candidate:
         raw), `p` the plans the live model saw (raw), `present` the input profile, `finite` the live
         verdict on the rows' features (a row the live model could not score is not scored here either)."""
         n = len(x)
+        if n > len(self._xn):  # the executor's max_sessions was raised on a running server
+            self._xn = np.zeros((n, self.model.n_inputs), np.float32)
+            self._pn = np.zeros((n, self.model.n_plan), np.float32)
         xn, pn, _ = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n], present)
         try:
             out = self.model.forward(xn, pn, present)
