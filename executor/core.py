@@ -124,7 +124,8 @@ class Executor:
         )
 
     def _wire_gates(self, model: DecisionModel, gates: list[Gate]) -> tuple[GateWiring, CheckBoard]:
-        g = GateWiring(model, gates, self.config.max_sessions, self.config.freeze_repeats, self._x, self._p, self._fresh)
+        cap, repeats = self.config.max_sessions, self.config.freeze_repeats
+        g = GateWiring(model, gates, cap, repeats, self._x, self._p, self._fresh)
         checks = CheckBoard(
             g.gates,
             [run.source for run in g.runs],
@@ -141,9 +142,7 @@ class Executor:
 
     # -- candidate model ----------------------------------------------------------------------
 
-    def prepare_candidate(
-        self, model: DecisionModel, gates: list[Gate], gate_paths: Sequence[str] = ()
-    ) -> Candidate:
+    def prepare_candidate(self, model: DecisionModel, gates: list[Gate], gate_paths: Sequence[str] = ()) -> Candidate:
         """A candidate for this executor, checked (SwapRefused: why it cannot run beside the live
         model or replace it); not installed. Safe off the tick's thread: it reads only the cards."""
         check_compatible(self.model, model, len(self.sessions))
