@@ -18,6 +18,7 @@ import grpc
 import numpy as np
 import pytest
 
+from dualloop.controller.logs.logfile import read_sessions
 from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.security import AuthConfig
@@ -164,6 +165,17 @@ def test_candidate_decides_every_tick_and_is_never_applied(start, candidate_path
     assert c.with_actual == len(with_candidate)
     assert c.candidate_agreeing_with_actual == np.count_nonzero(cand == actual)
     assert c.live_agreeing_with_actual == np.count_nonzero(live == actual)
+
+
+def test_candidate_decisions_are_recorded(start, candidate_path, tmp_path):
+    srv = start(candidate=candidate_path, record_dir=tmp_path / "rec")
+    with grpc.insecure_channel(srv.address) as ch:
+        live = drive_lockstep(ch, range(1, 11))
+    srv.stop()  # the recorder closes its files
+    (log,) = sorted((tmp_path / "rec").glob("*.mcap"))
+    (data,) = read_sessions(log).values()
+    assert [s.candidate_never_applied for s in data.snapshots] == [s.candidate_never_applied for s in live]
+    assert all(s.candidate_never_applied.model_version for s in data.snapshots)
 
 
 def test_admin_promotes_mid_stream_without_dropping_sessions(start, candidate_path, tokens):
