@@ -252,6 +252,24 @@ def test_admin_rpcs_need_an_admin_credential(start, candidate_path, tokens):
     assert open_server.server.executor.candidate is None
 
 
+def test_admin_command(start, candidate_path, tokens):
+    srv = start(auth=AuthConfig(tokens_file=tokens, tokens_env=None))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUALLOOP_")}
+    cmd = [sys.executable, "-m", "dualloop.controller.cli", "admin"]
+    where = ["--address", srv.address]
+    refused = subprocess.run([*cmd, "promote", *where], env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stdout
+    env["DUALLOOP_ADMIN_TOKEN"] = ADMIN
+    loaded = subprocess.run(
+        [*cmd, "load-candidate", str(candidate_path), "--promote", *where], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    assert "promoted" in loaded.stdout
+    assert srv.server.executor.card.version == DecisionModel(candidate_path, warmup_batches=()).card.version
+    nothing = subprocess.run([*cmd, "promote", *where], env=env, capture_output=True, text=True, timeout=60)
+    assert nothing.returncode == 1 and "FAILED_PRECONDITION: no candidate loaded" in nothing.stdout
+
+
 def test_schema_change_is_refused_and_sessions_go_on(start, history_model_path, tokens):
     srv = start(auth=AuthConfig(tokens_file=tokens, tokens_env=None))
     with user_channel(srv.address) as ch:
