@@ -261,7 +261,11 @@ def test_admin_command(start, candidate_path, tokens):
     assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stdout
     env["DUALLOOP_ADMIN_TOKEN"] = ADMIN
     loaded = subprocess.run(
-        [*cmd, "load-candidate", str(candidate_path), "--promote", *where], env=env, capture_output=True, text=True, timeout=120
+        [*cmd, "load-candidate", str(candidate_path), "--promote", *where],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert loaded.returncode == 0, loaded.stdout + loaded.stderr
     assert "promoted" in loaded.stdout
