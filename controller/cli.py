@@ -45,6 +45,7 @@ COMMANDS = {
     "serve": "dualloop.controller.serve.cli",
     "stream": "dualloop.controller.serve.cli",
     "info": "dualloop.controller.serve.cli",
+    "admin": "dualloop.controller.serve.cli",
     "import": "dualloop.controller.logs.cli",
     "foxglove-layout": "dualloop.controller.logs.cli",
     "replay": "dualloop.controller.replay.cli",

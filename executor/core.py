@@ -16,10 +16,12 @@ LOCKSTEP session runs in one vectorised pass with `lockstep_batch.run_lockstep` 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from dualloop.executor.candidate import Candidate, SwapRefused, check_compatible, check_same_checks
 from dualloop.executor.checks import CheckBoard
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.gating import GateVerdicts, GateWiring
@@ -57,6 +59,7 @@ class ExecutorStats:
     rows: int = 0
     model_errors: int = 0
     stage_ns: np.ndarray = field(default_factory=lambda: np.zeros(4, np.int64))  # pre, fwd, gate, post
+    candidate_ns: int = 0  # the candidate model's forward pass and proposal, when one is loaded
 
 
 class Executor:
@@ -67,17 +70,9 @@ class Executor:
     def __init__(
         self, model: DecisionModel, config: ExecutorConfig | None = None, gate: Gate | list[Gate] | None = None
     ) -> None:
-        self.model = model
         self._config = config or ExecutorConfig()
-        card = model.card
-        self.card = card
         self.period_ns = self.config.tick_period_ns
-        self.normalisation = Normalisation.of(card)
-        self.plan_default = np.array(card.plan_default, np.float32)  # a session's plan until it gets one
-        self._ctrl_min = np.array([c.min for c in card.controls], np.float32)
-        self._ctrl_max = np.array([c.max for c in card.controls], np.float32)
-        self._inv_temperature = np.float32(1.0 / card.temperature)
-        self._actions = list(card.actions)
+        self._bind_card(model)
         cap = self.config.max_sessions
         # the tick's buffers, rows 0..n-1 for its n sessions (the gate step reads them too)
         self._x = np.zeros((cap, model.n_features), np.float32)
@@ -95,10 +90,6 @@ class Executor:
         self._history_ring = None if model.history is None else HistoryRing(model.history, self.config.max_sessions)
         self._xm = np.zeros((cap, model.n_inputs), np.float32)
         self._xmn = np.zeros((cap, model.n_inputs), np.float32)
-        safe = card.safe_action
-        self.safe_action = AppliedAction(
-            self._actions.index(safe.action), safe.action, np.array(safe.controls, np.float32)
-        )
         self.sessions: dict[str, Session] = {}
         self.stats = ExecutorStats()
         self._realtime_tick = 0
@@ -106,22 +97,75 @@ class Executor:
         self.reasons = ReasonRules(
             self.config.max_observation_age_ns, int(self.config.max_plan_age_ms * 1e6), self.config.min_margin
         )
+        self._free_slots = list(range(cap - 1, -1, -1))
+        gates = [] if gate is None else list(gate) if isinstance(gate, (list, tuple)) else [gate]
+        self._bind_gates(*self._wire_gates(model, gates))
+        self._tick_present: np.ndarray | None = None  # the tick's sensor profiles (None: all measured)
+        # a second model deciding on every batch beside this one, never applied (executor.candidate)
+        self.candidate: Candidate | None = None
+
+    def _bind_card(self, model: DecisionModel) -> None:
+        """What the tick reads from the live model and its card (at start, and at a promotion)."""
+        self.model = model
+        card = self.card = model.card
+        self.normalisation = Normalisation.of(card)
+        self.plan_default = np.array(card.plan_default, np.float32)  # a session's plan until it gets one
+        self._ctrl_min = np.array([c.min for c in card.controls], np.float32)
+        self._ctrl_max = np.array([c.max for c in card.controls], np.float32)
+        self._inv_temperature = np.float32(1.0 / card.temperature)
+        self._actions = list(card.actions)
+        safe = card.safe_action
+        self.safe_action = AppliedAction(
+            self._actions.index(safe.action), safe.action, np.array(safe.controls, np.float32)
+        )
+        # the rules only: each session's safety state lives in its Session and survives a promotion
         self.safety = SafetyMachine(
             self.config.safety, [c.name for c in card.controls], self.period_ns, self.safe_action, card.feature_names
         )
-        self._free_slots = list(range(cap - 1, -1, -1))
-        gates = [] if gate is None else list(gate) if isinstance(gate, (list, tuple)) else [gate]
-        self.gating = GateWiring(model, gates, cap, self.config.freeze_repeats, self._x, self._p, self._fresh)
-        self.gates = self.gating.gates
-        self._frozen = self.gating.frozen  # the freeze check's verdicts of the tick's rows
-        g = self.gating
-        self.checks = CheckBoard(
+
+    def _wire_gates(self, model: DecisionModel, gates: list[Gate]) -> tuple[GateWiring, CheckBoard]:
+        cap, repeats = self.config.max_sessions, self.config.freeze_repeats
+        g = GateWiring(model, gates, cap, repeats, self._x, self._p, self._fresh)
+        checks = CheckBoard(
             g.gates,
             [run.source for run in g.runs],
             self.config.freeze_repeats if g.freeze is not None else 0,
             None if g.actuation is None else g.actuation.threshold,
         )
-        self._tick_present: np.ndarray | None = None  # the tick's sensor profiles (None: all measured)
+        return g, checks
+
+    def _bind_gates(self, gating: GateWiring, checks: CheckBoard) -> None:
+        self.gating = gating
+        self.gates = gating.gates
+        self._frozen = gating.frozen  # the freeze check's verdicts of the tick's rows
+        self.checks = checks
+
+    # -- candidate model ----------------------------------------------------------------------
+
+    def prepare_candidate(self, model: DecisionModel, gates: list[Gate], gate_paths: Sequence[str] = ()) -> Candidate:
+        """A candidate for this executor, checked (SwapRefused: why it cannot run beside the live
+        model or replace it); not installed. Safe off the tick's thread: it reads only the cards."""
+        check_compatible(self.model, model, len(self.sessions))
+        gating, checks = self._wire_gates(model, gates)
+        check_same_checks(self.checks, checks, list(gate_paths))
+        return Candidate(model, gating.gates, gating, checks, self.config.max_sessions)
+
+    def promote(self) -> tuple[str, str]:
+        """The candidate becomes the live model (between two ticks); (previous, new) versions.
+        Sessions keep their state, history and safety state; the gates' per-session state (filters,
+        freeze counts) starts afresh on the new gates, which were fitted on the new model."""
+        cand = self.candidate
+        if cand is None:
+            raise SwapRefused("no candidate loaded: load one first (LoadCandidate, or serve --candidate)")
+        check_compatible(self.model, cand.model, len(self.sessions))
+        previous = self.card.version
+        for s in self.sessions.values():
+            cand.gating.reset(s.slot)
+            cand.gating.profile(s.present)
+        self._bind_card(cand.model)
+        self._bind_gates(cand.gating, cand.checks)
+        self.candidate = None
+        return previous, self.card.version
 
     @property
     def config(self) -> ExecutorConfig:
@@ -495,6 +539,12 @@ class Executor:
             (plan_ages, plan_states, stale_plan),
         )
         t4 = _perf_ns()
+        cand = self.candidate
+        if cand is not None:  # after the live decision: the candidate cannot change what is applied
+            xin = self._x[:n] if self.history is None else self._xm[:n]
+            for snap, proposal in zip(snaps, cand.decide(xin, p, model_present, finite)):
+                snap.candidate = proposal
+            self.stats.candidate_ns += _perf_ns() - t4
         timings = StageTimings((t1 - t0) // 1000, (t2 - t1) // 1000, (t3 - t2) // 1000, (t4 - t3) // 1000)
         emit_ns = _mono_ns()
         for snap in snaps:

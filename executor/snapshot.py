@@ -118,6 +118,19 @@ class AppliedAction:
 
 
 @dataclass(slots=True)
+class CandidateProposal:
+    """A candidate model's proposal on a tick, beside the live model's: recorded, never applied
+    (executor.candidate). index -1 (and an empty name and controls): the input could not be scored."""
+
+    model_version: str
+    index: int
+    name: str
+    controls: np.ndarray
+    confidence: float
+    margin: float
+
+
+@dataclass(slots=True)
 class Snapshot:
     session_id: str
     tick: int
@@ -168,6 +181,8 @@ class Snapshot:
     # the executor's checks (shared tuple) and this tick's results, a CHECK_DTYPE row per check
     check_kinds: tuple[Check, ...] = ()
     checks: np.ndarray | None = None
+    # a candidate model's proposal on the same input (None: no candidate loaded); never applied
+    candidate: CandidateProposal | None = None
 
 
 # Odd 64-bit multipliers, one per input word (grown on demand, from a fixed seed: hashes are stable).

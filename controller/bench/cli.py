@@ -133,6 +133,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="none",
         help="bench tick: the server's planner (default none, as `dualloop serve` runs by default)",
     )
+    p.add_argument(
+        "--candidate",
+        type=Path,
+        help="bench tick: a candidate model decided beside the live one on every tick (never applied)",
+    )
+    p.add_argument("--candidate-gate", type=Path, action="append", help="bench tick: the candidate's gate file")
+    p.add_argument(
+        "--candidate-runs",
+        choices=["on", "both"],
+        default="both",
+        help="bench tick --candidate: with the candidate only (on), or without, with, without, with in one "
+        "command (both, the default; each --duration)",
+    )
     p.set_defaults(fn=_bench)
 
 
@@ -256,6 +269,9 @@ def _bench(args: argparse.Namespace) -> int:
             console=console,
             metrics=args.metrics,
             secure=args.secure,
+            candidate=args.candidate,
+            candidate_gates=args.candidate_gate or (),
+            candidate_mode=args.candidate_runs,
             **tick_options,
         )
     return 0

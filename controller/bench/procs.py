@@ -241,6 +241,8 @@ async def run_server(
     board: wb.Board | None = None,
     slot: int = 0,
     cpus: set[int] | None = None,
+    candidate: str | None = None,
+    candidate_gates: list[str] | None = None,
 ) -> dict:
     """board: one of several workers on `port` (the bench's --workers); the window opens when the
     workers together have every session open and closes when any session of any worker closes."""
@@ -254,6 +256,8 @@ async def run_server(
     config = ServerConfig(
         model=model,
         gates=gates or [],
+        candidate=candidate,
+        candidate_gates=candidate_gates or [],
         port=port,
         realtime_priority=rt_priority,
         executor=executor_cfg,
@@ -277,6 +281,9 @@ async def run_server(
                     {"path": str(path), "version": gate.version_hash[:16]}
                     for path, gate in zip(config.gates, server.executor.gates)
                 ],
+                "candidate": None
+                if server.executor.candidate is None
+                else {"path": candidate, "version": server.executor.candidate.version, "gates": candidate_gates},
             }
         ),
         flush=True,
@@ -316,6 +323,7 @@ async def run_server(
         "rules": float(stage_us[3]),
         "gate": float(stage_us[2]),
         "streaming": stats.stream_ns / ticks / 1e3,
+        "candidate": executor.stats.candidate_ns / ticks / 1e3,  # 0 without a candidate
     }
     split["other (gRPC I/O, event loop, precise wait)"] = cpu_s / ticks * 1e6 - sum(split.values())
     if turns is not None:  # rows (turn, busy, lateness ns): bench planner compares the turns
@@ -428,6 +436,8 @@ def main(argv: list[str] | None = None) -> None:
     srv.add_argument("--workers", type=int, default=1)
     srv.add_argument("--slot", type=int, default=0)
     srv.add_argument("--cpus", help="pin this process to these CPUs (comma-separated)")
+    srv.add_argument("--candidate", help="a candidate model beside the live one (never applied)")
+    srv.add_argument("--candidate-gate", action="append", help="the candidate's gate file (repeat)")
     b = sub.add_parser("bare")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--period-ms", type=float, default=5.0)
@@ -473,6 +483,8 @@ def main(argv: list[str] | None = None) -> None:
                 wb.Board.attach(Path(args.board), args.workers, LATENESS_BUCKETS_US) if args.board else None,
                 args.slot,
                 cpus,
+                args.candidate,
+                args.candidate_gate,
             )
         )
     else:

@@ -136,8 +136,11 @@ async def _bench_tick(
     workers: int = 1,
     client_procs: int | None = None,
     pin: bool = True,
+    candidate: Path | None = None,
+    candidate_gates: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    """metrics: the server serves Prometheus metrics and this process scrapes them every SCRAPE_S.
+    """candidate: a candidate model decided beside the live one on every tick (never applied).
+    metrics: the server serves Prometheus metrics and this process scrapes them every SCRAPE_S.
     pki: the server serves TLS and requires its token, and the clients connect with both.
     workers: server processes sharing one port (as `dualloop serve --workers`); each client session
     then has a connection of its own. client_procs: client processes (default one per 16 sessions)."""
@@ -155,6 +158,9 @@ async def _bench_tick(
     rt = ("--realtime-priority", str(rt_priority)) if rt_priority else ()
     alternate = ("--alternate-s", str(alternate_s)) if alternate_s else ()
     gate_args = tuple(a for g in gates for a in ("--gate", str(g)))
+    if candidate is not None:
+        gate_args += ("--candidate", str(candidate))
+        gate_args += tuple(a for g in candidate_gates for a in ("--candidate-gate", str(g)))
     board: wb.Board | None = None
     reservation = None
     try:
@@ -298,6 +304,7 @@ async def _bench_tick(
         "ran": {
             "model": first["model"],
             "gates": first["gates"],
+            "candidate": first.get("candidate"),
             "workers": workers,
             "planner": planner,
             "client_processes": n_clients,
@@ -606,6 +613,9 @@ def bench_tick(
     pin: bool = True,
     planner: str = "none",
     plot: bool = True,
+    candidate: Path | None = None,
+    candidate_gates: Sequence[Path] = (),
+    candidate_mode: str = "on",
 ) -> dict[str, Any]:
     """gates: the model's gate files (the CLI's default: the shipped model with its two gates).
     workers: server processes sharing the port; client_procs: client processes; pin: pin the server
@@ -624,6 +634,10 @@ def bench_tick(
         "pin": pin,
         "planner": planner,
     }
+    if candidate is not None and candidate_mode == "both":
+        return _candidate_both(
+            model, sessions, duration_s, out_dir, guard_ms, rt_priority, console, candidate, candidate_gates, extra
+        )
     if secure == "both":
         runs = {
             f"{name} ({k})": bench_tick(
@@ -684,6 +698,8 @@ def bench_tick(
                     workers=workers,
                     client_procs=client_procs,
                     pin=pin,
+                    candidate=candidate,
+                    candidate_gates=candidate_gates,
                 )
             )
     finally:
@@ -697,6 +713,68 @@ def bench_tick(
     json_path = store_result(out_dir, "tick", stored, f"{stamp}-{sessions}")
     print_tick_report(result, console)
     console.print(f"results: {json_path}" + (f"  plot: {plot_path}" if plot else ""))
+    return stored
+
+
+def _candidate_both(
+    model: Path,
+    sessions: int,
+    duration_s: float,
+    out_dir: Path,
+    guard_ms: float,
+    rt_priority: int | None,
+    console: Console,
+    candidate: Path,
+    candidate_gates: Sequence[Path],
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """without, with, without, with a candidate in one command (interleaved: a machine whose load
+    drifts shows it as a difference between two runs of the same kind); tick-candidate-<time>.json."""
+    runs = {
+        f"{name} ({k})": bench_tick(
+            model,
+            sessions,
+            duration_s,
+            out_dir,
+            guard_ms,
+            rt_priority,
+            console,
+            plot=False,
+            candidate=cand,
+            candidate_gates=candidate_gates if cand is not None else (),
+            **extra,
+        )
+        for k in (1, 2)
+        for name, cand in (("live only", None), ("with candidate", candidate))
+    }
+    print_comparison(runs, console, f"live model alone vs with candidate {candidate.name} beside it", "run")
+    table = Table(title="CPU per tick (us, server)")
+    for col in ("run", "model", "candidate", "rules", "gate", "streaming", "tick work p99 us"):
+        table.add_column(col, justify="right")
+    for name, r in runs.items():
+        cpu = r["executor"]["cpu_per_tick_us"]
+        table.add_row(
+            name,
+            f"{cpu['model']:.0f}",
+            f"{cpu.get('candidate', 0.0):.0f}",
+            f"{cpu['rules']:.0f}",
+            f"{cpu['gate']:.0f}",
+            f"{cpu['streaming']:.0f}",
+            f"{r['executor']['tick_work_us']['p99']:.0f}",
+        )
+    console.print(table)
+    stored = {
+        "what": {
+            "command": f"bench tick --candidate {candidate} --candidate-runs both",
+            "sessions": sessions,
+            "duration_s": duration_s,
+            "load_average_at_end": list(os.getloadavg()),
+            "cpus": os.cpu_count(),
+        },
+        "runs": runs,
+    }
+    path = store_result(out_dir, "tick-candidate", stored)
+    console.print(f"all runs: {path}")
     return stored
 
 

@@ -28,6 +28,8 @@ from dualloop.controller.serve.server import ControllerServer, new_event_loop
 from dualloop.controller.serve.workers import serve_workers, worker_count
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,6 +40,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=Path,
         action="append",
         help="OOD gate file fitted for this model (dualloop gate fit); repeat for several",
+    )
+    p.add_argument(
+        "--candidate",
+        type=Path,
+        help="a candidate model decided beside the live one on every tick, never applied (GetShadowStats "
+        "compares them); SIGHUP promotes it to live (docs/operations.md#candidate)",
+    )
+    p.add_argument(
+        "--candidate-gate", type=Path, action="append", help="gate file fitted on --candidate; repeat for several"
     )
     p.add_argument(
         "--config",
@@ -88,6 +99,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", type=Path, help="also write the counts as JSON")
     p.set_defaults(fn=stream)
 
+    p = sub.add_parser("admin", help="load a candidate model beside the live one, or promote it, on a running server")
+    p.add_argument("action", choices=("load-candidate", "promote"))
+    p.add_argument("model", nargs="?", type=Path, help="load-candidate: the candidate model (a path on the server)")
+    p.add_argument("--gate", type=Path, action="append", help="load-candidate: its gate file (repeat for several)")
+    p.add_argument("--promote", action="store_true", help="load-candidate: promote it at once")
+    p.add_argument("--expected-version", default="", help="promote: only if the loaded candidate has this version")
+    p.add_argument("--address", default="127.0.0.1:50151", help="the server (default 127.0.0.1:50151)")
+    p.add_argument("--ca-file", type=Path, help="PEM CA bundle: connect with TLS")
+    p.add_argument(
+        "--token-env",
+        default=ADMIN_TOKEN_ENV,
+        help=f"environment variable holding the admin token (default {ADMIN_TOKEN_ENV}; never on the command line)",
+    )
+    p.set_defaults(fn=admin)
+
     p = sub.add_parser("info", help="print a model's card (schema, actions, version)")
     p.add_argument("model", type=Path)
     p.set_defaults(fn=info)
@@ -98,6 +124,8 @@ def serve(args: argparse.Namespace) -> int:
         args.config,
         model=args.model,
         gates=args.gate,
+        candidate=args.candidate,
+        candidate_gates=args.candidate_gate,
         host=args.host,
         port=args.port,
         allow_non_loopback=True if args.allow_non_loopback else None,
@@ -131,6 +159,8 @@ def serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        # on the loop, so between two ticks
+        loop.add_signal_handler(signal.SIGHUP, server.runtime.promote_on_signal)
         await stop.wait()
         await server.stop()
         console.print(stop_line(server))
@@ -217,6 +247,55 @@ def stream(args: argparse.Namespace) -> int:
         console.print(f"  reason {reason:<16} {count / result.snapshots:7.2%} of ticks")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+ADMIN_TOKEN_ENV = "DUALLOOP_ADMIN_TOKEN"
+
+
+def admin(args: argparse.Namespace) -> int:
+    """One admin RPC; its refusal is printed with the server's message (exit code 1)."""
+    if args.action == "load-candidate" and args.model is None:
+        console.print("[red]error:[/] admin load-candidate needs the candidate model's path", highlight=False)
+        return 2
+    token = os.environ.get(args.token_env, "")
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    channel = (
+        grpc.secure_channel(args.address, grpc.ssl_channel_credentials(args.ca_file.read_bytes()))
+        if args.ca_file is not None
+        else grpc.insecure_channel(args.address)
+    )
+    with channel:
+        stub = pb_grpc.ControllerServiceStub(channel)
+        try:
+            if args.action == "load-candidate":
+                loaded = stub.LoadCandidate(
+                    pb.LoadCandidateRequest(
+                        model_path=str(args.model.resolve()),
+                        gate_paths=[str(g.resolve()) for g in args.gate or ()],
+                        promote=args.promote,
+                    ),
+                    metadata=metadata,
+                    timeout=120,
+                )
+                console.print(
+                    f"candidate {loaded.candidate_version} loaded beside live model {loaded.live_version} "
+                    f"({loaded.sessions_open} sessions open, worker pid {loaded.worker_pid})"
+                    + ("; promoted: it is the live model now" if loaded.promoted else ""),
+                    highlight=False,
+                )
+            else:
+                done = stub.PromoteCandidate(
+                    pb.PromoteCandidateRequest(expected_version=args.expected_version), metadata=metadata, timeout=30
+                )
+                console.print(
+                    f"promoted {done.model_version} (was {done.previous_version}); {done.sessions_kept} sessions "
+                    f"kept, worker pid {done.worker_pid}",
+                    highlight=False,
+                )
+        except grpc.RpcError as err:
+            console.print(f"[red]error:[/] {err.code().name}: {err.details()}", highlight=False)
+            return 1
     return 0
 
 

@@ -94,6 +94,12 @@ class ServerConfig(BaseModel):
     # OOD gate files fitted for this model (`dualloop gate fit`), e.g. one on the decision vector and
     # one on the raw inputs; any of them vetoes. Empty: no gate.
     gates: list[Path] = []
+    # A candidate model decided beside the live one on every tick and never applied (its proposals
+    # recorded and compared, GetShadowStats); SIGHUP or PromoteCandidate makes it the live model.
+    # It must share the live model's feature schema and history; with gates on the live model it
+    # needs its own (candidate_gates, fitted on it): the same kinds of check stay on after a swap.
+    candidate: Path | None = None
+    candidate_gates: list[Path] = []
     host: str = "127.0.0.1"
     port: int = Field(50151, ge=0, le=65535)  # 0 picks a free port
     # Deprecated: no longer permits plaintext beyond loopback (see allow_insecure_non_loopback);
@@ -169,9 +175,9 @@ class ServerConfig(BaseModel):
                 f"(--insecure-plaintext-on-network)"
                 + ("; allow_non_loopback no longer permits plaintext" if self.allow_non_loopback else "")
             )
-        if (self.auth.client_identities or self.auth.shadow_client_identities) and (
-            self.tls is None or not self.tls.mutual
-        ):
+        if (
+            self.auth.client_identities or self.auth.shadow_client_identities or self.auth.admin_client_identities
+        ) and (self.tls is None or not self.tls.mutual):
             raise ValueError(
                 "auth.client_identities need mutual TLS: set tls.client_ca_file (--tls-client-ca) to verify "
                 "client certificates"
@@ -182,7 +188,7 @@ class ServerConfig(BaseModel):
 ENV_PREFIX = "DUALLOOP_"
 ENV_NESTED_DELIMITER = "__"
 # the command-line flag of an override whose name differs from --<field-with-dashes>
-_FLAG_OF = {"gates": "--gate"}
+_FLAG_OF = {"gates": "--gate", "candidate_gates": "--candidate-gate"}
 
 
 def env_name(loc: tuple[str | int, ...]) -> str:

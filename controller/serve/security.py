@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 log = logging.getLogger("dualloop.security")
 
 SHADOW_PREFIX = "shadow:"
+ADMIN_PREFIX = "admin:"
 MIN_TOKEN_CHARS = 16
 # Callable without credentials by default: probes (Kubernetes, Envoy) carry no token, and
 # reflection describes only the public proto. Prefixes of the full method name.
@@ -44,8 +45,13 @@ _RELOAD_CHECK_S = 1.0  # how often a tokens file is checked for changes (one sta
 
 
 class Scope(enum.Enum):
-    FULL = "full"  # any session, any RPC
+    ADMIN = "admin"  # as FULL, and the admin RPCs (LoadCandidate, PromoteCandidate)
+    FULL = "full"  # any session, any RPC but the admin ones
     SHADOW = "shadow"  # Drive only with OpenSession.shadow = true (other RPCs as FULL)
+
+
+# narrowest first: a caller that presents several credentials gets the narrowest of their scopes
+_NARROWEST = (Scope.SHADOW, Scope.FULL, Scope.ADMIN)
 
 
 # The scope of the RPC the current task serves; None: authentication is off (nothing configured).
@@ -67,7 +73,8 @@ class AuthConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # One token per line; '#' starts a comment; 'shadow:<token>' is shadow-only. Re-read when it
+    # One token per line; '#' starts a comment; 'shadow:<token>' is shadow-only, 'admin:<token>' may
+    # also call the admin RPCs (load and promote a candidate model). Re-read when it
     # changes (replace it atomically: write a new file, then rename it over the old one).
     tokens_file: Path | None = None
     # An environment variable with comma-separated tokens (same 'shadow:' prefix); None: not read.
@@ -76,6 +83,8 @@ class AuthConfig(BaseModel):
     # and as shadow-only callers. Needs tls.client_ca_file. With tokens too, a caller needs both.
     client_identities: list[str] = []
     shadow_client_identities: list[str] = []
+    # Client certificate identities allowed to call the admin RPCs (with tokens too: an admin token as well).
+    admin_client_identities: list[str] = []
     # Methods callable without credentials (prefixes of '/package.Service/Method').
     exempt_methods: list[str] = list(DEFAULT_EXEMPT)
 
@@ -101,6 +110,8 @@ def parse_tokens(text: str, source: str, separator: str | None = None) -> list[_
         scope = Scope.FULL
         if item.startswith(SHADOW_PREFIX):
             scope, item = Scope.SHADOW, item[len(SHADOW_PREFIX) :].strip()
+        elif item.startswith(ADMIN_PREFIX):
+            scope, item = Scope.ADMIN, item[len(ADMIN_PREFIX) :].strip()
         where = f"{source}, {'line' if separator is None else 'item'} {n}"
         if any(c.isspace() for c in item) or not item.isprintable():
             raise AuthError(f"{where}: a token must be one word of printable characters")
@@ -168,12 +179,13 @@ class TokenStore:
     def scope_of(self, presented: str) -> Scope | None:
         """Compares against every token (no early exit), each in constant time."""
         digest = hashlib.sha256(presented.encode()).digest()
-        full = shadow = False
+        admin = full = shadow = False
         for token in self.tokens():
             equal = hmac.compare_digest(token.digest, digest)
+            admin |= equal and token.scope is Scope.ADMIN
             full |= equal and token.scope is Scope.FULL
             shadow |= equal and token.scope is Scope.SHADOW
-        return Scope.FULL if full else Scope.SHADOW if shadow else None
+        return Scope.ADMIN if admin else Scope.FULL if full else Scope.SHADOW if shadow else None
 
 
 def _bearer(metadata: Sequence[tuple[str, Any]] | None) -> str:
@@ -199,7 +211,8 @@ class Authenticator:
         self.store = TokenStore(config, environ)
         self.full_ids = set(config.client_identities)
         self.shadow_ids = set(config.shadow_client_identities)
-        self.identities = bool(self.full_ids or self.shadow_ids)
+        self.admin_ids = set(config.admin_client_identities)
+        self.identities = bool(self.full_ids or self.shadow_ids or self.admin_ids)
         need = []
         if self.store.configured:
             need.append("a valid token as metadata 'authorization: Bearer <token>'")
@@ -219,10 +232,18 @@ class Authenticator:
             scopes.append(self.store.scope_of(_bearer(metadata)))
         if self.identities:
             names = peer_identities(auth_context)
-            scopes.append(Scope.FULL if names & self.full_ids else Scope.SHADOW if names & self.shadow_ids else None)
+            scopes.append(
+                Scope.ADMIN
+                if names & self.admin_ids
+                else Scope.FULL
+                if names & self.full_ids
+                else Scope.SHADOW
+                if names & self.shadow_ids
+                else None
+            )
         if any(s is None for s in scopes):
             return None
-        return Scope.SHADOW if Scope.SHADOW in scopes else Scope.FULL
+        return next(s for s in _NARROWEST if s in scopes)
 
 
 def _guarded(handler: grpc.RpcMethodHandler, auth: Authenticator) -> grpc.RpcMethodHandler:
@@ -297,3 +318,24 @@ async def refuse_actuating_for_shadow_only(context: grpc.aio.ServicerContext, sh
     """Called where OpenSession is read: PERMISSION_DENIED naming the rule."""
     if not shadow and CALLER_SCOPE.get() is Scope.SHADOW:
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, SHADOW_ONLY_RULE)
+
+
+ADMIN_RULE = (
+    "this RPC needs an admin credential: an 'admin:<token>' line in the tokens file (or "
+    "DUALLOOP_TOKENS), or a certificate in auth.admin_client_identities"
+)
+
+
+async def require_admin(context: grpc.aio.ServicerContext) -> None:
+    """Called first by the admin RPCs: PERMISSION_DENIED unless the caller authenticated as ADMIN
+    (a server without authentication has no admin: SIGHUP is the way to promote there)."""
+    scope = CALLER_SCOPE.get()
+    if scope is Scope.ADMIN:
+        return
+    why = (
+        "this server has no authentication configured, so no caller is an admin (send SIGHUP to the "
+        "server to promote the candidate loaded with --candidate)"
+        if scope is None
+        else f"this caller's credential is {scope.value}"
+    )
+    await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{ADMIN_RULE}; {why}")

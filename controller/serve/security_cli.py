@@ -17,7 +17,8 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tokens-file",
         type=Path,
-        help="bearer tokens, one per line ('shadow:<token>': shadow sessions only); also $DUALLOOP_TOKENS",
+        help="bearer tokens, one per line ('shadow:<token>': shadow sessions only; 'admin:<token>': also the admin "
+        "RPCs); also $DUALLOOP_TOKENS",
     )
     g.add_argument(
         "--client-identity",
@@ -26,6 +27,11 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--shadow-client-identity", action="append", help="mTLS: a CN/SAN allowed to open shadow sessions only"
+    )
+    g.add_argument(
+        "--admin-client-identity",
+        action="append",
+        help="mTLS: a CN/SAN allowed to call the admin RPCs too (load and promote a candidate model)",
     )
     g.add_argument(
         "--insecure-plaintext-on-network",
@@ -47,6 +53,7 @@ def security_overrides(args: argparse.Namespace) -> dict[str, Any]:
             ("tokens_file", args.tokens_file),
             ("client_identities", args.client_identity),
             ("shadow_client_identities", args.shadow_client_identity),
+            ("admin_client_identities", args.admin_client_identity),
         )
         if v is not None
     }

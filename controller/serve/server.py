@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -33,6 +34,7 @@ from dualloop.controller.logs.format import (
 from dualloop.controller.logs.recorder import Recorder
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import events
+from dualloop.controller.serve.candidate import CandidateError, load_candidate
 from dualloop.controller.serve.config import ConfigError, ServerConfig, host_port
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
 from dualloop.controller.serve.gate_files import load_gate_for_model
@@ -52,8 +54,9 @@ from dualloop.controller.serve.security import (
     AuthError,
     AuthInterceptor,
     refuse_actuating_for_shadow_only,
+    require_admin,
 )
-from dualloop.controller.serve.shadow import ShadowAgreement
+from dualloop.controller.serve.shadow import CandidateTally, ShadowAgreement
 from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker, set_realtime_priority
 from dualloop.controller.serve.wire import (
     drive_response_bytes,
@@ -62,6 +65,7 @@ from dualloop.controller.serve.wire import (
     snapshot_response,
     snapshot_to_proto,
 )
+from dualloop.executor.candidate import Candidate, SwapRefused
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.sessions import InvalidObservation, SessionError
@@ -109,6 +113,7 @@ class ShadowInstance:
     session_id: str
     instance: str
     agreement: ShadowAgreement
+    candidate: CandidateTally | None = None  # a candidate model's proposals against the live ones
 
 
 class ControllerRuntime:
@@ -152,6 +157,8 @@ class ControllerRuntime:
         self._board_seen = 0
         self._board_hist: wb.LatenessHistogram | None = None
         self.board_fields: dict[int, float] = {}  # set by the server: ready, metrics port, draining
+        self._model_info: pb.ModelInfo | None = None
+        self._model_info_of: DecisionModel | None = None  # the model it describes
 
     def publish(self) -> None:
         """This worker's figures to its row of the board (between ticks, on the loop)."""
@@ -190,6 +197,57 @@ class ControllerRuntime:
 
     def stop(self) -> None:
         self._stopping = True
+
+    @property
+    def model_info(self) -> pb.ModelInfo:
+        """ModelInfo of the live model (GetModelInfo, SessionOpened); rebuilt after a promotion."""
+        if self._model_info is None or self._model_info_of is not self.executor.model:
+            gates = self.executor.gates
+            info = model_info(
+                self.executor.card,
+                self.executor.period_ns,
+                "+".join(g.version_hash[:16] for g in gates),
+                "+".join(g.schema.source for g in gates),
+            )
+            if self.planning is not None:
+                info.planner = self.planning.name
+            self._model_info, self._model_info_of = info, self.executor.model
+        return self._model_info
+
+    def set_candidate(self, candidate: Candidate | None, path: str | Path = "") -> None:
+        """Install (or remove) the candidate; on the loop, so between two ticks."""
+        previous = self.executor.candidate
+        self.executor.candidate = candidate
+        if candidate is not None:
+            events.event(
+                "server.candidate_loaded",
+                candidate=candidate.model.card.name,
+                candidate_version=candidate.version,
+                path=str(path),
+                replaced=previous.version if previous is not None else None,
+                live_version=self.executor.card.version,
+                sessions_open=len(self.executor.sessions),
+            )
+
+    def promote(self, by: str) -> tuple[str, str]:
+        """The candidate becomes the live model between two ticks (this runs on the loop, as the ticks
+        do); SwapRefused says why not. Every open session and stream keeps going."""
+        previous, current = self.executor.promote()
+        events.event(
+            "server.promoted",
+            by=by,
+            previous_version=previous,
+            model_version=current,
+            sessions_kept=len(self.executor.sessions),
+        )
+        return previous, current
+
+    def promote_on_signal(self) -> None:
+        """SIGHUP: promote the loaded candidate; a refusal is logged (a signal has no caller to answer)."""
+        try:
+            self.promote("SIGHUP")
+        except SwapRefused as err:
+            events.event("server.promote_refused", logging.WARNING, by="SIGHUP", reason=str(err))
 
     def reset_stats(self) -> None:
         self.stats.reset()
@@ -305,6 +363,21 @@ class ControllerRuntime:
         shadow = self.shadow_open.get(snap.session_id)
         if shadow is None:  # a session opened on the executor directly, not through Drive
             shadow = self.shadow_instances[self.open_shadow(snap.session_id)]
+        cand = snap.candidate
+        if cand is not None:
+            tally = shadow.candidate
+            if tally is None or tally.candidate_version != cand.model_version:
+                card = self.executor.card
+                tally = shadow.candidate = CandidateTally(cand.model_version, card.actions, len(card.controls))
+            tally.update(
+                snap.model_version,
+                snap.proposed_index,
+                snap.proposed_controls,
+                snap.applied.index,
+                cand.index,
+                cand.controls,
+                snap.actual_index,
+            )
         agreement = shadow.agreement
         if snap.actual_controls is not None and not bool(np.isfinite(snap.actual_controls).all()):
             agreement.unknown_actual_controls += 1
@@ -455,9 +528,21 @@ def add_controller_service(service: ControllerService, server: grpc.aio.Server) 
             ),
         }
 
+    admin = {  # v2 only: v1 never had them
+        "LoadCandidate": grpc.unary_unary_rpc_method_handler(
+            _logged("LoadCandidate", service.LoadCandidate),
+            _lenient(pb.LoadCandidateRequest),
+            pb.LoadCandidateResponse.SerializeToString,
+        ),
+        "PromoteCandidate": grpc.unary_unary_rpc_method_handler(
+            _logged("PromoteCandidate", service.PromoteCandidate),
+            _lenient(pb.PromoteCandidateRequest),
+            pb.PromoteCandidateResponse.SerializeToString,
+        ),
+    }
     name = pb.DESCRIPTOR.services_by_name["ControllerService"].full_name
     for service_name, table in (
-        (name, handlers(pb.GetModelInfoResponse.SerializeToString)),
+        (name, handlers(pb.GetModelInfoResponse.SerializeToString) | admin),
         (V1_SERVICE, handlers(_model_info_v1)),
     ):
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, table),))
@@ -480,16 +565,12 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
     def __init__(self, runtime: ControllerRuntime) -> None:
         self.runtime = runtime
         self.executor = runtime.executor
-        gates = self.executor.gates
-        self._info = model_info(
-            self.executor.card,
-            self.executor.period_ns,
-            "+".join(g.version_hash[:16] for g in gates),
-            "+".join(g.schema.source for g in gates),
-        )
-        if runtime.planning is not None:
-            self._info.planner = runtime.planning.name
         self._planning = runtime.planning
+
+    @property
+    def _info(self) -> pb.ModelInfo:
+        """The live model's (a promotion replaces it)."""
+        return self.runtime.model_info
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
@@ -605,9 +686,61 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             )
         assert shadow is not None  # every branch without one aborted
         reply = shadow.agreement.to_proto(shadow.session_id, shadow.instance)
+        if shadow.candidate is not None:
+            reply.candidate.CopyFrom(shadow.candidate.to_proto())
         if request.reset:  # after answering: the counts just returned are not counted again
             shadow.agreement = runtime.new_agreement()
+            shadow.candidate = None
         return reply
+
+    async def LoadCandidate(
+        self, request: pb.LoadCandidateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LoadCandidateResponse:
+        await _refuse_malformed(request, context)
+        await require_admin(context)
+        runtime = self.runtime
+        try:  # files and warm-up off the loop: the ticks go on meanwhile
+            cand = await asyncio.to_thread(load_candidate, self.executor, request.model_path, list(request.gate_paths))
+        except CandidateError as err:
+            await context.abort(err.code, err.message)
+        runtime.set_candidate(cand, request.model_path)
+        promoted = False
+        if request.promote:
+            try:
+                runtime.promote("LoadCandidate")
+            except SwapRefused as err:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+            promoted = True
+        return pb.LoadCandidateResponse(
+            candidate_version=cand.version,
+            live_version=self.executor.card.version,
+            sessions_open=len(self.executor.sessions),
+            promoted=promoted,
+            worker_pid=os.getpid(),
+        )
+
+    async def PromoteCandidate(
+        self, request: pb.PromoteCandidateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PromoteCandidateResponse:
+        await _refuse_malformed(request, context)
+        await require_admin(context)
+        cand = self.executor.candidate
+        if request.expected_version and (cand is None or cand.version != request.expected_version):
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the loaded candidate is {cand.version if cand is not None else 'none'}, not "
+                f"{request.expected_version!r}: nothing promoted",
+            )
+        try:
+            previous, current = self.runtime.promote("PromoteCandidate")
+        except SwapRefused as err:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        return pb.PromoteCandidateResponse(
+            previous_version=previous,
+            model_version=current,
+            sessions_kept=len(self.executor.sessions),
+            worker_pid=os.getpid(),
+        )
 
     async def Drive(self, request_iterator: AsyncIterator[pb.DriveRequest], context: grpc.aio.ServicerContext) -> None:
         """_drive, logged (session.open/close/refused with the status the client gets) and counted for the drain."""
@@ -917,6 +1050,12 @@ class ControllerServer:
                 raise ConfigError(f"gate {path}: {err}") from None
         self.executor = Executor(self.model, config.executor, gates)
         self.runtime = ControllerRuntime(self.executor, config)
+        if config.candidate is not None:
+            try:
+                cand = load_candidate(self.executor, config.candidate, config.candidate_gates)
+            except CandidateError as err:
+                raise ConfigError(f"--candidate {config.candidate}: {err.message}") from None
+            self.runtime.set_candidate(cand, config.candidate)
         if config.planner.enabled or plan_source is not None:
             self.runtime.planning = ServerPlanning(config.planner, self.executor, plan_source)
         if worker is not None:

@@ -186,3 +186,68 @@ class ShadowAgreement:
                 for k, g in self.groups.items()
             },
         }
+
+
+class CandidateTally:
+    """A candidate model's proposals against the live model's on one session's ticks
+    (GetShadowStatsResponse.candidate): agreement, the migration matrix (live proposed x candidate)
+    and, where the actual action is known, how often each matched it. One candidate version: a
+    new candidate starts a new tally. Counted in plain Python per tick (a few rows of small numbers:
+    numpy's per-call cost would be most of the tick's share)."""
+
+    def __init__(self, candidate_version: str, actions: list[str], n_controls: int) -> None:
+        self.candidate_version = candidate_version
+        self.live_version = ""
+        self.ticks = 0
+        self.compared = 0
+        self.agree_live = 0
+        self.agree_applied = 0
+        self.migration = [[0] * len(actions) for _ in actions]
+        self.abs_diff = [0.0] * n_controls
+        self.with_actual = 0
+        self.live_actual = 0
+        self.candidate_actual = 0
+
+    def update(
+        self,
+        live_version: str,
+        live_index: int,
+        live_controls: np.ndarray,
+        applied_index: int,
+        candidate_index: int,
+        candidate_controls: np.ndarray,
+        actual_index: int,
+    ) -> None:
+        """One tick; only ticks where both models proposed (index >= 0) are compared."""
+        self.ticks += 1
+        self.live_version = live_version
+        if live_index < 0 or candidate_index < 0:
+            return
+        self.compared += 1
+        self.agree_live += live_index == candidate_index
+        self.agree_applied += applied_index == candidate_index
+        self.migration[live_index][candidate_index] += 1
+        diff = self.abs_diff
+        if len(candidate_controls) == len(diff) == len(live_controls):
+            for k, (c, v) in enumerate(zip(candidate_controls.tolist(), live_controls.tolist())):
+                diff[k] += abs(c - v)
+        if actual_index >= 0:
+            self.with_actual += 1
+            self.live_actual += live_index == actual_index
+            self.candidate_actual += candidate_index == actual_index
+
+    def to_proto(self) -> pb.CandidateAgreement:
+        n = max(self.compared, 1)
+        return pb.CandidateAgreement(
+            candidate_version=self.candidate_version,
+            live_version=self.live_version,
+            ticks=self.ticks,
+            compared=self.compared,
+            agreeing_with_live_proposed=self.agree_live,
+            agreeing_with_applied=self.agree_applied,
+            migration=[count for row in self.migration for count in row],
+            control_mad=[d / n for d in self.abs_diff],
+            with_actual=self.with_actual,
+            live_agreeing_with_actual=self.live_actual,
+            candidate_agreeing_with_actual=self.candidate_actual,
+        )

@@ -117,6 +117,13 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
         add_checks(msg, s.check_kinds, s.checks)
     if s.decision_vector is not None:
         msg.decision_vector.extend(s.decision_vector.tolist())
+    cand = s.candidate
+    if cand is not None:  # never applied: a separate message, nothing of it in `applied`
+        c = msg.candidate_never_applied
+        c.model_version = cand.model_version
+        c.action.index, c.action.name = cand.index, cand.name
+        c.action.controls[:] = cand.controls.tolist()
+        c.confidence, c.margin = cand.confidence, cand.margin
     return msg
 
 

@@ -19,6 +19,10 @@ the parent exits 0 once all have exited 0. A worker that dies on its own is repo
 (server.worker_exit) and restarted in its slot: its sessions ended with it (their clients see
 UNAVAILABLE and reconnect, to any worker), its totals are kept on the board. More than
 MAX_RESTARTS deaths within RESTART_WINDOW_S is a crash loop: the parent drains the rest and exits 1.
+
+Candidate models: SIGHUP to the parent is forwarded to every worker, each of which promotes the
+candidate it loaded at start (`--candidate`): the one way to swap every worker. The admin RPCs act on
+the worker that answers the call only. A worker restarted later starts with the configured model.
 """
 
 from __future__ import annotations
@@ -145,6 +149,14 @@ def serve_workers(config: ServerConfig, workers: int, print_line=print) -> int:
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     procs: list[subprocess.Popen | None] = [None] * workers
+
+    def forward_hup(*_: object) -> None:
+        """SIGHUP promotes the candidate: every worker promotes its own (each loaded --candidate)."""
+        for proc in procs:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGHUP)
+
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, forward_hup)
     restarts = [0]
     endpoint: MetricsEndpoint | None = None
     try:
@@ -255,6 +267,7 @@ async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, announce
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, server.runtime.promote_on_signal)
     await server.start()
     if announce is not None:
         card = server.executor.card

@@ -21,7 +21,7 @@ def test_the_command_map_lists_every_registered_command_once() -> None:
 
 def test_a_command_registers_only_its_own_group() -> None:
     assert _commands(build_parser(["replay", "--help"])) == {"replay", "diff"}
-    assert _commands(build_parser(["info"])) == {"serve", "stream", "info"}
+    assert _commands(build_parser(["info"])) == {"serve", "stream", "info", "admin"}
     # an unknown word or an option first: every group, so argparse names the choices
     assert _commands(build_parser(["nope"])) == set(COMMANDS)
     assert _commands(build_parser(["--version"])) == set(COMMANDS)

@@ -264,7 +264,7 @@ class StageTimings(_message.Message):
     def __init__(self, preprocess_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., gate_us: _Optional[int] = ..., postprocess_us: _Optional[int] = ...) -> None: ...
 
 class DecisionSnapshot(_message.Message):
-    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns", "snapshots_conflated_since_previous", "max_lateness_since_previous_us", "ticks_missed_since_previous", "transport_delay_ns", "observation_age_with_transport_ns", "plan_state", "plan_valid_for_ns", "invalid_input", "checks", "vetoed_by")
+    __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed", "applied", "reasons", "safety_state", "gate", "decision_vector", "input_hash", "timings", "shadow", "snapshots_dropped", "observations_dropped", "plan", "observation_held", "observation_period_ns", "snapshots_conflated_since_previous", "max_lateness_since_previous_us", "ticks_missed_since_previous", "transport_delay_ns", "observation_age_with_transport_ns", "plan_state", "plan_valid_for_ns", "invalid_input", "checks", "vetoed_by", "candidate_never_applied")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TICK_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_TIME_NS_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,7 @@ class DecisionSnapshot(_message.Message):
     INVALID_INPUT_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
     VETOED_BY_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_NEVER_APPLIED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tick: int
     scheduled_time_ns: int
@@ -333,7 +334,20 @@ class DecisionSnapshot(_message.Message):
     invalid_input: _containers.RepeatedScalarFieldContainer[str]
     checks: _containers.RepeatedCompositeFieldContainer[CheckResult]
     vetoed_by: _containers.RepeatedScalarFieldContainer[Check]
-    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ..., snapshots_conflated_since_previous: _Optional[int] = ..., max_lateness_since_previous_us: _Optional[int] = ..., ticks_missed_since_previous: _Optional[int] = ..., transport_delay_ns: _Optional[int] = ..., observation_age_with_transport_ns: _Optional[int] = ..., plan_state: _Optional[_Union[PlanState, str]] = ..., plan_valid_for_ns: _Optional[int] = ..., invalid_input: _Optional[_Iterable[str]] = ..., checks: _Optional[_Iterable[_Union[CheckResult, _Mapping]]] = ..., vetoed_by: _Optional[_Iterable[_Union[Check, str]]] = ...) -> None: ...
+    candidate_never_applied: CandidateProposal
+    def __init__(self, session_id: _Optional[str] = ..., tick: _Optional[int] = ..., scheduled_time_ns: _Optional[int] = ..., emit_time_ns: _Optional[int] = ..., lateness_us: _Optional[int] = ..., observation_seq: _Optional[int] = ..., observation_age_ns: _Optional[int] = ..., plan_id: _Optional[str] = ..., plan_age_ns: _Optional[int] = ..., model_version: _Optional[str] = ..., proposed: _Optional[_Union[Proposal, _Mapping]] = ..., applied: _Optional[_Union[Action, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[ReasonCode, str]]] = ..., safety_state: _Optional[_Union[SafetyState, str]] = ..., gate: _Optional[_Union[GateResult, _Mapping]] = ..., decision_vector: _Optional[_Iterable[float]] = ..., input_hash: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., shadow: _Optional[bool] = ..., snapshots_dropped: _Optional[int] = ..., observations_dropped: _Optional[int] = ..., plan: _Optional[_Union[PlanSummary, _Mapping]] = ..., observation_held: _Optional[bool] = ..., observation_period_ns: _Optional[int] = ..., snapshots_conflated_since_previous: _Optional[int] = ..., max_lateness_since_previous_us: _Optional[int] = ..., ticks_missed_since_previous: _Optional[int] = ..., transport_delay_ns: _Optional[int] = ..., observation_age_with_transport_ns: _Optional[int] = ..., plan_state: _Optional[_Union[PlanState, str]] = ..., plan_valid_for_ns: _Optional[int] = ..., invalid_input: _Optional[_Iterable[str]] = ..., checks: _Optional[_Iterable[_Union[CheckResult, _Mapping]]] = ..., vetoed_by: _Optional[_Iterable[_Union[Check, str]]] = ..., candidate_never_applied: _Optional[_Union[CandidateProposal, _Mapping]] = ...) -> None: ...
+
+class CandidateProposal(_message.Message):
+    __slots__ = ("model_version", "action", "confidence", "margin")
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    MARGIN_FIELD_NUMBER: _ClassVar[int]
+    model_version: str
+    action: Action
+    confidence: float
+    margin: float
+    def __init__(self, model_version: _Optional[str] = ..., action: _Optional[_Union[Action, _Mapping]] = ..., confidence: _Optional[float] = ..., margin: _Optional[float] = ...) -> None: ...
 
 class CheckResult(_message.Message):
     __slots__ = ("check", "name", "score", "threshold", "veto", "status")
@@ -506,7 +520,7 @@ class AgreementGroup(_message.Message):
     def __init__(self, key: _Optional[str] = ..., ticks: _Optional[int] = ..., agreeing: _Optional[int] = ..., control_mae: _Optional[_Iterable[float]] = ..., control_rmse: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GetShadowStatsResponse(_message.Message):
-    __slots__ = ("session_id", "actions", "confusion", "groups", "ticks_without_actual", "proposed_confusion", "proposed_groups", "session_instance", "ticks_invalid_actual_controls")
+    __slots__ = ("session_id", "actions", "confusion", "groups", "ticks_without_actual", "proposed_confusion", "proposed_groups", "session_instance", "ticks_invalid_actual_controls", "candidate")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     CONFUSION_FIELD_NUMBER: _ClassVar[int]
@@ -516,6 +530,7 @@ class GetShadowStatsResponse(_message.Message):
     PROPOSED_GROUPS_FIELD_NUMBER: _ClassVar[int]
     SESSION_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     TICKS_INVALID_ACTUAL_CONTROLS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     actions: _containers.RepeatedScalarFieldContainer[str]
     confusion: _containers.RepeatedScalarFieldContainer[int]
@@ -525,4 +540,73 @@ class GetShadowStatsResponse(_message.Message):
     proposed_groups: _containers.RepeatedCompositeFieldContainer[AgreementGroup]
     session_instance: str
     ticks_invalid_actual_controls: int
-    def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., confusion: _Optional[_Iterable[int]] = ..., groups: _Optional[_Iterable[_Union[AgreementGroup, _Mapping]]] = ..., ticks_without_actual: _Optional[int] = ..., proposed_confusion: _Optional[_Iterable[int]] = ..., proposed_groups: _Optional[_Iterable[_Union[AgreementGroup, _Mapping]]] = ..., session_instance: _Optional[str] = ..., ticks_invalid_actual_controls: _Optional[int] = ...) -> None: ...
+    candidate: CandidateAgreement
+    def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., confusion: _Optional[_Iterable[int]] = ..., groups: _Optional[_Iterable[_Union[AgreementGroup, _Mapping]]] = ..., ticks_without_actual: _Optional[int] = ..., proposed_confusion: _Optional[_Iterable[int]] = ..., proposed_groups: _Optional[_Iterable[_Union[AgreementGroup, _Mapping]]] = ..., session_instance: _Optional[str] = ..., ticks_invalid_actual_controls: _Optional[int] = ..., candidate: _Optional[_Union[CandidateAgreement, _Mapping]] = ...) -> None: ...
+
+class CandidateAgreement(_message.Message):
+    __slots__ = ("candidate_version", "live_version", "ticks", "compared", "agreeing_with_live_proposed", "agreeing_with_applied", "migration", "control_mad", "with_actual", "live_agreeing_with_actual", "candidate_agreeing_with_actual")
+    CANDIDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LIVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TICKS_FIELD_NUMBER: _ClassVar[int]
+    COMPARED_FIELD_NUMBER: _ClassVar[int]
+    AGREEING_WITH_LIVE_PROPOSED_FIELD_NUMBER: _ClassVar[int]
+    AGREEING_WITH_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    MIGRATION_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_MAD_FIELD_NUMBER: _ClassVar[int]
+    WITH_ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    LIVE_AGREEING_WITH_ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_AGREEING_WITH_ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    candidate_version: str
+    live_version: str
+    ticks: int
+    compared: int
+    agreeing_with_live_proposed: int
+    agreeing_with_applied: int
+    migration: _containers.RepeatedScalarFieldContainer[int]
+    control_mad: _containers.RepeatedScalarFieldContainer[float]
+    with_actual: int
+    live_agreeing_with_actual: int
+    candidate_agreeing_with_actual: int
+    def __init__(self, candidate_version: _Optional[str] = ..., live_version: _Optional[str] = ..., ticks: _Optional[int] = ..., compared: _Optional[int] = ..., agreeing_with_live_proposed: _Optional[int] = ..., agreeing_with_applied: _Optional[int] = ..., migration: _Optional[_Iterable[int]] = ..., control_mad: _Optional[_Iterable[float]] = ..., with_actual: _Optional[int] = ..., live_agreeing_with_actual: _Optional[int] = ..., candidate_agreeing_with_actual: _Optional[int] = ...) -> None: ...
+
+class LoadCandidateRequest(_message.Message):
+    __slots__ = ("model_path", "gate_paths", "promote")
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    GATE_PATHS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_FIELD_NUMBER: _ClassVar[int]
+    model_path: str
+    gate_paths: _containers.RepeatedScalarFieldContainer[str]
+    promote: bool
+    def __init__(self, model_path: _Optional[str] = ..., gate_paths: _Optional[_Iterable[str]] = ..., promote: _Optional[bool] = ...) -> None: ...
+
+class LoadCandidateResponse(_message.Message):
+    __slots__ = ("candidate_version", "live_version", "sessions_open", "promoted", "worker_pid")
+    CANDIDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LIVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
+    PROMOTED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_PID_FIELD_NUMBER: _ClassVar[int]
+    candidate_version: str
+    live_version: str
+    sessions_open: int
+    promoted: bool
+    worker_pid: int
+    def __init__(self, candidate_version: _Optional[str] = ..., live_version: _Optional[str] = ..., sessions_open: _Optional[int] = ..., promoted: _Optional[bool] = ..., worker_pid: _Optional[int] = ...) -> None: ...
+
+class PromoteCandidateRequest(_message.Message):
+    __slots__ = ("expected_version",)
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    expected_version: str
+    def __init__(self, expected_version: _Optional[str] = ...) -> None: ...
+
+class PromoteCandidateResponse(_message.Message):
+    __slots__ = ("previous_version", "model_version", "sessions_kept", "worker_pid")
+    PREVIOUS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_KEPT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_PID_FIELD_NUMBER: _ClassVar[int]
+    previous_version: str
+    model_version: str
+    sessions_kept: int
+    worker_pid: int
+    def __init__(self, previous_version: _Optional[str] = ..., model_version: _Optional[str] = ..., sessions_kept: _Optional[int] = ..., worker_pid: _Optional[int] = ...) -> None: ...

@@ -54,6 +54,16 @@ class ControllerServiceStub:
                 request_serializer=dualloop_dot_v2_dot_controller__pb2.GetShadowStatsRequest.SerializeToString,
                 response_deserializer=dualloop_dot_v2_dot_controller__pb2.GetShadowStatsResponse.FromString,
                 _registered_method=True)
+        self.LoadCandidate = channel.unary_unary(
+                '/dualloop.v2.ControllerService/LoadCandidate',
+                request_serializer=dualloop_dot_v2_dot_controller__pb2.LoadCandidateRequest.SerializeToString,
+                response_deserializer=dualloop_dot_v2_dot_controller__pb2.LoadCandidateResponse.FromString,
+                _registered_method=True)
+        self.PromoteCandidate = channel.unary_unary(
+                '/dualloop.v2.ControllerService/PromoteCandidate',
+                request_serializer=dualloop_dot_v2_dot_controller__pb2.PromoteCandidateRequest.SerializeToString,
+                response_deserializer=dualloop_dot_v2_dot_controller__pb2.PromoteCandidateResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -91,6 +101,28 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadCandidate(self, request, context):
+        """Admin (needs an admin credential: an 'admin:' token; docs/operations.md#candidate). Loads a
+        candidate model beside the live one: it decides on the same ticks, in the same batch, and its
+        proposals are recorded (DecisionSnapshot.candidate_never_applied) and compared with the live
+        model's (GetShadowStatsResponse.candidate), never applied. Replaces a loaded candidate.
+        FAILED_PRECONDITION when the candidate cannot run on the live sessions' input (another feature
+        schema or history) or its gates do not match. With `serve --workers N` it acts on the worker
+        process that answers the call only: use `serve --candidate` and SIGHUP there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PromoteCandidate(self, request, context):
+        """Admin: the candidate becomes the live model between two ticks; every open session keeps its
+        stream, state, history and safety state. FAILED_PRECONDITION when no candidate is loaded or it
+        is not the expected one. SIGHUP to the server does the same (to every worker process).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +145,16 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.GetShadowStats,
                     request_deserializer=dualloop_dot_v2_dot_controller__pb2.GetShadowStatsRequest.FromString,
                     response_serializer=dualloop_dot_v2_dot_controller__pb2.GetShadowStatsResponse.SerializeToString,
+            ),
+            'LoadCandidate': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadCandidate,
+                    request_deserializer=dualloop_dot_v2_dot_controller__pb2.LoadCandidateRequest.FromString,
+                    response_serializer=dualloop_dot_v2_dot_controller__pb2.LoadCandidateResponse.SerializeToString,
+            ),
+            'PromoteCandidate': grpc.unary_unary_rpc_method_handler(
+                    servicer.PromoteCandidate,
+                    request_deserializer=dualloop_dot_v2_dot_controller__pb2.PromoteCandidateRequest.FromString,
+                    response_serializer=dualloop_dot_v2_dot_controller__pb2.PromoteCandidateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +265,60 @@ class ControllerService:
             '/dualloop.v2.ControllerService/GetShadowStats',
             dualloop_dot_v2_dot_controller__pb2.GetShadowStatsRequest.SerializeToString,
             dualloop_dot_v2_dot_controller__pb2.GetShadowStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadCandidate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dualloop.v2.ControllerService/LoadCandidate',
+            dualloop_dot_v2_dot_controller__pb2.LoadCandidateRequest.SerializeToString,
+            dualloop_dot_v2_dot_controller__pb2.LoadCandidateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PromoteCandidate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dualloop.v2.ControllerService/PromoteCandidate',
+            dualloop_dot_v2_dot_controller__pb2.PromoteCandidateRequest.SerializeToString,
+            dualloop_dot_v2_dot_controller__pb2.PromoteCandidateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -267,6 +267,23 @@ def test_token_scope_compares_every_token():
     assert not off.enabled
 
 
+def test_admin_scope_from_token_and_certificate():
+    admin = "admin-token-0123456789abcdef"
+    auth = Authenticator(AuthConfig(tokens_env="T"), {"T": f"{TOKEN_A},admin:{admin}"})
+    assert auth.scope((("authorization", f"Bearer {admin}"),), {}) is Scope.ADMIN
+    assert auth.scope((("authorization", f"Bearer {TOKEN_A}"),), {}) is Scope.FULL
+    both = Authenticator(
+        AuthConfig(tokens_env="T", client_identities=["robot"], admin_client_identities=["ops"]),
+        {"T": f"{TOKEN_A},admin:{admin}"},
+    )
+    # with tokens and certificates both, the narrower scope wins: admin needs both to be admin
+    ops, robot = {"x509_common_name": [b"ops"]}, {"x509_common_name": [b"robot"]}
+    assert both.scope((("authorization", f"Bearer {admin}"),), ops) is Scope.ADMIN
+    assert both.scope((("authorization", f"Bearer {admin}"),), robot) is Scope.FULL
+    assert both.scope((("authorization", f"Bearer {TOKEN_A}"),), ops) is Scope.FULL
+    assert both.scope((("authorization", f"Bearer {admin}"),), {}) is None
+
+
 def test_bad_tokens_name_the_line(tmp_path, test_model_path):
     path = tmp_path / "tokens"
     path.write_text(f"{TOKEN_A}\nshort\n")

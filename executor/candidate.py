@@ -1,0 +1,143 @@
+"""A candidate model beside the live one: it decides on the live tick's batch and is never applied.
+
+The candidate sees exactly the live model's input (the tick's raw features, history features and
+plans, normalised by its own card) and proposes an action; the executor attaches the proposal to
+each snapshot (`Snapshot.candidate`) after the live decision is made, so the candidate can neither
+change nor delay what is applied beyond its own forward pass. Promotion (`Executor.promote`) makes
+it the live model between two ticks; the sessions keep their state.
+
+A candidate must run on the live sessions' input as it is, hence `check_compatible`: the same
+feature schema (names, units, plan, actions, controls: the card's schema hash) and the same history
+features (the sessions' history rings derive them). Its gates must give the same kinds of check as
+the live gates, so a promotion never silently drops a check the operator relies on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dualloop.executor.checks import CheckBoard
+from dualloop.executor.gating import GateWiring
+from dualloop.executor.model_card import ModelCard, Normalisation
+from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.snapshot import CandidateProposal
+from dualloop.ood import Gate
+
+
+class SwapRefused(ValueError):
+    """A candidate that cannot run beside, or replace, the live model; the message says why and what to do."""
+
+
+def _differences(live: ModelCard, cand: ModelCard) -> list[str]:
+    out = []
+    for what, a, b in (
+        ("features", [(f.name, f.unit) for f in live.features], [(f.name, f.unit) for f in cand.features]),
+        ("plan", [(p.name, p.unit) for p in live.plan], [(p.name, p.unit) for p in cand.plan]),
+        ("actions", list(live.actions), list(cand.actions)),
+        ("controls", [(c.name, c.unit) for c in live.controls], [(c.name, c.unit) for c in cand.controls]),
+    ):
+        if a != b:
+            only_live = [x for x in a if x not in b][:3]
+            only_cand = [x for x in b if x not in a][:3]
+            out.append(
+                f"{what}: live has {len(a)}, candidate {len(b)}"
+                + (f"; only live: {only_live}" if only_live else "")
+                + (f"; only candidate: {only_cand}" if only_cand else "")
+                + ("; same names in another order" if not only_live and not only_cand else "")
+            )
+    return out
+
+
+def check_compatible(live: DecisionModel, candidate: DecisionModel, sessions_open: int) -> None:
+    """SwapRefused unless the candidate can decide on (and take over) the live sessions' input."""
+    lc, cc = live.card, candidate.card
+    why = _differences(lc, cc)
+    if lc.history_names != cc.history_names:
+        why.append(
+            f"history features: live derives {lc.history_names or 'none'}, candidate {cc.history_names or 'none'} "
+            f"(the sessions' history rings are the live model's)"
+        )
+    if why:
+        raise SwapRefused(
+            f"candidate {cc.name} {cc.version} (schema {cc.schema_hash()}) cannot run on the input of live model "
+            f"{lc.name} {lc.version} (schema {lc.schema_hash()}): {'; '.join(why)}. The {sessions_open} open "
+            f"session(s) were opened for the live schema and would change schema: the whole swap is refused. "
+            f"Serve a model of another schema on a new server (or restart this one with it)."
+        )
+
+
+def check_same_checks(live: CheckBoard, candidate: CheckBoard, gate_paths: list[str]) -> None:
+    """SwapRefused unless the candidate's gates give the same kinds of check as the live gates."""
+    if live.kinds != candidate.kinds:
+        have = ", ".join(k.name for k in candidate.kinds) or "none"
+        want = ", ".join(k.name for k in live.kinds) or "none"
+        raise SwapRefused(
+            f"the candidate's gates ({', '.join(gate_paths) or 'none given'}) give the checks {have}; the live "
+            f"model runs {want}. A promotion must keep every check: give the candidate its gate files fitted on "
+            f"it (dualloop gate fit --model <candidate>), one per live gate"
+        )
+
+
+@dataclass
+class Candidate:
+    """A loaded candidate: its model, its gates (wired to the executor's buffers, used only once
+    promoted) and the buffers of its forward pass."""
+
+    model: DecisionModel
+    gates: list[Gate]
+    gating: GateWiring
+    checks: CheckBoard
+    capacity: int
+    normalisation: Normalisation = field(init=False)
+    version: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        card = self.model.card
+        self.version = card.version
+        self.normalisation = Normalisation.of(card)
+        self._xn = np.zeros((self.capacity, self.model.n_inputs), np.float32)
+        self._pn = np.zeros((self.capacity, self.model.n_plan), np.float32)
+        self._inv_temperature = np.float32(1.0 / card.temperature)
+        self._ctrl_min = np.array([c.min for c in card.controls], np.float32)
+        self._ctrl_max = np.array([c.max for c in card.controls], np.float32)
+        self._actions = list(card.actions)
+        self._none = CandidateProposal(self.version, -1, "", np.zeros(0, np.float32), 0.0, 0.0)
+        self.errors = 0  # ticks on which its forward pass raised (its proposals then: none)
+
+    def decide(
+        self, x: np.ndarray, p: np.ndarray, present: np.ndarray | None, finite: np.ndarray
+    ) -> list[CandidateProposal]:
+        """One proposal per row of the live tick: `x` the model input (wire then history features,
+        raw), `p` the plans the live model saw (raw), `present` the input profile, `finite` the live
+        verdict on the rows' features (a row the live model could not score is not scored here either)."""
+        n = len(x)
+        if n > len(self._xn):  # the executor's max_sessions was raised on a running server
+            self._xn = np.zeros((n, self.model.n_inputs), np.float32)
+            self._pn = np.zeros((n, self.model.n_plan), np.float32)
+        xn, pn, _ = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n], present)
+        try:
+            out = self.model.forward(xn, pn, present)
+        except Exception:  # noqa: BLE001 - the candidate failing must never touch the live tick
+            self.errors += 1
+            return [self._none] * n
+        with np.errstate(invalid="ignore", over="ignore"):
+            z = out.logits * self._inv_temperature
+            z -= z.max(axis=1, keepdims=True)
+            probs = np.exp(z)
+            probs /= probs.sum(axis=1, keepdims=True)
+        top = np.argsort(-probs, axis=1, kind="stable")[:, :2]
+        rows = np.arange(n)
+        top1 = probs[rows, top[:, 0]]
+        margin = top1 - probs[rows, top[:, 1]]
+        controls = np.clip(out.controls, self._ctrl_min, self._ctrl_max)
+        ok = (finite & np.isfinite(probs).all(axis=1) & np.isfinite(controls).all(axis=1)).tolist()
+        tops, confs, margins = top[:, 0].tolist(), top1.tolist(), margin.tolist()
+        version, actions = self.version, self._actions
+        return [
+            CandidateProposal(version, tops[i], actions[tops[i]], controls[i], confs[i], margins[i])
+            if ok[i]
+            else self._none
+            for i in range(n)
+        ]
