@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from dualloop.controller.replay.wire_batch import reason_codes
 from dualloop.controller.serve.shadow import ShadowAgreement
 from dualloop.executor.columns import as_columns
 from dualloop.executor.core import Executor
@@ -103,14 +102,15 @@ class TickSummary:
         state_names = np.empty(max(int(s) for s in SafetyState) + 1, object)
         for state in SafetyState:
             state_names[int(state)] = state.name
-        # reasons by their codes (hashing a tuple of enums calls Python per element)
-        codes: dict[tuple[int, ...], int] = {}
-        inverse = np.fromiter(
-            (codes.setdefault(rs, len(codes)) for rs in reason_codes(table.reasons)), np.int64, len(table.reasons)
-        )
-        reason_names = np.empty(len(codes), object)
-        for rs, j in codes.items():
-            reason_names[j] = tuple(Reason(r).name for r in rs)
+        # reasons by identity: ticks share their reason tuples (hashing a tuple of enums calls Python
+        # per element); each distinct object is named once
+        objects = {id(rs): rs for rs in table.reasons}
+        ids = np.fromiter(map(id, table.reasons), np.int64, len(table.reasons))
+        distinct, inverse = np.unique(ids, return_inverse=True)
+        reason_names = np.empty(len(distinct), object)
+        for j, i in enumerate(distinct.tolist()):
+            reason_names[j] = tuple(Reason(r).name for r in objects[i])
+        inverse = inverse.reshape(-1)
         names = np.array([*table.actions, "-"], object)
         proposed = np.where(table.scored.astype(bool), table.proposed, len(table.actions))
         return cls(
