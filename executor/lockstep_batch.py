@@ -86,6 +86,8 @@ class TickTable:
         plan_states = {int(s): s for s in PlanState}
         timings = StageTimings()  # wall-clock by nature; a replay has none per tick
         names, obs_all = self.actions, self.observations
+        if as_columns(obs_all) is not None:  # one Observation per observation, not one per tick
+            obs_all = list(obs_all)
         gate_score, gate_threshold = self.gate_score, self.gate_threshold  # both None without gates
         out = []
         for k in range(len(self.tick_ns)):
