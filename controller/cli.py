@@ -33,6 +33,7 @@ COMMAND_GROUPS = (
     ("dualloop.controller.cards.cli", "train"),
     ("dualloop.controller.bench.cli", "bench"),
     ("dualloop.controller.highway.cli", "highway"),
+    ("dualloop.controller.alpasim.cli", "alpasim"),
 )
 
 
@@ -45,6 +46,7 @@ COMMANDS = {
     "stream": "dualloop.controller.serve.cli",
     "info": "dualloop.controller.serve.cli",
     "import": "dualloop.controller.logs.cli",
+    "foxglove-layout": "dualloop.controller.logs.cli",
     "replay": "dualloop.controller.replay.cli",
     "diff": "dualloop.controller.replay.cli",
     "train": "dualloop.controller.training.cli",
@@ -55,6 +57,7 @@ COMMANDS = {
     "bench": "dualloop.controller.bench.cli",
     "card": "dualloop.controller.cards.cli",
     "highway": "dualloop.controller.highway.cli",
+    "alpasim": "dualloop.controller.alpasim.cli",
 }
 
 

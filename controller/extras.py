@@ -14,6 +14,7 @@ EXTRA_OF_MODULE = {
     "gymnasium": "gym",
     "mcap_ros2": "rosbag2",
     "highway_env": "highway",
+    "carla_driver_interface": "alpasim",
 }
 
 

@@ -283,7 +283,9 @@ class HistoryState:
         self._lead.append(lead)
         if self._ring is not None:
             series.append(lead)
-            self._ring.buf[self._slot, (self._dropped + m) % self._ring.size] = series
+            at = (self._dropped + m) % self._ring.size
+            self._ring.buf[self._slot, at] = series
+            self._ring.t[self._slot, at] = t_ns
 
     def append(self, t_ns: int, features: np.ndarray) -> None:
         """Add an observation (wire features (F,)) whose history features `HistoryRing.newest`
@@ -324,6 +326,10 @@ class HistoryState:
         return np.array(out, np.float32)
 
 
+# HistoryRing._bounds: a padded place sorts below every bound (a window spans at most the horizon,
+# ~1.3 s, and bounds reach 1.1 s back); rows lie this far apart in the one sorted array
+_PAD_NS = 1 << 40
+_ROW_STRIDE_NS = 1 << 42
 _RING_FROM = 3  # rows; fewer cost less each on its own (1 row: 37 us there, 63 us in the ring's pass)
 
 
@@ -346,6 +352,7 @@ class HistoryRing:
         # grown to the highest slot a state takes (a server sized for thousands of sessions with a
         # few open holds a few rings, 24 kB each)
         self.buf = np.zeros((min(slots, 8), size, n_series + 1), np.float64)
+        self.t = np.zeros((len(self.buf), size), np.int64)  # each observation's timestamp, same places
         self._bins = (0, *d._delays)
         specs = d.specs
         self._series = np.array([d._series.index(s.series) for s in specs])
@@ -361,40 +368,34 @@ class HistoryRing:
         if slot >= len(self.buf):
             grown = np.zeros((max(slot + 1, 2 * len(self.buf)), *self.buf.shape[1:]), np.float64)
             grown[: len(self.buf)] = self.buf
-            self.buf = grown
+            grown_t = np.zeros((len(grown), self.size), np.int64)
+            grown_t[: len(self.t)] = self.t
+            self.buf, self.t = grown, grown_t
         return HistoryState(self.deriver, self, slot)
 
     def newest(self, states: Sequence[HistoryState], features: np.ndarray) -> npt.NDArray[np.float32]:
         """(rows, H) float32: each state's newest observation's history features; `features` (rows, F)
         those observations' wire features."""
-        n, size, bins = len(states), self.size, self._bins
+        n, size = len(states), self.size
         x = np.asarray(features, np.float32)[:, self.deriver.columns].astype(np.float64)
         out = np.empty((n, len(self._series)), np.float32)
-        slots, last, count, safe, ok, rows = [], [], [], [], [], []
-        right = bisect.bisect_right
-        # each bin's bounds as `_bin` finds them: (upper, lower) offsets from t_i, and past(e)'s limit
-        bounds = [(TOL_NS - e, TOL_NS - e - BIN_NS, e + GAP_NS) for e in bins]
+        rows, slots, newest, begin, t_now = [], [], [], [], []
         for r, st in enumerate(states):
             t, start = st._t, st._start
             i = len(t) - 1
             if i - start >= size or n < _RING_FROM:  # this row the state's own way
                 out[r] = st._newest(x[r].tolist())
                 continue
-            ti, base = t[i], st._dropped
             rows.append(r)
             slots.append(st._slot)
-            for upper, lower, limit in bounds:
-                jl = min(right(t, ti + upper, start) - 1, i)
-                sf = jl if jl > start else start
-                last.append(base + jl)
-                count.append(min(jl - right(t, ti + lower, start) + 1, K))
-                safe.append(base + sf)
-                ok.append(jl >= start and 0 < ti - t[sf] <= limit)
+            newest.append(st._dropped + i)  # absolute indices: a slot's observation j is at j % size
+            begin.append(st._dropped + start)
+            t_now.append(t[i])
         if not rows:
             return out
-        m, b = len(rows), len(bins)
-        slot = np.array(slots)[:, None, None]
-        jl_a, n_a = np.array(last).reshape(m, b), np.array(count).reshape(m, b)
+        slot_a = np.array(slots)
+        slot = slot_a[:, None, None]
+        jl_a, n_a, safe_a, ok_bins = self._bounds(slot_a, np.array(newest), np.array(begin), np.array(t_now))
         kmax = max(int(n_a.max()), 1)
         k = self._k[:kmax]
         taken = k < n_a[:, :, None]  # (m, bins, k): the k-th newest observation is in the bin
@@ -402,10 +403,10 @@ class HistoryRing:
         g = np.where(taken[..., None], g, 0.0)
         g[:, :, 0] += 0.0  # the sum starts from +0.0 (as `_bin`): a leading -0.0 becomes +0.0
         acc = np.add.accumulate(g, axis=2)[:, :, -1]
-        safe_rows = self.buf[slot[:, :, 0], np.array(safe).reshape(m, b) % size]  # (m, bins, S + 1)
+        safe_rows = self.buf[slot[:, :, 0], safe_a % size]  # (m, bins, S + 1)
         value = np.where((n_a >= 1)[..., None], acc / np.maximum(n_a, 1)[..., None], safe_rows)
         lead_now = safe_rows[:, 0, -1]  # bin 0's last observation is the newest itself
-        ok_a = np.array(ok).reshape(m, b)[:, self._bin]  # (m, H)
+        ok_a = ok_bins[:, self._bin]  # (m, H)
         lead_at = safe_rows[:, self._bin, -1]
         good = ok_a & (~self._needs_lead | ((lead_now >= 0.5)[:, None] & (lead_at >= 0.5)))
         with np.errstate(invalid="ignore", over="ignore"):
@@ -414,3 +415,33 @@ class HistoryRing:
         v = np.where(good & np.isfinite(slope), slope, fallback)
         out[rows] = np.where(np.isfinite(v), v, 0.0)
         return out
+
+    def _bounds(
+        self, slots: np.ndarray, newest: np.ndarray, begin: np.ndarray, t_now: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Each row's bins as `HistoryState._newest` bisects them, for all rows in one search: per
+        bin (m, bins) the last observation jl, the count (<= K), past(e)'s observation and whether
+        past(e) is ok; indices absolute (see `newest`). Each row's window of timestamps is taken
+        relative to its newest (within the horizon, so no overflow), older places padded below any
+        bound, and the rows laid end to end with a stride apart: one sorted array, one searchsorted
+        for every bound of every row."""
+        m, size = len(slots), self.size
+        width = int((newest - begin).max()) + 1
+        first = newest - (width - 1)  # the window's oldest place; those before `begin` are padding
+        places = first[:, None] + np.arange(width)
+        rel = self.t[slots[:, None], places % size] - t_now[:, None]
+        rel[places < begin[:, None]] = -_PAD_NS
+        stride = np.arange(m, dtype=np.int64)[:, None] * _ROW_STRIDE_NS
+        upper = np.array([TOL_NS - e for e in self._bins], np.int64)
+        lower = upper - BIN_NS
+        queries = np.concatenate([upper, lower])[None, :] + stride  # (m, 2 * bins)
+        found = np.searchsorted((rel + stride).ravel(), queries.ravel(), side="right").reshape(m, -1)
+        found += (first - np.arange(m, dtype=np.int64) * width)[:, None]  # bisect_right, absolute
+        b = len(self._bins)
+        jl = np.minimum(found[:, :b] - 1, newest[:, None])
+        count = np.minimum(jl - found[:, b:] + 1, K)
+        safe = np.maximum(jl, begin[:, None])
+        span = t_now[:, None] - self.t[slots[:, None], safe % size]
+        limit = np.array([e + GAP_NS for e in self._bins], np.int64)
+        ok = (jl >= begin[:, None]) & (span > 0) & (span <= limit)
+        return jl, count, safe, ok

@@ -111,7 +111,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     # bench tick: issue 18's honest-bench options
     p.add_argument(
-        "--workers", type=worker_count, default=1, help="bench tick: server processes sharing the port ('auto')"
+        "--workers",
+        type=worker_count,
+        default=1,
+        help="bench tick, planner: server processes sharing the port ('auto')",
     )
     p.add_argument(
         "--sweep",
@@ -170,6 +173,7 @@ def _bench(args: argparse.Namespace) -> int:
             planner="behaviour",
             console=console,
             gates=gate_paths,
+            workers=args.workers,
         )
         return 0
     if args.what == "replay":

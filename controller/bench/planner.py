@@ -116,8 +116,9 @@ def print_planner_report(result: dict[str, Any], console: Console) -> None:
     )
     p = result["planner_stats"] or {}
     if p:
+        which = "worker process" if result.get("workers", 1) == 1 else f"server worker 0's of {result['workers']}"
         console.print(
-            f"planner ({p['source']}, worker process): {p['plans']} plans in {p['batches']} batches "
+            f"planner ({p['source']}, {which}): {p['plans']} plans in {p['batches']} batches "
             f"(p50 {p['batch_size_p50']:.0f} sessions), time per batch p50 "
             f"{p['batch_time_us_p50'] / 1e3:.2f} ms, p99 {p['batch_time_us_p99'] / 1e3:.2f} ms (CPU p50 "
             f"{p['batch_cpu_us_p50'] / 1e3:.2f} ms, p99 {p['batch_cpu_us_p99'] / 1e3:.2f} ms), per plan p50 "
@@ -145,8 +146,11 @@ def bench_planner(
     console: Console | None = None,
     phase_s: float = PHASE_S,
     gates: Sequence[Path] = (),
+    workers: int = 1,
 ) -> dict[str, Any]:
-    """One run, planner idle and busy in turns; prints and stores the comparison."""
+    """One run, planner idle and busy in turns; prints and stores the comparison. workers: server
+    processes sharing the port, each with its own planner worker, all starting idle together: the
+    k-th turn of every worker is the same window of the run, so their ticks are pooled by turn."""
     if duration_s < 4 * phase_s:
         raise ValueError(
             f"--duration {duration_s:g} s is too short: at least two idle and two busy phases of "
@@ -167,6 +171,7 @@ def bench_planner(
                 label=f"planner idle/busy ({planner})",
                 alternate_s=phase_s,
                 gates=gates,
+                workers=workers,
             )
         )
     finally:
@@ -177,6 +182,7 @@ def bench_planner(
         "model": str(model),
         "ran": run["ran"],
         "sessions": sessions,
+        "workers": workers,
         "duration_s": duration_s,
         "phase_s": phase_s,
         "guard_ms": guard_ms,

@@ -141,8 +141,8 @@ async def _bench_tick(
     pki: the server serves TLS and requires its token, and the clients connect with both.
     workers: server processes sharing one port (as `dualloop serve --workers`); each client session
     then has a connection of its own. client_procs: client processes (default one per 16 sessions)."""
-    if workers > 1 and (alternate_s or metrics or pki):
-        raise ValueError("bench tick --workers runs plain: without --metrics, --secure or the planner's turns")
+    if workers > 1 and (metrics or pki):
+        raise ValueError("bench tick --workers runs plain: without --metrics or --secure")
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     plan = cpu_plan(cpus, workers, pin)
     n_clients = client_procs or max(1, -(-sessions // 16))

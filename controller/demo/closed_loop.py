@@ -37,6 +37,11 @@ PLAN_PERIOD_STEPS = 40  # the simulator's planner publishes a plan every 200 ms
 Actual = tuple[int, np.ndarray]
 
 
+def session_id(scenario: str, seed: int) -> str:
+    """The session a scenario drives over gRPC; it names the session's plot topic in a recording."""
+    return f"{scenario}-{seed}"
+
+
 class Decider(Protocol):
     def decide(
         self,
@@ -58,12 +63,26 @@ class InProcessDecider:
     """The executor in this process, one LOCKSTEP session; with `planner`, planned exactly as the
     gRPC server plans a LOCKSTEP session (controller.serve.planning.LockstepPlanning, in-line)."""
 
-    def __init__(self, executor: Executor, session_id: str, planner: LockstepPlanning | None = None) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        session_id: str,
+        planner: LockstepPlanning | None = None,
+        provided_features: tuple[str, ...] | None = None,
+        observation_period_ns: int = 0,
+    ) -> None:
+        """`provided_features`, `observation_period_ns`: the sensor profile and rate, as OpenSession's."""
         self.executor = executor
         self.session_id = session_id
         self.planner = planner
         # planned by the server's planner: its plans expiring is a fault (STALE_PLAN), as on the server
-        executor.open_session(session_id, Clock.LOCKSTEP, expired_plan_is_stale=planner is not None)
+        executor.open_session(
+            session_id,
+            Clock.LOCKSTEP,
+            expired_plan_is_stale=planner is not None,
+            provided_features=provided_features,
+            observation_period_ns=observation_period_ns,
+        )
 
     @property
     def has_planner(self) -> bool:
@@ -280,5 +299,5 @@ def drive_over_grpc(
     address: str, scenario: str, seed: int, clock: int = pb.CLOCK_MODE_LOCKSTEP, **params
 ) -> ClosedLoopRun:
     env = make_scenario(scenario, seed, **params)
-    decider = GrpcDecider(address, f"{scenario}-{seed}", clock)
+    decider = GrpcDecider(address, session_id(scenario, seed), clock)
     return run_closed_loop(env, decider, seed, realtime=clock == pb.CLOCK_MODE_REALTIME)

@@ -91,7 +91,9 @@ def write_report(
         "# dualloop closed-loop report",
         "",
         f"Model `{model}` version `{version}`; scenarios driven over gRPC "
-        f"in LOCKSTEP on held-out seeds. Logs (npz per scenario) are in `logs/`.",
+        f"in LOCKSTEP on held-out seeds. The servers' recordings (MCAP, one file per plan source, "
+        f"a plot topic per scenario) are in `logs/`; open them in Foxglove with `foxglove-layout.json` "
+        f"(docs/foxglove.md).",
         "",
         "| scenario | OOD | collisions | min TTC s | min gap m | hard brakes | max jerk | vetoes | fallback s | "
         "tick work p99 us | plan updates | plan changes | speed changes | plan source |",

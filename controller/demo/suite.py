@@ -4,6 +4,8 @@ A server process serves the model on loopback; this process runs each scenario o
 an ordinary LOCKSTEP gRPC client, then prints one row per scenario and writes logs, plots and a
 report under runs/<timestamp>/. Scenarios planned by the server's built-in planner and scenarios
 planned by the simulator go to two server processes, one after the other (see plan_sources()).
+Each server records its sessions (`--record-dir`): logs/<plan source>.mcap, one plot topic per
+scenario (`/dualloop/<scenario>-<seed>/plot`), and foxglove-layout.json opens them in Foxglove.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dualloop.controller.demo.closed_loop import ClosedLoopRun, drive_over_grpc
+from dualloop.controller.demo.closed_loop import ClosedLoopRun, drive_over_grpc, session_id
 from dualloop.controller.demo.report import plot_run, plot_tick_work, write_report
+from dualloop.controller.logs.foxglove import layout
 from dualloop.controller.serve.security import private_server_env
 from dualloop.sim.scenarios import SCENARIOS
 from dualloop.v2 import controller_pb2 as pb
@@ -171,20 +174,15 @@ def plan_sources(names: Sequence[str], planner: str | None) -> dict[str, str | N
     return {name: source for name in names}
 
 
-def _save_log(out: Path, name: str, run: ClosedLoopRun) -> None:
-    np.savez_compressed(
-        out / "logs" / f"{name}.npz",
-        t=run.t,
-        applied_index=run.applied_index,
-        applied_accel=run.applied_accel,
-        applied_steer=run.applied_steer,
-        safety_state=run.safety_state,
-        reasons=run.reasons,
-        gate_score=run.gate_score,
-        round_trip_us=run.round_trip_us,
-        ego_speed=run.metrics.series.ego_speed,
-        lead_gap=run.metrics.series.lead_gap,
-    )
+def _collect_recording(folder: Path, target: Path) -> Path | None:
+    """The server's one recording in `folder`, moved to `target` (the recorder names files by the
+    time of day; the demo names them by plan source)."""
+    files = sorted(folder.glob("*.mcap"))
+    if len(files) != 1:
+        return None
+    files[0].replace(target)
+    folder.rmdir()
+    return target
 
 
 @dataclass(frozen=True)
@@ -212,6 +210,8 @@ def _drive_group(
         config = out / f"server-{source}.toml"
         config.write_text(f'[planner]\nsource = "{source}"\n')
         extra += ("--config", str(config))
+    recording = out / "logs" / f".{source or 'simulator'}"
+    extra += ("--record-dir", str(recording))
     server, address = start_server(model, extra)
     results: dict[str, tuple[ScenarioRow, ClosedLoopRun]] = {}
     try:
@@ -229,10 +229,11 @@ def _drive_group(
                 stub.GetStats(pb.GetStatsRequest(reset=True))
                 run = drive_over_grpc(address, name, suite.seed, **suite.params)
                 results[name] = (_row(run, SCENARIOS[name].ood, stub.GetStats(pb.GetStatsRequest())), run)
-                _save_log(out, name, run)
                 progress.advance(task)
     finally:
-        stop_server(server)
+        stop_server(server)  # the recorder writes the file's index and footer as the server stops
+    if _collect_recording(recording, out / "logs" / f"{source or 'simulator'}.mcap") is None:
+        console.print(f"[yellow]no single recording in {recording}[/]")
     return results, info
 
 
@@ -295,5 +296,9 @@ def run_demo(
         )
     )
     report = write_report(out, model, info.model_version, rows, plots, lateness_plot)
-    console.print(f"logs, plots and report: {out}/  (open {report})")
+    (out / "foxglove-layout.json").write_text(json.dumps(layout([session_id(n, seed) for n in names]), indent=2))
+    console.print(
+        f"logs, plots and report: {out}/  (open {report}; the recordings logs/*.mcap in Foxglove "
+        f"with {out / 'foxglove-layout.json'})"
+    )
     return out

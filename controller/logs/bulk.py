@@ -42,6 +42,10 @@ class TopicMessages:
     data: Sequence[bytes]
     log_time_ns: np.ndarray
     packed: tuple[np.ndarray, np.ndarray] | None = None  # (uint8 bytes, int64 size per message)
+    # a topic outside format.TOPIC_TYPES (the plot channel): its schema (name, FileDescriptorSet
+    # bytes) and channel metadata (default: the session id)
+    schema: tuple[str, bytes] | None = None
+    metadata: dict[str, str] | None = None
 
     def flat(self) -> tuple[np.ndarray, np.ndarray]:
         if self.packed is not None:
@@ -142,10 +146,13 @@ def write_messages(
         if n == 0:
             continue
         if group.topic not in channels:
-            message_type = TOPIC_TYPES[group.topic]
-            name = message_type.DESCRIPTOR.full_name
+            if group.schema is not None:
+                name, data = group.schema
+            else:
+                message_type = TOPIC_TYPES[group.topic]
+                name, data = message_type.DESCRIPTOR.full_name, b""
             if name not in schemas:
-                data = build_file_descriptor_set(message_type).SerializeToString()
+                data = data or build_file_descriptor_set(message_type).SerializeToString()
                 schemas[name] = Schema(id=len(schemas) + 1, name=name, encoding="protobuf", data=data)
                 in_chunk(schemas[name])
             channel = Channel(
@@ -153,7 +160,7 @@ def write_messages(
                 schema_id=schemas[name].id,
                 topic=group.topic,
                 message_encoding="protobuf",
-                metadata={"session_id": session_id},
+                metadata=group.metadata or {"session_id": session_id},
             )
             channels[group.topic] = channel
             in_chunk(channel)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from dualloop.controller.console import console, print_error
 from dualloop.controller.logs.datasets import default_data_dir
+from dualloop.controller.logs.foxglove import layout, plot_sessions
 from dualloop.controller.logs.import_comma2k19 import Comma2k19Error, import_comma2k19
 from dualloop.controller.logs.import_csv import EXTRA_COLUMNS_FLAG, CsvImportError, import_csv, parse_units
 from dualloop.controller.logs.import_ngsim import NgsimError, import_ngsim
@@ -23,6 +25,13 @@ _PAIR_OUT_HELP = (
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    f = sub.add_parser(
+        "foxglove-layout", help="a Foxglove layout for the sessions of recordings: a tab of plots per session"
+    )
+    f.add_argument("logs", nargs="+", type=Path, help="recordings with plot topics (docs/foxglove.md)")
+    f.add_argument("-o", "--out", type=Path, default=Path("foxglove-layout.json"))
+    f.set_defaults(fn=_foxglove_layout)
+
     p = sub.add_parser("import", help="turn recorded drives into dualloop logs (MCAP)")
     kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
 
@@ -143,4 +152,22 @@ def _import_shared_data(args: argparse.Namespace) -> int:
         print_error(err)
         return 2
     console.print(result.summary(), highlight=False)
+    return 0
+
+
+def _foxglove_layout(args: argparse.Namespace) -> int:
+    try:
+        sessions = plot_sessions(args.logs)
+    except ValueError as err:
+        print_error(str(err))
+        return 2
+    if not sessions:
+        names = ", ".join(str(p) for p in args.logs)
+        print_error(
+            f"{names}: no plot topics (the server records them unless record_plots = false; "
+            "a replay writes them with --foxglove)"
+        )
+        return 2
+    args.out.write_text(json.dumps(layout(sessions), indent=2) + "\n")
+    console.print(f"{args.out}: a tab per session ({', '.join(sessions)}); import it in Foxglove (docs/foxglove.md)")
     return 0

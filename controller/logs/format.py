@@ -17,6 +17,7 @@ from mcap.writer import CompressionType
 from mcap.writer import Writer as McapWriter
 from mcap_protobuf.schema import build_file_descriptor_set
 
+from dualloop.controller.logs.plot import PlotSchema, plot_topic
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import log_pb2
 
@@ -145,11 +146,41 @@ class LogFileWriter:
             self._sequence[channel] = 0
         return channel
 
+    def write_plot(
+        self,
+        schema: PlotSchema,
+        metadata: dict[str, str],
+        data: bytes,
+        log_time_ns: int,
+        publish_time_ns: int | None = None,
+    ) -> None:
+        """One serialised plot message on `/dualloop/<session>/plot` (plot.py), whose channel and
+        schema are registered in this file on first use; metadata names the session."""
+        session_id = metadata["session_id"]
+        topic = plot_topic(session_id)
+        key = (topic, session_id)
+        channel = self._channels.get(key)
+        if channel is None:
+            schema_id = self._schemas.get(schema.name)
+            if schema_id is None:
+                schema_id = self._writer.register_schema(name=schema.name, encoding="protobuf", data=schema.data)
+                self._schemas[schema.name] = schema_id
+            channel = self._writer.register_channel(
+                topic=topic, message_encoding="protobuf", schema_id=schema_id, metadata=metadata
+            )
+            self._channels[key] = channel
+            self._sequence[channel] = 0
+        self._add(channel, data, log_time_ns, publish_time_ns)
+
     def write(
         self, topic: str, session_id: str, message: Message, log_time_ns: int, publish_time_ns: int | None = None
     ) -> None:
         data = message.SerializeToString(deterministic=True)  # map order fixed: reproducible files
-        channel = self._channel(topic, session_id)
+        self._add(self._channel(topic, session_id), data, log_time_ns, publish_time_ns)
+        if topic == TOPIC_HEADER:
+            self.headers_written.add(session_id)
+
+    def _add(self, channel: int, data: bytes, log_time_ns: int, publish_time_ns: int | None) -> None:
         sequence = self._sequence[channel]
         self._sequence[channel] = sequence + 1
         log_time = mcap_time(log_time_ns)
@@ -162,8 +193,6 @@ class LogFileWriter:
         )
         self._unflushed_bytes += len(data) + 31  # record overhead: opcode, lengths, times, sequence
         self.messages += 1
-        if topic == TOPIC_HEADER:
-            self.headers_written.add(session_id)
 
     @property
     def size_bytes(self) -> int:

@@ -34,6 +34,7 @@ from dualloop.controller.logs.format import (
     LogFileWriter,
     rotated_files,
 )
+from dualloop.controller.logs.plot import PlotSchema, channel_metadata, log_time_offset_ns
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import log_pb2
 
@@ -259,9 +260,11 @@ def write_log(
     observations: Iterable[pb.Observation],
     snapshots: Iterable[pb.DecisionSnapshot] = (),
     plans: Iterable[log_pb2.PlanRecord] = (),
+    plots: bool = False,
 ) -> Path:
     """Write one session as a finished log file: header, then observations, snapshots and plans,
-    each group in the order given. For importers and tests; live sessions use the Recorder."""
+    each group in the order given, then (plots) a plot message per snapshot on the session's plot
+    topic (plot.py). For importers and tests; live sessions use the Recorder."""
     out = Path(path)
     session_id = header.session_id
     if not header.format_version:
@@ -271,14 +274,38 @@ def write_log(
         observations = iter(observations)
         first = next(observations, None)
         file.write(TOPIC_HEADER, session_id, header, first.timestamp_ns if first is not None else 0)
+        observations_kept: dict[int, pb.Observation] = {}
+        kept: list[pb.DecisionSnapshot] = []
         if first is not None:
             file.write(TOPIC_OBSERVATION, session_id, first, first.timestamp_ns)
+            observations_kept[first.seq] = first
         for obs in observations:
             file.write(TOPIC_OBSERVATION, session_id, obs, obs.timestamp_ns)
+            if plots:
+                observations_kept[obs.seq] = obs
         for snap in snapshots:
             file.write(TOPIC_SNAPSHOT, session_id, snap, snap.scheduled_time_ns)
+            if plots:
+                kept.append(snap)
         for plan in plans:
             file.write(TOPIC_PLAN, session_id, plan, plan.created_time_ns)
+        if plots and kept:
+            _write_plots(file, header, observations_kept, kept)
     finally:
         file.finish()
     return out
+
+
+def _write_plots(
+    file: LogFileWriter,
+    header: log_pb2.SessionHeader,
+    observations: dict[int, pb.Observation],
+    snapshots: list[pb.DecisionSnapshot],
+) -> None:
+    """The plot topic of a LOCKSTEP session written whole: log_time = tick time + offset (plot.py)."""
+    schema = PlotSchema.for_header(header)
+    offset = log_time_offset_ns(header, snapshots[0].scheduled_time_ns)
+    metadata = channel_metadata(header, offset)
+    for snap in snapshots:
+        data = schema.from_snapshot(snap, observations.get(snap.observation_seq)).SerializeToString()
+        file.write_plot(schema, metadata, data, snap.scheduled_time_ns + offset)

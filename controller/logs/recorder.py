@@ -10,7 +10,9 @@ rotated part reads on its own.
 Messages handed to the recorder must not be mutated afterwards: the queue holds the object itself.
 
 MCAP log_time of each record is the event's own time (see proto/dualloop/v2/log.proto);
-publish_time is the wall clock (Unix ns) when the caller handed the record over.
+publish_time is the wall clock (Unix ns) when the caller handed the record over. Each snapshot also
+gets a decoded plot message on `/dualloop/<session>/plot` (plot.py: named fields for Foxglove, with
+wall-clock log_time in REALTIME and an offset one in LOCKSTEP), made on the writer thread.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dualloop.controller.logs.format import (
     LogFileWriter,
     rotated_path,
 )
+from dualloop.controller.logs.plot import PlotSchema, channel_metadata, log_time_offset_ns
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import log_pb2
 
@@ -73,6 +76,25 @@ class _SessionCounts:
     last_log_time_ns: int = 0
 
 
+@dataclass
+class _PlotState:
+    """A session's plot channel: its schema, metadata (set at the first snapshot, with the LOCKSTEP
+    offset), and the newest observations by seq: a snapshot plots the features of the one it used
+    (in LOCKSTEP the ticks just before an observation's time, recorded after it, used the one before)."""
+
+    schema: PlotSchema
+    header: log_pb2.SessionHeader
+    realtime: bool
+    offset_ns: int | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    observations: dict[int, pb.Observation] = field(default_factory=dict)
+
+    def remember(self, observation: pb.Observation) -> None:
+        self.observations[observation.seq] = observation
+        if len(self.observations) > 4:
+            del self.observations[next(iter(self.observations))]  # the oldest (insertion order)
+
+
 class Recorder:
     """Background MCAP recorder for any number of sessions.
 
@@ -89,6 +111,7 @@ class Recorder:
         rotate_seconds: float | None = None,
         flush_interval_s: float = 0.25,
         compress: bool = True,
+        plots: bool = True,
     ) -> None:
         if queue_size < 1:
             raise ValueError("queue_size must be at least 1")
@@ -98,12 +121,15 @@ class Recorder:
         self.rotate_seconds = rotate_seconds
         self.flush_interval_s = flush_interval_s
         self.compress = compress
+        self.plots = plots
         self.stats = RecorderStats()
         # deque.append/popleft are atomic under the GIL: producers and the writer never wait on
         # each other. Several producer threads may overshoot the bound by at most one item each.
         self._queue: collections.deque[tuple[_Kind, str, Message | None, int]] = collections.deque()
         self._sessions: dict[str, _SessionCounts] = collections.defaultdict(_SessionCounts)
         self._headers: dict[str, log_pb2.SessionHeader] = {}
+        self._plots: dict[str, _PlotState] = {}
+        self._plot_schemas: dict[tuple[tuple[str, ...], ...], PlotSchema] = {}
         self._file: LogFileWriter | None = None
         self._part = 0
         self._closed = False
@@ -215,10 +241,13 @@ class Recorder:
         if kind is _Kind.OPEN:
             assert isinstance(message, log_pb2.SessionHeader)
             self._headers[session_id] = message
+            if self.plots:
+                self._plots[session_id] = self._plot_state(message)
             return
         if kind is _Kind.CLOSE:
             self._guarded(self._write_summary, session_id)
             self._headers.pop(session_id, None)
+            self._plots.pop(session_id, None)
             return
         log_time = _event_time(kind, message)
         if not self._guarded(self._write_data, kind, session_id, message, log_time, publish_ns):
@@ -265,6 +294,36 @@ class Recorder:
         counts.written[kind] += 1
         counts.last_log_time_ns = log_time_ns
         self.stats.written[_KIND_NAMES[kind]] += 1
+        plot = self._plots.get(session_id)
+        if plot is None:  # not recording plots, or data before open_session: no names to plot by
+            return
+        if kind is _Kind.OBSERVATION:
+            plot.remember(message)
+        elif kind is _Kind.SNAPSHOT:
+            self._write_plot(file, plot, message, log_time_ns, publish_ns)
+
+    def _plot_state(self, header: log_pb2.SessionHeader) -> _PlotState:
+        key = (tuple(header.feature_names), tuple(header.control_names), tuple(header.action_names))
+        schema = self._plot_schemas.get(key)
+        if schema is None:
+            schema = self._plot_schemas[key] = PlotSchema(*key)
+        return _PlotState(schema, header, header.clock == pb.CLOCK_MODE_REALTIME)
+
+    def _write_plot(
+        self, file: LogFileWriter, plot: _PlotState, snap: pb.DecisionSnapshot, tick_ns: int, publish_ns: int
+    ) -> None:
+        if plot.offset_ns is None:
+            plot.offset_ns = log_time_offset_ns(plot.header, tick_ns)
+            plot.metadata = channel_metadata(plot.header, plot.offset_ns)
+        log_time = publish_ns if plot.realtime else tick_ns + plot.offset_ns
+        try:
+            data = plot.schema.from_snapshot(snap, plot.observations.get(snap.observation_seq)).SerializeToString()
+        except (ValueError, TypeError) as exc:
+            # a view of the data, never worth the recording: the session's plots stop, the data topics go on
+            log.warning("recorder: no more plot messages for session %r: %s", snap.session_id, exc)
+            self._plots.pop(snap.session_id, None)
+            return
+        file.write_plot(plot.schema, plot.metadata, data, log_time, publish_ns)
 
     def _write_summary(self, session_id: str) -> None:
         counts = self._sessions[session_id]
@@ -286,6 +345,7 @@ class Recorder:
         for session_id in list(self._headers):
             self._guarded(self._write_summary, session_id)
         self._headers.clear()
+        self._plots.clear()
         if self._file is None and not self.stats.files:  # nothing was ever recorded: still leave a valid, empty log
             self._guarded(self._current_file)
         if self._file is not None:

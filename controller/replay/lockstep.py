@@ -29,7 +29,9 @@ from dualloop.controller.logs.format import (
     sensor_profile,
 )
 from dualloop.controller.logs.logfile import LogData, read_log, write_log
+from dualloop.controller.logs.plot import PlotSchema, channel_metadata, log_time_offset_ns, plot_topic
 from dualloop.controller.replay.evaluation import EvaluationUnavailable, evaluate_replay, unmeasured_features
+from dualloop.controller.replay.plot_batch import encode_plots_packed
 from dualloop.controller.replay.report import ReplayReport, summarise
 from dualloop.controller.replay.wire_batch import encode_snapshots_packed
 from dualloop.controller.replay.wire_columns import NotCanonical, decode_observations
@@ -215,6 +217,12 @@ def replay_header(
     header.source = f"replay of {source_path} ({source.header.source})"
     header.tick_period_ns = ex.period_ns
     header.part = 0
+    if not header.feature_names:  # the names the plot channel plots by: the card's order is the observations'
+        header.feature_names[:] = ex.card.feature_names
+    if not header.control_names:
+        header.control_names[:] = [c.name for c in ex.card.controls]
+    if not header.action_names:
+        header.action_names[:] = ex.card.actions
     header.source_details["replay_of"] = str(source_path)
     header.source_details["replayed_model"] = f"{ex.card.name} {ex.card.version}"
     return header
@@ -230,8 +238,12 @@ def replay_log(
     tick_period_ms: float | None = None,
     session_id: str | None = None,
     loaded: LoadedModel | None = None,
+    plots: bool = False,
 ) -> ReplayResult:
     """Replay one session of a log in LOCKSTEP with a model (and gates); optionally write a new log.
+
+    plots: the new log also gets the session's plot topic (logs/plot.py, for Foxglove): ~1/4 more
+    CPU and 2/3 more bytes per log, so fleets and benchmarks leave it out.
 
     loaded: the model and gates already loaded (model_path and gate_paths are then only named in
     the new log's header and must be the ones `loaded` was loaded from)."""
@@ -277,7 +289,7 @@ def replay_log(
     result = ReplayResult(source_path, header, ReplayReport(), timings=timings, table=table, _snapshots=snaps or None)
     if out_path is not None:
         t2 = time.perf_counter()
-        result.out_path = _write_replay(Path(out_path), header, data, snaps, table, column_log)
+        result.out_path = _write_replay(Path(out_path), header, data, snaps, table, plots, column_log)
         timings["write_s"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     drive_s = (observations[-1].timestamp_ns - observations[0].timestamp_ns) / 1e9
@@ -309,14 +321,16 @@ def _write_replay(
     data: LogData,
     snaps: list[Snapshot],
     table: TickTable | None,
+    plots: bool = False,
     column_log: ColumnLog | None = None,
 ) -> Path:
-    """The replay's log: the source's observations, then the snapshots. From the fast path's table
-    the snapshots are encoded column-wise and the file written in bulk (byte-identical to
-    `write_log` of `snapshot_to_proto`, tests/controller/replay/test_fleet.py); a log read as
-    columns gives its observations' bytes as they were (canonical, so the same bytes)."""
+    """The replay's log: the source's observations, then the snapshots, then (plots) their plot
+    messages (logs/plot.py). From the fast path's table the snapshots and plots are encoded column-wise and
+    the file written in bulk (byte-identical to `write_log` of `snapshot_to_proto`,
+    tests/controller/replay/test_fleet.py); a log read as columns gives its observations' bytes as
+    they were (canonical, so the same bytes)."""
     if table is None:
-        return write_log(path, header, data.observations, (snapshot_to_proto(s) for s in snaps))
+        return write_log(path, header, data.observations, (snapshot_to_proto(s) for s in snaps), plots=plots)
     if not header.format_version:
         header.format_version = FORMAT_VERSION
     if column_log is not None:
@@ -332,5 +346,23 @@ def _write_replay(
             TopicMessages(TOPIC_HEADER, [header.SerializeToString(deterministic=True)], np.array([first])),
             TopicMessages(TOPIC_OBSERVATION, observation_bytes, times),
             TopicMessages(TOPIC_SNAPSHOT, [], table.tick_ns, packed=encode_snapshots_packed(table)),
+            *(_plot_group(header, table) if plots else []),
         ],
     )
+
+
+def _plot_group(header: log_pb2.SessionHeader, table: TickTable) -> list[TopicMessages]:
+    if not len(table):
+        return []
+    schema = PlotSchema.for_header(header)
+    offset = log_time_offset_ns(header, int(table.tick_ns[0]))
+    return [
+        TopicMessages(
+            plot_topic(header.session_id),
+            [],
+            table.tick_ns + offset,
+            packed=encode_plots_packed(schema, table),
+            schema=(schema.name, schema.data),
+            metadata=channel_metadata(header, offset),
+        )
+    ]

@@ -112,6 +112,11 @@ class ServerConfig(BaseModel):
     record_dir: Path | None = None
     record_rotate_mb: float | None = Field(None, gt=0.0)
     record_rotate_s: float | None = Field(None, gt=0.0)
+    # A decoded plot message per snapshot on /dualloop/<session>/plot (docs/foxglove.md), made on
+    # the recorder's thread: ~40 us of CPU per snapshot, against ~15 us to record it without (a loaded
+    # 2 vCPU VM); at many REALTIME sessions that thread competes with the tick loop for the GIL. false:
+    # the data topics only.
+    record_plots: bool = True
     # A Drive stream must send its OpenSession within this time.
     open_timeout_s: float = Field(10.0, gt=0.0)
     # The largest request message the server accepts (gRPC's own default, made explicit so that

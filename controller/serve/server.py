@@ -966,6 +966,7 @@ class ControllerServer:
                 self.config.record_dir / f"dualloop-{stamp}{self._worker_suffix}.mcap",
                 rotate_bytes=int(mb * 1e6) if mb else None,
                 rotate_seconds=self.config.record_rotate_s,
+                plots=self.config.record_plots,
             )
         if self.runtime.metrics is not None and self.config.metrics_port is not None:
             collector = MetricsCollector(self.runtime.metrics_reading, asyncio.get_running_loop())

@@ -23,7 +23,18 @@ from dualloop.v2 import controller_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
 # what the extras bring: serving must import none of them (rich: used when present, so only blocked below)
-HEAVY = ("matplotlib", "scipy", "sklearn", "ray", "gymnasium", "highway_env", "torch", "onnx", "mcap_ros2")
+HEAVY = (
+    "matplotlib",
+    "scipy",
+    "sklearn",
+    "ray",
+    "gymnasium",
+    "highway_env",
+    "torch",
+    "onnx",
+    "mcap_ros2",
+    "carla_driver_interface",
+)
 EXTRAS = (*HEAVY, "rich")
 
 # Runs `dualloop` as `python -m dualloop` does, with every extra made unimportable first.
@@ -95,6 +106,8 @@ def test_extra_command_names_the_extra_to_install(tmp_path):
     assert proc.returncode == 2 and "pip install 'dualloop[train]'" in proc.stdout
     proc = _lean(tmp_path, "highway", "--seeds", "1")
     assert proc.returncode == 2 and "pip install 'dualloop[highway]'" in proc.stdout
+    proc = _lean(tmp_path, "alpasim", "--port", "0")
+    assert proc.returncode == 2 and "pip install 'dualloop[alpasim]'" in proc.stdout
 
 
 @pytest.mark.slow

@@ -120,6 +120,32 @@ def test_the_ring_gives_each_push_its_bits(seed: int) -> None:
     assert longest > 512  # the 1 kHz session outgrew the ring: its rows took the state's path
 
 
+def test_the_ring_bisects_observations_exactly_on_a_bin_bound() -> None:
+    """On an exact 1 ms grid observations fall exactly on the bins' bounds (t_i - e + 1 ms): the
+    ring's one search over all rows takes them as the state's bisect_right does."""
+    deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
+    periods_ms = [1, 2, 10, 100]
+    ring = HistoryRing(deriver, len(periods_ms), size=2048)
+    ref = [deriver.state() for _ in periods_ms]
+    got = [ring.state(s) for s in range(len(periods_ms))]
+    rng = np.random.default_rng(7)
+    compared = 0
+    for k in range(1, 2500):
+        due = []
+        for s, period in enumerate(periods_ms):
+            if k % period == 0:
+                x = rng.normal(size=len(FEATURE_NAMES)).astype(np.float32)
+                x[FEATURE_INDEX["lead_present"]] = 1.0
+                got[s].append(k * 1_000_000, x)
+                due.append((s, x, ref[s].push(k * 1_000_000, x)))
+        if len(due) >= 3:
+            out = ring.newest([got[s] for s, _, _ in due], np.stack([x for _, x, _ in due]))
+            for row, (s, _, want) in zip(out, due):
+                assert row.tobytes() == want.tobytes(), (s, k)
+                compared += 1
+    assert compared > 700  # every 10 ms: three or four rows
+
+
 def test_equal_timestamps_and_nan_give_the_same_bits(drive) -> None:
     """REALTIME allows equal timestamps (a sensor that re-sends): a row never reads a later one with
     the same time; a NaN reading spoils only the bins that hold it (they fall back)."""

@@ -212,6 +212,20 @@ def test_bench_planner_compares_idle_and_busy_turns_of_one_run(tmp_path, test_mo
     assert planner["source"] == "behaviour" and planner["plans"] >= 2 * 4 and planner["errors"] == 0
 
 
+@pytest.mark.slow
+def test_bench_planner_pools_the_turns_of_several_server_workers(tmp_path, test_model_path):
+    argv = ["bench", "planner", "--model", str(test_model_path), "--sessions", "2", "--workers", "2"]
+    assert main([*argv, "--duration", "10", "--out", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("planner-*.json")
+    result = json.loads(result_file.read_text())
+    assert result["workers"] == 2
+    for side in ("idle", "busy"):
+        # each worker's 2 x 1.5 s counted at 200 Hz (600 ticks) pooled by turn: more than one worker's
+        assert result[side]["turns"] >= 2 and result[side]["ticks"] > 800
+    planner = result["planner_stats"]
+    assert planner["source"] == "behaviour" and planner["plans"] >= 4 and planner["errors"] == 0
+
+
 def test_bench_planner_refuses_a_run_too_short_for_two_turns_of_each_kind(capsys, monkeypatch):
 
     ran = []

@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from dualloop.controller.demo.closed_loop import drive_in_process, drive_over_grpc
+from dualloop.controller.demo.closed_loop import drive_in_process, drive_over_grpc, session_id
 from dualloop.controller.demo.suite import run_demo
+from dualloop.controller.logs.foxglove import layout_paths
+from dualloop.controller.logs.plot import plot_topic
 from dualloop.executor.core import Executor
+from tests.controller.logs.test_foxglove import decoded
 
 
 def test_grpc_and_in_process_drive_identically(server, test_model):
@@ -48,8 +51,19 @@ def test_demo_writes_table_logs_plots_and_report(tmp_path, test_model_path):
     assert [r["plan_source"] for r in summary["rows"]] == ["behaviour", "sim"]
     for row in summary["rows"]:
         assert (out / f"{row['scenario']}.png").stat().st_size > 10_000
-        log = np.load(out / "logs" / f"{row['scenario']}.npz")
-        assert log["t"].size == row["ticks"] > 0
+    # the servers' recordings, one per plan source, read back as Foxglove reads them (schema from
+    # the file), with a plot topic per scenario holding every tick; the layout's paths are in them
+    recorded: dict[str, list] = {}
+    for name in ("behaviour", "simulator"):
+        for topic, messages in decoded(out / "logs" / f"{name}.mcap").items():
+            recorded.setdefault(topic, []).extend(messages)
+    for row in summary["rows"]:
+        plots = recorded[plot_topic(session_id(row["scenario"], summary["seed"]))]
+        assert len(plots) == row["ticks"] > 0
+        assert all(t > 1_577_836_800 * 10**9 for t, _, _ in plots)  # not at 1970
+        assert plots[-1][2].features.ego_speed >= 0.0
+    layout = json.loads((out / "foxglove-layout.json").read_text())
+    assert {path.split(".", 1)[0] for path in layout_paths(layout)} <= set(recorded)
     assert (out / "tick_work.png").is_file()
     assert "| nominal_cruise |" in (out / "report.md").read_text()
 

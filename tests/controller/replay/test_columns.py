@@ -210,14 +210,18 @@ def test_replay_from_columns_is_the_replay_from_observations(tmp_path, model, ga
         assert not cols.finite.all() and cols.gate_veto.any()
 
 
-@pytest.mark.parametrize("source", ["real", "faults"])
-def test_replay_log_from_columns_writes_the_per_tick_paths_file(tmp_path, source):
+@pytest.mark.parametrize("source,plots", [("real", False), ("faults", False), ("real", True)])
+def test_replay_log_from_columns_writes_the_per_tick_paths_file(tmp_path, source, plots):
     log = slice_log(tmp_path / "real.mcap", 1000, 1500, "real") if source == "real" else _without_plans(tmp_path, True)
     assert read_columns(log) is not None
-    fast = replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp_path / "fast.mcap")
+    fast = replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp_path / "fast.mcap", plots=plots)
     # the file the message path writes: the parsed observations and each snapshot serialised
     reference = write_log(
-        tmp_path / "ref.mcap", fast.header, read_log(log).observations, (snapshot_to_proto(s) for s in fast.snapshots)
+        tmp_path / "ref.mcap",
+        fast.header,
+        read_log(log).observations,
+        (snapshot_to_proto(s) for s in fast.snapshots),
+        plots=plots,
     )
     assert fast.out_path is not None and fast.out_path.read_bytes() == reference.read_bytes()
     # and the ticks are the per-tick path's

@@ -1,0 +1,130 @@
+"""A Foxglove layout for dualloop recordings: one tab per session, plots of its plot topic (plot.py).
+
+Foxglove message paths name a topic, so a layout is made for given sessions; `make demo` writes one
+beside its report for its sessions, and docs/foxglove/dualloop-layout.json is this layout for the
+demo's sessions at its default seed (a test keeps the two equal, and checks every path against a
+recording). Panel ids are derived from the session and the panel, so the file is reproducible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mcap.exceptions import McapError
+from mcap.records import Channel
+from mcap.stream_reader import StreamReader
+
+from dualloop.controller.logs.plot import is_plot_topic, plot_topic
+
+# (title, [(field path, label)]) per plot panel, from the plot message's fields
+PLOTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("speed m/s, accel m/s^2", (("speed", "speed"), ("accel", "measured accel"))),
+    ("accel command: proposed vs applied", (("proposed.accel", "proposed"), ("applied.accel", "applied"))),
+    ("lead gap m, TTC s", (("gap", "gap"), ("ttc_s", "TTC"))),
+    (
+        "gate: score vs threshold",
+        (
+            ("gate_score", "score"),
+            ("gate_threshold", "threshold"),
+            ("checks.input_density.score", "input density"),
+            ("checks.input_density.threshold", "input density threshold"),
+        ),
+    ),
+)
+STATES: tuple[tuple[str, str], ...] = (
+    ("safety_state", "safety state"),
+    ("proposed_action", "proposed"),
+    ("applied_action", "applied"),
+    ("reasons.OOD_VETO", "OOD veto"),
+    ("reasons.LOW_MARGIN", "low margin"),
+    ("reasons.STALE_OBSERVATION", "stale observation"),
+    ("reasons.FALLBACK", "fallback"),
+)
+
+
+def _id(kind: str, session_id: str, name: str) -> str:
+    return f"{kind}!{hashlib.sha256(f'{session_id}/{name}'.encode()).hexdigest()[:8]}"
+
+
+def _split(first: Any, second: Any, direction: str, percent: float = 50.0) -> dict[str, Any]:
+    return {"first": first, "second": second, "direction": direction, "splitPercentage": percent}
+
+
+def _session(config: dict[str, Any], session_id: str) -> dict[str, Any]:
+    """The panels of one session, added to `config`; returns the tab's layout tree."""
+    topic = plot_topic(session_id)
+    plots = []
+    for title, paths in PLOTS:
+        panel = _id("Plot", session_id, title)
+        config[panel] = {
+            "title": title,
+            "paths": [
+                {"value": f"{topic}.{path}", "label": label, "enabled": True, "timestampMethod": "receiveTime"}
+                for path, label in paths
+            ],
+            "showLegend": True,
+            "legendDisplay": "floating",
+            "showXAxisLabels": True,
+            "showYAxisLabels": True,
+            "isSynced": True,
+            "xAxisVal": "timestamp",
+        }
+        plots.append(panel)
+    states = _id("StateTransitions", session_id, "states")
+    config[states] = {
+        "paths": [
+            {"value": f"{topic}.{path}", "label": label, "timestampMethod": "receiveTime"} for path, label in STATES
+        ],
+        "isSynced": True,
+    }
+    raw = _id("RawMessages", session_id, "raw")
+    config[raw] = {"topicPath": topic, "diffEnabled": False, "expansion": "all"}
+    left = _split(_split(plots[0], plots[1], "column"), _split(plots[2], plots[3], "column"), "column")
+    right = _split(states, raw, "column", 40.0)
+    return _split(left, right, "row", 65.0)
+
+
+def layout(session_ids: Sequence[str]) -> dict[str, Any]:
+    """A Foxglove layout (File > Import layout) with a tab per session."""
+    if not session_ids:
+        raise ValueError("a layout needs at least one session")
+    config: dict[str, Any] = {}
+    tabs = [{"title": session_id, "layout": _session(config, session_id)} for session_id in session_ids]
+    tab_panel = _id("Tab", "", "sessions")
+    config[tab_panel] = {"activeTabIdx": 0, "tabs": tabs}
+    return {
+        "configById": config,
+        "globalVariables": {},
+        "userNodes": {},
+        "playbackConfig": {"speed": 1},
+        "layout": tab_panel,
+    }
+
+
+def layout_paths(data: dict[str, Any]) -> list[str]:
+    """Every message path (and raw-message topic) the layout's panels read."""
+    out: list[str] = []
+    for panel in data["configById"].values():
+        out += [p["value"] for p in panel.get("paths", [])]
+        if "topicPath" in panel:
+            out.append(panel["topicPath"])
+    return out
+
+
+def plot_sessions(paths: Sequence[Path]) -> list[str]:
+    """The sessions with a plot topic in these recordings, in order of first appearance (read up
+    to where a file ends, so a recording still being written or cut short works too)."""
+    sessions: dict[str, None] = {}
+    for path in paths:
+        with open(path, "rb") as stream:
+            try:
+                for record in StreamReader(stream, skip_magic=False).records:
+                    if isinstance(record, Channel) and is_plot_topic(record.topic):
+                        sessions.setdefault(record.metadata.get("session_id", record.topic.split("/")[2]), None)
+            except (McapError, EOFError, ValueError) as err:
+                if not sessions:
+                    raise ValueError(f"{path}: not a readable MCAP file ({err})") from err
+    return list(sessions)
