@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dualloop.executor.columns import as_columns
 from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.executor.sessions import Session
 from dualloop.executor.snapshot import Observation
@@ -612,7 +613,14 @@ class GateWiring:
         if self.actuation is None:
             return None
         accel_at, speed_at, command_at = self.actuation_at
-        commands = [command_in_effect(session, observations[i], command_at) for i in rows.tolist()]
+        cols = as_columns(observations)
+        commands: list[float] | npt.NDArray[np.float64]
+        if cols is None:
+            commands = [command_in_effect(session, observations[i], command_at) for i in rows.tolist()]
+        elif session.actual_is_command and cols.actual_controls.shape[1]:  # command_in_effect, all rows at once
+            commands = np.where(cols.actual_present[rows], cols.actual_controls[rows, command_at], np.nan)
+        else:
+            commands = np.full(len(rows), np.nan)
         x = feats[rows]
         return self.actuation.scan(session.slot, ts[rows], x[:, accel_at], x[:, speed_at], commands)
 

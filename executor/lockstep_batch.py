@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dualloop.executor.columns import as_columns
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import ModelOutputs
 from dualloop.executor.reasons import REASONS_OF_FLAGS, plan_rule
@@ -85,6 +86,8 @@ class TickTable:
         plan_states = {int(s): s for s in PlanState}
         timings = StageTimings()  # wall-clock by nature; a replay has none per tick
         names, obs_all = self.actions, self.observations
+        if as_columns(obs_all) is not None:  # one Observation per observation, not one per tick
+            obs_all = list(obs_all)
         gate_score, gate_threshold = self.gate_score, self.gate_threshold  # both None without gates
         out = []
         for k in range(len(self.tick_ns)):
@@ -146,9 +149,13 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     if session.last_timestamp_ns is not None or session.lockstep_tick:
         raise ValueError(f"session {session.session_id!r} has ticked already; run_lockstep needs a new session")
     feats, ts = _validate(ex, session, observations)
-    # content errors as advance_lockstep treats them: non-finite plans and actual controls discarded
-    observations = [without_invalid_content(o) for o in observations]
-    bad_content = np.fromiter((bool(o.invalid_parts) for o in observations), bool, len(observations))
+    if as_columns(observations) is None:
+        # content errors as advance_lockstep treats them: non-finite plans discarded (columns carry
+        # no plans, so nothing of theirs is ever discarded)
+        observations = [without_invalid_content(o) for o in observations]
+        bad_content = np.fromiter((bool(o.invalid_parts) for o in observations), bool, len(observations))
+    else:
+        bad_content = np.zeros(len(observations), bool)
     n_obs, period = len(observations), ex.period_ns
     # The grid: a tick every period from the first timestamp; each uses the newest observation at or
     # before its time (as advance_lockstep: ticks strictly before an observation use the previous one).
@@ -284,23 +291,31 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
     if not observations:
         raise ValueError("no observations to run")
     n_feat, n_ctl, n_act = ex.model.n_features, len(ex.card.controls), len(ex.card.actions)
-    ts = np.fromiter((o.timestamp_ns for o in observations), np.int64, len(observations))
-    seq = np.fromiter((o.seq for o in observations), np.int64, len(observations))
-    actual = np.fromiter((o.actual_index for o in observations), np.int64, len(observations))
-    try:
-        feats = np.stack([o.features for o in observations]).astype(np.float32, copy=False)
-        ok = feats.shape[1:] == (n_feat,)
-    except ValueError:
-        feats, ok = np.zeros((0, n_feat), np.float32), False
+    cols = as_columns(observations)
+    if cols is not None:
+        ts, seq, actual, feats = cols.timestamp_ns, cols.seq, cols.actual_index, cols.features
+        ok = feats.shape[1:] == (n_feat,) and cols.actual_controls.shape[1] in (0, n_ctl)
+    else:
+        ts = np.fromiter((o.timestamp_ns for o in observations), np.int64, len(observations))
+        seq = np.fromiter((o.seq for o in observations), np.int64, len(observations))
+        actual = np.fromiter((o.actual_index for o in observations), np.int64, len(observations))
+        try:
+            feats = np.stack([o.features for o in observations]).astype(np.float32, copy=False)
+            ok = feats.shape[1:] == (n_feat,)
+        except ValueError:
+            feats, ok = np.zeros((0, n_feat), np.float32), False
+        ok = ok and all(o.actual_controls is None or o.actual_controls.size in (0, n_ctl) for o in observations)
     ok = ok and seq[0] > session.last_seq and bool(np.all(np.diff(seq) > 0)) and bool(np.all(np.diff(ts) > 0))
     ok = ok and bool(np.all((actual >= -1) & (actual < n_act)))
-    ok = ok and all(o.actual_controls is None or o.actual_controls.size in (0, n_ctl) for o in observations)
-    ok = ok and all(
-        o.plan_values.shape == (ex.model.n_plan,)
-        and o.plan_valid_for_ns >= 0
-        and (o.plan_created_ns or o.timestamp_ns) <= o.timestamp_ns  # 0: the observation's timestamp
-        for o in observations
-        if o.plan_values is not None
+    ok = ok and (
+        cols is not None  # columns carry no plans
+        or all(
+            o.plan_values.shape == (ex.model.n_plan,)
+            and o.plan_valid_for_ns >= 0
+            and (o.plan_created_ns or o.timestamp_ns) <= o.timestamp_ns  # 0: the observation's timestamp
+            for o in observations
+            if o.plan_values is not None
+        )
     )
     if ok:
         # the grid position before each observation, as advance_lockstep keeps it
@@ -325,14 +340,18 @@ def _observation_periods(ex: Executor, session: Session, ts: np.ndarray) -> np.n
     `Executor.observation_period_ns` give it observation by observation."""
     if session.observation_period_ns:
         return np.full(len(ts), session.observation_period_ns, np.int64)
+    # the upper median of the last PERIOD_WINDOW intervals (fewer at the start), as median_interval
+    # gives it: the first observations one by one, then every full window at once
     out = np.empty(len(ts), np.int64)
-    intervals: list[int] = []
-    for i, interval in enumerate(np.diff(ts, prepend=ts[0]).tolist()):
-        if i:
-            intervals.append(interval)
-            if len(intervals) > PERIOD_WINDOW:
-                del intervals[0]
-        out[i] = median_interval(intervals) or ex.observation_period_ns(session)
+    out[0] = ex.observation_period_ns(session)
+    gaps = np.diff(ts)
+    head = min(len(gaps), PERIOD_WINDOW - 1)
+    for i in range(1, head + 1):
+        out[i] = median_interval(gaps[:i].tolist())
+    if len(gaps) >= PERIOD_WINDOW:
+        windows = np.lib.stride_tricks.sliding_window_view(gaps, PERIOD_WINDOW)
+        out[PERIOD_WINDOW:] = np.partition(windows, PERIOD_WINDOW // 2, axis=1)[:, PERIOD_WINDOW // 2]
+    intervals = gaps[-PERIOD_WINDOW:].tolist()
     session.intervals_ns, session.measured_period_ns = intervals, median_interval(intervals)
     return out
 
@@ -344,6 +363,9 @@ def _plans(
     any): a client plan applies from its observation's timestamp; a repeated plan id changes
     nothing (`Executor.set_plan`)."""
     n = len(observations)
+    if as_columns(observations) is not None:  # no plans: the default throughout
+        no = np.zeros(n, np.int64)
+        return np.tile(ex.plan_default, (n, 1)).astype(np.float32), [""] * n, no, no.copy(), np.zeros(n, bool)
     values = np.empty((n, ex.model.n_plan), np.float32)
     ids: list[str] = []
     created, valid_for, has = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
@@ -413,22 +435,27 @@ def _leave_session(
     used: np.ndarray,
 ) -> None:
     """The session as advance_lockstep would have left it, so live ticks may continue from here."""
+    held = observations[int(table.obs_index[-1])]
+    last = observations[-1]
     if session.history is not None:  # the stream's tail, and the history of what later ticks hold on
-        feats = np.stack([o.features for o in observations]).astype(np.float32, copy=False)
-        ts = np.fromiter((o.timestamp_ns for o in observations), np.int64, len(observations))
+        cols = as_columns(observations)
+        if cols is not None:
+            feats, ts = cols.features, cols.timestamp_ns
+        else:
+            feats = np.stack([o.features for o in observations]).astype(np.float32, copy=False)
+            ts = np.fromiter((o.timestamp_ns for o in observations), np.int64, len(observations))
         session.history.load(ts, feats)
         assert ex.history is not None
         h = ex.history.batch(ts, feats, np.array([int(table.obs_index[-1]), len(observations) - 1]))
-        observations = list(observations)
-        observations[int(table.obs_index[-1])] = replace(observations[int(table.obs_index[-1])], history=h[0])
-        observations[-1] = replace(observations[-1], history=h[1])
-    last = observations[-1]
+        held, last = replace(held, history=h[0]), replace(last, history=h[1])
+        if int(table.obs_index[-1]) == len(observations) - 1:
+            held = last
     n_ticks = len(table)
     session.last_seq, session.last_timestamp_ns = last.seq, last.timestamp_ns
     session.lockstep_tick = n_ticks
     session.next_tick_ns = int(table.tick_ns[-1]) + ex.period_ns
     session.ticks += n_ticks
-    session.current = observations[int(table.obs_index[-1])]
+    session.current = held
     session.pending = None if used[-1] else last
     session.observations_dropped = int(np.count_nonzero(~used[:-1]))
     session.plan[:] = plans[-1]

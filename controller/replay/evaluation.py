@@ -37,6 +37,7 @@ from dualloop.controller.plotting import pyplot
 from dualloop.controller.replay import baselines as bl
 from dualloop.controller.replay.wire_batch import reason_codes
 from dualloop.executor.action_labels import ACTIONS
+from dualloop.executor.columns import as_columns
 from dualloop.executor.lockstep_batch import TickTable
 from dualloop.executor.model_card import ModelCard
 from dualloop.executor.snapshot import Observation, Reason, SafetyState, Snapshot
@@ -335,6 +336,7 @@ class _Ticks:
     @classmethod
     def of_table(cls, table: TickTable, k: int | None) -> _Ticks:
         obs, n = table.observations, len(table)
+        cols = as_columns(obs)
         scored = table.scored.astype(bool)
         nan = np.full(n, np.nan)
         # per distinct reason set (by codes: hashing a tuple of enums calls Python per element)
@@ -345,7 +347,9 @@ class _Ticks:
             bool,
         ).reshape(n, 2)
         return cls(
-            seq=np.fromiter((o.seq for o in obs), np.int64, len(obs))[table.obs_index],
+            seq=(cols.seq if cols is not None else np.fromiter((o.seq for o in obs), np.int64, len(obs)))[
+                table.obs_index
+            ],
             proposed=np.where(scored, table.proposed, -1).astype(np.int64),
             proposed_accel=nan
             if k is None
@@ -396,21 +400,27 @@ def evaluate_replay(
 
     seq = t.seq
     first = np.flatnonzero(np.concatenate([[True], seq[1:] != seq[:-1]])) if len(seq) else np.zeros(0, np.int64)
-    row_of = {o.seq: i for i, o in enumerate(observations)}
-    obs = [observations[row_of[q]] for q in seq[first].tolist()]
-
-    labels = np.fromiter((o.actual_index for o in obs), np.int64, len(obs))
+    cols = as_columns(observations)
+    if cols is not None:  # the same columns, by row (seq strictly increases: run_lockstep checked it)
+        rows = np.searchsorted(cols.seq, seq[first])
+        labels = cols.actual_index[rows].copy()
+        label_accel = np.full(len(rows), np.nan) if k is None else cols.actual_controls_or_nan(n_ctl)[rows, k]
+        features = cols.features[rows].astype(np.float64)
+    else:
+        row_of = {o.seq: i for i, o in enumerate(observations)}
+        obs = [observations[row_of[q]] for q in seq[first].tolist()]
+        labels = np.fromiter((o.actual_index for o in obs), np.int64, len(obs))
+        label_accel = np.array([_accel_of(o.actual_controls, k, n_ctl) for o in obs], np.float64)
+        features = (
+            np.stack([np.asarray(o.features, np.float64) for o in obs])
+            if obs
+            else np.zeros((0, len(card.features)), np.float64)
+        )
     labels[(labels < 0) | (labels >= n_act)] = -1
-    label_accel = np.array([_accel_of(o.actual_controls, k, n_ctl) for o in obs], np.float64)
     proposed = t.proposed[first]
     proposed_accel = t.proposed_accel[first]
     applied = t.applied[first]
     applied_accel = t.applied_accel[first]
-    features = (
-        np.stack([np.asarray(o.features, np.float64) for o in obs])
-        if obs
-        else np.zeros((0, len(card.features)), np.float64)
-    )
     base_accel = bl.baseline_accels(features, card.feature_names, accel_range, unmeasured)
     base_action = bl.baseline_actions(base_accel)
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
-from dualloop.controller.logs.bulk import TopicMessages, write_messages
+from dualloop.controller.logs.bulk import NotFast, TopicMessages, read_messages, write_messages
 from dualloop.controller.logs.format import (
     ACTUAL_CONTROLS_DETAIL,
     FORMAT_VERSION,
@@ -33,8 +34,10 @@ from dualloop.controller.replay.evaluation import EvaluationUnavailable, evaluat
 from dualloop.controller.replay.plot_batch import encode_plots_packed
 from dualloop.controller.replay.report import ReplayReport, summarise
 from dualloop.controller.replay.wire_batch import encode_snapshots_packed
+from dualloop.controller.replay.wire_columns import NotCanonical, decode_observations
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto
+from dualloop.executor.columns import ObservationColumns
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.lockstep_batch import TickTable, run_lockstep
@@ -97,6 +100,46 @@ class LoadedModel:
 
 def build_executor(model_path: str | Path, gate_paths: Sequence[str | Path], config: ExecutorConfig) -> Executor:
     return LoadedModel.load(model_path, gate_paths).executor(config)
+
+
+@dataclass
+class ColumnLog:
+    """A log read as the replay's fast path takes it: its header, its observations as columns,
+    and their serialised bytes (canonical: what re-serialising the parsed messages would give)."""
+
+    data: LogData  # the header; no messages
+    observations: ObservationColumns
+    observation_bytes: list[bytes]
+
+
+def read_columns(path: Path, session_id: str | None = None) -> ColumnLog | None:
+    """The log in one pass over its bytes, its observations decoded as columns; None when it is
+    anything else than one complete file holding just this session's header and plan-less
+    observations in the canonical encoding (read_log then reads it, and says what is wrong)."""
+    try:
+        channels, messages = read_messages(path)
+    except (NotFast, OSError):
+        return None
+    sessions = {s for _, s in channels.values()}
+    topics = {t for t, _ in channels.values()}
+    if len(sessions) != 1 or (session_id is not None and session_id not in sessions):
+        return None
+    if not topics <= {TOPIC_HEADER, TOPIC_OBSERVATION}:  # snapshots, plans ...: the general reader
+        return None
+    header_ch = {c for c, (t, _) in channels.items() if t == TOPIC_HEADER}
+    obs_ch = {c for c, (t, _) in channels.items() if t == TOPIC_OBSERVATION}
+    headers = [d for c, _, d in messages if c in header_ch]
+    blobs = [d for c, _, d in messages if c in obs_ch]
+    if len(headers) != 1 or not blobs:
+        return None
+    try:
+        header = log_pb2.SessionHeader.FromString(headers[0])
+        columns = decode_observations(blobs)
+    except (NotCanonical, DecodeError):
+        return None
+    if header.format_version > FORMAT_VERSION or header.session_id != next(iter(sessions)):
+        return None
+    return ColumnLog(LogData(header=header, files=[path], messages_read=len(messages)), columns, blobs)
 
 
 def _observations(data: LogData) -> list[Observation]:
@@ -206,8 +249,14 @@ def replay_log(
     the new log's header and must be the ones `loaded` was loaded from)."""
     source_path = Path(log_path)
     t0 = time.perf_counter()
-    data = read_log(source_path, session_id)
-    observations = _observations(data)
+    # the fast path reads plan-less logs as columns (and keeps their bytes for the new log)
+    column_log = read_columns(source_path, session_id) if fast else None
+    observations: Sequence[Observation]
+    if column_log is not None:
+        data, observations = column_log.data, column_log.observations
+    else:
+        data = read_log(source_path, session_id)
+        observations = _observations(data)
     if not observations:
         raise ValueError(f"{source_path}: session {data.session_id!r} has no observations to replay")
     t_read = time.perf_counter()
@@ -240,7 +289,7 @@ def replay_log(
     result = ReplayResult(source_path, header, ReplayReport(), timings=timings, table=table, _snapshots=snaps or None)
     if out_path is not None:
         t2 = time.perf_counter()
-        result.out_path = _write_replay(Path(out_path), header, data, snaps, table, plots)
+        result.out_path = _write_replay(Path(out_path), header, data, snaps, table, plots, column_log)
         timings["write_s"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     drive_s = (observations[-1].timestamp_ns - observations[0].timestamp_ns) / 1e9
@@ -273,26 +322,29 @@ def _write_replay(
     snaps: list[Snapshot],
     table: TickTable | None,
     plots: bool = False,
+    column_log: ColumnLog | None = None,
 ) -> Path:
     """The replay's log: the source's observations, then the snapshots, then (plots) their plot
     messages (logs/plot.py). From the fast path's table the snapshots and plots are encoded column-wise and
     the file written in bulk (byte-identical to `write_log` of `snapshot_to_proto`,
-    tests/controller/replay/test_fleet.py)."""
+    tests/controller/replay/test_fleet.py); a log read as columns gives its observations' bytes as
+    they were (canonical, so the same bytes)."""
     if table is None:
         return write_log(path, header, data.observations, (snapshot_to_proto(s) for s in snaps), plots=plots)
     if not header.format_version:
         header.format_version = FORMAT_VERSION
-    first = data.observations[0].timestamp_ns
+    if column_log is not None:
+        observation_bytes, times = column_log.observation_bytes, column_log.observations.timestamp_ns
+    else:
+        observation_bytes = [o.SerializeToString(deterministic=True) for o in data.observations]
+        times = np.fromiter((o.timestamp_ns for o in data.observations), np.int64, len(data.observations))
+    first = int(times[0])
     return write_messages(
         path,
         header.session_id,
         [
             TopicMessages(TOPIC_HEADER, [header.SerializeToString(deterministic=True)], np.array([first])),
-            TopicMessages(
-                TOPIC_OBSERVATION,
-                [o.SerializeToString(deterministic=True) for o in data.observations],
-                np.fromiter((o.timestamp_ns for o in data.observations), np.int64, len(data.observations)),
-            ),
+            TopicMessages(TOPIC_OBSERVATION, observation_bytes, times),
             TopicMessages(TOPIC_SNAPSHOT, [], table.tick_ns, packed=encode_snapshots_packed(table)),
             *(_plot_group(header, table) if plots else []),
         ],

@@ -27,6 +27,7 @@ from dualloop.controller.logs.plot import (
     PlotSchema,
 )
 from dualloop.controller.replay.wire_batch import reason_codes
+from dualloop.executor.columns import as_columns
 from dualloop.executor.lockstep_batch import TickTable
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
@@ -105,7 +106,11 @@ def encode_plots_packed(schema: PlotSchema, table: TickTable) -> tuple[np.ndarra
     applied = np.asarray(table.applied, np.int64)
     if applied.max(initial=0) + 1 >= len(schema.actions):
         raise ValueError(f"action index {applied.max()} beyond the plot schema's {len(schema.actions) - 1} actions")
-    obs_seq = np.fromiter((o.seq for o in table.observations), np.int64, len(table.observations))
+    cols = as_columns(table.observations)  # a log read as columns: its arrays, no Observation each
+    if cols is not None:
+        obs_seq = cols.seq
+    else:
+        obs_seq = np.fromiter((o.seq for o in table.observations), np.int64, len(table.observations))
     zero = np.zeros(rows)
     gate_score = zero if table.gate_score is None else _saturated(np.asarray(table.gate_score, np.float64))
     # few distinct reason sets: each one's bits once, then a row per tick by index
@@ -152,7 +157,10 @@ def encode_plots_packed(schema: PlotSchema, table: TickTable) -> tuple[np.ndarra
             check.scalar(3, "u1", c["veto"])
             checks.message(number, check)
         m.message(CHECKS_FIELD, checks)
-    features = np.stack([np.asarray(o.features, np.float32) for o in table.observations])
+    if cols is not None:
+        features = cols.features
+    else:
+        features = np.stack([np.asarray(o.features, np.float32) for o in table.observations])
     features = features[:, : len(schema.features)][table.obs_index]
     m.message(FEATURES_FIELD, m.floats(features))
     m.scalar(20, "<f8", table.age_ns / 1e6)

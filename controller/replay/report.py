@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dualloop.controller.replay.wire_batch import reason_codes
 from dualloop.controller.serve.shadow import ShadowAgreement
+from dualloop.executor.columns import as_columns
 from dualloop.executor.core import Executor
 from dualloop.executor.lockstep_batch import TickTable
 from dualloop.executor.snapshot import Reason, SafetyState, Snapshot
@@ -87,31 +87,38 @@ class TickSummary:
     @classmethod
     def of_table(cls, table: TickTable) -> TickSummary:
         obs, n_ctl, which = table.observations, table.applied_controls.shape[1], table.obs_index
-        per_obs = np.full((len(obs), n_ctl), np.nan)
-        known = [(i, o.actual_controls) for i, o in enumerate(obs) if o.actual_controls is not None]
-        known = [(i, c) for i, c in known if c.size == n_ctl]
-        if known:
-            per_obs[[i for i, _ in known]] = np.stack([c for _, c in known])
+        cols = as_columns(obs)
+        if cols is not None:
+            per_obs, actual, seq = cols.actual_controls_or_nan(n_ctl), cols.actual_index, cols.seq
+        else:
+            per_obs = np.full((len(obs), n_ctl), np.nan)
+            known = [(i, o.actual_controls) for i, o in enumerate(obs) if o.actual_controls is not None]
+            known = [(i, c) for i, c in known if c.size == n_ctl]
+            if known:
+                per_obs[[i for i, _ in known]] = np.stack([c for _, c in known])
+            actual = np.fromiter((o.actual_index for o in obs), np.int64, len(obs))
+            seq = np.fromiter((o.seq for o in obs), np.int64, len(obs))
         # names by lookup in object arrays: no Python call per tick
         state_names = np.empty(max(int(s) for s in SafetyState) + 1, object)
         for state in SafetyState:
             state_names[int(state)] = state.name
-        # reasons by their codes (hashing a tuple of enums calls Python per element)
-        codes: dict[tuple[int, ...], int] = {}
-        inverse = np.fromiter(
-            (codes.setdefault(rs, len(codes)) for rs in reason_codes(table.reasons)), np.int64, len(table.reasons)
-        )
-        reason_names = np.empty(len(codes), object)
-        for rs, j in codes.items():
-            reason_names[j] = tuple(Reason(r).name for r in rs)
+        # reasons by identity: ticks share their reason tuples (hashing a tuple of enums calls Python
+        # per element); each distinct object is named once
+        objects = {id(rs): rs for rs in table.reasons}
+        ids = np.fromiter(map(id, table.reasons), np.int64, len(table.reasons))
+        distinct, inverse = np.unique(ids, return_inverse=True)
+        reason_names = np.empty(len(distinct), object)
+        for j, i in enumerate(distinct.tolist()):
+            reason_names[j] = tuple(Reason(r).name for r in objects[i])
+        inverse = inverse.reshape(-1)
         names = np.array([*table.actions, "-"], object)
         proposed = np.where(table.scored.astype(bool), table.proposed, len(table.actions))
         return cls(
             applied=table.applied.astype(np.int64),
             applied_controls=table.applied_controls.astype(np.float64),
-            actual=np.fromiter((o.actual_index for o in obs), np.int64, len(obs))[which],
+            actual=actual[which],
             actual_controls=per_obs[which],
-            seq=np.fromiter((o.seq for o in obs), np.int64, len(obs))[which],
+            seq=seq[which],
             gate_veto=table.gate_veto.astype(bool),
             states=state_names[table.safety_state].tolist(),
             reasons=reason_names[inverse].tolist(),

@@ -92,10 +92,25 @@ class ShadowAgreement:
         err[~with_controls] = 0.0
         # every group a tick belongs to, first seen first (the order `update` would create them in).
         # A tick's groups depend only on its (state, reasons): work per distinct pair, not per tick.
+        # Ticks share their state and reason objects (a replay's columns do): pairs are told apart by
+        # identity in numpy first, and only each distinct pair of objects is looked up by value.
         combos: dict[tuple[str, tuple[str, ...]], int] = {}
-        codes = np.fromiter(
-            (combos.setdefault((states[k], tuple(reasons[k])), len(combos)) for k in rows.tolist()), np.int64, len(rows)
+        state_ids = np.fromiter(map(id, states), np.int64, len(states))
+        reason_ids = np.fromiter(map(id, reasons), np.int64, len(reasons))
+        ids = np.stack([state_ids, reason_ids], axis=1)[rows]
+        _, first_rows, inverse = np.unique(ids, axis=0, return_index=True, return_inverse=True)
+        pair_code = np.fromiter(
+            (
+                combos.setdefault((states[k], tuple(reasons[k])), len(combos))
+                for k in rows[np.sort(first_rows)].tolist()
+            ),
+            np.int64,
+            len(first_rows),
         )
+        # pair_code is in first-seen order; map each distinct pair (sorted by ids) to its code
+        by_pair = np.empty(len(first_rows), np.int64)
+        by_pair[np.argsort(first_rows)] = pair_code
+        codes = by_pair[inverse.reshape(-1)]
         first_of_combo = np.full(len(combos), len(rows), np.int64)
         np.minimum.at(first_of_combo, codes, np.arange(len(rows)))
         first: dict[str, tuple[int, int]] = {}
