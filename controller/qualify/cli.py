@@ -85,7 +85,7 @@ def _qualify(args: argparse.Namespace) -> int:
     console.print(
         f"qualifying {args.candidate} against {args.baseline} on {len(inputs.logs)} logs ...", highlight=False
     )
-    result = qualify(inputs)
+    result = qualify(inputs, lambda text: console.print(f"  {text} ...", highlight=False, markup=False))
     html_path, json_path = write_report(result, args.out)
     for line in summary_lines(result):
         console.print(line, highlight=False, markup=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -115,10 +115,15 @@ def _model_info(model: DecisionModel, gates: Sequence[Path]) -> dict[str, Any]:
     }
 
 
-def qualify(inputs: QualifyInputs) -> Qualification:
+def _quiet(_: str) -> None:
+    return None
+
+
+def qualify(inputs: QualifyInputs, say: Callable[[str], None] = _quiet) -> Qualification:
     """Run the steps and collect the checks. Bad input (a file that is not a model, a gate or a log;
     models with different actions; shadow logs without the candidate) raises the error that names it
-    (ConfigError, ModelFileError, GateFileError, LogFileError, OSError): the command exits 2."""
+    (ConfigError, ModelFileError, GateFileError, LogFileError, OSError): the command exits 2. `say`
+    is told which step starts."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     if not inputs.logs and inputs.stress_seeds <= 0 and not inputs.shadow and inputs.int8 is None:
@@ -146,6 +151,7 @@ def qualify(inputs: QualifyInputs) -> Qualification:
     replay = None
     if inputs.logs:
         t = time.perf_counter()
+        say(f"(a) replaying {len(inputs.logs)} logs with both models, then diffing the replays")
         with tempfile.TemporaryDirectory(prefix="qualify-") as tmp:
             work = Path(inputs.work_dir) if inputs.work_dir is not None else Path(tmp)
             replay = run_replay_step(
@@ -162,6 +168,7 @@ def qualify(inputs: QualifyInputs) -> Qualification:
     if inputs.stress_seeds > 0:
         t = time.perf_counter()
         seeds = range(STRESS_SEED0, STRESS_SEED0 + inputs.stress_seeds)
+        say(f"(b) the stress set on {inputs.stress_seeds} seeds per scenario, both models")
         params = {} if inputs.stress_duration_s is None else {"duration_s": inputs.stress_duration_s}
         expert: dict[str, ExpertData] = {}  # the same episodes for both models
         stress = (
@@ -174,6 +181,7 @@ def qualify(inputs: QualifyInputs) -> Qualification:
     shadow = None
     if inputs.shadow:
         t = time.perf_counter()
+        say(f"(c) shadow evidence from {len(inputs.shadow)} logs")
         shadow = run_shadow_step(inputs.shadow, cand_model.card, base_model.card)
         checks += shadow.checks(c.shadow)
         timings["shadow"] = time.perf_counter() - t
@@ -181,6 +189,7 @@ def qualify(inputs: QualifyInputs) -> Qualification:
     int8 = None
     if inputs.int8 is not None:
         t = time.perf_counter()
+        say(f"INT8: {inputs.int8} against the candidate, per class")
         int8 = run_int8_step(cand_model, DecisionModel(inputs.int8), c.int8.max_recall_drop)
         checks += int8_checks(int8, c.int8)
         timings["int8"] = time.perf_counter() - t
