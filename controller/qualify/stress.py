@@ -25,6 +25,7 @@ from dualloop.controller.gates.evaluation import false_vetoes, score_episodes, s
 from dualloop.controller.gates.scores import ScenarioScores, fault_active
 from dualloop.controller.qualify.checks import Check, no_worse
 from dualloop.controller.qualify.criteria import StressCriteria
+from dualloop.controller.serve.errors import ConfigError
 from dualloop.controller.training.calibration import expected_calibration_error, nll, probabilities
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim.env import ExpertData, run_expert_batch
@@ -146,6 +147,12 @@ def run_stress(
     scores[MISSING] = score_episodes(
         model, list(gates), "nominal_cruise", seeds, present=present, expert=expert["nominal_cruise"], **params
     )
+    late = [n for n in names if not fault_active(scores[n]).any()]
+    if late:
+        raise ConfigError(
+            f"--stress-duration {params.get('duration_s')}: the episodes end before the fault's onset in {late} "
+            "(faults start 5-10 s in); give at least 11 s"
+        )
     t = model.card.temperature
 
     def calibration(keys: Sequence[str]) -> Calibration:

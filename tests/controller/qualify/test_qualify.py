@@ -143,3 +143,9 @@ def test_the_shipped_model_gates_are_found_beside_it(tmp_path):
 def test_nothing_to_judge_is_bad_input_not_a_pass():
     with pytest.raises(ConfigError, match="nothing to qualify"):
         qualify(QualifyInputs(BASE_MODEL_PATH, [], stress_seeds=0))
+
+
+def test_episodes_that_end_before_the_fault_are_bad_input(tmp_path, logs, capsys):
+    code, _ = _run(tmp_path, BASE_MODEL_PATH, logs[:1], "--stress-duration", "3")
+    assert code == 2
+    assert "--stress-duration 3.0: the episodes end before the fault's onset" in capsys.readouterr().out
