@@ -12,6 +12,7 @@ import numpy as np
 
 from dualloop.controller.plotting import pyplot
 from dualloop.controller.qualify.stress import Calibration, StressResult
+from dualloop.controller.replay.evaluation import EvaluationReport
 
 
 def _save(fig: object, path: Path) -> Path:
@@ -99,4 +100,32 @@ def plot_gate_detection(cand: StressResult, base: StressResult, path: Path) -> P
     ax.set_ylabel("gate AUROC (where observable)")
     ax.set_title("the gate's detection per OOD scenario")
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_per_log(cand: EvaluationReport, base: EvaluationReport, path: Path) -> Path:
+    """Each log's agreement with the human: candidate against baseline (one dot per log; below the
+    diagonal: the candidate is worse on that log), and the best trivial baseline's beside it."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.2, 5.4), layout="constrained")
+    by_source = {e.source: e for e in base.logs}
+    pairs = [(by_source[e.source], e) for e in cand.logs if e.source in by_source]
+    x = np.array([b.scores["proposed"].agreement for b, _ in pairs])
+    y = np.array([c.scores["proposed"].agreement for _, c in pairs])
+    best = []
+    for b, _ in pairs:
+        name = b.best_baseline("agreement")
+        best.append(b.scores[name].agreement if name else np.nan)
+    ax.plot([0, 1], [0, 1], ":", color="grey", lw=1)
+    ax.scatter(x, best, s=14, marker="x", color="#999999", label="best trivial baseline (y) on the log")
+    ax.scatter(x, y, s=18, color="#e63946", label="candidate (y)")
+    lo = float(np.nanmin([*x, *y, *best, 1.0])) if len(x) else 0.0
+    ax.set_xlim(max(0.0, lo - 0.05), 1.0)
+    ax.set_ylim(max(0.0, lo - 0.05), 1.0)
+    ax.set_xlabel("baseline model's agreement with the human")
+    ax.set_ylabel("agreement with the human")
+    worse = int(np.sum(y < x - 1e-12))
+    ax.set_title(f"per log ({len(pairs)} logs): candidate below the baseline on {worse}")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
     return _save(fig, path)

@@ -16,6 +16,7 @@ from dualloop.controller.gates.plots import plot_histograms, plot_scores_over_ti
 from dualloop.controller.qualify.plots import (
     plot_gate_detection,
     plot_migration,
+    plot_per_log,
     plot_reliability,
     plot_stress_confidence,
 )
@@ -54,9 +55,10 @@ def _plots(q: Qualification, tmp: Path) -> dict[str, list[str]]:
     """section -> <img> elements."""
     out: dict[str, list[str]] = {"replay": [], "stress": []}
     if q.replay is not None:
-        for tag, ev in (("candidate", q.replay.candidate), ("baseline", q.replay.baseline)):
-            if ev.logs:
-                out["replay"].append(_img(plot_evaluation(ev, tmp / f"replay_{tag}.png"), f"replay evaluation, {tag}"))
+        if q.replay.candidate.logs:
+            ev = q.replay.candidate
+            out["replay"].append(_img(plot_evaluation(ev, tmp / "replay.png"), "the candidate's replay evaluation"))
+            out["replay"].append(_img(plot_per_log(ev, q.replay.baseline, tmp / "per_log.png"), "agreement per log"))
         if q.replay.actions:
             out["replay"].append(
                 _img(plot_migration(q.replay.actions, q.replay.migration, tmp / "migration.png"), "migration matrix")
