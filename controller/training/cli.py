@@ -115,6 +115,10 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     for warning in result.calibration_warnings:
         console.print(f"[yellow]warning (written with --force):[/] {warning}", highlight=False)
+    if isinstance(result.reference_calibration, str):
+        console.print(
+            f"calibration not compared with {guard.reference}: {result.reference_calibration}", highlight=False
+        )
     if args.check is not None:
         diffs = compare_models(args.check, result.path)
         console.print(

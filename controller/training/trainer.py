@@ -306,7 +306,10 @@ def train(
             reference = reference_metrics(Path(guard.reference), data.test)
         warnings = calibration_problems(metrics, reference, guard)
         if warnings and not guard.force:
-            raise CalibrationRefused(f"not writing {out}: " + "; ".join(warnings) + " (--force writes it anyway)")
+            skipped = f"; not compared with {guard.reference}: {reference}" if isinstance(reference, str) else ""
+            raise CalibrationRefused(
+                f"not writing {out}: " + "; ".join(warnings) + f"{skipped} (--force writes it anyway)"
+            )
     metrics |= {
         "seed": float(seed),
         "n_train": float(len(data.train)),

@@ -116,3 +116,10 @@ def test_a_reference_with_other_inputs_is_not_compared(tiny):
     rows = replace(tiny.test, history=np.zeros((len(tiny.test), 0), np.float32))  # a training without history
     why = reference_metrics(BASE_MODEL_PATH, rows)
     assert isinstance(why, str) and "history features" in why
+
+
+def test_the_shipped_model_would_be_written_by_its_own_recipe():
+    """Retraining the shipped model (its card's test metrics, against itself) is not refused."""
+    m = DecisionModel(BASE_MODEL_PATH, warmup_batches=()).card.training_metrics
+    own = {"ece": float(m["test_ece_after"]), "nll": float(m["test_nll_after"])}
+    assert calibration_problems(m, own, CalibrationGuard(BASE_MODEL_PATH)) == []
