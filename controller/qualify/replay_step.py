@@ -109,7 +109,9 @@ class ReplayStep:
         }
 
 
-def _evaluate(paths: Sequence[Path], model: ModelRun, out_dir: Path, workers: int | None) -> tuple[Any, Any]:
+def _evaluate(
+    paths: Sequence[Path], model: ModelRun, out_dir: Path, workers: int | None
+) -> tuple[EvaluationReport, dict[str, str]]:
     fleet = replay_many(paths, model.path, model.gates, workers=workers, out_dir=out_dir, progress=False)
     if fleet.errors:
         path, why = next(iter(fleet.errors.items()))
