@@ -23,6 +23,7 @@ SMALL = DataConfig(
 )
 
 
+@pytest.mark.slow
 def test_one_check_per_class_with_support_and_the_limit_is_the_flag():
     fp32, int8 = DecisionModel(BASE_MODEL_PATH), DecisionModel(MODELS_DIR / "base.int8.onnx")
     report = run_int8_step(fp32, int8, 0.02, SMALL)

@@ -39,6 +39,7 @@ def _run(tmp_path, candidate, logs, *extra):
     return main([*argv, *extra]), out
 
 
+@pytest.mark.slow
 def test_the_untrained_model_fails_against_the_shipped_one(tmp_path, logs, capsys):
     code, out = _run(tmp_path, TEST_MODEL_PATH, logs)
     text = capsys.readouterr().out
@@ -56,6 +57,7 @@ def test_the_untrained_model_fails_against_the_shipped_one(tmp_path, logs, capsy
     assert report["replay"]["migration"]["ticks"] > 0
 
 
+@pytest.mark.slow
 def test_the_shipped_model_passes_against_itself(tmp_path, logs, capsys):
     code, out = _run(tmp_path, BASE_MODEL_PATH, logs)
     capsys.readouterr()
