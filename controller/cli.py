@@ -31,6 +31,7 @@ COMMAND_GROUPS = (
     ("dualloop.controller.training.cli", "train"),
     ("dualloop.controller.gates.cli", "train"),
     ("dualloop.controller.cards.cli", "train"),
+    ("dualloop.controller.qualify.cli", "train"),
     ("dualloop.controller.bench.cli", "bench"),
     ("dualloop.controller.highway.cli", "highway"),
     ("dualloop.controller.alpasim.cli", "alpasim"),
@@ -57,6 +58,7 @@ COMMANDS = {
     "gate": "dualloop.controller.gates.cli",
     "bench": "dualloop.controller.bench.cli",
     "card": "dualloop.controller.cards.cli",
+    "qualify": "dualloop.controller.qualify.cli",
     "highway": "dualloop.controller.highway.cli",
     "alpasim": "dualloop.controller.alpasim.cli",
 }
@@ -69,6 +71,7 @@ GROUP_COMMANDS = {
     "training": ["train", "eval-logs", "quantize", "make-test-model"],
     "gates": ["gate"],
     "cards": ["card"],
+    "qualify": ["qualify"],
 }
 
 

@@ -39,7 +39,7 @@ from dualloop.executor.snapshot import Reason, SafetyState
 from dualloop.ood.filter import make_filter
 from dualloop.ood.freeze import common_settings
 from dualloop.ood.marginal import profile_gate
-from dualloop.sim.env import run_expert_batch
+from dualloop.sim.env import ExpertData, run_expert_batch
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS, SCENARIOS, build_scenario
 
 EVAL_SEEDS = range(700_000, 700_006)
@@ -59,6 +59,7 @@ def score_episodes(
     seeds: Sequence[int],
     freeze_repeats: int = 2,
     present: np.ndarray | None = None,
+    expert: ExpertData | None = None,
     **params: Any,
 ) -> ScenarioScores:
     """Per-tick score and veto as the executor computes them. With several gates the score is the
@@ -69,7 +70,8 @@ def score_episodes(
     the others are NaN, the model sees them as their training mean, a raw-input gate judges the profile
     (``ood.marginal.profile_gate``), and the change, range and freeze checks look at present features only."""
     gates = [gates] if isinstance(gates, ood.Gate) else list(gates)
-    _, data = run_expert_batch(name, list(seeds), **params)
+    # expert: these episodes already driven (the same name, seeds and params), e.g. for a second model
+    data = expert if expert is not None else run_expert_batch(name, list(seeds), **params)[1]
     b, t_len = data.valid.shape
     features = data.features
     if present is not None:  # the sensors: NaN where not measured
@@ -162,6 +164,8 @@ def score_episodes(
         demand=np.abs(np.nan_to_num(command)) >= DEMAND_ACCEL,
         decision=dv,
         action=logits.argmax(axis=2),
+        logits=logits,
+        label=data.label,
     )
 
 

@@ -23,6 +23,9 @@ class ScenarioScores:
     )  # (B, T) |command| >= evaluation.DEMAND_ACCEL
     decision: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T, d) sampled later
     action: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T) model argmax
+    # the model's logits and the expert's action: calibration under stress (controller/qualify/stress.py)
+    logits: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # (B, T, actions)
+    label: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.int64))  # (B, T)
 
 
 def fault_active(s: ScenarioScores) -> np.ndarray:

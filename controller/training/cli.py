@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from dualloop.controller.console import console
+from dualloop.controller.console import console, print_error
+from dualloop.controller.training.calibration_guard import CalibrationGuard, CalibrationRefused
 from dualloop.controller.training.driving_card import build_test_model
 from dualloop.controller.training.log_eval import evaluate as evaluate_logs
 from dualloop.controller.training.recorded import log_paths, read_log_rows
@@ -60,6 +61,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the simulated expert's action and training again on all of them (DAgger; each round about the "
         "time of the first training)",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write the model even when its calibrated test ECE or NLL is worse than its uncalibrated one "
+        "or than the default model's on the same split (beyond the tolerances); it warns instead",
+    )
+    p.add_argument(
+        "--calibration-reference",
+        type=Path,
+        default=BASE_MODEL_PATH,
+        metavar="MODEL.onnx",
+        help="the current default model the calibration is compared with (default: the shipped one)",
+    )
+    p.add_argument("--ece-tolerance", type=float, default=0.01, help="allowed rise of the test ECE")
+    p.add_argument("--nll-tolerance", type=float, default=0.02, help="allowed rise of the test NLL")
     p.set_defaults(fn=_train)
 
     p = sub.add_parser("eval-logs", help="a model's proposals on recorded drives vs the human and the baselines")
@@ -78,17 +94,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-
-    result = train_main(
-        args.size,
-        args.seed,
-        args.out,
-        quick=args.quick,
-        logs=args.logs,
-        log_share=args.log_share,
-        history=args.history,
-        dagger=args.dagger,
-    )
+    if args.ece_tolerance < 0 or args.nll_tolerance < 0:
+        print_error("--ece-tolerance and --nll-tolerance must be >= 0")
+        return 2
+    guard = CalibrationGuard(args.calibration_reference, args.ece_tolerance, args.nll_tolerance, args.force)
+    try:
+        result = train_main(
+            args.size,
+            args.seed,
+            args.out,
+            quick=args.quick,
+            logs=args.logs,
+            log_share=args.log_share,
+            history=args.history,
+            dagger=args.dagger,
+            guard=guard,
+        )
+    except CalibrationRefused as err:
+        print_error(err)
+        return 1
+    for warning in result.calibration_warnings:
+        console.print(f"[yellow]warning (written with --force):[/] {warning}", highlight=False)
+    if isinstance(result.reference_calibration, str):
+        console.print(
+            f"calibration not compared with {guard.reference}: {result.reference_calibration}", highlight=False
+        )
     if args.check is not None:
         diffs = compare_models(args.check, result.path)
         console.print(
@@ -134,6 +164,7 @@ def train_main(
     log_share: float = LOG_SHARE,
     history: bool = False,
     dagger: int = 0,
+    guard: CalibrationGuard | None = None,
 ) -> TrainResult:
     """CLI entry: trains with rich progress bars, prints the summary tables, returns the result."""
     data_config = QUICK_DATA if quick else FULL_DATA
@@ -154,6 +185,7 @@ def train_main(
             logs=logs,
             log_share=log_share,
             dagger=dagger,
+            guard=guard,
         )
     print_summary(result)
     return result

@@ -31,6 +31,12 @@ from dualloop.controller.training.calibration import (
     per_class_recall,
     probabilities,
 )
+from dualloop.controller.training.calibration_guard import (
+    CalibrationGuard,
+    CalibrationRefused,
+    calibration_problems,
+    reference_metrics,
+)
 from dualloop.controller.training.dagger import dagger_rows, with_dagger
 from dualloop.controller.training.data import (
     DataConfig,
@@ -77,6 +83,9 @@ class TrainResult:
     metrics: dict[str, float | str]
     history: FitHistory
     timings_s: dict[str, float] = field(default_factory=dict)
+    # the calibration guard's findings (written anyway: --force), and the default model's test ECE/NLL
+    calibration_warnings: list[str] = field(default_factory=list)
+    reference_calibration: dict[str, float] | str | None = None
 
 
 @dataclass
@@ -238,11 +247,13 @@ def train(
     logs: Sequence[str | Path] = (),
     log_share: float = LOG_SHARE,
     dagger: int = 0,
+    guard: CalibrationGuard | None = None,
 ) -> TrainResult:
     """Generate data (unless given), add the recorded drives in `logs` (files or folders: training
     drives only), train, calibrate, evaluate and export one model to `out`. `dagger`: rounds of driving
     the nominal scenarios with the model, adding the expert's actions in the states it reached and
-    training again (controller.training.dagger)."""
+    training again (controller.training.dagger). `guard`: raise CalibrationRefused instead of writing
+    a model worse calibrated than its uncalibrated logits or the default model (unless guard.force)."""
     hooks = hooks or Hooks()
     out = Path(out)
     config = config or mlp_config(size, quick)
@@ -288,6 +299,17 @@ def train(
         fitted.metrics,
         fitted.history,
     )
+    warnings: list[str] = []
+    reference: dict[str, float] | str | None = None
+    if guard is not None:
+        if guard.reference is not None and Path(guard.reference).is_file():
+            reference = reference_metrics(Path(guard.reference), data.test)
+        warnings = calibration_problems(metrics, reference, guard)
+        if warnings and not guard.force:
+            skipped = f"; not compared with {guard.reference}: {reference}" if isinstance(reference, str) else ""
+            raise CalibrationRefused(
+                f"not writing {out}: " + "; ".join(warnings) + f"{skipped} (--force writes it anyway)"
+            )
     metrics |= {
         "seed": float(seed),
         "n_train": float(len(data.train)),
@@ -328,7 +350,7 @@ def train(
         metrics |= dict(zip(LATENCY_KEYS, (p50, p99)))
         card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
     timings["total"] = time.perf_counter() - t0
-    return TrainResult(out, card, weights, norm, card.training_metrics, history, timings)
+    return TrainResult(out, card, weights, norm, card.training_metrics, history, timings, warnings, reference)
 
 
 def model_path(size: str, out_dir: Path, quick: bool) -> Path:
