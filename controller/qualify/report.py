@@ -172,14 +172,14 @@ def write_report(q: Qualification, out_dir: Path) -> tuple[Path, Path]:
                 _f(d["agreement_applied"], True),
                 _f(d["agreement_proposed"], True),
                 _f(d["veto_rate"], True),
+                _f(d["beside_ticks"]),
+                _f(d["agreement_beside"], True),
             ]
             for tag, d in (("candidate", s["candidate"]), ("baseline", s["baseline"]))
             if d is not None
         ]
-        parts += [
-            "<h2>(c) Shadow evidence</h2>",
-            _table(["model", "ticks", "agree applied", "agree proposed", "vetoed"], rows),
-        ]
+        columns = ["model", "ticks", "agree applied", "agree proposed", "vetoed", "ticks beside", "agree beside"]
+        parts += ["<h2>(c) Shadow evidence</h2>", _table(columns, rows)]
     if q.int8 is not None:
         rows = [
             [

@@ -2,10 +2,13 @@
 real stack), when given.
 
 Each recorded DecisionSnapshot names the model version that made it, so the candidate's ticks and
-the baseline's are told apart even when one log holds both (a server running the candidate in
-shadow beside the current model). Per model: agreement of the applied and of the proposed action
-with the action the stack actually took (controller/serve/shadow.py ShadowAgreement, counted per
-tick as GetShadowStats counts it) and the share of ticks the gate vetoed.
+the baseline's are told apart even when one log holds both (the candidate served as the live model
+on some sessions). Per model: agreement of the applied and of the proposed action with the action
+the stack actually took (controller/serve/shadow.py ShadowAgreement, counted per tick as
+GetShadowStats counts it) and the share of ticks the gate vetoed. A server that ran the candidate
+beside the live model (`serve --candidate`) recorded its proposals in each live snapshot
+(`candidate_never_applied`, with its version): they are the candidate's "beside" evidence, judged
+against the live model's proposals on the same ticks (never applied, so there is no veto rate).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class ShadowEvidence:
     vetoed: int = 0
     applied: ShadowAgreement | None = None
     proposed: ShadowAgreement | None = None
+    beside: ShadowAgreement | None = None  # proposals made beside another live model, never applied
+    beside_ticks: int = 0
 
     @property
     def veto_rate(self) -> float:
@@ -53,6 +58,9 @@ class ShadowEvidence:
             "agreement_proposed": _none(self.proposed.agreement() if self.proposed else float("nan")),
             "applied": self.applied.as_dict() if self.applied else None,
             "proposed": self.proposed.as_dict() if self.proposed else None,
+            "beside_ticks": self.beside_ticks,
+            "agreement_beside": _none(self.beside.agreement() if self.beside else float("nan")),
+            "beside": self.beside.as_dict() if self.beside else None,
         }
 
 
@@ -73,20 +81,34 @@ def read_shadow_evidence(paths: Sequence[Path], card: ModelCard) -> dict[str, Sh
             by_version: dict[str, list[pb.DecisionSnapshot]] = {}
             for s in data.snapshots:
                 by_version.setdefault(s.model_version, []).append(s)
+            beside: dict[str, list[pb.DecisionSnapshot]] = {}
+            for s in data.snapshots:
+                if s.HasField("candidate_never_applied") and s.candidate_never_applied.model_version:
+                    beside.setdefault(s.candidate_never_applied.model_version, []).append(s)
             for version, snaps in by_version.items():
-                ev = out.get(version)
-                if ev is None:
-                    ev = out[version] = ShadowEvidence(
-                        version,
-                        applied=ShadowAgreement(actions, n_ctl, False),
-                        proposed=ShadowAgreement(actions, n_ctl, False),
-                    )
+                ev = _evidence(out, version, actions, n_ctl)
                 _add(ev, snaps, actual_of, n_ctl)
                 ev.sessions.append(f"{path}:{sid}")
+            for version, snaps in beside.items():
+                ev = _evidence(out, version, actions, n_ctl)
+                _add_beside(ev, snaps, actual_of, n_ctl)
+                ev.sessions.append(f"{path}:{sid} (beside the live model)")
     return out
 
 
-def _add(ev: ShadowEvidence, snaps: list[pb.DecisionSnapshot], actual_of: dict, n_ctl: int) -> None:
+def _evidence(out: dict[str, ShadowEvidence], version: str, actions: list[str], n_ctl: int) -> ShadowEvidence:
+    ev = out.get(version)
+    if ev is None:
+        ev = out[version] = ShadowEvidence(
+            version,
+            applied=ShadowAgreement(actions, n_ctl, False),
+            proposed=ShadowAgreement(actions, n_ctl, False),
+            beside=ShadowAgreement(actions, n_ctl, False),
+        )
+    return ev
+
+
+def _actuals(snaps: list[pb.DecisionSnapshot], actual_of: dict, n_ctl: int) -> tuple[np.ndarray, np.ndarray]:
     n = len(snaps)
     actual = np.full(n, -1, np.int64)
     actual_controls = np.full((n, n_ctl), np.nan)
@@ -96,6 +118,25 @@ def _add(ev: ShadowEvidence, snaps: list[pb.DecisionSnapshot], actual_of: dict, 
             actual[i] = a.action_index
             if len(a.controls) == n_ctl:
                 actual_controls[i] = a.controls
+    return actual, actual_controls
+
+
+def _add_beside(ev: ShadowEvidence, snaps: list[pb.DecisionSnapshot], actual_of: dict, n_ctl: int) -> None:
+    """A candidate's proposals recorded beside the live model: its action (a CandidateProposal carries
+    no controls) against the actual one, under the live model's state and reasons of the tick."""
+    n = len(snaps)
+    actual, actual_controls = _actuals(snaps, actual_of, n_ctl)
+    cand = np.fromiter((s.candidate_never_applied.action.index for s in snaps), np.int64, n)
+    states = [pb.SafetyState.Name(s.safety_state) for s in snaps]
+    reasons = [tuple(pb.ReasonCode.Name(r) for r in s.reasons) for s in snaps]
+    assert ev.beside is not None  # made with it
+    ev.beside.update_many(cand, np.full((n, n_ctl), np.nan), actual, actual_controls, states, reasons)
+    ev.beside_ticks += n
+
+
+def _add(ev: ShadowEvidence, snaps: list[pb.DecisionSnapshot], actual_of: dict, n_ctl: int) -> None:
+    n = len(snaps)
+    actual, actual_controls = _actuals(snaps, actual_of, n_ctl)
 
     def controls(acts: list[Any]) -> np.ndarray:
         return np.array([list(c) if len(c) == n_ctl else [np.nan] * n_ctl for c in acts], np.float64).reshape(n, n_ctl)
@@ -122,11 +163,26 @@ class ShadowStep:
     versions: dict[str, int]  # every model version in the logs -> ticks
 
     def checks(self, c: ShadowCriteria) -> list[Check]:
-        cand = self.candidate.applied.agreement() if self.candidate.applied else float("nan")
-        base = self.baseline.applied.agreement() if self.baseline and self.baseline.applied else float("nan")
-        out = [no_worse(STEP, "shadow agreement (applied vs actual)", cand, base, c.agreement_drop, True)]
-        if c.max_veto_rate is not None:
-            out.append(at_most(STEP, "shadow veto rate", self.candidate.veto_rate, c.max_veto_rate))
+        out = []
+        if self.candidate.ticks:  # served as the live model: its applied decisions
+            cand = self.candidate.applied.agreement() if self.candidate.applied else float("nan")
+            base = self.baseline.applied.agreement() if self.baseline and self.baseline.applied else float("nan")
+            out.append(no_worse(STEP, "shadow agreement (applied vs actual)", cand, base, c.agreement_drop, True))
+            if c.max_veto_rate is not None:
+                out.append(at_most(STEP, "shadow veto rate", self.candidate.veto_rate, c.max_veto_rate))
+        if self.candidate.beside_ticks:  # beside the live model: proposals against the live model's
+            cand = self.candidate.beside.agreement() if self.candidate.beside else float("nan")
+            base = self.baseline.proposed.agreement() if self.baseline and self.baseline.proposed else float("nan")
+            out.append(
+                no_worse(
+                    STEP,
+                    "shadow agreement beside the live model (proposed vs actual)",
+                    cand,
+                    base,
+                    c.agreement_drop,
+                    True,
+                )
+            )
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -140,12 +196,13 @@ class ShadowStep:
 def run_shadow_step(paths: Sequence[Path], candidate: ModelCard, baseline: ModelCard) -> ShadowStep:
     """The candidate's and the baseline's ticks in the logs; ConfigError when the candidate has none."""
     evidence = read_shadow_evidence(paths, candidate)
-    versions = {v: e.ticks for v, e in evidence.items()}
+    versions = {v: e.ticks + e.beside_ticks for v, e in evidence.items()}
     cand = evidence.get(candidate.version)
-    if cand is None:
+    if cand is None or not (cand.ticks or cand.beside_ticks):
         raise ConfigError(
             f"--shadow: {', '.join(str(p) for p in paths)} hold no snapshots of the candidate "
             f"(model version {candidate.version}); they hold {versions or 'no snapshots at all'}. "
-            "Record shadow sessions with the candidate loaded (dualloop serve --record-dir)."
+            "Record shadow sessions with the candidate as the live model or beside it (dualloop serve "
+            "--record-dir [--candidate CANDIDATE.onnx])."
         )
     return ShadowStep(cand, evidence.get(baseline.version), versions)
