@@ -50,6 +50,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="one log: add the plot topic /dualloop/<session>/plot to the new log, every value by name for "
         "Foxglove (docs/foxglove.md; ~+25%% CPU and +65%% size per log)",
     )
+    p.add_argument(
+        "--allow-truncated",
+        action="store_true",
+        help="one log: replay the complete part of a log whose end is missing or broken (a killed recorder's)",
+    )
     p.set_defaults(fn=_replay)
 
     p = sub.add_parser("diff", help="compare two logs of the same input; non-zero exit beyond tolerance")
@@ -72,7 +77,9 @@ def _replay(args: argparse.Namespace) -> int:
     if len(args.logs) == 1 and not args.ray and not args.workers:
         out = args.out or Path("runs/replay") / f"{Path(args.logs[0]).stem}.replayed.mcap"
         out.parent.mkdir(parents=True, exist_ok=True)
-        result = replay_log(args.logs[0], args.model, gates, out_path=out, plots=args.foxglove)
+        result = replay_log(
+            args.logs[0], args.model, gates, out_path=out, plots=args.foxglove, allow_truncated=args.allow_truncated
+        )
         console.print(format_report(result.report), highlight=False)
         report_path = out.with_suffix(".json")
         report_path.write_text(json.dumps(result.report.as_dict(), indent=2, default=float))

@@ -28,7 +28,7 @@ from dualloop.controller.logs.format import (
     require_plan,
     sensor_profile,
 )
-from dualloop.controller.logs.logfile import LogData, read_log, write_log
+from dualloop.controller.logs.logfile import LogData, LogFileError, read_log, write_log
 from dualloop.controller.logs.plot import PlotSchema, channel_metadata, log_time_offset_ns, plot_topic
 from dualloop.controller.replay.evaluation import EvaluationUnavailable, evaluate_replay, unmeasured_features
 from dualloop.controller.replay.plot_batch import encode_plots_packed
@@ -239,8 +239,13 @@ def replay_log(
     session_id: str | None = None,
     loaded: LoadedModel | None = None,
     plots: bool = False,
+    allow_truncated: bool = False,
 ) -> ReplayResult:
     """Replay one session of a log in LOCKSTEP with a model (and gates); optionally write a new log.
+
+    allow_truncated: replay the complete part of a log whose end is missing or broken (a recorder
+    killed mid-drive); without it such a log is refused, so that a cut drive is never replayed,
+    and its agreement reported, as if it were whole.
 
     plots: the new log also gets the session's plot topic (logs/plot.py, for Foxglove): ~1/4 more
     CPU and 2/3 more bytes per log, so fleets and benchmarks leave it out.
@@ -256,6 +261,10 @@ def replay_log(
         data, observations = column_log.data, column_log.observations
     else:
         data = read_log(source_path, session_id)
+        if data.truncated and not allow_truncated:
+            raise LogFileError(
+                f"{data.truncation}; the drive may be cut short: replay its complete part with --allow-truncated"
+            )
         observations = _observations(data)
     if not observations:
         raise ValueError(f"{source_path}: session {data.session_id!r} has no observations to replay")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dualloop.controller.logs.format import require_plan
-from dualloop.controller.logs.logfile import read_log
+from dualloop.controller.logs.logfile import LogFileError, read_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
 from dualloop.controller.logs.synthetic import slice_log, synthetic_log
 from dualloop.controller.replay.fleet import RAY_MISSING, replay_many
@@ -357,3 +357,17 @@ def test_fast_replay_equals_plain_when_the_model_overflows(tmp_path):
     assert failed and {s.observation_seq for s in failed} <= {obs[k].seq for k in (40, 41, 120)}
     for run in runs:
         assert all((s.decision_vector is None) == (Reason.MODEL_ERROR in s.reasons) for s in run)
+
+
+def test_a_log_cut_short_is_refused_unless_its_complete_part_is_asked_for(tmp_path) -> None:
+    """A recorder killed mid-drive leaves a log without its footer: replaying it as if whole would
+    report a cut drive's agreement as the drive's, so it is refused with the reason, and replayed
+    (its complete records) only with allow_truncated / --allow-truncated."""
+    whole = FIXTURE.read_bytes()
+    cut = tmp_path / "cut.mcap"
+    cut.write_bytes(whole[: len(whole) // 3] + b"\x80\x00 garbage \xff")
+    with pytest.raises(LogFileError, match=r"cut\.mcap: .*--allow-truncated"):
+        replay_log(cut, TEST_MODEL_PATH)
+    result = replay_log(cut, TEST_MODEL_PATH, allow_truncated=True)
+    n_whole = len(read_log(FIXTURE).observations)
+    assert 0 < result.report.observations < n_whole
