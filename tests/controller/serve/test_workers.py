@@ -94,7 +94,9 @@ def test_sessions_spread_and_stats_and_metrics_add_up(workers: Workers) -> None:
     opened = 0
     lockstep_ticks = 0
     for k in range(SESSIONS):
-        with grpc.insecure_channel(workers.address) as channel:
+        # a connection of its own per session: without a local subchannel pool, a channel opened right after
+        # another one closed can reuse its connection, and so its worker
+        with grpc.insecure_channel(workers.address, [("grpc.use_local_subchannel_pool", 1)]) as channel:
             assert check(channel) == SERVING  # health on whichever worker this connection reached
             stub = reflection_pb2_grpc.ServerReflectionStub(channel)  # and reflection
             request = reflection_pb2.ServerReflectionRequest(list_services="")
