@@ -29,7 +29,7 @@ from dualloop.controller.logs.synthetic import REAL_DRIVE
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ControllerRuntime, ControllerServer, new_event_loop
-from dualloop.controller.serve.ticker import LatenessLog, percentiles_us, run_bare_ticker
+from dualloop.controller.serve.ticker import LatenessLog, freeze_startup_heap, percentiles_us, run_bare_ticker
 from dualloop.executor.core import ExecutorStats
 from dualloop.executor.snapshot import Reason
 from dualloop.sim import schema
@@ -268,6 +268,7 @@ async def run_server(
     )
     server = ControllerServer(config, worker=(board, slot) if board is not None else None)
     port = await server.start()
+    freeze_startup_heap()  # as `dualloop serve` does
     if cpus:
         pin_threads(cpus)
     card = server.executor.card

@@ -25,6 +25,7 @@ from dualloop.controller.serve.log_stream import stream_logs
 from dualloop.controller.serve.security import private_server_env
 from dualloop.controller.serve.security_cli import add_security_arguments, security_overrides, security_summary
 from dualloop.controller.serve.server import ControllerServer, new_event_loop
+from dualloop.controller.serve.ticker import freeze_startup_heap
 from dualloop.controller.serve.workers import serve_workers, worker_count
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -146,6 +147,7 @@ def serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         port = await server.start()
+        freeze_startup_heap()
         card = server.executor.card
         console.print(
             f"dualloop serving model {card.name} {card.version} (schema {card.schema_hash()}) on "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import logging
 import os
 import threading
@@ -1141,6 +1142,7 @@ class ControllerServer:
             scheduling=self.scheduling,
             reflection=self.config.reflection_enabled,
             record_dir=str(self.config.record_dir) if self.config.record_dir is not None else None,
+            gc_frozen_objects=gc.get_freeze_count(),  # freeze_startup_heap's work, when this process did it
         )
 
     def _warm(self) -> None:

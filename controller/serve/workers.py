@@ -52,6 +52,7 @@ from dualloop.controller.serve import events
 from dualloop.controller.serve.config import ServerConfig, _bare, host_port
 from dualloop.controller.serve.metrics import MetricsEndpoint
 from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ControllerServer, new_event_loop
+from dualloop.controller.serve.ticker import freeze_startup_heap
 
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
@@ -269,6 +270,7 @@ async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, announce
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, server.runtime.promote_on_signal)
     await server.start()
+    freeze_startup_heap()
     if announce is not None:
         card = server.executor.card
         security = f"TLS{' (mutual)' if config.tls.mutual else ''}" if config.tls is not None else "plaintext"

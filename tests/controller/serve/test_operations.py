@@ -281,6 +281,7 @@ def test_sigterm_drains_live_streams_and_recording(tmp_path: Path):
         by_event.setdefault(r["event"], []).append(r)
     [start] = by_event["server.start"]
     assert start["address"] == f"127.0.0.1:{match.group(1)}" and start["model_version"] and len(start["gates"]) == 2
+    assert start["gc_frozen_objects"] > 10_000  # the imports, model and gRPC: out of the collector's walks
     closes = {r["session_id"]: r for r in by_event["session.close"]}
     opens = {r["session_id"]: r for r in by_event["session.open"]}
     assert set(opens) == set(closes) == {"done", "bad", "rt", "ls"}

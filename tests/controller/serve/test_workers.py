@@ -7,6 +7,7 @@ drains every worker's streams, and a worker killed from outside is restarted.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -166,6 +167,8 @@ def test_sigterm_drains_every_worker(workers: Workers) -> None:
     assert re.search(r"stopped after .* 2 workers: \d+ ticks .* 0 worker restarts", last), last
     drains = [line for line in workers.stderr.read_text().splitlines() if '"server.drain"' in line]
     assert len(drains) == 2  # each worker drained
+    starts = [json.loads(line) for line in workers.stderr.read_text().splitlines() if '"server.start"' in line]
+    assert len(starts) == 2 and all(s["gc_frozen_objects"] > 10_000 for s in starts)  # each froze its heap
 
 
 def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(workers: Workers) -> None:
