@@ -116,7 +116,11 @@ def print_planner_report(result: dict[str, Any], console: Console) -> None:
     )
     p = result["planner_stats"] or {}
     if p:
-        which = "worker process" if result.get("workers", 1) == 1 else f"server worker 0's of {result['workers']}"
+        which = (
+            "worker process"
+            if result.get("workers", 1) == 1
+            else f"the {result['workers']} server workers' (counts summed, times the worst worker's)"
+        )
         console.print(
             f"planner ({p['source']}, {which}): {p['plans']} plans in {p['batches']} batches "
             f"(p50 {p['batch_size_p50']:.0f} sessions), time per batch p50 "

@@ -172,7 +172,7 @@ async def run_clients(
             await c.close()
 
 
-_PLANNER_COUNTS = (
+PLANNER_COUNTS = (
     "requests",
     "overruns",
     "plans",
@@ -345,7 +345,7 @@ async def run_server(
     if planning is not None:  # counts over the window; plan times over the last plans (a rolling history)
         now = planning.scheduler.stats()
         # the counters are ints (stats() also holds times, a source name and None)
-        planner_stats = {k: int(cast(int, now[k])) - int(cast(int, plan0[k])) for k in _PLANNER_COUNTS}
+        planner_stats = {k: int(cast(int, now[k])) - int(cast(int, plan0[k])) for k in PLANNER_COUNTS}
         planner_stats.update(
             {
                 k: now[k]

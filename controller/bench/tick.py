@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from dualloop.controller.bench.procs import open_channel
+from dualloop.controller.bench.procs import PLANNER_COUNTS, open_channel
 from dualloop.controller.bench.secure import TOKEN_ENV, BenchPKI, make_pki
 from dualloop.controller.plotting import pyplot
 from dualloop.controller.serve import board as wb
@@ -112,11 +112,27 @@ def _merge_workers(results: list[dict[str, Any]], raws: list[np.ndarray]) -> dic
     for key in ("tick_work_us", "decision_latency_us"):
         merged[key] = {k: max(r[key][k] for r in results) for k in first[key]}
     merged["cpu_per_tick_us"] = {k: sum(r["cpu_per_tick_us"][k] for r in results) for k in first["cpu_per_tick_us"]}
+    merged["planner"] = _merge_planners([r["planner"] for r in results])
     merged["workers"] = len(results)
     merged["per_worker"] = [
         {k: r[k] for k in ("sessions_here", "ticks", "missed_deadlines", "lateness_us", "cpu_fraction", "cpus")}
         for r in results
     ]
+    return merged
+
+
+def _merge_planners(stats: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Every worker's planner as one: counts summed, times the worst worker's (the sessions may all
+    sit on one worker, whose planner then did all the work)."""
+    present = [s for s in stats if s]
+    if not present:
+        return None
+    merged: dict[str, Any] = dict(present[0])
+    for key in present[0]:
+        values = [s[key] for s in present if s.get(key) is not None]
+        if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+            continue  # the source's name, the idle-priority flag: the same on every worker
+        merged[key] = sum(values) if key in PLANNER_COUNTS or key == "applied" else max(values)
     return merged
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from dualloop.controller.bench import cli as bench_cli
 from dualloop.controller.bench import gate as bench_gate
+from dualloop.controller.bench import tick as bench_tick
 from dualloop.controller.cli import main
 from dualloop.ood import compiled as ood_compiled
 
@@ -223,8 +224,21 @@ def test_bench_planner_pools_the_turns_of_several_server_workers(tmp_path, test_
         # pooled by turn; the port hands both sessions to one worker half the time, so at least one
         # worker's 2 x 1.5 s at 200 Hz (600 ticks), never more than both workers' whole 10 s run
         assert result[side]["turns"] >= 2 and 400 < result[side]["ticks"] <= 2 * 10 * 200
-    planner = result["planner_stats"]
+    planner = result["planner_stats"]  # summed over the workers: whichever got the sessions made the plans
     assert planner["source"] == "behaviour" and planner["plans"] >= 4 and planner["errors"] == 0
+
+
+def test_planner_stats_of_several_workers_add_counts_and_keep_the_worst_times():
+    idle = {"source": "behaviour", "worker_idle_priority": True, "plans": 0, "errors": 0, "applied": 0}
+    idle |= {"plan_time_us_p99": None, "batch_time_us_p99": 0.0}
+    busy = {"source": "behaviour", "worker_idle_priority": True, "plans": 40, "errors": 1, "applied": 38}
+    busy |= {"plan_time_us_p99": 900.0, "batch_time_us_p99": 2500.0}
+    merged = bench_tick._merge_planners([idle, None, busy])
+    assert merged is not None
+    assert (merged["plans"], merged["errors"], merged["applied"]) == (40, 1, 38)
+    assert (merged["plan_time_us_p99"], merged["batch_time_us_p99"]) == (900.0, 2500.0)
+    assert merged["source"] == "behaviour" and merged["worker_idle_priority"] is True
+    assert bench_tick._merge_planners([None, None]) is None
 
 
 def test_bench_planner_refuses_a_run_too_short_for_two_turns_of_each_kind(capsys, monkeypatch):
