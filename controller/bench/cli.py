@@ -164,7 +164,10 @@ def _bench(args: argparse.Namespace) -> int:
         if sessions < 1 or duration <= 0:
             console.print("[red]error:[/] bench soak needs --sessions >= 1 and --duration > 0", highlight=False)
             return 2
-        return 0 if bench_soak(sessions, duration, args.out, console=console)["met"] else 1
+        soak = bench_soak(
+            sessions, duration, args.out, console=console, realtime_priority=args.realtime_priority or None
+        )
+        return 0 if soak["met"] else 1
     if args.what == "planner":
         if duration < 4 * PHASE_S:
             console.print(

@@ -1,7 +1,9 @@
 """`dualloop bench soak`: a real `dualloop serve` under N REALTIME sessions for minutes, watched from outside.
 
 What users run by default is what is soaked: the shipped model with its two gates and the built-in
-behaviour planner (its worker process), served by the `dualloop serve` command in its own process.
+behaviour planner (its worker process), served by the `dualloop serve` command in its own process,
+under the scheduling the rated session count was measured with by `bench tick` (SCHED_FIFO 50 from
+the command line; `--realtime-priority 0`: normal scheduling, the bare ticker's too).
 The clients (`bench.procs clients`) and a bare ticker (`bench.procs bare`, the machine's floor) run
 in two more processes for the same window. Every SAMPLE_S this process reads the server's RSS,
 threads and open fds from /proc and its open sessions from GetStats; at the end, once every client
@@ -416,7 +418,13 @@ async def _subprocess(module: str, *args: str) -> asyncio.subprocess.Process:
 
 
 async def _soak(
-    server: ServeProcess, sessions: int, duration_s: float, sample_s: float, drives_file: Path, console: Console
+    server: ServeProcess,
+    sessions: int,
+    duration_s: float,
+    sample_s: float,
+    drives_file: Path,
+    realtime_priority: int | None,
+    console: Console,
 ) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     clients = await _subprocess(
@@ -431,7 +439,8 @@ async def _soak(
         "--drives",
         str(drives_file),
     )
-    bare = await _subprocess("procs", "bare", "--duration", str(duration_s))
+    fifo = ("--realtime-priority", str(realtime_priority)) if realtime_priority else ()
+    bare = await _subprocess("procs", "bare", "--duration", str(duration_s), *fifo)  # the server's scheduling
     samples: list[dict[str, Any]] = []
     t0 = time.monotonic()
     first = await loop.run_in_executor(None, server.stats, STATS_TIMEOUT_S)
@@ -514,11 +523,16 @@ def bench_soak(
     out_dir: Path = Path("runs/bench"),
     sample_s: float = SAMPLE_S,
     console: Console | None = None,
+    realtime_priority: int | None = None,
 ) -> dict[str, Any]:
+    """realtime_priority: the server's SCHED_FIFO priority (as `bench tick` runs it; the rated
+    session count was measured so), and the bare ticker's, for fairness; None: normal scheduling."""
     console = console or Console()
     load_start = list(os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
-        config = {"planner": {"source": "behaviour"}, "executor": {"max_sessions": max(64, sessions)}}
+        config: dict[str, Any] = {"planner": {"source": "behaviour"}, "executor": {"max_sessions": max(64, sessions)}}
+        if realtime_priority:
+            config["realtime_priority"] = realtime_priority
         console.print(
             f"bench soak: `dualloop serve` with {BASE_MODEL_PATH.name}, gates "
             f"{', '.join(g.name for g in DEFAULT_GATES)}, planner behaviour; {sessions} REALTIME sessions "
@@ -534,7 +548,8 @@ def bench_soak(
             probe_session(server.address, drives[0])  # lazily made threads belong to the baseline
             wait_until(lambda: server.stats().sessions_open == 0, SETTLE_S)
             baseline = server.sample()
-            run = asyncio.run(_soak(server, sessions, duration_s, sample_s, drives_file, console))
+            scheduling = server.stats().scheduling  # what the server got: SCHED_FIFO may be refused
+            run = asyncio.run(_soak(server, sessions, duration_s, sample_s, drives_file, realtime_priority, console))
             leaks = _leaks(server, baseline)
             healthy = server.health()
             exit_code = server.stop()
@@ -559,6 +574,7 @@ def bench_soak(
             "model": str(BASE_MODEL_PATH),
             "gates": [str(g) for g in DEFAULT_GATES],
             "planner": "behaviour",
+            "scheduling": scheduling,
             "sessions": sessions,
             "duration_s": duration_s,
             "sample_s": sample_s,
@@ -586,7 +602,10 @@ def bench_soak(
 
 def print_soak_report(result: dict[str, Any], console: Console) -> None:
     w, mem, dl, lk = result["what"], result["memory"], result["deadlines"], result["leaks"]
-    table = Table(title=f"bench soak: {w['sessions']} sessions, {w['duration_s']:g} s, load {w['load_average_end']}")
+    table = Table(
+        title=f"bench soak: {w['sessions']} sessions, {w['duration_s']:g} s, {w.get('scheduling', '?')}, "
+        f"load {w['load_average_end']}"
+    )
     table.add_column("check")
     table.add_column("measured", justify="right")
     table.add_column("bound")

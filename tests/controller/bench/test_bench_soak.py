@@ -27,9 +27,11 @@ def test_memory_verdict_flat_passes_and_a_leak_fails() -> None:
 
 @pytest.mark.slow
 def test_a_short_soak_runs_end_to_end_and_finds_no_leak(tmp_path: Path) -> None:
-    result = bench_soak(sessions=2, duration_s=20.0, out_dir=tmp_path, sample_s=1.0)
+    result = bench_soak(sessions=2, duration_s=20.0, out_dir=tmp_path, sample_s=1.0, realtime_priority=50)
     stored = json.loads(next(tmp_path.glob("soak-*.json")).read_text())
     assert stored["what"]["sessions"] == 2 and stored["what"]["planner"] == "behaviour"
+    # the server was asked for SCHED_FIFO 50 (granted, or refused without CAP_SYS_NICE: said either way)
+    assert "SCHED_FIFO 50" in stored["what"]["scheduling"]
     leaks = result["leaks"]
     assert leaks["met"] and leaks["leaked_sessions"] == 0, leaks
     assert result["server_after"] == {"health": "SERVING", "exit_code": 0, "error_lines": []}
