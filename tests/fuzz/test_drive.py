@@ -14,18 +14,20 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import given
-from hypothesis import strategies as st
 
+from dualloop.controller.bench.soak import ServeProcess
 from dualloop.controller.logs.logfile import read_sessions
 from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
@@ -34,7 +36,19 @@ from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 from tests.controller.serve.inputs import MS, sensor
-from tests.fuzz.budget import FACTOR, fuzz_settings
+from tests.fuzz.budget import FACTOR, RANDOM, fuzz_settings
+from tests.fuzz.drive_grammar import (
+    CLEAN,
+    INVALID,
+    LOCKSTEP,
+    OVERSIZE_ROW,
+    REALTIME,
+    UNKNOWN,
+    Seeded,
+    Stream,
+    drive_stream,
+    streams,
+)
 
 # huge and non-finite inputs overflow inside the server's numpy by design (INVALID_INPUT or MODEL_ERROR follow)
 pytestmark = [
@@ -42,8 +56,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
 ]
 
-REALTIME, LOCKSTEP = pb.CLOCK_MODE_REALTIME, pb.CLOCK_MODE_LOCKSTEP
-INVALID = grpc.StatusCode.INVALID_ARGUMENT
 # what a Drive stream may end with (docs/contract.md#status-codes) when no credentials are configured,
 # the server is not draining and the client neither cancels nor sets a deadline
 DOCUMENTED = {
@@ -53,181 +65,11 @@ DOCUMENTED = {
     grpc.StatusCode.ALREADY_EXISTS,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
-N_FEATURES, N_PLAN, N_CONTROLS, N_ACTIONS = 19, 6, 2, 4
-LOCKSTEP_MAX_GAP_NS = 10_000 * MS  # executor.lockstep_max_gap_s; the strategies keep well clear of it
-UINT64_MAX, INT64_MAX = 2**64 - 1, 2**63 - 1
-OVERSIZE_ROW = [1.0] * (1 << 20)  # 4 MiB of floats and then some: beyond limits.max_receive_message_bytes
-
-CLEAN = "clean"  # an item the contract accepts
-UNKNOWN = None  # an item whose verdict the test does not predict (any documented status will do)
-Verdict = str | grpc.StatusCode | None
-
-ODD_FLOATS = st.sampled_from(
-    [math.nan, math.inf, -math.inf, 1e300, -1e300, 3.4e38, -3.4e38, 1e-45, 5e-324, -0.0, 1e20, 65504.0]
-)
-ANY_FLOAT = st.one_of(st.floats(-100, 100, width=32), ODD_FLOATS, st.floats())
-
-
-@dataclass
-class Stream:
-    clock: int
-    items: list[tuple[bytes, Verdict]] = field(default_factory=list)
-    pause_s: float = 0.0  # REALTIME: between requests, so that ticks run on the odd inputs
-
-    def expected(self) -> Verdict:
-        """The status the contract predicts: the first item's that is not clean; OK when all are."""
-        for _, verdict in self.items:
-            if verdict != CLEAN:
-                return verdict
-        return grpc.StatusCode.OK
-
-
-@st.composite
-def float_row(draw: st.DrawFn, seq: int, size: int) -> list[float]:
-    """A plausible sensor row with a few odd values dropped in, of `size` values."""
-    row = (sensor(seq) * 4)[:size]
-    for k in draw(st.lists(st.integers(0, max(size - 1, 0)), max_size=4)) if size else []:
-        row[k] = draw(ANY_FLOAT)
-    return row
-
-
-def pick(draw: st.DrawFn, tidy: bool, clean: list, faulty: list) -> object:
-    """One of `clean`, or (unless the stream is tidy) of `clean + faulty`."""
-    return draw(st.sampled_from(clean if tidy else clean + faulty))
-
-
-@st.composite
-def opening(draw: st.DrawFn, schema_hash: str, clock: int, tidy: bool) -> tuple[pb.OpenSession, Verdict]:
-    verdict: Verdict = CLEAN
-    clock = pick(draw, tidy, [clock] * 6, [0, 3, -7])
-    if clock not in (REALTIME, LOCKSTEP):
-        verdict = INVALID
-    expected_hash = pick(draw, tidy, ["", "", schema_hash], ["0" * 16])
-    if expected_hash == "0" * 16 and verdict == CLEAN:
-        verdict = grpc.StatusCode.FAILED_PRECONDITION
-    period = pick(draw, tidy, [0, 0, 100 * MS, 1, INT64_MAX, draw(st.integers(0, 10**9))], [-1, -(10**9)])
-    names = ["ego_speed", "ego_accel", "lead_distance", "lead_rel_speed", "yaw_rate"]
-    provided = draw(st.one_of(st.just([]), st.lists(st.sampled_from(names), unique=True, max_size=4)))
-    if not tidy and draw(st.integers(0, 4)) == 0:
-        provided.append(draw(st.sampled_from(["no_such_feature", ""])))
-        verdict = INVALID if verdict == CLEAN else verdict
-    if period < 0 and verdict == CLEAN:
-        verdict = INVALID
-    msg = pb.OpenSession(
-        session_id=draw(st.one_of(st.just(""), st.text(max_size=24))),
-        clock=clock,  # type: ignore[arg-type]  # an unknown enum number on purpose
-        shadow=draw(st.booleans()),
-        include_decision_vector=draw(st.booleans()),
-        expected_schema_hash=expected_hash,
-        observation_period_ns=period,
-        provided_features=provided,
-        require_plan=draw(st.booleans()),
-        actual_controls_are_commands=draw(st.booleans()),
-    )
-    return msg, verdict
-
-
-@st.composite
-def observation(
-    draw: st.DrawFn, clock: int, prev_seq: int, prev_ts: int | None, tidy: bool
-) -> tuple[pb.Observation, Verdict]:
-    verdict: Verdict = CLEAN
-
-    def fault(v: Verdict) -> None:
-        nonlocal verdict
-        if verdict == CLEAN:
-            verdict = v
-
-    # seq: from 1, strictly increasing
-    how = pick(draw, tidy, ["next"] * 6 + ["jump", "huge"], ["same", "back", "zero"])
-    if how == "next" or (how == "huge" and prev_seq >= 2**63):
-        seq = prev_seq + 1
-    elif how == "jump":
-        seq = prev_seq + draw(st.integers(2, 10**6))
-    elif how == "huge":
-        seq = 2**63 + draw(st.integers(0, 2**20))
-    else:
-        seq = {"same": prev_seq, "back": max(prev_seq - 1, 0), "zero": 0}[how]
-        fault(INVALID)
-    seq = min(seq, UINT64_MAX)
-    # timestamps: LOCKSTEP strictly increasing within the gap limit, REALTIME never decreasing
-    if prev_ts is None:
-        ts = draw(st.sampled_from([0, 0, 10**12, -(10**9), INT64_MAX - 10**12]))
-    else:
-        fine = [5 * MS, 100 * MS, draw(st.integers(1 * MS, 200 * MS))]
-        step = pick(draw, tidy, fine + ([0] if clock == REALTIME else []), [0, -1, -(10**9), 3 * LOCKSTEP_MAX_GAP_NS])
-        ts = max(-(2**63), min(prev_ts + step, INT64_MAX))
-        if ts < prev_ts or (clock == LOCKSTEP and ts == prev_ts):
-            fault(INVALID)
-        elif clock == LOCKSTEP and ts - prev_ts > LOCKSTEP_MAX_GAP_NS:
-            fault(INVALID)
-    n = pick(draw, tidy, [N_FEATURES] * 8, [0, N_FEATURES - 1, N_FEATURES + 1, 64])
-    if n != N_FEATURES:
-        fault(INVALID)
-    obs = pb.Observation(seq=seq, timestamp_ns=ts, features=draw(float_row(seq, n)))
-    obs.sent_time_ns = draw(st.sampled_from([0, 0, time.time_ns(), -1, INT64_MAX, -(2**63), time.time_ns() + 10**12]))
-    if draw(st.integers(0, 2)) == 0:  # a plan
-        n_plan = pick(draw, tidy, [N_PLAN] * 6, [0, 2, 7])
-        obs.plan.plan_id = draw(st.sampled_from(["", "p", "q", "\x00", "plan-é"]))
-        obs.plan.values.extend(draw(float_row(seq + 7, n_plan)))
-        obs.plan.valid_for_ns = pick(draw, tidy, [0, 0, 300 * MS, INT64_MAX], [-1])
-        obs.plan.created_ns = pick(draw, tidy, [0, 0, ts, max(ts - 100 * MS, -(2**63))], [ts + 1, -(2**63)])
-        if n_plan != N_PLAN or obs.plan.valid_for_ns < 0:
-            fault(INVALID)
-        elif obs.plan.created_ns != 0 and obs.plan.created_ns > ts:
-            fault(INVALID)
-        elif obs.plan.created_ns != 0 and obs.plan.created_ns < ts - 10**12:
-            fault(UNKNOWN)  # an age beyond int64 arithmetic's comfort: any documented answer
-    if draw(st.integers(0, 2)) == 0:  # what the vehicle did
-        obs.actual.action_index = pick(draw, tidy, [-1, 0, 2, 3], [4, -2, 2**31 - 1])
-        n_controls = pick(draw, tidy, [0, N_CONTROLS, N_CONTROLS, N_CONTROLS], [1, 3])
-        obs.actual.controls.extend(draw(st.lists(ANY_FLOAT, min_size=n_controls, max_size=n_controls)))
-        if not -1 <= obs.actual.action_index < N_ACTIONS or n_controls not in (0, N_CONTROLS):
-            fault(INVALID)
-    return obs, verdict
-
-
-@st.composite
-def streams(draw: st.DrawFn, schema_hash: str, clock: int) -> Stream:
-    # half the streams keep to the contract's structure (their values are still odd: NaN, inf, huge),
-    # so that the server's answers are reached, not only its first refusal
-    tidy = draw(st.booleans())
-    open_msg, open_verdict = draw(opening(schema_hash, clock, tidy))
-    stream = Stream(open_msg.clock)
-    first = pick(draw, tidy, ["open"] * 12, ["observation", "empty", "garbage", "nothing"])
-    if first == "nothing":
-        return stream  # a stream that ends before its first message: OK, no session
-    if first == "open":
-        stream.items.append((pb.DriveRequest(open=open_msg).SerializeToString(), open_verdict))
-    elif first == "observation":
-        obs, _ = draw(observation(LOCKSTEP, 0, None, tidy))
-        stream.items.append((pb.DriveRequest(observation=obs).SerializeToString(), INVALID))
-    elif first == "empty":
-        stream.items.append((b"", INVALID))
-    else:
-        stream.items.append((draw(st.binary(min_size=1, max_size=40)), UNKNOWN))
-    prev_seq, prev_ts = 0, None
-    for _ in range(draw(st.integers(0, 12))):
-        kind = pick(draw, tidy, ["observation"] * 12, ["open", "empty", "garbage", "oversize"])
-        if kind == "observation":
-            obs, verdict = draw(observation(stream.clock, prev_seq, prev_ts, tidy))
-            stream.items.append((pb.DriveRequest(observation=obs).SerializeToString(), verdict))
-            if verdict == CLEAN:
-                prev_seq, prev_ts = obs.seq, obs.timestamp_ns
-        elif kind == "open":
-            stream.items.append((pb.DriveRequest(open=open_msg).SerializeToString(), INVALID))
-        elif kind == "empty":
-            stream.items.append((b"", INVALID))
-        elif kind == "oversize":  # past max_receive_message_bytes (4 MiB): gRPC refuses it
-            big = pb.Observation(seq=prev_seq + 1, timestamp_ns=(prev_ts or 0) + 5 * MS, features=OVERSIZE_ROW)
-            stream.items.append(
-                (pb.DriveRequest(observation=big).SerializeToString(), grpc.StatusCode.RESOURCE_EXHAUSTED)
-            )
-        else:
-            stream.items.append((draw(st.binary(min_size=1, max_size=40)), UNKNOWN))
-    if stream.clock == REALTIME:
-        stream.pause_s = draw(st.sampled_from([0.001, 0.003, 0.006]))
-    return stream
+# The bulk fuzz: seeded streams per run (issue 18's ">= 10,000 generated streams per CI run"), one in
+# BULK_REALTIME_EVERY of them REALTIME, BULK_THREADS at a time on one channel (HTTP/2 streams side by side)
+BULK_STREAMS = 10_000
+BULK_REALTIME_EVERY = 5
+BULK_THREADS = 16
 
 
 def non_finite_fields(msg: Message, path: str = "") -> list[str]:
@@ -362,18 +204,8 @@ def test_drive_streams_never_crash_never_leak_non_finite_and_fail_as_documented(
     def one_stream(stream: Stream) -> None:
         code, details, responses = run_stream(fuzz_channel, stream)
         seen[code] = seen.get(code, 0) + 1
-        assert code in DOCUMENTED, f"{code}: {details}"
-        expected = stream.expected()
-        if expected is not UNKNOWN:
-            assert code == expected, f"expected {expected}, got {code}: {details}"
-        if code != grpc.StatusCode.OK:
-            assert details and "Traceback" not in details, details
-        if responses:
-            assert responses[0].WhichOneof("msg") == "opened"
-            assert all(r.WhichOneof("msg") == "snapshot" for r in responses[1:])
-        for response in responses:
-            bad = unexpected_non_finite(response)
-            assert not bad, f"non-finite fields in {response.WhichOneof('msg')}: {bad}"
+        problems = contract_problems(stream, code, details, responses)
+        assert not problems, problems
         if responses:
             snapshots[0] += len(responses) - 1
             # the session's agreement statistics: finite too, whatever the actual values were
@@ -405,6 +237,84 @@ def test_drive_streams_never_crash_never_leak_non_finite_and_fail_as_documented(
     stats = stub.GetStats(pb.GetStatsRequest(), timeout=10)
     assert not non_finite_fields(stats), non_finite_fields(stats)
     assert_healthy(fuzz_server, fuzz_channel)
+
+
+def contract_problems(
+    stream: Stream, code: grpc.StatusCode, details: str, responses: list[pb.DriveResponse]
+) -> list[str]:
+    """What in a stream's answer breaks the contract: an undocumented status, another than the one
+    predicted, a refusal without a message, a first answer that is not `opened`, a non-finite field."""
+    problems = []
+    if code not in DOCUMENTED:
+        problems.append(f"undocumented status {code}: {details}")
+    expected = stream.expected()
+    if expected is not UNKNOWN and code != expected:
+        problems.append(f"expected {expected}, got {code}: {details}")
+    if code != grpc.StatusCode.OK and (not details or "Traceback" in details):
+        problems.append(f"{code} without a message a person can act on: {details!r}")
+    if responses and responses[0].WhichOneof("msg") != "opened":
+        problems.append(f"first answer {responses[0].WhichOneof('msg')}, not opened")
+    if any(r.WhichOneof("msg") != "snapshot" for r in responses[1:]):
+        problems.append("an answer after `opened` that is not a snapshot")
+    for response in responses:
+        bad = unexpected_non_finite(response)
+        if bad:
+            problems.append(f"non-finite fields in {response.WhichOneof('msg')}: {bad}")
+    return problems
+
+
+@pytest.mark.slow
+def test_ten_thousand_seeded_streams_keep_the_contract(tmp_path: Path, schema_hash: str) -> None:
+    """The grammar's volume: BULK_STREAMS streams a run, drawn from a seed (hypothesis would spend
+    ~10 ms of CPU drawing each), BULK_THREADS at a time, each judged as the property tests judge one,
+    against `dualloop serve` in its own process (the shipped model and gates, recording on, JSON
+    logs), with a clean session beside them all along. DUALLOOP_FUZZ_RANDOM=1 draws a new seed."""
+    seed = int.from_bytes(os.urandom(4)) if RANDOM else 20261202
+    count = BULK_STREAMS * FACTOR
+    record_dir = tmp_path / "recordings"
+    with ServeProcess({"record_dir": str(record_dir)}, tmp_path, log_format="json") as server:
+        with grpc.insecure_channel(server.address) as channel:
+
+            def one(k: int) -> tuple[grpc.StatusCode, int, list[str]]:
+                clock = REALTIME if k % BULK_REALTIME_EVERY == 0 else LOCKSTEP
+                fuzzed = drive_stream(Seeded(f"{seed}:{k}"), schema_hash, clock)
+                code, details, responses = run_stream(channel, fuzzed)
+                return code, len(responses) - 1 if responses else 0, contract_problems(fuzzed, code, details, responses)
+
+            bystander = Bystander(channel)
+            try:
+                with ThreadPoolExecutor(BULK_THREADS) as pool:
+                    results = list(pool.map(one, range(count)))
+            finally:
+                bystander.stop()
+            broken = [(k, problems) for k, (_, _, problems) in enumerate(results) if problems]
+            assert not broken, (
+                f"{len(broken)} of {count} streams broke the contract; stream k is "
+                f"drive_grammar.drive_stream(Seeded('{seed}:k'), schema_hash, clock): {broken[:5]}"
+            )
+            assert bystander.error is None, bystander.error
+            assert len(bystander.snapshots) >= 10
+            odd = [(x.observation_seq, non_finite_fields(x), list(x.invalid_input)) for x in bystander.snapshots]
+            assert not [o for o in odd if o[1] or o[2]], [o for o in odd if o[1] or o[2]][:3]
+            # the grammar reached the server's answers, not only its first refusals
+            codes = [code for code, _, _ in results]
+            assert codes.count(grpc.StatusCode.OK) >= count // 10 and codes.count(INVALID) >= count // 10
+            assert sum(n for _, n, _ in results) > count
+            # afterwards: serving, a clean session answered in full, nothing left open
+            assert server.health() == "SERVING"
+            clean = DriveSession(channel, "after-fuzz", LOCKSTEP, shadow=True)
+            for k in range(20):
+                clean.send(k + 1, k * 5 * MS, sensor(k))
+            clean.close()
+            assert [x.observation_seq for x in clean.snapshots()] == list(range(1, 21))
+            assert server.stats().sessions_open == 0
+            stats = server.stats()
+            assert not non_finite_fields(stats), non_finite_fields(stats)
+        assert server.stop() == 0
+    # nothing went wrong inside the server (refusals are warnings), and what it recorded reads back
+    errors = [e for e in server.events() if e.get("level") in ("ERROR", "CRITICAL")]
+    assert not errors and "Traceback" not in server.stderr_text(), errors[:3]
+    assert len(read_sessions(sorted(record_dir.glob("*.mcap")))) > count // 10
 
 
 def assert_healthy(srv: ServerThread, channel: grpc.Channel) -> None:
