@@ -95,20 +95,48 @@ def lengths(fields: Fields) -> np.ndarray:
 
 def _flat(cols: Fields) -> np.ndarray:
     """Every row's bytes one after the other (row 0's pieces, then row 1's ...)."""
-    cols = [c for c in cols if c.n.any()]  # a piece no row carries adds nothing
-    big = np.hstack([c.buf for c in cols])
-    # Keep byte j of piece i where j < n_i. Most pieces are carried whole by every row: the mask is
-    # computed only over the others, piece by piece (a third of the cost of one gather for all).
-    mask = np.ones(big.shape, bool)
-    partial = False
+    rows = len(cols[0].n)
+    big = np.empty((rows, sum(c.buf.shape[1] for c in cols)), U8)
+    partial = []
     start = 0
     for c in cols:
         width = c.buf.shape[1]
+        # a piece's row is copied as one element (a void of the piece's width), not byte by byte
+        _as_void(big[:, start : start + width])[:] = _as_void(c.buf)
         if not bool((c.n == width).all()):
-            mask[:, start : start + width] = np.arange(width)[None, :] < c.n[:, None]
-            partial = True
+            partial.append((start, width, c.n))
         start += width
-    return big[mask] if partial else big.reshape(-1)
+    if not partial:
+        return big.reshape(-1)
+    # Keep byte j of piece i where j < n_i. Most pieces are carried whole by every row: the mask
+    # is written only over the others, each row's from a table of the width + 1 possible masks.
+    mask = np.ones(big.shape, bool)
+    for start, width, n in partial:
+        masks = np.arange(width)[None, :] < np.arange(width + 1)[:, None]
+        _as_void(mask[:, start : start + width])[:] = _as_void(masks)[n]
+    return big[mask]
+
+
+def _as_void(a: np.ndarray) -> np.ndarray:
+    """A (rows, width) array of bytes as a column of `rows` elements of `width` bytes (a view)."""
+    return a.view(np.dtype((np.void, a.shape[1])))[:, 0]
+
+
+class PackedRows:
+    """Rows of bytes not yet joined: each row's size, and all rows joined with, optionally, a
+    head of bytes before each (an MCAP message record's, so that the records need no second copy)."""
+
+    def __init__(self, fields: Fields, rows: int) -> None:
+        self.fields = [c for c in fields if c.n.any()]  # a piece no row carries adds nothing
+        self.sizes = lengths(self.fields) if self.fields else np.zeros(rows, np.int64)
+
+    def joined(self, heads: np.ndarray | None = None) -> np.ndarray:
+        """Every row's bytes one after the other (uint8), each after its row of `heads` (uint8,
+        one row per row here, all of one width) when given."""
+        cols = self.fields
+        if heads is not None:
+            cols = [Col(heads, np.full(len(heads), heads.shape[1], np.int64)), *cols]
+        return _flat(cols) if cols and len(self.sizes) else np.zeros(0, U8)
 
 
 def field_varint(field: int, values: np.ndarray) -> Fields:
@@ -224,18 +252,18 @@ def _action(index: np.ndarray, names: Sequence[str], controls: np.ndarray, prese
 def encode_snapshots(table: TickTable) -> list[bytes]:
     """Every tick's DecisionSnapshot as `snapshot_to_proto(s).SerializeToString(deterministic=True)`
     gives it for `s` in `table.snapshots()`."""
-    flat, sizes = encode_snapshots_packed(table)
-    data = flat.tobytes()
-    ends = np.cumsum(sizes).tolist()
+    packed = encode_snapshots_packed(table)
+    data = packed.joined().tobytes()
+    ends = np.cumsum(packed.sizes).tolist()
     return [data[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
-def encode_snapshots_packed(table: TickTable) -> tuple[np.ndarray, np.ndarray]:
-    """`encode_snapshots` as one buffer (uint8, the ticks' bytes one after the other) and the size
-    of each tick's: what `bulk.write_messages` takes without a bytes object per snapshot."""
+def encode_snapshots_packed(table: TickTable) -> PackedRows:
+    """`encode_snapshots` as rows not yet joined: what `bulk.write_messages` takes, which writes
+    them with their message records' heads in one copy and no bytes object per snapshot."""
     rows = len(table)
     if rows == 0:
-        return np.zeros(0, U8), np.zeros(0, np.int64)
+        return PackedRows([], 0)
     if StageTimings() != StageTimings(0, 0, 0, 0):  # a replay's per-stage timings are all zero
         raise AssertionError("StageTimings defaults changed: update encode_snapshots")
     scored = table.scored.astype(bool)
@@ -314,4 +342,4 @@ def encode_snapshots_packed(table: TickTable) -> tuple[np.ndarray, np.ndarray]:
             for o, f in zip(table.observations, finite.tolist())
         ]
         fields += _per_observation(table, by_value(invalid, lambda parts: _strings(35, parts)))
-    return _flat(fields), lengths(fields)
+    return PackedRows(fields, rows)

@@ -1,0 +1,80 @@
+"""wire_batch's joining of rows (and of MCAP record heads with them) against the obvious byte loop,
+and the bulk writer given rows not yet joined against the same messages as bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dualloop.controller.logs.bulk import TopicMessages, write_messages
+from dualloop.controller.logs.format import TOPIC_OBSERVATION, TOPIC_SNAPSHOT
+from dualloop.controller.replay.wire_batch import Col, PackedRows, const
+
+
+def _random_fields(rng: np.random.Generator, rows: int) -> list[Col]:
+    fields = []
+    for _ in range(int(rng.integers(1, 12))):
+        width = int(rng.integers(1, 12))
+        kind = rng.integers(0, 4)
+        if kind == 0:  # a constant carried by some rows
+            fields.append(const(rng.bytes(width), rows, rng.random(rows) < 0.5))
+            continue
+        buf = rng.integers(0, 256, (rows, width), dtype=np.uint8)
+        n = {
+            1: np.full(rows, width),  # carried whole by every row
+            2: np.zeros(rows, np.int64),  # by none
+            3: rng.integers(0, width + 1, rows),  # a varying prefix
+        }[int(kind)]
+        fields.append(Col(buf, np.asarray(n, np.int64)))
+    return fields
+
+
+def _by_loop(fields: list[Col], rows: int, heads: np.ndarray | None) -> bytes:
+    out = b""
+    for k in range(rows):
+        if heads is not None:
+            out += heads[k].tobytes()
+        out += b"".join(c.buf[k, : c.n[k]].tobytes() for c in fields)
+    return out
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 37, 300])
+@pytest.mark.parametrize("with_heads", [False, True])
+def test_joined_rows_are_the_pieces_byte_by_byte(rows, with_heads):
+    rng = np.random.default_rng(rows * 2 + with_heads)
+    for _ in range(20):
+        fields = _random_fields(rng, rows)
+        expected_sizes = [sum(int(c.n[k]) for c in fields) for k in range(rows)]
+        heads = rng.integers(0, 256, (rows, 31), dtype=np.uint8) if with_heads else None
+        packed = PackedRows(fields, rows)
+        assert packed.sizes.tolist() == expected_sizes
+        assert packed.joined(heads).tobytes() == _by_loop(fields, rows, heads)
+
+
+def test_rows_no_piece_carries_are_empty_rows():
+    rows = 5
+    packed = PackedRows([Col(np.ones((rows, 3), np.uint8), np.zeros(rows, np.int64))], rows)
+    assert packed.sizes.tolist() == [0] * rows and packed.joined().tobytes() == b""
+    heads = np.arange(rows * 2, dtype=np.uint8).reshape(rows, 2)
+    assert packed.joined(heads).tobytes() == heads.tobytes()
+
+
+@pytest.mark.parametrize("chunk_bytes", [50, 1000, 256 * 1024])
+def test_bulk_writer_takes_rows_not_yet_joined(tmp_path, chunk_bytes):
+    rng = np.random.default_rng(chunk_bytes)
+    rows = 200
+    fields = _random_fields(rng, rows)
+    packed = PackedRows(fields, rows)
+    data = packed.joined().tobytes()
+    ends = np.cumsum(packed.sizes).tolist()
+    messages = [data[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+    times = np.cumsum(rng.integers(1, 10**6, rows))
+    observations = TopicMessages(TOPIC_OBSERVATION, [b"\x08\x01"] * 3, times[:3])
+
+    def written(name: str, snapshots: TopicMessages) -> bytes:
+        return write_messages(tmp_path / name, "s", [observations, snapshots], chunk_bytes).read_bytes()
+
+    as_bytes = written("bytes.mcap", TopicMessages(TOPIC_SNAPSHOT, messages, times))
+    assert written("rows.mcap", TopicMessages(TOPIC_SNAPSHOT, [], times, packed=packed)) == as_bytes
+    flat = (packed.joined(), packed.sizes)
+    assert written("flat.mcap", TopicMessages(TOPIC_SNAPSHOT, [], times, packed=flat)) == as_bytes
