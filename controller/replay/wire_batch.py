@@ -62,10 +62,14 @@ def varints(values: np.ndarray, prefix: bytes = b"") -> Fields:
     v = np.asarray(values).astype(np.int64, copy=False).view(np.uint64)
     top = int(v.max()) if len(v) else 0
     width = max(1, (top.bit_length() + 6) // 7)
+    if width == 1:  # every value below 128: one byte each
+        return _prefixed(prefix, v.astype(U8).reshape(-1, 1), _full(len(v), 1))
     shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
-    groups = ((v[:, None] >> shifts[None, :]) & np.uint64(0x7F)).astype(U8)
-    n = 1 + ((v[:, None] >> shifts[None, 1:]) != 0).sum(axis=1) if width > 1 else np.ones(len(v), np.int64)
-    groups |= (np.arange(width)[None, :] < (n[:, None] - 1)).astype(U8) << 7
+    rest = v[:, None] >> shifts[None, :]  # the value from group j up
+    more = rest >= 128  # another group follows group j
+    # group j's 7 bits and the continuation bit: the low byte of `rest`, bit 7 set where more follows
+    groups = (rest | (more.view(U8) << 7)).astype(U8)
+    n = 1 + np.searchsorted(np.uint64(1) << shifts[1:], v, side="right")
     return _prefixed(prefix, groups, n)
 
 
@@ -75,15 +79,29 @@ def _prefixed(prefix: bytes, body: np.ndarray, n: np.ndarray) -> Fields:
 
 
 def _present(fields: Fields, present: np.ndarray) -> Fields:
+    if bool(present.all()):  # keep constant sizes constant (a broadcast, cheap to test and add)
+        return fields
     for c in fields:
         c.n = c.n * present
     return fields
 
 
+def _full(rows: int, size: int) -> np.ndarray:
+    """`size` for every row, as a read-only broadcast of one value."""
+    return np.broadcast_to(np.int64(size), (rows,))
+
+
+def _is_constant(n: np.ndarray, size: int) -> bool:
+    """Whether every row's size is `size`."""
+    if len(n) and n.strides == (0,):
+        return int(n[0]) == size
+    return bool((n == size).all())
+
+
 def const(data: bytes, rows: int, present: np.ndarray | None = None) -> Col:
     buf = np.broadcast_to(np.frombuffer(data, U8), (rows, len(data)))
-    n = np.full(rows, len(data), np.int64)
-    return Col(buf, n if present is None else n * present)
+    n = _full(rows, len(data))
+    return Col(buf, n) if present is None else _present([Col(buf, n)], present)[0]
 
 
 def lengths(fields: Fields) -> np.ndarray:
@@ -103,7 +121,7 @@ def _flat(cols: Fields) -> np.ndarray:
         width = c.buf.shape[1]
         # a piece's row is copied as one element (a void of the piece's width), not byte by byte
         _as_void(big[:, start : start + width])[:] = _as_void(c.buf)
-        if not bool((c.n == width).all()):
+        if not _is_constant(c.n, width):
             partial.append((start, width, c.n))
         start += width
     if not partial:
@@ -127,7 +145,7 @@ class PackedRows:
     head of bytes before each (an MCAP message record's, so that the records need no second copy)."""
 
     def __init__(self, fields: Fields, rows: int) -> None:
-        self.fields = [c for c in fields if c.n.any()]  # a piece no row carries adds nothing
+        self.fields = [c for c in fields if not _is_constant(c.n, 0)]  # a piece no row carries adds nothing
         self.sizes = lengths(self.fields) if self.fields else np.zeros(rows, np.int64)
 
     def joined(self, heads: np.ndarray | None = None) -> np.ndarray:
@@ -135,7 +153,7 @@ class PackedRows:
         one row per row here, all of one width) when given."""
         cols = self.fields
         if heads is not None:
-            cols = [Col(heads, np.full(len(heads), heads.shape[1], np.int64)), *cols]
+            cols = [Col(heads, _full(len(heads), heads.shape[1])), *cols]
         return _flat(cols) if cols and len(self.sizes) else np.zeros(0, U8)
 
 
@@ -148,7 +166,7 @@ def field_varint(field: int, values: np.ndarray) -> Fields:
 def _fixed(field: int, wire: int, v: np.ndarray, size: int, bits: np.dtype) -> Fields:
     body = v.view(U8).reshape(len(v), size)
     # proto3 omits a zero scalar; upb compares the bits (-0.0 is written)
-    return _present(_prefixed(_tag(field, wire), body, np.full(len(v), size, np.int64)), v.view(bits) != 0)
+    return _present(_prefixed(_tag(field, wire), body, _full(len(v), size)), v.view(bits) != 0)
 
 
 def field_fixed64(field: int, values: np.ndarray) -> Fields:
@@ -171,7 +189,7 @@ def field_packed_floats(field: int, values: np.ndarray, present: np.ndarray | No
     v = np.ascontiguousarray(np.asarray(values, np.float32), dtype="<f4")
     rows, count = v.shape
     head = _tag(field, _WIRE_LEN) + _varint_bytes(4 * count)
-    fields = _prefixed(head, v.view(U8).reshape(rows, 4 * count), np.full(rows, 4 * count, np.int64))
+    fields = _prefixed(head, v.view(U8).reshape(rows, 4 * count), _full(rows, 4 * count))
     if count == 0:
         return _present(fields, np.zeros(rows, bool))
     return fields if present is None else _present(fields, present)

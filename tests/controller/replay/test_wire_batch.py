@@ -8,7 +8,15 @@ import pytest
 
 from dualloop.controller.logs.bulk import TopicMessages, write_messages
 from dualloop.controller.logs.format import TOPIC_OBSERVATION, TOPIC_SNAPSHOT
-from dualloop.controller.replay.wire_batch import Col, PackedRows, const
+from dualloop.controller.replay.wire_batch import (
+    Col,
+    PackedRows,
+    _varint_bytes,
+    const,
+    field_double,
+    field_varint,
+    varints,
+)
 
 
 def _random_fields(rng: np.random.Generator, rows: int) -> list[Col]:
@@ -78,3 +86,29 @@ def test_bulk_writer_takes_rows_not_yet_joined(tmp_path, chunk_bytes):
     assert written("rows.mcap", TopicMessages(TOPIC_SNAPSHOT, [], times, packed=packed)) == as_bytes
     flat = (packed.joined(), packed.sizes)
     assert written("flat.mcap", TopicMessages(TOPIC_SNAPSHOT, [], times, packed=flat)) == as_bytes
+
+
+def test_varints_are_protobufs_varints():
+    rng = np.random.default_rng(7)
+    edges = [0, 1, 127, 128, 16383, 16384, 2**63 - 1, -1, -(2**63), 300]
+    edges += [2 ** (7 * k) + d for k in range(1, 9) for d in (-1, 0)]
+    for values in (
+        np.array(edges, np.int64),
+        rng.integers(-(2**63), 2**63 - 1, 500, dtype=np.int64),
+        rng.integers(0, 128, 50),  # one byte each
+        rng.integers(0, 2**20, 50),
+        np.array([5]),
+        np.zeros(0, np.int64),
+    ):
+        cols = varints(values, b"\x08")
+        packed = PackedRows(cols, len(values))
+        expected = [b"\x08" + _varint_bytes(int(v)) for v in values]
+        assert packed.joined().tobytes() == b"".join(expected)
+        assert packed.sizes.tolist() == [len(e) for e in expected]
+
+
+def test_fields_with_presence_are_omitted_where_absent():
+    values = np.array([0, 3, 0, 200, 0], np.int64)
+    packed = PackedRows([*field_varint(2, values), *field_double(3, values.astype(float))], len(values))
+    expected = [(b"\x10" + _varint_bytes(int(v)) + b"\x19" + np.float64(v).tobytes()) if v else b"" for v in values]
+    assert packed.joined().tobytes() == b"".join(expected) and packed.sizes.tolist() == list(map(len, expected))
