@@ -59,13 +59,13 @@ class TopicMessages:
     schema: tuple[str, bytes] | None = None
     metadata: dict[str, str] | None = None
 
-    def flat(self) -> tuple[np.ndarray, np.ndarray]:
-        if isinstance(self.packed, tuple):
-            return self.packed
-        if self.packed is not None:
-            return self.packed.joined(), self.packed.sizes
-        sizes = np.fromiter(map(len, self.data), np.int64, len(self.data))
-        return np.frombuffer(b"".join(self.data), np.uint8), sizes
+    def messages(self) -> tuple[Sequence[bytes | memoryview], np.ndarray]:
+        """Each message's bytes (no copy), and their sizes."""
+        if self.packed is None:
+            return self.data, np.fromiter(map(len, self.data), np.int64, len(self.data))
+        payload, sizes = self.packed if isinstance(self.packed, tuple) else (self.packed.joined(), self.packed.sizes)
+        view, ends = payload.data, np.cumsum(sizes).tolist()
+        return [view[a:b] for a, b in zip([0, *ends[:-1]], ends)], sizes
 
     def __len__(self) -> int:
         if self.packed is None:
@@ -193,7 +193,7 @@ def write_messages(
         if packed is not None:
             sizes = packed.sizes
         else:
-            payload, sizes = group.flat()
+            messages, sizes = group.messages()
         heads = np.empty(n, _MESSAGE_HEAD)
         heads["op"] = Opcode.MESSAGE
         heads["length"] = sizes + (_HEAD_SIZE - 9)
@@ -207,7 +207,7 @@ def write_messages(
         if packed is not None:
             record_bytes = packed.joined(heads.view(np.uint8).reshape(n, _HEAD_SIZE)).data
         else:
-            record_bytes = memoryview(_interleave(heads.tobytes(), payload.tobytes(), np.cumsum(sizes).tolist()))
+            record_bytes = memoryview(_interleave(heads.tobytes(), messages))
         first_time = int(times.min()) if first_time is None else min(first_time, int(times.min()))
         last_time = max(last_time, int(times.max()))
         i = 0
@@ -275,15 +275,14 @@ def write_messages(
     return out
 
 
-def _interleave(heads: bytes, payload: bytes, ends: list[int]) -> bytes:
-    """Each message's head then its bytes, message after message: one join of slices (7x cheaper
-    than scattering the bytes with numpy, whose index arrays are 8 bytes per byte moved)."""
-    parts: list[bytes] = []
-    start = head = 0
-    for end in ends:
-        parts.append(heads[head : head + _HEAD_SIZE])
-        parts.append(payload[start:end])
-        start, head = end, head + _HEAD_SIZE
+def _interleave(heads: bytes, messages: Sequence[bytes | memoryview]) -> bytes:
+    """Each message's head (`heads`: one after the other) then its bytes, message after message:
+    one join of views (7x cheaper than scattering the bytes with numpy, whose index arrays are 8
+    bytes per byte moved)."""
+    view = memoryview(heads)
+    parts: list[bytes | memoryview] = [view] * (2 * len(messages))
+    parts[0::2] = [view[i : i + _HEAD_SIZE] for i in range(0, len(heads), _HEAD_SIZE)]
+    parts[1::2] = messages
     return b"".join(parts)
 
 
