@@ -16,6 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from dualloop.executor.checks import NAMES as CHECK_NAMES
 from dualloop.executor.columns import as_columns
@@ -111,23 +112,57 @@ def lengths(fields: Fields) -> np.ndarray:
     return total
 
 
-def _flat(cols: Fields) -> np.ndarray:
-    """Every row's bytes one after the other (row 0's pieces, then row 1's ...)."""
+def _flat(cols: Fields, sizes: np.ndarray) -> np.ndarray:
+    """Every row's bytes one after the other (row 0's pieces, then row 1's ...); `sizes` is
+    `lengths(cols)`. Each piece is written for all rows at once at the rows' running offsets, as one
+    element of its width per row (its bytes past a row's size too: the pieces after it overwrite
+    them). Bytes that run past a row's end land on the next row's first pieces, so those must be
+    carried whole by every row, at least as wide as the overrun, and are written again at the end;
+    otherwise `_flat_masked`."""
+    widths = [c.buf.shape[1] for c in cols]
+    whole = [_is_constant(c.n, w) for c, w in zip(cols, widths)]
+    overrun = max((w - int(c.n.min()) for c, w, f in zip(cols, widths, whole) if not f), default=0)
+    lead = 0  # the leading pieces that cover any overrun
+    while sum(widths[:lead]) < overrun and lead < len(cols) and whole[lead]:
+        lead += 1
+    if sum(widths[:lead]) < overrun:
+        return _flat_masked(cols)
+    ends = np.cumsum(sizes)
+    total = int(ends[-1]) if len(ends) else 0
+    out = np.empty(total + overrun, U8)
+    starts = ends - sizes
+    at = starts.copy()
+    for c, w in zip(cols, widths):
+        _elements_at(out, w)[at] = _as_void(c.buf)
+        at += c.n
+    at = starts
+    for c, w in zip(cols[:lead], widths[:lead]):
+        _elements_at(out, w)[at] = _as_void(c.buf)
+        at = at + w
+    return out[:total]
+
+
+def _elements_at(out: np.ndarray, width: int) -> np.ndarray:
+    """`out` (bytes) as overlapping elements of `width` bytes: element i is out[i : i + width]."""
+    return _as_void(as_strided(out, (len(out) - width + 1, width), (1, 1)))
+
+
+def _flat_masked(cols: Fields) -> np.ndarray:
+    """`_flat` by keeping, of all pieces side by side, byte j of piece i where j < n_i."""
     rows = len(cols[0].n)
     big = np.empty((rows, sum(c.buf.shape[1] for c in cols)), U8)
     partial = []
     start = 0
     for c in cols:
         width = c.buf.shape[1]
-        # a piece's row is copied as one element (a void of the piece's width), not byte by byte
         _as_void(big[:, start : start + width])[:] = _as_void(c.buf)
         if not _is_constant(c.n, width):
             partial.append((start, width, c.n))
         start += width
     if not partial:
         return big.reshape(-1)
-    # Keep byte j of piece i where j < n_i. Most pieces are carried whole by every row: the mask
-    # is written only over the others, each row's from a table of the width + 1 possible masks.
+    # Most pieces are carried whole by every row: the mask is written only over the others, each
+    # row's from a table of the width + 1 possible masks.
     mask = np.ones(big.shape, bool)
     for start, width, n in partial:
         masks = np.arange(width)[None, :] < np.arange(width + 1)[:, None]
@@ -154,7 +189,8 @@ class PackedRows:
         cols = self.fields
         if heads is not None:
             cols = [Col(heads, _full(len(heads), heads.shape[1])), *cols]
-        return _flat(cols) if cols and len(self.sizes) else np.zeros(0, U8)
+        sizes = self.sizes if heads is None else self.sizes + heads.shape[1]
+        return _flat(cols, sizes) if cols and len(self.sizes) else np.zeros(0, U8)
 
 
 def field_varint(field: int, values: np.ndarray) -> Fields:

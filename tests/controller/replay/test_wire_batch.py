@@ -8,6 +8,7 @@ import pytest
 
 from dualloop.controller.logs.bulk import TopicMessages, write_messages
 from dualloop.controller.logs.format import TOPIC_OBSERVATION, TOPIC_SNAPSHOT
+from dualloop.controller.replay import wire_batch
 from dualloop.controller.replay.wire_batch import (
     Col,
     PackedRows,
@@ -16,6 +17,9 @@ from dualloop.controller.replay.wire_batch import (
     field_double,
     field_varint,
     varints,
+)
+from dualloop.controller.replay.wire_batch import (
+    _flat_masked as flat_masked,
 )
 
 
@@ -112,3 +116,31 @@ def test_fields_with_presence_are_omitted_where_absent():
     packed = PackedRows([*field_varint(2, values), *field_double(3, values.astype(float))], len(values))
     expected = [(b"\x10" + _varint_bytes(int(v)) + b"\x19" + np.float64(v).tobytes()) if v else b"" for v in values]
     assert packed.joined().tobytes() == b"".join(expected) and packed.sizes.tolist() == list(map(len, expected))
+
+
+@pytest.mark.parametrize("lead_width", [0, 3, 12])
+def test_rows_written_in_place_and_by_mask_are_the_same(monkeypatch, lead_width):
+    """_flat writes each piece over the rows' running offsets when the rows start with pieces wide
+    enough to be written again over what the previous row's partial pieces ran into; otherwise it
+    keeps bytes by a mask. Both give the loop's bytes, and each is taken where it should be."""
+    masked = []
+    monkeypatch.setattr(wire_batch, "_flat_masked", lambda cols: masked.append(1) or flat_masked(cols))
+    rng = np.random.default_rng(lead_width)
+    rows = 50
+    for _ in range(30):
+        lead = [const(rng.bytes(lead_width), rows)] if lead_width else []
+        fields = [*lead, *_random_fields(rng, rows)]
+        packed = PackedRows(fields, rows)
+        overrun = max(
+            (c.buf.shape[1] - int(c.n.min()) for c in packed.fields if (c.n != c.buf.shape[1]).any()), default=0
+        )
+        first_whole = bool(packed.fields) and (packed.fields[0].n == packed.fields[0].buf.shape[1]).all()
+        covered = overrun == 0 or (lead_width >= overrun and first_whole)
+        before = len(masked)
+        assert packed.joined().tobytes() == _by_loop(fields, rows, None)
+        if covered:
+            assert len(masked) == before
+    if lead_width == 0:
+        assert masked  # random first pieces that do not cover: the mask path was taken
+    if lead_width == 12:
+        assert len(masked) < 30  # and pieces written in place
