@@ -258,10 +258,9 @@ def by_value(values: Sequence[Hashable], encode: Callable[[Any], bytes]) -> Fiel
 def by_identity(values: Sequence[object], encode: Callable[[Any], bytes]) -> Fields:
     """`by_value` for columns whose equal values are mostly one object (a reason set, a plan id):
     the objects are told apart by identity in numpy, and each distinct one is encoded once."""
-    objects = {id(v): v for v in values}
     ids = np.fromiter(map(id, values), np.int64, len(values))
-    distinct, index = np.unique(ids, return_inverse=True)
-    return lookup([encode(objects[i]) for i in distinct.tolist()], index.reshape(-1))
+    _, first, index = np.unique(ids, return_index=True, return_inverse=True)
+    return lookup([encode(values[i]) for i in first.tolist()], index.reshape(-1))
 
 
 def reason_codes(reasons: Sequence[tuple[Reason, ...]]) -> list[tuple[int, ...]]:
