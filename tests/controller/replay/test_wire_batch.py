@@ -87,6 +87,9 @@ def test_bulk_writer_takes_rows_not_yet_joined(tmp_path, chunk_bytes):
         return write_messages(tmp_path / name, "s", [observations, snapshots], chunk_bytes).read_bytes()
 
     as_bytes = written("bytes.mcap", TopicMessages(TOPIC_SNAPSHOT, messages, times))
+    for given in (packed, (packed.joined(), packed.sizes)):
+        views, sizes = TopicMessages(TOPIC_SNAPSHOT, [], times, packed=given).messages()
+        assert [bytes(v) for v in views] == messages and sizes.tolist() == list(map(len, messages))
     assert written("rows.mcap", TopicMessages(TOPIC_SNAPSHOT, [], times, packed=packed)) == as_bytes
     flat = (packed.joined(), packed.sizes)
     assert written("flat.mcap", TopicMessages(TOPIC_SNAPSHOT, [], times, packed=flat)) == as_bytes
