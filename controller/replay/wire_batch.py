@@ -75,7 +75,7 @@ def varints(values: np.ndarray, prefix: bytes = b"") -> Fields:
 
 
 def _prefixed(prefix: bytes, body: np.ndarray, n: np.ndarray) -> Fields:
-    # the prefix stays a broadcast view: the one copy is the final hstack
+    # the prefix stays a broadcast view: the one copy is the final join (_flat)
     return [const(prefix, len(body)), Col(body, n)] if prefix else [Col(body, n)]
 
 
