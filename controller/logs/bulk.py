@@ -2,8 +2,9 @@
 
 `LogFileWriter` hands the mcap library one message at a time (a Message object, an index entry,
 six small writes: ~15 us each in Python), which made writing a replay's 12,000 snapshots slower
-than the replay. Here the message records of a group are packed by numpy in one go, joined, and copied
-into chunks by slices; schemas, channels, chunks, message indexes and the summary are the same
+than the replay. Here the message records of a group are packed by numpy in one go (a group given
+as PackedMessages joins its messages with their records' heads itself, in one copy), and chunks
+are slices of them; schemas, channels, chunks, message indexes and the summary are the same
 records, in the same order, with the same chunking and zstd compression as `LogFileWriter` writes
 them (the mcap library's own record classes write the structural records). For the same messages
 the file is byte-identical to `write_log`'s, which tests check.
@@ -16,6 +17,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import zstandard
@@ -33,33 +35,47 @@ _MESSAGE_HEAD = np.dtype(
 _HEAD_SIZE = _MESSAGE_HEAD.itemsize  # 31: opcode, record length, then the Message fields before data
 
 
+class PackedMessages(Protocol):
+    """Messages' bytes not yet joined (replay/wire_batch.PackedRows): their sizes, and joined,
+    each after a head when `heads` (uint8, one row per message) is given."""
+
+    sizes: np.ndarray
+
+    def joined(self, heads: np.ndarray | None = None) -> np.ndarray: ...
+
+
 @dataclass
 class TopicMessages:
     """One topic's messages, serialised, with their log times (ns; publish time = log time): a list
-    of bytes, or `packed` (every message's bytes one after the other, and their sizes)."""
+    of bytes, or `packed`: every message's bytes one after the other and their sizes, or
+    PackedMessages (joined with their records' heads in one copy)."""
 
     topic: str
     data: Sequence[bytes]
     log_time_ns: np.ndarray
-    packed: tuple[np.ndarray, np.ndarray] | None = None  # (uint8 bytes, int64 size per message)
+    packed: tuple[np.ndarray, np.ndarray] | PackedMessages | None = None  # tuple: (uint8 bytes, int64 sizes)
     # a topic outside format.TOPIC_TYPES (the plot channel): its schema (name, FileDescriptorSet
     # bytes) and channel metadata (default: the session id)
     schema: tuple[str, bytes] | None = None
     metadata: dict[str, str] | None = None
 
-    def flat(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.packed is not None:
-            return self.packed
-        sizes = np.fromiter(map(len, self.data), np.int64, len(self.data))
-        return np.frombuffer(b"".join(self.data), np.uint8), sizes
+    def messages(self) -> tuple[Sequence[bytes | memoryview], np.ndarray]:
+        """Each message's bytes (no copy), and their sizes."""
+        if self.packed is None:
+            return self.data, np.fromiter(map(len, self.data), np.int64, len(self.data))
+        payload, sizes = self.packed if isinstance(self.packed, tuple) else (self.packed.joined(), self.packed.sizes)
+        view, ends = payload.data, np.cumsum(sizes).tolist()
+        return [view[a:b] for a, b in zip([0, *ends[:-1]], ends)], sizes
 
     def __len__(self) -> int:
-        return len(self.packed[1]) if self.packed is not None else len(self.data)
+        if self.packed is None:
+            return len(self.data)
+        return len(self.packed[1]) if isinstance(self.packed, tuple) else len(self.packed.sizes)
 
 
 @dataclass
 class _Chunk:
-    parts: list[bytes] = field(default_factory=list)
+    parts: list[bytes | memoryview] = field(default_factory=list)
     size: int = 0
     messages: int = 0
     start: int = 0
@@ -67,9 +83,13 @@ class _Chunk:
     # channel -> [(log_time array, offset array)], in the order channels first appear in the chunk
     index: dict[int, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes | memoryview) -> None:
         self.parts.append(data)
         self.size += len(data)
+
+    def data(self) -> bytes | memoryview:
+        # a chunk inside one group's records is one slice of them: no copy
+        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
 
 
 def write_messages(
@@ -88,6 +108,9 @@ def write_messages(
     counts: dict[int, int] = {}
     chunk_indexes: list[ChunkIndex] = []
     chunk = _Chunk()
+    # one context for every chunk: `zstandard.compress` (what the mcap writer calls) makes one per
+    # call at the same level, so the bytes are the same
+    compressor = zstandard.ZstdCompressor(level=3)
     first_time: int | None = None
     last_time = 0
 
@@ -95,8 +118,8 @@ def write_messages(
         nonlocal chunk
         if chunk.messages == 0:
             return
-        data = b"".join(chunk.parts)
-        compressed = zstandard.compress(data)
+        data = chunk.data()
+        compressed = compressor.compress(data)
         record = Chunk(
             message_start_time=chunk.start,
             message_end_time=chunk.end,
@@ -166,7 +189,11 @@ def write_messages(
             in_chunk(channel)
         channel_id = channels[group.topic].id
         times = np.maximum(np.asarray(group.log_time_ns, np.int64), 0).astype(np.uint64)  # as mcap_time
-        payload, sizes = group.flat()
+        packed = None if isinstance(group.packed, tuple) else group.packed
+        if packed is not None:
+            sizes = packed.sizes
+        else:
+            messages, sizes = group.messages()
         heads = np.empty(n, _MESSAGE_HEAD)
         heads["op"] = Opcode.MESSAGE
         heads["length"] = sizes + (_HEAD_SIZE - 9)
@@ -177,7 +204,10 @@ def write_messages(
         counts[channel_id] = sequence0 + n
         record_sizes = sizes + _HEAD_SIZE
         ends = np.cumsum(record_sizes)
-        record_bytes = _interleave(heads.tobytes(), payload.tobytes(), np.cumsum(sizes).tolist())
+        if packed is not None:
+            record_bytes = packed.joined(heads.view(np.uint8).reshape(n, _HEAD_SIZE)).data
+        else:
+            record_bytes = memoryview(_interleave(heads.tobytes(), messages))
         first_time = int(times.min()) if first_time is None else min(first_time, int(times.min()))
         last_time = max(last_time, int(times.max()))
         i = 0
@@ -245,15 +275,14 @@ def write_messages(
     return out
 
 
-def _interleave(heads: bytes, payload: bytes, ends: list[int]) -> bytes:
-    """Each message's head then its bytes, message after message: one join of slices (7x cheaper
-    than scattering the bytes with numpy, whose index arrays are 8 bytes per byte moved)."""
-    parts: list[bytes] = []
-    start = head = 0
-    for end in ends:
-        parts.append(heads[head : head + _HEAD_SIZE])
-        parts.append(payload[start:end])
-        start, head = end, head + _HEAD_SIZE
+def _interleave(heads: bytes, messages: Sequence[bytes | memoryview]) -> bytes:
+    """Each message's head (`heads`: one after the other) then its bytes, message after message:
+    one join of views (7x cheaper than scattering the bytes with numpy, whose index arrays are 8
+    bytes per byte moved)."""
+    view = memoryview(heads)
+    parts: list[bytes | memoryview] = [view] * (2 * len(messages))
+    parts[0::2] = [view[i : i + _HEAD_SIZE] for i in range(0, len(heads), _HEAD_SIZE)]
+    parts[1::2] = messages
     return b"".join(parts)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from dualloop.executor.checks import NAMES as CHECK_NAMES
 from dualloop.executor.columns import as_columns
@@ -62,28 +63,46 @@ def varints(values: np.ndarray, prefix: bytes = b"") -> Fields:
     v = np.asarray(values).astype(np.int64, copy=False).view(np.uint64)
     top = int(v.max()) if len(v) else 0
     width = max(1, (top.bit_length() + 6) // 7)
+    if width == 1:  # every value below 128: one byte each
+        return _prefixed(prefix, v.astype(U8).reshape(-1, 1), _full(len(v), 1))
     shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
-    groups = ((v[:, None] >> shifts[None, :]) & np.uint64(0x7F)).astype(U8)
-    n = 1 + ((v[:, None] >> shifts[None, 1:]) != 0).sum(axis=1) if width > 1 else np.ones(len(v), np.int64)
-    groups |= (np.arange(width)[None, :] < (n[:, None] - 1)).astype(U8) << 7
+    rest = v[:, None] >> shifts[None, :]  # the value from group j up
+    more = rest >= 128  # another group follows group j
+    # group j's 7 bits and the continuation bit: the low byte of `rest`, bit 7 set where more follows
+    groups = (rest | (more.view(U8) << 7)).astype(U8)
+    n = 1 + np.searchsorted(np.uint64(1) << shifts[1:], v, side="right")
     return _prefixed(prefix, groups, n)
 
 
 def _prefixed(prefix: bytes, body: np.ndarray, n: np.ndarray) -> Fields:
-    # the prefix stays a broadcast view: the one copy is the final hstack
+    # the prefix stays a broadcast view: the one copy is the final join (_flat)
     return [const(prefix, len(body)), Col(body, n)] if prefix else [Col(body, n)]
 
 
 def _present(fields: Fields, present: np.ndarray) -> Fields:
+    if bool(present.all()):  # keep constant sizes constant (a broadcast, cheap to test and add)
+        return fields
     for c in fields:
         c.n = c.n * present
     return fields
 
 
+def _full(rows: int, size: int) -> np.ndarray:
+    """`size` for every row, as a read-only broadcast of one value."""
+    return np.broadcast_to(np.int64(size), (rows,))
+
+
+def _is_constant(n: np.ndarray, size: int) -> bool:
+    """Whether every row's size is `size`."""
+    if len(n) and n.strides == (0,):
+        return int(n[0]) == size
+    return bool((n == size).all())
+
+
 def const(data: bytes, rows: int, present: np.ndarray | None = None) -> Col:
     buf = np.broadcast_to(np.frombuffer(data, U8), (rows, len(data)))
-    n = np.full(rows, len(data), np.int64)
-    return Col(buf, n if present is None else n * present)
+    n = _full(rows, len(data))
+    return Col(buf, n) if present is None else _present([Col(buf, n)], present)[0]
 
 
 def lengths(fields: Fields) -> np.ndarray:
@@ -93,22 +112,85 @@ def lengths(fields: Fields) -> np.ndarray:
     return total
 
 
-def _flat(cols: Fields) -> np.ndarray:
-    """Every row's bytes one after the other (row 0's pieces, then row 1's ...)."""
-    cols = [c for c in cols if c.n.any()]  # a piece no row carries adds nothing
-    big = np.hstack([c.buf for c in cols])
-    # Keep byte j of piece i where j < n_i. Most pieces are carried whole by every row: the mask is
-    # computed only over the others, piece by piece (a third of the cost of one gather for all).
-    mask = np.ones(big.shape, bool)
-    partial = False
+def _flat(cols: Fields, sizes: np.ndarray) -> np.ndarray:
+    """Every row's bytes one after the other (row 0's pieces, then row 1's ...); `sizes` is
+    `lengths(cols)`. Each piece is written for all rows at once at the rows' running offsets, as one
+    element of its width per row (its bytes past a row's size too: the pieces after it overwrite
+    them). Bytes that run past a row's end land on the next row's first pieces, so those must be
+    carried whole by every row, at least as wide as the overrun, and are written again at the end;
+    otherwise `_flat_masked`."""
+    widths = [c.buf.shape[1] for c in cols]
+    whole = [_is_constant(c.n, w) for c, w in zip(cols, widths)]
+    overrun = max((w - int(c.n.min()) for c, w, f in zip(cols, widths, whole) if not f), default=0)
+    lead = 0  # the leading pieces that cover any overrun
+    while sum(widths[:lead]) < overrun and lead < len(cols) and whole[lead]:
+        lead += 1
+    if sum(widths[:lead]) < overrun:
+        return _flat_masked(cols)
+    ends = np.cumsum(sizes)
+    total = int(ends[-1]) if len(ends) else 0
+    out = np.empty(total + overrun, U8)
+    starts = ends - sizes
+    at = starts.copy()
+    for c, w in zip(cols, widths):
+        _elements_at(out, w)[at] = _as_void(c.buf)
+        at += c.n
+    at = starts
+    for c, w in zip(cols[:lead], widths[:lead]):
+        _elements_at(out, w)[at] = _as_void(c.buf)
+        at = at + w
+    return out[:total]
+
+
+def _elements_at(out: np.ndarray, width: int) -> np.ndarray:
+    """`out` (bytes) as overlapping elements of `width` bytes: element i is out[i : i + width]."""
+    return _as_void(as_strided(out, (len(out) - width + 1, width), (1, 1)))
+
+
+def _flat_masked(cols: Fields) -> np.ndarray:
+    """`_flat` by keeping, of all pieces side by side, byte j of piece i where j < n_i."""
+    rows = len(cols[0].n)
+    big = np.empty((rows, sum(c.buf.shape[1] for c in cols)), U8)
+    partial = []
     start = 0
     for c in cols:
         width = c.buf.shape[1]
-        if not bool((c.n == width).all()):
-            mask[:, start : start + width] = np.arange(width)[None, :] < c.n[:, None]
-            partial = True
+        _as_void(big[:, start : start + width])[:] = _as_void(c.buf)
+        if not _is_constant(c.n, width):
+            partial.append((start, width, c.n))
         start += width
-    return big[mask] if partial else big.reshape(-1)
+    if not partial:
+        return big.reshape(-1)
+    # Most pieces are carried whole by every row: the mask is written only over the others, each
+    # row's from a table of the width + 1 possible masks.
+    mask = np.ones(big.shape, bool)
+    for start, width, n in partial:
+        masks = np.arange(width)[None, :] < np.arange(width + 1)[:, None]
+        _as_void(mask[:, start : start + width])[:] = _as_void(masks)[n]
+    return big[mask]
+
+
+def _as_void(a: np.ndarray) -> np.ndarray:
+    """A (rows, width) array of bytes as a column of `rows` elements of `width` bytes (a view)."""
+    return a.view(np.dtype((np.void, a.shape[1])))[:, 0]
+
+
+class PackedRows:
+    """Rows of bytes not yet joined: each row's size, and all rows joined with, optionally, a
+    head of bytes before each (an MCAP message record's, so that the records need no second copy)."""
+
+    def __init__(self, fields: Fields, rows: int) -> None:
+        self.fields = [c for c in fields if not _is_constant(c.n, 0)]  # a piece no row carries adds nothing
+        self.sizes = lengths(self.fields) if self.fields else np.zeros(rows, np.int64)
+
+    def joined(self, heads: np.ndarray | None = None) -> np.ndarray:
+        """Every row's bytes one after the other (uint8), each after its row of `heads` (uint8,
+        one row per row here, all of one width) when given."""
+        cols = self.fields
+        if heads is not None:
+            cols = [Col(heads, _full(len(heads), heads.shape[1])), *cols]
+        sizes = self.sizes if heads is None else self.sizes + heads.shape[1]
+        return _flat(cols, sizes) if cols and len(self.sizes) else np.zeros(0, U8)
 
 
 def field_varint(field: int, values: np.ndarray) -> Fields:
@@ -120,7 +202,7 @@ def field_varint(field: int, values: np.ndarray) -> Fields:
 def _fixed(field: int, wire: int, v: np.ndarray, size: int, bits: np.dtype) -> Fields:
     body = v.view(U8).reshape(len(v), size)
     # proto3 omits a zero scalar; upb compares the bits (-0.0 is written)
-    return _present(_prefixed(_tag(field, wire), body, np.full(len(v), size, np.int64)), v.view(bits) != 0)
+    return _present(_prefixed(_tag(field, wire), body, _full(len(v), size)), v.view(bits) != 0)
 
 
 def field_fixed64(field: int, values: np.ndarray) -> Fields:
@@ -143,7 +225,7 @@ def field_packed_floats(field: int, values: np.ndarray, present: np.ndarray | No
     v = np.ascontiguousarray(np.asarray(values, np.float32), dtype="<f4")
     rows, count = v.shape
     head = _tag(field, _WIRE_LEN) + _varint_bytes(4 * count)
-    fields = _prefixed(head, v.view(U8).reshape(rows, 4 * count), np.full(rows, 4 * count, np.int64))
+    fields = _prefixed(head, v.view(U8).reshape(rows, 4 * count), _full(rows, 4 * count))
     if count == 0:
         return _present(fields, np.zeros(rows, bool))
     return fields if present is None else _present(fields, present)
@@ -176,10 +258,9 @@ def by_value(values: Sequence[Hashable], encode: Callable[[Any], bytes]) -> Fiel
 def by_identity(values: Sequence[object], encode: Callable[[Any], bytes]) -> Fields:
     """`by_value` for columns whose equal values are mostly one object (a reason set, a plan id):
     the objects are told apart by identity in numpy, and each distinct one is encoded once."""
-    objects = {id(v): v for v in values}
     ids = np.fromiter(map(id, values), np.int64, len(values))
-    distinct, index = np.unique(ids, return_inverse=True)
-    return lookup([encode(objects[i]) for i in distinct.tolist()], index.reshape(-1))
+    _, first, index = np.unique(ids, return_index=True, return_inverse=True)
+    return lookup([encode(values[i]) for i in first.tolist()], index.reshape(-1))
 
 
 def reason_codes(reasons: Sequence[tuple[Reason, ...]]) -> list[tuple[int, ...]]:
@@ -224,18 +305,18 @@ def _action(index: np.ndarray, names: Sequence[str], controls: np.ndarray, prese
 def encode_snapshots(table: TickTable) -> list[bytes]:
     """Every tick's DecisionSnapshot as `snapshot_to_proto(s).SerializeToString(deterministic=True)`
     gives it for `s` in `table.snapshots()`."""
-    flat, sizes = encode_snapshots_packed(table)
-    data = flat.tobytes()
-    ends = np.cumsum(sizes).tolist()
+    packed = encode_snapshots_packed(table)
+    data = packed.joined().tobytes()
+    ends = np.cumsum(packed.sizes).tolist()
     return [data[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
-def encode_snapshots_packed(table: TickTable) -> tuple[np.ndarray, np.ndarray]:
-    """`encode_snapshots` as one buffer (uint8, the ticks' bytes one after the other) and the size
-    of each tick's: what `bulk.write_messages` takes without a bytes object per snapshot."""
+def encode_snapshots_packed(table: TickTable) -> PackedRows:
+    """`encode_snapshots` as rows not yet joined: what `bulk.write_messages` takes, which writes
+    them with their message records' heads in one copy and no bytes object per snapshot."""
     rows = len(table)
     if rows == 0:
-        return np.zeros(0, U8), np.zeros(0, np.int64)
+        return PackedRows([], 0)
     if StageTimings() != StageTimings(0, 0, 0, 0):  # a replay's per-stage timings are all zero
         raise AssertionError("StageTimings defaults changed: update encode_snapshots")
     scored = table.scored.astype(bool)
@@ -314,4 +395,4 @@ def encode_snapshots_packed(table: TickTable) -> tuple[np.ndarray, np.ndarray]:
             for o, f in zip(table.observations, finite.tolist())
         ]
         fields += _per_observation(table, by_value(invalid, lambda parts: _strings(35, parts)))
-    return _flat(fields), lengths(fields)
+    return PackedRows(fields, rows)
