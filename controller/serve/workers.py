@@ -176,7 +176,8 @@ def serve_workers(config: ServerConfig, workers: int, print_line=print) -> int:
             for slot in range(workers):
                 procs[slot] = spawn(slot)
             deadline = time.monotonic() + START_TIMEOUT_S
-            while board.totals().workers_ready < workers:
+            # worker 0 writes its announcement after it says READY on the board: wait for both
+            while board.totals().workers_ready < workers or not announce.exists():
                 dead = [(s, p.returncode) for s, p in enumerate(procs) if p is not None and p.poll() is not None]
                 if dead or stop.is_set() or time.monotonic() > deadline:
                     why = (

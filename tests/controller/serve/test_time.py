@@ -133,7 +133,8 @@ def test_a_wait_that_overshoots_is_a_missed_deadline_not_a_late_tick(monkeypatch
 
     first, second, missed = asyncio.run(run())
     assert second.lateness_ns < PERIOD
-    assert second.missed_before >= 1 and missed == second.missed_before
+    # the count holds the first tick's misses too: a loaded machine can make that one late for real
+    assert second.missed_before >= 1 and missed == first.missed_before + second.missed_before
     assert second.index - first.index == second.missed_before + 1
 
 
