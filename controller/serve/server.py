@@ -567,6 +567,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         self.runtime = runtime
         self.executor = runtime.executor
         self._planning = runtime.planning
+        self._profile_builds = asyncio.Lock()
 
     @property
     def _info(self) -> pb.ModelInfo:
@@ -808,6 +809,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         if self.runtime.draining.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_REFUSAL)
         session_id = req.session_id or uuid.uuid4().hex[:12]
+        await self._build_sensor_profile(list(req.provided_features))
         try:
             session = self.executor.open_session(
                 session_id,
@@ -903,6 +905,20 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             f"observation received was seq {session.last_seq if session is not None else 0}; open a new session, "
             f"on this server once it is back or on another",
         )
+
+    async def _build_sensor_profile(self, provided_features: list[str]) -> None:
+        """A sensor profile not seen before costs ~90 ms to build (its gates' thresholds, from their
+        calibration rows): 17 deadlines of every open session if built on the loop. Built on a
+        thread, one at a time (numpy releases the GIL for most of it); open_session then finds it
+        made. A profile already made only costs the hop to the thread and back."""
+        try:
+            present = self.executor.sensor_profile(provided_features)
+        except SessionError:
+            return  # open_session refuses these names, with its message
+        if present is None:
+            return
+        async with self._profile_builds:
+            await asyncio.to_thread(self.executor.gating.profile, present)
 
     async def _drive_realtime(self, session_id: str, requests, context, trace: events.SessionTrace) -> tuple | None:
         box: LatestSlot[Snapshot] = LatestSlot(carry_over)

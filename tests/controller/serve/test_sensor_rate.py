@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import grpc
@@ -16,6 +17,7 @@ from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.log_stream import stream_logs
 from dualloop.controller.serve.server import ServerThread
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 
 MS = 1_000_000
@@ -76,3 +78,28 @@ def test_stream_sends_an_imports_labels_but_not_as_commands(test_model_path, tmp
     assert [list(o.actual.controls) for o in sent] == [list(o.actual.controls) for o in data.observations]
     assert not actual_is_command(recorded.header)  # a replay of the recording skips the check too
     assert [o.actual.action_index for o in sent] == [o.actual.action_index for o in data.observations]
+
+
+def test_a_new_sensor_profile_is_built_off_the_tick_loop_once(base_model):
+    """Building a profile's gates takes ~90 ms: on the loop, every open session would miss deadlines."""
+    config = ServerConfig(model=BASE_MODEL_PATH, gates=DEFAULT_GATES, port=0)
+    with ServerThread(config, base_model) as srv, grpc.insecure_channel(srv.address) as channel:
+        gating = srv.server.executor.gating
+        built_on: list[str] = []
+        build = gating._make_profile
+
+        def watched(present: np.ndarray):  # the real build, its thread noted
+            built_on.append(threading.current_thread().name)
+            return build(present)
+
+        gating._make_profile = watched
+        names = list(srv.server.executor.card.feature_names)
+        for k in range(2):  # the second session finds the profile made
+            session = DriveSession(channel, f"radar-{k}", pb.CLOCK_MODE_LOCKSTEP, provided_features=names[:5])
+            x = np.full(19, np.nan, np.float32)
+            x[:5] = [20.0, 0.1, 1.0, 40.0, -0.5]
+            session.send(1, 0, x.tolist())
+            session.close()
+            snaps = list(session.snapshots())
+            assert len(snaps) == 1 and pb.REASON_CODE_INVALID_INPUT not in snaps[0].reasons
+        assert len(built_on) == 1 and built_on[0] != "dualloop-server", built_on
