@@ -231,6 +231,10 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     )
 
     changes = gating.scanned_changes
+    # the range checks once per observation row, not once per tick that holds it
+    ranged = ex.checks.judge_ranges(
+        x, changes, plans[rows], None if session.present is None else np.broadcast_to(session.present, x.shape), finite
+    )
     checks = ex.checks.assemble(
         finite[r],
         scored,
@@ -244,6 +248,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         None if actuation is None else (actuation[0][r], actuation[1][r]),
         margin[r],
         ex.reasons.min_margin,
+        ranged=None if ranged is None else ranged[r],
     )
     table = TickTable(
         session_id=session.session_id,
