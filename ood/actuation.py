@@ -281,17 +281,33 @@ class ActuationMonitor:
         command: Sequence[float] | npt.NDArray[np.floating[Any]],
     ) -> tuple[np.ndarray, np.ndarray]:
         """Consecutive fresh observations of one slot: (score (n,) float64, alarm (n,) bool), the
-        slot left as observation-by-observation steps would leave it."""
-        st, advance = self._state[slot], self.advance
-        scores, alarms = [], []
-        out = self._last[slot]
-        for t, a, v, c in zip(np.asarray(t_ns, np.int64).tolist(), _floats(accel), _floats(speed), _floats(command)):
-            st, s, alarm = advance(st, t, a, v, c)
-            scores.append(s)
-            alarms.append(alarm)
-            out = (s, alarm)
+        slot left as observation-by-observation steps would leave it.
+
+        The rule runs on each row that can have a verdict (a finite command, acceleration and speed,
+        moving) and on the rows after held distrust; a stretch of the others with no distrust held
+        gives no verdict and leaves only its last row's time (`advance`'s first return), so it is
+        skipped in one step (a log without commands is one such stretch)."""
+        t = np.asarray(t_ns, np.int64)
+        a, v, c = (np.asarray(x, np.float64) for x in (accel, speed, command))
+        n = len(t)
+        scores, alarms = np.full(n, _NAN), np.zeros(n, bool)
+        vmin = self.check.settings.min_speed
+        with np.errstate(invalid="ignore"):
+            verdict = np.isfinite(c) & np.isfinite(a) & np.isfinite(v) & (v >= vmin)
+        times, acc, spd, cmd = t.tolist(), a.tolist(), v.tolist(), c.tolist()
+        st, out, advance = self._state[slot], self._last[slot], self.advance
+        i = 0
+        for b in [*np.flatnonzero(verdict).tolist(), n]:
+            if i < b and not st[4]:  # rows i..b-1: no verdict, no distrust to decay
+                st, out = (times[b - 1], None, 0.0, 0, st[4], 0), (_NAN, False)
+                i = b
+            for k in range(i, min(b + 1, n)):  # held distrust decaying, then row b
+                st, s, alarm = advance(st, times[k], acc[k], spd[k], cmd[k])
+                scores[k], alarms[k] = s, alarm
+                out = (s, alarm)
+            i = b + 1
         self._state[slot], self._last[slot] = st, out
-        return np.array(scores, np.float64), np.array(alarms, bool)
+        return scores, alarms
 
     def reset(self, slot: int) -> None:
         self._state[slot] = _START
@@ -300,11 +316,6 @@ class ActuationMonitor:
     def state(self, slot: int) -> tuple[SlotState, tuple[float, bool]]:
         """(rule state, last verdict) of a slot (for tests)."""
         return self._state[slot], self._last[slot]
-
-
-def _floats(x: Sequence[float] | np.ndarray) -> list[float]:
-    values: list[float] = np.asarray(x).tolist()
-    return values
 
 
 # -- fitting ------------------------------------------------------------------------------------
