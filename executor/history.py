@@ -195,11 +195,12 @@ def _bins(
         first = int(ends.min())
         needed = np.zeros(int(ends.max()) - first + 1, bool)
         needed[ends - first] = True
-        at = np.cumsum(needed) - 1  # an end's row in the table
+        at = np.cumsum(needed) - 1  # an end's column in the table
+        table_ends = np.flatnonzero(needed) + first
         depth = max(int(count.max()), 1)
-        table = _running_sums(series, np.flatnonzero(needed) + first, depth)
-        # entry [end, count - 1] of the (ends, depth) table, as one flat take
-        at_sums = at[ends - first] * depth + np.maximum(count, 1) - 1
+        table = _running_sums(series, table_ends, depth)
+        # entry [count - 1, end] of the (depth, ends) table, as one flat take
+        at_sums = (np.maximum(count, 1) - 1) * len(table_ends) + at[ends - first]
         sums[:, a : a + _SUM_CHUNK] = np.take(table.reshape(-1, series.shape[1]), at_sums, axis=0)
     value = sums
     value /= np.maximum(n, 1)[..., None]
@@ -215,12 +216,22 @@ _SUM_CHUNK = 8192  # rows whose bins are summed together (their table: ~ rows x 
 
 
 def _running_sums(series: np.ndarray, ends: np.ndarray, depth: int) -> np.ndarray:
-    """(len(ends), depth, S): [j, k] the sum of series[ends[j] - i] for i = 0..k, added newest first
-    starting from +0.0 (np.add.accumulate adds in sequence, never pairwise). Places before the
-    stream's start hold its first row: no bin reaches them."""
-    g = np.take(series, np.maximum(ends[:, None] - np.arange(depth), 0), axis=0)
-    g[:, 0] += 0.0  # the sum starts from +0.0: a leading -0.0 becomes +0.0
-    return np.add.accumulate(g, axis=1, out=g)
+    """(depth, len(ends), S): [k, j] the sum of series[ends[j] - i] for i = 0..k, added newest first
+    starting from +0.0, one add of whole rows per k. `ends` increase; places before the stream's
+    start read its first row (no bin reaches them)."""
+    out = np.empty((depth, len(ends), series.shape[1]), np.float64)
+    first, last = int(ends[0]), int(ends[-1])
+    contiguous = last - first + 1 == len(ends)  # every observation ends some bin: slices, not gathers
+    for k in range(depth):
+        if not contiguous:
+            np.add(series[np.maximum(ends - k, 0)], 0.0 if k == 0 else out[k - 1], out=out[k])
+            continue
+        head = max(k - first, 0)  # ends whose k-th newest is before the stream's start
+        # the sum starts from +0.0 (a leading -0.0 becomes +0.0)
+        np.add(series[first - k + head : last - k + 1], 0.0 if k == 0 else out[k - 1, head:], out=out[k, head:])
+        if head:
+            np.add(series[0], out[k - 1, :head], out=out[k, :head])
+    return out
 
 
 def episode_history(deriver: HistoryDeriver, t: np.ndarray, features: np.ndarray, valid: np.ndarray) -> np.ndarray:
