@@ -93,4 +93,3 @@ def test_python_and_numpy_assembly_give_the_same_bytes(base_model, base_gates, t
     statuses = set(numpy_pass["status"].ravel().tolist())
     assert statuses == {CheckStatus.SCORED, CheckStatus.NOT_APPLICABLE, CheckStatus.NOT_SCORED}
     assert numpy_pass["veto"].any(axis=0).sum() >= 4  # several checks veto somewhere in the log
-

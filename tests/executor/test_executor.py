@@ -359,3 +359,25 @@ def test_a_sent_time_at_int64s_edge_gives_a_saturated_transport_delay(test_model
     assert snap.transport_delay_ns == snap.observation_age_with_transport_ns == 2**63 - 1
     message = snapshot_to_proto(snap)
     assert message.transport_delay_ns == 2**63 - 1
+
+
+def test_a_replay_stacks_observation_features_as_np_stack_does() -> None:
+    """`lockstep_batch._stacked_features` (np.array) against np.stack(...).astype(float32): the same
+    bytes for float32 and float64 features, NaN, -0.0, one observation; ragged shapes refused by both."""
+    from dualloop.executor.lockstep_batch import _stacked_features
+
+    rng = np.random.default_rng(0)
+    for n, dtype in ((1, np.float32), (7, np.float64), (500, np.float32)):
+        rows = rng.normal(0, 1e3, (n, 5)).astype(dtype)
+        rows[rng.random((n, 5)) < 0.1] = np.nan
+        rows[0, 0] = -0.0
+        obs = [Observation(seq=i + 1, timestamp_ns=i, features=r.copy()) for i, r in enumerate(rows)]
+        assert _stacked_features(obs).tobytes() == np.stack([o.features for o in obs]).astype(np.float32).tobytes()
+    ragged = [
+        Observation(seq=1, timestamp_ns=0, features=np.zeros(5)),
+        Observation(seq=2, timestamp_ns=1, features=np.zeros(4)),
+    ]
+    with pytest.raises(ValueError):
+        np.stack([o.features for o in ragged])
+    with pytest.raises(ValueError):
+        _stacked_features(ragged)
