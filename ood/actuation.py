@@ -290,24 +290,29 @@ class ActuationMonitor:
         t = np.asarray(t_ns, np.int64)
         a, v, c = (np.asarray(x, np.float64) for x in (accel, speed, command))
         n = len(t)
-        scores, alarms = np.full(n, _NAN), np.zeros(n, bool)
+        scores, alarms = [_NAN] * n, [False] * n  # lists: a row's verdict is set in Python
         vmin = self.check.settings.min_speed
         with np.errstate(invalid="ignore"):
             verdict = np.isfinite(c) & np.isfinite(a) & np.isfinite(v) & (v >= vmin)
+        quiet = ~verdict
+        before = np.concatenate([[False], quiet[:-1]])
+        after = np.concatenate([quiet[1:], [False]])
+        starts, ends = np.flatnonzero(quiet & ~before).tolist(), (np.flatnonzero(quiet & ~after) + 1).tolist()
         times, acc, spd, cmd = t.tolist(), a.tolist(), v.tolist(), c.tolist()
         st, out, advance = self._state[slot], self._last[slot], self.advance
         i = 0
-        for b in [*np.flatnonzero(verdict).tolist(), n]:
-            if i < b and not st[4]:  # rows i..b-1: no verdict, no distrust to decay
-                st, out = (times[b - 1], None, 0.0, 0, st[4], 0), (_NAN, False)
-                i = b
-            for k in range(i, min(b + 1, n)):  # held distrust decaying, then row b
+        for start, end in zip([*starts, n], [*ends, n]):  # rows start..end-1 have no verdict
+            for k in range(i, start):
                 st, s, alarm = advance(st, times[k], acc[k], spd[k], cmd[k])
                 scores[k], alarms[k] = s, alarm
                 out = (s, alarm)
-            i = b + 1
+            if start < end and not st[4]:  # no distrust to decay: the stretch leaves only its time
+                st, out = (times[end - 1], None, 0.0, 0, st[4], 0), (_NAN, False)
+                i = end
+            else:  # stepped with the rows after it
+                i = start
         self._state[slot], self._last[slot] = st, out
-        return scores, alarms
+        return np.array(scores, np.float64), np.array(alarms, bool)
 
     def reset(self, slot: int) -> None:
         self._state[slot] = _START
