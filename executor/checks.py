@@ -157,6 +157,7 @@ class CheckBoard:
         margin: Any,
         min_margin: float,
         vectorised: bool | None = None,
+        ranged: np.ndarray | None = None,
     ) -> np.ndarray:
         """The (rows, checks) CHECK_DTYPE results of a batch of rows (a live tick's, a replay's ticks).
         `finite`: the row's measured features are finite; `scored`: finite and the model worked;
@@ -167,9 +168,13 @@ class CheckBoard:
         verdict. Per-row values may be arrays or lists. A tick of a few rows is judged in Python (a
         numpy call per check would cost more than the check), more (a busy live tick, a replay) with
         numpy over the whole table (`vectorised`; None: by the number of rows): the same rules on the
-        same float64 values, so the same bytes (tests/executor/test_checks.py)."""
+        same float64 values, so the same bytes (tests/executor/test_checks.py). `ranged`: the range
+        checks' verdicts per row (`judge_ranges`) when the caller has them (a replay judges each
+        observation once for all the ticks that hold it); x, plans, changes and present are then
+        not read."""
         n = len(finite)
-        ranged = self.ranges.judge(x, changes, plans, present, finite) if self._range_at else None
+        if ranged is None and self._range_at:
+            ranged = self.ranges.judge(x, changes, plans, present, finite)
         if vectorised or (vectorised is None and n > _VECTORISED_FROM):
             return self._vectorised(
                 finite, scored, density, ranged, freeze_count, frozen, actuation, margin, min_margin
@@ -223,6 +228,12 @@ class CheckBoard:
                     ]
                 )
         return _table(list(chain.from_iterable(zip(*cols))), n, len(self.columns))
+
+    def judge_ranges(
+        self, x: np.ndarray, changes: np.ndarray | None, plans: np.ndarray, present: BoolArray | None, finite: BoolArray
+    ) -> np.ndarray | None:
+        """The range checks' worst excursion per row (`RangeFamily.judge`); None without range checks."""
+        return self.ranges.judge(x, changes, plans, present, finite) if self._range_at else None
 
     def _vectorised(
         self,

@@ -615,9 +615,11 @@ class GateWiring:
         accel_at, speed_at, command_at = self.actuation_at
         cols = as_columns(observations)
         commands: list[float] | npt.NDArray[np.float64]
-        if cols is None:
+        if not session.actual_is_command:  # no commands: command_in_effect is NaN throughout
+            commands = np.full(len(rows), np.nan)
+        elif cols is None:
             commands = [command_in_effect(session, observations[i], command_at) for i in rows.tolist()]
-        elif session.actual_is_command and cols.actual_controls.shape[1]:  # command_in_effect, all rows at once
+        elif cols.actual_controls.shape[1]:  # command_in_effect, all rows at once
             commands = np.where(cols.actual_present[rows], cols.actual_controls[rows, command_at], np.nan)
         else:
             commands = np.full(len(rows), np.nan)

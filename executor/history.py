@@ -136,8 +136,8 @@ class HistoryDeriver:
             series[:, s] = x64[:, cols[0]]
             for c in cols[1:]:
                 series[:, s] += x64[:, c]
-        now, _, _ = _bin(t, series, rows, 0)
-        past = {e: _bin(t, series, rows, e) for e in self._delays}
+        (now, _, _), *pasts = _bins(t, series, rows, (0, *self._delays))
+        past = dict(zip(self._delays, pasts))
         out = np.empty((len(rows), len(self.specs)), np.float64)
         for h, spec in enumerate(self.specs):
             s = self._series.index(spec.series)
@@ -173,25 +173,65 @@ class HistoryDeriver:
         return HistoryState(self)
 
 
-def _bin(t: np.ndarray, series: np.ndarray, rows: np.ndarray, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(bin(series, e) at rows (R, S), past(e) ok (R,), jl (R,))."""
+def _bins(
+    t: np.ndarray, series: np.ndarray, rows: np.ndarray, delays: Sequence[int]
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per delay e: (bin(series, e) at rows (R, S), past(e) ok (R,), jl (R,)).
+
+    A bin's sum is the running sum, newest first from +0.0, of the observations up to its newest
+    one jl, stopped after its count: the k-th entry of jl's running sums. Those are made once per
+    observation some bin ends at (`_running_sums`) and read by every bin of every row ending there
+    (at a steady rate, one observation's bins end where six later ones' past bins do): the same
+    adds in the same order as summing each bin on its own, so the same bits."""
     ti = t[rows]
-    jl = np.searchsorted(t, ti - e + TOL_NS, side="right") - 1
-    np.minimum(jl, rows, out=jl)  # causal even when later observations share t_i
-    lo = np.searchsorted(t, ti - e - BIN_NS + TOL_NS, side="right")
-    n = np.minimum(jl - lo + 1, K)
-    kmax = int(n.max(initial=0))
-    # +0.0 start and newest-first adds: the same bits for a row whatever else is in the arrays
-    acc = np.zeros((len(rows), series.shape[1]), np.float64)
+    e = np.array(delays, np.int64)[:, None]  # (bins, 1); everything below is (bins, R)
+    found = np.searchsorted(t, np.concatenate([ti - e + TOL_NS, ti - e - BIN_NS + TOL_NS]), side="right")
+    jl = np.minimum(found[: len(e)] - 1, rows)  # causal even when later observations share t_i
+    n = np.minimum(jl - found[len(e) :] + 1, K)
     safe = np.maximum(jl, 0)
-    for k in range(kmax):
-        acc += np.where((k < n)[:, None], series[np.maximum(jl - k, 0)], 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = acc / np.maximum(n, 1)[:, None]
-    value = np.where((n >= 1)[:, None], mean, series[safe])
+    sums = np.empty((*jl.shape, series.shape[1]), np.float64)
+    for a in range(0, len(rows), _SUM_CHUNK):  # bounded memory on long streams
+        ends, count = safe[:, a : a + _SUM_CHUNK], n[:, a : a + _SUM_CHUNK]
+        first = int(ends.min())
+        needed = np.zeros(int(ends.max()) - first + 1, bool)
+        needed[ends - first] = True
+        at = np.cumsum(needed) - 1  # an end's column in the table
+        table_ends = np.flatnonzero(needed) + first
+        depth = max(int(count.max()), 1)
+        table = _running_sums(series, table_ends, depth)
+        # entry [count - 1, end] of the (depth, ends) table, as one flat take
+        at_sums = (np.maximum(count, 1) - 1) * len(table_ends) + at[ends - first]
+        sums[:, a : a + _SUM_CHUNK] = np.take(table.reshape(-1, series.shape[1]), at_sums, axis=0)
+    value = sums
+    value /= np.maximum(n, 1)[..., None]
+    empty = n < 1
+    if empty.any():  # an empty bin: the value of its last observation
+        value[empty] = series[safe[empty]]
     span = ti - t[safe]
     ok = (jl >= 0) & (span > 0) & (span <= e + GAP_NS)
-    return value, ok, jl
+    return list(zip(value, ok, jl))
+
+
+_SUM_CHUNK = 8192  # rows whose bins are summed together (their table: ~ rows x K x S floats)
+
+
+def _running_sums(series: np.ndarray, ends: np.ndarray, depth: int) -> np.ndarray:
+    """(depth, len(ends), S): [k, j] the sum of series[ends[j] - i] for i = 0..k, added newest first
+    starting from +0.0, one add of whole rows per k. `ends` increase; places before the stream's
+    start read its first row (no bin reaches them)."""
+    out = np.empty((depth, len(ends), series.shape[1]), np.float64)
+    first, last = int(ends[0]), int(ends[-1])
+    contiguous = last - first + 1 == len(ends)  # every observation ends some bin: slices, not gathers
+    for k in range(depth):
+        if not contiguous:
+            np.add(series[np.maximum(ends - k, 0)], 0.0 if k == 0 else out[k - 1], out=out[k])
+            continue
+        head = max(k - first, 0)  # ends whose k-th newest is before the stream's start
+        # the sum starts from +0.0 (a leading -0.0 becomes +0.0)
+        np.add(series[first - k + head : last - k + 1], 0.0 if k == 0 else out[k - 1, head:], out=out[k, head:])
+        if head:
+            np.add(series[0], out[k - 1, :head], out=out[k, :head])
+    return out
 
 
 def episode_history(deriver: HistoryDeriver, t: np.ndarray, features: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -293,7 +333,7 @@ class HistoryState:
         self._append(int(t_ns), np.asarray(features, np.float32)[self.deriver.columns].astype(np.float64).tolist())
 
     def _newest(self, x: list[float]) -> npt.NDArray[np.float32]:
-        """The newest observation's history features: `_bin` of every delay (0 first), then slopes."""
+        """The newest observation's history features: `_bins` of every delay (0 first), then slopes."""
         t, start = self._t, self._start
         i = len(t) - 1
         ti = t[i]
@@ -401,7 +441,7 @@ class HistoryRing:
         taken = k < n_a[:, :, None]  # (m, bins, k): the k-th newest observation is in the bin
         g = self.buf[slot, (jl_a[:, :, None] - k) % size]  # (m, bins, k, S + 1)
         g = np.where(taken[..., None], g, 0.0)
-        g[:, :, 0] += 0.0  # the sum starts from +0.0 (as `_bin`): a leading -0.0 becomes +0.0
+        g[:, :, 0] += 0.0  # the sum starts from +0.0 (as `_bins`): a leading -0.0 becomes +0.0
         acc = np.add.accumulate(g, axis=2)[:, :, -1]
         safe_rows = self.buf[slot[:, :, 0], safe_a % size]  # (m, bins, S + 1)
         value = np.where((n_a >= 1)[..., None], acc / np.maximum(n_a, 1)[..., None], safe_rows)

@@ -231,6 +231,10 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     )
 
     changes = gating.scanned_changes
+    # the range checks once per observation row, not once per tick that holds it
+    ranged = ex.checks.judge_ranges(
+        x, changes, plans[rows], None if session.present is None else np.broadcast_to(session.present, x.shape), finite
+    )
     checks = ex.checks.assemble(
         finite[r],
         scored,
@@ -244,6 +248,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         None if actuation is None else (actuation[0][r], actuation[1][r]),
         margin[r],
         ex.reasons.min_margin,
+        ranged=None if ranged is None else ranged[r],
     )
     table = TickTable(
         session_id=session.session_id,
@@ -280,7 +285,9 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         check_kinds=ex.checks.kinds,
         checks=checks,
     )
-    _leave_session(ex, session, observations, table, plans, plan_ids, plan_created, plan_valid_for, has_plan, used)
+    _leave_session(
+        ex, session, observations, feats, ts, table, plans, plan_ids, plan_created, plan_valid_for, has_plan, used
+    )
     ex.stats.model_errors += int(np.count_nonzero(~model_ok[r]))
     return table
 
@@ -300,7 +307,7 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
         seq = np.fromiter((o.seq for o in observations), np.int64, len(observations))
         actual = np.fromiter((o.actual_index for o in observations), np.int64, len(observations))
         try:
-            feats = np.stack([o.features for o in observations]).astype(np.float32, copy=False)
+            feats = _stacked_features(observations)
             ok = feats.shape[1:] == (n_feat,)
         except ValueError:
             feats, ok = np.zeros((0, n_feat), np.float32), False
@@ -335,6 +342,12 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
     return feats, ts
 
 
+def _stacked_features(observations: Sequence[Observation]) -> np.ndarray:
+    """(N, F) float32: the observations' features as np.stack(...).astype(np.float32) gives them
+    (ValueError when their shapes differ), in a quarter of its time."""
+    return np.array([o.features for o in observations], np.float32)
+
+
 def _observation_periods(ex: Executor, session: Session, ts: np.ndarray) -> np.ndarray:
     """The period each observation's ticks are judged against, as `note_observation_time` and
     `Executor.observation_period_ns` give it observation by observation."""
@@ -366,19 +379,24 @@ def _plans(
     if as_columns(observations) is not None:  # no plans: the default throughout
         no = np.zeros(n, np.int64)
         return np.tile(ex.plan_default, (n, 1)).astype(np.float32), [""] * n, no, no.copy(), np.zeros(n, bool)
-    values = np.empty((n, ex.model.n_plan), np.float32)
-    ids: list[str] = []
-    created, valid_for, has = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
-    current, plan_id, since, validity, any_plan = ex.plan_default, "", 0, 0, False
+    # the observations that change the plan in force, in Python (a plan every 200 ms: a few in a
+    # hundred); everything else follows the last of them
     default_validity = ex.reasons.max_plan_age_ns
+    at: list[int] = []
+    adopted: list[Observation] = []
+    plan_id = ""
     for i, o in enumerate(observations):
         if o.plan_values is not None and not (o.plan_id and o.plan_id == plan_id):
-            current, plan_id, any_plan = o.plan_values, o.plan_id, True
-            since, validity = o.plan_created_ns or o.timestamp_ns, o.plan_valid_for_ns or default_validity
-        values[i] = current
-        ids.append(plan_id)
-        created[i], valid_for[i], has[i] = since, validity, any_plan
-    return values, ids, created, valid_for, has
+            at.append(i)
+            adopted.append(o)
+            plan_id = o.plan_id
+    k = np.searchsorted(np.array(at, np.int64), np.arange(n), side="right") - 1  # -1: no plan yet
+    has = k >= 0
+    values = np.array([ex.plan_default, *(o.plan_values for o in adopted)], np.float32)[k + 1]
+    ids = [""] + [o.plan_id for o in adopted]
+    created = np.array([0] + [o.plan_created_ns or o.timestamp_ns for o in adopted], np.int64)[k + 1]
+    valid_for = np.array([0] + [o.plan_valid_for_ns or default_validity for o in adopted], np.int64)[k + 1]
+    return values, [ids[j] for j in (k + 1).tolist()], created, valid_for, has
 
 
 def _safety_scan(
@@ -426,6 +444,8 @@ def _leave_session(
     ex: Executor,
     session: Session,
     observations: Sequence[Observation],
+    feats: np.ndarray,
+    ts: np.ndarray,
     table: TickTable,
     plans: np.ndarray,
     plan_ids: list[str],
@@ -438,12 +458,6 @@ def _leave_session(
     held = observations[int(table.obs_index[-1])]
     last = observations[-1]
     if session.history is not None:  # the stream's tail, and the history of what later ticks hold on
-        cols = as_columns(observations)
-        if cols is not None:
-            feats, ts = cols.features, cols.timestamp_ns
-        else:
-            feats = np.stack([o.features for o in observations]).astype(np.float32, copy=False)
-            ts = np.fromiter((o.timestamp_ns for o in observations), np.int64, len(observations))
         session.history.load(ts, feats)
         assert ex.history is not None
         h = ex.history.batch(ts, feats, np.array([int(table.obs_index[-1]), len(observations) - 1]))

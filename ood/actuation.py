@@ -281,15 +281,36 @@ class ActuationMonitor:
         command: Sequence[float] | npt.NDArray[np.floating[Any]],
     ) -> tuple[np.ndarray, np.ndarray]:
         """Consecutive fresh observations of one slot: (score (n,) float64, alarm (n,) bool), the
-        slot left as observation-by-observation steps would leave it."""
-        st, advance = self._state[slot], self.advance
-        scores, alarms = [], []
-        out = self._last[slot]
-        for t, a, v, c in zip(np.asarray(t_ns, np.int64).tolist(), _floats(accel), _floats(speed), _floats(command)):
-            st, s, alarm = advance(st, t, a, v, c)
-            scores.append(s)
-            alarms.append(alarm)
-            out = (s, alarm)
+        slot left as observation-by-observation steps would leave it.
+
+        The rule runs on each row that can have a verdict (a finite command, acceleration and speed,
+        moving) and on the rows after held distrust; a stretch of the others with no distrust held
+        gives no verdict and leaves only its last row's time (`advance`'s first return), so it is
+        skipped in one step (a log without commands is one such stretch)."""
+        t = np.asarray(t_ns, np.int64)
+        a, v, c = (np.asarray(x, np.float64) for x in (accel, speed, command))
+        n = len(t)
+        scores, alarms = [_NAN] * n, [False] * n  # lists: a row's verdict is set in Python
+        vmin = self.check.settings.min_speed
+        with np.errstate(invalid="ignore"):
+            verdict = np.isfinite(c) & np.isfinite(a) & np.isfinite(v) & (v >= vmin)
+        quiet = ~verdict
+        before = np.concatenate([[False], quiet[:-1]])
+        after = np.concatenate([quiet[1:], [False]])
+        starts, ends = np.flatnonzero(quiet & ~before).tolist(), (np.flatnonzero(quiet & ~after) + 1).tolist()
+        times, acc, spd, cmd = t.tolist(), a.tolist(), v.tolist(), c.tolist()
+        st, out, advance = self._state[slot], self._last[slot], self.advance
+        i = 0
+        for start, end in zip([*starts, n], [*ends, n]):  # rows start..end-1 have no verdict
+            for k in range(i, start):
+                st, s, alarm = advance(st, times[k], acc[k], spd[k], cmd[k])
+                scores[k], alarms[k] = s, alarm
+                out = (s, alarm)
+            if start < end and not st[4]:  # no distrust to decay: the stretch leaves only its time
+                st, out = (times[end - 1], None, 0.0, 0, st[4], 0), (_NAN, False)
+                i = end
+            else:  # stepped with the rows after it
+                i = start
         self._state[slot], self._last[slot] = st, out
         return np.array(scores, np.float64), np.array(alarms, bool)
 
@@ -300,11 +321,6 @@ class ActuationMonitor:
     def state(self, slot: int) -> tuple[SlotState, tuple[float, bool]]:
         """(rule state, last verdict) of a slot (for tests)."""
         return self._state[slot], self._last[slot]
-
-
-def _floats(x: Sequence[float] | np.ndarray) -> list[float]:
-    values: list[float] = np.asarray(x).tolist()
-    return values
 
 
 # -- fitting ------------------------------------------------------------------------------------

@@ -209,13 +209,13 @@ class StackedScorer:
         if v is None:
             if b > self._capacity:
                 self._grow(b)
-            g_count, width, cols, parts = self.n_gates, self.width, self._n_cols, self._parts
-            u = self._u[:, :b]
+            g_count = self.n_gates
+            out, blocks, squares, tail = self._buffer_views(self._u[:, :b])
             v = self._views[b] = _Views(
-                out=tuple(u[g] for g in range(g_count)),
-                blocks=u[:, :, : (1 + parts) * width].reshape(g_count, b, 1 + parts, width),
-                squares=u[:, :, cols - 1 - parts :],
-                tail=u[:, :, (1 + parts) * width :],
+                out=out,
+                blocks=blocks,
+                squares=squares,
+                tail=tail,
                 low=self.norm_lows.tolist() * b,
                 high=self.norm_highs.tolist() * b,
                 threshold=self.thresholds.tolist() * b,
@@ -224,6 +224,17 @@ class StackedScorer:
                 order=[(row * g_count + g, g) for g in range(g_count) for row in range(b)],
             )
         return v
+
+    def _buffer_views(self, u: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray, np.ndarray]:
+        """(out per gate, blocks, squares, tail) of a (G, b, cols) buffer (see `_Views`)."""
+        g_count, b = u.shape[:2]
+        width, cols, parts = self.width, self._n_cols, self._parts
+        return (
+            tuple(u[g] for g in range(g_count)),
+            u[:, :, : (1 + parts) * width].reshape(g_count, b, 1 + parts, width),
+            u[:, :, cols - 1 - parts :],
+            u[:, :, (1 + parts) * width :],
+        )
 
     def score_rows(
         self,
@@ -376,21 +387,26 @@ class StackedScorer:
     ) -> RowScores:
         """The loop above for many rows of single-variant gates (replay, calibration), as numpy
         operations in the same order on the same float64 values: the same scores and flags."""
-        nl = self._n_linear
-        s = v.tail[:, :, nl]  # (G, b): ||x||^2
-        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf rows: handled as special below
-            n = np.sqrt(s)
-            d = np.where(n == 0.0, _TINY, n)
-            d2 = (v.tail[:, :, nl + 1] / d - 2.0 * v.tail[:, :, 0]) / d + np.array(self._cc)[:, None]
-        norm_out = (n < self.norm_lows[:, None]) | (n > self.norm_highs[:, None])
-        exceed = d2 > self.thresholds[:, None]
-        special = ~((s >= _SQ_LOW) & (s <= _SQ_HIGH)) & (s != 0.0)  # NaN compares False: special
+        s, d2, norm_out, exceed, special = self._single_arrays(v.tail)
         scores, norm_list, exceed_list = d2.T.ravel().tolist(), norm_out.T.ravel().tolist(), exceed.T.ravel().tolist()
         if not special.any():
             return RowScores(v.threshold, scores, v.clean, norm_list, exceed_list, norm_list, v.clean)
         g_count = self.n_gates
         spec = [(row * g_count + g, float(s[g, row])) for g, row in zip(*np.nonzero(special))]
         return self._special(b, rows, nan_rows, sorted(spec), scores, norm_list, exceed_list)
+
+    def _single_arrays(self, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(||x||^2, d2, norm_out, exceed, special), each (G, b), of single-variant gates' products."""
+        nl = self._n_linear
+        s = tail[:, :, nl]  # (G, b): ||x||^2
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf rows: handled as special below
+            n = np.sqrt(s)
+            d = np.where(n == 0.0, _TINY, n)
+            d2 = (tail[:, :, nl + 1] / d - 2.0 * tail[:, :, 0]) / d + np.array(self._cc)[:, None]
+        norm_out = (n < self.norm_lows[:, None]) | (n > self.norm_highs[:, None])
+        exceed = d2 > self.thresholds[:, None]
+        special = ~((s >= _SQ_LOW) & (s <= _SQ_HIGH)) & (s != 0.0)  # NaN compares False: special
+        return s, d2, norm_out, exceed, special
 
     def _special(
         self,
@@ -468,6 +484,10 @@ class GateScorer(StackedScorer):
         inf = np.isinf(x)
         if inf.any():
             x = np.where(inf, _NAN, x)
+        if len(x) > _VECTORISED_FROM and self.variant == "single":
+            many = self._score_many(x, changes, context)
+            if many is not None:
+                return many
         r = self.score_rows(
             x.shape[0],
             [x],
@@ -477,6 +497,35 @@ class GateScorer(StackedScorer):
         return np.array(r.score, np.float64), GateFlags(
             *(np.array(f, bool) for f in (r.nonfinite, r.norm_out, r.exceed, r.out_of_range))
         )
+
+    def _score_many(
+        self, x: np.ndarray, changes: np.ndarray | None, context: np.ndarray | None
+    ) -> tuple[np.ndarray, GateFlags] | None:
+        """`score` of many rows (float64, no Inf) of a single-variant gate, `score_rows`' operations
+        kept as arrays: its product in a buffer of its own (the per-row lists of `views` and the
+        tick's buffers grown to a replay's size cost more than the scoring), rows with NaN scored
+        as `_special` scores them. None when a finite row's squares need rescaling (`_special`)."""
+        b = len(x)
+        u = np.empty((1, b, self._n_cols))
+        (out,), blocks, squares, tail = self._buffer_views(u)
+        x.dot(self._proj[0], out=out)
+        np.vecdot(blocks, blocks, out=squares)
+        _, d2_g, norm_g, exceed_g, special_g = self._single_arrays(tail)
+        d2, norm_out, exceed, special = d2_g[0], norm_g[0], exceed_g[0], special_g[0]
+        nonfinite = np.zeros(b, bool)
+        if special.any():
+            nonfinite = special & ~np.isfinite(x).all(axis=1)
+            if (special & ~nonfinite).any():
+                return None
+            d2[nonfinite], norm_out[nonfinite], exceed[nonfinite] = _INF, False, _INF > self.threshold
+        out_of_range = np.zeros(b, bool)
+        if self._any_range:
+            hits = self._outside_range(
+                b, [x], None, None if changes is None else [changes], None if context is None else [context]
+            )
+            if hits:
+                out_of_range[hits] = True
+        return d2, GateFlags(nonfinite, norm_out, exceed, out_of_range)
 
 
 def score_in_chunks(

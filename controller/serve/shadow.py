@@ -92,37 +92,34 @@ class ShadowAgreement:
         err[~with_controls] = 0.0
         # every group a tick belongs to, first seen first (the order `update` would create them in).
         # A tick's groups depend only on its (state, reasons): work per distinct pair, not per tick.
-        # Ticks share their state and reason objects (a replay's columns do): pairs are told apart by
-        # identity in numpy first, and only each distinct pair of objects is looked up by value.
+        # Ticks come in runs sharing their state and reason objects (a replay's columns do): runs
+        # are told apart by identity in numpy, and only each run's pair is looked up by value.
         combos: dict[tuple[str, tuple[str, ...]], int] = {}
-        state_ids = np.fromiter(map(id, states), np.int64, len(states))
-        reason_ids = np.fromiter(map(id, reasons), np.int64, len(reasons))
-        ids = np.stack([state_ids, reason_ids], axis=1)[rows]
-        _, first_rows, inverse = np.unique(ids, axis=0, return_index=True, return_inverse=True)
-        pair_code = np.fromiter(
-            (
-                combos.setdefault((states[k], tuple(reasons[k])), len(combos))
-                for k in rows[np.sort(first_rows)].tolist()
-            ),
-            np.int64,
-            len(first_rows),
-        )
-        # pair_code is in first-seen order; map each distinct pair (sorted by ids) to its code
-        by_pair = np.empty(len(first_rows), np.int64)
-        by_pair[np.argsort(first_rows)] = pair_code
-        codes = by_pair[inverse.reshape(-1)]
-        first_of_combo = np.full(len(combos), len(rows), np.int64)
-        np.minimum.at(first_of_combo, codes, np.arange(len(rows)))
+        state_ids = np.fromiter(map(id, states), np.int64, len(states))[rows]
+        reason_ids = np.fromiter(map(id, reasons), np.int64, len(reasons))[rows]
+        new_run = np.ones(len(rows), bool)
+        new_run[1:] = (state_ids[1:] != state_ids[:-1]) | (reason_ids[1:] != reason_ids[:-1])
+        starts = np.flatnonzero(new_run)
+        run_codes = []
+        first_of_combo: list[int] = []  # the tick (of rows) each pair is first seen at
+        for start, k in zip(starts.tolist(), rows[starts].tolist()):
+            c = combos.setdefault((states[k], tuple(reasons[k])), len(combos))
+            if c == len(first_of_combo):
+                first_of_combo.append(start)
+            run_codes.append(c)
+        codes = np.repeat(np.array(run_codes, np.int64), np.diff(np.append(starts, len(rows))))
         first: dict[str, tuple[int, int]] = {}
         combos_of: dict[str, list[int]] = {}
         for (state, tick_reasons), c in combos.items():
             for rank, key in enumerate(("all", f"state:{state}", *(f"reason:{r}" for r in tick_reasons))):
-                seen = (int(first_of_combo[c]), rank)
+                seen = (first_of_combo[c], rank)
                 if key not in first or seen < first[key]:
                     first[key] = seen
                 combos_of.setdefault(key, []).append(c)
         for key in sorted(first, key=first.__getitem__):
-            m = np.flatnonzero(np.isin(codes, combos_of[key]))
+            member = np.zeros(len(combos), bool)
+            member[combos_of[key]] = True
+            m = np.flatnonzero(member[codes])
             e, w = err[m], with_controls[m]
             self._add(
                 key,

@@ -87,6 +87,9 @@ def test_python_and_numpy_assembly_give_the_same_bytes(base_model, base_gates, t
     numpy_pass = assemble(*args, **kwargs, vectorised=True)
     python_pass = assemble(*args, **kwargs, vectorised=False)
     assert len(numpy_pass) > 700 and numpy_pass.tobytes() == python_pass.tobytes()
+    # the replay judged the range checks once per observation: as judged on every tick
+    assert kwargs["ranged"] is not None
+    assert assemble(*args, **{**kwargs, "ranged": None}).tobytes() == numpy_pass.tobytes()
     statuses = set(numpy_pass["status"].ravel().tolist())
     assert statuses == {CheckStatus.SCORED, CheckStatus.NOT_APPLICABLE, CheckStatus.NOT_SCORED}
     assert numpy_pass["veto"].any(axis=0).sum() >= 4  # several checks veto somewhere in the log

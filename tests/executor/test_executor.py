@@ -359,3 +359,67 @@ def test_a_sent_time_at_int64s_edge_gives_a_saturated_transport_delay(test_model
     assert snap.transport_delay_ns == snap.observation_age_with_transport_ns == 2**63 - 1
     message = snapshot_to_proto(snap)
     assert message.transport_delay_ns == 2**63 - 1
+
+
+def test_a_replay_stacks_observation_features_as_np_stack_does() -> None:
+    """`lockstep_batch._stacked_features` (np.array) against np.stack(...).astype(float32): the same
+    bytes for float32 and float64 features, NaN, -0.0, one observation; ragged shapes refused by both."""
+    from dualloop.executor.lockstep_batch import _stacked_features
+
+    rng = np.random.default_rng(0)
+    for n, dtype in ((1, np.float32), (7, np.float64), (500, np.float32)):
+        rows = rng.normal(0, 1e3, (n, 5)).astype(dtype)
+        rows[rng.random((n, 5)) < 0.1] = np.nan
+        rows[0, 0] = -0.0
+        obs = [Observation(seq=i + 1, timestamp_ns=i, features=r.copy()) for i, r in enumerate(rows)]
+        assert _stacked_features(obs).tobytes() == np.stack([o.features for o in obs]).astype(np.float32).tobytes()
+    ragged = [
+        Observation(seq=1, timestamp_ns=0, features=np.zeros(5)),
+        Observation(seq=2, timestamp_ns=1, features=np.zeros(4)),
+    ]
+    with pytest.raises(ValueError):
+        np.stack([o.features for o in ragged])
+    with pytest.raises(ValueError):
+        _stacked_features(ragged)
+
+
+def _plans_one_by_one(ex: Executor, observations: list[Observation]) -> tuple:
+    """`lockstep_batch._plans`' definition, observation by observation (as `Executor.set_plan`)."""
+    n = len(observations)
+    values = np.empty((n, ex.model.n_plan), np.float32)
+    ids: list[str] = []
+    created, valid_for, has = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
+    current, plan_id, since, validity, any_plan = ex.plan_default, "", 0, 0, False
+    for i, o in enumerate(observations):
+        if o.plan_values is not None and not (o.plan_id and o.plan_id == plan_id):
+            current, plan_id, any_plan = o.plan_values, o.plan_id, True
+            since, validity = o.plan_created_ns or o.timestamp_ns, o.plan_valid_for_ns or ex.reasons.max_plan_age_ns
+        values[i] = current
+        ids.append(plan_id)
+        created[i], valid_for[i], has[i] = since, validity, any_plan
+    return values, ids, created, valid_for, has
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_replay_follows_the_plan_in_force_as_set_plan_does(test_model, seed: int) -> None:
+    """Plans now and then, repeated ids (no change), empty ids (always a change), no creation time or
+    validity (defaults), float64 values; no plan at all, a plan on the first observation, one observation."""
+    from dualloop.executor.lockstep_batch import _plans
+
+    ex = Executor(test_model)
+    rng = np.random.default_rng(seed)
+    n_plan = ex.model.n_plan
+    for n in (1, 2, 300):
+        obs = []
+        for i in range(n):
+            o = Observation(seq=i + 1, timestamp_ns=1000 * i, features=np.zeros(ex.model.n_features, np.float32))
+            if rng.random() < (0.0 if seed == 0 else 0.1) or (seed == 3 and i == 0):
+                o.plan_values = rng.normal(size=n_plan).astype(np.float64 if seed == 2 else np.float32)
+                o.plan_id = str(rng.choice(["", "a", "b"]))
+                o.plan_created_ns = int(rng.choice([0, max(0, 1000 * i - 500)]))
+                o.plan_valid_for_ns = int(rng.choice([0, 10_000]))
+            obs.append(o)
+        got, ref = _plans(ex, obs), _plans_one_by_one(ex, obs)
+        assert got[1] == ref[1]
+        for a, b in zip(got[:1] + got[2:], ref[:1] + ref[2:]):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()

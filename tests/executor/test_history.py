@@ -11,9 +11,10 @@ import pytest
 
 from dualloop.controller.serve.wire import snapshot_to_proto
 from dualloop.controller.training.driving_card import build_test_model
+from dualloop.executor import history
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
-from dualloop.executor.history import DEFAULT_HISTORY, GAP_NS, HistoryDeriver, HistoryRing
+from dualloop.executor.history import BIN_NS, DEFAULT_HISTORY, GAP_NS, TOL_NS, HistoryDeriver, HistoryRing, K
 from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.model_card import ModelFileError
 from dualloop.executor.model_runner import DecisionModel
@@ -281,3 +282,46 @@ def test_the_shipped_model_takes_the_history_features(base_model) -> None:
     assert base_model.card.history_names == list(DEFAULT_HISTORY) and base_model.card.mask_input
     assert base_model.n_inputs == base_model.n_features + len(DEFAULT_HISTORY)
     assert base_model.history is not None
+
+
+def _bin_one_by_one(t: np.ndarray, series: np.ndarray, rows: np.ndarray, e: int) -> tuple:
+    """The definition's bin, each row's summed on its own (K masked adds, newest first from +0.0):
+    the reference `history._bins` is compared with."""
+    ti = t[rows]
+    jl = np.minimum(np.searchsorted(t, ti - e + TOL_NS, side="right") - 1, rows)
+    lo = np.searchsorted(t, ti - e - BIN_NS + TOL_NS, side="right")
+    n = np.minimum(jl - lo + 1, K)
+    acc = np.zeros((len(rows), series.shape[1]), np.float64)
+    for k in range(int(n.max(initial=0))):
+        acc += np.where((k < n)[:, None], series[np.maximum(jl - k, 0)], 0.0)
+    safe = np.maximum(jl, 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = np.where((n >= 1)[:, None], acc / np.maximum(n, 1)[:, None], series[safe])
+    span = ti - t[safe]
+    return value, (jl >= 0) & (span > 0) & (span <= e + GAP_NS), jl
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_running_sums_give_each_bin_its_own_bits(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_bins` reads every bin's sum from the running sums of the observation it ends at; the same
+    bits as summing each bin on its own, on jittery, repeated and dense (> K a bin) timestamps, NaN,
+    -0.0 and huge values, all rows or some, across chunk bounds, one row, none."""
+    rng = np.random.default_rng(seed)
+    hz = [10.0, 100.0, 400.0, 1000.0, 200.0, 50.0][seed]
+    n = int(rng.integers(1, 900))
+    steps = np.round(rng.uniform(0.5, 1.5, n) * 1e9 / hz).astype(np.int64)
+    steps[rng.random(n) < 0.05] = 0  # repeated timestamps
+    steps[rng.random(n) < 0.01] = 700_000_000  # gaps
+    t = np.cumsum(steps)
+    series = rng.normal(0, 10, (n, 3))
+    series[rng.random((n, 3)) < 0.02] = np.nan
+    series[rng.random((n, 3)) < 0.02] = -0.0
+    series[rng.random((n, 3)) < 0.01] = 1e300
+    delays = (0, *sorted({s.delay_ns for s in history.SPECS.values()}))
+    monkeypatch.setattr(history, "_SUM_CHUNK", int(rng.integers(1, 300)))
+    some = np.flatnonzero(rng.random(n) < 0.3)
+    for rows in (np.arange(n), some, np.array([n - 1]), np.array([0]), np.zeros(0, np.int64)):
+        for e, (value, ok, jl) in zip(delays, history._bins(t, series, rows, delays)):
+            ref = _bin_one_by_one(t, series, rows, e)
+            assert value.tobytes() == ref[0].tobytes(), (e, len(rows))
+            assert ok.tobytes() == ref[1].tobytes() and jl.tobytes() == ref[2].tobytes()

@@ -330,3 +330,47 @@ def test_a_car_that_brakes_short_from_its_first_observation_is_vetoed_after_the_
     first = int(np.argmax(alarms))
     assert alarms.any() and first * DT_NS * 1e-9 < 3 * check.model.tau_s + 0.05
     assert alarms[first:].all()
+
+
+def _scan_row_by_row(monitor: ood.ActuationMonitor, slot: int, t, accel, speed, cmd):  # type: ignore[no-untyped-def]
+    """The rule on every row in turn: what `ActuationMonitor.scan` skips stretches of must equal."""
+    st, out = monitor.state(slot)
+    scores, alarms = [], []
+    for row in zip(np.asarray(t).tolist(), *(np.asarray(x, np.float64).tolist() for x in (accel, speed, cmd))):
+        st, s, alarm = monitor.advance(st, *row)
+        scores.append(s)
+        alarms.append(alarm)
+        out = (s, alarm)
+    return np.array(scores, np.float64), np.array(alarms, bool), st, out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_scan_skips_stretches_without_a_verdict_exactly(check, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """Stretches with no command, standing still or non-finite values, before and after a held
+    distrust, at the start and the end, in pieces continuing one another; no row, one row."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1000, 3000))
+    t = np.cumsum(rng.choice([5_000_000, 10_000_000, 150_000_000], size=n, p=[0.6, 0.395, 0.005]))
+    cmd = np.repeat(rng.uniform(-4, 2, size=n // 50 + 1), 50)[:n]
+    accel = cmd * np.where(np.arange(n) > n // 3, 0.0, 1.0) + rng.normal(0, 0.05, n)  # no grip later
+    speed = np.where(rng.random(n) < 0.003, 0.2, 15.0).astype(np.float32)
+    quiet = (np.arange(n) // int(rng.integers(100, 300))) % 2 == 1  # long stretches without a command
+    cmd[quiet | (rng.random(n) < 0.005)] = np.nan
+    accel[rng.random(n) < 0.002] = rng.choice([np.inf, -np.inf, np.nan])
+    speed[rng.random(n) < 0.002] = np.nan
+    if seed == 0:
+        cmd[:] = np.nan  # a log without commands
+    fast, slow = check.monitor(2), check.monitor(2)
+    cuts = sorted(rng.choice(np.arange(1, n), 3, replace=False).tolist())
+    held = []  # scores on rows without a verdict: held distrust
+    for a, b in zip([0, *cuts, n, n], [*cuts, n, n, n]):  # pieces, then empty ones
+        piece = (t[a:b], accel[a:b], speed[a:b], cmd[a:b])
+        scores, alarms = fast.scan(1, *piece)
+        ref_scores, ref_alarms, st, out = _scan_row_by_row(slow, 1, *piece)
+        slow._state[1], slow._last[1] = st, out
+        assert scores.tobytes() == ref_scores.tobytes() and alarms.tobytes() == ref_alarms.tobytes()
+        assert str(fast.state(1)) == str(slow.state(1))  # str: the last verdict may be NaN
+        held += ref_scores[~np.isfinite(cmd[a:b])].tolist()
+    assert seed == 0 or np.isfinite(held).any()  # distrust held on through rows without a verdict
+    one = check.monitor(1)
+    assert one.scan(0, t[:1], accel[:1], speed[:1], cmd[:1])[0].shape == (1,)

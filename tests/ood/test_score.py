@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dualloop.ood.calibrate import FeatureRange
 from dualloop.ood.fit import fit_statistics, raw_norms
-from dualloop.ood.score import GateScorer
+from dualloop.ood.score import _VECTORISED_FROM, GateScorer
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +99,65 @@ def test_empty_batch_is_fine(setup) -> None:  # type: ignore[no-untyped-def]
     scorer, test, _ = setup
     d2, flags = scorer.score(test[:0])
     assert d2.shape == (0,) and flags.immediate.shape == (0,)
+
+
+def _score_by_rows(scorer: GateScorer, x: np.ndarray, changes=None, context=None):  # type: ignore[no-untyped-def]
+    """`GateScorer.score` through `score_rows`' per-row lists (what a batch of a few rows takes)."""
+    x = np.asarray(x, np.float64)
+    x = np.where(np.isinf(x), np.nan, x)
+    r = scorer.score_rows(
+        len(x), [x], changes=None if changes is None else [changes], context=None if context is None else [context]
+    )
+    return np.array(r.score, np.float64), [
+        np.array(f, bool) for f in (r.nonfinite, r.norm_out, r.exceed, r.out_of_range)
+    ]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the rescaled rows' path
+@pytest.mark.parametrize("seed", range(3))
+def test_many_rows_score_as_the_per_row_path_does(setup, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """Many rows are scored as arrays (`_score_many`): the same bits as the per-row lists, with NaN,
+    Inf, all-zero, tiny and huge rows, values, changes and plans outside a feature range."""
+    scorer, test, mean = setup
+    rng = np.random.default_rng(seed)
+    d = test.shape[1]
+    low, high = mean - 3.0, mean + 3.0
+    ranged = GateScorer(
+        scorer.stats,
+        threshold=60.0,
+        norm_low=scorer.norm_low,
+        norm_high=scorer.norm_high,
+        feature_range=FeatureRange(
+            low=tuple(low.tolist()),
+            high=tuple(high.tolist()),
+            margin=0.0,
+            n=1,
+            calibration_rate=0.0,
+            change_low=(-5.0,) * d,
+            change_high=(5.0,) * d,
+            context_names=("p0", "p1"),
+            context_low=(-1.0, -1.0),
+            context_high=(1.0, 1.0),
+        ),
+    )
+    for b in (_VECTORISED_FROM + 1, 500):
+        x = (mean + rng.normal(0, 1.5, (b, d))).astype(np.float32 if seed == 1 else np.float64)
+        x[rng.random((b, d)) < 0.01] = np.nan
+        x[rng.random((b, d)) < 0.005] = np.inf
+        x[3] = 0.0
+        changes = rng.normal(0, 3, (b, d))
+        changes[rng.random((b, d)) < 0.05] = np.nan
+        context = rng.normal(0, 0.7, (b, 2))
+        for gate, args in ((scorer, ()), (ranged, (changes, context)), (ranged, (None, context))):
+            d2, flags = gate.score(x, *args)
+            ref_d2, ref_flags = _score_by_rows(gate, x, *args)
+            assert d2.tobytes() == ref_d2.tobytes()
+            for got, ref in zip(flags, ref_flags):
+                assert got.tobytes() == ref.tobytes()
+        if seed == 2:  # squares beyond float64's comfortable range: rescaled on the per-row path
+            x[5], x[6] = mean * 1e-160, mean * 1e160
+            d2, flags = scorer.score(x)
+            ref_d2, ref_flags = _score_by_rows(scorer, x)
+            assert d2.tobytes() == ref_d2.tobytes() and all(
+                a.tobytes() == r.tobytes() for a, r in zip(flags, ref_flags)
+            )
