@@ -1,18 +1,21 @@
-"""`dualloop replay` (one log or a fleet) and `dualloop diff`."""
+"""`dualloop replay` (one log or a fleet) and `dualloop diff`.
+
+The modules a command runs are imported when it runs: a fleet's process pool starts before this
+process imports numpy, the executor and rich (~0.5 s CPU), which it then does while the workers
+start (see `_replay`)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from pathlib import Path
 
-from dualloop.controller.console import console, print_error
-from dualloop.controller.replay.diff import NotSameInput, Tolerances, diff_exit_code, diff_logs, format_diff
-from dualloop.controller.replay.evaluation import format_evaluation, from_replay_reports, plot_evaluation
 from dualloop.controller.replay.fleet import FLEET_SCHEMA, format_fleet, replay_many
-from dualloop.controller.replay.lockstep import replay_log
-from dualloop.controller.replay.report import format_report
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+
+# what the fleet's summary needs in this process, imported while the pool's workers start
+_SUMMARY_MODULES = ("dualloop.controller.console", "dualloop.controller.replay.evaluation")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -75,6 +78,10 @@ def _replay(args: argparse.Namespace) -> int:
     if args.no_gate:
         gates = []
     if len(args.logs) == 1 and not args.ray and not args.workers:
+        from dualloop.controller.console import console
+        from dualloop.controller.replay.lockstep import replay_log
+        from dualloop.controller.replay.report import format_report
+
         out = args.out or Path("runs/replay") / f"{Path(args.logs[0]).stem}.replayed.mcap"
         out.parent.mkdir(parents=True, exist_ok=True)
         result = replay_log(
@@ -95,10 +102,15 @@ def _replay(args: argparse.Namespace) -> int:
             workers=args.workers,
             use_ray=args.ray,
             out_dir=None if args.no_write else (args.out or Path("runs/replay")),
+            while_waiting=lambda: [importlib.import_module(m) for m in _SUMMARY_MODULES],
         )
     except RuntimeError as err:  # Ray missing or no cluster: the message says what to do
+        from dualloop.controller.console import print_error
+
         print_error(err)
         return 2
+    from dualloop.controller.console import console
+
     console.print(format_fleet(fleet), highlight=False, markup=False)
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +130,9 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _evaluate(reports: list[dict], args: argparse.Namespace) -> None:
     """The evaluation table of the replayed logs (in the order given); --json and --plot."""
+    from dualloop.controller.console import console
+    from dualloop.controller.replay.evaluation import format_evaluation, from_replay_reports, plot_evaluation
+
     evaluation, skipped = from_replay_reports(reports)
     for source, why in skipped.items():
         console.print(f"[yellow]not evaluated:[/] {source}: {why}", highlight=False)
@@ -133,6 +148,9 @@ def _evaluate(reports: list[dict], args: argparse.Namespace) -> None:
 
 
 def _diff(args: argparse.Namespace) -> int:
+    from dualloop.controller.console import console, print_error
+    from dualloop.controller.replay.diff import NotSameInput, Tolerances, diff_exit_code, diff_logs, format_diff
+
     try:
         report = diff_logs(args.a, args.b, tolerances=Tolerances(controls_abs=args.controls_tol))
     except NotSameInput as err:

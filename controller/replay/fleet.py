@@ -4,7 +4,10 @@ plain report dicts; the parent aggregates them, with progress either way.
 
 A pool worker loads the model and its gates once, in its initializer, and replays every log it is
 given with them (loading them took longer than replaying a minute of drive); a Ray worker keeps
-them after its first task. Only the Executor (the sessions' state) is new per log."""
+them after its first task. Only the Executor (the sessions' state) is new per log.
+
+This module imports neither numpy nor the executor at its top: the command line starts the pool
+first, and imports them while the workers start (`replay_many`'s while_waiting)."""
 
 from __future__ import annotations
 
@@ -12,16 +15,19 @@ import importlib.util
 import multiprocessing
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
-from threadpoolctl import threadpool_limits
+if TYPE_CHECKING:
+    import numpy as np
 
-from dualloop.controller.replay.lockstep import LoadedModel, replay_log
+    from dualloop.controller.replay.lockstep import LoadedModel
+
+# what a worker imports: the fork server imports them once, before it forks the workers
+_WORKER_MODULES = ["dualloop.controller.replay.lockstep", "threadpoolctl"]
 
 RAY_MISSING = "--ray needs Ray, which is an optional extra: pip install 'dualloop[ray]'"
 
@@ -59,11 +65,15 @@ class FleetResult:
 
     def confusion(self) -> np.ndarray | None:
         """Actual x applied over every log that has actual actions."""
+        import numpy as np
+
         mats = [np.array(r["agreement"]["confusion"]) for r in self.reports.values() if r["agreement"].get("confusion")]
         return cast(np.ndarray, sum(mats)) if mats else None  # not sum()'s start, 0: mats is not empty
 
     @property
     def agreement_top1(self) -> float:
+        import numpy as np
+
         m = self.confusion()
         return float(np.trace(m) / m.sum()) if m is not None and m.sum() else float("nan")
 
@@ -97,6 +107,8 @@ class FleetResult:
 
     def pooled(self) -> dict[str, Any]:
         """Sums over the replayed logs (agreement from the pooled confusion: over ticks)."""
+        import numpy as np
+
         seconds = [self.seconds[p] for p in self.order if p in self.reports and p in self.seconds]
         compute = sum(r["timings"].get("compute_s", 0.0) for r in self.reports.values())
         return {
@@ -132,6 +144,8 @@ class FleetResult:
 
 
 def _finite(x: float) -> float | None:
+    import numpy as np
+
     return float(x) if x is not None and np.isfinite(x) else None
 
 
@@ -140,6 +154,8 @@ _LOADED: dict[tuple[str, tuple[str, ...]], LoadedModel] = {}
 
 
 def _load(model: str, gates: list[str]) -> LoadedModel:
+    from dualloop.controller.replay.lockstep import LoadedModel
+
     key = (model, tuple(gates))
     loaded = _LOADED.get(key)
     if loaded is None:
@@ -148,12 +164,18 @@ def _load(model: str, gates: list[str]) -> LoadedModel:
 
 
 def _init_worker(model: str, gates: list[str]) -> None:
+    from threadpoolctl import threadpool_limits
+
     # one log per core: BLAS threads would only fight the other workers
     threadpool_limits(1)
     _load(model, gates)
 
 
 def _replay_one(log: str, model: str, gates: list[str], out_dir: str | None) -> tuple[dict, float, float]:
+    from threadpoolctl import threadpool_limits
+
+    from dualloop.controller.replay.lockstep import replay_log
+
     t0, cpu0 = time.perf_counter(), time.process_time()
     out = str(Path(out_dir) / f"{Path(log).stem}.replay.mcap") if out_dir else None
     with threadpool_limits(1):
@@ -169,24 +191,33 @@ def replay_many(
     use_ray: bool = False,
     out_dir: str | Path | None = None,
     progress: bool = True,
+    while_waiting: Callable[[], object] | None = None,
 ) -> FleetResult:
     """Every log replayed with the model and gates; out_dir: where the new logs go (named after
-    each log's stem: give logs distinct names)."""
+    each log's stem: give logs distinct names). while_waiting: run here once the logs are handed
+    out, before their results are collected (the command line's own imports, while the workers
+    import theirs)."""
     args = ([str(p) for p in paths], str(model), [str(g) for g in gates], str(out_dir) if out_dir else None)
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if use_ray:
-        result = _with_ray(*args, progress=progress)
+        result = _with_ray(*args, progress=progress, while_waiting=while_waiting)
     else:
-        result = _with_pool(*args, workers=workers, progress=progress)
+        result = _with_pool(*args, workers=workers, progress=progress, while_waiting=while_waiting)
     result.order = list(args[0])
     result.wall_s = time.perf_counter() - t0
     return result
 
 
 def _with_pool(
-    paths: list[str], model: str, gates: list[str], out_dir: str | None, workers: int | None, progress: bool
+    paths: list[str],
+    model: str,
+    gates: list[str],
+    out_dir: str | None,
+    workers: int | None,
+    progress: bool,
+    while_waiting: Callable[[], object] | None,
 ) -> FleetResult:
     workers = max(1, min(workers or os.cpu_count() or 1, len(paths)))
     result = FleetResult(workers=workers)
@@ -197,6 +228,8 @@ def _with_pool(
         initargs=(model, gates),
     ) as pool:
         futures = {pool.submit(_replay_one, p, model, gates, out_dir): p for p in paths}
+        if while_waiting is not None:
+            while_waiting()
         _collect(futures, result, progress)
     return result
 
@@ -210,7 +243,7 @@ def _pool_context() -> multiprocessing.context.BaseContext:
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     # taken when the server starts (the first pool of this process); later pools reuse it
-    context.set_forkserver_preload([__name__])
+    context.set_forkserver_preload([__name__, *_WORKER_MODULES])
     return context
 
 
@@ -240,7 +273,14 @@ def _collect(futures: dict, result: FleetResult, progress: bool) -> None:
             bar.stop()
 
 
-def _with_ray(paths: list[str], model: str, gates: list[str], out_dir: str | None, progress: bool) -> FleetResult:
+def _with_ray(
+    paths: list[str],
+    model: str,
+    gates: list[str],
+    out_dir: str | None,
+    progress: bool,
+    while_waiting: Callable[[], object] | None,
+) -> FleetResult:
     """One Ray task per log on an existing cluster (RAY_ADDRESS, or the one `ray start` left on this
     machine). dualloop does not start a cluster itself: Ray's services listen on the network, and
     nothing of ours binds beyond loopback unless the user chose it."""
@@ -259,6 +299,8 @@ def _with_ray(paths: list[str], model: str, gates: list[str], out_dir: str | Non
             ) from None
     remote = ray.remote(num_cpus=1)(_replay_one)
     futures = {remote.remote(p, model, gates, out_dir).future(): p for p in paths}
+    if while_waiting is not None:
+        while_waiting()
     result = FleetResult()
     _collect(futures, result, progress)
     return result

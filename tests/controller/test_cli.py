@@ -36,3 +36,17 @@ def test_replay_starts_without_the_server_stack() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_replay_parses_its_arguments_before_importing_numpy_or_the_executor() -> None:
+    # a fleet's pool starts right after parsing: the workers' imports then overlap this process's own
+    code = (
+        "import sys\n"
+        "from dualloop.controller.cli import build_parser\n"
+        "build_parser(['replay']).parse_args(['replay', 'a.mcap', 'b.mcap', '--workers', '2'])\n"
+        "import dualloop.controller.replay.fleet\n"
+        "heavy = ('numpy', 'onnxruntime', 'pydantic', 'rich', 'google.protobuf')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
