@@ -86,6 +86,20 @@ def test_decoded_columns_are_the_parsed_messages(seed, with_actual):
     assert cols[-1].seq == messages[-1].seq and len(cols[10:20]) == 10
 
 
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("features", [0, 1, 7])
+def test_decoded_columns_of_one_or_two_messages_with_few_or_no_features(n, features):
+    # the payloads are copied by rows of a window view of the bytes: a message's last bytes, and none
+    messages = [pb.Observation(seq=i + 1, timestamp_ns=2**60 + i, features=[1.5] * features) for i in range(n)]
+    if features:  # the last bytes of the buffer are a control
+        messages[-1].actual.action_index = 2
+        messages[-1].actual.controls.extend([-0.25, 3.0])
+    blobs = [m.SerializeToString(deterministic=True) for m in messages]
+    cols = decode_observations(blobs)
+    for i, blob in enumerate(blobs):
+        _same_observation(cols[i], observation_from_proto(pb.Observation.FromString(blob), 0))
+
+
 def test_decoded_columns_of_the_real_drive():
     data = read_log(REAL_DRIVE)
     cols = decode_observations([o.SerializeToString(deterministic=True) for o in data.observations])
