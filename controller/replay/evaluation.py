@@ -35,7 +35,6 @@ import numpy.typing as npt
 
 from dualloop.controller.plotting import pyplot
 from dualloop.controller.replay import baselines as bl
-from dualloop.controller.replay.wire_batch import reason_codes
 from dualloop.executor.action_labels import ACTIONS
 from dualloop.executor.columns import as_columns
 from dualloop.executor.lockstep_batch import TickTable
@@ -339,13 +338,14 @@ class _Ticks:
         cols = as_columns(obs)
         scored = table.scored.astype(bool)
         nan = np.full(n, np.nan)
-        # per distinct reason set (by codes: hashing a tuple of enums calls Python per element)
+        # per distinct reason-set object: ticks share them, so they are told apart by identity in
+        # numpy and each is looked into once (not a Python step per tick)
         veto, stale = int(Reason.OOD_VETO), int(Reason.STALE_OBSERVATION)
-        has: dict[tuple[int, ...], tuple[bool, bool]] = {}
-        flags = np.array(
-            [has.get(rs) or has.setdefault(rs, (veto in rs, stale in rs)) for rs in reason_codes(table.reasons)],
-            bool,
-        ).reshape(n, 2)
+        objects = {id(rs): rs for rs in table.reasons}
+        ids = np.fromiter(map(id, table.reasons), np.int64, n)
+        distinct, inverse = np.unique(ids, return_inverse=True)
+        codes = [tuple(map(int, objects[i])) for i in distinct.tolist()]
+        flags = np.array([(veto in rs, stale in rs) for rs in codes], bool).reshape(-1, 2)[inverse.reshape(-1)]
         return cls(
             seq=(cols.seq if cols is not None else np.fromiter((o.seq for o in obs), np.int64, len(obs)))[
                 table.obs_index
