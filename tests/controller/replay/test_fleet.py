@@ -4,6 +4,8 @@ bytes the per-message path gives, and a fleet's reports are the single-log repla
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -278,3 +280,30 @@ def test_one_pass_reader_on_corrupted_files_leaves_them_to_the_stream_reader(tmp
             logfile.read_log(path)
         except logfile.LogFileError:
             pass
+
+
+def _without_timings(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k not in ("timings", "speedup")}
+
+
+def test_a_loaded_model_replays_a_log_the_same_after_other_logs_as_a_fresh_process(tmp_path):
+    # a fleet worker keeps its model and gates for every log: nothing of one log's sessions may
+    # reach the next (A, then a faulty B, then A again: A's twice, and as a new process replays it)
+    a = slice_log(tmp_path / "a.mcap", 0, 1500, "drive")
+    b = synthetic_log(tmp_path / "b.mcap", seconds=5.0, rate_hz=150.0, faults=True)
+    gates = [str(g) for g in DEFAULT_GATES]
+    loaded = LoadedModel.load(BASE_MODEL_PATH, gates)
+    runs = [
+        replay_log(log, BASE_MODEL_PATH, gates, out_path=tmp_path / f"{k}-{log.stem}.out.mcap", loaded=loaded)
+        for k, log in enumerate((a, b, a))
+    ]
+    first, again = runs[0], runs[2]
+    fresh_out = tmp_path / "fresh.mcap"
+    args = ["replay", str(a), "--model", str(BASE_MODEL_PATH), *(x for g in gates for x in ("--gate", g))]
+    subprocess.run([sys.executable, "-m", "dualloop.controller.cli", *args, "--out", str(fresh_out)], check=True)
+    fresh = json.loads(fresh_out.with_suffix(".json").read_text())
+    assert first.out_path.read_bytes() == again.out_path.read_bytes() == fresh_out.read_bytes()
+    one, two = first.report.as_dict(), again.report.as_dict()
+    assert json.dumps(_without_timings(one)) == json.dumps(_without_timings(two))
+    assert json.loads(json.dumps(_without_timings(one), default=float)) == _without_timings(fresh)
+    assert runs[1].report.gate_veto_ticks > 0 and runs[1].report.reasons  # B vetoes: its filters end busy
