@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -37,10 +37,14 @@ from dualloop.controller.plotting import pyplot
 from dualloop.controller.replay import baselines as bl
 from dualloop.executor.action_labels import ACTIONS
 from dualloop.executor.columns import as_columns
-from dualloop.executor.lockstep_batch import TickTable
-from dualloop.executor.model_card import ModelCard
-from dualloop.executor.snapshot import Observation, Reason, SafetyState, Snapshot
-from dualloop.v2 import log_pb2
+
+# The executor's modules (~0.25 s CPU to import) are imported by the functions that score ticks:
+# a fleet's parent process only pools and prints the workers' evaluations (from_replay_reports).
+if TYPE_CHECKING:
+    from dualloop.executor.lockstep_batch import TickTable
+    from dualloop.executor.model_card import ModelCard
+    from dualloop.executor.snapshot import Observation, Snapshot
+    from dualloop.v2 import log_pb2
 
 SCHEMA: Final = "dualloop.evaluation/1"
 TICKS_NOTE: Final = (
@@ -320,6 +324,8 @@ class _Ticks:
 
     @classmethod
     def of_snapshots(cls, snaps: Sequence[Snapshot], k: int | None, n_ctl: int) -> _Ticks:
+        from dualloop.executor.snapshot import Reason, SafetyState
+
         n = len(snaps)
         return cls(
             seq=np.fromiter((s.observation_seq for s in snaps), np.int64, n),
@@ -334,6 +340,8 @@ class _Ticks:
 
     @classmethod
     def of_table(cls, table: TickTable, k: int | None) -> _Ticks:
+        from dualloop.executor.snapshot import Reason, SafetyState
+
         obs, n = table.observations, len(table)
         cols = as_columns(obs)
         scored = table.scored.astype(bool)
@@ -387,6 +395,8 @@ def evaluate_replay(
     TickTable, the same numbers without Snapshots) against the labels the observations carry,
     beside the baselines. Raises EvaluationUnavailable when the card's actions are not the label
     bands."""
+    from dualloop.executor.lockstep_batch import TickTable
+
     actions = list(card.actions)
     if actions != list(ACTIONS):
         raise EvaluationUnavailable(

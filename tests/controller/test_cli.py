@@ -50,3 +50,16 @@ def test_replay_parses_its_arguments_before_importing_numpy_or_the_executor() ->
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_fleets_parent_pools_and_prints_without_the_executor() -> None:
+    # its summary modules are imported while the workers start: the executor is theirs alone
+    code = (
+        "import importlib, sys\n"
+        "from dualloop.controller.replay.cli import _SUMMARY_MODULES\n"
+        "[importlib.import_module(m) for m in _SUMMARY_MODULES]\n"
+        "heavy = ('onnxruntime', 'pydantic', 'google.protobuf', 'dualloop.executor.core')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
