@@ -1,8 +1,8 @@
 """`dualloop replay` (one log or a fleet) and `dualloop diff`.
 
 The modules a command runs are imported when it runs: a fleet's process pool starts before this
-process imports numpy, the executor and rich (~0.5 s CPU), which it then does while the workers
-start (see `_replay`)."""
+process imports numpy and rich, which it then does while the workers start (their imports took
+~0.5 s CPU before the pool could start its own ~0.5 s)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
 # what the fleet's summary needs in this process, imported while the pool's workers start
 _SUMMARY_MODULES = ("dualloop.controller.console", "dualloop.controller.replay.evaluation")
+
+
+def _import_summary_modules() -> None:
+    for module in _SUMMARY_MODULES:
+        importlib.import_module(module)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -102,7 +107,7 @@ def _replay(args: argparse.Namespace) -> int:
             workers=args.workers,
             use_ray=args.ray,
             out_dir=None if args.no_write else (args.out or Path("runs/replay")),
-            while_waiting=lambda: [importlib.import_module(m) for m in _SUMMARY_MODULES],
+            while_waiting=_import_summary_modules,
         )
     except RuntimeError as err:  # Ray missing or no cluster: the message says what to do
         from dualloop.controller.console import print_error

@@ -236,8 +236,8 @@ def _with_pool(
 
 def _pool_context() -> multiprocessing.context.BaseContext:
     """Never a fork of this process (it may hold onnxruntime threads or a gRPC server). A fork
-    server where there is one: a fresh process that imports this module once (not the command
-    line's __main__) and forks each worker from there, so no worker pays the ~0.5 s CPU of
+    server where there is one: a fresh process that imports the workers' modules once (not the
+    command line's __main__) and forks each worker from there, so no worker pays the ~0.5 s CPU of
     importing numpy, onnxruntime, pydantic and the executor again; elsewhere spawn."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
