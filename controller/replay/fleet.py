@@ -194,9 +194,9 @@ def replay_many(
     while_waiting: Callable[[], object] | None = None,
 ) -> FleetResult:
     """Every log replayed with the model and gates; out_dir: where the new logs go (named after
-    each log's stem: give logs distinct names). while_waiting: run here once the logs are handed
-    out, before their results are collected (the command line's own imports, while the workers
-    import theirs)."""
+    each log's stem: give logs distinct names). while_waiting: run here while the workers start,
+    before the results are collected (the command line's own imports, while the workers import
+    theirs)."""
     args = ([str(p) for p in paths], str(model), [str(g) for g in gates], str(out_dir) if out_dir else None)
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -221,17 +221,23 @@ def _with_pool(
 ) -> FleetResult:
     workers = max(1, min(workers or os.cpu_count() or 1, len(paths)))
     result = FleetResult(workers=workers)
-    with ProcessPoolExecutor(
-        workers,
-        mp_context=_pool_context(),
-        initializer=_init_worker,
-        initargs=(model, gates),
-    ) as pool:
+    context = _pool_context()
+    _start_fork_server(context)
+    if while_waiting is not None:
+        while_waiting()
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(model, gates)) as pool:
         futures = {pool.submit(_replay_one, p, model, gates, out_dir): p for p in paths}
-        if while_waiting is not None:
-            while_waiting()
         _collect(futures, result, progress)
     return result
+
+
+def _start_fork_server(context: multiprocessing.context.BaseContext) -> None:
+    """The fork server started now, not at the pool's first task: that task waits for the server's
+    imports (~0.5 s CPU), which then run while this process does its own (while_waiting)."""
+    if context.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:

@@ -167,7 +167,9 @@ def test_fleet_reports_are_the_single_log_reports(fleet_logs, workers):
 
 def test_fleet_per_log_rows_and_pooled_row_agree(fleet_logs):
     tmp, logs = fleet_logs
-    fleet = replay_many(logs, TEST_MODEL_PATH, (), workers=2, progress=False)
+    waited = []  # the command line's own imports go here, while the workers start
+    fleet = replay_many(logs, TEST_MODEL_PATH, (), workers=2, progress=False, while_waiting=lambda: waited.append(1))
+    assert waited == [1]
     rows, pooled = fleet.per_log(), fleet.pooled()
     assert [r["log"] for r in rows] == [str(p) for p in logs]
     assert pooled["logs"] == len(rows) == 4 and pooled["failed"] == 0
