@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import subprocess
 import sys
 
@@ -27,39 +28,33 @@ def test_a_command_registers_only_its_own_group() -> None:
     assert _commands(build_parser(["--version"])) == set(COMMANDS)
 
 
+def _loaded_after(code: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of `modules` a new interpreter has imported after running `code`."""
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in {modules!r} if m in sys.modules))\n"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return list(ast.literal_eval(out.strip()))
+
+
 def test_replay_starts_without_the_server_stack() -> None:
-    code = (
-        "import sys\n"
-        "from dualloop.controller.cli import build_parser\n"
-        "build_parser(['replay'])\n"
-        "print(sorted(m for m in ('grpc', 'asyncio', 'pydantic_settings', 'yaml') if m in sys.modules))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    code = "from dualloop.controller.cli import build_parser\nbuild_parser(['replay'])"
+    assert _loaded_after(code, ("grpc", "asyncio", "pydantic_settings", "yaml")) == []
 
 
 def test_replay_parses_its_arguments_before_importing_numpy_or_the_executor() -> None:
     # a fleet's pool starts right after parsing: the workers' imports then overlap this process's own
     code = (
-        "import sys\n"
         "from dualloop.controller.cli import build_parser\n"
         "build_parser(['replay']).parse_args(['replay', 'a.mcap', 'b.mcap', '--workers', '2'])\n"
-        "import dualloop.controller.replay.fleet\n"
-        "heavy = ('numpy', 'onnxruntime', 'pydantic', 'rich', 'google.protobuf')\n"
-        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "import dualloop.controller.replay.fleet"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert _loaded_after(code, ("numpy", "onnxruntime", "pydantic", "rich", "google.protobuf")) == []
 
 
 def test_a_fleets_parent_pools_and_prints_without_the_executor() -> None:
     # its summary modules are imported while the workers start: the executor is theirs alone
     code = (
-        "import importlib, sys\n"
+        "import importlib\n"
         "from dualloop.controller.replay.cli import _SUMMARY_MODULES\n"
-        "[importlib.import_module(m) for m in _SUMMARY_MODULES]\n"
-        "heavy = ('onnxruntime', 'pydantic', 'google.protobuf', 'dualloop.executor.core')\n"
-        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "[importlib.import_module(m) for m in _SUMMARY_MODULES]"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert _loaded_after(code, ("onnxruntime", "pydantic", "google.protobuf", "dualloop.executor.core")) == []
