@@ -4,8 +4,9 @@ A 60 s log holds 6,000-12,000 observations; building an Observation (and before 
 message) for each cost more than replaying them. `ObservationColumns` holds the same values as
 arrays and is still a `Sequence[Observation]` (an item is made when asked for), so code that has not
 learnt the columns keeps working; the replay's hot paths (`lockstep_batch`, the report, the
-evaluation, the snapshot encoder) read the arrays. It covers observations without plans and with
-nothing discarded on receipt: logs with client plans keep the Observation path.
+evaluation, the snapshot encoder) read the arrays. It covers observations with nothing discarded on
+receipt: client plans only when all their values are finite (a non-finite plan, discarded on
+receipt, keeps the Observation path).
 """
 
 from __future__ import annotations
@@ -21,9 +22,20 @@ from dualloop.executor.snapshot import Observation
 
 
 @dataclass(frozen=True, eq=False)
+class PlanColumns:
+    """The client plans the observations carried, row i = observation i; every value finite."""
+
+    present: npt.NDArray[np.bool_]  # (N,) the observation carried a plan
+    plan_id: list[str]  # (N,) "" without a plan
+    values: npt.NDArray[np.float32]  # (N, P): P values on every plan (P may be 0); zeros without one
+    valid_for_ns: npt.NDArray[np.int64]  # (N,) 0: the executor's default validity
+    created_ns: npt.NDArray[np.int64]  # (N,) 0: the observation's timestamp
+
+
+@dataclass(frozen=True, eq=False)
 class ObservationColumns(Sequence[Observation]):
-    """Row i is observation i (as `observation_from_proto(msg, 0)` gives it): arrival 0, no plan,
-    no history, nothing discarded."""
+    """Row i is observation i (as `observation_from_proto(msg, 0)` gives it): arrival 0, no history,
+    nothing discarded."""
 
     seq: npt.NDArray[np.int64]  # (N,)
     timestamp_ns: npt.NDArray[np.int64]  # (N,)
@@ -32,6 +44,7 @@ class ObservationColumns(Sequence[Observation]):
     actual_index: npt.NDArray[np.int64]  # (N,) -1 without one
     actual_controls: npt.NDArray[np.float32]  # (N, K): K controls on every actual action (K may be 0)
     sent_time_ns: npt.NDArray[np.int64]  # (N,)
+    plans: PlanColumns | None = None  # None: no observation carried a plan
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -50,6 +63,7 @@ class ObservationColumns(Sequence[Observation]):
         if not 0 <= i < len(self):
             raise IndexError(i)
         present = bool(self.actual_present[i])
+        plan = self.plans if self.plans is not None and self.plans.present[i] else None
         return Observation(
             seq=int(self.seq[i]),
             timestamp_ns=int(self.timestamp_ns[i]),
@@ -57,6 +71,10 @@ class ObservationColumns(Sequence[Observation]):
             actual_index=int(self.actual_index[i]),
             actual_controls=self.actual_controls[i].copy() if present else None,
             sent_time_ns=int(self.sent_time_ns[i]),
+            plan_id=plan.plan_id[i] if plan is not None else "",
+            plan_values=plan.values[i].copy() if plan is not None else None,
+            plan_valid_for_ns=int(plan.valid_for_ns[i]) if plan is not None else 0,
+            plan_created_ns=int(plan.created_ns[i]) if plan is not None else 0,
         )
 
     def __iter__(self) -> Iterator[Observation]:

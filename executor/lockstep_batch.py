@@ -150,8 +150,8 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         raise ValueError(f"session {session.session_id!r} has ticked already; run_lockstep needs a new session")
     feats, ts = _validate(ex, session, observations)
     if as_columns(observations) is None:
-        # content errors as advance_lockstep treats them: non-finite plans discarded (columns carry
-        # no plans, so nothing of theirs is ever discarded)
+        # content errors as advance_lockstep treats them: non-finite plans discarded (a column's
+        # plans are all finite, so nothing of theirs is ever discarded)
         observations = [without_invalid_content(o) for o in observations]
         bad_content = np.fromiter((bool(o.invalid_parts) for o in observations), bool, len(observations))
     else:
@@ -302,6 +302,12 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
     if cols is not None:
         ts, seq, actual, feats = cols.timestamp_ns, cols.seq, cols.actual_index, cols.features
         ok = feats.shape[1:] == (n_feat,) and cols.actual_controls.shape[1] in (0, n_ctl)
+        plans = cols.plans
+        if plans is not None:  # as the per-observation checks below (created 0: the timestamp)
+            has = plans.present
+            created = np.where(plans.created_ns == 0, ts, plans.created_ns)
+            ok = ok and plans.values.shape[1] == ex.model.n_plan
+            ok = ok and not np.any(has & ((plans.valid_for_ns < 0) | (created > ts)))
     else:
         ts = np.fromiter((o.timestamp_ns for o in observations), np.int64, len(observations))
         seq = np.fromiter((o.seq for o in observations), np.int64, len(observations))
@@ -315,7 +321,7 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
     ok = ok and seq[0] > session.last_seq and bool(np.all(np.diff(seq) > 0)) and bool(np.all(np.diff(ts) > 0))
     ok = ok and bool(np.all((actual >= -1) & (actual < n_act)))
     ok = ok and (
-        cols is not None  # columns carry no plans
+        cols is not None  # checked above
         or all(
             o.plan_values.shape == (ex.model.n_plan,)
             and o.plan_valid_for_ns >= 0
@@ -376,26 +382,43 @@ def _plans(
     any): a client plan applies from its observation's timestamp; a repeated plan id changes
     nothing (`Executor.set_plan`)."""
     n = len(observations)
-    if as_columns(observations) is not None:  # no plans: the default throughout
+    cols = as_columns(observations)
+    if cols is not None and cols.plans is None:  # no plans: the default throughout
         no = np.zeros(n, np.int64)
         return np.tile(ex.plan_default, (n, 1)).astype(np.float32), [""] * n, no, no.copy(), np.zeros(n, bool)
     # the observations that change the plan in force, in Python (a plan every 200 ms: a few in a
     # hundred); everything else follows the last of them
     default_validity = ex.reasons.max_plan_age_ns
     at: list[int] = []
-    adopted: list[Observation] = []
     plan_id = ""
-    for i, o in enumerate(observations):
-        if o.plan_values is not None and not (o.plan_id and o.plan_id == plan_id):
-            at.append(i)
-            adopted.append(o)
-            plan_id = o.plan_id
+    if cols is not None and cols.plans is not None:
+        plans = cols.plans
+        for i in np.flatnonzero(plans.present).tolist():
+            if not (plans.plan_id[i] and plans.plan_id[i] == plan_id):
+                at.append(i)
+                plan_id = plans.plan_id[i]
+        adopted = np.array(at, np.int64)
+        new_values = plans.values[adopted]
+        new_ids = [plans.plan_id[i] for i in at]
+        new_created = np.where(plans.created_ns[adopted] == 0, cols.timestamp_ns[adopted], plans.created_ns[adopted])
+        new_valid_for = np.where(plans.valid_for_ns[adopted] == 0, default_validity, plans.valid_for_ns[adopted])
+    else:
+        carriers: list[Observation] = []
+        for i, o in enumerate(observations):
+            if o.plan_values is not None and not (o.plan_id and o.plan_id == plan_id):
+                at.append(i)
+                carriers.append(o)
+                plan_id = o.plan_id
+        new_values = np.array([o.plan_values for o in carriers], np.float32).reshape(len(at), len(ex.plan_default))
+        new_ids = [o.plan_id for o in carriers]
+        new_created = np.array([o.plan_created_ns or o.timestamp_ns for o in carriers], np.int64)
+        new_valid_for = np.array([o.plan_valid_for_ns or default_validity for o in carriers], np.int64)
     k = np.searchsorted(np.array(at, np.int64), np.arange(n), side="right") - 1  # -1: no plan yet
     has = k >= 0
-    values = np.array([ex.plan_default, *(o.plan_values for o in adopted)], np.float32)[k + 1]
-    ids = [""] + [o.plan_id for o in adopted]
-    created = np.array([0] + [o.plan_created_ns or o.timestamp_ns for o in adopted], np.int64)[k + 1]
-    valid_for = np.array([0] + [o.plan_valid_for_ns or default_validity for o in adopted], np.int64)[k + 1]
+    values = np.concatenate([np.asarray(ex.plan_default, np.float32)[None, :], new_values])[k + 1]
+    ids = ["", *new_ids]
+    created = np.concatenate([np.zeros(1, np.int64), new_created])[k + 1]
+    valid_for = np.concatenate([np.zeros(1, np.int64), new_valid_for])[k + 1]
     return values, [ids[j] for j in (k + 1).tolist()], created, valid_for, has
 
 

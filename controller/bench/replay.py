@@ -159,7 +159,7 @@ def bench_fleet(
 
 def _one_log(name: str, log: Path, model: Path, gates: tuple[Path, ...], repeats: int, out_dir: Path) -> dict[str, Any]:
     data = read_log(log)
-    # as `dualloop replay` reads it: a plan-less log as columns, else an Observation per message
+    # as `dualloop replay` reads it: as columns when the decoder takes it, else an Observation per message
     columns = read_columns(log)
     observations = columns.observations if columns is not None else _observations(data)
     config = executor_config_for(data.header)

@@ -114,8 +114,8 @@ class ColumnLog:
 
 def read_columns(path: Path, session_id: str | None = None) -> ColumnLog | None:
     """The log in one pass over its bytes, its observations decoded as columns; None when it is
-    anything else than one complete file holding just this session's header and plan-less
-    observations in the canonical encoding (read_log then reads it, and says what is wrong)."""
+    anything else than one complete file holding just this session's header and observations in
+    the canonical encoding, their plans finite (read_log then reads it, and says what is wrong)."""
     try:
         channels, messages = read_messages(path)
     except (NotFast, OSError):
@@ -254,7 +254,7 @@ def replay_log(
     the new log's header and must be the ones `loaded` was loaded from)."""
     source_path = Path(log_path)
     t0 = time.perf_counter()
-    # the fast path reads plan-less logs as columns (and keeps their bytes for the new log)
+    # the fast path reads logs as columns (and keeps their bytes for the new log)
     column_log = read_columns(source_path, session_id) if fast else None
     observations: Sequence[Observation]
     if column_log is not None:

@@ -6,11 +6,12 @@ reads its next tag, numpy decodes the varints and lengths of all of them togethe
 values are gathered once at the end (a handful of steps, one per field).
 
 Only the canonical encoding is taken: fields in number order, each at most once, proto3 defaults
-omitted, minimal varints, packed floats, no unknown fields, no plan. For such messages the bytes
-are exactly what `SerializeToString(deterministic=True)` writes for the parsed message, so a replay
+omitted, minimal varints, packed floats, no unknown fields. For such messages the bytes are
+exactly what `SerializeToString(deterministic=True)` writes for the parsed message, so a replay
 may copy them to its new log unchanged (byte-identical to the per-message path). Anything else
-(a plan, a foreign writer's encoding, a broken message) returns None: the caller parses the
-messages one by one as before, which also reports what is wrong with them.
+(a foreign writer's encoding, a broken message, a plan with a non-finite value, which the
+executor discards on receipt) raises NotCanonical: the caller parses the messages one by one as
+before, which also reports what is wrong with them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dualloop.executor.columns import ObservationColumns
+from dualloop.executor.columns import ObservationColumns, PlanColumns
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _MAX_VARINT = 10
@@ -133,17 +134,16 @@ def _nonzero(present: np.ndarray, values: np.ndarray) -> None:
 
 def decode_observations(messages: Sequence[bytes]) -> ObservationColumns:
     """The Observations of `messages` (serialised `Observation`s) as columns; NotCanonical when any
-    of them is not in the canonical encoding (see the module's doc) or carries a plan."""
+    of them is not in the canonical encoding (see the module's doc) or carries a non-finite plan."""
     n = len(messages)
     if n == 0:
         raise NotCanonical("no messages")
     sizes = np.fromiter(map(len, messages), np.int64, n)
     end = np.cumsum(sizes)
     start = end - sizes
-    buf = np.frombuffer(b"".join(messages) + bytes(_MAX_VARINT + 1), np.uint8)
+    joined = b"".join(messages)
+    buf = np.frombuffer(joined + bytes(_MAX_VARINT + 1), np.uint8)
     f = _walk(buf, start, end, {1: _VARINT, 2: _VARINT, 3: _LEN, 4: _LEN, 5: _LEN, 6: _VARINT})
-    if f[5][0].any():
-        raise NotCanonical("a plan (the Observation path handles plans)")
     for field in (1, 2, 6):
         _nonzero(f[field][0], f[field][1])
     seq, ts, sent = f[1][1], f[2][1].view(np.int64), f[6][1].view(np.int64)
@@ -175,4 +175,36 @@ def decode_observations(messages: Sequence[bytes]) -> ObservationColumns:
         actual_index=actual_index,
         actual_controls=controls,
         sent_time_ns=sent.copy(),
+        plans=_plans(joined, buf, *f[5]) if f[5][0].any() else None,
     )
+
+
+def _plans(
+    joined: bytes, buf: np.ndarray, present: np.ndarray, payload_start: np.ndarray, payload_len: np.ndarray
+) -> PlanColumns:
+    """The PlanUpdates of the rows that carry one (field 5's payloads)."""
+    n = len(present)
+    rows = np.flatnonzero(present)
+    p_start = payload_start[rows].astype(np.int64)
+    p = _walk(buf, p_start, p_start + payload_len[rows], {1: _LEN, 2: _LEN, 3: _VARINT, 4: _VARINT})
+    id_present, id_start, id_len = p[1]
+    if np.any(id_present & (id_len == 0)):
+        raise NotCanonical("a default value written out")
+    _nonzero(p[3][0], p[3][1])
+    _nonzero(p[4][0], p[4][1])
+    plan_id = [""] * n
+    try:  # a few hundred ids per log (a plan every 200 ms), so one by one
+        for row, s, length in zip(
+            rows[id_present].tolist(), id_start[id_present].tolist(), id_len[id_present].tolist()
+        ):
+            plan_id[row] = joined[s : s + length].decode("utf-8")
+    except UnicodeDecodeError:
+        raise NotCanonical("a plan id not UTF-8 (protobuf refuses it)") from None
+    inner = _floats(buf, p[2][0], p[2][1], p[2][2])  # raises unless every plan has as many values
+    if not np.isfinite(inner).all():
+        raise NotCanonical("a non-finite plan (discarded on receipt: the Observation path)")
+    values = np.zeros((n, inner.shape[1]), np.float32)
+    values[rows] = inner
+    valid_for, created = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    valid_for[rows], created[rows] = p[3][1].view(np.int64), p[4][1].view(np.int64)
+    return PlanColumns(present=present, plan_id=plan_id, values=values, valid_for_ns=valid_for, created_ns=created)

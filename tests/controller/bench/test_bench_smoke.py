@@ -145,8 +145,8 @@ def test_bench_replay_reports_both_paths(tmp_path):
         assert r["fast_compute_ms"]["runs"] == 7 and r["fast_compute_ms"]["min"] <= r["fast_compute_ms"]["median"]
         assert r["speedup_median"] > 0 and r["reference_compute_ms"] > 0 and r["end_to_end_ms"] > 0
         assert 0 < r["fast_compute_cpu_ms"]["min"] <= r["fast_compute_cpu_ms"]["median"] and r["speedup_cpu_median"] > 0
-    # the plan-less real drive is read as columns, the synthetic log with plans message by message
-    assert [r["read_as"] for r in result["logs"].values()] == ["columns", "observations"]
+    # both as columns: the real drive and the synthetic log with its (finite) plans
+    assert [r["read_as"] for r in result["logs"].values()] == ["columns", "columns"]
 
 
 @pytest.mark.slow
