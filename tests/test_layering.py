@@ -14,6 +14,16 @@ ALLOWED_LATE = {
     "dualloop.planner._rollout",  # likewise
     "dualloop.controller.training.quantize",  # needs onnx (the [dev] extra); every other command works without it
 }
+# Files whose project imports wait for the work that needs them, for start-up time: `dualloop CMD
+# --help` loads no other command's stack, and a replay fleet's parent starts its pool before numpy,
+# onnxruntime and the executor (~0.5 s CPU), importing its summary's modules while the workers
+# start. import-linter still sees these imports: its layer and no-cycle contracts cover them.
+LATE_FOR_START_UP = {
+    "controller/cli.py",
+    "controller/replay/cli.py",
+    "controller/replay/fleet.py",
+    "controller/replay/evaluation.py",
+}
 
 
 def late_project_imports(path: Path) -> list[str]:
@@ -39,8 +49,12 @@ def late_project_imports(path: Path) -> list[str]:
 
 def test_no_project_import_is_placed_inside_a_function() -> None:
     files = [f for pkg in PACKAGES for f in sorted((REPO_ROOT / pkg).rglob("*.py"))]
-    assert len(files) > 80
-    offenders = {str(f.relative_to(REPO_ROOT)): late for f in files if (late := late_project_imports(f))}
+    assert len(files) > 80 and all((REPO_ROOT / f).is_file() for f in LATE_FOR_START_UP)
+    offenders = {
+        str(f.relative_to(REPO_ROOT)): late
+        for f in files
+        if str(f.relative_to(REPO_ROOT)) not in LATE_FOR_START_UP and (late := late_project_imports(f))
+    }
     assert not offenders, f"import these at the top of the module (a cycle is fixed, not hidden): {offenders}"
 
 
