@@ -6,6 +6,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dualloop.executor.safety import SafetyConfig
 
+# 1 ms: the loop's timerfd wakes it within ~0.2 ms of the time asked for (p99, loaded 2-core VM),
+# and a shorter guard leaves the loop more of each period for gRPC (docs/measurements.md, issue 18).
+DEFAULT_TICKER_GUARD_MS = 1.0
+
 
 class ExecutorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -30,8 +34,9 @@ class ExecutorConfig(BaseModel):
     max_sessions: int = Field(default=64, ge=1, le=4096)
     # LOCKSTEP: a timestamp jump longer than this is refused rather than ticked through.
     lockstep_max_gap_s: float = Field(default=10.0, gt=0.0)
-    # When the loop timer must hand back control before a deadline (see controller/serve/ticker.py).
-    ticker_guard_ms: float = Field(default=2.0, ge=0.0, le=4.0)
+    # How long before a deadline the loop stops serving gRPC and waits in its thread (see
+    # controller/serve/ticker.py): the loop is blocked that long every tick.
+    ticker_guard_ms: float = Field(default=DEFAULT_TICKER_GUARD_MS, ge=0.0, le=4.0)
 
     @property
     def tick_period_ns(self) -> int:

@@ -21,6 +21,7 @@ from dualloop.controller.console import console
 from dualloop.controller.serve.config import ConfigError
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.workers import worker_count
+from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
@@ -84,8 +85,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--guard-ms",
         type=float,
-        default=2.0,
-        help="how long before each deadline the loop timer hands over to the busy wait",
+        default=DEFAULT_TICKER_GUARD_MS,
+        help="how long before each deadline the ticker stops serving gRPC and waits in its thread "
+        f"(default {DEFAULT_TICKER_GUARD_MS:g}, as serve's executor.ticker_guard_ms)",
     )
     p.add_argument(
         "--realtime-priority",
@@ -93,6 +95,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=50,
         help="SCHED_FIFO priority for the executor process and, for fairness, the bare ticker "
         "(0: normal scheduling; refused without CAP_SYS_NICE, which the report shows)",
+    )
+    p.add_argument(
+        "--cpu-wake-latency-us",
+        type=int,
+        default=-1,
+        help="tick, planner, soak: the server keeps idle CPUs this quick to wake (/dev/cpu_dma_latency, "
+        "for the whole machine; 0: they poll, never halt); default -1: idle states left alone, as serve",
     )
     p.add_argument(
         "--metrics",
@@ -125,7 +134,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--client-procs", type=int, help="bench tick: client processes (default one per 16 sessions)")
     p.add_argument(
-        "--no-pin", action="store_true", help="bench tick: do not pin the server apart from clients and bare ticker"
+        "--no-pin",
+        action="store_true",
+        help="bench tick, soak: do not pin the server apart from clients and bare ticker",
     )
     p.add_argument(
         "--planner",
@@ -149,6 +160,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(fn=_bench)
 
 
+def _wake_latency(args: argparse.Namespace) -> int | None:
+    return None if args.cpu_wake_latency_us < 0 else int(args.cpu_wake_latency_us)
+
+
 def _bench(args: argparse.Namespace) -> int:
     # what each bench runs unless told: the planner's busy/idle p99 ratio needs many turns of each
     # (docs/measurements.md)
@@ -165,7 +180,13 @@ def _bench(args: argparse.Namespace) -> int:
             console.print("[red]error:[/] bench soak needs --sessions >= 1 and --duration > 0", highlight=False)
             return 2
         soak = bench_soak(
-            sessions, duration, args.out, console=console, realtime_priority=args.realtime_priority or None
+            sessions,
+            duration,
+            args.out,
+            console=console,
+            realtime_priority=args.realtime_priority or None,
+            cpu_wake_latency_us=_wake_latency(args),
+            pin=not args.no_pin,
         )
         return 0 if soak["met"] else 1
     if args.what == "planner":
@@ -190,6 +211,7 @@ def _bench(args: argparse.Namespace) -> int:
             console=console,
             gates=gate_paths,
             workers=args.workers,
+            cpu_wake_latency_us=_wake_latency(args),
         )
         return 0
     if args.what == "replay":
@@ -250,6 +272,7 @@ def _bench(args: argparse.Namespace) -> int:
         tick_options = {
             "guard_ms": args.guard_ms,
             "rt_priority": args.realtime_priority or None,
+            "cpu_wake_latency_us": _wake_latency(args),
             "gates": gate_paths,
             "workers": args.workers,
             "client_procs": args.client_procs,

@@ -29,6 +29,7 @@ from rich.table import Table
 from dualloop.controller.bench.tick import P99_BOUND_US, _bench_tick, print_ran, store_result
 from dualloop.controller.serve.server import new_event_loop
 from dualloop.controller.serve.ticker import percentiles_us
+from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 
 GOAL_RATIO = 1.2
 PHASE_S = 2.0
@@ -144,13 +145,14 @@ def bench_planner(
     sessions: int = 32,
     duration_s: float = 60.0,
     out_dir: Path = Path("runs/bench"),
-    guard_ms: float = 2.0,
+    guard_ms: float = DEFAULT_TICKER_GUARD_MS,
     rt_priority: int | None = None,
     planner: str = "behaviour",
     console: Console | None = None,
     phase_s: float = PHASE_S,
     gates: Sequence[Path] = (),
     workers: int = 1,
+    cpu_wake_latency_us: int | None = None,
 ) -> dict[str, Any]:
     """One run, planner idle and busy in turns; prints and stores the comparison. workers: server
     processes sharing the port, each with its own planner worker, all starting idle together: the
@@ -176,6 +178,7 @@ def bench_planner(
                 alternate_s=phase_s,
                 gates=gates,
                 workers=workers,
+                cpu_wake_latency_us=cpu_wake_latency_us,
             )
         )
     finally:

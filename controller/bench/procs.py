@@ -30,6 +30,7 @@ from dualloop.controller.serve import board as wb
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ControllerRuntime, ControllerServer, new_event_loop
 from dualloop.controller.serve.ticker import LatenessLog, freeze_startup_heap, percentiles_us, run_bare_ticker
+from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 from dualloop.executor.core import ExecutorStats
 from dualloop.executor.snapshot import Reason
 from dualloop.sim import schema
@@ -185,11 +186,13 @@ PLANNER_COUNTS = (
 )
 
 
-def pin_threads(cpus: set[int]) -> None:
-    """Every thread of this process onto cpus (threads started later inherit it from their creator).
-    The server pins itself once started, so that its planner worker process, started first, keeps
-    every CPU: pinned beside the tick loop it would wait behind it (it runs under SCHED_IDLE)."""
-    tasks = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+def pin_threads(cpus: set[int], pid: int | None = None) -> None:
+    """Every thread of this process (or of process pid) onto cpus (threads started later inherit it
+    from their creator). The server is pinned once started, so that its planner worker process,
+    started first, keeps every CPU: pinned beside the tick loop it would wait behind it (it runs
+    under SCHED_IDLE)."""
+    task_dir = f"/proc/{pid if pid is not None else 'self'}/task"
+    tasks = [int(t) for t in os.listdir(task_dir)] if os.path.isdir(task_dir) else [pid or 0]
     for tid in tasks:
         with contextlib.suppress(ProcessLookupError):
             os.sched_setaffinity(tid, cpus)
@@ -243,6 +246,7 @@ async def run_server(
     cpus: set[int] | None = None,
     candidate: str | None = None,
     candidate_gates: list[str] | None = None,
+    cpu_wake_latency_us: int | None = None,
 ) -> dict:
     """board: one of several workers on `port` (the bench's --workers); the window opens when the
     workers together have every session open and closes when any session of any worker closes."""
@@ -260,6 +264,7 @@ async def run_server(
         candidate_gates=candidate_gates or [],
         port=port,
         realtime_priority=rt_priority,
+        cpu_wake_latency_us=cpu_wake_latency_us,
         executor=executor_cfg,
         planner={"source": planner},
         auth=auth,
@@ -311,8 +316,9 @@ async def run_server(
     )
     cpu0, t0 = time.process_time(), time.monotonic()
     sessions_here = len(executor.sessions)
+    # every 20 ms, not every tick: reading the board costs ~0.1 ms on the loop being measured
     while runtime.stats.sessions_closed == 0 and open_now() >= sessions:
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.02)
     if alternating is not None:
         alternating.cancel()
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - t0
@@ -415,8 +421,9 @@ def main(argv: list[str] | None = None) -> None:
     srv = sub.add_parser("server")
     srv.add_argument("--model", required=True)
     srv.add_argument("--sessions", type=int, default=8)
-    srv.add_argument("--guard-ms", type=float, default=2.0)
+    srv.add_argument("--guard-ms", type=float, default=DEFAULT_TICKER_GUARD_MS)
     srv.add_argument("--realtime-priority", type=int, default=None)
+    srv.add_argument("--cpu-wake-latency-us", type=int, default=None, help="hold /dev/cpu_dma_latency at this")
     srv.add_argument("--save", required=True, help="write the raw lateness values (ns) to this .npy file")
     srv.add_argument(
         "--planner", default="none", help="the server's planner source (controller.serve.config.PlannerConfig)"
@@ -442,9 +449,10 @@ def main(argv: list[str] | None = None) -> None:
     b = sub.add_parser("bare")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--period-ms", type=float, default=5.0)
-    b.add_argument("--guard-ms", type=float, default=2.0)
+    b.add_argument("--guard-ms", type=float, default=DEFAULT_TICKER_GUARD_MS)
     b.add_argument("--save", help="write the raw lateness values (ns) to this .npy file")
     b.add_argument("--realtime-priority", type=int, default=None)
+    b.add_argument("--cpu-wake-latency-us", type=int, default=None, help="hold /dev/cpu_dma_latency at this")
     b.add_argument("--cpus", help="pin this process to these CPUs (comma-separated)")
     args = parser.parse_args(argv)
     cpus = {int(c) for c in args.cpus.split(",")} if args.cpus else None
@@ -486,6 +494,7 @@ def main(argv: list[str] | None = None) -> None:
                 cpus,
                 args.candidate,
                 args.candidate_gate,
+                args.cpu_wake_latency_us,
             )
         )
     else:
@@ -496,6 +505,7 @@ def main(argv: list[str] | None = None) -> None:
                 int(args.guard_ms * 1e6),
                 save=args.save,
                 realtime_priority=args.realtime_priority,
+                cpu_wake_latency_us=args.cpu_wake_latency_us,
             )
         )
     json.dump(result, sys.stdout)

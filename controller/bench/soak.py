@@ -44,7 +44,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from dualloop.controller.bench.tick import store_result
+from dualloop.controller.bench.procs import pin_threads
+from dualloop.controller.bench.tick import cpu_plan, store_result
 from dualloop.controller.serve.security import private_server_env
 from dualloop.controller.serve.server import new_event_loop
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -424,9 +425,12 @@ async def _soak(
     sample_s: float,
     drives_file: Path,
     realtime_priority: int | None,
+    cpu_wake_latency_us: int | None,
     console: Console,
+    client_cpus: list[int] | None = None,
 ) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
+    pinned = ("--cpus", ",".join(map(str, client_cpus))) if client_cpus else ()
     clients = await _subprocess(
         "soak",
         "clients",
@@ -438,9 +442,12 @@ async def _soak(
         str(duration_s),
         "--drives",
         str(drives_file),
+        *pinned,
     )
-    fifo = ("--realtime-priority", str(realtime_priority)) if realtime_priority else ()
-    bare = await _subprocess("procs", "bare", "--duration", str(duration_s), *fifo)  # the server's scheduling
+    fifo: tuple[str, ...] = ("--realtime-priority", str(realtime_priority)) if realtime_priority else ()
+    if cpu_wake_latency_us is not None:
+        fifo += ("--cpu-wake-latency-us", str(cpu_wake_latency_us))
+    bare = await _subprocess("procs", "bare", "--duration", str(duration_s), *fifo, *pinned)  # the server's scheduling
     samples: list[dict[str, Any]] = []
     t0 = time.monotonic()
     first = await loop.run_in_executor(None, server.stats, STATS_TIMEOUT_S)
@@ -524,19 +531,30 @@ def bench_soak(
     sample_s: float = SAMPLE_S,
     console: Console | None = None,
     realtime_priority: int | None = None,
+    cpu_wake_latency_us: int | None = None,
+    pin: bool = True,
 ) -> dict[str, Any]:
     """realtime_priority: the server's SCHED_FIFO priority (as `bench tick` runs it; the rated
-    session count was measured so), and the bare ticker's, for fairness; None: normal scheduling."""
+    session count was measured so), and the bare ticker's, for fairness; None: normal scheduling.
+    cpu_wake_latency_us: the server's PM QoS request (serve's cpu_wake_latency_us), which holds for
+    the whole machine, the bare ticker's CPUs included; None: idle states left alone.
+    pin: where the machine has a CPU to spare, the server on its own CPU and the clients and the bare
+    ticker on the others, as `bench tick` runs them (cpu_plan)."""
     console = console or Console()
     load_start = list(os.getloadavg())
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    plan = cpu_plan(cpus, 1, pin)
     with tempfile.TemporaryDirectory() as tmp:
         config: dict[str, Any] = {"planner": {"source": "behaviour"}, "executor": {"max_sessions": max(64, sessions)}}
         if realtime_priority:
             config["realtime_priority"] = realtime_priority
+        if cpu_wake_latency_us is not None:
+            config["cpu_wake_latency_us"] = cpu_wake_latency_us
         console.print(
             f"bench soak: `dualloop serve` with {BASE_MODEL_PATH.name}, gates "
             f"{', '.join(g.name for g in DEFAULT_GATES)}, planner behaviour; {sessions} REALTIME sessions "
-            f"(200 Hz observations) in a separate process for {duration_s:g} s; a bare ticker beside it",
+            f"(200 Hz observations) in a separate process for {duration_s:g} s; a bare ticker beside it; "
+            f"{plan.note}",
             highlight=False,
         )
         count = min(SOAK_DRIVES, sessions)
@@ -549,7 +567,12 @@ def bench_soak(
             wait_until(lambda: server.stats().sessions_open == 0, SETTLE_S)
             baseline = server.sample()
             scheduling = server.stats().scheduling  # what the server got: SCHED_FIFO may be refused
-            run = asyncio.run(_soak(server, sessions, duration_s, sample_s, drives_file, realtime_priority, console))
+            if plan.servers[0] is not None:
+                pin_threads(set(plan.servers[0]), server.pid)
+            scheduled = (realtime_priority, cpu_wake_latency_us)
+            run = asyncio.run(
+                _soak(server, sessions, duration_s, sample_s, drives_file, *scheduled, console, plan.clients)
+            )
             leaks = _leaks(server, baseline)
             healthy = server.health()
             exit_code = server.stop()
@@ -575,6 +598,7 @@ def bench_soak(
             "gates": [str(g) for g in DEFAULT_GATES],
             "planner": "behaviour",
             "scheduling": scheduling,
+            "pinning": plan.note,
             "sessions": sessions,
             "duration_s": duration_s,
             "sample_s": sample_s,
@@ -673,7 +697,10 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--sessions", type=int, default=SOAK_SESSIONS)
     c.add_argument("--duration", type=float, default=60.0)
     c.add_argument("--drives", type=Path, required=True, help=".npy of (drives, ticks, features) (nominal_drives)")
+    c.add_argument("--cpus", help="pin this process to these CPUs (comma-separated)")
     args = parser.parse_args(argv)
+    if args.cpus:  # before anything starts a thread: threads inherit the mask
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     drives = np.load(args.drives)
     loop = new_event_loop()
     try:

@@ -33,6 +33,7 @@ from dualloop.controller.serve import board as wb
 from dualloop.controller.serve.server import LATENESS_BUCKETS_US, new_event_loop
 from dualloop.controller.serve.ticker import percentiles_us
 from dualloop.controller.serve.workers import reserve_port
+from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
@@ -154,8 +155,11 @@ async def _bench_tick(
     pin: bool = True,
     candidate: Path | None = None,
     candidate_gates: Sequence[Path] = (),
+    cpu_wake_latency_us: int | None = None,
 ) -> dict[str, Any]:
     """candidate: a candidate model decided beside the live one on every tick (never applied).
+    cpu_wake_latency_us: the server holds this PM QoS request while it serves (None: idle states
+    left alone); it holds for the whole machine, the bare ticker's CPUs included.
     metrics: the server serves Prometheus metrics and this process scrapes them every SCRAPE_S.
     pki: the server serves TLS and requires its token, and the clients connect with both.
     workers: server processes sharing one port (as `dualloop serve --workers`); each client session
@@ -171,7 +175,9 @@ async def _bench_tick(
         if pki
         else ()
     )
-    rt = ("--realtime-priority", str(rt_priority)) if rt_priority else ()
+    rt: tuple[str, ...] = ("--realtime-priority", str(rt_priority)) if rt_priority else ()
+    if cpu_wake_latency_us is not None:
+        rt += ("--cpu-wake-latency-us", str(cpu_wake_latency_us))
     alternate = ("--alternate-s", str(alternate_s)) if alternate_s else ()
     gate_args = tuple(a for g in gates for a in ("--gate", str(g)))
     if candidate is not None:
@@ -618,7 +624,7 @@ def bench_tick(
     sessions: int = 8,
     duration_s: float = 60.0,
     out_dir: Path = Path("runs/bench"),
-    guard_ms: float = 2.0,
+    guard_ms: float = DEFAULT_TICKER_GUARD_MS,
     rt_priority: int | None = None,
     console: Console | None = None,
     metrics: str = "off",
@@ -632,6 +638,7 @@ def bench_tick(
     candidate: Path | None = None,
     candidate_gates: Sequence[Path] = (),
     candidate_mode: str = "on",
+    cpu_wake_latency_us: int | None = None,
 ) -> dict[str, Any]:
     """gates: the model's gate files (the CLI's default: the shipped model with its two gates).
     workers: server processes sharing the port; client_procs: client processes; pin: pin the server
@@ -649,6 +656,7 @@ def bench_tick(
         "client_procs": client_procs,
         "pin": pin,
         "planner": planner,
+        "cpu_wake_latency_us": cpu_wake_latency_us,
     }
     if candidate is not None and candidate_mode == "both":
         return _candidate_both(
@@ -716,6 +724,7 @@ def bench_tick(
                     pin=pin,
                     candidate=candidate,
                     candidate_gates=candidate_gates,
+                    cpu_wake_latency_us=cpu_wake_latency_us,
                 )
             )
     finally:

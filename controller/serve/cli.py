@@ -64,6 +64,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_security_arguments(p)
     p.add_argument("--realtime-priority", type=int, help="SCHED_FIFO priority (1-99) for the tick loop")
+    p.add_argument(
+        "--cpu-wake-latency-us",
+        type=int,
+        help="keep idle CPUs this quick to wake while serving (/dev/cpu_dma_latency; 0: they poll, never halt)",
+    )
     p.add_argument("--record-dir", type=Path, help="record every session to MCAP in this folder")
     p.add_argument("--log-format", choices=("human", "json"), help="server log on stderr (default human)")
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="default INFO")
@@ -132,6 +137,7 @@ def serve(args: argparse.Namespace) -> int:
         allow_non_loopback=True if args.allow_non_loopback else None,
         **security_overrides(args),
         realtime_priority=args.realtime_priority,
+        cpu_wake_latency_us=args.cpu_wake_latency_us,
         record_dir=args.record_dir,
         log_format=args.log_format,
         log_level=args.log_level,

@@ -113,6 +113,11 @@ class ServerConfig(BaseModel):
     # SCHED_FIFO priority for the thread that runs the tick loop (1-99), as ros2_control's controller
     # manager does; None keeps the normal scheduler. Needs CAP_SYS_NICE; refused -> a warning.
     realtime_priority: int | None = Field(None, ge=1, le=99)
+    # Keep idle CPUs out of idle states slower than this to leave, while serving (Linux PM QoS,
+    # /dev/cpu_dma_latency; 0: idle CPUs poll instead of halting). On a VM a halted vCPU can wake
+    # milliseconds late, a whole deadline; the price is idle CPUs spinning. Needs root; refused ->
+    # a warning. None leaves the machine's idle states alone (docs/operations.md#realtime-priority).
+    cpu_wake_latency_us: int | None = Field(None, ge=0, le=1_000_000)
     # Record every session to MCAP in this folder (None: no recording). Writing happens on a
     # background thread through a bounded queue; a full queue drops (counted), never blocks a tick.
     record_dir: Path | None = None

@@ -38,6 +38,7 @@ from dualloop.controller.serve import events
 from dualloop.controller.serve.candidate import CandidateError, load_candidate
 from dualloop.controller.serve.config import ConfigError, ServerConfig, host_port
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
+from dualloop.controller.serve.cpu_latency import CpuLatencyRequest, hold_cpu_wake_latency
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.health import Health, enable_reflection
 from dualloop.controller.serve.limits import session_limits
@@ -259,36 +260,39 @@ class ControllerRuntime:
         metrics = self.metrics
         tally = metrics.realtime.add if metrics is not None else None
         board = self.board
-        while not self._stopping:
-            precise = ex.realtime_sessions > 0
-            tick = await ticker.next(precise)
-            stats = self.stats  # publish() below may have started a new window
-            if precise:  # lateness and tick counts describe ticks someone was served
-                stats.lateness.add(tick.lateness_ns)
-                stats.ticks += 1
-                stats.ticks_total += 1
-            stats.missed = ticker.missed
-            if self.planning is not None:
-                self.planning.realtime.on_tick(tick.scheduled_ns)
-            snaps = ex.tick(tick.scheduled_ns, tick.index, tick.lateness_ns)
-            for snap in snaps:
-                self.record_agreement(snap)
-                self.record_snapshot(snap)
-                if tally is not None:
-                    tally(snap)
-                box = self.outboxes.get(snap.session_id)
-                if box is not None:
-                    box.put(snap)
-                if self._last_seq.get(snap.session_id) != snap.observation_seq:
-                    self._last_seq[snap.session_id] = snap.observation_seq
-                    # arrival -> first snapshot that used it
-                    stats.decision_latency.add(snap.observation_age_ns + snap.emit_time_ns - snap.scheduled_time_ns)
-            work_ns = _mono_ns() - tick.started_ns
-            stats.tick_work_ns.add(work_ns)
-            if metrics is not None and precise:
-                metrics.on_tick(tick.lateness_ns, work_ns)
-            if board is not None and ticker.ticks % wb.PUBLISH_EVERY == 0:
-                self.publish()  # after the tick's work, in the time before the next deadline
+        try:
+            while not self._stopping:
+                precise = ex.realtime_sessions > 0
+                tick = await ticker.next(precise)
+                stats = self.stats  # publish() below may have started a new window
+                if precise:  # lateness and tick counts describe ticks someone was served
+                    stats.lateness.add(tick.lateness_ns)
+                    stats.ticks += 1
+                    stats.ticks_total += 1
+                stats.missed = ticker.missed
+                if self.planning is not None:
+                    self.planning.realtime.on_tick(tick.scheduled_ns)
+                snaps = ex.tick(tick.scheduled_ns, tick.index, tick.lateness_ns)
+                for snap in snaps:
+                    self.record_agreement(snap)
+                    self.record_snapshot(snap)
+                    if tally is not None:
+                        tally(snap)
+                    box = self.outboxes.get(snap.session_id)
+                    if box is not None:
+                        box.put(snap)
+                    if self._last_seq.get(snap.session_id) != snap.observation_seq:
+                        self._last_seq[snap.session_id] = snap.observation_seq
+                        # arrival -> first snapshot that used it
+                        stats.decision_latency.add(snap.observation_age_ns + snap.emit_time_ns - snap.scheduled_time_ns)
+                work_ns = _mono_ns() - tick.started_ns
+                stats.tick_work_ns.add(work_ns)
+                if metrics is not None and precise:
+                    metrics.on_tick(tick.lateness_ns, work_ns)
+                if board is not None and ticker.ticks % wb.PUBLISH_EVERY == 0:
+                    self.publish()  # after the tick's work, in the time before the next deadline
+        finally:
+            ticker.close()  # its alarm's file descriptor
 
     def open_recording(
         self,
@@ -1079,6 +1083,7 @@ class ControllerServer:
             self.runtime.board, self.runtime.board_slot = worker
         self.port: int | None = None
         self.scheduling = "not started"
+        self._cpu_latency: CpuLatencyRequest | None = None
         self._server: grpc.aio.Server | None = None
         self._ticks: asyncio.Task | None = None
         self.health: Health | None = None
@@ -1113,7 +1118,11 @@ class ControllerServer:
             raise OSError(f"cannot bind {address}: is the port in use?")
         await self._server.start()
         # After gRPC has started its threads, so that they share the priority (see the function).
-        self.scheduling = self.runtime.scheduling = set_realtime_priority(self.config.realtime_priority)
+        self.scheduling = set_realtime_priority(self.config.realtime_priority)
+        self._cpu_latency, held = hold_cpu_wake_latency(self.config.cpu_wake_latency_us)
+        if held:
+            self.scheduling = f"{self.scheduling}; {held}"
+        self.runtime.scheduling = self.scheduling
         if self.config.record_dir is not None:
             self.config.record_dir.mkdir(parents=True, exist_ok=True)
             stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -1211,6 +1220,8 @@ class ControllerServer:
             snapshots_sent_total=stats.snapshots_sent_total,
             **recording,
         )
+        if self._cpu_latency is not None:
+            self._cpu_latency.close()
         if self.metrics_endpoint is not None:  # last: a scrape during the stop still gets its answer
             await asyncio.to_thread(self.metrics_endpoint.stop)
 

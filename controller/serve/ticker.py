@@ -1,13 +1,17 @@
 """A precise periodic ticker for an asyncio loop that counts lag instead of catching up.
 
-Why not `await asyncio.sleep(period)`: event-loop timers are rounded to whole milliseconds (uvloop
+Why not `await asyncio.sleep(period)`: event-loop timers are kept in whole milliseconds (uvloop
 rounds to the nearest one and can fire up to 1 ms early), which gives ~1 ms p99 lateness on a 5 ms
 period. So the ticker waits in three steps:
-1. on the loop until a guard interval before the deadline (the loop serves gRPC meanwhile); the
-   guard must cover the longest burst of loop callbacks, or the timer fires late (2 ms measured
-   necessary under 8 gRPC sessions here, 1 ms was not);
+1. on the loop until a guard interval before the deadline (the loop serves gRPC meanwhile), woken
+   by a timerfd (alarm.py) to the microsecond rather than by a loop timer; the guard covers the
+   callbacks already running when it fires (1 ms by default);
 2. in the thread (`time.sleep`, CPU free) until a short spin interval before the deadline;
 3. a busy wait on the monotonic clock for the last ~200 us.
+Step 2 blocks the loop, so the guard is time the loop cannot serve gRPC in every period. With a
+loop timer it had to be 2 ms (1 ms of rounding, plus the callbacks), and an early timer made it up
+to 3: at 32 sessions on one process the loop then fell behind and dropped 9.9% of the snapshots.
+With the timerfd and a 1 ms guard it dropped 0.14% (docs/measurements.md, issue 18).
 
 A deadline whose tick could not start before the next deadline was due is *missed*: it is counted
 and skipped, never run late in a burst (ros2_control's "missed cycles", openpilot's Ratekeeper lag).
@@ -25,6 +29,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from dualloop.controller.serve.alarm import MonotonicAlarm
+from dualloop.controller.serve.cpu_latency import hold_cpu_wake_latency
+from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 
 _now_ns = time.monotonic_ns
 
@@ -74,7 +82,11 @@ class PreciseTicker:
     """Waits for the deadlines start + k * period on the monotonic clock."""
 
     def __init__(
-        self, period_ns: int, guard_ns: int = 2_000_000, start_ns: int | None = None, spin_ns: int = 200_000
+        self,
+        period_ns: int,
+        guard_ns: int = int(DEFAULT_TICKER_GUARD_MS * 1e6),
+        start_ns: int | None = None,
+        spin_ns: int = 200_000,
     ) -> None:
         if period_ns <= 0:
             raise ValueError(f"tick period must be positive, got {period_ns} ns")
@@ -87,6 +99,22 @@ class PreciseTicker:
         self._next_index = 0
         self.missed = 0
         self.ticks = 0
+        # made on the first precise wait, on the loop that waits; False: not available here
+        self._alarm: MonotonicAlarm | None | bool = None
+
+    def close(self) -> None:
+        """Releases the alarm's file descriptor (a ticker left to the garbage collector leaks it)."""
+        if isinstance(self._alarm, MonotonicAlarm):
+            self._alarm.close()
+        self._alarm = None
+
+    async def _coarse_wait(self, until_ns: int) -> None:
+        if self._alarm is None:
+            self._alarm = MonotonicAlarm.create() or False
+        if isinstance(self._alarm, MonotonicAlarm):
+            await self._alarm.wait_until(until_ns)
+        else:
+            await asyncio.sleep((until_ns - _now_ns()) / 1e9)
 
     async def next(self, precise: bool = True) -> Tick:
         """The next deadline. precise=False: nobody needs this tick on time (no REALTIME session), so
@@ -102,9 +130,8 @@ class PreciseTicker:
                 await asyncio.sleep((deadline - now) / 1e9)
             now = max(_now_ns(), deadline)
         else:
-            coarse_ns = deadline - now - self.guard_ns
-            if coarse_ns > 0:
-                await asyncio.sleep(coarse_ns / 1e9)
+            if deadline - now > self.guard_ns:
+                await self._coarse_wait(deadline - self.guard_ns)
             fine_ns = deadline - _now_ns() - self.spin_ns
             if fine_ns > 0:
                 time.sleep(fine_ns / 1e9)
@@ -170,12 +197,17 @@ def percentiles_us(values_ns: np.ndarray) -> dict[str, float]:
 async def run_bare_ticker(
     period_ns: int,
     duration_s: float,
-    guard_ns: int = 2_000_000,
+    guard_ns: int = int(DEFAULT_TICKER_GUARD_MS * 1e6),
     save: str | None = None,
     realtime_priority: int | None = None,
+    cpu_wake_latency_us: int | None = None,
 ) -> dict[str, object]:
-    """A loop that does nothing but wait for the deadlines: the machine's floor for lateness."""
+    """A loop that does nothing but wait for the deadlines: the machine's floor for lateness.
+    Scheduled as the server it is compared with: the same priority and CPU wake latency request."""
     scheduling = set_realtime_priority(realtime_priority)
+    wake_request, held = hold_cpu_wake_latency(cpu_wake_latency_us)
+    if held:
+        scheduling = f"{scheduling}; {held}"
     ticker = PreciseTicker(period_ns, guard_ns=guard_ns)
     log = LatenessLog()
     n = int(duration_s * 1e9 / period_ns)
@@ -184,6 +216,9 @@ async def run_bare_ticker(
         tick = await ticker.next()
         log.add(tick.lateness_ns)
     cpu = time.process_time() - cpu0
+    ticker.close()
+    if wake_request is not None:
+        wake_request.close()
     if save:
         np.save(save, log.values())
     return {
