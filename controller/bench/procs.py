@@ -307,6 +307,7 @@ async def run_server(
     runtime.stats.reset()
     executor.stats = ExecutorStats()
     missed0 = runtime.ticker.missed
+    window_ns = time.monotonic_ns()
     planning = runtime.planning
     plan0 = planning.scheduler.stats() if planning is not None else {}
     turns, alternating = (
@@ -375,6 +376,8 @@ async def run_server(
         "planner": planner_stats,
         "ticks": stats.ticks,
         "missed_deadlines": runtime.ticker.missed - missed0,
+        # when (monotonic ns, the machine's clock) each run of missed deadlines began
+        "missed_at_ns": [s.at_ns for s in runtime.ticker.stalls if s.missed and s.at_ns >= window_ns],
         "wall_s": wall_s,
         "lateness_us": percentiles_us(lateness),
         "tick_work_us": percentiles_us(stats.tick_work_ns.values()),

@@ -54,10 +54,10 @@ from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
-# The rated session count of this 2-core VM, shared with the clients: `bench tick` measured 8
-# sessions at 29 us p99 and 16 at 1.4 ms p99 with no missed deadline (the server at about one
-# core), 32 with missed deadlines. 16 is the largest count measured to keep every deadline, so the
-# soak holds it for its whole window; --sessions overrides.
+# The rated session count of `dualloop serve` as users run it (with the planner) on this 2-core VM,
+# shared with the clients: 16 kept every deadline for 10 minutes (0 missed, as the bare ticker). At
+# 32, where `bench tick` keeps time without the planner, the soak missed 6 against the bare
+# ticker's 2 (docs/measurements.md, issue 18). --sessions overrides.
 SOAK_SESSIONS = 16
 SOAK_DURATION_S = 600.0
 SAMPLE_S = 5.0

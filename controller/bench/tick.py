@@ -113,6 +113,7 @@ def _merge_workers(results: list[dict[str, Any]], raws: list[np.ndarray]) -> dic
     for key in ("tick_work_us", "decision_latency_us"):
         merged[key] = {k: max(r[key][k] for r in results) for k in first[key]}
     merged["cpu_per_tick_us"] = {k: sum(r["cpu_per_tick_us"][k] for r in results) for k in first["cpu_per_tick_us"]}
+    merged["missed_at_ns"] = sorted(t for r in results for t in r["missed_at_ns"])
     merged["planner"] = _merge_planners([r["planner"] for r in results])
     merged["workers"] = len(results)
     merged["per_worker"] = [
@@ -341,7 +342,9 @@ async def _bench_tick(
             "missed_deadlines": bare_result["missed"],
             "lateness_us": bare_result["lateness_us"],
             "cpu_fraction": bare_result["cpu_fraction"],
+            "stalls_at_ns": bare_result["stalls_at_ns"],
         },
+        "missed_beside_floor": missed_beside_floor(ex["missed_at_ns"], bare_result["stalls_at_ns"]),
         "p99_ratio_executor_over_bare": ex["lateness_us"]["p99"] / max(bare_result["lateness_us"]["p99"], 1e-9),
         "sessions_detail": details,
         "clients_cpu_fraction": sum(json.loads(o)[0]["client_process_cpu_s"] for o in client_outs if json.loads(o))
@@ -367,6 +370,35 @@ async def _bench_tick(
 # executor, was measured).
 P99_BOUND_US = 1000.0
 DROPPED_BOUND = 0.001
+BESIDE_FLOOR_NS = 10_000_000  # two periods either side
+
+
+def missed_beside_floor(
+    missed_at_ns: Sequence[int], floor_stalls_at_ns: Sequence[int], within_ns: int = BESIDE_FLOOR_NS
+) -> dict[str, int]:
+    """The executor's runs of missed deadlines (each by the time its first missed deadline was due),
+    and how many of them began within within_ns of a stall of the bare ticker in the same run (a
+    deadline it missed, or a tick over 1 ms late). The bare ticker does nothing but wait at the same
+    priority: a run beside one of its stalls is the machine stalling both, one apart from them is
+    the executor's own. Both clocks are the machine's CLOCK_MONOTONIC."""
+    runs = np.asarray(missed_at_ns, dtype=np.int64)
+    floor = np.sort(np.asarray(floor_stalls_at_ns, dtype=np.int64))
+    if runs.size == 0 or floor.size == 0:
+        return {"runs": int(runs.size), "beside_floor": 0, "apart": int(runs.size)}
+    i = np.searchsorted(floor, runs)
+    before = floor[np.clip(i - 1, 0, floor.size - 1)]
+    after = floor[np.clip(i, 0, floor.size - 1)]
+    beside = int((np.minimum(np.abs(runs - before), np.abs(after - runs)) <= within_ns).sum())
+    return {"runs": int(runs.size), "beside_floor": beside, "apart": int(runs.size) - beside}
+
+
+def missed_text(missed: int, beside: dict[str, int]) -> str:
+    """'N missed deadlines' and where their runs fell against the bare ticker's stalls."""
+    return (
+        f"{missed} missed deadlines ({beside['runs']} run{'s' if beside['runs'] != 1 else ''}: "
+        f"{beside['beside_floor']} within {BESIDE_FLOOR_NS // 1_000_000} ms of a stall of the bare ticker, "
+        f"{beside['apart']} apart from any)"
+    )
 
 
 def tick_verdict(result: dict[str, Any]) -> dict[str, Any]:
@@ -382,7 +414,7 @@ def tick_verdict(result: dict[str, Any]) -> dict[str, Any]:
             f"{bare['lateness_us']['p99']:.0f} us): no verdict on the executor from this run"
         )
     if ex["missed_deadlines"]:
-        failures.append(f"{ex['missed_deadlines']} missed deadlines")
+        failures.append(missed_text(ex["missed_deadlines"], result["missed_beside_floor"]))
     if not ex["lateness_us"]["p99"] < P99_BOUND_US:
         failures.append(f"executor p99 lateness {ex['lateness_us']['p99']:.0f} us >= {P99_BOUND_US:.0f} us")
     if not fraction < DROPPED_BOUND:

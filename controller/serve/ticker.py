@@ -23,6 +23,7 @@ no tick ran on (controller.proto, ServerStats.missed_deadlines).
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import os
 import time
@@ -35,6 +36,7 @@ from dualloop.controller.serve.cpu_latency import hold_cpu_wake_latency
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 
 _now_ns = time.monotonic_ns
+STALLS_KEPT = 4096
 
 
 @dataclass(slots=True)
@@ -47,6 +49,16 @@ class Tick:
     @property
     def lateness_ns(self) -> int:
         return self.started_ns - self.scheduled_ns
+
+
+@dataclass(slots=True, frozen=True)
+class Stall:
+    """Deadlines missed (missed > 0: the first of them was at_ns) or a tick that started late_ns
+    after its deadline at_ns, past the ticker's stall threshold: when the loop could not keep time."""
+
+    at_ns: int
+    missed: int
+    late_ns: int
 
 
 class LatenessLog:
@@ -87,7 +99,11 @@ class PreciseTicker:
         guard_ns: int = int(DEFAULT_TICKER_GUARD_MS * 1e6),
         start_ns: int | None = None,
         spin_ns: int = 200_000,
+        stall_ns: int = 1_000_000,
     ) -> None:
+        """stall_ns: ticks later than this, and missed deadlines, are kept in `stalls` (the newest
+        STALLS_KEPT), so that two loops can be compared in time (bench tick: was the machine's bare
+        ticker stalled when the executor missed?)."""
         if period_ns <= 0:
             raise ValueError(f"tick period must be positive, got {period_ns} ns")
         self.period_ns = period_ns
@@ -99,6 +115,8 @@ class PreciseTicker:
         self._next_index = 0
         self.missed = 0
         self.ticks = 0
+        self.stall_ns = stall_ns
+        self.stalls: collections.deque[Stall] = collections.deque(maxlen=STALLS_KEPT)
         # made on the first precise wait, on the loop that waits; False: not available here
         self._alarm: MonotonicAlarm | None | bool = None
 
@@ -147,6 +165,9 @@ class PreciseTicker:
             deadline += missed * self.period_ns
             if precise:
                 self.missed += missed
+                self.stalls.append(Stall(deadline - missed * self.period_ns, missed, 0))
+        if precise and now - deadline > self.stall_ns:
+            self.stalls.append(Stall(deadline, 0, now - deadline))
         self._next_index = index + 1
         self.ticks += 1
         return Tick(index=index, scheduled_ns=deadline, started_ns=now, missed_before=missed)
@@ -227,4 +248,5 @@ async def run_bare_ticker(
         "ticks": ticker.ticks,
         "cpu_fraction": cpu / duration_s,
         "scheduling": scheduling,
+        "stalls_at_ns": [s.at_ns for s in ticker.stalls],  # missed, or later than its stall threshold
     }

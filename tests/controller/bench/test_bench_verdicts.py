@@ -13,7 +13,7 @@ import pytest
 from dualloop.controller.bench import cli as bench_cli
 from dualloop.controller.bench import tick
 from dualloop.controller.bench.planner import planner_verdict
-from dualloop.controller.bench.tick import cpu_plan, tick_verdict
+from dualloop.controller.bench.tick import cpu_plan, missed_beside_floor, tick_verdict
 from dualloop.controller.cli import main
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
@@ -24,6 +24,7 @@ def _tick(ex_p99: float = 50.0, ex_missed: int = 0, bare_p99: float = 20.0, bare
         "bare_ticker": {"lateness_us": {"p99": bare_p99}, "missed_deadlines": bare_missed},
         "sessions_detail": [{"snapshots_received": 5000, "snapshots_dropped": dropped}],
         "p99_ratio_executor_over_bare": ex_p99 / bare_p99,
+        "missed_beside_floor": {"runs": ex_missed, "beside_floor": 0, "apart": ex_missed},
     }
 
 
@@ -51,6 +52,7 @@ def _planner(idle_p99: float, busy_p99: float, missed: int = 0, bare_p99: float 
         "missed_deadlines": missed,
         "bare_lateness_us": {"p99": bare_p99},
         "bare_missed_deadlines": 0,
+        "missed_beside_floor": {"runs": missed, "beside_floor": 0, "apart": missed},
     }
 
 
@@ -62,6 +64,20 @@ def test_planner_verdict_a_ratio_of_two_overloaded_windows_is_no_pass():
     assert planner_verdict(_planner(100.0, 110.0))["met"]
     assert not planner_verdict(_planner(100.0, 130.0))["met"]  # over the ratio, both under 1 ms
     assert not planner_verdict(_planner(100.0, 110.0, bare_p99=2000.0))["met"]
+
+
+def test_missed_deadlines_are_told_apart_from_the_machines_own_stalls():
+    ms = 1_000_000
+    floor = [100 * ms, 5_000 * ms, 5_004 * ms]  # the bare ticker's stalls
+    runs = [95 * ms, 111 * ms, 3_000 * ms, 5_002 * ms]  # 5 ms before, 11 ms after, nowhere near, between two
+    assert missed_beside_floor(runs, floor) == {"runs": 4, "beside_floor": 2, "apart": 2}
+    assert missed_beside_floor(runs, []) == {"runs": 4, "beside_floor": 0, "apart": 4}
+    assert missed_beside_floor([], floor) == {"runs": 0, "beside_floor": 0, "apart": 0}
+    v = tick_verdict({**_tick(ex_missed=3), "missed_beside_floor": missed_beside_floor(runs[:3], floor)})
+    assert (
+        not v["met"]
+        and "3 missed deadlines (3 runs: 1 within 10 ms of a stall of the bare ticker, 2 apart" in (v["failures"][0])
+    )
 
 
 def test_cpu_plan_pins_the_server_apart_where_the_machine_allows():

@@ -30,6 +30,20 @@ def test_missed_deadlines_are_skipped_not_bursted():
     assert after.started_ns >= after.scheduled_ns
 
 
+def test_missed_deadlines_are_kept_with_the_time_the_first_was_due():
+    async def run() -> tuple:
+        ticker = PreciseTicker(PERIOD, stall_ns=PERIOD)  # lateness alone (under a period) is no stall here
+        first = await ticker.next()
+        time.sleep(0.0175)
+        late = await ticker.next()
+        return first, late, list(ticker.stalls)
+
+    first, late, stalls = asyncio.run(run())
+    missed = [s for s in stalls if s.missed]
+    assert len(missed) == 1 and missed[0].missed == late.missed_before >= 2
+    assert missed[0].at_ns == first.scheduled_ns + PERIOD  # the deadline right after the last tick that ran
+
+
 def test_ticks_follow_the_grid():
     async def run() -> list:
         ticker = PreciseTicker(PERIOD)
