@@ -39,7 +39,7 @@ def test_missed_deadlines_are_kept_with_the_time_the_first_was_due():
         return first, late, list(ticker.stalls)
 
     first, late, stalls = asyncio.run(run())
-    missed = [s for s in stalls if s.missed]
+    missed = [s for s in stalls if s.missed and s.at_ns > first.scheduled_ns]  # a busy machine may delay `first`
     assert len(missed) == 1 and missed[0].missed == late.missed_before >= 2
     assert missed[0].at_ns == first.scheduled_ns + PERIOD  # the deadline right after the last tick that ran
 
