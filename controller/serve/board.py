@@ -187,8 +187,12 @@ class Board:
             opened_per_worker=[int(v) for v in rows[:, SESSIONS_OPENED]],
         )
 
-    def percentiles_us(self, histogram: npt.NDArray[np.int64], qs: Sequence[float]) -> list[float]:
-        """Percentiles (0-100) of a fine histogram: the upper edge of the bin holding each rank."""
+    def percentiles_us(
+        self, histogram: npt.NDArray[np.int64], qs: Sequence[float], max_us: float | None = None
+    ) -> list[float]:
+        """Percentiles (0-100) of a fine histogram: the upper edge of the bin holding each rank, but
+        never above max_us, the exact largest value when known (every value in the first bin, under
+        its 0.1 us edge, would otherwise report a p99 above the max)."""
         n = int(histogram.sum())
         if n == 0:
             return [0.0] * len(qs)
@@ -197,7 +201,8 @@ class Board:
         out = []
         for q in qs:
             rank = max(1, int(np.ceil(q / 100 * n)))
-            out.append(float(upper[int(np.searchsorted(cum, rank, side="left"))]))
+            edge = float(upper[int(np.searchsorted(cum, rank, side="left"))])
+            out.append(edge if max_us is None else min(edge, max_us))
         return out
 
     def coarse(self, histogram: npt.NDArray[np.int64]) -> list[int]:

@@ -626,7 +626,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         assert board is not None
         runtime.publish()
         t = board.totals()
-        p50, p99, p999 = board.percentiles_us(t.histogram, [50, 99, 99.9])
+        p50, p99, p999 = board.percentiles_us(t.histogram, [50, 99, 99.9], t.lateness_max_us)
         now = _mono_ns()
         reply = pb.GetStatsResponse(
             ticks=t.ticks,

@@ -206,6 +206,11 @@ def test_worker_count_and_the_board_histogram() -> None:
         all_us = np.concatenate(values) / 1e3
         expect = np.bincount(np.searchsorted(LATENESS_BUCKETS_US, all_us, side="left"), minlength=13)
         assert board.coarse(merged) == expect.tolist()
+        # ticks all under the first bin's edge (a precise ticker): no percentile above the exact max
+        hist = LatenessHistogram(board.edges)
+        hist.add(np.array([20, 44, 31], dtype=np.int64))  # ns
+        assert board.percentiles_us(hist.counts, [50, 99]) == [board.edges[0]] * 2
+        assert board.percentiles_us(hist.counts, [50, 99], max_us=0.044) == [0.044, 0.044]
     finally:
         board.close()
 
