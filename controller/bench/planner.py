@@ -16,6 +16,7 @@ is reported from the scheduler's request -> plan latency instead.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -26,7 +27,14 @@ import numpy.typing as npt
 from rich.console import Console
 from rich.table import Table
 
-from dualloop.controller.bench.tick import P99_BOUND_US, _bench_tick, missed_text, print_ran, store_result
+from dualloop.controller.bench.tick import (
+    P99_BOUND_US,
+    _bench_tick,
+    cause_name,
+    missed_text,
+    print_ran,
+    store_result,
+)
 from dualloop.controller.serve.server import new_event_loop
 from dualloop.controller.serve.ticker import percentiles_us
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
@@ -102,10 +110,12 @@ def print_planner_report(result: dict[str, Any], console: Console) -> None:
             *(f"{lat[k]:.0f}" for k in ("p50", "p99", "p99.9", "max")),
         )
     console.print(table)
+    bare_causes = collections.Counter(cause_name(c) for c in result.get("bare_missed_causes", ()))
+    bare_why = f" ({', '.join(f'{k} {n}' for k, n in bare_causes.most_common())})" if bare_causes else ""
     console.print(
         f"whole run: {missed_text(result['missed_deadlines'], result['missed_beside_floor'])}; bare ticker "
-        f"{result['bare_missed_deadlines']} missed, p99 {result['bare_lateness_us']['p99']:.0f} us (the machine's "
-        f"floor in the same run)"
+        f"{result['bare_missed_deadlines']} missed{bare_why}, p99 {result['bare_lateness_us']['p99']:.0f} us (the "
+        f"machine's floor in the same run)"
     )
     ratio = result["p99_ratio_busy_over_idle"]
     low, high = result["p99_ratio_interval_95"]
@@ -205,6 +215,8 @@ def bench_planner(
         "snapshots_dropped": sum(s["snapshots_dropped"] for s in run["sessions_detail"]),
         "bare_missed_deadlines": run["bare_ticker"]["missed_deadlines"],
         "missed_beside_floor": run["missed_beside_floor"],
+        "missed_causes": ex["missed_causes"],
+        "bare_missed_causes": run["bare_ticker"]["missed_causes"],
     }
     result["verdict"] = planner_verdict(result)
     path = store_result(out_dir, "planner", result)

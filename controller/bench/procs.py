@@ -378,6 +378,7 @@ async def run_server(
         "missed_deadlines": runtime.ticker.missed - missed0,
         # when (monotonic ns, the machine's clock) each run of missed deadlines began
         "missed_at_ns": [s.at_ns for s in runtime.ticker.stalls if s.missed and s.at_ns >= window_ns],
+        "missed_causes": [s.record() for s in runtime.ticker.stalls if s.missed and s.at_ns >= window_ns],
         "wall_s": wall_s,
         "lateness_us": percentiles_us(lateness),
         "tick_work_us": percentiles_us(stats.tick_work_ns.values()),

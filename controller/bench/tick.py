@@ -8,6 +8,7 @@ The bare ticker's lateness is the machine's floor under that load; the executor 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import sys
@@ -114,6 +115,7 @@ def _merge_workers(results: list[dict[str, Any]], raws: list[np.ndarray]) -> dic
         merged[key] = {k: max(r[key][k] for r in results) for k in first[key]}
     merged["cpu_per_tick_us"] = {k: sum(r["cpu_per_tick_us"][k] for r in results) for k in first["cpu_per_tick_us"]}
     merged["missed_at_ns"] = sorted(t for r in results for t in r["missed_at_ns"])
+    merged["missed_causes"] = sorted((c for r in results for c in r["missed_causes"]), key=lambda c: c["at_ns"])
     merged["planner"] = _merge_planners([r["planner"] for r in results])
     merged["workers"] = len(results)
     merged["per_worker"] = [
@@ -343,8 +345,11 @@ async def _bench_tick(
             "lateness_us": bare_result["lateness_us"],
             "cpu_fraction": bare_result["cpu_fraction"],
             "stalls_at_ns": bare_result["stalls_at_ns"],
+            "missed_causes": bare_result["missed_causes"],
         },
-        "missed_beside_floor": missed_beside_floor(ex["missed_at_ns"], bare_result["stalls_at_ns"]),
+        "missed_beside_floor": missed_beside_floor(
+            ex["missed_at_ns"], bare_result["stalls_at_ns"], ex["missed_causes"]
+        ),
         "p99_ratio_executor_over_bare": ex["lateness_us"]["p99"] / max(bare_result["lateness_us"]["p99"], 1e-9),
         "sessions_detail": details,
         "clients_cpu_fraction": sum(json.loads(o)[0]["client_process_cpu_s"] for o in client_outs if json.loads(o))
@@ -374,30 +379,44 @@ BESIDE_FLOOR_NS = 10_000_000  # two periods either side
 
 
 def missed_beside_floor(
-    missed_at_ns: Sequence[int], floor_stalls_at_ns: Sequence[int], within_ns: int = BESIDE_FLOOR_NS
-) -> dict[str, int]:
+    missed_at_ns: Sequence[int],
+    floor_stalls_at_ns: Sequence[int],
+    causes: Sequence[dict[str, Any]] = (),
+    within_ns: int = BESIDE_FLOOR_NS,
+) -> dict[str, Any]:
     """The executor's runs of missed deadlines (each by the time its first missed deadline was due),
     and how many of them began within within_ns of a stall of the bare ticker in the same run (a
     deadline it missed, or a tick over 1 ms late). The bare ticker does nothing but wait at the same
     priority: a run beside one of its stalls is the machine stalling both, one apart from them is
-    the executor's own. Both clocks are the machine's CLOCK_MONOTONIC."""
+    the executor's own, or a stall of the server's CPU alone, which the bare ticker (on another CPU)
+    cannot see: the runs' causes (Stall.record: where the loop thread's time went) tell those apart.
+    Both clocks are the machine's CLOCK_MONOTONIC."""
     runs = np.asarray(missed_at_ns, dtype=np.int64)
     floor = np.sort(np.asarray(floor_stalls_at_ns, dtype=np.int64))
+    out: dict[str, Any] = {"runs": int(runs.size), "beside_floor": 0, "apart": int(runs.size)}
+    out["causes"] = dict(collections.Counter(cause_name(c) for c in causes).most_common())
     if runs.size == 0 or floor.size == 0:
-        return {"runs": int(runs.size), "beside_floor": 0, "apart": int(runs.size)}
+        return out
     i = np.searchsorted(floor, runs)
     before = floor[np.clip(i - 1, 0, floor.size - 1)]
     after = floor[np.clip(i, 0, floor.size - 1)]
     beside = int((np.minimum(np.abs(runs - before), np.abs(after - runs)) <= within_ns).sum())
-    return {"runs": int(runs.size), "beside_floor": beside, "apart": int(runs.size) - beside}
+    return out | {"beside_floor": beside, "apart": int(runs.size) - beside}
 
 
-def missed_text(missed: int, beside: dict[str, int]) -> str:
-    """'N missed deadlines' and where their runs fell against the bare ticker's stalls."""
+def cause_name(record: dict[str, Any]) -> str:
+    """'loop: off CPU' and the like (ticker.Overrun): the stretch that overran and why."""
+    return f"{record['stretch']}: {record['why']}" if "stretch" in record else "unknown (first tick)"
+
+
+def missed_text(missed: int, beside: dict[str, Any]) -> str:
+    """'N missed deadlines', where their runs fell against the bare ticker's stalls, and why."""
+    causes = beside.get("causes") or {}
+    why = f"; where the time went: {', '.join(f'{k} {n}' for k, n in causes.items())}" if causes else ""
     return (
         f"{missed} missed deadlines ({beside['runs']} run{'s' if beside['runs'] != 1 else ''}: "
         f"{beside['beside_floor']} within {BESIDE_FLOOR_NS // 1_000_000} ms of a stall of the bare ticker, "
-        f"{beside['apart']} apart from any)"
+        f"{beside['apart']} apart from any{why})"
     )
 
 

@@ -930,9 +930,13 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         error: list[tuple] = []
         planning = self._planning
 
+        ticker = self.runtime.ticker
+
         async def read() -> None:
             try:
                 async for msg in requests:
+                    while ticker.hand_over_due():  # again after the tick: the next one may be due by then
+                        await ticker.until_tick()  # the deadline first; this message just after it
                     if isinstance(msg, MalformedRequest):
                         error.append((grpc.StatusCode.INVALID_ARGUMENT, msg.message))
                         return

@@ -33,10 +33,12 @@ import numpy as np
 
 from dualloop.controller.serve.alarm import MonotonicAlarm
 from dualloop.controller.serve.cpu_latency import hold_cpu_wake_latency
+from dualloop.controller.serve.thread_clock import ThreadClock, ThreadTimes
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 
 _now_ns = time.monotonic_ns
 STALLS_KEPT = 4096
+_NEVER = 1 << 62
 
 
 @dataclass(slots=True)
@@ -52,13 +54,69 @@ class Tick:
 
 
 @dataclass(slots=True, frozen=True)
+class Overrun:
+    """The stretch of a wait that ran longest past its time, and how the loop's thread spent that
+    excess (lower bounds: the counters cover the whole stretch, the excess is its end). `stretch`:
+    "tick work" (the previous tick's own work, to the alarm), "loop" (serving the loop until the
+    alarm woke it) or "thread wait" (the sleep and spin to the deadline). `why`: "running" (the
+    thread was executing: our code or a library's), "queued" (runnable, another task had the CPU),
+    "off CPU" (asleep past its alarm, or its vCPU not run by the host) or "mixed"."""
+
+    stretch: str
+    over_ns: int
+    ran_ns: int
+    queued_ns: int
+    off_ns: int
+
+    @property
+    def why(self) -> str:
+        share = {"running": self.ran_ns, "queued": self.queued_ns, "off CPU": self.off_ns}
+        name, most = max(share.items(), key=lambda kv: kv[1])
+        return name if most * 2 >= self.over_ns else "mixed"
+
+
+def overrun(stretch: str, wall_ns: int, over_ns: int, spent: ThreadTimes) -> Overrun:
+    kept = wall_ns - over_ns  # the part of the stretch that was on time
+    off_ns = wall_ns - spent.ran_ns - spent.queued_ns
+    return Overrun(
+        stretch,
+        over_ns,
+        max(0, spent.ran_ns - kept),
+        max(0, spent.queued_ns - kept),
+        max(0, off_ns - kept),
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class _Waited:
+    """One precise wait's moments (monotonic ns, the loop thread's times then)."""
+
+    called: tuple[int, ThreadTimes]  # next() was called: the previous tick's work was done
+    alarm_ns: int  # the loop was to be woken for the thread wait
+    woke: tuple[int, ThreadTimes]
+    deadline: int
+    started: tuple[int, ThreadTimes]
+
+
+@dataclass(slots=True, frozen=True)
 class Stall:
     """Deadlines missed (missed > 0: the first of them was at_ns) or a tick that started late_ns
-    after its deadline at_ns, past the ticker's stall threshold: when the loop could not keep time."""
+    after its deadline at_ns, past the ticker's stall threshold: when the loop could not keep time,
+    and where that time went (None: no earlier tick to measure from)."""
 
     at_ns: int
     missed: int
     late_ns: int
+    overrun: Overrun | None = None
+
+    def record(self) -> dict[str, int | str]:
+        """For a JSON report: when, how many, and where the time went (microseconds)."""
+        out: dict[str, int | str] = {"at_ns": self.at_ns, "missed": self.missed, "late_us": self.late_ns // 1000}
+        if self.overrun is not None:
+            o = self.overrun
+            out |= {"stretch": o.stretch, "why": o.why, "over_us": o.over_ns // 1000}
+            out |= {"ran_us": o.ran_ns // 1000, "queued_us": o.queued_ns // 1000, "off_us": o.off_ns // 1000}
+        return out
 
 
 class LatenessLog:
@@ -119,12 +177,50 @@ class PreciseTicker:
         self.stalls: collections.deque[Stall] = collections.deque(maxlen=STALLS_KEPT)
         # made on the first precise wait, on the loop that waits; False: not available here
         self._alarm: MonotonicAlarm | None | bool = None
+        # the loop thread's running/queued time at the last precise tick's start, to tell where a
+        # stall's time went (three ~1 us reads a tick)
+        self._clock: ThreadClock | None = None
+        self._last_start: tuple[int, ThreadTimes] | None = None
+        # From its alarm until the tick starts, the loop belongs to the tick (hand_over_due)
+        self._hand_over_at_ns = _NEVER
+        self._tick_started: asyncio.Future[None] | None = None
+        self.hand_overs = 0  # times a loop task waited for the tick (until_tick)
 
     def close(self) -> None:
-        """Releases the alarm's file descriptor (a ticker left to the garbage collector leaks it)."""
+        """Releases the alarm's and thread clock's file descriptors (a ticker left to the garbage
+        collector leaks them)."""
         if isinstance(self._alarm, MonotonicAlarm):
             self._alarm.close()
         self._alarm = None
+        if self._clock is not None:
+            self._clock.close()
+        self._clock = None
+        self._release_waiters()
+
+    def hand_over_due(self) -> bool:
+        """True once the alarm of a precise wait has rung and its tick has not started yet: loop
+        work that can wait (the next message of a stream) should await until_tick() first.
+
+        Why: the loop runs every callback that is ready before it sees the alarm, so a burst (a
+        client that was held up sending several periods of observations at once) would run past the
+        alarm and the deadline; measured at 32 sessions as 7-8 ms of loop work in one period
+        (docs/measurements.md). One comparison: cheap enough for every message."""
+        return _now_ns() >= self._hand_over_at_ns
+
+    async def until_tick(self) -> None:
+        """Returns once the next tick has started (at once if no precise wait is under way)."""
+        if self._hand_over_at_ns == _NEVER:
+            return
+        if self._tick_started is None:
+            self._tick_started = asyncio.get_running_loop().create_future()
+        self.hand_overs += 1
+        await asyncio.shield(self._tick_started)  # a cancelled waiter must not cancel the others'
+
+    def _release_waiters(self) -> None:
+        self._hand_over_at_ns = _NEVER
+        waiters, self._tick_started = self._tick_started, None
+        if waiters is not None and not waiters.done():
+            waiters.set_result(None)
 
     async def _coarse_wait(self, until_ns: int) -> None:
         if self._alarm is None:
@@ -134,6 +230,22 @@ class PreciseTicker:
         else:
             await asyncio.sleep((until_ns - _now_ns()) / 1e9)
 
+    def _open_clock(self) -> ThreadClock:
+        self._clock = ThreadClock()  # here, on the loop's thread
+        return self._clock
+
+    def _overrun(self, w: _Waited) -> Overrun | None:
+        """The stretch since the previous tick started that ran longest past its time."""
+        if self._last_start is None:
+            return None
+        stretches = (
+            ("tick work", self._last_start, w.called, w.called[0] - w.alarm_ns),
+            ("loop", w.called, w.woke, w.woke[0] - max(w.alarm_ns, w.called[0])),
+            ("thread wait", w.woke, w.started, w.started[0] - max(w.deadline, w.woke[0])),
+        )
+        name, begin, end, over = max(stretches, key=lambda s: s[3])
+        return overrun(name, end[0] - begin[0], max(0, over), end[1] - begin[1])
+
     async def next(self, precise: bool = True) -> Tick:
         """The next deadline. precise=False: nobody needs this tick on time (no REALTIME session), so
         wait on the loop timer alone and leave the loop free (LOCKSTEP streams use it meanwhile);
@@ -141,21 +253,30 @@ class PreciseTicker:
         index = self._next_index
         deadline = self._start_ns + index * self.period_ns
         now = _now_ns()
-        if now >= deadline + self.period_ns:
-            pass  # already too late for this deadline: skipped below, no wait
-        elif not precise:
-            if deadline > now:
+        too_late = now >= deadline + self.period_ns  # for this deadline: skipped below, no wait
+        if not precise:
+            if not too_late and deadline > now:
                 await asyncio.sleep((deadline - now) / 1e9)
-            now = max(_now_ns(), deadline)
-        else:
-            if deadline - now > self.guard_ns:
-                await self._coarse_wait(deadline - self.guard_ns)
-            fine_ns = deadline - _now_ns() - self.spin_ns
+            return self._advance(index, deadline, max(_now_ns(), deadline) if not too_late else now, None)
+        clock = self._clock or self._open_clock()
+        called = woke = (now, clock.read())
+        alarm_ns = deadline - self.guard_ns
+        self._hand_over_at_ns = alarm_ns
+        if not too_late:
+            if alarm_ns > now:
+                await self._coarse_wait(alarm_ns)
+            woke = (_now_ns(), clock.read())
+            fine_ns = deadline - woke[0] - self.spin_ns
             if fine_ns > 0:
                 time.sleep(fine_ns / 1e9)
             while (now := _now_ns()) < deadline:
                 pass
+        started = (now, clock.read())
+        return self._advance(index, deadline, now, _Waited(called, alarm_ns, woke, deadline, started))
+
+    def _advance(self, index: int, deadline: int, now: int, waited: _Waited | None) -> Tick:
         missed = 0
+        first_missed = deadline
         # Checked after the wait too (a wait can overshoot by a whole period under load), so that a
         # tick never starts a full period or more after its deadline: lateness < period, always.
         if now >= deadline + self.period_ns:
@@ -163,11 +284,17 @@ class PreciseTicker:
             missed = (now - deadline) // self.period_ns
             index += missed
             deadline += missed * self.period_ns
-            if precise:
-                self.missed += missed
-                self.stalls.append(Stall(deadline - missed * self.period_ns, missed, 0))
-        if precise and now - deadline > self.stall_ns:
-            self.stalls.append(Stall(deadline, 0, now - deadline))
+        if waited is not None:  # precise: lateness and misses count
+            late_ns = now - deadline
+            if missed or late_ns > self.stall_ns:
+                cause = self._overrun(waited)
+                if missed:
+                    self.missed += missed
+                    self.stalls.append(Stall(first_missed, missed, 0, cause))
+                if late_ns > self.stall_ns:
+                    self.stalls.append(Stall(deadline, 0, late_ns, cause))
+            self._last_start = waited.started
+            self._release_waiters()
         self._next_index = index + 1
         self.ticks += 1
         return Tick(index=index, scheduled_ns=deadline, started_ns=now, missed_before=missed)
@@ -249,4 +376,5 @@ async def run_bare_ticker(
         "cpu_fraction": cpu / duration_s,
         "scheduling": scheduling,
         "stalls_at_ns": [s.at_ns for s in ticker.stalls],  # missed, or later than its stall threshold
+        "missed_causes": [s.record() for s in ticker.stalls if s.missed],
     }

@@ -70,14 +70,21 @@ def test_missed_deadlines_are_told_apart_from_the_machines_own_stalls():
     ms = 1_000_000
     floor = [100 * ms, 5_000 * ms, 5_004 * ms]  # the bare ticker's stalls
     runs = [95 * ms, 111 * ms, 3_000 * ms, 5_002 * ms]  # 5 ms before, 11 ms after, nowhere near, between two
-    assert missed_beside_floor(runs, floor) == {"runs": 4, "beside_floor": 2, "apart": 2}
-    assert missed_beside_floor(runs, []) == {"runs": 4, "beside_floor": 0, "apart": 4}
-    assert missed_beside_floor([], floor) == {"runs": 0, "beside_floor": 0, "apart": 0}
-    v = tick_verdict({**_tick(ex_missed=3), "missed_beside_floor": missed_beside_floor(runs[:3], floor)})
-    assert (
-        not v["met"]
-        and "3 missed deadlines (3 runs: 1 within 10 ms of a stall of the bare ticker, 2 apart" in (v["failures"][0])
-    )
+    assert missed_beside_floor(runs, floor) == {"runs": 4, "beside_floor": 2, "apart": 2, "causes": {}}
+    assert missed_beside_floor(runs, []) == {"runs": 4, "beside_floor": 0, "apart": 4, "causes": {}}
+    assert missed_beside_floor([], floor) == {"runs": 0, "beside_floor": 0, "apart": 0, "causes": {}}
+    causes = [
+        {"at_ns": runs[0], "missed": 1, "stretch": "loop", "why": "off CPU"},
+        {"at_ns": runs[1], "missed": 2, "stretch": "tick work", "why": "running"},
+        {"at_ns": runs[2], "missed": 1, "stretch": "loop", "why": "off CPU"},
+    ]
+    split = missed_beside_floor(runs[:3], floor, causes)
+    assert split["causes"] == {"loop: off CPU": 2, "tick work: running": 1}
+    v = tick_verdict({**_tick(ex_missed=4), "missed_beside_floor": split})
+    assert not v["met"] and (
+        "4 missed deadlines (3 runs: 1 within 10 ms of a stall of the bare ticker, 2 apart from any; "
+        "where the time went: loop: off CPU 2, tick work: running 1)"
+    ) in (v["failures"][0])
 
 
 def test_cpu_plan_pins_the_server_apart_where_the_machine_allows():

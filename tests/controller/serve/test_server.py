@@ -309,3 +309,22 @@ def test_sessions_are_recorded(test_model_path, tmp_path):
     assert [x.tick for x in data.snapshots] == [x.tick for x in sent]
     assert [x.input_hash for x in data.snapshots] == [x.input_hash for x in sent]
     assert not data.truncated
+
+
+def test_a_burst_of_observations_waits_for_the_tick_and_none_is_lost(server):
+    """A client that sends far faster than 200 Hz: its reads yield to each tick's deadline (the
+    ticker's hand-over), and every observation is still taken in order, the last one decided on."""
+    channel = realtime_channel(server.address)
+    session = DriveSession(channel, "burst", pb.CLOCK_MODE_REALTIME)
+    hand_overs = server.server.runtime.ticker.hand_overs
+    n = 3000
+    for seq in range(1, n + 1):
+        session.send(seq, time.monotonic_ns(), sensor(seq))
+    deadline = time.monotonic() + 60
+    seen = 0
+    while seen < n and time.monotonic() < deadline:
+        seen = session.recv().observation_seq
+    session.cancel()
+    channel.close()
+    assert seen == n  # the final observation reached the executor: nothing accepted was dropped
+    assert server.server.runtime.ticker.hand_overs > hand_overs
