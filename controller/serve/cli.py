@@ -63,7 +63,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--allow-non-loopback", action="store_true", help="deprecated: a non-loopback --host needs --tls-cert now"
     )
     add_security_arguments(p)
-    p.add_argument("--realtime-priority", type=int, help="SCHED_FIFO priority (1-99) for the tick loop")
+    p.add_argument(
+        "--realtime-priority",
+        type=int,
+        help="SCHED_FIFO priority (1-99) for the tick loop (the other threads: one below)",
+    )
     p.add_argument(
         "--cpu-wake-latency-us",
         type=int,

@@ -111,7 +111,8 @@ class ServerConfig(BaseModel):
     auth: AuthConfig = AuthConfig()
     executor: ExecutorConfig = ExecutorConfig()
     # SCHED_FIFO priority for the thread that runs the tick loop (1-99), as ros2_control's controller
-    # manager does; None keeps the normal scheduler. Needs CAP_SYS_NICE; refused -> a warning.
+    # manager does; the server's other threads run one below (realtime_threads.py). None keeps the
+    # normal scheduler. Needs CAP_SYS_NICE; refused -> a warning.
     realtime_priority: int | None = Field(None, ge=1, le=99)
     # Keep idle CPUs out of idle states slower than this to leave, while serving (Linux PM QoS,
     # /dev/cpu_dma_latency; 0: idle CPUs poll instead of halting). On a VM a halted vCPU can wake

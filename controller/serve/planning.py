@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from dualloop.controller.serve.config import PlannerConfig
+from dualloop.controller.serve.realtime_threads import lower_this_thread
 from dualloop.executor.core import Executor
 from dualloop.executor.sessions import Session
 from dualloop.executor.snapshot import Clock, Observation
@@ -299,7 +300,9 @@ class ServerPlanning:
         self.realtime = RealtimePlanning(executor, self.scheduler, cfg.period_ns)
         self.lockstep: LockstepPlanning | None = None
         # LOCKSTEP plans run here, awaited by their stream: the loop (and REALTIME ticks) keeps going.
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dualloop-lockstep-plan")
+        self._pool = ThreadPoolExecutor(
+            max_workers=4, thread_name_prefix="dualloop-lockstep-plan", initializer=lower_this_thread
+        )
         self.name = ""
 
     def start(self) -> None:

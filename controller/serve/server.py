@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from dualloop.controller.serve.metrics import (
     ServerMetrics,
 )
 from dualloop.controller.serve.planning import ServerPlanning
+from dualloop.controller.serve.realtime_threads import REALTIME, lower_this_thread, set_realtime_priority
 from dualloop.controller.serve.security import (
     Authenticator,
     AuthError,
@@ -59,7 +61,7 @@ from dualloop.controller.serve.security import (
     require_admin,
 )
 from dualloop.controller.serve.shadow import CandidateTally, ShadowAgreement
-from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker, set_realtime_priority
+from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker
 from dualloop.controller.serve.wire import (
     drive_response_bytes,
     model_info,
@@ -82,6 +84,7 @@ _mono_ns = time.monotonic_ns
 _perf_ns = time.perf_counter_ns
 
 # Upper bounds of the lateness histogram buckets in GetStats (microseconds).
+_LOWER_NEW_THREADS_EVERY = 200  # ticks: about once a second
 LATENESS_BUCKETS_US = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0]
 
 
@@ -291,6 +294,8 @@ class ControllerRuntime:
                     metrics.on_tick(tick.lateness_ns, work_ns)
                 if board is not None and ticker.ticks % wb.PUBLISH_EVERY == 0:
                     self.publish()  # after the tick's work, in the time before the next deadline
+                if ticker.ticks % _LOWER_NEW_THREADS_EVERY == 0:
+                    REALTIME.lower_new_threads()  # any a library started from this thread meanwhile
         finally:
             ticker.close()  # its alarm's file descriptor
 
@@ -1121,8 +1126,12 @@ class ControllerServer:
         if self.port == 0:
             raise OSError(f"cannot bind {address}: is the port in use?")
         await self._server.start()
-        # After gRPC has started its threads, so that they share the priority (see the function).
+        # After gRPC has started its threads, so that they are placed too (realtime_threads.py).
         self.scheduling = set_realtime_priority(self.config.realtime_priority)
+        # to_thread's workers start from this (the loop's) thread: below it, as the others
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(thread_name_prefix="dualloop-worker", initializer=lower_this_thread)
+        )
         self._cpu_latency, held = hold_cpu_wake_latency(self.config.cpu_wake_latency_us)
         if held:
             self.scheduling = f"{self.scheduling}; {held}"

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import gc
-import os
 import time
 from dataclasses import dataclass
 
@@ -33,6 +32,7 @@ import numpy as np
 
 from dualloop.controller.serve.alarm import MonotonicAlarm
 from dualloop.controller.serve.cpu_latency import hold_cpu_wake_latency
+from dualloop.controller.serve.realtime_threads import set_realtime_priority
 from dualloop.controller.serve.thread_clock import ThreadClock, ThreadTimes
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 
@@ -298,26 +298,6 @@ class PreciseTicker:
         self._next_index = index + 1
         self.ticks += 1
         return Tick(index=index, scheduled_ns=deadline, started_ns=now, missed_before=missed)
-
-
-def set_realtime_priority(priority: int | None) -> str:
-    """Put every thread of this process under SCHED_FIFO; returns what happened, for the log.
-
-    All threads, not just the loop's: gRPC's threads take the GIL, and one preempted at normal
-    priority while holding it would stall the real-time loop (priority inversion; seen here as a
-    100 ms stall). Threads started later inherit the policy from their creator.
-    """
-    if priority is None:
-        return "normal scheduling"
-    try:
-        param = os.sched_param(priority)
-        tasks = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
-        for tid in tasks:
-            # RESET_ON_FORK: processes this one starts (bench clients, tools) must not inherit it.
-            os.sched_setscheduler(tid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, param)
-    except (AttributeError, PermissionError, OSError) as err:
-        return f"SCHED_FIFO {priority} refused ({err}); normal scheduling"
-    return f"SCHED_FIFO {priority}"
 
 
 def freeze_startup_heap() -> int:
