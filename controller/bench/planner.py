@@ -117,6 +117,12 @@ def print_planner_report(result: dict[str, Any], console: Console) -> None:
         f"{result['bare_missed_deadlines']} missed{bare_why}, p99 {result['bare_lateness_us']['p99']:.0f} us (the "
         f"machine's floor in the same run)"
     )
+    if result.get("gc"):
+        g = result["gc"]
+        console.print(
+            f"server's garbage collector (whole run): collections by generation {g['collections']}, longest pause "
+            f"{g['longest_us']} us, {g['total_ms']:.0f} ms in all"
+        )
     ratio = result["p99_ratio_busy_over_idle"]
     low, high = result["p99_ratio_interval_95"]
     v = result["verdict"]
@@ -217,6 +223,7 @@ def bench_planner(
         "missed_beside_floor": run["missed_beside_floor"],
         "missed_causes": ex["missed_causes"],
         "bare_missed_causes": run["bare_ticker"]["missed_causes"],
+        "gc": ex.get("gc"),
     }
     result["verdict"] = planner_verdict(result)
     path = store_result(out_dir, "planner", result)

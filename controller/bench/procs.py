@@ -28,6 +28,7 @@ from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.gc_clock import GC
 from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ControllerRuntime, ControllerServer, new_event_loop
 from dualloop.controller.serve.ticker import LatenessLog, freeze_startup_heap, percentiles_us, run_bare_ticker
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
@@ -379,6 +380,7 @@ async def run_server(
         # when (monotonic ns, the machine's clock) each run of missed deadlines began
         "missed_at_ns": [s.at_ns for s in runtime.ticker.stalls if s.missed and s.at_ns >= window_ns],
         "missed_causes": [s.record() for s in runtime.ticker.stalls if s.missed and s.at_ns >= window_ns],
+        "gc": GC.summary(),  # the whole process life, warm-up included
         "wall_s": wall_s,
         "lateness_us": percentiles_us(lateness),
         "tick_work_us": percentiles_us(stats.tick_work_ns.values()),

@@ -32,6 +32,7 @@ import numpy as np
 
 from dualloop.controller.serve.alarm import MonotonicAlarm
 from dualloop.controller.serve.cpu_latency import hold_cpu_wake_latency
+from dualloop.controller.serve.gc_clock import GC
 from dualloop.controller.serve.realtime_threads import set_realtime_priority
 from dualloop.controller.serve.thread_clock import ThreadClock, ThreadTimes
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
@@ -60,22 +61,26 @@ class Overrun:
     "tick work" (the previous tick's own work, to the alarm), "loop" (serving the loop until the
     alarm woke it) or "thread wait" (the sleep and spin to the deadline). `why`: "running" (the
     thread was executing: our code or a library's), "queued" (runnable, another task had the CPU),
-    "off CPU" (asleep past its alarm, or its vCPU not run by the host) or "mixed"."""
+    "off CPU" (asleep past its alarm, waiting for the GIL, or its vCPU not run by the host),
+    "garbage collection" (the collector took half the excess or more) or "mixed"."""
 
     stretch: str
     over_ns: int
     ran_ns: int
     queued_ns: int
     off_ns: int
+    gc_ns: int = 0  # of the stretch, in the garbage collector (any thread's collection stops all)
 
     @property
     def why(self) -> str:
+        if self.gc_ns * 2 >= self.over_ns:
+            return "garbage collection"
         share = {"running": self.ran_ns, "queued": self.queued_ns, "off CPU": self.off_ns}
         name, most = max(share.items(), key=lambda kv: kv[1])
         return name if most * 2 >= self.over_ns else "mixed"
 
 
-def overrun(stretch: str, wall_ns: int, over_ns: int, spent: ThreadTimes) -> Overrun:
+def overrun(stretch: str, wall_ns: int, over_ns: int, spent: ThreadTimes, gc_ns: int = 0) -> Overrun:
     kept = wall_ns - over_ns  # the part of the stretch that was on time
     off_ns = wall_ns - spent.ran_ns - spent.queued_ns
     return Overrun(
@@ -84,6 +89,7 @@ def overrun(stretch: str, wall_ns: int, over_ns: int, spent: ThreadTimes) -> Ove
         max(0, spent.ran_ns - kept),
         max(0, spent.queued_ns - kept),
         max(0, off_ns - kept),
+        gc_ns,
     )
 
 
@@ -91,11 +97,11 @@ def overrun(stretch: str, wall_ns: int, over_ns: int, spent: ThreadTimes) -> Ove
 class _Waited:
     """One precise wait's moments (monotonic ns, the loop thread's times then)."""
 
-    called: tuple[int, ThreadTimes]  # next() was called: the previous tick's work was done
+    called: tuple[int, ThreadTimes, int]  # next() was called: the previous tick's work was done
     alarm_ns: int  # the loop was to be woken for the thread wait
-    woke: tuple[int, ThreadTimes]
+    woke: tuple[int, ThreadTimes, int]
     deadline: int
-    started: tuple[int, ThreadTimes]
+    started: tuple[int, ThreadTimes, int]  # each: (monotonic ns, the thread's times, GC.total_ns)
 
 
 @dataclass(slots=True, frozen=True)
@@ -116,6 +122,7 @@ class Stall:
             o = self.overrun
             out |= {"stretch": o.stretch, "why": o.why, "over_us": o.over_ns // 1000}
             out |= {"ran_us": o.ran_ns // 1000, "queued_us": o.queued_ns // 1000, "off_us": o.off_ns // 1000}
+            out["gc_us"] = o.gc_ns // 1000
         return out
 
 
@@ -180,7 +187,7 @@ class PreciseTicker:
         # the loop thread's running/queued time at the last precise tick's start, to tell where a
         # stall's time went (three ~1 us reads a tick)
         self._clock: ThreadClock | None = None
-        self._last_start: tuple[int, ThreadTimes] | None = None
+        self._last_start: tuple[int, ThreadTimes, int] | None = None
         # From its alarm until the tick starts, the loop belongs to the tick (hand_over_due)
         self._hand_over_at_ns = _NEVER
         self._tick_started: asyncio.Future[None] | None = None
@@ -232,6 +239,7 @@ class PreciseTicker:
 
     def _open_clock(self) -> ThreadClock:
         self._clock = ThreadClock()  # here, on the loop's thread
+        GC.install()
         return self._clock
 
     def _overrun(self, w: _Waited) -> Overrun | None:
@@ -244,7 +252,7 @@ class PreciseTicker:
             ("thread wait", w.woke, w.started, w.started[0] - max(w.deadline, w.woke[0])),
         )
         name, begin, end, over = max(stretches, key=lambda s: s[3])
-        return overrun(name, end[0] - begin[0], max(0, over), end[1] - begin[1])
+        return overrun(name, end[0] - begin[0], max(0, over), end[1] - begin[1], end[2] - begin[2])
 
     async def next(self, precise: bool = True) -> Tick:
         """The next deadline. precise=False: nobody needs this tick on time (no REALTIME session), so
@@ -259,19 +267,19 @@ class PreciseTicker:
                 await asyncio.sleep((deadline - now) / 1e9)
             return self._advance(index, deadline, max(_now_ns(), deadline) if not too_late else now, None)
         clock = self._clock or self._open_clock()
-        called = woke = (now, clock.read())
+        called = woke = (now, clock.read(), GC.total_ns)
         alarm_ns = deadline - self.guard_ns
         self._hand_over_at_ns = alarm_ns
         if not too_late:
             if alarm_ns > now:
                 await self._coarse_wait(alarm_ns)
-            woke = (_now_ns(), clock.read())
+            woke = (_now_ns(), clock.read(), GC.total_ns)
             fine_ns = deadline - woke[0] - self.spin_ns
             if fine_ns > 0:
                 time.sleep(fine_ns / 1e9)
             while (now := _now_ns()) < deadline:
                 pass
-        started = (now, clock.read())
+        started = (now, clock.read(), GC.total_ns)
         return self._advance(index, deadline, now, _Waited(called, alarm_ns, woke, deadline, started))
 
     def _advance(self, index: int, deadline: int, now: int, waited: _Waited | None) -> Tick:

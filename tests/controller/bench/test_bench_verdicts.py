@@ -81,10 +81,14 @@ def test_missed_deadlines_are_told_apart_from_the_machines_own_stalls():
     split = missed_beside_floor(runs[:3], floor, causes)
     assert split["causes"] == {"loop: off CPU": 2, "tick work: running": 1}
     v = tick_verdict({**_tick(ex_missed=4), "missed_beside_floor": split})
-    assert not v["met"] and (
-        "4 missed deadlines (3 runs: 1 within 10 ms of a stall of the bare ticker, 2 apart from any; "
-        "where the time went: loop: off CPU 2, tick work: running 1)"
-    ) in (v["failures"][0])
+    assert (
+        not v["met"]
+        and (
+            "4 missed deadlines (3 runs: 1 within 10 ms of a stall of the bare ticker, 2 apart from any; "
+            "where the time went: loop: off CPU 2, tick work: running 1)"
+        )
+        in (v["failures"][0])
+    )
 
 
 def test_cpu_plan_pins_the_server_apart_where_the_machine_allows():

@@ -166,3 +166,21 @@ def test_until_tick_returns_at_once_outside_a_precise_wait_and_on_close():
         return due_before, ticker.hand_over_due()
 
     assert asyncio.run(run()) == (False, False)
+
+
+def test_a_garbage_collection_in_the_tick_says_so():
+    import gc
+
+    garbage = [[i] for i in range(1_500_000)]  # tracked objects for a collection to walk
+
+    def collect(loop: asyncio.AbstractEventLoop) -> None:
+        started = time.perf_counter_ns()
+        while time.perf_counter_ns() - started < 18 * MS:  # at least 18 ms, however fast the machine
+            gc.collect()
+
+    try:
+        cause = _missed_after(collect).overrun
+    finally:
+        del garbage
+    assert cause is not None and cause.stretch == "tick work"
+    assert cause.gc_ns >= 18 * MS - PERIOD and cause.why == "garbage collection"
