@@ -24,6 +24,7 @@ import grpc
 import numpy as np
 
 from dualloop.controller.bench.secure import TOKEN_ENV
+from dualloop.controller.bench.stall_trace import TRACE_ENV, StallTracer
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE
 from dualloop.controller.serve import board as wb
@@ -296,6 +297,10 @@ async def run_server(
         flush=True,
     )
     runtime, executor = server.runtime, server.executor
+    tracer = None
+    if os.environ.get(TRACE_ENV):
+        tracer = StallTracer(open(os.environ[TRACE_ENV], "a"))  # noqa: SIM115 - open for the whole run
+        runtime.ticker.watchdog = tracer
 
     def opened() -> int:
         return board.totals().sessions_opened if board is not None else runtime.stats.sessions_opened
@@ -310,7 +315,7 @@ async def run_server(
     missed0 = runtime.ticker.missed
     window_ns = time.monotonic_ns()
     planning = runtime.planning
-    plan0 = planning.scheduler.stats() if planning is not None else {}
+    plan0 = planning.scheduler.counts() if planning is not None else {}  # no percentiles on the loop
     turns, alternating = (
         _alternate(runtime, alternate_s, min(0.5, alternate_s / 4))
         if alternate_s and planning is not None
@@ -323,6 +328,9 @@ async def run_server(
         await asyncio.sleep(0.02)
     if alternating is not None:
         alternating.cancel()
+    if tracer is not None:
+        runtime.ticker.watchdog = None
+        tracer.close()
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - t0
     stats = runtime.stats
     ticks = max(stats.ticks, 1)
@@ -353,7 +361,7 @@ async def run_server(
     if planning is not None:  # counts over the window; plan times over the last plans (a rolling history)
         now = planning.scheduler.stats()
         # the counters are ints (stats() also holds times, a source name and None)
-        planner_stats = {k: int(cast(int, now[k])) - int(cast(int, plan0[k])) for k in PLANNER_COUNTS}
+        planner_stats = {k: int(cast(int, now[k])) - plan0[k] for k in PLANNER_COUNTS}
         planner_stats.update(
             {
                 k: now[k]

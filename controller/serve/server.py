@@ -61,7 +61,7 @@ from dualloop.controller.serve.security import (
     require_admin,
 )
 from dualloop.controller.serve.shadow import CandidateTally, ShadowAgreement
-from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker
+from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker, percentiles_us
 from dualloop.controller.serve.wire import (
     drive_response_bytes,
     model_info,
@@ -1186,6 +1186,9 @@ class ControllerServer:
     def _warm(self) -> None:
         # the model's whole input: wire features, then the history features it derives (if any)
         self.model.forward(np.zeros((1, self.model.n_inputs), np.float32), np.zeros((1, self.model.n_plan), np.float32))
+        # numpy's first percentile imports numpy.ma (8-16 ms here): not on the loop at the first
+        # GetStats, where it cost a missed deadline (found by bench/stall_trace.py)
+        percentiles_us(np.arange(2, dtype=np.int64))
 
     async def drain(self, grace_s: float | None = None) -> None:
         """Health NOT_SERVING, refuse new sessions (UNAVAILABLE), end the open ones after a final

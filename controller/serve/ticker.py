@@ -26,6 +26,7 @@ import asyncio
 import collections
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -192,6 +193,9 @@ class PreciseTicker:
         self._hand_over_at_ns = _NEVER
         self._tick_started: asyncio.Future[None] | None = None
         self.hand_overs = 0  # times a loop task waited for the tick (until_tick)
+        # called with the alarm time as the loop starts serving until it, and with 0 once it woke
+        # (bench/stall_trace.py: stacks taken in the middle of a stall); None in service
+        self.watchdog: Callable[[int], None] | None = None
 
     def close(self) -> None:
         """Releases the alarm's and thread clock's file descriptors (a ticker left to the garbage
@@ -272,7 +276,11 @@ class PreciseTicker:
         self._hand_over_at_ns = alarm_ns
         if not too_late:
             if alarm_ns > now:
+                if self.watchdog is not None:
+                    self.watchdog(alarm_ns)
                 await self._coarse_wait(alarm_ns)
+                if self.watchdog is not None:
+                    self.watchdog(0)
             woke = (_now_ns(), clock.read(), GC.total_ns)
             fine_ns = deadline - woke[0] - self.spin_ns
             if fine_ns > 0:
