@@ -26,7 +26,9 @@ def session_limits(ex: Executor, config: ServerConfig) -> pb.SessionLimits:
         safe_action=pb.Action(index=safe.index, name=safe.name, controls=safe.controls.tolist()),
         fallback_decel=safety.config.fallback_decel,
         blind_decel=safety.config.blind_decel,
-        fallback_jerk=safety.config.fallback_jerk,
+        fallback_jerk=safety.config.jerk_limit,
+        jerk_limit=safety.config.jerk_limit,
+        standstill_speed=safety.config.standstill_speed,
         # the check runs only with a gate (it vetoes through OOD_VETO)
         freeze_repeats=ex.gating.freeze.repeats if ex.gating.freeze is not None else 0,
         min_margin=ex.reasons.min_margin,
