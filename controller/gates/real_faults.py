@@ -236,8 +236,9 @@ def plan_episodes(
     logs: list[LoadedLog], fault: str, signal: str, n: int, seed: int, dataset: str
 ) -> dict[tuple[int, int], list[fi.Episode]]:
     """Up to n episodes of `fault` on `signal` over the data set's logs, grouped by (log, round): each
-    group is one faulted replay. Windows are drawn per log and round, kept where `fi.eligible`, and n
-    of them chosen at random; a frozen timestamp ends the stream, so each of those is its own group."""
+    group is one faulted replay. Windows are drawn per log and round (until there are enough), kept where
+    `fi.eligible`; the groups are taken in random order, at most PACK episodes from each, until there are
+    n. A frozen timestamp ends the stream, so each of those is its own group."""
     rng = _rng(seed, dataset, fault, signal)
     by_group: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
     found = 0
@@ -249,7 +250,7 @@ def plan_episodes(
                 if fi.eligible(fault, signal, log.features, log.names, first, stop):
                     by_group[(k, r)].append((first, stop))
                     found += 1
-        if found >= n:
+        if found >= n and len(by_group) * PACK >= n:
             break
     # at most PACK episodes from each (log, round), the groups in random order: spread over the logs,
     # yet a few replays per fault and signal
