@@ -241,7 +241,6 @@ def plan_episodes(
     n. A frozen timestamp ends the stream, so each of those is its own group."""
     rng = _rng(seed, dataset, fault, signal)
     by_group: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
-    found = 0
     for r in range(MAX_ROUNDS):
         for k, log in enumerate(logs):
             if signal not in (fi.TIMESTAMPS, fi.ROWS) and signal not in log.measured:
@@ -249,8 +248,7 @@ def plan_episodes(
             for first, stop in fi.draw_windows(log.timestamps, rng, SLOT_S, WARMUP_S):
                 if fi.eligible(fault, signal, log.features, log.names, first, stop):
                     by_group[(k, r)].append((first, stop))
-                    found += 1
-        if found >= n and len(by_group) * PACK >= n:
+        if sum(min(PACK, len(w)) for w in by_group.values()) >= n:  # enough, PACK at most from each
             break
     # at most PACK episodes from each (log, round), the groups in random order: spread over the logs,
     # yet a few replays per fault and signal
