@@ -338,7 +338,8 @@ def run_dataset(
                 progress.advance(task)
     return {
         "source": str(dataset.source),
-        "logs": [str(p) for p in paths],
+        # an imported log by its name (its scratch folder changes run to run: the JSON must not)
+        "logs": [str(p.relative_to(dataset.source)) if p.is_relative_to(dataset.source) else p.name for p in paths],
         "minutes": sum(log.minutes for log in logs),
         "clean_vetoes": clean_count.as_dict(),
         "false_vetoes_outside": outside.as_dict(),
