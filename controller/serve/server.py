@@ -580,13 +580,9 @@ async def _refuse_malformed(request: object, context: grpc.aio.ServicerContext) 
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
 
 
-async def _refuse_too_long(refusal: str | None, request: Message, context: grpc.aio.ServicerContext) -> None:
-    """A client string past its limit (client_strings.py): INVALID_ARGUMENT naming the field. The
-    request is emptied first: the abort's exception keeps this frame (and so the request) in a
-    reference cycle until a full garbage collection, which let refused 1 MiB ids pile up by the
-    hundred megabytes."""
+async def _refuse_too_long(refusal: str | None, context: grpc.aio.ServicerContext) -> None:
+    """A client string past its limit (client_strings.py): INVALID_ARGUMENT naming the field."""
     if refusal is not None:
-        request.Clear()
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal)
 
 
@@ -694,7 +690,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         self, request: pb.GetShadowStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetShadowStatsResponse:
         await _refuse_malformed(request, context)
-        await _refuse_too_long(client_strings.shadow_stats_refusal(request), request, context)
+        await _refuse_too_long(client_strings.shadow_stats_refusal(request), context)
         runtime, keep = self.runtime, ControllerRuntime.KEEP_CLOSED_SHADOW_STATS
         shadow: ShadowInstance | None = None
         if request.session_instance:
@@ -741,7 +737,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
     ) -> pb.LoadCandidateResponse:
         await _refuse_malformed(request, context)
         await require_admin(context)
-        await _refuse_too_long(client_strings.load_candidate_refusal(request), request, context)
+        await _refuse_too_long(client_strings.load_candidate_refusal(request), context)
         runtime = self.runtime
         try:  # files and warm-up off the loop: the ticks go on meanwhile
             cand = await asyncio.to_thread(load_candidate, self.executor, request.model_path, list(request.gate_paths))
@@ -768,7 +764,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
     ) -> pb.PromoteCandidateResponse:
         await _refuse_malformed(request, context)
         await require_admin(context)
-        await _refuse_too_long(client_strings.promote_refusal(request), request, context)
+        await _refuse_too_long(client_strings.promote_refusal(request), context)
         cand = self.executor.candidate
         if request.expected_version and (cand is None or cand.version != request.expected_version):
             await context.abort(
@@ -838,7 +834,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 f"{first.WhichOneof('msg') or 'an empty DriveRequest'}",
             )
         req = first.open
-        await _refuse_too_long(client_strings.open_session_refusal(req), first, context)
+        await _refuse_too_long(client_strings.open_session_refusal(req), context)
         await refuse_actuating_for_shadow_only(context, req.shadow)
         if req.clock not in (pb.CLOCK_MODE_REALTIME, pb.CLOCK_MODE_LOCKSTEP):
             await context.abort(
