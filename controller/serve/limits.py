@@ -4,6 +4,7 @@ yaml and grpc)."""
 
 from __future__ import annotations
 
+from dualloop.controller.serve.client_strings import MAX_ID_BYTES
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.executor.core import Executor
 from dualloop.v2 import controller_pb2 as pb
@@ -35,4 +36,6 @@ def session_limits(ex: Executor, config: ServerConfig) -> pb.SessionLimits:
         max_receive_message_bytes=config.max_receive_message_bytes,
         recommended_client_window_bytes=config.client_window_bytes,
         open_timeout_ns=int(round(config.open_timeout_s * 1e9)),
+        max_session_id_bytes=MAX_ID_BYTES,
+        max_plan_id_bytes=MAX_ID_BYTES,
     )

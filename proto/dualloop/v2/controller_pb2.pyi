@@ -188,7 +188,7 @@ class SessionOpened(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., require_plan: _Optional[bool] = ..., session_instance: _Optional[str] = ...) -> None: ...
 
 class SessionLimits(_message.Message):
-    __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns", "jerk_limit", "standstill_speed")
+    __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns", "jerk_limit", "standstill_speed", "max_session_id_bytes", "max_plan_id_bytes")
     MAX_OBSERVATION_AGE_NS_FIELD_NUMBER: _ClassVar[int]
     ASSUMED_OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PLAN_VALID_FOR_NS_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,8 @@ class SessionLimits(_message.Message):
     OPEN_TIMEOUT_NS_FIELD_NUMBER: _ClassVar[int]
     JERK_LIMIT_FIELD_NUMBER: _ClassVar[int]
     STANDSTILL_SPEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSION_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PLAN_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
     max_observation_age_ns: int
     assumed_observation_period_ns: int
     default_plan_valid_for_ns: int
@@ -227,7 +229,9 @@ class SessionLimits(_message.Message):
     open_timeout_ns: int
     jerk_limit: float
     standstill_speed: float
-    def __init__(self, max_observation_age_ns: _Optional[int] = ..., assumed_observation_period_ns: _Optional[int] = ..., default_plan_valid_for_ns: _Optional[int] = ..., lockstep_max_ticks: _Optional[int] = ..., lockstep_max_gap_ns: _Optional[int] = ..., hold_timeout_ns: _Optional[int] = ..., recovery_dwell_ns: _Optional[int] = ..., max_abstain_ns: _Optional[int] = ..., safe_action: _Optional[_Union[Action, _Mapping]] = ..., fallback_decel: _Optional[float] = ..., blind_decel: _Optional[float] = ..., fallback_jerk: _Optional[float] = ..., freeze_repeats: _Optional[int] = ..., min_margin: _Optional[float] = ..., max_receive_message_bytes: _Optional[int] = ..., recommended_client_window_bytes: _Optional[int] = ..., open_timeout_ns: _Optional[int] = ..., jerk_limit: _Optional[float] = ..., standstill_speed: _Optional[float] = ...) -> None: ...
+    max_session_id_bytes: int
+    max_plan_id_bytes: int
+    def __init__(self, max_observation_age_ns: _Optional[int] = ..., assumed_observation_period_ns: _Optional[int] = ..., default_plan_valid_for_ns: _Optional[int] = ..., lockstep_max_ticks: _Optional[int] = ..., lockstep_max_gap_ns: _Optional[int] = ..., hold_timeout_ns: _Optional[int] = ..., recovery_dwell_ns: _Optional[int] = ..., max_abstain_ns: _Optional[int] = ..., safe_action: _Optional[_Union[Action, _Mapping]] = ..., fallback_decel: _Optional[float] = ..., blind_decel: _Optional[float] = ..., fallback_jerk: _Optional[float] = ..., freeze_repeats: _Optional[int] = ..., min_margin: _Optional[float] = ..., max_receive_message_bytes: _Optional[int] = ..., recommended_client_window_bytes: _Optional[int] = ..., open_timeout_ns: _Optional[int] = ..., jerk_limit: _Optional[float] = ..., standstill_speed: _Optional[float] = ..., max_session_id_bytes: _Optional[int] = ..., max_plan_id_bytes: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("index", "name", "controls")
@@ -468,7 +472,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, reset: _Optional[bool] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s", "ticks_total", "missed_deadlines_total", "uptime_s", "snapshots_sent_total")
+    __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s", "ticks_total", "missed_deadlines_total", "uptime_s", "snapshots_sent_total", "records_dropped_total", "recorder_queue_bytes")
     TICKS_FIELD_NUMBER: _ClassVar[int]
     MISSED_DEADLINES_FIELD_NUMBER: _ClassVar[int]
     LATENESS_P50_US_FIELD_NUMBER: _ClassVar[int]
@@ -486,6 +490,8 @@ class GetStatsResponse(_message.Message):
     MISSED_DEADLINES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_SENT_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RECORDER_QUEUE_BYTES_FIELD_NUMBER: _ClassVar[int]
     ticks: int
     missed_deadlines: int
     lateness_p50_us: float
@@ -503,7 +509,9 @@ class GetStatsResponse(_message.Message):
     missed_deadlines_total: int
     uptime_s: float
     snapshots_sent_total: int
-    def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ..., ticks_total: _Optional[int] = ..., missed_deadlines_total: _Optional[int] = ..., uptime_s: _Optional[float] = ..., snapshots_sent_total: _Optional[int] = ...) -> None: ...
+    records_dropped_total: int
+    recorder_queue_bytes: int
+    def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ..., ticks_total: _Optional[int] = ..., missed_deadlines_total: _Optional[int] = ..., uptime_s: _Optional[float] = ..., snapshots_sent_total: _Optional[int] = ..., records_dropped_total: _Optional[int] = ..., recorder_queue_bytes: _Optional[int] = ...) -> None: ...
 
 class GetShadowStatsRequest(_message.Message):
     __slots__ = ("session_id", "reset", "session_instance")
