@@ -96,8 +96,8 @@ def transition_figures(run: ClosedLoopRun, jerk_limit: float, min_lead_gap: floa
     decided = run.applied_index >= 0
     onsets = np.flatnonzero(nominal[:-1] & ~nominal[1:] & decided[:-1]) + 1
     violations, lowest = 0, float("inf")
-    for k in onsets:
-        held = min(a[k - 1], 0.0)
+    for k in onsets.tolist():
+        held = min(float(a[k - 1]), 0.0)
         window = np.arange(k, min(k + int(1.0 / TICK_S), len(a)))
         t = (window - k + 1) * TICK_S
         below = (a[window] < held - jerk_limit * t - 1e-9) & ~threat[window]
