@@ -26,7 +26,8 @@ What reaches the actuators (docs/contract.md#safety):
   not, steering with a lane keeper that does not involve the model. Its snapshots carry FALLBACK
   from the first tick, which is the hazard-light request. Once the vehicle stands still (measured,
   or dead-reckoned from the last trusted speed when the speed is distrusted) it stays stopped
-  (STANDSTILL_HOLD) until an explicit release (Observation.release_standstill), never by itself.
+  (STANDSTILL_HOLD) until an explicit release (Observation.release_standstill), or until trusted
+  inputs show someone else driving it (a driver's override, a shadow-mode vehicle): never by itself.
 - RECOVERING keeps the safe side in charge until the inputs have been clean for `recovery_dwell`,
   then blends (Simplex: switch back only after a clean dwell).
 - A late observation (STALE_OBSERVATION alone) is not distrust of what the sensors said: it holds,
@@ -100,6 +101,10 @@ class SafetyConfig(BaseModel):
     steer_control: str = "steer"
     speed_feature: str = "ego_speed"  # m/s: the standstill test and its dead reckoning
     standstill_speed: float = Field(default=0.1, ge=0.0, description="m/s: at or below, the vehicle stands still")
+    # A held vehicle measured (on trusted inputs) moving faster than this is being driven by someone
+    # else, a driver's override or the vehicle of a shadow-mode session: that ends the hold as a
+    # release does. The controller's own command never moves it (the hold brakes).
+    override_speed: float = Field(default=1.5, gt=0.0, description="m/s")
     # While the model is held for a reason that does not doubt its inputs (late observation, low
     # margin, actuation shortfall, stale plan), its braking is kept down to this. 0 disables.
     max_vetoed_brake: float = Field(default=6.0, ge=0.0, description="m/s^2")
@@ -230,7 +235,7 @@ class SafetyMachine:
         `release`: the client releases a standstill hold at this tick."""
         self._features = features
         doubted = inputs_doubted(reasons, actuation_only)
-        if release and mem.stopped:
+        if mem.stopped and (release or (not doubted and self._driven_by_someone_else())):
             mem.stopped, mem.released = False, True
         target, state, blending = self._decide(mem, now_ns, reasons, proposal, features)
         if state is SafetyState.NOMINAL and not blending and not reasons:
@@ -428,6 +433,13 @@ class SafetyMachine:
             mem.state = SafetyState.FALLBACK_ACTIVE
             reasons.append(Reason.STANDSTILL_HOLD)
         return (self._fallback(mem, reasons) if in_fallback else self._hold(mem, reasons)), mem.state, False
+
+    def _driven_by_someone_else(self) -> bool:
+        x = self._features
+        if x is None or self._speed is None:
+            return False
+        speed = float(x[self._speed])
+        return math.isfinite(speed) and abs(speed) > self.config.override_speed
 
     def _standing_still(self, mem: SafetyMemory) -> bool:
         return mem.speed_estimate is not None and mem.speed_estimate <= self.config.standstill_speed

@@ -574,6 +574,19 @@ def test_the_fallback_stops_in_lane_and_stays_stopped_until_released(test_model)
         applied, state = machine.decide(mem, k * TICK, reasons, proposal, x)
         assert state is SafetyState.FALLBACK_ACTIVE and Reason.STANDSTILL_HOLD in reasons
         assert applied.controls[0] < 0.0
+    # someone else driving it (a driver's override; a shadow-mode vehicle) ends the hold as a release does
+    override = _machine(test_model)
+    mem2, _ = _cruise(test_model, override, speed=10.0)
+    for k in range(10, 1400):
+        override.decide(mem2, k * TICK, [Reason.INVALID_INPUT], None, None)
+    assert mem2.stopped
+    x[names_index(test_model, "ego_speed")] = 1.4  # creeping below walking pace: still held
+    reasons = []
+    assert override.decide(mem2, 1400 * TICK, reasons, proposal, x)[1] is SafetyState.FALLBACK_ACTIVE
+    assert Reason.STANDSTILL_HOLD in reasons
+    x[names_index(test_model, "ego_speed")] = 3.0
+    assert override.decide(mem2, 1401 * TICK, [], proposal, x)[1] is SafetyState.RECOVERING
+    x[names_index(test_model, "ego_speed")] = 0.0
     states = []
     for k in range(1700, 2400):
         applied, state = machine.decide(mem, k * TICK, [], proposal, x, release=k == 1700)
