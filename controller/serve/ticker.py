@@ -41,6 +41,9 @@ from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 _now_ns = time.monotonic_ns
 STALLS_KEPT = 4096
 _NEVER = 1 << 62
+# What the loop is given before a tick that starts a period or more late (the previous one overran):
+# time for gRPC and signal handlers however long every tick takes (docs/measurements.md).
+OVERRUN_YIELD_NS = 1_000_000
 
 
 @dataclass(slots=True)
@@ -166,6 +169,7 @@ class PreciseTicker:
         start_ns: int | None = None,
         spin_ns: int = 200_000,
         stall_ns: int = 1_000_000,
+        overrun_yield_ns: int = OVERRUN_YIELD_NS,
     ) -> None:
         """stall_ns: ticks later than this, and missed deadlines, are kept in `stalls` (the newest
         STALLS_KEPT), so that two loops can be compared in time (bench tick: was the machine's bare
@@ -177,6 +181,7 @@ class PreciseTicker:
         # time.sleep overshoots by the timer slack (50 us by default, 0 under SCHED_FIFO) plus wake-up
         # latency: the spin covers that.
         self.spin_ns = spin_ns
+        self.overrun_yield_ns = overrun_yield_ns
         self._start_ns = (start_ns if start_ns is not None else _now_ns()) + period_ns
         self._next_index = 0
         self.missed = 0
@@ -193,6 +198,7 @@ class PreciseTicker:
         self._hand_over_at_ns = _NEVER
         self._tick_started: asyncio.Future[None] | None = None
         self.hand_overs = 0  # times a loop task waited for the tick (until_tick)
+        self.overrun_yields = 0  # waits that began past their alarm: the loop had one pass, no more
         # called with the alarm time as the loop starts serving until it, and with 0 once it woke
         # (bench/stall_trace.py: stacks taken in the middle of a stall); None in service
         self.watchdog: Callable[[int], None] | None = None
@@ -269,11 +275,29 @@ class PreciseTicker:
         if not precise:
             if not too_late and deadline > now:
                 await asyncio.sleep((deadline - now) / 1e9)
-            return self._advance(index, deadline, max(_now_ns(), deadline) if not too_late else now, None)
+                now = max(_now_ns(), deadline)
+            else:
+                await asyncio.sleep(0)  # overran: the loop's turn all the same (see below)
+                now = _now_ns()
+            return self._advance(index, deadline, now, None)
         clock = self._clock or self._open_clock()
         called = woke = (now, clock.read(), GC.total_ns)
         alarm_ns = deadline - self.guard_ns
         self._hand_over_at_ns = alarm_ns
+        if too_late or alarm_ns <= now:
+            # The previous tick's work ran past this tick's alarm: no wait on the loop below. The
+            # loop gets its turn all the same, or a tick that always overruns would never let it run
+            # gRPC, health or signal handlers again (a 15 ms model on a 5 ms tick froze the server,
+            # SIGTERM included). Past a whole period (deadlines are missed anyway) it serves for
+            # overrun_yield_ns: one pass per tick made a unary call wait ~7 overrunning ticks (100+
+            # ms). Short of that, one pass, so that a tick still on time stays on time.
+            self.overrun_yields += 1
+            if too_late and self.overrun_yield_ns > 0:
+                await self._coarse_wait(now + self.overrun_yield_ns)
+            else:
+                await asyncio.sleep(0)
+            now = _now_ns()
+            too_late = now >= deadline + self.period_ns
         if not too_late:
             if alarm_ns > now:
                 if self.watchdog is not None:
