@@ -458,7 +458,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, reset: _Optional[bool] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s", "ticks_total", "missed_deadlines_total", "uptime_s", "snapshots_sent_total")
+    __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s", "ticks_total", "missed_deadlines_total", "uptime_s", "snapshots_sent_total", "candidate")
     TICKS_FIELD_NUMBER: _ClassVar[int]
     MISSED_DEADLINES_FIELD_NUMBER: _ClassVar[int]
     LATENESS_P50_US_FIELD_NUMBER: _ClassVar[int]
@@ -476,6 +476,7 @@ class GetStatsResponse(_message.Message):
     MISSED_DEADLINES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_SENT_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     ticks: int
     missed_deadlines: int
     lateness_p50_us: float
@@ -493,7 +494,22 @@ class GetStatsResponse(_message.Message):
     missed_deadlines_total: int
     uptime_s: float
     snapshots_sent_total: int
-    def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ..., ticks_total: _Optional[int] = ..., missed_deadlines_total: _Optional[int] = ..., uptime_s: _Optional[float] = ..., snapshots_sent_total: _Optional[int] = ...) -> None: ...
+    candidate: CandidateStatus
+    def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ..., ticks_total: _Optional[int] = ..., missed_deadlines_total: _Optional[int] = ..., uptime_s: _Optional[float] = ..., snapshots_sent_total: _Optional[int] = ..., candidate: _Optional[_Union[CandidateStatus, _Mapping]] = ...) -> None: ...
+
+class CandidateStatus(_message.Message):
+    __slots__ = ("version", "paused", "forward_median_us", "measured_batch", "model_budget_us")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_MEDIAN_US_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_BUDGET_US_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    paused: str
+    forward_median_us: float
+    measured_batch: int
+    model_budget_us: float
+    def __init__(self, version: _Optional[str] = ..., paused: _Optional[str] = ..., forward_median_us: _Optional[float] = ..., measured_batch: _Optional[int] = ..., model_budget_us: _Optional[float] = ...) -> None: ...
 
 class GetShadowStatsRequest(_message.Message):
     __slots__ = ("session_id", "reset", "session_instance")
@@ -580,18 +596,20 @@ class LoadCandidateRequest(_message.Message):
     def __init__(self, model_path: _Optional[str] = ..., gate_paths: _Optional[_Iterable[str]] = ..., promote: _Optional[bool] = ...) -> None: ...
 
 class LoadCandidateResponse(_message.Message):
-    __slots__ = ("candidate_version", "live_version", "sessions_open", "promoted", "worker_pid")
+    __slots__ = ("candidate_version", "live_version", "sessions_open", "promoted", "worker_pid", "candidate")
     CANDIDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     LIVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
     PROMOTED_FIELD_NUMBER: _ClassVar[int]
     WORKER_PID_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     candidate_version: str
     live_version: str
     sessions_open: int
     promoted: bool
     worker_pid: int
-    def __init__(self, candidate_version: _Optional[str] = ..., live_version: _Optional[str] = ..., sessions_open: _Optional[int] = ..., promoted: _Optional[bool] = ..., worker_pid: _Optional[int] = ...) -> None: ...
+    candidate: CandidateStatus
+    def __init__(self, candidate_version: _Optional[str] = ..., live_version: _Optional[str] = ..., sessions_open: _Optional[int] = ..., promoted: _Optional[bool] = ..., worker_pid: _Optional[int] = ..., candidate: _Optional[_Union[CandidateStatus, _Mapping]] = ...) -> None: ...
 
 class PromoteCandidateRequest(_message.Message):
     __slots__ = ("expected_version",)
