@@ -158,6 +158,7 @@ class Feeder:
         self.session = DriveSession(channel, "feeder", observation_period_ns=50_000_000)
         self.snapshots = 0
         self.missed_seen = 0  # ticks missed, as its snapshots said
+        self.forward_us: list[int] = []  # the server's forward pass on each snapshot's tick
         self.error: grpc.RpcError | None = None
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=f, daemon=True) for f in (self._send, self._read)]
@@ -178,6 +179,7 @@ class Feeder:
             for snap in self.session.snapshots():
                 self.snapshots += 1
                 self.missed_seen += snap.ticks_missed_since_previous
+                self.forward_us.append(snap.timings.forward_us)
         except grpc.RpcError as err:
             self.error = err
 
@@ -222,3 +224,68 @@ def time_calls(channel: grpc.Channel, rounds: int, timeout_s: float) -> dict[str
                 took = float("inf")
             out.setdefault(name, []).append(took)
     return out
+
+
+def _summary(seconds: list[float]) -> dict[str, float]:
+    ms = np.array(seconds) * 1e3
+    ok = ms[np.isfinite(ms)]
+    p50, p99 = np.percentile(ok, [50, 99]) if ok.size else (float("nan"),) * 2
+    return {
+        "p50_ms": float(p50),
+        "p99_ms": float(p99),
+        "max_ms": float(ok.max()) if ok.size else float("nan"),
+        "unanswered": int(ms.size - ok.size),
+    }
+
+
+def _run(model: Path, out: Path, calls: int, env: dict[str, str]) -> dict[str, object]:
+    srv = ServeProcess(["--model", str(model), "--drain-grace", "5", "--log-format", "json"], out, env=env)
+    try:
+        with grpc.insecure_channel(srv.address) as channel:
+            feeder = Feeder(channel)
+            time.sleep(1.0)
+            stub = pb_grpc.ControllerServiceStub(channel)
+            stub.GetStats(pb.GetStatsRequest(reset=True), timeout=30)
+            t0 = time.monotonic()
+            took = time_calls(channel, calls, timeout_s=10.0)
+            window_s = time.monotonic() - t0
+            stats = stub.GetStats(pb.GetStatsRequest(), timeout=30)
+            forward_us = feeder.forward_us[-200:]
+            code, stop_s = srv.stop(timeout_s=35)
+            feeder.close()
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait(10)
+    return {
+        "calls": {name: _summary(v) for name, v in took.items()},
+        "server_forward_p50_ms": float(np.median(forward_us)) / 1e3 if forward_us else float("nan"),
+        "ticks_per_s": stats.ticks / window_s,
+        "missed_per_s": stats.missed_deadlines / window_s,
+        "sigterm_exit": code,
+        "sigterm_s": stop_s,
+    }
+
+
+def bench_overrun(out_dir: Path, calls: int = 200, target_ms: float = 15.0) -> dict[str, object]:
+    """The test model (ticks on time), then a model of ~target_ms on the 5 ms tick (every tick
+    overruns; the budget check is off for it): each call `calls` times, with the machine's load."""
+    from dualloop.models import TEST_MODEL_PATH
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slow = out_dir / "slow.onnx"
+    forward = calibrated_slow_model(slow, target_ms)
+    load_before = os.getloadavg()
+    runs = {
+        "on time (test model)": _run(TEST_MODEL_PATH, out_dir / "on_time.jsonl", calls, {}),
+        f"every tick overrunning ({forward:.1f} ms model)": _run(
+            slow, out_dir / "overrun.jsonl", calls, {"DUALLOOP_EXECUTOR__MODEL_BUDGET_FRACTION": "0"}
+        ),
+    }
+    return {
+        "slow_forward_ms": forward,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "runs": runs,
+    }

@@ -289,11 +289,14 @@ class PreciseTicker:
             # loop gets its turn all the same, or a tick that always overruns would never let it run
             # gRPC, health or signal handlers again (a 15 ms model on a 5 ms tick froze the server,
             # SIGTERM included). Past a whole period (deadlines are missed anyway) it serves for
-            # overrun_yield_ns: one pass per tick made a unary call wait ~7 overrunning ticks (100+
-            # ms). Short of that, one pass, so that a tick still on time stays on time.
+            # overrun_yield_ns, or a quarter of the time since the last tick started if longer (a
+            # fifth of the wall time, however slow the ticks or the machine): one pass per tick made
+            # a unary call wait ~7 overrunning ticks (100+ ms). Short of a period, one pass, so that
+            # a tick still on time stays on time.
             self.overrun_yields += 1
             if too_late and self.overrun_yield_ns > 0:
-                await self._coarse_wait(now + self.overrun_yield_ns)
+                since = now - self._last_start[0] if self._last_start is not None else 0
+                await self._coarse_wait(now + max(self.overrun_yield_ns, since // 4))
             else:
                 await asyncio.sleep(0)
             now = _now_ns()
