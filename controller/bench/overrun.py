@@ -159,6 +159,8 @@ class Feeder:
         self.snapshots = 0
         self.missed_seen = 0  # ticks missed, as its snapshots said
         self.forward_us: list[int] = []  # the server's forward pass on each snapshot's tick
+        self.sent_seq = 0
+        self.used_seq = 0  # the newest snapshot's observation: the server reads the stream
         self.error: grpc.RpcError | None = None
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=f, daemon=True) for f in (self._send, self._read)]
@@ -173,6 +175,7 @@ class Feeder:
             x = rng.normal(0, 1, len(schema.FEATURES)).astype(np.float32)
             x[0] = 20.0
             self.session.send(seq, time.monotonic_ns(), x.tolist())
+            self.sent_seq = seq
 
     def _read(self) -> None:
         try:
@@ -180,6 +183,7 @@ class Feeder:
                 self.snapshots += 1
                 self.missed_seen += snap.ticks_missed_since_previous
                 self.forward_us.append(snap.timings.forward_us)
+                self.used_seq = snap.observation_seq
         except grpc.RpcError as err:
             self.error = err
 

@@ -292,13 +292,16 @@ class PreciseTicker:
             # overrun_yield_ns, or a quarter of the time since the last tick started if longer (a
             # fifth of the wall time, however slow the ticks or the machine): one pass per tick made
             # a unary call wait ~7 overrunning ticks (100+ ms). Short of a period, one pass, so that
-            # a tick still on time stays on time.
+            # a tick still on time stays on time. The streams are not handed over meanwhile: held
+            # until the tick, they would never read an observation again while ticks overrun.
             self.overrun_yields += 1
+            self._release_waiters()
             if too_late and self.overrun_yield_ns > 0:
                 since = now - self._last_start[0] if self._last_start is not None else 0
                 await self._coarse_wait(now + max(self.overrun_yield_ns, since // 4))
             else:
                 await asyncio.sleep(0)
+            self._hand_over_at_ns = alarm_ns
             now = _now_ns()
             too_late = now >= deadline + self.period_ns
         if not too_late:

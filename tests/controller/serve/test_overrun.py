@@ -63,7 +63,8 @@ def _events(path: Path, name: str) -> list[dict]:
 
 def test_every_tick_overrunning_still_serves_and_drains(slow_model: Path, tmp_path: Path):
     """A live model three periods long on a 5 ms tick, its budget check off: every tick overruns.
-    Health, GetStats and a new session's open are answered, missed deadlines are counted, SIGTERM
+    Health, GetStats and a new session's open are answered, the open stream's observations are still
+    read, missed deadlines are counted, SIGTERM
     drains the open session within the drain grace and the process exits 0."""
     srv = ServeProcess(
         ["--model", str(slow_model), "--drain-grace", str(DRAIN_GRACE_S), "--log-format", "json"],
@@ -78,6 +79,8 @@ def test_every_tick_overrunning_still_serves_and_drains(slow_model: Path, tmp_pa
                 assert time.monotonic() < deadline, f"{feeder.snapshots} snapshots in 30 s"
                 time.sleep(0.05)
             took = time_calls(channel, rounds=20, timeout_s=10.0)
+            # the stream is still read: its newest observations are decided on (sent every 50 ms)
+            assert feeder.used_seq >= feeder.sent_seq - 20, (feeder.sent_seq, feeder.used_seq)
             for name, seconds in took.items():
                 ms = np.array(seconds) * 1e3
                 p50, p99 = np.percentile(ms, [50, 99])
