@@ -35,6 +35,7 @@ COMMAND_GROUPS = (
 # checks this against what the groups register
 COMMANDS = {
     "demo": "dualloop.controller.demo.cli",
+    "demo-safety": "dualloop.controller.demo.cli",
     "serve": "dualloop.controller.serve.cli",
     "stream": "dualloop.controller.serve.cli",
     "info": "dualloop.controller.serve.cli",

@@ -139,8 +139,19 @@ class CheckBoard:
         self.ranges = RangeFamily([(_RANGE_KINDS[c.kind], ranges[c]) for c in ranged])
         self._range_at = {c: k for k, c in enumerate(ranged)}  # column -> its place in the family
         self.freeze_repeats = float(freeze_repeats)
+        # the actuation check doubts the vehicle's response, not the inputs (executor/safety.py)
+        self._actuation_at = self.kinds.index(Check.ACTUATION) if Check.ACTUATION in self.kinds else None
+        self._input_checks = [k for k, c in enumerate(self.kinds) if c not in (Check.ACTUATION, Check.MARGIN)]
         self.actuation_threshold = 0.0 if actuation_threshold is None else float(actuation_threshold)
         self._families = _Families.of(columns)
+
+    def actuation_only(self, table: np.ndarray) -> BoolArray:
+        """Per row of a (rows, checks) table: the actuation check vetoed and no check of the inputs did."""
+        if self._actuation_at is None:
+            return np.zeros(len(table), bool)
+        veto = table["veto"]
+        only: BoolArray = veto[:, self._actuation_at] & ~veto[:, self._input_checks].any(axis=1)
+        return only
 
     def assemble(
         self,

@@ -123,7 +123,12 @@ class Executor:
         )
         # the rules only: each session's safety state lives in its Session and survives a promotion
         self.safety = SafetyMachine(
-            self.config.safety, [c.name for c in card.controls], self.period_ns, self.safe_action, card.feature_names
+            self.config.safety,
+            [c.name for c in card.controls],
+            self.period_ns,
+            self.safe_action,
+            card.feature_names,
+            self._actions,
         )
 
     def _wire_gates(self, model: DecisionModel, gates: list[Gate]) -> tuple[GateWiring, CheckBoard]:
@@ -663,9 +668,18 @@ class Executor:
             for i in range(n):
                 if scored[i]:
                     proposals[i] = AppliedAction(tops[i], self._actions[tops[i]], control_rows[i])
-        # a frozen sensor's lane offset and heading must not steer the fallback
+        # a frozen sensor's readings must not steer the fallback nor count as a threat
         decided = self.safety.decide_batch(
-            [s.safety for s in rows], tick_ns, reasons, proposals, self._x[:n], (~self._frozen[:n]).tolist()
+            [s.safety for s in rows],
+            tick_ns,
+            reasons,
+            proposals,
+            self._x[:n],
+            (~self._frozen[:n]).tolist(),
+            self.checks.actuation_only(table).tolist() if gate is not None else None,
+            [obs.release_standstill for obs in observations]
+            if any(o.release_standstill for o in observations)
+            else None,
         )
         if gate is not None:
             gate_scores, gate_thresholds, gate_vetoes = gate[0], gate[1], gate[2].tolist()

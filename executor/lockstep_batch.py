@@ -226,9 +226,6 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         finite[r], model_ok[r], age, stale_plan[which], veto, margin[r], periods, bad_content[which]
     )
     scored = (finite & model_ok)[r]
-    applied, applied_controls, state, reasons = _safety_scan(
-        ex, session, flags, scored, top[r], controls[r], tick_ns, x_ticks, frozen
-    )
 
     changes = gating.scanned_changes
     # the range checks once per observation row, not once per tick that holds it
@@ -249,6 +246,25 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         margin[r],
         ex.reasons.min_margin,
         ranged=None if ranged is None else ranged[r],
+    )
+    # columns never carry a release (the column decoder leaves such logs to the Observation path)
+    release = (
+        np.zeros(n_ticks, bool)
+        if as_columns(observations) is not None
+        else np.fromiter((o.release_standstill for o in observations), bool, len(observations))[which]
+    )
+    applied, applied_controls, state, reasons = _safety_scan(
+        ex,
+        session,
+        flags,
+        scored,
+        top[r],
+        controls[r],
+        tick_ns,
+        x_ticks,
+        frozen,
+        ex.checks.actuation_only(checks),
+        release,
     )
     table = TickTable(
         session_id=session.session_id,
@@ -432,15 +448,18 @@ def _safety_scan(
     tick_ns: np.ndarray,
     x: np.ndarray,
     frozen: np.ndarray,
+    actuation_only: np.ndarray,
+    release: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[Reason, ...]]]:
     n = len(flags)
-    applied = top.astype(np.int64, copy=True)
+    banded = ex.safety.band_indices(controls)
+    applied = top.astype(np.int64, copy=True) if banded is None else banded
     applied_controls = controls.astype(np.float32, copy=True)
     state = np.full(n, int(SafetyState.NOMINAL), np.int64)
     reasons = [REASONS_OF_FLAGS[f] for f in flags.tolist()]
     names, mem, machine = ex.card.actions, session.safety, ex.safety
     keep = machine.config.rollback_ticks + 1
-    events = np.flatnonzero(flags)
+    events = np.flatnonzero((flags != 0) | release)
     t = 0
     while t < n:
         if mem.state is SafetyState.NOMINAL:
@@ -456,7 +475,15 @@ def _safety_scan(
                 continue
         tick_reasons = list(reasons[t])
         proposal = AppliedAction(int(top[t]), names[top[t]], controls[t].copy()) if scored[t] else None
-        action, st = machine.decide(mem, int(tick_ns[t]), tick_reasons, proposal, None if frozen[t] else x[t])
+        action, st = machine.decide(
+            mem,
+            int(tick_ns[t]),
+            tick_reasons,
+            proposal,
+            None if frozen[t] else x[t],
+            bool(actuation_only[t]),
+            bool(release[t]),
+        )
         applied[t], applied_controls[t], state[t] = action.index, action.controls, int(st)
         reasons[t] = tuple(tick_reasons)
         t += 1

@@ -1,26 +1,39 @@
 """The safe-state machine: what the executor applies when a tick cannot be trusted.
 
-    NOMINAL --distrust--> VETO_HOLD --hold_timeout--> FALLBACK_ACTIVE
-       ^                     |  clean                    |  clean
-       |                     v                           v
-       +---clean dwell--- RECOVERING <-------------------+
-                             | distrust: back to where it came from (the hold timer keeps running)
+    NOMINAL --distrust--> VETO_HOLD --hold_timeout--> FALLBACK_ACTIVE --standstill--> (stopped)
+       ^                     |  clean                    |  clean                        | release
+       |                     v                           v                               v
+       +--blend-- RECOVERING <---------------------------+<------------------------------+
+                     | distrust: back to where it came from (the hold timer keeps running)
 
-- VETO_HOLD applies the last action that passed every check (or the model's safe action).
-- On a gate veto, VETO_HOLD rolls back `rollback_ticks`: the gate's sequential filter confirms a
-  fault a few ticks after it began, and the actions of those ticks were computed from suspect input
-  (holding one of them sent the car off the road in the sensor-dropout scenario). Invalid input,
-  stale input and model errors are caught in their own tick, so their hold is the last action.
-- FALLBACK_ACTIVE is the minimal-risk action: decelerate towards `fallback_decel` with at most
-  `fallback_jerk`, and keep the lane with a simple lane keeper that does not involve the model:
-  steer along the last trusted road curvature, corrected (within a small bound) by the lane offset
-  and heading error while those read finite. Never a stale command held forever.
-- RECOVERING keeps the safe side in charge until the inputs have been clean for `recovery_dwell`;
-  only then does the model's proposal drive again (Simplex: switch back after a clean dwell).
-- A late observation (STALE_OBSERVATION alone) is not distrust of what the sensors said: it holds
-  the last action (VETO_HOLD), and the first tick with a fresh observation drives again, with no
-  dwell. Past `hold_timeout` the sensor is gone and the fallback takes over as for any hold; any
-  other reason during the hold makes it an ordinary one (rollback aside), recovered with the dwell.
+What reaches the actuators (docs/contract.md#safety):
+- **Distrust follows the inputs.** A tick whose inputs the checks doubt (invalid input, or a veto by
+  any check but the actuation check) applies nothing the model computed from them, braking included.
+  Reasons that do not doubt the inputs (a late observation, low margin, an actuation shortfall, a
+  stale plan) may keep the model's braking, down to `max_vetoed_brake`.
+- **Only a trusted threat brakes harder than the safe side** (executor/threat.py: a rule-based
+  assessor on lead readings that pass their own checks; THREAT_BRAKING says so). It alone may
+  exceed the jerk limit.
+- **Every other command the safe side applies moves from the command actually applied at the tick
+  before by at most `jerk_limit`** (0 before a session's first tick): into the hold, into and out
+  of the fallback, and recovery, which blends the model's command in at the limit and returns to
+  NOMINAL only once they meet.
+- VETO_HOLD aims at the last action that passed every check. On a gate veto it rolls back
+  `rollback_ticks`: the gate's sequential filter confirms a fault a few ticks after it began, and
+  the actions of those ticks were computed from suspect input.
+- FALLBACK_ACTIVE is the minimal-risk manoeuvre (UN R157 5.5): decelerate in lane at
+  `fallback_decel` (<= 3 m/s^2) while the lane is visible, `blind_decel` (<= 4 m/s^2) while it is
+  not, steering with a lane keeper that does not involve the model. Its snapshots carry FALLBACK
+  from the first tick, which is the hazard-light request. Once the vehicle stands still (measured,
+  or dead-reckoned from the last trusted speed when the speed is distrusted) it stays stopped
+  (STANDSTILL_HOLD) until an explicit release (Observation.release_standstill), never by itself.
+- RECOVERING keeps the safe side in charge until the inputs have been clean for `recovery_dwell`,
+  then blends (Simplex: switch back only after a clean dwell).
+- A late observation (STALE_OBSERVATION alone) is not distrust of what the sensors said: it holds,
+  and the first tick with a fresh observation blends back without a dwell. Past `hold_timeout` the
+  sensor is gone and the fallback takes over as for any hold.
+- The applied action is named by the band its acceleration falls in (executor/action_labels.py)
+  when the model's actions are those bands, so its name never contradicts its command.
 Times are tick times, so LOCKSTEP runs reproduce every transition exactly.
 
 `decide` is the reference, one session at a time. `decide_batch` is the live tick's: every session
@@ -36,9 +49,15 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+from dualloop.executor.action_labels import ACTIONS, BRAKE_BELOW, BRAKE_HARD_BELOW, KEEP_AT_MOST, action_of_accel
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
+from dualloop.executor.threat import LeadTrack, ThreatAssessor, ThreatConfig
+
+# UN R157 5.5: a minimal-risk manoeuvre aims at no more than 4 m/s^2; 3 while the lane is trusted.
+R157_LANE_VISIBLE_DECEL = 3.0
+R157_BLIND_DECEL = 4.0
 
 
 class LaneKeepingConfig(BaseModel):
@@ -63,26 +82,52 @@ class SafetyConfig(BaseModel):
 
     hold_timeout_ms: float = Field(default=300.0, ge=0.0)
     recovery_dwell_ms: float = Field(default=500.0, ge=0.0)
-    fallback_decel: float = Field(default=3.0, gt=0.0, description="m/s^2, comfortable braking")
-    # When the fallback cannot see the lane (inputs frozen or non-finite), lateral control is open
-    # loop on the last trusted curvature: stop sooner (a stuck sensor drifted off a curve at 3 m/s^2).
-    blind_decel: float = Field(default=5.0, gt=0.0, description="m/s^2, braking while the lane is not visible")
-    fallback_jerk: float = Field(default=2.5, gt=0.0, description="m/s^3, jerk limit while entering the fallback")
+    fallback_decel: float = Field(default=3.0, gt=0.0, description="m/s^2, minimal-risk braking, lane visible")
+    # While the lane is not visible (inputs frozen or non-finite) lateral control is open loop on
+    # the last trusted curvature: stop sooner than with the lane, within R157's 4 m/s^2.
+    blind_decel: float = Field(default=4.0, gt=0.0, description="m/s^2, minimal-risk braking, lane not visible")
+    # Decelerations above R157's aims (3 / 4 m/s^2) must say why: a stated, reviewed exception.
+    decel_exception: str = Field(default="", description="why fallback_decel > 3 or blind_decel > 4")
+    # Every command the safe side applies moves at most this fast from the one applied before
+    # (trusted-threat braking aside). `fallback_jerk` is its name from before it covered every transition.
+    jerk_limit: float = Field(
+        default=2.5, gt=0.0, validation_alias=AliasChoices("jerk_limit", "fallback_jerk"), description="m/s^3"
+    )
     # LOW_MARGIN abstentions hold the last action tick by tick; this many in a row escalate to the
     # fallback so an undecided model cannot keep an old command forever.
     max_abstain_ms: float = Field(default=1000.0, ge=0.0)
     accel_control: str = "accel"  # which control is longitudinal acceleration
     steer_control: str = "steer"
-    # Braking is monotone: while the model is not trusted, the applied acceleration is the lower of
-    # the safe side's and the model's proposal, the latter bounded here. A veto may add braking but
-    # never remove the braking the model asked for (a gate vetoing the model's hard braking behind a
-    # braking lead must not make the car brake less). 0 disables.
+    speed_feature: str = "ego_speed"  # m/s: the standstill test and its dead reckoning
+    standstill_speed: float = Field(default=0.1, ge=0.0, description="m/s: at or below, the vehicle stands still")
+    # While the model is held for a reason that does not doubt its inputs (late observation, low
+    # margin, actuation shortfall, stale plan), its braking is kept down to this. 0 disables.
     max_vetoed_brake: float = Field(default=6.0, ge=0.0, description="m/s^2")
     # How far back the hold reaches: at least the gate filter's worst confirmation delay (n - 1
     # for k-of-n 3/5).
     rollback_ticks: int = Field(default=4, ge=0)
     # None: the fallback holds the last trusted steering instead of keeping the lane.
     lane_keeping: LaneKeepingConfig | None = LaneKeepingConfig()
+    # None: nothing brakes harder than the safe side while the model is not trusted.
+    threat: ThreatConfig | None = ThreatConfig()
+
+    @model_validator(mode="after")
+    def _within_r157(self) -> SafetyConfig:
+        over = [
+            f"{name}={value} m/s^2 (R157 aims at <= {aim})"
+            for name, value, aim in (
+                ("fallback_decel", self.fallback_decel, R157_LANE_VISIBLE_DECEL),
+                ("blind_decel", self.blind_decel, R157_BLIND_DECEL),
+            )
+            if value > aim
+        ]
+        if over and not self.decel_exception.strip():
+            raise ValueError(f"{', '.join(over)}: state why in decel_exception, or lower it")
+        return self
+
+    @property
+    def fallback_jerk(self) -> float:
+        return self.jerk_limit
 
 
 DISTRUST = frozenset(
@@ -90,6 +135,12 @@ DISTRUST = frozenset(
 )
 # Reasons that doubt the inputs' content; lateness alone (STALE_OBSERVATION) does not.
 CONTENT_DISTRUST = DISTRUST - {Reason.STALE_OBSERVATION}
+
+
+def inputs_doubted(reasons: list[Reason] | tuple[Reason, ...], actuation_only: bool = False) -> bool:
+    """Whether a tick's checks doubt what its inputs say: invalid input, or a veto by any check
+    but the actuation check (`actuation_only`: the actuation check alone vetoed)."""
+    return Reason.INVALID_INPUT in reasons or (Reason.OOD_VETO in reasons and not actuation_only)
 
 
 @dataclass(slots=True)
@@ -101,13 +152,18 @@ class SafetyMemory:
     clean_since_ns: int = 0
     came_from: SafetyState = SafetyState.VETO_HOLD  # where RECOVERING falls back to
     abstain_since_ns: int | None = None
-    last_safe: AppliedAction | None = None  # the action the hold applies
-    fallback: AppliedAction | None = None  # the fallback command as it ramps down
+    last_safe: AppliedAction | None = None  # the action the hold aims at
+    fallback: AppliedAction | None = None  # the fallback's last command (its steering, without lane keeping)
     recent: list[AppliedAction] = field(default_factory=list)  # NOMINAL actions, newest last
     trusted_curvature: float = 0.0
     trusted_speed: float = 0.0
     rolled_back: bool = False  # the last hold reached back past suspect ticks
     late_hold: bool = False  # the VETO_HOLD is for a late observation only (no dwell to leave it)
+    last_accel: float | None = None  # the acceleration command applied at the previous tick
+    speed_estimate: float | None = None  # m/s: measured while trusted, dead-reckoned while not
+    stopped: bool = False  # the minimal-risk manoeuvre reached standstill: stay until released
+    released: bool = False  # a standstill hold was released: no new one until the model drives again
+    lead: LeadTrack = field(default_factory=LeadTrack)
 
 
 class SafetyMachine:
@@ -118,19 +174,25 @@ class SafetyMachine:
         period_ns: int,
         safe_action: AppliedAction,
         feature_names: list[str] | None = None,
+        action_names: list[str] | None = None,
     ) -> None:
         self.config = config
         lk, names = config.lane_keeping, feature_names or []
         needed = (lk.offset_feature, lk.heading_feature, lk.curvature_feature, lk.speed_feature) if lk else ()
         # Lane keeping needs its four features in the model's schema; otherwise hold the steering.
         self._lane = tuple(names.index(n) for n in needed) if lk and all(n in names for n in needed) else None
+        self._speed = names.index(config.speed_feature) if config.speed_feature in names else None
         self._accel = control_names.index(config.accel_control) if config.accel_control in control_names else None
         self._steer = control_names.index(config.steer_control) if config.steer_control in control_names else None
         self._hold_ns = int(config.hold_timeout_ms * 1e6)
         self._dwell_ns = int(config.recovery_dwell_ms * 1e6)
         self._abstain_ns = int(config.max_abstain_ms * 1e6)
-        self._jerk_step = config.fallback_jerk * period_ns / 1e9
-        self.safe_action = safe_action
+        self._period_s = period_ns / 1e9
+        self._jerk_step = config.jerk_limit * self._period_s
+        self.threat = ThreatAssessor(config.threat, names) if config.threat is not None else None
+        # Name applied actions by their acceleration's band only where the model's actions are the bands.
+        self._banded = self._accel is not None and action_names is not None and tuple(action_names) == ACTIONS
+        self.safe_action = self._named(safe_action)
 
     @property
     def hold_timeout_ns(self) -> int:
@@ -144,6 +206,11 @@ class SafetyMachine:
     def max_abstain_ns(self) -> int:
         return self._abstain_ns
 
+    @property
+    def jerk_step(self) -> float:
+        """The largest change of the acceleration command per tick outside trusted-threat braking."""
+        return self._jerk_step
+
     def decide(
         self,
         mem: SafetyMemory,
@@ -151,22 +218,95 @@ class SafetyMachine:
         reasons: list[Reason],
         proposal: AppliedAction | None,
         features: np.ndarray | None = None,
+        actuation_only: bool = False,
+        release: bool = False,
     ) -> tuple[AppliedAction, SafetyState]:
-        """Advance one tick; `reasons` may gain FALLBACK / SAFE_DEFAULT. Returns (applied, state).
+        """Advance one tick; `reasons` may gain FALLBACK / SAFE_DEFAULT / THREAT_BRAKING /
+        STANDSTILL_HOLD. Returns (applied, state).
 
-        `features` are this tick's raw inputs, used only by the fallback's lane keeper."""
-        applied, state = self._decide(mem, now_ns, reasons, proposal, features)
-        if state is SafetyState.NOMINAL:
-            return applied, state
-        applied = self._bound_steer(mem, applied)
-        if proposal is None or self._accel is None or not self.config.max_vetoed_brake:
-            return applied, state
-        wanted = max(float(proposal.controls[self._accel]), -self.config.max_vetoed_brake)
-        if wanted < applied.controls[self._accel]:
-            controls = applied.controls.copy()
-            controls[self._accel] = wanted
-            applied = AppliedAction(applied.index, applied.name, controls)
-        return applied, state
+        `features` are this tick's raw inputs (None where they must not be read: a frozen sensor),
+        read by the lane keeper, the threat assessor and the standstill test. `actuation_only`: the
+        tick's OOD_VETO is the actuation check's alone (it doubts the vehicle, not the inputs).
+        `release`: the client releases a standstill hold at this tick."""
+        self._features = features
+        doubted = inputs_doubted(reasons, actuation_only)
+        if release and mem.stopped:
+            mem.stopped, mem.released = False, True
+        target, state, blending = self._decide(mem, now_ns, reasons, proposal, features)
+        if state is SafetyState.NOMINAL and not blending and not reasons:
+            return self._applied_nominal(mem, proposal)  # type: ignore[arg-type]
+        if state is not SafetyState.NOMINAL:
+            target = self._bound_steer(mem, target)
+        return self._safe_side(mem, now_ns, reasons, proposal, target, state, blending, doubted)
+
+    def _applied_nominal(self, mem: SafetyMemory, proposal: AppliedAction) -> tuple[AppliedAction, SafetyState]:
+        """The model's proposal as it is (a trusted NOMINAL tick), named by its band."""
+        if self._accel is not None:
+            mem.last_accel = float(proposal.controls[self._accel])
+        return self._named(proposal), SafetyState.NOMINAL
+
+    def _safe_side(
+        self,
+        mem: SafetyMemory,
+        now_ns: int,
+        reasons: list[Reason],
+        proposal: AppliedAction | None,
+        target: AppliedAction,
+        state: SafetyState,
+        blending: bool,
+        doubted: bool,
+    ) -> tuple[AppliedAction, SafetyState]:
+        """The command the safe side applies: the state's target, the model's braking where the
+        inputs are not doubted, at most a jerk step from the last command, unless a trusted threat
+        needs more braking."""
+        if self._accel is None:
+            return self._named(target), state
+        a_target = float(target.controls[self._accel])
+        if (
+            state is not SafetyState.NOMINAL
+            and not blending
+            and not doubted
+            and proposal is not None
+            and self.config.max_vetoed_brake
+        ):
+            a_target = min(a_target, max(float(proposal.controls[self._accel]), -self.config.max_vetoed_brake))
+        last = 0.0 if mem.last_accel is None else mem.last_accel
+        a = self._step_towards(last, a_target)
+        if blending:
+            if abs(a_target - last) <= self._jerk_step:  # met the model's command: it drives again
+                assert proposal is not None
+                mem.state, mem.fallback, mem.abstain_since_ns = SafetyState.NOMINAL, None, None
+                self._trust(mem, proposal)
+                return self._applied_nominal(mem, proposal)
+        need = 0.0 if self.threat is None else self.threat.need(mem.lead, now_ns, self._features)
+        if need > 0.0 and -need < a:
+            a = float(np.float32(-need))
+            reasons.append(Reason.THREAT_BRAKING)
+        self._dead_reckon(mem, a, doubted)
+        mem.last_accel = a
+        if a != float(target.controls[self._accel]):
+            controls = target.controls.copy()
+            controls[self._accel] = a
+            target = AppliedAction(target.index, target.name, controls)
+        return self._named(target), state
+
+    def _step_towards(self, last: float, target: float) -> float:
+        """The command a jerk step at most from `last` towards `target`, as the float32 the wire
+        carries: rounded towards `last` where rounding would make the step longer than the limit."""
+        a = np.float32(min(max(target, last - self._jerk_step), last + self._jerk_step))
+        if abs(float(a) - last) > self._jerk_step:
+            a = np.nextafter(a, np.float32(last))
+        return float(a)
+
+    def _dead_reckon(self, mem: SafetyMemory, accel: float, doubted: bool) -> None:
+        """The speed the standstill test reads: measured when this tick's speed may be read,
+        otherwise the last estimate moved by the command applied (never below 0)."""
+        x = self._features
+        measured = float(x[self._speed]) if x is not None and self._speed is not None else math.nan
+        if not doubted and math.isfinite(measured):
+            mem.speed_estimate = abs(measured)
+        elif mem.speed_estimate is not None:
+            mem.speed_estimate = max(0.0, mem.speed_estimate + accel * self._period_s)
 
     def decide_batch(
         self,
@@ -176,10 +316,13 @@ class SafetyMachine:
         proposals: list[AppliedAction | None],
         features: np.ndarray | None,
         use_features: list[bool] | None = None,
+        actuation_only: list[bool] | None = None,
+        release: list[bool] | None = None,
     ) -> list[tuple[AppliedAction, SafetyState]]:
         """`decide` for each row of a batch ticking at `now_ns`, with the same results, the same
         reasons added and the same memory left behind. `features` (rows, F): the rows' raw inputs;
-        `use_features[i]` False where row i's must not steer the fallback (None: all may)."""
+        `use_features[i]` False where row i's must not be read (None: all may); `actuation_only`,
+        `release`: `decide`'s, per row (None: all False)."""
         nominal = SafetyState.NOMINAL
         steady = [not r and m.state is nominal for m, r in zip(mems, reasons)]
         out: list[tuple[AppliedAction, SafetyState]] = []
@@ -187,12 +330,27 @@ class SafetyMachine:
         if lane is not None and any(steady):  # the trusted road, read as two columns
             assert features is not None
             curvatures, speeds = features[:, lane[2]].tolist(), features[:, lane[3]].tolist()
+        standstill = self._speed if features is not None else None
+        if standstill is not None and any(steady):
+            assert features is not None
+            own_speeds = features[:, standstill].tolist()
         keep = self.config.rollback_ticks + 1
+        accel = self._accel
         for i, mem in enumerate(mems):
             x = None if features is None or (use_features is not None and not use_features[i]) else features[i]
             proposal = proposals[i]
-            if not steady[i] or proposal is None:
-                out.append(self.decide(mem, now_ns, reasons[i], proposal, x))
+            if not steady[i] or proposal is None or (release is not None and release[i]):
+                out.append(
+                    self.decide(
+                        mem,
+                        now_ns,
+                        reasons[i],
+                        proposal,
+                        x,
+                        actuation_only is not None and actuation_only[i],
+                        release is not None and release[i],
+                    )
+                )
                 continue
             # `_decide`'s NOMINAL branch without distrust or LOW_MARGIN: `_trust`, inline
             mem.abstain_since_ns = None
@@ -201,12 +359,17 @@ class SafetyMachine:
             recent.append(proposal)
             if len(recent) > keep:
                 del recent[0]
-            if lane is not None and x is not None:
-                if math.isfinite(curvature := curvatures[i]):
-                    mem.trusted_curvature = curvature
-                if math.isfinite(speed := speeds[i]):
-                    mem.trusted_speed = speed
-            out.append((proposal, nominal))
+            if x is not None:
+                if lane is not None:
+                    if math.isfinite(curvature := curvatures[i]):
+                        mem.trusted_curvature = curvature
+                    if math.isfinite(speed := speeds[i]):
+                        mem.trusted_speed = speed
+                if standstill is not None and math.isfinite(speed := own_speeds[i]):
+                    mem.speed_estimate = abs(speed)
+            if accel is not None:
+                mem.last_accel = float(proposal.controls[accel])
+            out.append((self._named(proposal), nominal))
         return out
 
     def _decide(
@@ -216,12 +379,13 @@ class SafetyMachine:
         reasons: list[Reason],
         proposal: AppliedAction | None,
         features: np.ndarray | None,
-    ) -> tuple[AppliedAction, SafetyState]:
+    ) -> tuple[AppliedAction, SafetyState, bool]:
+        """The state's target action: (target, state, blending the model's proposal back in)."""
         distrust = any(r in DISTRUST for r in reasons)
-        self._features = features
         if mem.late_hold and mem.state is SafetyState.VETO_HOLD:
-            if not distrust:  # a fresh observation after a late one: drive again at once
-                mem.state, mem.late_hold = SafetyState.NOMINAL, False
+            if not distrust:  # a fresh observation after a late one: blend back at once (no dwell)
+                mem.came_from, mem.state = SafetyState.VETO_HOLD, SafetyState.RECOVERING
+                mem.clean_since_ns, mem.late_hold = now_ns - self._dwell_ns, False
             elif any(r in CONTENT_DISTRUST for r in reasons):
                 mem.late_hold = False  # an ordinary hold from here on (its timer keeps running)
         if mem.state is SafetyState.NOMINAL:
@@ -236,36 +400,54 @@ class SafetyMachine:
                 if now_ns - mem.abstain_since_ns >= self._abstain_ns and self._abstain_ns > 0:
                     mem.state, mem.hold_since_ns = SafetyState.FALLBACK_ACTIVE, now_ns
                     mem.abstain_since_ns = None
-                    return self._fallback(mem, reasons), mem.state
-                return self._hold(mem, reasons), mem.state
+                    return self._fallback(mem, reasons), mem.state, False
+                return self._hold(mem, reasons), mem.state, False
             else:
                 assert proposal is not None  # no distrust: the model scored this tick
                 mem.abstain_since_ns = None
                 self._trust(mem, proposal)
-                return proposal, mem.state
+                return proposal, mem.state, False
         elif mem.state is SafetyState.RECOVERING:
             if distrust:
                 mem.state = mem.came_from
             elif now_ns - mem.clean_since_ns >= self._dwell_ns and proposal is not None:
-                mem.state = SafetyState.NOMINAL
-                mem.fallback = None
-                mem.abstain_since_ns = None
-                self._trust(mem, proposal)
-                return proposal, mem.state
-        elif not distrust:  # VETO_HOLD or FALLBACK_ACTIVE with clean inputs: start the dwell
+                return proposal, mem.state, True
+        elif not distrust and not mem.stopped:  # VETO_HOLD or FALLBACK_ACTIVE with clean inputs: the dwell
             mem.came_from, mem.state, mem.clean_since_ns = mem.state, SafetyState.RECOVERING, now_ns
             if self._dwell_ns == 0 and proposal is not None:
-                mem.state = SafetyState.NOMINAL
-                mem.fallback = None
-                self._trust(mem, proposal)
-                return proposal, mem.state
+                return proposal, mem.state, True
 
         if mem.state is SafetyState.VETO_HOLD and now_ns - mem.hold_since_ns >= self._hold_ns:
             mem.state, mem.late_hold = SafetyState.FALLBACK_ACTIVE, False
         in_fallback = mem.state is SafetyState.FALLBACK_ACTIVE or (
             mem.state is SafetyState.RECOVERING and mem.came_from is SafetyState.FALLBACK_ACTIVE
         )
-        return (self._fallback(mem, reasons) if in_fallback else self._hold(mem, reasons)), mem.state
+        if in_fallback and not (mem.stopped or mem.released) and self._standing_still(mem):
+            mem.stopped = True
+        if mem.stopped:  # the manoeuvre ended in standstill: only a release ends the fallback
+            mem.state = SafetyState.FALLBACK_ACTIVE
+            reasons.append(Reason.STANDSTILL_HOLD)
+        return (self._fallback(mem, reasons) if in_fallback else self._hold(mem, reasons)), mem.state, False
+
+    def _standing_still(self, mem: SafetyMemory) -> bool:
+        return mem.speed_estimate is not None and mem.speed_estimate <= self.config.standstill_speed
+
+    def _named(self, action: AppliedAction) -> AppliedAction:
+        """The action named by its acceleration's band (where the model's actions are the bands)."""
+        if not self._banded:
+            return action
+        a = float(action.controls[self._accel])
+        band = 3 if a > KEEP_AT_MOST else 2 if a >= BRAKE_BELOW else 1 if a >= BRAKE_HARD_BELOW else 0
+        if math.isnan(a) or band == action.index:
+            return action
+        return AppliedAction(band, ACTIONS[band], action.controls)
+
+    def band_indices(self, controls: np.ndarray) -> np.ndarray | None:
+        """`_named`'s action index for each row of (rows, controls) commands; None where actions keep
+        the model's names (a replay's NOMINAL ticks, vectorised)."""
+        if not self._banded:
+            return None
+        return action_of_accel(controls[:, self._accel])
 
     def _bound_steer(self, mem: SafetyMemory, applied: AppliedAction) -> AppliedAction:
         lk = self.config.lane_keeping
@@ -293,19 +475,26 @@ class SafetyMachine:
         ):
             self._features = x
             self._trust(mem, proposal)
+            if self._accel is not None:
+                mem.last_accel = float(proposal.controls[self._accel])
 
     def _trust(self, mem: SafetyMemory, proposal: AppliedAction) -> None:
-        """A NOMINAL tick: remember its action, and the road's curvature while inputs are trusted."""
-        mem.last_safe = proposal
+        """A NOMINAL tick: remember its action, and the road's curvature and speed while inputs are trusted."""
+        mem.last_safe, mem.released = proposal, False
         mem.recent.append(proposal)
         if len(mem.recent) > self.config.rollback_ticks + 1:
             del mem.recent[0]
-        if self._lane is not None and self._features is not None:
-            curvature, speed = self._features[self._lane[2]], self._features[self._lane[3]]
+        x = self._features
+        if x is None:
+            return
+        if self._lane is not None:
+            curvature, speed = x[self._lane[2]], x[self._lane[3]]
             if np.isfinite(curvature):
                 mem.trusted_curvature = float(curvature)
             if np.isfinite(speed):
                 mem.trusted_speed = float(speed)
+        if self._speed is not None and math.isfinite(own := float(x[self._speed])):
+            mem.speed_estimate = abs(own)
 
     def _roll_back(self, mem: SafetyMemory) -> None:
         """Hold what was applied before the suspect ticks; nothing that old: the safe action."""
@@ -335,15 +524,14 @@ class SafetyMachine:
         return mem.last_safe
 
     def _fallback(self, mem: SafetyMemory, reasons: list[Reason]) -> AppliedAction:
+        """The minimal-risk manoeuvre's target: its deceleration (the jerk limit is applied by
+        `_safe_side`, from the command actually applied) and the lane keeper's steering."""
         reasons.append(Reason.FALLBACK)
         start = mem.fallback or mem.last_safe or self.safe_action
         controls = start.controls.copy()
         steer, visible = self._lane_keeping_steer(mem)
         if self._accel is not None:
-            target = -(self.config.fallback_decel if visible else self.config.blind_decel)
-            a = float(controls[self._accel])
-            # ramp towards the comfortable deceleration, never faster than the jerk limit
-            controls[self._accel] = max(a - self._jerk_step, target) if a > target else min(a + self._jerk_step, target)
+            controls[self._accel] = -(self.config.fallback_decel if visible else self.config.blind_decel)
         if steer is not None and self._steer is not None:
             controls[self._steer] = steer
         mem.fallback = AppliedAction(self.safe_action.index, self.safe_action.name, controls)
@@ -351,14 +539,10 @@ class SafetyMachine:
 
 
 def fallback_profile(config: SafetyConfig, start_accel: float, period_ns: int, ticks: int) -> np.ndarray:
-    """The fallback's acceleration command tick by tick from `start_accel` (for tests and docs)."""
-    step = config.fallback_jerk * period_ns / 1e9
+    """The fallback's acceleration command tick by tick from `start_accel`, lane visible (for tests and docs)."""
+    step = config.jerk_limit * period_ns / 1e9
     out, a = np.empty(ticks), start_accel
     for k in range(ticks):
-        a = (
-            max(a - step, -config.fallback_decel)
-            if a > -config.fallback_decel
-            else min(a + step, -config.fallback_decel)
-        )
+        a = min(max(-config.fallback_decel, a - step), a + step)
         out[k] = a
     return out

@@ -26,6 +26,8 @@ class Reason(enum.IntEnum):
     MODEL_ERROR = 6
     FALLBACK = 7
     SAFE_DEFAULT = 8
+    THREAT_BRAKING = 9  # braking beyond the safe side's profile for a trusted threat (executor/threat.py)
+    STANDSTILL_HOLD = 10  # the minimal-risk manoeuvre stopped the vehicle: stopped until released
 
 
 class SafetyState(enum.IntEnum):
@@ -100,6 +102,9 @@ class Observation:
     # session's stream; None for a model without them (set by the executor, never by a client: on
     # receipt in LOCKSTEP, by the first REALTIME tick that uses the observation).
     history: np.ndarray | None = None
+    # The client releases a standstill hold (the minimal-risk manoeuvre's stop) from this observation's
+    # first tick on; nothing else ends one.
+    release_standstill: bool = False
 
 
 @dataclass(slots=True)

@@ -629,23 +629,28 @@ done:
     return out;
 }
 
-/* freeze_step(python, last, count, keep, rest_at, rest_speed, repeats, x, slots, fresh): FreezeDetector.step's
- * loop for float32 rows; python(x, slots, fresh), the Python loop, for any other x. A row equals the stored
- * one when every component the slot compares (keep[slot]: None for all, else a list of positions) compares
- * == (NaN never does), as Python's list == compares these fresh floats; a repeat whose speed
- * (rest_at[slot] >= 0) reads |v| <= rest_speed is a car at rest and resets the count, as in Python. */
+/* freeze_step(python, last, count, keep, rest_at, rest_speed, from_moving, moving_speed, repeats, x, slots, fresh):
+ * FreezeDetector.step's loop for float32 rows; python(x, slots, fresh), the Python loop, for any other x. A row
+ * equals the stored one when every component the slot compares (keep[slot]: None for all, else a list of
+ * positions) compares == (NaN never does), as Python's list == compares these fresh floats. With a speed
+ * (rest_at[slot] >= 0): a new reading sets from_moving[slot] to whether the stored one read |v| > moving_speed;
+ * a repeat reading |v| <= rest_speed whose run did not begin from moving is a car at rest and resets the count,
+ * as in Python. */
 static PyObject *freeze_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError,
-                        "freeze_step(python, last, count, keep, rest_at, rest_speed, repeats, x, slots, fresh)");
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "freeze_step(python, last, count, keep, rest_at, rest_speed, from_moving, "
+                                         "moving_speed, repeats, x, slots, fresh)");
         return NULL;
     }
-    PyObject *last = args[1], *count = args[2], *keep = args[3], *rest_at = args[4], *repeats = args[6];
+    PyObject *python = args[0], *last = args[1], *count = args[2], *keep = args[3], *rest_at = args[4];
+    PyObject *from_moving = args[6], *repeats = args[8];
     double rest_speed = PyFloat_AsDouble(args[5]);
     if (rest_speed == -1.0 && PyErr_Occurred()) return NULL;
-    args += 1;
+    double moving_speed = PyFloat_AsDouble(args[7]);
+    if (moving_speed == -1.0 && PyErr_Occurred()) return NULL;
+    args += 3;
     Py_buffer view;
-    if (!float32_rows(args[6], &view)) return PyObject_Vectorcall(args[-1], args + 6, 3, NULL);
+    if (!float32_rows(args[6], &view)) return PyObject_Vectorcall(python, args + 6, 3, NULL);
     PyObject *slots = NULL, *fresh = NULL, *out = NULL;
     if ((slots = PySequence_Fast(args[7], "slots")) == NULL || (fresh = PySequence_Fast(args[8], "fresh")) == NULL)
         goto done;
@@ -682,14 +687,25 @@ static PyObject *freeze_step(PyObject *Py_UNUSED(module), PyObject *const *args,
                                PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, i));
                 }
             }
-            if (!err && same) {
-                Py_ssize_t speed_at = PyLong_AsSsize_t(at);
+            Py_ssize_t speed_at = -1;
+            if (!err) {
+                speed_at = PyLong_AsSsize_t(at);
                 if (speed_at == -1 && PyErr_Occurred()) err = 1;
                 else if (speed_at >= dim) {
                     PyErr_SetString(PyExc_ValueError, "the speed feature's position is outside the row");
                     err = 1;
-                } else if (speed_at >= 0 && fabs(PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, speed_at))) <= rest_speed)
-                    same = 0; /* a car at rest */
+                }
+            }
+            if (!err && !same && speed_at >= 0) { /* a new reading: did it come straight from moving? */
+                int moving = fabs(PyFloat_AS_DOUBLE(PyList_GET_ITEM(before, speed_at))) > moving_speed;
+                err = PyObject_SetItem(from_moving, slot, moving ? Py_True : Py_False) < 0;
+            } else if (!err && same && speed_at >= 0 &&
+                       fabs(PyFloat_AS_DOUBLE(PyList_GET_ITEM(now, speed_at))) <= rest_speed) {
+                PyObject *flag = PyObject_GetItem(from_moving, slot);
+                int moved = flag == NULL ? -1 : PyObject_IsTrue(flag);
+                Py_XDECREF(flag);
+                if (moved < 0) err = 1;
+                else if (!moved) same = 0; /* a car at rest */
             }
             if (!err && same) {
                 PyObject *old = PyObject_GetItem(count, slot);
@@ -757,7 +773,8 @@ static PyMethodDef module_methods[] = {
     {"change_step", (PyCFunction)(void (*)(void))change_step, METH_FASTCALL,
      "change_step(python, last, last_t, change, unknown, x, slots, fresh, finite, times) -> list of rate rows"},
     {"freeze_step", (PyCFunction)(void (*)(void))freeze_step, METH_FASTCALL,
-     "freeze_step(python, last, count, keep, rest_at, rest_speed, repeats, x, slots, fresh) -> list of alarms"},
+     "freeze_step(python, last, count, keep, rest_at, rest_speed, from_moving, moving_speed, repeats, x, slots, "
+     "fresh) -> list of alarms"},
     {NULL, NULL, 0, NULL},
 };
 

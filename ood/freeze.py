@@ -10,9 +10,11 @@ Two things repeat legitimately and are not counted:
 - a car at rest (``FreezeSettings``): a real speed sensor reads exactly 0 at standstill, the
   acceleration 0 and the gap to a stopped lead stays the same, so whole observations repeat (5.3% of
   a real 10 Hz drive's). A repeat whose speed feature reads at most ``rest_speed`` in magnitude resets
-  the count instead. The price: a sensor that sticks while the car stands still is not caught here
-  (it is indistinguishable from standing still until the car moves, and its speed reading moves with
-  it only if the sensor is alive);
+  the count instead, but only when the car came to rest: a reading that jumps to rest straight from
+  above ``moving_speed`` (walking pace) is a sensor that died, not a car that stopped (no car loses
+  1.5 m/s between two samples of a 10 Hz sensor), and its repeats count. The price: a sensor that
+  sticks while the car stands still is not caught here (it is indistinguishable from standing still
+  until the car moves, and its speed reading moves with it only if the sensor is alive);
 - features the session does not measure (its sensor profile, ``set_present``): they are NaN, which
   never equals itself, so only the present features are compared.
 """
@@ -31,6 +33,8 @@ import numpy.typing as npt
 from dualloop.ood import compiled
 
 _FLOAT32 = np.dtype(np.float32)
+# m/s: a speed reading that jumps from above this straight to rest is a lost sensor, not a stop.
+WALKING_PACE = 1.5
 
 
 @dataclass(frozen=True)
@@ -81,9 +85,16 @@ class FreezeDetector:
     """``update`` with the slots and fresh flags as Python sequences; returns a list. This instance's
     loop: the compiled one (ood/_tick.c) when built, called directly, else ``_step_python``."""
 
-    def __init__(self, n_slots: int, dim: int, repeats: int = 2, rest: tuple[int, float] | None = None) -> None:
+    def __init__(
+        self,
+        n_slots: int,
+        dim: int,
+        repeats: int = 2,
+        rest: tuple[int, float] | None = None,
+        moving_speed: float = WALKING_PACE,
+    ) -> None:
         """``rest``: (speed feature position, rest speed) of ``FreezeSettings.rest``; None: every repeat
-        counts."""
+        counts. ``moving_speed``: a run at rest entered straight from a speed above this counts."""
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         if rest is not None and not (0 <= rest[0] < dim and rest[1] >= 0.0):
@@ -96,6 +107,9 @@ class FreezeDetector:
         self._count = [0] * n_slots
         self._keep: list[list[int] | None] = [None] * n_slots
         self._rest_at = [-1 if rest is None else rest[0]] * n_slots
+        self.moving_speed = float(moving_speed)
+        # per slot: the run of readings now repeating began straight from a speed above moving_speed
+        self._from_moving = [False] * n_slots
         module = compiled.module()
         self.is_compiled = module is not None
         self.step = (
@@ -109,6 +123,8 @@ class FreezeDetector:
                 self._keep,
                 self._rest_at,
                 self._rest_speed,
+                self._from_moving,
+                self.moving_speed,
                 self.repeats,
             )
         )
@@ -140,12 +156,15 @@ class FreezeDetector:
         kept = rows if x.dtype is _FLOAT32 else np.asarray(x, dtype=np.float32).tolist()
         last, count, repeats = self._last, self._count, self.repeats
         keep, rest_at, rest_speed = self._keep, self._rest_at, self._rest_speed
+        from_moving, moving_speed = self._from_moving, self.moving_speed
         alarm = []
         for slot, now, k, is_fresh in zip(slots, rows, kept, fresh):
             if is_fresh:  # a reused observation is not a repeat of the sensor
                 before, cols, r = last[slot], keep[slot], rest_at[slot]
                 same = now == before if cols is None else [now[i] for i in cols] == [before[i] for i in cols]
-                if same and r >= 0 and abs(now[r]) <= rest_speed:  # a car at rest
+                if not same and r >= 0:  # a new reading: did it come straight from moving? (NaN: no)
+                    from_moving[slot] = abs(before[r]) > moving_speed
+                elif same and r >= 0 and abs(now[r]) <= rest_speed and not from_moving[slot]:  # a car at rest
                     same = False
                 count[slot] = count[slot] + 1 if same else 0
                 last[slot] = k
@@ -179,7 +198,14 @@ class FreezeDetector:
         same = np.all(xf == before, axis=1) if cols is None else np.all(xf[:, cols] == before[:, cols], axis=1)
         r = self._rest_at[slot]
         if r >= 0:  # in float64, as the Python floats compare (a float32 compare rounds the limit)
-            same &= ~(np.abs(np.asarray(xf[:, r], np.float64)) <= self._rest_speed)
+            # whether the run each fresh tick belongs to began straight from moving: set at each new
+            # reading from the reading before it, carried through the repeats after it
+            j_new = np.flatnonzero(~same)
+            began = np.abs(np.asarray(before[j_new, r], np.float64)) > self.moving_speed
+            k = np.searchsorted(j_new, np.arange(len(xf)), side="right") - 1
+            from_moving = np.where(k >= 0, began[np.maximum(k, 0)] if len(j_new) else False, self._from_moving[slot])
+            same &= ~((np.abs(np.asarray(xf[:, r], np.float64)) <= self._rest_speed) & ~from_moving)
+            self._from_moving[slot] = bool(from_moving[-1])
         # count at the j-th fresh tick: fresh ticks since the last one that differed, or, before
         # any difference, the slot's old count plus the run so far
         j = np.arange(at.size)
@@ -195,4 +221,5 @@ class FreezeDetector:
     def reset(self, slot: int) -> None:
         self._last[slot] = [math.nan] * self.dim
         self._count[slot] = 0
+        self._from_moving[slot] = False
         self.set_present(slot, None)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
-from dualloop.controller.console import console
+from dualloop.controller.console import console, print_error
+from dualloop.controller.gates import fault_injection
 from dualloop.controller.gates.evaluation import evaluate
 from dualloop.controller.gates.fitting import fit_gate_for_model
+from dualloop.controller.gates.real_faults import evaluate_real, jsonable, print_real
+from dualloop.controller.gates.real_logs import RealDataError, load_real_dir
+from dualloop.controller.replay.lockstep import LoadedModel
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.executor.gating import GATE_SOURCES
 from dualloop.executor.model_runner import DecisionModel
@@ -55,6 +60,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="exit 1 when a target is not met (AUROC >= 0.99 where each fault is observable, nominal false "
         "vetoes <= 0.1%% per tick)",
     )
+    g.add_argument(
+        "--real",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="instead of the simulator: inject one-signal sensor faults into the real drives of each folder "
+        "(dualloop logs, or a shared data set such as ../shared/data/comma2k19-example1) and replay them "
+        "(docs/real-faults.md); --check then judges the real-fault targets",
+    )
+    g.add_argument("--episodes", type=int, default=40, help="--real: episodes per fault and signal per data set")
+    g.add_argument("--seed", type=int, default=0, help="--real: the seed of every fault's times and magnitudes")
+    g.add_argument("--max-logs", type=int, help="--real: at most this many logs per data set (chosen by the seed)")
+    g.add_argument(
+        "--faults", help=f"--real: comma-separated faults (default: all of {', '.join(fault_injection.FAULTS)})"
+    )
     g.set_defaults(fn=_gate_eval)
 
 
@@ -89,10 +109,38 @@ def _gate_fit(args: argparse.Namespace) -> int:
 
 
 def _gate_eval(args: argparse.Namespace) -> int:
+    if args.real:
+        return _gate_eval_real(args)
     model = DecisionModel(args.model)
     gates = [load_gate_for_model(g, model) for g in (args.gate or DEFAULT_GATES)]
     present = None if not args.present else [n.strip() for n in args.present.split(",") if n.strip()]
     result = evaluate(model, gates, out_dir=args.out, console=console, present=present)
     (args.out / "gate_eval.json").write_text(json.dumps(result, indent=2, default=float))
     console.print(f"results and plots: {args.out}/")
+    return 1 if args.check and result["targets"]["failed"] else 0
+
+
+def _gate_eval_real(args: argparse.Namespace) -> int:
+    faults = fault_injection.FAULTS if not args.faults else [f.strip() for f in args.faults.split(",") if f.strip()]
+    unknown = sorted(set(faults) - set(fault_injection.FAULTS))
+    if unknown:
+        print_error(ValueError(f"--faults: unknown {unknown}; known: {', '.join(fault_injection.FAULTS)}"))
+        return 2
+    if args.episodes < 1 or (args.max_logs is not None and args.max_logs < 1):
+        print_error(ValueError("--episodes and --max-logs must be at least 1"))
+        return 2
+    loaded = LoadedModel.load(args.model, args.gate or DEFAULT_GATES)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dualloop-real-faults-") as scratch:
+        try:
+            datasets = [load_real_dir(d, Path(scratch)) for d in args.real]
+        except (RealDataError, ValueError, OSError) as err:
+            print_error(err)
+            return 2
+        console.print(f"importing done: {', '.join(f'{d.name} ({len(d.logs)} logs)' for d in datasets)}")
+        result = evaluate_real(loaded, datasets, args.episodes, args.seed, faults, console, args.max_logs)
+    print_real(result, console)
+    path = args.out / "real_faults.json"
+    path.write_text(json.dumps(jsonable(result), indent=1, allow_nan=False))
+    console.print(f"results: {path}")
     return 1 if args.check and result["targets"]["failed"] else 0

@@ -109,10 +109,13 @@ class LogFileWriter:
     """One MCAP file: registers a schema per message type and a channel per (topic, session) lazily,
     and knows its size so the recorder can rotate. Not thread-safe: one writer thread owns it."""
 
-    def __init__(self, path: Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES, compress: bool = True) -> None:
+    def __init__(
+        self, path: Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES, compress: bool = True, exclusive: bool = False
+    ) -> None:
+        """exclusive: create the file, FileExistsError if it exists (a recorder never overwrites a log)."""
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._stream: BinaryIO = open(path, "wb")
+        self._stream: BinaryIO = open(path, "xb" if exclusive else "wb")
         self._writer = McapWriter(
             self._stream,
             chunk_size=chunk_bytes,

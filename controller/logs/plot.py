@@ -82,14 +82,31 @@ _REASON_ITEMS = sorted(REASONS.items())
 _NO_REASONS = {name: False for _, name in _REASON_ITEMS}
 
 
+ESCAPED_SEGMENT = "escaped"  # /dualloop/escaped/<encoded id>/plot: ids with other characters
+
+
 def plot_topic(session_id: str) -> str:
-    """`/dualloop/<session>/plot`; characters a message path would trip on (dots, slashes, spaces)
-    become `_` (the channel's metadata keeps the exact session id)."""
-    return f"/dualloop/{_SAFE.sub('_', session_id) or '_'}{PLOT_SUFFIX}"
+    """`/dualloop/<session>/plot` for an id of letters, digits, `_` and `-`. Any other id (dots,
+    slashes, spaces a message path would trip on; or empty) gets `/dualloop/escaped/<encoded>/plot`:
+    each UTF-8 byte other than a letter, digit or `-` written `_xx` (hex), `_` itself included, and
+    the empty id `_`. Decodable, so distinct ids never share a topic (`x.y` is `escaped/x_2ey`, `x/y`
+    `escaped/x_2fy`, `x y` `escaped/x_20y`); the extra segment keeps them apart from plain ids."""
+    if session_id and not _SAFE.search(session_id):
+        return f"/dualloop/{session_id}{PLOT_SUFFIX}"
+    encoded = "".join(
+        chr(b) if chr(b) in _PLAIN_BYTES else f"_{b:02x}" for b in session_id.encode("utf-8", "surrogatepass")
+    )
+    return f"/dualloop/{ESCAPED_SEGMENT}/{encoded or '_'}{PLOT_SUFFIX}"
+
+
+_PLAIN_BYTES = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
 
 
 def is_plot_topic(topic: str) -> bool:
-    return topic.startswith("/dualloop/") and topic.endswith(PLOT_SUFFIX) and topic.count("/") == 3
+    if not (topic.startswith("/dualloop/") and topic.endswith(PLOT_SUFFIX)):
+        return False
+    slashes = topic.count("/")
+    return slashes == 3 or (slashes == 4 and topic.startswith(f"/dualloop/{ESCAPED_SEGMENT}/"))
 
 
 def field_names(names: Sequence[str]) -> list[str]:

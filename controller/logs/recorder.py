@@ -1,11 +1,14 @@
 """Record sessions to an MCAP log without ever slowing down the caller.
 
 The caller (the gRPC handlers, the tick loop) only appends a reference to a bounded queue: no
-serialisation, no I/O, no lock it could wait on. When the queue is full the record is dropped and
-counted, like every other buffer in dualloop. A background thread serialises, writes, flushes to the
-OS every `flush_interval_s` (so a killed process loses at most that much plus the queue), and rotates
-files by size or duration; every file starts with the header of each session it holds, so each
-rotated part reads on its own.
+serialisation, no I/O, no lock the writer could hold. The queue is bounded twice: in records
+(`queue_size`) and in bytes (`queue_bytes`, each record's serialised size: ByteSize, about 0.5 us a
+snapshot), since a count alone lets large records (long ids, decision vectors) take gigabytes. When
+either bound is reached the record is dropped and counted, like every other buffer in dualloop; the
+writer thread logs a warning at most every `DROP_LOG_INTERVAL_S` while records are being dropped.
+A background thread serialises, writes, flushes to the OS every `flush_interval_s` (so a killed
+process loses at most that much plus the queue), and rotates files by size or duration; every file
+starts with the header of each session it holds, so each rotated part reads on its own.
 
 Messages handed to the recorder must not be mutated afterwards: the queue holds the object itself.
 
@@ -20,6 +23,8 @@ from __future__ import annotations
 import collections
 import enum
 import logging
+import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,6 +48,19 @@ from dualloop.v2 import log_pb2
 
 log = logging.getLogger(__name__)
 
+DEFAULT_QUEUE_BYTES = 8 * 1024 * 1024  # serialised bytes waiting; in memory a record takes ~2-3x (measured)
+DROP_LOG_INTERVAL_S = 10.0
+
+
+def unique_log_path(folder: Path, prefix: str = "dualloop", suffix: str = "") -> Path:
+    """`<prefix>-YYYYmmdd-HHMMSS.ffffff-<pid>-<random>.mcap`: servers sharing a folder (in one second,
+    or on hosts whose process ids coincide) never pick the same name; the recorder also creates the
+    file exclusively, so a collision would fail loudly rather than overwrite."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    micros = int(now % 1 * 1e6)
+    return folder / f"{prefix}-{stamp}.{micros:06d}-{os.getpid()}-{secrets.token_hex(3)}{suffix}.mcap"
+
 
 class _Kind(enum.IntEnum):
     OBSERVATION = 0
@@ -62,6 +80,8 @@ class RecorderStats:
     dropped: dict[str, int] = field(default_factory=lambda: {"observation": 0, "snapshot": 0, "plan": 0})
     files: list[Path] = field(default_factory=list)
     max_queue_depth: int = 0
+    max_queue_bytes: int = 0
+    dropped_queue_full: int = 0  # of the drops: the queue was at its record or byte bound
     error: str = ""  # the first write error; the recorder keeps draining (and dropping) after it
 
     @property
@@ -99,7 +119,11 @@ class Recorder:
     """Background MCAP recorder for any number of sessions.
 
     `path` is the file to write; with rotation (`rotate_bytes` and/or `rotate_seconds`) it is the
-    stem of `<stem>-0000.mcap`, `<stem>-0001.mcap`, ...
+    stem of `<stem>-0000.mcap`, `<stem>-0001.mcap`, ... With `exclusive` every file is created, never
+    overwritten (an existing one fails the recording, logged and counted as drops).
+
+    What stays in memory per session once it has closed: its channels in the current file's index
+    (five, each naming the session) until the file rotates; nothing else.
     """
 
     def __init__(
@@ -107,16 +131,22 @@ class Recorder:
         path: str | Path,
         *,
         queue_size: int = 16384,
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
         rotate_bytes: int | None = None,
         rotate_seconds: float | None = None,
         flush_interval_s: float = 0.25,
         compress: bool = True,
         plots: bool = True,
+        exclusive: bool = False,
+        drop_log_interval_s: float = DROP_LOG_INTERVAL_S,
     ) -> None:
-        if queue_size < 1:
-            raise ValueError("queue_size must be at least 1")
+        if queue_size < 1 or queue_bytes < 1:
+            raise ValueError("queue_size and queue_bytes must be at least 1")
         self.path = Path(path)
         self.queue_size = queue_size
+        self.queue_bytes_limit = queue_bytes
+        self.exclusive = exclusive
+        self.drop_log_interval_s = drop_log_interval_s
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
         self.flush_interval_s = flush_interval_s
@@ -125,7 +155,12 @@ class Recorder:
         self.stats = RecorderStats()
         # deque.append/popleft are atomic under the GIL: producers and the writer never wait on
         # each other. Several producer threads may overshoot the bound by at most one item each.
-        self._queue: collections.deque[tuple[_Kind, str, Message | None, int]] = collections.deque()
+        self._queue: collections.deque[tuple[_Kind, str, Message | None, int, int]] = collections.deque()
+        # Bytes queued = bytes in (producers, under _offer_lock: they never wait on the writer) minus
+        # bytes out (the writer thread only): each counter has one writer at a time, so no update is lost.
+        self._bytes_in = 0
+        self._bytes_out = 0
+        self._offer_lock = threading.Lock()
         self._sessions: dict[str, _SessionCounts] = collections.defaultdict(_SessionCounts)
         self._headers: dict[str, log_pb2.SessionHeader] = {}
         self._plots: dict[str, _PlotState] = {}
@@ -140,12 +175,24 @@ class Recorder:
     # ---- caller side: constant time, never blocks ----
 
     def _offer(self, kind: _Kind, session_id: str, message: Message) -> bool:
-        if self._closed or len(self._queue) >= self.queue_size:
-            self._sessions[session_id].dropped[kind] += 1
-            self.stats.dropped[_KIND_NAMES[kind]] += 1
-            return False
-        self._queue.append((kind, session_id, message, time.time_ns()))
+        size = message.ByteSize()
+        with self._offer_lock:
+            full = len(self._queue) >= self.queue_size or self.queue_bytes + size > self.queue_bytes_limit
+            if self._closed or full:
+                self._sessions[session_id].dropped[kind] += 1
+                self.stats.dropped[_KIND_NAMES[kind]] += 1
+                self.stats.dropped_queue_full += full
+                return False
+            self._bytes_in += size
+            self._queue.append((kind, session_id, message, time.time_ns(), size))
         return True
+
+    def _control(self, kind: _Kind, session_id: str, message: Message | None) -> None:
+        """Control records bypass both bounds (one or two per session); their bytes still count."""
+        size = message.ByteSize() if message is not None else 0
+        with self._offer_lock:
+            self._bytes_in += size
+            self._queue.append((kind, session_id, message, 0, size))
 
     def write_observation(self, session_id: str, observation: pb.Observation) -> bool:
         """Queue an observation (with its actual action and client plan); False when dropped."""
@@ -163,17 +210,17 @@ class Recorder:
             header.format_version = FORMAT_VERSION
         if not header.start_time_unix_ns:
             header.start_time_unix_ns = time.time_ns()
-        self._queue.append((_Kind.OPEN, header.session_id, header, 0))
+        self._control(_Kind.OPEN, header.session_id, header)
 
     def close_session(self, session_id: str) -> None:
         """Write the session's summary (counts, drops); it is not repeated in later rotated files."""
-        self._queue.append((_Kind.CLOSE, session_id, None, 0))
+        self._control(_Kind.CLOSE, session_id, None)
 
     def close(self, timeout_s: float = 30.0) -> RecorderStats:
         """Write what is queued, summaries of sessions still open, the index and footer."""
         if not self._closed:
             self._closed = True
-            self._queue.append((_Kind.STOP, "", None, 0))
+            self._control(_Kind.STOP, "", None)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise TimeoutError(f"recorder did not finish writing {self.path} within {timeout_s} s")
@@ -189,11 +236,17 @@ class Recorder:
     def queue_depth(self) -> int:
         return len(self._queue)
 
+    @property
+    def queue_bytes(self) -> int:
+        """Serialised bytes of the records waiting to be written."""
+        return self._bytes_in - self._bytes_out
+
     # ---- writer thread ----
 
     def _run(self) -> None:
         queue = self._queue
         last_flush = time.monotonic()
+        last_drop_log, dropped_logged = last_flush, 0
         while True:
             drained = 0
             # Bounded batches, so the flush deadline is honoured under a sustained stream too.
@@ -201,18 +254,41 @@ class Recorder:
                 depth = len(queue)
                 if depth > self.stats.max_queue_depth:
                     self.stats.max_queue_depth = depth
-                kind, session_id, message, publish_ns = queue.popleft()
+                queued = self.queue_bytes
+                if queued > self.stats.max_queue_bytes:
+                    self.stats.max_queue_bytes = queued
+                kind, session_id, message, publish_ns, size = queue.popleft()
+                self._bytes_out += size
                 drained += 1
                 if kind is _Kind.STOP:
                     self._finish_all()
+                    self._log_drops(dropped_logged)
                     return
                 self._handle(kind, session_id, message, publish_ns)
             now = time.monotonic()
             if self._file is not None and now - last_flush >= self.flush_interval_s:
                 self._guarded(self._file.flush)
                 last_flush = now
+            if now - last_drop_log >= self.drop_log_interval_s:
+                last_drop_log = now
+                dropped_logged = self._log_drops(dropped_logged)
             if not drained:
                 time.sleep(0.005)
+
+    def _log_drops(self, dropped_logged: int) -> int:
+        """A warning when records were dropped since the last one (from the writer thread, never the caller's)."""
+        dropped = self.stats.total_dropped
+        if dropped > dropped_logged:
+            log.warning(
+                "recorder: %d records dropped since the last report (%d in all, %d with the queue at its "
+                "bound of %d records / %d bytes); the disk or the writer is slower than the sessions' records",
+                dropped - dropped_logged,
+                dropped,
+                self.stats.dropped_queue_full,
+                self.queue_size,
+                self.queue_bytes_limit,
+            )
+        return dropped
 
     def _guarded(self, action: object, *args: object) -> bool:
         if self._failed:
@@ -248,6 +324,7 @@ class Recorder:
             self._guarded(self._write_summary, session_id)
             self._headers.pop(session_id, None)
             self._plots.pop(session_id, None)
+            self._sessions.pop(session_id, None)  # its counts are in the summary: nothing kept per closed session
             return
         log_time = _event_time(kind, message)
         if not self._guarded(self._write_data, kind, session_id, message, log_time, publish_ns):
@@ -268,7 +345,7 @@ class Recorder:
             self._part += 1
         rotating = self.rotate_bytes is not None or self.rotate_seconds is not None
         path = rotated_path(self.path, self._part) if rotating else self.path
-        self._file = LogFileWriter(path, compress=self.compress)
+        self._file = LogFileWriter(path, compress=self.compress, exclusive=self.exclusive)
         self.stats.files.append(path)
         return self._file
 
@@ -290,17 +367,16 @@ class Recorder:
         file = self._current_file()
         self._ensure_header(file, session_id, log_time_ns)
         file.write(_DATA_TOPICS[kind], session_id, message, log_time_ns, publish_ns)
+        plot = self._plots.get(session_id)  # None: not recording plots, or data before open_session
+        if plot is not None and kind is _Kind.OBSERVATION:
+            plot.remember(message)
+        elif plot is not None and kind is _Kind.SNAPSHOT:
+            self._write_plot(file, plot, message, log_time_ns, publish_ns)
+        # counted once its plot is written too: a write error there counts the record dropped, never both
         counts = self._sessions[session_id]
         counts.written[kind] += 1
         counts.last_log_time_ns = log_time_ns
         self.stats.written[_KIND_NAMES[kind]] += 1
-        plot = self._plots.get(session_id)
-        if plot is None:  # not recording plots, or data before open_session: no names to plot by
-            return
-        if kind is _Kind.OBSERVATION:
-            plot.remember(message)
-        elif kind is _Kind.SNAPSHOT:
-            self._write_plot(file, plot, message, log_time_ns, publish_ns)
 
     def _plot_state(self, header: log_pb2.SessionHeader) -> _PlotState:
         key = (tuple(header.feature_names), tuple(header.control_names), tuple(header.action_names))

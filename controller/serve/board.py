@@ -49,8 +49,10 @@ H_RETIRED_TICKS, H_RETIRED_MISSED, H_RETIRED_SENT = 4, 5, 6  # totals of worker 
     METRICS_PORT,
     PUBLISHED_NS,
     DRAINING,
-) = range(16)
-N_FIELDS = 16
+    RECORDS_DROPPED,
+    RECORDER_QUEUE_BYTES,
+) = range(18)
+N_FIELDS = 18
 
 
 def fine_edges(coarse_us: Sequence[float]) -> npt.NDArray[np.float64]:
@@ -77,6 +79,8 @@ class Totals:
     workers_ready: int
     started_ns: int
     opened_per_worker: list[int]
+    records_dropped: int = 0  # recording: since each worker started, and its queue's bytes now
+    recorder_queue_bytes: int = 0
 
 
 class Board:
@@ -185,6 +189,8 @@ class Board:
             workers_ready=int((rows[:, READY] > 0).sum()),
             started_ns=int(h[H_STARTED_NS]),
             opened_per_worker=[int(v) for v in rows[:, SESSIONS_OPENED]],
+            records_dropped=total(RECORDS_DROPPED),
+            recorder_queue_bytes=total(RECORDER_QUEUE_BYTES),
         )
 
     def percentiles_us(

@@ -85,11 +85,19 @@ class DriveSession:
         sent_time_ns: int = 0,
         plan_valid_for_ns: int = 0,
         plan_created_ns: int = 0,
+        release_standstill: bool = False,
     ) -> None:
         """sent_time_ns: this host's wall clock (time.time_ns()) at sending, so that the server can
         report the transport delay; 0: not given. `plan_valid_for_ns`, `plan_created_ns`: 0 for the
-        defaults (docs/contract.md#plans)."""
-        obs = pb.Observation(seq=seq, timestamp_ns=timestamp_ns, features=features, sent_time_ns=sent_time_ns)
+        defaults (docs/contract.md#plans). `release_standstill`: end a STANDSTILL_HOLD
+        (docs/contract.md#safety)."""
+        obs = pb.Observation(
+            seq=seq,
+            timestamp_ns=timestamp_ns,
+            features=features,
+            sent_time_ns=sent_time_ns,
+            release_standstill=release_standstill,
+        )
         if plan is not None:
             obs.plan.plan_id = plan_id
             obs.plan.values.extend(plan)

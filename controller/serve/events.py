@@ -4,6 +4,11 @@ Each event is one record of the `dualloop.serve` logger whose message is the eve
 ("session.open", "server.drain", ...) and whose fields travel in `extra`. Two renderings: human
 (`time LEVEL event key=value ...`, the default) and JSON lines (one object per line, for log
 shippers). Nothing here runs per tick: sessions log when they open and close, and on errors.
+
+Fields carry client strings (session ids, error messages quoting them), so neither rendering lets a
+value break its line: JSON escapes every control character itself, and the human format writes a
+value bare only when it is plain text (printable, no space, quote, backslash or `=`), otherwise as a
+JSON string (newlines, ANSI escapes, Unicode line separators all escaped). A record is one line.
 """
 
 from __future__ import annotations
@@ -52,16 +57,31 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, separators=(",", ":"))
 
 
+_NOT_BARE = frozenset(' "=\\')
+
+
+def human_value(value: object) -> str:
+    """A field's value in the human format: a string bare when plain, else as a JSON string (one line,
+    escaped); other values (numbers, lists of names) as str() makes them, escaped the same way if that
+    is not printable."""
+    if isinstance(value, str):
+        return value if value and value.isprintable() and _NOT_BARE.isdisjoint(value) else json.dumps(value)
+    text = str(value)
+    return text if text.isprintable() else json.dumps(text)
+
+
+def _one_line(text: str) -> str:
+    """A message (an event name, another logger's text) with its control characters escaped."""
+    return text if text.isprintable() else json.dumps(text)[1:-1]
+
+
 class HumanFormatter(logging.Formatter):
     """`2026-12-01T18:09:39.123Z INFO  session.open session_id=rt clock=REALTIME ...`"""
 
     def format(self, record: logging.LogRecord) -> str:
         fields = getattr(record, _FIELDS, {})
-        parts = [_utc(record), f"{record.levelname:<5}", record.getMessage()]
-        parts += [
-            f"{k}={json.dumps(v, default=str) if isinstance(v, str) and (' ' in v or not v) else v}"
-            for k, v in fields.items()
-        ]
+        parts = [_utc(record), f"{record.levelname:<5}", _one_line(record.getMessage())]
+        parts += [f"{k}={human_value(v)}" for k, v in fields.items()]
         text = " ".join(parts)
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)

@@ -4,6 +4,7 @@ yaml and grpc)."""
 
 from __future__ import annotations
 
+from dualloop.controller.serve.client_strings import MAX_ID_BYTES
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.executor.core import Executor
 from dualloop.v2 import controller_pb2 as pb
@@ -26,11 +27,15 @@ def session_limits(ex: Executor, config: ServerConfig) -> pb.SessionLimits:
         safe_action=pb.Action(index=safe.index, name=safe.name, controls=safe.controls.tolist()),
         fallback_decel=safety.config.fallback_decel,
         blind_decel=safety.config.blind_decel,
-        fallback_jerk=safety.config.fallback_jerk,
+        fallback_jerk=safety.config.jerk_limit,
+        jerk_limit=safety.config.jerk_limit,
+        standstill_speed=safety.config.standstill_speed,
         # the check runs only with a gate (it vetoes through OOD_VETO)
         freeze_repeats=ex.gating.freeze.repeats if ex.gating.freeze is not None else 0,
         min_margin=ex.reasons.min_margin,
         max_receive_message_bytes=config.max_receive_message_bytes,
         recommended_client_window_bytes=config.client_window_bytes,
         open_timeout_ns=int(round(config.open_timeout_s * 1e9)),
+        max_session_id_bytes=MAX_ID_BYTES,
+        max_plan_id_bytes=MAX_ID_BYTES,
     )

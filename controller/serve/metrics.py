@@ -147,6 +147,7 @@ class RecorderReading:
     queue_depth: int
     dropped: dict[str, int]
     written: dict[str, int]
+    queue_bytes: int = 0
 
 
 @dataclass
@@ -291,6 +292,11 @@ def families(r: MetricsReading) -> Iterable[Metric]:
         rec = r.recorder
         yield GaugeMetricFamily(
             "dualloop_recorder_queue_depth", "Records waiting to be written.", value=rec.queue_depth
+        )
+        yield GaugeMetricFamily(
+            "dualloop_recorder_queue_bytes",
+            "Serialised bytes of the records waiting to be written.",
+            value=rec.queue_bytes,
         )
         dropped = CounterMetricFamily(
             "dualloop_recorder_dropped",

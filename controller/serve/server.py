@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,9 +34,9 @@ from dualloop.controller.logs.format import (
     ACTUAL_NOT_DECLARED,
     REQUIRE_PLAN_DETAIL,
 )
-from dualloop.controller.logs.recorder import Recorder
+from dualloop.controller.logs.recorder import Recorder, unique_log_path
 from dualloop.controller.serve import board as wb
-from dualloop.controller.serve import events
+from dualloop.controller.serve import client_strings, events
 from dualloop.controller.serve.candidate import CandidateError, candidate_status, load_candidate
 from dualloop.controller.serve.config import ConfigError, ServerConfig, host_port
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
@@ -196,6 +197,8 @@ class ControllerRuntime:
                 wb.LATENESS_MAX_US: hist.max_us,
                 wb.LATENESS_COUNT: hist.n,
                 wb.PUBLISHED_NS: _mono_ns(),
+                wb.RECORDS_DROPPED: self.recorder.stats.total_dropped if self.recorder is not None else 0,
+                wb.RECORDER_QUEUE_BYTES: self.recorder.queue_bytes if self.recorder is not None else 0,
                 **self.board_fields,
             },
             hist.counts,
@@ -457,7 +460,7 @@ class ControllerRuntime:
             planner=planner,
             recorder=None
             if rec is None
-            else RecorderReading(rec.queue_depth, dict(rec.stats.dropped), dict(rec.stats.written)),
+            else RecorderReading(rec.queue_depth, dict(rec.stats.dropped), dict(rec.stats.written), rec.queue_bytes),
         )
 
 
@@ -497,13 +500,24 @@ def _model_info_v1(response: pb.GetModelInfoResponse) -> bytes:
     return response.model.SerializeToString()
 
 
+def _release_aborted(err: grpc.aio.AbortError) -> None:
+    """Let an aborted call's memory go when the call ends, not at the next full garbage collection.
+
+    grpc.aio keeps the abort's exception on the call's state, and its traceback keeps the handler's
+    frames, which keep the context (so the call's state: a cycle) and the request. Only the cyclic
+    collector frees such a cycle, and garbage that lived through a young collection waits for an old
+    one: refused 1 MiB requests piled up to ~600 MB before it came. Clearing the finished frames'
+    locals (and the caller deleting its own) leaves the exception nothing that leads back to the call."""
+    traceback.clear_frames(err.__traceback__)
+
+
 def _logged(method: str, handler: Callable) -> Callable:
     """A unary handler whose errors are logged (rpc.error) with the status and message the client gets."""
 
     async def logged(request: object, context: grpc.aio.ServicerContext) -> object:
         try:
             return await handler(request, context)
-        except grpc.aio.AbortError:
+        except grpc.aio.AbortError as err:
             code = context.code()
             events.event(
                 "rpc.error",
@@ -513,6 +527,8 @@ def _logged(method: str, handler: Callable) -> Callable:
                 code=code.name if code is not None else "UNKNOWN",
                 message=context.details() or "",
             )
+            _release_aborted(err)
+            del request, context
             raise
 
     return logged
@@ -566,6 +582,12 @@ def add_controller_service(service: ControllerService, server: grpc.aio.Server) 
 async def _refuse_malformed(request: object, context: grpc.aio.ServicerContext) -> None:
     if isinstance(request, MalformedRequest):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+
+
+async def _refuse_too_long(refusal: str | None, context: grpc.aio.ServicerContext) -> None:
+    """A client string past its limit (client_strings.py): INVALID_ARGUMENT naming the field."""
+    if refusal is not None:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal)
 
 
 _END, _DRAINED = object(), object()  # _next_request: the stream ended; the server is draining
@@ -622,6 +644,9 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             uptime_s=(_mono_ns() - stats.started_ns) / 1e9,
             snapshots_sent_total=stats.snapshots_sent_total,
         )
+        if runtime.recorder is not None:
+            reply.records_dropped_total = runtime.recorder.stats.total_dropped
+            reply.recorder_queue_bytes = runtime.recorder.queue_bytes
         if request.reset:
             runtime.reset_stats()
         return self._with_candidate(reply)
@@ -662,6 +687,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             missed_deadlines_total=t.missed_total,
             uptime_s=(now - t.started_ns) / 1e9,
             snapshots_sent_total=t.snapshots_sent_total,
+            records_dropped_total=t.records_dropped,
+            recorder_queue_bytes=t.recorder_queue_bytes,
         )
         if request.reset:  # every worker resets its window at its next publish; this one now
             runtime._board_epoch = board.request_reset()
@@ -673,6 +700,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         self, request: pb.GetShadowStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetShadowStatsResponse:
         await _refuse_malformed(request, context)
+        await _refuse_too_long(client_strings.shadow_stats_refusal(request), context)
         runtime, keep = self.runtime, ControllerRuntime.KEEP_CLOSED_SHADOW_STATS
         shadow: ShadowInstance | None = None
         if request.session_instance:
@@ -719,6 +747,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
     ) -> pb.LoadCandidateResponse:
         await _refuse_malformed(request, context)
         await require_admin(context)
+        await _refuse_too_long(client_strings.load_candidate_refusal(request), context)
         runtime = self.runtime
         try:  # files and warm-up off the loop: the ticks go on meanwhile
             cand = await asyncio.to_thread(load_candidate, self.executor, request.model_path, list(request.gate_paths))
@@ -746,6 +775,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
     ) -> pb.PromoteCandidateResponse:
         await _refuse_malformed(request, context)
         await require_admin(context)
+        await _refuse_too_long(client_strings.promote_refusal(request), context)
         cand = self.executor.candidate
         if request.expected_version and (cand is None or cand.version != request.expected_version):
             await context.abort(
@@ -775,9 +805,11 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         except asyncio.CancelledError:
             trace.ended("CANCELLED", "the client cancelled the call, or the server stopped before the stream ended")
             raise
-        except grpc.aio.AbortError:  # context.abort(): the status is on the context
+        except grpc.aio.AbortError as err:  # context.abort(): the status is on the context
             code = context.code()
             trace.ended(code.name if code is not None else "UNKNOWN", context.details() or "")
+            _release_aborted(err)
+            del request_iterator, context
             raise
         except Exception as err:
             trace.ended("UNKNOWN", repr(err))
@@ -813,6 +845,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 f"{first.WhichOneof('msg') or 'an empty DriveRequest'}",
             )
         req = first.open
+        await _refuse_too_long(client_strings.open_session_refusal(req), context)
         await refuse_actuating_for_shadow_only(context, req.shadow)
         if req.clock not in (pb.CLOCK_MODE_REALTIME, pb.CLOCK_MODE_LOCKSTEP):
             await context.abort(
@@ -960,6 +993,9 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                     if obs_msg is None:
                         error.append(self._NOT_AN_OBSERVATION)
                         return
+                    if (refusal := client_strings.observation_refusal(obs_msg)) is not None:
+                        error.append((grpc.StatusCode.INVALID_ARGUMENT, refusal))
+                        return
                     obs = observation_from_proto(obs_msg, _mono_ns(), time.time_ns())
                     if planning is not None:  # the server's planner conditions this session
                         obs.plan_id, obs.plan_values = "", None
@@ -1039,6 +1075,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             obs_msg = self._observation(msg)
             if obs_msg is None:
                 return self._NOT_AN_OBSERVATION
+            if (refusal := client_strings.observation_refusal(obs_msg)) is not None:
+                return grpc.StatusCode.INVALID_ARGUMENT, refusal
             obs = observation_from_proto(obs_msg, _mono_ns())
             if planning is not None:
                 await planning.plan_lockstep(session_id, obs)
@@ -1153,13 +1191,13 @@ class ControllerServer:
         self.runtime.scheduling = self.scheduling
         if self.config.record_dir is not None:
             self.config.record_dir.mkdir(parents=True, exist_ok=True)
-            stamp = time.strftime("%Y%m%d-%H%M%S")
             mb = self.config.record_rotate_mb
             self.runtime.recorder = Recorder(
-                self.config.record_dir / f"dualloop-{stamp}{self._worker_suffix}.mcap",
+                unique_log_path(self.config.record_dir, suffix=self._worker_suffix),
                 rotate_bytes=int(mb * 1e6) if mb else None,
                 rotate_seconds=self.config.record_rotate_s,
                 plots=self.config.record_plots,
+                exclusive=True,  # servers sharing a record dir: never overwrite another's log
             )
         if self.runtime.metrics is not None and self.config.metrics_port is not None:
             collector = MetricsCollector(self.runtime.metrics_reading, asyncio.get_running_loop())

@@ -49,6 +49,7 @@ def observation_from_proto(msg: pb.Observation, arrival_ns: int, received_wall_n
         received_wall_ns=received_wall_ns,
         plan_valid_for_ns=plan.valid_for_ns if plan is not None else 0,
         plan_created_ns=plan.created_ns if plan is not None else 0,
+        release_standstill=msg.release_standstill,
     )
 
 

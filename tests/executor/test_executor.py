@@ -83,8 +83,11 @@ def test_non_finite_first_input_applies_safe_default(test_model):
     x = np.full(19, np.nan, np.float32)
     (s,) = ex.step({"a": obs(1, x)}, now_ns=0)
     assert set(s.reasons) == {Reason.INVALID_INPUT, Reason.SAFE_DEFAULT}
-    assert s.applied.name == test_model.card.safe_action.action
-    np.testing.assert_array_equal(s.applied.controls, np.array(test_model.card.safe_action.controls, np.float32))
+    safe = np.array(test_model.card.safe_action.controls, np.float32)
+    # the safe action's steering; its braking entered at the jerk limit from nothing applied before
+    step = ex.config.safety.jerk_limit * ex.period_ns / 1e9
+    assert s.applied.controls[1] == safe[1] and s.applied.controls[0] == pytest.approx(-step)
+    assert s.applied.name == "keep"  # the band of what was applied, not the safe action's name
 
 
 def test_low_margin_abstains(test_model):
@@ -129,25 +132,34 @@ def test_period_is_measured_when_not_declared(test_model):
     assert s.observation_period_ns == 50 * MS
 
 
-def test_late_observation_holds_and_the_next_fresh_one_drives_again_without_a_dwell(test_model):
+def test_late_observation_holds_and_the_next_fresh_one_blends_back_without_a_dwell(test_model):
     ex = Executor(test_model, ExecutorConfig(max_observation_age_ms=15, min_margin=0.0))
     ex.open_session("a", observation_period_ns=100 * MS)  # 10 Hz
     rng = np.random.default_rng(8)
     states = []
     for k in range(4):  # 10 Hz observations, then one 60 ms late
         t_obs = k * 100 * MS + (60 * MS if k == 3 else 0)
-        ex.step({"a": obs(k + 1, features(rng), ts=t_obs)}, now_ns=t_obs)
+        (s,) = ex.step({"a": obs(k + 1, features(rng), ts=t_obs)}, now_ns=t_obs)
+        states.append((t_obs // MS, s.safety_state, Reason.STALE_OBSERVATION in s.reasons, s.applied))
         for t in range(t_obs + 5 * MS, (k + 1) * 100 * MS + (60 * MS if k == 2 else 0), 5 * MS):
             (s,) = ex.tick(t)
-            states.append((t // MS, s.safety_state, Reason.STALE_OBSERVATION in s.reasons, s.applied.index))
+            states.append((t // MS, s.safety_state, Reason.STALE_OBSERVATION in s.reasons, s.applied))
     held = [(t, st) for t, st, stale, _ in states if stale]
     assert held and all(st is SafetyState.VETO_HOLD for _, st in held), "a late observation holds"
     assert held[0][0] == 320  # the third observation (t=200 ms) is late after 115 ms
-    after = [st for t, st, _, _ in states if t > 360]
-    assert after and all(st is SafetyState.NOMINAL for st in after), "no recovery dwell after lateness"
+    # no dwell after lateness: the model's command is blended in at the jerk limit from the first
+    # fresh tick (t=365), and NOMINAL returns once they meet
+    after = [(st, a) for t, st, _, a in states if t > 360]
+    step = ex.config.safety.jerk_limit * 0.005
+    blend = [st for st, _ in after].index(SafetyState.NOMINAL)
+    assert all(st is SafetyState.RECOVERING for st, _ in after[:blend])
+    assert all(st is SafetyState.NOMINAL for st, _ in after[blend:]), "no recovery dwell after lateness"
+    first_nominal = [t for t, st, _, _ in states if t > 360 and st is SafetyState.NOMINAL][0]
+    accel = np.array([a.controls[0] for t, _, _, a in states if 315 <= t <= first_nominal], np.float64)
+    assert np.all(np.abs(np.diff(accel)) <= step)
     # the hold applied the last action from before the lateness
     before = [a for t, st, stale, a in states if t < 320][-1]
-    assert all(a == before for _, st, stale, a in states if stale)
+    assert all(a.controls[0] == before.controls[0] for _, st, stale, a in states if stale)  # steer: bounded
 
 
 def test_lateness_past_the_hold_timeout_is_a_lost_sensor(test_model):

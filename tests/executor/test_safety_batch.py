@@ -15,15 +15,27 @@ from dualloop.executor.safety import LaneKeepingConfig, SafetyConfig, SafetyMach
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
 
 TICK = 5_000_000
-FEATURES = ["ego_speed", "ego_accel", "lane_offset", "heading_error", "road_curvature", "lead_distance"]
+FEATURES = [
+    "ego_speed",
+    "ego_accel",
+    "lane_offset",
+    "heading_error",
+    "road_curvature",
+    "lead_present",
+    "lead_distance",
+    "lead_rel_speed",
+]
 ACTIONS = ["brake_hard", "brake", "keep", "accelerate"]
 SAFE = AppliedAction(1, "brake", np.array([-2.0, 0.0], np.float32))
 
 
 def _ticks(rng: np.random.Generator, sessions: int, ticks: int):
-    """Per tick: (reasons, proposals, features (sessions, F), use_features) per session. Mostly clean
-    ticks, with runs of faults so holds, fallbacks, recoveries and abstentions all happen."""
+    """Per tick: (reasons, proposals, features (sessions, F), use_features, actuation_only, release) per
+    session. Mostly clean ticks, with runs of faults so holds, fallbacks, standstills, releases,
+    recoveries, abstentions and threats all happen."""
     fault = np.zeros(sessions, bool)
+    gap, rel = rng.uniform(20.0, 60.0, sessions), rng.uniform(-15.0, 2.0, sessions)
+    speed, moving = rng.uniform(0.0, 40.0, sessions), np.ones(sessions, bool)
     for _ in range(ticks):
         fault ^= rng.random(sessions) < 0.03  # faults come and go in runs
         reasons, proposals = [], []
@@ -35,9 +47,16 @@ def _ticks(rng: np.random.Generator, sessions: int, ticks: int):
             reasons.append(r)
             proposals.append(AppliedAction(idx, ACTIONS[idx], controls) if scored else None)
         x = rng.normal(0.0, 1.0, (sessions, len(FEATURES))).astype(np.float32)
-        x[:, 0] = rng.uniform(0.0, 40.0, sessions)  # speeds, some below the steer bound's 1 m/s
-        x[rng.random(x.shape) < 0.05] = np.nan
-        yield reasons, proposals, x, (rng.random(sessions) > 0.05).tolist()
+        moving ^= rng.random(sessions) < 0.01  # standing still in runs
+        x[:, 0] = np.where(moving, speed + rng.normal(0.0, 0.5, sessions), 0.0)  # some below the steer bound's 1 m/s
+        # a lead closing as its relative speed says, so the threat assessor can trust it
+        gap += rel * TICK / 1e9
+        new = (gap < 3.0) | (rng.random(sessions) < 0.002)
+        gap[new], rel[new] = rng.uniform(20.0, 60.0, new.sum()), rng.uniform(-15.0, 2.0, new.sum())
+        x[:, 5], x[:, 6], x[:, 7] = 1.0, gap, np.where(moving, rel, 0.0)
+        x[rng.random(x.shape) < np.where(np.arange(len(FEATURES)) < 5, 0.05, 0.002)] = np.nan
+        use, only, release = (rng.random((3, sessions)) < [[0.95], [0.2], [0.01]]).tolist()
+        yield reasons, proposals, x, use, only, release
 
 
 def _same_action(a: AppliedAction | None, b: AppliedAction | None) -> bool:
@@ -70,12 +89,16 @@ def _compare(machine: SafetyMachine, batch: SafetyMachine, seed: int, sessions: 
     ref, got = [SafetyMemory() for _ in range(sessions)], [SafetyMemory() for _ in range(sessions)]
     differ = 0
     states = set()
-    for k, (reasons, proposals, x, use) in enumerate(_ticks(rng, sessions, ticks)):
+    added: set[Reason] = set()
+    for k, (reasons, proposals, x, use, only, release) in enumerate(_ticks(rng, sessions, ticks)):
         now = k * TICK
         batch_reasons = copy.deepcopy(reasons)
-        out = batch.decide_batch(got, now, batch_reasons, proposals, x, use)
+        out = batch.decide_batch(got, now, batch_reasons, proposals, x, use, only, release)
         for s in range(sessions):
-            applied, state = machine.decide(ref[s], now, reasons[s], proposals[s], x[s] if use[s] else None)
+            applied, state = machine.decide(
+                ref[s], now, reasons[s], proposals[s], x[s] if use[s] else None, only[s], release[s]
+            )
+            added.update(reasons[s])
             states.add(state)
             same = (
                 _same_action(applied, out[s][0])
@@ -84,8 +107,10 @@ def _compare(machine: SafetyMachine, batch: SafetyMachine, seed: int, sessions: 
                 and _same_memory(ref[s], got[s])
             )
             differ += not same
-    # the sequences reached every state (RECOVERING lasts no tick without a dwell)
-    assert states == set(SafetyState) - ({SafetyState.RECOVERING} if machine.recovery_dwell_ns == 0 else set())
+    # the sequences reached every state (without a dwell, RECOVERING is the blend) and added every reason
+    assert states == set(SafetyState)
+    assert {Reason.FALLBACK, Reason.STANDSTILL_HOLD} <= added
+    assert Reason.THREAT_BRAKING in added or machine.threat is None or not machine.threat.available
     return differ
 
 
@@ -115,7 +140,7 @@ def test_decide_batch_without_features() -> None:
     machine, batch = _machine(SafetyConfig()), _machine(SafetyConfig())
     rng = np.random.default_rng(5)
     ref, got = [SafetyMemory() for _ in range(4)], [SafetyMemory() for _ in range(4)]
-    for k, (reasons, proposals, _, _) in enumerate(_ticks(rng, 4, 600)):
+    for k, (reasons, proposals, *_) in enumerate(_ticks(rng, 4, 600)):
         batch_reasons = copy.deepcopy(reasons)
         out = batch.decide_batch(got, k * TICK, batch_reasons, proposals, None)
         for s in range(4):
@@ -127,9 +152,9 @@ def test_decide_batch_without_features() -> None:
 class _ForgetsTheRoad(SafetyMachine):
     """A batch that drops the steady rows' trusted speed: what a slip in decide_batch would look like."""
 
-    def decide_batch(self, mems, now_ns, reasons, proposals, features, use_features=None):  # type: ignore[no-untyped-def]
+    def decide_batch(self, mems, now_ns, reasons, proposals, features, use_features=None, *flags):  # type: ignore[no-untyped-def]
         speeds = [m.trusted_speed for m in mems]
-        out = super().decide_batch(mems, now_ns, reasons, proposals, features, use_features)
+        out = super().decide_batch(mems, now_ns, reasons, proposals, features, use_features, *flags)
         for m, r, v in zip(mems, reasons, speeds):
             if not r and m.state is SafetyState.NOMINAL:
                 m.trusted_speed = v

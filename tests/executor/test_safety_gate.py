@@ -74,7 +74,7 @@ def test_transitions_and_timeouts_are_exact(test_model, nominal_rows):
     )
     good = [features[i] for i in range(10)]
     bad = [np.full(19, np.nan, np.float32)] * 100
-    clean = [features[i] for i in range(10, 160)]
+    clean = [features[i] for i in range(10, 600)]
 
     def sequence():
         ex = lockstep(test_model, config)
@@ -86,7 +86,12 @@ def test_transitions_and_timeouts_are_exact(test_model, nominal_rows):
     assert states[10:70] == [SafetyState.VETO_HOLD] * 60  # 300 ms of hold ...
     assert states[70:110] == [SafetyState.FALLBACK_ACTIVE] * 40  # ... then the fallback
     assert states[110:210] == [SafetyState.RECOVERING] * 100  # 500 ms clean dwell
-    assert states[210:] == [SafetyState.NOMINAL] * 50
+    back = states.index(SafetyState.NOMINAL, 210)  # then the model's command blended in, until they meet
+    assert states[210:back] == [SafetyState.RECOVERING] * (back - 210) and states[back:] == [SafetyState.NOMINAL] * (
+        len(states) - back
+    )
+    steps = np.abs(np.diff([float(s.applied.controls[0]) for s in snaps[9 : back + 1]]))
+    assert steps.max() <= 2.5 * 0.005  # every transition jerk-limited, into NOMINAL too
     held = snaps[9].applied  # NaN is caught in its own tick: the last action is still trusted
     assert all(
         s.applied.index == held.index and np.array_equal(s.applied.controls, held.controls) for s in snaps[10:70]
@@ -97,7 +102,7 @@ def test_transitions_and_timeouts_are_exact(test_model, nominal_rows):
     np.testing.assert_allclose(accel, expected, rtol=0, atol=1e-6)  # jerk-limited towards -3 m/s^2
     assert np.all(np.abs(np.diff(accel)) <= 2.5 * 0.005 + 1e-6)
     assert all(np.isfinite(s.applied.controls).all() for s in snaps)
-    assert snaps[210].applied.index == snaps[210].proposed_index  # the model drives again
+    assert np.array_equal(snaps[back].applied.controls, snaps[back].proposed_controls)  # the model drives again
     # reproducible tick for tick
     again = sequence()
     assert [(s.safety_state, s.reasons, s.applied.index) for s in again] == [
@@ -148,7 +153,8 @@ def test_stale_plan_degrades_and_fresh_plan_recovers(test_model, nominal_rows, r
     if require_plan:
         assert Reason.STALE_PLAN in snaps[121].reasons and snaps[121].safety_state is SafetyState.VETO_HOLD
         assert snaps[150].safety_state is SafetyState.RECOVERING and snaps[150].plan_age_ns == 0
-        assert snaps[160].safety_state is SafetyState.NOMINAL
+        assert snaps[159].safety_state is SafetyState.RECOVERING  # the 50 ms dwell, then the blend
+        assert snaps[199].safety_state is SafetyState.NOMINAL
     else:
         assert all(s.reasons == () and s.safety_state is SafetyState.NOMINAL for s in snaps[115:200])
         # the expired plan is gone: the same inputs as a session that never had one
@@ -348,9 +354,21 @@ def test_a_car_at_rest_is_not_frozen_but_a_stuck_sensor_at_speed_is(test_model, 
             out.append(bool(ex.gating.frozen[0]))
         return out
 
-    at_rest = [features[i] for i in range(20)] + [stopped] * 40
+    # coming to rest as a car does: the speed falls through walking pace to 0
+    slowing = []
+    for v in (1.2, 0.6, 0.2):
+        x = stopped.copy()
+        x[FEATURE_INDEX["ego_speed"]], x[FEATURE_INDEX["lead_distance"]] = v, 6.5 + v
+        slowing.append(x)
+    at_rest = [features[i] for i in range(20)] + slowing + [stopped] * 40
     assert not any(frozen(gate, at_rest))
-    assert frozen(dataclasses.replace(gate, freeze=None), at_rest)[22:] == [True] * 38
+    assert frozen(dataclasses.replace(gate, freeze=None), at_rest)[25:] == [True] * 38
+    # readings that drop to rest straight from 27 m/s are a sensor lost, not a stop: they count
+    dropped = [features[i] for i in range(20)] + [stopped] * 40
+    assert features[19][FEATURE_INDEX["ego_speed"]] > 1.5
+    assert frozen(gate, dropped)[22:] == [True] * 38
+    zeros = [features[i] for i in range(20)] + [np.zeros_like(stopped)] * 6
+    assert frozen(gate, zeros) == [False] * 22 + [True] * 4
     stuck = [features[i] for i in range(20)] + [features[20]] * 6
     assert frozen(gate, stuck) == [False] * 22 + [True] * 4
 
@@ -424,33 +442,147 @@ def test_gate_veto_rolls_back_past_the_filter_delay(test_model, gates, nominal_r
     assert not snaps[20].gate_veto and not snaps[21].gate_veto  # these two drove on suspect input
     held = snaps[first_veto].applied
     rolled_back_to = snaps[first_veto - 1 - ex.config.safety.rollback_ticks].applied
-    assert held.index == rolled_back_to.index and held.controls[1] == rolled_back_to.controls[1]  # steer
-    # accel: the rolled-back command, unless the (vetoed) model asked to brake harder (monotone braking)
-    proposed = float(snaps[first_veto].proposed_controls[0])
-    assert held.controls[0] == pytest.approx(min(float(rolled_back_to.controls[0]), max(proposed, -6.0)))
-    assert not np.array_equal(held.controls, snaps[21].applied.controls)
+    assert held.controls[1] == rolled_back_to.controls[1]  # steer
+    # accel: towards the rolled-back command, at most a jerk step from the one applied before; none
+    # of the vetoed model's braking (the veto doubts its inputs)
+    last, aim = float(snaps[first_veto - 1].applied.controls[0]), float(rolled_back_to.controls[0])
+    step = 2.5 * 0.005
+    assert held.controls[0] == pytest.approx(min(max(aim, last - step), last + step), abs=1e-6)
 
 
-def test_a_veto_never_removes_braking(test_model):
-    """The safety side may add braking but not take away braking the model asked for."""
-    from dualloop.executor.safety import SafetyMachine, SafetyMemory
+def _machine(test_model, **safety):  # noqa: ANN001, ANN202
+    from dualloop.executor.safety import SafetyMachine
     from dualloop.executor.snapshot import AppliedAction
 
-    config = SafetyConfig(max_vetoed_brake=6.0)
     safe = AppliedAction(1, "brake", np.array([-2.0, 0.0], np.float32))
-    machine = SafetyMachine(config, ["accel", "steer"], TICK, safe, test_model.card.feature_names)
+    card = test_model.card
+    return SafetyMachine(SafetyConfig(**safety), ["accel", "steer"], TICK, safe, card.feature_names, card.actions)
+
+
+def _cruise(test_model, machine, ticks: int = 10, speed: float = 25.0):  # noqa: ANN001, ANN202
+    """A session cruising at `speed` with no lead, then the inputs of its next tick."""
+    from dualloop.executor.safety import SafetyMemory
+    from dualloop.executor.snapshot import AppliedAction
+
+    names = test_model.card.feature_names
+    x = np.zeros(len(names), np.float32)
+    x[names.index("ego_speed")], x[names.index("lead_distance")] = speed, 150.0
     mem = SafetyMemory()
     cruise = AppliedAction(2, "keep", np.array([0.5, 0.01], np.float32))
-    for k in range(10):
-        machine.decide(mem, k * TICK, [], cruise)
+    for k in range(ticks):
+        machine.decide(mem, k * TICK, [], cruise, x)
+    return mem, x
+
+
+def test_distrusted_inputs_apply_none_of_the_models_braking(test_model):
+    """A veto of the inputs (and invalid input) keeps every command the model computed from them off
+    the actuators: no brake_hard from a corrupted sensor, only the safe side's jerk-limited hold."""
+    from dualloop.executor.snapshot import AppliedAction
+
     hard = AppliedAction(0, "brake_hard", np.array([-8.0, 0.0], np.float32))
-    applied, state = machine.decide(mem, 10 * TICK, [Reason.OOD_VETO], hard)
-    assert state is SafetyState.VETO_HOLD
-    assert applied.controls[0] == pytest.approx(-6.0)  # the model's braking, bounded
-    assert applied.controls[1] == pytest.approx(0.01)  # steering still the held action's
-    gentle = AppliedAction(3, "accelerate", np.array([2.0, 0.0], np.float32))
-    applied, _ = machine.decide(mem, 11 * TICK, [Reason.OOD_VETO], gentle)
-    assert applied.controls[0] == pytest.approx(0.5)  # accelerating is not taken from a vetoed model
+    for reason in (Reason.OOD_VETO, Reason.INVALID_INPUT):
+        machine = _machine(test_model)
+        mem, x = _cruise(test_model, machine)
+        accel = []
+        for k in range(10, 60):
+            applied, state = machine.decide(mem, k * TICK, [reason], hard, x)
+            accel.append(float(applied.controls[0]))
+            assert state is SafetyState.VETO_HOLD
+        assert min(accel) == pytest.approx(0.5)  # the held command: nothing of the model's -8
+        assert applied.name == "keep" and applied.controls[1] == pytest.approx(0.01)
+
+
+def test_reasons_that_do_not_doubt_the_inputs_keep_the_models_braking_at_the_jerk_limit(test_model):
+    """A late observation or an actuation shortfall does not doubt what the sensors said: the
+    model's braking is kept (bounded by max_vetoed_brake), entered at the jerk limit."""
+    from dualloop.executor.snapshot import AppliedAction
+
+    hard = AppliedAction(0, "brake_hard", np.array([-8.0, 0.0], np.float32))
+    for reasons, only in (([Reason.STALE_OBSERVATION], False), ([Reason.OOD_VETO], True)):
+        machine = _machine(test_model, hold_timeout_ms=10_000)
+        mem, x = _cruise(test_model, machine)
+        accel = [0.5]
+        for k in range(10, 700):
+            applied, _ = machine.decide(mem, k * TICK, list(reasons), hard, x, actuation_only=only)
+            accel.append(float(applied.controls[0]))
+        assert np.abs(np.diff(accel)).max() == pytest.approx(machine.jerk_step, abs=1e-6)
+        assert np.abs(np.diff(accel)).max() <= machine.jerk_step
+        assert accel[-1] == pytest.approx(-6.0)  # the model's braking, bounded
+        assert applied.name == "brake_hard"
+
+
+def test_a_trusted_threat_brakes_beyond_the_profile_while_the_model_is_vetoed(test_model):
+    """While another sensor's fault vetoes the model, a lead closing fast still gets braked for: the
+    rule-based assessor (no model) on lead readings that agree with each other over time."""
+    machine = _machine(test_model)
+    names = test_model.card.feature_names
+    mem, x = _cruise(test_model, machine)
+    gap, rel = 30.0, -15.0  # closing at 15 m/s from 30 m: needs 15^2 / (2 * 28) = 4.0 m/s^2
+    x[names.index("lead_present")] = 1.0
+    out = []
+    for k in range(10, 60):
+        gap += rel * 0.005
+        x[names.index("lead_distance")], x[names.index("lead_rel_speed")] = gap, rel
+        reasons = [Reason.OOD_VETO]
+        applied, _ = machine.decide(mem, k * TICK, reasons, None, x.copy())
+        out.append((float(applied.controls[0]), Reason.THREAT_BRAKING in reasons))
+    confirmed = next(i for i, (_, threat) in enumerate(out) if threat)
+    assert confirmed == 30  # after confirm_s (150 ms) of consistent readings
+    a, _ = out[confirmed]
+    assert a == pytest.approx(-(15.0**2) / (2 * (gap_at(30.0, rel, confirmed) - 2.0)), rel=1e-3)
+    assert all(threat for _, threat in out[confirmed:])
+    # the same gap with a relative speed the gap does not follow (a speed sensor in km/h): no threat
+    machine = _machine(test_model)
+    mem, x = _cruise(test_model, machine)
+    gap = 30.0
+    x[names.index("lead_present")] = 1.0
+    for k in range(10, 60):
+        gap += -4.0 * 0.005  # the gap closes at 4 m/s, the reading says 14.4
+        x[names.index("lead_distance")], x[names.index("lead_rel_speed")] = gap, -14.4
+        reasons = [Reason.OOD_VETO]
+        applied, _ = machine.decide(mem, k * TICK, reasons, None, x.copy())
+        assert Reason.THREAT_BRAKING not in reasons and applied.controls[0] >= 0.5 - 1e-6
+
+
+def gap_at(start: float, rel: float, i: int) -> float:
+    return start + rel * 0.005 * (i + 1)
+
+
+def test_the_fallback_stops_in_lane_and_stays_stopped_until_released(test_model):
+    """The minimal-risk manoeuvre: 4 m/s^2 with the lane not visible (the sensors gone), entered at
+    the jerk limit, FALLBACK from its start, and at standstill a hold only a release ends."""
+    from dualloop.executor.snapshot import AppliedAction
+
+    machine = _machine(test_model)
+    mem, x = _cruise(test_model, machine, speed=10.0)
+    proposal = AppliedAction(3, "accelerate", np.array([2.0, 0.0], np.float32))
+    accel, stop = [0.5], None
+    for k in range(10, 1400):
+        reasons = [Reason.INVALID_INPUT]
+        applied, state = machine.decide(mem, k * TICK, reasons, None, None)  # nothing readable
+        accel.append(float(applied.controls[0]))
+        if state is SafetyState.FALLBACK_ACTIVE:
+            assert Reason.FALLBACK in reasons  # the hazard-light request, from the start
+        if Reason.STANDSTILL_HOLD in reasons and stop is None:
+            stop = k
+    assert min(accel) == pytest.approx(-4.0)
+    assert np.abs(np.diff(accel)).max() <= machine.jerk_step + 1e-6
+    assert stop is not None  # dead-reckoned from the last trusted 10 m/s
+    x[names_index(test_model, "ego_speed")] = 0.0
+    for k in range(1400, 1700):  # clean inputs again: still stopped, braking
+        reasons: list[Reason] = []
+        applied, state = machine.decide(mem, k * TICK, reasons, proposal, x)
+        assert state is SafetyState.FALLBACK_ACTIVE and Reason.STANDSTILL_HOLD in reasons
+        assert applied.controls[0] < 0.0
+    states = []
+    for k in range(1700, 2400):
+        applied, state = machine.decide(mem, k * TICK, [], proposal, x, release=k == 1700)
+        states.append(state)
+    assert states[0] is SafetyState.RECOVERING and states[-1] is SafetyState.NOMINAL
+
+
+def names_index(test_model, name: str) -> int:  # noqa: ANN001
+    return list(test_model.card.feature_names).index(name)
 
 
 def test_held_steering_respects_the_lateral_acceleration_bound(test_model):

@@ -24,6 +24,8 @@ class ReasonCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REASON_CODE_MODEL_ERROR: _ClassVar[ReasonCode]
     REASON_CODE_FALLBACK: _ClassVar[ReasonCode]
     REASON_CODE_SAFE_DEFAULT: _ClassVar[ReasonCode]
+    REASON_CODE_THREAT_BRAKING: _ClassVar[ReasonCode]
+    REASON_CODE_STANDSTILL_HOLD: _ClassVar[ReasonCode]
 
 class SafetyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -70,6 +72,8 @@ REASON_CODE_INVALID_INPUT: ReasonCode
 REASON_CODE_MODEL_ERROR: ReasonCode
 REASON_CODE_FALLBACK: ReasonCode
 REASON_CODE_SAFE_DEFAULT: ReasonCode
+REASON_CODE_THREAT_BRAKING: ReasonCode
+REASON_CODE_STANDSTILL_HOLD: ReasonCode
 SAFETY_STATE_UNSPECIFIED: SafetyState
 SAFETY_STATE_NOMINAL: SafetyState
 SAFETY_STATE_VETO_HOLD: SafetyState
@@ -136,20 +140,22 @@ class PlanUpdate(_message.Message):
     def __init__(self, plan_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ..., valid_for_ns: _Optional[int] = ..., created_ns: _Optional[int] = ...) -> None: ...
 
 class Observation(_message.Message):
-    __slots__ = ("seq", "timestamp_ns", "features", "actual", "plan", "sent_time_ns")
+    __slots__ = ("seq", "timestamp_ns", "features", "actual", "plan", "sent_time_ns", "release_standstill")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_NS_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     ACTUAL_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     SENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_STANDSTILL_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ns: int
     features: _containers.RepeatedScalarFieldContainer[float]
     actual: ActualAction
     plan: PlanUpdate
     sent_time_ns: int
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ns: _Optional[int] = ..., features: _Optional[_Iterable[float]] = ..., actual: _Optional[_Union[ActualAction, _Mapping]] = ..., plan: _Optional[_Union[PlanUpdate, _Mapping]] = ..., sent_time_ns: _Optional[int] = ...) -> None: ...
+    release_standstill: bool
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ns: _Optional[int] = ..., features: _Optional[_Iterable[float]] = ..., actual: _Optional[_Union[ActualAction, _Mapping]] = ..., plan: _Optional[_Union[PlanUpdate, _Mapping]] = ..., sent_time_ns: _Optional[int] = ..., release_standstill: _Optional[bool] = ...) -> None: ...
 
 class DriveRequest(_message.Message):
     __slots__ = ("open", "observation")
@@ -182,7 +188,7 @@ class SessionOpened(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., require_plan: _Optional[bool] = ..., session_instance: _Optional[str] = ...) -> None: ...
 
 class SessionLimits(_message.Message):
-    __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns")
+    __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns", "jerk_limit", "standstill_speed", "max_session_id_bytes", "max_plan_id_bytes")
     MAX_OBSERVATION_AGE_NS_FIELD_NUMBER: _ClassVar[int]
     ASSUMED_OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PLAN_VALID_FOR_NS_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +206,10 @@ class SessionLimits(_message.Message):
     MAX_RECEIVE_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     RECOMMENDED_CLIENT_WINDOW_BYTES_FIELD_NUMBER: _ClassVar[int]
     OPEN_TIMEOUT_NS_FIELD_NUMBER: _ClassVar[int]
+    JERK_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    STANDSTILL_SPEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSION_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PLAN_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
     max_observation_age_ns: int
     assumed_observation_period_ns: int
     default_plan_valid_for_ns: int
@@ -217,7 +227,11 @@ class SessionLimits(_message.Message):
     max_receive_message_bytes: int
     recommended_client_window_bytes: int
     open_timeout_ns: int
-    def __init__(self, max_observation_age_ns: _Optional[int] = ..., assumed_observation_period_ns: _Optional[int] = ..., default_plan_valid_for_ns: _Optional[int] = ..., lockstep_max_ticks: _Optional[int] = ..., lockstep_max_gap_ns: _Optional[int] = ..., hold_timeout_ns: _Optional[int] = ..., recovery_dwell_ns: _Optional[int] = ..., max_abstain_ns: _Optional[int] = ..., safe_action: _Optional[_Union[Action, _Mapping]] = ..., fallback_decel: _Optional[float] = ..., blind_decel: _Optional[float] = ..., fallback_jerk: _Optional[float] = ..., freeze_repeats: _Optional[int] = ..., min_margin: _Optional[float] = ..., max_receive_message_bytes: _Optional[int] = ..., recommended_client_window_bytes: _Optional[int] = ..., open_timeout_ns: _Optional[int] = ...) -> None: ...
+    jerk_limit: float
+    standstill_speed: float
+    max_session_id_bytes: int
+    max_plan_id_bytes: int
+    def __init__(self, max_observation_age_ns: _Optional[int] = ..., assumed_observation_period_ns: _Optional[int] = ..., default_plan_valid_for_ns: _Optional[int] = ..., lockstep_max_ticks: _Optional[int] = ..., lockstep_max_gap_ns: _Optional[int] = ..., hold_timeout_ns: _Optional[int] = ..., recovery_dwell_ns: _Optional[int] = ..., max_abstain_ns: _Optional[int] = ..., safe_action: _Optional[_Union[Action, _Mapping]] = ..., fallback_decel: _Optional[float] = ..., blind_decel: _Optional[float] = ..., fallback_jerk: _Optional[float] = ..., freeze_repeats: _Optional[int] = ..., min_margin: _Optional[float] = ..., max_receive_message_bytes: _Optional[int] = ..., recommended_client_window_bytes: _Optional[int] = ..., open_timeout_ns: _Optional[int] = ..., jerk_limit: _Optional[float] = ..., standstill_speed: _Optional[float] = ..., max_session_id_bytes: _Optional[int] = ..., max_plan_id_bytes: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("index", "name", "controls")
@@ -458,7 +472,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, reset: _Optional[bool] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s", "ticks_total", "missed_deadlines_total", "uptime_s", "snapshots_sent_total", "candidate")
+    __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s", "ticks_total", "missed_deadlines_total", "uptime_s", "snapshots_sent_total", "records_dropped_total", "recorder_queue_bytes", "candidate")
     TICKS_FIELD_NUMBER: _ClassVar[int]
     MISSED_DEADLINES_FIELD_NUMBER: _ClassVar[int]
     LATENESS_P50_US_FIELD_NUMBER: _ClassVar[int]
@@ -476,6 +490,8 @@ class GetStatsResponse(_message.Message):
     MISSED_DEADLINES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_SENT_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RECORDER_QUEUE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     ticks: int
     missed_deadlines: int
@@ -494,8 +510,10 @@ class GetStatsResponse(_message.Message):
     missed_deadlines_total: int
     uptime_s: float
     snapshots_sent_total: int
+    records_dropped_total: int
+    recorder_queue_bytes: int
     candidate: CandidateStatus
-    def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ..., ticks_total: _Optional[int] = ..., missed_deadlines_total: _Optional[int] = ..., uptime_s: _Optional[float] = ..., snapshots_sent_total: _Optional[int] = ..., candidate: _Optional[_Union[CandidateStatus, _Mapping]] = ...) -> None: ...
+    def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ..., ticks_total: _Optional[int] = ..., missed_deadlines_total: _Optional[int] = ..., uptime_s: _Optional[float] = ..., snapshots_sent_total: _Optional[int] = ..., records_dropped_total: _Optional[int] = ..., recorder_queue_bytes: _Optional[int] = ..., candidate: _Optional[_Union[CandidateStatus, _Mapping]] = ...) -> None: ...
 
 class CandidateStatus(_message.Message):
     __slots__ = ("version", "paused", "forward_median_us", "measured_batch", "model_budget_us")

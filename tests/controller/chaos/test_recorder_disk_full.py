@@ -42,10 +42,13 @@ def test_recorder_disk_full(tmp_path: Path, drive_rows: np.ndarray) -> None:
         # the session goes on after the failure: more snapshots, tick after tick
         n = len(driver.snaps)
         driver.wait_for(lambda s: s.tick >= driver.snaps[n - 1].tick + 400, n)
+        assert server.stats().records_dropped_total > 0  # the drops are visible while they happen
         assert driver.stop().name == "OK"
         assert_still_serving(server, drive_rows)
         files = sorted(record_dir.glob("*.mcap"))
     assert len(_errors(server)) == 1, _errors(server)
+    # and logged: the recorder's warning counts them (at most every 10 s, and when it closes)
+    assert [line for line in server.stderr_text().splitlines() if "records dropped since the last report" in line]
     assert len(files) == 1 and 0 < files[0].stat().st_size <= LIMIT_BYTES
     data = read_log(files[0], "recorded")  # a log cut short: read up to the cut, and says so
     assert data.truncated, data.truncation

@@ -5,6 +5,7 @@ recorder and from a replay; its log_time; the layout's paths against a recording
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def test_the_recorders_sessions_each_have_a_plot_topic_decoded_by_name(live_reco
     log, lockstep, _, _ = live_recording
     topics = decoded(log)
     lock_topic, live_topic = plot_topic("lock step.1"), plot_topic("rt-1")
-    assert lock_topic == "/dualloop/lock_step_1/plot" and live_topic == "/dualloop/rt-1/plot"
+    assert lock_topic == "/dualloop/escaped/lock_20step_2e1/plot" and live_topic == "/dualloop/rt-1/plot"
     assert {lock_topic, live_topic} <= set(topics)
     assert {m["session_id"] for _, m, _ in topics[lock_topic]} == {"lock step.1"}
     plots = [p for _, _, p in topics[lock_topic]]
@@ -241,3 +242,16 @@ def test_foxglove_layout_command_makes_a_tab_per_recorded_session(live_recording
     plain = synthetic_log(tmp_path / "plain.mcap", seconds=0.2, rate_hz=50.0)
     assert main(["foxglove-layout", str(plain), "-o", str(tmp_path / "none.json")]) == 2
     assert "no plot topics" in capsys.readouterr().out and not (tmp_path / "none.json").exists()
+
+
+def test_distinct_session_ids_have_distinct_plot_topics():
+    """Ids that differ only in characters a message path cannot hold (`x.y`, `x/y`, `x y`) used to
+    share a topic (`/dualloop/x_y/plot`, the id `x_y`'s too): each now has its own, plain ids keep
+    theirs, and every one is still recognised as a plot topic."""
+    ids = ["x.y", "x/y", "x y", "x_y", "x-y", "x_2ey", "x__y", "", "_", "escaped", "caf\u00e9", "a\nb", "x" * 128]
+    topics = [plot_topic(i) for i in ids]
+    assert len(set(topics)) == len(ids), topics
+    assert all(is_plot_topic(t) for t in topics)
+    assert plot_topic("x_y") == "/dualloop/x_y/plot" and plot_topic("cut_in-900001") == "/dualloop/cut_in-900001/plot"
+    assert plot_topic("x.y") == "/dualloop/escaped/x_2ey/plot"
+    assert all(re.fullmatch(r"[A-Za-z0-9_/-]+", t) for t in topics)  # nothing a message path trips on

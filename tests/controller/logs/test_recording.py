@@ -237,3 +237,91 @@ def test_a_full_disk_stops_recording_once_and_holds_nothing(caplog: pytest.LogCa
     assert stats.written["snapshot"] + stats.dropped["snapshot"] == n
     assert stats.dropped["snapshot"] > n - 2000  # all but those handed to the writer before the first flush
     assert held < 1_000_000, f"{held} bytes still held after close"
+
+
+def test_the_queue_is_bounded_in_bytes_and_its_drops_are_counted_and_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stalled disk and large records: the queue never holds more than queue_bytes of them (its
+    record bound is far away), every refused record is counted, and the writer logs the drops."""
+    release = threading.Event()
+    original = Recorder._write_data
+
+    def stalled_write(self: Recorder, *args: object) -> None:
+        release.wait(30)
+        original(self, *args)
+
+    monkeypatch.setattr(recorder_module.Recorder, "_write_data", stalled_write)
+    limit = 64_000
+    rec = Recorder(tmp_path / "bytes.mcap", queue_size=1_000_000, queue_bytes=limit, drop_log_interval_s=0.01)
+    big_id = "s" * 128
+    rec.open_session(header(big_id))
+    rec.write_snapshot(snapshot(big_id, 0))
+    deadline = time.monotonic() + 5
+    while rec.queue_depth and time.monotonic() < deadline:  # the writer has taken it and is stuck
+        time.sleep(0.001)
+    accepted, accepted_bytes, largest = 0, 0, 0
+    for i in range(1, 2001):
+        snap = snapshot(big_id, i)
+        if rec.write_snapshot(snap):
+            accepted, accepted_bytes = accepted + 1, accepted_bytes + snap.ByteSize()
+        largest = max(largest, snap.ByteSize())
+        assert rec.queue_bytes <= limit
+    assert rec.queue_bytes == accepted_bytes and limit - largest < accepted_bytes  # filled to the byte bound
+    assert rec.queue_depth == accepted and accepted < 300
+    assert rec.stats.dropped["snapshot"] == rec.stats.dropped_queue_full == 2000 - accepted
+    release.set()
+    stats = rec.close()
+    assert stats.written["snapshot"] == accepted + 1 and stats.max_queue_bytes <= limit
+    assert rec.queue_bytes == 0  # every byte counted in was counted out
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "dropped" in r.getMessage()]
+    assert warnings and f"{2000 - accepted} records dropped" in warnings[0], warnings
+
+
+def test_a_recorder_never_overwrites_a_file_and_names_never_repeat(tmp_path: Path) -> None:
+    """Record files are created exclusively: an existing file is left as it was (the recording
+    fails, loudly). unique_log_path gives distinct names within one second and one process."""
+    taken = tmp_path / "taken.mcap"
+    taken.write_bytes(b"someone else's recording")
+    rec = Recorder(taken, exclusive=True)
+    rec.open_session(header("car-1"))
+    rec.write_snapshot(snapshot("car-1", 0))
+    stats = rec.close()
+    assert "FileExistsError" in stats.error and stats.dropped["snapshot"] == 1
+    assert taken.read_bytes() == b"someone else's recording"
+    names = {recorder_module.unique_log_path(tmp_path).name for _ in range(1000)}
+    assert len(names) == 1000
+
+
+def test_a_closed_session_leaves_little_behind(tmp_path: Path) -> None:
+    """Memory the recorder keeps per closed session (longest allowed id): its channels in the open
+    file's index, nothing else; bounded per session (measured in docs/measurements.md)."""
+    tracemalloc.start()
+    try:
+        with Recorder(tmp_path / "many.mcap", plots=True) as rec:
+            rec.open_session(header("warm-up"))
+            rec.write_snapshot(snapshot("warm-up", 0))
+            rec.close_session("warm-up")
+            while rec.queue_depth:
+                time.sleep(0.001)
+            before = tracemalloc.get_traced_memory()[0]
+            n = 500
+            for k in range(n):
+                sid = f"{k:04d}" + "s" * 124
+                rec.open_session(header(sid))
+                rec.write_observation(sid, observation(1))
+                rec.write_snapshot(snapshot(sid, 1))
+                rec.close_session(sid)
+                if k % 50 == 0:
+                    while rec.queue_depth:
+                        time.sleep(0.001)
+            while rec.queue_depth:
+                time.sleep(0.001)
+            time.sleep(0.05)  # the last record handled
+            per_session = (tracemalloc.get_traced_memory()[0] - before) / n
+            assert not rec._sessions and not rec._headers and not rec._plots
+    finally:
+        tracemalloc.stop()
+    print(f"recorder: {per_session:.0f} bytes kept per closed session")
+    assert per_session < 16_000, per_session
+    assert len(read_sessions(tmp_path / "many.mcap")) == n + 1

@@ -109,13 +109,18 @@ def test_hold_dwell_safe_default_and_plan_validity_are_enforced(channel: grpc.Ch
     first = snaps[0]
     assert first.plan_state == pb.PLAN_STATE_NONE and pb.REASON_CODE_STALE_PLAN in first.reasons
     assert first.safety_state == pb.SAFETY_STATE_VETO_HOLD and pb.REASON_CODE_SAFE_DEFAULT in first.reasons
-    assert (first.applied.index, first.applied.name) == (limits.safe_action.index, limits.safe_action.name)
-    assert list(first.applied.controls) == pytest.approx(list(limits.safe_action.controls))
+    # the safe action's steering; its braking entered at the jerk limit from nothing applied before
+    step = limits.jerk_limit * TICK / 1e9
+    assert limits.jerk_limit == pytest.approx(2.0) and limits.fallback_jerk == pytest.approx(2.0)
+    assert list(first.applied.controls) == pytest.approx([-step, limits.safe_action.controls[1]])
+    assert first.applied.name == "keep"  # the band of what was applied
     fallback = next(s for s in snaps if s.safety_state == pb.SAFETY_STATE_FALLBACK_ACTIVE)
     assert fallback.scheduled_time_ns - first.scheduled_time_ns == limits.hold_timeout_ns
     assert snaps[60].safety_state == pb.SAFETY_STATE_RECOVERING and snaps[60].plan_state == pb.PLAN_STATE_VALID
-    nominal = next(s for s in snaps[60:] if s.safety_state == pb.SAFETY_STATE_NOMINAL)
-    assert nominal.scheduled_time_ns - snaps[60].scheduled_time_ns == limits.recovery_dwell_ns
+    dwell = limits.recovery_dwell_ns // TICK  # then the model's command is blended in
+    assert all(s.safety_state == pb.SAFETY_STATE_RECOVERING for s in snaps[60 : 60 + dwell])
+    accel = [s.applied.controls[0] for s in snaps]
+    assert max(abs(b - a) for a, b in zip(accel, accel[1:])) <= step + 1e-6
     assert snaps[61].plan_valid_for_ns == limits.default_plan_valid_for_ns
     valid_until = snaps[60].scheduled_time_ns + limits.default_plan_valid_for_ns
     for s in snaps[60:]:

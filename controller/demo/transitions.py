@@ -1,0 +1,224 @@
+"""`dualloop demo-safety`: what reached the actuators around every safety transition.
+
+Drives the six out-of-distribution scenarios, and the two lead scenarios with a veto forced by an
+unrelated sensor's fault, in process (the executor the server wraps, with the shipped model and
+gates) on seeds nothing was tuned on, and reads each tick's applied command:
+
+- **onset bound**: ticks in the first second after leaving NOMINAL whose applied acceleration is
+  below min(command applied at the last NOMINAL tick, 0) - jerk_limit * t (trusted-threat braking,
+  which may exceed the limit and says so, aside);
+- **largest step**: the largest change of the acceleration command between two ticks either of
+  which is not NOMINAL (THREAT_BRAKING ticks aside), against jerk_limit * tick period;
+- **name/band**: applied actions whose name is not the band of their acceleration;
+- **standstill**: ticks held at standstill, and ticks on which a session that had stopped left the
+  hold (a drive-off: only an explicit release may end it, and these runs send none);
+- collisions, and for the forced-veto runs the least gap to the lead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dualloop.controller.console import console
+from dualloop.controller.demo.closed_loop import ClosedLoopRun, InProcessDecider, run_closed_loop
+from dualloop.executor.action_labels import action_of_accel
+from dualloop.executor.config import ExecutorConfig
+from dualloop.executor.core import Executor
+from dualloop.executor.model_runner import DecisionModel
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+from dualloop.ood import load_gate
+from dualloop.sim.env import SimEnv, make_scenario
+from dualloop.sim.scenarios import OOD_SCENARIOS
+from dualloop.sim.schema import FEATURE_INDEX
+from dualloop.v2 import controller_pb2 as pb
+
+TICK_S = 0.005
+# Seeds no model, gate or safety setting was fitted or tuned on (training and the demo use others).
+UNTUNED_SEEDS = tuple(range(910_001, 910_009))
+FORCED_VETO_SCENARIOS = ("lead_brakes_hard", "cut_in")
+
+
+class ForcedVeto:
+    """A scenario whose rear-right gap sensor reads -50 m (an input-range veto of every tick, the
+    lead's own readings healthy) from the moment the lead becomes a threat: it closes at more than
+    1 m/s, or a car cuts in closer than 25 m."""
+
+    def __init__(self, env: SimEnv) -> None:
+        self._env = env
+        self.min_lead_gap = float("inf")
+        self.onset_s: float | None = None
+
+    def observe(self) -> tuple[np.ndarray, np.ndarray]:
+        features, plan = self._env.observe()
+        lead = features[FEATURE_INDEX["lead_present"]] == 1.0
+        gap, rel = float(features[FEATURE_INDEX["lead_distance"]]), float(features[FEATURE_INDEX["lead_rel_speed"]])
+        if lead:
+            self.min_lead_gap = min(self.min_lead_gap, gap)
+        if self.onset_s is None and lead and (rel < -1.0 or gap < 25.0):
+            self.onset_s = self._env.t
+        if self.onset_s is not None:
+            features = features.copy()
+            features[FEATURE_INDEX["right_rear_gap"]] = -50.0
+        return features, plan
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+
+@dataclass
+class TransitionFigures:
+    scenario: str
+    seed: int
+    onsets: int  # exits from NOMINAL
+    onset_bound_violations: int
+    min_applied_first_second: float  # m/s^2, over every onset's first second
+    largest_step: float  # m/s^2 per tick, in or next to a non-NOMINAL state (threat braking aside)
+    name_band_contradictions: int
+    threat_braking_ticks: int
+    standstill_ticks: int
+    drive_offs: int
+    collisions: int
+    min_lead_gap_m: float | None = None
+
+
+def transition_figures(run: ClosedLoopRun, jerk_limit: float, min_lead_gap: float | None = None) -> TransitionFigures:
+    a = run.applied_accel.astype(np.float64)
+    nominal = run.safety_state == pb.SAFETY_STATE_NOMINAL
+    threat = ((run.reasons >> pb.REASON_CODE_THREAT_BRAKING) & 1).astype(bool)
+    standstill = ((run.reasons >> pb.REASON_CODE_STANDSTILL_HOLD) & 1).astype(bool)
+    decided = run.applied_index >= 0
+    onsets = np.flatnonzero(nominal[:-1] & ~nominal[1:] & decided[:-1]) + 1
+    violations, lowest = 0, float("inf")
+    for k in onsets.tolist():
+        held = min(float(a[k - 1]), 0.0)
+        window = np.arange(k, min(k + int(1.0 / TICK_S), len(a)))
+        t = (window - k + 1) * TICK_S
+        below = (a[window] < held - jerk_limit * t - 1e-9) & ~threat[window]
+        violations += int(below.sum())
+        lowest = min(lowest, float(a[window].min()))
+    steps = np.abs(np.diff(a))
+    near = (~nominal[1:] | ~nominal[:-1]) & ~threat[1:] & ~threat[:-1] & decided[:-1]
+    stopped_at = np.flatnonzero(standstill)
+    drive_offs = int((~standstill[stopped_at[0] :]).sum()) if len(stopped_at) else 0
+    return TransitionFigures(
+        scenario=run.scenario,
+        seed=run.seed,
+        onsets=len(onsets),
+        onset_bound_violations=violations,
+        min_applied_first_second=lowest if len(onsets) else float("nan"),
+        largest_step=float(steps[near].max()) if near.any() else 0.0,
+        name_band_contradictions=int((action_of_accel(a)[decided] != run.applied_index[decided]).sum()),
+        threat_braking_ticks=int(threat.sum()),
+        standstill_ticks=int(standstill.sum()),
+        drive_offs=drive_offs,
+        collisions=int(run.metrics.collisions),
+        min_lead_gap_m=min_lead_gap,
+    )
+
+
+def drive(
+    model: DecisionModel, gates: list[Path], scenario: str, seed: int, forced_veto: bool
+) -> tuple[ClosedLoopRun, float | None]:
+    executor = Executor(model, ExecutorConfig(), [load_gate(g) for g in gates])
+    env = make_scenario(scenario, seed)
+    wrapped = ForcedVeto(env) if forced_veto else None
+    run = run_closed_loop(wrapped or env, InProcessDecider(executor, f"{scenario}-{seed}"), seed)  # type: ignore[arg-type]
+    return run, (wrapped.min_lead_gap if wrapped is not None else None)
+
+
+def check(
+    model_path: Path, gates: list[Path], seeds: Sequence[int], scenarios: Sequence[str]
+) -> list[TransitionFigures]:
+    model = DecisionModel(model_path)
+    jerk = ExecutorConfig().safety.jerk_limit
+    runs = [(s, False) for s in scenarios if s not in FORCED_VETO_SCENARIOS]
+    runs += [(s, True) for s in scenarios if s in FORCED_VETO_SCENARIOS]
+    out = []
+    with console.status("") as status:
+        for scenario, forced in runs:
+            for seed in seeds:
+                status.update(f"{scenario}{' (forced veto)' if forced else ''} seed {seed}")
+                run, gap = drive(model, gates, scenario, seed, forced)
+                fig = transition_figures(run, jerk, gap)
+                if forced:
+                    fig.scenario += "+forced_veto"
+                out.append(fig)
+    return out
+
+
+def summarise(figures: list[TransitionFigures], jerk_step: float) -> list[dict[str, Any]]:
+    rows = []
+    for name in dict.fromkeys(f.scenario for f in figures):
+        fs = [f for f in figures if f.scenario == name]
+        gaps = [f.min_lead_gap_m for f in fs if f.min_lead_gap_m is not None]
+        rows.append(
+            {
+                "scenario": name,
+                "seeds": len(fs),
+                "onset_bound_violations": sum(f.onset_bound_violations for f in fs),
+                "min_applied_first_second": min(f.min_applied_first_second for f in fs),
+                "largest_step": max(f.largest_step for f in fs),
+                "step_limit": jerk_step,
+                "name_band_contradictions": sum(f.name_band_contradictions for f in fs),
+                "threat_braking_ticks": sum(f.threat_braking_ticks for f in fs),
+                "seeds_stopped": sum(f.standstill_ticks > 0 for f in fs),
+                "drive_offs": sum(f.drive_offs for f in fs),
+                "collisions": sum(f.collisions for f in fs),
+                "min_lead_gap_m": min(gaps) if gaps else None,
+            }
+        )
+    return rows
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "demo-safety", help="what reached the actuators at every safety transition, OOD and forced-veto scenarios"
+    )
+    p.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
+    p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
+    p.add_argument("--seeds", type=int, default=len(UNTUNED_SEEDS), help="how many of the untuned seeds")
+    p.add_argument("--scenarios", help="comma-separated (default: the six OOD ones and the two forced-veto ones)")
+    p.add_argument("--json", type=Path, help="write every run's figures here")
+    p.add_argument("--check", action="store_true", help="exit 1 when a target is not met")
+    p.set_defaults(fn=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    scenarios = args.scenarios.split(",") if args.scenarios else [*OOD_SCENARIOS, *FORCED_VETO_SCENARIOS]
+    gates = args.gate or [g for g in DEFAULT_GATES if g.is_file()]
+    seeds = UNTUNED_SEEDS[: args.seeds] if args.seeds <= len(UNTUNED_SEEDS) else range(910_001, 910_001 + args.seeds)
+    figures = check(args.model, gates, seeds, scenarios)
+    step = ExecutorConfig().safety.jerk_limit * TICK_S
+    rows = summarise(figures, step)
+    table = Table(title=f"what reached the actuators, seeds {seeds[0]}-{seeds[-1]} (untuned)")
+    for col in rows[0]:
+        table.add_column(col.replace("_", " "), justify="right" if col != "scenario" else "left")
+    for r in rows:
+        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()))
+    console.print(table)
+    if args.json:
+        args.json.write_text(json.dumps({"summary": rows, "runs": [asdict(f) for f in figures]}, indent=2))
+    failed = [
+        f"{r['scenario']}: {what}"
+        for r in rows
+        for what, bad in (
+            ("onset bound", r["onset_bound_violations"] > 0),
+            (f"step {r['largest_step']:.4g} > {step}", r["largest_step"] > step),
+            ("name/band", r["name_band_contradictions"] > 0),
+            ("drive-off", r["drive_offs"] > 0),
+            ("collision", r["collisions"] > 0),
+        )
+        if bad
+    ]
+    for f in failed:
+        console.print(f"[red]not met[/]: {f}")
+    return 1 if (failed and args.check) else 0

@@ -1,0 +1,106 @@
+"""The one thing allowed to brake harder than the safe profile while the model is not trusted.
+
+A rule-based, AEB-style assessor: from the lead vehicle's gap and relative speed alone (no model,
+nothing learnt), the deceleration the ego needs to stop closing on the lead before the gap falls
+to `standstill_gap_m`:
+
+    closing = -lead_rel_speed ;  need = closing^2 / (2 * (lead_distance - standstill_gap_m))
+
+It only counts lead readings that pass their own checks, because it runs exactly when the checks
+distrust the tick: the lead is reported present, every value is finite and physically plausible
+(gap within the sensor's range, a lead that is not driving backwards), and the readings agree with
+each other over time (the gap shrinks as fast as the relative speed says: a speed sensor in km/h or
+a glitched gap does not). A lead seen for less than `confirm_s` is not yet trusted: a cut-in is
+braked for one confirmation window later, a one-sample glitch never.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ThreatConfig(BaseModel):
+    """The assessor's features (named in the model card's schema) and its physical limits."""
+
+    model_config = ConfigDict(extra="forbid")
+    present_feature: str = "lead_present"  # 1 when a lead is measured
+    distance_feature: str = "lead_distance"  # m, bumper to bumper
+    rel_speed_feature: str = "lead_rel_speed"  # m/s, lead speed minus ego speed
+    speed_feature: str = "ego_speed"  # m/s
+    standstill_gap_m: float = Field(default=2.0, ge=0.0, description="gap the braking aims to keep")
+    max_range_m: float = Field(default=200.0, gt=0.0, description="a farther gap is not a measurement")
+    max_decel: float = Field(default=8.0, gt=0.0, description="m/s^2, the most it ever asks for")
+    # A need below this is left to the safe profile (not worth exceeding the jerk limit for).
+    min_decel: float = Field(default=1.0, ge=0.0, description="m/s^2")
+    confirm_s: float = Field(default=0.15, ge=0.0, description="how long a lead must be seen before it is trusted")
+    # The gap's rate over the confirmation window must match the mean relative speed this well.
+    rate_tolerance: float = Field(default=1.5, gt=0.0, description="m/s")
+    rate_tolerance_fraction: float = Field(default=0.25, ge=0.0, description="of |relative speed|")
+    # A track whose newest reading is older than this starts afresh (the sensor's slowest period, with margin).
+    max_reading_gap_s: float = Field(default=0.5, gt=0.0)
+
+
+@dataclass(slots=True)
+class LeadTrack:
+    """A session's recent distinct lead readings: (tick ns, gap, relative speed), oldest first."""
+
+    readings: deque[tuple[int, float, float]] = field(default_factory=lambda: deque(maxlen=64))
+
+    def clear(self) -> None:
+        self.readings.clear()
+
+
+class ThreatAssessor:
+    def __init__(self, config: ThreatConfig, feature_names: list[str]) -> None:
+        self.config = config
+        names = (config.present_feature, config.distance_feature, config.rel_speed_feature, config.speed_feature)
+        # Without its four features in the schema there is no assessor (and so no braking beyond the profile).
+        self.available = all(n in feature_names for n in names)
+        self._at = tuple(feature_names.index(n) for n in names) if self.available else (0, 0, 0, 0)
+        self._confirm_ns = int(config.confirm_s * 1e9)
+        self._stale_ns = int(config.max_reading_gap_s * 1e9)
+
+    def need(self, track: LeadTrack, now_ns: int, features: object) -> float:
+        """The deceleration (m/s^2, >= 0) a trusted threat asks for at this tick; 0 without one.
+        `features`: the tick's raw inputs (None when none may be read, e.g. a frozen sensor)."""
+        if not self.available or features is None:
+            track.clear()
+            return 0.0
+        c = self.config
+        present, gap, rel, speed = (float(features[i]) for i in self._at)  # type: ignore[index]
+        plausible = (
+            present == 1.0
+            and math.isfinite(gap)
+            and math.isfinite(rel)
+            and math.isfinite(speed)
+            and 0.0 <= gap <= c.max_range_m
+            and speed + rel >= -1.0  # the lead is not driving backwards
+        )
+        if not plausible:
+            track.clear()
+            return 0.0
+        readings = track.readings
+        if readings and now_ns - readings[-1][0] > self._stale_ns:  # readings from before the model drove
+            readings.clear()
+        if not readings or readings[-1][1:] != (gap, rel):  # a held observation is no new evidence
+            readings.append((now_ns, gap, rel))
+        while len(readings) > 2 and now_ns - readings[1][0] >= self._confirm_ns:
+            readings.popleft()  # keep one reading at least confirm_s old
+        t0, gap0, _ = readings[0]
+        span_s = (now_ns - t0) / 1e9
+        if len(readings) < 2 or now_ns - t0 < self._confirm_ns:
+            return 0.0
+        mean_rel = sum(r[2] for r in readings) / len(readings)
+        rate = (readings[-1][1] - gap0) / span_s if span_s > 0 else 0.0
+        if abs(rate - mean_rel) > c.rate_tolerance + c.rate_tolerance_fraction * abs(mean_rel):
+            return 0.0  # the gap and the relative speed disagree: one of them is wrong
+        closing = -rel
+        if closing <= 0.0:
+            return 0.0
+        room = gap - c.standstill_gap_m
+        need = c.max_decel if room <= 0.0 else closing * closing / (2.0 * room)
+        return min(need, c.max_decel) if need >= c.min_decel else 0.0
