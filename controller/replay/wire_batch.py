@@ -395,4 +395,6 @@ def encode_snapshots_packed(table: TickTable) -> PackedRows:
             for o, f in zip(table.observations, finite.tolist())
         ]
         fields += _per_observation(table, by_value(invalid, lambda parts: _strings(35, parts)))
+    # hazard_lights (37): while the fallback's reason stands
+    fields += by_identity(table.reasons, lambda rs: b"\xa8\x02\x01" if Reason.FALLBACK in rs else b"")
     return PackedRows(fields, rows)

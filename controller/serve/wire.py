@@ -9,7 +9,7 @@ import numpy as np
 
 from dualloop.executor.checks import NAMES
 from dualloop.executor.model_card import ModelCard
-from dualloop.executor.snapshot import WALL_CLOCK_FIELDS, Check, Observation, Snapshot
+from dualloop.executor.snapshot import WALL_CLOCK_FIELDS, Check, Observation, Reason, Snapshot
 from dualloop.v2 import controller_pb2 as pb
 
 
@@ -93,6 +93,7 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
         max_lateness_since_previous_us=s.max_lateness_since_previous_us,
         ticks_missed_since_previous=s.ticks_missed_since_previous,
         invalid_input=s.invalid_input,
+        hazard_lights=Reason.FALLBACK in s.reasons,
     )
     # setting a field of a nested message makes it present, as the keyword construction did
     proposed = msg.proposed

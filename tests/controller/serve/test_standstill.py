@@ -46,7 +46,8 @@ def test_the_fallback_stops_and_only_a_release_lets_the_session_drive_again(
         assert accel.min() == pytest.approx(-4.0)  # blind: R157's 4 m/s^2, no more
         assert np.abs(np.diff(accel)).max() <= 2.5 * 0.005  # every step at the jerk limit
         fallback = [s for s in faulty if s.safety_state == pb.SAFETY_STATE_FALLBACK_ACTIVE]
-        assert fallback and all(pb.REASON_CODE_FALLBACK in s.reasons for s in fallback)  # hazard lights
+        assert fallback and all(pb.REASON_CODE_FALLBACK in s.reasons and s.hazard_lights for s in fallback)
+        assert not any(s.hazard_lights for s in snaps[:40])
         stopped_s = (k - 40) * 0.005
         assert 5.0 < stopped_s < 8.0  # ~20 m/s at up to 4 m/s^2, after the hold and the ramp
         standing = sensor(k + 1)
@@ -54,6 +55,7 @@ def test_the_fallback_stops_and_only_a_release_lets_the_session_drive_again(
         held = [_drive(session, k + j, standing) for j in range(400)]  # clean, and still held
         assert all(s.safety_state == pb.SAFETY_STATE_FALLBACK_ACTIVE for s in held)
         assert all(pb.REASON_CODE_STANDSTILL_HOLD in s.reasons and s.applied.controls[0] < 0 for s in held)
+        assert all(s.hazard_lights for s in held)
         k += 400
         released = [_drive(session, k, standing, release=True)]
         released += [_drive(session, k + j, standing) for j in range(1, 1500)]

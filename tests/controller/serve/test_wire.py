@@ -63,6 +63,7 @@ def _reference(s: Snapshot) -> pb.DecisionSnapshot:
         max_lateness_since_previous_us=s.max_lateness_since_previous_us,
         ticks_missed_since_previous=s.ticks_missed_since_previous,
         invalid_input=s.invalid_input,
+        hazard_lights=Reason.FALLBACK in s.reasons,  # the minimal-risk manoeuvre asks for them
     )
     if s.transport_delay_ns is not None:
         msg.transport_delay_ns = s.transport_delay_ns
