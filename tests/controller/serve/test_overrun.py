@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from dualloop.controller.bench.overrun import Feeder, ServeProcess, calibrated_slow_model, time_calls
+from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import ServerThread
 from dualloop.controller.training.driving_card import driving_card
@@ -234,3 +235,7 @@ def test_an_observation_period_near_int64_max_is_refused(channel, period: int):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     details = err.value.details() or ""
     assert "observation_period_ns" in details and str(MAX_OBSERVATION_PERIOD_NS) in details and str(period) in details
+    # the bound is on the wire too, for the sessions that do open
+    session = DriveSession(channel, "hourly", observation_period_ns=MAX_OBSERVATION_PERIOD_NS)
+    assert session.opened.limits.max_observation_period_ns == MAX_OBSERVATION_PERIOD_NS
+    session.cancel()
