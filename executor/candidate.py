@@ -14,6 +14,7 @@ the live gates, so a promotion never silently drops a check the operator relies 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,8 @@ from dualloop.executor.model_card import ModelCard, Normalisation
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import CandidateProposal
 from dualloop.ood import Gate
+
+SHED_WINDOW = 16  # ticks whose median decides whether a running candidate is over budget
 
 
 class SwapRefused(ValueError):
@@ -105,6 +108,34 @@ class Candidate:
         self._actions = list(card.actions)
         self._none = CandidateProposal(self.version, -1, "", np.zeros(0, np.float32), 0.0, 0.0)
         self.errors = 0  # ticks on which its forward pass raised (its proposals then: none)
+        # Why it no longer decides ("" while it does): the models' time on its ticks went over the
+        # tick's budget, so it was shed to keep the live model on time (account()).
+        self.paused = ""
+        self.on_pause: Callable[[str], None] | None = None  # told the reason once, when it pauses
+        self._costs = np.zeros(SHED_WINDOW, np.int64)
+        self._costs_n = 0
+
+    def account(self, candidate_ns: int, live_ns: int, rows: int, budget_ns: int, period_ns: int) -> None:
+        """After each tick it decided on: the candidate is paused once the median, over the last
+        SHED_WINDOW such ticks, of the live forward pass plus the candidate's work exceeds budget_ns
+        (0: never). The median, so that one tick slowed by the machine does not shed it."""
+        if budget_ns <= 0:
+            return
+        self._costs[self._costs_n % SHED_WINDOW] = candidate_ns + live_ns
+        self._costs_n += 1
+        if self._costs_n < SHED_WINDOW or self._costs_n % SHED_WINDOW:
+            return
+        median = int(np.median(self._costs))
+        if median <= budget_ns:
+            return
+        self.paused = (
+            f"paused: the live model and candidate {self.version} took {median / 1e3:.0f} us a tick (median of "
+            f"the last {SHED_WINDOW} ticks, {rows} rows on the last), over the {budget_ns / 1e3:.0f} us budget for "
+            f"models ({budget_ns / period_ns:g} of the {period_ns / 1e6:g} ms tick, executor.model_budget_fraction); "
+            f"load it again to retry"
+        )
+        if self.on_pause is not None:
+            self.on_pause(self.paused)
 
     def decide(
         self, x: np.ndarray, p: np.ndarray, present: np.ndarray | None, finite: np.ndarray

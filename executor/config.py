@@ -37,10 +37,20 @@ class ExecutorConfig(BaseModel):
     # How long before a deadline the loop stops serving gRPC and waits in its thread (see
     # controller/serve/ticker.py): the loop is blocked that long every tick.
     ticker_guard_ms: float = Field(default=DEFAULT_TICKER_GUARD_MS, ge=0.0, le=4.0)
+    # The share of the tick period the models' forward passes may take (executor/model_cost.py): a
+    # live model over it at start, or a candidate that takes the live model over it, is refused
+    # with the measured figures; a running candidate over it is paused. 0: no check (every tick may
+    # then overrun; it counts missed deadlines and the loop still serves between ticks).
+    model_budget_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
 
     @property
     def tick_period_ns(self) -> int:
         return int(round(self.tick_period_ms * 1e6))
+
+    @property
+    def model_budget_ns(self) -> int:
+        """0: no budget."""
+        return int(round(self.model_budget_fraction * self.tick_period_ns))
 
     @property
     def max_observation_age_ns(self) -> int:

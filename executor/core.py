@@ -51,6 +51,9 @@ from dualloop.ood import Gate
 _perf_ns = time.perf_counter_ns
 _mono_ns = time.monotonic_ns
 _INT64_MAX = 2**63 - 1  # the wire's int64 fields: an age or delay beyond it is sent saturated
+# A sensor period beyond an hour is no sensor rate; the bound keeps period + allowance (the
+# staleness limit, int64 nanoseconds) far from overflowing into "every tick STALE".
+MAX_OBSERVATION_PERIOD_NS = 3_600_000_000_000
 
 
 @dataclass
@@ -203,8 +206,11 @@ class Executor:
         server's planner plans: its plans stopping is a fault)."""
         if not session_id:
             raise SessionError("session id must not be empty")
-        if observation_period_ns < 0:
-            raise SessionError(f"observation_period_ns must be >= 0 (0: measured), got {observation_period_ns}")
+        if not 0 <= observation_period_ns <= MAX_OBSERVATION_PERIOD_NS:
+            raise SessionError(
+                f"observation_period_ns must be between 0 (0: measured) and {MAX_OBSERVATION_PERIOD_NS} (one hour), "
+                f"got {observation_period_ns}"
+            )
         present = self.sensor_profile(provided_features)
         if session_id in self.sessions:
             raise SessionError(f"session {session_id!r} is already open")
@@ -246,7 +252,8 @@ class Executor:
 
     def observation_period_ns(self, session: Session) -> int:
         """The period a session's staleness is judged against: declared, else measured, else assumed."""
-        return session.observation_period_ns or session.measured_period_ns or self._assumed_period_ns
+        period = session.observation_period_ns or session.measured_period_ns or self._assumed_period_ns
+        return min(period, MAX_OBSERVATION_PERIOD_NS)  # a measured one too: timestamps are the client's
 
     @property
     def assumed_observation_period_ns(self) -> int:
@@ -545,11 +552,13 @@ class Executor:
         )
         t4 = _perf_ns()
         cand = self.candidate
-        if cand is not None:  # after the live decision: the candidate cannot change what is applied
+        if cand is not None and not cand.paused:  # after the live decision: it cannot change what is applied
             xin = self._x[:n] if self.history is None else self._xm[:n]
             for snap, proposal in zip(snaps, cand.decide(xin, p, model_present, finite)):
                 snap.candidate = proposal
-            self.stats.candidate_ns += _perf_ns() - t4
+            spent = _perf_ns() - t4
+            self.stats.candidate_ns += spent
+            cand.account(spent, t2 - t1, n, self._config.model_budget_ns, self.period_ns)
         timings = StageTimings((t1 - t0) // 1000, (t2 - t1) // 1000, (t3 - t2) // 1000, (t4 - t3) // 1000)
         emit_ns = _mono_ns()
         for snap in snaps:

@@ -19,6 +19,22 @@ class ModelOutputs:
     decision_vector: np.ndarray  # (n, decision_vector_size)
 
 
+@dataclass(frozen=True, slots=True)
+class ForwardCost:
+    """A model's forward pass measured on this machine (executor/model_cost.py)."""
+
+    batch: int
+    passes: int
+    median_ns: int
+    max_ns: int
+
+    def text(self) -> str:
+        return (
+            f"{self.median_ns / 1e3:.0f} us median, {self.max_ns / 1e3:.0f} us slowest, over {self.passes} "
+            f"forward passes at batch {self.batch}"
+        )
+
+
 def _session_options() -> ort.SessionOptions:
     opts = ort.SessionOptions()
     # One thread, no spinning: the default pool gave millisecond outliers on a 2-core VM and the
@@ -64,6 +80,7 @@ class DecisionModel:
         self.n_inputs = self.n_features + self.n_history
         self.n_plan = len(self.card.plan)
         self._all_present: np.ndarray = np.ones((0, self.n_inputs), np.float32)
+        self.forward_cost: ForwardCost | None = None  # measured when loaded to serve (model_cost)
         for n in warmup_batches:  # first calls allocate and pick kernels: keep that out of the first tick
             for _ in range(3):
                 self.forward(np.zeros((n, self.n_inputs), np.float32), np.zeros((n, self.n_plan), np.float32))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from rich.markup import escape
 
 from dualloop.controller.bench.gate import SESSION_COUNTS, bench_gate_table
+from dualloop.controller.bench.overrun import bench_overrun
 from dualloop.controller.bench.plan_cost import bench_plan_cost
 from dualloop.controller.bench.planner import PHASE_S, bench_planner
 from dualloop.controller.bench.replay import bench_replay
@@ -33,6 +35,7 @@ _BENCH_DURATION_S = {
     "gate": 0.0,
     "rules": 10.0,
     "soak": SOAK_DURATION_S,
+    "overrun": 0.0,
 }
 _BENCH_SESSIONS = {"planner": 32, "soak": SOAK_SESSIONS}
 
@@ -41,13 +44,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="benchmarks that print numbers")
     p.add_argument(
         "what",
-        choices=["tick", "sim", "gate", "planner", "replay", "rules", "soak"],
+        choices=["tick", "sim", "gate", "planner", "replay", "rules", "soak", "overrun"],
         help="tick: executor timing under gRPC load; sim: simulator steps per second next to highway-env; "
         "gate: gate cost next to the forward pass; planner: tick lateness with the behaviour planner busy "
         "on 32 sessions vs idle; replay: 60 s logs replayed, x real time on one core vs the per-tick path; "
         "rules: the server's CPU per REALTIME tick in process (read, model, rules, stream) at 8-64 sessions; "
         "soak: `dualloop serve` (shipped model, gates, planner) under 16 sessions for 10 minutes: memory slope, "
-        "missed deadlines vs a bare ticker, leaked sessions/threads/fds",
+        "missed deadlines vs a bare ticker, leaked sessions/threads/fds; overrun: health, GetStats and a "
+        "session's open while every tick overruns (a ~15 ms model built for the run, on a 5 ms tick)",
     )
     p.add_argument(
         "--gate",
@@ -157,6 +161,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="bench tick --candidate: with the candidate only (on), or without, with, without, with in one "
         "command (both, the default; each --duration)",
     )
+    p.add_argument("--calls", type=int, default=200, help="bench overrun: each call this many times")
     p.set_defaults(fn=_bench)
 
 
@@ -172,6 +177,10 @@ def _bench(args: argparse.Namespace) -> int:
     model_path = args.model or BASE_MODEL_PATH
     gate_paths = tuple(args.gate) if args.gate else (() if args.model else DEFAULT_GATES)
     sessions = args.sessions if args.sessions is not None else _BENCH_SESSIONS.get(args.what, 8)
+    if args.what == "overrun":
+        result = bench_overrun(args.out / "overrun", args.calls)
+        console.print(json.dumps(result, indent=2), highlight=False, markup=False)
+        return 0
     if args.what == "sim":
         console.print(bench_sim(seconds=duration))
         return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dualloop.controller.serve.client_strings import MAX_ID_BYTES
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.executor.core import Executor
+from dualloop.executor.core import MAX_OBSERVATION_PERIOD_NS, Executor
 from dualloop.v2 import controller_pb2 as pb
 
 
@@ -38,4 +38,5 @@ def session_limits(ex: Executor, config: ServerConfig) -> pb.SessionLimits:
         open_timeout_ns=int(round(config.open_timeout_s * 1e9)),
         max_session_id_bytes=MAX_ID_BYTES,
         max_plan_id_bytes=MAX_ID_BYTES,
+        max_observation_period_ns=MAX_OBSERVATION_PERIOD_NS,
     )

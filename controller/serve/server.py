@@ -37,7 +37,7 @@ from dualloop.controller.logs.format import (
 from dualloop.controller.logs.recorder import Recorder, unique_log_path
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import client_strings, events
-from dualloop.controller.serve.candidate import CandidateError, load_candidate
+from dualloop.controller.serve.candidate import CandidateError, candidate_status, load_candidate
 from dualloop.controller.serve.config import ConfigError, ServerConfig, host_port
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
 from dualloop.controller.serve.cpu_latency import CpuLatencyRequest, hold_cpu_wake_latency
@@ -72,6 +72,7 @@ from dualloop.controller.serve.wire import (
 )
 from dualloop.executor.candidate import Candidate, SwapRefused
 from dualloop.executor.core import Executor
+from dualloop.executor.model_cost import OverBudget, check_live
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.sessions import InvalidObservation, SessionError
 from dualloop.executor.snapshot import Clock, Snapshot
@@ -227,6 +228,9 @@ class ControllerRuntime:
         previous = self.executor.candidate
         self.executor.candidate = candidate
         if candidate is not None:
+            candidate.on_pause = lambda reason: events.event(
+                "server.candidate_paused", logging.WARNING, candidate_version=candidate.version, reason=reason
+            )
             events.event(
                 "server.candidate_loaded",
                 candidate=candidate.model.card.name,
@@ -615,7 +619,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         await _refuse_malformed(request, context)
         runtime = self.runtime
         if runtime.board is not None:
-            return self._workers_stats(request)
+            return self._with_candidate(self._workers_stats(request))
         stats = runtime.stats
         lateness = stats.lateness.values().astype(np.float64) / 1e3
         p50, p99, p999, mx = np.percentile(lateness, [50, 99, 99.9, 100]) if lateness.size else (0.0,) * 4
@@ -645,6 +649,12 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             reply.recorder_queue_bytes = runtime.recorder.queue_bytes
         if request.reset:
             runtime.reset_stats()
+        return self._with_candidate(reply)
+
+    def _with_candidate(self, reply: pb.GetStatsResponse) -> pb.GetStatsResponse:
+        """The answering process's candidate, if one is loaded (paused or not)."""
+        if self.executor.candidate is not None:
+            reply.candidate.CopyFrom(candidate_status(self.executor.candidate, self.executor.config))
         return reply
 
     def _workers_stats(self, request: pb.GetStatsRequest) -> pb.GetStatsResponse:
@@ -757,6 +767,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             sessions_open=len(self.executor.sessions),
             promoted=promoted,
             worker_pid=os.getpid(),
+            candidate=candidate_status(cand, self.executor.config),
         )
 
     async def PromoteCandidate(
@@ -1116,6 +1127,10 @@ class ControllerServer:
                 gates.append(load_gate_for_model(path, self.model))
             except (OSError, ValueError) as err:
                 raise ConfigError(f"gate {path}: {err}") from None
+        try:  # on this machine, at the server's batch size: a model over the tick's budget never serves
+            check_live(self.model, config.executor)
+        except OverBudget as err:
+            raise ConfigError(f"--model {self.model.path}: {err}") from None
         self.executor = Executor(self.model, config.executor, gates)
         self.runtime = ControllerRuntime(self.executor, config)
         if config.candidate is not None:

@@ -18,6 +18,10 @@ and skipped, never run late in a burst (ros2_control's "missed cycles", openpilo
 This holds whether the loop arrives late or the wait itself overshoots, so every tick that runs
 starts less than one period after its deadline, and the missed count is exactly the grid deadlines
 no tick ran on (controller.proto, ServerStats.missed_deadlines).
+
+A tick whose work runs past the next alarm still lets the loop run before the next tick: a period
+or more late, for half the time the late tick took (at least 1 ms), else for one pass. So a model
+slower than the period costs missed deadlines, never gRPC, health, the streams or SIGTERM.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 _now_ns = time.monotonic_ns
 STALLS_KEPT = 4096
 _NEVER = 1 << 62
+# What the loop is given before a tick that starts a period or more late (the previous one overran):
+# time for gRPC and signal handlers however long every tick takes (docs/measurements.md).
+OVERRUN_YIELD_NS = 1_000_000
+MAX_OVERRUN_YIELD_NS = 50_000_000
 
 
 @dataclass(slots=True)
@@ -166,6 +174,7 @@ class PreciseTicker:
         start_ns: int | None = None,
         spin_ns: int = 200_000,
         stall_ns: int = 1_000_000,
+        overrun_yield_ns: int = OVERRUN_YIELD_NS,
     ) -> None:
         """stall_ns: ticks later than this, and missed deadlines, are kept in `stalls` (the newest
         STALLS_KEPT), so that two loops can be compared in time (bench tick: was the machine's bare
@@ -177,6 +186,7 @@ class PreciseTicker:
         # time.sleep overshoots by the timer slack (50 us by default, 0 under SCHED_FIFO) plus wake-up
         # latency: the spin covers that.
         self.spin_ns = spin_ns
+        self.overrun_yield_ns = overrun_yield_ns
         self._start_ns = (start_ns if start_ns is not None else _now_ns()) + period_ns
         self._next_index = 0
         self.missed = 0
@@ -193,6 +203,8 @@ class PreciseTicker:
         self._hand_over_at_ns = _NEVER
         self._tick_started: asyncio.Future[None] | None = None
         self.hand_overs = 0  # times a loop task waited for the tick (until_tick)
+        self.overrun_yields = 0  # waits that began past their alarm: the loop got its turn first
+        self._last_tick_ns = _now_ns()  # when the newest tick started (precise or not)
         # called with the alarm time as the loop starts serving until it, and with 0 once it woke
         # (bench/stall_trace.py: stacks taken in the middle of a stall); None in service
         self.watchdog: Callable[[int], None] | None = None
@@ -269,11 +281,36 @@ class PreciseTicker:
         if not precise:
             if not too_late and deadline > now:
                 await asyncio.sleep((deadline - now) / 1e9)
-            return self._advance(index, deadline, max(_now_ns(), deadline) if not too_late else now, None)
+                now = max(_now_ns(), deadline)
+            else:
+                await asyncio.sleep(0)  # overran: the loop's turn all the same (see below)
+                now = _now_ns()
+            return self._advance(index, deadline, now, None)
         clock = self._clock or self._open_clock()
         called = woke = (now, clock.read(), GC.total_ns)
         alarm_ns = deadline - self.guard_ns
         self._hand_over_at_ns = alarm_ns
+        if too_late or alarm_ns <= now:
+            # The previous tick's work ran past this tick's alarm: no wait on the loop below. The
+            # loop gets its turn all the same, or a tick that always overruns would never let it run
+            # gRPC, health or signal handlers again (a 15 ms model on a 5 ms tick froze the server,
+            # SIGTERM included). Past a whole period (deadlines are missed anyway) it serves for
+            # overrun_yield_ns, or half the time since the last tick started if longer (a third of
+            # the wall time, however slow the ticks or the machine): one pass per tick made a unary
+            # call wait ~7 overrunning ticks (100+ ms), a quarter still 200+ ms p99 at load 10.
+            # Short of a period, one pass, so that a tick still on time stays on time. The streams
+            # are not handed over meanwhile: held until the tick, they would never read an
+            # observation again while ticks overrun.
+            self.overrun_yields += 1
+            self._release_waiters()
+            if too_late and self.overrun_yield_ns > 0:
+                half = min((now - self._last_tick_ns) // 2, MAX_OVERRUN_YIELD_NS)
+                await self._coarse_wait(now + max(self.overrun_yield_ns, half))
+            else:
+                await asyncio.sleep(0)
+            self._hand_over_at_ns = alarm_ns
+            now = _now_ns()
+            too_late = now >= deadline + self.period_ns
         if not too_late:
             if alarm_ns > now:
                 if self.watchdog is not None:
@@ -312,6 +349,7 @@ class PreciseTicker:
             self._last_start = waited.started
             self._release_waiters()
         self._next_index = index + 1
+        self._last_tick_ns = now
         self.ticks += 1
         return Tick(index=index, scheduled_ns=deadline, started_ns=now, missed_before=missed)
 

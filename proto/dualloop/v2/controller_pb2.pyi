@@ -188,7 +188,7 @@ class SessionOpened(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., require_plan: _Optional[bool] = ..., session_instance: _Optional[str] = ...) -> None: ...
 
 class SessionLimits(_message.Message):
-    __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns", "jerk_limit", "standstill_speed", "max_session_id_bytes", "max_plan_id_bytes")
+    __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns", "jerk_limit", "standstill_speed", "max_session_id_bytes", "max_plan_id_bytes", "max_observation_period_ns")
     MAX_OBSERVATION_AGE_NS_FIELD_NUMBER: _ClassVar[int]
     ASSUMED_OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PLAN_VALID_FOR_NS_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +210,7 @@ class SessionLimits(_message.Message):
     STANDSTILL_SPEED_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSION_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_PLAN_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     max_observation_age_ns: int
     assumed_observation_period_ns: int
     default_plan_valid_for_ns: int
@@ -231,7 +232,8 @@ class SessionLimits(_message.Message):
     standstill_speed: float
     max_session_id_bytes: int
     max_plan_id_bytes: int
-    def __init__(self, max_observation_age_ns: _Optional[int] = ..., assumed_observation_period_ns: _Optional[int] = ..., default_plan_valid_for_ns: _Optional[int] = ..., lockstep_max_ticks: _Optional[int] = ..., lockstep_max_gap_ns: _Optional[int] = ..., hold_timeout_ns: _Optional[int] = ..., recovery_dwell_ns: _Optional[int] = ..., max_abstain_ns: _Optional[int] = ..., safe_action: _Optional[_Union[Action, _Mapping]] = ..., fallback_decel: _Optional[float] = ..., blind_decel: _Optional[float] = ..., fallback_jerk: _Optional[float] = ..., freeze_repeats: _Optional[int] = ..., min_margin: _Optional[float] = ..., max_receive_message_bytes: _Optional[int] = ..., recommended_client_window_bytes: _Optional[int] = ..., open_timeout_ns: _Optional[int] = ..., jerk_limit: _Optional[float] = ..., standstill_speed: _Optional[float] = ..., max_session_id_bytes: _Optional[int] = ..., max_plan_id_bytes: _Optional[int] = ...) -> None: ...
+    max_observation_period_ns: int
+    def __init__(self, max_observation_age_ns: _Optional[int] = ..., assumed_observation_period_ns: _Optional[int] = ..., default_plan_valid_for_ns: _Optional[int] = ..., lockstep_max_ticks: _Optional[int] = ..., lockstep_max_gap_ns: _Optional[int] = ..., hold_timeout_ns: _Optional[int] = ..., recovery_dwell_ns: _Optional[int] = ..., max_abstain_ns: _Optional[int] = ..., safe_action: _Optional[_Union[Action, _Mapping]] = ..., fallback_decel: _Optional[float] = ..., blind_decel: _Optional[float] = ..., fallback_jerk: _Optional[float] = ..., freeze_repeats: _Optional[int] = ..., min_margin: _Optional[float] = ..., max_receive_message_bytes: _Optional[int] = ..., recommended_client_window_bytes: _Optional[int] = ..., open_timeout_ns: _Optional[int] = ..., jerk_limit: _Optional[float] = ..., standstill_speed: _Optional[float] = ..., max_session_id_bytes: _Optional[int] = ..., max_plan_id_bytes: _Optional[int] = ..., max_observation_period_ns: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("index", "name", "controls")
@@ -474,7 +476,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, reset: _Optional[bool] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s", "ticks_total", "missed_deadlines_total", "uptime_s", "snapshots_sent_total", "records_dropped_total", "recorder_queue_bytes")
+    __slots__ = ("ticks", "missed_deadlines", "lateness_p50_us", "lateness_p99_us", "lateness_p999_us", "lateness_max_us", "lateness_bucket_upper_us", "lateness_histogram", "sessions_open", "sessions_opened", "snapshots_sent", "scheduling", "window_s", "ticks_total", "missed_deadlines_total", "uptime_s", "snapshots_sent_total", "records_dropped_total", "recorder_queue_bytes", "candidate")
     TICKS_FIELD_NUMBER: _ClassVar[int]
     MISSED_DEADLINES_FIELD_NUMBER: _ClassVar[int]
     LATENESS_P50_US_FIELD_NUMBER: _ClassVar[int]
@@ -494,6 +496,7 @@ class GetStatsResponse(_message.Message):
     SNAPSHOTS_SENT_TOTAL_FIELD_NUMBER: _ClassVar[int]
     RECORDS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     RECORDER_QUEUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     ticks: int
     missed_deadlines: int
     lateness_p50_us: float
@@ -513,7 +516,22 @@ class GetStatsResponse(_message.Message):
     snapshots_sent_total: int
     records_dropped_total: int
     recorder_queue_bytes: int
-    def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ..., ticks_total: _Optional[int] = ..., missed_deadlines_total: _Optional[int] = ..., uptime_s: _Optional[float] = ..., snapshots_sent_total: _Optional[int] = ..., records_dropped_total: _Optional[int] = ..., recorder_queue_bytes: _Optional[int] = ...) -> None: ...
+    candidate: CandidateStatus
+    def __init__(self, ticks: _Optional[int] = ..., missed_deadlines: _Optional[int] = ..., lateness_p50_us: _Optional[float] = ..., lateness_p99_us: _Optional[float] = ..., lateness_p999_us: _Optional[float] = ..., lateness_max_us: _Optional[float] = ..., lateness_bucket_upper_us: _Optional[_Iterable[float]] = ..., lateness_histogram: _Optional[_Iterable[int]] = ..., sessions_open: _Optional[int] = ..., sessions_opened: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., scheduling: _Optional[str] = ..., window_s: _Optional[float] = ..., ticks_total: _Optional[int] = ..., missed_deadlines_total: _Optional[int] = ..., uptime_s: _Optional[float] = ..., snapshots_sent_total: _Optional[int] = ..., records_dropped_total: _Optional[int] = ..., recorder_queue_bytes: _Optional[int] = ..., candidate: _Optional[_Union[CandidateStatus, _Mapping]] = ...) -> None: ...
+
+class CandidateStatus(_message.Message):
+    __slots__ = ("version", "paused", "forward_median_us", "measured_batch", "model_budget_us")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_MEDIAN_US_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_BUDGET_US_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    paused: str
+    forward_median_us: float
+    measured_batch: int
+    model_budget_us: float
+    def __init__(self, version: _Optional[str] = ..., paused: _Optional[str] = ..., forward_median_us: _Optional[float] = ..., measured_batch: _Optional[int] = ..., model_budget_us: _Optional[float] = ...) -> None: ...
 
 class GetShadowStatsRequest(_message.Message):
     __slots__ = ("session_id", "reset", "session_instance")
@@ -600,18 +618,20 @@ class LoadCandidateRequest(_message.Message):
     def __init__(self, model_path: _Optional[str] = ..., gate_paths: _Optional[_Iterable[str]] = ..., promote: _Optional[bool] = ...) -> None: ...
 
 class LoadCandidateResponse(_message.Message):
-    __slots__ = ("candidate_version", "live_version", "sessions_open", "promoted", "worker_pid")
+    __slots__ = ("candidate_version", "live_version", "sessions_open", "promoted", "worker_pid", "candidate")
     CANDIDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     LIVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
     PROMOTED_FIELD_NUMBER: _ClassVar[int]
     WORKER_PID_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     candidate_version: str
     live_version: str
     sessions_open: int
     promoted: bool
     worker_pid: int
-    def __init__(self, candidate_version: _Optional[str] = ..., live_version: _Optional[str] = ..., sessions_open: _Optional[int] = ..., promoted: _Optional[bool] = ..., worker_pid: _Optional[int] = ...) -> None: ...
+    candidate: CandidateStatus
+    def __init__(self, candidate_version: _Optional[str] = ..., live_version: _Optional[str] = ..., sessions_open: _Optional[int] = ..., promoted: _Optional[bool] = ..., worker_pid: _Optional[int] = ..., candidate: _Optional[_Union[CandidateStatus, _Mapping]] = ...) -> None: ...
 
 class PromoteCandidateRequest(_message.Message):
     __slots__ = ("expected_version",)

@@ -107,7 +107,9 @@ class ControllerServiceServicer:
         proposals are recorded (DecisionSnapshot.candidate_never_applied) and compared with the live
         model's (GetShadowStatsResponse.candidate), never applied. Replaces a loaded candidate.
         FAILED_PRECONDITION when the candidate cannot run on the live sessions' input (another feature
-        schema or history) or its gates do not match. With `serve --workers N` it acts on the worker
+        schema or history), its gates do not match, or its forward pass measured at load does not fit
+        the tick's budget beside the live model's (the message has the figures); INVALID_ARGUMENT when
+        its card's version is not the hash of its graph and card. With `serve --workers N` it acts on the worker
         process that answers the call only: use `serve --candidate` and SIGHUP there.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
