@@ -234,7 +234,7 @@ class SafetyMachine:
         tick's OOD_VETO is the actuation check's alone (it doubts the vehicle, not the inputs).
         `release`: the client releases a standstill hold at this tick."""
         self._features = features
-        doubted = inputs_doubted(reasons, actuation_only)
+        doubted = self._doubted = inputs_doubted(reasons, actuation_only)
         if mem.stopped and (release or (not doubted and self._driven_by_someone_else())):
             mem.stopped, mem.released = False, True
         target, state, blending = self._decide(mem, now_ns, reasons, proposal, features)
@@ -461,13 +461,22 @@ class SafetyMachine:
             return None
         return action_of_accel(controls[:, self._accel])
 
+    def _speed_now(self, mem: SafetyMemory) -> float:
+        """The speed the lateral rules use: the reading while the inputs are trusted, else the
+        dead-reckoned estimate (a speed sensor in km/h read 96 "m/s" at 27 m/s and bounded the
+        steering to a tenth of what kept the lane)."""
+        x = self._features
+        lane = self._lane
+        measured = float(x[lane[3]]) if x is not None and lane is not None else math.nan
+        if not self._doubted and math.isfinite(measured):
+            return measured
+        return mem.speed_estimate if mem.speed_estimate is not None else mem.trusted_speed
+
     def _bound_steer(self, mem: SafetyMemory, applied: AppliedAction) -> AppliedAction:
         lk = self.config.lane_keeping
         if self._lane is None or lk is None or self._steer is None:
             return applied
-        speed = mem.trusted_speed
-        if self._features is not None and math.isfinite(measured := float(self._features[self._lane[3]])):
-            speed = max(speed, measured)
+        speed = max(mem.trusted_speed, self._speed_now(mem))
         if speed < 1.0:
             return applied
         limit = math.atan(lk.wheelbase_m * lk.max_lateral_accel / (speed * speed))
@@ -525,7 +534,7 @@ class SafetyMachine:
         if x is not None:
             offset, heading, _, speed = (float(x[i]) for i in self._lane)
             if math.isfinite(offset) and math.isfinite(heading) and math.isfinite(speed):
-                correction = -heading - math.atan(lk.gain * offset / max(speed, 1.0))
+                correction = -heading - math.atan(lk.gain * offset / max(self._speed_now(mem), 1.0))
                 return steer + min(max(correction, -lk.max_correction_rad), lk.max_correction_rad), True
         return steer, False
 

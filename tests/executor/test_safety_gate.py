@@ -615,10 +615,15 @@ def test_held_steering_respects_the_lateral_acceleration_bound(test_model):
         machine.decide(mem, k * TICK, [], turning, x)
     fast = x.copy()
     fast[names.index("ego_speed")] = 55.0
-    applied, state = machine.decide(mem, 10 * TICK, [Reason.INVALID_INPUT], None, fast)
+    applied, state = machine.decide(mem, 10 * TICK, [Reason.STALE_OBSERVATION], turning, fast)
     limit = np.arctan(config.lane_keeping.wheelbase_m * config.lane_keeping.max_lateral_accel / 55.0**2)
     assert state is SafetyState.VETO_HOLD
     assert limit < 0.03 and applied.controls[1] == pytest.approx(limit, rel=1e-5)
     slow = x.copy()  # at the speed it was applied at, the same steer is within the bound
-    applied, _ = machine.decide(mem, 11 * TICK, [Reason.INVALID_INPUT], None, slow)
+    applied, _ = machine.decide(mem, 11 * TICK, [Reason.STALE_OBSERVATION], turning, slow)
+    assert applied.controls[1] == pytest.approx(0.03)
+    # a doubted speed reading (a sensor in km/h: 36 "m/s" at 10) bounds nothing: the estimate does
+    kmh = x.copy()
+    kmh[names.index("ego_speed")] = 36.0
+    applied, _ = machine.decide(mem, 12 * TICK, [Reason.OOD_VETO], turning, kmh)
     assert applied.controls[1] == pytest.approx(0.03)
