@@ -114,7 +114,6 @@ class SimEnv:
         cmd = np.clip(np.broadcast_to(np.asarray(accel, dtype=np.float64), (self.batch,)), -8.0, 3.0)
         active = ~self.done_mask
         w.step(cmd, np.broadcast_to(np.asarray(steer, dtype=np.float64), (self.batch,)))
-        _, _, rear_gap, rear_v = w.ego_neighbours(w.ego_lane()[:, None])
         self.recorder.update(
             w.t,
             self.sensors.true(),
@@ -123,7 +122,7 @@ class SimEnv:
             cmd,
             active,
             threat=w.ego_threat(),
-            rear=(rear_gap[:, 0], rear_v[:, 0] - w.v[:, EGO]),
+            rear=w.ego_rear(),
         )
         if self.end_on_collision:
             self.finished |= w.crashed

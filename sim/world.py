@@ -92,8 +92,8 @@ class Followers:
     reacting to it: Treiber's Human Driver Model, temporal anticipation). Their own speed is current.
     While the leader keeps its acceleration they see the truth: the delay costs only at a change,
     such as the onset of braking. Behind hard braking they brake as hard as it takes, up to
-    `max_decel`. They stay in their lane (they follow the ego, they do not overtake it) unless that
-    lane ends.
+    `max_decel`. While the ego leads them they stay in their lane (they follow it, they do not
+    overtake it) unless that lane ends; once it has left their lane they change lanes as traffic does.
     """
 
     time_gap: FloatArray
@@ -264,7 +264,19 @@ class World:
         ahead = share & ((ds > 0.0) | ((ds == 0.0) & self._upper))
         cand = np.where(ahead, ds, np.inf)
         leader = np.argmin(cand, axis=2)
-        self._has_leader = ahead.any(axis=2)
+        has_leader = ahead.any(axis=2)
+        if self.followers is not None:
+            # The ego's lane_target stays the lane it started in, and traffic keeps following it
+            # there. A follower whose lanes the ego's body has left follows the car ahead of it.
+            f0 = self._f0
+            ego_body = np.abs(self.d[:, EGO, None] - self._lane_centres) < self._occ_threshold  # (B, L)
+            ego_there = (occ[:, f0:, :] & ego_body[:, None, :]).any(axis=2)  # (B, F)
+            if not ego_there.all():
+                ahead_f = ahead[:, f0:, :].copy()
+                ahead_f[:, :, EGO] &= ego_there
+                leader[:, f0:] = np.argmin(np.where(ahead_f, ds[:, f0:, :], np.inf), axis=2)
+                has_leader[:, f0:] = ahead_f.any(axis=2)
+        self._has_leader = has_leader
         self._leader = leader
         self._leader_flat = (leader + self._row_base).ravel()
 
@@ -372,8 +384,9 @@ class World:
             & ~np.isfinite(self.script.accel_start)  # scripted cars do only what the script says
             & ~np.isfinite(self.script.lane_change_time)
             & (self.v > 1.0)
-            # followers keep behind the ego, unless their lane ends
-            & (~self._is_follower | np.isfinite(self.road.lane_end_s[rows, lane]))
+            # followers keep behind the ego while it leads them and their lane goes on; when it has
+            # left their lane they drive as the rest of the traffic does
+            & (~self._is_follower | (self._leader != EGO) | np.isfinite(self.road.lane_end_s[rows, lane]))
         )
         if not eligible.any():
             return
@@ -567,3 +580,18 @@ class World:
             end_ttc = np.where(body & (ego_v[:, None] > 0.0), end_gap / np.maximum(ego_v[:, None], 1e-9), np.inf)
             ttc = np.minimum(ttc, end_ttc.min(axis=1))
         return need, ttc
+
+    def ego_rear(self) -> tuple[FloatArray, FloatArray]:
+        """Ground truth of the car behind the ego in its lane: (bumper gap, closing speed), (B,) each;
+        inf gap and 0 closing when there is none. Cheaper than ego_neighbours for this one question."""
+        centre = self.road.lane_centre(self.ego_lane())
+        behind = self.s[:, :1] - self.s[:, 1:]
+        behind = np.where(
+            (np.abs(self.d[:, 1:] - centre[:, None]) < self._occ_threshold) & (behind > 0.0), behind, np.inf
+        )
+        j = np.argmin(behind, axis=1)
+        rows = np.arange(self.batch)
+        gap = behind[rows, j]
+        found = np.isfinite(gap)
+        closing = np.where(found, self.v[rows, j + 1] - self.v[:, EGO], 0.0)
+        return np.where(found, gap - self.vehicle.length, np.inf), closing

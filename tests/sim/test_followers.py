@@ -158,3 +158,17 @@ def test_phantom_braking_counts_braking_without_a_reason_ahead() -> None:
     ttc[:] = np.inf
     assert phantom_braking_s(DT, speed, np.full(n, -1.9), np.full(n, -1.9), need, ttc) == 0.0
     assert phantom_braking_s(DT, np.zeros(n), np.zeros(n), np.full(n, -4.0), need, ttc) == 0.0
+
+
+def test_ego_rear_is_the_car_behind_in_the_ego_lane_as_ego_neighbours_finds_it() -> None:
+    env = make_scenario("dense_traffic", 900_003, duration_s=4.0)
+    w, checked = env.world, 0
+    while not env.done:
+        env.step(*env.expert_action())
+        gap, closing = w.ego_rear()
+        _, _, rear_gap, rear_v = w.ego_neighbours(w.ego_lane()[:, None])
+        assert gap[0] == rear_gap[0, 0]
+        if np.isfinite(gap[0]):
+            assert closing[0] == pytest.approx(rear_v[0, 0] - w.v[0, EGO])
+            checked += 1
+    assert checked > 100
