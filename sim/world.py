@@ -92,8 +92,8 @@ class Followers:
     reacting to it: Treiber's Human Driver Model, temporal anticipation). Their own speed is current.
     While the leader keeps its acceleration they see the truth: the delay costs only at a change,
     such as the onset of braking. Behind hard braking they brake as hard as it takes, up to
-    `max_decel`. While the ego leads them they stay in their lane (they follow it, they do not
-    overtake it) unless that lane ends; once it has left their lane they change lanes as traffic does.
+    `max_decel`. They stay in their lane (they follow the ego, they do not overtake it) unless that
+    lane ends; once the ego has left their lane they follow the car ahead of them.
     """
 
     time_gap: FloatArray
@@ -384,9 +384,8 @@ class World:
             & ~np.isfinite(self.script.accel_start)  # scripted cars do only what the script says
             & ~np.isfinite(self.script.lane_change_time)
             & (self.v > 1.0)
-            # followers keep behind the ego while it leads them and their lane goes on; when it has
-            # left their lane they drive as the rest of the traffic does
-            & (~self._is_follower | (self._leader != EGO) | np.isfinite(self.road.lane_end_s[rows, lane]))
+            # followers keep their lane (behind the ego, or where it left them) unless it ends
+            & (~self._is_follower | np.isfinite(self.road.lane_end_s[rows, lane]))
         )
         if not eligible.any():
             return
@@ -501,11 +500,12 @@ class World:
         hit = overlap.any(axis=1)
         # A rear-end: a car whose centre is behind the ego's runs into it, closing at the first touch
         # (the ego moving sideways into a slower car behind it is not one).
-        behind = overlap & (ds < 0.0)
-        touched = behind.any(axis=1)
-        closing = (behind & (self.v[:, 1:] > self.v[:, :1])).any(axis=1)
-        self.rear_end_count += touched & ~self._in_rear_end & closing
-        self._in_rear_end = np.asarray(touched, dtype=bool)
+        if hit.any() or self._in_rear_end.any():  # rare: most steps touch nothing
+            behind = overlap & (ds < 0.0)
+            touched = behind.any(axis=1)
+            closing = (behind & (self.v[:, 1:] > self.v[:, :1])).any(axis=1)
+            self.rear_end_count += touched & ~self._in_rear_end & closing
+            self._in_rear_end = np.asarray(touched, dtype=bool)
         ego_d = self.d[:, EGO]
         # Off road once the ego's centre leaves the paved width (|d - middle| > half the width).
         off = np.abs(ego_d - self._road_middle) > self._road_half_width
