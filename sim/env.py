@@ -114,7 +114,16 @@ class SimEnv:
         cmd = np.clip(np.broadcast_to(np.asarray(accel, dtype=np.float64), (self.batch,)), -8.0, 3.0)
         active = ~self.done_mask
         w.step(cmd, np.broadcast_to(np.asarray(steer, dtype=np.float64), (self.batch,)))
-        self.recorder.update(w.t, self.sensors.true(), w.v[:, EGO], w.a[:, EGO], cmd, active)
+        self.recorder.update(
+            w.t,
+            self.sensors.true(),
+            w.v[:, EGO],
+            w.a[:, EGO],
+            cmd,
+            active,
+            threat=w.ego_threat(),
+            rear=w.ego_rear(),
+        )
         if self.end_on_collision:
             self.finished |= w.crashed
         if w.step_index % self._plan_every == 0:
@@ -124,7 +133,9 @@ class SimEnv:
     def metrics(self) -> EpisodeMetrics | list[EpisodeMetrics]:
         w = self.world
         eps = [
-            self.recorder.episode(b, self.instance.seeds[b], int(w.collision_count[b]), bool(w.off_road[b]))
+            self.recorder.episode(
+                b, self.instance.seeds[b], int(w.collision_count[b]), bool(w.off_road[b]), int(w.rear_end_count[b])
+            )
             for b in range(self.batch)
         ]
         return eps[0] if self.squeeze else eps

@@ -4,10 +4,15 @@ A factory takes the episode seeds (one per batch row) plus keyword parameters an
 ScenarioInstance: the initial World, the sensor fault configuration and the episode duration. Each
 episode is drawn from its own np.random.Generator(seed), so an episode does not depend on which
 batch it was built in.
+
+Every scenario has `followers` (default FOLLOWERS) human drivers behind the ego in its lane
+(sim.world.Followers), drawn from a generator of their own: the rest of the episode draws exactly
+what it drew without them, and followers=0 builds the traffic of before.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,13 +22,15 @@ import numpy.typing as npt
 
 from dualloop.sim.road import make_road, random_curvature
 from dualloop.sim.sensors import FaultConfig
-from dualloop.sim.world import Friction, IdmParams, TrafficScript, World
+from dualloop.sim.world import Followers, Friction, IdmParams, TrafficScript, World
 
 FloatArray = npt.NDArray[np.float64]
 
 EGO_START_S: float = 200.0
 LANE_WIDTH: float = 3.5
 _IDM = IdmParams()
+FOLLOWERS: int = 2  # human drivers behind the ego in its lane, in every scenario
+_FOLLOWER_STREAM = 0xF0110  # their generator: default_rng([seed, _FOLLOWER_STREAM, crc32(scenario name)])
 
 
 @dataclass
@@ -43,6 +50,9 @@ class EpisodeInit:
     fault_onset: float = np.inf
     fault_duration: float = np.inf
     ood_onset: float = np.inf
+    # (6, F): time gap, min gap, a_max, b_comf, max decel, reaction s of the followers, which are the
+    # last F cars (add_followers)
+    followers: FloatArray | None = None
 
 
 @dataclass
@@ -304,6 +314,65 @@ def _slow_merge(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int = 4)
     )
 
 
+# ---- traffic behind the ego ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class FollowerRanges:
+    """What a follower draws, uniformly. Humans: a comfortable gap of about 1.2-2 s at highway speed
+    (IDM time gap plus the slack of wanting to go a little faster), about 1 s to perceive and react,
+    emergency braking of 6.5-8 m/s^2 (dry road, ordinary tyres)."""
+
+    time_gap_s: tuple[float, float] = (1.1, 1.5)
+    min_gap_m: tuple[float, float] = (1.5, 2.5)
+    a_max: tuple[float, float] = (1.0, 2.0)
+    b_comf: tuple[float, float] = (1.5, 2.5)
+    max_decel: tuple[float, float] = (6.5, 8.0)
+    reaction_s: tuple[float, float] = (0.8, 1.3)
+    desired_over_ego: tuple[float, float] = (1.3, 1.5)  # desired speed / the ego's (start or cruise)
+
+
+FOLLOWER_RANGES = FollowerRanges()
+
+
+def add_followers(ep: EpisodeInit, rng: np.random.Generator, count: int, ranges: FollowerRanges) -> None:
+    """Append `count` followers behind the ego in its lane, each at its IDM equilibrium gap to the car
+    ahead at the ego's speed (steady following from t = 0). Traffic already behind the ego in that
+    lane moves back as a block to leave them room; nothing else changes."""
+    ego_s, ego_v, lane = float(ep.s[0]), float(ep.v[0]), int(ep.lane[0])
+    draw = np.array(
+        [
+            rng.uniform(*r, size=count)
+            for r in (
+                ranges.time_gap_s,
+                ranges.min_gap_m,
+                ranges.a_max,
+                ranges.b_comf,
+                ranges.max_decel,
+                ranges.reaction_s,
+                ranges.desired_over_ego,
+            )
+        ]
+    )
+    v0 = max(ego_v, ep.cruise) * draw[6]
+    ratio = ego_v / v0
+    # IDM at dv = 0 is in equilibrium where 1 - (v/v0)^4 = (s*/s)^2
+    gap = (draw[1] + draw[0] * ego_v) / np.sqrt(1.0 - ratio**4)
+    length = 5.0
+    s = ego_s - np.cumsum(gap + length)
+    behind = (ep.lane == lane) & (ep.s < ego_s)
+    behind[0] = False
+    if behind.any():
+        nearest = float(ep.s[behind].max())
+        room = _IDM.min_gap + _IDM.time_gap * float(ep.v[behind][np.argmax(ep.s[behind])])
+        shift = max(0.0, nearest - (s[-1] - length - room))
+        ep.s = np.where(behind, ep.s - shift, ep.s)
+    ep.s = np.concatenate([ep.s, s])
+    ep.lane = np.concatenate([ep.lane, np.full(count, lane, np.int64)])
+    ep.v = np.concatenate([ep.v, np.full(count, ego_v)])
+    ep.v0 = np.concatenate([ep.v0, v0])
+    ep.politeness = np.concatenate([ep.politeness, np.full(count, 0.3)])
+    ep.followers = draw[:6]
+
+
 # ---- OOD variants -------------------------------------------------------------------------------
 def _with_fault(kind: str) -> Callable[..., EpisodeInit]:
     def build(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int = 3) -> EpisodeInit:
@@ -344,6 +413,13 @@ def _script(episodes: Sequence[EpisodeInit], m: int) -> TrafficScript:
     return sc
 
 
+def _followers(episodes: Sequence[EpisodeInit]) -> Followers | None:
+    if episodes[0].followers is None:
+        return None
+    p = np.stack([ep.followers for ep in episodes if ep.followers is not None], axis=1)  # (6, B, F)
+    return Followers(p[0], p[1], p[2], p[3], p[4], p[5])
+
+
 def build_instance(
     name: str,
     seeds: Sequence[int],
@@ -351,9 +427,17 @@ def build_instance(
     duration_s: float,
     fault_kind: str,
     ood: bool,
+    followers: int = FOLLOWERS,
+    follower_ranges: FollowerRanges = FOLLOWER_RANGES,
     **params: Any,
 ) -> ScenarioInstance:
+    if followers < 0:
+        raise ValueError(f"followers must be >= 0, got {followers}")
     episodes = [builder(np.random.default_rng(int(sd)), **params) for sd in seeds]
+    if followers:
+        for sd, ep in zip(seeds, episodes):
+            rng = np.random.default_rng([int(sd), _FOLLOWER_STREAM, zlib.crc32(name.encode())])
+            add_followers(ep, rng, followers, follower_ranges)
     sizes = {ep.s.shape[0] for ep in episodes}
     if len(sizes) != 1:
         raise ValueError("all episodes of a batch need the same vehicle count")
@@ -372,6 +456,7 @@ def build_instance(
         ego_psi=np.zeros(len(episodes)),
         friction=Friction(onset_s=fr[:, 0], brake_gain=fr[:, 1], max_decel=fr[:, 2], drive_gain=fr[:, 3]),
         script=_script(episodes, m),
+        followers=_followers(episodes),
     )
     fault = FaultConfig(
         kind=fault_kind,

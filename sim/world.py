@@ -4,13 +4,16 @@ Layout: every per-vehicle array is (B, M): B episodes, M = 1 + traffic vehicles,
 ego. Keeping the ego inside the traffic arrays means traffic car-following and lane-change safety
 see the ego like any other car, with no special cases. The ego alone has a kinematic bicycle model
 with actuator lag; traffic follows IDM along the road with MOBIL lane changes executed as smooth
-lateral moves. Nothing here draws random numbers: all randomness is in the initial state, so a world
-is a pure function of its construction arguments.
+lateral moves. The last columns may be `Followers`: human drivers behind the ego who see their
+leader late (a reaction delay), so braking the ego did not need has a cost. Nothing here draws random
+numbers: all randomness is in the initial state, so a world is a pure function of its construction
+arguments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +28,7 @@ BoolArray = npt.NDArray[np.bool_]
 DT: float = 0.005
 EGO: int = 0
 _EGO_INTENT_S = 1.0  # how far ahead traffic reads the ego's lateral motion when it changes lanes
+_FOLLOWER_MARGIN_M = 2.0  # the gap a follower braking hard aims to keep to the car it stops behind
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,48 @@ class MobilParams:
     duration_s: float = 3.0
 
 
-def idm_accel(
-    v: FloatArray, v0: FloatArray, gap: FloatArray, v_lead: FloatArray, p: IdmParams | TrafficDrivers
-) -> FloatArray:
+@dataclass(frozen=True)
+class Followers:
+    """Human drivers in the last F columns of the world (B, F each), usually just behind the ego.
+
+    Each drives IDM with its own parameters on what it perceives: its leader's position, speed and
+    acceleration as they were `reaction_s` ago, carried forward at that acceleration (a driver
+    anticipates that a car keeps doing what it does, but notices a change only after perceiving and
+    reacting to it: Treiber's Human Driver Model, temporal anticipation). Their own speed is current.
+    While the leader keeps its acceleration they see the truth: the delay costs only at a change,
+    such as the onset of braking. Behind hard braking they brake as hard as it takes, up to
+    `max_decel`. They stay in their lane (they follow the ego, they do not overtake it) unless that
+    lane ends; once the ego has left their lane they follow the car ahead of them.
+    """
+
+    time_gap: FloatArray
+    min_gap: FloatArray
+    a_max: FloatArray
+    b_comf: FloatArray
+    max_decel: FloatArray  # the hardest braking this driver applies in an emergency, positive
+    reaction_s: FloatArray
+
+    @property
+    def count(self) -> int:
+        return int(self.time_gap.shape[1])
+
+
+class IdmLike(Protocol):
+    """IDM parameters, scalars or arrays broadcasting against the vehicles they apply to."""
+
+    @property
+    def time_gap(self) -> float | FloatArray: ...
+    @property
+    def min_gap(self) -> float | FloatArray: ...
+    @property
+    def a_max(self) -> float | FloatArray: ...
+    @property
+    def b_comf(self) -> float | FloatArray: ...
+    @property
+    def max_decel(self) -> float | FloatArray: ...
+
+
+def idm_accel(v: FloatArray, v0: FloatArray, gap: FloatArray, v_lead: FloatArray, p: IdmLike) -> FloatArray:
     """Intelligent Driver Model acceleration; gap = inf means a free road."""
     dv = v - v_lead
     s_star = p.min_gap + np.maximum(0.0, v * p.time_gap + v * dv / (2.0 * np.sqrt(p.a_max * p.b_comf)))
@@ -137,6 +180,7 @@ class World:
     friction: Friction | None = None
     script: TrafficScript | None = None
     drivers: TrafficDrivers | None = None  # None: every traffic car drives with `idm`
+    followers: Followers | None = None  # the last columns are human drivers with a reaction delay
     neighbour_refresh_steps: int = 4  # leaders are re-identified every 20 ms, gaps every step
 
     def __post_init__(self) -> None:
@@ -173,7 +217,37 @@ class World:
         self._road_half_width = 0.5 * self.road.n_lanes * self.road.lane_width
         self._is_traffic = np.ones((b, m), dtype=bool)
         self._is_traffic[:, EGO] = False
+        self.rear_end_count = np.zeros(b, dtype=np.int64)
+        self._in_rear_end = np.zeros(b, dtype=bool)
+        self._is_follower = np.zeros((b, m), dtype=bool)
+        if self.followers is not None:
+            self._init_followers(self.followers)
         self._refresh_leaders()
+
+    def _init_followers(self, fol: Followers) -> None:
+        b, m, n = self.batch, self.m, fol.count
+        if fol.time_gap.shape != (b, n) or not 0 < n < m:
+            raise ValueError(f"followers: parameters of shape (batch, F) with 0 < F < {m} needed")
+        self._f0 = m - n
+        self._is_follower[:, self._f0 :] = True
+        # Followers decide at the neighbour refresh (every 20 ms, quick enough for a human) and hold
+        # their acceleration in between: their work costs a quarter of a per-step update.
+        self._f_every = self.neighbour_refresh_steps
+        slot_s = self._f_every * self.dt
+        self._delay = np.maximum(np.rint(fol.reaction_s / slot_s).astype(np.int64), 1)  # (B, F) slots
+        self._late = self._delay * slot_s
+        # A ring of every car's (s, v, a), one slot per decision, over the longest delay; filled before
+        # t = 0 as if every car had driven at its initial speed (which is what a driver would have seen).
+        depth = int(self._delay.max()) + 1
+        back = (np.arange(depth) * slot_s)[:, None, None]
+        ring = (-np.arange(depth)) % depth
+        self._ring = np.zeros((depth, 3, b, m))
+        self._ring[ring, 0] = self.s[None] - self.v[None] * back
+        self._ring[ring, 1] = self.v[None]
+        self._ring_flat = self._ring.reshape(-1)
+        self._slot_size = 3 * b * m
+        self._cell = (np.arange(b) * m)[:, None]  # + column: a car's cell in one (B, M) plane
+        self._follower_a = np.zeros((b, n))
 
     # ---- neighbour search -------------------------------------------------------------------
     def occupancy(self) -> BoolArray:
@@ -190,7 +264,20 @@ class World:
         ahead = share & ((ds > 0.0) | ((ds == 0.0) & self._upper))
         cand = np.where(ahead, ds, np.inf)
         leader = np.argmin(cand, axis=2)
-        self._has_leader = ahead.any(axis=2)
+        has_leader = ahead.any(axis=2)
+        if self.followers is not None:
+            # The ego's lane_target stays the lane it started in, and traffic keeps following it
+            # there. A follower whose lanes the ego's body has left follows the car ahead of it.
+            f0 = self._f0
+            ego_body = np.abs(self.d[:, EGO, None] - self._lane_centres) < self._occ_threshold  # (B, L)
+            ego_there = (occ[:, f0:, :] & ego_body[:, None, :]).any(axis=2)  # (B, F)
+            if not ego_there.all():
+                ahead_f = ahead[:, f0:, :].copy()
+                ahead_f[:, :, EGO] &= ego_there
+                leader[:, f0:] = np.argmin(np.where(ahead_f, ds[:, f0:, :], np.inf), axis=2)
+                has_leader[:, f0:] = ahead_f.any(axis=2)
+        self._has_leader = has_leader
+        self._leader = leader
         self._leader_flat = (leader + self._row_base).ravel()
 
     def leader_gap(self) -> tuple[FloatArray, FloatArray]:
@@ -198,14 +285,49 @@ class World:
         lead_s = self.s.ravel()[self._leader_flat].reshape(self.s.shape)
         lead_v = self.v.ravel()[self._leader_flat].reshape(self.s.shape)
         gap = np.where(self._has_leader, lead_s - self.s - self.vehicle.length, np.inf)
-        if self.road.has_lane_ends:
-            # The end of a merge lane behaves like a parked car at the end of the lane.
-            rows = np.arange(self.batch)[:, None]
-            end_gap = self.road.lane_end_s[rows, self.lane_target] - self.s - 0.5 * self.vehicle.length
-            closer = end_gap < gap
-            gap = np.where(closer, end_gap, gap)
-            lead_v = np.where(closer, 0.0, lead_v)
-        return gap, lead_v
+        return self._lane_ends(gap, lead_v, slice(None))
+
+    def _lane_ends(self, gap: FloatArray, lead_v: FloatArray, cols: slice) -> tuple[FloatArray, FloatArray]:
+        """The end of a merge lane behaves like a parked car at the end of the lane."""
+        if not self.road.has_lane_ends:
+            return gap, lead_v
+        rows = np.arange(self.batch)[:, None]
+        end_gap = self.road.lane_end_s[rows, self.lane_target[:, cols]] - self.s[:, cols] - 0.5 * self.vehicle.length
+        closer = end_gap < gap
+        return np.where(closer, end_gap, gap), np.where(closer, 0.0, lead_v)
+
+    def _followers_accel(self, v0: FloatArray) -> FloatArray:
+        """The followers' accelerations from what they perceive (see Followers)."""
+        fol = self.followers
+        assert fol is not None  # only called with followers
+        depth, plane = self._ring.shape[0], self.batch * self.m
+        slot = self.step_index // self._f_every
+        now = self._ring[slot % depth]
+        now[0], now[1], now[2] = self.s, self.v, self.a
+        f0 = self._f0
+        # what each follower saw `delay` slots ago of its current leader: one gather for s, v and a
+        cell = ((slot - self._delay) % depth) * self._slot_size + self._cell + self._leader[:, f0:]
+        s_then, v_then, seen_a = self._ring_flat[cell], self._ring_flat[cell + plane], self._ring_flat[cell + 2 * plane]
+        # carried forward at the acceleration it saw (a braking car stops)
+        late = self._late
+        seen_v = np.maximum(v_then + seen_a * late, 0.0)
+        stopped = seen_v <= 0.0
+        moved = np.where(stopped, v_then * v_then / (2.0 * np.maximum(-seen_a, 1e-9)), (v_then + seen_v) * 0.5 * late)
+        s = self.s[:, f0:]
+        car_gap = np.where(self._has_leader[:, f0:], s_then + moved - s - self.vehicle.length, np.inf)
+        gap, lead_v = self._lane_ends(car_gap, seen_v, slice(f0, None))
+        v = self.v[:, f0:]
+        a = idm_accel(v, v0[:, f0:], gap, lead_v, fol)
+        # IDM answers the closing speed, not the braking it sees: behind a car braking hard it
+        # brakes late and ramps up slowly. A driver who sees hard braking brakes as hard as it takes
+        # to stop behind that car where it will stop (with a margin), up to the driver's limit.
+        emergency = seen_a < -fol.b_comf
+        if not emergency.any():
+            return a
+        room = car_gap - _FOLLOWER_MARGIN_M + seen_v * seen_v / (-2.0 * np.minimum(seen_a, -0.5))
+        need = v * v / (2.0 * np.maximum(room, 0.1))
+        emergency &= need > fol.b_comf
+        return np.where(emergency, np.maximum(np.minimum(a, -need), -fol.max_decel), a)
 
     # ---- traffic decisions ------------------------------------------------------------------
     def _start_lane_change(self, mask: BoolArray, new_lane: IntArray) -> None:
@@ -262,6 +384,8 @@ class World:
             & ~np.isfinite(self.script.accel_start)  # scripted cars do only what the script says
             & ~np.isfinite(self.script.lane_change_time)
             & (self.v > 1.0)
+            # followers keep their lane (behind the ego, or where it left them) unless it ends
+            & (~self._is_follower | np.isfinite(self.road.lane_end_s[rows, lane]))
         )
         if not eligible.any():
             return
@@ -309,6 +433,11 @@ class World:
         gap, lead_v = self.leader_gap()
         v0, idm = self._traffic_idm()
         a = idm_accel(self.v, v0, gap, lead_v, idm)
+        if self.followers is not None:
+            f0 = self._f0
+            if self.step_index % self._f_every == 0:
+                self._follower_a = self._followers_accel(v0)
+            a[:, f0:] = self._follower_a
         if self._has_overrides:
             sc = self.script
             assert sc is not None  # __post_init__ fills it
@@ -367,7 +496,16 @@ class World:
         veh, road = self.vehicle, self.road
         ds = self.s[:, 1:] - self.s[:, :1]
         dd = self.d[:, 1:] - self.d[:, :1]
-        hit = ((np.abs(ds) < veh.length) & (np.abs(dd) < veh.width)).any(axis=1)
+        overlap = (np.abs(ds) < veh.length) & (np.abs(dd) < veh.width)
+        hit = overlap.any(axis=1)
+        # A rear-end: a car whose centre is behind the ego's runs into it, closing at the first touch
+        # (the ego moving sideways into a slower car behind it is not one).
+        if hit.any() or self._in_rear_end.any():  # rare: most steps touch nothing
+            behind = overlap & (ds < 0.0)
+            touched = behind.any(axis=1)
+            closing = (behind & (self.v[:, 1:] > self.v[:, :1])).any(axis=1)
+            self.rear_end_count += touched & ~self._in_rear_end & closing
+            self._in_rear_end = np.asarray(touched, dtype=bool)
         ego_d = self.d[:, EGO]
         # Off road once the ego's centre leaves the paved width (|d - middle| > half the width).
         off = np.abs(ego_d - self._road_middle) > self._road_half_width
@@ -408,3 +546,52 @@ class World:
         front_gap = front[rows, np.arange(lanes.shape[1])[None, :], fi] - length
         rear_gap = rear[rows, np.arange(lanes.shape[1])[None, :], ri] - length
         return front_gap, v[rows, fi], rear_gap, v[rows, ri]
+
+    def ego_threat(self, margin_m: float = 2.0) -> tuple[FloatArray, FloatArray]:
+        """Ground truth of what lies ahead of the ego: (required deceleration m/s^2, TTC s), (B,) each.
+
+        Over every car ahead that shares a lane with the ego's body, its own lane or the one it is
+        moving into (a cut-in counts from its start), and the end of a lane the ego is in (a parked
+        car): the smallest constant deceleration that keeps `margin_m` of bumper gap, the largest of
+        (closing speed)^2 / (2 (gap - margin)) for a car holding its speed and, for a car braking
+        harder than 0.5 m/s^2, v_ego^2 / (2 (gap - margin + its stopping distance)); and the least
+        time to collision at the current closing speeds (inf if nothing closes).
+        """
+        veh = self.vehicle
+        body = np.abs(self.d[:, EGO, None] - self._lane_centres) < self._occ_threshold  # (B, L)
+        shared = (self.occupancy()[:, 1:, :] & body[:, None, :]).any(axis=2)  # (B, M-1)
+        ds = self.s[:, 1:] - self.s[:, :1]
+        ahead = shared & (ds > 0.0)
+        gap = ds - veh.length
+        v_e, v_l, a_l = self.v[:, :1], self.v[:, 1:], self.a[:, 1:]
+        closing = v_e - v_l
+        room = np.maximum(gap - margin_m, 0.01)
+        hold = np.where(closing > 0.0, closing * closing / (2.0 * room), 0.0)
+        stop_l = v_l * v_l / (2.0 * np.maximum(-a_l, 0.5))
+        stop = np.where(a_l < -0.5, v_e * v_e / (2.0 * np.maximum(gap - margin_m + stop_l, 0.01)), 0.0)
+        need = np.where(ahead, np.maximum(hold, stop), 0.0).max(axis=1, initial=0.0)
+        ttc = np.where(ahead & (closing > 0.0), np.maximum(gap, 0.0) / np.maximum(closing, 1e-9), np.inf)
+        ttc = ttc.min(axis=1, initial=np.inf)
+        if self.road.has_lane_ends:
+            ego_s, ego_v = self.s[:, EGO], self.v[:, EGO]
+            end_gap = self.road.lane_end_s - ego_s[:, None] - 0.5 * veh.length  # (B, L)
+            end_need = ego_v[:, None] ** 2 / (2.0 * np.maximum(end_gap - margin_m, 0.01))
+            need = np.maximum(need, np.where(body, end_need, 0.0).max(axis=1))
+            end_ttc = np.where(body & (ego_v[:, None] > 0.0), end_gap / np.maximum(ego_v[:, None], 1e-9), np.inf)
+            ttc = np.minimum(ttc, end_ttc.min(axis=1))
+        return need, ttc
+
+    def ego_rear(self) -> tuple[FloatArray, FloatArray]:
+        """Ground truth of the car behind the ego in its lane: (bumper gap, closing speed), (B,) each;
+        inf gap and 0 closing when there is none. Cheaper than ego_neighbours for this one question."""
+        centre = self.road.lane_centre(self.ego_lane())
+        behind = self.s[:, :1] - self.s[:, 1:]
+        behind = np.where(
+            (np.abs(self.d[:, 1:] - centre[:, None]) < self._occ_threshold) & (behind > 0.0), behind, np.inf
+        )
+        j = np.argmin(behind, axis=1)
+        rows = np.arange(self.batch)
+        gap = behind[rows, j]
+        found = np.isfinite(gap)
+        closing = np.where(found, self.v[rows, j + 1] - self.v[:, EGO], 0.0)
+        return np.where(found, gap - self.vehicle.length, np.inf), closing

@@ -95,18 +95,33 @@ def write_report(
         f"a plot topic per scenario) are in `logs/`; open them in Foxglove with `foxglove-layout.json` "
         f"(docs/foxglove.md).",
         "",
-        "| scenario | OOD | collisions | min TTC s | min gap m | hard brakes | max jerk | vetoes | fallback s | "
-        "tick work p99 us | plan updates | plan changes | speed changes | plan source |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | OOD | collisions | rear-end | min TTC s | min rear TTC s | phantom braking s | min gap m | "
+        "hard brakes | max jerk | vetoes | fallback s | max transition step m/s^2 | time to standstill s | "
+        "drive-offs | tick work p99 us | plan updates | plan changes | speed changes | plan source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        standstill = getattr(r, "time_to_standstill_s", float("nan"))
         lines.append(
             f"| {r.scenario} | {'yes' if r.ood else ''} | {r.collisions}{' off-road' if r.off_road else ''} | "
-            f"{r.min_ttc_s:.1f} | {r.min_gap_m:.1f} | {r.hard_brakes} | {r.max_jerk:.1f} | {r.gate_vetoes} | "
-            f"{r.fallback_s:.2f} | {r.tick_work_p99_us:.0f} | {r.plan_updates} | "
+            f"{getattr(r, 'rear_end_collisions', '')} | {r.min_ttc_s:.1f} | "
+            f"{getattr(r, 'min_rear_ttc_s', float('inf')):.1f} | {getattr(r, 'phantom_braking_s', 0.0):.2f} | "
+            f"{r.min_gap_m:.1f} | {r.hard_brakes} | {r.max_jerk:.1f} | {r.gate_vetoes} | "
+            f"{r.fallback_s:.2f} | {getattr(r, 'max_transition_step', 0.0):.2f} | "
+            f"{'-' if np.isnan(standstill) else f'{standstill:.2f}'} | {getattr(r, 'drive_offs', '')} | "
+            f"{r.tick_work_p99_us:.0f} | {r.plan_updates} | "
             f"{getattr(r, 'plan_changes', '')} | {getattr(r, 'speed_changes', '')} | "
             f"{getattr(r, 'plan_source', '')} |"
         )
+    lines += [
+        "",
+        "Rear-end: collisions (counted in collisions too) where a car behind ran into the ego; min rear "
+        "TTC: of the car behind the ego in its lane; phantom braking: seconds braking beyond 2 m/s^2 while "
+        "the simulator's ground truth ahead needed less than 2 m/s^2 and no car closed within 3 s (in the "
+        "last second); max transition step: the largest applied-command step in one 5 ms tick at or next "
+        "to a non-NOMINAL state; time to standstill: from the first non-NOMINAL tick; drive-offs: moving "
+        "again after a standstill in a non-NOMINAL state without a release. Definitions: docs/demo.md.",
+    ]
     lines += ["", f"![tick work]({lateness_plot.name})", ""]
     lines += [f"## {p.stem}\n\n![{p.stem}]({p.name})\n" for p in plots]
     path = out_dir / "report.md"

@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from dualloop.controller.demo.closed_loop import ClosedLoopRun, drive_over_grpc, session_id
+from dualloop.controller.demo.harm import drive_offs, time_to_standstill, transition_step
 from dualloop.controller.demo.report import plot_run, plot_tick_work, write_report
 from dualloop.controller.logs.foxglove import layout
 from dualloop.controller.serve.security import private_server_env
@@ -59,6 +60,13 @@ class ScenarioRow:
     plan_changes: int = 0  # behaviour or target lane differs from the previous plan
     speed_changes: int = 0  # target speed moved by 2 m/s or more
     plan_source: str = ""
+    # harm the safety layer's braking does (docs/demo.md)
+    rear_end_collisions: int = 0  # of `collisions`, a car behind ran into the ego
+    min_rear_ttc_s: float = float("inf")  # the car behind the ego in its lane
+    phantom_braking_s: float = 0.0  # braking beyond 2 m/s^2 while nothing ahead called for it
+    max_transition_step: float = 0.0  # m/s^2 per tick, at or next to a non-NOMINAL state
+    time_to_standstill_s: float = float("nan")  # from the first non-NOMINAL tick; NaN: never stood
+    drive_offs: int = 0  # moved again after a standstill in a non-NOMINAL state, unreleased
 
 
 def start_server(model: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
@@ -90,6 +98,8 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 def _row(run: ClosedLoopRun, ood: bool, stats: pb.GetStatsResponse) -> ScenarioRow:
     m = run.metrics
+    n = min(len(run.t), len(m.series.ego_speed))  # the speed after each tick's step
+    speed, state = m.series.ego_speed[:n], run.safety_state[:n]
     return ScenarioRow(
         scenario=run.scenario,
         ood=ood,
@@ -110,6 +120,12 @@ def _row(run: ClosedLoopRun, ood: bool, stats: pb.GetStatsResponse) -> ScenarioR
         plan_changes=run.plan_changes,
         speed_changes=run.speed_changes(),
         plan_source="+".join(run.plan_sources),
+        rear_end_collisions=m.rear_end_collisions,
+        min_rear_ttc_s=m.min_rear_ttc_s,
+        phantom_braking_s=m.phantom_braking_s,
+        max_transition_step=transition_step(run.applied_accel, run.safety_state),
+        time_to_standstill_s=time_to_standstill(run.t[:n], speed, state, 0.005),
+        drive_offs=drive_offs(speed, state),
     )
 
 
@@ -118,12 +134,18 @@ def _table(rows: list[ScenarioRow], model_name: str) -> Table:
     cols = [
         "scenario",
         "coll.",
+        "rear-end",
         "min TTC s",
+        "min rear TTC s",
+        "phantom brake s",
         "min gap m",
         "hard brakes",
         "max jerk",
         "vetoes",
         "fallback s",
+        "max trans. step",
+        "to standstill s",
+        "drive-offs",
         "tick work p99 us",
         "rtt p99 us",
         "plan upd.",
@@ -140,12 +162,18 @@ def _table(rows: list[ScenarioRow], model_name: str) -> Table:
         table.add_row(
             r.scenario + (" (OOD)" if r.ood else ""),
             coll,
+            f"[red]{r.rear_end_collisions}[/]" if r.rear_end_collisions else "0",
             f"{r.min_ttc_s:.1f}",
+            f"{r.min_rear_ttc_s:.1f}",
+            f"{r.phantom_braking_s:.2f}",
             f"{r.min_gap_m:.1f}",
             str(r.hard_brakes),
             f"{r.max_jerk:.1f}",
             str(r.gate_vetoes),
             f"{r.fallback_s:.2f}",
+            f"{r.max_transition_step:.2f}",
+            "-" if np.isnan(r.time_to_standstill_s) else f"{r.time_to_standstill_s:.2f}",
+            f"[red]{r.drive_offs}[/]" if r.drive_offs else "0",
             f"{r.tick_work_p99_us:.0f}",
             f"{r.round_trip_p99_us:.0f}",
             str(r.plan_updates),
