@@ -31,6 +31,7 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 N_FEATURES, N_PLAN, N_CONTROLS, N_ACTIONS = 19, 6, 2, 4
 LOCKSTEP_MAX_GAP_NS = 10_000 * MS  # executor.lockstep_max_gap_s; the grammar keeps well clear of it
 UINT64_MAX, INT64_MAX = 2**64 - 1, 2**63 - 1
+HOUR_NS = 3_600_000_000_000
 OVERSIZE_ROW = [1.0] * (1 << 20)  # 4 MiB of floats and then some: beyond limits.max_receive_message_bytes
 
 CLEAN = "clean"  # an item the contract accepts
@@ -151,13 +152,14 @@ def opening(c: Choose, schema_hash: str, clock: int, tidy: bool) -> tuple[pb.Ope
     expected_hash = pick(c, tidy, ["", "", schema_hash], ["0" * 16])
     if expected_hash == "0" * 16 and verdict == CLEAN:
         verdict = grpc.StatusCode.FAILED_PRECONDITION
-    period = pick(c, tidy, [0, 0, 100 * MS, 1, INT64_MAX, c.integer(0, 10**9)], [-1, -(10**9)])
+    # past an hour (SessionLimits.max_observation_period_ns) is refused as a negative period is
+    period = pick(c, tidy, [0, 0, 100 * MS, 1, HOUR_NS, c.integer(0, 10**9)], [-1, -(10**9), HOUR_NS + 1, INT64_MAX])
     names = ["ego_speed", "ego_accel", "lead_distance", "lead_rel_speed", "yaw_rate"]
     provided = [] if c.boolean() else c.some(names, 4, unique=True)
     if not tidy and c.integer(0, 4) == 0:
         provided.append(c.one(["no_such_feature", ""]))
         verdict = INVALID if verdict == CLEAN else verdict
-    if period < 0 and verdict == CLEAN:
+    if not 0 <= period <= HOUR_NS and verdict == CLEAN:
         verdict = INVALID
     msg = pb.OpenSession(
         session_id="" if c.boolean() else c.text(24),
