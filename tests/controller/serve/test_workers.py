@@ -83,7 +83,7 @@ def workers(test_model_path: Path, tmp_path: Path) -> Iterator[Workers]:
                 proc.wait(10)
 
 
-def _wait_for(predicate, what: str, timeout_s: float = 20.0) -> None:
+def _wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, what
