@@ -14,13 +14,15 @@ over time, in the signals' own units, without the model:
   of ego_accel over the same observations (trapezoids). A speed that jumps, sticks while the car
   accelerates, or reads in km/h, and an acceleration that drops out or sticks while the speed moves,
   disagree with each other.
-- **gap_rate** (m): the lead distance's change between two fresh observations against the relative
-  speed's (innovation e = dgap - mean(rel) * dt). Its score is the larger of a peak-hold of |e|
-  (decaying with `gap_hold_s`: a spike or noise shows for a while, not for one sample) and the sum of
-  the innovations above `gap_jump_m` (leaking with `gap_leak_s`): a +15 m bias is a jump the relative
-  speed does not explain, and it stays unexplained until the gap jumps back (the sum cancels). A jump
-  together with a jump of the relative speed of at least `new_lead_rel_jump` is a new lead (a cut-in,
-  the radar switching target), not a fault: the track starts afresh.
+- **gap_rate** (m): the lead distance against the relative speed. For a healthy pair, the gap less the
+  integrated relative speed stays constant (its level, smoothed with `gap_level_s`). The score is the
+  larger of a peak-hold (decaying with `gap_hold_s`) of the innovation |dgap - mean(rel) * dt| between
+  fresh observations, and, once an innovation of at least `gap_jump_m` has opened an offset, how far
+  the gap is from the level it had before: a +15 m bias stays unexplained until the gap jumps back.
+  The offset closes when it is back within `gap_close_m` (a spike, a dropout, a unit error ending) or
+  after `gap_accept_s` (the new level is accepted). A jump together with a jump of the relative speed
+  of at least `new_lead_rel_jump` is a new lead (a cut-in, the radar switching target), and a jump
+  right after the gap was stuck longer than `stuck_s` is its catch-up: neither opens an offset.
 - **lead_flicker** (toggles): how often the lead-present flag changed over the last `flicker_window_s`
   of fresh observations. A real lead appears and disappears; it does not blink.
 
@@ -71,8 +73,10 @@ class SignalSettings:
     speed_window_s: float = 0.5
     speed_accel_m_s: float = 2.5  # m/s
     gap_jump_m: float = 6.0  # an innovation at least this large counts towards the unexplained sum
-    gap_hold_s: float = 0.5
-    gap_leak_s: float = 20.0
+    gap_hold_s: float = 0.3
+    gap_level_s: float = 0.5  # time constant of the level an offset is measured from
+    gap_close_m: float = 2.0  # an open offset back within this is closed (the jump came back)
+    gap_accept_s: float = 3.0  # an offset open this long is the new level
     new_lead_rel_jump: float = 1.0  # m/s
     gap_rate_m: float = 7.5  # m
     flicker_window_s: float = 1.0
@@ -96,7 +100,21 @@ class SignalSettings:
 class _Slot:
     """One session's memory: the last fresh reading of each signal and each check's running state."""
 
-    __slots__ = ("t", "last", "run_start", "window", "integral", "gap", "hold", "jumps", "toggles", "present", "out")
+    __slots__ = (
+        "t",
+        "last",
+        "run_start",
+        "window",
+        "integral",
+        "gap",
+        "hold",
+        "opened",
+        "rel_integral",
+        "level",
+        "toggles",
+        "present",
+        "out",
+    )
 
     def __init__(self) -> None:
         self.clear()
@@ -109,7 +127,9 @@ class _Slot:
         self.integral = 0.0
         self.gap: tuple[int, float, float] | None = None  # (ns, gap, rel) of the last lead reading
         self.hold = 0.0  # peak-hold of |innovation|
-        self.jumps = 0.0  # leaky sum of large innovations
+        self.opened = -1  # ns the open unexplained offset began (-1: none)
+        self.rel_integral = 0.0  # m: the relative speed integrated since the track began
+        self.level = 0.0  # m: the gap less that integral, smoothed while no offset is open
         self.toggles: deque[int] = deque()  # ns of each toggle in the window
         self.present = _NAN
         self.out: tuple[float, float, float, float] = (_NAN, _NAN, _NAN, _NAN)
@@ -132,6 +152,7 @@ class SignalMonitor:
         self._window_ns = int(s.speed_window_s * 1e9)
         self._flicker_ns = int(s.flicker_window_s * 1e9)
         self._max_gap_ns = int(s.max_gap_s * 1e9)
+        self._accept_ns = int(s.gap_accept_s * 1e9)
 
     @property
     def available(self) -> bool:
@@ -190,6 +211,9 @@ class SignalMonitor:
         dt_ns = t - st.t if st.t >= 0 else 0
         dt = dt_ns * 1e-9
 
+        # how long the gap had been stuck before this reading (a jump after it is its catch-up)
+        gap_stuck_s = (st.t - st.run_start[1]) * 1e-9 if st.run_start[1] >= 0 else 0.0
+
         # -- stuck: bit-identical readings while moving (and, for the lead, a lead present) --
         stuck = _NAN
         if m_speed:
@@ -228,18 +252,34 @@ class SignalMonitor:
         if m_present and m_distance and m_rel:
             if present == 1.0 and distance == distance and rel == rel:
                 gap_rate = 0.0
-                if st.gap is not None:
+                if st.gap is None:  # a new track: the gap less the integrated relative speed is its level
+                    st.rel_integral, st.level = 0.0, distance
+                else:
                     g_t, g0, r0 = st.gap
-                    e = (distance - g0) - 0.5 * (rel + r0) * ((t - g_t) * 1e-9)
-                    if abs(e) >= s.gap_jump_m and abs(rel - r0) >= s.new_lead_rel_jump:
-                        st.hold, st.jumps = 0.0, 0.0  # a new lead: its track starts here
+                    step = 0.5 * (rel + r0) * ((t - g_t) * 1e-9)
+                    e = (distance - g0) - step  # the innovation
+                    st.rel_integral += step
+                    c = distance - st.rel_integral  # constant for a healthy gap and relative speed
+                    st.hold = max(abs(e), st.hold * math.exp(-dt / s.gap_hold_s))
+                    jump = abs(e) >= s.gap_jump_m
+                    if jump and abs(rel - r0) >= s.new_lead_rel_jump:
+                        # a new lead: its track starts afresh here
+                        st.hold, st.level, st.opened = 0.0, c, -1
+                    elif st.opened >= 0:  # an unexplained offset from the level before it is open
+                        if abs(c - st.level) < s.gap_close_m:  # it came back: the level holds
+                            st.opened = -1
+                        elif t - st.opened > self._accept_ns:  # it is the new level
+                            st.opened, st.level = -1, c
+                    elif jump and gap_stuck_s > s.stuck_s:  # a stuck gap catching up: a new level
+                        st.hold, st.level = 0.0, c
+                    elif jump:
+                        st.opened = t  # the level stays what it was before the jump
                     else:
-                        st.hold = max(abs(e), st.hold * math.exp(-dt / s.gap_hold_s))
-                        st.jumps = st.jumps * math.exp(-dt / s.gap_leak_s) + (e if abs(e) >= s.gap_jump_m else 0.0)
-                    gap_rate = max(st.hold, abs(st.jumps))
+                        st.level += (1.0 - math.exp(-dt / s.gap_level_s)) * (c - st.level)
+                    gap_rate = max(st.hold, abs(c - st.level)) if st.opened >= 0 else st.hold
                 st.gap = (t, distance, rel)
             else:  # no lead (or no reading): the next one starts a new track
-                st.gap, st.hold, st.jumps = None, 0.0, 0.0
+                st.gap, st.hold, st.opened = None, 0.0, -1
 
         # -- lead_flicker: toggles of the lead flag in the window --
         flicker = _NAN
