@@ -14,15 +14,14 @@ over time, in the signals' own units, without the model:
   of ego_accel over the same observations (trapezoids). A speed that jumps, sticks while the car
   accelerates, or reads in km/h, and an acceleration that drops out or sticks while the speed moves,
   disagree with each other.
-- **gap_rate** (m): the lead distance against the relative speed. For a healthy pair, the gap less the
-  integrated relative speed stays constant (its level, smoothed with `gap_level_s`). The score is the
-  larger of a peak-hold (decaying with `gap_hold_s`) of the innovation |dgap - mean(rel) * dt| between
-  fresh observations, and, once an innovation of at least `gap_jump_m` has opened an offset, how far
-  the gap is from the level it had before: a +15 m bias stays unexplained until the gap jumps back.
-  The offset closes when it is back within `gap_close_m` (a spike, a dropout, a unit error ending) or
-  after `gap_accept_s` (the new level is accepted). A jump together with a jump of the relative speed
-  of at least `new_lead_rel_jump` is a new lead (a cut-in, the radar switching target), and a jump
-  right after the gap was stuck longer than `stuck_s` is its catch-up: neither opens an offset.
+- **gap_rate** (m): the lead distance against the relative speed: the innovation
+  |dgap - mean(rel) * dt| between fresh observations, and the score is the second-largest innovation
+  of the last `gap_window_s` (of those from `gap_floor_m` on). A spike is two jumps (there and back),
+  noise many; one jump alone is what a lead changing looks like (a cut-in, the lead leaving the lane,
+  the radar switching target: 35 to 98 m at an unchanged relative speed in the simulator), and so is a
+  constant bias's onset: a single jump is never judged, as no rule on these two signals can tell the
+  two apart. A jump together with a jump of the relative speed of at least `new_lead_rel_jump`, or
+  right after the gap was stuck longer than `stuck_s` (its catch-up), starts the window afresh.
 - **lead_flicker** (toggles): how often the lead-present flag changed over the last `flicker_window_s`
   of fresh observations. A real lead appears and disappears; it does not blink.
 
@@ -72,13 +71,11 @@ class SignalSettings:
     stuck_s: float = 1.2  # s of bit-identical readings while moving
     speed_window_s: float = 0.5
     speed_accel_m_s: float = 2.5  # m/s
-    gap_jump_m: float = 6.0  # an innovation at least this large counts towards the unexplained sum
-    gap_hold_s: float = 0.3
-    gap_level_s: float = 0.5  # time constant of the level an offset is measured from
-    gap_close_m: float = 2.0  # an open offset back within this is closed (the jump came back)
-    gap_accept_s: float = 3.0  # an offset open this long is the new level
+    gap_jump_m: float = 6.0  # m: an innovation this large with a jump of the relative speed is a new lead
+    gap_floor_m: float = 1.0  # m: innovations from this size on are kept for the window
+    gap_window_s: float = 1.0
     new_lead_rel_jump: float = 1.0  # m/s
-    gap_rate_m: float = 7.5  # m
+    gap_rate_m: float = 6.5  # m
     flicker_window_s: float = 1.0
     flicker_toggles: float = 2.0  # more toggles than this in the window veto
     max_gap_s: float = 0.5  # a longer pause between fresh observations starts afresh
@@ -107,10 +104,7 @@ class _Slot:
         "window",
         "integral",
         "gap",
-        "hold",
-        "opened",
-        "rel_integral",
-        "level",
+        "jumps",
         "toggles",
         "present",
         "out",
@@ -126,10 +120,7 @@ class _Slot:
         self.window: deque[tuple[int, float, float]] = deque()  # (ns, speed, accel integral)
         self.integral = 0.0
         self.gap: tuple[int, float, float] | None = None  # (ns, gap, rel) of the last lead reading
-        self.hold = 0.0  # peak-hold of |innovation|
-        self.opened = -1  # ns the open unexplained offset began (-1: none)
-        self.rel_integral = 0.0  # m: the relative speed integrated since the track began
-        self.level = 0.0  # m: the gap less that integral, smoothed while no offset is open
+        self.jumps: deque[tuple[int, float]] = deque(maxlen=256)  # (ns, |innovation|) of the window's large ones
         self.toggles: deque[int] = deque()  # ns of each toggle in the window
         self.present = _NAN
         self.out: tuple[float, float, float, float] = (_NAN, _NAN, _NAN, _NAN)
@@ -152,7 +143,7 @@ class SignalMonitor:
         self._window_ns = int(s.speed_window_s * 1e9)
         self._flicker_ns = int(s.flicker_window_s * 1e9)
         self._max_gap_ns = int(s.max_gap_s * 1e9)
-        self._accept_ns = int(s.gap_accept_s * 1e9)
+        self._gap_window_ns = int(s.gap_window_s * 1e9)
 
     @property
     def available(self) -> bool:
@@ -252,34 +243,23 @@ class SignalMonitor:
         if m_present and m_distance and m_rel:
             if present == 1.0 and distance == distance and rel == rel:
                 gap_rate = 0.0
-                if st.gap is None:  # a new track: the gap less the integrated relative speed is its level
-                    st.rel_integral, st.level = 0.0, distance
-                else:
+                jumps = st.jumps
+                if st.gap is not None:
                     g_t, g0, r0 = st.gap
-                    step = 0.5 * (rel + r0) * ((t - g_t) * 1e-9)
-                    e = (distance - g0) - step  # the innovation
-                    st.rel_integral += step
-                    c = distance - st.rel_integral  # constant for a healthy gap and relative speed
-                    st.hold = max(abs(e), st.hold * math.exp(-dt / s.gap_hold_s))
-                    jump = abs(e) >= s.gap_jump_m
-                    if jump and abs(rel - r0) >= s.new_lead_rel_jump:
-                        # a new lead: its track starts afresh here
-                        st.hold, st.level, st.opened = 0.0, c, -1
-                    elif st.opened >= 0:  # an unexplained offset from the level before it is open
-                        if abs(c - st.level) < s.gap_close_m:  # it came back: the level holds
-                            st.opened = -1
-                        elif t - st.opened > self._accept_ns:  # it is the new level
-                            st.opened, st.level = -1, c
-                    elif jump and gap_stuck_s > s.stuck_s:  # a stuck gap catching up: a new level
-                        st.hold, st.level = 0.0, c
-                    elif jump:
-                        st.opened = t  # the level stays what it was before the jump
-                    else:
-                        st.level += (1.0 - math.exp(-dt / s.gap_level_s)) * (c - st.level)
-                    gap_rate = max(st.hold, abs(c - st.level)) if st.opened >= 0 else st.hold
+                    e = abs((distance - g0) - 0.5 * (rel + r0) * ((t - g_t) * 1e-9))  # the innovation
+                    new_lead = e >= s.gap_jump_m and (abs(rel - r0) >= s.new_lead_rel_jump or gap_stuck_s > s.stuck_s)
+                    if new_lead:  # a new lead, or a stuck gap catching up: its track starts afresh
+                        jumps.clear()
+                    elif e >= s.gap_floor_m:
+                        jumps.append((t, e))
+                while jumps and t - jumps[0][0] >= self._gap_window_ns:
+                    jumps.popleft()
+                if len(jumps) >= 2:  # the second-largest innovation in the window
+                    gap_rate = sorted(e for _, e in jumps)[-2]
                 st.gap = (t, distance, rel)
             else:  # no lead (or no reading): the next one starts a new track
-                st.gap, st.hold, st.opened = None, 0.0, -1
+                st.gap = None
+                st.jumps.clear()
 
         # -- lead_flicker: toggles of the lead flag in the window --
         flicker = _NAN
