@@ -22,7 +22,7 @@ SIGNAL_CHECKS = (Check.SIGNAL_STUCK, Check.SPEED_ACCEL, Check.GAP_RATE, Check.LE
 # (fault, signal, the check that must catch it, how soon after onset at the latest, s)
 CASES = [
     (fi.STUCK, "ego_speed", "signal_stuck", 1.3),  # its threshold: 1.2 s of identical readings
-    (fi.BIAS, "lead_distance", "gap_rate", 0.02),  # the jump itself
+    (fi.SPIKES, "lead_distance", "gap_rate", 1.0),  # the first spike, there and back (a quarter of the readings)
     (fi.FLICKER, "lead_present", "lead_flicker", 0.5),  # three toggles
     (fi.UNIT, "ego_speed", "speed_accel", 0.02),  # km/h: the speed jumps, the acceleration does not
 ]
@@ -81,7 +81,7 @@ def test_live_ticks_and_the_replay_give_the_same_signal_checks(loaded: LoadedMod
     and statuses of the signal checks on every tick."""
     episodes = [
         fi.Episode(fi.STUCK, "ego_speed", 600, 800, 0.0),
-        fi.Episode(fi.BIAS, "lead_distance", 1100, 1300, fi.BIAS_M),
+        fi.Episode(fi.SPIKES, "lead_distance", 1100, 1300, 25.0),
         fi.Episode(fi.FLICKER, "lead_present", 1500, 1700, 0.0),
         fi.Episode(fi.UNIT, "ego_speed", 2000, 2100, fi.KMH_PER_MS),
         fi.Episode(fi.STUCK, "lead_rel_speed", 2300, 2500, 0.0),
