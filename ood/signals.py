@@ -36,6 +36,7 @@ so both give identical verdicts.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -46,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 _NAN = math.nan
+_MAX_KEPT = 1024  # readings a window keeps at most (1 s at 1 kHz)
 STUCK, SPEED_ACCEL, GAP_RATE, LEAD_FLICKER = range(4)
 CHECKS = ("stuck", "speed_accel", "gap_rate", "lead_flicker")
 # the features each check reads, in SignalSettings' names
@@ -117,11 +119,13 @@ class _Slot:
         self.t = -1  # ns of the last fresh observation (-1: none)
         self.last: list[float] = []  # speed, accel, present, distance, rel (NaN where unknown)
         self.run_start: list[int] = [-1, -1, -1]  # per stuck signal: ns its current run began (-1: none)
-        self.window: deque[tuple[int, float, float]] = deque()  # (ns, speed, accel integral)
+        # bounded by time, and by count against a sensor faster than any real one (the oldest then goes
+        # and the window is too short to judge: no verdict)
+        self.window: deque[tuple[int, float, float]] = deque(maxlen=_MAX_KEPT)  # (ns, speed, accel integral)
         self.integral = 0.0
         self.gap: tuple[int, float, float] | None = None  # (ns, gap, rel) of the last lead reading
-        self.jumps: deque[tuple[int, float]] = deque(maxlen=256)  # (ns, |innovation|) of the window's large ones
-        self.toggles: deque[int] = deque()  # ns of each toggle in the window
+        self.jumps: deque[tuple[int, float]] = deque(maxlen=_MAX_KEPT)  # (ns, |innovation|) of the window's large ones
+        self.toggles: deque[int] = deque(maxlen=_MAX_KEPT)  # ns of each toggle in the window
         self.present = _NAN
         self.out: tuple[float, float, float, float] = (_NAN, _NAN, _NAN, _NAN)
 
@@ -255,7 +259,7 @@ class SignalMonitor:
                 while jumps and t - jumps[0][0] >= self._gap_window_ns:
                     jumps.popleft()
                 if len(jumps) >= 2:  # the second-largest innovation in the window
-                    gap_rate = sorted(e for _, e in jumps)[-2]
+                    gap_rate = heapq.nlargest(2, [e for _, e in jumps])[1]
                 st.gap = (t, distance, rel)
             else:  # no lead (or no reading): the next one starts a new track
                 st.gap = None
