@@ -13,6 +13,7 @@ construction: a score that could not be computed is 0 with status NOT_SCORED or 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -35,7 +36,13 @@ NAMES = {
     Check.FREEZE: "freeze",
     Check.ACTUATION: "actuation",
     Check.MARGIN: "margin",
+    Check.SIGNAL_STUCK: "signal_stuck",
+    Check.SPEED_ACCEL: "speed_accel",
+    Check.GAP_RATE: "gap_rate",
+    Check.LEAD_FLICKER: "lead_flicker",
 }
+# the per-signal checks (ood/signals.py), in the order of their scores
+SIGNAL_KINDS = (Check.SIGNAL_STUCK, Check.SPEED_ACCEL, Check.GAP_RATE, Check.LEAD_FLICKER)
 # a range score's floor (the centre of a range is -0.5; an open limit would be -inf) and cap (a
 # float32 value far outside a narrow range would overflow float64 division)
 _RANGE_FLOOR, _RANGE_CAP = -0.5, 1e30
@@ -112,8 +119,14 @@ class CheckBoard:
     """The checks an executor runs, in `Check` order, and how a tick's values become their results."""
 
     def __init__(
-        self, gates: list[Gate], sources: list[str], freeze_repeats: int, actuation_threshold: float | None
+        self,
+        gates: list[Gate],
+        sources: list[str],
+        freeze_repeats: int,
+        actuation_threshold: float | None,
+        signal_thresholds: Sequence[float] | None = None,
     ) -> None:
+        """`signal_thresholds`: the per-signal checks' thresholds (`SIGNAL_KINDS` order); None: not run."""
         columns: list[Column] = []
         ranges: dict[Column, tuple[np.ndarray, np.ndarray]] = {}
         for g, (gate, source) in enumerate(zip(gates, sources)):
@@ -132,6 +145,9 @@ class CheckBoard:
         if actuation_threshold is not None:
             columns.append(Column(Check.ACTUATION, NAMES[Check.ACTUATION], -1))
         columns.append(Column(Check.MARGIN, NAMES[Check.MARGIN], -1))
+        if signal_thresholds is not None:
+            columns += [Column(k, NAMES[k], -1) for k in SIGNAL_KINDS]
+        self.signal_thresholds = [] if signal_thresholds is None else [float(t) for t in signal_thresholds]
         columns.sort(key=lambda c: c.kind)  # stable: gates of one kind in their order
         self.columns = columns
         self.kinds = tuple(c.kind for c in columns)
@@ -169,6 +185,7 @@ class CheckBoard:
         min_margin: float,
         vectorised: bool | None = None,
         ranged: np.ndarray | None = None,
+        signals: Any = None,
     ) -> np.ndarray:
         """The (rows, checks) CHECK_DTYPE results of a batch of rows (a live tick's, a replay's ticks).
         `finite`: the row's measured features are finite; `scored`: finite and the model worked;
@@ -182,13 +199,14 @@ class CheckBoard:
         same float64 values, so the same bytes (tests/executor/test_checks.py). `ranged`: the range
         checks' verdicts per row (`judge_ranges`) when the caller has them (a replay judges each
         observation once for all the ticks that hold it); x, plans, changes and present are then
-        not read."""
+        not read. `signals`: per row, the per-signal checks' scores (`SIGNAL_KINDS` order, NaN: no
+        verdict); None when they do not run."""
         n = len(finite)
         if ranged is None and self._range_at:
             ranged = self.ranges.judge(x, changes, plans, present, finite)
         if vectorised or (vectorised is None and n > _VECTORISED_FROM):
             return self._vectorised(
-                finite, scored, density, ranged, freeze_count, frozen, actuation, margin, min_margin
+                finite, scored, density, ranged, freeze_count, frozen, actuation, margin, min_margin, signals
             )
         worst = [] if ranged is None else ranged.tolist()
         ok, sc = finite.tolist(), scored.tolist()
@@ -231,11 +249,21 @@ class CheckBoard:
                         for a, alarm, u in zip(_floats(actuation[0]), _floats(actuation[1]), not_scored)
                     ]
                 )
-            else:  # MARGIN, as ReasonRules.flags judges LOW_MARGIN (in float64)
+            elif kind is Check.MARGIN:  # as ReasonRules.flags judges LOW_MARGIN (in float64)
                 cols.append(
                     [
                         (m, min_margin, m < min_margin, _SCORED) if scored_i else (0.0, min_margin, False, _NOT_SCORED)
                         for m, scored_i in zip(_floats(margin), sc)
+                    ]
+                )
+            else:  # a per-signal check: vetoes above its threshold
+                k = kind - Check.SIGNAL_STUCK
+                limit = self.signal_thresholds[k]
+                values = [_NAN] * n if signals is None else [float(r[k]) for r in signals]
+                cols.append(
+                    [
+                        (v, limit, v > limit, _SCORED) if v == v else (0.0, limit, False, u)
+                        for v, u in zip(values, not_scored)
                     ]
                 )
         return _table(list(chain.from_iterable(zip(*cols))), n, len(self.columns))
@@ -257,6 +285,7 @@ class CheckBoard:
         actuation: tuple[Any, Any] | None,
         margin: Any,
         min_margin: float,
+        signals: Any = None,
     ) -> np.ndarray:
         """`assemble`'s rules as numpy operations over the whole (checks, rows) table at once: each
         check's raw value, threshold and veto in its row, then one rule per family of checks."""
@@ -280,9 +309,15 @@ class CheckBoard:
                 threshold[j] = self.actuation_threshold
                 if actuation is not None:
                     raw[j], veto[j] = actuation
-            else:  # MARGIN, as ReasonRules.flags judges LOW_MARGIN (in float64)
+            elif kind is Check.MARGIN:  # as ReasonRules.flags judges LOW_MARGIN (in float64)
                 raw[j], threshold[j] = margin, min_margin
                 veto[j] = scored & (raw[j] < min_margin)
+            else:  # a per-signal check
+                k = kind - Check.SIGNAL_STUCK
+                threshold[j] = self.signal_thresholds[k]
+                if signals is not None:
+                    raw[j] = np.asarray(signals, np.float64)[:, k]
+                    veto[j] = raw[j] > threshold[j]  # NaN: no verdict
         fam = self._families
         no_value = np.where(finite, _NOT_APPLICABLE, _NOT_SCORED)
         # density: scored where finite; range and actuation: where known, else no value to judge;

@@ -31,6 +31,9 @@ class ExecutorConfig(BaseModel):
     # component bit for bit, are a stuck sensor (OOD_VETO). 0 turns the check off, e.g. for a log
     # whose sensors are quantised so coarsely that they legitimately repeat.
     freeze_repeats: int = Field(default=2, ge=0)
+    # With a gate: the per-signal checks (ood/signals.py: a signal stuck while it should change, speed
+    # against acceleration, gap against relative speed, a flickering lead flag). False turns them off.
+    signal_checks: bool = True
     max_sessions: int = Field(default=64, ge=1, le=4096)
     # LOCKSTEP: a timestamp jump longer than this is refused rather than ticked through.
     lockstep_max_gap_s: float = Field(default=10.0, gt=0.0)

@@ -47,6 +47,7 @@ from dualloop.executor.snapshot import (
     input_hashes,
 )
 from dualloop.ood import Gate
+from dualloop.ood.signals import SignalSettings
 
 _perf_ns = time.perf_counter_ns
 _mono_ns = time.monotonic_ns
@@ -133,12 +134,14 @@ class Executor:
 
     def _wire_gates(self, model: DecisionModel, gates: list[Gate]) -> tuple[GateWiring, CheckBoard]:
         cap, repeats = self.config.max_sessions, self.config.freeze_repeats
-        g = GateWiring(model, gates, cap, repeats, self._x, self._p, self._fresh)
+        signals = SignalSettings() if self.config.signal_checks else None
+        g = GateWiring(model, gates, cap, repeats, self._x, self._p, self._fresh, signals)
         checks = CheckBoard(
             g.gates,
             [run.source for run in g.runs],
             self.config.freeze_repeats if g.freeze is not None else 0,
             None if g.actuation is None else g.actuation.threshold,
+            None if g.signals is None else g.signals.thresholds,
         )
         return g, checks
 
@@ -777,4 +780,5 @@ class Executor:
             None if last is None else last.actuation,
             margin,
             self.reasons.min_margin,
+            signals=None if last is None else last.signals,
         )

@@ -27,6 +27,7 @@ from dualloop.ood.freeze import common_settings
 from dualloop.ood.marginal import ProfileGate, profile_gate
 from dualloop.ood.one_row import ratio_at_zero
 from dualloop.ood.score import GateFlags, score_in_chunks
+from dualloop.ood.signals import SignalMonitor, SignalSettings
 
 # What a gate may watch. decision_vector: the model's penultimate layer; input_features: the raw
 # inputs, whose norm guard catches a dead sensor in its own tick and whose range guard a value far
@@ -164,6 +165,7 @@ class TickChecks:
     changes: list[list[float]] | None  # per row, each feature's change per second (NaN unknown)
     freeze_count: list[int] | None
     actuation: tuple[list[float], list[bool]] | None
+    signals: list[tuple[float, float, float, float]] | None = None  # per row, the per-signal checks' scores
 
 
 @dataclass(slots=True)
@@ -216,7 +218,10 @@ class GateWiring:
         inputs: npt.NDArray[np.float32],
         plans: npt.NDArray[np.float32],
         fresh: BoolArray,
+        signals: SignalSettings | None = None,
     ) -> None:
+        """`signals`: the per-signal checks' settings (ood/signals.py); None: they do not run. They run
+        with a gate, on a schema with the ego speed."""
         card = model.card
         self.gates = list(gates)
         self.runs: list[GateRun] = []
@@ -290,6 +295,8 @@ class GateWiring:
             if self.gates and freeze_repeats > 0
             else None
         )
+        monitor = None if signals is None or not self.gates else SignalMonitor(capacity, signals, card.feature_names)
+        self.signals = monitor if monitor is not None and monitor.available else None
         # the sensor profile (Session.present) each slot's state was last set for, and how many slots
         # have one: with none, a tick of unmasked sessions does not look
         self._slot_present: list[BoolArray | None] = [None] * capacity
@@ -309,6 +316,8 @@ class GateWiring:
             self.change.reset(slot)
         if self.actuation is not None:
             self.actuation.reset(slot)
+        if self.signals is not None:
+            self.signals.reset(slot)
 
     # -- the live tick --------------------------------------------------------------------------
 
@@ -343,6 +352,7 @@ class GateWiring:
         # what fill_gate_features would copy, per gate
         features = self._pick_features((dv, x))
         changes = change_rows = None
+        times: list[int] | None = None
         if self.change is not None:
             times = list(map(_timestamp_of, observations))
             change_rows = self.change.step(x, slots, fresh_rows, ok, times)
@@ -367,8 +377,17 @@ class GateWiring:
             actuation = self._actuation_step(
                 self.actuation, rows, observations, slots, fresh_rows, x, score, threshold, veto
             )
+        signal_rows = None
+        if self.signals is not None:
+            signal_rows = self.signals.step(
+                x, slots, fresh_rows, times if times is not None else list(map(_timestamp_of, observations))
+            )
+            limits = self.signals.thresholds
+            for i, row in enumerate(signal_rows):
+                if row[0] > limits[0] or row[1] > limits[1] or row[2] > limits[2] or row[3] > limits[3]:
+                    veto[i] = True
         counts = None if self.freeze is None else self.freeze.counts(slots)
-        self.last = TickChecks(density, change_rows, counts, actuation)
+        self.last = TickChecks(density, change_rows, counts, actuation, signal_rows)
         return score, threshold, np.array(veto, _BOOL)
 
     def _step_profiles(
@@ -494,6 +513,8 @@ class GateWiring:
                 self._held[slot] = None
                 if self.freeze is not None:
                     self.freeze.set_present(slot, present)
+                if self.signals is not None:
+                    self.signals.set_present(slot, present)
 
     def _actuation_step(
         self,
@@ -599,6 +620,24 @@ class GateWiring:
         if self.freeze is None:
             return None
         return self.freeze.scan_counts(x, slot, fresh)
+
+    def scan_signals(
+        self, x: npt.NDArray[np.float32], slot: int, timestamps: npt.NDArray[np.int64], present: BoolArray | None = None
+    ) -> FloatArray | None:
+        """The per-signal checks' scores (rows, 4) after each observation row the ticks used (x and
+        timestamps of those rows, in order; each fresh once) of a session with this sensor profile, the
+        slot left as live ticks would leave it; None without the checks."""
+        self._note_profiles([slot], [present])
+        if self.signals is None:
+            return None
+        return self.signals.scan(x, slot, timestamps)
+
+    def signal_vetoes(self, scores: FloatArray | None) -> BoolArray | None:
+        """Per row of `scan_signals`' scores: some per-signal check vetoes (NaN: no verdict)."""
+        if scores is None or self.signals is None:
+            return None
+        veto: BoolArray = np.any(scores > np.array(self.signals.thresholds), axis=1)
+        return veto
 
     def scan_actuation(
         self,

@@ -221,6 +221,10 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     density: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation, session.present, density)
     veto |= frozen
+    signals = gating.scan_signals(x, session.slot, ts[rows], session.present)
+    signal_veto = gating.signal_vetoes(signals)
+    if signal_veto is not None:
+        veto |= signal_veto[r]
     periods = _observation_periods(ex, session, ts)[which]
     flags = ex.reasons.flags(
         finite[r], model_ok[r], age, stale_plan[which], veto, margin[r], periods, bad_content[which]
@@ -246,6 +250,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         margin[r],
         ex.reasons.min_margin,
         ranged=None if ranged is None else ranged[r],
+        signals=None if signals is None else signals[r],
     )
     # columns never carry a release (the column decoder leaves such logs to the Observation path)
     release = (

@@ -56,6 +56,10 @@ class Check(enum.IntEnum):
     FREEZE = 6
     ACTUATION = 7
     MARGIN = 8
+    SIGNAL_STUCK = 9
+    SPEED_ACCEL = 10
+    GAP_RATE = 11
+    LEAD_FLICKER = 12
 
 
 class CheckStatus(enum.IntEnum):

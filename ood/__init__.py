@@ -41,6 +41,7 @@ from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at
 from dualloop.ood.monitor import GateMonitor, GateStep
 from dualloop.ood.schema import FeatureSchema, ModelRef
 from dualloop.ood.score import GateFlags, GateScorer, RowScores, StackedScorer
+from dualloop.ood.signals import SignalMonitor, SignalSettings
 
 __all__ = [
     "ActuationCheck",
@@ -90,4 +91,6 @@ __all__ = [
     "StackedScorer",
     "save_gate",
     "tnr_at_tpr",
+    "SignalMonitor",
+    "SignalSettings",
 ]

@@ -309,6 +309,9 @@ def run_dataset(
             progress.advance(task)
     pools: dict[tuple[str, str], Pool] = {}
     outside, after = VetoCount(), VetoCount()
+    # which check and which fault's replays the false vetoes came from
+    by_check: dict[str, VetoCount] = {}
+    by_fault: dict[str, VetoCount] = {}
     for (fault, signal), groups in plans.items():
         pool = pools.setdefault((fault, signal), Pool())
         if progress is not None and task is not None:
@@ -334,6 +337,10 @@ def run_dataset(
                     after.add(got.veto[ANY][hi:hi_after])
             if fault != fi.FROZEN_TIME:
                 outside.add(got.veto[ANY][~inside])
+                by_fault.setdefault(fault, VetoCount()).add(got.veto[ANY][~inside])
+                for name, veto in got.veto.items():
+                    if name not in NOT_INPUT_CHECKS:
+                        by_check.setdefault(name, VetoCount()).add(veto[~inside])
             if progress is not None and task is not None:
                 progress.advance(task)
     return {
@@ -344,6 +351,8 @@ def run_dataset(
         "clean_vetoes": clean_count.as_dict(),
         "false_vetoes_outside": outside.as_dict(),
         "vetoes_in_second_after": after.as_dict(),
+        "false_vetoes_outside_by_check": {name: c.as_dict() for name, c in sorted(by_check.items())},
+        "false_vetoes_outside_by_fault": {name: c.as_dict() for name, c in by_fault.items()},
         "faults": {
             fault: {signal: _summarise(pools[(fault, signal)]) for f, signal in pools if f == fault} for fault in faults
         },
@@ -523,6 +532,10 @@ SHORT: Final = {
     "input_change": "chg",
     "freeze": "frz",
     "margin": "marg",
+    "signal_stuck": "stuck",
+    "speed_accel": "v-a",
+    "gap_rate": "gap",
+    "lead_flicker": "flick",
     INVALID: "inval",
     STALE: "stale",
     REFUSED: "refus",

@@ -263,7 +263,9 @@ def test_nominal_driving_passes_the_gate(test_model, gates, nominal_rows):
 
     features, plans = nominal_rows
     gate = ood.load_gate(gates["decision_vector"])
-    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0), gate)
+    # every 10th simulator step on 5 ms ticks: time runs 10x fast, so speed and acceleration, gap and
+    # relative speed disagree by design; this test is about the density gate
+    ex = lockstep(test_model, ExecutorConfig(min_margin=0.0, signal_checks=False), gate)
     snaps = []
     for k in range(300):
         snaps += ex.advance_lockstep(

@@ -53,6 +53,10 @@ class Check(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECK_FREEZE: _ClassVar[Check]
     CHECK_ACTUATION: _ClassVar[Check]
     CHECK_MARGIN: _ClassVar[Check]
+    CHECK_SIGNAL_STUCK: _ClassVar[Check]
+    CHECK_SPEED_ACCEL: _ClassVar[Check]
+    CHECK_GAP_RATE: _ClassVar[Check]
+    CHECK_LEAD_FLICKER: _ClassVar[Check]
 
 class CheckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -92,6 +96,10 @@ CHECK_PLAN_RANGE: Check
 CHECK_FREEZE: Check
 CHECK_ACTUATION: Check
 CHECK_MARGIN: Check
+CHECK_SIGNAL_STUCK: Check
+CHECK_SPEED_ACCEL: Check
+CHECK_GAP_RATE: Check
+CHECK_LEAD_FLICKER: Check
 CHECK_STATUS_UNSPECIFIED: CheckStatus
 CHECK_STATUS_SCORED: CheckStatus
 CHECK_STATUS_NOT_APPLICABLE: CheckStatus

@@ -75,7 +75,7 @@ def test_a_log_from_before_the_checks_still_diffs(tmp_path):
     new = replay_log(source, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp_path / "new.mcap").out_path
     data = read_log(new)
     for s in data.snapshots:
-        assert len(s.checks) == 8
+        assert len(s.checks) == 12
         s.ClearField("checks")
         s.ClearField("vetoed_by")
     old = write_log(tmp_path / "old.mcap", data.header, data.observations, data.snapshots)

@@ -32,6 +32,10 @@ EVERY_CHECK = [
     pb.CHECK_FREEZE,
     pb.CHECK_ACTUATION,
     pb.CHECK_MARGIN,
+    pb.CHECK_SIGNAL_STUCK,
+    pb.CHECK_SPEED_ACCEL,
+    pb.CHECK_GAP_RATE,
+    pb.CHECK_LEAD_FLICKER,
 ]
 # inputs with no veto: 100 Hz synthetic driving after its first 0.6 s (which the input gate flags)
 START, COUNT = 60, 200
@@ -113,8 +117,14 @@ def test_ordinary_input_every_check_present_finite_and_quiet(shipped_channel, dr
         assert check(s, pb.CHECK_ACTUATION).status == pb.CHECK_STATUS_NOT_APPLICABLE  # no command sent
         assert check(s, pb.CHECK_MARGIN).threshold == pytest.approx(0.05)
     later = snaps[10:]
-    for kind in EVERY_CHECK[:-3] + [pb.CHECK_MARGIN]:
+    per_signal = (pb.CHECK_SIGNAL_STUCK, pb.CHECK_SPEED_ACCEL, pb.CHECK_GAP_RATE, pb.CHECK_LEAD_FLICKER)
+    judged = [k for k in EVERY_CHECK if k not in (pb.CHECK_FREEZE, pb.CHECK_ACTUATION, *per_signal)]
+    for kind in judged:
         assert all(check(s, kind).status == pb.CHECK_STATUS_SCORED for s in later), kind
+    # the speed check once it has seen a window (0.5 s) of observations; the gap check while a lead is seen
+    for kind in (pb.CHECK_SIGNAL_STUCK, pb.CHECK_SPEED_ACCEL, pb.CHECK_LEAD_FLICKER):
+        assert check(snaps[-1], kind).status == pb.CHECK_STATUS_SCORED, kind
+    assert all(check(s, pb.CHECK_GAP_RATE).status != pb.CHECK_STATUS_NOT_SCORED for s in snaps)
     # the first tick has no previous observation: no change to judge
     assert check(snaps[0], pb.CHECK_INPUT_CHANGE).status == pb.CHECK_STATUS_NOT_APPLICABLE
     dens = [check(s, pb.CHECK_INPUT_DENSITY) for s in later]
@@ -228,7 +238,7 @@ def test_packed_check_encoding_equals_the_messages_built_field_by_field():
     row["score"] = np.linspace(-0.5, 1e30, len(kinds))
     row["threshold"] = np.arange(len(kinds)) * 0.25
     row["veto"] = [k in (Check.INPUT_RANGE, Check.MARGIN) for k in kinds]
-    row["status"] = [1, 2, 3, 1, 2, 3, 1, 2]
+    row["status"] = ([1, 2, 3] * len(kinds))[: len(kinds)]
     fast = pb.DecisionSnapshot(tick=7)
     add_checks(fast, kinds, row)
     slow = pb.DecisionSnapshot(tick=7)
