@@ -468,9 +468,11 @@ class SafetyMachine:
         x = self._features
         lane = self._lane
         measured = float(x[lane[3]]) if x is not None and lane is not None else math.nan
-        if not self._doubted and math.isfinite(measured):
-            return measured
-        return mem.speed_estimate if mem.speed_estimate is not None else mem.trusted_speed
+        if mem.speed_estimate is not None and self._doubted:
+            return mem.speed_estimate
+        # trusted, or doubted with nothing trusted before it (distrusted from the first tick): the
+        # reading is the best there is
+        return measured if math.isfinite(measured) else mem.trusted_speed
 
     def _bound_steer(self, mem: SafetyMemory, applied: AppliedAction) -> AppliedAction:
         lk = self.config.lane_keeping
