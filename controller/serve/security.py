@@ -133,7 +133,12 @@ def _read_tokens_file(path: Path) -> list[_Token]:
 
 
 class TokenStore:
-    """The configured tokens (file + environment), the file re-read when it changes."""
+    """The configured tokens (file + environment), the file re-read when it changes.
+
+    A tokens file that cannot be used on a reload (unreadable, deleted, one bad line, no token in
+    it) fails closed: every token, the environment's too, is refused until a good file is read. The
+    old set cannot be kept: the edit that broke the file may be the one that removed a leaked token.
+    """
 
     def __init__(self, config: AuthConfig, environ: dict[str, str] | None = None) -> None:
         env = os.environ if environ is None else environ
@@ -144,6 +149,8 @@ class TokenStore:
         self._stamp: tuple[int, int] | None = None
         self._checked = 0.0
         self._lock = threading.Lock()
+        self.broken: str | None = None  # why every token is refused now; None: the file is in use
+        self.reload_failures = 0  # reloads that failed (each new failure, not each check)
         if self._file is not None:
             self._stamp = self._file_stamp()
             self._file_tokens = _read_tokens_file(self._file)
@@ -162,19 +169,46 @@ class TokenStore:
             raise AuthError(f"tokens file {self._file}: cannot read: {err.strerror or err}") from None
         return st.st_mtime_ns, st.st_size
 
+    def _reload(self) -> None:
+        """Called under the lock; re-reads the file if its stamp changed."""
+        assert self._file is not None
+        try:
+            stamp = self._file_stamp()
+        except AuthError as err:  # deleted or its folder unreadable: a file put back is read whatever its stamp
+            self._stamp = None
+            self._fail(str(err))
+            return
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp  # a bad file is not re-read each check, only once it changes
+        try:
+            tokens = _read_tokens_file(self._file)
+        except AuthError as err:
+            self._fail(str(err))
+            return
+        if not tokens:
+            self._fail(f"tokens file {self._file}: no token in it")
+            return
+        self._file_tokens = tokens
+        if self.broken is not None:
+            log.warning("tokens file %s usable again: %d token(s); callers admitted again", self._file, len(tokens))
+        else:
+            log.info("tokens file %s reloaded: %d token(s)", self._file, len(tokens))
+        self.broken = None
+
+    def _fail(self, why: str) -> None:
+        self._file_tokens = []
+        if why != self.broken:  # logged and counted once per failure, not at every check
+            self.reload_failures += 1
+            log.error("%s; refusing every token until a good tokens file is read", why)
+        self.broken = why
+
     def tokens(self) -> list[_Token]:
         if self._file is not None and time.monotonic() - self._checked >= _RELOAD_CHECK_S:
             with self._lock:
                 self._checked = time.monotonic()
-                try:
-                    stamp = self._file_stamp()
-                    if stamp != self._stamp:
-                        self._file_tokens = _read_tokens_file(self._file)
-                        self._stamp = stamp
-                        log.info("tokens file %s reloaded: %d token(s)", self._file, len(self._file_tokens))
-                except AuthError as err:  # keep serving with the tokens we have
-                    log.warning("%s; keeping the previous tokens", err)
-        return self._env_tokens + self._file_tokens
+                self._reload()
+        return [] if self.broken is not None else self._env_tokens + self._file_tokens
 
     def scope_of(self, presented: str) -> Scope | None:
         """Compares against every token (no early exit), each in constant time."""

@@ -51,6 +51,7 @@ from dualloop.controller.serve.metrics import (
     PlannerReading,
     RecorderReading,
     ServerMetrics,
+    TokensReading,
 )
 from dualloop.controller.serve.planning import ServerPlanning
 from dualloop.controller.serve.realtime_threads import REALTIME, lower_this_thread, set_realtime_priority
@@ -58,6 +59,7 @@ from dualloop.controller.serve.security import (
     Authenticator,
     AuthError,
     AuthInterceptor,
+    TokenStore,
     refuse_actuating_for_shadow_only,
     require_admin,
 )
@@ -164,6 +166,7 @@ class ControllerRuntime:
         self._board_seen = 0
         self._board_hist: wb.LatenessHistogram | None = None
         self.board_fields: dict[int, float] = {}  # set by the server: ready, metrics port, draining
+        self.token_store: TokenStore | None = None  # set by the server when it reads a tokens file
         self._model_info: pb.ModelInfo | None = None
         self._model_info_of: DecisionModel | None = None  # the model it describes
 
@@ -427,6 +430,13 @@ class ControllerRuntime:
             self.planning.forget(session_id)
         self.stats.sessions_closed += 1
 
+    def _tokens_reading(self) -> TokensReading | None:
+        store = self.token_store
+        if store is None:
+            return None
+        store.tokens()  # a scrape sees a broken file even while no caller comes (the check is one stat)
+        return TokensReading(store.broken is not None, store.reload_failures)
+
     def metrics_reading(self) -> MetricsReading:
         """One scrape's values (on the loop, between ticks: they agree with each other as GetStats' do)."""
         metrics = self.metrics
@@ -461,6 +471,7 @@ class ControllerRuntime:
             recorder=None
             if rec is None
             else RecorderReading(rec.queue_depth, dict(rec.stats.dropped), dict(rec.stats.written), rec.queue_bytes),
+            tokens=self._tokens_reading(),
         )
 
 
@@ -1133,6 +1144,8 @@ class ControllerServer:
             raise ConfigError(f"--model {self.model.path}: {err}") from None
         self.executor = Executor(self.model, config.executor, gates)
         self.runtime = ControllerRuntime(self.executor, config)
+        if config.auth.tokens_file is not None:
+            self.runtime.token_store = self.auth.store
         if config.candidate is not None:
             try:
                 cand = load_candidate(self.executor, config.candidate, config.candidate_gates)
