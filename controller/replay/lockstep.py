@@ -337,9 +337,7 @@ def replay_data(
     """replay_log of a session already read (one of read_sessions' when a recording holds several);
     truncation is the caller's to judge."""
     t0 = time.perf_counter() if started is None else started
-    observations: Sequence[Observation] = (
-        column_log.observations if column_log is not None else _observations(data)
-    )
+    observations: Sequence[Observation] = column_log.observations if column_log is not None else _observations(data)
     if not observations:
         raise ValueError(f"{source_path}: session {data.session_id!r} has no observations to replay")
     t_read = time.perf_counter()
