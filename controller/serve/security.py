@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger("dualloop.security")
 
@@ -56,6 +56,10 @@ _NARROWEST = (Scope.SHADOW, Scope.FULL, Scope.ADMIN)
 
 # The scope of the RPC the current task serves; None: authentication is off (nothing configured).
 CALLER_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("dualloop_caller_scope", default=None)
+# Who the caller is, as far as its credentials tell: a digest of its token and certificate
+# identities ("": authentication is off). Sessions remember their opener's, so that a shadow-only
+# caller reads only its own sessions' statistics.
+CALLER_ID: contextvars.ContextVar[str] = contextvars.ContextVar("dualloop_caller_id", default="")
 
 
 TOKENS_ENV = "DUALLOOP_TOKENS"
@@ -87,6 +91,11 @@ class AuthConfig(BaseModel):
     admin_client_identities: list[str] = []
     # Methods callable without credentials (prefixes of '/package.Service/Method').
     exempt_methods: list[str] = list(DEFAULT_EXEMPT)
+    # The last session slots (of executor.max_sessions) only callers with a full or admin credential
+    # may take: shadow-only callers open sessions while fewer than max_sessions minus this many are
+    # open, so shadow stacks can never lock the actuating clients out. At most max_sessions - 1 (a
+    # larger value leaves shadow-only callers one slot).
+    reserved_actuating_sessions: int = Field(default=8, ge=0)
 
 
 class AuthError(ValueError):
@@ -280,6 +289,15 @@ class Authenticator:
         return next(s for s in _NARROWEST if s in scopes)
 
 
+def caller_id(metadata: Sequence[tuple[str, Any]] | None, auth_context: dict[str, list[bytes]]) -> str:
+    """The caller's credentials as a digest (never the token itself): one token, or one set of
+    certificate identities, is one caller."""
+    h = hashlib.sha256(_bearer(metadata).encode())
+    for name in sorted(peer_identities(auth_context)):
+        h.update(b"\0" + name.encode())
+    return h.hexdigest()[:32]
+
+
 def _guarded(handler: grpc.RpcMethodHandler, auth: Authenticator) -> grpc.RpcMethodHandler:
     """The same handler, checking the caller first and setting CALLER_SCOPE for its behaviour."""
     if handler.request_streaming and handler.response_streaming:
@@ -291,33 +309,40 @@ def _guarded(handler: grpc.RpcMethodHandler, auth: Authenticator) -> grpc.RpcMet
     else:
         behaviour, factory = handler.unary_unary, grpc.unary_unary_rpc_method_handler
 
-    async def admit(context: grpc.aio.ServicerContext) -> contextvars.Token[Scope | None]:
-        scope = auth.scope(context.invocation_metadata(), context.auth_context())
+    async def admit(
+        context: grpc.aio.ServicerContext,
+    ) -> tuple[contextvars.Token[Scope | None], contextvars.Token[str]]:
+        metadata, auth_context = context.invocation_metadata(), context.auth_context()
+        scope = auth.scope(metadata, auth_context)
         if scope is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, auth.refusal)
-        return CALLER_SCOPE.set(scope)
+        return CALLER_SCOPE.set(scope), CALLER_ID.set(caller_id(metadata, auth_context))
+
+    def release(tokens: tuple[contextvars.Token[Scope | None], contextvars.Token[str]]) -> None:
+        CALLER_ID.reset(tokens[1])
+        CALLER_SCOPE.reset(tokens[0])
 
     wrapped: Callable[..., Any]
     if inspect.isasyncgenfunction(behaviour):
 
         async def wrapped_gen(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            token = await admit(context)
+            tokens = await admit(context)
             try:
                 async for response in behaviour(request, context):
                     yield response
             finally:
-                CALLER_SCOPE.reset(token)
+                release(tokens)
 
         wrapped = wrapped_gen
     else:
 
         async def wrapped_call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            token = await admit(context)
+            tokens = await admit(context)
             try:
                 result = behaviour(request, context)
                 return await result if inspect.isawaitable(result) else result
             finally:
-                CALLER_SCOPE.reset(token)
+                release(tokens)
 
         wrapped = wrapped_call
     return factory(
@@ -373,3 +398,33 @@ async def require_admin(context: grpc.aio.ServicerContext) -> None:
         else f"this caller's credential is {scope.value}"
     )
     await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{ADMIN_RULE}; {why}")
+
+
+def shadow_only_slots(config: AuthConfig, max_sessions: int) -> int:
+    """How many sessions may be open for a shadow-only caller to open one more."""
+    return max_sessions - min(config.reserved_actuating_sessions, max_sessions - 1)
+
+
+async def refuse_shadow_only_past_share(
+    context: grpc.aio.ServicerContext, config: AuthConfig, open_now: int, max_sessions: int
+) -> None:
+    """Called where OpenSession is read: RESOURCE_EXHAUSTED for a shadow-only caller once the
+    sessions open reach its share (the other slots are kept for actuating callers)."""
+    share = shadow_only_slots(config, max_sessions)
+    if CALLER_SCOPE.get() is Scope.SHADOW and open_now >= share:
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{open_now} sessions open: a shadow-only credential may open a session only while fewer than "
+            f"{share} are (executor.max_sessions {max_sessions} minus auth.reserved_actuating_sessions "
+            f"{max_sessions - share}, kept for actuating callers); retry later",
+        )
+
+
+async def refuse_others_statistics(context: grpc.aio.ServicerContext, owner: str) -> None:
+    """GetShadowStats: a shadow-only caller reads (and resets) only the sessions it opened."""
+    if CALLER_SCOPE.get() is Scope.SHADOW and CALLER_ID.get() != owner:
+        await context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            "this caller's credential is shadow-only: it may read the statistics of the sessions it opened "
+            "only, and this session was opened with other credentials",
+        )

@@ -56,11 +56,14 @@ from dualloop.controller.serve.metrics import (
 from dualloop.controller.serve.planning import ServerPlanning
 from dualloop.controller.serve.realtime_threads import REALTIME, lower_this_thread, set_realtime_priority
 from dualloop.controller.serve.security import (
+    CALLER_ID,
     Authenticator,
     AuthError,
     AuthInterceptor,
     TokenStore,
     refuse_actuating_for_shadow_only,
+    refuse_others_statistics,
+    refuse_shadow_only_past_share,
     require_admin,
 )
 from dualloop.controller.serve.shadow import CandidateTally, ShadowAgreement
@@ -123,6 +126,7 @@ class ShadowInstance:
     instance: str
     agreement: ShadowAgreement
     candidate: CandidateTally | None = None  # a candidate model's proposals against the live ones
+    owner: str = ""  # the opener's security.CALLER_ID ("": authentication off, or opened directly)
 
 
 class ControllerRuntime:
@@ -361,9 +365,9 @@ class ControllerRuntime:
         card = self.executor.card
         return ShadowAgreement(card.actions, len(card.controls))
 
-    def open_shadow(self, session_id: str) -> str:
+    def open_shadow(self, session_id: str, owner: str = "") -> str:
         """Fresh shadow statistics for a new opening of `session_id`; returns its instance id."""
-        shadow = ShadowInstance(session_id, uuid.uuid4().hex, self.new_agreement())
+        shadow = ShadowInstance(session_id, uuid.uuid4().hex, self.new_agreement(), owner=owner)
         self.shadow_open[session_id] = shadow
         self.shadow_instances[shadow.instance] = shadow
         self.shadow_latest[session_id] = shadow.instance
@@ -745,6 +749,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 "(SessionOpened.session_instance)",
             )
         assert shadow is not None  # every branch without one aborted
+        await refuse_others_statistics(context, shadow.owner)
         reply = shadow.agreement.to_proto(shadow.session_id, shadow.instance)
         if shadow.candidate is not None:
             reply.candidate.CopyFrom(shadow.candidate.to_proto())
@@ -872,6 +877,9 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             )
         if self.runtime.draining.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_REFUSAL)
+        await refuse_shadow_only_past_share(
+            context, self.runtime.config.auth, len(self.executor.sessions), self.executor.config.max_sessions
+        )
         session_id = req.session_id or uuid.uuid4().hex[:12]
         await self._build_sensor_profile(list(req.provided_features))
         try:
@@ -906,7 +914,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         self.runtime.stats.sessions_opened += 1
         if self.runtime.metrics is not None:
             self.runtime.metrics.opened[req.clock] += 1
-        instance = self.runtime.open_shadow(session_id)
+        instance = self.runtime.open_shadow(session_id, CALLER_ID.get())
         trace.opened(session_id, pb.ClockMode.Name(req.clock).removeprefix("CLOCK_MODE_"), req.shadow, instance)
         self.runtime.open_recording(
             session_id,
