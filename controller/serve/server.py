@@ -82,6 +82,7 @@ from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.sessions import InvalidObservation, SessionError
 from dualloop.executor.snapshot import Clock, Snapshot
 from dualloop.planner.scheduler import LATENCY_BUCKETS_S
+from dualloop.planner.tls import validity_problem
 from dualloop.planner.worker import SourceFactory
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
@@ -1192,6 +1193,9 @@ class ControllerServer:
             enable_reflection(self._server, services[:1])
         address = host_port(self.config.host, self.config.port)
         tls = self.config.tls
+        problem = validity_problem(tls.cert_file) if tls is not None else None
+        if problem is not None:  # served anyway: the clock may be what is wrong, and a reload may fix it
+            events.event("server.tls_certificate", logging.WARNING, problem=problem)
         self.port = (
             self._server.add_insecure_port(address)
             if tls is None

@@ -491,3 +491,29 @@ class _with:
 
     def __getattr__(self, name: str):
         return getattr(self._channel, name)
+
+
+# --- certificate dates ---------------------------------------------------------------------------
+
+
+def test_a_server_certificate_out_of_its_dates_is_warned_about_at_start(start, pki, tmp_path, caplog):
+    """Served anyway (the clock may be wrong; a reload may bring a good one), but the start says so
+    with the dates; a valid certificate starts without the warning."""
+    import logging
+
+    from dualloop.planner.tls import validity_problem
+
+    ca: TestCA = pki["ca"]
+    expired = ca.server_cert("expired", valid_days=(-30, -1))
+    not_yet = ca.server_cert("future", valid_days=(1, 30))
+    assert re.fullmatch(
+        r"certificate .*expired\.crt has expired: valid from .+ GMT until .+ GMT", validity_problem(expired.cert_file)
+    )
+    assert "is not valid yet: valid from" in validity_problem(not_yet.cert_file)
+    assert validity_problem(pki["server"].cert_file) is None
+    with caplog.at_level(logging.WARNING):
+        start(tls=ServerTLS(cert_file=expired.cert_file, key_file=expired.key_file))
+        start(tls=tls(pki))
+    warned = [r for r in caplog.records if r.getMessage() == "server.tls_certificate"]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert "expired.crt has expired: valid from" in str(warned[0].__dict__)
