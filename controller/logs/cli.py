@@ -15,6 +15,7 @@ from dualloop.controller.logs.import_ngsim import NgsimError, import_ngsim
 from dualloop.controller.logs.import_openacc import OpenAccError, import_openacc
 from dualloop.controller.logs.import_report import ImportReport
 from dualloop.controller.logs.import_rosbag2 import Rosbag2ImportError, import_rosbag2
+from dualloop.controller.logs.recover import recover_log
 from dualloop.controller.logs.shared_data import import_shared_data
 
 _ERRORS = (Comma2k19Error, CsvImportError, OpenAccError, NgsimError)
@@ -164,8 +165,6 @@ def _import_shared_data(args: argparse.Namespace) -> int:
 
 
 def _recover(args: argparse.Namespace) -> int:
-    from dualloop.controller.logs.recover import recover_log
-
     done = recover_log(args.source, args.out)
     state = "was complete" if done.complete else f"was cut ({done.cut})"
     console.print(
