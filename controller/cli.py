@@ -42,6 +42,7 @@ COMMANDS = {
     "admin": "dualloop.controller.serve.cli",
     "import": "dualloop.controller.logs.cli",
     "foxglove-layout": "dualloop.controller.logs.cli",
+    "recover": "dualloop.controller.logs.cli",
     "replay": "dualloop.controller.replay.cli",
     "diff": "dualloop.controller.replay.cli",
     "train": "dualloop.controller.training.cli",

@@ -11,6 +11,7 @@ import logging
 import os
 import ssl
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -51,6 +52,25 @@ def check_ca(ca_file: Path, what: str) -> None:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=ca_file)
     except ssl.SSLError as err:
         raise TLSFileError(f"{what} {ca_file}: not a CA certificate bundle: {err.reason or err}") from None
+
+
+def validity_problem(cert_file: Path, now_s: float | None = None) -> str | None:
+    """Why the file's first certificate (a server's own, in a chain) is not valid now, with its
+    dates; None when it is, or when its dates cannot be read here. A server starts anyway (the
+    clock may be what is wrong, and a reload may bring a good certificate), but says so: every
+    handshake of a client that checks dates fails."""
+    try:  # the standard library's decoder (no cryptography dependency in the lean install)
+        decoded = ssl._ssl._test_decode_cert(str(cert_file))  # type: ignore[attr-defined]
+        not_before, not_after = decoded["notBefore"], decoded["notAfter"]
+        start, end = ssl.cert_time_to_seconds(not_before), ssl.cert_time_to_seconds(not_after)
+    except (AttributeError, KeyError, ValueError, OSError, ssl.SSLError):
+        return None
+    now = time.time() if now_s is None else now_s
+    if now < start:
+        return f"certificate {cert_file} is not valid yet: valid from {not_before} until {not_after}"
+    if now > end:
+        return f"certificate {cert_file} has expired: valid from {not_before} until {not_after}"
+    return None
 
 
 class ServerTLS(BaseModel):
@@ -119,6 +139,9 @@ class ServerTLS(BaseModel):
                     return None
                 loaded[0] = stamp
                 log.info("TLS certificates reloaded from %s", self.cert_file)
+                problem = validity_problem(self.cert_file)
+                if problem is not None:
+                    log.warning("the reloaded TLS %s; clients that check dates refuse every handshake", problem)
                 return config
 
         return grpc.dynamic_ssl_server_credentials(

@@ -15,6 +15,7 @@ from dualloop.controller.logs.import_ngsim import NgsimError, import_ngsim
 from dualloop.controller.logs.import_openacc import OpenAccError, import_openacc
 from dualloop.controller.logs.import_report import ImportReport
 from dualloop.controller.logs.import_rosbag2 import Rosbag2ImportError, import_rosbag2
+from dualloop.controller.logs.recover import recover_log
 from dualloop.controller.logs.shared_data import import_shared_data
 
 _ERRORS = (Comma2k19Error, CsvImportError, OpenAccError, NgsimError)
@@ -31,6 +32,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     f.add_argument("logs", nargs="+", type=Path, help="recordings with plot topics (docs/foxglove.md)")
     f.add_argument("-o", "--out", type=Path, default=Path("foxglove-layout.json"))
     f.set_defaults(fn=_foxglove_layout)
+
+    r = sub.add_parser(
+        "recover",
+        help="rewrite the readable part of a log cut short (killed server, full disk) as a complete MCAP file",
+    )
+    r.add_argument("source", type=Path, help="the cut log")
+    r.add_argument("out", type=Path, help="the new, complete log (must not exist)")
+    r.set_defaults(fn=_recover)
 
     p = sub.add_parser("import", help="turn recorded drives into dualloop logs (MCAP)")
     kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
@@ -152,6 +161,17 @@ def _import_shared_data(args: argparse.Namespace) -> int:
         print_error(err)
         return 2
     console.print(result.summary(), highlight=False)
+    return 0
+
+
+def _recover(args: argparse.Namespace) -> int:
+    done = recover_log(args.source, args.out)
+    state = "was complete" if done.complete else f"was cut ({done.cut})"
+    console.print(
+        f"{args.out}: {done.messages} messages on {done.channels} channels; {args.source} {state}",
+        highlight=False,
+        markup=False,
+    )
     return 0
 
 

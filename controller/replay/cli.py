@@ -29,7 +29,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
     p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
     p.add_argument("--no-gate", action="store_true")
-    p.add_argument("--out", type=Path, help="one log: the new log's path; many: a folder")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="one log of one session: the new log's path; a log of several sessions, or many logs: a folder",
+    )
+    p.add_argument(
+        "--session",
+        action="append",
+        metavar="ID",
+        help="one log: replay only this session (repeat for several; default: every session of the log)",
+    )
     p.add_argument("--workers", type=int, help="process pool size for many logs (default: the cores)")
     p.add_argument(
         "--ray",
@@ -61,7 +71,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--allow-truncated",
         action="store_true",
-        help="one log: replay the complete part of a log whose end is missing or broken (a killed recorder's)",
+        help="one log: replay the complete part of each session of a log whose end is missing or broken "
+        "(a killed recorder's)",
     )
     p.set_defaults(fn=_replay)
 
@@ -83,21 +94,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.no_gate:
         gates = []
     if len(args.logs) == 1 and not args.ray and not args.workers:
-        from dualloop.controller.console import console
-        from dualloop.controller.replay.lockstep import replay_log
-        from dualloop.controller.replay.report import format_report
-
-        out = args.out or Path("runs/replay") / f"{Path(args.logs[0]).stem}.replayed.mcap"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        result = replay_log(
-            args.logs[0], args.model, gates, out_path=out, plots=args.foxglove, allow_truncated=args.allow_truncated
-        )
-        console.print(format_report(result.report), highlight=False)
-        report_path = out.with_suffix(".json")
-        report_path.write_text(json.dumps(result.report.as_dict(), indent=2, default=float))
-        console.print(f"new log: {out}  report: {report_path}")
-        _evaluate([result.report.as_dict()], args)
-        return 0
+        return _replay_recording(args, gates)
 
     try:
         fleet = replay_many(
@@ -131,6 +128,54 @@ def _replay(args: argparse.Namespace) -> int:
         console.print(f"[red]failed:[/] {path}: {why}", highlight=False)
     _evaluate([fleet.reports[str(p)] for p in args.logs if str(p) in fleet.reports], args)
     return 1 if fleet.errors else 0
+
+
+def _replay_recording(args: argparse.Namespace, gates: list[Path]) -> int:
+    """One log: each of its sessions (or the --session ones), one new log and report per session."""
+    from dualloop.controller.console import console
+    from dualloop.controller.logs.logfile import LogFileError
+    from dualloop.controller.replay.lockstep import LoadedModel, read_recording, replay_data, session_file_name
+    from dualloop.controller.replay.report import format_report
+
+    source = Path(args.logs[0])
+    recording = read_recording(source, args.session)
+    if recording.truncated and not args.allow_truncated:
+        raise LogFileError(
+            f"{recording.truncation}; the drive may be cut short: replay its complete part with --allow-truncated"
+        )
+    several = len(recording.sessions) > 1
+    folder = args.out or Path("runs/replay") / source.stem
+    loaded = LoadedModel.load(args.model, gates)
+    reports, skipped = [], []
+    for index, data in enumerate(recording.sessions):
+        if several and not data.observations:  # opened, then cut before its first observation
+            skipped.append(data.session_id)
+            continue
+        out = (
+            folder / session_file_name(source.stem, index, data.session_id)
+            if several
+            else args.out or Path("runs/replay") / f"{source.stem}.replayed.mcap"
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        result = replay_data(
+            data, source, args.model, gates, out, plots=args.foxglove, loaded=loaded, column_log=recording.column_log
+        )
+        if several:  # the report and the evaluation name the session
+            result.report.source = f"{source} session {data.session_id!r}"
+        console.print(format_report(result.report), highlight=False)
+        report_path = out.with_suffix(".json")
+        report_path.write_text(json.dumps(result.report.as_dict(), indent=2, default=float))
+        console.print(f"session {data.session_id!r}: new log: {out}  report: {report_path}", highlight=False)
+        reports.append(result.report.as_dict())
+    if several:
+        console.print(
+            f"replayed {len(reports)} of the {len(recording.sessions)} sessions of {source} into {folder}"
+            + (f"; no observation to replay: {', '.join(repr(s) for s in skipped)}" if skipped else ""),
+            highlight=False,
+            markup=False,
+        )
+    _evaluate(reports, args)
+    return 0
 
 
 def _evaluate(reports: list[dict], args: argparse.Namespace) -> None:

@@ -28,7 +28,7 @@ from dualloop.controller.logs.format import (
     require_plan,
     sensor_profile,
 )
-from dualloop.controller.logs.logfile import LogData, LogFileError, read_log, write_log
+from dualloop.controller.logs.logfile import LogData, LogFileError, read_log, read_sessions, write_log
 from dualloop.controller.logs.plot import PlotSchema, channel_metadata, log_time_offset_ns, plot_topic
 from dualloop.controller.replay.evaluation import EvaluationUnavailable, evaluate_replay, unmeasured_features
 from dualloop.controller.replay.plot_batch import encode_plots_packed
@@ -140,6 +140,46 @@ def read_columns(path: Path, session_id: str | None = None) -> ColumnLog | None:
     if header.format_version > FORMAT_VERSION or header.session_id != next(iter(sessions)):
         return None
     return ColumnLog(LogData(header=header, files=[path], messages_read=len(messages)), columns, blobs)
+
+
+@dataclass
+class Recording:
+    """The sessions of a log to replay, in order of first appearance."""
+
+    sessions: list[LogData]
+    column_log: ColumnLog | None = None  # a one-session log read as columns (the fast path)
+
+    @property
+    def truncated(self) -> bool:
+        return any(d.truncated for d in self.sessions)
+
+    @property
+    def truncation(self) -> str:
+        return next((d.truncation for d in self.sessions if d.truncated), "")
+
+
+def read_recording(path: Path, session_ids: Sequence[str] | None = None) -> Recording:
+    """Every session of a log (a server's recording holds one per client), or the named ones.
+    A session named twice is replayed once; a name not in the log is an error listing the log's."""
+    if not session_ids or len(set(session_ids)) == 1:
+        column_log = read_columns(path, session_ids[0] if session_ids else None)
+        if column_log is not None:
+            return Recording([column_log.data], column_log)
+    sessions = read_sessions(path)
+    if not session_ids:
+        return Recording(list(sessions.values()))
+    missing = [s for s in dict.fromkeys(session_ids) if s not in sessions]
+    if missing:
+        listed = ", ".join(repr(s) for s in sessions) or "none"
+        raise LogFileError(f"{path}: no session {', '.join(repr(s) for s in missing)} (sessions: {listed})")
+    return Recording([sessions[s] for s in dict.fromkeys(session_ids)])
+
+
+def session_file_name(stem: str, index: int, session_id: str) -> str:
+    """A replayed session's file name in a folder of several: its position in the recording (ids
+    may differ only in characters a file name cannot hold) and its id made safe, cut at 64."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in session_id)[:64]
+    return f"{stem}.{index:03d}.{safe.strip('.') or 'session'}.replayed.mcap"
 
 
 def _observations(data: LogData) -> list[Observation]:
@@ -256,16 +296,48 @@ def replay_log(
     t0 = time.perf_counter()
     # the fast path reads logs as columns (and keeps their bytes for the new log)
     column_log = read_columns(source_path, session_id) if fast else None
-    observations: Sequence[Observation]
     if column_log is not None:
-        data, observations = column_log.data, column_log.observations
+        data: LogData = column_log.data
     else:
         data = read_log(source_path, session_id)
         if data.truncated and not allow_truncated:
             raise LogFileError(
                 f"{data.truncation}; the drive may be cut short: replay its complete part with --allow-truncated"
             )
-        observations = _observations(data)
+    return replay_data(
+        data,
+        source_path,
+        model_path,
+        gate_paths,
+        out_path,
+        shadow=shadow,
+        fast=fast,
+        tick_period_ms=tick_period_ms,
+        loaded=loaded,
+        plots=plots,
+        column_log=column_log,
+        started=t0,
+    )
+
+
+def replay_data(
+    data: LogData,
+    source_path: Path,
+    model_path: str | Path,
+    gate_paths: Sequence[str | Path] = (),
+    out_path: str | Path | None = None,
+    shadow: bool = True,
+    fast: bool = True,
+    tick_period_ms: float | None = None,
+    loaded: LoadedModel | None = None,
+    plots: bool = False,
+    column_log: ColumnLog | None = None,
+    started: float | None = None,
+) -> ReplayResult:
+    """replay_log of a session already read (one of read_sessions' when a recording holds several);
+    truncation is the caller's to judge."""
+    t0 = time.perf_counter() if started is None else started
+    observations: Sequence[Observation] = column_log.observations if column_log is not None else _observations(data)
     if not observations:
         raise ValueError(f"{source_path}: session {data.session_id!r} has no observations to replay")
     t_read = time.perf_counter()

@@ -151,6 +151,12 @@ class RecorderReading:
 
 
 @dataclass
+class TokensReading:
+    broken: bool  # the tokens file could not be used at its last reload: every token refused
+    reload_failures: int
+
+
+@dataclass
 class MetricsReading:
     """Every value of one scrape, read in one callback on the server loop (ControllerRuntime.metrics_reading)."""
 
@@ -174,6 +180,7 @@ class MetricsReading:
     snapshots_dropped_total: int
     planner: PlannerReading | None
     recorder: RecorderReading | None
+    tokens: TokensReading | None = None  # None: no tokens file
 
 
 def _histogram(
@@ -308,6 +315,17 @@ def families(r: MetricsReading) -> Iterable[Metric]:
             dropped.add_metric([record], rec.dropped[record])
             written.add_metric([record], rec.written.get(record, 0))
         yield from (dropped, written)
+    if r.tokens is not None:
+        yield GaugeMetricFamily(
+            "dualloop_tokens_file_broken",
+            "1 while the tokens file could not be used at its last reload: every token is refused.",
+            value=int(r.tokens.broken),
+        )
+        yield CounterMetricFamily(
+            "dualloop_tokens_reload_failures",
+            "Reloads of the tokens file that failed (unreadable, deleted, a bad line, no token).",
+            value=r.tokens.reload_failures,
+        )
 
 
 class MetricsCollector(Collector):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger("dualloop.security")
 
@@ -56,6 +56,10 @@ _NARROWEST = (Scope.SHADOW, Scope.FULL, Scope.ADMIN)
 
 # The scope of the RPC the current task serves; None: authentication is off (nothing configured).
 CALLER_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("dualloop_caller_scope", default=None)
+# Who the caller is, as far as its credentials tell: a digest of its token and certificate
+# identities ("": authentication is off). Sessions remember their opener's, so that a shadow-only
+# caller reads only its own sessions' statistics.
+CALLER_ID: contextvars.ContextVar[str] = contextvars.ContextVar("dualloop_caller_id", default="")
 
 
 TOKENS_ENV = "DUALLOOP_TOKENS"
@@ -87,6 +91,11 @@ class AuthConfig(BaseModel):
     admin_client_identities: list[str] = []
     # Methods callable without credentials (prefixes of '/package.Service/Method').
     exempt_methods: list[str] = list(DEFAULT_EXEMPT)
+    # The last session slots (of executor.max_sessions) only callers with a full or admin credential
+    # may take: shadow-only callers open sessions while fewer than max_sessions minus this many are
+    # open, so shadow stacks can never lock the actuating clients out. At most max_sessions - 1 (a
+    # larger value leaves shadow-only callers one slot).
+    reserved_actuating_sessions: int = Field(default=8, ge=0)
 
 
 class AuthError(ValueError):
@@ -133,7 +142,12 @@ def _read_tokens_file(path: Path) -> list[_Token]:
 
 
 class TokenStore:
-    """The configured tokens (file + environment), the file re-read when it changes."""
+    """The configured tokens (file + environment), the file re-read when it changes.
+
+    A tokens file that cannot be used on a reload (unreadable, deleted, one bad line, no token in
+    it) fails closed: every token, the environment's too, is refused until a good file is read. The
+    old set cannot be kept: the edit that broke the file may be the one that removed a leaked token.
+    """
 
     def __init__(self, config: AuthConfig, environ: dict[str, str] | None = None) -> None:
         env = os.environ if environ is None else environ
@@ -144,6 +158,8 @@ class TokenStore:
         self._stamp: tuple[int, int] | None = None
         self._checked = 0.0
         self._lock = threading.Lock()
+        self.broken: str | None = None  # why every token is refused now; None: the file is in use
+        self.reload_failures = 0  # reloads that failed (each new failure, not each check)
         if self._file is not None:
             self._stamp = self._file_stamp()
             self._file_tokens = _read_tokens_file(self._file)
@@ -162,19 +178,46 @@ class TokenStore:
             raise AuthError(f"tokens file {self._file}: cannot read: {err.strerror or err}") from None
         return st.st_mtime_ns, st.st_size
 
+    def _reload(self) -> None:
+        """Called under the lock; re-reads the file if its stamp changed."""
+        assert self._file is not None
+        try:
+            stamp = self._file_stamp()
+        except AuthError as err:  # deleted or its folder unreadable: a file put back is read whatever its stamp
+            self._stamp = None
+            self._fail(str(err))
+            return
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp  # a bad file is not re-read each check, only once it changes
+        try:
+            tokens = _read_tokens_file(self._file)
+        except AuthError as err:
+            self._fail(str(err))
+            return
+        if not tokens:
+            self._fail(f"tokens file {self._file}: no token in it")
+            return
+        self._file_tokens = tokens
+        if self.broken is not None:
+            log.warning("tokens file %s usable again: %d token(s); callers admitted again", self._file, len(tokens))
+        else:
+            log.info("tokens file %s reloaded: %d token(s)", self._file, len(tokens))
+        self.broken = None
+
+    def _fail(self, why: str) -> None:
+        self._file_tokens = []
+        if why != self.broken:  # logged and counted once per failure, not at every check
+            self.reload_failures += 1
+            log.error("%s; refusing every token until a good tokens file is read", why)
+        self.broken = why
+
     def tokens(self) -> list[_Token]:
         if self._file is not None and time.monotonic() - self._checked >= _RELOAD_CHECK_S:
             with self._lock:
                 self._checked = time.monotonic()
-                try:
-                    stamp = self._file_stamp()
-                    if stamp != self._stamp:
-                        self._file_tokens = _read_tokens_file(self._file)
-                        self._stamp = stamp
-                        log.info("tokens file %s reloaded: %d token(s)", self._file, len(self._file_tokens))
-                except AuthError as err:  # keep serving with the tokens we have
-                    log.warning("%s; keeping the previous tokens", err)
-        return self._env_tokens + self._file_tokens
+                self._reload()
+        return [] if self.broken is not None else self._env_tokens + self._file_tokens
 
     def scope_of(self, presented: str) -> Scope | None:
         """Compares against every token (no early exit), each in constant time."""
@@ -246,6 +289,15 @@ class Authenticator:
         return next(s for s in _NARROWEST if s in scopes)
 
 
+def caller_id(metadata: Sequence[tuple[str, Any]] | None, auth_context: dict[str, list[bytes]]) -> str:
+    """The caller's credentials as a digest (never the token itself): one token, or one set of
+    certificate identities, is one caller."""
+    h = hashlib.sha256(_bearer(metadata).encode())
+    for name in sorted(peer_identities(auth_context)):
+        h.update(b"\0" + name.encode())
+    return h.hexdigest()[:32]
+
+
 def _guarded(handler: grpc.RpcMethodHandler, auth: Authenticator) -> grpc.RpcMethodHandler:
     """The same handler, checking the caller first and setting CALLER_SCOPE for its behaviour."""
     if handler.request_streaming and handler.response_streaming:
@@ -257,33 +309,40 @@ def _guarded(handler: grpc.RpcMethodHandler, auth: Authenticator) -> grpc.RpcMet
     else:
         behaviour, factory = handler.unary_unary, grpc.unary_unary_rpc_method_handler
 
-    async def admit(context: grpc.aio.ServicerContext) -> contextvars.Token[Scope | None]:
-        scope = auth.scope(context.invocation_metadata(), context.auth_context())
+    async def admit(
+        context: grpc.aio.ServicerContext,
+    ) -> tuple[contextvars.Token[Scope | None], contextvars.Token[str]]:
+        metadata, auth_context = context.invocation_metadata(), context.auth_context()
+        scope = auth.scope(metadata, auth_context)
         if scope is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, auth.refusal)
-        return CALLER_SCOPE.set(scope)
+        return CALLER_SCOPE.set(scope), CALLER_ID.set(caller_id(metadata, auth_context))
+
+    def release(tokens: tuple[contextvars.Token[Scope | None], contextvars.Token[str]]) -> None:
+        CALLER_ID.reset(tokens[1])
+        CALLER_SCOPE.reset(tokens[0])
 
     wrapped: Callable[..., Any]
     if inspect.isasyncgenfunction(behaviour):
 
         async def wrapped_gen(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            token = await admit(context)
+            tokens = await admit(context)
             try:
                 async for response in behaviour(request, context):
                     yield response
             finally:
-                CALLER_SCOPE.reset(token)
+                release(tokens)
 
         wrapped = wrapped_gen
     else:
 
         async def wrapped_call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            token = await admit(context)
+            tokens = await admit(context)
             try:
                 result = behaviour(request, context)
                 return await result if inspect.isawaitable(result) else result
             finally:
-                CALLER_SCOPE.reset(token)
+                release(tokens)
 
         wrapped = wrapped_call
     return factory(
@@ -339,3 +398,33 @@ async def require_admin(context: grpc.aio.ServicerContext) -> None:
         else f"this caller's credential is {scope.value}"
     )
     await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{ADMIN_RULE}; {why}")
+
+
+def shadow_only_slots(config: AuthConfig, max_sessions: int) -> int:
+    """How many sessions may be open for a shadow-only caller to open one more."""
+    return max_sessions - min(config.reserved_actuating_sessions, max_sessions - 1)
+
+
+async def refuse_shadow_only_past_share(
+    context: grpc.aio.ServicerContext, config: AuthConfig, open_now: int, max_sessions: int
+) -> None:
+    """Called where OpenSession is read: RESOURCE_EXHAUSTED for a shadow-only caller once the
+    sessions open reach its share (the other slots are kept for actuating callers)."""
+    share = shadow_only_slots(config, max_sessions)
+    if CALLER_SCOPE.get() is Scope.SHADOW and open_now >= share:
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{open_now} sessions open: a shadow-only credential may open a session only while fewer than "
+            f"{share} are (executor.max_sessions {max_sessions} minus auth.reserved_actuating_sessions "
+            f"{max_sessions - share}, kept for actuating callers); retry later",
+        )
+
+
+async def refuse_others_statistics(context: grpc.aio.ServicerContext, owner: str) -> None:
+    """GetShadowStats: a shadow-only caller reads (and resets) only the sessions it opened."""
+    if CALLER_SCOPE.get() is Scope.SHADOW and CALLER_ID.get() != owner:
+        await context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            "this caller's credential is shadow-only: it may read the statistics of the sessions it opened "
+            "only, and this session was opened with other credentials",
+        )

@@ -51,14 +51,19 @@ from dualloop.controller.serve.metrics import (
     PlannerReading,
     RecorderReading,
     ServerMetrics,
+    TokensReading,
 )
 from dualloop.controller.serve.planning import ServerPlanning
 from dualloop.controller.serve.realtime_threads import REALTIME, lower_this_thread, set_realtime_priority
 from dualloop.controller.serve.security import (
+    CALLER_ID,
     Authenticator,
     AuthError,
     AuthInterceptor,
+    TokenStore,
     refuse_actuating_for_shadow_only,
+    refuse_others_statistics,
+    refuse_shadow_only_past_share,
     require_admin,
 )
 from dualloop.controller.serve.shadow import CandidateTally, ShadowAgreement
@@ -77,6 +82,7 @@ from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.sessions import InvalidObservation, SessionError
 from dualloop.executor.snapshot import Clock, Snapshot
 from dualloop.planner.scheduler import LATENCY_BUCKETS_S
+from dualloop.planner.tls import validity_problem
 from dualloop.planner.worker import SourceFactory
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
@@ -121,6 +127,7 @@ class ShadowInstance:
     instance: str
     agreement: ShadowAgreement
     candidate: CandidateTally | None = None  # a candidate model's proposals against the live ones
+    owner: str = ""  # the opener's security.CALLER_ID ("": authentication off, or opened directly)
 
 
 class ControllerRuntime:
@@ -164,6 +171,7 @@ class ControllerRuntime:
         self._board_seen = 0
         self._board_hist: wb.LatenessHistogram | None = None
         self.board_fields: dict[int, float] = {}  # set by the server: ready, metrics port, draining
+        self.token_store: TokenStore | None = None  # set by the server when it reads a tokens file
         self._model_info: pb.ModelInfo | None = None
         self._model_info_of: DecisionModel | None = None  # the model it describes
 
@@ -358,9 +366,9 @@ class ControllerRuntime:
         card = self.executor.card
         return ShadowAgreement(card.actions, len(card.controls))
 
-    def open_shadow(self, session_id: str) -> str:
+    def open_shadow(self, session_id: str, owner: str = "") -> str:
         """Fresh shadow statistics for a new opening of `session_id`; returns its instance id."""
-        shadow = ShadowInstance(session_id, uuid.uuid4().hex, self.new_agreement())
+        shadow = ShadowInstance(session_id, uuid.uuid4().hex, self.new_agreement(), owner=owner)
         self.shadow_open[session_id] = shadow
         self.shadow_instances[shadow.instance] = shadow
         self.shadow_latest[session_id] = shadow.instance
@@ -427,6 +435,13 @@ class ControllerRuntime:
             self.planning.forget(session_id)
         self.stats.sessions_closed += 1
 
+    def _tokens_reading(self) -> TokensReading | None:
+        store = self.token_store
+        if store is None:
+            return None
+        store.tokens()  # a scrape sees a broken file even while no caller comes (the check is one stat)
+        return TokensReading(store.broken is not None, store.reload_failures)
+
     def metrics_reading(self) -> MetricsReading:
         """One scrape's values (on the loop, between ticks: they agree with each other as GetStats' do)."""
         metrics = self.metrics
@@ -461,6 +476,7 @@ class ControllerRuntime:
             recorder=None
             if rec is None
             else RecorderReading(rec.queue_depth, dict(rec.stats.dropped), dict(rec.stats.written), rec.queue_bytes),
+            tokens=self._tokens_reading(),
         )
 
 
@@ -734,6 +750,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 "(SessionOpened.session_instance)",
             )
         assert shadow is not None  # every branch without one aborted
+        await refuse_others_statistics(context, shadow.owner)
         reply = shadow.agreement.to_proto(shadow.session_id, shadow.instance)
         if shadow.candidate is not None:
             reply.candidate.CopyFrom(shadow.candidate.to_proto())
@@ -861,6 +878,9 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             )
         if self.runtime.draining.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_REFUSAL)
+        await refuse_shadow_only_past_share(
+            context, self.runtime.config.auth, len(self.executor.sessions), self.executor.config.max_sessions
+        )
         session_id = req.session_id or uuid.uuid4().hex[:12]
         await self._build_sensor_profile(list(req.provided_features))
         try:
@@ -895,7 +915,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         self.runtime.stats.sessions_opened += 1
         if self.runtime.metrics is not None:
             self.runtime.metrics.opened[req.clock] += 1
-        instance = self.runtime.open_shadow(session_id)
+        instance = self.runtime.open_shadow(session_id, CALLER_ID.get())
         trace.opened(session_id, pb.ClockMode.Name(req.clock).removeprefix("CLOCK_MODE_"), req.shadow, instance)
         self.runtime.open_recording(
             session_id,
@@ -1133,6 +1153,8 @@ class ControllerServer:
             raise ConfigError(f"--model {self.model.path}: {err}") from None
         self.executor = Executor(self.model, config.executor, gates)
         self.runtime = ControllerRuntime(self.executor, config)
+        if config.auth.tokens_file is not None:
+            self.runtime.token_store = self.auth.store
         if config.candidate is not None:
             try:
                 cand = load_candidate(self.executor, config.candidate, config.candidate_gates)
@@ -1171,6 +1193,9 @@ class ControllerServer:
             enable_reflection(self._server, services[:1])
         address = host_port(self.config.host, self.config.port)
         tls = self.config.tls
+        problem = validity_problem(tls.cert_file) if tls is not None else None
+        if problem is not None:  # served anyway: the clock may be what is wrong, and a reload may fix it
+            events.event("server.tls_certificate", logging.WARNING, problem=problem)
         self.port = (
             self._server.add_insecure_port(address)
             if tls is None

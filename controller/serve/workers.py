@@ -11,7 +11,8 @@ have). Health and reflection are served by every worker.
 Whole-server figures: each worker publishes its counters to a shared-memory board (board.py) and
 answers GetStats from every row; the parent serves Prometheus metrics (when configured) by reading
 each worker's own metrics endpoint (a private loopback port) and summing the samples: every family
-the server exports is a counter, a histogram, a summary or an additive gauge.
+the server exports is a counter, a histogram, a summary or an additive gauge. A dead worker's last
+scraped counters stay in the sums (SummedMetrics), so they never fall.
 
 Supervision: SIGTERM or SIGINT to the parent is forwarded as SIGTERM to every worker, which drains
 (ControllerServer.stop: NOT_SERVING, refuse new sessions, end open ones after a final snapshot);
@@ -91,14 +92,29 @@ def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     return sock, int(sock.getsockname()[1])
 
 
+# Families whose samples only grow while their process lives: a dead worker's last values stay in the sums.
+_CUMULATIVE = frozenset({"counter", "histogram", "summary"})
+_Key = tuple[str, str, tuple[tuple[str, str], ...]]  # family, sample name, labels
+
+
 class SummedMetrics(Collector):
-    """The workers' metrics, sample by sample summed (scraped from their private endpoints)."""
+    """The workers' metrics, sample by sample summed (scraped from their private endpoints).
+
+    Counters (and histograms, summaries) must never fall, or Prometheus reads a reset and counts
+    the whole total again: each worker process's last scraped values are kept, by slot and process
+    id, and once another process takes the slot (or while a dead one is not yet replaced) they stay
+    in the sums. What a worker counted after its last scrape and before it died is lost (at most one
+    scrape interval). Gauges are summed over the workers that answered."""
 
     def __init__(self, board: wb.Board, restarts: list[int]) -> None:
         self.board = board
         self.restarts = restarts
+        self._lock = threading.Lock()  # scrapes may overlap (one HTTP thread each)
+        self._last: dict[int, tuple[int, dict[_Key, float]]] = {}  # slot -> (pid, cumulative samples)
+        self._retired: dict[_Key, float] = {}  # of the processes that ended
+        self._families: dict[str, tuple[str, str, str]] = {}  # name -> documentation, type, unit
 
-    def _texts(self) -> list[str]:
+    def _texts(self) -> list[tuple[int, int, str]]:
         texts = []
         for slot in range(self.board.workers):
             row = self.board.read_row(slot)
@@ -107,28 +123,41 @@ class SummedMetrics(Collector):
             try:
                 url = f"http://127.0.0.1:{int(row[wb.METRICS_PORT])}/metrics"
                 with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
-                    texts.append(response.read().decode())
-            except OSError as err:  # a worker dying or stopping: its figures are missing from this scrape
+                    texts.append((slot, int(row[wb.PID]), response.read().decode()))
+            except OSError as err:  # a worker dying or stopping: its last counts stand in for it
                 events.event("metrics.worker_unreachable", logging.WARNING, slot=slot, error=str(err))
         return texts
 
     def collect(self) -> Iterable[Metric]:
         texts = self._texts()
-        families: dict[str, Metric] = {}
-        sums: dict[str, dict[tuple, float]] = {}
-        for text in texts:
-            for fam in text_string_to_metric_families(text):
-                if fam.name not in families:
-                    families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
-                    sums[fam.name] = {}
-                bucket = sums[fam.name]
-                for s in fam.samples:
-                    key = (s.name, tuple(sorted(s.labels.items())))
-                    bucket[key] = bucket.get(key, 0.0) + s.value
-        for name, fam in families.items():
-            for (sample, labels), value in sums[name].items():
-                fam.add_sample(sample, dict(labels), value)
-            yield fam
+        with self._lock:
+            gauges: dict[_Key, float] = {}
+            for slot, pid, text in texts:
+                cumulative: dict[_Key, float] = {}
+                for fam in text_string_to_metric_families(text):
+                    self._families.setdefault(fam.name, (fam.documentation, fam.type, fam.unit))
+                    into = cumulative if fam.type in _CUMULATIVE else gauges
+                    for s in fam.samples:
+                        key = (fam.name, s.name, tuple(sorted(s.labels.items())))
+                        into[key] = into.get(key, 0.0) + s.value
+                previous = self._last.get(slot)
+                if previous is not None and previous[0] != pid:  # another process in the slot: the old one ended
+                    for key, value in previous[1].items():
+                        self._retired[key] = self._retired.get(key, 0.0) + value
+                self._last[slot] = (pid, cumulative)
+            sums = dict(self._retired)
+            for _, values in self._last.values():
+                for key, value in values.items():
+                    sums[key] = sums.get(key, 0.0) + value
+            for key, value in gauges.items():
+                sums[key] = sums.get(key, 0.0) + value
+            families: dict[str, Metric] = {}
+            for (name, sample, labels), value in sums.items():
+                if name not in families:
+                    documentation, kind, unit = self._families[name]
+                    families[name] = Metric(name, documentation, kind, unit)
+                families[name].add_sample(sample, dict(labels), value)
+        yield from families.values()
         yield GaugeMetricFamily(
             "dualloop_workers", "Worker processes whose metrics this scrape summed.", value=len(texts)
         )

@@ -411,3 +411,109 @@ def test_cli_serves_tls_with_tokens(test_model_path, pki, tokens_file):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# --- quotas per scope ----------------------------------------------------------------------------
+
+OTHER_SHADOW_TOKEN = "tok-shadow-99887766554433"
+
+
+def test_shadow_only_callers_leave_the_reserved_slots_to_actuating_ones(start, tmp_path):
+    """4 slots, 2 reserved: a shadow-only token fills its 2, its third open is RESOURCE_EXHAUSTED
+    naming the rule, and a full token still opens the remaining 2 (actuating sessions)."""
+    from dualloop.executor.config import ExecutorConfig
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{TOKEN_A}\nshadow:{SHADOW_TOKEN}\n")
+    srv = start(
+        auth=AuthConfig(tokens_file=tokens, tokens_env=None, reserved_actuating_sessions=2),
+        executor=ExecutorConfig(max_sessions=4),
+    )
+    opened = []
+    with grpc.insecure_channel(srv.address) as shadow, grpc.insecure_channel(srv.address) as full:
+        as_shadow = (("authorization", f"Bearer {SHADOW_TOKEN}"),)
+        for k in range(2):
+            opened.append(DriveSession(_with(shadow, as_shadow), f"shadow-{k}", pb.CLOCK_MODE_LOCKSTEP, shadow=True))
+        err = rpc_error(DriveSession, _with(shadow, as_shadow), "shadow-2", pb.CLOCK_MODE_LOCKSTEP, shadow=True)
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "shadow-only" in err.details() and "reserved_actuating_sessions 2" in err.details()
+        as_full = (("authorization", f"Bearer {TOKEN_A}"),)
+        for k in range(2):
+            opened.append(DriveSession(_with(full, as_full), f"car-{k}", pb.CLOCK_MODE_LOCKSTEP))
+        assert rpc_error(DriveSession, _with(full, as_full), "car-2", pb.CLOCK_MODE_LOCKSTEP).code() == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED  # the server is full: the reservation is not extra room
+        )
+        assert srv.call(lambda: len(srv.server.executor.sessions)) == 4
+        for session in opened:
+            session.close()
+
+
+def test_shadow_only_callers_read_only_their_own_sessions_statistics(start, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{TOKEN_A}\nshadow:{SHADOW_TOKEN}\nshadow:{OTHER_SHADOW_TOKEN}\n")
+    srv = start(auth=AuthConfig(tokens_file=tokens, tokens_env=None))
+    me, other, full = ((("authorization", f"Bearer {t}"),) for t in (SHADOW_TOKEN, OTHER_SHADOW_TOKEN, TOKEN_A))
+    with grpc.insecure_channel(srv.address) as channel:
+        mine = DriveSession(_with(channel, me), "mine", pb.CLOCK_MODE_LOCKSTEP, shadow=True)
+        theirs = DriveSession(_with(channel, full), "theirs", pb.CLOCK_MODE_LOCKSTEP)
+        for session in (mine, theirs):
+            session.send(1, 5_000_000, [20.0] + [0.0] * 18)
+            session.recv()
+        stats = pb_grpc.ControllerServiceStub(channel).GetShadowStats
+
+        def ask(session_id: str, metadata: tuple, reset: bool = False) -> pb.GetShadowStatsResponse:
+            return stats(pb.GetShadowStatsRequest(session_id=session_id, reset=reset), timeout=10, metadata=metadata)
+
+        assert ask("mine", me).session_id == "mine"
+        for who, session_id in ((me, "theirs"), (other, "mine")):
+            err = rpc_error(ask, session_id, who, reset=True)
+            assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "statistics of the sessions it opened" in err.details()
+        by_instance = rpc_error(
+            stats, pb.GetShadowStatsRequest(session_instance=mine.opened.session_instance), timeout=10, metadata=other
+        )
+        assert by_instance.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert ask("mine", full).session_id == "mine"  # a full caller reads every session, as before
+        assert ask("theirs", full).ticks_without_actual > 0  # the refused reset did not happen
+        for session in (mine, theirs):
+            session.close()
+
+
+class _with:
+    """A channel whose calls all carry this metadata (DriveSession takes a channel)."""
+
+    def __init__(self, channel: grpc.Channel, metadata: tuple) -> None:
+        self._channel, self._metadata = channel, metadata
+
+    def stream_stream(self, method: str, *args: object, **kwargs: object):
+        call = self._channel.stream_stream(method, *args, **kwargs)
+        return lambda requests, **kw: call(requests, metadata=self._metadata, **kw)
+
+    def __getattr__(self, name: str):
+        return getattr(self._channel, name)
+
+
+# --- certificate dates ---------------------------------------------------------------------------
+
+
+def test_a_server_certificate_out_of_its_dates_is_warned_about_at_start(start, pki, tmp_path, caplog):
+    """Served anyway (the clock may be wrong; a reload may bring a good one), but the start says so
+    with the dates; a valid certificate starts without the warning."""
+    import logging
+
+    from dualloop.planner.tls import validity_problem
+
+    ca: TestCA = pki["ca"]
+    expired = ca.server_cert("expired", valid_days=(-30, -1))
+    not_yet = ca.server_cert("future", valid_days=(1, 30))
+    assert re.fullmatch(
+        r"certificate .*expired\.crt has expired: valid from .+ GMT until .+ GMT", validity_problem(expired.cert_file)
+    )
+    assert "is not valid yet: valid from" in validity_problem(not_yet.cert_file)
+    assert validity_problem(pki["server"].cert_file) is None
+    with caplog.at_level(logging.WARNING):
+        start(tls=ServerTLS(cert_file=expired.cert_file, key_file=expired.key_file))
+        start(tls=tls(pki))
+    warned = [r for r in caplog.records if r.getMessage() == "server.tls_certificate"]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert "expired.crt has expired: valid from" in str(warned[0].__dict__)

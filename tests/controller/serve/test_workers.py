@@ -173,18 +173,45 @@ def test_sigterm_drains_every_worker(workers: Workers) -> None:
 
 def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(workers: Workers) -> None:
     with grpc.insecure_channel(workers.address) as channel:
-        lockstep_steps(DriveSession(channel, "before", pb.CLOCK_MODE_LOCKSTEP), 1, 20)
+        before = DriveSession(channel, "before", pb.CLOCK_MODE_LOCKSTEP)
+        lockstep_steps(before, 1, 20)
+        # ended by the client: a stream cut by closing the channel may end before its last write is counted
+        before.close()
+        assert list(before.snapshots()) == []
     _wait_for(lambda: workers.stats().snapshots_sent_total == 20, "the first session's snapshots not counted")
-    first, _ = workers.children()
-    subprocess.run(["kill", "-KILL", str(first)], check=True)
-    _wait_for(lambda: first not in workers.children() and len(workers.children()) == 2, "no restart")
-    _wait_for(lambda: "(2 serving)" in workers.stats().scheduling, "the new worker never served", 60)
+    assert workers.scrape()["dualloop_snapshots_sent_total"] == 20
+    # both workers die (so the one that served the session does): its counters must stay in the sums
+    first, second = workers.children()
+    scraped = []
+
+    def restarted(pid: int) -> bool:
+        scraped.append(workers.scrape()["dualloop_snapshots_sent_total"])  # scraped while it dies and restarts
+        return pid not in workers.children() and len(workers.children()) == 2
+
+    def serving() -> bool:
+        try:
+            return "(2 serving)" in workers.stats().scheduling
+        except grpc.RpcError:  # the connection reached the worker being replaced
+            return False
+
+    for pid in (first, second):  # one after the other: the server serves throughout
+        subprocess.run(["kill", "-KILL", str(pid)], check=True)
+        _wait_for(lambda pid=pid: restarted(pid), "no restart")
+        _wait_for(serving, "the new worker never served", 60)
     assert workers.stats().snapshots_sent_total >= 20  # a dead worker's totals are kept (or were on the other)
     with grpc.insecure_channel(workers.address) as channel:
-        assert len(lockstep_steps(DriveSession(channel, "after", pb.CLOCK_MODE_LOCKSTEP), 1, 5)) == 5
+        after = DriveSession(channel, "after", pb.CLOCK_MODE_LOCKSTEP)
+        assert len(lockstep_steps(after, 1, 5)) == 5
+        after.close()  # ended by the client: the server's handler counts every snapshot it wrote
+        assert list(after.snapshots()) == []
     assert '"server.worker_exit"' in workers.stderr.read_text()
     metrics = workers.scrape()
-    assert metrics["dualloop_worker_restarts"] == 1
+    assert metrics["dualloop_worker_restarts"] == 2
+    # the dead worker's 20 and the new session's 5 (its last one is counted just after the client has it)
+    deadline = time.monotonic() + 60
+    while workers.scrape()["dualloop_snapshots_sent_total"] != 25:
+        assert time.monotonic() < deadline, (scraped, workers.scrape(), workers.stats())
+    assert scraped and min(scraped) == 20, scraped  # never fell while the workers died and restarted
 
 
 def test_worker_count_and_the_board_histogram() -> None:

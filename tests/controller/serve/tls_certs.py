@@ -53,9 +53,18 @@ class TestCA:
         self.cert_file = folder / f"{name}-ca.pem"
         self.cert_file.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, common_name: str, server: bool, dns: tuple[str, ...] = (), ips: tuple[str, ...] = ()) -> Issued:
+    def issue(
+        self,
+        common_name: str,
+        server: bool,
+        dns: tuple[str, ...] = (),
+        ips: tuple[str, ...] = (),
+        valid_days: tuple[float, float] = (-5 / 1440, 1.0),
+    ) -> Issued:
+        """valid_days: from and until, in days from now (default: 5 minutes ago until a day on)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
+        valid_from, valid_until = (now + datetime.timedelta(days=d) for d in valid_days)
         names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
         builder = (
@@ -64,8 +73,8 @@ class TestCA:
             .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_before(valid_from)
+            .not_valid_after(valid_until)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
@@ -85,9 +94,9 @@ class TestCA:
         )
         return issued
 
-    def server_cert(self, name: str = "server") -> Issued:
+    def server_cert(self, name: str = "server", valid_days: tuple[float, float] = (-5 / 1440, 1.0)) -> Issued:
         """For a server reached as localhost or 127.0.0.1."""
-        return self.issue(name, server=True, dns=("localhost",), ips=("127.0.0.1",))
+        return self.issue(name, server=True, dns=("localhost",), ips=("127.0.0.1",), valid_days=valid_days)
 
     def client_cert(self, name: str) -> Issued:
         return self.issue(name, server=False)
