@@ -40,6 +40,17 @@ from dualloop.v2 import log_pb2
 
 # A corrupt length field must not make the reader try to allocate gigabytes.
 _RECORD_SIZE_LIMIT = 256 * 1024 * 1024
+# What reading a damaged MCAP file raises (a corrupt length beyond what an index holds: OverflowError)
+MCAP_READ_ERRORS = (
+    McapError,
+    EOFError,
+    ValueError,
+    struct.error,
+    zlib.error,
+    zstandard.ZstdError,
+    MemoryError,
+    OverflowError,
+)
 
 
 class LogFileError(ValueError):
@@ -124,17 +135,7 @@ class LogReader:
                         saw_footer = True
                     elif isinstance(record, Schema):
                         continue
-            except (
-                McapError,
-                DecodeError,
-                EOFError,
-                ValueError,
-                struct.error,
-                zlib.error,
-                zstandard.ZstdError,
-                MemoryError,
-                OverflowError,  # a corrupt length beyond what an index holds
-            ) as exc:
+            except (DecodeError, *MCAP_READ_ERRORS) as exc:
                 if self.messages_read == 0 and _is_not_mcap(exc):
                     raise LogFileError(f"{file}: not an MCAP file ({exc})") from exc
                 if isinstance(exc, EndOfFile):  # mid-record or between records: the tail is missing

@@ -9,32 +9,19 @@ finished properly, with its index and statistics; the input is never written to.
 
 from __future__ import annotations
 
-import struct
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import zstandard
-from mcap.exceptions import McapError
 from mcap.records import Channel, Footer, Message, Schema
 from mcap.stream_reader import StreamReader
 from mcap.writer import CompressionType
 from mcap.writer import Writer as McapWriter
 
 from dualloop.controller.logs.format import LIBRARY, PROFILE
-from dualloop.controller.logs.logfile import LogFileError
+from dualloop.controller.logs.logfile import MCAP_READ_ERRORS, LogFileError
 
 _RECORD_SIZE_LIMIT = 256 * 1024 * 1024  # as the reader's: a corrupt length never allocates gigabytes
-_READ_ERRORS = (
-    McapError,
-    EOFError,
-    ValueError,
-    struct.error,
-    zlib.error,
-    zstandard.ZstdError,
-    MemoryError,
-    OverflowError,
-)
+_READ_ERRORS = MCAP_READ_ERRORS
 
 
 @dataclass
