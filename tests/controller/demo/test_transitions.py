@@ -1,0 +1,78 @@
+"""`dualloop demo-safety`'s reading of what reached the actuators, on synthetic command traces whose
+answers are known: the onset bound, the transition step, name/band contradictions, drive-offs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from dualloop.controller.demo.closed_loop import ClosedLoopRun
+from dualloop.controller.demo.transitions import transition_figures
+from dualloop.executor.action_labels import action_of_accel
+from dualloop.v2 import controller_pb2 as pb
+
+N, J = 600, 2.5
+STEP = J * 0.005
+
+
+def _run(accel: np.ndarray, states: np.ndarray, reasons: np.ndarray | None = None) -> ClosedLoopRun:
+    return ClosedLoopRun(
+        scenario="synthetic",
+        seed=0,
+        metrics=SimpleNamespace(collisions=0),  # type: ignore[arg-type]
+        t=np.arange(len(accel)) * 0.005,
+        applied_index=action_of_accel(accel),
+        applied_accel=accel,
+        applied_steer=np.zeros(len(accel)),
+        safety_state=states,
+        reasons=np.zeros(len(accel), np.int64) if reasons is None else reasons,
+        gate_score=np.zeros(len(accel)),
+        lateness_us=np.zeros(len(accel)),
+        tick_work_us=np.zeros(len(accel)),
+        round_trip_us=np.zeros(len(accel)),
+    )
+
+
+def _ramp(start: float, target: float, n: int) -> np.ndarray:
+    out, a = np.empty(n), start
+    for k in range(n):
+        a = max(target, a - STEP)
+        out[k] = a
+    return out
+
+
+def test_a_jerk_limited_stop_meets_every_bound() -> None:
+    states = np.full(N, pb.SAFETY_STATE_NOMINAL)
+    states[100:] = pb.SAFETY_STATE_FALLBACK_ACTIVE
+    accel = np.r_[np.full(100, 0.3), _ramp(0.3, -3.0, N - 100)]
+    fig = transition_figures(_run(accel, states), J)
+    assert fig.onsets == 1 and fig.onset_bound_violations == 0
+    assert fig.largest_step <= STEP + 1e-12 and fig.name_band_contradictions == 0
+
+
+def test_a_step_into_braking_breaks_the_bounds() -> None:
+    states = np.full(N, pb.SAFETY_STATE_NOMINAL)
+    states[100:] = pb.SAFETY_STATE_VETO_HOLD
+    accel = np.r_[np.full(100, 0.3), np.full(N - 100, -6.0)]  # the old pass-through of a vetoed brake_hard
+    run = _run(accel, states)
+    run.applied_index[100:] = 2  # and named "keep"
+    fig = transition_figures(run, J)
+    assert fig.onset_bound_violations == 200  # every tick of the first second
+    assert fig.largest_step == 6.3 and fig.name_band_contradictions == N - 100
+    # the same step as trusted-threat braking is allowed (it says so)
+    threat = np.zeros(N, np.int64)
+    threat[100:] = 1 << pb.REASON_CODE_THREAT_BRAKING
+    allowed = transition_figures(_run(accel, states, threat), J)
+    assert allowed.onset_bound_violations == 0 and allowed.largest_step == 0.0
+
+
+def test_leaving_a_standstill_hold_is_a_drive_off() -> None:
+    states = np.full(N, pb.SAFETY_STATE_FALLBACK_ACTIVE)
+    accel = np.full(N, -3.0)
+    held = np.zeros(N, np.int64)
+    held[200:400] = 1 << pb.REASON_CODE_STANDSTILL_HOLD
+    assert transition_figures(_run(accel, states, held), J).drive_offs == 200
+    held[200:] = 1 << pb.REASON_CODE_STANDSTILL_HOLD
+    fig = transition_figures(_run(accel, states, held), J)
+    assert fig.drive_offs == 0 and fig.standstill_ticks == N - 200
