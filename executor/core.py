@@ -679,7 +679,8 @@ class Executor:
             proposals,
             self._x[:n],
             (~self._frozen[:n]).tolist(),
-            self.checks.actuation_only(table).tolist() if gate is not None else None,
+            # read the check table only on a tick with a veto (almost every tick has none)
+            self.checks.actuation_only(table).tolist() if gate is not None and gate[2].any() else None,
             [obs.release_standstill for obs in observations]
             if any(o.release_standstill for o in observations)
             else None,
