@@ -208,3 +208,36 @@ def test_every_section_of_the_page_cites_its_pinning_tests() -> None:
     assert len(numbered) >= 8
     for section in numbered:
         assert "::test_" in section or re.search(r"`test_\w+`", section), section.splitlines()[0]
+
+
+# ---- links between the pages ----
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_to_a_heading_of_a_page_resolves() -> None:
+    """A heading renamed (or a section moved to docs/measurements-archive.md) leaves no dead link."""
+    pages = [*sorted((REPO_ROOT / "docs").rglob("*.md")), REPO_ROOT / "README.md", REPO_ROOT / "CONTRIBUTING.md"]
+    links = 0
+    dead = []
+    for page in pages:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", page.read_text()):
+            links += 1
+            linked = (page.parent / target) if target else page
+            lines = linked.read_text().splitlines() if linked.is_file() else []
+            if anchor not in {_slug(line.lstrip("#")) for line in lines if line.startswith("#")}:
+                dead.append(f"{page.relative_to(REPO_ROOT)}: {target}#{anchor}")
+    assert links > 40 and not dead, dead
+
+
+def test_the_current_figures_give_each_area_its_command() -> None:
+    page = (REPO_ROOT / "docs" / "measurements.md").read_text()
+    areas = re.split(r"\n## ", page)[1:]
+    assert len(areas) >= 8
+    for area in areas:
+        if "|---|" in area:
+            assert re.search(r"^Commands?: `", area, re.M), area.splitlines()[0]
+            assert "measurements-archive.md#" in area, area.splitlines()[0]
