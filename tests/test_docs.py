@@ -241,3 +241,23 @@ def test_the_current_figures_give_each_area_its_command() -> None:
         if "|---|" in area:
             assert re.search(r"^Commands?: `", area, re.M), area.splitlines()[0]
             assert "measurements-archive.md#" in area, area.splitlines()[0]
+
+
+# ---- code comments ----
+
+
+def test_no_code_cites_an_issue_number() -> None:
+    """A comment says its reason, not where it was asked for: an issue number means nothing to a reader
+    without the tracker (CONTRIBUTING.md, Style)."""
+    cited = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+    folders = ["controller", "executor", "planner", "ood", "sim", "models", "proto", "scripts", "tests", "clients"]
+    files = [f for d in folders for f in sorted((REPO_ROOT / d).rglob("*")) if f.suffix in (".py", ".c", ".proto")]
+    files = [f for f in files if "node_modules" not in f.parts]
+    assert len(files) > 300
+    found = [
+        f"{f.relative_to(REPO_ROOT)}:{n}: {line.strip()}"
+        for f in files
+        for n, line in enumerate(f.read_text().splitlines(), start=1)
+        if cited.search(line)
+    ]
+    assert not found, "say the reason instead:\n" + "\n".join(found)
