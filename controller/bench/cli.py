@@ -122,7 +122,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "bearer token checked on every RPC, metrics scraped every second; on), or plain and secure runs in "
         "turns (plain, secure, plain, secure; each --duration) with a verdict in us (both)",
     )
-    # bench tick: issue 18's honest-bench options
+    # bench tick: what makes a figure honest (worker processes, a bare-ticker control, secure turns)
     p.add_argument(
         "--workers",
         type=worker_count,
