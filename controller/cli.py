@@ -21,6 +21,7 @@ COMMAND_GROUPS = (
     ("dualloop.controller.logs.cli", None),
     ("dualloop.controller.replay.cli", None),
     ("dualloop.controller.training.cli", "train"),
+    ("dualloop.controller.transfer.cli", "train"),
     ("dualloop.controller.gates.cli", "train"),
     ("dualloop.controller.cards.cli", "train"),
     ("dualloop.controller.qualify.cli", "train"),
@@ -46,7 +47,7 @@ COMMANDS = {
     "replay": "dualloop.controller.replay.cli",
     "diff": "dualloop.controller.replay.cli",
     "train": "dualloop.controller.training.cli",
-    "eval-logs": "dualloop.controller.training.cli",
+    "eval-logs": "dualloop.controller.transfer.cli",
     "quantize": "dualloop.controller.training.cli",
     "make-test-model": "dualloop.controller.training.cli",
     "gate": "dualloop.controller.gates.cli",
@@ -62,7 +63,8 @@ if TYPE_CHECKING:
     Register = Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]
 # the commands each group registers, for the stand-in of a group that cannot be imported
 GROUP_COMMANDS = {
-    "training": ["train", "eval-logs", "quantize", "make-test-model"],
+    "training": ["train", "quantize", "make-test-model"],
+    "transfer": ["eval-logs"],
     "gates": ["gate"],
     "cards": ["card"],
     "qualify": ["qualify"],

@@ -11,6 +11,7 @@ path. `make` makes it at install; `make clean` removes it with the rest of build
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -42,7 +43,8 @@ def make_view(out: Path = VIEW) -> Path:
     wanted = links()
     for stale in pkg.iterdir():
         if stale.name not in wanted:  # a folder dropped from the list leaves no link behind
-            stale.unlink()
+            # (a real folder here is a byte-code cache from when the view was on the interpreter's path)
+            shutil.rmtree(stale) if stale.is_dir() and not stale.is_symlink() else stale.unlink()
     for name, target in wanted.items():
         link = pkg / name
         if link.is_symlink() and link.readlink() == target:

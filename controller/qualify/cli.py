@@ -57,6 +57,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--stress-duration", type=float, metavar="S", help="shorter episodes (s), for a quick run")
     p.add_argument("--workers", type=int, help="replay processes (default: the cores)")
+    p.add_argument(
+        "--transfer",
+        type=Path,
+        metavar="TRANSFER.json",
+        help="the candidate recipe's leave-one-dataset-out report (`dualloop eval-logs --leave-one-out`): "
+        "the report's headline, judged against the targets of a site never seen",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/qualify"), help="folder for qualify.html and qualify.json")
     p.set_defaults(fn=_qualify)
 
@@ -81,6 +88,7 @@ def _qualify(args: argparse.Namespace) -> int:
         stress_scenarios=args.stress_scenario,
         stress_duration_s=args.stress_duration,
         workers=args.workers,
+        transfer=args.transfer,
     )
     console.print(
         f"qualifying {args.candidate} against {args.baseline} on {len(inputs.logs)} logs ...", highlight=False

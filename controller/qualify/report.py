@@ -22,6 +22,7 @@ from dualloop.controller.qualify.plots import (
 )
 from dualloop.controller.qualify.run import Qualification
 from dualloop.controller.replay.evaluation import format_evaluation, plot_evaluation
+from dualloop.controller.transfer.leave_out import Column
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS
 
 _CSS = """
@@ -152,6 +153,11 @@ def write_report(q: Qualification, out_dir: Path) -> tuple[Path, Path]:
     ]
     if q.failed:
         parts.append("<ul>" + "".join(f"<li class='fail'>{html.escape(c.line())}</li>" for c in q.failed) + "</ul>")
+    if q.transfer is not None:  # the headline: sites the recipe never saw
+        rows = [[d.dataset, *_transfer_cells(d.left_out), *_transfer_cells(d.within)] for d in q.transfer.datasets]
+        columns = ["dataset", "left out: disagreement", "NOMINAL", "vetoed"]
+        columns += ["within: disagreement", "NOMINAL", "vetoed"]
+        parts += ["<h2>Transfer: each dataset left out of training</h2>", _table(columns, rows)]
     parts += ["<h2>Criteria</h2>", _checks_html(q)]
     if q.replay is not None:
         parts.append("<h2>(a) Replay on recorded drives</h2>")
@@ -202,6 +208,15 @@ def write_report(q: Qualification, out_dir: Path) -> tuple[Path, Path]:
     html_path = out_dir / "qualify.html"
     html_path.write_text("\n".join(parts))
     return html_path, json_path
+
+
+def _transfer_cells(c: Column | None) -> list[str]:
+    if c is None:
+        return ["-", "-", "-"]
+    ratio = f"{c.disagreement_ratio:.2f}x ({c.best_baseline})"
+    if c.driving is None:
+        return [ratio, "-", "-"]
+    return [ratio, f"{100 * c.driving.nominal:.2f}%", f"{100 * c.driving.vetoed:.2f}%"]
 
 
 def _clean(x: Any) -> Any:

@@ -10,6 +10,7 @@ same inputs; the verdict is the list of checks (criteria.py) the candidate fails
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -23,8 +24,10 @@ from dualloop.controller.qualify.int8_step import int8_checks, run_int8_step
 from dualloop.controller.qualify.replay_step import ModelRun, ReplayStep, run_replay_step
 from dualloop.controller.qualify.shadow_step import ShadowStep, run_shadow_step
 from dualloop.controller.qualify.stress import STRESS_SEED0, StressResult, run_stress, stress_checks
+from dualloop.controller.qualify.transfer_step import read_transfer, transfer_checks
 from dualloop.controller.serve.errors import ConfigError
 from dualloop.controller.serve.gate_files import load_gate_for_model
+from dualloop.controller.transfer.leave_out import TransferReport
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.env import ExpertData
@@ -57,6 +60,7 @@ class QualifyInputs:
     stress_duration_s: float | None = None  # None: each scenario's own duration
     workers: int | None = None
     work_dir: Path | None = None  # the replayed logs (default: a temporary folder)
+    transfer: Path | None = None  # a leave-one-dataset-out report of the candidate's recipe (transfer.json)
 
 
 @dataclass
@@ -69,6 +73,7 @@ class Qualification:
     int8: dict[str, Any] | None
     models: dict[str, dict[str, Any]]
     timings_s: dict[str, float]
+    transfer: TransferReport | None = None
 
     @property
     def failed(self) -> list[Check]:
@@ -101,6 +106,7 @@ class Qualification:
             else {"candidate": self.stress[0].as_dict(), "baseline": self.stress[1].as_dict()},
             "shadow": self.shadow.as_dict() if self.shadow else None,
             "int8": self.int8,
+            "transfer": None if self.transfer is None else json.loads(self.transfer.to_json()),
             "timings_s": self.timings_s,
         }
 
@@ -126,8 +132,14 @@ def qualify(inputs: QualifyInputs, say: Callable[[str], None] = _quiet) -> Quali
     is told which step starts."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    if not inputs.logs and inputs.stress_seeds <= 0 and not inputs.shadow and inputs.int8 is None:
-        raise ConfigError("nothing to qualify: give --logs, stress seeds, --shadow or --int8")
+    if (
+        not inputs.logs
+        and inputs.stress_seeds <= 0
+        and not inputs.shadow
+        and inputs.int8 is None
+        and inputs.transfer is None
+    ):
+        raise ConfigError("nothing to qualify: give --logs, stress seeds, --shadow, --int8 or --transfer")
     for p in inputs.logs:
         if not Path(p).is_file():
             raise ConfigError(f"--logs: {p}: no such log file")
@@ -147,6 +159,10 @@ def qualify(inputs: QualifyInputs, say: Callable[[str], None] = _quiet) -> Quali
     base_gates = [load_gate_for_model(g, base_model) for g in base_gate_paths]
     c = inputs.criteria
     checks: list[Check] = []
+    transfer = None
+    if inputs.transfer is not None:  # first: the headline, and the cheapest to refuse
+        transfer = read_transfer(inputs.transfer)
+        checks += transfer_checks(transfer)
 
     replay = None
     if inputs.logs:
@@ -203,4 +219,5 @@ def qualify(inputs: QualifyInputs, say: Callable[[str], None] = _quiet) -> Quali
         int8,
         {"candidate": _model_info(cand_model, cand_gate_paths), "baseline": _model_info(base_model, base_gate_paths)},
         timings,
+        transfer,
     )

@@ -10,9 +10,7 @@ from pathlib import Path
 from dualloop.controller.console import console, print_error
 from dualloop.controller.training.calibration_guard import CalibrationGuard, CalibrationRefused
 from dualloop.controller.training.driving_card import build_test_model
-from dualloop.controller.training.log_eval import evaluate as evaluate_logs
-from dualloop.controller.training.recorded import log_paths, read_log_rows
-from dualloop.controller.training.report import print_log_reports, print_summary, progress_hooks
+from dualloop.controller.training.report import print_summary, progress_hooks
 from dualloop.controller.training.trainer import (
     DEFAULT_SEED,
     FULL_DATA,
@@ -78,11 +76,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--nll-tolerance", type=float, default=0.02, help="allowed rise of the test NLL")
     p.set_defaults(fn=_train)
 
-    p = sub.add_parser("eval-logs", help="a model's proposals on recorded drives vs the human and the baselines")
-    p.add_argument("logs", type=Path, nargs="+", metavar="DIR_OR_FILE", help="held-out drives, e.g. runs/real/heldout")
-    p.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
-    p.set_defaults(fn=_eval_logs)
-
     p = sub.add_parser("quantize", help="INT8 variant with a per-class confusion report against FP32")
     p.add_argument("model", type=Path)
     p.add_argument("--out", type=Path, help="default: <model>.int8.onnx")
@@ -127,12 +120,6 @@ def _train(args: argparse.Namespace) -> int:
             else f"[red]{result.path} differs from {args.check}:[/] " + "; ".join(diffs)
         )
         return 1 if diffs else 0
-    return 0
-
-
-def _eval_logs(args: argparse.Namespace) -> int:
-    rows = read_log_rows(log_paths(args.logs))
-    print_log_reports(evaluate_logs(args.model, rows), f"{args.model} on {len(rows.sessions)} sessions")
     return 0
 
 

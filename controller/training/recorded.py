@@ -51,6 +51,7 @@ class LogRows:
     datasets: tuple[str, ...]  # per session
     files: tuple[str, ...]  # per session
     t_ns: npt.NDArray[np.int64] | None = None  # the observations' sensor timestamps, ns
+    paths: tuple[str, ...] = ()  # per session: the file as given (files holds its name only)
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
@@ -75,6 +76,7 @@ class LogRows:
             tuple(self.datasets[i] for i in kept),
             tuple(self.files[i] for i in kept),
             None if self.t_ns is None else self.t_ns[rows],
+            tuple(self.paths[i] for i in kept) if self.paths else (),
         )
 
     def history(self, deriver: HistoryDeriver) -> F32:
@@ -170,6 +172,7 @@ def read_log_rows(paths: Iterable[str | Path]) -> LogRows:
     sessions: list[str] = []
     datasets: list[str] = []
     files: list[str] = []
+    given: list[str] = []
     for path in log_paths(paths):
         for log in read_sessions(path).values():
             x, present, label, accel, t_s, t_ns = _session_rows(log)
@@ -177,11 +180,22 @@ def read_log_rows(paths: Iterable[str | Path]) -> LogRows:
             sessions.append(log.session_id)
             datasets.append(dataset_name(log))
             files.append(path.name)
+            given.append(str(path))
     if not parts:
         raise ValueError("no sessions in the recorded drives given")
     cat = [np.concatenate([p[i] for p in parts]) for i in range(7)]
     return LogRows(
-        cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], tuple(sessions), tuple(datasets), tuple(files), cat[6]
+        cat[0],
+        cat[1],
+        cat[2],
+        cat[3],
+        cat[4],
+        cat[5],
+        tuple(sessions),
+        tuple(datasets),
+        tuple(files),
+        cat[6],
+        tuple(given),
     )
 
 

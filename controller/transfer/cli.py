@@ -1,0 +1,124 @@
+"""`dualloop eval-logs`: a model's proposals on recorded drives against the human and the trivial
+baselines, per dataset; with `--leave-one-out`, the training recipe held out one dataset at a time."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.table import Table
+
+from dualloop.controller.console import console, print_error
+from dualloop.controller.training.log_eval import evaluate as evaluate_logs
+from dualloop.controller.training.recorded import log_paths, read_log_rows
+from dualloop.controller.training.report import print_log_reports
+from dualloop.controller.transfer.leave_out import (
+    NOMINAL_TARGET,
+    RATIO_TARGET,
+    VETO_TARGET,
+    Column,
+    TransferConfig,
+    TransferReport,
+    leave_one_dataset_out,
+)
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("eval-logs", help="a model's proposals on recorded drives vs the human and the baselines")
+    p.add_argument(
+        "logs",
+        type=Path,
+        nargs="+",
+        metavar="DIR_OR_FILE",
+        help="drives, e.g. runs/real/heldout; with --leave-one-out every drive (runs/real/train runs/real/heldout)",
+    )
+    p.add_argument("--model", type=Path, default=BASE_MODEL_PATH, help="the model (the shipped one's figure: within)")
+    p.add_argument(
+        "--leave-one-out",
+        action="store_true",
+        help="hold out each dataset in turn: train a model and its gate without it, score and replay it "
+        "(minutes per dataset; docs/transfer.md)",
+    )
+    p.add_argument("--quick", action="store_true", help="--leave-one-out: little simulated data, few epochs")
+    p.add_argument("--dagger", type=int, default=0, metavar="ROUNDS", help="--leave-one-out: DAgger rounds per model")
+    p.add_argument("--seed", type=int, default=TransferConfig.seed)
+    p.add_argument(
+        "--max-replay-files", type=int, metavar="N", help="--leave-one-out: replay at most N drives per dataset"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/transfer"),
+        help="--leave-one-out: folder for transfer.json and the left-out models and gates",
+    )
+    p.add_argument("--check", action="store_true", help="--leave-one-out: exit 1 when a target is not met")
+    p.set_defaults(fn=_eval_logs)
+
+
+def _eval_logs(args: argparse.Namespace) -> int:
+    try:
+        paths = log_paths(args.logs)
+    except FileNotFoundError as err:
+        print_error(err)
+        return 2
+    if not paths:
+        print_error(f"no .mcap drives in {', '.join(map(str, args.logs))}")
+        return 2
+    if not args.leave_one_out:
+        rows = read_log_rows(paths)
+        print_log_reports(evaluate_logs(args.model, rows), f"{args.model} on {len(rows.sessions)} sessions")
+        return 0
+    config = TransferConfig(
+        seed=args.seed, quick=args.quick, dagger=args.dagger, max_replay_files=args.max_replay_files
+    )
+    gates = (DEFAULT_GATES[0], DEFAULT_GATES[1])
+    try:
+        report = leave_one_dataset_out(
+            paths, args.model, gates, config, work_dir=args.out, progress=lambda line: console.print(line)
+        )
+    except ValueError as err:
+        print_error(err)
+        return 2
+    (args.out / "transfer.json").write_text(report.to_json())
+    console.print(transfer_table(report))
+    console.print(f"results and left-out models: {args.out}/")
+    for miss in report.failed:
+        console.print(f"[red]target not met:[/] {miss}", highlight=False)
+    return 1 if args.check and report.failed else 0
+
+
+def _cells(c: Column | None) -> tuple[str, str, str]:
+    if c is None:
+        return ("-", "-", "-")
+    ratio = f"{c.disagreement_ratio:.2f}x ({c.best_baseline} {100 * c.best_baseline_agreement:.1f}%)"
+    if c.driving is None:
+        return (ratio, "-", "-")
+    return (ratio, f"{100 * c.driving.nominal:.2f}%", f"{100 * c.driving.vetoed:.2f}%")
+
+
+def transfer_table(report: TransferReport) -> Table:
+    """One row per dataset: left out (the headline) beside within."""
+    table = Table(
+        title=f"leave one dataset out (targets: <= {RATIO_TARGET:.2f}x, >= {100 * NOMINAL_TARGET:.0f}% NOMINAL, "
+        f"<= {100 * VETO_TARGET:.1f}% vetoed)"
+    )
+    for name in (
+        "dataset",
+        "left out: disagreement",
+        "NOMINAL",
+        "vetoed",
+        "within: disagreement",
+        "NOMINAL",
+        "vetoed",
+        "targets",
+    ):
+        table.add_column(name, justify="right")
+    for d in report.datasets:
+        table.add_row(
+            d.dataset,
+            *_cells(d.left_out),
+            *_cells(d.within),
+            "[green]met[/]" if not d.misses else "[red]not met[/]",
+        )
+    return table
