@@ -89,22 +89,24 @@ def build_slow_model(path: Path, links: int, name: str = "dualloop-slow") -> Non
 
 
 def forward_ms(path: Path, passes: int = 15) -> float:
-    """The fastest of `passes` forward passes at batch 1, in ms (onnxruntime as the server runs it):
-    the model's own work. A median on a busy machine measured 2-3x that (its CPU shared), and a
-    model calibrated on it could then fit the tick once the machine was quiet."""
+    """The least CPU time of `passes` forward passes at batch 1, in ms (onnxruntime as the server
+    runs it: one thread, the caller's): the model's own work, whatever else the machine runs. Wall
+    time is not: a median on a busy machine measured 2-3x the work (a model calibrated on it fit the
+    tick once the machine was quiet), and with two busy loops beside it even the fastest of 15 passes
+    was inflated, so the rebuilds swung between sizes and ended on a 1.5-2 ms model instead of 15."""
     model = DecisionModel(path, warmup_batches=(1,))
     x, p = np.zeros((1, model.n_inputs), np.float32), np.zeros((1, model.n_plan), np.float32)
     times = []
     for _ in range(passes):
-        t0 = time.perf_counter_ns()
+        t0 = time.thread_time_ns()
         model.forward(x, p)
-        times.append(time.perf_counter_ns() - t0)
+        times.append(time.thread_time_ns() - t0)
     return min(times) / 1e6
 
 
 def calibrated_slow_model(path: Path, target_ms: float, name: str = "dualloop-slow") -> float:
-    """A model costing about target_ms per forward pass here; returns its fastest pass (ms).
-    Rebuilt until within a quarter of the target."""
+    """A model costing about target_ms of CPU per forward pass here; returns its least CPU time a
+    pass (ms). Rebuilt until within a quarter of the target."""
     links, took = 40, 0.0
     for _ in range(5):
         build_slow_model(path, links, name)
