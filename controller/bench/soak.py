@@ -13,8 +13,6 @@ taken after a probe session (gRPC and the loop create some of their threads on f
 Verdicts are absolute: memory slope after warm-up below SLOPE_BOUND_MB_PER_MIN and growth below
 GROWTH_BOUND of the RSS at warm-up; missed deadlines no more than the bare ticker's in the same run.
 
-ServeProcess (a `dualloop serve` child, its /proc numbers, health and GetStats) is shared with the
-chaos tests (tests/controller/chaos/).
 """
 
 from __future__ import annotations
@@ -22,16 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -39,15 +33,14 @@ from typing import Any
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from dualloop.controller.bench.procs import pin_threads
 from dualloop.controller.bench.tick import cpu_plan, store_result
-from dualloop.controller.serve.security import private_server_env
 from dualloop.controller.serve.server import new_event_loop
+from dualloop.controller.server_process import ProcSample, ServerProcess, probe_session, serve_shipped, wait_until
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.env import ActionNoise, run_expert_batch
 from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
@@ -66,217 +59,6 @@ GROWTH_BOUND = 0.05  # RSS growth over the window after warm-up, as a fraction o
 WARMUP_S = 60.0  # at most; a short run leaves out its first quarter instead
 SETTLE_S = 30.0  # how long the end check waits for sessions, threads and fds to come back
 STATS_TIMEOUT_S = 30.0  # GetStats while sampling; a sample without it records the error
-
-
-@dataclass
-class ProcSample:
-    """One process's resources from /proc (Linux)."""
-
-    rss_mb: float
-    threads: int
-    fds: int
-
-
-def proc_sample(pid: int) -> ProcSample:
-    status: dict[str, str] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            status[key] = value.strip()
-    return ProcSample(
-        rss_mb=int(status["VmRSS"].split()[0]) / 1024.0,
-        threads=int(status["Threads"]),
-        fds=len(os.listdir(f"/proc/{pid}/fd")),
-    )
-
-
-def child_pids(pid: int) -> list[int]:
-    """The direct children of a process (every thread's list: a child belongs to the thread that forked it)."""
-    out: list[int] = []
-    with contextlib.suppress(FileNotFoundError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(p) for p in f.read().split()]
-    return sorted(set(out))
-
-
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-    except FileNotFoundError:
-        return ""
-
-
-def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServeProcess:
-    """`dualloop serve` in its own process, on a free loopback port, configured by a file.
-
-    config: ServerConfig fields (written as the --config file; model and gates default to the
-    shipped ones). preexec_fn runs in the child before exec (e.g. resource limits). Its stderr (the
-    server's log) goes to a file, read with stderr_text()."""
-
-    def __init__(
-        self,
-        config: dict[str, Any],
-        work_dir: Path,
-        *,
-        preexec_fn: Callable[[], None] | None = None,
-        start_timeout_s: float = 120.0,
-        log_level: str = "WARNING",
-        log_format: str = "human",
-    ) -> None:
-        self.port = free_loopback_port()
-        self.address = f"127.0.0.1:{self.port}"
-        work_dir.mkdir(parents=True, exist_ok=True)
-        full = {
-            "model": str(BASE_MODEL_PATH),
-            "gates": [str(g) for g in DEFAULT_GATES],
-            **config,
-            "port": self.port,
-            "log_level": log_level,
-            "log_format": log_format,
-        }
-        config_file = work_dir / "serve-config.yaml"
-        config_file.write_text(json.dumps(full, indent=2))  # JSON is YAML
-        self.config = full
-        self.stderr_path = work_dir / "serve-stderr.log"
-        self.stdout_path = work_dir / "serve-stdout.log"
-        cmd = [sys.executable, "-m", "dualloop.controller.cli", "serve", "--config", str(config_file)]
-        with open(self.stderr_path, "wb") as err, open(self.stdout_path, "wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=private_server_env(), preexec_fn=preexec_fn)
-        self.pid = self.proc.pid
-        self._channel = grpc.insecure_channel(self.address)
-        self.stub = pb_grpc.ControllerServiceStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-        deadline = time.monotonic() + start_timeout_s
-        while self.health() != "SERVING":
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                code = self.proc.poll()
-                self.stop()
-                raise RuntimeError(
-                    f"`dualloop serve` did not become SERVING within {start_timeout_s:.0f} s (exit code {code}); "
-                    f"its log: {self.stderr_text()[-2000:]}"
-                )
-            time.sleep(0.2)
-
-    def health(self) -> str:
-        """grpc.health.v1 status of the whole server ('UNAVAILABLE' while it does not answer)."""
-        try:
-            reply = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
-        except grpc.RpcError:
-            return "UNAVAILABLE"
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
-
-    def stats(self, timeout_s: float = 10.0) -> pb.GetStatsResponse:
-        return self.stub.GetStats(pb.GetStatsRequest(), timeout=timeout_s)
-
-    def sample(self) -> ProcSample:
-        return proc_sample(self.pid)
-
-    def planner_workers(self) -> list[int]:
-        """The planner's worker processes (multiprocessing spawn children; not its resource tracker)."""
-        return [p for p in child_pids(self.pid) if "spawn_main" in cmdline(p)]
-
-    def stderr_text(self) -> str:
-        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
-
-    def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        """The server's structured log lines so far (log_format="json"), of one event or all."""
-        out = []
-        for line in self.stderr_text().splitlines():
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict) and (name is None or record.get("event") == name):
-                    out.append(record)
-        return out
-
-    def stdout_text(self) -> str:
-        return self.stdout_path.read_text(errors="replace") if self.stdout_path.exists() else ""
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGINT (the server drains and stops), SIGKILL if it has not exited within timeout_s."""
-        self._channel.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return int(self.proc.returncode)
-
-    def __enter__(self) -> ServeProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def probe_session(
-    address: str,
-    rows: np.ndarray,
-    snapshots: int = 20,
-    timeout_s: float = 60.0,
-    until: Callable[[pb.DecisionSnapshot], bool] | None = None,
-) -> list:
-    """Open a REALTIME session, send rows[k] (cycling) once per tick period until `snapshots`
-    snapshots have come (or one for which `until` is true), close it; returns the snapshots."""
-
-    async def run() -> list:
-        async with grpc.aio.insecure_channel(address) as channel:
-            call = pb_grpc.ControllerServiceStub(channel).Drive(timeout=timeout_s)
-            await call.write(pb.DriveRequest(open=pb.OpenSession(clock=pb.CLOCK_MODE_REALTIME)))
-            opened = await call.read()
-            period_s = opened.opened.tick_period_ns / 1e9
-            got: list = []
-            stop = asyncio.Event()
-
-            async def send() -> None:
-                # stopped by the event, never cancelled: grpc.aio cancels the whole call when a
-                # task is cancelled in the middle of a write
-                for seq in itertools.count(1):
-                    if stop.is_set():
-                        break
-                    row = rows[(seq - 1) % len(rows)]
-                    obs = pb.Observation(seq=seq, timestamp_ns=time.monotonic_ns(), features=row.tolist())
-                    await call.write(pb.DriveRequest(observation=obs))
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), period_s)
-                await call.done_writing()
-
-            sender = asyncio.ensure_future(send())
-            try:
-                while len(got) < snapshots:
-                    msg = await call.read()
-                    if msg is grpc.aio.EOF:
-                        break
-                    got.append(msg.snapshot)
-                    if until is not None and until(msg.snapshot):
-                        break
-            finally:
-                stop.set()
-                await sender
-            while await call.read() is not grpc.aio.EOF:
-                pass
-            return got
-
-    return asyncio.run(run())
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, every_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(every_s)
 
 
 def memory_verdict(times_s: Sequence[float], rss_mb: Sequence[float], duration_s: float) -> dict[str, Any]:
@@ -419,7 +201,7 @@ async def _subprocess(module: str, *args: str) -> asyncio.subprocess.Process:
 
 
 async def _soak(
-    server: ServeProcess,
+    server: ServerProcess,
     sessions: int,
     duration_s: float,
     sample_s: float,
@@ -500,7 +282,7 @@ async def _soak(
     }
 
 
-def _leaks(server: ServeProcess, baseline: ProcSample) -> dict[str, Any]:
+def _leaks(server: ServerProcess, baseline: ProcSample) -> dict[str, Any]:
     """Once every client has gone: wait up to SETTLE_S for sessions, threads and fds to come back."""
     end: dict[str, Any] = {}
 
@@ -562,7 +344,7 @@ def bench_soak(
             drives = nominal_drives(count, 0)
         drives_file = Path(tmp) / "drives.npy"
         np.save(drives_file, drives)
-        with ServeProcess(config, Path(tmp)) as server:
+        with serve_shipped(Path(tmp), config) as server:
             probe_session(server.address, drives[0])  # lazily made threads belong to the baseline
             wait_until(lambda: server.stats().sessions_open == 0, SETTLE_S)
             baseline = server.sample()
