@@ -34,11 +34,19 @@ from typing import Any
 import grpc
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from dualloop.controller.bench.procs import pin_threads
-from dualloop.controller.bench.tick import cpu_plan, store_result
+from dualloop.controller.bench.harness import (
+    CpuPlan,
+    Result,
+    cpu_plan,
+    machine_cpus,
+    progress,
+    start_module,
+    start_role,
+    store_result,
+)
+from dualloop.controller.bench.procs import BareSpec, pin_threads
 from dualloop.controller.serve.server import new_event_loop
 from dualloop.controller.server_process import ProcSample, ServerProcess, probe_session, serve_shipped, wait_until
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -194,55 +202,47 @@ async def run_soak_clients(address: str, sessions: int, duration_s: float, drive
     return asdict(counts)
 
 
-async def _subprocess(module: str, *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", f"dualloop.controller.bench.{module}", *args, stdout=asyncio.subprocess.PIPE
-    )
+@dataclass(frozen=True)
+class SoakRun:
+    """realtime_priority: the server's SCHED_FIFO priority (as `bench tick` runs it; the rated
+    session count was measured so), and the bare ticker's, for fairness; None: normal scheduling.
+    cpu_wake_latency_us: the server's PM QoS request (serve's cpu_wake_latency_us), which holds for
+    the whole machine, the bare ticker's CPUs included; None: idle states left alone.
+    pin: where the machine has a CPU to spare, the server on its own CPU and the clients and the bare
+    ticker on the others, as `bench tick` runs them (cpu_plan)."""
+
+    sessions: int = SOAK_SESSIONS
+    duration_s: float = SOAK_DURATION_S
+    sample_s: float = SAMPLE_S
+    realtime_priority: int | None = None
+    cpu_wake_latency_us: int | None = None
+    pin: bool = True
 
 
 async def _soak(
-    server: ServerProcess,
-    sessions: int,
-    duration_s: float,
-    sample_s: float,
-    drives_file: Path,
-    realtime_priority: int | None,
-    cpu_wake_latency_us: int | None,
-    console: Console,
-    client_cpus: list[int] | None = None,
+    server: ServerProcess, run: SoakRun, drives_file: Path, console: Console, client_cpus: list[int] | None
 ) -> dict[str, Any]:
+    sessions, duration_s, sample_s = run.sessions, run.duration_s, run.sample_s
+    realtime_priority, cpu_wake_latency_us = run.realtime_priority, run.cpu_wake_latency_us
     loop = asyncio.get_running_loop()
     pinned = ("--cpus", ",".join(map(str, client_cpus))) if client_cpus else ()
-    clients = await _subprocess(
-        "soak",
-        "clients",
-        "--address",
-        server.address,
-        "--sessions",
-        str(sessions),
-        "--duration",
-        str(duration_s),
-        "--drives",
-        str(drives_file),
-        *pinned,
+    args = ("--address", server.address, "--sessions", str(sessions), "--duration", str(duration_s))
+    clients = await start_module(
+        "dualloop.controller.bench.soak", "clients", *args, "--drives", str(drives_file), *pinned
     )
-    fifo: tuple[str, ...] = ("--realtime-priority", str(realtime_priority)) if realtime_priority else ()
-    if cpu_wake_latency_us is not None:
-        fifo += ("--cpu-wake-latency-us", str(cpu_wake_latency_us))
-    bare = await _subprocess("procs", "bare", "--duration", str(duration_s), *fifo, *pinned)  # the server's scheduling
+    cpus = tuple(client_cpus) if client_cpus else None
+    # the server's scheduling
+    bare = await start_role(
+        "bare",
+        BareSpec(
+            duration_s, realtime_priority=realtime_priority or None, cpu_wake_latency_us=cpu_wake_latency_us, cpus=cpus
+        ),
+    )
     samples: list[dict[str, Any]] = []
     t0 = time.monotonic()
     first = await loop.run_in_executor(None, server.stats, STATS_TIMEOUT_S)
-    with Progress(
-        TextColumn("[bold]bench soak[/]"),
-        BarColumn(),
-        TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
-        TextColumn("{task.description}"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("", total=duration_s)
+    with progress("bench soak", console, described=True) as bar:
+        task = bar.add_task("", total=duration_s)
         while clients.returncode is None:
             proc = server.sample()
             sample: dict[str, Any] = {"t_s": time.monotonic() - t0, **asdict(proc)}
@@ -260,7 +260,7 @@ async def _soak(
                 )
             samples.append(sample)
             missed = stats.missed_deadlines_total - first.missed_deadlines_total if stats is not None else "?"
-            progress.update(
+            bar.update(
                 task,
                 completed=min(duration_s, time.monotonic() - t0),
                 description=f"RSS {proc.rss_mb:.1f} MB, {proc.threads} threads, {proc.fds} fds, "
@@ -306,40 +306,16 @@ def _leaks(server: ServerProcess, baseline: ProcSample) -> dict[str, Any]:
     }
 
 
-def bench_soak(
-    sessions: int = SOAK_SESSIONS,
-    duration_s: float = SOAK_DURATION_S,
-    out_dir: Path = Path("runs/bench"),
-    sample_s: float = SAMPLE_S,
-    console: Console | None = None,
-    realtime_priority: int | None = None,
-    cpu_wake_latency_us: int | None = None,
-    pin: bool = True,
-) -> dict[str, Any]:
-    """realtime_priority: the server's SCHED_FIFO priority (as `bench tick` runs it; the rated
-    session count was measured so), and the bare ticker's, for fairness; None: normal scheduling.
-    cpu_wake_latency_us: the server's PM QoS request (serve's cpu_wake_latency_us), which holds for
-    the whole machine, the bare ticker's CPUs included; None: idle states left alone.
-    pin: where the machine has a CPU to spare, the server on its own CPU and the clients and the bare
-    ticker on the others, as `bench tick` runs them (cpu_plan)."""
-    console = console or Console()
-    load_start = list(os.getloadavg())
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    plan = cpu_plan(cpus, 1, pin)
+def _serve_and_soak(run: SoakRun, plan: CpuPlan, console: Console) -> dict[str, Any]:
+    """`dualloop serve` (the shipped model, gates and planner) under the clients for the whole run;
+    what the run measured, the leak check once the clients have gone and how the server ended."""
+    config: dict[str, Any] = {"planner": {"source": "behaviour"}, "executor": {"max_sessions": max(64, run.sessions)}}
+    if run.realtime_priority:
+        config["realtime_priority"] = run.realtime_priority
+    if run.cpu_wake_latency_us is not None:
+        config["cpu_wake_latency_us"] = run.cpu_wake_latency_us
     with tempfile.TemporaryDirectory() as tmp:
-        config: dict[str, Any] = {"planner": {"source": "behaviour"}, "executor": {"max_sessions": max(64, sessions)}}
-        if realtime_priority:
-            config["realtime_priority"] = realtime_priority
-        if cpu_wake_latency_us is not None:
-            config["cpu_wake_latency_us"] = cpu_wake_latency_us
-        console.print(
-            f"bench soak: `dualloop serve` with {BASE_MODEL_PATH.name}, gates "
-            f"{', '.join(g.name for g in DEFAULT_GATES)}, planner behaviour; {sessions} REALTIME sessions "
-            f"(200 Hz observations) in a separate process for {duration_s:g} s; a bare ticker beside it; "
-            f"{plan.note}",
-            highlight=False,
-        )
-        count = min(SOAK_DRIVES, sessions)
+        count = min(SOAK_DRIVES, run.sessions)
         with console.status(f"simulating {count} drives of {EPISODE_S:g} s for the clients"):
             drives = nominal_drives(count, 0)
         drives_file = Path(tmp) / "drives.npy"
@@ -351,55 +327,63 @@ def bench_soak(
             scheduling = server.stats().scheduling  # what the server got: SCHED_FIFO may be refused
             if plan.servers[0] is not None:
                 pin_threads(set(plan.servers[0]), server.pid)
-            scheduled = (realtime_priority, cpu_wake_latency_us)
-            run = asyncio.run(
-                _soak(server, sessions, duration_s, sample_s, drives_file, *scheduled, console, plan.clients)
-            )
+            measured = asyncio.run(_soak(server, run, drives_file, console, plan.clients))
             leaks = _leaks(server, baseline)
             healthy = server.health()
             exit_code = server.stop()
             errors = [line for line in server.stderr_text().splitlines() if "ERROR" in line or "Traceback" in line]
-    samples = run["samples"]
+    after = {"health": healthy, "exit_code": exit_code, "error_lines": errors[:20]}
+    return {**measured, "scheduling": scheduling, "leaks": leaks, "server_after": after, "errors": errors}
+
+
+def bench_soak(run: SoakRun = SoakRun(), out_dir: Path = Path("runs/bench"), console: Console | None = None) -> Result:
+    """A soak of `dualloop serve` as users run it; prints and stores the verdicts."""
+    console = console or Console()
+    load_start = list(os.getloadavg())
+    plan = cpu_plan(machine_cpus(), 1, run.pin)
+    console.print(
+        f"bench soak: `dualloop serve` with {BASE_MODEL_PATH.name}, gates "
+        f"{', '.join(g.name for g in DEFAULT_GATES)}, planner behaviour; {run.sessions} REALTIME sessions "
+        f"(200 Hz observations) in a separate process for {run.duration_s:g} s; a bare ticker beside it; "
+        f"{plan.note}",
+        highlight=False,
+    )
+    measured = _serve_and_soak(run, plan, console)
+    samples = measured["samples"]
     busy = [s for s in samples if s.get("sessions_open", 1) > 0] or samples
-    memory = memory_verdict([s["t_s"] for s in busy], [s["rss_mb"] for s in busy], duration_s)
-    bare = run["bare"]
+    memory = memory_verdict([s["t_s"] for s in busy], [s["rss_mb"] for s in busy], run.duration_s)
+    bare = measured["bare"]
     deadlines = {
-        "server_missed": run["missed_deadlines"],
-        "server_ticks": run["ticks"],
+        "server_missed": measured["missed_deadlines"],
+        "server_ticks": measured["ticks"],
         "bare_missed": bare["missed"],
         "bare_ticks": bare["ticks"],
         "bare_lateness_us": bare["lateness_us"],
-        "met": run["missed_deadlines"] <= bare["missed"],
+        "met": measured["missed_deadlines"] <= bare["missed"],
     }
-    clients = run["clients"]
-    result = {
-        "what": {
-            "command": "bench soak",
-            "server": "dualloop serve (its own process)",
-            "model": str(BASE_MODEL_PATH),
-            "gates": [str(g) for g in DEFAULT_GATES],
-            "planner": "behaviour",
-            "scheduling": scheduling,
-            "pinning": plan.note,
-            "sessions": sessions,
-            "duration_s": duration_s,
-            "sample_s": sample_s,
-            "cpus": os.cpu_count(),
-            "load_average_start": load_start,
-            "load_average_end": list(os.getloadavg()),
-            "when": datetime.now().isoformat(timespec="seconds"),
-        },
-        "memory": memory,
-        "deadlines": deadlines,
-        "leaks": leaks,
-        "clients": clients,
-        "server_after": {"health": healthy, "exit_code": exit_code, "error_lines": errors[:20]},
-        "samples": samples,
+    clients, leaks, after = measured["clients"], measured["leaks"], measured["server_after"]
+    what = {
+        "command": "bench soak",
+        "server": "dualloop serve (its own process)",
+        "model": str(BASE_MODEL_PATH),
+        "gates": [str(g) for g in DEFAULT_GATES],
+        "planner": "behaviour",
+        "scheduling": measured["scheduling"],
+        "pinning": plan.note,
+        "sessions": run.sessions,
+        "duration_s": run.duration_s,
+        "sample_s": run.sample_s,
+        "cpus": os.cpu_count(),
+        "load_average_start": load_start,
+        "load_average_end": list(os.getloadavg()),
+        "when": datetime.now().isoformat(timespec="seconds"),
     }
+    result = {"what": what, "memory": memory, "deadlines": deadlines, "leaks": leaks, "clients": clients}
+    result |= {"server_after": after, "samples": samples}
     unanswered = sum(1 for s in samples if "stats_error" in s)
     result["stats_unanswered"] = unanswered
-    served = not clients["refused"] and not clients["failed"] and not errors and exit_code == 0 and not unanswered
-    result["met"] = bool(memory["met"]) and deadlines["met"] and leaks["met"] and served
+    served = not clients["refused"] and not clients["failed"] and not measured["errors"] and after["exit_code"] == 0
+    result["met"] = bool(memory["met"]) and deadlines["met"] and leaks["met"] and served and not unanswered
     path = store_result(out_dir, "soak", result)
     print_soak_report(result, console)
     console.print(f"results: {path}")
