@@ -24,6 +24,7 @@ from typing import Any, cast
 import grpc
 import numpy as np
 
+from dualloop.controller.bench.results import ServerResult, SessionRow
 from dualloop.controller.bench.secure import TOKEN_ENV
 from dualloop.controller.bench.stall_trace import TRACE_ENV, StallTracer
 from dualloop.controller.logs.logfile import read_log
@@ -100,7 +101,7 @@ class BareSpec:
 
 async def _session(
     stub: pb_grpc.ControllerServiceStub, index: int, info: pb.ModelInfo, spec: ClientSpec, all_open: asyncio.Barrier
-) -> dict[str, Any]:
+) -> SessionRow:
     rng = np.random.default_rng(spec.seed + index)
     drive, noise = bench_inputs(info)
     offset = index * 997 % len(drive)  # sessions at different places of the drive
@@ -147,15 +148,15 @@ async def _session(
     sent = await sender
     t = np.asarray(ticks, dtype=np.int64)
     gaps = int((np.diff(t) != 1).sum()) if t.size > 1 else 0
-    return {
-        "session": index,
-        "observations_sent": sent,
-        "snapshots_received": len(ticks),
-        "snapshots_dropped": dropped,
-        "tick_gaps": gaps,
-        "tick_span": int(t[-1] - t[0] + 1) if t.size else 0,
-        "reasons": {Reason(k).name: v for k, v in reasons.items()},
-    }
+    return SessionRow(
+        session=index,
+        observations_sent=sent,
+        snapshots_received=len(ticks),
+        snapshots_dropped=dropped,
+        tick_gaps=gaps,
+        tick_span=int(t[-1] - t[0] + 1) if t.size else 0,
+        reasons={Reason(k).name: v for k, v in reasons.items()},
+    )
 
 
 PLAN = schema.make_plan(25.0, 0.0, schema.BEHAVIOURS.index("keep")).tolist()
@@ -189,7 +190,7 @@ def open_channel(address: str, ca_file: str | None, token: str | None, private: 
     return grpc.aio.secure_channel(address, creds, options)
 
 
-async def run_clients(spec: ClientSpec) -> list[dict[str, Any]]:
+async def run_clients(spec: ClientSpec) -> list[SessionRow]:
     """spec.channel_per_session: a connection each (a server with several workers gets connections,
     not streams, spread over its processes); else one for all."""
     token = os.environ.get(TOKEN_ENV)
@@ -338,7 +339,7 @@ class _Window:
             return self.board.totals().sessions_open
         return self.spec.sessions - self.runtime.stats.sessions_closed
 
-    async def measure(self) -> dict[str, Any]:
+    async def measure(self) -> ServerResult:
         runtime, executor, spec = self.runtime, self.server.executor, self.spec
         while self.opened() < spec.sessions:  # measure only while all sessions are connected
             await asyncio.sleep(0.005)
@@ -401,7 +402,7 @@ class _Window:
         planner_stats["applied"] = planning.realtime.applied
         return planner_stats
 
-    def _result(self, lateness: np.ndarray) -> dict[str, Any]:
+    def _result(self, lateness: np.ndarray) -> ServerResult:
         runtime, stats, config = self.runtime, self.runtime.stats, self.server.config
         stalls = [s for s in runtime.ticker.stalls if s.missed and s.at_ns >= self.window_ns]
         return {
@@ -444,7 +445,7 @@ class _Window:
             await asyncio.sleep(0.005)
 
 
-async def run_server(spec: ServerSpec) -> dict[str, Any]:
+async def run_server(spec: ServerSpec) -> ServerResult:
     """Serve, announce the port, measure the window while every session is open, report it."""
     board = wb.Board.attach(Path(spec.board), spec.workers, LATENESS_BUCKETS_US) if spec.board else None
     server = ControllerServer(_server_config(spec), worker=(board, spec.slot) if board is not None else None)

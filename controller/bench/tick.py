@@ -36,6 +36,7 @@ from dualloop.controller.bench.harness import (
     wait_all,
 )
 from dualloop.controller.bench.procs import PLANNER_COUNTS, BareSpec, ClientSpec, ServerSpec, open_channel
+from dualloop.controller.bench.results import BareResult, ServerFirst, ServerResult, SessionRow, WorkerRow
 from dualloop.controller.bench.secure import TOKEN_ENV, BenchPKI, make_pki
 from dualloop.controller.plotting import pyplot
 from dualloop.controller.serve import board as wb
@@ -57,26 +58,38 @@ async def _refused(address: str, ca_file: str | None) -> str:
     return "OK"
 
 
-def _merge_workers(results: list[dict[str, Any]], raws: list[np.ndarray]) -> dict[str, Any]:
+def _merge_workers(results: list[ServerResult], raws: list[np.ndarray]) -> ServerResult:
     """One executor result from several workers' (bench tick --workers): counts and CPU summed,
     lateness percentiles over every worker's ticks, other percentiles the worst worker's."""
     if len(results) == 1:
         return {**results[0], "workers": 1}
     first = results[0]
-    merged: dict[str, Any] = dict(first)
-    for key in ("ticks", "missed_deadlines", "snapshots_sent", "cpu_fraction", "sessions_here"):
-        merged[key] = sum(r[key] for r in results)
+    merged = first.copy()
+    merged["ticks"] = sum(r["ticks"] for r in results)
+    merged["missed_deadlines"] = sum(r["missed_deadlines"] for r in results)
+    merged["snapshots_sent"] = sum(r["snapshots_sent"] for r in results)
+    merged["cpu_fraction"] = sum(r["cpu_fraction"] for r in results)
+    merged["sessions_here"] = sum(r["sessions_here"] for r in results)
     merged["wall_s"] = max(r["wall_s"] for r in results)
     merged["lateness_us"] = percentiles_us(np.concatenate(raws))
-    for key in ("tick_work_us", "decision_latency_us"):
-        merged[key] = {k: max(r[key][k] for r in results) for k in first[key]}
+    merged["tick_work_us"] = {k: max(r["tick_work_us"][k] for r in results) for k in first["tick_work_us"]}
+    merged["decision_latency_us"] = {
+        k: max(r["decision_latency_us"][k] for r in results) for k in first["decision_latency_us"]
+    }
     merged["cpu_per_tick_us"] = {k: sum(r["cpu_per_tick_us"][k] for r in results) for k in first["cpu_per_tick_us"]}
     merged["missed_at_ns"] = sorted(t for r in results for t in r["missed_at_ns"])
     merged["missed_causes"] = sorted((c for r in results for c in r["missed_causes"]), key=lambda c: c["at_ns"])
     merged["planner"] = _merge_planners([r["planner"] for r in results])
     merged["workers"] = len(results)
     merged["per_worker"] = [
-        {k: r[k] for k in ("sessions_here", "ticks", "missed_deadlines", "lateness_us", "cpu_fraction", "cpus")}
+        WorkerRow(
+            sessions_here=r["sessions_here"],
+            ticks=r["ticks"],
+            missed_deadlines=r["missed_deadlines"],
+            lateness_us=r["lateness_us"],
+            cpu_fraction=r["cpu_fraction"],
+            cpus=r["cpus"],
+        )
         for r in results
     ]
     return merged
@@ -124,11 +137,11 @@ class _Outputs:
     """What a run's processes reported: the servers' first lines and results, the clients' rows,
     the bare ticker's result, the raw lateness (ns) of the servers and the bare ticker."""
 
-    firsts: list[dict[str, Any]]
-    servers: list[Result]
+    firsts: list[ServerFirst]
+    servers: list[ServerResult]
     server_raws: list[np.ndarray]
-    clients: list[list[Result]]
-    bare: Result
+    clients: list[list[SessionRow]]
+    bare: BareResult
     bare_raw: np.ndarray
     scrape_ms: list[float]
     refused: dict[str, str] | None
@@ -136,7 +149,7 @@ class _Outputs:
 
 async def _start_servers(
     run: TickRun, tmp: Path, plan: CpuPlan, pki: BenchPKI | None, board: wb.Board | None, port: int
-) -> tuple[list[asyncio.subprocess.Process], list[dict[str, Any]]]:
+) -> tuple[list[asyncio.subprocess.Process], list[ServerFirst]]:
     tls = (
         {"tls_cert": str(pki.cert_file), "tls_key": str(pki.key_file), "tokens_file": str(pki.tokens_file)}
         if pki
@@ -213,11 +226,10 @@ async def _run_processes(run: TickRun, tmp: Path, plan: CpuPlan, console: Consol
         )
         bare = await start_role("bare", bare_spec)
         scrape_ms: list[float] = []
-        scraper = (
-            asyncio.ensure_future(_scrape_every(firsts[0]["metrics_port"], SCRAPE_S, scrape_ms))
-            if run.metrics
-            else None
-        )
+        metrics_port = firsts[0]["metrics_port"]
+        scraper = None
+        if run.metrics and metrics_port is not None:
+            scraper = asyncio.ensure_future(_scrape_every(metrics_port, SCRAPE_S, scrape_ms))
         await wait_all(clients, run.label, run.duration_s, console)
         if scraper is not None:
             scraper.cancel()
