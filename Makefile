@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test check bench proto proto-release test-model clean
+.PHONY: demo test check docs bench proto proto-release test-model clean
 
 # setup.py and every C source (the optional extensions): rebuilt by the editable install when one changes.
 # One venv for both: `make demo` installs only what the demo needs ('.[demo]'); `make test`/`make check`
@@ -22,7 +22,8 @@ $(STAMP): $(INSTALL_DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
-	$(PY) scripts/namespace_view.py --pth > /dev/null
+	rm -f $(VENV)/lib/python*/site-packages/dualloop-namespace-view.pth  # an older venv's: the view is for tools only
+	$(PY) scripts/namespace_view.py > /dev/null
 	touch $(STAMP) $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
@@ -41,13 +42,20 @@ NODE_DEPS := $(if $(shell command -v npm),clients/node/node_modules/.package-loc
 test: check $(NODE_DEPS)
 	$(PY) -m pytest -q --durations=15
 
-# lint, format, types and layers; mypy and import-linter read the namespace view of scripts/namespace_view.py
+# lint, format, sizes, types, layers and the generated docs. mypy and import-linter walk folders, so they read
+# the namespace view of scripts/namespace_view.py (mypy through its mypy_path, import-linter through PYTHONPATH)
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) scripts/size_check.py
 	$(PY) scripts/namespace_view.py > /dev/null
 	$(VENV)/bin/mypy -p dualloop
-	$(VENV)/bin/lint-imports
+	PYTHONPATH=build/namespace $(VENV)/bin/lint-imports
+	$(PY) scripts/module_inventory.py --check
+
+# the module inventory of docs/architecture.md, from the modules' docstrings
+docs:
+	$(PYTHON) scripts/module_inventory.py
 
 bench: $(STAMP)
 	$(VENV)/bin/dualloop bench tick --sessions 8 --duration 60
@@ -62,5 +70,7 @@ proto-release: tools/buf/node_modules/.package-lock.json
 test-model: $(STAMP)
 	$(VENV)/bin/dualloop make-test-model
 
+# everything make and the install made: the venv, build/ (the namespace view, setuptools' build) and the
+# extensions the editable install compiled beside their C sources
 clean:
-	rm -rf $(VENV) runs .pytest_cache *.egg-info
+	rm -rf $(VENV) build runs .pytest_cache *.egg-info $(wildcard */*.so)

@@ -1,9 +1,15 @@
 """The namespace mapping and the optional C extensions; everything else is in pyproject.toml.
 
 One import namespace: the repository keeps its fixed top level (controller/, executor/, planner/,
-ood/, sim/, models/, proto/), and the build maps each folder onto ``dualloop.<folder>``. The root
-package is proto/dualloop because the generated stubs must sit beside the .proto files as
+ood/, sim/, models/, proto/), and the build maps each folder onto ``dualloop.<folder>``. The list of
+folders is pyproject.toml's ``[tool.dualloop]``, read here and by everything else that needs it. The
+root package is proto/dualloop because the generated stubs must sit beside the .proto files as
 ``dualloop.v2``. Nothing but ``dualloop`` lands in site-packages.
+
+This mapping is the one mechanism: the wheel is built from it, and the editable install
+(``pip install -e``) imports through setuptools' finder generated from it, so ``__file__`` and
+tracebacks name the source files (controller/serve/server.py). Tools that walk folders instead of
+importing (mypy, import-linter, editors) read scripts/namespace_view.py's links, made from the same list.
 
 ``dualloop.ood._tick`` (ood/_tick.c) makes one session's gate decisions after numpy's products;
 ``dualloop.planner._rollout`` (planner/_rollout.c) rolls out and scores the behaviour planner's
@@ -13,14 +19,17 @@ reference the compiled one is tested against (docs/duplicated-rules.md).
 """
 
 import sys
+import tomllib
+from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
 
-FOLDERS = ("controller", "executor", "planner", "ood", "sim", "models")
+HERE = Path(__file__).resolve().parent
+NAMESPACE = tomllib.loads((HERE / "pyproject.toml").read_text())["tool"]["dualloop"]
 
-package_dir = {"dualloop": "proto/dualloop"}
-packages = ["dualloop", "dualloop.v2"]
-for folder in FOLDERS:
+package_dir = {"dualloop": NAMESPACE["root"]}
+packages = ["dualloop"] + [f"dualloop.{sub}" for sub in find_packages(where=NAMESPACE["root"])]
+for folder in NAMESPACE["folders"]:
     package_dir[f"dualloop.{folder}"] = folder
     packages += [f"dualloop.{folder}"] + [f"dualloop.{folder}.{sub}" for sub in find_packages(where=folder)]
 

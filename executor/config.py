@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dualloop.executor.safety import SafetyConfig
 
 # 1 ms: the loop's timerfd wakes it within ~0.2 ms of the time asked for (p99, loaded 2-core VM),
-# and a shorter guard leaves the loop more of each period for gRPC (docs/measurements.md, issue 18).
+# and a shorter guard leaves the loop more of each period for gRPC (docs/measurements.md).
 DEFAULT_TICKER_GUARD_MS = 1.0
 
 

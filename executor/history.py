@@ -2,7 +2,7 @@
 
 One observation holds the state but not where it is heading: the human's look-ahead action is far
 better predicted from how the speed, the acceleration and the lead have been changing over the last
-second (issue 15; docs/measurements.md, docs/contract.md#history-features). A model whose card lists
+second (docs/measurements.md, docs/contract.md#history-features). A model whose card lists
 `history_features` gets them after the wire features; the executor derives them from the session's
 own observation stream (every observation received, also those conflated away before a tick), so a
 client sends nothing new, but dropped observations and jittery timestamps change what it sees.

@@ -1,49 +1,59 @@
 """Lay out the dualloop namespace as one folder of symlinks, for tools that walk folders.
 
-setup.py maps the repository's top-level folders onto dualloop.* (controller/ -> dualloop.controller,
-...). An editable install finds them through an import hook, but mypy and import-linter walk the file
-system from a package's folder. This script makes build/namespace/dualloop/ with one link per
-package, pointing back into the working tree. With --pth it also puts that folder on the development
-venv's path (a .pth file), so the interpreter, mypy and import-linter all import the same files the
-same way; the wheel is unaffected.
+setup.py maps the folders of pyproject.toml's `[tool.dualloop]` onto dualloop.* (controller/ ->
+dualloop.controller, ...); the wheel and the editable install import through that mapping, so the
+interpreter's `__file__` and tracebacks name the source files. mypy, import-linter and editors do not
+import: they walk the file system from a package's folder. This script makes build/namespace/dualloop/
+with one link per mapped package, pointing back into the working tree, for them alone (mypy's
+`mypy_path`, `make check`'s import-linter run, pyright's `extraPaths`). It is not on the interpreter's
+path. `make` makes it at install; `make clean` removes it with the rest of build/.
 """
 
 from __future__ import annotations
 
 import sys
-import sysconfig
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("controller", "executor", "planner", "ood", "sim", "models")
+VIEW = ROOT / "build" / "namespace"
 
 
-def make_view(out: Path = ROOT / "build" / "namespace") -> Path:
+def mapping(root: Path = ROOT) -> dict[str, Path]:
+    """dotted package -> its folder: `dualloop` itself and one `dualloop.<folder>` per mapped folder."""
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["dualloop"]
+    return {"dualloop": root / config["root"], **{f"dualloop.{f}": root / f for f in config["folders"]}}
+
+
+def links(root: Path = ROOT) -> dict[str, Path]:
+    """name inside build/namespace/dualloop -> what it links to."""
+    folders = mapping(root)
+    base = folders.pop("dualloop")
+    out = {name.removeprefix("dualloop."): target for name, target in folders.items()}
+    for entry in sorted(base.iterdir()):  # the root package's own modules and sub-packages (v2)
+        if entry.suffix == ".py" or (entry / "__init__.py").is_file():
+            out[entry.name] = entry
+    return out
+
+
+def make_view(out: Path = VIEW) -> Path:
     pkg = out / "dualloop"
     pkg.mkdir(parents=True, exist_ok=True)
-    links = {name: ROOT / name for name in FOLDERS}
-    links["__init__.py"] = ROOT / "proto" / "dualloop" / "__init__.py"
-    links["v2"] = ROOT / "proto" / "dualloop" / "v2"
-    for name, target in links.items():
+    wanted = links()
+    for stale in pkg.iterdir():
+        if stale.name not in wanted:  # a folder dropped from the list leaves no link behind
+            stale.unlink()
+    for name, target in wanted.items():
         link = pkg / name
         if link.is_symlink() and link.readlink() == target:
-            continue  # already right: never removed under a running interpreter
+            continue  # already right
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(target)
     return out
 
 
-def install_pth(view: Path) -> Path:
-    """A .pth file in this interpreter's site-packages that puts `view` on sys.path (a folder that is
-    missing later is skipped by Python, and the editable install's hook takes over)."""
-    pth = Path(sysconfig.get_paths()["purelib"]) / "dualloop-namespace-view.pth"
-    pth.write_text(f"{view.resolve()}\n")
-    return pth
-
-
 if __name__ == "__main__":
-    view = make_view()
-    print(view)
-    if "--pth" in sys.argv[1:]:
-        print(install_pth(view))
+    if sys.argv[1:]:
+        raise SystemExit(f"usage: {sys.argv[0]} (no arguments; the interpreter no longer reads the view)")
+    print(make_view())

@@ -1,4 +1,5 @@
-"""Training drives randomised the way real driving differs from the simulator's defaults (issue 15).
+"""Training drives randomised the way real driving differs from the simulator's defaults, so a model
+trained here is not surprised by a recorded drive.
 
 The simulator's own sensors suit a controller: every feature at 200 Hz, no latency, little noise,
 and one expert driver. Real drives (docs/design-notes/real-sensors.md) come from 10-100 Hz sensors

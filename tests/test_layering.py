@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 from tests.paths import REPO_ROOT
 
-PACKAGES = ("controller", "executor", "planner", "ood", "sim", "models")
+PACKAGES = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["dualloop"]["folders"]
 # Imported when they are needed, each for a reason that is not a cycle:
 ALLOWED_LATE = {
     "dualloop.ood._tick",  # optional C extension: absent where no compiler was found at install

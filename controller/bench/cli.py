@@ -130,6 +130,7 @@ def _add_tick_options(p: argparse.ArgumentParser) -> None:
         "bearer token checked on every RPC, metrics scraped every second; on), or plain and secure runs in "
         "turns (plain, secure, plain, secure; each --duration) with a verdict in us (both)",
     )
+    # bench tick: what makes a figure honest (worker processes, a bare-ticker control, secure turns)
     p.add_argument(
         "--workers",
         type=worker_count,

@@ -58,7 +58,7 @@ from dualloop.v2 import controller_pb2_grpc as pb_grpc
 # The rated session count of `dualloop serve` as users run it (with the planner) on this 2-core VM,
 # shared with the clients: 16 kept every deadline for 10 minutes (0 missed, as the bare ticker). At
 # 32, where `bench tick` keeps time without the planner, the soak missed 6 against the bare
-# ticker's 2 (docs/measurements.md, issue 18). --sessions overrides.
+# ticker's 2 (docs/measurements.md). --sessions overrides.
 SOAK_SESSIONS = 16
 SOAK_DURATION_S = 600.0
 SAMPLE_S = 5.0

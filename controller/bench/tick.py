@@ -327,7 +327,7 @@ def _metrics_summary(on: bool, scrape_ms: list[float]) -> Result:
     }
 
 
-# The executor keeps time (issue 18's target, absolute bounds): no missed deadline, p99 lateness
+# The executor keeps time (absolute bounds, the serving target): no missed deadline, p99 lateness
 # under 1 ms, fewer than 0.1% of the snapshots dropped for slow readers; and the verdict is only
 # given when the bare ticker of the same run met the same bounds (else the machine, not the
 # executor, was measured).

@@ -14,6 +14,9 @@ The split is by drive (a recorded run), and no leader-follower vehicle pair is e
   this is also a split in time). Chains overlap and repeat pairs with identical rows: each pair is
   imported once, from the first file (by name) that has it.
 - comma2k19 (one minute, one car): held out.
+- OpenACC Vicolungo and Cherasco (Italian motorways, public roads): held out whole. Both Vicolungo runs
+  have the same five cars in the same order, so every pair is in both runs and no split by pair is
+  possible; Cherasco is one pair. They are the two sites the shipped model and gates never saw.
 """
 
 from __future__ import annotations
@@ -39,13 +42,19 @@ ASTAZERO: Final = "openacc-astazero"
 ZALAZONE: Final = "openacc-zalazone"
 NGSIM: Final = "ngsim-i80"
 COMMA2K19: Final = "comma2k19"
+VICOLUNGO: Final = "openacc-vicolungo"
+CHERASCO: Final = "openacc-cherasco"
 # Folder under the shared data directory for each data set.
 FOLDERS: Final = {
     ASTAZERO: "openacc-astazero-human",
     ZALAZONE: "openacc-zalazone-human",
     NGSIM: "ngsim-i80-emd-chains",
     COMMA2K19: "comma2k19-example1",
+    VICOLUNGO: "openacc-vicolungo-human",
+    CHERASCO: "openacc-cherasco-human",
 }
+# Data sets held out whole (no drive of theirs trains the shipped model).
+HELDOUT_WHOLE: Final = frozenset({COMMA2K19, VICOLUNGO, CHERASCO})
 ASTAZERO_HELDOUT_LAPS: Final = frozenset({"platoon10"})
 ZALAZONE_HELDOUT_PARTS: Final = frozenset({40})
 NGSIM_HELDOUT_FROM_ID: Final = 600
@@ -113,6 +122,16 @@ def describe_sources(data_dir: Path) -> list[DriveSource]:
                 )
                 pairs.append(PairRef(pair.session_id, f"{scope}:{pair.leader}", f"{scope}:{pair.follower}"))
             sources.append(DriveSource(dataset, "openacc", path, tuple(pairs)))
+    for dataset in (VICOLUNGO, CHERASCO):
+        # JRC files, unchanged or row subsets (raw/), named after their campaign; cars named in Vehicle_order
+        folder = data_dir / FOLDERS[dataset] / "raw"
+        prefix = dataset.removeprefix("openacc-")
+        for path in sorted(folder.glob("JRC-*.csv")) if folder.is_dir() else []:
+            pairs = [
+                PairRef(pair.session_id, f"{prefix}:{pair.leader}", f"{prefix}:{pair.follower}")
+                for pair in describe_openacc(path)
+            ]
+            sources.append(DriveSource(dataset, "openacc", path, tuple(pairs)))
     folder = data_dir / FOLDERS[NGSIM]
     for path in sorted(folder.glob("*.csv")) if folder.is_dir() else []:
         ids = chain_ids_from_name(path.name)
@@ -146,8 +165,8 @@ def base_split(source: DriveSource) -> tuple[str, str]:
         if max(ids) < NGSIM_HELDOUT_FROM_ID:
             return TRAIN, f"every vehicle ID < {NGSIM_HELDOUT_FROM_ID}"
         return DROPPED, f"vehicle IDs {min(ids)}-{max(ids)} straddle {NGSIM_HELDOUT_FROM_ID}"
-    if source.dataset == COMMA2K19:
-        return HELDOUT, "comma2k19 is held out"
+    if source.dataset in HELDOUT_WHOLE:
+        return HELDOUT, f"{source.dataset} is held out whole"
     return DROPPED, f"no split rule for data set {source.dataset!r}"
 
 

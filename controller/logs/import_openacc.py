@@ -1,10 +1,11 @@
-"""Import an OpenACC car-following file (JRC; AstaZero and ZalaZone campaigns) as dualloop sessions.
+"""Import an OpenACC car-following file (JRC; AstaZero, ZalaZone, Vicolungo and Cherasco campaigns) as dualloop
+sessions.
 
 Two layouts are recognised from the first row:
 
 - AstaZero `_new` (lightly derived files, header on line 1): Time, Speed1, E1, N1, Speed2, E2, N2,
   IVS1, A1, A2. Vehicle 2, a human driver, follows vehicle 1 (the lead car, under ACC);
-- JRC original (ZalaZone, and AstaZero before derivation): 5 metadata rows (Date, Vehicle_order,
+- JRC original (ZalaZone, Vicolungo, Cherasco, and AstaZero before derivation): 5 metadata rows (Date, Vehicle_order,
   Number_of_vehicles, ACC, Distance_setting), then the header Time, Speed{k}, E{k}, ..., IVS{k}
   (the gap between vehicle k and vehicle k+1 behind it), optionally Driver{k} ("Human"/"ACC").
 
@@ -60,7 +61,7 @@ class OpenAccError(ValueError):
 class OpenAccFile:
     path: Path
     layout: str  # "astazero-new" or "jrc"
-    campaign: str  # "AstaZero", "ZalaZone" or "unknown"
+    campaign: str  # "AstaZero", "ZalaZone", "Vicolungo", "Cherasco" or "unknown"
     vehicles: dict[int, str]  # vehicle number -> name from Vehicle_order (empty for astazero-new)
     pairs: list[FollowingPair]
 
@@ -84,6 +85,11 @@ def _campaign(path: Path) -> str:
         return "AstaZero"
     if name.startswith("handling") or "zala" in name:
         return "ZalaZone"
+    # JRC's own names: JRC-VC_<date>... (Vicolungo), JRC-Cher_<date>... or Cher-JRC_... (Cherasco)
+    if re.match(r"(jrc-)?vc[-_]", name) or "vicolungo" in name:
+        return "Vicolungo"
+    if re.match(r"(jrc-)?cher[-_]", name) or "cherasco" in name:
+        return "Cherasco"
     return "unknown"
 
 

@@ -29,7 +29,7 @@ class ReplayCriteria(_Section):
     agreement_drop: float = Field(0.01, ge=0.0, description="pooled top-1 agreement with the human, below baseline")
     balanced_accuracy_drop: float = Field(0.02, ge=0.0, description="pooled balanced accuracy, below baseline")
     accel_mae_rise: float = Field(0.05, ge=0.0, description="pooled accel MAE (m/s^2), above baseline")
-    # absolute, off by default: issue 15's target is 0.75 and not every shipped model meets it yet
+    # absolute, off by default: the evaluation's target is 0.75 and not every shipped model meets it yet
     max_disagreement_ratio: float | None = Field(None, gt=0.0, description="vs the best trivial baseline")
     max_migration: float | None = Field(None, ge=0.0, le=1.0, description="share of ticks whose applied action moved")
 

@@ -1,4 +1,5 @@
-"""Trivial baselines a decision model must beat on recorded drives (issue 15, "honest evaluation").
+"""Trivial baselines a decision model must beat on recorded drives: without them an
+agreement figure says nothing (most highway ticks hold the speed, so "keep" alone agrees often).
 
 Each baseline maps one observation's features to a longitudinal acceleration; its action is that
 acceleration's band (`executor.action_labels.action_of_accel`), the same bands the human's label

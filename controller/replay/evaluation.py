@@ -1,4 +1,5 @@
-"""How a replayed model compares with the human's labels and with trivial baselines (issue 15).
+"""How a replayed model compares with the human's labels and with trivial baselines: an
+agreement figure means little until it stands beside what a trivial rule gets on the same ticks.
 
 The contract is docs/design-notes/real-sensors.md ("Labels", "Evaluation"); docs/operations.md
 ("Evaluating a model on recorded drives") explains how to read the output.
@@ -55,7 +56,7 @@ METRICS: Final = ("agreement", "balanced_accuracy", "accel_mae")
 MODEL_PREDICTORS: Final = ("proposed", "applied")
 PREDICTORS: Final = (*MODEL_PREDICTORS, *bl.BASELINES)
 STATES: Final = ("nominal", "ood_veto", "stale_observation")
-# Issue 15's target: the model's disagreement with the human at most this fraction of the best
+# The evaluation's target: the model's disagreement with the human at most this fraction of the best
 # baseline's.
 DISAGREEMENT_TARGET: Final = 0.75
 
@@ -226,7 +227,7 @@ class LogEvaluation:
 
     def disagreement_ratio(self, predictor: str = "proposed") -> tuple[float, str | None]:
         """(1 - model agreement) / (1 - best baseline agreement), both on the best baseline's ticks
-        (issue 15's target: at most DISAGREEMENT_TARGET); NaN when there is no baseline or it agrees
+        (the evaluation's target: at most DISAGREEMENT_TARGET); NaN when there is no baseline or it agrees
         on every tick."""
         best = self.best_baseline("agreement")
         if best is None:

@@ -5,7 +5,8 @@ session's plot messages share one byte layout: tags and lengths are constants an
 columns. The layout is a numpy record dtype, the ticks one record array, its bytes the messages
 (~1 us per tick; a message per tick through the protobuf runtime costs ~15 us, longer than the
 replay). The bytes are those `PlotSchema.from_snapshot(snapshot_to_proto(s), observation)`
-serialises for the same tick; tests/controller/replay/test_fleet.py compares the files.
+serialises for the same tick; tests/controller/logs/test_foxglove.py compares the files
+(docs/duplicated-rules.md, section 8).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ period. So the ticker waits in three steps:
 Step 2 blocks the loop, so the guard is time the loop cannot serve gRPC in every period. With a
 loop timer it had to be 2 ms (1 ms of rounding, plus the callbacks), and an early timer made it up
 to 3: at 32 sessions on one process the loop then fell behind and dropped 9.9% of the snapshots.
-With the timerfd and a 1 ms guard it dropped 0.14% (docs/measurements.md, issue 18).
+With the timerfd and a 1 ms guard it dropped 0.14% (docs/measurements.md).
 
 A deadline whose tick could not start before the next deadline was due is *missed*: it is counted
 and skipped, never run late in a burst (ros2_control's "missed cycles", openpilot's Ratekeeper lag).

@@ -1,5 +1,5 @@
 """Whether a freshly trained model may be written: its calibration against its own uncalibrated
-logits and against the current default model, on the same test split (issue 19, item 3).
+logits and against the current default model, on the same test split.
 
 Temperature scaling is fitted on the validation split; on the test split it can still make things
 worse (a validation split unlike the test one, too few rows). A calibrated ECE or NLL worse than

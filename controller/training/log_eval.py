@@ -27,7 +27,7 @@ from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim import schema
 
 BASELINES = bl.BASELINES
-DISAGREEMENT_TARGET = evaluation.DISAGREEMENT_TARGET  # issue 15: at most this fraction of the best baseline's
+DISAGREEMENT_TARGET = evaluation.DISAGREEMENT_TARGET  # at most this fraction of the best baseline's
 
 IntArray = npt.NDArray[np.int64]
 

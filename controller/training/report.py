@@ -97,8 +97,8 @@ def summary_tables(result: TrainResult) -> list[Table]:
 
 def log_report_table(reports: list[DatasetReport], title: str) -> Table:
     """Per dataset: the model's agreement and balanced accuracy beside each baseline's (each on its
-    own rows; the model on the best baseline's rows for the ratio), and whether issue 15's targets
-    are met (disagreement <= 0.75x the best baseline's, balanced accuracy above every baseline's)."""
+    own rows; the model on the best baseline's rows for the ratio), and whether the evaluation's
+    targets are met (disagreement <= 0.75x the best baseline's, balanced accuracy above every baseline's)."""
     t = Table(title=title)
     for col in ("dataset", "sessions", "rows", "model agree / bal", *BASELINES, "disagree ratio", "targets"):
         t.add_column(col, justify="right")

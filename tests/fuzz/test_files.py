@@ -1,5 +1,5 @@
 """Corrupted input files: every importer and loader answers with its own error naming the file, never
-a raw exception (issue 18, item 5).
+a raw exception.
 
 Each example takes a valid file (a shipped fixture, the shipped model and gate, or one written here)
 and damages it: truncation, bit flips, garbage spans, invalid UTF-8, and for text and structured

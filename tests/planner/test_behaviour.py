@@ -203,7 +203,7 @@ def test_planning_is_far_sighted_but_cheap_enough():
     assert np.median(times) < 0.05  # a few ms expected; generous for a noisy VM
 
 
-# ---- closed-loop findings (issue 5): each test is a situation the planner used to get wrong ----
+# ---- closed-loop findings: each test is a situation the planner used to get wrong ----
 
 
 def _on_ramp(seed: int, before_end_m: float, see_lane_ends: bool = True) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Issue 18's honest benches: verdicts with absolute bounds, what runs by default, where processes run.
+"""Honest benches: verdicts with absolute bounds, what runs by default, where processes run.
 
 No timing is asserted: the verdict functions are given made-up results, and the smoke runs check
 only that every field is there and adds up.
@@ -58,7 +58,7 @@ def _planner(idle_p99: float, busy_p99: float, missed: int = 0, bare_p99: float 
 
 
 def test_planner_verdict_a_ratio_of_two_overloaded_windows_is_no_pass():
-    # issue 18's run: idle p99 6.7 ms, busy 6.4 ms, 42 missed deadlines printed "0.95x (within the goal)"
+    # a real run once read: idle p99 6.7 ms, busy 6.4 ms, 42 missed deadlines printed "0.95x (within the goal)"
     v = planner_verdict(_planner(6700.0, 6400.0, missed=42))
     assert not v["met"]
     assert any("missed" in f for f in v["failures"]) and any("idle p99" in f for f in v["failures"])

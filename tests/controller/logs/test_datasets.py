@@ -118,6 +118,11 @@ def test_real_file_list_never_shares_a_vehicle_pair() -> None:
     assert {d.path.name for d in drives if d.dataset == ds.ZALAZONE and d.split == ds.HELDOUT} == {
         "handling_part40.csv"
     }
+    # the two motorway campaigns no shipped model trained on: held out whole, every pair imported
+    for dataset, pairs in ((ds.VICOLUNGO, 8), (ds.CHERASCO, 2)):
+        mine = [d for d in drives if d.dataset == dataset]
+        assert mine and {d.split for d in mine} == {ds.HELDOUT}
+        assert sum(len(d.pairs) for d in mine) == pairs
 
 
 def test_shared_data_import_writes_both_splits_and_a_manifest(tmp_path: Path) -> None:

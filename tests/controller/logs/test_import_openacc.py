@@ -152,3 +152,17 @@ def test_driver_column_keeps_only_human_rows(tmp_path: Path) -> None:
     parsed = read_openacc(mixed)
     pair = next(p for p in parsed.pairs if p.session_id.endswith("v3-follows-v2"))
     assert np.isnan(pair.ego_speed[:150]).all() and np.isfinite(pair.ego_speed[150:]).all()
+
+
+@pytest.mark.parametrize(
+    ("name", "campaign"),
+    [("JRC-VC_280219_part2.csv", "Vicolungo"), ("JRC-Cher_3008_rec2_part1.csv", "Cherasco"), ("run7.csv", "unknown")],
+)
+def test_the_campaign_comes_from_jrcs_file_names(tmp_path: Path, name: str, campaign: str) -> None:
+    """Each campaign is its own dataset in the per-dataset reports (its site, cars and drivers)."""
+    copy = tmp_path / name
+    copy.write_text(ZALA40.read_text())
+    assert read_openacc(copy).campaign == campaign
+    reports = import_openacc(copy, tmp_path / "out")
+    detail = read_log(reports[0].out_path).header.source_details["dataset"]
+    assert detail.startswith(f"OpenACC {campaign} (JRC)")

@@ -1,4 +1,4 @@
-"""Replay from columns (issue 18): observations decoded column-wise from their bytes are the parsed
+"""Replay from columns: observations decoded column-wise from their bytes are the parsed
 messages, only the canonical encoding is taken, and a replay from columns gives the Observation
 path's ticks, report and evaluation, and the per-tick path's file byte for byte."""
 

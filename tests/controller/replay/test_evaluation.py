@@ -1,4 +1,4 @@
-"""The replay's evaluation against the human's labels and the trivial baselines (issue 15 item 5).
+"""The replay's evaluation against the human's labels and the trivial baselines.
 
 The constructed log below has eight observations whose features, labels and look-ahead
 accelerations are chosen by hand; the baselines' scores depend on the observations only, so they

@@ -1,4 +1,4 @@
-"""Fleet replay (issue 18 item 3): the column-wise snapshot encoder and the bulk MCAP writer give the
+"""Fleet replay: the column-wise snapshot encoder and the bulk MCAP writer give the
 bytes the per-message path gives, and a fleet's reports are the single-log replays' reports."""
 
 from __future__ import annotations

@@ -8,12 +8,16 @@ import pytest
 
 from dualloop.controller.logs.bulk import TopicMessages, write_messages
 from dualloop.controller.logs.format import TOPIC_OBSERVATION, TOPIC_SNAPSHOT
+from dualloop.controller.logs.logfile import read_log
+from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay import wire_batch
+from dualloop.controller.replay.lockstep import LoadedModel, _observations, executor_config_for
 from dualloop.controller.replay.wire_batch import (
     Col,
     PackedRows,
     _varint_bytes,
     const,
+    encode_snapshots,
     field_double,
     field_varint,
     varints,
@@ -21,6 +25,11 @@ from dualloop.controller.replay.wire_batch import (
 from dualloop.controller.replay.wire_batch import (
     _flat_masked as flat_masked,
 )
+from dualloop.controller.serve.wire import snapshot_to_proto
+from dualloop.executor.lockstep_batch import run_lockstep
+from dualloop.executor.snapshot import Clock
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+from dualloop.v2 import controller_pb2 as pb
 
 
 def _random_fields(rng: np.random.Generator, rows: int) -> list[Col]:
@@ -147,3 +156,41 @@ def test_rows_written_in_place_and_by_mask_are_the_same(monkeypatch, lead_width)
         assert masked  # random first pieces that do not cover: the mask path was taken
     if lead_width == 12:
         assert len(masked) < 30  # and pieces written in place
+
+
+# DecisionSnapshot fields a LOCKSTEP replay leaves at their default: wall-clock and REALTIME counters, the
+# candidate model (never loaded by a replay), the plan (synthetic logs carry none; test_columns.py's plan logs
+# compare those files). Every other field is set on some tick below, so its literal field number is compared.
+NEVER_SET_BY_THESE_REPLAYS = {
+    "emit_time_ns",
+    "lateness_us",
+    "max_lateness_since_previous_us",
+    "observation_age_with_transport_ns",
+    "transport_delay_ns",
+    "ticks_missed_since_previous",
+    "snapshots_conflated_since_previous",
+    "snapshots_dropped",
+    "observations_dropped",
+    "candidate_never_applied",
+    "plan",
+}
+
+
+def test_the_encoders_comparison_sets_every_field_of_the_snapshot(tmp_path):
+    """wire_batch writes DecisionSnapshot's field numbers as literals: the comparison with the serialiser
+    must see every field set at least once, or a field added to controller.proto (or renumbered) could be
+    missing from the encoder and no byte comparison would notice."""
+    seen: set[str] = set()
+    for rate_hz, faults, decision_vector in [(150.0, True, False), (10.0, False, True)]:
+        data = read_log(synthetic_log(tmp_path / f"{rate_hz}.mcap", seconds=5.0, rate_hz=rate_hz, faults=faults))
+        ex = LoadedModel.load(BASE_MODEL_PATH, DEFAULT_GATES).executor(executor_config_for(data.header))
+        ex.open_session("s", Clock.LOCKSTEP, shadow=True, include_decision_vector=decision_vector)
+        table = run_lockstep(ex, "s", _observations(data))
+        messages = [snapshot_to_proto(s) for s in table.snapshots()]
+        assert encode_snapshots(table) == [m.SerializeToString(deterministic=True) for m in messages]
+        seen |= {field.name for m in messages for field, _ in m.ListFields()}
+    every = {field.name for field in pb.DecisionSnapshot.DESCRIPTOR.fields}
+    assert NEVER_SET_BY_THESE_REPLAYS <= every, NEVER_SET_BY_THESE_REPLAYS - every
+    assert every - seen == NEVER_SET_BY_THESE_REPLAYS, "set these fields in the comparison: " + str(
+        sorted(every - seen - NEVER_SET_BY_THESE_REPLAYS)
+    )

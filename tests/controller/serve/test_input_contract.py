@@ -1,4 +1,4 @@
-"""Issue 16 on a real server on loopback: shadow statistics per session instance (proposed and
+"""The input contract on a real server on loopback: shadow statistics per session instance (proposed and
 applied, resettable), the actuation check only on declared commands, one rule for invalid input
 (structure ends the stream, content never does, live and replay agree), malformed bytes, and
 serving on every loopback spelling."""

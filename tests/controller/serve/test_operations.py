@@ -1,4 +1,4 @@
-"""Operations (issue 17): grpc.health.v1, server reflection, structured logs and the graceful drain.
+"""Operations: grpc.health.v1, server reflection, structured logs and the graceful drain.
 
 Real servers on loopback: an in-process one (ServerThread) for health, reflection and the drain's
 refusals, and a `dualloop serve` subprocess stopped with SIGTERM while streams and recording are live.

@@ -47,7 +47,7 @@ def test_card_is_complete(base):
 
 
 def test_takes_masks_and_was_trained_on_recorded_drives(base):
-    """Issue 15: the shipped model meets sensor profiles (mask input), proposes a driver's action
+    """The shipped model meets sensor profiles (mask input), proposes a driver's action
     without a plan, and its card says which recorded drives it learnt from."""
     card = base.card
     assert card.mask_input and card.plan_default == schema.no_plan().tolist()
@@ -138,7 +138,7 @@ def drive_speed_step(
 
 @pytest.mark.slow
 def test_follows_a_lower_target_speed_without_leaving_its_lane(base):
-    """Issue 5: the planner's target speed follows the traffic, so it steps within a drive. In dense
+    """The planner's target speed follows the traffic, so it steps within a drive. In dense
     traffic a keep plan stepping from 25 to 12 m/s: the model slows to the new target and stays on
     its lane's centre. The model trained on one target per drive sat 0.6-1.5 m off its lane centre
     on these seeds (one run ended in the next lane); the model before DAgger kept within 0.41 m, the

@@ -1,5 +1,5 @@
 """`dualloop train` refuses to write a model worse calibrated than its own uncalibrated logits or
-than the current default model on the same test split, unless forced (issue 19 item 3)."""
+than the current default model on the same test split, unless forced."""
 
 from __future__ import annotations
 
