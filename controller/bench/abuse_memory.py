@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
-import sys
+import signal
 import tempfile
 import threading
 import time
@@ -30,6 +28,7 @@ from pathlib import Path
 
 import grpc
 
+from dualloop.controller.server_process import ServerProcess
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
@@ -46,36 +45,16 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-class Server:
+class Server(ServerProcess):
+    """`dualloop serve --record-dir` with the shipped model and gates; what the attacks send."""
+
     def __init__(self, record_dir: Path) -> None:
-        cmd = [sys.executable, "-m", "dualloop.controller.cli", "serve", "--port", "0", "--model", str(BASE_MODEL_PATH)]
-        for gate in DEFAULT_GATES:
-            cmd += ["--gate", str(gate)]
-        cmd += ["--record-dir", str(record_dir), "--log-level", "WARNING"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        found = re.search(r" on 127\.0\.0\.1:(\d+)", line)
-        if not found:
-            self.proc.kill()
-            raise RuntimeError(f"serve did not start: {line!r}")
-        self.address = f"127.0.0.1:{found.group(1)}"
-        self.channel = grpc.insecure_channel(self.address)
-        info = pb_grpc.ControllerServiceStub(self.channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=30).model
+        gates = [a for g in DEFAULT_GATES for a in ("--gate", str(g))]
+        args = ["--model", str(BASE_MODEL_PATH), *gates, "--record-dir", str(record_dir), "--log-level", "WARNING"]
+        super().__init__(args, record_dir / "server")
+        info = self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30).model
         self.features = [f.mean for f in info.features]
         self.n_plan = len(info.plan)
-
-    def stats(self) -> pb.GetStatsResponse:
-        return pb_grpc.ControllerServiceStub(self.channel).GetStats(pb.GetStatsRequest(), timeout=30)
-
-    def stop(self) -> None:
-        self.channel.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def _stream(server: Server, session_id: str, stop: threading.Event, plan_ids: bool, counts: dict[str, int]) -> None:
@@ -128,7 +107,7 @@ def run(
         server = Server(Path(tmp))
         try:
             time.sleep(2.0)  # settle after warm-up
-            baseline = rss_bytes(server.proc.pid)
+            baseline = rss_bytes(server.pid)
             stop, counts = threading.Event(), {"bytes": 0, "sessions": 0}
             threads = attack(server, stop, counts)
             for t in threads:
@@ -136,18 +115,18 @@ def run(
             samples, queue_bytes = [], []
             end = time.monotonic() + seconds
             while time.monotonic() < end and server.proc.poll() is None:
-                samples.append(rss_bytes(server.proc.pid))
-                queue_bytes.append(getattr(server.stats(), "recorder_queue_bytes", 0))
+                samples.append(rss_bytes(server.pid))
+                queue_bytes.append(getattr(server.stats(30), "recorder_queue_bytes", 0))
                 time.sleep(0.25)
             stop.set()
             for t in threads:
                 t.join(30)
             time.sleep(1.0)
-            after = rss_bytes(server.proc.pid)
-            stats = server.stats()
+            after = rss_bytes(server.pid)
+            stats = server.stats(30)
             record_mb = sum(f.stat().st_size for f in Path(tmp).glob("*.mcap")) / 1e6
         finally:
-            server.stop()
+            server.stop(sig=signal.SIGTERM)
     peak = max(samples)
     extra = ""
     if counts["sessions"]:

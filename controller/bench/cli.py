@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.markup import escape
 
 from dualloop.controller.bench.gate import SESSION_COUNTS, bench_gate_table
+from dualloop.controller.bench.harness import TickRun
 from dualloop.controller.bench.overrun import bench_overrun
 from dualloop.controller.bench.plan_cost import bench_plan_cost
 from dualloop.controller.bench.planner import PHASE_S, bench_planner
@@ -17,7 +20,7 @@ from dualloop.controller.bench.rules import SESSION_COUNTS as RULES_SESSION_COUN
 from dualloop.controller.bench.rules import bench_rules_table
 from dualloop.controller.bench.secure import MissingExtraError, require_cryptography
 from dualloop.controller.bench.sim import bench_sim
-from dualloop.controller.bench.soak import SOAK_DURATION_S, SOAK_SESSIONS, bench_soak
+from dualloop.controller.bench.soak import SOAK_DURATION_S, SOAK_SESSIONS, SoakRun, bench_soak
 from dualloop.controller.bench.tick import SWEEP, bench_sweep, bench_tick
 from dualloop.controller.console import console
 from dualloop.controller.serve.config import ConfigError
@@ -107,6 +110,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="tick, planner, soak: the server keeps idle CPUs this quick to wake (/dev/cpu_dma_latency, "
         "for the whole machine; 0: they poll, never halt); default -1: idle states left alone, as serve",
     )
+    _add_tick_options(p)
+    p.set_defaults(fn=_bench)
+
+
+def _add_tick_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics",
         choices=["off", "on", "both"],
@@ -162,151 +170,155 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "command (both, the default; each --duration)",
     )
     p.add_argument("--calls", type=int, default=200, help="bench overrun: each call this many times")
-    p.set_defaults(fn=_bench)
 
 
 def _wake_latency(args: argparse.Namespace) -> int | None:
     return None if args.cpu_wake_latency_us < 0 else int(args.cpu_wake_latency_us)
 
 
-def _bench(args: argparse.Namespace) -> int:
-    # what each bench runs unless told: the planner's busy/idle p99 ratio needs many turns of each
-    # (docs/measurements.md)
+def _error(text: str) -> int:
+    console.print(f"[red]error:[/] {text}", highlight=False)
+    return 2
+
+
+def _tick_run(args: argparse.Namespace, **kw: Any) -> TickRun:
+    """The run the flags ask for: what users run (the shipped model with its gates) unless told."""
     duration = args.duration if args.duration is not None else _BENCH_DURATION_S[args.what]
-    # what users run: the shipped model with its gates, unless told otherwise
-    model_path = args.model or BASE_MODEL_PATH
-    gate_paths = tuple(args.gate) if args.gate else (() if args.model else DEFAULT_GATES)
-    sessions = args.sessions if args.sessions is not None else _BENCH_SESSIONS.get(args.what, 8)
-    if args.what == "overrun":
-        result = bench_overrun(args.out / "overrun", args.calls)
-        console.print(json.dumps(result, indent=2), highlight=False, markup=False)
-        return 0
-    if args.what == "sim":
-        console.print(bench_sim(seconds=duration))
-        return 0
-    if args.what == "soak":
-        if sessions < 1 or duration <= 0:
-            console.print("[red]error:[/] bench soak needs --sessions >= 1 and --duration > 0", highlight=False)
-            return 2
-        soak = bench_soak(
-            sessions,
-            duration,
-            args.out,
-            console=console,
-            realtime_priority=args.realtime_priority or None,
-            cpu_wake_latency_us=_wake_latency(args),
-            pin=not args.no_pin,
-        )
-        return 0 if soak["met"] else 1
-    if args.what == "planner":
-        if duration < 4 * PHASE_S:
-            console.print(
-                f"[red]error:[/] bench planner --duration {duration:g}: too short, the planner is "
-                f"idle and busy in turns of {PHASE_S:g} s and each needs two turns (at least "
-                f"{4 * PHASE_S:g} s)",
-                highlight=False,
-            )
-            return 2
-        if args.compare_pure:
-            bench_plan_cost(args.out, console)
-        bench_planner(
-            model_path,
-            sessions,
-            duration,
-            args.out,
-            args.guard_ms,
-            args.realtime_priority or None,
-            planner="behaviour",
-            console=console,
-            gates=gate_paths,
-            workers=args.workers,
-            cpu_wake_latency_us=_wake_latency(args),
-        )
-        return 0
-    if args.what == "replay":
-        bench_replay(
-            model_path,
-            tuple(args.gate) if args.gate else DEFAULT_GATES,
-            out_dir=args.out,
-            seconds=min(duration, 60.0),
-            console=console,
-            logs=100 if args.logs is None else args.logs,
-            workers=args.fleet_workers,
-        )
-        return 0
-    if args.what == "rules":
-        bench_rules_table(
-            model_path,
-            list(gate_paths),
-            (args.sessions,) if args.sessions else RULES_SESSION_COUNTS,
-            ticks=max(20, int(duration * 200)),  # seconds of 5 ms ticks per session count
-            out_dir=args.out,
-            console=console,
-        )
-        return 0
-    if args.what == "gate":
-        if not gate_paths:  # the shipped model with its two gates, as `serve` runs them by default
-            raise ConfigError("bench gate needs --gate FILE for a model other than models/base.onnx")
-        model = DecisionModel(model_path)
-        gates = [load_gate_for_model(g, model) for g in gate_paths]
-        counts = sorted(set(SESSION_COUNTS) | ({args.sessions} if args.sessions else set()))  # plus --sessions
-        bench_gate_table(
-            model,
-            gates,
-            counts,
-            out_dir=args.out,
-            console=console,
-            model_path=str(model_path),
-            gate_paths=[str(g) for g in gate_paths],
-            compare_pure=args.compare_pure,
-        )
-        return 0
-    if args.what == "tick":
-        if args.secure != "off":
-            if args.metrics != "off":
-                console.print(
-                    f"[red]error:[/] bench tick --secure {args.secure} turns metrics on in its secure runs and "
-                    f"off in its plain ones; drop --metrics {args.metrics}",
-                    highlight=False,
-                )
-                return 2
-            try:
-                require_cryptography()
-            except MissingExtraError as err:
-                console.print(f"[red]error:[/] {escape(str(err))}", highlight=False)  # keeps '[bench]'
-                return 2
-        if args.workers > 1 and (args.secure != "off" or args.metrics != "off"):
-            console.print("[red]error:[/] bench tick --workers runs without --secure and --metrics", highlight=False)
-            return 2
-        tick_options = {
-            "guard_ms": args.guard_ms,
-            "rt_priority": args.realtime_priority or None,
-            "cpu_wake_latency_us": _wake_latency(args),
-            "gates": gate_paths,
-            "workers": args.workers,
-            "client_procs": args.client_procs,
-            "pin": not args.no_pin,
-            "planner": args.planner,
-        }
-        if args.sweep:
-            try:
-                counts = [int(c) for c in args.sweep.split(",")]
-            except ValueError:
-                console.print(f"[red]error:[/] --sweep {args.sweep}: session counts like 8,16,32", highlight=False)
-                return 2
-            bench_sweep(model_path, counts, args.out, console, duration_s=duration, plot=False, **tick_options)
-            return 0
-        bench_tick(
-            model_path,
-            sessions,
-            duration,
-            args.out,
-            console=console,
-            metrics=args.metrics,
-            secure=args.secure,
-            candidate=args.candidate,
-            candidate_gates=args.candidate_gate or (),
-            candidate_mode=args.candidate_runs,
-            **tick_options,
-        )
+    return TickRun(
+        model=args.model or BASE_MODEL_PATH,
+        sessions=args.sessions if args.sessions is not None else _BENCH_SESSIONS.get(args.what, 8),
+        duration_s=duration,
+        guard_ms=args.guard_ms,
+        rt_priority=args.realtime_priority or None,
+        cpu_wake_latency_us=_wake_latency(args),
+        gates=_gate_paths(args),
+        workers=args.workers,
+        **kw,
+    )
+
+
+def _gate_paths(args: argparse.Namespace) -> tuple[Path, ...]:
+    return tuple(args.gate) if args.gate else (() if args.model else DEFAULT_GATES)
+
+
+def _overrun(args: argparse.Namespace) -> int:
+    result = bench_overrun(args.out / "overrun", args.calls)
+    console.print(json.dumps(result, indent=2), highlight=False, markup=False)
     return 0
+
+
+def _sim(args: argparse.Namespace) -> int:
+    console.print(bench_sim(seconds=args.duration if args.duration is not None else _BENCH_DURATION_S["sim"]))
+    return 0
+
+
+def _soak(args: argparse.Namespace) -> int:
+    run = _tick_run(args)
+    if run.sessions < 1 or run.duration_s <= 0:
+        return _error("bench soak needs --sessions >= 1 and --duration > 0")
+    soak = SoakRun(run.sessions, run.duration_s, realtime_priority=run.rt_priority, pin=not args.no_pin)
+    return 0 if bench_soak(replace(soak, cpu_wake_latency_us=run.cpu_wake_latency_us), args.out, console)["met"] else 1
+
+
+def _planner(args: argparse.Namespace) -> int:
+    # the planner's busy/idle p99 ratio needs many turns of each (docs/measurements.md)
+    run = _tick_run(args, planner="behaviour")
+    if run.duration_s < 4 * PHASE_S:
+        return _error(
+            f"bench planner --duration {run.duration_s:g}: too short, the planner is idle and busy in turns of "
+            f"{PHASE_S:g} s and each needs two turns (at least {4 * PHASE_S:g} s)"
+        )
+    if args.compare_pure:
+        bench_plan_cost(args.out, console)
+    bench_planner(run, args.out, console)
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    run = _tick_run(args)
+    bench_replay(
+        run.model,
+        tuple(args.gate) if args.gate else DEFAULT_GATES,
+        out_dir=args.out,
+        seconds=min(run.duration_s, 60.0),
+        console=console,
+        logs=100 if args.logs is None else args.logs,
+        workers=args.fleet_workers,
+    )
+    return 0
+
+
+def _rules(args: argparse.Namespace) -> int:
+    run = _tick_run(args)
+    bench_rules_table(
+        run.model,
+        list(run.gates),
+        (args.sessions,) if args.sessions else RULES_SESSION_COUNTS,
+        ticks=max(20, int(run.duration_s * 200)),  # seconds of 5 ms ticks per session count
+        out_dir=args.out,
+        console=console,
+    )
+    return 0
+
+
+def _gate(args: argparse.Namespace) -> int:
+    run = _tick_run(args)
+    if not run.gates:  # the shipped model with its two gates, as `serve` runs them by default
+        raise ConfigError("bench gate needs --gate FILE for a model other than models/base.onnx")
+    model = DecisionModel(run.model)
+    gates = [load_gate_for_model(g, model) for g in run.gates]
+    counts = sorted(set(SESSION_COUNTS) | ({args.sessions} if args.sessions else set()))  # plus --sessions
+    bench_gate_table(
+        model,
+        gates,
+        counts,
+        out_dir=args.out,
+        console=console,
+        model_path=str(run.model),
+        gate_paths=[str(g) for g in run.gates],
+        compare_pure=args.compare_pure,
+    )
+    return 0
+
+
+def _tick(args: argparse.Namespace) -> int:
+    if args.secure != "off":
+        if args.metrics != "off":
+            return _error(
+                f"bench tick --secure {args.secure} turns metrics on in its secure runs and off in its plain ones; "
+                f"drop --metrics {args.metrics}"
+            )
+        try:
+            require_cryptography()
+        except MissingExtraError as err:
+            return _error(escape(str(err)))  # keeps '[bench]'
+    if args.workers > 1 and (args.secure != "off" or args.metrics != "off"):
+        return _error("bench tick --workers runs without --secure and --metrics")
+    run = _tick_run(args, client_procs=args.client_procs, pin=not args.no_pin, planner=args.planner)
+    if args.sweep:
+        try:
+            counts = [int(c) for c in args.sweep.split(",")]
+        except ValueError:
+            return _error(f"--sweep {args.sweep}: session counts like 8,16,32")
+        bench_sweep(run, counts, args.out, console)
+        return 0
+    candidate = {"candidate": args.candidate, "candidate_gates": tuple(args.candidate_gate or ())}
+    run = replace(run, **candidate)
+    bench_tick(run, args.out, console, args.metrics, args.secure, args.candidate_runs)
+    return 0
+
+
+_BENCHES = {
+    "tick": _tick,
+    "sim": _sim,
+    "gate": _gate,
+    "planner": _planner,
+    "replay": _replay,
+    "rules": _rules,
+    "soak": _soak,
+    "overrun": _overrun,
+}
+
+
+def _bench(args: argparse.Namespace) -> int:
+    return _BENCHES[args.what](args)

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dualloop import ood
-from dualloop.controller.bench.tick import store_result
+from dualloop.controller.bench.harness import store_result
 from dualloop.controller.gates.fitting import nominal_inputs
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dualloop.controller.cards.cards import with_card
 from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.server_process import ServerProcess
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import TEST_MODEL_PATH
@@ -115,45 +113,6 @@ def calibrated_slow_model(path: Path, target_ms: float, name: str = "dualloop-sl
             break
         links = max(1, round(links * target_ms / took))
     return took
-
-
-SERVING = health_pb2.HealthCheckResponse.SERVING
-
-
-class ServeProcess:
-    """`dualloop serve` in a subprocess on a free loopback port; stop() sends SIGTERM and times the exit."""
-
-    def __init__(self, args: list[str], stderr_path: Path, env: dict[str, str] | None = None) -> None:
-        cmd = [sys.executable, "-m", "dualloop.controller.cli", "serve", "--port", "0", *args]
-        with open(stderr_path, "w") as stderr:
-            self.proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, **(env or {})}
-            )
-        self.stderr_path = stderr_path
-        assert self.proc.stdout is not None
-        self.first_line = self.proc.stdout.readline()
-        match = re.search(r" on 127\.0\.0\.1:(\d+)", self.first_line)
-        if match is None:
-            self.proc.wait(30)
-            raise RuntimeError(f"serve did not start: {self.first_line!r} {stderr_path.read_text()[-2000:]}")
-        self.address = f"127.0.0.1:{match.group(1)}"
-        self.stdout_rest = ""
-
-    def stop(self, timeout_s: float = 60.0) -> tuple[int | None, float]:
-        """SIGTERM; (exit code or None if still running after timeout_s, seconds to exit)."""
-        t0 = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code: int | None = self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
-        took = time.monotonic() - t0
-        if code is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        assert self.proc.stdout is not None
-        self.stdout_rest = self.proc.stdout.read()
-        return code, took
 
 
 class Feeder:
@@ -248,8 +207,8 @@ def _summary(seconds: list[float]) -> dict[str, float]:
     }
 
 
-def _run(model: Path, out: Path, calls: int, env: dict[str, str]) -> dict[str, object]:
-    srv = ServeProcess(["--model", str(model), "--drain-grace", "5", "--log-format", "json"], out, env=env)
+def _run(model: Path, work_dir: Path, calls: int, env: dict[str, str]) -> dict[str, object]:
+    srv = ServerProcess(["--model", str(model), "--drain-grace", "5", "--log-format", "json"], work_dir, env=env)
     try:
         with grpc.insecure_channel(srv.address) as channel:
             feeder = Feeder(channel)
@@ -261,19 +220,17 @@ def _run(model: Path, out: Path, calls: int, env: dict[str, str]) -> dict[str, o
             window_s = time.monotonic() - t0
             stats = stub.GetStats(pb.GetStatsRequest(), timeout=30)
             forward_us = feeder.forward_us[-200:]
-            code, stop_s = srv.stop(timeout_s=35)
+            code = srv.stop(timeout_s=35, sig=signal.SIGTERM)
             feeder.close()
     finally:
-        if srv.proc.poll() is None:
-            srv.proc.kill()
-            srv.proc.wait(10)
+        srv.stop(timeout_s=10)
     return {
         "calls": {name: _summary(v) for name, v in took.items()},
         "server_forward_p50_ms": float(np.median(forward_us)) / 1e3 if forward_us else float("nan"),
         "ticks_per_s": stats.ticks / window_s,
         "missed_per_s": stats.missed_deadlines / window_s,
-        "sigterm_exit": code,
-        "sigterm_s": stop_s,
+        "sigterm_exit": code if srv.stopped_in_time else None,
+        "sigterm_s": srv.stop_s,
     }
 
 
@@ -285,9 +242,9 @@ def bench_overrun(out_dir: Path, calls: int = 200, target_ms: float = 15.0) -> d
     forward = calibrated_slow_model(slow, target_ms)
     load_before = os.getloadavg()
     runs = {
-        "on time (test model)": _run(TEST_MODEL_PATH, out_dir / "on_time.jsonl", calls, {}),
+        "on time (test model)": _run(TEST_MODEL_PATH, out_dir / "on_time", calls, {}),
         f"every tick overrunning ({forward:.1f} ms model)": _run(
-            slow, out_dir / "overrun.jsonl", calls, {"DUALLOOP_EXECUTOR__MODEL_BUDGET_FRACTION": "0"}
+            slow, out_dir / "overrun", calls, {"DUALLOOP_EXECUTOR__MODEL_BUDGET_FRACTION": "0"}
         ),
     }
     result = {

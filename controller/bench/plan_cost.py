@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from dualloop.controller.bench.tick import store_result
+from dualloop.controller.bench.harness import store_result
 from dualloop.planner import compiled as planner_compiled
 from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.plan import PlanRequest

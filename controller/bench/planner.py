@@ -17,7 +17,7 @@ is reported from the scheduler's request -> plan latency instead.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,17 +27,10 @@ import numpy.typing as npt
 from rich.console import Console
 from rich.table import Table
 
-from dualloop.controller.bench.tick import (
-    P99_BOUND_US,
-    _bench_tick,
-    cause_name,
-    missed_text,
-    print_ran,
-    store_result,
-)
+from dualloop.controller.bench.harness import Result, TickRun, store_result
+from dualloop.controller.bench.tick import P99_BOUND_US, _bench_tick, cause_name, missed_text, print_ran
 from dualloop.controller.serve.server import new_event_loop
 from dualloop.controller.serve.ticker import percentiles_us
-from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 
 GOAL_RATIO = 1.2
 PHASE_S = 2.0
@@ -158,76 +151,52 @@ def print_planner_report(result: dict[str, Any], console: Console) -> None:
 
 
 def bench_planner(
-    model: Path,
-    sessions: int = 32,
-    duration_s: float = 60.0,
-    out_dir: Path = Path("runs/bench"),
-    guard_ms: float = DEFAULT_TICKER_GUARD_MS,
-    rt_priority: int | None = None,
-    planner: str = "behaviour",
-    console: Console | None = None,
-    phase_s: float = PHASE_S,
-    gates: Sequence[Path] = (),
-    workers: int = 1,
-    cpu_wake_latency_us: int | None = None,
-) -> dict[str, Any]:
-    """One run, planner idle and busy in turns; prints and stores the comparison. workers: server
+    run: TickRun, out_dir: Path = Path("runs/bench"), console: Console | None = None, phase_s: float = PHASE_S
+) -> Result:
+    """One run, planner idle and busy in turns; prints and stores the comparison. run.workers: server
     processes sharing the port, each with its own planner worker, all starting idle together: the
     k-th turn of every worker is the same window of the run, so their ticks are pooled by turn."""
-    if duration_s < 4 * phase_s:
+    if run.duration_s < 4 * phase_s:
         raise ValueError(
-            f"--duration {duration_s:g} s is too short: at least two idle and two busy phases of "
+            f"--duration {run.duration_s:g} s is too short: at least two idle and two busy phases of "
             f"{phase_s:g} s are needed ({4 * phase_s:g} s)"
         )
     console = console or Console()
+    planner = run.planner
     loop = new_event_loop()
     try:
-        run = loop.run_until_complete(
-            _bench_tick(
-                model,
-                sessions,
-                duration_s,
-                guard_ms,
-                rt_priority,
-                console,
-                planner=planner,
-                label=f"planner idle/busy ({planner})",
-                alternate_s=phase_s,
-                gates=gates,
-                workers=workers,
-                cpu_wake_latency_us=cpu_wake_latency_us,
-            )
-        )
+        label = f"planner idle/busy ({planner})"
+        measured = loop.run_until_complete(_bench_tick(replace(run, label=label, alternate_s=phase_s), console))
     finally:
         loop.close()
-    ex = run["executor"]
+    ex = measured["executor"]
     result: dict[str, Any] = {
         "when": datetime.now().isoformat(timespec="seconds"),
-        "model": str(model),
-        "ran": run["ran"],
-        "sessions": sessions,
-        "workers": workers,
-        "duration_s": duration_s,
+        "model": str(run.model),
+        "ran": measured["ran"],
+        "sessions": run.sessions,
+        "workers": run.workers,
+        "duration_s": run.duration_s,
         "phase_s": phase_s,
-        "guard_ms": guard_ms,
+        "guard_ms": run.guard_ms,
         "planner": planner,
-        "scheduling": run["scheduling"],
-        **compare_turns(run["_raw"]["executor_lateness_ns"]),
+        "scheduling": measured["scheduling"],
+        **compare_turns(measured["_raw"]["executor_lateness_ns"]),
         "missed_deadlines": ex["missed_deadlines"],
-        "bare_lateness_us": run["bare_ticker"]["lateness_us"],
+        "bare_lateness_us": measured["bare_ticker"]["lateness_us"],
         "cpu_fraction": ex["cpu_fraction"],
         "planner_stats": ex["planner"],
-        "tick_gaps": sum(s["tick_gaps"] for s in run["sessions_detail"]),
-        "snapshots_dropped": sum(s["snapshots_dropped"] for s in run["sessions_detail"]),
-        "bare_missed_deadlines": run["bare_ticker"]["missed_deadlines"],
-        "missed_beside_floor": run["missed_beside_floor"],
+        "tick_gaps": sum(s["tick_gaps"] for s in measured["sessions_detail"]),
+        "snapshots_dropped": sum(s["snapshots_dropped"] for s in measured["sessions_detail"]),
+        "bare_missed_deadlines": measured["bare_ticker"]["missed_deadlines"],
+        "missed_beside_floor": measured["missed_beside_floor"],
         "missed_causes": ex["missed_causes"],
-        "bare_missed_causes": run["bare_ticker"]["missed_causes"],
+        "bare_missed_causes": measured["bare_ticker"]["missed_causes"],
         "gc": ex.get("gc"),
     }
     result["verdict"] = planner_verdict(result)
     path = store_result(out_dir, "planner", result)
-    print_ran(run, console)
+    print_ran(measured, console)
     print_planner_report(result, console)
     console.print(f"results: {path}")
     return result

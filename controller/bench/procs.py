@@ -1,28 +1,30 @@
-"""The processes of `dualloop bench tick`, each started as `python -m dualloop.controller.bench.procs ROLE`.
+"""The processes of `dualloop bench tick`, each started as `python -m dualloop.controller.bench.procs ROLE SPEC`.
 
 - server: the real controller, measuring itself while the clients are connected; no UI in this
   process, so nothing but serving competes with the tick loop;
 - clients: N REALTIME sessions over gRPC, each sending an observation every period (a sensor at the
   tick rate) and reading every snapshot it is given;
 - bare: the bare ticker baseline.
-Each prints one JSON line on stdout at the end (the server prints its port first).
+SPEC is the role's run specification (ServerSpec, ClientSpec, BareSpec) as JSON. Each prints one
+JSON line on stdout at the end (the server prints its port first).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import grpc
 import numpy as np
 
+from dualloop.controller.bench.results import ServerResult, SessionRow
 from dualloop.controller.bench.secure import TOKEN_ENV
 from dualloop.controller.bench.stall_trace import TRACE_ENV, StallTracer
 from dualloop.controller.logs.logfile import read_log
@@ -41,16 +43,66 @@ from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 
+@dataclass(frozen=True)
+class ServerSpec:
+    """What a bench server process serves, and where it saves its raw lateness (ns, .npy).
+    board: one of `workers` server processes on `port` (bench tick --workers), in `slot`."""
+
+    model: str
+    sessions: int
+    save: str
+    guard_ms: float = DEFAULT_TICKER_GUARD_MS
+    realtime_priority: int | None = None
+    cpu_wake_latency_us: int | None = None
+    planner: str = "none"
+    alternate_s: float | None = None  # the planner paused and resumed in turns; lateness per turn
+    metrics: bool = False  # serve Prometheus metrics (metrics_port 0)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tokens_file: str | None = None  # require a bearer token from this file on every RPC
+    gates: tuple[str, ...] = ()
+    port: int = 0
+    board: str | None = None
+    workers: int = 1
+    slot: int = 0
+    cpus: tuple[int, ...] | None = None
+    candidate: str | None = None  # a candidate model beside the live one (never applied)
+    candidate_gates: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """Sessions first .. first + sessions - 1 against address; TLS trusting ca_file when given (the
+    token from $DUALLOOP_BENCH_TOKEN); channel_per_session: a connection each (for several workers)."""
+
+    address: str
+    sessions: int = 8
+    duration_s: float = 10.0
+    period_s: float = 0.005
+    seed: int = 0
+    ca_file: str | None = None
+    first: int = 0
+    channel_per_session: bool = False
+    cpus: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class BareSpec:
+    """The bare ticker, scheduled as the server it is compared with."""
+
+    duration_s: float = 10.0
+    period_ms: float = 5.0
+    guard_ms: float = DEFAULT_TICKER_GUARD_MS
+    save: str | None = None
+    realtime_priority: int | None = None
+    cpu_wake_latency_us: int | None = None
+    cpus: tuple[int, ...] | None = None
+
+
 async def _session(
-    stub: pb_grpc.ControllerServiceStub,
-    index: int,
-    info: pb.ModelInfo,
-    duration_s: float,
-    period_s: float,
-    seed: int,
-    all_open: asyncio.Barrier,
-) -> dict[str, object]:
-    rng = np.random.default_rng(seed + index)
+    stub: pb_grpc.ControllerServiceStub, index: int, info: pb.ModelInfo, spec: ClientSpec, all_open: asyncio.Barrier
+) -> SessionRow:
+    rng = np.random.default_rng(spec.seed + index)
     drive, noise = bench_inputs(info)
     offset = index * 997 % len(drive)  # sessions at different places of the drive
     # a client plan every 200 ms (as synthetic logs carry) unless the server plans
@@ -62,7 +114,7 @@ async def _session(
     # every session streams for the same duration_s from the moment all are open (the server measures
     # from then): on a loaded machine a late opener must not shorten the window the others share
     await all_open.wait()
-    stop_at = time.monotonic() + duration_s
+    stop_at = time.monotonic() + spec.duration_s
 
     async def send() -> int:
         seq = 0
@@ -75,7 +127,7 @@ async def _session(
                 obs.plan.plan_id = f"p{seq}"
                 obs.plan.values.extend(plan)
             await call.write(pb.DriveRequest(observation=obs))
-            next_t += period_s
+            next_t += spec.period_s
             await asyncio.sleep(max(0.0, next_t - time.monotonic()))
         await call.done_writing()
         return seq
@@ -96,15 +148,15 @@ async def _session(
     sent = await sender
     t = np.asarray(ticks, dtype=np.int64)
     gaps = int((np.diff(t) != 1).sum()) if t.size > 1 else 0
-    return {
-        "session": index,
-        "observations_sent": sent,
-        "snapshots_received": len(ticks),
-        "snapshots_dropped": dropped,
-        "tick_gaps": gaps,
-        "tick_span": int(t[-1] - t[0] + 1) if t.size else 0,
-        "reasons": {Reason(k).name: v for k, v in reasons.items()},
-    }
+    return SessionRow(
+        session=index,
+        observations_sent=sent,
+        snapshots_received=len(ticks),
+        snapshots_dropped=dropped,
+        tick_gaps=gaps,
+        tick_span=int(t[-1] - t[0] + 1) if t.size else 0,
+        reasons={Reason(k).name: v for k, v in reasons.items()},
+    )
 
 
 PLAN = schema.make_plan(25.0, 0.0, schema.BEHAVIOURS.index("keep")).tolist()
@@ -138,21 +190,13 @@ def open_channel(address: str, ca_file: str | None, token: str | None, private: 
     return grpc.aio.secure_channel(address, creds, options)
 
 
-async def run_clients(
-    address: str,
-    sessions: int,
-    duration_s: float,
-    period_s: float,
-    seed: int,
-    ca_file: str | None = None,
-    first: int = 0,
-    channel_per_session: bool = False,
-) -> list[dict]:
-    """Sessions first .. first + sessions - 1. channel_per_session: a connection each (a server with
-    several workers gets connections, not streams, spread over its processes); else one for all."""
+async def run_clients(spec: ClientSpec) -> list[SessionRow]:
+    """spec.channel_per_session: a connection each (a server with several workers gets connections,
+    not streams, spread over its processes); else one for all."""
     token = os.environ.get(TOKEN_ENV)
-    n_channels = sessions if channel_per_session else 1
-    channels = [open_channel(address, ca_file, token, private=channel_per_session) for _ in range(n_channels)]
+    sessions = spec.sessions
+    n_channels = sessions if spec.channel_per_session else 1
+    channels = [open_channel(spec.address, spec.ca_file, token, spec.channel_per_session) for _ in range(n_channels)]
     try:
         stubs = [pb_grpc.ControllerServiceStub(c) for c in channels]
         info = (await stubs[0].GetModelInfo(pb.GetModelInfoRequest())).model
@@ -160,10 +204,7 @@ async def run_clients(
         cpu0 = time.process_time()
         results = list(
             await asyncio.gather(
-                *(
-                    _session(stubs[i % n_channels], first + i, info, duration_s, period_s, seed, all_open)
-                    for i in range(sessions)
-                )
+                *(_session(stubs[i % n_channels], spec.first + i, info, spec, all_open) for i in range(sessions))
             )
         )
         cpu = time.process_time() - cpu0
@@ -175,6 +216,19 @@ async def run_clients(
             await c.close()
 
 
+PLANNER_FIGURES = (
+    "plan_time_us_p50",
+    "plan_time_us_p99",
+    "batch_time_us_p50",
+    "batch_time_us_p99",
+    "batch_cpu_us_p50",
+    "batch_cpu_us_p99",
+    "batch_size_p50",
+    "latency_us_p50",
+    "latency_us_p99",
+    "source",
+    "worker_idle_priority",
+)
 PLANNER_COUNTS = (
     "requests",
     "overruns",
@@ -229,299 +283,214 @@ def _alternate(
     return turns, asyncio.ensure_future(alternate())
 
 
-async def run_server(
-    model: str,
-    sessions: int,
-    guard_ms: float,
-    rt_priority: int | None,
-    save: str,
-    planner: str = "none",
-    alternate_s: float | None = None,
-    metrics: bool = False,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
-    tokens_file: str | None = None,
-    gates: list[str] | None = None,
-    port: int = 0,
-    board: wb.Board | None = None,
-    slot: int = 0,
-    cpus: set[int] | None = None,
-    candidate: str | None = None,
-    candidate_gates: list[str] | None = None,
-    cpu_wake_latency_us: int | None = None,
-) -> dict:
-    """board: one of several workers on `port` (the bench's --workers); the window opens when the
-    workers together have every session open and closes when any session of any worker closes."""
-    executor_cfg: dict[str, object] = {"max_sessions": max(sessions, 1), "ticker_guard_ms": guard_ms}
-    if alternate_s:
+def _server_config(spec: ServerSpec) -> ServerConfig:
+    executor_cfg: dict[str, object] = {"max_sessions": max(spec.sessions, 1), "ticker_guard_ms": spec.guard_ms}
+    if spec.alternate_s:
         # The paused phases must not put sessions in STALE_PLAN fallback (a different tick path);
         # plan ages are reported from the scheduler's request -> plan latency instead.
         executor_cfg["max_plan_age_ms"] = 3_600_000.0
-    # a private server for the bench's own clients: tokens only from --tokens-file, never the environment
-    auth: dict[str, object] = {"tokens_env": None, "tokens_file": tokens_file}
-    config = ServerConfig(
-        model=model,
-        gates=gates or [],
-        candidate=candidate,
-        candidate_gates=candidate_gates or [],
-        port=port,
-        realtime_priority=rt_priority,
-        cpu_wake_latency_us=cpu_wake_latency_us,
+    # a private server for the bench's own clients: tokens only from tokens_file, never the environment
+    auth: dict[str, object] = {"tokens_env": None, "tokens_file": spec.tokens_file}
+    return ServerConfig(
+        model=spec.model,
+        gates=list(spec.gates),
+        candidate=spec.candidate,
+        candidate_gates=list(spec.candidate_gates),
+        port=spec.port,
+        realtime_priority=spec.realtime_priority,
+        cpu_wake_latency_us=spec.cpu_wake_latency_us,
         executor=executor_cfg,
-        planner={"source": planner},
+        planner={"source": spec.planner},
         auth=auth,
-        tls={"cert_file": tls_cert, "key_file": tls_key} if tls_cert else None,
-        metrics_port=0 if metrics else None,  # the bench scrapes it from its own process
+        tls={"cert_file": spec.tls_cert, "key_file": spec.tls_key} if spec.tls_cert else None,
+        metrics_port=0 if spec.metrics else None,  # the bench scrapes it from its own process
     )
-    server = ControllerServer(config, worker=(board, slot) if board is not None else None)
+
+
+def _announce(server: ControllerServer, port: int, spec: ServerSpec) -> None:
+    """The first line on stdout: where the server listens and what it serves."""
+    card, executor = server.executor.card, server.executor
+    gates = [{"path": str(path), "version": gate.version_hash[:16]} for path, gate in zip(spec.gates, executor.gates)]
+    candidate = None
+    if executor.candidate is not None:
+        candidate = {
+            "path": spec.candidate,
+            "version": executor.candidate.version,
+            "gates": spec.candidate_gates or None,
+        }
+    model = {"name": card.name, "version": card.version, "path": str(spec.model)}
+    first = {"port": port, "metrics_port": server.metrics_port, "model": model, "gates": gates, "candidate": candidate}
+    print(json.dumps(first), flush=True)
+
+
+class _Window:
+    """The measured window: from the moment every session is open (over all workers, on a board)
+    until the first one closes."""
+
+    def __init__(self, server: ControllerServer, spec: ServerSpec, board: wb.Board | None) -> None:
+        self.server, self.spec, self.board = server, spec, board
+        self.runtime = server.runtime
+
+    def opened(self) -> int:
+        return self.board.totals().sessions_opened if self.board is not None else self.runtime.stats.sessions_opened
+
+    def open_now(self) -> int:
+        if self.board is not None:
+            return self.board.totals().sessions_open
+        return self.spec.sessions - self.runtime.stats.sessions_closed
+
+    async def measure(self) -> ServerResult:
+        runtime, executor, spec = self.runtime, self.server.executor, self.spec
+        while self.opened() < spec.sessions:  # measure only while all sessions are connected
+            await asyncio.sleep(0.005)
+        runtime.stats.reset()
+        executor.stats = ExecutorStats()
+        self.missed0 = runtime.ticker.missed
+        self.window_ns = time.monotonic_ns()
+        planning = runtime.planning
+        self.plan0 = planning.scheduler.counts() if planning is not None else {}  # no percentiles on the loop
+        turns, task = None, None
+        if spec.alternate_s and planning is not None:
+            turns, task = _alternate(runtime, spec.alternate_s, min(0.5, spec.alternate_s / 4))
+        cpu0, t0 = time.process_time(), time.monotonic()
+        self.sessions_here = len(executor.sessions)
+        # every 20 ms, not every tick: reading the board costs ~0.1 ms on the loop being measured
+        while runtime.stats.sessions_closed == 0 and self.open_now() >= spec.sessions:
+            await asyncio.sleep(0.02)
+        if task is not None:
+            task.cancel()
+        self.cpu_s, self.wall_s = time.process_time() - cpu0, time.monotonic() - t0
+        return self._result(self._lateness(turns))
+
+    def _lateness(self, turns: list[tuple[bool, LatenessLog]] | None) -> np.ndarray:
+        """The window's lateness, saved raw; with turns, rows (turn, busy, lateness ns) for bench
+        planner to compare the turns, and the busy turns' lateness returned."""
+        if turns is None:
+            lateness = self.runtime.stats.lateness.values()
+            np.save(self.spec.save, lateness)
+            return lateness
+        rows = [
+            np.column_stack([np.full(len(log), k), np.full(len(log), busy), log.values()])
+            for k, (busy, log) in enumerate(turns)
+        ]
+        np.save(self.spec.save, np.concatenate(rows).astype(np.int64))
+        return np.concatenate([log.values() for busy, log in turns if busy])
+
+    def _cpu_split(self) -> dict[str, float]:
+        stats, executor = self.runtime.stats, self.server.executor
+        ticks = max(stats.ticks, 1)
+        stage_us = executor.stats.stage_ns / ticks / 1e3
+        split = {
+            "model": float(stage_us[0] + stage_us[1]),
+            "rules": float(stage_us[3]),
+            "gate": float(stage_us[2]),
+            "streaming": stats.stream_ns / ticks / 1e3,
+            "candidate": executor.stats.candidate_ns / ticks / 1e3,  # 0 without a candidate
+        }
+        split["other (gRPC I/O, event loop, precise wait)"] = self.cpu_s / ticks * 1e6 - sum(split.values())
+        return split
+
+    def _planner(self) -> dict[str, object] | None:
+        """Counts over the window; plan times over the last plans (a rolling history)."""
+        planning = self.runtime.planning
+        if planning is None:
+            return None
+        now = planning.scheduler.stats()
+        # the counters are ints (stats() also holds times, a source name and None)
+        planner_stats: dict[str, object] = {k: int(cast(int, now[k])) - self.plan0[k] for k in PLANNER_COUNTS}
+        planner_stats.update({k: now[k] for k in PLANNER_FIGURES})
+        planner_stats["applied"] = planning.realtime.applied
+        return planner_stats
+
+    def _result(self, lateness: np.ndarray) -> ServerResult:
+        runtime, stats, config = self.runtime, self.runtime.stats, self.server.config
+        stalls = [s for s in runtime.ticker.stalls if s.missed and s.at_ns >= self.window_ns]
+        return {
+            "planner": self._planner(),
+            "ticks": stats.ticks,
+            "missed_deadlines": runtime.ticker.missed - self.missed0,
+            # when (monotonic ns, the machine's clock) each run of missed deadlines began
+            "missed_at_ns": [s.at_ns for s in stalls],
+            "missed_causes": [s.record() for s in stalls],
+            "gc": GC.summary(),  # the whole process life, warm-up included
+            "wall_s": self.wall_s,
+            "lateness_us": percentiles_us(lateness),
+            "tick_work_us": percentiles_us(stats.tick_work_ns.values()),
+            "decision_latency_us": percentiles_us(stats.decision_latency.values()),
+            "cpu_per_tick_us": self._cpu_split(),
+            "cpu_fraction": self.cpu_s / self.wall_s,
+            "snapshots_sent": stats.snapshots_sent,
+            "sessions_here": self.sessions_here,
+            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "planner_worker_cpus": "all (started before the server pinned itself)"
+            if runtime.planning is not None
+            else None,
+            "scheduling": self.server.scheduling,
+            # what the server ran with, from its own configuration (the result shows a secure run was one)
+            "security": {
+                "tls": config.tls is not None,
+                "mutual_tls": config.tls is not None and config.tls.mutual,
+                "bearer_tokens": config.auth.tokens_file is not None,
+                "metrics": config.metrics_port is not None,
+            },
+        }
+
+    async def drain(self) -> None:
+        """The window ended with the first session; the others end within a few ticks. Stopping now
+        would drain them (UNAVAILABLE) and fail the clients process, so wait for them."""
+        give_up = time.monotonic() + 10.0
+        while time.monotonic() < give_up and (
+            self.open_now() > 0 if self.board is not None else self.runtime.stats.sessions_closed < self.spec.sessions
+        ):
+            await asyncio.sleep(0.005)
+
+
+async def run_server(spec: ServerSpec) -> ServerResult:
+    """Serve, announce the port, measure the window while every session is open, report it."""
+    board = wb.Board.attach(Path(spec.board), spec.workers, LATENESS_BUCKETS_US) if spec.board else None
+    server = ControllerServer(_server_config(spec), worker=(board, spec.slot) if board is not None else None)
     port = await server.start()
     freeze_startup_heap()  # as `dualloop serve` does
-    if cpus:
-        pin_threads(cpus)
-    card = server.executor.card
-    print(
-        json.dumps(
-            {
-                "port": port,
-                "metrics_port": server.metrics_port,
-                "model": {"name": card.name, "version": card.version, "path": str(model)},
-                "gates": [
-                    {"path": str(path), "version": gate.version_hash[:16]}
-                    for path, gate in zip(config.gates, server.executor.gates)
-                ],
-                "candidate": None
-                if server.executor.candidate is None
-                else {"path": candidate, "version": server.executor.candidate.version, "gates": candidate_gates},
-            }
-        ),
-        flush=True,
-    )
-    runtime, executor = server.runtime, server.executor
+    if spec.cpus:
+        pin_threads(set(spec.cpus))
+    _announce(server, port, spec)
     tracer = None
     if os.environ.get(TRACE_ENV):
         tracer = StallTracer(open(os.environ[TRACE_ENV], "a"))  # noqa: SIM115 - open for the whole run
-        runtime.ticker.watchdog = tracer
-
-    def opened() -> int:
-        return board.totals().sessions_opened if board is not None else runtime.stats.sessions_opened
-
-    def open_now() -> int:
-        return board.totals().sessions_open if board is not None else sessions - runtime.stats.sessions_closed
-
-    while opened() < sessions:  # measure only while all sessions are connected
-        await asyncio.sleep(0.005)
-    runtime.stats.reset()
-    executor.stats = ExecutorStats()
-    missed0 = runtime.ticker.missed
-    window_ns = time.monotonic_ns()
-    planning = runtime.planning
-    plan0 = planning.scheduler.counts() if planning is not None else {}  # no percentiles on the loop
-    turns, alternating = (
-        _alternate(runtime, alternate_s, min(0.5, alternate_s / 4))
-        if alternate_s and planning is not None
-        else (None, None)
-    )
-    cpu0, t0 = time.process_time(), time.monotonic()
-    sessions_here = len(executor.sessions)
-    # every 20 ms, not every tick: reading the board costs ~0.1 ms on the loop being measured
-    while runtime.stats.sessions_closed == 0 and open_now() >= sessions:
-        await asyncio.sleep(0.02)
-    if alternating is not None:
-        alternating.cancel()
+        server.runtime.ticker.watchdog = tracer
+    window = _Window(server, spec, board)
+    result = await window.measure()
     if tracer is not None:
-        runtime.ticker.watchdog = None
+        server.runtime.ticker.watchdog = None
         tracer.close()
-    cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - t0
-    stats = runtime.stats
-    ticks = max(stats.ticks, 1)
-    stage_us = executor.stats.stage_ns / ticks / 1e3
-    split = {
-        "model": float(stage_us[0] + stage_us[1]),
-        "rules": float(stage_us[3]),
-        "gate": float(stage_us[2]),
-        "streaming": stats.stream_ns / ticks / 1e3,
-        "candidate": executor.stats.candidate_ns / ticks / 1e3,  # 0 without a candidate
-    }
-    split["other (gRPC I/O, event loop, precise wait)"] = cpu_s / ticks * 1e6 - sum(split.values())
-    if turns is not None:  # rows (turn, busy, lateness ns): bench planner compares the turns
-        np.save(
-            save,
-            np.concatenate(
-                [
-                    np.column_stack([np.full(len(log), k), np.full(len(log), busy), log.values()])
-                    for k, (busy, log) in enumerate(turns)
-                ]
-            ).astype(np.int64),
-        )
-        lateness = np.concatenate([log.values() for busy, log in turns if busy])
-    else:
-        lateness = stats.lateness.values()
-        np.save(save, lateness)
-    planner_stats: dict[str, object] | None = None
-    if planning is not None:  # counts over the window; plan times over the last plans (a rolling history)
-        now = planning.scheduler.stats()
-        # the counters are ints (stats() also holds times, a source name and None)
-        planner_stats = {k: int(cast(int, now[k])) - plan0[k] for k in PLANNER_COUNTS}
-        planner_stats.update(
-            {
-                k: now[k]
-                for k in (
-                    "plan_time_us_p50",
-                    "plan_time_us_p99",
-                    "batch_time_us_p50",
-                    "batch_time_us_p99",
-                    "batch_cpu_us_p50",
-                    "batch_cpu_us_p99",
-                    "batch_size_p50",
-                    "latency_us_p50",
-                    "latency_us_p99",
-                    "source",
-                    "worker_idle_priority",
-                )
-            }
-        )
-        planner_stats["applied"] = planning.realtime.applied
-    result = {
-        "planner": planner_stats,
-        "ticks": stats.ticks,
-        "missed_deadlines": runtime.ticker.missed - missed0,
-        # when (monotonic ns, the machine's clock) each run of missed deadlines began
-        "missed_at_ns": [s.at_ns for s in runtime.ticker.stalls if s.missed and s.at_ns >= window_ns],
-        "missed_causes": [s.record() for s in runtime.ticker.stalls if s.missed and s.at_ns >= window_ns],
-        "gc": GC.summary(),  # the whole process life, warm-up included
-        "wall_s": wall_s,
-        "lateness_us": percentiles_us(lateness),
-        "tick_work_us": percentiles_us(stats.tick_work_ns.values()),
-        "decision_latency_us": percentiles_us(stats.decision_latency.values()),
-        "cpu_per_tick_us": split,
-        "cpu_fraction": cpu_s / wall_s,
-        "snapshots_sent": stats.snapshots_sent,
-        "sessions_here": sessions_here,
-        "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "planner_worker_cpus": "all (started before the server pinned itself)" if planning is not None else None,
-        "scheduling": server.scheduling,
-        # what the server ran with, from its own configuration (the result shows a secure run was one)
-        "security": {
-            "tls": config.tls is not None,
-            "mutual_tls": config.tls is not None and config.tls.mutual,
-            "bearer_tokens": config.auth.tokens_file is not None,
-            "metrics": config.metrics_port is not None,
-        },
-    }
-    # The window ended with the first session; the others end within a few ticks. Stopping now would
-    # drain them (UNAVAILABLE) and fail the clients process, so wait for them (counted above already).
-    give_up = time.monotonic() + 10.0
-    while time.monotonic() < give_up and (
-        open_now() > 0 if board is not None else runtime.stats.sessions_closed < sessions
-    ):
-        await asyncio.sleep(0.005)
+    await window.drain()
     await server.stop()
     return result
 
 
+async def _run_role(role: str, spec_json: str) -> Any:
+    fields = json.loads(spec_json)
+    if role == "server":
+        return await run_server(ServerSpec(**fields))
+    if role == "clients":
+        return await run_clients(ClientSpec(**fields))
+    bare = BareSpec(**fields)
+    return await run_bare_ticker(
+        int(bare.period_ms * 1e6),
+        bare.duration_s,
+        int(bare.guard_ms * 1e6),
+        save=bare.save,
+        realtime_priority=bare.realtime_priority,
+        cpu_wake_latency_us=bare.cpu_wake_latency_us,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m dualloop.controller.bench.procs")
-    sub = parser.add_subparsers(dest="what", required=True)
-    c = sub.add_parser("clients")
-    c.add_argument("--address", required=True)
-    c.add_argument("--sessions", type=int, default=8)
-    c.add_argument("--duration", type=float, default=10.0)
-    c.add_argument("--period-ms", type=float, default=5.0)
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--ca-file", help=f"connect with TLS trusting this CA; the token is read from ${TOKEN_ENV}")
-    c.add_argument("--first", type=int, default=0, help="index of this process's first session")
-    c.add_argument("--channel-per-session", action="store_true", help="a connection per session (workers)")
-    c.add_argument("--cpus", help="pin this process to these CPUs (comma-separated)")
-    srv = sub.add_parser("server")
-    srv.add_argument("--model", required=True)
-    srv.add_argument("--sessions", type=int, default=8)
-    srv.add_argument("--guard-ms", type=float, default=DEFAULT_TICKER_GUARD_MS)
-    srv.add_argument("--realtime-priority", type=int, default=None)
-    srv.add_argument("--cpu-wake-latency-us", type=int, default=None, help="hold /dev/cpu_dma_latency at this")
-    srv.add_argument("--save", required=True, help="write the raw lateness values (ns) to this .npy file")
-    srv.add_argument(
-        "--planner", default="none", help="the server's planner source (controller.serve.config.PlannerConfig)"
-    )
-    srv.add_argument(
-        "--alternate-s",
-        type=float,
-        default=None,
-        help="pause and resume the planner in turns of this many seconds; lateness per phase",
-    )
-    srv.add_argument("--metrics", action="store_true", help="serve Prometheus metrics (metrics_port 0)")
-    srv.add_argument("--tls-cert", help="serve TLS with this certificate (and --tls-key)")
-    srv.add_argument("--tls-key")
-    srv.add_argument("--tokens-file", help="require a bearer token from this file on every RPC")
-    srv.add_argument("--gate", action="append", help="gate file (repeat)")
-    srv.add_argument("--port", type=int, default=0)
-    srv.add_argument("--board", help="worker board file (bench tick --workers)")
-    srv.add_argument("--workers", type=int, default=1)
-    srv.add_argument("--slot", type=int, default=0)
-    srv.add_argument("--cpus", help="pin this process to these CPUs (comma-separated)")
-    srv.add_argument("--candidate", help="a candidate model beside the live one (never applied)")
-    srv.add_argument("--candidate-gate", action="append", help="the candidate's gate file (repeat)")
-    b = sub.add_parser("bare")
-    b.add_argument("--duration", type=float, default=10.0)
-    b.add_argument("--period-ms", type=float, default=5.0)
-    b.add_argument("--guard-ms", type=float, default=DEFAULT_TICKER_GUARD_MS)
-    b.add_argument("--save", help="write the raw lateness values (ns) to this .npy file")
-    b.add_argument("--realtime-priority", type=int, default=None)
-    b.add_argument("--cpu-wake-latency-us", type=int, default=None, help="hold /dev/cpu_dma_latency at this")
-    b.add_argument("--cpus", help="pin this process to these CPUs (comma-separated)")
-    args = parser.parse_args(argv)
-    cpus = {int(c) for c in args.cpus.split(",")} if args.cpus else None
-    if cpus and args.what != "server":  # before anything starts a thread: threads inherit the mask
-        os.sched_setaffinity(0, cpus)
-    loop = new_event_loop()
-    result: object
-    if args.what == "clients":
-        result = loop.run_until_complete(
-            run_clients(
-                args.address,
-                args.sessions,
-                args.duration,
-                args.period_ms / 1e3,
-                args.seed,
-                args.ca_file,
-                args.first,
-                args.channel_per_session,
-            )
-        )
-    elif args.what == "server":
-        result = loop.run_until_complete(
-            run_server(
-                args.model,
-                args.sessions,
-                args.guard_ms,
-                args.realtime_priority,
-                args.save,
-                args.planner,
-                args.alternate_s,
-                args.metrics,
-                args.tls_cert,
-                args.tls_key,
-                args.tokens_file,
-                args.gate,
-                args.port,
-                wb.Board.attach(Path(args.board), args.workers, LATENESS_BUCKETS_US) if args.board else None,
-                args.slot,
-                cpus,
-                args.candidate,
-                args.candidate_gate,
-                args.cpu_wake_latency_us,
-            )
-        )
-    else:
-        result = loop.run_until_complete(
-            run_bare_ticker(
-                int(args.period_ms * 1e6),
-                args.duration,
-                int(args.guard_ms * 1e6),
-                save=args.save,
-                realtime_priority=args.realtime_priority,
-                cpu_wake_latency_us=args.cpu_wake_latency_us,
-            )
-        )
+    role, spec_json = argv if argv is not None else sys.argv[1:]
+    cpus = json.loads(spec_json).get("cpus")
+    if cpus and role != "server":  # before anything starts a thread: threads inherit the mask
+        os.sched_setaffinity(0, set(cpus))
+    result = new_event_loop().run_until_complete(_run_role(role, spec_json))
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 

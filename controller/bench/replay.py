@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 from threadpoolctl import threadpool_limits
 
-from dualloop.controller.bench.tick import store_result
+from dualloop.controller.bench.harness import store_result
 from dualloop.controller.logs.bulk import TopicMessages, write_messages
 from dualloop.controller.logs.format import FORMAT_VERSION, TOPIC_HEADER, TOPIC_OBSERVATION
 from dualloop.controller.logs.logfile import read_log

@@ -25,7 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from dualloop.controller.bench.tick import store_result
+from dualloop.controller.bench.harness import store_result
 from dualloop.controller.gates.fitting import nominal_inputs
 from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.wire import observation_from_proto, snapshot_response, snapshot_to_proto

@@ -13,8 +13,6 @@ taken after a probe session (gRPC and the loop create some of their threads on f
 Verdicts are absolute: memory slope after warm-up below SLOPE_BOUND_MB_PER_MIN and growth below
 GROWTH_BOUND of the RSS at warm-up; missed deadlines no more than the bare ticker's in the same run.
 
-ServeProcess (a `dualloop serve` child, its /proc numbers, health and GetStats) is shared with the
-chaos tests (tests/controller/chaos/).
 """
 
 from __future__ import annotations
@@ -22,16 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -39,15 +33,22 @@ from typing import Any
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from dualloop.controller.bench.procs import pin_threads
-from dualloop.controller.bench.tick import cpu_plan, store_result
-from dualloop.controller.serve.security import private_server_env
+from dualloop.controller.bench.harness import (
+    CpuPlan,
+    Result,
+    cpu_plan,
+    machine_cpus,
+    progress,
+    start_module,
+    start_role,
+    store_result,
+)
+from dualloop.controller.bench.procs import BareSpec, pin_threads
 from dualloop.controller.serve.server import new_event_loop
+from dualloop.controller.server_process import ProcSample, ServerProcess, probe_session, serve_shipped, wait_until
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.env import ActionNoise, run_expert_batch
 from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
@@ -66,217 +67,6 @@ GROWTH_BOUND = 0.05  # RSS growth over the window after warm-up, as a fraction o
 WARMUP_S = 60.0  # at most; a short run leaves out its first quarter instead
 SETTLE_S = 30.0  # how long the end check waits for sessions, threads and fds to come back
 STATS_TIMEOUT_S = 30.0  # GetStats while sampling; a sample without it records the error
-
-
-@dataclass
-class ProcSample:
-    """One process's resources from /proc (Linux)."""
-
-    rss_mb: float
-    threads: int
-    fds: int
-
-
-def proc_sample(pid: int) -> ProcSample:
-    status: dict[str, str] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            status[key] = value.strip()
-    return ProcSample(
-        rss_mb=int(status["VmRSS"].split()[0]) / 1024.0,
-        threads=int(status["Threads"]),
-        fds=len(os.listdir(f"/proc/{pid}/fd")),
-    )
-
-
-def child_pids(pid: int) -> list[int]:
-    """The direct children of a process (every thread's list: a child belongs to the thread that forked it)."""
-    out: list[int] = []
-    with contextlib.suppress(FileNotFoundError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(p) for p in f.read().split()]
-    return sorted(set(out))
-
-
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-    except FileNotFoundError:
-        return ""
-
-
-def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServeProcess:
-    """`dualloop serve` in its own process, on a free loopback port, configured by a file.
-
-    config: ServerConfig fields (written as the --config file; model and gates default to the
-    shipped ones). preexec_fn runs in the child before exec (e.g. resource limits). Its stderr (the
-    server's log) goes to a file, read with stderr_text()."""
-
-    def __init__(
-        self,
-        config: dict[str, Any],
-        work_dir: Path,
-        *,
-        preexec_fn: Callable[[], None] | None = None,
-        start_timeout_s: float = 120.0,
-        log_level: str = "WARNING",
-        log_format: str = "human",
-    ) -> None:
-        self.port = free_loopback_port()
-        self.address = f"127.0.0.1:{self.port}"
-        work_dir.mkdir(parents=True, exist_ok=True)
-        full = {
-            "model": str(BASE_MODEL_PATH),
-            "gates": [str(g) for g in DEFAULT_GATES],
-            **config,
-            "port": self.port,
-            "log_level": log_level,
-            "log_format": log_format,
-        }
-        config_file = work_dir / "serve-config.yaml"
-        config_file.write_text(json.dumps(full, indent=2))  # JSON is YAML
-        self.config = full
-        self.stderr_path = work_dir / "serve-stderr.log"
-        self.stdout_path = work_dir / "serve-stdout.log"
-        cmd = [sys.executable, "-m", "dualloop.controller.cli", "serve", "--config", str(config_file)]
-        with open(self.stderr_path, "wb") as err, open(self.stdout_path, "wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=private_server_env(), preexec_fn=preexec_fn)
-        self.pid = self.proc.pid
-        self._channel = grpc.insecure_channel(self.address)
-        self.stub = pb_grpc.ControllerServiceStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-        deadline = time.monotonic() + start_timeout_s
-        while self.health() != "SERVING":
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                code = self.proc.poll()
-                self.stop()
-                raise RuntimeError(
-                    f"`dualloop serve` did not become SERVING within {start_timeout_s:.0f} s (exit code {code}); "
-                    f"its log: {self.stderr_text()[-2000:]}"
-                )
-            time.sleep(0.2)
-
-    def health(self) -> str:
-        """grpc.health.v1 status of the whole server ('UNAVAILABLE' while it does not answer)."""
-        try:
-            reply = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
-        except grpc.RpcError:
-            return "UNAVAILABLE"
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
-
-    def stats(self, timeout_s: float = 10.0) -> pb.GetStatsResponse:
-        return self.stub.GetStats(pb.GetStatsRequest(), timeout=timeout_s)
-
-    def sample(self) -> ProcSample:
-        return proc_sample(self.pid)
-
-    def planner_workers(self) -> list[int]:
-        """The planner's worker processes (multiprocessing spawn children; not its resource tracker)."""
-        return [p for p in child_pids(self.pid) if "spawn_main" in cmdline(p)]
-
-    def stderr_text(self) -> str:
-        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
-
-    def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        """The server's structured log lines so far (log_format="json"), of one event or all."""
-        out = []
-        for line in self.stderr_text().splitlines():
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict) and (name is None or record.get("event") == name):
-                    out.append(record)
-        return out
-
-    def stdout_text(self) -> str:
-        return self.stdout_path.read_text(errors="replace") if self.stdout_path.exists() else ""
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGINT (the server drains and stops), SIGKILL if it has not exited within timeout_s."""
-        self._channel.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return int(self.proc.returncode)
-
-    def __enter__(self) -> ServeProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def probe_session(
-    address: str,
-    rows: np.ndarray,
-    snapshots: int = 20,
-    timeout_s: float = 60.0,
-    until: Callable[[pb.DecisionSnapshot], bool] | None = None,
-) -> list:
-    """Open a REALTIME session, send rows[k] (cycling) once per tick period until `snapshots`
-    snapshots have come (or one for which `until` is true), close it; returns the snapshots."""
-
-    async def run() -> list:
-        async with grpc.aio.insecure_channel(address) as channel:
-            call = pb_grpc.ControllerServiceStub(channel).Drive(timeout=timeout_s)
-            await call.write(pb.DriveRequest(open=pb.OpenSession(clock=pb.CLOCK_MODE_REALTIME)))
-            opened = await call.read()
-            period_s = opened.opened.tick_period_ns / 1e9
-            got: list = []
-            stop = asyncio.Event()
-
-            async def send() -> None:
-                # stopped by the event, never cancelled: grpc.aio cancels the whole call when a
-                # task is cancelled in the middle of a write
-                for seq in itertools.count(1):
-                    if stop.is_set():
-                        break
-                    row = rows[(seq - 1) % len(rows)]
-                    obs = pb.Observation(seq=seq, timestamp_ns=time.monotonic_ns(), features=row.tolist())
-                    await call.write(pb.DriveRequest(observation=obs))
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), period_s)
-                await call.done_writing()
-
-            sender = asyncio.ensure_future(send())
-            try:
-                while len(got) < snapshots:
-                    msg = await call.read()
-                    if msg is grpc.aio.EOF:
-                        break
-                    got.append(msg.snapshot)
-                    if until is not None and until(msg.snapshot):
-                        break
-            finally:
-                stop.set()
-                await sender
-            while await call.read() is not grpc.aio.EOF:
-                pass
-            return got
-
-    return asyncio.run(run())
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, every_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(every_s)
 
 
 def memory_verdict(times_s: Sequence[float], rss_mb: Sequence[float], duration_s: float) -> dict[str, Any]:
@@ -412,55 +202,47 @@ async def run_soak_clients(address: str, sessions: int, duration_s: float, drive
     return asdict(counts)
 
 
-async def _subprocess(module: str, *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", f"dualloop.controller.bench.{module}", *args, stdout=asyncio.subprocess.PIPE
-    )
+@dataclass(frozen=True)
+class SoakRun:
+    """realtime_priority: the server's SCHED_FIFO priority (as `bench tick` runs it; the rated
+    session count was measured so), and the bare ticker's, for fairness; None: normal scheduling.
+    cpu_wake_latency_us: the server's PM QoS request (serve's cpu_wake_latency_us), which holds for
+    the whole machine, the bare ticker's CPUs included; None: idle states left alone.
+    pin: where the machine has a CPU to spare, the server on its own CPU and the clients and the bare
+    ticker on the others, as `bench tick` runs them (cpu_plan)."""
+
+    sessions: int = SOAK_SESSIONS
+    duration_s: float = SOAK_DURATION_S
+    sample_s: float = SAMPLE_S
+    realtime_priority: int | None = None
+    cpu_wake_latency_us: int | None = None
+    pin: bool = True
 
 
 async def _soak(
-    server: ServeProcess,
-    sessions: int,
-    duration_s: float,
-    sample_s: float,
-    drives_file: Path,
-    realtime_priority: int | None,
-    cpu_wake_latency_us: int | None,
-    console: Console,
-    client_cpus: list[int] | None = None,
+    server: ServerProcess, run: SoakRun, drives_file: Path, console: Console, client_cpus: list[int] | None
 ) -> dict[str, Any]:
+    sessions, duration_s, sample_s = run.sessions, run.duration_s, run.sample_s
+    realtime_priority, cpu_wake_latency_us = run.realtime_priority, run.cpu_wake_latency_us
     loop = asyncio.get_running_loop()
     pinned = ("--cpus", ",".join(map(str, client_cpus))) if client_cpus else ()
-    clients = await _subprocess(
-        "soak",
-        "clients",
-        "--address",
-        server.address,
-        "--sessions",
-        str(sessions),
-        "--duration",
-        str(duration_s),
-        "--drives",
-        str(drives_file),
-        *pinned,
+    args = ("--address", server.address, "--sessions", str(sessions), "--duration", str(duration_s))
+    clients = await start_module(
+        "dualloop.controller.bench.soak", "clients", *args, "--drives", str(drives_file), *pinned
     )
-    fifo: tuple[str, ...] = ("--realtime-priority", str(realtime_priority)) if realtime_priority else ()
-    if cpu_wake_latency_us is not None:
-        fifo += ("--cpu-wake-latency-us", str(cpu_wake_latency_us))
-    bare = await _subprocess("procs", "bare", "--duration", str(duration_s), *fifo, *pinned)  # the server's scheduling
+    cpus = tuple(client_cpus) if client_cpus else None
+    # the server's scheduling
+    bare = await start_role(
+        "bare",
+        BareSpec(
+            duration_s, realtime_priority=realtime_priority or None, cpu_wake_latency_us=cpu_wake_latency_us, cpus=cpus
+        ),
+    )
     samples: list[dict[str, Any]] = []
     t0 = time.monotonic()
     first = await loop.run_in_executor(None, server.stats, STATS_TIMEOUT_S)
-    with Progress(
-        TextColumn("[bold]bench soak[/]"),
-        BarColumn(),
-        TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
-        TextColumn("{task.description}"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("", total=duration_s)
+    with progress("bench soak", console, described=True) as bar:
+        task = bar.add_task("", total=duration_s)
         while clients.returncode is None:
             proc = server.sample()
             sample: dict[str, Any] = {"t_s": time.monotonic() - t0, **asdict(proc)}
@@ -478,7 +260,7 @@ async def _soak(
                 )
             samples.append(sample)
             missed = stats.missed_deadlines_total - first.missed_deadlines_total if stats is not None else "?"
-            progress.update(
+            bar.update(
                 task,
                 completed=min(duration_s, time.monotonic() - t0),
                 description=f"RSS {proc.rss_mb:.1f} MB, {proc.threads} threads, {proc.fds} fds, "
@@ -500,7 +282,7 @@ async def _soak(
     }
 
 
-def _leaks(server: ServeProcess, baseline: ProcSample) -> dict[str, Any]:
+def _leaks(server: ServerProcess, baseline: ProcSample) -> dict[str, Any]:
     """Once every client has gone: wait up to SETTLE_S for sessions, threads and fds to come back."""
     end: dict[str, Any] = {}
 
@@ -524,100 +306,84 @@ def _leaks(server: ServeProcess, baseline: ProcSample) -> dict[str, Any]:
     }
 
 
-def bench_soak(
-    sessions: int = SOAK_SESSIONS,
-    duration_s: float = SOAK_DURATION_S,
-    out_dir: Path = Path("runs/bench"),
-    sample_s: float = SAMPLE_S,
-    console: Console | None = None,
-    realtime_priority: int | None = None,
-    cpu_wake_latency_us: int | None = None,
-    pin: bool = True,
-) -> dict[str, Any]:
-    """realtime_priority: the server's SCHED_FIFO priority (as `bench tick` runs it; the rated
-    session count was measured so), and the bare ticker's, for fairness; None: normal scheduling.
-    cpu_wake_latency_us: the server's PM QoS request (serve's cpu_wake_latency_us), which holds for
-    the whole machine, the bare ticker's CPUs included; None: idle states left alone.
-    pin: where the machine has a CPU to spare, the server on its own CPU and the clients and the bare
-    ticker on the others, as `bench tick` runs them (cpu_plan)."""
-    console = console or Console()
-    load_start = list(os.getloadavg())
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    plan = cpu_plan(cpus, 1, pin)
+def _serve_and_soak(run: SoakRun, plan: CpuPlan, console: Console) -> dict[str, Any]:
+    """`dualloop serve` (the shipped model, gates and planner) under the clients for the whole run;
+    what the run measured, the leak check once the clients have gone and how the server ended."""
+    config: dict[str, Any] = {"planner": {"source": "behaviour"}, "executor": {"max_sessions": max(64, run.sessions)}}
+    if run.realtime_priority:
+        config["realtime_priority"] = run.realtime_priority
+    if run.cpu_wake_latency_us is not None:
+        config["cpu_wake_latency_us"] = run.cpu_wake_latency_us
     with tempfile.TemporaryDirectory() as tmp:
-        config: dict[str, Any] = {"planner": {"source": "behaviour"}, "executor": {"max_sessions": max(64, sessions)}}
-        if realtime_priority:
-            config["realtime_priority"] = realtime_priority
-        if cpu_wake_latency_us is not None:
-            config["cpu_wake_latency_us"] = cpu_wake_latency_us
-        console.print(
-            f"bench soak: `dualloop serve` with {BASE_MODEL_PATH.name}, gates "
-            f"{', '.join(g.name for g in DEFAULT_GATES)}, planner behaviour; {sessions} REALTIME sessions "
-            f"(200 Hz observations) in a separate process for {duration_s:g} s; a bare ticker beside it; "
-            f"{plan.note}",
-            highlight=False,
-        )
-        count = min(SOAK_DRIVES, sessions)
+        count = min(SOAK_DRIVES, run.sessions)
         with console.status(f"simulating {count} drives of {EPISODE_S:g} s for the clients"):
             drives = nominal_drives(count, 0)
         drives_file = Path(tmp) / "drives.npy"
         np.save(drives_file, drives)
-        with ServeProcess(config, Path(tmp)) as server:
+        with serve_shipped(Path(tmp), config) as server:
             probe_session(server.address, drives[0])  # lazily made threads belong to the baseline
             wait_until(lambda: server.stats().sessions_open == 0, SETTLE_S)
             baseline = server.sample()
             scheduling = server.stats().scheduling  # what the server got: SCHED_FIFO may be refused
             if plan.servers[0] is not None:
                 pin_threads(set(plan.servers[0]), server.pid)
-            scheduled = (realtime_priority, cpu_wake_latency_us)
-            run = asyncio.run(
-                _soak(server, sessions, duration_s, sample_s, drives_file, *scheduled, console, plan.clients)
-            )
+            measured = asyncio.run(_soak(server, run, drives_file, console, plan.clients))
             leaks = _leaks(server, baseline)
             healthy = server.health()
             exit_code = server.stop()
             errors = [line for line in server.stderr_text().splitlines() if "ERROR" in line or "Traceback" in line]
-    samples = run["samples"]
+    after = {"health": healthy, "exit_code": exit_code, "error_lines": errors[:20]}
+    return {**measured, "scheduling": scheduling, "leaks": leaks, "server_after": after, "errors": errors}
+
+
+def bench_soak(run: SoakRun = SoakRun(), out_dir: Path = Path("runs/bench"), console: Console | None = None) -> Result:
+    """A soak of `dualloop serve` as users run it; prints and stores the verdicts."""
+    console = console or Console()
+    load_start = list(os.getloadavg())
+    plan = cpu_plan(machine_cpus(), 1, run.pin)
+    console.print(
+        f"bench soak: `dualloop serve` with {BASE_MODEL_PATH.name}, gates "
+        f"{', '.join(g.name for g in DEFAULT_GATES)}, planner behaviour; {run.sessions} REALTIME sessions "
+        f"(200 Hz observations) in a separate process for {run.duration_s:g} s; a bare ticker beside it; "
+        f"{plan.note}",
+        highlight=False,
+    )
+    measured = _serve_and_soak(run, plan, console)
+    samples = measured["samples"]
     busy = [s for s in samples if s.get("sessions_open", 1) > 0] or samples
-    memory = memory_verdict([s["t_s"] for s in busy], [s["rss_mb"] for s in busy], duration_s)
-    bare = run["bare"]
+    memory = memory_verdict([s["t_s"] for s in busy], [s["rss_mb"] for s in busy], run.duration_s)
+    bare = measured["bare"]
     deadlines = {
-        "server_missed": run["missed_deadlines"],
-        "server_ticks": run["ticks"],
+        "server_missed": measured["missed_deadlines"],
+        "server_ticks": measured["ticks"],
         "bare_missed": bare["missed"],
         "bare_ticks": bare["ticks"],
         "bare_lateness_us": bare["lateness_us"],
-        "met": run["missed_deadlines"] <= bare["missed"],
+        "met": measured["missed_deadlines"] <= bare["missed"],
     }
-    clients = run["clients"]
-    result = {
-        "what": {
-            "command": "bench soak",
-            "server": "dualloop serve (its own process)",
-            "model": str(BASE_MODEL_PATH),
-            "gates": [str(g) for g in DEFAULT_GATES],
-            "planner": "behaviour",
-            "scheduling": scheduling,
-            "pinning": plan.note,
-            "sessions": sessions,
-            "duration_s": duration_s,
-            "sample_s": sample_s,
-            "cpus": os.cpu_count(),
-            "load_average_start": load_start,
-            "load_average_end": list(os.getloadavg()),
-            "when": datetime.now().isoformat(timespec="seconds"),
-        },
-        "memory": memory,
-        "deadlines": deadlines,
-        "leaks": leaks,
-        "clients": clients,
-        "server_after": {"health": healthy, "exit_code": exit_code, "error_lines": errors[:20]},
-        "samples": samples,
+    clients, leaks, after = measured["clients"], measured["leaks"], measured["server_after"]
+    what = {
+        "command": "bench soak",
+        "server": "dualloop serve (its own process)",
+        "model": str(BASE_MODEL_PATH),
+        "gates": [str(g) for g in DEFAULT_GATES],
+        "planner": "behaviour",
+        "scheduling": measured["scheduling"],
+        "pinning": plan.note,
+        "sessions": run.sessions,
+        "duration_s": run.duration_s,
+        "sample_s": run.sample_s,
+        "cpus": os.cpu_count(),
+        "load_average_start": load_start,
+        "load_average_end": list(os.getloadavg()),
+        "when": datetime.now().isoformat(timespec="seconds"),
     }
+    result = {"what": what, "memory": memory, "deadlines": deadlines, "leaks": leaks, "clients": clients}
+    result |= {"server_after": after, "samples": samples}
     unanswered = sum(1 for s in samples if "stats_error" in s)
     result["stats_unanswered"] = unanswered
-    served = not clients["refused"] and not clients["failed"] and not errors and exit_code == 0 and not unanswered
-    result["met"] = bool(memory["met"]) and deadlines["met"] and leaks["met"] and served
+    served = not clients["refused"] and not clients["failed"] and not measured["errors"] and after["exit_code"] == 0
+    result["met"] = bool(memory["met"]) and deadlines["met"] and leaks["met"] and served and not unanswered
     path = store_result(out_dir, "soak", result)
     print_soak_report(result, console)
     console.print(f"results: {path}")

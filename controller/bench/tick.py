@@ -11,12 +11,11 @@ import asyncio
 import collections
 import json
 import os
-import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,25 +23,28 @@ from typing import Any
 import grpc
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from dualloop.controller.bench.procs import PLANNER_COUNTS, open_channel
+from dualloop.controller.bench.harness import (
+    CpuPlan,
+    Result,
+    TickRun,
+    cpu_plan,
+    machine_cpus,
+    start_role,
+    store_result,
+    wait_all,
+)
+from dualloop.controller.bench.procs import PLANNER_COUNTS, BareSpec, ClientSpec, ServerSpec, open_channel
+from dualloop.controller.bench.results import BareResult, ServerFirst, ServerResult, SessionRow, WorkerRow
 from dualloop.controller.bench.secure import TOKEN_ENV, BenchPKI, make_pki
 from dualloop.controller.plotting import pyplot
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve.server import LATENESS_BUCKETS_US, new_event_loop
 from dualloop.controller.serve.ticker import percentiles_us
 from dualloop.controller.serve.workers import reserve_port
-from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
-
-
-async def _subprocess(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dualloop.controller.bench.procs", *args, stdout=asyncio.subprocess.PIPE, env=env
-    )
 
 
 async def _refused(address: str, ca_file: str | None) -> str:
@@ -56,70 +58,38 @@ async def _refused(address: str, ca_file: str | None) -> str:
     return "OK"
 
 
-@dataclass
-class CpuPlan:
-    """Which CPUs each bench process may run on (None: any), and how to say it."""
-
-    servers: Sequence[list[int] | None]
-    clients: list[int] | None
-    bare: list[int] | None
-    note: str
-
-
-def cpu_plan(cpus: Sequence[int], workers: int, pin: bool = True) -> CpuPlan:
-    """Server workers one CPU each, clients and the bare ticker on the CPUs left: the clients' work
-    must not be counted as the server's lateness, and the bare ticker measures the machine's floor
-    beside neither the server's work nor its own priority fight with it. Where no CPU is left for the
-    clients, nothing is pinned apart and the note says so."""
-    cpus = sorted(cpus)
-    if not pin:
-        return CpuPlan([None] * workers, None, None, "not pinned (--no-pin)")
-    if len(cpus) <= workers:
-        # Pinning each worker to a CPU the clients also use was worse than letting the scheduler move
-        # them (32 sessions, 2 workers, this 2-CPU VM: 26 missed and 0.25% dropped pinned, 10 and
-        # 0.05% not, in runs minutes apart)
-        return CpuPlan(
-            [None] * workers,
-            None,
-            None,
-            f"{workers} server worker(s) on {len(cpus)} CPU(s): no CPU left for the clients and the bare ticker, "
-            f"nothing pinned (all share every CPU)",
-        )
-    servers = [[c] for c in cpus[:workers]]
-    rest = cpus[workers:]
-    return CpuPlan(
-        servers,
-        rest,
-        rest,
-        f"server on CPU {', '.join(str(s[0]) for s in servers)}; clients and the bare ticker on CPU "
-        f"{', '.join(map(str, rest))}",
-    )
-
-
-def _cpus_args(cpus: list[int] | None) -> tuple[str, ...]:
-    return ("--cpus", ",".join(map(str, cpus))) if cpus else ()
-
-
-def _merge_workers(results: list[dict[str, Any]], raws: list[np.ndarray]) -> dict[str, Any]:
+def _merge_workers(results: list[ServerResult], raws: list[np.ndarray]) -> ServerResult:
     """One executor result from several workers' (bench tick --workers): counts and CPU summed,
     lateness percentiles over every worker's ticks, other percentiles the worst worker's."""
     if len(results) == 1:
         return {**results[0], "workers": 1}
     first = results[0]
-    merged: dict[str, Any] = dict(first)
-    for key in ("ticks", "missed_deadlines", "snapshots_sent", "cpu_fraction", "sessions_here"):
-        merged[key] = sum(r[key] for r in results)
+    merged = first.copy()
+    merged["ticks"] = sum(r["ticks"] for r in results)
+    merged["missed_deadlines"] = sum(r["missed_deadlines"] for r in results)
+    merged["snapshots_sent"] = sum(r["snapshots_sent"] for r in results)
+    merged["cpu_fraction"] = sum(r["cpu_fraction"] for r in results)
+    merged["sessions_here"] = sum(r["sessions_here"] for r in results)
     merged["wall_s"] = max(r["wall_s"] for r in results)
     merged["lateness_us"] = percentiles_us(np.concatenate(raws))
-    for key in ("tick_work_us", "decision_latency_us"):
-        merged[key] = {k: max(r[key][k] for r in results) for k in first[key]}
+    merged["tick_work_us"] = {k: max(r["tick_work_us"][k] for r in results) for k in first["tick_work_us"]}
+    merged["decision_latency_us"] = {
+        k: max(r["decision_latency_us"][k] for r in results) for k in first["decision_latency_us"]
+    }
     merged["cpu_per_tick_us"] = {k: sum(r["cpu_per_tick_us"][k] for r in results) for k in first["cpu_per_tick_us"]}
     merged["missed_at_ns"] = sorted(t for r in results for t in r["missed_at_ns"])
     merged["missed_causes"] = sorted((c for r in results for c in r["missed_causes"]), key=lambda c: c["at_ns"])
     merged["planner"] = _merge_planners([r["planner"] for r in results])
     merged["workers"] = len(results)
     merged["per_worker"] = [
-        {k: r[k] for k in ("sessions_here", "ticks", "missed_deadlines", "lateness_us", "cpu_fraction", "cpus")}
+        WorkerRow(
+            sessions_here=r["sessions_here"],
+            ticks=r["ticks"],
+            missed_deadlines=r["missed_deadlines"],
+            lateness_us=r["lateness_us"],
+            cpu_fraction=r["cpu_fraction"],
+            cpus=r["cpus"],
+        )
         for r in results
     ]
     return merged
@@ -140,233 +110,221 @@ def _merge_planners(stats: list[dict[str, Any] | None]) -> dict[str, Any] | None
     return merged
 
 
-async def _bench_tick(
-    model: Path,
-    sessions: int,
-    duration_s: float,
-    guard_ms: float,
-    rt_priority: int | None,
-    console: Console,
-    planner: str = "none",
-    label: str = "bench tick",
-    alternate_s: float | None = None,
-    metrics: bool = False,
-    pki: BenchPKI | None = None,
-    gates: Sequence[Path] = (),
-    workers: int = 1,
-    client_procs: int | None = None,
-    pin: bool = True,
-    candidate: Path | None = None,
-    candidate_gates: Sequence[Path] = (),
-    cpu_wake_latency_us: int | None = None,
-) -> dict[str, Any]:
-    """candidate: a candidate model decided beside the live one on every tick (never applied).
-    cpu_wake_latency_us: the server holds this PM QoS request while it serves (None: idle states
-    left alone); it holds for the whole machine, the bare ticker's CPUs included.
-    metrics: the server serves Prometheus metrics and this process scrapes them every SCRAPE_S.
-    pki: the server serves TLS and requires its token, and the clients connect with both.
-    workers: server processes sharing one port (as `dualloop serve --workers`); each client session
-    then has a connection of its own. client_procs: client processes (default one per 16 sessions)."""
-    if workers > 1 and (metrics or pki):
-        raise ValueError("bench tick --workers runs plain: without --metrics or --secure")
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    plan = cpu_plan(cpus, workers, pin)
-    n_clients = client_procs or max(1, -(-sessions // 16))
-    n_clients = max(1, min(n_clients, sessions))
-    tls_server = (
-        ("--tls-cert", str(pki.cert_file), "--tls-key", str(pki.key_file), "--tokens-file", str(pki.tokens_file))
-        if pki
-        else ()
+def _server_spec(run: TickRun, save: str, slot: int, port: int, board: wb.Board | None, **kw: Any) -> ServerSpec:
+    return ServerSpec(
+        model=str(run.model),
+        sessions=run.sessions,
+        save=save,
+        guard_ms=run.guard_ms,
+        realtime_priority=run.rt_priority,
+        cpu_wake_latency_us=run.cpu_wake_latency_us,
+        planner=run.planner,
+        alternate_s=run.alternate_s,
+        metrics=run.metrics,
+        gates=tuple(map(str, run.gates)),
+        port=port,
+        board=str(board.path) if board is not None else None,
+        workers=run.workers,
+        slot=slot,
+        candidate=str(run.candidate) if run.candidate is not None else None,
+        candidate_gates=tuple(map(str, run.candidate_gates)) if run.candidate is not None else (),
+        **kw,
     )
-    rt: tuple[str, ...] = ("--realtime-priority", str(rt_priority)) if rt_priority else ()
-    if cpu_wake_latency_us is not None:
-        rt += ("--cpu-wake-latency-us", str(cpu_wake_latency_us))
-    alternate = ("--alternate-s", str(alternate_s)) if alternate_s else ()
-    gate_args = tuple(a for g in gates for a in ("--gate", str(g)))
-    if candidate is not None:
-        gate_args += ("--candidate", str(candidate))
-        gate_args += tuple(a for g in candidate_gates for a in ("--candidate-gate", str(g)))
+
+
+@dataclass
+class _Outputs:
+    """What a run's processes reported: the servers' first lines and results, the clients' rows,
+    the bare ticker's result, the raw lateness (ns) of the servers and the bare ticker."""
+
+    firsts: list[ServerFirst]
+    servers: list[ServerResult]
+    server_raws: list[np.ndarray]
+    clients: list[list[SessionRow]]
+    bare: BareResult
+    bare_raw: np.ndarray
+    scrape_ms: list[float]
+    refused: dict[str, str] | None
+
+
+async def _start_servers(
+    run: TickRun, tmp: Path, plan: CpuPlan, pki: BenchPKI | None, board: wb.Board | None, port: int
+) -> tuple[list[asyncio.subprocess.Process], list[ServerFirst]]:
+    tls = (
+        {"tls_cert": str(pki.cert_file), "tls_key": str(pki.key_file), "tokens_file": str(pki.tokens_file)}
+        if pki
+        else {}
+    )
+    servers = []
+    for i in range(run.workers):
+        cpus = tuple(plan.servers[i] or ()) or None
+        servers.append(
+            await start_role(
+                "server", _server_spec(run, str(tmp / f"server-{i}.npy"), i, port, board, cpus=cpus, **tls)
+            )
+        )
+    firsts = []
+    for server in servers:
+        assert server.stdout is not None
+        line = await server.stdout.readline()
+        if not line:
+            raise RuntimeError("a bench server process did not start (see its error above)")
+        firsts.append(json.loads(line))
+    return servers, firsts
+
+
+async def _start_clients(
+    run: TickRun, address: str, plan: CpuPlan, pki: BenchPKI | None, n_clients: int
+) -> list[asyncio.subprocess.Process]:
+    clients = []
+    cpus = tuple(plan.clients) if plan.clients else None
+    for k in range(n_clients):
+        lo, hi = k * run.sessions // n_clients, (k + 1) * run.sessions // n_clients
+        spec = ClientSpec(
+            address,
+            hi - lo,
+            run.duration_s,
+            first=lo,
+            channel_per_session=run.workers > 1,
+            cpus=cpus,
+            ca_file=str(pki.ca_file) if pki else None,
+        )
+        clients.append(await start_role("clients", spec, env={**os.environ, TOKEN_ENV: pki.token} if pki else None))
+    return clients
+
+
+async def _run_processes(run: TickRun, tmp: Path, plan: CpuPlan, console: Console, pki: BenchPKI | None) -> _Outputs:
+    """The servers, then (once they listen) the clients and the bare ticker, until the clients end."""
     board: wb.Board | None = None
     reservation = None
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            port = 0
-            if workers > 1:
-                reservation, port = reserve_port("127.0.0.1", 0)
-                board = wb.Board.create(workers, LATENESS_BUCKETS_US)
-            server_files = [str(Path(tmp) / f"server-{i}.npy") for i in range(workers)]
-            bare_file = str(Path(tmp) / "bare.npy")
-            servers = []
-            for i in range(workers):
-                servers.append(
-                    await _subprocess(
-                        "server",
-                        "--model",
-                        str(model),
-                        *gate_args,
-                        "--sessions",
-                        str(sessions),
-                        "--guard-ms",
-                        str(guard_ms),
-                        "--save",
-                        server_files[i],
-                        "--planner",
-                        planner,
-                        "--port",
-                        str(port),
-                        *(
-                            ("--board", str(board.path), "--workers", str(workers), "--slot", str(i))
-                            if board is not None
-                            else ()
-                        ),
-                        *_cpus_args(plan.servers[i]),
-                        *rt,
-                        *alternate,
-                        *(("--metrics",) if metrics else ()),
-                        *tls_server,
-                    )
-                )
-            firsts = []
-            for server in servers:
-                assert server.stdout is not None
-                line = await server.stdout.readline()
-                if not line:
-                    raise RuntimeError("a bench server process did not start (see its error above)")
-                firsts.append(json.loads(line))
-            if reservation is not None:
-                reservation.close()
-            first = firsts[0]
-            port = first["port"]
-            address = f"127.0.0.1:{port}"
-            # before the clients connect: the server measures only once all of them are
-            refused = (
-                {
-                    "plaintext": await _refused(address, None),
-                    "tls_without_token": await _refused(address, str(pki.ca_file)),
-                }
-                if pki
-                else None
-            )
-            scrape_ms: list[float] = []
-            clients = []
-            for k in range(n_clients):
-                lo, hi = k * sessions // n_clients, (k + 1) * sessions // n_clients
-                clients.append(
-                    await _subprocess(
-                        "clients",
-                        "--address",
-                        address,
-                        "--sessions",
-                        str(hi - lo),
-                        "--first",
-                        str(lo),
-                        "--duration",
-                        str(duration_s),
-                        *(("--channel-per-session",) if workers > 1 else ()),
-                        *_cpus_args(plan.clients),
-                        *(("--ca-file", str(pki.ca_file)) if pki else ()),
-                        env={**os.environ, TOKEN_ENV: pki.token} if pki else None,
-                    )
-                )
-            bare = await _subprocess(
-                "bare",
-                "--duration",
-                str(duration_s),
-                "--save",
-                bare_file,
-                "--guard-ms",
-                str(guard_ms),
-                *_cpus_args(plan.bare),
-                *rt,
-            )
-            t0 = time.monotonic()
-            scraper = (
-                asyncio.ensure_future(_scrape_every(first["metrics_port"], SCRAPE_S, scrape_ms)) if metrics else None
-            )
-            with Progress(
-                TextColumn(f"[bold]{label}[/]"),
-                BarColumn(),
-                TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
-                TimeRemainingColumn(),
-                console=console,
-                transient=True,
-            ) as progress:
-                task = progress.add_task("run", total=duration_s)
-                while any(c.returncode is None for c in clients):
-                    progress.update(task, completed=min(duration_s, time.monotonic() - t0))
-                    try:
-                        await asyncio.wait_for(asyncio.gather(*(c.wait() for c in clients)), 0.25)
-                    except TimeoutError:
-                        pass
-            if scraper is not None:
-                scraper.cancel()
-            client_outs = [(await c.communicate())[0] for c in clients]
-            server_outs = [(await s.communicate())[0] for s in servers]
-            bare_out, _ = await bare.communicate()
-            codes = {
-                "servers": [s.returncode for s in servers],
-                "clients": [c.returncode for c in clients],
-                "bare": bare.returncode,
+        port = 0
+        if run.workers > 1:
+            reservation, port = reserve_port("127.0.0.1", 0)
+            board = wb.Board.create(run.workers, LATENESS_BUCKETS_US)
+        servers, firsts = await _start_servers(run, tmp, plan, pki, board, port)
+        if reservation is not None:
+            reservation.close()
+        address = f"127.0.0.1:{firsts[0]['port']}"
+        # before the clients connect: the server measures only once all of them are
+        refused = None
+        if pki:
+            refused = {
+                "plaintext": await _refused(address, None),
+                "tls_without_token": await _refused(address, str(pki.ca_file)),
             }
-            if any(s.returncode for s in servers) or any(c.returncode for c in clients) or bare.returncode:
-                raise RuntimeError(f"a bench process failed (exit codes {codes})")
-            server_raws = [np.load(f) for f in server_files]
-            raw = {"executor_lateness_ns": np.concatenate(server_raws), "bare_lateness_ns": np.load(bare_file)}
+        n_clients = max(1, min(run.client_procs or max(1, -(-run.sessions // 16)), run.sessions))
+        clients = await _start_clients(run, address, plan, pki, n_clients)
+        bare_file = str(tmp / "bare.npy")
+        bare_spec = BareSpec(
+            run.duration_s,
+            guard_ms=run.guard_ms,
+            save=bare_file,
+            realtime_priority=run.rt_priority or None,
+            cpu_wake_latency_us=run.cpu_wake_latency_us,
+            cpus=tuple(plan.bare) if plan.bare else None,
+        )
+        bare = await start_role("bare", bare_spec)
+        scrape_ms: list[float] = []
+        metrics_port = firsts[0]["metrics_port"]
+        scraper = None
+        if run.metrics and metrics_port is not None:
+            scraper = asyncio.ensure_future(_scrape_every(metrics_port, SCRAPE_S, scrape_ms))
+        await wait_all(clients, run.label, run.duration_s, console)
+        if scraper is not None:
+            scraper.cancel()
+        client_outs = [(await c.communicate())[0] for c in clients]
+        server_outs = [(await s.communicate())[0] for s in servers]
+        bare_out, _ = await bare.communicate()
+        codes = {
+            "servers": [s.returncode for s in servers],
+            "clients": [c.returncode for c in clients],
+            "bare": bare.returncode,
+        }
+        if any(s.returncode for s in servers) or any(c.returncode for c in clients) or bare.returncode:
+            raise RuntimeError(f"a bench process failed (exit codes {codes})")
+        server_raws = [np.load(tmp / f"server-{i}.npy") for i in range(run.workers)]
+        return _Outputs(
+            firsts,
+            [json.loads(o) for o in server_outs],
+            server_raws,
+            [json.loads(o) for o in client_outs],
+            json.loads(bare_out),
+            np.load(bare_file),
+            scrape_ms,
+            refused,
+        )
     finally:
         if reservation is not None:
             reservation.close()
         if board is not None:
             board.close()
-    ex = _merge_workers([json.loads(o) for o in server_outs], server_raws)
-    bare_result = json.loads(bare_out)
-    details = [s for o in client_outs for s in json.loads(o)]
+
+
+async def _bench_tick(run: TickRun, console: Console, pki: BenchPKI | None = None) -> Result:
+    """One run: the server (workers), the clients and the bare ticker for run.duration_s, and its
+    result with a verdict. pki: the server serves TLS and requires its token, and the clients
+    connect with both."""
+    if run.workers > 1 and (run.metrics or pki):
+        raise ValueError("bench tick --workers runs plain: without --metrics or --secure")
+    cpus = machine_cpus()
+    plan = cpu_plan(cpus, run.workers, run.pin)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = await _run_processes(run, Path(tmp), plan, console, pki)
+    ex = _merge_workers(out.servers, out.server_raws)
+    bare = out.bare
+    details = [s for rows in out.clients for s in rows]
+    first = out.firsts[0]
+    ran = {
+        "model": first["model"],
+        "gates": first["gates"],
+        "candidate": first.get("candidate"),
+        "workers": run.workers,
+        "planner": run.planner,
+        "client_processes": len(out.clients),
+        "cpus": cpus,
+        "pinning": plan.note,
+        "load_average_at_start": list(os.getloadavg()),
+    }
     result = {
         "when": datetime.now().isoformat(timespec="seconds"),
-        "sessions": sessions,
+        "sessions": run.sessions,
         "duration_s": ex["wall_s"],
-        "guard_ms": guard_ms,
-        "planner": planner,
-        "ran": {
-            "model": first["model"],
-            "gates": first["gates"],
-            "candidate": first.get("candidate"),
-            "workers": workers,
-            "planner": planner,
-            "client_processes": n_clients,
-            "cpus": cpus,
-            "pinning": plan.note,
-            "load_average_at_start": list(os.getloadavg()),
-        },
-        "scheduling": {"executor": ex["scheduling"], "bare_ticker": bare_result["scheduling"]},
+        "guard_ms": run.guard_ms,
+        "planner": run.planner,
+        "ran": ran,
+        "scheduling": {"executor": ex["scheduling"], "bare_ticker": bare["scheduling"]},
         "executor": ex,
         "bare_ticker": {
-            "ticks": bare_result["ticks"],
-            "missed_deadlines": bare_result["missed"],
-            "lateness_us": bare_result["lateness_us"],
-            "cpu_fraction": bare_result["cpu_fraction"],
-            "stalls_at_ns": bare_result["stalls_at_ns"],
-            "missed_causes": bare_result["missed_causes"],
+            "ticks": bare["ticks"],
+            "missed_deadlines": bare["missed"],
+            "lateness_us": bare["lateness_us"],
+            "cpu_fraction": bare["cpu_fraction"],
+            "stalls_at_ns": bare["stalls_at_ns"],
+            "missed_causes": bare["missed_causes"],
         },
-        "missed_beside_floor": missed_beside_floor(
-            ex["missed_at_ns"], bare_result["stalls_at_ns"], ex["missed_causes"]
-        ),
-        "p99_ratio_executor_over_bare": ex["lateness_us"]["p99"] / max(bare_result["lateness_us"]["p99"], 1e-9),
+        "missed_beside_floor": missed_beside_floor(ex["missed_at_ns"], bare["stalls_at_ns"], ex["missed_causes"]),
+        "p99_ratio_executor_over_bare": ex["lateness_us"]["p99"] / max(bare["lateness_us"]["p99"], 1e-9),
         "sessions_detail": details,
-        "clients_cpu_fraction": sum(json.loads(o)[0]["client_process_cpu_s"] for o in client_outs if json.loads(o))
+        "clients_cpu_fraction": sum(rows[0]["client_process_cpu_s"] for rows in out.clients if rows)
         / max(ex["wall_s"], 1e-9),
-        "metrics": {
-            "on": metrics,
-            "scrape_interval_s": SCRAPE_S if metrics else None,
-            "scrapes": len(scrape_ms),
-            "scrape_ms_p50": float(np.median(scrape_ms)) if scrape_ms else None,
-            "scrape_ms_max": max(scrape_ms) if scrape_ms else None,
-        },
+        "metrics": _metrics_summary(run.metrics, out.scrape_ms),
         "secure": pki is not None,
-        "refused_without_credentials": refused,
-        "_raw": raw,
+        "refused_without_credentials": out.refused,
+        "_raw": {"executor_lateness_ns": np.concatenate(out.server_raws), "bare_lateness_ns": out.bare_raw},
     }
     result["verdict"] = tick_verdict(result)
     return result
+
+
+def _metrics_summary(on: bool, scrape_ms: list[float]) -> Result:
+    return {
+        "on": on,
+        "scrape_interval_s": SCRAPE_S if on else None,
+        "scrapes": len(scrape_ms),
+        "scrape_ms_p50": float(np.median(scrape_ms)) if scrape_ms else None,
+        "scrape_ms_max": max(scrape_ms) if scrape_ms else None,
+    }
 
 
 # The executor keeps time (absolute bounds, the serving target): no missed deadline, p99 lateness
@@ -569,14 +527,6 @@ def print_tick_report(result: dict[str, Any], console: Console) -> None:
     print_verdict(result, console)
 
 
-def store_result(out_dir: Path, kind: str, result: dict[str, Any], stamp: str | None = None) -> Path:
-    """A benchmark's results as runs/bench/<kind>-<timestamp>.json; returns the path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{kind}-{stamp or datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2))
-    return path
-
-
 def snapshots_dropped(result: dict[str, Any]) -> int:
     """Snapshots the server dropped for slow readers, over all sessions of a run."""
     return sum(int(s["snapshots_dropped"]) for s in result["sessions_detail"])
@@ -671,81 +621,30 @@ def print_secure_verdict(v: dict[str, Any], console: Console) -> None:
 
 
 def bench_tick(
-    model: Path,
-    sessions: int = 8,
-    duration_s: float = 60.0,
+    run: TickRun,
     out_dir: Path = Path("runs/bench"),
-    guard_ms: float = DEFAULT_TICKER_GUARD_MS,
-    rt_priority: int | None = None,
     console: Console | None = None,
     metrics: str = "off",
     secure: str = "off",
-    gates: Sequence[Path] = (),
-    workers: int = 1,
-    client_procs: int | None = None,
-    pin: bool = True,
-    planner: str = "none",
-    plot: bool = True,
-    candidate: Path | None = None,
-    candidate_gates: Sequence[Path] = (),
     candidate_mode: str = "on",
-    cpu_wake_latency_us: int | None = None,
-) -> dict[str, Any]:
-    """gates: the model's gate files (the CLI's default: the shipped model with its two gates).
-    workers: server processes sharing the port; client_procs: client processes; pin: pin the server
-    apart from the clients and the bare ticker where the machine has the CPUs (cpu_plan).
+    plot: bool = True,
+) -> Result:
+    """run: what is served and driven (the CLI's default: the shipped model with its two gates).
     metrics: "off", "on" (the server serves Prometheus metrics, scraped every SCRAPE_S) or "both":
     off, on, off, on in one command (interleaved, so that a machine whose load drifts shows it as a
     difference between two runs of the same kind); stored together as tick-metrics-<time>.json.
     secure: "off", "on" (TLS + a bearer token + metrics scraped every SCRAPE_S, with certificates
     made for the run) or "both": plain, secure, plain, secure (plain: none of them), stored together
-    as tick-secure-<time>.json with a verdict."""
+    as tick-secure-<time>.json with a verdict. candidate_mode "both": without and with run.candidate
+    in turns."""
     console = console or Console()
-    extra: dict[str, Any] = {
-        "gates": gates,
-        "workers": workers,
-        "client_procs": client_procs,
-        "pin": pin,
-        "planner": planner,
-        "cpu_wake_latency_us": cpu_wake_latency_us,
-    }
-    if candidate is not None and candidate_mode == "both":
-        return _candidate_both(
-            model, sessions, duration_s, out_dir, guard_ms, rt_priority, console, candidate, candidate_gates, extra
-        )
+    if run.candidate is not None and candidate_mode == "both":
+        return _candidate_both(run, out_dir, console)
     if secure == "both":
-        runs = {
-            f"{name} ({k})": bench_tick(
-                model, sessions, duration_s, out_dir, guard_ms, rt_priority, console, "off", mode, **extra
-            )
-            for k in (1, 2)
-            for name, mode in (("plain", "off"), ("secure", "on"))
-        }
-        print_comparison(runs, console, "plain vs secure (TLS + bearer token + metrics scraped each second)", "run")
-        verdict = secure_verdict(runs)
-        print_secure_verdict(verdict, console)
-        stored = {
-            "what": {
-                "command": "bench tick --secure both",
-                "sessions": sessions,
-                "duration_s": duration_s,
-                "plain": "no TLS, no authentication, no metrics",
-                "secure": f"TLS (EC P-256 certificate made for the run), a bearer token checked on every RPC, "
-                f"Prometheus metrics scraped every {SCRAPE_S:g} s",
-                "load_average_at_end": list(os.getloadavg()),
-                "cpus": os.cpu_count(),
-            },
-            "runs": runs,
-            "verdict": verdict,
-        }
-        path = store_result(out_dir, "tick-secure", stored)
-        console.print(f"all runs: {path}")
-        return stored
+        return _secure_both(replace(run, candidate=None, candidate_gates=()), out_dir, console)
     if metrics == "both":
         both = {
-            f"{mode} ({k})": bench_tick(
-                model, sessions, duration_s, out_dir, guard_ms, rt_priority, console, mode, **extra
-            )
+            f"{mode} ({k})": bench_tick(replace(run, candidate=None, candidate_gates=()), out_dir, console, mode)
             for k in (1, 2)
             for mode in ("off", "on")
         }
@@ -753,97 +652,79 @@ def bench_tick(
         path = store_result(out_dir, "tick-metrics", both)
         console.print(f"both runs: {path}")
         return both
+    label = f"bench tick, {run.sessions} sessions" + (", secure" if secure == "on" else f", metrics {metrics}")
+    run = replace(run, label=label, metrics=metrics == "on" or secure == "on")
     loop = new_event_loop()
     try:
         with tempfile.TemporaryDirectory() as pki_dir:
             pki = make_pki(Path(pki_dir)) if secure == "on" else None
-            result = loop.run_until_complete(
-                _bench_tick(
-                    model,
-                    sessions,
-                    duration_s,
-                    guard_ms,
-                    rt_priority,
-                    console,
-                    label=f"bench tick, {sessions} sessions" + (", secure" if pki else f", metrics {metrics}"),
-                    metrics=metrics == "on" or pki is not None,
-                    pki=pki,
-                    planner=planner,
-                    gates=gates,
-                    workers=workers,
-                    client_procs=client_procs,
-                    pin=pin,
-                    candidate=candidate,
-                    candidate_gates=candidate_gates,
-                    cpu_wake_latency_us=cpu_wake_latency_us,
-                )
-            )
+            result = loop.run_until_complete(_bench_tick(run, console, pki))
     finally:
         loop.close()
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    plot_path = out_dir / f"tick-{stamp}-{sessions}.png"
+    plot_path = out_dir / f"tick-{stamp}-{run.sessions}.png"
     if plot:
         _plot(result, plot_path)
     stored = {k: v for k, v in result.items() if k != "_raw"}
-    json_path = store_result(out_dir, "tick", stored, f"{stamp}-{sessions}")
+    json_path = store_result(out_dir, "tick", stored, f"{stamp}-{run.sessions}")
     print_tick_report(result, console)
     console.print(f"results: {json_path}" + (f"  plot: {plot_path}" if plot else ""))
     return stored
 
 
-def _candidate_both(
-    model: Path,
-    sessions: int,
-    duration_s: float,
-    out_dir: Path,
-    guard_ms: float,
-    rt_priority: int | None,
-    console: Console,
-    candidate: Path,
-    candidate_gates: Sequence[Path],
-    extra: dict[str, Any],
-) -> dict[str, Any]:
+def _secure_both(run: TickRun, out_dir: Path, console: Console) -> Result:
+    runs = {
+        f"{name} ({k})": bench_tick(run, out_dir, console, "off", mode)
+        for k in (1, 2)
+        for name, mode in (("plain", "off"), ("secure", "on"))
+    }
+    print_comparison(runs, console, "plain vs secure (TLS + bearer token + metrics scraped each second)", "run")
+    verdict = secure_verdict(runs)
+    print_secure_verdict(verdict, console)
+    stored = {
+        "what": {
+            "command": "bench tick --secure both",
+            "sessions": run.sessions,
+            "duration_s": run.duration_s,
+            "plain": "no TLS, no authentication, no metrics",
+            "secure": f"TLS (EC P-256 certificate made for the run), a bearer token checked on every RPC, "
+            f"Prometheus metrics scraped every {SCRAPE_S:g} s",
+            "load_average_at_end": list(os.getloadavg()),
+            "cpus": os.cpu_count(),
+        },
+        "runs": runs,
+        "verdict": verdict,
+    }
+    path = store_result(out_dir, "tick-secure", stored)
+    console.print(f"all runs: {path}")
+    return stored
+
+
+def _candidate_both(run: TickRun, out_dir: Path, console: Console) -> Result:
     """without, with, without, with a candidate in one command (interleaved: a machine whose load
     drifts shows it as a difference between two runs of the same kind); tick-candidate-<time>.json."""
+    assert run.candidate is not None
+    alone = replace(run, candidate=None, candidate_gates=())
     runs = {
-        f"{name} ({k})": bench_tick(
-            model,
-            sessions,
-            duration_s,
-            out_dir,
-            guard_ms,
-            rt_priority,
-            console,
-            plot=False,
-            candidate=cand,
-            candidate_gates=candidate_gates if cand is not None else (),
-            **extra,
-        )
+        f"{name} ({k})": bench_tick(r, out_dir, console, plot=False)
         for k in (1, 2)
-        for name, cand in (("live only", None), ("with candidate", candidate))
+        for name, r in (("live only", alone), ("with candidate", run))
     }
-    print_comparison(runs, console, f"live model alone vs with candidate {candidate.name} beside it", "run")
+    print_comparison(runs, console, f"live model alone vs with candidate {run.candidate.name} beside it", "run")
     table = Table(title="CPU per tick (us, server)")
     for col in ("run", "model", "candidate", "rules", "gate", "streaming", "tick work p99 us"):
         table.add_column(col, justify="right")
     for name, r in runs.items():
         cpu = r["executor"]["cpu_per_tick_us"]
-        table.add_row(
-            name,
-            f"{cpu['model']:.0f}",
-            f"{cpu.get('candidate', 0.0):.0f}",
-            f"{cpu['rules']:.0f}",
-            f"{cpu['gate']:.0f}",
-            f"{cpu['streaming']:.0f}",
-            f"{r['executor']['tick_work_us']['p99']:.0f}",
-        )
+        parts = (cpu["model"], cpu.get("candidate", 0.0), cpu["rules"], cpu["gate"], cpu["streaming"])
+        table.add_row(name, *(f"{v:.0f}" for v in parts), f"{r['executor']['tick_work_us']['p99']:.0f}")
     console.print(table)
     stored = {
         "what": {
-            "command": f"bench tick --candidate {candidate} --candidate-runs both",
-            "sessions": sessions,
-            "duration_s": duration_s,
+            "command": f"bench tick --candidate {run.candidate} --candidate-runs both",
+            "sessions": run.sessions,
+            "duration_s": run.duration_s,
             "load_average_at_end": list(os.getloadavg()),
             "cpus": os.cpu_count(),
         },
@@ -858,8 +739,8 @@ SWEEP = (8, 16, 24, 32, 48, 64)
 
 
 def bench_sweep(
-    model: Path, counts: Sequence[int], out_dir: Path = Path("runs/bench"), console: Console | None = None, **kw: Any
-) -> dict[str, Any]:
+    run: TickRun, counts: Sequence[int], out_dir: Path = Path("runs/bench"), console: Console | None = None
+) -> Result:
     """bench tick at each session count in turn, stopping at the first that does not keep time
     (tick_verdict); prints and stores the largest count that did (tick-sweep-<time>.json). A count
     whose bare ticker itself missed the bounds says nothing of the executor: it is run once more
@@ -867,11 +748,11 @@ def bench_sweep(
     console = console or Console()
     steps: list[dict[str, Any]] = []
     for n in counts:
-        r = bench_tick(model, n, out_dir=out_dir, console=console, **kw)
+        r = bench_tick(replace(run, sessions=n), out_dir, console, plot=False)
         if not r["verdict"]["baseline_valid"]:
             console.print(f"{n} sessions: the bare ticker missed its bounds (a noisy machine); once more")
             steps.append(r)
-            r = bench_tick(model, n, out_dir=out_dir, console=console, **kw)
+            r = bench_tick(replace(run, sessions=n), out_dir, console, plot=False)
         steps.append(r)
         if not r["verdict"]["met"]:
             break

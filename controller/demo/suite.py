@@ -11,11 +11,6 @@ scenario (`/dualloop/<scenario>-<seed>/plot`), and foxglove-layout.json opens th
 from __future__ import annotations
 
 import json
-import re
-import signal
-import subprocess
-import sys
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,7 +26,7 @@ from dualloop.controller.demo.closed_loop import ClosedLoopRun, drive_over_grpc,
 from dualloop.controller.demo.harm import drive_offs, time_to_standstill, transition_step
 from dualloop.controller.demo.report import plot_run, plot_tick_work, write_report
 from dualloop.controller.logs.foxglove import layout
-from dualloop.controller.serve.security import private_server_env
+from dualloop.controller.server_process import ServerProcess
 from dualloop.sim.scenarios import SCENARIOS
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
@@ -67,33 +62,6 @@ class ScenarioRow:
     max_transition_step: float = 0.0  # m/s^2 per tick, at or next to a non-NOMINAL state
     time_to_standstill_s: float = float("nan")  # from the first non-NOMINAL tick; NaN: never stood
     drive_offs: int = 0  # moved again after a standstill in a non-NOMINAL state, unreleased
-
-
-def start_server(model: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(model), "--port", "0", *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**private_server_env(), "COLUMNS": "250"},
-    )
-    assert proc.stdout is not None  # stdout=PIPE
-    line = proc.stdout.readline()
-    match = re.search(r" on 127\.0\.0\.1:(\d+)", line)
-    if not match:
-        proc.kill()
-        raise RuntimeError(f"the server did not start: {line.strip()} {proc.stdout.read()}")
-    # keep reading the server's log lines, or a long run fills the pipe and blocks the server
-    threading.Thread(target=proc.stdout.read, daemon=True).start()
-    return proc, f"127.0.0.1:{match.group(1)}"
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def _row(run: ClosedLoopRun, ood: bool, stats: pb.GetStatsResponse) -> ScenarioRow:
@@ -240,7 +208,8 @@ def _drive_group(
         extra += ("--config", str(config))
     recording = out / "logs" / f".{source or 'simulator'}"
     extra += ("--record-dir", str(recording))
-    server, address = start_server(model, extra)
+    server = ServerProcess(("--model", str(model), *extra))
+    address = server.address
     results: dict[str, tuple[ScenarioRow, ClosedLoopRun]] = {}
     try:
         with grpc.insecure_channel(address) as channel:
@@ -259,7 +228,7 @@ def _drive_group(
                 results[name] = (_row(run, SCENARIOS[name].ood, stub.GetStats(pb.GetStatsRequest())), run)
                 progress.advance(task)
     finally:
-        stop_server(server)  # the recorder writes the file's index and footer as the server stops
+        server.stop(timeout_s=10)  # the recorder writes the file's index and footer as the server stops
     if _collect_recording(recording, out / "logs" / f"{source or 'simulator'}.mcap") is None:
         console.print(f"[yellow]no single recording in {recording}[/]")
     return results, info

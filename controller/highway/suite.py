@@ -19,8 +19,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from dualloop.controller.demo.suite import start_server, stop_server
 from dualloop.controller.highway.adapter import SUITE, Episode, drive_dualloop, drive_idm
+from dualloop.controller.server_process import ServerProcess
 
 # pygame is imported by highway-env; nothing here renders, and no window may open
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
@@ -39,7 +39,6 @@ class Row:
 
 
 def serve_args(gates: Sequence[Path], config: Path) -> tuple[str, ...]:
-    # ERROR: the server's first line must be its "serving ... on 127.0.0.1:PORT" (start_server reads it)
     return (*(a for g in gates for a in ("--gate", str(g))), "--config", str(config), "--log-level", "ERROR")
 
 
@@ -54,12 +53,9 @@ def run_dualloop(
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "server.toml"
         config.write_text('[planner]\nsource = "behaviour"\n')
-        server, address = start_server(model, serve_args(gates, config))
-        try:
-            with grpc.insecure_channel(address) as channel:
+        with ServerProcess(("--model", str(model), *serve_args(gates, config)), Path(tmp)) as server:
+            with grpc.insecure_channel(server.address) as channel:
                 return [drive_dualloop(SUITE[e], s, channel, max_seconds, policy_hz) for e in envs for s in seeds]
-        finally:
-            stop_server(server)
 
 
 def run_suite(

@@ -28,11 +28,11 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import given
 
-from dualloop.controller.bench.soak import ServeProcess
 from dualloop.controller.logs.logfile import read_sessions
 from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.server_process import serve_shipped
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
@@ -273,7 +273,7 @@ def test_ten_thousand_seeded_streams_keep_the_contract(tmp_path: Path, schema_ha
     seed = int.from_bytes(os.urandom(4)) if RANDOM else 20261202
     count = BULK_STREAMS * FACTOR
     record_dir = tmp_path / "recordings"
-    with ServeProcess({"record_dir": str(record_dir)}, tmp_path, log_format="json") as server:
+    with serve_shipped(tmp_path, {"record_dir": str(record_dir)}, log_format="json") as server:
         with grpc.insecure_channel(server.address) as channel:
 
             def one(k: int) -> tuple[grpc.StatusCode, int, list[str]]:

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import math
-import os
-import re
 import signal
 import subprocess
 import sys
@@ -32,6 +30,7 @@ from carla_driver_interface.protocol import (
 from carla_driver_interface.testing import FakeCamera, FakeLoop
 
 from dualloop.controller.alpasim.driver import DualloopDriver, build_server
+from dualloop.controller.server_process import ServerProcess
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.sim.schema import ACCEL_MAX, ACCEL_MIN, STEER_MAX, STEER_MIN
@@ -222,27 +221,14 @@ def test_only_loopback_or_a_unix_socket(driver):
 
 @pytest.mark.slow
 def test_the_command_serves_on_loopback_until_sigterm():
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dualloop", "alpasim", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    server = ServerProcess(command="alpasim")
     try:
-        assert proc.stdout is not None and proc.stderr is not None
-        line = proc.stdout.readline()
-        match = re.search(r"serving egodriver.EgodriverService on (127\.0\.0\.1:\d+)", line)
-        assert match, line + proc.stderr.read()
-        address = match.group(1)
-        with FakeLoop(address, [CAMERA], step_s=STEP_S, initial_speed_mps=10.0) as loop:
+        assert f"serving egodriver.EgodriverService on {server.address}" in server.stdout_text()
+        with FakeLoop(server.address, [CAMERA], step_s=STEP_S, initial_speed_mps=10.0) as loop:
             assert loop.run(5).steps == 5
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert server.stop(timeout_s=30, sig=signal.SIGTERM) == 0 and server.stopped_in_time
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 def test_the_command_refuses_a_non_loopback_host():

@@ -249,5 +249,5 @@ def test_bench_planner_refuses_a_run_too_short_for_two_turns_of_each_kind(capsys
     assert "--duration 7: too short" in capsys.readouterr().out and not ran
     # without --duration it runs long enough for a narrow interval: 600 s, 32 sessions
     assert main(["bench", "planner"]) == 0
-    (args,) = ran
-    assert args[1:3] == (32, 600.0)
+    ((run, *_),) = ran
+    assert (run.sessions, run.duration_s) == (32, 600.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dualloop.controller.bench.soak import SLOPE_BOUND_MB_PER_MIN, bench_soak, memory_verdict
+from dualloop.controller.bench.soak import SLOPE_BOUND_MB_PER_MIN, SoakRun, bench_soak, memory_verdict
 
 
 def test_memory_verdict_flat_passes_and_a_leak_fails() -> None:
@@ -27,7 +27,7 @@ def test_memory_verdict_flat_passes_and_a_leak_fails() -> None:
 
 @pytest.mark.slow
 def test_a_short_soak_runs_end_to_end_and_finds_no_leak(tmp_path: Path) -> None:
-    result = bench_soak(sessions=2, duration_s=20.0, out_dir=tmp_path, sample_s=1.0, realtime_priority=50)
+    result = bench_soak(SoakRun(sessions=2, duration_s=20.0, sample_s=1.0, realtime_priority=50), tmp_path)
     stored = json.loads(next(tmp_path.glob("soak-*.json")).read_text())
     assert stored["what"]["sessions"] == 2 and stored["what"]["planner"] == "behaviour"
     # the server was asked for SCHED_FIFO 50 (granted, or refused without CAP_SYS_NICE: said either way)

@@ -12,8 +12,9 @@ import pytest
 
 from dualloop.controller.bench import cli as bench_cli
 from dualloop.controller.bench import tick
+from dualloop.controller.bench.harness import TickRun, cpu_plan
 from dualloop.controller.bench.planner import planner_verdict
-from dualloop.controller.bench.tick import cpu_plan, missed_beside_floor, tick_verdict
+from dualloop.controller.bench.tick import missed_beside_floor, tick_verdict
 from dualloop.controller.cli import main
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
@@ -111,12 +112,12 @@ def test_bench_tick_and_planner_run_the_shipped_model_with_its_gates_by_default(
     assert main(["bench", "planner"]) == 0
     assert main(["bench", "tick", "--sweep"]) == 0
     assert main(["bench", "tick", "--model", "other.onnx", "--workers", "2"]) == 0
-    (_, tick_a, tick_k), (_, plan_a, plan_k), (_, sweep_a, sweep_k), (_, other_a, other_k) = calls
-    assert tick_a[0] == BASE_MODEL_PATH and tuple(tick_k["gates"]) == DEFAULT_GATES and tick_k["workers"] == 1
-    assert tick_k["planner"] == "none"  # as `dualloop serve` runs by default
-    assert plan_a[0] == BASE_MODEL_PATH and tuple(plan_k["gates"]) == DEFAULT_GATES
-    assert sweep_a[1] == [8, 16, 24, 32, 48, 64]
-    assert str(other_a[0]) == "other.onnx" and tuple(other_k["gates"]) == () and other_k["workers"] == 2
+    (_, (tick_run, *_), _), (_, (plan_run, *_), _), (_, sweep_a, _), (_, (other, *_), _) = calls
+    assert tick_run.model == BASE_MODEL_PATH and tick_run.gates == DEFAULT_GATES and tick_run.workers == 1
+    assert tick_run.planner == "none"  # as `dualloop serve` runs by default
+    assert plan_run.model == BASE_MODEL_PATH and plan_run.gates == DEFAULT_GATES and plan_run.planner == "behaviour"
+    assert sweep_a[1] == [8, 16, 24, 32, 48, 64] and sweep_a[0].gates == DEFAULT_GATES
+    assert str(other.model) == "other.onnx" and other.gates == () and other.workers == 2
 
 
 def test_bench_tick_sweep_refuses_bad_counts(capsys):
@@ -149,7 +150,8 @@ def test_sweep_reruns_a_count_whose_baseline_was_noisy_and_stops_at_the_first_fa
     outcomes = {8: [_tick(bare_missed=2), _tick()], 16: [_tick()], 24: [_tick(ex_missed=4)], 32: [_tick()]}
     ran: list[int] = []
 
-    def fake_run(model, n, **kw):
+    def fake_run(run, *a, **kw):
+        n = run.sessions
         ran.append(n)
         r = {**outcomes[n].pop(0), "sessions": n, "ran": {}, "clients_cpu_fraction": 0.1}
         r["executor"]["cpu_fraction"] = 0.5
@@ -157,7 +159,7 @@ def test_sweep_reruns_a_count_whose_baseline_was_noisy_and_stops_at_the_first_fa
         return r
 
     monkeypatch.setattr(tick, "bench_tick", fake_run)
-    result = tick.bench_sweep(BASE_MODEL_PATH, [8, 16, 24, 32], out_dir=tmp_path)
+    result = tick.bench_sweep(TickRun(BASE_MODEL_PATH), [8, 16, 24, 32], out_dir=tmp_path)
     assert ran == [8, 8, 16, 24]  # 8 once more (noisy floor), then on until 24 fails; 32 never runs
     assert result["largest_kept"] == 16 and result["stopped_at"] == 24
     assert "stops keeping time at 24" in result["summary"]

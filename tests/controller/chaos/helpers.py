@@ -1,6 +1,6 @@
 """What the chaos tests share: a streaming session in a background thread, and the end-of-test check.
 
-Every test runs a real `dualloop serve` process on loopback (controller.bench.soak.ServeProcess)
+Every test runs a real `dualloop serve` process on loopback (controller.server_process.serve_shipped)
 and asserts on counts, states and statuses with generous timeouts, never on wall-clock timing.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from dualloop.controller.bench.soak import ServeProcess, probe_session
+from dualloop.controller.server_process import ServerProcess, probe_session
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
@@ -116,7 +116,7 @@ class Driver:
         return self.status
 
 
-def assert_still_serving(server: ServeProcess, rows: np.ndarray) -> None:
+def assert_still_serving(server: ServerProcess, rows: np.ndarray) -> None:
     """Health SERVING, and a fresh session is soon NOMINAL (a clean dwell after its first ticks)."""
     assert server.proc.poll() is None, f"the server exited ({server.proc.returncode}): {server.stderr_text()[-2000:]}"
     assert server.health() == "SERVING"

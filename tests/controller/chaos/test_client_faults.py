@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 import pytest
 
-from dualloop.controller.bench.soak import ProcSample, ServeProcess, probe_session, wait_until
+from dualloop.controller.server_process import ProcSample, ServerProcess, probe_session, serve_shipped, wait_until
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 from tests.controller.chaos.helpers import TIMEOUT_S, Driver, assert_still_serving
@@ -26,18 +26,18 @@ from tests.controller.chaos.helpers import TIMEOUT_S, Driver, assert_still_servi
 pytestmark = pytest.mark.slow
 
 
-def _serve(tmp_path: Path, **config: object) -> ServeProcess:
-    return ServeProcess({"planner": {"source": "behaviour"}, **config}, tmp_path, log_level="INFO", log_format="json")
+def _serve(tmp_path: Path, **config: object) -> ServerProcess:
+    return serve_shipped(tmp_path, {"planner": {"source": "behaviour"}, **config}, log_level="INFO", log_format="json")
 
 
-def _baseline(server: ServeProcess, rows: np.ndarray) -> ProcSample:
+def _baseline(server: ServerProcess, rows: np.ndarray) -> ProcSample:
     """Threads and fds after one session has come and gone (gRPC makes some threads on first use)."""
     probe_session(server.address, rows)
     assert wait_until(lambda: server.stats().sessions_open == 0, TIMEOUT_S)
     return server.sample()
 
 
-def _back_to(server: ServeProcess, baseline: ProcSample) -> None:
+def _back_to(server: ServerProcess, baseline: ProcSample) -> None:
     def settled() -> bool:
         now = server.sample()
         return server.stats().sessions_open == 0 and now.threads <= baseline.threads and now.fds <= baseline.fds

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dualloop.controller.bench.soak import ServeProcess
+from dualloop.controller.server_process import serve_shipped
 from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.plan import Plan, PlanRequest
 from dualloop.planner.remote import serve_planner
@@ -41,7 +41,7 @@ def _kill(pids: list[int]) -> int:
 
 
 def test_planner_worker_killed_mid_run(tmp_path: Path, drive_rows: np.ndarray) -> None:
-    with ServeProcess({"planner": {"source": "behaviour"}}, tmp_path) as server:
+    with serve_shipped(tmp_path, {"planner": {"source": "behaviour"}}) as server:
         driver = Driver(server.address, drive_rows)
         first = driver.wait_for(lambda s: s.plan_id != "" and s.state == "NOMINAL")
         planned = driver.snaps[first].plan_id
@@ -97,7 +97,7 @@ def test_remote_planner_stalled(tmp_path: Path, drive_rows: np.ndarray) -> None:
     source = _Stallable()
     with serve_planner(source, max_workers=8) as planner:
         config = {"planner": {"source": "remote", "address": planner.address, "deadline_ms": 200.0}}
-        with ServeProcess(config, tmp_path) as server:
+        with serve_shipped(tmp_path, config) as server:
             driver = Driver(server.address, drive_rows)
             first = driver.wait_for(lambda s: s.plan_id != "" and s.state == "NOMINAL")
             ticks_before = server.stats().ticks_total

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dualloop.controller.bench.soak import ServeProcess, wait_until
 from dualloop.controller.logs.logfile import read_log
+from dualloop.controller.server_process import ServerProcess, serve_shipped, wait_until
 from tests.controller.chaos.helpers import TIMEOUT_S, Driver, assert_still_serving
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def _small_disk() -> None:
 def test_recorder_disk_full(tmp_path: Path, drive_rows: np.ndarray) -> None:
     record_dir = tmp_path / "rec"
     config = {"record_dir": str(record_dir)}
-    with ServeProcess(config, tmp_path / "server", preexec_fn=_small_disk, log_format="json") as server:
+    with serve_shipped(tmp_path / "server", config, preexec_fn=_small_disk, log_format="json") as server:
         driver = Driver(server.address, drive_rows, session_id="recorded")
         driver.wait_for(lambda s: s.state == "NOMINAL")
         assert wait_until(lambda: bool(server.events("recorder.error") or _errors(server)), TIMEOUT_S), (
@@ -63,5 +63,5 @@ def test_recorder_disk_full(tmp_path: Path, drive_rows: np.ndarray) -> None:
     assert seqs.size > 100 and seqs[0] == 1 and (np.diff(seqs) == 1).all(), "an observation lost before the cut"
 
 
-def _errors(server: ServeProcess) -> list[str]:
+def _errors(server: ServerProcess) -> list[str]:
     return [line for line in server.stderr_text().splitlines() if "recorder" in line and "ERROR" in line]

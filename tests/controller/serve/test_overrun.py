@@ -9,6 +9,7 @@ overrun` gives the figures docs/measurements.md reports.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -16,10 +17,11 @@ import grpc
 import numpy as np
 import pytest
 
-from dualloop.controller.bench.overrun import Feeder, ServeProcess, calibrated_slow_model, time_calls
+from dualloop.controller.bench.overrun import Feeder, calibrated_slow_model, time_calls
 from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.server_process import ServerProcess
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import MAX_OBSERVATION_PERIOD_NS, Executor
@@ -67,9 +69,9 @@ def test_every_tick_overrunning_still_serves_and_drains(slow_model: Path, tmp_pa
     Health, GetStats and a new session's open are answered, the open stream's observations are still
     read, missed deadlines are counted, SIGTERM
     drains the open session within the drain grace and the process exits 0."""
-    srv = ServeProcess(
+    srv = ServerProcess(
         ["--model", str(slow_model), "--drain-grace", str(DRAIN_GRACE_S), "--log-format", "json"],
-        tmp_path / "stderr.jsonl",
+        tmp_path,
         env=NO_BUDGET,
     )
     try:
@@ -91,7 +93,9 @@ def test_every_tick_overrunning_still_serves_and_drains(slow_model: Path, tmp_pa
             # each tick took ~3 periods: about two deadlines missed for every tick that ran
             assert stats.ticks > 20 and stats.missed_deadlines >= stats.ticks, stats
             assert feeder.missed_seen > 0  # the snapshots say so too
-            code, took_s = srv.stop(timeout_s=DRAIN_GRACE_S + 25)
+            code = srv.stop(timeout_s=DRAIN_GRACE_S + 25, sig=signal.SIGTERM)
+            took_s = srv.stop_s
+            assert took_s is not None and srv.stopped_in_time
             feeder.close()
     finally:
         if srv.proc.poll() is None:
@@ -110,9 +114,8 @@ def test_a_slow_candidate_is_refused_at_load_with_its_figures(
 ):
     """LoadCandidate: FAILED_PRECONDITION with the measured cost and the budget; the live model serves
     on. `serve --candidate` and `serve --model` with it: a CLI error with the same figures."""
-    srv = ServeProcess(
-        ["--model", str(test_model_path), "--tokens-file", str(tokens), "--log-format", "json"],
-        tmp_path / "stderr.jsonl",
+    srv = ServerProcess(
+        ["--model", str(test_model_path), "--tokens-file", str(tokens), "--log-format", "json"], tmp_path
     )
     try:
         with grpc.insecure_channel(srv.address) as channel:
@@ -126,7 +129,7 @@ def test_a_slow_candidate_is_refused_at_load_with_its_figures(
             assert median_us > 2500  # the figure itself is over the budget it names
             stats = stub.GetStats(pb.GetStatsRequest(), metadata=ADMIN_MD, timeout=10)
             assert not stats.HasField("candidate")  # nothing was installed
-        assert srv.stop(30)[0] == 0
+        assert srv.stop(30, signal.SIGTERM) == 0
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
@@ -136,7 +139,7 @@ def test_a_slow_candidate_is_refused_at_load_with_its_figures(
         args = ["--model", str(test_model_path), "--candidate", str(slow_model)] if flag == "--candidate" else []
         args = args or ["--model", str(slow_model)]
         with pytest.raises(RuntimeError) as failed:
-            ServeProcess(args, tmp_path / f"refused{flag}.txt")
+            ServerProcess(args, tmp_path / f"refused{flag}")
         text = str(failed.value)
         assert f"{flag} {slow_model}" in text and "us median" in text and "executor.model_budget_fraction" in text, text
 
@@ -194,7 +197,7 @@ def test_a_candidate_whose_card_version_is_not_its_graph_is_refused(test_model_p
     _retouched(cand, retouched)  # the graph changed under its card
     _retouched(cand, copied, card_from=test_model_path)  # the live model's card on another graph
     _retouched(test_model_path, lying_live)  # a live model whose graph changed under its card
-    srv = ServeProcess(["--model", str(lying_live), "--tokens-file", str(tokens)], tmp_path / "stderr.txt")
+    srv = ServerProcess(["--model", str(lying_live), "--tokens-file", str(tokens)], tmp_path)
     try:
         with grpc.insecure_channel(srv.address) as channel:
             stub = pb_grpc.ControllerServiceStub(channel)
@@ -217,7 +220,7 @@ def test_a_candidate_whose_card_version_is_not_its_graph_is_refused(test_model_p
             assert f"live model's version {live_version}" in (err.details() or ""), err.details()
             loaded = stub.LoadCandidate(pb.LoadCandidateRequest(model_path=str(cand)), metadata=ADMIN_MD, timeout=60)
             assert loaded.candidate.forward_median_us > 0 and loaded.candidate.measured_batch == 64
-        assert srv.stop(30)[0] == 0
+        assert srv.stop(30, signal.SIGTERM) == 0
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
