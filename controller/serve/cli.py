@@ -18,11 +18,12 @@ from pathlib import Path
 import grpc
 
 from dualloop.controller.console import console
+from dualloop.controller.contract.addresses import host_port
+from dualloop.controller.contract.server_env import private_server_env
 from dualloop.controller.logs.logfile import LogData, read_sessions
-from dualloop.controller.serve.config import host_port, load_server_config
+from dualloop.controller.serve.config import load_server_config
 from dualloop.controller.serve.events import LOG_LEVELS, configure_logging
 from dualloop.controller.serve.log_stream import stream_logs
-from dualloop.controller.serve.security import private_server_env
 from dualloop.controller.serve.security_cli import add_security_arguments, security_overrides, security_summary
 from dualloop.controller.serve.server import ControllerServer, new_event_loop
 from dualloop.controller.serve.ticker import freeze_startup_heap

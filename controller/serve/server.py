@@ -28,6 +28,17 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError, Message
 
+from dualloop.controller.contract.addresses import host_port
+from dualloop.controller.contract.errors import ConfigError
+from dualloop.controller.contract.gate_files import load_gate_for_model
+from dualloop.controller.contract.shadow import CandidateTally, ShadowAgreement
+from dualloop.controller.contract.wire import (
+    drive_response_bytes,
+    model_info,
+    observation_from_proto,
+    snapshot_response,
+    snapshot_to_proto,
+)
 from dualloop.controller.logs.format import (
     ACTUAL_CONTROLS_DETAIL,
     ACTUAL_IS_COMMAND,
@@ -38,10 +49,9 @@ from dualloop.controller.logs.recorder import Recorder, unique_log_path
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import client_strings, events
 from dualloop.controller.serve.candidate import CandidateError, candidate_status, load_candidate
-from dualloop.controller.serve.config import ConfigError, ServerConfig, host_port
+from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.conflation import LatestSlot, carry_over
 from dualloop.controller.serve.cpu_latency import CpuLatencyRequest, hold_cpu_wake_latency
-from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.serve.health import Health, enable_reflection
 from dualloop.controller.serve.limits import session_limits
 from dualloop.controller.serve.metrics import (
@@ -66,15 +76,7 @@ from dualloop.controller.serve.security import (
     refuse_shadow_only_past_share,
     require_admin,
 )
-from dualloop.controller.serve.shadow import CandidateTally, ShadowAgreement
 from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker, percentiles_us
-from dualloop.controller.serve.wire import (
-    drive_response_bytes,
-    model_info,
-    observation_from_proto,
-    snapshot_response,
-    snapshot_to_proto,
-)
 from dualloop.executor.candidate import Candidate, SwapRefused
 from dualloop.executor.core import Executor
 from dualloop.executor.model_cost import OverBudget, check_live

@@ -48,9 +48,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from dualloop.controller.contract.addresses import bare_host, host_port
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import events
-from dualloop.controller.serve.config import ServerConfig, _bare, host_port
+from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.metrics import MetricsEndpoint
 from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ControllerServer, new_event_loop
 from dualloop.controller.serve.ticker import freeze_startup_heap
@@ -77,7 +78,7 @@ def worker_count(value: str) -> int:
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     """Check the port is free (a port already served by someone else's SO_REUSEPORT group would be
     silently shared), then hold it with SO_REUSEPORT so the workers can bind it; port 0 picks one."""
-    bare = _bare(host.strip())
+    bare = bare_host(host.strip())
     family = socket.AF_INET6 if ":" in bare else socket.AF_INET
     addr = "127.0.0.1" if bare.lower() in ("localhost", "localhost.") else bare
     if port:

@@ -294,7 +294,7 @@ def test_gate_schema_mismatch_is_refused(test_model, gates, tmp_path):
 def test_server_fills_gate_fields(test_model_path, gates, nominal_rows):
     import grpc
 
-    from dualloop.controller.serve.client import DriveSession
+    from dualloop.controller.contract.client import DriveSession
     from dualloop.controller.serve.server import ServerThread
     from dualloop.v2 import controller_pb2 as pb
     from dualloop.v2 import controller_pb2_grpc as pb_grpc

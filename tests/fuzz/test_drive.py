@@ -28,8 +28,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import given
 
 from dualloop.controller.bench.soak import ServeProcess
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.logs.logfile import read_sessions
-from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import ServerThread
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES

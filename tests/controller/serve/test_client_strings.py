@@ -21,7 +21,7 @@ import grpc
 import pytest
 from mcap.reader import make_reader
 
-from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.serve.client_strings import MAX_ID_BYTES
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc

@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
-from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import ServerThread
 from dualloop.controller.training.driving_card import build_test_model

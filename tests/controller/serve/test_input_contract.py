@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from dualloop.controller.contract.addresses import host_port, is_loopback
+from dualloop.controller.contract.client import DriveSession
+from dualloop.controller.contract.wire import snapshot_to_proto
 from dualloop.controller.logs.format import actual_is_command
 from dualloop.controller.logs.logfile import read_log, read_sessions
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import replay_log
-from dualloop.controller.serve.client import DriveSession
-from dualloop.controller.serve.config import ServerConfig, host_port, is_loopback
+from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.server import ServerThread
-from dualloop.controller.serve.wire import snapshot_to_proto
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc

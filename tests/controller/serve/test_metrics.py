@@ -20,10 +20,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
+from dualloop.controller.contract.client import DriveSession, realtime_channel
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import _observations
-from dualloop.controller.serve.client import DriveSession, realtime_channel
 from dualloop.controller.serve.config import ServerConfig, load_server_config
 from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ServerThread
 from dualloop.executor.snapshot import Observation

@@ -27,8 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.logs.logfile import read_sessions
-from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.events import configure_logging
 from dualloop.controller.serve.server import ServerThread

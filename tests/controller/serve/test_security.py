@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.serve.config import ConfigError, ServerConfig, load_server_config
 from dualloop.controller.serve.planning import source_factory
 from dualloop.controller.serve.security import AuthConfig, Authenticator, AuthError, Scope

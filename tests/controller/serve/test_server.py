@@ -9,8 +9,8 @@ import grpc
 import numpy as np
 import pytest
 
-from dualloop.controller.serve.client import DriveSession, realtime_channel
-from dualloop.controller.serve.wire import without_wall_clock
+from dualloop.controller.contract.client import DriveSession, realtime_channel
+from dualloop.controller.contract.wire import without_wall_clock
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 from tests.controller.serve.inputs import sensor
