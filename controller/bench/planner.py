@@ -35,7 +35,7 @@ from dualloop.controller.bench.tick import (
     print_ran,
     store_result,
 )
-from dualloop.controller.serve.server import new_event_loop
+from dualloop.controller.serve.lifecycle import new_event_loop
 from dualloop.controller.serve.ticker import percentiles_us
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 

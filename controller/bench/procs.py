@@ -30,7 +30,8 @@ from dualloop.controller.logs.synthetic import REAL_DRIVE
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.gc_clock import GC
-from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ControllerRuntime, ControllerServer, new_event_loop
+from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
+from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US, SessionRuntime
 from dualloop.controller.serve.ticker import LatenessLog, freeze_startup_heap, percentiles_us, run_bare_ticker
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 from dualloop.executor.core import ExecutorStats
@@ -201,7 +202,7 @@ def pin_threads(cpus: set[int], pid: int | None = None) -> None:
 
 
 def _alternate(
-    runtime: ControllerRuntime, phase_s: float, settle_s: float
+    runtime: SessionRuntime, phase_s: float, settle_s: float
 ) -> tuple[list[tuple[bool, LatenessLog]], asyncio.Task]:
     """Planner paused (idle) and planning (busy) in turns of phase_s, starting idle; each turn's
     first settle_s is left out, and an idle turn's ticks count only once the batch asked for before
@@ -273,7 +274,7 @@ async def run_server(
         tls={"cert_file": tls_cert, "key_file": tls_key} if tls_cert else None,
         metrics_port=0 if metrics else None,  # the bench scrapes it from its own process
     )
-    server = ControllerServer(config, worker=(board, slot) if board is not None else None)
+    server = ServerLifecycle(config, worker=(board, slot) if board is not None else None)
     port = await server.start()
     freeze_startup_heap()  # as `dualloop serve` does
     if cpus:

@@ -47,7 +47,7 @@ from rich.table import Table
 from dualloop.controller.bench.procs import pin_threads
 from dualloop.controller.bench.tick import cpu_plan, store_result
 from dualloop.controller.contract.server_env import private_server_env
-from dualloop.controller.serve.server import new_event_loop
+from dualloop.controller.serve.lifecycle import new_event_loop
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.env import ActionNoise, run_expert_batch
 from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS

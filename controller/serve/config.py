@@ -134,7 +134,7 @@ class ServerConfig(BaseModel):
         return is_loopback(self.host) if self.reflection is None else self.reflection
 
     # Prometheus metrics over HTTP (docs/operations.md#metrics): None, the default, serves none and
-    # counts nothing; 0 picks a free port (ControllerServer.metrics_port says which).
+    # counts nothing; 0 picks a free port (ServerLifecycle.metrics_port says which).
     metrics_port: int | None = Field(None, ge=0, le=65535)
     # Plain HTTP without authentication: loopback unless allow_insecure_non_loopback (the flag that
     # also allows a plaintext gRPC server beyond loopback).

@@ -158,7 +158,7 @@ class TokensReading:
 
 @dataclass
 class MetricsReading:
-    """Every value of one scrape, read in one callback on the server loop (ControllerRuntime.metrics_reading)."""
+    """Every value of one scrape, read in one callback on the server loop (SessionRuntime.metrics_reading)."""
 
     lateness: list[int]
     lateness_sum_ns: int

@@ -15,7 +15,7 @@ the server exports is a counter, a histogram, a summary or an additive gauge. A 
 scraped counters stay in the sums (SummedMetrics), so they never fall.
 
 Supervision: SIGTERM or SIGINT to the parent is forwarded as SIGTERM to every worker, which drains
-(ControllerServer.stop: NOT_SERVING, refuse new sessions, end open ones after a final snapshot);
+(ServerLifecycle.stop: NOT_SERVING, refuse new sessions, end open ones after a final snapshot);
 the parent exits 0 once all have exited 0. A worker that dies on its own is reported
 (server.worker_exit) and restarted in its slot: its sessions ended with it (their clients see
 UNAVAILABLE and reconnect, to any worker), its totals are kept on the board. More than
@@ -52,8 +52,9 @@ from dualloop.controller.contract.addresses import bare_host, host_port
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import events
 from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.metrics import MetricsEndpoint
-from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ControllerServer, new_event_loop
+from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
 from dualloop.controller.serve.ticker import freeze_startup_heap
 
 MAX_RESTARTS = 3
@@ -294,7 +295,7 @@ def _stop_all(procs: list[subprocess.Popen | None], grace_s: float) -> list[int]
 
 
 async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, announce: Path | None) -> None:
-    server = ControllerServer(config, worker=(board, slot))
+    server = ServerLifecycle(config, worker=(board, slot))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -70,7 +70,7 @@ def _lean(tmp_path: Path, *args: str, **kw: object) -> subprocess.CompletedProce
 
 def test_serving_modules_import_no_extra():
     code = (
-        "import sys; import dualloop.controller.serve.cli, dualloop.controller.serve.server, "
+        "import sys; import dualloop.controller.serve.cli, dualloop.controller.serve.lifecycle, "
         "dualloop.controller.contract.client, dualloop.controller.logs.recorder; "
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )

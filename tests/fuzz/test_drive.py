@@ -31,7 +31,7 @@ from dualloop.controller.bench.soak import ServeProcess
 from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.logs.logfile import read_sessions
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc

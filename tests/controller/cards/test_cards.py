@@ -19,7 +19,7 @@ from dualloop.controller.cards.cards import CardError, attach, check, template
 from dualloop.controller.cli import main
 from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.executor.gating import decision_vector_names
 from dualloop.executor.model_card import METADATA_KEY, Normalisation
 from dualloop.executor.model_runner import DecisionModel

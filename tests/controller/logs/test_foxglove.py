@@ -33,7 +33,7 @@ from dualloop.controller.logs.plot import (
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import replay_log
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.scenarios import SCENARIOS
 from dualloop.v2 import controller_pb2 as pb

@@ -16,7 +16,7 @@ from dualloop.controller.logs.logfile import read_sessions
 from dualloop.controller.qualify.criteria import ShadowCriteria
 from dualloop.controller.qualify.shadow_step import run_shadow_step
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.onnx_export import export_mlp, random_mlp

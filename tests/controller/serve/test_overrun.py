@@ -19,7 +19,7 @@ import pytest
 from dualloop.controller.bench.overrun import Feeder, ServeProcess, calibrated_slow_model, time_calls
 from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import MAX_OBSERVATION_PERIOD_NS, Executor
