@@ -23,7 +23,7 @@ from dualloop.controller.serve.security import (
     refuse_actuating_for_shadow_only,
     refuse_shadow_only_past_share,
 )
-from dualloop.controller.serve.status import MalformedRequest, refuse_malformed, refuse_too_long
+from dualloop.controller.serve.status import MalformedRequest, refuse_malformed, refuse_too_long, status_of
 from dualloop.executor.sessions import InvalidObservation, Session, SessionError
 from dualloop.executor.snapshot import Clock, Snapshot
 from dualloop.v2 import controller_pb2 as pb
@@ -138,15 +138,7 @@ class DriveCall:
                 actual_is_command=req.actual_controls_are_commands,
             )
         except SessionError as err:
-            message = str(err)
-            code = (
-                grpc.StatusCode.ALREADY_EXISTS
-                if "already open" in message
-                else grpc.StatusCode.INVALID_ARGUMENT
-                if "provided_features" in message or "observation_period_ns" in message
-                else grpc.StatusCode.RESOURCE_EXHAUSTED
-            )
-            await self.context.abort(code, message)
+            await self.context.abort(status_of(err), str(err))
             raise  # not reached: abort() raises
 
     def _register(self, session_id: str, session: Session, req: pb.OpenSession) -> tuple[list[str], str]:
@@ -267,7 +259,7 @@ class DriveCall:
                     try:
                         self.executor.submit(session_id, obs)
                     except InvalidObservation as err:
-                        error.append((grpc.StatusCode.INVALID_ARGUMENT, str(err)))
+                        error.append((status_of(err), str(err)))
                         return
                     self.runtime.record_observation(session_id, obs_msg)
             finally:
@@ -350,7 +342,7 @@ class DriveCall:
             try:
                 snaps = self.executor.advance_lockstep(session_id, obs)
             except InvalidObservation as err:
-                return grpc.StatusCode.INVALID_ARGUMENT, str(err)
+                return status_of(err), str(err)
             self.runtime.record_observation(session_id, obs_msg)
             for snap in snaps:
                 self.runtime.shadows.record(snap)

@@ -30,6 +30,7 @@ from dualloop.controller.serve.status import (
     refuse_malformed,
     refuse_too_long,
     release_aborted,
+    status_of,
 )
 from dualloop.executor.candidate import SwapRefused
 from dualloop.v2 import controller_pb2 as pb
@@ -256,7 +257,7 @@ class RpcHandlers(pb_grpc.ControllerServiceServicer):
             try:
                 runtime.promote("LoadCandidate")
             except SwapRefused as err:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+                await context.abort(status_of(err), str(err))
             promoted = True
         return pb.LoadCandidateResponse(
             candidate_version=cand.version,
@@ -283,7 +284,7 @@ class RpcHandlers(pb_grpc.ControllerServiceServicer):
         try:
             previous, current = self.runtime.promote("PromoteCandidate")
         except SwapRefused as err:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+            await context.abort(status_of(err), str(err))
         return pb.PromoteCandidateResponse(
             previous_version=previous,
             model_version=current,

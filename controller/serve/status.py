@@ -1,6 +1,7 @@
 """What status a client gets when a request is refused: requests that do not parse, strings past their
 limit, calls that abort (logged with the status the client gets), and the one table from the
-executor's error classes to gRPC status codes."""
+executor's error classes to gRPC status codes (STATUS_OF_ERROR). A candidate that cannot be loaded
+is a CandidateError that carries its status itself (candidate.py: it depends on the file, not the class)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from dualloop.controller.serve import events
+from dualloop.executor.candidate import SwapRefused
+from dualloop.executor.sessions import (
+    InvalidObservation,
+    SessionAlreadyOpen,
+    SessionNotOpen,
+    SessionRequestInvalid,
+    TooManySessions,
+)
 
 
 class MalformedRequest:
@@ -87,3 +96,24 @@ async def refuse_too_long(refusal: str | None, context: grpc.aio.ServicerContext
     """A client string past its limit (client_strings.py): INVALID_ARGUMENT naming the field."""
     if refusal is not None:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal)
+
+
+# The status a client gets for each error the executor raises on its behalf, looked up along the
+# error's classes (a subclass takes its parent's status unless it is listed itself).
+STATUS_OF_ERROR: dict[type[Exception], grpc.StatusCode] = {
+    SessionAlreadyOpen: grpc.StatusCode.ALREADY_EXISTS,
+    SessionRequestInvalid: grpc.StatusCode.INVALID_ARGUMENT,
+    TooManySessions: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    SessionNotOpen: grpc.StatusCode.NOT_FOUND,
+    InvalidObservation: grpc.StatusCode.INVALID_ARGUMENT,
+    SwapRefused: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+def status_of(err: Exception) -> grpc.StatusCode:
+    """err's status from STATUS_OF_ERROR; INTERNAL for a class nobody classified (a server bug)."""
+    for cls in type(err).__mro__:
+        code = STATUS_OF_ERROR.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
