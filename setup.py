@@ -8,7 +8,7 @@ root package is proto/dualloop because the generated stubs must sit beside the .
 
 This mapping is the one mechanism: the wheel is built from it, and the editable install
 (``pip install -e``) imports through setuptools' finder generated from it, so ``__file__`` and
-tracebacks name the source files (controller/serve/server.py). Tools that walk folders instead of
+tracebacks name the source files (controller/serve/runtime.py). Tools that walk folders instead of
 importing (mypy, import-linter, editors) read scripts/namespace_view.py's links, made from the same list.
 
 ``dualloop.ood._tick`` (ood/_tick.c) makes one session's gate decisions after numpy's products;

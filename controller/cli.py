@@ -148,8 +148,8 @@ def user_errors() -> tuple[type[Exception], ...]:
     """The errors of files and settings a user gives: said in one line (they name the file), not a
     traceback. Imported only when a command fails: importing them up front (the executor, onnxruntime,
     the log reader) cost every command ~0.3 s CPU before it could start its work."""
+    from dualloop.controller.contract.errors import ConfigError
     from dualloop.controller.logs.logfile import LogFileError
-    from dualloop.controller.serve.errors import ConfigError
     from dualloop.executor.model_card import ModelFileError
     from dualloop.ood import GateFileError
 

@@ -33,7 +33,10 @@ from dualloop.executor.safety import SafetyMachine
 from dualloop.executor.sessions import (
     InvalidObservation,
     Session,
-    SessionError,
+    SessionAlreadyOpen,
+    SessionNotOpen,
+    SessionRequestInvalid,
+    TooManySessions,
     note_observation_time,
     without_invalid_content,
 )
@@ -208,17 +211,17 @@ class Executor:
         no valid plan is STALE_PLAN; `expired_plan_is_stale`: an expired plan is (a session the
         server's planner plans: its plans stopping is a fault)."""
         if not session_id:
-            raise SessionError("session id must not be empty")
+            raise SessionRequestInvalid("session id must not be empty")
         if not 0 <= observation_period_ns <= MAX_OBSERVATION_PERIOD_NS:
-            raise SessionError(
+            raise SessionRequestInvalid(
                 f"observation_period_ns must be between 0 (0: measured) and {MAX_OBSERVATION_PERIOD_NS} (one hour), "
                 f"got {observation_period_ns}"
             )
         present = self.sensor_profile(provided_features)
         if session_id in self.sessions:
-            raise SessionError(f"session {session_id!r} is already open")
+            raise SessionAlreadyOpen(f"session {session_id!r} is already open")
         if len(self.sessions) >= self.config.max_sessions:
-            raise SessionError(f"the server is full: {self.config.max_sessions} sessions open (max_sessions)")
+            raise TooManySessions(f"the server is full: {self.config.max_sessions} sessions open (max_sessions)")
         session = Session(
             session_id=session_id,
             clock=Clock(clock),
@@ -246,7 +249,7 @@ class Executor:
         names = self.card.feature_names
         unknown = [n for n in provided_features if n not in names]
         if unknown:
-            raise SessionError(
+            raise SessionRequestInvalid(
                 f"provided_features names {', '.join(map(repr, unknown))}, not features of model "
                 f"{self.card.name}; GetModelInfo lists them ({names[0]}, {names[1]}, ..., {names[-1]})"
             )
@@ -278,7 +281,7 @@ class Executor:
         try:
             return self.sessions[session_id]
         except KeyError:
-            raise SessionError(f"no open session {session_id!r}") from None
+            raise SessionNotOpen(f"no open session {session_id!r}") from None
 
     # -- input ----------------------------------------------------------------------------------
 

@@ -18,7 +18,25 @@ class InvalidObservation(ValueError):
 
 
 class SessionError(ValueError):
-    """Opening or addressing a session failed (duplicate id, unknown id, capacity)."""
+    """Opening or addressing a session failed; the subclass says how (the server answers each with a
+    status of its own: controller.serve.status.STATUS_OF_ERROR)."""
+
+
+class SessionAlreadyOpen(SessionError):
+    """A session with this id is open."""
+
+
+class SessionRequestInvalid(SessionError):
+    """The opening asks for what cannot be given: an empty id, an observation period out of range,
+    features the model does not have."""
+
+
+class TooManySessions(SessionError):
+    """max_sessions sessions are open."""
+
+
+class SessionNotOpen(SessionError):
+    """No open session has this id."""
 
 
 @dataclass(slots=True)

@@ -7,9 +7,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.gate_files import load_gate_for_model
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 

@@ -57,8 +57,8 @@ def test_the_installed_package_imports_the_source_files() -> None:
         assert spec is not None and spec.origin is not None, name
         assert Path(spec.origin) == folder / "__init__.py", f"{name} is imported from {spec.origin}"
         assert [Path(p) for p in spec.submodule_search_locations or []] == [folder], name
-    server = importlib.util.find_spec("dualloop.controller.serve.server")
-    assert server is not None and server.origin == str(REPO_ROOT / "controller" / "serve" / "server.py")
+    server = importlib.util.find_spec("dualloop.controller.serve.runtime")
+    assert server is not None and server.origin == str(REPO_ROOT / "controller" / "serve" / "runtime.py")
 
 
 def test_a_traceback_names_the_source_file() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from dualloop.controller.alpasim.driver import HORIZON_S, DualloopDriver, build_server
 from dualloop.controller.console import console
-from dualloop.controller.serve.config import host_port
-from dualloop.controller.serve.gate_files import load_gate_for_model
+from dualloop.controller.contract.addresses import host_port
+from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES

@@ -43,8 +43,8 @@ from dualloop.controller.alpasim.mapping import (
     measured_features,
     plan_from_controls,
 )
+from dualloop.controller.contract.addresses import host_port, is_loopback
 from dualloop.controller.demo.closed_loop import InProcessDecider
-from dualloop.controller.serve.config import host_port, is_loopback
 from dualloop.executor.core import Executor
 from dualloop.executor.sessions import InvalidObservation, SessionError
 from dualloop.v2 import controller_pb2 as pb

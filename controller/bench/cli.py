@@ -23,8 +23,8 @@ from dualloop.controller.bench.sim import bench_sim
 from dualloop.controller.bench.soak import SOAK_DURATION_S, SOAK_SESSIONS, SoakRun, bench_soak
 from dualloop.controller.bench.tick import SWEEP, bench_sweep, bench_tick
 from dualloop.controller.console import console
-from dualloop.controller.serve.config import ConfigError
-from dualloop.controller.serve.gate_files import load_gate_for_model
+from dualloop.controller.contract.errors import ConfigError
+from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.serve.workers import worker_count
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 from dualloop.executor.model_runner import DecisionModel

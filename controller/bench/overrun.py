@@ -21,7 +21,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dualloop.controller.cards.cards import with_card
-from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.server_process import ServerProcess
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.executor.model_runner import DecisionModel

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from dualloop.controller.bench.harness import Result, TickRun, store_result
 from dualloop.controller.bench.tick import P99_BOUND_US, _bench_tick, cause_name, missed_text, print_ran
-from dualloop.controller.serve.server import new_event_loop
+from dualloop.controller.serve.lifecycle import new_event_loop
 from dualloop.controller.serve.ticker import percentiles_us
 
 GOAL_RATIO = 1.2

@@ -32,7 +32,8 @@ from dualloop.controller.logs.synthetic import REAL_DRIVE
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.gc_clock import GC
-from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ControllerRuntime, ControllerServer, new_event_loop
+from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
+from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US, SessionRuntime
 from dualloop.controller.serve.ticker import LatenessLog, freeze_startup_heap, percentiles_us, run_bare_ticker
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 from dualloop.executor.core import ExecutorStats
@@ -255,7 +256,7 @@ def pin_threads(cpus: set[int], pid: int | None = None) -> None:
 
 
 def _alternate(
-    runtime: ControllerRuntime, phase_s: float, settle_s: float
+    runtime: SessionRuntime, phase_s: float, settle_s: float
 ) -> tuple[list[tuple[bool, LatenessLog]], asyncio.Task]:
     """Planner paused (idle) and planning (busy) in turns of phase_s, starting idle; each turn's
     first settle_s is left out, and an idle turn's ticks count only once the batch asked for before
@@ -307,7 +308,7 @@ def _server_config(spec: ServerSpec) -> ServerConfig:
     )
 
 
-def _announce(server: ControllerServer, port: int, spec: ServerSpec) -> None:
+def _announce(server: ServerLifecycle, port: int, spec: ServerSpec) -> None:
     """The first line on stdout: where the server listens and what it serves."""
     card, executor = server.executor.card, server.executor
     gates = [{"path": str(path), "version": gate.version_hash[:16]} for path, gate in zip(spec.gates, executor.gates)]
@@ -327,7 +328,7 @@ class _Window:
     """The measured window: from the moment every session is open (over all workers, on a board)
     until the first one closes."""
 
-    def __init__(self, server: ControllerServer, spec: ServerSpec, board: wb.Board | None) -> None:
+    def __init__(self, server: ServerLifecycle, spec: ServerSpec, board: wb.Board | None) -> None:
         self.server, self.spec, self.board = server, spec, board
         self.runtime = server.runtime
 
@@ -448,7 +449,7 @@ class _Window:
 async def run_server(spec: ServerSpec) -> ServerResult:
     """Serve, announce the port, measure the window while every session is open, report it."""
     board = wb.Board.attach(Path(spec.board), spec.workers, LATENESS_BUCKETS_US) if spec.board else None
-    server = ControllerServer(_server_config(spec), worker=(board, spec.slot) if board is not None else None)
+    server = ServerLifecycle(_server_config(spec), worker=(board, spec.slot) if board is not None else None)
     port = await server.start()
     freeze_startup_heap()  # as `dualloop serve` does
     if spec.cpus:

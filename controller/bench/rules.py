@@ -26,9 +26,9 @@ from rich.console import Console
 from rich.table import Table
 
 from dualloop.controller.bench.harness import store_result
+from dualloop.controller.contract.gate_files import load_gate_for_model
+from dualloop.controller.contract.wire import observation_from_proto, snapshot_response, snapshot_to_proto
 from dualloop.controller.gates.fitting import nominal_inputs
-from dualloop.controller.serve.gate_files import load_gate_for_model
-from dualloop.controller.serve.wire import observation_from_proto, snapshot_response, snapshot_to_proto
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel

@@ -47,7 +47,7 @@ from dualloop.controller.bench.harness import (
     store_result,
 )
 from dualloop.controller.bench.procs import BareSpec, pin_threads
-from dualloop.controller.serve.server import new_event_loop
+from dualloop.controller.serve.lifecycle import new_event_loop
 from dualloop.controller.server_process import ProcSample, ServerProcess, probe_session, serve_shipped, wait_until
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.env import ActionNoise, run_expert_batch

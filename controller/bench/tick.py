@@ -40,7 +40,8 @@ from dualloop.controller.bench.results import BareResult, ServerFirst, ServerRes
 from dualloop.controller.bench.secure import TOKEN_ENV, BenchPKI, make_pki
 from dualloop.controller.plotting import pyplot
 from dualloop.controller.serve import board as wb
-from dualloop.controller.serve.server import LATENESS_BUCKETS_US, new_event_loop
+from dualloop.controller.serve.lifecycle import new_event_loop
+from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
 from dualloop.controller.serve.ticker import percentiles_us
 from dualloop.controller.serve.workers import reserve_port
 from dualloop.v2 import controller_pb2 as pb

@@ -19,9 +19,9 @@ from typing import Protocol, cast
 import grpc
 import numpy as np
 
-from dualloop.controller.serve.client import DriveSession, realtime_channel
-from dualloop.controller.serve.planning import LockstepPlanning
-from dualloop.controller.serve.wire import snapshot_to_proto
+from dualloop.controller.contract.client import DriveSession, realtime_channel
+from dualloop.controller.contract.lockstep_planning import LockstepPlanning
+from dualloop.controller.contract.wire import snapshot_to_proto
 from dualloop.executor.core import Executor
 from dualloop.executor.snapshot import Clock, Observation
 from dualloop.sim.env import SimEnv, make_scenario
@@ -61,7 +61,7 @@ class Decider(Protocol):
 
 class InProcessDecider:
     """The executor in this process, one LOCKSTEP session; with `planner`, planned exactly as the
-    gRPC server plans a LOCKSTEP session (controller.serve.planning.LockstepPlanning, in-line)."""
+    gRPC server plans a LOCKSTEP session (controller.contract.lockstep_planning.LockstepPlanning, in-line)."""
 
     def __init__(
         self,

@@ -8,13 +8,13 @@ import tempfile
 from pathlib import Path
 
 from dualloop.controller.console import console, print_error
+from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.gates import fault_injection
 from dualloop.controller.gates.evaluation import evaluate
 from dualloop.controller.gates.fitting import fit_gate_for_model
 from dualloop.controller.gates.real_faults import evaluate_real, jsonable, print_real
 from dualloop.controller.gates.real_logs import RealDataError, load_real_dir
 from dualloop.controller.replay.lockstep import LoadedModel
-from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.executor.gating import GATE_SOURCES
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES

@@ -27,12 +27,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dualloop import ood
+from dualloop.controller.contract.wire import observation_from_proto
 from dualloop.controller.gates import fault_injection as fi
 from dualloop.controller.gates.real_logs import RealDataset
 from dualloop.controller.logs.format import actual_is_command, require_plan, sensor_profile
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.replay.lockstep import LoadedModel, executor_config_for, run_replay
-from dualloop.controller.serve.wire import observation_from_proto
 from dualloop.executor.checks import NAMES
 from dualloop.executor.lockstep_batch import TickTable, run_lockstep
 from dualloop.executor.sessions import InvalidObservation

@@ -26,7 +26,7 @@ from highway_env.envs.merge_env import MergeEnv
 from highway_env.vehicle.behavior import IDMVehicle
 from highway_env.vehicle.kinematics import Vehicle
 
-from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.contract.client import DriveSession
 from dualloop.sim.schema import CONTROLS, FEATURE_NAMES, N_FEATURES, SENSOR_RANGE_M
 from dualloop.v2 import controller_pb2 as pb
 

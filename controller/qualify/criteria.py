@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dualloop.controller.serve.config import format_validation_error, read_config_file
-from dualloop.controller.serve.errors import ConfigError
+from dualloop.controller.contract.config_files import format_validation_error, read_config_file
+from dualloop.controller.contract.errors import ConfigError
 
 
 class _Section(BaseModel):

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Final
 
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.qualify.checks import Check, at_most
 from dualloop.controller.qualify.criteria import Int8Criteria
-from dualloop.controller.serve.errors import ConfigError
 from dualloop.controller.training.data import DataConfig, Normaliser, generate
 from dualloop.controller.training.quantize import QUANT_DATA, compare
 from dualloop.executor.model_runner import DecisionModel

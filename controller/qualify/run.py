@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from dualloop.controller.contract.errors import ConfigError
+from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.qualify.checks import Check
 from dualloop.controller.qualify.criteria import Criteria
 from dualloop.controller.qualify.int8_step import int8_checks, run_int8_step
@@ -25,8 +27,6 @@ from dualloop.controller.qualify.replay_step import ModelRun, ReplayStep, run_re
 from dualloop.controller.qualify.shadow_step import ShadowStep, run_shadow_step
 from dualloop.controller.qualify.stress import STRESS_SEED0, StressResult, run_stress, stress_checks
 from dualloop.controller.qualify.transfer_step import read_transfer, transfer_checks
-from dualloop.controller.serve.errors import ConfigError
-from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.controller.transfer.leave_out import TransferReport
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES

@@ -4,7 +4,7 @@ real stack), when given.
 Each recorded DecisionSnapshot names the model version that made it, so the candidate's ticks and
 the baseline's are told apart even when one log holds both (the candidate served as the live model
 on some sessions). Per model: agreement of the applied and of the proposed action with the action
-the stack actually took (controller/serve/shadow.py ShadowAgreement, counted per tick as
+the stack actually took (controller/contract/shadow.py ShadowAgreement, counted per tick as
 GetShadowStats counts it) and the share of ticks the gate vetoed. A server that ran the candidate
 beside the live model (`serve --candidate`) recorded its proposals in each live snapshot
 (`candidate_never_applied`, with its version): they are the candidate's "beside" evidence, judged
@@ -20,11 +20,11 @@ from typing import Any, Final
 
 import numpy as np
 
+from dualloop.controller.contract.errors import ConfigError
+from dualloop.controller.contract.shadow import ShadowAgreement
 from dualloop.controller.logs.logfile import read_sessions
 from dualloop.controller.qualify.checks import Check, at_most, no_worse
 from dualloop.controller.qualify.criteria import ShadowCriteria
-from dualloop.controller.serve.errors import ConfigError
-from dualloop.controller.serve.shadow import ShadowAgreement
 from dualloop.executor.model_card import ModelCard
 from dualloop.v2 import controller_pb2 as pb
 

@@ -21,11 +21,11 @@ from typing import Any, Final
 import numpy as np
 
 from dualloop import ood
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.gates.evaluation import false_vetoes, score_episodes, separation
 from dualloop.controller.gates.scores import ScenarioScores, fault_active
 from dualloop.controller.qualify.checks import Check, no_worse
 from dualloop.controller.qualify.criteria import StressCriteria
-from dualloop.controller.serve.errors import ConfigError
 from dualloop.controller.training.calibration import expected_calibration_error, nll, probabilities
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim.env import ExpertData, run_expert_batch

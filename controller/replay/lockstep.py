@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from dualloop.controller.contract.gate_files import load_gate_for_model
+from dualloop.controller.contract.wire import observation_from_proto, snapshot_to_proto
 from dualloop.controller.logs.bulk import NotFast, TopicMessages, read_messages, write_messages
 from dualloop.controller.logs.format import (
     ACTUAL_CONTROLS_DETAIL,
@@ -35,8 +37,6 @@ from dualloop.controller.replay.plot_batch import encode_plots_packed
 from dualloop.controller.replay.report import ReplayReport, summarise
 from dualloop.controller.replay.wire_batch import encode_snapshots_packed
 from dualloop.controller.replay.wire_columns import NotCanonical, decode_observations
-from dualloop.controller.serve.gate_files import load_gate_for_model
-from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto
 from dualloop.executor.columns import ObservationColumns
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor

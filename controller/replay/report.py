@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dualloop.controller.serve.shadow import ShadowAgreement
+from dualloop.controller.contract.shadow import ShadowAgreement
 from dualloop.executor.columns import as_columns
 from dualloop.executor.core import Executor
 from dualloop.executor.lockstep_batch import TickTable

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 
 from dualloop import ood
-from dualloop.controller.serve.gate_files import load_gate_for_model
+from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.executor.candidate import Candidate, SwapRefused
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor

@@ -18,13 +18,14 @@ from pathlib import Path
 import grpc
 
 from dualloop.controller.console import console
+from dualloop.controller.contract.addresses import host_port
+from dualloop.controller.contract.server_env import private_server_env
 from dualloop.controller.logs.logfile import LogData, read_sessions
-from dualloop.controller.serve.config import host_port, load_server_config
+from dualloop.controller.serve.config import load_server_config
 from dualloop.controller.serve.events import LOG_LEVELS, configure_logging
+from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.log_stream import stream_logs
-from dualloop.controller.serve.security import private_server_env
 from dualloop.controller.serve.security_cli import add_security_arguments, security_overrides, security_summary
-from dualloop.controller.serve.server import ControllerServer, new_event_loop
 from dualloop.controller.serve.ticker import freeze_startup_heap
 from dualloop.controller.serve.workers import serve_workers, worker_count
 from dualloop.executor.model_runner import DecisionModel
@@ -153,7 +154,7 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging(config.log_level, config.log_format)
     if args.workers > 1:
         return serve_workers(config, args.workers, lambda line: console.print(line, highlight=False, markup=False))
-    server = ControllerServer(config)
+    server = ServerLifecycle(config)
 
     async def run() -> None:
         port = await server.start()
@@ -182,7 +183,7 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def stop_line(server: ControllerServer) -> str:
+def stop_line(server: ServerLifecycle) -> str:
     """The exit line: totals since start, one kind of count throughout (GetStats resets only its window)."""
     s = server.runtime.stats
     uptime_s = (time.monotonic_ns() - s.started_ns) / 1e9

@@ -3,45 +3,28 @@ with errors naming the field and where it was set."""
 
 from __future__ import annotations
 
-import ipaddress
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
-from dualloop.controller.serve.errors import ConfigError
+from dualloop.controller.contract.addresses import is_loopback
+from dualloop.controller.contract.client import DEFAULT_CLIENT_WINDOW_BYTES
+from dualloop.controller.contract.config_files import (
+    ENV_NESTED_DELIMITER,
+    ENV_PREFIX,
+    env_name,
+    format_validation_error,
+    read_config_file,
+)
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.serve.security import AuthConfig
 from dualloop.executor.config import ExecutorConfig
 from dualloop.planner.tls import ClientTLS, ServerTLS
 
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
-DEFAULT_CLIENT_WINDOW_BYTES = 8192
-
-
-def _bare(host: str) -> str:
-    """The host without the brackets a URL puts around an IPv6 address ("[::1]" -> "::1")."""
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def is_loopback(host: str) -> bool:
-    """localhost, 127.0.0.0/8 or ::1, with or without brackets."""
-    bare = _bare(host.strip())
-    if bare.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(bare).is_loopback
-    except ValueError:
-        return False
-
-
-def host_port(host: str, port: int) -> str:
-    """host:port as gRPC parses it: an IPv6 address in brackets ("[::1]:50151"), given with or without."""
-    bare = _bare(host.strip())
-    return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
 
 
 class PlannerConfig(BaseModel):
@@ -151,7 +134,7 @@ class ServerConfig(BaseModel):
         return is_loopback(self.host) if self.reflection is None else self.reflection
 
     # Prometheus metrics over HTTP (docs/operations.md#metrics): None, the default, serves none and
-    # counts nothing; 0 picks a free port (ControllerServer.metrics_port says which).
+    # counts nothing; 0 picks a free port (ServerLifecycle.metrics_port says which).
     metrics_port: int | None = Field(None, ge=0, le=65535)
     # Plain HTTP without authentication: loopback unless allow_insecure_non_loopback (the flag that
     # also allows a plaintext gRPC server beyond loopback).
@@ -189,68 +172,6 @@ class ServerConfig(BaseModel):
                 "client certificates"
             )
         return self
-
-
-ENV_PREFIX = "DUALLOOP_"
-ENV_NESTED_DELIMITER = "__"
-# the command-line flag of an override whose name differs from --<field-with-dashes>
-_FLAG_OF = {"gates": "--gate", "candidate_gates": "--candidate-gate"}
-
-
-def env_name(loc: tuple[str | int, ...]) -> str:
-    """The environment variable of a field path: ("executor", "max_observation_age_ms") ->
-    DUALLOOP_EXECUTOR__MAX_OBSERVATION_AGE_MS (a list is one variable, given as JSON)."""
-    names = [str(p) for p in loc if isinstance(p, str)]
-    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(names).upper()
-
-
-def _has(data: dict[str, Any], loc: tuple[str | int, ...]) -> bool:
-    """Whether the leading keys of loc are set in data (the source a validation error came from)."""
-    if not loc or not isinstance(loc[0], str) or loc[0] not in data:
-        return False
-    value = data[loc[0]]
-    return not isinstance(value, dict) or len(loc) == 1 or _has(value, loc[1:])
-
-
-def format_validation_error(
-    err: ValidationError,
-    source: str,
-    env: dict[str, Any] | None = None,
-    flags: dict[str, Any] | None = None,
-) -> str:
-    """One line per problem, naming where the value came from: the flag, the variable or the file's field."""
-    lines = [f"{source}: invalid configuration"]
-    for e in err.errors():
-        loc = tuple(e["loc"])
-        field = ".".join(str(p) for p in loc) or "(top level)"
-        if flags and loc and loc[0] in flags:
-            where = f"{_FLAG_OF.get(str(loc[0]), '--' + str(loc[0]).replace('_', '-'))} ({field})"
-        elif env and _has(env, loc):
-            where = f"{env_name(loc)} ({field})"
-        elif e["type"] == "missing":
-            where = f"{field} (in the config file, or {env_name(loc)}, or a flag)"
-        else:
-            where = field
-        lines.append(f"  {where}: {e['msg']}")
-    return "\n".join(lines)
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"{path}: configuration file not found")
-    text = path.read_text()
-    try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        else:
-            raise ConfigError(f"{path}: unknown configuration format; use .toml, .yaml or .yml")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"{path}: cannot parse: {err}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a table/mapping of settings")
-    return data
 
 
 class _ServerEnv(BaseSettings, ServerConfig):

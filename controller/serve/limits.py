@@ -1,4 +1,4 @@
-"""The SessionLimits a server sends with OpenSession (apart from serve.wire, which replay uses: this
+"""The SessionLimits a server sends with OpenSession (apart from contract.wire, which replay uses: this
 one needs the server's configuration, and importing that costs replay's start-up pydantic-settings,
 yaml and grpc)."""
 

@@ -28,7 +28,7 @@ from dualloop.executor.snapshot import Reason, SafetyState
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
-# as controller.serve.client.realtime_channel: a small receive window, so a slow reader sees the
+# as controller.contract.client.realtime_channel: a small receive window, so a slow reader sees the
 # server's conflation instead of seconds of buffered snapshots
 _CHANNEL_OPTIONS = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 8192)]
 

@@ -32,7 +32,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from dualloop.controller.serve.config import _bare
+from dualloop.controller.contract.addresses import bare_host
 from dualloop.controller.serve.conflation import LatestSlot
 from dualloop.executor.sessions import Session
 from dualloop.executor.snapshot import CHECK_DTYPE, Check, Clock, Reason, SafetyState, Snapshot
@@ -158,7 +158,7 @@ class TokensReading:
 
 @dataclass
 class MetricsReading:
-    """Every value of one scrape, read in one callback on the server loop (ControllerRuntime.metrics_reading)."""
+    """Every value of one scrape, read in one callback on the server loop (SessionRuntime.metrics_reading)."""
 
     lateness: list[int]
     lateness_sum_ns: int
@@ -371,7 +371,7 @@ class MetricsEndpoint:
 
     def start(self, host: str, port: int) -> int:
         try:
-            self._httpd, self._thread = start_http_server(port, addr=_bare(host.strip()), registry=self.registry)
+            self._httpd, self._thread = start_http_server(port, addr=bare_host(host.strip()), registry=self.registry)
         except OSError as err:
             raise OSError(f"cannot serve metrics on {host}:{port} ({err}): is the port in use?") from None
         self.port = int(self._httpd.server_port)

@@ -29,6 +29,8 @@ from typing import Any
 import grpc
 from pydantic import BaseModel, ConfigDict, Field
 
+from dualloop.controller.contract.server_env import TOKENS_ENV
+
 log = logging.getLogger("dualloop.security")
 
 SHADOW_PREFIX = "shadow:"
@@ -60,16 +62,6 @@ CALLER_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("dua
 # identities ("": authentication is off). Sessions remember their opener's, so that a shadow-only
 # caller reads only its own sessions' statistics.
 CALLER_ID: contextvars.ContextVar[str] = contextvars.ContextVar("dualloop_caller_id", default="")
-
-
-TOKENS_ENV = "DUALLOOP_TOKENS"
-
-
-def private_server_env() -> dict[str, str]:
-    """The environment for a private loopback server a dualloop command starts for its own client
-    (demo, stream): configured by that command's flags alone, not by the operator's DUALLOOP_*
-    settings (its client sends no token, and e.g. DUALLOOP_GATES must not change a demo)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("DUALLOOP_") and k != TOKENS_ENV}
 
 
 class AuthConfig(BaseModel):

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dualloop.controller.serve.config import ServerConfig, is_loopback
+from dualloop.controller.contract.addresses import is_loopback
+from dualloop.controller.serve.config import ServerConfig
 
 
 def add_security_arguments(p: argparse.ArgumentParser) -> None:

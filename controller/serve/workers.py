@@ -15,7 +15,7 @@ the server exports is a counter, a histogram, a summary or an additive gauge. A 
 scraped counters stay in the sums (SummedMetrics), so they never fall.
 
 Supervision: SIGTERM or SIGINT to the parent is forwarded as SIGTERM to every worker, which drains
-(ControllerServer.stop: NOT_SERVING, refuse new sessions, end open ones after a final snapshot);
+(ServerLifecycle.stop: NOT_SERVING, refuse new sessions, end open ones after a final snapshot);
 the parent exits 0 once all have exited 0. A worker that dies on its own is reported
 (server.worker_exit) and restarted in its slot: its sessions ended with it (their clients see
 UNAVAILABLE and reconnect, to any worker), its totals are kept on the board. More than
@@ -48,11 +48,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from dualloop.controller.contract.addresses import bare_host, host_port
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import events
-from dualloop.controller.serve.config import ServerConfig, _bare, host_port
+from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.metrics import MetricsEndpoint
-from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ControllerServer, new_event_loop
+from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
 from dualloop.controller.serve.ticker import freeze_startup_heap
 
 MAX_RESTARTS = 3
@@ -77,7 +79,7 @@ def worker_count(value: str) -> int:
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     """Check the port is free (a port already served by someone else's SO_REUSEPORT group would be
     silently shared), then hold it with SO_REUSEPORT so the workers can bind it; port 0 picks one."""
-    bare = _bare(host.strip())
+    bare = bare_host(host.strip())
     family = socket.AF_INET6 if ":" in bare else socket.AF_INET
     addr = "127.0.0.1" if bare.lower() in ("localhost", "localhost.") else bare
     if port:
@@ -293,7 +295,7 @@ def _stop_all(procs: list[subprocess.Popen | None], grace_s: float) -> list[int]
 
 
 async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, announce: Path | None) -> None:
-    server = ControllerServer(config, worker=(board, slot))
+    server = ServerLifecycle(config, worker=(board, slot))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.executor.snapshot import WALL_CLOCK_FIELDS
 from tests.paths import REPO_ROOT
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from tests.paths import REPO_ROOT
 
 

@@ -18,7 +18,7 @@ from types import ModuleType
 import grpc
 import pytest
 
-from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.contract.client import DriveSession
 from dualloop.v2 import controller_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,8 +70,8 @@ def _lean(tmp_path: Path, *args: str, **kw: object) -> subprocess.CompletedProce
 
 def test_serving_modules_import_no_extra():
     code = (
-        "import sys; import dualloop.controller.serve.cli, dualloop.controller.serve.server, "
-        "dualloop.controller.serve.client, dualloop.controller.logs.recorder; "
+        "import sys; import dualloop.controller.serve.cli, dualloop.controller.serve.lifecycle, "
+        "dualloop.controller.contract.client, dualloop.controller.logs.recorder; "
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dualloop.controller.serve.wire import snapshot_to_proto
+from dualloop.controller.contract.wire import snapshot_to_proto
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.safety import SafetyConfig

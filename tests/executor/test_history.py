@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dualloop.controller.serve.wire import snapshot_to_proto
+from dualloop.controller.contract.wire import snapshot_to_proto
 from dualloop.controller.training.driving_card import build_test_model
 from dualloop.executor import history
 from dualloop.executor.config import ExecutorConfig

@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dualloop.controller.contract.wire import observation_from_proto
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE
-from dualloop.controller.serve.wire import observation_from_proto
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.lockstep_batch import run_lockstep

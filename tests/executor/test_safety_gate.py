@@ -9,7 +9,7 @@ import pytest
 
 from dualloop.controller.gates.fitting import fit_gate_for_model, nominal_inputs
 from dualloop.controller.serve.config import ConfigError, ServerConfig
-from dualloop.controller.serve.server import ControllerServer
+from dualloop.controller.serve.lifecycle import ServerLifecycle
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.gating import GateMismatch
@@ -288,14 +288,14 @@ def test_gate_schema_mismatch_is_refused(test_model, gates, tmp_path):
     with pytest.raises(GateMismatch, match="fitted on 64 decision_vector features"):
         Executor(wide, ExecutorConfig(), ood.load_gate(gates["decision_vector"]))
     with pytest.raises(ConfigError, match="gate .*decision_vector"):
-        ControllerServer(ServerConfig(model=other, gates=[gates["decision_vector"]], port=0))
+        ServerLifecycle(ServerConfig(model=other, gates=[gates["decision_vector"]], port=0))
 
 
 def test_server_fills_gate_fields(test_model_path, gates, nominal_rows):
     import grpc
 
-    from dualloop.controller.serve.client import DriveSession
-    from dualloop.controller.serve.server import ServerThread
+    from dualloop.controller.contract.client import DriveSession
+    from dualloop.controller.serve.lifecycle import ServerThread
     from dualloop.v2 import controller_pb2 as pb
     from dualloop.v2 import controller_pb2_grpc as pb_grpc
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from dualloop import ood
+from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.demo.closed_loop import InProcessDecider, drive_in_process, run_closed_loop
 from dualloop.controller.gates.fitting import actuation_episodes
-from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.executor.core import Executor
 from dualloop.executor.gating import GateMismatch
 from dualloop.executor.lockstep_batch import run_lockstep

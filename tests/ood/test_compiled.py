@@ -318,8 +318,8 @@ def test_freeze_detector_compiled_equals_python(dtype: type, rest: tuple[int, fl
 def test_executor_ticks_equal_on_both_paths() -> None:
     """The shipped model and gates, one and three sessions, nominal rows with faults injected: every
     snapshot's gate score bits, threshold, veto, reasons and applied action agree between the paths."""
+    from dualloop.controller.contract.gate_files import load_gate_for_model
     from dualloop.controller.gates.fitting import nominal_inputs
-    from dualloop.controller.serve.gate_files import load_gate_for_model
     from dualloop.executor.config import ExecutorConfig
     from dualloop.executor.core import Executor
     from dualloop.executor.model_runner import DecisionModel

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.gates.fitting import nominal_inputs
-from dualloop.controller.serve.gate_files import load_gate_for_model
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.gating import nearest_gate

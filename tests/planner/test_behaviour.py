@@ -344,8 +344,8 @@ def test_refuses_an_ego_speed_no_road_vehicle_has():
 def test_slow_merge_in_closed_loop_merges_off_the_ramp():
     """The shipped model and gates, driven by the planner over the whole scenario (held-out seed)."""
     from dualloop import ood
+    from dualloop.controller.contract.lockstep_planning import LockstepPlanning
     from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
-    from dualloop.controller.serve.planning import LockstepPlanning
     from dualloop.executor.core import Executor
     from dualloop.executor.model_runner import DecisionModel
     from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -369,8 +369,8 @@ def test_dense_traffic_in_closed_loop_moves_to_the_faster_lane_and_follows_its_s
     slowest lane; the planner takes a gap into the faster lane on its left and steps its target speed
     to what the traffic allows, with the shipped model and gates and no veto."""
     from dualloop import ood
+    from dualloop.controller.contract.lockstep_planning import LockstepPlanning
     from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
-    from dualloop.controller.serve.planning import LockstepPlanning
     from dualloop.executor.core import Executor
     from dualloop.executor.model_runner import DecisionModel
     from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -398,8 +398,8 @@ def test_stopped_behind_a_stopped_car_in_closed_loop_stays_stopped():
     900012; on 900006 it is boxed in and stops 0.5 m behind the car (the model before it stopped 36 m
     behind, boxed in earlier)."""
     from dualloop import ood
+    from dualloop.controller.contract.lockstep_planning import LockstepPlanning
     from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
-    from dualloop.controller.serve.planning import LockstepPlanning
     from dualloop.executor.core import Executor
     from dualloop.executor.model_runner import DecisionModel
     from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES

@@ -11,11 +11,11 @@ import grpc
 import numpy as np
 import pytest
 
+from dualloop.controller.contract.client import DriveSession, realtime_channel
+from dualloop.controller.contract.lockstep_planning import LockstepPlanning
 from dualloop.controller.demo.closed_loop import drive_in_process, drive_over_grpc
-from dualloop.controller.serve.client import DriveSession, realtime_channel
 from dualloop.controller.serve.config import ConfigError, ServerConfig, load_server_config
-from dualloop.controller.serve.planning import LockstepPlanning
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel

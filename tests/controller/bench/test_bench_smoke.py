@@ -153,7 +153,7 @@ def test_bench_replay_reports_both_paths(tmp_path):
 def test_bench_gate_reports_each_session_count(tmp_path):
     """`dualloop bench gate`'s table: gate cost per session at each count, next to the forward pass."""
     from dualloop.controller.bench.gate import bench_gate_table
-    from dualloop.controller.serve.gate_files import load_gate_for_model
+    from dualloop.controller.contract.gate_files import load_gate_for_model
     from dualloop.executor.model_runner import DecisionModel
     from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 

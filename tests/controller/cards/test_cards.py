@@ -17,9 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 from dualloop.controller.cards import toml_text
 from dualloop.controller.cards.cards import CardError, attach, check, template
 from dualloop.controller.cli import main
-from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.executor.gating import decision_vector_names
 from dualloop.executor.model_card import METADATA_KEY, Normalisation
 from dualloop.executor.model_runner import DecisionModel

@@ -79,7 +79,7 @@ def test_client_process_killed_with_open_streams(tmp_path: Path, drive_rows: np.
         assert_still_serving(server, drive_rows)
 
 
-# the HTTP/2 window of controller.serve.client.realtime_channel: the server sees a slow reader soon
+# the HTTP/2 window of controller.contract.client.realtime_channel: the server sees a slow reader soon
 SMALL_WINDOW = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 16384))
 
 

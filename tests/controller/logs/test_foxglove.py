@@ -16,6 +16,8 @@ from mcap.reader import make_reader
 from mcap_protobuf.decoder import DecoderFactory
 
 from dualloop.controller.cli import main
+from dualloop.controller.contract.client import DriveSession
+from dualloop.controller.contract.wire import snapshot_to_proto
 from dualloop.controller.demo.closed_loop import session_id as demo_session_id
 from dualloop.controller.demo.suite import HELD_OUT_SEED
 from dualloop.controller.logs.foxglove import layout, layout_paths
@@ -30,10 +32,8 @@ from dualloop.controller.logs.plot import (
 )
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import replay_log
-from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ServerThread
-from dualloop.controller.serve.wire import snapshot_to_proto
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.scenarios import SCENARIOS
 from dualloop.v2 import controller_pb2 as pb

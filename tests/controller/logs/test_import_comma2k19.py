@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dualloop.controller.contract.wire import observation_from_proto
 from dualloop.controller.logs import import_comma2k19 as c2k
 from dualloop.controller.logs.logfile import read_log
-from dualloop.controller.serve.wire import observation_from_proto
 from dualloop.executor.action_labels import backward_accel, lookahead_labels
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel

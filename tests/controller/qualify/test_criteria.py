@@ -6,9 +6,9 @@ import math
 
 import pytest
 
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.qualify.checks import at_most, no_worse
 from dualloop.controller.qualify.criteria import Criteria, load_criteria
-from dualloop.controller.serve.errors import ConfigError
 
 
 def test_file_then_flags(tmp_path):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.qualify.criteria import Int8Criteria
 from dualloop.controller.qualify.int8_step import int8_checks, run_int8_step
-from dualloop.controller.serve.errors import ConfigError
 from dualloop.controller.training.data import DataConfig
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, MODELS_DIR, TEST_MODEL_PATH

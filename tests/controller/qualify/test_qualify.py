@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from dualloop.controller.cli import main
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import slice_log
 from dualloop.controller.qualify.run import QualifyInputs, gates_beside, qualify
 from dualloop.controller.qualify.shadow_step import run_shadow_step
 from dualloop.controller.replay.lockstep import replay_log
-from dualloop.controller.serve.errors import ConfigError
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 

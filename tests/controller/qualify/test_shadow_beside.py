@@ -10,13 +10,13 @@ import grpc
 import numpy as np
 import pytest
 
+from dualloop.controller.contract.client import DriveSession
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.logs.logfile import read_sessions
 from dualloop.controller.qualify.criteria import ShadowCriteria
 from dualloop.controller.qualify.shadow_step import run_shadow_step
-from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.errors import ConfigError
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.onnx_export import export_mlp, random_mlp

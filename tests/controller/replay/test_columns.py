@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
+from dualloop.controller.contract.wire import observation_from_proto, snapshot_to_proto
 from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL
 from dualloop.controller.logs.logfile import read_log, write_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE, slice_log, synthetic_log
@@ -26,7 +27,6 @@ from dualloop.controller.replay.lockstep import (
 from dualloop.controller.replay.report import summarise
 from dualloop.controller.replay.wire_batch import encode_snapshots
 from dualloop.controller.replay.wire_columns import NotCanonical, decode_observations
-from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto
 from dualloop.executor.columns import ObservationColumns
 from dualloop.executor.lockstep_batch import TickTable, run_lockstep
 from dualloop.executor.snapshot import Clock

@@ -14,6 +14,7 @@ from mcap.reader import make_reader
 
 from dualloop.controller.bench.replay import rotated_drives
 from dualloop.controller.cli import main
+from dualloop.controller.contract.wire import snapshot_to_proto, without_wall_clock
 from dualloop.controller.logs import logfile
 from dualloop.controller.logs.bulk import NotFast, TopicMessages, read_messages, write_messages
 from dualloop.controller.logs.format import (
@@ -35,7 +36,6 @@ from dualloop.controller.replay.lockstep import (
 )
 from dualloop.controller.replay.report import summarise
 from dualloop.controller.replay.wire_batch import encode_snapshots
-from dualloop.controller.serve.wire import snapshot_to_proto, without_wall_clock
 from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.snapshot import Clock
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH

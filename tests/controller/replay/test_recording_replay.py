@@ -16,10 +16,10 @@ import grpc
 import pytest
 from mcap.reader import make_reader
 
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.logs.logfile import read_log, read_sessions, write_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE
 from dualloop.controller.replay.lockstep import replay_log, session_file_name
-from dualloop.controller.serve.client import DriveSession
 from dualloop.v2 import controller_pb2 as pb
 from tests.paths import REPO_ROOT
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dualloop.controller.contract.wire import observation_from_proto, snapshot_to_proto, without_wall_clock
 from dualloop.controller.logs.format import require_plan
 from dualloop.controller.logs.logfile import LogFileError, read_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
@@ -16,7 +17,6 @@ from dualloop.controller.replay.lockstep import (
     run_replay,
 )
 from dualloop.controller.replay.report import format_report
-from dualloop.controller.serve.wire import observation_from_proto, snapshot_to_proto, without_wall_clock
 from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.sessions import InvalidObservation
 from dualloop.executor.snapshot import Check, Clock, PlanState, Reason, SafetyState

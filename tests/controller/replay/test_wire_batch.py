@@ -25,7 +25,7 @@ from dualloop.controller.replay.wire_batch import (
 from dualloop.controller.replay.wire_batch import (
     _flat_masked as flat_masked,
 )
-from dualloop.controller.serve.wire import snapshot_to_proto
+from dualloop.controller.contract.wire import snapshot_to_proto
 from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.snapshot import Clock
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES

@@ -18,12 +18,12 @@ import grpc
 import numpy as np
 import pytest
 
+from dualloop.controller.contract.client import DriveSession
+from dualloop.controller.contract.shadow import CandidateTally
 from dualloop.controller.logs.logfile import read_sessions
-from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.controller.serve.security import AuthConfig
-from dualloop.controller.serve.server import ServerThread
-from dualloop.controller.serve.shadow import CandidateTally
 from dualloop.controller.training.driving_card import build_test_model, driving_card
 from dualloop.executor.candidate import SwapRefused
 from dualloop.executor.config import ExecutorConfig

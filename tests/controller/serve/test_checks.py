@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from google.protobuf.message import Message
 
+from dualloop.controller.contract.client import DriveSession
+from dualloop.controller.contract.wire import add_checks, without_wall_clock
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import _observations
-from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ServerThread
-from dualloop.controller.serve.wire import add_checks, without_wall_clock
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.executor.checks import NAMES
 from dualloop.executor.snapshot import CHECK_DTYPE, Check, Observation
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES

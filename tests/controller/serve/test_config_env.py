@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from dualloop.controller.serve.config import ConfigError, env_name, load_server_config
+from dualloop.controller.contract.config_files import env_name
+from dualloop.controller.contract.errors import ConfigError
+from dualloop.controller.serve.config import load_server_config
 
 
 @pytest.fixture(autouse=True)

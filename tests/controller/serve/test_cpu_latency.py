@@ -16,7 +16,7 @@ from dualloop.controller.serve.cpu_latency import (
     current_cpu_wake_latency_us,
     hold_cpu_wake_latency,
 )
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 

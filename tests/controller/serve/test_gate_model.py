@@ -12,9 +12,9 @@ import pytest
 
 from dualloop import ood
 from dualloop.controller.cli import main
+from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.serve.config import ConfigError, ServerConfig
-from dualloop.controller.serve.gate_files import load_gate_for_model
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.controller.training.driving_card import build_test_model
 from dualloop.executor.gating import gate_feature_names
 from dualloop.executor.model_runner import DecisionModel

@@ -9,9 +9,9 @@ import grpc
 import numpy as np
 import pytest
 
-from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.controller.training.driving_card import build_test_model
 from dualloop.executor.history import DEFAULT_HISTORY
 from dualloop.executor.model_card import Normalisation

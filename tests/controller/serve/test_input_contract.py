@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from dualloop.controller.contract.addresses import host_port, is_loopback
+from dualloop.controller.contract.client import DriveSession
+from dualloop.controller.contract.wire import snapshot_to_proto
 from dualloop.controller.logs.format import actual_is_command
 from dualloop.controller.logs.logfile import read_log, read_sessions
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import replay_log
-from dualloop.controller.serve.client import DriveSession
-from dualloop.controller.serve.config import ServerConfig, host_port, is_loopback
-from dualloop.controller.serve.server import ServerThread
-from dualloop.controller.serve.wire import snapshot_to_proto
+from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
@@ -95,7 +96,7 @@ def test_shadow_stats_per_session_instance_with_proposed_agreement_and_reset(ser
 
 
 def test_closed_instances_kept_are_bounded(server, channel):
-    server.call(setattr, server.server.runtime, "KEEP_CLOSED_SHADOW_STATS", 2)
+    server.call(setattr, server.server.runtime.shadows, "KEEP_CLOSED", 2)
     instances = []
     for k in range(3):
         s = DriveSession(channel, f"short-{k}", pb.CLOCK_MODE_LOCKSTEP, shadow=True)
@@ -107,7 +108,7 @@ def test_closed_instances_kept_are_bounded(server, channel):
     for request in gone:
         assert _rpc_error(stub.GetShadowStats, request).code() == grpc.StatusCode.NOT_FOUND
     assert stub.GetShadowStats(pb.GetShadowStatsRequest(session_id="short-2")).session_instance == instances[2]
-    assert len(server.call(lambda: server.server.runtime.shadow_instances)) == 2
+    assert len(server.call(lambda: server.server.runtime.shadows.instances)) == 2
 
 
 def test_actuation_check_only_on_declared_commands(base_model, tmp_path):

@@ -11,9 +11,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dualloop.controller.serve.client import DriveSession, realtime_channel
-from dualloop.controller.serve.config import DEFAULT_CLIENT_WINDOW_BYTES, ServerConfig
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.contract.client import DEFAULT_CLIENT_WINDOW_BYTES, DriveSession, realtime_channel
+from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 from tests.controller.serve.inputs import MS, sensor

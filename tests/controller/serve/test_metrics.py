@@ -20,12 +20,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
+from dualloop.controller.contract.client import DriveSession, realtime_channel
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import _observations
-from dualloop.controller.serve.client import DriveSession, realtime_channel
 from dualloop.controller.serve.config import ServerConfig, load_server_config
-from dualloop.controller.serve.server import LATENESS_BUCKETS_US, ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
+from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
 from dualloop.executor.snapshot import Observation
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb

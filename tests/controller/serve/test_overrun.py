@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from dualloop.controller.bench.overrun import Feeder, calibrated_slow_model, time_calls
-from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.controller.server_process import ServerProcess
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.executor.config import ExecutorConfig

@@ -18,7 +18,7 @@ SERVER_THREADS = r"""
 import asyncio, json, os, sys, threading
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.realtime_threads import REALTIME
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 
 def priorities():
     out = {}

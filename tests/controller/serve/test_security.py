@@ -14,11 +14,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dualloop.controller.serve.client import DriveSession
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.serve.config import ConfigError, ServerConfig, load_server_config
+from dualloop.controller.serve.lifecycle import ServerLifecycle, ServerThread
 from dualloop.controller.serve.planning import source_factory
 from dualloop.controller.serve.security import AuthConfig, Authenticator, AuthError, Scope
-from dualloop.controller.serve.server import ControllerServer, ServerThread
 from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.plan import PlanRequest
 from dualloop.planner.remote import RemotePlanner, RemotePlannerError, serve_planner
@@ -291,9 +291,9 @@ def test_bad_tokens_name_the_line(tmp_path, test_model_path):
         Authenticator(AuthConfig(tokens_file=path, tokens_env=None))
     path.write_text("# nothing yet\n")
     with pytest.raises(ConfigError, match="no token in it"):  # at server start, as a ConfigError
-        ControllerServer(ServerConfig(model=test_model_path, auth=AuthConfig(tokens_file=path)))
+        ServerLifecycle(ServerConfig(model=test_model_path, auth=AuthConfig(tokens_file=path)))
     with pytest.raises(ConfigError, match="cannot read"):
-        ControllerServer(ServerConfig(model=test_model_path, auth=AuthConfig(tokens_file=tmp_path / "missing")))
+        ServerLifecycle(ServerConfig(model=test_model_path, auth=AuthConfig(tokens_file=tmp_path / "missing")))
 
 
 # --- configuration -------------------------------------------------------------------------------

@@ -10,13 +10,13 @@ import grpc
 import numpy as np
 import pytest
 
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.logs.format import actual_is_command
 from dualloop.controller.logs.logfile import read_log, read_sessions
 from dualloop.controller.logs.synthetic import synthetic_log
-from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.controller.serve.log_stream import stream_logs
-from dualloop.controller.serve.server import ServerThread
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 

@@ -9,8 +9,8 @@ import grpc
 import numpy as np
 import pytest
 
-from dualloop.controller.serve.client import DriveSession, realtime_channel
-from dualloop.controller.serve.wire import without_wall_clock
+from dualloop.controller.contract.client import DriveSession, realtime_channel
+from dualloop.controller.contract.wire import without_wall_clock
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 from tests.controller.serve.inputs import sensor
@@ -288,7 +288,7 @@ def test_sessions_are_recorded(test_model_path, tmp_path):
     """Every accepted observation and every snapshot of a session lands in its MCAP log."""
     from dualloop.controller.logs.logfile import read_sessions
     from dualloop.controller.serve.config import ServerConfig
-    from dualloop.controller.serve.server import ServerThread
+    from dualloop.controller.serve.lifecycle import ServerThread
 
     with ServerThread(ServerConfig(model=test_model_path, port=0, record_dir=tmp_path)) as srv:
         with grpc.insecure_channel(srv.address) as channel:

@@ -10,10 +10,10 @@ import grpc
 import numpy as np
 import pytest
 
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.replay.lockstep import replay_log
-from dualloop.controller.serve.client import DriveSession
 from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.server import ServerThread
+from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.v2 import controller_pb2 as pb
 from tests.controller.serve.inputs import MS, sensor
 

@@ -13,11 +13,11 @@ import time
 import grpc
 import pytest
 
+from dualloop.controller.contract.client import DriveSession, realtime_channel
+from dualloop.controller.contract.wire import without_wall_clock
 from dualloop.controller.serve import ticker as ticker_module
 from dualloop.controller.serve.cli import stop_line
-from dualloop.controller.serve.client import DriveSession, realtime_channel
 from dualloop.controller.serve.ticker import PreciseTicker
-from dualloop.controller.serve.wire import without_wall_clock
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 from tests.controller.serve.inputs import MS, sensor

@@ -13,7 +13,7 @@ def test_numpys_first_percentile_is_paid_before_serving(test_model_path: Path):
     script = (
         "import sys\n"
         "from dualloop.controller.serve.config import ServerConfig\n"
-        "from dualloop.controller.serve.server import ServerThread\n"
+        "from dualloop.controller.serve.lifecycle import ServerThread\n"
         "before = 'numpy.ma' in sys.modules\n"
         "with ServerThread(ServerConfig(model=sys.argv[1], port=0)):\n"
         "    print(before, 'numpy.ma' in sys.modules)\n"

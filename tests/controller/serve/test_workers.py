@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.serve.board import Board, LatenessHistogram
-from dualloop.controller.serve.client import DriveSession
-from dualloop.controller.serve.server import LATENESS_BUCKETS_US
+from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
 from dualloop.controller.serve.workers import worker_count
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc

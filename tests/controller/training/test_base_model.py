@@ -115,8 +115,8 @@ def drive_speed_step(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, object]:
     """dense_traffic with keep plans whose target steps from `before` to `after`: per 5 ms step the
     ego's lane offset (true), lane index and speed, and the run."""
+    from dualloop.controller.contract.lockstep_planning import LockstepPlanning
     from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
-    from dualloop.controller.serve.planning import LockstepPlanning
     from dualloop.sim.env import make_scenario
     from dualloop.sim.world import EGO
 

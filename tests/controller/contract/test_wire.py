@@ -9,7 +9,7 @@ from typing import cast
 import numpy as np
 import pytest
 
-from dualloop.controller.serve.wire import add_checks, drive_response_bytes, snapshot_response, snapshot_to_proto
+from dualloop.controller.contract.wire import add_checks, drive_response_bytes, snapshot_response, snapshot_to_proto
 from dualloop.executor.snapshot import (
     CHECK_DTYPE,
     AppliedAction,

@@ -66,7 +66,7 @@ def _float32_saturated(x: float) -> float:
 def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
     """The wire message of a snapshot. The scalars go in one constructor call; the nested messages
     are filled field by field in place (a third cheaper than building each with keywords and
-    copying it in; the same message, so the same bytes: tests/controller/serve/test_wire.py)."""
+    copying it in; the same message, so the same bytes: tests/controller/contract/test_wire.py)."""
     msg = pb.DecisionSnapshot(
         session_id=s.session_id,
         tick=s.tick,
@@ -137,7 +137,7 @@ def snapshot_response(msg: pb.DecisionSnapshot) -> bytes:
     """The wire bytes of DriveResponse(snapshot=msg), without building the DriveResponse: the
     wrapper's constructor copies the whole snapshot (about 6 us of the 10 a snapshot's response
     cost). A message of one field serialises to its tag, length and bytes, so these are the bytes
-    DriveResponse.SerializeToString gives (tests/controller/serve/test_wire.py)."""
+    DriveResponse.SerializeToString gives (tests/controller/contract/test_wire.py)."""
     body = msg.SerializeToString()
     n, head = len(body), bytearray(_SNAPSHOT_TAG)
     while n > 0x7F:  # the length as a varint

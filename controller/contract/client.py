@@ -11,11 +11,12 @@ from typing import cast
 
 import grpc
 
-from dualloop.controller.serve.config import DEFAULT_CLIENT_WINDOW_BYTES
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 _END = object()
+# HTTP/2 receive window of realtime_channel, and the server's advice (ServerConfig.client_window_bytes)
+DEFAULT_CLIENT_WINDOW_BYTES = 8192
 
 
 def realtime_channel(address: str, window_bytes: int = DEFAULT_CLIENT_WINDOW_BYTES) -> grpc.Channel:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dualloop.controller.serve.shadow import ShadowAgreement
+from dualloop.controller.contract.shadow import ShadowAgreement
 
 
 def test_update_many_equals_updates():

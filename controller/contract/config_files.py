@@ -1,0 +1,74 @@
+"""Configuration files as every dualloop command reads them (TOML or YAML), and validation errors
+reported one line per problem, naming the flag, the DUALLOOP_* variable or the file's field."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from dualloop.controller.contract.errors import ConfigError
+
+ENV_PREFIX = "DUALLOOP_"
+ENV_NESTED_DELIMITER = "__"
+# the command-line flag of an override whose name differs from --<field-with-dashes>
+_FLAG_OF = {"gates": "--gate", "candidate_gates": "--candidate-gate"}
+
+
+def env_name(loc: tuple[str | int, ...]) -> str:
+    """The environment variable of a field path: ("executor", "max_observation_age_ms") ->
+    DUALLOOP_EXECUTOR__MAX_OBSERVATION_AGE_MS (a list is one variable, given as JSON)."""
+    names = [str(p) for p in loc if isinstance(p, str)]
+    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(names).upper()
+
+
+def _has(data: dict[str, Any], loc: tuple[str | int, ...]) -> bool:
+    """Whether the leading keys of loc are set in data (the source a validation error came from)."""
+    if not loc or not isinstance(loc[0], str) or loc[0] not in data:
+        return False
+    value = data[loc[0]]
+    return not isinstance(value, dict) or len(loc) == 1 or _has(value, loc[1:])
+
+
+def format_validation_error(
+    err: ValidationError,
+    source: str,
+    env: dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> str:
+    """One line per problem, naming where the value came from: the flag, the variable or the file's field."""
+    lines = [f"{source}: invalid configuration"]
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        if flags and loc and loc[0] in flags:
+            where = f"{_FLAG_OF.get(str(loc[0]), '--' + str(loc[0]).replace('_', '-'))} ({field})"
+        elif env and _has(env, loc):
+            where = f"{env_name(loc)} ({field})"
+        elif e["type"] == "missing":
+            where = f"{field} (in the config file, or {env_name(loc)}, or a flag)"
+        else:
+            where = field
+        lines.append(f"  {where}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: configuration file not found")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"{path}: unknown configuration format; use .toml, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: cannot parse: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table/mapping of settings")
+    return data
