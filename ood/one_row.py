@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dualloop.ood import blas, compiled
-from dualloop.ood.score import _SQ_HIGH, _SQ_LOW, _TINY, ClassTerms, StackedScorer, class_conditional, outside_limits
+from dualloop.ood.score import _SQ_HIGH, _SQ_LOW, _TINY, ClassTerms, StackedScorer, class_conditional
 
 _INF = float("inf")
 
@@ -225,7 +225,13 @@ class OneRowTick:
                 d2 = class_conditional(d2, lin, d, gate.spec, n_linear)
             immediate = n < gate.low or n > gate.high  # the raw norm's guard
             if gate.ranged and not immediate:
-                immediate = self._outside(gate.position, features, changes, context)
+                g = gate.position
+                sources = (
+                    features[g],
+                    None if changes is None else changes[g],
+                    None if context is None else context[g],
+                )
+                immediate = self.scorer.outside_row(g, sources, 0)
             decided.append((d2, d2 > gate.threshold, immediate))
         # every gate scored: only now move the filters
         alarm = also is not None and also[0]
@@ -256,29 +262,6 @@ class OneRowTick:
             scores.append(d2)
             norm_out.append(n < gate.low or n > gate.high)
         return scores, norm_out
-
-    def _outside(
-        self,
-        g: int,
-        features: Sequence[np.ndarray | None],
-        changes: Sequence[Any] | None,
-        context: Sequence[np.ndarray | None] | None,
-    ) -> bool:
-        """The row's values, change or context outside gate g's limits (``StackedScorer._outside_range``)."""
-        # Any: the sources ``given`` lists are not None (flat_limits leaves the others out)
-        sources: tuple[Any, ...] = (
-            features[g],
-            None if changes is None else changes[g],
-            None if context is None else context[g],
-        )
-        given, low, high = self.scorer.flat_limits(g, sources)
-        if not given:
-            return False
-        values: list[float] = []
-        for i in given:
-            src = sources[i]
-            values += src[0] if isinstance(src, list) else src[0].tolist()
-        return outside_limits(values, low, high)
 
 
 _NEVER = object()  # a filter whose zero state moves on a clean tick is always advanced

@@ -107,15 +107,13 @@ def test_a_profile_is_calibrated_on_the_gates_calibration_rows() -> None:
     d = 8
     x = _correlated(rng, 60_000, d)
     gate = ood.fit_gate(
-        x[:20_000],
-        x[20_000:40_000],
-        alpha=0.01,
-        norm_alpha=0.01,
-        feature_names=[f"f{i}" for i in range(d)],
-        source="input_features",
-        data_description="synthetic",
-        range_margin=0.25,
-        keep_calibration_rows=10_000,
+        ood.FeatureRows(x[:20_000]),
+        ood.FeatureRows(x[20_000:40_000]),
+        ood.FeatureSchema(tuple(f"f{i}" for i in range(d)), "input_features"),
+        "synthetic",
+        ood.GateFitSettings(
+            alpha=0.01, norm_alpha=0.01, range=ood.RangeSettings(margin=0.25), keep_calibration_rows=10_000
+        ),
     )
     assert gate.calibration_rows is not None and gate.calibration_rows.shape == (10_000, d)
     present = np.array([True, False, True, True, False, False, True, False])
