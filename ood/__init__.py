@@ -38,11 +38,11 @@ from dualloop.ood.freeze import FreezeDetector, FreezeSettings
 from dualloop.ood.gate import Gate, GateFitSettings, fit_gate
 from dualloop.ood.gatefile import GateFileError, load_gate
 from dualloop.ood.gateformat import save_gate
+from dualloop.ood.mahalanobis import GateFlags, GateScorer, RowScores, StackedScorer
 from dualloop.ood.marginal import Marginal, ProfileGate, marginal, profile_gate
 from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
 from dualloop.ood.monitor import GateMonitor, GateStep
 from dualloop.ood.schema import FeatureSchema, ModelRef
-from dualloop.ood.score import GateFlags, GateScorer, RowScores, StackedScorer
 from dualloop.ood.signals import SignalMonitor, SignalSettings
 
 __all__ = [

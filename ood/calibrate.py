@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 # (n+1)(1-alpha) is often an integer in exact arithmetic (n=999, alpha=0.001); floating-point
 # error must not push ceil() to the next rank.
@@ -282,10 +281,9 @@ class FeatureRows:
     context: np.ndarray | None = None
 
 
-class RangeSettings(BaseModel):
-    """How a ``FeatureRange`` is fitted, as whoever fits the gate states it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+@dataclass(frozen=True)
+class RangeSettings:
+    """How a ``FeatureRange`` is fitted, as whoever fits the gate states it (checked by ``fit_feature_range``)."""
 
     margin: float  # fraction of each range's training span added on both sides
     change_note: str = ""  # at what rate the changes were measured

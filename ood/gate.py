@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, field_validator
 
 from dualloop.ood.actuation import ActuationCheck
 from dualloop.ood.calibrate import (
@@ -25,13 +24,13 @@ from dualloop.ood.calibrate import (
     calibrate_threshold,
     fit_feature_range,
 )
-from dualloop.ood.filter import FilterSettings, KOfNSettings, filter_settings_from_dict, make_filter
+from dualloop.ood.filter import FilterSettings, KOfNSettings, make_filter
 from dualloop.ood.fit import GateStats, check_feature_matrix, fit_statistics, raw_norms
 from dualloop.ood.freeze import FreezeSettings
 from dualloop.ood.gateformat import content_hash, save_gate
+from dualloop.ood.mahalanobis import GateScorer, score_in_chunks
 from dualloop.ood.monitor import GateMonitor
 from dualloop.ood.schema import FeatureSchema, ModelRef
-from dualloop.ood.score import GateScorer, score_in_chunks
 
 
 @dataclass(frozen=True, eq=False)  # holds numpy arrays: == would be ambiguous
@@ -110,7 +109,8 @@ class Gate:
         return save_gate(self, path)
 
 
-class GateFitSettings(BaseModel):
+@dataclass(frozen=True)
+class GateFitSettings:
     """How a gate is fitted and calibrated (``fit_gate``), as whoever fits it states it.
 
     ``alpha`` is the per-tick false-veto rate of the score threshold (before the filter);
@@ -122,23 +122,14 @@ class GateFitSettings(BaseModel):
     (``ood.marginal.profile_gate``); a raw-input gate wants at least 2 / norm_alpha of them.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
     variant: str = "single"
     shrinkage: str = "ledoit_wolf"
     alpha: float = 0.001
     norm_alpha: float | None = None
     norm_margin: float = 1.0
-    filter: FilterSettings = KOfNSettings()  # or its dict (``filter_settings_from_dict``); None: the default
+    filter: FilterSettings = KOfNSettings()  # a dict's: ``filter_settings_from_dict``
     range: RangeSettings | None = None
     keep_calibration_rows: int = 0
-
-    @field_validator("filter", mode="before")
-    @classmethod
-    def _filter_from_dict(cls, value: object) -> object:
-        if value is None:
-            return KOfNSettings()
-        return filter_settings_from_dict(value) if isinstance(value, dict) else value
 
 
 def fit_gate(

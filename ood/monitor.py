@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dualloop.ood.filter import CusumFilter, FilterSettings, KOfNFilter, make_filter
-from dualloop.ood.score import GateFlags, GateScorer
+from dualloop.ood.mahalanobis import GateFlags, GateScorer
 
 
 class GateStep(NamedTuple):

@@ -68,8 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--compare-pure",
         action="store_true",
-        help="bench gate: also run the gates' pure-Python path, interleaved tick by tick, and print the "
-        "ratio; bench planner: first the planner's CPU per batch on its compiled and numpy paths, interleaved",
+        help="bench planner: first the planner's CPU per batch on its compiled and numpy paths, interleaved",
     )
     p.add_argument(
         "--sessions",
@@ -258,7 +257,6 @@ def _bench(args: argparse.Namespace) -> int:
             console=console,
             model_path=str(model_path),
             gate_paths=[str(g) for g in gate_paths],
-            compare_pure=args.compare_pure,
         )
         return 0
     if args.what == "tick":

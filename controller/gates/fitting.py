@@ -21,6 +21,7 @@ from dualloop.executor.gating import GATE_SOURCES, gate_feature_names
 from dualloop.executor.history import HistoryDeriver, episode_history
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.ood.filter import filter_settings_from_dict
 from dualloop.sim.env import ActionNoise, ExpertData, run_expert_batch
 from dualloop.sim.realism import LONGITUDINAL_FEATURES
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS
@@ -345,12 +346,15 @@ def _description(model: DecisionModel, config: GateFitConfig) -> str:
 
 
 def _fit_settings(model: DecisionModel, config: GateFitConfig) -> ood.GateFitSettings:
+    """What `ood.fit_gate` is told: the config's statistics, and for the raw inputs the range guard
+    with its physical envelope and the rows kept for sensor profiles."""
     inputs = config.source == "input_features"
+    margin = RANGE_MARGIN[config.source]
     range_settings = (
         None
-        if RANGE_MARGIN[config.source] is None
+        if margin is None
         else ood.RangeSettings(
-            margin=RANGE_MARGIN[config.source],
+            margin=margin,
             change_note=f"per second, measured between observations {1000 * DT:g} ms apart (simulated sensors "
             "at the tick rate)"
             if inputs
@@ -360,11 +364,12 @@ def _fit_settings(model: DecisionModel, config: GateFitConfig) -> ood.GateFitSet
             envelope_note=PLAUSIBLE_NOTE if inputs else "",
         )
     )
+    settings = config.filter_settings
     return ood.GateFitSettings(
         variant=config.variant,
         alpha=config.alpha,
         norm_alpha=config.norm_alpha,
-        filter=config.filter_settings,
+        filter=ood.KOfNSettings() if settings is None else filter_settings_from_dict(settings),
         range=range_settings,
         keep_calibration_rows=PROFILE_ROWS if inputs else 0,
     )

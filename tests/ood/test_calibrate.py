@@ -17,7 +17,7 @@ from dualloop.ood.calibrate import (
     fit_feature_range,
 )
 from dualloop.ood.fit import fit_statistics, raw_norms
-from dualloop.ood.score import GateScorer
+from dualloop.ood.mahalanobis import GateScorer
 
 
 def test_conformal_rank_and_threshold_are_the_right_order_statistic() -> None:

@@ -9,8 +9,8 @@ import pytest
 
 from dualloop import ood
 from dualloop.ood.fit import l2_normalise
+from dualloop.ood.mahalanobis import GateScorer
 from dualloop.ood.marginal import marginal, present_limits, profile_gate
-from dualloop.ood.score import GateScorer
 
 
 def _correlated(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -122,7 +122,7 @@ def test_a_profile_is_calibrated_on_the_gates_calibration_rows() -> None:
     fresh = x[40_000:]
     scorer = judged.scorer(256)
     done = judged.marginal.complete(np.where(present, fresh, np.nan))
-    score, flags = ood.score.score_in_chunks(scorer, done)
+    score, flags = ood.mahalanobis.score_in_chunks(scorer, done)
     assert 0.005 < flags.exceed.mean() < 0.02  # alpha 0.01 on fresh rows
     assert not flags.norm_out.any() and not flags.out_of_range.any()  # the scorer's band is open
     corner = np.maximum(np.abs(gate.feature_range.low), np.abs(gate.feature_range.high))[present]
