@@ -11,11 +11,10 @@ This mapping is the one mechanism: the wheel is built from it, and the editable 
 tracebacks name the source files (controller/serve/runtime.py). Tools that walk folders instead of
 importing (mypy, import-linter, editors) read scripts/namespace_view.py's links, made from the same list.
 
-``dualloop.ood._tick`` (ood/_tick.c) makes one session's gate decisions after numpy's products;
-``dualloop.planner._rollout`` (planner/_rollout.c) rolls out and scores the behaviour planner's
-candidates. Both use the CPython C API only and are ``optional``: a machine without a C compiler
-still installs, and ``ood.compiled`` / ``planner.compiled`` take the numpy path, which is the
-reference the compiled one is tested against (docs/duplicated-rules.md).
+The optional C extension ``dualloop.planner._rollout`` (planner/_rollout.c) rolls out and scores the
+behaviour planner's candidates. It uses the CPython C API only and is ``optional``: a machine without a C compiler
+still installs, and ``planner.compiled`` takes the numpy path, which is the reference the compiled
+one is tested against (docs/duplicated-rules.md).
 """
 
 import sys
@@ -34,14 +33,13 @@ for folder in NAMESPACE["folders"]:
     packages += [f"dualloop.{folder}"] + [f"dualloop.{folder}.{sub}" for sub in find_packages(where=folder)]
 
 # -ffp-contract=off: no fused multiply-add, so every float64 operation rounds as Python's does
-# (the scores and the planner's costs must be the same bits as the numpy path's)
+# (the planner's costs must be the same bits as the numpy path's)
 _ARGS = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off", "-fno-fast-math"]
 
 setup(
     package_dir=package_dir,
     packages=packages,
     ext_modules=[
-        Extension("dualloop.ood._tick", ["ood/_tick.c"], extra_compile_args=_ARGS, optional=True),
         Extension("dualloop.planner._rollout", ["planner/_rollout.c"], extra_compile_args=_ARGS, optional=True),
     ],
 )

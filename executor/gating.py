@@ -23,10 +23,10 @@ from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.executor.sessions import Session
 from dualloop.executor.snapshot import Observation
 from dualloop.ood import ActuationMonitor, ChangeTracker, FreezeDetector, Gate, GateBank, GateMonitor
+from dualloop.ood.decision import ratio_at_zero
 from dualloop.ood.freeze import common_settings
+from dualloop.ood.mahalanobis import GateFlags, score_in_chunks
 from dualloop.ood.marginal import ProfileGate, profile_gate
-from dualloop.ood.one_row import ratio_at_zero
-from dualloop.ood.score import GateFlags, score_in_chunks
 from dualloop.ood.signals import SignalMonitor, SignalSettings
 
 # What a gate may watch. decision_vector: the model's penultimate layer; input_features: the raw

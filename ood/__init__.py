@@ -2,8 +2,9 @@
 
 Typical use::
 
-    gate = ood.fit_gate(X_train, X_calib, feature_names=names, source="decision_vector",
-                        data_description="highway nominal logs 2026-05, model v3", alpha=1e-3)
+    gate = ood.fit_gate(ood.FeatureRows(X_train), ood.FeatureRows(X_calib),
+                        ood.FeatureSchema(names, "decision_vector"),
+                        "highway nominal logs 2026-05, model v3", ood.GateFitSettings(alpha=1e-3))
     gate.save("gate.npz")
     gate = ood.load_gate("gate.npz", expected_feature_names=names)
     monitor = gate.monitor(n_slots=32)
@@ -20,10 +21,11 @@ from dualloop.ood.actuation import (
     fit_actuation_check,
 )
 from dualloop.ood.bank import BankStep, GateBank
-from dualloop.ood.bench import bench_scorer
 from dualloop.ood.calibrate import (
     FeatureRange,
+    FeatureRows,
     NormBand,
+    RangeSettings,
     ThresholdCalibration,
     calibrate_norm_band,
     calibrate_threshold,
@@ -33,14 +35,14 @@ from dualloop.ood.change import ChangeTracker
 from dualloop.ood.filter import CusumFilter, CusumSettings, FilterSettings, KOfNFilter, KOfNSettings, make_filter
 from dualloop.ood.fit import GateStats, fit_statistics
 from dualloop.ood.freeze import FreezeDetector, FreezeSettings
-from dualloop.ood.gate import Gate, fit_gate
+from dualloop.ood.gate import Gate, GateFitSettings, fit_gate
 from dualloop.ood.gatefile import GateFileError, load_gate
 from dualloop.ood.gateformat import save_gate
+from dualloop.ood.mahalanobis import GateFlags, GateScorer, RowScores, StackedScorer
 from dualloop.ood.marginal import Marginal, ProfileGate, marginal, profile_gate
 from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
 from dualloop.ood.monitor import GateMonitor, GateStep
 from dualloop.ood.schema import FeatureSchema, ModelRef
-from dualloop.ood.score import GateFlags, GateScorer, RowScores, StackedScorer
 from dualloop.ood.signals import SignalMonitor, SignalSettings
 
 __all__ = [
@@ -54,6 +56,9 @@ __all__ = [
     "ChangeTracker",
     "CusumFilter",
     "FeatureRange",
+    "FeatureRows",
+    "RangeSettings",
+    "GateFitSettings",
     "fit_feature_range",
     "CusumSettings",
     "FeatureSchema",
@@ -75,7 +80,6 @@ __all__ = [
     "NormBand",
     "ThresholdCalibration",
     "auroc",
-    "bench_scorer",
     "calibrate_norm_band",
     "calibrate_threshold",
     "detection_delay",

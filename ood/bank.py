@@ -8,7 +8,7 @@ the norm guard, the threshold, the gate's own sequential filter rule (``filter.a
 filter's own per-slot state, so ``monitor.reset(slot)`` and a replay's ``filter.scan`` act on the
 same state), and per row: any gate's alarm vetoes, and the row reports the gate nearest its
 threshold (largest score / threshold, the first one on a tie), as ``executor.gating.nearest_gate``
-does for a replay. One clean row (one session ticking) takes ``one_row.OneRowTick``: the same
+does for a replay. One clean row (one session ticking) takes ``decision.RowDecider``: the same
 decisions in one pass over the gates, without the per-(row, gate) lists.
 """
 
@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from dualloop.ood.decision import Decisions, FilterSlots, RowDecider, ratio_at_zero
+from dualloop.ood.mahalanobis import RowScores, StackedScorer
 from dualloop.ood.monitor import GateMonitor
-from dualloop.ood.one_row import Decisions, FilterSlots, OneRowTick, ratio_at_zero
-from dualloop.ood.score import RowScores, StackedScorer
 
 _INF = float("inf")
 _F64, _BOOL = np.dtype(np.float64), np.dtype(bool)  # dtype objects: np.array resolves them faster than types
@@ -54,22 +54,12 @@ class GateBank:
         )
         self.n_slots = n_slots
         self._gates: list[FilterSlots] = [(mon.filter.slot_states, mon.filter.advance) for mon in self.monitors]
-        self._one_row = OneRowTick(self.scorer, self._gates, [mon.filter.zero for mon in self.monitors])
+        self._decider = RowDecider(self.scorer, self._gates, [mon.filter.zero for mon in self.monitors])
         self._last: RowScores | None = None  # the last general step's scores (None: the one-row tick's)
 
     @property
     def n_gates(self) -> int:
         return len(self.monitors)
-
-    @property
-    def compiled(self) -> bool:
-        """One session's ticks take the compiled decisions (``ood.compiled``), not the pure-Python pass."""
-        return self._one_row.compiled
-
-    @property
-    def products_in_c(self) -> bool:
-        """The compiled tick makes the products too, with numpy's own BLAS routines (see ``ood.blas``)."""
-        return self._one_row.one_call
 
     def step(
         self,
@@ -101,9 +91,7 @@ class GateBank:
         per-row verdicts (the executor's actuation check) does it on floats, then makes its arrays once."""
         n = len(slots)
         if n == 1 and nan_rows is None:  # one session ticking, finite inputs: the common tick
-            one = self._one_row.first(slots[0], features, also, changes, context)
-            if one is NotImplemented:  # a row the one-call tick cannot read: not tried a second time
-                one = self._one_row.without_blas(slots[0], features, also, changes, context)
+            one = self._decider.step(slots[0], features, also, changes, context)
             if one is not None:
                 self._last = None  # in the one-row tick's buffer: ``entries``
                 return one
@@ -135,5 +123,5 @@ class GateBank:
         Scores are +inf where a gate's features were not finite."""
         r = self._last
         if r is None:
-            return self._one_row.entries()
+            return self._decider.entries()
         return r.score, [a or b for a, b in zip(r.norm_out, r.nonfinite)]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -271,54 +270,67 @@ def _widened(x: np.ndarray, margin: float) -> tuple[tuple[float, ...], tuple[flo
     return tuple((lo - margin * span).tolist()), tuple((hi + margin * span).tolist())
 
 
-def fit_feature_range(
-    x_train: np.ndarray,
-    x_calib: np.ndarray,
-    margin: float,
-    changes_train: np.ndarray | None = None,
-    changes_calib: np.ndarray | None = None,
-    change_note: str = "",
-    context_train: np.ndarray | None = None,
-    context_calib: np.ndarray | None = None,
-    context_names: Sequence[str] = (),
-    envelope: Sequence[tuple[float, float] | None] | None = None,
-    envelope_note: str = "",
-) -> FeatureRange:
-    """Limits from ``x_train`` (``changes_train``, NaN where unknown; ``context_train``): [min -
+@dataclass(frozen=True, eq=False)  # holds numpy arrays: == would be ambiguous
+class FeatureRows:
+    """Rows a gate is fitted or calibrated on: the gate's features and, where the range guard limits
+    them, each row's change since the previous observation (NaN where unknown; ``ChangeTracker``) and
+    its context (what else conditions the model, e.g. its plan). None: not limited."""
+
+    values: np.ndarray
+    changes: np.ndarray | None = None
+    context: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class RangeSettings:
+    """How a ``FeatureRange`` is fitted, as whoever fits the gate states it (checked by ``fit_feature_range``)."""
+
+    margin: float  # fraction of each range's training span added on both sides
+    change_note: str = ""  # at what rate the changes were measured
+    context_names: tuple[str, ...] = ()  # the context columns' names
+    # per feature, (low, high) of physically plausible readings the value limits are widened to include,
+    # or None; None: the training data's limits alone
+    envelope: tuple[tuple[float, float] | None, ...] | None = None
+    envelope_note: str = ""  # what the envelope is
+
+
+def fit_feature_range(train: FeatureRows, calib: FeatureRows, settings: RangeSettings) -> FeatureRange:
+    """Limits from the training rows (values, changes where given, context where given): [min -
     margin*span, max + margin*span] per column; the fraction of calibration rows outside them is recorded.
-    ``envelope`` (per feature, (low, high) or None) widens a feature's value limits to include that
-    range: [min(fitted low, low), max(fitted high, high)]; ``envelope_note`` says what it is."""
+    ``settings.envelope`` (per feature, (low, high) or None) widens a feature's value limits to include
+    that range: [min(fitted low, low), max(fitted high, high)]."""
+    margin, envelope, context_names = settings.margin, settings.envelope, settings.context_names
     if not (margin >= 0.0 and np.isfinite(margin)):
         raise ValueError(f"range margin must be a finite fraction >= 0, got {margin}")
-    if (changes_train is None) != (changes_calib is None) or (context_train is None) != (context_calib is None):
+    if (train.changes is None) != (calib.changes is None) or (train.context is None) != (calib.context is None):
         raise ValueError("change and context limits need rows for both the training and the calibration data")
-    if context_train is not None and len(context_names) != np.shape(context_train)[1]:
-        raise ValueError(f"{len(context_names)} context names for {np.shape(context_train)[1]} context columns")
-    low, high = _widened(np.asarray(x_train, np.float64), margin)
+    if train.context is not None and len(context_names) != np.shape(train.context)[1]:
+        raise ValueError(f"{len(context_names)} context names for {np.shape(train.context)[1]} context columns")
+    low, high = _widened(np.asarray(train.values, np.float64), margin)
     if envelope is not None:
         if len(envelope) != len(low):
             raise ValueError(f"an envelope of {len(envelope)} features for {len(low)} feature columns")
         low = tuple(v if e is None else min(v, float(e[0])) for v, e in zip(low, envelope))
         high = tuple(v if e is None else max(v, float(e[1])) for v, e in zip(high, envelope))
     change_low, change_high = (
-        ((), ()) if changes_train is None else _widened(np.asarray(changes_train, np.float64), margin)
+        ((), ()) if train.changes is None else _widened(np.asarray(train.changes, np.float64), margin)
     )
     context_low, context_high = (
-        ((), ()) if context_train is None else _widened(np.asarray(context_train, np.float64), margin)
+        ((), ()) if train.context is None else _widened(np.asarray(train.context, np.float64), margin)
     )
     rng = FeatureRange(
         low,
         high,
         float(margin),
-        int(len(x_train)),
+        int(len(train.values)),
         0.0,
         change_low,
         change_high,
-        change_note,
-        tuple(context_names) if context_train is not None else (),
+        settings.change_note,
+        tuple(context_names) if train.context is not None else (),
         context_low,
         context_high,
-        envelope_note if envelope is not None else "",
+        settings.envelope_note if envelope is not None else "",
     )
-    rate = float(rng.outside(np.asarray(x_calib, np.float64), changes_calib, context_calib).mean())
+    rate = float(rng.outside(np.asarray(calib.values, np.float64), calib.changes, calib.context).mean())
     return dataclasses.replace(rng, calibration_rate=rate)

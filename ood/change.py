@@ -23,12 +23,9 @@ Rules, the same for a live tick (``step``) and a replay (``scan``):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 
 import numpy as np
-
-from dualloop.ood import compiled
 
 NS = 1e-9  # seconds per nanosecond: the interval is (t_now - t_before) * NS
 
@@ -37,28 +34,14 @@ class ChangeTracker:
     """Per slot, as Python floats (a tick has few rows; a numpy call costs more than the arithmetic):
     the last finite fresh observation (None before the first), its timestamp and the last rate."""
 
-    step: Callable[[np.ndarray, Sequence[int], Sequence[bool], Sequence[bool], Sequence[int]], list[list[float]]]
-    """``step(x, slots, fresh, finite, times)``: x (rows, dim) float32 raw features of the rows ticking
-    now, ``times`` their observations' timestamps (int ns); their rates of change (unit/s), one list of
-    floats per row (the scorer takes them as they are; ``np.array`` makes the (rows, dim) array). The
-    lists are the tracker's own: read them, do not change them. This instance's loop: the compiled one
-    (ood/_tick.c) when built, called directly, else ``_step_python``."""
-
     def __init__(self, n_slots: int, dim: int) -> None:
         self.dim = dim
         self._unknown = [math.nan] * dim
         self._last: list[list[float] | None] = [None] * n_slots
         self._last_t: list[int] = [0] * n_slots
         self._change: list[list[float]] = [self._unknown] * n_slots
-        module = compiled.module()
-        self.is_compiled = module is not None
-        self.step = (
-            self._step_python
-            if module is None
-            else partial(module.change_step, self._step_python, self._last, self._last_t, self._change, self._unknown)
-        )
 
-    def _step_python(
+    def step(
         self,
         x: np.ndarray,
         slots: Sequence[int],
@@ -66,7 +49,10 @@ class ChangeTracker:
         finite: Sequence[bool],
         times: Sequence[int],
     ) -> list[list[float]]:
-        """``step`` in Python: the reference, and the C loop's path for rows that are not float32."""
+        """x (rows, dim) float32 raw features of the rows ticking now, ``times`` their observations'
+        timestamps (int ns); their rates of change (unit/s), one list of floats per row (the scorer takes
+        them as they are; ``np.array`` makes the (rows, dim) array). The lists are the tracker's own: read
+        them, do not change them."""
         last, last_t, change, unknown, out = self._last, self._last_t, self._change, self._unknown, []
         for slot, now, is_fresh, ok, t in zip(slots, x.tolist(), fresh, finite, times):
             if is_fresh:

@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -108,17 +108,6 @@ def filter_settings_from_dict(d: dict[str, Any]) -> FilterSettings:
         cap = d.get("cap")
         return CusumSettings(h=float(d["h"]), down=float(d["down"]), cap=None if cap is None else float(cap))
     raise ValueError(f"unknown filter kind {kind!r}; expected 'k_of_n' or 'cusum'")
-
-
-class SequentialFilter(Protocol):
-    settings: FilterSettings
-    n_slots: int
-
-    def update(
-        self, exceed: np.ndarray, immediate: np.ndarray | None = None, slots: np.ndarray | list[int] | None = None
-    ) -> np.ndarray: ...
-
-    def reset(self, slot: int | np.ndarray) -> None: ...
 
 
 _State = TypeVar("_State", int, float)  # a slot's state: k-of-n bits, or a CUSUM statistic

@@ -22,15 +22,12 @@ Two things repeat legitimately and are not counted:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-from dualloop.ood import compiled
 
 _FLOAT32 = np.dtype(np.float32)
 # m/s: a speed reading that jumps from above this straight to rest is a lost sensor, not a stop.
@@ -81,10 +78,6 @@ class FreezeDetector:
     it compares (None: all) and where its speed is (-1: no rest rule), kept as Python numbers because a
     tick has few rows and a numpy call costs more than the check."""
 
-    step: Callable[[np.ndarray, Sequence[int], Sequence[bool]], list[bool]]
-    """``update`` with the slots and fresh flags as Python sequences; returns a list. This instance's
-    loop: the compiled one (ood/_tick.c) when built, called directly, else ``_step_python``."""
-
     def __init__(
         self,
         n_slots: int,
@@ -110,24 +103,6 @@ class FreezeDetector:
         self.moving_speed = float(moving_speed)
         # per slot: the run of readings now repeating began straight from a speed above moving_speed
         self._from_moving = [False] * n_slots
-        module = compiled.module()
-        self.is_compiled = module is not None
-        self.step = (
-            self._step_python
-            if module is None
-            else partial(
-                module.freeze_step,
-                self._step_python,
-                self._last,
-                self._count,
-                self._keep,
-                self._rest_at,
-                self._rest_speed,
-                self._from_moving,
-                self.moving_speed,
-                self.repeats,
-            )
-        )
 
     def set_present(self, slot: int, present: npt.NDArray[np.bool_] | None) -> None:
         """The features the slot's session measures (None: all); only they are compared, and the rest
@@ -147,8 +122,8 @@ class FreezeDetector:
             self.step(x, np.asarray(slots, dtype=np.intp).tolist(), np.asarray(fresh, dtype=bool).tolist()), dtype=bool
         )
 
-    def _step_python(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool]) -> list[bool]:
-        """``step`` in Python: the reference, and the C loop's path for rows that are not float32.
+    def step(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool]) -> list[bool]:
+        """``update`` with the slots and fresh flags as Python sequences; returns a list.
 
         Comparing two rows' ``tolist()`` compares every component with float ``==``, as numpy's
         ``==`` does: NaN never equals, so non-finite rows are the gate's job, not a freeze."""

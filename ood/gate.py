@@ -6,30 +6,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 
 from dualloop.ood.actuation import ActuationCheck
 from dualloop.ood.calibrate import (
     FeatureRange,
+    FeatureRows,
     NormBand,
+    RangeSettings,
     ThresholdCalibration,
     calibrate_norm_band,
     calibrate_threshold,
     fit_feature_range,
 )
-from dualloop.ood.filter import FilterSettings, KOfNSettings, filter_settings_from_dict, make_filter
+from dualloop.ood.filter import FilterSettings, KOfNSettings, make_filter
 from dualloop.ood.fit import GateStats, check_feature_matrix, fit_statistics, raw_norms
 from dualloop.ood.freeze import FreezeSettings
 from dualloop.ood.gateformat import content_hash, save_gate
+from dualloop.ood.mahalanobis import GateScorer, score_in_chunks
 from dualloop.ood.monitor import GateMonitor
 from dualloop.ood.schema import FeatureSchema, ModelRef
-from dualloop.ood.score import GateScorer, score_in_chunks
 
 
 @dataclass(frozen=True, eq=False)  # holds numpy arrays: == would be ambiguous
@@ -108,87 +109,63 @@ class Gate:
         return save_gate(self, path)
 
 
-def _filter_settings(value: FilterSettings | dict[str, Any] | None) -> FilterSettings:
-    if value is None:
-        return KOfNSettings()
-    if isinstance(value, dict):
-        return filter_settings_from_dict(value)
-    return value
+@dataclass(frozen=True)
+class GateFitSettings:
+    """How a gate is fitted and calibrated (``fit_gate``), as whoever fits it states it.
+
+    ``alpha`` is the per-tick false-veto rate of the score threshold (before the filter);
+    ``norm_alpha`` (None: alpha) the per-tick rate of norm-guard hits, which veto at once (no filter),
+    and ``norm_margin`` >= 1 widens that band multiplicatively to push the nominal immediate-veto rate
+    well below norm_alpha; see ``Gate.nominal_veto_rate``. ``range`` adds a per-feature range guard
+    (``fit_feature_range``; None fits none). ``keep_calibration_rows`` > 0 stores that many of the
+    calibration rows (evenly spaced, float32) with the gate, for the thresholds of sensor profiles
+    (``ood.marginal.profile_gate``); a raw-input gate wants at least 2 / norm_alpha of them.
+    """
+
+    variant: str = "single"
+    shrinkage: str = "ledoit_wolf"
+    alpha: float = 0.001
+    norm_alpha: float | None = None
+    norm_margin: float = 1.0
+    filter: FilterSettings = KOfNSettings()  # a dict's: ``filter_settings_from_dict``
+    range: RangeSettings | None = None
+    keep_calibration_rows: int = 0
 
 
 def fit_gate(
-    X_train: np.ndarray,
-    X_calib: np.ndarray,
-    y_train: np.ndarray | None = None,
-    *,
-    variant: str = "single",
-    shrinkage: str = "ledoit_wolf",
-    alpha: float = 0.001,
-    norm_alpha: float | None = None,
-    norm_margin: float = 1.0,
-    feature_names: list[str] | tuple[str, ...],
-    source: str,
+    train: FeatureRows,
+    calib: FeatureRows,
+    schema: FeatureSchema,
     data_description: str,
-    filter: FilterSettings | dict[str, Any] | None = None,
-    range_margin: float | None = None,
-    changes_train: np.ndarray | None = None,
-    changes_calib: np.ndarray | None = None,
-    change_note: str = "",
-    context_train: np.ndarray | None = None,
-    context_calib: np.ndarray | None = None,
-    context_names: Sequence[str] = (),
-    keep_calibration_rows: int = 0,
-    range_envelope: Sequence[tuple[float, float] | None] | None = None,
-    range_envelope_note: str = "",
+    settings: GateFitSettings | None = None,
+    labels: np.ndarray | None = None,
 ) -> Gate:
-    """Fit on ``X_train``, calibrate threshold and norm band on held-out ``X_calib``.
+    """Fit on ``train``, calibrate threshold and norm band (and the range guard's rate) on held-out
+    ``calib``; ``schema`` names the feature columns and their source.
 
-    ``alpha`` is the per-tick false-veto rate of the score threshold (before the filter);
-    ``norm_alpha`` (default: alpha) the per-tick rate of norm-guard hits, which veto at once
-    (no filter), and ``norm_margin`` >= 1 widens that band multiplicatively to push the
-    nominal immediate-veto rate well below norm_alpha; see ``Gate.nominal_veto_rate``.
-    ``data_description`` says what X_calib is (recorded where, which model version) and is
-    stored with the threshold. ``range_margin`` (a fraction, e.g. 0.25) adds a per-feature range
-    guard: the training rows' [min, max] widened by that fraction of the span on each side, outside
-    which a row vetoes at once (see ``FeatureRange``); None fits none. With ``changes_train`` and
-    ``changes_calib`` (each row's change since the previous observation, NaN where unknown) it also
-    limits how far a feature may move between observations; ``change_note`` says at what rate. With
-    ``context_train`` and ``context_calib`` (what else conditions the model, e.g. its plan, named by
-    ``context_names``) it also limits those values; ``range_envelope`` (per feature, (low, high) or
-    None, said by ``range_envelope_note``) widens the value limits to physically plausible readings
-    (``fit_feature_range``). ``keep_calibration_rows`` > 0 stores that many of
-    the calibration rows (evenly spaced, float32) with the gate, for the thresholds of sensor profiles
-    (``ood.marginal.profile_gate``); a raw-input gate wants at least 2 / norm_alpha of them.
+    ``data_description`` says what the calibration rows are (recorded where, which model version) and
+    is stored with the threshold. ``labels`` (one class per training row) are for the class-conditional
+    variants. The changes and context of the rows are read only by a range guard (``settings.range``).
     """
-    schema = FeatureSchema(tuple(str(n) for n in feature_names), str(source))
-    stats = fit_statistics(X_train, y_train, variant=variant, shrinkage=shrinkage)
+    settings = GateFitSettings() if settings is None else settings
+    stats = fit_statistics(train.values, labels, variant=settings.variant, shrinkage=settings.shrinkage)
     if len(schema.feature_names) != stats.dim:
         raise ValueError(f"{len(schema.feature_names)} feature names for {stats.dim} feature columns")
-    calib = check_feature_matrix(X_calib, "calibration features")
-    if calib.shape[1] != stats.dim:
-        raise ValueError(f"calibration features have {calib.shape[1]} columns, training has {stats.dim}")
-    scores, _ = score_in_chunks(GateScorer(stats), calib)
-    calibration = calibrate_threshold(scores, alpha, data_description)
-    band = calibrate_norm_band(raw_norms(calib), alpha if norm_alpha is None else norm_alpha, norm_margin)
+    x_calib = check_feature_matrix(calib.values, "calibration features")
+    if x_calib.shape[1] != stats.dim:
+        raise ValueError(f"calibration features have {x_calib.shape[1]} columns, training has {stats.dim}")
+    scores, _ = score_in_chunks(GateScorer(stats), x_calib)
+    calibration = calibrate_threshold(scores, settings.alpha, data_description)
+    norm_alpha = settings.alpha if settings.norm_alpha is None else settings.norm_alpha
+    band = calibrate_norm_band(raw_norms(x_calib), norm_alpha, settings.norm_margin)
     feature_range = (
         None
-        if range_margin is None
-        else fit_feature_range(
-            X_train,
-            calib,
-            range_margin,
-            changes_train,
-            changes_calib,
-            change_note,
-            context_train,
-            context_calib,
-            context_names,
-            range_envelope,
-            range_envelope_note,
-        )
+        if settings.range is None
+        else fit_feature_range(train, dataclasses.replace(calib, values=x_calib), settings.range)
     )
     kept = None
-    if keep_calibration_rows > 0:
-        pick = np.linspace(0, len(calib) - 1, min(int(keep_calibration_rows), len(calib))).round().astype(np.intp)
-        kept = np.ascontiguousarray(calib[np.unique(pick)], np.float32)
-    return Gate(stats, calibration, band, _filter_settings(filter), schema, feature_range, calibration_rows=kept)
+    if settings.keep_calibration_rows > 0:
+        n_kept = min(int(settings.keep_calibration_rows), len(x_calib))
+        pick = np.linspace(0, len(x_calib) - 1, n_kept).round().astype(np.intp)
+        kept = np.ascontiguousarray(x_calib[np.unique(pick)], np.float32)
+    return Gate(stats, calibration, band, settings.filter, schema, feature_range, calibration_rows=kept)

@@ -83,6 +83,27 @@ def load_gate(
     """Load and verify a gate file; refuse (GateFileError, a ValueError, naming the file) on any mismatch."""
     path = os.fspath(path)
     entries = _read_npz(path)
+    meta = _metadata(path, entries)
+    gate = _gate(path, meta, entries)
+    if gate.version_hash != meta["version_hash"]:
+        raise GateFileError(
+            f"gate file {path}: content hash mismatch (stored {str(meta['version_hash'])[:12]}..., "
+            f"computed {gate.version_hash[:12]}...): the file is corrupt or was edited"
+        )
+    if expected_feature_names is not None:
+        diff = describe_schema_mismatch(gate.schema.feature_names, expected_feature_names)
+        if diff:
+            raise GateFileError(f"gate file {path}: feature schema mismatch: {diff}")
+    if expected_source is not None and gate.schema.source != expected_source:
+        raise GateFileError(
+            f"gate file {path}: feature source mismatch: gate was fitted on {gate.schema.source!r}, "
+            f"caller feeds {expected_source!r}"
+        )
+    return gate
+
+
+def _metadata(path: str, entries: dict[str, npt.NDArray[Any]]) -> dict[str, Any]:
+    """The file's metadata, once its entries, JSON, fields, format and variant are as this code reads them."""
     if "metadata" not in entries:
         raise GateFileError(f"gate file {path}: no 'metadata' entry (not a dualloop gate file)")
     missing_arrays = [n for n in ARRAY_NAMES if n not in entries]
@@ -115,7 +136,12 @@ def load_gate(
         )
     if meta["variant"] not in VARIANTS or meta["shrinkage"] not in SHRINKAGE_METHODS:
         raise GateFileError(f"gate file {path}: unknown variant {meta['variant']!r} or shrinkage {meta['shrinkage']!r}")
+    return meta
 
+
+def _gate(path: str, meta: dict[str, Any], entries: dict[str, npt.NDArray[Any]]) -> Gate:
+    """The gate the verified metadata and arrays describe, its parts consistent with each other (the
+    content hash not yet checked)."""
     arrays = {n: entries[n] for n in ARRAY_NAMES}
     bad_dtype = [f"{n}: {a.dtype}" for n, a in arrays.items() if a.dtype.kind != ("i" if n in INT_ARRAYS else "f")]
     if bad_dtype:
@@ -171,18 +197,4 @@ def load_gate(
                 f"gate file {path}: the actuation check reads {list(wanted)}, which this gate's "
                 f"{gate.schema.source} features do not include"
             )
-    if gate.version_hash != meta["version_hash"]:
-        raise GateFileError(
-            f"gate file {path}: content hash mismatch (stored {str(meta['version_hash'])[:12]}..., "
-            f"computed {gate.version_hash[:12]}...): the file is corrupt or was edited"
-        )
-    if expected_feature_names is not None:
-        diff = describe_schema_mismatch(gate.schema.feature_names, expected_feature_names)
-        if diff:
-            raise GateFileError(f"gate file {path}: feature schema mismatch: {diff}")
-    if expected_source is not None and gate.schema.source != expected_source:
-        raise GateFileError(
-            f"gate file {path}: feature source mismatch: gate was fitted on {gate.schema.source!r}, "
-            f"caller feeds {expected_source!r}"
-        )
     return gate

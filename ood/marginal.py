@@ -39,7 +39,7 @@ import numpy.typing as npt
 from dualloop.ood.calibrate import FeatureRange, calibrate_norm_band, calibrate_threshold
 from dualloop.ood.fit import GateStats, raw_norms
 from dualloop.ood.gate import Gate
-from dualloop.ood.score import GateScorer, score_in_chunks
+from dualloop.ood.mahalanobis import GateScorer, score_in_chunks
 
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]

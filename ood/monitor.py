@@ -6,8 +6,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dualloop.ood.filter import CusumFilter, FilterSettings, KOfNFilter, make_filter
-from dualloop.ood.score import GateFlags, GateScorer
+from dualloop.ood.filter import CusumFilter, KOfNFilter
+from dualloop.ood.mahalanobis import GateFlags, GateScorer
 
 
 class GateStep(NamedTuple):
@@ -30,10 +30,6 @@ class GateMonitor:
         self.scorer = scorer
         self.filter = filt
         self.threshold = scorer.threshold
-
-    @classmethod
-    def from_parts(cls, scorer: GateScorer, settings: FilterSettings, n_slots: int) -> GateMonitor:
-        return cls(scorer, make_filter(settings, n_slots))
 
     @property
     def n_slots(self) -> int:

@@ -197,88 +197,90 @@ class SignalMonitor:
         self, st: _Slot, measures: tuple[bool, ...], t: int, values: list[float]
     ) -> tuple[float, float, float, float]:
         """One fresh observation at t ns (values: speed, accel, present, distance, rel as floats)."""
-        s = self.settings
         m_speed, m_accel, m_present, m_distance, m_rel = measures
-        speed, accel, present, distance, rel = values
         if st.t >= 0 and (t - st.t > self._max_gap_ns or t <= st.t):  # a pause: nothing carries over
             st.clear()
         last = st.last or [_NAN] * 5
-        dt_ns = t - st.t if st.t >= 0 else 0
-        dt = dt_ns * 1e-9
-
-        # how long the gap had been stuck before this reading (a jump after it is its catch-up)
+        # how long the gap had been stuck before this reading (a jump after it is its catch-up); before
+        # the stuck check moves its run
         gap_stuck_s = (st.t - st.run_start[1]) * 1e-9 if st.run_start[1] >= 0 else 0.0
-
-        # -- stuck: bit-identical readings while moving (and, for the lead, a lead present) --
-        stuck = _NAN
-        if m_speed:
-            moving = speed == speed and abs(speed) > s.moving_speed
-            lead = m_present and present == 1.0
-            stuck = 0.0
-            for j, (idx, measured, cond) in enumerate(
-                ((0, True, moving), (3, m_distance, moving and lead), (4, m_rel, moving and lead))
-            ):
-                if measured and cond and st.t >= 0 and values[idx] == last[idx]:  # a repeat
-                    if st.run_start[j] < 0:
-                        st.run_start[j] = st.t  # the run began with the previous reading
-                    stuck = max(stuck, (t - st.run_start[j]) * 1e-9)
-                else:
-                    st.run_start[j] = -1
-
-        # -- speed_accel: the speed's change against the integrated acceleration --
-        speed_accel = _NAN
-        if m_speed and m_accel:
-            if speed == speed and accel == accel:
-                if st.window:
-                    st.integral += 0.5 * (accel + last[1]) * dt
-                st.window.append((t, speed, st.integral))
-                w = st.window
-                while len(w) > 2 and t - w[1][0] >= self._window_ns:
-                    w.popleft()  # keep one observation at least a window old
-                t0, v0, i0 = w[0]
-                if t - t0 >= self._window_ns:
-                    speed_accel = abs((speed - v0) - (st.integral - i0))
-            else:
-                st.window.clear()
-                st.integral = 0.0
-
-        # -- gap_rate: the gap's change against the relative speed --
-        gap_rate = _NAN
-        if m_present and m_distance and m_rel:
-            if present == 1.0 and distance == distance and rel == rel:
-                gap_rate = 0.0
-                jumps = st.jumps
-                if st.gap is not None:
-                    g_t, g0, r0 = st.gap
-                    e = abs((distance - g0) - 0.5 * (rel + r0) * ((t - g_t) * 1e-9))  # the innovation
-                    new_lead = e >= s.gap_jump_m and (abs(rel - r0) >= s.new_lead_rel_jump or gap_stuck_s > s.stuck_s)
-                    if new_lead:  # a new lead, or a stuck gap catching up: its track starts afresh
-                        jumps.clear()
-                    elif e >= s.gap_floor_m:
-                        jumps.append((t, e))
-                while jumps and t - jumps[0][0] >= self._gap_window_ns:
-                    jumps.popleft()
-                if len(jumps) >= 2:  # the second-largest innovation in the window
-                    gap_rate = heapq.nlargest(2, [e for _, e in jumps])[1]
-                st.gap = (t, distance, rel)
-            else:  # no lead (or no reading): the next one starts a new track
-                st.gap = None
-                st.jumps.clear()
-
-        # -- lead_flicker: toggles of the lead flag in the window --
-        flicker = _NAN
-        if m_present:
-            if present == present:
-                if st.present == st.present and present != st.present:
-                    st.toggles.append(t)
-                st.present = present
-                while st.toggles and t - st.toggles[0] >= self._flicker_ns:
-                    st.toggles.popleft()
-                flicker = float(len(st.toggles))
-            else:
-                st.toggles.clear()
-                st.present = _NAN
-
+        stuck = self._stuck(st, measures, t, values, last) if m_speed else _NAN
+        speed_accel = self._speed_accel(st, t, values, last) if m_speed and m_accel else _NAN
+        gap_rate = self._gap_rate(st, t, values, gap_stuck_s) if m_present and m_distance and m_rel else _NAN
+        flicker = self._flicker(st, t, values[2]) if m_present else _NAN
         st.t = t
         st.last = values
         return stuck, speed_accel, gap_rate, flicker
+
+    def _stuck(self, st: _Slot, measures: tuple[bool, ...], t: int, values: list[float], last: list[float]) -> float:
+        """stuck: bit-identical readings while moving (and, for the lead, a lead present)."""
+        speed, present = values[0], values[2]
+        moving = speed == speed and abs(speed) > self.settings.moving_speed
+        lead = measures[2] and present == 1.0
+        stuck = 0.0
+        for j, (idx, measured, cond) in enumerate(
+            ((0, True, moving), (3, measures[3], moving and lead), (4, measures[4], moving and lead))
+        ):
+            if measured and cond and st.t >= 0 and values[idx] == last[idx]:  # a repeat
+                if st.run_start[j] < 0:
+                    st.run_start[j] = st.t  # the run began with the previous reading
+                stuck = max(stuck, (t - st.run_start[j]) * 1e-9)
+            else:
+                st.run_start[j] = -1
+        return stuck
+
+    def _speed_accel(self, st: _Slot, t: int, values: list[float], last: list[float]) -> float:
+        """speed_accel: the speed's change against the integrated acceleration."""
+        speed, accel = values[0], values[1]
+        if not (speed == speed and accel == accel):
+            st.window.clear()
+            st.integral = 0.0
+            return _NAN
+        if st.window:
+            dt_ns = t - st.t if st.t >= 0 else 0
+            st.integral += 0.5 * (accel + last[1]) * (dt_ns * 1e-9)
+        st.window.append((t, speed, st.integral))
+        w = st.window
+        while len(w) > 2 and t - w[1][0] >= self._window_ns:
+            w.popleft()  # keep one observation at least a window old
+        t0, v0, i0 = w[0]
+        return abs((speed - v0) - (st.integral - i0)) if t - t0 >= self._window_ns else _NAN
+
+    def _gap_rate(self, st: _Slot, t: int, values: list[float], gap_stuck_s: float) -> float:
+        """gap_rate: the gap's change against the relative speed."""
+        s = self.settings
+        present, distance, rel = values[2], values[3], values[4]
+        if not (present == 1.0 and distance == distance and rel == rel):
+            # no lead (or no reading): the next one starts a new track
+            st.gap = None
+            st.jumps.clear()
+            return _NAN
+        gap_rate = 0.0
+        jumps = st.jumps
+        if st.gap is not None:
+            g_t, g0, r0 = st.gap
+            e = abs((distance - g0) - 0.5 * (rel + r0) * ((t - g_t) * 1e-9))  # the innovation
+            new_lead = e >= s.gap_jump_m and (abs(rel - r0) >= s.new_lead_rel_jump or gap_stuck_s > s.stuck_s)
+            if new_lead:  # a new lead, or a stuck gap catching up: its track starts afresh
+                jumps.clear()
+            elif e >= s.gap_floor_m:
+                jumps.append((t, e))
+        while jumps and t - jumps[0][0] >= self._gap_window_ns:
+            jumps.popleft()
+        if len(jumps) >= 2:  # the second-largest innovation in the window
+            gap_rate = heapq.nlargest(2, [e for _, e in jumps])[1]
+        st.gap = (t, distance, rel)
+        return gap_rate
+
+    def _flicker(self, st: _Slot, t: int, present: float) -> float:
+        """lead_flicker: toggles of the lead flag in the window."""
+        if present != present:
+            st.toggles.clear()
+            st.present = _NAN
+            return _NAN
+        if st.present == st.present and present != st.present:
+            st.toggles.append(t)
+        st.present = present
+        while st.toggles and t - st.toggles[0] >= self._flicker_ns:
+            st.toggles.popleft()
+        return float(len(st.toggles))

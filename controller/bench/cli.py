@@ -71,8 +71,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--compare-pure",
         action="store_true",
-        help="bench gate: also run the gates' pure-Python path, interleaved tick by tick, and print the "
-        "ratio; bench planner: first the planner's CPU per batch on its compiled and numpy paths, interleaved",
+        help="bench planner: first the planner's CPU per batch on its compiled and numpy paths, interleaved",
     )
     p.add_argument(
         "--sessions",
@@ -276,7 +275,6 @@ def _gate(args: argparse.Namespace) -> int:
         console=console,
         model_path=str(run.model),
         gate_paths=[str(g) for g in run.gates],
-        compare_pure=args.compare_pure,
     )
     return 0
 

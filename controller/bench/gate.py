@@ -5,8 +5,6 @@ nominal observations, with and without the gates, at 1, 8 and 32 sessions in one
 executor's own stage timings (nanosecond totals in `Executor.stats`, so a 1-session tick is not rounded
 to whole microseconds).
 The executors being compared tick in turn, tick by tick, so a noisy machine weighs on all of them alike.
-The gates take their compiled path (``ood.compiled``) when it built; the table says which path was
-measured, and ``--compare-pure`` adds the pure-Python path, interleaved with the others, and the ratio.
 Prints a table and stores the numbers as JSON next to the other benches' results.
 """
 
@@ -29,7 +27,6 @@ from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Observation
-from dualloop.ood import compiled as ood_compiled
 
 SESSION_COUNTS = (1, 8, 32)
 TICKS = 4000  # per session count, with and without the gates; the first tenth is warm-up
@@ -43,19 +40,15 @@ def _stats(values_us: np.ndarray, sessions: int, name: str) -> dict[str, float]:
     return out
 
 
-PURE = "with gate, pure Python"  # the label of the pure-Python path's executor (--compare-pure)
-
-
 def bench_gate(
     model: DecisionModel,
     gate: ood.Gate | list[ood.Gate],
     sessions: int = 8,
     ticks: int = 4000,
     seed: int = 0,
-    compare_pure: bool = False,
 ) -> dict[str, dict[str, float]]:
-    """One session count: stage timings (us, p50/p99) per tick without and with the gates (and, with
-    ``compare_pure``, with the gates on their pure-Python path), the executors ticking in turn."""
+    """One session count: stage timings (us, p50/p99) per tick without and with the gates, the
+    executors ticking in turn."""
     # nominal driving, observation after observation, as a sensor delivers it: what a gate sees most
     # of the time (random vectors would take the rare out-of-range path every tick)
 
@@ -63,17 +56,9 @@ def bench_gate(
     offsets = np.random.default_rng(seed).integers(0, len(rows), sessions)
     accel_at = model.card.feature_names.index("ego_accel") if "ego_accel" in model.card.feature_names else 0
     ids = [f"s{i}" for i in range(sessions)]
-    # (label, gates, pure Python): the gates' path is picked when they are built; "with gate" takes the
-    # installed one (compiled unless it did not build or DUALLOOP_GATE_PURE_PYTHON asks otherwise)
-    runs = [("without gate", None, False), ("with gate", gate, False)] + ([(PURE, gate, True)] if compare_pure else [])
     executors = []
-    for label, g, pure in runs:
-        before = ood_compiled.use_compiled(False) if pure else None
-        try:
-            ex = Executor(model, ExecutorConfig(max_sessions=max(sessions, 1)), g)
-        finally:
-            if before is not None:
-                ood_compiled.use_compiled(before)
+    for label, g in (("without gate", None), ("with gate", gate)):
+        ex = Executor(model, ExecutorConfig(max_sessions=max(sessions, 1)), g)
         for sid in ids:
             ex.open_session(sid)
         executors.append((label, ex, ex.stats.stage_ns, np.empty(ticks), np.empty(ticks), np.empty(ticks)))
@@ -96,15 +81,12 @@ def bench_gate(
             forward[k], gate_t[k] = int(stage[1]) - f0, int(stage[2]) - g0
     warm = slice(ticks // 10, None)
     out: dict[str, dict[str, float]] = {}
-    for label, ex, _, forward, gate_t, total in executors:
+    for label, _, _, forward, gate_t, total in executors:
         out[label] = (
             _stats(forward[warm] / 1e3, sessions, "forward")
             | _stats(gate_t[warm] / 1e3, sessions, "gate")
             | _stats(total[warm] / 1e3, sessions, "tick")
         )
-        if ex.gating.bank is not None:
-            out[label]["compiled"] = float(ex.gating.bank.compiled)
-            out[label]["products_in_c"] = float(ex.gating.bank.products_in_c)
     return out
 
 
@@ -117,7 +99,6 @@ def bench_gate_table(
     console: Console | None = None,
     model_path: str = "",
     gate_paths: Sequence[str] = (),
-    compare_pure: bool = False,
 ) -> dict[str, Any]:
     """`bench_gate` at each session count; prints the table and writes runs/bench/gate-<time>.json."""
     console = console or Console()
@@ -126,14 +107,9 @@ def bench_gate_table(
     for n in session_counts:
         console.print(
             f"bench gate: {n} session{'s' if n != 1 else ''}, {ticks} ticks without and with "
-            f"{len(gates)} gate{'s' if len(gates) != 1 else ''}"
-            f"{' (and on the pure-Python path, interleaved)' if compare_pure else ''} ..."
+            f"{len(gates)} gate{'s' if len(gates) != 1 else ''} ..."
         )
-        rows[str(n)] = bench_gate(model, gates, n, ticks, compare_pure=compare_pure)
-    # the path the measured executors took, from their own gate banks
-    path = ood_compiled.path_name(all(r["with gate"].get("compiled") for r in rows.values()))
-    if path == "compiled" and all(r["with gate"].get("products_in_c") for r in rows.values()):
-        path = "compiled, products by numpy's BLAS from C"
+        rows[str(n)] = bench_gate(model, gates, n, ticks)
     result: dict[str, Any] = {
         "when": datetime.now().isoformat(timespec="seconds"),
         "model": model_path,
@@ -141,7 +117,6 @@ def bench_gate_table(
         "ticks": ticks,
         "warmup_ticks": ticks // 10,
         "sessions": rows,
-        "gate_path": path,
         "target_gate_us_per_session": 20.0,
     }
     print_gate_table(result, console)
@@ -152,8 +127,8 @@ def bench_gate_table(
 
 def print_gate_table(result: dict[str, Any], console: Console) -> None:
     table = Table(
-        title=f"gate cost per tick ({len(result['gates'])} gates, {result.get('gate_path', 'pure Python')} "
-        f"path; executor stage timings, {result['ticks'] - result['warmup_ticks']} ticks after warm-up)"
+        title=f"gate cost per tick ({len(result['gates'])} gates; executor stage timings, "
+        f"{result['ticks'] - result['warmup_ticks']} ticks after warm-up)"
     )
     for col in (
         "sessions",
@@ -175,16 +150,3 @@ def print_gate_table(result: dict[str, Any], console: Console) -> None:
             f"{on['tick_us_p50']:.0f} / {on['tick_us_p99']:.0f}",
         )
     console.print(table)
-    pure = {n: r[PURE] for n, r in result["sessions"].items() if PURE in r}
-    if pure:
-        table = Table(title="the same run's gate ticks on the pure-Python path (interleaved tick by tick)")
-        for col in ("sessions", "gate per session p50 / p99 us, pure Python", "compiled / pure Python, p50 / p99"):
-            table.add_column(col, justify="right")
-        for n, p in pure.items():
-            on = result["sessions"][n]["with gate"]
-            table.add_row(
-                n,
-                f"{p['gate_us_per_session_p50']:.1f} / {p['gate_us_per_session_p99']:.1f}",
-                f"{on['gate_us_p50'] / p['gate_us_p50']:.2f} / {on['gate_us_p99'] / p['gate_us_p99']:.2f}",
-            )
-        console.print(table)

@@ -11,7 +11,7 @@ from dualloop.controller.console import console, print_error
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.gates import fault_injection
 from dualloop.controller.gates.evaluation import evaluate
-from dualloop.controller.gates.fitting import fit_gate_for_model
+from dualloop.controller.gates.fitting import GateFitConfig, fit_gate_for_model
 from dualloop.controller.gates.real_faults import evaluate_real, jsonable, print_real
 from dualloop.controller.gates.real_logs import RealDataError, load_real_dir
 from dualloop.controller.replay.lockstep import LoadedModel
@@ -81,7 +81,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _gate_fit(args: argparse.Namespace) -> int:
     model = DecisionModel(args.model)
     console.print(f"fitting a {args.variant} gate on {args.source} of {args.model} from simulated nominal driving ...")
-    gate = fit_gate_for_model(model, args.source, args.variant, alpha=args.alpha, actuation=not args.no_actuation)
+    gate = fit_gate_for_model(
+        model,
+        GateFitConfig(source=args.source, variant=args.variant, alpha=args.alpha, actuation=not args.no_actuation),
+    )
     out = args.out or DEFAULT_GATES[GATE_SOURCES.index(args.source)]
     digest = gate.save(str(out))
     cal = gate.calibration

@@ -18,6 +18,7 @@ checked and printed. Closed loop: each OOD scenario driven by the executor with 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -52,6 +53,132 @@ TARGET_FALSE_VETOES = 0.001  # per nominal tick
 JUDGED_ON = {"always": "every tick after onset", "under_demand": "ticks after onset with a demand"}
 
 
+@dataclass(frozen=True, eq=False)
+class _Episodes:
+    """Expert episodes as the executor's gates see them, and the model's outputs on them."""
+
+    data: ExpertData
+    features: np.ndarray  # (B, T, F), NaN where the sensors do not measure
+    flat_x: np.ndarray  # (B*T, F)
+    flat_p: np.ndarray  # (B*T, P) the plans
+    finite: np.ndarray  # (B, T): every measured feature finite
+    history: np.ndarray | None  # (B*T, H) a model's history features
+    logits: np.ndarray  # (B, T, A)
+    dv: np.ndarray  # (B, T, D) decision vectors
+    command: np.ndarray  # (B, T) the command in effect (what the previous step applied), NaN where unknown
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.data.valid.shape
+
+    @staticmethod
+    def of(model: DecisionModel, data: ExpertData, present: np.ndarray | None) -> _Episodes:
+        b, t_len = data.valid.shape
+        features = data.features
+        if present is not None:  # the sensors: NaN where not measured
+            features = np.where(present, features, np.float32(np.nan))
+        flat_x = features.reshape(b * t_len, -1)
+        flat_p = data.plan.reshape(b * t_len, -1)
+        measured = features if present is None else features[..., present]
+        finite = cast("np.ndarray", np.isfinite(measured).all(axis=2))  # (B, T); the stubs allow a scalar
+        model_x = flat_x
+        if present is not None:  # the model sees a missing feature as its training mean
+            model_x = np.where(present, flat_x, np.array([f.mean for f in model.card.features], np.float32))
+        # a model with history features gets them from each episode's 5 ms observations, as the executor would
+        history = (
+            None
+            if model.history is None
+            else episode_history(model.history, data.t, features, data.valid).reshape(b * t_len, -1)
+        )
+        logits, _, dv = forward_rows(model, model_x, flat_p, history=history)
+        assert data.applied is not None  # run_expert_batch records it
+        command = np.where(data.valid, data.applied[..., 0], np.nan)
+        return _Episodes(
+            data,
+            features,
+            flat_x,
+            flat_p,
+            finite,
+            history,
+            logits.reshape(b, t_len, -1),
+            dv.reshape(b, t_len, -1),
+            command,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class _Verdicts:
+    """Per-tick (B, T) score and vetoes, accumulated gate by gate."""
+
+    score: np.ndarray
+    alarm: np.ndarray
+    immediate: np.ndarray
+
+
+def _gate_verdicts(
+    model: DecisionModel, gate: ood.Gate, ep: _Episodes, present: np.ndarray | None, ratios: bool, out: _Verdicts
+) -> None:
+    """One gate's per-tick verdicts into ``out``, tick by tick as the executor's monitor makes them."""
+    b, t_len = ep.shape
+    slots = np.arange(b)
+    judged = None if present is None or gate.schema.source != "input_features" else profile_gate(gate, present)
+    if gate.schema.source == "decision_vector":
+        feats = ep.dv
+    elif judged is not None:  # the gate's completed copy of the rows
+        feats = judged.marginal.complete(ep.flat_x).reshape(b, t_len, -1)
+    else:
+        feats = model_features(model, ep.flat_x, ep.flat_p, gate.schema.source, history=ep.history)
+        feats = feats.reshape(b, t_len, -1)
+    feats = np.where(ep.finite[..., None], feats, np.nan)
+    if judged is None:
+        feats = feats.astype(np.float32)
+    rng = gate.feature_range
+    changes = episode_changes(ep.features, ep.data.t, present) if rng is not None and rng.change_low else None
+    plans = ep.data.plan if rng is not None and rng.context_names else None
+    monitor = gate.monitor(b) if judged is None else ood.GateMonitor(judged.scorer(b), make_filter(gate.filter, b))
+    threshold = gate.threshold if judged is None else judged.threshold
+    scale = 1.0 / threshold if ratios else 1.0
+    # a profile's norm guard looks at the present features (ood.marginal.ProfileGate.norm_out)
+    norm_out = None if judged is None else judged.norm_out(ep.flat_x).reshape(b, t_len) & ep.finite
+    for k in range(t_len):
+        step = monitor.step(
+            feats[:, k], slots, None if changes is None else changes[:, k], None if plans is None else plans[:, k]
+        )
+        out.score[:, k] = np.maximum(out.score[:, k], step.score * scale)
+        out.alarm[:, k] |= step.alarm
+        out.immediate[:, k] |= step.flags.immediate
+        if norm_out is not None:
+            out.alarm[:, k] |= norm_out[:, k]
+            out.immediate[:, k] |= norm_out[:, k]
+    if gate.actuation is not None:
+        act_score, act_alarm = actuation_verdicts(model, gate.actuation, ep.data.t, ep.features, ep.command)
+        out.score[...] = np.fmax(out.score, act_score / gate.actuation.threshold)  # no verdict (NaN) changes nothing
+        out.alarm[...] |= act_alarm
+
+
+def _freeze_verdicts(
+    model: DecisionModel,
+    gates: Sequence[ood.Gate],
+    ep: _Episodes,
+    present: np.ndarray | None,
+    repeats: int,
+    out: _Verdicts,
+) -> None:
+    """The freeze check's vetoes into ``out`` (every tick a fresh observation)."""
+    b, t_len = ep.shape
+    stated = common_settings([g.freeze for g in gates])
+    rest = None if stated is None else stated.rest(model.card.feature_names)
+    freeze = ood.FreezeDetector(b, ep.features.shape[2], repeats, rest)
+    for slot in range(b):
+        freeze.set_present(slot, present)
+    fresh = np.ones(b, bool)
+    slots = np.arange(b)
+    for k in range(t_len):
+        frozen = freeze.update(ep.features[:, k], slots, fresh)
+        out.alarm[:, k] |= frozen
+        out.immediate[:, k] |= frozen
+
+
 def score_episodes(
     model: DecisionModel,
     gates: ood.Gate | Sequence[ood.Gate],
@@ -72,77 +199,14 @@ def score_episodes(
     gates = [gates] if isinstance(gates, ood.Gate) else list(gates)
     # expert: these episodes already driven (the same name, seeds and params), e.g. for a second model
     data = expert if expert is not None else run_expert_batch(name, list(seeds), **params)[1]
-    b, t_len = data.valid.shape
-    features = data.features
-    if present is not None:  # the sensors: NaN where not measured
-        features = np.where(present, features, np.float32(np.nan))
-    flat_x = features.reshape(b * t_len, -1)
-    flat_p = data.plan.reshape(b * t_len, -1)
-    measured = features if present is None else features[..., present]
-    finite = cast("np.ndarray", np.isfinite(measured).all(axis=2))  # (B, T); the stubs allow a scalar
-    model_x = flat_x
-    if present is not None:  # the model sees a missing feature as its training mean
-        model_x = np.where(present, flat_x, np.array([f.mean for f in model.card.features], np.float32))
-    # a model with history features gets them from each episode's 5 ms observations, as the executor would
-    history = (
-        None
-        if model.history is None
-        else episode_history(model.history, data.t, features, data.valid).reshape(b * t_len, -1)
-    )
-    logits, _, dv = forward_rows(model, model_x, flat_p, history=history)
-    logits, dv = logits.reshape(b, t_len, -1), dv.reshape(b, t_len, -1)
-    slots = np.arange(b)
-    score = np.full((b, t_len), -np.inf)
-    alarm = np.zeros((b, t_len), bool)
-    immediate = np.zeros((b, t_len), bool)
-    # the command in effect at each tick (what the previous step applied), NaN where unknown or invalid
-    assert data.applied is not None  # run_expert_batch records it
-    command = np.where(data.valid, data.applied[..., 0], np.nan)
+    ep = _Episodes.of(model, data, present)
+    b, t_len = ep.shape
+    out = _Verdicts(np.full((b, t_len), -np.inf), np.zeros((b, t_len), bool), np.zeros((b, t_len), bool))
     ratios = len(gates) > 1 or any(g.actuation is not None for g in gates)  # compare gates by score / threshold
     for gate in gates:
-        judged = None if present is None or gate.schema.source != "input_features" else profile_gate(gate, present)
-        if gate.schema.source == "decision_vector":
-            feats = dv
-        elif judged is not None:  # the gate's completed copy of the rows
-            feats = judged.marginal.complete(flat_x).reshape(b, t_len, -1)
-        else:
-            feats = model_features(model, flat_x, flat_p, gate.schema.source, history=history).reshape(b, t_len, -1)
-        feats = np.where(finite[..., None], feats, np.nan)
-        if judged is None:
-            feats = feats.astype(np.float32)
-        rng = gate.feature_range
-        changes = episode_changes(features, data.t, present) if rng is not None and rng.change_low else None
-        plans = data.plan if rng is not None and rng.context_names else None
-        monitor = gate.monitor(b) if judged is None else ood.GateMonitor(judged.scorer(b), make_filter(gate.filter, b))
-        threshold = gate.threshold if judged is None else judged.threshold
-        scale = 1.0 / threshold if ratios else 1.0
-        # a profile's norm guard looks at the present features (ood.marginal.ProfileGate.norm_out)
-        norm_out = None if judged is None else judged.norm_out(flat_x).reshape(b, t_len) & finite
-        for k in range(t_len):
-            step = monitor.step(
-                feats[:, k], slots, None if changes is None else changes[:, k], None if plans is None else plans[:, k]
-            )
-            score[:, k] = np.maximum(score[:, k], step.score * scale)
-            alarm[:, k] |= step.alarm
-            immediate[:, k] |= step.flags.immediate
-            if norm_out is not None:
-                alarm[:, k] |= norm_out[:, k]
-                immediate[:, k] |= norm_out[:, k]
-        if gate.actuation is not None:
-            act_score, act_alarm = actuation_verdicts(model, gate.actuation, data.t, features, command)
-            score = np.fmax(score, act_score / gate.actuation.threshold)  # no verdict (NaN) changes nothing
-            alarm |= act_alarm
+        _gate_verdicts(model, gate, ep, present, ratios, out)
     if freeze_repeats:
-        stated = common_settings([g.freeze for g in gates])
-        rest = None if stated is None else stated.rest(model.card.feature_names)
-        freeze = ood.FreezeDetector(b, features.shape[2], freeze_repeats, rest)
-        for slot in range(b):
-            freeze.set_present(slot, present)
-        fresh = np.ones(b, bool)
-        for k in range(t_len):
-            frozen = freeze.update(features[:, k], slots, fresh)
-            alarm[:, k] |= frozen
-            immediate[:, k] |= frozen
+        _freeze_verdicts(model, gates, ep, present, freeze_repeats, out)
 
     instance = build_scenario(name, list(seeds), **params)
     onset_s = instance.ood_onset_s
@@ -155,16 +219,16 @@ def score_episodes(
         name,
         bool(np.isfinite(onset_s).any()),
         data.t,
-        score,
-        alarm,
-        immediate,
+        out.score,
+        out.alarm,
+        out.immediate,
         data.valid,
         to_tick(onset_s),
         to_tick(end_s),
-        demand=np.abs(np.nan_to_num(command)) >= DEMAND_ACCEL,
-        decision=dv,
-        action=logits.argmax(axis=2),
-        logits=logits,
+        demand=np.abs(np.nan_to_num(ep.command)) >= DEMAND_ACCEL,
+        decision=ep.dv,
+        action=ep.logits.argmax(axis=2),
+        logits=ep.logits,
         label=data.label,
     )
 

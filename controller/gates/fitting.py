@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from dualloop import ood
 from dualloop.controller.training.rollouts import run_model_batch
@@ -18,6 +21,7 @@ from dualloop.executor.gating import GATE_SOURCES, gate_feature_names
 from dualloop.executor.history import HistoryDeriver, episode_history
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.ood.filter import filter_settings_from_dict
 from dualloop.sim.env import ActionNoise, ExpertData, run_expert_batch
 from dualloop.sim.realism import LONGITUDINAL_FEATURES
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS
@@ -262,97 +266,149 @@ FREEZE = ood.FreezeSettings(speed_feature="ego_speed", rest_speed=0.1)
 ACTUATION_ALPHA = 1e-4
 
 
-def fit_gate_for_model(
-    model: DecisionModel,
-    source: str = "decision_vector",
-    variant: str = "single",
-    alpha: float = 1e-3,
-    norm_alpha: float = 1e-4,
-    fit_seeds: Sequence[int] = FIT_SEEDS,
-    calibration_seeds: Sequence[int] = CALIBRATION_SEEDS,
-    every: int = 4,
-    filter_settings: dict | None = None,
-    actuation: bool = True,
-    model_driven: bool = True,
-    **scenario_params,
-) -> ood.Gate:
-    """A gate for `model` on `source`; a gate on the raw inputs also gets the actuation check (fitted
-    lag, gain and offset from command to measured acceleration, threshold on held-out driving)
-    unless `actuation` is False. A decision-vector gate also learns the model's own nominal driving on
-    the same seeds unless `model_driven` is False."""
-    if source not in GATE_SOURCES:
-        raise ValueError(f"source must be one of {GATE_SOURCES}, got {source!r}")
-    # Nominal driving both ways: the expert's own clean path, and the noise-injected roll-outs the
-    # model was trained on (a learned driver visits both). Fitted on noisy roll-outs only, the gate
-    # vetoed the clean expert's merge from an ending on-ramp (0.35% false vetoes per tick).
-    inputs = source == "input_features"
-    act_fit: list[ood.ActuationEpisode] | None = [] if inputs and actuation else None
-    act_cal: list[ood.ActuationEpisode] | None = [] if inputs and actuation else None
+class GateFitConfig(BaseModel):
+    """What `dualloop gate fit` configures: the gate's source and statistics, and the simulated nominal
+    driving it is fitted and calibrated on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    source: str = "decision_vector"  # one of executor.gating.GATE_SOURCES
+    variant: str = "single"
+    alpha: float = 1e-3
+    norm_alpha: float = 1e-4
+    fit_seeds: range | tuple[int, ...] = FIT_SEEDS
+    calibration_seeds: range | tuple[int, ...] = CALIBRATION_SEEDS
+    every: int = 4  # every n-th tick of an episode is a row
+    filter_settings: dict[str, Any] | None = None  # None: the k-of-n default
+    # a gate on the raw inputs also gets the actuation check (fitted lag, gain and offset from command to
+    # measured acceleration, threshold on held-out driving)
+    actuation: bool = True
+    # a decision-vector gate also learns the model's own nominal driving on the same seeds
+    model_driven: bool = True
+    scenario_params: dict[str, Any] = {}  # the scenarios' own parameters (e.g. duration_s)
+
+
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    """One side (fit or calibration) of the simulated driving: features, plans and, as the source
+    needs them, changes and history features."""
+
+    features: np.ndarray
+    plan: np.ndarray
+    changes: np.ndarray | None
+    history: np.ndarray | None
+
+
+def _driving(
+    model: DecisionModel, config: GateFitConfig, seeds: Sequence[int], actuation: list[ood.ActuationEpisode] | None
+) -> _Rows:
+    """Nominal driving both ways: the expert's own clean path, and the noise-injected roll-outs the
+    model was trained on (a learned driver visits both); fitted on noisy roll-outs only, the gate
+    vetoed the clean expert's merge from an ending on-ramp (0.35% false vetoes per tick). A
+    decision-vector gate also gets the model's own nominal driving: where it drives differently from
+    the expert (it brakes earlier and softer behind a hard-braking lead), an expert-only gate vetoed it
+    on a dry road."""
+    inputs = config.source == "input_features"
     # the decision vector of a model with history features needs them (the input gate reads the wire)
     hist = None if inputs else model.history
-    x_fit, p_fit, *c_fit = _both(
-        fit_seeds, every, scenario_params, with_changes=inputs, actuation=act_fit, history=hist
+    x, p, *rest = _both(
+        seeds, config.every, config.scenario_params, with_changes=inputs, actuation=actuation, history=hist
     )
-    x_cal, p_cal, *c_cal = _both(
-        calibration_seeds, every, scenario_params, with_changes=inputs, actuation=act_cal, history=hist
+    h = rest[-1] if hist is not None else None
+    if not inputs and config.model_driven:
+        own = model_driven_inputs(model, seeds, config.every, **config.scenario_params)
+        x, p = np.concatenate([x, own[0]]), np.concatenate([p, own[1]])
+        if h is not None:
+            h = np.concatenate([h, own[2]])
+    return _Rows(x, p, rest[0] if inputs else None, h)
+
+
+def _description(model: DecisionModel, config: GateFitConfig) -> str:
+    """What the calibration rows are, as the gate file states it (before the sampling rate)."""
+    fit, cal = config.fit_seeds, config.calibration_seeds
+    drivers = (
+        "expert and model drivers" if config.source != "input_features" and config.model_driven else "expert driver"
     )
-    h_fit, h_cal = (c_fit[-1], c_cal[-1]) if hist is not None else (None, None)
-    if not inputs and model_driven:
-        # and the model's own nominal driving: where it drives differently from the expert (it brakes
-        # earlier and softer behind a hard-braking lead), an expert-only gate vetoed it on a dry road
-        own_fit = model_driven_inputs(model, fit_seeds, every, **scenario_params)
-        own_cal = model_driven_inputs(model, calibration_seeds, every, **scenario_params)
-        x_fit, p_fit = np.concatenate([x_fit, own_fit[0]]), np.concatenate([p_fit, own_fit[1]])
-        x_cal, p_cal = np.concatenate([x_cal, own_cal[0]]), np.concatenate([p_cal, own_cal[1]])
-        if h_fit is not None and h_cal is not None:
-            h_fit, h_cal = np.concatenate([h_fit, own_fit[2]]), np.concatenate([h_cal, own_cal[2]])
-    card = model.card
-    drivers = "expert and model drivers" if not inputs and model_driven else "expert driver"
     description = (
         (
             f"simulated nominal driving ({', '.join(NOMINAL_SCENARIOS)}), {drivers}, fit seeds "
-            f"{fit_seeds.start}-{fit_seeds.stop - 1}, calibration seeds "
-            f"{calibration_seeds.start}-{calibration_seeds.stop - 1}"
+            f"{fit.start}-{fit.stop - 1}, calibration seeds {cal.start}-{cal.stop - 1}"
         )
-        if isinstance(fit_seeds, range) and isinstance(calibration_seeds, range)
+        if isinstance(fit, range) and isinstance(cal, range)
         else "simulated nominal"
     )
-    if source == "decision_vector" and card.mask_input:
+    if config.source == "decision_vector" and model.card.mask_input:
         description += (
             "; decision vectors as sessions see them that measure every feature (with the expert's plan "
             "and with none) and only the longitudinal ones (with none)"
         )
-    gate = ood.fit_gate(
-        fitting_rows(model, x_fit, p_fit, source, h_fit),
-        fitting_rows(model, x_cal, p_cal, source, h_cal),
-        range_margin=RANGE_MARGIN[source],
-        changes_train=c_fit[0] if inputs else None,
-        changes_calib=c_cal[0] if inputs else None,
-        change_note=f"per second, measured between observations {1000 * DT:g} ms apart (simulated sensors at the "
-        "tick rate)"
-        if inputs
-        else "",
-        context_train=p_fit if inputs else None,
-        context_calib=p_cal if inputs else None,
-        context_names=[p.name for p in card.plan] if inputs else (),
-        variant=variant,
-        alpha=alpha,
-        norm_alpha=norm_alpha,
-        feature_names=gate_feature_names(model, source),
-        source=source,
-        data_description=f"{description}, every {every} ticks; model {card.name} {card.version}"
-        if isinstance(fit_seeds, range)
-        else description,
-        filter=filter_settings,
-        keep_calibration_rows=PROFILE_ROWS if inputs else 0,
-        range_envelope=[PLAUSIBLE.get(_kind(name)) for name in FEATURE_NAMES] if inputs else None,
-        range_envelope_note=PLAUSIBLE_NOTE if inputs else "",
+    return description
+
+
+def _fit_settings(model: DecisionModel, config: GateFitConfig) -> ood.GateFitSettings:
+    """What `ood.fit_gate` is told: the config's statistics, and for the raw inputs the range guard
+    with its physical envelope and the rows kept for sensor profiles."""
+    inputs = config.source == "input_features"
+    margin = RANGE_MARGIN[config.source]
+    range_settings = (
+        None
+        if margin is None
+        else ood.RangeSettings(
+            margin=margin,
+            change_note=f"per second, measured between observations {1000 * DT:g} ms apart (simulated sensors "
+            "at the tick rate)"
+            if inputs
+            else "",
+            context_names=tuple(p.name for p in model.card.plan) if inputs else (),
+            envelope=tuple(PLAUSIBLE.get(_kind(name)) for name in FEATURE_NAMES) if inputs else None,
+            envelope_note=PLAUSIBLE_NOTE if inputs else "",
+        )
     )
-    # a car at rest repeats its observations exactly (speed 0, accel 0, the same gap): not a freeze
-    gate = dataclasses.replace(gate, freeze=FREEZE)
+    settings = config.filter_settings
+    return ood.GateFitSettings(
+        variant=config.variant,
+        alpha=config.alpha,
+        norm_alpha=config.norm_alpha,
+        filter=ood.KOfNSettings() if settings is None else filter_settings_from_dict(settings),
+        range=range_settings,
+        keep_calibration_rows=PROFILE_ROWS if inputs else 0,
+    )
+
+
+def fit_gate_for_model(model: DecisionModel, config: GateFitConfig | None = None) -> ood.Gate:
+    """A gate for `model` as `config` says (by default: on its decision vector); a gate on the raw
+    inputs also gets the actuation check unless `config.actuation` is False."""
+    config = GateFitConfig() if config is None else config
+    source = config.source
+    if source not in GATE_SOURCES:
+        raise ValueError(f"source must be one of {GATE_SOURCES}, got {source!r}")
+    inputs = source == "input_features"
+    act_fit: list[ood.ActuationEpisode] | None = [] if inputs and config.actuation else None
+    act_cal: list[ood.ActuationEpisode] | None = [] if inputs and config.actuation else None
+    fit, cal = (
+        _driving(model, config, config.fit_seeds, act_fit),
+        _driving(model, config, config.calibration_seeds, act_cal),
+    )
+    card = model.card
+    description = _description(model, config)
+    gate = ood.fit_gate(
+        # the range guard limits the raw inputs' changes and the plan they come with
+        ood.FeatureRows(
+            fitting_rows(model, fit.features, fit.plan, source, fit.history), fit.changes, fit.plan if inputs else None
+        ),
+        ood.FeatureRows(
+            fitting_rows(model, cal.features, cal.plan, source, cal.history), cal.changes, cal.plan if inputs else None
+        ),
+        ood.FeatureSchema(tuple(gate_feature_names(model, source)), source),
+        f"{description}, every {config.every} ticks; model {card.name} {card.version}"
+        if isinstance(config.fit_seeds, range)
+        else description,
+        _fit_settings(model, config),
+    )
+    # a car at rest repeats its observations exactly (speed 0, accel 0, the same gap): not a freeze; and
     # the model it describes: the serving path refuses the gate in front of another one
     gate = dataclasses.replace(
-        gate, model=ood.ModelRef(name=card.name, version=card.version, schema_hash=card.schema_hash())
+        gate, freeze=FREEZE, model=ood.ModelRef(name=card.name, version=card.version, schema_hash=card.schema_hash())
     )
     if act_fit is None:
         return gate
@@ -364,7 +420,7 @@ def fit_gate_for_model(
         ACTUATION_ALPHA,
         f"{description}, clean and noise-injected roll-outs, every tick with a command while moving "
         f"(the command the previous {1000 * DT:g} ms step applied)"
-        if isinstance(fit_seeds, range)
+        if isinstance(config.fit_seeds, range)
         else description,
     )
     check.indices(card.feature_names, [c.name for c in card.controls])  # refuse a model it cannot read

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dualloop.controller.gates.fitting import fit_gate_for_model, nominal_inputs
+from dualloop.controller.gates.fitting import GateFitConfig, fit_gate_for_model, nominal_inputs
 from dualloop.controller.serve.config import ConfigError, ServerConfig
 from dualloop.controller.serve.lifecycle import ServerLifecycle
 from dualloop.executor.config import ExecutorConfig
@@ -38,15 +38,15 @@ def gates(test_model, tmp_path_factory):
     covered 2 others (6 vetoes in test_nominal_driving_passes_the_gate); 6 and 8 do."""
     out = {}
     for source in ("decision_vector", "input_features"):
-        gate = fit_gate_for_model(
-            test_model,
-            source,
+        config = GateFitConfig(
+            source=source,
             fit_seeds=range(1, 7),
             calibration_seeds=range(7, 15),
             every=1,
-            duration_s=6.0,
+            scenario_params={"duration_s": 6.0},
             model_driven=False,  # the untrained test model would not drive anywhere nominal
         )
+        gate = fit_gate_for_model(test_model, config)
         path = tmp_path_factory.mktemp("gates") / f"{source}.npz"
         gate.save(str(path))
         out[source] = path

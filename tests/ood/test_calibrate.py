@@ -9,13 +9,15 @@ import pytest
 
 from dualloop.ood.calibrate import (
     FeatureRange,
+    FeatureRows,
+    RangeSettings,
     calibrate_norm_band,
     calibrate_threshold,
     conformal_rank,
     fit_feature_range,
 )
 from dualloop.ood.fit import fit_statistics, raw_norms
-from dualloop.ood.score import GateScorer
+from dualloop.ood.mahalanobis import GateScorer
 
 
 def test_conformal_rank_and_threshold_are_the_right_order_statistic() -> None:
@@ -74,8 +76,10 @@ def test_the_range_is_widened_to_a_physical_envelope_never_narrowed() -> None:
     round-trips with the limits, and a reading inside the envelope is no longer out of range."""
     rng = np.random.default_rng(2)
     x = np.column_stack([rng.uniform(-7.5, 2.0, 500), rng.uniform(0.0, 40.0, 500), rng.normal(size=500)])
-    plain = fit_feature_range(x[:400], x[400:], 0.25)
-    wide = fit_feature_range(x[:400], x[400:], 0.25, envelope=[(-8.0, 8.0), (0.0, 45.0), None], envelope_note="n")
+    train, calib = FeatureRows(x[:400]), FeatureRows(x[400:])
+    plain = fit_feature_range(train, calib, RangeSettings(margin=0.25))
+    envelope = ((-8.0, 8.0), (0.0, 45.0), None)
+    wide = fit_feature_range(train, calib, RangeSettings(margin=0.25, envelope=envelope, envelope_note="n"))
     assert wide.high[0] == 8.0 and wide.low[0] == plain.low[0] < -8.0  # widened up, kept wider down
     assert wide.high[1] == max(plain.high[1], 45.0) and wide.low[1] == plain.low[1]
     assert (wide.low[2], wide.high[2]) == (plain.low[2], plain.high[2])
@@ -83,4 +87,4 @@ def test_the_range_is_widened_to_a_physical_envelope_never_narrowed() -> None:
     human = np.array([[6.0, 20.0, 0.0]])
     assert plain.outside(human)[0] and not wide.outside(human)[0]
     with pytest.raises(ValueError, match="an envelope of 2 features for 3"):
-        fit_feature_range(x[:400], x[400:], 0.25, envelope=[None, None])
+        fit_feature_range(train, calib, RangeSettings(margin=0.25, envelope=(None, None)))

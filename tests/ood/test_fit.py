@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dualloop.ood.fit import fit_statistics, l2_normalise
-from dualloop.ood.score import GateScorer
+from dualloop.ood.mahalanobis import GateScorer
 from dualloop.ood.shrinkage import ledoit_wolf, oas
 
 

@@ -24,15 +24,12 @@ def fitted(request) -> tuple[ood.Gate, np.ndarray]:  # type: ignore[no-untyped-d
     centres = 2.0 * rng.normal(size=(3, D)) + 4.0 * rng.normal(size=D)
     x = centres[y] + rng.normal(size=(3000, D))
     gate = ood.fit_gate(
-        x[:2000],
-        x[2000:],
-        y[:2000] if request.param != "single" else None,
-        variant=request.param,
-        alpha=0.01,
-        feature_names=NAMES,
-        source="decision_vector",
-        data_description="synthetic 3-class, seed 11",
-        filter=ood.CusumSettings(h=3, down=0.25),
+        ood.FeatureRows(x[:2000]),
+        ood.FeatureRows(x[2000:]),
+        ood.FeatureSchema(tuple(NAMES), "decision_vector"),
+        "synthetic 3-class, seed 11",
+        ood.GateFitSettings(variant=request.param, alpha=0.01, filter=ood.CusumSettings(h=3, down=0.25)),
+        labels=y[:2000] if request.param != "single" else None,
     )
     test = np.vstack([x[:50] * 1.1, rng.normal(size=(10, D)), np.zeros((1, D))])
     test[5, 2] = np.nan
@@ -169,16 +166,11 @@ def test_feature_range_round_trips_and_older_files_without_one_still_load(tmp_pa
     changes = rng.normal(scale=0.1, size=(3000, D))
     changes[0] = np.nan  # a first observation: no change known, ignored by the fit
     gate = ood.fit_gate(
-        x[:2000],
-        x[2000:],
-        alpha=0.01,
-        feature_names=NAMES,
-        source="input_features",
-        data_description="synthetic",
-        range_margin=0.25,
-        changes_train=changes[:2000],
-        changes_calib=changes[2000:],
-        change_note="per observation at 5 ms",
+        ood.FeatureRows(x[:2000], changes[:2000]),
+        ood.FeatureRows(x[2000:], changes[2000:]),
+        ood.FeatureSchema(tuple(NAMES), "input_features"),
+        "synthetic",
+        ood.GateFitSettings(alpha=0.01, range=ood.RangeSettings(margin=0.25, change_note="per observation at 5 ms")),
     )
     r = gate.feature_range
     assert r is not None and len(r.low) == D and len(r.change_low) == D and np.isfinite(r.change_low).all()
@@ -198,7 +190,11 @@ def test_feature_range_round_trips_and_older_files_without_one_still_load(tmp_pa
     assert np.flatnonzero(without_changes.out_of_range).tolist() == [3]
     # a file written before the range guard has no such entry and keeps its hash
     old = ood.fit_gate(
-        x[:2000], x[2000:], alpha=0.01, feature_names=NAMES, source="input_features", data_description="synthetic"
+        ood.FeatureRows(x[:2000]),
+        ood.FeatureRows(x[2000:]),
+        ood.FeatureSchema(tuple(NAMES), "input_features"),
+        "synthetic",
+        ood.GateFitSettings(alpha=0.01),
     )
     old_path = tmp_path / "old.npz"
     old_digest = old.save(str(old_path))
@@ -230,13 +226,11 @@ def test_edited_feature_range_is_refused(tmp_path: Path) -> None:
     rng = np.random.default_rng(6)
     x = rng.normal(size=(3000, D)) + 3.0
     gate = ood.fit_gate(
-        x[:2000],
-        x[2000:],
-        alpha=0.01,
-        feature_names=NAMES,
-        source="input_features",
-        data_description="synthetic",
-        range_margin=0.25,
+        ood.FeatureRows(x[:2000]),
+        ood.FeatureRows(x[2000:]),
+        ood.FeatureSchema(tuple(NAMES), "input_features"),
+        "synthetic",
+        ood.GateFitSettings(alpha=0.01, range=ood.RangeSettings(margin=0.25)),
     )
     path = tmp_path / "g.npz"
     gate.save(str(path))
@@ -257,18 +251,11 @@ def test_feature_range_checks_few_rows_as_many() -> None:
     x = rng.normal(size=(3000, D)) + 3.0
     changes, plans = rng.normal(scale=0.1, size=(3000, D)), rng.normal(size=(3000, 2))
     gate = ood.fit_gate(
-        x[:2000],
-        x[2000:],
-        alpha=0.01,
-        feature_names=NAMES,
-        source="input_features",
-        data_description="synthetic",
-        range_margin=0.1,
-        changes_train=changes[:2000],
-        changes_calib=changes[2000:],
-        context_train=plans[:2000],
-        context_calib=plans[2000:],
-        context_names=("a", "b"),
+        ood.FeatureRows(x[:2000], changes[:2000], plans[:2000]),
+        ood.FeatureRows(x[2000:], changes[2000:], plans[2000:]),
+        ood.FeatureSchema(tuple(NAMES), "input_features"),
+        "synthetic",
+        ood.GateFitSettings(alpha=0.01, range=ood.RangeSettings(margin=0.1, context_names=("a", "b"))),
     )
     n = 200
     probe, c, p = x[2000 : 2000 + n] * 1.4, changes[2000 : 2000 + n] * 1.6, plans[2000 : 2000 + n] * 1.6

@@ -9,8 +9,8 @@ import pytest
 
 from dualloop import ood
 from dualloop.ood.fit import l2_normalise
+from dualloop.ood.mahalanobis import GateScorer
 from dualloop.ood.marginal import marginal, present_limits, profile_gate
-from dualloop.ood.score import GateScorer
 
 
 def _correlated(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -107,15 +107,13 @@ def test_a_profile_is_calibrated_on_the_gates_calibration_rows() -> None:
     d = 8
     x = _correlated(rng, 60_000, d)
     gate = ood.fit_gate(
-        x[:20_000],
-        x[20_000:40_000],
-        alpha=0.01,
-        norm_alpha=0.01,
-        feature_names=[f"f{i}" for i in range(d)],
-        source="input_features",
-        data_description="synthetic",
-        range_margin=0.25,
-        keep_calibration_rows=10_000,
+        ood.FeatureRows(x[:20_000]),
+        ood.FeatureRows(x[20_000:40_000]),
+        ood.FeatureSchema(tuple(f"f{i}" for i in range(d)), "input_features"),
+        "synthetic",
+        ood.GateFitSettings(
+            alpha=0.01, norm_alpha=0.01, range=ood.RangeSettings(margin=0.25), keep_calibration_rows=10_000
+        ),
     )
     assert gate.calibration_rows is not None and gate.calibration_rows.shape == (10_000, d)
     present = np.array([True, False, True, True, False, False, True, False])
@@ -124,7 +122,7 @@ def test_a_profile_is_calibrated_on_the_gates_calibration_rows() -> None:
     fresh = x[40_000:]
     scorer = judged.scorer(256)
     done = judged.marginal.complete(np.where(present, fresh, np.nan))
-    score, flags = ood.score.score_in_chunks(scorer, done)
+    score, flags = ood.mahalanobis.score_in_chunks(scorer, done)
     assert 0.005 < flags.exceed.mean() < 0.02  # alpha 0.01 on fresh rows
     assert not flags.norm_out.any() and not flags.out_of_range.any()  # the scorer's band is open
     corner = np.maximum(np.abs(gate.feature_range.low), np.abs(gate.feature_range.high))[present]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from dualloop.ood.fit import fit_statistics
+from dualloop.ood.mahalanobis import GateScorer
 from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
-from dualloop.ood.score import GateScorer
 
 
 def _pairwise_auroc(s_in: np.ndarray, s_out: np.ndarray) -> float:

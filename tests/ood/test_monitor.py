@@ -1,4 +1,4 @@
-"""End to end: fit_gate -> monitor.step per tick over session slots, plus the benchmark helper."""
+"""End to end: fit_gate -> monitor.step per tick over session slots."""
 
 from __future__ import annotations
 
@@ -16,14 +16,11 @@ def _gate(
     mean = 3.0 * rng.normal(size=d)
     x = mean + rng.normal(size=(12000, d))
     gate = ood.fit_gate(
-        x[:8000],
-        x[8000:],
-        alpha=0.001,
-        feature_names=[f"f{i}" for i in range(d)],
-        source="input_features",
-        data_description="synthetic nominal",
-        filter=filter_settings,
-        norm_margin=norm_margin,
+        ood.FeatureRows(x[:8000]),
+        ood.FeatureRows(x[8000:]),
+        ood.FeatureSchema(tuple(f"f{i}" for i in range(d)), "input_features"),
+        "synthetic nominal",
+        ood.GateFitSettings(alpha=0.001, filter=filter_settings, norm_margin=norm_margin),
     )  # margin: nominal ticks must not hit the unfiltered guard
     return gate, mean, rng
 
@@ -84,10 +81,3 @@ def test_norm_margin_widens_band_and_keeps_gross_faults_out() -> None:
     x = mean + rng.normal(size=(4, mean.size))
     x *= np.array([[0.0], [0.3], [1.0], [3.0]])  # dropped, attenuated, nominal, saturated
     assert wide.scorer().score(x)[1].norm_out.tolist() == [True, True, False, True]
-
-
-def test_bench_scorer_reports_per_call_and_per_row() -> None:
-    r = ood.bench_scorer(d=64, batch=8, n_iter=300)
-    assert set(r) >= {"median_us_per_call", "p99_us_per_call", "median_us_per_row", "p99_us_per_row"}
-    assert 0 < r["median_us_per_call"] <= r["p99_us_per_call"]
-    assert r["median_us_per_row"] == r["median_us_per_call"] / 8

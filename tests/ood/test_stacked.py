@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dualloop import ood
-from dualloop.ood.score import GateScorer, StackedScorer
+from dualloop.ood.mahalanobis import GateScorer, StackedScorer
 from tests.ood.gate_data import clustered_stats
 
 
@@ -95,7 +95,7 @@ def test_several_gates_in_one_pass_equal_each_gate_alone() -> None:
 def test_many_rows_score_as_the_per_row_pass_does(monkeypatch):
     """Above _VECTORISED_FROM rows, single-variant gates are scored with numpy instead of a Python
     pass: bit-identical scores and flags, NaN/Inf, all-zero and overflowing rows included."""
-    from dualloop.ood import score as score_module
+    from dualloop.ood import mahalanobis as score_module
 
     rng = np.random.default_rng(11)
     stats = ood.fit_statistics(rng.normal(size=(500, 6)), variant="single")

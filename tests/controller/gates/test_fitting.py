@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dualloop.controller.gates.fitting import fit_gate_for_model, model_driven_inputs
+from dualloop.controller.gates.fitting import GateFitConfig, fit_gate_for_model, model_driven_inputs
 from dualloop.controller.training.rollouts import run_model_batch
 
 PARAMS = {"duration_s": 1.0}
@@ -22,10 +22,16 @@ def test_the_gate_is_calibrated_on_both_drivers(base_model) -> None:  # noqa: AN
     """With the model's own drives the calibration holds three decision vectors (as sessions see them)
     per row of either driver: more rows than the expert's alone, and the file says so."""
     # coarse rates: a few hundred held-out rows calibrate them
-    kw = {"fit_seeds": range(1, 3), "calibration_seeds": range(3, 5), "every": 20, "alpha": 0.01, "norm_alpha": 0.01}
-    kw |= PARAMS
-    both = fit_gate_for_model(base_model, "decision_vector", **kw)
-    expert = fit_gate_for_model(base_model, "decision_vector", model_driven=False, **kw)
+    config = GateFitConfig(
+        fit_seeds=range(1, 3),
+        calibration_seeds=range(3, 5),
+        every=20,
+        alpha=0.01,
+        norm_alpha=0.01,
+        scenario_params=PARAMS,
+    )
+    both = fit_gate_for_model(base_model, config)
+    expert = fit_gate_for_model(base_model, config.model_copy(update={"model_driven": False}))
     assert both.calibration.n > expert.calibration.n
     assert "expert and model drivers" in both.calibration.data_description
     assert "expert driver," in expert.calibration.data_description

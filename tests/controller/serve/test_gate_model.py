@@ -36,12 +36,11 @@ def fitted_gate(model: DecisionModel, stamp: bool = True) -> ood.Gate:
     rng = np.random.default_rng(5)
     x = rng.normal(size=(1200, len(names)))
     gate = ood.fit_gate(
-        x[:800],
-        x[800:],
-        alpha=0.01,
-        feature_names=names,
-        source="decision_vector",
-        data_description="synthetic, seed 5",
+        ood.FeatureRows(x[:800]),
+        ood.FeatureRows(x[800:]),
+        ood.FeatureSchema(tuple(names), "decision_vector"),
+        "synthetic, seed 5",
+        ood.GateFitSettings(alpha=0.01),
     )
     if not stamp:
         return gate
@@ -101,12 +100,11 @@ def test_gate_names_mismatch_says_how_to_refit(tmp_path: Path) -> None:
     path = tmp_path / "g.npz"
     gate = fitted_gate(base, stamp=False)
     narrow = ood.fit_gate(
-        np.random.default_rng(1).normal(size=(400, 3)),
-        np.random.default_rng(2).normal(size=(400, 3)),
-        alpha=0.01,
-        feature_names=["a", "b", "c"],
-        source=gate.schema.source,
-        data_description="synthetic",
+        ood.FeatureRows(np.random.default_rng(1).normal(size=(400, 3))),
+        ood.FeatureRows(np.random.default_rng(2).normal(size=(400, 3))),
+        ood.FeatureSchema(("a", "b", "c"), gate.schema.source),
+        "synthetic",
+        ood.GateFitSettings(alpha=0.01),
     )
     narrow.save(path)
     with pytest.raises(ood.GateFileError, match=r"feature schema mismatch.*; refit it: dualloop gate fit --model"):

@@ -7,7 +7,7 @@ import pytest
 
 from dualloop.ood.calibrate import FeatureRange
 from dualloop.ood.fit import fit_statistics, raw_norms
-from dualloop.ood.score import _VECTORISED_FROM, GateScorer
+from dualloop.ood.mahalanobis import _VECTORISED_FROM, GateScorer
 
 
 @pytest.fixture(scope="module")

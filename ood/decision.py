@@ -1,4 +1,4 @@
-"""A gate bank's tick for one session: the same decisions as ``GateBank.step``, without its per-row lists.
+"""A gate bank's decisions on one session's row: the same as ``GateBank.step``, without its per-row lists.
 
 With one session ticking, the bank's cost is not arithmetic but Python bookkeeping around it: flat
 per-(row, gate) lists built, copied and zipped, a named tuple of them, a second loop over them for
@@ -6,33 +6,22 @@ the filters, and the range check's generators. Here a tick is the scorer's own n
 own one-row buffer (the same products on the same shapes as ``StackedScorer`` at a batch of one, so
 the same bits), then one Python pass over the gates on plain floats: score, norm guard, range
 check, filter, nearest gate. A filter at its zero state on a clean tick stays there, so it is not
-advanced at all (checked per filter when the tick is built).
+advanced at all (checked per filter when the decider is built).
 
 It takes only the common tick: finite rows, every gate's features given, squares inside float64's
 comfortable range. For anything else (NaN/Inf, no decision vector, rows near float64's limits) it
 returns None before any filter state moves, and the bank takes its general path.
-
-The pass over plain floats after numpy's calls (``_decide``) was most of a one-session tick's cost,
-so it has a compiled twin, ``ood._tick.Kernel.decide`` (see ``ood.compiled``): the same operations on
-the same float64 values in the same order, hence the same bits. The products and sums of squares
-must come from the BLAS routines numpy calls (OpenBLAS sums in its own order; summing anywhere else
-changes the scores' last bits); where ``ood.blas`` finds them, and they give numpy's bits on random
-rows when the tick is built, ``Kernel.step`` calls them itself and the whole tick is one C call;
-else numpy's calls make them, and ``Kernel.decide`` the rest. ``_decide`` stays the reference, and
-the path taken when the module did not build.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from types import NotImplementedType
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from dualloop.ood import blas, compiled
-from dualloop.ood.score import _SQ_HIGH, _SQ_LOW, _TINY, ClassTerms, StackedScorer, class_conditional, outside_limits
+from dualloop.ood.mahalanobis import _SQ_HIGH, _SQ_LOW, _TINY, ClassTerms, StackedScorer, class_conditional
 
 _INF = float("inf")
 
@@ -58,7 +47,7 @@ class _Gate(NamedTuple):
     quiet: Any  # a state that a clean tick leaves as it is, without alarm (the filter's zero)
 
 
-class OneRowTick:
+class RowDecider:
     """``GateBank.step`` for a single clean row (one session ticking)."""
 
     def __init__(
@@ -69,10 +58,9 @@ class OneRowTick:
     ) -> None:
         self.scorer = scorer
         v = scorer.views(1)
-        # the scorer's own views at a batch of one: the same buffer rows, products and vecdot
-        # per gate: its projection, a float64 row for its features (widened in C when given as float32:
-        # see ``_numpy_products``) and the buffer row the product fills
-        self._products = [(proj, np.zeros((1, proj.shape[0])), out) for proj, out in zip(scorer._proj, v.out)]
+        # the scorer's own views at a batch of one: the same buffer rows, products and vecdot;
+        # per gate: its projection and the buffer row the product fills
+        self._products = [(proj, out) for proj, out in zip(scorer._proj, v.out)]
         self._blocks, self._squares = v.blocks, v.squares
         self._tail = v.tail.reshape(scorer.n_gates, -1)  # a view: the batch axis has one row
         self._n_linear = scorer._n_linear
@@ -93,69 +81,6 @@ class OneRowTick:
                     quiet,
                 )
             )
-        module = compiled.module()
-        self._widen = None if module is None else module.widen
-        kernel = None if module is None else module.Kernel(*self.kernel_args())
-        # the products and squares too, with numpy's own BLAS routines (ood.blas), once they are seen
-        # to give numpy's bits here: the whole tick is then one call
-        routines = None if module is None else blas.find()
-        self.blas_args = None if routines is None else (*routines, scorer.width, scorer._parts, self._products)
-        if module is not None and self.blas_args is not None:
-            with_blas = module.Kernel(*self.kernel_args(), self.blas_args)
-            if self._blas_agrees(with_blas):
-                kernel = with_blas
-        self.use_kernel(kernel)
-
-    def use_kernel(self, kernel: Any) -> None:
-        """Tick with this ``ood._tick.Kernel`` (None: the pure-Python pass)."""
-        self._kernel = kernel
-        self._one_call = kernel is not None and kernel.blas
-        # the cheapest entry for a caller: the compiled tick itself (NotImplemented: call ``step``), or ``step``
-        self.first: Callable[..., Decisions | None | NotImplementedType] = kernel.step if self._one_call else self.step
-
-    def _blas_agrees(self, kernel: Any) -> bool:
-        """The kernel's products fill the buffer rows with numpy's bits, on random rows of a few scales."""
-        rng = np.random.default_rng(0)
-        for scale in (1e-3, 1.0, 1e3):
-            rows = [
-                (rng.standard_normal((1, proj.shape[0])) * scale).astype(np.float32) for proj, _, _ in self._products
-            ]
-            self._numpy_products(rows)
-            expected = [out.tobytes() for _, _, out in self._products]
-            if kernel.products(rows) is not True or [out.tobytes() for _, _, out in self._products] != expected:
-                return False
-        return True
-
-    def kernel_args(self) -> tuple[int, np.ndarray, list[tuple[Any, ...]]]:
-        """``ood._tick.Kernel``'s arguments: the scorer's buffer and, per gate, its constants and filter."""
-        return (
-            self._n_linear,
-            self._tail,
-            [
-                (
-                    gate.cc,
-                    *((None, None, None) if gate.spec is None else gate.spec),
-                    gate.low,
-                    gate.high,
-                    gate.threshold,
-                    self.scorer._range_lists[gate.position],
-                    gate.state,
-                    gate.advance,
-                    gate.quiet,
-                )
-                for gate in self._gates
-            ],
-        )
-
-    @property
-    def compiled(self) -> bool:
-        """This tick's decisions are made by the compiled module (else by ``_decide``)."""
-        return self._kernel is not None
-
-    @property
-    def one_call(self) -> bool:
-        """The compiled module makes the products too, with numpy's BLAS (else numpy's calls do)."""
-        return self._one_call
 
     def step(
         self,
@@ -167,38 +92,15 @@ class OneRowTick:
     ) -> Decisions | None:
         """([score], [threshold], [alarm]) of the row, as ``GateBank.step_lists`` gives them; None (and
         nothing changed) when the row needs the general path."""
-        if self._one_call:
-            out: Decisions | None | NotImplementedType = self._kernel.step(slot, features, also, changes, context)
-            if out is not NotImplemented:  # a row it cannot read: numpy's calls below
-                return out
-        return self.without_blas(slot, features, also, changes, context)
-
-    def without_blas(
-        self,
-        slot: int,
-        features: Sequence[np.ndarray | None],
-        also: Sequence[bool] | None,
-        changes: Sequence[Any] | None,
-        context: Sequence[np.ndarray | None] | None,
-    ) -> Decisions | None:
-        """``step`` with numpy's calls making the products: for a row the one-call tick returned
-        NotImplemented for (``first`` already tried it), or when there is no such tick."""
-        if not self._numpy_products(features):
+        if not self._products_of(features):
             return None
-        if self._kernel is not None:
-            out: Decisions | None | NotImplementedType = self._kernel.decide(slot, features, also, changes, context)
-            if out is not NotImplemented:  # a source it cannot read: the Python pass below decides
-                return out
         return self._decide(slot, features, also, changes, context)
 
-    def _numpy_products(self, features: Sequence[np.ndarray | None]) -> bool:
+    def _products_of(self, features: Sequence[np.ndarray | None]) -> bool:
         """The scorer's numpy calls at a batch of one, into its buffer; False when a gate's features are None."""
-        widen = self._widen
-        for src, (proj, wide, out) in zip(features, self._products):
+        for src, (proj, out) in zip(features, self._products):
             if src is None:
                 return False
-            if widen is not None and widen(src, wide):  # the float64 copy numpy's dot would make, cheaper
-                src = wide
             src.dot(proj, out=out)
         np.vecdot(self._blocks, self._blocks, out=self._squares)
         return True
@@ -225,7 +127,13 @@ class OneRowTick:
                 d2 = class_conditional(d2, lin, d, gate.spec, n_linear)
             immediate = n < gate.low or n > gate.high  # the raw norm's guard
             if gate.ranged and not immediate:
-                immediate = self._outside(gate.position, features, changes, context)
+                g = gate.position
+                sources = (
+                    features[g],
+                    None if changes is None else changes[g],
+                    None if context is None else context[g],
+                )
+                immediate = self.scorer.outside_row(g, sources, 0)
             decided.append((d2, d2 > gate.threshold, immediate))
         # every gate scored: only now move the filters
         alarm = also is not None and also[0]
@@ -256,29 +164,6 @@ class OneRowTick:
             scores.append(d2)
             norm_out.append(n < gate.low or n > gate.high)
         return scores, norm_out
-
-    def _outside(
-        self,
-        g: int,
-        features: Sequence[np.ndarray | None],
-        changes: Sequence[Any] | None,
-        context: Sequence[np.ndarray | None] | None,
-    ) -> bool:
-        """The row's values, change or context outside gate g's limits (``StackedScorer._outside_range``)."""
-        # Any: the sources ``given`` lists are not None (flat_limits leaves the others out)
-        sources: tuple[Any, ...] = (
-            features[g],
-            None if changes is None else changes[g],
-            None if context is None else context[g],
-        )
-        given, low, high = self.scorer.flat_limits(g, sources)
-        if not given:
-            return False
-        values: list[float] = []
-        for i in given:
-            src = sources[i]
-            values += src[0] if isinstance(src, list) else src[0].tolist()
-        return outside_limits(values, low, high)
 
 
 _NEVER = object()  # a filter whose zero state moves on a clean tick is always advanced

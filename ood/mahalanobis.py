@@ -275,7 +275,7 @@ class StackedScorer:
         """Entries (row-major (row, gate)) with a value, change or context value outside the gate's
         limits; None when there are none. NaN compares False: NaN is the nonfinite flag's."""
         if b <= _PYTHON_RANGE_ROWS:
-            return self._outside_range_few(rows, nan_rows, changes, context)
+            return self._outside_range_few(b, rows, nan_rows, changes, context)
         hits = None
         g_count = self.n_gates
         for g, limits in enumerate(self._ranges):
@@ -300,37 +300,36 @@ class StackedScorer:
 
     def _outside_range_few(
         self,
+        b: int,
         rows: Sequence[np.ndarray | None],
         nan_rows: np.ndarray | None,
         changes: Sequence[np.ndarray | None] | None,
         context: Sequence[np.ndarray | None] | None,
     ) -> list[int] | None:
-        """``_outside_range`` for a few rows, in Python over plain floats (a tick of one session would
-        pay more for the numpy calls than for the comparisons). Same comparisons, same NaN rule."""
+        """``_outside_range`` for a few rows, row by row (``outside_row``): a tick of few sessions would
+        pay more for the numpy calls than for the comparisons. Same comparisons, same NaN rule."""
         hits = None
         g_count = self.n_gates
         skip = None if nan_rows is None else nan_rows.tolist()
         for g in self._ranged:
-            # Any: the sources ``given`` lists are not None (flat_limits leaves the others out)
-            sources: tuple[Any, ...] = (
-                rows[g],
-                None if changes is None else changes[g],
-                None if context is None else context[g],
-            )
-            given, low, high = self.flat_limits(g, sources)
-            if not given:
-                continue
-            present = [src if isinstance(src, list) else src.tolist() for src in (sources[i] for i in given)]
-            first, rest = present[0], present[1:]
-            for row in range(len(first)):
-                if skip is not None and skip[row]:
-                    continue
-                values = first[row]
-                for src in rest:
-                    values = values + src[row]
-                if outside_limits(values, low, high):
+            sources = (rows[g], None if changes is None else changes[g], None if context is None else context[g])
+            for row in range(b):
+                if (skip is None or not skip[row]) and self.outside_row(g, sources, row):
                     hits = (hits or []) + [row * g_count + g]
         return hits
+
+    def outside_row(self, g: int, sources: tuple[Any, Any, Any], row: int) -> bool:
+        """Row ``row`` of ``sources`` (its values, changes and context, arrays or lists of rows; None: not
+        given) has a value outside gate g's limits: the one range check of a few rows, in Python over
+        plain floats, for this scorer's small batches and for a one-row tick. NaN compares False."""
+        given, low, high = self.flat_limits(g, sources)
+        if not given:
+            return False
+        values: list[float] = []
+        for i in given:  # flat_limits lists only the sources given (not None)
+            src = sources[i]
+            values += src[row] if isinstance(src, list) else src[row].tolist()
+        return outside_limits(values, low, high)
 
     def flat_limits(self, g: int, sources: Sequence[object | None]) -> tuple[tuple[int, ...], list[float], list[float]]:
         """Gate g's limits for the ``sources`` given (values, changes, context; None: not given) as one

@@ -1,4 +1,4 @@
-"""One session's tick (ood.one_row.OneRowTick inside GateBank.step) decides exactly as the bank's
+"""One session's tick (ood.decision.RowDecider inside GateBank.step) decides exactly as the bank's
 general path: the same score bits, threshold, veto and filter state after every tick, on random rows
 of every kind (nominal, far away, all-zero, out of range, jumping, NaN, Inf, overflowing, tiny) and
 gates of every variant, and it hands every row it cannot take to the general path untouched."""
@@ -10,8 +10,7 @@ import pytest
 
 from dualloop import ood
 from dualloop.ood import CusumSettings, FeatureRange, GateBank, GateMonitor, KOfNSettings, make_filter
-from dualloop.ood import compiled as ood_compiled
-from dualloop.ood.score import GateScorer
+from dualloop.ood.mahalanobis import GateScorer
 from tests.ood.gate_data import clustered_stats
 
 
@@ -71,8 +70,6 @@ class _GeneralOnly:
     def step(self, *args: object) -> None:
         return None
 
-    first = step
-
 
 def _row(rng: np.random.Generator, stats: ood.GateStats, kind: int) -> np.ndarray:
     x = stats.center * (1.0 + rng.normal(size=stats.dim) * 0.02)
@@ -96,27 +93,19 @@ def _row(rng: np.random.Generator, stats: ood.GateStats, kind: int) -> np.ndarra
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
 @pytest.mark.parametrize("variants", [("single", "single"), ("single", "tied", "relative", "single")])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pure"])
-def test_one_row_tick_equals_the_general_path(variants: tuple[str, ...], dtype: type, compiled: bool) -> None:
-    if compiled and not ood_compiled.available():
-        pytest.skip("ood._tick did not build (no C compiler)")
+def test_the_row_decider_equals_the_general_path(variants: tuple[str, ...], dtype: type) -> None:
     n_slots = 3
-    before = ood_compiled.use_compiled(compiled)
-    try:
-        stats, ranges, fast, general = _banks(variants, 7, n_slots)
-    finally:
-        ood_compiled.use_compiled(before)
-    assert fast.compiled is compiled
-    general._one_row = _GeneralOnly()
+    stats, ranges, fast, general = _banks(variants, 7, n_slots)
+    general._decider = _GeneralOnly()
     taken = [0]
-    real_first = fast._one_row.first
+    real_step = fast._decider.step
 
-    def counting(*args: object):  # noqa: ANN202 - wraps OneRowTick.first
-        out = real_first(*args)
-        taken[0] += out is not None and out is not NotImplemented
+    def counting(*args: object):  # noqa: ANN202 - wraps RowDecider.step
+        out = real_step(*args)
+        taken[0] += out is not None
         return out
 
-    fast._one_row.first = counting
+    fast._decider.step = counting
     rng = np.random.default_rng(3)
     kinds = [0] * 12 + [1, 1, 2, 3, 4, 5, 6, 7]
     vetoes = 0
@@ -156,9 +145,9 @@ def test_one_row_tick_equals_the_general_path(variants: tuple[str, ...], dtype: 
     assert 50 < vetoes < 600 - 30, vetoes  # both outcomes, often
 
 
-def test_one_row_tick_hands_odd_rows_over_before_moving_a_filter() -> None:
+def test_the_row_decider_hands_odd_rows_over_before_moving_a_filter() -> None:
     stats, _, bank, _ = _banks(("single", "single"), 1, 2)
-    one = bank._one_row
+    one = bank._decider
     for monitor in bank.monitors:
         monitor.filter.slot_states[1] = monitor.filter._zero
     clean = [s.center[None].copy() for s in stats]
