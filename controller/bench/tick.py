@@ -1,9 +1,8 @@
 """`dualloop bench tick`: executor timing under real gRPC load, next to a bare ticker in the same run.
 
 Three processes share the machine for the same window: this one serves (executor + gRPC), one runs
-N REALTIME client sessions, one runs the bare ticker (nothing but waiting for the same deadlines).
-The bare ticker's lateness is the machine's floor under that load; the executor is judged against it.
-"""
+N REALTIME client sessions, one the bare ticker (waiting for the same deadlines, the machine's floor
+under that load, which the executor is judged against)."""
 
 from __future__ import annotations
 

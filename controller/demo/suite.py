@@ -22,7 +22,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dualloop.controller.contract.server_env import private_server_env
 from dualloop.controller.demo.closed_loop import ClosedLoopRun, drive_over_grpc, session_id
 from dualloop.controller.demo.harm import drive_offs, time_to_standstill, transition_step
 from dualloop.controller.demo.report import plot_run, plot_tick_work, write_report

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dualloop.controller.qualify.checks import Check, at_most
 from dualloop.controller.contract.errors import ConfigError
+from dualloop.controller.qualify.checks import Check, at_most
 from dualloop.controller.transfer.leave_out import NOMINAL_TARGET, RATIO_TARGET, VETO_TARGET, TransferReport
 
 

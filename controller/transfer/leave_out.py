@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from dualloop.controller.gates.fitting import CALIBRATION_SEEDS, FIT_SEEDS, fit_gate_for_model
+from dualloop.controller.gates.fitting import CALIBRATION_SEEDS, FIT_SEEDS, GateFitConfig, fit_gate_for_model
 from dualloop.controller.replay.lockstep import replay_log
 from dualloop.controller.training.data import DataConfig, generate
 from dualloop.controller.training.log_eval import DatasetReport, evaluate
@@ -170,6 +170,21 @@ def replay_driving(files: Sequence[Path], model: Path, gates: Sequence[Path]) ->
     return Driving(ticks, nominal / max(ticks, 1), vetoed / max(ticks, 1))
 
 
+def _gate_config(config: TransferConfig) -> GateFitConfig:
+    """The shipped decision-vector gate's fit, on fewer simulated drives for a quick or smoke run."""
+    if config.smoke:
+        # a few thousand held-out rows: the norm band's tail at 1e-4 needs 20,000
+        return GateFitConfig(
+            fit_seeds=FIT_SEEDS[:1],
+            calibration_seeds=CALIBRATION_SEEDS[:1],
+            norm_alpha=1e-3,
+            scenario_params={"duration_s": SMOKE_GATE_DURATION_S},
+        )
+    if config.quick:
+        return GateFitConfig(fit_seeds=FIT_SEEDS[:2], calibration_seeds=CALIBRATION_SEEDS[:2])
+    return GateFitConfig()
+
+
 def _files_by_dataset(rows: LogRows) -> dict[str, list[Path]]:
     out: dict[str, set[Path]] = {}
     for file, dataset in zip(rows.paths, rows.datasets):
@@ -223,19 +238,7 @@ def leave_one_dataset_out(
         )
         progress(f"[{n}/{len(by_dataset)}] {dataset}: fitting its decision-vector gate ...")
         gate_path = work / f"without-{dataset}.gate.npz"
-        gate_model = DecisionModel(model_path)
-        if config.smoke:
-            gate = fit_gate_for_model(
-                gate_model,
-                fit_seeds=FIT_SEEDS[:1],
-                calibration_seeds=CALIBRATION_SEEDS[:1],
-                norm_alpha=1e-3,  # a few thousand held-out rows: the band's tail at 1e-4 needs 20,000
-                duration_s=SMOKE_GATE_DURATION_S,
-            )
-        elif config.quick:
-            gate = fit_gate_for_model(gate_model, fit_seeds=FIT_SEEDS[:2], calibration_seeds=CALIBRATION_SEEDS[:2])
-        else:
-            gate = fit_gate_for_model(gate_model)
+        gate = fit_gate_for_model(DecisionModel(model_path), _gate_config(config))
         gate.save(str(gate_path))
         progress(f"[{n}/{len(by_dataset)}] {dataset}: scoring and replaying {len(files)} drives ...")
         mine = dataset_of_row == dataset

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dualloop.controller.contract.wire import snapshot_to_proto
 from dualloop.controller.logs.bulk import TopicMessages, write_messages
 from dualloop.controller.logs.format import TOPIC_OBSERVATION, TOPIC_SNAPSHOT
 from dualloop.controller.logs.logfile import read_log
@@ -25,7 +26,6 @@ from dualloop.controller.replay.wire_batch import (
 from dualloop.controller.replay.wire_batch import (
     _flat_masked as flat_masked,
 )
-from dualloop.controller.contract.wire import snapshot_to_proto
 from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.snapshot import Clock
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
