@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dualloop.controller.extras import EXTRA_OF_MODULE, MissingExtra
@@ -14,61 +15,40 @@ DESCRIPTION = (
     "dualloop: a real-time streaming controller. A 5 ms ONNX executor, a slow planner and an independent "
     "OOD gate behind one gRPC API, for shadow mode, closed-loop simulation and replay of recorded drives."
 )
-# in the order `dualloop --help` lists them, each with the extra its commands need beyond serving
+
+
+@dataclass(frozen=True)
+class CommandGroup:
+    """A sub-package's commands: the module whose register() adds them, the extra they need beyond
+    serving, and their names (so `dualloop CMD` imports only CMD's group: importing every group cost a
+    command ~1 s of start-up; and so a group whose extra is missing can still list them)."""
+
+    module: str
+    extra: str | None
+    commands: tuple[str, ...]
+
+
+# The one table of commands, in the order `dualloop --help` lists them. A new command is one entry
+# here and its group's register(); tests/controller/test_cli.py checks the table against them.
 COMMAND_GROUPS = (
-    ("dualloop.controller.demo.cli", "demo"),
-    ("dualloop.controller.serve.cli", None),
-    ("dualloop.controller.logs.cli", None),
-    ("dualloop.controller.replay.cli", None),
-    ("dualloop.controller.training.cli", "train"),
-    ("dualloop.controller.transfer.cli", "train"),
-    ("dualloop.controller.gates.cli", "train"),
-    ("dualloop.controller.cards.cli", "train"),
-    ("dualloop.controller.qualify.cli", "train"),
-    ("dualloop.controller.bench.cli", "bench"),
-    ("dualloop.controller.highway.cli", "highway"),
-    ("dualloop.controller.alpasim.cli", "alpasim"),
+    CommandGroup("dualloop.controller.demo.cli", "demo", ("demo", "demo-safety")),
+    CommandGroup("dualloop.controller.serve.cli", None, ("serve", "stream", "info", "admin")),
+    CommandGroup("dualloop.controller.logs.cli", None, ("import", "foxglove-layout", "recover")),
+    CommandGroup("dualloop.controller.replay.cli", None, ("replay", "diff")),
+    CommandGroup("dualloop.controller.training.cli", "train", ("train", "quantize", "make-test-model")),
+    CommandGroup("dualloop.controller.transfer.cli", "train", ("eval-logs",)),
+    CommandGroup("dualloop.controller.gates.cli", "train", ("gate",)),
+    CommandGroup("dualloop.controller.cards.cli", "train", ("card",)),
+    CommandGroup("dualloop.controller.qualify.cli", "train", ("qualify",)),
+    CommandGroup("dualloop.controller.bench.cli", "bench", ("bench",)),
+    CommandGroup("dualloop.controller.highway.cli", "highway", ("highway",)),
+    CommandGroup("dualloop.controller.alpasim.cli", "alpasim", ("alpasim",)),
 )
-
-
-# the commands of each group: `dualloop CMD` imports only CMD's group (importing every group cost
-# the command ~1 s of start-up: grpc, asyncio, rich, matplotlib); tests/controller/test_cli.py
-# checks this against what the groups register
-COMMANDS = {
-    "demo": "dualloop.controller.demo.cli",
-    "demo-safety": "dualloop.controller.demo.cli",
-    "serve": "dualloop.controller.serve.cli",
-    "stream": "dualloop.controller.serve.cli",
-    "info": "dualloop.controller.serve.cli",
-    "admin": "dualloop.controller.serve.cli",
-    "import": "dualloop.controller.logs.cli",
-    "foxglove-layout": "dualloop.controller.logs.cli",
-    "recover": "dualloop.controller.logs.cli",
-    "replay": "dualloop.controller.replay.cli",
-    "diff": "dualloop.controller.replay.cli",
-    "train": "dualloop.controller.training.cli",
-    "eval-logs": "dualloop.controller.transfer.cli",
-    "quantize": "dualloop.controller.training.cli",
-    "make-test-model": "dualloop.controller.training.cli",
-    "gate": "dualloop.controller.gates.cli",
-    "bench": "dualloop.controller.bench.cli",
-    "card": "dualloop.controller.cards.cli",
-    "qualify": "dualloop.controller.qualify.cli",
-    "highway": "dualloop.controller.highway.cli",
-    "alpasim": "dualloop.controller.alpasim.cli",
-}
-
+COMMANDS = {command: group.module for group in COMMAND_GROUPS for command in group.commands}
+GROUP_COMMANDS = {group.module: group.commands for group in COMMAND_GROUPS}
 
 if TYPE_CHECKING:
     Register = Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]
-# the commands each group registers, for the stand-in of a group that cannot be imported
-GROUP_COMMANDS = {
-    "training": ["train", "quantize", "make-test-model"],
-    "transfer": ["eval-logs"],
-    "gates": ["gate"],
-    "cards": ["card"],
-    "qualify": ["qualify"],
-}
 
 
 def _missing_group(module: str, err: ModuleNotFoundError, extra: str | None) -> Register:
@@ -77,11 +57,10 @@ def _missing_group(module: str, err: ModuleNotFoundError, extra: str | None) -> 
     missing = (err.name or "?").split(".")[0]
     if missing not in EXTRA_OF_MODULE:
         raise err  # not an optional extra: a broken install, show it
-    group = module.split(".")[-2]
     extra = extra or EXTRA_OF_MODULE[missing]
 
     def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-        for name in GROUP_COMMANDS.get(group, [group]):
+        for name in GROUP_COMMANDS[module]:
             # no option prefix: every argument, --flags too, is taken as given and the extra is named
             p = sub.add_parser(name, help=f"(needs pip install 'dualloop[{extra}]')", prefix_chars="\0", add_help=False)
             p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -138,9 +117,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     wanted = COMMANDS.get(argv[0]) if argv else None
-    for module, extra in COMMAND_GROUPS:
-        if wanted is None or module == wanted:
-            _group(module, extra)(sub)
+    for group in COMMAND_GROUPS:
+        if wanted is None or group.module == wanted:
+            _group(group.module, group.extra)(sub)
     return parser
 
 

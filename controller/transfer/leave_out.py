@@ -5,9 +5,9 @@ cars, roads, sensors and drivers are on both sides. So each recorded dataset (a 
 openacc-vicolungo, ngsim-i-80, ...) is held out in turn:
 
 - left out: a model trained by the shipped recipe on the simulated data and on every *other*
-  dataset's drives (both splits), its decision-vector gate fitted again for it (the input gate is
-  fitted on simulated driving only, so it never saw any dataset), scored on every labelled row of the
-  held-out dataset and replayed in LOCKSTEP over all its drives;
+  dataset's drives (both splits), its two gates fitted for it as the shipped ones are (on simulated
+  driving only, so they never saw any dataset), scored on every labelled row of the held-out dataset
+  and replayed in LOCKSTEP over all its drives;
 - within: the shipped model and gates on the dataset's own held-out split (the folder `heldout/`
   that `dualloop import shared-data` writes), the figure the project used to report. For a dataset
   held out whole (no drive of it trained the shipped model) the two columns measure the same thing
@@ -35,6 +35,7 @@ from dualloop.controller.training.data import DataConfig, generate
 from dualloop.controller.training.log_eval import DatasetReport, evaluate
 from dualloop.controller.training.recorded import LogRows, read_log_rows
 from dualloop.controller.training.trainer import DEFAULT_SEED, FULL_DATA, LOG_SHARE, QUICK_DATA, mlp_config, train
+from dualloop.executor.gating import GATE_SOURCES
 from dualloop.executor.history import DEFAULT_HISTORY
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Reason, SafetyState
@@ -170,19 +171,30 @@ def replay_driving(files: Sequence[Path], model: Path, gates: Sequence[Path]) ->
     return Driving(ticks, nominal / max(ticks, 1), vetoed / max(ticks, 1))
 
 
-def _gate_config(config: TransferConfig) -> GateFitConfig:
-    """The shipped decision-vector gate's fit, on fewer simulated drives for a quick or smoke run."""
+def _gate_config(config: TransferConfig, source: str) -> GateFitConfig:
+    """The shipped gates' fit (`dualloop gate fit`), on fewer simulated drives for a quick or smoke run."""
     if config.smoke:
         # a few thousand held-out rows: the norm band's tail at 1e-4 needs 20,000
         return GateFitConfig(
+            source=source,
             fit_seeds=FIT_SEEDS[:1],
             calibration_seeds=CALIBRATION_SEEDS[:1],
             norm_alpha=1e-3,
             scenario_params={"duration_s": SMOKE_GATE_DURATION_S},
         )
     if config.quick:
-        return GateFitConfig(fit_seeds=FIT_SEEDS[:2], calibration_seeds=CALIBRATION_SEEDS[:2])
-    return GateFitConfig()
+        return GateFitConfig(source=source, fit_seeds=FIT_SEEDS[:2], calibration_seeds=CALIBRATION_SEEDS[:2])
+    return GateFitConfig(source=source)
+
+
+def fit_gates(model_path: Path, config: TransferConfig, stem: Path) -> tuple[Path, Path]:
+    """The model's decision-vector and input gates, fitted on simulated driving as the shipped ones
+    are (a gate is tied to the model it was fitted for), as <stem>.gate.npz and <stem>.inputs.gate.npz."""
+    model = DecisionModel(model_path)
+    out = (stem.with_name(stem.name + ".gate.npz"), stem.with_name(stem.name + ".inputs.gate.npz"))
+    for source, path in zip(GATE_SOURCES, out):
+        fit_gate_for_model(model, _gate_config(config, source)).save(str(path))
+    return out
 
 
 def _files_by_dataset(rows: LogRows) -> dict[str, list[Path]]:
@@ -236,15 +248,13 @@ def leave_one_dataset_out(
             log_share=config.log_share,
             dagger=config.dagger,
         )
-        progress(f"[{n}/{len(by_dataset)}] {dataset}: fitting its decision-vector gate ...")
-        gate_path = work / f"without-{dataset}.gate.npz"
-        gate = fit_gate_for_model(DecisionModel(model_path), _gate_config(config))
-        gate.save(str(gate_path))
+        progress(f"[{n}/{len(by_dataset)}] {dataset}: fitting its two gates ...")
+        gate_paths = fit_gates(model_path, config, work / f"without-{dataset}")
         progress(f"[{n}/{len(by_dataset)}] {dataset}: scoring and replaying {len(files)} drives ...")
         mine = dataset_of_row == dataset
         left_report = next(r for r in evaluate(model_path, rows, on=mine & labelled) if r.dataset == dataset)
         replayed = _pick(files, config.max_replay_files)
-        left_out = Column.of(left_report, replay_driving(replayed, model_path, [gate_path, shipped_gates[1]]))
+        left_out = Column.of(left_report, replay_driving(replayed, model_path, gate_paths))
         heldout = [f for f in files if HELDOUT_FOLDER in f.parts[:-1]]
         within = None
         if heldout:

@@ -56,7 +56,8 @@ def test_each_dataset_is_scored_by_a_model_trained_without_it(drives: Path, repo
     rows = read_log_rows(log_paths([drives]))
     for d in result.datasets:
         model = work / f"without-{d.dataset}.onnx"
-        assert model.is_file() and (work / f"without-{d.dataset}.gate.npz").is_file()
+        gates = [work / f"without-{d.dataset}.gate.npz", work / f"without-{d.dataset}.inputs.gate.npz"]
+        assert model.is_file() and all(g.is_file() for g in gates)
         # the left-out figure is that model's on every labelled row of the dataset, none of which it trained on
         mine = (rows.dataset == d.dataset) & (rows.label >= 0)
         again = next(r for r in evaluate(model, rows, on=mine) if r.dataset == d.dataset)
@@ -64,7 +65,7 @@ def test_each_dataset_is_scored_by_a_model_trained_without_it(drives: Path, repo
         assert d.left_out.rows == again.model_on[again.best_baseline].rows == int(mine.sum())
         # every tick of the dataset's drives was replayed with that model and its own gate
         files = sorted({Path(f) for f, ds in zip(rows.paths, rows.datasets) if ds == d.dataset})
-        driving = replay_driving(files, model, [work / f"without-{d.dataset}.gate.npz", DEFAULT_GATES[1]])
+        driving = replay_driving(files, model, gates)
         assert d.left_out.driving == driving and driving.ticks > 0
         assert 0.0 <= driving.vetoed <= 1.0 and 0.0 <= driving.nominal <= 1.0
 
