@@ -65,7 +65,7 @@ def test_a_mixed_batch_gives_each_session_its_own_checks(base_model, base_gates,
 def test_python_and_numpy_assembly_give_the_same_bytes(base_model, base_gates, tmp_path, profiled):
     """The live tick's Python pass and the replay's numpy pass over the same values: every fault of the
     synthetic log (NaN, out of distribution, gaps), commands the car falls short of, a sensor profile."""
-    from dualloop.controller.replay.lockstep import run_replay
+    from dualloop.controller.replay.lockstep import SessionOptions, run_replay
 
     log = synthetic_log(tmp_path / "faults.mcap", seconds=5.0, rate_hz=150.0, faults=True)
     obs = _observations(read_log(log))
@@ -82,7 +82,7 @@ def test_python_and_numpy_assembly_give_the_same_bytes(base_model, base_gates, t
 
     ex.checks.assemble = recording  # type: ignore[method-assign]
     profile = [n for n in base_model.card.feature_names if not n.startswith("left_")] if profiled else None
-    run_replay(ex, "s", obs, actual_is_command=True, provided_features=profile)
+    run_replay(ex, "s", obs, SessionOptions(actual_is_command=True, provided_features=profile))
     ((args, kwargs),) = seen
     numpy_pass = assemble(*args, **kwargs, vectorised=True)
     python_pass = assemble(*args, **kwargs, vectorised=False)
