@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dualloop.executor.candidate import Candidate, SwapRefused, check_compatible, check_same_checks
-from dualloop.executor.checks import CheckBoard
+from dualloop.executor.checks import CheckBoard, CheckValues
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.gating import GateVerdicts, GateWiring
 from dualloop.executor.history import HistoryRing
@@ -764,17 +764,19 @@ class Executor:
         last = self.gating.last if gated else None
         changes = None if last is None or last.changes is None else np.array(last.changes, np.float64)
         return self.checks.assemble(
-            finite,
-            finite & model_ok,
-            None if last is None else last.density,
-            self._x[:n],
-            self._p[:n],
-            changes,
-            self._tick_present,
-            None if last is None else last.freeze_count,
-            self._frozen[:n],
-            None if last is None else last.actuation,
-            margin,
-            self.reasons.min_margin,
-            signals=None if last is None else last.signals,
+            CheckValues(
+                finite,
+                finite & model_ok,
+                None if last is None else last.density,
+                self._x[:n],
+                self._p[:n],
+                changes,
+                self._tick_present,
+                None if last is None else last.freeze_count,
+                self._frozen[:n],
+                None if last is None else last.actuation,
+                margin,
+                self.reasons.min_margin,
+                signals=None if last is None else last.signals,
+            )
         )
