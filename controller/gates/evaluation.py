@@ -38,7 +38,7 @@ from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Reason, SafetyState
 from dualloop.ood.filter import make_filter
 from dualloop.ood.freeze import common_settings
-from dualloop.ood.marginal import profile_gate
+from dualloop.ood.marginal import ProfileGate, profile_gate
 from dualloop.sim.env import ExpertData, run_expert_batch
 from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS, SCENARIOS, build_scenario
 
@@ -73,24 +73,7 @@ def score_episodes(
     # expert: these episodes already driven (the same name, seeds and params), e.g. for a second model
     data = expert if expert is not None else run_expert_batch(name, list(seeds), **params)[1]
     b, t_len = data.valid.shape
-    features = data.features
-    if present is not None:  # the sensors: NaN where not measured
-        features = np.where(present, features, np.float32(np.nan))
-    flat_x = features.reshape(b * t_len, -1)
-    flat_p = data.plan.reshape(b * t_len, -1)
-    measured = features if present is None else features[..., present]
-    finite = cast("np.ndarray", np.isfinite(measured).all(axis=2))  # (B, T); the stubs allow a scalar
-    model_x = flat_x
-    if present is not None:  # the model sees a missing feature as its training mean
-        model_x = np.where(present, flat_x, np.array([f.mean for f in model.card.features], np.float32))
-    # a model with history features gets them from each episode's 5 ms observations, as the executor would
-    history = (
-        None
-        if model.history is None
-        else episode_history(model.history, data.t, features, data.valid).reshape(b * t_len, -1)
-    )
-    logits, _, dv = forward_rows(model, model_x, flat_p, history=history)
-    logits, dv = logits.reshape(b, t_len, -1), dv.reshape(b, t_len, -1)
+    features, flat_x, flat_p, finite, history, logits, dv = _model_rows(model, data, present)
     slots = np.arange(b)
     score = np.full((b, t_len), -np.inf)
     alarm = np.zeros((b, t_len), bool)
@@ -100,16 +83,7 @@ def score_episodes(
     command = np.where(data.valid, data.applied[..., 0], np.nan)
     ratios = len(gates) > 1 or any(g.actuation is not None for g in gates)  # compare gates by score / threshold
     for gate in gates:
-        judged = None if present is None or gate.schema.source != "input_features" else profile_gate(gate, present)
-        if gate.schema.source == "decision_vector":
-            feats = dv
-        elif judged is not None:  # the gate's completed copy of the rows
-            feats = judged.marginal.complete(flat_x).reshape(b, t_len, -1)
-        else:
-            feats = model_features(model, flat_x, flat_p, gate.schema.source, history=history).reshape(b, t_len, -1)
-        feats = np.where(finite[..., None], feats, np.nan)
-        if judged is None:
-            feats = feats.astype(np.float32)
+        judged, feats = _gate_rows(model, gate, present, (flat_x, flat_p, history), dv, finite)
         rng = gate.feature_range
         changes = episode_changes(features, data.t, present) if rng is not None and rng.change_low else None
         plans = data.plan if rng is not None and rng.context_names else None
@@ -133,40 +107,108 @@ def score_episodes(
             score = np.fmax(score, act_score / gate.actuation.threshold)  # no verdict (NaN) changes nothing
             alarm |= act_alarm
     if freeze_repeats:
-        stated = common_settings([g.freeze for g in gates])
-        rest = None if stated is None else stated.rest(model.card.feature_names)
-        freeze = ood.FreezeDetector(b, features.shape[2], freeze_repeats, rest)
-        for slot in range(b):
-            freeze.set_present(slot, present)
-        fresh = np.ones(b, bool)
-        for k in range(t_len):
-            frozen = freeze.update(features[:, k], slots, fresh)
-            alarm[:, k] |= frozen
-            immediate[:, k] |= frozen
-
-    instance = build_scenario(name, list(seeds), **params)
-    onset_s = instance.ood_onset_s
-    end_s = onset_s + np.broadcast_to(np.asarray(instance.fault.duration_s, float), onset_s.shape)
-
-    def to_tick(times):
-        return np.array([np.searchsorted(data.t, x - 1e-9) if np.isfinite(x) else t_len for x in times])
-
+        frozen = _frozen(model, gates, features, present, freeze_repeats)
+        alarm |= frozen
+        immediate |= frozen
+    has_fault, onset, end = _fault_ticks(name, seeds, data.t, **params)
     return ScenarioScores(
         name,
-        bool(np.isfinite(onset_s).any()),
+        has_fault,
         data.t,
         score,
         alarm,
         immediate,
         data.valid,
-        to_tick(onset_s),
-        to_tick(end_s),
+        onset,
+        end,
         demand=np.abs(np.nan_to_num(command)) >= DEMAND_ACCEL,
         decision=dv,
         action=logits.argmax(axis=2),
         logits=logits,
         label=data.label,
     )
+
+
+def _model_rows(
+    model: DecisionModel, data: ExpertData, present: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    """The episodes as the sensors report them (NaN where not measured) and the model's view of them:
+    (features (B, T, F), flat features (B*T, F), flat plans, finite (B, T), history features (B*T, H) or
+    None, logits (B, T, A), decision vectors (B, T, D))."""
+    b, t_len = data.valid.shape
+    features = data.features
+    if present is not None:  # the sensors: NaN where not measured
+        features = np.where(present, features, np.float32(np.nan))
+    flat_x = features.reshape(b * t_len, -1)
+    flat_p = data.plan.reshape(b * t_len, -1)
+    measured = features if present is None else features[..., present]
+    finite = cast("np.ndarray", np.isfinite(measured).all(axis=2))  # (B, T); the stubs allow a scalar
+    model_x = flat_x
+    if present is not None:  # the model sees a missing feature as its training mean
+        model_x = np.where(present, flat_x, np.array([f.mean for f in model.card.features], np.float32))
+    # a model with history features gets them from each episode's 5 ms observations, as the executor would
+    history = (
+        None
+        if model.history is None
+        else episode_history(model.history, data.t, features, data.valid).reshape(b * t_len, -1)
+    )
+    logits, _, dv = forward_rows(model, model_x, flat_p, history=history)
+    return features, flat_x, flat_p, finite, history, logits.reshape(b, t_len, -1), dv.reshape(b, t_len, -1)
+
+
+def _gate_rows(
+    model: DecisionModel,
+    gate: ood.Gate,
+    present: np.ndarray | None,
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray | None],
+    dv: np.ndarray,
+    finite: np.ndarray,
+) -> tuple[ProfileGate | None, np.ndarray]:
+    """(the gate as it judges the sensor profile, None without one or for a decision-vector gate; what
+    the gate scores per tick (B, T, dim), NaN where the measured features are not finite). `rows`: the
+    flat features, plans and history features (`_model_rows`)."""
+    flat_x, flat_p, history = rows
+    b, t_len = finite.shape
+    judged = None if present is None or gate.schema.source != "input_features" else profile_gate(gate, present)
+    if gate.schema.source == "decision_vector":
+        feats = dv
+    elif judged is not None:  # the gate's completed copy of the rows
+        feats = judged.marginal.complete(flat_x).reshape(b, t_len, -1)
+    else:
+        feats = model_features(model, flat_x, flat_p, gate.schema.source, history=history).reshape(b, t_len, -1)
+    feats = np.where(finite[..., None], feats, np.nan)
+    if judged is None:
+        feats = feats.astype(np.float32)
+    return judged, feats
+
+
+def _frozen(
+    model: DecisionModel, gates: list[ood.Gate], features: np.ndarray, present: np.ndarray | None, repeats: int
+) -> np.ndarray:
+    """(B, T) bool: the freeze check's verdict on each tick, with the gates' common settings."""
+    b, t_len = features.shape[:2]
+    stated = common_settings([g.freeze for g in gates])
+    rest = None if stated is None else stated.rest(model.card.feature_names)
+    freeze = ood.FreezeDetector(b, features.shape[2], repeats, rest)
+    for slot in range(b):
+        freeze.set_present(slot, present)
+    slots, fresh = np.arange(b), np.ones(b, bool)
+    frozen = np.zeros((b, t_len), bool)
+    for k in range(t_len):
+        frozen[:, k] = freeze.update(features[:, k], slots, fresh)
+    return frozen
+
+
+def _fault_ticks(name: str, seeds: Sequence[int], t: np.ndarray, **params: Any) -> tuple[bool, np.ndarray, np.ndarray]:
+    """(the scenario has a fault, the tick each episode's fault starts, the tick it ends); len(t) where never."""
+    instance = build_scenario(name, list(seeds), **params)
+    onset_s = instance.ood_onset_s
+    end_s = onset_s + np.broadcast_to(np.asarray(instance.fault.duration_s, float), onset_s.shape)
+
+    def to_tick(times: np.ndarray) -> np.ndarray:
+        return np.array([np.searchsorted(t, x - 1e-9) if np.isfinite(x) else len(t) for x in times])
+
+    return bool(np.isfinite(onset_s).any()), to_tick(onset_s), to_tick(end_s)
 
 
 def actuation_verdicts(
