@@ -16,7 +16,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -115,6 +115,32 @@ class Column:
 _RANGE_KINDS = {Check.INPUT_RANGE: "values", Check.INPUT_CHANGE: "changes", Check.PLAN_RANGE: "plan"}
 
 
+class CheckValues(NamedTuple):
+    """A batch of rows' values that `CheckBoard.assemble` judges. Per-row values may be arrays or
+    lists. A NamedTuple, not a frozen dataclass: a live tick builds one, and a frozen dataclass's
+    __init__ costs several times as much."""
+
+    finite: BoolArray  # the row's measured features are finite
+    scored: BoolArray  # finite and the model worked
+    density: (
+        list[tuple[Any, Any, Any]] | None
+    )  # [g]: gate g's (score, threshold, veto) per row; score +inf/NaN: not scored
+    x: np.ndarray
+    plans: np.ndarray
+    changes: np.ndarray | None  # each feature's change per second since the previous observation (NaN unknown)
+    present: BoolArray | None  # (rows, features) what each row's session measures (None: all)
+    freeze_count: Any  # consecutive repeats
+    frozen: Any
+    actuation: tuple[Any, Any] | None  # (score, alarm), score NaN where it gave no verdict
+    margin: Any
+    min_margin: float
+    # the range checks' verdicts per row (`judge_ranges`) when the caller has them (a replay judges
+    # each observation once for all the ticks that hold it); x, plans, changes and present are then not read
+    ranged: np.ndarray | None = None
+    # per row, the per-signal checks' scores (`SIGNAL_KINDS` order, NaN: no verdict); None: they do not run
+    signals: Any = None
+
+
 class CheckBoard:
     """The checks an executor runs, in `Check` order, and how a tick's values become their results."""
 
@@ -169,47 +195,26 @@ class CheckBoard:
         only: BoolArray = veto[:, self._actuation_at] & ~veto[:, self._input_checks].any(axis=1)
         return only
 
-    def assemble(
-        self,
-        finite: BoolArray,
-        scored: BoolArray,
-        density: list[tuple[Any, Any, Any]] | None,
-        x: np.ndarray,
-        plans: np.ndarray,
-        changes: np.ndarray | None,
-        present: BoolArray | None,
-        freeze_count: Any,
-        frozen: Any,
-        actuation: tuple[Any, Any] | None,
-        margin: Any,
-        min_margin: float,
-        vectorised: bool | None = None,
-        ranged: np.ndarray | None = None,
-        signals: Any = None,
-    ) -> np.ndarray:
+    def assemble(self, cv: CheckValues, vectorised: bool | None = None) -> np.ndarray:
         """The (rows, checks) CHECK_DTYPE results of a batch of rows (a live tick's, a replay's ticks).
-        `finite`: the row's measured features are finite; `scored`: finite and the model worked;
-        `density[g]`: gate g's (score, threshold, veto) per row, score +inf/NaN where it could not
-        score; `changes`: each feature's change per second since the previous observation (NaN
-        unknown); `present` (rows, features): what each row's session measures (None: all);
-        `freeze_count`: consecutive repeats; `actuation`: (score, alarm), score NaN where it gave no
-        verdict. Per-row values may be arrays or lists. A tick of a few rows is judged in Python (a
-        numpy call per check would cost more than the check), more (a busy live tick, a replay) with
-        numpy over the whole table (`vectorised`; None: by the number of rows): the same rules on the
-        same float64 values, so the same bytes (tests/executor/test_checks.py). `ranged`: the range
-        checks' verdicts per row (`judge_ranges`) when the caller has them (a replay judges each
-        observation once for all the ticks that hold it); x, plans, changes and present are then
-        not read. `signals`: per row, the per-signal checks' scores (`SIGNAL_KINDS` order, NaN: no
-        verdict); None when they do not run."""
-        n = len(finite)
+        A tick of a few rows is judged in Python (a numpy call per check would cost more than the
+        check), more (a busy live tick, a replay) with numpy over the whole table (`vectorised`; None:
+        by the number of rows): the same rules on the same float64 values, so the same bytes
+        (tests/executor/test_checks.py)."""
+        ranged = cv.ranged
         if ranged is None and self._range_at:
-            ranged = self.ranges.judge(x, changes, plans, present, finite)
-        if vectorised or (vectorised is None and n > _VECTORISED_FROM):
-            return self._vectorised(
-                finite, scored, density, ranged, freeze_count, frozen, actuation, margin, min_margin, signals
-            )
+            ranged = self.ranges.judge(cv.x, cv.changes, cv.plans, cv.present, cv.finite)
+        if vectorised or (vectorised is None and len(cv.finite) > _VECTORISED_FROM):
+            return self._vectorised(cv, ranged)
+        return self._in_python(cv, ranged)
+
+    def _in_python(self, cv: CheckValues, ranged: np.ndarray | None) -> np.ndarray:
+        """`assemble`'s rules row by row over plain Python floats."""
+        n = len(cv.finite)
+        density, freeze_count, frozen, actuation = cv.density, cv.freeze_count, cv.frozen, cv.actuation
+        margin, min_margin, signals = cv.margin, cv.min_margin, cv.signals
         worst = [] if ranged is None else ranged.tolist()
-        ok, sc = finite.tolist(), scored.tolist()
+        ok, sc = cv.finite.tolist(), cv.scored.tolist()
         not_scored = [_NOT_APPLICABLE if o else _NOT_SCORED for o in ok]  # a check with no value to judge
         cols: list[list[tuple[float, float, bool, int]]] = []  # per check, its entry per row
         for c in self.columns:
@@ -274,21 +279,10 @@ class CheckBoard:
         """The range checks' worst excursion per row (`RangeFamily.judge`); None without range checks."""
         return self.ranges.judge(x, changes, plans, present, finite) if self._range_at else None
 
-    def _vectorised(
-        self,
-        finite: BoolArray,
-        scored: BoolArray,
-        density: list[tuple[Any, Any, Any]] | None,
-        worst: np.ndarray | None,
-        freeze_count: Any,
-        frozen: Any,
-        actuation: tuple[Any, Any] | None,
-        margin: Any,
-        min_margin: float,
-        signals: Any = None,
-    ) -> np.ndarray:
+    def _vectorised(self, cv: CheckValues, worst: np.ndarray | None) -> np.ndarray:
         """`assemble`'s rules as numpy operations over the whole (checks, rows) table at once: each
         check's raw value, threshold and veto in its row, then one rule per family of checks."""
+        finite, scored, density, actuation, signals = cv.finite, cv.scored, cv.density, cv.actuation, cv.signals
         n, c = len(finite), len(self.columns)
         raw = np.full((c, n), np.nan)  # NaN: no value (density: +inf too)
         threshold = np.zeros((c, n))
@@ -303,15 +297,15 @@ class CheckBoard:
                 raw[j] = worst[:, self._range_at[col]]
                 veto[j] = raw[j] > 0.0  # NaN: no verdict
             elif kind is Check.FREEZE:
-                raw[j] = 0.0 if freeze_count is None else freeze_count
-                threshold[j], veto[j] = self.freeze_repeats, frozen
+                raw[j] = 0.0 if cv.freeze_count is None else cv.freeze_count
+                threshold[j], veto[j] = self.freeze_repeats, cv.frozen
             elif kind is Check.ACTUATION:
                 threshold[j] = self.actuation_threshold
                 if actuation is not None:
                     raw[j], veto[j] = actuation
             elif kind is Check.MARGIN:  # as ReasonRules.flags judges LOW_MARGIN (in float64)
-                raw[j], threshold[j] = margin, min_margin
-                veto[j] = scored & (raw[j] < min_margin)
+                raw[j], threshold[j] = cv.margin, cv.min_margin
+                veto[j] = scored & (raw[j] < cv.min_margin)
             else:  # a per-signal check
                 k = kind - Check.SIGNAL_STUCK
                 threshold[j] = self.signal_thresholds[k]

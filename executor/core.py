@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dualloop.executor.candidate import Candidate, SwapRefused, check_compatible, check_same_checks
-from dualloop.executor.checks import CheckBoard
+from dualloop.executor.checks import CheckBoard, CheckValues
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.gating import GateVerdicts, GateWiring
 from dualloop.executor.history import HistoryRing
@@ -41,20 +41,20 @@ from dualloop.executor.sessions import (
     without_invalid_content,
 )
 from dualloop.executor.snapshot import (
+    INT64_MAX,
     AppliedAction,
     Clock,
     Observation,
-    PlanState,
     Snapshot,
     StageTimings,
     input_hashes,
 )
+from dualloop.executor.tick_snapshots import TickRows, tick_snapshots
 from dualloop.ood import Gate
 from dualloop.ood.signals import SignalSettings
 
 _perf_ns = time.perf_counter_ns
 _mono_ns = time.monotonic_ns
-_INT64_MAX = 2**63 - 1  # the wire's int64 fields: an age or delay beyond it is sent saturated
 # A sensor period beyond an hour is no sensor rate; the bound keeps period + allowance (the
 # staleness limit, int64 nanoseconds) far from overflowing into "every tick STALE".
 MAX_OBSERVATION_PERIOD_NS = 3_600_000_000_000
@@ -468,6 +468,45 @@ class Executor:
     def _run_batch(self, rows: list[Session], tick_index: int, tick_ns: int, lateness_ns: int) -> list[Snapshot]:
         n = len(rows)
         t0 = _perf_ns()
+        observations, derive, present, has_plan, plan_ages, valid_for = self._gather(rows)
+        plan_states, stale_plan = self._plan_rule(rows, has_plan, plan_ages, valid_for, self._p[:n])
+        xn, pn, finite, model_present = self._normalise(rows, observations, derive, present)
+        t1 = _perf_ns()
+        out, gate_out, model_ok = self._forward(xn, pn, model_present, n)
+        t2 = _perf_ns()
+        gate = self.gating.step(rows, observations, finite, gate_out)
+        t3 = _perf_ns()
+        snaps = self._postprocess(
+            rows,
+            observations,
+            finite,
+            out,
+            model_ok,
+            gate,
+            tick_index,
+            tick_ns,
+            lateness_ns,
+            (plan_ages, plan_states, stale_plan),
+        )
+        t4 = _perf_ns()
+        cand = self.candidate
+        if cand is not None and not cand.paused:  # after the live decision: it cannot change what is applied
+            xin = self._x[:n] if self.history is None else self._xm[:n]
+            for snap, proposal in zip(snaps, cand.decide(xin, self._p[:n], model_present, finite)):
+                snap.candidate = proposal
+            spent = _perf_ns() - t4
+            self.stats.candidate_ns += spent
+            cand.account(spent, t2 - t1, n, self._config.model_budget_ns, self.period_ns)
+        self._account(snaps, (t0, t1, t2, t3, t4))
+        return snaps
+
+    def _gather(
+        self, rows: list[Session]
+    ) -> tuple[list[Observation], list[int], np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
+        """The tick's inputs into rows 0..n-1 of its buffers (features, plans, freshness, sensor
+        profiles): (observations, rows whose history features are due, sensor profiles (None: all
+        measured), has a plan, plan ages, plans' validity)."""
+        n = len(rows)
         x, p = self._x[:n], self._p[:n]
         observations: list[Observation] = []
         derive: list[int] = []  # rows whose observation's history features are due (REALTIME)
@@ -494,7 +533,7 @@ class Executor:
             if s.has_plan:
                 has_plan[i], valid_for[i] = True, s.plan_valid_for_ns
                 # saturated: a created_ns in the far past (int64's minimum) is an age beyond int64
-                plan_ages[i] = min(max(0, obs.timestamp_ns - s.plan_created_ns), _INT64_MAX)
+                plan_ages[i] = min(max(0, obs.timestamp_ns - s.plan_created_ns), INT64_MAX)
             if s.present is not None:
                 if present is None:
                     present = self._present[:n]
@@ -502,27 +541,39 @@ class Executor:
                 present[i] = s.present
             elif present is not None:
                 present[i] = True
-        plan_states, stale_plan = self._plan_rule(rows, has_plan, plan_ages, valid_for, p)
-        # the model never sees NaN; such rows are marked INVALID_INPUT below (missing features are
+        return observations, derive, present, has_plan, plan_ages, valid_for
+
+    def _normalise(
+        self, rows: list[Session], observations: list[Observation], derive: list[int], present: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """(normalised inputs, normalised plans, finite, the model's input profile) of the gathered rows,
+        with the history features of `derive`'s observations derived first."""
+        n = len(rows)
+        x, p = self._x[:n], self._p[:n]
+        # the model never sees NaN; such rows are marked INVALID_INPUT later (missing features are
         # masked, not invalid)
         self._tick_present = present
         if self.history is None:
             xn, pn, finite = self.normalisation.apply(x, p, self._xn[:n], self._pn[:n], present)
-            model_present = present
-        else:
-            xm, nf = self._xm[:n], self.model.n_features
-            xm[:, :nf] = x
-            if derive:  # the newest of each session's stream: the observation the tick takes
-                assert self._history_ring is not None
-                states = [h for h in (rows[i].history for i in derive) if h is not None]
-                derived = self._history_ring.newest(states, x[derive])
-                for i, h in zip(derive, derived):
-                    observations[i].history = h
-            for i, obs in enumerate(observations):
-                xm[i, nf:] = obs.history
-            model_present = self.model_present(present)
-            xn, pn, finite = self.normalisation.apply(xm, p, self._xmn[:n], self._pn[:n], model_present)
-        t1 = _perf_ns()
+            return xn, pn, finite, present
+        xm, nf = self._xm[:n], self.model.n_features
+        xm[:, :nf] = x
+        if derive:  # the newest of each session's stream: the observation the tick takes
+            assert self._history_ring is not None
+            states = [h for h in (rows[i].history for i in derive) if h is not None]
+            derived = self._history_ring.newest(states, x[derive])
+            for i, h in zip(derive, derived):
+                observations[i].history = h
+        for i, obs in enumerate(observations):
+            xm[i, nf:] = obs.history
+        model_present = self.model_present(present)
+        xn, pn, finite = self.normalisation.apply(xm, p, self._xmn[:n], self._pn[:n], model_present)
+        return xn, pn, finite, model_present
+
+    def _forward(
+        self, xn: np.ndarray, pn: np.ndarray, model_present: np.ndarray | None, n: int
+    ) -> tuple[ModelOutputs | None, ModelOutputs | None, np.ndarray]:
+        """(outputs for the decision, outputs for the gates, the model's outputs are finite per row)."""
         out: ModelOutputs | None
         gate_out: ModelOutputs | None
         try:
@@ -541,30 +592,12 @@ class Executor:
                 assert out is not None
                 dv = np.where(model_ok[:, None], out.decision_vector, np.float32(np.nan))
                 gate_out = replace(out, decision_vector=dv)
-        t2 = _perf_ns()
-        gate = self.gating.step(rows, observations, finite, gate_out)
-        t3 = _perf_ns()
-        snaps = self._postprocess(
-            rows,
-            observations,
-            finite,
-            out,
-            model_ok,
-            gate,
-            tick_index,
-            tick_ns,
-            lateness_ns,
-            (plan_ages, plan_states, stale_plan),
-        )
-        t4 = _perf_ns()
-        cand = self.candidate
-        if cand is not None and not cand.paused:  # after the live decision: it cannot change what is applied
-            xin = self._x[:n] if self.history is None else self._xm[:n]
-            for snap, proposal in zip(snaps, cand.decide(xin, p, model_present, finite)):
-                snap.candidate = proposal
-            spent = _perf_ns() - t4
-            self.stats.candidate_ns += spent
-            cand.account(spent, t2 - t1, n, self._config.model_budget_ns, self.period_ns)
+        return out, gate_out, model_ok
+
+    def _account(self, snaps: list[Snapshot], t: tuple[int, int, int, int, int]) -> None:
+        """The stage timings (`t`: the perf counter at the tick's start and after each stage) onto the
+        tick's snapshots and into the executor's totals."""
+        t0, t1, t2, t3, t4 = t
         timings = StageTimings((t1 - t0) // 1000, (t2 - t1) // 1000, (t3 - t2) // 1000, (t4 - t3) // 1000)
         emit_ns = _mono_ns()
         for snap in snaps:
@@ -572,12 +605,11 @@ class Executor:
             snap.emit_time_ns = emit_ns
         st = self.stats
         st.ticks += 1
-        st.rows += n
+        st.rows += len(snaps)
         st.stage_ns[0] += t1 - t0
         st.stage_ns[1] += t2 - t1
         st.stage_ns[2] += t3 - t2
         st.stage_ns[3] += t4 - t3
-        return snaps
 
     def model_present(self, present: np.ndarray | None) -> np.ndarray | None:
         """The model's input profile (rows, n_inputs) of wire sensor profiles (rows, F): a history
@@ -636,36 +668,16 @@ class Executor:
             probs, top, top1, margin, controls = self.propose(out)
         else:
             margin = np.zeros(n, np.float32)
-        ages = np.fromiter(
-            (
-                tick_ns - (obs.arrival_ns if s.clock is Clock.REALTIME else obs.timestamp_ns)
-                for s, obs in zip(rows, observations)
-            ),
-            np.int64,
-            n,
-        )
-        np.maximum(ages, 0, out=ages)
-        periods = [self.observation_period_ns(s) for s in rows]
-        flags = self.reasons.flags(
-            finite,
-            model_ok,
-            ages,
-            stale_plan,
-            gate[2] if gate is not None else np.zeros(n, bool),
-            margin,
-            np.array(periods, np.int64),
-            np.fromiter((bool(obs.invalid_parts) for obs in observations), bool, n),
-        )
+        ages, periods, flags = self._flag_rows(rows, observations, finite, model_ok, gate, margin, stale_plan, tick_ns)
         hashes = input_hashes(self._x[:n], self._p[:n]).tolist()
         table = self._check_table(rows, finite, model_ok, gate is not None, margin)
-        kinds = self.checks.kinds
-        empty = np.zeros(0, np.float32)
-        lateness_us = max(0, lateness_ns) // 1000
         # the batch's columns as Python values, once: a numpy scalar per row and field costs more
         # than the rule itself at a live tick's few dozen rows
-        finite_rows, held = finite.tolist(), (~self._fresh[:n]).tolist()
         reasons = [list(REASONS_OF_FLAGS[f]) for f in flags.tolist()]
         proposals: list[AppliedAction | None] = [None] * n
+        prob_rows: list[np.ndarray] = []
+        confs: list[float] = []
+        margins: list[float] = []
         if out is not None:
             # rows of this tick's own arrays (fresh every tick), not copies
             prob_rows, control_rows = list(probs), list(controls)
@@ -688,81 +700,64 @@ class Executor:
             if any(o.release_standstill for o in observations)
             else None,
         )
-        if gate is not None:
-            gate_scores, gate_thresholds, gate_vetoes = gate[0], gate[1], gate[2].tolist()
-        ages_l, plan_ages_l, plan_states_l = ages.tolist(), plan_ages.tolist(), plan_states.tolist()
-        version, table_rows = self.card.version, list(table)
-        snaps = []
-        for i, s in enumerate(rows):
-            obs = observations[i]
-            age = ages_l[i]
-            proposal = proposals[i]
-            if proposal is not None:
-                idx, name = proposal.index, proposal.name
-                prop_probs, prop_controls, conf, marg = prob_rows[i], proposal.controls, confs[i], margins[i]
-            else:
-                idx, name, prop_probs, prop_controls, conf, marg = -1, "", empty, empty, 0.0, 0.0
-            applied, state = decided[i]
-            s.ticks += 1
-            missed, transport = 0, None
-            if s.clock is Clock.REALTIME:
-                # grid indices skipped since this session's previous tick (missed deadlines)
-                if s.last_tick_index is not None:
-                    missed = max(0, tick_index - s.last_tick_index - 1)
-                s.last_tick_index = tick_index
-                if obs.sent_time_ns:
-                    # saturated, as the plan age: a client clock at int64's edge must not overflow the field
-                    transport = max(-_INT64_MAX, min(obs.received_wall_ns - obs.sent_time_ns, _INT64_MAX))
-            snaps.append(
-                Snapshot(
-                    session_id=s.session_id,
-                    tick=tick_index,
-                    scheduled_time_ns=tick_ns,
-                    emit_time_ns=0,
-                    lateness_us=lateness_us,
-                    observation_seq=obs.seq,
-                    observation_age_ns=age,
-                    model_version=version,
-                    proposed_index=idx,
-                    proposed_name=name,
-                    probabilities=prop_probs,
-                    proposed_controls=prop_controls,
-                    confidence=conf,
-                    margin=marg,
-                    applied=applied,
-                    reasons=tuple(reasons[i]),
-                    safety_state=state,
-                    input_hash=hashes[i],
-                    timings=StageTimings(),
-                    shadow=s.shadow,
-                    plan_id=s.plan_id,
-                    plan_age_ns=plan_ages_l[i],
-                    plan_state=PlanState(plan_states_l[i]),
-                    plan_valid_for_ns=s.plan_valid_for_ns if s.has_plan else 0,
-                    decision_vector=out.decision_vector[i].copy()
-                    if (s.include_decision_vector and out is not None and model_ok[i])
-                    else None,
-                    snapshots_dropped=s.snapshots_dropped,
-                    observations_dropped=s.observations_dropped,
-                    observation_held=held[i],
-                    observation_period_ns=periods[i],
-                    actual_index=obs.actual_index,
-                    actual_controls=obs.actual_controls,
-                    invalid_input=obs.invalid_parts if finite_rows[i] else ("features", *obs.invalid_parts),
-                    gate_score=float(gate_scores[i]) if gate is not None else None,
-                    gate_threshold=float(gate_thresholds[i]) if gate is not None else None,
-                    gate_veto=gate_vetoes[i] if gate is not None else False,
-                    max_lateness_since_previous_us=lateness_us,
-                    ticks_missed_since_previous=missed,
-                    transport_delay_ns=transport,
-                    observation_age_with_transport_ns=None
-                    if transport is None
-                    else max(-_INT64_MAX, min(age + transport, _INT64_MAX)),
-                    check_kinds=kinds,
-                    checks=table_rows[i],
-                )
-            )
-        return snaps
+        columns = TickRows(
+            tick_index,
+            tick_ns,
+            max(0, lateness_ns) // 1000,
+            ages.tolist(),
+            periods,
+            (~self._fresh[:n]).tolist(),
+            finite.tolist(),
+            hashes,
+            plan_ages.tolist(),
+            plan_states.tolist(),
+            reasons,
+            proposals,
+            prob_rows,
+            confs,
+            margins,
+            decided,
+            None if out is None else out.decision_vector,
+            model_ok,
+            gate,
+            list(table),
+        )
+        return tick_snapshots(rows, observations, columns, self.card.version, self.checks.kinds)
+
+    def _flag_rows(
+        self,
+        rows: list[Session],
+        observations: list[Observation],
+        finite: np.ndarray,
+        model_ok: np.ndarray,
+        gate: GateVerdicts | None,
+        margin: np.ndarray,
+        stale_plan: np.ndarray,
+        tick_ns: int,
+    ) -> tuple[np.ndarray, list[int], np.ndarray]:
+        """(observation ages at `tick_ns`, the periods staleness is judged against, reason flags) per row."""
+        n = len(rows)
+        ages = np.fromiter(
+            (
+                tick_ns - (obs.arrival_ns if s.clock is Clock.REALTIME else obs.timestamp_ns)
+                for s, obs in zip(rows, observations)
+            ),
+            np.int64,
+            n,
+        )
+        np.maximum(ages, 0, out=ages)
+        periods = [self.observation_period_ns(s) for s in rows]
+        flags = self.reasons.flags(
+            finite,
+            model_ok,
+            ages,
+            stale_plan,
+            gate[2] if gate is not None else np.zeros(n, bool),
+            margin,
+            np.array(periods, np.int64),
+            np.fromiter((bool(obs.invalid_parts) for obs in observations), bool, n),
+        )
+        return ages, periods, flags
 
     def _check_table(
         self, rows: list[Session], finite: np.ndarray, model_ok: np.ndarray, gated: bool, margin: np.ndarray
@@ -772,17 +767,19 @@ class Executor:
         last = self.gating.last if gated else None
         changes = None if last is None or last.changes is None else np.array(last.changes, np.float64)
         return self.checks.assemble(
-            finite,
-            finite & model_ok,
-            None if last is None else last.density,
-            self._x[:n],
-            self._p[:n],
-            changes,
-            self._tick_present,
-            None if last is None else last.freeze_count,
-            self._frozen[:n],
-            None if last is None else last.actuation,
-            margin,
-            self.reasons.min_margin,
-            signals=None if last is None else last.signals,
+            CheckValues(
+                finite,
+                finite & model_ok,
+                None if last is None else last.density,
+                self._x[:n],
+                self._p[:n],
+                changes,
+                self._tick_present,
+                None if last is None else last.freeze_count,
+                self._frozen[:n],
+                None if last is None else last.actuation,
+                margin,
+                self.reasons.min_margin,
+                signals=None if last is None else last.signals,
+            )
         )

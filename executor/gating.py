@@ -188,6 +188,69 @@ class Profile:
     bank: GateBank
 
 
+def _gate_runs(model: DecisionModel, gates: list[Gate], capacity: int) -> list[GateRun]:
+    """Each gate's run; a gate fitted on other features than the model provides is refused."""
+    card = model.card
+    runs = []
+    for g in gates:
+        expected = gate_feature_names(model, g.schema.source)
+        if list(g.schema.feature_names) != expected:
+            have = g.schema.feature_names
+            raise GateMismatch(
+                f"the gate was fitted on {len(have)} {g.schema.source} features "
+                f"({have[0]}, ..., {have[-1]}); model {card.name} {card.version} provides "
+                f"{len(expected)} ({expected[0]}, ..., {expected[-1]})"
+            )
+        runs.append(GateRun(g.monitor(capacity), g.schema.source, g.dim, float(g.threshold)))
+    return runs
+
+
+def _plan_gates(model: DecisionModel, gates: list[Gate]) -> list[bool]:
+    """Per gate: it limits the plan; a gate limiting another plan than the model's is refused."""
+    card = model.card
+    plan_names = [p.name for p in card.plan]
+    out = []
+    for g in gates:
+        context = [] if g.feature_range is None else list(g.feature_range.context_names)
+        if context and context != plan_names:
+            raise GateMismatch(
+                f"the gate limits a plan of {context}; model {card.name} {card.version} is conditioned on {plan_names}"
+            )
+        out.append(bool(context))
+    return out
+
+
+def _actuation(
+    model: DecisionModel, gates: list[Gate], capacity: int
+) -> tuple[ActuationMonitor | None, tuple[int, int, int]]:
+    """The actuation check's monitor (None: no gate carries one) and where it reads (accel feature,
+    speed feature, command control); at most one gate may carry it."""
+    card = model.card
+    checks = [g.actuation for g in gates if g.actuation is not None]
+    if len(checks) > 1:
+        raise GateMismatch(f"{len(checks)} gates carry an actuation check; a session's command is judged once")
+    if not checks:
+        return None, (0, 0, 0)
+    try:
+        at = checks[0].indices(card.feature_names, [c.name for c in card.controls])
+    except ValueError as exc:
+        raise GateMismatch(f"model {card.name} {card.version}: {exc}") from None
+    return checks[0].monitor(capacity), at
+
+
+def _freeze_detector(
+    model: DecisionModel, gates: list[Gate], capacity: int, freeze_repeats: int
+) -> FreezeDetector | None:
+    """The freeze check with the gates' common settings; None without gates or repeats."""
+    card = model.card
+    try:
+        stated = common_settings([g.freeze for g in gates])
+        rest = None if stated is None else stated.rest(card.feature_names)
+    except ValueError as exc:
+        raise GateMismatch(f"model {card.name} {card.version}: {exc}") from None
+    return FreezeDetector(capacity, model.n_features, freeze_repeats, rest) if gates and freeze_repeats > 0 else None
+
+
 def _picker(flags: Sequence[bool]) -> Callable[[tuple[Any, Any]], tuple[Any, ...]]:
     """pair -> (pair[flag] for each flag), as a tuple, by one C-level call (at one session a Python
     loop over the gates shows in the tick)."""
@@ -224,17 +287,7 @@ class GateWiring:
         with a gate, on a schema with the ego speed."""
         card = model.card
         self.gates = list(gates)
-        self.runs: list[GateRun] = []
-        for g in self.gates:
-            expected = gate_feature_names(model, g.schema.source)
-            if list(g.schema.feature_names) != expected:
-                have = g.schema.feature_names
-                raise GateMismatch(
-                    f"the gate was fitted on {len(have)} {g.schema.source} features "
-                    f"({have[0]}, ..., {have[-1]}); model {card.name} {card.version} provides "
-                    f"{len(expected)} ({expected[0]}, ..., {expected[-1]})"
-                )
-            self.runs.append(GateRun(g.monitor(capacity), g.schema.source, g.dim, float(g.threshold)))
+        self.runs: list[GateRun] = _gate_runs(model, self.gates, capacity)
         # all gates scored, filtered and combined in one pass (the same decisions as per-gate monitors
         # and `nearest_gate`); None without gates
         self.bank = GateBank([run.monitor for run in self.runs], capacity) if self.runs else None
@@ -249,16 +302,7 @@ class GateWiring:
             g.schema.source == "input_features" and g.feature_range is not None and bool(g.feature_range.change_low)
             for g in self.gates
         ]
-        plan_names = [p.name for p in card.plan]
-        self.plan_gates = []
-        for g in self.gates:
-            context = [] if g.feature_range is None else list(g.feature_range.context_names)
-            if context and context != plan_names:
-                raise GateMismatch(
-                    f"the gate limits a plan of {context}; model "
-                    f"{card.name} {card.version} is conditioned on {plan_names}"
-                )
-            self.plan_gates.append(bool(context))
+        self.plan_gates = _plan_gates(model, self.gates)
         self._any_plan_gate = any(self.plan_gates)
         self.capacity = capacity
         # what the last live tick's checks said, per row, for DecisionSnapshot.checks (`TickChecks`)
@@ -274,27 +318,9 @@ class GateWiring:
         self._pick_features = _picker([run.source == "input_features" for run in self.runs])
         self._pick_changes = _picker(self.change_gates)
         self.change = ChangeTracker(capacity, model.n_features) if any(self.change_gates) else None
-        self.actuation: ActuationMonitor | None = None
-        self.actuation_at = (0, 0, 0)  # accel feature, speed feature, command control
-        checks = [g.actuation for g in self.gates if g.actuation is not None]
-        if len(checks) > 1:
-            raise GateMismatch(f"{len(checks)} gates carry an actuation check; a session's command is judged once")
-        if checks:
-            try:
-                self.actuation_at = checks[0].indices(card.feature_names, [c.name for c in card.controls])
-            except ValueError as exc:
-                raise GateMismatch(f"model {card.name} {card.version}: {exc}") from None
-            self.actuation = checks[0].monitor(capacity)
-        try:
-            stated = common_settings([g.freeze for g in self.gates])
-            rest = None if stated is None else stated.rest(card.feature_names)
-        except ValueError as exc:
-            raise GateMismatch(f"model {card.name} {card.version}: {exc}") from None
-        self.freeze = (
-            FreezeDetector(capacity, model.n_features, freeze_repeats, rest)
-            if self.gates and freeze_repeats > 0
-            else None
-        )
+        # accel feature, speed feature, command control
+        self.actuation, self.actuation_at = _actuation(model, self.gates, capacity)
+        self.freeze = _freeze_detector(model, self.gates, capacity, freeze_repeats)
         monitor = None if signals is None or not self.gates else SignalMonitor(capacity, signals, card.feature_names)
         self.signals = monitor if monitor is not None and monitor.available else None
         # the sensor profile (Session.present) each slot's state was last set for, and how many slots

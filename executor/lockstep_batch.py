@@ -19,8 +19,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dualloop.executor.checks import CheckValues
 from dualloop.executor.columns import as_columns
 from dualloop.executor.core import Executor
+from dualloop.executor.gating import RowScores
 from dualloop.executor.model_runner import ModelOutputs
 from dualloop.executor.reasons import REASONS_OF_FLAGS, plan_rule
 from dualloop.executor.sessions import PERIOD_WINDOW, Session, median_interval, without_invalid_content
@@ -141,6 +143,150 @@ class TickTable:
         return out
 
 
+@dataclass(frozen=True)
+class _Grid:
+    """The tick grid: a tick every period from the first timestamp; each uses the newest observation
+    at or before its time (as advance_lockstep: ticks strictly before an observation use the previous one)."""
+
+    tick_ns: np.ndarray  # (T,) int64 scheduled time
+    which: np.ndarray  # (T,) the observation each tick uses
+    fresh: np.ndarray  # (T,) bool: the tick is the first to use its observation
+    used: np.ndarray  # (N,) bool: some tick uses the observation
+    dropped_before: np.ndarray  # (N,) observations dropped up to each one (a newer one arrived before any tick)
+
+    @classmethod
+    def of(cls, ts: np.ndarray, period: int) -> _Grid:
+        n_ticks = int((ts[-1] - ts[0]) // period) + 1
+        tick_ns = ts[0] + np.arange(n_ticks, dtype=np.int64) * period
+        which = np.searchsorted(ts, tick_ns, side="right") - 1
+        fresh = np.ones(n_ticks, bool)
+        fresh[1:] = which[1:] != which[:-1]
+        used = np.zeros(len(ts), bool)
+        used[which] = True
+        return cls(tick_ns, which, fresh, used, np.cumsum(~used))
+
+
+@dataclass(frozen=True)
+class _Plans:
+    """Per observation: the plan in force from it on (`_plans`) and the plan rule's verdict on it."""
+
+    values: np.ndarray  # (N, plan) float32
+    ids: list[str]
+    created: np.ndarray  # (N,) int64
+    valid_for: np.ndarray  # (N,) int64 resolved validity
+    has: np.ndarray  # (N,) bool: any plan yet
+    age: np.ndarray  # (N,) int64, saturated
+    state: np.ndarray  # (N,) PlanState values
+    valid: np.ndarray  # (N,) bool
+    stale: np.ndarray  # (N,) bool: STALE_PLAN
+
+    @classmethod
+    def of(cls, ex: Executor, session: Session, observations: Sequence[Observation], ts: np.ndarray) -> _Plans:
+        values, ids, created, valid_for, has = _plans(ex, observations)
+        # The plan rule, per observation: a plan's age is sensor time, the timestamp of the observation
+        # a tick decides on, so held ticks share their observation's plan state (as live ticks do).
+        # created <= ts (validated), so a negative difference is int64 wrapping round: an age beyond
+        # int64 (a created_ns in the far past), saturated as a live tick saturates it
+        age = ts - created
+        plan_age = np.where(has, np.where(age < 0, np.iinfo(np.int64).max, age), 0)
+        state, valid, stale = plan_rule(has, plan_age, valid_for, session.require_plan, session.expired_plan_is_stale)
+        return cls(values, ids, created, valid_for, has, plan_age, state, valid, stale)
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """The memoryless work, once per observation row that ticks use (`rows`)."""
+
+    rows: np.ndarray  # (R,) indices of the used observations
+    x: np.ndarray  # (R, F) their features
+    p: np.ndarray  # (R, plan) the plans the model saw (the default where none is valid)
+    finite: np.ndarray  # (R,) bool
+    out: ModelOutputs | None
+    model_ok: np.ndarray  # (R,) bool
+    probs: np.ndarray
+    top: np.ndarray
+    top1: np.ndarray
+    margin: np.ndarray
+    controls: np.ndarray
+    gate_rows: list[RowScores]
+    hashes: np.ndarray
+
+    @classmethod
+    def of(
+        cls, ex: Executor, session: Session, feats: np.ndarray, ts: np.ndarray, rows: np.ndarray, plans: _Plans
+    ) -> _Scored:
+        x, p = feats[rows], np.where(plans.valid[rows, None], plans.values[rows], ex.plan_default)
+        present = None if session.present is None else np.broadcast_to(session.present, x.shape)
+        if ex.history is None:
+            xn, pn, finite = ex.normalisation.apply(x, p, present=present)
+        else:  # history features of the used observations, from the whole stream (as pushed live)
+            present = ex.model_present(present)
+            xn, pn, finite = ex.normalisation.apply(
+                np.concatenate([x, ex.history.batch(ts, feats, rows)], axis=1), p, present=present
+            )
+        out: ModelOutputs | None
+        try:
+            out = ex.model.forward(xn, pn, present)
+            model_ok = np.isfinite(out.logits).all(axis=1) & np.isfinite(out.controls).all(axis=1)
+        except Exception:  # noqa: BLE001 - as in a live tick: every tick degrades to MODEL_ERROR
+            out, model_ok = None, np.zeros(len(rows), bool)
+        n_act, n_ctl = len(ex.card.actions), len(ex.card.controls)
+        if out is not None:
+            probs, top, top1, margin, controls = ex.propose(out)
+        else:
+            probs, controls = np.zeros((len(rows), n_act), np.float32), np.zeros((len(rows), n_ctl), np.float32)
+            top, top1, margin = (
+                np.zeros(len(rows), np.int64),
+                np.zeros(len(rows), np.float32),
+                np.zeros(len(rows), np.float32),
+            )
+        dv = out.decision_vector if out is not None else None
+        gate_rows = ex.gating.score_rows(x, p, dv, finite, model_ok, session.slot, ts[rows], session.present)
+        hashes = input_hashes(x, p)
+        return cls(rows, x, p, finite, out, model_ok, probs, top, top1, margin, controls, gate_rows, hashes)
+
+
+@dataclass(frozen=True)
+class _Scans:
+    """What has memory, scanned over the ticks: the freeze check, actuation, each gate's filter, the
+    per-signal checks; `veto` (T,) is every veto of them together."""
+
+    counts: np.ndarray | None  # (T,) the freeze check's repeat count; None without it
+    frozen: np.ndarray  # (T,) bool
+    actuation: tuple[np.ndarray, np.ndarray] | None  # per observation row
+    density: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    score: np.ndarray | None
+    threshold: np.ndarray | None
+    veto: np.ndarray
+    signals: np.ndarray | None  # per observation row
+
+    @classmethod
+    def of(
+        cls,
+        ex: Executor,
+        session: Session,
+        observations: Sequence[Observation],
+        feats: np.ndarray,
+        ts: np.ndarray,
+        m: _Scored,
+        r: np.ndarray,
+        x_ticks: np.ndarray,
+        fresh: np.ndarray,
+    ) -> _Scans:
+        gating = ex.gating
+        counts = gating.scan_freeze_counts(x_ticks, session.slot, fresh, session.present)
+        frozen = np.zeros(len(r), bool) if counts is None else counts >= gating.freeze.repeats  # type: ignore[union-attr]
+        actuation = gating.scan_actuation(session, observations, feats, ts, m.rows)
+        density: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        score, threshold, veto = gating.scan(session.slot, m.gate_rows, r, actuation, session.present, density)
+        veto |= frozen
+        signals = gating.scan_signals(m.x, session.slot, ts[m.rows], session.present)
+        signal_veto = gating.signal_vetoes(signals)
+        if signal_veto is not None:
+            veto |= signal_veto[r]
+        return cls(counts, frozen, actuation, density, score, threshold, veto, signals)
+
+
 def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observation]) -> TickTable:
     """All ticks of the new LOCKSTEP session `session_id` fed with `observations`, in one vectorised
     pass: the same decisions as `ex.advance_lockstep` observation by observation, and the session
@@ -149,168 +295,125 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
     if session.last_timestamp_ns is not None or session.lockstep_tick:
         raise ValueError(f"session {session.session_id!r} has ticked already; run_lockstep needs a new session")
     feats, ts = _validate(ex, session, observations)
-    if as_columns(observations) is None:
-        # content errors as advance_lockstep treats them: non-finite plans discarded (a column's
-        # plans are all finite, so nothing of theirs is ever discarded)
-        observations = [without_invalid_content(o) for o in observations]
-        bad_content = np.fromiter((bool(o.invalid_parts) for o in observations), bool, len(observations))
-    else:
-        bad_content = np.zeros(len(observations), bool)
-    n_obs, period = len(observations), ex.period_ns
-    # The grid: a tick every period from the first timestamp; each uses the newest observation at or
-    # before its time (as advance_lockstep: ticks strictly before an observation use the previous one).
-    n_ticks = int((ts[-1] - ts[0]) // period) + 1
-    tick_ns = ts[0] + np.arange(n_ticks, dtype=np.int64) * period
-    which = np.searchsorted(ts, tick_ns, side="right") - 1
-    fresh = np.ones(n_ticks, bool)
-    fresh[1:] = which[1:] != which[:-1]
-    used = np.zeros(n_obs, bool)
-    used[which] = True
-    # an observation is dropped when a newer one arrives before any tick used it
-    dropped_before = np.cumsum(~used)
-    plans, plan_ids, plan_created, plan_valid_for, has_plan = _plans(ex, observations)
-    # The plan rule, per observation: a plan's age is sensor time, the timestamp of the observation
-    # a tick decides on, so held ticks share their observation's plan state (as live ticks do).
-    # created <= ts (validated), so a negative difference is int64 wrapping round: an age beyond
-    # int64 (a created_ns in the far past), saturated as a live tick saturates it
-    age = ts - plan_created
-    plan_age = np.where(has_plan, np.where(age < 0, np.iinfo(np.int64).max, age), 0)
-    plan_state, plan_valid, stale_plan = plan_rule(
-        has_plan, plan_age, plan_valid_for, session.require_plan, session.expired_plan_is_stale
-    )
-
-    # -- memoryless, once per observation ticks used --
-    rows = np.flatnonzero(used)
-    x, p = feats[rows], np.where(plan_valid[rows, None], plans[rows], ex.plan_default)
-    present = None if session.present is None else np.broadcast_to(session.present, x.shape)
-    if ex.history is None:
-        xn, pn, finite = ex.normalisation.apply(x, p, present=present)
-    else:  # history features of the used observations, from the whole stream (as pushed live)
-        present = ex.model_present(present)
-        xn, pn, finite = ex.normalisation.apply(
-            np.concatenate([x, ex.history.batch(ts, feats, rows)], axis=1), p, present=present
-        )
-    out: ModelOutputs | None
-    try:
-        out = ex.model.forward(xn, pn, present)
-        model_ok = np.isfinite(out.logits).all(axis=1) & np.isfinite(out.controls).all(axis=1)
-    except Exception:  # noqa: BLE001 - as in a live tick: every tick degrades to MODEL_ERROR
-        out, model_ok = None, np.zeros(len(rows), bool)
-    n_act, n_ctl = len(ex.card.actions), len(ex.card.controls)
-    if out is not None:
-        probs, top, top1, margin, controls = ex.propose(out)
-    else:
-        probs, controls = np.zeros((len(rows), n_act), np.float32), np.zeros((len(rows), n_ctl), np.float32)
-        top, top1, margin = (
-            np.zeros(len(rows), np.int64),
-            np.zeros(len(rows), np.float32),
-            np.zeros(len(rows), np.float32),
-        )
-    gating = ex.gating
-    dv = out.decision_vector if out is not None else None
-    gate_rows = gating.score_rows(x, p, dv, finite, model_ok, session.slot, ts[rows], session.present)
-    hashes = input_hashes(x, p)
-
+    observations, bad_content = _without_invalid_content(observations)
+    grid = _Grid.of(ts, ex.period_ns)
+    which, plans = grid.which, _Plans.of(ex, session, observations, ts)
+    m = _Scored.of(ex, session, feats, ts, np.flatnonzero(grid.used), plans)  # memoryless, once per used row
     # -- onto the tick grid --
-    r = np.searchsorted(rows, which)  # row of each tick's observation
-    age = tick_ns - ts[which]
+    r = np.searchsorted(m.rows, which)  # row of each tick's observation
+    age = grid.tick_ns - ts[which]
     x_ticks = feats[which]
-    counts = gating.scan_freeze_counts(x_ticks, session.slot, fresh, session.present)
-    frozen = np.zeros(n_ticks, bool) if counts is None else counts >= gating.freeze.repeats  # type: ignore[union-attr]
-    actuation = gating.scan_actuation(session, observations, feats, ts, rows)
-    density: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    score, threshold, veto = gating.scan(session.slot, gate_rows, r, actuation, session.present, density)
-    veto |= frozen
-    signals = gating.scan_signals(x, session.slot, ts[rows], session.present)
-    signal_veto = gating.signal_vetoes(signals)
-    if signal_veto is not None:
-        veto |= signal_veto[r]
+    scans = _Scans.of(ex, session, observations, feats, ts, m, r, x_ticks, grid.fresh)
     periods = _observation_periods(ex, session, ts)[which]
     flags = ex.reasons.flags(
-        finite[r], model_ok[r], age, stale_plan[which], veto, margin[r], periods, bad_content[which]
+        m.finite[r], m.model_ok[r], age, plans.stale[which], scans.veto, m.margin[r], periods, bad_content[which]
     )
-    scored = (finite & model_ok)[r]
-
-    changes = gating.scanned_changes
-    # the range checks once per observation row, not once per tick that holds it
-    ranged = ex.checks.judge_ranges(
-        x, changes, plans[rows], None if session.present is None else np.broadcast_to(session.present, x.shape), finite
-    )
-    checks = ex.checks.assemble(
-        finite[r],
-        scored,
-        density if gating.runs else None,
-        x_ticks,
-        plans[which],
-        None if changes is None else changes[r],
-        None if session.present is None else np.broadcast_to(session.present, x_ticks.shape),
-        counts,
-        frozen,
-        None if actuation is None else (actuation[0][r], actuation[1][r]),
-        margin[r],
-        ex.reasons.min_margin,
-        ranged=None if ranged is None else ranged[r],
-        signals=None if signals is None else signals[r],
-    )
+    scored = (m.finite & m.model_ok)[r]
+    checks = _checks(ex, session, m, scans, r, which, x_ticks, plans, scored)
     # columns never carry a release (the column decoder leaves such logs to the Observation path)
     release = (
-        np.zeros(n_ticks, bool)
+        np.zeros(len(which), bool)
         if as_columns(observations) is not None
         else np.fromiter((o.release_standstill for o in observations), bool, len(observations))[which]
     )
-    applied, applied_controls, state, reasons = _safety_scan(
-        ex,
-        session,
+    safety = _SafetyInputs(
         flags,
         scored,
-        top[r],
-        controls[r],
-        tick_ns,
+        m.top[r],
+        m.controls[r],
+        grid.tick_ns,
         x_ticks,
-        frozen,
+        scans.frozen,
         ex.checks.actuation_only(checks),
         release,
     )
+    applied, applied_controls, state, reasons = _safety_scan(ex, session, safety)
     table = TickTable(
         session_id=session.session_id,
         shadow=session.shadow,
         model_version=ex.card.version,
         actions=list(ex.card.actions),
         observations=observations,
-        tick_ns=tick_ns,
+        tick_ns=grid.tick_ns,
         obs_index=which,
         age_ns=age,
-        held=~fresh,
+        held=~grid.fresh,
         observation_period_ns=periods,
-        plan_id=plan_ids,
-        plan_age_ns=plan_age[which],
-        plan_state=plan_state[which],
-        plan_valid_for_ns=np.where(has_plan, plan_valid_for, 0)[which],
+        plan_id=plans.ids,
+        plan_age_ns=plans.age[which],
+        plan_state=plans.state[which],
+        plan_valid_for_ns=np.where(plans.has, plans.valid_for, 0)[which],
         scored=scored,
-        finite=finite[r],
-        proposed=top[r],
-        probabilities=probs[r],
-        proposed_controls=controls[r],
-        confidence=top1[r],
-        margin=margin[r],
+        finite=m.finite[r],
+        proposed=m.top[r],
+        probabilities=m.probs[r],
+        proposed_controls=m.controls[r],
+        confidence=m.top1[r],
+        margin=m.margin[r],
         applied=applied,
         applied_controls=applied_controls,
         reasons=reasons,
         safety_state=state,
-        input_hash=hashes[r],
-        gate_score=score,
-        gate_threshold=threshold,
-        gate_veto=veto,
-        observations_dropped=dropped_before[which],
-        decision_vector=out.decision_vector[r] if (session.include_decision_vector and out is not None) else None,
+        input_hash=m.hashes[r],
+        gate_score=scans.score,
+        gate_threshold=scans.threshold,
+        gate_veto=scans.veto,
+        observations_dropped=grid.dropped_before[which],
+        decision_vector=m.out.decision_vector[r] if (session.include_decision_vector and m.out is not None) else None,
         check_kinds=ex.checks.kinds,
         checks=checks,
     )
-    _leave_session(
-        ex, session, observations, feats, ts, table, plans, plan_ids, plan_created, plan_valid_for, has_plan, used
-    )
-    ex.stats.model_errors += int(np.count_nonzero(~model_ok[r]))
+    _leave_session(ex, session, observations, feats, ts, table, plans, grid.used)
+    ex.stats.model_errors += int(np.count_nonzero(~m.model_ok[r]))
     return table
+
+
+def _without_invalid_content(observations: Sequence[Observation]) -> tuple[Sequence[Observation], np.ndarray]:
+    """(the observations, which had invalid content), content errors as advance_lockstep treats them:
+    non-finite plans discarded (a column's plans are all finite, so nothing of theirs is ever discarded)."""
+    if as_columns(observations) is not None:
+        return observations, np.zeros(len(observations), bool)
+    cleaned = [without_invalid_content(o) for o in observations]
+    return cleaned, np.fromiter((bool(o.invalid_parts) for o in cleaned), bool, len(cleaned))
+
+
+def _checks(
+    ex: Executor,
+    session: Session,
+    m: _Scored,
+    scans: _Scans,
+    r: np.ndarray,
+    which: np.ndarray,
+    x_ticks: np.ndarray,
+    plans: _Plans,
+    scored: np.ndarray,
+) -> np.ndarray:
+    """The check table (T, checks) CHECK_DTYPE, as the live ticks' snapshots carry it."""
+    changes = ex.gating.scanned_changes
+    present = session.present
+    # the range checks once per observation row, not once per tick that holds it
+    ranged = ex.checks.judge_ranges(
+        m.x, changes, plans.values[m.rows], None if present is None else np.broadcast_to(present, m.x.shape), m.finite
+    )
+    actuation = scans.actuation
+    return ex.checks.assemble(
+        CheckValues(
+            m.finite[r],
+            scored,
+            scans.density if ex.gating.runs else None,
+            x_ticks,
+            plans.values[which],
+            None if changes is None else changes[r],
+            None if present is None else np.broadcast_to(present, x_ticks.shape),
+            scans.counts,
+            scans.frozen,
+            None if actuation is None else (actuation[0][r], actuation[1][r]),
+            m.margin[r],
+            ex.reasons.min_margin,
+            ranged=None if ranged is None else ranged[r],
+            signals=None if scans.signals is None else scans.signals[r],
+        )
+    )
 
 
 def _validate(ex: Executor, session: Session, observations: Sequence[Observation]) -> tuple[np.ndarray, np.ndarray]:
@@ -443,19 +546,27 @@ def _plans(
     return values, [ids[j] for j in (k + 1).tolist()], created, valid_for, has
 
 
+@dataclass(frozen=True)
+class _SafetyInputs:
+    """What the safe-state machine takes per tick (T,): reason flags, a proposal (scored, its action and
+    controls), the tick's time and features, the freeze verdict, the actuation-only veto, a release."""
+
+    flags: np.ndarray
+    scored: np.ndarray
+    top: np.ndarray
+    controls: np.ndarray
+    tick_ns: np.ndarray
+    x: np.ndarray
+    frozen: np.ndarray
+    actuation_only: np.ndarray
+    release: np.ndarray
+
+
 def _safety_scan(
-    ex: Executor,
-    session: Session,
-    flags: np.ndarray,
-    scored: np.ndarray,
-    top: np.ndarray,
-    controls: np.ndarray,
-    tick_ns: np.ndarray,
-    x: np.ndarray,
-    frozen: np.ndarray,
-    actuation_only: np.ndarray,
-    release: np.ndarray,
+    ex: Executor, session: Session, ticks: _SafetyInputs
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[Reason, ...]]]:
+    flags, scored, top, controls, tick_ns = ticks.flags, ticks.scored, ticks.top, ticks.controls, ticks.tick_ns
+    x, frozen, actuation_only, release = ticks.x, ticks.frozen, ticks.actuation_only, ticks.release
     n = len(flags)
     banded = ex.safety.band_indices(controls)
     applied = top.astype(np.int64, copy=True) if banded is None else banded
@@ -502,11 +613,7 @@ def _leave_session(
     feats: np.ndarray,
     ts: np.ndarray,
     table: TickTable,
-    plans: np.ndarray,
-    plan_ids: list[str],
-    plan_created: np.ndarray,
-    plan_valid_for: np.ndarray,
-    has_plan: np.ndarray,
+    plans: _Plans,
     used: np.ndarray,
 ) -> None:
     """The session as advance_lockstep would have left it, so live ticks may continue from here."""
@@ -527,8 +634,8 @@ def _leave_session(
     session.current = held
     session.pending = None if used[-1] else last
     session.observations_dropped = int(np.count_nonzero(~used[:-1]))
-    session.plan[:] = plans[-1]
-    session.plan_id, session.plan_created_ns = plan_ids[-1], int(plan_created[-1])
-    session.plan_valid_for_ns, session.has_plan = int(plan_valid_for[-1]), bool(has_plan[-1])
+    session.plan[:] = plans.values[-1]
+    session.plan_id, session.plan_created_ns = plans.ids[-1], int(plans.created[-1])
+    session.plan_valid_for_ns, session.has_plan = int(plans.valid_for[-1]), bool(plans.has[-1])
     ex.stats.ticks += n_ticks
     ex.stats.rows += n_ticks

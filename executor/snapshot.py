@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+INT64_MAX = 2**63 - 1  # the wire's int64 fields: an age or delay beyond it is sent saturated
+
 
 class Clock(enum.IntEnum):
     REALTIME = 1

@@ -215,9 +215,37 @@ def export_planner_mlp(
 ) -> dict[str, Any]:
     """Write a planner ONNX file (normalise -> [Gemm, Relu]* -> logits / sigmoid speed); returns its card."""
     import onnx
+    from onnx import helper
+
+    model = _planner_graph(weights or random_planner_weights(), name, max_speed)
+    onnx.checker.check_model(model)
+    card: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "size_class": size_class,
+        "version": "",
+        "features": list(FEATURE_NAMES),
+        "behaviours": list(BEHAVIOURS),
+        "lane_width": lane_width,
+        "max_speed": max_speed,
+        "valid_for_s": valid_for_s,
+        "io": dict(DEFAULT_IO),
+        "training": training or {},
+    }
+    digest = hashlib.sha256(model.SerializeToString(deterministic=True))
+    digest.update(json.dumps(card, sort_keys=True).encode())
+    card["version"] = digest.hexdigest()[:12]
+    helper.set_model_props(model, {METADATA_KEY: json.dumps(card, sort_keys=True)})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString(deterministic=True))
+    return card
+
+
+def _planner_graph(w: PlannerWeights, name: str, max_speed: float) -> Any:
+    """The planner's ONNX model (normalise -> [Gemm, Relu]* -> logits / sigmoid speed) of weights `w`."""
     from onnx import TensorProto, helper, numpy_helper
 
-    w = weights or random_planner_weights()
     io = DEFAULT_IO
     inits = [
         numpy_helper.from_array(w.feature_mean.astype(np.float32), "mean"),
@@ -261,25 +289,4 @@ def export_planner_mlp(
     )
     model = helper.make_model(graph, producer_name="dualloop", opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
-    onnx.checker.check_model(model)
-    card: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
-        "name": name,
-        "size_class": size_class,
-        "version": "",
-        "features": list(FEATURE_NAMES),
-        "behaviours": list(BEHAVIOURS),
-        "lane_width": lane_width,
-        "max_speed": max_speed,
-        "valid_for_s": valid_for_s,
-        "io": dict(io),
-        "training": training or {},
-    }
-    digest = hashlib.sha256(model.SerializeToString(deterministic=True))
-    digest.update(json.dumps(card, sort_keys=True).encode())
-    card["version"] = digest.hexdigest()[:12]
-    helper.set_model_props(model, {METADATA_KEY: json.dumps(card, sort_keys=True)})
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(model.SerializeToString(deterministic=True))
-    return card
+    return model

@@ -303,6 +303,18 @@ class PlanScheduler:
         self._released = not hold
         self._max_ready = max_ready
         self._in_flight: _InFlight | None = None
+        self._init_records(history)
+
+        self._worker: _Worker | None = None
+        self._starter: threading.Thread | None = None  # spawning a replacement worker
+        self._started_worker: _Worker | None = None  # handed over by the starter thread
+        self._dying: list[_Worker] = []  # killed, not yet reaped
+        self._next_start = 0.0
+        self._running = False
+
+    def _init_records(self, history: int) -> None:
+        """The scheduler's records: the last `history` batches' timings and sizes, the latency histogram
+        and the event counts since start."""
         self._plan_us: deque[float] = deque(maxlen=history)  # batch time / requests attempted
         self._batch_us: deque[float] = deque(maxlen=history)
         self._batch_cpu_us: deque[float] = deque(maxlen=history)  # the worker's CPU time per batch
@@ -330,13 +342,6 @@ class PlanScheduler:
             0,
         )
         self._last_error = ""
-
-        self._worker: _Worker | None = None
-        self._starter: threading.Thread | None = None  # spawning a replacement worker
-        self._started_worker: _Worker | None = None  # handed over by the starter thread
-        self._dying: list[_Worker] = []  # killed, not yet reaped
-        self._next_start = 0.0
-        self._running = False
 
     # ---- lifecycle (not on the tick path: these may block) ---------------------------------
     def start(self, wait_ready: bool = True, timeout_s: float | None = None) -> None:

@@ -308,16 +308,18 @@ def run_expert_batch(
         applied=applied[:, :k],
     )
     if relabelling:
-        alt_controls = controls[:, :k].copy()
-        alt_controls[..., 0] = alt_accel[:, :k]
-        data.alt_plan, data.alt_label, data.alt_controls = (
-            alt_plans[:, :k],
-            label_from_accel(alt_accel[:, :k]),
-            alt_controls,
-        )
+        _add_alternatives(data, alt_plans[:, :k], alt_accel[:, :k])
     metrics = env.metrics()
     assert isinstance(metrics, list)
     return metrics, data
+
+
+def _add_alternatives(data: ExpertData, alt_plans: np.ndarray, alt_accel: np.ndarray) -> None:
+    """The relabelled drive onto `data`: every recorded state under another target speed, its plan and
+    the expert's acceleration there (the steering as recorded)."""
+    alt_controls = data.controls.copy()
+    alt_controls[..., 0] = alt_accel
+    data.alt_plan, data.alt_label, data.alt_controls = alt_plans, label_from_accel(alt_accel), alt_controls
 
 
 def run_expert_episode(name: str, seed: int, every: int = 1, **params: Any) -> tuple[EpisodeMetrics, ExpertData]:

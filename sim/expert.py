@@ -227,7 +227,7 @@ class Expert:
         w, p = self.world, self.p
         b, t = w.batch, w.t
         lane = w.ego_lane()
-        v, s, d = w.v[:, EGO], w.s[:, EGO], w.d[:, EGO]
+        v, d = w.v[:, EGO], w.d[:, EGO]
         width = w.road.lane_width
         if self.schedule is not None:
             k = (self.schedule.starts <= t + 1e-9).sum(axis=1) - 1
@@ -246,36 +246,7 @@ class Expert:
         # lane changes too.
         a_cur = expert_idm(v, self.cruise, fg[:, 0], fv[:, 0], self.style)
 
-        best_gain = np.full(b, -np.inf)
-        best_dir = np.zeros(b, dtype=np.int64)
-        for k, direction in ((1, 1), (2, -1)):
-            exists = w.road.lane_exists(lane + direction, s) & (
-                self._lane_end_gap((lane + direction)[:, None])[:, 0] > p.merge_horizon_m
-            )
-            has_rear = np.isfinite(rg[:, k])
-            a_new = expert_idm(v, self.cruise, fg[:, k], fv[:, k], self.style)
-            # The follower is judged with its own speed as desired speed: we only ask "how hard
-            # would it have to brake", not what it wants.
-            a_f_new = np.where(has_rear, expert_idm(rv[:, k], rv[:, k] + 1.0, rg[:, k], v, p), 0.0)
-            a_f_old = np.where(
-                has_rear,
-                expert_idm(rv[:, k], rv[:, k] + 1.0, rg[:, k] + fg[:, k] + w.vehicle.length, fv[:, k], p),
-                0.0,
-            )
-            b_safe = np.where(must_merge, p.b_safe_mandatory, p.b_safe)
-            closing_rear = np.maximum(rv[:, k] - v, 0.0)
-            safe = (
-                exists
-                & (fg[:, k] > np.maximum(p.min_gap + 2.0, 0.3 * v))
-                & (rg[:, k] > np.maximum(5.0, 3.0 * closing_rear))
-                & (a_f_new >= -b_safe)
-                & (a_new >= np.where(must_merge, -3.0, -1.0))
-            )
-            gain = a_new - a_cur + p.politeness * (a_f_new - a_f_old)
-            gain = np.where(must_merge, gain + 10.0, gain)
-            ok = safe & (gain > p.threshold) & (gain > best_gain)
-            best_gain = np.where(ok, gain, best_gain)
-            best_dir = np.where(ok, direction, best_dir)
+        best_dir = self._best_change(lane, must_merge, (fg, fv, rg, rv), a_cur)
 
         # Not from a standstill: pure pursuit at 0 m/s steers at full lock, and those labels would teach
         # the model to (docs/design-notes/sim.md).
@@ -308,6 +279,52 @@ class Expert:
         self.target_speed = np.where(stop, 0.0, self.desired)
         self.plan_vector = make_plan(self.target_speed, change_dir * width, self.behaviour)
         return self.plan_vector
+
+    def _best_change(
+        self,
+        lane: npt.NDArray[np.int64],
+        must_merge: npt.NDArray[np.bool_],
+        neighbours: tuple[FloatArray, FloatArray, FloatArray, FloatArray],
+        a_cur: FloatArray,
+    ) -> npt.NDArray[np.int64]:
+        """Per car, the lane change (+1 left, -1 right, 0 none) with the best MOBIL gain that is safe:
+        `neighbours` are the front gap and speed and the rear gap and speed in the own, left and right
+        lanes (`_front`), `a_cur` the acceleration staying put."""
+        w, p, b = self.world, self.p, self.world.batch
+        v = w.v[:, EGO]
+        fg, fv, rg, rv = neighbours
+        best_gain = np.full(b, -np.inf)
+        best_dir = np.zeros(b, dtype=np.int64)
+        for k, direction in ((1, 1), (2, -1)):
+            exists = w.road.lane_exists(lane + direction, w.s[:, EGO]) & (
+                self._lane_end_gap((lane + direction)[:, None])[:, 0] > p.merge_horizon_m
+            )
+            has_rear = np.isfinite(rg[:, k])
+            a_new = expert_idm(v, self.cruise, fg[:, k], fv[:, k], self.style)
+            # The follower is judged with its own speed as desired speed: we only ask "how hard
+            # would it have to brake", not what it wants.
+            a_f_new = np.where(has_rear, expert_idm(rv[:, k], rv[:, k] + 1.0, rg[:, k], v, p), 0.0)
+            a_f_old = np.where(
+                has_rear,
+                expert_idm(rv[:, k], rv[:, k] + 1.0, rg[:, k] + fg[:, k] + w.vehicle.length, fv[:, k], p),
+                0.0,
+            )
+            b_safe = np.where(must_merge, p.b_safe_mandatory, p.b_safe)
+            closing_rear = np.maximum(rv[:, k] - v, 0.0)
+            safe = (
+                exists
+                & (fg[:, k] > np.maximum(p.min_gap + 2.0, 0.3 * v))
+                & (rg[:, k] > np.maximum(5.0, 3.0 * closing_rear))
+                & (a_f_new >= -b_safe)
+                & (a_new >= np.where(must_merge, -3.0, -1.0))
+            )
+            gain = a_new - a_cur + p.politeness * (a_f_new - a_f_old)
+            gain = np.where(must_merge, gain + 10.0, gain)
+            ok = safe & (gain > p.threshold) & (gain > best_gain)
+            best_gain = np.where(ok, gain, best_gain)
+            best_dir = np.where(ok, direction, best_dir)
+
+        return best_dir
 
     # ---- 5 ms: controls ---------------------------------------------------------------------
     def act(self, desired: FloatArray | None = None) -> tuple[FloatArray, FloatArray]:

@@ -123,31 +123,49 @@ def _ego_zone(lane: int, n_lanes: int, ego_s: float, behind: float, ahead: float
     return zones
 
 
+@dataclass(frozen=True)
+class _Ego:
+    """The ego at the start: its lane, speed and cruise speed, and how far behind and ahead of it
+    random traffic keeps clear (m)."""
+
+    lane: int
+    v: float
+    cruise: float
+    behind_clear: float = 40.0
+    ahead_clear: float = 40.0
+
+
+@dataclass(frozen=True)
+class _Traffic:
+    """Random traffic: `n` cars in all (scripted ones included) at each lane's speed, spaced by
+    `gap_scale`; on `lanes` (None: every lane), `fixed_gap_lanes` with their own spacing first."""
+
+    n: int
+    lane_speed: Sequence[float]
+    gap_scale: tuple[float, float]
+    lanes: Sequence[int] | None = None
+    fixed_gap_lanes: dict[int, tuple[float, float]] | None = None
+
+
 def _base_episode(
     rng: np.random.Generator,
-    n_traffic: int,
     n_lanes: int,
-    ego_lane: int,
-    ego_v: float,
-    cruise: float,
-    lane_speed: Sequence[float],
-    gap_scale: tuple[float, float],
+    ego: _Ego,
+    traffic: _Traffic,
     extra: Sequence[tuple[float, int, float, float]] = (),
     exclude: Sequence[tuple[int, float, float]] = (),
-    behind_clear: float = 40.0,
-    ahead_clear: float = 40.0,
-    traffic_lanes: Sequence[int] | None = None,
     lane_end: FloatArray | None = None,
-    fixed_gap_lanes: dict[int, tuple[float, float]] | None = None,
 ) -> EpisodeInit:
     """Ego + scripted `extra` cars (s, lane, v, v0) + random traffic filling up to n_traffic."""
+    ego_lane, ego_v, cruise = ego.lane, ego.v, ego.cruise
+    n_traffic, lane_speed, gap_scale = traffic.n, traffic.lane_speed, traffic.gap_scale
     curvature = random_curvature(rng)
     ego_s = EGO_START_S
-    zones = _ego_zone(ego_lane, n_lanes, ego_s, behind_clear, ahead_clear) + list(exclude)
+    zones = _ego_zone(ego_lane, n_lanes, ego_s, ego.behind_clear, ego.ahead_clear) + list(exclude)
     n_random = n_traffic - len(extra)
-    lanes = list(range(n_lanes)) if traffic_lanes is None else list(traffic_lanes)
+    lanes = list(range(n_lanes)) if traffic.lanes is None else list(traffic.lanes)
     parts_s, parts_lane, parts_v = [], [], []
-    fixed = fixed_gap_lanes or {}
+    fixed = traffic.fixed_gap_lanes or {}
     normal_lanes = [ln for ln in lanes if ln not in fixed]
     counts = {ln: 0 for ln in lanes}
     if fixed:  # lanes with prescribed spacing get their share first
@@ -187,16 +205,16 @@ def _nominal(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int = 3) ->
     ego_lane = int(rng.integers(0, n_lanes))
     ego_v = rng.uniform(24.0, 29.0)
     speeds = _lane_speeds(rng, n_lanes, 22.0, 3.0)
-    return _base_episode(rng, n_traffic, n_lanes, ego_lane, ego_v, rng.uniform(27.0, 31.0), speeds, (1.3, 2.5))
+    return _base_episode(
+        rng, n_lanes, _Ego(ego_lane, ego_v, rng.uniform(27.0, 31.0)), _Traffic(n_traffic, speeds, (1.3, 2.5))
+    )
 
 
 def _dense(rng: np.random.Generator, n_traffic: int = 30, n_lanes: int = 3) -> EpisodeInit:
     ego_lane = int(rng.integers(0, n_lanes))
     speeds = _lane_speeds(rng, n_lanes, 12.0, 2.0)
     ego_v = speeds[ego_lane]
-    return _base_episode(
-        rng, n_traffic, n_lanes, ego_lane, ego_v, 25.0, speeds, (1.0, 1.5), behind_clear=25.0, ahead_clear=30.0
-    )
+    return _base_episode(rng, n_lanes, _Ego(ego_lane, ego_v, 25.0, 25.0, 30.0), _Traffic(n_traffic, speeds, (1.0, 1.5)))
 
 
 def _with_lead(
@@ -215,16 +233,10 @@ def _with_lead(
     speeds = _lane_speeds(rng, n_lanes, 22.0, 3.0)
     ep = _base_episode(
         rng,
-        n_traffic,
         n_lanes,
-        ego_lane,
-        ego_v,
-        ego_v,
-        speeds,
-        (1.3, 2.5),
+        _Ego(ego_lane, ego_v, ego_v, behind_clear=60.0, ahead_clear=gap + 60.0),
+        _Traffic(n_traffic, speeds, (1.3, 2.5)),
         extra=[(lead_s, ego_lane, ego_v, ego_v)],
-        behind_clear=60.0,
-        ahead_clear=gap + 60.0,
     )
     stop_time = ego_v / -brake_accel
     end = brake_at + (stop_time + rng.uniform(1.0, 3.0) if hold_s is None else hold_s)
@@ -248,16 +260,10 @@ def _cut_in(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int = 3) -> 
     speeds = _lane_speeds(rng, n_lanes, 22.0, 3.0)
     ep = _base_episode(
         rng,
-        n_traffic,
         n_lanes,
-        ego_lane,
-        ego_v,
-        ego_v,
-        speeds,
-        (1.3, 2.5),
+        _Ego(ego_lane, ego_v, ego_v, behind_clear=60.0, ahead_clear=cutter_s - EGO_START_S + 60.0),
+        _Traffic(n_traffic, speeds, (1.3, 2.5)),
         extra=[(cutter_s, from_lane, cutter_v, cutter_v)],
-        behind_clear=60.0,
-        ahead_clear=cutter_s - EGO_START_S + 60.0,
         exclude=[(from_lane, cutter_s - 40.0, cutter_s + 120.0)],
     )
     # Constant speed until the cut-in, so traffic ahead of it cannot make the ego pass it first.
@@ -278,16 +284,10 @@ def _stopped_ahead(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int =
     speeds = _lane_speeds(rng, n_lanes, 22.0, 3.0)
     ep = _base_episode(
         rng,
-        n_traffic,
         n_lanes,
-        ego_lane,
-        ego_v,
-        ego_v,
-        speeds,
-        (1.3, 2.5),
+        _Ego(ego_lane, ego_v, ego_v, behind_clear=60.0, ahead_clear=stopped_s - EGO_START_S + 20.0),
+        _Traffic(n_traffic, speeds, (1.3, 2.5)),
         extra=[(stopped_s, ego_lane, 0.0, 0.1)],
-        behind_clear=60.0,
-        ahead_clear=stopped_s - EGO_START_S + 20.0,
     )
     ep.script = {"accel_start": {1: 0.0}, "accel_end": {1: np.inf}, "accel_value": {1: -8.0}}
     return ep
@@ -301,16 +301,10 @@ def _slow_merge(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int = 4)
     speeds = [0.0, rng.uniform(11.0, 14.0)] + [20.0 + 3.0 * k + rng.uniform(-1.0, 1.0) for k in range(n_lanes - 2)]
     return _base_episode(
         rng,
-        n_traffic,
         n_lanes,
-        0,
-        ego_v,
-        25.0,
-        speeds,
-        (1.3, 2.5),
-        traffic_lanes=range(1, n_lanes),
+        _Ego(0, ego_v, 25.0),
+        _Traffic(n_traffic, speeds, (1.3, 2.5), lanes=range(1, n_lanes), fixed_gap_lanes={1: (35.0, 60.0)}),
         lane_end=end,
-        fixed_gap_lanes={1: (35.0, 60.0)},
     )
 
 
@@ -397,7 +391,9 @@ def _speed_out_of_range(rng: np.random.Generator, n_traffic: int = 20, n_lanes: 
     ego_lane = int(rng.integers(0, n_lanes))
     ego_v = rng.uniform(55.0, 60.0)
     speeds = _lane_speeds(rng, n_lanes, 22.0, 3.0)
-    ep = _base_episode(rng, n_traffic, n_lanes, ego_lane, ego_v, ego_v, speeds, (1.3, 2.5), ahead_clear=1500.0)
+    ep = _base_episode(
+        rng, n_lanes, _Ego(ego_lane, ego_v, ego_v, ahead_clear=1500.0), _Traffic(n_traffic, speeds, (1.3, 2.5))
+    )
     ep.ood_onset = 0.0
     return ep
 

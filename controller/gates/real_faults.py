@@ -30,13 +30,14 @@ from dualloop import ood
 from dualloop.controller.contract.wire import observation_from_proto
 from dualloop.controller.gates import fault_injection as fi
 from dualloop.controller.gates.real_logs import RealDataset
-from dualloop.controller.logs.format import actual_is_command, require_plan, sensor_profile
+from dualloop.controller.logs.format import sensor_profile
 from dualloop.controller.logs.logfile import read_log
-from dualloop.controller.replay.lockstep import LoadedModel, executor_config_for, run_replay
+from dualloop.controller.replay.lockstep import LoadedModel, SessionOptions, executor_config_for, run_replay
 from dualloop.executor.checks import NAMES
+from dualloop.executor.core import Executor
 from dualloop.executor.lockstep_batch import TickTable, run_lockstep
 from dualloop.executor.sessions import InvalidObservation
-from dualloop.executor.snapshot import Check, CheckStatus, Clock, Observation, Reason
+from dualloop.executor.snapshot import Check, CheckStatus, Observation, Reason
 from dualloop.v2 import log_pb2
 
 SCHEMA: Final = "dualloop.real-faults/1"
@@ -154,31 +155,24 @@ class LoadedLog:
         return out
 
 
-def _open(loaded: LoadedModel, log: LoadedLog) -> tuple[Any, dict[str, Any]]:
-    ex = loaded.executor(executor_config_for(log.header))
-    kwargs = {
-        "actual_is_command": actual_is_command(log.header),
-        "observation_period_ns": log.header.observation_period_ns,
-        "provided_features": sensor_profile(log.header),
-        "require_plan": require_plan(log.header),
-    }
-    return ex, kwargs
+def _open(loaded: LoadedModel, log: LoadedLog) -> tuple[Executor, SessionOptions]:
+    return loaded.executor(executor_config_for(log.header)), SessionOptions.of_header(log.header)
 
 
 def replay(loaded: LoadedModel, log: LoadedLog, observations: Sequence[Observation]) -> Verdicts:
     """One LOCKSTEP replay, as `dualloop replay` runs it (shadow, the log's sensor profile and rate)."""
-    ex, kwargs = _open(loaded, log)
+    ex, session = _open(loaded, log)
     tables: list[TickTable] = []
-    run_replay(ex, log.header.session_id, observations, table_out=tables, snapshots=False, **kwargs)
+    run_replay(ex, log.header.session_id, observations, session, table_out=tables, snapshots=False)
     return verdicts(tables[0])
 
 
 def refused_at(loaded: LoadedModel, log: LoadedLog, observations: list[Observation], first: int) -> int | None:
     """The index of the first faulted observation (from `first` on) the executor refuses after
     the observations before it; None when it accepts them all."""
-    ex, kwargs = _open(loaded, log)
+    ex, session = _open(loaded, log)
     sid = log.header.session_id
-    ex.open_session(sid, Clock.LOCKSTEP, shadow=True, **kwargs)
+    session.open(ex, sid)
     try:
         run_lockstep(ex, sid, observations[max(0, first - PREFIX_OBS) : first])
         for i in range(first, len(observations)):

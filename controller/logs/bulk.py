@@ -99,27 +99,119 @@ def write_messages(
     (channel metadata session_id; a sequence per channel from 0) and then `finish` would write it."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    file = bytearray(MAGIC)
-    builder = RecordBuilder()
-    Header(PROFILE, LIBRARY).write(builder)
-    file += builder.end()
-    schemas: dict[str, Schema] = {}
-    channels: dict[str, Channel] = {}
-    counts: dict[int, int] = {}
-    chunk_indexes: list[ChunkIndex] = []
-    chunk = _Chunk()
-    # one context for every chunk: `zstandard.compress` (what the mcap writer calls) makes one per
-    # call at the same level, so the bytes are the same
-    compressor = zstandard.ZstdCompressor(level=3)
-    first_time: int | None = None
-    last_time = 0
+    writer = _Writer(session_id, chunk_bytes)
+    for group in groups:
+        if len(group):
+            writer.add(group)
+    out.write_bytes(writer.finish())
+    return out
 
-    def finalize() -> None:
-        nonlocal chunk
+
+class _Writer:
+    """The file being written: its bytes so far, the open chunk, and what the summary will list."""
+
+    def __init__(self, session_id: str, chunk_bytes: int) -> None:
+        self.session_id, self.chunk_bytes = session_id, chunk_bytes
+        self.file = bytearray(MAGIC)
+        builder = RecordBuilder()
+        Header(PROFILE, LIBRARY).write(builder)
+        self.file += builder.end()
+        self.schemas: dict[str, Schema] = {}
+        self.channels: dict[str, Channel] = {}
+        self.counts: dict[int, int] = {}
+        self.chunk_indexes: list[ChunkIndex] = []
+        self.chunk = _Chunk()
+        # one context for every chunk: `zstandard.compress` (what the mcap writer calls) makes one per
+        # call at the same level, so the bytes are the same
+        self.compressor = zstandard.ZstdCompressor(level=3)
+        self.first_time: int | None = None
+        self.last_time = 0
+
+    def add(self, group: TopicMessages) -> None:
+        """A group's messages (at least one), chunked as the mcap writer chunks them."""
+        n = len(group)
+        channel_id = self._channel_id(group)
+        times = np.maximum(np.asarray(group.log_time_ns, np.int64), 0).astype(np.uint64)  # as mcap_time
+        packed = None if isinstance(group.packed, tuple) else group.packed
+        if packed is not None:
+            sizes = packed.sizes
+        else:
+            messages, sizes = group.messages()
+        heads = np.empty(n, _MESSAGE_HEAD)
+        heads["op"] = Opcode.MESSAGE
+        heads["length"] = sizes + (_HEAD_SIZE - 9)
+        heads["channel"] = channel_id
+        sequence0 = self.counts.get(channel_id, 0)
+        heads["sequence"] = np.arange(sequence0, sequence0 + n)
+        heads["log"] = heads["publish"] = times
+        self.counts[channel_id] = sequence0 + n
+        record_sizes = sizes + _HEAD_SIZE
+        ends = np.cumsum(record_sizes)
+        if packed is not None:
+            record_bytes = packed.joined(heads.view(np.uint8).reshape(n, _HEAD_SIZE)).data
+        else:
+            record_bytes = memoryview(_interleave(heads.tobytes(), messages))
+        first = int(times.min())
+        self.first_time = first if self.first_time is None else min(self.first_time, first)
+        self.last_time = max(self.last_time, int(times.max()))
+        chunk_bytes = self.chunk_bytes
+        i = 0
+        while i < n:
+            chunk = self.chunk
+            # the message after which the chunk grows past chunk_bytes closes it (as the mcap writer)
+            base = int(ends[i - 1]) if i else 0
+            stop = int(np.searchsorted(ends, chunk_bytes - chunk.size + base, side="right")) + 1
+            stop = min(max(stop, i + 1), n)
+            offsets = chunk.size + (ends[i:stop] - record_sizes[i:stop] - base)
+            chunk.index.setdefault(channel_id, []).append((times[i:stop], offsets.astype(np.uint64)))
+            chunk.start = (
+                int(times[i:stop].min()) if chunk.messages == 0 else min(chunk.start, int(times[i:stop].min()))
+            )
+            chunk.end = max(chunk.end, int(times[i:stop].max()))
+            chunk.messages += stop - i
+            chunk.add(record_bytes[base : int(ends[stop - 1])])
+            if chunk.size > chunk_bytes:
+                self._close_chunk()
+            i = stop
+
+    def _channel_id(self, group: TopicMessages) -> int:
+        """The group's channel, its schema and channel records written into the chunk on first use."""
+        if group.topic not in self.channels:
+            if group.schema is not None:
+                name, data = group.schema
+            else:
+                message_type = TOPIC_TYPES[group.topic]
+                name, data = message_type.DESCRIPTOR.full_name, b""
+            schemas = self.schemas
+            if name not in schemas:
+                data = data or build_file_descriptor_set(message_type).SerializeToString()
+                schemas[name] = Schema(id=len(schemas) + 1, name=name, encoding="protobuf", data=data)
+                self._in_chunk(schemas[name])
+            channel = Channel(
+                id=len(self.channels) + 1,
+                schema_id=schemas[name].id,
+                topic=group.topic,
+                message_encoding="protobuf",
+                metadata=group.metadata or {"session_id": self.session_id},
+            )
+            self.channels[group.topic] = channel
+            self._in_chunk(channel)
+        return self.channels[group.topic].id
+
+    def _in_chunk(self, record: Schema | Channel) -> None:
+        b = RecordBuilder()
+        record.write(b)
+        self.chunk.add(b.end())
+        if self.chunk.size > self.chunk_bytes:
+            self._close_chunk()
+
+    def _close_chunk(self) -> None:
+        """The open chunk (if it holds any message) compressed into the file, then its message indexes."""
+        chunk, file = self.chunk, self.file
         if chunk.messages == 0:
             return
         data = chunk.data()
-        compressed = compressor.compress(data)
+        compressed = self.compressor.compress(data)
         record = Chunk(
             message_start_time=chunk.start,
             message_end_time=chunk.end,
@@ -154,125 +246,59 @@ def write_messages(
             file.extend(struct.pack("<BQHI", Opcode.MESSAGE_INDEX, 2 + 4 + len(body), channel_id, len(body)))
             file.extend(body)
         index.message_index_length = len(file) - index_start
-        chunk_indexes.append(index)
-        chunk = _Chunk()
+        self.chunk_indexes.append(index)
+        self.chunk = _Chunk()
 
-    def in_chunk(record: Schema | Channel) -> None:
+    def finish(self) -> bytearray:
+        """The whole file: the last chunk, the data end, the summary and its offsets, the footer."""
+        self._close_chunk()
+        file = self.file
         b = RecordBuilder()
-        record.write(b)
-        chunk.add(b.end())
-        if chunk.size > chunk_bytes:
-            finalize()
+        DataEnd(0).write(b)
+        file.extend(b.end())
+        summary_start = len(file)
+        summary = RecordBuilder()
+        offsets: list[SummaryOffset] = []
 
-    for group in groups:
-        n = len(group)
-        if n == 0:
-            continue
-        if group.topic not in channels:
-            if group.schema is not None:
-                name, data = group.schema
-            else:
-                message_type = TOPIC_TYPES[group.topic]
-                name, data = message_type.DESCRIPTOR.full_name, b""
-            if name not in schemas:
-                data = data or build_file_descriptor_set(message_type).SerializeToString()
-                schemas[name] = Schema(id=len(schemas) + 1, name=name, encoding="protobuf", data=data)
-                in_chunk(schemas[name])
-            channel = Channel(
-                id=len(channels) + 1,
-                schema_id=schemas[name].id,
-                topic=group.topic,
-                message_encoding="protobuf",
-                metadata=group.metadata or {"session_id": session_id},
+        def group_of(opcode: Opcode, records: Sequence[Schema | Channel | Statistics | ChunkIndex]) -> None:
+            start = summary.count
+            for r in records:
+                r.write(summary)
+            offsets.append(
+                SummaryOffset(
+                    group_opcode=opcode, group_start=summary_start + start, group_length=summary.count - start
+                )
             )
-            channels[group.topic] = channel
-            in_chunk(channel)
-        channel_id = channels[group.topic].id
-        times = np.maximum(np.asarray(group.log_time_ns, np.int64), 0).astype(np.uint64)  # as mcap_time
-        packed = None if isinstance(group.packed, tuple) else group.packed
-        if packed is not None:
-            sizes = packed.sizes
-        else:
-            messages, sizes = group.messages()
-        heads = np.empty(n, _MESSAGE_HEAD)
-        heads["op"] = Opcode.MESSAGE
-        heads["length"] = sizes + (_HEAD_SIZE - 9)
-        heads["channel"] = channel_id
-        sequence0 = counts.get(channel_id, 0)
-        heads["sequence"] = np.arange(sequence0, sequence0 + n)
-        heads["log"] = heads["publish"] = times
-        counts[channel_id] = sequence0 + n
-        record_sizes = sizes + _HEAD_SIZE
-        ends = np.cumsum(record_sizes)
-        if packed is not None:
-            record_bytes = packed.joined(heads.view(np.uint8).reshape(n, _HEAD_SIZE)).data
-        else:
-            record_bytes = memoryview(_interleave(heads.tobytes(), messages))
-        first_time = int(times.min()) if first_time is None else min(first_time, int(times.min()))
-        last_time = max(last_time, int(times.max()))
-        i = 0
-        while i < n:
-            # the message after which the chunk grows past chunk_bytes closes it (as the mcap writer)
-            base = int(ends[i - 1]) if i else 0
-            stop = int(np.searchsorted(ends, chunk_bytes - chunk.size + base, side="right")) + 1
-            stop = min(max(stop, i + 1), n)
-            offsets = chunk.size + (ends[i:stop] - record_sizes[i:stop] - base)
-            chunk.index.setdefault(channel_id, []).append((times[i:stop], offsets.astype(np.uint64)))
-            chunk.start = (
-                int(times[i:stop].min()) if chunk.messages == 0 else min(chunk.start, int(times[i:stop].min()))
-            )
-            chunk.end = max(chunk.end, int(times[i:stop].max()))
-            chunk.messages += stop - i
-            chunk.add(record_bytes[base : int(ends[stop - 1])])
-            if chunk.size > chunk_bytes:
-                finalize()
-            i = stop
-    finalize()
-    b = RecordBuilder()
-    DataEnd(0).write(b)
-    file.extend(b.end())
-    summary_start = len(file)
-    summary = RecordBuilder()
-    offsets_: list[SummaryOffset] = []
 
-    def group_of(opcode: Opcode, records: Sequence[Schema | Channel | Statistics | ChunkIndex]) -> None:
-        start = summary.count
-        for r in records:
-            r.write(summary)
-        offsets_.append(
-            SummaryOffset(group_opcode=opcode, group_start=summary_start + start, group_length=summary.count - start)
+        group_of(Opcode.SCHEMA, list(self.schemas.values()))
+        group_of(Opcode.CHANNEL, list(self.channels.values()))
+        stats = Statistics(
+            message_count=sum(self.counts.values()),
+            schema_count=len(self.schemas),
+            channel_count=len(self.channels),
+            attachment_count=0,
+            metadata_count=0,
+            chunk_count=len(self.chunk_indexes),
+            message_start_time=self.first_time or 0,
+            message_end_time=self.last_time,
+            channel_message_counts=dict(self.counts),
         )
-
-    group_of(Opcode.SCHEMA, list(schemas.values()))
-    group_of(Opcode.CHANNEL, list(channels.values()))
-    stats = Statistics(
-        message_count=sum(counts.values()),
-        schema_count=len(schemas),
-        channel_count=len(channels),
-        attachment_count=0,
-        metadata_count=0,
-        chunk_count=len(chunk_indexes),
-        message_start_time=first_time or 0,
-        message_end_time=last_time,
-        channel_message_counts=dict(counts),
-    )
-    group_of(Opcode.STATISTICS, [stats])
-    group_of(Opcode.CHUNK_INDEX, chunk_indexes)
-    group_of(Opcode.ATTACHMENT_INDEX, [])
-    group_of(Opcode.METADATA_INDEX, [])
-    summary_offset_start = summary_start + summary.count
-    for o in offsets_:
-        o.write(summary)
-    summary_data = summary.end()
-    crc = zlib.crc32(summary_data)
-    crc = zlib.crc32(struct.pack("<BQQQ", Opcode.FOOTER, 20, summary_start, summary_offset_start), crc)
-    file.extend(summary_data)
-    b = RecordBuilder()
-    Footer(summary_start=summary_start, summary_offset_start=summary_offset_start, summary_crc=crc).write(b)
-    file.extend(b.end())
-    file.extend(MAGIC)
-    out.write_bytes(file)
-    return out
+        group_of(Opcode.STATISTICS, [stats])
+        group_of(Opcode.CHUNK_INDEX, self.chunk_indexes)
+        group_of(Opcode.ATTACHMENT_INDEX, [])
+        group_of(Opcode.METADATA_INDEX, [])
+        summary_offset_start = summary_start + summary.count
+        for o in offsets:
+            o.write(summary)
+        summary_data = summary.end()
+        crc = zlib.crc32(summary_data)
+        crc = zlib.crc32(struct.pack("<BQQQ", Opcode.FOOTER, 20, summary_start, summary_offset_start), crc)
+        file.extend(summary_data)
+        b = RecordBuilder()
+        Footer(summary_start=summary_start, summary_offset_start=summary_offset_start, summary_crc=crc).write(b)
+        file.extend(b.end())
+        file.extend(MAGIC)
+        return file
 
 
 def _interleave(heads: bytes, messages: Sequence[bytes | memoryview]) -> bytes:

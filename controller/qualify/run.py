@@ -30,6 +30,7 @@ from dualloop.controller.qualify.transfer_step import read_transfer, transfer_ch
 from dualloop.controller.transfer.leave_out import TransferReport
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+from dualloop.ood import Gate
 from dualloop.sim.env import ExpertData
 
 SCHEMA: Final = "dualloop.qualify/1"
@@ -125,6 +126,43 @@ def _quiet(_: str) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class _Models:
+    """The candidate and the baseline with their gates (the files named, else those beside each model)."""
+
+    candidate: DecisionModel
+    baseline: DecisionModel
+    candidate_gates: tuple[Path, ...]
+    baseline_gates: tuple[Path, ...]
+    candidate_gate_objects: list[Gate]
+    baseline_gate_objects: list[Gate]
+
+    @classmethod
+    def load(cls, inputs: QualifyInputs) -> _Models:
+        """The models and gates, once the inputs name something to qualify and files that exist."""
+        given = (inputs.logs, inputs.stress_seeds > 0, inputs.shadow, inputs.int8, inputs.transfer)
+        if not any(x is not None and x is not False and x != () and x != [] for x in given):
+            raise ConfigError("nothing to qualify: give --logs, stress seeds, --shadow, --int8 or --transfer")
+        for p in inputs.logs:
+            if not Path(p).is_file():
+                raise ConfigError(f"--logs: {p}: no such log file")
+        cand_model, base_model = DecisionModel(inputs.candidate), DecisionModel(inputs.baseline)
+        if list(cand_model.card.actions) != list(base_model.card.actions):
+            raise ConfigError(
+                f"{inputs.candidate}: actions {list(cand_model.card.actions)} differ from the baseline "
+                f"{inputs.baseline}'s {list(base_model.card.actions)}; the models cannot be compared"
+            )
+        cand_gate_paths = (
+            tuple(inputs.candidate_gates) if inputs.candidate_gates is not None else gates_beside(inputs.candidate)
+        )
+        base_gate_paths = (
+            tuple(inputs.baseline_gates) if inputs.baseline_gates is not None else gates_beside(inputs.baseline)
+        )
+        cand_gates = [load_gate_for_model(g, cand_model) for g in cand_gate_paths]
+        base_gates = [load_gate_for_model(g, base_model) for g in base_gate_paths]
+        return cls(cand_model, base_model, cand_gate_paths, base_gate_paths, cand_gates, base_gates)
+
+
 def qualify(inputs: QualifyInputs, say: Callable[[str], None] = _quiet) -> Qualification:
     """Run the steps and collect the checks. Bad input (a file that is not a model, a gate or a log;
     models with different actions; shadow logs without the candidate) raises the error that names it
@@ -132,31 +170,14 @@ def qualify(inputs: QualifyInputs, say: Callable[[str], None] = _quiet) -> Quali
     is told which step starts."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    if (
-        not inputs.logs
-        and inputs.stress_seeds <= 0
-        and not inputs.shadow
-        and inputs.int8 is None
-        and inputs.transfer is None
-    ):
-        raise ConfigError("nothing to qualify: give --logs, stress seeds, --shadow, --int8 or --transfer")
-    for p in inputs.logs:
-        if not Path(p).is_file():
-            raise ConfigError(f"--logs: {p}: no such log file")
-    cand_model, base_model = DecisionModel(inputs.candidate), DecisionModel(inputs.baseline)
-    if list(cand_model.card.actions) != list(base_model.card.actions):
-        raise ConfigError(
-            f"{inputs.candidate}: actions {list(cand_model.card.actions)} differ from the baseline "
-            f"{inputs.baseline}'s {list(base_model.card.actions)}; the models cannot be compared"
-        )
-    cand_gate_paths = (
-        tuple(inputs.candidate_gates) if inputs.candidate_gates is not None else gates_beside(inputs.candidate)
+    m = _Models.load(inputs)
+    cand_model, base_model, cand_gate_paths, base_gate_paths = (
+        m.candidate,
+        m.baseline,
+        m.candidate_gates,
+        m.baseline_gates,
     )
-    base_gate_paths = (
-        tuple(inputs.baseline_gates) if inputs.baseline_gates is not None else gates_beside(inputs.baseline)
-    )
-    cand_gates = [load_gate_for_model(g, cand_model) for g in cand_gate_paths]
-    base_gates = [load_gate_for_model(g, base_model) for g in base_gate_paths]
+    cand_gates, base_gates = m.candidate_gate_objects, m.baseline_gate_objects
     c = inputs.criteria
     checks: list[Check] = []
     transfer = None

@@ -134,7 +134,13 @@ def _replay_recording(args: argparse.Namespace, gates: list[Path]) -> int:
     """One log: each of its sessions (or the --session ones), one new log and report per session."""
     from dualloop.controller.console import console
     from dualloop.controller.logs.logfile import LogFileError
-    from dualloop.controller.replay.lockstep import LoadedModel, read_recording, replay_data, session_file_name
+    from dualloop.controller.replay.lockstep import (
+        LoadedModel,
+        ReplayOptions,
+        read_recording,
+        replay_data,
+        session_file_name,
+    )
     from dualloop.controller.replay.report import format_report
 
     source = Path(args.logs[0])
@@ -158,7 +164,14 @@ def _replay_recording(args: argparse.Namespace, gates: list[Path]) -> int:
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         result = replay_data(
-            data, source, args.model, gates, out, plots=args.foxglove, loaded=loaded, column_log=recording.column_log
+            data,
+            source,
+            args.model,
+            gates,
+            out,
+            ReplayOptions(plots=args.foxglove),
+            loaded=loaded,
+            column_log=recording.column_log,
         )
         if several:  # the report and the evaluation name the session
             result.report.source = f"{source} session {data.session_id!r}"

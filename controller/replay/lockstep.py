@@ -67,6 +67,60 @@ class ReplayResult:
         return self._snapshots
 
 
+@dataclass(frozen=True)
+class SessionOptions:
+    """How a replayed LOCKSTEP session is opened (`Executor.open_session`): as the log's header says the
+    recorded one was (`of_header`), and in shadow unless asked otherwise.
+
+    actual_is_command: the observations' actual controls are the command in effect (the log says so,
+    `controller.logs.format.actual_is_command`), so the gate's actuation check judges them.
+    require_plan: the session required plans (OpenSession.require_plan; the log says so)."""
+
+    shadow: bool = True
+    actual_is_command: bool = False
+    observation_period_ns: int = 0
+    provided_features: Sequence[str] | None = None
+    require_plan: bool = False
+
+    @classmethod
+    def of_header(cls, header: log_pb2.SessionHeader, shadow: bool = True) -> SessionOptions:
+        return cls(
+            shadow=shadow,
+            actual_is_command=actual_is_command(header),
+            observation_period_ns=header.observation_period_ns,
+            provided_features=sensor_profile(header),
+            require_plan=require_plan(header),
+        )
+
+    def open(self, ex: Executor, session_id: str) -> None:
+        """Open `session_id` on `ex`, a LOCKSTEP session with these options."""
+        ex.open_session(
+            session_id,
+            Clock.LOCKSTEP,
+            shadow=self.shadow,
+            actual_is_command=self.actual_is_command,
+            observation_period_ns=self.observation_period_ns,
+            provided_features=None if self.provided_features is None else list(self.provided_features),
+            require_plan=self.require_plan,
+        )
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How `replay_log` replays.
+
+    fast: the whole session in one vectorised pass (`lockstep_batch.run_lockstep`); otherwise observation
+    by observation through `advance_lockstep`, the reference the fast path is tested against.
+    tick_period_ms: the executor's tick (None: the log's).
+    plots: the new log also gets the session's plot topic (logs/plot.py, for Foxglove): ~1/4 more
+    CPU and 2/3 more bytes per log, so fleets and benchmarks leave it out."""
+
+    shadow: bool = True
+    fast: bool = True
+    tick_period_ms: float | None = None
+    plots: bool = False
+
+
 def executor_config_for(header: log_pb2.SessionHeader, tick_period_ms: float | None = None) -> ExecutorConfig:
     """The executor settings the log was recorded with (config_json's `executor`), else defaults.
 
@@ -191,34 +245,19 @@ def run_replay(
     ex: Executor,
     session_id: str,
     observations: Sequence[Observation],
-    shadow: bool = True,
+    session: SessionOptions = SessionOptions(),
     fast: bool = True,
-    actual_is_command: bool = False,
-    observation_period_ns: int = 0,
-    provided_features: Sequence[str] | None = None,
-    require_plan: bool = False,
     table_out: list[TickTable] | None = None,
     snapshots: bool = True,
 ) -> tuple[list[Snapshot], dict[str, float]]:
     """All snapshots of one LOCKSTEP session fed with `observations`; timings in seconds.
 
-    actual_is_command: the observations' actual controls are the command in effect (the log says so,
-    `controller.logs.format.actual_is_command`), so the gate's actuation check judges them.
     fast: the whole session in one vectorised pass (`lockstep_batch.run_lockstep`); otherwise observation
     by observation through `advance_lockstep`, the reference the fast path is tested against.
-    require_plan: the session required plans (OpenSession.require_plan; the log says so).
     table_out: the fast path appends its TickTable there (the snapshots' columns, for encoding);
     snapshots=False: the fast path makes no Snapshots (an empty list), table_out has the ticks."""
     t0 = time.perf_counter()
-    ex.open_session(
-        session_id,
-        Clock.LOCKSTEP,
-        shadow=shadow,
-        actual_is_command=actual_is_command,
-        observation_period_ns=observation_period_ns,
-        provided_features=None if provided_features is None else list(provided_features),
-        require_plan=require_plan,
-    )
+    session.open(ex, session_id)
     try:
         if fast:
             table = run_lockstep(ex, session_id, observations)
@@ -273,12 +312,9 @@ def replay_log(
     model_path: str | Path,
     gate_paths: Sequence[str | Path] = (),
     out_path: str | Path | None = None,
-    shadow: bool = True,
-    fast: bool = True,
-    tick_period_ms: float | None = None,
+    options: ReplayOptions = ReplayOptions(),
     session_id: str | None = None,
     loaded: LoadedModel | None = None,
-    plots: bool = False,
     allow_truncated: bool = False,
 ) -> ReplayResult:
     """Replay one session of a log in LOCKSTEP with a model (and gates); optionally write a new log.
@@ -287,15 +323,12 @@ def replay_log(
     killed mid-drive); without it such a log is refused, so that a cut drive is never replayed,
     and its agreement reported, as if it were whole.
 
-    plots: the new log also gets the session's plot topic (logs/plot.py, for Foxglove): ~1/4 more
-    CPU and 2/3 more bytes per log, so fleets and benchmarks leave it out.
-
     loaded: the model and gates already loaded (model_path and gate_paths are then only named in
     the new log's header and must be the ones `loaded` was loaded from)."""
     source_path = Path(log_path)
     t0 = time.perf_counter()
     # the fast path reads logs as columns (and keeps their bytes for the new log)
-    column_log = read_columns(source_path, session_id) if fast else None
+    column_log = read_columns(source_path, session_id) if options.fast else None
     if column_log is not None:
         data: LogData = column_log.data
     else:
@@ -310,11 +343,8 @@ def replay_log(
         model_path,
         gate_paths,
         out_path,
-        shadow=shadow,
-        fast=fast,
-        tick_period_ms=tick_period_ms,
+        options,
         loaded=loaded,
-        plots=plots,
         column_log=column_log,
         started=t0,
     )
@@ -326,11 +356,8 @@ def replay_data(
     model_path: str | Path,
     gate_paths: Sequence[str | Path] = (),
     out_path: str | Path | None = None,
-    shadow: bool = True,
-    fast: bool = True,
-    tick_period_ms: float | None = None,
+    options: ReplayOptions = ReplayOptions(),
     loaded: LoadedModel | None = None,
-    plots: bool = False,
     column_log: ColumnLog | None = None,
     started: float | None = None,
 ) -> ReplayResult:
@@ -345,32 +372,20 @@ def replay_data(
         loaded = LoadedModel.load(model_path, gate_paths)
     elif loaded.gate_paths != tuple(str(g) for g in gate_paths):
         raise ValueError(f"the loaded gates {loaded.gate_paths} are not the ones named: {list(gate_paths)}")
-    ex = loaded.executor(executor_config_for(data.header, tick_period_ms))
+    ex = loaded.executor(executor_config_for(data.header, options.tick_period_ms))
     t1 = time.perf_counter()
     tables: list[TickTable] = []
-    commands = actual_is_command(data.header)
-    snaps, timings = run_replay(
-        ex,
-        data.session_id,
-        observations,
-        shadow=shadow,
-        fast=fast,
-        actual_is_command=commands,
-        observation_period_ns=data.header.observation_period_ns,
-        provided_features=sensor_profile(data.header),
-        require_plan=require_plan(data.header),
-        table_out=tables,
-        snapshots=False,
-    )
+    session = SessionOptions.of_header(data.header, options.shadow)
+    snaps, timings = run_replay(ex, data.session_id, observations, session, options.fast, tables, snapshots=False)
     table = tables[0] if tables else None
     ticks: list[Snapshot] | TickTable = table if table is not None else snaps
     timings["load_s"] = t1 - t0
     timings["read_s"] = t_read - t0
-    header = replay_header(data, source_path, ex, gate_paths, shadow)
+    header = replay_header(data, source_path, ex, gate_paths, options.shadow)
     result = ReplayResult(source_path, header, ReplayReport(), timings=timings, table=table, _snapshots=snaps or None)
     if out_path is not None:
         t2 = time.perf_counter()
-        result.out_path = _write_replay(Path(out_path), header, data, snaps, table, plots, column_log)
+        result.out_path = _write_replay(Path(out_path), header, data, snaps, table, options.plots, column_log)
         timings["write_s"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     drive_s = (observations[-1].timestamp_ns - observations[0].timestamp_ns) / 1e9
@@ -379,7 +394,7 @@ def replay_data(
         "none in the gates"
         if ex.gating.actuation is None
         else "ran"
-        if commands
+        if session.actual_is_command
         else "skipped: the log does not declare its actual controls as the command in effect "
         f"({data.header.source_details.get(ACTUAL_CONTROLS_DETAIL) or 'no declaration'})"
     )

@@ -114,15 +114,7 @@ def encode_plots_packed(schema: PlotSchema, table: TickTable) -> tuple[np.ndarra
         obs_seq = np.fromiter((o.seq for o in table.observations), np.int64, len(table.observations))
     zero = np.zeros(rows)
     gate_score = zero if table.gate_score is None else _saturated(np.asarray(table.gate_score, np.float64))
-    # few distinct reason sets: each one's bits once, then a row per tick by index
-    distinct: dict[tuple[int, ...], int] = {}
-    set_of_tick = np.fromiter(
-        (distinct.setdefault(rs, len(distinct)) for rs in reason_codes(table.reasons)), np.int64, rows
-    )
-    bits = np.zeros((len(distinct), max(REASONS) + 1), bool)
-    for rs, i in distinct.items():
-        bits[i, list(rs)] = True
-    reason_bits = bits[set_of_tick]
+    reason_bits = _reason_bits(table)
     m = _Layout()
     m.const(_tag(1, _LEN) + _varint(len(table.session_id.encode())) + table.session_id.encode())
     m.scalar(2, "<u8", np.arange(rows))
@@ -145,18 +137,8 @@ def encode_plots_packed(schema: PlotSchema, table: TickTable) -> tuple[np.ndarra
     proposed_controls = np.where(scored[:, None], proposed_controls, np.float32(np.nan))
     m.message(PROPOSED_FIELD, m.floats(proposed_controls))
     m.message(APPLIED_FIELD, m.floats(np.asarray(table.applied_controls, np.float32).reshape(rows, -1)[:, :n_controls]))
-    if table.checks is not None and len(table.check_kinds):
-        first: dict[int, int] = {}
-        for j, kind in enumerate(table.check_kinds):
-            first.setdefault(int(kind), j)  # the first of a kind, as PlotSchema.from_snapshot
-        checks = _Layout()
-        for number, j in sorted(first.items()):  # Checks' field numbers are the kinds
-            c = table.checks[:, j]
-            check = _Layout()
-            check.scalar(1, "<f4", c["score"])
-            check.scalar(2, "<f4", c["threshold"])
-            check.scalar(3, "u1", c["veto"])
-            checks.message(number, check)
+    checks = _checks_message(table)
+    if checks is not None:
         m.message(CHECKS_FIELD, checks)
     if cols is not None:
         features = cols.features
@@ -168,6 +150,45 @@ def encode_plots_packed(schema: PlotSchema, table: TickTable) -> tuple[np.ndarra
     m.scalar(21, "<f8", table.plan_age_ns / 1e6)
     m.scalar(22, "u1", table.held)
     m.scalar(23, "<u8", obs_seq[table.obs_index])
+    _driving(m, schema, features)
+    return m.encode(rows)
+
+
+def _reason_bits(table: TickTable) -> np.ndarray:
+    """(ticks, max reason + 1) bool: each tick's reasons as bits."""
+    rows = len(table)
+    # few distinct reason sets: each one's bits once, then a row per tick by index
+    distinct: dict[tuple[int, ...], int] = {}
+    set_of_tick = np.fromiter(
+        (distinct.setdefault(rs, len(distinct)) for rs in reason_codes(table.reasons)), np.int64, rows
+    )
+    bits = np.zeros((len(distinct), max(REASONS) + 1), bool)
+    for rs, i in distinct.items():
+        bits[i, list(rs)] = True
+    return bits[set_of_tick]
+
+
+def _checks_message(table: TickTable) -> _Layout | None:
+    """The Checks message (each check's score, threshold and veto); None without checks."""
+    if table.checks is None or not len(table.check_kinds):
+        return None
+    first: dict[int, int] = {}
+    for j, kind in enumerate(table.check_kinds):
+        first.setdefault(int(kind), j)  # the first of a kind, as PlotSchema.from_snapshot
+    checks = _Layout()
+    for number, j in sorted(first.items()):  # Checks' field numbers are the kinds
+        c = table.checks[:, j]
+        check = _Layout()
+        check.scalar(1, "<f4", c["score"])
+        check.scalar(2, "<f4", c["threshold"])
+        check.scalar(3, "u1", c["veto"])
+        checks.message(number, check)
+    return checks
+
+
+def _driving(m: _Layout, schema: PlotSchema, features: np.ndarray) -> None:
+    """The driving signals the schema finds among the features (speed, acceleration, gap) and the
+    time to collision from the gap and the closing speed, onto `m`."""
     width = features.shape[1]
     for number, index in ((24, schema.speed), (25, schema.accel), (26, schema.gap)):
         if index is not None and index < width:
@@ -178,4 +199,3 @@ def encode_plots_packed(schema: PlotSchema, table: TickTable) -> tuple[np.ndarra
         with np.errstate(divide="ignore", invalid="ignore"):
             ttc = gap / -rel
         m.scalar(27, "<f4", np.where((rel < 0) & np.isfinite(ttc), ttc, np.nan))
-    return m.encode(rows)

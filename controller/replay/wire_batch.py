@@ -19,7 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from dualloop.executor.checks import NAMES as CHECK_NAMES
-from dualloop.executor.columns import as_columns
+from dualloop.executor.columns import ObservationColumns, as_columns
 from dualloop.executor.lockstep_batch import TickTable
 from dualloop.executor.snapshot import Reason, StageTimings
 
@@ -326,13 +326,6 @@ def encode_snapshots_packed(table: TickTable) -> PackedRows:
         obs_seq = cols.seq
     else:
         obs_seq = np.fromiter((o.seq for o in table.observations), np.int64, len(table.observations))
-    zero_f = np.zeros(rows, np.float32)
-    proposal = [
-        *field_message(1, _action(proposed_index, table.actions, table.proposed_controls, scored)),
-        *field_packed_floats(2, table.probabilities, scored),
-        *field_float(3, np.where(scored, table.confidence, zero_f)),
-        *field_float(4, np.where(scored, table.margin, zero_f)),
-    ]
     fields: Fields = [
         const(string_bytes(1, table.session_id), rows),
         *field_varint(2, np.arange(rows)),
@@ -342,7 +335,7 @@ def encode_snapshots_packed(table: TickTable) -> PackedRows:
         *_per_observation(table, by_identity(table.plan_id, lambda p: string_bytes(8, p))),
         *field_varint(9, table.plan_age_ns),
         const(string_bytes(10, table.model_version), rows),
-        *field_message(11, proposal),
+        *field_message(11, _proposal(table, scored, proposed_index)),
         *field_message(12, _action(table.applied, table.actions, table.applied_controls, None)),
         # by identity: hashing a tuple of enums calls Python per element
         *by_identity(table.reasons, lambda rs: _packed_enums(13, [int(r) for r in rs])),
@@ -364,37 +357,61 @@ def encode_snapshots_packed(table: TickTable) -> PackedRows:
         *field_varint(25, table.plan_state),
         *field_varint(26, table.plan_valid_for_ns),
     ]
-    if table.checks is not None and len(table.check_kinds):
-        for j, kind in enumerate(table.check_kinds):
-            c = table.checks[:, j]
-            result = [
-                const(_tag(1, _WIRE_VARINT) + _varint_bytes(int(kind)) if int(kind) else b"", rows),
-                const(string_bytes(2, CHECK_NAMES[kind]), rows),
-                *field_double(3, c["score"]),
-                *field_double(4, c["threshold"]),
-                *field_varint(5, c["veto"]),
-                *field_varint(6, c["status"]),
-            ]
-            fields += field_message(28, result)
-        kinds = [int(k) for k in table.check_kinds]
-        vetoes = table.checks["veto"].astype(bool)
-        bits = (vetoes * (1 << np.arange(len(kinds), dtype=np.int64))).sum(axis=1)
-        distinct, index = np.unique(bits, return_inverse=True)
-        fields += lookup(
-            [_packed_enums(29, [k for i, k in enumerate(kinds) if (b >> i) & 1]) for b in distinct.tolist()],
-            index.reshape(-1),
-        )
-    # invalid_input depends on the observation alone (its parts, and whether its features were finite)
-    finite = np.ones(len(table.observations), bool)
-    finite[table.obs_index] = table.finite
-    if cols is not None:  # columns have nothing discarded on receipt
-        fields += _per_observation(table, lookup([b"", _strings(35, ["features"])], (~finite).astype(np.int64)))
-    else:
-        invalid = [
-            tuple(o.invalid_parts) if f else ("features", *o.invalid_parts)
-            for o, f in zip(table.observations, finite.tolist())
-        ]
-        fields += _per_observation(table, by_value(invalid, lambda parts: _strings(35, parts)))
+    fields += _check_fields(table)
+    fields += _invalid_input(table, cols)
     # hazard_lights (37): while the fallback's reason stands
     fields += by_identity(table.reasons, lambda rs: b"\xa8\x02\x01" if Reason.FALLBACK in rs else b"")
     return PackedRows(fields, rows)
+
+
+def _proposal(table: TickTable, scored: np.ndarray, proposed_index: np.ndarray) -> Fields:
+    """The proposal's fields (DecisionSnapshot.proposal): zeros where the model proposed nothing."""
+    rows = len(table)
+    zero_f = np.zeros(rows, np.float32)
+    return [
+        *field_message(1, _action(proposed_index, table.actions, table.proposed_controls, scored)),
+        *field_packed_floats(2, table.probabilities, scored),
+        *field_float(3, np.where(scored, table.confidence, zero_f)),
+        *field_float(4, np.where(scored, table.margin, zero_f)),
+    ]
+
+
+def _check_fields(table: TickTable) -> Fields:
+    """The check table (28, a message per check) and the vetoing checks' kinds (29); none without checks."""
+    if table.checks is None or not len(table.check_kinds):
+        return []
+    rows = len(table)
+    fields: Fields = []
+    for j, kind in enumerate(table.check_kinds):
+        c = table.checks[:, j]
+        result = [
+            const(_tag(1, _WIRE_VARINT) + _varint_bytes(int(kind)) if int(kind) else b"", rows),
+            const(string_bytes(2, CHECK_NAMES[kind]), rows),
+            *field_double(3, c["score"]),
+            *field_double(4, c["threshold"]),
+            *field_varint(5, c["veto"]),
+            *field_varint(6, c["status"]),
+        ]
+        fields += field_message(28, result)
+    kinds = [int(k) for k in table.check_kinds]
+    vetoes = table.checks["veto"].astype(bool)
+    bits = (vetoes * (1 << np.arange(len(kinds), dtype=np.int64))).sum(axis=1)
+    distinct, index = np.unique(bits, return_inverse=True)
+    fields += lookup(
+        [_packed_enums(29, [k for i, k in enumerate(kinds) if (b >> i) & 1]) for b in distinct.tolist()],
+        index.reshape(-1),
+    )
+    return fields
+
+
+def _invalid_input(table: TickTable, cols: ObservationColumns | None) -> Fields:
+    """invalid_input (35), per observation: its parts, and whether its features were finite."""
+    finite = np.ones(len(table.observations), bool)
+    finite[table.obs_index] = table.finite
+    if cols is not None:  # columns have nothing discarded on receipt
+        return _per_observation(table, lookup([b"", _strings(35, ["features"])], (~finite).astype(np.int64)))
+    invalid = [
+        tuple(o.invalid_parts) if f else ("features", *o.invalid_parts)
+        for o, f in zip(table.observations, finite.tolist())
+    ]
+    return _per_observation(table, by_value(invalid, lambda parts: _strings(35, parts)))

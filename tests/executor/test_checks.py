@@ -10,6 +10,7 @@ import pytest
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import _observations
+from dualloop.executor.checks import CheckValues
 from dualloop.executor.core import Executor
 from dualloop.executor.snapshot import Check, CheckStatus, Observation
 
@@ -65,7 +66,7 @@ def test_a_mixed_batch_gives_each_session_its_own_checks(base_model, base_gates,
 def test_python_and_numpy_assembly_give_the_same_bytes(base_model, base_gates, tmp_path, profiled):
     """The live tick's Python pass and the replay's numpy pass over the same values: every fault of the
     synthetic log (NaN, out of distribution, gaps), commands the car falls short of, a sensor profile."""
-    from dualloop.controller.replay.lockstep import run_replay
+    from dualloop.controller.replay.lockstep import SessionOptions, run_replay
 
     log = synthetic_log(tmp_path / "faults.mcap", seconds=5.0, rate_hz=150.0, faults=True)
     obs = _observations(read_log(log))
@@ -73,23 +74,23 @@ def test_python_and_numpy_assembly_give_the_same_bytes(base_model, base_gates, t
         accel = float(o.features[1]) if np.isfinite(o.features[1]) else 0.0
         o.actual_controls = None if 300 <= k < 330 else np.array([accel - (1.0 if k < 150 else 0.0), 0.0], np.float32)
     ex = Executor(base_model, gate=base_gates)
-    seen: list[tuple[tuple, dict]] = []
+    seen: list[CheckValues] = []
     assemble = ex.checks.assemble
 
-    def recording(*args, **kwargs):
-        seen.append((args, kwargs))
-        return assemble(*args, **kwargs)
+    def recording(values: CheckValues, vectorised: bool | None = None) -> np.ndarray:
+        seen.append(values)
+        return assemble(values, vectorised)
 
     ex.checks.assemble = recording  # type: ignore[method-assign]
     profile = [n for n in base_model.card.feature_names if not n.startswith("left_")] if profiled else None
-    run_replay(ex, "s", obs, actual_is_command=True, provided_features=profile)
-    ((args, kwargs),) = seen
-    numpy_pass = assemble(*args, **kwargs, vectorised=True)
-    python_pass = assemble(*args, **kwargs, vectorised=False)
+    run_replay(ex, "s", obs, SessionOptions(actual_is_command=True, provided_features=profile))
+    (values,) = seen
+    numpy_pass = assemble(values, vectorised=True)
+    python_pass = assemble(values, vectorised=False)
     assert len(numpy_pass) > 700 and numpy_pass.tobytes() == python_pass.tobytes()
     # the replay judged the range checks once per observation: as judged on every tick
-    assert kwargs["ranged"] is not None
-    assert assemble(*args, **{**kwargs, "ranged": None}).tobytes() == numpy_pass.tobytes()
+    assert values.ranged is not None
+    assert assemble(values._replace(ranged=None)).tobytes() == numpy_pass.tobytes()
     statuses = set(numpy_pass["status"].ravel().tolist())
     assert statuses == {CheckStatus.SCORED, CheckStatus.NOT_APPLICABLE, CheckStatus.NOT_SCORED}
     assert numpy_pass["veto"].any(axis=0).sum() >= 4  # several checks veto somewhere in the log

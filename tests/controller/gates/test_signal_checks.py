@@ -13,7 +13,7 @@ import pytest
 
 from dualloop.controller.gates import fault_injection as fi
 from dualloop.controller.gates import real_faults as rf
-from dualloop.controller.replay.lockstep import LoadedModel, executor_config_for, run_replay
+from dualloop.controller.replay.lockstep import LoadedModel, SessionOptions, executor_config_for, run_replay
 from dualloop.executor.snapshot import Check, CheckStatus, Reason
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
@@ -90,7 +90,7 @@ def test_live_ticks_and_the_replay_give_the_same_signal_checks(loaded: LoadedMod
     runs = []
     for fast in (True, False):
         ex = loaded.executor(executor_config_for(log.header))
-        runs.append(run_replay(ex, "s", obs, fast=fast, provided_features=sorted(log.measured))[0])
+        runs.append(run_replay(ex, "s", obs, SessionOptions(provided_features=sorted(log.measured)), fast=fast)[0])
     fast_snaps, live_snaps = runs
     assert len(fast_snaps) == len(live_snaps)
     vetoed = set()
@@ -112,7 +112,7 @@ def test_a_check_on_an_unmeasured_signal_is_not_applicable(loaded: LoadedModel, 
         x[at] = o.features[at]
         obs.append(replace(o, features=x))
     ex = loaded.executor(executor_config_for(log.header))
-    snaps, _ = run_replay(ex, "s", obs, provided_features=["ego_speed"])
+    snaps, _ = run_replay(ex, "s", obs, SessionOptions(provided_features=["ego_speed"]))
     kinds = snaps[0].check_kinds
     status = np.array([s.checks["status"] for s in snaps])
     stuck, speed_accel, gap, flicker = (kinds.index(k) for k in SIGNAL_CHECKS)

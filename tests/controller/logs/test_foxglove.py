@@ -31,7 +31,7 @@ from dualloop.controller.logs.plot import (
     plot_topic,
 )
 from dualloop.controller.logs.synthetic import synthetic_log
-from dualloop.controller.replay.lockstep import replay_log
+from dualloop.controller.replay.lockstep import ReplayOptions, replay_log
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -149,7 +149,7 @@ def _raw(path: Path) -> list:
 def replayed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("replay")
     log = synthetic_log(tmp / "faults.mcap", seconds=4.0, rate_hz=100.0, faults=True)
-    return replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp / "out.mcap", plots=True)
+    return replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp / "out.mcap", options=ReplayOptions(plots=True))
 
 
 def test_a_replay_writes_the_plot_topic_with_its_gate_checks(replayed):
@@ -193,7 +193,9 @@ def test_a_replay_without_plots_has_none(replayed, tmp_path):
 
 def test_a_replay_of_a_recording_lines_up_with_its_wall_clock(live_recording, tmp_path, test_model_path):
     log, lockstep, wall_before, wall_after = live_recording
-    out = replay_log(log, test_model_path, session_id="lock step.1", out_path=tmp_path / "r.mcap", plots=True).out_path
+    out = replay_log(
+        log, test_model_path, session_id="lock step.1", out_path=tmp_path / "r.mcap", options=ReplayOptions(plots=True)
+    ).out_path
     times = [t for t, _, _ in decoded(out)[plot_topic("lock step.1")]]
     assert len(times) == len(lockstep) and wall_before <= times[0] - lockstep[0].scheduled_time_ns <= wall_after
 

@@ -18,6 +18,8 @@ from dualloop.controller.logs.synthetic import REAL_DRIVE, slice_log, synthetic_
 from dualloop.controller.replay.evaluation import evaluate_replay
 from dualloop.controller.replay.lockstep import (
     LoadedModel,
+    ReplayOptions,
+    SessionOptions,
     _observations,
     executor_config_for,
     read_columns,
@@ -247,7 +249,9 @@ def _tables(log, model, gates, actual_is_command):
     for obs, fast in ((columns.observations, True), (_observations(data), True), (_observations(data), False)):
         tables: list[TickTable] = []
         ex = loaded.executor(executor_config_for(data.header))
-        snaps, _ = run_replay(ex, "s", obs, fast=fast, actual_is_command=actual_is_command, table_out=tables)
+        snaps, _ = run_replay(
+            ex, "s", obs, SessionOptions(actual_is_command=actual_is_command), fast=fast, table_out=tables
+        )
         out.append((ex, tables[0] if tables else None, snaps))
     return data, out
 
@@ -350,7 +354,9 @@ def test_replay_log_from_columns_writes_the_per_tick_paths_file(tmp_path, source
     else:
         log = _without_plans(tmp_path, True) if source == "faults" else _with_plans(tmp_path, source)
     assert read_columns(log) is not None
-    fast = replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp_path / "fast.mcap", plots=plots)
+    fast = replay_log(
+        log, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp_path / "fast.mcap", options=ReplayOptions(plots=plots)
+    )
     # the file the message path writes: the parsed observations and each snapshot serialised
     reference = write_log(
         tmp_path / "ref.mcap",
@@ -361,6 +367,6 @@ def test_replay_log_from_columns_writes_the_per_tick_paths_file(tmp_path, source
     )
     assert fast.out_path is not None and fast.out_path.read_bytes() == reference.read_bytes()
     # and the ticks are the per-tick path's
-    plain = replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES, fast=False)
+    plain = replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES, options=ReplayOptions(fast=False))
     assert [s.applied.index for s in fast.snapshots] == [s.applied.index for s in plain.snapshots]
     assert [s.reasons for s in fast.snapshots] == [s.reasons for s in plain.snapshots]

@@ -10,6 +10,7 @@ from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
 from dualloop.controller.logs.synthetic import slice_log, synthetic_log
 from dualloop.controller.replay.fleet import RAY_MISSING, replay_many
 from dualloop.controller.replay.lockstep import (
+    SessionOptions,
     _observations,
     build_executor,
     executor_config_for,
@@ -129,7 +130,9 @@ def test_fast_replay_equals_plain_through_every_fault(tmp_path, rate_hz):
     runs = []
     for fast in (True, False):
         ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(read_log(log).header))
-        runs.append(run_replay(ex, "s", obs, fast=fast, require_plan=require_plan(read_log(log).header))[0])
+        runs.append(
+            run_replay(ex, "s", obs, SessionOptions(require_plan=require_plan(read_log(log).header)), fast=fast)[0]
+        )
     _assert_same(*runs)
     seen = {r.name for s in runs[1] for r in s.reasons} | {s.safety_state.name for s in runs[1]}
     assert seen >= {
@@ -167,7 +170,11 @@ def test_fast_replay_equals_plain_at_sensor_rates_with_a_sensor_profile(tmp_path
     runs = []
     for fast in (True, False):
         ex = build_executor(TEST_MODEL_PATH, (), executor_config_for(data.header))
-        runs.append(run_replay(ex, "s", obs, fast=fast, observation_period_ns=period, provided_features=names[:5])[0])
+        runs.append(
+            run_replay(
+                ex, "s", obs, SessionOptions(observation_period_ns=period, provided_features=names[:5]), fast=fast
+            )[0]
+        )
     _assert_same(*runs)
     snaps = runs[0]
     assert {s.observation_period_ns for s in snaps[int(0.5 * rate_hz) * 40 :]} == {int(1e9 / rate_hz)}
@@ -267,7 +274,7 @@ def test_fast_replay_equals_plain_with_the_actuation_check(tmp_path, rate_hz):
     runs = []
     for fast in (True, False):
         ex = build_executor(BASE_MODEL_PATH, DEFAULT_GATES, executor_config_for(data.header))
-        runs.append(run_replay(ex, "s", obs, fast=fast, actual_is_command=True)[0])
+        runs.append(run_replay(ex, "s", obs, SessionOptions(actual_is_command=True), fast=fast)[0])
     _assert_same(*runs)
     threshold = ex.gating.actuation.threshold
     assert [s.gate_threshold for s in runs[0]] == [s.gate_threshold for s in runs[1]]
@@ -328,7 +335,7 @@ def test_fast_replay_equals_plain_with_invalid_plans_and_actual_controls(tmp_pat
     runs = []
     for fast in (True, False):
         ex = build_executor(TEST_MODEL_PATH, (), executor_config_for(data.header))
-        runs.append(run_replay(ex, "s", obs, fast=fast, actual_is_command=True)[0])
+        runs.append(run_replay(ex, "s", obs, SessionOptions(actual_is_command=True), fast=fast)[0])
     _assert_same(*runs)
     invalid = [s for s in runs[0] if s.invalid_input]
     assert {part for s in invalid for part in s.invalid_input} == {"plan"}

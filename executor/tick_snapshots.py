@@ -1,0 +1,135 @@
+"""A live tick's Snapshots, row by row, from the columns `Executor._postprocess` decided.
+
+The columns arrive as Python values (a numpy scalar per row and field costs more than the rules
+themselves at a live tick's few dozen rows); building the Snapshots also moves each session's tick
+count and REALTIME grid position on, in the same pass over the rows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from dualloop.executor.gating import GateVerdicts
+from dualloop.executor.sessions import Session
+from dualloop.executor.snapshot import (
+    INT64_MAX,
+    AppliedAction,
+    Check,
+    Clock,
+    Observation,
+    PlanState,
+    Reason,
+    SafetyState,
+    Snapshot,
+    StageTimings,
+)
+
+
+class TickRows(NamedTuple):
+    """One tick's columns, a value per row. A NamedTuple: it is built every tick, and a frozen
+    dataclass's __init__ costs about ten times as much."""
+
+    tick_index: int
+    tick_ns: int
+    lateness_us: int
+    ages: list[int]
+    periods: list[int]
+    held: list[bool]
+    finite: list[bool]
+    hashes: list[int]
+    plan_ages: list[int]
+    plan_states: list[int]
+    reasons: list[list[Reason]]
+    proposals: list[AppliedAction | None]
+    probabilities: list[np.ndarray]  # the rows of the tick's probabilities, when the model ran
+    confidences: list[float]
+    margins: list[float]
+    decided: list[tuple[AppliedAction, SafetyState]]
+    decision_vectors: np.ndarray | None  # None: no row's outputs
+    model_ok: np.ndarray
+    gate: GateVerdicts | None
+    checks: list[np.ndarray]
+
+
+def tick_snapshots(
+    rows: list[Session], observations: list[Observation], c: TickRows, version: str, kinds: tuple[Check, ...]
+) -> list[Snapshot]:
+    """The tick's Snapshots (`version`: the model's; `kinds`: the check table's columns)."""
+    tick_index, tick_ns, lateness_us, ages, periods, held, finite_rows, hashes, plan_ages, plan_states = c[:10]
+    reasons, proposals, prob_rows, confs, margins, decided, decision_vectors, model_ok, gate, table_rows = c[10:]
+    if gate is not None:
+        gate_scores, gate_thresholds, gate_vetoes = gate[0], gate[1], gate[2].tolist()
+    empty = np.zeros(0, np.float32)
+    snaps = []
+    for i, s in enumerate(rows):
+        obs = observations[i]
+        age = ages[i]
+        proposal = proposals[i]
+        if proposal is not None:
+            idx, name = proposal.index, proposal.name
+            prop_probs, prop_controls, conf, marg = prob_rows[i], proposal.controls, confs[i], margins[i]
+        else:
+            idx, name, prop_probs, prop_controls, conf, marg = -1, "", empty, empty, 0.0, 0.0
+        applied, state = decided[i]
+        s.ticks += 1
+        missed, transport = 0, None
+        if s.clock is Clock.REALTIME:
+            # grid indices skipped since this session's previous tick (missed deadlines)
+            if s.last_tick_index is not None:
+                missed = max(0, tick_index - s.last_tick_index - 1)
+            s.last_tick_index = tick_index
+            if obs.sent_time_ns:
+                # saturated, as the plan age: a client clock at int64's edge must not overflow the field
+                transport = max(-INT64_MAX, min(obs.received_wall_ns - obs.sent_time_ns, INT64_MAX))
+        snaps.append(
+            Snapshot(
+                session_id=s.session_id,
+                tick=tick_index,
+                scheduled_time_ns=tick_ns,
+                emit_time_ns=0,
+                lateness_us=lateness_us,
+                observation_seq=obs.seq,
+                observation_age_ns=age,
+                model_version=version,
+                proposed_index=idx,
+                proposed_name=name,
+                probabilities=prop_probs,
+                proposed_controls=prop_controls,
+                confidence=conf,
+                margin=marg,
+                applied=applied,
+                reasons=tuple(reasons[i]),
+                safety_state=state,
+                input_hash=hashes[i],
+                timings=StageTimings(),
+                shadow=s.shadow,
+                plan_id=s.plan_id,
+                plan_age_ns=plan_ages[i],
+                plan_state=PlanState(plan_states[i]),
+                plan_valid_for_ns=s.plan_valid_for_ns if s.has_plan else 0,
+                decision_vector=decision_vectors[i].copy()
+                if (s.include_decision_vector and decision_vectors is not None and model_ok[i])
+                else None,
+                snapshots_dropped=s.snapshots_dropped,
+                observations_dropped=s.observations_dropped,
+                observation_held=held[i],
+                observation_period_ns=periods[i],
+                actual_index=obs.actual_index,
+                actual_controls=obs.actual_controls,
+                invalid_input=obs.invalid_parts if finite_rows[i] else ("features", *obs.invalid_parts),
+                gate_score=float(gate_scores[i]) if gate is not None else None,
+                gate_threshold=float(gate_thresholds[i]) if gate is not None else None,
+                gate_veto=gate_vetoes[i] if gate is not None else False,
+                max_lateness_since_previous_us=lateness_us,
+                ticks_missed_since_previous=missed,
+                transport_delay_ns=transport,
+                observation_age_with_transport_ns=None
+                if transport is None
+                else max(-INT64_MAX, min(age + transport, INT64_MAX)),
+                check_kinds=kinds,
+                checks=table_rows[i],
+            )
+        )
+    return snaps
