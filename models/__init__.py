@@ -13,3 +13,12 @@ MODELS_DIR = Path(__file__).resolve().parent
 BASE_MODEL_PATH = MODELS_DIR / "base.onnx"
 DEFAULT_GATES = (MODELS_DIR / "base.gate.npz", MODELS_DIR / "base.inputs.gate.npz")
 TEST_MODEL_PATH = MODELS_DIR / "test_model.onnx"
+
+
+def gates_beside(model: Path) -> tuple[Path, ...]:
+    """The gate files a model ships with: the base model's two, else <stem>.gate.npz and
+    <stem>.inputs.gate.npz next to it, where they exist."""
+    if Path(model).resolve() == BASE_MODEL_PATH.resolve():
+        return tuple(g for g in DEFAULT_GATES if g.is_file())
+    stem = Path(model).with_suffix("")
+    return tuple(p for p in (Path(f"{stem}.gate.npz"), Path(f"{stem}.inputs.gate.npz")) if p.is_file())

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--logs",
         type=Path,
         nargs="+",
-        required=True,
+        default=[],
         metavar="DIR_OR_FILE",
         help="held-out recorded drives with the human's actions (files or folders), e.g. runs/real/heldout",
     )

@@ -29,21 +29,12 @@ from dualloop.controller.qualify.stress import STRESS_SEED0, StressResult, run_s
 from dualloop.controller.qualify.transfer_step import read_transfer, transfer_checks
 from dualloop.controller.transfer.leave_out import TransferReport
 from dualloop.executor.model_runner import DecisionModel
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+from dualloop.models import BASE_MODEL_PATH, gates_beside
 from dualloop.ood import Gate
 from dualloop.sim.env import ExpertData
 
 SCHEMA: Final = "dualloop.qualify/1"
 DEFAULT_STRESS_SEEDS: Final = 4
-
-
-def gates_beside(model: Path) -> tuple[Path, ...]:
-    """The gate files a model ships with: the base model's two, else <stem>.gate.npz and
-    <stem>.inputs.gate.npz next to it, where they exist."""
-    if Path(model).resolve() == BASE_MODEL_PATH.resolve():
-        return tuple(g for g in DEFAULT_GATES if g.is_file())
-    stem = Path(model).with_suffix("")
-    return tuple(p for p in (Path(f"{stem}.gate.npz"), Path(f"{stem}.inputs.gate.npz")) if p.is_file())
 
 
 @dataclass

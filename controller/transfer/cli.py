@@ -21,7 +21,7 @@ from dualloop.controller.transfer.leave_out import (
     TransferReport,
     leave_one_dataset_out,
 )
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+from dualloop.models import BASE_MODEL_PATH, gates_beside
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,7 +33,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="DIR_OR_FILE",
         help="drives, e.g. runs/real/heldout; with --leave-one-out every drive (runs/real/train runs/real/heldout)",
     )
-    p.add_argument("--model", type=Path, default=BASE_MODEL_PATH, help="the model (the shipped one's figure: within)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=BASE_MODEL_PATH,
+        help="the model; with --leave-one-out, the within column's (its gates beside it, as qualify finds them)",
+    )
     p.add_argument(
         "--leave-one-out",
         action="store_true",
@@ -72,7 +77,12 @@ def _eval_logs(args: argparse.Namespace) -> int:
     config = TransferConfig(
         seed=args.seed, quick=args.quick, dagger=args.dagger, max_replay_files=args.max_replay_files
     )
-    gates = (DEFAULT_GATES[0], DEFAULT_GATES[1])
+    gates = gates_beside(args.model)
+    if len(gates) != 2:
+        print_error(
+            f"{args.model}: the within column needs its two gates beside it (<stem>.gate.npz, <stem>.inputs.gate.npz)"
+        )
+        return 2
     try:
         report = leave_one_dataset_out(
             paths, args.model, gates, config, work_dir=args.out, progress=lambda line: console.print(line)

@@ -13,11 +13,11 @@ from dualloop.controller.cli import main
 from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import slice_log
-from dualloop.controller.qualify.run import QualifyInputs, gates_beside, qualify
+from dualloop.controller.qualify.run import QualifyInputs, qualify
 from dualloop.controller.qualify.shadow_step import run_shadow_step
 from dualloop.controller.replay.lockstep import replay_log
 from dualloop.executor.model_runner import DecisionModel
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH, gates_beside
 
 # small enough for well under a minute per qualification: two 30 s slices of the real drive, one
 # seed per scenario, 12 s episodes (every fault's onset is at 5-10 s), two OOD scenarios
