@@ -36,8 +36,12 @@ over time, in the signals' own units, without the model:
   A signal stuck while its rate is zero (constant speed, a steady gap) is physically undetectable here
   and scores 0; the `stuck` check's duration still sees it.
 - **gap_step** (m): a step of the gap that the relative speed does not explain (an innovation of at
-  least `gap_jump_m` with no jump of the relative speed and not a stuck gap's catch-up: a bias's
-  onset). The step latches where the gap should be (its last reading moved on by the relative
+  least `gap_jump_m` and below `gap_step_max_m`, with no jump of the relative speed and not a stuck
+  gap's catch-up: a bias's onset). A larger step is taken for a new target: a lead leaving the lane
+  hands over to the next car ahead, often at the same speed (64 m in the simulator's nominal cruise);
+  a lead change within the band at an unchanged relative speed is indistinguishable from a bias and
+  is vetoed (none on the shared real data sets, whose lead changes come with the flag or a jump of the
+  relative speed). The step latches where the gap should be (its last reading moved on by the relative
   speed), and from then on the score is the distance of each reading from that reference, which moves
   with what the relative speed explains (and with a new lead's jump, the relative speed jumping with
   the gap: a biased radar reads the next lead too far as well). It unlatches when the gap re-agrees
@@ -107,6 +111,7 @@ class SignalSettings:
     speed_repeat_m_s: float = 0.1  # m/s: clean real drives reach 0.074
     gap_repeat_m: float = 0.6  # m: clean real drives reach 0.46 (a 20 Hz radar in a 100 Hz stream)
     gap_step_m: float = 10.0  # m: clean real drives' unexplained steps reach 5.7 (without a new lead)
+    gap_step_max_m: float = 40.0  # m: a larger unexplained step is a new target (the simulator: 64 m)
     step_hold_s: float = 4.0  # s an unexplained step stays latched at most
     step_confirm_s: float = 0.3  # s a latched step must have lasted for a new lead to carry it
     max_gap_s: float = 0.5  # a longer pause between fresh observations starts afresh
@@ -327,13 +332,16 @@ class SignalMonitor:
             return 0.0
         moved = 0.5 * (rel + r0) * ((t - st.t) * 1e-9)  # what the relative speed explains
         d = (distance - g0) - moved  # the innovation
-        # a new lead (the relative speed jumps with the gap) or a stuck gap's catch-up explains its jump
-        explained = abs(rel - r0) >= s.new_lead_rel_jump or gap_stuck_s > s.stuck_s
-        if st.ref == st.ref and explained and abs(d) >= s.gap_jump_m and t - st.step_t < self._step_confirm_ns:
-            st.ref, st.step_t = _NAN, -1  # a new lead right after a step: the step was the previous reading's
-        elif st.ref == st.ref:  # latched: the history moves by what is explained, whatever the lead
-            st.ref += (distance - g0) if explained else moved
-        elif abs(d) >= s.gap_jump_m and not explained:  # the onset: latch where the gap should be
+        jump = abs(d) >= s.gap_jump_m
+        # a new lead: the relative speed jumps with the gap, or the gap jumps further than any plausible
+        # offset (the lead left the lane and the next car ahead, at the same speed, is the lead now)
+        new_lead = jump and (abs(rel - r0) >= s.new_lead_rel_jump or abs(d) >= s.gap_step_max_m)
+        if st.ref == st.ref:  # latched: the reference moves by what is explained
+            if new_lead and t - st.step_t < self._step_confirm_ns:
+                st.ref, st.step_t = _NAN, -1  # a new lead right after a step: the step was the reading before
+            else:  # a biased radar reads the next lead too far as well: the reference follows the new lead
+                st.ref += (distance - g0) if new_lead else moved
+        elif jump and not new_lead and gap_stuck_s <= s.stuck_s:  # the onset (not a stuck gap catching up)
             st.ref, st.step_t = g0 + moved, t
         if st.ref != st.ref or t - st.step_t > self._step_hold_ns:  # not latched, or held long enough
             st.ref, st.step_t = _NAN, -1

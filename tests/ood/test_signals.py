@@ -207,6 +207,10 @@ def test_a_lead_distance_bias_is_flagged_from_its_onset_until_it_ends() -> None:
     switch[40:, 4] -= 2.0  # 2 m/s slower: the same sensor reads it too far as well
     switched = scan(switch)[:, GAP_STEP]
     assert (switched[30:55] > limit).all() and switched[55] < 0.1 and (switched[56:] == 0.0).all()
+    zeroed = drive(80, rel=-1.0)
+    zeroed[30:50, 3] = 0.0  # the radar reads 0 for 2 s: stuck long enough that its return looks like a catch-up
+    back = scan(zeroed)[:, GAP_STEP]
+    assert (back[30:50] > limit).all() and back[50] < 0.1 and (back[51:] == 0.0).all()
     spikes = drive(80, rel=-1.0)
     spikes[30, 3] += 8.0
     spikes[31, 3] += 4.0  # a spike, then a smaller one: two steps back of 4 m, each too small to count
@@ -227,10 +231,13 @@ def test_a_new_lead_is_not_a_bias() -> None:
     swapped = scan(swap)[:, GAP_STEP]
     assert np.isnan(swapped[30]) and (swapped[31:] == 0.0).all()  # no lead, then a new track
     spike_then_switch = drive(60, rel=-1.0)
-    spike_then_switch[29, 3] += 40.0  # a spike on the reading just before a real lead switch
+    spike_then_switch[29, 3] += 30.0  # a spike on the reading just before a real lead switch
     spike_then_switch[30:, 3] += 20.0
     spike_then_switch[30:, 4] -= 2.0
     assert (scan(spike_then_switch)[30:, GAP_STEP] == 0.0).all()  # the spike is not carried onto the new lead
+    leaves = drive(60, rel=-1.0)
+    leaves[30:, 3] += 64.0  # the lead left the lane: the next car ahead, at the same speed, is the lead now
+    assert (scan(leaves)[:, GAP_STEP] == 0.0).all()
     small = drive(60, rel=-1.0)
     small[30:, 3] += 5.0  # a step within what real radars do at a target switch
     assert (scan(small)[:, GAP_STEP] == 0.0).all()
