@@ -35,19 +35,19 @@ over time, in the signals' own units, without the model:
   little in that time; the thresholds sit above the largest such value on the shared real data sets.
   A signal stuck while its rate is zero (constant speed, a steady gap) is physically undetectable here
   and scores 0; the `stuck` check's duration still sees it.
-- **gap_step** (m): a step of the gap that the relative speed does not explain (an innovation of at
-  least `gap_jump_m` and below `gap_step_max_m`, with no jump of the relative speed and not a stuck
-  gap's catch-up: a bias's onset). A larger step is taken for a new target: a lead leaving the lane
-  hands over to the next car ahead, often at the same speed (64 m in the simulator's nominal cruise);
-  a lead change within the band at an unchanged relative speed is indistinguishable from a bias and
-  is vetoed (none on the shared real data sets, whose lead changes come with the flag or a jump of the
-  relative speed). The step latches where the gap should be (its last reading moved on by the relative
-  speed), and from then on the score is the distance of each reading from that reference, which moves
-  with what the relative speed explains (and with a new lead's jump, the relative speed jumping with
-  the gap: a biased radar reads the next lead too far as well). It unlatches when the gap re-agrees
-  with its history (within `gap_jump_m`: the bias ended, the spike passed), the lead flag drops, or
-  `step_hold_s` has passed. A new lead within `step_confirm_s` of the step unlatches it instead: a
-  spike on the reading before a real lead switch would otherwise carry its offset onto the new track.
+- **gap_step** (m): how far the gap reads from its track. The track is the last trusted reading
+  moved on by the relative speed; a reading within `gap_jump_m` of it is trusted and becomes the
+  track, one further off is not and leaves the track as predicted, so a bias (+15 m from one reading
+  on, the relative speed unchanged) scores its offset from its onset until it ends, and a spike scores
+  only while it lasts. The track starts afresh at a new target (a step of the gap of `gap_step_max_m`
+  or more: a lead leaving the lane hands over to the next car ahead, often at the same speed, 64 m in
+  the simulator's nominal cruise; the old track is kept for `prior_keep_s`, and a reading back on it
+  returns to it: the big step was a spike), at a stuck gap's catch-up, when the lead flag drops, after
+  `step_hold_s` of distrusted readings, and at a new lead (the relative speed jumping with a step of
+  the gap) within `step_confirm_s` of a distrusted reading; a later new lead moves the track by its
+  step, as a biased radar reads the next lead too far as well. A lead change inside the band at an
+  unchanged relative speed is indistinguishable from a bias and is vetoed (none on the shared real
+  data sets, whose lead changes come with the flag or a jump of the relative speed).
 
 Only fresh observations are evidence (a tick that reuses its observation reports the last verdict),
 a gap in the stream longer than `max_gap_s` starts every check afresh, and a check whose signals the
@@ -112,8 +112,9 @@ class SignalSettings:
     gap_repeat_m: float = 0.6  # m: clean real drives reach 0.46 (a 20 Hz radar in a 100 Hz stream)
     gap_step_m: float = 10.0  # m: clean real drives' unexplained steps reach 5.7 (without a new lead)
     gap_step_max_m: float = 40.0  # m: a larger unexplained step is a new target (the simulator: 64 m)
-    step_hold_s: float = 4.0  # s an unexplained step stays latched at most
-    step_confirm_s: float = 0.3  # s a latched step must have lasted for a new lead to carry it
+    step_hold_s: float = 4.0  # s of distrusted readings after which the track starts afresh
+    prior_keep_s: float = 4.0  # s a restarted track's predecessor is kept (a reading back on it reverts)
+    step_confirm_s: float = 0.3  # s distrusted readings must have lasted for a new lead to carry their offset
     max_gap_s: float = 0.5  # a longer pause between fresh observations starts afresh
 
     def __post_init__(self) -> None:
@@ -153,6 +154,8 @@ class _Slot:
         "present",
         "repeats",
         "ref",
+        "prior",
+        "prior_t",
         "step_t",
         "out",
     )
@@ -175,8 +178,10 @@ class _Slot:
         # per pair (speed, gap): the integrated signal's run (integral of the rate over it; NaN: no
         # run) and the rate's run (the integrated signal, the rate and the ns when it began; None: none)
         self.repeats: list[list[Any]] = [[_NAN, None], [_NAN, None]]
-        self.ref = _NAN  # m: after an unexplained step, where the gap should be (NaN: not latched)
-        self.step_t = -1  # ns of the step that latched it
+        self.ref = _NAN  # m: the gap's track at the last reading (NaN: no track)
+        self.prior = _NAN  # m: the track before its last restart (NaN: none kept)
+        self.prior_t = -1  # ns of that restart
+        self.step_t = -1  # ns of the first of the current run of distrusted readings (-1: none)
         self.out: Scores = (_NAN,) * 7
 
 
@@ -200,6 +205,7 @@ class SignalMonitor:
         self._gap_window_ns = int(s.gap_window_s * 1e9)
         self._step_hold_ns = int(s.step_hold_s * 1e9)
         self._step_confirm_ns = int(s.step_confirm_s * 1e9)
+        self._prior_ns = int(s.prior_keep_s * 1e9)
 
     @property
     def available(self) -> bool:
@@ -319,36 +325,50 @@ class SignalMonitor:
         return score
 
     def _gap_step(self, st: _Slot, t: int, values: list[float], last: list[float], gap_stuck_s: float) -> float:
-        """gap_step: how far the gap is from where its history says it should be, after a step the
-        relative speed does not explain."""
+        """gap_step: how far a reading is from the gap's track (the readings it trusted, moved on by
+        the relative speed); a reading 6 m or more off is not trusted and leaves the track as it was."""
         s = self.settings
         present, distance, rel = values[2], values[3], values[4]
         if not (present == 1.0 and distance == distance and rel == rel):
-            st.ref, st.step_t = _NAN, -1
+            st.ref, st.step_t, st.prior = _NAN, -1, _NAN
             return _NAN
         g0, r0 = last[3], last[4]
-        if st.t < 0 or last[2] != 1.0 or g0 != g0 or r0 != r0:  # a new track
-            st.ref, st.step_t = _NAN, -1
+        if st.t < 0 or last[2] != 1.0 or g0 != g0 or r0 != r0 or st.ref != st.ref:  # a new track
+            st.ref, st.step_t, st.prior = distance, -1, _NAN
             return 0.0
         moved = 0.5 * (rel + r0) * ((t - st.t) * 1e-9)  # what the relative speed explains
-        d = (distance - g0) - moved  # the innovation
-        jump = abs(d) >= s.gap_jump_m
-        # a new lead: the relative speed jumps with the gap, or the gap jumps further than any plausible
-        # offset (the lead left the lane and the next car ahead, at the same speed, is the lead now)
-        new_lead = jump and (abs(rel - r0) >= s.new_lead_rel_jump or abs(d) >= s.gap_step_max_m)
-        if st.ref == st.ref:  # latched: the reference moves by what is explained
-            if new_lead and t - st.step_t < self._step_confirm_ns:
-                st.ref, st.step_t = _NAN, -1  # a new lead right after a step: the step was the reading before
-            else:  # a biased radar reads the next lead too far as well: the reference follows the new lead
-                st.ref += (distance - g0) if new_lead else moved
-        elif jump and not new_lead and gap_stuck_s <= s.stuck_s:  # the onset (not a stuck gap catching up)
-            st.ref, st.step_t = g0 + moved, t
-        if st.ref != st.ref or t - st.step_t > self._step_hold_ns:  # not latched, or held long enough
-            st.ref, st.step_t = _NAN, -1
+        step = (distance - g0) - moved  # the innovation since the previous reading
+        jump = abs(step) >= s.gap_jump_m
+        # a new lead: the relative speed jumps with the gap; a new target: the gap jumps further than
+        # any plausible offset (the lead left the lane and the next car ahead, at the same speed, leads)
+        new_lead = jump and abs(rel - r0) >= s.new_lead_rel_jump
+        young = st.step_t >= 0 and t - st.step_t < self._step_confirm_ns
+        predicted = st.ref + moved
+        if st.prior == st.prior:  # the track before the last restart, for a while
+            st.prior = st.prior + moved if t - st.prior_t <= self._prior_ns else _NAN
+        if (jump and abs(step) >= s.gap_step_max_m) or (jump and gap_stuck_s > s.stuck_s) or (new_lead and young):
+            # a new target, a stuck gap catching up, or a new lead right after a distrusted reading (that
+            # reading may have been a spike): a new track from this reading, the old one kept a while in
+            # case this reading was the spike
+            if st.prior != st.prior:  # a spike train restarts again and again: keep the first track
+                st.prior, st.prior_t = predicted, t
+            st.ref, st.step_t = distance, -1
             return 0.0
-        off = abs(distance - st.ref)
-        if off < s.gap_jump_m:  # the gap re-agrees with its history
-            st.ref, st.step_t = _NAN, -1
+        if new_lead:  # a biased radar reads the next lead too far as well: the track follows the new lead
+            predicted += step
+        off = abs(distance - predicted)
+        if off >= s.gap_jump_m and abs(distance - st.prior) < s.gap_jump_m:  # back on the old track
+            off = abs(distance - st.prior)
+            st.prior = _NAN
+        if off < s.gap_jump_m:  # trusted: the track is this reading
+            st.ref, st.step_t = distance, -1
+            return off
+        st.ref = predicted
+        if st.step_t < 0:
+            st.step_t = t
+        elif t - st.step_t > self._step_hold_ns:  # off for so long that the track was the wrong one
+            st.ref, st.step_t = distance, -1
+            return 0.0
         return off
 
     def _speed_accel(self, st: _Slot, t: int, values: list[float], last: list[float]) -> float:
