@@ -40,9 +40,20 @@ NAMES = {
     Check.SPEED_ACCEL: "speed_accel",
     Check.GAP_RATE: "gap_rate",
     Check.LEAD_FLICKER: "lead_flicker",
+    Check.SPEED_REPEAT: "speed_repeat",
+    Check.GAP_REPEAT: "gap_repeat",
+    Check.GAP_STEP: "gap_step",
 }
 # the per-signal checks (ood/signals.py), in the order of their scores
-SIGNAL_KINDS = (Check.SIGNAL_STUCK, Check.SPEED_ACCEL, Check.GAP_RATE, Check.LEAD_FLICKER)
+SIGNAL_KINDS = (
+    Check.SIGNAL_STUCK,
+    Check.SPEED_ACCEL,
+    Check.GAP_RATE,
+    Check.LEAD_FLICKER,
+    Check.SPEED_REPEAT,
+    Check.GAP_REPEAT,
+    Check.GAP_STEP,
+)
 # a range score's floor (the centre of a range is -0.5; an open limit would be -inf) and cap (a
 # float32 value far outside a narrow range would overflow float64 division)
 _RANGE_FLOOR, _RANGE_CAP = -0.5, 1e30
@@ -262,7 +273,7 @@ class CheckBoard:
                     ]
                 )
             else:  # a per-signal check: vetoes above its threshold
-                k = kind - Check.SIGNAL_STUCK
+                k = SIGNAL_KINDS.index(kind)
                 limit = self.signal_thresholds[k]
                 values = [_NAN] * n if signals is None else [float(r[k]) for r in signals]
                 cols.append(
@@ -307,7 +318,7 @@ class CheckBoard:
                 raw[j], threshold[j] = cv.margin, cv.min_margin
                 veto[j] = scored & (raw[j] < cv.min_margin)
             else:  # a per-signal check
-                k = kind - Check.SIGNAL_STUCK
+                k = SIGNAL_KINDS.index(kind)
                 threshold[j] = self.signal_thresholds[k]
                 if signals is not None:
                     raw[j] = np.asarray(signals, np.float64)[:, k]

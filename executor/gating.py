@@ -27,7 +27,7 @@ from dualloop.ood.decision import ratio_at_zero
 from dualloop.ood.freeze import common_settings
 from dualloop.ood.mahalanobis import GateFlags, score_in_chunks
 from dualloop.ood.marginal import ProfileGate, profile_gate
-from dualloop.ood.signals import SignalMonitor, SignalSettings
+from dualloop.ood.signals import Scores, SignalMonitor, SignalSettings
 
 # What a gate may watch. decision_vector: the model's penultimate layer; input_features: the raw
 # inputs, whose norm guard catches a dead sensor in its own tick and whose range guard a value far
@@ -165,7 +165,7 @@ class TickChecks:
     changes: list[list[float]] | None  # per row, each feature's change per second (NaN unknown)
     freeze_count: list[int] | None
     actuation: tuple[list[float], list[bool]] | None
-    signals: list[tuple[float, float, float, float]] | None = None  # per row, the per-signal checks' scores
+    signals: list[Scores] | None = None  # per row, the per-signal checks' scores
 
 
 @dataclass(slots=True)
@@ -410,7 +410,7 @@ class GateWiring:
             )
             limits = self.signals.thresholds
             for i, row in enumerate(signal_rows):
-                if row[0] > limits[0] or row[1] > limits[1] or row[2] > limits[2] or row[3] > limits[3]:
+                if any(v > lim for v, lim in zip(row, limits)):  # NaN: no verdict
                     veto[i] = True
         counts = None if self.freeze is None else self.freeze.counts(slots)
         self.last = TickChecks(density, change_rows, counts, actuation, signal_rows)
@@ -650,7 +650,7 @@ class GateWiring:
     def scan_signals(
         self, x: npt.NDArray[np.float32], slot: int, timestamps: npt.NDArray[np.int64], present: BoolArray | None = None
     ) -> FloatArray | None:
-        """The per-signal checks' scores (rows, 4) after each observation row the ticks used (x and
+        """The per-signal checks' scores (rows, 7) after each observation row the ticks used (x and
         timestamps of those rows, in order; each fresh once) of a session with this sensor profile, the
         slot left as live ticks would leave it; None without the checks."""
         self._note_profiles([slot], [present])

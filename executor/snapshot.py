@@ -62,6 +62,9 @@ class Check(enum.IntEnum):
     SPEED_ACCEL = 10
     GAP_RATE = 11
     LEAD_FLICKER = 12
+    SPEED_REPEAT = 13
+    GAP_REPEAT = 14
+    GAP_STEP = 15
 
 
 class CheckStatus(enum.IntEnum):

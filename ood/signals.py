@@ -23,7 +23,31 @@ over time, in the signals' own units, without the model:
   two apart. A jump together with a jump of the relative speed of at least `new_lead_rel_jump`, or
   right after the gap was stuck longer than `stuck_s` (its catch-up), starts the window afresh.
 - **lead_flicker** (toggles): how often the lead-present flag changed over the last `flicker_window_s`
-  of fresh observations. A real lead appears and disappears; it does not blink.
+  of fresh observations. A real lead appears and disappears; it does not blink (never twice within a
+  second on the shared real data sets).
+- **speed_repeat** (m/s) and **gap_repeat** (m): a float sensor read while its vehicle accelerates
+  does not repeat its exact value, so a repeat is judged at once by how far physics says the signal
+  should have moved since its run of repeats began. For the integrated signal (ego_speed, lead_distance)
+  that is |integral of its rate (ego_accel, lead_rel_speed)| over the run; for the rate signal, the
+  integrated signal's change over the run that the repeated rate does not explain,
+  |d(ego_speed) - ego_accel * T| and |d(lead_distance) - lead_rel_speed * T|. A sensor that holds its
+  value between its own slower samples (a 20 Hz radar in a 100 Hz stream, a quantised speed) moves
+  little in that time; the thresholds sit above the largest such value on the shared real data sets.
+  A signal stuck while its rate is zero (constant speed, a steady gap) is physically undetectable here
+  and scores 0; the `stuck` check's duration still sees it.
+- **gap_step** (m): how far the gap reads from its track. The track is the last trusted reading
+  moved on by the relative speed; a reading within `gap_jump_m` of it is trusted and becomes the
+  track, one further off is not and leaves the track as predicted, so a bias (+15 m from one reading
+  on, the relative speed unchanged) scores its offset from its onset until it ends, and a spike scores
+  only while it lasts. The track starts afresh at a new target (a step of the gap of `gap_step_max_m`
+  or more: a lead leaving the lane hands over to the next car ahead, often at the same speed, 64 m in
+  the simulator's nominal cruise; the old track is kept for `prior_keep_s`, and a reading back on it
+  returns to it: the big step was a spike), at a stuck gap's catch-up, when the lead flag drops, after
+  `step_hold_s` of distrusted readings, and at a new lead (the relative speed jumping with a step of
+  the gap) within `step_confirm_s` of a distrusted reading; a later new lead moves the track by its
+  step, as a biased radar reads the next lead too far as well. A lead change inside the band at an
+  unchanged relative speed is indistinguishable from a bias and is vetoed (none on the shared real
+  data sets, whose lead changes come with the flag or a jump of the relative speed).
 
 Only fresh observations are evidence (a tick that reuses its observation reports the last verdict),
 a gap in the stream longer than `max_gap_s` starts every check afresh, and a check whose signals the
@@ -48,14 +72,18 @@ import numpy.typing as npt
 
 _NAN = math.nan
 _MAX_KEPT = 1024  # readings a window keeps at most (1 s at 1 kHz)
-STUCK, SPEED_ACCEL, GAP_RATE, LEAD_FLICKER = range(4)
-CHECKS = ("stuck", "speed_accel", "gap_rate", "lead_flicker")
+STUCK, SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP = range(7)
+CHECKS = ("stuck", "speed_accel", "gap_rate", "lead_flicker", "speed_repeat", "gap_repeat", "gap_step")
+Scores = tuple[float, float, float, float, float, float, float]
 # the features each check reads, in SignalSettings' names
 _READS = (
     ("speed_feature",),  # and whichever of the stuck signals are measured
     ("speed_feature", "accel_feature"),
     ("present_feature", "distance_feature", "rel_speed_feature"),
     ("present_feature",),
+    ("speed_feature", "accel_feature"),
+    ("present_feature", "distance_feature", "rel_speed_feature"),
+    ("present_feature", "distance_feature", "rel_speed_feature"),
 )
 
 
@@ -79,7 +107,14 @@ class SignalSettings:
     new_lead_rel_jump: float = 1.0  # m/s
     gap_rate_m: float = 6.5  # m
     flicker_window_s: float = 1.0
-    flicker_toggles: float = 2.0  # more toggles than this in the window veto
+    flicker_toggles: float = 1.0  # more toggles than this in the window veto
+    speed_repeat_m_s: float = 0.1  # m/s: clean real drives reach 0.074
+    gap_repeat_m: float = 0.6  # m: clean real drives reach 0.46 (a 20 Hz radar in a 100 Hz stream)
+    gap_step_m: float = 10.0  # m: clean real drives' unexplained steps reach 5.7 (without a new lead)
+    gap_step_max_m: float = 40.0  # m: a larger unexplained step is a new target (the simulator: 64 m)
+    step_hold_s: float = 4.0  # s of distrusted readings after which the track starts afresh
+    prior_keep_s: float = 4.0  # s a restarted track's predecessor is kept (a reading back on it reverts)
+    step_confirm_s: float = 0.3  # s distrusted readings must have lasted for a new lead to carry their offset
     max_gap_s: float = 0.5  # a longer pause between fresh observations starts afresh
 
     def __post_init__(self) -> None:
@@ -92,8 +127,16 @@ class SignalSettings:
                 raise ValueError(f"signal checks: {f.name} must be a finite number > 0, got {value!r}")
 
     @property
-    def thresholds(self) -> tuple[float, float, float, float]:
-        return (self.stuck_s, self.speed_accel_m_s, self.gap_rate_m, self.flicker_toggles)
+    def thresholds(self) -> Scores:
+        return (
+            self.stuck_s,
+            self.speed_accel_m_s,
+            self.gap_rate_m,
+            self.flicker_toggles,
+            self.speed_repeat_m_s,
+            self.gap_repeat_m,
+            self.gap_step_m,
+        )
 
 
 class _Slot:
@@ -109,6 +152,11 @@ class _Slot:
         "jumps",
         "toggles",
         "present",
+        "repeats",
+        "ref",
+        "prior",
+        "prior_t",
+        "step_t",
         "out",
     )
 
@@ -127,11 +175,18 @@ class _Slot:
         self.jumps: deque[tuple[int, float]] = deque(maxlen=_MAX_KEPT)  # (ns, |innovation|) of the window's large ones
         self.toggles: deque[int] = deque(maxlen=_MAX_KEPT)  # ns of each toggle in the window
         self.present = _NAN
-        self.out: tuple[float, float, float, float] = (_NAN, _NAN, _NAN, _NAN)
+        # per pair (speed, gap): the integrated signal's run (integral of the rate over it; NaN: no
+        # run) and the rate's run (the integrated signal, the rate and the ns when it began; None: none)
+        self.repeats: list[list[Any]] = [[_NAN, None], [_NAN, None]]
+        self.ref = _NAN  # m: the gap's track at the last reading (NaN: no track)
+        self.prior = _NAN  # m: the track before its last restart (NaN: none kept)
+        self.prior_t = -1  # ns of that restart
+        self.step_t = -1  # ns of the first of the current run of distrusted readings (-1: none)
+        self.out: Scores = (_NAN,) * 7
 
 
 class SignalMonitor:
-    """The four checks for `n_slots` sessions on a feature schema (`feature_names`)."""
+    """The seven checks for `n_slots` sessions on a feature schema (`feature_names`)."""
 
     def __init__(self, n_slots: int, settings: SignalSettings, feature_names: Sequence[str]) -> None:
         names = list(feature_names)
@@ -148,6 +203,9 @@ class SignalMonitor:
         self._flicker_ns = int(s.flicker_window_s * 1e9)
         self._max_gap_ns = int(s.max_gap_s * 1e9)
         self._gap_window_ns = int(s.gap_window_s * 1e9)
+        self._step_hold_ns = int(s.step_hold_s * 1e9)
+        self._step_confirm_ns = int(s.step_confirm_s * 1e9)
+        self._prior_ns = int(s.prior_keep_s * 1e9)
 
     @property
     def available(self) -> bool:
@@ -162,15 +220,16 @@ class SignalMonitor:
         self._slots[slot] = _Slot()
         self._measures[slot] = tuple(a >= 0 for a in self.at)
 
-    def applies(self, slot: int) -> tuple[bool, bool, bool, bool]:
+    def applies(self, slot: int) -> tuple[bool, ...]:
         """Which checks can judge this slot's session at all (its sensor profile measures their signals)."""
         speed, accel, present, distance, rel = self._measures[slot]
-        return speed, speed and accel, present and distance and rel, present
+        lead = present and distance and rel
+        return speed, speed and accel, lead, present, speed and accel, speed and lead, lead
 
     def step(
         self, x: npt.NDArray[Any], slots: Sequence[int], fresh: Sequence[bool], times: Sequence[int]
-    ) -> list[tuple[float, float, float, float]]:
-        """Each row's four scores (NaN: no verdict) after this tick; rows x (batch, features) raw inputs."""
+    ) -> list[Scores]:
+        """Each row's seven scores (NaN: no verdict) after this tick; rows x (batch, features) raw inputs."""
         item = x.item
         at = self.at
         out = []
@@ -183,21 +242,20 @@ class SignalMonitor:
         return out
 
     def scan(self, x: npt.NDArray[Any], slot: int, times: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        """The scores (rows, 4) after each of a session's fresh observations in turn (a replay's rows
+        """The scores (rows, 7) after each of a session's fresh observations in turn (a replay's rows
         the ticks used), leaving the slot as live ticks would."""
         state, measures = self._slots[slot], self._measures[slot]
         cols = [x[:, a].tolist() if a >= 0 else [_NAN] * len(x) for a in self.at]
-        out = np.empty((len(x), 4))
+        out = np.empty((len(x), len(CHECKS)))
         for k, (t, *values) in enumerate(zip(times.tolist(), *cols)):
             state.out = self._update(state, measures, t, values)
             out[k] = state.out
         return out
 
-    def _update(
-        self, st: _Slot, measures: tuple[bool, ...], t: int, values: list[float]
-    ) -> tuple[float, float, float, float]:
+    def _update(self, st: _Slot, measures: tuple[bool, ...], t: int, values: list[float]) -> Scores:
         """One fresh observation at t ns (values: speed, accel, present, distance, rel as floats)."""
         m_speed, m_accel, m_present, m_distance, m_rel = measures
+        s = self.settings
         if st.t >= 0 and (t - st.t > self._max_gap_ns or t <= st.t):  # a pause: nothing carries over
             st.clear()
         last = st.last or [_NAN] * 5
@@ -208,9 +266,20 @@ class SignalMonitor:
         speed_accel = self._speed_accel(st, t, values, last) if m_speed and m_accel else _NAN
         gap_rate = self._gap_rate(st, t, values, gap_stuck_s) if m_present and m_distance and m_rel else _NAN
         flicker = self._flicker(st, t, values[2]) if m_present else _NAN
+        speed_repeat = gap_repeat = gap_step = _NAN
+        if m_speed and m_accel:
+            moving = abs(values[0]) > s.moving_speed
+            speed_repeat = self._repeat(st.repeats[0], st.t, t, values[0], values[1], last[0], last[1], moving)
+        if m_present and m_distance and m_rel and values[2] != 1.0:  # no lead: no verdict
+            st.repeats[1] = [_NAN, None]
+        elif m_present and m_distance and m_rel:
+            lead = abs(values[0]) > s.moving_speed and last[2] == 1.0
+            gap_repeat = self._repeat(st.repeats[1], st.t, t, values[3], values[4], last[3], last[4], lead)
+        if m_present and m_distance and m_rel:
+            gap_step = self._gap_step(st, t, values, last, gap_stuck_s)
         st.t = t
         st.last = values
-        return stuck, speed_accel, gap_rate, flicker
+        return stuck, speed_accel, gap_rate, flicker, speed_repeat, gap_repeat, gap_step
 
     def _stuck(self, st: _Slot, measures: tuple[bool, ...], t: int, values: list[float], last: list[float]) -> float:
         """stuck: bit-identical readings while moving (and, for the lead, a lead present)."""
@@ -228,6 +297,79 @@ class SignalMonitor:
             else:
                 st.run_start[j] = -1
         return stuck
+
+    @staticmethod
+    def _repeat(
+        runs: list[Any], t0: int, t: int, x: float, rate: float, x0: float, rate0: float, judged: bool
+    ) -> float:
+        """speed_repeat / gap_repeat for one pair: how far a repeated signal should have moved (its own
+        units; 0 without a repeat, NaN without a verdict). `runs` is the pair's state, t0 the previous
+        fresh observation's ns and x0, rate0 its readings (NaN: none)."""
+        if not (judged and t0 >= 0 and x == x and rate == rate and x0 == x0 and rate0 == rate0):
+            runs[0], runs[1] = _NAN, None
+            return _NAN if x != x or rate != rate else 0.0
+        score = 0.0
+        if x == x0:  # the integrated signal repeats: it should have moved by the rate's integral
+            integral = (runs[0] if runs[0] == runs[0] else 0.0) + 0.5 * (rate + rate0) * ((t - t0) * 1e-9)
+            runs[0] = integral
+            score = abs(integral)
+        else:
+            runs[0] = _NAN
+        if rate == rate0:  # the rate repeats: the integrated signal's change it does not explain
+            if runs[1] is None:
+                runs[1] = (x0, rate0, t0)  # the run began with the previous reading
+            xs, rs, ts = runs[1]
+            score = max(score, abs((x - xs) - rs * ((t - ts) * 1e-9)))
+        else:
+            runs[1] = None
+        return score
+
+    def _gap_step(self, st: _Slot, t: int, values: list[float], last: list[float], gap_stuck_s: float) -> float:
+        """gap_step: how far a reading is from the gap's track (the readings it trusted, moved on by
+        the relative speed); a reading 6 m or more off is not trusted and leaves the track as it was."""
+        s = self.settings
+        present, distance, rel = values[2], values[3], values[4]
+        if not (present == 1.0 and distance == distance and rel == rel):
+            st.ref, st.step_t, st.prior = _NAN, -1, _NAN
+            return _NAN
+        g0, r0 = last[3], last[4]
+        if st.t < 0 or last[2] != 1.0 or g0 != g0 or r0 != r0 or st.ref != st.ref:  # a new track
+            st.ref, st.step_t, st.prior = distance, -1, _NAN
+            return 0.0
+        moved = 0.5 * (rel + r0) * ((t - st.t) * 1e-9)  # what the relative speed explains
+        step = (distance - g0) - moved  # the innovation since the previous reading
+        jump = abs(step) >= s.gap_jump_m
+        # a new lead: the relative speed jumps with the gap; a new target: the gap jumps further than
+        # any plausible offset (the lead left the lane and the next car ahead, at the same speed, leads)
+        new_lead = jump and abs(rel - r0) >= s.new_lead_rel_jump
+        young = st.step_t >= 0 and t - st.step_t < self._step_confirm_ns
+        predicted = st.ref + moved
+        if st.prior == st.prior:  # the track before the last restart, for a while
+            st.prior = st.prior + moved if t - st.prior_t <= self._prior_ns else _NAN
+        if (jump and abs(step) >= s.gap_step_max_m) or (jump and gap_stuck_s > s.stuck_s) or (new_lead and young):
+            # a new target, a stuck gap catching up, or a new lead right after a distrusted reading (that
+            # reading may have been a spike): a new track from this reading, the old one kept a while in
+            # case this reading was the spike
+            if st.prior != st.prior:  # a spike train restarts again and again: keep the first track
+                st.prior, st.prior_t = predicted, t
+            st.ref, st.step_t = distance, -1
+            return 0.0
+        if new_lead:  # a biased radar reads the next lead too far as well: the track follows the new lead
+            predicted += step
+        off = abs(distance - predicted)
+        if off >= s.gap_jump_m and abs(distance - st.prior) < s.gap_jump_m:  # back on the old track
+            off = abs(distance - st.prior)
+            st.prior = _NAN
+        if off < s.gap_jump_m:  # trusted: the track is this reading
+            st.ref, st.step_t = distance, -1
+            return off
+        st.ref = predicted
+        if st.step_t < 0:
+            st.step_t = t
+        elif t - st.step_t > self._step_hold_ns:  # off for so long that the track was the wrong one
+            st.ref, st.step_t = distance, -1
+            return 0.0
+        return off
 
     def _speed_accel(self, st: _Slot, t: int, values: list[float], last: list[float]) -> float:
         """speed_accel: the speed's change against the integrated acceleration."""

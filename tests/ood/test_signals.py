@@ -4,14 +4,31 @@ pause do, a new lead against a spike, flicker; and their settings' errors."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dualloop.ood.signals import GAP_RATE, LEAD_FLICKER, SPEED_ACCEL, STUCK, SignalMonitor, SignalSettings
+from dualloop.controller.contract.wire import observation_from_proto
+from dualloop.controller.gates.real_logs import load_real_dir
+from dualloop.controller.logs.format import sensor_profile
+from dualloop.controller.logs.logfile import read_log
+from dualloop.ood.signals import (
+    CHECKS,
+    GAP_RATE,
+    GAP_REPEAT,
+    GAP_STEP,
+    LEAD_FLICKER,
+    SPEED_ACCEL,
+    SPEED_REPEAT,
+    STUCK,
+    SignalMonitor,
+    SignalSettings,
+)
 
 NAMES = ["ego_speed", "ego_accel", "lead_present", "lead_distance", "lead_rel_speed", "yaw_rate"]
 PERIOD = 100_000_000  # 10 Hz
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def drive(n: int, speed: float = 20.0, accel: float = 0.0, gap: float = 30.0, rel: float = 0.0) -> np.ndarray:
@@ -36,7 +53,7 @@ def scan(x: np.ndarray, settings: SignalSettings | None = None) -> np.ndarray:
 def test_a_clean_drive_scores_low_on_every_check() -> None:
     scores = scan(drive(100, accel=0.8, rel=-1.0))
     limits = SignalSettings().thresholds
-    for k in range(4):
+    for k in range(len(CHECKS)):
         judged = scores[:, k][~np.isnan(scores[:, k])]
         assert judged.size > 80 and (judged <= limits[k]).all(), k
 
@@ -84,7 +101,8 @@ def test_a_flickering_lead_flag_counts_its_toggles_in_a_second() -> None:
     x = drive(40)
     x[10:20:2, 2] = 0.0
     s = scan(x)[:, LEAD_FLICKER]
-    assert s[9] == 0.0 and s[12] == 3.0 and s[12] > SignalSettings().flicker_toggles
+    assert s[9] == 0.0 and s[10] == 1.0 and s[10] <= SignalSettings().flicker_toggles  # one change: a lead came
+    assert s[11] == 2.0 and s[11] > SignalSettings().flicker_toggles  # and went back at once: a blink
     assert s[35] == 0.0
 
 
@@ -108,8 +126,9 @@ def test_unmeasured_and_non_finite_signals_are_not_judged() -> None:
     x = drive(20)
     x[:, ~present] = np.nan
     out = mon.scan(x, 0, np.arange(20, dtype=np.int64) * PERIOD)
-    assert np.isnan(out[:, [SPEED_ACCEL, GAP_RATE, LEAD_FLICKER]]).all() and (out[:, STUCK] == 0.0).all()
-    assert mon.applies(0) == (True, False, False, False)
+    others = [SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP]
+    assert np.isnan(out[:, others]).all() and (out[:, STUCK] == 0.0).all()
+    assert mon.applies(0) == (True, False, False, False, False, False, False)
     y = drive(20)
     y[10, 3] = np.nan
     gap = scan(y)[:, GAP_RATE]
@@ -121,3 +140,137 @@ def test_unmeasured_and_non_finite_signals_are_not_judged() -> None:
 def test_bad_settings_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SignalSettings(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_speed_stuck_while_accelerating_is_flagged_at_its_first_repeat() -> None:
+    limit = SignalSettings().speed_repeat_m_s
+    x = drive(60, accel=1.5)
+    x[30:45, 0] = x[29, 0]
+    s = scan(x)[:, SPEED_REPEAT]
+    assert (s[:30] == 0.0).all()  # noisy readings never repeat
+    assert s[30] == pytest.approx(0.15, abs=0.01) and s[30] > limit  # 1.5 m/s^2 x 0.1 s at the first repeat
+    assert s[44] == pytest.approx(2.25, abs=0.05)  # it grows while the repeat lasts
+    assert s[45] == 0.0  # moving again (its catch-up is speed_accel's)
+
+
+def test_the_same_stuck_speed_at_constant_speed_is_not_flagged() -> None:
+    """Physically undetectable: nothing says the speed should have changed."""
+    x = drive(60)
+    x[30:45, 0] = x[29, 0]
+    assert (scan(x)[:, SPEED_REPEAT] <= SignalSettings().speed_repeat_m_s).all()
+    at_rest = drive(60, speed=0.0, accel=0.0)
+    at_rest[:, 0] = 0.0  # standing still: exact zeros, whatever the accelerometer's noise
+    at_rest[:, 1] = 0.3
+    assert (scan(at_rest)[:, SPEED_REPEAT] == 0.0).all()
+
+
+def test_a_stuck_acceleration_while_the_speed_changes_is_flagged() -> None:
+    x = drive(60, accel=0.0)
+    x[30:, 0] += 2.0 * (np.arange(30) + 1) * 0.1 * 0.1 * 10  # the car starts to accelerate at 2 m/s^2
+    x[29:, 1] = x[28, 1]  # while the accelerometer holds its last reading
+    s = scan(x)[:, SPEED_REPEAT]
+    assert (s[:29] <= 0.05).all()
+    flagged = np.flatnonzero(s > SignalSettings().speed_repeat_m_s)
+    assert flagged.size and flagged[0] <= 31 and (s[31:] > SignalSettings().speed_repeat_m_s).all()
+
+
+def test_a_stuck_gap_while_closing_is_flagged_and_a_steady_one_is_not() -> None:
+    limit = SignalSettings().gap_repeat_m
+    closing = drive(60, rel=-4.0)
+    closing[30:45, 3] = closing[29, 3]
+    s = scan(closing)[:, GAP_REPEAT]
+    assert (s[:30] < 0.1).all() and s[30] == pytest.approx(0.4, abs=0.05) and s[31] > limit  # 0.4 m per reading
+    steady = drive(60, rel=0.0)
+    steady[30:45, 3] = steady[29, 3]
+    assert (scan(steady)[:, GAP_REPEAT] <= limit).all()
+    no_lead = drive(60, rel=-4.0)
+    no_lead[:, 2] = 0.0
+    no_lead[30:45, 3] = no_lead[29, 3]
+    assert np.isnan(scan(no_lead)[:, GAP_REPEAT]).all()
+
+
+def test_a_lead_distance_bias_is_flagged_from_its_onset_until_it_ends() -> None:
+    limit = SignalSettings().gap_step_m
+    x = drive(80, rel=-1.0)
+    x[30:55, 3] += 15.0  # reads 15 m too far for 2.5 s
+    s = scan(x)[:, GAP_STEP]
+    assert (s[:30] < 0.1).all()
+    assert (s[30:55] > limit).all()  # latched while the bias lasts
+    assert s[55] < 0.1 and (s[56:] < 0.1).all()  # back where its history says: unlatched
+    lasting = drive(80, rel=-1.0)
+    lasting[30:, 3] += 15.0
+    held = scan(lasting)[:, GAP_STEP]
+    assert held[69] > limit and held[71] == 0.0  # latched for 4 s at most
+    switch = drive(80, rel=-1.0)
+    switch[30:55, 3] += 15.0
+    switch[40:, 3] += 30.0 - 2.0 * np.arange(40) * 0.1  # another car becomes the lead during the bias,
+    switch[40:, 4] -= 2.0  # 2 m/s slower: the same sensor reads it too far as well
+    switched = scan(switch)[:, GAP_STEP]
+    assert (switched[30:55] > limit).all() and switched[55] < 0.1 and (switched[56:] < 0.1).all()
+    zeroed = drive(80, rel=-1.0)
+    zeroed[30:50, 3] = 0.0  # the radar reads 0 for 2 s: stuck long enough that its return looks like a catch-up
+    back = scan(zeroed)[:, GAP_STEP]
+    assert (back[30:50] > limit).all() and back[50] < 0.1 and (back[51:] < 0.1).all()
+    big = drive(80, rel=-1.0)
+    big[30, 3] += 20.0
+    big[34, 3] += 70.0  # a spike beyond any offset while latched: its way back must not be carried
+    assert (scan(big)[36:, GAP_STEP] < 0.1).all()
+    train = drive(80, gap=47.0, rel=-1.0)
+    train[30:40, 3] += np.array([24.0, -24.0, 24.0, -24.0, 0.0, 24.0, -24.0, -24.0, 24.0, 0.0])  # steps of 48 m
+    trained = scan(train)[:, GAP_STEP]
+    assert trained[30] > limit and (trained[40:] < 0.1).all()  # back on the track it had before the train
+    spikes = drive(80, rel=-1.0)
+    spikes[30, 3] += 8.0
+    spikes[31, 3] += 4.0  # a spike, then a smaller one: two steps back of 4 m, each too small to count
+    after = scan(spikes)[:, GAP_STEP]
+    # 8 m off the track: distrusted; 4 m: trusted (the track follows it), and back by 4 m
+    assert after[30] == pytest.approx(8.0, abs=0.1) and after[31] == pytest.approx(4.0, abs=0.1)
+    assert after[32] == pytest.approx(4.0, abs=0.1) and (after[33:] < 0.1).all()  # nothing stays off
+
+
+def test_a_new_lead_is_not_a_bias() -> None:
+    limit = SignalSettings().gap_step_m
+    cut_in = drive(60, rel=-1.0)
+    cut_in[30:, 3] -= 15.0
+    cut_in[30:, 4] -= 3.0  # a slower car cut in: the relative speed jumps with the gap
+    assert (scan(cut_in)[:, GAP_STEP] <= limit).all()
+    swap = drive(60, rel=-1.0)
+    swap[30, 2] = 0.0  # the lead left, another came: the flag says so
+    swap[31:, 3] += 25.0
+    swapped = scan(swap)[:, GAP_STEP]
+    assert np.isnan(swapped[30]) and (swapped[31:] < 0.1).all()  # no lead, then a new track
+    spike_then_switch = drive(60, rel=-1.0)
+    spike_then_switch[29, 3] += 30.0  # a spike on the reading just before a real lead switch
+    spike_then_switch[30:, 3] += 20.0 - 2.0 * np.arange(30) * 0.1
+    spike_then_switch[30:, 4] -= 2.0
+    assert (scan(spike_then_switch)[30:, GAP_STEP] < 0.1).all()  # the spike is not carried onto the new lead
+    leaves = drive(60, rel=-1.0)
+    leaves[30:, 3] += 64.0  # the lead left the lane: the next car ahead, at the same speed, is the lead now
+    assert (scan(leaves)[:, GAP_STEP] < 0.1).all()
+    small = drive(60, rel=-1.0)
+    small[30:, 3] += 5.0  # a step within what real radars do at a target switch
+    stepped = scan(small)[:, GAP_STEP]
+    assert stepped[30] == pytest.approx(5.0, abs=0.1) and (stepped[31:] < 0.1).all()  # trusted: the new track
+
+
+@pytest.mark.parametrize("name", ["comma2k19-example1.mcap", "real-drives/openacc-astazero-human"])
+def test_clean_real_drives_are_never_flagged(name: str, tmp_path: Path) -> None:
+    """The shipped thresholds against real sensors: repeats, 20 Hz radars in a 100 Hz stream, lead
+    changes and quantised speeds never veto."""
+    folder = FIXTURES / name
+    paths = [folder] if folder.suffix == ".mcap" else list(load_real_dir(folder, tmp_path).logs)
+    limits = np.array(SignalSettings().thresholds)
+    judged = 0
+    for path in paths:
+        data = read_log(path)
+        obs = [observation_from_proto(m, 0) for m in data.observations]
+        x = np.array([o.features for o in obs], np.float64)
+        names = list(data.header.feature_names)
+        mon = SignalMonitor(1, SignalSettings(), names)
+        profile = sensor_profile(data.header)
+        if profile is not None:
+            mon.set_present(0, np.array([n in profile for n in names]))
+        out = mon.scan(x, 0, np.array([o.timestamp_ns for o in obs], np.int64))
+        assert not (out > limits).any(), (path, [CHECKS[k] for k in np.flatnonzero((out > limits).any(axis=0))])
+        judged += int(np.isfinite(out[:, SPEED_REPEAT]).sum())
+    assert judged > 200

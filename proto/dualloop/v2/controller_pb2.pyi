@@ -57,6 +57,9 @@ class Check(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECK_SPEED_ACCEL: _ClassVar[Check]
     CHECK_GAP_RATE: _ClassVar[Check]
     CHECK_LEAD_FLICKER: _ClassVar[Check]
+    CHECK_SPEED_REPEAT: _ClassVar[Check]
+    CHECK_GAP_REPEAT: _ClassVar[Check]
+    CHECK_GAP_STEP: _ClassVar[Check]
 
 class CheckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -100,6 +103,9 @@ CHECK_SIGNAL_STUCK: Check
 CHECK_SPEED_ACCEL: Check
 CHECK_GAP_RATE: Check
 CHECK_LEAD_FLICKER: Check
+CHECK_SPEED_REPEAT: Check
+CHECK_GAP_REPEAT: Check
+CHECK_GAP_STEP: Check
 CHECK_STATUS_UNSPECIFIED: CheckStatus
 CHECK_STATUS_SCORED: CheckStatus
 CHECK_STATUS_NOT_APPLICABLE: CheckStatus

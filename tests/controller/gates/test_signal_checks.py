@@ -18,12 +18,24 @@ from dualloop.executor.snapshot import Check, CheckStatus, Reason
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
 COMMA = Path(__file__).resolve().parents[2] / "fixtures" / "comma2k19-example1.mcap"
-SIGNAL_CHECKS = (Check.SIGNAL_STUCK, Check.SPEED_ACCEL, Check.GAP_RATE, Check.LEAD_FLICKER)
+SIGNAL_CHECKS = (
+    Check.SIGNAL_STUCK,
+    Check.SPEED_ACCEL,
+    Check.GAP_RATE,
+    Check.LEAD_FLICKER,
+    Check.SPEED_REPEAT,
+    Check.GAP_REPEAT,
+    Check.GAP_STEP,
+)
 # (fault, signal, the check that must catch it, how soon after onset at the latest, s)
 CASES = [
     (fi.STUCK, "ego_speed", "signal_stuck", 1.3),  # its threshold: 1.2 s of identical readings
     (fi.SPIKES, "lead_distance", "gap_rate", 1.0),  # the first spike, there and back (a quarter of the readings)
-    (fi.FLICKER, "lead_present", "lead_flicker", 0.5),  # three toggles
+    (fi.FLICKER, "lead_present", "lead_flicker", 0.1),  # two toggles
+    # the ego accelerates at 0.1-0.2 m/s^2 here: 0.1 m/s of speed change takes 0.5-1 s
+    (fi.STUCK, "ego_speed", "speed_repeat", 1.0),
+    (fi.STUCK, "lead_distance", "gap_repeat", 1.1),  # closing at 0.5-1.4 m/s: 0.6 m in about 1 s
+    (fi.BIAS, "lead_distance", "gap_step", 0.02),  # +15 m at once, the relative speed unchanged
     (fi.UNIT, "ego_speed", "speed_accel", 0.02),  # km/h: the speed jumps, the acceleration does not
 ]
 FIRST, STOP = 2000, 2250  # observations: 20.0-22.5 s, the ego at highway speed behind one lead
@@ -51,7 +63,7 @@ def _faulted(log: rf.LoadedLog, episodes: list[fi.Episode]) -> list:
 
 
 def test_no_signal_check_vetoes_the_clean_drive(clean: rf.Verdicts) -> None:
-    for name in ("signal_stuck", "speed_accel", "gap_rate", "lead_flicker"):
+    for name in ("signal_stuck", "speed_accel", "gap_rate", "lead_flicker", "speed_repeat", "gap_repeat", "gap_step"):
         assert name in clean.veto, name
         assert not clean.veto[name].any(), name
         assert np.isfinite(clean.score[name]).any(), name  # it judged the drive
@@ -81,10 +93,12 @@ def test_live_ticks_and_the_replay_give_the_same_signal_checks(loaded: LoadedMod
     and statuses of the signal checks on every tick."""
     episodes = [
         fi.Episode(fi.STUCK, "ego_speed", 600, 800, 0.0),
+        fi.Episode(fi.STUCK, "lead_distance", 900, 1050, 0.0),
         fi.Episode(fi.SPIKES, "lead_distance", 1100, 1300, 25.0),
         fi.Episode(fi.FLICKER, "lead_present", 1500, 1700, 0.0),
         fi.Episode(fi.UNIT, "ego_speed", 2000, 2100, fi.KMH_PER_MS),
         fi.Episode(fi.STUCK, "lead_rel_speed", 2300, 2500, 0.0),
+        fi.Episode(fi.BIAS, "lead_distance", 2600, 2800, fi.BIAS_M),
     ]
     obs = _faulted(log, episodes)[:3000]
     runs = []
@@ -115,9 +129,9 @@ def test_a_check_on_an_unmeasured_signal_is_not_applicable(loaded: LoadedModel, 
     snaps, _ = run_replay(ex, "s", obs, SessionOptions(provided_features=["ego_speed"]))
     kinds = snaps[0].check_kinds
     status = np.array([s.checks["status"] for s in snaps])
-    stuck, speed_accel, gap, flicker = (kinds.index(k) for k in SIGNAL_CHECKS)
+    stuck, *others = (kinds.index(k) for k in SIGNAL_CHECKS)
     assert (status[:, stuck] == CheckStatus.SCORED).all()
-    for j in (speed_accel, gap, flicker):
+    for j in others:
         assert (status[:, j] == CheckStatus.NOT_APPLICABLE).all(), kinds[j]
         assert not any(s.checks[j]["veto"] for s in snaps)
     assert all(Reason.INVALID_INPUT not in s.reasons for s in snaps)

@@ -36,6 +36,9 @@ EVERY_CHECK = [
     pb.CHECK_SPEED_ACCEL,
     pb.CHECK_GAP_RATE,
     pb.CHECK_LEAD_FLICKER,
+    pb.CHECK_SPEED_REPEAT,
+    pb.CHECK_GAP_REPEAT,
+    pb.CHECK_GAP_STEP,
 ]
 # inputs with no veto: 100 Hz synthetic driving after its first 0.6 s (which the input gate flags)
 START, COUNT = 60, 200
@@ -117,12 +120,20 @@ def test_ordinary_input_every_check_present_finite_and_quiet(shipped_channel, dr
         assert check(s, pb.CHECK_ACTUATION).status == pb.CHECK_STATUS_NOT_APPLICABLE  # no command sent
         assert check(s, pb.CHECK_MARGIN).threshold == pytest.approx(0.05)
     later = snaps[10:]
-    per_signal = (pb.CHECK_SIGNAL_STUCK, pb.CHECK_SPEED_ACCEL, pb.CHECK_GAP_RATE, pb.CHECK_LEAD_FLICKER)
+    per_signal = (
+        pb.CHECK_SIGNAL_STUCK,
+        pb.CHECK_SPEED_ACCEL,
+        pb.CHECK_GAP_RATE,
+        pb.CHECK_LEAD_FLICKER,
+        pb.CHECK_SPEED_REPEAT,
+        pb.CHECK_GAP_REPEAT,
+        pb.CHECK_GAP_STEP,
+    )
     judged = [k for k in EVERY_CHECK if k not in (pb.CHECK_FREEZE, pb.CHECK_ACTUATION, *per_signal)]
     for kind in judged:
         assert all(check(s, kind).status == pb.CHECK_STATUS_SCORED for s in later), kind
     # the speed check once it has seen a window (0.5 s) of observations; the gap check while a lead is seen
-    for kind in (pb.CHECK_SIGNAL_STUCK, pb.CHECK_SPEED_ACCEL, pb.CHECK_LEAD_FLICKER):
+    for kind in (pb.CHECK_SIGNAL_STUCK, pb.CHECK_SPEED_ACCEL, pb.CHECK_LEAD_FLICKER, pb.CHECK_SPEED_REPEAT):
         assert check(snaps[-1], kind).status == pb.CHECK_STATUS_SCORED, kind
     assert all(check(s, pb.CHECK_GAP_RATE).status != pb.CHECK_STATUS_NOT_SCORED for s in snaps)
     # the first tick has no previous observation: no change to judge
