@@ -72,6 +72,7 @@ import numpy.typing as npt
 
 _NAN = math.nan
 _MAX_KEPT = 1024  # readings a window keeps at most (1 s at 1 kHz)
+_SCORE_CAP = 1e12  # the largest score a check reports, in its own units (far above every threshold)
 STUCK, SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP = range(7)
 CHECKS = ("stuck", "speed_accel", "gap_rate", "lead_flicker", "speed_repeat", "gap_repeat", "gap_step")
 Scores = tuple[float, float, float, float, float, float, float]
@@ -279,7 +280,10 @@ class SignalMonitor:
             gap_step = self._gap_step(st, t, values, last, gap_stuck_s)
         st.t = t
         st.last = values
-        return stuck, speed_accel, gap_rate, flicker, speed_repeat, gap_repeat, gap_step
+        scores = (stuck, speed_accel, gap_rate, flicker, speed_repeat, gap_repeat, gap_step)
+        # finite by contract (DecisionSnapshot.checks): readings near the float64 limits overflow the
+        # physics (a rate times a time); the cap still vetoes, NaN stays "no verdict"
+        return tuple(_SCORE_CAP if v > _SCORE_CAP else v for v in scores)  # type: ignore[return-value]
 
     def _stuck(self, st: _Slot, measures: tuple[bool, ...], t: int, values: list[float], last: list[float]) -> float:
         """stuck: bit-identical readings while moving (and, for the lead, a lead present)."""

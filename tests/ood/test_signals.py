@@ -274,3 +274,17 @@ def test_clean_real_drives_are_never_flagged(name: str, tmp_path: Path) -> None:
         assert not (out > limits).any(), (path, [CHECKS[k] for k in np.flatnonzero((out > limits).any(axis=0))])
         judged += int(np.isfinite(out[:, SPEED_REPEAT]).sum())
     assert judged > 200
+
+
+def test_readings_near_the_float_limits_give_finite_scores_that_veto() -> None:
+    """A rate times a time overflows for readings near float64's limit: the score is capped, never
+    inf (DecisionSnapshot.checks are finite by contract), and still far above every threshold."""
+    x = drive(6).astype(np.float64)
+    x[2:, 0] = x[1, 0]  # the speed repeats ...
+    x[2:, 1] = 1.7e308  # ... while the accelerometer reads near the largest float
+    x[2:, 4] = -1.7e308
+    scores = scan(x)
+    judged = scores[~np.isnan(scores)]
+    assert np.isfinite(judged).all()
+    limits = SignalSettings().thresholds
+    assert scores[3, SPEED_REPEAT] > limits[SPEED_REPEAT]
