@@ -23,7 +23,7 @@ $(STAMP): $(INSTALL_DEPS)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	rm -f $(VENV)/lib/python*/site-packages/dualloop-namespace-view.pth  # an older venv's: the view is for tools only
-	$(PY) scripts/namespace_view.py > /dev/null
+	$(PY) scripts/namespace_view.py --pth > /dev/null
 	touch $(STAMP) $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)

@@ -5,8 +5,10 @@ dualloop.controller, ...); the wheel and the editable install import through tha
 interpreter's `__file__` and tracebacks name the source files. mypy, import-linter and editors do not
 import: they walk the file system from a package's folder. This script makes build/namespace/dualloop/
 with one link per mapped package, pointing back into the working tree, for them alone (mypy's
-`mypy_path`, `make check`'s import-linter run, pyright's `extraPaths`). It is not on the interpreter's
-path. `make` makes it at install; `make clean` removes it with the rest of build/.
+`mypy_path`, import-linter, pyright's `extraPaths`). It is not on the interpreter's path, except for
+import-linter's own command: `--pth` writes a path file into the venv that adds the view only when the
+running program is `lint-imports`, so the plain command works and every other program imports the
+sources. `make` makes both at install; `make clean` removes the view with the rest of build/.
 """
 
 from __future__ import annotations
@@ -55,7 +57,22 @@ def make_view(out: Path = VIEW) -> Path:
     return out
 
 
+PTH_NAME = "dualloop-lint-imports-view.pth"
+
+
+def write_pth(view: Path = VIEW) -> Path:
+    """The path file that puts the view on import-linter's path alone (see the module docstring)."""
+    import sysconfig
+
+    pth = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
+    code = f"if sys.argv and sys.argv[0].endswith('lint-imports'): sys.path.append({str(view)!r})"
+    pth.write_text(f"import sys; exec({code!r})\n")
+    return pth
+
+
 if __name__ == "__main__":
-    if sys.argv[1:]:
-        raise SystemExit(f"usage: {sys.argv[0]} (no arguments; the interpreter no longer reads the view)")
+    if sys.argv[1:] not in ([], ["--pth"]):
+        raise SystemExit(f"usage: {sys.argv[0]} [--pth]")
     print(make_view())
+    if sys.argv[1:] == ["--pth"]:
+        print(write_pth())
