@@ -38,12 +38,13 @@ from dualloop.ood.freeze import FreezeDetector, FreezeSettings
 from dualloop.ood.gate import Gate, GateFitSettings, fit_gate
 from dualloop.ood.gatefile import GateFileError, load_gate
 from dualloop.ood.gateformat import save_gate
-from dualloop.ood.mahalanobis import GateFlags, GateScorer, RowScores, StackedScorer
+from dualloop.ood.mahalanobis import GateFlags, GateScorer, RowScores, StackedScorer, score_in_chunks
 from dualloop.ood.marginal import Marginal, ProfileGate, marginal, profile_gate
 from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
 from dualloop.ood.monitor import GateMonitor, GateStep
 from dualloop.ood.schema import FeatureSchema, ModelRef
 from dualloop.ood.signals import SignalMonitor, SignalSettings
+from dualloop.ood.sites import SiteRows, sample_site_rows, site_quantiles, site_threshold
 
 __all__ = [
     "ActuationCheck",
@@ -97,4 +98,9 @@ __all__ = [
     "tnr_at_tpr",
     "SignalMonitor",
     "SignalSettings",
+    "SiteRows",
+    "sample_site_rows",
+    "score_in_chunks",
+    "site_quantiles",
+    "site_threshold",
 ]

@@ -31,6 +31,7 @@ from dualloop.ood.gateformat import content_hash, save_gate
 from dualloop.ood.mahalanobis import GateScorer, score_in_chunks
 from dualloop.ood.monitor import GateMonitor
 from dualloop.ood.schema import FeatureSchema, ModelRef
+from dualloop.ood.sites import SiteRows
 
 
 @dataclass(frozen=True, eq=False)  # holds numpy arrays: == would be ambiguous
@@ -52,6 +53,9 @@ class Gate:
     calibration_rows: np.ndarray | None = None
     # the model it was fitted on; None: a gate file written before gates recorded it
     model: ModelRef | None = None
+    # ordinary real driving from several sites, NaN where a site does not measure a feature: each sensor
+    # profile's threshold also covers every site's own quantile (ood.sites); None: simulated rows only
+    site_rows: SiteRows | None = None
 
     @property
     def threshold(self) -> float:

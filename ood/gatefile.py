@@ -20,9 +20,19 @@ from dualloop.ood.filter import filter_settings_from_dict
 from dualloop.ood.fit import VARIANTS, GateStats, NormStats
 from dualloop.ood.freeze import FreezeSettings
 from dualloop.ood.gate import Gate
-from dualloop.ood.gateformat import ARRAY_NAMES, CALIBRATION_ROWS, FORMAT_NAME, FORMAT_VERSION, INT_ARRAYS, META_KEYS
+from dualloop.ood.gateformat import (
+    ARRAY_NAMES,
+    CALIBRATION_ROWS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INT_ARRAYS,
+    META_KEYS,
+    SITE_INDEX,
+    SITE_ROWS,
+)
 from dualloop.ood.schema import FeatureSchema, ModelRef, describe_schema_mismatch
 from dualloop.ood.shrinkage import SHRINKAGE_METHODS
+from dualloop.ood.sites import SiteRows
 
 
 class GateFileError(ValueError):
@@ -139,6 +149,23 @@ def _metadata(path: str, entries: dict[str, npt.NDArray[Any]]) -> dict[str, Any]
     return meta
 
 
+def _site_rows(path: str, meta: dict[str, Any], entries: dict[str, npt.NDArray[Any]], dim: int) -> SiteRows | None:
+    """The optional real-driving rows of several sites (both arrays and the names, or none of them)."""
+    names, rows, index = meta.get("sites"), entries.get(SITE_ROWS), entries.get(SITE_INDEX)
+    if names is None and rows is None and index is None:
+        return None
+    if names is None or rows is None or index is None:
+        raise GateFileError(
+            f"gate file {path}: site rows need '{SITE_ROWS}', '{SITE_INDEX}' and the metadata's 'sites'"
+        )
+    if rows.dtype != np.dtype("<f4") or rows.ndim != 2 or rows.shape[1] != dim or index.dtype != np.dtype("<i8"):
+        raise GateFileError(
+            f"gate file {path}: {SITE_ROWS} must be (k, {dim}) float32 and {SITE_INDEX} (k,) int64, "
+            f"got {rows.dtype} {rows.shape} and {index.dtype} {index.shape}"
+        )
+    return SiteRows(rows, index, tuple(str(n) for n in names))
+
+
 def _gate(path: str, meta: dict[str, Any], entries: dict[str, npt.NDArray[Any]]) -> Gate:
     """The gate the verified metadata and arrays describe, its parts consistent with each other (the
     content hash not yet checked)."""
@@ -173,6 +200,7 @@ def _gate(path: str, meta: dict[str, Any], entries: dict[str, npt.NDArray[Any]])
             calibration_rows=entries.get(CALIBRATION_ROWS),
             # optional: files written before gates recorded their model have none
             model=None if meta.get("model") is None else ModelRef.from_dict(meta["model"]),
+            site_rows=_site_rows(path, meta, entries, dim),
         )
         rows = gate.calibration_rows
         if rows is not None and (rows.dtype != np.dtype("<f4") or rows.ndim != 2 or rows.shape[1] != dim):

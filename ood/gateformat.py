@@ -27,12 +27,14 @@ from dualloop.ood.filter import FilterSettings
 from dualloop.ood.fit import GateStats
 from dualloop.ood.freeze import FreezeSettings
 from dualloop.ood.schema import FeatureSchema, ModelRef
+from dualloop.ood.sites import SiteRows
 
 FORMAT_NAME = "dualloop.ood.gate"
 # 2: change limits in unit/s (ood.ChangeTracker's rates), not per observation at the fitting rate
 FORMAT_VERSION = 2
 INT_ARRAYS = ("class_labels",)
 CALIBRATION_ROWS = "calibration_rows"  # optional: (k, dim) float32
+SITE_ROWS, SITE_INDEX = "site_rows", "site_index"  # optional: (k, dim) float32 and (k,) int64
 ARRAY_NAMES = (
     "center",
     "covariance",
@@ -83,17 +85,22 @@ class GateContent(Protocol):
     def calibration_rows(self) -> npt.NDArray[Any] | None: ...
     @property
     def model(self) -> ModelRef | None: ...
+    @property
+    def site_rows(self) -> SiteRows | None: ...
 
 
-def canonical_arrays(stats: GateStats, calibration_rows: npt.NDArray[Any] | None = None) -> dict[str, npt.NDArray[Any]]:
+def canonical_arrays(gate: GateContent) -> dict[str, npt.NDArray[Any]]:
     """The arrays as stored and hashed: little-endian int64 labels, float64 statistics, the optional
-    calibration rows as little-endian float32 (what the sensors send), C order."""
+    calibration and site rows as little-endian float32 (what the sensors send), C order."""
     out = {}
-    for name, arr in stats.arrays().items():
+    for name, arr in gate.stats.arrays().items():
         dtype = "<i8" if name in INT_ARRAYS else "<f8"
         out[name] = np.ascontiguousarray(arr, dtype=dtype)
-    if calibration_rows is not None:  # absent without: a gate without rows keeps the entries it had
-        out[CALIBRATION_ROWS] = np.ascontiguousarray(calibration_rows, dtype="<f4")
+    if gate.calibration_rows is not None:  # absent without: a gate without rows keeps the entries it had
+        out[CALIBRATION_ROWS] = np.ascontiguousarray(gate.calibration_rows, dtype="<f4")
+    if gate.site_rows is not None:
+        out[SITE_ROWS] = np.ascontiguousarray(gate.site_rows.rows, dtype="<f4")
+        out[SITE_INDEX] = np.ascontiguousarray(gate.site_rows.site, dtype="<i8")
     return out
 
 
@@ -122,6 +129,8 @@ def metadata(gate: GateContent) -> dict[str, Any]:
         meta["freeze"] = gate.freeze.to_dict()
     if gate.model is not None:  # absent in files written before gates recorded their model
         meta["model"] = gate.model.to_dict()
+    if gate.site_rows is not None:  # absent without: older files keep their hash
+        meta["sites"] = list(gate.site_rows.names)
     return meta
 
 
@@ -141,14 +150,14 @@ def digest(meta: dict[str, Any], arrays: dict[str, npt.NDArray[Any]]) -> str:
 
 
 def content_hash(gate: GateContent) -> str:
-    return digest(metadata(gate), canonical_arrays(gate.stats, gate.calibration_rows))
+    return digest(metadata(gate), canonical_arrays(gate))
 
 
 def save_gate(gate: GateContent, path: str | os.PathLike[str]) -> str:
     """Write atomically (temp file + rename) so a reader never sees half a gate. Returns the hash."""
     path = os.fspath(path)
     meta = metadata(gate)
-    arrays = canonical_arrays(gate.stats, gate.calibration_rows)
+    arrays = canonical_arrays(gate)
     version_hash = digest(meta, arrays)
     # Any: np.savez's stub reads a ** dict as if it might hold its allow_pickle flag
     entries: dict[str, Any] = {"metadata": np.array(canonical_json({**meta, "version_hash": version_hash})), **arrays}

@@ -40,6 +40,7 @@ from dualloop.ood.calibrate import FeatureRange, calibrate_norm_band, calibrate_
 from dualloop.ood.fit import GateStats, raw_norms
 from dualloop.ood.gate import Gate
 from dualloop.ood.mahalanobis import GateScorer, score_in_chunks
+from dualloop.ood.sites import site_threshold
 
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
@@ -149,6 +150,7 @@ class ProfileGate:
     norm_high: float
     feature_range: FeatureRange | None
     calibrated_on: int  # calibration rows the threshold and band were taken from; 0: none
+    site_threshold: float | None = None  # the real sites' own quantile, when it raised the threshold
 
     def scorer(self, max_batch: int = 64) -> GateScorer:
         return GateScorer(self.gate.stats, self.threshold, 0.0, _INF, max_batch, self.feature_range)
@@ -167,6 +169,7 @@ class ProfileGate:
             "threshold": self.threshold,
             "norm_band": [self.norm_low, self.norm_high],
             "calibrated_on": self.calibrated_on,
+            "site_threshold": self.site_threshold,
         }
 
 
@@ -197,7 +200,9 @@ def profile_gate(gate: Gate, present: npt.ArrayLike) -> ProfileGate:
     dimensions has its own distribution (for the highway gate's longitudinal profile the quantile is
     higher than the full gate's), so the full gate's threshold would veto at another rate than it was
     calibrated for. A gate without stored rows (or with too few for its alphas) keeps its own threshold
-    and a norm band that only refuses all-zero rows."""
+    and a norm band that only refuses all-zero rows. A gate with real drives of several sites
+    (``Gate.site_rows``) raises the threshold to the largest site quantile among the sites measuring
+    every present feature (``ood.sites``): ordinary driving at a site it never saw is then not OOD."""
     m = marginal(gate.stats, present)
     rng = present_limits(gate.feature_range, m.present)
     rows = gate.calibration_rows
@@ -209,12 +214,27 @@ def profile_gate(gate: Gate, present: npt.ArrayLike) -> ProfileGate:
         threshold = calibrate_threshold(scores, gate.calibration.alpha, "profile").threshold
     except ValueError:  # too few rows for the alpha
         return ProfileGate(gate, m, gate.threshold, 0.0, _INF, rng, 0)
+    site = _site_threshold(gate, m)
+    raised = site if site is not None and site > threshold else None
+    threshold = threshold if raised is None else raised
     try:
         band = calibrate_norm_band(raw_norms(rows[:, m.at]), gate.norm_band.alpha, gate.norm_band.margin)
         low, high = min(band.low, NORM_FLOOR), max(band.high, _corner(gate.feature_range, m.at))
     except ValueError:  # too few rows for the norm alpha, or rows whose present features are all 0
         low, high = 0.0, _INF
-    return ProfileGate(gate, m, threshold, low, high, rng, len(rows))
+    return ProfileGate(gate, m, threshold, low, high, rng, len(rows), raised)
+
+
+def _site_threshold(gate: Gate, m: Marginal) -> float | None:
+    """The largest site quantile of the gate's site rows that measure every feature of the profile."""
+    sites = gate.site_rows
+    if sites is None:
+        return None
+    covered = np.isfinite(sites.rows[:, m.at]).all(axis=1)
+    if not covered.any():
+        return None
+    scores, _ = score_in_chunks(GateScorer(gate.stats), m.complete(sites.rows[covered]))
+    return site_threshold(scores, sites.site[covered], sites.names, gate.calibration.alpha)
 
 
 # The lowest a profile's norm band may start: a working sensor that sees a lead reads lead_present = 1,

@@ -45,6 +45,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="input_features: fit no actuation check (measured "
         "acceleration short of the command the vehicle was executing)",
     )
+    g.add_argument(
+        "--real-logs",
+        type=Path,
+        nargs="+",
+        metavar="DIR_OR_FILE",
+        default=(),
+        help="recorded ordinary drives (training drives only, e.g. runs/real/train), each dataset a site: the "
+        "threshold covers every site's own quantile, so that driving at a site the gate never saw is not OOD "
+        "(docs/transfer.md)",
+    )
     g.set_defaults(fn=_gate_fit)
     g = gate_sub.add_parser("eval", help="AUROC, detection delay, false vetoes, closed loop with/without, plots")
     g.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
@@ -80,11 +90,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _gate_fit(args: argparse.Namespace) -> int:
     model = DecisionModel(args.model)
-    console.print(f"fitting a {args.variant} gate on {args.source} of {args.model} from simulated nominal driving ...")
-    gate = fit_gate_for_model(
-        model,
-        GateFitConfig(source=args.source, variant=args.variant, alpha=args.alpha, actuation=not args.no_actuation),
+    real = tuple(str(p) for p in args.real_logs)
+    for path in args.real_logs:
+        if not path.exists():
+            print_error(f"--real-logs {path}: no such file or folder")
+            return 2
+    console.print(
+        f"fitting a {args.variant} gate on {args.source} of {args.model} from simulated nominal driving"
+        + (f", calibrated on the sites of {len(real)} real log paths" if real else "")
+        + " ..."
     )
+    config = GateFitConfig(
+        source=args.source, variant=args.variant, alpha=args.alpha, actuation=not args.no_actuation, real_logs=real
+    )
+    gate = fit_gate_for_model(model, config)
     out = args.out or DEFAULT_GATES[GATE_SOURCES.index(args.source)]
     digest = gate.save(str(out))
     cal = gate.calibration
@@ -108,6 +127,8 @@ def _gate_fit(args: argparse.Namespace) -> int:
             f"{m.n} observations); shortfall threshold {c.threshold:.4f} m/s^2 at {c.alpha} per observation "
             f"(measured {c.empirical_rate:.6f} on {c.n} held-out observations)"
         )
+    if gate.site_rows is not None:
+        console.print(f"site rows kept for each sensor profile's threshold: {gate.site_rows.describe()}")
     return 0
 
 

@@ -16,6 +16,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from dualloop import ood
+from dualloop.controller.training.log_eval import decision_vectors
+from dualloop.controller.training.recorded import read_log_rows
 from dualloop.controller.training.rollouts import run_model_batch
 from dualloop.executor.gating import GATE_SOURCES, gate_feature_names
 from dualloop.executor.history import HistoryDeriver, episode_history
@@ -264,6 +266,9 @@ FREEZE = ood.FreezeSettings(speed_feature="ego_speed", rest_speed=0.1)
 # its smoothed shortfall is correlated from one observation to the next, so the filter removes few of
 # its exceedances, and the nominal false-veto budget (0.1% per tick) is shared with the gates.
 ACTUATION_ALPHA = 1e-4
+# Real rows a raw-input gate keeps per site for its profiles' thresholds: a conformal quantile at alpha
+# 1e-3 needs 999; 5,000 state it from the 5th largest (six sites of 14 features are 1.7 MB of float32).
+SITE_ROWS_PER_SITE = 5_000
 
 
 class GateFitConfig(BaseModel):
@@ -286,6 +291,10 @@ class GateFitConfig(BaseModel):
     # a decision-vector gate also learns the model's own nominal driving on the same seeds
     model_driven: bool = True
     scenario_params: dict[str, Any] = {}  # the scenarios' own parameters (e.g. duration_s)
+    # recorded ordinary drives (files or folders of dualloop logs), each dataset a site: the threshold
+    # covers every site's own quantile (ood.sites), on the raw inputs per sensor profile
+    real_logs: tuple[str, ...] = ()
+    rows_per_site: int = SITE_ROWS_PER_SITE  # kept with a raw-input gate, evenly spaced
 
 
 @dataclass(frozen=True, eq=False)
@@ -410,6 +419,8 @@ def fit_gate_for_model(model: DecisionModel, config: GateFitConfig | None = None
     gate = dataclasses.replace(
         gate, freeze=FREEZE, model=ood.ModelRef(name=card.name, version=card.version, schema_hash=card.schema_hash())
     )
+    if config.real_logs:
+        gate = calibrate_on_sites(model, gate, config)
     if act_fit is None:
         return gate
     assert act_cal is not None  # made with act_fit
@@ -425,3 +436,32 @@ def fit_gate_for_model(model: DecisionModel, config: GateFitConfig | None = None
     )
     check.indices(card.feature_names, [c.name for c in card.controls])  # refuse a model it cannot read
     return dataclasses.replace(gate, actuation=check)
+
+
+def calibrate_on_sites(model: DecisionModel, gate: ood.Gate, config: GateFitConfig) -> ood.Gate:
+    """``gate`` with its threshold covering ordinary driving at each site of ``config.real_logs`` (one
+    site per dataset; ood.sites): a raw-input gate keeps a sample of each site's rows, from which every
+    sensor profile's threshold is raised (ood.marginal.profile_gate); a decision-vector gate's one
+    threshold is raised to the largest site quantile of the model's decision vectors on the drives."""
+    rows = read_log_rows(config.real_logs)
+    valid = rows.valid
+    sites = rows.dataset[valid]
+    if gate.schema.source == "input_features":
+        measured = np.where(rows.present, rows.features, np.nan)[valid]
+        return dataclasses.replace(gate, site_rows=ood.sample_site_rows(measured, sites, config.rows_per_site))
+    names = sorted(set(sites.tolist()))
+    scores, _ = ood.score_in_chunks(ood.GateScorer(gate.stats), decision_vectors(model, rows, valid))
+    index = np.searchsorted(names, sites)
+    quantiles = ood.site_quantiles(scores, index, names, gate.calibration.alpha)
+    if not quantiles or max(quantiles.values()) <= gate.threshold:
+        return gate
+    site, top = max(quantiles.items(), key=lambda kv: kv[1])
+    listed = ", ".join(f"{n} {q:.4g}" for n, q in quantiles.items())
+    note = (
+        f"; raised from {gate.threshold:.6g} to the largest site quantile (ood.sites), {site}'s, of the "
+        f"model's decision vectors on real drives ({listed})"
+    )
+    calibration = dataclasses.replace(
+        gate.calibration, threshold=top, data_description=gate.calibration.data_description + note
+    )
+    return dataclasses.replace(gate, calibration=calibration)

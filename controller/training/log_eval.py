@@ -13,6 +13,7 @@ ego_accel, a constant time-gap law), on the same rows.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from dualloop.controller.replay import baselines as bl
 from dualloop.controller.replay import evaluation
 from dualloop.controller.training.recorded import LogRows
 from dualloop.executor.model_card import Normalisation
-from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.sim import schema
 
 BASELINES = bl.BASELINES
@@ -45,11 +46,33 @@ def model_actions(
     """The model's top-1 proposal per row, -1 where the executor would refuse the input. A model
     with history features gets them from each row's session as the executor derives them; `on`
     (rows,) bool: score only these (-1 elsewhere), the history still from whole sessions."""
+    out = np.full(len(rows), -1, np.int64)
+    for sl, output, finite in forward_log_rows(model, rows, batch, on):
+        out[sl] = np.where(finite, output.logits.argmax(axis=1), -1)
+    if on is not None:
+        out[~on] = -1
+    return out
+
+
+def decision_vectors(model: DecisionModel | Path, rows: LogRows, on: npt.NDArray[np.bool_]) -> npt.NDArray[np.float32]:
+    """The model's decision vectors of the rows `on` (each a row the executor would score), as the
+    executor computes them for the session: (on.sum(), dim)."""
+    parts = []
+    for sl, output, _ in forward_log_rows(model, rows, on=on):
+        parts.append(output.decision_vector[on[sl]])
+    return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+
+
+def forward_log_rows(
+    model: DecisionModel | Path, rows: LogRows, batch: int = 4096, on: npt.NDArray[np.bool_] | None = None
+) -> Iterator[tuple[slice, ModelOutputs, npt.NDArray[np.bool_]]]:
+    """The model's forward pass over the rows in batches, each as the executor feeds it (normalised with
+    the row's sensor profile as the mask, the card's plan_default, history features from the row's whole
+    session): (the batch's slice, the outputs, which rows were finite); batches with no row `on` skipped."""
     model = model if isinstance(model, DecisionModel) else DecisionModel(model, warmup_batches=())
     norm = Normalisation.of(model.card)
     plan = np.broadcast_to(np.asarray(model.card.plan_default, np.float32), (len(rows), len(model.card.plan)))
     history = None if model.history is None else rows.history(model.history)
-    out = np.full(len(rows), -1, np.int64)
     for start in range(0, len(rows), batch):
         sl = slice(start, start + batch)
         if on is not None and not on[sl].any():
@@ -60,11 +83,7 @@ def model_actions(
             x = np.concatenate([x, history[sl]], axis=1)
             present = np.concatenate([present, model.history.present(present)], axis=1)  # type: ignore[union-attr]
         xn, pn, finite = norm.apply(x, plan[sl].copy(), present=present)
-        logits = model.forward(xn, pn, present).logits
-        out[sl] = np.where(finite, logits.argmax(axis=1), -1)
-    if on is not None:
-        out[~on] = -1
-    return out
+        yield sl, model.forward(xn, pn, present), finite
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ openacc-vicolungo, ngsim-i-80, ...) is held out in turn:
 
 - left out: a model trained by the shipped recipe on the simulated data and on every *other*
   dataset's drives (both splits), its two gates fitted for it as the shipped ones are (on simulated
-  driving only, so they never saw any dataset), scored on every labelled row of the held-out dataset
-  and replayed in LOCKSTEP over all its drives;
+  driving, their thresholds calibrated on the other datasets as sites: ood.sites), scored on every
+  labelled row of the held-out dataset and replayed in LOCKSTEP over all its drives;
 - within: the shipped model and gates on the dataset's own held-out split (the folder `heldout/`
   that `dualloop import shared-data` writes), the figure the project used to report. For a dataset
   held out whole (no drive of it trained the shipped model) the two columns measure the same thing
@@ -171,8 +171,10 @@ def replay_driving(files: Sequence[Path], model: Path, gates: Sequence[Path]) ->
     return Driving(ticks, nominal / max(ticks, 1), vetoed / max(ticks, 1))
 
 
-def _gate_config(config: TransferConfig, source: str) -> GateFitConfig:
-    """The shipped gates' fit (`dualloop gate fit`), on fewer simulated drives for a quick or smoke run."""
+def _gate_config(config: TransferConfig, source: str, real_logs: Sequence[Path]) -> GateFitConfig:
+    """The shipped gates' fit (`dualloop gate fit --real-logs`), on fewer simulated drives for a quick or
+    smoke run; `real_logs`: the drives whose sites the thresholds cover."""
+    real = tuple(map(str, real_logs))
     if config.smoke:
         # a few thousand held-out rows: the norm band's tail at 1e-4 needs 20,000
         return GateFitConfig(
@@ -181,19 +183,25 @@ def _gate_config(config: TransferConfig, source: str) -> GateFitConfig:
             calibration_seeds=CALIBRATION_SEEDS[:1],
             norm_alpha=1e-3,
             scenario_params={"duration_s": SMOKE_GATE_DURATION_S},
+            real_logs=real,
         )
     if config.quick:
-        return GateFitConfig(source=source, fit_seeds=FIT_SEEDS[:2], calibration_seeds=CALIBRATION_SEEDS[:2])
-    return GateFitConfig(source=source)
+        return GateFitConfig(
+            source=source, fit_seeds=FIT_SEEDS[:2], calibration_seeds=CALIBRATION_SEEDS[:2], real_logs=real
+        )
+    return GateFitConfig(source=source, real_logs=real)
 
 
-def fit_gates(model_path: Path, config: TransferConfig, stem: Path) -> tuple[Path, Path]:
-    """The model's decision-vector and input gates, fitted on simulated driving as the shipped ones
-    are (a gate is tied to the model it was fitted for), as <stem>.gate.npz and <stem>.inputs.gate.npz."""
+def fit_gates(
+    model_path: Path, config: TransferConfig, stem: Path, real_logs: Sequence[Path] = ()
+) -> tuple[Path, Path]:
+    """The model's decision-vector and input gates, fitted on simulated driving and calibrated on the sites
+    of `real_logs` as the shipped ones are (a gate is tied to the model it was fitted for), as
+    <stem>.gate.npz and <stem>.inputs.gate.npz."""
     model = DecisionModel(model_path)
     out = (stem.with_name(stem.name + ".gate.npz"), stem.with_name(stem.name + ".inputs.gate.npz"))
     for source, path in zip(GATE_SOURCES, out):
-        fit_gate_for_model(model, _gate_config(config, source)).save(str(path))
+        fit_gate_for_model(model, _gate_config(config, source, real_logs)).save(str(path))
     return out
 
 
@@ -249,7 +257,8 @@ def leave_one_dataset_out(
             dagger=config.dagger,
         )
         progress(f"[{n}/{len(by_dataset)}] {dataset}: fitting its two gates ...")
-        gate_paths = fit_gates(model_path, config, work / f"without-{dataset}")
+        # the left-out dataset's drives neither train the model nor calibrate its gates
+        gate_paths = fit_gates(model_path, config, work / f"without-{dataset}", real_logs=others)
         progress(f"[{n}/{len(by_dataset)}] {dataset}: scoring and replaying {len(files)} drives ...")
         mine = dataset_of_row == dataset
         left_report = next(r for r in evaluate(model_path, rows, on=mine & labelled) if r.dataset == dataset)

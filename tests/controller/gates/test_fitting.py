@@ -1,11 +1,21 @@
-"""A decision-vector gate learns the model's own nominal driving beside the expert's."""
+"""A decision-vector gate learns the model's own nominal driving beside the expert's; both gates' thresholds
+cover the ordinary driving of real sites they are calibrated on."""
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
+import numpy as np
+import pytest
+
+from dualloop import ood
 from dualloop.controller.gates.fitting import GateFitConfig, fit_gate_for_model, model_driven_inputs
+from dualloop.controller.logs.shared_data import import_shared_data
+from dualloop.controller.training.log_eval import decision_vectors
+from dualloop.controller.training.recorded import read_log_rows
 from dualloop.controller.training.rollouts import run_model_batch
+from dualloop.ood.marginal import profile_gate
+from tests.paths import FIXTURES
 
 PARAMS = {"duration_s": 1.0}
 
@@ -39,3 +49,45 @@ def test_the_gate_is_calibrated_on_both_drivers(base_model) -> None:  # noqa: AN
     card = base_model.card
     assert both.model is not None and both.model.version == card.version
     assert both.model.schema_hash == card.schema_hash() and both.model.name == card.name
+
+
+@pytest.fixture(scope="module")
+def real_train(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture drives of three shared data sets (NGSIM, AstaZero, ZalaZone), imported as the
+    shared data are; their training split."""
+    out = tmp_path_factory.mktemp("real")
+    import_shared_data(FIXTURES / "real-drives", out, start_time_unix_ns=1)
+    return out / "train"
+
+
+def test_both_gates_cover_every_sites_ordinary_driving(base_model, real_train: Path) -> None:  # noqa: ANN001
+    """Calibrated on real drives (`gate fit --real-logs`), the raw-input gate keeps each data set's rows
+    as a site and the threshold of the sensor profile they measure leaves at most about alpha of each
+    site's rows above it; the decision-vector gate's one threshold does the same for the model's decision
+    vectors on those drives (computed here through the replay's own path, rows as the executor scores them)."""
+    config = GateFitConfig(
+        fit_seeds=range(1, 2), calibration_seeds=range(2, 4), every=20, alpha=0.01, norm_alpha=0.01,
+        scenario_params=PARAMS, real_logs=(str(real_train),),
+    )  # fmt: skip
+    inputs = fit_gate_for_model(base_model, config.model_copy(update={"source": "input_features", "actuation": False}))
+    rows = read_log_rows([real_train])
+    assert inputs.site_rows is not None and inputs.site_rows.names == tuple(sorted(set(rows.datasets)))
+    assert len(inputs.site_rows.names) == 3
+    sites = inputs.site_rows
+    for i, name in enumerate(sites.names):
+        mine = sites.rows[sites.site == i]
+        present = np.isfinite(mine[0])
+        assert np.isfinite(mine[:, present]).all() and not present.all()  # longitudinal sensors only
+        judged = profile_gate(inputs, present)
+        flags = ood.score_in_chunks(judged.scorer(256), judged.marginal.complete(mine))[1]
+        assert flags.exceed.mean() <= 0.01 + 1.0 / len(mine), name
+    plain = fit_gate_for_model(base_model, config.model_copy(update={"real_logs": ()}))
+    dv = fit_gate_for_model(base_model, config)
+    assert dv.threshold >= plain.threshold
+    vectors = decision_vectors(base_model, rows, rows.valid)
+    scores = ood.score_in_chunks(ood.GateScorer(dv.stats), vectors)[0]
+    for name in set(rows.datasets):
+        mine = scores[rows.dataset[rows.valid] == name]
+        assert (mine > dv.threshold).mean() <= 0.01 + 1.0 / len(mine), name
+    if dv.threshold > plain.threshold:
+        assert "largest site quantile" in dv.calibration.data_description
