@@ -26,7 +26,8 @@ Definitions (t in integer ns of sensor time; observation i of a session; only j 
 The fallback ("nothing changed") applies where past(D) is not ok (the session's first D seconds, a
 gap in the stream) or the slope is not finite; "without a lead": lead_present < 0.5 at t_i or at
 t_jl (a lead switch is not a change). A history feature is missing (masked, like a wire feature)
-when any feature it reads (x, the fallback, lead_present) is not in the session's sensor profile.
+when a feature it needs (x, lead_present) is not in the session's sensor profile; a fallback the
+profile does not measure stands in as 0 (a stack without an accelerometer still gets the speed's slopes).
 
 Batch (replay, training) and live (a per-session ring buffer of the last HORIZON seconds) run the
 same `HistoryDeriver.derive` on the same observations, with float64 inside and one float32 cast at
@@ -63,6 +64,12 @@ class HistorySpec:
     def sources(self) -> tuple[str, ...]:
         extra = ((self.fallback,) if self.fallback else ()) + (("lead_present",) if self.needs_lead else ())
         return tuple(dict.fromkeys(self.series + extra))
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """What a sensor profile must measure for this feature to be present: its series and the lead flag.
+        An unmeasured fallback stands in as 0: a stack without ego_accel still gets the speed's slopes."""
+        return tuple(dict.fromkeys(self.series + (("lead_present",) if self.needs_lead else ())))
 
 
 def _specs() -> dict[str, HistorySpec]:
@@ -111,7 +118,7 @@ class HistoryDeriver:
         # (F, H): wire feature f is read by history feature h (for the sensor profile)
         self._reads = np.zeros((len(features), len(self.specs)), np.int64)
         for h, s in enumerate(self.specs):
-            for f in s.sources:
+            for f in s.required:
                 self._reads[features.index(f), h] = 1
         self._col = col
         self.horizon_ns = max(self._delays) + max(BIN_NS, GAP_NS) + 2 * TOL_NS

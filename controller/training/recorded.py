@@ -14,6 +14,7 @@ plan_default, the plan the executor uses when a session has none.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
@@ -26,10 +27,14 @@ import numpy.typing as npt
 from dualloop.controller.logs.format import sensor_profile
 from dualloop.controller.logs.logfile import LogData, read_sessions
 from dualloop.controller.training.data import Split, make_split
+from dualloop.executor.action_labels import backward_accel
 from dualloop.executor.history import HistoryDeriver
 from dualloop.sim import schema
 
 F32 = npt.NDArray[np.float32]
+# How a stack may supply ego_accel (LogRows.with_ego_accel): as the log has it, derived from speed, or not at all.
+EGO_ACCEL_SUPPLIES = ("logged", "derived", "absent")
+_SPEED, _ACCEL = schema.FEATURE_NAMES.index("ego_speed"), schema.FEATURE_NAMES.index("ego_accel")
 # One stretch of VAL_CHUNK_S of the training drives in VAL_EVERY validates (early stopping,
 # temperature, tuning), picked by a hash of its session and index: by stretch rather than by session,
 # so a dataset with one or two long drives validates too.
@@ -96,6 +101,30 @@ class LogRows:
             if int(hashlib.sha256(key).hexdigest(), 16) % VAL_EVERY == 0:
                 out[(self.session == s) & (chunk == c)] = True
         return out
+
+    def with_ego_accel(self, supply: str) -> LogRows:
+        """These rows as a stack supplying ego_accel another way (EGO_ACCEL_SUPPLIES): "logged" as
+        recorded; "derived" the causal slope of the measured speed over the previous 0.5 s, as a stack
+        without an accelerometer gives it (executor.action_labels.backward_accel); "absent" not measured."""
+        if supply not in EGO_ACCEL_SUPPLIES:
+            raise ValueError(f"ego_accel supply {supply!r}: one of {', '.join(EGO_ACCEL_SUPPLIES)}")
+        if supply == "logged":
+            return self
+        features, present = self.features.copy(), self.present.copy()
+        if supply == "absent":
+            features[:, _ACCEL] = np.nan
+            present[:, _ACCEL] = False
+        else:
+            for s in range(len(self.sessions)):
+                mine = np.flatnonzero(self.session == s)
+                speed = features[mine, _SPEED].astype(np.float64)
+                ok = np.isfinite(speed)
+                derived = np.full(len(mine), np.nan)
+                if ok.sum() >= 2:
+                    derived[ok] = backward_accel(self.t_s[mine][ok], speed[ok])
+                features[mine, _ACCEL] = derived
+                present[mine, _ACCEL] = present[mine, _SPEED]
+        return dataclasses.replace(self, features=features, present=present)
 
     @property
     def valid(self) -> npt.NDArray[np.bool_]:

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from dualloop.controller.console import console, print_error
 from dualloop.controller.training.log_eval import evaluate as evaluate_logs
-from dualloop.controller.training.recorded import log_paths, read_log_rows
+from dualloop.controller.training.recorded import EGO_ACCEL_SUPPLIES, log_paths, read_log_rows
 from dualloop.controller.training.report import print_log_reports
 from dualloop.controller.transfer.leave_out import (
     NOMINAL_TARGET,
@@ -58,6 +58,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="--leave-one-out: folder for transfer.json and the left-out models and gates",
     )
     p.add_argument("--check", action="store_true", help="--leave-one-out: exit 1 when a target is not met")
+    p.add_argument(
+        "--ego-accel",
+        choices=EGO_ACCEL_SUPPLIES,
+        default="logged",
+        help="score the drives as a stack supplying ego_accel this way: as logged, derived from the speed "
+        "(the slope over the previous 0.5 s, as a stack without an accelerometer gives it) or absent "
+        "(the baselines see the same)",
+    )
     p.set_defaults(fn=_eval_logs)
 
 
@@ -71,9 +79,13 @@ def _eval_logs(args: argparse.Namespace) -> int:
         print_error(f"no .mcap drives in {', '.join(map(str, args.logs))}")
         return 2
     if not args.leave_one_out:
-        rows = read_log_rows(paths)
-        print_log_reports(evaluate_logs(args.model, rows), f"{args.model} on {len(rows.sessions)} sessions")
+        rows = read_log_rows(paths).with_ego_accel(args.ego_accel)
+        supply = "" if args.ego_accel == "logged" else f", ego_accel {args.ego_accel}"
+        print_log_reports(evaluate_logs(args.model, rows), f"{args.model} on {len(rows.sessions)} sessions{supply}")
         return 0
+    if args.ego_accel != "logged":
+        print_error("--ego-accel: only without --leave-one-out (the left-out models train on the drives as logged)")
+        return 2
     config = TransferConfig(
         seed=args.seed, quick=args.quick, dagger=args.dagger, max_replay_files=args.max_replay_files
     )

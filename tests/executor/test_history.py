@@ -197,9 +197,27 @@ def test_a_missing_source_masks_what_reads_it() -> None:
     got = dict(zip(DEFAULT_HISTORY, deriver.present(present)))
     assert not got["lead_rel_speed_slope_0.2s"] and not got["lead_accel_1.0s"]
     assert got["speed_slope_0.1s"] and got["lead_distance_slope_0.5s"] and got["accel_change_0.2s"]
-    present[FEATURE_INDEX["ego_accel"]] = False  # the speed slopes' fallback
+    present[FEATURE_INDEX["ego_accel"]] = False  # the speed slopes' fallback: not needed, it stands in as 0
     got = dict(zip(DEFAULT_HISTORY, deriver.present(present)))
-    assert not got["speed_slope_0.1s"] and not got["accel_change_0.5s"]
+    assert got["speed_slope_0.1s"] and not got["accel_change_0.5s"]
+
+
+def test_without_ego_accel_the_speed_slopes_stay_and_fall_back_to_zero() -> None:
+    """A stack without an accelerometer (ego_accel NaN, not in its profile) still gets the speed's slopes
+    where there is history, and 0 where there is none (the session's first observation), in the batch
+    and the live derivation alike."""
+    deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
+    n = 12
+    t_ns = np.arange(n, dtype=np.int64) * 100_000_000  # 10 Hz
+    x = np.zeros((n, len(FEATURE_NAMES)), np.float32)
+    x[:, FEATURE_INDEX["ego_speed"]] = 20.0 + 0.5 * np.arange(n)  # 5 m/s^2
+    x[:, FEATURE_INDEX["ego_accel"]] = np.nan
+    h = deriver.batch(t_ns, x)
+    col = DEFAULT_HISTORY.index("speed_slope_0.2s")
+    assert h[0, col] == 0.0 and h[5, col] == pytest.approx(5.0, abs=1e-4)
+    live = deriver.state()
+    for i in range(n):
+        np.testing.assert_array_equal(live.push(int(t_ns[i]), x[i]), h[i])
 
 
 @pytest.mark.parametrize("hz", [10.0, 20.0, 100.0])
