@@ -118,10 +118,10 @@ def test_real_file_list_never_shares_a_vehicle_pair() -> None:
     assert {d.path.name for d in drives if d.dataset == ds.ZALAZONE and d.split == ds.HELDOUT} == {
         "handling_part40.csv"
     }
-    # the two motorway campaigns no shipped model trained on: held out whole, every pair imported
-    for dataset, pairs in ((ds.VICOLUNGO, 8), (ds.CHERASCO, 2)):
+    # the motorway campaigns: Vicolungo trains whole, Cherasco is held out whole, every pair imported
+    for dataset, split, pairs in ((ds.VICOLUNGO, ds.TRAIN, 8), (ds.CHERASCO, ds.HELDOUT, 2)):
         mine = [d for d in drives if d.dataset == dataset]
-        assert mine and {d.split for d in mine} == {ds.HELDOUT}
+        assert mine and {d.split for d in mine} == {split}
         assert sum(len(d.pairs) for d in mine) == pairs
 
 
