@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dualloop.controller.cli import main
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.training.driving_card import build_test_model
 from dualloop.controller.training.log_eval import baseline_actions, evaluate, model_actions, score
@@ -119,3 +120,25 @@ def test_dataset_name_of_the_importers_details(drives: Path) -> None:
     assert dataset_name(log) == "openacc-astazero"
     del log.header.source_details["dataset"]
     assert dataset_name(log) == "test"
+
+
+def test_ego_accel_supplied_another_way(drives: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As a stack without an accelerometer: "derived" is each session's backward speed slope (computed here
+    from the speeds by hand), "absent" is not measured; both leave every other feature as it was."""
+    rows = read_log_rows([drives])
+    accel, speed = schema.FEATURE_INDEX["ego_accel"], schema.FEATURE_INDEX["ego_speed"]
+    derived = rows.with_ego_accel("derived")
+    a = np.flatnonzero(rows.session == 0)
+    i = a[20]  # 2 s in, 10 Hz: the 0.5 s window is 5 observations back
+    by_hand = (rows.features[i, speed] - rows.features[i - 5, speed]) / (rows.t_s[i] - rows.t_s[i - 5])
+    assert derived.features[i, accel] == pytest.approx(by_hand, rel=1e-5)
+    assert not np.allclose(derived.features[a[10:], accel], rows.features[a[10:], accel])  # not the logged values
+    others = np.arange(schema.N_FEATURES) != accel
+    np.testing.assert_array_equal(derived.features[:, others], rows.features[:, others])
+    absent = rows.with_ego_accel("absent")
+    assert not absent.present[:, accel].any() and np.isnan(absent.features[:, accel]).all() and absent.valid.all()
+    assert rows.with_ego_accel("logged") is rows
+    with pytest.raises(ValueError, match="one of logged, derived, absent"):
+        rows.with_ego_accel("imu")
+    assert main(["eval-logs", str(drives), "--ego-accel", "absent", "--leave-one-out"]) == 2
+    assert "only without --leave-one-out" in capsys.readouterr().out
