@@ -175,6 +175,18 @@ def _point(agents: int, streams: int, run: AgentsRun) -> Result:
     return point
 
 
+def _add_marginal(points: list[Result]) -> None:
+    """Each point's server CPU per tick over the previous point's with the same streams, per agent
+    added: the cost of one more agent without the per-tick costs (the ticker's wait, the loop's
+    own work) that CPU per agent-tick spreads over few agents."""
+    for prev, point in zip(points, points[1:]):
+        if prev["executor"] is None or point["executor"] is None or prev["streams"] != point["streams"]:
+            continue
+        added = point["agents"] - prev["agents"]
+        cost = point["executor"]["cpu_us_per_tick"] - prev["executor"]["cpu_us_per_tick"]
+        point["executor"]["marginal_cpu_us_per_agent_tick"] = cost / added if added else None
+
+
 def agents_verdict(point: Result) -> Result:
     """Whether the server kept time with this many agents, with each reason it did not."""
     ex, bare = point["executor"], point["bare_ticker"]
@@ -250,6 +262,10 @@ def print_points(result: Result, console: Console) -> None:
         )
     console.print(table)
     for p in result["points"]:
+        marginal = (p["executor"] or {}).get("marginal_cpu_us_per_agent_tick")
+        if marginal is not None:
+            console.print(f"{p['agents']} agents: {marginal:.1f} us of server CPU per tick for each agent added")
+    for p in result["points"]:
         if not p["verdict"]["met"]:
             console.print(f"{p['agents']} agents: {'; '.join(p['verdict']['failures'])}", highlight=False)
     largest = result["largest_agents_keeping_time"]
@@ -275,6 +291,7 @@ def bench_agents(run: AgentsRun, out_dir: Path, console: Console) -> Result:
                     )
                 break
     kept = [p["agents"] for p in points if p["verdict"]["met"]]
+    _add_marginal(points)
     result: Result = {
         "when": datetime.now().isoformat(timespec="seconds"),
         "duration_s": run.duration_s,

@@ -98,13 +98,15 @@ class DriveAgentsCall:
             )
         )
         drain = asyncio.ensure_future(runtime.draining.wait())
+        error: tuple | None = (grpc.StatusCode.CANCELLED, "the client cancelled the call, or the server stopped")
         try:
             error = await self._loop(requests.__aiter__(), drain)
         finally:
             drain.cancel()
             await self._stop_writer()
-            for session_id in list(self.agents):
-                self._remove(session_id, "OK", "the stream ended")
+            code, message = (error[0].name, error[1]) if error is not None else ("OK", "the stream ended")
+            for session_id in list(self.agents):  # each agent's session.close says how its stream ended
+                self._remove(session_id, code, message)
         if error is not None:
             await context.abort(*error)
 
