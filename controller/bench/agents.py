@@ -217,7 +217,8 @@ def check_targets(result: Result) -> list[str]:
     at_target = [p for p in result["points"] if p["agents"] == TARGET_AGENTS]
     if not at_target:
         ran = ", ".join(str(p["agents"]) for p in result["points"])
-        return [f"no run at {TARGET_AGENTS} agents (ran {ran}): the targets are judged at {TARGET_AGENTS}"]
+        why = "; ".join(result.get("not_run", ())) or "not in the sweep"
+        return [f"no run at {TARGET_AGENTS} agents (ran {ran}; {why}): the targets are judged at {TARGET_AGENTS}"]
     best = min(at_target, key=lambda p: (not p["verdict"]["met"], _cpu_per_agent_tick(p)))
     missed = []
     if not best["verdict"]["met"]:
