@@ -362,3 +362,47 @@ def test_drain_ends_agent_streams_and_refuses_new_agents(server, channel):
         late.recv()
     assert err.value.code() is grpc.StatusCode.UNAVAILABLE and "server draining" in err.value.details()
     assert server.call(lambda: len(server.server.executor.sessions)) == 0
+
+
+def test_each_agent_has_its_own_shadow_statistics(server, channel):
+    """GetShadowStats answers per agent, as for a Drive session: each agent's own ticks and actual actions."""
+    from dualloop.v2 import controller_pb2_grpc as pb_grpc
+    from tests.controller.serve.inputs import sensor
+
+    group = AgentsStream(channel)
+    group.send(join=[agent_open("sh-a"), agent_open("sh-b")])
+    instances = {o.session_id: o.session_instance for o in group.recv().opened}
+    for k in range(10):
+        obs = {sid: observation(k + 1, 1_000_000_000 + k * 5_000_000, sensor(k + i)) for i, sid in enumerate(instances)}
+        obs["sh-a"].actual.action_index = 0  # only agent a reports what its vehicle did
+        group.send(observations=obs)
+        group.recv()
+    stub = pb_grpc.ControllerServiceStub(channel)
+    a = stub.GetShadowStats(pb.GetShadowStatsRequest(session_id="sh-a"))
+    b = stub.GetShadowStats(pb.GetShadowStatsRequest(session_id="sh-b"))
+    assert (a.session_instance, b.session_instance) == (instances["sh-a"], instances["sh-b"])
+    assert sum(a.confusion) == 10 and a.ticks_without_actual == 0
+    assert sum(b.confusion) == 0 and b.ticks_without_actual == 10
+    group.close()
+    list(group.responses())
+
+
+def test_a_malformed_request_ends_the_stream_and_long_ids_are_never_echoed(server, channel):
+    group = AgentsStream(channel)
+    long_id = "x" * 1000
+    group.send(join=[agent_open(long_id)], observations={long_id: observation(1, 1, [0.0])})
+    response = group.recv()
+    assert [e.session_id for e in response.errors] == ["", ""]  # past the id limit: not repeated back
+    assert "OpenSession.session_id is 1000 bytes long; the limit is 128 bytes" in response.errors[0].message
+    assert "an id of 1000 bytes" in response.errors[1].message and long_id not in str(response)
+    raw = channel.stream_stream(
+        "/dualloop.v2.ControllerService/DriveAgents",
+        request_serializer=lambda b: b,
+        response_deserializer=pb.DriveAgentsResponse.FromString,
+    )
+    responses = raw(iter([b"\xff\xff\xff"]))  # not a protobuf message
+    next(responses)  # the stream's first response (model, limits)
+    with pytest.raises(grpc.RpcError) as err:
+        next(responses)
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid dualloop.v2.DriveAgentsRequest message" in err.value.details()
