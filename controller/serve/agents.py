@@ -28,7 +28,11 @@ from dualloop.executor.snapshot import Snapshot
 from dualloop.v2 import controller_pb2 as pb
 
 _mono_ns = time.monotonic_ns
-_FLUSH_S = 1.0  # at the stream's end, how long the writer may take to send what is waiting
+_FLUSH_S = 1.0
+# REALTIME: a group's request is applied, and its tick's snapshots converted, in pieces of this many
+# agents with the tick first whenever its deadline comes (at ~10-20 us per agent, a piece is well
+# under the ticker's guard)
+_YIELD_EVERY = 16  # at the stream's end, how long the writer may take to send what is waiting
 _PLANNER_REFUSAL = (
     "DriveAgents does not run with the server's planner (serve --planner): open each agent as a Drive "
     "session, or run the server without its planner and send each agent's plan in its observations"
@@ -139,7 +143,11 @@ class DriveAgentsCall:
             await self._join(req)
         snaps: list[Snapshot] = []
         seen: set[str] = set()
-        for item in msg.observations:
+        ticker = self.runtime.ticker
+        for i, item in enumerate(msg.observations):
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1 and self.clock == pb.CLOCK_MODE_REALTIME:
+                while ticker.hand_over_due():  # a large group's request must not run past a deadline
+                    await ticker.until_tick()
             snaps += self._observe(item, seen)
         for session_id in msg.leave:
             if session_id in self.agents:
@@ -281,19 +289,21 @@ class DriveAgentsCall:
 
     async def _write_realtime(self, outbox: AgentsOutbox) -> None:
         """The newest tick's snapshots of every agent, with the notices since the previous response."""
-        stats = self.runtime.stats
+        stats, ticker = self.runtime.stats, self.runtime.ticker
         while (item := await outbox.get()) is not None:
             notices, snaps, tick = item
-            t0 = time.perf_counter_ns()
             dropped = outbox.dropped_by_agent
             protos = []
-            for snap in snaps:
+            for i, snap in enumerate(snaps):
+                if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                    while ticker.hand_over_due():  # converting a large group's tick must not delay the next
+                        await ticker.until_tick()
+                t0 = time.perf_counter_ns()
                 snap.snapshots_dropped = dropped.get(snap.session_id, 0)
                 protos.append(snapshot_to_proto(snap))
+                stats.stream_ns += time.perf_counter_ns() - t0
             notices.tick, notices.agent_snapshots_dropped = tick, outbox.dropped
-            data = agents_response_bytes(notices, protos)
-            stats.stream_ns += time.perf_counter_ns() - t0
-            await self.context.write(data)
+            await self.context.write(agents_response_bytes(notices, protos))
             self._count_sent(snaps)
 
     async def _stop_writer(self) -> None:
