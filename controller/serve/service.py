@@ -97,7 +97,7 @@ def add_rpc_handlers(service: RpcHandlers, server: grpc.aio.Server) -> None:
 
 
 class RpcHandlers(pb_grpc.ControllerServiceServicer):
-    """The six RPCs of ControllerService; each reads or changes the SessionRuntime, on the loop."""
+    """The seven RPCs of ControllerService; each reads or changes the SessionRuntime, on the loop."""
 
     def __init__(self, runtime: SessionRuntime) -> None:
         self.runtime = runtime
