@@ -10,6 +10,15 @@ from typing import Any
 
 from rich.markup import escape
 
+from dualloop.controller.bench.agents import (
+    AGENTS_SWEEP,
+    QUICK_AGENTS,
+    QUICK_DURATION_S,
+    QUICK_STREAMS,
+    STREAMS_SWEEP,
+    AgentsRun,
+    bench_agents,
+)
 from dualloop.controller.bench.gate import SESSION_COUNTS, bench_gate_table
 from dualloop.controller.bench.harness import TickRun
 from dualloop.controller.bench.overrun import bench_overrun
@@ -39,6 +48,7 @@ _BENCH_DURATION_S = {
     "rules": 10.0,
     "soak": SOAK_DURATION_S,
     "overrun": 0.0,
+    "agents": 10.0,
 }
 _BENCH_SESSIONS = {"planner": 32, "soak": SOAK_SESSIONS}
 
@@ -47,14 +57,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="benchmarks that print numbers")
     p.add_argument(
         "what",
-        choices=["tick", "sim", "gate", "planner", "replay", "rules", "soak", "overrun"],
+        choices=["tick", "sim", "gate", "planner", "replay", "rules", "soak", "overrun", "agents"],
         help="tick: executor timing under gRPC load; sim: simulator steps per second next to highway-env; "
         "gate: gate cost next to the forward pass; planner: tick lateness with the behaviour planner busy "
         "on 32 sessions vs idle; replay: 60 s logs replayed, x real time on one core vs the per-tick path; "
         "rules: the server's CPU per REALTIME tick in process (read, model, rules, stream) at 8-64 sessions; "
         "soak: `dualloop serve` (shipped model, gates, planner) under 16 sessions for 10 minutes: memory slope, "
         "missed deadlines vs a bare ticker, leaked sessions/threads/fds; overrun: health, GetStats and a "
-        "session's open while every tick overruns (a ~15 ms model built for the run, on a 5 ms tick)",
+        "session's open while every tick overruns (a ~15 ms model built for the run, on a 5 ms tick); agents: "
+        "DriveAgents streams of REALTIME agents swept (agents per stream x streams) beside a bare ticker: "
+        "server CPU per agent-tick, missed deadlines, lateness, dropped agent-snapshots",
     )
     p.add_argument(
         "--gate",
@@ -110,7 +122,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "for the whole machine; 0: they poll, never halt); default -1: idle states left alone, as serve",
     )
     _add_tick_options(p)
+    _add_agents_options(p)
     p.set_defaults(fn=_bench)
+
+
+def _add_agents_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--agents",
+        help=f"bench agents: agents per stream, swept (default {','.join(map(str, AGENTS_SWEEP))})",
+    )
+    p.add_argument(
+        "--streams",
+        help=f"bench agents: streams per server, swept (default {','.join(map(str, STREAMS_SWEEP))})",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"bench agents: a short run ({','.join(map(str, QUICK_AGENTS))} agents, "
+        f"{','.join(map(str, QUICK_STREAMS))} stream, {QUICK_DURATION_S:g} s each) unless told otherwise",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="bench agents: exit 1 naming each target missed (512 agents at 200 Hz keeping time, <= 5 us of server "
+        "CPU per agent-tick there)",
+    )
 
 
 def _add_tick_options(p: argparse.ArgumentParser) -> None:
@@ -306,7 +342,39 @@ def _tick(args: argparse.Namespace) -> int:
     return 0
 
 
+def _counts(text: str | None, default: tuple[int, ...], flag: str) -> tuple[int, ...]:
+    if text is None:
+        return default
+    try:
+        counts = tuple(int(c) for c in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{flag} {text}: counts like 32,128,512") from None
+    if not counts or min(counts) < 1:
+        raise ConfigError(f"{flag} {text}: counts must be >= 1")
+    return counts
+
+
+def _agents(args: argparse.Namespace) -> int:
+    duration = args.duration or (QUICK_DURATION_S if args.quick else _BENCH_DURATION_S["agents"])
+    run = AgentsRun(
+        agents=_counts(args.agents, QUICK_AGENTS if args.quick else AGENTS_SWEEP, "--agents"),
+        streams=_counts(args.streams, QUICK_STREAMS if args.quick else STREAMS_SWEEP, "--streams"),
+        duration_s=duration,
+        model=args.model or BASE_MODEL_PATH,
+        gates=_gate_paths(args),
+        realtime_priority=args.realtime_priority or None,
+        pin=not args.no_pin,
+    )
+    result = bench_agents(run, args.out, console)
+    if args.check and result["targets_missed"]:
+        for missed in result["targets_missed"]:
+            console.print(f"[red]target missed:[/] {escape(missed)}", highlight=False)
+        return 1
+    return 0
+
+
 _BENCHES = {
+    "agents": _agents,
     "tick": _tick,
     "sim": _sim,
     "gate": _gate,

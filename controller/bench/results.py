@@ -78,3 +78,18 @@ class BareResult(TypedDict):
     scheduling: str
     stalls_at_ns: list[int]
     missed_causes: list[dict[str, int | str]]
+
+
+class AgentsStreamRow(TypedDict):
+    """One DriveAgents stream of `bench agents`, as its clients process saw it."""
+
+    stream: int
+    agents: int
+    requests_sent: int
+    responses: int
+    agent_snapshots_received: int
+    agent_snapshots_dropped: int  # the server's count, from the stream's last response
+    tick_gaps: int  # responses whose tick was not the previous one's + 1
+    agent_errors: int
+    send_rate_hz: float
+    client_process_cpu_s: float

@@ -120,6 +120,9 @@ class ServerConfig(BaseModel):
     # The HTTP/2 receive window advised to REALTIME clients (SessionLimits): a few snapshots, so a
     # client that pauses reads the newest one, not a backlog buffered in its own window.
     client_window_bytes: int = Field(DEFAULT_CLIENT_WINDOW_BYTES, ge=1024)
+    # The most agents one DriveAgents stream holds at once (SessionLimits.max_agents_per_stream); each
+    # agent is a session and counts towards executor.max_sessions too.
+    max_agents_per_stream: int = Field(1024, ge=1, le=4096)
     planner: PlannerConfig = PlannerConfig()
     # Operations (docs/operations.md). On SIGTERM/SIGINT open streams get this long to end after
     # their final snapshot before gRPC cancels what is left.

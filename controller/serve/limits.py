@@ -39,4 +39,5 @@ def session_limits(ex: Executor, config: ServerConfig) -> pb.SessionLimits:
         max_session_id_bytes=MAX_ID_BYTES,
         max_plan_id_bytes=MAX_ID_BYTES,
         max_observation_period_ns=MAX_OBSERVATION_PERIOD_NS,
+        max_agents_per_stream=config.max_agents_per_stream,
     )

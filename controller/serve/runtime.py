@@ -28,6 +28,7 @@ from dualloop.controller.logs.format import (
 from dualloop.controller.logs.recorder import Recorder
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import events
+from dualloop.controller.serve.agents_outbox import AgentsOutbox
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.conflation import LatestSlot
 from dualloop.controller.serve.metrics import (
@@ -87,6 +88,9 @@ class SessionRuntime:
         self.executor = executor
         self.config = config
         self.outboxes: dict[str, LatestSlot[Snapshot]] = {}
+        # DriveAgents streams (REALTIME): each agent's group outbox, and every group's (ended each tick)
+        self.agent_outboxes: dict[str, AgentsOutbox] = {}
+        self.agent_groups: set[AgentsOutbox] = set()
         self.recorder: Recorder | None = None
         self.shadows = ShadowRegistry(executor)  # what GetShadowStats answers, per session instance
         self.stats = RuntimeStats()
@@ -242,10 +246,14 @@ class SessionRuntime:
                     box = self.outboxes.get(snap.session_id)
                     if box is not None:
                         box.put(snap)
+                    elif (group := self.agent_outboxes.get(snap.session_id)) is not None:
+                        group.put(snap)
                     if self._last_seq.get(snap.session_id) != snap.observation_seq:
                         self._last_seq[snap.session_id] = snap.observation_seq
                         # arrival -> first snapshot that used it
                         stats.decision_latency.add(snap.observation_age_ns + snap.emit_time_ns - snap.scheduled_time_ns)
+                for group in self.agent_groups:  # each DriveAgents stream: its agents' snapshots of this tick
+                    group.end_tick(tick.index)
                 work_ns = _mono_ns() - tick.started_ns
                 stats.tick_work_ns.add(work_ns)
                 if metrics is not None and precise:

@@ -16,6 +16,7 @@ from dualloop.controller.contract.wire import (
     drive_response_bytes,
 )
 from dualloop.controller.serve import client_strings, events
+from dualloop.controller.serve.agents import DriveAgentsCall
 from dualloop.controller.serve.candidate import CandidateError, candidate_status, load_candidate
 from dualloop.controller.serve.drive import DriveCall
 from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US, SessionRuntime
@@ -71,7 +72,10 @@ def add_rpc_handlers(service: RpcHandlers, server: grpc.aio.Server) -> None:
             ),
         }
 
-    admin = {  # v2 only: v1 never had them
+    v2_only = {  # v1 never had them
+        "DriveAgents": grpc.stream_stream_rpc_method_handler(
+            service.DriveAgents, lenient(pb.DriveAgentsRequest), drive_response_bytes
+        ),
         "LoadCandidate": grpc.unary_unary_rpc_method_handler(
             logged("LoadCandidate", service.LoadCandidate),
             lenient(pb.LoadCandidateRequest),
@@ -85,7 +89,7 @@ def add_rpc_handlers(service: RpcHandlers, server: grpc.aio.Server) -> None:
     }
     name = pb.DESCRIPTOR.services_by_name["ControllerService"].full_name
     for service_name, table in (
-        (name, handlers(pb.GetModelInfoResponse.SerializeToString) | admin),
+        (name, handlers(pb.GetModelInfoResponse.SerializeToString) | v2_only),
         (V1_SERVICE, handlers(_model_info_v1)),
     ):
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, table),))
@@ -93,7 +97,7 @@ def add_rpc_handlers(service: RpcHandlers, server: grpc.aio.Server) -> None:
 
 
 class RpcHandlers(pb_grpc.ControllerServiceServicer):
-    """The six RPCs of ControllerService; each reads or changes the SessionRuntime, on the loop."""
+    """The seven RPCs of ControllerService; each reads or changes the SessionRuntime, on the loop."""
 
     def __init__(self, runtime: SessionRuntime) -> None:
         self.runtime = runtime
@@ -315,6 +319,24 @@ class RpcHandlers(pb_grpc.ControllerServiceServicer):
             raise
         else:
             trace.ended("OK", "")
+        finally:
+            runtime.drives_active -= 1
+            if runtime.drives_active == 0:
+                runtime.drives_idle.set()
+
+    async def DriveAgents(
+        self, request_iterator: AsyncIterator[pb.DriveAgentsRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        """A DriveAgentsCall (each agent logs its own session events), counted for the drain."""
+        runtime = self.runtime
+        runtime.drives_active += 1
+        runtime.drives_idle.clear()
+        try:
+            await DriveAgentsCall(runtime, self._profile_builds, context).run(request_iterator)
+        except grpc.aio.AbortError as err:
+            release_aborted(err)
+            del request_iterator, context
+            raise
         finally:
             runtime.drives_active -= 1
             if runtime.drives_active == 0:

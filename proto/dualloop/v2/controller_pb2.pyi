@@ -202,7 +202,7 @@ class SessionOpened(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., require_plan: _Optional[bool] = ..., session_instance: _Optional[str] = ...) -> None: ...
 
 class SessionLimits(_message.Message):
-    __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns", "jerk_limit", "standstill_speed", "max_session_id_bytes", "max_plan_id_bytes", "max_observation_period_ns")
+    __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns", "jerk_limit", "standstill_speed", "max_session_id_bytes", "max_plan_id_bytes", "max_observation_period_ns", "max_agents_per_stream")
     MAX_OBSERVATION_AGE_NS_FIELD_NUMBER: _ClassVar[int]
     ASSUMED_OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PLAN_VALID_FOR_NS_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +225,7 @@ class SessionLimits(_message.Message):
     MAX_SESSION_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_PLAN_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
+    MAX_AGENTS_PER_STREAM_FIELD_NUMBER: _ClassVar[int]
     max_observation_age_ns: int
     assumed_observation_period_ns: int
     default_plan_valid_for_ns: int
@@ -247,7 +248,8 @@ class SessionLimits(_message.Message):
     max_session_id_bytes: int
     max_plan_id_bytes: int
     max_observation_period_ns: int
-    def __init__(self, max_observation_age_ns: _Optional[int] = ..., assumed_observation_period_ns: _Optional[int] = ..., default_plan_valid_for_ns: _Optional[int] = ..., lockstep_max_ticks: _Optional[int] = ..., lockstep_max_gap_ns: _Optional[int] = ..., hold_timeout_ns: _Optional[int] = ..., recovery_dwell_ns: _Optional[int] = ..., max_abstain_ns: _Optional[int] = ..., safe_action: _Optional[_Union[Action, _Mapping]] = ..., fallback_decel: _Optional[float] = ..., blind_decel: _Optional[float] = ..., fallback_jerk: _Optional[float] = ..., freeze_repeats: _Optional[int] = ..., min_margin: _Optional[float] = ..., max_receive_message_bytes: _Optional[int] = ..., recommended_client_window_bytes: _Optional[int] = ..., open_timeout_ns: _Optional[int] = ..., jerk_limit: _Optional[float] = ..., standstill_speed: _Optional[float] = ..., max_session_id_bytes: _Optional[int] = ..., max_plan_id_bytes: _Optional[int] = ..., max_observation_period_ns: _Optional[int] = ...) -> None: ...
+    max_agents_per_stream: int
+    def __init__(self, max_observation_age_ns: _Optional[int] = ..., assumed_observation_period_ns: _Optional[int] = ..., default_plan_valid_for_ns: _Optional[int] = ..., lockstep_max_ticks: _Optional[int] = ..., lockstep_max_gap_ns: _Optional[int] = ..., hold_timeout_ns: _Optional[int] = ..., recovery_dwell_ns: _Optional[int] = ..., max_abstain_ns: _Optional[int] = ..., safe_action: _Optional[_Union[Action, _Mapping]] = ..., fallback_decel: _Optional[float] = ..., blind_decel: _Optional[float] = ..., fallback_jerk: _Optional[float] = ..., freeze_repeats: _Optional[int] = ..., min_margin: _Optional[float] = ..., max_receive_message_bytes: _Optional[int] = ..., recommended_client_window_bytes: _Optional[int] = ..., open_timeout_ns: _Optional[int] = ..., jerk_limit: _Optional[float] = ..., standstill_speed: _Optional[float] = ..., max_session_id_bytes: _Optional[int] = ..., max_plan_id_bytes: _Optional[int] = ..., max_observation_period_ns: _Optional[int] = ..., max_agents_per_stream: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("index", "name", "controls")
@@ -664,3 +666,53 @@ class PromoteCandidateResponse(_message.Message):
     sessions_kept: int
     worker_pid: int
     def __init__(self, previous_version: _Optional[str] = ..., model_version: _Optional[str] = ..., sessions_kept: _Optional[int] = ..., worker_pid: _Optional[int] = ...) -> None: ...
+
+class AgentObservation(_message.Message):
+    __slots__ = ("session_id", "observation")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    observation: Observation
+    def __init__(self, session_id: _Optional[str] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ...) -> None: ...
+
+class DriveAgentsRequest(_message.Message):
+    __slots__ = ("join", "observations", "leave")
+    JOIN_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
+    join: _containers.RepeatedCompositeFieldContainer[OpenSession]
+    observations: _containers.RepeatedCompositeFieldContainer[AgentObservation]
+    leave: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, join: _Optional[_Iterable[_Union[OpenSession, _Mapping]]] = ..., observations: _Optional[_Iterable[_Union[AgentObservation, _Mapping]]] = ..., leave: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AgentError(_message.Message):
+    __slots__ = ("session_id", "code", "message")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    code: int
+    message: str
+    def __init__(self, session_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class DriveAgentsResponse(_message.Message):
+    __slots__ = ("opened", "errors", "snapshots", "left", "tick", "agent_snapshots_dropped", "model", "limits", "tick_period_ns")
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
+    TICK_FIELD_NUMBER: _ClassVar[int]
+    AGENT_SNAPSHOTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    TICK_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
+    opened: _containers.RepeatedCompositeFieldContainer[SessionOpened]
+    errors: _containers.RepeatedCompositeFieldContainer[AgentError]
+    snapshots: _containers.RepeatedCompositeFieldContainer[DecisionSnapshot]
+    left: _containers.RepeatedScalarFieldContainer[str]
+    tick: int
+    agent_snapshots_dropped: int
+    model: ModelInfo
+    limits: SessionLimits
+    tick_period_ns: int
+    def __init__(self, opened: _Optional[_Iterable[_Union[SessionOpened, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[AgentError, _Mapping]]] = ..., snapshots: _Optional[_Iterable[_Union[DecisionSnapshot, _Mapping]]] = ..., left: _Optional[_Iterable[str]] = ..., tick: _Optional[int] = ..., agent_snapshots_dropped: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., tick_period_ns: _Optional[int] = ...) -> None: ...

@@ -39,6 +39,11 @@ class ControllerServiceStub:
                 request_serializer=dualloop_dot_v2_dot_controller__pb2.DriveRequest.SerializeToString,
                 response_deserializer=dualloop_dot_v2_dot_controller__pb2.DriveResponse.FromString,
                 _registered_method=True)
+        self.DriveAgents = channel.stream_stream(
+                '/dualloop.v2.ControllerService/DriveAgents',
+                request_serializer=dualloop_dot_v2_dot_controller__pb2.DriveAgentsRequest.SerializeToString,
+                response_deserializer=dualloop_dot_v2_dot_controller__pb2.DriveAgentsResponse.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/dualloop.v2.ControllerService/GetModelInfo',
                 request_serializer=dualloop_dot_v2_dot_controller__pb2.GetModelInfoRequest.SerializeToString,
@@ -72,6 +77,18 @@ class ControllerServiceServicer:
     def Drive(self, request_iterator, context):
         """One session per stream. The first client message must be `open`; afterwards the client
         streams observations. The server answers `opened` once, then one snapshot per executor tick.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DriveAgents(self, request_iterator, context):
+        """Many agents on one stream (docs/contract.md#agents). Each agent is a session of its own (its
+        session id, sensor profile, plan, state, recording), all with the stream's clock. A request
+        carries the agents joining (OpenSession each), one observation per agent that has one, and the
+        agents leaving; the server answers one response per tick (REALTIME) or per request (LOCKSTEP)
+        holding every agent's snapshots. An invalid agent gets its own AgentError and leaves the group;
+        the others go on. Each snapshot's decision fields are those the agent gets in its own session.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -133,6 +150,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     request_deserializer=dualloop_dot_v2_dot_controller__pb2.DriveRequest.FromString,
                     response_serializer=dualloop_dot_v2_dot_controller__pb2.DriveResponse.SerializeToString,
             ),
+            'DriveAgents': grpc.stream_stream_rpc_method_handler(
+                    servicer.DriveAgents,
+                    request_deserializer=dualloop_dot_v2_dot_controller__pb2.DriveAgentsRequest.FromString,
+                    response_serializer=dualloop_dot_v2_dot_controller__pb2.DriveAgentsResponse.SerializeToString,
+            ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
                     request_deserializer=dualloop_dot_v2_dot_controller__pb2.GetModelInfoRequest.FromString,
@@ -186,6 +208,33 @@ class ControllerService:
             '/dualloop.v2.ControllerService/Drive',
             dualloop_dot_v2_dot_controller__pb2.DriveRequest.SerializeToString,
             dualloop_dot_v2_dot_controller__pb2.DriveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DriveAgents(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dualloop.v2.ControllerService/DriveAgents',
+            dualloop_dot_v2_dot_controller__pb2.DriveAgentsRequest.SerializeToString,
+            dualloop_dot_v2_dot_controller__pb2.DriveAgentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

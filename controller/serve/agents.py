@@ -1,0 +1,317 @@
+"""One DriveAgents stream (DriveAgentsCall): a group of agents, each a session of its own, driven by
+one message per tick each way. Every agent is opened, checked, recorded and closed by the same steps
+as a Drive stream's session (drive.DriveCall's, with a context whose abort refuses that agent only),
+so its decisions, recording and log events are a Drive session's; what differs is the transport:
+one request holds every agent's observation, one response every agent's snapshot of a tick."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import cast
+
+import grpc
+
+from dualloop.controller.contract.wire import observation_from_proto, snapshot_to_proto
+from dualloop.controller.serve import client_strings, events
+from dualloop.controller.serve.agents_outbox import AgentsOutbox, agents_response_bytes
+from dualloop.controller.serve.drive import _DRAINED, _END, DriveCall
+from dualloop.controller.serve.limits import session_limits
+from dualloop.controller.serve.runtime import SessionRuntime
+from dualloop.controller.serve.status import MalformedRequest, status_of
+from dualloop.executor.sessions import InvalidObservation, Session
+from dualloop.executor.snapshot import Snapshot
+from dualloop.v2 import controller_pb2 as pb
+
+_mono_ns = time.monotonic_ns
+_FLUSH_S = 1.0
+# REALTIME: a group's request is applied, and its tick's snapshots converted, in pieces of this many
+# agents with the tick first whenever its deadline comes (at ~10-20 us per agent, a piece is well
+# under the ticker's guard)
+_YIELD_EVERY = 16  # at the stream's end, how long the writer may take to send what is waiting
+_PLANNER_REFUSAL = (
+    "DriveAgents does not run with the server's planner (serve --planner): open each agent as a Drive "
+    "session, or run the server without its planner and send each agent's plan in its observations"
+)
+
+
+class AgentRefused(Exception):
+    """One agent refused or ended: answered in its AgentError, the stream goes on."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class _AgentContext:
+    """What DriveCall's checks use of a call's context, for one agent: abort() refuses the agent only."""
+
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise AgentRefused(code, details)
+
+
+@dataclass
+class _Agent:
+    call: DriveCall
+    session: Session
+
+
+def _named(session_id: str) -> str:
+    """An agent's id for a message: never a string past the client-string limit."""
+    n = len(session_id.encode())
+    return repr(session_id) if n <= client_strings.MAX_ID_BYTES else f"(an id of {n} bytes)"
+
+
+class DriveAgentsCall:
+    """One DriveAgents stream from its first request to its end; run() takes the steps in order."""
+
+    def __init__(
+        self, runtime: SessionRuntime, profile_builds: asyncio.Lock, context: grpc.aio.ServicerContext
+    ) -> None:
+        self.runtime = runtime
+        self.executor = runtime.executor
+        self.context = context
+        self._profile_builds = profile_builds
+        # the stream's own steps (reading with the drain in view); its trace logs nothing (no session)
+        self._stream = DriveCall(runtime, profile_builds, context, events.SessionTrace(context.peer()))
+        self.agents: dict[str, _Agent] = {}
+        self.clock: int | None = None  # the first agent's; every agent's after it
+        self.outbox: AgentsOutbox | None = None  # REALTIME only
+        self.notices = pb.DriveAgentsResponse()  # LOCKSTEP (and before the clock is known)
+        self._writer: asyncio.Task | None = None
+
+    async def run(self, requests: AsyncIterator[pb.DriveAgentsRequest]) -> None:
+        context, runtime = self.context, self.runtime
+        if runtime.planning is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, _PLANNER_REFUSAL)
+        await context.write(
+            pb.DriveAgentsResponse(
+                model=runtime.model_info,
+                limits=session_limits(self.executor, runtime.config),
+                tick_period_ns=self.executor.period_ns,
+            )
+        )
+        drain = asyncio.ensure_future(runtime.draining.wait())
+        error: tuple | None = (grpc.StatusCode.CANCELLED, "the client cancelled the call, or the server stopped")
+        try:
+            error = await self._loop(requests.__aiter__(), drain)
+        finally:
+            drain.cancel()
+            await self._stop_writer()
+            code, message = (error[0].name, error[1]) if error is not None else ("OK", "the stream ended")
+            for session_id in list(self.agents):  # each agent's session.close says how its stream ended
+                self._remove(session_id, code, message)
+        if error is not None:
+            await context.abort(*error)
+
+    async def _loop(self, requests: AsyncIterator, drain: asyncio.Future) -> tuple | None:
+        ticker = self.runtime.ticker
+        while (msg := await self._stream._next_request(requests, drain)) is not _END:
+            if msg is _DRAINED:
+                return (
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"server draining (shutting down): the stream of {len(self.agents)} agents ended; open a "
+                    f"new stream, on this server once it is back or on another",
+                )
+            if isinstance(msg, MalformedRequest):
+                return grpc.StatusCode.INVALID_ARGUMENT, msg.message
+            if self.clock == pb.CLOCK_MODE_REALTIME:
+                while ticker.hand_over_due():  # the deadline first; this request just after it
+                    await ticker.until_tick()
+            snaps = await self._apply(msg)
+            if self.outbox is not None:
+                self.outbox.notify()
+                if self._writer is None:
+                    self._writer = asyncio.create_task(self._write_realtime(self.outbox))
+            else:
+                await self._write_lockstep(snaps)
+        return None
+
+    async def _apply(self, msg: pb.DriveAgentsRequest) -> list[Snapshot]:
+        """Joins, then observations, then leaves; LOCKSTEP: the snapshots the observations made."""
+        for req in msg.join:
+            await self._join(req)
+        snaps: list[Snapshot] = []
+        seen: set[str] = set()
+        ticker = self.runtime.ticker
+        for i, item in enumerate(msg.observations):
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1 and self.clock == pb.CLOCK_MODE_REALTIME:
+                while ticker.hand_over_due():  # a large group's request must not run past a deadline
+                    await ticker.until_tick()
+            snaps += self._observe(item, seen)
+        for session_id in msg.leave:
+            if session_id in self.agents:
+                self._remove(session_id, "OK", "left")
+                self._notices().left.append(session_id)
+            else:
+                self._error(
+                    session_id, grpc.StatusCode.NOT_FOUND, f"leave: no agent {_named(session_id)} in this stream"
+                )
+        return snaps
+
+    def _notices(self) -> pb.DriveAgentsResponse:
+        return self.outbox.notices if self.outbox is not None else self.notices
+
+    def _error(self, session_id: str, code: grpc.StatusCode, message: str) -> None:
+        named = len(session_id.encode()) <= client_strings.MAX_ID_BYTES
+        self._notices().errors.add(session_id=session_id if named else "", code=code.value[0], message=message)
+
+    async def _join(self, req: pb.OpenSession) -> None:
+        session_id = req.session_id or uuid.uuid4().hex[:12]
+        trace = events.SessionTrace(self.context.peer())
+        agent_context = cast("grpc.aio.ServicerContext", _AgentContext(self.context.peer()))
+        call = DriveCall(self.runtime, self._profile_builds, agent_context, trace)
+        limit = self.runtime.config.max_agents_per_stream
+        try:
+            await call._refuse_unservable(req)
+            if self.clock is not None and req.clock != self.clock:
+                raise AgentRefused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"agent {_named(session_id)}: OpenSession.clock is {pb.ClockMode.Name(req.clock)}; every agent "
+                    f"of a stream has the stream's clock ({pb.ClockMode.Name(cast('pb.ClockMode', self.clock))})",
+                )
+            if len(self.agents) >= limit:
+                raise AgentRefused(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"agent {_named(session_id)}: this stream holds {len(self.agents)} agents, the limit "
+                    f"(SessionLimits.max_agents_per_stream = {limit}); open another stream for more",
+                )
+            session = await call._open_session(session_id, req)
+        except AgentRefused as err:
+            trace.ended(err.code.name, err.message)
+            self._error(session_id, err.code, err.message)
+            return
+        if self.clock is None:
+            self._set_clock(req.clock)
+        provided, instance = call._register(session_id, session, req)
+        self.agents[session_id] = _Agent(call, session)
+        if self.outbox is not None:
+            self.runtime.agent_outboxes[session_id] = self.outbox
+        self._notices().opened.add(
+            session_id=session_id,
+            clock=req.clock,
+            tick_period_ns=self.executor.period_ns,
+            observation_period_ns=req.observation_period_ns,
+            provided_features=provided,
+            require_plan=req.require_plan,
+            session_instance=instance,
+        )
+
+    def _set_clock(self, clock: int) -> None:
+        self.clock = clock
+        if clock == pb.CLOCK_MODE_REALTIME:
+            self.outbox = AgentsOutbox()
+            self.outbox.notices.MergeFrom(self.notices)  # what this request answered so far
+            self.notices = pb.DriveAgentsResponse()
+            self.runtime.agent_groups.add(self.outbox)
+
+    def _observe(self, item: pb.AgentObservation, seen: set[str]) -> list[Snapshot]:
+        """One agent's observation: submitted (REALTIME) or advanced (LOCKSTEP: its snapshots). An
+        invalid one ends that agent, with the status a Drive stream would have ended with."""
+        session_id = item.session_id
+        if session_id not in self.agents:
+            self._error(
+                session_id,
+                grpc.StatusCode.NOT_FOUND,
+                f"observation for agent {_named(session_id)}, which is not in this stream (never joined, "
+                f"refused, or left)",
+            )
+            return []
+        try:
+            if session_id in seen:
+                raise AgentRefused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"agent {_named(session_id)}: two observations in one DriveAgentsRequest; send one per agent",
+                )
+            seen.add(session_id)
+            obs_msg = item.observation
+            if (refusal := client_strings.observation_refusal(obs_msg)) is not None:
+                raise AgentRefused(grpc.StatusCode.INVALID_ARGUMENT, refusal)
+            snaps = self._advance(session_id, obs_msg)
+        except AgentRefused as err:
+            self._remove(session_id, err.code.name, err.message)
+            self._error(session_id, err.code, f"agent {_named(session_id)}: {err.message}")
+            return []
+        self.runtime.record_observation(session_id, obs_msg)
+        return snaps
+
+    def _advance(self, session_id: str, obs_msg: pb.Observation) -> list[Snapshot]:
+        try:
+            if self.clock == pb.CLOCK_MODE_REALTIME:
+                self.executor.submit(session_id, observation_from_proto(obs_msg, _mono_ns(), time.time_ns()))
+                return []
+            return self.executor.advance_lockstep(session_id, observation_from_proto(obs_msg, _mono_ns()))
+        except InvalidObservation as err:
+            raise AgentRefused(status_of(err), str(err)) from None
+
+    def _remove(self, session_id: str, code: str, message: str) -> None:
+        agent = self.agents.pop(session_id)
+        if self.outbox is not None:
+            self.runtime.agent_outboxes.pop(session_id, None)
+        agent.call._close(session_id, agent.session)
+        if self.outbox is not None:
+            agent.call.trace.snapshots_dropped = self.outbox.dropped_by_agent.pop(session_id, 0)
+        agent.call.trace.ended(code, message)
+
+    def _count_sent(self, snaps: list[Snapshot]) -> None:
+        stats = self.runtime.stats
+        stats.snapshots_sent += len(snaps)
+        stats.snapshots_sent_total += len(snaps)
+        for snap in snaps:
+            agent = self.agents.get(snap.session_id)
+            if agent is not None:
+                agent.call.trace.snapshots_sent += 1
+
+    async def _write_lockstep(self, snaps: list[Snapshot]) -> None:
+        """One response per request, lossless: awaiting the write is the backpressure."""
+        runtime = self.runtime
+        tally = runtime.metrics.lockstep.add if runtime.metrics is not None else None
+        protos = []
+        for snap in snaps:
+            runtime.shadows.record(snap)
+            runtime.record_snapshot(snap)
+            if tally is not None:
+                tally(snap)
+            protos.append(snapshot_to_proto(snap))
+        notices, self.notices = self.notices, pb.DriveAgentsResponse()
+        await self.context.write(agents_response_bytes(notices, protos))
+        self._count_sent(snaps)
+
+    async def _write_realtime(self, outbox: AgentsOutbox) -> None:
+        """The newest tick's snapshots of every agent, with the notices since the previous response."""
+        stats, ticker = self.runtime.stats, self.runtime.ticker
+        while (item := await outbox.get()) is not None:
+            notices, snaps, tick = item
+            dropped = outbox.dropped_by_agent
+            protos = []
+            for i, snap in enumerate(snaps):
+                if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                    while ticker.hand_over_due():  # converting a large group's tick must not delay the next
+                        await ticker.until_tick()
+                t0 = time.perf_counter_ns()
+                snap.snapshots_dropped = dropped.get(snap.session_id, 0)
+                protos.append(snapshot_to_proto(snap))
+                stats.stream_ns += time.perf_counter_ns() - t0
+            notices.tick, notices.agent_snapshots_dropped = tick, outbox.dropped
+            await self.context.write(agents_response_bytes(notices, protos))
+            self._count_sent(snaps)
+
+    async def _stop_writer(self) -> None:
+        outbox, writer = self.outbox, self._writer
+        if outbox is None:
+            return
+        self.runtime.agent_groups.discard(outbox)
+        outbox.close()  # the writer sends what is waiting (the last request's notices), then ends
+        if writer is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(writer, _FLUSH_S)

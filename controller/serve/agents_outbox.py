@@ -1,0 +1,93 @@
+"""What a DriveAgents stream sends: the REALTIME outbox of a group of agents (AgentsOutbox: the
+newest tick's snapshots, newest tick wins, and the notices that must all arrive) and the wire bytes
+of a DriveAgentsResponse built from per-agent snapshot bytes (agents_response_bytes)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from dualloop.controller.serve.conflation import carry_over
+from dualloop.executor.snapshot import Snapshot
+from dualloop.v2 import controller_pb2 as pb
+
+# DriveAgentsResponse.snapshots' tag: field 3, length-delimited
+_SNAPSHOTS_TAG = bytes([(pb.DriveAgentsResponse.DESCRIPTOR.fields_by_name["snapshots"].number << 3) | 2])
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def agents_response_bytes(head: pb.DriveAgentsResponse, snapshots: Sequence[pb.DecisionSnapshot]) -> bytes:
+    """The wire bytes of `head` with `snapshots` appended to its repeated snapshots field, without
+    copying each snapshot into the response (a repeated message field is its elements' tag, length
+    and bytes, in any order relative to the other fields: the same message once parsed)."""
+    parts = [head.SerializeToString()]
+    for snap in snapshots:
+        body = snap.SerializeToString()
+        parts += (_SNAPSHOTS_TAG, _varint(len(body)), body)
+    return b"".join(parts)
+
+
+class AgentsOutbox:
+    """REALTIME: between the tick loop and one DriveAgents stream's writer. The tick loop put()s each
+    agent's snapshot and end_tick()s; the writer takes the newest complete tick. A tick the writer
+    did not take is replaced by the next (its snapshots counted dropped and carried over, per agent,
+    as a Drive stream's outbox does). Notices (agents opened, refused, left) are never dropped."""
+
+    def __init__(self) -> None:
+        self._filling: list[Snapshot] = []
+        self._ready: list[Snapshot] | None = None
+        self._ready_tick = 0
+        self._event = asyncio.Event()
+        self._closed = False
+        self.notices = pb.DriveAgentsResponse()
+        self.dropped = 0  # agent-snapshots replaced before the writer took them
+        self.dropped_by_agent: dict[str, int] = {}
+
+    def put(self, snap: Snapshot) -> None:
+        self._filling.append(snap)
+
+    def end_tick(self, tick: int) -> None:
+        if not self._filling:
+            return
+        newest, self._filling = self._filling, []
+        if self._ready is not None:  # the writer is behind: newest tick wins
+            replaced = {s.session_id: s for s in self._ready}
+            self.dropped += len(self._ready)
+            for snap in newest:
+                old = replaced.pop(snap.session_id, None)
+                if old is not None:
+                    carry_over(old, snap)
+                    self.dropped_by_agent[snap.session_id] = self.dropped_by_agent.get(snap.session_id, 0) + 1
+        self._ready, self._ready_tick = newest, tick
+        self._event.set()
+
+    def notify(self) -> None:
+        """The notices changed: wake the writer."""
+        self._event.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._event.set()
+
+    async def get(self) -> tuple[pb.DriveAgentsResponse, list[Snapshot], int] | None:
+        """(notices, snapshots, tick) once either is waiting; None once closed."""
+        while self._ready is None and not self._has_notices():
+            if self._closed:
+                return None
+            self._event.clear()
+            await self._event.wait()
+        snaps, self._ready = self._ready or [], None
+        notices, self.notices = self.notices, pb.DriveAgentsResponse()
+        return notices, snaps, self._ready_tick if snaps else 0
+
+    def _has_notices(self) -> bool:
+        n = self.notices
+        return bool(len(n.opened) or len(n.errors) or len(n.left))
