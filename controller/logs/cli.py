@@ -56,6 +56,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     v.add_argument("--rate-hz", type=float, help="the sensor's rate (default: measured from the time column)")
     v.add_argument(EXTRA_COLUMNS_FLAG, action="store_true", help="ignore unknown columns (with a warning)")
     v.add_argument("--session-id", help="session id (default: csv-<file stem>)")
+    v.add_argument(
+        "--dataset",
+        help="the site, fleet or sensor stack the drive comes from: reports are per dataset, and `gate fit "
+        "--real-logs` counts each dataset as one site (default: csv)",
+    )
     v.set_defaults(fn=_import_csv)
 
     o = kinds.add_parser("openacc", help="an OpenACC CSV (AstaZero _new or JRC/ZalaZone layout): one session per pair")
@@ -112,6 +117,7 @@ def _import_csv(args: argparse.Namespace) -> int:
             allow_extra_columns=args.allow_extra_columns,
             units=parse_units(args.units),
             rate_hz=args.rate_hz,
+            dataset=args.dataset,
         )
     except CsvImportError as err:
         print_error(err)

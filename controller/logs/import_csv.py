@@ -368,8 +368,10 @@ def import_csv(
     units: Mapping[str, str] | None = None,
     rate_hz: float | None = None,
     start_time_unix_ns: int | None = None,
+    dataset: str | None = None,
 ) -> ImportReport:
-    """Convert a CSV drive log (columns above) into a dualloop log at `out_path`."""
+    """Convert a CSV drive log (columns above) into a dualloop log at `out_path`; `dataset`: the site or
+    fleet it comes from (the header's `dataset` detail, which per-dataset reports and site calibration read)."""
     path, out_path = Path(file), Path(out_path)
     if rate_hz is not None and not (math.isfinite(rate_hz) and rate_hz > 0):
         raise CsvImportError(f"--rate-hz must be a positive number of Hz, not {rate_hz}")
@@ -377,6 +379,10 @@ def import_csv(
     columns, warnings = data.columns, list(data.warnings)
     t, speed = data.time_s, data.features[:, FEATURE_INDEX["ego_speed"]]
     details = {"file": str(path), "ignored_columns": ",".join(columns.extra)}
+    if dataset is not None:
+        if not dataset.strip() or any(c in dataset for c in "(,"):
+            raise CsvImportError(f"--dataset {dataset!r}: a name without '(' or ',' (it names the drive's site)")
+        details["dataset"] = dataset.strip()
     if columns.units:
         details["units"] = ",".join(f"{n}={u}" for n, u in columns.units.items())
 

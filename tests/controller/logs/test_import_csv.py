@@ -11,6 +11,7 @@ import pytest
 from dualloop.controller.cli import main
 from dualloop.controller.logs.import_csv import CsvImportError, import_csv
 from dualloop.controller.logs.logfile import read_log
+from dualloop.controller.training.recorded import read_log_rows
 from dualloop.executor.action_labels import backward_accel, lookahead_labels
 from dualloop.sim.schema import ACTION_INDEX, FEATURE_INDEX, FEATURE_NAMES, PLAN_NAMES
 
@@ -252,3 +253,15 @@ def test_cli_csv_with_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "39 observations" in capsys.readouterr().out
     assert main(["import", "csv", str(src), "--units", "ego_speed"]) == 2
     assert "is not NAME=UNIT" in capsys.readouterr().out
+
+
+def test_the_dataset_names_the_drives_site(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--dataset is what per-dataset reports and site calibration group by; without it a drive is "csv";
+    a name the grouping would cut is refused naming the flag."""
+    src = write_csv(tmp_path / "drive.csv", [row(f"{i * 0.1:.1f}") for i in range(30)])
+    assert main(["import", "csv", str(src), "-o", str(tmp_path / "a.mcap"), "--dataset", "Fleet North"]) == 0
+    import_csv(src, tmp_path / "b.mcap")
+    rows = read_log_rows([tmp_path / "a.mcap", tmp_path / "b.mcap"])
+    assert rows.datasets == ("fleet-north", "csv")
+    assert main(["import", "csv", str(src), "-o", str(tmp_path / "c.mcap"), "--dataset", "north, 2026"]) == 2
+    assert "--dataset 'north, 2026'" in capsys.readouterr().out
