@@ -40,9 +40,10 @@ def test_card_is_complete(base):
     ):
         assert key in m, key
     assert m["test_accuracy"] > m["test_majority_baseline"] + 0.15
-    # temperature scaling minimises the validation NLL: it must not raise the test NLL, nor the test
-    # ECE beyond its estimate's resolution (a temperature of 1.002 moved it by 5e-5)
-    assert m["test_nll_after"] <= m["test_nll_before"]
+    # temperature scaling minimises the validation NLL: it must not raise the test NLL or ECE beyond
+    # their estimates' resolution on the test split (a temperature of 1.002 moved the ECE by 5e-5; one of
+    # 0.949, fitted on validation rows from other drives, moved the test NLL by +1.5e-4 of 0.522)
+    assert m["test_nll_after"] <= m["test_nll_before"] + 1e-3
     assert m["test_ece_after"] <= m["test_ece_before"] + 1e-3
 
 
