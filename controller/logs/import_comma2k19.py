@@ -230,6 +230,77 @@ def route_name(directory: Path) -> str:
     return directory.name
 
 
+def _grid(seg: Segment, period_ns: int, directory: Path) -> tuple[float, npt.NDArray[np.int64]]:
+    """The first instant every channel has data and the grid's timestamps (ns from it) over their overlap."""
+    start = max(seg.speed_t[0], seg.steer_t[0], seg.radar_t[0], seg.gyro_t[0])
+    end = min(seg.speed_t[-1], seg.steer_t[-1], seg.radar_t[-1], seg.gyro_t[-1])
+    count = int((end - start) * 1e9 // period_ns) + 1
+    if count < 2:
+        raise Comma2k19Error(f"{directory}: the channels overlap for less than one grid period")
+    return start, np.arange(count, dtype=np.int64) * period_ns
+
+
+def _features(
+    seg: Segment, grid: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The feature rows at the grid times (NaN where this data has nothing), the leads and the speed."""
+    speed = seg.speed[latest_index(seg.speed_t, grid)]
+    yaw_rate = -window_mean(seg.gyro_t, seg.gyro[:, 2], grid, YAW_WINDOW_S)  # about "down" -> + = left
+    features = np.empty((len(grid), N_FEATURES), dtype=np.float64)
+    features[:, FEATURE_INDEX["ego_speed"]] = speed
+    features[:, FEATURE_INDEX["ego_accel"]] = ego_accel_from_speed(seg, grid)
+    leads = select_leads(seg, grid)
+    for column, name in enumerate(("lead_present", "lead_distance", "lead_rel_speed")):
+        features[:, FEATURE_INDEX[name]] = leads[:, column]
+    features[:, FEATURE_INDEX["yaw_rate"]] = yaw_rate
+    features[:, FEATURE_INDEX["road_curvature"]] = yaw_rate / np.maximum(speed, 1.0)  # kinematic: r = v * kappa
+    measured = [FEATURE_INDEX[n] for n in MEASURED]
+    missing = [i for i in range(N_FEATURES) if i not in measured]
+    features[:, missing] = np.nan  # not in this data: the sensor profile says so, nothing is invented
+    return features, leads, speed
+
+
+def _details(route: str, start: float, rate_hz: float) -> dict[str, str]:
+    """The header's details: where the drive comes from and how each measured column was made."""
+    return {
+        "dataset": "comma2k19 (MIT licence, arXiv:1812.05752)",
+        "route": route,
+        "boot_time_of_t0_s": f"{start:.6f}",
+        "rate_hz": f"{rate_hz:g}",
+        "ego_speed": "CAN speed, latest sample at or before each grid time",
+        "ego_accel": f"backward_accel: slope of the CAN speed over the previous {ACCEL_WINDOW_S} s, latest "
+        "sample at or before each grid time (the IMU forward axis carries a -0.6 m/s^2 gravity bias "
+        "from mount pitch and grade)",
+        "lead": f"nearest radar track with |left| < {LEAD_ENTER_M} m (leaves at >= {LEAD_EXIT_M} m), "
+        f"in lane for {LEAD_CONFIRM_S} s, reported within {TRACK_STALE_S} s, range <= {SENSOR_RANGE_M} m",
+        "yaw_rate": f"-gyro[down], mean over the previous {YAW_WINDOW_S} s",
+        "road_curvature": "yaw_rate / ego_speed (no lane model in this data)",
+        "actual_action": f"lookahead_labels of ego_speed: band of (v(t + {LOOKAHEAD_S} s) - v(t)) / "
+        f"{LOOKAHEAD_S} s; controls[accel] = that look-ahead acceleration",
+        ACTUAL_CONTROLS_DETAIL: "look-ahead acceleration label made from the speed profile, not a command; "
+        "steer: the steering wheel angle at the observation",
+        "missing": "lane_offset, heading_error and the neighbour lanes are not in this data: NaN",
+        "actual_steer": f"steering wheel angle / {STEERING_RATIO} (RAV4 steering ratio), radians, + = left",
+    }
+
+
+def _observations(
+    timestamps_ns: npt.NDArray[np.int64],
+    features: npt.NDArray[np.float64],
+    actions: npt.NDArray[np.int64],
+    label_accel: npt.NDArray[np.float64],
+    steer: npt.NDArray[np.float64],
+) -> Iterator[pb.Observation]:
+    feats32 = features.astype(np.float32)
+    for i in range(len(timestamps_ns)):
+        yield pb.Observation(
+            seq=i + 1,
+            timestamp_ns=int(timestamps_ns[i]),
+            features=feats32[i].tolist(),
+            actual=pb.ActualAction(action_index=int(actions[i]), controls=[float(label_accel[i]), float(steer[i])]),
+        )
+
+
 def import_comma2k19(
     directory: str | Path,
     out_path: str | Path,
@@ -246,27 +317,9 @@ def import_comma2k19(
         raise Comma2k19Error(f"rate_hz must be positive, not {rate_hz}")
     seg = load_segment(directory)
     period_ns = round(1e9 / rate_hz)
-    start = max(seg.speed_t[0], seg.steer_t[0], seg.radar_t[0], seg.gyro_t[0])
-    end = min(seg.speed_t[-1], seg.steer_t[-1], seg.radar_t[-1], seg.gyro_t[-1])
-    count = int((end - start) * 1e9 // period_ns) + 1
-    if count < 2:
-        raise Comma2k19Error(f"{directory}: the channels overlap for less than one grid period")
-    timestamps_ns = np.arange(count, dtype=np.int64) * period_ns
+    start, timestamps_ns = _grid(seg, period_ns, directory)
     grid = start + timestamps_ns / 1e9
-
-    speed = seg.speed[latest_index(seg.speed_t, grid)]
-    yaw_rate = -window_mean(seg.gyro_t, seg.gyro[:, 2], grid, YAW_WINDOW_S)  # about "down" -> + = left
-    features = np.empty((count, N_FEATURES), dtype=np.float64)
-    features[:, FEATURE_INDEX["ego_speed"]] = speed
-    features[:, FEATURE_INDEX["ego_accel"]] = ego_accel_from_speed(seg, grid)
-    leads = select_leads(seg, grid)
-    for column, name in enumerate(("lead_present", "lead_distance", "lead_rel_speed")):
-        features[:, FEATURE_INDEX[name]] = leads[:, column]
-    features[:, FEATURE_INDEX["yaw_rate"]] = yaw_rate
-    features[:, FEATURE_INDEX["road_curvature"]] = yaw_rate / np.maximum(speed, 1.0)  # kinematic: r = v * kappa
-    measured = [FEATURE_INDEX[n] for n in MEASURED]
-    missing = [i for i in range(N_FEATURES) if i not in measured]
-    features[:, missing] = np.nan  # not in this data: the sensor profile says so, nothing is invented
+    features, leads, speed = _features(seg, grid)
 
     actions, label_accel = lookahead_labels(timestamps_ns / 1e9, speed)
     steer = np.deg2rad(seg.steer_deg[latest_index(seg.steer_t, grid)]) / STEERING_RATIO
@@ -274,8 +327,7 @@ def import_comma2k19(
     first = int(np.argmax(np.isfinite(features[:, FEATURE_INDEX["ego_accel"]])))
     timestamps_ns, actions = timestamps_ns[first:], actions[first:]
     features, leads, label_accel, steer = features[first:], leads[first:], label_accel[first:], steer[first:]
-    count -= first
-    if not np.all(np.isfinite(features[:, measured])):
+    if not np.all(np.isfinite(features[:, [FEATURE_INDEX[n] for n in MEASURED]])):
         raise Comma2k19Error(f"{directory}: non-finite feature values after resampling")
 
     route = route_name(directory)
@@ -285,43 +337,13 @@ def import_comma2k19(
         measured=[n for n in FEATURE_NAMES if n in MEASURED],
         observation_period_ns=period_ns,
         start_time_unix_ns=start_time_unix_ns,
-        details={
-            "dataset": "comma2k19 (MIT licence, arXiv:1812.05752)",
-            "route": route,
-            "boot_time_of_t0_s": f"{start:.6f}",
-            "rate_hz": f"{rate_hz:g}",
-            "ego_speed": "CAN speed, latest sample at or before each grid time",
-            "ego_accel": f"backward_accel: slope of the CAN speed over the previous {ACCEL_WINDOW_S} s, latest "
-            "sample at or before each grid time (the IMU forward axis carries a -0.6 m/s^2 gravity bias "
-            "from mount pitch and grade)",
-            "lead": f"nearest radar track with |left| < {LEAD_ENTER_M} m (leaves at >= {LEAD_EXIT_M} m), "
-            f"in lane for {LEAD_CONFIRM_S} s, reported within {TRACK_STALE_S} s, range <= {SENSOR_RANGE_M} m",
-            "yaw_rate": f"-gyro[down], mean over the previous {YAW_WINDOW_S} s",
-            "road_curvature": "yaw_rate / ego_speed (no lane model in this data)",
-            "actual_action": f"lookahead_labels of ego_speed: band of (v(t + {LOOKAHEAD_S} s) - v(t)) / "
-            f"{LOOKAHEAD_S} s; controls[accel] = that look-ahead acceleration",
-            ACTUAL_CONTROLS_DETAIL: "look-ahead acceleration label made from the speed profile, not a command; "
-            "steer: the steering wheel angle at the observation",
-            "missing": "lane_offset, heading_error and the neighbour lanes are not in this data: NaN",
-            "actual_steer": f"steering wheel angle / {STEERING_RATIO} (RAV4 steering ratio), radians, + = left",
-        },
+        details=_details(route, start, rate_hz),
     )
-    feats32 = features.astype(np.float32)
-
-    def observations() -> Iterator[pb.Observation]:
-        for i in range(count):
-            yield pb.Observation(
-                seq=i + 1,
-                timestamp_ns=int(timestamps_ns[i]),
-                features=feats32[i].tolist(),
-                actual=pb.ActualAction(action_index=int(actions[i]), controls=[float(label_accel[i]), float(steer[i])]),
-            )
-
-    write_log(out_path, header, observations())
+    write_log(out_path, header, _observations(timestamps_ns, features, actions, label_accel, steer))
     return ImportReport(
         source=header.source,
         out_path=out_path,
-        observations=count,
+        observations=len(timestamps_ns),
         duration_s=float(timestamps_ns[-1] - timestamps_ns[0]) / 1e9,
         rate_hz=rate_hz,
         lead_present_fraction=float(leads[:, 0].mean()),
