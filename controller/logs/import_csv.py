@@ -359,6 +359,103 @@ def _irregular_warning(times: npt.NDArray[np.float64], lines: npt.NDArray[np.int
     )
 
 
+def _source_details(path: Path, columns: _Columns, dataset: str | None) -> dict[str, str]:
+    """The header's first details: the file, its ignored columns, the drive's site and declared units."""
+    details = {"file": str(path), "ignored_columns": ",".join(columns.extra)}
+    if dataset is not None:
+        if not dataset.strip() or any(c in dataset for c in "(,"):
+            raise CsvImportError(f"--dataset {dataset!r}: a name without '(' or ',' (it names the drive's site)")
+        details["dataset"] = dataset.strip()
+    if columns.units:
+        details["units"] = ",".join(f"{n}={u}" for n, u in columns.units.items())
+    return details
+
+
+def _actual_actions(
+    data: CsvData, t: npt.NDArray[np.float64], speed: npt.NDArray[np.float64], details: dict[str, str]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], bool]:
+    """The action per row, its controls and whether the accel control is known; notes how in `details`.
+
+    The file's action, else the band of the file's accel, else the look-ahead label of the speed.
+    """
+    columns = data.columns
+    actions, controls = data.action.copy(), data.controls.copy()
+    if ACTION_COLUMN in columns.index or ACCEL_COLUMN in columns.index:
+        from_accel = (actions < 0) & np.isfinite(controls[:, 0])
+        actions[from_accel] = label_from_accel(controls[from_accel, 0])
+        given = [f"the file's {ACTION_COLUMN}"] if ACTION_COLUMN in columns.index else []
+        given += [f"the band of {ACCEL_COLUMN}"] if ACCEL_COLUMN in columns.index else []
+        details["actual_action"] = ", else ".join(given)
+        return actions, controls, ACCEL_COLUMN in columns.index
+    actions, controls[:, 0] = lookahead_labels(t, speed)
+    details["actual_action"] = (
+        f"lookahead_labels of ego_speed: band of (v(t + {LOOKAHEAD_S} s) - v(t)) / {LOOKAHEAD_S} s; "
+        "controls[accel] = that look-ahead acceleration, steer NaN"
+    )
+    details[ACTUAL_CONTROLS_DETAIL] = "look-ahead acceleration label made from the speed profile, not a command"
+    return actions, controls, True
+
+
+def _derive_ego_accel(
+    path: Path, data: CsvData, speed: npt.NDArray[np.float64], details: dict[str, str], warnings: list[str]
+) -> npt.NDArray[np.bool_]:
+    """Fill ego_accel from the speed where the file has none; the rows to keep (those where it could be derived)."""
+    t, features = data.time_s, data.features
+    features[:, FEATURE_INDEX["ego_accel"]] = backward_accel(t, speed)
+    details["ego_accel"] = f"backward slope of ego_speed over {ACCEL_WINDOW_S} s (action_labels.backward_accel)"
+    keep = np.isfinite(features[:, FEATURE_INDEX["ego_accel"]])
+    if not keep.all():
+        warnings.append(
+            f"left out {np.count_nonzero(~keep)} row(s) where ego_accel has no past to be derived from "
+            f"(the first row, rows after a hole over 1 s), from line {int(data.lines[np.argmin(keep)])}"
+        )
+    if not keep.any():
+        raise CsvImportError(f"{path}: line {int(data.lines[0])}: too few rows to derive ego_accel from ego_speed")
+    return keep
+
+
+def _period_ns(rate_hz: float | None, data: CsvData, details: dict[str, str], warnings: list[str]) -> int:
+    """The observation period: the declared rate's, else the median interval of the time column."""
+    if rate_hz is not None:
+        details["rate"] = f"{rate_hz:g} Hz, declared"
+        return round(1e9 / rate_hz)
+    t = data.time_s
+    period_ns = int(np.median(np.diff(timestamps_ns(t)))) if len(t) > 1 else 0
+    details["rate"] = "median interval of the time column"
+    irregular = _irregular_warning(t, data.lines)
+    if irregular:
+        warnings.append(irregular)
+    return period_ns
+
+
+def _observations(
+    data: CsvData,
+    rows: npt.NDArray[np.intp],
+    period_ns: int,
+    actions: npt.NDArray[np.int64],
+    controls: npt.NDArray[np.float64],
+    known_controls: bool,
+) -> Iterator[pb.Observation]:
+    stamps = timestamps_ns(data.time_s)
+    feats32 = data.features.astype(np.float32)
+    plan_ids = _plan_ids(data.plans) if data.plans is not None else None
+    valid_for = _plan_validity(plan_ids, rows, stamps, period_ns) if plan_ids is not None else None
+    for seq, i in enumerate(rows, start=1):
+        obs = pb.Observation(seq=seq, timestamp_ns=int(stamps[i]), features=feats32[i].tolist())
+        if actions[i] >= 0 or (known_controls and np.isfinite(controls[i, 0])):
+            obs.actual.CopyFrom(
+                pb.ActualAction(
+                    action_index=int(actions[i]),
+                    controls=[float(c) for c in controls[i]] if np.isfinite(controls[i, 0]) else [],
+                )
+            )
+        if data.plans is not None and plan_ids is not None and valid_for is not None:
+            obs.plan.CopyFrom(
+                pb.PlanUpdate(plan_id=plan_ids[i], values=data.plans[i].tolist(), valid_for_ns=valid_for[int(i)])
+            )
+        yield obs
+
+
 def import_csv(
     file: str | Path,
     out_path: str | Path,
@@ -378,56 +475,13 @@ def import_csv(
     data = read_csv(path, allow_extra_columns, units)
     columns, warnings = data.columns, list(data.warnings)
     t, speed = data.time_s, data.features[:, FEATURE_INDEX["ego_speed"]]
-    details = {"file": str(path), "ignored_columns": ",".join(columns.extra)}
-    if dataset is not None:
-        if not dataset.strip() or any(c in dataset for c in "(,"):
-            raise CsvImportError(f"--dataset {dataset!r}: a name without '(' or ',' (it names the drive's site)")
-        details["dataset"] = dataset.strip()
-    if columns.units:
-        details["units"] = ",".join(f"{n}={u}" for n, u in columns.units.items())
-
-    # The action: the file's, else the band of the file's accel, else the look-ahead label of the speed.
-    actions, controls = data.action.copy(), data.controls.copy()
-    if ACTION_COLUMN in columns.index or ACCEL_COLUMN in columns.index:
-        from_accel = (actions < 0) & np.isfinite(controls[:, 0])
-        actions[from_accel] = label_from_accel(controls[from_accel, 0])
-        given = [f"the file's {ACTION_COLUMN}"] if ACTION_COLUMN in columns.index else []
-        given += [f"the band of {ACCEL_COLUMN}"] if ACCEL_COLUMN in columns.index else []
-        details["actual_action"] = ", else ".join(given)
-        known_controls = ACCEL_COLUMN in columns.index
-    else:
-        actions, controls[:, 0] = lookahead_labels(t, speed)
-        details["actual_action"] = (
-            f"lookahead_labels of ego_speed: band of (v(t + {LOOKAHEAD_S} s) - v(t)) / {LOOKAHEAD_S} s; "
-            "controls[accel] = that look-ahead acceleration, steer NaN"
-        )
-        details[ACTUAL_CONTROLS_DETAIL] = "look-ahead acceleration label made from the speed profile, not a command"
-        known_controls = True
-
-    features, keep = data.features, np.ones(len(t), dtype=bool)
-    present = list(columns.features)
+    details = _source_details(path, columns, dataset)
+    actions, controls, known_controls = _actual_actions(data, t, speed, details)
+    keep, present = np.ones(len(t), dtype=bool), list(columns.features)
     if "ego_accel" not in columns.features:
-        features[:, FEATURE_INDEX["ego_accel"]] = backward_accel(t, speed)
-        details["ego_accel"] = f"backward slope of ego_speed over {ACCEL_WINDOW_S} s (action_labels.backward_accel)"
+        keep = _derive_ego_accel(path, data, speed, details, warnings)
         present.append("ego_accel")
-        keep = np.isfinite(features[:, FEATURE_INDEX["ego_accel"]])
-        if not keep.all():
-            warnings.append(
-                f"left out {np.count_nonzero(~keep)} row(s) where ego_accel has no past to be derived from "
-                f"(the first row, rows after a hole over 1 s), from line {int(data.lines[np.argmin(keep)])}"
-            )
-        if not keep.any():
-            raise CsvImportError(f"{path}: line {int(data.lines[0])}: too few rows to derive ego_accel from ego_speed")
-
-    if rate_hz is not None:
-        period_ns = round(1e9 / rate_hz)
-        details["rate"] = f"{rate_hz:g} Hz, declared"
-    else:
-        period_ns = int(np.median(np.diff(timestamps_ns(t)))) if len(t) > 1 else 0
-        details["rate"] = "median interval of the time column"
-        irregular = _irregular_warning(t, data.lines)
-        if irregular:
-            warnings.append(irregular)
+    period_ns = _period_ns(rate_hz, data, details, warnings)
     if warnings:
         details["warnings"] = "; ".join(warnings)
 
@@ -441,29 +495,8 @@ def import_csv(
         details=details,
     )
     rows = np.flatnonzero(keep)
-    stamps = timestamps_ns(t)
-    feats32 = features.astype(np.float32)
-    plan_ids = _plan_ids(data.plans) if data.plans is not None else None
-    valid_for = _plan_validity(plan_ids, rows, stamps, period_ns) if plan_ids is not None else None
-
-    def observations() -> Iterator[pb.Observation]:
-        for seq, i in enumerate(rows, start=1):
-            obs = pb.Observation(seq=seq, timestamp_ns=int(stamps[i]), features=feats32[i].tolist())
-            if actions[i] >= 0 or (known_controls and np.isfinite(controls[i, 0])):
-                obs.actual.CopyFrom(
-                    pb.ActualAction(
-                        action_index=int(actions[i]),
-                        controls=[float(c) for c in controls[i]] if np.isfinite(controls[i, 0]) else [],
-                    )
-                )
-            if data.plans is not None and plan_ids is not None and valid_for is not None:
-                obs.plan.CopyFrom(
-                    pb.PlanUpdate(plan_id=plan_ids[i], values=data.plans[i].tolist(), valid_for_ns=valid_for[int(i)])
-                )
-            yield obs
-
-    write_log(out_path, header, observations())
-    lead = features[rows, FEATURE_INDEX["lead_present"]]
+    write_log(out_path, header, _observations(data, rows, period_ns, actions, controls, known_controls))
+    lead = data.features[rows, FEATURE_INDEX["lead_present"]]
     kept_t = t[rows]
     return ImportReport(
         source=header.source,
