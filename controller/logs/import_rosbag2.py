@@ -301,13 +301,10 @@ def _sample(
     return np.where(ok, values[safe], np.nan)
 
 
-def import_rosbag2(
-    bag: str | Path, map_file: str | Path, out_path: str | Path, *, start_time_unix_ns: int | None = None
-) -> ImportReport:
-    """Convert a ROS 2 MCAP bag into a dualloop log at `out_path` as the mapping file says."""
-    bag, map_path, out_path = Path(bag), Path(map_file), Path(out_path)
-    mapping = load_map(map_path)
-    data = _read_bag(bag, mapping, map_path)
+def _grid(
+    bag: Path, mapping: Rosbag2Map, data: dict[str, tuple[npt.NDArray[np.int64], list[Any]]]
+) -> npt.NDArray[np.int64]:
+    """The observation times: the mapping's rate over the span of the ego_speed topic."""
     speed_stamps = data[mapping.features["ego_speed"].topic][0]
     if len(speed_stamps) < 2:
         raise Rosbag2ImportError(
@@ -315,10 +312,20 @@ def import_rosbag2(
             "ego_speed needs at least two"
         )
     period_ns = round(1e9 / mapping.rate_hz)
-    grid = np.arange(int(speed_stamps[0]), int(speed_stamps[-1]) + 1, period_ns, dtype=np.int64)
+    return np.arange(int(speed_stamps[0]), int(speed_stamps[-1]) + 1, period_ns, dtype=np.int64)
+
+
+def _resample(
+    bag: Path,
+    map_path: Path,
+    mapping: Rosbag2Map,
+    data: dict[str, tuple[npt.NDArray[np.int64], list[Any]]],
+    grid: npt.NDArray[np.int64],
+    details: dict[str, str],
+) -> npt.NDArray[np.float64]:
+    """Each mapped feature sampled and held onto `grid` (NaN where none or too old); notes its source in `details`."""
     max_age_ns = round(mapping.max_age_s * 1e9)
     features = np.full((len(grid), N_FEATURES), np.nan)
-    details = {"file": str(bag), "map": str(map_path), "time": "MCAP log_time (the recorder's receive time)"}
     for name, src in mapping.features.items():
         stamps, msgs = data[src.topic]
         order = np.argsort(stamps, kind="stable")
@@ -326,6 +333,36 @@ def import_rosbag2(
         features[:, FEATURE_INDEX[name]] = _sample(grid, stamps[order], values, max_age_ns)
         unit = src.unit or COLUMN_UNITS[name]
         details[name] = f"{src.topic} {src.field}" + (" (finite -> 1)" if src.transform == "present" else f" [{unit}]")
+    return features
+
+
+def _observations(
+    grid: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.intp],
+    features: npt.NDArray[np.float64],
+    actions: npt.NDArray[np.int64],
+    accel: npt.NDArray[np.float64],
+) -> Iterator[pb.Observation]:
+    feats32 = features.astype(np.float32)
+    for seq, i in enumerate(rows, start=1):
+        obs = pb.Observation(seq=seq, timestamp_ns=int(grid[i]), features=feats32[i].tolist())
+        if actions[i] >= 0 or math.isfinite(accel[i]):
+            controls = [float(accel[i]), math.nan] if math.isfinite(accel[i]) else []
+            obs.actual.CopyFrom(pb.ActualAction(action_index=int(actions[i]), controls=controls))
+        yield obs
+
+
+def import_rosbag2(
+    bag: str | Path, map_file: str | Path, out_path: str | Path, *, start_time_unix_ns: int | None = None
+) -> ImportReport:
+    """Convert a ROS 2 MCAP bag into a dualloop log at `out_path` as the mapping file says."""
+    bag, map_path, out_path = Path(bag), Path(map_file), Path(out_path)
+    mapping = load_map(map_path)
+    data = _read_bag(bag, mapping, map_path)
+    grid = _grid(bag, mapping, data)
+    period_ns = round(1e9 / mapping.rate_hz)
+    details = {"file": str(bag), "map": str(map_path), "time": "MCAP log_time (the recorder's receive time)"}
+    features = _resample(bag, map_path, mapping, data, grid, details)
     warnings: list[str] = []
     t = (grid - grid[0]) / 1e9
     speed = features[:, FEATURE_INDEX["ego_speed"]]
@@ -367,17 +404,7 @@ def import_rosbag2(
         start_time_unix_ns=start_time_unix_ns,
         details=details,
     )
-    feats32 = features.astype(np.float32)
-
-    def observations() -> Iterator[pb.Observation]:
-        for seq, i in enumerate(rows, start=1):
-            obs = pb.Observation(seq=seq, timestamp_ns=int(grid[i]), features=feats32[i].tolist())
-            if actions[i] >= 0 or math.isfinite(accel[i]):
-                controls = [float(accel[i]), math.nan] if math.isfinite(accel[i]) else []
-                obs.actual.CopyFrom(pb.ActualAction(action_index=int(actions[i]), controls=controls))
-            yield obs
-
-    write_log(out_path, header, observations())
+    write_log(out_path, header, _observations(grid, rows, features, actions, accel))
     lead = features[rows, FEATURE_INDEX["lead_present"]]
     return ImportReport(
         source=header.source,
