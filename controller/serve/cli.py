@@ -35,6 +35,15 @@ from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    _register_serve(sub)
+    _register_stream(sub)
+    _register_admin(sub)
+    p = sub.add_parser("info", help="print a model's card (schema, actions, version)")
+    p.add_argument("model", type=Path)
+    p.set_defaults(fn=info)
+
+
+def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="serve a model over gRPC (loopback by default)")
     p.add_argument("--model", type=Path, help="ONNX decision model with a dualloop model card")
     p.add_argument(
@@ -96,6 +105,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.set_defaults(fn=serve)
 
+
+def _register_stream(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "stream",
         help="shadow mode with recorded drives: stream logs to a server in REALTIME at their own pace",
@@ -110,6 +121,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", type=Path, help="also write the counts as JSON")
     p.set_defaults(fn=stream)
 
+
+def _register_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("admin", help="load a candidate model beside the live one, or promote it, on a running server")
     p.add_argument("action", choices=("load-candidate", "promote"))
     p.add_argument("model", nargs="?", type=Path, help="load-candidate: the candidate model (a path on the server)")
@@ -124,10 +137,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"environment variable holding the admin token (default {ADMIN_TOKEN_ENV}; never on the command line)",
     )
     p.set_defaults(fn=admin)
-
-    p = sub.add_parser("info", help="print a model's card (schema, actions, version)")
-    p.add_argument("model", type=Path)
-    p.set_defaults(fn=info)
 
 
 def serve(args: argparse.Namespace) -> int:
