@@ -195,6 +195,22 @@ def _histogram(
 
 def families(r: MetricsReading) -> Iterable[Metric]:
     """The metric families of one reading (names, types and labels: docs/operations.md#metrics)."""
+    yield from _tick_families(r)
+    yield from _session_families(r)
+    yield from _decision_families(r)
+    if r.planner is not None:
+        yield from _planner_families(r.planner)
+    if r.recorder is not None:
+        yield from _recorder_families(r.recorder)
+    if r.tokens is not None:
+        yield from _token_families(r.tokens)
+
+
+_CLOCKS = (Clock.REALTIME, Clock.LOCKSTEP)
+
+
+def _tick_families(r: MetricsReading) -> Iterable[Metric]:
+    """The tick loop: lateness, missed deadlines, work, time per executor stage, rows decided."""
     yield _histogram(
         "dualloop_tick_lateness_seconds",
         "Tick start minus its deadline, ticks with REALTIME sessions open (GetStats' ticks and buckets).",
@@ -225,7 +241,10 @@ def families(r: MetricsReading) -> Iterable[Metric]:
         stage.add_metric([name], r.batches, ns / 1e9)
     yield stage
     yield CounterMetricFamily("dualloop_tick_rows", "Session rows decided over all batches.", value=r.rows)
-    clocks = [Clock.REALTIME, Clock.LOCKSTEP]
+
+
+def _session_families(r: MetricsReading) -> Iterable[Metric]:
+    """Sessions per clock, dropped observations, snapshots sent and conflated."""
     open_ = GaugeMetricFamily("dualloop_sessions_open", "Sessions open now.", labels=["clock"])
     opened = CounterMetricFamily("dualloop_sessions_opened", "Sessions opened through Drive.", labels=["clock"])
     obs = CounterMetricFamily(
@@ -233,7 +252,7 @@ def families(r: MetricsReading) -> Iterable[Metric]:
         "Observations no tick used: replaced by a newer one (REALTIME) or off the tick grid (LOCKSTEP).",
         labels=["clock"],
     )
-    for c in clocks:
+    for c in _CLOCKS:
         open_.add_metric([c.name], r.sessions_open.get(c, 0))
         opened.add_metric([c.name], r.opened[c])
         obs.add_metric([c.name], r.observations_dropped.get(c, 0))
@@ -248,6 +267,10 @@ def families(r: MetricsReading) -> Iterable[Metric]:
         "REALTIME snapshots replaced in a session's outbox before the client took them (conflation).",
         value=r.snapshots_dropped_total,
     )
+
+
+def _decision_families(r: MetricsReading) -> Iterable[Metric]:
+    """Snapshots per clock: all, by safety state, by reason, by vetoing check."""
     decisions = CounterMetricFamily("dualloop_decisions", "Snapshots the executor made.", labels=["clock"])
     states = CounterMetricFamily(
         "dualloop_safety_state", "Snapshots by the safety state they applied.", labels=["clock", "state"]
@@ -258,7 +281,7 @@ def families(r: MetricsReading) -> Iterable[Metric]:
         labels=["clock", "reason"],
     )
     vetoes = CounterMetricFamily("dualloop_check_vetoes", "Snapshots each check vetoed.", labels=["clock", "check"])
-    for c in clocks:
+    for c in _CLOCKS:
         s = r.states[c]
         decisions.add_metric([c.name], sum(s))
         for st in SafetyState:
@@ -268,64 +291,66 @@ def families(r: MetricsReading) -> Iterable[Metric]:
         for kind, n in zip(r.kinds, r.vetoes[c]):
             vetoes.add_metric([c.name, kind.name], n)
     yield from (decisions, states, reasons, vetoes)
-    if r.planner is not None:
-        p = r.planner
-        yield _histogram(
-            "dualloop_planner_latency_seconds",
-            "REALTIME planning: request to plan received from the planner's worker.",
-            p.latency_buckets,
-            p.latency_bounds_s,
-            1.0,
-            p.latency_sum_s,
-        )
-        for key, doc in (
-            ("plans", "Plans received."),
-            ("errors", "Plan requests that failed."),
-            ("timeouts", "Plan requests past their deadline."),
-        ):
-            fam = CounterMetricFamily(f"dualloop_planner_{key}", doc, labels=["clock"])
-            fam.add_metric([Clock.REALTIME.name], p.realtime.get(key, 0))
-            fam.add_metric([Clock.LOCKSTEP.name], p.lockstep.get(key, 0))
-            yield fam
-        yield CounterMetricFamily(
-            "dualloop_planner_overruns",
-            "REALTIME plan requests made while the session's previous one was unanswered.",
-            value=p.realtime.get("overruns", 0),
-        )
-        yield CounterMetricFamily(
-            "dualloop_planner_restarts", "Planner workers replaced (hung or died).", value=p.realtime.get("restarts", 0)
-        )
-    if r.recorder is not None:
-        rec = r.recorder
-        yield GaugeMetricFamily(
-            "dualloop_recorder_queue_depth", "Records waiting to be written.", value=rec.queue_depth
-        )
-        yield GaugeMetricFamily(
-            "dualloop_recorder_queue_bytes",
-            "Serialised bytes of the records waiting to be written.",
-            value=rec.queue_bytes,
-        )
-        dropped = CounterMetricFamily(
-            "dualloop_recorder_dropped",
-            "Records dropped: the recorder's queue was full, or a write failed (recording stopped).",
-            labels=["kind"],
-        )
-        written = CounterMetricFamily("dualloop_recorder_written", "Records written.", labels=["kind"])
-        for record in sorted(rec.dropped):
-            dropped.add_metric([record], rec.dropped[record])
-            written.add_metric([record], rec.written.get(record, 0))
-        yield from (dropped, written)
-    if r.tokens is not None:
-        yield GaugeMetricFamily(
-            "dualloop_tokens_file_broken",
-            "1 while the tokens file could not be used at its last reload: every token is refused.",
-            value=int(r.tokens.broken),
-        )
-        yield CounterMetricFamily(
-            "dualloop_tokens_reload_failures",
-            "Reloads of the tokens file that failed (unreadable, deleted, a bad line, no token).",
-            value=r.tokens.reload_failures,
-        )
+
+
+def _planner_families(p: PlannerReading) -> Iterable[Metric]:
+    yield _histogram(
+        "dualloop_planner_latency_seconds",
+        "REALTIME planning: request to plan received from the planner's worker.",
+        p.latency_buckets,
+        p.latency_bounds_s,
+        1.0,
+        p.latency_sum_s,
+    )
+    for key, doc in (
+        ("plans", "Plans received."),
+        ("errors", "Plan requests that failed."),
+        ("timeouts", "Plan requests past their deadline."),
+    ):
+        fam = CounterMetricFamily(f"dualloop_planner_{key}", doc, labels=["clock"])
+        fam.add_metric([Clock.REALTIME.name], p.realtime.get(key, 0))
+        fam.add_metric([Clock.LOCKSTEP.name], p.lockstep.get(key, 0))
+        yield fam
+    yield CounterMetricFamily(
+        "dualloop_planner_overruns",
+        "REALTIME plan requests made while the session's previous one was unanswered.",
+        value=p.realtime.get("overruns", 0),
+    )
+    yield CounterMetricFamily(
+        "dualloop_planner_restarts", "Planner workers replaced (hung or died).", value=p.realtime.get("restarts", 0)
+    )
+
+
+def _recorder_families(rec: RecorderReading) -> Iterable[Metric]:
+    yield GaugeMetricFamily("dualloop_recorder_queue_depth", "Records waiting to be written.", value=rec.queue_depth)
+    yield GaugeMetricFamily(
+        "dualloop_recorder_queue_bytes",
+        "Serialised bytes of the records waiting to be written.",
+        value=rec.queue_bytes,
+    )
+    dropped = CounterMetricFamily(
+        "dualloop_recorder_dropped",
+        "Records dropped: the recorder's queue was full, or a write failed (recording stopped).",
+        labels=["kind"],
+    )
+    written = CounterMetricFamily("dualloop_recorder_written", "Records written.", labels=["kind"])
+    for record in sorted(rec.dropped):
+        dropped.add_metric([record], rec.dropped[record])
+        written.add_metric([record], rec.written.get(record, 0))
+    yield from (dropped, written)
+
+
+def _token_families(tokens: TokensReading) -> Iterable[Metric]:
+    yield GaugeMetricFamily(
+        "dualloop_tokens_file_broken",
+        "1 while the tokens file could not be used at its last reload: every token is refused.",
+        value=int(tokens.broken),
+    )
+    yield CounterMetricFamily(
+        "dualloop_tokens_reload_failures",
+        "Reloads of the tokens file that failed (unreadable, deleted, a bad line, no token).",
+        value=tokens.reload_failures,
+    )
 
 
 class MetricsCollector(Collector):
