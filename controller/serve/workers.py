@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -174,6 +174,56 @@ def _worker_command(config_file: Path, board: wb.Board, slot: int, announce: Pat
     return cmd + (["--announce", str(announce)] if announce is not None else [])
 
 
+def _wait_started(
+    board: wb.Board, procs: list[subprocess.Popen | None], announce: Path, stop: threading.Event
+) -> str | None:
+    """Wait until every worker says READY on the board and worker 0 has written its announcement
+    (it does so after READY); None, or why the start failed."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while board.totals().workers_ready < len(procs) or not announce.exists():
+        dead = [(s, p.returncode) for s, p in enumerate(procs) if p is not None and p.poll() is not None]
+        if dead or stop.is_set() or time.monotonic() > deadline:
+            return (
+                f"worker {dead[0][0]} exited with code {dead[0][1]} while starting (its error is above)"
+                if dead
+                else "stopped while starting"
+                if stop.is_set()
+                else f"the workers did not start within {START_TIMEOUT_S:g} s"
+            )
+        time.sleep(0.05)
+    return None
+
+
+def _supervise(
+    procs: list[subprocess.Popen | None],
+    board: wb.Board,
+    spawn: Callable[[int], subprocess.Popen],
+    stop: threading.Event,
+    restarts: list[int],
+    print_line: Callable[[str], object],
+) -> int:
+    """Restart each worker that exits until `stop`; more than MAX_RESTARTS deaths within RESTART_WINDOW_S
+    stop everything with exit code 1 (0 otherwise)."""
+    deaths: list[float] = []
+    while not stop.wait(0.2):
+        for slot, proc in enumerate(procs):
+            assert proc is not None
+            if proc.poll() is None:
+                continue
+            events.event("server.worker_exit", logging.ERROR, slot=slot, pid=proc.pid, exit_code=proc.returncode)
+            now = time.monotonic()
+            deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
+            board.retire(slot)
+            if len(deaths) > MAX_RESTARTS:
+                print_line(f"error: {len(deaths)} worker processes died within {RESTART_WINDOW_S:g} s; stopping")
+                stop.set()
+                return 1
+            restarts[0] += 1
+            procs[slot] = new = spawn(slot)
+            events.event("server.worker_restart", logging.WARNING, slot=slot, pid=new.pid)
+    return 0
+
+
 def serve_workers(config: ServerConfig, workers: int, print_line=print) -> int:
     """Run `workers` server processes on config's port until SIGTERM/SIGINT; the exit code."""
     reservation, port = reserve_port(config.host, config.port)
@@ -206,22 +256,11 @@ def serve_workers(config: ServerConfig, workers: int, print_line=print) -> int:
 
             for slot in range(workers):
                 procs[slot] = spawn(slot)
-            deadline = time.monotonic() + START_TIMEOUT_S
-            # worker 0 writes its announcement after it says READY on the board: wait for both
-            while board.totals().workers_ready < workers or not announce.exists():
-                dead = [(s, p.returncode) for s, p in enumerate(procs) if p is not None and p.poll() is not None]
-                if dead or stop.is_set() or time.monotonic() > deadline:
-                    why = (
-                        f"worker {dead[0][0]} exited with code {dead[0][1]} while starting (its error is above)"
-                        if dead
-                        else "stopped while starting"
-                        if stop.is_set()
-                        else f"the workers did not start within {START_TIMEOUT_S:g} s"
-                    )
-                    print_line(f"error: {why}")
-                    _stop_all(procs, config.drain_grace_s)
-                    return 1
-                time.sleep(0.05)
+            why = _wait_started(board, procs, announce, stop)
+            if why is not None:
+                print_line(f"error: {why}")
+                _stop_all(procs, config.drain_grace_s)
+                return 1
             reservation.close()  # every worker is bound: the port cannot be taken from them now
             info = json.loads(announce.read_text())
             print_line(
@@ -234,29 +273,7 @@ def serve_workers(config: ServerConfig, workers: int, print_line=print) -> int:
                 mport = endpoint.start(config.metrics_host, config.metrics_port)
                 print_line(f"metrics: http://{host_port(config.metrics_host, mport)}/metrics (all workers summed)")
             events.event("server.workers", address=host_port(config.host, port), workers=workers)
-            deaths: list[float] = []
-            code = 0
-            while not stop.wait(0.2):
-                for slot, proc in enumerate(procs):
-                    assert proc is not None
-                    if proc.poll() is None:
-                        continue
-                    events.event(
-                        "server.worker_exit", logging.ERROR, slot=slot, pid=proc.pid, exit_code=proc.returncode
-                    )
-                    now = time.monotonic()
-                    deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
-                    board.retire(slot)
-                    if len(deaths) > MAX_RESTARTS:
-                        print_line(
-                            f"error: {len(deaths)} worker processes died within {RESTART_WINDOW_S:g} s; stopping"
-                        )
-                        code = 1
-                        stop.set()
-                        break
-                    restarts[0] += 1
-                    procs[slot] = new = spawn(slot)
-                    events.event("server.worker_restart", logging.WARNING, slot=slot, pid=new.pid)
+            code = _supervise(procs, board, spawn, stop, restarts, print_line)
             codes = _stop_all(procs, config.drain_grace_s)
             t = board.totals()
             uptime_s = (time.monotonic_ns() - t.started_ns) / 1e9
