@@ -210,21 +210,23 @@ class FitHistory:
 EpochHook = Callable[[int, float, float], None]
 
 
+@dataclass(frozen=True)
+class FitRows:
+    """One split as the fit reads it: inputs, action labels, control targets (NaN: not fitted) and
+    per-row weights (None: all 1)."""
+
+    x: F32
+    y: npt.NDArray[np.int64]
+    controls: F32
+    weight: F32 | None = None
+
+
 def fit(
-    x: F32,
-    y: npt.NDArray[np.int64],
-    controls: F32,
-    x_val: F32,
-    y_val: npt.NDArray[np.int64],
-    controls_val: F32,
-    config: MLPConfig,
-    seed: int,
-    on_epoch: EpochHook | None = None,
-    weight: F32 | None = None,
-    weight_val: F32 | None = None,
+    train: FitRows, val: FitRows, config: MLPConfig, seed: int, on_epoch: EpochHook | None = None
 ) -> tuple[MLP, FitHistory]:
-    """Minibatch AdamW with a cosine learning rate; keeps the weights of the best validation epoch.
-    weight / weight_val: per-row weights (None: all 1); NaN control targets are not fitted."""
+    """Minibatch AdamW with a cosine learning rate on `train`; keeps the weights of the best epoch on `val`."""
+    x, y, controls, weight = train.x, train.y, train.controls, train.weight
+    x_val, y_val, controls_val, weight_val = val.x, val.y, val.controls, val.weight
     rng = np.random.default_rng(seed)
     model = MLP(x.shape[1], config.hidden, schema.N_ACTIONS, len(schema.CONTROLS), rng)
     cw = class_weights(y, config.class_weight_power, weight)
@@ -245,14 +247,14 @@ def fit(
             progress = (epoch * steps_per_epoch + s) / total
             opt.step(grads, 0.5 * (1.0 + np.cos(np.pi * progress)))
             running += loss * len(idx)
-        val = model.loss(x_val, y_val, u_val, cw, config.control_weight, weight_val)
+        val_loss = model.loss(x_val, y_val, u_val, cw, config.control_weight, weight_val)
         hist.train_loss.append(running / n)
-        hist.val_loss.append(val)
+        hist.val_loss.append(val_loss)
         hist.epochs_run = epoch + 1
         if on_epoch is not None:
-            on_epoch(epoch, running / n, val)
-        if val < best:
-            best, best_epoch = val, epoch
+            on_epoch(epoch, running / n, val_loss)
+        if val_loss < best:
+            best, best_epoch = val_loss, epoch
             best_params = [p.copy() for p in model.params]
         elif epoch - best_epoch >= config.patience:
             break

@@ -51,7 +51,7 @@ from dualloop.controller.training.data import (
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.controller.training.log_eval import evaluate as evaluate_logs
 from dualloop.controller.training.log_eval import report_metrics
-from dualloop.controller.training.mlp import FitHistory, MLPConfig, fit, forward_weights
+from dualloop.controller.training.mlp import FitHistory, FitRows, MLPConfig, fit, forward_weights
 from dualloop.controller.training.recorded import (
     LogRows,
     file_facts,
@@ -209,17 +209,11 @@ def _fit(data: Dataset, config: MLPConfig, seed: int, hooks: Hooks) -> _Fitted:
     # small matmuls here gain nothing from threads anyway.
     with threadpool_limits(limits=1):
         model, history = fit(
-            x_tr,
-            data.train.label,
-            data.train.controls,
-            x_va,
-            data.val.label,
-            data.val.controls,
+            FitRows(x_tr, data.train.label, data.train.controls, data.train.weight),
+            FitRows(x_va, data.val.label, data.val.controls, data.val.weight),
             config,
             seed,
             hooks.on_epoch,
-            weight=data.train.weight,
-            weight_val=data.val.weight,
         )
         weights = model.to_weights()
         val_logits, _, _ = forward_weights(weights, x_va)
