@@ -1,6 +1,7 @@
 """Runs a PlanSource off the executor's path: request() and poll() cost microseconds, always.
 
     sched = PlanScheduler(BehaviourPlanner)           # a factory, called inside the worker
+    # or PlanScheduler(factory, SchedulerConfig(period_s=0.1, mode="thread")): the knobs
     sched.start()
     # in the tick loop:
     sched.request("car-1", features, now_ns)          # latest wins per session
@@ -245,31 +246,44 @@ class _Worker:
             pass
 
 
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How a PlanScheduler plans (the module docstring tells the why of each).
+
+    period_s: the planning period; deadline_s: how long a batch may take (None: the period).
+    mode: the worker is a child process (niced by `nice`) or a thread.
+    startup_timeout_s / restart_backoff_s: building a worker's source; waiting before the next restart.
+    max_ready: plans kept for poll() at the most; max_batch: sessions per batch at the most.
+    starved_limit_s: how long a worker waiting for a CPU is not hung (None: three deadlines).
+    history: batches kept for stats(). hold: requests wait for release().
+    idle_priority: SCHED_IDLE between raises (None: where it can be raised again).
+    raise_after_s: when a waiting batch is raised to SCHED_BATCH (None: a quarter of the deadline)."""
+
+    period_s: float = 0.2
+    deadline_s: float | None = None
+    mode: WorkerMode = "process"
+    nice: int = 10
+    startup_timeout_s: float = 60.0
+    restart_backoff_s: float = 0.2
+    max_ready: int = 4096
+    max_batch: int = 256
+    starved_limit_s: float | None = None
+    history: int = 2048
+    hold: bool = False
+    idle_priority: bool | None = None
+    raise_after_s: float | None = None
+
+
 class PlanScheduler:
     """Latest-wins plan requests per session, planned in batches in a supervised worker."""
 
-    def __init__(
-        self,
-        source_factory: SourceFactory,
-        *,
-        period_s: float = 0.2,
-        deadline_s: float | None = None,
-        mode: WorkerMode = "process",
-        nice: int = 10,
-        startup_timeout_s: float = 60.0,
-        restart_backoff_s: float = 0.2,
-        max_ready: int = 4096,
-        max_batch: int = 256,
-        starved_limit_s: float | None = None,
-        history: int = 2048,
-        hold: bool = False,
-        idle_priority: bool | None = None,
-        raise_after_s: float | None = None,
-    ) -> None:
+    def __init__(self, source_factory: SourceFactory, config: SchedulerConfig | None = None) -> None:
+        c = config or SchedulerConfig()
+        period_s, deadline_s, mode, nice = c.period_s, c.deadline_s, c.mode, c.nice
         if mode not in ("process", "thread"):
             raise ValueError(f"mode must be 'process' or 'thread', got {mode!r}")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if c.max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {c.max_batch}")
         self.period_s = period_s
         self.deadline_s = period_s if deadline_s is None else deadline_s
         # A source planned request by request stops starting new ones after a third of the deadline:
@@ -279,19 +293,19 @@ class PlanScheduler:
         # A worker waiting for a CPU is not hung: its deadline moves on, up to this long after the
         # batch was sent (killing it would only start a fresh worker, cold, on the same busy
         # machine; the worker is niced, so it is the first to wait).
-        self.starved_limit_s = 3.0 * self.deadline_s if starved_limit_s is None else starved_limit_s
+        self.starved_limit_s = 3.0 * self.deadline_s if c.starved_limit_s is None else c.starved_limit_s
         self.mode: WorkerMode = mode
-        self.max_batch = max_batch
+        self.max_batch = c.max_batch
         self._factory = source_factory
         self._nice = nice if mode == "process" else None
         # SCHED_IDLE only where the worker can be raised out of it again (None: find out)
         self._idle_priority = mode == "process" and (
-            priority.can_raise_from_idle(nice) if idle_priority is None else idle_priority
+            priority.can_raise_from_idle(nice) if c.idle_priority is None else c.idle_priority
         )
-        self.raise_after_s = self.deadline_s / 4.0 if raise_after_s is None else raise_after_s
-        self._startup_timeout_s = startup_timeout_s
-        self._restart_backoff_s = restart_backoff_s
-        self._backoff = restart_backoff_s
+        self.raise_after_s = self.deadline_s / 4.0 if c.raise_after_s is None else c.raise_after_s
+        self._startup_timeout_s = c.startup_timeout_s
+        self._restart_backoff_s = c.restart_backoff_s
+        self._backoff = c.restart_backoff_s
 
         self._pending: dict[str, _Pending] = {}  # insertion order = age: the oldest go first
         self._outstanding: set[str] = set()  # requested, no plan/error/timeout back yet
@@ -299,11 +313,11 @@ class PlanScheduler:
         self._ready: deque[_Finished] = deque()
         # hold: requests wait for release() (a caller that spreads its requests over several ticks
         # still sends them as one batch); otherwise every poll() may send
-        self._hold = hold
-        self._released = not hold
-        self._max_ready = max_ready
+        self._hold = c.hold
+        self._released = not c.hold
+        self._max_ready = c.max_ready
         self._in_flight: _InFlight | None = None
-        self._init_records(history)
+        self._init_records(c.history)
 
         self._worker: _Worker | None = None
         self._starter: threading.Thread | None = None  # spawning a replacement worker

@@ -25,7 +25,7 @@ from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.onnx_planner import OnnxPlanner
 from dualloop.planner.plan import Plan, PlanSource
 from dualloop.planner.remote import RemotePlanner
-from dualloop.planner.scheduler import PlanScheduler
+from dualloop.planner.scheduler import PlanScheduler, SchedulerConfig
 from dualloop.planner.tls import ClientTLS
 from dualloop.planner.worker import SourceFactory
 from dualloop.v2 import controller_pb2 as pb
@@ -188,11 +188,13 @@ class ServerPlanning:
         self.deadline_s = worker_deadline_s(cfg)
         self.scheduler = PlanScheduler(
             self.factory,
-            period_s=cfg.period_ms / 1e3,
-            deadline_s=self.deadline_s,
-            mode=cfg.worker,
-            hold=True,
-            idle_priority=None if cfg.idle_priority else False,
+            SchedulerConfig(
+                period_s=cfg.period_ms / 1e3,
+                deadline_s=self.deadline_s,
+                mode=cfg.worker,
+                hold=True,
+                idle_priority=None if cfg.idle_priority else False,
+            ),
         )
         self.realtime = RealtimePlanning(executor, self.scheduler, cfg.period_ns)
         self.lockstep: LockstepPlanning | None = None

@@ -322,12 +322,12 @@ def test_realtime_sessions_opened_apart_share_one_batch_per_period(test_model_pa
     applied a few a tick."""
     from dualloop.controller.serve.planning import RealtimePlanning
     from dualloop.executor.snapshot import Observation
-    from dualloop.planner.scheduler import PlanScheduler
+    from dualloop.planner.scheduler import PlanScheduler, SchedulerConfig
 
     period_ns, tick_ns, n = 200_000_000, 5_000_000, 12
     ex = Executor(DecisionModel(test_model_path))
     features = np.asarray(_sensor(), np.float32)
-    with PlanScheduler(BehaviourPlanner, period_s=period_ns / 1e9, deadline_s=2.0, hold=True) as sched:
+    with PlanScheduler(BehaviourPlanner, SchedulerConfig(period_s=period_ns / 1e9, deadline_s=2.0, hold=True)) as sched:
         planning = RealtimePlanning(ex, sched, period_ns)
         start = 10**12 + 3 * tick_ns  # a tick grid that is not the period grid
         applied_per_tick, asked_per_tick = [], []
@@ -370,13 +370,13 @@ def test_a_request_made_just_after_its_boundary_is_sent_in_that_period(test_mode
     grid): its request is released at once, every period, not one period late every other time."""
     from dualloop.controller.serve.planning import RealtimePlanning
     from dualloop.executor.snapshot import Observation
-    from dualloop.planner.scheduler import PlanScheduler
+    from dualloop.planner.scheduler import PlanScheduler, SchedulerConfig
 
     period_ns, tick_ns = 200_000_000, 5_000_000
     ex = Executor(DecisionModel(test_model_path))
     ex.open_session("solo")
     features = np.asarray(_sensor(), np.float32)
-    with PlanScheduler(BehaviourPlanner, period_s=period_ns / 1e9, deadline_s=2.0, hold=True) as sched:
+    with PlanScheduler(BehaviourPlanner, SchedulerConfig(period_s=period_ns / 1e9, deadline_s=2.0, hold=True)) as sched:
         planning = RealtimePlanning(ex, sched, period_ns)
         start = 10**12 + 3_000_000  # ticks 3 ms after each boundary
         for k in range(6 * 40):
@@ -395,14 +395,14 @@ def test_a_paused_planner_asks_for_nothing_and_resumes_within_a_period(test_mode
     overdue and asked for again in the first tick."""
     from dualloop.controller.serve.planning import RealtimePlanning
     from dualloop.executor.snapshot import Observation
-    from dualloop.planner.scheduler import PlanScheduler
+    from dualloop.planner.scheduler import PlanScheduler, SchedulerConfig
 
     period_ns, tick_ns, n = 200_000_000, 5_000_000, 4
     ex = Executor(DecisionModel(test_model_path))
     for i in range(n):
         ex.open_session(f"car-{i}")
     features = np.asarray(_sensor(), np.float32)
-    with PlanScheduler(BehaviourPlanner, period_s=period_ns / 1e9, deadline_s=2.0, hold=True) as sched:
+    with PlanScheduler(BehaviourPlanner, SchedulerConfig(period_s=period_ns / 1e9, deadline_s=2.0, hold=True)) as sched:
         planning = RealtimePlanning(ex, sched, period_ns)
         start, k = 10**12 + 2 * tick_ns, 0
 

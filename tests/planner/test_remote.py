@@ -13,7 +13,7 @@ import pytest
 from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.plan import Plan, PlanRequest
 from dualloop.planner.remote import PlanTimeout, RemotePlanner, RemotePlannerError, serve_planner
-from dualloop.planner.scheduler import PlanScheduler
+from dualloop.planner.scheduler import PlanScheduler, SchedulerConfig
 from dualloop.planner.wire import (
     BEHAVIOUR_TO_WIRE,
     plan_from_pb,
@@ -157,7 +157,7 @@ def test_scheduler_with_remote_source_counts_remote_timeouts():
     server = serve_planner(source, port=0)
     try:
         factory = functools.partial(RemotePlanner, server.address, 0.1)
-        with PlanScheduler(factory, deadline_s=1.0) as sched:
+        with PlanScheduler(factory, SchedulerConfig(deadline_s=1.0)) as sched:
             sched.request("car-1", features(), 0)
             give_up = time.monotonic() + 3.0
             while sched.stats()["timeouts"] < 1 and time.monotonic() < give_up:
@@ -177,7 +177,7 @@ def test_a_remote_that_times_out_costs_one_deadline_per_batch_not_one_per_sessio
     server = serve_planner(source, port=0, max_workers=8)
     try:
         factory = functools.partial(RemotePlanner, server.address, 0.1)
-        with PlanScheduler(factory, deadline_s=0.4) as sched:
+        with PlanScheduler(factory, SchedulerConfig(deadline_s=0.4)) as sched:
             for i in range(3):
                 sched.request(f"car-{i}", features(), 0)
             give_up = time.monotonic() + 3.0

@@ -17,7 +17,7 @@ import pytest
 from dualloop.planner import priority
 from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.plan import Plan, PlanRequest, make_plan_id
-from dualloop.planner.scheduler import PlanScheduler
+from dualloop.planner.scheduler import PlanScheduler, SchedulerConfig
 from dualloop.sim.schema import FEATURE_INDEX, N_FEATURES, SENSOR_RANGE_M
 
 PERIOD_S = 0.2
@@ -100,7 +100,7 @@ def busy_cpu() -> Iterator[int]:
 
 
 def test_good_source_delivers_plans_within_two_periods():
-    with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S) as sched:
+    with PlanScheduler(BehaviourPlanner, SchedulerConfig(period_s=PERIOD_S)) as sched:
         pid = sched.stats()["worker_pid"]
         assert pid is not None and pid != os.getpid()
         got: list[Plan] = []
@@ -122,7 +122,7 @@ def test_good_source_delivers_plans_within_two_periods():
 
 
 def test_latest_wins_and_overruns_are_counted():
-    with PlanScheduler(functools.partial(HangingSource), period_s=PERIOD_S, deadline_s=5.0) as sched:
+    with PlanScheduler(functools.partial(HangingSource), SchedulerConfig(period_s=PERIOD_S, deadline_s=5.0)) as sched:
         # Poison car-1 so the worker is busy; car-2's requests pile up and replace one another.
         sched.request("car-1", features(POISON), 0)
         assert sched.poll() == [] and sched.stats()["in_flight"] == 1  # poll() sends what was requested
@@ -136,7 +136,7 @@ def test_latest_wins_and_overruns_are_counted():
 
 
 def test_raising_source_counts_errors_and_request_poll_stay_cheap():
-    with PlanScheduler(RaisingSource, period_s=PERIOD_S) as sched:
+    with PlanScheduler(RaisingSource, SchedulerConfig(period_s=PERIOD_S)) as sched:
         request_s, poll_s = [], []
         x = features()
         end = time.monotonic() + 1.0
@@ -162,7 +162,7 @@ def test_raising_source_counts_errors_and_request_poll_stay_cheap():
 
 def test_hung_worker_times_out_and_is_replaced():
     deadline_s = 0.3
-    with PlanScheduler(HangingSource, period_s=PERIOD_S, deadline_s=deadline_s) as sched:
+    with PlanScheduler(HangingSource, SchedulerConfig(period_s=PERIOD_S, deadline_s=deadline_s)) as sched:
         first_pid = sched.stats()["worker_pid"]
         t0 = time.perf_counter()
         sched.request("car-1", features(POISON), 0)
@@ -180,7 +180,9 @@ def test_hung_worker_times_out_and_is_replaced():
 
 
 def test_always_hanging_source_recovers_when_replaced():
-    with PlanScheduler(functools.partial(HangingSource, always=True), period_s=PERIOD_S, deadline_s=0.2) as sched:
+    with PlanScheduler(
+        functools.partial(HangingSource, always=True), SchedulerConfig(period_s=PERIOD_S, deadline_s=0.2)
+    ) as sched:
         got: list[Plan] = []
         sched.request("car-1", features(), 0)
         assert wait_for(lambda: sched.stats()["timeouts"] >= 1, 2.0, sched, got)
@@ -192,7 +194,7 @@ def test_always_hanging_source_recovers_when_replaced():
 
 
 def test_thread_mode_also_isolates_errors():
-    with PlanScheduler(RaisingSource, mode="thread") as sched:
+    with PlanScheduler(RaisingSource, SchedulerConfig(mode="thread")) as sched:
         assert sched.stats()["worker_pid"] is None
         got: list[Plan] = []
         sched.request("car-1", features(), 0)
@@ -289,7 +291,7 @@ def count_messages(sched: PlanScheduler) -> dict[str, int]:
 
 
 def test_a_batch_of_32_sessions_comes_back_in_one_round_trip():
-    with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S) as sched:
+    with PlanScheduler(BehaviourPlanner, SchedulerConfig(period_s=PERIOD_S)) as sched:
         messages = count_messages(sched)
         reference = BehaviourPlanner()  # the same planner in this process, fed the same requests
         previous: dict[str, Plan] = {}
@@ -317,7 +319,7 @@ def test_a_batch_of_32_sessions_comes_back_in_one_round_trip():
 
 
 def test_a_nan_request_fails_alone_and_the_rest_of_its_batch_is_planned():
-    with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S) as sched:
+    with PlanScheduler(BehaviourPlanner, SchedulerConfig(period_s=PERIOD_S)) as sched:
         pid = sched.stats()["worker_pid"]
         bad = features()
         bad[FEATURE_INDEX["lead_rel_speed"]] = np.nan
@@ -337,7 +339,7 @@ def test_a_nan_request_fails_alone_and_the_rest_of_its_batch_is_planned():
 
 
 def test_a_hung_batch_is_killed_and_each_of_its_sessions_is_a_timeout():
-    with PlanScheduler(HangingSource, period_s=PERIOD_S, deadline_s=0.3) as sched:
+    with PlanScheduler(HangingSource, SchedulerConfig(period_s=PERIOD_S, deadline_s=0.3)) as sched:
         first_pid = sched.stats()["worker_pid"]
         for i in range(4):
             sched.request(f"car-{i}", features(POISON if i == 2 else 20.0), 0)
@@ -356,7 +358,9 @@ def test_a_hung_batch_is_killed_and_each_of_its_sessions_is_a_timeout():
 def test_a_slow_source_without_plan_many_finishes_its_sessions_over_several_batches():
     # 30 ms per plan, 300 ms deadline: a batch stops starting plans after 100 ms and the rest are
     # asked again with the next batch, instead of running the batch into its deadline.
-    with PlanScheduler(functools.partial(SlowSource, 0.03), period_s=PERIOD_S, deadline_s=0.3) as sched:
+    with PlanScheduler(
+        functools.partial(SlowSource, 0.03), SchedulerConfig(period_s=PERIOD_S, deadline_s=0.3)
+    ) as sched:
         for i in range(12):
             sched.request(f"car-{i}", features(), 0)
         got: list[Plan] = []
@@ -368,7 +372,7 @@ def test_a_slow_source_without_plan_many_finishes_its_sessions_over_several_batc
 
 
 def test_a_source_whose_plan_many_raises_fails_that_batch_only():
-    with PlanScheduler(BrokenBatchSource, period_s=PERIOD_S) as sched:
+    with PlanScheduler(BrokenBatchSource, SchedulerConfig(period_s=PERIOD_S)) as sched:
         for i in range(5):
             sched.request(f"car-{i}", features(), 0)
         got: list[Plan] = []
@@ -380,7 +384,9 @@ def test_a_source_whose_plan_many_raises_fails_that_batch_only():
 
 
 def test_forgotten_session_in_flight_is_not_delivered():
-    with PlanScheduler(functools.partial(SlowSource, 0.05), period_s=PERIOD_S, deadline_s=1.0) as sched:
+    with PlanScheduler(
+        functools.partial(SlowSource, 0.05), SchedulerConfig(period_s=PERIOD_S, deadline_s=1.0)
+    ) as sched:
         for i in range(3):
             sched.request(f"car-{i}", features(), 0)
         assert sched.poll() == [] and sched.stats()["in_flight"] == 3
@@ -404,7 +410,7 @@ def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung(monkeypatch: pytest.Mo
     with busy_cpu() as cpu:
         # about 20 ms of CPU for this batch here when starved (7 ms otherwise), far below the deadline
         with PlanScheduler(
-            BehaviourPlanner, period_s=PERIOD_S, deadline_s=PERIOD_S, nice=15, starved_limit_s=20.0
+            BehaviourPlanner, SchedulerConfig(period_s=PERIOD_S, deadline_s=PERIOD_S, nice=15, starved_limit_s=20.0)
         ) as sched:
             os.sched_setaffinity(sched.stats()["worker_pid"], {cpu})
             for i in range(64):
@@ -419,7 +425,7 @@ def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung(monkeypatch: pytest.Mo
 
 
 def test_a_source_spinning_on_a_cpu_is_still_killed_at_its_deadline():
-    with PlanScheduler(SpinningSource, period_s=PERIOD_S, deadline_s=0.2) as sched:
+    with PlanScheduler(SpinningSource, SchedulerConfig(period_s=PERIOD_S, deadline_s=0.2)) as sched:
         sched.request("car-1", features(), 0)
         got: list[Plan] = []
         t0 = time.monotonic()
@@ -470,7 +476,7 @@ def back_to_idle(pid: int, timeout_s: float = 2.0) -> bool:
 
 @needs_idle_priority
 def test_the_worker_waits_and_plans_under_sched_idle_where_it_can_be_raised():
-    with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S) as sched:
+    with PlanScheduler(BehaviourPlanner, SchedulerConfig(period_s=PERIOD_S)) as sched:
         pid = sched.stats()["worker_pid"]
         assert sched.stats()["worker_idle_priority"] is True
         assert priority.policy_name(pid) == "SCHED_IDLE"
@@ -483,7 +489,7 @@ def test_the_worker_waits_and_plans_under_sched_idle_where_it_can_be_raised():
 
 
 def test_without_the_right_to_raise_it_the_worker_runs_sched_batch():
-    with PlanScheduler(BehaviourPlanner, period_s=PERIOD_S, idle_priority=False) as sched:
+    with PlanScheduler(BehaviourPlanner, SchedulerConfig(period_s=PERIOD_S, idle_priority=False)) as sched:
         assert sched.stats()["worker_idle_priority"] is False
         if priority.supported():
             assert priority.policy_name(sched.stats()["worker_pid"]) == "SCHED_BATCH"
@@ -497,7 +503,8 @@ def test_a_batch_waiting_for_a_cpu_is_raised_until_it_is_answered():
     and the worker drops back to SCHED_IDLE once it has answered."""
     with busy_cpu() as cpu:
         with PlanScheduler(
-            functools.partial(BurningSource, 0.03), period_s=PERIOD_S, deadline_s=PERIOD_S, starved_limit_s=20.0
+            functools.partial(BurningSource, 0.03),
+            SchedulerConfig(period_s=PERIOD_S, deadline_s=PERIOD_S, starved_limit_s=20.0),
         ) as sched:
             pid = sched.stats()["worker_pid"]
             os.sched_setaffinity(pid, {cpu})
@@ -527,7 +534,8 @@ def test_a_worker_sleeping_on_its_source_is_not_raised(tmp_path):
     starts once the source sleeps, re-armed on the batch in flight as if it had not been raised."""
     asleep = tmp_path / "asleep"
     with PlanScheduler(
-        functools.partial(SlowSource, 2.0, str(asleep)), period_s=PERIOD_S, deadline_s=10.0, raise_after_s=0.05
+        functools.partial(SlowSource, 2.0, str(asleep)),
+        SchedulerConfig(period_s=PERIOD_S, deadline_s=10.0, raise_after_s=0.05),
     ) as sched:
         sched.request("car-1", features(), 0)
         got: list[Plan] = []
@@ -553,7 +561,8 @@ def test_when_raising_is_refused_later_workers_run_sched_batch(monkeypatch):
     monkeypatch.setattr(priority, "raise_to_batch", lambda pid: "")
     with busy_cpu() as cpu:
         with PlanScheduler(
-            functools.partial(BurningSource, 0.03), period_s=PERIOD_S, deadline_s=PERIOD_S, starved_limit_s=0.5
+            functools.partial(BurningSource, 0.03),
+            SchedulerConfig(period_s=PERIOD_S, deadline_s=PERIOD_S, starved_limit_s=0.5),
         ) as sched:
             first = sched.stats()["worker_pid"]
             os.sched_setaffinity(first, {cpu})
