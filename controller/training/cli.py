@@ -16,6 +16,7 @@ from dualloop.controller.training.trainer import (
     FULL_DATA,
     LOG_SHARE,
     QUICK_DATA,
+    TrainOptions,
     TrainResult,
     compare_models,
     mlp_config,
@@ -167,12 +168,14 @@ def train_main(
             quick=quick,
             data_config=data_config,
             config=config,
-            measure_latency_in_card=measure_latency_in_card,
             hooks=hooks,
-            logs=logs,
-            log_share=log_share,
-            dagger=dagger,
-            guard=guard,
+            options=TrainOptions(
+                logs=logs,
+                log_share=log_share,
+                dagger=dagger,
+                guard=guard,
+                measure_latency_in_card=measure_latency_in_card,
+            ),
         )
     print_summary(result)
     return result

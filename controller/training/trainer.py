@@ -1,6 +1,6 @@
 """Train, calibrate and export the driving decision models (small / base / large).
 
-    train(size, seed, out, logs=...)  -> TrainResult       the library call
+    train(size, seed, out, options=TrainOptions(logs=...))  -> TrainResult       the library call
 
 Pipeline: simulated drives (controller.training.data) and recorded drives (controller.training.
 recorded: their training sessions; one in five validates) -> numpy MLP on [normalised features,
@@ -228,71 +228,80 @@ def _fit(data: Dataset, config: MLPConfig, seed: int, hooks: Hooks) -> _Fitted:
     return _Fitted(weights, norm, temperature, metrics, history)
 
 
-def train(
+@dataclass(frozen=True)
+class TrainOptions:
+    """What a training run adds to the simulated drives, and how it exports.
+
+    logs: recorded drives (files or folders: their training sessions), `log_share` of the training weight.
+    dagger: rounds of driving the nominal scenarios with the model, adding the expert's actions in the
+    states it reached and training again (controller.training.dagger).
+    guard: raise CalibrationRefused instead of writing a model worse calibrated than its uncalibrated
+    logits or the default model (unless guard.force).
+    measure_latency_in_card: the batch-1 forward latency goes into the card (False: byte-identical files)."""
+
+    logs: Sequence[str | Path] = ()
+    log_share: float = LOG_SHARE
+    dagger: int = 0
+    guard: CalibrationGuard | None = None
+    measure_latency_in_card: bool = True
+
+
+@dataclass
+class _Data:
+    """The training data and where it came from: the simulated part, the recorded drives' rows and facts."""
+
+    data: Dataset
+    sim: Dataset
+    log_rows: LogRows | None = None
+    facts: dict[str, str] = field(default_factory=dict)
+
+
+def _with_recorded(sim: Dataset, options: TrainOptions) -> _Data:
+    if not options.logs:
+        return _Data(sim, sim)
+    paths = log_paths(options.logs)
+    log_rows = read_log_rows(paths)
+    facts = file_facts(paths, log_rows)
+    return _Data(with_logs(sim, log_rows, facts, options.log_share), sim, log_rows, facts)
+
+
+def _dagger_rounds(
     size: str,
     seed: int,
     out: Path,
-    quick: bool = False,
-    data: Dataset | None = None,
-    data_config: DataConfig | None = None,
-    config: MLPConfig | None = None,
-    measure_latency_in_card: bool = True,
-    hooks: Hooks | None = None,
-    logs: Sequence[str | Path] = (),
-    log_share: float = LOG_SHARE,
-    dagger: int = 0,
-    guard: CalibrationGuard | None = None,
-) -> TrainResult:
-    """Generate data (unless given), add the recorded drives in `logs` (files or folders: training
-    drives only), train, calibrate, evaluate and export one model to `out`. `dagger`: rounds of driving
-    the nominal scenarios with the model, adding the expert's actions in the states it reached and
-    training again (controller.training.dagger). `guard`: raise CalibrationRefused instead of writing
-    a model worse calibrated than its uncalibrated logits or the default model (unless guard.force)."""
-    hooks = hooks or Hooks()
-    out = Path(out)
-    config = config or mlp_config(size, quick)
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    if data is None:
-        data_config = data_config or (QUICK_DATA if quick else FULL_DATA)
-        data = generate(data_config, seed, hooks.on_scenario)
-    log_rows: LogRows | None = None
-    facts: dict[str, str] = {}
-    sim_data = data
-    if logs:
-        paths = log_paths(logs)
-        log_rows = read_log_rows(paths)
-        facts = file_facts(paths, log_rows)
-        data = with_logs(data, log_rows, facts, log_share)
-    timings["data"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    fitted = _fit(data, config, seed, hooks)
-    timings["train"] = time.perf_counter() - t1
-    failed_drives: list[int] = []  # per DAgger round: the model's nominal drives that crashed or left the road
+    config: MLPConfig,
+    hooks: Hooks,
+    options: TrainOptions,
+    run: _Data,
+    fitted: _Fitted,
+    timings: dict[str, float],
+) -> tuple[_Fitted, list[int]]:
+    """Each round: the model drives, the expert labels its states, train again on everything so far.
+    The last fit and, per round, the model's nominal drives that crashed or left the road."""
+    failed_drives: list[int] = []
     dagger_sets = []
-    for round_index in range(dagger):
-        # the model drives, the expert labels its states, train again on everything so far
+    for round_index in range(options.dagger):
         export_mlp(fitted.weights, _card(size, config.hidden[-1], fitted.norm, fitted.temperature, {}), out)
         if hooks.on_stage is not None:
             hooks.on_stage(f"DAgger round {round_index + 1}: driving the nominal scenarios with the model")
         t2 = time.perf_counter()
-        rows, failed = dagger_rows(out, sim_data.config, seed, 0, round_index, on_scenario=hooks.on_scenario)
+        rows, failed = dagger_rows(out, run.sim.config, seed, 0, round_index, on_scenario=hooks.on_scenario)
         dagger_sets.append(rows)
         failed_drives.append(sum(failed.values()))
-        data = with_dagger(sim_data, concat(dagger_sets))
-        if log_rows is not None:
-            data = with_logs(data, log_rows, facts, log_share)
+        run.data = with_dagger(run.sim, concat(dagger_sets))
+        if run.log_rows is not None:
+            run.data = with_logs(run.data, run.log_rows, run.facts, options.log_share)
         timings["dagger_rollouts"] = timings.get("dagger_rollouts", 0.0) + time.perf_counter() - t2
         t3 = time.perf_counter()
-        fitted = _fit(data, config, seed, hooks)
+        fitted = _fit(run.data, config, seed, hooks)
         timings["train"] += time.perf_counter() - t3
-    weights, norm, temperature, metrics, history = (
-        fitted.weights,
-        fitted.norm,
-        fitted.temperature,
-        fitted.metrics,
-        fitted.history,
-    )
+    return fitted, failed_drives
+
+
+def _check_calibration(
+    metrics: dict[str, float | str], data: Dataset, out: Path, guard: CalibrationGuard | None
+) -> tuple[list[str], dict[str, float] | str | None]:
+    """The guard's findings and the reference it compared with; raises CalibrationRefused unless forced."""
     warnings: list[str] = []
     reference: dict[str, float] | str | None = None
     if guard is not None:
@@ -304,7 +313,15 @@ def train(
             raise CalibrationRefused(
                 f"not writing {out}: " + "; ".join(warnings) + f"{skipped} (--force writes it anyway)"
             )
-    metrics |= {
+    return warnings, reference
+
+
+def _run_metrics(
+    seed: int, config: MLPConfig, options: TrainOptions, run: _Data, history: FitHistory, failed_drives: list[int]
+) -> dict[str, float | str]:
+    """What the card records about the run beside the test metrics: data sizes, epochs, recipe."""
+    data = run.data
+    metrics: dict[str, float | str] = {
         "seed": float(seed),
         "n_train": float(len(data.train)),
         "n_val": float(len(data.val)),
@@ -315,25 +332,66 @@ def train(
         "hidden": "x".join(map(str, config.hidden)),
         "trainer": "numpy float32 AdamW, weighted CE + range-scaled controls MSE",
         "realism_seed": float(data.config.realism.seed),
-        "log_share": log_share if log_rows is not None else 0.0,
+        "log_share": options.log_share if run.log_rows is not None else 0.0,
     }
-    if dagger:
-        drives = sim_data.config.dagger_episodes * len(sim_data.config.scenarios)
+    if options.dagger:
+        drives = run.sim.config.dagger_episodes * len(run.sim.config.scenarios)
         metrics |= {
-            "dagger_rounds": float(dagger),
+            "dagger_rounds": float(options.dagger),
             "dagger_rows": float(data.source_rows("train", "dagger/").sum()),
             # per round, the nominal drives of the model it drove with that crashed or left the road
             "dagger_failed_drives": ", ".join(f"{n} of {drives}" for n in failed_drives),
         }
+    return metrics
+
+
+def train(
+    size: str,
+    seed: int,
+    out: Path,
+    quick: bool = False,
+    data: Dataset | None = None,
+    data_config: DataConfig | None = None,
+    config: MLPConfig | None = None,
+    hooks: Hooks | None = None,
+    options: TrainOptions | None = None,
+) -> TrainResult:
+    """Generate data (unless given), add the recorded drives of `options.logs` (training drives only),
+    train, calibrate, evaluate and export one model to `out` (TrainOptions: DAgger, the calibration guard)."""
+    hooks = hooks or Hooks()
+    options = options or TrainOptions()
+    out = Path(out)
+    config = config or mlp_config(size, quick)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if data is None:
+        data_config = data_config or (QUICK_DATA if quick else FULL_DATA)
+        data = generate(data_config, seed, hooks.on_scenario)
+    run = _with_recorded(data, options)
+    timings["data"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    fitted = _fit(run.data, config, seed, hooks)
+    timings["train"] = time.perf_counter() - t1
+    fitted, failed_drives = _dagger_rounds(size, seed, out, config, hooks, options, run, fitted, timings)
+    weights, norm, temperature, metrics, history = (
+        fitted.weights,
+        fitted.norm,
+        fitted.temperature,
+        fitted.metrics,
+        fitted.history,
+    )
+    data = run.data
+    warnings, reference = _check_calibration(metrics, data, out, options.guard)
+    metrics |= _run_metrics(seed, config, options, run, history, failed_drives)
     metrics |= data.logs
     card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
-    if log_rows is not None:
+    if run.log_rows is not None:
         # the recorded validation sessions, beside the baselines: what tuning may look at
-        val = log_rows.validation
+        val = run.log_rows.validation
         if val.any():
-            metrics |= report_metrics(evaluate_logs(out, log_rows, on=val), "val_logs")
+            metrics |= report_metrics(evaluate_logs(out, run.log_rows, on=val), "val_logs")
             card = export_mlp(weights, _card(size, config.hidden[-1], norm, temperature, metrics), out)
-    if measure_latency_in_card:
+    if options.measure_latency_in_card:
         if hooks.on_stage is not None:
             hooks.on_stage("measuring forward latency")
         f, p = norm.apply(

@@ -34,7 +34,15 @@ from dualloop.controller.replay.lockstep import replay_log
 from dualloop.controller.training.data import DataConfig, generate
 from dualloop.controller.training.log_eval import DatasetReport, evaluate
 from dualloop.controller.training.recorded import LogRows, read_log_rows
-from dualloop.controller.training.trainer import DEFAULT_SEED, FULL_DATA, LOG_SHARE, QUICK_DATA, mlp_config, train
+from dualloop.controller.training.trainer import (
+    DEFAULT_SEED,
+    FULL_DATA,
+    LOG_SHARE,
+    QUICK_DATA,
+    TrainOptions,
+    mlp_config,
+    train,
+)
 from dualloop.executor.gating import GATE_SOURCES
 from dualloop.executor.history import DEFAULT_HISTORY
 from dualloop.executor.model_runner import DecisionModel
@@ -251,10 +259,9 @@ def leave_one_dataset_out(
             quick=config.quick or config.smoke,
             data=simulated,
             config=mlp_config(config.size, config.quick or config.smoke),
-            measure_latency_in_card=False,
-            logs=others,
-            log_share=config.log_share,
-            dagger=config.dagger,
+            options=TrainOptions(
+                logs=others, log_share=config.log_share, dagger=config.dagger, measure_latency_in_card=False
+            ),
         )
         progress(f"[{n}/{len(by_dataset)}] {dataset}: fitting its two gates ...")
         # the left-out dataset's drives neither train the model nor calibrate its gates

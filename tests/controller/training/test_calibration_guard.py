@@ -18,7 +18,7 @@ from dualloop.controller.training.calibration_guard import (
 )
 from dualloop.controller.training.data import DataConfig, Dataset, generate
 from dualloop.controller.training.mlp import MLPConfig
-from dualloop.controller.training.trainer import train
+from dualloop.controller.training.trainer import TrainOptions, train
 from dualloop.executor.history import DEFAULT_HISTORY
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH
@@ -98,17 +98,36 @@ def test_an_undertrained_model_is_refused_and_not_written_unless_forced(tiny, tm
     out = tmp_path / "small.onnx"
     guard = CalibrationGuard(BASE_MODEL_PATH)
     with pytest.raises(CalibrationRefused, match=r"not writing .*small.onnx: .*the default model's.*--force"):
-        train("small", 5, out, data=tiny, config=UNDERTRAINED, measure_latency_in_card=False, guard=guard)
+        train(
+            "small",
+            5,
+            out,
+            data=tiny,
+            config=UNDERTRAINED,
+            options=TrainOptions(measure_latency_in_card=False, guard=guard),
+        )
     assert not out.exists()
     forced = train(
-        "small", 5, out, data=tiny, config=UNDERTRAINED, measure_latency_in_card=False, guard=replace(guard, force=True)
+        "small",
+        5,
+        out,
+        data=tiny,
+        config=UNDERTRAINED,
+        options=TrainOptions(measure_latency_in_card=False, guard=replace(guard, force=True)),
     )
     assert out.is_file() and forced.calibration_warnings
     assert isinstance(forced.reference_calibration, dict)
     # without a reference and with tolerances no model breaks, the same training is written silently
     loose = CalibrationGuard(None, ece_tolerance=1.0, nll_tolerance=10.0)
     other = tmp_path / "loose.onnx"
-    result = train("small", 5, other, data=tiny, config=UNDERTRAINED, measure_latency_in_card=False, guard=loose)
+    result = train(
+        "small",
+        5,
+        other,
+        data=tiny,
+        config=UNDERTRAINED,
+        options=TrainOptions(measure_latency_in_card=False, guard=loose),
+    )
     assert other.is_file() and result.calibration_warnings == []
 
 

@@ -13,7 +13,7 @@ import pytest
 from dualloop.controller.training.calibration import expected_calibration_error, fit_temperature, nll, probabilities
 from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, generate
 from dualloop.controller.training.mlp import MLPConfig, forward_weights
-from dualloop.controller.training.trainer import LATENCY_KEYS, TrainResult, train
+from dualloop.controller.training.trainer import LATENCY_KEYS, TrainOptions, TrainResult, train
 from dualloop.executor.history import DEFAULT_HISTORY
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel
@@ -44,7 +44,7 @@ def human_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def trained(tiny_data: Dataset, human_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     out = tmp_path_factory.mktemp("train") / "tiny.onnx"
-    return train("small", SEED, out, data=tiny_data, config=TINY_MLP, logs=[human_logs])
+    return train("small", SEED, out, data=tiny_data, config=TINY_MLP, options=TrainOptions(logs=[human_logs]))
 
 
 def _inputs(result: TrainResult, data: Dataset) -> tuple[np.ndarray, np.ndarray]:
@@ -58,9 +58,30 @@ def test_splits_are_disjoint_by_episode_seed(tiny_data: Dataset) -> None:
 
 
 def test_training_twice_gives_identical_files(tiny_data: Dataset, tmp_path: Path) -> None:
-    a = train("small", SEED, tmp_path / "a.onnx", data=tiny_data, config=TINY_MLP, measure_latency_in_card=False)
-    b = train("small", SEED, tmp_path / "b.onnx", data=tiny_data, config=TINY_MLP, measure_latency_in_card=False)
-    c = train("small", SEED + 1, tmp_path / "c.onnx", data=tiny_data, config=TINY_MLP, measure_latency_in_card=False)
+    a = train(
+        "small",
+        SEED,
+        tmp_path / "a.onnx",
+        data=tiny_data,
+        config=TINY_MLP,
+        options=TrainOptions(measure_latency_in_card=False),
+    )
+    b = train(
+        "small",
+        SEED,
+        tmp_path / "b.onnx",
+        data=tiny_data,
+        config=TINY_MLP,
+        options=TrainOptions(measure_latency_in_card=False),
+    )
+    c = train(
+        "small",
+        SEED + 1,
+        tmp_path / "c.onnx",
+        data=tiny_data,
+        config=TINY_MLP,
+        options=TrainOptions(measure_latency_in_card=False),
+    )
     digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
     assert digest(a.path) == digest(b.path)
     assert a.card.version == b.card.version
@@ -250,7 +271,7 @@ def test_confusion_report_flags_a_recall_drop() -> None:
 def trained_history(human_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     data = generate(replace(TINY_DATA, history=DEFAULT_HISTORY), SEED)
     out = tmp_path_factory.mktemp("train") / "tiny-history.onnx"
-    return train("small", SEED, out, data=data, config=TINY_MLP, logs=[human_logs])
+    return train("small", SEED, out, data=data, config=TINY_MLP, options=TrainOptions(logs=[human_logs]))
 
 
 def test_a_history_model_is_fed_in_training_as_the_executor_feeds_it(
@@ -293,7 +314,7 @@ def test_dagger_adds_the_first_models_own_states_and_trains_again(tiny_data: Dat
     labelled by the expert, join the training split, and the card says how many."""
     config = replace(tiny_data.config, dagger_episodes=2)
     data = replace(tiny_data, config=config)
-    result = train("small", SEED, tmp_path / "dagger.onnx", data=data, config=TINY_MLP, dagger=1)
+    result = train("small", SEED, tmp_path / "dagger.onnx", data=data, config=TINY_MLP, options=TrainOptions(dagger=1))
     m = result.metrics
     assert m["n_train"] == len(tiny_data.train) + m["dagger_rows"]
     # every 10th step of 2 x 6 drives of up to 10 s, ending where a drive crashed
