@@ -26,10 +26,19 @@ from rich.console import Console
 from rich.table import Table
 
 from dualloop.controller.bench.agents_clients import AgentsClientSpec
-from dualloop.controller.bench.harness import Result, cpu_plan, machine_cpus, start_module, start_role, store_result
+from dualloop.controller.bench.harness import (
+    DROPPED_BOUND,
+    P99_BOUND_US,
+    Result,
+    cpu_plan,
+    floor_failures,
+    machine_cpus,
+    start_module,
+    start_role,
+    store_result,
+)
 from dualloop.controller.bench.procs import BareSpec, pin_threads
 from dualloop.controller.bench.results import AgentsStreamRow
-from dualloop.controller.bench.tick import DROPPED_BOUND, P99_BOUND_US
 from dualloop.controller.server_process import ServerProcess, serve_shipped
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
@@ -190,12 +199,7 @@ def _add_marginal(points: list[Result]) -> None:
 def agents_verdict(point: Result) -> Result:
     """Whether the server kept time with this many agents, with each reason it did not."""
     ex, bare = point["executor"], point["bare_ticker"]
-    failures = []
-    if bare["missed_deadlines"] or not bare["lateness_us"]["p99"] < P99_BOUND_US:
-        failures.append(
-            f"the machine's floor itself did not keep time (bare ticker: {bare['missed_deadlines']} missed, p99 "
-            f"{bare['lateness_us']['p99']:.0f} us): no verdict on the server from this run"
-        )
+    failures = floor_failures(bare["missed_deadlines"], bare["lateness_us"]["p99"], "the server")
     beyond = ex["missed_deadlines"] - bare["missed_deadlines"]
     if beyond > 0:
         failures.append(f"{ex['missed_deadlines']} missed deadlines, {beyond} beyond the bare ticker's")

@@ -25,10 +25,13 @@ from rich.console import Console
 from rich.table import Table
 
 from dualloop.controller.bench.harness import (
+    DROPPED_BOUND,
+    P99_BOUND_US,
     CpuPlan,
     Result,
     TickRun,
     cpu_plan,
+    floor_failures,
     machine_cpus,
     start_role,
     store_result,
@@ -327,12 +330,6 @@ def _metrics_summary(on: bool, scrape_ms: list[float]) -> Result:
     }
 
 
-# The executor keeps time (absolute bounds, the serving target): no missed deadline, p99 lateness
-# under 1 ms, fewer than 0.1% of the snapshots dropped for slow readers; and the verdict is only
-# given when the bare ticker of the same run met the same bounds (else the machine, not the
-# executor, was measured).
-P99_BOUND_US = 1000.0
-DROPPED_BOUND = 0.001
 BESIDE_FLOOR_NS = 10_000_000  # two periods either side
 
 
@@ -384,12 +381,7 @@ def tick_verdict(result: dict[str, Any]) -> dict[str, Any]:
     received = sum(int(s["snapshots_received"]) for s in result["sessions_detail"])
     dropped = snapshots_dropped(result)
     fraction = dropped / max(received + dropped, 1)
-    failures = []
-    if bare["missed_deadlines"] or not bare["lateness_us"]["p99"] < P99_BOUND_US:
-        failures.append(
-            f"the machine's floor itself did not keep time (bare ticker: {bare['missed_deadlines']} missed, p99 "
-            f"{bare['lateness_us']['p99']:.0f} us): no verdict on the executor from this run"
-        )
+    failures = floor_failures(bare["missed_deadlines"], bare["lateness_us"]["p99"], "the executor")
     if ex["missed_deadlines"]:
         failures.append(missed_text(ex["missed_deadlines"], result["missed_beside_floor"]))
     if not ex["lateness_us"]["p99"] < P99_BOUND_US:
