@@ -106,8 +106,8 @@ class TrafficAgents:
         self._latest: dict[str, pb.DecisionSnapshot] = {}
         self._lock = threading.Lock()
         self.stream = AgentsStream(channel)
-        opts = {"actual_controls_are_commands": True}
-        self.stream.send(join=[agent_open(sid, clock, **opts) for sid in self.agents])  # type: ignore[arg-type]
+        # the actual action each observation carries is the command the car's previous step applied
+        self.stream.send(join=[agent_open(sid, clock, actual_controls_are_commands=True) for sid in self.agents])
         opened = self.stream.recv()
         for err in opened.errors:
             self._drop(err.session_id, f"{err.session_id}: {_status_name(err.code)} {err.message}")

@@ -15,6 +15,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -89,7 +90,7 @@ def run_demo_traffic(
     """One server process; each seed a DriveAgents stream with every vehicle of the scenario."""
     rows = []
     args = ["--model", str(model), *[a for g in gates for a in ("--gate", str(g))]]
-    params = {"duration_s": duration_s} if duration_s else {}
+    params: dict[str, Any] = {"duration_s": duration_s} if duration_s else {}
     with ServerProcess(args) as server, grpc.insecure_channel(server.address) as channel:
         for seed in seeds:
             env = make_batch(scenario, [seed], end_on_collision=False, **params)
@@ -107,8 +108,17 @@ def _print(rows: list[TrafficRow], scenario: str, model: Path) -> None:
     from rich.table import Table
 
     table = Table(title=f"{scenario}, every vehicle driven by {model.name} through one DriveAgents stream")
-    cols = ("seed", "clock", "agents", "ticks", "coll. agents", "coll. others", "off-road", "left", "not NOMINAL %")
-    cols += ("missed", "late p99 us", "late max us", "snap late p99 us", "client behind", "dropped", "wall s")
+    cols: tuple[str, ...] = ("seed", "clock", "agents", "ticks", "coll. agents", "coll. others", "off-road", "left")
+    cols += (
+        "not NOMINAL %",
+        "missed",
+        "late p99 us",
+        "late max us",
+        "snap late p99 us",
+        "client behind",
+        "dropped",
+        "wall s",
+    )
     for c in cols:
         table.add_column(c, justify="right")
     for r in rows:
