@@ -198,9 +198,12 @@ class TrafficAgents:
         driven[:, EGO] = False
         self.world.drive_traffic(driven, self._cmd[..., 0])
 
-    def step(self) -> None:
-        """Observe, send every agent's observation, apply its snapshot, step the simulator once."""
+    def decide(self) -> tuple[np.ndarray, np.ndarray]:
+        """Observe, send every agent's observation and hand each driven car its snapshot's command;
+        the ego's command (B,) each, accel and steer: its snapshot's, or the simulator expert's when
+        the ego is not an agent or has no snapshot yet. The caller steps the simulator."""
         env, w = self.env, self.world
+        self._count_collisions()  # what the last step did, however the simulator was stepped
         k = w.step_index
         if self.clock == pb.CLOCK_MODE_REALTIME:
             slack = self._t0 + k * DT_NS / 1e9 - time.monotonic()
@@ -227,9 +230,13 @@ class TrafficAgents:
                 applied = accel[a.row] if a.col == EGO else w.driven_command[a.row, a.col]
                 driven = self._has_snapshot[a.row, a.col]
                 self.record.commanded.setdefault(sid, []).append(float(applied) if driven else np.nan)
-        env.step(accel, steer)
-        self._count_collisions()
         self.record.ticks += 1
+        return accel, steer
+
+    def step(self) -> None:
+        """One simulator step with every agent driven by its snapshot."""
+        self.env.step(*self.decide())
+        self._count_collisions()
 
     def _count_collisions(self) -> None:
         w = self.world
@@ -252,6 +259,7 @@ class TrafficAgents:
 
     def close(self) -> TrafficRecord:
         """Half-close the stream: the server closes every agent; the record of the run."""
+        self._count_collisions()
         self.stream.close()
         if self._reader is not None:
             self._reader.join(5)
@@ -259,6 +267,48 @@ class TrafficAgents:
             for response in self.stream.responses():
                 self._take(response)
         return self.record
+
+
+class ModelTraffic:
+    """A gymnasium env's hook (HighwayEnv or HighwayVectorEnv `before_step`): the traffic cars
+    `columns` (None: every one) of every sub-environment driven by the model through one DriveAgents
+    stream, a new stream for each reset's episodes; the env's actions drive the ego.
+
+        env = HighwayVectorEnv(8, "dense_traffic")
+        env.before_step = traffic = ModelTraffic(channel)
+        ...
+        records = traffic.close()
+    """
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        columns: Sequence[int] | None = None,
+        clock: int = pb.CLOCK_MODE_LOCKSTEP,
+        exit_s: float | None = None,
+    ) -> None:
+        if columns is not None and EGO in columns:
+            raise ValueError("the env's actions drive the ego: columns are traffic cars (1 and up)")
+        self.channel, self.columns, self.clock, self.exit_s = channel, columns, clock, exit_s
+        self.group: TrafficAgents | None = None
+        self.records: list[TrafficRecord] = []
+
+    def __call__(self, sim: SimEnv) -> None:
+        if self.group is None or self.group.env is not sim:  # a reset built a new batch
+            self._end_group()
+            cols = range(1, sim.world.m) if self.columns is None else self.columns
+            self.group = TrafficAgents(sim, self.channel, agents_of(sim, cols), self.clock, self.exit_s)
+        self.group.decide()
+
+    def _end_group(self) -> None:
+        if self.group is not None:
+            self.records.append(self.group.close())
+            self.group = None
+
+    def close(self) -> list[TrafficRecord]:
+        """End the stream; the record of each reset's episodes."""
+        self._end_group()
+        return self.records
 
 
 def _status_name(value: int) -> str:

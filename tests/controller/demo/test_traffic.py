@@ -10,7 +10,7 @@ import pytest
 
 from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.contract.wire import without_wall_clock
-from dualloop.controller.demo.traffic import TrafficAgents, agents_of, run_traffic
+from dualloop.controller.demo.traffic import ModelTraffic, TrafficAgents, agents_of, run_traffic
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -107,3 +107,27 @@ def test_a_vehicle_the_server_refuses_is_left_to_the_simulator_and_the_others_dr
         other.step()
     assert group.close().snapshots == 10 and other.close().snapshots == 5
     assert twin.world.driven[0, 3] and not twin.world.driven[0, 2]
+
+
+def test_the_vector_env_routes_its_traffic_through_the_same_stream(channel):
+    from dualloop.sim.gym_env import HighwayVectorEnv
+
+    seeds, steps = [SEED, SEED + 1], 60
+    venv = HighwayVectorEnv(2, "dense_traffic", end_on_collision=False)
+    venv.before_step = traffic = ModelTraffic(channel, [1, 2, 3])
+    venv.reset(seed=seeds)
+    for _ in range(steps):
+        venv.step(np.zeros((2, 2)))
+    (record,) = traffic.close()
+    assert record.agents == 6 and record.snapshots == 6 * steps and not record.errors
+    # the same cars driven on the simulator directly, the ego held as the env's actions held it
+    env = make_batch("dense_traffic", seeds, end_on_collision=False)
+    group = TrafficAgents(env, channel, agents_of(env, [1, 2, 3]))
+    for _ in range(steps):
+        group.decide()
+        env.step(0.0, 0.0)
+    group.close()
+    sim = venv.sim
+    assert sim is not None
+    np.testing.assert_array_equal(sim.world.v, env.world.v)
+    np.testing.assert_array_equal(sim.world.s, env.world.s)
