@@ -30,6 +30,7 @@ from dualloop.sim.world import EGO
 from dualloop.v2 import controller_pb2 as pb
 
 DT_NS = 5_000_000
+_CLOSE_S = 60.0  # how long close() waits for the server to end a REALTIME stream
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class TrafficRecord:
     client_behind: int = 0  # REALTIME: steps that started after their wall-clock slot
     agent_snapshots_dropped: int = 0
     errors: list[str] = field(default_factory=list)
+    # each collision between two agents: (sim time s, the car behind, the car ahead, their speeds m/s
+    # and the safety states of their last snapshots)
+    agent_collisions: list[tuple[float, str, str, float, float, str, str]] = field(default_factory=list)
     sent: dict[str, list[pb.Observation]] = field(default_factory=dict)
     received: dict[str, list[pb.DecisionSnapshot]] = field(default_factory=dict)
     commanded: dict[str, list[float]] = field(default_factory=dict)  # the accel each step handed the car
@@ -100,6 +104,7 @@ class TrafficAgents:
         self.record = TrafficRecord(agents=len(self.agents))
         self._cmd = np.zeros((self.world.batch, self.world.m, 2))  # accel, steer in effect per vehicle
         self._index = np.full((self.world.batch, self.world.m), -1, np.int64)
+        self._state = np.zeros((self.world.batch, self.world.m), np.int64)  # the last snapshot's safety state
         self._has_snapshot = np.zeros((self.world.batch, self.world.m), dtype=bool)
         self._overlap = overlapping(self.world)
         self._past_end = past_lane_end(self.world) | self.world.off_road[:, None]
@@ -192,6 +197,7 @@ class TrafficAgents:
             controls = snap.applied.controls
             self._cmd[a.row, a.col] = (controls[0], controls[1] if a.col == EGO else 0.0)
             self._index[a.row, a.col] = snap.applied.index
+            self._state[a.row, a.col] = snap.safety_state
             self._has_snapshot[a.row, a.col] = True
             self.record.not_nominal_ticks += snap.safety_state != pb.SAFETY_STATE_NOMINAL
         driven = self._has_snapshot.copy()
@@ -250,6 +256,7 @@ class TrafficAgents:
             both = is_agent[:, :, None] & is_agent[:, None, :]
             one = is_agent[:, :, None] ^ is_agent[:, None, :]
             self.record.collisions_between_agents += int((new & both).sum())
+            self._note(np.argwhere(new & both))
             self.record.collisions_with_others += int((new & one).sum())
             self.record.collisions_others += int((new & ~both & ~one).sum())
         off = past_lane_end(w)
@@ -257,12 +264,34 @@ class TrafficAgents:
         self.record.off_road += int((off & ~self._past_end & is_agent).sum())
         self._past_end = off
 
+    def _note(self, pairs: np.ndarray) -> None:
+        w = self.world
+        ids = {(a.row, a.col): sid for sid, a in self.agents.items()}
+        for b, i, j in pairs:
+            back, front = (i, j) if w.s[b, i] <= w.s[b, j] else (j, i)
+            self.record.agent_collisions.append(
+                (
+                    round(w.t, 3),
+                    ids[b, back],
+                    ids[b, front],
+                    round(float(w.v[b, back]), 2),
+                    round(float(w.v[b, front]), 2),
+                    pb.SafetyState.Name(int(self._state[b, back])),
+                    pb.SafetyState.Name(int(self._state[b, front])),
+                )
+            )
+
     def close(self) -> TrafficRecord:
         """Half-close the stream: the server closes every agent; the record of the run."""
         self._count_collisions()
         self.stream.close()
         if self._reader is not None:
-            self._reader.join(5)
+            # the server ends the stream once it has closed every agent: until then their sessions count
+            # against its limits, and a stream opened next with the same ids would be refused
+            self._reader.join(_CLOSE_S)
+            if self._reader.is_alive():
+                self.stream.cancel()
+                self.record.errors.append(f"stream: not ended {_CLOSE_S:.0f} s after the client closed it; cancelled")
         else:
             for response in self.stream.responses():
                 self._take(response)

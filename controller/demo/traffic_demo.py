@@ -101,6 +101,11 @@ def run_demo_traffic(
             rows.append(_row(seed, clock, rec, wall, server.stub.GetStats(pb.GetStatsRequest())))
             for err in rec.errors[:5]:
                 console.print(f"[yellow]seed {seed}: {err}[/]")
+            for when, back, front, v_back, v_front, s_back, s_front in rec.agent_collisions:
+                console.print(
+                    f"[red]seed {seed}, t={when:.2f} s: {back} ({v_back} m/s, {s_back}) ran into {front} "
+                    f"({v_front} m/s, {s_front})[/]"
+                )
     return rows
 
 
@@ -150,6 +155,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
     p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
+    p.add_argument("--no-gate", action="store_true", help="drive without the OOD gates")
     p.add_argument("--scenario", default="dense_traffic", choices=sorted(SCENARIOS))
     p.add_argument("--seeds", help=f"comma-separated episode seeds (default: {','.join(map(str, HELD_OUT_SEEDS))})")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="lockstep")
@@ -169,7 +175,8 @@ def _seeds(text: str | None) -> list[int]:
 
 
 def _main(args: argparse.Namespace) -> int:
-    gates = args.gate or ([g for g in DEFAULT_GATES if g.is_file()] if args.model == BASE_MODEL_PATH else [])
+    shipped = [g for g in DEFAULT_GATES if g.is_file()] if args.model == BASE_MODEL_PATH else []
+    gates = [] if args.no_gate else (args.gate or shipped)
     rows = run_demo_traffic(args.model, gates, args.scenario, _seeds(args.seeds), args.clock, args.duration)
     _print(rows, args.scenario, args.model)
     if args.json:
