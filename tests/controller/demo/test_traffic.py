@@ -131,3 +131,16 @@ def test_the_vector_env_routes_its_traffic_through_the_same_stream(channel):
     assert sim is not None
     np.testing.assert_array_equal(sim.world.v, env.world.v)
     np.testing.assert_array_equal(sim.world.s, env.world.s)
+
+
+def test_realtime_applies_each_vehicles_newest_snapshot(channel):
+    env = dense()
+    record = run_traffic(env, channel, [1, 2, 3], clock=pb.CLOCK_MODE_REALTIME, steps=200, keep=True)
+    assert not record.errors and record.ticks == 200
+    for sid, commanded in record.commanded.items():
+        snaps = record.received[sid]
+        assert snaps, f"{sid} had snapshots"
+        controls = {s.applied.controls[0] for s in snaps}
+        driven = [c for c in commanded if not np.isnan(c)]
+        assert driven and set(driven) <= controls  # whatever the car did came from one of its snapshots
+        assert np.isnan(commanded[: commanded.index(driven[0])]).all()  # and nothing before its first
