@@ -52,7 +52,7 @@ class TrafficRecord:
     collisions_others: int = 0  # two vehicles the simulator drives
     off_road: int = 0  # agents past the end of their lane, or the ego off the paved width
     left: list[str] = field(default_factory=list)
-    not_nominal_ticks: int = 0  # agent-ticks whose safety state was not NOMINAL
+    not_nominal: int = 0  # snapshots whose safety state was not NOMINAL
     lateness_us: list[float] = field(default_factory=list)  # REALTIME: the snapshots' lateness
     client_behind: int = 0  # REALTIME: steps that started after their wall-clock slot
     agent_snapshots_dropped: int = 0
@@ -137,6 +137,7 @@ class TrafficAgents:
             for snap in response.snapshots:
                 self._latest[snap.session_id] = snap
                 self.record.snapshots += 1
+                self.record.not_nominal += snap.safety_state != pb.SAFETY_STATE_NOMINAL
                 if self.clock == pb.CLOCK_MODE_REALTIME:
                     self.record.lateness_us.append(snap.lateness_us)
                 if self.keep:
@@ -172,7 +173,7 @@ class TrafficAgents:
                 plan=plan.tolist() if plan_now and plan is not None else None,
                 sent_time_ns=time.time_ns() if self.clock == pb.CLOCK_MODE_REALTIME else 0,
             )
-            if k > 0:  # the command the previous step applied (none before the first)
+            if self._has_snapshot[a.row, a.col]:  # the command its previous step applied (none before)
                 obs.actual.action_index = int(self._index[a.row, a.col])
                 obs.actual.controls.extend(np.float32(self._cmd[a.row, a.col]).tolist())
             out[sid] = obs
@@ -199,7 +200,6 @@ class TrafficAgents:
             self._index[a.row, a.col] = snap.applied.index
             self._state[a.row, a.col] = snap.safety_state
             self._has_snapshot[a.row, a.col] = True
-            self.record.not_nominal_ticks += snap.safety_state != pb.SAFETY_STATE_NOMINAL
         driven = self._has_snapshot.copy()
         driven[:, EGO] = False
         self.world.drive_traffic(driven, self._cmd[..., 0])

@@ -67,7 +67,7 @@ def _row(seed: int, clock: str, rec: TrafficRecord, wall_s: float, stats: pb.Get
         collisions_with_others=rec.collisions_with_others,
         off_road=rec.off_road,
         left=len(rec.left),
-        not_nominal_pct=round(100.0 * rec.not_nominal_ticks / max(rec.snapshots, 1), 2),
+        not_nominal_pct=round(100.0 * rec.not_nominal / max(rec.snapshots, 1), 2),
         errors=len(rec.errors),
         server_ticks=stats.ticks,
         missed_deadlines=stats.missed_deadlines,
