@@ -144,3 +144,20 @@ def test_realtime_applies_each_vehicles_newest_snapshot(channel):
         driven = [c for c in commanded if not np.isnan(c)]
         assert driven and set(driven) <= controls  # whatever the car did came from one of its snapshots
         assert np.isnan(commanded[: commanded.index(driven[0])]).all()  # and nothing before its first
+
+
+def test_demo_traffic_reports_every_seed(tmp_path, capsys):
+    import json
+
+    from dualloop.controller.cli import main
+
+    out = tmp_path / "rows.json"
+    assert main(["demo-traffic", "--seeds", "910001,910002", "--duration", "0.2", "--json", str(out), "--check"]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["seed"] for r in rows] == [910001, 910002]
+    for r in rows:
+        assert r["agents"] == 33 and r["ticks"] == 40 and r["errors"] == 0 and r["clock"] == "lockstep"
+        assert r["collisions_between_agents"] == 0
+    assert "every vehicle driven by" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--seeds takes comma-separated integers"):
+        main(["demo-traffic", "--seeds", "x1"])
