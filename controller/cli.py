@@ -31,7 +31,7 @@ class CommandGroup:
 # The one table of commands, in the order `dualloop --help` lists them. A new command is one entry
 # here and its group's register(); tests/controller/test_cli.py checks the table against them.
 COMMAND_GROUPS = (
-    CommandGroup("dualloop.controller.demo.cli", "demo", ("demo", "demo-safety")),
+    CommandGroup("dualloop.controller.demo.cli", "demo", ("demo", "demo-safety", "demo-traffic")),
     CommandGroup("dualloop.controller.serve.cli", None, ("serve", "stream", "info", "admin")),
     CommandGroup("dualloop.controller.logs.cli", None, ("import", "foxglove-layout", "recover")),
     CommandGroup("dualloop.controller.replay.cli", None, ("replay", "diff")),

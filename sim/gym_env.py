@@ -6,13 +6,16 @@
     obs, info = env.reset(seed=3)           # obs: the 19 FEATURES, float32
 
 HighwayEnv is one episode of SimEnv (squeezed); HighwayVectorEnv steps SimEnv's batch, one row per
-sub-environment. Row i of a vector env reset with seed s is the single env reset with seed s + i:
+sub-environment. `before_step` (either env) is called with the SimEnv before every simulator step: a
+driver of traffic cars from outside (World.drive_traffic; controller/demo/traffic.py drives them
+with the model) hooks in there. Row i of a vector env reset with seed s is the single env reset with seed s + i:
 an episode never depends on the batch it was built in (sim.scenarios). docs/gymnasium.md documents
 spaces, seeds, reward and info.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, SupportsFloat
 
 import numpy as np
@@ -94,6 +97,7 @@ class _Stepper:
 
     def __init__(self, scenario: str, action_repeat: int, end_on_collision: bool, params: dict[str, Any]) -> None:
         _check_scenario(scenario)
+        self.before_step: Callable[[SimEnv], object] | None = None
         if action_repeat < 1:
             raise ValueError(f"action_repeat must be >= 1, got {action_repeat}")
         self.scenario = scenario
@@ -120,6 +124,8 @@ class _Stepper:
         for _ in range(self.action_repeat):
             if sim.done:
                 break
+            if self.before_step is not None:
+                self.before_step(sim)
             sim.step(accel, steer)
         crashed_now = w.crashed & ~crashed_before
         return w.s[:, EGO] - s0, crashed_now, was_done
@@ -183,6 +189,15 @@ class HighwayEnv(gym.Env[npt.NDArray[Any], npt.NDArray[Any]]):
         truncated = bool(sim.done_mask[0]) and not terminated
         return sim.observe()[0][0], reward, terminated, truncated, self._info(sim)
 
+    @property
+    def before_step(self) -> Callable[[SimEnv], object] | None:
+        """Called with the SimEnv before every simulator step (see the module's docstring)."""
+        return self._stepper.before_step
+
+    @before_step.setter
+    def before_step(self, hook: Callable[[SimEnv], object] | None) -> None:
+        self._stepper.before_step = hook
+
     def _info(self, sim: SimEnv) -> dict[str, Any]:
         info = self._stepper.info(sim, self._min_ttc)
         out = {k: (v[0].item() if v.ndim == 1 else v[0]) for k, v in info.items()}
@@ -220,6 +235,20 @@ class HighwayVectorEnv(VectorEnv[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray
         self._min_ttc = np.full(num_envs, np.inf)
         self._last_obs = np.zeros((num_envs, N_FEATURES), dtype=np.float32)
         self.scenario_seeds: list[int] = []
+
+    @property
+    def before_step(self) -> Callable[[SimEnv], object] | None:
+        """Called with the SimEnv before every simulator step (see the module's docstring)."""
+        return self._stepper.before_step
+
+    @before_step.setter
+    def before_step(self, hook: Callable[[SimEnv], object] | None) -> None:
+        self._stepper.before_step = hook
+
+    @property
+    def sim(self) -> SimEnv | None:
+        """The SimEnv of the current batch (None before the first reset)."""
+        return self._stepper.sim
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None

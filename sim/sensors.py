@@ -139,6 +139,21 @@ def true_features(world: World, see_lane_ends: bool = True) -> FloatArray:
     return out
 
 
+def with_nominal_noise(truth: FloatArray, unit_noise: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """The sensors' nominal reading (..., N_FEATURES) float32 of true features, given standard normal
+    `unit_noise` of the same shape: absolute noise per feature, gaps also relative to the gap."""
+    sigma = NOMINAL_SIGMA + np.zeros_like(truth, dtype=np.float32)
+    sigma[..., _GAP_COLS] += (_GAP_SIGMA_REL * truth[..., _GAP_COLS]).astype(np.float32)
+    # Nothing detected -> the sensor reports exactly range / zero, with no noise.
+    # In FEATURES every gap column is directly followed by its rel-speed column.
+    nothing = truth[..., _GAP_COLS] >= SENSOR_RANGE_M
+    sigma[..., _GAP_COLS] = np.where(nothing, 0.0, sigma[..., _GAP_COLS])
+    sigma[..., _GAP_COLS + 1] = np.where(nothing, 0.0, sigma[..., _GAP_COLS + 1])
+    obs = truth + sigma * unit_noise
+    obs[..., _GAP_COLS] = np.clip(obs[..., _GAP_COLS], 0.0, SENSOR_RANGE_M)
+    return obs.astype(np.float32)
+
+
 class Sensors:
     """Noisy, possibly faulty FEATURES for every episode of a world, one sample per step."""
 
@@ -189,17 +204,8 @@ class Sensors:
         step = self.world.step_index
         if step == self._cache_step:
             return self._cache.copy()
-        truth = self.true()
-        sigma = NOMINAL_SIGMA + np.zeros_like(truth, dtype=np.float32)
-        sigma[:, _GAP_COLS] += (_GAP_SIGMA_REL * truth[:, _GAP_COLS]).astype(np.float32)
-        # Nothing detected -> the sensor reports exactly range / zero, with no noise.
-        # In FEATURES every gap column is directly followed by its rel-speed column.
-        nothing = truth[:, _GAP_COLS] >= SENSOR_RANGE_M
-        sigma[:, _GAP_COLS] = np.where(nothing, 0.0, sigma[:, _GAP_COLS])
-        sigma[:, _GAP_COLS + 1] = np.where(nothing, 0.0, sigma[:, _GAP_COLS + 1])
-        obs = truth + sigma * self._unit_noise(step)
-        obs[:, _GAP_COLS] = np.clip(obs[:, _GAP_COLS], 0.0, SENSOR_RANGE_M)
-        out = self._apply_fault(obs.astype(np.float32))
+        obs = with_nominal_noise(self.true(), self._unit_noise(step))
+        out = self._apply_fault(obs)
         self._cache_step, self._cache = step, out
         return out.copy()
 

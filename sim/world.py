@@ -5,7 +5,9 @@ ego. Keeping the ego inside the traffic arrays means traffic car-following and l
 see the ego like any other car, with no special cases. The ego alone has a kinematic bicycle model
 with actuator lag; traffic follows IDM along the road with MOBIL lane changes executed as smooth
 lateral moves. The last columns may be `Followers`: human drivers behind the ego who see their
-leader late (a reaction delay), so braking the ego did not need has a cost. Nothing here draws random
+leader late (a reaction delay), so braking the ego did not need has a cost. Any traffic car may be
+handed to an outside driver instead (`drive_traffic`): it then takes that acceleration command through
+the ego's actuator lag, keeps its lane and makes no lane change of its own. Nothing here draws random
 numbers: all randomness is in the initial state, so a world is a pure function of its construction
 arguments.
 """
@@ -219,6 +221,9 @@ class World:
         self._is_traffic[:, EGO] = False
         self.rear_end_count = np.zeros(b, dtype=np.int64)
         self._in_rear_end = np.zeros(b, dtype=bool)
+        self.driven = np.zeros((b, m), dtype=bool)  # traffic cars an outside driver commands (drive_traffic)
+        self._driven_cmd = np.zeros((b, m))
+        self.d_dot = np.zeros((b, m))  # lateral speed over the last step, m/s
         self._is_follower = np.zeros((b, m), dtype=bool)
         if self.followers is not None:
             self._init_followers(self.followers)
@@ -329,6 +334,23 @@ class World:
         emergency &= need > fol.b_comf
         return np.where(emergency, np.maximum(np.minimum(a, -need), -fol.max_decel), a)
 
+    def drive_traffic(self, driven: BoolArray, accel_cmd: FloatArray) -> None:
+        """From the next step on, the traffic cars in `driven` (B, M) take `accel_cmd` (B, M, m/s^2) as
+        the ego takes its command (clipped to the control range, through the actuator lag) instead of
+        their own IDM; they keep their lane: no MOBIL or scripted lane change starts for them, and no
+        scripted acceleration overrides them. The ego's column is ignored: step() commands the ego."""
+        driven = np.asarray(driven, dtype=bool) & self._is_traffic
+        cmd = np.asarray(accel_cmd, dtype=np.float64)
+        if driven.shape != (self.batch, self.m) or cmd.shape != (self.batch, self.m):
+            raise ValueError(f"drive_traffic: arrays of shape {(self.batch, self.m)} needed")
+        self.driven = driven
+        self._driven_cmd = np.maximum(np.minimum(cmd, ACCEL_MAX), ACCEL_MIN)
+
+    @property
+    def driven_command(self) -> FloatArray:
+        """(B, M) the acceleration command the driven cars take (drive_traffic's, clipped)."""
+        return self._driven_cmd
+
     # ---- traffic decisions ------------------------------------------------------------------
     def _start_lane_change(self, mask: BoolArray, new_lane: IntArray) -> None:
         self.lane_target = np.where(mask, new_lane, self.lane_target)
@@ -339,7 +361,7 @@ class World:
     def _forced_lane_changes(self) -> None:
         sc = self.script
         assert sc is not None  # __post_init__ fills it
-        due = sc.lane_change_time <= self.t
+        due = (sc.lane_change_time <= self.t) & ~self.driven
         new_lane = np.clip(self.lane_target + sc.lane_change_dir, 0, self.road.n_lanes - 1)
         self._start_lane_change(due, new_lane)
         sc.lane_change_time = np.where(due, np.inf, sc.lane_change_time)
@@ -377,6 +399,7 @@ class World:
         assert self.script is not None  # __post_init__ fills it
         eligible = (
             self._is_traffic
+            & ~self.driven
             & ~self.changing
             & (new_lane >= 0)
             & (new_lane < n_lanes)
@@ -443,10 +466,13 @@ class World:
             assert sc is not None  # __post_init__ fills it
             active = (self.t >= sc.accel_start) & (self.t < sc.accel_end)
             a = np.where(active, sc.accel_value, a)
+        if self.driven.any():
+            a = self._driven_accel(a)
         if self.t >= self._next_forced:
             self._forced_lane_changes()
         if self.step_index % self._mobil_every == self._mobil_every - 1:
             self._mobil(a)
+        d_before = self.d.copy()
         if self.changing.any():
             tau = np.clip((self.t - self.lc_start) / self.mobil.duration_s, 0.0, 1.0)
             blend = 0.5 - 0.5 * np.cos(np.pi * tau)
@@ -487,10 +513,18 @@ class World:
         self.v[:, EGO] = new_ego_v
         self.s[:, EGO] = ego_s + s_dot * dt
         self.d[:, EGO] = ego_d + d_dot * dt
+        self.d_dot = (self.d - d_before) * (1.0 / dt)
 
         self._check_collisions()
         self.step_index += 1
         self.t = self.step_index * dt  # no accumulated float drift over long episodes
+
+    def _driven_accel(self, a: FloatArray) -> FloatArray:
+        """The driven cars' accelerations this step: their command through the actuator lag, from the
+        acceleration they had (a car held at standstill by its brakes does not keep decelerating)."""
+        lagged = self.a + (self._driven_cmd - self.a) * (self.dt / self.vehicle.tau_accel)
+        lagged = np.where(self.v + lagged * self.dt <= 0.0, np.maximum(lagged, 0.0), lagged)
+        return np.where(self.driven, lagged, a)
 
     def _check_collisions(self) -> None:
         veh, road = self.vehicle, self.road

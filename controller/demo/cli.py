@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from dualloop.controller.console import console
-from dualloop.controller.demo import transitions
+from dualloop.controller.demo import traffic_demo, transitions
 from dualloop.controller.demo.suite import run_demo
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
 
@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--out", type=Path, default=Path("runs"))
     p.set_defaults(fn=_demo)
     transitions.register(sub)
+    traffic_demo.register(sub)
 
 
 def _demo(args: argparse.Namespace) -> int:
