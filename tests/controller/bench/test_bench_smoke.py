@@ -181,8 +181,9 @@ def test_bench_gate_cli_defaults_to_the_base_model_and_its_gates(tmp_path, monke
 
 @pytest.mark.slow
 def test_bench_planner_compares_idle_and_busy_turns_of_one_run(tmp_path, test_model_path):
-    # 10 s: two turns of each kind even when a loaded machine starts the clients late (at 8 s, the
-    # shortest run the CLI takes, a run beside another test suite once counted only one busy turn)
+    # 12 s in turns of 2 s: a turn is counted once the clients send, and a busy machine has started them
+    # late enough to lose two turns of a 10 s run (one idle turn left); the comparison needs a turn of
+    # each kind and three in all, whichever kind was lost
     assert (
         main(
             [
@@ -193,7 +194,7 @@ def test_bench_planner_compares_idle_and_busy_turns_of_one_run(tmp_path, test_mo
                 "--sessions",
                 "2",
                 "--duration",
-                "10",
+                "12",
                 "--out",
                 str(tmp_path),
             ]
@@ -202,8 +203,9 @@ def test_bench_planner_compares_idle_and_busy_turns_of_one_run(tmp_path, test_mo
     )
     (result_file,) = tmp_path.glob("planner-*.json")
     result = json.loads(result_file.read_text())
+    assert result["idle"]["turns"] + result["busy"]["turns"] >= 3
     for side in ("idle", "busy"):
-        assert result[side]["turns"] >= 2 and result[side]["ticks"] > 400  # 2 x 1.5 s counted at 200 Hz
+        assert result[side]["turns"] >= 1 and result[side]["ticks"] >= 250 * result[side]["turns"]  # 1.5 s at 200 Hz
         assert set(result[side]["lateness_us"]) == {"min", "p50", "p99", "p99.9", "max"}
     low, high = result["p99_ratio_interval_95"]
     assert low <= result["p99_ratio_busy_over_idle"] <= high
