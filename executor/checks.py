@@ -43,6 +43,7 @@ NAMES = {
     Check.SPEED_REPEAT: "speed_repeat",
     Check.GAP_REPEAT: "gap_repeat",
     Check.GAP_STEP: "gap_step",
+    Check.ACCEL_RATE: "accel_rate",
 }
 # the per-signal checks (ood/signals.py), in the order of their scores
 SIGNAL_KINDS = (
@@ -53,6 +54,7 @@ SIGNAL_KINDS = (
     Check.SPEED_REPEAT,
     Check.GAP_REPEAT,
     Check.GAP_STEP,
+    Check.ACCEL_RATE,
 )
 # a range score's floor (the centre of a range is -0.5; an open limit would be -inf) and cap (a
 # float32 value far outside a narrow range would overflow float64 division)

@@ -65,6 +65,7 @@ class Check(enum.IntEnum):
     SPEED_REPEAT = 13
     GAP_REPEAT = 14
     GAP_STEP = 15
+    ACCEL_RATE = 16
 
 
 class CheckStatus(enum.IntEnum):

@@ -35,6 +35,13 @@ over time, in the signals' own units, without the model:
   little in that time; the thresholds sit above the largest such value on the shared real data sets.
   A signal stuck while its rate is zero (constant speed, a steady gap) is physically undetectable here
   and scores 0; the `stuck` check's duration still sees it.
+- **accel_rate** (m/s^2): ego_accel against the speed's slope, |ego_accel - (change of ego_speed over
+  the last `speed_window_s`) / its time|, the largest of the last `accel_hold_s`. speed_accel compares
+  integrals, which average a noisy or spiking acceleration away; this compares each reading, and keeps
+  a spike's evidence for the hold time. The slope lags a true acceleration by half the window (a jerk
+  of 3 m/s^3 gives 0.75 m/s^2), an IMU also reads the road's grade (10% is about 1 m/s^2), and a
+  speed read at 100 Hz jumps by up to 0.25 m/s between readings (comma2k19): the threshold sits above
+  all three and above every shared real data set's largest clean value (1.63 m/s^2, comma2k19).
 - **gap_step** (m): how far the gap reads from its track. The track is the last trusted reading
   moved on by the relative speed; a reading within `gap_jump_m` of it is trusted and becomes the
   track, one further off is not and leaves the track as predicted, so a bias (+15 m from one reading
@@ -73,9 +80,9 @@ import numpy.typing as npt
 _NAN = math.nan
 _MAX_KEPT = 1024  # readings a window keeps at most (1 s at 1 kHz)
 _SCORE_CAP = 1e12  # the largest score a check reports, in its own units (far above every threshold)
-STUCK, SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP = range(7)
-CHECKS = ("stuck", "speed_accel", "gap_rate", "lead_flicker", "speed_repeat", "gap_repeat", "gap_step")
-Scores = tuple[float, float, float, float, float, float, float]
+STUCK, SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, ACCEL_RATE = range(8)
+CHECKS = ("stuck", "speed_accel", "gap_rate", "lead_flicker", "speed_repeat", "gap_repeat", "gap_step", "accel_rate")
+Scores = tuple[float, float, float, float, float, float, float, float]
 # the features each check reads, in SignalSettings' names
 _READS = (
     ("speed_feature",),  # and whichever of the stuck signals are measured
@@ -85,6 +92,7 @@ _READS = (
     ("speed_feature", "accel_feature"),
     ("present_feature", "distance_feature", "rel_speed_feature"),
     ("present_feature", "distance_feature", "rel_speed_feature"),
+    ("speed_feature", "accel_feature"),
 )
 
 
@@ -112,6 +120,8 @@ class SignalSettings:
     speed_repeat_m_s: float = 0.1  # m/s: clean real drives reach 0.074
     gap_repeat_m: float = 0.6  # m: clean real drives reach 0.46 (a 20 Hz radar in a 100 Hz stream)
     gap_step_m: float = 10.0  # m: clean real drives' unexplained steps reach 5.7 (without a new lead)
+    accel_rate_m_s2: float = 2.0  # m/s^2: clean real drives reach 1.63
+    accel_hold_s: float = 0.5  # s an acceleration reading's disagreement is kept
     gap_step_max_m: float = 40.0  # m: a larger unexplained step is a new target (the simulator: 64 m)
     step_hold_s: float = 4.0  # s of distrusted readings after which the track starts afresh
     prior_keep_s: float = 4.0  # s a restarted track's predecessor is kept (a reading back on it reverts)
@@ -137,6 +147,7 @@ class SignalSettings:
             self.speed_repeat_m_s,
             self.gap_repeat_m,
             self.gap_step_m,
+            self.accel_rate_m_s2,
         )
 
 
@@ -158,6 +169,7 @@ class _Slot:
         "prior",
         "prior_t",
         "step_t",
+        "peaks",
         "out",
     )
 
@@ -183,11 +195,13 @@ class _Slot:
         self.prior = _NAN  # m: the track before its last restart (NaN: none kept)
         self.prior_t = -1  # ns of that restart
         self.step_t = -1  # ns of the first of the current run of distrusted readings (-1: none)
-        self.out: Scores = (_NAN,) * 7
+        # accel_rate's disagreements of the hold time, decreasing from the oldest (a sliding maximum)
+        self.peaks: deque[tuple[int, float]] = deque(maxlen=_MAX_KEPT)
+        self.out: Scores = (_NAN,) * 8
 
 
 class SignalMonitor:
-    """The seven checks for `n_slots` sessions on a feature schema (`feature_names`)."""
+    """The eight checks for `n_slots` sessions on a feature schema (`feature_names`)."""
 
     def __init__(self, n_slots: int, settings: SignalSettings, feature_names: Sequence[str]) -> None:
         names = list(feature_names)
@@ -207,6 +221,7 @@ class SignalMonitor:
         self._step_hold_ns = int(s.step_hold_s * 1e9)
         self._step_confirm_ns = int(s.step_confirm_s * 1e9)
         self._prior_ns = int(s.prior_keep_s * 1e9)
+        self._hold_ns = int(s.accel_hold_s * 1e9)
 
     @property
     def available(self) -> bool:
@@ -225,12 +240,12 @@ class SignalMonitor:
         """Which checks can judge this slot's session at all (its sensor profile measures their signals)."""
         speed, accel, present, distance, rel = self._measures[slot]
         lead = present and distance and rel
-        return speed, speed and accel, lead, present, speed and accel, speed and lead, lead
+        return speed, speed and accel, lead, present, speed and accel, speed and lead, lead, speed and accel
 
     def step(
         self, x: npt.NDArray[Any], slots: Sequence[int], fresh: Sequence[bool], times: Sequence[int]
     ) -> list[Scores]:
-        """Each row's seven scores (NaN: no verdict) after this tick; rows x (batch, features) raw inputs."""
+        """Each row's eight scores (NaN: no verdict) after this tick; rows x (batch, features) raw inputs."""
         item = x.item
         at = self.at
         out = []
@@ -243,7 +258,7 @@ class SignalMonitor:
         return out
 
     def scan(self, x: npt.NDArray[Any], slot: int, times: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        """The scores (rows, 7) after each of a session's fresh observations in turn (a replay's rows
+        """The scores (rows, 8) after each of a session's fresh observations in turn (a replay's rows
         the ticks used), leaving the slot as live ticks would."""
         state, measures = self._slots[slot], self._measures[slot]
         cols = [x[:, a].tolist() if a >= 0 else [_NAN] * len(x) for a in self.at]
@@ -264,7 +279,10 @@ class SignalMonitor:
         # the stuck check moves its run
         gap_stuck_s = (st.t - st.run_start[1]) * 1e-9 if st.run_start[1] >= 0 else 0.0
         stuck = self._stuck(st, measures, t, values, last) if m_speed else _NAN
-        speed_accel = self._speed_accel(st, t, values, last) if m_speed and m_accel else _NAN
+        speed_accel = accel_rate = _NAN
+        if m_speed and m_accel:
+            speed_accel = self._speed_accel(st, t, values, last)
+            accel_rate = self._accel_rate(st, t, values)
         gap_rate = self._gap_rate(st, t, values, gap_stuck_s) if m_present and m_distance and m_rel else _NAN
         flicker = self._flicker(st, t, values[2]) if m_present else _NAN
         speed_repeat = gap_repeat = gap_step = _NAN
@@ -280,7 +298,7 @@ class SignalMonitor:
             gap_step = self._gap_step(st, t, values, last, gap_stuck_s)
         st.t = t
         st.last = values
-        scores = (stuck, speed_accel, gap_rate, flicker, speed_repeat, gap_repeat, gap_step)
+        scores = (stuck, speed_accel, gap_rate, flicker, speed_repeat, gap_repeat, gap_step, accel_rate)
         # finite by contract (DecisionSnapshot.checks): readings near the float64 limits overflow the
         # physics (a rate times a time); the cap still vetoes, NaN stays "no verdict"
         return tuple(_SCORE_CAP if v > _SCORE_CAP else v for v in scores)  # type: ignore[return-value]
@@ -391,6 +409,24 @@ class SignalMonitor:
             w.popleft()  # keep one observation at least a window old
         t0, v0, i0 = w[0]
         return abs((speed - v0) - (st.integral - i0)) if t - t0 >= self._window_ns else _NAN
+
+    def _accel_rate(self, st: _Slot, t: int, values: list[float]) -> float:
+        """accel_rate: the acceleration against the speed's slope over speed_accel's window (which
+        `_speed_accel` has just updated), the largest disagreement of the hold time."""
+        peaks = st.peaks
+        if not st.window or values[1] != values[1]:
+            peaks.clear()
+            return _NAN
+        t0, v0, _ = st.window[0]
+        if t - t0 < self._window_ns:
+            return _NAN
+        off = abs(values[1] - (values[0] - v0) / ((t - t0) * 1e-9))
+        while peaks and peaks[-1][1] <= off:
+            peaks.pop()
+        peaks.append((t, off))
+        while t - peaks[0][0] >= self._hold_ns:
+            peaks.popleft()
+        return peaks[0][1]
 
     def _gap_rate(self, st: _Slot, t: int, values: list[float], gap_stuck_s: float) -> float:
         """gap_rate: the gap's change against the relative speed."""

@@ -533,6 +533,7 @@ SHORT: Final = {
     "speed_repeat": "v-rep",
     "gap_repeat": "g-rep",
     "gap_step": "g-step",
+    "accel_rate": "a-rate",
     INVALID: "inval",
     STALE: "stale",
     REFUSED: "refus",

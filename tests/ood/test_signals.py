@@ -14,6 +14,7 @@ from dualloop.controller.gates.real_logs import load_real_dir
 from dualloop.controller.logs.format import sensor_profile
 from dualloop.controller.logs.logfile import read_log
 from dualloop.ood.signals import (
+    ACCEL_RATE,
     CHECKS,
     GAP_RATE,
     GAP_REPEAT,
@@ -119,6 +120,27 @@ def test_held_observations_are_no_evidence_and_a_pause_starts_afresh() -> None:
     assert mon.step(x[12:13], [1], [True], [0])[0][STUCK] == 0.0  # the other slot knows nothing of it
 
 
+def test_acceleration_against_the_speeds_slope_sees_noise_a_spike_and_a_dropout_reading_by_reading() -> None:
+    """Noise of 2 m/s^2 (sigma) on the accelerometer leaves the integrated check (speed_accel) far below its
+    threshold, since it averages out; each reading against the speed's slope does not."""
+    limit = SignalSettings().accel_rate_m_s2
+    clean = scan(drive(80, accel=-2.0))[:, ACCEL_RATE]
+    assert np.isnan(clean[:5]).all() and (clean[5:] < 0.2).all()  # a window of speed first
+    noisy = drive(80, accel=-2.0)
+    noisy[40:60, 1] += np.random.default_rng(1).normal(0.0, 2.0, 20).astype(np.float32)
+    s = scan(noisy)
+    assert (s[40:80, SPEED_ACCEL] < SignalSettings().speed_accel_m_s).all()
+    assert s[40:60, ACCEL_RATE].max() > limit
+    spike = drive(80, accel=1.0)
+    spike[40, 1] += 4.0  # one reading
+    s = scan(spike)[:, ACCEL_RATE]
+    assert s[39] < 0.2 and (s[40:45] > limit).all()  # kept for the hold time (0.5 s: five readings)
+    assert (s[45:] < 0.2).all()  # and then forgotten
+    dropout = drive(80, accel=-3.0)
+    dropout[40:60, 1] = 0.0  # the accelerometer reads 0 while the car brakes
+    assert (scan(dropout)[40:60, ACCEL_RATE] > limit).all()
+
+
 def test_unmeasured_and_non_finite_signals_are_not_judged() -> None:
     mon = SignalMonitor(1, SignalSettings(), NAMES)
     present = np.array([True, False, False, False, False, True])
@@ -126,9 +148,9 @@ def test_unmeasured_and_non_finite_signals_are_not_judged() -> None:
     x = drive(20)
     x[:, ~present] = np.nan
     out = mon.scan(x, 0, np.arange(20, dtype=np.int64) * PERIOD)
-    others = [SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP]
+    others = [SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, ACCEL_RATE]
     assert np.isnan(out[:, others]).all() and (out[:, STUCK] == 0.0).all()
-    assert mon.applies(0) == (True, False, False, False, False, False, False)
+    assert mon.applies(0) == (True, False, False, False, False, False, False, False)
     y = drive(20)
     y[10, 3] = np.nan
     gap = scan(y)[:, GAP_RATE]

@@ -60,6 +60,7 @@ class Check(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECK_SPEED_REPEAT: _ClassVar[Check]
     CHECK_GAP_REPEAT: _ClassVar[Check]
     CHECK_GAP_STEP: _ClassVar[Check]
+    CHECK_ACCEL_RATE: _ClassVar[Check]
 
 class CheckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -106,6 +107,7 @@ CHECK_LEAD_FLICKER: Check
 CHECK_SPEED_REPEAT: Check
 CHECK_GAP_REPEAT: Check
 CHECK_GAP_STEP: Check
+CHECK_ACCEL_RATE: Check
 CHECK_STATUS_UNSPECIFIED: CheckStatus
 CHECK_STATUS_SCORED: CheckStatus
 CHECK_STATUS_NOT_APPLICABLE: CheckStatus

@@ -16,11 +16,8 @@ from dualloop.controller.contract.wire import add_checks, without_wall_clock
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import _observations
-from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.executor.checks import NAMES
 from dualloop.executor.snapshot import CHECK_DTYPE, Check, Observation
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 
 EVERY_CHECK = [
@@ -39,21 +36,10 @@ EVERY_CHECK = [
     pb.CHECK_SPEED_REPEAT,
     pb.CHECK_GAP_REPEAT,
     pb.CHECK_GAP_STEP,
+    pb.CHECK_ACCEL_RATE,
 ]
 # inputs with no veto: 100 Hz synthetic driving after its first 0.6 s (which the input gate flags)
 START, COUNT = 60, 200
-
-
-@pytest.fixture(scope="module")
-def shipped_server():
-    with ServerThread(ServerConfig(model=BASE_MODEL_PATH, gates=list(DEFAULT_GATES), port=0)) as srv:
-        yield srv
-
-
-@pytest.fixture()
-def shipped_channel(shipped_server):
-    with grpc.insecure_channel(shipped_server.address) as ch:
-        yield ch
 
 
 @pytest.fixture(scope="module")
@@ -128,12 +114,19 @@ def test_ordinary_input_every_check_present_finite_and_quiet(shipped_channel, dr
         pb.CHECK_SPEED_REPEAT,
         pb.CHECK_GAP_REPEAT,
         pb.CHECK_GAP_STEP,
+        pb.CHECK_ACCEL_RATE,
     )
     judged = [k for k in EVERY_CHECK if k not in (pb.CHECK_FREEZE, pb.CHECK_ACTUATION, *per_signal)]
     for kind in judged:
         assert all(check(s, kind).status == pb.CHECK_STATUS_SCORED for s in later), kind
     # the speed check once it has seen a window (0.5 s) of observations; the gap check while a lead is seen
-    for kind in (pb.CHECK_SIGNAL_STUCK, pb.CHECK_SPEED_ACCEL, pb.CHECK_LEAD_FLICKER, pb.CHECK_SPEED_REPEAT):
+    for kind in (
+        pb.CHECK_SIGNAL_STUCK,
+        pb.CHECK_SPEED_ACCEL,
+        pb.CHECK_LEAD_FLICKER,
+        pb.CHECK_SPEED_REPEAT,
+        pb.CHECK_ACCEL_RATE,
+    ):
         assert check(snaps[-1], kind).status == pb.CHECK_STATUS_SCORED, kind
     assert all(check(s, pb.CHECK_GAP_RATE).status != pb.CHECK_STATUS_NOT_SCORED for s in snaps)
     # the first tick has no previous observation: no change to judge
