@@ -146,7 +146,22 @@ class _Stepper:
         }
 
 
-class HighwayEnv(gym.Env[npt.NDArray[Any], npt.NDArray[Any]]):
+class _BeforeStepHook:
+    """Both envs' `before_step`: their stepper's hook."""
+
+    _stepper: _Stepper
+
+    @property
+    def before_step(self) -> Callable[[SimEnv], object] | None:
+        """Called with the SimEnv before every simulator step (see the module's docstring)."""
+        return self._stepper.before_step
+
+    @before_step.setter
+    def before_step(self, hook: Callable[[SimEnv], object] | None) -> None:
+        self._stepper.before_step = hook
+
+
+class HighwayEnv(_BeforeStepHook, gym.Env[npt.NDArray[Any], npt.NDArray[Any]]):
     """One episode of a registered scenario (sim.scenarios.SCENARIOS) per reset.
 
     scenario: its name; action_repeat: simulator steps (5 ms each) per action; end_on_collision:
@@ -189,15 +204,6 @@ class HighwayEnv(gym.Env[npt.NDArray[Any], npt.NDArray[Any]]):
         truncated = bool(sim.done_mask[0]) and not terminated
         return sim.observe()[0][0], reward, terminated, truncated, self._info(sim)
 
-    @property
-    def before_step(self) -> Callable[[SimEnv], object] | None:
-        """Called with the SimEnv before every simulator step (see the module's docstring)."""
-        return self._stepper.before_step
-
-    @before_step.setter
-    def before_step(self, hook: Callable[[SimEnv], object] | None) -> None:
-        self._stepper.before_step = hook
-
     def _info(self, sim: SimEnv) -> dict[str, Any]:
         info = self._stepper.info(sim, self._min_ttc)
         out = {k: (v[0].item() if v.ndim == 1 else v[0]) for k, v in info.items()}
@@ -205,7 +211,7 @@ class HighwayEnv(gym.Env[npt.NDArray[Any], npt.NDArray[Any]]):
         return out
 
 
-class HighwayVectorEnv(VectorEnv[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]):
+class HighwayVectorEnv(_BeforeStepHook, VectorEnv[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]):
     """num_envs episodes of one scenario stepped as SimEnv's batch (no Python loop over episodes).
 
     The batch shares one clock, so it resets together: autoreset is DISABLED; a sub-env whose episode
@@ -235,15 +241,6 @@ class HighwayVectorEnv(VectorEnv[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray
         self._min_ttc = np.full(num_envs, np.inf)
         self._last_obs = np.zeros((num_envs, N_FEATURES), dtype=np.float32)
         self.scenario_seeds: list[int] = []
-
-    @property
-    def before_step(self) -> Callable[[SimEnv], object] | None:
-        """Called with the SimEnv before every simulator step (see the module's docstring)."""
-        return self._stepper.before_step
-
-    @before_step.setter
-    def before_step(self, hook: Callable[[SimEnv], object] | None) -> None:
-        self._stepper.before_step = hook
 
     @property
     def sim(self) -> SimEnv | None:

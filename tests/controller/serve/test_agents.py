@@ -17,11 +17,9 @@ from dualloop.controller.contract.wire import without_wall_clock
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import _observations
-from dualloop.controller.serve.config import ServerConfig
-from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.executor.snapshot import Observation
-from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
+from tests.controller.serve.servers import shipped
 
 LOCKSTEP, REALTIME = pb.CLOCK_MODE_LOCKSTEP, pb.CLOCK_MODE_REALTIME
 # the decision fields: what the model, the checks and the safety machine made of the input
@@ -42,22 +40,6 @@ DECISION_FIELDS = (
     "hazard_lights",
     "observation_held",
 )
-
-
-def shipped(**config: object) -> ServerThread:
-    return ServerThread(ServerConfig(model=BASE_MODEL_PATH, gates=list(DEFAULT_GATES), port=0, **config))  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def shipped_server():
-    with shipped() as srv:
-        yield srv
-
-
-@pytest.fixture()
-def shipped_channel(shipped_server):
-    with grpc.insecure_channel(shipped_server.address) as ch:
-        yield ch
 
 
 @pytest.fixture(scope="module")
