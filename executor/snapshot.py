@@ -66,6 +66,7 @@ class Check(enum.IntEnum):
     GAP_REPEAT = 14
     GAP_STEP = 15
     ACCEL_RATE = 16
+    REL_ACCEL = 17
 
 
 class CheckStatus(enum.IntEnum):

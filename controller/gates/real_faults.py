@@ -534,6 +534,7 @@ SHORT: Final = {
     "gap_repeat": "g-rep",
     "gap_step": "g-step",
     "accel_rate": "a-rate",
+    "rel_accel": "r-acc",
     INVALID: "inval",
     STALE: "stale",
     REFUSED: "refus",

@@ -20,6 +20,7 @@ from dualloop.ood.signals import (
     GAP_REPEAT,
     GAP_STEP,
     LEAD_FLICKER,
+    REL_ACCEL,
     SPEED_ACCEL,
     SPEED_REPEAT,
     STUCK,
@@ -141,6 +142,34 @@ def test_acceleration_against_the_speeds_slope_sees_noise_a_spike_and_a_dropout_
     assert (scan(dropout)[40:60, ACCEL_RATE] > limit).all()
 
 
+def test_relative_acceleration_bounds_how_fast_the_relative_speed_changes_but_not_at_a_new_lead() -> None:
+    limit = SignalSettings().rel_accel_m_s2
+    braking_lead = drive(80, gap=40.0, rel=-1.0)
+    braking_lead[:, 4] -= np.clip(np.arange(80) - 20, 0, None) * 0.8  # the lead brakes at 8 m/s^2
+    braking_lead[:, 3] = 40.0 + np.cumsum(braking_lead[:, 4]) * PERIOD / 1e9
+    clean = scan(braking_lead)[:, REL_ACCEL]
+    assert clean[0] == 0.0 and 7.0 < clean[30] < 9.0 and (clean <= limit).all()
+    spike = drive(80)
+    spike[40, 4] += 3.0  # one reading 3 m/s off: 30 m/s^2 there and back at 10 Hz
+    s = scan(spike)[:, REL_ACCEL]
+    assert s[39] < 1.0 and (s[40:46] > limit).all() and (s[46:] < 1.0).all()  # held for 0.5 s
+    noisy = drive(80)
+    noisy[40:60, 4] += np.random.default_rng(2).normal(0.0, 2.0, 20).astype(np.float32)
+    assert (scan(noisy)[40:60, REL_ACCEL] > limit).mean() > 0.8
+    cut_in = drive(80, gap=40.0)
+    cut_in[40:, 3] -= 20.0  # a car cuts in 20 m closer, 5 m/s slower
+    cut_in[40:, 4] -= 5.0
+    assert (scan(cut_in)[:, REL_ACCEL] < 1.0).all()
+    fast = np.repeat(drive(40, rel=-1.0), 10, axis=0)  # a 10 Hz radar held in a 100 Hz stream
+    fast[:, 4] += np.random.default_rng(3).normal(0.0, 0.05, len(fast)).astype(np.float32)
+    mon = SignalMonitor(1, SignalSettings(), NAMES)
+    times = np.arange(len(fast), dtype=np.int64) * PERIOD // 10
+    assert mon.scan(fast, 0, times)[:, REL_ACCEL].max() < 5.0
+    # measured between readings 10 ms apart, the same noise alone would veto
+    unspanned = SignalMonitor(1, SignalSettings(rel_span_s=0.001), NAMES)
+    assert unspanned.scan(fast, 0, times)[:, REL_ACCEL].max() > limit
+
+
 def test_unmeasured_and_non_finite_signals_are_not_judged() -> None:
     mon = SignalMonitor(1, SignalSettings(), NAMES)
     present = np.array([True, False, False, False, False, True])
@@ -148,9 +177,9 @@ def test_unmeasured_and_non_finite_signals_are_not_judged() -> None:
     x = drive(20)
     x[:, ~present] = np.nan
     out = mon.scan(x, 0, np.arange(20, dtype=np.int64) * PERIOD)
-    others = [SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, ACCEL_RATE]
+    others = [SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, ACCEL_RATE, REL_ACCEL]
     assert np.isnan(out[:, others]).all() and (out[:, STUCK] == 0.0).all()
-    assert mon.applies(0) == (True, False, False, False, False, False, False, False)
+    assert mon.applies(0) == (True, False, False, False, False, False, False, False, False)
     y = drive(20)
     y[10, 3] = np.nan
     gap = scan(y)[:, GAP_RATE]
