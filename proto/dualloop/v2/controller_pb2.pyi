@@ -26,6 +26,7 @@ class ReasonCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REASON_CODE_SAFE_DEFAULT: _ClassVar[ReasonCode]
     REASON_CODE_THREAT_BRAKING: _ClassVar[ReasonCode]
     REASON_CODE_STANDSTILL_HOLD: _ClassVar[ReasonCode]
+    REASON_CODE_STOPPED_LEAD_HOLD: _ClassVar[ReasonCode]
 
 class SafetyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -81,6 +82,7 @@ REASON_CODE_FALLBACK: ReasonCode
 REASON_CODE_SAFE_DEFAULT: ReasonCode
 REASON_CODE_THREAT_BRAKING: ReasonCode
 REASON_CODE_STANDSTILL_HOLD: ReasonCode
+REASON_CODE_STOPPED_LEAD_HOLD: ReasonCode
 SAFETY_STATE_UNSPECIFIED: SafetyState
 SAFETY_STATE_NOMINAL: SafetyState
 SAFETY_STATE_VETO_HOLD: SafetyState
