@@ -5,8 +5,9 @@ forward pass, gate scores, probabilities, reason flags, the input hash) is done 
 vectorised, and gathered onto the tick grid. What has memory runs as scans over the ticks: each
 gate's sequential filter and the freeze check (their `scan` methods in ood/), and the safe-state
 machine, which is stepped tick by tick only where something happens (a tick with a reason, a tick at
-rest behind a stopped lead or ramping out of that hold, or any state but NOMINAL). A stretch of clean NOMINAL ticks applies the model's proposals as they are, and
-leaves the machine's memory as stepping through it would (`SafetyMachine.trust_run`).
+rest behind a stopped lead or ramping out of that hold, or any state but NOMINAL). A stretch of
+clean NOMINAL ticks applies the model's proposals as they are, and leaves the machine's memory as
+stepping through it would (`SafetyMachine.trust_run`).
 
 `advance_lockstep` stays the reference: tests compare both paths tick by tick, on logs with faults,
 gaps, plan changes and off-grid observations.

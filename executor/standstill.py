@@ -73,7 +73,7 @@ class StandstillHold:
         present, gap, rel, speed = cols.T
         with np.errstate(invalid="ignore", over="ignore"):
             lead_speed = speed + rel
-            return (
+            rows: np.ndarray = (
                 (present == 1.0)
                 & np.isfinite(lead_speed)
                 & (np.abs(speed) < c.rest_speed)
@@ -81,3 +81,4 @@ class StandstillHold:
                 & (gap >= 0.0)
                 & (gap < c.max_gap_m)
             )
+        return rows

@@ -16,7 +16,15 @@ from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
 from dualloop.executor.standstill import StandstillConfig, StandstillHold
 
 TICK = 5_000_000
-FEATURES = ["ego_speed", "lane_offset", "heading_error", "road_curvature", "lead_present", "lead_distance", "lead_rel_speed"]
+FEATURES = [
+    "ego_speed",
+    "lane_offset",
+    "heading_error",
+    "road_curvature",
+    "lead_present",
+    "lead_distance",
+    "lead_rel_speed",
+]
 ACTIONS = ["brake_hard", "brake", "keep", "accelerate"]
 SAFE = AppliedAction(1, "brake", np.array([-2.0, 0.0], np.float32))
 
@@ -30,7 +38,9 @@ def _x(speed: float = 0.0, gap: float = 4.0, lead_speed: float = 0.0, present: f
 
 
 def _go(accel: float) -> AppliedAction:
-    return AppliedAction(3 if accel > 0.5 else 2, "accelerate" if accel > 0.5 else "keep", np.array([accel, 0.0], np.float32))
+    return AppliedAction(
+        3 if accel > 0.5 else 2, "accelerate" if accel > 0.5 else "keep", np.array([accel, 0.0], np.float32)
+    )
 
 
 def _tick(
@@ -191,7 +201,9 @@ def test_decide_batch_equals_decide_at_rest_behind_stopped_leads(blind: bool) ->
     differ = held = 0
     for k in range(1500):
         lead_speed = np.where(rng.random(n) < 0.01, rng.choice([0.0, 1.0], n), lead_speed)
-        x = np.stack([_x(speed=0.0, gap=float(g), lead_speed=float(v)) for g, v in zip(rng.uniform(2.0, 10.0, n), lead_speed)])
+        x = np.stack(
+            [_x(speed=0.0, gap=float(g), lead_speed=float(v)) for g, v in zip(rng.uniform(2.0, 10.0, n), lead_speed)]
+        )
         reasons = [[Reason.OOD_VETO] if rng.random() < 0.002 else [] for _ in range(n)]
         proposals = [_go(float(a)) for a in rng.normal(0.2, 0.5, n)]
         mine = copy.deepcopy(reasons)
@@ -227,7 +239,9 @@ def test_replay_applies_the_hold_as_the_live_lockstep_tick_does(base_model, base
 
     class Recording(InProcessDecider):
         def decide(self, seq, timestamp_ns, features, plan_id, plan, actual=None):  # type: ignore[no-untyped-def]
-            obs = Observation(seq, timestamp_ns, features.copy(), plan_id=plan_id, plan_values=None if plan is None else plan.copy())
+            obs = Observation(
+                seq, timestamp_ns, features.copy(), plan_id=plan_id, plan_values=None if plan is None else plan.copy()
+            )
             if actual is not None:
                 obs.actual_index, obs.actual_controls = actual[0], np.array(actual[1], np.float32)
             recorded.append(obs)

@@ -450,7 +450,9 @@ def test_stopped_behind_a_stopped_car_that_drives_off_moves_off_after_it():
     executor = Executor(DecisionModel(BASE_MODEL_PATH), None, [ood.load_gate(g) for g in DEFAULT_GATES])
     env = make_scenario("stopped_vehicle_ahead", 900_012, duration_s=go_s + 8.0)
     env.world.script.accel_end[:, 1], env.world.v0[:, 1] = go_s, 15.0  # its brake ends, it wants 15 m/s
-    run = run_closed_loop(env, InProcessDecider(executor, "go", LockstepPlanning(BehaviourPlanner(), 200_000_000)), 900_012)
+    run = run_closed_loop(
+        env, InProcessDecider(executor, "go", LockstepPlanning(BehaviourPlanner(), 200_000_000)), 900_012
+    )
     assert run.metrics.collisions == 0
     speed, gap = run.metrics.series.ego_speed, run.metrics.series.lead_gap
     held = np.flatnonzero((run.reasons >> pb.REASON_CODE_STOPPED_LEAD_HOLD) & 1)
