@@ -394,7 +394,9 @@ class SafetyMachine:
             own_speeds = features[:, standstill].tolist()
         # rows at rest behind a stopped lead, or ramping out of that hold, take `decide`
         hold = self.standstill
-        at_rest = hold.engaged_rows(features).tolist() if hold is not None and features is not None else None
+        at_rest = None
+        if hold is not None and features is not None and any(steady):
+            at_rest = hold.engaged_rows(features).tolist()
         keep = self.config.rollback_ticks + 1
         accel = self._accel
         for i, mem in enumerate(mems):

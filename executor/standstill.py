@@ -69,14 +69,16 @@ class StandstillHold:
         if not self.available:
             return np.zeros(n, bool)
         c = self.config
-        cols = features[:, list(self._at)].astype(np.float64)
-        present, gap, rel, speed = cols.T
-        with np.errstate(invalid="ignore", over="ignore"):
+        speed = features[:, self._at[3]].astype(np.float64)
+        rows: np.ndarray = np.abs(speed) < c.rest_speed  # NaN compares False, without a warning
+        if not rows.any():  # a live tick's usual case: nobody at rest, one column read
+            return rows
+        present, gap, rel = features[:, list(self._at[:3])].astype(np.float64).T
+        with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf
             lead_speed = speed + rel
-            rows: np.ndarray = (
+            rows &= (
                 (present == 1.0)
                 & np.isfinite(lead_speed)
-                & (np.abs(speed) < c.rest_speed)
                 & (lead_speed < c.lead_stopped_speed)
                 & (gap >= 0.0)
                 & (gap < c.max_gap_m)
