@@ -46,6 +46,7 @@ class StandstillHold:
         # Without its four features in the schema there is no hold.
         self.available = all(n in feature_names for n in names)
         self._at = tuple(feature_names.index(n) for n in names) if self.available else (0, 0, 0, 0)
+        self._rest_speed = np.float64(config.rest_speed)
 
     def engaged(self, features: np.ndarray | None) -> bool:
         """Whether one tick's raw inputs (None: none may be read) show the ego at rest behind a
@@ -69,11 +70,11 @@ class StandstillHold:
         if not self.available:
             return np.zeros(n, bool)
         c = self.config
-        speed = features[:, self._at[3]].astype(np.float64)
-        rows: np.ndarray = np.abs(speed) < c.rest_speed  # NaN compares False, without a warning
+        # a float64 scalar compares a float32 column in float64, as `engaged` does (NaN: False, no warning)
+        rows: np.ndarray = np.abs(features[:, self._at[3]]) < self._rest_speed
         if not rows.any():  # a live tick's usual case: nobody at rest, one column read
             return rows
-        present, gap, rel = features[:, list(self._at[:3])].astype(np.float64).T
+        present, gap, rel, speed = features[:, list(self._at)].astype(np.float64).T
         with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf
             lead_speed = speed + rel
             rows &= (
