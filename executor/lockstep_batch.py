@@ -4,9 +4,10 @@ Replay inputs never depend on the controller's outputs, so a tick's memoryless w
 forward pass, gate scores, probabilities, reason flags, the input hash) is done once per observation,
 vectorised, and gathered onto the tick grid. What has memory runs as scans over the ticks: each
 gate's sequential filter and the freeze check (their `scan` methods in ood/), and the safe-state
-machine, which is stepped tick by tick only where something happens (a tick with a reason, or any
-state but NOMINAL). A stretch of clean NOMINAL ticks applies the model's proposals as they are, and
-leaves the machine's memory as stepping through it would (`SafetyMachine.trust_run`).
+machine, which is stepped tick by tick only where something happens (a tick with a reason, a tick at
+rest behind a stopped lead or ramping out of that hold, or any state but NOMINAL). A stretch of
+clean NOMINAL ticks applies the model's proposals as they are, and leaves the machine's memory as
+stepping through it would (`SafetyMachine.trust_run`).
 
 `advance_lockstep` stays the reference: tests compare both paths tick by tick, on logs with faults,
 gaps, plan changes and off-grid observations.
@@ -575,10 +576,11 @@ def _safety_scan(
     reasons = [REASONS_OF_FLAGS[f] for f in flags.tolist()]
     names, mem, machine = ex.card.actions, session.safety, ex.safety
     keep = machine.config.rollback_ticks + 1
-    events = np.flatnonzero((flags != 0) | release)
+    at_rest = np.zeros(n, bool) if machine.standstill is None else machine.standstill.engaged_rows(x) & ~frozen
+    events = np.flatnonzero((flags != 0) | release | at_rest)
     t = 0
     while t < n:
-        if mem.state is SafetyState.NOMINAL:
+        if mem.state is SafetyState.NOMINAL and not mem.lead_hold:
             nxt = events[np.searchsorted(events, t)] if events.size and events[-1] >= t else n
             if nxt > t:  # clean NOMINAL ticks: the proposals apply as they are (filled above)
                 last = range(max(t, nxt - keep), nxt)

@@ -33,6 +33,10 @@ What reaches the actuators (docs/contract.md#safety):
 - A late observation (STALE_OBSERVATION alone) is not distrust of what the sensors said: it holds,
   and the first tick with a fresh observation blends back without a dwell. Past `hold_timeout` the
   sensor is gone and the fallback takes over as for any hold.
+- **At rest behind a stopped lead nothing positive is applied** (executor/standstill.py: a rule on
+  trusted lead readings, in every state; STOPPED_LEAD_HOLD says so). A positive command steps down to
+  0 at the jerk limit; once the lead moves off or the gap grows, the model's command is ramped back
+  in at the limit from the held one.
 - The applied action is named by the band its acceleration falls in (executor/action_labels.py)
   when the model's actions are those bands, so its name never contradicts its command.
 Times are tick times, so LOCKSTEP runs reproduce every transition exactly.
@@ -41,7 +45,8 @@ Times are tick times, so LOCKSTEP runs reproduce every transition exactly.
 of a batch at once, equal to `decide` row by row (tests/executor/test_safety_batch.py checks it on
 random sequences). Almost every row of a live tick is *steady*: NOMINAL with no reason, so it applies
 the model's proposal and remembers it; those rows take one pass with their inputs read as columns,
-and only the rows with a reason or a state to leave go through `decide`.
+and only the rows with a reason or a state to leave, or at rest behind a stopped lead (one vectorised
+test of the batch's lead columns), go through `decide`.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from dualloop.executor.action_labels import ACTIONS, BRAKE_BELOW, BRAKE_HARD_BELOW, KEEP_AT_MOST, action_of_accel
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
+from dualloop.executor.standstill import StandstillConfig, StandstillHold
 from dualloop.executor.threat import LeadTrack, ThreatAssessor, ThreatConfig
 
 # UN R157 5.5: a minimal-risk manoeuvre aims at no more than 4 m/s^2; 3 while the lane is trusted.
@@ -115,6 +121,8 @@ class SafetyConfig(BaseModel):
     lane_keeping: LaneKeepingConfig | None = LaneKeepingConfig()
     # None: nothing brakes harder than the safe side while the model is not trusted.
     threat: ThreatConfig | None = ThreatConfig()
+    # The hold at rest behind a stopped lead (not the fallback's standstill). None: no such hold.
+    standstill: StandstillConfig | None = StandstillConfig()
 
     @model_validator(mode="after")
     def _within_r157(self) -> SafetyConfig:
@@ -169,6 +177,7 @@ class SafetyMemory:
     stopped: bool = False  # the minimal-risk manoeuvre reached standstill: stay until released
     released: bool = False  # a standstill hold was released: no new one until the model drives again
     lead: LeadTrack = field(default_factory=LeadTrack)
+    lead_hold: bool = False  # the stopped-lead hold lowered the previous command: ramp back in from it
 
 
 class SafetyMachine:
@@ -195,6 +204,8 @@ class SafetyMachine:
         self._period_s = period_ns / 1e9
         self._jerk_step = config.jerk_limit * self._period_s
         self.threat = ThreatAssessor(config.threat, names) if config.threat is not None else None
+        hold = StandstillHold(config.standstill, names) if config.standstill is not None else None
+        self.standstill = hold if hold is not None and hold.available and self._accel is not None else None
         # Name applied actions by their acceleration's band only where the model's actions are the bands.
         self._banded = self._accel is not None and action_names is not None and tuple(action_names) == ACTIONS
         self.safe_action = self._named(safe_action)
@@ -227,7 +238,7 @@ class SafetyMachine:
         release: bool = False,
     ) -> tuple[AppliedAction, SafetyState]:
         """Advance one tick; `reasons` may gain FALLBACK / SAFE_DEFAULT / THREAT_BRAKING /
-        STANDSTILL_HOLD. Returns (applied, state).
+        STANDSTILL_HOLD / STOPPED_LEAD_HOLD. Returns (applied, state).
 
         `features` are this tick's raw inputs (None where they must not be read: a frozen sensor),
         read by the lane keeper, the threat assessor and the standstill test. `actuation_only`: the
@@ -237,12 +248,54 @@ class SafetyMachine:
         doubted = self._doubted = inputs_doubted(reasons, actuation_only)
         if mem.stopped and (release or (not doubted and self._driven_by_someone_else())):
             mem.stopped, mem.released = False, True
+        last = mem.last_accel
         target, state, blending = self._decide(mem, now_ns, reasons, proposal, features)
         if state is SafetyState.NOMINAL and not blending and not reasons:
-            return self._applied_nominal(mem, proposal)  # type: ignore[arg-type]
-        if state is not SafetyState.NOMINAL:
-            target = self._bound_steer(mem, target)
-        return self._safe_side(mem, now_ns, reasons, proposal, target, state, blending, doubted)
+            applied, state = self._applied_nominal(mem, proposal)  # type: ignore[arg-type]
+        else:
+            if state is not SafetyState.NOMINAL:
+                target = self._bound_steer(mem, target)
+            applied, state = self._safe_side(mem, now_ns, reasons, proposal, target, state, blending, doubted)
+        if self.standstill is not None:
+            at_rest = not doubted and self.standstill.engaged(features)
+            if at_rest or mem.lead_hold:
+                applied = self._hold_at_rest(mem, last, reasons, applied, state, at_rest)
+        return applied, state
+
+    def _hold_at_rest(
+        self,
+        mem: SafetyMemory,
+        last: float | None,
+        reasons: list[Reason],
+        applied: AppliedAction,
+        state: SafetyState,
+        at_rest: bool,
+    ) -> AppliedAction:
+        """The stopped-lead hold (executor/standstill.py) on the command the machine chose: at rest,
+        at most 0, stepped down at the jerk limit from a positive `last` (the command applied at the
+        tick before); after a release, at most a jerk step above `last` until the model's command is
+        met. A lowered command is what the hold of a later veto aims at."""
+        assert self._accel is not None
+        prev = 0.0 if last is None else last
+        if at_rest:
+            ceiling = self._step_towards(prev, 0.0) if prev > 0.0 else 0.0
+        else:
+            ceiling = self._step_towards(prev, prev + self._jerk_step)
+        a = float(applied.controls[self._accel])
+        mem.lead_hold = a > ceiling
+        if not mem.lead_hold:
+            return applied
+        controls = applied.controls.copy()
+        controls[self._accel] = ceiling
+        held = self._named(AppliedAction(applied.index, applied.name, controls))
+        trusted = mem.last_safe  # a NOMINAL tick's proposal: remember the command applied instead
+        if state is SafetyState.NOMINAL and trusted is not None and trusted.controls is applied.controls:
+            mem.last_safe = held
+            if mem.recent and mem.recent[-1].controls is applied.controls:
+                mem.recent[-1] = held
+        mem.last_accel = ceiling
+        reasons.append(Reason.STOPPED_LEAD_HOLD)
+        return held
 
     def _applied_nominal(self, mem: SafetyMemory, proposal: AppliedAction) -> tuple[AppliedAction, SafetyState]:
         """The model's proposal as it is (a trusted NOMINAL tick), named by its band."""
@@ -339,12 +392,23 @@ class SafetyMachine:
         if standstill is not None and any(steady):
             assert features is not None
             own_speeds = features[:, standstill].tolist()
+        # rows at rest behind a stopped lead, or ramping out of that hold, take `decide`
+        hold = self.standstill
+        at_rest = None
+        if hold is not None and features is not None and any(steady):
+            at_rest = hold.engaged_rows(features).tolist()
         keep = self.config.rollback_ticks + 1
         accel = self._accel
         for i, mem in enumerate(mems):
             x = None if features is None or (use_features is not None and not use_features[i]) else features[i]
             proposal = proposals[i]
-            if not steady[i] or proposal is None or (release is not None and release[i]):
+            if (
+                not steady[i]
+                or proposal is None
+                or (release is not None and release[i])
+                or mem.lead_hold
+                or (at_rest is not None and at_rest[i])
+            ):
                 out.append(
                     self.decide(
                         mem,

@@ -30,6 +30,7 @@ class Reason(enum.IntEnum):
     SAFE_DEFAULT = 8
     THREAT_BRAKING = 9  # braking beyond the safe side's profile for a trusted threat (executor/threat.py)
     STANDSTILL_HOLD = 10  # the minimal-risk manoeuvre stopped the vehicle: stopped until released
+    STOPPED_LEAD_HOLD = 11  # at rest behind a stopped lead: no positive command (executor/standstill.py)
 
 
 class SafetyState(enum.IntEnum):

@@ -15,6 +15,7 @@ def session_limits(ex: Executor, config: ServerConfig) -> pb.SessionLimits:
     (the values the executor compares against, not copies of their defaults)."""
     safety = ex.safety
     safe = ex.safe_action
+    hold = safety.standstill
     return pb.SessionLimits(
         max_observation_age_ns=ex.reasons.max_observation_age_ns,
         assumed_observation_period_ns=ex.assumed_observation_period_ns,
@@ -30,6 +31,10 @@ def session_limits(ex: Executor, config: ServerConfig) -> pb.SessionLimits:
         fallback_jerk=safety.config.jerk_limit,
         jerk_limit=safety.config.jerk_limit,
         standstill_speed=safety.config.standstill_speed,
+        # 0: no stopped-lead hold on this server's model
+        stopped_lead_rest_speed=hold.config.rest_speed if hold is not None else 0.0,
+        stopped_lead_speed=hold.config.lead_stopped_speed if hold is not None else 0.0,
+        stopped_lead_max_gap=hold.config.max_gap_m if hold is not None else 0.0,
         # the check runs only with a gate (it vetoes through OOD_VETO)
         freeze_repeats=ex.gating.freeze.repeats if ex.gating.freeze is not None else 0,
         min_margin=ex.reasons.min_margin,

@@ -53,7 +53,12 @@ def _ticks(rng: np.random.Generator, sessions: int, ticks: int):
         gap += rel * TICK / 1e9
         new = (gap < 3.0) | (rng.random(sessions) < 0.002)
         gap[new], rel[new] = rng.uniform(20.0, 60.0, new.sum()), rng.uniform(-15.0, 2.0, new.sum())
-        x[:, 5], x[:, 6], x[:, 7] = 1.0, gap, np.where(moving, rel, 0.0)
+        # standing sessions stand behind a lead 2-12 m ahead (the stopped-lead hold's range and beyond)
+        # that now and then moves off
+        behind = rng.uniform(2.0, 12.0, sessions)
+        moves_off = rng.random(sessions) < 0.3
+        x[:, 5], x[:, 6] = 1.0, np.where(moving, gap, behind)
+        x[:, 7] = np.where(moving, rel, np.where(moves_off, 1.0, 0.0))
         x[rng.random(x.shape) < np.where(np.arange(len(FEATURES)) < 5, 0.05, 0.002)] = np.nan
         use, only, release = (rng.random((3, sessions)) < [[0.95], [0.2], [0.01]]).tolist()
         yield reasons, proposals, x, use, only, release
@@ -111,6 +116,7 @@ def _compare(machine: SafetyMachine, batch: SafetyMachine, seed: int, sessions: 
     assert states == set(SafetyState)
     assert {Reason.FALLBACK, Reason.STANDSTILL_HOLD} <= added
     assert Reason.THREAT_BRAKING in added or machine.threat is None or not machine.threat.available
+    assert Reason.STOPPED_LEAD_HOLD in added or machine.standstill is None
     return differ
 
 
@@ -125,6 +131,7 @@ CONFIGS = {
         hold_timeout_ms=20.0, recovery_dwell_ms=0.0, max_abstain_ms=10.0, rollback_ticks=0, max_vetoed_brake=0.0
     ),
     "lane keeping without its features": SafetyConfig(lane_keeping=LaneKeepingConfig(curvature_feature="absent")),
+    "no stopped-lead hold": SafetyConfig(standstill=None),
 }
 
 

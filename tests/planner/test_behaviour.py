@@ -395,10 +395,9 @@ def test_stopped_behind_a_stopped_car_in_closed_loop_stays_behind_it():
     neighbour lane free; the change it planned from a standstill made the executor creep into the car
     (seed 900012: 1.0 m left with an earlier model, a collision with a retrained one). No change is
     started from a crawl now. Seed 900012 is the one of 900001-900012 on which the motorway-trained
-    model is boxed in (on the others it changes lanes early). It stops 4.2 m behind the car and, with
-    the planner's stop plan in effect, then creeps 0.5 m closer at up to 0.2 m/s over 5 s before it
-    holds (its commands at rest hover around 0, +-0.5 m/s^2): a known regression of that model (the one
-    before it held where it stopped). Bounded here: the creep stays a crawl and keeps a 3 m standstill gap."""
+    model is boxed in (on the others it changes lanes early). It stops 4.2 m behind the car; its
+    commands at rest hover around 0 (+-0.5 m/s^2), and without the executor's stopped-lead hold it
+    would creep 0.5 m closer at up to 0.2 m/s. With the hold it stays where it stopped."""
     from dualloop import ood
     from dualloop.controller.contract.lockstep_planning import LockstepPlanning
     from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
@@ -407,6 +406,7 @@ def test_stopped_behind_a_stopped_car_in_closed_loop_stays_behind_it():
     from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
     from dualloop.sim.env import make_scenario
     from dualloop.sim.expert import ExpertParams
+    from dualloop.v2 import controller_pb2 as pb
 
     planner = BehaviourPlanner()
     asked: list[tuple[float, str]] = []  # (ego speed, behaviour) of every plan, as the planner made it
@@ -428,4 +428,37 @@ def test_stopped_behind_a_stopped_car_in_closed_loop_stays_behind_it():
     speed, gap = run.metrics.series.ego_speed, run.metrics.series.lead_gap
     stopped = int(np.argmax(speed < 0.1))
     assert speed[stopped] < 0.1 and gap[stopped] > 0.0
-    assert speed[stopped:].max() < 0.5 and gap[stopped:].min() >= 3.0  # a crawl at most, well behind the car
+    assert speed[stopped:].max() < 0.1 and gap[stopped:].min() >= gap[stopped] - 0.1  # no creep
+    assert run.ticks_with(pb.REASON_CODE_STOPPED_LEAD_HOLD) > 0  # the hold, not the model, kept it there
+
+
+@pytest.mark.slow
+def test_stopped_behind_a_stopped_car_that_drives_off_moves_off_after_it():
+    """Stop-and-go: the boxed-in run above (seed 900012, the behaviour planner), but the stopped car
+    drives off at 18 s. The stopped-lead hold keeps the ego where it stopped until then, releases as
+    soon as the car moves, and the ego follows it."""
+    from dualloop import ood
+    from dualloop.controller.contract.lockstep_planning import LockstepPlanning
+    from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
+    from dualloop.executor.core import Executor
+    from dualloop.executor.model_runner import DecisionModel
+    from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+    from dualloop.sim.env import make_scenario
+    from dualloop.v2 import controller_pb2 as pb
+
+    go_s, tick_s = 18.0, 0.005
+    executor = Executor(DecisionModel(BASE_MODEL_PATH), None, [ood.load_gate(g) for g in DEFAULT_GATES])
+    env = make_scenario("stopped_vehicle_ahead", 900_012, duration_s=go_s + 8.0)
+    env.world.script.accel_end[:, 1], env.world.v0[:, 1] = go_s, 15.0  # its brake ends, it wants 15 m/s
+    run = run_closed_loop(
+        env, InProcessDecider(executor, "go", LockstepPlanning(BehaviourPlanner(), 200_000_000)), 900_012
+    )
+    assert run.metrics.collisions == 0
+    speed, gap = run.metrics.series.ego_speed, run.metrics.series.lead_gap
+    held = np.flatnonzero((run.reasons >> pb.REASON_CODE_STOPPED_LEAD_HOLD) & 1)
+    go = int(go_s / tick_s)
+    stopped = int(np.argmax(speed < 0.1))
+    assert stopped < go and len(held) > 0 and held[0] >= stopped - 40  # held at rest, before the car went
+    assert speed[stopped:go].max() < 0.1 and gap[stopped:go].min() >= gap[stopped] - 0.1
+    assert held[-1] < go + int(0.5 / tick_s)  # released within half a second of the car moving off
+    assert speed[go + int(4.0 / tick_s) :].min() > 1.0 and gap[-1] > gap[go] + 5.0  # and the ego follows

@@ -26,6 +26,7 @@ class ReasonCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REASON_CODE_SAFE_DEFAULT: _ClassVar[ReasonCode]
     REASON_CODE_THREAT_BRAKING: _ClassVar[ReasonCode]
     REASON_CODE_STANDSTILL_HOLD: _ClassVar[ReasonCode]
+    REASON_CODE_STOPPED_LEAD_HOLD: _ClassVar[ReasonCode]
 
 class SafetyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -83,6 +84,7 @@ REASON_CODE_FALLBACK: ReasonCode
 REASON_CODE_SAFE_DEFAULT: ReasonCode
 REASON_CODE_THREAT_BRAKING: ReasonCode
 REASON_CODE_STANDSTILL_HOLD: ReasonCode
+REASON_CODE_STOPPED_LEAD_HOLD: ReasonCode
 SAFETY_STATE_UNSPECIFIED: SafetyState
 SAFETY_STATE_NOMINAL: SafetyState
 SAFETY_STATE_VETO_HOLD: SafetyState
@@ -206,7 +208,7 @@ class SessionOpened(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., clock: _Optional[_Union[ClockMode, str]] = ..., tick_period_ns: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., observation_period_ns: _Optional[int] = ..., provided_features: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., require_plan: _Optional[bool] = ..., session_instance: _Optional[str] = ...) -> None: ...
 
 class SessionLimits(_message.Message):
-    __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns", "jerk_limit", "standstill_speed", "max_session_id_bytes", "max_plan_id_bytes", "max_observation_period_ns", "max_agents_per_stream")
+    __slots__ = ("max_observation_age_ns", "assumed_observation_period_ns", "default_plan_valid_for_ns", "lockstep_max_ticks", "lockstep_max_gap_ns", "hold_timeout_ns", "recovery_dwell_ns", "max_abstain_ns", "safe_action", "fallback_decel", "blind_decel", "fallback_jerk", "freeze_repeats", "min_margin", "max_receive_message_bytes", "recommended_client_window_bytes", "open_timeout_ns", "jerk_limit", "standstill_speed", "stopped_lead_rest_speed", "stopped_lead_speed", "stopped_lead_max_gap", "max_session_id_bytes", "max_plan_id_bytes", "max_observation_period_ns", "max_agents_per_stream")
     MAX_OBSERVATION_AGE_NS_FIELD_NUMBER: _ClassVar[int]
     ASSUMED_OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PLAN_VALID_FOR_NS_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +228,9 @@ class SessionLimits(_message.Message):
     OPEN_TIMEOUT_NS_FIELD_NUMBER: _ClassVar[int]
     JERK_LIMIT_FIELD_NUMBER: _ClassVar[int]
     STANDSTILL_SPEED_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_LEAD_REST_SPEED_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_LEAD_SPEED_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_LEAD_MAX_GAP_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSION_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_PLAN_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_OBSERVATION_PERIOD_NS_FIELD_NUMBER: _ClassVar[int]
@@ -249,11 +254,14 @@ class SessionLimits(_message.Message):
     open_timeout_ns: int
     jerk_limit: float
     standstill_speed: float
+    stopped_lead_rest_speed: float
+    stopped_lead_speed: float
+    stopped_lead_max_gap: float
     max_session_id_bytes: int
     max_plan_id_bytes: int
     max_observation_period_ns: int
     max_agents_per_stream: int
-    def __init__(self, max_observation_age_ns: _Optional[int] = ..., assumed_observation_period_ns: _Optional[int] = ..., default_plan_valid_for_ns: _Optional[int] = ..., lockstep_max_ticks: _Optional[int] = ..., lockstep_max_gap_ns: _Optional[int] = ..., hold_timeout_ns: _Optional[int] = ..., recovery_dwell_ns: _Optional[int] = ..., max_abstain_ns: _Optional[int] = ..., safe_action: _Optional[_Union[Action, _Mapping]] = ..., fallback_decel: _Optional[float] = ..., blind_decel: _Optional[float] = ..., fallback_jerk: _Optional[float] = ..., freeze_repeats: _Optional[int] = ..., min_margin: _Optional[float] = ..., max_receive_message_bytes: _Optional[int] = ..., recommended_client_window_bytes: _Optional[int] = ..., open_timeout_ns: _Optional[int] = ..., jerk_limit: _Optional[float] = ..., standstill_speed: _Optional[float] = ..., max_session_id_bytes: _Optional[int] = ..., max_plan_id_bytes: _Optional[int] = ..., max_observation_period_ns: _Optional[int] = ..., max_agents_per_stream: _Optional[int] = ...) -> None: ...
+    def __init__(self, max_observation_age_ns: _Optional[int] = ..., assumed_observation_period_ns: _Optional[int] = ..., default_plan_valid_for_ns: _Optional[int] = ..., lockstep_max_ticks: _Optional[int] = ..., lockstep_max_gap_ns: _Optional[int] = ..., hold_timeout_ns: _Optional[int] = ..., recovery_dwell_ns: _Optional[int] = ..., max_abstain_ns: _Optional[int] = ..., safe_action: _Optional[_Union[Action, _Mapping]] = ..., fallback_decel: _Optional[float] = ..., blind_decel: _Optional[float] = ..., fallback_jerk: _Optional[float] = ..., freeze_repeats: _Optional[int] = ..., min_margin: _Optional[float] = ..., max_receive_message_bytes: _Optional[int] = ..., recommended_client_window_bytes: _Optional[int] = ..., open_timeout_ns: _Optional[int] = ..., jerk_limit: _Optional[float] = ..., standstill_speed: _Optional[float] = ..., stopped_lead_rest_speed: _Optional[float] = ..., stopped_lead_speed: _Optional[float] = ..., stopped_lead_max_gap: _Optional[float] = ..., max_session_id_bytes: _Optional[int] = ..., max_plan_id_bytes: _Optional[int] = ..., max_observation_period_ns: _Optional[int] = ..., max_agents_per_stream: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("index", "name", "controls")

@@ -35,6 +35,12 @@ def test_the_fallback_stops_and_only_a_release_lets_the_session_drive_again(
         session = DriveSession(channel, "mrm", pb.CLOCK_MODE_LOCKSTEP)
         assert session.opened.limits.jerk_limit == pytest.approx(2.5)
         assert session.opened.limits.standstill_speed == pytest.approx(0.1)
+        limits = session.opened.limits  # the stopped-lead hold's, as configured (executor.safety.standstill)
+        assert (limits.stopped_lead_rest_speed, limits.stopped_lead_speed, limits.stopped_lead_max_gap) == (
+            pytest.approx(0.2),
+            pytest.approx(0.5),
+            pytest.approx(8.0),
+        )
         snaps = [_drive(session, k, sensor(k + 1)) for k in range(40)]
         k = 40
         while pb.REASON_CODE_STANDSTILL_HOLD not in snaps[-1].reasons:  # the sensors die at ~20 m/s
