@@ -43,7 +43,6 @@ NAMES = {
     Check.SPEED_REPEAT: "speed_repeat",
     Check.GAP_REPEAT: "gap_repeat",
     Check.GAP_STEP: "gap_step",
-    Check.ACCEL_RATE: "accel_rate",
     Check.REL_ACCEL: "rel_accel",
 }
 # the per-signal checks (ood/signals.py), in the order of their scores
@@ -55,7 +54,6 @@ SIGNAL_KINDS = (
     Check.SPEED_REPEAT,
     Check.GAP_REPEAT,
     Check.GAP_STEP,
-    Check.ACCEL_RATE,
     Check.REL_ACCEL,
 )
 # a range score's floor (the centre of a range is -0.5; an open limit would be -inf) and cap (a

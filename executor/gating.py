@@ -650,7 +650,7 @@ class GateWiring:
     def scan_signals(
         self, x: npt.NDArray[np.float32], slot: int, timestamps: npt.NDArray[np.int64], present: BoolArray | None = None
     ) -> FloatArray | None:
-        """The per-signal checks' scores (rows, 9) after each observation row the ticks used (x and
+        """The per-signal checks' scores (rows, 8) after each observation row the ticks used (x and
         timestamps of those rows, in order; each fresh once) of a session with this sensor profile, the
         slot left as live ticks would leave it; None without the checks."""
         self._note_profiles([slot], [present])

@@ -66,8 +66,7 @@ class Check(enum.IntEnum):
     SPEED_REPEAT = 13
     GAP_REPEAT = 14
     GAP_STEP = 15
-    ACCEL_RATE = 16
-    REL_ACCEL = 17
+    REL_ACCEL = 16
 
 
 class CheckStatus(enum.IntEnum):

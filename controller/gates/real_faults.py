@@ -533,7 +533,6 @@ SHORT: Final = {
     "speed_repeat": "v-rep",
     "gap_repeat": "g-rep",
     "gap_step": "g-step",
-    "accel_rate": "a-rate",
     "rel_accel": "r-acc",
     INVALID: "inval",
     STALE: "stale",

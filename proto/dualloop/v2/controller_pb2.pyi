@@ -61,7 +61,6 @@ class Check(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECK_SPEED_REPEAT: _ClassVar[Check]
     CHECK_GAP_REPEAT: _ClassVar[Check]
     CHECK_GAP_STEP: _ClassVar[Check]
-    CHECK_ACCEL_RATE: _ClassVar[Check]
     CHECK_REL_ACCEL: _ClassVar[Check]
 
 class CheckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -110,7 +109,6 @@ CHECK_LEAD_FLICKER: Check
 CHECK_SPEED_REPEAT: Check
 CHECK_GAP_REPEAT: Check
 CHECK_GAP_STEP: Check
-CHECK_ACCEL_RATE: Check
 CHECK_REL_ACCEL: Check
 CHECK_STATUS_UNSPECIFIED: CheckStatus
 CHECK_STATUS_SCORED: CheckStatus
