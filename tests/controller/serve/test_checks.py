@@ -36,7 +36,6 @@ EVERY_CHECK = [
     pb.CHECK_SPEED_REPEAT,
     pb.CHECK_GAP_REPEAT,
     pb.CHECK_GAP_STEP,
-    pb.CHECK_ACCEL_RATE,
     pb.CHECK_REL_ACCEL,
 ]
 # inputs with no veto: 100 Hz synthetic driving after its first 0.6 s (which the input gate flags)
@@ -115,7 +114,6 @@ def test_ordinary_input_every_check_present_finite_and_quiet(shipped_channel, dr
         pb.CHECK_SPEED_REPEAT,
         pb.CHECK_GAP_REPEAT,
         pb.CHECK_GAP_STEP,
-        pb.CHECK_ACCEL_RATE,
         pb.CHECK_REL_ACCEL,
     )
     judged = [k for k in EVERY_CHECK if k not in (pb.CHECK_FREEZE, pb.CHECK_ACTUATION, *per_signal)]
@@ -127,7 +125,6 @@ def test_ordinary_input_every_check_present_finite_and_quiet(shipped_channel, dr
         pb.CHECK_SPEED_ACCEL,
         pb.CHECK_LEAD_FLICKER,
         pb.CHECK_SPEED_REPEAT,
-        pb.CHECK_ACCEL_RATE,
         pb.CHECK_REL_ACCEL,
     ):
         assert check(snaps[-1], kind).status == pb.CHECK_STATUS_SCORED, kind
