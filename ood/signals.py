@@ -37,8 +37,9 @@ over time, in the signals' own units, without the model:
   and scores 0; the `stuck` check's duration still sees it.
 - **rel_accel** (m/s^2): how fast lead_rel_speed changes, |its change since the previous reading| /
   the time between them (at least `rel_span_s`), and the score is the second-largest of the last
-  `hold_s`: the relative acceleration, the lead's minus the ego's, which two cars' brakes and engines
-  bound (one braking at 10 m/s^2 while the other accelerates). A noisy relative speed jumps again and
+  `hold_s` (of those from `rel_floor_m_s2` on; 0 with fewer than two): the relative acceleration,
+  the lead's minus the ego's, which two cars' brakes and engines bound (one braking at 10 m/s^2
+  while the other accelerates). A noisy relative speed jumps again and
   again, a spike twice (there and back); one step alone is what a new lead at about the same gap
   looks like (the simulator's braking lead handing over to the car ahead of it, 52 m away either
   way) and is not judged, as for gap_rate. A step of the gap the relative speed does not explain
@@ -136,6 +137,7 @@ class SignalSettings:
     hold_s: float = 0.5  # s rel_accel keeps a reading's rate
     rel_accel_m_s2: float = 15.0  # m/s^2: clean real drives reach 9.3
     rel_span_s: float = 0.08  # s: the shortest time rel_accel divides a change by (10 Hz, jitter allowed)
+    rel_floor_m_s2: float = 5.0  # m/s^2: rel_accel keeps rates from this size on (a third of its threshold)
     gap_step_max_m: float = 40.0  # m: a larger unexplained step is a new target (the simulator: 64 m)
     step_hold_s: float = 4.0  # s of distrusted readings after which the track starts afresh
     prior_keep_s: float = 4.0  # s a restarted track's predecessor is kept (a reading back on it reverts)
@@ -185,6 +187,7 @@ class _Slot:
         "step_t",
         "rel_last",
         "rel_top",
+        "rel_score",
         "out",
     )
 
@@ -214,6 +217,7 @@ class _Slot:
         # be among its two largest: [ns, rate, how many later rates are at least as large] (dropped at two)
         self.rel_last: tuple[int, float, float] | None = None
         self.rel_top: list[list[Any]] = []
+        self.rel_score = 0.0  # the second-largest of rel_top (0 with fewer than two)
         self.out: Scores = (_NAN,) * 8
 
 
@@ -433,25 +437,31 @@ class SignalMonitor:
         if not (present == 1.0 and distance == distance and rel == rel):
             st.rel_last = None
             st.rel_top.clear()
+            st.rel_score = 0.0
             return _NAN
-        rate = 0.0
-        if st.rel_last is not None:
-            t1, g1, r1 = st.rel_last
+        last, st.rel_last = st.rel_last, (t, distance, rel)
+        top = st.rel_top
+        changed = False
+        while top and t - top[0][0] >= self._hold_ns:  # the oldest is first
+            del top[0]
+            changed = True
+        if last is not None:
+            t1, g1, r1 = last
             dt = (t - t1) * 1e-9
-            # a step of the gap the relative speed does not explain: a new lead, whose relative speed
-            # is another car's
+            # a step of the gap the relative speed does not explain is a new lead, whose relative speed
+            # is another car's; a rate below the floor can never be one of two above the threshold
             if abs((distance - g1) - 0.5 * (rel + r1) * dt) < self.settings.gap_jump_m:
                 rate = abs(rel - r1) / max(dt, self.settings.rel_span_s)
-        st.rel_last = (t, distance, rel)
-        top = st.rel_top
-        for entry in top:
-            if entry[1] <= rate:
-                entry[2] += 1
-        top[:] = [e for e in top if e[2] < 2 and t - e[0] < self._hold_ns]
-        top.append([t, rate, 0])
-        if len(top) < 2:
-            return 0.0
-        return float(heapq.nlargest(2, [e[1] for e in top])[1])
+                if rate >= self.settings.rel_floor_m_s2:
+                    for entry in top:
+                        if entry[1] <= rate:
+                            entry[2] += 1
+                    top[:] = [e for e in top if e[2] < 2]
+                    top.append([t, rate, 0])
+                    changed = True
+        if changed:
+            st.rel_score = float(heapq.nlargest(2, [e[1] for e in top])[1]) if len(top) >= 2 else 0.0
+        return st.rel_score
 
     def _gap_rate(self, st: _Slot, t: int, values: list[float], gap_stuck_s: float) -> float:
         """gap_rate: the gap's change against the relative speed."""
