@@ -137,7 +137,7 @@ class SignalSettings:
     hold_s: float = 0.5  # s rel_accel keeps a reading's rate
     rel_accel_m_s2: float = 15.0  # m/s^2: clean real drives reach 9.3
     rel_span_s: float = 0.08  # s: the shortest time rel_accel divides a change by (10 Hz, jitter allowed)
-    rel_floor_m_s2: float = 5.0  # m/s^2: rel_accel keeps rates from this size on (a third of its threshold)
+    rel_floor_m_s2: float = 2.0  # m/s^2: rel_accel keeps rates from this size on
     gap_step_max_m: float = 40.0  # m: a larger unexplained step is a new target (the simulator: 64 m)
     step_hold_s: float = 4.0  # s of distrusted readings after which the track starts afresh
     prior_keep_s: float = 4.0  # s a restarted track's predecessor is kept (a reading back on it reverts)
