@@ -265,6 +265,9 @@ def contract_problems(
 
 
 @pytest.mark.slow
+# CPU-bound volume: about 5 min on two cores beside a training run, more beside two busy loops; the
+# timeout is there to catch a hang, not to time it
+@pytest.mark.timeout(1200)
 def test_ten_thousand_seeded_streams_keep_the_contract(tmp_path: Path, schema_hash: str) -> None:
     """The grammar's volume: BULK_STREAMS streams a run, drawn from a seed (hypothesis would spend
     ~10 ms of CPU drawing each), BULK_THREADS at a time, each judged as the property tests judge one,
