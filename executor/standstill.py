@@ -19,17 +19,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from dualloop.executor.threat import LeadFeatures
 
 
-class StandstillConfig(BaseModel):
-    """The hold's features (named in the model card's schema) and its physical limits."""
+class StandstillConfig(LeadFeatures):
+    """The hold's features (LeadFeatures, as the threat assessor's) and its physical limits."""
 
-    model_config = ConfigDict(extra="forbid")
-    present_feature: str = "lead_present"  # 1 when a lead is measured
-    distance_feature: str = "lead_distance"  # m, bumper to bumper
-    rel_speed_feature: str = "lead_rel_speed"  # m/s, lead speed minus ego speed
-    speed_feature: str = "ego_speed"  # m/s
     # Wheel-speed sensors read 0 at rest; 0.2 m/s leaves room for speeds derived from positions
     # (NGSIM-like logs) while a vehicle that moves at a walking pace is not "at rest".
     rest_speed: float = Field(default=0.2, gt=0.0, description="m/s: below it the ego is at rest")

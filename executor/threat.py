@@ -23,14 +23,19 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class ThreatConfig(BaseModel):
-    """The assessor's features (named in the model card's schema) and its physical limits."""
+class LeadFeatures(BaseModel):
+    """The features a rule on the lead reads, named in the model card's schema."""
 
     model_config = ConfigDict(extra="forbid")
     present_feature: str = "lead_present"  # 1 when a lead is measured
     distance_feature: str = "lead_distance"  # m, bumper to bumper
     rel_speed_feature: str = "lead_rel_speed"  # m/s, lead speed minus ego speed
     speed_feature: str = "ego_speed"  # m/s
+
+
+class ThreatConfig(LeadFeatures):
+    """The assessor's features (LeadFeatures) and its physical limits."""
+
     standstill_gap_m: float = Field(default=2.0, ge=0.0, description="gap the braking aims to keep")
     max_range_m: float = Field(default=200.0, gt=0.0, description="a farther gap is not a measurement")
     max_decel: float = Field(default=8.0, gt=0.0, description="m/s^2, the most it ever asks for")
