@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dualloop.executor.checks import CheckBoard
+from dualloop.executor.default_plan import DefaultPlan
 from dualloop.executor.gating import GateWiring
 from dualloop.executor.model_card import ModelCard, Normalisation
 from dualloop.executor.model_runner import DecisionModel
@@ -94,12 +95,14 @@ class Candidate:
     checks: CheckBoard
     capacity: int
     normalisation: Normalisation = field(init=False)
+    default_plan: DefaultPlan = field(init=False)
     version: str = field(init=False)
 
     def __post_init__(self) -> None:
         card = self.model.card
         self.version = card.version
         self.normalisation = Normalisation.of(card)
+        self.default_plan = DefaultPlan.of(card)
         self._xn = np.zeros((self.capacity, self.model.n_inputs), np.float32)
         self._pn = np.zeros((self.capacity, self.model.n_plan), np.float32)
         self._inv_temperature = np.float32(1.0 / card.temperature)
@@ -138,12 +141,21 @@ class Candidate:
             self.on_pause(self.paused)
 
     def decide(
-        self, x: np.ndarray, p: np.ndarray, present: np.ndarray | None, finite: np.ndarray
+        self,
+        x: np.ndarray,
+        p: np.ndarray,
+        present: np.ndarray | None,
+        finite: np.ndarray,
+        no_plan: np.ndarray | None = None,
     ) -> list[CandidateProposal]:
         """One proposal per row of the live tick: `x` the model input (wire then history features,
         raw), `p` the plans the live model saw (raw), `present` the input profile, `finite` the live
-        verdict on the rows' features (a row the live model could not score is not scored here either)."""
+        verdict on the rows' features (a row the live model could not score is not scored here either),
+        `no_plan` the rows without a valid plan (None: none), which get the candidate's own default plan."""
         n = len(x)
+        if no_plan is not None:
+            p = p.copy()
+            self.default_plan.fill(p, no_plan, x, present)
         if n > len(self._xn):  # the executor's max_sessions was raised on a running server
             self._xn = np.zeros((n, self.model.n_inputs), np.float32)
             self._pn = np.zeros((n, self.model.n_plan), np.float32)

@@ -24,6 +24,7 @@ import numpy as np
 from dualloop.executor.candidate import Candidate, SwapRefused, check_compatible, check_same_checks
 from dualloop.executor.checks import CheckBoard, CheckValues
 from dualloop.executor.config import ExecutorConfig
+from dualloop.executor.default_plan import DefaultPlan
 from dualloop.executor.gating import GateVerdicts, GateWiring
 from dualloop.executor.history import HistoryRing
 from dualloop.executor.model_card import Normalisation
@@ -108,6 +109,7 @@ class Executor:
         gates = [] if gate is None else list(gate) if isinstance(gate, (list, tuple)) else [gate]
         self._bind_gates(*self._wire_gates(model, gates))
         self._tick_present: np.ndarray | None = None  # the tick's sensor profiles (None: all measured)
+        self._tick_no_plan: np.ndarray | None = None  # the tick's rows without a valid plan (None: none)
         # a second model deciding on every batch beside this one, never applied (executor.candidate)
         self.candidate: Candidate | None = None
 
@@ -117,6 +119,7 @@ class Executor:
         card = self.card = model.card
         self.normalisation = Normalisation.of(card)
         self.plan_default = np.array(card.plan_default, np.float32)  # a session's plan until it gets one
+        self.default_plan = DefaultPlan.of(card)  # ... some fields from its newest observation
         self._ctrl_min = np.array([c.min for c in card.controls], np.float32)
         self._ctrl_max = np.array([c.max for c in card.controls], np.float32)
         self._inv_temperature = np.float32(1.0 / card.temperature)
@@ -469,7 +472,7 @@ class Executor:
         n = len(rows)
         t0 = _perf_ns()
         observations, derive, present, has_plan, plan_ages, valid_for = self._gather(rows)
-        plan_states, stale_plan = self._plan_rule(rows, has_plan, plan_ages, valid_for, self._p[:n])
+        plan_states, stale_plan = self._plan_rule(rows, has_plan, plan_ages, valid_for, present)
         xn, pn, finite, model_present = self._normalise(rows, observations, derive, present)
         t1 = _perf_ns()
         out, gate_out, model_ok = self._forward(xn, pn, model_present, n)
@@ -492,7 +495,8 @@ class Executor:
         cand = self.candidate
         if cand is not None and not cand.paused:  # after the live decision: it cannot change what is applied
             xin = self._x[:n] if self.history is None else self._xm[:n]
-            for snap, proposal in zip(snaps, cand.decide(xin, self._p[:n], model_present, finite)):
+            proposals = cand.decide(xin, self._p[:n], model_present, finite, self._tick_no_plan)
+            for snap, proposal in zip(snaps, proposals):
                 snap.candidate = proposal
             spent = _perf_ns() - t4
             self.stats.candidate_ns += spent
@@ -619,9 +623,15 @@ class Executor:
         return np.concatenate([present, self.history.present(present)], axis=1)
 
     def _plan_rule(
-        self, rows: list[Session], has_plan: np.ndarray, ages: np.ndarray, valid_for: np.ndarray, p: np.ndarray
+        self,
+        rows: list[Session],
+        has_plan: np.ndarray,
+        ages: np.ndarray,
+        valid_for: np.ndarray,
+        present: np.ndarray | None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(PlanState, STALE_PLAN) per row; rows without a valid plan get the no-plan default in `p`."""
+        """(PlanState, STALE_PLAN) per row; rows without a valid plan get the default plan in the tick's
+        plans (executor.default_plan), from their gathered features and sensor profiles `present`."""
         if len(rows) == 1:  # LOCKSTEP and most REALTIME ticks: no per-row arrays of flags
             s = rows[0]
             state, valid, stale = plan_rule(has_plan, ages, valid_for, s.require_plan, s.expired_plan_is_stale)
@@ -629,8 +639,10 @@ class Executor:
             require = np.fromiter((s.require_plan for s in rows), bool, len(rows))
             expired_stale = np.fromiter((s.expired_plan_is_stale for s in rows), bool, len(rows))
             state, valid, stale = plan_rule(has_plan, ages, valid_for, require, expired_stale)
-        if not valid.all():
-            p[~valid] = self.plan_default
+        self._tick_no_plan = None if valid.all() else ~valid
+        if self._tick_no_plan is not None:
+            n = len(rows)
+            self.default_plan.fill(self._p[:n], self._tick_no_plan, self._x[:n], present)
         return state, stale
 
     def propose(self, out: ModelOutputs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

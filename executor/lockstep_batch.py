@@ -216,8 +216,9 @@ class _Scored:
     def of(
         cls, ex: Executor, session: Session, feats: np.ndarray, ts: np.ndarray, rows: np.ndarray, plans: _Plans
     ) -> _Scored:
-        x, p = feats[rows], np.where(plans.valid[rows, None], plans.values[rows], ex.plan_default)
+        x, p = feats[rows], plans.values[rows].copy()
         present = None if session.present is None else np.broadcast_to(session.present, x.shape)
+        ex.default_plan.fill(p, ~plans.valid[rows], x, present)
         if ex.history is None:
             xn, pn, finite = ex.normalisation.apply(x, p, present=present)
         else:  # history features of the used observations, from the whole stream (as pushed live)

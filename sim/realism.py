@@ -40,7 +40,7 @@ from dualloop.executor.history import HistoryDeriver
 from dualloop.sim.env import EXPERT_TARGET_STEPS, ActionNoise, SimEnv
 from dualloop.sim.expert import DriverStyle
 from dualloop.sim.scenarios import SCENARIOS, build_scenario
-from dualloop.sim.schema import FEATURE_INDEX, FEATURE_NAMES, N_FEATURES, N_PLAN, SENSOR_RANGE_M, no_plan
+from dualloop.sim.schema import FEATURE_INDEX, FEATURE_NAMES, N_FEATURES, N_PLAN, SENSOR_RANGE_M, no_plan_rows
 from dualloop.sim.sensors import NOMINAL_SIGMA
 from dualloop.sim.world import TrafficDrivers
 
@@ -88,7 +88,7 @@ class RealismConfig:
     slow_share: float = 0.5  # drives whose speeds are all scaled down
     slow_scale: Range = (0.3, 1.0)
     # rows
-    no_plan_share: float = 0.6  # drives recorded without a plan (schema.no_plan), as human drives are
+    no_plan_share: float = 0.6  # drives recorded without a plan (schema.no_plan_rows), as human drives are
     row_period_s: float = 0.05  # at most one training row per 50 ms of a drive: neighbours add little
     fine_steps: int = 2  # ground truth recorded every 2 steps (10 ms): the finest observation period
     seed: int = 0
@@ -120,7 +120,7 @@ class RealisticData:
 
     features: npt.NDArray[np.float32]  # NaN where the profile does not measure a feature
     present: npt.NDArray[np.bool_]
-    plan: npt.NDArray[np.float32]  # the expert's plan, or schema.no_plan()
+    plan: npt.NDArray[np.float32]  # the expert's plan, or schema.no_plan_rows
     label: npt.NDArray[np.int64]  # look-ahead band of the measured speed
     controls: npt.NDArray[np.float32]  # (accel, steer): the expert's command with a plan, else
     # (look-ahead accel, expert's steer), as a recorded human's actual action
@@ -355,7 +355,7 @@ def run_realistic_batch(
         if sense.has_plan:
             plan = truth.plan[b, idx]
         else:
-            plan = np.broadcast_to(no_plan(), (len(idx), N_PLAN))
+            plan = no_plan_rows(x, np.broadcast_to(sense.present, x.shape))
             controls[:, 0] = la_accel
         present = np.broadcast_to(sense.present, x.shape)
         parts.append((x, present, plan, label, controls, np.full(len(idx), b, np.int64)))

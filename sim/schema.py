@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dualloop.executor import action_labels as _labels
+from dualloop.executor.default_plan import DefaultPlan
 
 
 class Field(NamedTuple):
@@ -122,17 +123,30 @@ def make_plan(
 
 
 # The plan of a drive that has none: a recorded human's, and a session's before its first plan. No
-# behaviour (every one-hot 0) says "no plan"; the target speed in it means nothing (25 m/s, the old
-# default). Models are trained with it on human and human-like drives, so without a plan they
-# propose what a driver would do (docs/design-notes/sim.md).
+# behaviour (every one-hot 0) says "no plan"; its target speed is the measured ego speed ("keep your
+# speed", NO_PLAN_FROM, executor.default_plan), 25 m/s where the speed is not measured. Models are
+# trained with it on human and human-like drives, so without a plan they propose what a driver would
+# do at any speed (docs/design-notes/sim.md). Models before it saw a fixed 25 m/s (their cards have
+# no plan_default_from) and read a motorway's 37 m/s as 12 m/s too fast.
 NO_PLAN_TARGET_SPEED: float = 25.0
+NO_PLAN_FROM: dict[str, str] = {"target_speed": "ego_speed"}
 
 
 def no_plan() -> npt.NDArray[np.float32]:
-    """The plan vector (N_PLAN,) float32 of a drive without a plan."""
+    """The plan vector (N_PLAN,) float32 of a drive without a plan, before NO_PLAN_FROM (a card's
+    plan_default)."""
     plan = np.zeros(N_PLAN, dtype=np.float32)
     plan[PLAN_INDEX["target_speed"]] = NO_PLAN_TARGET_SPEED
     return plan
+
+
+def no_plan_rows(
+    features: npt.NDArray[np.floating], present: npt.NDArray[np.bool_] | None = None
+) -> npt.NDArray[np.float32]:
+    """(n, N_PLAN) the plan of each observation row (n, N_FEATURES) of a drive without a plan, as the
+    executor gives a session without one when its card has NO_PLAN_FROM; `present`: the rows' sensor
+    profiles (None: all measured)."""
+    return DefaultPlan.named(no_plan(), PLAN_NAMES, FEATURE_NAMES, NO_PLAN_FROM).rows(features, present)
 
 
 def clip_controls(

@@ -19,6 +19,7 @@ from dualloop import ood
 from dualloop.controller.training.log_eval import decision_vectors
 from dualloop.controller.training.recorded import read_log_rows
 from dualloop.controller.training.rollouts import run_model_batch
+from dualloop.executor.default_plan import DefaultPlan
 from dualloop.executor.gating import GATE_SOURCES, gate_feature_names
 from dualloop.executor.history import HistoryDeriver, episode_history
 from dualloop.executor.model_card import Normalisation
@@ -89,10 +90,10 @@ def fitting_rows(
     if source == "input_features" or not model.card.mask_input:
         return model_features(model, features, plan, source, history=history)
     # A model with mask inputs meets sessions measuring everything and sessions measuring only the
-    # longitudinal features, mostly without a plan of their own (the card's plan_default), and its
+    # longitudinal features, mostly without a plan of their own (executor.default_plan), and its
     # decision vector differs between them: the gate learns all of these.
     longitudinal = np.isin(np.array(model.card.feature_names), LONGITUDINAL_FEATURES)
-    no_plan = np.broadcast_to(np.array(model.card.plan_default, np.float32), plan.shape)
+    no_plan = DefaultPlan.of(model.card).rows(features)
     return np.concatenate(
         [
             forward_rows(model, features, plan, history=history)[2],

@@ -44,13 +44,14 @@ def driving_card(
     temperature: float = 1.0,
     training_metrics: dict[str, float | str] | None = None,
     mask_input: bool = False,
-    plan_default: list[float] | None = None,
+    plan_default_from: dict[str, str] | None = None,
     history: tuple[tuple[str, ...], np.ndarray, np.ndarray] | None = None,
 ) -> ModelCard:
-    """plan_default: the plan of a session that has none (default: schema.no_plan(), the plan
-    recorded drives are trained with; every model the project builds reads "no plan" the same way,
-    so replays of one log with two of them see the same inputs). history: (names, mean, std) of
-    the history features (executor.history) the model takes after the wire features."""
+    """The plan of a session that has none is schema.no_plan() with plan_default_from (default:
+    schema.NO_PLAN_FROM), the plan recorded drives are trained with: every model the project builds
+    reads "no plan" the same way, so replays of one log with two of them see the same inputs.
+    history: (names, mean, std) of the history features (executor.history) the model takes after
+    the wire features."""
 
     def specs(fields, stats):
         out = []
@@ -59,13 +60,13 @@ def driving_card(
             out.append(FeatureSpec(name=f.name, unit=f.unit, mean=mean, std=max(std, 1e-6)))
         return out
 
-    default_plan = schema.no_plan().tolist() if plan_default is None else plan_default
     return ModelCard(
         name=name,
         size_class=size_class,
         features=specs(schema.FEATURES, feature_stats),
         plan=specs(schema.PLAN, plan_stats),
-        plan_default=default_plan,
+        plan_default=schema.no_plan().tolist(),
+        plan_default_from=dict(schema.NO_PLAN_FROM) if plan_default_from is None else plan_default_from,
         actions=list(schema.ACTIONS),
         controls=[ControlSpec(name=c.name, unit=c.unit, min=c.low, max=c.high) for c in schema.CONTROLS],
         safe_action=SAFE_ACTION,
@@ -83,9 +84,13 @@ def driving_card(
 
 
 def build_test_model(
-    path: Path = TEST_MODEL_PATH, seed: int = TEST_MODEL_SEED, history: tuple[str, ...] = ()
+    path: Path = TEST_MODEL_PATH,
+    seed: int = TEST_MODEL_SEED,
+    history: tuple[str, ...] = (),
+    plan_default_from: dict[str, str] | None = None,
 ) -> ModelCard:
-    """history: names of history features to take (then also mask inputs), for tests of them."""
+    """history: names of history features to take (then also mask inputs), for tests of them;
+    plan_default_from: as the card's (None: none, a fixed default plan, as the shipped test model's)."""
     hidden = (64, 64)
     n = len(history)
     card = driving_card(
@@ -95,6 +100,7 @@ def build_test_model(
         training_metrics={"note": "fixed random weights, untrained"},
         mask_input=bool(history),
         history=(history, np.zeros(n), np.ones(n)) if history else None,
+        plan_default_from=plan_default_from or {},
     )
     weights = random_mlp(card.input_width + schema.N_PLAN, hidden, schema.N_ACTIONS, len(schema.CONTROLS), seed)
     return export_mlp(weights, card, path)

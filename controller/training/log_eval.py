@@ -3,9 +3,10 @@ baselines, per dataset: the quick offline form of `dualloop replay`'s evaluation
 
 One row per labelled observation (the replay also takes one tick per observation). The model sees
 what the executor feeds it: the features normalised with the log's sensor profile as the mask and
-the card's plan_default (recorded drives have no plan). A row with NaN in a measured feature is one
-the executor refuses (INVALID_INPUT): a disagreement. A baseline that needs an unmeasured feature is
-n/a on that row and scored on its other rows, the model beside it on the same rows.
+the card's default plan (recorded drives have no plan: executor.default_plan). A row with NaN in a
+measured feature is one the executor refuses (INVALID_INPUT): a disagreement. A baseline that needs
+an unmeasured feature is n/a on that row and scored on its other rows, the model beside it on the
+same rows.
 
 The baselines are the replay's (controller.replay.baselines: keep, the band of the measured
 ego_accel, a constant time-gap law), on the same rows.
@@ -23,6 +24,7 @@ import numpy.typing as npt
 from dualloop.controller.replay import baselines as bl
 from dualloop.controller.replay import evaluation
 from dualloop.controller.training.recorded import LogRows
+from dualloop.executor.default_plan import DefaultPlan
 from dualloop.executor.model_card import Normalisation
 from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.sim import schema
@@ -67,11 +69,11 @@ def forward_log_rows(
     model: DecisionModel | Path, rows: LogRows, batch: int = 4096, on: npt.NDArray[np.bool_] | None = None
 ) -> Iterator[tuple[slice, ModelOutputs, npt.NDArray[np.bool_]]]:
     """The model's forward pass over the rows in batches, each as the executor feeds it (normalised with
-    the row's sensor profile as the mask, the card's plan_default, history features from the row's whole
+    the row's sensor profile as the mask, the card's default plan, history features from the row's whole
     session): (the batch's slice, the outputs, which rows were finite); batches with no row `on` skipped."""
     model = model if isinstance(model, DecisionModel) else DecisionModel(model, warmup_batches=())
     norm = Normalisation.of(model.card)
-    plan = np.broadcast_to(np.asarray(model.card.plan_default, np.float32), (len(rows), len(model.card.plan)))
+    default_plan = DefaultPlan.of(model.card)
     history = None if model.history is None else rows.history(model.history)
     for start in range(0, len(rows), batch):
         sl = slice(start, start + batch)
@@ -82,7 +84,8 @@ def forward_log_rows(
         if history is not None:
             x = np.concatenate([x, history[sl]], axis=1)
             present = np.concatenate([present, model.history.present(present)], axis=1)  # type: ignore[union-attr]
-        xn, pn, finite = norm.apply(x, plan[sl].copy(), present=present)
+        plan = default_plan.rows(rows.features[sl], rows.present[sl])
+        xn, pn, finite = norm.apply(x, plan, present=present)
         yield sl, model.forward(xn, pn, present), finite
 
 

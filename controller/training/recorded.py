@@ -8,8 +8,8 @@ is replayed with all present, so it is read that way too), the label the importe
 (ActualAction.controls[accel]). Rows without a label, or with NaN in a measured feature (the
 executor would refuse them), are not training rows.
 
-Recorded drives come without a plan; they are trained with schema.no_plan(), which a card gives as
-plan_default, the plan the executor uses when a session has none.
+Recorded drives come without a plan; they are trained with the plan the executor gives a session
+without one (schema.no_plan_rows: the card's plan_default, its target speed the measured ego speed).
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def training_splits(rows: LogRows, history: HistoryDeriver | None = None) -> dic
             out[split][name] = make_split(
                 rows.features[keep],
                 rows.present[keep],
-                schema.no_plan(),
+                schema.no_plan_rows(rows.features[keep], rows.present[keep]),
                 rows.label[keep],
                 controls,
                 source=0,

@@ -168,7 +168,6 @@ def _card(size: str, dv: int, norm: Normaliser, temperature: float, metrics: dic
         temperature=temperature,
         training_metrics=_round_metrics(metrics),
         mask_input=norm.mask_input,
-        plan_default=schema.no_plan().tolist(),
         history=history,
     )
 

@@ -16,7 +16,7 @@ from dualloop.sim.realism import (
     run_realistic_batch,
     sample_traffic_drivers,
 )
-from dualloop.sim.schema import FEATURE_INDEX, FEATURE_NAMES, N_FEATURES, no_plan
+from dualloop.sim.schema import FEATURE_INDEX, FEATURE_NAMES, N_FEATURES, PLAN_INDEX
 
 SHORT = {"duration_s": 6.0}
 
@@ -46,7 +46,10 @@ def test_profiles_rates_and_plans() -> None:
         if s.profile == "longitudinal":
             assert {FEATURE_NAMES[i] for i in np.flatnonzero(s.present)} == set(LONGITUDINAL_FEATURES)
         if rows.any() and not s.has_plan:
-            assert (data.plan[rows] == no_plan()).all()
+            # no plan: "keep your speed", the target the measured speed (every profile measures it)
+            target = data.plan[rows, PLAN_INDEX["target_speed"]]
+            assert np.array_equal(target, data.features[rows, FEATURE_INDEX["ego_speed"]])
+            assert (np.delete(data.plan[rows], PLAN_INDEX["target_speed"], axis=1) == 0).all()
             # without a plan the target is what the driver did: the label's own acceleration band
             assert (action_of_accel(data.controls[rows, 0]) == data.label[rows]).all()
     assert {s.has_plan for s in data.sensing} == {True, False}

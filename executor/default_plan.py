@@ -1,0 +1,82 @@
+"""The plan a session decides with while it has no valid plan (none yet, or its plan expired).
+
+A model card gives it as `plan_default`, and may name plan fields taken from the session's newest
+observation instead (`plan_default_from`, plan field -> feature). The shipped recipe takes
+target_speed from ego_speed: a drive without a planner asks to keep its speed. A fixed 25 m/s target
+made every motorway drive at 37 m/s look 12 m/s too fast to the model, which proposed braking hard
+where the driver cruised (docs/transfer.md). A feature that is not measured (its sensor profile says
+so, or it is not finite) leaves plan_default's value in place.
+
+One rule for every user of a model: the executor's live and vectorised paths, the training rows of
+recorded and simulated drives without a plan, the gate fits and the offline scoring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from dualloop.executor.model_card import ModelCard
+
+F32 = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class DefaultPlan:
+    values: F32  # (P,) plan_default
+    plan_index: npt.NDArray[np.intp]  # (K,) the plan fields taken from the observation
+    feature_index: npt.NDArray[np.intp]  # (K,) the features they are taken from
+
+    @classmethod
+    def named(
+        cls,
+        default: npt.ArrayLike,
+        plan_names: Sequence[str],
+        feature_names: Sequence[str],
+        taken_from: Mapping[str, str],
+    ) -> DefaultPlan:
+        pairs = sorted((list(plan_names).index(p), list(feature_names).index(f)) for p, f in taken_from.items())
+        return cls(
+            np.asarray(default, np.float32),
+            np.array([p for p, _ in pairs], np.intp),
+            np.array([f for _, f in pairs], np.intp),
+        )
+
+    @classmethod
+    def of(cls, card: ModelCard) -> DefaultPlan:
+        return cls.named(card.plan_default, [p.name for p in card.plan], card.feature_names, card.plan_default_from)
+
+    @property
+    def fixed(self) -> bool:
+        """Whether the plan is the same for every observation (plan_default as it is)."""
+        return self.plan_index.size == 0
+
+    def rows(self, features: npt.NDArray[np.floating], present: npt.NDArray[np.bool_] | None = None) -> F32:
+        """(n, P) the plan of each observation row `features` (n, F) (the wire features first);
+        `present` (n, F) bool or None (all measured): the rows' sensor profiles."""
+        out = np.tile(self.values, (len(features), 1))
+        if not self.fixed:
+            self.fill(out, np.ones(len(features), bool), features, present)
+        return out
+
+    def fill(
+        self,
+        plans: F32,
+        where: npt.NDArray[np.bool_],
+        features: npt.NDArray[np.floating],
+        present: npt.NDArray[np.bool_] | None,
+    ) -> None:
+        """Overwrite plans[where] (rows without a valid plan) in place with each row's default plan."""
+        plans[where] = self.values
+        if self.fixed:
+            return
+        taken = features[where][:, self.feature_index].astype(np.float32)
+        ok = np.isfinite(taken)
+        if present is not None:
+            ok &= present[where][:, self.feature_index]
+        rows = plans[where]
+        rows[:, self.plan_index] = np.where(ok, taken, rows[:, self.plan_index])
+        plans[where] = rows
