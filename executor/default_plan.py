@@ -1,11 +1,13 @@
 """The plan a session decides with while it has no valid plan (none yet, or its plan expired).
 
-A model card gives it as `plan_default`, and may name plan fields taken from the session's newest
-observation instead (`plan_default_from`, plan field -> feature). The shipped recipe takes
-target_speed from ego_speed: a drive without a planner asks to keep its speed. A fixed 25 m/s target
-made every motorway drive at 37 m/s look 12 m/s too fast to the model, which proposed braking hard
-where the driver cruised (docs/transfer.md). A feature that is not measured (its sensor profile says
-so, or it is not finite) leaves plan_default's value in place.
+A model card gives it as `plan_default`, and may name plan fields raised to a feature of the
+session's newest observation (`plan_default_at_least`, plan field -> feature). The shipped recipe
+raises target_speed to ego_speed: no plan never asks the car to slow down. A fixed 25 m/s target
+made a motorway drive at 37 m/s look 12 m/s too fast to the model, which proposed braking hard where
+the driver cruised (docs/transfer.md). Below 25 m/s the target stays 25: a target that fell with the
+speed looked, near standstill, like a stop plan's 0 m/s, and a model trained so braked too softly
+behind a stopped car. A feature that is not measured (its sensor profile says so, or it is not
+finite) leaves plan_default's value in place.
 
 One rule for every user of a model: the executor's live and vectorised paths, the training rows of
 recorded and simulated drives without a plan, the gate fits and the offline scoring.
@@ -27,8 +29,8 @@ F32 = npt.NDArray[np.float32]
 @dataclass(frozen=True)
 class DefaultPlan:
     values: F32  # (P,) plan_default
-    plan_index: npt.NDArray[np.intp]  # (K,) the plan fields taken from the observation
-    feature_index: npt.NDArray[np.intp]  # (K,) the features they are taken from
+    plan_index: npt.NDArray[np.intp]  # (K,) the plan fields raised to the observation's features
+    feature_index: npt.NDArray[np.intp]  # (K,) those features
 
     @classmethod
     def named(
@@ -47,7 +49,7 @@ class DefaultPlan:
 
     @classmethod
     def of(cls, card: ModelCard) -> DefaultPlan:
-        return cls.named(card.plan_default, [p.name for p in card.plan], card.feature_names, card.plan_default_from)
+        return cls.named(card.plan_default, [p.name for p in card.plan], card.feature_names, card.plan_default_at_least)
 
     @property
     def fixed(self) -> bool:
@@ -55,7 +57,7 @@ class DefaultPlan:
         return self.plan_index.size == 0
 
     def rows(self, features: npt.NDArray[np.floating], present: npt.NDArray[np.bool_] | None = None) -> F32:
-        """(n, P) the plan of each observation row `features` (n, F) (the wire features first);
+        """(n, P) the default plan of each observation row `features` (n, F) (the wire features first);
         `present` (n, F) bool or None (all measured): the rows' sensor profiles."""
         out = np.tile(self.values, (len(features), 1))
         if not self.fixed:
@@ -78,5 +80,6 @@ class DefaultPlan:
         if present is not None:
             ok &= present[where][:, self.feature_index]
         rows = plans[where]
-        rows[:, self.plan_index] = np.where(ok, taken, rows[:, self.plan_index])
+        default = rows[:, self.plan_index]
+        rows[:, self.plan_index] = np.where(ok, np.maximum(taken, default), default)
         plans[where] = rows

@@ -78,9 +78,9 @@ class ModelCard(BaseModel):
     features: list[FeatureSpec] = Field(min_length=1)
     plan: list[FeatureSpec] = Field(min_length=1)
     plan_default: list[float]
-    # Plan fields a session without a valid plan takes from its newest observation instead of
-    # plan_default (plan field -> feature), where that feature is measured (executor.default_plan).
-    plan_default_from: dict[str, str] = {}
+    # Plan fields of plan_default raised to a feature of the session's newest observation while it has
+    # no valid plan (plan field -> feature), where that feature is measured (executor.default_plan).
+    plan_default_at_least: dict[str, str] = {}
     actions: list[str] = Field(min_length=2)
     controls: list[ControlSpec] = Field(min_length=1)
     safe_action: SafeAction
@@ -106,10 +106,10 @@ class ModelCard(BaseModel):
         if len(self.plan_default) != len(self.plan):
             raise ValueError(f"plan_default has {len(self.plan_default)} values for {len(self.plan)} plan fields")
         plan_names, feature_names = [p.name for p in self.plan], [f.name for f in self.features]
-        for plan_field, feature in self.plan_default_from.items():
+        for plan_field, feature in self.plan_default_at_least.items():
             if plan_field not in plan_names or feature not in feature_names:
                 raise ValueError(
-                    f"plan_default_from {plan_field!r} -> {feature!r}: the plan fields are {plan_names}, "
+                    f"plan_default_at_least {plan_field!r} -> {feature!r}: the plan fields are {plan_names}, "
                     f"the features {feature_names}"
                 )
         if self.safe_action.action not in self.actions:
@@ -172,7 +172,7 @@ class ModelCard(BaseModel):
         # the fields below are written only when set: cards (and version hashes) of earlier models
         # stay as they were
         optional = (
-            ("plan_default_from", self.plan_default_from),
+            ("plan_default_at_least", self.plan_default_at_least),
             ("mask_input", self.mask_input),
             ("history_features", self.history_features),
             ("decision_vector_outputs", self.decision_vector_outputs),

@@ -123,18 +123,18 @@ def make_plan(
 
 
 # The plan of a drive that has none: a recorded human's, and a session's before its first plan. No
-# behaviour (every one-hot 0) says "no plan"; its target speed is the measured ego speed ("keep your
-# speed", NO_PLAN_FROM, executor.default_plan), 25 m/s where the speed is not measured. Models are
-# trained with it on human and human-like drives, so without a plan they propose what a driver would
-# do at any speed (docs/design-notes/sim.md). Models before it saw a fixed 25 m/s (their cards have
-# no plan_default_from) and read a motorway's 37 m/s as 12 m/s too fast.
+# behaviour (every one-hot 0) says "no plan"; its target speed is 25 m/s, raised to the measured ego
+# speed above it (NO_PLAN_AT_LEAST, executor.default_plan): no plan never asks to slow down. Models
+# are trained with it on human and human-like drives, so without a plan they propose what a driver
+# would do (docs/design-notes/sim.md). Models before it (no plan_default_at_least in their cards) saw
+# a fixed 25 m/s and read a motorway's 37 m/s as 12 m/s too fast.
 NO_PLAN_TARGET_SPEED: float = 25.0
-NO_PLAN_FROM: dict[str, str] = {"target_speed": "ego_speed"}
+NO_PLAN_AT_LEAST: dict[str, str] = {"target_speed": "ego_speed"}
 
 
 def no_plan() -> npt.NDArray[np.float32]:
-    """The plan vector (N_PLAN,) float32 of a drive without a plan, before NO_PLAN_FROM (a card's
-    plan_default)."""
+    """The plan vector (N_PLAN,) float32 of a drive without a plan, before NO_PLAN_AT_LEAST raises it
+    (a card's plan_default)."""
     plan = np.zeros(N_PLAN, dtype=np.float32)
     plan[PLAN_INDEX["target_speed"]] = NO_PLAN_TARGET_SPEED
     return plan
@@ -144,9 +144,9 @@ def no_plan_rows(
     features: npt.NDArray[np.floating], present: npt.NDArray[np.bool_] | None = None
 ) -> npt.NDArray[np.float32]:
     """(n, N_PLAN) the plan of each observation row (n, N_FEATURES) of a drive without a plan, as the
-    executor gives a session without one when its card has NO_PLAN_FROM; `present`: the rows' sensor
+    executor gives a session without one when its card has NO_PLAN_AT_LEAST; `present`: the rows' sensor
     profiles (None: all measured)."""
-    return DefaultPlan.named(no_plan(), PLAN_NAMES, FEATURE_NAMES, NO_PLAN_FROM).rows(features, present)
+    return DefaultPlan.named(no_plan(), PLAN_NAMES, FEATURE_NAMES, NO_PLAN_AT_LEAST).rows(features, present)
 
 
 def clip_controls(

@@ -44,11 +44,11 @@ def driving_card(
     temperature: float = 1.0,
     training_metrics: dict[str, float | str] | None = None,
     mask_input: bool = False,
-    plan_default_from: dict[str, str] | None = None,
+    plan_default_at_least: dict[str, str] | None = None,
     history: tuple[tuple[str, ...], np.ndarray, np.ndarray] | None = None,
 ) -> ModelCard:
-    """The plan of a session that has none is schema.no_plan() with plan_default_from (default:
-    schema.NO_PLAN_FROM), the plan recorded drives are trained with: every model the project builds
+    """The plan of a session that has none is schema.no_plan() with plan_default_at_least (default:
+    schema.NO_PLAN_AT_LEAST), the plan recorded drives are trained with: every model the project builds
     reads "no plan" the same way, so replays of one log with two of them see the same inputs.
     history: (names, mean, std) of the history features (executor.history) the model takes after
     the wire features."""
@@ -66,7 +66,7 @@ def driving_card(
         features=specs(schema.FEATURES, feature_stats),
         plan=specs(schema.PLAN, plan_stats),
         plan_default=schema.no_plan().tolist(),
-        plan_default_from=dict(schema.NO_PLAN_FROM) if plan_default_from is None else plan_default_from,
+        plan_default_at_least=dict(schema.NO_PLAN_AT_LEAST) if plan_default_at_least is None else plan_default_at_least,
         actions=list(schema.ACTIONS),
         controls=[ControlSpec(name=c.name, unit=c.unit, min=c.low, max=c.high) for c in schema.CONTROLS],
         safe_action=SAFE_ACTION,
@@ -87,10 +87,10 @@ def build_test_model(
     path: Path = TEST_MODEL_PATH,
     seed: int = TEST_MODEL_SEED,
     history: tuple[str, ...] = (),
-    plan_default_from: dict[str, str] | None = None,
+    plan_default_at_least: dict[str, str] | None = None,
 ) -> ModelCard:
     """history: names of history features to take (then also mask inputs), for tests of them;
-    plan_default_from: as the card's (None: none, a fixed default plan, as the shipped test model's)."""
+    plan_default_at_least: as the card's (None: none, a fixed default plan, as the shipped test model's)."""
     hidden = (64, 64)
     n = len(history)
     card = driving_card(
@@ -100,7 +100,7 @@ def build_test_model(
         training_metrics={"note": "fixed random weights, untrained"},
         mask_input=bool(history),
         history=(history, np.zeros(n), np.ones(n)) if history else None,
-        plan_default_from=plan_default_from or {},
+        plan_default_at_least=plan_default_at_least or {},
     )
     weights = random_mlp(card.input_width + schema.N_PLAN, hidden, schema.N_ACTIONS, len(schema.CONTROLS), seed)
     return export_mlp(weights, card, path)

@@ -46,9 +46,9 @@ def test_profiles_rates_and_plans() -> None:
         if s.profile == "longitudinal":
             assert {FEATURE_NAMES[i] for i in np.flatnonzero(s.present)} == set(LONGITUDINAL_FEATURES)
         if rows.any() and not s.has_plan:
-            # no plan: "keep your speed", the target the measured speed (every profile measures it)
+            # no plan: the target 25 m/s raised to the measured speed (every profile measures it)
             target = data.plan[rows, PLAN_INDEX["target_speed"]]
-            assert np.array_equal(target, data.features[rows, FEATURE_INDEX["ego_speed"]])
+            assert np.array_equal(target, np.maximum(data.features[rows, FEATURE_INDEX["ego_speed"]], 25.0))
             assert (np.delete(data.plan[rows], PLAN_INDEX["target_speed"], axis=1) == 0).all()
             # without a plan the target is what the driver did: the label's own acceleration band
             assert (action_of_accel(data.controls[rows, 0]) == data.label[rows]).all()

@@ -97,9 +97,10 @@ def test_simulated_data_has_both_kinds_of_drive_and_missing_features(tiny_data: 
         assert np.array_equal(np.isnan(sp.features), ~sp.present)
         no_plan = (sp.plan[:, 2:] == 0).all(axis=1)  # no behaviour: the expert's plans always have one
         assert no_plan[~sim].any() and not no_plan[sim].any()
-        # ... and "keep your speed" as the target (schema.NO_PLAN_FROM)
+        # ... and the target raised to the measured speed (schema.NO_PLAN_AT_LEAST)
         target = sp.plan[no_plan, schema.PLAN_INDEX["target_speed"]]
-        assert np.array_equal(target, sp.features[no_plan, schema.FEATURE_INDEX["ego_speed"]])
+        speed = sp.features[no_plan, schema.FEATURE_INDEX["ego_speed"]]
+        assert np.array_equal(target, np.maximum(speed, schema.NO_PLAN_TARGET_SPEED))
         assert (sp.label >= 0).all() and (sp.weight == 1.0).all()
 
 
@@ -118,7 +119,7 @@ def test_recorded_drives_join_train_and_val_with_their_share_of_the_weight(
 def test_card_takes_masks_and_has_no_plan_as_default(trained: TrainResult) -> None:
     model = DecisionModel(trained.path, warmup_batches=())
     assert model.card.mask_input and model.card.plan_default == schema.no_plan().tolist()
-    assert model.card.plan_default_from == schema.NO_PLAN_FROM
+    assert model.card.plan_default_at_least == schema.NO_PLAN_AT_LEAST
     inputs = {i.name: i.shape for i in model._session.get_inputs()}
     assert inputs[model.card.io.features][1] == 2 * schema.N_FEATURES
 
