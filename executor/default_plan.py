@@ -38,9 +38,9 @@ class DefaultPlan:
         default: npt.ArrayLike,
         plan_names: Sequence[str],
         feature_names: Sequence[str],
-        taken_from: Mapping[str, str],
+        raised_to: Mapping[str, str],
     ) -> DefaultPlan:
-        pairs = sorted((list(plan_names).index(p), list(feature_names).index(f)) for p, f in taken_from.items())
+        pairs = sorted((list(plan_names).index(p), list(feature_names).index(f)) for p, f in raised_to.items())
         return cls(
             np.asarray(default, np.float32),
             np.array([p for p, _ in pairs], np.intp),
