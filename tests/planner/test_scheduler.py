@@ -419,16 +419,23 @@ def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung(monkeypatch: pytest.Mo
         with PlanScheduler(
             BehaviourPlanner, SchedulerConfig(period_s=PERIOD_S, deadline_s=PERIOD_S, nice=15, starved_limit_s=20.0)
         ) as sched:
-            os.sched_setaffinity(sched.stats()["worker_pid"], {cpu})
+            # one batch on a free CPU first: a fresh process's first plans pay one-time costs (a fresh
+            # clone compiles the modules they import) that can exceed the deadline's CPU by themselves
+            warm: list[Plan] = []
+            sched.request("warm-up", varied_features(0), 0)
+            assert wait_for(lambda: len(warm) == 1, 60.0, sched, warm), sched.stats()
+            before = sched.stats()
+            os.sched_setaffinity(before["worker_pid"], {cpu})
             for i in range(64):
                 sched.request(f"car-{i}", varied_features(i), 0)
             got: list[Plan] = []
             assert wait_for(lambda: len(got) == 64, 60.0, sched, got), sched.stats()
             stats = sched.stats()
     # past its deadline (PERIOD_S) in wall time, yet not killed: otherwise the test proves nothing
-    assert stats["batch_time_us_p50"] > PERIOD_S * 1e6, "the worker was not starved: the test proves nothing"
-    assert stats["batch_cpu_us_p50"] < PERIOD_S * 1e6
-    assert stats["timeouts"] == stats["restarts"] == 0 and stats["starved_batches"] >= 1, stats
+    assert stats["batch_time_us_p99"] > PERIOD_S * 1e6, "the worker was not starved: the test proves nothing"
+    assert stats["batch_cpu_us_p99"] < PERIOD_S * 1e6
+    assert stats["timeouts"] == before["timeouts"] and stats["restarts"] == before["restarts"], stats
+    assert stats["starved_batches"] >= 1, stats
 
 
 def test_a_source_spinning_on_a_cpu_is_still_killed_at_its_deadline():
