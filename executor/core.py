@@ -119,7 +119,7 @@ class Executor:
         card = self.card = model.card
         self.normalisation = Normalisation.of(card)
         self.plan_default = np.array(card.plan_default, np.float32)  # a session's plan until it gets one
-        self.default_plan = DefaultPlan.of(card)  # ... some fields from its newest observation
+        self.default_plan = DefaultPlan.of(card)  # ... some fields raised to its newest observation
         self._ctrl_min = np.array([c.min for c in card.controls], np.float32)
         self._ctrl_max = np.array([c.max for c in card.controls], np.float32)
         self._inv_temperature = np.float32(1.0 / card.temperature)

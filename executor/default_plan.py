@@ -61,7 +61,12 @@ class DefaultPlan:
         `present` (n, F) bool or None (all measured): the rows' sensor profiles."""
         out = np.tile(self.values, (len(features), 1))
         if not self.fixed:
-            self.fill(out, np.ones(len(features), bool), features, present)
+            taken = features[:, self.feature_index].astype(np.float32)
+            ok = np.isfinite(taken)
+            if present is not None:
+                ok &= present[:, self.feature_index]
+            default = out[:, self.plan_index]
+            out[:, self.plan_index] = np.where(ok, np.maximum(taken, default), default)
         return out
 
     def fill(
@@ -72,14 +77,7 @@ class DefaultPlan:
         present: npt.NDArray[np.bool_] | None,
     ) -> None:
         """Overwrite plans[where] (rows without a valid plan) in place with each row's default plan."""
-        plans[where] = self.values
         if self.fixed:
-            return
-        taken = features[where][:, self.feature_index].astype(np.float32)
-        ok = np.isfinite(taken)
-        if present is not None:
-            ok &= present[where][:, self.feature_index]
-        rows = plans[where]
-        default = rows[:, self.plan_index]
-        rows[:, self.plan_index] = np.where(ok, np.maximum(taken, default), default)
-        plans[where] = rows
+            plans[where] = self.values
+        else:
+            plans[where] = self.rows(features[where], None if present is None else present[where])

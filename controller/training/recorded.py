@@ -9,7 +9,7 @@ is replayed with all present, so it is read that way too), the label the importe
 executor would refuse them), are not training rows.
 
 Recorded drives come without a plan; they are trained with the plan the executor gives a session
-without one (schema.no_plan_rows: the card's plan_default, its target speed the measured ego speed).
+without one (schema.no_plan_rows: the card's plan_default, its target speed raised to the measured speed).
 """
 
 from __future__ import annotations
