@@ -588,7 +588,7 @@ def _safety_scan(
                 machine.trust_run(
                     mem,
                     [AppliedAction(int(top[k]), names[top[k]], controls[k].copy()) for k in last],
-                    [x[k] for k in last],
+                    [x[k] for k in range(max(t, nxt - max(keep, machine.history_ticks)), nxt)],
                 )
                 t = nxt
                 continue

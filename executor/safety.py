@@ -21,9 +21,14 @@ What reaches the actuators (docs/contract.md#safety):
 - VETO_HOLD aims at the last action that passed every check. On a gate veto it rolls back
   `rollback_ticks`: the gate's sequential filter confirms a fault a few ticks after it began, and
   the actions of those ticks were computed from suspect input.
+- **Outside NOMINAL the steering keeps a lane, never a held angle**: the hold keeps the trusted
+  action's acceleration and steers, as the fallback does, with a lane keeper that does not involve
+  the model (a held angle is open loop: held from the middle of a lane change it leaves the road).
+  The keeper reads the lane while it is readable; while it is not, it steers by the lane
+  dead-reckoned from the last trusted readings (executor/lane_estimate.py).
 - FALLBACK_ACTIVE is the minimal-risk manoeuvre (UN R157 5.5): decelerate in lane at
   `fallback_decel` (<= 3 m/s^2) while the lane is visible, `blind_decel` (<= 4 m/s^2) while it is
-  not, steering with a lane keeper that does not involve the model. Its snapshots carry FALLBACK
+  not, steering with the lane keeper. Its snapshots carry FALLBACK
   from the first tick, which is the hazard-light request. Once the vehicle stands still (measured,
   or dead-reckoned from the last trusted speed when the speed is distrusted) it stays stopped
   (STANDSTILL_HOLD) until an explicit release (Observation.release_standstill), or until trusted
@@ -52,12 +57,14 @@ test of the batch's lead columns), go through `decide`.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from dualloop.executor.action_labels import ACTIONS, BRAKE_BELOW, BRAKE_HARD_BELOW, KEEP_AT_MOST, action_of_accel
+from dualloop.executor.lane_estimate import LaneEstimate, LaneReading, lane_history
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
 from dualloop.executor.standstill import StandstillConfig, StandstillHold
 from dualloop.executor.threat import LeadTrack, ThreatAssessor, ThreatConfig
@@ -82,6 +89,15 @@ class LaneKeepingConfig(BaseModel):
     # below this at the current speed (the larger of measured and last trusted): a steer held from
     # 25 m/s is violent at 55 m/s (0.034 rad there is ~37 m/s^2).
     max_lateral_accel: float = Field(default=3.0, gt=0.0, description="m/s^2")
+    # While the lane is not visible (nothing readable, or not finite) the keeper steers by a
+    # dead-reckoned estimate of it (executor/lane_estimate.py): a clothoid fitted to the trusted
+    # readings of the last `trend_window_s` (its offset and heading to those of the last
+    # `pose_window_s`), the curvature's trend extrapolated over `preview_m` (a camera lane model's
+    # range) and bounded by `max_curvature_rate` (a road's tightest clothoid).
+    trend_window_s: float = Field(default=1.0, gt=0.0, description="s of trusted readings the trend is fitted to")
+    pose_window_s: float = Field(default=0.2, gt=0.0, description="s of trusted readings the pose is fitted to")
+    preview_m: float = Field(default=60.0, ge=0.0, description="m over which the curvature trend is extrapolated")
+    max_curvature_rate: float = Field(default=1e-4, ge=0.0, description="1/m per m")
 
 
 class SafetyConfig(BaseModel):
@@ -178,6 +194,8 @@ class SafetyMemory:
     released: bool = False  # a standstill hold was released: no new one until the model drives again
     lead: LeadTrack = field(default_factory=LeadTrack)
     lead_hold: bool = False  # the stopped-lead hold lowered the previous command: ramp back in from it
+    lane_history: deque[LaneReading] | None = None  # trusted lane readings since the last recovery
+    lane_estimate: LaneEstimate | None = None  # the lane, dead-reckoned since the last trusted tick
 
 
 class SafetyMachine:
@@ -202,6 +220,8 @@ class SafetyMachine:
         self._dwell_ns = int(config.recovery_dwell_ms * 1e6)
         self._abstain_ns = int(config.max_abstain_ms * 1e6)
         self._period_s = period_ns / 1e9
+        self._history_len = round(max(lk.trend_window_s, lk.pose_window_s) / self._period_s) if lk else 0
+        self._pose_len = round(lk.pose_window_s / self._period_s) if lk else 0
         self._jerk_step = config.jerk_limit * self._period_s
         self.threat = ThreatAssessor(config.threat, names) if config.threat is not None else None
         hold = StandstillHold(config.standstill, names) if config.standstill is not None else None
@@ -249,6 +269,7 @@ class SafetyMachine:
         if mem.stopped and (release or (not doubted and self._driven_by_someone_else())):
             mem.stopped, mem.released = False, True
         last = mem.last_accel
+        self._steer_before, self._suspect_readings = self._advance_lane_estimate(mem), 0
         target, state, blending = self._decide(mem, now_ns, reasons, proposal, features)
         if state is SafetyState.NOMINAL and not blending and not reasons:
             applied, state = self._applied_nominal(mem, proposal)  # type: ignore[arg-type]
@@ -256,11 +277,38 @@ class SafetyMachine:
             if state is not SafetyState.NOMINAL:
                 target = self._bound_steer(mem, target)
             applied, state = self._safe_side(mem, now_ns, reasons, proposal, target, state, blending, doubted)
+            if state is not SafetyState.NOMINAL and (estimate := self._lane_estimate(mem)) is not None:
+                estimate.steer = float(applied.controls[self._steer])
         if self.standstill is not None:
             at_rest = not doubted and self.standstill.engaged(features)
             if at_rest or mem.lead_hold:
                 applied = self._hold_at_rest(mem, last, reasons, applied, state, at_rest)
         return applied, state
+
+    def _advance_lane_estimate(self, mem: SafetyMemory) -> float:
+        """Carry the dead-reckoned lane to this tick; returns the steering applied at the tick
+        before where known (the estimate's), else the last trusted command's."""
+        estimate = mem.lane_estimate
+        lk = self.config.lane_keeping
+        if estimate is not None and lk is not None:
+            estimate.advance(self._speed_now(mem), self._period_s, lk.wheelbase_m, lk.preview_m)
+            return estimate.steer
+        trusted = mem.last_safe
+        return float(trusted.controls[self._steer]) if trusted is not None and self._steer is not None else 0.0
+
+    def _lane_estimate(self, mem: SafetyMemory) -> LaneEstimate | None:
+        """The dead-reckoned lane at this tick, started from the newest trusted reading (taken to be
+        the tick before's) on the first tick outside NOMINAL; None without lane keeping or readings."""
+        lk = self.config.lane_keeping
+        if mem.lane_estimate is None and lk is not None and self._steer is not None and mem.lane_history:
+            suspect = min(self._suspect_readings, len(mem.lane_history) - 1)
+            mem.lane_estimate = LaneEstimate.from_history(
+                mem.lane_history, self._period_s, self._steer_before, lk.max_curvature_rate, self._pose_len, suspect
+            )
+            if mem.lane_estimate is not None:
+                for _ in range(suspect + 1):  # from the reading used to this tick
+                    mem.lane_estimate.advance(self._speed_now(mem), self._period_s, lk.wheelbase_m, lk.preview_m)
+        return mem.lane_estimate
 
     def _hold_at_rest(
         self,
@@ -385,9 +433,10 @@ class SafetyMachine:
         steady = [not r and m.state is nominal for m, r in zip(mems, reasons)]
         out: list[tuple[AppliedAction, SafetyState]] = []
         lane = self._lane if features is not None else None
-        if lane is not None and any(steady):  # the trusted road, read as two columns
+        if lane is not None and any(steady):  # the trusted lane, read as four columns
             assert features is not None
             curvatures, speeds = features[:, lane[2]].tolist(), features[:, lane[3]].tolist()
+            offsets, headings = features[:, lane[0]].tolist(), features[:, lane[1]].tolist()
         standstill = self._speed if features is not None else None
         if standstill is not None and any(steady):
             assert features is not None
@@ -430,10 +479,16 @@ class SafetyMachine:
                 del recent[0]
             if x is not None:
                 if lane is not None:
-                    if math.isfinite(curvature := curvatures[i]):
+                    curvature, speed = curvatures[i], speeds[i]
+                    if math.isfinite(curvature):
                         mem.trusted_curvature = curvature
-                    if math.isfinite(speed := speeds[i]):
+                    if math.isfinite(speed):
                         mem.trusted_speed = speed
+                    offset, heading = offsets[i], headings[i]
+                    if math.isfinite(curvature + speed + offset + heading):  # `_remember_lane`, inline
+                        if (history := mem.lane_history) is None:
+                            history = mem.lane_history = lane_history(self._history_len)
+                        history.append((curvature, speed, offset, heading))
                 if standstill is not None and math.isfinite(speed := own_speeds[i]):
                     mem.speed_estimate = abs(speed)
             if accel is not None:
@@ -463,6 +518,7 @@ class SafetyMachine:
                 mem.late_hold = not any(r in CONTENT_DISTRUST for r in reasons)
                 if Reason.OOD_VETO in reasons:  # only the gate's filter confirms late
                     self._roll_back(mem)
+                    self._suspect_readings = self.config.rollback_ticks
             elif Reason.LOW_MARGIN in reasons:
                 if mem.abstain_since_ns is None:
                     mem.abstain_since_ns = now_ns
@@ -553,35 +609,59 @@ class SafetyMachine:
         controls[self._steer] = min(max(steer, -limit), limit)
         return AppliedAction(applied.index, applied.name, controls)
 
+    @property
+    def history_ticks(self) -> int:
+        """How many of the newest trusted ticks the memory keeps lane readings of."""
+        return self._history_len
+
     def trust_run(self, mem: SafetyMemory, proposals: list[AppliedAction], features: list[np.ndarray]) -> None:
-        """What a run of clean NOMINAL ticks leaves in memory, given the run's last proposals (and
-        their ticks' inputs): only the newest rollback_ticks + 1 of them can matter (replay scan)."""
+        """What a run of clean NOMINAL ticks leaves in memory (replay scan), given the run's last
+        proposals and the inputs of its last ticks, oldest first: as many as the proposals or more.
+        Only the newest rollback_ticks + 1 proposals and `history_ticks` inputs can matter."""
         mem.abstain_since_ns = None
-        for proposal, x in zip(
-            proposals[-(self.config.rollback_ticks + 1) :], features[-(self.config.rollback_ticks + 1) :]
-        ):
+        older = len(features) - len(proposals)
+        for k, x in enumerate(features):
             self._features = x
-            self._trust(mem, proposal)
+            if k < older:
+                self._trust_readings(mem)
+                continue
+            self._trust(mem, proposals[k - older])
             if self._accel is not None:
-                mem.last_accel = float(proposal.controls[self._accel])
+                mem.last_accel = float(proposals[k - older].controls[self._accel])
 
     def _trust(self, mem: SafetyMemory, proposal: AppliedAction) -> None:
-        """A NOMINAL tick: remember its action, and the road's curvature and speed while inputs are trusted."""
+        """A NOMINAL tick: remember its action, and the lane, road and speed while inputs are trusted."""
         mem.last_safe, mem.released = proposal, False
         mem.recent.append(proposal)
         if len(mem.recent) > self.config.rollback_ticks + 1:
             del mem.recent[0]
+        self._trust_readings(mem)
+
+    def _trust_readings(self, mem: SafetyMemory) -> None:
+        if mem.lane_estimate is not None:  # back from a hold: the readings before it are another road
+            mem.lane_estimate = None
+            if mem.lane_history is not None:
+                mem.lane_history.clear()
         x = self._features
         if x is None:
             return
         if self._lane is not None:
-            curvature, speed = x[self._lane[2]], x[self._lane[3]]
-            if np.isfinite(curvature):
-                mem.trusted_curvature = float(curvature)
-            if np.isfinite(speed):
-                mem.trusted_speed = float(speed)
+            offset, heading, curvature, speed = (float(x[i]) for i in self._lane)
+            if math.isfinite(curvature):
+                mem.trusted_curvature = curvature
+            if math.isfinite(speed):
+                mem.trusted_speed = speed
+            self._remember_lane(mem, curvature, speed, offset, heading)
         if self._speed is not None and math.isfinite(own := float(x[self._speed])):
             mem.speed_estimate = abs(own)
+
+    def _remember_lane(self, mem: SafetyMemory, curvature: float, speed: float, offset: float, heading: float) -> None:
+        """Keep a trusted tick's lane reading for the dead-reckoned lane (complete readings only)."""
+        if math.isfinite(curvature + speed + offset + heading):
+            history = mem.lane_history
+            if history is None:
+                history = mem.lane_history = lane_history(self._history_len)
+            history.append((curvature, speed, offset, heading))
 
     def _roll_back(self, mem: SafetyMemory) -> None:
         """Hold what was applied before the suspect ticks; nothing that old: the safe action."""
@@ -595,20 +675,42 @@ class SafetyMachine:
         lk = self.config.lane_keeping
         if self._lane is None or lk is None:
             return None, self._features is not None and bool(np.isfinite(self._features).all())
-        steer = math.atan(lk.wheelbase_m * mem.trusted_curvature)
         x = self._features
         if x is not None:
+            # Read while readable, even where a check doubts the tick: the checks that veto most
+            # (range, units, per-signal) doubt other signals, and a dead-reckoned lane over a
+            # 100-400 m stop misses the next curve (a km/h speed sensor left the road that way).
             offset, heading, _, speed = (float(x[i]) for i in self._lane)
             if math.isfinite(offset) and math.isfinite(heading) and math.isfinite(speed):
-                correction = -heading - math.atan(lk.gain * offset / max(self._speed_now(mem), 1.0))
-                return steer + min(max(correction, -lk.max_correction_rad), lk.max_correction_rad), True
-        return steer, False
+                return self._stanley(mem, lk, mem.trusted_curvature, offset, heading), True
+        estimate = self._lane_estimate(mem)
+        if estimate is None:  # no trusted reading to start from: the last curvature, open loop
+            return math.atan(lk.wheelbase_m * mem.trusted_curvature), False
+        curvature = estimate.road_curvature(lk.preview_m)
+        return self._stanley(mem, lk, curvature, estimate.offset, estimate.heading), False
+
+    def _stanley(
+        self, mem: SafetyMemory, lk: LaneKeepingConfig, curvature: float, offset: float, heading: float
+    ) -> float:
+        """The road's curvature ahead as feed-forward, the heading and offset errors as bounded feedback."""
+        correction = -heading - math.atan(lk.gain * offset / max(self._speed_now(mem), 1.0))
+        bound = lk.max_correction_rad
+        return math.atan(lk.wheelbase_m * curvature) + min(max(correction, -bound), bound)
 
     def _hold(self, mem: SafetyMemory, reasons: list[Reason]) -> AppliedAction:
+        """The last trusted action (the safe action without one); outside NOMINAL its steering keeps
+        the lane (a held angle is open loop: held from the middle of a lane change it leaves the road)."""
         if mem.last_safe is None:
             reasons.append(Reason.SAFE_DEFAULT)
-            return self.safe_action
-        return mem.last_safe
+        held = self.safe_action if mem.last_safe is None else mem.last_safe
+        if mem.state is SafetyState.NOMINAL or self._steer is None:
+            return held
+        steer, _ = self._lane_keeping_steer(mem)
+        if steer is None:
+            return held
+        controls = held.controls.copy()
+        controls[self._steer] = steer
+        return AppliedAction(held.index, held.name, controls)
 
     def _fallback(self, mem: SafetyMemory, reasons: list[Reason]) -> AppliedAction:
         """The minimal-risk manoeuvre's target: its deceleration (the jerk limit is applied by

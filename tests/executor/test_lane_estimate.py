@@ -1,0 +1,148 @@
+"""The lane the fallback steers by while it cannot see it (executor/lane_estimate.py), judged by
+where a vehicle driven by the safe-state machine ends up: a kinematic car on a road whose curvature
+changes, its sensors lost at motorway speed."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from dualloop.executor.lane_estimate import LaneEstimate, curvature_trend, lane_history
+from dualloop.executor.safety import LaneKeepingConfig, SafetyConfig, SafetyMachine, SafetyMemory
+from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
+
+TICK = 5_000_000
+DT = TICK / 1e9
+FEATURES = ["ego_speed", "ego_accel", "lane_offset", "heading_error", "road_curvature"]
+SAFE = AppliedAction(1, "brake", np.array([-2.0, 0.0], np.float32))
+WHEELBASE = 2.7
+
+
+def test_the_trend_is_the_clothoid_the_readings_follow() -> None:
+    """Noisy readings of a curvature ramping with distance: the fit gives the ramp's rate and its
+    value at the newest reading, far inside the readings' noise."""
+    rng = np.random.default_rng(0)
+    history = lane_history(200)
+    rate, speed = 4.5e-6, 27.0
+    for k in range(300):  # only the newest 200 are kept
+        s = k * speed * DT
+        history.append((-3e-4 - rate * s + 5e-5 * rng.standard_normal(), speed, 0.0, 0.0))
+    now, fitted = curvature_trend(history, DT)
+    assert fitted == pytest.approx(-rate, rel=0.15)
+    assert now == pytest.approx(-3e-4 - rate * 299 * speed * DT, abs=2.5e-5)  # half the noise's sigma
+    # standing still, there is no distance to read a trend over
+    still = lane_history(50)
+    for _ in range(50):
+        still.append((1e-3, 0.0, 0.0, 0.0))
+    assert curvature_trend(still, DT) == (pytest.approx(1e-3), 0.0)
+
+
+def test_the_estimate_turns_by_the_steering_and_the_road() -> None:
+    straight = LaneEstimate(offset=0.0, heading=0.01, curvature=0.0, curvature_rate=0.0, steer=0.0)
+    for _ in range(200):
+        straight.advance(20.0, DT, WHEELBASE, 60.0)
+    assert straight.travelled == pytest.approx(20.0)
+    assert straight.offset == pytest.approx(20.0 * math.sin(0.01), rel=1e-6)
+    # steering the road's own curvature keeps the heading error
+    curve = LaneEstimate(offset=0.0, heading=0.0, curvature=1e-3, curvature_rate=0.0, steer=math.atan(WHEELBASE * 1e-3))
+    for _ in range(200):
+        curve.advance(20.0, DT, WHEELBASE, 60.0)
+    assert abs(curve.heading) < 1e-12 and abs(curve.offset) < 1e-9
+    # the trend is extrapolated over the preview, then held
+    ramp = LaneEstimate(offset=0.0, heading=0.0, curvature=0.0, curvature_rate=1e-5, steer=0.0, travelled=100.0)
+    assert ramp.road_curvature(60.0) == pytest.approx(6e-4)
+
+
+def _road(s: float) -> float:
+    """A right-hand curve tightening from -0.0003 to -0.00075 1/m over 100 m from s = 20 m: the
+    sensors are lost a third of the way in (s = 54 m)."""
+    return -3e-4 - 4.5e-4 * min(max((s - 20.0) / 100.0, 0.0), 1.0)
+
+
+def _blind_stop(
+    config: SafetyConfig, road: Callable[[float], float] = _road, keeps_lane: bool = True, heading: float = 0.0
+) -> tuple[float, float, list[SafetyState]]:
+    """2 s of trusted driving at 27 m/s, then every sensor lost (frozen: nothing readable) until the
+    vehicle stands still. The driver holds the lane, or (`keeps_lane` False) steers the road's
+    curvature alone from `heading` off it. Returns the largest and the last lane offset after the loss."""
+    rng = np.random.default_rng(1)
+    machine = SafetyMachine(config, ["accel", "steer"], TICK, SAFE, FEATURES)
+    mem = SafetyMemory()
+    s, d, psi, v, steer = 0.0, 0.0, heading, 27.0, 0.0
+    worst, states = 0.0, []
+    for k in range(3000):
+        kappa = road(s)
+        if k < 400:
+            noise = rng.standard_normal(3) * [0.02, 0.001, 5e-5]
+            x = np.array([v, 0.0, d + noise[0], psi + noise[1], kappa + noise[2]], np.float32)
+            drive = math.atan(WHEELBASE * kappa) - (psi + math.atan(d / v) if keeps_lane else 0.0)
+            proposal = AppliedAction(2, "keep", np.array([0.0, drive], np.float32))
+            applied, state = machine.decide(mem, k * TICK, [], proposal, x)
+        else:
+            applied, state = machine.decide(mem, k * TICK, [Reason.OOD_VETO], None, None)
+            worst = max(worst, abs(d))
+            states.append(state)
+        accel, steer = float(applied.controls[0]), float(applied.controls[1])
+        v = max(v + accel * DT, 0.0)
+        psi += v * (math.tan(steer) / WHEELBASE - kappa) * DT
+        d += v * math.sin(psi) * DT
+        s += v * DT
+    assert v == 0.0
+    return worst, d, states
+
+
+def test_a_blind_stop_keeps_its_lane_on_a_tightening_curve() -> None:
+    worst, _, states = _blind_stop(SafetyConfig())
+    assert SafetyState.FALLBACK_ACTIVE in states
+    assert worst < 0.3
+    # without the curvature's trend the same stop drifts out of its lane's half
+    no_trend, _, _ = _blind_stop(SafetyConfig(lane_keeping=LaneKeepingConfig(preview_m=0.0)))
+    assert no_trend > 0.8
+
+
+def test_a_blind_stop_takes_back_the_heading_error_it_starts_with() -> None:
+    """Lost 0.27 m off centre, pointing 0.005 rad further off, on a straight road: the estimate closes
+    the loop on both. Steering the last curvature alone would keep the error for the whole stop
+    (about 0.8 m off centre at its end)."""
+    worst, last, _ = _blind_stop(SafetyConfig(), road=lambda s: 0.0, keeps_lane=False, heading=0.005)
+    assert 0.25 < worst < 0.35 and abs(last) < 0.2
+
+
+def _lane_change_with_a_veto(config: SafetyConfig) -> tuple[float, float]:
+    """At 15.6 m/s a driver changes to the left lane (3.5 m); 0.15 s in, while it steers into the
+    change at 0.035 rad, the inputs are vetoed for 250 ms, then clean again (the recovery's 500 ms
+    dwell, then the driver). Returns the largest heading error of the hold and the dwell, and how
+    far left the car went."""
+    rng = np.random.default_rng(2)
+    machine = SafetyMachine(config, ["accel", "steer"], TICK, SAFE, FEATURES)
+    mem = SafetyMemory()
+    d, psi, v, worst, leftmost = 0.0, 0.0, 15.6, 0.0, 0.0
+    for k in range(1600):
+        offset = d - 3.5 * round(d / 3.5)  # from the centre of the lane the car is in
+        noise = rng.standard_normal(2) * [0.02, 0.001]
+        x = np.array([v, 0.0, offset + noise[0], psi + noise[1], 0.0], np.float32)
+        target = 3.5 if k >= 200 else 0.0
+        drive = min(max(-psi - math.atan(0.6 * (d - target) / v), -0.035), 0.035)
+        proposal = AppliedAction(2, "keep", np.array([0.0, drive], np.float32))
+        vetoed = 230 <= k < 280
+        applied, state = machine.decide(mem, k * TICK, [Reason.OOD_VETO] if vetoed else [], proposal, x)
+        steer = float(applied.controls[1])
+        psi += v * math.tan(steer) / WHEELBASE * DT
+        d += v * math.sin(psi) * DT
+        if 230 <= k and state is not SafetyState.NOMINAL:
+            worst = max(worst, abs(psi))
+        leftmost = max(leftmost, d)
+    return worst, leftmost
+
+
+def test_a_hold_in_the_middle_of_a_lane_change_keeps_a_lane() -> None:
+    """A held steering angle is open loop: held for the veto and the recovery's dwell (750 ms) a
+    lane change's 0.03 rad turns the car 0.14 rad further (a retrained model's change left the road
+    that way). The hold keeps a lane instead, and the driver completes the change afterwards."""
+    worst, leftmost = _lane_change_with_a_veto(SafetyConfig())
+    assert worst < 0.05 and 3.0 < leftmost < 4.0
+    worst, _ = _lane_change_with_a_veto(SafetyConfig(lane_keeping=None))  # holding the angle
+    assert worst > 0.15
