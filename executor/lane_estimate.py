@@ -31,21 +31,27 @@ def lane_history(length: int) -> deque[LaneReading]:
 
 def curvature_trend(history: Sequence[LaneReading], period_s: float) -> tuple[float, float]:
     """(curvature now, its rate per metre travelled): a least-squares line of curvature against the
-    distance covered over the history (the newest reading's fitted value, not its noise); rate 0
-    with fewer than 2 readings or without movement."""
+    distance covered over the history, at the newest reading (its fitted value, not its noise). A
+    rate within three standard errors of 0 is 0 and the curvature their mean: a few metres of noisy
+    readings (after a recovery, at a session's start) read as a trend would be extrapolated 60 m."""
     if not history:
         return 0.0, 0.0
     readings = np.array(history, np.float64)
     curvature, speed = readings[:, 0], readings[:, 1]
-    if len(readings) < 2:
-        return float(curvature[-1]), 0.0
+    mean = float(curvature.mean())
+    if len(readings) < 3:
+        return mean, 0.0
     s = np.concatenate(([0.0], np.cumsum(np.abs(speed[1:]) * period_s)))
     ds = s - s.mean()
     spread = float(ds @ ds)
     if spread < 1.0:  # less than ~1 m of travel: no trend to read
-        return float(curvature.mean()), 0.0
-    rate = float(ds @ (curvature - curvature.mean())) / spread
-    return float(curvature.mean() + rate * ds[-1]), rate
+        return mean, 0.0
+    rate = float(ds @ (curvature - mean)) / spread
+    residual = curvature - mean - rate * ds
+    standard_error = math.sqrt(float(residual @ residual) / (len(readings) - 2) / spread)
+    if abs(rate) < 3.0 * standard_error:
+        return mean, 0.0
+    return mean + rate * float(ds[-1]), rate
 
 
 def _newest_of_line(values: np.ndarray) -> tuple[float, float]:

@@ -25,7 +25,8 @@ What reaches the actuators (docs/contract.md#safety):
   action's acceleration and steers, as the fallback does, with a lane keeper that does not involve
   the model (a held angle is open loop: held from the middle of a lane change it leaves the road).
   The keeper reads the lane while it is readable; while it is not, it steers by the lane
-  dead-reckoned from the last trusted readings (executor/lane_estimate.py).
+  dead-reckoned from the last trusted readings (executor/lane_estimate.py). Its command moves at
+  most `max_steer_rate` from the one applied before, and holds below `min_speed`.
 - FALLBACK_ACTIVE is the minimal-risk manoeuvre (UN R157 5.5): decelerate in lane at
   `fallback_decel` (<= 3 m/s^2) while the lane is visible, `blind_decel` (<= 4 m/s^2) while it is
   not, steering with the lane keeper. Its snapshots carry FALLBACK
@@ -94,6 +95,13 @@ class LaneKeepingConfig(BaseModel):
     # readings of the last `trend_window_s` (its offset and heading to those of the last
     # `pose_window_s`), the curvature's trend extrapolated over `preview_m` (a camera lane model's
     # range) and bounded by `max_curvature_rate` (a road's tightest clothoid).
+    # At rest a correction moves nothing, and the readings' noise (0.03 m of offset is 0.03 rad at
+    # 1 m/s) turned the wheel back and forth by up to 0.04 rad every tick of a standstill hold.
+    min_speed: float = Field(default=1.0, ge=0.0, description="m/s: below it the keeper holds the wheel")
+    # The keeper's command moves at most this fast from the one applied at the tick before: into a
+    # hold from the model's command, and against readings whose noise at a few m/s (0.03 m of offset
+    # at 2 m/s is 0.015 rad) turned the wheel back and forth by up to 0.04 rad every tick.
+    max_steer_rate: float = Field(default=0.2, gt=0.0, description="rad/s of road-wheel angle")
     trend_window_s: float = Field(default=1.0, gt=0.0, description="s of trusted readings the trend is fitted to")
     pose_window_s: float = Field(default=0.2, gt=0.0, description="s of trusted readings the pose is fitted to")
     preview_m: float = Field(default=60.0, ge=0.0, description="m over which the curvature trend is extrapolated")
@@ -196,6 +204,7 @@ class SafetyMemory:
     lead_hold: bool = False  # the stopped-lead hold lowered the previous command: ramp back in from it
     lane_history: deque[LaneReading] | None = None  # trusted lane readings since the last recovery
     lane_estimate: LaneEstimate | None = None  # the lane, dead-reckoned since the last trusted tick
+    steer_applied: float | None = None  # the steering applied at the last tick outside NOMINAL
 
 
 class SafetyMachine:
@@ -277,8 +286,10 @@ class SafetyMachine:
             if state is not SafetyState.NOMINAL:
                 target = self._bound_steer(mem, target)
             applied, state = self._safe_side(mem, now_ns, reasons, proposal, target, state, blending, doubted)
-            if state is not SafetyState.NOMINAL and (estimate := self._lane_estimate(mem)) is not None:
-                estimate.steer = float(applied.controls[self._steer])
+            if state is not SafetyState.NOMINAL and self._steer is not None:
+                mem.steer_applied = float(applied.controls[self._steer])
+                if (estimate := self._lane_estimate(mem)) is not None:
+                    estimate.steer = mem.steer_applied
         if self.standstill is not None:
             at_rest = not doubted and self.standstill.engaged(features)
             if at_rest or mem.lead_hold:
@@ -287,14 +298,16 @@ class SafetyMachine:
 
     def _advance_lane_estimate(self, mem: SafetyMemory) -> float:
         """Carry the dead-reckoned lane to this tick; returns the steering applied at the tick
-        before where known (the estimate's), else the last trusted command's."""
+        before: the safe side's after a tick outside NOMINAL, else the last trusted command's."""
         estimate = mem.lane_estimate
         lk = self.config.lane_keeping
         if estimate is not None and lk is not None:
             estimate.advance(self._speed_now(mem), self._period_s, lk.wheelbase_m, lk.preview_m)
-            return estimate.steer
-        trusted = mem.last_safe
-        return float(trusted.controls[self._steer]) if trusted is not None and self._steer is not None else 0.0
+        if self._steer is None:
+            return 0.0
+        if mem.state is not SafetyState.NOMINAL and mem.steer_applied is not None:
+            return mem.steer_applied
+        return float((self.safe_action if mem.last_safe is None else mem.last_safe).controls[self._steer])
 
     def _lane_estimate(self, mem: SafetyMemory) -> LaneEstimate | None:
         """The dead-reckoned lane at this tick, started from the newest trusted reading (taken to be
@@ -433,10 +446,9 @@ class SafetyMachine:
         steady = [not r and m.state is nominal for m, r in zip(mems, reasons)]
         out: list[tuple[AppliedAction, SafetyState]] = []
         lane = self._lane if features is not None else None
-        if lane is not None and any(steady):  # the trusted lane, read as four columns
+        if lane is not None and any(steady):  # the trusted lane: offset, heading, curvature, speed
             assert features is not None
-            curvatures, speeds = features[:, lane[2]].tolist(), features[:, lane[3]].tolist()
-            offsets, headings = features[:, lane[0]].tolist(), features[:, lane[1]].tolist()
+            lanes = features[:, list(lane)].tolist()
         standstill = self._speed if features is not None else None
         if standstill is not None and any(steady):
             assert features is not None
@@ -479,12 +491,11 @@ class SafetyMachine:
                 del recent[0]
             if x is not None:
                 if lane is not None:
-                    curvature, speed = curvatures[i], speeds[i]
+                    offset, heading, curvature, speed = lanes[i]
                     if math.isfinite(curvature):
                         mem.trusted_curvature = curvature
                     if math.isfinite(speed):
                         mem.trusted_speed = speed
-                    offset, heading = offsets[i], headings[i]
                     if math.isfinite(curvature + speed + offset + heading):  # `_remember_lane`, inline
                         if (history := mem.lane_history) is None:
                             history = mem.lane_history = lane_history(self._history_len)
@@ -685,17 +696,27 @@ class SafetyMachine:
                 return self._stanley(mem, lk, mem.trusted_curvature, offset, heading), True
         estimate = self._lane_estimate(mem)
         if estimate is None:  # no trusted reading to start from: the last curvature, open loop
-            return math.atan(lk.wheelbase_m * mem.trusted_curvature), False
+            return self._turn_towards(lk, math.atan(lk.wheelbase_m * mem.trusted_curvature)), False
         curvature = estimate.road_curvature(lk.preview_m)
         return self._stanley(mem, lk, curvature, estimate.offset, estimate.heading), False
 
     def _stanley(
         self, mem: SafetyMemory, lk: LaneKeepingConfig, curvature: float, offset: float, heading: float
     ) -> float:
-        """The road's curvature ahead as feed-forward, the heading and offset errors as bounded feedback."""
-        correction = -heading - math.atan(lk.gain * offset / max(self._speed_now(mem), 1.0))
+        """The road's curvature ahead as feed-forward, the heading and offset errors as bounded
+        feedback, reached at `max_steer_rate`; below `min_speed` the wheel stays where it was."""
+        speed = self._speed_now(mem)
+        if speed < lk.min_speed:
+            return self._steer_before
+        correction = -heading - math.atan(lk.gain * offset / max(speed, 1.0))
         bound = lk.max_correction_rad
-        return math.atan(lk.wheelbase_m * curvature) + min(max(correction, -bound), bound)
+        return self._turn_towards(lk, math.atan(lk.wheelbase_m * curvature) + min(max(correction, -bound), bound))
+
+    def _turn_towards(self, lk: LaneKeepingConfig, target: float) -> float:
+        """`target`, at most `max_steer_rate` away from the steering applied at the tick before."""
+        step = lk.max_steer_rate * self._period_s
+        before = self._steer_before
+        return min(max(target, before - step), before + step)
 
     def _hold(self, mem: SafetyMemory, reasons: list[Reason]) -> AppliedAction:
         """The last trusted action (the safe action without one); outside NOMINAL its steering keeps

@@ -33,6 +33,11 @@ def test_the_trend_is_the_clothoid_the_readings_follow() -> None:
     now, fitted = curvature_trend(history, DT)
     assert fitted == pytest.approx(-rate, rel=0.15)
     assert now == pytest.approx(-3e-4 - rate * 299 * speed * DT, abs=2.5e-5)  # half the noise's sigma
+    # a tenth of a second of the same readings (after a recovery): no trend that noise could make
+    short = lane_history(20)
+    for _ in range(20):
+        short.append((-3e-4 + 5e-5 * rng.standard_normal(), speed, 0.0, 0.0))
+    assert curvature_trend(short, DT)[1] == 0.0
     # standing still, there is no distance to read a trend over
     still = lane_history(50)
     for _ in range(50):
@@ -146,3 +151,58 @@ def test_a_hold_in_the_middle_of_a_lane_change_keeps_a_lane() -> None:
     assert worst < 0.05 and 3.0 < leftmost < 4.0
     worst, _ = _lane_change_with_a_veto(SafetyConfig(lane_keeping=None))  # holding the angle
     assert worst > 0.15
+
+
+def _veto_on_noisy_lane(config: SafetyConfig, speed: float, model_steer: float, ticks: int) -> np.ndarray:
+    """0.5 s of a model's command, then a veto of another signal: the lane readings stay readable,
+    with the simulator's noise. Per tick from the veto on: (speed, applied steering)."""
+    rng = np.random.default_rng(3)
+    machine = SafetyMachine(config, ["accel", "steer"], TICK, SAFE, FEATURES)
+    mem = SafetyMemory()
+    model = AppliedAction(2, "keep", np.array([0.0, model_steer], np.float32))
+    out = []
+    for k in range(ticks):
+        noise = rng.standard_normal(3) * [0.03, 0.003, 5e-5]
+        x = np.array([speed, 0.0, noise[0], noise[1], noise[2]], np.float32)
+        vetoed = k >= 100
+        applied, _ = machine.decide(mem, k * TICK, [Reason.OOD_VETO] if vetoed else [], None if vetoed else model, x)
+        speed = max(speed + float(applied.controls[0]) * DT, 0.0)
+        if k >= 99:
+            out.append((speed, float(applied.controls[1])))
+    return np.array(out)
+
+
+def test_at_rest_the_lane_keeper_holds_the_wheel() -> None:
+    """At rest a correction moves nothing: the readings' noise must not turn the wheel every tick
+    (over the second after the fallback stopped the car)."""
+
+    def at_rest(config: SafetyConfig) -> np.ndarray:
+        run = _veto_on_noisy_lane(config, 5.0, 0.0, 1000)
+        steers = run[run[:, 0] == 0.0, 1][:200]
+        assert len(steers) == 200
+        return steers
+
+    assert np.ptp(at_rest(SafetyConfig())) == 0.0
+    unlimited = LaneKeepingConfig(min_speed=0.0, max_steer_rate=1e3)
+    assert np.abs(np.diff(at_rest(SafetyConfig(lane_keeping=unlimited)))).max() > 0.01
+
+
+def test_the_lane_keeper_turns_the_wheel_at_its_rate_limit() -> None:
+    """Into the hold from the model's command and on noisy readings at a few m/s, every tick's
+    steering is within `max_steer_rate` of the one before (it chattered by up to 0.04 rad)."""
+    config = SafetyConfig()
+    steers = _veto_on_noisy_lane(config, 8.0, 0.02, 600)[:, 1]
+    assert np.abs(np.diff(steers)).max() <= config.lane_keeping.max_steer_rate * DT + 1e-6
+    assert abs(steers[-1]) < 0.005  # and it got to the lane keeper's command (about 0) from 0.02
+
+
+def test_a_session_distrusted_from_its_first_tick_still_steers_back_to_its_lane() -> None:
+    """Nothing trusted yet (no action, no reading): the keeper's rate limit counts from the steering
+    it applied itself, so it reaches its command (it stayed within one step of 0 when it counted
+    from the safe action's, and all 8 runs of speed_out_of_range left the road)."""
+    machine = SafetyMachine(SafetyConfig(), ["accel", "steer"], TICK, SAFE, FEATURES)
+    mem = SafetyMemory()
+    x = np.array([10.0, 0.0, -0.5, 0.0, 0.0], np.float32)  # 0.5 m right of the lane centre
+    for k in range(100):
+        applied, _ = machine.decide(mem, k * TICK, [Reason.OOD_VETO], None, x)
+    assert float(applied.controls[1]) == pytest.approx(math.atan(0.5 / 10.0), rel=1e-4)  # the offset term

@@ -626,11 +626,17 @@ def test_held_steering_respects_the_lateral_acceleration_bound(test_model):
     limit = np.arctan(config.lane_keeping.wheelbase_m * config.lane_keeping.max_lateral_accel / 55.0**2)
     assert state is SafetyState.VETO_HOLD
     assert limit < 0.01 and applied.controls[1] == pytest.approx(limit, rel=1e-5)
-    slow = x.copy()  # at the speed the curve was read at, the same steering is within the bound
-    applied, _ = machine.decide(mem, 11 * TICK, [Reason.STALE_OBSERVATION], turning, slow)
-    assert applied.controls[1] == pytest.approx(curve, rel=1e-4)
+    # at the speed the curve was read at, the same steering is within the bound: the keeper turns
+    # back to it at its rate limit
+    slow = x.copy()
+    steers = [float(applied.controls[1])]
+    for k in range(11, 51):
+        applied, _ = machine.decide(mem, k * TICK, [Reason.STALE_OBSERVATION], turning, slow)
+        steers.append(float(applied.controls[1]))
+    step = config.lane_keeping.max_steer_rate * TICK / 1e9
+    assert np.abs(np.diff(steers)).max() <= step + 1e-6 and steers[-1] == pytest.approx(curve, rel=1e-4)
     # a doubted speed reading (a sensor in km/h: 36 "m/s" at 10) bounds nothing: the estimate does
     kmh = x.copy()
     kmh[names.index("ego_speed")] = 36.0
-    applied, _ = machine.decide(mem, 12 * TICK, [Reason.OOD_VETO], turning, kmh)
+    applied, _ = machine.decide(mem, 51 * TICK, [Reason.OOD_VETO], turning, kmh)
     assert applied.controls[1] == pytest.approx(curve, abs=1e-3)  # its bound at 36 m/s would be 0.006
