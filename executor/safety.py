@@ -609,7 +609,11 @@ class SafetyMachine:
         lk = self.config.lane_keeping
         if self._lane is None or lk is None or self._steer is None:
             return applied
-        speed = max(mem.trusted_speed, self._speed_now(mem))
+        # the speed now (dead-reckoned while doubted): bounded at the speed before a fallback, the
+        # keeper could not follow a 40 m radius even at walking pace. Without any trusted speed to
+        # dead-reckon from, the larger of the reading and the last trusted one.
+        now = self._speed_now(mem)
+        speed = now if mem.speed_estimate is not None else max(mem.trusted_speed, now)
         if speed < 1.0:
             return applied
         limit = math.atan(lk.wheelbase_m * lk.max_lateral_accel / (speed * speed))
@@ -691,9 +695,10 @@ class SafetyMachine:
             # Read while readable, even where a check doubts the tick: the checks that veto most
             # (range, units, per-signal) doubt other signals, and a dead-reckoned lane over a
             # 100-400 m stop misses the next curve (a km/h speed sensor left the road that way).
-            offset, heading, _, speed = (float(x[i]) for i in self._lane)
+            offset, heading, curvature, speed = (float(x[i]) for i in self._lane)
             if math.isfinite(offset) and math.isfinite(heading) and math.isfinite(speed):
-                return self._stanley(mem, lk, mem.trusted_curvature, offset, heading), True
+                ahead = curvature if math.isfinite(curvature) else mem.trusted_curvature
+                return self._stanley(mem, lk, ahead, offset, heading), True
         estimate = self._lane_estimate(mem)
         if estimate is None:  # no trusted reading to start from: the last curvature, open loop
             return self._turn_towards(lk, math.atan(lk.wheelbase_m * mem.trusted_curvature)), False

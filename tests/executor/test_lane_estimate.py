@@ -206,3 +206,33 @@ def test_a_session_distrusted_from_its_first_tick_still_steers_back_to_its_lane(
     for k in range(100):
         applied, _ = machine.decide(mem, k * TICK, [Reason.OOD_VETO], None, x)
     assert float(applied.controls[1]) == pytest.approx(math.atan(0.5 / 10.0), rel=1e-4)  # the offset term
+
+
+def _stop_into_a_tight_curve(config: SafetyConfig) -> float:
+    """A veto of another signal at 15 m/s on a straight road (the lane readable); the fallback
+    brakes, and 25 m on the road turns into a 40 m radius (over a 20 m clothoid). Returns the
+    largest lane offset."""
+    machine = SafetyMachine(config, ["accel", "steer"], TICK, SAFE, FEATURES)
+    mem = SafetyMemory()
+    s, d, psi, v, worst = 0.0, 0.0, 0.0, 15.0, 0.0
+    keep = AppliedAction(2, "keep", np.array([0.0, 0.0], np.float32))
+    for k in range(3000):
+        kappa = 0.025 * min(max((s - 32.5) / 20.0, 0.0), 1.0)  # the veto comes at 0.5 s, 7.5 m
+        x = np.array([v, 0.0, d, psi, kappa], np.float32)
+        vetoed = k >= 100
+        applied, _ = machine.decide(mem, k * TICK, [Reason.OOD_VETO] if vetoed else [], None if vetoed else keep, x)
+        steer = float(applied.controls[1])
+        v = max(v + float(applied.controls[0]) * DT, 0.0)
+        psi += v * (math.tan(steer) / WHEELBASE - kappa) * DT
+        d += v * math.sin(psi) * DT
+        s += v * DT
+        worst = max(worst, abs(d))
+    assert v == 0.0
+    return worst
+
+
+def test_slowed_by_the_fallback_the_keeper_may_steer_a_tight_curve() -> None:
+    """The steering bound is the lateral acceleration at the speed now (dead-reckoned while the
+    speed is doubted), not at the last trusted one: bounded at the 15 m/s before the veto, 0.036 rad,
+    the keeper could not follow a 40 m radius (0.067 rad) even at walking pace."""
+    assert _stop_into_a_tight_curve(SafetyConfig()) < 0.1

@@ -14,6 +14,7 @@ import pytest
 from dualloop.controller.contract.client import DEFAULT_CLIENT_WINDOW_BYTES, DriveSession, realtime_channel
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.lifecycle import ServerThread
+from dualloop.executor.safety import LaneKeepingConfig
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 from tests.controller.serve.inputs import MS, sensor
@@ -109,10 +110,13 @@ def test_hold_dwell_safe_default_and_plan_validity_are_enforced(channel: grpc.Ch
     first = snaps[0]
     assert first.plan_state == pb.PLAN_STATE_NONE and pb.REASON_CODE_STALE_PLAN in first.reasons
     assert first.safety_state == pb.SAFETY_STATE_VETO_HOLD and pb.REASON_CODE_SAFE_DEFAULT in first.reasons
-    # the safe action's steering; its braking entered at the jerk limit from nothing applied before
+    # the safe action's braking, entered at the jerk limit from nothing applied before; its steering
+    # turned towards the lane keeper's at most one rate step from the safe action's
     step = limits.jerk_limit * TICK / 1e9
     assert limits.jerk_limit == pytest.approx(2.0) and limits.fallback_jerk == pytest.approx(2.0)
-    assert list(first.applied.controls) == pytest.approx([-step, limits.safe_action.controls[1]])
+    assert first.applied.controls[0] == pytest.approx(-step)
+    steer_step = LaneKeepingConfig().max_steer_rate * TICK / 1e9
+    assert abs(first.applied.controls[1] - limits.safe_action.controls[1]) <= steer_step + 1e-7
     assert first.applied.name == "keep"  # the band of what was applied
     fallback = next(s for s in snaps if s.safety_state == pb.SAFETY_STATE_FALLBACK_ACTIVE)
     assert fallback.scheduled_time_ns - first.scheduled_time_ns == limits.hold_timeout_ns
