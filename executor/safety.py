@@ -86,15 +86,10 @@ class LaneKeepingConfig(BaseModel):
     wheelbase_m: float = Field(default=2.7, gt=0.0)
     gain: float = Field(default=1.0, ge=0.0, description="offset gain of the Stanley law")
     max_correction_rad: float = Field(default=0.05, ge=0.0, description="bound on the feedback part")
-    # Every held or fallback steering command is bounded so that the lateral acceleration stays
-    # below this at the current speed (the larger of measured and last trusted): a steer held from
-    # 25 m/s is violent at 55 m/s (0.034 rad there is ~37 m/s^2).
+    # Every steering command outside NOMINAL is bounded so that the lateral acceleration stays
+    # below this at the current speed (dead-reckoned from the last trusted one while the reading is
+    # doubted): a steer held from 25 m/s is violent at 55 m/s (0.034 rad there is ~37 m/s^2).
     max_lateral_accel: float = Field(default=3.0, gt=0.0, description="m/s^2")
-    # While the lane is not visible (nothing readable, or not finite) the keeper steers by a
-    # dead-reckoned estimate of it (executor/lane_estimate.py): a clothoid fitted to the trusted
-    # readings of the last `trend_window_s` (its offset and heading to those of the last
-    # `pose_window_s`), the curvature's trend extrapolated over `preview_m` (a camera lane model's
-    # range) and bounded by `max_curvature_rate` (a road's tightest clothoid).
     # At rest a correction moves nothing, and the readings' noise (0.03 m of offset is 0.03 rad at
     # 1 m/s) turned the wheel back and forth by up to 0.04 rad every tick of a standstill hold.
     min_speed: float = Field(default=1.0, ge=0.0, description="m/s: below it the keeper holds the wheel")
@@ -102,6 +97,11 @@ class LaneKeepingConfig(BaseModel):
     # hold from the model's command, and against readings whose noise at a few m/s (0.03 m of offset
     # at 2 m/s is 0.015 rad) turned the wheel back and forth by up to 0.04 rad every tick.
     max_steer_rate: float = Field(default=0.2, gt=0.0, description="rad/s of road-wheel angle")
+    # While the lane is not visible (nothing readable, or not finite) the keeper steers by a
+    # dead-reckoned estimate of it (executor/lane_estimate.py): a clothoid fitted to the trusted
+    # readings of the last `trend_window_s` (its offset and heading to those of the last
+    # `pose_window_s`), the curvature's trend extrapolated over `preview_m` (a camera lane model's
+    # range) and bounded by `max_curvature_rate` (a road's tightest clothoid).
     trend_window_s: float = Field(default=1.0, gt=0.0, description="s of trusted readings the trend is fitted to")
     pose_window_s: float = Field(default=0.2, gt=0.0, description="s of trusted readings the pose is fitted to")
     preview_m: float = Field(default=60.0, ge=0.0, description="m over which the curvature trend is extrapolated")
