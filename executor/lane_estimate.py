@@ -73,7 +73,6 @@ class LaneEstimate:
     heading: float  # rad, + = pointing left of the road
     curvature: float  # 1/m at the last trusted reading
     curvature_rate: float  # 1/m per m travelled
-    steer: float  # rad: the command applied at the tick before
     travelled: float = 0.0  # m since the last trusted reading
 
     @classmethod
@@ -81,7 +80,6 @@ class LaneEstimate:
         cls,
         history: deque[LaneReading],
         period_s: float,
-        steer: float,
         max_rate: float,
         pose_readings: int,
         suspect: int = 0,
@@ -95,17 +93,17 @@ class LaneEstimate:
         curvature, rate = curvature_trend(readings, period_s)
         pose = np.array(readings[-max(pose_readings, 1) :], np.float64)[:, 2:]
         offset, heading = _newest_of_line(pose)
-        return cls(offset, heading, curvature, min(max(rate, -max_rate), max_rate), steer)
+        return cls(offset, heading, curvature, min(max(rate, -max_rate), max_rate))
 
     def road_curvature(self, preview_m: float) -> float:
         """The curvature expected where the vehicle is now: the trend up to `preview_m`, then held."""
         return self.curvature + self.curvature_rate * min(self.travelled, preview_m)
 
-    def advance(self, speed: float, period_s: float, wheelbase_m: float, preview_m: float) -> None:
+    def advance(self, speed: float, steer: float, period_s: float, wheelbase_m: float, preview_m: float) -> None:
         """One tick at `speed` with `steer` applied: the heading error turns by the yaw rate less
         the road's, the offset moves by the heading error."""
         ds = max(speed, 0.0) * period_s
-        yaw = math.tan(self.steer) / wheelbase_m
+        yaw = math.tan(steer) / wheelbase_m
         self.heading += (yaw - self.road_curvature(preview_m)) * ds
         self.offset += math.sin(self.heading) * ds
         self.travelled += ds

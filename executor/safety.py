@@ -16,8 +16,8 @@ What reaches the actuators (docs/contract.md#safety):
   exceed the jerk limit.
 - **Every other command the safe side applies moves from the command actually applied at the tick
   before by at most `jerk_limit`** (0 before a session's first tick): into the hold, into and out
-  of the fallback, and recovery, which blends the model's command in at the limit and returns to
-  NOMINAL only once they meet.
+  of the fallback, and recovery, which blends the model's command in at the limit (its steering
+  at `max_steer_rate`) and returns to NOMINAL only once both meet.
 - VETO_HOLD aims at the last action that passed every check. On a gate veto it rolls back
   `rollback_ticks`: the gate's sequential filter confirms a fault a few ticks after it began, and
   the actions of those ticks were computed from suspect input.
@@ -86,17 +86,22 @@ class LaneKeepingConfig(BaseModel):
     wheelbase_m: float = Field(default=2.7, gt=0.0)
     gain: float = Field(default=1.0, ge=0.0, description="offset gain of the Stanley law")
     max_correction_rad: float = Field(default=0.05, ge=0.0, description="bound on the feedback part")
-    # Every steering command outside NOMINAL is bounded so that the lateral acceleration stays
+    # The hold's and the fallback's steering is bounded so that the lateral acceleration stays
     # below this at the current speed (dead-reckoned from the last trusted one while the reading is
-    # doubted): a steer held from 25 m/s is violent at 55 m/s (0.034 rad there is ~37 m/s^2).
+    # doubted): a steer held from 25 m/s is violent at 55 m/s (0.034 rad there is ~37 m/s^2). The
+    # recovery's blend is not: it returns to the trusted model, which a tight curve may need.
     max_lateral_accel: float = Field(default=3.0, gt=0.0, description="m/s^2")
     # At rest a correction moves nothing, and the readings' noise (0.03 m of offset is 0.03 rad at
     # 1 m/s) turned the wheel back and forth by up to 0.04 rad every tick of a standstill hold.
     min_speed: float = Field(default=1.0, ge=0.0, description="m/s: below it the keeper holds the wheel")
     # The keeper's command moves at most this fast from the one applied at the tick before: into a
-    # hold from the model's command, and against readings whose noise at a few m/s (0.03 m of offset
-    # at 2 m/s is 0.015 rad) turned the wheel back and forth by up to 0.04 rad every tick.
+    # hold from the model's command, back to it in recovery, and against readings whose noise at a
+    # few m/s (0.03 m of offset at 2 m/s is 0.015 rad) turned the wheel by up to 0.04 rad every tick.
     max_steer_rate: float = Field(default=0.2, gt=0.0, description="rad/s of road-wheel angle")
+    # The recovery's return to the model may turn faster where the lateral jerk allows (UN R79's
+    # 5 m/s^3 for a steering function): 0.2 rad/s is 67 m/s^3 at 30 m/s but 1.9 at 5 m/s, where
+    # an urban turn's 0.3 rad would take 1.5 s to come back.
+    max_lateral_jerk: float = Field(default=5.0, ge=0.0, description="m/s^3, the recovery's return")
     # While the lane is not visible (nothing readable, or not finite) the keeper steers by a
     # dead-reckoned estimate of it (executor/lane_estimate.py): a clothoid fitted to the trusted
     # readings of the last `trend_window_s` (its offset and heading to those of the last
@@ -283,13 +288,11 @@ class SafetyMachine:
         if state is SafetyState.NOMINAL and not blending and not reasons:
             applied, state = self._applied_nominal(mem, proposal)  # type: ignore[arg-type]
         else:
-            if state is not SafetyState.NOMINAL:
+            if state is not SafetyState.NOMINAL and not blending:  # the blend's target is trusted
                 target = self._bound_steer(mem, target)
             applied, state = self._safe_side(mem, now_ns, reasons, proposal, target, state, blending, doubted)
             if state is not SafetyState.NOMINAL and self._steer is not None:
                 mem.steer_applied = float(applied.controls[self._steer])
-                if (estimate := self._lane_estimate(mem)) is not None:
-                    estimate.steer = mem.steer_applied
         if self.standstill is not None:
             at_rest = not doubted and self.standstill.engaged(features)
             if at_rest or mem.lead_hold:
@@ -299,15 +302,17 @@ class SafetyMachine:
     def _advance_lane_estimate(self, mem: SafetyMemory) -> float:
         """Carry the dead-reckoned lane to this tick; returns the steering applied at the tick
         before: the safe side's after a tick outside NOMINAL, else the last trusted command's."""
+        if self._steer is None:
+            before = 0.0
+        elif mem.state is not SafetyState.NOMINAL and mem.steer_applied is not None:
+            before = mem.steer_applied
+        else:
+            before = float((self.safe_action if mem.last_safe is None else mem.last_safe).controls[self._steer])
         estimate = mem.lane_estimate
         lk = self.config.lane_keeping
         if estimate is not None and lk is not None:
-            estimate.advance(self._speed_now(mem), self._period_s, lk.wheelbase_m, lk.preview_m)
-        if self._steer is None:
-            return 0.0
-        if mem.state is not SafetyState.NOMINAL and mem.steer_applied is not None:
-            return mem.steer_applied
-        return float((self.safe_action if mem.last_safe is None else mem.last_safe).controls[self._steer])
+            estimate.advance(self._speed_now(mem), before, self._period_s, lk.wheelbase_m, lk.preview_m)
+        return before
 
     def _lane_estimate(self, mem: SafetyMemory) -> LaneEstimate | None:
         """The dead-reckoned lane at this tick, started from the newest trusted reading (taken to be
@@ -316,11 +321,13 @@ class SafetyMachine:
         if mem.lane_estimate is None and lk is not None and self._steer is not None and mem.lane_history:
             suspect = min(self._suspect_readings, len(mem.lane_history) - 1)
             mem.lane_estimate = LaneEstimate.from_history(
-                mem.lane_history, self._period_s, self._steer_before, lk.max_curvature_rate, self._pose_len, suspect
+                mem.lane_history, self._period_s, lk.max_curvature_rate, self._pose_len, suspect
             )
             if mem.lane_estimate is not None:
                 for _ in range(suspect + 1):  # from the reading used to this tick
-                    mem.lane_estimate.advance(self._speed_now(mem), self._period_s, lk.wheelbase_m, lk.preview_m)
+                    mem.lane_estimate.advance(
+                        self._speed_now(mem), self._steer_before, self._period_s, lk.wheelbase_m, lk.preview_m
+                    )
         return mem.lane_estimate
 
     def _hold_at_rest(
@@ -392,7 +399,8 @@ class SafetyMachine:
         last = 0.0 if mem.last_accel is None else mem.last_accel
         a = self._step_towards(last, a_target)
         if blending:
-            if abs(a_target - last) <= self._jerk_step:  # met the model's command: it drives again
+            target, steer_met = self._blend_steer(mem, target)
+            if abs(a_target - last) <= self._jerk_step and steer_met:  # met the model's command: it drives again
                 assert proposal is not None
                 mem.state, mem.fallback, mem.abstain_since_ns = SafetyState.NOMINAL, None, None
                 self._trust(mem, proposal)
@@ -408,6 +416,22 @@ class SafetyMachine:
             controls[self._accel] = a
             target = AppliedAction(target.index, target.name, controls)
         return self._named(target), state
+
+    def _blend_steer(self, mem: SafetyMemory, proposal: AppliedAction) -> tuple[AppliedAction, bool]:
+        """The model's steering reached from the safe side's at the lane keeper's rate limit (or
+        the lateral jerk's, where faster), and whether it is met: a one-tick return from the keeper's
+        angle is a step of lateral acceleration."""
+        lk = self.config.lane_keeping
+        if self._steer is None or lk is None:
+            return proposal, True
+        wanted = float(proposal.controls[self._steer])
+        speed = max(self._speed_now(mem), 1.0)
+        steer = self._turn_towards(lk, wanted, max(lk.max_steer_rate, lk.max_lateral_jerk * lk.wheelbase_m / speed**2))
+        if steer == wanted:
+            return proposal, True
+        controls = proposal.controls.copy()
+        controls[self._steer] = steer
+        return AppliedAction(proposal.index, proposal.name, controls), False
 
     def _step_towards(self, last: float, target: float) -> float:
         """The command a jerk step at most from `last` towards `target`, as the float32 the wire
@@ -620,8 +644,10 @@ class SafetyMachine:
         steer = float(applied.controls[self._steer])
         if abs(steer) <= limit:
             return applied
+        # reached at the keeper's rate: the model's angle beyond the bound, cut in one tick, was a
+        # step of lateral acceleration (0.009 rad at 21 m/s, 1.6 m/s^2)
         controls = applied.controls.copy()
-        controls[self._steer] = min(max(steer, -limit), limit)
+        controls[self._steer] = self._turn_towards(lk, min(max(steer, -limit), limit))
         return AppliedAction(applied.index, applied.name, controls)
 
     @property
@@ -717,9 +743,9 @@ class SafetyMachine:
         bound = lk.max_correction_rad
         return self._turn_towards(lk, math.atan(lk.wheelbase_m * curvature) + min(max(correction, -bound), bound))
 
-    def _turn_towards(self, lk: LaneKeepingConfig, target: float) -> float:
-        """`target`, at most `max_steer_rate` away from the steering applied at the tick before."""
-        step = lk.max_steer_rate * self._period_s
+    def _turn_towards(self, lk: LaneKeepingConfig, target: float, rate: float | None = None) -> float:
+        """`target`, at most `rate` (`max_steer_rate`) away from the steering applied at the tick before."""
+        step = (lk.max_steer_rate if rate is None else rate) * self._period_s
         before = self._steer_before
         return min(max(target, before - step), before + step)
 

@@ -137,9 +137,12 @@ def test_late_observation_holds_and_the_next_fresh_one_blends_back_without_a_dwe
     ex.open_session("a", observation_period_ns=100 * MS)  # 10 Hz
     rng = np.random.default_rng(8)
     states = []
-    for k in range(4):  # 10 Hz observations, then one 60 ms late
+    x = features(rng)
+    for k in range(16):  # 10 Hz observations at 4 m/s, one 60 ms late; from it on the scene stands still
         t_obs = k * 100 * MS + (60 * MS if k == 3 else 0)
-        (s,) = ex.step({"a": obs(k + 1, features(rng), ts=t_obs)}, now_ns=t_obs)
+        x = features(rng) if k < 3 else x
+        x[0] = 4.0  # slow: the recovery turns the wheel back faster than the keeper may
+        (s,) = ex.step({"a": obs(k + 1, x, ts=t_obs)}, now_ns=t_obs)
         states.append((t_obs // MS, s.safety_state, Reason.STALE_OBSERVATION in s.reasons, s.applied))
         for t in range(t_obs + 5 * MS, (k + 1) * 100 * MS + (60 * MS if k == 2 else 0), 5 * MS):
             (s,) = ex.tick(t)
@@ -147,16 +150,22 @@ def test_late_observation_holds_and_the_next_fresh_one_blends_back_without_a_dwe
     held = [(t, st) for t, st, stale, _ in states if stale]
     assert held and all(st is SafetyState.VETO_HOLD for _, st in held), "a late observation holds"
     assert held[0][0] == 320  # the third observation (t=200 ms) is late after 115 ms
-    # no dwell after lateness: the model's command is blended in at the jerk limit from the first
-    # fresh tick (t=365), and NOMINAL returns once they meet
+    # no dwell after lateness: the model's command is blended in at the jerk limit (its steering
+    # at the lane keeper's rate) from the first fresh tick (t=365), and NOMINAL returns once both meet
     after = [(st, a) for t, st, _, a in states if t > 360]
     step = ex.config.safety.jerk_limit * 0.005
     blend = [st for st, _ in after].index(SafetyState.NOMINAL)
     assert all(st is SafetyState.RECOVERING for st, _ in after[:blend])
     assert all(st is SafetyState.NOMINAL for st, _ in after[blend:]), "no recovery dwell after lateness"
     first_nominal = [t for t, st, _, _ in states if t > 360 and st is SafetyState.NOMINAL][0]
-    accel = np.array([a.controls[0] for t, _, _, a in states if 315 <= t <= first_nominal], np.float64)
-    assert np.all(np.abs(np.diff(accel)) <= step)
+    applied = np.array([a.controls for t, _, _, a in states if 315 <= t <= first_nominal], np.float64)
+    assert np.all(np.abs(np.diff(applied[:, 0])) <= step)
+    # the steering returns at the lateral jerk's rate at 4 m/s (faster than the keeper's 0.2 rad/s)
+    lk = ex.config.safety.lane_keeping
+    assert lk is not None
+    steer_step = max(lk.max_steer_rate, lk.max_lateral_jerk * lk.wheelbase_m / 4.0**2) * 0.005
+    blended = np.array([a.controls[1] for t, _, _, a in states if 355 <= t <= first_nominal], np.float64)
+    assert np.abs(np.diff(blended)).max() == pytest.approx(steer_step, rel=1e-4)
     # the hold applied the last action from before the lateness
     before = [a for t, st, stale, a in states if t < 320][-1]
     assert all(a.controls[0] == before.controls[0] for _, st, stale, a in states if stale)  # steer: bounded

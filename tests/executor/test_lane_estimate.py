@@ -46,18 +46,18 @@ def test_the_trend_is_the_clothoid_the_readings_follow() -> None:
 
 
 def test_the_estimate_turns_by_the_steering_and_the_road() -> None:
-    straight = LaneEstimate(offset=0.0, heading=0.01, curvature=0.0, curvature_rate=0.0, steer=0.0)
+    straight = LaneEstimate(offset=0.0, heading=0.01, curvature=0.0, curvature_rate=0.0)
     for _ in range(200):
-        straight.advance(20.0, DT, WHEELBASE, 60.0)
+        straight.advance(20.0, 0.0, DT, WHEELBASE, 60.0)
     assert straight.travelled == pytest.approx(20.0)
     assert straight.offset == pytest.approx(20.0 * math.sin(0.01), rel=1e-6)
     # steering the road's own curvature keeps the heading error
-    curve = LaneEstimate(offset=0.0, heading=0.0, curvature=1e-3, curvature_rate=0.0, steer=math.atan(WHEELBASE * 1e-3))
+    curve = LaneEstimate(offset=0.0, heading=0.0, curvature=1e-3, curvature_rate=0.0)
     for _ in range(200):
-        curve.advance(20.0, DT, WHEELBASE, 60.0)
+        curve.advance(20.0, math.atan(WHEELBASE * 1e-3), DT, WHEELBASE, 60.0)
     assert abs(curve.heading) < 1e-12 and abs(curve.offset) < 1e-9
     # the trend is extrapolated over the preview, then held
-    ramp = LaneEstimate(offset=0.0, heading=0.0, curvature=0.0, curvature_rate=1e-5, steer=0.0, travelled=100.0)
+    ramp = LaneEstimate(offset=0.0, heading=0.0, curvature=0.0, curvature_rate=1e-5, travelled=100.0)
     assert ramp.road_curvature(60.0) == pytest.approx(6e-4)
 
 
@@ -116,15 +116,17 @@ def test_a_blind_stop_takes_back_the_heading_error_it_starts_with() -> None:
     assert 0.25 < worst < 0.35 and abs(last) < 0.2
 
 
-def _lane_change_with_a_veto(config: SafetyConfig) -> tuple[float, float]:
+def _lane_change_with_a_veto(config: SafetyConfig) -> tuple[float, float, float]:
     """At 15.6 m/s a driver changes to the left lane (3.5 m); 0.15 s in, while it steers into the
     change at 0.035 rad, the inputs are vetoed for 250 ms, then clean again (the recovery's 500 ms
-    dwell, then the driver). Returns the largest heading error of the hold and the dwell, and how
-    far left the car went."""
+    dwell, then the driver). Returns the largest heading error of the hold and the dwell, how far
+    left the car went, and the largest steering step from the first clean tick on, on a tick
+    outside NOMINAL or the first back in it."""
     rng = np.random.default_rng(2)
     machine = SafetyMachine(config, ["accel", "steer"], TICK, SAFE, FEATURES)
     mem = SafetyMemory()
     d, psi, v, worst, leftmost = 0.0, 0.0, 15.6, 0.0, 0.0
+    steer_before, state_before, largest_step = 0.0, SafetyState.NOMINAL, 0.0
     for k in range(1600):
         offset = d - 3.5 * round(d / 3.5)  # from the centre of the lane the car is in
         noise = rng.standard_normal(2) * [0.02, 0.001]
@@ -139,18 +141,36 @@ def _lane_change_with_a_veto(config: SafetyConfig) -> tuple[float, float]:
         d += v * math.sin(psi) * DT
         if 230 <= k and state is not SafetyState.NOMINAL:
             worst = max(worst, abs(psi))
+        if k >= 280 and (SafetyState.NOMINAL is not state or SafetyState.NOMINAL is not state_before):
+            largest_step = max(largest_step, abs(steer - steer_before))
         leftmost = max(leftmost, d)
-    return worst, leftmost
+        steer_before, state_before = steer, state
+    return worst, leftmost, largest_step
 
 
 def test_a_hold_in_the_middle_of_a_lane_change_keeps_a_lane() -> None:
     """A held steering angle is open loop: held for the veto and the recovery's dwell (750 ms) a
     lane change's 0.03 rad turns the car 0.14 rad further (a retrained model's change left the road
     that way). The hold keeps a lane instead, and the driver completes the change afterwards."""
-    worst, leftmost = _lane_change_with_a_veto(SafetyConfig())
+    worst, leftmost, _ = _lane_change_with_a_veto(SafetyConfig())
     assert worst < 0.05 and 3.0 < leftmost < 4.0
-    worst, _ = _lane_change_with_a_veto(SafetyConfig(lane_keeping=None))  # holding the angle
+    worst, _, _ = _lane_change_with_a_veto(SafetyConfig(lane_keeping=None))  # holding the angle
     assert worst > 0.15
+
+
+def test_the_recovery_returns_to_the_models_steering_at_the_rate_limit() -> None:
+    """Through the dwell and back to the driver in the middle of its lane change, no tick outside
+    NOMINAL (or the first back in it) moves the wheel by more than `max_steer_rate` allows, and the
+    return is not bounded below the driver's command (0.035 rad at 15.6 m/s is 3.2 m/s^2, above the
+    hold's bound). The return from the keeper's angle was one step of ~0.03 rad (at 30 m/s that is
+    ~10 m/s^2 of lateral acceleration in 5 ms)."""
+    config = SafetyConfig()
+    assert config.lane_keeping is not None
+    limit = config.lane_keeping.max_steer_rate * DT
+    _, leftmost, largest = _lane_change_with_a_veto(config)
+    assert largest <= limit + 1e-6 and 3.0 < leftmost < 4.0
+    fast = config.model_copy(update={"lane_keeping": LaneKeepingConfig(max_steer_rate=1e3)})
+    assert _lane_change_with_a_veto(fast)[2] > 10 * limit
 
 
 def _veto_on_noisy_lane(config: SafetyConfig, speed: float, model_steer: float, ticks: int) -> np.ndarray:

@@ -19,6 +19,7 @@ from dualloop.controller.replay.lockstep import (
 )
 from dualloop.controller.replay.report import format_report
 from dualloop.executor.lockstep_batch import run_lockstep
+from dualloop.executor.safety import LaneKeepingConfig
 from dualloop.executor.sessions import InvalidObservation
 from dualloop.executor.snapshot import Check, Clock, PlanState, Reason, SafetyState
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
@@ -189,9 +190,14 @@ def test_fast_replay_equals_plain_at_sensor_rates_with_a_sensor_profile(tmp_path
         x[5:] = np.nan  # not measured: NaN by contract
         obs.append(dataclasses.replace(o, features=x))
     period = int(1e9 / rate_hz) if declared else 0
+    # the test model steers 0.5 rad, which the recovery's steering would take 2.5 s to reach at the
+    # keeper's rate: a fast wheel keeps the recoveries as short as the lateness they follow
+    config = executor_config_for(data.header)
+    fast_wheel = config.safety.model_copy(update={"lane_keeping": LaneKeepingConfig(max_steer_rate=1e3)})
+    config = config.model_copy(update={"safety": fast_wheel})
     runs = []
     for fast in (True, False):
-        ex = build_executor(TEST_MODEL_PATH, (), executor_config_for(data.header))
+        ex = build_executor(TEST_MODEL_PATH, (), config)
         runs.append(
             run_replay(
                 ex, "s", obs, SessionOptions(observation_period_ns=period, provided_features=names[:5]), fast=fast
