@@ -9,6 +9,9 @@ gates) on seeds nothing was tuned on, and reads each tick's applied command:
   which may exceed the limit and says so, aside);
 - **largest step**: the largest change of the acceleration command between two ticks either of
   which is not NOMINAL (THREAT_BRAKING ticks aside), against jerk_limit * tick period;
+- **largest steering step**: the same for the steering command at 10 m/s and faster, against the
+  lane keeper's max_steer_rate * tick period (into the hold, through the fallback and back to the
+  model; slower, the recovery's return may turn faster within its lateral-jerk bound);
 - **name/band**: applied actions whose name is not the band of their acceleration;
 - **standstill**: ticks held at standstill, and ticks on which a session that had stopped left the
   hold (a drive-off: only an explicit release may end it, and these runs send none);
@@ -43,27 +46,32 @@ TICK_S = 0.005
 # Seeds no model, gate or safety setting was fitted or tuned on (training and the demo use others).
 UNTUNED_SEEDS = tuple(range(910_001, 910_009))
 FORCED_VETO_SCENARIOS = ("lead_brakes_hard", "cut_in")
+STEER_FIGURE_MIN_SPEED = 10.0  # m/s: above ~8.2 the recovery's lateral-jerk rate is below max_steer_rate
 
 
-class ForcedVeto:
-    """A scenario whose rear-right gap sensor reads -50 m (an input-range veto of every tick, the
-    lead's own readings healthy) from the moment the lead becomes a threat: it closes at more than
-    1 m/s, or a car cuts in closer than 25 m."""
+class WatchedScenario:
+    """A scenario whose true speed and least lead gap are recorded per tick. With `force`, its
+    rear-right gap sensor reads -50 m (an input-range veto of every tick, the lead's own readings
+    healthy) from the moment the lead becomes a threat: it closes at more than 1 m/s, or a car cuts
+    in closer than 25 m."""
 
-    def __init__(self, env: SimEnv) -> None:
+    def __init__(self, env: SimEnv, force: bool = True) -> None:
         self._env = env
+        self.force = force  # False: only watched (the true speed, the least gap)
         self.min_lead_gap = float("inf")
         self.onset_s: float | None = None
+        self.true_speed: list[float] = []  # per observation, the speed the vehicle has
 
     def observe(self) -> tuple[np.ndarray, np.ndarray]:
         features, plan = self._env.observe()
+        self.true_speed.append(float(self._env.true_features()[FEATURE_INDEX["ego_speed"]]))
         lead = features[FEATURE_INDEX["lead_present"]] == 1.0
         gap, rel = float(features[FEATURE_INDEX["lead_distance"]]), float(features[FEATURE_INDEX["lead_rel_speed"]])
         if lead:
             self.min_lead_gap = min(self.min_lead_gap, gap)
         if self.onset_s is None and lead and (rel < -1.0 or gap < 25.0):
             self.onset_s = self._env.t
-        if self.onset_s is not None:
+        if self.onset_s is not None and self.force:
             features = features.copy()
             features[FEATURE_INDEX["right_rear_gap"]] = -50.0
         return features, plan
@@ -80,6 +88,7 @@ class TransitionFigures:
     onset_bound_violations: int
     min_applied_first_second: float  # m/s^2, over every onset's first second
     largest_step: float  # m/s^2 per tick, in or next to a non-NOMINAL state (threat braking aside)
+    largest_steer_step: float  # rad per tick, the same ticks at 10 m/s or faster (true speed)
     name_band_contradictions: int
     threat_braking_ticks: int
     standstill_ticks: int
@@ -88,7 +97,10 @@ class TransitionFigures:
     min_lead_gap_m: float | None = None
 
 
-def transition_figures(run: ClosedLoopRun, jerk_limit: float, min_lead_gap: float | None = None) -> TransitionFigures:
+def transition_figures(
+    run: ClosedLoopRun, jerk_limit: float, min_lead_gap: float | None = None, speed: np.ndarray | None = None
+) -> TransitionFigures:
+    """`speed`: the vehicle's true speed per tick (m/s; None: every tick counts for the steering)."""
     a = run.applied_accel.astype(np.float64)
     nominal = run.safety_state == pb.SAFETY_STATE_NOMINAL
     threat = ((run.reasons >> pb.REASON_CODE_THREAT_BRAKING) & 1).astype(bool)
@@ -104,7 +116,9 @@ def transition_figures(run: ClosedLoopRun, jerk_limit: float, min_lead_gap: floa
         violations += int(below.sum())
         lowest = min(lowest, float(a[window].min()))
     steps = np.abs(np.diff(a))
+    steer_steps = np.abs(np.diff(run.applied_steer.astype(np.float64)))
     near = (~nominal[1:] | ~nominal[:-1]) & ~threat[1:] & ~threat[:-1] & decided[:-1]
+    fast = near if speed is None else near & (speed[:-1] >= STEER_FIGURE_MIN_SPEED)
     stopped_at = np.flatnonzero(standstill)
     drive_offs = int((~standstill[stopped_at[0] :]).sum()) if len(stopped_at) else 0
     return TransitionFigures(
@@ -114,6 +128,7 @@ def transition_figures(run: ClosedLoopRun, jerk_limit: float, min_lead_gap: floa
         onset_bound_violations=violations,
         min_applied_first_second=lowest if len(onsets) else float("nan"),
         largest_step=float(steps[near].max()) if near.any() else 0.0,
+        largest_steer_step=float(steer_steps[fast].max()) if fast.any() else 0.0,
         name_band_contradictions=int((action_of_accel(a)[decided] != run.applied_index[decided]).sum()),
         threat_braking_ticks=int(threat.sum()),
         standstill_ticks=int(standstill.sum()),
@@ -125,12 +140,12 @@ def transition_figures(run: ClosedLoopRun, jerk_limit: float, min_lead_gap: floa
 
 def drive(
     model: DecisionModel, gates: list[Path], scenario: str, seed: int, forced_veto: bool
-) -> tuple[ClosedLoopRun, float | None]:
+) -> tuple[ClosedLoopRun, float | None, np.ndarray]:
+    """(the run, the least lead gap of a forced-veto run, the true speed per tick)."""
     executor = Executor(model, ExecutorConfig(), [load_gate(g) for g in gates])
-    env = make_scenario(scenario, seed)
-    wrapped = ForcedVeto(env) if forced_veto else None
-    run = run_closed_loop(wrapped or env, InProcessDecider(executor, f"{scenario}-{seed}"), seed)  # type: ignore[arg-type]
-    return run, (wrapped.min_lead_gap if wrapped is not None else None)
+    env = WatchedScenario(make_scenario(scenario, seed), force=forced_veto)
+    run = run_closed_loop(env, InProcessDecider(executor, f"{scenario}-{seed}"), seed)  # type: ignore[arg-type]
+    return run, (env.min_lead_gap if forced_veto else None), np.array(env.true_speed[: len(run.t)])
 
 
 def check(
@@ -145,15 +160,15 @@ def check(
         for scenario, forced in runs:
             for seed in seeds:
                 status.update(f"{scenario}{' (forced veto)' if forced else ''} seed {seed}")
-                run, gap = drive(model, gates, scenario, seed, forced)
-                fig = transition_figures(run, jerk, gap)
+                run, gap, speed = drive(model, gates, scenario, seed, forced)
+                fig = transition_figures(run, jerk, gap, speed)
                 if forced:
                     fig.scenario += "+forced_veto"
                 out.append(fig)
     return out
 
 
-def summarise(figures: list[TransitionFigures], jerk_step: float) -> list[dict[str, Any]]:
+def summarise(figures: list[TransitionFigures], jerk_step: float, steer_step: float) -> list[dict[str, Any]]:
     rows = []
     for name in dict.fromkeys(f.scenario for f in figures):
         fs = [f for f in figures if f.scenario == name]
@@ -166,6 +181,8 @@ def summarise(figures: list[TransitionFigures], jerk_step: float) -> list[dict[s
                 "min_applied_first_second": min(f.min_applied_first_second for f in fs),
                 "largest_step": max(f.largest_step for f in fs),
                 "step_limit": jerk_step,
+                "largest_steer_step": max(f.largest_steer_step for f in fs),
+                "steer_step_limit": steer_step,
                 "name_band_contradictions": sum(f.name_band_contradictions for f in fs),
                 "threat_braking_ticks": sum(f.threat_braking_ticks for f in fs),
                 "seeds_stopped": sum(f.standstill_ticks > 0 for f in fs),
@@ -197,8 +214,10 @@ def _main(args: argparse.Namespace) -> int:
     gates = args.gate or [g for g in DEFAULT_GATES if g.is_file()]
     seeds = UNTUNED_SEEDS[: args.seeds] if args.seeds <= len(UNTUNED_SEEDS) else range(910_001, 910_001 + args.seeds)
     figures = check(args.model, gates, seeds, scenarios)
-    step = ExecutorConfig().safety.jerk_limit * TICK_S
-    rows = summarise(figures, step)
+    safety = ExecutorConfig().safety
+    step = safety.jerk_limit * TICK_S
+    steer_step = safety.lane_keeping.max_steer_rate * TICK_S if safety.lane_keeping else float("inf")
+    rows = summarise(figures, step, steer_step)
     table = Table(title=f"what reached the actuators, seeds {seeds[0]}-{seeds[-1]} (untuned)")
     for col in rows[0]:
         table.add_column(col.replace("_", " "), justify="right" if col != "scenario" else "left")
@@ -213,6 +232,10 @@ def _main(args: argparse.Namespace) -> int:
         for what, bad in (
             ("onset bound", r["onset_bound_violations"] > 0),
             (f"step {r['largest_step']:.4g} > {step}", r["largest_step"] > step),
+            (
+                f"steering step {r['largest_steer_step']:.4g} > {steer_step:.4g}",
+                r["largest_steer_step"] > steer_step + 1e-6,
+            ),
             ("name/band", r["name_band_contradictions"] > 0),
             ("drive-off", r["drive_offs"] > 0),
             ("collision", r["collisions"] > 0),

@@ -76,3 +76,17 @@ def test_leaving_a_standstill_hold_is_a_drive_off() -> None:
     held[200:] = 1 << pb.REASON_CODE_STANDSTILL_HOLD
     fig = transition_figures(_run(accel, states, held), J)
     assert fig.drive_offs == 0 and fig.standstill_ticks == N - 200
+
+
+def test_the_steering_step_is_read_around_transitions_at_speed() -> None:
+    """A one-tick return of the steering at the end of a recovery counts at 10 m/s and faster; below,
+    the recovery may turn faster (its lateral-jerk bound), and inside NOMINAL the model's own steps
+    never count."""
+    states = np.full(N, pb.SAFETY_STATE_NOMINAL)
+    states[100:300] = pb.SAFETY_STATE_RECOVERING
+    run = _run(np.zeros(N), states)
+    run.applied_steer[300:] = 0.03  # the model's command, met in one step
+    run.applied_steer[400:] = 0.09  # the model's own step, inside NOMINAL
+    assert transition_figures(run, J).largest_steer_step == 0.03
+    assert transition_figures(run, J, speed=np.full(N, 20.0)).largest_steer_step == 0.03
+    assert transition_figures(run, J, speed=np.full(N, 5.0)).largest_steer_step == 0.0
