@@ -152,6 +152,18 @@ def inject(
     return Faulted(x, ts, keep)
 
 
+def first_change(faulted: Faulted, features: np.ndarray, timestamps: np.ndarray, ep: Episode) -> int:
+    """The first observation of the episode's window the fault changed: where a detector can first
+    see it. Spikes and a flickering flag may first show late in their window (a quarter of the
+    readings spiked leaves the first one clean three times in four); a fault that changed nothing
+    starts with its window."""
+    w = slice(ep.first, ep.stop)
+    x, x0 = faulted.features[w], features[w]
+    same = ((x == x0) | (np.isnan(x) & np.isnan(x0))).all(axis=1)
+    changed = np.flatnonzero(~same | (faulted.timestamps[w] != timestamps[w]) | ~faulted.keep[w])
+    return ep.first + int(changed[0]) if changed.size else ep.first
+
+
 def eligible(fault: str, signal: str, features: np.ndarray, names: list[str], first: int, stop: int) -> bool:
     """Whether the window is one where the fault means something: the signal measured (finite) across
     it, and a lead present throughout for a lead signal's fault."""

@@ -192,8 +192,8 @@ class EpisodeResult:
     fault: str
     signal: str
     log: str
-    onset_s: float  # from the log's start
-    duration_s: float
+    onset_s: float  # from the log's start: the first observation the fault changed
+    duration_s: float  # from the onset to the window's end
     magnitude: float
     delay_s: dict[str, float]  # per check: first veto in the window the clean replay did not make; inf none
     vetoed: float  # share of the window's ticks `any` vetoed
@@ -263,10 +263,10 @@ def plan_episodes(
     return dict(groups)
 
 
-def _window_ticks(tick_ns: np.ndarray, log: LoadedLog, ep: fi.Episode) -> tuple[int, int, int]:
-    """(onset, end, end of the second after) as tick indices: the first tick at or after the first
-    faulted observation's (true) time, the first at or after the next healthy one's."""
-    onset_ns, end_ns = log.timestamps[ep.first], log.timestamps[ep.stop]
+def _window_ticks(tick_ns: np.ndarray, log: LoadedLog, first: int, ep: fi.Episode) -> tuple[int, int, int]:
+    """(onset, end, end of the second after) as tick indices: the first tick at or after observation
+    `first`'s (true) time, the first at or after the next healthy one's."""
+    onset_ns, end_ns = log.timestamps[first], log.timestamps[ep.stop]
     return (
         int(np.searchsorted(tick_ns, onset_ns)),
         int(np.searchsorted(tick_ns, end_ns)),
@@ -324,9 +324,11 @@ def run_dataset(
                     raise RuntimeError(f"{log.path}: the faulted replay's ticks are not the clean replay's (a bug)")
             inside = np.zeros(len(base.tick_ns), bool)  # the windows and the second after each
             for ep in eps:
-                lo, hi, hi_after = _window_ticks(base.tick_ns, log, ep)
-                inside[lo:hi_after] = True
-                _score_episode(pool, ep, log, got, base, lo, hi)
+                start, _, hi_after = _window_ticks(base.tick_ns, log, ep.first, ep)
+                inside[start:hi_after] = True  # the window's ticks before its onset are neither
+                onset = fi.first_change(faulted, log.features, log.timestamps, ep)
+                lo, hi, _ = _window_ticks(base.tick_ns, log, onset, ep)
+                _score_episode(pool, ep, log, got, base, lo, hi, onset)
                 if fault != fi.FROZEN_TIME:
                     after.add(got.veto[ANY][hi:hi_after])
             if fault != fi.FROZEN_TIME:
@@ -373,7 +375,10 @@ def _frozen_verdicts(
     return Verdicts(base.tick_ns, score, veto)
 
 
-def _score_episode(pool: Pool, ep: fi.Episode, log: LoadedLog, got: Verdicts, base: Verdicts, lo: int, hi: int) -> None:
+def _score_episode(
+    pool: Pool, ep: fi.Episode, log: LoadedLog, got: Verdicts, base: Verdicts, lo: int, hi: int, onset: int
+) -> None:
+    """Ticks [lo, hi) from the onset (observation `onset`, the first the fault changed) to the window's end."""
     tick_ns = base.tick_ns
     delays: dict[str, float] = {}
     for name in got.score:
@@ -381,15 +386,15 @@ def _score_episode(pool: Pool, ep: fi.Episode, log: LoadedLog, got: Verdicts, ba
         pool.clean[name].append(base.score[name][lo:hi])
         pool.vetoed[name].append(got.veto[name][lo:hi])
         hits = np.flatnonzero(got.veto[name][lo:hi] & ~base.veto[name][lo:hi])
-        delays[name] = float(tick_ns[lo + hits[0]] - log.timestamps[ep.first]) / 1e9 if hits.size else math.inf
+        delays[name] = float(tick_ns[lo + hits[0]] - log.timestamps[onset]) / 1e9 if hits.size else math.inf
     t0 = log.timestamps[0]
     pool.episodes.append(
         EpisodeResult(
             ep.fault,
             ep.signal,
             log.path.name,
-            float(log.timestamps[ep.first] - t0) / 1e9,
-            float(log.timestamps[ep.stop] - log.timestamps[ep.first]) / 1e9,
+            float(log.timestamps[onset] - t0) / 1e9,
+            float(log.timestamps[ep.stop] - log.timestamps[onset]) / 1e9,
             ep.magnitude,
             delays,
             float(got.veto[ANY][lo:hi].mean()) if hi > lo else 0.0,

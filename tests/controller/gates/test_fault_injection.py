@@ -104,3 +104,27 @@ def test_a_window_outside_the_drive_is_an_error() -> None:
     x, ts = drive()
     with pytest.raises(ValueError, match="not inside"):
         fi.inject(x, ts, [fi.Episode(fi.STUCK, "ego_speed", 0, 10, 0.0)], NAMES, np.random.default_rng(0))
+
+
+def test_a_fault_begins_where_it_first_changes_a_reading() -> None:
+    """Spikes and a flickering flag may first show late in their window: their onset is the first
+    reading they changed. Faults that change the first reading begin with the window, and a fault
+    that changes nothing (a +0 m bias) too."""
+    x, ts = drive()
+    onsets = []
+    for seed in range(40):
+        ep = fi.Episode(fi.SPIKES, "ego_speed", FIRST, STOP, 5.0)
+        out = fi.inject(x, ts, [ep], NAMES, np.random.default_rng(seed))
+        onset = fi.first_change(out, x, ts, ep)
+        col = out.features[:, NAMES.index("ego_speed")] != x[:, NAMES.index("ego_speed")]
+        assert onset == FIRST + int(np.flatnonzero(col[FIRST:STOP])[0])
+        onsets.append(onset)
+    assert min(onsets) == FIRST and max(onsets) > FIRST + 3  # a quarter of the readings spiked
+    for fault, signal, magnitude in (
+        (fi.NOISE, "ego_speed", 1.0),
+        (fi.FROZEN_TIME, fi.TIMESTAMPS, 0.0),
+        (fi.MISSING_ROWS, fi.ROWS, 0.0),
+        (fi.BIAS, "lead_distance", 0.0),
+    ):
+        ep = fi.Episode(fault, signal, FIRST, STOP, magnitude)
+        assert fi.first_change(fi.inject(x, ts, [ep], NAMES, np.random.default_rng(0)), x, ts, ep) == FIRST

@@ -76,7 +76,7 @@ def test_each_check_fires_on_its_fault_in_a_real_drive(
     column = log.features[:, log.names.index(signal)] if signal in log.names else np.zeros(0)
     ep = fi.Episode(fault, signal, FIRST, STOP, fi.draw_magnitude(fault, signal, column, np.random.default_rng(0)))
     got = rf.replay(loaded, log, _faulted(log, [ep]))
-    lo, hi, _ = rf._window_ticks(got.tick_ns, log, ep)
+    lo, hi, _ = rf._window_ticks(got.tick_ns, log, ep.first, ep)
     fired = np.flatnonzero(got.veto[check][lo:hi])
     assert fired.size, f"{check} never vetoed {fault} on {signal}"
     assert (got.tick_ns[lo + fired[0]] - got.tick_ns[lo]) / 1e9 <= within_s
