@@ -500,13 +500,14 @@ def test_distrusted_inputs_apply_none_of_the_models_braking(test_model):
 
 
 def test_reasons_that_do_not_doubt_the_inputs_keep_the_models_braking_at_the_jerk_limit(test_model):
-    """A late observation or an actuation shortfall does not doubt what the sensors said: the
-    model's braking is kept (bounded by max_vetoed_brake), entered at the jerk limit."""
+    """A late observation, an actuation shortfall or a low-margin abstention does not doubt what the
+    sensors said: the model's braking is kept (bounded by max_vetoed_brake), entered at the jerk
+    limit. The abstention holds in NOMINAL, and kept none of it (0 until the model was sure again)."""
     from dualloop.executor.snapshot import AppliedAction
 
     hard = AppliedAction(0, "brake_hard", np.array([-8.0, 0.0], np.float32))
-    for reasons, only in (([Reason.STALE_OBSERVATION], False), ([Reason.OOD_VETO], True)):
-        machine = _machine(test_model, hold_timeout_ms=10_000)
+    for reasons, only in (([Reason.STALE_OBSERVATION], False), ([Reason.OOD_VETO], True), ([Reason.LOW_MARGIN], False)):
+        machine = _machine(test_model, hold_timeout_ms=10_000, max_abstain_ms=10_000)
         mem, x = _cruise(test_model, machine)
         accel = [0.5]
         for k in range(10, 700):
