@@ -15,7 +15,10 @@ gates) on seeds nothing was tuned on, and reads each tick's applied command:
 - **name/band**: applied actions whose name is not the band of their acceleration;
 - **standstill**: ticks held at standstill, and ticks on which a session that had stopped left the
   hold (a drive-off: only an explicit release may end it, and these runs send none);
-- collisions, and for the forced-veto runs the least gap to the lead.
+- collisions, and for the forced-veto runs the least gap to the lead. A collision with a car that
+  cut in so close that braking at the tyre limit from that very tick could not have avoided it
+  (relative speed^2 / (2 gap) above the simulator's 8 m/s^2) is counted, and reported apart as
+  unavoidable by braking; `--check` fails on the others.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.ood import load_gate
 from dualloop.sim.env import SimEnv, make_scenario
 from dualloop.sim.scenarios import OOD_SCENARIOS
-from dualloop.sim.schema import FEATURE_INDEX
+from dualloop.sim.schema import ACCEL_MIN, FEATURE_INDEX
 from dualloop.v2 import controller_pb2 as pb
 
 TICK_S = 0.005
@@ -47,6 +50,32 @@ TICK_S = 0.005
 UNTUNED_SEEDS = tuple(range(910_001, 910_009))
 FORCED_VETO_SCENARIOS = ("lead_brakes_hard", "cut_in")
 STEER_FIGURE_MIN_SPEED = 10.0  # m/s: above ~8.2 the recovery's lateral-jerk rate is below max_steer_rate
+NEW_LEAD_DROP_M = 3.0  # a lead gap shorter by this in one tick is another car (a cut-in)
+CONTACT_GAP_M = 1.0  # a run that ends with its lead this close ended in contact with it
+
+
+@dataclass
+class Truth:
+    """What the vehicle and its lead really did, per tick (the simulator's noise-free features)."""
+
+    speed: np.ndarray  # m/s
+    lead_present: np.ndarray  # bool
+    lead_gap: np.ndarray  # m
+    lead_rel_speed: np.ndarray  # m/s, lead minus ego
+
+
+def unavoidable_by_braking(truth: Truth, max_decel: float = -ACCEL_MIN) -> bool:
+    """Whether a car appeared ahead (the lead flag rising, or the gap shorter by NEW_LEAD_DROP_M in
+    one tick) closing so fast that braking at `max_decel` from that tick on, with no reaction time,
+    could not stop the closing before contact, and the run ended in contact with its lead."""
+    present, gap, rel = truth.lead_present, truth.lead_gap, truth.lead_rel_speed
+    if len(gap) < 2 or not (present[-1] and gap[-1] < CONTACT_GAP_M):
+        return False
+    appeared = present[1:] & (~present[:-1] | (gap[1:] < gap[:-1] - NEW_LEAD_DROP_M))
+    k = np.flatnonzero(appeared) + 1
+    closing = rel[k] < 0.0
+    need = rel[k] ** 2 / (2.0 * np.maximum(gap[k], 1e-3))
+    return bool((closing & (need > max_decel)).any())
 
 
 class WatchedScenario:
@@ -57,14 +86,22 @@ class WatchedScenario:
 
     def __init__(self, env: SimEnv, force: bool = True) -> None:
         self._env = env
-        self.force = force  # False: only watched (the true speed, the least gap)
+        self.force = force  # False: only watched (the truth, the least gap)
         self.min_lead_gap = float("inf")
         self.onset_s: float | None = None
-        self.true_speed: list[float] = []  # per observation, the speed the vehicle has
+        self.true_rows: list[tuple[float, float, float, float]] = []  # per observation: speed, lead
+
+    def truth(self, ticks: int) -> Truth:
+        rows = np.array(self.true_rows[:ticks], np.float64).reshape(-1, 4)
+        return Truth(rows[:, 0], rows[:, 1] == 1.0, rows[:, 2], rows[:, 3])
 
     def observe(self) -> tuple[np.ndarray, np.ndarray]:
         features, plan = self._env.observe()
-        self.true_speed.append(float(self._env.true_features()[FEATURE_INDEX["ego_speed"]]))
+        true = self._env.true_features()
+        speed, present, gap_true, rel_true = (
+            float(true[FEATURE_INDEX[n]]) for n in ("ego_speed", "lead_present", "lead_distance", "lead_rel_speed")
+        )
+        self.true_rows.append((speed, present, gap_true, rel_true))
         lead = features[FEATURE_INDEX["lead_present"]] == 1.0
         gap, rel = float(features[FEATURE_INDEX["lead_distance"]]), float(features[FEATURE_INDEX["lead_rel_speed"]])
         if lead:
@@ -94,13 +131,15 @@ class TransitionFigures:
     standstill_ticks: int
     drive_offs: int
     collisions: int
+    unavoidable_collisions: int = 0  # of those, with a cut-in no braking could have avoided
     min_lead_gap_m: float | None = None
 
 
 def transition_figures(
-    run: ClosedLoopRun, jerk_limit: float, min_lead_gap: float | None = None, speed: np.ndarray | None = None
+    run: ClosedLoopRun, jerk_limit: float, min_lead_gap: float | None = None, truth: Truth | None = None
 ) -> TransitionFigures:
-    """`speed`: the vehicle's true speed per tick (m/s; None: every tick counts for the steering)."""
+    """`truth`: what the vehicle really did (None: every tick counts for the steering, and no
+    collision is judged unavoidable)."""
     a = run.applied_accel.astype(np.float64)
     nominal = run.safety_state == pb.SAFETY_STATE_NOMINAL
     threat = ((run.reasons >> pb.REASON_CODE_THREAT_BRAKING) & 1).astype(bool)
@@ -118,7 +157,8 @@ def transition_figures(
     steps = np.abs(np.diff(a))
     steer_steps = np.abs(np.diff(run.applied_steer.astype(np.float64)))
     near = (~nominal[1:] | ~nominal[:-1]) & ~threat[1:] & ~threat[:-1] & decided[:-1]
-    fast = near if speed is None else near & (speed[:-1] >= STEER_FIGURE_MIN_SPEED)
+    fast = near if truth is None else near & (truth.speed[:-1] >= STEER_FIGURE_MIN_SPEED)
+    collisions = int(run.metrics.collisions)
     stopped_at = np.flatnonzero(standstill)
     drive_offs = int((~standstill[stopped_at[0] :]).sum()) if len(stopped_at) else 0
     return TransitionFigures(
@@ -133,19 +173,20 @@ def transition_figures(
         threat_braking_ticks=int(threat.sum()),
         standstill_ticks=int(standstill.sum()),
         drive_offs=drive_offs,
-        collisions=int(run.metrics.collisions),
+        collisions=collisions,
+        unavoidable_collisions=collisions if truth is not None and unavoidable_by_braking(truth) else 0,
         min_lead_gap_m=min_lead_gap,
     )
 
 
 def drive(
     model: DecisionModel, gates: list[Path], scenario: str, seed: int, forced_veto: bool
-) -> tuple[ClosedLoopRun, float | None, np.ndarray]:
-    """(the run, the least lead gap of a forced-veto run, the true speed per tick)."""
+) -> tuple[ClosedLoopRun, float | None, Truth]:
+    """(the run, the least lead gap of a forced-veto run, what the vehicle really did)."""
     executor = Executor(model, ExecutorConfig(), [load_gate(g) for g in gates])
     env = WatchedScenario(make_scenario(scenario, seed), force=forced_veto)
     run = run_closed_loop(env, InProcessDecider(executor, f"{scenario}-{seed}"), seed)  # type: ignore[arg-type]
-    return run, (env.min_lead_gap if forced_veto else None), np.array(env.true_speed[: len(run.t)])
+    return run, (env.min_lead_gap if forced_veto else None), env.truth(len(run.t))
 
 
 def check(
@@ -160,8 +201,8 @@ def check(
         for scenario, forced in runs:
             for seed in seeds:
                 status.update(f"{scenario}{' (forced veto)' if forced else ''} seed {seed}")
-                run, gap, speed = drive(model, gates, scenario, seed, forced)
-                fig = transition_figures(run, jerk, gap, speed)
+                run, gap, truth = drive(model, gates, scenario, seed, forced)
+                fig = transition_figures(run, jerk, gap, truth)
                 if forced:
                     fig.scenario += "+forced_veto"
                 out.append(fig)
@@ -188,6 +229,7 @@ def summarise(figures: list[TransitionFigures], jerk_step: float, steer_step: fl
                 "seeds_stopped": sum(f.standstill_ticks > 0 for f in fs),
                 "drive_offs": sum(f.drive_offs for f in fs),
                 "collisions": sum(f.collisions for f in fs),
+                "unavoidable": sum(f.unavoidable_collisions for f in fs),
                 "min_lead_gap_m": min(gaps) if gaps else None,
             }
         )
@@ -238,10 +280,16 @@ def _main(args: argparse.Namespace) -> int:
             ),
             ("name/band", r["name_band_contradictions"] > 0),
             ("drive-off", r["drive_offs"] > 0),
-            ("collision", r["collisions"] > 0),
+            ("collision", r["collisions"] > r["unavoidable"]),
         )
         if bad
     ]
+    for r in rows:
+        if r["unavoidable"]:
+            console.print(
+                f"{r['scenario']}: {r['unavoidable']} collision(s) with a car that cut in closer than braking at "
+                f"{-ACCEL_MIN:g} m/s^2 could stop for (not counted against --check)"
+            )
     for f in failed:
         console.print(f"[red]not met[/]: {f}")
     return 1 if (failed and args.check) else 0

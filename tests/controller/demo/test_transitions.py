@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from dualloop.controller.demo.closed_loop import ClosedLoopRun
-from dualloop.controller.demo.transitions import transition_figures
+from dualloop.controller.demo.transitions import Truth, transition_figures, unavoidable_by_braking
 from dualloop.executor.action_labels import action_of_accel
 from dualloop.v2 import controller_pb2 as pb
 
@@ -88,5 +88,49 @@ def test_the_steering_step_is_read_around_transitions_at_speed() -> None:
     run.applied_steer[300:] = 0.03  # the model's command, met in one step
     run.applied_steer[400:] = 0.09  # the model's own step, inside NOMINAL
     assert transition_figures(run, J).largest_steer_step == 0.03
-    assert transition_figures(run, J, speed=np.full(N, 20.0)).largest_steer_step == 0.03
-    assert transition_figures(run, J, speed=np.full(N, 5.0)).largest_steer_step == 0.0
+    assert transition_figures(run, J, truth=_cruise(N, 20.0)).largest_steer_step == 0.03
+    assert transition_figures(run, J, truth=_cruise(N, 5.0)).largest_steer_step == 0.0
+
+
+def _cruise(n: int, speed: float) -> Truth:
+    return Truth(np.full(n, speed), np.zeros(n, bool), np.full(n, 150.0), np.zeros(n))
+
+
+def _cut_in(gap: float, closing: float) -> Truth:
+    """At 30 m/s, a car cuts in `gap` m ahead `closing` m/s slower at tick 100; the ego brakes at
+    8 m/s^2 from then on, and the run ends at contact or when the closing stops."""
+    speeds, present, gaps, rels = [], [], [], []
+    v, g, lead_v = 30.0, 150.0, 30.0 - closing
+    for k in range(400):
+        if k == 100:
+            g = gap
+        if k >= 100:
+            v = max(v - 8.0 * 0.005, 0.0)
+            g -= (v - lead_v) * 0.005
+        speeds.append(v)
+        present.append(k >= 100)
+        gaps.append(g)
+        rels.append(lead_v - v if k >= 100 else 0.0)
+        if g <= 0.05 or (k > 100 and v <= lead_v):
+            break
+    return Truth(np.array(speeds), np.array(present), np.array(gaps), np.array(rels))
+
+
+def test_a_collision_is_unavoidable_only_when_braking_at_the_tyre_limit_could_not_stop_the_closing() -> None:
+    """The speed_out_of_range cut-in (12 m ahead, 20 m/s closing: 16.7 m/s^2 needed) ends in contact
+    even braking at the tyre limit from its first tick: unavoidable. 30 m ahead (6.7 m/s^2) braking
+    stops the closing first, so a collision there is the controller's."""
+    close = _cut_in(12.0, 20.0)
+    assert close.lead_gap[-1] < 0.1 and unavoidable_by_braking(close)
+    far = _cut_in(30.0, 20.0)
+    assert far.lead_gap.min() > 1.0 and not unavoidable_by_braking(far)
+    # a run that ends apart from its lead did not end in that contact
+    apart = Truth(close.speed, close.lead_present, close.lead_gap + 5.0, close.lead_rel_speed)
+    assert not unavoidable_by_braking(apart)
+    # judged per run in the figures: counted, and reported apart
+    states = np.full(len(close.speed), pb.SAFETY_STATE_FALLBACK_ACTIVE)
+    run = _run(np.full(len(close.speed), -3.0), states)
+    run.metrics = SimpleNamespace(collisions=1)  # type: ignore[assignment]
+    fig = transition_figures(run, J, truth=close)
+    assert fig.collisions == 1 and fig.unavoidable_collisions == 1
+    assert transition_figures(run, J, truth=_cruise(len(close.speed), 30.0)).unavoidable_collisions == 0
