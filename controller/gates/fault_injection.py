@@ -58,6 +58,7 @@ SPIKE_SIGMAS: Final = (4.0, 8.0)  # spike height, in units of the signal's sprea
 SPIKE_SHARE: Final = 0.25  # of the window's observations
 # the smallest spread a signal is given (a signal nearly constant on a log still gets noise a sensor could make)
 MIN_SPREAD: Final[dict[str, float]] = {"ego_speed": 0.5, "ego_accel": 0.2, "lead_distance": 2.0, "lead_rel_speed": 0.5}
+UNITS: Final[dict[str, str]] = {"ego_speed": "m/s", "ego_accel": "m/s^2", "lead_distance": "m", "lead_rel_speed": "m/s"}
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,29 @@ def first_change(faulted: Faulted, features: np.ndarray, timestamps: np.ndarray,
     same = ((x == x0) | (np.isnan(x) & np.isnan(x0))).all(axis=1)
     changed = np.flatnonzero(~same | (faulted.timestamps[w] != timestamps[w]) | ~faulted.keep[w])
     return ep.first + int(changed[0]) if changed.size else ep.first
+
+
+def moved_by(
+    faulted: Faulted,
+    features: np.ndarray,
+    timestamps: np.ndarray,
+    names: list[str],
+    ep: Episode,
+    onset: int,
+    within_s: float,
+) -> float | None:
+    """How far the fault moved its signal's reading from the true one over its first `within_s` from
+    `onset` (the largest difference, in the signal's units; inf where a reading became NaN), None
+    for a fault on the timestamps or the rows. A signal stuck while it hardly changes, zeroed near
+    0 or in km/h near 0 moves by little: the figure says how much a check had to see."""
+    if ep.signal not in names:
+        return None
+    end = np.searchsorted(timestamps, timestamps[onset] + int(within_s * 1e9), side="right")
+    w = slice(onset, max(int(end), onset + 1))
+    col = names.index(ep.signal)
+    x, x0 = faulted.features[w, col].astype(np.float64), features[w, col].astype(np.float64)
+    diff = np.where(np.isnan(x) != np.isnan(x0), np.inf, np.abs(np.nan_to_num(x) - np.nan_to_num(x0)))
+    return float(diff.max())
 
 
 def eligible(fault: str, signal: str, features: np.ndarray, names: list[str], first: int, stop: int) -> bool:

@@ -197,6 +197,8 @@ class EpisodeResult:
     magnitude: float
     delay_s: dict[str, float]  # per check: first veto in the window the clean replay did not make; inf none
     vetoed: float  # share of the window's ticks `any` vetoed
+    # how far the fault moved the reading over its first 100 ms and 1 s (fault_injection.moved_by)
+    moved: tuple[float | None, float | None] = (None, None)
 
 
 @dataclass
@@ -328,7 +330,8 @@ def run_dataset(
                 inside[start:hi_after] = True  # the window's ticks before its onset are neither
                 onset = fi.first_change(faulted, log.features, log.timestamps, ep)
                 lo, hi, _ = _window_ticks(base.tick_ns, log, onset, ep)
-                _score_episode(pool, ep, log, got, base, lo, hi, onset)
+                by = [fi.moved_by(faulted, log.features, log.timestamps, log.names, ep, onset, s) for s in (0.1, 1.0)]
+                _score_episode(pool, ep, log, got, base, lo, hi, onset, (by[0], by[1]))
                 if fault != fi.FROZEN_TIME:
                     after.add(got.veto[ANY][hi:hi_after])
             if fault != fi.FROZEN_TIME:
@@ -376,7 +379,15 @@ def _frozen_verdicts(
 
 
 def _score_episode(
-    pool: Pool, ep: fi.Episode, log: LoadedLog, got: Verdicts, base: Verdicts, lo: int, hi: int, onset: int
+    pool: Pool,
+    ep: fi.Episode,
+    log: LoadedLog,
+    got: Verdicts,
+    base: Verdicts,
+    lo: int,
+    hi: int,
+    onset: int,
+    moved: tuple[float | None, float | None],
 ) -> None:
     """Ticks [lo, hi) from the onset (observation `onset`, the first the fault changed) to the window's end."""
     tick_ns = base.tick_ns
@@ -398,6 +409,7 @@ def _score_episode(
             ep.magnitude,
             delays,
             float(got.veto[ANY][lo:hi].mean()) if hi > lo else 0.0,
+            moved,
         )
     )
 
@@ -440,6 +452,8 @@ def _summarise(pool: Pool) -> dict[str, Any]:
                 "magnitude": e.magnitude,
                 "delay_any_s": None if not math.isfinite(e.delay_s[ANY]) else e.delay_s[ANY],
                 "vetoed": e.vetoed,
+                "moved_100ms": e.moved[0],
+                "moved_1s": e.moved[1],
             }
             for e in pool.episodes
         ],
@@ -457,6 +471,20 @@ def jsonable(x: Any) -> Any:
     if isinstance(x, np.integer):
         return int(x)
     return x
+
+
+def _little_moved(summary: dict[str, Any], signal: str, within: float) -> str:
+    """How many of the episodes moved the reading by less than the signal's smallest spread in the
+    time the target allows (a sensor's own noise): what the reader needs to tell a check that misses
+    from a fault that barely showed."""
+    floor = fi.MIN_SPREAD.get(signal)
+    key = "moved_100ms" if within <= 0.1 else "moved_1s"
+    moved = [e[key] for e in summary["episode_list"] if e[key] is not None]
+    if floor is None or not moved:
+        return ""
+    little = sum(m < floor for m in moved)
+    unit = fi.UNITS[signal]
+    return f" ({little} of {len(moved)} moved the reading by less than {floor:g} {unit} in that time)" if little else ""
 
 
 def targets(result: dict[str, Any]) -> list[str]:
@@ -481,7 +509,7 @@ def targets(result: dict[str, Any]) -> list[str]:
                 if share < DETECTED_SHARE:
                     failed.append(
                         f"{name}: {fault} on {signal}: detected within {within * 1000:.0f} ms in {share:.0%} of "
-                        f"{r['episodes']} episodes < {DETECTED_SHARE:.0%}"
+                        f"{r['episodes']} episodes < {DETECTED_SHARE:.0%}{_little_moved(r, signal, within)}"
                     )
         rate = ds["false_vetoes_outside"]["rate"]
         if rate > TARGET_FALSE_VETOES:

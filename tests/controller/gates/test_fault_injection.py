@@ -128,3 +128,27 @@ def test_a_fault_begins_where_it_first_changes_a_reading() -> None:
     ):
         ep = fi.Episode(fault, signal, FIRST, STOP, magnitude)
         assert fi.first_change(fi.inject(x, ts, [ep], NAMES, np.random.default_rng(0)), x, ts, ep) == FIRST
+
+
+def test_how_far_a_fault_moved_the_reading_in_its_first_moments() -> None:
+    """A stuck speed while the car holds its speed moves the reading by nothing, while it accelerates
+    at 1 m/s^2 by 0.1 m/s per 100 ms; a NaN dropout by infinitely much; a frozen clock has no reading."""
+    x, ts = drive()
+    col = NAMES.index("ego_speed")
+    x[:, col] = 20.0
+    ep = fi.Episode(fi.STUCK, "ego_speed", FIRST, STOP, 0.0)
+    out = fi.inject(x, ts, [ep], NAMES, np.random.default_rng(0))
+    assert fi.moved_by(out, x, ts, NAMES, ep, FIRST, 1.0) == 0.0
+    x[:, col] = 20.0 + 0.1 * np.arange(N)  # 1 m/s^2 at 10 Hz
+    out = fi.inject(x, ts, [ep], NAMES, np.random.default_rng(0))
+    assert fi.moved_by(out, x, ts, NAMES, ep, FIRST, 0.1) == pytest.approx(0.2, abs=1e-4)  # 2 readings
+    assert fi.moved_by(out, x, ts, NAMES, ep, FIRST, 1.0) == pytest.approx(1.1, abs=1e-4)
+    nan = fi.Episode(fi.NAN, "ego_speed", FIRST, STOP, 0.0)
+    assert (
+        fi.moved_by(fi.inject(x, ts, [nan], NAMES, np.random.default_rng(0)), x, ts, NAMES, nan, FIRST, 0.1) == np.inf
+    )
+    frozen = fi.Episode(fi.FROZEN_TIME, fi.TIMESTAMPS, FIRST, STOP, 0.0)
+    assert (
+        fi.moved_by(fi.inject(x, ts, [frozen], NAMES, np.random.default_rng(0)), x, ts, NAMES, frozen, FIRST, 1.0)
+        is None
+    )

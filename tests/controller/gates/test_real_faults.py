@@ -124,3 +124,23 @@ def test_a_shared_data_set_folder_is_imported(tmp_path: Path) -> None:
     ds = load_real_dir(FIXTURES / "real-drives" / "openacc-astazero-human", tmp_path)
     assert ds.name == "openacc-astazero-human" and len(ds.logs) >= 2
     assert all(p.is_file() and p.suffix == ".mcap" for p in ds.logs)
+
+
+def test_a_missed_detection_says_how_many_episodes_barely_moved_the_reading() -> None:
+    """A stuck speed that moved the reading by less than 0.5 m/s in its first 100 ms is named so beside
+    the miss, so a reader can tell a check that missed from a fault that had barely shown."""
+    episodes = [{"moved_100ms": m, "moved_1s": 2.0} for m in (0.0, 0.3, 0.9)]
+    summary = {
+        "episodes": 3,
+        "best_auroc": 1.0,
+        "best_check": "speed_repeat",
+        "checks": {rf.ANY: {"detected_100ms": 0.0, "detected_1s": 1.0}},
+        "episode_list": episodes,
+    }
+    result = {
+        "datasets": {
+            "d": {"faults": {"stuck": {"ego_speed": summary}}, "false_vetoes_outside": {"rate": 0.0}},
+        }
+    }
+    (line,) = rf.targets(result)
+    assert line.endswith("< 95% (2 of 3 moved the reading by less than 0.5 m/s in that time)")
