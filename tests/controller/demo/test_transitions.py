@@ -1,12 +1,17 @@
 """`dualloop demo-safety`'s reading of what reached the actuators, on synthetic command traces whose
-answers are known: the onset bound, the transition step, name/band contradictions, drive-offs."""
+answers are known (the onset bound, the transition steps, name/band contradictions, drive-offs,
+unavoidable collisions), and the whole command on one untuned seed with the shipped model."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
+from dualloop.controller.cli import main
 from dualloop.controller.demo.closed_loop import ClosedLoopRun
 from dualloop.controller.demo.transitions import Truth, transition_figures, unavoidable_by_braking
 from dualloop.executor.action_labels import action_of_accel
@@ -134,3 +139,18 @@ def test_a_collision_is_unavoidable_only_when_braking_at_the_tyre_limit_could_no
     fig = transition_figures(run, J, truth=close)
     assert fig.collisions == 1 and fig.unavoidable_collisions == 1
     assert transition_figures(run, J, truth=_cruise(len(close.speed), 30.0)).unavoidable_collisions == 0
+
+
+@pytest.mark.slow
+def test_demo_safety_check_passes_on_the_shipped_model(tmp_path: Path) -> None:
+    """The whole command on the first untuned seed: the shipped model and gates in the executor, every
+    OOD and forced-veto scenario driven in closed loop, what reached the actuators read and judged."""
+    out = tmp_path / "safety.json"
+    assert main(["demo-safety", "--seeds", "1", "--check", "--json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert len(written["runs"]) == 8
+    for row in written["summary"]:
+        assert row["largest_step"] <= row["step_limit"] + 1e-9
+        assert row["largest_steer_step"] <= row["steer_step_limit"] + 1e-6
+        assert row["onset_bound_violations"] == 0 and row["drive_offs"] == 0
+        assert row["collisions"] == row["unavoidable"]
