@@ -23,7 +23,8 @@ What reaches the actuators (docs/contract.md#safety):
   the actions of those ticks were computed from suspect input.
 - **Outside NOMINAL the steering keeps a lane, never a held angle**: the hold keeps the trusted
   action's acceleration and steers, as the fallback does, with a lane keeper that does not involve
-  the model (a held angle is open loop: held from the middle of a lane change it leaves the road).
+  the model (executor/lane_keeping.py; a held angle is open loop: held from the middle of a lane
+  change it leaves the road).
   The keeper reads the lane while it is readable; while it is not, it steers by the lane
   dead-reckoned from the last trusted readings (executor/lane_estimate.py). Its command moves at
   most `max_steer_rate` from the one applied before, and holds below `min_speed`.
@@ -66,6 +67,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from dualloop.executor.action_labels import ACTIONS, BRAKE_BELOW, BRAKE_HARD_BELOW, KEEP_AT_MOST, action_of_accel
 from dualloop.executor.lane_estimate import LaneEstimate, LaneReading, lane_history
+from dualloop.executor.lane_keeping import LaneKeeper, LaneKeepingConfig
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
 from dualloop.executor.standstill import StandstillConfig, StandstillHold
 from dualloop.executor.threat import LeadTrack, ThreatAssessor, ThreatConfig
@@ -75,52 +77,14 @@ R157_LANE_VISIBLE_DECEL = 3.0
 R157_BLIND_DECEL = 4.0
 
 
-class LaneKeepingConfig(BaseModel):
-    """The fallback's lane keeper (Stanley-like); features are named in the model's schema."""
-
-    model_config = ConfigDict(extra="forbid")
-    offset_feature: str = "lane_offset"  # m, + = left of the lane centre
-    heading_feature: str = "heading_error"  # rad, + = pointing left of the road
-    curvature_feature: str = "road_curvature"  # 1/m, + = turning left
-    speed_feature: str = "ego_speed"
-    wheelbase_m: float = Field(default=2.7, gt=0.0)
-    gain: float = Field(default=1.0, ge=0.0, description="offset gain of the Stanley law")
-    max_correction_rad: float = Field(default=0.05, ge=0.0, description="bound on the feedback part")
-    # The hold's and the fallback's steering is bounded so that the lateral acceleration stays
-    # below this at the current speed (dead-reckoned from the last trusted one while the reading is
-    # doubted): a steer held from 25 m/s is violent at 55 m/s (0.034 rad there is ~37 m/s^2). The
-    # recovery's blend is not: it returns to the trusted model, which a tight curve may need.
-    max_lateral_accel: float = Field(default=3.0, gt=0.0, description="m/s^2")
-    # At rest a correction moves nothing, and the readings' noise (0.03 m of offset is 0.03 rad at
-    # 1 m/s) turned the wheel back and forth by up to 0.04 rad every tick of a standstill hold.
-    min_speed: float = Field(default=1.0, ge=0.0, description="m/s: below it the keeper holds the wheel")
-    # The keeper's command moves at most this fast from the one applied at the tick before: into a
-    # hold from the model's command, back to it in recovery, and against readings whose noise at a
-    # few m/s (0.03 m of offset at 2 m/s is 0.015 rad) turned the wheel by up to 0.04 rad every tick.
-    max_steer_rate: float = Field(default=0.2, gt=0.0, description="rad/s of road-wheel angle")
-    # The recovery's return to the model may turn faster where the lateral jerk allows (UN R79's
-    # 5 m/s^3 for a steering function): 0.2 rad/s is 67 m/s^3 at 30 m/s but 1.9 at 5 m/s, where
-    # an urban turn's 0.3 rad would take 1.5 s to come back.
-    max_lateral_jerk: float = Field(default=5.0, ge=0.0, description="m/s^3, the recovery's return")
-    # While the lane is not visible (nothing readable, or not finite) the keeper steers by a
-    # dead-reckoned estimate of it (executor/lane_estimate.py): a clothoid fitted to the trusted
-    # readings of the last `trend_window_s` (its offset and heading to those of the last
-    # `pose_window_s`), the curvature's trend extrapolated over `preview_m` (a camera lane model's
-    # range) and bounded by `max_curvature_rate` (a road's tightest clothoid).
-    trend_window_s: float = Field(default=1.0, gt=0.0, description="s of trusted readings the trend is fitted to")
-    pose_window_s: float = Field(default=0.2, gt=0.0, description="s of trusted readings the pose is fitted to")
-    preview_m: float = Field(default=60.0, ge=0.0, description="m over which the curvature trend is extrapolated")
-    max_curvature_rate: float = Field(default=1e-4, ge=0.0, description="1/m per m")
-
-
 class SafetyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     hold_timeout_ms: float = Field(default=300.0, ge=0.0)
     recovery_dwell_ms: float = Field(default=500.0, ge=0.0)
     fallback_decel: float = Field(default=3.0, gt=0.0, description="m/s^2, minimal-risk braking, lane visible")
-    # While the lane is not visible (inputs frozen or non-finite) lateral control is open loop on
-    # the last trusted curvature: stop sooner than with the lane, within R157's 4 m/s^2.
+    # While the lane is not visible (inputs frozen or non-finite) the keeper steers by a lane
+    # dead-reckoned from the last trusted readings: stop sooner than with the lane, within R157's 4 m/s^2.
     blind_decel: float = Field(default=4.0, gt=0.0, description="m/s^2, minimal-risk braking, lane not visible")
     # Decelerations above R157's aims (3 / 4 m/s^2) must say why: a stated, reviewed exception.
     decel_exception: str = Field(default="", description="why fallback_decel > 3 or blind_decel > 4")
@@ -236,6 +200,7 @@ class SafetyMachine:
         self._period_s = period_ns / 1e9
         self._history_len = round(max(lk.trend_window_s, lk.pose_window_s) / self._period_s) if lk else 0
         self._pose_len = round(lk.pose_window_s / self._period_s) if lk else 0
+        self._keeper = LaneKeeper(lk, self._period_s) if lk else None
         self._jerk_step = config.jerk_limit * self._period_s
         self.threat = ThreatAssessor(config.threat, names) if config.threat is not None else None
         hold = StandstillHold(config.standstill, names) if config.standstill is not None else None
@@ -417,12 +382,11 @@ class SafetyMachine:
         """The model's steering reached from the safe side's at the lane keeper's rate limit (or
         the lateral jerk's, where faster), and whether it is met: a one-tick return from the keeper's
         angle is a step of lateral acceleration."""
-        lk = self.config.lane_keeping
-        if self._steer is None or lk is None:
+        keeper = self._keeper
+        if self._steer is None or keeper is None:
             return proposal, True
         wanted = float(proposal.controls[self._steer])
-        speed = max(self._speed_now(mem), 1.0)
-        steer = self._turn_towards(lk, wanted, max(lk.max_steer_rate, lk.max_lateral_jerk * lk.wheelbase_m / speed**2))
+        steer = keeper.turn_towards(self._steer_before, wanted, keeper.return_rate(self._speed_now(mem)))
         if steer == wanted:
             return proposal, True
         controls = proposal.controls.copy()
@@ -626,8 +590,8 @@ class SafetyMachine:
         return measured if math.isfinite(measured) else mem.trusted_speed
 
     def _bound_steer(self, mem: SafetyMemory, applied: AppliedAction) -> AppliedAction:
-        lk = self.config.lane_keeping
-        if self._lane is None or lk is None or self._steer is None:
+        keeper = self._keeper
+        if self._lane is None or keeper is None or self._steer is None:
             return applied
         # the speed now (dead-reckoned while doubted): bounded at the speed before a fallback, the
         # keeper could not follow a 40 m radius even at walking pace. Without any trusted speed to
@@ -636,14 +600,14 @@ class SafetyMachine:
         speed = now if mem.speed_estimate is not None else max(mem.trusted_speed, now)
         if speed < 1.0:
             return applied
-        limit = math.atan(lk.wheelbase_m * lk.max_lateral_accel / (speed * speed))
+        limit = keeper.lateral_limit(speed)
         steer = float(applied.controls[self._steer])
         if abs(steer) <= limit:
             return applied
         # reached at the keeper's rate: the model's angle beyond the bound, cut in one tick, was a
         # step of lateral acceleration (0.009 rad at 21 m/s, 1.6 m/s^2)
         controls = applied.controls.copy()
-        controls[self._steer] = self._turn_towards(lk, min(max(steer, -limit), limit))
+        controls[self._steer] = keeper.turn_towards(self._steer_before, min(max(steer, -limit), limit))
         return AppliedAction(applied.index, applied.name, controls)
 
     @property
@@ -709,10 +673,10 @@ class SafetyMachine:
 
     def _lane_keeping_steer(self, mem: SafetyMemory) -> tuple[float | None, bool]:
         """(steer, lane visible); steer None without lane keeping."""
-        lk = self.config.lane_keeping
-        if self._lane is None or lk is None:
+        keeper = self._keeper
+        if self._lane is None or keeper is None:
             return None, self._features is not None and bool(np.isfinite(self._features).all())
-        x = self._features
+        x, speed_now, before = self._features, self._speed_now(mem), self._steer_before
         if x is not None:
             # Read while readable, even where a check doubts the tick: the checks that veto most
             # (range, units, per-signal) doubt other signals, and a dead-reckoned lane over a
@@ -720,30 +684,12 @@ class SafetyMachine:
             offset, heading, curvature, speed = (float(x[i]) for i in self._lane)
             if math.isfinite(offset) and math.isfinite(heading) and math.isfinite(speed):
                 ahead = curvature if math.isfinite(curvature) else mem.trusted_curvature
-                return self._stanley(mem, lk, ahead, offset, heading), True
+                return keeper.keep(speed_now, before, ahead, offset, heading), True
         estimate = self._lane_estimate(mem)
         if estimate is None:  # no trusted reading to start from: the last curvature, open loop
-            return self._turn_towards(lk, math.atan(lk.wheelbase_m * mem.trusted_curvature)), False
-        curvature = estimate.road_curvature(lk.preview_m)
-        return self._stanley(mem, lk, curvature, estimate.offset, estimate.heading), False
-
-    def _stanley(
-        self, mem: SafetyMemory, lk: LaneKeepingConfig, curvature: float, offset: float, heading: float
-    ) -> float:
-        """The road's curvature ahead as feed-forward, the heading and offset errors as bounded
-        feedback, reached at `max_steer_rate`; below `min_speed` the wheel stays where it was."""
-        speed = self._speed_now(mem)
-        if speed < lk.min_speed:
-            return self._steer_before
-        correction = -heading - math.atan(lk.gain * offset / max(speed, 1.0))
-        bound = lk.max_correction_rad
-        return self._turn_towards(lk, math.atan(lk.wheelbase_m * curvature) + min(max(correction, -bound), bound))
-
-    def _turn_towards(self, lk: LaneKeepingConfig, target: float, rate: float | None = None) -> float:
-        """`target`, at most `rate` (`max_steer_rate`) away from the steering applied at the tick before."""
-        step = (lk.max_steer_rate if rate is None else rate) * self._period_s
-        before = self._steer_before
-        return min(max(target, before - step), before + step)
+            return keeper.turn_towards(before, keeper.steer_for(mem.trusted_curvature)), False
+        curvature = estimate.road_curvature(keeper.config.preview_m)
+        return keeper.keep(speed_now, before, curvature, estimate.offset, estimate.heading), False
 
     def _hold(self, mem: SafetyMemory, reasons: list[Reason]) -> AppliedAction:
         """The last trusted action (the safe action without one); outside NOMINAL its steering keeps

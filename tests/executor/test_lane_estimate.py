@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from dualloop.executor.lane_estimate import LaneEstimate, curvature_trend, lane_history
-from dualloop.executor.safety import LaneKeepingConfig, SafetyConfig, SafetyMachine, SafetyMemory
+from dualloop.executor.lane_keeping import LaneKeepingConfig
+from dualloop.executor.safety import SafetyConfig, SafetyMachine, SafetyMemory
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
 
 TICK = 5_000_000

@@ -10,8 +10,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from dualloop.executor.lane_keeping import LaneKeepingConfig
 from dualloop.executor.reasons import TICK_REASONS
-from dualloop.executor.safety import LaneKeepingConfig, SafetyConfig, SafetyMachine, SafetyMemory
+from dualloop.executor.safety import SafetyConfig, SafetyMachine, SafetyMemory
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
 
 TICK = 5_000_000

@@ -13,7 +13,8 @@ from dualloop.controller.serve.lifecycle import ServerLifecycle
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.gating import GateMismatch
-from dualloop.executor.safety import LaneKeepingConfig, SafetyConfig, fallback_profile
+from dualloop.executor.lane_keeping import LaneKeepingConfig
+from dualloop.executor.safety import SafetyConfig, fallback_profile
 from dualloop.executor.snapshot import Clock, Observation, PlanState, Reason, SafetyState
 
 MS = 1_000_000

@@ -18,8 +18,8 @@ from dualloop.controller.replay.lockstep import (
     run_replay,
 )
 from dualloop.controller.replay.report import format_report
+from dualloop.executor.lane_keeping import LaneKeepingConfig
 from dualloop.executor.lockstep_batch import run_lockstep
-from dualloop.executor.safety import LaneKeepingConfig
 from dualloop.executor.sessions import InvalidObservation
 from dualloop.executor.snapshot import Check, Clock, PlanState, Reason, SafetyState
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH

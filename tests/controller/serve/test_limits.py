@@ -14,7 +14,7 @@ import pytest
 from dualloop.controller.contract.client import DEFAULT_CLIENT_WINDOW_BYTES, DriveSession, realtime_channel
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.lifecycle import ServerThread
-from dualloop.executor.safety import LaneKeepingConfig
+from dualloop.executor.lane_keeping import LaneKeepingConfig
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 from tests.controller.serve.inputs import MS, sensor
