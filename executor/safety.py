@@ -353,8 +353,8 @@ class SafetyMachine:
         if self._accel is None:
             return self._named(target), state
         a_target = float(target.controls[self._accel])
-        # a low-margin abstention holds in NOMINAL: it kept none of the model's braking (a cut-in's
-        # brake_hard held at 0 for the abstention, then a 7.6 m/s^2 step)
+        # any state: a low-margin abstention holds in NOMINAL, and with the rule outside NOMINAL only
+        # it kept none of the model's braking (a brake_hard proposal held at 0 for up to 1 s)
         if not blending and not doubted and proposal is not None and self.config.max_vetoed_brake:
             a_target = min(a_target, max(float(proposal.controls[self._accel]), -self.config.max_vetoed_brake))
         last = 0.0 if mem.last_accel is None else mem.last_accel
