@@ -93,8 +93,9 @@ class SafetyConfig(BaseModel):
     jerk_limit: float = Field(
         default=2.5, gt=0.0, validation_alias=AliasChoices("jerk_limit", "fallback_jerk"), description="m/s^3"
     )
-    # LOW_MARGIN abstentions hold the last action tick by tick; this many in a row escalate to the
-    # fallback so an undecided model cannot keep an old command forever.
+    # LOW_MARGIN abstentions hold the last action's acceleration tick by tick (with the model's
+    # steering); this many in a row escalate to the fallback so an undecided model cannot keep an
+    # old command forever.
     max_abstain_ms: float = Field(default=1000.0, ge=0.0)
     accel_control: str = "accel"  # which control is longitudinal acceleration
     steer_control: str = "steer"
@@ -173,7 +174,7 @@ class SafetyMemory:
     lead_hold: bool = False  # the stopped-lead hold lowered the previous command: ramp back in from it
     lane_history: deque[LaneReading] | None = None  # trusted lane readings since the last recovery
     lane_estimate: LaneEstimate | None = None  # the lane, dead-reckoned since the last trusted tick
-    steer_applied: float | None = None  # the steering applied at the last tick outside NOMINAL
+    steer_applied: float | None = None  # the steering applied at the last tick the safe side decided
 
 
 class SafetyMachine:
@@ -256,7 +257,7 @@ class SafetyMachine:
             if state is not SafetyState.NOMINAL and not blending:  # the blend's target is trusted
                 target = self._bound_steer(mem, target)
             applied, state = self._safe_side(mem, now_ns, reasons, proposal, target, state, blending, doubted)
-            if state is not SafetyState.NOMINAL and self._steer is not None:
+            if self._steer is not None:
                 mem.steer_applied = float(applied.controls[self._steer])
         if self.standstill is not None:
             at_rest = not doubted and self.standstill.engaged(features)
@@ -266,11 +267,14 @@ class SafetyMachine:
 
     def _advance_lane_estimate(self, mem: SafetyMemory) -> float:
         """Carry the dead-reckoned lane to this tick; returns the steering applied at the tick
-        before: the safe side's after a tick outside NOMINAL, else the last trusted command's."""
+        before: the safe side's after a tick outside NOMINAL or an abstention, else the last trusted
+        command's."""
         if self._steer is None:
             before = 0.0
-        elif mem.state is not SafetyState.NOMINAL and mem.steer_applied is not None:
-            before = mem.steer_applied
+        elif (
+            mem.state is not SafetyState.NOMINAL or mem.abstain_since_ns is not None
+        ) and mem.steer_applied is not None:
+            before = mem.steer_applied  # the safe side's, or an abstention's
         else:
             before = float((self.safe_action if mem.last_safe is None else mem.last_safe).controls[self._steer])
         estimate = mem.lane_estimate
@@ -521,7 +525,7 @@ class SafetyMachine:
                     mem.state, mem.hold_since_ns = SafetyState.FALLBACK_ACTIVE, now_ns
                     mem.abstain_since_ns = None
                     return self._fallback(mem, reasons), mem.state, False
-                return self._hold(mem, reasons), mem.state, False
+                return self._abstain(mem, reasons, proposal), mem.state, False
             else:
                 assert proposal is not None  # no distrust: the model scored this tick
                 mem.abstain_since_ns = None
@@ -704,6 +708,18 @@ class SafetyMachine:
             return held
         controls = held.controls.copy()
         controls[self._steer] = steer
+        return AppliedAction(held.index, held.name, controls)
+
+    def _abstain(self, mem: SafetyMemory, reasons: list[Reason], proposal: AppliedAction | None) -> AppliedAction:
+        """A low-margin abstention: the last trusted action's acceleration (`_safe_side` keeps the
+        model's braking) with the model's steering. The margin is between acceleration bands, and the
+        steering is an output of its own on trusted inputs: held, it was open loop for up to
+        `max_abstain_ms` (abstentions on real 10 Hz drives last up to 0.5 s)."""
+        held = self._hold(mem, reasons)
+        if proposal is None or self._steer is None:
+            return held
+        controls = held.controls.copy()
+        controls[self._steer] = proposal.controls[self._steer]
         return AppliedAction(held.index, held.name, controls)
 
     def _fallback(self, mem: SafetyMemory, reasons: list[Reason]) -> AppliedAction:

@@ -257,3 +257,45 @@ def test_slowed_by_the_fallback_the_keeper_may_steer_a_tight_curve() -> None:
     speed is doubted), not at the last trusted one: bounded at the 15 m/s before the veto, 0.036 rad,
     the keeper could not follow a 40 m radius (0.067 rad) even at walking pace."""
     assert _stop_into_a_tight_curve(SafetyConfig()) < 0.1
+
+
+def _lane_change_with_an_abstention(ticks: int) -> tuple[np.ndarray, np.ndarray, list[SafetyState]]:
+    """The lane change of `_lane_change_with_a_veto`, the model abstaining (LOW_MARGIN) for `ticks`
+    from 0.15 s into it: per tick the steering applied, the driver's, and the state."""
+    rng = np.random.default_rng(2)
+    machine = SafetyMachine(SafetyConfig(), ["accel", "steer"], TICK, SAFE, FEATURES)
+    mem = SafetyMemory()
+    d, psi, v = 0.0, 0.0, 15.6
+    applied_steer, driver, states = [], [], []
+    for k in range(900):
+        offset = d - 3.5 * round(d / 3.5)
+        noise = rng.standard_normal(2) * [0.02, 0.001]
+        x = np.array([v, 0.0, offset + noise[0], psi + noise[1], 0.0], np.float32)
+        target = 3.5 if k >= 200 else 0.0
+        drive = min(max(-psi - math.atan(0.6 * (d - target) / v), -0.035), 0.035)
+        proposal = AppliedAction(2, "keep", np.array([0.0, drive], np.float32))
+        unsure = 230 <= k < 230 + ticks
+        applied, state = machine.decide(mem, k * TICK, [Reason.LOW_MARGIN] if unsure else [], proposal, x)
+        steer = float(applied.controls[1])
+        psi += v * math.tan(steer) / WHEELBASE * DT
+        d += v * math.sin(psi) * DT
+        applied_steer.append(steer)
+        driver.append(float(np.float32(drive)))
+        states.append(state)
+    return np.array(applied_steer), np.array(driver), states
+
+
+def test_an_abstention_keeps_the_models_steering_and_its_fallback_turns_at_the_rate_limit() -> None:
+    """The model abstains between acceleration bands; its steering is an output of its own on trusted
+    inputs, so an abstention applies it (held, the angle was open loop for up to 1 s). An abstention
+    past `max_abstain_ms` ends in the fallback, whose keeper turns from the steering applied at the
+    rate limit."""
+    steer, driver, states = _lane_change_with_an_abstention(100)  # 0.5 s, as on real 10 Hz drives
+    assert all(s is SafetyState.NOMINAL for s in states)
+    np.testing.assert_array_equal(steer, driver)
+    steer, driver, states = _lane_change_with_an_abstention(400)  # 2 s: the fallback after 1 s
+    first = states.index(SafetyState.FALLBACK_ACTIVE)
+    assert first == 230 + 200
+    np.testing.assert_array_equal(steer[:first], driver[:first])
+    limit = SafetyConfig().lane_keeping.max_steer_rate * DT  # type: ignore[union-attr]
+    assert np.abs(np.diff(steer[first - 1 : 630])).max() <= limit + 1e-6
