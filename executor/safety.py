@@ -40,6 +40,9 @@ What reaches the actuators (docs/contract.md#safety):
 - A late observation (STALE_OBSERVATION alone) is not distrust of what the sensors said: it holds,
   and the first tick with a fresh observation blends back without a dwell. Past `hold_timeout` the
   sensor is gone and the fallback takes over as for any hold.
+- A low-margin abstention (LOW_MARGIN, in NOMINAL) holds the last trusted acceleration, keeping the
+  model's braking, with the model's steering (the margin is between acceleration bands); past
+  `max_abstain_ms` the fallback takes over.
 - **At rest behind a stopped lead nothing positive is applied** (executor/standstill.py: a rule on
   trusted lead readings, in every state; STOPPED_LEAD_HOLD says so). A positive command steps down to
   0 at the jerk limit; once the lead moves off or the gap grows, the model's command is ramped back
