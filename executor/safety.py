@@ -325,9 +325,7 @@ class SafetyMachine:
         mem.lead_hold = a > ceiling
         if not mem.lead_hold:
             return applied
-        controls = applied.controls.copy()
-        controls[self._accel] = ceiling
-        held = self._named(AppliedAction(applied.index, applied.name, controls))
+        held = self._named(applied.with_control(self._accel, ceiling))
         trusted = mem.last_safe  # a NOMINAL tick's proposal: remember the command applied instead
         if state is SafetyState.NOMINAL and trusted is not None and trusted.controls is applied.controls:
             mem.last_safe = held
@@ -380,9 +378,7 @@ class SafetyMachine:
         self._dead_reckon(mem, a, doubted)
         mem.last_accel = a
         if a != float(target.controls[self._accel]):
-            controls = target.controls.copy()
-            controls[self._accel] = a
-            target = AppliedAction(target.index, target.name, controls)
+            target = target.with_control(self._accel, a)
         return self._named(target), state
 
     def _blend_steer(self, mem: SafetyMemory, proposal: AppliedAction) -> tuple[AppliedAction, bool]:
@@ -396,9 +392,7 @@ class SafetyMachine:
         steer = keeper.turn_towards(self._steer_before, wanted, keeper.return_rate(self._speed_now(mem)))
         if steer == wanted:
             return proposal, True
-        controls = proposal.controls.copy()
-        controls[self._steer] = steer
-        return AppliedAction(proposal.index, proposal.name, controls), False
+        return proposal.with_control(self._steer, steer), False
 
     def _step_towards(self, last: float, target: float) -> float:
         """The command a jerk step at most from `last` towards `target`, as the float32 the wire
@@ -613,9 +607,9 @@ class SafetyMachine:
             return applied
         # reached at the keeper's rate: the model's angle beyond the bound, cut in one tick, was a
         # step of lateral acceleration (0.009 rad at 21 m/s, 1.6 m/s^2)
-        controls = applied.controls.copy()
-        controls[self._steer] = keeper.turn_towards(self._steer_before, min(max(steer, -limit), limit))
-        return AppliedAction(applied.index, applied.name, controls)
+        return applied.with_control(
+            self._steer, keeper.turn_towards(self._steer_before, min(max(steer, -limit), limit))
+        )
 
     @property
     def history_ticks(self) -> int:
@@ -707,11 +701,7 @@ class SafetyMachine:
         if mem.state is SafetyState.NOMINAL or self._steer is None:
             return held
         steer, _ = self._lane_keeping_steer(mem)
-        if steer is None:
-            return held
-        controls = held.controls.copy()
-        controls[self._steer] = steer
-        return AppliedAction(held.index, held.name, controls)
+        return held if steer is None else held.with_control(self._steer, steer)
 
     def _abstain(self, mem: SafetyMemory, reasons: list[Reason], proposal: AppliedAction | None) -> AppliedAction:
         """A low-margin abstention: the last trusted action's acceleration (`_safe_side` keeps the
@@ -721,9 +711,7 @@ class SafetyMachine:
         held = self._hold(mem, reasons)
         if proposal is None or self._steer is None:
             return held
-        controls = held.controls.copy()
-        controls[self._steer] = proposal.controls[self._steer]
-        return AppliedAction(held.index, held.name, controls)
+        return held.with_control(self._steer, float(proposal.controls[self._steer]))
 
     def _fallback(self, mem: SafetyMemory, reasons: list[Reason]) -> AppliedAction:
         """The minimal-risk manoeuvre's target: its deceleration (the jerk limit is applied by

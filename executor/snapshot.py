@@ -132,6 +132,12 @@ class AppliedAction:
     name: str
     controls: np.ndarray
 
+    def with_control(self, i: int, value: float) -> AppliedAction:
+        """The same action with control `i` set to `value` (as the controls' dtype); self unchanged."""
+        controls = self.controls.copy()
+        controls[i] = value
+        return AppliedAction(self.index, self.name, controls)
+
 
 @dataclass(slots=True)
 class CandidateProposal:

@@ -153,15 +153,22 @@ def inject(
     return Faulted(x, ts, keep)
 
 
+def changed_rows(
+    faulted: Faulted, features: np.ndarray, timestamps: np.ndarray, rows: slice = slice(None)
+) -> np.ndarray:
+    """Per observation of `rows`, whether the faults changed it: a value (NaN equal to NaN), its
+    timestamp, or dropped it."""
+    x, x0 = faulted.features[rows], features[rows]
+    same = ((x == x0) | (np.isnan(x) & np.isnan(x0))).all(axis=1)
+    return ~same | (faulted.timestamps[rows] != timestamps[rows]) | ~faulted.keep[rows]
+
+
 def first_change(faulted: Faulted, features: np.ndarray, timestamps: np.ndarray, ep: Episode) -> int:
     """The first observation of the episode's window the fault changed: where a detector can first
     see it. Spikes and a flickering flag may first show late in their window (a quarter of the
     readings spiked leaves the first one clean three times in four); a fault that changed nothing
     starts with its window."""
-    w = slice(ep.first, ep.stop)
-    x, x0 = faulted.features[w], features[w]
-    same = ((x == x0) | (np.isnan(x) & np.isnan(x0))).all(axis=1)
-    changed = np.flatnonzero(~same | (faulted.timestamps[w] != timestamps[w]) | ~faulted.keep[w])
+    changed = np.flatnonzero(changed_rows(faulted, features, timestamps, slice(ep.first, ep.stop)))
     return ep.first + int(changed[0]) if changed.size else ep.first
 
 

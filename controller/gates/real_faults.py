@@ -145,9 +145,7 @@ class LoadedLog:
     def faulted(self, f: fi.Faulted) -> list[Observation]:
         """The observations with the faulted values (a new Observation only where one changed)."""
         out = []
-        changed = (f.timestamps != self.timestamps) | ~(
-            (f.features == self.features) | (np.isnan(f.features) & np.isnan(self.features))
-        ).all(axis=1)
+        changed = fi.changed_rows(f, self.features, self.timestamps)  # a dropped row is skipped below
         for i, o in enumerate(self.observations):
             if not f.keep[i]:
                 continue
