@@ -47,6 +47,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--quick", action="store_true", help="--leave-one-out: little simulated data, few epochs")
     p.add_argument("--dagger", type=int, default=0, metavar="ROUNDS", help="--leave-one-out: DAgger rounds per model")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="DATASET",
+        help="--leave-one-out: hold out only this dataset (repeatable; the names eval-logs prints, e.g. "
+        "openacc-vicolungo); the others still train its model",
+    )
     p.add_argument("--seed", type=int, default=TransferConfig.seed)
     p.add_argument(
         "--max-replay-files", type=int, metavar="N", help="--leave-one-out: replay at most N drives per dataset"
@@ -70,6 +78,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _eval_logs(args: argparse.Namespace) -> int:
+    if args.only and not args.leave_one_out:
+        print_error("--only: only with --leave-one-out (it names the datasets to hold out)")
+        return 2
     try:
         paths = log_paths(args.logs)
     except FileNotFoundError as err:
@@ -87,7 +98,11 @@ def _eval_logs(args: argparse.Namespace) -> int:
         print_error("--ego-accel: only without --leave-one-out (the left-out models train on the drives as logged)")
         return 2
     config = TransferConfig(
-        seed=args.seed, quick=args.quick, dagger=args.dagger, max_replay_files=args.max_replay_files
+        seed=args.seed,
+        quick=args.quick,
+        dagger=args.dagger,
+        max_replay_files=args.max_replay_files,
+        only=tuple(args.only),
     )
     gates = gates_beside(args.model)
     if len(gates) != 2:
@@ -110,6 +125,13 @@ def _eval_logs(args: argparse.Namespace) -> int:
     return 1 if args.check and report.failed else 0
 
 
+def _vetoed_by(c: Column) -> str:
+    """The checks that vetoed, most first: "input_density 0.61%, ..." ("-" without a replay or a veto)."""
+    if c.driving is None or not c.driving.vetoed_by:
+        return "-"
+    return ", ".join(f"{name} {100 * share:.2f}%" for name, share in c.driving.vetoed_by.items())
+
+
 def _cells(c: Column | None) -> tuple[str, str, str]:
     if c is None:
         return ("-", "-", "-")
@@ -130,6 +152,7 @@ def transfer_table(report: TransferReport) -> Table:
         "left out: disagreement",
         "NOMINAL",
         "vetoed",
+        "vetoed by",
         "within: disagreement",
         "NOMINAL",
         "vetoed",
@@ -140,6 +163,7 @@ def transfer_table(report: TransferReport) -> Table:
         table.add_row(
             d.dataset,
             *_cells(d.left_out),
+            _vetoed_by(d.left_out),
             *_cells(d.within),
             "[green]met[/]" if not d.misses else "[red]not met[/]",
         )

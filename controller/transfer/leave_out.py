@@ -43,6 +43,7 @@ from dualloop.controller.training.trainer import (
     mlp_config,
     train,
 )
+from dualloop.executor.checks import NAMES as CHECK_NAMES
 from dualloop.executor.gating import GATE_SOURCES
 from dualloop.executor.history import DEFAULT_HISTORY
 from dualloop.executor.model_runner import DecisionModel
@@ -79,15 +80,19 @@ class TransferConfig:
     dagger: int = 0
     log_share: float = LOG_SHARE
     max_replay_files: int | None = None  # per dataset, for a quick run; None: every drive
+    only: tuple[str, ...] = ()  # hold out only these datasets (each still trains the others' models); (): every one
 
 
 @dataclass(frozen=True)
 class Driving:
-    """What reaches the actuators over replayed drives: ticks, and the shares NOMINAL and vetoed."""
+    """What reaches the actuators over replayed drives: ticks, and the shares NOMINAL and vetoed;
+    `vetoed_by`: per check, the share of ticks it vetoed (a tick can be vetoed by several), the
+    checks that vetoed none left out."""
 
     ticks: int
     nominal: float
     vetoed: float
+    vetoed_by: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -163,20 +168,29 @@ class TransferReport:
             DatasetTransfer(d["dataset"], d["sessions"], column(d["left_out"]), column(d["within"]))  # type: ignore[arg-type]
             for d in raw["datasets"]
         ]
-        return cls(TransferConfig(**raw["config"]), raw["shipped_model"], tuple(raw["shipped_gates"]), datasets)
+        config = TransferConfig(**(raw["config"] | {"only": tuple(raw["config"].get("only", ()))}))
+        return cls(config, raw["shipped_model"], tuple(raw["shipped_gates"]), datasets)
 
 
 def replay_driving(files: Sequence[Path], model: Path, gates: Sequence[Path]) -> Driving:
-    """NOMINAL and vetoed shares of every tick of a LOCKSTEP replay of these drives."""
+    """NOMINAL and vetoed shares of every tick of a LOCKSTEP replay of these drives, and which checks vetoed."""
     ticks = nominal = vetoed = 0
+    by_check: dict[str, int] = {}
     for path in files:
         table = replay_log(path, model, gates).table
         if table is None:  # the replay keeps its table; a replay without one is a bug, not a drive
             raise RuntimeError(f"{path}: the replay returned no tick table")
         ticks += len(table)
         nominal += int((np.asarray(table.safety_state) == SafetyState.NOMINAL).sum())
-        vetoed += sum(Reason.OOD_VETO in reasons for reasons in table.reasons)
-    return Driving(ticks, nominal / max(ticks, 1), vetoed / max(ticks, 1))
+        is_vetoed = np.array([Reason.OOD_VETO in reasons for reasons in table.reasons], bool)
+        vetoed += int(is_vetoed.sum())
+        if table.checks is not None:
+            for j, kind in enumerate(table.check_kinds):
+                n = int((table.checks["veto"][:, j] & is_vetoed).sum())
+                if n:
+                    by_check[CHECK_NAMES[kind]] = by_check.get(CHECK_NAMES[kind], 0) + n
+    shares = {name: n / max(ticks, 1) for name, n in sorted(by_check.items(), key=lambda kv: -kv[1])}
+    return Driving(ticks, nominal / max(ticks, 1), vetoed / max(ticks, 1), shares)
 
 
 def _gate_config(config: TransferConfig, source: str, real_logs: Sequence[Path]) -> GateFitConfig:
@@ -238,6 +252,10 @@ def leave_one_dataset_out(
     by_dataset = _files_by_dataset(rows)
     if len(by_dataset) < 2:
         raise ValueError(f"leaving one dataset out needs drives of at least two datasets; these are {list(by_dataset)}")
+    unknown = sorted(set(config.only) - set(by_dataset))
+    if unknown:
+        raise ValueError(f"no drives of dataset {', '.join(unknown)} among these; they are of {', '.join(by_dataset)}")
+    held_out = [d for d in by_dataset if not config.only or d in config.only]
     data_config = SMOKE_DATA if config.smoke else QUICK_DATA if config.quick else FULL_DATA
     if config.history:
         data_config = replace(data_config, history=DEFAULT_HISTORY)
@@ -248,9 +266,10 @@ def leave_one_dataset_out(
     work.mkdir(parents=True, exist_ok=True)
     dataset_of_row = rows.dataset
     labelled = rows.label >= 0
-    for n, (dataset, files) in enumerate(by_dataset.items(), start=1):
+    for n, dataset in enumerate(held_out, start=1):
+        files = by_dataset[dataset]
         others = [f for d, fs in by_dataset.items() if d != dataset for f in fs]
-        progress(f"[{n}/{len(by_dataset)}] {dataset}: training on {len(others)} drives of the other datasets ...")
+        progress(f"[{n}/{len(held_out)}] {dataset}: training on {len(others)} drives of the other datasets ...")
         model_path = work / f"without-{dataset}.onnx"
         train(
             config.size,
@@ -263,10 +282,10 @@ def leave_one_dataset_out(
                 logs=others, log_share=config.log_share, dagger=config.dagger, measure_latency_in_card=False
             ),
         )
-        progress(f"[{n}/{len(by_dataset)}] {dataset}: fitting its two gates ...")
+        progress(f"[{n}/{len(held_out)}] {dataset}: fitting its two gates ...")
         # the left-out dataset's drives neither train the model nor calibrate its gates
         gate_paths = fit_gates(model_path, config, work / f"without-{dataset}", real_logs=others)
-        progress(f"[{n}/{len(by_dataset)}] {dataset}: scoring and replaying {len(files)} drives ...")
+        progress(f"[{n}/{len(held_out)}] {dataset}: scoring and replaying {len(files)} drives ...")
         mine = dataset_of_row == dataset
         left_report = next(r for r in evaluate(model_path, rows, on=mine & labelled) if r.dataset == dataset)
         replayed = _pick(files, config.max_replay_files)
@@ -284,7 +303,7 @@ def leave_one_dataset_out(
         sessions = len(set(rows.session[mine].tolist()))
         report.datasets.append(DatasetTransfer(dataset, sessions, left_out, within))
         progress(
-            f"[{n}/{len(by_dataset)}] {dataset}: left out {left_out.disagreement_ratio:.2f}x"
+            f"[{n}/{len(held_out)}] {dataset}: left out {left_out.disagreement_ratio:.2f}x"
             + (f", within {within.disagreement_ratio:.2f}x" if within else "")
         )
     return report

@@ -16,9 +16,17 @@ from dualloop.v2 import log_pb2
 LONGITUDINAL = ("ego_speed", "ego_accel", "lead_present", "lead_distance", "lead_rel_speed")
 
 
-def human_drive(path: Path, session: str, dataset: str = "Test Drives", seconds: float = 120.0, seed: int = 0) -> Path:
+def human_drive(
+    path: Path,
+    session: str,
+    dataset: str = "Test Drives",
+    seconds: float = 120.0,
+    seed: int = 0,
+    flicker: tuple[float, float] | None = None,
+) -> Path:
     """A follower's speed swinging around 12 m/s behind a lead; unlabelled where the look-ahead runs
-    past the end."""
+    past the end. `flicker` (start, end) s: the lead flag drops on every third reading then, a
+    failing sensor's flag (the per-signal lead_flicker check's fault)."""
     rng = np.random.default_rng(seed)
     t = np.arange(0.0, seconds, 0.1)
     speed = 12.0 + 4.0 * np.sin(t / 6.0 + rng.uniform(0, 6)) + 0.05 * rng.standard_normal(len(t))
@@ -30,6 +38,9 @@ def human_drive(path: Path, session: str, dataset: str = "Test Drives", seconds:
     x[:, schema.FEATURE_INDEX["ego_speed"]] = speed
     x[:, schema.FEATURE_INDEX["ego_accel"]] = accel
     x[:, schema.FEATURE_INDEX["lead_present"]] = 1.0
+    if flicker is not None:
+        during = np.flatnonzero((t >= flicker[0]) & (t < flicker[1]))
+        x[during[::3], schema.FEATURE_INDEX["lead_present"]] = 0.0
     x[:, schema.FEATURE_INDEX["lead_distance"]] = gap
     x[:, schema.FEATURE_INDEX["lead_rel_speed"]] = lead - speed
     obs = []

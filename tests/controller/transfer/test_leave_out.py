@@ -118,6 +118,40 @@ def test_eval_logs_check_and_qualify_judge_the_left_out_figures(drives: Path, re
     assert "bad.json" in said.out + said.err and "not a report" in said.out + said.err
 
 
+def test_the_replay_says_which_checks_vetoed(tmp_path: Path) -> None:
+    clean = human_drive(tmp_path / "clean.mcap", "clean", seconds=30.0, seed=4)
+    faulty = human_drive(tmp_path / "flicker.mcap", "flicker", seconds=30.0, seed=4, flicker=(10.0, 14.0))
+    before = replay_driving([clean], BASE_MODEL_PATH, DEFAULT_GATES)
+    after = replay_driving([faulty], BASE_MODEL_PATH, DEFAULT_GATES)
+    assert "lead_flicker" not in before.vetoed_by
+    # the flag flickers for 4 s of 30: lead_flicker vetoes about that share, no check more than were vetoed
+    assert 0.5 * 4 / 30 < after.vetoed_by["lead_flicker"] <= after.vetoed <= 1.0
+    assert all(0.0 < share <= after.vetoed for share in after.vetoed_by.values())
+    assert list(after.vetoed_by.values()) == sorted(after.vetoed_by.values(), reverse=True)
+
+
+def test_only_names_datasets_the_drives_hold(drives: Path, capsys) -> None:
+    logs = [str(drives / "train"), str(drives / "heldout")]
+    assert main(["eval-logs", *logs, "--leave-one-out", "--quick", "--only", "gamma"]) == 2
+    said = capsys.readouterr()
+    assert "gamma" in said.out + said.err and "alpha-set, beta" in said.out + said.err
+    assert main(["eval-logs", *logs, "--only", "beta"]) == 2
+    said = capsys.readouterr()
+    assert "--only: only with --leave-one-out" in said.out + said.err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(FIXTURE_TIMEOUT_S)
+def test_holding_out_one_dataset_alone_gives_its_figures_of_the_whole_run(drives: Path, report, tmp_path: Path) -> None:
+    result, _ = report
+    paths = log_paths([drives / "train", drives / "heldout"])
+    config = TransferConfig(smoke=True, size="small", only=("beta",))
+    alone = leave_one_dataset_out(paths, BASE_MODEL_PATH, DEFAULT_GATES, config, work_dir=tmp_path)
+    assert [d.dataset for d in alone.datasets] == ["beta"]
+    assert alone.datasets[0] == result.datasets[1]
+    assert TransferReport.from_json(alone.to_json()) == alone
+
+
 def test_one_dataset_cannot_be_left_out(drives: Path, capsys) -> None:
     assert main(["eval-logs", str(drives / "heldout" / "b1.mcap"), "--leave-one-out", "--quick"]) == 2
     said = capsys.readouterr()
