@@ -54,12 +54,15 @@ over time, in the signals' own units, without the model:
   only while it lasts. The track starts afresh at a new target (a step of the gap of `gap_step_max_m`
   or more: a lead leaving the lane hands over to the next car ahead, often at the same speed, 64 m in
   the simulator's nominal cruise; the old track is kept for `prior_keep_s`, and a reading back on it
-  returns to it: the big step was a spike), at a stuck gap's catch-up, when the lead flag drops, after
-  `step_hold_s` of distrusted readings, and at a new lead (the relative speed jumping with a step of
-  the gap) within `step_confirm_s` of a distrusted reading; a later new lead moves the track by its
-  step, as a biased radar reads the next lead too far as well. A lead change inside the band at an
-  unchanged relative speed is indistinguishable from a bias and is vetoed (none on the shared real
-  data sets, whose lead changes come with the flag or a jump of the relative speed).
+  returns to it: the big step was a spike; but a reading `gap_unit_factor` times the track, within
+  `gap_unit_tolerance`, at an unchanged relative speed, is a gap switched to feet, a fault, and is
+  not trusted: no clean real drive steps 40 m with its lead flag set), at a stuck gap's catch-up,
+  when the lead flag drops, after `step_hold_s` of distrusted readings, and at a new lead (the
+  relative speed jumping with a step of the gap) within `step_confirm_s` of a distrusted reading; a
+  later new lead moves the track by its step, as a biased radar reads the next lead too far as well.
+  A lead change inside the band at an unchanged relative speed is indistinguishable from a bias and
+  is vetoed (none on the shared real data sets, whose lead changes come with the flag or a jump of
+  the relative speed).
 
 Only fresh observations are evidence (a tick that reuses its observation reports the last verdict),
 a gap in the stream longer than `max_gap_s` starts every check afresh, and a check whose signals the
@@ -139,6 +142,8 @@ class SignalSettings:
     rel_span_s: float = 0.08  # s: the shortest time rel_accel divides a change by (10 Hz, jitter allowed)
     rel_floor_m_s2: float = 2.0  # m/s^2: rel_accel keeps rates from this size on
     gap_step_max_m: float = 40.0  # m: a larger unexplained step is a new target (the simulator: 64 m)
+    gap_unit_factor: float = 1 / 0.3048  # a gap read in feet: a step to this multiple of the track is no new target
+    gap_unit_tolerance: float = 0.02  # of the factor: clean real gaps step 0.6% off their track at p99
     step_hold_s: float = 4.0  # s of distrusted readings after which the track starts afresh
     prior_keep_s: float = 4.0  # s a restarted track's predecessor is kept (a reading back on it reverts)
     step_confirm_s: float = 0.3  # s distrusted readings must have lasted for a new lead to carry their offset
@@ -388,7 +393,10 @@ class SignalMonitor:
         predicted = st.ref + moved
         if st.prior == st.prior:  # the track before the last restart, for a while
             st.prior = st.prior + moved if t - st.prior_t <= self._prior_ns else _NAN
-        if (jump and abs(step) >= s.gap_step_max_m) or (jump and gap_stuck_s > s.stuck_s) or (new_lead and young):
+        # ... unless it is the track in another unit at an unchanged relative speed: a gap read in feet
+        unit_step = not new_lead and self._unit_step(distance, predicted)
+        new_target = jump and abs(step) >= s.gap_step_max_m and not unit_step
+        if new_target or (jump and gap_stuck_s > s.stuck_s) or (new_lead and young):
             # a new target, a stuck gap catching up, or a new lead right after a distrusted reading (that
             # reading may have been a spike): a new track from this reading, the old one kept a while in
             # case this reading was the spike
@@ -412,6 +420,14 @@ class SignalMonitor:
             st.ref, st.step_t = distance, -1
             return 0.0
         return off
+
+    def _unit_step(self, distance: float, predicted: float) -> bool:
+        """Whether a reading is the track times the unit factor, within the tolerance (a gap switched to
+        feet): such a step is a fault, not a new target. Only upwards: the step back down ends the fault
+        (and a track restarted on a new lead during the fault reads in feet), and a gap read too short
+        errs towards braking."""
+        s = self.settings
+        return predicted > 0.0 and abs(distance / (predicted * s.gap_unit_factor) - 1.0) <= s.gap_unit_tolerance
 
     def _speed_accel(self, st: _Slot, t: int, values: list[float], last: list[float]) -> float:
         """speed_accel: the speed's change against the integrated acceleration."""

@@ -287,6 +287,20 @@ def test_a_new_lead_is_not_a_bias() -> None:
     assert stepped[30] == pytest.approx(5.0, abs=0.1) and (stepped[31:] < 0.1).all()  # trusted: the new track
 
 
+@pytest.mark.parametrize("gap", [25.0, 45.0])
+def test_a_gap_read_in_feet_is_not_a_new_target(gap: float) -> None:
+    limit = SignalSettings().gap_step_m
+    feet = drive(90, gap=gap, rel=-1.0)
+    feet[30:60, 3] /= 0.3048  # the radar's driver switched to feet for 30 readings: a step of 40 m or more
+    s = scan(feet)[:, GAP_STEP]
+    assert (s[:30] < 0.1).all() and (s[30:60] > limit).all()  # distrusted from the first reading to the last
+    assert (s[60:] < 0.1).all()  # back in metres, back on the track
+    # the same step with the relative speed jumping is a new lead, as before
+    new_lead = feet.copy()
+    new_lead[30:, 4] -= 3.0
+    assert (scan(new_lead)[30:60, GAP_STEP] <= limit).all()
+
+
 @pytest.mark.parametrize("name", ["comma2k19-example1.mcap", "real-drives/openacc-astazero-human"])
 def test_clean_real_drives_are_never_flagged(name: str, tmp_path: Path) -> None:
     """The shipped thresholds against real sensors: repeats, 20 Hz radars in a 100 Hz stream, lead
