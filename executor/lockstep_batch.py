@@ -311,7 +311,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         m.finite[r], m.model_ok[r], age, plans.stale[which], scans.veto, m.margin[r], periods, bad_content[which]
     )
     scored = (m.finite & m.model_ok)[r]
-    checks = _checks(ex, session, m, scans, r, which, x_ticks, plans, scored)
+    checks = _checks(ex, session, m, scans, r, x_ticks, scored)
     # columns never carry a release (the column decoder leaves such logs to the Observation path)
     release = (
         np.zeros(len(which), bool)
@@ -385,17 +385,16 @@ def _checks(
     m: _Scored,
     scans: _Scans,
     r: np.ndarray,
-    which: np.ndarray,
     x_ticks: np.ndarray,
-    plans: _Plans,
     scored: np.ndarray,
 ) -> np.ndarray:
     """The check table (T, checks) CHECK_DTYPE, as the live ticks' snapshots carry it."""
     changes = ex.gating.scanned_changes
     present = session.present
-    # the range checks once per observation row, not once per tick that holds it
+    # the range checks once per observation row, not once per tick that holds it, on the plans the
+    # model and the gates saw (a card's default plan raised to the row's features, as a live tick's)
     ranged = ex.checks.judge_ranges(
-        m.x, changes, plans.values[m.rows], None if present is None else np.broadcast_to(present, m.x.shape), m.finite
+        m.x, changes, m.p, None if present is None else np.broadcast_to(present, m.x.shape), m.finite
     )
     actuation = scans.actuation
     return ex.checks.assemble(
@@ -404,7 +403,7 @@ def _checks(
             scored,
             scans.density if ex.gating.runs else None,
             x_ticks,
-            plans.values[which],
+            m.p[r],
             None if changes is None else changes[r],
             None if present is None else np.broadcast_to(present, x_ticks.shape),
             scans.counts,

@@ -17,7 +17,9 @@ from dualloop.executor.default_plan import DefaultPlan
 from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.model_card import ModelCard, ModelFileError, Normalisation, parse_card
 from dualloop.executor.model_runner import DecisionModel
-from dualloop.executor.snapshot import Clock, Observation, PlanState, Snapshot
+from dualloop.executor.snapshot import Check, Clock, Observation, PlanState, Snapshot
+from dualloop.models import DEFAULT_GATES
+from dualloop.ood.gatefile import load_gate
 from dualloop.sim import schema
 
 MS = 1_000_000
@@ -157,3 +159,22 @@ def test_a_candidate_decides_with_its_own_default_plan(
     shadowed = [s for obs in drive for s in beside.advance_lockstep("s", obs)]
     assert [s.candidate.index for s in shadowed] == [s.proposed_index for s in own]
     assert [s.candidate.confidence for s in shadowed] == [s.confidence for s in own]
+
+
+def test_the_range_checks_judge_the_raised_plan_live_and_in_the_replay(keep_speed_model: DecisionModel) -> None:
+    # the shipped input gate's plan range ends at 38 m/s; the drive without a plan reaches 40
+    gate = load_gate(str(DEFAULT_GATES[1]))
+    drive = motorway(plan_from=None)
+    config = ExecutorConfig(max_plan_age_ms=300.0)
+    live_ex = Executor(keep_speed_model, config, gate=[gate])
+    live_ex.open_session("s", Clock.LOCKSTEP)
+    live = [snap for obs in drive for snap in live_ex.advance_lockstep("s", obs)]
+    batch_ex = Executor(keep_speed_model, config, gate=[gate])
+    batch_ex.open_session("s", Clock.LOCKSTEP)
+    fast = run_lockstep(batch_ex, "s", drive).snapshots()
+    at = list(live[0].check_kinds).index(Check.PLAN_RANGE)
+    assert [s.checks.tobytes() for s in fast] == [s.checks.tobytes() for s in live]
+    speed = {o.seq: float(o.features[SPEED]) for o in drive}
+    above = [speed[s.observation_seq] > gate.feature_range.context_high[TARGET] for s in live]
+    assert 0 < sum(above) < len(live)
+    assert [bool(s.checks[at]["veto"]) for s in fast] == above
