@@ -292,13 +292,17 @@ class RangeSettings:
     # or None; None: the training data's limits alone
     envelope: tuple[tuple[float, float] | None, ...] | None = None
     envelope_note: str = ""  # what the envelope is
+    # (context column, feature column): a context value the model may be given as at least that feature
+    # (a card's no-plan default raised to it, executor.default_plan); its high limit covers the feature's
+    context_at_least: tuple[tuple[int, int], ...] = ()
 
 
 def fit_feature_range(train: FeatureRows, calib: FeatureRows, settings: RangeSettings) -> FeatureRange:
     """Limits from the training rows (values, changes where given, context where given): [min -
     margin*span, max + margin*span] per column; the fraction of calibration rows outside them is recorded.
     ``settings.envelope`` (per feature, (low, high) or None) widens a feature's value limits to include
-    that range: [min(fitted low, low), max(fitted high, high)]."""
+    that range: [min(fitted low, low), max(fitted high, high)]; ``settings.context_at_least`` raises a
+    context column's high limit to its feature's (the value a default raised to that feature can take)."""
     margin, envelope, context_names = settings.margin, settings.envelope, settings.context_names
     if not (margin >= 0.0 and np.isfinite(margin)):
         raise ValueError(f"range margin must be a finite fraction >= 0, got {margin}")
@@ -318,6 +322,11 @@ def fit_feature_range(train: FeatureRows, calib: FeatureRows, settings: RangeSet
     context_low, context_high = (
         ((), ()) if train.context is None else _widened(np.asarray(train.context, np.float64), margin)
     )
+    if context_high:
+        raised = list(context_high)
+        for c, f in settings.context_at_least:
+            raised[c] = max(raised[c], high[f])
+        context_high = tuple(raised)
     rng = FeatureRange(
         low,
         high,

@@ -355,6 +355,18 @@ def _description(model: DecisionModel, config: GateFitConfig) -> str:
     return description
 
 
+def _raised_plan_fields(model: DecisionModel) -> tuple[tuple[int, int], ...]:
+    """(plan column, feature column) of each plan field the card's no-plan default raises to a feature:
+    the plan range must take that field up to the feature's range (a motorway speed with no plan is
+    the target speed, and the input range judges the speed itself)."""
+    card = model.card
+    plan_names = [p.name for p in card.plan]
+    return tuple(
+        (plan_names.index(field), card.feature_names.index(feature))
+        for field, feature in card.plan_default_at_least.items()
+    )
+
+
 def _fit_settings(model: DecisionModel, config: GateFitConfig) -> ood.GateFitSettings:
     """What `ood.fit_gate` is told: the config's statistics, and for the raw inputs the range guard
     with its physical envelope and the rows kept for sensor profiles."""
@@ -372,6 +384,7 @@ def _fit_settings(model: DecisionModel, config: GateFitConfig) -> ood.GateFitSet
             context_names=tuple(p.name for p in model.card.plan) if inputs else (),
             envelope=tuple(PLAUSIBLE.get(_kind(name)) for name in FEATURE_NAMES) if inputs else None,
             envelope_note=PLAUSIBLE_NOTE if inputs else "",
+            context_at_least=_raised_plan_fields(model) if inputs else (),
         )
     )
     settings = config.filter_settings

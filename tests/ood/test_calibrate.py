@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -88,3 +89,20 @@ def test_the_range_is_widened_to_a_physical_envelope_never_narrowed() -> None:
     assert plain.outside(human)[0] and not wide.outside(human)[0]
     with pytest.raises(ValueError, match="an envelope of 2 features for 3"):
         fit_feature_range(train, calib, RangeSettings(margin=0.25, envelope=(None, None)))
+
+
+def test_a_context_raised_to_a_feature_is_accepted_wherever_the_feature_is() -> None:
+    """A plan's target speed that a card's no-plan default raises to the ego speed: the plan range
+    takes it up to the speed's own limit (widened by its envelope), and no further than that."""
+    rng = np.random.default_rng(3)
+    x = np.column_stack([rng.uniform(0.0, 33.0, 500), rng.normal(size=500)])
+    plans = np.column_stack([rng.uniform(0.0, 30.0, 500), rng.uniform(0.0, 1.0, 500)])
+    train, calib = FeatureRows(x[:400], context=plans[:400]), FeatureRows(x[400:], context=plans[400:])
+    settings = RangeSettings(margin=0.25, envelope=((0.0, 45.0), None), context_names=("target_speed", "keep"))
+    plain = fit_feature_range(train, calib, settings)
+    raised = fit_feature_range(train, calib, dataclasses.replace(settings, context_at_least=((0, 0),)))
+    assert plain.context_high[0] < 40.0 and raised.context_high[0] == raised.high[0] == 45.0
+    assert raised.context_high[1] == plain.context_high[1] and raised.context_low == plain.context_low
+    motorway = np.array([[40.0, 0.0]])
+    assert plain.outside(motorway, context=motorway)[0] and not raised.outside(motorway, context=motorway)[0]
+    assert raised.outside(np.array([[46.0, 0.0]]), context=np.array([[46.0, 0.0]]))[0]

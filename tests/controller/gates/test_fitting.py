@@ -11,10 +11,13 @@ import pytest
 from dualloop import ood
 from dualloop.controller.gates.fitting import GateFitConfig, fit_gate_for_model, model_driven_inputs
 from dualloop.controller.logs.shared_data import import_shared_data
+from dualloop.controller.training.driving_card import build_test_model
 from dualloop.controller.training.log_eval import decision_vectors
 from dualloop.controller.training.recorded import read_log_rows
 from dualloop.controller.training.rollouts import run_model_batch
+from dualloop.executor.model_runner import DecisionModel
 from dualloop.ood.marginal import profile_gate
+from dualloop.sim.schema import FEATURE_NAMES
 from tests.paths import FIXTURES
 
 PARAMS = {"duration_s": 1.0}
@@ -91,3 +94,22 @@ def test_both_gates_cover_every_sites_ordinary_driving(base_model, real_train: P
         assert (mine > dv.threshold).mean() <= 0.01 + 1.0 / len(mine), name
     if dv.threshold > plain.threshold:
         assert "largest site quantile" in dv.calibration.data_description
+
+
+def test_the_plan_range_takes_a_target_raised_to_the_speed_as_far_as_the_speed(tmp_path: Path) -> None:
+    """A card whose no-plan default raises the target speed to the ego speed: the input gate's plan range
+    accepts that target at every speed its input range accepts (a motorway at 40 m/s is no odd plan), and
+    the fixed-default card's stays where the simulated plans put it."""
+    raised_path, fixed_path = tmp_path / "raised.onnx", tmp_path / "fixed.onnx"
+    build_test_model(raised_path, plan_default_at_least={"target_speed": "ego_speed"})
+    build_test_model(fixed_path)
+    config = GateFitConfig(
+        source="input_features", fit_seeds=range(1, 2), calibration_seeds=range(3, 5), every=10,
+        alpha=0.01, norm_alpha=0.01, scenario_params=PARAMS, actuation=False,
+    )  # fmt: skip
+    raised = fit_gate_for_model(DecisionModel(raised_path), config).feature_range
+    fixed = fit_gate_for_model(DecisionModel(fixed_path), config).feature_range
+    assert raised is not None and fixed is not None
+    speed, target = FEATURE_NAMES.index("ego_speed"), raised.context_names.index("target_speed")
+    assert raised.context_high[target] == raised.high[speed] > fixed.context_high[target]
+    assert np.delete(raised.context_high, target).tolist() == np.delete(fixed.context_high, target).tolist()
