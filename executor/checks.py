@@ -44,6 +44,7 @@ NAMES = {
     Check.GAP_REPEAT: "gap_repeat",
     Check.GAP_STEP: "gap_step",
     Check.REL_ACCEL: "rel_accel",
+    Check.REL_UNIT: "rel_unit",
 }
 # the per-signal checks (ood/signals.py), in the order of their scores
 SIGNAL_KINDS = (
@@ -55,6 +56,7 @@ SIGNAL_KINDS = (
     Check.GAP_REPEAT,
     Check.GAP_STEP,
     Check.REL_ACCEL,
+    Check.REL_UNIT,
 )
 # a range score's floor (the centre of a range is -0.5; an open limit would be -inf) and cap (a
 # float32 value far outside a narrow range would overflow float64 division)

@@ -67,6 +67,7 @@ class Check(enum.IntEnum):
     GAP_REPEAT = 14
     GAP_STEP = 15
     REL_ACCEL = 16
+    REL_UNIT = 17
 
 
 class CheckStatus(enum.IntEnum):

@@ -56,13 +56,25 @@ over time, in the signals' own units, without the model:
   the simulator's nominal cruise; the old track is kept for `prior_keep_s`, and a reading back on it
   returns to it: the big step was a spike; but a reading `gap_unit_factor` times the track, within
   `gap_unit_tolerance`, at an unchanged relative speed, is a gap switched to feet, a fault, and is
-  not trusted: no clean real drive steps 40 m with its lead flag set), at a stuck gap's catch-up,
+  not trusted, nor is a gap of exactly 0 m (a dropped reading: no lead is that near; no clean real
+  drive steps 40 m with its lead flag set), at a stuck gap's catch-up,
   when the lead flag drops, after `step_hold_s` of distrusted readings, and at a new lead (the
   relative speed jumping with a step of the gap) within `step_confirm_s` of a distrusted reading; a
   later new lead moves the track by its step, as a biased radar reads the next lead too far as well.
   A lead change inside the band at an unchanged relative speed is indistinguishable from a bias and
   is vetoed (none on the shared real data sets, whose lead changes come with the flag or a jump of
   the relative speed).
+
+- **rel_unit** (m/s): a relative speed switched to km/h steps to 3.6 times its previous reading
+  (`rel_unit_factor` times where its last two readings put it, within `rel_unit_tolerance`) while the
+  gap steps not (no new lead) and the reading was not stuck (its catch-up). Such a step larger than
+  the threshold begins a run in that unit, scored by the step until the run ends (`_UnitRun`: the
+  reading back near the last one divided by the factor, a jump by more than half the step, the
+  gap's last second agreeing with the readings as read, or `step_hold_s` unless the gap then agrees
+  with the divided readings), the lead flag drops or a new lead comes. No shared real drive steps so
+  (every step of 0.5 m/s or more), nor does the simulator's nominal driving. A relative speed near 0
+  switched to km/h changes by less and stays unseen; a persisting one that stays near 0 longer than
+  the hold is trusted again.
 
 Only fresh observations are evidence (a tick that reuses its observation reports the last verdict),
 a gap in the stream longer than `max_gap_s` starts every check afresh, and a check whose signals the
@@ -88,7 +100,7 @@ import numpy.typing as npt
 _NAN = math.nan
 _MAX_KEPT = 1024  # readings a window keeps at most (1 s at 1 kHz)
 _SCORE_CAP = 1e12  # the largest score a check reports, in its own units (far above every threshold)
-STUCK, SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, REL_ACCEL = range(8)
+STUCK, SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, REL_ACCEL, REL_UNIT = range(9)
 CHECKS = (
     "stuck",
     "speed_accel",
@@ -98,8 +110,9 @@ CHECKS = (
     "gap_repeat",
     "gap_step",
     "rel_accel",
+    "rel_unit",
 )
-Scores = tuple[float, float, float, float, float, float, float, float]
+Scores = tuple[float, float, float, float, float, float, float, float, float]
 # the features each check reads, in SignalSettings' names
 _READS = (
     ("speed_feature",),  # and whichever of the stuck signals are measured
@@ -107,6 +120,7 @@ _READS = (
     ("present_feature", "distance_feature", "rel_speed_feature"),
     ("present_feature",),
     ("speed_feature", "accel_feature"),
+    ("present_feature", "distance_feature", "rel_speed_feature"),
     ("present_feature", "distance_feature", "rel_speed_feature"),
     ("present_feature", "distance_feature", "rel_speed_feature"),
     ("present_feature", "distance_feature", "rel_speed_feature"),
@@ -148,6 +162,9 @@ class SignalSettings:
     prior_keep_s: float = 4.0  # s a restarted track's predecessor is kept (a reading back on it reverts)
     step_confirm_s: float = 0.3  # s distrusted readings must have lasted for a new lead to carry their offset
     max_gap_s: float = 0.5  # a longer pause between fresh observations starts afresh
+    rel_unit_factor: float = 3.6  # a relative speed read in km/h: a step to this multiple is a fault
+    rel_unit_tolerance: float = 0.15  # of the step's target (the trend of the last two readings times the factor)
+    rel_unit_m_s: float = 0.5  # m/s: a step to the factor this large vetoes (from 0.19 m/s; sensor noise below)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -169,7 +186,46 @@ class SignalSettings:
             self.gap_repeat_m,
             self.gap_step_m,
             self.rel_accel_m_s2,
+            self.rel_unit_m_s,
         )
+
+
+class _UnitRun:
+    """A run of lead_rel_speed readings taken to be in the unit (rel_unit) since the step to it. It ends
+    when a reading is back near the last one divided by the factor; jumps by more than half that step
+    (noise, or a spike the step was part of); the gap over the last `gap_window_s` agrees with the
+    readings as read rather than divided by the factor (by `gap_floor_m` or more); or after
+    `step_hold_s`, unless the gap then agrees with the divided readings by that much (a unit error
+    that persists)."""
+
+    __slots__ = ("step", "t", "integral", "recent", "settings", "hold_ns", "window_ns")
+
+    def __init__(self, step: float, t0: int, g0: float, t: int, gap: float, integral: float, monitor: SignalMonitor):
+        self.step = step  # m/s
+        self.t = t  # ns of the step
+        self.integral = integral  # m: the readings' integral since the reading before the step
+        # (ns, gap, integral) of the window's readings, oldest first
+        self.recent: deque[tuple[int, float, float]] = deque([(t0, g0, 0.0), (t, gap, integral)], maxlen=_MAX_KEPT)
+        self.settings = monitor.settings
+        self.hold_ns = monitor._step_hold_ns
+        self.window_ns = monitor._gap_window_ns
+
+    def ends(self, rel: float, r0: float, distance: float, t: int, dt: float) -> bool:
+        s = self.settings
+        factor = s.rel_unit_factor
+        if abs(rel - r0 / factor) <= 0.25 * abs(rel - r0) or abs(rel - r0) > 0.5 * self.step:
+            return True
+        self.integral += 0.5 * (rel + r0) * dt
+        recent = self.recent
+        recent.append((t, distance, self.integral))
+        while len(recent) > 2 and t - recent[1][0] >= self.window_ns:
+            recent.popleft()
+        _, g_first, i_first = recent[0]
+        moved, integral = distance - g_first, self.integral - i_first
+        as_read, divided = abs(moved - integral), abs(moved - integral / factor)
+        if divided - as_read >= s.gap_floor_m:
+            return True
+        return t - self.t > self.hold_ns and not as_read - divided >= s.gap_floor_m
 
 
 class _Slot:
@@ -193,6 +249,8 @@ class _Slot:
         "rel_last",
         "rel_top",
         "rel_score",
+        "unit",
+        "rel_before",
         "out",
     )
 
@@ -223,11 +281,13 @@ class _Slot:
         self.rel_last: tuple[int, float, float] | None = None
         self.rel_top: list[list[Any]] = []
         self.rel_score = 0.0  # the second-largest of rel_top (0 with fewer than two)
-        self.out: Scores = (_NAN,) * 8
+        self.unit: _UnitRun | None = None  # rel_unit: the current run of readings in the unit (None: none)
+        self.rel_before = _NAN  # rel_unit: the lead reading before the last (NaN: none)
+        self.out: Scores = (_NAN,) * 9
 
 
 class SignalMonitor:
-    """The eight checks for `n_slots` sessions on a feature schema (`feature_names`)."""
+    """The nine checks for `n_slots` sessions on a feature schema (`feature_names`)."""
 
     def __init__(self, n_slots: int, settings: SignalSettings, feature_names: Sequence[str]) -> None:
         names = list(feature_names)
@@ -266,12 +326,12 @@ class SignalMonitor:
         """Which checks can judge this slot's session at all (its sensor profile measures their signals)."""
         speed, accel, present, distance, rel = self._measures[slot]
         lead = present and distance and rel
-        return speed, speed and accel, lead, present, speed and accel, speed and lead, lead, lead
+        return speed, speed and accel, lead, present, speed and accel, speed and lead, lead, lead, lead
 
     def step(
         self, x: npt.NDArray[Any], slots: Sequence[int], fresh: Sequence[bool], times: Sequence[int]
     ) -> list[Scores]:
-        """Each row's eight scores (NaN: no verdict) after this tick; rows x (batch, features) raw inputs."""
+        """Each row's nine scores (NaN: no verdict) after this tick; rows x (batch, features) raw inputs."""
         item = x.item
         at = self.at
         out = []
@@ -284,7 +344,7 @@ class SignalMonitor:
         return out
 
     def scan(self, x: npt.NDArray[Any], slot: int, times: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        """The scores (rows, 8) after each of a session's fresh observations in turn (a replay's rows
+        """The scores (rows, 9) after each of a session's fresh observations in turn (a replay's rows
         the ticks used), leaving the slot as live ticks would."""
         state, measures = self._slots[slot], self._measures[slot]
         cols = [x[:, a].tolist() if a >= 0 else [_NAN] * len(x) for a in self.at]
@@ -304,6 +364,7 @@ class SignalMonitor:
         # how long the gap had been stuck before this reading (a jump after it is its catch-up); before
         # the stuck check moves its run
         gap_stuck_s = (st.t - st.run_start[1]) * 1e-9 if st.run_start[1] >= 0 else 0.0
+        rel_stuck_s = (st.t - st.run_start[2]) * 1e-9 if st.run_start[2] >= 0 else 0.0
         stuck = self._stuck(st, measures, t, values, last) if m_speed else _NAN
         speed_accel = self._speed_accel(st, t, values, last) if m_speed and m_accel else _NAN
         gap_rate = self._gap_rate(st, t, values, gap_stuck_s) if m_present and m_distance and m_rel else _NAN
@@ -317,13 +378,14 @@ class SignalMonitor:
         elif m_present and m_distance and m_rel:
             lead = abs(values[0]) > s.moving_speed and last[2] == 1.0
             gap_repeat = self._repeat(st.repeats[1], st.t, t, values[3], values[4], last[3], last[4], lead)
-        rel_accel = _NAN
+        rel_accel = rel_unit = _NAN
         if m_present and m_distance and m_rel:
             gap_step = self._gap_step(st, t, values, last, gap_stuck_s)
+            rel_unit = self._rel_unit(st, t, values, last, rel_stuck_s)
             rel_accel = self._rel_accel(st, t, values)
         st.t = t
         st.last = values
-        scores = (stuck, speed_accel, gap_rate, flicker, speed_repeat, gap_repeat, gap_step, rel_accel)
+        scores = (stuck, speed_accel, gap_rate, flicker, speed_repeat, gap_repeat, gap_step, rel_accel, rel_unit)
         # finite by contract (DecisionSnapshot.checks): readings near the float64 limits overflow the
         # physics (a rate times a time); the cap still vetoes, NaN stays "no verdict"
         return tuple(_SCORE_CAP if v > _SCORE_CAP else v for v in scores)  # type: ignore[return-value]
@@ -388,14 +450,15 @@ class SignalMonitor:
         jump = abs(step) >= s.gap_jump_m
         # a new lead: the relative speed jumps with the gap; a new target: the gap jumps further than
         # any plausible offset (the lead left the lane and the next car ahead, at the same speed, leads)
-        new_lead = jump and abs(rel - r0) >= s.new_lead_rel_jump
+        # (a gap of exactly 0 m with the lead flag set is a dropped reading, never a new lead: none is that near)
+        new_lead = jump and abs(rel - r0) >= s.new_lead_rel_jump and distance != 0.0
         young = st.step_t >= 0 and t - st.step_t < self._step_confirm_ns
         predicted = st.ref + moved
         if st.prior == st.prior:  # the track before the last restart, for a while
             st.prior = st.prior + moved if t - st.prior_t <= self._prior_ns else _NAN
         # ... unless it is the track in another unit at an unchanged relative speed: a gap read in feet
         unit_step = not new_lead and self._unit_step(distance, predicted)
-        new_target = jump and abs(step) >= s.gap_step_max_m and not unit_step
+        new_target = jump and abs(step) >= s.gap_step_max_m and not unit_step and distance != 0.0
         if new_target or (jump and gap_stuck_s > s.stuck_s) or (new_lead and young):
             # a new target, a stuck gap catching up, or a new lead right after a distrusted reading (that
             # reading may have been a spike): a new track from this reading, the old one kept a while in
@@ -478,6 +541,38 @@ class SignalMonitor:
         if changed:
             st.rel_score = float(heapq.nlargest(2, [e[1] for e in top])[1]) if len(top) >= 2 else 0.0
         return st.rel_score
+
+    def _rel_unit(self, st: _Slot, t: int, values: list[float], last: list[float], stuck_s: float) -> float:
+        """rel_unit: the step to the unit factor times the previous reading that began the current run
+        of readings in that unit, m/s (0: none; only steps above the threshold begin one)."""
+        s = self.settings
+        present, distance, rel = values[2], values[3], values[4]
+        r0, g0 = last[4], last[3]
+        before, st.rel_before = st.rel_before, r0
+        if not (present == 1.0 and distance == distance and rel == rel):
+            st.unit, st.rel_before = None, _NAN
+            return _NAN
+        if not (st.t >= 0 and last[2] == 1.0 and r0 == r0 and g0 == g0):
+            st.unit, st.rel_before = None, _NAN
+            return 0.0
+        factor = s.rel_unit_factor
+        dt = (t - st.t) * 1e-9
+        # a step of the gap the relative speed does not explain: a new lead, whose relative speed is its own
+        new_lead = abs((distance - g0) - 0.5 * (rel + r0) * dt) >= s.gap_jump_m
+        run = st.unit
+        if run is not None:
+            if new_lead or run.ends(rel, r0, distance, t, dt):
+                st.unit = run = None
+            return 0.0 if run is None else run.step
+        # where the reading would be by the last two (a 10 Hz relative speed moves 0.1 m/s between readings)
+        expected = 2.0 * r0 - before if before == before else r0
+        step = abs(rel - r0)
+        unit = abs(rel - expected * factor) <= s.rel_unit_tolerance * abs(expected * factor)
+        # a step after the reading was stuck longer than the stuck check allows is its catch-up
+        if not new_lead and step > s.rel_unit_m_s and unit and stuck_s <= s.stuck_s:
+            st.unit = _UnitRun(step, st.t, g0, t, distance, 0.5 * (rel + r0) * dt, self)
+            return step
+        return 0.0
 
     def _gap_rate(self, st: _Slot, t: int, values: list[float], gap_stuck_s: float) -> float:
         """gap_rate: the gap's change against the relative speed."""

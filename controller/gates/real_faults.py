@@ -565,6 +565,7 @@ SHORT: Final = {
     "gap_repeat": "g-rep",
     "gap_step": "g-step",
     "rel_accel": "r-acc",
+    "rel_unit": "r-unit",
     INVALID: "inval",
     STALE: "stale",
     REFUSED: "refus",

@@ -20,6 +20,7 @@ from dualloop.ood.signals import (
     GAP_STEP,
     LEAD_FLICKER,
     REL_ACCEL,
+    REL_UNIT,
     SPEED_ACCEL,
     SPEED_REPEAT,
     STUCK,
@@ -160,9 +161,9 @@ def test_unmeasured_and_non_finite_signals_are_not_judged() -> None:
     x = drive(20)
     x[:, ~present] = np.nan
     out = mon.scan(x, 0, np.arange(20, dtype=np.int64) * PERIOD)
-    others = [SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, REL_ACCEL]
+    others = [SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, REL_ACCEL, REL_UNIT]
     assert np.isnan(out[:, others]).all() and (out[:, STUCK] == 0.0).all()
-    assert mon.applies(0) == (True, False, False, False, False, False, False, False)
+    assert mon.applies(0) == (True, False, False, False, False, False, False, False, False)
     y = drive(20)
     y[10, 3] = np.nan
     gap = scan(y)[:, GAP_RATE]
@@ -299,6 +300,45 @@ def test_a_gap_read_in_feet_is_not_a_new_target(gap: float) -> None:
     new_lead = feet.copy()
     new_lead[30:, 4] -= 3.0
     assert (scan(new_lead)[30:60, GAP_STEP] <= limit).all()
+
+
+def test_a_gap_dropped_to_zero_is_not_a_new_target() -> None:
+    limit = SignalSettings().gap_step_m
+    dropped = drive(60, gap=50.0, rel=-1.0)
+    dropped[30:40, 3] = 0.0  # the radar's gap drops to 0 while its flag says a lead is there
+    dropped[30:40, 4] -= 3.0  # with the relative speed jumping too: still no lead is 0 m away
+    s = scan(dropped)[:, GAP_STEP]
+    assert (s[30:40] > limit).all() and (s[40:] < 0.1).all()
+
+
+def test_a_relative_speed_read_in_km_h_is_vetoed_until_it_steps_back() -> None:
+    limit = SignalSettings().rel_unit_m_s
+    kmh = drive(90, rel=-1.5)
+    kmh[30:60, 4] *= 3.6  # the radar's driver switched to km/h for 30 readings
+    s = scan(kmh)[:, REL_UNIT]
+    assert (s[:30] == 0.0).all() and (s[30:60] > limit).all()  # from the first reading to the last
+    assert (s[60:] == 0.0).all()  # back in m/s
+    # the same step with the gap jumping is a new lead with its own relative speed
+    new_lead = kmh.copy()
+    new_lead[30:, 3] -= 12.0
+    assert (scan(new_lead)[:, REL_UNIT] == 0.0).all()
+    # near 0 the unit changes the reading by less than sensor noise: unseen
+    slow = drive(90, rel=-0.1)
+    slow[30:60, 4] *= 3.6
+    assert (scan(slow)[:, REL_UNIT] == 0.0).all()
+    # a unit error that persists: the gap keeps agreeing with the readings divided by 3.6, past the hold time
+    persists = drive(120, rel=-1.5)
+    persists[30:, 4] *= 3.6
+    assert (scan(persists)[30:, REL_UNIT] > limit).all()
+    # one reading at 3.6 times the last is a spike, not a unit, once the next is back; so is a step that
+    # jumps on by more than half its size (noise)
+    spike = drive(60, rel=-1.5)
+    spike[30, 4] *= 3.6
+    assert (scan(spike)[31:, REL_UNIT] == 0.0).all()
+    noise = drive(60, rel=-1.5)
+    noise[30, 4] *= 3.6
+    noise[31, 4] = -3.0
+    assert (scan(noise)[31:, REL_UNIT] == 0.0).all()
 
 
 @pytest.mark.parametrize("name", ["comma2k19-example1.mcap", "real-drives/openacc-astazero-human"])
