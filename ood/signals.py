@@ -54,17 +54,16 @@ over time, in the signals' own units, without the model:
   only while it lasts. The track starts afresh at a new target (a step of the gap of `gap_step_max_m`
   or more: a lead leaving the lane hands over to the next car ahead, often at the same speed, 64 m in
   the simulator's nominal cruise; the old track is kept for `prior_keep_s`, and a reading back on it
-  returns to it: the big step was a spike; but a reading `gap_unit_factor` times the track, within
-  `gap_unit_tolerance`, at an unchanged relative speed, is a gap switched to feet, a fault, and is
-  not trusted, nor is a gap of exactly 0 m (a dropped reading: no lead is that near; no clean real
-  drive steps 40 m with its lead flag set), at a stuck gap's catch-up,
-  when the lead flag drops, after `step_hold_s` of distrusted readings, and at a new lead (the
-  relative speed jumping with a step of the gap) within `step_confirm_s` of a distrusted reading; a
-  later new lead moves the track by its step, as a biased radar reads the next lead too far as well.
+  returns to it: the big step was a spike; no clean real drive steps 40 m with its lead flag set),
+  except to `gap_unit_factor` times the track (within `gap_unit_tolerance`) at an unchanged relative
+  speed, a gap switched to feet, or to exactly 0 m, a dropped reading (no lead is that near): both
+  are faults and distrusted. It also starts afresh at a stuck gap's catch-up, when the lead flag
+  drops, after `step_hold_s` of distrusted readings, and at a new lead (the relative speed jumping
+  with a step of the gap) within `step_confirm_s` of a distrusted reading; a later new lead moves the
+  track by its step, as a biased radar reads the next lead too far as well.
   A lead change inside the band at an unchanged relative speed is indistinguishable from a bias and
   is vetoed (none on the shared real data sets, whose lead changes come with the flag or a jump of
   the relative speed).
-
 - **rel_unit** (m/s): a relative speed switched to km/h steps to 3.6 times its previous reading
   (`rel_unit_factor` times where its last two readings put it, within `rel_unit_tolerance`) while the
   gap steps not (no new lead) and the reading was not stuck (its catch-up). Such a step larger than
