@@ -213,7 +213,7 @@ def write_report(q: Qualification, out_dir: Path) -> tuple[Path, Path]:
 def _transfer_cells(c: Column | None) -> list[str]:
     if c is None:
         return ["-", "-", "-"]
-    ratio = f"{c.disagreement_ratio:.2f}x ({c.best_baseline})"
+    ratio = f"{c.ratio_text()} ({c.best_baseline})"
     if c.driving is None:
         return [ratio, "-", "-"]
     return [ratio, f"{100 * c.driving.nominal:.2f}%", f"{100 * c.driving.vetoed:.2f}%"]

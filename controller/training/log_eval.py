@@ -31,6 +31,10 @@ from dualloop.sim import schema
 
 BASELINES = bl.BASELINES
 DISAGREEMENT_TARGET = evaluation.DISAGREEMENT_TARGET  # at most this fraction of the best baseline's
+# the disagreement ratio's interval resamples blocks of this many seconds of each drive: neighbouring
+# observations of one drive are not independent draws, and a block this long holds most of a manoeuvre
+RATIO_BLOCK_S = 10.0
+RATIO_DRAWS = 2000
 
 IntArray = npt.NDArray[np.int64]
 
@@ -105,6 +109,24 @@ def score(pred: IntArray, label: IntArray) -> Score:
     return Score(len(label), float((pred == label).mean()), float(np.mean(recalls)))
 
 
+def ratio_interval(
+    model_wrong: npt.NDArray[np.bool_], baseline_wrong: npt.NDArray[np.bool_], blocks: IntArray, level: float = 0.95
+) -> tuple[float, float]:
+    """A block-bootstrap interval of the disagreement ratio (the model's errors over the baseline's) on
+    these rows, `blocks` (rows,) naming each row's block (RATIO_BLOCK_S of one drive): whole blocks are
+    drawn with replacement, RATIO_DRAWS times, seeded. (NaN, NaN) without rows."""
+    if len(blocks) == 0:
+        return (float("nan"), float("nan"))
+    _, block = np.unique(blocks, return_inverse=True)
+    model_errors = np.bincount(block, model_wrong.astype(np.float64))
+    baseline_errors = np.bincount(block, baseline_wrong.astype(np.float64))
+    draws = np.random.default_rng(0).integers(0, len(model_errors), (RATIO_DRAWS, len(model_errors)))
+    ratios = model_errors[draws].sum(axis=1) / np.maximum(baseline_errors[draws].sum(axis=1), 1e-12)
+    tail = 100.0 * (1.0 - level) / 2.0
+    low, high = np.percentile(ratios, [tail, 100.0 - tail])
+    return (float(low), float(high))
+
+
 @dataclass(frozen=True)
 class DatasetReport:
     dataset: str
@@ -112,6 +134,8 @@ class DatasetReport:
     model: Score
     baselines: dict[str, Score]  # each on its own rows (where it is not n/a)
     model_on: dict[str, Score]  # the model on each baseline's rows
+    # per baseline: the 95% block-bootstrap interval of the model's disagreement over it (`ratio_interval`)
+    intervals: dict[str, tuple[float, float]]
 
     @property
     def best_baseline(self) -> str:
@@ -122,6 +146,11 @@ class DatasetReport:
         """Model's disagreement over the best baseline's, on the best baseline's rows."""
         b = self.best_baseline
         return (1.0 - self.model_on[b].agreement) / max(1.0 - self.baselines[b].agreement, 1e-12)
+
+    @property
+    def disagreement_interval(self) -> tuple[float, float]:
+        """The 95% interval of `disagreement_ratio` (whole blocks of each drive resampled)."""
+        return self.intervals[self.best_baseline]
 
     @property
     def meets_targets(self) -> bool:
@@ -142,18 +171,22 @@ def evaluate(
     if on is not None:
         labelled = labelled & on
     dataset = rows.dataset
+    blocks = rows.session * (1 << 32) + (rows.t_s // RATIO_BLOCK_S).astype(np.int64)
     reports = []
     for name in [*sorted(set(rows.datasets)), "all"]:
         on = labelled & ((dataset == name) if name != "all" else True)
         if not on.any():
             continue
         sessions = len(set(rows.session[on].tolist()))
-        baselines, model_on = {}, {}
+        baselines, model_on, intervals = {}, {}, {}
         for b, act in base.items():
             rows_b = on & (act >= 0)
-            baselines[b] = score(act[rows_b], rows.label[rows_b])
-            model_on[b] = score(pred[rows_b], rows.label[rows_b])
-        reports.append(DatasetReport(name, sessions, score(pred[on], rows.label[on]), baselines, model_on))
+            label = rows.label[rows_b]
+            baselines[b] = score(act[rows_b], label)
+            model_on[b] = score(pred[rows_b], label)
+            intervals[b] = ratio_interval(pred[rows_b] != label, act[rows_b] != label, blocks[rows_b])
+        overall = score(pred[on], rows.label[on])
+        reports.append(DatasetReport(name, sessions, overall, baselines, model_on, intervals))
     return reports
 
 

@@ -135,7 +135,7 @@ def _vetoed_by(c: Column) -> str:
 def _cells(c: Column | None) -> tuple[str, str, str]:
     if c is None:
         return ("-", "-", "-")
-    ratio = f"{c.disagreement_ratio:.2f}x ({c.best_baseline} {100 * c.best_baseline_agreement:.1f}%)"
+    ratio = f"{c.ratio_text()} ({c.best_baseline} {100 * c.best_baseline_agreement:.1f}%)"
     if c.driving is None:
         return (ratio, "-", "-")
     return (ratio, f"{100 * c.driving.nominal:.2f}%", f"{100 * c.driving.vetoed:.2f}%")
@@ -145,7 +145,7 @@ def transfer_table(report: TransferReport) -> Table:
     """One row per dataset: left out (the headline) beside within."""
     table = Table(
         title=f"leave one dataset out (targets: <= {RATIO_TARGET:.2f}x, >= {100 * NOMINAL_TARGET:.0f}% NOMINAL, "
-        f"<= {100 * VETO_TARGET:.1f}% vetoed)"
+        f"<= {100 * VETO_TARGET:.1f}% vetoed; [95% interval, 10 s blocks of each drive resampled])"
     )
     for name in (
         "dataset",

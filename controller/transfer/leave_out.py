@@ -103,10 +103,14 @@ class Column:
     best_baseline_agreement: float
     disagreement_ratio: float
     driving: Driving | None
+    # the ratio's 95% block-bootstrap interval (log_eval.ratio_interval); NaN in reports written before it
+    ratio_low: float = float("nan")
+    ratio_high: float = float("nan")
 
     @classmethod
     def of(cls, report: DatasetReport, driving: Driving | None) -> Column:
         b = report.best_baseline
+        low, high = report.disagreement_interval
         return cls(
             report.model_on[b].rows,
             report.model_on[b].agreement,
@@ -114,7 +118,14 @@ class Column:
             report.baselines[b].agreement,
             report.disagreement_ratio,
             driving,
+            low,
+            high,
         )
+
+    def ratio_text(self) -> str:
+        """The ratio with its interval where known: "0.88x [0.70-1.07]"."""
+        interval = "" if self.ratio_low != self.ratio_low else f" [{self.ratio_low:.2f}-{self.ratio_high:.2f}]"
+        return f"{self.disagreement_ratio:.2f}x{interval}"
 
     def misses(self) -> list[str]:
         """The left-out targets this column does not meet, as phrases."""

@@ -12,7 +12,13 @@ import pytest
 from dualloop.controller.cli import main
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.training.driving_card import build_test_model
-from dualloop.controller.training.log_eval import baseline_actions, evaluate, model_actions, score
+from dualloop.controller.training.log_eval import (
+    baseline_actions,
+    evaluate,
+    model_actions,
+    ratio_interval,
+    score,
+)
 from dualloop.controller.training.recorded import LogRows, dataset_name, log_paths, read_log_rows, training_splits
 from dualloop.executor.action_labels import ACTIONS
 from dualloop.executor.model_runner import DecisionModel
@@ -97,6 +103,29 @@ def test_score_is_agreement_and_balanced_accuracy() -> None:
     pred = np.array([2, 2, 2, 2, 2, -1])
     s = score(pred, label)
     assert s.agreement == pytest.approx(4 / 6) and s.balanced_accuracy == pytest.approx((1.0 + 0.0 + 0.0) / 3)
+
+
+def test_the_disagreement_ratio_has_a_block_bootstrap_interval() -> None:
+    """Blocks of one drive are drawn whole: the interval holds the ratio, narrows with more blocks,
+    is the same on every run, and is a point where every block has the same ratio."""
+    rng = np.random.default_rng(1)
+
+    def errors(blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        block = np.repeat(np.arange(blocks), 100)
+        baseline_wrong = rng.random(len(block)) < 0.2
+        model_wrong = baseline_wrong & (rng.random(len(block)) < 0.5)  # about half the baseline's errors
+        return model_wrong, baseline_wrong, block
+
+    few, many = errors(10), errors(400)
+    low_few, high_few = ratio_interval(*few)
+    low_many, high_many = ratio_interval(*many)
+    ratio = many[0].sum() / many[1].sum()
+    assert low_many < ratio < high_many and high_many - low_many < 0.5 * (high_few - low_few)
+    assert ratio_interval(*many) == (low_many, high_many)
+    same = np.tile([True, False, False, False], 50)
+    assert ratio_interval(same, same, np.repeat(np.arange(20), 10)) == (1.0, 1.0)
+    nothing = np.zeros(0, bool)
+    assert all(np.isnan(ratio_interval(nothing, nothing, np.zeros(0, np.int64))))
 
 
 def test_the_model_sees_the_mask_and_an_invalid_row_disagrees(tmp_path: Path, drives: Path) -> None:
