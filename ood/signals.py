@@ -199,17 +199,17 @@ class _UnitRun:
 
     __slots__ = ("step", "t", "integral", "recent", "settings", "hold_ns", "window_ns")
 
-    def __init__(self, step: float, t0: int, g0: float, t: int, gap: float, integral: float, monitor: SignalMonitor):
+    def __init__(self, step: float, t0: int, g0: float, t: int, gap: float, integral: float, settings: SignalSettings):
         self.step = step  # m/s
         self.t = t  # ns of the step
         self.integral = integral  # m: the readings' integral since the reading before the step
         # (ns, gap, integral) of the window's readings, oldest first
         self.recent: deque[tuple[int, float, float]] = deque([(t0, g0, 0.0), (t, gap, integral)], maxlen=_MAX_KEPT)
-        self.settings = monitor.settings
-        self.hold_ns = monitor._step_hold_ns
-        self.window_ns = monitor._gap_window_ns
+        self.settings = settings
+        self.hold_ns, self.window_ns = int(settings.step_hold_s * 1e9), int(settings.gap_window_s * 1e9)
 
-    def ends(self, rel: float, r0: float, distance: float, t: int, dt: float) -> bool:
+    def advance(self, rel: float, r0: float, distance: float, t: int, dt: float) -> bool:
+        """Take the next reading (rel, after r0, dt s later; the gap `distance`); whether the run ends."""
         s = self.settings
         factor = s.rel_unit_factor
         if abs(rel - r0 / factor) <= 0.25 * abs(rel - r0) or abs(rel - r0) > 0.5 * self.step:
@@ -560,7 +560,7 @@ class SignalMonitor:
         new_lead = abs((distance - g0) - 0.5 * (rel + r0) * dt) >= s.gap_jump_m
         run = st.unit
         if run is not None:
-            if new_lead or run.ends(rel, r0, distance, t, dt):
+            if new_lead or run.advance(rel, r0, distance, t, dt):
                 st.unit = run = None
             return 0.0 if run is None else run.step
         # where the reading would be by the last two (a 10 Hz relative speed moves 0.1 m/s between readings)
@@ -569,7 +569,7 @@ class SignalMonitor:
         unit = abs(rel - expected * factor) <= s.rel_unit_tolerance * abs(expected * factor)
         # a step after the reading was stuck longer than the stuck check allows is its catch-up
         if not new_lead and step > s.rel_unit_m_s and unit and stuck_s <= s.stuck_s:
-            st.unit = _UnitRun(step, st.t, g0, t, distance, 0.5 * (rel + r0) * dt, self)
+            st.unit = _UnitRun(step, st.t, g0, t, distance, 0.5 * (rel + r0) * dt, s)
             return step
         return 0.0
 
