@@ -131,7 +131,9 @@ class Column:
         """The left-out targets this column does not meet, as phrases."""
         out = []
         if not self.disagreement_ratio <= RATIO_TARGET:
-            out.append(f"disagreement {self.disagreement_ratio:.2f}x the best baseline's > {RATIO_TARGET:.2f}x")
+            # an interval that holds the target: more drives of this dataset could still meet it
+            undecided = " (its interval holds the target)" if self.ratio_low <= RATIO_TARGET else ""
+            out.append(f"disagreement {self.ratio_text()} the best baseline's > {RATIO_TARGET:.2f}x{undecided}")
         if self.driving is not None and not self.driving.vetoed <= VETO_TARGET:
             out.append(f"{100 * self.driving.vetoed:.2f}% of ticks vetoed > {100 * VETO_TARGET:.1f}%")
         if self.driving is not None and not self.driving.nominal >= NOMINAL_TARGET:

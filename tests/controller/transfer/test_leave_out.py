@@ -14,6 +14,8 @@ from dualloop.controller.training.log_eval import evaluate
 from dualloop.controller.training.recorded import log_paths, read_log_rows
 from dualloop.controller.transfer.leave_out import (
     RATIO_TARGET,
+    Column,
+    Driving,
     TransferConfig,
     TransferReport,
     leave_one_dataset_out,
@@ -150,6 +152,18 @@ def test_holding_out_one_dataset_alone_gives_its_figures_of_the_whole_run(drives
     assert [d.dataset for d in alone.datasets] == ["beta"]
     assert alone.datasets[0] == result.datasets[1]
     assert TransferReport.from_json(alone.to_json()) == alone
+
+
+def test_a_missed_ratio_says_whether_its_interval_could_still_meet_the_target() -> None:
+    def column(ratio: float, low: float, high: float) -> Column:
+        return Column(1000, 0.9, "ego_accel", 0.88, ratio, Driving(100, 1.0, 0.0), low, high)
+
+    (undecided,) = column(0.88, 0.70, 1.07).misses()
+    assert undecided == "disagreement 0.88x [0.70-1.07] the best baseline's > 0.80x (its interval holds the target)"
+    (missed,) = column(1.15, 1.04, 1.27).misses()
+    assert missed == "disagreement 1.15x [1.04-1.27] the best baseline's > 0.80x"
+    assert column(0.64, 0.62, 0.68).misses() == []
+    assert column(1.15, float("nan"), float("nan")).misses() == ["disagreement 1.15x the best baseline's > 0.80x"]
 
 
 def test_one_dataset_cannot_be_left_out(drives: Path, capsys) -> None:
