@@ -80,7 +80,7 @@ class TransferConfig:
     dagger: int = 0
     log_share: float = LOG_SHARE
     max_replay_files: int | None = None  # per dataset, for a quick run; None: every drive
-    only: tuple[str, ...] = ()  # hold out only these datasets (each still trains the others' models); (): every one
+    only: tuple[str, ...] = ()  # hold out only these datasets (every other one still trains them); (): each in turn
 
 
 @dataclass(frozen=True)
