@@ -97,8 +97,9 @@ def summary_tables(result: TrainResult) -> list[Table]:
 
 def log_report_table(reports: list[DatasetReport], title: str) -> Table:
     """Per dataset: the model's agreement and balanced accuracy beside each baseline's (each on its
-    own rows; the model on the best baseline's rows for the ratio), and whether the evaluation's
-    targets are met (disagreement <= 0.75x the best baseline's, balanced accuracy above every baseline's)."""
+    own rows; the model on the best baseline's rows for the ratio, with its 95% interval), and whether
+    the evaluation's targets are met (disagreement <= 0.75x the best baseline's, balanced accuracy above
+    every baseline's)."""
     t = Table(title=title)
     for col in ("dataset", "sessions", "rows", "model agree / bal", *BASELINES, "disagree ratio", "targets"):
         t.add_column(col, justify="right")
@@ -111,7 +112,8 @@ def log_report_table(reports: list[DatasetReport], title: str) -> Table:
             str(r.model.rows),
             f"{pct(r.model.agreement)} / {pct(r.model.balanced_accuracy)}",
             *cells,
-            f"{r.disagreement_ratio:.2f} ({r.best_baseline})",
+            f"{r.disagreement_ratio:.2f} [{r.disagreement_interval[0]:.2f}-{r.disagreement_interval[1]:.2f}] "
+            f"({r.best_baseline})",
             "[green]met[/]" if r.meets_targets else "[red]not met[/]",
         )
     return t

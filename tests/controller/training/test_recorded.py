@@ -22,6 +22,7 @@ from dualloop.controller.training.log_eval import (
 from dualloop.controller.training.recorded import LogRows, dataset_name, log_paths, read_log_rows, training_splits
 from dualloop.executor.action_labels import ACTIONS
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.models import BASE_MODEL_PATH
 from dualloop.sim import schema
 from tests.controller.training.human_logs import LONGITUDINAL, human_drive
 
@@ -173,3 +174,10 @@ def test_ego_accel_supplied_another_way(drives: Path, capsys: pytest.CaptureFixt
         rows.with_ego_accel("imu")
     assert main(["eval-logs", str(drives), "--ego-accel", "absent", "--leave-one-out"]) == 2
     assert "only without --leave-one-out" in capsys.readouterr().out
+    # as such a stack scores: each dataset's ratio beside its interval, the report's own
+    assert main(["eval-logs", str(drives), "--ego-accel", "absent"]) == 0
+    printed = capsys.readouterr().out
+    for report in evaluate(BASE_MODEL_PATH, absent):
+        low, high = report.disagreement_interval
+        assert low <= report.disagreement_ratio <= high
+        assert f"{report.disagreement_ratio:.2f} [{low:.2f}-{high:.2f}]" in printed
