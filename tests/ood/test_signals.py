@@ -341,6 +341,23 @@ def test_a_relative_speed_read_in_km_h_is_vetoed_until_it_steps_back() -> None:
     assert (scan(noise)[31:, REL_UNIT] == 0.0).all()
 
 
+def test_live_steps_and_a_replay_scan_give_the_same_unit_verdicts() -> None:
+    """The km/h run and the feet track live in the slot: two sessions stepped live, interleaved, give
+    what a replay's scan of each gives."""
+    kmh = drive(90, rel=-1.5)
+    kmh[30:60, 4] *= 3.6
+    feet = drive(90, gap=45.0, rel=-1.0)
+    feet[30:60, 3] /= 0.3048
+    live = SignalMonitor(2, SignalSettings(), NAMES)
+    stepped = np.array(
+        [live.step(np.stack([kmh[k], feet[k]]), [0, 1], [True, True], [k * PERIOD] * 2) for k in range(90)]
+    )
+    for slot, x in enumerate((kmh, feet)):
+        replayed = scan(x)
+        np.testing.assert_array_equal(stepped[:, slot], replayed)
+    assert (stepped[30:60, 0, REL_UNIT] > 0).all() and (stepped[30:60, 1, GAP_STEP] > 0).all()
+
+
 @pytest.mark.parametrize("name", ["comma2k19-example1.mcap", "real-drives/openacc-astazero-human"])
 def test_clean_real_drives_are_never_flagged(name: str, tmp_path: Path) -> None:
     """The shipped thresholds against real sensors: repeats, 20 Hz radars in a 100 Hz stream, lead
