@@ -31,6 +31,7 @@ from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
 WIDTH = 512  # one 1 MiB weight, used by every link of the chain
+MIN_STATS_WINDOW_S = 1.0  # the shortest window ticks and missed deadlines are counted over
 
 
 def build_slow_model(path: Path, links: int, name: str = "dualloop-slow") -> None:
@@ -217,6 +218,9 @@ def _run(model: Path, work_dir: Path, calls: int, env: dict[str, str]) -> dict[s
             stub.GetStats(pb.GetStatsRequest(reset=True), timeout=30)
             t0 = time.monotonic()
             took = time_calls(channel, calls, timeout_s=10.0)
+            # ticks are counted over at least a second: a few calls take milliseconds, in which an
+            # overrunning tick of a loaded machine may not have ended at all
+            time.sleep(max(0.0, t0 + MIN_STATS_WINDOW_S - time.monotonic()))
             window_s = time.monotonic() - t0
             stats = stub.GetStats(pb.GetStatsRequest(), timeout=30)
             forward_us = feeder.forward_us[-200:]

@@ -67,14 +67,13 @@ def test_client_process_killed_with_open_streams(tmp_path: Path, drive_rows: np.
         _back_to(server, baseline)
         closed = [e for e in server.events("session.close") if e["session_id"].startswith("soak-")]
         assert len(closed) == n, closed
-        # every stream ended, most as cancelled by their vanished client. Not all: gRPC's asyncio
-        # server can end the request stream of a killed client as a plain end of input, and then
-        # the server logs OK (about 1 run in 5 here, at 60ef515 too; context.cancelled() does not
-        # tell them apart). A session opened last, on a busy machine, may not have been sent a
-        # snapshot yet: the total below says they were streaming.
+        # every stream ended, as cancelled by its vanished client or as a plain end of input: gRPC's
+        # asyncio server ends a killed client's request stream either way (context.cancelled() does
+        # not tell them apart), and on a busy machine most end as input (7 of 8 in one loaded CI run),
+        # so which one is not asserted. A session opened last, on a busy machine, may not have been
+        # sent a snapshot yet: the total below says they were streaming.
         codes = [(e["session_id"], e["code"]) for e in closed]
         assert all(code in ("CANCELLED", "OK") for _, code in codes), codes
-        assert sum(code == "CANCELLED" for _, code in codes) >= n // 2, codes
         assert sum(e["snapshots_sent"] for e in closed) >= 100 * n
         assert_still_serving(server, drive_rows)
 
