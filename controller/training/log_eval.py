@@ -127,6 +127,12 @@ def ratio_interval(
     return (float(low), float(high))
 
 
+def ratio_text(ratio: float, interval: tuple[float, float]) -> str:
+    """A disagreement ratio with its interval where known: "0.88x [0.70-1.07]"."""
+    low, high = interval
+    return f"{ratio:.2f}x" + ("" if low != low else f" [{low:.2f}-{high:.2f}]")
+
+
 @dataclass(frozen=True)
 class DatasetReport:
     dataset: str

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dualloop.controller.training.log_eval import BASELINES, DatasetReport
+from dualloop.controller.training.log_eval import BASELINES, DatasetReport, ratio_text
 from dualloop.controller.training.trainer import Hooks, TrainResult
 from dualloop.sim import schema
 
@@ -112,8 +112,7 @@ def log_report_table(reports: list[DatasetReport], title: str) -> Table:
             str(r.model.rows),
             f"{pct(r.model.agreement)} / {pct(r.model.balanced_accuracy)}",
             *cells,
-            f"{r.disagreement_ratio:.2f} [{r.disagreement_interval[0]:.2f}-{r.disagreement_interval[1]:.2f}] "
-            f"({r.best_baseline})",
+            f"{ratio_text(r.disagreement_ratio, r.disagreement_interval)} ({r.best_baseline})",
             "[green]met[/]" if r.meets_targets else "[red]not met[/]",
         )
     return t

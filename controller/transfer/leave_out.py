@@ -32,7 +32,7 @@ import numpy as np
 from dualloop.controller.gates.fitting import CALIBRATION_SEEDS, FIT_SEEDS, GateFitConfig, fit_gate_for_model
 from dualloop.controller.replay.lockstep import replay_log
 from dualloop.controller.training.data import DataConfig, generate
-from dualloop.controller.training.log_eval import DatasetReport, evaluate
+from dualloop.controller.training.log_eval import DatasetReport, evaluate, ratio_text
 from dualloop.controller.training.recorded import LogRows, read_log_rows
 from dualloop.controller.training.trainer import (
     DEFAULT_SEED,
@@ -124,8 +124,7 @@ class Column:
 
     def ratio_text(self) -> str:
         """The ratio with its interval where known: "0.88x [0.70-1.07]"."""
-        interval = "" if self.ratio_low != self.ratio_low else f" [{self.ratio_low:.2f}-{self.ratio_high:.2f}]"
-        return f"{self.disagreement_ratio:.2f}x{interval}"
+        return ratio_text(self.disagreement_ratio, (self.ratio_low, self.ratio_high))
 
     def misses(self) -> list[str]:
         """The left-out targets this column does not meet, as phrases."""

@@ -17,6 +17,7 @@ from dualloop.controller.training.log_eval import (
     evaluate,
     model_actions,
     ratio_interval,
+    ratio_text,
     score,
 )
 from dualloop.controller.training.recorded import LogRows, dataset_name, log_paths, read_log_rows, training_splits
@@ -127,6 +128,8 @@ def test_the_disagreement_ratio_has_a_block_bootstrap_interval() -> None:
     assert ratio_interval(same, same, np.repeat(np.arange(20), 10)) == (1.0, 1.0)
     nothing = np.zeros(0, bool)
     assert all(np.isnan(ratio_interval(nothing, nothing, np.zeros(0, np.int64))))
+    assert ratio_text(0.876, (0.7, 1.071)) == "0.88x [0.70-1.07]"
+    assert ratio_text(0.876, (float("nan"), float("nan"))) == "0.88x"  # a report written before the interval
 
 
 def test_the_model_sees_the_mask_and_an_invalid_row_disagrees(tmp_path: Path, drives: Path) -> None:
