@@ -199,14 +199,25 @@ class _UnitRun:
 
     __slots__ = ("step", "t", "integral", "recent", "settings", "hold_ns", "window_ns")
 
-    def __init__(self, step: float, t0: int, g0: float, t: int, gap: float, integral: float, settings: SignalSettings):
+    def __init__(
+        self,
+        step: float,
+        t0: int,
+        g0: float,
+        t: int,
+        gap: float,
+        integral: float,
+        settings: SignalSettings,
+        hold_ns: int,
+        window_ns: int,
+    ):
         self.step = step  # m/s
         self.t = t  # ns of the step
         self.integral = integral  # m: the readings' integral since the reading before the step
         # (ns, gap, integral) of the window's readings, oldest first
         self.recent: deque[tuple[int, float, float]] = deque([(t0, g0, 0.0), (t, gap, integral)], maxlen=_MAX_KEPT)
         self.settings = settings
-        self.hold_ns, self.window_ns = int(settings.step_hold_s * 1e9), int(settings.gap_window_s * 1e9)
+        self.hold_ns, self.window_ns = hold_ns, window_ns  # the monitor's step_hold_s and gap_window_s in ns
 
     def advance(self, rel: float, r0: float, distance: float, t: int, dt: float) -> bool:
         """Take the next reading (rel, after r0, dt s later; the gap `distance`); whether the run ends."""
@@ -569,7 +580,8 @@ class SignalMonitor:
         unit = abs(rel - expected * factor) <= s.rel_unit_tolerance * abs(expected * factor)
         # a step after the reading was stuck longer than the stuck check allows is its catch-up
         if not new_lead and step > s.rel_unit_m_s and unit and stuck_s <= s.stuck_s:
-            st.unit = _UnitRun(step, st.t, g0, t, distance, 0.5 * (rel + r0) * dt, s)
+            integral = 0.5 * (rel + r0) * dt
+            st.unit = _UnitRun(step, st.t, g0, t, distance, integral, s, self._step_hold_ns, self._gap_window_ns)
             return step
         return 0.0
 
