@@ -397,8 +397,9 @@ class HistoryRing:
         d = deriver
         n_series = len(d._series)
         # grown to the highest slot a state takes (a server sized for thousands of sessions with a
-        # few open holds a few rings, 24 kB each)
-        self.buf = np.zeros((min(slots, 8), size, n_series + 1), np.float64)
+        # few open holds a few rings, 24 kB each); place `size` of each slot stays +0.0: the row a
+        # bin's sum adds past its count
+        self.buf = np.zeros((min(slots, 8), size + 1, n_series + 1), np.float64)
         self.t = np.zeros((len(self.buf), size), np.int64)  # each observation's timestamp, same places
         self._bins = (0, *d._delays)
         specs = d.specs
@@ -444,12 +445,14 @@ class HistoryRing:
         slot = slot_a[:, None, None]
         jl_a, n_a, safe_a, ok_bins = self._bounds(slot_a, np.array(newest), np.array(begin), np.array(t_now))
         kmax = max(int(n_a.max()), 1)
-        k = self._k[:kmax]
-        taken = k < n_a[:, :, None]  # (m, bins, k): the k-th newest observation is in the bin
-        g = self.buf[slot, (jl_a[:, :, None] - k) % size]  # (m, bins, k, S + 1)
-        g = np.where(taken[..., None], g, 0.0)
-        g[:, :, 0] += 0.0  # the sum starts from +0.0 (as `_bins`): a leading -0.0 becomes +0.0
-        acc = np.add.accumulate(g, axis=2)[:, :, -1]
+        k = self._k[:kmax, None, None]
+        # (k, m, bins): the place of each bin's k-th newest observation, or the +0.0 place past its count,
+        # in the flat (slots * (size + 1), S + 1) view; k first, so that each add below is one slab
+        place = np.where(k < n_a, (jl_a - k) % size, size) + (slot_a * (size + 1))[:, None]
+        g = self.buf.reshape(-1, self.buf.shape[2]).take(place, axis=0)  # (k, m, bins, S + 1)
+        acc = g[0] + 0.0  # the sum starts from +0.0 (as `_bins`): a leading -0.0 becomes +0.0
+        for j in range(1, kmax):  # newest first, one add at a time: the state's order, so its bits
+            acc += g[j]
         safe_rows = self.buf[slot[:, :, 0], safe_a % size]  # (m, bins, S + 1)
         value = np.where((n_a >= 1)[..., None], acc / np.maximum(n_a, 1)[..., None], safe_rows)
         lead_now = safe_rows[:, 0, -1]  # bin 0's last observation is the newest itself
@@ -476,7 +479,7 @@ class HistoryRing:
         width = int((newest - begin).max()) + 1
         first = newest - (width - 1)  # the window's oldest place; those before `begin` are padding
         places = first[:, None] + np.arange(width)
-        rel = self.t[slots[:, None], places % size] - t_now[:, None]
+        rel = self.t.take(slots[:, None] * size + places % size) - t_now[:, None]
         rel[places < begin[:, None]] = -_PAD_NS
         stride = np.arange(m, dtype=np.int64)[:, None] * _ROW_STRIDE_NS
         upper = np.array([TOL_NS - e for e in self._bins], np.int64)
