@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from rich.console import Console
@@ -28,10 +28,12 @@ from rich.table import Table
 from dualloop.controller.bench.harness import store_result
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.contract.wire import observation_from_proto, snapshot_response, snapshot_to_proto
-from dualloop.controller.gates.fitting import nominal_inputs
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.snapshot import SafetyState
+from dualloop.sim.env import run_expert_batch
+from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
 from dualloop.v2 import controller_pb2 as pb
 
 SESSION_COUNTS = (8, 16, 32, 64)
@@ -40,30 +42,50 @@ STAGES = ("read", "model", "rules", "stream", "total", "bare_forward")
 _cpu_ns = time.thread_time_ns
 
 
-def nominal_drive(seed: int = 0, seconds: float = 10.0) -> np.ndarray:
-    """One simulated nominal drive's observations, every 5 ms (the sessions replay it in a loop)."""
-    rows: np.ndarray = nominal_inputs(
-        [seed + 1], every=1, scenarios=("nominal_cruise",), noise=None, duration_s=seconds
-    )[0]
-    return rows
+class Drive(NamedTuple):
+    """One simulated nominal drive, every 5 ms: what the sensors reported and the acceleration command
+    the ego was executing when each observation was taken (what a shadow stack sends as `actual`)."""
+
+    features: np.ndarray  # (ticks, features)
+    commands: np.ndarray  # (ticks,) m/s^2
 
 
-def _requests(model: DecisionModel, rows: np.ndarray, sessions: int, ticks: int, seed: int) -> list[list[bytes]]:
+def nominal_drive(seed: int = 0, seconds: float = 10.0) -> Drive:
+    """One simulated nominal drive (the sessions replay it in a loop)."""
+    _, data = run_expert_batch("nominal_cruise", [seed + 1], see_lane_ends=TRAINING_SEES_LANE_ENDS, duration_s=seconds)
+    assert data.applied is not None  # the simulator records the command in effect
+    # the first observation precedes any command: the expert's first one stands in for it
+    commands = np.nan_to_num(data.applied[0, :, 0], nan=float(data.controls[0, 0, 0]))
+    valid = data.valid[0]
+    return Drive(data.features[0][valid], commands[valid])
+
+
+class RulesPoint(NamedTuple):
+    cpu_us: dict[str, dict[str, float]]  # per stage: p50, p99
+    nominal_share: float  # of the snapshots after warm-up
+
+
+def drive_seconds(ticks: int) -> float:
+    """A drive long enough for `ticks` of 5 ms from any of 10 s of starting places."""
+    return ticks * 0.005 + 10.0
+
+
+def _requests(model: DecisionModel, drive: Drive, sessions: int, ticks: int, seed: int) -> list[list[bytes]]:
     """Each tick's DriveRequest bytes per session: the drive's rows, each session at its own place in
-    it, with the measured acceleration as the actual command (shadow mode)."""
-    offsets = np.random.default_rng(seed).integers(0, len(rows), sessions)
-    names = model.card.feature_names
-    accel_at = names.index("ego_accel") if "ego_accel" in names else 0
+    it, with the command the simulated driver was executing as the actual action (shadow mode)."""
+    rows = drive.features
+    # each session from its own place, so that none wraps round the drive (a jump no sensor makes)
+    offsets = np.random.default_rng(seed).integers(0, max(len(rows) - ticks, 1), sessions)
     out = []
     for k in range(ticks):
         tick = []
         for off in offsets:
-            x = rows[(off + k) % len(rows)]
+            at = (off + k) % len(rows)
             obs = pb.Observation(
                 seq=k + 1,
                 timestamp_ns=k * 5_000_000,
-                features=x.tolist(),
-                actual=pb.ActualAction(action_index=-1, controls=[float(x[accel_at]), 0.0]),
+                features=rows[at].tolist(),
+                actual=pb.ActualAction(action_index=-1, controls=[float(drive.commands[at]), 0.0]),
             )
             tick.append(pb.DriveRequest(observation=obs).SerializeToString())
         out.append(tick)
@@ -76,20 +98,24 @@ def bench_rules(
     sessions: int,
     ticks: int = TICKS,
     seed: int = 0,
-    drive: np.ndarray | None = None,
-) -> dict[str, dict[str, float]]:
-    """CPU us per tick of each stage (p50/p99 after warm-up) at one session count."""
+    drive: Drive | None = None,
+) -> RulesPoint:
+    """CPU us per tick of each stage (p50/p99 after warm-up) at one session count, and the share of
+    snapshots after warm-up that were NOMINAL (the path measured: a vetoed tick takes the fallback's)."""
     ex = Executor(model, ExecutorConfig(max_sessions=max(sessions, 1)), gates)
     ids = [f"s{i}" for i in range(sessions)]
     for sid in ids:
         ex.open_session(sid)
-    requests = _requests(model, nominal_drive(seed) if drive is None else drive, sessions, ticks, seed)
+    drive = nominal_drive(seed, drive_seconds(ticks)) if drive is None else drive
+    requests = _requests(model, drive, sessions, ticks, seed)
     t = {name: np.empty(ticks) for name in STAGES}
     stage = ex.stats.stage_ns
     # the model's normalised inputs as the tick left them (wire and history features)
     xn = (ex._xn if ex.history is None else ex._xmn)[:sessions]
     pn = ex._pn[:sessions]
     period = ex.period_ns
+    warm = slice(ticks // 10, None)
+    nominal = 0
     for k in range(ticks):
         now = k * period
         c0 = _cpu_ns()
@@ -104,17 +130,19 @@ def bench_rules(
         for snap in snaps:
             snapshot_response(snapshot_to_proto(snap))  # the bytes the server's Drive stream writes
         c3 = _cpu_ns()
+        if k >= warm.start:
+            nominal += sum(snap.safety_state is SafetyState.NOMINAL for snap in snaps)
         # the floor: the same batch's forward pass alone (interleaved, so load weighs on both alike)
         b0 = _cpu_ns()
         ex.model.forward(xn, pn)
         b1 = _cpu_ns()
         t["read"][k], t["model"][k], t["rules"][k] = c1 - c0, fwd, c2 - c1 - fwd
         t["stream"][k], t["total"][k], t["bare_forward"][k] = c3 - c2, c3 - c0, b1 - b0
-    warm = slice(ticks // 10, None)
-    return {
+    cpu = {
         name: {"p50": float(np.median(v[warm]) / 1e3), "p99": float(np.percentile(v[warm], 99) / 1e3)}
         for name, v in t.items()
     }
+    return RulesPoint(cpu, nominal / max((ticks - warm.start) * sessions, 1))
 
 
 def bench_rules_table(
@@ -133,11 +161,11 @@ def bench_rules_table(
         f"bench rules: {model_path.name} with {len(gates)} gate{'s' if len(gates) != 1 else ''} "
         f"({', '.join(g.name for g in gate_paths) or 'none'}), {ticks} ticks per count, in process"
     )
-    drive = nominal_drive()
+    drive = nominal_drive(0, drive_seconds(ticks))
     load_before = os.getloadavg()
-    rows = {}
+    rows, nominal = {}, {}
     for n in session_counts:
-        rows[str(n)] = bench_rules(model, gates, n, ticks, drive=drive)
+        rows[str(n)], nominal[str(n)] = bench_rules(model, gates, n, ticks, drive=drive)
     result: dict[str, Any] = {
         "when": datetime.now().isoformat(timespec="seconds"),
         "model": str(model_path),
@@ -145,6 +173,7 @@ def bench_rules_table(
         "ticks": ticks,
         "warmup_ticks": ticks // 10,
         "cpu_us_per_tick": rows,
+        "nominal_share": nominal,
         "loadavg_before": list(load_before),
         "loadavg_after": list(os.getloadavg()),
         "cpus": os.cpu_count(),
@@ -160,6 +189,8 @@ def bench_rules_table(
             cells = [f"{r[s][stat]:.0f}" for s in STAGES]
             table.add_row(count, *cells, f"{r['total'][stat] / int(count):.1f}")
         console.print(table)
+    shares = ", ".join(f"{100 * v:.1f}% at {n}" for n, v in nominal.items())
+    console.print(f"snapshots NOMINAL after warm-up (the path measured): {shares}")
     la, lb = result["loadavg_before"], result["loadavg_after"]
     console.print(
         f"machine load (1/5/15 min) before {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}, after "

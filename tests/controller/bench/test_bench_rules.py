@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 
-from dualloop.controller.bench.rules import STAGES, bench_rules_table
+import numpy as np
+
+from dualloop.controller.bench.rules import STAGES, bench_rules, bench_rules_table, drive_seconds, nominal_drive
 from dualloop.controller.cli import main
+from dualloop.controller.contract.gate_files import load_gate_for_model
+from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+from dualloop.sim.schema import FEATURE_NAMES
 
 
 def test_bench_rules_reports_each_stage_at_each_count(tmp_path):
@@ -19,6 +24,21 @@ def test_bench_rules_reports_each_stage_at_each_count(tmp_path):
         assert set(r) == set(STAGES)
         assert all(0.0 < r[s]["p50"] <= r[s]["p99"] for s in STAGES)
         assert r["total"]["p50"] >= r["rules"]["p50"]
+        assert 0.0 <= result["nominal_share"][n] <= 1.0
+
+
+def test_the_drive_is_nominal_driving_to_the_shipped_gates() -> None:
+    """Sessions replay a simulated nominal drive with the command the driver was executing as the
+    actual action: the gates and the actuation check trust it, so the bench measures the path
+    served on ordinary driving (the measured acceleration sent as the command vetoed 18% of
+    ticks: the actuation check saw it lag its own command)."""
+    model = DecisionModel(BASE_MODEL_PATH)
+    gates = [load_gate_for_model(g, model) for g in DEFAULT_GATES]
+    ticks = 400
+    drive = nominal_drive(0, drive_seconds(ticks))
+    assert np.abs(drive.commands - drive.features[:, FEATURE_NAMES.index("ego_accel")]).max() > 0.05
+    point = bench_rules(model, gates, 8, ticks, drive=drive)
+    assert point.nominal_share >= 0.97
 
 
 def test_bench_rules_command_runs_the_shipped_model_with_its_gates(tmp_path, capsys):
