@@ -66,12 +66,13 @@ over time, in the signals' own units, without the model:
   the relative speed).
 - **rel_unit** (m/s): a relative speed switched to km/h steps to 3.6 times its previous reading
   (`rel_unit_factor` times where its last two readings put it, within `rel_unit_tolerance`) while the
-  gap steps not (no new lead) and the reading was not stuck (its catch-up). Such a step larger than
+  gap steps not (no new lead), the reading was not stuck (its catch-up) and it is not back near the
+  reading before the last (the end of a dip of noise). Such a step larger than
   the threshold begins a run in that unit, scored by the step until the run ends (`_UnitRun`: the
   reading back near the last one divided by the factor, a jump by more than half the step, the
   gap's last second agreeing with the readings as read, or `step_hold_s` unless the gap then agrees
   with the divided readings), the lead flag drops or a new lead comes. No shared real drive steps so
-  (every step of 0.5 m/s or more), nor does the simulator's nominal driving. A relative speed near 0
+  (every step of 0.5 m/s or more), nor does the simulator's nominal driving at 200 Hz. A relative speed near 0
   switched to km/h changes by less and stays unseen; a persisting one that stays near 0 longer than
   the hold is trusted again.
 
@@ -578,6 +579,9 @@ class SignalMonitor:
         expected = 2.0 * r0 - before if before == before else r0
         step = abs(rel - r0)
         unit = abs(rel - expected * factor) <= s.rel_unit_tolerance * abs(expected * factor)
+        # a reading back near the one before the last ends a dip of noise (a 200 Hz radar's), whose
+        # trend through the dip the step would otherwise match
+        unit = unit and not abs(rel - before) <= s.rel_unit_m_s
         # a step after the reading was stuck longer than the stuck check allows is its catch-up
         if not new_lead and step > s.rel_unit_m_s and unit and stuck_s <= s.stuck_s:
             integral = 0.5 * (rel + r0) * dt

@@ -339,6 +339,10 @@ def test_a_relative_speed_read_in_km_h_is_vetoed_until_it_steps_back() -> None:
     noise[30, 4] *= 3.6
     noise[31, 4] = -3.0
     assert (scan(noise)[31:, REL_UNIT] == 0.0).all()
+    # a dip of noise and back: the trend through the dip times 3.6 is where the reading came back to
+    dip = drive(60, rel=1.2)
+    dip[29, 4], dip[30, 4], dip[31, 4] = 1.205, 0.8, 1.307  # measured in the simulator at 200 Hz
+    assert (scan(dip)[:, REL_UNIT] == 0.0).all()
 
 
 def test_live_steps_and_a_replay_scan_give_the_same_unit_verdicts() -> None:
