@@ -87,7 +87,6 @@ so both give identical verdicts.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -190,6 +189,60 @@ class SignalSettings:
         )
 
 
+class _TopTwo:
+    """The two largest values of a sliding window of readings, keeping only those that may still be
+    one of the two: a value with two later ones at least as large never is again, since they leave
+    the window after it. A window of 1 s at 200 Hz holds about 200 readings; this keeps a few.
+    `max_kept`: the window also drops its oldest reading past this many (as a bounded deque)."""
+
+    __slots__ = ("entries", "added", "max_kept")
+
+    def __init__(self, max_kept: int | None = None) -> None:
+        self.entries: list[list[Any]] = []  # [ns, value, later values at least as large, reading number]
+        self.added = 0  # readings added since the last clear
+        self.max_kept = max_kept
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.added = 0
+
+    def expire(self, t: int, span_ns: int) -> bool:
+        """Drop the readings `span_ns` or more before t; whether any went."""
+        entries = self.entries
+        n = 0
+        while n < len(entries) and t - entries[n][0] >= span_ns:
+            n += 1
+        if n:
+            del entries[:n]
+        return n > 0
+
+    def add(self, t: int, value: float) -> None:
+        entries = self.entries
+        for entry in entries:
+            if entry[1] <= value:
+                entry[2] += 1
+        if any(entry[2] >= 2 for entry in entries):
+            entries[:] = [e for e in entries if e[2] < 2]
+        if self.max_kept is not None and entries and entries[0][3] < self.added + 1 - self.max_kept:
+            del entries[0]  # the bounded window's oldest reading leaves as this one comes
+        entries.append([t, value, 0, self.added])
+        self.added += 1
+
+    def second(self) -> float:
+        """The second-largest value (0.0 with fewer than two readings)."""
+        first = second = -math.inf
+        for entry in self.entries:
+            v = entry[1]
+            if v > first:
+                first, second = v, first
+            elif v > second:
+                second = v
+        return second if len(self.entries) >= 2 else 0.0
+
+
 class _UnitRun:
     """A run of lead_rel_speed readings taken to be in the unit (rel_unit) since the step to it. It ends
     when a reading is back near the last one divided by the factor; jumps by more than half that step
@@ -277,7 +330,7 @@ class _Slot:
         self.window: deque[tuple[int, float, float]] = deque(maxlen=_MAX_KEPT)  # (ns, speed, accel integral)
         self.integral = 0.0
         self.gap: tuple[int, float, float] | None = None  # (ns, gap, rel) of the last lead reading
-        self.jumps: deque[tuple[int, float]] = deque(maxlen=_MAX_KEPT)  # (ns, |innovation|) of the window's large ones
+        self.jumps = _TopTwo(_MAX_KEPT)  # |innovation| of the window's large ones
         self.toggles: deque[int] = deque(maxlen=_MAX_KEPT)  # ns of each toggle in the window
         self.present = _NAN
         # per pair (speed, gap): the integrated signal's run (integral of the rate over it; NaN: no
@@ -287,10 +340,9 @@ class _Slot:
         self.prior = _NAN  # m: the track before its last restart (NaN: none kept)
         self.prior_t = -1  # ns of that restart
         self.step_t = -1  # ns of the first of the current run of distrusted readings (-1: none)
-        # rel_accel: the last lead reading (ns, gap, rel), and the rates of the hold time that may still
-        # be among its two largest: [ns, rate, how many later rates are at least as large] (dropped at two)
+        # rel_accel: the last lead reading (ns, gap, rel), and the rates of the hold time
         self.rel_last: tuple[int, float, float] | None = None
-        self.rel_top: list[list[Any]] = []
+        self.rel_top = _TopTwo()
         self.rel_score = 0.0  # the second-largest of rel_top (0 with fewer than two)
         self.unit: _UnitRun | None = None  # rel_unit: the current run of readings in the unit (None: none)
         self.rel_before = _NAN  # rel_unit: the lead reading before the last (NaN: none)
@@ -531,10 +583,7 @@ class SignalMonitor:
             return _NAN
         last, st.rel_last = st.rel_last, (t, distance, rel)
         top = st.rel_top
-        changed = False
-        while top and t - top[0][0] >= self._hold_ns:  # the oldest is first
-            del top[0]
-            changed = True
+        changed = top.expire(t, self._hold_ns)
         if last is not None:
             t1, g1, r1 = last
             dt = (t - t1) * 1e-9
@@ -543,14 +592,10 @@ class SignalMonitor:
             if abs((distance - g1) - 0.5 * (rel + r1) * dt) < self.settings.gap_jump_m:
                 rate = abs(rel - r1) / max(dt, self.settings.rel_span_s)
                 if rate >= self.settings.rel_floor_m_s2:
-                    for entry in top:
-                        if entry[1] <= rate:
-                            entry[2] += 1
-                    top[:] = [e for e in top if e[2] < 2]
-                    top.append([t, rate, 0])
+                    top.add(t, rate)
                     changed = True
         if changed:
-            st.rel_score = float(heapq.nlargest(2, [e[1] for e in top])[1]) if len(top) >= 2 else 0.0
+            st.rel_score = float(top.second())
         return st.rel_score
 
     def _rel_unit(self, st: _Slot, t: int, values: list[float], last: list[float], stuck_s: float) -> float:
@@ -607,11 +652,10 @@ class SignalMonitor:
             if new_lead:  # a new lead, or a stuck gap catching up: its track starts afresh
                 jumps.clear()
             elif e >= s.gap_floor_m:
-                jumps.append((t, e))
-        while jumps and t - jumps[0][0] >= self._gap_window_ns:
-            jumps.popleft()
+                jumps.add(t, e)
+        jumps.expire(t, self._gap_window_ns)
         if len(jumps) >= 2:  # the second-largest innovation in the window
-            gap_rate = heapq.nlargest(2, [e for _, e in jumps])[1]
+            gap_rate = jumps.second()
         st.gap = (t, distance, rel)
         return gap_rate
 

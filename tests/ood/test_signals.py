@@ -4,6 +4,7 @@ pause do, a new lead against a spike, flicker; and their settings' errors."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from dualloop.ood.signals import (
     STUCK,
     SignalMonitor,
     SignalSettings,
+    _TopTwo,
 )
 
 NAMES = ["ego_speed", "ego_accel", "lead_present", "lead_distance", "lead_rel_speed", "yaw_rate"]
@@ -397,3 +399,28 @@ def test_readings_near_the_float_limits_give_finite_scores_that_veto() -> None:
     assert np.isfinite(judged).all()
     limits = SignalSettings().thresholds
     assert scores[3, SPEED_REPEAT] > limits[SPEED_REPEAT]
+
+
+@pytest.mark.parametrize("max_kept", [None, 7])
+def test_the_window_keeps_what_its_two_largest_need(max_kept: int | None) -> None:
+    """_TopTwo gives the second-largest value of a time window (and of its last `max_kept` readings),
+    as a deque of every reading sorted each time would, keeping a few readings instead of all."""
+    rng = np.random.default_rng(3)
+    top, every = _TopTwo(max_kept), deque(maxlen=max_kept)
+    span, t, most = 50, 0, 0
+    for _ in range(5000):
+        t += int(rng.integers(0, 4))
+        if rng.random() < 0.01:
+            top.clear()
+            every.clear()
+        if rng.random() < 0.7:
+            value = float(rng.integers(0, 20))  # ties too
+            top.add(t, value)
+            every.append((t, value))
+        top.expire(t, span)
+        while every and t - every[0][0] >= span:
+            every.popleft()
+        want = sorted((v for _, v in every), reverse=True)[1] if len(every) >= 2 else 0.0
+        assert (len(top) >= 2) == (len(every) >= 2) and top.second() == want
+        most = max(most, len(every))
+    assert most == max_kept if max_kept else most > 20  # the bound was reached, or the window was long
