@@ -24,9 +24,12 @@ def test_missed_deadlines_are_skipped_not_bursted():
 
     first, late, after, missed = asyncio.run(run())
     assert late.index - first.index >= 3  # jumped to the newest passed deadline ...
-    assert late.missed_before == late.index - first.index - 1 == missed >= 2  # ... counting the skipped ones
-    assert after.index == late.index + 1  # and no burst of catch-up ticks follows
-    assert after.scheduled_ns == late.scheduled_ns + PERIOD
+    assert late.missed_before == late.index - first.index - 1 >= 2  # ... counting the skipped ones
+    # and no burst of catch-up ticks follows (on a busy machine `first` or `after` may be late too: the
+    # deadlines they skipped are counted as well)
+    assert after.index > late.index and after.missed_before == after.index - late.index - 1
+    assert missed == first.missed_before + late.missed_before + after.missed_before
+    assert after.scheduled_ns == late.scheduled_ns + (after.index - late.index) * PERIOD
     assert after.started_ns >= after.scheduled_ns
 
 
