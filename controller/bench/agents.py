@@ -67,6 +67,7 @@ class AgentsRun:
     gates: tuple[Path, ...] = DEFAULT_GATES
     realtime_priority: int | None = None
     pin: bool = True
+    columns: bool = True  # responses as SnapshotColumns; False: a DecisionSnapshot message per agent
 
 
 def _cpu_s(pid: int) -> float:
@@ -95,7 +96,9 @@ async def _measure(server: ServerProcess, agents: int, streams: int, run: Agents
     cpus = tuple(plan.clients) if plan.clients else None
     clients = []
     for k in range(streams):
-        spec = AgentsClientSpec(server.address, 1, agents, run.duration_s + _START_SLACK_S, first=k, cpus=cpus)
+        spec = AgentsClientSpec(
+            server.address, 1, agents, run.duration_s + _START_SLACK_S, first=k, cpus=cpus, columns=run.columns
+        )
         clients.append(await start_module("dualloop.controller.bench.agents_clients", json.dumps(asdict(spec))))
     await _wait_open(server, agents * streams, clients)
     stub = server.stub
@@ -240,7 +243,10 @@ def _cpu_per_agent_tick(point: Result) -> float:
 
 
 def print_points(result: Result, console: Console) -> None:
-    table = Table(title=f"bench agents: {result['duration_s']:g} s per point, load average at start {result['load']}")
+    layout = result.get("snapshot_layout", "per-agent messages")
+    table = Table(
+        title=f"bench agents ({layout}): {result['duration_s']:g} s per point, load average at start {result['load']}"
+    )
     columns = ("agents/stream", "streams", "agents", "missed", "bare missed", "p50 us", "p99 us", "bare p99 us")
     for col in (*columns, "dropped", "CPU us/agent-tick", "CPU us/tick", "server CPU", "send Hz", "verdict"):
         table.add_column(col, justify="right")
@@ -303,6 +309,7 @@ def bench_agents(run: AgentsRun, out_dir: Path, console: Console) -> Result:
         "model": str(run.model),
         "gates": [str(g) for g in run.gates],
         "load": load,
+        "snapshot_layout": "columns" if run.columns else "per-agent messages",
         "points": points,
         "not_run": not_run,
         "largest_agents_keeping_time": max(kept, default=0),

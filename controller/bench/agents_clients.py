@@ -34,14 +34,15 @@ class AgentsClientSpec:
     first: int = 0
     period_s: float = 0.005
     cpus: tuple[int, ...] | None = None
+    columns: bool = True  # answered as SnapshotColumns (DriveAgentsRequest.snapshot_columns)
 
 
-async def _open(call: grpc.aio.StreamStreamCall, ids: list[str]) -> None:
+async def _open(call: grpc.aio.StreamStreamCall, ids: list[str], columns: bool) -> None:
     """Every agent joined, or the refusal of the first that was not."""
     first = await call.read()
     assert first.limits.max_agents_per_stream >= len(ids), first.limits
     join = [pb.OpenSession(session_id=s, clock=pb.CLOCK_MODE_REALTIME) for s in ids]
-    await call.write(pb.DriveAgentsRequest(join=join))
+    await call.write(pb.DriveAgentsRequest(join=join, snapshot_columns=columns))
     opened = 0
     while opened < len(ids):
         response = await call.read()
@@ -59,7 +60,7 @@ async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsC
     ids = [f"s{index}-a{i}" for i in range(spec.agents)]
     offsets = np.arange(spec.agents) * 997 % len(drive)
     call = stub.DriveAgents()
-    await _open(call, ids)
+    await _open(call, ids, spec.columns)
     stop_at = time.monotonic() + spec.duration_s
 
     async def send() -> int:
@@ -68,7 +69,7 @@ async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsC
             seq += 1
             rows = drive[(offsets + seq // 2) % len(drive)] + noise * rng.standard_normal((spec.agents, noise.size))
             ts = time.monotonic_ns()
-            req = pb.DriveAgentsRequest()
+            req = pb.DriveAgentsRequest(snapshot_columns=spec.columns)
             for sid, x in zip(ids, rows.astype(np.float32).tolist()):
                 obs = req.observations.add(session_id=sid).observation
                 obs.seq, obs.timestamp_ns = seq, ts
@@ -86,8 +87,9 @@ async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsC
     while (response := await call.read()) is not grpc.aio.EOF:
         responses += 1
         errors += len(response.errors)
-        if response.snapshots:
-            received += len(response.snapshots)
+        count = len(response.columns.session_id) if spec.columns else len(response.snapshots)
+        if count:
+            received += count
             dropped = response.agent_snapshots_dropped
             if last_tick is not None and response.tick != last_tick + 1:
                 gaps += 1

@@ -142,6 +142,11 @@ def _add_agents_options(p: argparse.ArgumentParser) -> None:
         f"{','.join(map(str, QUICK_STREAMS))} stream, {QUICK_DURATION_S:g} s each) unless told otherwise",
     )
     p.add_argument(
+        "--per-agent-snapshots",
+        action="store_true",
+        help="bench agents: responses with a DecisionSnapshot message per agent (default: SnapshotColumns)",
+    )
+    p.add_argument(
         "--check",
         action="store_true",
         help="bench agents: exit 1 naming each target missed (512 agents at 200 Hz keeping time, <= 5 us of server "
@@ -364,6 +369,7 @@ def _agents(args: argparse.Namespace) -> int:
         gates=_gate_paths(args),
         realtime_priority=args.realtime_priority or None,
         pin=not args.no_pin,
+        columns=not args.per_agent_snapshots,
     )
     result = bench_agents(run, args.out, console)
     if args.check and result["targets_missed"]:

@@ -7,6 +7,10 @@ snapshot (docs/contract.md#agents). A convenience, as client.DriveSession is; th
     group.recv()  # opened: car-1, car-2
     group.send(observations={"car-1": observation(1, t_ns, x1), "car-2": observation(1, t_ns, x2)})
     snapshots = group.recv().snapshots  # one per agent (LOCKSTEP: every tick the observations completed)
+
+With `AgentsStream(channel, columns=True)` the server answers each tick's snapshots as one
+SnapshotColumns message (`response.columns`), which costs it per response rather than per agent;
+`group.snapshots(response)` gives the per-agent messages either way.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import cast
 
 import grpc
 
+from dualloop.controller.contract.snapshot_columns import snapshots_from_columns
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
@@ -47,7 +52,8 @@ def observation(
 class AgentsStream:
     """One DriveAgents stream. The server's first response (model, limits, tick period) is read here."""
 
-    def __init__(self, channel: grpc.Channel, max_pending: int = 64) -> None:
+    def __init__(self, channel: grpc.Channel, max_pending: int = 64, columns: bool = False) -> None:
+        self.columns = columns  # every request asks for SnapshotColumns (DriveAgentsRequest.snapshot_columns)
         # Bounded: a producer faster than the network blocks here instead of growing memory.
         self._requests: queue.Queue = queue.Queue(maxsize=max_pending)
         self._call = pb_grpc.ControllerServiceStub(channel).DriveAgents(self._iterate())
@@ -67,7 +73,7 @@ class AgentsStream:
         leave: Iterable[str] = (),
     ) -> None:
         """One request: agents joining, one observation per agent (by session id), agents leaving."""
-        req = pb.DriveAgentsRequest(join=join, leave=leave)
+        req = pb.DriveAgentsRequest(join=join, leave=leave, snapshot_columns=self.columns)
         for session_id, obs in observations.items():
             item = req.observations.add(session_id=session_id)
             item.observation.CopyFrom(obs)
@@ -79,6 +85,12 @@ class AgentsStream:
     def recv(self) -> pb.DriveAgentsResponse:
         """The next response; raises grpc.RpcError with the server's status when the stream fails."""
         return next(self._call)
+
+    def snapshots(self, response: pb.DriveAgentsResponse) -> list[pb.DecisionSnapshot]:
+        """A response's snapshots as per-agent messages, whichever layout the stream asked for."""
+        if response.HasField("columns"):
+            return snapshots_from_columns(response.columns)
+        return list(response.snapshots)
 
     def responses(self) -> Iterator[pb.DriveAgentsResponse]:
         yield from self._call

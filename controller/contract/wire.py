@@ -56,7 +56,7 @@ def observation_from_proto(msg: pb.Observation, arrival_ns: int, received_wall_n
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def _float32_saturated(x: float) -> float:
+def saturated_float32(x: float) -> float:
     """A float32 field's value for a finite double beyond its range: the largest float32 (of the sign),
     not the +-Inf the conversion would make; Inf and NaN stay as they are (found by tests/fuzz: a
     squared Mahalanobis distance past 3.4e38 went out as gate.score = +Inf on finite input)."""
@@ -112,7 +112,7 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
         msg.transport_delay_ns = s.transport_delay_ns
         msg.observation_age_with_transport_ns = s.observation_age_with_transport_ns or 0
     if s.gate_score is not None:
-        msg.gate.score = _float32_saturated(s.gate_score)
+        msg.gate.score = saturated_float32(s.gate_score)
         msg.gate.threshold = s.gate_threshold or 0.0
         msg.gate.veto = s.gate_veto
     if s.checks is not None and len(s.check_kinds):
@@ -133,18 +133,23 @@ def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:
 _SNAPSHOT_TAG = bytes([(pb.DriveResponse.DESCRIPTOR.fields_by_name["snapshot"].number << 3) | 2])
 
 
+def varint(n: int) -> bytes:
+    """A non-negative integer as a protobuf varint (a length, a tag)."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 def snapshot_response(msg: pb.DecisionSnapshot) -> bytes:
     """The wire bytes of DriveResponse(snapshot=msg), without building the DriveResponse: the
     wrapper's constructor copies the whole snapshot (about 6 us of the 10 a snapshot's response
     cost). A message of one field serialises to its tag, length and bytes, so these are the bytes
     DriveResponse.SerializeToString gives (tests/controller/contract/test_wire.py)."""
     body = msg.SerializeToString()
-    n, head = len(body), bytearray(_SNAPSHOT_TAG)
-    while n > 0x7F:  # the length as a varint
-        head.append((n & 0x7F) | 0x80)
-        n >>= 7
-    head.append(n)
-    return bytes(head) + body
+    return _SNAPSHOT_TAG + varint(len(body)) + body
 
 
 def drive_response_bytes(response: pb.DriveResponse | bytes) -> bytes:

@@ -16,9 +16,10 @@ from typing import cast
 
 import grpc
 
+from dualloop.controller.contract.snapshot_columns import snapshot_columns
 from dualloop.controller.contract.wire import observation_from_proto, snapshot_to_proto
 from dualloop.controller.serve import client_strings, events
-from dualloop.controller.serve.agents_outbox import AgentsOutbox, agents_response_bytes
+from dualloop.controller.serve.agents_outbox import AgentsOutbox, agents_columns_bytes, agents_response_bytes
 from dualloop.controller.serve.drive import _DRAINED, _END, DriveCall
 from dualloop.controller.serve.limits import session_limits
 from dualloop.controller.serve.runtime import SessionRuntime
@@ -28,11 +29,13 @@ from dualloop.executor.snapshot import Snapshot
 from dualloop.v2 import controller_pb2 as pb
 
 _mono_ns = time.monotonic_ns
-_FLUSH_S = 1.0
+_FLUSH_S = 1.0  # at the stream's end, how long the writer may take to send what is waiting
 # REALTIME: a group's request is applied, and its tick's snapshots converted, in pieces of this many
 # agents with the tick first whenever its deadline comes (at ~10-20 us per agent, a piece is well
 # under the ticker's guard)
-_YIELD_EVERY = 16  # at the stream's end, how long the writer may take to send what is waiting
+_YIELD_EVERY = 16
+# ... and its snapshots as columns (~3 us per agent) in pieces of this many
+_COLUMNS_PIECE = 128
 _PLANNER_REFUSAL = (
     "DriveAgents does not run with the server's planner (serve --planner): open each agent as a Drive "
     "session, or run the server without its planner and send each agent's plan in its observations"
@@ -89,6 +92,7 @@ class DriveAgentsCall:
         self.outbox: AgentsOutbox | None = None  # REALTIME only
         self.notices = pb.DriveAgentsResponse()  # LOCKSTEP (and before the clock is known)
         self._writer: asyncio.Task | None = None
+        self.columns: bool | None = None  # answered as SnapshotColumns: the first request's choice
 
     async def run(self, requests: AsyncIterator[pb.DriveAgentsRequest]) -> None:
         context, runtime = self.context, self.runtime
@@ -125,6 +129,14 @@ class DriveAgentsCall:
                 )
             if isinstance(msg, MalformedRequest):
                 return grpc.StatusCode.INVALID_ARGUMENT, msg.message
+            if self.columns is None:
+                self.columns = msg.snapshot_columns
+            elif msg.snapshot_columns != self.columns:
+                return (
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"DriveAgentsRequest.snapshot_columns is {msg.snapshot_columns} after the stream's first request "
+                    f"chose {self.columns}: a stream keeps one layout; open another stream for the other",
+                )
             if self.clock == pb.CLOCK_MODE_REALTIME:
                 while ticker.hand_over_due():  # the deadline first; this request just after it
                     await ticker.until_tick()
@@ -276,15 +288,17 @@ class DriveAgentsCall:
         """One response per request, lossless: awaiting the write is the backpressure."""
         runtime = self.runtime
         tally = runtime.metrics.lockstep.add if runtime.metrics is not None else None
-        protos = []
         for snap in snaps:
             runtime.shadows.record(snap)
             runtime.record_snapshot(snap)
             if tally is not None:
                 tally(snap)
-            protos.append(snapshot_to_proto(snap))
         notices, self.notices = self.notices, pb.DriveAgentsResponse()
-        await self.context.write(agents_response_bytes(notices, protos))
+        if self.columns:
+            response = agents_columns_bytes(notices, [snapshot_columns(snaps).SerializeToString()] if snaps else [])
+        else:
+            response = agents_response_bytes(notices, [snapshot_to_proto(snap) for snap in snaps])
+        await self.context.write(response)
         self._count_sent(snaps)
 
     async def _write_realtime(self, outbox: AgentsOutbox) -> None:
@@ -293,17 +307,26 @@ class DriveAgentsCall:
         while (item := await outbox.get()) is not None:
             notices, snaps, tick = item
             dropped = outbox.dropped_by_agent
-            protos = []
-            for i, snap in enumerate(snaps):
-                if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+            for snap in snaps:
+                snap.snapshots_dropped = dropped.get(snap.session_id, 0)
+            piece = _COLUMNS_PIECE if self.columns else _YIELD_EVERY
+            parts: list = []
+            for start in range(0, len(snaps), piece):
+                if start:
                     while ticker.hand_over_due():  # converting a large group's tick must not delay the next
                         await ticker.until_tick()
                 t0 = time.perf_counter_ns()
-                snap.snapshots_dropped = dropped.get(snap.session_id, 0)
-                protos.append(snapshot_to_proto(snap))
+                some = snaps[start : start + piece]
+                if self.columns:
+                    parts.append(snapshot_columns(some).SerializeToString())
+                else:
+                    parts += [snapshot_to_proto(snap) for snap in some]
                 stats.stream_ns += time.perf_counter_ns() - t0
             notices.tick, notices.agent_snapshots_dropped = tick, outbox.dropped
-            await self.context.write(agents_response_bytes(notices, protos))
+            if self.columns:
+                await self.context.write(agents_columns_bytes(notices, parts))
+            else:
+                await self.context.write(agents_response_bytes(notices, parts))
             self._count_sent(snaps)
 
     async def _stop_writer(self) -> None:

@@ -1,27 +1,20 @@
 """What a DriveAgents stream sends: the REALTIME outbox of a group of agents (AgentsOutbox: the
 newest tick's snapshots, newest tick wins, and the notices that must all arrive) and the wire bytes
-of a DriveAgentsResponse built from per-agent snapshot bytes (agents_response_bytes)."""
+of a DriveAgentsResponse built from per-agent snapshot bytes (agents_response_bytes) or from pieces
+of its snapshot columns (agents_columns_bytes)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 
+from dualloop.controller.contract.wire import varint
 from dualloop.controller.serve.conflation import carry_over
 from dualloop.executor.snapshot import Snapshot
 from dualloop.v2 import controller_pb2 as pb
 
 # DriveAgentsResponse.snapshots' tag: field 3, length-delimited
 _SNAPSHOTS_TAG = bytes([(pb.DriveAgentsResponse.DESCRIPTOR.fields_by_name["snapshots"].number << 3) | 2])
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def agents_response_bytes(head: pb.DriveAgentsResponse, snapshots: Sequence[pb.DecisionSnapshot]) -> bytes:
@@ -31,8 +24,19 @@ def agents_response_bytes(head: pb.DriveAgentsResponse, snapshots: Sequence[pb.D
     parts = [head.SerializeToString()]
     for snap in snapshots:
         body = snap.SerializeToString()
-        parts += (_SNAPSHOTS_TAG, _varint(len(body)), body)
+        parts += (_SNAPSHOTS_TAG, varint(len(body)), body)
     return b"".join(parts)
+
+
+_COLUMNS_TAG = bytes([(pb.DriveAgentsResponse.DESCRIPTOR.fields_by_name["columns"].number << 3) | 2])
+
+
+def agents_columns_bytes(head: pb.DriveAgentsResponse, pieces: Sequence[bytes]) -> bytes:
+    """The wire bytes of `head` with its `columns` made of `pieces`, each a serialised SnapshotColumns
+    of some of the agents (in order): a message parsed from bytes merges repeated fields end to end,
+    so the pieces are the columns of all of them. No pieces (no snapshots): no columns."""
+    body = b"".join(pieces)
+    return head.SerializeToString() + (_COLUMNS_TAG + varint(len(body)) + body if body else b"")
 
 
 class AgentsOutbox:

@@ -83,10 +83,11 @@ def assert_same_decisions(batched: list[pb.DecisionSnapshot], alone: list[pb.Dec
         assert without_wall_clock(b) == without_wall_clock(a)  # and every other field, byte for byte
 
 
-def test_lockstep_batched_equals_each_alone(shipped_channel, driving):
+@pytest.mark.parametrize("columns", [False, True], ids=["snapshots", "columns"])
+def test_lockstep_batched_equals_each_alone(shipped_channel, driving, columns):
     n_agents, n = 5, 120
     inputs = {f"agent-{i}": agent_inputs(driving, i, n) for i in range(n_agents)}
-    group = AgentsStream(shipped_channel)
+    group = AgentsStream(shipped_channel, columns=columns)
     assert group.model.model_version and group.limits.max_agents_per_stream == 1024
     group.send(join=[agent_open(sid, LOCKSTEP, provided_features=PROFILES.get(i, [])) for i, sid in enumerate(inputs)])
     opened = group.recv()
@@ -97,7 +98,8 @@ def test_lockstep_batched_equals_each_alone(shipped_channel, driving):
         group.send(observations={sid: obs[k] for sid, obs in inputs.items()})
         response = group.recv()
         assert not response.errors
-        for snap in response.snapshots:
+        assert response.HasField("columns") == columns and (not columns or not response.snapshots)
+        for snap in group.snapshots(response):
             batched[snap.session_id].append(snap)
     group.close()
     assert list(group.responses()) == []
@@ -242,19 +244,20 @@ REALTIME_DECISION_FIELDS = (
 )
 
 
-def test_realtime_on_a_foreign_clock_decides_as_alone(shipped_channel, driving):
+@pytest.mark.parametrize("columns", [False, True], ids=["snapshots", "columns"])
+def test_realtime_on_a_foreign_clock_decides_as_alone(shipped_channel, driving, columns):
     """REALTIME, sensor timestamps on a clock of the client's (years from the server's): the first
     snapshot on each observation decides the same batched as alone. Inputs without vetoes (past the
     drive's first 0.6 s), so no decision depends on how many ticks held an observation."""
     agents, n = ["rt-0", "rt-1", "rt-2"], 40
     inputs = {sid: agent_inputs(driving[60:], i + 4, n) for i, sid in enumerate(agents)}
     opts = {"observation_period_ns": 1_000_000_000}  # the client waits for each answer: never stale
-    group = AgentsStream(shipped_channel)
+    group = AgentsStream(shipped_channel, columns=columns)
     group.send(join=[agent_open(sid, REALTIME, **opts) for sid in agents])
 
     def batched_responses():
         while True:
-            yield group.recv().snapshots
+            yield group.snapshots(group.recv())
 
     batched = realtime_by_seq(
         batched_responses(), agents, n, lambda k: group.send(observations={s: inputs[s][k - 1] for s in agents})
@@ -317,6 +320,21 @@ def test_realtime_one_response_per_tick_with_every_agent(shipped_channel, drivin
     for r in full:
         assert sorted(s.session_id for s in r.snapshots) == agents
         assert all(s.tick == r.tick for s in r.snapshots)
+
+
+def test_a_stream_keeps_the_layout_its_first_request_chose(shipped_channel, driving):
+    """Columns asked for by the first request, snapshots by a later one: the stream ends with
+    INVALID_ARGUMENT saying so, after answering what came before."""
+    group = AgentsStream(shipped_channel, columns=True)
+    group.send(join=[agent_open("layout-0", LOCKSTEP)], observations={})
+    assert [o.session_id for o in group.recv().opened] == ["layout-0"]
+    group.send(observations={"layout-0": agent_inputs(driving, 0, 1)[0]})
+    assert [s.tick for s in group.snapshots(group.recv())] == [0]
+    group.send_raw(pb.DriveAgentsRequest(observations=[pb.AgentObservation(session_id="layout-0")]))
+    with pytest.raises(grpc.RpcError) as err:
+        group.recv()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "snapshot_columns is False after the stream's first request chose True" in err.value.details()
 
 
 def test_drain_ends_agent_streams_and_refuses_new_agents(server, channel):
