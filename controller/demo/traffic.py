@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import grpc
 import numpy as np
@@ -65,6 +66,15 @@ class TrafficRecord:
     commanded: dict[str, list[float]] = field(default_factory=dict)  # the accel each step handed the car
 
 
+class _Command(NamedTuple):
+    """What an agent's newest snapshot tells its car: the applied action and the safety state."""
+
+    accel: float
+    steer: float
+    action_index: int
+    safety_state: int
+
+
 def agents_of(env: SimEnv, columns: Sequence[int] | None, prefix: str = "car") -> list[Agent]:
     """The agents of `columns` (None: every vehicle, the ego included) in every episode; session ids
     name the scenario, the episode's seed and the vehicle."""
@@ -108,9 +118,9 @@ class TrafficAgents:
         self._has_snapshot = np.zeros((self.world.batch, self.world.m), dtype=bool)
         self._overlap = overlapping(self.world)
         self._past_end = past_lane_end(self.world) | self.world.off_road[:, None]
-        self._latest: dict[str, pb.DecisionSnapshot] = {}
+        self._latest: dict[str, _Command] = {}
         self._lock = threading.Lock()
-        self.stream = AgentsStream(channel)
+        self.stream = AgentsStream(channel, columns=True)  # read as columns: no message per agent
         # the actual action each observation carries is the command the car's previous step applied
         self.stream.send(join=[agent_open(sid, clock, actual_controls_are_commands=True) for sid in self.agents])
         opened = self.stream.recv()
@@ -133,14 +143,25 @@ class TrafficAgents:
         for err in response.errors:
             self._drop(err.session_id, f"{err.session_id}: {_status_name(err.code)} {err.message}")
         self.record.agent_snapshots_dropped = max(self.record.agent_snapshots_dropped, response.agent_snapshots_dropped)
+        cols = response.columns
+        n = len(cols.session_id)
+        if not n:
+            return
+        # each agent's applied controls: the first two of its run in the column (accel, steer)
+        counts = cols.applied_controls_count
+        starts = np.cumsum([0, *counts[:-1]]).tolist()
+        controls = cols.applied_controls
         with self._lock:
-            for snap in response.snapshots:
-                self._latest[snap.session_id] = snap
-                self.record.snapshots += 1
-                self.record.not_nominal += snap.safety_state != pb.SAFETY_STATE_NOMINAL
-                if self.clock == pb.CLOCK_MODE_REALTIME:
-                    self.record.lateness_us.append(snap.lateness_us)
-                if self.keep:
+            for i, sid in enumerate(cols.session_id):
+                state, at = cols.safety_state[i], starts[i]
+                steer = controls[at + 1] if counts[i] >= 2 else 0.0
+                self._latest[sid] = _Command(controls[at], steer, cols.applied_index[i], state)
+                self.record.not_nominal += state != pb.SAFETY_STATE_NOMINAL
+            self.record.snapshots += n
+            if self.clock == pb.CLOCK_MODE_REALTIME:
+                self.record.lateness_us += cols.lateness_us
+            if self.keep:
+                for snap in self.stream.snapshots(response):
                     self.record.received.setdefault(snap.session_id, []).append(snap)
 
     def _read(self) -> None:
@@ -191,14 +212,13 @@ class TrafficAgents:
     def _apply(self) -> None:
         with self._lock:
             latest, self._latest = self._latest, ({} if self.clock == pb.CLOCK_MODE_LOCKSTEP else self._latest)
-        for sid, snap in latest.items():
+        for sid, cmd in latest.items():
             a = self.agents.get(sid)
             if a is None:
                 continue
-            controls = snap.applied.controls
-            self._cmd[a.row, a.col] = (controls[0], controls[1] if a.col == EGO else 0.0)
-            self._index[a.row, a.col] = snap.applied.index
-            self._state[a.row, a.col] = snap.safety_state
+            self._cmd[a.row, a.col] = (cmd.accel, cmd.steer if a.col == EGO else 0.0)
+            self._index[a.row, a.col] = cmd.action_index
+            self._state[a.row, a.col] = cmd.safety_state
             self._has_snapshot[a.row, a.col] = True
         driven = self._has_snapshot.copy()
         driven[:, EGO] = False
