@@ -302,6 +302,8 @@ class CheckBoard:
         raw = np.full((c, n), np.nan)  # NaN: no value (density: +inf too)
         threshold = np.zeros((c, n))
         veto = np.zeros((c, n), bool)
+        # the per-signal checks' scores (rows, 9), once for all their columns
+        signal_scores = None if signals is None else np.asarray(signals, np.float64)
         for j, col in enumerate(self.columns):
             kind = col.kind
             if kind is Check.DECISION_VECTOR_DENSITY or kind is Check.INPUT_DENSITY:
@@ -324,8 +326,8 @@ class CheckBoard:
             else:  # a per-signal check
                 k = SIGNAL_KINDS.index(kind)
                 threshold[j] = self.signal_thresholds[k]
-                if signals is not None:
-                    raw[j] = np.asarray(signals, np.float64)[:, k]
+                if signal_scores is not None:
+                    raw[j] = signal_scores[:, k]
                     veto[j] = raw[j] > threshold[j]  # NaN: no verdict
         fam = self._families
         no_value = np.where(finite, _NOT_APPLICABLE, _NOT_SCORED)
