@@ -67,7 +67,7 @@ class AgentsRun:
     gates: tuple[Path, ...] = DEFAULT_GATES
     realtime_priority: int | None = None
     pin: bool = True
-    columns: bool = True  # responses as SnapshotColumns; False: a DecisionSnapshot message per agent
+    columns: bool = True  # requests and responses as columns; False: a message per agent each way
 
 
 def _cpu_s(pid: int) -> float:
@@ -243,7 +243,7 @@ def _cpu_per_agent_tick(point: Result) -> float:
 
 
 def print_points(result: Result, console: Console) -> None:
-    layout = result.get("snapshot_layout", "per-agent messages")
+    layout = result.get("layout", "per-agent messages")
     table = Table(
         title=f"bench agents ({layout}): {result['duration_s']:g} s per point, load average at start {result['load']}"
     )
@@ -309,7 +309,7 @@ def bench_agents(run: AgentsRun, out_dir: Path, console: Console) -> Result:
         "model": str(run.model),
         "gates": [str(g) for g in run.gates],
         "load": load,
-        "snapshot_layout": "columns" if run.columns else "per-agent messages",
+        "layout": "columns" if run.columns else "per-agent messages",
         "points": points,
         "not_run": not_run,
         "largest_agents_keeping_time": max(kept, default=0),

@@ -18,6 +18,7 @@ import numpy as np
 
 from dualloop.controller.bench.procs import bench_inputs
 from dualloop.controller.bench.results import AgentsStreamRow
+from dualloop.controller.contract.observation_columns import columns_of_arrays
 from dualloop.controller.serve.lifecycle import new_event_loop
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
@@ -34,7 +35,7 @@ class AgentsClientSpec:
     first: int = 0
     period_s: float = 0.005
     cpus: tuple[int, ...] | None = None
-    columns: bool = True  # answered as SnapshotColumns (DriveAgentsRequest.snapshot_columns)
+    columns: bool = True  # observations as ObservationColumns, answered as SnapshotColumns
 
 
 async def _open(call: grpc.aio.StreamStreamCall, ids: list[str], columns: bool) -> None:
@@ -70,10 +71,13 @@ async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsC
             rows = drive[(offsets + seq // 2) % len(drive)] + noise * rng.standard_normal((spec.agents, noise.size))
             ts = time.monotonic_ns()
             req = pb.DriveAgentsRequest(snapshot_columns=spec.columns)
-            for sid, x in zip(ids, rows.astype(np.float32).tolist()):
-                obs = req.observations.add(session_id=sid).observation
-                obs.seq, obs.timestamp_ns = seq, ts
-                obs.features.extend(x)
+            if spec.columns:
+                req.observation_columns.CopyFrom(columns_of_arrays(ids, seq, ts, rows.astype(np.float32)))
+            else:
+                for sid, x in zip(ids, rows.astype(np.float32).tolist()):
+                    obs = req.observations.add(session_id=sid).observation
+                    obs.seq, obs.timestamp_ns = seq, ts
+                    obs.features.extend(x)
             await call.write(req)
             next_t += spec.period_s
             await asyncio.sleep(max(0.0, next_t - time.monotonic()))

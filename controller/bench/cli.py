@@ -142,9 +142,10 @@ def _add_agents_options(p: argparse.ArgumentParser) -> None:
         f"{','.join(map(str, QUICK_STREAMS))} stream, {QUICK_DURATION_S:g} s each) unless told otherwise",
     )
     p.add_argument(
-        "--per-agent-snapshots",
+        "--per-agent-messages",
         action="store_true",
-        help="bench agents: responses with a DecisionSnapshot message per agent (default: SnapshotColumns)",
+        help="bench agents: an Observation and a DecisionSnapshot message per agent (default: "
+        "ObservationColumns and SnapshotColumns)",
     )
     p.add_argument(
         "--check",
@@ -369,7 +370,7 @@ def _agents(args: argparse.Namespace) -> int:
         gates=_gate_paths(args),
         realtime_priority=args.realtime_priority or None,
         pin=not args.no_pin,
-        columns=not args.per_agent_snapshots,
+        columns=not args.per_agent_messages,
     )
     result = bench_agents(run, args.out, console)
     if args.check and result["targets_missed"]:

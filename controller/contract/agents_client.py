@@ -71,12 +71,16 @@ class AgentsStream:
         join: Iterable[pb.OpenSession] = (),
         observations: Mapping[str, pb.Observation] = {},  # noqa: B006 (never mutated)
         leave: Iterable[str] = (),
+        observation_columns: pb.ObservationColumns | None = None,
     ) -> None:
-        """One request: agents joining, one observation per agent (by session id), agents leaving."""
+        """One request: agents joining, one observation per agent (by session id, or as columns:
+        `observation_columns.columns_of_arrays`), agents leaving."""
         req = pb.DriveAgentsRequest(join=join, leave=leave, snapshot_columns=self.columns)
         for session_id, obs in observations.items():
             item = req.observations.add(session_id=session_id)
             item.observation.CopyFrom(obs)
+        if observation_columns is not None:
+            req.observation_columns.CopyFrom(observation_columns)
         self._requests.put(req)
 
     def send_raw(self, request: pb.DriveAgentsRequest) -> None:

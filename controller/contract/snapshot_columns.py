@@ -10,10 +10,11 @@ so a client (and the tests) can compare the two ways field by field.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 
+from dualloop.controller.contract.columns import check_sizes, float_runs, runs, sparse_rows
 from dualloop.controller.contract.wire import snapshot_to_proto, varint
 from dualloop.executor.snapshot import (
     CHECK_DTYPE,
@@ -29,6 +30,17 @@ from dualloop.executor.snapshot import (
 from dualloop.v2 import controller_pb2 as pb
 
 _EMPTY = np.zeros(0, np.float32)
+# the columns of an entry per agent: all but the runs (laid end to end) and the sparse ones
+_RUNS_AND_SPARSE = {
+    *("proposed_controls", "probabilities", "applied_controls", "decision_vector", "reasons", "invalid_input"),
+    *("check", "check_score", "check_threshold", "check_veto", "check_status"),
+    *("gate_score", "gate_threshold", "gate_veto", "transport_delay_ns", "observation_age_with_transport_ns"),
+}
+_PER_AGENT = tuple(
+    f.name
+    for f in pb.SnapshotColumns.DESCRIPTOR.fields
+    if f.name not in _RUNS_AND_SPARSE and not f.name.startswith("candidate_")
+)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -161,58 +173,24 @@ def _candidates(cols: pb.SnapshotColumns, snaps: Sequence[Snapshot]) -> None:
     cols.candidate_margin[:] = [c.margin for c in cands]
 
 
-class ColumnsError(ValueError):
-    """Columns whose sizes do not add up (a broken or foreign message)."""
-
-
-def _counted(counts: Sequence[int], values: Sequence[Any], what: str, n: int) -> None:
-    if len(counts) != n or sum(counts) != len(values):
-        raise ColumnsError(
-            f"SnapshotColumns.{what}: {len(counts)} counts adding to {sum(counts)} for {n} agents"
-            f" and {len(values)} values"
-        )
-
-
-def _split(counts: Sequence[int], values: Sequence[float], what: str, n: int) -> list[np.ndarray]:
-    _counted(counts, values, what, n)
-    flat = np.asarray(values, np.float32)
-    ends = np.cumsum(counts)
-    return np.split(flat, ends[:-1]) if n else []
-
-
-def _runs(counts: Sequence[int], values: Sequence[Any], what: str, n: int) -> list[list[Any]]:
-    _counted(counts, values, what, n)
-    out, at = [], 0
-    for c in counts:
-        out.append(list(values[at : at + c]))
-        at += c
-    return out
-
-
 def snapshots_from_columns(cols: pb.SnapshotColumns) -> list[pb.DecisionSnapshot]:
     """The per-agent DecisionSnapshot messages the columns hold, as a response's `snapshots` holds them."""
     n = len(cols.session_id)
-    for name in ("tick", "proposed_index", "applied_index", "safety_state", "checks_count"):
-        if len(getattr(cols, name)) != n:
-            raise ColumnsError(f"SnapshotColumns.{name}: {len(getattr(cols, name))} entries for {n} agents")
-    proposed = _split(cols.proposed_controls_count, cols.proposed_controls, "proposed_controls", n)
-    probs = _split(cols.probabilities_count, cols.probabilities, "probabilities", n)
-    applied = _split(cols.applied_controls_count, cols.applied_controls, "applied_controls", n)
-    vectors = _split(cols.decision_vector_count, cols.decision_vector, "decision_vector", n)
-    reasons = _runs(cols.reasons_count, cols.reasons, "reasons", n)
-    invalid = _runs(cols.invalid_input_count, cols.invalid_input, "invalid_input", n)
-    kinds = _runs(cols.checks_count, cols.check, "check", n)
+    check_sizes(cols, _PER_AGENT, n, "agents")
+    proposed = float_runs(cols, "proposed_controls", n)
+    probs = float_runs(cols, "probabilities", n)
+    applied = float_runs(cols, "applied_controls", n)
+    vectors = float_runs(cols, "decision_vector", n)
+    reasons = runs(cols, "reasons", "reasons_count", n)
+    invalid = runs(cols, "invalid_input", "invalid_input_count", n)
+    kinds = runs(cols, "check", "checks_count", n)
     table = np.zeros(len(cols.check), CHECK_DTYPE)
+    check_sizes(cols, ("check_score", "check_threshold", "check_veto", "check_status"), len(table), "check results")
     table["score"], table["threshold"] = cols.check_score, cols.check_threshold
     table["veto"], table["status"] = cols.check_veto, cols.check_status
     cands = _candidate_rows(cols, n)
-    gates = _where(cols.has_gate, [cols.gate_score, cols.gate_threshold, cols.gate_veto], "gate", n)
-    transport = _where(
-        cols.has_transport_delay,
-        [cols.transport_delay_ns, cols.observation_age_with_transport_ns],
-        "transport_delay_ns",
-        n,
-    )
+    gates = sparse_rows(cols, "has_gate", ("gate_score", "gate_threshold", "gate_veto"), n)
+    transport = sparse_rows(cols, "has_transport_delay", ("transport_delay_ns", "observation_age_with_transport_ns"), n)
     out, at = [], 0
     for i in range(n):
         k = cols.checks_count[i]
@@ -265,23 +243,8 @@ def snapshots_from_columns(cols: pb.SnapshotColumns) -> list[pb.DecisionSnapshot
     return out
 
 
-def _where(has: Sequence[bool], columns: Sequence[Sequence[Any]], what: str, n: int) -> list[tuple | None]:
-    """Per agent, its entries of `columns` (one per agent whose `has` is set, in agent order), or None."""
-    if len(has) != n or any(len(c) != sum(has) for c in columns):
-        raise ColumnsError(f"SnapshotColumns.{what}: the columns of {sum(has)} agents that have it, for {n} agents")
-    rows = iter(zip(*columns))
-    return [next(rows) if h else None for h in has]
-
-
 def _candidate_rows(cols: pb.SnapshotColumns, n: int) -> list[CandidateProposal | None]:
-    columns = [
-        cols.candidate_model_version,
-        cols.candidate_index,
-        cols.candidate_name,
-        cols.candidate_confidence,
-        cols.candidate_margin,
-    ]
-    rows = _where(cols.has_candidate, columns, "candidate", n)
-    held = sum(r is not None for r in rows)
-    controls = iter(_split(cols.candidate_controls_count, cols.candidate_controls, "candidate_controls", held))
+    names = ("candidate_model_version", "candidate_index", "candidate_name", "candidate_confidence", "candidate_margin")
+    rows = sparse_rows(cols, "has_candidate", names, n)
+    controls = iter(float_runs(cols, "candidate_controls", sum(r is not None for r in rows)))
     return [None if r is None else CandidateProposal(r[0], r[1], r[2], next(controls), r[3], r[4]) for r in rows]

@@ -16,6 +16,8 @@ from typing import cast
 
 import grpc
 
+from dualloop.controller.contract.columns import ColumnsError
+from dualloop.controller.contract.observation_columns import observation_message, observations_from_columns
 from dualloop.controller.contract.snapshot_columns import snapshot_columns
 from dualloop.controller.contract.wire import observation_from_proto, snapshot_to_proto
 from dualloop.controller.serve import client_strings, events
@@ -25,7 +27,7 @@ from dualloop.controller.serve.limits import session_limits
 from dualloop.controller.serve.runtime import SessionRuntime
 from dualloop.controller.serve.status import MalformedRequest, status_of
 from dualloop.executor.sessions import InvalidObservation, Session
-from dualloop.executor.snapshot import Snapshot
+from dualloop.executor.snapshot import Observation, Snapshot
 from dualloop.v2 import controller_pb2 as pb
 
 _mono_ns = time.monotonic_ns
@@ -67,6 +69,14 @@ class _AgentContext:
 class _Agent:
     call: DriveCall
     session: Session
+
+
+def _refusal(obs: pb.Observation | Observation) -> str | None:
+    """A string of the observation past its limit (its plan id)."""
+    if isinstance(obs, pb.Observation):
+        return client_strings.observation_refusal(obs)
+    refusal = client_strings.too_long("ObservationColumns.plan_id", obs.plan_id, client_strings.MAX_ID_BYTES)
+    return None if refusal is None else f"observation seq {obs.seq}: {refusal}"
 
 
 def _named(session_id: str) -> str:
@@ -140,7 +150,10 @@ class DriveAgentsCall:
             if self.clock == pb.CLOCK_MODE_REALTIME:
                 while ticker.hand_over_due():  # the deadline first; this request just after it
                     await ticker.until_tick()
-            snaps = await self._apply(msg)
+            try:
+                snaps = await self._apply(msg)
+            except ColumnsError as err:
+                return grpc.StatusCode.INVALID_ARGUMENT, f"DriveAgentsRequest.observation_columns: {err}"
             if self.outbox is not None:
                 self.outbox.notify()
                 if self._writer is None:
@@ -156,11 +169,19 @@ class DriveAgentsCall:
         snaps: list[Snapshot] = []
         seen: set[str] = set()
         ticker = self.runtime.ticker
+        realtime = self.clock == pb.CLOCK_MODE_REALTIME
         for i, item in enumerate(msg.observations):
-            if i % _YIELD_EVERY == _YIELD_EVERY - 1 and self.clock == pb.CLOCK_MODE_REALTIME:
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1 and realtime:
                 while ticker.hand_over_due():  # a large group's request must not run past a deadline
                     await ticker.until_tick()
-            snaps += self._observe(item, seen)
+            snaps += self._observe(item.session_id, seen, item.observation)
+        if msg.HasField("observation_columns"):
+            read = observations_from_columns(msg.observation_columns, _mono_ns(), time.time_ns() if realtime else 0)
+            for i, (session_id, obs) in enumerate(read):
+                if i % _YIELD_EVERY == _YIELD_EVERY - 1 and realtime:
+                    while ticker.hand_over_due():
+                        await ticker.until_tick()
+                snaps += self._observe(session_id, seen, obs)
         for session_id in msg.leave:
             if session_id in self.agents:
                 self._remove(session_id, "OK", "left")
@@ -227,10 +248,10 @@ class DriveAgentsCall:
             self.notices = pb.DriveAgentsResponse()
             self.runtime.agent_groups.add(self.outbox)
 
-    def _observe(self, item: pb.AgentObservation, seen: set[str]) -> list[Snapshot]:
-        """One agent's observation: submitted (REALTIME) or advanced (LOCKSTEP: its snapshots). An
-        invalid one ends that agent, with the status a Drive stream would have ended with."""
-        session_id = item.session_id
+    def _observe(self, session_id: str, seen: set[str], obs: pb.Observation | Observation) -> list[Snapshot]:
+        """One agent's observation (a message of `observations`, or read from `observation_columns`):
+        submitted (REALTIME) or advanced (LOCKSTEP: its snapshots). An invalid one ends that agent,
+        with the status a Drive stream would have ended with."""
         if session_id not in self.agents:
             self._error(
                 session_id,
@@ -246,23 +267,28 @@ class DriveAgentsCall:
                     f"agent {_named(session_id)}: two observations in one DriveAgentsRequest; send one per agent",
                 )
             seen.add(session_id)
-            obs_msg = item.observation
-            if (refusal := client_strings.observation_refusal(obs_msg)) is not None:
+            if (refusal := _refusal(obs)) is not None:
                 raise AgentRefused(grpc.StatusCode.INVALID_ARGUMENT, refusal)
-            snaps = self._advance(session_id, obs_msg)
+            snaps = self._advance(session_id, obs)
         except AgentRefused as err:
             self._remove(session_id, err.code.name, err.message)
             self._error(session_id, err.code, f"agent {_named(session_id)}: {err.message}")
             return []
-        self.runtime.record_observation(session_id, obs_msg)
+        if self.runtime.recorder is not None:
+            self.runtime.record_observation(
+                session_id, obs if isinstance(obs, pb.Observation) else observation_message(obs)
+            )
         return snaps
 
-    def _advance(self, session_id: str, obs_msg: pb.Observation) -> list[Snapshot]:
+    def _advance(self, session_id: str, obs: pb.Observation | Observation) -> list[Snapshot]:
+        realtime = self.clock == pb.CLOCK_MODE_REALTIME
+        if isinstance(obs, pb.Observation):
+            obs = observation_from_proto(obs, _mono_ns(), time.time_ns() if realtime else 0)
         try:
-            if self.clock == pb.CLOCK_MODE_REALTIME:
-                self.executor.submit(session_id, observation_from_proto(obs_msg, _mono_ns(), time.time_ns()))
+            if realtime:
+                self.executor.submit(session_id, obs)
                 return []
-            return self.executor.advance_lockstep(session_id, observation_from_proto(obs_msg, _mono_ns()))
+            return self.executor.advance_lockstep(session_id, obs)
         except InvalidObservation as err:
             raise AgentRefused(status_of(err), str(err)) from None
 

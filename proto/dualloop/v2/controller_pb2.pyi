@@ -688,16 +688,18 @@ class AgentObservation(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ...) -> None: ...
 
 class DriveAgentsRequest(_message.Message):
-    __slots__ = ("join", "observations", "leave", "snapshot_columns")
+    __slots__ = ("join", "observations", "leave", "observation_columns", "snapshot_columns")
     JOIN_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     LEAVE_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     join: _containers.RepeatedCompositeFieldContainer[OpenSession]
     observations: _containers.RepeatedCompositeFieldContainer[AgentObservation]
     leave: _containers.RepeatedScalarFieldContainer[str]
+    observation_columns: ObservationColumns
     snapshot_columns: bool
-    def __init__(self, join: _Optional[_Iterable[_Union[OpenSession, _Mapping]]] = ..., observations: _Optional[_Iterable[_Union[AgentObservation, _Mapping]]] = ..., leave: _Optional[_Iterable[str]] = ..., snapshot_columns: _Optional[bool] = ...) -> None: ...
+    def __init__(self, join: _Optional[_Iterable[_Union[OpenSession, _Mapping]]] = ..., observations: _Optional[_Iterable[_Union[AgentObservation, _Mapping]]] = ..., leave: _Optional[_Iterable[str]] = ..., observation_columns: _Optional[_Union[ObservationColumns, _Mapping]] = ..., snapshot_columns: _Optional[bool] = ...) -> None: ...
 
 class AgentError(_message.Message):
     __slots__ = ("session_id", "code", "message")
@@ -732,6 +734,44 @@ class DriveAgentsResponse(_message.Message):
     tick_period_ns: int
     columns: SnapshotColumns
     def __init__(self, opened: _Optional[_Iterable[_Union[SessionOpened, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[AgentError, _Mapping]]] = ..., snapshots: _Optional[_Iterable[_Union[DecisionSnapshot, _Mapping]]] = ..., left: _Optional[_Iterable[str]] = ..., tick: _Optional[int] = ..., agent_snapshots_dropped: _Optional[int] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., tick_period_ns: _Optional[int] = ..., columns: _Optional[_Union[SnapshotColumns, _Mapping]] = ...) -> None: ...
+
+class ObservationColumns(_message.Message):
+    __slots__ = ("session_id", "seq", "timestamp_ns", "features_count", "features", "sent_time_ns", "release_standstill", "has_plan", "plan_id", "plan_values_count", "plan_values", "plan_valid_for_ns", "plan_created_ns", "has_actual", "actual_index", "actual_controls_count", "actual_controls")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_NS_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    SENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_STANDSTILL_FIELD_NUMBER: _ClassVar[int]
+    HAS_PLAN_FIELD_NUMBER: _ClassVar[int]
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VALUES_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VALUES_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VALID_FOR_NS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_CREATED_NS_FIELD_NUMBER: _ClassVar[int]
+    HAS_ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_CONTROLS_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_CONTROLS_FIELD_NUMBER: _ClassVar[int]
+    session_id: _containers.RepeatedScalarFieldContainer[str]
+    seq: _containers.RepeatedScalarFieldContainer[int]
+    timestamp_ns: _containers.RepeatedScalarFieldContainer[int]
+    features_count: _containers.RepeatedScalarFieldContainer[int]
+    features: _containers.RepeatedScalarFieldContainer[float]
+    sent_time_ns: _containers.RepeatedScalarFieldContainer[int]
+    release_standstill: _containers.RepeatedScalarFieldContainer[bool]
+    has_plan: _containers.RepeatedScalarFieldContainer[bool]
+    plan_id: _containers.RepeatedScalarFieldContainer[str]
+    plan_values_count: _containers.RepeatedScalarFieldContainer[int]
+    plan_values: _containers.RepeatedScalarFieldContainer[float]
+    plan_valid_for_ns: _containers.RepeatedScalarFieldContainer[int]
+    plan_created_ns: _containers.RepeatedScalarFieldContainer[int]
+    has_actual: _containers.RepeatedScalarFieldContainer[bool]
+    actual_index: _containers.RepeatedScalarFieldContainer[int]
+    actual_controls_count: _containers.RepeatedScalarFieldContainer[int]
+    actual_controls: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, session_id: _Optional[_Iterable[str]] = ..., seq: _Optional[_Iterable[int]] = ..., timestamp_ns: _Optional[_Iterable[int]] = ..., features_count: _Optional[_Iterable[int]] = ..., features: _Optional[_Iterable[float]] = ..., sent_time_ns: _Optional[_Iterable[int]] = ..., release_standstill: _Optional[_Iterable[bool]] = ..., has_plan: _Optional[_Iterable[bool]] = ..., plan_id: _Optional[_Iterable[str]] = ..., plan_values_count: _Optional[_Iterable[int]] = ..., plan_values: _Optional[_Iterable[float]] = ..., plan_valid_for_ns: _Optional[_Iterable[int]] = ..., plan_created_ns: _Optional[_Iterable[int]] = ..., has_actual: _Optional[_Iterable[bool]] = ..., actual_index: _Optional[_Iterable[int]] = ..., actual_controls_count: _Optional[_Iterable[int]] = ..., actual_controls: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SnapshotColumns(_message.Message):
     __slots__ = ("session_id", "tick", "scheduled_time_ns", "emit_time_ns", "lateness_us", "observation_seq", "observation_age_ns", "plan_id", "plan_age_ns", "model_version", "proposed_index", "proposed_name", "proposed_controls_count", "proposed_controls", "probabilities_count", "probabilities", "confidence", "margin", "applied_index", "applied_name", "applied_controls_count", "applied_controls", "reasons_count", "reasons", "safety_state", "has_gate", "gate_score", "gate_threshold", "gate_veto", "decision_vector_count", "decision_vector", "input_hash", "preprocess_us", "forward_us", "gate_us", "postprocess_us", "shadow", "snapshots_dropped", "observations_dropped", "observation_held", "observation_period_ns", "plan_state", "plan_valid_for_ns", "checks_count", "check", "check_score", "check_threshold", "check_veto", "check_status", "snapshots_conflated_since_previous", "max_lateness_since_previous_us", "ticks_missed_since_previous", "has_transport_delay", "transport_delay_ns", "observation_age_with_transport_ns", "invalid_input_count", "invalid_input", "has_candidate", "candidate_model_version", "candidate_index", "candidate_name", "candidate_controls_count", "candidate_controls", "candidate_confidence", "candidate_margin", "hazard_lights")

@@ -18,7 +18,7 @@ def test_bench_agents_quick_reports_every_figure_and_check_names_the_missed_targ
     (result_file,) = tmp_path.glob("agents-*.json")
     result = json.loads(result_file.read_text())
     assert [(p["agents_per_stream"], p["streams"]) for p in result["points"]] == [(4, 1), (4, 2)]
-    assert result["snapshot_layout"] == "columns"  # the clients counted each agent in the columns
+    assert result["layout"] == "columns"  # the clients counted each agent in the columns
     for p in result["points"]:
         ex = p["executor"]
         assert ex is not None, p["verdict"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dualloop.controller.contract.columns import ColumnsError
 from dualloop.controller.contract.snapshot_columns import (
-    ColumnsError,
     _set_packed,
     snapshot_columns,
     snapshots_from_columns,

@@ -13,6 +13,7 @@ import pytest
 
 from dualloop.controller.contract.agents_client import AgentsStream, agent_open, observation
 from dualloop.controller.contract.client import DriveSession
+from dualloop.controller.contract.observation_columns import observation_columns
 from dualloop.controller.contract.wire import without_wall_clock
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import synthetic_log
@@ -83,8 +84,12 @@ def assert_same_decisions(batched: list[pb.DecisionSnapshot], alone: list[pb.Dec
         assert without_wall_clock(b) == without_wall_clock(a)  # and every other field, byte for byte
 
 
-@pytest.mark.parametrize("columns", [False, True], ids=["snapshots", "columns"])
-def test_lockstep_batched_equals_each_alone(shipped_channel, driving, columns):
+@pytest.mark.parametrize(
+    ("columns", "observations_as_columns"),
+    [(False, False), (True, False), (True, True)],
+    ids=["snapshots", "snapshot-columns", "both-as-columns"],
+)
+def test_lockstep_batched_equals_each_alone(shipped_channel, driving, columns, observations_as_columns):
     n_agents, n = 5, 120
     inputs = {f"agent-{i}": agent_inputs(driving, i, n) for i in range(n_agents)}
     group = AgentsStream(shipped_channel, columns=columns)
@@ -95,7 +100,11 @@ def test_lockstep_batched_equals_each_alone(shipped_channel, driving, columns):
     assert list(opened.opened[1].provided_features) == PROFILES[1]
     batched: dict[str, list] = {sid: [] for sid in inputs}
     for k in range(n):  # one request per tick, every agent's observation in it
-        group.send(observations={sid: obs[k] for sid, obs in inputs.items()})
+        tick = {sid: obs[k] for sid, obs in inputs.items()}
+        if observations_as_columns:
+            group.send(observation_columns=observation_columns(tick))
+        else:
+            group.send(observations=tick)
         response = group.recv()
         assert not response.errors
         assert response.HasField("columns") == columns and (not columns or not response.snapshots)
@@ -320,6 +329,36 @@ def test_realtime_one_response_per_tick_with_every_agent(shipped_channel, drivin
     for r in full:
         assert sorted(s.session_id for s in r.snapshots) == agents
         assert all(s.tick == r.tick for s in r.snapshots)
+
+
+def test_observation_columns_are_judged_agent_by_agent(shipped_channel, driving):
+    """An agent observed twice (a message and a column), an unknown agent, a plan id past its limit:
+    each answered for itself, the others observed; columns whose sizes do not add up end the stream."""
+    group = AgentsStream(shipped_channel, columns=True)
+    group.send(join=[agent_open(f"col-{i}", LOCKSTEP) for i in range(3)])
+    assert len(group.recv().opened) == 3
+    obs = {f"col-{i}": agent_inputs(driving, i, 1)[0] for i in range(3)}
+    long_plan = pb.Observation()
+    long_plan.CopyFrom(obs["col-2"])
+    long_plan.plan.plan_id = "p" * 200
+    cols = observation_columns(
+        {"col-0": obs["col-0"], "col-1": obs["col-1"], "ghost": obs["col-1"], "col-2": long_plan}
+    )
+    group.send(observations={"col-1": obs["col-1"]}, observation_columns=cols)
+    response = group.recv()
+    errors = {e.session_id: (e.code, e.message) for e in response.errors}
+    assert errors["col-1"][0] == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "two observations" in errors["col-1"][1]
+    assert errors["ghost"][0] == grpc.StatusCode.NOT_FOUND.value[0]
+    assert "ObservationColumns.plan_id" in errors["col-2"][1] and "128" in errors["col-2"][1]
+    # col-1's message came first (observations, then columns) and was decided before its column closed it
+    assert [s.session_id for s in group.snapshots(response)] == ["col-1", "col-0"]
+    broken = observation_columns({"col-0": agent_inputs(driving, 0, 2)[1]})
+    del broken.features[-1]
+    group.send(observation_columns=broken)
+    with pytest.raises(grpc.RpcError) as err:
+        group.recv()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "DriveAgentsRequest.observation_columns: ObservationColumns.features" in err.value.details()
 
 
 def test_a_stream_keeps_the_layout_its_first_request_chose(shipped_channel, driving):
