@@ -183,4 +183,4 @@ def test_ego_accel_supplied_another_way(drives: Path, capsys: pytest.CaptureFixt
     for report in evaluate(BASE_MODEL_PATH, absent):
         low, high = report.disagreement_interval
         assert low <= report.disagreement_ratio <= high
-        assert f"{report.disagreement_ratio:.2f} [{low:.2f}-{high:.2f}]" in printed
+        assert f"{report.disagreement_ratio:.2f}x [{low:.2f}-{high:.2f}]" in printed
