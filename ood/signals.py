@@ -195,12 +195,13 @@ class _TopTwo:
     the window after it. A window of 1 s at 200 Hz holds about 200 readings; this keeps a few.
     `max_kept`: the window also drops its oldest reading past this many (as a bounded deque)."""
 
-    __slots__ = ("entries", "added", "max_kept")
+    __slots__ = ("entries", "added", "max_kept", "_second")
 
     def __init__(self, max_kept: int | None = None) -> None:
         self.entries: list[list[Any]] = []  # [ns, value, later values at least as large, reading number]
         self.added = 0  # readings added since the last clear
         self.max_kept = max_kept
+        self._second: float | None = 0.0  # second()'s value (None: to be found again)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -208,6 +209,7 @@ class _TopTwo:
     def clear(self) -> None:
         self.entries.clear()
         self.added = 0
+        self._second = 0.0
 
     def expire(self, t: int, span_ns: int) -> bool:
         """Drop the readings `span_ns` or more before t; whether any went."""
@@ -217,30 +219,36 @@ class _TopTwo:
             n += 1
         if n:
             del entries[:n]
+            self._second = None
         return n > 0
 
     def add(self, t: int, value: float) -> None:
-        entries = self.entries
-        for entry in entries:
+        kept = []
+        for entry in self.entries:
             if entry[1] <= value:
-                entry[2] += 1
-        if any(entry[2] >= 2 for entry in entries):
-            entries[:] = [e for e in entries if e[2] < 2]
-        if self.max_kept is not None and entries and entries[0][3] < self.added + 1 - self.max_kept:
-            del entries[0]  # the bounded window's oldest reading leaves as this one comes
-        entries.append([t, value, 0, self.added])
+                if entry[2]:  # its second later reading at least as large: never one of the two again
+                    continue
+                entry[2] = 1
+            kept.append(entry)
+        if self.max_kept is not None and kept and kept[0][3] < self.added + 1 - self.max_kept:
+            del kept[0]  # the bounded window's oldest reading leaves as this one comes
+        kept.append([t, value, 0, self.added])
+        self.entries = kept
         self.added += 1
+        self._second = None
 
     def second(self) -> float:
         """The second-largest value (0.0 with fewer than two readings)."""
-        first = second = -math.inf
-        for entry in self.entries:
-            v = entry[1]
-            if v > first:
-                first, second = v, first
-            elif v > second:
-                second = v
-        return second if len(self.entries) >= 2 else 0.0
+        if self._second is None:
+            first = second = -math.inf
+            for entry in self.entries:
+                v = entry[1]
+                if v > first:
+                    first, second = v, first
+                elif v > second:
+                    second = v
+            self._second = second if len(self.entries) >= 2 else 0.0
+        return self._second
 
 
 class _UnitRun:
