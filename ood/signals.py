@@ -458,8 +458,22 @@ class SignalMonitor:
         st.last = values
         scores = (stuck, speed_accel, gap_rate, flicker, speed_repeat, gap_repeat, gap_step, rel_accel, rel_unit)
         # finite by contract (DecisionSnapshot.checks): readings near the float64 limits overflow the
-        # physics (a rate times a time); the cap still vetoes, NaN stays "no verdict"
-        return tuple(_SCORE_CAP if v > _SCORE_CAP else v for v in scores)  # type: ignore[return-value]
+        # physics (a rate times a time); the cap still vetoes, NaN stays "no verdict" (max() would
+        # not see past a NaN, hence the comparisons)
+        cap = _SCORE_CAP
+        if (
+            stuck > cap
+            or speed_accel > cap
+            or gap_rate > cap
+            or flicker > cap
+            or speed_repeat > cap
+            or gap_repeat > cap
+            or gap_step > cap
+            or rel_accel > cap
+            or rel_unit > cap
+        ):
+            return tuple(cap if v > cap else v for v in scores)  # type: ignore[return-value]
+        return scores
 
     def _stuck(self, st: _Slot, measures: tuple[bool, ...], t: int, values: list[float], last: list[float]) -> float:
         """stuck: bit-identical readings while moving (and, for the lead, a lead present)."""
