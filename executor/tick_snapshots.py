@@ -63,9 +63,7 @@ def tick_snapshots(
     tick_index, tick_ns, lateness_us, ages, periods, held, finite_rows, hashes, plan_ages, plan_states = c[:10]
     reasons, proposals, prob_rows, confs, margins, decided, decision_vectors, model_ok, gate, table_rows = c[10:]
     if gate is not None:  # as Python floats and bools, one conversion per tick rather than per row
-        gate_scores = np.asarray(gate[0], np.float64).tolist()
-        gate_thresholds = np.asarray(gate[1], np.float64).tolist()
-        gate_vetoes = gate[2].tolist()
+        gate_scores, gate_thresholds, gate_vetoes = (np.asarray(v).tolist() for v in gate[:3])
     plan_state_of = [_PLAN_STATES[int(v)] for v in plan_states]  # an Enum call costs ~1 us a row
     empty = np.zeros(0, np.float32)
     snaps = []
@@ -79,8 +77,7 @@ def tick_snapshots(
         else:
             idx, name, prop_probs, prop_controls, conf, marg = -1, "", empty, empty, 0.0, 0.0
         applied, state = decided[i]
-        s.ticks += 1
-        missed, transport = 0, None
+        s.ticks, missed, transport = s.ticks + 1, 0, None
         if s.clock is Clock.REALTIME:
             # grid indices skipped since this session's previous tick (missed deadlines)
             if s.last_tick_index is not None:
