@@ -15,7 +15,7 @@ from typing import cast
 import numpy as np
 
 from dualloop.controller.contract.columns import check_sizes, float_runs, runs, sparse_rows
-from dualloop.controller.contract.wire import snapshot_to_proto, varint
+from dualloop.controller.contract.wire import saturated_float32, snapshot_to_proto, varint
 from dualloop.executor.snapshot import (
     CHECK_DTYPE,
     AppliedAction,
@@ -41,7 +41,6 @@ _PER_AGENT = tuple(
     for f in pb.SnapshotColumns.DESCRIPTOR.fields
     if f.name not in _RUNS_AND_SPARSE and not f.name.startswith("candidate_")
 )
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 # a packed repeated field's element as little-endian bytes: float, double, fixed64, and varints below 128
@@ -127,9 +126,7 @@ def _gates(cols: pb.SnapshotColumns, snaps: Sequence[Snapshot]) -> None:
     cols.has_gate[:] = [s.gate_score is not None for s in snaps]
     if not gated:
         return
-    score = np.array([s.gate_score for s in gated], np.float64)
-    # as saturated_float32: a finite score past float32's range is its largest, not +-Inf
-    cols.gate_score[:] = np.where(np.isfinite(score), np.clip(score, -_FLOAT32_MAX, _FLOAT32_MAX), score).tolist()
+    cols.gate_score[:] = [saturated_float32(s.gate_score) for s in gated]  # type: ignore[arg-type]
     cols.gate_threshold[:] = [s.gate_threshold or 0.0 for s in gated]
     cols.gate_veto[:] = [s.gate_veto for s in gated]
 

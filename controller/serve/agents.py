@@ -170,18 +170,17 @@ class DriveAgentsCall:
         seen: set[str] = set()
         ticker = self.runtime.ticker
         realtime = self.clock == pb.CLOCK_MODE_REALTIME
-        for i, item in enumerate(msg.observations):
+        observed: list[tuple[str, pb.Observation | Observation]] = [
+            (item.session_id, item.observation) for item in msg.observations
+        ]
+        if msg.HasField("observation_columns"):
+            wall = time.time_ns() if realtime else 0
+            observed += observations_from_columns(msg.observation_columns, _mono_ns(), wall)
+        for i, (session_id, obs) in enumerate(observed):
             if i % _YIELD_EVERY == _YIELD_EVERY - 1 and realtime:
                 while ticker.hand_over_due():  # a large group's request must not run past a deadline
                     await ticker.until_tick()
-            snaps += self._observe(item.session_id, seen, item.observation)
-        if msg.HasField("observation_columns"):
-            read = observations_from_columns(msg.observation_columns, _mono_ns(), time.time_ns() if realtime else 0)
-            for i, (session_id, obs) in enumerate(read):
-                if i % _YIELD_EVERY == _YIELD_EVERY - 1 and realtime:
-                    while ticker.hand_over_due():
-                        await ticker.until_tick()
-                snaps += self._observe(session_id, seen, obs)
+            snaps += self._observe(session_id, seen, obs)
         for session_id in msg.leave:
             if session_id in self.agents:
                 self._remove(session_id, "OK", "left")
@@ -320,12 +319,19 @@ class DriveAgentsCall:
             if tally is not None:
                 tally(snap)
         notices, self.notices = self.notices, pb.DriveAgentsResponse()
-        if self.columns:
-            response = agents_columns_bytes(notices, [snapshot_columns(snaps).SerializeToString()] if snaps else [])
-        else:
-            response = agents_response_bytes(notices, [snapshot_to_proto(snap) for snap in snaps])
-        await self.context.write(response)
+        await self.context.write(self._response(notices, self._encode(snaps)))
         self._count_sent(snaps)
+
+    def _encode(self, snaps: list[Snapshot]) -> list:
+        """Some of a response's snapshots in the stream's layout: a piece of the columns' bytes, or
+        a message per snapshot."""
+        if self.columns:
+            return [snapshot_columns(snaps).SerializeToString()]
+        return [snapshot_to_proto(snap) for snap in snaps]
+
+    def _response(self, notices: pb.DriveAgentsResponse, parts: list) -> bytes:
+        """The response's bytes: the notices with the snapshots `_encode` made."""
+        return agents_columns_bytes(notices, parts) if self.columns else agents_response_bytes(notices, parts)
 
     async def _write_realtime(self, outbox: AgentsOutbox) -> None:
         """The newest tick's snapshots of every agent, with the notices since the previous response."""
@@ -342,17 +348,10 @@ class DriveAgentsCall:
                     while ticker.hand_over_due():  # converting a large group's tick must not delay the next
                         await ticker.until_tick()
                 t0 = time.perf_counter_ns()
-                some = snaps[start : start + piece]
-                if self.columns:
-                    parts.append(snapshot_columns(some).SerializeToString())
-                else:
-                    parts += [snapshot_to_proto(snap) for snap in some]
+                parts += self._encode(snaps[start : start + piece])
                 stats.stream_ns += time.perf_counter_ns() - t0
             notices.tick, notices.agent_snapshots_dropped = tick, outbox.dropped
-            if self.columns:
-                await self.context.write(agents_columns_bytes(notices, parts))
-            else:
-                await self.context.write(agents_response_bytes(notices, parts))
+            await self.context.write(self._response(notices, parts))
             self._count_sent(snaps)
 
     async def _stop_writer(self) -> None:
