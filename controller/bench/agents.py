@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from dualloop.controller.bench.agents_clients import AgentsClientSpec
+from dualloop.controller.bench.drives import STAGGER_S, fits_simulator, nominal_drives
 from dualloop.controller.bench.harness import (
     DROPPED_BOUND,
     P99_BOUND_US,
@@ -40,6 +42,7 @@ from dualloop.controller.bench.harness import (
 from dualloop.controller.bench.procs import BareSpec, pin_threads
 from dualloop.controller.bench.results import AgentsStreamRow
 from dualloop.controller.server_process import ServerProcess, serve_shipped
+from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 
@@ -54,6 +57,7 @@ _OPEN_TIMEOUT_S = 120.0
 # an overloaded server's loop serves its ticks first: GetStats may wait long for a gap
 _STATS_TIMEOUT_S = 60.0
 _START_SLACK_S = 3.0  # clients stream this much longer than the window (start skew, the bare ticker's start)
+AGENT_DRIVES = 8  # simulated drives the agents share, each agent from its own place
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,9 @@ async def _wait_open(server: ServerProcess, total: int, clients: list[asyncio.su
         await asyncio.sleep(0.1)
 
 
-async def _measure(server: ServerProcess, agents: int, streams: int, run: AgentsRun) -> dict[str, Any]:
+async def _measure(
+    server: ServerProcess, agents: int, streams: int, run: AgentsRun, drives_file: Path | None
+) -> dict[str, Any]:
     """The clients, then (all agents open) the window: GetStats reset, the bare ticker, CPU before and after."""
     plan = cpu_plan(machine_cpus(), 1, run.pin)
     if plan.servers[0]:
@@ -97,7 +103,14 @@ async def _measure(server: ServerProcess, agents: int, streams: int, run: Agents
     clients = []
     for k in range(streams):
         spec = AgentsClientSpec(
-            server.address, 1, agents, run.duration_s + _START_SLACK_S, first=k, cpus=cpus, columns=run.columns
+            server.address,
+            1,
+            agents,
+            run.duration_s + _START_SLACK_S,
+            first=k,
+            cpus=cpus,
+            columns=run.columns,
+            drives_file=None if drives_file is None else str(drives_file),
         )
         clients.append(await start_module("dualloop.controller.bench.agents_clients", json.dumps(asdict(spec))))
     await _wait_open(server, agents * streams, clients)
@@ -129,7 +142,7 @@ async def _measure(server: ServerProcess, agents: int, streams: int, run: Agents
     }
 
 
-def _point(agents: int, streams: int, run: AgentsRun) -> Result:
+def _point(agents: int, streams: int, run: AgentsRun, drives_file: Path | None) -> Result:
     """One point of the sweep: its own server, clients and bare ticker; figures and verdict."""
     total = agents * streams
     config: dict[str, Any] = {
@@ -141,7 +154,7 @@ def _point(agents: int, streams: int, run: AgentsRun) -> Result:
     }
     try:
         with tempfile.TemporaryDirectory() as tmp, serve_shipped(Path(tmp), config) as server:
-            m = asyncio.run(_measure(server, agents, streams, run))
+            m = asyncio.run(_measure(server, agents, streams, run, drives_file))
     except (RuntimeError, grpc.RpcError) as err:  # an overloaded server is a finding: the sweep goes on
         why = err.details() if isinstance(err, grpc.Call) else str(err)
         failure = f"the run failed: {type(err).__name__}: {str(why)[:300]}"
@@ -152,6 +165,7 @@ def _point(agents: int, streams: int, run: AgentsRun) -> Result:
     rows: list[AgentsStreamRow] = m["rows"]
     received = sum(r["agent_snapshots_received"] for r in rows)
     dropped = sum(r["agent_snapshots_dropped"] for r in rows)
+    nominal = sum(r["agent_snapshots_nominal"] for r in rows)
     client_cpu = sum({r["stream"]: r["client_process_cpu_s"] for r in rows}.values())
     point: Result = {
         "agents_per_stream": agents,
@@ -177,6 +191,7 @@ def _point(agents: int, streams: int, run: AgentsRun) -> Result:
         "agent_snapshots_received": received,
         "agent_snapshots_dropped": dropped,
         "dropped_fraction": dropped / max(received + dropped, 1),
+        "nominal_share": nominal / max(received, 1),
         "client_send_rate_hz": min(r["send_rate_hz"] for r in rows),
         "clients_cpu_fraction": client_cpu / m["wall_s"],
         "agent_errors": sum(r["agent_errors"] for r in rows),
@@ -248,12 +263,12 @@ def print_points(result: Result, console: Console) -> None:
         title=f"bench agents ({layout}): {result['duration_s']:g} s per point, load average at start {result['load']}"
     )
     columns = ("agents/stream", "streams", "agents", "missed", "bare missed", "p50 us", "p99 us", "bare p99 us")
-    for col in (*columns, "dropped", "CPU us/agent-tick", "CPU us/tick", "server CPU", "send Hz", "verdict"):
+    for col in (*columns, "dropped", "NOMINAL", "CPU us/agent-tick", "CPU us/tick", "server CPU", "send Hz", "verdict"):
         table.add_column(col, justify="right")
     for p in result["points"]:
         ex, bare = p["executor"], p.get("bare_ticker")
         if ex is None or bare is None:
-            table.add_row(str(p["agents_per_stream"]), str(p["streams"]), str(p["agents"]), *["-"] * 11, "failed")
+            table.add_row(str(p["agents_per_stream"]), str(p["streams"]), str(p["agents"]), *["-"] * 12, "failed")
             continue
         table.add_row(
             str(p["agents_per_stream"]),
@@ -265,6 +280,7 @@ def print_points(result: Result, console: Console) -> None:
             f"{ex['lateness_us']['p99']:.0f}",
             f"{bare['lateness_us']['p99']:.0f}",
             f"{p['dropped_fraction']:.3%}",
+            f"{p['nominal_share']:.1%}",
             f"{ex['cpu_us_per_agent_tick']:.2f}",
             f"{ex['cpu_us_per_tick']:.0f}",
             f"{ex['cpu_fraction']:.0%}",
@@ -285,15 +301,34 @@ def print_points(result: Result, console: Console) -> None:
     )
 
 
+def _simulate_drives(run: AgentsRun, folder: Path, console: Console) -> Path | None:
+    """The agents' drives (bench.drives), long enough for every agent's start and the whole window,
+    saved for the clients processes; None for a model that does not read the simulator's features."""
+    if not fits_simulator(DecisionModel(run.model).card.feature_names):
+        console.print(f"{run.model.name} does not read the simulator's features: agents send its card's means")
+        return None
+    seconds = run.duration_s + _START_SLACK_S + STAGGER_S + 1.0
+    with console.status(f"simulating {AGENT_DRIVES} nominal drives of {seconds:g} s for the agents"):
+        drives = nominal_drives(AGENT_DRIVES, 0, seconds)
+    np.save(folder / "drives.npy", drives)
+    return folder / "drives.npy"
+
+
 def bench_agents(run: AgentsRun, out_dir: Path, console: Console) -> Result:
     """The sweep, stored as runs/bench/agents-<time>.json and printed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        drives_file = _simulate_drives(run, Path(tmp), console)
+        return _sweep(run, out_dir, console, drives_file)
+
+
+def _sweep(run: AgentsRun, out_dir: Path, console: Console, drives_file: Path | None) -> Result:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     points, not_run = [], []
     for streams in run.streams:  # as bench tick --sweep: each row up to the first count that does not keep time
         counts = sorted(run.agents)
         for i, agents in enumerate(counts):
             console.print(f"bench agents: {streams} stream(s) of {agents} agents for {run.duration_s:g} s ...")
-            points.append(_point(agents, streams, run))
+            points.append(_point(agents, streams, run, drives_file))
             if not points[-1]["verdict"]["met"]:
                 if counts[i + 1 :]:
                     not_run.append(

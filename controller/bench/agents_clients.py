@@ -1,8 +1,9 @@
 """The clients process of `dualloop bench agents`, started as `python -m
 dualloop.controller.bench.agents_clients SPEC`: DriveAgents streams of REALTIME agents, each stream
-sending one request per tick period holding every agent's observation (a sensor at the tick rate,
-the real drive with the simulator's sensor noise, each agent at its own place in it) and reading
-every response. Prints one JSON line: an AgentsStreamRow per stream."""
+sending one request per tick period holding every agent's observation (a sensor at the tick rate:
+the simulated nominal drives of `bench.drives`, each agent at its own place in one, moving on with
+the clock so that a late request carries the reading of its time) and reading every response.
+Prints one JSON line: an AgentsStreamRow per stream."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from dualloop.controller.bench.procs import bench_inputs
+from dualloop.controller.bench.drives import STAGGER_S
 from dualloop.controller.bench.results import AgentsStreamRow
 from dualloop.controller.contract.observation_columns import columns_of_arrays
 from dualloop.controller.serve.lifecycle import new_event_loop
@@ -36,6 +37,25 @@ class AgentsClientSpec:
     period_s: float = 0.005
     cpus: tuple[int, ...] | None = None
     columns: bool = True  # observations as ObservationColumns, answered as SnapshotColumns
+    drives_file: str | None = None  # .npy of (drives, ticks, features); None: near the card's means
+    seed: int = 0
+
+
+_NOMINAL = pb.SAFETY_STATE_NOMINAL
+
+
+def sensor_slot(previous: int, elapsed_ns: int, period_ns: int) -> int:
+    """The slot (periods since the first) of the reading to send `elapsed_ns` after the first: the
+    newest that is due, and always after the `previous` one sent."""
+    return max(previous + 1, elapsed_ns // period_ns)
+
+
+def _drives(spec: AgentsClientSpec, info: pb.ModelInfo) -> np.ndarray:
+    """(drives, ticks, features) float32: the spec's simulated drives, or for a model that does not
+    read the simulator's features, one unmoving reading at the card's normalisation means."""
+    if spec.drives_file is not None:
+        return np.load(spec.drives_file).astype(np.float32)
+    return np.array([[[f.mean for f in info.features]]], np.float32)
 
 
 async def _open(call: grpc.aio.StreamStreamCall, ids: list[str], columns: bool) -> None:
@@ -56,49 +76,54 @@ async def _open(call: grpc.aio.StreamStreamCall, ids: list[str], columns: bool) 
 
 async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsClientSpec) -> AgentsStreamRow:
     info = (await stub.GetModelInfo(pb.GetModelInfoRequest())).model
-    drive, noise = bench_inputs(info)
-    rng = np.random.default_rng(index)
+    drives = _drives(spec, info)
+    rng = np.random.default_rng([spec.seed, index])
     ids = [f"s{index}-a{i}" for i in range(spec.agents)]
-    offsets = np.arange(spec.agents) * 997 % len(drive)
+    which = np.arange(spec.agents) % len(drives)
+    last = drives.shape[1] - 1
+    offsets = rng.integers(0, max(1, min(int(STAGGER_S / spec.period_s), last)), spec.agents)
     call = stub.DriveAgents()
     await _open(call, ids, spec.columns)
     stop_at = time.monotonic() + spec.duration_s
 
-    async def send() -> int:
-        seq, next_t = 0, time.monotonic()
+    async def send() -> tuple[int, float]:
+        # one reading per period, stamped with its sensor time; a sender woken late sends the reading
+        # of its time and skips those it missed (a stalled sensor's old readings are superseded), never
+        # a burst of them; a drive is held at its end rather than wrapped round
+        seq, period_ns, t0_ns, place = 0, round(spec.period_s * 1e9), time.monotonic_ns(), -1
         while time.monotonic() < stop_at:
             seq += 1
-            rows = drive[(offsets + seq // 2) % len(drive)] + noise * rng.standard_normal((spec.agents, noise.size))
-            ts = time.monotonic_ns()
+            place = sensor_slot(place, time.monotonic_ns() - t0_ns, period_ns)
+            ts = t0_ns + place * period_ns
+            rows = drives[which, np.minimum(offsets + place, last)]
             req = pb.DriveAgentsRequest(snapshot_columns=spec.columns)
             if spec.columns:
-                req.observation_columns.CopyFrom(columns_of_arrays(ids, seq, ts, rows.astype(np.float32)))
+                req.observation_columns.CopyFrom(columns_of_arrays(ids, seq, ts, rows))
             else:
-                for sid, x in zip(ids, rows.astype(np.float32).tolist()):
+                for sid, x in zip(ids, rows.tolist()):
                     obs = req.observations.add(session_id=sid).observation
                     obs.seq, obs.timestamp_ns = seq, ts
                     obs.features.extend(x)
             await call.write(req)
-            next_t += spec.period_s
-            await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+            await asyncio.sleep(max(0.0, (ts + period_ns - time.monotonic_ns()) * 1e-9))
         await call.done_writing()
-        return seq
+        return seq, (time.monotonic_ns() - t0_ns) * 1e-9
 
-    t0 = time.monotonic()
     sender = asyncio.create_task(send())
-    responses = received = dropped = gaps = errors = 0
+    responses = received = dropped = gaps = errors = nominal = 0
     last_tick = None
     while (response := await call.read()) is not grpc.aio.EOF:
         responses += 1
         errors += len(response.errors)
-        count = len(response.columns.session_id) if spec.columns else len(response.snapshots)
-        if count:
-            received += count
+        states = response.columns.safety_state if spec.columns else [s.safety_state for s in response.snapshots]
+        if states:
+            received += len(states)
+            nominal += sum(state == _NOMINAL for state in states)
             dropped = response.agent_snapshots_dropped
             if last_tick is not None and response.tick != last_tick + 1:
                 gaps += 1
             last_tick = response.tick
-    sent = await sender
+    sent, sending_s = await sender
     return AgentsStreamRow(
         stream=index,
         agents=spec.agents,
@@ -106,9 +131,10 @@ async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsC
         responses=responses,
         agent_snapshots_received=received,
         agent_snapshots_dropped=dropped,
+        agent_snapshots_nominal=nominal,
         tick_gaps=gaps,
         agent_errors=errors,
-        send_rate_hz=sent / max(time.monotonic() - t0, 1e-9),
+        send_rate_hz=sent / max(sending_s, 1e-9),
         client_process_cpu_s=0.0,
     )
 

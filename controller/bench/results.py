@@ -89,7 +89,8 @@ class AgentsStreamRow(TypedDict):
     responses: int
     agent_snapshots_received: int
     agent_snapshots_dropped: int  # the server's count, from the stream's last response
+    agent_snapshots_nominal: int  # of those received, NOMINAL (the path measured: a veto takes the fallback's)
     tick_gaps: int  # responses whose tick was not the previous one's + 1
     agent_errors: int
-    send_rate_hz: float
+    send_rate_hz: float  # requests over the time the stream sent them (its drain after the last not counted)
     client_process_cpu_s: float

@@ -25,6 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from dualloop.controller.bench.drives import Drive, drive_seconds, nominal_drive
 from dualloop.controller.bench.harness import store_result
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.contract.wire import observation_from_proto, snapshot_response, snapshot_to_proto
@@ -32,8 +33,6 @@ from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import SafetyState
-from dualloop.sim.env import run_expert_batch
-from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
 from dualloop.v2 import controller_pb2 as pb
 
 SESSION_COUNTS = (8, 16, 32, 64)
@@ -42,32 +41,9 @@ STAGES = ("read", "model", "rules", "stream", "total", "bare_forward")
 _cpu_ns = time.thread_time_ns
 
 
-class Drive(NamedTuple):
-    """One simulated nominal drive, every 5 ms: what the sensors reported and the acceleration command
-    the ego was executing when each observation was taken (what a shadow stack sends as `actual`)."""
-
-    features: np.ndarray  # (ticks, features)
-    commands: np.ndarray  # (ticks,) m/s^2
-
-
-def nominal_drive(seed: int = 0, seconds: float = 10.0) -> Drive:
-    """One simulated nominal drive (the sessions replay it in a loop)."""
-    _, data = run_expert_batch("nominal_cruise", [seed + 1], see_lane_ends=TRAINING_SEES_LANE_ENDS, duration_s=seconds)
-    assert data.applied is not None  # the simulator records the command in effect
-    # the first observation precedes any command: the expert's first one stands in for it
-    commands = np.nan_to_num(data.applied[0, :, 0], nan=float(data.controls[0, 0, 0]))
-    valid = data.valid[0]
-    return Drive(data.features[0][valid], commands[valid])
-
-
 class RulesPoint(NamedTuple):
     cpu_us: dict[str, dict[str, float]]  # per stage: p50, p99
     nominal_share: float  # of the snapshots after warm-up
-
-
-def drive_seconds(ticks: int) -> float:
-    """A drive long enough for `ticks` of 5 ms from any of 10 s of starting places."""
-    return ticks * 0.005 + 10.0
 
 
 def _requests(model: DecisionModel, drive: Drive, sessions: int, ticks: int, seed: int) -> list[list[bytes]]:

@@ -36,6 +36,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from dualloop.controller.bench.drives import nominal_drives
 from dualloop.controller.bench.harness import (
     CpuPlan,
     Result,
@@ -50,8 +51,6 @@ from dualloop.controller.bench.procs import BareSpec, pin_threads
 from dualloop.controller.serve.lifecycle import new_event_loop
 from dualloop.controller.server_process import ProcSample, ServerProcess, probe_session, serve_shipped, wait_until
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
-from dualloop.sim.env import ActionNoise, run_expert_batch
-from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
@@ -97,27 +96,7 @@ def memory_verdict(times_s: Sequence[float], rss_mb: Sequence[float], duration_s
 
 
 EPISODE_S = 30.0  # one client session per simulated drive: a soak also opens and closes sessions
-SOAK_SCENARIO = "dense_traffic"
 SOAK_DRIVES = 8  # drives the client slots share, each slot from its own offset
-
-
-def nominal_drives(count: int, seed: int, duration_s: float = EPISODE_S) -> np.ndarray:
-    """Simulated nominal drives, (count, ticks, features): the expert in dense traffic with the
-    training data's action noise, every 5 ms observation; what the shipped model and gates were made
-    for (a soak that vetoed every tick would run the fallback path, not the one users run). Dense
-    traffic, because its drives last the whole duration (a cruise may end early at the road's end)."""
-    seeds = [seed + k for k in range(count)]
-    _, data = run_expert_batch(
-        SOAK_SCENARIO,
-        seeds,
-        every=1,
-        noise=ActionNoise(),
-        see_lane_ends=TRAINING_SEES_LANE_ENDS,
-        duration_s=duration_s,
-    )
-    rows = [data.features[k][data.valid[k]] for k in range(count)]
-    n = min(len(r) for r in rows)
-    return np.stack([r[:n] for r in rows]).astype(np.float32)
 
 
 @dataclass
@@ -317,7 +296,7 @@ def _serve_and_soak(run: SoakRun, plan: CpuPlan, console: Console) -> dict[str, 
     with tempfile.TemporaryDirectory() as tmp:
         count = min(SOAK_DRIVES, run.sessions)
         with console.status(f"simulating {count} drives of {EPISODE_S:g} s for the clients"):
-            drives = nominal_drives(count, 0)
+            drives = nominal_drives(count, 0, EPISODE_S)
         drives_file = Path(tmp) / "drives.npy"
         np.save(drives_file, drives)
         with serve_shipped(Path(tmp), config) as server:

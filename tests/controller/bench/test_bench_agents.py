@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dualloop.controller.bench.agents import TARGET_AGENTS, agents_verdict, check_targets
+from dualloop.controller.bench.agents_clients import sensor_slot
 from dualloop.controller.cli import main
 
 
@@ -25,6 +26,7 @@ def test_bench_agents_quick_reports_every_figure_and_check_names_the_missed_targ
         assert ex["ticks"] > 50 and ex["cpu_us_per_agent_tick"] > 0 and {"p50", "p99"} <= set(ex["lateness_us"])
         assert p["bare_ticker"]["ticks"] > 50
         assert p["agent_snapshots_received"] > 50 * p["agents"] and p["agent_errors"] == 0
+        assert 0.0 <= p["nominal_share"] <= 1.0  # the path measured (no bound: a loaded machine delays clients)
         assert len(p["streams_detail"]) == p["streams"]
         assert isinstance(p["verdict"]["met"], bool)
     out = capsys.readouterr().out
@@ -57,3 +59,18 @@ def test_check_names_each_missed_target():
     assert len(missed) == 2 and "did not keep time" in missed[0] and "9.0 us at 512 agents > 5 us" in missed[1]
     floor = _point(TARGET_AGENTS, 0, 3, 300.0, 0.0, 4.0)  # the machine, not the server: no verdict
     assert not floor["verdict"]["met"] and "floor itself did not keep time" in floor["verdict"]["failures"][0]
+
+
+def test_a_late_sender_sends_the_reading_of_its_time_never_a_burst_of_old_ones():
+    """A sender that sent slot 0 and woke 23 ms later, on a 5 ms grid, sends slot 4 (the newest due)
+    and then slot 5: not slots 1-4 back to back, whose near-equal send times would read as a step of every signal in no
+    time (the change check vetoes that), and never one slot twice (the freeze check's repeats)."""
+    period = 5_000_000
+    assert sensor_slot(-1, 0, period) == 0
+    assert sensor_slot(0, 23_000_000, period) == 4
+    assert sensor_slot(4, 25_000_000, period) == 5
+    assert sensor_slot(5, 25_000_001, period) == 6  # woken early: the next slot, not the same one
+    slots = [-1]
+    for elapsed in (0, 5_000_000, 9_999_999, 40_000_000, 40_000_000, 45_000_000):
+        slots.append(sensor_slot(slots[-1], elapsed, period))
+    assert slots[1:] == [0, 1, 2, 8, 9, 10] and len(set(slots)) == len(slots)

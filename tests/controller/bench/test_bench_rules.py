@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 
-from dualloop.controller.bench.rules import STAGES, bench_rules, bench_rules_table, drive_seconds, nominal_drive
+from dualloop.controller.bench.drives import drive_seconds, nominal_drive
+from dualloop.controller.bench.rules import STAGES, bench_rules, bench_rules_table
 from dualloop.controller.cli import main
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.executor.model_runner import DecisionModel
