@@ -403,14 +403,15 @@ class SignalMonitor:
         self, x: npt.NDArray[Any], slots: Sequence[int], fresh: Sequence[bool], times: Sequence[int]
     ) -> list[Scores]:
         """Each row's nine scores (NaN: no verdict) after this tick; rows x (batch, features) raw inputs."""
-        item = x.item
         at = self.at
+        # every row's five readings as Python floats in one conversion (the schema has them all)
+        rows = x[:, at].tolist() if min(at) >= 0 else [[r[a] if a >= 0 else _NAN for a in at] for r in x.tolist()]
+        states, measures, update = self._slots, self._measures, self._update
         out = []
-        for i, (slot, is_fresh, t) in enumerate(zip(slots, fresh, times)):
-            state = self._slots[slot]
+        for slot, is_fresh, t, values in zip(slots, fresh, times, rows):
+            state = states[slot]
             if is_fresh:
-                values = [item(i, a) if a >= 0 else _NAN for a in at]
-                state.out = self._update(state, self._measures[slot], int(t), values)
+                state.out = update(state, measures[slot], int(t), values)
             out.append(state.out)
         return out
 
@@ -477,19 +478,19 @@ class SignalMonitor:
 
     def _stuck(self, st: _Slot, measures: tuple[bool, ...], t: int, values: list[float], last: list[float]) -> float:
         """stuck: bit-identical readings while moving (and, for the lead, a lead present)."""
-        speed, present = values[0], values[2]
-        moving = speed == speed and abs(speed) > self.settings.moving_speed
-        lead = measures[2] and present == 1.0
+        speed = values[0]
+        moving = speed == speed and abs(speed) > self.settings.moving_speed and st.t >= 0
+        lead = moving and measures[2] and values[2] == 1.0
+        runs = st.run_start
         stuck = 0.0
-        for j, (idx, measured, cond) in enumerate(
-            ((0, True, moving), (3, measures[3], moving and lead), (4, measures[4], moving and lead))
-        ):
-            if measured and cond and st.t >= 0 and values[idx] == last[idx]:  # a repeat
-                if st.run_start[j] < 0:
-                    st.run_start[j] = st.t  # the run began with the previous reading
-                stuck = max(stuck, (t - st.run_start[j]) * 1e-9)
+        # (run, reading, judged): the speed while moving, the gap and the relative speed also with a lead
+        for j, idx, judged in ((0, 0, moving), (1, 3, lead and measures[3]), (2, 4, lead and measures[4])):
+            if judged and values[idx] == last[idx]:  # a repeat
+                if runs[j] < 0:
+                    runs[j] = st.t  # the run began with the previous reading
+                stuck = max(stuck, (t - runs[j]) * 1e-9)
             else:
-                st.run_start[j] = -1
+                runs[j] = -1
         return stuck
 
     @staticmethod
@@ -605,7 +606,8 @@ class SignalMonitor:
             return _NAN
         last, st.rel_last = st.rel_last, (t, distance, rel)
         top = st.rel_top
-        changed = top.expire(t, self._hold_ns)
+        entries = top.entries
+        changed = bool(entries) and t - entries[0][0] >= self._hold_ns and top.expire(t, self._hold_ns)
         if last is not None:
             t1, g1, r1 = last
             dt = (t - t1) * 1e-9
@@ -617,7 +619,7 @@ class SignalMonitor:
                     top.add(t, rate)
                     changed = True
         if changed:
-            st.rel_score = float(top.second())
+            st.rel_score = top.second()
         return st.rel_score
 
     def _rel_unit(self, st: _Slot, t: int, values: list[float], last: list[float], stuck_s: float) -> float:
@@ -675,8 +677,10 @@ class SignalMonitor:
                 jumps.clear()
             elif e >= s.gap_floor_m:
                 jumps.add(t, e)
-        jumps.expire(t, self._gap_window_ns)
-        if len(jumps) >= 2:  # the second-largest innovation in the window
+        entries = jumps.entries
+        if entries and t - entries[0][0] >= self._gap_window_ns:
+            jumps.expire(t, self._gap_window_ns)
+        if len(jumps.entries) >= 2:  # the second-largest innovation in the window
             gap_rate = jumps.second()
         st.gap = (t, distance, rel)
         return gap_rate

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from dualloop.controller.bench.agents_clients import AgentsClientSpec
-from dualloop.controller.bench.drives import STAGGER_S, fits_simulator, nominal_drives
+from dualloop.controller.bench.drives import save_session_drives
 from dualloop.controller.bench.harness import (
     DROPPED_BOUND,
     P99_BOUND_US,
@@ -57,7 +56,6 @@ _OPEN_TIMEOUT_S = 120.0
 # an overloaded server's loop serves its ticks first: GetStats may wait long for a gap
 _STATS_TIMEOUT_S = 60.0
 _START_SLACK_S = 3.0  # clients stream this much longer than the window (start skew, the bare ticker's start)
-AGENT_DRIVES = 8  # simulated drives the agents share, each agent from its own place
 
 
 @dataclass(frozen=True)
@@ -301,23 +299,14 @@ def print_points(result: Result, console: Console) -> None:
     )
 
 
-def _simulate_drives(run: AgentsRun, folder: Path, console: Console) -> Path | None:
-    """The agents' drives (bench.drives), long enough for every agent's start and the whole window,
-    saved for the clients processes; None for a model that does not read the simulator's features."""
-    if not fits_simulator(DecisionModel(run.model).card.feature_names):
-        console.print(f"{run.model.name} does not read the simulator's features: agents send its card's means")
-        return None
-    seconds = run.duration_s + _START_SLACK_S + STAGGER_S + 1.0
-    with console.status(f"simulating {AGENT_DRIVES} nominal drives of {seconds:g} s for the agents"):
-        drives = nominal_drives(AGENT_DRIVES, 0, seconds)
-    np.save(folder / "drives.npy", drives)
-    return folder / "drives.npy"
-
-
 def bench_agents(run: AgentsRun, out_dir: Path, console: Console) -> Result:
     """The sweep, stored as runs/bench/agents-<time>.json and printed."""
     with tempfile.TemporaryDirectory() as tmp:
-        drives_file = _simulate_drives(run, Path(tmp), console)
+        names = DecisionModel(run.model).card.feature_names
+        with console.status("simulating the agents' nominal drives"):
+            drives_file = save_session_drives(names, run.duration_s + _START_SLACK_S + 1.0, Path(tmp))
+        if drives_file is None:
+            console.print(f"{run.model.name} does not read the simulator's features: agents send its card's means")
         return _sweep(run, out_dir, console, drives_file)
 
 

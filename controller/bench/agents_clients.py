@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from dualloop.controller.bench.drives import STAGGER_S
+from dualloop.controller.bench.drives import STAGGER_S, sensor_slot
+from dualloop.controller.bench.procs import bench_inputs
 from dualloop.controller.bench.results import AgentsStreamRow
 from dualloop.controller.contract.observation_columns import columns_of_arrays
 from dualloop.controller.serve.lifecycle import new_event_loop
@@ -37,25 +38,11 @@ class AgentsClientSpec:
     period_s: float = 0.005
     cpus: tuple[int, ...] | None = None
     columns: bool = True  # observations as ObservationColumns, answered as SnapshotColumns
-    drives_file: str | None = None  # .npy of (drives, ticks, features); None: near the card's means
+    drives_file: str | None = None  # .npy of (drives, ticks, features) (bench.drives); None: near the card's means
     seed: int = 0
 
 
 _NOMINAL = pb.SAFETY_STATE_NOMINAL
-
-
-def sensor_slot(previous: int, elapsed_ns: int, period_ns: int) -> int:
-    """The slot (periods since the first) of the reading to send `elapsed_ns` after the first: the
-    newest that is due, and always after the `previous` one sent."""
-    return max(previous + 1, elapsed_ns // period_ns)
-
-
-def _drives(spec: AgentsClientSpec, info: pb.ModelInfo) -> np.ndarray:
-    """(drives, ticks, features) float32: the spec's simulated drives, or for a model that does not
-    read the simulator's features, one unmoving reading at the card's normalisation means."""
-    if spec.drives_file is not None:
-        return np.load(spec.drives_file).astype(np.float32)
-    return np.array([[[f.mean for f in info.features]]], np.float32)
 
 
 async def _open(call: grpc.aio.StreamStreamCall, ids: list[str], columns: bool) -> None:
@@ -76,7 +63,7 @@ async def _open(call: grpc.aio.StreamStreamCall, ids: list[str], columns: bool) 
 
 async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsClientSpec) -> AgentsStreamRow:
     info = (await stub.GetModelInfo(pb.GetModelInfoRequest())).model
-    drives = _drives(spec, info)
+    drives, noise = bench_inputs(info, spec.drives_file)
     rng = np.random.default_rng([spec.seed, index])
     ids = [f"s{index}-a{i}" for i in range(spec.agents)]
     which = np.arange(spec.agents) % len(drives)
@@ -96,6 +83,8 @@ async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsC
             place = sensor_slot(place, time.monotonic_ns() - t0_ns, period_ns)
             ts = t0_ns + place * period_ns
             rows = drives[which, np.minimum(offsets + place, last)]
+            if noise is not None:
+                rows = rows + noise * rng.standard_normal(rows.shape).astype(np.float32)
             req = pb.DriveAgentsRequest(snapshot_columns=spec.columns)
             if spec.columns:
                 req.observation_columns.CopyFrom(columns_of_arrays(ids, seq, ts, rows))

@@ -5,6 +5,7 @@ makes, which the per-signal checks veto: a bench would then time the fallback, n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -15,6 +16,7 @@ from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
 
 DRIVES_SCENARIO = "dense_traffic"  # its drives last the whole duration (a cruise may end at the road's end)
 STAGGER_S = 10.0  # sessions start at their own places within this much of a drive
+SESSION_DRIVES = 8  # drives a bench's sessions share, each session from its own place in one
 
 
 class Drive(NamedTuple):
@@ -57,6 +59,23 @@ def nominal_drives(count: int, seed: int, duration_s: float) -> np.ndarray:
     return np.stack([r[:n] for r in rows]).astype(np.float32)
 
 
-def fits_simulator(feature_names: Sequence[str]) -> bool:
-    """Whether a model reads the simulator's features in its order (else its drives mean nothing to it)."""
-    return tuple(feature_names) == FEATURE_NAMES
+def save_session_drives(
+    feature_names: Sequence[str], seconds: float, folder: Path, count: int = SESSION_DRIVES
+) -> Path | None:
+    """`count` (at most SESSION_DRIVES) nominal drives of `seconds` for a model's sessions to send (STAGGER_S more, for
+    their starting places), saved as .npy in `folder`; None for a model that does not read the
+    simulator's features in its order (its sessions send draws near its card's means instead)."""
+    if tuple(feature_names) != FEATURE_NAMES:
+        return None
+    path = folder / "drives.npy"
+    np.save(path, nominal_drives(max(1, min(count, SESSION_DRIVES)), 0, seconds + STAGGER_S))
+    return path
+
+
+def sensor_slot(previous: int, elapsed_ns: int, period_ns: int) -> int:
+    """The slot (periods since the first) of the reading a session sends `elapsed_ns` after its
+    first: the newest that is due, and always after the `previous` one sent. A sender woken late
+    sends the reading of its time and skips those it missed (a stalled sensor's old readings are
+    superseded) rather than a burst of them, whose near-equal times would read as a step of every
+    signal in no time; and never one reading twice (the freeze check's repeats)."""
+    return max(previous + 1, elapsed_ns // period_ns)

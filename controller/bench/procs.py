@@ -24,11 +24,10 @@ from typing import Any, cast
 import grpc
 import numpy as np
 
+from dualloop.controller.bench.drives import STAGGER_S, sensor_slot
 from dualloop.controller.bench.results import ServerResult, SessionRow
 from dualloop.controller.bench.secure import TOKEN_ENV
 from dualloop.controller.bench.stall_trace import TRACE_ENV, StallTracer
-from dualloop.controller.logs.logfile import read_log
-from dualloop.controller.logs.synthetic import REAL_DRIVE
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.gc_clock import GC
@@ -39,7 +38,6 @@ from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 from dualloop.executor.core import ExecutorStats
 from dualloop.executor.snapshot import Reason
 from dualloop.sim import schema
-from dualloop.sim.sensors import NOMINAL_SIGMA
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
@@ -85,6 +83,7 @@ class ClientSpec:
     first: int = 0
     channel_per_session: bool = False
     cpus: tuple[int, ...] | None = None
+    drives_file: str | None = None  # .npy of (drives, ticks, features) (bench.drives); None: near the card's means
 
 
 @dataclass(frozen=True)
@@ -104,8 +103,9 @@ async def _session(
     stub: pb_grpc.ControllerServiceStub, index: int, info: pb.ModelInfo, spec: ClientSpec, all_open: asyncio.Barrier
 ) -> SessionRow:
     rng = np.random.default_rng(spec.seed + index)
-    drive, noise = bench_inputs(info)
-    offset = index * 997 % len(drive)  # sessions at different places of the drive
+    drives, noise = bench_inputs(info, spec.drives_file)
+    drive = drives[index % len(drives)]
+    offset = int(rng.integers(0, max(1, min(int(STAGGER_S / spec.period_s), len(drive) - 1))))
     # a client plan every 200 ms (as synthetic logs carry) unless the server plans
     plan = PLAN if len(info.plan) == len(PLAN) and not info.planner else None
     call = stub.Drive()
@@ -118,18 +118,22 @@ async def _session(
     stop_at = time.monotonic() + spec.duration_s
 
     async def send() -> int:
-        seq = 0
-        next_t = time.monotonic()
+        # one reading per period stamped with its sensor time (bench.drives.sensor_slot); a drive is
+        # held at its end rather than wrapped round
+        seq, period_ns, t0_ns, place = 0, round(spec.period_s * 1e9), time.monotonic_ns(), -1
         while time.monotonic() < stop_at:
             seq += 1
-            x = drive[(offset + seq // 2) % len(drive)] + noise * rng.standard_normal(noise.size).astype(np.float32)
-            obs = pb.Observation(seq=seq, timestamp_ns=time.monotonic_ns(), features=x.tolist())
+            place = sensor_slot(place, time.monotonic_ns() - t0_ns, period_ns)
+            ts = t0_ns + place * period_ns
+            x = drive[min(offset + place, len(drive) - 1)]
+            if noise is not None:
+                x = x + noise * rng.standard_normal(noise.size).astype(np.float32)
+            obs = pb.Observation(seq=seq, timestamp_ns=ts, features=x.tolist())
             if plan is not None and seq % 40 == 1:
                 obs.plan.plan_id = f"p{seq}"
                 obs.plan.values.extend(plan)
             await call.write(pb.DriveRequest(observation=obs))
-            next_t += spec.period_s
-            await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+            await asyncio.sleep(max(0.0, (ts + period_ns - time.monotonic_ns()) * 1e-9))
         await call.done_writing()
         return seq
 
@@ -163,19 +167,17 @@ async def _session(
 PLAN = schema.make_plan(25.0, 0.0, schema.BEHAVIOURS.index("keep")).tolist()
 
 
-def bench_inputs(info: pb.ModelInfo) -> tuple[np.ndarray, np.ndarray]:
-    """Observations as users send them: the real drive that ships with the tests (10 Hz, held over
-    two ticks each) with the simulator's sensor noise, when it fits the model; else draws near the
-    card's normalisation means. Inputs the gates reject on every tick would measure the fallback
-    path instead of the one served."""
-    n = len(info.features)
-    if REAL_DRIVE.exists():
-        drive = np.array([list(o.features) for o in read_log(REAL_DRIVE).observations], np.float32)
-        if drive.shape[1] == n and NOMINAL_SIGMA.size == n:
-            return drive, NOMINAL_SIGMA.astype(np.float32)
+def bench_inputs(info: pb.ModelInfo, drives_file: str | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """What a bench's sessions send: (drives (drives, ticks, features) float32, noise to add per reading
+    or None). The simulated nominal drives in `drives_file` (bench.drives), or for a model that does
+    not read the simulator's features, one reading at its card's normalisation means with noise of a
+    tenth of each feature's spread (a repeated vector would read as a frozen sensor). Inputs the gates
+    reject would measure the fallback path instead of the one served."""
+    if drives_file is not None:
+        return np.load(drives_file).astype(np.float32), None
     mean = np.array([f.mean for f in info.features], np.float32)
     std = np.array([f.std for f in info.features], np.float32)
-    return mean[None, :], (0.1 * std).astype(np.float32)
+    return mean[None, None, :], (0.1 * std).astype(np.float32)
 
 
 def open_channel(address: str, ca_file: str | None, token: str | None, private: bool = False) -> grpc.aio.Channel:

@@ -24,6 +24,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from dualloop.controller.bench.drives import save_session_drives
 from dualloop.controller.bench.harness import (
     DROPPED_BOUND,
     P99_BOUND_US,
@@ -46,6 +47,7 @@ from dualloop.controller.serve.lifecycle import new_event_loop
 from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
 from dualloop.controller.serve.ticker import percentiles_us
 from dualloop.controller.serve.workers import reserve_port
+from dualloop.executor.model_runner import DecisionModel
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
@@ -177,7 +179,7 @@ async def _start_servers(
 
 
 async def _start_clients(
-    run: TickRun, address: str, plan: CpuPlan, pki: BenchPKI | None, n_clients: int
+    run: TickRun, address: str, plan: CpuPlan, pki: BenchPKI | None, n_clients: int, drives: Path | None
 ) -> list[asyncio.subprocess.Process]:
     clients = []
     cpus = tuple(plan.clients) if plan.clients else None
@@ -191,6 +193,7 @@ async def _start_clients(
             channel_per_session=run.workers > 1,
             cpus=cpus,
             ca_file=str(pki.ca_file) if pki else None,
+            drives_file=None if drives is None else str(drives),
         )
         clients.append(await start_role("clients", spec, env={**os.environ, TOKEN_ENV: pki.token} if pki else None))
     return clients
@@ -201,6 +204,9 @@ async def _run_processes(run: TickRun, tmp: Path, plan: CpuPlan, console: Consol
     board: wb.Board | None = None
     reservation = None
     try:
+        # the sessions' drives, simulated before any server runs
+        names = DecisionModel(run.model).card.feature_names
+        drives = save_session_drives(names, run.duration_s + 2.0, tmp, run.sessions)
         port = 0
         if run.workers > 1:
             reservation, port = reserve_port("127.0.0.1", 0)
@@ -217,7 +223,7 @@ async def _run_processes(run: TickRun, tmp: Path, plan: CpuPlan, console: Consol
                 "tls_without_token": await _refused(address, str(pki.ca_file)),
             }
         n_clients = max(1, min(run.client_procs or max(1, -(-run.sessions // 16)), run.sessions))
-        clients = await _start_clients(run, address, plan, pki, n_clients)
+        clients = await _start_clients(run, address, plan, pki, n_clients, drives)
         bare_file = str(tmp / "bare.npy")
         bare_spec = BareSpec(
             run.duration_s,

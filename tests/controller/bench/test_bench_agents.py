@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dualloop.controller.bench.agents import TARGET_AGENTS, agents_verdict, check_targets
-from dualloop.controller.bench.agents_clients import sensor_slot
+from dualloop.controller.bench.drives import sensor_slot
 from dualloop.controller.cli import main
 
 
