@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from dualloop.controller.bench.drives import STAGGER_S, sensor_slot
+from dualloop.controller.bench.drives import STAGGER_S, sensor_readings
 from dualloop.controller.bench.procs import bench_inputs
 from dualloop.controller.bench.results import AgentsStreamRow
 from dualloop.controller.contract.observation_columns import columns_of_arrays
@@ -74,15 +74,9 @@ async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsC
     stop_at = time.monotonic() + spec.duration_s
 
     async def send() -> tuple[int, float]:
-        # one reading per period, stamped with its sensor time; a sender woken late sends the reading
-        # of its time and skips those it missed (a stalled sensor's old readings are superseded), never
-        # a burst of them; a drive is held at its end rather than wrapped round
-        seq, period_ns, t0_ns, place = 0, round(spec.period_s * 1e9), time.monotonic_ns(), -1
-        while time.monotonic() < stop_at:
-            seq += 1
-            place = sensor_slot(place, time.monotonic_ns() - t0_ns, period_ns)
-            ts = t0_ns + place * period_ns
-            rows = drives[which, np.minimum(offsets + place, last)]
+        seq, t0 = 0, time.monotonic()
+        async for seq, slot, ts in sensor_readings(spec.period_s, stop_at):
+            rows = drives[which, np.minimum(offsets + slot, last)]  # a drive held at its end, never wrapped
             if noise is not None:
                 rows = rows + noise * rng.standard_normal(rows.shape).astype(np.float32)
             req = pb.DriveAgentsRequest(snapshot_columns=spec.columns)
@@ -94,9 +88,8 @@ async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsC
                     obs.seq, obs.timestamp_ns = seq, ts
                     obs.features.extend(x)
             await call.write(req)
-            await asyncio.sleep(max(0.0, (ts + period_ns - time.monotonic_ns()) * 1e-9))
         await call.done_writing()
-        return seq, (time.monotonic_ns() - t0_ns) * 1e-9
+        return seq, time.monotonic() - t0
 
     sender = asyncio.create_task(send())
     responses = received = dropped = gaps = errors = nominal = 0

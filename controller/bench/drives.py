@@ -4,7 +4,9 @@ makes, which the per-signal checks veto: a bench would then time the fallback, n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -70,6 +72,18 @@ def save_session_drives(
     path = folder / "drives.npy"
     np.save(path, nominal_drives(max(1, min(count, SESSION_DRIVES)), 0, seconds + STAGGER_S))
     return path
+
+
+async def sensor_readings(period_s: float, stop_at: float) -> AsyncIterator[tuple[int, int, int]]:
+    """(seq from 1, slot, sensor time ns) of each reading a session sends until `stop_at` (monotonic
+    s): one per period from now, paced by `sensor_slot`."""
+    seq, period_ns, t0_ns, slot = 0, round(period_s * 1e9), time.monotonic_ns(), -1
+    while time.monotonic() < stop_at:
+        seq += 1
+        slot = sensor_slot(slot, time.monotonic_ns() - t0_ns, period_ns)
+        ts = t0_ns + slot * period_ns
+        yield seq, slot, ts
+        await asyncio.sleep(max(0.0, (ts + period_ns - time.monotonic_ns()) * 1e-9))
 
 
 def sensor_slot(previous: int, elapsed_ns: int, period_ns: int) -> int:

@@ -24,7 +24,7 @@ from typing import Any, cast
 import grpc
 import numpy as np
 
-from dualloop.controller.bench.drives import STAGGER_S, sensor_slot
+from dualloop.controller.bench.drives import STAGGER_S, sensor_readings
 from dualloop.controller.bench.results import ServerResult, SessionRow
 from dualloop.controller.bench.secure import TOKEN_ENV
 from dualloop.controller.bench.stall_trace import TRACE_ENV, StallTracer
@@ -118,14 +118,9 @@ async def _session(
     stop_at = time.monotonic() + spec.duration_s
 
     async def send() -> int:
-        # one reading per period stamped with its sensor time (bench.drives.sensor_slot); a drive is
-        # held at its end rather than wrapped round
-        seq, period_ns, t0_ns, place = 0, round(spec.period_s * 1e9), time.monotonic_ns(), -1
-        while time.monotonic() < stop_at:
-            seq += 1
-            place = sensor_slot(place, time.monotonic_ns() - t0_ns, period_ns)
-            ts = t0_ns + place * period_ns
-            x = drive[min(offset + place, len(drive) - 1)]
+        seq = 0
+        async for seq, slot, ts in sensor_readings(spec.period_s, stop_at):
+            x = drive[min(offset + slot, len(drive) - 1)]  # a drive held at its end, never wrapped
             if noise is not None:
                 x = x + noise * rng.standard_normal(noise.size).astype(np.float32)
             obs = pb.Observation(seq=seq, timestamp_ns=ts, features=x.tolist())
@@ -133,7 +128,6 @@ async def _session(
                 obs.plan.plan_id = f"p{seq}"
                 obs.plan.values.extend(plan)
             await call.write(pb.DriveRequest(observation=obs))
-            await asyncio.sleep(max(0.0, (ts + period_ns - time.monotonic_ns()) * 1e-9))
         await call.done_writing()
         return seq
 

@@ -94,3 +94,20 @@ class AgentsStreamRow(TypedDict):
     agent_errors: int
     send_rate_hz: float  # requests over the time the stream sent them (its drain after the last not counted)
     client_process_cpu_s: float
+
+
+def reasons_text(sessions: list[SessionRow]) -> str:
+    """The reasons on a run's snapshots, as shares of them (a run whose sessions fell back measured the
+    fallback path, not the one served)."""
+    total = max(sum(s["snapshots_received"] for s in sessions), 1)
+    counts: dict[str, int] = {}
+    for s in sessions:
+        for name, n in s["reasons"].items():
+            counts[name] = counts.get(name, 0) + n
+    shares = ", ".join(f"{name} {n / total:.2%}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"reasons on the snapshots: {shares or 'none (every snapshot NOMINAL without a reason)'}"
+
+
+def snapshots_dropped(result: dict[str, Any]) -> int:
+    """Snapshots the server dropped for slow readers, over all sessions of a run."""
+    return sum(int(s["snapshots_dropped"]) for s in result["sessions_detail"])

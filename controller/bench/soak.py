@@ -36,7 +36,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from dualloop.controller.bench.drives import nominal_drives
+from dualloop.controller.bench.drives import nominal_drives, sensor_readings
 from dualloop.controller.bench.harness import (
     CpuPlan,
     Result,
@@ -132,15 +132,12 @@ async def _drive_one(
     period_s = first.opened.tick_period_ns / 1e9
 
     async def send() -> None:
-        next_t = time.monotonic()
-        for seq, row in enumerate(rows, start=1):
-            if time.monotonic() >= stop_at:
+        async for seq, slot, ts in sensor_readings(period_s, stop_at):
+            if slot >= len(rows):  # the drive has ended: so does the session
                 break
-            obs = pb.Observation(seq=seq, timestamp_ns=time.monotonic_ns(), features=row.tolist())
+            obs = pb.Observation(seq=seq, timestamp_ns=ts, features=rows[slot].tolist())
             await call.write(pb.DriveRequest(observation=obs))
             counts.observations_sent += 1
-            next_t += period_s
-            await asyncio.sleep(max(0.0, next_t - time.monotonic()))
         await call.done_writing()
 
     sender = asyncio.ensure_future(send())

@@ -39,7 +39,15 @@ from dualloop.controller.bench.harness import (
     wait_all,
 )
 from dualloop.controller.bench.procs import PLANNER_COUNTS, BareSpec, ClientSpec, ServerSpec, open_channel
-from dualloop.controller.bench.results import BareResult, ServerFirst, ServerResult, SessionRow, WorkerRow
+from dualloop.controller.bench.results import (
+    BareResult,
+    ServerFirst,
+    ServerResult,
+    SessionRow,
+    WorkerRow,
+    reasons_text,
+    snapshots_dropped,
+)
 from dualloop.controller.bench.secure import TOKEN_ENV, BenchPKI, make_pki
 from dualloop.controller.plotting import pyplot
 from dualloop.controller.serve import board as wb
@@ -200,13 +208,11 @@ async def _start_clients(
 
 
 async def _run_processes(run: TickRun, tmp: Path, plan: CpuPlan, console: Console, pki: BenchPKI | None) -> _Outputs:
-    """The servers, then (once they listen) the clients and the bare ticker, until the clients end."""
+    """The sessions' drives, the servers, then (listening) the clients and the bare ticker till they end."""
     board: wb.Board | None = None
     reservation = None
     try:
-        # the sessions' drives, simulated before any server runs
-        names = DecisionModel(run.model).card.feature_names
-        drives = save_session_drives(names, run.duration_s + 2.0, tmp, run.sessions)
+        drives = save_session_drives(DecisionModel(run.model).card.feature_names, run.duration_s + 2, tmp, run.sessions)
         port = 0
         if run.workers > 1:
             reservation, port = reserve_port("127.0.0.1", 0)
@@ -515,6 +521,7 @@ def print_tick_report(result: dict[str, Any], console: Console) -> None:
         )
     if len(result["sessions_detail"]) <= 16:
         console.print(sessions)
+    console.print(reasons_text(result["sessions_detail"]), highlight=False)
     if ex.get("per_worker"):
         for k, w in enumerate(ex["per_worker"]):
             console.print(
@@ -523,11 +530,6 @@ def print_tick_report(result: dict[str, Any], console: Console) -> None:
                 highlight=False,
             )
     print_verdict(result, console)
-
-
-def snapshots_dropped(result: dict[str, Any]) -> int:
-    """Snapshots the server dropped for slow readers, over all sessions of a run."""
-    return sum(int(s["snapshots_dropped"]) for s in result["sessions_detail"])
 
 
 def print_comparison(results: dict[str, dict[str, Any]], console: Console, title: str, first: str) -> None:
