@@ -80,8 +80,11 @@ async def sensor_readings(period_s: float, stop_at: float) -> AsyncIterator[tupl
     seq, period_ns, t0_ns, slot = 0, round(period_s * 1e9), time.monotonic_ns(), -1
     while time.monotonic() < stop_at:
         seq += 1
-        slot = sensor_slot(slot, time.monotonic_ns() - t0_ns, period_ns)
+        now = time.monotonic_ns()
+        slot = sensor_slot(slot, now - t0_ns, period_ns)
         ts = t0_ns + slot * period_ns
+        if ts > now:  # woken early (the loop's timer may be): a reading is never sent before its time
+            await asyncio.sleep((ts - now) * 1e-9)
         yield seq, slot, ts
         await asyncio.sleep(max(0.0, (ts + period_ns - time.monotonic_ns()) * 1e-9))
 

@@ -3,12 +3,14 @@ targets a run misses (no timing asserted: a short run on a shared machine)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 
 from dualloop.controller.bench.agents import TARGET_AGENTS, agents_verdict, check_targets
-from dualloop.controller.bench.drives import sensor_slot
+from dualloop.controller.bench.drives import sensor_readings, sensor_slot
 from dualloop.controller.cli import main
 
 
@@ -74,3 +76,24 @@ def test_a_late_sender_sends_the_reading_of_its_time_never_a_burst_of_old_ones()
     for elapsed in (0, 5_000_000, 9_999_999, 40_000_000, 40_000_000, 45_000_000):
         slots.append(sensor_slot(slots[-1], elapsed, period))
     assert slots[1:] == [0, 1, 2, 8, 9, 10] and len(set(slots)) == len(slots)
+
+
+def test_sensor_readings_are_never_sent_before_their_time_and_skip_what_a_stall_missed():
+    """The pacing every served bench's sessions use: each reading's sensor time is at most the clock
+    when it is handed out, slots strictly increase, and a consumer that stalls 23 ms (on a 5 ms grid)
+    gets the reading of its time next, four or more slots on, not the ones it missed one by one."""
+
+    async def take() -> list[tuple[int, int, int, int]]:
+        out = []
+        async for seq, slot, ts in sensor_readings(0.005, time.monotonic() + 0.2):
+            out.append((seq, slot, ts, time.monotonic_ns()))
+            if seq == 3:
+                await asyncio.sleep(0.023)
+        return out
+
+    got = asyncio.run(take())
+    assert [g[0] for g in got] == list(range(1, len(got) + 1)) and len(got) >= 5
+    assert all(ts <= now for _, _, ts, now in got)
+    slots = [g[1] for g in got]
+    assert all(b > a for a, b in zip(slots, slots[1:]))
+    assert slots[3] - slots[2] >= 4  # the stall's missed readings were skipped
