@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dualloop.controller.bench.agents_clients import AgentsClientSpec
-from dualloop.controller.bench.drives import save_session_drives
+from dualloop.controller.bench.drives import simulate_session_drives
 from dualloop.controller.bench.harness import (
     DROPPED_BOUND,
     P99_BOUND_US,
@@ -41,7 +41,6 @@ from dualloop.controller.bench.harness import (
 from dualloop.controller.bench.procs import BareSpec, pin_threads
 from dualloop.controller.bench.results import AgentsStreamRow
 from dualloop.controller.server_process import ServerProcess, serve_shipped
-from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 
@@ -302,11 +301,8 @@ def print_points(result: Result, console: Console) -> None:
 def bench_agents(run: AgentsRun, out_dir: Path, console: Console) -> Result:
     """The sweep, stored as runs/bench/agents-<time>.json and printed."""
     with tempfile.TemporaryDirectory() as tmp:
-        names = DecisionModel(run.model).card.feature_names
-        with console.status("simulating the agents' nominal drives"):
-            drives_file = save_session_drives(names, run.duration_s + _START_SLACK_S + 1.0, Path(tmp))
-        if drives_file is None:
-            console.print(f"{run.model.name} does not read the simulator's features: agents send its card's means")
+        seconds = run.duration_s + _START_SLACK_S + 1.0
+        drives_file = simulate_session_drives(run.model, seconds, Path(tmp), max(run.agents), console)
         return _sweep(run, out_dir, console, drives_file)
 
 

@@ -67,8 +67,8 @@ async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsC
     rng = np.random.default_rng([spec.seed, index])
     ids = [f"s{index}-a{i}" for i in range(spec.agents)]
     which = np.arange(spec.agents) % len(drives)
-    last = drives.shape[1] - 1
-    offsets = rng.integers(0, max(1, min(int(STAGGER_S / spec.period_s), last)), spec.agents)
+    length = drives.shape[1]
+    offsets = rng.integers(0, max(1, min(int(STAGGER_S / spec.period_s), length - 1)), spec.agents)
     call = stub.DriveAgents()
     await _open(call, ids, spec.columns)
     stop_at = time.monotonic() + spec.duration_s
@@ -76,7 +76,7 @@ async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsC
     async def send() -> tuple[int, float]:
         seq, t0 = 0, time.monotonic()
         async for seq, slot, ts in sensor_readings(spec.period_s, stop_at):
-            rows = drives[which, np.minimum(offsets + slot, last)]  # a drive held at its end, never wrapped
+            rows = drives[which, (offsets + slot) % length]  # wraps only past the simulated road's end
             if noise is not None:
                 rows = rows + noise * rng.standard_normal(rows.shape).astype(np.float32)
             req = pb.DriveAgentsRequest(snapshot_columns=spec.columns)

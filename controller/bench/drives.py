@@ -1,6 +1,7 @@
 """The simulated nominal drives the benches' sessions send: what the shipped model and gates were made
-for, every 5 ms observation, long enough that no session wraps round its drive (a jump no sensor
-makes, which the per-signal checks veto: a bench would then time the fallback, not what users run)."""
+for, every 5 ms observation, long enough that no session of a run up to a few minutes wraps round
+its drive (a jump no sensor makes, which the per-signal checks veto: a bench would then time the
+fallback, not what users run)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from rich.console import Console
 
+from dualloop.executor.model_runner import DecisionModel
 from dualloop.sim.env import ActionNoise, run_expert_batch
 from dualloop.sim.schema import FEATURE_NAMES
 from dualloop.sim.sensors import TRAINING_SEES_LANE_ENDS
@@ -64,13 +67,25 @@ def nominal_drives(count: int, seed: int, duration_s: float) -> np.ndarray:
 def save_session_drives(
     feature_names: Sequence[str], seconds: float, folder: Path, count: int = SESSION_DRIVES
 ) -> Path | None:
-    """`count` (at most SESSION_DRIVES) nominal drives of `seconds` for a model's sessions to send (STAGGER_S more, for
-    their starting places), saved as .npy in `folder`; None for a model that does not read the
-    simulator's features in its order (its sessions send draws near its card's means instead)."""
+    """`count` (at most SESSION_DRIVES) nominal drives of `seconds` for a model's sessions to send
+    (STAGGER_S more, for their starting places), saved as .npy in `folder`; None for a model that does
+    not read the simulator's features in its order (its sessions send draws near its card's means).
+    The scenario's road ends after about 220 s: a longer run's sessions wrap round their drive (a
+    veto and a recovery each time, in the reasons the benches report), once per drive's length."""
     if tuple(feature_names) != FEATURE_NAMES:
         return None
     path = folder / "drives.npy"
     np.save(path, nominal_drives(max(1, min(count, SESSION_DRIVES)), 0, seconds + STAGGER_S))
+    return path
+
+
+def simulate_session_drives(model: Path, seconds: float, folder: Path, sessions: int, console: Console) -> Path | None:
+    """`save_session_drives` for a model file's sessions, telling the console what runs (a drive
+    takes about a tenth of its length to simulate)."""
+    with console.status(f"simulating the sessions' nominal drives ({seconds + STAGGER_S:.0f} s)"):
+        path = save_session_drives(DecisionModel(model).card.feature_names, seconds, folder, sessions)
+    if path is None:
+        console.print(f"{model.name} does not read the simulator's features: its sessions send draws near its means")
     return path
 
 

@@ -120,7 +120,7 @@ async def _session(
     async def send() -> int:
         seq = 0
         async for seq, slot, ts in sensor_readings(spec.period_s, stop_at):
-            x = drive[min(offset + slot, len(drive) - 1)]  # a drive held at its end, never wrapped
+            x = drive[(offset + slot) % len(drive)]  # wraps only past the simulated road's end
             if noise is not None:
                 x = x + noise * rng.standard_normal(noise.size).astype(np.float32)
             obs = pb.Observation(seq=seq, timestamp_ns=ts, features=x.tolist())

@@ -24,7 +24,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from dualloop.controller.bench.drives import save_session_drives
+from dualloop.controller.bench.drives import simulate_session_drives
 from dualloop.controller.bench.harness import (
     DROPPED_BOUND,
     P99_BOUND_US,
@@ -55,7 +55,6 @@ from dualloop.controller.serve.lifecycle import new_event_loop
 from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
 from dualloop.controller.serve.ticker import percentiles_us
 from dualloop.controller.serve.workers import reserve_port
-from dualloop.executor.model_runner import DecisionModel
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
@@ -212,7 +211,7 @@ async def _run_processes(run: TickRun, tmp: Path, plan: CpuPlan, console: Consol
     board: wb.Board | None = None
     reservation = None
     try:
-        drives = save_session_drives(DecisionModel(run.model).card.feature_names, run.duration_s + 2, tmp, run.sessions)
+        drives = simulate_session_drives(run.model, run.duration_s + 2.0, tmp, run.sessions, console)
         port = 0
         if run.workers > 1:
             reservation, port = reserve_port("127.0.0.1", 0)

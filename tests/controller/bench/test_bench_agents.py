@@ -97,3 +97,11 @@ def test_sensor_readings_are_never_sent_before_their_time_and_skip_what_a_stall_
     slots = [g[1] for g in got]
     assert all(b > a for a, b in zip(slots, slots[1:]))
     assert slots[3] - slots[2] >= 4  # the stall's missed readings were skipped
+
+
+def test_a_model_that_does_not_read_the_simulators_features_gets_no_drives(tmp_path):
+    """Its sessions send draws near its card's means instead (`procs.bench_inputs`)."""
+    from dualloop.controller.bench.drives import save_session_drives
+
+    assert save_session_drives(("speed", "gap"), 10.0, tmp_path) is None
+    assert not (tmp_path / "drives.npy").exists()
