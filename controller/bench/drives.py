@@ -70,7 +70,7 @@ def save_session_drives(
     """`count` (at most SESSION_DRIVES) nominal drives of `seconds` for a model's sessions to send
     (STAGGER_S more, for their starting places), saved as .npy in `folder`; None for a model that does
     not read the simulator's features in its order (its sessions send draws near its card's means).
-    The scenario's road ends after about 220 s: a longer run's sessions wrap round their drive (a
+    The drives end with the shortest one's road, about 150 s: a longer run's sessions wrap round (a
     veto and a recovery each time, in the reasons the benches report), once per drive's length."""
     if tuple(feature_names) != FEATURE_NAMES:
         return None
