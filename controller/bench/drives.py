@@ -80,8 +80,8 @@ def save_session_drives(
 
 
 def simulate_session_drives(model: Path, seconds: float, folder: Path, sessions: int, console: Console) -> Path | None:
-    """`save_session_drives` for a model file's sessions, telling the console what runs (a drive
-    takes about a tenth of its length to simulate)."""
+    """`save_session_drives` for a model file's sessions, telling the console what runs (8 drives
+    of 23 s take about 3 s to simulate on the project's VM)."""
     with console.status(f"simulating the sessions' nominal drives ({seconds + STAGGER_S:.0f} s)"):
         path = save_session_drives(DecisionModel(model).card.feature_names, seconds, folder, sessions)
     if path is None:
