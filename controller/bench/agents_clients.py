@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from dualloop.controller.bench.drives import STAGGER_S, sensor_readings
+from dualloop.controller.bench.drives import sensor_readings, start_places
 from dualloop.controller.bench.procs import bench_inputs
 from dualloop.controller.bench.results import AgentsStreamRow
 from dualloop.controller.contract.observation_columns import columns_of_arrays
@@ -68,7 +68,7 @@ async def _stream(stub: pb_grpc.ControllerServiceStub, index: int, spec: AgentsC
     ids = [f"s{index}-a{i}" for i in range(spec.agents)]
     which = np.arange(spec.agents) % len(drives)
     length = drives.shape[1]
-    offsets = rng.integers(0, max(1, min(int(STAGGER_S / spec.period_s), length - 1)), spec.agents)
+    offsets = start_places(rng, spec.agents, length, spec.period_s)
     call = stub.DriveAgents()
     await _open(call, ids, spec.columns)
     stop_at = time.monotonic() + spec.duration_s

@@ -89,6 +89,11 @@ def simulate_session_drives(model: Path, seconds: float, folder: Path, sessions:
     return path
 
 
+def start_places(rng: np.random.Generator, sessions: int, length: int, period_s: float) -> np.ndarray:
+    """Each session's first reading's place in its drive of `length` readings: within STAGGER_S."""
+    return rng.integers(0, max(1, min(int(STAGGER_S / period_s), length - 1)), sessions)
+
+
 async def sensor_readings(period_s: float, stop_at: float) -> AsyncIterator[tuple[int, int, int]]:
     """(seq from 1, slot, sensor time ns) of each reading a session sends until `stop_at` (monotonic
     s): one per period from now, paced by `sensor_slot`."""

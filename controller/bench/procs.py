@@ -24,7 +24,7 @@ from typing import Any, cast
 import grpc
 import numpy as np
 
-from dualloop.controller.bench.drives import STAGGER_S, sensor_readings
+from dualloop.controller.bench.drives import sensor_readings, start_places
 from dualloop.controller.bench.results import ServerResult, SessionRow
 from dualloop.controller.bench.secure import TOKEN_ENV
 from dualloop.controller.bench.stall_trace import TRACE_ENV, StallTracer
@@ -105,7 +105,7 @@ async def _session(
     rng = np.random.default_rng(spec.seed + index)
     drives, noise = bench_inputs(info, spec.drives_file)
     drive = drives[index % len(drives)]
-    offset = int(rng.integers(0, max(1, min(int(STAGGER_S / spec.period_s), len(drive) - 1))))
+    offset = int(start_places(rng, 1, len(drive), spec.period_s)[0])
     # a client plan every 200 ms (as synthetic logs carry) unless the server plans
     plan = PLAN if len(info.plan) == len(PLAN) and not info.planner else None
     call = stub.Drive()
