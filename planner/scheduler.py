@@ -31,10 +31,10 @@ the deadline by default) is raised to SCHED_BATCH at its nice level until it is 
 (planner.priority); elsewhere it runs SCHED_BATCH throughout. A batch still unanswered at the
 deadline is killed with its worker (a signal, microseconds), every session in it counts as a
 timeout, and the replacement is spawned by a short-lived helper thread, so even a restart never
-blocks the caller. A worker that is ready to run but short of CPU at the deadline is not hung
-(Linux: its state and CPU time in /proc): it gets until it could have used a deadline's worth of
-CPU, up to starved_limit_s. On a busy machine the niced worker waits first, and killing it would
-only start a fresh one, cold, on the same busy machine.
+blocks the caller. A worker short of CPU at the deadline is not hung (Linux: ready to run now, or
+it waited on a run queue longer than it ran since the last look, from /proc): it gets until it
+could have used a deadline's worth of CPU, up to starved_limit_s. On a busy machine the niced
+worker waits first, and killing it would only start a fresh one, cold, on the same busy machine.
 
 A request is encoded when it is made and a plan decoded when poll() hands it out, at most poll's
 limit a call: a batch of 32 plans decoded in the tick that received it cost that tick ~0.3 ms.
@@ -124,6 +124,8 @@ class _InFlight:
     sent: float  # time.monotonic()
     deadline: float  # time.monotonic(); moved on while the worker waits for a CPU
     cpu0: float | None  # the worker's CPU time when the batch was sent
+    # the worker's CPU time and run-queue wait at the latest look (schedstat; None: not Linux)
+    looked: tuple[float, float] | None = None
     answered: int = 0
     skipped: list[_Sent] = field(default_factory=list)
     starved: bool = False  # its deadline was moved on because the worker waited for a CPU
@@ -180,10 +182,17 @@ class _Worker:
 
     def cpu_s(self) -> float | None:
         """CPU time the planning thread has used (schedstat); None where the kernel does not say
-        (not Linux). A /proc read, ~50 us: only when a deadline has passed."""
+        (not Linux)."""
+        times = self.schedstat()
+        return None if times is None else times[0]
+
+    def schedstat(self) -> tuple[float, float] | None:
+        """The planning thread's CPU time and its time spent waiting on a run queue, in seconds
+        (Linux schedstat; None elsewhere). A /proc read, a few microseconds."""
         try:
             with open(f"{self._proc}/schedstat", "rb") as f:
-                return int(f.read().split()[0]) / 1e9
+                fields = f.read().split()
+            return int(fields[0]) / 1e9, int(fields[1]) / 1e9
         except (OSError, ValueError, IndexError):
             return None
 
@@ -536,19 +545,25 @@ class PlanScheduler:
             self._released = not self._hold
 
     def _starved(self, worker: _Worker, flight: _InFlight, now: float) -> bool:
-        """At the deadline: is the worker ready to run but short of CPU? Then it gets until it
+        """At the deadline: is the worker short of CPU rather than hung? Then it gets until it
         could have used a deadline's worth of CPU (up to starved_limit_s after the batch was sent).
-        A hung source is sleeping or blocked, or has used the whole deadline on a CPU: it is killed.
-        (The kernel's run-queue wait would say this more directly, but it is only counted once the
-        task runs again, and a starved worker may not have run at all.)"""
+        Short of CPU: ready to run now, or, since it was last looked at, it waited on a run queue
+        longer than it ran. One look at its state alone is not enough: a worker starved for CPU
+        also blocks now and then (a page fault on a cold file, a write), and must not be killed
+        for being caught there. (The run-queue wait is counted only once the task runs again, so
+        a worker that has not run at all shows only in its state.) A hung source sleeps or blocks
+        without waiting for a CPU, or uses the whole deadline on one: it is killed."""
         if flight.cpu0 is None:
             return False
-        cpu = worker.cpu_s()
-        if cpu is None or not worker.runnable():
+        times = worker.schedstat()
+        if times is None:
             return False
+        cpu, waited = times
+        before, flight.looked = flight.looked, times
         used = cpu - flight.cpu0
+        waiting = worker.runnable() or (before is not None and waited - before[1] > cpu - before[0])
         deadline = min(now + self.deadline_s - used, flight.sent + self.starved_limit_s)
-        if used >= self.deadline_s or now >= deadline:
+        if not waiting or used >= self.deadline_s or now >= deadline:
             return False
         if not flight.starved:
             flight.starved = True
@@ -638,6 +653,7 @@ class PlanScheduler:
             now + self.deadline_s,
             worker.cpu_reported_s,
             raise_check=now + self.raise_after_s if worker.idle else float("inf"),
+            looked=worker.schedstat(),
         )
         self._counts["batches"] += 1
         try:

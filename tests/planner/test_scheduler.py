@@ -429,7 +429,7 @@ def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung(monkeypatch: pytest.Mo
             for i in range(64):
                 sched.request(f"car-{i}", varied_features(i), 0)
             got: list[Plan] = []
-            assert wait_for(lambda: len(got) == 64, 60.0, sched, got), sched.stats()
+            assert wait_for(lambda: len(got) == 64, 60.0, sched, got), f"{sched.stats()}"
             stats = sched.stats()
     # past its deadline (PERIOD_S) in wall time, yet not killed: otherwise the test proves nothing
     assert stats["batch_time_us_p99"] > PERIOD_S * 1e6, "the worker was not starved: the test proves nothing"
@@ -472,6 +472,48 @@ class BurningSource:
             20.0,
             0.0,
         )
+
+
+class BurningInSlicesSource(BurningSource):
+    """Burns its CPU in slices with a sleep after each (a planner that reads a file or asks a
+    service between steps): on a CPU shared with a busy process, it waits for the CPU much of the
+    time and sleeps the rest. The sleeps are of seeded random lengths, so that the scheduler's
+    looks at the deadlines do not fall in step with the slices."""
+
+    name = "burning-in-slices"
+
+    def __init__(self, slices: int, slice_cpu_s: float, sleep_s: tuple[float, float]) -> None:
+        super().__init__(slice_cpu_s)
+        self.slices, self.sleep_s = slices, sleep_s
+        self.rng = np.random.default_rng(0)
+
+    def plan(self, request: PlanRequest) -> Plan:
+        for _ in range(self.slices - 1):
+            super().plan(request)
+            time.sleep(self.rng.uniform(*self.sleep_s))
+        return super().plan(request)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (hasattr(os, "sched_setaffinity") and os.path.exists("/proc/self/schedstat")),
+    reason="needs Linux CPU affinity and schedstat",
+)
+def test_a_starved_worker_caught_sleeping_at_its_deadline_is_not_killed_as_hung():
+    """Starved of CPU by a busy process, the worker is also asleep at times: a look at its state
+    alone could find it sleeping at a deadline. It has waited for a CPU longer than it ran since
+    the last look, so it is starved, not hung."""
+    source = functools.partial(BurningInSlicesSource, 10, 0.002, (0.05, 0.2))
+    config = SchedulerConfig(period_s=PERIOD_S, deadline_s=PERIOD_S, nice=19, starved_limit_s=30.0, idle_priority=False)
+    with busy_cpu() as cpu, PlanScheduler(source, config) as sched:
+        os.sched_setaffinity(sched.stats()["worker_pid"], {cpu})
+        sched.request("car-1", features(), 0)
+        got: list[Plan] = []
+        assert wait_for(lambda: len(got) == 1, 40.0, sched, got), f"{sched.stats()}"
+        stats = sched.stats()
+    # slept 0.45 s at least, so its wall time passed the deadline several times over
+    assert stats["batch_time_us_p99"] > 2 * PERIOD_S * 1e6, stats
+    assert stats["timeouts"] == stats["restarts"] == 0 and stats["starved_batches"] == 1, f"{stats}"
 
 
 needs_idle_priority = pytest.mark.skipif(
