@@ -32,8 +32,8 @@ the deadline by default) is raised to SCHED_BATCH at its nice level until it is 
 deadline is killed with its worker (a signal, microseconds), every session in it counts as a
 timeout, and the replacement is spawned by a short-lived helper thread, so even a restart never
 blocks the caller. A worker short of CPU at the deadline is not hung (Linux: ready to run now, or
-it waited on a run queue longer than it ran since the last look, from /proc): it gets until it
-could have used a deadline's worth of CPU, up to starved_limit_s. On a busy machine the niced
+waiting on a run queue for half the time since the last look, from /proc): it gets until it could
+have used a deadline's worth of CPU, up to starved_limit_s. On a busy machine the niced
 worker waits first, and killing it would only start a fresh one, cold, on the same busy machine.
 
 A request is encoded when it is made and a plan decoded when poll() hands it out, at most poll's
@@ -124,7 +124,7 @@ class _InFlight:
     sent: float  # time.monotonic()
     deadline: float  # time.monotonic(); moved on while the worker waits for a CPU
     cpu0: float | None  # the worker's CPU time when the batch was sent
-    # the worker's CPU time and run-queue wait at the latest look (schedstat; None: not Linux)
+    # when the worker was last looked at (time.monotonic()) and its run-queue wait then (schedstat)
     looked: tuple[float, float] | None = None
     answered: int = 0
     skipped: list[_Sent] = field(default_factory=list)
@@ -135,6 +135,12 @@ class _InFlight:
     @property
     def unanswered(self) -> list[_Sent]:
         return self.items[self.answered :]
+
+
+def _look(now: float, worker: _Worker) -> tuple[float, float] | None:
+    """(now, the worker's run-queue wait so far) for _InFlight.looked; None where the kernel does not say."""
+    times = worker.schedstat()
+    return None if times is None else (now, times[1])
 
 
 class _Worker:
@@ -547,21 +553,21 @@ class PlanScheduler:
     def _starved(self, worker: _Worker, flight: _InFlight, now: float) -> bool:
         """At the deadline: is the worker short of CPU rather than hung? Then it gets until it
         could have used a deadline's worth of CPU (up to starved_limit_s after the batch was sent).
-        Short of CPU: ready to run now, or, since it was last looked at, it waited on a run queue
-        longer than it ran. One look at its state alone is not enough: a worker starved for CPU
-        also blocks now and then (a page fault on a cold file, a write), and must not be killed
-        for being caught there. (The run-queue wait is counted only once the task runs again, so
-        a worker that has not run at all shows only in its state.) A hung source sleeps or blocks
-        without waiting for a CPU, or uses the whole deadline on one: it is killed."""
+        Short of CPU: ready to run now, or it spent at least half the time since it was last looked
+        at waiting on a run queue. Its state alone is not enough: a worker starved for CPU also
+        blocks now and then (a page fault on a cold file, a write), and must not be killed for being
+        caught there. (The run-queue wait is counted only once the task runs again, so a worker that
+        has not run at all shows only in its state.) A hung source sleeps or blocks without waiting
+        for a CPU, or uses the whole deadline on one: it is killed."""
         if flight.cpu0 is None:
             return False
         times = worker.schedstat()
         if times is None:
             return False
         cpu, waited = times
-        before, flight.looked = flight.looked, times
+        before, flight.looked = flight.looked, (now, waited)
+        waiting = worker.runnable() or (before is not None and waited - before[1] >= 0.5 * (now - before[0]))
         used = cpu - flight.cpu0
-        waiting = worker.runnable() or (before is not None and waited - before[1] > cpu - before[0])
         deadline = min(now + self.deadline_s - used, flight.sent + self.starved_limit_s)
         if not waiting or used >= self.deadline_s or now >= deadline:
             return False
@@ -653,7 +659,7 @@ class PlanScheduler:
             now + self.deadline_s,
             worker.cpu_reported_s,
             raise_check=now + self.raise_after_s if worker.idle else float("inf"),
-            looked=worker.schedstat(),
+            looked=_look(now, worker),
         )
         self._counts["batches"] += 1
         try:
