@@ -180,7 +180,7 @@ def test_hung_worker_times_out_and_is_replaced():
         assert wait_for(lambda: not pid_alive(first_pid), 2.0, sched, got)
         # The replacement worker (fresh process, same source) plans normal requests again.
         sched.request("car-1", features(), 1)
-        assert wait_for(lambda: len(got) == 1, 30.0, sched, got), sched.stats()
+        assert wait_for(lambda: len(got) == 1, 30.0, sched, got), f"{sched.stats()}"
         stats = sched.stats()
         assert stats["restarts"] == 1 and stats["worker_pid"] not in (None, first_pid)
         assert got[0].created_ns == 1
@@ -196,7 +196,7 @@ def test_always_hanging_source_recovers_when_replaced():
         assert got == []
         sched.replace_source(BehaviourPlanner)
         sched.request("car-1", features(), 1)
-        assert wait_for(lambda: len(got) >= 1, 30.0, sched, got), sched.stats()
+        assert wait_for(lambda: len(got) >= 1, 30.0, sched, got), f"{sched.stats()}"
         assert got[-1].source == "behaviour"
 
 
@@ -333,7 +333,7 @@ def test_a_nan_request_fails_alone_and_the_rest_of_its_batch_is_planned():
         for i in range(8):
             sched.request(f"car-{i}", bad if i == 5 else features(), 0)
         got: list[Plan] = []
-        assert wait_for(lambda: sched.stats()["errors"] == 1 and len(got) == 7, 2.0, sched, got), sched.stats()
+        assert wait_for(lambda: sched.stats()["errors"] == 1 and len(got) == 7, 2.0, sched, got), f"{sched.stats()}"
         assert sorted(p.session_id for p in got) == [f"car-{i}" for i in range(8) if i != 5]
         stats = sched.stats()
         assert stats["batches"] == 1 and stats["in_flight"] == stats["pending"] == 0
@@ -351,13 +351,13 @@ def test_a_hung_batch_is_killed_and_each_of_its_sessions_is_a_timeout():
         for i in range(4):
             sched.request(f"car-{i}", features(POISON if i == 2 else 20.0), 0)
         got: list[Plan] = []
-        assert wait_for(lambda: sched.stats()["timeouts"] == 4, 1.5, sched, got), sched.stats()
+        assert wait_for(lambda: sched.stats()["timeouts"] == 4, 1.5, sched, got), f"{sched.stats()}"
         assert got == []  # car-0 and car-1 were planned, but their batch never came back
         stats = sched.stats()
         assert stats["restarts"] == 1 and stats["in_flight"] == 0 and stats["overruns"] == 0
         for i in range(4):
             sched.request(f"car-{i}", features(), 1)
-        assert wait_for(lambda: len(got) == 4, 30.0, sched, got), sched.stats()
+        assert wait_for(lambda: len(got) == 4, 30.0, sched, got), f"{sched.stats()}"
         assert sched.stats()["worker_pid"] not in (None, first_pid)
         assert sched.stats()["overruns"] == 0  # answered (as timeouts) before they were asked again
 
@@ -371,7 +371,7 @@ def test_a_slow_source_without_plan_many_finishes_its_sessions_over_several_batc
         for i in range(12):
             sched.request(f"car-{i}", features(), 0)
         got: list[Plan] = []
-        assert wait_for(lambda: len(got) == 12, 5.0, sched, got), sched.stats()
+        assert wait_for(lambda: len(got) == 12, 5.0, sched, got), f"{sched.stats()}"
         stats = sched.stats()
         assert stats["timeouts"] == stats["errors"] == stats["restarts"] == 0
         assert stats["batches"] >= 3 and stats["requeued"] > 0 and stats["batch_time_us_p99"] < 300_000
@@ -383,7 +383,7 @@ def test_a_source_whose_plan_many_raises_fails_that_batch_only():
         for i in range(5):
             sched.request(f"car-{i}", features(), 0)
         got: list[Plan] = []
-        assert wait_for(lambda: sched.stats()["errors"] == 5, 2.0, sched, got), sched.stats()
+        assert wait_for(lambda: sched.stats()["errors"] == 5, 2.0, sched, got), f"{sched.stats()}"
         assert "RuntimeError: batch of 5 failed" in sched.stats()["last_error"]
         sched.request("car-0", features(), 1)
         assert wait_for(lambda: sched.stats()["errors"] == 6, 2.0, sched, got)
@@ -423,7 +423,7 @@ def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung(monkeypatch: pytest.Mo
             # clone compiles the modules they import) that can exceed the deadline's CPU by themselves
             warm: list[Plan] = []
             sched.request("warm-up", varied_features(0), 0)
-            assert wait_for(lambda: len(warm) == 1, 60.0, sched, warm), sched.stats()
+            assert wait_for(lambda: len(warm) == 1, 60.0, sched, warm), f"{sched.stats()}"
             before = sched.stats()
             os.sched_setaffinity(before["worker_pid"], {cpu})
             for i in range(64):
@@ -443,7 +443,7 @@ def test_a_source_spinning_on_a_cpu_is_still_killed_at_its_deadline():
         sched.request("car-1", features(), 0)
         got: list[Plan] = []
         t0 = time.monotonic()
-        assert wait_for(lambda: sched.stats()["timeouts"] == 1, 3.0, sched, got), sched.stats()
+        assert wait_for(lambda: sched.stats()["timeouts"] == 1, 3.0, sched, got), f"{sched.stats()}"
         # it had the CPU it asked for (2 cores here): killed at the deadline, or soon after if the
         # machine was busy, and never later than starved_limit_s (3 deadlines)
         assert time.monotonic() - t0 < 0.6 + 0.1
@@ -559,7 +559,7 @@ def test_the_worker_waits_and_plans_under_sched_idle_where_it_can_be_raised():
         for i in range(8):
             sched.request(f"car-{i}", varied_features(i), 0)
         got: list[Plan] = []
-        assert wait_for(lambda: len(got) == 8, 5.0, sched, got), sched.stats()
+        assert wait_for(lambda: len(got) == 8, 5.0, sched, got), f"{sched.stats()}"
         # back to SCHED_IDLE after the batch, even if a busy machine had it raised meanwhile
         assert back_to_idle(pid)
 
@@ -592,7 +592,7 @@ def test_a_batch_waiting_for_a_cpu_is_raised_until_it_is_answered():
                 got.extend(sched.poll())
                 seen.add(priority.policy_name(pid))
                 time.sleep(0.002)
-            assert got, sched.stats()
+            assert got, f"{sched.stats()}"
             stats = sched.stats()
             assert stats["priority_raises"] == 1 and "SCHED_BATCH" in seen, (stats, seen)
             assert stats["timeouts"] == stats["restarts"] == 0
@@ -615,7 +615,7 @@ def test_a_worker_sleeping_on_its_source_is_not_raised(tmp_path):
     ) as sched:
         sched.request("car-1", features(), 0)
         got: list[Plan] = []
-        assert wait_for(lambda: asleep.exists() and not sched._worker.runnable(), 20.0, sched, got), sched.stats()
+        assert wait_for(lambda: asleep.exists() and not sched._worker.runnable(), 20.0, sched, got), f"{sched.stats()}"
         raises = sched.stats()["priority_raises"]  # 0, or 1 if it waited for a CPU on the way
         flight = sched._in_flight
         looking_from = time.monotonic()
@@ -626,7 +626,7 @@ def test_a_worker_sleeping_on_its_source_is_not_raised(tmp_path):
         assert not got and sched.stats()["priority_raises"] == raises
         # it did look, all along: every look found it asleep and put the next one 12 ms later
         assert not flight.raised and flight.raise_check > looking_from + 0.3
-        assert wait_for(lambda: len(got) == 1, 20.0, sched, got), sched.stats()
+        assert wait_for(lambda: len(got) == 1, 20.0, sched, got), f"{sched.stats()}"
 
 
 @pytest.mark.slow
@@ -644,14 +644,15 @@ def test_when_raising_is_refused_later_workers_run_sched_batch(monkeypatch):
             os.sched_setaffinity(first, {cpu})
             sched.request("car-1", features(), 0)
             got: list[Plan] = []
-            assert wait_for(lambda: "SCHED_IDLE" in str(sched.stats()["last_error"]), 5.0, sched, got), sched.stats()
-            assert wait_for(lambda: sched.stats()["restarts"] == 1, 5.0, sched, got), sched.stats()
+            refused = wait_for(lambda: "SCHED_IDLE" in str(sched.stats()["last_error"]), 5.0, sched, got)
+            assert refused, f"{sched.stats()}"
+            assert wait_for(lambda: sched.stats()["restarts"] == 1, 5.0, sched, got), f"{sched.stats()}"
             assert not got and sched.stats()["timeouts"] == 1
             # The replacement's batch is only checked for where it runs: on a busy machine it may
             # wait for a CPU far longer than the short allowance that made the first one a timeout.
             sched.starved_limit_s = 20.0
             sched.request("car-1", features(), 1)
-            assert wait_for(lambda: len(got) == 1, 30.0, sched, got), sched.stats()
+            assert wait_for(lambda: len(got) == 1, 30.0, sched, got), f"{sched.stats()}"
             stats = sched.stats()
             assert stats["worker_pid"] != first and stats["worker_idle_priority"] is False
             assert priority.policy_name(stats["worker_pid"]) == "SCHED_BATCH"
