@@ -91,6 +91,12 @@ def wait_for(predicate, timeout_s: float, sched: PlanScheduler, collected: list[
     return False
 
 
+needs_affinity = pytest.mark.skipif(
+    not (hasattr(os, "sched_setaffinity") and os.path.exists("/proc/self/schedstat")),
+    reason="needs Linux CPU affinity and schedstat",
+)
+
+
 @contextlib.contextmanager
 def busy_cpu() -> Iterator[int]:
     """One CPU kept busy by a normal-priority process for the duration; yields that CPU's number
@@ -404,10 +410,7 @@ def test_forgotten_session_in_flight_is_not_delivered():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not (hasattr(os, "sched_setaffinity") and os.path.exists("/proc/self/schedstat")),
-    reason="needs Linux CPU affinity and schedstat",
-)
+@needs_affinity
 def test_a_worker_waiting_for_a_cpu_is_not_killed_as_hung(monkeypatch: pytest.MonkeyPatch):
     """The worker shares one CPU with a busy process and runs at nice 15: its batch takes far longer
     than the deadline, all of it spent waiting for the CPU. That is not a hang: no kill, no timeout."""
@@ -495,10 +498,7 @@ class BurningInSlicesSource(BurningSource):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not (hasattr(os, "sched_setaffinity") and os.path.exists("/proc/self/schedstat")),
-    reason="needs Linux CPU affinity and schedstat",
-)
+@needs_affinity
 def test_a_starved_worker_caught_sleeping_at_its_deadline_is_not_killed_as_hung():
     """Starved of CPU by a busy process, the worker is also asleep at times: a look at its state
     alone could find it sleeping at a deadline. It has waited for a CPU for most of the time since
@@ -517,10 +517,7 @@ def test_a_starved_worker_caught_sleeping_at_its_deadline_is_not_killed_as_hung(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not (hasattr(os, "sched_setaffinity") and os.path.exists("/proc/self/schedstat")),
-    reason="needs Linux CPU affinity and schedstat",
-)
+@needs_affinity
 def test_a_hung_worker_on_a_busy_cpu_is_still_killed_long_before_the_starvation_limit():
     """The other side of the rule above: a source that sleeps forever on a CPU shared with a busy
     process waited for the CPU only to read its batch. It is hung, and killed within a deadline or
