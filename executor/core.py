@@ -16,6 +16,7 @@ LOCKSTEP session runs in one vectorised pass with `lockstep_batch.run_lockstep` 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -256,6 +257,8 @@ class Executor:
                 f"provided_features names {', '.join(map(repr, unknown))}, not features of model "
                 f"{self.card.name}; GetModelInfo lists them ({names[0]}, {names[1]}, ..., {names[-1]})"
             )
+        if repeated := sorted(n for n, count in Counter(provided_features).items() if count > 1):  # built wrongly
+            raise SessionRequestInvalid(f"provided_features names {', '.join(map(repr, repeated))} more than once")
         present = np.isin(np.array(names), np.array(list(provided_features)))
         return None if present.all() else present
 

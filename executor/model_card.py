@@ -220,10 +220,13 @@ class Normalisation:
         `present` (rows, n) bool, None = all: a missing feature is whatever the client sent (NaN by
         contract), does not make its row non-finite, and is fed as the training mean (0).
         Writes into xn/pn when given (the tick's preallocated buffers)."""
-        xn = np.subtract(x, self.mean, out=xn)
-        xn *= self.inv_std
-        pn = np.subtract(p, self.plan_mean, out=pn)
-        pn *= self.plan_inv_std
+        # a finite input far outside float32's range after scaling overflows to inf: the model's
+        # output then is not finite, which the tick reports (MODEL_ERROR), not a warning on stderr
+        with np.errstate(over="ignore"):
+            xn = np.subtract(x, self.mean, out=xn)
+            xn *= self.inv_std
+            pn = np.subtract(p, self.plan_mean, out=pn)
+            pn *= self.plan_inv_std
         if present is None:
             finite = np.isfinite(x).all(axis=1)
         else:

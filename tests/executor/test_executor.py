@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -197,6 +199,10 @@ def test_sensor_profile_masks_missing_features(test_model):
     assert Reason.INVALID_INPUT in snaps["five"].reasons
     with pytest.raises(SessionError, match="provided_features names 'speed'"):
         ex.open_session("typo", provided_features=["speed"])
+    # a name given twice is a list built wrongly: refused, naming it, rather than guessed at
+    with pytest.raises(SessionError, match=f"provided_features names '{names[0]}' more than once"):
+        ex.open_session("twice", provided_features=[names[0], names[1], names[0]])
+    assert sorted(ex.sessions) == ["all", "five"]
 
 
 def test_model_error_degrades_without_nan(test_model):
@@ -359,7 +365,9 @@ def test_a_session_that_overflows_the_model_does_not_cost_the_others_their_tick(
     ex.open_session("clean", Clock.REALTIME)
     ex.open_session("huge", Clock.REALTIME, include_decision_vector=True)
     now = 1_000_000_000
-    snaps = {s.session_id: s for s in ex.step({"clean": obs(1, clean), "huge": obs(1, np.full(19, 3e37))}, now)}
+    with warnings.catch_warnings():  # reported in the snapshot, not as numpy's overflow warning on stderr
+        warnings.simplefilter("error", RuntimeWarning)
+        snaps = {s.session_id: s for s in ex.step({"clean": obs(1, clean), "huge": obs(1, np.full(19, 3e37))}, now)}
     alone = Executor(base_model, ExecutorConfig())
     alone.open_session("clean", Clock.REALTIME)
     (reference,) = alone.step({"clean": obs(1, clean)}, now)
