@@ -48,11 +48,16 @@ def runs(message: Any, name: str, count_name: str, rows: int) -> list[list[Any]]
     return out
 
 
-def sparse_rows(message: Any, has: str, names: Sequence[str], rows: int) -> list[tuple[Any, ...] | None]:
+def sparse_rows(
+    message: Any, has: str, names: Sequence[str], rows: int, empty_is_none: bool = False
+) -> list[tuple[Any, ...] | None]:
     """Per agent: its entries of the named columns (one per agent whose `has` column is set, in
-    agent order), or None."""
+    agent order), or None. `empty_is_none`: an empty `has` column means no agent has them."""
     flags = getattr(message, has)
-    check_sizes(message, (has,), rows, "agents")
+    if empty_is_none and not flags:
+        flags = [False] * rows
+    else:
+        check_sizes(message, (has,), rows, "agents")
     check_sizes(message, names, sum(flags), f"agents with {has}")
     entries = iter(zip(*(getattr(message, n) for n in names)))
     return [next(entries) if h else None for h in flags]

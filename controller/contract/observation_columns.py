@@ -17,8 +17,10 @@ from dualloop.controller.contract.columns import check_sizes, float_runs, sparse
 from dualloop.executor.snapshot import Observation
 from dualloop.v2 import controller_pb2 as pb
 
-# the columns of an entry per agent
-_PER_AGENT = ("seq", "timestamp_ns", "features_count", "sent_time_ns", "release_standstill", "has_plan", "has_actual")
+# the columns of an entry per agent; the optional ones may also be left empty: every agent's default
+# (an Observation's unset field), as a client without plans or send times would rather not fill them
+_PER_AGENT = ("seq", "timestamp_ns", "features_count")
+_OPTIONAL = ("sent_time_ns", "release_standstill", "has_plan", "has_actual")
 
 
 def observation_columns(observations: Mapping[str, pb.Observation]) -> pb.ObservationColumns:
@@ -76,11 +78,14 @@ def observations_from_columns(
     ColumnsError when the columns' sizes do not add up."""
     n = len(columns.session_id)
     check_sizes(columns, _PER_AGENT, n, "agents")
+    check_sizes(columns, [name for name in _OPTIONAL if len(getattr(columns, name))], n, "agents (or none)")
     features = float_runs(columns, "features", n)
-    plan_rows = sparse_rows(columns, "has_plan", ("plan_id", "plan_valid_for_ns", "plan_created_ns"), n)
+    plan_rows = sparse_rows(columns, "has_plan", ("plan_id", "plan_valid_for_ns", "plan_created_ns"), n, True)
     plan_values = iter(float_runs(columns, "plan_values", sum(r is not None for r in plan_rows)))
-    actual_rows = sparse_rows(columns, "has_actual", ("actual_index",), n)
+    actual_rows = sparse_rows(columns, "has_actual", ("actual_index",), n, True)
     controls = iter(float_runs(columns, "actual_controls", sum(r is not None for r in actual_rows)))
+    sent_time_ns = columns.sent_time_ns or [0] * n
+    release_standstill = columns.release_standstill or [False] * n
     out = []
     for i, session_id in enumerate(columns.session_id):
         plan, actual = plan_rows[i], actual_rows[i]
@@ -93,11 +98,11 @@ def observations_from_columns(
             actual_controls=None if actual is None else next(controls),
             plan_id="" if plan is None else plan[0],
             plan_values=None if plan is None else next(plan_values),
-            sent_time_ns=columns.sent_time_ns[i],
+            sent_time_ns=sent_time_ns[i],
             received_wall_ns=received_wall_ns,
             plan_valid_for_ns=0 if plan is None else plan[1],
             plan_created_ns=0 if plan is None else plan[2],
-            release_standstill=columns.release_standstill[i],
+            release_standstill=release_standstill[i],
         )
         out.append((session_id, obs))
     return out

@@ -80,6 +80,11 @@ def test_columns_of_arrays_is_one_tick_of_plain_observations() -> None:
         (lambda c: c.features.pop(), "ObservationColumns.features: 3 counts adding to"),
         (lambda c: c.plan_id.append("x"), "ObservationColumns.plan_id: 2 entries for 1 agents with has_plan"),
         (lambda c: c.actual_controls_count.append(1), "ObservationColumns.actual_controls: 2 counts"),
+        # an optional column holds an entry per agent or none
+        (lambda c: c.sent_time_ns.pop(), r"ObservationColumns.sent_time_ns: 2 entries for 3 agents \(or none\)"),
+        (lambda c: c.has_plan.pop(), r"ObservationColumns.has_plan: 2 entries for 3 agents \(or none\)"),
+        # no has_plan column (no agent has a plan) and yet a plan's entries
+        (lambda c: c.ClearField("has_plan"), "ObservationColumns.plan_id: 1 entries for 0 agents with has_plan"),
     ],
 )
 def test_columns_that_do_not_add_up_name_the_column(break_it, message: str) -> None:
@@ -92,3 +97,16 @@ def test_columns_that_do_not_add_up_name_the_column(break_it, message: str) -> N
     break_it(cols)
     with pytest.raises(ColumnsError, match=message):
         observations_from_columns(cols, 0)
+
+
+def test_optional_columns_left_empty_are_every_agents_default() -> None:
+    """sent_time_ns, release_standstill, has_plan and has_actual left empty: each agent reads as a
+    message that leaves those fields unset would."""
+    messages = {f"a{i}": pb.Observation(seq=i + 1, timestamp_ns=5 * i, features=[float(i), 1.0]) for i in range(3)}
+    cols = observation_columns(messages)
+    for name in ("sent_time_ns", "release_standstill", "has_plan", "has_actual"):
+        cols.ClearField(name)
+    read = observations_from_columns(pb.ObservationColumns.FromString(cols.SerializeToString()), 7, 8)
+    assert [sid for sid, _ in read] == list(messages)
+    for (_, obs), msg in zip(read, messages.values()):
+        assert _same(obs, observation_from_proto(msg, 7, 8))
