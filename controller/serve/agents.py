@@ -22,7 +22,7 @@ from dualloop.controller.contract.snapshot_columns import snapshot_columns
 from dualloop.controller.contract.wire import observation_from_proto, snapshot_to_proto
 from dualloop.controller.serve import client_strings, events
 from dualloop.controller.serve.agents_outbox import AgentsOutbox, agents_columns_bytes, agents_response_bytes
-from dualloop.controller.serve.drive import _DRAINED, _END, DriveCall
+from dualloop.controller.serve.drive import _DRAINED, _END, _TIMED_OUT, DriveCall
 from dualloop.controller.serve.limits import session_limits
 from dualloop.controller.serve.runtime import SessionRuntime
 from dualloop.controller.serve.status import MalformedRequest, status_of
@@ -130,7 +130,15 @@ class DriveAgentsCall:
 
     async def _loop(self, requests: AsyncIterator, drain: asyncio.Future) -> tuple | None:
         ticker = self.runtime.ticker
-        while (msg := await self._stream._next_request(requests, drain)) is not _END:
+        open_timeout_s = self.runtime.config.open_timeout_s  # for the first request, as Drive's OpenSession
+        first = True
+        while (msg := await self._stream._next_request(requests, drain, open_timeout_s if first else None)) is not _END:
+            first = False
+            if msg is _TIMED_OUT:
+                return (
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"no DriveAgentsRequest within open_timeout_s={open_timeout_s} s of the stream's start",
+                )
             if msg is _DRAINED:
                 return (
                     grpc.StatusCode.UNAVAILABLE,
@@ -139,13 +147,16 @@ class DriveAgentsCall:
                 )
             if isinstance(msg, MalformedRequest):
                 return grpc.StatusCode.INVALID_ARGUMENT, msg.message
+            # the first request chooses; a later one need not repeat it (an unset bool reads False), so
+            # only asking for columns on a stream that chose a message per snapshot is a contradiction
             if self.columns is None:
                 self.columns = msg.snapshot_columns
-            elif msg.snapshot_columns != self.columns:
+            elif msg.snapshot_columns and not self.columns:
                 return (
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    f"DriveAgentsRequest.snapshot_columns is {msg.snapshot_columns} after the stream's first request "
-                    f"chose {self.columns}: a stream keeps one layout; open another stream for the other",
+                    "DriveAgentsRequest.snapshot_columns is set after the stream's first request chose a message "
+                    "per snapshot: a stream keeps the layout its first request chose; open another stream for "
+                    "columns",
                 )
             if self.clock == pb.CLOCK_MODE_REALTIME:
                 while ticker.hand_over_due():  # the deadline first; this request just after it
@@ -164,8 +175,8 @@ class DriveAgentsCall:
 
     async def _apply(self, msg: pb.DriveAgentsRequest) -> list[Snapshot]:
         """Joins, then observations, then leaves; LOCKSTEP: the snapshots the observations made."""
-        for req in msg.join:
-            await self._join(req)
+        for i, req in enumerate(msg.join):
+            await self._join(i, req)
         snaps: list[Snapshot] = []
         seen: set[str] = set()
         ticker = self.runtime.ticker
@@ -198,8 +209,18 @@ class DriveAgentsCall:
         named = len(session_id.encode()) <= client_strings.MAX_ID_BYTES
         self._notices().errors.add(session_id=session_id if named else "", code=code.value[0], message=message)
 
-    async def _join(self, req: pb.OpenSession) -> None:
+    async def _join(self, index: int, req: pb.OpenSession) -> None:
+        """Join `req`, the request's join[index], or answer its AgentError (naming the join: an id past
+        its limit is not echoed). A join of an agent already in the stream leaves that agent as it is."""
         session_id = req.session_id or uuid.uuid4().hex[:12]
+        if session_id in self.agents:
+            self._error(
+                session_id,
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"join[{index}]: agent {_named(session_id)} is already in this stream (it goes on as it was); "
+                f"join an agent once",
+            )
+            return
         trace = events.SessionTrace(self.context.peer())
         agent_context = cast("grpc.aio.ServicerContext", _AgentContext(self.context.peer()))
         call = DriveCall(self.runtime, self._profile_builds, agent_context, trace)
@@ -221,7 +242,7 @@ class DriveAgentsCall:
             session = await call._open_session(session_id, req)
         except AgentRefused as err:
             trace.ended(err.code.name, err.message)
-            self._error(session_id, err.code, err.message)
+            self._error(session_id, err.code, f"join[{index}]: {err.message}")
             return
         if self.clock is None:
             self._set_clock(req.clock)
@@ -263,7 +284,8 @@ class DriveAgentsCall:
             if session_id in seen:
                 raise AgentRefused(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    f"agent {_named(session_id)}: two observations in one DriveAgentsRequest; send one per agent",
+                    "a second observation in one DriveAgentsRequest (the first was taken; the agent is now "
+                    "closed): send one per agent and request",
                 )
             seen.add(session_id)
             if (refusal := _refusal(obs)) is not None:

@@ -112,8 +112,14 @@ class ServerConfig(BaseModel):
     # 2 vCPU VM); at many REALTIME sessions that thread competes with the tick loop for the GIL. false:
     # the data topics only.
     record_plots: bool = True
-    # A Drive stream must send its OpenSession within this time.
+    # A Drive stream must send its OpenSession (a DriveAgents stream its first request) within this time.
     open_timeout_s: float = Field(10.0, gt=0.0)
+    # A connection silent this long is pinged (HTTP/2 keepalive), and closed when the ping is not
+    # answered within keepalive_timeout_s: a client whose host vanished without closing its
+    # connection (power, a cable, a partition) ends its sessions then, rather than holding their
+    # slots for the two hours of gRPC's default.
+    keepalive_s: float = Field(30.0, gt=0.0)
+    keepalive_timeout_s: float = Field(10.0, gt=0.0)
     # The largest request message the server accepts (gRPC's own default, made explicit so that
     # SessionLimits reports what is enforced); a larger one fails the stream with RESOURCE_EXHAUSTED.
     max_receive_message_bytes: int = Field(DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, ge=4096)

@@ -31,7 +31,8 @@ from dualloop.v2 import controller_pb2 as pb
 _mono_ns = time.monotonic_ns
 _perf_ns = time.perf_counter_ns
 
-_END, _DRAINED = object(), object()  # _next_request: the stream ended; the server is draining
+# _next_request: the stream ended; the server is draining; no request within the time given
+_END, _DRAINED, _TIMED_OUT = object(), object(), object()
 DRAINING_REFUSAL = (
     "server draining (shutting down): not accepting new sessions; retry on another server, "
     "or on this one once it is back"
@@ -59,7 +60,14 @@ class DriveCall:
     async def run(self, request_iterator: AsyncIterator[pb.DriveRequest]) -> None:
         requests = request_iterator.__aiter__()
         req = await self._read_open(requests)
-        if req is None:  # the client ended the stream before opening a session
+        if req is None:
+            # gRPC ends the requests alike when the client closes the stream first and when it refuses
+            # a message past max_receive_message_bytes (the client gets RESOURCE_EXHAUSTED): say both
+            self.trace.ending = (
+                "the stream ended before its OpenSession: the client closed it, or gRPC refused a message "
+                f"past max_receive_message_bytes ({self.runtime.config.max_receive_message_bytes} bytes) and "
+                "the client got RESOURCE_EXHAUSTED"
+            )
             return
         await self._refuse_unservable(req)
         session_id = req.session_id or uuid.uuid4().hex[:12]
@@ -262,6 +270,7 @@ class DriveCall:
                         error.append((status_of(err), str(err)))
                         return
                     self.runtime.record_observation(session_id, obs_msg)
+                await self._last_observation_decided(session_id)  # the client half-closed
             finally:
                 box.close()  # the client finished (or broke the contract): end the stream
 
@@ -297,14 +306,29 @@ class DriveCall:
         finally:
             drain.cancel()
 
-    async def _next_request(self, requests, drain: asyncio.Future) -> Any:
+    async def _last_observation_decided(self, session_id: str) -> None:
+        """Returns once the tick loop has decided the session's last observation (its snapshot is then
+        in the session's outbox, put in the same step), so that a REALTIME client that half-closes
+        right after sending gets that decision before OK; a tick or two, never more than a second."""
+        session = self.executor.sessions.get(session_id)
+        period_s = self.executor.period_ns / 1e9
+        give_up = time.monotonic() + 1.0
+        while session is not None and session.pending is not None and time.monotonic() < give_up:
+            if self.runtime.draining.is_set():  # the drain sends the final snapshot itself
+                return
+            await asyncio.sleep(period_s / 2)
+
+    async def _next_request(self, requests, drain: asyncio.Future, timeout_s: float | None = None) -> Any:
         """The next request; _END at the end of the stream; _DRAINED once the server drains and no
-        request is waiting (a request that arrived is processed first: it has been accepted)."""
+        request is waiting (a request that arrived is processed first: it has been accepted);
+        _TIMED_OUT when none came within `timeout_s` (None: no limit)."""
         if drain.done():
             return _DRAINED
         read = asyncio.ensure_future(requests.__anext__())
+        timed_out = False
         try:
-            await asyncio.wait((read, drain), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((read, drain), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            timed_out = not read.done() and not drain.done()
         finally:
             if not read.done():  # draining (or this handler was cancelled): abandon the read
                 read.cancel()
@@ -312,6 +336,8 @@ class DriveCall:
                 # mark its outcome seen: when gRPC cancels this handler (a request over the size limit)
                 # just as the read ends, asyncio would otherwise log "Task exception was never retrieved"
                 read.exception()
+        if timed_out:
+            return _TIMED_OUT
         if not read.done() or read.cancelled():
             return _DRAINED
         try:

@@ -129,6 +129,7 @@ class SessionTrace:
         "snapshots_dropped",
         "observations_dropped",
         "last_seq",
+        "ending",
     )
 
     def __init__(self, peer: str) -> None:
@@ -139,6 +140,7 @@ class SessionTrace:
         self.instance = ""
         self.opened_ns = 0  # 0: not opened
         self.ticks = self.snapshots_sent = self.snapshots_dropped = self.observations_dropped = self.last_seq = 0
+        self.ending = ""  # what an OK end says (a stream ended before it opened a session: why that may be)
 
     def opened(self, session_id: str, clock: str, shadow: bool, instance: str) -> None:
         self.session_id, self.clock, self.shadow, self.instance = session_id, clock, shadow, instance

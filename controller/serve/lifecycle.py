@@ -110,6 +110,13 @@ class ServerLifecycle:
                 # several worker processes listen on one port; a single server keeps the port its own
                 ("grpc.so_reuseport", 1 if self.runtime.board is not None else 0),
                 ("grpc.max_receive_message_length", self.config.max_receive_message_bytes),
+                ("grpc.keepalive_time_ms", round(self.config.keepalive_s * 1000)),
+                ("grpc.keepalive_timeout_ms", round(self.config.keepalive_timeout_s * 1000)),
+                # a keepalive ping waits while another ping is out (gRPC's own flow-control probe, with a
+                # timeout of 60 s): every ping gets the keepalive's timeout
+                ("grpc.http2.ping_timeout_ms", round(self.config.keepalive_timeout_s * 1000)),
+                # a silent LOCKSTEP stream must be pinged on and on, not twice (gRPC's default)
+                ("grpc.http2.max_pings_without_data", 0),
             ],
             interceptors=[AuthInterceptor(self.auth)] if self.auth.enabled else None,
         )

@@ -318,7 +318,7 @@ class RpcHandlers(pb_grpc.ControllerServiceServicer):
             trace.ended("UNKNOWN", repr(err))
             raise
         else:
-            trace.ended("OK", "")
+            trace.ended("OK", trace.ending)
         finally:
             runtime.drives_active -= 1
             if runtime.drives_active == 0:

@@ -161,14 +161,20 @@ def test_an_invalid_agent_never_ends_the_others(shipped_server, shipped_channel,
             agent_open("ok"),  # the same id twice
             agent_open("rt", REALTIME),  # not the stream's clock
             agent_open("odd", LOCKSTEP, provided_features=["no_such_feature"]),
+            agent_open("x" * 200),  # an id past its limit: not echoed, so the message names the join
         ]
     )
     first = group.recv()
     assert [o.session_id for o in first.opened] == ["ok", "bad-seq"]
     codes = {e.session_id: (grpc.StatusCode(_code(e.code)), e.message) for e in first.errors}
-    assert codes["ok"][0] is grpc.StatusCode.ALREADY_EXISTS
+    # the second join of "ok" is refused, and "ok" goes on (it decides below)
+    assert codes["ok"][0] is grpc.StatusCode.ALREADY_EXISTS and codes["ok"][1].startswith("join[2]: agent 'ok'")
+    assert "already in this stream (it goes on as it was)" in codes["ok"][1]
     assert codes["rt"][0] is grpc.StatusCode.INVALID_ARGUMENT and "stream's clock" in codes["rt"][1]
+    assert codes["rt"][1].startswith("join[3]: ")
     assert codes["odd"][0] is grpc.StatusCode.INVALID_ARGUMENT and "no_such_feature" in codes["odd"][1]
+    assert codes[""][0] is grpc.StatusCode.INVALID_ARGUMENT and codes[""][1].startswith("join[5]: ")
+    assert "200 bytes" in codes[""][1]
     ok_snaps = []
     for k in range(10):
         bad = observation(5 if k > 3 else k + 1, good[k].timestamp_ns, good[k].features)  # seq stops increasing
@@ -347,7 +353,9 @@ def test_observation_columns_are_judged_agent_by_agent(shipped_channel, driving)
     group.send(observations={"col-1": obs["col-1"]}, observation_columns=cols)
     response = group.recv()
     errors = {e.session_id: (e.code, e.message) for e in response.errors}
-    assert errors["col-1"][0] == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "two observations" in errors["col-1"][1]
+    assert errors["col-1"][0] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert errors["col-1"][1].startswith("agent 'col-1': a second observation in one DriveAgentsRequest"), errors
+    assert errors["col-1"][1].count("col-1") == 1, errors  # named once
     assert errors["ghost"][0] == grpc.StatusCode.NOT_FOUND.value[0]
     assert "ObservationColumns.plan_id" in errors["col-2"][1] and "128" in errors["col-2"][1]
     # col-1's message came first (observations, then columns) and was decided before its column closed it
@@ -362,18 +370,30 @@ def test_observation_columns_are_judged_agent_by_agent(shipped_channel, driving)
 
 
 def test_a_stream_keeps_the_layout_its_first_request_chose(shipped_channel, driving):
-    """Columns asked for by the first request, snapshots by a later one: the stream ends with
-    INVALID_ARGUMENT saying so, after answering what came before."""
+    """Columns asked for by the first request: later requests that leave the flag unset (proto3 reads
+    it False) still get columns. A stream that chose a message per snapshot and then asks for
+    columns ends with INVALID_ARGUMENT saying so, after answering what came before."""
     group = AgentsStream(shipped_channel, columns=True)
     group.send(join=[agent_open("layout-0", LOCKSTEP)], observations={})
     assert [o.session_id for o in group.recv().opened] == ["layout-0"]
     group.send(observations={"layout-0": agent_inputs(driving, 0, 1)[0]})
     assert [s.tick for s in group.snapshots(group.recv())] == [0]
-    group.send_raw(pb.DriveAgentsRequest(observations=[pb.AgentObservation(session_id="layout-0")]))
+    obs = agent_inputs(driving, 0, 2)[1]
+    group.send_raw(pb.DriveAgentsRequest(observations=[pb.AgentObservation(session_id="layout-0", observation=obs)]))
+    response = group.recv()
+    assert not response.errors and not response.snapshots and set(response.columns.session_id) == {"layout-0"}
+    group.close()
+
+    group = AgentsStream(shipped_channel, columns=False)
+    group.send(join=[agent_open("layout-1", LOCKSTEP)], observations={})
+    assert [o.session_id for o in group.recv().opened] == ["layout-1"]
+    group.send_raw(pb.DriveAgentsRequest(snapshot_columns=True))
     with pytest.raises(grpc.RpcError) as err:
         group.recv()
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "snapshot_columns is False after the stream's first request chose True" in err.value.details()
+    assert "snapshot_columns is set after the stream's first request chose a message per snapshot" in (
+        err.value.details()
+    )
 
 
 def test_drain_ends_agent_streams_and_refuses_new_agents(server, channel):

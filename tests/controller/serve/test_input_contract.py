@@ -329,3 +329,18 @@ def test_non_loopback_is_refused_unless_allowed(test_model_path, host):
     with pytest.raises(ValidationError, match="not a loopback address"):
         ServerConfig(model=test_model_path, host=host)
     assert ServerConfig(model=test_model_path, host=host, allow_insecure_non_loopback=True).host == host
+
+
+def test_a_realtime_client_that_half_closes_at_once_gets_its_last_decision(server, channel):
+    """REALTIME: observations sent and the stream half-closed straight away. Each was accepted, so the
+    newest is decided (at the next tick) and its snapshot sent before the stream ends OK."""
+    stub = pb_grpc.ControllerServiceStub(channel)
+    for n in (1, 3):
+        requests = [pb.DriveRequest(open=pb.OpenSession(session_id=f"brief-{n}", clock=pb.CLOCK_MODE_REALTIME))]
+        requests += [
+            pb.DriveRequest(observation=pb.Observation(seq=k + 1, timestamp_ns=k * 5 * MS, features=sensor(k)))
+            for k in range(n)
+        ]
+        responses = list(stub.Drive(iter(requests), timeout=30))  # raises unless the status is OK
+        snaps = [r.snapshot for r in responses if r.HasField("snapshot")]
+        assert snaps and snaps[-1].observation_seq == n, [s.observation_seq for s in snaps]

@@ -3,6 +3,7 @@ the one the server enforces (docs/contract.md#limits)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -199,6 +200,26 @@ def test_open_timeout_is_enforced(channel: grpc.Channel) -> None:
     assert time.monotonic() - started >= 1.0  # not before the limit
 
 
+def test_open_timeout_holds_for_the_first_request_of_an_agents_stream(channel: grpc.Channel) -> None:
+    """A DriveAgents stream that sends nothing ends as a Drive stream with no OpenSession does, rather
+    than holding its call open for ever."""
+    done = threading.Event()
+
+    def nothing() -> Iterator[pb.DriveAgentsRequest]:
+        done.wait(30)
+        yield from ()
+
+    started = time.monotonic()
+    call = pb_grpc.ControllerServiceStub(channel).DriveAgents(nothing())
+    assert next(call).limits.max_agents_per_stream > 0  # the stream's header comes at once
+    with pytest.raises(grpc.RpcError) as err:
+        next(call)
+    done.set()
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "no DriveAgentsRequest within open_timeout_s=1.0 s" in err.value.details()
+    assert time.monotonic() - started >= 1.0
+
+
 def test_window_advice_is_the_client_helper_default(server: ServerThread) -> None:
     with realtime_channel(server.address) as ch:  # the helper's default is the server's default advice
         assert DriveSession(ch, "window", pb.CLOCK_MODE_REALTIME).opened.limits.recommended_client_window_bytes == 16384
@@ -252,3 +273,65 @@ def test_a_plan_s_own_validity_and_creation_time_over_the_wire(channel: grpc.Cha
     assert {s.plan_valid_for_ns for s in snaps[5:]} == {50 * MS}
     assert [s.plan_state for s in snaps[5:17]] == [pb.PLAN_STATE_VALID] * 11 + [pb.PLAN_STATE_EXPIRED]
     assert pb.REASON_CODE_STALE_PLAN in snaps[16].reasons and pb.REASON_CODE_STALE_PLAN not in snaps[15].reasons
+
+
+class SilentRelay:
+    """A TCP relay between clients and a server that can go silent: from then on it drops what
+    either side sends, and closes nothing. To the server, a client whose host vanished."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.silent = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._sockets: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            server = socket.create_connection(self.target)
+            self._sockets += [client, server]
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._relay, args=(src, dst), daemon=True).start()
+
+    def _relay(self, src: socket.socket, dst: socket.socket) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+                if not data:
+                    return
+                if not self.silent.is_set():
+                    dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+
+
+def test_a_client_whose_host_vanished_is_closed_at_the_keepalive(test_model_path: Path) -> None:
+    """A LOCKSTEP session whose connection goes silent (no FIN, no RST: the client's host lost power
+    or the network) is ended once the server's keepalive ping goes unanswered, and its slot freed;
+    without the ping it would hold the slot for gRPC's default of two hours."""
+    config = ServerConfig(model=test_model_path, port=0, keepalive_s=1.0, keepalive_timeout_s=1.0)
+    with ServerThread(config) as srv:
+        relay = SilentRelay(("127.0.0.1", srv.port))
+        try:
+            with grpc.insecure_channel(relay.address) as channel:
+                session = lockstep(channel, "vanishing")
+                send(session, 1, 0)
+                assert session.recv().observation_seq == 1
+                assert srv.call(lambda: sorted(srv.server.executor.sessions)) == ["vanishing"]
+                relay.silent.set()
+                give_up = time.monotonic() + 30  # a bound for a loaded machine, far past 2 s
+                while srv.call(lambda: len(srv.server.executor.sessions)) and time.monotonic() < give_up:
+                    time.sleep(0.1)
+                assert srv.call(lambda: len(srv.server.executor.sessions)) == 0
+                session.cancel()
+        finally:
+            relay.close()

@@ -245,6 +245,10 @@ def test_sigterm_drains_live_streams_and_recording(tmp_path: Path):
             with pytest.raises(grpc.RpcError) as err:  # a stream whose first message is not 'open'
                 list(pb_grpc.ControllerServiceStub(channel).Drive(iter([pb.DriveRequest()]), timeout=10))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(grpc.RpcError) as err:  # an open past max_receive_message_bytes: gRPC refuses it
+                huge = pb.DriveRequest(open=pb.OpenSession(session_id="y" * 5_000_000))
+                list(pb_grpc.ControllerServiceStub(channel).Drive(iter([huge]), timeout=10))
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             bad = DriveSession(channel, "bad", pb.CLOCK_MODE_LOCKSTEP)
             bad.send(1, 10_000_000_000, sensor(1)[:18])
             with pytest.raises(grpc.RpcError) as err:
@@ -290,8 +294,10 @@ def test_sigterm_drains_live_streams_and_recording(tmp_path: Path):
     assert closes["done"]["ticks"] == 4 and closes["done"]["snapshots_sent"] == 4
     assert closes["bad"]["code"] == "INVALID_ARGUMENT" and "18 values" in closes["bad"]["message"]
     assert closes["bad"]["level"] == "WARNING"
-    [refused] = by_event["session.refused"]
+    refused, unopened = by_event["session.refused"]
     assert refused["code"] == "INVALID_ARGUMENT" and "must be 'open'" in refused["message"]
+    # the server sees only the requests end: its log says what that may mean
+    assert unopened["code"] == "OK" and "past max_receive_message_bytes" in unopened["message"]
     for sid in ("rt", "ls"):
         assert closes[sid]["code"] == "UNAVAILABLE" and "server draining" in closes[sid]["message"]
     assert closes["ls"]["snapshots_sent"] == 50 and closes["ls"]["last_seq"] == 50
