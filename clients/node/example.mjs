@@ -31,9 +31,16 @@ call.on('end', () => {
   console.log(`last: ${latest.applied.name} [${latest.applied.controls}] ${latest.safety_state}`);
   client.close();
 });
+// A steady cruise at 20 m/s, 40 m behind a lead at the same speed, mid-lane on a straight road, as a
+// sensor reads it: each value with a little noise (a reading that never changes looks stuck).
+const cruise = { ego_speed: [20, 0.02], ego_accel: [0, 0.05], lead_distance: [40, 0.1] };
+const reading = (f, i, seq) => {
+  const [value, noise] = cruise[f.name] ?? (f.unit === 'bool' ? [1, 0] : f.unit === '1/m' ? [0, 1e-5]
+    : f.name.endsWith('_gap') ? [f.mean, 0.1] : [0, 0.005]); // lanes and lead present, a straight road
+  return value + noise * Math.sin(12.9898 * seq + 78.233 * i); // a different small offset each reading
+};
 for (let seq = 1; seq <= 20; seq++) { // 1 s at 20 Hz: in ModelInfo.features order and units
-  const features = info.features.map((f, i) => (f.unit === 'bool' ? Math.round(f.mean)
-    : f.unit === '1/m' ? 0 : f.mean + 0.1 * f.std * Math.sin(0.37 * seq + 0.5 * i)));
+  const features = info.features.map((f, i) => reading(f, i, seq));
   call.write({ observation: { seq: String(seq), timestamp_ns: String(process.hrtime.bigint()), features } });
   await new Promise((ok) => setTimeout(ok, 50));
 }

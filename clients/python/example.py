@@ -1,6 +1,6 @@
 """A minimal dualloop client in Python: python clients/python/example.py HOST:PORT (docs/contract.md)."""
 
-import math
+import random
 import sys
 import time
 
@@ -15,15 +15,28 @@ channel = grpc.insecure_channel(sys.argv[1], [("grpc.http2.bdp_probe", 0), ("grp
 stub = pb_grpc.ControllerServiceStub(channel)
 
 
+def reading(name: str, mean: float, unit: str, rng: random.Random) -> float:
+    """A steady cruise at 20 m/s, 40 m behind a lead at the same speed, mid-lane on a straight road,
+    as a sensor reads it: each value with a little noise (a reading that never changes looks stuck)."""
+    cruise = {"ego_speed": (20.0, 0.02), "ego_accel": (0.0, 0.05), "lead_distance": (40.0, 0.1)}
+    if name in cruise:
+        value, noise = cruise[name]
+    elif unit == "bool":  # lead and lanes present
+        return 1.0
+    elif unit == "1/m":  # a straight road
+        value, noise = 0.0, 1e-5
+    else:  # relative speeds, lane offset, heading, yaw rate: near zero; side gaps: typical
+        value, noise = (mean, 0.1) if name.endswith("_gap") else (0.0, 0.005)
+    return value + rng.gauss(0.0, noise)
+
+
 def requests():
     yield pb.DriveRequest(
         open=pb.OpenSession(clock=pb.CLOCK_MODE_REALTIME, observation_period_ns=50_000_000)
     )  # first: open
+    rng = random.Random(0)
     for seq in range(1, 21):  # 1 s at 20 Hz, in ModelInfo.features order and units
-        features = [
-            round(f.mean) if f.unit == "bool" else 0.0 if f.unit == "1/m" else f.mean + 0.1 * f.std * math.sin(seq + i)
-            for i, f in enumerate(info.features)
-        ]
+        features = [reading(f.name, f.mean, f.unit, rng) for f in info.features]
         yield pb.DriveRequest(observation=pb.Observation(seq=seq, timestamp_ns=time.monotonic_ns(), features=features))
         time.sleep(0.05)
     # returning half-closes the stream: the server ends the session

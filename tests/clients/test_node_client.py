@@ -100,3 +100,5 @@ def test_node_example_runs(node: str, shipped_server: ServerThread) -> None:
     last = result.stdout.strip().splitlines()[-1]
     actions = shipped_server.server.executor.card.actions
     assert last.startswith("last: ") and last.split()[1] in actions, result.stdout
+    # a steady cruise: a first-time user sees it driven, not vetoed into a fallback
+    assert last.endswith("SAFETY_STATE_NOMINAL") and "OOD_VETO" not in result.stdout, result.stdout

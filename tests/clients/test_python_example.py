@@ -21,6 +21,8 @@ def test_python_example_runs(shipped_server: ServerThread) -> None:
     lines = result.stdout.strip().splitlines()
     actions = shipped_server.server.executor.card.actions
     assert lines[0].startswith("session ") and lines[-1].startswith("last: ") and lines[-1].split()[1] in actions
+    # a steady cruise: a first-time user sees it driven, not vetoed into a fallback
+    assert lines[-1].endswith("SAFETY_STATE_NOMINAL") and "OOD_VETO" not in result.stdout, result.stdout
 
 
 def test_python_example_reports_an_unreachable_server() -> None:
