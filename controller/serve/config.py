@@ -164,6 +164,22 @@ class ServerConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _nothing_ignored(self) -> ServerConfig:
+        """Settings that would do nothing, or something twice, are mistakes to report, not to serve."""
+        if self.candidate_gates and self.candidate is None:
+            raise ValueError(
+                "candidate_gates (--candidate-gate) are given without candidate (--candidate): they gate a "
+                "candidate model; add the candidate, or give the gates as gates (--gate) for the live model"
+            )
+        for name, paths in (("gates", self.gates), ("candidate_gates", self.candidate_gates)):
+            twice = sorted({str(p) for p in paths if paths.count(p) > 1})
+            if twice:
+                raise ValueError(f"{name} names {', '.join(twice)} more than once: each gate file once")
+        if self.record_dir is not None and self.record_dir.exists() and not self.record_dir.is_dir():
+            raise ValueError(f"record_dir (--record-dir) {self.record_dir} is a file, not a folder")
+        return self
+
+    @model_validator(mode="after")
     def _loopback_unless_allowed(self) -> ServerConfig:
         if not is_loopback(self.host) and self.tls is None and not self.allow_insecure_non_loopback:
             raise ValueError(

@@ -51,6 +51,21 @@ def test_yaml_config_and_overrides(tmp_path, test_model_path):
         load_server_config(path)
 
 
+def test_settings_that_would_be_ignored_or_doubled_are_refused(tmp_path, test_model_path):
+    """Candidate gates without a candidate, a gate file named twice, a recording folder that is a
+    file: each a mistake the server would have served through silently."""
+    gate = tmp_path / "a.gate.npz"
+    with pytest.raises(ConfigError, match=r"candidate_gates \(--candidate-gate\) are given without candidate"):
+        load_server_config(model=test_model_path, candidate_gates=[gate])
+    with pytest.raises(ConfigError, match="gates names .*a.gate.npz more than once"):
+        load_server_config(model=test_model_path, gates=[gate, gate])
+    afile = tmp_path / "notes.txt"
+    afile.write_text("")
+    with pytest.raises(ConfigError, match=r"record_dir \(--record-dir\) .*notes.txt is a file, not a folder"):
+        load_server_config(model=test_model_path, record_dir=afile)
+    assert load_server_config(model=test_model_path, record_dir=tmp_path / "new").record_dir == tmp_path / "new"
+
+
 def test_cli_refuses_bad_host_with_message(test_model_path):
     proc = subprocess.run(
         [
