@@ -335,7 +335,8 @@ def replay_log(
         data = read_log(source_path, session_id)
         if data.truncated and not allow_truncated:
             raise LogFileError(
-                f"{data.truncation}; the drive may be cut short: replay its complete part with --allow-truncated"
+                f"{data.truncation}; the drive may be cut short: replay its complete part with "
+                f"`dualloop replay --allow-truncated`, or rewrite it whole with `dualloop recover`"
             )
     return replay_data(
         data,

@@ -4,6 +4,7 @@ with errors naming the field and where it was set."""
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -229,10 +230,38 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _kinds(annotation: Any) -> set[Any]:
+    """The classes an annotation names, through Optional, unions and lists."""
+    args = typing.get_args(annotation)
+    return set().union(*map(_kinds, args)) if args else {annotation}
+
+
+def _from_folder(data: dict[str, Any], model: type[BaseModel], folder: Path) -> dict[str, Any]:
+    """`data` (a config file's table for `model`) with every relative path taken from `folder`, the
+    file's own: a file names its neighbours, wherever the server is started from (as Prometheus and
+    Compose read theirs). Nested tables too (tls, auth, planner)."""
+    out = dict(data)
+    for name, field in model.model_fields.items():
+        value, kinds = out.get(name), _kinds(field.annotation)
+        tables = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+        if isinstance(value, dict) and tables:
+            out[name] = _from_folder(value, tables[0], folder)
+        elif Path in kinds and value is not None:
+
+            def place(v: Any) -> Any:
+                return str(folder / v) if isinstance(v, str) and v and not Path(v).is_absolute() else v
+
+            out[name] = [place(v) for v in value] if isinstance(value, list) else place(value)
+    return out
+
+
 def load_server_config(path: Path | None = None, *, use_env: bool = True, **overrides: Any) -> ServerConfig:
     """Defaults < config file < DUALLOOP_* environment variables < command-line overrides (None means
-    'not given'): the conventional order, so a container's env adjusts a shipped file and a flag wins."""
-    data: dict[str, Any] = read_config_file(path) if path is not None else {}
+    'not given'): the conventional order, so a container's env adjusts a shipped file and a flag wins.
+    Relative paths in the file are taken from its folder; in variables and flags, from the working one."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _from_folder(read_config_file(path), ServerConfig, path.resolve().parent)
     env = read_env() if use_env else {}
     flags = {k: v for k, v in overrides.items() if v is not None}
     data = _merge(_merge(data, env), flags)

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import pytest
@@ -64,6 +65,22 @@ def test_settings_that_would_be_ignored_or_doubled_are_refused(tmp_path, test_mo
     with pytest.raises(ConfigError, match=r"record_dir \(--record-dir\) .*notes.txt is a file, not a folder"):
         load_server_config(model=test_model_path, record_dir=afile)
     assert load_server_config(model=test_model_path, record_dir=tmp_path / "new").record_dir == tmp_path / "new"
+
+
+def test_relative_paths_in_a_file_are_its_folder_s(tmp_path, test_model_path, monkeypatch):
+    """A file names its neighbours wherever the server starts (a service's working directory is often
+    /): relative paths in it are taken from its folder, nested tables too; a flag's, from the working
+    directory."""
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(test_model_path.read_bytes())
+    path = folder / "server.toml"
+    path.write_text('model = "model.onnx"\ngates = ["a.gate.npz"]\nrecord_dir = "logs"\n[auth]\ntokens_file = "t"\n')
+    monkeypatch.chdir(tmp_path)
+    config = load_server_config(path)
+    assert config.model == folder / "model.onnx" and config.gates == [folder / "a.gate.npz"]
+    assert config.record_dir == folder / "logs" and config.auth.tokens_file == folder / "t"
+    assert load_server_config(path, record_dir=Path("here")).record_dir == Path("here")
 
 
 def test_cli_refuses_bad_host_with_message(test_model_path):
