@@ -8,8 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from dualloop.controller.console import console, print_error
+from dualloop.controller.logs.bulk import MAGIC
 from dualloop.controller.training.calibration_guard import CalibrationGuard, CalibrationRefused
 from dualloop.controller.training.driving_card import build_test_model
+from dualloop.controller.training.recorded import log_paths
 from dualloop.controller.training.report import print_summary, progress_hooks
 from dualloop.controller.training.trainer import (
     DEFAULT_SEED,
@@ -24,6 +26,7 @@ from dualloop.controller.training.trainer import (
     train,
 )
 from dualloop.executor.history import DEFAULT_HISTORY
+from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, TEST_MODEL_PATH
 
 
@@ -87,9 +90,35 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(fn=_make_test_model)
 
 
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, found before minutes of building data: a bad number, a log
+    or model file that is missing or is not one (None: nothing)."""
+    if not (args.ece_tolerance >= 0 and args.nll_tolerance >= 0):  # NaN fails too
+        return "--ece-tolerance and --nll-tolerance must be >= 0"
+    if not 0.0 <= args.log_share < 1.0:
+        return f"--log-share must be in [0, 1) (the recorded drives' share of the weight); got {args.log_share}"
+    if args.dagger < 0:
+        return f"--dagger must be 0 or more rounds; got {args.dagger}"
+    if args.logs:
+        files = log_paths(args.logs)  # a path that is not there: FileNotFoundError, said as an error
+        if not files:
+            return f"--logs: no .mcap log in {', '.join(map(str, args.logs))}"
+        for f in files:
+            with open(f, "rb") as head:
+                if head.read(len(MAGIC)) != MAGIC:
+                    return f"--logs: {f} is not an MCAP log (empty, or another format)"
+    for flag, model in (("--check", args.check), ("--calibration-reference", args.calibration_reference)):
+        if model is not None:
+            if not model.is_file():
+                return f"{flag}: {model}: no such model file"
+            DecisionModel(model, warmup_batches=())  # ModelFileError names the file and what is wrong
+    return None
+
+
 def _train(args: argparse.Namespace) -> int:
-    if args.ece_tolerance < 0 or args.nll_tolerance < 0:
-        print_error("--ece-tolerance and --nll-tolerance must be >= 0")
+    problem = _argument_problem(args)
+    if problem is not None:
+        print_error(problem)
         return 2
     guard = CalibrationGuard(args.calibration_reference, args.ece_tolerance, args.nll_tolerance, args.force)
     try:

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dualloop.controller.logs.format import sensor_profile
-from dualloop.controller.logs.logfile import LogData, read_sessions
+from dualloop.controller.logs.logfile import LogData, LogFileError, read_sessions
 from dualloop.controller.training.data import Split, make_split
 from dualloop.executor.action_labels import backward_accel
 from dualloop.executor.history import HistoryDeriver
@@ -202,7 +202,8 @@ def read_log_rows(paths: Iterable[str | Path]) -> LogRows:
     datasets: list[str] = []
     files: list[str] = []
     given: list[str] = []
-    for path in log_paths(paths):
+    files = log_paths(paths)
+    for path in files:
         for log in read_sessions(path).values():
             x, present, label, accel, t_s, t_ns = _session_rows(log)
             parts.append((x, present, label, accel, np.full(len(label), len(sessions), np.int64), t_s, t_ns))
@@ -210,8 +211,9 @@ def read_log_rows(paths: Iterable[str | Path]) -> LogRows:
             datasets.append(dataset_name(log))
             files.append(path.name)
             given.append(str(path))
-    if not parts:
-        raise ValueError("no sessions in the recorded drives given")
+    if not parts:  # a user's files: said in one line, naming them
+        named = ", ".join(map(str, files)) or "no .mcap files"
+        raise LogFileError(f"no sessions in the recorded drives given: {named}")
     cat = [np.concatenate([p[i] for p in parts]) for i in range(7)]
     return LogRows(
         cat[0],
