@@ -202,8 +202,8 @@ def read_log_rows(paths: Iterable[str | Path]) -> LogRows:
     datasets: list[str] = []
     files: list[str] = []
     given: list[str] = []
-    files = log_paths(paths)
-    for path in files:
+    found = log_paths(paths)
+    for path in found:
         for log in read_sessions(path).values():
             x, present, label, accel, t_s, t_ns = _session_rows(log)
             parts.append((x, present, label, accel, np.full(len(label), len(sessions), np.int64), t_s, t_ns))
@@ -212,7 +212,7 @@ def read_log_rows(paths: Iterable[str | Path]) -> LogRows:
             files.append(path.name)
             given.append(str(path))
     if not parts:  # a user's files: said in one line, naming them
-        named = ", ".join(map(str, files)) or "no .mcap files"
+        named = ", ".join(map(str, found)) or "no .mcap files"
         raise LogFileError(f"no sessions in the recorded drives given: {named}")
     cat = [np.concatenate([p[i] for p in parts]) for i in range(7)]
     return LogRows(
