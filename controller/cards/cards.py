@@ -21,6 +21,8 @@ import onnx
 from pydantic import ValidationError
 
 from dualloop.controller.cards import toml_text
+from dualloop.controller.contract.config_files import read_text_file
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.executor.model_card import METADATA_KEY, ModelCard, ModelFileError
 from dualloop.executor.model_runner import DecisionModel
 
@@ -167,7 +169,9 @@ def _todos(doc: Any, loc: tuple[int | str, ...] = ()) -> list[str]:
 def read_card(path: Path) -> ModelCard:
     """The completed card; CardError naming the file, line or field for anything wrong or left TODO."""
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        doc = tomllib.loads(read_text_file(path, "card file"))
+    except ConfigError as err:  # missing or not UTF-8: named as the card's, like every card error
+        raise CardError(str(err)) from None
     except tomllib.TOMLDecodeError as err:
         raise CardError(f"{path}: not valid TOML: {err}") from None
     left = _todos(doc)

@@ -15,7 +15,12 @@ from dualloop.controller.contract.errors import ConfigError
 ENV_PREFIX = "DUALLOOP_"
 ENV_NESTED_DELIMITER = "__"
 # the command-line flag of an override whose name differs from --<field-with-dashes>
-_FLAG_OF = {"gates": "--gate", "candidate_gates": "--candidate-gate"}
+_FLAG_OF = {
+    "gates": "--gate",
+    "candidate_gates": "--candidate-gate",
+    "drain_grace_s": "--drain-grace",
+    "allow_insecure_non_loopback": "--insecure-plaintext-on-network",
+}
 
 
 def env_name(loc: tuple[str | int, ...]) -> str:
@@ -56,10 +61,31 @@ def format_validation_error(
     return "\n".join(lines)
 
 
+def read_text_file(path: Path, role: str) -> str:
+    """The text of a file a person wrote (a configuration, a card), as UTF-8 (what TOML requires and
+    YAML defaults to). A missing, unreadable or undecodable file is a ConfigError naming the file, its
+    role and, for a bad byte, where it is: a UnicodeDecodeError's traceback named none of them."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {role} not found") from None
+    except OSError as err:  # a folder, no permission: the reason without the [Errno N] prefix
+        raise ConfigError(f"{path}: cannot read the {role}: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - data.rfind(b"\n", 0, err.start)  # 1-based, in bytes
+        raise ConfigError(
+            f"{path}: the {role} is not UTF-8 text: byte 0x{data[err.start]:02x} at offset {err.start} "
+            f"(line {line}, column {column}); save it as UTF-8"
+        ) from None
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: configuration file not found")
-    text = path.read_text()
+    text = read_text_file(path, "configuration file")
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(text)

@@ -23,7 +23,7 @@ from dualloop.controller.serve.lifecycle import ServerThread
 from dualloop.executor.gating import decision_vector_names
 from dualloop.executor.model_card import METADATA_KEY, Normalisation
 from dualloop.executor.model_runner import DecisionModel
-from dualloop.models import BASE_MODEL_PATH
+from dualloop.models import BASE_MODEL_PATH, TEST_MODEL_PATH
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
@@ -142,6 +142,21 @@ def test_bad_toml_names_the_line(foreign, tmp_path: Path) -> None:  # type: igno
     card.write_text('name = "a"\nsize_class = = 3\n')
     with pytest.raises(CardError, match=r"not valid TOML: .*line 2"):
         check(foreign[0], card)
+
+
+def test_a_card_that_is_not_utf8_or_missing_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A UnicodeDecodeError traceback and a bare [Errno 2] before: now the card file, the bad byte's
+    offset and line, or that the card file is missing; exit 2."""
+    card = tmp_path / "bin.toml"
+    card.write_bytes(b'name = "a"\n\xff\xfe garbage')
+    assert main(["card", "check", str(TEST_MODEL_PATH), str(card)]) == 2
+    text = "".join(capsys.readouterr())
+    assert f"error: {card}: the card file is not UTF-8 text: byte 0xff at offset 11 (line 2, column 1)" in text
+    absent = tmp_path / "nonexist.toml"
+    for extra in ([], ["--out", str(tmp_path / "x.onnx")]):
+        assert main(["card", "attach" if extra else "check", str(TEST_MODEL_PATH), str(absent), *extra]) == 2
+        text = "".join(capsys.readouterr())
+        assert f"error: {absent}: card file not found" in text and "Errno" not in text
 
 
 def test_attached_card_serves_the_pooled_decision_vector_over_grpc(foreign, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
