@@ -97,10 +97,12 @@ class NormBand:
         )
 
 
-def _check_alpha(alpha: float) -> float:
+def check_alpha(alpha: float, name: str = "alpha") -> float:
+    """``alpha`` as a float, or ValueError naming it (``name``: how the caller calls it, e.g. a
+    command's --alpha) when it is not a rate in (0, 1); NaN compares False and is refused too."""
     alpha = float(alpha)
     if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        raise ValueError(f"{name} must be a rate in (0, 1), got {alpha}")
     return alpha
 
 
@@ -111,7 +113,7 @@ def conformal_rank(n: int, alpha: float) -> int:
 
 def calibrate_threshold(scores: np.ndarray, alpha: float, data_description: str) -> ThresholdCalibration:
     """Threshold on held-out in-distribution scores at per-tick false-veto rate ``alpha``."""
-    alpha = _check_alpha(alpha)
+    alpha = check_alpha(alpha)
     if not data_description or not data_description.strip():
         raise ValueError("data_description must say which held-out data the threshold was measured on")
     s = np.asarray(scores, dtype=np.float64).ravel()
@@ -137,7 +139,7 @@ def calibrate_threshold(scores: np.ndarray, alpha: float, data_description: str)
 
 def calibrate_norm_band(norms: np.ndarray, alpha: float, margin: float = 1.0) -> NormBand:
     """Two-sided band on held-out raw norms, alpha/2 per tail, widened by ``margin`` >= 1."""
-    alpha = _check_alpha(alpha)
+    alpha = check_alpha(alpha)
     if not (margin >= 1.0 and np.isfinite(margin)):
         raise ValueError(f"norm margin must be a finite factor >= 1, got {margin}")
     v = np.sort(np.asarray(norms, dtype=np.float64).ravel())

@@ -8,9 +8,10 @@ import tempfile
 from pathlib import Path
 
 from dualloop.controller.console import console, print_error
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.gates import fault_injection
-from dualloop.controller.gates.evaluation import evaluate
+from dualloop.controller.gates.evaluation import evaluate, present_mask
 from dualloop.controller.gates.fitting import GateFitConfig, fit_gate_for_model
 from dualloop.controller.gates.real_faults import evaluate_real, jsonable, print_real
 from dualloop.controller.gates.real_logs import RealDataError, load_real_dir
@@ -18,6 +19,7 @@ from dualloop.controller.replay.lockstep import LoadedModel
 from dualloop.executor.gating import GATE_SOURCES
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+from dualloop.ood.calibrate import check_alpha
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -89,12 +91,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _gate_fit(args: argparse.Namespace) -> int:
-    model = DecisionModel(args.model)
-    real = tuple(str(p) for p in args.real_logs)
+    try:  # before minutes of fitting: the calibration at the end checked it only after them
+        check_alpha(args.alpha, "--alpha")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     for path in args.real_logs:
         if not path.exists():
             print_error(f"--real-logs {path}: no such file or folder")
             return 2
+    model = DecisionModel(args.model)
+    real = tuple(str(p) for p in args.real_logs)
     console.print(
         f"fitting a {args.variant} gate on {args.source} of {args.model} from simulated nominal driving"
         + (f", calibrated on the sites of {len(real)} real log paths" if real else "")
@@ -136,8 +142,9 @@ def _gate_eval(args: argparse.Namespace) -> int:
     if args.real:
         return _gate_eval_real(args)
     model = DecisionModel(args.model)
-    gates = [load_gate_for_model(g, model) for g in (args.gate or DEFAULT_GATES)]
     present = None if not args.present else [n.strip() for n in args.present.split(",") if n.strip()]
+    present_mask(model, present)  # a name the model lacks: refused before the gates load and scoring starts
+    gates = [load_gate_for_model(g, model) for g in (args.gate or DEFAULT_GATES)]
     result = evaluate(model, gates, out_dir=args.out, console=console, present=present)
     (args.out / "gate_eval.json").write_text(json.dumps(result, indent=2, default=float))
     console.print(f"results and plots: {args.out}/")

@@ -28,6 +28,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dualloop import ood
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.demo.closed_loop import drive_in_process
 from dualloop.controller.gates.fitting import episode_changes, forward_rows, model_features
 from dualloop.controller.gates.plots import plot_evaluation
@@ -329,6 +330,20 @@ def closed_loop_with_and_without(
     return rows
 
 
+def present_mask(model: DecisionModel, present: Sequence[str] | None) -> np.ndarray | None:
+    """(F,) bool of the features the sensors measure (None: all). ConfigError listing the model's
+    feature names for a name it does not have, or for no names at all: `gate eval` checks this before
+    its minutes of scoring, and a typo must not be a traceback."""
+    if present is None:
+        return None
+    names = model.card.feature_names
+    unknown = [n for n in present if n not in names]
+    if unknown or not present:
+        given = f"names features the model does not have: {', '.join(unknown)}" if unknown else "names no feature"
+        raise ConfigError(f"--present {given}; the model's features: {', '.join(names)}")
+    return np.array([n in set(present) for n in names])
+
+
 def evaluate(
     model: DecisionModel,
     gate: ood.Gate | list[ood.Gate],
@@ -346,12 +361,7 @@ def evaluate(
     gates = [gate] if isinstance(gate, ood.Gate) else list(gate)
     names = list(NOMINAL_SCENARIOS) + list(OOD_SCENARIOS)
     scores: dict[str, ScenarioScores] = {}
-    mask = None
-    if present is not None:
-        unknown = sorted(set(present) - set(model.card.feature_names))
-        if unknown:
-            raise ValueError(f"--present names features the model does not have: {unknown}")
-        mask = np.array([n in set(present) for n in model.card.feature_names])
+    mask = present_mask(model, present)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("scoring scenarios", total=len(names) + len(OOD_SCENARIOS))
         for name in names:

@@ -3,9 +3,12 @@ as the executor does, and the simulator's stuck sensor is caught with either sen
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from dualloop.controller.cli import main
 from dualloop.controller.gates.evaluation import score_episodes
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
@@ -70,3 +73,16 @@ def test_the_evaluation_judges_a_profile_as_the_executor_does(model, gates) -> N
     ratio = np.array([s.gate_score / s.gate_threshold for s in snaps])
     np.testing.assert_allclose(ratio, scored.score[0], rtol=1e-6)
     assert veto[scored.onset_tick[0] :].any() and not veto[: scored.onset_tick[0]].any()
+
+
+@pytest.mark.parametrize("present", ["bogus_feature", "ego_speed,bogus_feature", ","])
+def test_gate_eval_refuses_unknown_present_names_up_front_listing_the_valid_ones(
+    present: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ge"
+    assert main(["gate", "eval", "--present", present, "--out", str(out)]) == 2
+    text = " ".join("".join(capsys.readouterr()).split())
+    assert "error: --present names" in text
+    assert "bogus_feature" in text or present == ","
+    assert "the model's features: " + ", ".join(FEATURE_NAMES) in text  # the shipped model's are the simulator's
+    assert not out.exists()  # refused before any scoring or output

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dualloop import ood
+from dualloop.controller.cli import main
 from dualloop.controller.gates.fitting import GateFitConfig, fit_gate_for_model, model_driven_inputs
 from dualloop.controller.logs.shared_data import import_shared_data
 from dualloop.controller.training.driving_card import build_test_model
@@ -113,3 +114,15 @@ def test_the_plan_range_takes_a_target_raised_to_the_speed_as_far_as_the_speed(t
     speed, target = FEATURE_NAMES.index("ego_speed"), raised.context_names.index("target_speed")
     assert raised.context_high[target] == raised.high[speed] > fixed.context_high[target]
     assert np.delete(raised.context_high, target).tolist() == np.delete(fixed.context_high, target).tolist()
+
+
+@pytest.mark.parametrize("alpha", ["5", "-1", "nan", "0", "1"])
+def test_gate_fit_refuses_an_alpha_outside_0_1_before_fitting(
+    alpha: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The calibration at the end of minutes of fitting refused it before: now the command does, first."""
+    out = tmp_path / "g.gate.npz"
+    assert main(["gate", "fit", "--alpha", alpha, "--out", str(out)]) == 2
+    text = "".join(capsys.readouterr())
+    assert f"error: --alpha must be a rate in (0, 1), got {float(alpha)}" in text
+    assert "fitting" not in text and not out.exists()
