@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from dualloop.controller.console import console, print_error
-from dualloop.controller.logs.datasets import default_data_dir
+from dualloop.controller.logs.datasets import SPLITS, default_data_dir
 from dualloop.controller.logs.foxglove import layout, plot_sessions
 from dualloop.controller.logs.import_comma2k19 import Comma2k19Error, import_comma2k19
 from dualloop.controller.logs.import_csv import EXTRA_COLUMNS_FLAG, CsvImportError, import_csv, parse_units
@@ -15,6 +15,7 @@ from dualloop.controller.logs.import_ngsim import NgsimError, import_ngsim
 from dualloop.controller.logs.import_openacc import OpenAccError, import_openacc
 from dualloop.controller.logs.import_report import ImportReport
 from dualloop.controller.logs.import_rosbag2 import Rosbag2ImportError, import_rosbag2
+from dualloop.controller.logs.outputs import refuse_overwriting_inputs
 from dualloop.controller.logs.recover import recover_log
 from dualloop.controller.logs.shared_data import import_shared_data
 
@@ -157,6 +158,13 @@ def _import_rosbag2(args: argparse.Namespace) -> int:
 def _import_shared_data(args: argparse.Namespace) -> int:
     if args.source is None:
         print_error("no shared data folder: give one (../shared/data beside the repository does not exist)")
+        return 2
+    # the command empties <out>/train and <out>/heldout of .mcap files and writes there: never in the data
+    try:
+        outputs = [Path(args.out) / split for split in SPLITS] + [Path(args.out) / "manifest.json"]
+        refuse_overwriting_inputs(outputs, [Path(args.source)], ValueError)
+    except ValueError as err:
+        print_error(err)
         return 2
     console.print(f"importing {args.source} into {args.out}/train and {args.out}/heldout", highlight=False)
     try:

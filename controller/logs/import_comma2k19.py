@@ -31,6 +31,7 @@ from dualloop.controller.logs.following import imported_header
 from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL
 from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
+from dualloop.controller.logs.outputs import refuse_overwriting_inputs
 from dualloop.executor.action_labels import ACCEL_WINDOW_S, LOOKAHEAD_S, backward_accel, lookahead_labels
 from dualloop.sim.schema import FEATURE_INDEX, FEATURE_NAMES, N_FEATURES, SENSOR_RANGE_M
 from dualloop.v2 import controller_pb2 as pb
@@ -313,6 +314,7 @@ def import_comma2k19(
     `start_time_unix_ns` goes into the header (default: now); fix it to make the output byte-identical.
     """
     directory, out_path = Path(directory), Path(out_path)
+    refuse_overwriting_inputs([out_path], [directory], Comma2k19Error)
     if rate_hz <= 0:
         raise Comma2k19Error(f"rate_hz must be positive, not {rate_hz}")
     seg = load_segment(directory)

@@ -48,6 +48,7 @@ from dualloop.controller.logs.following import imported_header, timestamps_ns
 from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL
 from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
+from dualloop.controller.logs.outputs import refuse_overwriting_inputs
 from dualloop.executor.action_labels import ACCEL_WINDOW_S, LOOKAHEAD_S, backward_accel, lookahead_labels
 from dualloop.sim.schema import (
     ACTION_INDEX,
@@ -470,6 +471,7 @@ def import_csv(
     """Convert a CSV drive log (columns above) into a dualloop log at `out_path`; `dataset`: the site or
     fleet it comes from (the header's `dataset` detail, which per-dataset reports and site calibration read)."""
     path, out_path = Path(file), Path(out_path)
+    refuse_overwriting_inputs([out_path], [path], CsvImportError)
     if rate_hz is not None and not (math.isfinite(rate_hz) and rate_hz > 0):
         raise CsvImportError(f"--rate-hz must be a positive number of Hz, not {rate_hz}")
     data = read_csv(path, allow_extra_columns, units)

@@ -23,7 +23,9 @@ import numpy as np
 
 from dualloop.controller.logs.csv_text import csv_rows
 from dualloop.controller.logs.following import FollowingPair, write_pairs
+from dualloop.controller.logs.import_openacc import pair_outputs
 from dualloop.controller.logs.import_report import ImportReport
+from dualloop.controller.logs.outputs import refuse_overwriting_inputs
 
 CHAIN_LENGTH = 6
 OBSERVATION_PERIOD_NS = 100_000_000  # NGSIM's 10 Hz
@@ -126,6 +128,8 @@ def import_ngsim(
 ) -> list[ImportReport]:
     """Import the five pairs of a chain file (or those whose session id is in `only`)."""
     chain = read_ngsim_chain(file)
+    out_path = Path(out) if out is not None else None
+    refuse_overwriting_inputs(pair_outputs(chain.pairs, out_path, "ngsim", only), [chain.path], NgsimError)
     details = {
         "dataset": "NGSIM I-80 (Emeryville CA, April 2005, 4:00-4:15 pm), EMD reconstruction, 6-vehicle chains",
         "licence": f"{ATTRIBUTION} Changes: converted to dualloop logs, gap = headway - {LEADER_LENGTH_M} m, "
@@ -135,7 +139,7 @@ def import_ngsim(
     }
     return write_pairs(
         chain.pairs,
-        Path(out) if out is not None else None,
+        out_path,
         "ngsim",
         only=only,
         source=lambda pair: f"ngsim import of {chain.path} ({pair.session_id})",

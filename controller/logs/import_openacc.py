@@ -22,15 +22,16 @@ import csv
 import itertools
 import math
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from dualloop.controller.logs.csv_text import csv_rows
-from dualloop.controller.logs.following import FollowingPair, write_pairs
+from dualloop.controller.logs.following import FollowingPair, output_path, pair_sessions, write_pairs
 from dualloop.controller.logs.import_report import ImportReport
+from dualloop.controller.logs.outputs import refuse_overwriting_inputs
 
 OBSERVATION_PERIOD_NS = 100_000_000  # JRC downsampled every campaign to 10 Hz
 OPENACC_URL = "http://data.europa.eu/89h/9702c950-c80f-4d2f-982f-44d06ea0009f"
@@ -169,6 +170,9 @@ def read_openacc(file: str | Path) -> OpenAccFile:
     layout, header_line, meta = _layout(path, rows)
     header = [c.strip() for c in rows[header_line - 1]]
     data = rows[header_line:]
+    for r, row in enumerate(data):  # a cut or padded row is a damaged file, not empty cells (as import csv)
+        if len(row) != len(header):
+            raise OpenAccError(f"{path}: line {header_line + 1 + r}: {len(row)} cells, the header has {len(header)}")
     index = {name: i for i, name in enumerate(header)}
 
     def column(name: str) -> np.ndarray:
@@ -219,6 +223,15 @@ def read_openacc(file: str | Path) -> OpenAccFile:
     return OpenAccFile(path, layout, _campaign(path), vehicles, pairs)
 
 
+def pair_outputs(
+    pairs: Iterable[FollowingPair], out: Path | None, stem: str, only: Collection[str] | None
+) -> list[Path]:
+    """The files write_pairs will write for these pairs (its pieces, its names), known before any is
+    written, so that an output landing on the input is refused before anything is lost."""
+    ids = [sid for pair in pairs if only is None or pair.session_id in only for sid, _ in pair_sessions(pair)]
+    return [output_path(out, sid, stem, len(ids)) for sid in ids]
+
+
 def import_openacc(
     file: str | Path,
     out: str | Path | None = None,
@@ -229,6 +242,9 @@ def import_openacc(
     """Import every human follower pair of an OpenACC file (or the pairs whose session id, before any
     piece suffix, is in `only`); `out` as in following.output_path. One report per written session."""
     parsed = read_openacc(file)
+    out_path = Path(out) if out is not None else None
+    planned = pair_outputs(parsed.pairs, out_path, parsed.path.stem, only)
+    refuse_overwriting_inputs(planned, [parsed.path], OpenAccError)
     attribution = ATTRIBUTION_ASTAZERO_NEW if parsed.layout == "astazero-new" else ATTRIBUTION_JRC
     details = {
         "dataset": f"OpenACC {parsed.campaign} (JRC), human car-following, {parsed.layout} layout",
@@ -239,7 +255,7 @@ def import_openacc(
         details["vehicle_order"] = ",".join(parsed.vehicles.values())
     return write_pairs(
         parsed.pairs,
-        Path(out) if out is not None else None,
+        out_path,
         parsed.path.stem,
         only=only,
         source=lambda pair: f"openacc import of {parsed.path} ({pair.session_id.removeprefix(parsed.path.stem + '-')})",

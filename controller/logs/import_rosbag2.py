@@ -40,6 +40,7 @@ from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL
 from dualloop.controller.logs.import_csv import COLUMN_UNITS, UNITS
 from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
+from dualloop.controller.logs.outputs import refuse_overwriting_inputs
 from dualloop.executor.action_labels import ACCEL_WINDOW_S, LOOKAHEAD_S, backward_accel, lookahead_labels
 from dualloop.sim.schema import (
     FEATURE_INDEX,
@@ -357,6 +358,7 @@ def import_rosbag2(
 ) -> ImportReport:
     """Convert a ROS 2 MCAP bag into a dualloop log at `out_path` as the mapping file says."""
     bag, map_path, out_path = Path(bag), Path(map_file), Path(out_path)
+    refuse_overwriting_inputs([out_path], [bag, map_path], Rosbag2ImportError)
     mapping = load_map(map_path)
     data = _read_bag(bag, mapping, map_path)
     grid = _grid(bag, mapping, data)

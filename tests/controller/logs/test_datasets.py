@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,23 @@ def test_cli_imports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert (tmp_path / "lap.mcap").is_file()
     assert main(["import", "openacc", str(chain)]) == 2
     assert "not an OpenACC file" in capsys.readouterr().out
+
+
+def test_cli_refuses_an_output_folder_over_the_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command empties <out>/train and <out>/heldout of .mcap files, then writes there: with the data
+    in <out>/train, a log kept beside the drives was deleted; with <out> the data folder, the data set
+    was written into. Both refused naming the paths, before anything is deleted or written."""
+    out = tmp_path / "real"
+    data = out / "train"
+    shutil.copytree(REAL_FIXTURES, data)
+    kept = data / "my-drive.mcap"
+    kept.write_bytes(b"a user's log")
+    listing = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main(["import", "shared-data", str(data), "-o", str(out)]) == 2
+    printed = capsys.readouterr().out
+    assert f"error: {data}: the output would overwrite the input {data}" in printed, printed
+    assert main(["import", "shared-data", str(data), "-o", str(data)]) == 2
+    printed = capsys.readouterr().out
+    assert f"error: {data / 'train'}: the output would be written inside the input folder {data}" in printed, printed
+    assert kept.read_bytes() == b"a user's log"
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == listing

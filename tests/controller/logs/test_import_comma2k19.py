@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dualloop.controller.cli import main
 from dualloop.controller.contract.wire import observation_from_proto
 from dualloop.controller.logs import import_comma2k19 as c2k
 from dualloop.controller.logs.logfile import read_log
@@ -248,3 +249,21 @@ def test_damaged_segment_files_are_named(tmp_path: Path) -> None:
     ):
         with pytest.raises(c2k.Comma2k19Error, match=message):
             c2k.import_comma2k19(root, tmp_path / "x.mcap")
+
+
+def test_an_output_in_the_segment_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`-o` inside the segment folder could land on one of its files (here the speed channel's times):
+    refused naming both, the segment untouched."""
+    segment = tmp_path / "segment"
+    t = 1000.0 + np.arange(0.0, 12.0, 0.01)
+    _save(segment / "processed_log" / "CAN" / "speed", t, (15.0 + np.sin(t)).reshape(-1, 1))
+    _save(segment / "processed_log" / "CAN" / "steering_angle", t, np.zeros_like(t))
+    _save(segment / "processed_log" / "CAN" / "radar", t, np.zeros((len(t), 7)))
+    _save(segment / "processed_log" / "IMU" / "gyro", t, np.zeros((len(t), 3)))
+    times = segment / "processed_log" / "CAN" / "speed" / "t"
+    before = times.read_bytes()
+    assert main(["import", "comma2k19", str(segment), "-o", str(times)]) == 2
+    printed = capsys.readouterr().out
+    assert f"error: {times}: the output would be written inside the input folder {segment}" in printed, printed
+    assert times.read_bytes() == before
+    assert main(["import", "comma2k19", str(segment), "-o", str(tmp_path / "s.mcap")]) == 0

@@ -265,3 +265,18 @@ def test_the_dataset_names_the_drives_site(tmp_path: Path, capsys: pytest.Captur
     assert rows.datasets == ("fleet-north", "csv")
     assert main(["import", "csv", str(src), "-o", str(tmp_path / "c.mcap"), "--dataset", "north, 2026"]) == 2
     assert "--dataset 'north, 2026'" in capsys.readouterr().out
+
+
+def test_an_output_over_the_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`-o` naming the CSV itself (as given, through another spelling, or a hard link to it) was written
+    over with the MCAP log: the user's drive lost. Refused naming both paths; the CSV untouched."""
+    src = write_csv(tmp_path / "base.csv", [row(f"{i * 0.1:.1f}") for i in range(30)])
+    before = src.read_bytes()
+    link = tmp_path / "link.mcap"
+    link.hardlink_to(src)
+    for out in (src, tmp_path / "sub" / ".." / "base.csv", link):
+        assert main(["import", "csv", str(src), "-o", str(out)]) == 2
+        printed = capsys.readouterr().out
+        assert f"error: {out}: the output would overwrite the input {src}" in printed, printed
+        assert src.read_bytes() == before
+    assert main(["import", "csv", str(src), "-o", str(tmp_path / "base.mcap")]) == 0

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dualloop.controller.cli import main
 from dualloop.controller.logs.import_ngsim import LEADER_LENGTH_M, NgsimError, import_ngsim, read_ngsim_chain
 from dualloop.controller.logs.logfile import read_log
 from dualloop.executor.action_labels import ACTIONS, backward_accel, lookahead_labels
@@ -75,3 +76,14 @@ def test_errors_name_file_line_and_column(tmp_path: Path) -> None:
     bad.write_text("\n".join([lines[0], lines[1], lines[2].replace("5.8667", "x", 1), *lines[3:]]) + "\n")
     with pytest.raises(NgsimError, match=r"line 3, column 'v2': 'x' is not a number"):
         read_ngsim_chain(bad)
+
+
+def test_an_output_over_the_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A chain file whose name is one of the sessions' (ngsim-1-11.mcap) in the output folder: its
+    first pair was written over it. Refused before any file is written."""
+    src = tmp_path / "ngsim-1-11.mcap"
+    src.write_bytes(CHAIN.read_bytes())
+    assert main(["import", "ngsim", str(src), "-o", str(tmp_path)]) == 2
+    printed = capsys.readouterr().out
+    assert f"{src}: the output would overwrite the input {src}" in printed, printed
+    assert src.read_bytes() == CHAIN.read_bytes() and sorted(tmp_path.iterdir()) == [src]

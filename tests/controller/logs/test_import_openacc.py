@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dualloop.controller.cli import main
 from dualloop.controller.logs.format import actual_is_command
 from dualloop.controller.logs.import_openacc import OpenAccError, import_openacc, read_openacc
 from dualloop.controller.logs.logfile import read_log
@@ -166,3 +167,29 @@ def test_the_campaign_comes_from_jrcs_file_names(tmp_path: Path, name: str, camp
     reports = import_openacc(copy, tmp_path / "out")
     detail = read_log(reports[0].out_path).header.source_details["dataset"]
     assert detail.startswith(f"OpenACC {campaign} (JRC)")
+
+
+@pytest.mark.parametrize(("damage", "cells"), [("cut", 2), ("padded", 14)])
+def test_a_row_with_more_or_fewer_cells_than_the_header_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, cells: int
+) -> None:
+    """A cut row was imported with its missing cells as NaN, a padded one with its extra cells ignored:
+    a damaged file used silently. Refused as `import csv` and `import ngsim` refuse it, naming the line."""
+    lines = ASTAZERO.read_text().splitlines()
+    lines[49] = "5.9,16" if damage == "cut" else lines[49] + ",1,2,3,4"
+    damaged = tmp_path / "oa.csv"
+    damaged.write_text("\n".join(lines) + "\n")
+    header = len(lines[0].split(","))
+    assert main(["import", "openacc", str(damaged), "-o", str(tmp_path / "out")]) == 2
+    printed = capsys.readouterr().out
+    assert f"error: {damaged}: line 50: {cells} cells, the header has {header}" in printed, printed
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_an_output_over_the_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`-o` naming the file itself (one session: that very name) replaced the drive with its log."""
+    src = tmp_path / "lap.mcap"
+    src.write_bytes(ASTAZERO.read_bytes())
+    assert main(["import", "openacc", str(src), "-o", str(src)]) == 2
+    assert f"{src}: the output would overwrite the input {src}" in capsys.readouterr().out
+    assert src.read_bytes() == ASTAZERO.read_bytes()

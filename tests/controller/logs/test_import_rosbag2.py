@@ -349,3 +349,16 @@ def test_a_mapped_topic_without_messages(tmp_path: Path) -> None:
     text = "rate_hz: 10\nfeatures:\n  ego_speed: {topic: /imu/data, field: linear_acceleration.x}\n"
     with pytest.raises(Rosbag2ImportError, match=r"quiet.mcap: topic '/imu/data' has 1 message\(s\)"):
         import_rosbag2(bag, _map(tmp_path, text), tmp_path / "out.mcap")
+
+
+def test_an_output_over_the_bag_or_the_map_is_refused(
+    tmp_path: Path, bag: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-o` naming the bag (or the mapping file) replaced it with the dualloop log: refused naming both."""
+    map_path = _map(tmp_path)
+    before = bag.read_bytes(), map_path.read_bytes()
+    for out, given in ((bag, bag), (map_path, map_path)):
+        assert main(["import", "rosbag2", str(bag), "--map", str(map_path), "-o", str(out)]) == 2
+        printed = capsys.readouterr().out
+        assert f"error: {out}: the output would overwrite the input {given}" in printed, printed
+    assert (bag.read_bytes(), map_path.read_bytes()) == before
