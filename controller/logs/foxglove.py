@@ -9,14 +9,16 @@ recording). Panel ids are derived from the session and the panel, so the file is
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mcap.exceptions import McapError
+from mcap.exceptions import EndOfFile
 from mcap.records import Channel
 from mcap.stream_reader import StreamReader
 
+from dualloop.controller.logs.logfile import MCAP_READ_ERRORS, LogFileError
 from dualloop.controller.logs.plot import is_plot_topic, plot_topic
 
 # (title, [(field path, label)]) per plot panel, from the plot message's fields
@@ -116,15 +118,31 @@ def layout_paths(data: dict[str, Any]) -> list[str]:
 
 def plot_sessions(paths: Sequence[Path]) -> list[str]:
     """The sessions with a plot topic in these recordings, in order of first appearance (read up
-    to where a file ends, so a recording still being written or cut short works too)."""
+    to where a file ends, so a recording still being written or cut short works too). LogFileError
+    (a ValueError) naming the file when it is missing, or unreadable before any plot topic."""
     sessions: dict[str, None] = {}
     for path in paths:
-        with open(path, "rb") as stream:
+        try:
+            stream = open(path, "rb")
+        except FileNotFoundError:
+            raise LogFileError(f"{path}: recording not found") from None
+        except OSError as err:  # a folder, no permission: the reason without the [Errno N] prefix
+            raise LogFileError(f"{path}: cannot read the recording: {err.strerror or err}") from None
+        with stream:
             try:
                 for record in StreamReader(stream, skip_magic=False).records:
                     if isinstance(record, Channel) and is_plot_topic(record.topic):
                         sessions.setdefault(record.metadata.get("session_id", record.topic.split("/")[2]), None)
-            except (McapError, EOFError, ValueError) as err:
+            except MCAP_READ_ERRORS as err:  # struct.error too: a file cut inside a record's fields
                 if not sessions:
-                    raise ValueError(f"{path}: not a readable MCAP file ({err})") from err
+                    raise LogFileError(_unreadable(path, err)) from err
     return list(sessions)
+
+
+def _unreadable(path: Path, err: Exception) -> str:
+    """Why a recording gave no plot topic before it broke: empty, not MCAP, or cut short."""
+    if path.stat().st_size == 0:
+        return f"{path}: empty file, not an MCAP log"
+    if isinstance(err, (EndOfFile, EOFError, struct.error)):
+        return f"{path}: truncated log: it ends inside a record before any plot topic (cut short, or still written)"
+    return f"{path}: not a readable MCAP file ({type(err).__name__}: {err})"

@@ -8,13 +8,15 @@ it into a CI gate: non-zero when a chosen field changed on more ticks than allow
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from dualloop.controller.logs.logfile import LogData, read_sessions
+from dualloop.controller.contract.errors import ConfigError
+from dualloop.controller.logs.logfile import LogData, LogFileError, read_sessions
 from dualloop.controller.replay.report import format_confusion
 from dualloop.v2 import controller_pb2 as pb
 
@@ -29,6 +31,7 @@ FIELDS = (
     "gate_veto",
     "vetoed_by",  # which checks vetoed (DecisionSnapshot.vetoed_by; empty in logs older than the checks)
 )
+DEFAULT_FIELDS = ("missing", "applied_index")  # what gates the exit code unless --field says otherwise
 
 
 class NotSameInput(ValueError):
@@ -80,8 +83,31 @@ def _observation_digest(data: LogData) -> str:
     return h.hexdigest()
 
 
+def check_diff_options(tolerance: float, controls_tol: float, fields: Sequence[str]) -> None:
+    """Refuse options that would make the exit code meaningless, before any log is read: a NaN
+    tolerance compares False (every diff passes), a negative one fails identical logs, and an
+    unknown field is a typo that CI must not take for "the logs differ" (exit 1)."""
+    if not (math.isfinite(tolerance) and 0.0 <= tolerance <= 1.0):
+        raise ConfigError(f"--tolerance {tolerance}: a fraction of the ticks, from 0 to 1 (0.01 allows 1%)")
+    if not (math.isfinite(controls_tol) and controls_tol >= 0.0):
+        raise ConfigError(f"--controls-tol {controls_tol}: an absolute tolerance, a finite number >= 0")
+    unknown = [f for f in fields if f not in FIELDS]
+    if unknown:
+        raise ConfigError(f"--field: unknown diff field(s) {', '.join(unknown)}; choose from {', '.join(FIELDS)}")
+
+
 def _sessions(log: str | Path | dict[str, LogData]) -> dict[str, LogData]:
-    return log if isinstance(log, dict) else read_sessions(log)
+    """The sessions of a log; a log with none is refused (an empty or cut file would otherwise
+    diff as "0 ticks, identical" and pass a CI gate)."""
+    if isinstance(log, dict):
+        return log
+    path = Path(log)
+    if path.is_file() and path.stat().st_size == 0:
+        raise LogFileError(f"{path}: empty file, not an MCAP log")
+    sessions = read_sessions(path)
+    if not sessions:
+        raise LogFileError(f"{path}: no sessions (no dualloop message in it: cut short, or not a dualloop log)")
+    return sessions
 
 
 def _check_same_input(a: dict[str, LogData], b: dict[str, LogData], names: tuple[str, str]) -> None:
@@ -168,9 +194,7 @@ def diff_logs(
     return report
 
 
-def diff_exit_code(
-    report: DiffReport, tolerance: float = 0.0, fields: Sequence[str] = ("missing", "applied_index")
-) -> int:
+def diff_exit_code(report: DiffReport, tolerance: float = 0.0, fields: Sequence[str] = DEFAULT_FIELDS) -> int:
     """0 when every chosen field changed on at most `tolerance` (a fraction) of the ticks, else 1."""
     unknown = [f for f in fields if f not in FIELDS]
     if unknown:

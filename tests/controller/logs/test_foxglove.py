@@ -39,6 +39,7 @@ from dualloop.sim.scenarios import SCENARIOS
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import log_pb2
 from tests.controller.serve.inputs import sensor
+from tests.paths import FIXTURES
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED_LAYOUT = REPO / "docs" / "foxglove" / "dualloop-layout.json"
@@ -257,3 +258,22 @@ def test_distinct_session_ids_have_distinct_plot_topics():
     assert plot_topic("x_y") == "/dualloop/x_y/plot" and plot_topic("cut_in-900001") == "/dualloop/cut_in-900001/plot"
     assert plot_topic("x.y") == "/dualloop/escaped/x_2ey/plot"
     assert all(re.fullmatch(r"[A-Za-z0-9_/-]+", t) for t in topics)  # nothing a message path trips on
+
+
+def test_foxglove_layout_names_a_missing_empty_or_cut_recording(tmp_path, capsys):
+    """A cut recording raised struct.error from inside the MCAP reader, and a missing one printed a bare
+    [Errno 2]: each is now an error naming the file and what is wrong with it, exit 2."""
+    cut = tmp_path / "trunc.mcap"
+    cut.write_bytes(FIXTURES.joinpath("comma2k19-example1.mcap").read_bytes()[:200_000])
+    empty = tmp_path / "empty.mcap"
+    empty.write_bytes(b"")
+    out = tmp_path / "fl.json"
+    for path, message in (
+        (cut, f"error: {cut}: truncated log: it ends inside a record before any plot topic"),
+        (tmp_path / "absent.mcap", f"error: {tmp_path / 'absent.mcap'}: recording not found"),
+        (empty, f"error: {empty}: empty file, not an MCAP log"),
+    ):
+        assert main(["foxglove-layout", str(path), "-o", str(out)]) == 2
+        text = "".join(capsys.readouterr())
+        assert message in text and "Errno" not in text
+    assert not out.exists()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from dualloop.controller.cli import main
 from dualloop.controller.logs.logfile import read_log, write_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
 from dualloop.controller.logs.synthetic import slice_log
@@ -85,3 +86,65 @@ def test_a_log_from_before_the_checks_still_diffs(tmp_path):
     assert report.changed["gate_veto"] == 0 and report.changed["applied_index"] == 0
     assert report.changed["vetoed_by"] == vetoes > 0
     assert "vetoed_by" in format_diff(report)
+
+
+@pytest.fixture(scope="module")
+def differing(tmp_path_factory):
+    """Two short replays of the same slice of the real drive that differ (the shipped model with its
+    gates, the untrained test model without): `dualloop diff` exits 1 on them."""
+    d = tmp_path_factory.mktemp("differing")
+    source = slice_log(d / "s.mcap", 1000, 1600, "comma2k19-comma2k19-example1")
+    a = replay_log(source, BASE_MODEL_PATH, DEFAULT_GATES, out_path=d / "a.mcap").out_path
+    b = replay_log(source, TEST_MODEL_PATH, out_path=d / "b.mcap").out_path
+    return str(a), str(b)
+
+
+def test_the_differing_pair_fails_and_a_full_tolerance_passes(differing, capsys):
+    a, b = differing
+    assert main(["diff", a, b]) == 1
+    assert main(["diff", a, b, "--tolerance", "1", "--controls-tol", "0"]) == 0  # the range's ends are accepted
+    assert main(["diff", a, a, "--tolerance", "0"]) == 0
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ("--tolerance", "nan"),  # compared False with every fraction: differing logs passed
+        ("--tolerance", "-1"),  # identical logs failed
+        ("--tolerance", "1.5"),
+        ("--tolerance", "inf"),
+        ("--controls-tol", "-5"),
+        ("--controls-tol", "nan"),
+    ],
+)
+def test_a_tolerance_out_of_range_is_refused_naming_the_option(differing, capsys, option):
+    a, b = differing
+    assert main(["diff", a, b, *option]) == 2
+    out = capsys.readouterr()
+    assert f"error: {option[0]} " in out.out + out.err and " -> " not in out.out  # refused before diffing
+
+
+def test_an_unknown_field_is_refused_before_the_logs_are_read(differing, tmp_path, capsys):
+    a, _ = differing
+    assert main(["diff", a, a, "--field", "applied_index", "--field", "bogus"]) == 2
+    text = "".join(capsys.readouterr())
+    assert "--field: unknown diff field(s) bogus; choose from missing, applied_index" in text
+    assert " -> " not in text  # refused before diffing
+    # not even read: the field is named, not the missing log
+    assert main(["diff", str(tmp_path / "none.mcap"), a, "--field", "bogus"]) == 2
+    assert "--field: unknown diff field(s) bogus" in "".join(capsys.readouterr())
+
+
+def test_an_empty_or_cut_log_is_refused_not_identical(differing, tmp_path, capsys):
+    a, _ = differing
+    empty = tmp_path / "empty.mcap"
+    empty.write_bytes(b"")
+    cut = tmp_path / "cut.mcap"
+    cut.write_bytes(FIXTURE.read_bytes()[:20])
+    assert main(["diff", str(empty), str(empty)]) == 2
+    assert f"error: {empty}: empty file, not an MCAP log" in "".join(capsys.readouterr())
+    assert main(["diff", str(cut), str(cut)]) == 2
+    text = "".join(capsys.readouterr())
+    assert f"error: {cut}: no sessions" in text and "identical" not in text
+    assert main(["diff", a, str(cut)]) == 2
+    assert f"{cut}: no sessions" in "".join(capsys.readouterr())
