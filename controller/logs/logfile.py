@@ -22,7 +22,7 @@ from mcap.records import Channel, Footer, Schema
 from mcap.records import Message as McapMessage
 from mcap.stream_reader import StreamReader
 
-from dualloop.controller.logs.bulk import NotFast, read_messages
+from dualloop.controller.logs.bulk import MAGIC, NotFast, read_messages
 from dualloop.controller.logs.format import (
     FORMAT_VERSION,
     TOPIC_HEADER,
@@ -55,6 +55,54 @@ MCAP_READ_ERRORS = (
 
 class LogFileError(ValueError):
     """The file is not a dualloop log at all (wrong magic, unknown format version, no sessions)."""
+
+
+def cut_log_error(truncation: str, verb: str) -> LogFileError:
+    """Why a command refuses a log whose end is missing or broken (`truncation`: LogReader's, naming the
+    file), and the flag that uses its complete part anyway: a cut drive read as if whole would report
+    a third of a drive as the drive. `verb`: what the command does with it ("replay", "score", ...)."""
+    return LogFileError(f"{truncation}; the drive may be cut short: {verb} its complete part with --allow-truncated")
+
+
+def no_sessions_error(file: Path) -> LogFileError:
+    """A log file that gave no session: said as what it is (empty, not MCAP, or an MCAP file without
+    a dualloop session), since a command that went on would report nothing and succeed."""
+    with open(file, "rb") as stream:
+        start = stream.read(len(MAGIC))
+    if not start:
+        return LogFileError(f"{file}: empty file, not an MCAP log")
+    if start != MAGIC:
+        return LogFileError(f"{file}: not an MCAP log")
+    return LogFileError(f"{file}: no sessions in it")
+
+
+def check_sessions(file: Path, sessions: Iterable[LogData], allow_truncated: bool, verb: str) -> None:
+    """The check of a command that reads `file` as whole drives (replay, eval-logs, stream): it has
+    sessions, and it is complete unless `allow_truncated`."""
+    sessions = list(sessions)
+    if not sessions:
+        raise no_sessions_error(file)
+    cut = next((d.truncation for d in sessions if d.truncated), "")
+    if cut and not allow_truncated:
+        raise cut_log_error(cut, verb)
+
+
+def check_log_file(file: Path, allow_truncated: bool, verb: str) -> None:
+    """check_sessions for a command that reads the file elsewhere (eval-logs' rows): one pass over the
+    bytes of a complete, clean file (bulk.read_messages: CRCs checked, nothing decoded, ~10% of
+    reading its sessions); a damaged one is read by LogReader, which says where it broke."""
+    try:
+        channels, messages = read_messages(file)
+    except NotFast:
+        reader = LogReader([file])
+        if not sum(1 for _ in reader):
+            raise no_sessions_error(file) from None
+        if reader.truncated and not allow_truncated:
+            raise cut_log_error(reader.truncation, verb) from None
+        return
+    ours = {channel_id for channel_id, (topic, _) in channels.items() if topic in TOPIC_TYPES}
+    if not any(channel_id in ours for channel_id, _, _ in messages):
+        raise no_sessions_error(file)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from mcap.writer import CompressionType
 from mcap.writer import Writer as McapWriter
 
 from dualloop.controller.logs.format import LIBRARY, PROFILE
-from dualloop.controller.logs.logfile import MCAP_READ_ERRORS, LogFileError
+from dualloop.controller.logs.logfile import MCAP_READ_ERRORS, LogFileError, no_sessions_error
 
 _RECORD_SIZE_LIMIT = 256 * 1024 * 1024  # as the reader's: a corrupt length never allocates gigabytes
 _READ_ERRORS = MCAP_READ_ERRORS
@@ -64,6 +64,9 @@ def recover_log(source: Path, out: Path) -> Recovered:
                 raise LogFileError(f"{source}: not an MCAP file ({err})") from None
             cut = f"{type(err).__name__}: {err}"
         writer.finish()
+    if messages == 0 and not complete:  # empty, a stray file, or cut before its first message: nothing to keep
+        out.unlink()
+        raise no_sessions_error(source)
     if not complete and not cut:
         cut = "the file ends without its footer"
     return Recovered(messages, len(channels), complete, cut)

@@ -10,9 +10,14 @@ import argparse
 import importlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from dualloop.controller.logs.outputs import refuse_overwriting_inputs
 from dualloop.controller.replay.fleet import FLEET_SCHEMA, format_fleet, replay_many
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+
+if TYPE_CHECKING:
+    from dualloop.controller.logs.logfile import LogData
 
 # what the fleet's summary needs in this process, imported while the pool's workers start
 _SUMMARY_MODULES = ("dualloop.controller.console", "dualloop.controller.replay.evaluation")
@@ -21,6 +26,17 @@ _SUMMARY_MODULES = ("dualloop.controller.console", "dualloop.controller.replay.e
 def _import_summary_modules() -> None:
     for module in _SUMMARY_MODULES:
         importlib.import_module(module)
+
+
+def _workers(value: str) -> int:
+    """--workers: a positive count, as `serve --workers` (0 was taken as not given, -1 as 1, silently)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers {value!r}: a positive number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--workers {value}: at least 1")
+    return n
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,7 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="ID",
         help="one log: replay only this session (repeat for several; default: every session of the log)",
     )
-    p.add_argument("--workers", type=int, help="process pool size for many logs (default: the cores)")
+    p.add_argument("--workers", type=_workers, help="process pool size for many logs (default: the cores)")
     p.add_argument(
         "--ray",
         action="store_true",
@@ -96,6 +112,10 @@ def _replay(args: argparse.Namespace) -> int:
     if len(args.logs) == 1 and not args.ray and not args.workers:
         return _replay_recording(args, gates)
 
+    out_dir = None if args.no_write else (args.out or Path("runs/replay"))
+    # named as fleet._replay_one names them: a log there named so would be replaced by another's replay
+    outputs = [] if out_dir is None else [out_dir / f"{Path(p).stem}.replay.mcap" for p in args.logs]
+    _refuse_overwriting_inputs(args, gates, outputs)
     try:
         fleet = replay_many(
             args.logs,
@@ -103,7 +123,7 @@ def _replay(args: argparse.Namespace) -> int:
             gates,
             workers=args.workers,
             use_ray=args.ray,
-            out_dir=None if args.no_write else (args.out or Path("runs/replay")),
+            out_dir=out_dir,
             while_waiting=_import_summary_modules,
         )
     except RuntimeError as err:  # Ray missing or no cluster: the message says what to do
@@ -130,38 +150,36 @@ def _replay(args: argparse.Namespace) -> int:
     return 1 if fleet.errors else 0
 
 
+def _refuse_overwriting_inputs(args: argparse.Namespace, gates: list[Path], outputs: list[Path]) -> None:
+    """Nothing replay writes (new logs, their reports, --json, --plot, --report) may land on a log,
+    model or gate it was given: `replay x.mcap --out x.mcap` replaced the drive with its replay.
+    FileExistsError: an OSError, which the command line reports as a user's error (exit 2)."""
+    written = [*outputs, *(p for p in (args.json, args.plot, args.report) if p is not None)]
+    refuse_overwriting_inputs(written, [*args.logs, args.model, *gates], FileExistsError)
+
+
 def _replay_recording(args: argparse.Namespace, gates: list[Path]) -> int:
     """One log: each of its sessions (or the --session ones), one new log and report per session."""
     from dualloop.controller.console import console
-    from dualloop.controller.logs.logfile import LogFileError
-    from dualloop.controller.replay.lockstep import (
-        LoadedModel,
-        ReplayOptions,
-        read_recording,
-        replay_data,
-        session_file_name,
-    )
+    from dualloop.controller.logs.logfile import check_sessions
+    from dualloop.controller.replay.lockstep import LoadedModel, ReplayOptions, read_recording, replay_data
     from dualloop.controller.replay.report import format_report
 
     source = Path(args.logs[0])
     recording = read_recording(source, args.session)
-    if recording.truncated and not args.allow_truncated:
-        raise LogFileError(
-            f"{recording.truncation}; the drive may be cut short: replay its complete part with --allow-truncated"
-        )
+    check_sessions(source, recording.sessions, args.allow_truncated, "replay")
     several = len(recording.sessions) > 1
     folder = args.out or Path("runs/replay") / source.stem
+    outs = _session_outputs(args, source, recording.sessions)
+    _refuse_overwriting_inputs(
+        args, gates, [p for out in outs if out is not None for p in (out, out.with_suffix(".json"))]
+    )
     loaded = LoadedModel.load(args.model, gates)
     reports, skipped = [], []
-    for index, data in enumerate(recording.sessions):
-        if several and not data.observations:  # opened, then cut before its first observation
+    for data, out in zip(recording.sessions, outs):
+        if out is None:
             skipped.append(data.session_id)
             continue
-        out = (
-            folder / session_file_name(source.stem, index, data.session_id)
-            if several
-            else args.out or Path("runs/replay") / f"{source.stem}.replayed.mcap"
-        )
         out.parent.mkdir(parents=True, exist_ok=True)
         result = replay_data(
             data,
@@ -191,6 +209,20 @@ def _replay_recording(args: argparse.Namespace, gates: list[Path]) -> int:
     return 0
 
 
+def _session_outputs(args: argparse.Namespace, source: Path, sessions: list[LogData]) -> list[Path | None]:
+    """Each session's new log, known before any is written (None: a session of several opened, then
+    cut before its first observation, which is not replayed)."""
+    from dualloop.controller.replay.lockstep import session_file_name
+
+    if len(sessions) == 1:
+        return [args.out or Path("runs/replay") / f"{source.stem}.replayed.mcap"]
+    folder = args.out or Path("runs/replay") / source.stem
+    return [
+        folder / session_file_name(source.stem, index, data.session_id) if data.observations else None
+        for index, data in enumerate(sessions)
+    ]
+
+
 def _evaluate(reports: list[dict], args: argparse.Namespace) -> None:
     """The evaluation table of the replayed logs (in the order given); --json and --plot."""
     from dualloop.controller.console import console
@@ -212,15 +244,25 @@ def _evaluate(reports: list[dict], args: argparse.Namespace) -> None:
 
 def _diff(args: argparse.Namespace) -> int:
     from dualloop.controller.console import console, print_error
-    from dualloop.controller.replay.diff import NotSameInput, Tolerances, diff_exit_code, diff_logs, format_diff
+    from dualloop.controller.replay.diff import (
+        DEFAULT_FIELDS,
+        NotSameInput,
+        Tolerances,
+        check_diff_options,
+        diff_exit_code,
+        diff_logs,
+        format_diff,
+    )
 
+    fields = tuple(args.field or DEFAULT_FIELDS)
+    check_diff_options(args.tolerance, args.controls_tol, fields)  # before the logs: a typo is not a difference
     try:
         report = diff_logs(args.a, args.b, tolerances=Tolerances(controls_abs=args.controls_tol))
     except NotSameInput as err:
         print_error(err)
         return 2
     console.print(format_diff(report), highlight=False)
-    code = diff_exit_code(report, tolerance=args.tolerance, fields=tuple(args.field or ("missing", "applied_index")))
+    code = diff_exit_code(report, tolerance=args.tolerance, fields=fields)
     if code:
         console.print(f"[red]changed beyond tolerance {args.tolerance}[/]")
     return code

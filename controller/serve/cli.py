@@ -17,10 +17,10 @@ from pathlib import Path
 
 import grpc
 
-from dualloop.controller.console import console
+from dualloop.controller.console import console, print_error
 from dualloop.controller.contract.addresses import host_port
 from dualloop.controller.contract.server_env import private_server_env
-from dualloop.controller.logs.logfile import LogData, read_sessions
+from dualloop.controller.logs.logfile import LogData, check_sessions, read_sessions
 from dualloop.controller.serve.config import load_server_config
 from dualloop.controller.serve.events import LOG_LEVELS, configure_logging
 from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
@@ -119,6 +119,11 @@ def _register_stream(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--every", type=int, default=1, help="send every k-th observation (a slower sensor)")
     p.add_argument("--speed", type=float, default=1.0, help="time scale (2: twice real time)")
     p.add_argument("--json", type=Path, help="also write the counts as JSON")
+    p.add_argument(
+        "--allow-truncated",
+        action="store_true",
+        help="stream the complete part of each session of a log whose end is missing or broken (a killed recorder's)",
+    )
     p.set_defaults(fn=stream)
 
 
@@ -245,7 +250,9 @@ def stream(args: argparse.Namespace) -> int:
     for path in args.logs:
         files = sorted(path.glob("*.mcap")) if path.is_dir() else [path]
         for file in files:
-            logs += (d for d in read_sessions(file).values() if d.observations)
+            sessions = read_sessions(file).values()
+            check_sessions(file, sessions, args.allow_truncated, "stream")  # as replay: never a cut drive as whole
+            logs += (d for d in sessions if d.observations)
     if not logs:
         console.print(f"[red]no observations in {', '.join(map(str, args.logs))}[/]")
         return 2
@@ -256,7 +263,11 @@ def stream(args: argparse.Namespace) -> int:
             f"streaming {len(logs)} session(s) x {args.sessions} to {address}, every {args.every} observation(s), "
             f"about {total_s / args.speed:.0f} s"
         )
-        result = asyncio.run(stream_logs(address, logs, args.sessions, args.every, args.speed))
+        try:
+            result = asyncio.run(stream_logs(address, logs, args.sessions, args.every, args.speed))
+        except grpc.aio.AioRpcError as err:  # as `admin`: the server unreachable or refusing, in one line
+            print_error(f"stream to {address}: {err.code().name}: {err.details()}")
+            return 1
     summary = result.as_dict()
     periods = ", ".join(f"{p / 1e6:g} ms" for p in result.periods_ns)
     console.print(

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from dualloop.controller.cli import main
 from dualloop.controller.contract.wire import observation_from_proto, snapshot_to_proto, without_wall_clock
 from dualloop.controller.logs.format import require_plan
 from dualloop.controller.logs.logfile import LogFileError, read_log
@@ -409,3 +412,66 @@ def test_a_log_cut_short_is_refused_unless_its_complete_part_is_asked_for(tmp_pa
     result = replay_log(cut, TEST_MODEL_PATH, allow_truncated=True)
     n_whole = len(read_log(FIXTURE).observations)
     assert 0 < result.report.observations < n_whole
+
+
+def _damaged_copies(tmp_path: Path) -> dict[str, Path]:
+    """The real log and copies of it as QA found them used: 0 bytes, its first 20 bytes, its first
+    200,000 bytes, and 400 bytes inside a chunk overwritten (bytes 150000-150399 set to 0xAB)."""
+    whole = FIXTURE.read_bytes()
+    corrupt = bytearray(whole)
+    corrupt[150_000:150_400] = b"\xab" * 400
+    files = {"good": whole, "empty": b"", "tiny": whole[:20], "cut": whole[:200_000], "corrupt": bytes(corrupt)}
+    for name, data in files.items():
+        (tmp_path / f"{name}.mcap").write_bytes(data)
+    return {name: tmp_path / f"{name}.mcap" for name in files}
+
+
+def _replay_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(["replay", *argv, "--model", str(TEST_MODEL_PATH), "--no-gate"])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_cli_refuses_an_output_over_an_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`replay good.mcap --out good.mcap` replaced the drive with its replay; --json (or a fleet's new
+    log named <stem>.replay.mcap) could land on a log given too. Each refused naming both, exit 2."""
+    logs = _damaged_copies(tmp_path)
+    good, before = logs["good"], logs["good"].read_bytes()
+    code, printed = _replay_cli(capsys, str(good), "--out", str(good))
+    assert code == 2 and f"error: {good}: the output would overwrite the input {good}" in printed, printed
+    code, printed = _replay_cli(capsys, str(good), "--out", str(tmp_path / "r.mcap"), "--json", str(good))
+    assert code == 2 and f"{good}: the output would overwrite the input {good}" in printed, printed
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    other = fleet / "good.replay.mcap"  # where the fleet writes good.mcap's replay
+    other.write_bytes(before)
+    code, printed = _replay_cli(capsys, str(good), str(other), "--out", str(fleet), "--workers", "1")
+    assert code == 2 and f"{other}: the output would overwrite the input {other}" in printed, printed
+    assert good.read_bytes() == before and other.read_bytes() == before
+    assert not (tmp_path / "r.mcap").exists() and sorted(fleet.iterdir()) == [other]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("empty", "empty.mcap: empty file, not an MCAP log"),
+        ("tiny", "tiny.mcap: no sessions in it"),
+    ],
+)
+def test_cli_refuses_an_empty_or_stray_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, message: str
+) -> None:
+    """An empty file, or one cut before its first record, printed nothing, wrote nothing and exited 0."""
+    logs = _damaged_copies(tmp_path)
+    out = tmp_path / "r.mcap"
+    code, printed = _replay_cli(capsys, str(logs[name]), "--out", str(out))
+    assert code == 2 and f"error: {tmp_path / message}" in printed, printed
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("workers", ["0", "-1"])
+def test_cli_refuses_workers_below_one(workers: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["replay", str(FIXTURE), "--workers", workers])
+    assert exit_.value.code == 2
+    assert f"--workers {workers}: at least 1" in capsys.readouterr().err
