@@ -18,13 +18,16 @@ _TAG_LIKE = re.compile(r"(\[[a-z#/@][^[]*?\])")
 
 
 class PlainConsole:
-    """What the serving commands use of rich's Console, as plain text on stdout."""
+    """What the serving commands use of rich's Console, as plain text on stdout (stderr: on stderr)."""
+
+    def __init__(self, stderr: bool = False) -> None:
+        self.stderr = stderr
 
     def print(self, *objects: object, sep: str = " ", end: str = "\n", markup: bool = True, **_style: Any) -> None:
         text = sep.join(str(o) for o in objects)
         if markup:
             text = _MARKUP.sub("", text).replace("\\[", "[")
-        print(text, end=end, flush=True)
+        print(text, end=end, flush=True, file=sys.stderr if self.stderr else sys.stdout)
 
     def print_json(self, text: str) -> None:
         print(json.dumps(json.loads(text), indent=2), flush=True)
@@ -35,12 +38,15 @@ try:
 
     # Wide enough for the scenario table when the output is a log file rather than a terminal.
     console: Any = Console(width=None if sys.stdout.isatty() else 200)
+    # errors on stderr: a command's output piped or redirected stays its output
+    error_console: Any = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 except ModuleNotFoundError:  # the lean install (pip install dualloop, no extras)
     console = PlainConsole()
+    error_console = PlainConsole(stderr=True)
 
 
 def print_error(message: object) -> None:
     # the message is text, not markup: "pip install 'dualloop[demo]'" must print as written
     text = _TAG_LIKE.sub(r"\\\1", str(message))
     # soft_wrap: one line however long (the terminal wraps it; a log or a pipe keeps it whole)
-    console.print(f"[red]error:[/] {text}", highlight=False, soft_wrap=True)
+    error_console.print(f"[red]error:[/] {text}", highlight=False, soft_wrap=True)

@@ -91,23 +91,23 @@ def test_version_and_help_without_extras(tmp_path):
 def test_extra_command_names_the_extra_to_install(tmp_path):
     proc = _lean(tmp_path, "demo", "--scenarios", "cut_in")
     assert proc.returncode == 2
-    assert "`dualloop demo` needs rich" in proc.stdout and "pip install 'dualloop[demo]'" in proc.stdout
+    assert "`dualloop demo` needs rich" in proc.stderr and "pip install 'dualloop[demo]'" in proc.stderr
     proc = _lean(tmp_path, "make-test-model")
-    assert proc.returncode == 2 and "pip install 'dualloop[train]'" in proc.stdout
+    assert proc.returncode == 2 and "pip install 'dualloop[train]'" in proc.stderr
     bag, mapping = tmp_path / "b.mcap", tmp_path / "m.yaml"
     bag.write_bytes(b"")
     mapping.write_text("rate_hz: 10\nfeatures:\n  ego_speed: {topic: /odom, field: twist.twist.linear.x}\n")
     proc = _lean(tmp_path, "import", "rosbag2", str(bag), "--map", str(mapping))
     assert proc.returncode == 2, proc.stderr
     assert (
-        "`dualloop import rosbag2` needs mcap_ros2" in proc.stdout and "pip install 'dualloop[rosbag2]'" in proc.stdout
+        "`dualloop import rosbag2` needs mcap_ros2" in proc.stderr and "pip install 'dualloop[rosbag2]'" in proc.stderr
     )
     proc = _lean(tmp_path, "card", "init", "my.onnx")  # reading and writing ONNX graphs needs onnx
-    assert proc.returncode == 2 and "pip install 'dualloop[train]'" in proc.stdout
+    assert proc.returncode == 2 and "pip install 'dualloop[train]'" in proc.stderr
     proc = _lean(tmp_path, "highway", "--seeds", "1")
-    assert proc.returncode == 2 and "pip install 'dualloop[highway]'" in proc.stdout
+    assert proc.returncode == 2 and "pip install 'dualloop[highway]'" in proc.stderr
     proc = _lean(tmp_path, "alpasim", "--port", "0")
-    assert proc.returncode == 2 and "pip install 'dualloop[alpasim]'" in proc.stdout
+    assert proc.returncode == 2 and "pip install 'dualloop[alpasim]'" in proc.stderr
 
 
 @pytest.mark.slow

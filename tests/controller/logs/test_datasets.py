@@ -157,7 +157,7 @@ def test_shared_data_import_writes_both_splits_and_a_manifest(tmp_path: Path) ->
 
 def test_cli_imports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["import", "shared-data", str(REAL_FIXTURES), "-o", str(tmp_path / "real")]) == 0
-    out = capsys.readouterr().out
+    out = "".join(capsys.readouterr())
     assert "[6/6]" in out and "manifest" in out
     chain = REAL_FIXTURES / "ngsim-i80-emd-chains" / "1_11_24_44_55_54.csv"
     assert main(["import", "ngsim", str(chain), "-o", str(tmp_path / "ng")]) == 0
@@ -166,7 +166,7 @@ def test_cli_imports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert main(["import", "openacc", str(lap), "-o", str(tmp_path / "lap.mcap")]) == 0
     assert (tmp_path / "lap.mcap").is_file()
     assert main(["import", "openacc", str(chain)]) == 2
-    assert "not an OpenACC file" in capsys.readouterr().out
+    assert "not an OpenACC file" in "".join(capsys.readouterr())
 
 
 def test_cli_refuses_an_output_folder_over_the_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -180,10 +180,10 @@ def test_cli_refuses_an_output_folder_over_the_data(tmp_path: Path, capsys: pyte
     kept.write_bytes(b"a user's log")
     listing = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert main(["import", "shared-data", str(data), "-o", str(out)]) == 2
-    printed = capsys.readouterr().out
+    printed = "".join(capsys.readouterr())
     assert f"error: {data}: the output would overwrite the input {data}" in printed, printed
     assert main(["import", "shared-data", str(data), "-o", str(data)]) == 2
-    printed = capsys.readouterr().out
+    printed = "".join(capsys.readouterr())
     assert f"error: {data / 'train'}: the output would be written inside the input folder {data}" in printed, printed
     assert kept.read_bytes() == b"a user's log"
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == listing

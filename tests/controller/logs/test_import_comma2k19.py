@@ -263,7 +263,7 @@ def test_an_output_in_the_segment_folder_is_refused(tmp_path: Path, capsys: pyte
     times = segment / "processed_log" / "CAN" / "speed" / "t"
     before = times.read_bytes()
     assert main(["import", "comma2k19", str(segment), "-o", str(times)]) == 2
-    printed = capsys.readouterr().out
+    printed = "".join(capsys.readouterr())
     assert f"error: {times}: the output would be written inside the input folder {segment}" in printed, printed
     assert times.read_bytes() == before
     assert main(["import", "comma2k19", str(segment), "-o", str(tmp_path / "s.mcap")]) == 0

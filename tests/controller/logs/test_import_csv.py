@@ -250,9 +250,9 @@ def test_cli_csv_with_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         main(["import", "csv", str(src), "--units", "ego_speed=mph", "--rate-hz", "10", "-o", str(tmp_path / "c.mcap")])
         == 0
     )
-    assert "39 observations" in capsys.readouterr().out
+    assert "39 observations" in "".join(capsys.readouterr())
     assert main(["import", "csv", str(src), "--units", "ego_speed"]) == 2
-    assert "is not NAME=UNIT" in capsys.readouterr().out
+    assert "is not NAME=UNIT" in "".join(capsys.readouterr())
 
 
 def test_the_dataset_names_the_drives_site(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -264,7 +264,7 @@ def test_the_dataset_names_the_drives_site(tmp_path: Path, capsys: pytest.Captur
     rows = read_log_rows([tmp_path / "a.mcap", tmp_path / "b.mcap"])
     assert rows.datasets == ("fleet-north", "csv")
     assert main(["import", "csv", str(src), "-o", str(tmp_path / "c.mcap"), "--dataset", "north, 2026"]) == 2
-    assert "--dataset 'north, 2026'" in capsys.readouterr().out
+    assert "--dataset 'north, 2026'" in "".join(capsys.readouterr())
 
 
 def test_an_output_over_the_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -276,7 +276,7 @@ def test_an_output_over_the_input_is_refused(tmp_path: Path, capsys: pytest.Capt
     link.hardlink_to(src)
     for out in (src, tmp_path / "sub" / ".." / "base.csv", link):
         assert main(["import", "csv", str(src), "-o", str(out)]) == 2
-        printed = capsys.readouterr().out
+        printed = "".join(capsys.readouterr())
         assert f"error: {out}: the output would overwrite the input {src}" in printed, printed
         assert src.read_bytes() == before
     assert main(["import", "csv", str(src), "-o", str(tmp_path / "base.mcap")]) == 0

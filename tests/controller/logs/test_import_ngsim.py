@@ -84,6 +84,6 @@ def test_an_output_over_the_input_is_refused(tmp_path: Path, capsys: pytest.Capt
     src = tmp_path / "ngsim-1-11.mcap"
     src.write_bytes(CHAIN.read_bytes())
     assert main(["import", "ngsim", str(src), "-o", str(tmp_path)]) == 2
-    printed = capsys.readouterr().out
+    printed = "".join(capsys.readouterr())
     assert f"{src}: the output would overwrite the input {src}" in printed, printed
     assert src.read_bytes() == CHAIN.read_bytes() and sorted(tmp_path.iterdir()) == [src]

@@ -181,7 +181,7 @@ def test_a_row_with_more_or_fewer_cells_than_the_header_is_refused(
     damaged.write_text("\n".join(lines) + "\n")
     header = len(lines[0].split(","))
     assert main(["import", "openacc", str(damaged), "-o", str(tmp_path / "out")]) == 2
-    printed = capsys.readouterr().out
+    printed = "".join(capsys.readouterr())
     assert f"error: {damaged}: line 50: {cells} cells, the header has {header}" in printed, printed
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
@@ -191,5 +191,5 @@ def test_an_output_over_the_input_is_refused(tmp_path: Path, capsys: pytest.Capt
     src = tmp_path / "lap.mcap"
     src.write_bytes(ASTAZERO.read_bytes())
     assert main(["import", "openacc", str(src), "-o", str(src)]) == 2
-    assert f"{src}: the output would overwrite the input {src}" in capsys.readouterr().out
+    assert f"{src}: the output would overwrite the input {src}" in "".join(capsys.readouterr())
     assert src.read_bytes() == ASTAZERO.read_bytes()

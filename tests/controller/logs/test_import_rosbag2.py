@@ -260,10 +260,10 @@ def test_units_and_derived_ego_accel(tmp_path: Path) -> None:
 def test_cli_imports_and_replays(tmp_path: Path, bag: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "imported.mcap"
     assert main(["import", "rosbag2", str(bag), "--map", str(_map(tmp_path)), "-o", str(out)]) == 0
-    assert "161 observations" in capsys.readouterr().out
+    assert "161 observations" in "".join(capsys.readouterr())
     argv = ["replay", str(out), "--model", str(TEST_MODEL_PATH), "--workers", "1", "--out", str(tmp_path / "r")]
     assert main(argv) == 0
-    assert "161 of 161 observations ticked, 151 labelled" in capsys.readouterr().out
+    assert "161 of 161 observations ticked, 151 labelled" in "".join(capsys.readouterr())
     replayed = read_log(tmp_path / "r" / "imported.replay.mcap")
     assert replayed.header.session_id == "rosbag2-drive" and len(replayed.snapshots) == 1601  # one per 5 ms tick
 
@@ -332,10 +332,10 @@ def test_a_file_that_is_not_a_bag(tmp_path: Path, capsys: pytest.CaptureFixture[
     fake = tmp_path / "notes.mcap"
     fake.write_text("not an mcap file\n")
     assert main(["import", "rosbag2", str(fake), "--map", str(_map(tmp_path))]) == 2
-    printed = capsys.readouterr().out
+    printed = "".join(capsys.readouterr())
     assert "notes.mcap: not a readable ROS 2 MCAP bag" in printed
     assert main(["import", "rosbag2", str(tmp_path / "gone.mcap"), "--map", str(_map(tmp_path))]) == 2
-    assert "gone.mcap: no such file" in capsys.readouterr().out
+    assert "gone.mcap: no such file" in "".join(capsys.readouterr())
 
 
 def test_a_mapped_topic_without_messages(tmp_path: Path) -> None:
@@ -359,6 +359,6 @@ def test_an_output_over_the_bag_or_the_map_is_refused(
     before = bag.read_bytes(), map_path.read_bytes()
     for out, given in ((bag, bag), (map_path, map_path)):
         assert main(["import", "rosbag2", str(bag), "--map", str(map_path), "-o", str(out)]) == 2
-        printed = capsys.readouterr().out
+        printed = "".join(capsys.readouterr())
         assert f"error: {out}: the output would overwrite the input {given}" in printed, printed
     assert (bag.read_bytes(), map_path.read_bytes()) == before

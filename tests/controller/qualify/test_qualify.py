@@ -42,7 +42,7 @@ def _run(tmp_path, candidate, logs, *extra):
 @pytest.mark.slow
 def test_the_untrained_model_fails_against_the_shipped_one(tmp_path, logs, capsys):
     code, out = _run(tmp_path, TEST_MODEL_PATH, logs)
-    text = capsys.readouterr().out
+    text = "".join(capsys.readouterr())
     assert code == 1
     report = json.loads((out / "qualify.json").read_text())
     assert report["verdict"] == "fail" and report["failed"]
@@ -102,7 +102,7 @@ def test_a_tolerance_can_turn_a_pass_into_a_failure(tmp_path, logs, capsys):
 def test_bad_input_exits_2_naming_it(tmp_path, logs, capsys, make, words):
     (tmp_path / "nogate.npz").write_bytes(b"not a gate")
     code, _ = _run(tmp_path, BASE_MODEL_PATH, logs, "--stress-seeds", "0", *make(tmp_path))
-    text = capsys.readouterr().out
+    text = "".join(capsys.readouterr())
     assert code == 2
     for w in words:
         assert w in text
@@ -112,9 +112,9 @@ def test_a_file_that_is_not_a_model_or_a_log_exits_2(tmp_path, logs, capsys):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"nope")
     assert _run(tmp_path, bad, logs, "--stress-seeds", "0")[0] == 2
-    assert "bad.onnx" in capsys.readouterr().out
+    assert "bad.onnx" in "".join(capsys.readouterr())
     assert _run(tmp_path, BASE_MODEL_PATH, [tmp_path / "none.mcap"], "--stress-seeds", "0")[0] == 2
-    assert "none.mcap" in capsys.readouterr().out
+    assert "none.mcap" in "".join(capsys.readouterr())
 
 
 def test_shadow_evidence_is_the_replays_agreement(tmp_path, logs):
@@ -150,4 +150,4 @@ def test_nothing_to_judge_is_bad_input_not_a_pass():
 def test_episodes_that_end_before_the_fault_are_bad_input(tmp_path, logs, capsys):
     code, _ = _run(tmp_path, BASE_MODEL_PATH, logs[:1], "--stress-duration", "3")
     assert code == 2
-    assert "--stress-duration 3.0: the episodes end before the fault's onset" in capsys.readouterr().out
+    assert "--stress-duration 3.0: the episodes end before the fault's onset" in "".join(capsys.readouterr())

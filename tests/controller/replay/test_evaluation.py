@@ -339,7 +339,7 @@ def test_the_real_drive(tmp_path, capsys):
         ]
     )
     assert code == 0 and out_png.stat().st_size > 0
-    printed = capsys.readouterr().out
+    printed = "".join(capsys.readouterr())
     assert "pooled over ticks (1 log)" in printed and "baseline time_gap" in printed
     report = EvaluationReport.from_dict(json.loads(out_json.read_text()))
     (ev,) = report.logs
@@ -367,7 +367,7 @@ def test_many_logs_through_the_command(tmp_path, capsys):
     out_json = tmp_path / "many.json"
     argv = ["replay", str(a), str(b), "--model", str(TEST_MODEL_PATH), "--workers", "1", "--out", str(tmp_path)]
     assert main([*argv, "--json", str(out_json)]) == 0
-    printed = capsys.readouterr().out
+    printed = "".join(capsys.readouterr())
     assert "pooled over ticks (2 logs)" in printed and "macro mean over logs" in printed
     d = json.loads(out_json.read_text())
     assert [row["source"] for row in d["logs"]] == [str(a), str(b)]
@@ -389,5 +389,5 @@ def test_a_file_that_is_not_a_log_or_not_a_gate_is_one_line(tmp_path, capsys):
         (["replay", str(log), "--gate", str(gate)], "cut.gate.npz: unreadable"),
     ):
         assert main([*argv, "--out", str(tmp_path / "r.mcap")]) == 2
-        (line,) = [x for x in capsys.readouterr().out.splitlines() if x.strip()]
+        (line,) = [x for x in "".join(capsys.readouterr()).splitlines() if x.strip()]
         assert line.startswith("error: ") and name in line, line

@@ -90,10 +90,10 @@ def test_cli_reads_env_and_reports_bad_variable(monkeypatch, test_model_path):
         [sys.executable, "-m", "dualloop", "serve"], capture_output=True, text=True, timeout=60, env=env
     )
     assert proc.returncode == 2, proc.stderr
-    assert "not a loopback address" in proc.stdout
+    assert "not a loopback address" in proc.stdout + proc.stderr
     env["DUALLOOP_PORT"] = "many"
     proc = subprocess.run(
         [sys.executable, "-m", "dualloop", "serve"], capture_output=True, text=True, timeout=60, env=env
     )
     assert proc.returncode == 2, proc.stderr
-    assert "DUALLOOP_PORT (port): Input should be a valid integer" in proc.stdout
+    assert "DUALLOOP_PORT (port): Input should be a valid integer" in proc.stdout + proc.stderr

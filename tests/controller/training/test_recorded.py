@@ -176,10 +176,10 @@ def test_ego_accel_supplied_another_way(drives: Path, capsys: pytest.CaptureFixt
     with pytest.raises(ValueError, match="one of logged, derived, absent"):
         rows.with_ego_accel("imu")
     assert main(["eval-logs", str(drives), "--ego-accel", "absent", "--leave-one-out"]) == 2
-    assert "only without --leave-one-out" in capsys.readouterr().out
+    assert "only without --leave-one-out" in "".join(capsys.readouterr())
     # as such a stack scores: each dataset's ratio beside its interval, the report's own
     assert main(["eval-logs", str(drives), "--ego-accel", "absent"]) == 0
-    printed = capsys.readouterr().out
+    printed = "".join(capsys.readouterr())
     for report in evaluate(BASE_MODEL_PATH, absent):
         low, high = report.disagreement_interval
         assert low <= report.disagreement_ratio <= high
