@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from dualloop.controller.contract.errors import ConfigError
-from dualloop.controller.logs.logfile import LogData, LogFileError, read_sessions
+from dualloop.controller.logs.logfile import LogData, no_sessions_error, read_sessions
 from dualloop.controller.replay.report import format_confusion
 from dualloop.v2 import controller_pb2 as pb
 
@@ -101,12 +101,9 @@ def _sessions(log: str | Path | dict[str, LogData]) -> dict[str, LogData]:
     diff as "0 ticks, identical" and pass a CI gate)."""
     if isinstance(log, dict):
         return log
-    path = Path(log)
-    if path.is_file() and path.stat().st_size == 0:
-        raise LogFileError(f"{path}: empty file, not an MCAP log")
-    sessions = read_sessions(path)
+    sessions = read_sessions(log)
     if not sessions:
-        raise LogFileError(f"{path}: no sessions (no dualloop message in it: cut short, or not a dualloop log)")
+        raise no_sessions_error(Path(log))
     return sessions
 
 
