@@ -23,9 +23,13 @@ Units: each column is in its feature's sim.schema unit unless declared, by a `na
 suffix or `units={"ego_speed": "km/h"}` (CLI `--units ego_speed=km/h`); see UNITS. A speed column in
 m/s whose median exceeds 45 or whose maximum exceeds 70 is refused as "looks like km/h".
 
-Rate: `rate_hz` declares the sensor's rate; otherwise the period is the median interval of `time`,
-with a warning when the rows are irregular. The header gets it as observation_period_ns; the
-executor ticks every 5 ms (tick_period_ns) regardless.
+Ranges: a flag other than 0 or 1, a negative gap and a speed below -0.5 m/s are imported as they are
+(a real log's faults are for the checks to judge) with a warning naming the first line.
+
+Rate: `rate_hz` declares the sensor's rate (refused when it is more than twice as fast or slow as the
+rows); otherwise the period is the median interval of `time`, with a warning when the rows are
+irregular. The header gets it as observation_period_ns; the executor ticks every 5 ms (tick_period_ns)
+regardless.
 
 Any other column is an error (a misspelt optional column would otherwise vanish silently), unless
 `allow_extra_columns=True` (CLI `--allow-extra-columns`), which ignores them with a warning. Every
@@ -59,6 +63,7 @@ from dualloop.sim.schema import (
     N_FEATURES,
     PLAN,
     PLAN_NAMES,
+    SENSOR_RANGE_M,
     label_from_accel,
 )
 from dualloop.v2 import controller_pb2 as pb
@@ -102,6 +107,10 @@ COLUMN_UNITS: dict[str, str] = {
 # A speed column declared (or defaulted to) m/s with these statistics was almost surely written in km/h.
 IMPLAUSIBLE_MEDIAN_MS = 45.0
 IMPLAUSIBLE_MAX_MS = 70.0
+# A speed below this (m/s) is driving backwards, not a standstill's sensor noise.
+REVERSE_SPEED_MS = 0.5
+# A declared rate this many times faster or slower than the rows' median interval is a wrong declaration.
+RATE_MISMATCH = 2.0
 # Rows are irregular when more than this share of intervals differ from the median by more than 10%.
 IRREGULAR_SHARE = 0.05
 _HEADER_NAME = re.compile(r"^\s*([^\[\]]+?)\s*(?:\[\s*([^\]]*?)\s*\])?\s*$")
@@ -314,6 +323,7 @@ def read_csv(file: str | Path, allow_extra_columns: bool = False, units: Mapping
         columns,
     )
     _convert_units(path, data)
+    data.warnings.extend(_range_warnings(data))
     return data
 
 
@@ -342,6 +352,31 @@ def _check_speed_plausible(
             f"{path}: line {line}, column '{name}': {peak:g} m/s (median {median:g}) is implausible for a car: "
             f"looks like km/h; declare --units {name}=km/h (or a '{name}[km/h]' header)"
         )
+
+
+def _range_warnings(data: CsvData) -> list[str]:
+    """Values no sensor of that kind reports: kept (a real log's faults are what the checks are for, and
+    replay judges them), but said at import, where a column's convention is still easy to fix."""
+    out = []
+    for name in data.columns.features:
+        values = data.features[:, FEATURE_INDEX[name]]
+        unit = COLUMN_UNITS[name]
+        if unit == "bool":
+            bad, expected = (values != 0.0) & (values != 1.0), "a flag is 1 or 0"
+        elif unit == "m" and (name.endswith("_gap") or name.endswith("_distance")):
+            bad, expected = values < 0.0, f"a gap is at least 0 m ({SENSOR_RANGE_M:g} m when nothing is there)"
+        elif name == "ego_speed":
+            bad, expected = values < -REVERSE_SPEED_MS, "the model knows forward driving only"
+        else:
+            continue
+        if bad.any():
+            first = int(np.argmax(bad))
+            value = f"{values[first]:g}" + ("" if unit == "bool" else f" {unit}")
+            out.append(
+                f"column '{name}': {np.count_nonzero(bad)} row(s) out of range (first at line "
+                f"{int(data.lines[first])}: {value}); {expected}"
+            )
+    return out
 
 
 def _irregular_warning(times: npt.NDArray[np.float64], lines: npt.NDArray[np.int64]) -> str | None:
@@ -415,13 +450,20 @@ def _derive_ego_accel(
     return keep
 
 
-def _period_ns(rate_hz: float | None, data: CsvData, details: dict[str, str], warnings: list[str]) -> int:
+def _period_ns(path: Path, rate_hz: float | None, data: CsvData, details: dict[str, str], warnings: list[str]) -> int:
     """The observation period: the declared rate's, else the median interval of the time column."""
-    if rate_hz is not None:
-        details["rate"] = f"{rate_hz:g} Hz, declared"
-        return round(1e9 / rate_hz)
     t = data.time_s
     period_ns = int(np.median(np.diff(timestamps_ns(t)))) if len(t) > 1 else 0
+    if rate_hz is not None:
+        declared = round(1e9 / rate_hz)
+        if period_ns and not 1 / RATE_MISMATCH <= declared / period_ns <= RATE_MISMATCH:
+            raise CsvImportError(
+                f"{path}: --rate-hz {rate_hz:g} declares a reading every {declared * 1e-6:g} ms, but the rows' "
+                f"median interval is {period_ns * 1e-6:g} ms ({1e9 / period_ns:g} Hz): declare the rate of "
+                f"the sensor that wrote these rows, or leave --rate-hz out to use the rows' own"
+            )
+        details["rate"] = f"{rate_hz:g} Hz, declared"
+        return declared
     details["rate"] = "median interval of the time column"
     irregular = _irregular_warning(t, data.lines)
     if irregular:
@@ -483,7 +525,7 @@ def import_csv(
     if "ego_accel" not in columns.features:
         keep = _derive_ego_accel(path, data, speed, details, warnings)
         present.append("ego_accel")
-    period_ns = _period_ns(rate_hz, data, details, warnings)
+    period_ns = _period_ns(path, rate_hz, data, details, warnings)
     if warnings:
         details["warnings"] = "; ".join(warnings)
 

@@ -280,3 +280,31 @@ def test_an_output_over_the_input_is_refused(tmp_path: Path, capsys: pytest.Capt
         assert f"error: {out}: the output would overwrite the input {src}" in printed, printed
         assert src.read_bytes() == before
     assert main(["import", "csv", str(src), "-o", str(tmp_path / "base.mcap")]) == 0
+
+
+def test_values_out_of_range_are_kept_with_a_warning_naming_the_first_line(tmp_path: Path) -> None:
+    """A flag of 7, a negative gap and a reversing speed (found by QA: imported silently)."""
+    rows = [row(f"{i * 0.01:.2f}") for i in range(6)]
+    rows[2][FEATURE_INDEX["lead_present"] + 1] = "7"
+    rows[3][FEATURE_INDEX["lead_distance"] + 1] = "-2"
+    rows[4][FEATURE_INDEX["ego_speed"] + 1] = "-3"
+    rows[5][FEATURE_INDEX["ego_speed"] + 1] = "-0.2"  # a standstill's noise: no warning
+    report = import_csv(write_csv(tmp_path / "odd.csv", rows), tmp_path / "odd.mcap")
+    assert report.observations == 6  # kept: a real log's faults are for the checks to judge
+    assert report.warnings == [
+        "column 'ego_speed': 1 row(s) out of range (first at line 6: -3 m/s); the model knows forward driving only",
+        "column 'lead_present': 1 row(s) out of range (first at line 4: 7); a flag is 1 or 0",
+        "column 'lead_distance': 1 row(s) out of range (first at line 5: -2 m); a gap is at least 0 m "
+        "(150 m when nothing is there)",
+    ]
+    data = read_log(report.out_path)
+    assert data.observations[2].features[FEATURE_INDEX["lead_present"]] == 7.0
+
+
+def test_a_declared_rate_far_from_the_rows_is_refused(tmp_path: Path) -> None:
+    src = write_csv(tmp_path / "ten.csv", [row(f"{i * 0.1:.1f}") for i in range(20)])
+    with pytest.raises(CsvImportError, match=r"ten\.csv: --rate-hz 1e\+09 declares a reading every 1e-06 ms, but the "):
+        import_csv(src, tmp_path / "x.mcap", rate_hz=1e9)
+    assert not (tmp_path / "x.mcap").exists()
+    report = import_csv(src, tmp_path / "ok.mcap", rate_hz=12.0)  # within twice: a sensor's own rate
+    assert report.rate_hz == pytest.approx(12.0)
