@@ -298,6 +298,9 @@ def read_log(path: str | Path | Iterable[str | Path], session_id: str | None = N
         if session_id not in sessions:
             raise LogFileError(f"{where}: no session {session_id!r} (sessions: {', '.join(sessions) or 'none'})")
         return sessions[session_id]
+    files = resolve_log_paths(path)
+    if not sessions and len(files) == 1:
+        raise no_sessions_error(Path(files[0]))
     if len(sessions) != 1:
         raise LogFileError(f"{where}: {len(sessions)} sessions ({', '.join(sessions) or 'none'}); name one")
     return next(iter(sessions.values()))

@@ -145,7 +145,7 @@ def _replay(args: argparse.Namespace) -> int:
         highlight=False,
     )
     for path, why in fleet.errors.items():
-        console.print(f"[red]failed:[/] {path}: {why}", highlight=False)
+        console.print(f"[red]failed:[/] {why if why.startswith(path) else f'{path}: {why}'}", highlight=False)
     _evaluate([fleet.reports[str(p)] for p in args.logs if str(p) in fleet.reports], args)
     return 1 if fleet.errors else 0
 

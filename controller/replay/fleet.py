@@ -35,6 +35,11 @@ RAY_MISSING = "--ray needs Ray, which is an optional extra: pip install 'dualloo
 FLEET_SCHEMA = "dualloop.fleet/1"
 
 
+class LogRefused(Exception):
+    """A log the worker refused for what the file holds (empty, not a log, cut short, several
+    sessions): its message names the file and what to do, as the single-log replay says it."""
+
+
 @dataclass
 class FleetResult:
     reports: dict[str, dict] = field(default_factory=dict)  # log path -> ReplayReport.as_dict()
@@ -194,12 +199,16 @@ def _keep_freed_memory() -> None:
 def _replay_one(log: str, model: str, gates: list[str], out_dir: str | None) -> tuple[dict, float, float]:
     from threadpoolctl import threadpool_limits
 
+    from dualloop.controller.logs.logfile import LogFileError
     from dualloop.controller.replay.lockstep import replay_log
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     out = str(Path(out_dir) / f"{Path(log).stem}.replay.mcap") if out_dir else None
     with threadpool_limits(1):
-        report = replay_log(log, model, gates, out_path=out, loaded=_load(model, gates)).report.as_dict()
+        try:
+            report = replay_log(log, model, gates, out_path=out, loaded=_load(model, gates)).report.as_dict()
+        except LogFileError as err:
+            raise LogRefused(str(err)) from None
     return report, time.perf_counter() - t0, time.process_time() - cpu0
 
 
@@ -292,7 +301,8 @@ def _collect(futures: dict, result: FleetResult, progress: bool) -> None:
             try:
                 result.reports[path], result.seconds[path], result.cpu_seconds[path] = future.result()
             except Exception as err:  # noqa: BLE001 - one bad log must not sink the fleet
-                result.errors[path] = f"{type(err).__name__}: {err}"
+                # a refused log is said as the single-log commands say it; anything else is named as a bug
+                result.errors[path] = str(err) if isinstance(err, LogRefused) else f"{type(err).__name__}: {err}"
             advance()
     finally:
         if bar is not None:

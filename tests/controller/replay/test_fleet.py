@@ -200,8 +200,21 @@ def test_cli_fleet_report_json(fleet_logs, capsys):
     assert out["schema"] == FLEET_SCHEMA and [r["log"] for r in out["logs"]] == [*map(str, logs[:2]), str(bad)]
     assert "error" in out["logs"][2] and str(bad) in out["errors"]
     assert out["pooled"]["logs"] == 2 and out["pooled"]["failed"] == 1
-    printed = capsys.readouterr().out
-    assert "drive0" in printed and "failed" in printed
+    printed = capsys.readouterr()
+    assert "drive0" in printed.out and "failed" in printed.out
+    # said as the one-log replay says it, the file named once (was "LogFileError: ...: 0 sessions (none); name one")
+    assert out["errors"][str(bad)] == f"{bad}: not an MCAP log"
+    assert f"failed: {bad}: not an MCAP log\n" in printed.out + printed.err
+
+
+def test_an_empty_log_among_many_is_said_as_such(fleet_logs, capsys):
+    tmp, logs = fleet_logs
+    empty = tmp / "empty.mcap"
+    empty.write_bytes(b"")
+    args = ["replay", str(logs[0]), str(empty), "--model", str(TEST_MODEL_PATH), "--no-gate", "--no-write"]
+    assert main([*args, "--workers", "2"]) == 1
+    printed = capsys.readouterr()
+    assert f"failed: {empty}: empty file, not an MCAP log" in printed.out + printed.err
 
 
 def test_rotated_drives_are_distinct_valid_logs_of_the_real_drive(tmp_path):
