@@ -21,7 +21,7 @@ import onnx
 from pydantic import ValidationError
 
 from dualloop.controller.cards import toml_text
-from dualloop.controller.contract.config_files import read_text_file
+from dualloop.controller.contract.config_files import problem_text, read_text_file
 from dualloop.controller.contract.errors import ConfigError
 from dualloop.executor.model_card import METADATA_KEY, ModelCard, ModelFileError
 from dualloop.executor.model_runner import DecisionModel
@@ -181,7 +181,7 @@ def read_card(path: Path) -> ModelCard:
     try:
         return ModelCard.model_validate(doc)
     except ValidationError as err:
-        problems = "; ".join(f"{_where(tuple(e['loc']))}: {e['msg']}" for e in err.errors())
+        problems = "; ".join(f"{_where(tuple(e['loc']))}: {problem_text({**e, 'loc': ()})}" for e in err.errors())
         raise CardError(f"{path}: {problems}") from None
 
 

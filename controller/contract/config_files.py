@@ -38,6 +38,15 @@ def _has(data: dict[str, Any], loc: tuple[str | int, ...]) -> bool:
     return not isinstance(value, dict) or len(loc) == 1 or _has(value, loc[1:])
 
 
+def problem_text(error: Any) -> str:
+    """A pydantic error's message as a person reads it: our validators' own words without pydantic's
+    "Value error, " prefix, and a rule on the whole configuration (no field) without "(top level)"."""
+    cause = error.get("ctx", {}).get("error") if error["type"] == "value_error" else None
+    message = str(cause) if cause is not None else str(error["msg"])
+    field = ".".join(str(p) for p in error["loc"])
+    return f"{field}: {message}" if field else message
+
+
 def format_validation_error(
     err: ValidationError,
     source: str,
@@ -48,8 +57,11 @@ def format_validation_error(
     lines = [f"{source}: invalid configuration"]
     for e in err.errors():
         loc = tuple(e["loc"])
-        field = ".".join(str(p) for p in loc) or "(top level)"
-        if flags and loc and loc[0] in flags:
+        field = ".".join(str(p) for p in loc)
+        if not loc:  # a rule across settings: its message names them
+            lines.append(f"  {problem_text(e)}")
+            continue
+        if flags and loc[0] in flags:
             where = f"{_FLAG_OF.get(str(loc[0]), '--' + str(loc[0]).replace('_', '-'))} ({field})"
         elif env and _has(env, loc):
             where = f"{env_name(loc)} ({field})"
@@ -57,7 +69,7 @@ def format_validation_error(
             where = f"{field} (in the config file, or {env_name(loc)}, or a flag)"
         else:
             where = field
-        lines.append(f"  {where}: {e['msg']}")
+        lines.append(f"  {where}: {problem_text({**e, 'loc': ()})}")
     return "\n".join(lines)
 
 

@@ -34,6 +34,7 @@ import numpy.typing as npt
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dualloop.controller.contract.config_files import problem_text
 from dualloop.controller.extras import require
 from dualloop.controller.logs.following import imported_header
 from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL
@@ -160,7 +161,7 @@ def load_map(path: str | Path) -> Rosbag2Map:
     try:
         return Rosbag2Map.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in err.errors())
+        problems = "; ".join(problem_text(e) for e in err.errors())
         raise Rosbag2ImportError(f"{path}: {problems}") from None
 
 

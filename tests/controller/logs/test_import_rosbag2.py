@@ -275,7 +275,7 @@ def test_cli_imports_and_replays(tmp_path: Path, bag: Path, capsys: pytest.Captu
         ("features:\n  ego_speed: {topic: /odom, field: twist.twist.linear.x}\n", "rate_hz: Field required"),
         (
             "rate_hz: 20\nfeatures:\n  ego_sped: {topic: /odom, field: a}\n",
-            "features: Value error, unknown feature 'ego_sped'",
+            "features: unknown feature 'ego_sped'",
         ),
         (
             "rate_hz: 20\nfeatures:\n  ego_speed: {topic: /odom, field: twist.twist.linear.x, unit: ft}\n",

@@ -56,8 +56,10 @@ def test_settings_that_would_be_ignored_or_doubled_are_refused(tmp_path, test_mo
     """Candidate gates without a candidate, a gate file named twice, a recording folder that is a
     file: each a mistake the server would have served through silently."""
     gate = tmp_path / "a.gate.npz"
-    with pytest.raises(ConfigError, match=r"candidate_gates \(--candidate-gate\) are given without candidate"):
+    with pytest.raises(ConfigError, match=r"candidate_gates \(--candidate-gate\) are given without candidate") as err:
         load_server_config(model=test_model_path, candidate_gates=[gate])
+    # a rule across settings reads as its own words (was "(top level): Value error, candidate_gates ...")
+    assert str(err.value).splitlines()[1].startswith("  candidate_gates (--candidate-gate)")
     with pytest.raises(ConfigError, match="gates names .*a.gate.npz more than once"):
         load_server_config(model=test_model_path, gates=[gate, gate])
     afile = tmp_path / "notes.txt"
