@@ -128,10 +128,16 @@ class LogData:
     truncated: bool = False
     truncation: str = ""  # which file and why, for people
     messages_read: int = 0  # records recovered across the whole log, all sessions
+    instance: int = 1  # 2, 3, ...: the id opened again after its earlier sessions closed
 
     @property
     def session_id(self) -> str:
         return self.header.session_id
+
+    @property
+    def name(self) -> str:
+        """The session's key in its log (read_sessions): its id, or `id#2`, ... for an id opened again."""
+        return self.session_id if self.instance == 1 else f"{self.session_id}#{self.instance}"
 
 
 def resolve_log_paths(path: str | Path | Iterable[str | Path]) -> list[Path]:
@@ -254,14 +260,26 @@ def _fast_records(files: list[Path]) -> list[_Entry] | None:
 
 
 def read_sessions(path: str | Path | Iterable[str | Path]) -> dict[str, LogData]:
-    """Every session in the log, in order of first appearance."""
+    """Every session in the log, in order of first appearance. An id a client opened again after
+    closing it is another session, keyed `id#2`, `id#3`, ... (its header's session_id is the id)."""
     files = resolve_log_paths(path)
     fast = _fast_records(files)
     reader = LogReader(files)
     sessions: dict[str, LogData] = {}
     entries = fast if fast is not None else ((r.topic, r.session_id, r.message, r.file) for r in reader)
+    instances: dict[str, str] = {}  # session id -> the key of its latest instance
     for topic, session_id, message, file in entries:
-        data = sessions.get(session_id)
+        key = instances.get(session_id, session_id)
+        data = sessions.get(key)
+        instance = 1 if data is None else data.instance
+        if data is not None and data.summary is not None and topic != TOPIC_SUMMARY:
+            # after its summary an id is a session opened again (seq from 1, perhaps other settings)
+            instance += 1
+            key = instances[session_id] = f"{session_id}#{instance}"
+            if topic != TOPIC_HEADER:  # a recorder before this one wrote no header for it: the first's
+                data = sessions[key] = LogData(header=data.header, instance=instance)
+            else:
+                data = None
         if data is None:
             if topic != TOPIC_HEADER:
                 header = log_pb2.SessionHeader(session_id=session_id, source="unknown (no header)")
@@ -272,7 +290,7 @@ def read_sessions(path: str | Path | Iterable[str | Path]) -> dict[str, LogData]
                         f"{file}: log format version {header.format_version} is newer "
                         f"than this dualloop reads ({FORMAT_VERSION})"
                     )
-            data = sessions[session_id] = LogData(header=header)
+            data = sessions[key] = LogData(header=header, instance=instance)
         if file not in data.files:
             data.files.append(file)
         if topic == TOPIC_OBSERVATION:

@@ -160,10 +160,11 @@ def _refuse_overwriting_inputs(args: argparse.Namespace, gates: list[Path], outp
 
 def _replay_recording(args: argparse.Namespace, gates: list[Path]) -> int:
     """One log: each of its sessions (or the --session ones), one new log and report per session."""
-    from dualloop.controller.console import console
+    from dualloop.controller.console import console, print_error
     from dualloop.controller.logs.logfile import check_sessions
     from dualloop.controller.replay.lockstep import LoadedModel, ReplayOptions, read_recording, replay_data
     from dualloop.controller.replay.report import format_report
+    from dualloop.executor.sessions import InvalidObservation
 
     source = Path(args.logs[0])
     recording = read_recording(source, args.session)
@@ -175,38 +176,44 @@ def _replay_recording(args: argparse.Namespace, gates: list[Path]) -> int:
         args, gates, [p for out in outs if out is not None for p in (out, out.with_suffix(".json"))]
     )
     loaded = LoadedModel.load(args.model, gates)
-    reports, skipped = [], []
+    reports, skipped, failed = [], [], []
     for data, out in zip(recording.sessions, outs):
         if out is None:
-            skipped.append(data.session_id)
+            skipped.append(data.name)
             continue
         out.parent.mkdir(parents=True, exist_ok=True)
-        result = replay_data(
-            data,
-            source,
-            args.model,
-            gates,
-            out,
-            ReplayOptions(plots=args.foxglove),
-            loaded=loaded,
-            column_log=recording.column_log,
-        )
+        try:
+            result = replay_data(
+                data,
+                source,
+                args.model,
+                gates,
+                out,
+                ReplayOptions(plots=args.foxglove),
+                loaded=loaded,
+                column_log=recording.column_log,
+            )
+        except InvalidObservation as err:  # a session the server would have refused: the others still replay
+            print_error(f"{source}: session {data.name!r} not replayed: {err}")
+            failed.append(data.name)
+            continue
         if several:  # the report and the evaluation name the session
-            result.report.source = f"{source} session {data.session_id!r}"
+            result.report.source = f"{source} session {data.name!r}"
         console.print(format_report(result.report), highlight=False)
         report_path = out.with_suffix(".json")
         report_path.write_text(json.dumps(result.report.as_dict(), indent=2, default=float))
-        console.print(f"session {data.session_id!r}: new log: {out}  report: {report_path}", highlight=False)
+        console.print(f"session {data.name!r}: new log: {out}  report: {report_path}", highlight=False)
         reports.append(result.report.as_dict())
     if several:
         console.print(
             f"replayed {len(reports)} of the {len(recording.sessions)} sessions of {source} into {folder}"
-            + (f"; no observation to replay: {', '.join(repr(s) for s in skipped)}" if skipped else ""),
+            + (f"; no observation to replay: {', '.join(repr(s) for s in skipped)}" if skipped else "")
+            + (f"; failed: {', '.join(repr(s) for s in failed)}" if failed else ""),
             highlight=False,
             markup=False,
         )
     _evaluate(reports, args)
-    return 0
+    return 1 if failed else 0
 
 
 def _session_outputs(args: argparse.Namespace, source: Path, sessions: list[LogData]) -> list[Path | None]:
@@ -218,7 +225,7 @@ def _session_outputs(args: argparse.Namespace, source: Path, sessions: list[LogD
         return [args.out or Path("runs/replay") / f"{source.stem}.replayed.mcap"]
     folder = args.out or Path("runs/replay") / source.stem
     return [
-        folder / session_file_name(source.stem, index, data.session_id) if data.observations else None
+        folder / session_file_name(source.stem, index, data.name) if data.observations else None
         for index, data in enumerate(sessions)
     ]
 

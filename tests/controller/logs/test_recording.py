@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from dualloop.controller.logs import recorder as recorder_module
-from dualloop.controller.logs.format import rotated_files
+from dualloop.controller.logs.format import (
+    TOPIC_HEADER,
+    TOPIC_OBSERVATION,
+    TOPIC_SUMMARY,
+    LogFileWriter,
+    rotated_files,
+)
 from dualloop.controller.logs.logfile import LogFileError, read_log, read_sessions, write_log
 from dualloop.controller.logs.recorder import Recorder
 from dualloop.v2 import controller_pb2 as pb
@@ -325,3 +331,45 @@ def test_a_closed_session_leaves_little_behind(tmp_path: Path) -> None:
     print(f"recorder: {per_session:.0f} bytes kept per closed session")
     assert per_session < 16_000, per_session
     assert len(read_sessions(tmp_path / "many.mcap")) == n + 1
+
+
+def test_an_id_opened_again_after_closing_is_another_session_with_its_own_header(tmp_path: Path) -> None:
+    """A simulator that runs episode after episode under the same agent ids (found by QA: the two
+    episodes were read as one session whose seq went back to 1, and `replay` stopped at a traceback)."""
+    path = tmp_path / "episodes.mcap"
+    second = header("car-0")
+    second.shadow = False  # the second episode opened with other settings
+    with Recorder(path) as rec:
+        rec.open_session(header("car-0"))
+        rec.open_session(header("car-1"))
+        for i in range(1, 4):
+            assert rec.write_observation("car-0", observation(i)) and rec.write_observation("car-1", observation(i))
+        rec.close_session("car-0")
+        rec.open_session(second)
+        for i in range(1, 3):
+            assert rec.write_observation("car-0", observation(i))
+        rec.close_session("car-0")
+        rec.open_session(header("car-0"))
+        assert rec.write_observation("car-0", observation(1))
+    sessions = read_sessions(path)
+    assert list(sessions) == ["car-0", "car-1", "car-0#2", "car-0#3"]
+    assert [[o.seq for o in d.observations] for d in sessions.values()] == [[1, 2, 3], [1, 2, 3], [1, 2], [1]]
+    assert {d.session_id for d in sessions.values()} == {"car-0", "car-1"}
+    assert sessions["car-0"].header.shadow and not sessions["car-0#2"].header.shadow
+    assert sessions["car-0"].summary is not None and sessions["car-0"].summary.observations_written == 3
+    assert sessions["car-0#2"].summary is not None and sessions["car-0#2"].summary.observations_written == 2
+
+
+def test_a_reopened_id_in_a_log_without_its_second_header_takes_the_first(tmp_path: Path) -> None:
+    """Recordings made before the recorder wrote a header at each opening: the summary marks the close."""
+    path = tmp_path / "old.mcap"
+    file = LogFileWriter(path)
+    file.write(TOPIC_HEADER, "car-0", header("car-0"), 0)
+    file.write(TOPIC_OBSERVATION, "car-0", observation(1), 1)
+    file.write(TOPIC_SUMMARY, "car-0", log_pb2.SessionSummary(session_id="car-0", observations_written=1), 2)
+    file.write(TOPIC_OBSERVATION, "car-0", observation(1), 3)
+    file.finish()
+    sessions = read_sessions(path)
+    assert list(sessions) == ["car-0", "car-0#2"]
+    assert sessions["car-0#2"].header == sessions["car-0"].header
+    assert [len(d.observations) for d in sessions.values()] == [1, 1]

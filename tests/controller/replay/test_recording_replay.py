@@ -17,10 +17,12 @@ import pytest
 from mcap.reader import make_reader
 
 from dualloop.controller.contract.client import DriveSession
+from dualloop.controller.logs.format import TOPIC_HEADER, TOPIC_OBSERVATION, LogFileWriter
 from dualloop.controller.logs.logfile import read_log, read_sessions, write_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE
 from dualloop.controller.replay.lockstep import replay_log, session_file_name
 from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 from tests.paths import REPO_ROOT
 
 # ids that differ only in what a file name cannot hold, and one a file name must not take as a path
@@ -180,3 +182,68 @@ def test_every_session_of_a_killed_recording_replays_its_complete_part(test_mode
     assert all(recovered_sessions[s].snapshots == cut[s].snapshots for s in SESSIONS)
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert again.returncode == 2 and "exists" in again.stdout + again.stderr  # never overwrites
+
+
+def test_an_id_a_client_opened_again_replays_as_each_of_its_sessions(test_model_path, tmp_path):
+    """A simulator running episodes under the same id: each episode replays as the session it was
+    (found by QA: `replay` of the recording stopped at a traceback, the other sessions not replayed)."""
+    proc, address = _serve(test_model_path, tmp_path / "rec", tmp_path / "serve.err")
+    source = read_log(REAL_DRIVE).observations
+    try:
+        with grpc.insecure_channel(address) as channel:
+            for episode in range(2):
+                session = DriveSession(channel, "car-0", pb.CLOCK_MODE_LOCKSTEP)
+                for k in range(40 + 20 * episode):
+                    obs = source[episode * 300 + k]
+                    session.send(k + 1, obs.timestamp_ns, list(obs.features))
+                    while session.recv().observation_seq < k + 1:
+                        pass
+                session.close()
+                assert not list(session.snapshots())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, (tmp_path / "serve.err").read_text()
+    (recording,) = (tmp_path / "rec").glob("*.mcap")
+    sessions = read_sessions(recording)
+    assert list(sessions) == ["car-0", "car-0#2"]
+    assert [len(d.observations) for d in sessions.values()] == [40, 60]
+
+    done = _replay_cli(recording, tmp_path / "out", test_model_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"replayed 2 of the 2 sessions of {recording}" in done.stdout.replace("\n", "")
+    for index, (key, data) in enumerate(sessions.items()):
+        own = write_log(tmp_path / f"own-{index}.mcap", data.header, data.observations)
+        alone = replay_log(own, test_model_path, out_path=tmp_path / f"own-{index}.replayed.mcap")
+        replayed = tmp_path / "out" / session_file_name(recording.stem, index, key)
+        assert read_log(replayed).session_id == "car-0"
+        assert _decisions(replayed) == _decisions(alone.out_path), key
+    second = _replay_cli(recording, tmp_path / "second.mcap", test_model_path, "--session", "car-0#2")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert _decisions(tmp_path / "second.mcap") == _decisions(
+        tmp_path / "out" / session_file_name(recording.stem, 1, "car-0#2")
+    )
+
+
+def test_a_session_the_server_would_refuse_is_named_and_the_others_still_replay(test_model_path, tmp_path):
+    source = read_log(REAL_DRIVE)
+    path = tmp_path / "mixed.mcap"
+    file = LogFileWriter(path)
+    for sid in ("good", "bad"):
+        head = log_pb2.SessionHeader()
+        head.CopyFrom(source.header)
+        head.session_id = sid
+        file.write(TOPIC_HEADER, sid, head, 0)
+    for k, obs in enumerate(source.observations[:50]):
+        file.write(TOPIC_OBSERVATION, "good", obs, k)
+        if k != 20:  # the bad session's seq goes back at its 21st
+            file.write(TOPIC_OBSERVATION, "bad", obs, k)
+        else:
+            file.write(
+                TOPIC_OBSERVATION, "bad", pb.Observation(seq=1, timestamp_ns=obs.timestamp_ns, features=obs.features), k
+            )
+    file.finish()
+    done = _replay_cli(path, tmp_path / "out", test_model_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{path}: session 'bad' not replayed: observation seq 1 is not after the previous seq" in done.stderr
+    assert "replayed 1 of the 2 sessions" in done.stdout.replace("\n", "") and "failed: 'bad'" in done.stdout
+    assert len(_decisions(tmp_path / "out" / session_file_name(path.stem, 0, "good"))) >= 50
