@@ -295,10 +295,11 @@ class Executor:
         """Structure errors (sizes, indices, order): InvalidObservation, which ends the stream.
         Non-finite values are content errors, handled by `without_invalid_content` (never here)."""
         n, n_ctl, n_plan, n_act = self.model.n_features, len(self.card.controls), self.model.n_plan, len(self._actions)
-        if obs.features.shape != (n,):
-            names = self.card.feature_names
+        if not isinstance(obs.features, np.ndarray) or obs.features.shape != (n,):  # in process: a list, say
+            names, kind = self.card.feature_names, type(obs.features).__name__
             raise InvalidObservation(
-                f"observation seq {obs.seq}: Observation.features has {obs.features.size} values; expected {n} "
+                f"observation seq {obs.seq}: Observation.features has {np.size(obs.features)} values"
+                f"{'' if kind == 'ndarray' else f' in a {kind}, not a numpy array'}; expected {n} "
                 f"({names[0]}, {names[1]}, ..., {names[-1]}; GetModelInfo lists them in order)"
             )
         if obs.seq == 0:
@@ -392,9 +393,7 @@ class Executor:
             for s in self.sessions.values()
             if s.clock is Clock.REALTIME and (s.pending is not None or s.current is not None)
         ]
-        if not rows:
-            return []
-        return self._run_batch(rows, tick_index, scheduled_ns, lateness_ns)
+        return self._run_batch(rows, tick_index, scheduled_ns, lateness_ns) if rows else []
 
     def step(self, observations: dict[str, Observation], now_ns: int) -> list[Snapshot]:
         """In-process convenience for REALTIME sessions: submit, then tick at `now_ns`."""

@@ -56,7 +56,7 @@ def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--candidate",
         type=Path,
         help="a candidate model decided beside the live one on every tick, never applied (GetShadowStats "
-        "compares them); SIGHUP promotes it to live (docs/operations.md#candidate)",
+        "compares them); SIGHUP promotes it to live (docs/operations.md#a-candidate-model-and-hot-swap)",
     )
     p.add_argument(
         "--candidate-gate", type=Path, action="append", help="gate file fitted on --candidate; repeat for several"
@@ -101,7 +101,7 @@ def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=worker_count,
         default=1,
         help="server processes sharing the port (SO_REUSEPORT), each a full executor; 'auto': one per CPU "
-        "(default 1); a session stays on the process that accepted it (docs/operations.md#workers)",
+        "(default 1); a session stays on the process that accepted it (docs/operations.md#workers-every-core)",
     )
     p.set_defaults(fn=serve)
 

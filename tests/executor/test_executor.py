@@ -233,6 +233,9 @@ def test_observation_contract_errors(test_model):
     ex.open_session("a")
     with pytest.raises(InvalidObservation, match="Observation.features has 18 values; expected 19"):
         ex.submit("a", obs(1, np.zeros(18, np.float32)))
+    # in process, a list of the right length (found by QA: an AttributeError from inside the executor)
+    with pytest.raises(InvalidObservation, match="has 19 values in a list, not a numpy array; expected 19"):
+        ex.submit("a", obs(1, [0.0] * 19))  # type: ignore[arg-type]
     ex.submit("a", obs(5, np.zeros(19, np.float32)))
     with pytest.raises(InvalidObservation, match="not after the previous seq 5"):
         ex.submit("a", obs(5, np.zeros(19, np.float32)))
