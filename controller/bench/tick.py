@@ -412,12 +412,13 @@ def tick_verdict(result: dict[str, Any]) -> dict[str, Any]:
 def print_verdict(result: dict[str, Any], console: Console) -> None:
     v = result["verdict"]
     ex = result["executor"]
+    said = "did not keep time" if v["baseline_valid"] else "no verdict"  # the bare ticker missed: the machine was
     console.print(
         f"verdict ({result['sessions']} sessions): missed {ex['missed_deadlines']}, p99 "
         f"{ex['lateness_us']['p99']:.0f} us (bound {P99_BOUND_US:.0f} us; {v['p99_ratio_executor_over_bare']:.2f}x "
         f"the bare ticker's {result['bare_ticker']['lateness_us']['p99']:.0f} us), dropped "
         f"{v['dropped_fraction']:.3%} (bound {DROPPED_BOUND:.1%}): "
-        + ("[green]kept time[/]" if v["met"] else "[yellow]did not keep time[/]: " + "; ".join(v["failures"])),
+        + ("[green]kept time[/]" if v["met"] else f"[yellow]{said}[/]: " + "; ".join(v["failures"])),
         highlight=False,
     )
 

@@ -13,7 +13,11 @@ log = logging.getLogger("dualloop.gates")
 
 
 def _refit(path: Path, gate: ood.Gate, model: DecisionModel) -> str:
-    return f"refit it: dualloop gate fit --model {model.path} --source {gate.schema.source} --out {path}"
+    """The command that fits this model its own gate, into a file named after the model (as the
+    shipped base.gate.npz, base.inputs.gate.npz): never over the file named, which may serve another."""
+    source = gate.schema.source
+    out = Path(model.path).with_suffix(".inputs.gate.npz" if source == "input_features" else ".gate.npz")
+    return f"refit it: dualloop gate fit --model {model.path} --source {source} --out {out}"
 
 
 def check_gate_model(path: Path, gate: ood.Gate, model: DecisionModel) -> None:

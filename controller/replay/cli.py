@@ -98,6 +98,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tolerance", type=float, default=0.0, help="allowed fraction of changed ticks per field")
     p.add_argument("--field", action="append", help="fields that gate the exit code (default: missing, applied_index)")
     p.add_argument("--controls-tol", type=float, default=1e-4, help="absolute tolerance on controls")
+    p.add_argument(
+        "--session",
+        metavar="ID",
+        help="compare this session of a log that holds several (a server's recording) with the other log's "
+        "(a log of one session, its replay say, is taken as it is)",
+    )
     p.set_defaults(fn=_diff)
 
 
@@ -264,7 +270,7 @@ def _diff(args: argparse.Namespace) -> int:
     fields = tuple(args.field or DEFAULT_FIELDS)
     check_diff_options(args.tolerance, args.controls_tol, fields)  # before the logs: a typo is not a difference
     try:
-        report = diff_logs(args.a, args.b, tolerances=Tolerances(controls_abs=args.controls_tol))
+        report = diff_logs(args.a, args.b, tolerances=Tolerances(controls_abs=args.controls_tol), session=args.session)
     except NotSameInput as err:
         print_error(err)
         return 2

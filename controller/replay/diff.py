@@ -107,6 +107,17 @@ def _sessions(log: str | Path | dict[str, LogData]) -> dict[str, LogData]:
     return sessions
 
 
+def _one_session(sessions: dict[str, LogData], name: str, session: str) -> dict[str, LogData]:
+    """`session` of a log that holds several (a server's recording); a log of one session is taken as
+    it is (a replayed session's own log), its key made `session`: the input check still applies."""
+    if session in sessions:
+        return {session: sessions[session]}
+    if len(sessions) == 1:
+        return {session: next(iter(sessions.values()))}
+    listed = ", ".join(repr(s) for s in sessions)
+    raise NotSameInput(f"{name}: no session {session!r} (sessions: {listed})")
+
+
 def _check_same_input(a: dict[str, LogData], b: dict[str, LogData], names: tuple[str, str]) -> None:
     if set(a) != set(b):
         raise NotSameInput(f"{names[0]} and {names[1]} hold different sessions: {sorted(a)} vs {sorted(b)}")
@@ -155,10 +166,14 @@ def diff_logs(
     b: str | Path | dict[str, LogData],
     tolerances: Tolerances = Tolerances(),
     actions: Sequence[str] | None = None,
+    session: str | None = None,
 ) -> DiffReport:
-    """Compare the snapshots of two logs of the same input; raises NotSameInput when they are not."""
+    """Compare the snapshots of two logs of the same input; raises NotSameInput when they are not.
+    `session`: compare that session of each log (see _one_session) rather than all of them."""
     names = (str(a) if not isinstance(a, dict) else "A", str(b) if not isinstance(b, dict) else "B")
     sa, sb = _sessions(a), _sessions(b)
+    if session is not None:
+        sa, sb = _one_session(sa, names[0], session), _one_session(sb, names[1], session)
     _check_same_input(sa, sb, names)
     first = next(iter(sa.values()), None)
     action_names = list(actions or (first.header.action_names if first else []))

@@ -351,7 +351,8 @@ def format_fleet(result: FleetResult) -> str:
     lines = [header, "-" * len(header)]
     stems = [Path(p).stem for p in result.order]
     for row, stem in zip(result.per_log(), stems):
-        name = (stem if stems.count(stem) == 1 else row["log"])[-36:]
+        name = stem if stems.count(stem) == 1 else row["log"]
+        name = name if len(name) <= 36 else "…" + name[-35:]  # the end tells logs of one folder apart
         if "error" in row:
             lines.append(f"{name:36s} failed: {row['error']}")
             continue

@@ -396,8 +396,8 @@ def replay_data(
         if ex.gating.actuation is None
         else "ran"
         if session.actual_is_command
-        else "skipped: the log does not declare its actual controls as the command in effect "
-        f"({data.header.source_details.get(ACTUAL_CONTROLS_DETAIL) or 'no declaration'})"
+        else "skipped, the log's actual controls: "
+        f"{data.header.source_details.get(ACTUAL_CONTROLS_DETAIL) or 'not declared the command in effect'}"
     )
     t4 = time.perf_counter()
     timings["report_s"] = t4 - t3

@@ -21,7 +21,7 @@ from dualloop.controller.console import console, print_error
 from dualloop.controller.contract.addresses import host_port
 from dualloop.controller.contract.server_env import private_server_env
 from dualloop.controller.logs.logfile import LogData, check_sessions, read_sessions
-from dualloop.controller.serve.config import load_server_config
+from dualloop.controller.serve.config import gates_summary, load_server_config
 from dualloop.controller.serve.events import LOG_LEVELS, configure_logging
 from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.log_stream import stream_logs
@@ -177,7 +177,7 @@ def serve(args: argparse.Namespace) -> int:
         console.print(
             f"dualloop serving model {card.name} {card.version} (schema {card.schema_hash()}) on "
             f"{host_port(config.host, port)}, tick {config.executor.tick_period_ms} ms, {server.scheduling}, "
-            f"{security_summary(config, server.auth.enabled)}. Ctrl-C stops."
+            f"{gates_summary(config)}, {security_summary(config, server.auth.enabled)}. Ctrl-C stops."
         )
         if server.metrics_port is not None:
             console.print(f"metrics: http://{host_port(config.metrics_host, server.metrics_port)}/metrics")

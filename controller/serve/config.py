@@ -272,3 +272,11 @@ def load_server_config(path: Path | None = None, *, use_env: bool = True, **over
         sources += ["environment"] if env else []
         sources += ["command line"] if flags or not sources else []
         raise ConfigError(format_validation_error(err, ", ".join(sources), env, flags)) from None
+
+
+def gates_summary(config: ServerConfig) -> str:
+    """For the start line: the gates the live model is served with. An ungated server says so loudly:
+    `replay` and `stream` gate the shipped model by default, and a user may expect `serve` to."""
+    if not config.gates:
+        return "no OOD gate [WARNING: nothing vetoes the model on inputs unlike its training; --gate adds one]"
+    return f"gate{'s' if len(config.gates) > 1 else ''} {', '.join(g.name for g in config.gates)}"

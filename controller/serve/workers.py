@@ -51,7 +51,7 @@ from prometheus_client.registry import Collector
 from dualloop.controller.contract.addresses import bare_host, host_port
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import events
-from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.config import ServerConfig, gates_summary
 from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.metrics import MetricsEndpoint
 from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
@@ -266,7 +266,8 @@ def serve_workers(config: ServerConfig, workers: int, print_line=print) -> int:
             print_line(
                 f"dualloop serving model {info['name']} {info['version']} (schema {info['schema_hash']}) on "
                 f"{host_port(config.host, port)} with {workers} worker processes (SO_REUSEPORT), tick "
-                f"{config.executor.tick_period_ms} ms, {info['scheduling']}, {info['security']}. Ctrl-C stops."
+                f"{config.executor.tick_period_ms} ms, {info['scheduling']}, {gates_summary(config)}, "
+                f"{info['security']}. Ctrl-C stops."
             )
             if config.metrics_port is not None:
                 endpoint = MetricsEndpoint(SummedMetrics(board, restarts))

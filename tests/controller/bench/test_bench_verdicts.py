@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from rich.console import Console
 
 from dualloop.controller.bench import cli as bench_cli
 from dualloop.controller.bench import tick
@@ -43,6 +44,16 @@ def test_tick_verdict_never_passes_on_a_saturated_baseline():
         v = tick_verdict(bare)
         assert not v["met"] and not v["baseline_valid"]
         assert "floor" in v["failures"][0]
+
+
+def test_a_void_tick_verdict_is_printed_as_no_verdict_not_as_a_failure():
+    """Found by QA: "did not keep time: the machine's floor itself did not keep time ... no verdict"."""
+    console = Console(record=True, width=400)
+    for run, said in ((_tick(bare_missed=3), "no verdict: the machine's floor"), (_tick(ex_missed=1), "did not keep")):
+        result = {**run, "sessions": 2, "verdict": tick_verdict(run)}
+        result["verdict"]["dropped_fraction"] = 0.0
+        tick.print_verdict(result, console)
+        assert said in console.export_text().splitlines()[-1]
 
 
 def _planner(idle_p99: float, busy_p99: float, missed: int = 0, bare_p99: float = 20.0) -> dict:

@@ -16,6 +16,7 @@ import grpc
 import pytest
 from mcap.reader import make_reader
 
+from dualloop.controller.cli import main
 from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.logs.format import TOPIC_HEADER, TOPIC_OBSERVATION, LogFileWriter
 from dualloop.controller.logs.logfile import read_log, read_sessions, write_log
@@ -135,6 +136,12 @@ def test_every_session_of_a_drained_recording_replays(test_model_path, tmp_path)
     missing = _replay_cli(recording, tmp_path / "none", test_model_path, "--session", "car-9")
     assert missing.returncode == 2
     assert "no session 'car-9' (sessions: 'car-0', 'car-1'" in missing.stdout + missing.stderr
+
+    # the live session against its replay: the same decisions (diff compared whole logs only, and a
+    # recording holds every session)
+    assert main(["diff", str(recording), str(only), "--session", "car/2"]) == 0
+    assert main(["diff", str(recording), str(only)]) == 2  # different sessions: not the same input
+    assert main(["diff", str(recording), str(only), "--session", "car-1"]) == 2  # car-1's input is not car/2's
 
 
 def test_every_session_of_a_killed_recording_replays_its_complete_part(test_model_path, tmp_path):

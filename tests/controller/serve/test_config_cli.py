@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dualloop.controller.serve.config import ConfigError, load_server_config
+from dualloop.controller.serve.config import ConfigError, gates_summary, load_server_config
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
@@ -119,6 +119,7 @@ def test_cli_serve_answers_and_stops_on_sigterm(test_model_path):
         line = proc.stdout.readline()
         match = re.search(r"on 127\.0\.0\.1:(\d+)", line)
         assert match, line
+        assert "no OOD gate [WARNING: nothing vetoes the model" in line  # served ungated, and says so
         with grpc.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
             info = pb_grpc.ControllerServiceStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10).model
         assert len(info.features) == 19
@@ -129,3 +130,11 @@ def test_cli_serve_answers_and_stops_on_sigterm(test_model_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_start_line_names_the_gates(tmp_path, test_model_path):
+    from_two = load_server_config(model=test_model_path, gates=[tmp_path / "a.gate.npz", tmp_path / "b.gate.npz"])
+    assert gates_summary(from_two) == "gates a.gate.npz, b.gate.npz"
+    assert (
+        gates_summary(load_server_config(model=test_model_path, gates=[tmp_path / "a.gate.npz"])) == "gate a.gate.npz"
+    )

@@ -66,7 +66,9 @@ def test_a_gate_for_other_weights_refuses_to_serve(two_models, tmp_path: Path) -
     fitted_gate(a).save(path)
     with pytest.raises(ood.GateFileError, match=rf"fitted on model dualloop-test {a.card.version}, this is"):
         load_gate_for_model(path, b)
-    refit = f"dualloop gate fit --model {two_models[1]} --source decision_vector --out {path}"
+    # into a file of the model's own, never over the one named (found by QA: a shipped gate overwritten)
+    own = Path(two_models[1]).with_suffix(".gate.npz")
+    refit = f"dualloop gate fit --model {two_models[1]} --source decision_vector --out {own}"
     with pytest.raises(ConfigError) as err, ServerThread(ServerConfig(model=two_models[1], port=0, gates=[path])):
         pass
     assert refit in str(err.value)
