@@ -31,7 +31,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "foxglove-layout", help="a Foxglove layout for the sessions of recordings: a tab of plots per session"
     )
     f.add_argument("logs", nargs="+", type=Path, help="recordings with plot topics (docs/foxglove.md)")
-    f.add_argument("-o", "--out", type=Path, default=Path("foxglove-layout.json"))
+    f.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        default=Path("foxglove-layout.json"),
+        help="the layout file to write (default: foxglove-layout.json in the current directory)",
+    )
     f.set_defaults(fn=_foxglove_layout)
 
     r = sub.add_parser(
@@ -75,9 +81,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     n.set_defaults(fn=_import_ngsim)
 
     r = kinds.add_parser("rosbag2", help="a ROS 2 bag in MCAP, through a mapping file (docs/importers.md)")
-    r.add_argument("source", type=Path, help="the bag's .mcap file")
+    r.add_argument(
+        "source", type=Path, help="the bag: its .mcap file, or its folder (metadata.yaml and <name>_0.mcap, ...)"
+    )
     r.add_argument("--map", required=True, type=Path, help="YAML: topic, field and unit of each feature")
-    r.add_argument("-o", "--out", type=Path, help="output .mcap (default: <bag stem>.dualloop.mcap beside the bag)")
+    r.add_argument(
+        "-o", "--out", type=Path, help="output .mcap (default: <bag name>.dualloop.mcap beside the bag or its folder)"
+    )
     r.set_defaults(fn=_import_rosbag2)
 
     default = default_data_dir()
@@ -146,7 +156,13 @@ def _import_ngsim(args: argparse.Namespace) -> int:
 
 
 def _import_rosbag2(args: argparse.Namespace) -> int:
-    out = args.out or Path(args.source).with_suffix(".dualloop.mcap")
+    source = Path(args.source)
+    if source.is_dir():  # a bag folder (resolved: `.` has no name): <folder name>.dualloop.mcap beside it
+        source = source.resolve()
+        default = source.parent / f"{source.name}.dualloop.mcap"
+    else:
+        default = source.with_suffix(".dualloop.mcap")
+    out = args.out or default
     try:
         _print([import_rosbag2(args.source, args.map, out)])
     except Rosbag2ImportError as err:

@@ -53,6 +53,7 @@ from dualloop.controller.logs.format import ACTUAL_CONTROLS_DETAIL
 from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
 from dualloop.controller.logs.outputs import refuse_overwriting_inputs
+from dualloop.controller.logs.plausibility import RATE_MISMATCH, implausible_speed, out_of_range
 from dualloop.executor.action_labels import ACCEL_WINDOW_S, LOOKAHEAD_S, backward_accel, lookahead_labels
 from dualloop.sim.schema import (
     ACTION_INDEX,
@@ -63,7 +64,6 @@ from dualloop.sim.schema import (
     N_FEATURES,
     PLAN,
     PLAN_NAMES,
-    SENSOR_RANGE_M,
     label_from_accel,
 )
 from dualloop.v2 import controller_pb2 as pb
@@ -104,13 +104,6 @@ COLUMN_UNITS: dict[str, str] = {
     ACCEL_COLUMN: "m/s^2",
     STEER_COLUMN: "rad",
 }
-# A speed column declared (or defaulted to) m/s with these statistics was almost surely written in km/h.
-IMPLAUSIBLE_MEDIAN_MS = 45.0
-IMPLAUSIBLE_MAX_MS = 70.0
-# A speed below this (m/s) is driving backwards, not a standstill's sensor noise.
-REVERSE_SPEED_MS = 0.5
-# A declared rate this many times faster or slower than the rows' median interval is a wrong declaration.
-RATE_MISMATCH = 2.0
 # Rows are irregular when more than this share of intervals differ from the median by more than 10%.
 IRREGULAR_SHARE = 0.05
 _HEADER_NAME = re.compile(r"^\s*([^\[\]]+?)\s*(?:\[\s*([^\]]*?)\s*\])?\s*$")
@@ -345,12 +338,12 @@ def _convert_units(path: Path, data: CsvData) -> None:
 def _check_speed_plausible(
     path: Path, name: str, values: npt.NDArray[np.float64], lines: npt.NDArray[np.int64]
 ) -> None:
-    median, peak = float(np.median(values)), float(np.max(values))
-    if median > IMPLAUSIBLE_MEDIAN_MS or peak > IMPLAUSIBLE_MAX_MS:
-        line = int(lines[int(np.argmax(values))])
+    wrong = implausible_speed(values)
+    if wrong is not None:
+        peak, what = wrong
         raise CsvImportError(
-            f"{path}: line {line}, column '{name}': {peak:g} m/s (median {median:g}) is implausible for a car: "
-            f"looks like km/h; declare --units {name}=km/h (or a '{name}[km/h]' header)"
+            f"{path}: line {int(lines[peak])}, column '{name}': {what}; "
+            f"declare --units {name}=km/h (or a '{name}[km/h]' header)"
         )
 
 
@@ -359,23 +352,9 @@ def _range_warnings(data: CsvData) -> list[str]:
     replay judges them), but said at import, where a column's convention is still easy to fix."""
     out = []
     for name in data.columns.features:
-        values = data.features[:, FEATURE_INDEX[name]]
-        unit = COLUMN_UNITS[name]
-        if unit == "bool":
-            bad, expected = (values != 0.0) & (values != 1.0), "a flag is 1 or 0"
-        elif unit == "m" and (name.endswith("_gap") or name.endswith("_distance")):
-            bad, expected = values < 0.0, f"a gap is at least 0 m ({SENSOR_RANGE_M:g} m when nothing is there)"
-        elif name == "ego_speed":
-            bad, expected = values < -REVERSE_SPEED_MS, "the model knows forward driving only"
-        else:
-            continue
-        if bad.any():
-            first = int(np.argmax(bad))
-            value = f"{values[first]:g}" + ("" if unit == "bool" else f" {unit}")
-            out.append(
-                f"column '{name}': {np.count_nonzero(bad)} row(s) out of range (first at line "
-                f"{int(data.lines[first])}: {value}); {expected}"
-            )
+        bad = out_of_range(name, data.features[:, FEATURE_INDEX[name]])
+        if bad is not None:
+            out.append(bad.text(f"column '{name}'", "row(s)", f"line {int(data.lines[bad.first])}"))
     return out
 
 

@@ -13,19 +13,23 @@ The mapping file (YAML) says which topic and field gives which feature, in which
       lead_rel_speed: {topic: /radar/tracks, field: velocity.x,
                        select: {array: tracks, ahead: position.x, lateral: position.y}}
 
+The bag is an .mcap file or a bag folder (metadata.yaml and its split .mcap files, read in order).
 Messages are decoded with mcap-ros2-support (the bag's own `ros2msg` schemas; no ROS install). Time is
 each message's MCAP log_time (the recorder's receive time). The output samples every feature at
 `rate_hz` from the first to the last ego_speed message: the newest message of its topic at or before
 the sample, if it is at most max_age_s old, else NaN (sample-and-hold, no interpolation). The mapped
 features are the sensor profile (measured_features); every other feature is NaN, never invented.
-Labels, ego_accel when unmapped and the header follow docs/importers.md as the CSV importer does.
+Labels, ego_accel when unmapped and the header follow docs/importers.md as the CSV importer does, and
+so do the value checks (plausibility.py). A rate_hz more than twice the ego_speed topic's message rate
+is refused (held speeds make junk labels); another topic that slow gets a warning. A key given twice in
+the mapping file is refused.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +46,7 @@ from dualloop.controller.logs.import_csv import COLUMN_UNITS, UNITS
 from dualloop.controller.logs.import_report import ImportReport, count_labels
 from dualloop.controller.logs.logfile import write_log
 from dualloop.controller.logs.outputs import refuse_overwriting_inputs
+from dualloop.controller.logs.plausibility import RATE_MISMATCH, implausible_speed, out_of_range
 from dualloop.executor.action_labels import ACCEL_WINDOW_S, LOOKAHEAD_S, backward_accel, lookahead_labels
 from dualloop.sim.schema import (
     FEATURE_INDEX,
@@ -54,6 +59,8 @@ from dualloop.v2 import controller_pb2 as pb
 
 _PATH_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
 _INDEX = re.compile(r"\[(\d+)\]")
+_DIGITS = re.compile(r"(\d+)")
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class Rosbag2ImportError(ValueError):
@@ -143,6 +150,30 @@ class Rosbag2Map(BaseModel):
         return self
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: object, first: yaml.Mark, again: yaml.Mark) -> None:
+        where = f"line {again.line + 1}: key {key!r}"
+        super().__init__(f"{where} given twice in one mapping (first at line {first.line + 1})")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently,
+    so a copied line would replace the feature above it). A merge key's (<<) values may be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: dict[Hashable, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # the base class says what is wrong with it
+            first = seen.setdefault(key, key_node)
+            if first is not key_node:
+                raise _DuplicateKey(key, first.start_mark, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_map(path: str | Path) -> Rosbag2Map:
     """Read and check a mapping file; errors name the file and the field (or line)."""
     path = Path(path)
@@ -151,7 +182,9 @@ def load_map(path: str | Path) -> Rosbag2Map:
     except (OSError, UnicodeDecodeError) as err:
         raise Rosbag2ImportError(f"{path}: cannot read the mapping file: {err}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except _DuplicateKey as err:
+        raise Rosbag2ImportError(f"{path}: {err}; YAML would keep only the last: remove one") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -189,42 +222,138 @@ def _value(msg: Any, path: str) -> Any:
     return node
 
 
+def _natural(path: Path) -> list[object]:
+    """Sort key: drive_2.mcap before drive_10.mcap (the recorder numbers its split files)."""
+    return [int(p) if p.isdigit() else p for p in _DIGITS.split(path.name)]
+
+
+def _listed_files(folder: Path, meta: Path) -> list[Path]:
+    """The MCAP files metadata.yaml lists in rosbag2_bagfile_information.relative_file_paths, in order."""
+    try:
+        info = yaml.safe_load(meta.read_text(encoding="utf-8"))["rosbag2_bagfile_information"]
+        storage = info.get("storage_identifier") or "mcap"
+        listed = [str(p) for p in info.get("relative_file_paths") or []]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError, KeyError, AttributeError) as err:
+        raise Rosbag2ImportError(
+            f"{meta}: not a rosbag2 metadata file with rosbag2_bagfile_information ({type(err).__name__}: {err})"
+        ) from None
+    if storage != "mcap":
+        raise Rosbag2ImportError(
+            f"{meta}: storage_identifier {storage!r}: only MCAP bags are read (`ros2 bag convert` writes one)"
+        )
+    files = [folder / p for p in listed]
+    for rel, file in zip(listed, files, strict=True):
+        if not file.name.endswith(".mcap"):
+            raise Rosbag2ImportError(
+                f"{meta}: relative_file_paths lists {rel!r}, not an .mcap file (a file-compressed bag: "
+                "decompress it, or `ros2 bag convert` it to plain MCAP)"
+            )
+        if not file.is_file():
+            raise Rosbag2ImportError(f"{meta}: relative_file_paths lists {rel!r}, which is not in {folder}")
+    return files
+
+
+def bag_files(bag: Path) -> list[Path]:
+    """The MCAP files of a bag, in recording order: the file itself, or a bag folder's (as `ros2 bag
+    record` writes it: metadata.yaml and <name>_0.mcap, <name>_1.mcap, ...) as metadata.yaml lists them,
+    else its *.mcap files in natural order."""
+    if bag.is_file():
+        return [bag]
+    if not bag.is_dir():
+        raise Rosbag2ImportError(f"{bag}: no such file or folder (expected a bag's .mcap file or its folder)")
+    meta = bag / "metadata.yaml"
+    files = _listed_files(bag, meta) if meta.is_file() else []
+    files = files or sorted(bag.glob("*.mcap"), key=_natural)
+    if not files:
+        raise Rosbag2ImportError(
+            f"{bag}: a folder without .mcap files (a ROS 2 bag folder holds metadata.yaml and <name>_0.mcap; "
+            "a bag recorded with the sqlite3 storage must be converted: `ros2 bag convert`)"
+        )
+    return files
+
+
+def _bag_topics(files: list[Path], mcap_reader: Any) -> list[str] | None:
+    """The topics the files' summaries list; None when one has no summary (a recording cut short)."""
+    present: set[str] = set()
+    for file in files:
+        try:
+            with file.open("rb") as f:
+                summary = mcap_reader.make_reader(f).get_summary()
+        except Exception as err:  # mcap's errors have no common base
+            raise Rosbag2ImportError(f"{file}: not a readable ROS 2 MCAP bag ({type(err).__name__}: {err})") from None
+        if summary is None:
+            return None
+        present |= {c.topic for c in summary.channels.values()}
+    return sorted(present)
+
+
+def _users(mapping: Rosbag2Map, topic: str) -> list[str]:
+    """The features mapped from `topic`."""
+    return [n for n, s in mapping.features.items() if s.topic == topic]
+
+
 def _read_bag(bag: Path, mapping: Rosbag2Map, map_path: Path) -> dict[str, tuple[npt.NDArray[np.int64], list[Any]]]:
-    """topic -> (log times ns, decoded messages) of the mapped topics."""
+    """topic -> (log times ns, decoded messages, in time order) of the mapped topics."""
     decoder = require("mcap_ros2.decoder", "`dualloop import rosbag2`", "rosbag2")
     mcap_reader = require("mcap.reader", "`dualloop import rosbag2`", "rosbag2")
     topics = sorted({s.topic for s in mapping.features.values()})
-    if not bag.is_file():
-        raise Rosbag2ImportError(f"{bag}: no such file")
-    try:
-        with bag.open("rb") as f:
-            reader = mcap_reader.make_reader(f, decoder_factories=[decoder.DecoderFactory()])
-            summary = reader.get_summary()
-            present = sorted({c.topic for c in summary.channels.values()}) if summary is not None else []
-            # a bag without a summary section (recording cut short) is checked after reading instead
-            missing = [t for t in topics if t not in present] if summary is not None else []
-            if missing:
-                users = [n for n, s in mapping.features.items() if s.topic == missing[0]]
-                raise Rosbag2ImportError(
-                    f"{bag}: topic {missing[0]!r} ({map_path}: features.{users[0]}.topic) is not in the bag; "
-                    f"its topics: {', '.join(present) or 'none'}"
-                )
-            out: dict[str, tuple[list[int], list[Any]]] = {t: ([], []) for t in topics}
-            for _, channel, message, decoded in reader.iter_decoded_messages(topics, log_time_order=True):
-                stamps, msgs = out[channel.topic]
-                stamps.append(message.log_time)
-                msgs.append(decoded)
-    except Rosbag2ImportError:
-        raise
-    except Exception as err:  # mcap's and the CDR decoder's errors have no common base
-        raise Rosbag2ImportError(f"{bag}: not a readable ROS 2 MCAP bag ({type(err).__name__}: {err})") from None
-    for topic, (_, msgs) in out.items():
+    files = bag_files(bag)
+    present = _bag_topics(files, mcap_reader)
+    # a bag without a summary section (recording cut short) is checked after reading instead
+    missing = [t for t in topics if t not in present] if present is not None else []
+    if missing:
+        raise Rosbag2ImportError(
+            f"{bag}: topic {missing[0]!r} ({map_path}: features.{_users(mapping, missing[0])[0]}.topic) is not in "
+            f"the bag; its topics: {', '.join(present or []) or 'none'}"
+        )
+    out: dict[str, tuple[list[int], list[Any]]] = {t: ([], []) for t in topics}
+    for file in files:
+        try:
+            with file.open("rb") as f:
+                reader = mcap_reader.make_reader(f, decoder_factories=[decoder.DecoderFactory()])
+                for _, channel, message, decoded in reader.iter_decoded_messages(topics, log_time_order=True):
+                    stamps, msgs = out[channel.topic]
+                    stamps.append(message.log_time)
+                    msgs.append(decoded)
+        except Exception as err:  # mcap's and the CDR decoder's errors have no common base
+            raise Rosbag2ImportError(f"{file}: not a readable ROS 2 MCAP bag ({type(err).__name__}: {err})") from None
+    result = {}
+    for topic, (stamps, msgs) in out.items():
         if not msgs:
-            users = [n for n, s in mapping.features.items() if s.topic == topic]
             raise Rosbag2ImportError(
-                f"{bag}: topic {topic!r} ({map_path}: features.{users[0]}.topic) has no messages in the bag"
+                f"{bag}: topic {topic!r} ({map_path}: features.{_users(mapping, topic)[0]}.topic) has no messages "
+                "in the bag"
             )
-    return {t: (np.asarray(s, dtype=np.int64), msgs) for t, (s, msgs) in out.items()}
+        order = np.argsort(np.asarray(stamps, dtype=np.int64), kind="stable")  # split files in any order
+        result[topic] = (np.asarray(stamps, dtype=np.int64)[order], [msgs[i] for i in order])
+    return result
+
+
+def _check_rates(
+    bag: Path, map_path: Path, mapping: Rosbag2Map, data: dict[str, tuple[npt.NDArray[np.int64], list[Any]]]
+) -> list[str]:
+    """Refuse a rate_hz over RATE_MISMATCH times the ego_speed topic's message rate (held speeds are steps
+    that the derived ego_accel and the look-ahead labels read as hard accelerations); warn for another
+    topic that slow (its values are held over several samples)."""
+    warnings = []
+    for topic, (stamps, _) in data.items():
+        intervals = np.diff(stamps)
+        median_ns = float(np.median(intervals)) if len(intervals) else 0.0
+        if median_ns <= 0 or 1e9 / median_ns * RATE_MISMATCH >= mapping.rate_hz:
+            continue
+        users, rate = _users(mapping, topic), 1e9 / median_ns
+        what = (
+            f"topic {topic!r} ({', '.join(users)}) has a message every {median_ns * 1e-6:g} ms "
+            f"({rate:.3g} Hz, the median interval), below half of rate_hz {mapping.rate_hz:g}"
+        )
+        if "ego_speed" in users:
+            raise Rosbag2ImportError(
+                f"{bag}: {what} ({map_path}: rate_hz): each speed would be held over {mapping.rate_hz / rate:.0f} "
+                "samples, and the derived ego_accel and the labels would read its steps as accelerations; "
+                f"set rate_hz to the topic's rate ({rate:.3g}) or lower"
+            )
+        warnings.append(f"{what}: its values are held over several samples (NaN beyond max_age_s)")
+    return warnings
 
 
 def _series(
@@ -354,20 +483,45 @@ def _observations(
         yield obs
 
 
-def import_rosbag2(
-    bag: str | Path, map_file: str | Path, out_path: str | Path, *, start_time_unix_ns: int | None = None
-) -> ImportReport:
-    """Convert a ROS 2 MCAP bag into a dualloop log at `out_path` as the mapping file says."""
-    bag, map_path, out_path = Path(bag), Path(map_file), Path(out_path)
-    refuse_overwriting_inputs([out_path], [bag, map_path], Rosbag2ImportError)
-    mapping = load_map(map_path)
-    data = _read_bag(bag, mapping, map_path)
-    grid = _grid(bag, mapping, data)
-    period_ns = round(1e9 / mapping.rate_hz)
-    details = {"file": str(bag), "map": str(map_path), "time": "MCAP log_time (the recorder's receive time)"}
-    features = _resample(bag, map_path, mapping, data, grid, details)
-    warnings: list[str] = []
-    t = (grid - grid[0]) / 1e9
+def _when(grid: npt.NDArray[np.int64], i: int) -> str:
+    """Where sample i is: seconds from the first sample (the first ego_speed message) and its log_time."""
+    ns = int(grid[i])
+    return f"{(ns - int(grid[0])) / 1e9:.2f} s, log_time {ns // 10**9}.{ns % 10**9:09d}"
+
+
+def _check_values(
+    bag: Path, map_path: Path, mapping: Rosbag2Map, grid: npt.NDArray[np.int64], features: npt.NDArray[np.float64]
+) -> list[str]:
+    """The CSV importer's value checks (plausibility.py) on the samples: an ego_speed in m/s that looks like
+    km/h is refused; values out of range are kept, with a warning naming the first sample's time."""
+    speed = mapping.features["ego_speed"]
+    if speed.unit in (None, "m/s"):
+        wrong = implausible_speed(features[:, FEATURE_INDEX["ego_speed"]])
+        if wrong is not None:
+            peak, what = wrong
+            raise Rosbag2ImportError(
+                f"{bag}: ego_speed ({speed.topic} {speed.field}) at {_when(grid, peak)}: {what}; "
+                f"declare unit: km/h ({map_path}: features.ego_speed.unit)"
+            )
+    out = []
+    for name in FEATURE_NAMES:
+        src = mapping.features.get(name)
+        bad = out_of_range(name, features[:, FEATURE_INDEX[name]]) if src is not None else None
+        if src is not None and bad is not None:
+            out.append(bad.text(f"feature '{name}' ({src.topic} {src.field})", "sample(s)", _when(grid, bad.first)))
+    return out
+
+
+def _kept_samples(
+    bag: Path,
+    mapping: Rosbag2Map,
+    t: npt.NDArray[np.float64],
+    features: npt.NDArray[np.float64],
+    details: dict[str, str],
+    warnings: list[str],
+) -> tuple[npt.NDArray[np.bool_], list[str]]:
+    """The samples to write (ego_speed known, ego_accel derivable when unmapped) and the measured features;
+    derives ego_accel in `features` when the mapping has none."""
     speed = features[:, FEATURE_INDEX["ego_speed"]]
     keep = np.isfinite(speed)
     if not keep.all():
@@ -385,6 +539,27 @@ def import_rosbag2(
         keep &= derived
     if not keep.any():
         raise Rosbag2ImportError(f"{bag}: no sample has ego_speed (and a derivable ego_accel); nothing to import")
+    return keep, measured
+
+
+def import_rosbag2(
+    bag: str | Path, map_file: str | Path, out_path: str | Path, *, start_time_unix_ns: int | None = None
+) -> ImportReport:
+    """Convert a ROS 2 MCAP bag (its .mcap file or its folder) into a dualloop log at `out_path` as the
+    mapping file says."""
+    bag, map_path, out_path = Path(bag), Path(map_file), Path(out_path)
+    refuse_overwriting_inputs([out_path], [bag, map_path], Rosbag2ImportError)
+    mapping = load_map(map_path)
+    data = _read_bag(bag, mapping, map_path)
+    rate_warnings = _check_rates(bag, map_path, mapping, data)
+    grid = _grid(bag, mapping, data)
+    period_ns = round(1e9 / mapping.rate_hz)
+    details = {"file": str(bag), "map": str(map_path), "time": "MCAP log_time (the recorder's receive time)"}
+    features = _resample(bag, map_path, mapping, data, grid, details)
+    warnings = rate_warnings + _check_values(bag, map_path, mapping, grid, features)
+    t = (grid - grid[0]) / 1e9
+    speed = features[:, FEATURE_INDEX["ego_speed"]]
+    keep, measured = _kept_samples(bag, mapping, t, features, details, warnings)
     rows = np.flatnonzero(keep)
     actions = np.full(len(grid), -1, dtype=np.int64)
     accel = np.full(len(grid), np.nan)
@@ -400,7 +575,7 @@ def import_rosbag2(
     if warnings:
         details["warnings"] = "; ".join(warnings)
     header = imported_header(
-        session_id=mapping.session_id or f"rosbag2-{bag.stem}",
+        session_id=mapping.session_id or f"rosbag2-{bag.resolve().name if bag.is_dir() else bag.stem}",
         source=f"rosbag2 import of {bag}",
         measured=measured,
         observation_period_ns=period_ns,

@@ -277,3 +277,12 @@ def test_foxglove_layout_names_a_missing_empty_or_cut_recording(tmp_path, capsys
         text = "".join(capsys.readouterr())
         assert message in text and "Errno" not in text
     assert not out.exists()
+
+
+def test_foxglove_layout_help_says_where_the_layout_goes_without_o(capsys):
+    """Without -o the command writes ./foxglove-layout.json, which --help did not say."""
+    with pytest.raises(SystemExit) as done:
+        main(["foxglove-layout", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert "-o OUT, --out OUT the layout file to write (default: foxglove-layout.json in the current directory)" in text

@@ -12,7 +12,7 @@ import pytest
 from mcap_ros2.writer import Writer
 
 from dualloop.controller.cli import main
-from dualloop.controller.logs.import_rosbag2 import Rosbag2ImportError, import_rosbag2, load_map
+from dualloop.controller.logs.import_rosbag2 import Rosbag2ImportError, bag_files, import_rosbag2, load_map
 from dualloop.controller.logs.logfile import read_log
 from dualloop.executor.action_labels import lookahead_labels
 from dualloop.models import TEST_MODEL_PATH
@@ -109,8 +109,9 @@ def _track(x: float, y: float, vx: float) -> dict[str, object]:
     }
 
 
-def write_bag(path: Path, odom_unit_factor: float = 1.0) -> Path:
-    """50 Hz odometry (speed in m/s * factor), 100 Hz IMU, 20 Hz radar range and relative speed."""
+def write_bag(path: Path, odom_unit_factor: float = 1.0, steps: range | None = None) -> Path:
+    """50 Hz odometry (speed in m/s * factor), 100 Hz IMU, 20 Hz radar range and relative speed; `steps`:
+    the 10 ms steps to write (default: all of DURATION_S), for a bag split into several files."""
     with path.open("wb") as f:
         w = Writer(f)
         odom = w.register_msgdef("nav_msgs/msg/Odometry", ODOMETRY)
@@ -118,7 +119,7 @@ def write_bag(path: Path, odom_unit_factor: float = 1.0) -> Path:
         rng = w.register_msgdef("sensor_msgs/msg/Range", RANGE)
         tw = w.register_msgdef("geometry_msgs/msg/TwistStamped", TWIST_STAMPED)
         tracks = w.register_msgdef("radar_msgs/msg/RadarTracks", RADAR_TRACKS)
-        for k in range(int(DURATION_S * 100) + 1):
+        for k in steps if steps is not None else range(int(DURATION_S * 100) + 1):
             t_ns = T0_NS + k * 10_000_000
             t = k / 100
             pose = {"pose": {"position": _vec(), "orientation": {"x": 0.0, "y": 0.0, "z": 0.0, "w": 1.0}}}
@@ -362,3 +363,190 @@ def test_an_output_over_the_bag_or_the_map_is_refused(
         printed = "".join(capsys.readouterr())
         assert f"error: {out}: the output would overwrite the input {given}" in printed, printed
     assert (bag.read_bytes(), map_path.read_bytes()) == before
+
+
+@pytest.mark.parametrize("unit", [", unit: m/s", ""])
+def test_a_speed_in_kmh_mapped_as_ms_is_refused(tmp_path: Path, unit: str) -> None:
+    """The CSV importer refuses such a speed as "looks like km/h"; a bag imported it silently."""
+    bag = write_bag(tmp_path / "kmh.mcap", odom_unit_factor=3.6)
+    map_path = _map(
+        tmp_path, f"rate_hz: 20\nfeatures:\n  ego_speed: {{topic: /odom, field: twist.twist.linear.x{unit}}}\n"
+    )
+    with pytest.raises(Rosbag2ImportError) as err:
+        import_rosbag2(bag, map_path, tmp_path / "out.mcap")
+    assert str(err.value).startswith(
+        f"{bag}: ego_speed (/odom twist.twist.linear.x) at 2.35 s, log_time 1700000002.350000000: "
+    )
+    assert str(err.value).endswith(
+        f"79.1996 m/s (median 73.6181) is implausible for a car: looks like km/h; declare unit: km/h "
+        f"({map_path}: features.ego_speed.unit)"
+    )
+    assert not (tmp_path / "out.mcap").exists()
+
+
+def test_values_out_of_range_are_kept_with_a_warning_naming_the_first_sample(tmp_path: Path) -> None:
+    """A negative gap, a flag other than 0/1 and a reversing speed: kept, with the CSV importer's warnings."""
+    bag = write_bag(tmp_path / "odd.mcap", odom_unit_factor=-1.0)
+    text = (
+        "rate_hz: 20\nmax_age_s: 0.2\nfeatures:\n"
+        "  ego_speed: {topic: /odom, field: twist.twist.linear.x}\n"
+        "  lead_present: {topic: /radar/lead_velocity, field: twist.linear.x}\n"  # -2 while the lead is there
+        "  lead_distance: {topic: /radar/lead_range, field: range, offset: -50}\n"  # 40 - 2 t - 50 < 0
+    )
+    report = import_rosbag2(bag, _map(tmp_path, text), tmp_path / "out.mcap")
+    t0 = "first at 0.00 s, log_time 1700000000.000000000"
+    expected = [
+        f"feature 'ego_speed' (/odom twist.twist.linear.x): 161 sample(s) out of range ({t0}: -20 m/s); "
+        "the model knows forward driving only",
+        f"feature 'lead_present' (/radar/lead_velocity twist.linear.x): 120 sample(s) out of range ({t0}: -2); "
+        "a flag is 1 or 0",
+        f"feature 'lead_distance' (/radar/lead_range range): 120 sample(s) out of range ({t0}: -10 m); "
+        "a gap is at least 0 m (150 m when nothing is there)",
+    ]
+    assert report.warnings[:3] == expected
+    data = read_log(tmp_path / "out.mcap")
+    assert data.header.source_details["warnings"].startswith("; ".join(expected))
+    assert data.observations[0].features[FEATURE_INDEX["lead_distance"]] == pytest.approx(
+        -10.1
+    )  # kept as is (t = 0.05 s)
+
+
+def test_a_topic_much_slower_than_rate_hz_is_warned_about_and_a_slow_ego_speed_refused(
+    tmp_path: Path, bag: Path
+) -> None:
+    """Held values of a slow topic: a warning; a held ego_speed makes steps that the derived ego_accel and
+    the look-ahead labels read as accelerations (1 Hz odometry at 20 Hz gave +-2.5 m/s^2 for a 1.33 peak)."""
+    text = (
+        "rate_hz: RATE\nfeatures:\n  ego_speed: {topic: /odom, field: twist.twist.linear.x}\n"
+        "  lead_distance: {topic: /radar/lead_range, field: range}\n"
+    )
+    report = import_rosbag2(bag, _map(tmp_path, text.replace("RATE", "100")), tmp_path / "out.mcap")
+    assert report.warnings[0] == (
+        "topic '/radar/lead_range' (lead_distance) has a message every 50 ms (20 Hz, the median interval), "
+        "below half of rate_hz 100: its values are held over several samples (NaN beyond max_age_s)"
+    )
+    assert not any("/odom" in w for w in report.warnings)  # 50 Hz is half of 100: fine
+    map_path = _map(tmp_path, text.replace("RATE", "200"))
+    with pytest.raises(Rosbag2ImportError) as err:
+        import_rosbag2(bag, map_path, tmp_path / "fast.mcap")
+    assert str(err.value) == (
+        f"{bag}: topic '/odom' (ego_speed) has a message every 20 ms (50 Hz, the median interval), below half "
+        f"of rate_hz 200 ({map_path}: rate_hz): each speed would be held over 4 samples, and the derived "
+        "ego_accel and the labels would read its steps as accelerations; set rate_hz to the topic's rate (50) "
+        "or lower"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "rate_hz: 20\nfeatures:\n  ego_speed: {topic: /odom, field: twist.twist.linear.x}\n"
+            "  ego_speed: {topic: /odom, field: twist.twist.linear.y}\n",
+            "line 4: key 'ego_speed' given twice in one mapping (first at line 3)",
+        ),
+        (
+            "rate_hz: 20\nfeatures:\n  ego_speed: {topic: /odom, field: twist.twist.linear.x, field: pose.x}\n",
+            "line 3: key 'field' given twice in one mapping (first at line 3)",
+        ),
+        (
+            "rate_hz: 20\nfeatures:\n  ego_speed: {topic: /odom, field: twist.twist.linear.x}\nrate_hz: 10\n",
+            "line 4: key 'rate_hz' given twice in one mapping (first at line 1)",
+        ),
+    ],
+)
+def test_a_key_given_twice_in_the_mapping_file_is_refused(tmp_path: Path, text: str, message: str) -> None:
+    """YAML keeps the last of two equal keys silently: the speed came from the wrong field."""
+    path = _map(tmp_path, text, "twice.yaml")
+    with pytest.raises(Rosbag2ImportError) as err:
+        load_map(path)
+    assert str(err.value) == f"{path}: {message}; YAML would keep only the last: remove one"
+
+
+def test_a_merge_key_may_still_be_overridden(tmp_path: Path) -> None:
+    text = (
+        "rate_hz: 20\nfeatures:\n  ego_speed: &odom {topic: /odom, field: twist.twist.linear.x, unit: m/s}\n"
+        "  yaw_rate: {<<: *odom, field: twist.twist.angular.z, unit: rad/s}\n"
+    )
+    mapping = load_map(_map(tmp_path, text))
+    assert (mapping.features["yaw_rate"].topic, mapping.features["yaw_rate"].unit) == ("/odom", "rad/s")
+
+
+METADATA = """\
+rosbag2_bagfile_information:
+  version: 8
+  storage_identifier: STORAGE
+  duration: {nanoseconds: 8000000000}
+  starting_time: {nanoseconds_since_epoch: 1700000000000000000}
+  message_count: 2000
+  compression_format: ""
+  compression_mode: ""
+  relative_file_paths:
+FILES
+"""
+
+
+def _bag_folder(folder: Path, names: list[str], metadata: bool = True, storage: str = "mcap") -> Path:
+    """A bag as `ros2 bag record` writes it: the drive split in len(names) files, and metadata.yaml."""
+    folder.mkdir()
+    bounds = np.linspace(0, int(DURATION_S * 100) + 1, len(names) + 1).astype(int)
+    for name, start, stop in zip(names, bounds[:-1], bounds[1:], strict=True):
+        write_bag(folder / name, steps=range(start, stop))
+    if metadata:
+        files = "".join(f"    - {n}\n" for n in names)
+        (folder / "metadata.yaml").write_text(METADATA.replace("STORAGE", storage).replace("FILES\n", files))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("names", "metadata"), [(["drive_0.mcap", "drive_1.mcap"], True), (["d_9.mcap", "d_10.mcap"], False)]
+)
+def test_a_bag_folder_is_read_file_after_file(tmp_path: Path, bag: Path, names: list[str], metadata: bool) -> None:
+    """A bag folder (metadata.yaml and its split files) was "no such file": it gives what the one file gives.
+    Without metadata.yaml the files are taken in natural order (d_9 before d_10)."""
+    folder = _bag_folder(tmp_path / "drive", names, metadata)
+    assert bag_files(folder) == [folder / n for n in names]
+    whole = import_rosbag2(bag, _map(tmp_path), tmp_path / "whole.mcap")
+    split = import_rosbag2(folder, _map(tmp_path), tmp_path / "split.mcap")
+    assert split.observations == whole.observations == int(DURATION_S * 20) + 1
+    one, parts = read_log(tmp_path / "whole.mcap"), read_log(tmp_path / "split.mcap")
+    assert parts.header.session_id == "rosbag2-drive"
+    assert [o.timestamp_ns for o in parts.observations] == [o.timestamp_ns for o in one.observations]
+    np.testing.assert_array_equal(
+        np.array([o.features for o in parts.observations]), np.array([o.features for o in one.observations])
+    )
+
+
+def test_bag_folders_without_a_readable_mcap_name_the_folder(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(Rosbag2ImportError, match=f"^{empty}: a folder without .mcap files"):
+        bag_files(empty)
+    lost = _bag_folder(tmp_path / "lost", ["lost_0.mcap", "lost_1.mcap"])
+    (lost / "lost_1.mcap").unlink()
+    with pytest.raises(Rosbag2ImportError) as err:
+        bag_files(lost)
+    assert (
+        str(err.value) == f"{lost / 'metadata.yaml'}: relative_file_paths lists 'lost_1.mcap', which is not in {lost}"
+    )
+    sqlite = _bag_folder(tmp_path / "sql", ["sql_0.mcap"], storage="sqlite3")
+    with pytest.raises(Rosbag2ImportError, match="storage_identifier 'sqlite3': only MCAP bags are read"):
+        bag_files(sqlite)
+
+
+def test_the_cli_takes_a_bag_folder_and_refuses_an_output_in_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _bag_folder(tmp_path / "rosbag2_2026_12_06", ["rosbag2_2026_12_06_0.mcap"])
+    map_path = _map(tmp_path)
+    assert main(["import", "rosbag2", str(folder), "--map", str(map_path)]) == 0
+    assert "161 observations" in "".join(capsys.readouterr())
+    assert (tmp_path / "rosbag2_2026_12_06.dualloop.mcap").is_file()  # beside the folder, not in it
+    before = sorted(p.name for p in folder.iterdir())
+    for out, why in (
+        (folder / "out.mcap", "would be written inside the input folder"),
+        (folder, "would overwrite the input"),
+    ):
+        assert main(["import", "rosbag2", str(folder), "--map", str(map_path), "-o", str(out)]) == 2
+        assert f"error: {out}: the output {why} {folder}" in "".join(capsys.readouterr())
+    assert sorted(p.name for p in folder.iterdir()) == before
