@@ -139,7 +139,7 @@ def run_replay_step(
     step = ReplayStep(cand_eval, base_eval, actions, np.zeros((len(actions), len(actions)), np.int64), skipped=skipped)
     step.changed = {f: 0 for f in FIELDS}
     for p in paths:
-        name = f"{p.stem}.replay.mcap"
+        name = f"{p.stem}.replayed.mcap"
         d = diff_logs(base_dir / name, cand_dir / name, actions=actions or None)
         if d.decisions.shape == step.migration.shape:
             step.migration += d.decisions

@@ -120,7 +120,7 @@ def _replay(args: argparse.Namespace) -> int:
 
     out_dir = None if args.no_write else (args.out or Path("runs/replay"))
     # named as fleet._replay_one names them: a log there named so would be replaced by another's replay
-    outputs = [] if out_dir is None else [out_dir / f"{Path(p).stem}.replay.mcap" for p in args.logs]
+    outputs = [] if out_dir is None else [out_dir / f"{Path(p).stem}.replayed.mcap" for p in args.logs]
     _refuse_overwriting_inputs(args, gates, outputs)
     try:
         fleet = replay_many(

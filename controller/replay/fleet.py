@@ -203,7 +203,7 @@ def _replay_one(log: str, model: str, gates: list[str], out_dir: str | None) -> 
     from dualloop.controller.replay.lockstep import replay_log
 
     t0, cpu0 = time.perf_counter(), time.process_time()
-    out = str(Path(out_dir) / f"{Path(log).stem}.replay.mcap") if out_dir else None
+    out = str(Path(out_dir) / f"{Path(log).stem}.replayed.mcap") if out_dir else None
     with threadpool_limits(1):
         try:
             report = replay_log(log, model, gates, out_path=out, loaded=_load(model, gates)).report.as_dict()

@@ -265,7 +265,7 @@ def test_cli_imports_and_replays(tmp_path: Path, bag: Path, capsys: pytest.Captu
     argv = ["replay", str(out), "--model", str(TEST_MODEL_PATH), "--workers", "1", "--out", str(tmp_path / "r")]
     assert main(argv) == 0
     assert "161 of 161 observations ticked, 151 labelled" in "".join(capsys.readouterr())
-    replayed = read_log(tmp_path / "r" / "imported.replay.mcap")
+    replayed = read_log(tmp_path / "r" / "imported.replayed.mcap")
     assert replayed.header.session_id == "rosbag2-drive" and len(replayed.snapshots) == 1601  # one per 5 ms tick
 
 

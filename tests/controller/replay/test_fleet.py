@@ -161,7 +161,7 @@ def test_fleet_reports_are_the_single_log_reports(fleet_logs, workers):
     for log in logs:
         single = replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES, out_path=tmp / "single.mcap")
         assert _comparable(fleet.reports[str(log)]) == _comparable(single.report.as_dict())
-        written = tmp / f"w{workers}" / f"{Path(log).stem}.replay.mcap"
+        written = tmp / f"w{workers}" / f"{Path(log).stem}.replayed.mcap"
         assert written.read_bytes() == (tmp / "single.mcap").read_bytes()
 
 

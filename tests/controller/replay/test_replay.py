@@ -247,7 +247,7 @@ def test_replay_many_with_a_process_pool(tmp_path):
     assert not result.errors and len(result.reports) == 3
     assert result.ticks == sum(r["ticks"] for r in result.reports.values()) > 3 * 390
     assert result.confusion().sum() == result.ticks
-    assert len(list((tmp_path / "out").glob("*.replay.mcap"))) == 3
+    assert len(list((tmp_path / "out").glob("*.replayed.mcap"))) == 3
 
 
 @pytest.mark.slow
@@ -263,7 +263,7 @@ def test_replay_many_on_a_ray_cluster(tmp_path):
     assert not result.errors and len(result.reports) == 3
     pooled = replay_many(logs, TEST_MODEL_PATH, workers=2, progress=False)
     assert {p: r["applied"] for p, r in result.reports.items()} == {p: r["applied"] for p, r in pooled.reports.items()}
-    assert len(list((tmp_path / "out").glob("*.replay.mcap"))) == 3
+    assert len(list((tmp_path / "out").glob("*.replayed.mcap"))) == 3
 
 
 def test_ray_without_a_cluster_says_how_to_start_one(tmp_path, monkeypatch):
@@ -434,7 +434,7 @@ def _replay_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, st
 
 def test_cli_refuses_an_output_over_an_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`replay good.mcap --out good.mcap` replaced the drive with its replay; --json (or a fleet's new
-    log named <stem>.replay.mcap) could land on a log given too. Each refused naming both, exit 2."""
+    log named <stem>.replayed.mcap) could land on a log given too. Each refused naming both, exit 2."""
     logs = _damaged_copies(tmp_path)
     good, before = logs["good"], logs["good"].read_bytes()
     code, printed = _replay_cli(capsys, str(good), "--out", str(good))
@@ -443,7 +443,7 @@ def test_cli_refuses_an_output_over_an_input(tmp_path: Path, capsys: pytest.Capt
     assert code == 2 and f"{good}: the output would overwrite the input {good}" in printed, printed
     fleet = tmp_path / "fleet"
     fleet.mkdir()
-    other = fleet / "good.replay.mcap"  # where the fleet writes good.mcap's replay
+    other = fleet / "good.replayed.mcap"  # where the fleet writes good.mcap's replay
     other.write_bytes(before)
     code, printed = _replay_cli(capsys, str(good), str(other), "--out", str(fleet), "--workers", "1")
     assert code == 2 and f"{other}: the output would overwrite the input {other}" in printed, printed
