@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -125,21 +128,55 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def user_errors() -> tuple[type[Exception], ...]:
     """The errors of files and settings a user gives: said in one line (they name the file), not a
-    traceback. Imported only when a command fails: importing them up front (the executor, onnxruntime,
-    the log reader) cost every command ~0.3 s CPU before it could start its work."""
+    traceback; a server child's failed start too (its line is the child's own error). Imported only
+    when a command fails: importing them up front (the executor, onnxruntime, the log reader) cost
+    every command ~0.3 s CPU before it could start its work."""
     from dualloop.controller.contract.errors import ConfigError
     from dualloop.controller.logs.logfile import LogFileError
+    from dualloop.controller.server_process import ServerStartError
     from dualloop.executor.model_card import ModelFileError
     from dualloop.ood import GateFileError
 
-    return (ConfigError, ModelFileError, GateFileError, LogFileError, OSError, MissingExtra)
+    return (ConfigError, ModelFileError, GateFileError, LogFileError, OSError, MissingExtra, ServerStartError)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (timeout, a CI cancel, kill) as the Ctrl-C it stands for: raised in the main thread,
+    so every `with` and `finally` on the way out runs (a server child stopped, its folder removed)."""
+
+
+def _on_sigterm(owner: int) -> Callable[[int, object], None]:
+    def handler(signum: int, _frame: object) -> None:
+        if os.getpid() != owner:  # a fork of this process (a fork-context pool's worker): die as before
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        # a second SIGTERM while the first one's clean-up runs (a pool waiting for its work, say) ends
+        # the process at once, as SIGTERM did before
+        signal.signal(signum, signal.SIG_DFL)
+        raise Terminated()
+
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
+    # Commands that handle SIGTERM themselves (serve drains, alpasim stops its server) install their
+    # own handler later, which replaces this one; exec'd children start with the default again.
+    # Only where SIGTERM was left at its default (not in a caller that chose otherwise, a test's).
+    previous = signal.getsignal(signal.SIGTERM)
+    catch = previous is signal.SIG_DFL and threading.current_thread() is threading.main_thread()
+    if catch:
+        signal.signal(signal.SIGTERM, _on_sigterm(os.getpid()))
     try:
         return int(args.fn(args))
+    except KeyboardInterrupt as err:  # one line, no traceback; 128 + the signal, as a shell reports it
+        from dualloop.controller.console import print_error
+
+        terminated = isinstance(err, Terminated)
+        print_error(f"dualloop {args.command}: stopped by {'SIGTERM' if terminated else 'SIGINT (Ctrl-C)'}")
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     except Exception as err:
         if not isinstance(err, user_errors()):
             raise
@@ -147,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print_error(err)
         return 2
+    finally:
+        if catch:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.contract.server_env import private_server_env
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
@@ -80,6 +81,19 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def require_files(model: Path, gates: Sequence[Path]) -> None:
+    """The files a server child is started with, checked before it starts: a missing one is the
+    user's to fix (ConfigError, one line naming it), not a server that would not start."""
+    for flag, path in [("--model", model), *(("--gate", g) for g in gates)]:
+        if not path.is_file():
+            raise ConfigError(f"{flag} {path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
+
+
+class ServerStartError(RuntimeError):
+    """The server process exited, or did not announce its address in time; says which, with its own
+    last lines."""
+
+
 class ServerProcess:
     """A dualloop server command in its own process, serving on a loopback port it picked itself.
 
@@ -106,6 +120,7 @@ class ServerProcess:
         assert self.work_dir is not None
         self.work_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "dualloop.controller.cli", command, *args, "--port", "0"]
+        self.command = command
         self.config = dict(config) if config is not None else None
         if self.config is not None:
             config_file = self.work_dir / "serve-config.yaml"
@@ -124,11 +139,11 @@ class ServerProcess:
         self.stopped_in_time = False  # stop()'s signal ended it (no SIGKILL)
         self._address: str | None = None
         self._announced = threading.Event()
+        self._channel: grpc.Channel | None = None
         # read stdout to the end, or a long run fills the pipe and blocks the server
         self._reader = threading.Thread(target=self._read_stdout, daemon=True)
-        self._reader.start()
-        self._channel: grpc.Channel | None = None
-        try:
+        try:  # from the child's first moment: a SIGTERM or Ctrl-C here must stop it too
+            self._reader.start()
             self._wait_started(start_timeout_s, wait_serving)
         except BaseException:
             self.stop(timeout_s=10)
@@ -148,15 +163,27 @@ class ServerProcess:
 
     def _wait_started(self, timeout_s: float, wait_serving: bool) -> None:
         deadline = time.monotonic() + timeout_s
-        self._announced.wait(timeout_s)
         while self._address is None or (wait_serving and self.health() != "SERVING"):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            exited = self.proc.poll() is not None
+            if exited or time.monotonic() > deadline:
                 self._reader.join(5)  # the whole of what it printed, for the error
-                raise RuntimeError(
-                    f"the server did not start within {timeout_s:.0f} s (exit code {self.proc.poll()}): "
-                    f"{self.stdout_text()[-1000:]} {self.stderr_text()[-2000:]}"
+                # said at once when it exits: a missing file is not a slow start
+                what = (
+                    f"exited with code {self.proc.returncode}" if exited else f"did not start within {timeout_s:.0f} s"
                 )
-            time.sleep(0.2)
+                raise ServerStartError(f"the `dualloop {self.command}` server {what}: {self.last_words()}")
+            if self._announced.is_set():  # announced (or its output ended): health, or its exit, next
+                time.sleep(0.2)
+            else:
+                self._announced.wait(0.2)
+
+    def last_words(self, lines: int = 5) -> str:
+        """The child's last stderr lines (its own error), else its stdout's, as one line."""
+        for text in (self.stderr_text(), self.stdout_text()):
+            tail = [line.strip() for line in text.strip().splitlines()[-lines:] if line.strip()]
+            if tail:
+                return " | ".join(tail)
+        return "(it printed nothing)"
 
     @property
     def address(self) -> str:
@@ -228,7 +255,8 @@ class ServerProcess:
                 self.proc.wait(10)
         if self.stop_s is None:
             self.stop_s = time.monotonic() - t0
-        self._reader.join(10)
+        if self._reader.ident is not None:  # started
+            self._reader.join(10)
         if self._tmp is not None:
             self._tmp.cleanup()
         return int(self.proc.returncode)

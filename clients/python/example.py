@@ -9,6 +9,9 @@ import grpc
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
+if len(sys.argv) != 2:  # the server's address is the one argument
+    sys.exit("usage: python clients/python/example.py HOST:PORT (the address `dualloop serve` announces)")
+
 # A small receive window: a client that falls behind reads the newest snapshot after a short
 # backlog, and the server drops the rest (snapshots_dropped).
 channel = grpc.insecure_channel(sys.argv[1], [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 8192)])

@@ -7,9 +7,10 @@ import signal
 import threading
 from pathlib import Path
 
-from dualloop.controller.alpasim.driver import HORIZON_S, DualloopDriver, build_server
+from dualloop.controller.alpasim.driver import HORIZON_S, MAX_HORIZON_S, DualloopDriver, build_server
 from dualloop.controller.console import console
 from dualloop.controller.contract.addresses import host_port
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
@@ -24,17 +25,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="serve dualloop as an alpasim driver (egodriver.EgodriverService, loopback); docs/alpasim.md",
     )
     p.add_argument("--host", default="127.0.0.1", help="loopback address or unix:PATH (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0 picks a free one")
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"0..65535 (default {DEFAULT_PORT}); 0 picks a free one"
+    )
     p.add_argument("--model", type=Path, help="default: models/base.onnx")
     p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
     p.add_argument("--no-gate", action="store_true", help="serve without the OOD gate")
-    p.add_argument("--horizon", type=float, default=HORIZON_S, help=f"seconds of plan per answer (default {HORIZON_S})")
+    p.add_argument(
+        "--horizon",
+        type=float,
+        default=HORIZON_S,
+        help=f"seconds of plan per answer, > 0 and at most {MAX_HORIZON_S:g} (default {HORIZON_S}): the last "
+        "decision held, which the runtime replaces at its next step; longer says nothing more and costs each answer",
+    )
     p.set_defaults(fn=_alpasim)
 
 
 def _alpasim(args: argparse.Namespace) -> int:
-    if not args.horizon > 0:
-        raise SystemExit(f"--horizon {args.horizon}: must be > 0 seconds")
+    # before the model loads; nan and inf fail both comparisons
+    if not 0 < args.horizon <= MAX_HORIZON_S:
+        raise ConfigError(f"--horizon {args.horizon}: must be > 0 and at most {MAX_HORIZON_S:g} seconds")
+    if not (args.host.startswith(("unix:", "unix-abstract:")) or 0 <= args.port <= 65535):
+        raise ConfigError(f"--port {args.port}: must be 0..65535 (0: a free port)")
     model_path = args.model or BASE_MODEL_PATH
     model = DecisionModel(model_path)
     gate_paths: list[Path] = []
@@ -45,7 +57,7 @@ def _alpasim(args: argparse.Namespace) -> int:
     try:
         server, port = build_server(driver, args.host, args.port)
     except ValueError as err:
-        raise SystemExit(str(err)) from None
+        raise ConfigError(str(err)) from None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server.start()

@@ -17,6 +17,7 @@ input into an INVALID_ARGUMENT naming the field, before the package's bookkeepin
 from __future__ import annotations
 
 import math
+import socket
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from dualloop.controller.alpasim.mapping import (
     measured_features,
     plan_from_controls,
 )
-from dualloop.controller.contract.addresses import host_port, is_loopback
+from dualloop.controller.contract.addresses import bare_host, host_port, is_loopback
 from dualloop.controller.demo.closed_loop import InProcessDecider
 from dualloop.executor.core import Executor
 from dualloop.executor.sessions import InvalidObservation, SessionError
@@ -53,6 +54,10 @@ from dualloop.v2 import controller_pb2 as pb
 # short next to how soon the runtime asks again (every step, 100 ms in alpasim's default config)
 HORIZON_S = 3.0
 POINT_PERIOD_S = 0.1
+# the longest plan served: the held action extrapolated further says nothing the runtime could use
+# (it asks again every step), and each answer's cost grows with it (an hour's plan took longer than
+# the runtime's 20 s drive deadline, and held a handler thread past SIGTERM)
+MAX_HORIZON_S = 10.0
 # the wheelbase the model's steer angle means when the executor's configuration names none
 DEFAULT_WHEELBASE_M = 2.7
 
@@ -76,8 +81,11 @@ class DualloopDriver(BaseDriver):
     name = "dualloop"
 
     def __init__(self, executor: Executor, horizon_s: float = HORIZON_S, point_period_s: float = POINT_PERIOD_S):
-        if not (horizon_s > 0 and point_period_s > 0):
-            raise ValueError(f"horizon_s ({horizon_s}) and point_period_s ({point_period_s}) must be > 0")
+        if not (0 < horizon_s <= MAX_HORIZON_S and point_period_s > 0):
+            raise ValueError(
+                f"horizon_s ({horizon_s}) must be > 0 and at most {MAX_HORIZON_S}, "
+                f"point_period_s ({point_period_s}) > 0"
+            )
         self.executor = executor
         self.horizon_s = horizon_s
         self.point_period_s = point_period_s
@@ -245,13 +253,37 @@ def build_server(
             f"--host {host}: the egodriver service has no TLS or authentication; serve it on loopback "
             "(127.0.0.1, ::1) or a unix: socket, and reach it through a tunnel or the runtime's own pod"
         )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=channel_options())
+    if not (unix or 0 <= port <= 65535):  # gRPC would bind the value modulo 65536 (70000: 4464)
+        raise ValueError(f"--port {port}: must be 0..65535 (0: a free port)")
+    # no SO_REUSEPORT (gRPC's default on Linux): a second driver on a port in use fails to bind,
+    # instead of the kernel splitting the runtime's connections between the two
+    options = [*channel_options(), ("grpc.so_reuseport", 0)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
     servicer = DualloopEgodriverServicer(driver)
     add_EgodriverServiceServicer_to_server(servicer, server)
     # the package's vehicle-command service (turn indicators): dualloop commands none (NO_COMMAND)
     add_CarlaVehicleServiceServicer_to_server(servicer, server)
     address = host if unix else host_port(host, port)
-    bound = server.add_insecure_port(address)
+    if not unix and port and not _port_free(host, port):  # said in one line, before gRPC logs its own
+        raise OSError(f"--port {port}: could not bind the egodriver service to {address} (in use by another server)")
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:  # grpcio raises where older versions returned 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"could not bind the egodriver service to {address}")
+        raise OSError(f"--port {port}: could not bind the egodriver service to {address}")
     return server, 0 if unix else bound
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Whether a listener could bind host:port now (SO_REUSEADDR as gRPC's: a closed connection's
+    TIME_WAIT does not count, another listener does)."""
+    bare = bare_host(host)
+    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("localhost" if bare.lower().startswith("localhost") else bare, port))
+        except OSError:
+            return False
+    return True

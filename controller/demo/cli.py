@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from dualloop.controller.console import console
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.demo import traffic_demo, transitions
 from dualloop.controller.demo.suite import run_demo
+from dualloop.controller.server_process import require_files
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
+from dualloop.sim.scenarios import SCENARIOS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,14 +43,30 @@ def _demo(args: argparse.Namespace) -> int:
     model = args.model or (BASE_MODEL_PATH if BASE_MODEL_PATH.is_file() else TEST_MODEL_PATH)
     if model == TEST_MODEL_PATH:
         console.print("[yellow]no trained model found (models/base.onnx): driving with the untrained test model[/]")
-    scenarios = args.scenarios.split(",") if args.scenarios else None
     gates = (
         args.gate
         if args.gate
         else ([g for g in DEFAULT_GATES if g.is_file()] if model == BASE_MODEL_PATH and not args.no_gate else [])
     )
+    scenarios = _check_args(args, model, gates)
     seed = {} if args.seed is None else {"seed": args.seed}
     run_demo(
         model, args.out, scenarios, **seed, duration_s=args.duration, console=console, gates=gates, planner=args.planner
     )
     return 0
+
+
+def _check_args(args: argparse.Namespace, model: Path, gates: list[Path]) -> list[str] | None:
+    """The scenarios (None: all), every argument checked before the server starts (a ConfigError: one
+    line, exit 2): an unknown name was a KeyError, a duration of 0 the scenario's whole one."""
+    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
+        raise ConfigError(f"--duration {args.duration}: must be a finite number of seconds > 0")
+    scenarios = None
+    if args.scenarios is not None:
+        scenarios = list(dict.fromkeys(s.strip() for s in args.scenarios.split(",") if s.strip()))
+        unknown = [s for s in scenarios if s not in SCENARIOS]
+        if unknown or not scenarios:
+            what = f"unknown {', '.join(unknown)}" if unknown else "names no scenario"
+            raise ConfigError(f"--scenarios {args.scenarios!r}: {what}; choose from {', '.join(SCENARIOS)}")
+    require_files(model, gates)
+    return scenarios

@@ -379,6 +379,10 @@ def run_traffic(
         n = env.n_steps if steps is None else min(steps, env.n_steps)
         while env.world.step_index < n and not env.done:
             group.step()
-    finally:
-        record = group.close()
-    return record
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, maybe inside a read: the call can only be cancelled
+        group.stream.cancel()
+        raise
+    except BaseException:
+        group.close()
+        raise
+    return group.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,8 +22,9 @@ import grpc
 import numpy as np
 
 from dualloop.controller.console import console
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.demo.traffic import TrafficRecord, run_traffic
-from dualloop.controller.server_process import ServerProcess
+from dualloop.controller.server_process import ServerProcess, require_files
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.env import make_batch
 from dualloop.sim.scenarios import SCENARIOS
@@ -141,7 +143,7 @@ def _print(rows: list[TrafficRow], scenario: str, model: Path) -> None:
             str(r.missed_deadlines),
             f"{r.server_lateness_p99_us:.0f}",
             f"{r.server_lateness_max_us:.0f}",
-            f"{r.snapshot_lateness_p99_us:.0f}",
+            f"{r.snapshot_lateness_p99_us:.0f}" if math.isfinite(r.snapshot_lateness_p99_us) else "-",
             str(r.client_behind),
             str(r.agent_snapshots_dropped),
             f"{r.wall_s:.1f}",
@@ -157,10 +159,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
     p.add_argument("--no-gate", action="store_true", help="drive without the OOD gates")
     p.add_argument("--scenario", default="dense_traffic", choices=sorted(SCENARIOS))
-    p.add_argument("--seeds", help=f"comma-separated episode seeds (default: {','.join(map(str, HELD_OUT_SEEDS))})")
+    p.add_argument(
+        "--seeds", help=f"comma-separated episode seeds >= 0 (default: {','.join(map(str, HELD_OUT_SEEDS))})"
+    )
     p.add_argument("--clock", choices=sorted(CLOCKS), default="lockstep")
-    p.add_argument("--duration", type=float, help="seconds of sim time per seed (default: the scenario's own)")
-    p.add_argument("--json", type=Path, help="write every seed's row here")
+    p.add_argument("--duration", type=float, help="seconds of sim time per seed, > 0 (default: the scenario's own)")
+    p.add_argument("--json", type=Path, help="write every seed's row here (JSON; null: a figure that does not exist)")
     p.add_argument("--check", action="store_true", help="exit 1 when two agents collided on any seed")
     p.set_defaults(fn=_main)
 
@@ -169,18 +173,48 @@ def _seeds(text: str | None) -> list[int]:
     if not text:
         return list(HELD_OUT_SEEDS)
     try:
-        return [int(s) for s in text.split(",")]
+        seeds = [int(s) for s in text.split(",")]
     except ValueError:
-        raise SystemExit(f"dualloop demo-traffic: --seeds takes comma-separated integers, got {text!r}") from None
+        raise ConfigError(f"--seeds {text!r}: takes comma-separated integers") from None
+    if min(seeds) < 0:  # numpy's seeding takes none below 0
+        raise ConfigError(f"--seeds {text!r}: seeds must be integers >= 0")
+    return seeds
+
+
+def _check_args(args: argparse.Namespace, gates: list[Path]) -> list[int]:
+    """Every argument checked before the server starts (a ConfigError: one line, exit 2); the seeds."""
+    # 0 meant the scenario's own duration, below 0 no tick at all, nan a traceback
+    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
+        raise ConfigError(f"--duration {args.duration}: must be a finite number of seconds > 0")
+    seeds = _seeds(args.seeds)
+    require_files(args.model, gates)
+    if args.json:  # as replay --json: its folder made, now rather than after the run
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+    return seeds
+
+
+def strict_json(value: object) -> str:
+    """value as strict JSON: a figure that does not exist (nan: no snapshot lateness in a LOCKSTEP run,
+    no onset in a run) is null, as JSON has no NaN (JavaScript's JSON.parse refuses it)."""
+
+    def clean(v: object) -> object:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        return [clean(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return json.dumps(clean(value), indent=2, allow_nan=False)
 
 
 def _main(args: argparse.Namespace) -> int:
     shipped = [g for g in DEFAULT_GATES if g.is_file()] if args.model == BASE_MODEL_PATH else []
     gates = [] if args.no_gate else (args.gate or shipped)
-    rows = run_demo_traffic(args.model, gates, args.scenario, _seeds(args.seeds), args.clock, args.duration)
+    seeds = _check_args(args, gates)
+    rows = run_demo_traffic(args.model, gates, args.scenario, seeds, args.clock, args.duration)
     _print(rows, args.scenario, args.model)
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+        args.json.write_text(strict_json([asdict(r) for r in rows]))
     collided = [r.seed for r in rows if r.collisions_between_agents]
     if args.check and collided:
         console.print(f"[red]agents collided on seeds {collided}[/]")

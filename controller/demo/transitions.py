@@ -24,7 +24,6 @@ gates) on seeds nothing was tuned on, and reads each tick's applied command:
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,7 +32,10 @@ from typing import Any
 import numpy as np
 
 from dualloop.controller.console import console
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.demo.closed_loop import ClosedLoopRun, InProcessDecider, run_closed_loop
+from dualloop.controller.demo.traffic_demo import strict_json
+from dualloop.controller.server_process import require_files
 from dualloop.executor.action_labels import action_of_accel
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
@@ -41,7 +43,7 @@ from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.ood import load_gate
 from dualloop.sim.env import SimEnv, make_scenario
-from dualloop.sim.scenarios import OOD_SCENARIOS
+from dualloop.sim.scenarios import OOD_SCENARIOS, SCENARIOS
 from dualloop.sim.schema import ACCEL_MIN, FEATURE_INDEX
 from dualloop.v2 import controller_pb2 as pb
 
@@ -242,19 +244,48 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--model", type=Path, default=BASE_MODEL_PATH)
     p.add_argument("--gate", type=Path, action="append", help="gate files (default: the base model's two)")
-    p.add_argument("--seeds", type=int, default=len(UNTUNED_SEEDS), help="how many of the untuned seeds")
+    p.add_argument(
+        "--seeds", type=int, default=len(UNTUNED_SEEDS), help="how many of the untuned seeds, at least 1 (default 8)"
+    )
     p.add_argument("--scenarios", help="comma-separated (default: the six OOD ones and the two forced-veto ones)")
-    p.add_argument("--json", type=Path, help="write every run's figures here")
+    p.add_argument(
+        "--json", type=Path, help="write every run's figures here (JSON; null: a figure that does not exist)"
+    )
     p.add_argument("--check", action="store_true", help="exit 1 when a target is not met")
     p.set_defaults(fn=_main)
+
+
+def check_args(args: argparse.Namespace, gates: list[Path]) -> tuple[list[str], Sequence[int]]:
+    """(the scenarios, the seeds), every argument checked before the first run (a ConfigError: one
+    line, exit 2)."""
+    if args.seeds < 1:  # -1 sliced the seeds to 7 of 8, 0 to none
+        raise ConfigError(f"--seeds {args.seeds}: must be at least 1")
+    scenarios = [*OOD_SCENARIOS, *FORCED_VETO_SCENARIOS]
+    if args.scenarios is not None:
+        scenarios = list(dict.fromkeys(s.strip() for s in args.scenarios.split(",") if s.strip()))  # each once
+        unknown = [s for s in scenarios if s not in SCENARIOS]
+        if unknown or not scenarios:
+            what = f"unknown {', '.join(unknown)}" if unknown else "names no scenario"
+            raise ConfigError(f"--scenarios {args.scenarios!r}: {what}; choose from {', '.join(SCENARIOS)}")
+    require_files(args.model, gates)
+    if args.json:  # as replay --json: its folder made, now rather than after every run
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+    n = args.seeds
+    return scenarios, UNTUNED_SEEDS[:n] if n <= len(UNTUNED_SEEDS) else range(910_001, 910_001 + n)
+
+
+def cell(value: object) -> str:
+    """A table cell: a figure that does not exist (no lead gap outside the forced-veto runs) is a dash."""
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    scenarios = args.scenarios.split(",") if args.scenarios else [*OOD_SCENARIOS, *FORCED_VETO_SCENARIOS]
     gates = args.gate or [g for g in DEFAULT_GATES if g.is_file()]
-    seeds = UNTUNED_SEEDS[: args.seeds] if args.seeds <= len(UNTUNED_SEEDS) else range(910_001, 910_001 + args.seeds)
+    scenarios, seeds = check_args(args, gates)
     figures = check(args.model, gates, seeds, scenarios)
     safety = ExecutorConfig().safety
     step = safety.jerk_limit * TICK_S
@@ -264,10 +295,10 @@ def _main(args: argparse.Namespace) -> int:
     for col in rows[0]:
         table.add_column(col.replace("_", " "), justify="right" if col != "scenario" else "left")
     for r in rows:
-        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()))
+        table.add_row(*(cell(v) for v in r.values()))
     console.print(table)
     if args.json:
-        args.json.write_text(json.dumps({"summary": rows, "runs": [asdict(f) for f in figures]}, indent=2))
+        args.json.write_text(strict_json({"summary": rows, "runs": [asdict(f) for f in figures]}))
     failed = [
         f"{r['scenario']}: {what}"
         for r in rows

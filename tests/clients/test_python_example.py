@@ -32,6 +32,13 @@ def test_python_example_reports_an_unreachable_server() -> None:
     assert result.returncode != 0 and "UNAVAILABLE" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_python_example_without_an_address_prints_its_usage() -> None:
+    example = REPO_ROOT / "clients" / "python" / "example.py"
+    result = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and result.stderr.startswith("usage: "), result.stderr
+    assert "Traceback" not in result.stderr and "HOST:PORT" in result.stderr
+
+
 @pytest.mark.parametrize("example", ["clients/python/example.py", "clients/node/example.mjs"])
 def test_contract_guide_quotes_the_examples_verbatim(example: str) -> None:
     """docs/contract.md shows the files the tests run, not a copy that drifts."""

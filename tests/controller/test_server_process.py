@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dualloop.controller.server_process import ServerProcess, serve_shipped
+from dualloop.controller.server_process import ServerProcess, ServerStartError, serve_shipped
 from dualloop.v2 import controller_pb2 as pb
 
 
@@ -33,7 +33,10 @@ def test_the_shipped_configuration_is_written_as_a_file(tmp_path: Path):
 
 
 def test_a_server_that_cannot_start_raises_with_its_error(tmp_path: Path):
+    """An early exit is said as one (not "did not start within 120 s"), with the child's own line."""
     missing = tmp_path / "missing.onnx"
-    with pytest.raises(RuntimeError, match="did not start") as failed:
+    with pytest.raises(ServerStartError) as failed:
         ServerProcess(["--model", str(missing)], tmp_path)
-    assert str(missing) in str(failed.value)
+    said = str(failed.value)
+    assert said.startswith("the `dualloop serve` server exited with code 2: "), said
+    assert f"error: {missing}: model file not found" in said and "within" not in said and "\n" not in said
