@@ -131,13 +131,16 @@ class ServerLifecycle:
         problem = validity_problem(tls.cert_file) if tls is not None else None
         if problem is not None:  # served anyway: the clock may be what is wrong, and a reload may fix it
             events.event("server.tls_certificate", logging.WARNING, problem=problem)
-        self.port = (
-            self._server.add_insecure_port(address)
-            if tls is None
-            else self._server.add_secure_port(address, tls.credentials())
-        )
+        try:  # older grpc returned port 0, newer raises RuntimeError with a hint about GRPC_VERBOSITY
+            self.port = (
+                self._server.add_insecure_port(address)
+                if tls is None
+                else self._server.add_secure_port(address, tls.credentials())
+            )
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot bind {address}: is the port in use?")
+            raise OSError(f"cannot bind {address}: is the port in use by another server? (--port 0 picks a free one)")
         await self._server.start()
         # After gRPC has started its threads, so that they are placed too (realtime_threads.py).
         self.scheduling = set_realtime_priority(self.config.realtime_priority)

@@ -123,6 +123,11 @@ def test_cli_serve_answers_and_stops_on_sigterm(test_model_path):
         with grpc.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
             info = pb_grpc.ControllerServiceStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10).model
         assert len(info.features) == 19
+        # a second server on the same port: one line, exit 2 (was a RuntimeError traceback from grpc)
+        cmd = [sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(test_model_path)]
+        second = subprocess.run([*cmd, "--port", match.group(1)], capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert f"error: cannot bind 127.0.0.1:{match.group(1)}: is the port in use" in second.stderr
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=20)
         assert proc.returncode == 0
