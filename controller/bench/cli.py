@@ -31,7 +31,8 @@ from dualloop.controller.bench.secure import MissingExtraError, require_cryptogr
 from dualloop.controller.bench.sim import bench_sim
 from dualloop.controller.bench.soak import SOAK_DURATION_S, SOAK_SESSIONS, SoakRun, bench_soak
 from dualloop.controller.bench.tick import SWEEP, bench_sweep, bench_tick
-from dualloop.controller.console import console
+from dualloop.controller.cli_types import non_negative_number, positive_int, positive_number, whole_number
+from dualloop.controller.console import console, print_error
 from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.serve.workers import worker_count
@@ -87,36 +88,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--sessions",
-        type=int,
+        type=positive_int,
         help="REALTIME sessions (tick: 8, planner: 32, soak: 16); gate: a count added to its table",
     )
     p.add_argument(
         "--duration",
-        type=float,
+        type=positive_number,
         help="seconds (tick: 60, planner: 600, sim: 3, replay: 60 at most; rules: 10 of ticks per count; soak: 600)",
     )
     p.add_argument("--out", type=Path, default=Path("runs/bench"))
-    p.add_argument("--logs", type=int, help="replay: how many 60 s logs the whole-command fleet replays (100; 0: none)")
+    p.add_argument(
+        "--logs", type=whole_number(0), help="replay: how many 60 s logs the whole-command fleet replays (100; 0: none)"
+    )
     p.add_argument(
         "--fleet-workers", type=worker_count, help="replay: the fleet's process pool ('auto', the default: the cores)"
     )
     p.add_argument(
         "--guard-ms",
-        type=float,
+        type=non_negative_number,
         default=DEFAULT_TICKER_GUARD_MS,
         help="how long before each deadline the ticker stops serving gRPC and waits in its thread "
         f"(default {DEFAULT_TICKER_GUARD_MS:g}, as serve's executor.ticker_guard_ms)",
     )
     p.add_argument(
         "--realtime-priority",
-        type=int,
+        type=whole_number(0, 99),
         default=50,
         help="SCHED_FIFO priority for the executor process and, for fairness, the bare ticker "
         "(0: normal scheduling; refused without CAP_SYS_NICE, which the report shows)",
     )
     p.add_argument(
         "--cpu-wake-latency-us",
-        type=int,
+        type=whole_number(-1),
         default=-1,
         help="tick, planner, soak: the server keeps idle CPUs this quick to wake (/dev/cpu_dma_latency, "
         "for the whole machine; 0: they poll, never halt); default -1: idle states left alone, as serve",
@@ -185,7 +188,9 @@ def _add_tick_options(p: argparse.ArgumentParser) -> None:
         help="bench tick: session counts in turn (default %(const)s), stopping at the first that does not keep "
         "time; prints the largest that did",
     )
-    p.add_argument("--client-procs", type=int, help="bench tick: client processes (default one per 16 sessions)")
+    p.add_argument(
+        "--client-procs", type=positive_int, help="bench tick: client processes (default one per 16 sessions)"
+    )
     p.add_argument(
         "--no-pin",
         action="store_true",
@@ -210,7 +215,7 @@ def _add_tick_options(p: argparse.ArgumentParser) -> None:
         help="bench tick --candidate: with the candidate only (on), or without, with, without, with in one "
         "command (both, the default; each --duration)",
     )
-    p.add_argument("--calls", type=int, default=200, help="bench overrun: each call this many times")
+    p.add_argument("--calls", type=positive_int, default=200, help="bench overrun: each call this many times")
 
 
 def _wake_latency(args: argparse.Namespace) -> int | None:
@@ -218,7 +223,7 @@ def _wake_latency(args: argparse.Namespace) -> int | None:
 
 
 def _error(text: str) -> int:
-    console.print(f"[red]error:[/] {text}", highlight=False)
+    print_error(text)
     return 2
 
 
@@ -331,7 +336,7 @@ def _tick(args: argparse.Namespace) -> int:
         try:
             require_cryptography()
         except MissingExtraError as err:
-            return _error(escape(str(err)))  # keeps '[bench]'
+            return _error(str(err))
     if args.workers > 1 and (args.secure != "off" or args.metrics != "off"):
         return _error("bench tick --workers runs without --secure and --metrics")
     run = _tick_run(args, client_procs=args.client_procs, pin=not args.no_pin, planner=args.planner)

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dualloop.controller.cli_types import positive_int
 from dualloop.controller.logs.outputs import refuse_overwriting_inputs
 from dualloop.controller.replay.fleet import FLEET_SCHEMA, format_fleet, replay_many
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -26,17 +27,6 @@ _SUMMARY_MODULES = ("dualloop.controller.console", "dualloop.controller.replay.e
 def _import_summary_modules() -> None:
     for module in _SUMMARY_MODULES:
         importlib.import_module(module)
-
-
-def _workers(value: str) -> int:
-    """--workers: a positive count, as `serve --workers` (0 was taken as not given, -1 as 1, silently)."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--workers {value!r}: a positive number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"--workers {value}: at least 1")
-    return n
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,7 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="ID",
         help="one log: replay only this session (repeat for several; default: every session of the log)",
     )
-    p.add_argument("--workers", type=_workers, help="process pool size for many logs (default: the cores)")
+    p.add_argument("--workers", type=positive_int, help="process pool size for many logs (default: the cores)")
     p.add_argument(
         "--ray",
         action="store_true",

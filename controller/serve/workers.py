@@ -48,6 +48,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from dualloop.controller.cli_types import positive_int
 from dualloop.controller.contract.addresses import bare_host, host_port
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import events
@@ -68,12 +69,9 @@ def worker_count(value: str) -> int:
     if value == "auto":
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--workers {value!r}: a positive number or 'auto'") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"--workers {value}: at least 1")
-    return n
+        return positive_int(value)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{err}, or 'auto'") from None
 
 
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:

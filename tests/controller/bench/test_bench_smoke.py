@@ -123,10 +123,10 @@ def test_bench_tick_secure_refuses_metrics_and_names_the_extra_when_cryptography
     ran = []
     monkeypatch.setattr(bench_cli, "bench_tick", lambda *a, **k: ran.append(k))
     assert main(["bench", "tick", "--secure", "both", "--metrics", "on"]) == 2
-    assert "drop --metrics on" in capsys.readouterr().out
+    assert "drop --metrics on" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "cryptography", None)  # import cryptography raises ImportError
     assert main(["bench", "tick", "--secure", "on"]) == 2
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "cryptography" in out and "dualloop[bench]" in out and not ran
 
 
@@ -249,7 +249,7 @@ def test_bench_planner_refuses_a_run_too_short_for_two_turns_of_each_kind(capsys
     ran = []
     monkeypatch.setattr(bench_cli, "bench_planner", lambda *a, **k: ran.append(a))
     assert main(["bench", "planner", "--duration", "7"]) == 2
-    assert "--duration 7: too short" in capsys.readouterr().out and not ran
+    assert "--duration 7: too short" in capsys.readouterr().err and not ran
     # without --duration it runs long enough for a narrow interval: 600 s, 32 sessions
     assert main(["bench", "planner"]) == 0
     ((run, *_),) = ran

@@ -133,7 +133,7 @@ def test_bench_tick_and_planner_run_the_shipped_model_with_its_gates_by_default(
 
 def test_bench_tick_sweep_refuses_bad_counts(capsys):
     assert main(["bench", "tick", "--sweep", "8,x"]) == 2
-    assert "--sweep 8,x" in capsys.readouterr().out
+    assert "--sweep 8,x" in capsys.readouterr().err  # an error: on stderr
 
 
 @pytest.mark.slow

@@ -474,4 +474,4 @@ def test_cli_refuses_workers_below_one(workers: str, capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit) as exit_:
         main(["replay", str(FIXTURE), "--workers", workers])
     assert exit_.value.code == 2
-    assert f"--workers {workers}: at least 1" in capsys.readouterr().err
+    assert f"argument --workers: {workers}: a whole number from 1" in capsys.readouterr().err

@@ -216,7 +216,7 @@ def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(workers: Work
 
 def test_worker_count_and_the_board_histogram() -> None:
     assert worker_count("3") == 3 and worker_count("auto") >= 1
-    with pytest.raises(Exception, match="at least 1"):
+    with pytest.raises(Exception, match="0: a whole number from 1, or 'auto'"):
         worker_count("0")
     board = Board.create(2, LATENESS_BUCKETS_US)
     try:
