@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dualloop.controller.cli_types import positive_int, positive_number
 from dualloop.controller.console import console, print_error
 from dualloop.controller.qualify.criteria import load_criteria
 from dualloop.controller.qualify.report import summary_lines, write_report
@@ -55,8 +56,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=OOD_SCENARIOS,
         help="OOD scenarios of the stress set (repeat; default: all)",
     )
-    p.add_argument("--stress-duration", type=float, metavar="S", help="shorter episodes (s), for a quick run")
-    p.add_argument("--workers", type=int, help="replay processes (default: the cores)")
+    p.add_argument("--stress-duration", type=positive_number, metavar="S", help="shorter episodes (s), for a quick run")
+    p.add_argument("--workers", type=positive_int, help="replay processes (default: the cores)")
     p.add_argument(
         "--transfer",
         type=Path,

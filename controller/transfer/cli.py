@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from dualloop.controller.cli_types import positive_int, whole_number
 from dualloop.controller.console import console, print_error
 from dualloop.controller.logs.logfile import check_log_file
 from dualloop.controller.training.log_eval import evaluate as evaluate_logs
@@ -47,7 +48,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(minutes per dataset; docs/transfer.md)",
     )
     p.add_argument("--quick", action="store_true", help="--leave-one-out: little simulated data, few epochs")
-    p.add_argument("--dagger", type=int, default=0, metavar="ROUNDS", help="--leave-one-out: DAgger rounds per model")
+    p.add_argument(
+        "--dagger", type=whole_number(0), default=0, metavar="ROUNDS", help="--leave-one-out: DAgger rounds per model"
+    )
     p.add_argument(
         "--only",
         action="append",
@@ -58,7 +61,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--seed", type=int, default=TransferConfig.seed)
     p.add_argument(
-        "--max-replay-files", type=int, metavar="N", help="--leave-one-out: replay at most N drives per dataset"
+        "--max-replay-files",
+        type=positive_int,
+        metavar="N",
+        help="--leave-one-out: replay at most N drives per dataset",
     )
     p.add_argument(
         "--out",

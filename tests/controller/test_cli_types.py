@@ -24,6 +24,8 @@ from dualloop.controller.cli import main
         (["bench", "overrun", "--calls", "x"], "argument --calls: 'x' is not a whole number (from 1)"),
         (["bench", "replay", "--logs", "-1"], "argument --logs: -1: a whole number from 0"),
         (["serve", "--model", "m.onnx", "--workers", "0"], "argument --workers: 0: a whole number from 1, or 'auto'"),
+        (["qualify", "m.onnx", "--logs", "d", "--workers", "0"], "argument --workers: 0: a whole number from 1"),
+        (["eval-logs", "d", "--leave-one-out", "--dagger", "-1"], "argument --dagger: -1: a whole number from 0"),
     ],
 )
 def test_a_number_out_of_range_is_refused_naming_the_flag(argv: list[str], said: str, capsys) -> None:
