@@ -97,36 +97,43 @@ async def _measure(
     if plan.servers[0]:
         pin_threads(set(plan.servers[0]), server.pid)
     cpus = tuple(plan.clients) if plan.clients else None
-    clients = []
-    for k in range(streams):
-        spec = AgentsClientSpec(
-            server.address,
-            1,
-            agents,
-            run.duration_s + _START_SLACK_S,
-            first=k,
-            cpus=cpus,
-            columns=run.columns,
-            drives_file=None if drives_file is None else str(drives_file),
-        )
-        clients.append(await start_module("dualloop.controller.bench.agents_clients", json.dumps(asdict(spec))))
-    await _wait_open(server, agents * streams, clients)
-    stub = server.stub
-    info = await asyncio.to_thread(stub.GetModelInfo, pb.GetModelInfoRequest(), timeout=_STATS_TIMEOUT_S)
-    await asyncio.to_thread(stub.GetStats, pb.GetStatsRequest(reset=True), timeout=_STATS_TIMEOUT_S)
-    cpu0, t0 = _cpu_s(server.pid), time.monotonic()
-    bare_spec = BareSpec(run.duration_s, realtime_priority=run.realtime_priority, cpus=cpus)
-    bare = await start_role("bare", bare_spec)
-    await asyncio.sleep(run.duration_s)
-    stats = await asyncio.to_thread(stub.GetStats, pb.GetStatsRequest(), timeout=_STATS_TIMEOUT_S)
-    cpu_s, wall_s = _cpu_s(server.pid) - cpu0, time.monotonic() - t0
-    bare_out, _ = await bare.communicate()
-    rows: list[AgentsStreamRow] = []
-    for c in clients:
-        out, _ = await c.communicate()
-        if c.returncode:
-            raise RuntimeError(f"a clients process failed (exit {c.returncode}): {server.stderr_text()[-1500:]}")
-        rows += json.loads(out)
+    clients: list[asyncio.subprocess.Process] = []
+    bare: asyncio.subprocess.Process | None = None
+    try:
+        for k in range(streams):
+            spec = AgentsClientSpec(
+                server.address,
+                1,
+                agents,
+                run.duration_s + _START_SLACK_S,
+                first=k,
+                cpus=cpus,
+                columns=run.columns,
+                drives_file=None if drives_file is None else str(drives_file),
+            )
+            clients.append(await start_module("dualloop.controller.bench.agents_clients", json.dumps(asdict(spec))))
+        await _wait_open(server, agents * streams, clients)
+        stub = server.stub
+        info = await asyncio.to_thread(stub.GetModelInfo, pb.GetModelInfoRequest(), timeout=_STATS_TIMEOUT_S)
+        await asyncio.to_thread(stub.GetStats, pb.GetStatsRequest(reset=True), timeout=_STATS_TIMEOUT_S)
+        cpu0, t0 = _cpu_s(server.pid), time.monotonic()
+        bare_spec = BareSpec(run.duration_s, realtime_priority=run.realtime_priority, cpus=cpus)
+        bare = await start_role("bare", bare_spec)
+        await asyncio.sleep(run.duration_s)
+        stats = await asyncio.to_thread(stub.GetStats, pb.GetStatsRequest(), timeout=_STATS_TIMEOUT_S)
+        cpu_s, wall_s = _cpu_s(server.pid) - cpu0, time.monotonic() - t0
+        bare_out, _ = await bare.communicate()
+        rows: list[AgentsStreamRow] = []
+        for c in clients:
+            out, _ = await c.communicate()
+            if c.returncode:
+                raise RuntimeError(f"a clients process failed (exit {c.returncode}): {server.stderr_text()[-1500:]}")
+            rows += json.loads(out)
+    finally:  # an interrupted run (SIGTERM, Ctrl-C, an error) leaves no client streaming at the server
+        for proc in [*clients, *([bare] if bare is not None else [])]:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()  # reaped while the loop runs: no transport left for interpreter exit
     rate = 1e9 / info.model.tick_period_ns
     return {
         "rate": rate,

@@ -101,3 +101,27 @@ def test_a_forked_child_of_a_command_still_dies_of_sigterm() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert out.stdout.split("\n")[:2] == [f"child {-signal.SIGTERM}", "parent Terminated"], out.stdout + out.stderr
+
+
+def _agents_clients(parent: int) -> list[int]:
+    return [p for p in child_pids(parent) if "agents_clients" in cmdline(p)]
+
+
+@pytest.mark.slow
+def test_sigterm_to_bench_agents_stops_its_clients_at_once(tmp_path: Path) -> None:
+    """Found by QA: the clients streamed on for their whole run, and stopping the server waited for
+    them (about a minute); now the run's clients are killed on the way out."""
+    cmd = [sys.executable, "-m", "dualloop", "bench", "agents", "--agents", "4", "--streams", "1", "--duration", "120"]
+    cmd += ["--realtime-priority", "0", "--no-pin", "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: bool(_agents_clients(proc.pid)), 120), proc.stderr
+        clients = _agents_clients(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=25)  # an upper bound: the clients ran 120 s, the server's stop 30 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143 and err.strip().endswith("error: dualloop bench: stopped by SIGTERM"), err
+    assert not any(os.path.exists(f"/proc/{c}") for c in clients), "a clients process outlived the bench"
