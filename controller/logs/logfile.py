@@ -272,8 +272,9 @@ def read_sessions(path: str | Path | Iterable[str | Path]) -> dict[str, LogData]
         key = instances.get(session_id, session_id)
         data = sessions.get(key)
         instance = 1 if data is None else data.instance
-        if data is not None and data.summary is not None and topic != TOPIC_SUMMARY:
-            # after its summary an id is a session opened again (seq from 1, perhaps other settings)
+        if data is not None and data.summary is not None and topic in (TOPIC_HEADER, TOPIC_OBSERVATION):
+            # after its summary an id is a session opened again (seq from 1, perhaps other settings);
+            # a snapshot there is the closed one's last (older recordings of a DriveAgents leave)
             instance += 1
             key = instances[session_id] = f"{session_id}#{instance}"
             if topic != TOPIC_HEADER:  # a recorder before this one wrote no header for it: the first's

@@ -317,13 +317,13 @@ class Recorder:
         if kind is _Kind.OPEN:
             assert isinstance(message, log_pb2.SessionHeader)
             self._headers[session_id] = message
+            if self._file is not None:  # an id opened again is a new session: its own header first
+                self._file.headers_written.discard(session_id)
             if self.plots:
                 self._plots[session_id] = self._plot_state(message)
             return
         if kind is _Kind.CLOSE:
             self._guarded(self._write_summary, session_id)
-            if self._file is not None:  # an id opened again is a new session: its own header first
-                self._file.headers_written.discard(session_id)
             self._headers.pop(session_id, None)
             self._plots.pop(session_id, None)
             self._sessions.pop(session_id, None)  # its counts are in the summary: nothing kept per closed session

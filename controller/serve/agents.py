@@ -192,6 +192,8 @@ class DriveAgentsCall:
                 while ticker.hand_over_due():  # a large group's request must not run past a deadline
                     await ticker.until_tick()
             snaps += self._observe(session_id, seen, obs)
+        if not realtime:  # recorded before a leave closes its agent: a log's snapshots precede its summary
+            self._record_lockstep(snaps)
         for session_id in msg.leave:
             if session_id in self.agents:
                 self._remove(session_id, "OK", "left")
@@ -331,8 +333,7 @@ class DriveAgentsCall:
             if agent is not None:
                 agent.call.trace.snapshots_sent += 1
 
-    async def _write_lockstep(self, snaps: list[Snapshot]) -> None:
-        """One response per request, lossless: awaiting the write is the backpressure."""
+    def _record_lockstep(self, snaps: list[Snapshot]) -> None:
         runtime = self.runtime
         tally = runtime.metrics.lockstep.add if runtime.metrics is not None else None
         for snap in snaps:
@@ -340,6 +341,9 @@ class DriveAgentsCall:
             runtime.record_snapshot(snap)
             if tally is not None:
                 tally(snap)
+
+    async def _write_lockstep(self, snaps: list[Snapshot]) -> None:
+        """One response per request, lossless: awaiting the write is the backpressure."""
         notices, self.notices = self.notices, pb.DriveAgentsResponse()
         await self.context.write(self._response(notices, self._encode(snaps)))
         self._count_sent(snaps)

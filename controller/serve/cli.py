@@ -167,7 +167,10 @@ def serve(args: argparse.Namespace) -> int:
     )
     configure_logging(config.log_level, config.log_format)
     if args.workers > 1:
-        return serve_workers(config, args.workers, lambda line: console.print(line, highlight=False, markup=False))
+        # soft_wrap: the start line whole on one line however long (scripts read the port from it)
+        return serve_workers(
+            config, args.workers, lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)
+        )
     server = ServerLifecycle(config)
 
     async def run() -> None:
@@ -177,7 +180,8 @@ def serve(args: argparse.Namespace) -> int:
         console.print(
             f"dualloop serving model {card.name} {card.version} (schema {card.schema_hash()}) on "
             f"{host_port(config.host, port)}, tick {config.executor.tick_period_ms} ms, {server.scheduling}, "
-            f"{gates_summary(config)}, {security_summary(config, server.auth.enabled)}. Ctrl-C stops."
+            f"{gates_summary(config)}, {security_summary(config, server.auth.enabled)}. Ctrl-C stops.",
+            soft_wrap=True,
         )
         if server.metrics_port is not None:
             console.print(f"metrics: http://{host_port(config.metrics_host, server.metrics_port)}/metrics")
@@ -244,7 +248,7 @@ def _server_process(args: argparse.Namespace) -> Iterator[str]:
 
 def stream(args: argparse.Namespace) -> int:
     if args.sessions < 1 or args.every < 1 or args.speed <= 0:
-        console.print("[red]--sessions and --every must be >= 1 and --speed > 0[/]")
+        print_error("--sessions and --every must be >= 1 and --speed > 0")
         return 2
     logs: list[LogData] = []
     for path in args.logs:
@@ -254,7 +258,7 @@ def stream(args: argparse.Namespace) -> int:
             check_sessions(file, sessions, args.allow_truncated, "stream")  # as replay: never a cut drive as whole
             logs += (d for d in sessions if d.observations)
     if not logs:
-        console.print(f"[red]no observations in {', '.join(map(str, args.logs))}[/]")
+        print_error(f"no observations in {', '.join(map(str, args.logs))}")
         return 2
     with contextlib.ExitStack() as stack:
         address = args.address or stack.enter_context(_server_process(args))
@@ -289,7 +293,7 @@ ADMIN_TOKEN_ENV = "DUALLOOP_ADMIN_TOKEN"
 def admin(args: argparse.Namespace) -> int:
     """One admin RPC; its refusal is printed with the server's message (exit code 1)."""
     if args.action == "load-candidate" and args.model is None:
-        console.print("[red]error:[/] admin load-candidate needs the candidate model's path", highlight=False)
+        print_error("admin load-candidate needs the candidate model's path")
         return 2
     token = os.environ.get(args.token_env, "")
     metadata = (("authorization", f"Bearer {token}"),) if token else ()

@@ -278,5 +278,5 @@ def gates_summary(config: ServerConfig) -> str:
     """For the start line: the gates the live model is served with. An ungated server says so loudly:
     `replay` and `stream` gate the shipped model by default, and a user may expect `serve` to."""
     if not config.gates:
-        return "no OOD gate [WARNING: nothing vetoes the model on inputs unlike its training; --gate adds one]"
+        return "no OOD gate [WARNING: --gate adds one]"
     return f"gate{'s' if len(config.gates) > 1 else ''} {', '.join(g.name for g in config.gates)}"

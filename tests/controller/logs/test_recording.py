@@ -13,6 +13,7 @@ from dualloop.controller.logs import recorder as recorder_module
 from dualloop.controller.logs.format import (
     TOPIC_HEADER,
     TOPIC_OBSERVATION,
+    TOPIC_SNAPSHOT,
     TOPIC_SUMMARY,
     LogFileWriter,
     rotated_files,
@@ -373,3 +374,17 @@ def test_a_reopened_id_in_a_log_without_its_second_header_takes_the_first(tmp_pa
     assert list(sessions) == ["car-0", "car-0#2"]
     assert sessions["car-0#2"].header == sessions["car-0"].header
     assert [len(d.observations) for d in sessions.values()] == [1, 1]
+
+
+def test_a_snapshot_after_a_summary_is_the_closed_sessions_last(tmp_path: Path) -> None:
+    """Recordings of a DriveAgents leave made before the server recorded a leaving agent's last
+    snapshots ahead of its close: they stay with that session, not a second one."""
+    path = tmp_path / "left.mcap"
+    file = LogFileWriter(path)
+    file.write(TOPIC_HEADER, "veh-1", header("veh-1"), 0)
+    file.write(TOPIC_OBSERVATION, "veh-1", observation(1), 1)
+    file.write(TOPIC_SUMMARY, "veh-1", log_pb2.SessionSummary(session_id="veh-1", observations_written=1), 2)
+    file.write(TOPIC_SNAPSHOT, "veh-1", snapshot("veh-1", 1), 3)
+    file.finish()
+    sessions = read_sessions(path)
+    assert list(sessions) == ["veh-1"] and len(sessions["veh-1"].snapshots) == 1

@@ -14,7 +14,8 @@ import pytest
 
 from dualloop.controller.contract.agents_client import AgentsStream, agent_open
 from dualloop.controller.contract.wire import without_wall_clock
-from dualloop.controller.logs.logfile import read_log, read_sessions, write_log
+from dualloop.controller.logs.format import TOPIC_SUMMARY
+from dualloop.controller.logs.logfile import LogReader, read_log, read_sessions, write_log
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import _observations
 from dualloop.controller.serve.config import ServerConfig
@@ -81,6 +82,9 @@ def test_each_agent_is_a_session_of_the_recording(recorded):
         assert len(data.observations) == (N // 2 if sid == "veh-1" else N)
         # every snapshot the stream sent the agent, in its log
         assert [without_wall_clock(s) for s in data.snapshots] == [without_wall_clock(s) for s in got[sid]]
+    # the agent that left: its last snapshots before its summary (they were recorded after its close)
+    left = [r.topic for r in LogReader([recording]) if r.session_id == "veh-1"]
+    assert left[-1] == TOPIC_SUMMARY and left.count(TOPIC_SUMMARY) == 1
 
 
 def test_replay_and_diff_one_agent(recorded):

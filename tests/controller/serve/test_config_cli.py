@@ -119,7 +119,7 @@ def test_cli_serve_answers_and_stops_on_sigterm(test_model_path):
         line = proc.stdout.readline()
         match = re.search(r"on 127\.0\.0\.1:(\d+)", line)
         assert match, line
-        assert "no OOD gate [WARNING: nothing vetoes the model" in line  # served ungated, and says so
+        assert "no OOD gate [WARNING: --gate adds one], plaintext" in line  # served ungated, and says so
         with grpc.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
             info = pb_grpc.ControllerServiceStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10).model
         assert len(info.features) == 19
