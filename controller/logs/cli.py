@@ -195,6 +195,11 @@ def _import_shared_data(args: argparse.Namespace) -> int:
 
 
 def _recover(args: argparse.Namespace) -> int:
+    # before reading the source: a log is never overwritten (it was a bare errno line); the input itself
+    # is recover_log's to name
+    if args.out.exists() and args.out.resolve() != args.source.resolve():
+        print_error(f"{args.out}: already exists; the recovered log must be a new file (another name, or remove it)")
+        return 2
     done = recover_log(args.source, args.out)
     state = "was complete" if done.complete else f"was cut ({done.cut})"
     console.print(

@@ -279,14 +279,21 @@ class Recorder:
         """A warning when records were dropped since the last one (from the writer thread, never the caller's)."""
         dropped = self.stats.total_dropped
         if dropped > dropped_logged:
+            # after a write error every record is dropped: that error is the cause, not a slow disk
+            why = (
+                f"recording stopped at a write error ({self.stats.error})"
+                if self._failed
+                else "the disk or the writer is slower than the sessions' records"
+            )
             log.warning(
                 "recorder: %d records dropped since the last report (%d in all, %d with the queue at its "
-                "bound of %d records / %d bytes); the disk or the writer is slower than the sessions' records",
+                "bound of %d records / %d bytes); %s",
                 dropped - dropped_logged,
                 dropped,
                 self.stats.dropped_queue_full,
                 self.queue_size,
                 self.queue_bytes_limit,
+                why,
             )
         return dropped
 

@@ -76,7 +76,7 @@ def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--realtime-priority",
         type=int,
-        help="SCHED_FIFO priority (1-99) for the tick loop (the other threads: one below)",
+        help="SCHED_FIFO priority (1-99) for the tick loop (the other threads: one below); 0: normal scheduling",
     )
     p.add_argument(
         "--cpu-wake-latency-us",

@@ -96,8 +96,9 @@ class ServerConfig(BaseModel):
     executor: ExecutorConfig = ExecutorConfig()
     # SCHED_FIFO priority for the thread that runs the tick loop (1-99), as ros2_control's controller
     # manager does; the server's other threads run one below (realtime_threads.py). None keeps the
-    # normal scheduler. Needs CAP_SYS_NICE; refused -> a warning.
-    realtime_priority: int | None = Field(None, ge=1, le=99)
+    # normal scheduler, and so does 0 (so that a flag or a variable can undo a file's priority).
+    # Needs CAP_SYS_NICE; refused -> a warning.
+    realtime_priority: int | None = Field(None, ge=0, le=99)
     # Keep idle CPUs out of idle states slower than this to leave, while serving (Linux PM QoS,
     # /dev/cpu_dma_latency; 0: idle CPUs poll instead of halting). On a VM a halted vCPU can wake
     # milliseconds late, a whole deadline; the price is idle CPUs spinning. Needs root; refused ->
@@ -178,6 +179,14 @@ class ServerConfig(BaseModel):
                 raise ValueError(f"{name} names {', '.join(twice)} more than once: each gate file once")
         if self.record_dir is not None and self.record_dir.exists() and not self.record_dir.is_dir():
             raise ValueError(f"record_dir (--record-dir) {self.record_dir} is a file, not a folder")
+        if self.record_dir is None and (self.record_rotate_mb is not None or self.record_rotate_s is not None):
+            raise ValueError(
+                "record_rotate_mb and record_rotate_s rotate a recording: they need record_dir (--record-dir)"
+            )
+        if self.metrics_port is None and "metrics_host" in self.model_fields_set:
+            raise ValueError(
+                "metrics_host (--metrics-host) is given without metrics_port (--metrics-port): nothing serves"
+            )
         return self
 
     @model_validator(mode="after")

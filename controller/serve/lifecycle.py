@@ -8,9 +8,11 @@ import asyncio
 import contextlib
 import gc
 import logging
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -47,6 +49,18 @@ from dualloop.planner.worker import SourceFactory
 from dualloop.v2 import controller_pb2 as pb
 
 _mono_ns = time.monotonic_ns
+
+
+def _check_writable(folder: Path) -> None:
+    """A record_dir the server cannot write to is refused at start: the recorder opens its file on its
+    own thread, so a read-only folder was found at the first session (its records all dropped) or at
+    shutdown, after the server had said it was recording."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ConfigError(f"record_dir (--record-dir) {folder}: cannot write there: {err.strerror or err}") from None
 
 
 class ServerLifecycle:
@@ -103,6 +117,8 @@ class ServerLifecycle:
         self.metrics_port: int | None = None  # where the metrics are served, once started
 
     async def start(self) -> int:
+        if self.config.record_dir is not None:
+            _check_writable(self.config.record_dir)
         if self.runtime.planning is not None:  # spawns the worker and builds the sources: seconds at most
             await asyncio.to_thread(self.runtime.planning.start)
         self._server = grpc.aio.server(
@@ -153,7 +169,6 @@ class ServerLifecycle:
             self.scheduling = f"{self.scheduling}; {held}"
         self.runtime.scheduling = self.scheduling
         if self.config.record_dir is not None:
-            self.config.record_dir.mkdir(parents=True, exist_ok=True)
             mb = self.config.record_rotate_mb
             self.runtime.recorder = Recorder(
                 unique_log_path(self.config.record_dir, suffix=self._worker_suffix),

@@ -39,7 +39,7 @@ class RealtimeThreads:
     def apply(self, priority: int | None) -> str:
         """The calling thread (the tick loop's) at `priority`, every other thread one below; returns
         what happened, for the log."""
-        if priority is None:
+        if not priority:  # None or 0 (the configuration's way to undo a priority set elsewhere)
             return "normal scheduling"
         loop_tid = threading.get_native_id()
         others = max(1, priority - 1)

@@ -246,6 +246,19 @@ def test_a_full_disk_stops_recording_once_and_holds_nothing(caplog: pytest.LogCa
     assert held < 1_000_000, f"{held} bytes still held after close"
 
 
+def test_drops_after_a_write_error_are_reported_with_it_as_their_cause(caplog: pytest.LogCaptureFixture) -> None:
+    """Found by QA: every 10 s after the disk filled, "the disk or the writer is slower than the
+    sessions' records", though recording had stopped and nothing was slow."""
+    rec = Recorder("/dev/full", flush_interval_s=0.0, drop_log_interval_s=0.0)
+    rec.open_session(header("car-1"))
+    for i in range(3000):
+        while not rec.write_snapshot(snapshot("car-1", i)):
+            time.sleep(0.001)
+    rec.close()
+    drops = [r.getMessage() for r in caplog.records if "records dropped" in r.getMessage()]
+    assert drops and all("recording stopped at a write error (OSError: [Errno 28]" in m for m in drops), drops
+
+
 def test_the_queue_is_bounded_in_bytes_and_its_drops_are_counted_and_logged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

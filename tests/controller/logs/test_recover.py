@@ -27,3 +27,12 @@ def test_nothing_to_recover_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
     source.write_bytes(REAL.read_bytes()[:200_000])
     assert main(["recover", str(source), str(out)]) == 0
     assert "was cut" in "".join(capsys.readouterr()) and out.is_file()
+
+
+def test_an_existing_output_is_refused_before_the_source_is_read(tmp_path: Path, capsys) -> None:
+    """Found by QA: a bare `error: [Errno 17] File exists: ...`."""
+    out = tmp_path / "out.mcap"
+    out.write_bytes(b"kept")
+    assert main(["recover", str(REAL), str(out)]) == 2
+    assert f"error: {out}: already exists; the recovered log must be a new file" in capsys.readouterr().err
+    assert out.read_bytes() == b"kept"

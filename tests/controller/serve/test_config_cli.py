@@ -12,7 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dualloop.controller.serve.config import ConfigError, gates_summary, load_server_config
+from dualloop.controller.serve.config import ConfigError, ServerConfig, gates_summary, load_server_config
+from dualloop.controller.serve.lifecycle import ServerThread
+from dualloop.controller.serve.realtime_threads import set_realtime_priority
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 
@@ -143,3 +145,33 @@ def test_the_start_line_names_the_gates(tmp_path, test_model_path):
     assert (
         gates_summary(load_server_config(model=test_model_path, gates=[tmp_path / "a.gate.npz"])) == "gate a.gate.npz"
     )
+
+
+def test_settings_that_do_nothing_without_their_counterpart_are_refused(tmp_path, test_model_path):
+    """Found by QA: both were accepted silently (nothing_ignored reported similar cases)."""
+    with pytest.raises(ConfigError, match=r"record_rotate_mb and record_rotate_s .* need record_dir"):
+        load_server_config(model=test_model_path, record_rotate_s=60.0)
+    with pytest.raises(ConfigError, match=r"metrics_host \(--metrics-host\) is given without metrics_port"):
+        load_server_config(model=test_model_path, metrics_host="127.0.0.1")
+    assert load_server_config(model=test_model_path, metrics_host="::1", metrics_port=0).metrics_host == "::1"
+
+
+def test_realtime_priority_0_is_normal_scheduling(tmp_path, test_model_path, monkeypatch):
+    """A file's priority undone by a variable or a flag (found by QA: 0 was refused, so nothing could)."""
+    config = tmp_path / "server.toml"
+    config.write_text(f'model = "{test_model_path}"\nrealtime_priority = 50\n')
+    assert load_server_config(config).realtime_priority == 50
+    monkeypatch.setenv("DUALLOOP_REALTIME_PRIORITY", "0")
+    assert load_server_config(config).realtime_priority == 0
+    assert set_realtime_priority(0) == "normal scheduling"
+
+
+def test_an_unwritable_record_dir_is_refused_at_start(tmp_path, test_model_path):
+    """Found by QA: the server started and said it was recording; the first error came at the first
+    session (every record dropped) or at shutdown. A read-only mount is refused the same way."""
+    afile = tmp_path / "notes.txt"
+    afile.write_text("")
+    config = ServerConfig(model=test_model_path, port=0, record_dir=afile / "rec")
+    with pytest.raises(ConfigError, match=r"record_dir \(--record-dir\) .*notes.txt/rec: cannot write there"):
+        with ServerThread(config):
+            pass
