@@ -248,6 +248,10 @@ class ServerLifecycle:
             # the drained streams' statuses are on their way; what is still open (a stream stuck
             # past the grace, health Watch streams) is cancelled after this
             await self._server.stop(0.5)
+            # the streams it cancelled close their sessions on this loop: let them, so their
+            # session.close lines come before server.stop's (bounded: a handler may be stuck)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.runtime.drives_idle.wait(), 2.0)
         if self._ticks is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticks

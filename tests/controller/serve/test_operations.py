@@ -342,7 +342,11 @@ def test_drain_grace_bounds_a_stuck_stream(test_model_path, human_log):
             requests.put(None)
     text = human_log.getvalue()
     assert "WARNING server.drain_timeout streams_left=1 grace_s=0.3" in text
-    assert re.search(r"INFO  server\.stop uptime_s=\S+ ticks_total=\d+", text)
+    stop = re.search(r"INFO  server\.stop uptime_s=\S+ ticks_total=\d+", text)
+    assert stop
+    # the stuck stream's end is logged before the server's stop (found by QA: after it)
+    closed = re.search(r"session\.(close|refused) ", text)
+    assert closed and closed.start() < stop.start(), text
 
 
 def test_not_serving_until_the_model_has_run(test_model_path):
