@@ -7,18 +7,29 @@ the whole server. Plain float64 numbers, no pickle and no socket: a worker that 
 block the others' answers, and what it published last stays readable.
 
 Rows are written under a sequence lock (odd while being written): a reader retries a row it caught
-mid-write. Tick lateness is published as a histogram over fine log-spaced bins (2% wide, so merged
+mid-write. The header is changed only under an exclusive flock of the file (a worker that ended
+retired into it by the parent, a GetStats reset by a worker) and read under a shared one, so a
+reader never sees a retired row both in the header and in its slot.
+
+One GetStats window for the whole server: its start is on the header (the board's creation, then
+each reset), a row's window counts are summed only when published in the current window (its epoch),
+and a worker that ends leaves its window counts in the header as it leaves its totals: a restart
+changes neither the window's start nor its counts.
+
+Tick lateness is published as a histogram over fine log-spaced bins (2% wide, so merged
 percentiles are within 2% of the exact ones; a bin's upper edge is reported, never less than the
 truth) that contains GetStats' own bucket bounds, so the coarse buckets add up exactly.
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +41,10 @@ PUBLISH_EVERY = 20  # ticks: 100 ms at 5 ms, how stale another worker's figures 
 # header fields (row 0)
 H_WORKERS, H_RESET_EPOCH, H_STARTED_NS, H_RESTARTS = 0, 1, 2, 3
 H_RETIRED_TICKS, H_RETIRED_MISSED, H_RETIRED_SENT = 4, 5, 6  # totals of worker processes that ended
+H_RETIRED_DROPPED = 7
+# the window: its start (monotonic ns), and the window counts of the worker processes that ended in it;
+# the header row's histogram part holds their lateness histogram
+H_WINDOW_START_NS, H_WINDOW_TICKS, H_WINDOW_MISSED, H_WINDOW_SENT, H_WINDOW_OPENED, H_WINDOW_MAX_US = range(8, 14)
 
 # worker row fields
 (
@@ -51,8 +66,9 @@ H_RETIRED_TICKS, H_RETIRED_MISSED, H_RETIRED_SENT = 4, 5, 6  # totals of worker 
     DRAINING,
     RECORDS_DROPPED,
     RECORDER_QUEUE_BYTES,
-) = range(18)
-N_FIELDS = 18
+    EPOCH,  # the reset epoch of the window the row's window counts belong to (stamped by write)
+) = range(19)
+N_FIELDS = 19
 
 
 def fine_edges(coarse_us: Sequence[float]) -> npt.NDArray[np.float64]:
@@ -79,8 +95,9 @@ class Totals:
     workers_ready: int
     started_ns: int
     opened_per_worker: list[int]
-    records_dropped: int = 0  # recording: since each worker started, and its queue's bytes now
+    records_dropped: int = 0  # recording: since the server started, and the queues' bytes now
     recorder_queue_bytes: int = 0
+    window_start_ns: int = 0  # the window's start, shared by every worker (monotonic clock)
 
 
 class Board:
@@ -101,8 +118,10 @@ class Board:
             elif os.fstat(fd).st_size != size:
                 raise ValueError(f"worker board {path}: {os.fstat(fd).st_size} bytes, expected {size}")
             self._mmap = mmap.mmap(fd, size)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd = fd  # kept for flock: the header's lock (still valid once the file is unlinked)
         self.array = np.frombuffer(self._mmap, dtype=np.float64).reshape(workers + 1, self.row_size)
         self.owner = owner
 
@@ -112,7 +131,7 @@ class Board:
         path = Path(folder) / f"dualloop-board-{os.getpid()}-{time.monotonic_ns()}"
         board = cls(path, workers, coarse_us, owner=True)
         board.array[0, H_WORKERS] = workers
-        board.array[0, H_STARTED_NS] = time.monotonic_ns()
+        board.array[0, H_STARTED_NS] = board.array[0, H_WINDOW_START_NS] = time.monotonic_ns()
         return board
 
     @classmethod
@@ -122,8 +141,18 @@ class Board:
     def close(self) -> None:
         self.array = np.zeros((0, 0))  # drop the view before the map it points into
         self._mmap.close()
+        os.close(self._fd)
         if self.owner:
             self.path.unlink(missing_ok=True)
+
+    @contextmanager
+    def _locked(self, exclusive: bool) -> Iterator[None]:
+        """The header's lock, across processes (microseconds: held only to add up or change numbers)."""
+        fcntl.flock(self._fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def row(self, slot: int) -> npt.NDArray[np.float64]:
         return self.array[slot + 1]
@@ -134,6 +163,8 @@ class Board:
         row[SEQ] += 1  # odd: being written
         for k, v in fields.items():
             row[k] = v
+        # the caller (SessionRuntime.publish) has just started a new window if a reset asked for one
+        row[EPOCH] = self.array[0, H_RESET_EPOCH]
         if histogram is not None:
             row[N_FIELDS:] = histogram
         row[SEQ] += 1
@@ -150,47 +181,66 @@ class Board:
 
     def retire(self, slot: int) -> None:
         """The worker in slot ended (the parent calls this before starting another in its place):
-        its totals move to the header, so that the server's totals since start keep them."""
-        row = self.read_row(slot)
-        h = self.array[0]
-        h[H_RETIRED_TICKS] += row[TICKS_TOTAL]
-        h[H_RETIRED_MISSED] += row[MISSED_TOTAL]
-        h[H_RETIRED_SENT] += row[SNAPSHOTS_SENT_TOTAL]
-        self.row(slot)[:] = 0
+        its totals move to the header, so that the server's totals since start keep them, and so do
+        its window counts if they are of the current window (GetStats' window goes on across it)."""
+        with self._locked(exclusive=True):
+            row = self.read_row(slot)
+            h = self.array[0]
+            h[H_RETIRED_TICKS] += row[TICKS_TOTAL]
+            h[H_RETIRED_MISSED] += row[MISSED_TOTAL]
+            h[H_RETIRED_SENT] += row[SNAPSHOTS_SENT_TOTAL]
+            h[H_RETIRED_DROPPED] += row[RECORDS_DROPPED]
+            if row[EPOCH] == h[H_RESET_EPOCH]:
+                h[H_WINDOW_TICKS] += row[TICKS]
+                h[H_WINDOW_MISSED] += row[MISSED]
+                h[H_WINDOW_SENT] += row[SNAPSHOTS_SENT]
+                h[H_WINDOW_OPENED] += row[SESSIONS_OPENED]
+                h[H_WINDOW_MAX_US] = max(h[H_WINDOW_MAX_US], row[LATENESS_MAX_US])
+                h[N_FIELDS:] += row[N_FIELDS:]
+            self.row(slot)[:] = 0
 
     @property
     def reset_epoch(self) -> int:
         return int(self.array[0, H_RESET_EPOCH])
 
     def request_reset(self) -> int:
-        """GetStats(reset=True) on any worker resets every worker's window (each at its next publish)."""
-        self.array[0, H_RESET_EPOCH] += 1
-        return self.reset_epoch
+        """GetStats(reset=True) on any worker resets every worker's window (each at its next publish;
+        until then its row counts nothing in the window): the new epoch."""
+        with self._locked(exclusive=True):
+            h = self.array[0]
+            h[H_RESET_EPOCH] += 1
+            h[H_WINDOW_START_NS] = time.monotonic_ns()
+            h[H_WINDOW_TICKS : H_WINDOW_MAX_US + 1] = 0
+            h[N_FIELDS:] = 0
+            return self.reset_epoch
 
     def totals(self) -> Totals:
-        rows = np.stack([self.read_row(s) for s in range(self.workers)])
-        h = self.array[0]
+        with self._locked(exclusive=False):
+            rows = np.stack([self.read_row(s) for s in range(self.workers)])
+            h = self.array[0].copy()
+        window = rows * (rows[:, EPOCH] == h[H_RESET_EPOCH])[:, None]  # rows published before a reset: 0
 
-        def total(k: int) -> int:
-            return int(rows[:, k].sum())
+        def total(k: int, of: npt.NDArray[np.float64] = rows) -> int:
+            return int(of[:, k].sum())
 
         return Totals(
-            ticks=total(TICKS),
+            ticks=total(TICKS, window) + int(h[H_WINDOW_TICKS]),
             ticks_total=total(TICKS_TOTAL) + int(h[H_RETIRED_TICKS]),
-            missed=total(MISSED),
+            missed=total(MISSED, window) + int(h[H_WINDOW_MISSED]),
             missed_total=total(MISSED_TOTAL) + int(h[H_RETIRED_MISSED]),
             sessions_open=total(SESSIONS_OPEN),
-            sessions_opened=total(SESSIONS_OPENED),
-            snapshots_sent=total(SNAPSHOTS_SENT),
+            sessions_opened=total(SESSIONS_OPENED, window) + int(h[H_WINDOW_OPENED]),
+            snapshots_sent=total(SNAPSHOTS_SENT, window) + int(h[H_WINDOW_SENT]),
             snapshots_sent_total=total(SNAPSHOTS_SENT_TOTAL) + int(h[H_RETIRED_SENT]),
-            lateness_max_us=float(rows[:, LATENESS_MAX_US].max()) if rows.size else 0.0,
-            histogram=rows[:, N_FIELDS:].sum(axis=0).astype(np.int64),
+            lateness_max_us=float(max(window[:, LATENESS_MAX_US].max(initial=0.0), h[H_WINDOW_MAX_US])),
+            histogram=(window[:, N_FIELDS:].sum(axis=0) + h[N_FIELDS:]).astype(np.int64),
             workers=self.workers,
             workers_ready=int((rows[:, READY] > 0).sum()),
             started_ns=int(h[H_STARTED_NS]),
-            opened_per_worker=[int(v) for v in rows[:, SESSIONS_OPENED]],
-            records_dropped=total(RECORDS_DROPPED),
+            opened_per_worker=[int(v) for v in window[:, SESSIONS_OPENED]],
+            records_dropped=total(RECORDS_DROPPED) + int(h[H_RETIRED_DROPPED]),
             recorder_queue_bytes=total(RECORDER_QUEUE_BYTES),
+            window_start_ns=int(h[H_WINDOW_START_NS]),
         )
 
     def percentiles_us(

@@ -183,7 +183,9 @@ class ServerConfig(BaseModel):
             raise ValueError(
                 "record_rotate_mb and record_rotate_s rotate a recording: they need record_dir (--record-dir)"
             )
-        if self.metrics_port is None and "metrics_host" in self.model_fields_set:
+        # against the default, not "given": a whole configuration written out and read back (a worker's)
+        # names every field
+        if self.metrics_port is None and self.metrics_host != ServerConfig.model_fields["metrics_host"].default:
             raise ValueError(
                 "metrics_host (--metrics-host) is given without metrics_port (--metrics-port): nothing serves"
             )

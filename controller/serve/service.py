@@ -160,7 +160,9 @@ class RpcHandlers(pb_grpc.ControllerServiceServicer):
     def _workers_stats(self, request: pb.GetStatsRequest) -> pb.GetStatsResponse:
         """GetStats for the whole server: every worker's row of the board, this one's just published
         (the others' are at most board.PUBLISH_EVERY ticks old). Lateness percentiles come from the
-        merged fine histogram (board.py: within 2%, never below the exact value)."""
+        merged fine histogram (board.py: within 2%, never below the exact value). The window is the
+        board's, shared by every worker: it starts at the server's start or the last reset, whichever
+        worker answers, and a restarted worker's predecessor's window counts stay in it."""
         runtime = self.runtime
         board = runtime.board
         assert board is not None
@@ -182,7 +184,7 @@ class RpcHandlers(pb_grpc.ControllerServiceServicer):
             snapshots_sent=t.snapshots_sent,
             scheduling=f"{runtime.scheduling}; {t.workers} worker processes ({t.workers_ready} serving), "
             f"sessions opened per worker in this window: {', '.join(map(str, t.opened_per_worker))}",
-            window_s=(now - runtime.stats.window_start_ns) / 1e9,
+            window_s=(now - t.window_start_ns) / 1e9,
             ticks_total=t.ticks_total,
             missed_deadlines_total=t.missed_total,
             uptime_s=(now - t.started_ns) / 1e9,

@@ -33,6 +33,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,7 +45,7 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
@@ -56,6 +57,7 @@ from dualloop.controller.serve.config import ServerConfig, gates_summary
 from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.metrics import MetricsEndpoint
 from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
+from dualloop.controller.serve.security_cli import security_summary
 from dualloop.controller.serve.ticker import freeze_startup_heap
 
 MAX_RESTARTS = 3
@@ -161,14 +163,18 @@ class SummedMetrics(Collector):
         yield GaugeMetricFamily(
             "dualloop_workers", "Worker processes whose metrics this scrape summed.", value=len(texts)
         )
-        yield GaugeMetricFamily(
+        # a counter (it only grows while the parent lives): increase() over it counts the restarts
+        yield CounterMetricFamily(
             "dualloop_worker_restarts", "Worker processes restarted after dying.", value=self.restarts[0]
         )
 
 
 def _worker_command(config_file: Path, board: wb.Board, slot: int, announce: Path | None) -> list[str]:
+    """The worker's command line; the parent's pid and its temporary folder (config_file's), which the
+    workers remove if the parent dies without doing so."""
     cmd = [sys.executable, "-m", "dualloop.controller.serve.workers", "--config-json", str(config_file)]
     cmd += ["--board", str(board.path), "--workers", str(board.workers), "--slot", str(slot)]
+    cmd += ["--parent-pid", str(os.getpid()), "--parent-tmp", str(config_file.parent)]
     return cmd + (["--announce", str(announce)] if announce is not None else [])
 
 
@@ -246,7 +252,9 @@ def serve_workers(config: ServerConfig, workers: int, print_line=print) -> int:
                 | ({"metrics_port": 0, "metrics_host": "127.0.0.1"} if config.metrics_port is not None else {})
             )
             config_file = Path(tmp) / "config.json"
-            config_file.write_text(worker_config.model_dump_json())
+            # metrics_host only with a port: a given host without one is refused (nothing would serve it)
+            no_metrics = {"metrics_host"} if worker_config.metrics_port is None else None
+            config_file.write_text(worker_config.model_dump_json(exclude=no_metrics))
             announce = Path(tmp) / "announce.json"
 
             def spawn(slot: int) -> subprocess.Popen:
@@ -265,7 +273,7 @@ def serve_workers(config: ServerConfig, workers: int, print_line=print) -> int:
                 f"dualloop serving model {info['name']} {info['version']} (schema {info['schema_hash']}) on "
                 f"{host_port(config.host, port)} with {workers} worker processes (SO_REUSEPORT), tick "
                 f"{config.executor.tick_period_ms} ms, {info['scheduling']}, {gates_summary(config)}, "
-                f"{info['security']}. Ctrl-C stops."
+                f"{security_summary(config, info['authenticated'])}. Ctrl-C stops."
             )
             if config.metrics_port is not None:
                 endpoint = MetricsEndpoint(SummedMetrics(board, restarts))
@@ -310,7 +318,7 @@ def _stop_all(procs: list[subprocess.Popen | None], grace_s: float) -> list[int]
     return codes
 
 
-async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, announce: Path | None) -> None:
+async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, args: argparse.Namespace) -> None:
     server = ServerLifecycle(config, worker=(board, slot))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -319,11 +327,9 @@ async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, announce
     loop.add_signal_handler(signal.SIGHUP, server.runtime.promote_on_signal)
     await server.start()
     freeze_startup_heap()
+    announce: Path | None = args.announce
     if announce is not None:
         card = server.executor.card
-        security = f"TLS{' (mutual)' if config.tls.mutual else ''}" if config.tls is not None else "plaintext"
-        if server.auth.enabled:
-            security += ", bearer tokens"
         tmp = announce.with_suffix(".tmp")
         tmp.write_text(
             json.dumps(
@@ -332,26 +338,32 @@ async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, announce
                     "version": card.version,
                     "schema_hash": card.schema_hash(),
                     "scheduling": server.scheduling,
-                    "security": security,
+                    # the parent words the security part as a single process does (security_summary)
+                    "authenticated": server.auth.enabled,
                 }
             )
         )
         tmp.replace(announce)  # the parent reads it once every worker is ready: never half written
     server.log_start()
-    orphaned = asyncio.ensure_future(_parent_gone(os.getppid(), stop, board.path))
+    orphaned = asyncio.ensure_future(_parent_gone(args.parent_pid, stop, board.path, args.parent_tmp))
     await stop.wait()
     orphaned.cancel()
     await server.stop()
 
 
-async def _parent_gone(parent: int, stop: asyncio.Event, board: Path) -> None:
+async def _parent_gone(parent: int, stop: asyncio.Event, board: Path, parent_tmp: Path | None) -> None:
     """A worker whose parent died (SIGKILL: no SIGTERM forwarded) drains and exits instead of
-    serving on unsupervised, and removes the board's file the parent would have removed (the
-    others still have it mapped)."""
+    serving on unsupervised, and removes what the parent would have removed: the board's file (the
+    others still have it mapped) and the parent's temporary folder (the configuration, read by every
+    worker at its start; with the parent gone no worker is started again). Every worker does it, so
+    the last to notice finds nothing left. The parent's pid comes from the parent (os.getppid() read
+    here would already be init's if the parent died while this worker was starting)."""
     while os.getppid() == parent:
         await asyncio.sleep(1.0)
     events.event("server.parent_gone", logging.WARNING, parent_pid=parent)
     board.unlink(missing_ok=True)
+    if parent_tmp is not None:
+        shutil.rmtree(parent_tmp, ignore_errors=True)
     stop.set()
 
 
@@ -362,13 +374,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, required=True)
     parser.add_argument("--slot", type=int, required=True)
     parser.add_argument("--announce", type=Path)
+    parser.add_argument("--parent-pid", type=int, default=os.getppid())
+    parser.add_argument("--parent-tmp", type=Path, help="the parent's temporary folder: removed if the parent dies")
     args = parser.parse_args(argv)
     config = ServerConfig.model_validate_json(args.config_json.read_text())
     events.configure_logging(config.log_level, config.log_format)
     board = wb.Board.attach(args.board, args.workers, LATENESS_BUCKETS_US)
     loop = new_event_loop()
     try:
-        loop.run_until_complete(_run_worker(config, board, args.slot, args.announce))
+        loop.run_until_complete(_run_worker(config, board, args.slot, args))
     finally:
         loop.close()
 

@@ -152,8 +152,11 @@ def test_settings_that_do_nothing_without_their_counterpart_are_refused(tmp_path
     with pytest.raises(ConfigError, match=r"record_rotate_mb and record_rotate_s .* need record_dir"):
         load_server_config(model=test_model_path, record_rotate_s=60.0)
     with pytest.raises(ConfigError, match=r"metrics_host \(--metrics-host\) is given without metrics_port"):
-        load_server_config(model=test_model_path, metrics_host="127.0.0.1")
+        load_server_config(model=test_model_path, metrics_host="::1")
     assert load_server_config(model=test_model_path, metrics_host="::1", metrics_port=0).metrics_host == "::1"
+    # a whole configuration written out and read back (a worker's) names the default host: not refused
+    whole = load_server_config(model=test_model_path).model_dump(mode="json")
+    assert load_server_config(**whole).metrics_port is None
 
 
 def test_realtime_priority_0_is_normal_scheduling(tmp_path, test_model_path, monkeypatch):

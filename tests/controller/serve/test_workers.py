@@ -2,19 +2,22 @@
 
 Sessions spread over the workers, GetStats and the Prometheus metrics add up what every worker did
 (checked against what the clients themselves counted), health answers on every worker, SIGTERM
-drains every worker's streams, and a worker killed from outside is restarted.
+drains every worker's streams, and a worker killed from outside is restarted (GetStats' totals and
+window go on across it), and a parent killed outright leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import resource
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -23,9 +26,11 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from dualloop.controller.contract.client import DriveSession
+from dualloop.controller.serve import board as wb
 from dualloop.controller.serve.board import Board, LatenessHistogram
 from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
 from dualloop.controller.serve.workers import worker_count
+from dualloop.controller.server_process import ServerProcess
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 from tests.controller.serve.test_operations import SERVICE, SERVING, Producer, check, lockstep_steps
@@ -46,12 +51,19 @@ class Workers:
         with grpc.insecure_channel(self.address) as channel:
             return pb_grpc.ControllerServiceStub(channel).GetStats(pb.GetStatsRequest(reset=reset), timeout=10)
 
+    def stats_on_new_connection(self) -> pb.GetStatsResponse:
+        """GetStats on a connection of its own: answered by whichever worker the kernel picks."""
+        with grpc.insecure_channel(self.address, [("grpc.use_local_subchannel_pool", 1)]) as channel:
+            return pb_grpc.ControllerServiceStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
+
+    def exposition(self) -> str:
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as response:
+            return response.read().decode()
+
     def scrape(self) -> dict[str, float]:
         """name{labels} -> value, the clock label summed away."""
-        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as response:
-            text = response.read().decode()
         out: dict[str, float] = {}
-        for line in text.splitlines():
+        for line in self.exposition().splitlines():
             if line and not line.startswith("#"):
                 name, value = line.rsplit(" ", 1)
                 key = re.sub(r"\{clock=\"\w+\"\}", "", name)
@@ -61,11 +73,21 @@ class Workers:
 
 @pytest.fixture()
 def workers(test_model_path: Path, tmp_path: Path) -> Iterator[Workers]:
-    cmd = [sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(test_model_path)]
+    with _serve_workers(test_model_path, tmp_path) as started:
+        yield started
+
+
+@contextmanager
+def _serve_workers(
+    model: Path, tmp_path: Path, extra: Sequence[str] = (), preexec_fn: Callable[[], None] | None = None
+) -> Iterator[Workers]:
+    cmd = [sys.executable, "-m", "dualloop.controller.cli", "serve", "--model", str(model), *extra]
     cmd += ["--port", "0", "--workers", "2", "--metrics-port", "0", "--drain-grace", "10", "--log-format", "json"]
     stderr = tmp_path / "stderr.jsonl"
     with open(stderr, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO_ROOT)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO_ROOT, preexec_fn=preexec_fn
+        )
     try:
         assert proc.stdout is not None
         first, second = proc.stdout.readline(), proc.stdout.readline()
@@ -206,7 +228,9 @@ def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(workers: Work
         assert list(after.snapshots()) == []
     assert '"server.worker_exit"' in workers.stderr.read_text()
     metrics = workers.scrape()
-    assert metrics["dualloop_worker_restarts"] == 2
+    assert metrics["dualloop_worker_restarts_total"] == 2
+    # a counter (it only grows: rate() and increase() apply), typed as the other counters are
+    assert re.search(r"^# TYPE dualloop_worker_restarts(_total)? counter$", workers.exposition(), re.M)
     # the dead worker's 20 and the new session's 5 (its last one is counted just after the client has it)
     deadline = time.monotonic() + 60
     while workers.scrape()["dualloop_snapshots_sent_total"] != 25:
@@ -244,6 +268,9 @@ def test_worker_count_and_the_board_histogram() -> None:
 
 def test_workers_drain_and_exit_when_the_parent_is_killed(workers: Workers) -> None:
     children = workers.children()
+    argv = Path(f"/proc/{children[0]}/cmdline").read_text().split("\0")
+    parent_tmp = Path(argv[argv.index("--config-json") + 1]).parent  # the parent's folder: the configuration
+    assert (parent_tmp / "config.json").exists()
     workers.proc.kill()  # SIGKILL: nothing is forwarded
     workers.proc.wait(10)
 
@@ -252,6 +279,7 @@ def test_workers_drain_and_exit_when_the_parent_is_killed(workers: Workers) -> N
 
     _wait_for(gone, "the workers kept serving without their parent", 30)
     assert not list(Path("/dev/shm").glob(f"dualloop-board-{workers.proc.pid}-*"))  # nothing left behind
+    assert not parent_tmp.exists(), list(parent_tmp.iterdir())  # nor the configuration, in the temp folder
 
 
 def _state(pid: int) -> str:
@@ -259,3 +287,94 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
     except (OSError, IndexError):
         return "zombie"
+
+
+def test_the_board_keeps_a_retired_workers_totals_and_window() -> None:
+    """A worker that ends (retire, then another process in its slot): every total since start and the
+    window's counts keep what it published; only a reset starts the window again."""
+    board = Board.create(2, LATENESS_BUCKETS_US)
+    try:
+        hist = LatenessHistogram(board.edges)
+        hist.add(np.array([1_000, 2_000], dtype=np.int64))  # ns
+        board.write(0, {wb.TICKS: 10, wb.TICKS_TOTAL: 30, wb.RECORDS_DROPPED: 7, wb.LATENESS_MAX_US: 2.0}, hist.counts)
+        board.write(1, {wb.TICKS: 4, wb.TICKS_TOTAL: 4, wb.RECORDS_DROPPED: 1}, None)
+        before = board.totals()
+        assert (before.ticks, before.ticks_total, before.records_dropped) == (14, 34, 8)
+        board.retire(0)
+        board.write(0, {wb.TICKS: 1, wb.TICKS_TOTAL: 1}, np.zeros_like(hist.counts))  # its successor
+        after = board.totals()
+        assert (after.ticks, after.ticks_total, after.records_dropped) == (15, 35, 8)
+        assert after.window_start_ns == before.window_start_ns == after.started_ns
+        assert after.histogram.sum() == 2 and after.lateness_max_us == 2.0
+        board.request_reset()
+        reset = board.totals()
+        assert (reset.ticks, reset.histogram.sum(), reset.lateness_max_us) == (0, 0, 0.0)  # until each publishes
+        assert (reset.ticks_total, reset.records_dropped) == (35, 8) and reset.window_start_ns > after.window_start_ns
+        board.write(1, {wb.TICKS: 3}, None)  # worker 1 reset its window and published
+        assert board.totals().ticks == 3
+    finally:
+        board.close()
+
+
+RECORD_LIMIT_BYTES = 64 * 1024  # each worker's recording fills it within a second or two of a session
+
+
+def _small_disk() -> None:
+    """In the server's processes: a file grows to RECORD_LIMIT_BYTES, the write past it fails (EFBIG,
+    as on a full disk) and the recorder drops what follows (tests/controller/chaos/test_recorder_disk_full.py)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (RECORD_LIMIT_BYTES, RECORD_LIMIT_BYTES))
+
+
+def test_a_restart_keeps_the_totals_and_the_window_of_getstats(test_model_path: Path, tmp_path: Path) -> None:
+    """Both workers killed in turn while REALTIME sessions recorded onto a full disk: GetStats on any
+    worker (the new ones too) never counts less than before, and its window goes on from the start."""
+    extra = ["--record-dir", str(tmp_path / "rec")]
+    with _serve_workers(test_model_path, tmp_path, extra, preexec_fn=_small_disk) as workers:
+        channels = [grpc.insecure_channel(workers.address, [("grpc.use_local_subchannel_pool", 1)]) for _ in range(4)]
+        try:
+            producers = [Producer(DriveSession(c, f"r{k}", pb.CLOCK_MODE_REALTIME)) for k, c in enumerate(channels)]
+            _wait_for(lambda: workers.stats().records_dropped_total > 100, "nothing dropped", 120)
+            before = workers.stats()
+            for pid in workers.children():  # one after the other: every session's worker dies
+                subprocess.run(["kill", "-KILL", str(pid)], check=True)
+                _wait_for(lambda pid=pid: pid not in workers.children() and len(workers.children()) == 2, "no restart")
+                _wait_for(lambda: "(2 serving)" in _scheduling(workers), "the new worker never served", 120)
+            for p in producers:
+                p.join()
+        finally:
+            for c in channels:
+                c.close()
+        for _ in range(20):  # connections of their own: some reach each new worker
+            s = workers.stats_on_new_connection()
+            assert s.records_dropped_total >= before.records_dropped_total, (s, before)
+            assert s.ticks_total >= before.ticks_total and s.snapshots_sent_total >= before.snapshots_sent_total
+            # no reset: the window is still the server's whole life, and holds what the dead workers counted
+            assert s.window_s >= before.window_s and abs(s.window_s - s.uptime_s) < 1e-3, (s, before)
+            assert s.ticks >= before.ticks and s.snapshots_sent >= before.snapshots_sent, (s, before)
+            assert s.ticks <= 2 * s.window_s / 0.005 + 10, s  # a rate no two workers' 5 ms ticks exceed
+
+
+def _scheduling(workers: Workers) -> str:
+    try:
+        return workers.stats().scheduling
+    except grpc.RpcError:  # the connection reached the worker being replaced
+        return ""
+
+
+def test_the_workers_start_line_says_what_one_process_says_about_security(
+    test_model_path: Path, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("admin:start-line-test-token-0123456789\n")
+    said = {}
+    for n in (1, 2):
+        srv = ServerProcess(["--model", str(test_model_path), "--tokens-file", str(tokens), "--workers", str(n)])
+        try:
+            line = srv.stdout_text().splitlines()[0]
+        finally:
+            srv.stop(sig=signal.SIGTERM)  # its exit code is not under test (a signal before its handlers: 143)
+        match = re.search(r", ([^,]+, [^,.]+)\. Ctrl-C stops\.$", line)
+        assert match, line
+        said[n] = match.group(1)
+    assert said[1] == said[2] == "plaintext, authentication on", said
