@@ -120,6 +120,8 @@ class ServerProcess:
         assert self.work_dir is not None
         self.work_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "dualloop.controller.cli", command, *args, "--port", "0"]
+        if command == "serve":  # a SIGKILL to this process must not leave the server serving on
+            cmd += ["--exit-with-parent", str(os.getpid())]
         self.command = command
         self.config = dict(config) if config is not None else None
         if self.config is not None:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ from dualloop.controller.console import console, print_error
 from dualloop.controller.contract.addresses import host_port
 from dualloop.controller.contract.server_env import private_server_env
 from dualloop.controller.logs.logfile import LogData, check_sessions, read_sessions
+from dualloop.controller.serve import events
 from dualloop.controller.serve.config import gates_summary, load_server_config
 from dualloop.controller.serve.events import LOG_LEVELS, configure_logging
 from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
@@ -84,6 +86,8 @@ def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="keep idle CPUs this quick to wake while serving (/dev/cpu_dma_latency; 0: they poll, never halt)",
     )
     p.add_argument("--record-dir", type=Path, help="record every session to MCAP in this folder")
+    # a server a dualloop command starts for itself (server_process.py): stop when that command is gone
+    p.add_argument("--exit-with-parent", type=int, metavar="PID", help=argparse.SUPPRESS)
     p.add_argument("--log-format", choices=("human", "json"), help="server log on stderr (default human)")
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="default INFO")
     p.add_argument("--drain-grace", type=float, help="seconds open streams get to end on SIGTERM (default 5)")
@@ -169,7 +173,10 @@ def serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         # soft_wrap: the start line whole on one line however long (scripts read the port from it)
         return serve_workers(
-            config, args.workers, lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)
+            config,
+            args.workers,
+            lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True),
+            args.exit_with_parent,
         )
     server = ServerLifecycle(config)
 
@@ -192,13 +199,25 @@ def serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         # on the loop, so between two ticks
         loop.add_signal_handler(signal.SIGHUP, server.runtime.promote_on_signal)
+        watch = None if args.exit_with_parent is None else asyncio.ensure_future(_watch(args.exit_with_parent, stop))
         await stop.wait()
+        if watch is not None:
+            watch.cancel()
         await server.stop()
         console.print(stop_line(server))
 
     loop = new_event_loop()
     loop.run_until_complete(run())
     return 0
+
+
+async def _watch(parent: int, stop: asyncio.Event) -> None:
+    """Stop (a drain, as on SIGTERM) once the command that started this server is gone: killed with
+    SIGKILL (a CI runner's), it cannot stop its server, which would otherwise serve on, orphaned."""
+    while os.getppid() == parent:
+        await asyncio.sleep(0.5)
+    events.event("server.parent_gone", logging.WARNING, parent_pid=parent)
+    stop.set()
 
 
 def stop_line(server: ServerLifecycle) -> str:

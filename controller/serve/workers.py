@@ -76,6 +76,15 @@ def worker_count(value: str) -> int:
         raise argparse.ArgumentTypeError(f"{err}, or 'auto'") from None
 
 
+def _stop_when_gone(parent: int, stop: threading.Event) -> None:
+    """serve --exit-with-parent under --workers: the parent of the workers stops them all (a drain)."""
+    while os.getppid() == parent:
+        if stop.wait(0.5):
+            return
+    events.event("server.parent_gone", logging.WARNING, parent_pid=parent)
+    stop.set()
+
+
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     """Check the port is free (a port already served by someone else's SO_REUSEPORT group would be
     silently shared), then hold it with SO_REUSEPORT so the workers can bind it; port 0 picks one."""
@@ -228,12 +237,15 @@ def _supervise(
     return 0
 
 
-def serve_workers(config: ServerConfig, workers: int, print_line=print) -> int:
-    """Run `workers` server processes on config's port until SIGTERM/SIGINT; the exit code."""
+def serve_workers(config: ServerConfig, workers: int, print_line=print, exit_with_parent: int | None = None) -> int:
+    """Run `workers` server processes on config's port until SIGTERM/SIGINT (or, with
+    exit_with_parent, until that process is gone); the exit code."""
     reservation, port = reserve_port(config.host, config.port)
     board = wb.Board.create(workers, LATENESS_BUCKETS_US)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if exit_with_parent is not None:
+        threading.Thread(target=_stop_when_gone, args=(exit_with_parent, stop), daemon=True).start()
     procs: list[subprocess.Popen | None] = [None] * workers
 
     def forward_hup(*_: object) -> None:

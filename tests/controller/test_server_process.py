@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from dualloop.controller.server_process import ServerProcess, ServerStartError, serve_shipped
+from dualloop.controller.server_process import ServerProcess, ServerStartError, serve_shipped, wait_until
 from dualloop.v2 import controller_pb2 as pb
+from tests.paths import REPO_ROOT
 
 
 def test_serve_answers_on_the_announced_address_and_stops_cleanly(test_model_path: Path, tmp_path: Path):
@@ -40,3 +45,41 @@ def test_a_server_that_cannot_start_raises_with_its_error(tmp_path: Path):
     said = str(failed.value)
     assert said.startswith("the `dualloop serve` server exited with code 2: "), said
     assert f"error: {missing}: model file not found" in said and "within" not in said and "\n" not in said
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_server_whose_command_was_killed_stops_by_itself(test_model_path: Path, tmp_path: Path, workers: int):
+    """SIGKILL to the command that started a server (a CI runner killing a job) cannot stop that
+    server: it watches for its parent and drains on its own (found by QA: it served on, orphaned)."""
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        from dualloop.controller.server_process import ServerProcess
+        server = ServerProcess(["--model", {str(test_model_path)!r}, "--workers", "{workers}"], Path({str(tmp_path)!r}))
+        print(server.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert os.path.exists(f"/proc/{child}")
+        parent.kill()
+        parent.wait()
+        # an upper bound for a hang, not a timing: the watch looks every 0.5 s, the drain takes 5 s at most
+        assert wait_until(lambda: not _alive(child), 60), f"the server {child} outlived its command"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert "parent_gone" in (tmp_path / "serve-stderr.log").read_text()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"  # a zombie has exited (its reaper is init)
+    except FileNotFoundError:
+        return False
