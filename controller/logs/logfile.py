@@ -311,13 +311,13 @@ def read_sessions(path: str | Path | Iterable[str | Path]) -> dict[str, LogData]
 
 def read_log(path: str | Path | Iterable[str | Path], session_id: str | None = None) -> LogData:
     """The one session of a log (or the named one, when the log holds several)."""
-    sessions = read_sessions(path)
-    where = ", ".join(str(p) for p in resolve_log_paths(path))
+    files = resolve_log_paths(path)
+    sessions = read_sessions(files)
+    where = ", ".join(str(p) for p in files)
     if session_id is not None:
         if session_id not in sessions:
             raise LogFileError(f"{where}: no session {session_id!r} (sessions: {', '.join(sessions) or 'none'})")
         return sessions[session_id]
-    files = resolve_log_paths(path)
     if not sessions and len(files) == 1:
         raise no_sessions_error(Path(files[0]))
     if len(sessions) != 1:

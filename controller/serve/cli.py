@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import signal
 import socket
@@ -22,14 +21,13 @@ from dualloop.controller.console import console, print_error
 from dualloop.controller.contract.addresses import host_port
 from dualloop.controller.contract.server_env import private_server_env
 from dualloop.controller.logs.logfile import LogData, check_sessions, read_sessions
-from dualloop.controller.serve import events
 from dualloop.controller.serve.config import gates_summary, load_server_config
 from dualloop.controller.serve.events import LOG_LEVELS, configure_logging
 from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.log_stream import stream_logs
 from dualloop.controller.serve.security_cli import add_security_arguments, security_overrides, security_summary
 from dualloop.controller.serve.ticker import freeze_startup_heap
-from dualloop.controller.serve.workers import serve_workers, worker_count
+from dualloop.controller.serve.workers import serve_workers, stop_when_parent_gone, worker_count
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
@@ -199,7 +197,9 @@ def serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         # on the loop, so between two ticks
         loop.add_signal_handler(signal.SIGHUP, server.runtime.promote_on_signal)
-        watch = None if args.exit_with_parent is None else asyncio.ensure_future(_watch(args.exit_with_parent, stop))
+        watch = None
+        if args.exit_with_parent is not None:
+            watch = asyncio.ensure_future(stop_when_parent_gone(args.exit_with_parent, stop))
         await stop.wait()
         if watch is not None:
             watch.cancel()
@@ -209,15 +209,6 @@ def serve(args: argparse.Namespace) -> int:
     loop = new_event_loop()
     loop.run_until_complete(run())
     return 0
-
-
-async def _watch(parent: int, stop: asyncio.Event) -> None:
-    """Stop (a drain, as on SIGTERM) once the command that started this server is gone: killed with
-    SIGKILL (a CI runner's), it cannot stop its server, which would otherwise serve on, orphaned."""
-    while os.getppid() == parent:
-        await asyncio.sleep(0.5)
-    events.event("server.parent_gone", logging.WARNING, parent_pid=parent)
-    stop.set()
 
 
 def stop_line(server: ServerLifecycle) -> str:

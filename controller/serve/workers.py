@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -357,25 +357,31 @@ async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, args: ar
         )
         tmp.replace(announce)  # the parent reads it once every worker is ready: never half written
     server.log_start()
-    orphaned = asyncio.ensure_future(_parent_gone(args.parent_pid, stop, board.path, args.parent_tmp))
+    orphaned = asyncio.ensure_future(
+        stop_when_parent_gone(args.parent_pid, stop, [board.path, *([args.parent_tmp] if args.parent_tmp else [])])
+    )
     await stop.wait()
     orphaned.cancel()
     await server.stop()
 
 
-async def _parent_gone(parent: int, stop: asyncio.Event, board: Path, parent_tmp: Path | None) -> None:
-    """A worker whose parent died (SIGKILL: no SIGTERM forwarded) drains and exits instead of
-    serving on unsupervised, and removes what the parent would have removed: the board's file (the
-    others still have it mapped) and the parent's temporary folder (the configuration, read by every
-    worker at its start; with the parent gone no worker is started again). Every worker does it, so
-    the last to notice finds nothing left. The parent's pid comes from the parent (os.getppid() read
-    here would already be init's if the parent died while this worker was starting)."""
+async def stop_when_parent_gone(parent: int, stop: asyncio.Event, leftovers: Sequence[Path] = ()) -> None:
+    """A server whose parent died (SIGKILL: no SIGTERM forwarded) drains and exits instead of serving
+    on unsupervised: a worker of `serve --workers`, or a server a command started for itself
+    (`serve --exit-with-parent`). A worker also removes what the parent would have removed
+    (`leftovers`): the board's file (the others still have it mapped) and the parent's temporary
+    folder (the configuration, read by every worker at its start; with the parent gone no worker is
+    started again). Every worker does it, so the last to notice finds nothing left. The parent's pid
+    comes from the parent (os.getppid() read here would already be init's if the parent died while
+    this process was starting)."""
     while os.getppid() == parent:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.5)
     events.event("server.parent_gone", logging.WARNING, parent_pid=parent)
-    board.unlink(missing_ok=True)
-    if parent_tmp is not None:
-        shutil.rmtree(parent_tmp, ignore_errors=True)
+    for path in leftovers:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     stop.set()
 
 
