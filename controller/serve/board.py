@@ -26,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -124,6 +125,10 @@ class Board:
         self._fd = fd  # kept for flock: the header's lock (still valid once the file is unlinked)
         self.array = np.frombuffer(self._mmap, dtype=np.float64).reshape(workers + 1, self.row_size)
         self.owner = owner
+        # the session ids open on any worker (session_claims.py), made and removed with the board
+        self.sessions_folder = path.with_name(path.name + ".sessions")
+        if owner:
+            self.sessions_folder.mkdir(mode=0o700)
 
     @classmethod
     def create(cls, workers: int, coarse_us: Sequence[float]) -> Board:
@@ -144,6 +149,7 @@ class Board:
         os.close(self._fd)
         if self.owner:
             self.path.unlink(missing_ok=True)
+            shutil.rmtree(self.sessions_folder, ignore_errors=True)
 
     @contextmanager
     def _locked(self, exclusive: bool) -> Iterator[None]:

@@ -131,7 +131,11 @@ class DriveCall:
     async def _open_session(self, session_id: str, req: pb.OpenSession) -> Session:
         """The session on the executor; a refusal aborts with the status of its error class."""
         await self._build_sensor_profile(list(req.provided_features))
+        claims = self.runtime.claims
         try:
+            # another worker's: this process's own open id is the executor's to refuse, in its words
+            if claims is not None and session_id not in self.executor.sessions:
+                claims.claim(session_id)
             return self.executor.open_session(
                 session_id,
                 Clock(req.clock),
@@ -146,6 +150,8 @@ class DriveCall:
                 actual_is_command=req.actual_controls_are_commands,
             )
         except SessionError as err:
+            if claims is not None and session_id not in self.executor.sessions:
+                claims.release(session_id)
             await self.context.abort(status_of(err), str(err))
             raise  # not reached: abort() raises
 

@@ -40,6 +40,7 @@ from dualloop.controller.serve.security import (
     AuthInterceptor,
 )
 from dualloop.controller.serve.service import V1_SERVICE, RpcHandlers, add_rpc_handlers
+from dualloop.controller.serve.session_claims import SessionClaims
 from dualloop.controller.serve.ticker import percentiles_us
 from dualloop.executor.core import Executor
 from dualloop.executor.model_cost import OverBudget, check_live
@@ -107,6 +108,7 @@ class ServerLifecycle:
             self.runtime.planning = ServerPlanning(config.planner, self.executor, plan_source)
         if worker is not None:
             self.runtime.board, self.runtime.board_slot = worker
+            self.runtime.claims = SessionClaims(worker[0].sessions_folder)
         self.port: int | None = None
         self.scheduling = "not started"
         self._cpu_latency: CpuLatencyRequest | None = None

@@ -41,6 +41,7 @@ from dualloop.controller.serve.metrics import (
 from dualloop.controller.serve.planning import ServerPlanning
 from dualloop.controller.serve.realtime_threads import REALTIME
 from dualloop.controller.serve.security import TokenStore
+from dualloop.controller.serve.session_claims import SessionClaims
 from dualloop.controller.serve.shadow_registry import ShadowRegistry
 from dualloop.controller.serve.ticker import LatenessLog, PreciseTicker
 from dualloop.executor.candidate import Candidate, SwapRefused
@@ -112,6 +113,7 @@ class SessionRuntime:
         # One of several worker processes (dualloop serve --workers N): its row on the shared board
         self.board: wb.Board | None = None
         self.board_slot = 0
+        self.claims: SessionClaims | None = None  # with a board: the ids open on any worker
         self._board_epoch = 0
         self._board_log: LatenessLog | None = None
         self._board_seen = 0
@@ -317,6 +319,8 @@ class SessionRuntime:
         if self.metrics is not None:  # before they go: what the session had dropped
             self.metrics.on_close(self.executor.sessions.get(session_id), self.outboxes.get(session_id))
         self.executor.close_session(session_id)
+        if self.claims is not None:
+            self.claims.release(session_id)
         if self.recorder is not None:
             self.recorder.close_session(session_id)
         box = self.outboxes.pop(session_id, None)

@@ -4,7 +4,8 @@ One Python process serves one core (one GIL, one event loop that also runs the t
 parent starts N worker processes that all bind the port with SO_REUSEPORT (gRPC's
 `grpc.so_reuseport` option; gRPC's own examples/python/multiprocessing does the same): the kernel
 hands each new connection to one of them. Everything a session has stays on the process that
-accepted its stream (REALTIME and LOCKSTEP alike); a channel's streams all go to one worker, so
+accepted its stream (REALTIME and LOCKSTEP alike), and its id is claimed for the whole server
+(session_claims.py: no other worker opens it meanwhile); a channel's streams all go to one worker, so
 spreading sessions over workers needs several channels (one per client process, as real stacks
 have). Health and reflection are served by every worker.
 
@@ -358,7 +359,9 @@ async def _run_worker(config: ServerConfig, board: wb.Board, slot: int, args: ar
         tmp.replace(announce)  # the parent reads it once every worker is ready: never half written
     server.log_start()
     orphaned = asyncio.ensure_future(
-        stop_when_parent_gone(args.parent_pid, stop, [board.path, *([args.parent_tmp] if args.parent_tmp else [])])
+        stop_when_parent_gone(
+            args.parent_pid, stop, [board.path, board.sessions_folder, *([args.parent_tmp] if args.parent_tmp else [])]
+        )
     )
     await stop.wait()
     orphaned.cancel()

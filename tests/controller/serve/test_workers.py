@@ -165,6 +165,36 @@ def test_sessions_spread_and_stats_and_metrics_add_up(workers: Workers) -> None:
     assert workers.stats().snapshots_sent_total == received  # totals since start are kept
 
 
+def test_an_open_session_id_is_refused_on_every_worker_until_it_closes(workers: Workers) -> None:
+    """As one process refuses a second open of an open id: a client reconnecting while its old stream
+    lives must not get a second session of the id on the other worker."""
+    first = grpc.insecure_channel(workers.address, [("grpc.use_local_subchannel_pool", 1)])
+    producer = Producer(DriveSession(first, "car-1", pb.CLOCK_MODE_REALTIME))
+    producer.wait_snapshots(5)
+    said: set[str] = set()
+    for _ in range(64):  # fresh connections until both workers refused (each connection: one in two)
+        with grpc.insecure_channel(workers.address, [("grpc.use_local_subchannel_pool", 1)]) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                DriveSession(channel, "car-1", pb.CLOCK_MODE_LOCKSTEP)
+            assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS, refused.value.details()
+            said.add(refused.value.details())
+            if len(said) == 2:
+                break
+    other = "session 'car-1' is already open on this server (on another of its worker processes)"
+    assert len(said) == 2 and any(s.startswith(other) for s in said), said  # the other worker's words
+    assert producer.error is None and producer.session.opened.session_id == "car-1"  # the first goes on
+    producer.session.close()
+    producer.join()
+    first.close()
+    _wait_for(lambda: workers.stats().sessions_open == 0, "the session never closed")
+    for _ in range(4):  # closed: free on any worker again
+        with grpc.insecure_channel(workers.address, [("grpc.use_local_subchannel_pool", 1)]) as channel:
+            again = DriveSession(channel, "car-1", pb.CLOCK_MODE_LOCKSTEP)
+            assert again.opened.session_id == "car-1"
+            again.close()
+            assert list(again.snapshots()) == []
+
+
 def test_sigterm_drains_every_worker(workers: Workers) -> None:
     # a channel of its own per session: channels with the same arguments share one connection
     channels = [grpc.insecure_channel(workers.address, [("grpc.use_local_subchannel_pool", 1)]) for _ in range(8)]
