@@ -35,6 +35,7 @@ from dualloop.controller.cli_types import non_negative_number, positive_int, pos
 from dualloop.controller.console import console, print_error
 from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.contract.gate_files import load_gate_for_model
+from dualloop.controller.serve.realtime_threads import one_blas_thread
 from dualloop.controller.serve.workers import worker_count
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 from dualloop.executor.model_runner import DecisionModel
@@ -399,4 +400,5 @@ _BENCHES = {
 
 
 def _bench(args: argparse.Namespace) -> int:
+    one_blas_thread()  # what the in-process benches time is what a server runs (its servers set their own)
     return _BENCHES[args.what](args)

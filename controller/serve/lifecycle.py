@@ -32,7 +32,11 @@ from dualloop.controller.serve.metrics import (
     MetricsEndpoint,
 )
 from dualloop.controller.serve.planning import ServerPlanning
-from dualloop.controller.serve.realtime_threads import lower_this_thread, set_realtime_priority
+from dualloop.controller.serve.realtime_threads import (
+    lower_this_thread,
+    one_blas_thread,
+    set_realtime_priority,
+)
 from dualloop.controller.serve.runtime import SessionRuntime
 from dualloop.controller.serve.security import (
     Authenticator,
@@ -77,6 +81,7 @@ class ServerLifecycle:
         """plan_source overrides config.planner.source (its period and deadline still apply).
         worker: (board, slot) when this is one of several processes sharing the port (workers.py)."""
         self.config = config
+        one_blas_thread()  # constructed on the main thread (ServerThread too): see one_blas_thread
         try:  # tokens are read here, never kept in the configuration (it is recorded in session logs)
             self.auth = Authenticator(config.auth)
         except AuthError as err:

@@ -21,6 +21,8 @@ import contextlib
 import os
 import threading
 
+from threadpoolctl import threadpool_limits
+
 _TASKS = "/proc/self/task"
 
 
@@ -96,3 +98,12 @@ def set_realtime_priority(priority: int | None) -> str:
 def lower_this_thread() -> None:
     """A thread pool's initializer (see the module's docstring)."""
     REALTIME.lower_this_thread()
+
+
+def one_blas_thread() -> None:
+    """numpy's BLAS computes on the thread that calls it, for the whole process. By default OpenBLAS
+    hands a large enough product (the gates' at 64 rows and more) to a thread per core: the tick then
+    waits on a thread another process may hold the core of, and the idle BLAS threads spin on the
+    core the clients need. The tick's products are small: one thread is also the fastest. Call it
+    from the process's main thread: OpenBLAS 0.3.31 ignored it from another for that thread's own products."""
+    threadpool_limits(1, user_api="blas")

@@ -73,3 +73,39 @@ def test_the_tick_loop_is_above_every_other_thread_of_the_server(test_model_path
     assert len(after) >= 3 and set(after.values()) == {49}, after  # gRPC's threads, the main thread, ...
     assert after[r["worker"]] == 49  # lowered as it started (the pool's initializer)
     assert r["before"][str(r["started"])] == 0 and after[r["started"]] == 49  # placed at the next look
+
+
+BLAS_THREADS = r"""
+import json, time
+import numpy as np
+from threadpoolctl import threadpool_limits
+from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.lifecycle import ServerThread
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+
+threadpool_limits(2, user_api="blas")  # a process that came with a BLAS thread per core
+x = np.random.default_rng(0).random((384, 384))
+
+def products():  # on the tick loop's thread: its own CPU time and the whole process's
+    t0, p0 = time.thread_time(), time.process_time()
+    for _ in range(30):
+        x @ x
+    return time.thread_time() - t0, time.process_time() - p0
+
+server = ServerThread(ServerConfig(model=BASE_MODEL_PATH, gates=list(DEFAULT_GATES), port=0)).start()
+try:
+    print(json.dumps(server.call(products)))
+finally:
+    server.stop()
+"""
+
+
+def test_a_server_computes_numpy_products_on_the_loop_thread() -> None:
+    """The gates' products at 64 rows and more went to OpenBLAS's thread per core: pinned to one CPU
+    (the bench, a container's cpuset) a 128-session tick took 32 ms instead of 6.6 (p50). Judged by
+    CPU time, which load does not change: the loop thread's against the whole process's (with a
+    second BLAS thread, about half of it). In a process of its own: the limit is the process's."""
+    done = subprocess.run([sys.executable, "-c", BLAS_THREADS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    thread_s, process_s = json.loads(done.stdout.strip().splitlines()[-1])
+    assert thread_s > 0.02 and process_s < 1.3 * thread_s, (thread_s, process_s)
