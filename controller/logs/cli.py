@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dualloop.controller.console import console, print_error
 from dualloop.controller.logs.datasets import SPLITS, default_data_dir
-from dualloop.controller.logs.foxglove import layout, plot_sessions
+from dualloop.controller.logs.foxglove import check_layout_out, layout, plot_sessions, recording_files
 from dualloop.controller.logs.import_comma2k19 import Comma2k19Error, import_comma2k19
 from dualloop.controller.logs.import_csv import EXTRA_COLUMNS_FLAG, CsvImportError, import_csv, parse_units
 from dualloop.controller.logs.import_ngsim import NgsimError, import_ngsim
@@ -207,11 +207,23 @@ def _recover(args: argparse.Namespace) -> int:
         highlight=False,
         markup=False,
     )
+    # the file is whole now, its open sessions are not: said here, and marked in the file for replay
+    if done.cut_sessions:
+        console.print(
+            f"sessions cut (no end recorded): {', '.join(done.cut_sessions)}; replay refuses them "
+            "unless --allow-truncated",
+            highlight=False,
+            markup=False,
+        )
+    elif not done.complete:
+        console.print("no session was cut: every session had ended before the cut", highlight=False, markup=False)
     return 0
 
 
 def _foxglove_layout(args: argparse.Namespace) -> int:
     try:
+        # before reading: `-o` over a recording (or any MCAP file) replaced the log with the JSON
+        check_layout_out(args.out, recording_files(args.logs))
         sessions = plot_sessions(args.logs)
     except ValueError as err:
         print_error(str(err))

@@ -18,7 +18,9 @@ from mcap.exceptions import EndOfFile
 from mcap.records import Channel
 from mcap.stream_reader import StreamReader
 
-from dualloop.controller.logs.logfile import MCAP_READ_ERRORS, LogFileError
+from dualloop.controller.logs.bulk import MAGIC
+from dualloop.controller.logs.logfile import MCAP_READ_ERRORS, LogFileError, resolve_log_paths
+from dualloop.controller.logs.outputs import refuse_overwriting_inputs
 from dualloop.controller.logs.plot import is_plot_topic, plot_topic
 
 # (title, [(field path, label)]) per plot panel, from the plot message's fields
@@ -116,12 +118,46 @@ def layout_paths(data: dict[str, Any]) -> list[str]:
     return out
 
 
-def plot_sessions(paths: Sequence[Path]) -> list[str]:
-    """The sessions with a plot topic in these recordings, in order of first appearance (read up
-    to where a file ends, so a recording still being written or cut short works too). LogFileError
-    (a ValueError) naming the file when it is missing, or unreadable before any plot topic."""
-    sessions: dict[str, None] = {}
+def recording_files(paths: Sequence[Path]) -> list[Path]:
+    """The files of these recordings: a file as given, or the base name of a rotated recording as its
+    parts (resolve_log_paths, as replay and diff take it). LogFileError naming a path that is neither."""
+    files: list[Path] = []
     for path in paths:
+        if path.exists():  # a folder too: plot_sessions names why it cannot be read
+            files.append(path)
+            continue
+        try:
+            files += resolve_log_paths(path)
+        except FileNotFoundError:
+            raise LogFileError(f"{path}: recording not found (nor rotated parts of it)") from None
+    return files
+
+
+def check_layout_out(out: Path, recordings: Sequence[Path]) -> None:
+    """Refuse a layout path that is a recording given, or any MCAP file (by name or content): the
+    JSON would replace a log that cannot be made again. LogFileError, one line naming the path."""
+    refuse_overwriting_inputs([out], recordings, LogFileError)
+    if out.suffix.lower() == ".mcap" or _starts_with_mcap_magic(out):
+        raise LogFileError(
+            f"{out}: an MCAP log (by name or content), not a layout: give a .json name, e.g. layout.json"
+        )
+
+
+def _starts_with_mcap_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(len(MAGIC)) == MAGIC
+    except OSError:  # missing, a folder: not a log to protect (writing reports its own error)
+        return False
+
+
+def plot_sessions(paths: Sequence[Path]) -> list[str]:
+    """The sessions with a plot topic in these recordings (files, or rotated ones' base names), in order
+    of first appearance (read up to where a file ends, so a recording still being written or cut short
+    works too). LogFileError (a ValueError) naming the file when it is missing, or unreadable before any
+    plot topic."""
+    sessions: dict[str, None] = {}
+    for path in recording_files(paths):
         try:
             stream = open(path, "rb")
         except FileNotFoundError:

@@ -8,6 +8,7 @@ the order the recorder saw them (log_time can mix clocks in REALTIME sessions, s
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
@@ -18,6 +19,7 @@ from typing import cast
 import zstandard
 from google.protobuf.message import DecodeError, Message
 from mcap.exceptions import EndOfFile, McapError
+from mcap.reader import make_reader
 from mcap.records import Channel, Footer, Schema
 from mcap.records import Message as McapMessage
 from mcap.stream_reader import StreamReader
@@ -55,6 +57,40 @@ MCAP_READ_ERRORS = (
 
 class LogFileError(ValueError):
     """The file is not a dualloop log at all (wrong magic, unknown format version, no sessions)."""
+
+
+# The MCAP metadata record `dualloop recover` writes when its input was cut: the file it writes is
+# complete (footer, index), so without it the sessions that were open at the cut would read as whole
+# drives. Keys: "source" (the cut file's name), "cut" (why reading stopped), "cut_sessions" (a JSON
+# list of session keys, as read_sessions names them, that had not ended).
+RECOVERED_METADATA = "dualloop.recovered"
+
+
+def recovered_cuts(file: Path) -> dict[str, str]:
+    """Session key -> why it is cut, for a file `dualloop recover` wrote from a cut log; {} for any
+    other file. Read through the file's summary (a few records at its end); a file without one (cut
+    itself) gives {}: its own truncation already marks every session."""
+    try:
+        with open(file, "rb") as stream:
+            stream.seek(-len(MAGIC), 2)
+            if stream.read(len(MAGIC)) != MAGIC:
+                return {}
+            stream.seek(0)
+            reader = make_reader(stream, validate_crcs=True)
+            summary = reader.get_summary()
+            if summary is None or not any(m.name == RECOVERED_METADATA for m in summary.metadata_indexes):
+                return {}
+            marks = [m.metadata for m in reader.iter_metadata() if m.name == RECOVERED_METADATA]
+    except (OSError, *MCAP_READ_ERRORS):
+        return {}
+    out: dict[str, str] = {}
+    for mark in marks:
+        why = (
+            f"{file}: recovered by `dualloop recover` from {mark.get('source', 'a log')} cut short ({mark.get('cut')})"
+        )
+        for key in json.loads(mark.get("cut_sessions", "[]")):
+            out[key] = f"{why}: session {key!r} was cut there"
+    return out
 
 
 def cut_log_error(truncation: str, verb: str) -> LogFileError:
@@ -103,6 +139,9 @@ def check_log_file(file: Path, allow_truncated: bool, verb: str) -> None:
     ours = {channel_id for channel_id, (topic, _) in channels.items() if topic in TOPIC_TYPES}
     if not any(channel_id in ours for channel_id, _, _ in messages):
         raise no_sessions_error(file)
+    cut = recovered_cuts(file)  # complete, but recovered from a cut log: its open sessions were cut
+    if cut and not allow_truncated:
+        raise cut_log_error(next(iter(cut.values())), verb)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,8 +343,11 @@ def read_sessions(path: str | Path | Iterable[str | Path]) -> dict[str, LogData]
             data.summary = cast(log_pb2.SessionSummary, message)
         # repeated headers (one per rotated file) carry only a different `part`: the first one stands
     read = len(fast) if fast is not None else reader.messages_read
-    for data in sessions.values():
+    cuts = {key: why for file in files for key, why in recovered_cuts(file).items()}
+    for key, data in sessions.items():
         data.truncated, data.truncation, data.messages_read = reader.truncated, reader.truncation, read
+        if not data.truncated and key in cuts:  # a recovered log: whole as a file, this session cut
+            data.truncated, data.truncation = True, cuts[key]
     return sessions
 
 

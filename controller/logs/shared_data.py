@@ -3,11 +3,17 @@
 The split is controller/logs/datasets.py's. Each session is one file, <out>/<split>/<session id>.mcap;
 <out>/manifest.json lists every session with its split and every pair left out with the reason, so
 the trainer and the replay read the same split.
+
+The import is built in a hidden folder inside <out> and moved into place at the end, the manifest
+last: an interrupted import (Ctrl-C, SIGTERM) leaves the previous import as it was, never a few new
+sessions beside a manifest that lists the old ones.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,11 +93,43 @@ def import_shared_data(
     drives = list_drives(data_dir)
     if not drives:
         raise FileNotFoundError(f"{data_dir}: none of the shared data sets is there (see controller/logs/datasets.py)")
+    staging = out / f".importing-{os.getpid()}"
+    try:
+        result = _import_drives(data_dir, drives, staging, progress, start_time_unix_ns)
+        _move_into_place(staging, out)
+    finally:  # done, failed or interrupted: the hidden folder goes; `out` is the old import or the new one
+        shutil.rmtree(staging, ignore_errors=True)
+    for made in result.reports.values():
+        for report in made:
+            report.out_path = out / report.out_path.relative_to(staging)
+    result.out = out
+    return result
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """The staged import into `out`: the old manifest removed first and the new one moved in last, so
+    the folder never has a manifest that does not list its files (a move is a rename: milliseconds)."""
+    (out / "manifest.json").unlink(missing_ok=True)
     for split in SPLITS:
         folder = out / split
         folder.mkdir(parents=True, exist_ok=True)
         for stale in folder.glob("*.mcap"):  # this command owns these folders: no leftovers of an older split
             stale.unlink()
+        for new in (staging / split).glob("*.mcap"):
+            new.rename(folder / new.name)
+    (staging / "manifest.json").rename(out / "manifest.json")
+
+
+def _import_drives(
+    data_dir: Path,
+    drives: list[Drive],
+    out: Path,
+    progress: Callable[[str], None],
+    start_time_unix_ns: int | None,
+) -> SharedDataResult:
+    """Every drive into out/train and out/heldout (new folders), with out/manifest.json."""
+    for split in SPLITS:
+        (out / split).mkdir(parents=True)
     reports: dict[str, list[ImportReport]] = {split: [] for split in SPLITS}
     totals: dict[tuple[str, str], SplitTotals] = {}
     sessions: list[dict[str, str]] = []

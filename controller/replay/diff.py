@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from dualloop.controller.contract.errors import ConfigError
-from dualloop.controller.logs.logfile import LogData, no_sessions_error, read_sessions
+from dualloop.controller.logs.logfile import LogData, LogFileError, no_sessions_error, read_sessions
 from dualloop.controller.replay.report import format_confusion
 from dualloop.v2 import controller_pb2 as pb
 
@@ -118,6 +118,23 @@ def _one_session(sessions: dict[str, LogData], name: str, session: str) -> dict[
     raise NotSameInput(f"{name}: no session {session!r} (sessions: {listed})")
 
 
+def _check_comparable(sessions: dict[str, LogData], name: str) -> None:
+    """Refuse (LogFileError, exit 2) a log with a cut session or without decisions: a cut drive diffed
+    as whole said "identical" (or "not the same input" without saying why), and a log of observations
+    only (an import) diffed as "0 ticks, identical", passing a CI gate with nothing compared."""
+    cut = next((d.truncation for d in sessions.values() if d.truncated), "")
+    if cut:
+        raise LogFileError(
+            f"{cut}: a cut log; diff compares whole drives: recover it (`dualloop recover {name} NEW.mcap` names "
+            "the cut sessions) and diff a session that ended with --session, or replay its complete part "
+            "with `dualloop replay --allow-truncated`"
+        )
+    if not any(d.snapshots for d in sessions.values()):
+        raise LogFileError(
+            f"no decision snapshots in {name}: diff compares decisions; replay it first with `dualloop replay`"
+        )
+
+
 def _check_same_input(a: dict[str, LogData], b: dict[str, LogData], names: tuple[str, str]) -> None:
     if set(a) != set(b):
         raise NotSameInput(f"{names[0]} and {names[1]} hold different sessions: {sorted(a)} vs {sorted(b)}")
@@ -174,6 +191,8 @@ def diff_logs(
     sa, sb = _sessions(a), _sessions(b)
     if session is not None:
         sa, sb = _one_session(sa, names[0], session), _one_session(sb, names[1], session)
+    _check_comparable(sa, names[0])
+    _check_comparable(sb, names[1])
     _check_same_input(sa, sb, names)
     first = next(iter(sa.values()), None)
     action_names = list(actions or (first.header.action_names if first else []))
