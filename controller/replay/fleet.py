@@ -14,7 +14,9 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
+import signal
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -24,7 +26,8 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:
     import numpy as np
 
-    from dualloop.controller.replay.lockstep import LoadedModel
+    from dualloop.controller.logs.logfile import LogData
+    from dualloop.controller.replay.lockstep import LoadedModel, Recording
 
 # what a worker imports: the fork server imports them once, before it forks the workers
 _WORKER_MODULES = ["dualloop.controller.replay.lockstep", "threadpoolctl"]
@@ -40,6 +43,33 @@ class LogRefused(Exception):
     sessions): its message names the file and what to do, as the single-log replay says it."""
 
 
+@dataclass(frozen=True)
+class FleetOptions:
+    """How each log is replayed: the one-log command's flags, for every log of the fleet."""
+
+    sessions: tuple[str, ...] = ()  # --session: only these sessions of each log (default: every one)
+    # a recording's sessions each replayed, as one-log replay does (reports keyed "LOG session 'ID'");
+    # False: such a log is refused, as replay_log refuses it (callers that key reports by log path)
+    several_sessions: bool = False
+    allow_truncated: bool = False  # the complete part of a cut log, not a refusal
+    plots: bool = False  # --foxglove: the plot topic in each new log
+
+
+@dataclass
+class Outcome:
+    """One session's replay in a worker: its report, or why it was not replayed."""
+
+    key: str  # the log's path; "LOG session 'ID'" for a session of several
+    report: dict | None
+    error: str
+    seconds: float
+    cpu_seconds: float
+    # the new log as written, and its name once the parent has the report (_publish): a fleet stopped
+    # before then leaves neither, and the logs it says finished are the new logs there are
+    partial: str = ""
+    out: str = ""
+
+
 @dataclass
 class FleetResult:
     reports: dict[str, dict] = field(default_factory=dict)  # log path -> ReplayReport.as_dict()
@@ -50,6 +80,9 @@ class FleetResult:
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0  # the whole fleet, pool start-up (model loads) included
     workers: int = 0
+    # the logs whose replay ended (replayed or failed): what an interrupted fleet got through
+    finished: list[str] = field(default_factory=list)
+    keys: dict[str, list[str]] = field(default_factory=dict)  # log path -> its rows' keys, sessions of several
 
     @property
     def drive_s(self) -> float:
@@ -171,6 +204,9 @@ def _load(model: str, gates: list[str]) -> LoadedModel:
 def _init_worker(model: str, gates: list[str]) -> None:
     from threadpoolctl import threadpool_limits
 
+    # Ctrl-C reaches the whole process group: the parent stops the fleet (and ends its workers), a
+    # worker's own KeyboardInterrupt would only come back as a log's error
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # one log per core: BLAS threads would only fight the other workers
     threadpool_limits(1)
     _keep_freed_memory()
@@ -196,20 +232,151 @@ def _keep_freed_memory() -> None:
     mallopt(_M_TRIM_THRESHOLD, 512 << 20)
 
 
-def _replay_one(log: str, model: str, gates: list[str], out_dir: str | None) -> tuple[dict, float, float]:
+def output_paths(paths: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
+    """Each log's new log: `OUT/<name>.replayed.mcap`, as ever for logs of distinct names. Logs of one
+    name (day1/drive.mcap, day2/drive.mcap) would each replace the other's: theirs go in sub-folders,
+    the shortest end of their folders' paths that tells them apart (OUT/day1/drive.replayed.mcap).
+    The same file given twice, or names nothing tells apart, are refused (LogFileError: exit 2)."""
+    from dualloop.controller.logs.logfile import LogFileError
+
+    out_dir = Path(out_dir)
+    # named as given (a symlink's name, not its target's); the folders from the absolute path
+    absolute = [Path(os.path.abspath(p)) for p in paths]
+    outs = [out_dir / f"{a.stem}.replayed.mcap" for a in absolute]
+    by_stem: dict[str, list[int]] = {}
+    for i, a in enumerate(absolute):
+        by_stem.setdefault(a.stem, []).append(i)
+    for members in by_stem.values():
+        folders = [absolute[i].parent.parts[1:] for i in members]  # without the root: a relative path
+        if len(members) < 2 or len(set(folders)) < len(folders):
+            continue  # one log, or the same folder twice: refused below, naming both
+        depth = next(k for k in range(1, max(map(len, folders)) + 1) if len({f[-k:] for f in folders}) == len(folders))
+        for i, folder in zip(members, folders):
+            outs[i] = out_dir.joinpath(*folder[-depth:], outs[i].name)
+    first: dict[Path, int] = {}
+    for i, out in enumerate(outs):
+        j = first.setdefault(out, i)
+        if j != i:
+            same = Path(paths[i]).resolve() == Path(paths[j]).resolve()
+            raise LogFileError(
+                f"{paths[i]}: the same log as {paths[j]}: give it once"
+                if same
+                else f"{paths[i]} and {paths[j]} would both be replayed into {out}: rename one"
+            )
+    return outs
+
+
+def _replay_one(
+    log: str, model: str, gates: list[str], out: str | None, options: FleetOptions, token: str, publish: bool = False
+) -> list[Outcome]:
+    """Every session of one log (the --session ones), as one-log replay replays them: a log of
+    several into OUT's folder, `<name>.<NNN>.<id>.replayed.mcap` each. publish: the new logs
+    renamed here (Ray); otherwise the parent renames them when it takes the outcome."""
     from threadpoolctl import threadpool_limits
 
-    from dualloop.controller.logs.logfile import LogFileError
-    from dualloop.controller.replay.lockstep import replay_log
+    from dualloop.controller.logs.logfile import LogFileError, check_sessions
+    from dualloop.controller.replay.lockstep import session_file_name
 
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    out = str(Path(out_dir) / f"{Path(log).stem}.replayed.mcap") if out_dir else None
+    started = (time.perf_counter(), time.process_time())
+    source = Path(log)
     with threadpool_limits(1):
         try:
-            report = replay_log(log, model, gates, out_path=out, loaded=_load(model, gates)).report.as_dict()
+            recording, positions = _read_sessions(source, options.sessions)
+            check_sessions(source, recording.sessions, options.allow_truncated, "replay")
         except LogFileError as err:
             raise LogRefused(str(err)) from None
-    return report, time.perf_counter() - t0, time.process_time() - cpu0
+        sessions = recording.sessions
+        several = len(sessions) > 1
+        if several and not options.several_sessions:
+            names = ", ".join(d.name for d in sessions)
+            raise LogRefused(f"{log}: {len(sessions)} sessions ({names}); name one")
+        outcomes = []
+        for index, data in zip(positions, sessions):
+            if several and not data.observations:  # opened, then cut before its first observation: as one-log
+                continue
+            new = None if out is None else Path(out)
+            if new is not None and several:
+                new = new.with_name(session_file_name(source.stem, index, data.name))
+            key = f"{log} session {data.name!r}" if several else log
+            outcomes.append(_replay_session(key, data, source, model, gates, new, options, token, recording, started))
+            started = (time.perf_counter(), time.process_time())
+    if publish:
+        _publish(outcomes)
+    return outcomes
+
+
+def _read_sessions(source: Path, ids: tuple[str, ...]) -> tuple[Recording, list[int]]:
+    """The sessions to replay and each one's position in the recording, which numbers its file as
+    one-log replay numbers it (not by the order the --session flags came in)."""
+    from dualloop.controller.logs.logfile import LogFileError
+    from dualloop.controller.replay.lockstep import Recording, read_recording
+
+    asked = list(dict.fromkeys(ids))
+    if len(asked) < 2:  # every session, in order; or one, whose file is not numbered
+        recording = read_recording(source, asked or None)
+        return recording, list(range(len(recording.sessions)))
+    whole = read_recording(source)
+    position = {data.name: index for index, data in enumerate(whole.sessions)}
+    missing = [s for s in asked if s not in position]
+    if missing:  # as read_recording says it
+        listed = ", ".join(repr(s) for s in position) or "none"
+        raise LogFileError(f"{source}: no session {', '.join(repr(s) for s in missing)} (sessions: {listed})")
+    return Recording([whole.sessions[position[s]] for s in asked]), [position[s] for s in asked]
+
+
+def _publish(outcomes: list[Outcome]) -> None:
+    for o in outcomes:
+        if o.partial:
+            os.replace(o.partial, o.out)
+            o.partial = ""
+
+
+def _replay_session(
+    key: str,
+    data: LogData,
+    source: Path,
+    model: str,
+    gates: list[str],
+    out: Path | None,
+    options: FleetOptions,
+    token: str,
+    recording: Recording,
+    started: tuple[float, float],
+) -> Outcome:
+    """One session into `out`, under a partial name until its outcome is taken (_publish): a fleet
+    stopped mid-way leaves no file that looks like a finished replay (the parent removes them)."""
+    from dualloop.controller.replay.lockstep import ReplayOptions, replay_data
+    from dualloop.executor.sessions import InvalidObservation
+
+    partial = None if out is None else out.with_name(f".{out.name}.{token}.partial")
+    if partial is not None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        result = replay_data(
+            data,
+            source,
+            model,
+            gates,
+            partial,
+            ReplayOptions(plots=options.plots),
+            loaded=_load(model, gates),
+            column_log=recording.column_log,
+            started=started[0],
+        )
+    except BaseException as err:
+        if partial is not None:
+            partial.unlink(missing_ok=True)
+        if not isinstance(err, InvalidObservation):
+            raise
+        # a session the server would have refused: the others still replay
+        return Outcome(key, None, f"{source}: session {data.name!r} not replayed: {err}", 0.0, 0.0)
+    if key != str(source):  # the report and the evaluation name the session (each was the log's path)
+        result.report.source = key
+        if "source" in result.report.evaluation:
+            result.report.evaluation["source"] = key
+    report = result.report.as_dict()
+    seconds, cpu = time.perf_counter() - started[0], time.process_time() - started[1]
+    return Outcome(key, report, "", seconds, cpu, str(partial or ""), str(out or ""))
 
 
 def replay_many(
@@ -221,43 +388,75 @@ def replay_many(
     out_dir: str | Path | None = None,
     progress: bool = True,
     while_waiting: Callable[[], object] | None = None,
+    options: FleetOptions = FleetOptions(),
+    into: FleetResult | None = None,
 ) -> FleetResult:
-    """Every log replayed with the model and gates; out_dir: where the new logs go (named after
-    each log's stem: give logs distinct names). while_waiting: run here while the workers start,
-    before the results are collected (the command line's own imports, while the workers import
-    theirs)."""
-    args = ([str(p) for p in paths], str(model), [str(g) for g in gates], str(out_dir) if out_dir else None)
-    if out_dir:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    """Every log replayed with the model and gates; out_dir: where the new logs go (`output_paths`).
+    while_waiting: run here while the workers start, before the results are collected (the command
+    line's own imports, while the workers import theirs). into: filled as logs finish, so that a
+    caller interrupted (KeyboardInterrupt, the pool stopped at once) knows how far it got."""
+    logs = [str(p) for p in paths]
+    outs: list[str | None] = [str(p) for p in output_paths(paths, out_dir)] if out_dir else [None] * len(logs)
+    result = into if into is not None else FleetResult()
+    result.order = list(logs)
     t0 = time.perf_counter()
+    jobs = list(zip(logs, outs))
     if use_ray:
-        result = _with_ray(*args, progress=progress, while_waiting=while_waiting)
+        _with_ray(jobs, str(model), [str(g) for g in gates], options, result, progress, while_waiting)
     else:
-        result = _with_pool(*args, workers=workers, progress=progress, while_waiting=while_waiting)
-    result.order = list(args[0])
+        _with_pool(jobs, str(model), [str(g) for g in gates], options, result, workers, progress, while_waiting)
+    result.order = [k for log in logs for k in result.keys.get(log, [log])]
     result.wall_s = time.perf_counter() - t0
     return result
 
 
 def _with_pool(
-    paths: list[str],
+    jobs: list[tuple[str, str | None]],
     model: str,
     gates: list[str],
-    out_dir: str | None,
+    options: FleetOptions,
+    result: FleetResult,
     workers: int | None,
     progress: bool,
     while_waiting: Callable[[], object] | None,
-) -> FleetResult:
-    workers = max(1, min(workers or os.cpu_count() or 1, len(paths)))
-    result = FleetResult(workers=workers)
+) -> None:
+    result.workers = workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
     context = _pool_context()
     _start_fork_server(context)
     if while_waiting is not None:
         while_waiting()
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(model, gates)) as pool:
-        futures = {pool.submit(_replay_one, p, model, gates, out_dir): p for p in paths}
+    token = uuid.uuid4().hex[:12]  # this run's partial files, and only them, are removed when it is stopped
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(model, gates))
+    try:
+        futures = {pool.submit(_replay_one, log, model, gates, out, options, token): log for log, out in jobs}
         _collect(futures, result, progress)
-    return result
+    except BaseException:
+        # Ctrl-C, SIGTERM (cli.Terminated) or a bug: leaving `with ProcessPoolExecutor` waited for
+        # every queued log (31 s for 168 logs in QA); stop the workers now, drop their partial files
+        _stop_pool(pool)
+        _remove_partials({Path(out).parent for _, out in jobs if out is not None}, token)
+        raise
+    pool.shutdown()
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """The queued logs cancelled and the workers ended, a replay mid-way included (its file is a
+    partial one). ProcessPoolExecutor has no public way to end its workers before Python 3.14."""
+    processes = list((pool._processes or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(5.0)
+        if process.is_alive():
+            process.kill()
+            process.join(5.0)
+
+
+def _remove_partials(folders: set[Path], token: str) -> None:
+    for folder in folders:
+        for partial in folder.glob(f".*.{token}.partial"):
+            partial.unlink(missing_ok=True)
 
 
 def _start_fork_server(context: multiprocessing.context.BaseContext) -> None:
@@ -299,10 +498,23 @@ def _collect(futures: dict, result: FleetResult, progress: bool) -> None:
         for future in as_completed(futures):
             path = futures[future]
             try:
-                result.reports[path], result.seconds[path], result.cpu_seconds[path] = future.result()
+                outcomes = future.result()
             except Exception as err:  # noqa: BLE001 - one bad log must not sink the fleet
                 # a refused log is said as the single-log commands say it; anything else is named as a bug
                 result.errors[path] = str(err) if isinstance(err, LogRefused) else f"{type(err).__name__}: {err}"
+                outcomes = []
+            _publish(outcomes)
+            for o in outcomes:
+                if o.report is None:
+                    result.errors[o.key] = o.error
+                else:
+                    result.reports[o.key], result.seconds[o.key], result.cpu_seconds[o.key] = (
+                        o.report,
+                        o.seconds,
+                        o.cpu_seconds,
+                    )
+            result.keys[path] = [o.key for o in outcomes] or [path]
+            result.finished.append(path)
             advance()
     finally:
         if bar is not None:
@@ -310,13 +522,14 @@ def _collect(futures: dict, result: FleetResult, progress: bool) -> None:
 
 
 def _with_ray(
-    paths: list[str],
+    jobs: list[tuple[str, str | None]],
     model: str,
     gates: list[str],
-    out_dir: str | None,
+    options: FleetOptions,
+    result: FleetResult,
     progress: bool,
     while_waiting: Callable[[], object] | None,
-) -> FleetResult:
+) -> None:
     """One Ray task per log on an existing cluster (RAY_ADDRESS, or the one `ray start` left on this
     machine). dualloop does not start a cluster itself: Ray's services listen on the network, and
     nothing of ours binds beyond loopback unless the user chose it."""
@@ -333,13 +546,13 @@ def _with_ray(
                 "listen on the network: see Ray's security notes) or set RAY_ADDRESS; without "
                 "--ray, the logs are replayed by a local process pool."
             ) from None
-    remote = ray.remote(num_cpus=1)(_replay_one)
-    futures = {remote.remote(p, model, gates, out_dir).future(): p for p in paths}
+    # Any: Ray's stubs type remote functions of up to 6 arguments
+    remote: Any = ray.remote(num_cpus=1)(_replay_one)
+    token = uuid.uuid4().hex[:12]
+    futures = {remote.remote(log, model, gates, out, options, token, True).future(): log for log, out in jobs}
     if while_waiting is not None:
         while_waiting()
-    result = FleetResult()
     _collect(futures, result, progress)
-    return result
 
 
 def format_fleet(result: FleetResult) -> str:

@@ -41,6 +41,7 @@ from dualloop.executor.columns import ObservationColumns
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.lockstep_batch import TickTable, run_lockstep
+from dualloop.executor.model_card import ModelCard
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import Clock, Observation, Snapshot
 from dualloop.ood import Gate
@@ -351,6 +352,29 @@ def replay_log(
     )
 
 
+def check_log_schema(header: log_pb2.SessionHeader, card: ModelCard, source_path: Path, session_id: str) -> None:
+    """Refuse a log whose observations mean something else to this model: its features, or its
+    actual controls and actions, named in another order or other names. A wrong count was refused
+    by the observations' size; the same count in another order replayed silently, each value read
+    as another signal's. A log without names (an older import) is taken by position, as before."""
+    for what, logged, expected in (
+        ("features", header.feature_names, card.feature_names),
+        ("controls", header.control_names, [c.name for c in card.controls]),
+        ("actions", header.action_names, card.actions),
+    ):
+        if not logged or list(logged) == list(expected):
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(logged, expected)) if a != b), min(len(logged), len(expected)))
+        said = f"{logged[at]!r}" if at < len(logged) else "nothing"
+        wanted = f"{expected[at]!r}" if at < len(expected) else "nothing"
+        raise LogFileError(
+            f"{source_path}: session {session_id!r} was recorded with {len(logged)} {what} that are not "
+            f"model {card.name} {card.version}'s {len(expected)}: at position {at} the log has {said}, the "
+            f"model {wanted}; replay it with the model it was recorded for, or import the drive again for "
+            f"this model"
+        )
+
+
 def replay_data(
     data: LogData,
     source_path: Path,
@@ -374,6 +398,7 @@ def replay_data(
     elif loaded.gate_paths != tuple(str(g) for g in gate_paths):
         raise ValueError(f"the loaded gates {loaded.gate_paths} are not the ones named: {list(gate_paths)}")
     ex = loaded.executor(executor_config_for(data.header, options.tick_period_ms))
+    check_log_schema(data.header, ex.card, source_path, data.session_id)
     t1 = time.perf_counter()
     tables: list[TickTable] = []
     session = SessionOptions.of_header(data.header, options.shadow)

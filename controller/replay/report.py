@@ -195,7 +195,7 @@ def format_report(r: ReplayReport) -> str:
         f"replay of {r.source}",
         f"  model {r.model}; gates {', '.join(r.gates) or 'none'}",
         f"  {r.observations} observations, {r.ticks} ticks, {r.drive_s:.2f} s of drive",
-        f"  replay {t.get('compute_s', 0) * 1e3:.1f} ms: {r.speedup:.0f}x real time (reading the log "
+        f"  replay {t.get('compute_s', 0) * 1e3:.1f} ms{_real_time(r.speedup)} (reading the log "
         f"{t.get('load_s', 0) * 1e3:.0f} ms, snapshots {t.get('snapshots_s', 0) * 1e3:.0f} ms"
         + (f", writing the log {t['write_s'] * 1e3:.0f} ms)" if "write_s" in t else ")"),
         f"  applied:  {_counts(r.applied)}",
@@ -226,6 +226,14 @@ def format_report(r: ReplayReport) -> str:
             f"  no actual action in the log ({r.agreement.get('ticks_without_actual', 0)} ticks): no agreement"
         )
     return "\n".join(lines)
+
+
+def _real_time(speedup: float) -> str:
+    """The replay's speed against the drive's: nothing when either took no measurable time (a drive
+    of one observation printed "0x real time"); two figures below 10x (0.4x printed as "0x")."""
+    if not (speedup > 0 and np.isfinite(speedup)):
+        return ""
+    return f": {speedup:.0f}x real time" if speedup >= 10 else f": {speedup:.2g}x real time"
 
 
 def _counts(counts: dict[str, int]) -> str:

@@ -9,7 +9,7 @@ import pytest
 from dualloop.controller.cli import main
 from dualloop.controller.contract.wire import observation_from_proto, snapshot_to_proto, without_wall_clock
 from dualloop.controller.logs.format import require_plan
-from dualloop.controller.logs.logfile import LogFileError, read_log
+from dualloop.controller.logs.logfile import LogFileError, read_log, write_log
 from dualloop.controller.logs.synthetic import REAL_DRIVE as FIXTURE
 from dualloop.controller.logs.synthetic import slice_log, synthetic_log
 from dualloop.controller.replay.fleet import RAY_MISSING, replay_many
@@ -27,6 +27,7 @@ from dualloop.executor.lockstep_batch import run_lockstep
 from dualloop.executor.sessions import InvalidObservation
 from dualloop.executor.snapshot import Check, Clock, PlanState, Reason, SafetyState
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES, TEST_MODEL_PATH
+from dualloop.v2 import log_pb2
 
 
 @pytest.fixture(scope="module")
@@ -489,3 +490,31 @@ def test_cli_refuses_workers_below_one(workers: str, capsys: pytest.CaptureFixtu
         main(["replay", str(FIXTURE), "--workers", workers])
     assert exit_.value.code == 2
     assert f"argument --workers: {workers}: a whole number from 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "field,edit",
+    [
+        ("feature_names", lambda names: [names[1], names[0], *names[2:]]),  # two signals swapped
+        ("feature_names", lambda names: [*names[:3], "lead_gap", *names[4:]]),  # another name
+        ("control_names", lambda names: names[::-1]),
+    ],
+)
+def test_a_log_of_another_schema_is_refused_naming_the_first_difference(tmp_path, capsys, field, edit):
+    """Found by QA: a log whose features were named in another order replayed with exit 0, each value
+    read as another signal's (a wrong count was refused, the same count in another order was not)."""
+    src = read_log(FIXTURE)
+    header = log_pb2.SessionHeader()
+    header.CopyFrom(src.header)
+    kept = getattr(header, field)
+    names = list(kept)
+    del kept[:]
+    kept.extend(edit(names))
+    log = write_log(tmp_path / "other.mcap", header, src.observations[:200])
+    with pytest.raises(LogFileError, match=r"at position \d+ the log has '[^']+', the model '[^']+'"):
+        replay_log(log, BASE_MODEL_PATH, DEFAULT_GATES)
+    assert main(["replay", str(log), "--out", str(tmp_path / "r.mcap")]) == 2
+    assert "replay it with the model it was recorded for" in capsys.readouterr().err
+    assert not (tmp_path / "r.mcap").exists()
+    same = write_log(tmp_path / "same.mcap", src.header, src.observations[:200])  # the names as recorded
+    assert replay_log(same, BASE_MODEL_PATH, DEFAULT_GATES).report.ticks > 0
