@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from dualloop.controller.cli_types import positive_int, positive_number
 from dualloop.controller.console import console, print_error
 from dualloop.controller.contract.addresses import host_port
 from dualloop.controller.contract.server_env import private_server_env
@@ -117,9 +118,15 @@ def _register_stream(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--address", help="a running server (host:port); default: start one on loopback")
     p.add_argument("--model", type=Path, help="for the server started here (default: the shipped model and its gates)")
     p.add_argument("--gate", type=Path, action="append", help="for the server started here (repeat for several)")
-    p.add_argument("--sessions", type=int, default=1, help="concurrent sessions per log (default 1)")
-    p.add_argument("--every", type=int, default=1, help="send every k-th observation (a slower sensor)")
-    p.add_argument("--speed", type=float, default=1.0, help="time scale (2: twice real time)")
+    p.add_argument("--sessions", type=positive_int, default=1, help="concurrent sessions per log (default 1)")
+    p.add_argument("--every", type=positive_int, default=1, help="send every k-th observation (a slower sensor)")
+    p.add_argument(
+        "--speed",
+        type=positive_number,
+        default=1.0,
+        help="time scale (2: twice real time); the drive's time runs that much faster, so the checks of "
+        "change per second judge another drive: load a server with it, judge decisions with `replay`",
+    )
     p.add_argument("--json", type=Path, help="also write the counts as JSON")
     p.add_argument(
         "--allow-truncated",
@@ -257,9 +264,13 @@ def _server_process(args: argparse.Namespace) -> Iterator[str]:
 
 
 def stream(args: argparse.Namespace) -> int:
-    if args.sessions < 1 or args.every < 1 or args.speed <= 0:
-        print_error("--sessions and --every must be >= 1 and --speed > 0")
-        return 2
+    if args.speed != 1.0:  # REALTIME is the server's clock: a faster stream is a faster drive
+        console.print(
+            f"[yellow]--speed {args.speed:g}: the drive's time runs {args.speed:g}x as fast as recorded, so the "
+            f"checks that judge change per second (the signal and actuation checks) see another drive and veto "
+            f"more; `dualloop replay` runs a drive faster than real time on its own clock (LOCKSTEP)[/yellow]",
+            soft_wrap=True,
+        )
     logs: list[LogData] = []
     for path in args.logs:
         files = sorted(path.glob("*.mcap")) if path.is_dir() else [path]
