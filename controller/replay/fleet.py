@@ -579,14 +579,18 @@ def format_fleet(result: FleetResult) -> str:
     lines.append("-" * len(header))
     agree = p["agreement_top1"]
     per_log = p["seconds_per_log"]
+    pooled_name = f"pooled ({p['logs']} log{'' if p['logs'] == 1 else 's'}, {p['failed']} failed)"
     lines.append(
-        f"{'pooled (' + str(p['logs']) + ' logs, ' + str(p['failed']) + ' failed)':36s} {p['drive_s']:8.1f} "
+        f"{pooled_name:36s} {p['drive_s']:8.1f} "
         f"{p['ticks']:7d} {p['compute_s'] * 1e3:9.1f} {p['compute_speedup']:5.0f}x {p['worker_s'] * 1e3:8.1f} "
         f"{'':6s} {'n/a' if agree is None else f'{100 * agree:5.1f}%':>6s} {100 * p['gate_veto_fraction']:5.1f}%"
     )
     if per_log["median"] is not None:
+        speed = p["speedup"]
+        workers = f"{p['workers']} worker{'' if p['workers'] == 1 else 's'}"
         lines.append(
-            f"{p['workers']} workers, {p['wall_s']:.2f} s wall (model loads included): {p['speedup']:.0f}x real time "
-            f"in aggregate; per log {per_log['median'] * 1e3:.0f} ms median, {per_log['p99'] * 1e3:.0f} ms p99"
+            f"{workers}, {p['wall_s']:.2f} s wall (model loads included): "
+            f"{f'{speed:.0f}' if speed >= 10 else f'{speed:.2g}'}x real time in aggregate; "
+            f"per log {per_log['median'] * 1e3:.0f} ms median, {per_log['p99'] * 1e3:.0f} ms p99"
         )
     return "\n".join(lines)
