@@ -272,6 +272,15 @@ def bag_files(bag: Path) -> list[Path]:
     return files
 
 
+def _unreadable(file: Path, err: Exception) -> Rosbag2ImportError:
+    """A bag mcap cannot read, and the way out when the recording was cut (a killed `ros2 bag record`):
+    `dualloop recover` rewrites any MCAP file's complete records, a bag's included."""
+    return Rosbag2ImportError(
+        f"{file}: not a readable ROS 2 MCAP bag ({type(err).__name__}: {err}); if its recording was cut short, "
+        f"`dualloop recover {file} {file.with_suffix('.recovered.mcap').name}` rewrites its complete part"
+    )
+
+
 def _bag_topics(files: list[Path], mcap_reader: Any) -> list[str] | None:
     """The topics the files' summaries list; None when one has no summary (a recording cut short)."""
     present: set[str] = set()
@@ -280,7 +289,7 @@ def _bag_topics(files: list[Path], mcap_reader: Any) -> list[str] | None:
             with file.open("rb") as f:
                 summary = mcap_reader.make_reader(f).get_summary()
         except Exception as err:  # mcap's errors have no common base
-            raise Rosbag2ImportError(f"{file}: not a readable ROS 2 MCAP bag ({type(err).__name__}: {err})") from None
+            raise _unreadable(file, err) from None
         if summary is None:
             return None
         present |= {c.topic for c in summary.channels.values()}
@@ -316,7 +325,7 @@ def _read_bag(bag: Path, mapping: Rosbag2Map, map_path: Path) -> dict[str, tuple
                     stamps.append(message.log_time)
                     msgs.append(decoded)
         except Exception as err:  # mcap's and the CDR decoder's errors have no common base
-            raise Rosbag2ImportError(f"{file}: not a readable ROS 2 MCAP bag ({type(err).__name__}: {err})") from None
+            raise _unreadable(file, err) from None
     result = {}
     for topic, (stamps, msgs) in out.items():
         if not msgs:

@@ -550,3 +550,18 @@ def test_the_cli_takes_a_bag_folder_and_refuses_an_output_in_it(
         assert main(["import", "rosbag2", str(folder), "--map", str(map_path), "-o", str(out)]) == 2
         assert f"error: {out}: the output {why} {folder}" in "".join(capsys.readouterr())
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_a_cut_bag_points_at_recover_and_its_recovery_imports(tmp_path: Path, bag: Path) -> None:
+    """Found by QA: a bag cut mid-record (a killed `ros2 bag record`) was "not a readable ROS 2 MCAP bag
+    (RecordLengthLimitExceeded ...)", with nothing said of `dualloop recover`, which reads it."""
+    cut = tmp_path / "cut.mcap"
+    data = bag.read_bytes()
+    cut.write_bytes(data[: len(data) * 2 // 3] + b"\x0f" * 64)  # cut mid-record, then junk
+    with pytest.raises(Rosbag2ImportError) as err:
+        import_rosbag2(cut, _map(tmp_path), tmp_path / "out.mcap")
+    assert f"dualloop recover {cut} cut.recovered.mcap` rewrites its complete part" in str(err.value)
+    recovered = tmp_path / "cut.recovered.mcap"
+    assert main(["recover", str(cut), str(recovered)]) == 0
+    import_rosbag2(recovered, _map(tmp_path), tmp_path / "out.mcap")
+    assert read_log(tmp_path / "out.mcap").observations
