@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -277,6 +277,7 @@ def read_csv(file: str | Path, allow_extra_columns: bool = False, units: Mapping
     actions: list[int] = []
     controls: list[tuple[float, float]] = []
     columns: _Columns | None = None
+    missing: dict[str, list[int]] = {}  # column -> lines of its empty or NaN cells
     for line, row, columns in _rows(path, allow_extra_columns, units or {}):
         cells = {name: row[i].strip() for name, i in columns.index.items()}
         seconds = _number(path, line, TIME_COLUMN, cells[TIME_COLUMN])
@@ -285,9 +286,7 @@ def read_csv(file: str | Path, allow_extra_columns: bool = False, units: Mapping
                 f"{path}: line {line}, column 'time': {seconds!r} s is not after {times[-1]!r} s "
                 f"(line {lines[-1]}); time must strictly increase"
             )
-        values = [math.nan] * N_FEATURES
-        for name in columns.features:
-            values[FEATURE_INDEX[name]] = _number(path, line, name, cells[name])
+        values = _feature_values(path, line, cells, columns.features, missing)
         if columns.plan:
             plans.append([_number(path, line, name, cells[name]) for name in PLAN_NAMES])
         action = _action(path, line, cells[ACTION_COLUMN]) if cells.get(ACTION_COLUMN) else -1
@@ -317,7 +316,36 @@ def read_csv(file: str | Path, allow_extra_columns: bool = False, units: Mapping
     )
     _convert_units(path, data)
     data.warnings.extend(_range_warnings(data))
+    data.warnings.extend(
+        f"column '{name}': {len(at)} empty or NaN cell(s), from line {at[0]}, imported as missing readings "
+        f"(NaN): the controller takes a missing reading as invalid input at its tick, as it would live"
+        for name, at in missing.items()
+    )
     return data
+
+
+_MISSING_CELLS = frozenset({"", "nan", "na", "n/a"})
+
+
+def _feature_values(
+    path: Path, line: int, cells: Mapping[str, str], features: Sequence[str], missing: dict[str, list[int]]
+) -> list[float]:
+    """A row's features in the schema's order (NaN: not a column). An empty or NaN cell is a sensor
+    dropout, kept as a missing reading (its line noted in `missing`), except in ego_speed: every row's
+    labels and a derived ego_accel come from it."""
+    values = [math.nan] * N_FEATURES
+    for name in features:
+        cell = cells[name]
+        if cell.lower() in _MISSING_CELLS:
+            if name == "ego_speed":
+                raise CsvImportError(
+                    f"{path}: line {line}, column 'ego_speed': {cell or 'empty'}; every row needs ego_speed (the "
+                    f"labels and a derived ego_accel come from it): fill it or drop the row"
+                )
+            missing.setdefault(name, []).append(line)
+            continue
+        values[FEATURE_INDEX[name]] = _number(path, line, name, cell)
+    return values
 
 
 def _convert_units(path: Path, data: CsvData) -> None:

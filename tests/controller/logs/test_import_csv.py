@@ -74,7 +74,7 @@ def test_features_only_file_is_enough(tmp_path: Path) -> None:
         (lambda h, r: (h, r[:3] + [row("0.02")] + r[4:]), r"line 5, column 'time': 0\.02 s is not after 0\.02 s"),
         (
             lambda h, r: (h, r[:1] + [row("0.01", speed="nan")] + r[2:]),
-            r"line 3, column 'ego_speed': 'nan' is not a finite",
+            r"line 3, column 'ego_speed': nan; every row needs ego_speed",
         ),
         (lambda h, r: (h + ["colour"], [x + ["red"] for x in r]), r"line 1 \(header\): unknown column 'colour'"),
         (lambda h, r: (h, r[:1] + [row("0.01", action="swerve")] + r[2:]), r"line 3, column 'actual_action': 'swerve'"),
@@ -102,6 +102,27 @@ def test_malformed_files_name_file_line_and_column(tmp_path: Path, mutate, messa
         import_csv(src, tmp_path / "bad.mcap")
     assert str(caught.value).startswith(f"{src}: ")
     assert not (tmp_path / "bad.mcap").exists()  # nothing half-written
+
+
+def test_an_empty_or_nan_feature_cell_is_a_missing_reading(tmp_path: Path) -> None:
+    """Found by QA: a sensor dropout (an empty or NaN cell) could not be imported at all. It is kept
+    as a missing reading, as a live client would send it; inf is still refused, and ego_speed (every
+    row's labels) must be there."""
+    rows = [row(f"{i * 0.01:.2f}") for i in range(40)]
+    gap = HEADER.index("lead_distance")
+    for i, cell in ((10, ""), (11, "nan"), (12, "NaN"), (30, "NA")):
+        rows[i][gap] = cell
+    report = import_csv(write_csv(tmp_path / "dropout.csv", rows), tmp_path / "dropout.mcap")
+    data = read_log(tmp_path / "dropout.mcap")
+    assert len(data.observations) == 40
+    gaps = [o.features[FEATURE_INDEX["lead_distance"]] for o in data.observations]
+    assert [i for i, g in enumerate(gaps) if math.isnan(g)] == [10, 11, 12, 30]
+    assert all(g == 40.0 for i, g in enumerate(gaps) if i not in (10, 11, 12, 30))
+    said = " ".join(report.warnings)
+    assert "column 'lead_distance': 4 empty or NaN cell(s), from line 12, imported as missing readings" in said
+    rows[20][gap] = "inf"
+    with pytest.raises(CsvImportError, match=r"line 22, column 'lead_distance': 'inf' is not a finite number"):
+        import_csv(write_csv(tmp_path / "inf.csv", rows), tmp_path / "inf.mcap")
 
 
 def test_bytes_that_are_not_utf8_name_the_line(tmp_path: Path) -> None:
