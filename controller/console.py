@@ -50,3 +50,9 @@ def print_error(message: object) -> None:
     text = _TAG_LIKE.sub(r"\\\1", str(message))
     # soft_wrap: one line however long (the terminal wraps it; a log or a pipe keeps it whole)
     error_console.print(f"[red]error:[/] {text}", highlight=False, soft_wrap=True)
+
+
+def print_warning(message: object) -> None:
+    """A line on stderr that does not stop the command: what the user should know about what it runs."""
+    text = _TAG_LIKE.sub(r"\\\1", str(message))
+    error_console.print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)

@@ -116,6 +116,13 @@ def _replay(args: argparse.Namespace) -> int:
     )
     if args.no_gate:
         gates = []
+    elif not gates:  # the shipped gates are fitted to the shipped model only: another runs ungated
+        from dualloop.controller.console import print_warning
+
+        print_warning(
+            f"{args.model}: replayed with no OOD gate (the shipped gates fit only the shipped model); "
+            f"give its own with --gate, or --no-gate to say it is meant"
+        )
     if len(args.logs) == 1 and not args.ray and not args.workers:
         return _replay_recording(args, gates)
 

@@ -157,3 +157,14 @@ def test_the_real_time_figure_is_meaningful() -> None:
     assert "real time" not in format_report(ReplayReport(speedup=0.0))
     assert ": 0.42x real time (" in format_report(ReplayReport(speedup=0.42))
     assert ": 1234x real time (" in format_report(ReplayReport(speedup=1234.4))
+
+
+def test_a_model_replayed_without_gates_is_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by QA: another model (the int8 one too) replayed ungated, said only by a "gates none" in
+    the report; the shipped gates fit only the shipped model, so its replay takes them."""
+    log = slice_log(tmp_path / "drive.mcap", 0, 200, "s")
+    assert main(["replay", str(log), "--model", str(TEST_MODEL_PATH), "--no-write"]) == 0
+    assert "replayed with no OOD gate" in capsys.readouterr().err
+    assert main(["replay", str(log), "--model", str(TEST_MODEL_PATH), "--no-write", "--no-gate"]) == 0
+    assert main(["replay", str(log), "--no-write"]) == 0  # the shipped model with its gates
+    assert "no OOD gate" not in capsys.readouterr().err
