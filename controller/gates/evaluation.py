@@ -270,9 +270,13 @@ def separation(nominal: list[ScenarioScores], faulty: ScenarioScores, observable
     after = fault_active(faulty)
     with_demand = after & faulty.demand
     demand = np.minimum(verdict(faulty)[with_demand], big)
+    nan = float("nan")
+    # a short episode may hold no judged tick (low friction: no demand yet): NaN, not a crash; the
+    # caller says the scenario was not judged
+    judged = demand if observable == "under_demand" else outside
     return {
-        "auroc": ood.auroc(inside, outside),
-        "tnr_at_95tpr": ood.tnr_at_tpr(inside, outside, 0.95),
+        "auroc": ood.auroc(inside, outside) if outside.size else nan,
+        "tnr_at_95tpr": ood.tnr_at_tpr(inside, outside, 0.95) if outside.size else nan,
         "delay_median_ticks": float(np.median(d)),
         "delay_max_ticks": float(d.max()),
         "detected": float(np.isfinite(d).mean()),
@@ -282,7 +286,9 @@ def separation(nominal: list[ScenarioScores], faulty: ScenarioScores, observable
         "auroc_demand": ood.auroc(inside, demand) if demand.size else float("nan"),
         "vetoed_with_demand": float(faulty.alarm[with_demand].mean()) if demand.size else float("nan"),
         "judged_on": JUDGED_ON[observable],
-    } | {"auroc_judged": ood.auroc(inside, demand if observable == "under_demand" else outside)}
+        "judged_ticks": int(judged.size),
+        "auroc_judged": ood.auroc(inside, judged) if judged.size else nan,
+    }
 
 
 def targets(result: dict[str, Any]) -> dict[str, Any]:

@@ -16,12 +16,19 @@ class Check:
     limit: float | None
     passed: bool
     note: str = ""
+    # False: nothing to compare (no value on either side, no tick to judge on); not a failure, but
+    # a verdict made only of such checks is no pass (Qualification.verdict)
+    judged: bool = True
+
+    @property
+    def status(self) -> str:
+        return "n/a" if not self.judged else "pass" if self.passed else "FAIL"
 
     def line(self) -> str:
         """'FAIL stress: ECE nominal 0.210 (baseline 0.031, limit <= 0.051)'."""
         base = "" if self.baseline is None else f"baseline {_fmt(self.baseline)}, "
         limit = self.note if self.limit is None else f"limit {self.note}{_fmt(self.limit)}"
-        return f"{'pass' if self.passed else 'FAIL'} {self.step}: {self.name} {_fmt(self.candidate)} ({base}{limit})"
+        return f"{self.status} {self.step}: {self.name} {_fmt(self.candidate)} ({base}{limit})"
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
@@ -39,9 +46,10 @@ def no_worse(
     step: str, name: str, candidate: float, baseline: float, tolerance: float, higher_is_better: bool
 ) -> Check:
     """The candidate at most `tolerance` worse than the baseline. A value the baseline has and the
-    candidate lacks fails; one neither has is not judged (passes, said in the note)."""
+    candidate lacks fails; one the baseline lacks is not judged (said in the note)."""
     if not _finite(baseline):
-        return Check(step, name, candidate, baseline, None, True, "not judged: the baseline has no value")
+        why = "neither model has a value" if not _finite(candidate) else "the baseline has no value"
+        return Check(step, name, candidate, baseline, None, True, f"not judged: {why}", judged=False)
     limit = baseline - tolerance if higher_is_better else baseline + tolerance
     ok = _finite(candidate) and (candidate >= limit if higher_is_better else candidate <= limit)
     return Check(step, name, candidate, baseline, limit, bool(ok), ">= " if higher_is_better else "<= ")
@@ -50,3 +58,8 @@ def no_worse(
 def at_most(step: str, name: str, value: float, limit: float) -> Check:
     """An absolute limit (no baseline)."""
     return Check(step, name, value, None, limit, _finite(value) and value <= limit, "<= ")
+
+
+def not_judged(step: str, name: str, why: str) -> Check:
+    """A criterion with nothing to judge it on (`why` says what is missing)."""
+    return Check(step, name, None, None, None, True, f"not judged: {why}", judged=False)

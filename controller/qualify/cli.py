@@ -1,7 +1,8 @@
 """`dualloop qualify CANDIDATE.onnx [--baseline CURRENT.onnx] --logs ...`: the CI gate for a model change.
 
 Exit 0: every criterion met; 1: the candidate is worse than the baseline beyond a tolerance (the
-failed criteria are listed); 2: bad input (a file or a setting, named)."""
+failed criteria are listed); 2: bad input (a file or a setting, named), or inputs that left every
+criterion without anything to compare (NOT JUDGED, saying why)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from dualloop.controller.cli_types import positive_int, positive_number
 from dualloop.controller.console import console, print_error
 from dualloop.controller.qualify.criteria import load_criteria
-from dualloop.controller.qualify.report import summary_lines, write_report
+from dualloop.controller.qualify.report import prepare_out_dir, summary_lines, write_report
 from dualloop.controller.qualify.run import DEFAULT_STRESS_SEEDS, QualifyInputs, qualify
 from dualloop.controller.training.recorded import log_paths
 from dualloop.models import BASE_MODEL_PATH
@@ -76,6 +77,9 @@ def _qualify(args: argparse.Namespace) -> int:
     if args.stress_duration is not None and args.stress_duration <= 0:
         print_error(f"--stress-duration {args.stress_duration}: give a positive number of seconds")
         return 2
+    # first: a folder that cannot take the report is said before the work, and an earlier run's
+    # report is gone before this run can fail
+    prepare_out_dir(args.out)
     inputs = QualifyInputs(
         candidate=args.candidate,
         logs=log_paths(args.logs),
@@ -99,4 +103,5 @@ def _qualify(args: argparse.Namespace) -> int:
     for line in summary_lines(result):
         console.print(line, highlight=False, markup=False)
     console.print(f"report: {html_path}  json: {json_path}", highlight=False)
-    return 0 if result.passed else 1
+    # nothing judged is no evidence either way: not a pass, and not "worse" (1) either
+    return {"pass": 0, "fail": 1}.get(result.verdict, 2)

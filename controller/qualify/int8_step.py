@@ -17,16 +17,21 @@ from dualloop.executor.model_runner import DecisionModel
 STEP: Final = "int8"
 
 
-def run_int8_step(
-    fp32: DecisionModel, int8: DecisionModel, flag_drop: float, data_config: DataConfig = QUANT_DATA
-) -> dict[str, Any]:
-    """compare()'s report of the INT8 variant; ConfigError when it was not quantised from `fp32`."""
+def check_int8_source(fp32: DecisionModel, int8: DecisionModel) -> None:
+    """ConfigError unless `int8` was quantised from `fp32` (qualify checks it before any step runs)."""
     source = str(int8.card.training_metrics.get("quantized_from", ""))
     if source != fp32.card.version:
         raise ConfigError(
             f"--int8 {int8.path}: quantised from model version {source or '(not recorded)'}, not from the "
             f"candidate {fp32.path} (version {fp32.card.version}); quantise it with `dualloop quantize`"
         )
+
+
+def run_int8_step(
+    fp32: DecisionModel, int8: DecisionModel, flag_drop: float, data_config: DataConfig = QUANT_DATA
+) -> dict[str, Any]:
+    """compare()'s report of the INT8 variant; ConfigError when it was not quantised from `fp32`."""
+    check_int8_source(fp32, int8)
     seed = int(float(fp32.card.training_metrics.get("seed", 0)))
     data = generate(replace(data_config, history=tuple(fp32.card.history_names)), seed)
     norm = Normaliser.from_card(fp32.card)

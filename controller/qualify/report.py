@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.gates.plots import plot_histograms, plot_scores_over_time
 from dualloop.controller.qualify.plots import (
     plot_gate_detection,
@@ -30,7 +31,8 @@ body{font-family:system-ui,sans-serif;max-width:1200px;margin:1em auto;color:#22
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}
 td:first-child,th:first-child{text-align:left}.pass{color:#2a7d2a}.fail{color:#c0392b;font-weight:bold}
 .banner{padding:.6em 1em;font-size:1.3em;border-radius:4px}.banner.pass{background:#e6f4e6}
-.banner.fail{background:#fbe9e7}img{max-width:100%;border:1px solid #eee}pre{background:#f6f6f6;
+.banner.fail{background:#fbe9e7}.banner.notjudged{background:#fff4d6}.na{color:#888}
+img{max-width:100%;border:1px solid #eee}pre{background:#f6f6f6;
 padding:.5em;overflow-x:auto;font-size:12px}
 """
 
@@ -87,7 +89,7 @@ def _checks_html(q: Qualification) -> str:
             _f(c.candidate),
             _f(c.baseline),
             html.escape(c.note) + ("" if c.limit is None else _f(c.limit)),
-            f'<span class="{"pass" if c.passed else "fail"}">{"pass" if c.passed else "FAIL"}</span>',
+            f'<span class="{"na" if not c.judged else "pass" if c.passed else "fail"}">{c.status}</span>',
         ]
         for c in q.checks
     ]
@@ -113,7 +115,7 @@ def _stress_html(q: Qualification) -> str:
         gate_rows.append(
             [
                 name,
-                _f(r["auroc_judged"]),
+                html.escape(f"not judged ({r['not_judged']})") if r.get("not_judged") else _f(r["auroc_judged"]),
                 _f(r["detected"], True),
                 _f(r["delay_median_ticks"]),
                 _f(b.get("auroc_judged")),
@@ -133,15 +135,45 @@ def _stress_html(q: Qualification) -> str:
     return calib + gate + f"<p>{html.escape(fv)}</p>"
 
 
+REPORT_NAMES = ("qualify.json", "qualify.html")
+
+
+def prepare_out_dir(out_dir: Path) -> None:
+    """Before any step: --out made and writable (ConfigError, one line, otherwise), and the report of
+    an earlier run removed, so that a run that fails leaves none that a reader could take for its own."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".qualify-probe-"):
+            pass
+        for name in REPORT_NAMES:
+            (out_dir / name).unlink(missing_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"--out {out_dir}: cannot write the report there ({err.strerror or err}); give a folder you can write to"
+        ) from None
+
+
 def write_report(q: Qualification, out_dir: Path) -> tuple[Path, Path]:
-    """qualify.html and qualify.json in out_dir."""
+    """qualify.html and qualify.json in out_dir, each written under a temporary name and renamed
+    once both are complete: never a half-written report, nor a new JSON beside an old page."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = q.as_dict()
-    json_path = out_dir / "qualify.json"
-    json_path.write_text(json.dumps(_clean(data), indent=2, allow_nan=False))
+    json_path, html_path = (out_dir / n for n in REPORT_NAMES)
     with tempfile.TemporaryDirectory(prefix="qualify-plots-") as tmp:
         plots = _plots(q, Path(tmp))
-    verdict = "pass" if q.passed else "fail"
+    partial = {p: p.with_name(f".{p.name}.partial") for p in (json_path, html_path)}
+    try:
+        partial[json_path].write_text(json.dumps(_clean(q.as_dict()), indent=2, allow_nan=False))
+        partial[html_path].write_text(_page(q, plots, json_path.name))
+        for final, temp in partial.items():
+            temp.replace(final)
+    finally:
+        for temp in partial.values():
+            temp.unlink(missing_ok=True)
+    return html_path, json_path
+
+
+def _page(q: Qualification, plots: dict[str, list[str]], json_name: str) -> str:
+    verdict = q.verdict
     m = q.models
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>qualify {html.escape(m['candidate']['name'])}"
@@ -149,7 +181,7 @@ def write_report(q: Qualification, out_dir: Path) -> tuple[Path, Path]:
         f"<h1>Qualification of {html.escape(m['candidate']['path'])}</h1>",
         f"<p>candidate {html.escape(m['candidate']['name'])} {html.escape(m['candidate']['version'])} against baseline "
         f"{html.escape(m['baseline']['path'])} ({html.escape(m['baseline']['version'])})</p>",
-        f'<div class="banner {verdict}">{verdict.upper()}: {len(q.failed)} of {len(q.checks)} criteria failed</div>',
+        f'<div class="banner {verdict.replace(" ", "")}">{html.escape(_verdict_text(q))}</div>',
     ]
     if q.failed:
         parts.append("<ul>" + "".join(f"<li class='fail'>{html.escape(c.line())}</li>" for c in q.failed) + "</ul>")
@@ -203,11 +235,9 @@ def write_report(q: Qualification, out_dir: Path) -> tuple[Path, Path]:
         ]
     parts.append(
         f"<p>timings (s): {html.escape(json.dumps({k: round(v, 1) for k, v in q.timings_s.items()}))}; "
-        f"JSON: {html.escape(json_path.name)}</p></body></html>"
+        f"JSON: {html.escape(json_name)}</p></body></html>"
     )
-    html_path = out_dir / "qualify.html"
-    html_path.write_text("\n".join(parts))
-    return html_path, json_path
+    return "\n".join(parts)
 
 
 def _transfer_cells(c: Column | None) -> list[str]:
@@ -236,10 +266,18 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def _verdict_text(q: Qualification) -> str:
+    if q.verdict == "not judged":
+        return f"NOT JUDGED: nothing to compare ({q.why_not_judged()})"
+    if q.verdict == "fail":
+        return f"FAIL: {len(q.failed)} of {len(q.checks)} criteria failed"
+    unjudged = f" ({len(q.not_judged)} not judged)" if q.not_judged else ""
+    return f"PASS{unjudged}"
+
+
 def summary_lines(q: Qualification) -> list[str]:
     """What the terminal prints: every check, then the verdict and the failed criteria."""
     lines = [c.line() for c in q.checks]
-    verdict = "PASS" if q.passed else f"FAIL: {len(q.failed)} of {len(q.checks)} criteria failed"
-    lines.append(f"verdict: {verdict}")
+    lines.append(f"verdict: {_verdict_text(q)}")
     lines += [f"  failed: {c.line()}" for c in q.failed]
     return lines

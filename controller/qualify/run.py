@@ -22,12 +22,13 @@ from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.qualify.checks import Check
 from dualloop.controller.qualify.criteria import Criteria
-from dualloop.controller.qualify.int8_step import int8_checks, run_int8_step
+from dualloop.controller.qualify.int8_step import check_int8_source, int8_checks, run_int8_step
 from dualloop.controller.qualify.replay_step import ModelRun, ReplayStep, run_replay_step
 from dualloop.controller.qualify.shadow_step import ShadowStep, run_shadow_step
 from dualloop.controller.qualify.stress import STRESS_SEED0, StressResult, run_stress, stress_checks
 from dualloop.controller.qualify.transfer_step import read_transfer, transfer_checks
 from dualloop.controller.transfer.leave_out import TransferReport
+from dualloop.executor.model_card import ModelFileError
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, gates_beside
 from dualloop.ood import Gate
@@ -72,15 +73,33 @@ class Qualification:
         return [c for c in self.checks if not c.passed]
 
     @property
+    def not_judged(self) -> list[Check]:
+        return [c for c in self.checks if not c.judged]
+
+    @property
+    def verdict(self) -> str:
+        """'fail', 'pass', or 'not judged': no check had anything to compare, which is no evidence
+        that the candidate is as good (the command exits 2, as for inputs it cannot judge)."""
+        if self.failed:
+            return "fail"
+        return "pass" if len(self.not_judged) < len(self.checks) else "not judged"
+
+    @property
     def passed(self) -> bool:
-        return not self.failed
+        return self.verdict == "pass"
+
+    def why_not_judged(self) -> str:
+        """Why nothing was judged, from the checks' notes (each said once)."""
+        notes = dict.fromkeys(f"{c.step}: {c.note.removeprefix('not judged: ')}" for c in self.not_judged)
+        return "; ".join(notes) or "the inputs give no criterion to check"
 
     def as_dict(self) -> dict[str, Any]:
         i = self.inputs
         return {
             "schema": SCHEMA,
-            "verdict": "pass" if self.passed else "fail",
+            "verdict": self.verdict,
             "failed": [c.line() for c in self.failed],
+            "not_judged": [c.line() for c in self.not_judged],
             "checks": [c.as_dict() for c in self.checks],
             "models": self.models,
             "criteria": i.criteria.model_dump(),
@@ -127,6 +146,7 @@ class _Models:
     baseline_gates: tuple[Path, ...]
     candidate_gate_objects: list[Gate]
     baseline_gate_objects: list[Gate]
+    int8: DecisionModel | None = None
 
     @classmethod
     def load(cls, inputs: QualifyInputs) -> _Models:
@@ -151,7 +171,14 @@ class _Models:
         )
         cand_gates = [load_gate_for_model(g, cand_model) for g in cand_gate_paths]
         base_gates = [load_gate_for_model(g, base_model) for g in base_gate_paths]
-        return cls(cand_model, base_model, cand_gate_paths, base_gate_paths, cand_gates, base_gates)
+        int8 = None
+        if inputs.int8 is not None:  # now, not after the replay and the stress set
+            try:
+                int8 = DecisionModel(inputs.int8)
+            except ModelFileError as err:
+                raise ModelFileError(f"--int8 {err}") from None
+            check_int8_source(cand_model, int8)
+        return cls(cand_model, base_model, cand_gate_paths, base_gate_paths, cand_gates, base_gates, int8)
 
 
 def qualify(inputs: QualifyInputs, say: Callable[[str], None] = _quiet) -> Qualification:
@@ -175,6 +202,12 @@ def qualify(inputs: QualifyInputs, say: Callable[[str], None] = _quiet) -> Quali
     if inputs.transfer is not None:  # first: the headline, and the cheapest to refuse
         transfer = read_transfer(inputs.transfer)
         checks += transfer_checks(transfer)
+    shadow = None
+    if inputs.shadow:  # read before the replay: a log that is no shadow recording is refused before the replay
+        t = time.perf_counter()
+        say(f"(c) shadow evidence from {len(inputs.shadow)} logs")
+        shadow = run_shadow_step(inputs.shadow, cand_model.card, base_model.card)
+        timings["shadow"] = time.perf_counter() - t
 
     replay = None
     if inputs.logs:
@@ -205,20 +238,14 @@ def qualify(inputs: QualifyInputs, say: Callable[[str], None] = _quiet) -> Quali
         )
         checks += stress_checks(*stress, c.stress)
         timings["stress"] = time.perf_counter() - t
-
-    shadow = None
-    if inputs.shadow:
-        t = time.perf_counter()
-        say(f"(c) shadow evidence from {len(inputs.shadow)} logs")
-        shadow = run_shadow_step(inputs.shadow, cand_model.card, base_model.card)
+    if shadow is not None:
         checks += shadow.checks(c.shadow)
-        timings["shadow"] = time.perf_counter() - t
 
     int8 = None
-    if inputs.int8 is not None:
+    if m.int8 is not None:
         t = time.perf_counter()
         say(f"INT8: {inputs.int8} against the candidate, per class")
-        int8 = run_int8_step(cand_model, DecisionModel(inputs.int8), c.int8.max_recall_drop)
+        int8 = run_int8_step(cand_model, m.int8, c.int8.max_recall_drop)
         checks += int8_checks(int8, c.int8)
         timings["int8"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0

@@ -22,8 +22,8 @@ import numpy as np
 
 from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.contract.shadow import ShadowAgreement
-from dualloop.controller.logs.logfile import read_sessions
-from dualloop.controller.qualify.checks import Check, at_most, no_worse
+from dualloop.controller.logs.logfile import LogFileError, read_sessions
+from dualloop.controller.qualify.checks import Check, at_most, no_worse, not_judged
 from dualloop.controller.qualify.criteria import ShadowCriteria
 from dualloop.executor.model_card import ModelCard
 from dualloop.v2 import controller_pb2 as pb
@@ -73,7 +73,10 @@ def read_shadow_evidence(paths: Sequence[Path], card: ModelCard) -> dict[str, Sh
     out: dict[str, ShadowEvidence] = {}
     n_ctl, actions = len(card.controls), list(card.actions)
     for path in paths:
-        sessions = read_sessions(path)
+        try:
+            sessions = read_sessions(path)
+        except (LogFileError, OSError) as err:  # the message names the file; say which flag gave it
+            raise LogFileError(f"--shadow {err}; give recordings of `dualloop serve --record-dir`") from None
         for sid, data in sessions.items():
             if not data.snapshots:
                 continue
@@ -161,28 +164,29 @@ class ShadowStep:
     candidate: ShadowEvidence
     baseline: ShadowEvidence | None
     versions: dict[str, int]  # every model version in the logs -> ticks
+    baseline_version: str = ""
+
+    def _agreement(self, name: str, cand: float, base: float, c: ShadowCriteria) -> Check:
+        """no_worse, or not judged naming what the logs lack: the stack's actual actions (sessions
+        recorded without them) or the baseline's ticks."""
+        if not np.isfinite(base):
+            version = f" (version {self.baseline_version})" if self.baseline_version else ""
+            who = f"the baseline{version} has no" if np.isfinite(cand) else "neither model has a"
+            return not_judged(STEP, name, f"{who} tick with the stack's actual action in the shadow logs")
+        return no_worse(STEP, name, cand, base, c.agreement_drop, True)
 
     def checks(self, c: ShadowCriteria) -> list[Check]:
         out = []
         if self.candidate.ticks:  # served as the live model: its applied decisions
             cand = self.candidate.applied.agreement() if self.candidate.applied else float("nan")
             base = self.baseline.applied.agreement() if self.baseline and self.baseline.applied else float("nan")
-            out.append(no_worse(STEP, "shadow agreement (applied vs actual)", cand, base, c.agreement_drop, True))
+            out.append(self._agreement("shadow agreement (applied vs actual)", cand, base, c))
             if c.max_veto_rate is not None:
                 out.append(at_most(STEP, "shadow veto rate", self.candidate.veto_rate, c.max_veto_rate))
         if self.candidate.beside_ticks:  # beside the live model: proposals against the live model's
             cand = self.candidate.beside.agreement() if self.candidate.beside else float("nan")
             base = self.baseline.proposed.agreement() if self.baseline and self.baseline.proposed else float("nan")
-            out.append(
-                no_worse(
-                    STEP,
-                    "shadow agreement beside the live model (proposed vs actual)",
-                    cand,
-                    base,
-                    c.agreement_drop,
-                    True,
-                )
-            )
+            out.append(self._agreement("shadow agreement beside the live model (proposed vs actual)", cand, base, c))
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -205,4 +209,4 @@ def run_shadow_step(paths: Sequence[Path], candidate: ModelCard, baseline: Model
             "Record shadow sessions with the candidate as the live model or beside it (dualloop serve "
             "--record-dir [--candidate CANDIDATE.onnx])."
         )
-    return ShadowStep(cand, evidence.get(baseline.version), versions)
+    return ShadowStep(cand, evidence.get(baseline.version), versions, baseline.version)

@@ -24,7 +24,7 @@ from dualloop import ood
 from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.gates.evaluation import false_vetoes, score_episodes, separation
 from dualloop.controller.gates.scores import ScenarioScores, fault_active
-from dualloop.controller.qualify.checks import Check, no_worse
+from dualloop.controller.qualify.checks import Check, no_worse, not_judged
 from dualloop.controller.qualify.criteria import StressCriteria
 from dualloop.controller.training.calibration import expected_calibration_error, nll, probabilities
 from dualloop.executor.model_runner import DecisionModel
@@ -168,13 +168,26 @@ def run_stress(
         nominal=calibration(NOMINAL_SCENARIOS),
         stressed=calibration([*names, MISSING]),
         per_scenario={k: calibration([k]) for k in [*names, MISSING]},
-        gate={n: separation(nominal, scores[n], SCENARIOS[n].observable) for n in names},
+        gate={n: _detection(nominal, scores[n], n, params.get("duration_s")) for n in names},
         false_vetoes=false_vetoes(nominal),
         missing_vetoed=float(missing.alarm[missing.valid].mean()) if missing.valid.any() else float("nan"),
         gates=len(gates),
         threshold=gates[0].threshold if len(gates) == 1 and gates[0].actuation is None else 1.0,
         scores=scores,
     )
+
+
+def _detection(
+    nominal: list[ScenarioScores], faulty: ScenarioScores, name: str, duration_s: float | None
+) -> dict[str, Any]:
+    """separation() of the scenario; with `not_judged` saying why when no tick is judged (low friction
+    is judged only where the car is asked to brake or accelerate, which a short episode may not ask)."""
+    r = separation(nominal, faulty, SCENARIOS[name].observable)
+    if not r["judged_ticks"]:
+        longer = f"episodes longer than {duration_s:g} s" if duration_s is not None else "more seeds"
+        what = "with a braking or acceleration demand " if SCENARIOS[name].observable == "under_demand" else ""
+        r["not_judged"] = f"no tick {what}after the fault's onset in {name}'s episodes; give {longer}"
+    return r
 
 
 def stress_checks(cand: StressResult, base: StressResult, c: StressCriteria) -> list[Check]:
@@ -203,6 +216,10 @@ def stress_checks(cand: StressResult, base: StressResult, c: StressCriteria) -> 
     ]
     for name, r in cand.gate.items():
         b = base.gate.get(name)
+        why = r.get("not_judged") or (b or {}).get("not_judged")
+        if why:  # the same episodes for both models: neither has a tick to judge on
+            out.append(not_judged(STEP, f"gate AUROC on {name} ({r['judged_on']})", why))
+            continue
         out.append(
             no_worse(
                 STEP,
