@@ -64,11 +64,14 @@ def check_compatible(live: DecisionModel, candidate: DecisionModel, sessions_ope
             f"(the sessions' history rings are the live model's)"
         )
     if why:
+        # the schema hash leaves the history features out: name it only when it differs
+        schema = "" if cc.schema_hash() == lc.schema_hash() else f" (schema {cc.schema_hash()})"
+        held = f"its {sessions_open} open session(s) send" if sessions_open else "its sessions send"
         raise SwapRefused(
-            f"candidate {cc.name} {cc.version} (schema {cc.schema_hash()}) cannot run on the input of live model "
-            f"{lc.name} {lc.version} (schema {lc.schema_hash()}): {'; '.join(why)}. The {sessions_open} open "
-            f"session(s) were opened for the live schema and would change schema: the whole swap is refused. "
-            f"Serve a model of another schema on a new server (or restart this one with it)."
+            f"candidate {cc.name} {cc.version}{schema} cannot run on the input of live model {lc.name} "
+            f"{lc.version} (schema {lc.schema_hash()}): {'; '.join(why)}. A swap keeps the server's input "
+            f"({held} the live model's): the whole swap is refused. Serve a model of another schema on a new "
+            f"server (or restart this one with it)."
         )
 
 
