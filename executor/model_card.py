@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -20,22 +20,25 @@ FORMAT_VERSION: Final = 1
 # Training metrics that are measurements of this machine at export time, not properties of the
 # model: stored in the card, left out of the version hash so a retrain reproduces the version.
 MEASURED_METRICS = ("forward_b1_p50_us", "forward_b1_p99_us")
+# A number the executor computes with: a finite int or float, never a string pydantic would parse
+# ("25" in a TOML card is a typo or a quoting slip) and never inf/nan (a card's JSON cannot hold them).
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
 class FeatureSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     unit: str
-    mean: float = 0.0
-    std: float = Field(1.0, gt=0.0)
+    mean: Number = 0.0
+    std: Number = Field(1.0, gt=0.0)
 
 
 class ControlSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     unit: str
-    min: float
-    max: float
+    min: Number
+    max: Number
 
     @model_validator(mode="after")
     def _range(self) -> ControlSpec:
@@ -49,7 +52,7 @@ class SafeAction(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     action: str
-    controls: list[float]
+    controls: list[Number]
 
 
 class IONames(BaseModel):
@@ -77,7 +80,7 @@ class ModelCard(BaseModel):
     version: str = ""  # content hash, filled in by the exporter
     features: list[FeatureSpec] = Field(min_length=1)
     plan: list[FeatureSpec] = Field(min_length=1)
-    plan_default: list[float]
+    plan_default: list[Number]
     # Plan fields of plan_default raised to a feature of the session's newest observation while it has
     # no valid plan (plan field -> feature), where that feature is measured (executor.default_plan).
     plan_default_at_least: dict[str, str] = {}
@@ -98,7 +101,7 @@ class ModelCard(BaseModel):
     # mean/std normalise them as the wire features'. Empty: the model sees one observation.
     history_features: list[FeatureSpec] = []
     # Softmax temperature fitted on held-out data; 1.0 means uncalibrated.
-    temperature: float = Field(1.0, gt=0.0)
+    temperature: Number = Field(1.0, gt=0.0)
     training_metrics: dict[str, float | str] = {}
 
     @model_validator(mode="after")

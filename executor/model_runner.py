@@ -10,6 +10,7 @@ import onnxruntime as ort
 
 from dualloop.executor.history import HistoryDeriver, HistoryError
 from dualloop.executor.model_card import METADATA_KEY, ModelCard, ModelFileError, parse_card
+from dualloop.executor.model_version import UnreadableModel, content_version
 
 
 @dataclass(slots=True)
@@ -49,6 +50,24 @@ def _session_options() -> ort.SessionOptions:
     return opts
 
 
+def check_card_version(path: str | Path, card: ModelCard) -> str:
+    """The file's content hash; ModelFileError unless it is the card's version. A version names a
+    model everywhere (snapshots, gates fitted on it, PromoteCandidate, the shadow tally), so a graph
+    changed under an old card must not serve under that name, nor with that model's gates."""
+    try:
+        content = content_version(path, card)
+    except (UnreadableModel, OSError) as err:
+        raise ModelFileError(f"{path}: cannot hash its graph to check its card's version ({err})") from None
+    if content != card.version:
+        raise ModelFileError(
+            f"{path}: its card says version {card.version!r} but its graph and card hash to {content}: the graph "
+            f"or card was changed after the version was written. Re-version it with `dualloop card attach` "
+            f"(`dualloop card init {path}` drafts the card from the embedded one) and refit its gates, which are "
+            f"bound to the version, or export the model again"
+        )
+    return content
+
+
 class DecisionModel:
     """One onnxruntime session; `forward` runs a whole batch of sessions in one call."""
 
@@ -66,6 +85,7 @@ class DecisionModel:
             self._check_graph()
         except UnicodeDecodeError as err:
             raise ModelFileError(f"{path}: its metadata or graph names are not UTF-8 text ({err})") from None
+        check_card_version(self.path, self.card)  # after the card and graph checks: theirs say more
         try:  # what the executor derives from a session's stream for this model (None: nothing)
             self.history = (
                 HistoryDeriver(self.card.history_names, self.card.feature_names) if self.card.history_features else None

@@ -10,6 +10,8 @@ under METADATA_KEY; `check_model` loads the result exactly as the server would a
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import tempfile
 import tomllib
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ class CardError(ModelFileError):
 class Tensor:
     name: str
     shape: tuple[int | str, ...]  # a str is a symbolic (or unknown) dimension
+    elem_type: int = onnx.TensorProto.FLOAT
 
     @property
     def width(self) -> int | None:
@@ -61,7 +64,9 @@ def _shape(vi: onnx.ValueInfoProto) -> tuple[int | str, ...]:
 def graph_io(model: onnx.ModelProto) -> tuple[list[Tensor], list[Tensor]]:
     # older IR versions list initializers among the inputs: they are weights, not inputs to feed
     weights = {i.name for i in model.graph.initializer}
-    inputs = [Tensor(i.name, _shape(i)) for i in model.graph.input if i.name not in weights]
+    inputs = [
+        Tensor(i.name, _shape(i), i.type.tensor_type.elem_type) for i in model.graph.input if i.name not in weights
+    ]
     outputs = [Tensor(o.name, _shape(o)) for o in model.graph.output]
     return inputs, outputs
 
@@ -140,13 +145,55 @@ def template(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     return doc, comments
 
 
-def template_text(path: Path) -> str:
+def input_type_warnings(graph: onnx.ModelProto) -> list[str]:
+    """Inputs the executor cannot feed: it passes float32, and onnxruntime refuses any other type
+    (what `card check` reports as "the graph fails on a batch of zeros ... Unexpected input data type")."""
+    out = []
+    for t in graph_io(graph)[0]:
+        if t.elem_type != onnx.TensorProto.FLOAT:
+            kind = onnx.TensorProto.DataType.Name(t.elem_type).lower()
+            out.append(
+                f"input {t.name!r} is {kind}, but dualloop feeds float32: `card check` and the server will "
+                f"refuse the graph; export it with float32 inputs (or a Cast node after them)"
+            )
+    return out
+
+
+def embedded_card(graph: onnx.ModelProto, path: Path) -> ModelCard | None:
+    """The card already in the model, None without one; CardError for one that does not parse (the
+    user fixes it, or removes it, rather than losing it to a template of TODOs)."""
+    raw = next((p.value for p in graph.metadata_props if p.key == METADATA_KEY), None)
+    if raw is None:
+        return None
+    try:
+        return ModelCard.model_validate_json(raw)
+    except ValidationError as err:
+        problems = "; ".join(f"{_where(tuple(e['loc']))}: {e['msg']}" for e in err.errors())
+        raise CardError(f"{path}: its embedded card is invalid ({problems}); `dualloop card check {path}`") from None
+
+
+def template_text(path: Path) -> tuple[str, ModelCard | None, list[str]]:
+    """The card file `card init` writes, the embedded card it started from (None: the graph) and the
+    warnings about the graph. A model that has a card keeps its values: re-versioning a model whose
+    graph changed (or editing one field) must not mean typing the card in again."""
+    graph = load_graph(path)
+    warnings = input_type_warnings(graph)
+    notes = "".join(f"# WARNING: {w}\n" for w in warnings)
+    card = embedded_card(graph, path)
+    if card is not None:
+        doc = json.loads(card.to_json())
+        del doc["version"]  # attach writes the version of what it embeds
+        head = (
+            f"# dualloop model card for {path.name}, written by `dualloop card init` from the card embedded "
+            f"in it (version {card.version}).\n# Edit what changed, then: dualloop card attach {path.name} THIS.toml\n"
+        )
+        return head + notes + toml_text.dumps(doc), card, warnings
     doc, comments = template(path)
     head = (
         f"# dualloop model card for {path.name}, written by `dualloop card init` from the graph.\n"
         f"# Replace every TODO, then: dualloop card attach {path.name} THIS.toml\n"
     )
-    return head + toml_text.dumps(doc, comments)
+    return head + notes + toml_text.dumps(doc, comments), None, warnings
 
 
 def _where(loc: tuple[int | str, ...]) -> str:
@@ -232,13 +279,31 @@ def attach(model_path: Path, card_path: Path, out: Path) -> ModelCard:
     card = read_card(card_path)
     graph = load_graph(model_path)
     combined, card = with_card(graph, card)
-    with tempfile.TemporaryDirectory() as tmp:
-        trial = Path(tmp) / "model.onnx"
-        trial.write_bytes(combined.SerializeToString(deterministic=True))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside `out` and renamed over it: `out` is often the model itself (attach without
+    # --out), which a crash or a full disk mid-write must not leave half-written, and a reader (a
+    # server loading it) sees the old file or the new one, never a mix.
+    fd, name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    trial = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(combined.SerializeToString(deterministic=True))
         check_model(trial, f"{model_path} with {card_path}")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(trial.read_bytes())
+        os.chmod(trial, _mode_for(out))
+        os.replace(trial, out)
+    finally:
+        trial.unlink(missing_ok=True)
     return card
+
+
+def _mode_for(out: Path) -> int:
+    """The mode `out` has (or a new file would get): mkstemp's 0600 must not replace it."""
+    try:
+        return out.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def check(model_path: Path, card_path: Path | None) -> ModelCard:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from dualloop.controller.cards.cards import attach, check, template_text
-from dualloop.controller.console import console
+from dualloop.controller.console import console, error_console
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g = card_sub.add_parser("attach", help="validate a completed card and embed it in the model")
     g.add_argument("model", type=Path)
     g.add_argument("card", type=Path)
-    g.add_argument("--out", type=Path, help="default: overwrite MODEL")
+    g.add_argument("--out", type=Path, help="default: replace MODEL (written beside it, then renamed over it)")
     g.set_defaults(fn=_attach)
     g = card_sub.add_parser("check", help="check a card (embedded, or CARD.toml) against the graph")
     g.add_argument("model", type=Path)
@@ -30,11 +30,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _init(args: argparse.Namespace) -> int:
     out: Path = args.out or args.model.with_suffix(".card.toml")
-    text = template_text(args.model)
+    text, card, warnings = template_text(args.model)
+    for warning in warnings:  # before anything else: no card makes such a graph run
+        error_console.print(f"[yellow]warning:[/] {args.model}: {warning}", highlight=False, soft_wrap=True)
     if out.exists() and not args.force:
         raise FileExistsError(f"{out}: exists; pass --force to overwrite it")
     out.write_text(text, encoding="utf-8")
-    console.print(f"wrote {out}: fill in every TODO, then `dualloop card attach {args.model} {out}`")
+    if card is not None:
+        console.print(
+            f"wrote {out} from the card embedded in {args.model} (version {card.version}): edit what changed, "
+            f"then `dualloop card attach {args.model} {out}`"
+        )
+    else:
+        console.print(f"wrote {out}: fill in every TODO, then `dualloop card attach {args.model} {out}`")
     return 0
 
 

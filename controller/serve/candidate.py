@@ -22,7 +22,7 @@ from dualloop.executor.core import Executor
 from dualloop.executor.gating import GateMismatch
 from dualloop.executor.model_card import ModelFileError
 from dualloop.executor.model_cost import OverBudget, check_candidate
-from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.model_runner import DecisionModel, check_card_version
 from dualloop.executor.model_version import UnreadableModel, content_version
 from dualloop.v2 import controller_pb2 as pb
 
@@ -39,19 +39,10 @@ def check_version(live: DecisionModel, candidate: DecisionModel) -> None:
     with the live model's version is the live model's graph: a version is what identifies it
     (PromoteCandidate's expected_version, the shadow tally, every snapshot)."""
     card = candidate.card
-    try:
-        content = content_version(candidate.path, card)
-    except (UnreadableModel, OSError) as err:
-        raise CandidateError(
-            grpc.StatusCode.INVALID_ARGUMENT, f"candidate model {candidate.path}: cannot hash its graph ({err})"
-        ) from None
-    if content != card.version:
-        raise CandidateError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"candidate model {candidate.path}: its card says version {card.version!r} but its graph and card hash "
-            f"to {content}: the graph or card was changed after the version was written. Attach the card again "
-            f"(dualloop card attach) or export the model again",
-        )
+    try:  # DecisionModel checked it when it loaded; the file may have been replaced since
+        content = check_card_version(candidate.path, card)
+    except ModelFileError as err:
+        raise CandidateError(grpc.StatusCode.INVALID_ARGUMENT, f"candidate model {err}") from None
     if card.version == live.card.version:
         try:
             live_content = content_version(live.path, live.card)
@@ -82,7 +73,11 @@ def load_candidate(executor: Executor, model_path: Path | str, gate_paths: Seque
         raise CandidateError(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
     gates = []
     for path in gate_paths:
-        try:
+        try:  # a file that cannot be read as a gate (missing, damaged, edited) is the caller's argument
+            ood.load_gate(Path(path))
+        except (OSError, ood.GateFileError) as err:
+            raise CandidateError(grpc.StatusCode.INVALID_ARGUMENT, f"candidate gate {path}: {err}") from None
+        try:  # a readable gate fitted on another model does not fit this candidate (docs/contract.md)
             gates.append(load_gate_for_model(Path(path), model))
         except OSError as err:
             raise CandidateError(grpc.StatusCode.INVALID_ARGUMENT, f"candidate gate {path}: {err}") from None

@@ -352,9 +352,22 @@ def admin(args: argparse.Namespace) -> int:
                     highlight=False,
                 )
         except grpc.RpcError as err:
-            console.print(f"[red]error:[/] {err.code().name}: {err.details()}", highlight=False)
+            console.print(
+                f"[red]error:[/] {err.code().name}: {err.details()}{_no_token(err, token, args)}", highlight=False
+            )
             return 1
     return 0
+
+
+def _no_token(err: grpc.RpcError, token: str, args: argparse.Namespace) -> str:
+    """Why an UNAUTHENTICATED call carried no token: the server's message cannot know where this
+    command reads it from, and an unset variable is the usual cause."""
+    if err.code() != grpc.StatusCode.UNAUTHENTICATED or token:
+        return ""
+    return (
+        f" (this command sent no token: ${args.token_env} is unset or empty; export the admin token in it, "
+        f"or name another variable with --token-env)"
+    )
 
 
 def info(args: argparse.Namespace) -> int:
