@@ -9,6 +9,8 @@ Needs the `onnx` package (dev/train extra); the runtime only needs onnxruntime.
 from __future__ import annotations
 
 import hashlib
+import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,5 +105,20 @@ def export_mlp(weights: MLPWeights, card: ModelCard, path: Path) -> ModelCard:
     helper.set_model_props(model, {METADATA_KEY: card.to_json()})
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(model.SerializeToString(deterministic=True))
+    write_atomically(path, model.SerializeToString(deterministic=True))
     return card
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temp file beside ``path`` and rename it over ``path``: a server loading the
+    model (or a hot swap) never reads half a file, and a failed write leaves the old model whole. The
+    temp file is created as a plain open would (0o666 less the umask), so the model keeps its mode."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

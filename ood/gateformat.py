@@ -15,8 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-from typing import Any, Protocol
+import secrets
+from typing import IO, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -153,6 +153,23 @@ def content_hash(gate: GateContent) -> str:
     return digest(metadata(gate), canonical_arrays(gate))
 
 
+def _temp_beside(path: str) -> tuple[IO[bytes], str]:
+    """A new temp file in ``path``'s folder (the rename is then atomic), created as a plain open creates
+    a file: mode 0o666 less the umask. mkstemp made it 0600, so a gate fitted on the host was unreadable
+    to the container's user (uid 10001) it was mounted into, where the shipped gates are 644."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"{path}: no folder {directory} to write the gate in; make it first")
+    for _ in range(100):
+        tmp = os.path.join(directory, f".gate-{secrets.token_hex(6)}.npz.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:  # another writer's name: draw again
+            continue
+        return os.fdopen(fd, "wb"), tmp
+    raise FileExistsError(f"{path}: no free temp file name in {directory}")
+
+
 def save_gate(gate: GateContent, path: str | os.PathLike[str]) -> str:
     """Write atomically (temp file + rename) so a reader never sees half a gate. Returns the hash."""
     path = os.fspath(path)
@@ -161,10 +178,9 @@ def save_gate(gate: GateContent, path: str | os.PathLike[str]) -> str:
     version_hash = digest(meta, arrays)
     # Any: np.savez's stub reads a ** dict as if it might hold its allow_pickle flag
     entries: dict[str, Any] = {"metadata": np.array(canonical_json({**meta, "version_hash": version_hash})), **arrays}
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".gate-", suffix=".npz.tmp", dir=directory)
+    f, tmp = _temp_beside(path)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with f:
             np.savez_compressed(f, **entries)  # file handle: no ".npz" appended
         os.replace(tmp, path)
     except BaseException:

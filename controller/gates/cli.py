@@ -7,8 +7,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from dualloop.controller.cli_types import positive_int, whole_number
 from dualloop.controller.console import console, print_error
-from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.gates import fault_injection
 from dualloop.controller.gates.evaluation import evaluate, present_mask
@@ -16,10 +16,33 @@ from dualloop.controller.gates.fitting import GateFitConfig, fit_gate_for_model
 from dualloop.controller.gates.real_faults import evaluate_real, jsonable, print_real
 from dualloop.controller.gates.real_logs import RealDataError, load_real_dir
 from dualloop.controller.replay.lockstep import LoadedModel
+from dualloop.controller.training.cli import out_dir_problem, out_file_problem
+from dualloop.controller.training.recorded import recorded_drives_problem
 from dualloop.executor.gating import GATE_SOURCES
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.ood.calibrate import check_alpha
+from dualloop.sim.schema import FEATURE_NAMES, PLAN_NAMES
+
+# The rarest --alpha the fit can calibrate: a conformal quantile at alpha needs 1/alpha - 1 held-out rows
+# (ood.calibrate_threshold), and the raw-input source's calibration driving gives about 160 000 (the
+# decision vector's about 745 000). Below it the fit ran its minutes, then the calibration raised.
+MIN_ALPHA = 1e-5
+
+
+def alpha_problem(alpha: float) -> str | None:
+    """What is wrong with --alpha (None: nothing): outside (0, 1), or rarer than the held-out driving
+    can state (MIN_ALPHA)."""
+    try:
+        check_alpha(alpha, "--alpha")
+    except ValueError as err:
+        return str(err)
+    if alpha < MIN_ALPHA:
+        return (
+            f"--alpha {alpha:g}: rarer than the fit's held-out driving can calibrate (about 160 000 rows state "
+            f"quantiles down to {MIN_ALPHA:g}); give --alpha {MIN_ALPHA:g} or more"
+        )
+    return None
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,11 +58,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "their values and on their change between observations)",
     )
     g.add_argument("--variant", choices=["single", "tied", "relative"], default="single")
-    g.add_argument("--alpha", type=float, default=1e-3, help="per-tick false-veto rate to calibrate at")
+    g.add_argument(
+        "--alpha", type=float, default=1e-3, help=f"per-tick false-veto rate to calibrate at ({MIN_ALPHA:g} to 1)"
+    )
     g.add_argument(
         "--out",
         type=Path,
-        help="default: models/base.gate.npz (decision vector) or models/base.inputs.gate.npz (input features)",
+        help="default: beside the model, named after it (<stem>.gate.npz for the decision vector, "
+        "<stem>.inputs.gate.npz for the input features); the shipped model's: models/base.gate.npz and "
+        "models/base.inputs.gate.npz",
     )
     g.add_argument(
         "--no-actuation",
@@ -81,25 +108,58 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(dualloop logs, or a shared data set such as ../shared/data/comma2k19-example1) and replay them "
         "(docs/real-faults.md); --check then judges the real-fault targets",
     )
-    g.add_argument("--episodes", type=int, default=40, help="--real: episodes per fault and signal per data set")
-    g.add_argument("--seed", type=int, default=0, help="--real: the seed of every fault's times and magnitudes")
-    g.add_argument("--max-logs", type=int, help="--real: at most this many logs per data set (chosen by the seed)")
+    g.add_argument(
+        "--episodes", type=positive_int, default=40, help="--real: episodes per fault and signal per data set"
+    )
+    g.add_argument(
+        "--seed", type=whole_number(0), default=0, help="--real: the seed of every fault's times and magnitudes"
+    )
+    g.add_argument(
+        "--max-logs", type=positive_int, help="--real: at most this many logs per data set (chosen by the seed)"
+    )
     g.add_argument(
         "--faults", help=f"--real: comma-separated faults (default: all of {', '.join(fault_injection.FAULTS)})"
     )
     g.set_defaults(fn=_gate_eval)
 
 
+def default_gate_path(model: Path, source: str) -> Path:
+    """Where `gate fit` writes without --out: the shipped model's gates to the shipped paths; any other
+    model's beside it, named after it (as gates_beside finds them and the refit suggestion names them),
+    never over the shipped gate, which serves the shipped model."""
+    if Path(model).resolve() == BASE_MODEL_PATH.resolve():
+        return DEFAULT_GATES[GATE_SOURCES.index(source)]
+    return Path(model).with_suffix(".inputs.gate.npz" if source == "input_features" else ".gate.npz")
+
+
+def _fit_problem(args: argparse.Namespace, model: DecisionModel) -> str | None:
+    """What is wrong with `gate fit`'s arguments, before minutes of driving and fitting (None: nothing)."""
+    problem = alpha_problem(args.alpha)
+    if problem is not None:
+        return problem
+    card = model.card
+    if tuple(card.feature_names) != FEATURE_NAMES or tuple(p.name for p in card.plan) != PLAN_NAMES:
+        n, sim = len(card.feature_names), len(FEATURE_NAMES)
+        differs = f"takes {n} features, the simulator sends {sim}" if n != sim else "names other features or plan"
+        return (
+            f"--model {args.model}: gates fit only models on the simulator schema (the fit drives the simulator; "
+            f"this model {differs}); serve it without gates (docs/operations.md)"
+        )
+    problem = out_file_problem(args.out)
+    if problem is not None:
+        return problem
+    return recorded_drives_problem(args.real_logs, "--real-logs") if args.real_logs else None
+
+
 def _gate_fit(args: argparse.Namespace) -> int:
-    try:  # before minutes of fitting: the calibration at the end checked it only after them
-        check_alpha(args.alpha, "--alpha")
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    for path in args.real_logs:
-        if not path.exists():
-            print_error(f"--real-logs {path}: no such file or folder")
-            return 2
     model = DecisionModel(args.model)
+    if args.out is None:  # said first, so that a refusal below already names it
+        args.out = default_gate_path(args.model, args.source)
+        console.print(f"no --out: the gate goes to {args.out}", highlight=False)
+    problem = _fit_problem(args, model)
+    if problem is not None:
+        print_error(problem)
+        return 2
     real = tuple(str(p) for p in args.real_logs)
     console.print(
         f"fitting a {args.variant} gate on {args.source} of {args.model} from simulated nominal driving"
@@ -110,7 +170,7 @@ def _gate_fit(args: argparse.Namespace) -> int:
         source=args.source, variant=args.variant, alpha=args.alpha, actuation=not args.no_actuation, real_logs=real
     )
     gate = fit_gate_for_model(model, config)
-    out = args.out or DEFAULT_GATES[GATE_SOURCES.index(args.source)]
+    out = args.out
     digest = gate.save(str(out))
     cal = gate.calibration
     console.print(
@@ -144,6 +204,10 @@ def _gate_eval(args: argparse.Namespace) -> int:
     model = DecisionModel(args.model)
     present = None if not args.present else [n.strip() for n in args.present.split(",") if n.strip()]
     present_mask(model, present)  # a name the model lacks: refused before the gates load and scoring starts
+    problem = out_dir_problem(args.out)  # made before minutes of scoring and closed loop: it was made after
+    if problem is not None:
+        print_error(problem)
+        return 2
     gates = [load_gate_for_model(g, model) for g in (args.gate or DEFAULT_GATES)]
     result = evaluate(model, gates, out_dir=args.out, console=console, present=present)
     (args.out / "gate_eval.json").write_text(json.dumps(result, indent=2, default=float))
@@ -157,11 +221,11 @@ def _gate_eval_real(args: argparse.Namespace) -> int:
     if unknown:
         print_error(ValueError(f"--faults: unknown {unknown}; known: {', '.join(fault_injection.FAULTS)}"))
         return 2
-    if args.episodes < 1 or (args.max_logs is not None and args.max_logs < 1):
-        print_error(ValueError("--episodes and --max-logs must be at least 1"))
+    problem = out_dir_problem(args.out)
+    if problem is not None:
+        print_error(problem)
         return 2
     loaded = LoadedModel.load(args.model, args.gate or DEFAULT_GATES)
-    args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dualloop-real-faults-") as scratch:
         try:
             datasets = [load_real_dir(d, Path(scratch)) for d in args.real]

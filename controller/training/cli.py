@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from dualloop.controller.cli_types import whole_number
 from dualloop.controller.console import console, print_error
-from dualloop.controller.logs.bulk import MAGIC
 from dualloop.controller.training.calibration_guard import CalibrationGuard, CalibrationRefused
 from dualloop.controller.training.driving_card import build_test_model
-from dualloop.controller.training.recorded import log_paths
+from dualloop.controller.training.recorded import recorded_drives_problem
 from dualloop.controller.training.report import print_summary, progress_hooks
 from dualloop.controller.training.trainer import (
     DEFAULT_SEED,
@@ -33,7 +34,7 @@ from dualloop.models import BASE_MODEL_PATH, TEST_MODEL_PATH
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("train", help="train a decision model from expert demonstrations and export it")
     p.add_argument("--size", choices=["small", "base", "large"], default="base")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--seed", type=whole_number(0), default=7)
     p.add_argument("--out", type=Path, default=Path("models"), help="folder for <size>.onnx")
     p.add_argument("--quick", action="store_true", help="little data, few epochs (writes <size>.quick.onnx)")
     p.add_argument("--check", type=Path, help="then compare with this model file (exit 1 if it differs)")
@@ -99,14 +100,14 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
         return f"--log-share must be in [0, 1) (the recorded drives' share of the weight); got {args.log_share}"
     if args.dagger < 0:
         return f"--dagger must be 0 or more rounds; got {args.dagger}"
+    # a file where the folder goes failed with [Errno 17] after the whole run (made once all is checked)
+    problem = out_dir_problem(args.out, make=False)
+    if problem is not None:
+        return f"{problem} (--out is the folder for <size>.onnx)"
     if args.logs:
-        files = log_paths(args.logs)  # a path that is not there: FileNotFoundError, said as an error
-        if not files:
-            return f"--logs: no .mcap log in {', '.join(map(str, args.logs))}"
-        for f in files:
-            with open(f, "rb") as head:
-                if head.read(len(MAGIC)) != MAGIC:
-                    return f"--logs: {f} is not an MCAP log (empty, or another format)"
+        problem = recorded_drives_problem(args.logs, "--logs")
+        if problem is not None:
+            return problem
     for flag, model in (("--check", args.check), ("--calibration-reference", args.calibration_reference)):
         if model is not None:
             if not model.is_file():
@@ -116,7 +117,7 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    problem = _argument_problem(args)
+    problem = _argument_problem(args) or out_dir_problem(args.out)  # the second makes the folder
     if problem is not None:
         print_error(problem)
         return 2
@@ -165,10 +166,52 @@ def _quantize(args: argparse.Namespace) -> int:
 
 
 def _make_test_model(args: argparse.Namespace) -> int:
-
+    problem = out_file_problem(args.out)  # a file where its folder goes: not a bare [Errno 17]
+    if problem is not None:
+        print_error(problem)
+        return 2
     card = build_test_model(args.out)
     console.print(f"wrote {args.out} (version {card.version}, schema {card.schema_hash()})")
     return 0
+
+
+# Output paths checked before the work that fills them: `train`, `make-test-model`, `gate fit` and `gate
+# eval` each ran minutes (or failed with a bare [Errno 17]) before finding a file where their folder
+# should be. A missing folder is made, as every command that writes one does.
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The first of `path` and the folders above it that exists and is not a folder (None: none)."""
+    for above in (path, *path.parents):
+        if above.exists() and not above.is_dir():
+            return above
+    return None
+
+
+def out_file_problem(out: Path, flag: str = "--out") -> str | None:
+    """What stops writing the file `out` (None: nothing): a folder in its place, a file in place of a
+    folder above it, a folder that cannot be written; a missing folder is made."""
+    if out.is_dir():
+        return f"{flag} {out}: is a folder; give a file name in it"
+    return _folder_problem(out.parent, f"{flag} {out}", "give a path in a folder")
+
+
+def out_dir_problem(out: Path, flag: str = "--out", make: bool = True) -> str | None:
+    """The same for an output folder: refused when a file is in its place; made when missing (make:
+    False, for a caller that checks more before it writes anything)."""
+    return _folder_problem(out, f"{flag} {out}", "give a folder (it is made when missing)", make)
+
+
+def _folder_problem(folder: Path, what: str, advice: str, make: bool = True) -> str | None:
+    blocker = _file_in_the_way(folder)
+    if blocker is not None:
+        return f"{what}: {blocker} is a file, not a folder; {advice}"
+    if not make:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{what}: cannot write in {folder} (permissions); choose a folder you can write in"
+    return None
 
 
 def train_main(

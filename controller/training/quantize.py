@@ -26,6 +26,7 @@ from dualloop.controller.training.data import DataConfig, Dataset, Normaliser, g
 from dualloop.controller.training.trainer import measure_latency
 from dualloop.executor.model_card import METADATA_KEY, ModelCard
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.onnx_export import write_atomically
 from dualloop.sim import schema
 
 # Calibration and test data for quantisation: the first episodes of the model's validation and test
@@ -89,7 +90,7 @@ def _int8_card(fp32: ModelCard, model: onnx.ModelProto, quant_format: QuantForma
 def _write(model: onnx.ModelProto, card: ModelCard, path: Path) -> None:
     del model.metadata_props[:]
     onnx.helper.set_model_props(model, {METADATA_KEY: card.to_json()})
-    path.write_bytes(model.SerializeToString(deterministic=True))
+    write_atomically(path, model.SerializeToString(deterministic=True))  # never half a model in place
 
 
 def quantize_file(

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from dualloop.controller.logs.bulk import MAGIC
 from dualloop.controller.logs.format import sensor_profile
 from dualloop.controller.logs.logfile import LogData, LogFileError, read_sessions
 from dualloop.controller.training.data import Split, make_split
@@ -152,6 +153,27 @@ def log_paths(paths: Iterable[str | Path]) -> list[Path]:
         else:
             raise FileNotFoundError(f"{p}: no such log file or folder")
     return sorted(out)
+
+
+def recorded_drives_problem(paths: Sequence[str | Path], flag: str) -> str | None:
+    """What makes recorded drives unusable, said before the minutes of work that read them at the end
+    (None: nothing): a path that is not there, no .mcap in a folder, a file that is no MCAP log, or logs
+    that are valid but hold no session (read_log_rows refused those only after the whole run). Stops at
+    the first log with a session, so a large fleet costs one file's read."""
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    if missing:
+        return f"{flag} {', '.join(missing)}: no such log file or folder"
+    files = log_paths(paths)
+    if not files:
+        return f"{flag}: no .mcap log in {', '.join(map(str, paths))}"
+    for f in files:
+        with open(f, "rb") as head:
+            if head.read(len(MAGIC)) != MAGIC:
+                return f"{flag}: {f} is not an MCAP log (empty, or another format)"
+    if not any(read_sessions(f) for f in files):
+        named = ", ".join(map(str, files))
+        return f"{flag}: no sessions in {named} (valid logs without a recorded drive); give logs of drives"
+    return None
 
 
 def _session_rows(

@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="--leave-one-out: hold out only this dataset (repeatable; the names eval-logs prints, e.g. "
         "openacc-vicolungo); the others still train its model",
     )
-    p.add_argument("--seed", type=int, default=TransferConfig.seed)
+    p.add_argument("--seed", type=whole_number(0), default=TransferConfig.seed)
     p.add_argument(
         "--max-replay-files",
         type=positive_int,
