@@ -6,6 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
+from dualloop.controller.cli_types import whole_number
 from dualloop.controller.console import console
 from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.demo import traffic_demo, transitions
@@ -31,7 +32,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--duration", type=float, help="seconds of sim time per scenario (default: the scenario's own)")
     p.add_argument(
-        "--seed", type=int, help="the episode seed of every scenario (default: 900001, held out from training)"
+        "--seed",
+        type=whole_number(0),
+        help="the episode seed of every scenario (default: 900001, held out from training)",
     )
     p.add_argument("--out", type=Path, default=Path("runs"))
     p.set_defaults(fn=_demo)

@@ -33,6 +33,7 @@ import numpy as np
 
 from dualloop.controller.console import console
 from dualloop.controller.contract.errors import ConfigError
+from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.demo.closed_loop import ClosedLoopRun, InProcessDecider, run_closed_loop
 from dualloop.controller.demo.traffic_demo import strict_json
 from dualloop.controller.server_process import require_files
@@ -41,7 +42,6 @@ from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
-from dualloop.ood import load_gate
 from dualloop.sim.env import SimEnv, make_scenario
 from dualloop.sim.scenarios import OOD_SCENARIOS, SCENARIOS
 from dualloop.sim.schema import ACCEL_MIN, FEATURE_INDEX
@@ -185,7 +185,7 @@ def drive(
     model: DecisionModel, gates: list[Path], scenario: str, seed: int, forced_veto: bool
 ) -> tuple[ClosedLoopRun, float | None, Truth]:
     """(the run, the least lead gap of a forced-veto run, what the vehicle really did)."""
-    executor = Executor(model, ExecutorConfig(), [load_gate(g) for g in gates])
+    executor = Executor(model, ExecutorConfig(), [load_gate_for_model(g, model) for g in gates])
     env = WatchedScenario(make_scenario(scenario, seed), force=forced_veto)
     run = run_closed_loop(env, InProcessDecider(executor, f"{scenario}-{seed}"), seed)  # type: ignore[arg-type]
     return run, (env.min_lead_gap if forced_veto else None), env.truth(len(run.t))

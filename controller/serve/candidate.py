@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 
 from dualloop import ood
-from dualloop.controller.contract.gate_files import load_gate_for_model
+from dualloop.controller.contract.gate_files import load_gate_for_model, read_gate
 from dualloop.executor.candidate import Candidate, SwapRefused
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
@@ -74,7 +74,7 @@ def load_candidate(executor: Executor, model_path: Path | str, gate_paths: Seque
     gates = []
     for path in gate_paths:
         try:  # a file that cannot be read as a gate (missing, damaged, edited) is the caller's argument
-            ood.load_gate(Path(path))
+            read_gate(Path(path))
         except (OSError, ood.GateFileError) as err:
             raise CandidateError(grpc.StatusCode.INVALID_ARGUMENT, f"candidate gate {path}: {err}") from None
         try:  # a readable gate fitted on another model does not fit this candidate (docs/contract.md)
