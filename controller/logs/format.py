@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -93,6 +94,33 @@ def rotated_files(stem: Path) -> list[Path]:
     prefix = first.name[: -len("0000.mcap")]
     parts = [p for p in first.parent.glob(f"{glob_escape(prefix)}[0-9][0-9][0-9][0-9].mcap")]
     return sorted(parts, key=lambda p: int(_ROTATED_RE.search(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def rotated_groups(files: Sequence[Path]) -> list[list[Path]]:
+    """`files` with each rotated recording's parts (`x-0000.mcap`, `x-0001.mcap`, ...: a series that
+    has its part 0 among them) as one group, in part order; every other file a group of its own. The
+    order is the files' (a group where its first part was). Read one at a time, a part is a piece of
+    each session: a two-session recording in three parts read as six sessions."""
+    series: dict[tuple[Path, str], list[Path]] = {}
+    for f in files:
+        m = _ROTATED_RE.search(f.name)
+        if m is not None:
+            series.setdefault((f.parent, f.name[: m.start()]), []).append(f)
+    out: list[list[Path]] = []
+    placed: set[Path] = set()
+    for f in files:
+        if f in placed:
+            continue
+        m = _ROTATED_RE.search(f.name)
+        parts = series.get((f.parent, f.name[: m.start()]), []) if m is not None else []
+        if not any(_ROTATED_RE.search(p.name).group(1) == "0000" for p in parts):  # type: ignore[union-attr]
+            out.append([f])
+            placed.add(f)
+            continue
+        group = sorted(parts, key=lambda p: int(_ROTATED_RE.search(p.name).group(1)))  # type: ignore[union-attr]
+        out.append(group)
+        placed.update(group)
+    return out
 
 
 def glob_escape(text: str) -> str:

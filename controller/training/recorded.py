@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dualloop.controller.logs.bulk import MAGIC
-from dualloop.controller.logs.format import sensor_profile
+from dualloop.controller.logs.format import rotated_groups, sensor_profile
 from dualloop.controller.logs.logfile import LogData, LogFileError, read_sessions
 from dualloop.controller.training.data import Split, make_split
 from dualloop.executor.action_labels import backward_accel
@@ -225,8 +225,9 @@ def read_log_rows(paths: Iterable[str | Path]) -> LogRows:
     files: list[str] = []
     given: list[str] = []
     found = log_paths(paths)
-    for path in found:
-        for log in read_sessions(path).values():
+    for group in rotated_groups(found):  # a rotated recording's parts read as one log
+        path = group[0]
+        for log in read_sessions(group).values():
             x, present, label, accel, t_s, t_ns = _session_rows(log)
             parts.append((x, present, label, accel, np.full(len(label), len(sessions), np.int64), t_s, t_ns))
             sessions.append(log.session_id)
