@@ -52,6 +52,7 @@ from prometheus_client.registry import Collector
 
 from dualloop.controller.cli_types import positive_int
 from dualloop.controller.contract.addresses import bare_host, host_port
+from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import events
 from dualloop.controller.serve.config import ServerConfig, gates_summary
@@ -238,6 +239,18 @@ def _supervise(
     return 0
 
 
+def _workers_folder() -> tempfile.TemporaryDirectory[str]:
+    """The parent's temporary folder (the workers' configuration); ConfigError naming the way out when
+    there is none to write (a read-only root filesystem said only "No usable temporary directory")."""
+    try:
+        return tempfile.TemporaryDirectory(prefix="dualloop-workers-")
+    except OSError as err:
+        raise ConfigError(
+            f"serve --workers needs a writable temporary folder for its workers' configuration ({err}): set "
+            f"TMPDIR to one, or on a read-only root filesystem mount one (docker run --tmpfs /tmp)"
+        ) from None
+
+
 def serve_workers(config: ServerConfig, workers: int, print_line=print, exit_with_parent: int | None = None) -> int:
     """Run `workers` server processes on config's port until SIGTERM/SIGINT (or, with
     exit_with_parent, until that process is gone); the exit code."""
@@ -259,7 +272,7 @@ def serve_workers(config: ServerConfig, workers: int, print_line=print, exit_wit
     restarts = [0]
     endpoint: MetricsEndpoint | None = None
     try:
-        with tempfile.TemporaryDirectory(prefix="dualloop-workers-") as tmp:
+        with _workers_folder() as tmp:
             worker_config = config.model_copy(
                 update={"port": port}
                 | ({"metrics_port": 0, "metrics_host": "127.0.0.1"} if config.metrics_port is not None else {})

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import tomllib
 from concurrent import futures
 from importlib.metadata import version
 from pathlib import Path
@@ -19,6 +20,7 @@ import grpc
 import pytest
 
 from dualloop.controller.contract.client import DriveSession
+from dualloop.models import DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,12 +178,21 @@ def test_dockerfile_structure():
     assert any(k == "COPY" and "docker/healthcheck.py" in arg for k, arg in runtime)
     expose = [arg for k, arg in runtime if k == "EXPOSE"]
     env = " ".join(arg for k, arg in runtime if k == "ENV")
-    assert expose == ["50151"] and "DUALLOOP_PORT=50151" in env
     assert "DUALLOOP_HOST" not in env  # loopback unless the user opts in (with TLS or the insecure flag)
     entry = " ".join(arg for k, arg in runtime if k in ("ENTRYPOINT", "CMD"))
     assert "dualloop" in entry and "serve" in entry
-    model = re.search(r"DUALLOOP_MODEL=(\S+)", env)
-    assert model and model.group(1).endswith("/site-packages/dualloop/models/base.onnx")
+    # The image's settings are a file, never DUALLOOP_* variables: a variable outranks a file, so the
+    # image's model, gates and port overrode the user's mounted configuration (found by QA)
+    assert re.search(r"DUALLOOP_CONFIG=/opt/dualloop/server\.toml\b", env), env
+    assert not re.search(r"DUALLOOP_(MODEL|GATES|PORT)=", env), env
+    assert any(k == "COPY" and arg.split() == ["docker/server.toml", "/opt/dualloop/server.toml"] for k, arg in runtime)
+    image = tomllib.loads((REPO / "docker" / "server.toml").read_text())
+    assert expose == [str(image["port"])] == ["50151"]
+    assert image["model"].endswith("/site-packages/dualloop/models/base.onnx")
+    assert [Path(g).name for g in image["gates"]] == [g.name for g in DEFAULT_GATES]
+    site = "/opt/dualloop/lib/python3.11/site-packages/dualloop/"
+    assert all(p.startswith(site) for p in [image["model"], *image["gates"]])
+    assert any(k == "RUN" and "install -d -o 10001 -g 10001 /records" in arg for k, arg in runtime)
 
 
 def _probe_module() -> ModuleType:
@@ -212,7 +223,7 @@ def test_health_probe_against_a_real_grpc_health_endpoint(monkeypatch):
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        monkeypatch.setenv("DUALLOOP_PORT", str(port))
+        monkeypatch.setenv("DUALLOOP_PROBE_PORT", str(port))  # whatever servers run on this machine
         assert probe.main() == 0 and asked[-1] == b""
         monkeypatch.setenv("DUALLOOP_PROBE_SERVICE", "dualloop.v2.ControllerService")
         assert probe.main() == 1 and asked[-1] == b"\x0a\x1ddualloop.v2.ControllerService"
@@ -222,3 +233,29 @@ def test_health_probe_against_a_real_grpc_health_endpoint(monkeypatch):
         server.stop(None)
     # nothing answering: unhealthy, not a traceback
     assert probe.main() == 1
+
+
+def _fake_proc(root: Path, processes: dict[int, list[str]]) -> Path:
+    for pid, argv in processes.items():
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "cmdline").write_bytes("\0".join(argv).encode() + b"\0")
+    return root
+
+
+def test_the_probe_asks_the_port_the_server_was_given(tmp_path: Path) -> None:
+    """Found by QA: `docker run dualloop serve --port 6000` served, and the probe asked 50151 forever
+    (unhealthy). The server's order: its flag, then DUALLOOP_PORT, then its configuration file."""
+    probe = _probe_module()
+    conf = tmp_path / "server.toml"
+    conf.write_text("port = 6100\n")
+    serve = ["/opt/dualloop/bin/python", "/opt/dualloop/bin/dualloop", "serve"]
+    proc = _fake_proc(tmp_path / "proc", {1: ["tini", "--", *serve, "--port", "6000"], 7: [*serve, "--port=6001"]})
+    argv, _ = probe.server_process(proc)
+    assert probe.server_port({}, argv) == "6000"  # the lowest pid running `dualloop serve`
+    assert probe.server_port({"DUALLOOP_PORT": "7000"}, argv) == "6000"  # a flag outranks a variable
+    assert probe.server_port({"DUALLOOP_PROBE_PORT": "9"}, argv) == "9"  # the probe's own setting first
+    assert probe.server_port({"DUALLOOP_PORT": "7000", "DUALLOOP_CONFIG": str(conf)}, serve) == "7000"
+    assert probe.server_port({"DUALLOOP_CONFIG": str(conf)}, serve) == "6100"
+    assert probe.server_port({}, [*serve, "--config", "server.toml"], tmp_path) == "6100"  # the server's folder
+    assert probe.server_port({}, serve) == "50151"
+    assert probe.server_process(_fake_proc(tmp_path / "none", {1: ["sleep", "9"]})) == ([], Path("/"))

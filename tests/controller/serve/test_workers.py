@@ -14,6 +14,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -408,3 +409,14 @@ def test_the_workers_start_line_says_what_one_process_says_about_security(
         assert match, line
         said[n] = match.group(1)
     assert said[1] == said[2] == "plaintext, authentication on", said
+
+
+def test_no_writable_temporary_folder_is_said_with_the_way_out(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Found by QA: `docker run --read-only ... serve --workers 2` said only "[Errno 2] No usable
+    temporary directory found"."""
+    from dualloop.controller.contract.errors import ConfigError
+    from dualloop.controller.serve import workers as workers_module
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "read-only"))  # what gettempdir found: nothing
+    with pytest.raises(ConfigError, match=r"needs a writable temporary folder .*\(docker run --tmpfs /tmp\)"):
+        workers_module._workers_folder()
