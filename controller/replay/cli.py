@@ -214,6 +214,7 @@ def _replay_recording(args: argparse.Namespace, gates: list[Path]) -> int:
     (none with --no-write). Every output path is checked before the model loads."""
     from dualloop.controller.console import print_error
     from dualloop.controller.logs.logfile import check_sessions
+    from dualloop.controller.replay.lockstep import read_recording_positions
 
     source = Path(args.logs[0])
     if source.is_dir():  # the reader said "no such log (nor rotated parts ...)" of a folder
@@ -224,7 +225,7 @@ def _replay_recording(args: argparse.Namespace, gates: list[Path]) -> int:
     # --json and --plot before the log is read (a bad one failed after the replay); the new logs'
     # paths once the sessions are known (one session: a file; several: a folder)
     _check_outputs(_evaluation_outputs(args))
-    recording, positions = _read_recording(source, args.session)
+    recording, positions = read_recording_positions(source, args.session)
     check_sessions(source, recording.sessions, args.allow_truncated, "replay")
     outs = _session_outputs(args, source, recording.sessions, positions)
     logs = [] if args.no_write else [out for out in outs if out is not None]
@@ -305,26 +306,6 @@ def _replay_sessions(
         )
     _evaluate(reports, args, by_session)
     return 1 if failed else 0
-
-
-def _read_recording(source: Path, ids: list[str] | None) -> tuple[Recording, list[int]]:
-    """The sessions to replay and each one's position in the recording, which numbers its file
-    (docs/operations.md): `--session car-3 --session car-1` numbered them by the order asked, so a
-    session's file name changed with the command line."""
-    from dualloop.controller.logs.logfile import LogFileError
-    from dualloop.controller.replay.lockstep import Recording, read_recording
-
-    asked = list(dict.fromkeys(ids or []))
-    if len(asked) < 2:  # every session, in order; or one, whose file is not numbered
-        recording = read_recording(source, ids)
-        return recording, list(range(len(recording.sessions)))
-    whole = read_recording(source)
-    position = {data.name: index for index, data in enumerate(whole.sessions)}
-    missing = [s for s in asked if s not in position]
-    if missing:  # as read_recording says it
-        listed = ", ".join(repr(s) for s in position) or "none"
-        raise LogFileError(f"{source}: no session {', '.join(repr(s) for s in missing)} (sessions: {listed})")
-    return Recording([whole.sessions[position[s]] for s in asked]), [position[s] for s in asked]
 
 
 def _session_outputs(

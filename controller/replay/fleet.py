@@ -275,13 +275,13 @@ def _replay_one(
     from threadpoolctl import threadpool_limits
 
     from dualloop.controller.logs.logfile import LogFileError, check_sessions
-    from dualloop.controller.replay.lockstep import session_file_name
+    from dualloop.controller.replay.lockstep import read_recording_positions, session_file_name
 
     started = (time.perf_counter(), time.process_time())
     source = Path(log)
     with threadpool_limits(1):
         try:
-            recording, positions = _read_sessions(source, options.sessions)
+            recording, positions = read_recording_positions(source, options.sessions)
             check_sessions(source, recording.sessions, options.allow_truncated, "replay")
         except LogFileError as err:
             raise LogRefused(str(err)) from None
@@ -303,25 +303,6 @@ def _replay_one(
     if publish:
         _publish(outcomes)
     return outcomes
-
-
-def _read_sessions(source: Path, ids: tuple[str, ...]) -> tuple[Recording, list[int]]:
-    """The sessions to replay and each one's position in the recording, which numbers its file as
-    one-log replay numbers it (not by the order the --session flags came in)."""
-    from dualloop.controller.logs.logfile import LogFileError
-    from dualloop.controller.replay.lockstep import Recording, read_recording
-
-    asked = list(dict.fromkeys(ids))
-    if len(asked) < 2:  # every session, in order; or one, whose file is not numbered
-        recording = read_recording(source, asked or None)
-        return recording, list(range(len(recording.sessions)))
-    whole = read_recording(source)
-    position = {data.name: index for index, data in enumerate(whole.sessions)}
-    missing = [s for s in asked if s not in position]
-    if missing:  # as read_recording says it
-        listed = ", ".join(repr(s) for s in position) or "none"
-        raise LogFileError(f"{source}: no session {', '.join(repr(s) for s in missing)} (sessions: {listed})")
-    return Recording([whole.sessions[position[s]] for s in asked]), [position[s] for s in asked]
 
 
 def _publish(outcomes: list[Outcome]) -> None:

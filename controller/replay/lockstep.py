@@ -230,6 +230,23 @@ def read_recording(path: Path, session_ids: Sequence[str] | None = None) -> Reco
     return Recording([sessions[s] for s in dict.fromkeys(session_ids)])
 
 
+def read_recording_positions(source: Path, ids: Sequence[str] | None) -> tuple[Recording, list[int]]:
+    """The sessions to replay (read_recording's) and each one's position in the recording, which numbers
+    its file (docs/operations.md), whatever order `--session` named them in (the file names of a
+    session must not change with the command line)."""
+    asked = list(dict.fromkeys(ids or []))
+    if len(asked) < 2:  # every session, in order; or one, whose file is not numbered
+        recording = read_recording(source, asked or None)
+        return recording, list(range(len(recording.sessions)))
+    whole = read_recording(source)
+    position = {data.name: index for index, data in enumerate(whole.sessions)}
+    missing = [s for s in asked if s not in position]
+    if missing:  # as read_recording says it
+        listed = ", ".join(repr(s) for s in position) or "none"
+        raise LogFileError(f"{source}: no session {', '.join(repr(s) for s in missing)} (sessions: {listed})")
+    return Recording([whole.sessions[position[s]] for s in asked]), [position[s] for s in asked]
+
+
 def session_file_name(stem: str, index: int, session_id: str) -> str:
     """A replayed session's file name in a folder of several: its position in the recording (ids
     may differ only in characters a file name cannot hold) and its id made safe, cut at 64."""

@@ -17,13 +17,12 @@ import pytest
 from mcap.reader import make_reader
 
 from dualloop.controller.cli import main
-from dualloop.controller.logs.format import TOPIC_HEADER, TOPIC_OBSERVATION, LogFileWriter
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.plot import plot_topic
 from dualloop.controller.logs.synthetic import REAL_DRIVE, slice_log
 from dualloop.controller.replay.lockstep import session_file_name
 from dualloop.models import TEST_MODEL_PATH
-from dualloop.v2 import log_pb2
+from tests.controller.replay.recordings import write_recording
 from tests.paths import REPO_ROOT
 
 MODEL = ["--model", str(TEST_MODEL_PATH), "--no-gate"]
@@ -127,18 +126,7 @@ def test_a_signal_stops_a_fleet_at_once_leaving_only_finished_logs(tmp_path, sig
 
 def _recording(path: Path, sessions: list[str], count: int = 300) -> Path:
     """A log of several sessions, their records interleaved, as a server's recording holds them."""
-    source = read_log(REAL_DRIVE)
-    file = LogFileWriter(path)
-    for sid in sessions:
-        head = log_pb2.SessionHeader()
-        head.CopyFrom(source.header)
-        head.session_id = sid
-        file.write(TOPIC_HEADER, sid, head, 0)
-    for k in range(count):
-        for j, sid in enumerate(sessions):
-            file.write(TOPIC_OBSERVATION, sid, source.observations[j * 200 + k], k)
-    file.finish()
-    return path
+    return write_recording(path, sessions, count, stagger=200)
 
 
 def test_a_recording_in_a_fleet_replays_each_session_as_one_log_replay_does(tmp_path, capsys):

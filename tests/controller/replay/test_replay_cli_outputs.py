@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 
 from dualloop.controller.cli import main
-from dualloop.controller.logs.format import TOPIC_HEADER, TOPIC_OBSERVATION
-from dualloop.controller.logs.logfile import LogFileWriter, read_log
-from dualloop.controller.logs.synthetic import REAL_DRIVE, slice_log
+from dualloop.controller.logs.logfile import read_log
+from dualloop.controller.logs.synthetic import slice_log
 from dualloop.controller.replay.lockstep import session_file_name
 from dualloop.controller.replay.report import ReplayReport, format_report
 from dualloop.models import TEST_MODEL_PATH
-from dualloop.v2 import log_pb2
+from tests.controller.replay.recordings import write_recording
 
 SESSIONS = ("car-1", "car-2", "car-3")
 
@@ -25,19 +24,7 @@ SESSIONS = ("car-1", "car-2", "car-3")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A server's recording as the recorder writes one: three sessions' headers, then their
     observations interleaved (the first 120 of the real drive each)."""
-    source = read_log(REAL_DRIVE)
-    path = tmp_path_factory.mktemp("recording") / "rec.mcap"
-    file = LogFileWriter(path)
-    for sid in SESSIONS:
-        head = log_pb2.SessionHeader()
-        head.CopyFrom(source.header)
-        head.session_id = sid
-        file.write(TOPIC_HEADER, sid, head, 0)
-    for k, obs in enumerate(source.observations[:120]):
-        for sid in SESSIONS:
-            file.write(TOPIC_OBSERVATION, sid, obs, k)
-    file.finish()
-    return path
+    return write_recording(tmp_path_factory.mktemp("recording") / "rec.mcap", SESSIONS, 120)
 
 
 @pytest.fixture(scope="module")
