@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test check docs bench proto proto-release test-model clean
+.PHONY: demo test check docs bench proto proto-release test-model clean clean-runs
 
 # setup.py and every C source (the optional extensions): rebuilt by the editable install when one changes.
 # One venv for both: `make demo` installs only what the demo needs ('.[demo]'); `make test`/`make check`
@@ -70,7 +70,15 @@ proto-release: tools/buf/node_modules/.package-lock.json
 test-model: $(STAMP)
 	$(VENV)/bin/dualloop make-test-model
 
-# everything make and the install made: the venv, build/ (the namespace view, setuptools' build) and the
-# extensions the editable install compiled beside their C sources
+# everything make, the install and the tests made: the venv, build/ (the namespace view, setuptools'
+# build), the extensions the editable install compiled beside their C sources, npm's node_modules and
+# the tools' caches. Not runs/: a user's reports and recordings are theirs to drop (make clean-runs).
 clean:
-	rm -rf $(VENV) build runs .pytest_cache *.egg-info $(wildcard */*.so)
+	rm -rf $(VENV) build .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info $(wildcard */*.so) \
+		clients/node/node_modules tools/buf/node_modules
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# every demo's report and every recording under runs/
+clean-runs:
+	rm -rf runs
+	@echo "removed runs/ (the demos' reports and the recordings)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,13 @@ class DecisionModel:
         self.path = str(path)
         if not Path(path).is_file():
             raise ModelFileError(f"{path}: model file not found")
+        try:  # onnxruntime says only "system error number 13" of a file it may not read
+            open(self.path, "rb").close()
+        except PermissionError as err:
+            raise ModelFileError(
+                f"{path}: cannot read it ({err.strerror}); this process runs as uid {os.geteuid()}: "
+                f"make it readable (chmod a+r {path})"
+            ) from None
         try:
             self._session = ort.InferenceSession(self.path, _session_options(), providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime raises its own exception types

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import zipfile
 from functools import lru_cache
 from pathlib import Path
@@ -75,10 +76,15 @@ def read_gate(path: Path) -> ood.Gate:
         raise ood.GateFileError(f"gate file {path}: no such file; give a gate written by dualloop gate fit")
     if path.is_dir():
         raise ood.GateFileError(f"gate file {path}: is a folder, not a gate file; give the .npz file in it")
-    try:
-        archive = zipfile.is_zipfile(path)
+    try:  # opened first: zipfile.is_zipfile says False, "not an .npz archive", for a file it cannot open
         with open(path, "rb") as stream:
             zip_start = stream.read(4) == b"PK\x03\x04"
+        archive = zipfile.is_zipfile(path)
+    except PermissionError as err:  # a server in a container runs as another user than the file's owner
+        raise ood.GateFileError(
+            f"gate file {path}: cannot read it ({err.strerror}); this process runs as uid {os.geteuid()}: "
+            f"make it readable (chmod a+r {path})"
+        ) from None
     except OSError as err:
         raise ood.GateFileError(f"gate file {path}: unreadable ({err.strerror})") from None
     if not archive and zip_start:  # an .npz whose end is missing: a copy cut short, a full disk

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -49,6 +50,7 @@ from dualloop.controller.serve.ticker import percentiles_us
 from dualloop.executor.core import Executor
 from dualloop.executor.model_cost import OverBudget, check_live
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.ood import GateFileError
 from dualloop.planner.tls import validity_problem
 from dualloop.planner.worker import SourceFactory
 from dualloop.v2 import controller_pb2 as pb
@@ -64,6 +66,13 @@ def _check_writable(folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
+    except PermissionError as err:
+        # in a container the server runs as a user the host's folder does not belong to: name it
+        uid = os.geteuid()
+        raise ConfigError(
+            f"record_dir (--record-dir) {folder}: cannot write there: {err.strerror or err}; this process runs as "
+            f"uid {uid}: give it the folder (chown {uid} {folder}) or mount a volume it owns"
+        ) from None
     except OSError as err:
         raise ConfigError(f"record_dir (--record-dir) {folder}: cannot write there: {err.strerror or err}") from None
 
@@ -93,6 +102,8 @@ class ServerLifecycle:
         for path in config.gates:
             try:
                 gates.append(load_gate_for_model(path, self.model))
+            except GateFileError as err:  # its message starts "gate file PATH:" already: said once
+                raise ConfigError(str(err)) from None
             except (OSError, ValueError) as err:
                 raise ConfigError(f"gate {path}: {err}") from None
         try:  # on this machine, at the server's batch size: a model over the tick's budget never serves
