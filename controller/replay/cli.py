@@ -22,6 +22,7 @@ from dualloop.controller.replay.fleet import (
     FleetOptions,
     FleetResult,
     format_fleet,
+    log_stem,
     output_paths,
     replay_many,
 )
@@ -231,7 +232,7 @@ def _replay_recording(args: argparse.Namespace, gates: list[Path]) -> int:
     logs = [] if args.no_write else [out for out in outs if out is not None]
     _refuse_overwriting_inputs(args, gates, [p for out in logs for p in (out, out.with_suffix(".json"))])
     several = len(recording.sessions) > 1
-    folder = None if args.no_write or not several else (args.out or Path("runs/replay") / source.stem)
+    folder = None if args.no_write or not several else (args.out or Path("runs/replay") / log_stem(source))
     if folder is not None:
         _check_folder(folder, f"the {len(recording.sessions)} sessions of {source}")
     written = [
@@ -316,12 +317,12 @@ def _session_outputs(
     from dualloop.controller.replay.lockstep import session_file_name
 
     if len(sessions) == 1:
-        out = args.out or Path("runs/replay") / f"{source.stem}.replayed.mcap"
+        out = args.out or Path("runs/replay") / f"{log_stem(source)}.replayed.mcap"
         # an existing folder takes the new log, as for a recording of several (it was "[Errno 21]")
-        return [out / f"{source.stem}.replayed.mcap" if out.is_dir() else out]
-    folder = args.out or Path("runs/replay") / source.stem
+        return [out / f"{log_stem(source)}.replayed.mcap" if out.is_dir() else out]
+    folder = args.out or Path("runs/replay") / log_stem(source)
     return [
-        folder / session_file_name(source.stem, index, data.name) if data.observations else None
+        folder / session_file_name(log_stem(source), index, data.name) if data.observations else None
         for index, data in zip(positions, sessions)
     ]
 

@@ -38,6 +38,14 @@ RAY_MISSING = "--ray needs Ray, which is an optional extra: pip install 'dualloo
 FLEET_SCHEMA = "dualloop.fleet/1"
 
 
+def log_stem(path: str | Path) -> str:
+    """A log's name without `.mcap`, and nothing else cut: `Path.stem` cut a recording's base name given
+    without `.mcap` at its last dot (`dualloop-20261207-030754.000123-77-a1b2c3` became
+    `dualloop-20261207-030754`), so recordings of one second replayed onto one another's files."""
+    name = Path(path).name
+    return name[: -len(".mcap")] if name.lower().endswith(".mcap") else name
+
+
 class LogRefused(Exception):
     """A log the worker refused for what the file holds (empty, not a log, cut short, several
     sessions): its message names the file and what to do, as the single-log replay says it."""
@@ -242,10 +250,10 @@ def output_paths(paths: Sequence[str | Path], out_dir: str | Path) -> list[Path]
     out_dir = Path(out_dir)
     # named as given (a symlink's name, not its target's); the folders from the absolute path
     absolute = [Path(os.path.abspath(p)) for p in paths]
-    outs = [out_dir / f"{a.stem}.replayed.mcap" for a in absolute]
+    outs = [out_dir / f"{log_stem(a)}.replayed.mcap" for a in absolute]
     by_stem: dict[str, list[int]] = {}
     for i, a in enumerate(absolute):
-        by_stem.setdefault(a.stem, []).append(i)
+        by_stem.setdefault(log_stem(a), []).append(i)
     for members in by_stem.values():
         folders = [absolute[i].parent.parts[1:] for i in members]  # without the root: a relative path
         if len(members) < 2 or len(set(folders)) < len(folders):
@@ -296,7 +304,7 @@ def _replay_one(
                 continue
             new = None if out is None else Path(out)
             if new is not None and several:
-                new = new.with_name(session_file_name(source.stem, index, data.name))
+                new = new.with_name(session_file_name(log_stem(source), index, data.name))
             key = f"{log} session {data.name!r}" if several else log
             outcomes.append(_replay_session(key, data, source, model, gates, new, options, token, recording, started))
             started = (time.perf_counter(), time.process_time())
@@ -543,7 +551,7 @@ def format_fleet(result: FleetResult) -> str:
         f"{'agree':>6s} {'veto':>6s}"
     )
     lines = [header, "-" * len(header)]
-    stems = [Path(p).stem for p in result.order]
+    stems = [log_stem(p) for p in result.order]
     for row, stem in zip(result.per_log(), stems):
         name = stem if stems.count(stem) == 1 else row["log"]
         name = name if len(name) <= 36 else "…" + name[-35:]  # the end tells logs of one folder apart

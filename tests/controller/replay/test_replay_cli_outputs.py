@@ -155,3 +155,21 @@ def test_a_model_replayed_without_gates_is_warned_about(tmp_path: Path, capsys: 
     assert main(["replay", str(log), "--model", str(TEST_MODEL_PATH), "--no-write", "--no-gate"]) == 0
     assert main(["replay", str(log), "--no-write"]) == 0  # the shipped model with its gates
     assert "no OOD gate" not in capsys.readouterr().err
+
+
+def test_a_recordings_base_name_keeps_its_whole_name(tmp_path: Path) -> None:
+    """Found by QA: a rotated recording's base name given without `.mcap` was cut at its last dot
+    (`dualloop-20261207-030754.000123-77-a1b2c3` -> `dualloop-20261207-030754`), so the replays of two
+    recordings of one second took one file name."""
+    base = "dualloop-20261207-030754.000123-77-a1b2c3"
+    slice_log(tmp_path / f"{base}-0000.mcap", 0, 200, "s")  # part 0 of a rotated recording
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["replay", str(tmp_path / base), "--out", str(out)]) == 0
+    assert [p.name for p in out.glob("*.mcap")] == [f"{base}.replayed.mcap"]
+    other = tmp_path / "other"
+    other.mkdir()
+    twin = slice_log(other / f"{base}.mcap", 0, 200, "s")  # given with .mcap: the same name, as before
+    fleet_out = tmp_path / "fleet"
+    assert main(["replay", str(twin), str(tmp_path / f"{base}-0000.mcap"), "--out", str(fleet_out)]) == 0
+    assert sorted(p.name for p in fleet_out.glob("*.mcap")) == [f"{base}-0000.replayed.mcap", f"{base}.replayed.mcap"]
