@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dualloop.controller.extras import EXTRA_OF_MODULE, MissingExtra
+from dualloop.controller.interrupts import Terminated
 
 DESCRIPTION = (
     "dualloop: a real-time streaming controller. A 5 ms ONNX executor, a slow planner and an independent "
@@ -156,11 +157,6 @@ def user_errors() -> tuple[type[Exception], ...]:
     from dualloop.ood import GateFileError
 
     return (ConfigError, ModelFileError, GateFileError, LogFileError, OSError, MissingExtra, ServerStartError)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (timeout, a CI cancel, kill) as the Ctrl-C it stands for: raised in the main thread,
-    so every `with` and `finally` on the way out runs (a server child stopped, its folder removed)."""
 
 
 def _on_sigterm(owner: int) -> Callable[[int, object], None]:

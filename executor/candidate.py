@@ -83,7 +83,8 @@ def check_same_checks(live: CheckBoard, candidate: CheckBoard, gate_paths: list[
         raise SwapRefused(
             f"the candidate's gates ({', '.join(gate_paths) or 'none given'}) give the checks {have}; the live "
             f"model runs {want}. A promotion must keep every check: give the candidate its gate files fitted on "
-            f"it (dualloop gate fit --model <candidate>), one per live gate"
+            f"it, one per live gate, as the live model's were fitted (`dualloop gate fit --model <candidate>` "
+            f"for a model on the simulator's schema)"
         )
 
 

@@ -196,7 +196,7 @@ def _read_header(path: Path, header: list[str], allow_extra_columns: bool, units
             f"{path}: line 1 (header): unknown column{'s' if len(extra) > 1 else ''} "
             f"{', '.join(repr(e) for e in extra)} "
             f"(expected 'time', feature names, plan names and optionally {', '.join(OPTIONAL_COLUMNS)}; "
-            f"{EXTRA_COLUMNS_FLAG} (allow_extra_columns=True) ignores unknown columns)"
+            f"{EXTRA_COLUMNS_FLAG} ignores unknown columns)"
         )
     for name, unit in units.items():
         if name not in seen:

@@ -10,10 +10,11 @@ import argparse
 from pathlib import Path
 
 from dualloop.controller.cli_types import positive_int, positive_number
-from dualloop.controller.console import console, print_error
+from dualloop.controller.console import console, print_error, print_warning
 from dualloop.controller.qualify.criteria import load_criteria
 from dualloop.controller.qualify.report import prepare_out_dir, summary_lines, write_report
 from dualloop.controller.qualify.run import DEFAULT_STRESS_SEEDS, QualifyInputs, qualify
+from dualloop.controller.replay.fleet import workers_warning
 from dualloop.controller.training.recorded import log_paths
 from dualloop.models import BASE_MODEL_PATH
 from dualloop.sim.scenarios import OOD_SCENARIOS
@@ -95,6 +96,8 @@ def _qualify(args: argparse.Namespace) -> int:
         workers=args.workers,
         transfer=args.transfer,
     )
+    if (why := workers_warning(args.workers)) is not None:
+        print_warning(why)
     console.print(
         f"qualifying {args.candidate} against {args.baseline} on {len(inputs.logs)} logs ...", highlight=False
     )

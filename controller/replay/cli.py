@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dualloop.controller.cli_types import positive_int
+from dualloop.controller.interrupts import Terminated
 from dualloop.controller.logs.outputs import refuse_overwriting_inputs
 from dualloop.controller.replay.fleet import (
     FLEET_SCHEMA,
@@ -25,6 +26,7 @@ from dualloop.controller.replay.fleet import (
     log_stem,
     output_paths,
     replay_many,
+    workers_warning,
 )
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 
@@ -126,6 +128,10 @@ def _replay(args: argparse.Namespace) -> int:
         )
     if len(args.logs) == 1 and not args.ray and not args.workers:
         return _replay_recording(args, gates)
+    if not args.ray and (why := workers_warning(args.workers)) is not None:
+        from dualloop.controller.console import print_warning
+
+        print_warning(why)
 
     out_dir = None if args.no_write else (args.out or Path("runs/replay"))
     # named as replay_many names them (same-named logs in sub-folders; the same log twice refused)
@@ -178,9 +184,7 @@ def _fleet_stopped(stop: KeyboardInterrupt, fleet: FleetResult, logs: int, out_d
 
     from dualloop.controller.console import print_error
 
-    # controller/cli.py's Terminated, by name: run as `python -m dualloop.controller.cli` its class is
-    # __main__'s, not the one an import of dualloop.controller.cli would give
-    term = any(c.__name__ == "Terminated" for c in type(stop).__mro__)
+    term = isinstance(stop, Terminated)
     kept = f" (their new logs are in {out_dir})" if out_dir is not None and fleet.finished else ""
     print_error(
         f"dualloop replay: stopped by {'SIGTERM' if term else 'SIGINT (Ctrl-C)'} after {len(fleet.finished)} "

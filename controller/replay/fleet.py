@@ -399,6 +399,22 @@ def replay_many(
     return result
 
 
+def pool_size(requested: int | None, logs: int) -> int:
+    """Worker processes for `logs` logs: the request (default: the cores), never more than the logs or
+    the cores. A replay is CPU-bound: more processes than cores only share them, each holding a model
+    (`--workers 100000` started one process per log)."""
+    cores = os.cpu_count() or 1
+    return max(1, min(requested or cores, cores, logs))
+
+
+def workers_warning(requested: int | None) -> str | None:
+    """What to tell a user whose `--workers` asks for more processes than the cores (None: nothing)."""
+    cores = os.cpu_count() or 1
+    if requested is None or requested <= cores:
+        return None
+    return f"--workers {requested}: a replay is CPU-bound and this machine has {cores} cores; using {cores}"
+
+
 def _with_pool(
     jobs: list[tuple[str, str | None]],
     model: str,
@@ -409,12 +425,13 @@ def _with_pool(
     progress: bool,
     while_waiting: Callable[[], object] | None,
 ) -> None:
-    result.workers = workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    result.workers = workers = pool_size(workers, len(jobs))
     context = _pool_context()
     _start_fork_server(context)
     if while_waiting is not None:
         while_waiting()
     token = uuid.uuid4().hex[:12]  # this run's partial files, and only them, are removed when it is stopped
+    before = multiprocessing.active_children()  # the pool's workers are the children it adds
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(model, gates))
     try:
         futures = {pool.submit(_replay_one, log, model, gates, out, options, token): log for log, out in jobs}
@@ -422,16 +439,16 @@ def _with_pool(
     except BaseException:
         # Ctrl-C, SIGTERM (cli.Terminated) or a bug: leaving `with ProcessPoolExecutor` waited for
         # every queued log (31 s for 168 logs in QA); stop the workers now, drop their partial files
-        _stop_pool(pool)
+        _stop_pool(pool, [child for child in multiprocessing.active_children() if child not in before])
         _remove_partials({Path(out).parent for _, out in jobs if out is not None}, token)
         raise
     pool.shutdown()
 
 
-def _stop_pool(pool: ProcessPoolExecutor) -> None:
-    """The queued logs cancelled and the workers ended, a replay mid-way included (its file is a
-    partial one). ProcessPoolExecutor has no public way to end its workers before Python 3.14."""
-    processes = list((pool._processes or {}).values())
+def _stop_pool(pool: ProcessPoolExecutor, processes: list[multiprocessing.process.BaseProcess]) -> None:
+    """The queued logs cancelled and the workers (`processes`) ended, a replay mid-way included (its file
+    is a partial one). ProcessPoolExecutor has no way to end its workers before Python 3.14: they are
+    the children this process gained with the pool."""
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.terminate()

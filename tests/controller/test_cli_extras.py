@@ -13,19 +13,11 @@ import pytest
 
 from dualloop.controller.cli import COMMAND_GROUPS
 from dualloop.controller.extras import EXTRA_OF_MODULE
+from tests.blocked_imports import blocking
 from tests.paths import REPO_ROOT
 
-# a new interpreter where `blocked` modules are absent (as in an install without their extra), that
 # prints, for each command, whether its real parser was registered or the "needs EXTRA" stand-in
 _PROBE = """
-import sys
-BLOCKED = {blocked!r}
-class Blocker:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked)", name=name)
-        return None
-sys.meta_path.insert(0, Blocker())
 import argparse
 from dualloop.controller.cli import build_parser
 for command in {commands!r}:
@@ -73,7 +65,7 @@ def test_each_extra_brings_what_its_commands_need(extra: str) -> None:
     # every optional module whose distribution the extra does not list is absent
     blocked = {m for m in EXTRA_OF_MODULE if not {d.lower().replace("_", "-") for d in dists.get(m, [m])} & has}
     commands = [c for g in COMMAND_GROUPS if g.extra == extra for c in g.commands]
-    code = _PROBE.format(blocked=blocked, commands=commands)
+    code = blocking(blocked, "blocked") + _PROBE.format(commands=commands)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     stand_ins = [line.split()[0] for line in out.stdout.splitlines() if line.endswith("stand-in")]
     assert stand_ins == [], f"dualloop[{extra}] lacks a module {stand_ins} need (absent: {sorted(blocked)})"
@@ -82,9 +74,7 @@ def test_each_extra_brings_what_its_commands_need(extra: str) -> None:
 @pytest.mark.parametrize("command", [["make-test-model", "--out", "m.onnx"], ["quantize", "m.onnx"]])
 def test_onnx_commands_name_the_train_extra_with_only_demo_installed(command: list[str], tmp_path) -> None:
     # [demo] brings rich and matplotlib, not onnx: these commands import it only once they run
-    code = _PROBE.split("import argparse")[0].format(blocked={"onnx"}) + (
-        "from dualloop.controller.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-    )
+    code = blocking({"onnx"}, "blocked") + ("from dualloop.controller.cli import main\nsys.exit(main(sys.argv[1:]))\n")
     proc = subprocess.run(
         [sys.executable, "-c", code, *command], capture_output=True, text=True, cwd=tmp_path, timeout=120
     )

@@ -84,7 +84,8 @@ def test_a_forked_child_of_a_command_still_dies_of_sigterm() -> None:
     script = textwrap.dedent(
         """
         import multiprocessing, os, signal, time
-        from dualloop.controller.cli import Terminated, _on_sigterm
+        from dualloop.controller.cli import _on_sigterm
+        from dualloop.controller.interrupts import Terminated
         signal.signal(signal.SIGTERM, _on_sigterm(os.getpid()))
         child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
         child.start()

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import tomllib
 from concurrent import futures
 from importlib.metadata import version
@@ -22,6 +21,7 @@ import pytest
 from dualloop.controller.contract.client import DriveSession
 from dualloop.models import DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
+from tests.blocked_imports import blocking
 
 REPO = Path(__file__).resolve().parents[2]
 # what the extras bring: serving must import none of them (rich: used when present, so only blocked below)
@@ -40,21 +40,10 @@ HEAVY = (
 EXTRAS = (*HEAVY, "rich")
 
 # Runs `dualloop` as `python -m dualloop` does, with every extra made unimportable first.
-LEAN_RUNNER = textwrap.dedent(
-    f"""
-    import runpy, sys
-    BLOCKED = {set(EXTRAS)!r}
-
-    class Blocker:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ModuleNotFoundError(f"No module named {{name!r}} (blocked: lean install)", name=name)
-            return None
-
-    sys.meta_path.insert(0, Blocker())
-    sys.argv = ["dualloop", *sys.argv[1:]]
-    runpy.run_module("dualloop", run_name="__main__", alter_sys=True)
-    """
+LEAN_RUNNER = blocking(EXTRAS, "blocked: lean install") + (
+    "import runpy\n"
+    'sys.argv = ["dualloop", *sys.argv[1:]]\n'
+    'runpy.run_module("dualloop", run_name="__main__", alter_sys=True)\n'
 )
 
 

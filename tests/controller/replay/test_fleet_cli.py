@@ -191,3 +191,14 @@ def test_allow_truncated_in_a_fleet_replays_the_complete_part(tmp_path, capsys):
     # without the flag, refused as one-log replay refuses it
     code, printed = _replay(capsys, str(whole), str(cut), "--out", str(tmp_path / "refused"), "--workers", "2")
     assert code == 1 and "replay its complete part with --allow-truncated" in printed
+
+
+def test_more_workers_than_cores_are_the_cores_with_a_warning(tmp_path, capsys, monkeypatch):
+    """QA: `--workers 100000` started one process per log, each holding a model."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    logs = [str(slice_log(tmp_path / f"d{i}.mcap", 300 * i, 300, f"s{i}")) for i in range(3)]
+    report = tmp_path / "fleet.json"
+    code, printed = _replay(capsys, *logs, "--no-write", "--workers", "100000", "--report", str(report))
+    assert code == 0, printed
+    assert "--workers 100000" in printed and "using 2" in printed
+    assert '"workers": 2' in report.read_text()
