@@ -58,6 +58,10 @@ SIGNAL_KINDS = (
     Check.REL_ACCEL,
     Check.REL_UNIT,
 )
+# the per-signal checks that read only the lead's readings (flag, gap, relative speed): their veto
+# doubts those readings. The stuck check also reads the ego speed; the threat assessor's own test
+# (the gap moving as the relative speed says) refuses a stuck gap or relative speed.
+LEAD_CHECKS = (Check.GAP_RATE, Check.LEAD_FLICKER, Check.GAP_REPEAT, Check.GAP_STEP, Check.REL_ACCEL, Check.REL_UNIT)
 # a range score's floor (the centre of a range is -0.5; an open limit would be -inf) and cap (a
 # float32 value far outside a narrow range would overflow float64 division)
 _RANGE_FLOOR, _RANGE_CAP = -0.5, 1e30
@@ -199,8 +203,17 @@ class CheckBoard:
         # the actuation check doubts the vehicle's response, not the inputs (executor/safety.py)
         self._actuation_at = self.kinds.index(Check.ACTUATION) if Check.ACTUATION in self.kinds else None
         self._input_checks = [k for k, c in enumerate(self.kinds) if c not in (Check.ACTUATION, Check.MARGIN)]
+        self._lead_checks = [k for k, c in enumerate(self.kinds) if c in LEAD_CHECKS]
         self.actuation_threshold = 0.0 if actuation_threshold is None else float(actuation_threshold)
         self._families = _Families.of(columns)
+
+    def lead_doubted(self, table: np.ndarray) -> BoolArray:
+        """Per row of a (rows, checks) table: a per-signal check of the lead's readings vetoed (the
+        flag, the gap, the relative speed), so the threat assessor may not brake on them."""
+        if not self._lead_checks:
+            return np.zeros(len(table), bool)
+        doubted: BoolArray = np.asarray(table["veto"][:, self._lead_checks].any(axis=1))
+        return doubted
 
     def actuation_only(self, table: np.ndarray) -> BoolArray:
         """Per row of a (rows, checks) table: the actuation check vetoed and no check of the inputs did."""

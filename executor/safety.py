@@ -34,7 +34,8 @@ What reaches the actuators (docs/contract.md#safety):
   from the first tick, which is the hazard-light request. Once the vehicle stands still (measured,
   or dead-reckoned from the last trusted speed when the speed is distrusted) it stays stopped
   (STANDSTILL_HOLD) until an explicit release (Observation.release_standstill), or until trusted
-  inputs show someone else driving it (a driver's override, a shadow-mode vehicle): never by itself.
+  inputs show someone else driving it (a driver's override, a shadow-mode vehicle: the measured
+  acceleration explains the speed all the way from rest, executor/override.py): never by itself.
 - RECOVERING keeps the safe side in charge until the inputs have been clean for `recovery_dwell`,
   then blends (Simplex: switch back only after a clean dwell).
 - A late observation (STALE_OBSERVATION alone) is not distrust of what the sensors said: it holds,
@@ -71,6 +72,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from dualloop.executor.action_labels import ACTIONS, BRAKE_BELOW, BRAKE_HARD_BELOW, KEEP_AT_MOST, action_of_accel
 from dualloop.executor.lane_estimate import LaneEstimate, LaneReading, lane_history
 from dualloop.executor.lane_keeping import LaneKeeper, LaneKeepingConfig
+from dualloop.executor.override import OverrideTest, PullAway
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
 from dualloop.executor.standstill import StandstillConfig, StandstillHold
 from dualloop.executor.threat import LeadTrack, ThreatAssessor, ThreatConfig
@@ -106,8 +108,12 @@ class SafetyConfig(BaseModel):
     standstill_speed: float = Field(default=0.1, ge=0.0, description="m/s: at or below, the vehicle stands still")
     # A held vehicle measured (on trusted inputs) moving faster than this is being driven by someone
     # else, a driver's override or the vehicle of a shadow-mode session: that ends the hold as a
-    # release does. The controller's own command never moves it (the hold brakes).
+    # release does, when the measured acceleration explains the speed all the way from rest
+    # (executor/override.py). The controller's own command never moves it (the hold brakes).
     override_speed: float = Field(default=1.5, gt=0.0, description="m/s")
+    accel_feature: str = "ego_accel"  # m/s^2, measured: what a pull-away's speed must agree with
+    override_tolerance: float = Field(default=0.5, gt=0.0, description="m/s")
+    override_tolerance_fraction: float = Field(default=0.25, ge=0.0, description="of the speed gained")
     # While the model is held for a reason that does not doubt its inputs (late observation, low
     # margin, actuation shortfall, stale plan), its braking is kept down to this. 0 disables.
     max_vetoed_brake: float = Field(default=6.0, ge=0.0, description="m/s^2")
@@ -175,6 +181,7 @@ class SafetyMemory:
     released: bool = False  # a standstill hold was released: no new one until the model drives again
     lead: LeadTrack = field(default_factory=LeadTrack)
     lead_hold: bool = False  # the stopped-lead hold lowered the previous command: ramp back in from it
+    pull_away: PullAway | None = None  # a held vehicle moving off (executor/override.py)
     lane_history: deque[LaneReading] | None = None  # trusted lane readings since the last recovery
     lane_estimate: LaneEstimate | None = None  # the lane, dead-reckoned since the last trusted tick
     steer_applied: float | None = None  # the steering applied at the last tick the safe side decided
@@ -207,6 +214,15 @@ class SafetyMachine:
         self._keeper = LaneKeeper(lk, self._period_s) if lk else None
         self._jerk_step = config.jerk_limit * self._period_s
         self.threat = ThreatAssessor(config.threat, names) if config.threat is not None else None
+        self._override = OverrideTest(
+            self._speed,
+            names.index(config.accel_feature) if config.accel_feature in names else None,
+            config.standstill_speed,
+            config.override_speed,
+            config.override_tolerance,
+            config.override_tolerance_fraction,
+            self._period_s,
+        )
         hold = StandstillHold(config.standstill, names) if config.standstill is not None else None
         self.standstill = hold if hold is not None and hold.available and self._accel is not None else None
         # Name applied actions by their acceleration's band only where the model's actions are the bands.
@@ -239,6 +255,7 @@ class SafetyMachine:
         features: np.ndarray | None = None,
         actuation_only: bool = False,
         release: bool = False,
+        lead_doubted: bool = False,
     ) -> tuple[AppliedAction, SafetyState]:
         """Advance one tick; `reasons` may gain FALLBACK / SAFE_DEFAULT / THREAT_BRAKING /
         STANDSTILL_HOLD / STOPPED_LEAD_HOLD. Returns (applied, state).
@@ -246,11 +263,15 @@ class SafetyMachine:
         `features` are this tick's raw inputs (None where they must not be read: a frozen sensor),
         read by the lane keeper, the threat assessor and the standstill test. `actuation_only`: the
         tick's OOD_VETO is the actuation check's alone (it doubts the vehicle, not the inputs).
-        `release`: the client releases a standstill hold at this tick."""
+        `release`: the client releases a standstill hold at this tick. `lead_doubted`: a check of the
+        lead's readings vetoed them (executor/checks.py LEAD_CHECKS): the threat assessor reads none."""
         self._features = features
+        self._lead_doubted = lead_doubted
         doubted = self._doubted = inputs_doubted(reasons, actuation_only)
-        if mem.stopped and (release or (not doubted and self._driven_by_someone_else())):
-            mem.stopped, mem.released = False, True
+        if mem.stopped:
+            mem.pull_away, driven = self._override.step(mem.pull_away, features, doubted)
+            if release or driven:
+                mem.stopped, mem.released, mem.pull_away = False, True, None
         last = mem.last_accel
         self._steer_before, self._suspect_readings = self._advance_lane_estimate(mem), 0
         target, state, blending = self._decide(mem, now_ns, reasons, proposal, features)
@@ -371,7 +392,8 @@ class SafetyMachine:
                 mem.state, mem.fallback, mem.abstain_since_ns = SafetyState.NOMINAL, None, None
                 self._trust(mem, proposal)
                 return self._applied_nominal(mem, proposal)
-        need = 0.0 if self.threat is None else self.threat.need(mem.lead, now_ns, self._features)
+        lead = None if self._lead_doubted else self._features
+        need = 0.0 if self.threat is None else self.threat.need(mem.lead, now_ns, lead)
         if need > 0.0 and -need < a:
             a = float(np.float32(-need))
             reasons.append(Reason.THREAT_BRAKING)
@@ -422,11 +444,12 @@ class SafetyMachine:
         use_features: list[bool] | None = None,
         actuation_only: list[bool] | None = None,
         release: list[bool] | None = None,
+        lead_doubted: list[bool] | None = None,
     ) -> list[tuple[AppliedAction, SafetyState]]:
         """`decide` for each row of a batch ticking at `now_ns`, with the same results, the same
         reasons added and the same memory left behind. `features` (rows, F): the rows' raw inputs;
         `use_features[i]` False where row i's must not be read (None: all may); `actuation_only`,
-        `release`: `decide`'s, per row (None: all False)."""
+        `release`, `lead_doubted`: `decide`'s, per row (None: all False)."""
         nominal = SafetyState.NOMINAL
         steady = [not r and m.state is nominal for m, r in zip(mems, reasons)]
         out: list[tuple[AppliedAction, SafetyState]] = []
@@ -464,12 +487,12 @@ class SafetyMachine:
                         x,
                         actuation_only is not None and actuation_only[i],
                         release is not None and release[i],
+                        lead_doubted is not None and lead_doubted[i],
                     )
                 )
                 continue
             # `_decide`'s NOMINAL branch without distrust or LOW_MARGIN: `_trust`, inline
-            mem.abstain_since_ns = None
-            mem.last_safe = proposal
+            mem.abstain_since_ns, mem.last_safe = None, proposal
             recent = mem.recent
             recent.append(proposal)
             if len(recent) > keep:
@@ -549,13 +572,6 @@ class SafetyMachine:
             mem.state = SafetyState.FALLBACK_ACTIVE
             reasons.append(Reason.STANDSTILL_HOLD)
         return (self._fallback(mem, reasons) if in_fallback else self._hold(mem, reasons)), mem.state, False
-
-    def _driven_by_someone_else(self) -> bool:
-        x = self._features
-        if x is None or self._speed is None:
-            return False
-        speed = float(x[self._speed])
-        return math.isfinite(speed) and abs(speed) > self.config.override_speed
 
     def _standing_still(self, mem: SafetyMemory) -> bool:
         return mem.speed_estimate is not None and mem.speed_estimate <= self.config.standstill_speed

@@ -7,8 +7,10 @@ to `standstill_gap_m`:
     closing = -lead_rel_speed ;  need = closing^2 / (2 * (lead_distance - standstill_gap_m))
 
 It only counts lead readings that pass their own checks, because it runs exactly when the checks
-distrust the tick: the lead is reported present, every value is finite and physically plausible
-(gap within the sensor's range, a lead that is not driving backwards), and the readings agree with
+distrust the tick: no per-signal check of the lead's readings vetoes them (the caller says so:
+executor/checks.py LEAD_CHECKS), the lead is reported present, every value is finite and physically
+plausible (gap within the sensor's range and not exactly 0, the value a dropped reading takes; a lead
+that is not driving backwards), and the readings agree with
 each other over time (the gap shrinks as fast as the relative speed says: a speed sensor in km/h or
 a glitched gap does not). A lead seen for less than `confirm_s` is not yet trusted: a cut-in is
 braked for one confirmation window later, a one-sample glitch never.
@@ -82,7 +84,7 @@ class ThreatAssessor:
             and math.isfinite(gap)
             and math.isfinite(rel)
             and math.isfinite(speed)
-            and 0.0 <= gap <= c.max_range_m
+            and 0.0 < gap <= c.max_range_m  # exactly 0 m with the flag set: a dropped reading, no lead that near
             and speed + rel >= -1.0  # the lead is not driving backwards
         )
         if not plausible:

@@ -299,11 +299,32 @@ class RangeSettings:
     context_at_least: tuple[tuple[int, int], ...] = ()
 
 
+def _within_envelope(
+    low: tuple[float, ...],
+    high: tuple[float, ...],
+    values: np.ndarray,
+    envelope: tuple[tuple[float, float] | None, ...],
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Value limits widened to each feature's envelope, and the margin cut back to it: a margin past
+    what physics allows admits readings no sensor gives (a gap of -35 m, a speed of -7 m/s passed
+    every check and the model braked on them); the training rows' own extremes stay inside."""
+    lo_data, hi_data = np.nanmin(values, axis=0).tolist(), np.nanmax(values, axis=0).tolist()
+    new_low, new_high = [], []
+    for lo, hi, d_lo, d_hi, e in zip(low, high, lo_data, hi_data, envelope):
+        if e is not None:
+            e_lo, e_hi = float(e[0]), float(e[1])
+            lo, hi = min(e_lo, max(lo, min(e_lo, d_lo))), max(e_hi, min(hi, max(e_hi, d_hi)))
+        new_low.append(lo)
+        new_high.append(hi)
+    return tuple(new_low), tuple(new_high)
+
+
 def fit_feature_range(train: FeatureRows, calib: FeatureRows, settings: RangeSettings) -> FeatureRange:
     """Limits from the training rows (values, changes where given, context where given): [min -
     margin*span, max + margin*span] per column; the fraction of calibration rows outside them is recorded.
-    ``settings.envelope`` (per feature, (low, high) or None) widens a feature's value limits to include
-    that range: [min(fitted low, low), max(fitted high, high)]; ``settings.context_at_least`` raises a
+    ``settings.envelope`` (per feature, (low, high) or None) sets a feature's value limits to that range,
+    or to the training rows' extremes where they lie beyond it: the margin never reaches past the
+    envelope (`_within_envelope`); ``settings.context_at_least`` raises a
     context column's high limit to its feature's (the value a default raised to that feature can take)."""
     margin, envelope, context_names = settings.margin, settings.envelope, settings.context_names
     if not (margin >= 0.0 and np.isfinite(margin)):
@@ -312,12 +333,12 @@ def fit_feature_range(train: FeatureRows, calib: FeatureRows, settings: RangeSet
         raise ValueError("change and context limits need rows for both the training and the calibration data")
     if train.context is not None and len(context_names) != np.shape(train.context)[1]:
         raise ValueError(f"{len(context_names)} context names for {np.shape(train.context)[1]} context columns")
-    low, high = _widened(np.asarray(train.values, np.float64), margin)
+    values = np.asarray(train.values, np.float64)
+    low, high = _widened(values, margin)
     if envelope is not None:
         if len(envelope) != len(low):
             raise ValueError(f"an envelope of {len(envelope)} features for {len(low)} feature columns")
-        low = tuple(v if e is None else min(v, float(e[0])) for v, e in zip(low, envelope))
-        high = tuple(v if e is None else max(v, float(e[1])) for v, e in zip(high, envelope))
+        low, high = _within_envelope(low, high, values, envelope)
     change_low, change_high = (
         ((), ()) if train.changes is None else _widened(np.asarray(train.changes, np.float64), margin)
     )

@@ -233,17 +233,19 @@ def _both(
 RANGE_MARGIN = {"decision_vector": None, "input_features": 0.25}
 # What real sensors read, where the simulator's training range is narrower: a human's accelerations
 # with measurement noise reach about +-8 m/s^2 (the simulated expert's stay within -7.5 and +2), real
-# speeds 0-45 m/s, real gaps to a lead up to 250 m (the simulated sensor's range is 150 m), relative speeds
-# +-30 m/s. The range guard's value limits are widened to include them (never narrowed); the gate's
-# Mahalanobis score and norm guard still judge such readings by the training data.
+# speeds 0-45 m/s, real gaps to a lead up to 250 m (the simulated sensor's range is 150 m; gaps derived
+# from two vehicles' positions read down to -3.9 m with the lead close by: NGSIM, ZalaZone), relative
+# speeds +-30 m/s. The range guard's value limits are these, or the training data's extremes where they
+# lie beyond: the fitted margin never reaches past them (a gap of -35 m and a speed of -7.4 m/s passed).
+# The gate's Mahalanobis score and norm guard still judge readings inside them by the training data.
 PLAUSIBLE: dict[str, tuple[float, float]] = {
     "accel": (-8.0, 8.0),
     "speed": (0.0, 45.0),
-    "gap": (0.0, 250.0),
+    "gap": (-4.0, 250.0),
     "rel_speed": (-30.0, 30.0),
 }
-PLAUSIBLE_NOTE = "widened to real sensors' readings: accelerations +-8 m/s^2, speed 0-45 m/s, gaps 0-250 m, "
-PLAUSIBLE_NOTE += "relative speeds +-30 m/s"
+PLAUSIBLE_NOTE = "real sensors' readings: accelerations +-8 m/s^2, speed 0-45 m/s, gaps -4-250 m (position-derived "
+PLAUSIBLE_NOTE += "gaps read below 0 with a lead close by), relative speeds +-30 m/s"
 
 
 def _kind(name: str) -> str:

@@ -553,6 +553,27 @@ def test_a_trusted_threat_brakes_beyond_the_profile_while_the_model_is_vetoed(te
         assert Reason.THREAT_BRAKING not in reasons and applied.controls[0] >= 0.5 - 1e-6
 
 
+def test_no_threat_braking_on_lead_readings_their_own_checks_veto(test_model):
+    """The same closing lead, its readings vetoed by a check of the lead's (gap_step, say) on every other
+    stretch: the assessor reads none of them, and its confirmation starts again after each."""
+    machine = _machine(test_model)
+    names = test_model.card.feature_names
+    mem, x = _cruise(test_model, machine)
+    gap, rel = 40.0, -15.0
+    x[names.index("lead_present")] = 1.0
+    threat = []
+    for k in range(10, 170):
+        gap += rel * 0.005
+        x[names.index("lead_distance")], x[names.index("lead_rel_speed")] = gap, rel
+        doubted = 60 <= k < 100
+        reasons = [Reason.OOD_VETO]
+        machine.decide(mem, k * TICK, reasons, None, x.copy(), lead_doubted=doubted)
+        threat.append(Reason.THREAT_BRAKING in reasons)
+    assert threat.index(True) == 30 and all(threat[30:50])  # confirmed after 150 ms, before the doubt
+    assert not any(threat[50:90])  # ticks 60-99: doubted
+    assert not any(threat[90:120]) and all(threat[120:])  # confirmed afresh (150 ms) after it
+
+
 def gap_at(start: float, rel: float, i: int) -> float:
     return start + rel * 0.005 * (i + 1)
 
@@ -589,12 +610,19 @@ def test_the_fallback_stops_in_lane_and_stays_stopped_until_released(test_model)
     for k in range(10, 1400):
         override.decide(mem2, k * TICK, [Reason.INVALID_INPUT], None, None)
     assert mem2.stopped
-    x[names_index(test_model, "ego_speed")] = 1.4  # creeping below walking pace: still held
-    reasons = []
-    assert override.decide(mem2, 1400 * TICK, reasons, proposal, x)[1] is SafetyState.FALLBACK_ACTIVE
-    assert Reason.STANDSTILL_HOLD in reasons
-    x[names_index(test_model, "ego_speed")] = 3.0
-    assert override.decide(mem2, 1401 * TICK, [], proposal, x)[1] is SafetyState.RECOVERING
+    # the vehicle pulls away at 1.2 m/s^2, measured by both sensors: held while creeping below
+    # walking pace, released past it
+    speed_at, accel_at = names_index(test_model, "ego_speed"), names_index(test_model, "ego_accel")
+    x[speed_at], x[accel_at] = 0.0, 0.0
+    override.decide(mem2, 1400 * TICK, [], proposal, x)  # read at rest
+    states = []
+    for k in range(1401, 1700):
+        x[speed_at], x[accel_at] = 1.2 * (k - 1400) * TICK / 1e9, 1.2
+        reasons = []
+        states.append(override.decide(mem2, k * TICK, reasons, proposal, x)[1])
+        if x[speed_at] <= 1.5:
+            assert states[-1] is SafetyState.FALLBACK_ACTIVE and Reason.STANDSTILL_HOLD in reasons
+    assert states[-1] is SafetyState.RECOVERING and not mem2.stopped
     x[names_index(test_model, "ego_speed")] = 0.0
     states = []
     for k in range(1700, 2400):

@@ -71,18 +71,21 @@ def test_norm_band_rate_on_fresh_data_is_near_alpha() -> None:
     assert math.isclose(band.empirical_rate, 0.02, abs_tol=2e-3)
 
 
-def test_the_range_is_widened_to_a_physical_envelope_never_narrowed() -> None:
+def test_the_range_is_the_physical_envelope_or_the_training_data_beyond_it() -> None:
     """Training data narrower than what real sensors read (a simulator's accelerations in [-7.5, 2]):
-    the stated envelope widens the value limits; where training is wider already it stays; the note
-    round-trips with the limits, and a reading inside the envelope is no longer out of range."""
+    the stated envelope widens the value limits; the margin never reaches past it (a gap of -35 m passed
+    the shipped guard), while training data beyond it stays inside; the note round-trips with the
+    limits, and a reading inside the envelope is no longer out of range."""
     rng = np.random.default_rng(2)
     x = np.column_stack([rng.uniform(-7.5, 2.0, 500), rng.uniform(0.0, 40.0, 500), rng.normal(size=500)])
+    x[0, 1] = -1.0  # one training row below its envelope
     train, calib = FeatureRows(x[:400]), FeatureRows(x[400:])
     plain = fit_feature_range(train, calib, RangeSettings(margin=0.25))
     envelope = ((-8.0, 8.0), (0.0, 45.0), None)
     wide = fit_feature_range(train, calib, RangeSettings(margin=0.25, envelope=envelope, envelope_note="n"))
-    assert wide.high[0] == 8.0 and wide.low[0] == plain.low[0] < -8.0  # widened up, kept wider down
-    assert wide.high[1] == max(plain.high[1], 45.0) and wide.low[1] == plain.low[1]
+    assert plain.low[0] < -8.0 and wide.low[0] == -8.0 and wide.high[0] == 8.0  # the margin cut back, widened up
+    assert plain.low[1] < -1.0 and wide.low[1] == -1.0  # the training data's own extreme below the envelope
+    assert plain.high[1] > 45.0 and wide.high[1] == 45.0
     assert (wide.low[2], wide.high[2]) == (plain.low[2], plain.high[2])
     assert wide.envelope_note == "n" and FeatureRange.from_dict(wide.to_dict()).to_dict() == wide.to_dict()
     human = np.array([[6.0, 20.0, 0.0]])
