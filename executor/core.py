@@ -439,19 +439,19 @@ class Executor:
         return replace(obs, history=session.history.push(obs.timestamp_ns, obs.features))
 
     def check_lockstep_time(self, session: Session, obs: Observation) -> None:
-        """LOCKSTEP time strictly increases and never jumps further than lockstep_max_gap_s."""
-        ts = obs.timestamp_ns
-        if session.last_timestamp_ns is not None and ts <= session.last_timestamp_ns:
+        """LOCKSTEP time strictly increases and jumps at most lockstep_max_gap_s (in whole ticks) past
+        the previous observation's, so one observation runs at most max_lockstep_ticks ticks."""
+        ts, last, limit_ns = obs.timestamp_ns, session.last_timestamp_ns, self.max_lockstep_ticks * self.period_ns
+        if last is not None and ts <= last:
             raise InvalidObservation(
                 f"observation seq {obs.seq} has timestamp {ts} ns, not after the previous "
-                f"{session.last_timestamp_ns} ns; LOCKSTEP time must strictly increase"
+                f"{last} ns; LOCKSTEP time must strictly increase"
             )
-        next_tick = ts if session.next_tick_ns is None else session.next_tick_ns
-        if (ts - next_tick) // self.period_ns + 1 > self.max_lockstep_ticks:
+        if last is not None and ts - last > limit_ns:
             raise InvalidObservation(
-                f"observation seq {obs.seq} jumps {(ts - next_tick) / 1e9:.3f} s "
-                f"ahead; LOCKSTEP refuses gaps over lockstep_max_gap_s="
-                f"{self.config.lockstep_max_gap_s} s"
+                f"observation seq {obs.seq} jumps {(ts - last) / 1e9:.9f} s past the previous one's "
+                f"timestamp; LOCKSTEP refuses jumps over lockstep_max_gap_s={self.config.lockstep_max_gap_s} s "
+                f"(SessionLimits.lockstep_max_gap_ns = {limit_ns})"
             )
 
     @property
@@ -700,7 +700,8 @@ class Executor:
             for i in range(n):
                 if scored[i]:
                     proposals[i] = AppliedAction(tops[i], self._actions[tops[i]], control_rows[i])
-        # a frozen sensor's readings must not steer the fallback nor count as a threat
+        # frozen readings steer no fallback and are no threat; the check table is read only on a veto
+        vetoed = gate is not None and gate[2].any()
         decided = self.safety.decide_batch(
             [s.safety for s in rows],
             tick_ns,
@@ -708,11 +709,11 @@ class Executor:
             proposals,
             self._x[:n],
             (~self._frozen[:n]).tolist(),
-            # read the check table only on a tick with a veto (almost every tick has none)
-            self.checks.actuation_only(table).tolist() if gate is not None and gate[2].any() else None,
+            self.checks.actuation_only(table).tolist() if vetoed else None,
             [obs.release_standstill for obs in observations]
             if any(o.release_standstill for o in observations)
             else None,
+            self.checks.lead_doubted(table).tolist() if vetoed else None,
         )
         columns = TickRows(
             tick_index,

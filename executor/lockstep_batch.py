@@ -328,6 +328,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         scans.frozen,
         ex.checks.actuation_only(checks),
         release,
+        ex.checks.lead_doubted(checks),
     )
     applied, applied_controls, state, reasons = _safety_scan(ex, session, safety)
     table = TickTable(
@@ -455,19 +456,13 @@ def _validate(ex: Executor, session: Session, observations: Sequence[Observation
             if o.plan_values is not None
         )
     )
-    if ok:
-        # the grid position before each observation, as advance_lockstep keeps it
-        after = ts[0] + ((ts[:-1] - ts[0]) // ex.period_ns + 1) * ex.period_ns
-        next_tick = np.concatenate([ts[:1], after])
-        ok = bool(np.all((ts - next_tick) // ex.period_ns + 1 <= ex.max_lockstep_ticks))
+    # the gap limit as check_lockstep_time: from the previous observation's timestamp
+    ok = ok and bool(np.all(np.diff(ts) <= ex.max_lockstep_ticks * ex.period_ns))
     if not ok:
         scratch = replace(session)
         for obs in observations:  # raises with the message a live session would get
             ex.check_observation(scratch, obs)
             ex.check_lockstep_time(scratch, obs)
-            period = ex.period_ns
-            start = obs.timestamp_ns if scratch.next_tick_ns is None else scratch.next_tick_ns
-            scratch.next_tick_ns = start + ((obs.timestamp_ns - start) // period + 1) * period
             scratch.last_seq, scratch.last_timestamp_ns = obs.seq, obs.timestamp_ns
         raise ValueError("observations failed a check that the per-observation checks accept (a bug)")
     return feats, ts
@@ -550,7 +545,8 @@ def _plans(
 @dataclass(frozen=True)
 class _SafetyInputs:
     """What the safe-state machine takes per tick (T,): reason flags, a proposal (scored, its action and
-    controls), the tick's time and features, the freeze verdict, the actuation-only veto, a release."""
+    controls), the tick's time and features, the freeze verdict, the actuation-only veto, a release,
+    the lead's readings doubted by their checks."""
 
     flags: np.ndarray
     scored: np.ndarray
@@ -561,6 +557,7 @@ class _SafetyInputs:
     frozen: np.ndarray
     actuation_only: np.ndarray
     release: np.ndarray
+    lead_doubted: np.ndarray
 
 
 def _safety_scan(
@@ -601,6 +598,7 @@ def _safety_scan(
             None if frozen[t] else x[t],
             bool(actuation_only[t]),
             bool(release[t]),
+            bool(ticks.lead_doubted[t]),
         )
         applied[t], applied_controls[t], state[t] = action.index, action.controls, int(st)
         reasons[t] = tuple(tick_reasons)

@@ -248,7 +248,15 @@ def _lead_brakes_hard(rng: np.random.Generator, n_traffic: int = 20, n_lanes: in
     return _with_lead(rng, n_traffic, n_lanes, (1.6, 2.2), rng.uniform(4.0, 7.0), rng.uniform(-7.0, -5.0), None)
 
 
+def _need_lanes(scenario: str, n_lanes: int, minimum: int, why: str) -> None:
+    """Refuse a lane count the scenario cannot be built on, naming both (before anything is drawn)."""
+    if n_lanes < minimum:
+        raise ValueError(f"{scenario} needs n_lanes >= {minimum} ({why}); got n_lanes={n_lanes}")
+
+
 def _cut_in(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int = 3) -> EpisodeInit:
+    # first: on one lane rng.choice below fails with numpy's "a cannot be empty", which names neither
+    _need_lanes("cut_in", n_lanes, 2, "the car that cuts in comes from a lane next to the ego's")
     ego_lane = int(rng.integers(0, n_lanes))
     side = int(rng.choice([s for s in (-1, 1) if 0 <= ego_lane + s < n_lanes]))
     from_lane = ego_lane + side
@@ -295,6 +303,9 @@ def _stopped_ahead(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int =
 
 def _slow_merge(rng: np.random.Generator, n_traffic: int = 20, n_lanes: int = 4) -> EpisodeInit:
     """Lane 0 is an on-ramp that ends; lane 1 is slow with gaps just big enough to merge into."""
+    # on one lane the ramp would end with no lane to merge into, and the slow lane's cars would be
+    # placed on a lane the road does not have
+    _need_lanes("slow_merge", n_lanes, 2, "lane 0 is the on-ramp, lane 1 the slow lane it merges into")
     ego_v = rng.uniform(14.0, 17.0)
     end = np.full(n_lanes, np.inf)
     end[0] = EGO_START_S + rng.uniform(250.0, 350.0)

@@ -344,7 +344,9 @@ async function main() {
     if (args.only.includes('lockstep')) await lockstep(client, info);
     if (args.only.includes('errors')) await badInputs(client, info);
   } catch (err) {
-    check('no unexpected error', false, err?.details ?? err?.stack ?? String(err));
+    // a refused call (no server, no token) by its status name and message; anything else with its stack
+    const refused = typeof err?.code === 'number' && grpc.status[err.code] !== undefined;
+    check('no unexpected error', false, refused ? `${grpc.status[err.code]}: ${err.details}` : err?.stack ?? String(err));
   }
   clearTimeout(watchdog);
   client.close();

@@ -3,6 +3,13 @@ import stream from 'node:stream';
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
 
+if (process.argv.length !== 3 || !process.argv[2]) { // the server's address is the one argument
+  console.error('usage: node example.mjs HOST:PORT (the address `dualloop serve` announces)');
+  process.exit(2);
+}
+// A refused call (no server, no token, a refused session, a bad observation): the status says why.
+const fail = (err) => { console.error(`${grpc.status[err.code]}: ${err.details}`); process.exit(1); };
+
 const proto = new URL('../../proto', import.meta.url).pathname;
 const definition = protoLoader.loadSync('dualloop/v2/controller.proto',
   { includeDirs: [proto], keepCase: true, longs: String, enums: String, defaults: true, oneofs: true });
@@ -15,7 +22,8 @@ stream.setDefaultHighWaterMark(true, 1);
 const client = new ControllerService(process.argv[2], grpc.credentials.createInsecure(),
   { 'grpc-node.flow_control_window': 8192 });
 
-const info = await new Promise((ok, fail) => client.GetModelInfo({}, (e, r) => (e ? fail(e) : ok(r.model))));
+const info = await new Promise((ok, refused) => client.GetModelInfo({}, { deadline: Date.now() + 10_000 },
+  (e, r) => (e ? refused(e) : ok(r.model)))).catch(fail); // the schema to build observations from
 const call = client.Drive();
 call.write({ open: { clock: 'CLOCK_MODE_REALTIME', observation_period_ns: String(50_000_000) } }); // first: open, 20 Hz
 let latest = null;
@@ -26,7 +34,7 @@ call.on('data', (msg) => {
   }
   latest = msg.snapshot; // actuate latest.applied, never latest.proposed
 });
-call.on('error', (err) => { console.error(`${grpc.status[err.code]}: ${err.details}`); process.exit(1); });
+call.on('error', fail);
 call.on('end', () => {
   console.log(`last: ${latest.applied.name} [${latest.applied.controls}] ${latest.safety_state}`);
   client.close();

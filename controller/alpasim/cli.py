@@ -47,6 +47,9 @@ def _alpasim(args: argparse.Namespace) -> int:
         raise ConfigError(f"--horizon {args.horizon}: must be > 0 and at most {MAX_HORIZON_S:g} seconds")
     if not (args.host.startswith(("unix:", "unix-abstract:")) or 0 <= args.port <= 65535):
         raise ConfigError(f"--port {args.port}: must be 0..65535 (0: a free port)")
+    if args.no_gate and args.gate:  # which one was meant is the user's call, not a silent pick
+        given = " ".join(f"--gate {g}" for g in args.gate)
+        raise ConfigError(f"--no-gate and {given}: give the gate files or --no-gate, not both")
     model_path = args.model or BASE_MODEL_PATH
     model = DecisionModel(model_path)
     gate_paths: list[Path] = []

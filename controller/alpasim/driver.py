@@ -17,7 +17,9 @@ input into an INVALID_ARGUMENT naming the field, before the package's bookkeepin
 from __future__ import annotations
 
 import math
+import os
 import socket
+import stat
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -58,6 +60,8 @@ POINT_PERIOD_S = 0.1
 # (it asks again every step), and each answer's cost grows with it (an hour's plan took longer than
 # the runtime's 20 s drive deadline, and held a handler thread past SIGTERM)
 MAX_HORIZON_S = 10.0
+# how long to wait for a server already on a unix socket to answer (it answers at once when it is live)
+UNIX_PROBE_TIMEOUT_S = 2.0
 # the wheelbase the model's steer angle means when the executor's configuration names none
 DEFAULT_WHEELBASE_M = 2.7
 
@@ -264,15 +268,48 @@ def build_server(
     # the package's vehicle-command service (turn indicators): dualloop commands none (NO_COMMAND)
     add_CarlaVehicleServiceServicer_to_server(servicer, server)
     address = host if unix else host_port(host, port)
-    if not unix and port and not _port_free(host, port):  # said in one line, before gRPC logs its own
-        raise OSError(f"--port {port}: could not bind the egodriver service to {address} (in use by another server)")
+    # the flag the address came from, for the user to change
+    flag = f"--host {host}" if unix else f"--port {port}"
+    # said in one line, before gRPC logs its own
+    if unix and (problem := _unix_socket_problem(host)) is not None:
+        raise OSError(f"{flag}: could not bind the egodriver service ({problem})")
+    if not unix and port and not _port_free(host, port):
+        raise OSError(f"{flag}: could not bind the egodriver service to {address} (in use by another server)")
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError:  # grpcio raises where older versions returned 0
         bound = 0
     if bound == 0:
-        raise OSError(f"--port {port}: could not bind the egodriver service to {address}")
+        raise OSError(f"{flag}: could not bind the egodriver service to {address}")
     return server, 0 if unix else bound
+
+
+def _unix_socket_problem(host: str) -> str | None:
+    """Why the unix: (or unix-abstract:) address `host` cannot be served now, or None. gRPC unlinks a
+    socket file before binding its path, so a second driver would silently take a live one's path
+    (and every new connection) while the first runs on unreachable: a socket something answers on
+    is refused, one nothing answers on (left by a process that died) is replaced."""
+    if host.startswith("unix-abstract:"):
+        target = "\0" + host.removeprefix("unix-abstract:")
+    else:
+        rest = host.removeprefix("unix:")
+        target = rest[2:] if rest.startswith("//") else rest  # unix:///abs/path is /abs/path
+        folder = os.path.dirname(target) or "."
+        if not os.path.isdir(folder):
+            return f"the folder {folder} does not exist"
+        if not os.path.exists(target):
+            return None if os.access(folder, os.W_OK | os.X_OK) else f"no permission to create a file in {folder}"
+        if not stat.S_ISSOCK(os.stat(target).st_mode):
+            return f"{target} exists and is not a socket; choose another path"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(UNIX_PROBE_TIMEOUT_S)
+        try:
+            probe.connect(target)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return None  # nobody listens: a stale socket file, or none
+        except OSError as err:  # a listener too busy to accept counts as one, as does one we may not reach
+            return f"could not tell whether a server listens on it ({err.strerror or 'timed out'}); choose another path"
+    return "another server listens on it; stop it or choose another path"
 
 
 def _port_free(host: str, port: int) -> bool:

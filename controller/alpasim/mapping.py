@@ -47,7 +47,10 @@ def state_features(state: DynamicState | None) -> dict[str, float]:
     if state.HasField("linear_velocity"):
         v = state.linear_velocity
         _finite("DynamicState.linear_velocity", v.x, v.y, v.z)
-        out["ego_speed"] = math.hypot(v.x, v.y)
+        # signed along the car's heading, the rig's x (at the rear axle, the rig's origin, a car moves
+        # along its heading, so x is nearly all its speed): a car reversing reads negative, outside
+        # the speeds the model knows, so the gates veto it. hypot(x, y) read it as driving forward.
+        out["ego_speed"] = float(v.x)
     if state.HasField("linear_acceleration"):
         a = state.linear_acceleration
         _finite("DynamicState.linear_acceleration", a.x, a.y, a.z)
@@ -151,8 +154,10 @@ def plan_from_controls(
     """The applied (accel m/s^2, front-wheel steer rad, + = left) held over the horizon, as the poses
     a kinematic bicycle about the rear axle (the rig's origin) reaches from `speed`: x' = v cos(yaw),
     y' = v sin(yaw), yaw' = v tan(steer) / wheelbase, v' = accel. Braking stops the car, it never
-    reverses. The runtime asks again long before the horizon; the horizon only gives its controller a
-    path to track."""
+    reverses, and a negative speed (the car reversing, which the gates veto) starts the plan from a
+    standstill: the model's actions only drive forward, so braking answers a stop where the car is.
+    The runtime asks again long before the horizon; the horizon only gives its controller a path to
+    track."""
     _finite("applied controls", accel, steer)
     if horizon_s <= 0 or point_period_s <= 0:
         raise ValueError(f"horizon_s ({horizon_s}) and point_period_s ({point_period_s}) must be > 0")

@@ -48,6 +48,9 @@ class TrafficRecord:
     agents: int = 0
     ticks: int = 0
     snapshots: int = 0
+    # the ticks the server ran for the agents: the highest tick index a snapshot carried, + 1 (every
+    # agent opens with the stream, so they tick on the same indices)
+    server_ticks: int = 0
     collisions_between_agents: int = 0  # pairs of agents whose bodies began to overlap
     collisions_with_others: int = 0  # an agent and a vehicle the simulator drives
     collisions_others: int = 0  # two vehicles the simulator drives
@@ -158,6 +161,7 @@ class TrafficAgents:
                 self._latest[sid] = _Command(controls[at], steer, cols.applied_index[i], state)
                 self.record.not_nominal += state != pb.SAFETY_STATE_NOMINAL
             self.record.snapshots += n
+            self.record.server_ticks = max(self.record.server_ticks, max(cols.tick) + 1)
             if self.clock == pb.CLOCK_MODE_REALTIME:
                 self.record.lateness_us += cols.lateness_us
             if self.keep:

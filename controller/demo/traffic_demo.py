@@ -5,7 +5,8 @@ Per seed it reports the agents, the collisions (between two agents, between an a
 simulator drives, off the road), the agent-ticks not NOMINAL, and the server's timing: LOCKSTEP ticks
 have no wall-clock deadline (the client paces them), REALTIME ticks do: missed deadlines and
 lateness from GetStats, the snapshots' own lateness, the client's late steps and the agent-snapshots
-the server replaced before the client read them.
+the server replaced before the client read them. In LOCKSTEP the figures that need a deadline do
+not exist (null in --json, `-` in the table), and the server's ticks are those its snapshots carry.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from dualloop.controller.console import console
 from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.demo.traffic import TrafficRecord, run_traffic
+from dualloop.controller.logs.outputs import prepare_output_file
 from dualloop.controller.server_process import ServerProcess, require_files
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.env import make_batch
@@ -48,17 +50,21 @@ class TrafficRow:
     left: int
     not_nominal_pct: float
     errors: int
-    server_ticks: int
-    missed_deadlines: int
-    server_lateness_p99_us: float
-    server_lateness_max_us: float
-    snapshot_lateness_p99_us: float
-    client_behind: int
+    server_ticks: int  # the ticks the server ran for the agents (each decides every agent)
+    # None: a figure that does not exist; in LOCKSTEP every one that needs a wall-clock deadline
+    missed_deadlines: int | None
+    server_lateness_p99_us: float | None
+    server_lateness_max_us: float | None
+    snapshot_lateness_p99_us: float | None
+    client_behind: int | None
     agent_snapshots_dropped: int
 
 
 def _row(seed: int, clock: str, rec: TrafficRecord, wall_s: float, stats: pb.GetStatsResponse) -> TrafficRow:
     late = np.asarray(rec.lateness_us, dtype=np.float64)
+    # GetStats counts only the ticks run while a REALTIME session was open, so a LOCKSTEP run's
+    # ticks are read from its snapshots; its deadline figures would read 0, as if all were on time
+    realtime = clock == "realtime"
     return TrafficRow(
         seed=seed,
         clock=clock,
@@ -71,12 +77,12 @@ def _row(seed: int, clock: str, rec: TrafficRecord, wall_s: float, stats: pb.Get
         left=len(rec.left),
         not_nominal_pct=round(100.0 * rec.not_nominal / max(rec.snapshots, 1), 2),
         errors=len(rec.errors),
-        server_ticks=stats.ticks,
-        missed_deadlines=stats.missed_deadlines,
-        server_lateness_p99_us=round(float(stats.lateness_p99_us), 1),
-        server_lateness_max_us=round(float(stats.lateness_max_us), 1),
-        snapshot_lateness_p99_us=round(float(np.percentile(late, 99)), 1) if late.size else float("nan"),
-        client_behind=rec.client_behind,
+        server_ticks=stats.ticks if realtime else rec.server_ticks,
+        missed_deadlines=stats.missed_deadlines if realtime else None,
+        server_lateness_p99_us=round(float(stats.lateness_p99_us), 1) if realtime else None,
+        server_lateness_max_us=round(float(stats.lateness_max_us), 1) if realtime else None,
+        snapshot_lateness_p99_us=round(float(np.percentile(late, 99)), 1) if late.size else None,
+        client_behind=rec.client_behind if realtime else None,
         agent_snapshots_dropped=rec.agent_snapshots_dropped,
     )
 
@@ -111,6 +117,11 @@ def run_demo_traffic(
     return rows
 
 
+def _cell(value: float | None, fmt: str = ".0f") -> str:
+    """A table cell: a figure that does not exist is a dash, as its null in --json."""
+    return "-" if value is None else format(value, fmt)
+
+
 def _print(rows: list[TrafficRow], scenario: str, model: Path) -> None:
     from rich.table import Table
 
@@ -140,11 +151,11 @@ def _print(rows: list[TrafficRow], scenario: str, model: Path) -> None:
             red(r.off_road),
             str(r.left),
             f"{r.not_nominal_pct:.2f}",
-            str(r.missed_deadlines),
-            f"{r.server_lateness_p99_us:.0f}",
-            f"{r.server_lateness_max_us:.0f}",
-            f"{r.snapshot_lateness_p99_us:.0f}" if math.isfinite(r.snapshot_lateness_p99_us) else "-",
-            str(r.client_behind),
+            _cell(r.missed_deadlines, "d"),
+            _cell(r.server_lateness_p99_us),
+            _cell(r.server_lateness_max_us),
+            _cell(r.snapshot_lateness_p99_us),
+            _cell(r.client_behind, "d"),
             str(r.agent_snapshots_dropped),
             f"{r.wall_s:.1f}",
         )
@@ -170,8 +181,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _seeds(text: str | None) -> list[int]:
-    if not text:
+    if text is None:
         return list(HELD_OUT_SEEDS)
+    if not text.strip():  # an empty $SEEDS in a script: refused, not the long run of every default seed
+        held_out = ",".join(map(str, HELD_OUT_SEEDS))
+        raise ConfigError(f"--seeds {text!r}: empty; give comma-separated integers, or leave it out for {held_out}")
     try:
         seeds = [int(s) for s in text.split(",")]
     except ValueError:
@@ -188,8 +202,8 @@ def _check_args(args: argparse.Namespace, gates: list[Path]) -> list[int]:
         raise ConfigError(f"--duration {args.duration}: must be a finite number of seconds > 0")
     seeds = _seeds(args.seeds)
     require_files(args.model, gates)
-    if args.json:  # as replay --json: its folder made, now rather than after the run
-        args.json.parent.mkdir(parents=True, exist_ok=True)
+    if args.json:
+        prepare_output_file(args.json, "--json", ConfigError)
     return seeds
 
 

@@ -24,6 +24,7 @@ gates) on seeds nothing was tuned on, and reads each tick's applied command:
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.demo.closed_loop import ClosedLoopRun, InProcessDecider, run_closed_loop
 from dualloop.controller.demo.traffic_demo import strict_json
+from dualloop.controller.logs.outputs import prepare_output_file
 from dualloop.controller.server_process import require_files
 from dualloop.executor.action_labels import action_of_accel
 from dualloop.executor.config import ExecutorConfig
@@ -216,12 +218,15 @@ def summarise(figures: list[TransitionFigures], jerk_step: float, steer_step: fl
     for name in dict.fromkeys(f.scenario for f in figures):
         fs = [f for f in figures if f.scenario == name]
         gaps = [f.min_lead_gap_m for f in fs if f.min_lead_gap_m is not None]
+        # a seed that never left NOMINAL has no such figure (nan): left out, or min() would answer nan
+        # whenever such a seed came first and hide the others' figures
+        lows = [f.min_applied_first_second for f in fs if math.isfinite(f.min_applied_first_second)]
         rows.append(
             {
                 "scenario": name,
                 "seeds": len(fs),
                 "onset_bound_violations": sum(f.onset_bound_violations for f in fs),
-                "min_applied_first_second": min(f.min_applied_first_second for f in fs),
+                "min_applied_first_second": min(lows) if lows else None,
                 "largest_step": max(f.largest_step for f in fs),
                 "step_limit": jerk_step,
                 "largest_steer_step": max(f.largest_steer_step for f in fs),
@@ -268,15 +273,16 @@ def check_args(args: argparse.Namespace, gates: list[Path]) -> tuple[list[str], 
             what = f"unknown {', '.join(unknown)}" if unknown else "names no scenario"
             raise ConfigError(f"--scenarios {args.scenarios!r}: {what}; choose from {', '.join(SCENARIOS)}")
     require_files(args.model, gates)
-    if args.json:  # as replay --json: its folder made, now rather than after every run
-        args.json.parent.mkdir(parents=True, exist_ok=True)
+    if args.json:
+        prepare_output_file(args.json, "--json", ConfigError)
     n = args.seeds
     return scenarios, UNTUNED_SEEDS[:n] if n <= len(UNTUNED_SEEDS) else range(910_001, 910_001 + n)
 
 
 def cell(value: object) -> str:
-    """A table cell: a figure that does not exist (no lead gap outside the forced-veto runs) is a dash."""
-    if value is None:
+    """A table cell: a figure that does not exist (None: no lead gap outside the forced-veto runs; nan:
+    no onset, so no first second after one) is a dash, as docs/demo.md says and the JSON's null."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 

@@ -44,8 +44,17 @@ ACTUAL_IS_COMMAND = "command in effect at the observation"
 REQUIRE_PLAN_DETAIL = "require_plan"
 
 
+# SessionHeader.source_details key, "true" when the server's own planner planned the session: an expired
+# plan was STALE_PLAN there (executor.sessions.Session.expired_plan_is_stale), and so it is in a replay.
+EXPIRED_PLAN_IS_STALE_DETAIL = "expired_plan_is_stale"
+
+
 def require_plan(header: log_pb2.SessionHeader) -> bool:
     return header.source_details.get(REQUIRE_PLAN_DETAIL, "") == "true"
+
+
+def expired_plan_is_stale(header: log_pb2.SessionHeader) -> bool:
+    return header.source_details.get(EXPIRED_PLAN_IS_STALE_DETAIL, "") == "true"
 
 
 # What a live session records when its client did not declare OpenSession.actual_controls_are_commands

@@ -20,7 +20,7 @@ from mcap.stream_reader import StreamReader
 
 from dualloop.controller.logs.bulk import MAGIC
 from dualloop.controller.logs.logfile import MCAP_READ_ERRORS, LogFileError, resolve_log_paths
-from dualloop.controller.logs.outputs import refuse_overwriting_inputs
+from dualloop.controller.logs.outputs import prepare_output_file, refuse_overwriting_inputs
 from dualloop.controller.logs.plot import is_plot_topic, plot_topic
 
 # (title, [(field path, label)]) per plot panel, from the plot message's fields
@@ -133,14 +133,18 @@ def recording_files(paths: Sequence[Path]) -> list[Path]:
     return files
 
 
-def check_layout_out(out: Path, recordings: Sequence[Path]) -> None:
+def check_layout_out(out: Path, recordings: Sequence[Path], flag: str = "-o") -> None:
     """Refuse a layout path that is a recording given, or any MCAP file (by name or content): the
-    JSON would replace a log that cannot be made again. LogFileError, one line naming the path."""
+    JSON would replace a log that cannot be made again. Make its folder when missing (as replay
+    --json), and refuse, naming `flag`, a path the layout cannot be written to (a folder in its place,
+    a file in place of a folder above it, a folder that cannot be made or written). A LogFileError,
+    one line naming the path."""
     refuse_overwriting_inputs([out], recordings, LogFileError)
     if out.suffix.lower() == ".mcap" or _starts_with_mcap_magic(out):
         raise LogFileError(
             f"{out}: an MCAP log (by name or content), not a layout: give a .json name, e.g. layout.json"
         )
+    prepare_output_file(out, flag, LogFileError)
 
 
 def _starts_with_mcap_magic(path: Path) -> bool:

@@ -1,5 +1,6 @@
-"""The check that a command never writes over a file it was given: an import written over its own
-CSV, a replay over its log, would destroy what the user gave."""
+"""Where a command may write: never over a file it was given (an import written over its own CSV, a
+replay over its log, would destroy what the user gave), and an output file's folder made, or the path
+refused in one line, before the work."""
 
 from __future__ import annotations
 
@@ -40,3 +41,25 @@ def refuse_overwriting_inputs(
             why = _overlap(out, source)
             if why:
                 raise error(f"{out}: {why} {source}; give another output path")
+
+
+def prepare_output_file(path: Path, flag: str, error: Callable[[str], Exception]) -> None:
+    """Make the folder of the output file `path` now, before the work (as replay --json does); raise
+    `error` (the command's own error type, one line) naming `flag` when the file cannot be written
+    there: a folder in its place, a file in place of a folder above it, a folder that cannot be made
+    or written."""
+    if path.is_dir():
+        raise error(f"{flag} {path}: is a folder; give a file path")
+    # the nearest existing folder up the path (parents: nearest first); a file there cannot hold one
+    blocker = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise error(f"{flag} {path}: {blocker} is a file, not a folder; give a path in a folder")
+    try:  # a folder that cannot be made: no permission, a read-only or virtual file system (/proc)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise error(
+            f"{flag} {path}: cannot make the folder {path.parent} ({err.strerror or err}); "
+            "give a path in a folder you can write"
+        ) from None
+    if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise error(f"{flag} {path}: cannot write there (permissions); give a path you can write")

@@ -112,6 +112,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    if args.no_gate and args.gate:
+        from dualloop.controller.console import print_error
+
+        print_error(f"--no-gate and --gate {' '.join(map(str, args.gate))}: give the gate files or --no-gate, not both")
+        return 2
     gates = (
         args.gate
         if args.gate is not None
@@ -294,7 +299,8 @@ def _replay_sessions(
             result.report.source = f"{source} session {data.name!r}"
             if "source" in result.report.evaluation:
                 result.report.evaluation["source"] = f"{source.name} {data.name}"
-        console.print(format_report(result.report), highlight=False)
+        # plain text: it quotes ids from the log (a plan id "[/x]" is no rich markup, and must not fail the print)
+        console.print(format_report(result.report), highlight=False, markup=False)
         if new_log is not None:
             report_path = new_log.with_suffix(".json")
             report_path.write_text(json.dumps(result.report.as_dict(), indent=2, default=float))

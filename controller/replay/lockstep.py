@@ -27,6 +27,7 @@ from dualloop.controller.logs.format import (
     TOPIC_OBSERVATION,
     TOPIC_SNAPSHOT,
     actual_is_command,
+    expired_plan_is_stale,
     require_plan,
     sensor_profile,
 )
@@ -75,13 +76,15 @@ class SessionOptions:
 
     actual_is_command: the observations' actual controls are the command in effect (the log says so,
     `controller.logs.format.actual_is_command`), so the gate's actuation check judges them.
-    require_plan: the session required plans (OpenSession.require_plan; the log says so)."""
+    require_plan: the session required plans (OpenSession.require_plan; the log says so).
+    expired_plan_is_stale: the server's own planner planned it, so an expired plan was STALE_PLAN."""
 
     shadow: bool = True
     actual_is_command: bool = False
     observation_period_ns: int = 0
     provided_features: Sequence[str] | None = None
     require_plan: bool = False
+    expired_plan_is_stale: bool = False
 
     @classmethod
     def of_header(cls, header: log_pb2.SessionHeader, shadow: bool = True) -> SessionOptions:
@@ -91,6 +94,7 @@ class SessionOptions:
             observation_period_ns=header.observation_period_ns,
             provided_features=sensor_profile(header),
             require_plan=require_plan(header),
+            expired_plan_is_stale=expired_plan_is_stale(header),
         )
 
     def open(self, ex: Executor, session_id: str) -> None:
@@ -103,6 +107,7 @@ class SessionOptions:
             observation_period_ns=self.observation_period_ns,
             provided_features=None if self.provided_features is None else list(self.provided_features),
             require_plan=self.require_plan,
+            expired_plan_is_stale=self.expired_plan_is_stale,
         )
 
 
@@ -441,6 +446,7 @@ def replay_data(
         else "skipped, the log's actual controls: "
         f"{data.header.source_details.get(ACTUAL_CONTROLS_DETAIL) or 'not declared the command in effect'}"
     )
+    result.report.input_warning = recorded_input_warning(data, ticks)
     t4 = time.perf_counter()
     timings["report_s"] = t4 - t3
     try:  # against the labels and the baselines, one tick per observation
@@ -452,6 +458,38 @@ def replay_data(
         result.report.evaluation = {"skipped": str(err)}
     timings["evaluation_s"] = time.perf_counter() - t4
     return result
+
+
+def recorded_input_warning(data: LogData, ticks: Sequence[Snapshot] | TickTable) -> str:
+    """What the report must say when the log cannot give the recorded decisions back, however well the
+    replay agrees with the actual action: its recorded decisions used plans that no observation carries
+    (a session planned by the server's planner, recorded before the recorder kept its plans), or, in a
+    LOCKSTEP recording, whose ticks line up with the replay's, the first tick saw another input (its
+    input hash differs). "" when neither, or when the log holds no recorded decisions."""
+    if not data.snapshots:
+        return ""
+    carried = {o.plan.plan_id for o in data.observations if o.HasField("plan")}
+    missing = list(dict.fromkeys(s.plan_id for s in data.snapshots if s.plan_id and s.plan_id not in carried))
+    if missing:
+        return (
+            f"the recorded decisions used {len(missing)} plans that no observation of the log carries (the first "
+            f"{missing[0]!r}): the log lacks its plans (a session planned by the server's planner, recorded before "
+            "the recorder kept them), so the replay ran without them and its decisions are not the recording's"
+        )
+    first = data.snapshots[0]
+    if data.header.clock != pb.CLOCK_MODE_LOCKSTEP:
+        return ""
+    if isinstance(ticks, TickTable):
+        replayed = int(ticks.input_hash[first.tick]) if 0 <= first.tick < len(ticks) else None
+    else:
+        replayed = next((s.input_hash for s in ticks if s.tick == first.tick), None)
+    if replayed is None or replayed == first.input_hash:
+        return ""
+    return (
+        f"tick {first.tick} saw another input than the recorded tick (input hash {replayed:016x}, recorded "
+        f"{first.input_hash:016x}): a model that fills in the plan or missing features otherwise, or observations "
+        "changed since they were recorded; its decisions are not the recording's"
+    )
 
 
 def _write_replay(

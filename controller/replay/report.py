@@ -39,6 +39,8 @@ class ReplayReport:
     timings: dict[str, float] = field(default_factory=dict)
     speedup: float = 0.0  # drive duration / replay compute time
     actuation_check: str = ""  # whether the gate's actuation check ran, and why not
+    # not empty: the log cannot give its recorded decisions back (lockstep.recorded_input_warning says why)
+    input_warning: str = ""
     # evaluation.LogEvaluation.as_dict() against the labels and the baselines, or {"skipped": why}
     evaluation: dict = field(default_factory=dict)
 
@@ -194,6 +196,7 @@ def format_report(r: ReplayReport) -> str:
     lines = [
         f"replay of {r.source}",
         f"  model {r.model}; gates {', '.join(r.gates) or 'none'}",
+        *([f"  warning: {r.input_warning}"] if r.input_warning else []),
         f"  {r.observations} observations, {r.ticks} ticks, {r.drive_s:.2f} s of drive",
         f"  replay {t.get('compute_s', 0) * 1e3:.1f} ms{_real_time(r.speedup)} (reading the log "
         f"{t.get('load_s', 0) * 1e3:.0f} ms, snapshots {t.get('snapshots_s', 0) * 1e3:.0f} ms"

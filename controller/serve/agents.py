@@ -22,7 +22,7 @@ from dualloop.controller.contract.snapshot_columns import snapshot_columns
 from dualloop.controller.contract.wire import observation_from_proto, snapshot_to_proto
 from dualloop.controller.serve import client_strings, events
 from dualloop.controller.serve.agents_outbox import AgentsOutbox, agents_columns_bytes, agents_response_bytes
-from dualloop.controller.serve.drive import _DRAINED, _END, _TIMED_OUT, DriveCall
+from dualloop.controller.serve.drive import _DRAINED, _END, _TIMED_OUT, DriveCall, confirm_half_close
 from dualloop.controller.serve.limits import session_limits
 from dualloop.controller.serve.runtime import SessionRuntime
 from dualloop.controller.serve.status import MalformedRequest, status_of
@@ -116,9 +116,17 @@ class DriveAgentsCall:
             )
         )
         drain = asyncio.ensure_future(runtime.draining.wait())
-        error: tuple | None = (grpc.StatusCode.CANCELLED, "the client cancelled the call, or the server stopped")
+        error: tuple | None = (
+            grpc.StatusCode.CANCELLED,
+            "the client cancelled the call, gRPC refused a request past max_receive_message_bytes "
+            f"({runtime.config.max_receive_message_bytes} bytes; the client got RESOURCE_EXHAUSTED), or the "
+            "server stopped",
+        )
         try:
-            error = await self._loop(requests.__aiter__(), drain)
+            ending = await self._loop(requests.__aiter__(), drain)
+            if ending is None:
+                await confirm_half_close(context)  # a cancel that ended the requests lands here: not OK
+            error = ending
         finally:
             drain.cancel()
             await self._stop_writer()
@@ -165,8 +173,7 @@ class DriveAgentsCall:
                 snaps = await self._apply(msg)
             except ColumnsError as err:
                 return grpc.StatusCode.INVALID_ARGUMENT, f"DriveAgentsRequest.observation_columns: {err}"
-            if self.outbox is not None:
-                self.outbox.notify()
+            if self.outbox is not None:  # its notices ride on the next tick's response
                 if self._writer is None:
                     self._writer = asyncio.create_task(self._write_realtime(self.outbox))
             else:
@@ -384,8 +391,11 @@ class DriveAgentsCall:
         outbox, writer = self.outbox, self._writer
         if outbox is None:
             return
-        self.runtime.agent_groups.discard(outbox)
-        outbox.close()  # the writer sends what is waiting (the last request's notices), then ends
-        if writer is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(writer, _FLUSH_S)
+        # the writer sends what is waiting, the last request's notices on the next tick, then ends
+        outbox.close()
+        try:
+            if writer is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(writer, _FLUSH_S)
+        finally:
+            self.runtime.agent_groups.discard(outbox)

@@ -43,15 +43,18 @@ class AgentsOutbox:
     """REALTIME: between the tick loop and one DriveAgents stream's writer. The tick loop put()s each
     agent's snapshot and end_tick()s; the writer takes the newest complete tick. A tick the writer
     did not take is replaced by the next (its snapshots counted dropped and carried over, per agent,
-    as a Drive stream's outbox does). Notices (agents opened, refused, left) are never dropped."""
+    as a Drive stream's outbox does). Notices (agents opened, refused, left) ride on the first tick
+    after them, so that every response has its tick (a tick with notices and no snapshots is sent
+    too); a replaced tick's notices move on to the next: they are never dropped."""
 
     def __init__(self) -> None:
         self._filling: list[Snapshot] = []
         self._ready: list[Snapshot] | None = None
         self._ready_tick = 0
+        self._ready_notices = pb.DriveAgentsResponse()
         self._event = asyncio.Event()
         self._closed = False
-        self.notices = pb.DriveAgentsResponse()
+        self.notices = pb.DriveAgentsResponse()  # since the last tick ended; the next takes them
         self.dropped = 0  # agent-snapshots replaced before the writer took them
         self.dropped_by_agent: dict[str, int] = {}
 
@@ -59,9 +62,13 @@ class AgentsOutbox:
         self._filling.append(snap)
 
     def end_tick(self, tick: int) -> None:
-        if not self._filling:
+        if self._closed and not self._has_notices():  # the stream ended: only its last notices still go
+            self._filling = []
+            return
+        if not self._filling and not self._has_notices():
             return
         newest, self._filling = self._filling, []
+        notices, self.notices = self.notices, pb.DriveAgentsResponse()
         if self._ready is not None:  # the writer is behind: newest tick wins
             replaced = {s.session_id: s for s in self._ready}
             self.dropped += len(self._ready)
@@ -70,28 +77,30 @@ class AgentsOutbox:
                 if old is not None:
                     carry_over(old, snap)
                     self.dropped_by_agent[snap.session_id] = self.dropped_by_agent.get(snap.session_id, 0) + 1
-        self._ready, self._ready_tick = newest, tick
-        self._event.set()
-
-    def notify(self) -> None:
-        """The notices changed: wake the writer."""
+            self._ready_notices.MergeFrom(notices)  # repeated fields append: the older notices first
+            notices = self._ready_notices
+        self._ready, self._ready_tick, self._ready_notices = newest, tick, notices
         self._event.set()
 
     def close(self) -> None:
+        """The stream ends: the writer takes what is waiting, and notices not yet on a tick wait for
+        the next one (the group stays in the tick loop until the writer is done); no tick after it."""
         self._closed = True
         self._event.set()
 
     async def get(self) -> tuple[pb.DriveAgentsResponse, list[Snapshot], int] | None:
-        """(notices, snapshots, tick) once either is waiting; None once closed."""
-        while self._ready is None and not self._has_notices():
-            if self._closed:
+        """(notices, snapshots, tick) of the newest tick not yet taken; None once closed with nothing
+        left to send."""
+        while self._ready is None:
+            if self._closed and not self._has_notices():
                 return None
             self._event.clear()
             await self._event.wait()
-        snaps, self._ready = self._ready or [], None
-        notices, self.notices = self.notices, pb.DriveAgentsResponse()
-        return notices, snaps, self._ready_tick if snaps else 0
+        snaps, self._ready = self._ready, None
+        notices, self._ready_notices = self._ready_notices, pb.DriveAgentsResponse()
+        return notices, snaps, self._ready_tick
 
     def _has_notices(self) -> bool:
+        """Notices that no tick has taken yet."""
         n = self.notices
         return bool(len(n.opened) or len(n.errors) or len(n.left))

@@ -39,6 +39,21 @@ DRAINING_REFUSAL = (
 )
 
 
+async def confirm_half_close(context: grpc.aio.ServicerContext) -> None:
+    """Call once the requests have ended: returns if the client half-closed; if the call was cancelled
+    (by the client, or by gRPC refusing a request past max_receive_message_bytes), the handler's
+    CancelledError is raised here instead.
+
+    gRPC's asyncio server ends the request iterator alike for both (a cancelled call's read reads as
+    the end), and cancels the handler from a separate completion of the call, which may come after
+    the handler saw the end and before it returned: such a stream was logged OK. context.cancelled()
+    and done() are False in both cases. One more read completes on the call's completion queue after
+    the cancellation already queued there, so the cancel lands during it; after a half-close it
+    returns the end at once."""
+    with contextlib.suppress(grpc.aio.BaseError):  # the call or the server has finished: nothing to wait for
+        await context.read()
+
+
 class DriveCall:
     """One Drive stream from its OpenSession to its end; run() takes the steps in order."""
 
@@ -198,6 +213,10 @@ class DriveCall:
 
     def _close(self, session_id: str, session: Session) -> None:
         """What the session.close event reports, then the session forgotten everywhere."""
+        if session.clock is Clock.LOCKSTEP and session.pending is not None:
+            # its last observation, off the tick grid: no tick reached its time before the stream ended,
+            # so it was never decided (docs/contract.md#realtime-and-lockstep); said, not silently lost
+            session.observations_dropped += 1
         trace = self.trace
         trace.ticks, trace.observations_dropped, trace.last_seq = (
             session.ticks,

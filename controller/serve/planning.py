@@ -6,6 +6,10 @@ plans that have finished, both non-blocking and spread over a few ticks. All ses
 period boundary go to the worker as one batch, released at the boundary. LOCKSTEP sessions must stay deterministic,
 so they are planned in-line at each period boundary of observation time (LockstepPlanning), by the
 stream handler over gRPC or by controller.demo.closed_loop's InProcessDecider, with the same code either way.
+
+A recorded session's plans go to its recording (PlanRecording): each plan the executor applied is a
+PlanRecord on /dualloop/plan, and the session's next recorded observation carries it as its plan, the
+form a replay reads, so that the recording replays with the plans the live session used.
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ import asyncio
 import functools
 import math
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
 
 from dualloop.controller.contract.lockstep_planning import KEEP_SUMMARIES, LockstepPlanning, PlanSummaries
+from dualloop.controller.logs.recorder import Recorder
 from dualloop.controller.serve.config import PlannerConfig
 from dualloop.controller.serve.realtime_threads import lower_this_thread
 from dualloop.executor.core import Executor
@@ -29,6 +37,7 @@ from dualloop.planner.scheduler import PlanScheduler, SchedulerConfig
 from dualloop.planner.tls import ClientTLS
 from dualloop.planner.worker import SourceFactory
 from dualloop.v2 import controller_pb2 as pb
+from dualloop.v2 import log_pb2
 
 _NEVER = math.inf
 # A batch's plans arrive together; applying them all in one tick made that tick's successor late
@@ -69,13 +78,84 @@ def worker_deadline_s(cfg: PlannerConfig) -> float:
     return cfg.deadline_s * 1.5 + 0.02 if cfg.source == "remote" else cfg.deadline_s
 
 
+@dataclass
+class _Unrecorded:
+    carry: pb.PlanUpdate | None = None  # the newest plan applied since the session's last recorded observation
+    record: log_pb2.PlanRecord | None = None  # LOCKSTEP: written with its observation, once the executor took it
+
+
+class PlanRecording:
+    """The plans the server's planner applied to recorded sessions, for their recording.
+
+    A replay reads plans only from the observations (Observation.plan), so the observation a session
+    records next carries the newest plan applied since its previous one, as the executor used it
+    (created at the timestamp of the observation it was planned from, valid for the planner's
+    horizon), in place of any plan the client sent (the server ignores those). A LOCKSTEP plan applies
+    at the observation it was planned before: the replay applies it at the same tick. A REALTIME plan
+    applies on a tick between two observations: the replay applies it from the next one (the few
+    ticks between are conditioned on the previous plan there), one reason a REALTIME recording does
+    not replay tick for tick. Each applied plan is also a PlanRecord on /dualloop/plan, written where
+    it applied: on its tick (REALTIME), just before its observation (LOCKSTEP)."""
+
+    def __init__(self) -> None:
+        self.recorder: Recorder | None = None
+        self._sessions: dict[str, _Unrecorded] = {}  # the recorded sessions only: nothing kept for others
+
+    def open(self, session_id: str, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self._sessions[session_id] = _Unrecorded()
+
+    def applied(
+        self, session_id: str, plan: Plan, values: np.ndarray, created_ns: int, with_observation: bool = False
+    ) -> None:
+        """`plan` (its `values`, created at `created_ns` in sensor time) now conditions the session.
+        with_observation: write its PlanRecord with the observation (LOCKSTEP), not now."""
+        state = self._sessions.get(session_id)
+        if state is None or self.recorder is None:
+            return
+        update = pb.PlanUpdate(
+            plan_id=plan.plan_id, values=values.tolist(), valid_for_ns=plan.valid_for_ns, created_ns=created_ns
+        )
+        record = log_pb2.PlanRecord(session_id=session_id, created_time_ns=created_ns, plan=update, source=plan.source)
+        state.carry = update
+        if with_observation:
+            state.record = record
+        else:
+            self.recorder.write_plan(record)
+
+    def observation(self, session_id: str, msg: pb.Observation) -> pb.Observation:
+        """The observation to record for `msg`: with the plan that applied since the previous one, without
+        the client's plan. Never `msg` changed: it is what the client sent."""
+        state = self._sessions.get(session_id)
+        if state is None:
+            return msg
+        if state.record is not None and self.recorder is not None:
+            self.recorder.write_plan(state.record)
+            state.record = None
+        carry, state.carry = state.carry, None
+        if carry is None and not msg.HasField("plan"):
+            return msg
+        out = pb.Observation()
+        out.CopyFrom(msg)
+        out.ClearField("plan")
+        if carry is not None:
+            out.plan.CopyFrom(carry)
+        return out
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+
 class RealtimePlanning:
     """The tick loop's side of the PlanScheduler: request when due, apply what finished."""
 
-    def __init__(self, executor: Executor, scheduler: PlanScheduler, period_ns: int) -> None:
+    def __init__(
+        self, executor: Executor, scheduler: PlanScheduler, period_ns: int, recording: PlanRecording | None = None
+    ) -> None:
         self.executor = executor
         self.scheduler = scheduler
         self.period_ns = period_ns
+        self.recording = recording
         self._due: dict[str, float] = {}  # next request time per session; inf: not ours (LOCKSTEP)
         self._slot: dict[str, int] = {}  # which of the _SPREAD_TICKS ticks before a boundary it asks in
         self._asked: set[str] = set()  # sessions that have had their first request
@@ -105,9 +185,10 @@ class RealtimePlanning:
             session = ex.sessions.get(plan.session_id)
             if session is None or session.clock is not Clock.REALTIME:
                 continue
-            ex.set_plan(
-                plan.session_id, plan.values(), plan.plan_id, self._sensor_time(plan, session), plan.valid_for_ns
-            )
+            values, created_ns = plan.values(), self._sensor_time(plan, session)
+            changed = ex.set_plan(plan.session_id, values, plan.plan_id, created_ns, plan.valid_for_ns)
+            if changed and self.recording is not None:
+                self.recording.applied(plan.session_id, plan, values, created_ns)
             self._summaries.add(plan)
             self.applied += 1
 
@@ -196,7 +277,8 @@ class ServerPlanning:
                 idle_priority=None if cfg.idle_priority else False,
             ),
         )
-        self.realtime = RealtimePlanning(executor, self.scheduler, cfg.period_ns)
+        self.recording = PlanRecording()
+        self.realtime = RealtimePlanning(executor, self.scheduler, cfg.period_ns, self.recording)
         self.lockstep: LockstepPlanning | None = None
         # LOCKSTEP plans run here, awaited by their stream: the loop (and REALTIME ticks) keeps going.
         self._pool = ThreadPoolExecutor(
@@ -236,6 +318,8 @@ class ServerPlanning:
             lock.fail(err, timeout=type(err).__name__ == "PlanTimeout")
             return
         lock.accept(obs, plan)
+        if obs.plan_values is not None:  # accept() conditioned the observation on the plan
+            self.recording.applied(session_id, plan, obs.plan_values, obs.timestamp_ns, with_observation=True)
 
     def decorate(self, session_id: str, clock: int, msg: pb.DecisionSnapshot) -> pb.DecisionSnapshot:
         if clock == pb.CLOCK_MODE_LOCKSTEP:
@@ -244,6 +328,7 @@ class ServerPlanning:
 
     def forget(self, session_id: str) -> None:
         self.realtime.forget(session_id)
+        self.recording.forget(session_id)
         if self.lockstep is not None:
             self.lockstep.forget(session_id)
 

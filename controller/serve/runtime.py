@@ -23,6 +23,7 @@ from dualloop.controller.logs.format import (
     ACTUAL_CONTROLS_DETAIL,
     ACTUAL_IS_COMMAND,
     ACTUAL_NOT_DECLARED,
+    EXPIRED_PLAN_IS_STALE_DETAIL,
     REQUIRE_PLAN_DETAIL,
 )
 from dualloop.controller.logs.recorder import Recorder
@@ -283,6 +284,8 @@ class SessionRuntime:
         details = {ACTUAL_CONTROLS_DETAIL: ACTUAL_IS_COMMAND if actual_is_command else ACTUAL_NOT_DECLARED}
         if require_plan:  # a replay judges plans by the same rule
             details[REQUIRE_PLAN_DETAIL] = "true"
+        if self.planning is not None:  # the server plans it: an expired plan is stale, in its replay too
+            details[EXPIRED_PLAN_IS_STALE_DETAIL] = "true"
         card, gates = self.executor.card, self.executor.gates
         self.recorder.open_session(
             log_pb2.SessionHeader(
@@ -305,9 +308,13 @@ class SessionRuntime:
                 source_details=details,
             )
         )
+        if self.planning is not None:  # the server plans it: its plans go into its recording
+            self.planning.recording.open(session_id, self.recorder)
 
     def record_observation(self, session_id: str, observation: pb.Observation) -> None:
         if self.recorder is not None:
+            if self.planning is not None:  # with the plan the server applied, not the client's
+                observation = self.planning.recording.observation(session_id, observation)
             self.recorder.write_observation(session_id, observation)
 
     def record_snapshot(self, snap: Snapshot) -> None:

@@ -10,12 +10,18 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.lifecycle import ServerThread
+from dualloop.controller.serve.security import AuthConfig
+from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import WALL_CLOCK_FIELDS
+from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from tests.paths import REPO_ROOT
 
 NODE_CLIENT = REPO_ROOT / "clients" / "node"
@@ -102,3 +108,46 @@ def test_node_example_runs(node: str, shipped_server: ServerThread) -> None:
     assert last.startswith("last: ") and last.split()[1] in actions, result.stdout
     # a steady cruise: a first-time user sees it driven, not vetoed into a fallback
     assert last.endswith("SAFETY_STATE_NOMINAL") and "OOD_VETO" not in result.stdout, result.stdout
+
+
+@pytest.fixture(scope="module")
+def token_server(base_model: DecisionModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """A server that wants a token, which the examples do not send."""
+    tokens: Path = tmp_path_factory.mktemp("auth") / "tokens"
+    tokens.write_text("client-token-0123456789abcdef\n")
+    auth = AuthConfig(tokens_file=tokens, tokens_env=None)
+    config = ServerConfig(model=BASE_MODEL_PATH, gates=list(DEFAULT_GATES), port=0, auth=auth)
+    with ServerThread(config, base_model) as srv:
+        yield srv
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    """A failure said in one line on stderr, not a stack trace (grpc-js's errors carry a 20-line one)."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "    at " not in result.stderr, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("args", [(), ("",)], ids=["no argument", "empty address"])
+def test_node_example_without_an_address_prints_its_usage(node: str, args: tuple[str, ...]) -> None:
+    result = run_node(node, "example.mjs", *args)
+    assert result.returncode == 2 and one_line(result).startswith("usage: ") and "HOST:PORT" in result.stderr
+
+
+def test_node_example_reports_an_unreachable_server(node: str) -> None:
+    result = run_node(node, "example.mjs", "127.0.0.1:1")
+    assert result.returncode == 1 and one_line(result).startswith("UNAVAILABLE: "), result.stderr
+
+
+def test_node_example_reports_a_refusal(node: str, token_server: ServerThread) -> None:
+    """GetModelInfo refused: the status and the server's message, which says what it requires."""
+    result = run_node(node, "example.mjs", token_server.address)
+    line = one_line(result)
+    assert result.returncode == 1 and line.startswith("UNAUTHENTICATED: ") and "token" in line, result.stderr
+
+
+def test_node_check_names_the_status_of_a_refusal(node: str, token_server: ServerThread) -> None:
+    result = run_node(node, "check.mjs", token_server.address)
+    assert result.returncode == 1
+    [failure] = summary_of(result)["failures"]
+    assert failure.startswith("no unexpected error: UNAUTHENTICATED: ") and "    at " not in failure, failure

@@ -266,6 +266,29 @@ def test_lockstep_grid(test_model):
         ex.advance_lockstep("a", obs(6, features(rng), t0 + 60_000 * MS))
 
 
+@pytest.mark.parametrize("previous_ns", [5 * MS, 7 * MS], ids=["previous-on-the-grid", "previous-off-the-grid"])
+def test_lockstep_gap_limit_is_measured_from_the_previous_observation(test_model, previous_ns):
+    """docs/contract.md: an observation more than lockstep_max_gap_s (10 s) after the previous one is
+    refused, measured from that observation's timestamp (not from the next grid tick), and the
+    message gives that jump. 10 s is accepted, 10 s + 1 ns is not, on the grid or off it."""
+    rng = np.random.default_rng(5)
+    for gap, refused in ((10_000 * MS, False), (10_000 * MS + 1, True), (10_005 * MS - 1, True), (10_005 * MS, True)):
+        ex = Executor(test_model)
+        ex.open_session("a", clock=Clock.LOCKSTEP)
+        ex.advance_lockstep("a", obs(1, features(rng), 0))
+        ex.advance_lockstep("a", obs(2, features(rng), previous_ns))
+        if not refused:
+            ticks = ex.advance_lockstep("a", obs(3, features(rng), previous_ns + gap))
+            assert len(ticks) <= ex.max_lockstep_ticks == 2000
+            continue
+        with pytest.raises(InvalidObservation) as err:
+            ex.advance_lockstep("a", obs(3, features(rng), previous_ns + gap))
+        assert str(err.value) == (
+            f"observation seq 3 jumps {gap / 1e9:.9f} s past the previous one's timestamp; LOCKSTEP refuses "
+            "jumps over lockstep_max_gap_s=10.0 s (SessionLimits.lockstep_max_gap_ns = 10000000000)"
+        )
+
+
 def test_realtime_sessions_do_not_tick_lockstep_ones(test_model):
     ex = Executor(test_model)
     ex.open_session("rt")

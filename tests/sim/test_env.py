@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dualloop.sim.env import make_scenario, run_expert_episode
-from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS, SCENARIOS
+from dualloop.sim.scenarios import NOMINAL_SCENARIOS, OOD_SCENARIOS, SCENARIOS, build_scenario
 from dualloop.sim.schema import N_FEATURES, N_PLAN, SENSOR_RANGE_M
 
 
@@ -27,6 +27,14 @@ def test_registry_lists_all_required_scenarios() -> None:
     }
     for spec in SCENARIOS.values():
         assert spec.description and "\n" not in spec.description
+
+
+@pytest.mark.parametrize("name", ["cut_in", "slow_merge"])
+def test_a_scenario_that_needs_a_second_lane_refuses_one_lane_naming_both(name: str) -> None:
+    """cut_in failed with numpy's "a cannot be empty"; slow_merge built a ramp with no lane to merge into."""
+    with pytest.raises(ValueError, match=rf"^{name} needs n_lanes >= 2 \(.*\); got n_lanes=1$"):
+        build_scenario(name, [1, 2], n_lanes=1)
+    assert build_scenario(name, [1, 2], n_lanes=2).world.road.n_lanes == 2
 
 
 @pytest.mark.parametrize("name", NOMINAL_SCENARIOS)

@@ -263,7 +263,19 @@ def test_a_nan_action_is_refused_naming_its_entries() -> None:
         ({"action_repeat": 2.5}, TypeError, r"action_repeat must be an int >= 1, got 2.5"),
         ({"action_repeat": 0}, ValueError, r"action_repeat must be an int >= 1, got 0"),
         ({"end_on_collision": "no"}, TypeError, r"end_on_collision must be a bool, got 'no'"),
-        ({"scenario": "cut_in", "n_lanes": 1}, ValueError, r"scenario 'cut_in' cannot be built with n_lanes=1"),
+        # the reason was numpy's "a cannot be empty unless no samples are taken"
+        (
+            {"scenario": "cut_in", "n_lanes": 1},
+            ValueError,
+            r"scenario 'cut_in' cannot be built with n_lanes=1: cut_in needs n_lanes >= 2 \(the car that cuts in",
+        ),
+        # was accepted: an on-ramp ending with no lane to merge into
+        (
+            {"scenario": "slow_merge", "n_lanes": 1},
+            ValueError,
+            r"scenario 'slow_merge' cannot be built with n_lanes=1: slow_merge needs n_lanes >= 2 \(lane 0 is the "
+            r"on-ramp",
+        ),
     ],
 )
 def test_bad_parameters_are_refused_when_the_env_is_made(params: dict, error: type, message: str) -> None:

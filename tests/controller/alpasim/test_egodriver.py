@@ -207,6 +207,31 @@ def test_a_sensor_that_drops_out_is_invalid_input_not_a_guess(stub):
     assert len(second.trajectory.poses) > 1  # still a plan: the safety machine's held action
 
 
+def test_a_reversing_car_is_vetoed_and_answered_with_a_stop(stub):
+    """linear_velocity.x = -20 is the car reversing at 20 m/s: outside the shipped gates' speed range,
+    so OOD_VETO from the first step, then the fallback's braking, and every plan stands still where
+    the car is. Read as +20 m/s (hypot), it was NOMINAL with the +20 m/s plan: 58.7 m forward."""
+    forward = _open(stub)
+    stub.submit_egomotion_observation(_egomotion(forward, 0, 20.0), timeout=10)
+    ahead = stub.drive(DriveRequest(session_uuid=forward, time_now_us=0, time_query_us=100_000), timeout=10)
+    stub.close_session(DriveSessionCloseRequest(session_uuid=forward), timeout=10)
+    assert _scalars(ahead)["safety_state"] == pb.SAFETY_STATE_NOMINAL and ahead.trajectory.poses[-1].pose.vec.x > 50
+    session = _open(stub)
+    answers = []
+    for k in range(30):  # 3 s of 100 ms steps
+        stub.submit_egomotion_observation(_egomotion(session, k * 100_000, -20.0), timeout=10)
+        drive = DriveRequest(session_uuid=session, time_now_us=k * 100_000, time_query_us=(k + 1) * 100_000)
+        answers.append(stub.drive(drive, timeout=10))
+    stub.close_session(DriveSessionCloseRequest(session_uuid=session), timeout=10)
+    scalars = [_scalars(r) for r in answers]
+    assert all(s["feature.ego_speed"] == -20.0 for s in scalars)
+    assert all(s["reason.OOD_VETO"] == 1.0 and s["safety_state"] != pb.SAFETY_STATE_NOMINAL for s in scalars)
+    assert scalars[-1]["safety_state"] == pb.SAFETY_STATE_FALLBACK_ACTIVE and scalars[-1]["applied_accel"] < 0
+    for r in answers:
+        assert len(r.trajectory.poses) > 1
+        assert all(abs(p.pose.vec.x) < 1e-6 and abs(p.pose.vec.y) < 1e-6 for p in r.trajectory.poses)
+
+
 def _scalars(response) -> dict[str, float]:
     debug = unpack_debug_info(response.debug_info.unstructured_debug_info)
     assert debug is not None, "the debug payload is a CarlaDriveDebugInfo protobuf (never a pickle)"

@@ -75,8 +75,8 @@ def test_state_features_take_only_what_the_runtime_set():
     """proto3 tells an unset sub-message from a zero one: an unset acceleration is not 0 m/s^2."""
     assert state_features(DynamicState()) == {}
     assert state_features(None) == {}
-    f = state_features(DynamicState(linear_velocity=Vec3(x=3.0, y=4.0, z=9.0)))
-    assert f == {"ego_speed": pytest.approx(5.0)}  # over ground: the rig's x and y
+    f = state_features(DynamicState(linear_velocity=Vec3(x=3.0, y=0.4, z=9.0)))
+    assert f == {"ego_speed": pytest.approx(3.0)}  # along the car's heading: the rig's x
     f = state_features(
         DynamicState(
             linear_velocity=Vec3(x=10.0),
@@ -87,6 +87,22 @@ def test_state_features_take_only_what_the_runtime_set():
     assert f == {"ego_speed": 10.0, "ego_accel": -2.0, "yaw_rate": pytest.approx(0.05)}
     with pytest.raises(EgodriverInputError, match="linear_velocity"):
         state_features(DynamicState(linear_velocity=Vec3(x=math.inf)))
+
+
+def test_a_reversing_car_has_a_negative_speed():
+    """The rig's x is the car's forward axis: x = -20 is 20 m/s backwards, not 20 m/s (the gates'
+    speed range ends just below 0, so they veto it; read as 20 m/s the model drove on, NOMINAL)."""
+    assert state_features(DynamicState(linear_velocity=Vec3(x=-20.0)))["ego_speed"] == -20.0
+    assert state_features(DynamicState(linear_velocity=Vec3(x=-20.0, y=0.5)))["ego_speed"] == -20.0
+
+
+def test_a_plan_from_reversing_starts_from_a_standstill():
+    """The model's actions drive forward only: braking while reversing answers a stop where the car
+    is, never a plan continuing backwards or one starting forward at the reversing speed."""
+    stop = plan_from_controls(-2.0, 0.0, -20.0, 3.0, 0.1, 2.7)
+    assert all(p.x == 0.0 and p.y == 0.0 and p.yaw == 0.0 for p in stop)
+    creep = plan_from_controls(1.0, 0.0, -20.0, 1.0, 0.1, 2.7)
+    assert creep[-1].x == pytest.approx(0.5 * 1.0 * 1.0**2)
 
 
 def test_feature_vector_is_nan_outside_the_profile_and_where_a_provided_one_dropped_out():

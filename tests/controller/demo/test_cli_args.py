@@ -33,6 +33,8 @@ def refused(*args: str) -> str:
         (("--duration", "nan"), "--duration nan"),  # a traceback
         (("--seeds", "-5"), "--seeds '-5'"),  # a traceback from numpy
         (("--seeds", "1,x"), "--seeds '1,x'"),
+        # an empty $SEEDS ran the three held-out seeds (here, with --duration, a short run and exit 0)
+        (("--seeds", "", "--duration", "0.01"), "--seeds '': empty; give comma-separated integers"),
         (("--model", "/nonexistent.onnx"), "--model /nonexistent.onnx: no such file"),  # "did not start within 120 s"
         (("--gate", "/nonexistent.npz"), "--gate /nonexistent.npz: no such file"),
     ],
@@ -70,6 +72,27 @@ def test_demo_refuses_a_bad_argument_in_one_line(tmp_path: Path, args: tuple[str
     assert named in refused("demo", "--scenarios", "nominal_cruise", "--out", str(tmp_path), *args)
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("demo-traffic", "--seeds", "1", "--duration", "0.01"),
+        ("demo-safety", "--seeds", "1", "--scenarios", "sensor_dropout"),
+    ],
+)
+def test_a_json_path_that_cannot_be_written_is_refused_naming_json(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """Each was a bare "[Errno N] ..." naming no flag."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    under_a_file = blocker / "rows.json"
+    line = refused(*command, "--json", str(under_a_file))
+    assert line == f"error: --json {under_a_file}: {blocker} is a file, not a folder; give a path in a folder"
+    assert f"error: --json {tmp_path}: is a folder" in refused(*command, "--json", str(tmp_path))
+    if Path("/proc/self").is_dir():  # Linux: a folder no one can make, whatever the user
+        assert "error: --json /proc/x/rows.json: cannot make the folder /proc/x (" in refused(
+            *command, "--json", "/proc/x/rows.json"
+        )
+
+
 def strict(text: str) -> object:
     def no_constant(name: str) -> None:
         raise AssertionError(f"{name} is not JSON")
@@ -80,13 +103,22 @@ def strict(text: str) -> object:
 @pytest.mark.slow
 def test_demo_traffic_json_is_strict_and_its_folder_is_made(tmp_path: Path) -> None:
     """A LOCKSTEP row has no snapshot lateness: null, not NaN (JSON.parse refuses NaN); the file's
-    folder did not exist (the whole run, then an error)."""
+    folder did not exist (the whole run, then an error). Nor has it the server's deadline figures
+    (they read 0, as if every tick was on time); its server ticks are its snapshots' (they read 0:
+    GetStats counts REALTIME ticks only)."""
     out = tmp_path / "new" / "folder" / "rows.json"
     args = ["demo-traffic", "--seeds", "1", "--duration", "0.5", "--no-gate", "--json", str(out)]
     run = subprocess.run([sys.executable, "-m", "dualloop", *args], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     rows = strict(out.read_text())
     assert isinstance(rows, list) and rows[0]["clock"] == "lockstep" and rows[0]["snapshot_lateness_p99_us"] is None
+    row = rows[0]
+    assert row["ticks"] == 100 and row["server_ticks"] == 100
+    for name in ("missed_deadlines", "server_lateness_p99_us", "server_lateness_max_us", "client_behind"):
+        assert row[name] is None, name
+    table = [[c.strip() for c in line.split("│")] for line in run.stdout.splitlines()]
+    cells = next(c for c in table if c[1:3] == ["1", "lockstep"])
+    assert cells[10:15] == ["-"] * 5, run.stdout  # missed, late p99, late max, snap late p99, client behind
 
 
 @pytest.mark.slow

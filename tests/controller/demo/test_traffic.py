@@ -4,10 +4,13 @@ with another way of running the same vehicles."""
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import numpy as np
 import pytest
 
+from dualloop.controller.cli import main
 from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.contract.wire import without_wall_clock
 from dualloop.controller.demo.traffic import ModelTraffic, TrafficAgents, agents_of, run_traffic
@@ -147,10 +150,6 @@ def test_realtime_applies_each_vehicles_newest_snapshot(channel):
 
 
 def test_demo_traffic_reports_every_seed(tmp_path, capsys):
-    import json
-
-    from dualloop.controller.cli import main
-
     out = tmp_path / "rows.json"
     assert main(["demo-traffic", "--seeds", "910001,910002", "--duration", "0.2", "--json", str(out), "--check"]) == 0
     rows = json.loads(out.read_text())
@@ -158,6 +157,23 @@ def test_demo_traffic_reports_every_seed(tmp_path, capsys):
     for r in rows:
         assert r["agents"] == 33 and r["ticks"] == 40 and r["errors"] == 0 and r["clock"] == "lockstep"
         assert r["collisions_between_agents"] == 0
+        # LOCKSTEP: the server's ticks are its snapshots' (GetStats counts REALTIME ones only: it said
+        # 0), and no figure that needs a deadline exists (they said 0, as if every tick was on time)
+        assert r["server_ticks"] == 40 and r["server_lateness_p99_us"] is None and r["missed_deadlines"] is None
     assert "every vehicle driven by" in capsys.readouterr().out
     assert main(["demo-traffic", "--seeds", "x1"]) == 2  # one line, exit 2, as every bad argument
     assert "--seeds 'x1': takes comma-separated integers" in capsys.readouterr().err
+    assert main(["demo-traffic", "--seeds", ""]) == 2  # it ran the three held-out seeds at full length
+    assert "--seeds '': empty" in capsys.readouterr().err
+
+
+def test_demo_traffic_realtime_keeps_the_servers_deadline_figures(tmp_path):
+    """REALTIME rows carry the server's deadline figures (that they exist; their values are the load's)."""
+    out = tmp_path / "rows.json"
+    assert (
+        main(["demo-traffic", "--seeds", "910001", "--duration", "0.2", "--clock", "realtime", "--json", str(out)]) == 0
+    )
+    (row,) = json.loads(out.read_text())
+    assert row["clock"] == "realtime" and row["server_ticks"] >= 1
+    assert isinstance(row["missed_deadlines"], int) and isinstance(row["client_behind"], int)
+    assert isinstance(row["server_lateness_p99_us"], float) and isinstance(row["server_lateness_max_us"], float)

@@ -13,7 +13,13 @@ import pytest
 
 from dualloop.controller.cli import main
 from dualloop.controller.demo.closed_loop import ClosedLoopRun
-from dualloop.controller.demo.transitions import Truth, transition_figures, unavoidable_by_braking
+from dualloop.controller.demo.transitions import (
+    Truth,
+    cell,
+    summarise,
+    transition_figures,
+    unavoidable_by_braking,
+)
 from dualloop.executor.action_labels import action_of_accel
 from dualloop.v2 import controller_pb2 as pb
 
@@ -70,6 +76,22 @@ def test_a_step_into_braking_breaks_the_bounds() -> None:
     threat[100:] = 1 << pb.REASON_CODE_THREAT_BRAKING
     allowed = transition_figures(_run(accel, states, threat), J)
     assert allowed.onset_bound_violations == 0 and allowed.largest_step == 0.0
+
+
+def test_a_run_that_never_left_nominal_has_no_onset_figure_a_dash_that_hides_no_other_seed() -> None:
+    """The table printed `nan` (docs/demo.md: `-`, the JSON's null); and as the summary's min() kept
+    nan when such a seed came first, a scenario's other seeds' figures were lost too."""
+    nominal = np.full(N, pb.SAFETY_STATE_NOMINAL)
+    calm = transition_figures(_run(np.full(N, 0.3), nominal), J)
+    states = nominal.copy()
+    states[100:] = pb.SAFETY_STATE_FALLBACK_ACTIVE
+    stop = transition_figures(_run(np.r_[np.full(100, 0.3), _ramp(0.3, -3.0, N - 100)], states), J)
+    assert calm.onsets == 0 and stop.onsets == 1
+    assert cell(calm.min_applied_first_second) == "-"
+    row = summarise([calm, stop], STEP, 0.001)[0]
+    assert row["min_applied_first_second"] == stop.min_applied_first_second < 0.0
+    assert summarise([calm], STEP, 0.001)[0]["min_applied_first_second"] is None
+    assert cell(None) == "-" and cell(-1.5) == "-1.5" and cell(0) == "0"
 
 
 def test_leaving_a_standstill_hold_is_a_drive_off() -> None:

@@ -247,6 +247,31 @@ def test_foxglove_layout_command_makes_a_tab_per_recorded_session(live_recording
     assert "no plot topics" in "".join(capsys.readouterr()) and not (tmp_path / "none.json").exists()
 
 
+def test_foxglove_layout_makes_a_missing_folder_and_names_o_when_the_path_cannot_be_written(
+    live_recording, tmp_path, capsys
+):
+    """A folder that did not exist, or could not exist, gave a bare "[Errno N] ..." naming no flag;
+    the missing one is made, as replay --json makes its folder."""
+    log, _, _, _ = live_recording
+    out = tmp_path / "new" / "folder" / "layout.json"
+    assert main(["foxglove-layout", str(log), "-o", str(out)]) == 0
+    assert json.loads(out.read_text()) == layout(["lock step.1", "rt-1"])
+    capsys.readouterr()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    refusals = [
+        (blocker / "layout.json", f"{blocker} is a file, not a folder; give a path in a folder"),
+        (tmp_path, "is a folder; give a file path"),
+    ]
+    if Path("/proc/self").is_dir():  # Linux: a folder no one can make, whatever the user
+        refusals.append((Path("/proc/x/layout.json"), "cannot make the folder /proc/x ("))
+    for bad, why in refusals:
+        assert main(["foxglove-layout", str(log), "-o", str(bad)]) == 2
+        text = "".join(capsys.readouterr())
+        assert f"error: -o {bad}: {why}" in text and "Errno" not in text, text
+    assert blocker.read_text() == ""
+
+
 def test_distinct_session_ids_have_distinct_plot_topics():
     """Ids that differ only in characters a message path cannot hold (`x.y`, `x/y`, `x y`) used to
     share a topic (`/dualloop/x_y/plot`, the id `x_y`'s too): each now has its own, plain ids keep

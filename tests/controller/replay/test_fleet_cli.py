@@ -202,3 +202,11 @@ def test_more_workers_than_cores_are_the_cores_with_a_warning(tmp_path, capsys, 
     assert code == 0, printed
     assert "--workers 100000" in printed and "using 2" in printed
     assert '"workers": 2' in report.read_text()
+
+
+def test_no_gate_with_gate_files_is_refused_naming_both(tmp_path, capsys):
+    """The gate files were dropped silently: a replay the user thought gated ran ungated."""
+    log = slice_log(tmp_path / "d.mcap", 0, 300, "a")
+    code = main(["replay", str(log), "--model", str(TEST_MODEL_PATH), "--no-gate", "--gate", "g.npz", "--no-write"])
+    printed = capsys.readouterr()
+    assert code == 2 and "--no-gate and --gate g.npz" in printed.err

@@ -243,6 +243,38 @@ def test_fast_replay_refuses_what_a_live_session_refuses():
     assert "s" not in ex.sessions  # closed again
 
 
+@pytest.mark.parametrize("previous_ns", [5_000_000, 7_000_000], ids=["previous-on-the-grid", "previous-off-the-grid"])
+def test_fast_replay_refuses_the_lockstep_gap_a_live_session_refuses(previous_ns):
+    """The gap limit at its boundary (docs/contract.md: a jump past lockstep_max_gap_s, in whole ticks,
+    from the previous observation): accepted and refused alike by the live session and the vectorised
+    replay, with the same message, whether the previous observation lies on the tick grid or not."""
+    data = read_log(FIXTURE)
+    config = executor_config_for(data.header).model_copy(update={"lockstep_max_gap_s": 0.5012})
+    limit_ns = 500_000_000  # 0.5012 s in whole 5 ms ticks: SessionLimits.lockstep_max_gap_ns
+    for gap, refused in ((limit_ns - 1, False), (limit_ns, False), (limit_ns + 1, True), (limit_ns + 5_000_000, True)):
+        outcomes = []
+        for fast in (False, True):
+            obs = _observations(data)[:4]
+            t0 = obs[0].timestamp_ns
+            for k, ts in enumerate((t0, t0 + previous_ns, t0 + previous_ns + gap, t0 + previous_ns + gap + 5_000_000)):
+                obs[k].timestamp_ns = ts
+            ex = build_executor(TEST_MODEL_PATH, (), config)
+            try:
+                snaps, _ = run_replay(ex, "s", obs, fast=fast)
+                outcomes.append([(s.tick, s.observation_seq, s.applied.index) for s in snaps])
+            except InvalidObservation as err:
+                outcomes.append(str(err))
+        live, replayed = outcomes
+        assert live == replayed, (gap, live, replayed)
+        if refused:
+            assert live == (
+                f"observation seq {obs[2].seq} jumps {gap / 1e9:.9f} s past the previous one's timestamp; LOCKSTEP "
+                f"refuses jumps over lockstep_max_gap_s=0.5012 s (SessionLimits.lockstep_max_gap_ns = {limit_ns})"
+            )
+        else:
+            assert isinstance(live, list) and len(live) > 100
+
+
 def test_replay_many_with_a_process_pool(tmp_path):
     logs = [slice_log(tmp_path / f"l{i}.mcap", i * 300, 200, f"s{i}") for i in range(3)]
     result = replay_many(logs, TEST_MODEL_PATH, workers=2, out_dir=tmp_path / "out", progress=False)

@@ -296,8 +296,9 @@ def test_sigterm_drains_live_streams_and_recording(tmp_path: Path):
     assert closes["bad"]["level"] == "WARNING"
     refused, unopened = by_event["session.refused"]
     assert refused["code"] == "INVALID_ARGUMENT" and "must be 'open'" in refused["message"]
-    # the server sees only the requests end: its log says what that may mean
-    assert unopened["code"] == "OK" and "past max_receive_message_bytes" in unopened["message"]
+    # gRPC refused the open for its size: the server sees its requests end, or its call cancelled (the
+    # client half-closed right after it), and its log says what that may mean
+    assert unopened["code"] in ("OK", "CANCELLED") and "past max_receive_message_bytes" in unopened["message"]
     for sid in ("rt", "ls"):
         assert closes[sid]["code"] == "UNAVAILABLE" and "server draining" in closes[sid]["message"]
     assert closes["ls"]["snapshots_sent"] == 50 and closes["ls"]["last_seq"] == 50
