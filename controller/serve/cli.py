@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -31,8 +32,12 @@ from dualloop.controller.serve.ticker import freeze_startup_heap
 from dualloop.controller.serve.workers import serve_workers, stop_when_parent_gone, worker_count
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+from dualloop.planner.tls import TLSFileError, check_ca, read_pem
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
+
+ADMIN_TOKEN_ENV = "DUALLOOP_ADMIN_TOKEN"
+STREAM_TOKEN_ENV = "DUALLOOP_STREAM_TOKEN"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -84,7 +89,8 @@ def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         help="keep idle CPUs this quick to wake while serving (/dev/cpu_dma_latency; 0: they poll, never halt)",
     )
-    p.add_argument("--record-dir", type=Path, help="record every session to MCAP in this folder")
+    # a string, not a Path: Path("") is ".", and the configuration refuses an empty value naming the flag
+    p.add_argument("--record-dir", help="record every session to MCAP in this folder")
     # a server a dualloop command starts for itself (server_process.py): stop when that command is gone
     p.add_argument("--exit-with-parent", type=int, metavar="PID", help=argparse.SUPPRESS)
     p.add_argument("--log-format", choices=("human", "json"), help="server log on stderr (default human)")
@@ -116,6 +122,7 @@ def _register_stream(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     p.add_argument("logs", nargs="+", type=Path, help="log files or folders of .mcap logs")
     p.add_argument("--address", help="a running server (host:port); default: start one on loopback")
+    _add_credential_arguments(p, STREAM_TOKEN_ENV, "the token for --address (a shadow: token is enough)")
     p.add_argument("--model", type=Path, help="for the server started here (default: the shipped model and its gates)")
     p.add_argument("--gate", type=Path, action="append", help="for the server started here (repeat for several)")
     p.add_argument("--sessions", type=positive_int, default=1, help="concurrent sessions per log (default 1)")
@@ -144,13 +151,59 @@ def _register_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--promote", action="store_true", help="load-candidate: promote it at once")
     p.add_argument("--expected-version", default="", help="promote: only if the loaded candidate has this version")
     p.add_argument("--address", default="127.0.0.1:50151", help="the server (default 127.0.0.1:50151)")
+    _add_credential_arguments(p, ADMIN_TOKEN_ENV, "the admin token")
+    p.set_defaults(fn=admin)
+
+
+def _add_credential_arguments(p: argparse.ArgumentParser, token_env: str, token: str) -> None:
+    """--ca-file and --token-env: how `admin` and `stream` reach a server with TLS and tokens."""
     p.add_argument("--ca-file", type=Path, help="PEM CA bundle: connect with TLS")
     p.add_argument(
         "--token-env",
-        default=ADMIN_TOKEN_ENV,
-        help=f"environment variable holding the admin token (default {ADMIN_TOKEN_ENV}; never on the command line)",
+        default=token_env,
+        help=f"environment variable holding {token} (default {token_env}; never on the command line)",
     )
-    p.set_defaults(fn=admin)
+
+
+@dataclass(frozen=True)
+class ClientCredentials:
+    """What `admin` and `stream` present: TLS trusting --ca-file (None: plaintext) and the token read
+    from --token-env's variable ("" when it is unset or empty: then nothing is sent)."""
+
+    tls: grpc.ChannelCredentials | None
+    token: str
+    token_env: str
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ClientCredentials:
+        """Raises TLSFileError naming --ca-file when its file cannot be read or holds no CA bundle."""
+        tls = None
+        if args.ca_file is not None:
+            check_ca(args.ca_file, "--ca-file")
+            tls = grpc.ssl_channel_credentials(read_pem(args.ca_file, "--ca-file"))
+        return cls(tls, os.environ.get(args.token_env, ""), args.token_env)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def no_token_hint(self, code: grpc.StatusCode | None, token: str) -> str:
+        """Why an UNAUTHENTICATED call carried no token (`token`: what the command calls it): the
+        server's message cannot know where this command reads it from, and an unset variable is the
+        usual cause."""
+        if code != grpc.StatusCode.UNAUTHENTICATED or self.token:
+            return ""
+        return (
+            f" (this command sent no token: ${self.token_env} is unset or empty; export {token} in it, "
+            f"or name another variable with --token-env)"
+        )
+
+    def plaintext_hint(self, code: grpc.StatusCode | None) -> str:
+        """A plaintext client sees a TLS server close the connection (UNAVAILABLE, never
+        UNAUTHENTICATED), and nothing in the status says that TLS was the matter."""
+        if code != grpc.StatusCode.UNAVAILABLE or self.tls is not None:
+            return ""
+        return " (plaintext: if the server uses TLS, give its CA with --ca-file)"
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -271,6 +324,17 @@ def stream(args: argparse.Namespace) -> int:
             f"more; `dualloop replay` runs a drive faster than real time on its own clock (LOCKSTEP)[/yellow]",
             soft_wrap=True,
         )
+    # the server started here is plaintext and has no authentication: credentials are for --address
+    credentials = ClientCredentials(None, "", args.token_env)
+    if args.address:
+        try:
+            credentials = ClientCredentials.from_args(args)
+        except TLSFileError as err:
+            print_error(err)
+            return 2
+    elif args.ca_file is not None:
+        print_error("--ca-file goes with --address: the server started here is plaintext on loopback")
+        return 2
     logs: list[LogData] = []
     for path in args.logs:
         files = sorted(path.glob("*.mcap")) if path.is_dir() else [path]
@@ -289,9 +353,13 @@ def stream(args: argparse.Namespace) -> int:
             f"about {total_s / args.speed:.0f} s"
         )
         try:
-            result = asyncio.run(stream_logs(address, logs, args.sessions, args.every, args.speed))
+            result = asyncio.run(
+                stream_logs(address, logs, args.sessions, args.every, args.speed, credentials.tls, credentials.metadata)
+            )
         except grpc.aio.AioRpcError as err:  # as `admin`: the server unreachable or refusing, in one line
-            print_error(f"stream to {address}: {err.code().name}: {err.details()}")
+            hint = credentials.no_token_hint(err.code(), "a token")
+            hint += credentials.plaintext_hint(err.code()) if args.address else ""
+            print_error(f"stream to {address}: {err.code().name}: {err.details()}{hint}")
             return 1
     summary = result.as_dict()
     periods = ", ".join(f"{p / 1e6:g} ms" for p in result.periods_ns)
@@ -308,19 +376,20 @@ def stream(args: argparse.Namespace) -> int:
     return 0
 
 
-ADMIN_TOKEN_ENV = "DUALLOOP_ADMIN_TOKEN"
-
-
 def admin(args: argparse.Namespace) -> int:
     """One admin RPC; its refusal is printed with the server's message (exit code 1)."""
     if args.action == "load-candidate" and args.model is None:
         print_error("admin load-candidate needs the candidate model's path")
         return 2
-    token = os.environ.get(args.token_env, "")
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    try:
+        credentials = ClientCredentials.from_args(args)
+    except TLSFileError as err:
+        print_error(err)
+        return 2
+    metadata = credentials.metadata
     channel = (
-        grpc.secure_channel(args.address, grpc.ssl_channel_credentials(args.ca_file.read_bytes()))
-        if args.ca_file is not None
+        grpc.secure_channel(args.address, credentials.tls)
+        if credentials.tls is not None
         else grpc.insecure_channel(args.address)
     )
     with channel:
@@ -352,22 +421,10 @@ def admin(args: argparse.Namespace) -> int:
                     highlight=False,
                 )
         except grpc.RpcError as err:
-            console.print(
-                f"[red]error:[/] {err.code().name}: {err.details()}{_no_token(err, token, args)}", highlight=False
-            )
+            hint = credentials.no_token_hint(err.code(), "the admin token")
+            console.print(f"[red]error:[/] {err.code().name}: {err.details()}{hint}", highlight=False)
             return 1
     return 0
-
-
-def _no_token(err: grpc.RpcError, token: str, args: argparse.Namespace) -> str:
-    """Why an UNAUTHENTICATED call carried no token: the server's message cannot know where this
-    command reads it from, and an unset variable is the usual cause."""
-    if err.code() != grpc.StatusCode.UNAUTHENTICATED or token:
-        return ""
-    return (
-        f" (this command sent no token: ${args.token_env} is unset or empty; export the admin token in it, "
-        f"or name another variable with --token-env)"
-    )
 
 
 def info(args: argparse.Namespace) -> int:

@@ -3,12 +3,14 @@ with errors naming the field and where it was set."""
 
 from __future__ import annotations
 
+import math
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
 from dualloop.controller.contract.addresses import is_loopback
@@ -28,6 +30,22 @@ from dualloop.planner.tls import ClientTLS, ServerTLS
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
+def _not_empty(value: Any) -> Any:
+    """An empty path is refused, never read as "." (Path("") is the working folder): an unset ${VAR}
+    in a compose or systemd file gives an empty value, and recording into wherever the service
+    happens to start, or loading a model from there, is never what its author meant."""
+    if value == "":
+        raise ValueError(
+            "is empty: give a path, or leave the setting out (an empty value, such as an unset variable in "
+            "a compose or systemd file, would otherwise mean the working folder)"
+        )
+    return value
+
+
+# A path setting: a file or folder the server reads or writes; empty is refused (_not_empty).
+SettingPath = Annotated[Path, BeforeValidator(_not_empty)]
+
+
 class PlannerConfig(BaseModel):
     """The server's own planner: one plan per session every period, off the executor's path."""
 
@@ -35,7 +53,7 @@ class PlannerConfig(BaseModel):
 
     # none: plans come from the clients (Observation.plan), as before.
     source: Literal["none", "behaviour", "onnx", "remote"] = "none"
-    path: Path | None = None  # onnx: the planner model file
+    path: SettingPath | None = None  # onnx: the planner model file
     address: str | None = None  # remote: host:port of a dualloop.v2.PlannerService service
     tls: ClientTLS | None = None  # remote: TLS (mutual with cert_file/key_file) to the planner; None: plaintext
     period_ms: float = Field(200.0, gt=0.0)
@@ -74,16 +92,16 @@ class PlannerConfig(BaseModel):
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: Path
+    model: SettingPath
     # OOD gate files fitted for this model (`dualloop gate fit`), e.g. one on the decision vector and
     # one on the raw inputs; any of them vetoes. Empty: no gate.
-    gates: list[Path] = []
+    gates: list[SettingPath] = []
     # A candidate model decided beside the live one on every tick and never applied (its proposals
     # recorded and compared, GetShadowStats); SIGHUP or PromoteCandidate makes it the live model.
     # It must share the live model's feature schema and history; with gates on the live model it
     # needs its own (candidate_gates, fitted on it): the same kinds of check stay on after a swap.
-    candidate: Path | None = None
-    candidate_gates: list[Path] = []
+    candidate: SettingPath | None = None
+    candidate_gates: list[SettingPath] = []
     host: str = "127.0.0.1"
     port: int = Field(50151, ge=0, le=65535)  # 0 picks a free port
     # Deprecated: no longer permits plaintext beyond loopback (see allow_insecure_non_loopback);
@@ -104,9 +122,10 @@ class ServerConfig(BaseModel):
     # milliseconds late, a whole deadline; the price is idle CPUs spinning. Needs root; refused ->
     # a warning. None leaves the machine's idle states alone (docs/operations.md#realtime-priority).
     cpu_wake_latency_us: int | None = Field(None, ge=0, le=1_000_000)
-    # Record every session to MCAP in this folder (None: no recording). Writing happens on a
-    # background thread through a bounded queue; a full queue drops (counted), never blocks a tick.
-    record_dir: Path | None = None
+    # Record every session to MCAP in this folder (None: no recording; empty is refused, not taken
+    # as the working folder). Writing happens on a background thread through a bounded queue; a
+    # full queue drops (counted), never blocks a tick.
+    record_dir: SettingPath | None = None
     record_rotate_mb: float | None = Field(None, gt=0.0)
     record_rotate_s: float | None = Field(None, gt=0.0)
     # A decoded plot message per snapshot on /dualloop/<session>/plot (docs/foxglove.md), made on
@@ -266,6 +285,40 @@ def _from_folder(data: dict[str, Any], model: type[BaseModel], folder: Path) -> 
     return out
 
 
+def _is_non_finite(value: Any) -> bool:
+    if isinstance(value, str):  # a variable's or a flag's text; YAML and TOML give floats
+        try:
+            value = float(value)
+        except ValueError:
+            return False
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _non_finite(
+    data: dict[str, Any], model: type[BaseModel], loc: tuple[str | int, ...] = ()
+) -> list[InitErrorDetails]:
+    """A finite_number error for every float setting in `data` (for `model`, nested tables too) that
+    is nan or infinite. pydantic takes both for a float field: nan fails its bounds with a misleading
+    "less than or equal to 1000", and inf passes them (a keepalive, a drain grace or a deceleration
+    limit of forever). One rule here for every float of the configuration, the executor's, the
+    safety limits' and the planner's too, whose models are not this module's."""
+    errors: list[InitErrorDetails] = []
+    for name, field in model.model_fields.items():
+        if name not in data:
+            continue
+        value, kinds = data[name], _kinds(field.annotation)
+        tables = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+        if isinstance(value, dict) and tables:
+            errors += _non_finite(value, tables[0], (*loc, name))
+        elif float in kinds:
+            items = enumerate(value) if isinstance(value, list) else [(None, value)]
+            for i, item in items:
+                if _is_non_finite(item):
+                    at = (*loc, name) if i is None else (*loc, name, i)
+                    errors.append({"type": "finite_number", "loc": at, "input": item})
+    return errors
+
+
 def load_server_config(path: Path | None = None, *, use_env: bool = True, **overrides: Any) -> ServerConfig:
     """Defaults < config file < DUALLOOP_* environment variables < command-line overrides (None means
     'not given'): the conventional order, so a container's env adjusts a shipped file and a flag wins.
@@ -276,12 +329,15 @@ def load_server_config(path: Path | None = None, *, use_env: bool = True, **over
     env = read_env() if use_env else {}
     flags = {k: v for k, v in overrides.items() if v is not None}
     data = _merge(_merge(data, env), flags)
+    sources = [str(path)] if path else []
+    sources += ["environment"] if env else []
+    sources += ["command line"] if flags or not sources else []
+    non_finite = _non_finite(data, ServerConfig)
     try:
+        if non_finite:  # said for themselves, before the bounds' messages
+            raise ValidationError.from_exception_data(ServerConfig.__name__, non_finite)
         return ServerConfig.model_validate(data)
     except ValidationError as err:
-        sources = [str(path)] if path else []
-        sources += ["environment"] if env else []
-        sources += ["command line"] if flags or not sources else []
         raise ConfigError(format_validation_error(err, ", ".join(sources), env, flags)) from None
 
 

@@ -12,6 +12,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -86,22 +87,28 @@ class ServerLifecycle:
         model: DecisionModel | None = None,
         plan_source: SourceFactory | None = None,
         worker: tuple[wb.Board, int] | None = None,
+        read_from: Mapping[Path, Path] | None = None,
     ) -> None:
         """plan_source overrides config.planner.source (its period and deadline still apply).
-        worker: (board, slot) when this is one of several processes sharing the port (workers.py)."""
+        worker: (board, slot) when this is one of several processes sharing the port (workers.py).
+        read_from: the file to load for each configured model and gate path (a worker's: the copies
+        its parent took at the server's start); the configuration, logs and recordings keep the
+        configured paths."""
         self.config = config
+        files = read_from or {}
         one_blas_thread()  # constructed on the main thread (ServerThread too): see one_blas_thread
         try:  # tokens are read here, never kept in the configuration (it is recorded in session logs)
             self.auth = Authenticator(config.auth)
         except AuthError as err:
             raise ConfigError(str(err)) from None
         self.model = model or DecisionModel(
-            config.model, warmup_batches=tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.executor.max_sessions)
+            files.get(config.model, config.model),
+            warmup_batches=tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.executor.max_sessions),
         )
         gates = []
         for path in config.gates:
             try:
-                gates.append(load_gate_for_model(path, self.model))
+                gates.append(load_gate_for_model(files.get(path, path), self.model))
             except GateFileError as err:  # its message starts "gate file PATH:" already: said once
                 raise ConfigError(str(err)) from None
             except (OSError, ValueError) as err:
@@ -116,7 +123,11 @@ class ServerLifecycle:
             self.runtime.token_store = self.auth.store
         if config.candidate is not None:
             try:
-                cand = load_candidate(self.executor, config.candidate, config.candidate_gates)
+                cand = load_candidate(
+                    self.executor,
+                    files.get(config.candidate, config.candidate),
+                    [files.get(g, g) for g in config.candidate_gates],
+                )
             except CandidateError as err:
                 raise ConfigError(f"--candidate {config.candidate}: {err.message}") from None
             self.runtime.set_candidate(cand, config.candidate)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -31,6 +32,8 @@ from dualloop.v2 import controller_pb2_grpc as pb_grpc
 # as controller.contract.client.realtime_channel: a small receive window, so a slow reader sees the
 # server's conflation instead of seconds of buffered snapshots
 _CHANNEL_OPTIONS = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 8192)]
+# the first call also connects (TLS handshake included): generous on a loaded machine
+_FIRST_CALL_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -82,8 +85,9 @@ async def _session(
     commands: bool,
     speed: float,
     result: StreamResult,
+    metadata: Sequence[tuple[str, str]],
 ) -> None:
-    call = stub.Drive()
+    call = stub.Drive(metadata=metadata)
     await call.write(
         pb.DriveRequest(
             open=pb.OpenSession(
@@ -109,6 +113,8 @@ async def _session(
             delay = (due - time.monotonic_ns()) / 1e9
             if delay > 0:
                 await asyncio.sleep(delay)
+            if call.done():
+                return  # the server ended the call: its status is the receiver's to raise, not a write error
             msg = pb.Observation()
             msg.CopyFrom(obs)
             msg.seq = k + 1
@@ -117,35 +123,66 @@ async def _session(
             result.observations_sent += 1
         await call.done_writing()
 
-    sender = asyncio.create_task(send())
-    while (response := await call.read()) != grpc.aio.EOF:
-        snap = cast("pb.DriveResponse", response).snapshot
-        result.snapshots += 1
-        result.states[SafetyState(snap.safety_state).name] += 1
-        for reason in snap.reasons:
-            result.reasons[Reason(reason).name] += 1
-        result.held += snap.observation_held
-        result.periods_ns.add(snap.observation_period_ns)
-    await sender
+    async def receive() -> None:
+        while (response := await call.read()) != grpc.aio.EOF:
+            snap = cast("pb.DriveResponse", response).snapshot
+            result.snapshots += 1
+            result.states[SafetyState(snap.safety_state).name] += 1
+            for reason in snap.reasons:
+                result.reasons[Reason(reason).name] += 1
+            result.held += snap.observation_held
+            result.periods_ns.add(snap.observation_period_ns)
+
+    await _all_or_first_error([asyncio.create_task(send()), asyncio.create_task(receive())])
+
+
+async def _all_or_first_error(tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for every task; the first to fail cancels the others and its error is raised once they have
+    stopped. A task left running past its caller would write on a call its closed channel has ended,
+    and asyncio would print its error ("Task exception was never retrieved") at exit."""
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()  # no-op on those already done
+        await asyncio.gather(*tasks, return_exceptions=True)  # collects the others' errors: the first is raised
 
 
 async def stream_logs(
-    address: str, logs: list[LogData], sessions_per_log: int = 1, every: int = 1, speed: float = 1.0
+    address: str,
+    logs: list[LogData],
+    sessions_per_log: int = 1,
+    every: int = 1,
+    speed: float = 1.0,
+    credentials: grpc.ChannelCredentials | None = None,
+    metadata: Sequence[tuple[str, str]] = (),
 ) -> StreamResult:
-    """Stream every log (each `sessions_per_log` times, concurrently) to the server at `address`."""
+    """Stream every log (each `sessions_per_log` times, concurrently) to the server at `address`: over
+    TLS with `credentials` (else plaintext), sending `metadata` (the token) on every call. The first
+    session to fail (refused, the server gone) stops the others, and its error is raised."""
     result = StreamResult()
     t0 = time.monotonic()
-    async with grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS) as channel:
+    channel = (
+        grpc.aio.secure_channel(address, credentials, options=_CHANNEL_OPTIONS)
+        if credentials is not None
+        else grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    )
+    async with channel:
         stub = pb_grpc.ControllerServiceStub(channel)
+        # The server refuses a caller (no token, a wrong one) before it reads a request, and a Drive call
+        # refused so can fail its first write with gRPC's own "INTERNAL: Internal error from Core" in place
+        # of the server's status. A unary call cannot: its refusal comes back as the server said it.
+        await stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=metadata, timeout=_FIRST_CALL_TIMEOUT_S)
         tasks = []
         for i, data in enumerate(logs):
             observations, period = decimated(data, every)
             provided = sensor_profile(data.header)
+            commands = actual_is_command(data.header)
             for k in range(sessions_per_log):
                 sid = f"stream-{i}-{k}-{data.session_id}"[:120]
-                commands = actual_is_command(data.header)
-                tasks.append(_session(stub, sid, observations, period, provided, commands, speed, result))
+                session = _session(stub, sid, observations, period, provided, commands, speed, result, metadata)
+                tasks.append(asyncio.create_task(session))
         result.sessions = len(tasks)
-        await asyncio.gather(*tasks)
+        await _all_or_first_error(tasks)
     result.duration_s = time.monotonic() - t0
     return result
