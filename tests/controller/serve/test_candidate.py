@@ -340,7 +340,7 @@ def _serve(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen, str, Path
     return proc, address.replace("localhost", "127.0.0.1"), port_file
 
 
-def _events(path: Path, name: str) -> list[dict]:
+def log_events(path: Path, name: str) -> list[dict]:
     out = []
     for line in path.read_text().splitlines():
         try:
@@ -379,9 +379,9 @@ def test_sighup_promotes_the_candidate_mid_stream(test_model_path, candidate_pat
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
     assert proc.returncode == 0
-    promoted = _events(log, "server.promoted")
+    promoted = log_events(log, "server.promoted")
     assert len(promoted) == 1 and promoted[0]["by"] == "SIGHUP" and promoted[0]["sessions_kept"] == 1
-    assert len(_events(log, "server.promote_refused")) == 1
+    assert len(log_events(log, "server.promote_refused")) == 1
 
 
 def test_sighup_reaches_every_worker(test_model_path, candidate_path, tmp_path):
@@ -391,7 +391,7 @@ def test_sighup_reaches_every_worker(test_model_path, candidate_path, tmp_path):
     try:
         proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 30
-        while len(_events(log, "server.promoted")) < 2:
+        while len(log_events(log, "server.promoted")) < 2:
             assert time.monotonic() < deadline, f"not every worker promoted: {log.read_text()[-2000:]}"
             time.sleep(0.1)
     finally:

@@ -35,21 +35,14 @@ from dualloop.executor.onnx_export import export_mlp, random_mlp
 from dualloop.models import BASE_MODEL_PATH
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
+from tests.controller.serve.test_candidate import log_events
 from tests.controller.serve.test_operations import lockstep_steps
 from tests.controller.serve.test_workers import Workers, _scheduling, _serve_workers, _wait_for
 from tests.paths import REPO_ROOT
 
 
 def _events(workers: Workers, name: str) -> list[dict]:
-    out = []
-    for line in workers.stderr.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if record.get("event") == name:
-            out.append(record)
-    return out
+    return log_events(workers.stderr, name)
 
 
 def _versions_served(workers: Workers, connections: int = 12) -> collections.Counter[str]:
