@@ -155,7 +155,8 @@ def test_out_of_range_feature_vetoes_by_the_range_check(shipped_channel, driving
     (hit,) = [s for s in snaps if s.observation_seq == bad + 1 and not s.observation_held]
     rng = check(hit, pb.CHECK_INPUT_RANGE)
     assert rng.veto and rng.status == pb.CHECK_STATUS_SCORED and rng.threshold == 0.0
-    assert rng.score == pytest.approx((200.0 - 45.0) / (45.0 - -7.41418747), rel=1e-6)
+    low = -0.19609188  # the shipped input gate's ego_speed limits: [-0.196, 45] m/s
+    assert rng.score == pytest.approx((200.0 - 45.0) / (45.0 - low), rel=1e-6)
     assert pb.CHECK_INPUT_RANGE in hit.vetoed_by and hit.gate.veto and pb.REASON_CODE_OOD_VETO in hit.reasons
     # the other checks still speak, each for itself
     assert [c.check for c in hit.checks] == EVERY_CHECK
