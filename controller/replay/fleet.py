@@ -147,6 +147,7 @@ class FleetResult:
                     "agreement_top1": _finite(r["agreement_top1"]),
                     "gate_veto_ticks": r["gate_veto_ticks"],
                     "gate_veto_fraction": r["gate_veto_fraction"],
+                    "input_warning": r.get("input_warning", ""),
                 }
             )
         return rows
@@ -581,6 +582,8 @@ def format_fleet(result: FleetResult) -> str:
             f"{row['compute_speedup']:5.0f}x {row['seconds'] * 1e3:8.1f} {row['speedup']:5.0f}x "
             f"{'n/a' if agree is None else f'{100 * agree:5.1f}%':>6s} {100 * row['gate_veto_fraction']:5.1f}%"
         )
+        if row["input_warning"]:  # its decisions are not the recording's, whatever its agreement says
+            lines.append(f"{'':36s} warning: {row['input_warning']}")
     p = result.pooled()
     lines.append("-" * len(header))
     agree = p["agreement_top1"]

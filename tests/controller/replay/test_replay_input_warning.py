@@ -76,3 +76,13 @@ def test_a_lockstep_log_whose_first_input_changed_says_so(recorded, tmp_path, ca
     _, report = _replay(nudged, tmp_path, capsys)
     assert report["input_warning"].startswith("tick 0 saw another input than the recorded tick (input hash ")
     assert f"recorded {first.input_hash:016x})" in report["input_warning"]
+
+
+def test_a_fleet_replay_prints_the_warning_under_its_log(recorded, tmp_path, capsys):
+    without_plans = _variant(recorded, tmp_path / "no-plans.mcap", lambda o: o.ClearField("plan"))
+    args = ["replay", str(recorded), str(without_plans), "--model", str(TEST_MODEL_PATH), "--no-gate"]
+    assert main([*args, "--no-write", "--workers", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    warned = [i for i, line in enumerate(lines) if line.strip().startswith("warning:")]
+    assert len(warned) == 1 and lines[warned[0] - 1].startswith("no-plans")
+    assert "the recorded decisions used 10 plans that no observation" in lines[warned[0]]
