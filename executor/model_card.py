@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from typing import Annotated, Final, Literal
 
@@ -242,6 +243,14 @@ class Normalisation:
 
 class ModelFileError(ValueError):
     """A model file that the executor cannot serve; the message names the file and the problem."""
+
+
+def unreadable(path: object, err: OSError) -> str:
+    """Why a file the process may not read cannot be read, and the fix: in a container the server runs
+    as another user than the file's owner (onnxruntime said only "system error number 13")."""
+    return (
+        f"cannot read it ({err.strerror}); this process runs as uid {os.geteuid()}: make it readable (chmod a+r {path})"
+    )
 
 
 def parse_card(raw: str | None, path: str) -> ModelCard:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from dualloop.executor.history import HistoryDeriver, HistoryError
-from dualloop.executor.model_card import METADATA_KEY, ModelCard, ModelFileError, parse_card
+from dualloop.executor.model_card import METADATA_KEY, ModelCard, ModelFileError, parse_card, unreadable
 from dualloop.executor.model_version import UnreadableModel, content_version
 
 
@@ -79,10 +78,7 @@ class DecisionModel:
         try:  # onnxruntime says only "system error number 13" of a file it may not read
             open(self.path, "rb").close()
         except PermissionError as err:
-            raise ModelFileError(
-                f"{path}: cannot read it ({err.strerror}); this process runs as uid {os.geteuid()}: "
-                f"make it readable (chmod a+r {path})"
-            ) from None
+            raise ModelFileError(f"{path}: {unreadable(path, err)}") from None
         try:
             self._session = ort.InferenceSession(self.path, _session_options(), providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime raises its own exception types

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
 import zipfile
 from functools import lru_cache
 from pathlib import Path
 
 from dualloop import ood
 from dualloop.executor.gating import gate_feature_names
+from dualloop.executor.model_card import unreadable
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH
 
@@ -81,10 +81,7 @@ def read_gate(path: Path) -> ood.Gate:
             zip_start = stream.read(4) == b"PK\x03\x04"
         archive = zipfile.is_zipfile(path)
     except PermissionError as err:  # a server in a container runs as another user than the file's owner
-        raise ood.GateFileError(
-            f"gate file {path}: cannot read it ({err.strerror}); this process runs as uid {os.geteuid()}: "
-            f"make it readable (chmod a+r {path})"
-        ) from None
+        raise ood.GateFileError(f"gate file {path}: {unreadable(path, err)}") from None
     except OSError as err:
         raise ood.GateFileError(f"gate file {path}: unreadable ({err.strerror})") from None
     if not archive and zip_start:  # an .npz whose end is missing: a copy cut short, a full disk

@@ -73,7 +73,7 @@ from dualloop.controller.serve.metrics import MetricsEndpoint
 from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
 from dualloop.controller.serve.security_cli import security_summary
 from dualloop.controller.serve.ticker import freeze_startup_heap
-from dualloop.executor.model_card import ModelFileError
+from dualloop.executor.model_card import ModelFileError, unreadable
 from dualloop.ood import GateFileError
 from dualloop.planner.onnx_planner import PlannerFileError
 from dualloop.planner.tls import TLSFileError
@@ -222,11 +222,7 @@ def snapshot_files(config: ServerConfig, folder: Path) -> dict[Path, Path]:
         except FileNotFoundError:
             raise ConfigError(f"{what} {path}: file not found") from None
         except PermissionError as err:
-            uid = os.geteuid()
-            raise ConfigError(
-                f"{what} {path}: cannot read it ({err.strerror}); this process runs as uid {uid}: make it "
-                f"readable (chmod a+r {path})"
-            ) from None
+            raise ConfigError(f"{what} {path}: {unreadable(path, err)}") from None
         except OSError as err:
             raise ConfigError(f"{what} {path}: cannot read it ({err.strerror or err})") from None
         copy = folder / str(len(copies)) / path.name  # a folder each: two files may share a name
