@@ -22,7 +22,7 @@ from dualloop.controller.contract.snapshot_columns import snapshot_columns
 from dualloop.controller.contract.wire import observation_from_proto, snapshot_to_proto
 from dualloop.controller.serve import client_strings, events
 from dualloop.controller.serve.agents_outbox import AgentsOutbox, agents_columns_bytes, agents_response_bytes
-from dualloop.controller.serve.drive import _DRAINED, _END, _TIMED_OUT, DriveCall, confirm_half_close
+from dualloop.controller.serve.drive import _DRAINED, _END, _TIMED_OUT, DriveCall, cancelled_ending, confirm_half_close
 from dualloop.controller.serve.limits import session_limits
 from dualloop.controller.serve.runtime import SessionRuntime
 from dualloop.controller.serve.status import MalformedRequest, status_of
@@ -116,12 +116,7 @@ class DriveAgentsCall:
             )
         )
         drain = asyncio.ensure_future(runtime.draining.wait())
-        error: tuple | None = (
-            grpc.StatusCode.CANCELLED,
-            "the client cancelled the call, gRPC refused a request past max_receive_message_bytes "
-            f"({runtime.config.max_receive_message_bytes} bytes; the client got RESOURCE_EXHAUSTED), or the "
-            "server stopped",
-        )
+        error: tuple | None = cancelled_ending(runtime.config.max_receive_message_bytes)
         try:
             ending = await self._loop(requests.__aiter__(), drain)
             if ending is None:

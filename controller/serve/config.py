@@ -286,27 +286,25 @@ def _from_folder(data: dict[str, Any], model: type[BaseModel], folder: Path) -> 
 
 
 def _is_non_finite(value: Any) -> bool:
-    if isinstance(value, str):  # a variable's or a flag's text; YAML and TOML give floats
-        try:
-            value = float(value)
-        except ValueError:
-            return False
-    return isinstance(value, float) and not math.isfinite(value)
+    """nan or an infinity, given as a float (YAML, TOML, a flag) or as text (a variable)."""
+    try:
+        return isinstance(value, (float, str)) and not math.isfinite(float(value))
+    except ValueError:
+        return False
 
 
 def _non_finite(
     data: dict[str, Any], model: type[BaseModel], loc: tuple[str | int, ...] = ()
 ) -> list[InitErrorDetails]:
-    """A finite_number error for every float setting in `data` (for `model`, nested tables too) that
-    is nan or infinite. pydantic takes both for a float field: nan fails its bounds with a misleading
-    "less than or equal to 1000", and inf passes them (a keepalive, a drain grace or a deceleration
-    limit of forever). One rule here for every float of the configuration, the executor's, the
-    safety limits' and the planner's too, whose models are not this module's."""
+    """A finite_number error for every float setting in `data` (a table for `model`, nested tables too)
+    that is nan or infinite, which pydantic takes for a float: nan fails a bound with a misleading "less
+    than or equal to 1000", and inf passes them all (a keepalive or a deceleration limit of forever).
+    pydantic's own refusal, allow_inf_nan=False, is a model's own setting and stops at a nested model
+    (docs.pydantic.dev, "Configuration propagation"): the executor's and its safety limits' models, not
+    this module's, would each need it. One walk here covers every float of the configuration."""
     errors: list[InitErrorDetails] = []
     for name, field in model.model_fields.items():
-        if name not in data:
-            continue
-        value, kinds = data[name], _kinds(field.annotation)
+        value, kinds = data.get(name), _kinds(field.annotation)
         tables = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
         if isinstance(value, dict) and tables:
             errors += _non_finite(value, tables[0], (*loc, name))

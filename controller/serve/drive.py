@@ -54,6 +54,16 @@ async def confirm_half_close(context: grpc.aio.ServicerContext) -> None:
         await context.read()
 
 
+def cancelled_ending(max_receive_message_bytes: int) -> tuple[grpc.StatusCode, str]:
+    """How a stream cancelled before it ended is logged and closed (Drive, DriveAgents): gRPC does not
+    tell the handler which of the three causes it was."""
+    return grpc.StatusCode.CANCELLED, (
+        "the client cancelled the call, gRPC refused a request past max_receive_message_bytes "
+        f"({max_receive_message_bytes} bytes; the client got RESOURCE_EXHAUSTED), or the server stopped "
+        "before the stream ended"
+    )
+
+
 class DriveCall:
     """One Drive stream from its OpenSession to its end; run() takes the steps in order."""
 

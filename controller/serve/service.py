@@ -18,7 +18,7 @@ from dualloop.controller.contract.wire import (
 from dualloop.controller.serve import client_strings, events
 from dualloop.controller.serve.agents import DriveAgentsCall
 from dualloop.controller.serve.candidate import CandidateError, candidate_status, load_candidate
-from dualloop.controller.serve.drive import DriveCall, confirm_half_close
+from dualloop.controller.serve.drive import DriveCall, cancelled_ending, confirm_half_close
 from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US, SessionRuntime
 from dualloop.controller.serve.security import (
     refuse_others_statistics,
@@ -309,12 +309,8 @@ class RpcHandlers(pb_grpc.ControllerServiceServicer):
             await DriveCall(runtime, self._profile_builds, context, trace).run(request_iterator)
             await confirm_half_close(context)  # a cancel that ended the requests lands here: not logged OK
         except asyncio.CancelledError:
-            trace.ended(
-                "CANCELLED",
-                "the client cancelled the call, gRPC refused a request past max_receive_message_bytes "
-                f"({runtime.config.max_receive_message_bytes} bytes; the client got RESOURCE_EXHAUSTED), or the "
-                "server stopped before the stream ended",
-            )
+            status, message = cancelled_ending(runtime.config.max_receive_message_bytes)
+            trace.ended(status.name, message)
             raise
         except grpc.aio.AbortError as err:  # context.abort(): the status is on the context
             code = context.code()
