@@ -713,7 +713,7 @@ class Executor:
             [obs.release_standstill for obs in observations]
             if any(o.release_standstill for o in observations)
             else None,
-            self.checks.lead_doubted(table).tolist() if vetoed else None,
+            self.checks.lead_doubt(table).tolist() if vetoed else None,
         )
         columns = TickRows(
             tick_index,

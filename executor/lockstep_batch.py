@@ -328,7 +328,7 @@ def run_lockstep(ex: Executor, session_id: str, observations: Sequence[Observati
         scans.frozen,
         ex.checks.actuation_only(checks),
         release,
-        ex.checks.lead_doubted(checks),
+        ex.checks.lead_doubt(checks),
     )
     applied, applied_controls, state, reasons = _safety_scan(ex, session, safety)
     table = TickTable(
@@ -557,7 +557,7 @@ class _SafetyInputs:
     frozen: np.ndarray
     actuation_only: np.ndarray
     release: np.ndarray
-    lead_doubted: np.ndarray
+    lead_doubt: np.ndarray  # LeadDoubt per tick
 
 
 def _safety_scan(
@@ -580,6 +580,7 @@ def _safety_scan(
         if mem.state is SafetyState.NOMINAL and not mem.lead_hold:
             nxt = events[np.searchsorted(events, t)] if events.size and events[-1] >= t else n
             if nxt > t:  # clean NOMINAL ticks: the proposals apply as they are (filled above)
+                machine.follow_lead_rows(mem, tick_ns[t:nxt], x[t:nxt], ~frozen[t:nxt])
                 last = range(max(t, nxt - keep), nxt)
                 machine.trust_run(
                     mem,
@@ -598,7 +599,7 @@ def _safety_scan(
             None if frozen[t] else x[t],
             bool(actuation_only[t]),
             bool(release[t]),
-            bool(ticks.lead_doubted[t]),
+            int(ticks.lead_doubt[t]),
         )
         applied[t], applied_controls[t], state[t] = action.index, action.controls, int(st)
         reasons[t] = tuple(tick_reasons)

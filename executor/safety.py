@@ -65,6 +65,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
@@ -75,7 +76,7 @@ from dualloop.executor.lane_keeping import LaneKeeper, LaneKeepingConfig
 from dualloop.executor.override import OverrideTest, PullAway
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
 from dualloop.executor.standstill import StandstillConfig, StandstillHold
-from dualloop.executor.threat import LeadTrack, ThreatAssessor, ThreatConfig
+from dualloop.executor.threat import LeadDoubt, LeadTrack, ThreatAssessor, ThreatConfig
 
 # UN R157 5.5: a minimal-risk manoeuvre aims at no more than 4 m/s^2; 3 while the lane is trusted.
 R157_LANE_VISIBLE_DECEL = 3.0
@@ -157,6 +158,16 @@ def inputs_doubted(reasons: list[Reason] | tuple[Reason, ...], actuation_only: b
     """Whether a tick's checks doubt what its inputs say: invalid input, or a veto by any check
     but the actuation check (`actuation_only`: the actuation check alone vetoed)."""
     return Reason.INVALID_INPUT in reasons or (Reason.OOD_VETO in reasons and not actuation_only)
+
+
+_NO_LEAD = (math.nan, math.nan, math.nan)  # a tick whose inputs may not be read
+
+
+class _SteadyColumns(NamedTuple):
+    lanes: list[list[float]] | None
+    own_speeds: list[float] | None
+    at_rest: list[bool] | None
+    leads: list[list[float]] | None
 
 
 @dataclass(slots=True)
@@ -255,7 +266,7 @@ class SafetyMachine:
         features: np.ndarray | None = None,
         actuation_only: bool = False,
         release: bool = False,
-        lead_doubted: bool = False,
+        lead_doubt: int = LeadDoubt.NONE,
     ) -> tuple[AppliedAction, SafetyState]:
         """Advance one tick; `reasons` may gain FALLBACK / SAFE_DEFAULT / THREAT_BRAKING /
         STANDSTILL_HOLD / STOPPED_LEAD_HOLD. Returns (applied, state).
@@ -263,10 +274,11 @@ class SafetyMachine:
         `features` are this tick's raw inputs (None where they must not be read: a frozen sensor),
         read by the lane keeper, the threat assessor and the standstill test. `actuation_only`: the
         tick's OOD_VETO is the actuation check's alone (it doubts the vehicle, not the inputs).
-        `release`: the client releases a standstill hold at this tick. `lead_doubted`: a check of the
-        lead's readings vetoed them (executor/checks.py LEAD_CHECKS): the threat assessor reads none."""
+        `release`: the client releases a standstill hold at this tick. `lead_doubt`: what the checks of the
+        lead's readings left the threat assessor (a LeadDoubt; executor/checks.py LEAD_CHECKS)."""
         self._features = features
-        self._lead_doubted = lead_doubted
+        self._lead_doubt = lead_doubt
+        self._follow_lead(mem, now_ns, features)
         doubted = self._doubted = inputs_doubted(reasons, actuation_only)
         if mem.stopped:
             mem.pull_away, driven = self._override.step(mem.pull_away, features, doubted)
@@ -392,8 +404,9 @@ class SafetyMachine:
                 mem.state, mem.fallback, mem.abstain_since_ns = SafetyState.NOMINAL, None, None
                 self._trust(mem, proposal)
                 return self._applied_nominal(mem, proposal)
-        lead = None if self._lead_doubted else self._features
-        need = 0.0 if self.threat is None else self.threat.need(mem.lead, now_ns, lead)
+        lead = None if self._lead_doubt == LeadDoubt.ALL else self._features
+        stuck = self._lead_doubt == LeadDoubt.GAP_STUCK
+        need = 0.0 if self.threat is None else self.threat.need(mem.lead, now_ns, lead, stuck)
         if need > 0.0 and -need < a:
             a = float(np.float32(-need))
             reasons.append(Reason.THREAT_BRAKING)
@@ -415,6 +428,18 @@ class SafetyMachine:
         if steer == wanted:
             return proposal, True
         return proposal.with_control(self._steer, steer), False
+
+    def _follow_lead(self, mem: SafetyMemory, now_ns: int, x: np.ndarray | None) -> None:
+        """Every tick: the gap's run of repeats the threat assessor reckons a stuck gap from."""
+        threat = self.threat
+        if threat is not None and threat.available:
+            p, g, r = threat.lead_columns
+            threat.follow(mem.lead.run, now_ns, *(_NO_LEAD if x is None else (float(x[p]), float(x[g]), float(x[r]))))
+
+    def follow_lead_rows(self, mem: SafetyMemory, ticks_ns: np.ndarray, x: np.ndarray, usable: np.ndarray) -> None:
+        """`_follow_lead` over a replay's run of clean NOMINAL ticks (`usable` False: a frozen row)."""
+        if self.threat is not None:
+            self.threat.follow_rows(mem.lead.run, ticks_ns, x, usable)
 
     def _step_towards(self, last: float, target: float) -> float:
         """The command a jerk step at most from `last` towards `target`, as the float32 the wire
@@ -444,30 +469,20 @@ class SafetyMachine:
         use_features: list[bool] | None = None,
         actuation_only: list[bool] | None = None,
         release: list[bool] | None = None,
-        lead_doubted: list[bool] | None = None,
+        lead_doubt: list[int] | None = None,
     ) -> list[tuple[AppliedAction, SafetyState]]:
         """`decide` for each row of a batch ticking at `now_ns`, with the same results, the same
         reasons added and the same memory left behind. `features` (rows, F): the rows' raw inputs;
         `use_features[i]` False where row i's must not be read (None: all may); `actuation_only`,
-        `release`, `lead_doubted`: `decide`'s, per row (None: all False)."""
+        `release`, `lead_doubt`: `decide`'s, per row (None: all False / NONE)."""
         nominal = SafetyState.NOMINAL
         steady = [not r and m.state is nominal for m, r in zip(mems, reasons)]
         out: list[tuple[AppliedAction, SafetyState]] = []
-        lane = self._lane if features is not None else None
-        if lane is not None and any(steady):  # the trusted lane: offset, heading, curvature, speed
-            assert features is not None
-            lanes = features[:, list(lane)].tolist()
-        standstill = self._speed if features is not None else None
-        if standstill is not None and any(steady):
-            assert features is not None
-            own_speeds = features[:, standstill].tolist()
-        # rows at rest behind a stopped lead, or ramping out of that hold, take `decide`
-        hold = self.standstill
-        at_rest = None
-        if hold is not None and features is not None and any(steady):
-            at_rest = hold.engaged_rows(features).tolist()
+        lanes, own_speeds, at_rest, leads = self._steady_columns(features if any(steady) else None)
+        lane, standstill = lanes is not None, own_speeds is not None
         keep = self.config.rollback_ticks + 1
         accel = self._accel
+        threat = self.threat if leads is not None else None
         for i, mem in enumerate(mems):
             x = None if features is None or (use_features is not None and not use_features[i]) else features[i]
             proposal = proposals[i]
@@ -487,7 +502,7 @@ class SafetyMachine:
                         x,
                         actuation_only is not None and actuation_only[i],
                         release is not None and release[i],
-                        lead_doubted is not None and lead_doubted[i],
+                        LeadDoubt.NONE if lead_doubt is None else lead_doubt[i],
                     )
                 )
                 continue
@@ -497,9 +512,11 @@ class SafetyMachine:
             recent.append(proposal)
             if len(recent) > keep:
                 del recent[0]
+            if threat is not None:  # `_follow_lead`, inline
+                threat.follow(mem.lead.run, now_ns, *(leads[i] if x is not None else _NO_LEAD))  # type: ignore[index]
             if x is not None:
-                if lane is not None:
-                    offset, heading, curvature, speed = lanes[i]
+                if lane:
+                    offset, heading, curvature, speed = lanes[i]  # type: ignore[index]
                     if math.isfinite(curvature):
                         mem.trusted_curvature = curvature
                     if math.isfinite(speed):
@@ -508,12 +525,26 @@ class SafetyMachine:
                         if (history := mem.lane_history) is None:
                             history = mem.lane_history = lane_history(self._history_len)
                         history.append((curvature, speed, offset, heading))
-                if standstill is not None and math.isfinite(speed := own_speeds[i]):
+                if standstill and math.isfinite(speed := own_speeds[i]):  # type: ignore[index]
                     mem.speed_estimate = abs(speed)
             if accel is not None:
                 mem.last_accel = float(proposal.controls[accel])
             out.append((self._named(proposal), nominal))
         return out
+
+    def _steady_columns(self, features: np.ndarray | None) -> _SteadyColumns:
+        """The columns `decide_batch` reads of its steady rows, as lists (None: not read): the trusted
+        lane (offset, heading, curvature, speed), the own speed, at rest behind a stopped lead (such
+        rows, and those ramping out of that hold, take `decide`), the lead (flag, gap, relative speed)."""
+        if features is None:
+            return _SteadyColumns(None, None, None, None)
+        threat = self.threat if self.threat is not None and self.threat.available else None
+        return _SteadyColumns(
+            None if self._lane is None else features[:, list(self._lane)].tolist(),
+            None if self._speed is None else features[:, self._speed].tolist(),
+            None if self.standstill is None else self.standstill.engaged_rows(features).tolist(),
+            None if threat is None else features[:, list(threat.lead_columns)].tolist(),
+        )
 
     def _decide(
         self,

@@ -14,6 +14,7 @@ from dualloop.executor.lane_keeping import LaneKeepingConfig
 from dualloop.executor.reasons import TICK_REASONS
 from dualloop.executor.safety import SafetyConfig, SafetyMachine, SafetyMemory
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
+from dualloop.executor.threat import LeadDoubt
 
 TICK = 5_000_000
 FEATURES = [
@@ -31,11 +32,12 @@ SAFE = AppliedAction(1, "brake", np.array([-2.0, 0.0], np.float32))
 
 
 def _ticks(rng: np.random.Generator, sessions: int, ticks: int):
-    """Per tick: (reasons, proposals, features (sessions, F), use_features, actuation_only, release) per
-    session. Mostly clean ticks, with runs of faults so holds, fallbacks, standstills, releases,
+    """Per tick: (reasons, proposals, features (sessions, F), use_features, actuation_only, release, lead
+    doubt) per session. Mostly clean ticks, with runs of faults so holds, fallbacks, standstills, releases,
     recoveries, abstentions and threats all happen."""
-    fault = np.zeros(sessions, bool)
+    fault, stuck = np.zeros(sessions, bool), np.zeros(sessions, bool)
     gap, rel = rng.uniform(20.0, 60.0, sessions), rng.uniform(-15.0, 2.0, sessions)
+    stuck_at = gap.copy()
     speed, moving = rng.uniform(0.0, 40.0, sessions), np.ones(sessions, bool)
     for _ in range(ticks):
         fault ^= rng.random(sessions) < 0.03  # faults come and go in runs
@@ -58,11 +60,16 @@ def _ticks(rng: np.random.Generator, sessions: int, ticks: int):
         # that now and then moves off
         behind = rng.uniform(2.0, 12.0, sessions)
         moves_off = rng.random(sessions) < 0.3
-        x[:, 5], x[:, 6] = 1.0, np.where(moving, gap, behind)
+        # gap sensors that stick in runs (the threat assessor reckons such a gap from the relative speed)
+        starts = ~stuck & (rng.random(sessions) < 0.003)
+        stuck_at[starts] = gap[starts]
+        stuck = (stuck | starts) & (rng.random(sessions) > 0.02)
+        x[:, 5], x[:, 6] = 1.0, np.where(moving, np.where(stuck, stuck_at, gap), behind)
         x[:, 7] = np.where(moving, rel, np.where(moves_off, 1.0, 0.0))
         x[rng.random(x.shape) < np.where(np.arange(len(FEATURES)) < 5, 0.05, 0.002)] = np.nan
         use, only, release = (rng.random((3, sessions)) < [[0.95], [0.2], [0.01]]).tolist()
-        yield reasons, proposals, x, use, only, release
+        lead = np.where(stuck & fault, np.where(rng.random(sessions) < 0.8, LeadDoubt.GAP_STUCK, LeadDoubt.ALL), 0)
+        yield reasons, proposals, x, use, only, release, lead.tolist()
 
 
 def _same_action(a: AppliedAction | None, b: AppliedAction | None) -> bool:
@@ -96,13 +103,13 @@ def _compare(machine: SafetyMachine, batch: SafetyMachine, seed: int, sessions: 
     differ = 0
     states = set()
     added: set[Reason] = set()
-    for k, (reasons, proposals, x, use, only, release) in enumerate(_ticks(rng, sessions, ticks)):
+    for k, (reasons, proposals, x, use, only, release, lead) in enumerate(_ticks(rng, sessions, ticks)):
         now = k * TICK
         batch_reasons = copy.deepcopy(reasons)
-        out = batch.decide_batch(got, now, batch_reasons, proposals, x, use, only, release)
+        out = batch.decide_batch(got, now, batch_reasons, proposals, x, use, only, release, lead)
         for s in range(sessions):
             applied, state = machine.decide(
-                ref[s], now, reasons[s], proposals[s], x[s] if use[s] else None, only[s], release[s]
+                ref[s], now, reasons[s], proposals[s], x[s] if use[s] else None, only[s], release[s], lead[s]
             )
             added.update(reasons[s])
             states.add(state)
@@ -173,4 +180,4 @@ def test_the_comparison_can_fail() -> None:
     """The comparison above sees a batch that differs from the reference in one memory field."""
     config = SafetyConfig()
     broken = _ForgetsTheRoad(config, ["accel", "steer"], TICK, SAFE, FEATURES)
-    assert _compare(_machine(config), broken, 0, sessions=12, ticks=300) > 0
+    assert _compare(_machine(config), broken, 0, sessions=12, ticks=600) > 0

@@ -16,6 +16,7 @@ from dualloop.executor.gating import GateMismatch
 from dualloop.executor.lane_keeping import LaneKeepingConfig
 from dualloop.executor.safety import SafetyConfig, fallback_profile
 from dualloop.executor.snapshot import Clock, Observation, PlanState, Reason, SafetyState
+from dualloop.executor.threat import LeadDoubt
 
 MS = 1_000_000
 TICK = 5 * MS
@@ -567,11 +568,60 @@ def test_no_threat_braking_on_lead_readings_their_own_checks_veto(test_model):
         x[names.index("lead_distance")], x[names.index("lead_rel_speed")] = gap, rel
         doubted = 60 <= k < 100
         reasons = [Reason.OOD_VETO]
-        machine.decide(mem, k * TICK, reasons, None, x.copy(), lead_doubted=doubted)
+        machine.decide(mem, k * TICK, reasons, None, x.copy(), lead_doubt=LeadDoubt.ALL if doubted else LeadDoubt.NONE)
         threat.append(Reason.THREAT_BRAKING in reasons)
     assert threat.index(True) == 30 and all(threat[30:50])  # confirmed after 150 ms, before the doubt
     assert not any(threat[50:90])  # ticks 60-99: doubted
     assert not any(threat[90:120]) and all(threat[120:])  # confirmed afresh (150 ms) after it
+
+
+def _frozen_gap_run(test_model, doubt: LeadDoubt, rel_of=lambda k: -10.0 - 0.05 * (k - 40)) -> list[float]:
+    """A lead closing ever faster (its relative speed changing every tick) whose gap reading sticks at
+    tick 40 at 30 m, the checks doubting the lead as `doubt` from tick 60: the applied accelerations."""
+    from dualloop.executor.snapshot import AppliedAction
+
+    cruise = AppliedAction(2, "keep", np.array([0.5, 0.01], np.float32))
+    machine = _machine(test_model)
+    names = test_model.card.feature_names
+    mem, x = _cruise(test_model, machine)
+    x[names.index("lead_present")] = 1.0
+    gap, accel = 36.0, []
+    for k in range(10, 200):
+        rel = rel_of(k) if k >= 40 else -10.0
+        gap += rel * 0.005
+        frozen = k >= 40
+        x[names.index("lead_distance")] = 30.0 if frozen else gap
+        x[names.index("lead_rel_speed")] = rel
+        reasons = [Reason.OOD_VETO] if k >= 60 else []
+        proposal = None if reasons else cruise
+        applied, _ = machine.decide(
+            mem, k * TICK, reasons, proposal, x.copy(), lead_doubt=doubt if k >= 60 else LeadDoubt.NONE
+        )
+        accel.append(float(applied.controls[0]))
+    return accel
+
+
+def test_a_stuck_gap_is_moved_on_by_the_relative_speed_and_braked_for(test_model):
+    """The gap sensor sticks while the relative speed keeps changing (gap_repeat's veto: GAP_STUCK):
+    the assessor reads the last gap before it stuck moved on by the relative speed's integral, and
+    brakes as hard as the true gap needs; the whole lead doubted, it brakes no harder than the profile."""
+    stuck = _frozen_gap_run(test_model, LeadDoubt.GAP_STUCK)
+    doubted = _frozen_gap_run(test_model, LeadDoubt.ALL)
+    # tick k's true gap: 30 m at tick 40, closing at 10 m/s + 0.05 m/s per tick since
+    k = 150
+    steps = np.arange(41, k + 1)
+    true_gap = 30.0 + float(np.sum(-10.0 - 0.05 * (steps - 40)) * 0.005)
+    closing = 10.0 + 0.05 * (k - 40)
+    need = closing**2 / (2 * (true_gap - 2.0))
+    assert stuck[k - 10] == pytest.approx(-min(need, 8.0), rel=0.02)
+    assert min(doubted) >= -3.0 - 1e-6  # the safe profile's braking at most
+    assert min(stuck) <= -6.0
+
+
+def test_a_stuck_gap_with_a_stuck_relative_speed_is_not_reckoned(test_model):
+    """Both readings repeat (the whole radar track froze): nothing says where the lead is."""
+    accel = _frozen_gap_run(test_model, LeadDoubt.GAP_STUCK, rel_of=lambda k: -12.0)
+    assert min(accel) >= -3.0 - 1e-6
 
 
 def gap_at(start: float, rel: float, i: int) -> float:
