@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dualloop.executor.snapshot import CHECK_DTYPE, Check, CheckStatus
-from dualloop.executor.threat import LeadDoubt
+from dualloop.executor.stuck_lead import LeadDoubt
 from dualloop.ood import Gate
 
 FloatArray = npt.NDArray[np.float64]
@@ -63,9 +63,10 @@ SIGNAL_KINDS = (
 # doubts those readings. The stuck check also reads the ego speed; the threat assessor's own test
 # (the gap moving as the relative speed says) refuses a stuck gap or relative speed.
 LEAD_CHECKS = (Check.GAP_RATE, Check.LEAD_FLICKER, Check.GAP_REPEAT, Check.GAP_STEP, Check.REL_ACCEL, Check.REL_UNIT)
-# of those, the two a stuck gap explains alone (its repeat, and its rate against the relative speed):
-# with the repeat among the vetoes and nothing else, the gap is doubted and the relative speed read
-STUCK_GAP_CHECKS = (Check.GAP_REPEAT, Check.GAP_RATE)
+# of those, the two that one of gap and relative speed stuck explains alone (the gap's repeat check, and
+# its rate against the relative speed): with the repeat among the vetoes and nothing else, the threat
+# assessor reads the healthy one of the two (executor/stuck_lead.py)
+STUCK_READING_CHECKS = (Check.GAP_REPEAT, Check.GAP_RATE)
 # a range score's floor (the centre of a range is -0.5; an open limit would be -inf) and cap (a
 # float32 value far outside a narrow range would overflow float64 division)
 _RANGE_FLOOR, _RANGE_CAP = -0.5, 1e30
@@ -208,7 +209,9 @@ class CheckBoard:
         self._actuation_at = self.kinds.index(Check.ACTUATION) if Check.ACTUATION in self.kinds else None
         self._input_checks = [k for k, c in enumerate(self.kinds) if c not in (Check.ACTUATION, Check.MARGIN)]
         self._lead_checks = [k for k, c in enumerate(self.kinds) if c in LEAD_CHECKS]
-        self._gap_checks = [k for k, c in enumerate(self.kinds) if c in LEAD_CHECKS and c not in STUCK_GAP_CHECKS]
+        self._other_lead_checks = [
+            k for k, c in enumerate(self.kinds) if c in LEAD_CHECKS and c not in STUCK_READING_CHECKS
+        ]
         self._gap_repeat_at = self.kinds.index(Check.GAP_REPEAT) if Check.GAP_REPEAT in self.kinds else None
         self.actuation_threshold = 0.0 if actuation_threshold is None else float(actuation_threshold)
         self._families = _Families.of(columns)
@@ -222,8 +225,8 @@ class CheckBoard:
         veto = table["veto"]
         doubt[veto[:, self._lead_checks].any(axis=1)] = LeadDoubt.ALL
         if self._gap_repeat_at is not None:
-            stuck = veto[:, self._gap_repeat_at] & ~veto[:, self._gap_checks].any(axis=1)
-            doubt[stuck] = LeadDoubt.GAP_STUCK
+            stuck = veto[:, self._gap_repeat_at] & ~veto[:, self._other_lead_checks].any(axis=1)
+            doubt[stuck] = LeadDoubt.ONE_STUCK
         return doubt
 
     def actuation_only(self, table: np.ndarray) -> BoolArray:

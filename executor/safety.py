@@ -76,7 +76,8 @@ from dualloop.executor.lane_keeping import LaneKeeper, LaneKeepingConfig
 from dualloop.executor.override import OverrideTest, PullAway
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
 from dualloop.executor.standstill import StandstillConfig, StandstillHold
-from dualloop.executor.threat import LeadDoubt, LeadTrack, ThreatAssessor, ThreatConfig
+from dualloop.executor.stuck_lead import LeadDoubt
+from dualloop.executor.threat import LeadTrack, ThreatAssessor, ThreatConfig
 
 # UN R157 5.5: a minimal-risk manoeuvre aims at no more than 4 m/s^2; 3 while the lane is trusted.
 R157_LANE_VISIBLE_DECEL = 3.0
@@ -405,7 +406,7 @@ class SafetyMachine:
                 self._trust(mem, proposal)
                 return self._applied_nominal(mem, proposal)
         lead = None if self._lead_doubt == LeadDoubt.ALL else self._features
-        stuck = self._lead_doubt == LeadDoubt.GAP_STUCK
+        stuck = self._lead_doubt == LeadDoubt.ONE_STUCK
         need = 0.0 if self.threat is None else self.threat.need(mem.lead, now_ns, lead, stuck)
         if need > 0.0 and -need < a:
             a = float(np.float32(-need))
@@ -430,16 +431,19 @@ class SafetyMachine:
         return proposal.with_control(self._steer, steer), False
 
     def _follow_lead(self, mem: SafetyMemory, now_ns: int, x: np.ndarray | None) -> None:
-        """Every tick: the gap's run of repeats the threat assessor reckons a stuck gap from."""
+        """Every tick: the runs of repeated lead readings the threat assessor reads a stuck one from."""
         threat = self.threat
         if threat is not None and threat.available:
             p, g, r = threat.lead_columns
-            threat.follow(mem.lead.run, now_ns, *(_NO_LEAD if x is None else (float(x[p]), float(x[g]), float(x[r]))))
+            lead = _NO_LEAD if x is None else (float(x[p]), float(x[g]), float(x[r]))
+            threat.stuck.follow(mem.lead.runs, now_ns, *lead)
 
     def follow_lead_rows(self, mem: SafetyMemory, ticks_ns: np.ndarray, x: np.ndarray, usable: np.ndarray) -> None:
         """`_follow_lead` over a replay's run of clean NOMINAL ticks (`usable` False: a frozen row)."""
-        if self.threat is not None:
-            self.threat.follow_rows(mem.lead.run, ticks_ns, x, usable)
+        threat = self.threat
+        if threat is not None and threat.available:
+            lead = np.where(usable[:, None], x[:, list(threat.lead_columns)].astype(np.float64), np.nan)
+            threat.stuck.follow_rows(mem.lead.runs, ticks_ns, lead)
 
     def _step_towards(self, last: float, target: float) -> float:
         """The command a jerk step at most from `last` towards `target`, as the float32 the wire
@@ -513,7 +517,7 @@ class SafetyMachine:
             if len(recent) > keep:
                 del recent[0]
             if threat is not None:  # `_follow_lead`, inline
-                threat.follow(mem.lead.run, now_ns, *(leads[i] if x is not None else _NO_LEAD))  # type: ignore[index]
+                threat.stuck.follow(mem.lead.runs, now_ns, *(leads[i] if x is not None else _NO_LEAD))  # type: ignore[index]
             if x is not None:
                 if lane:
                     offset, heading, curvature, speed = lanes[i]  # type: ignore[index]

@@ -14,7 +14,7 @@ from dualloop.executor.lane_keeping import LaneKeepingConfig
 from dualloop.executor.reasons import TICK_REASONS
 from dualloop.executor.safety import SafetyConfig, SafetyMachine, SafetyMemory
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
-from dualloop.executor.threat import LeadDoubt
+from dualloop.executor.stuck_lead import LeadDoubt
 
 TICK = 5_000_000
 FEATURES = [
@@ -68,7 +68,7 @@ def _ticks(rng: np.random.Generator, sessions: int, ticks: int):
         x[:, 7] = np.where(moving, rel, np.where(moves_off, 1.0, 0.0))
         x[rng.random(x.shape) < np.where(np.arange(len(FEATURES)) < 5, 0.05, 0.002)] = np.nan
         use, only, release = (rng.random((3, sessions)) < [[0.95], [0.2], [0.01]]).tolist()
-        lead = np.where(stuck & fault, np.where(rng.random(sessions) < 0.8, LeadDoubt.GAP_STUCK, LeadDoubt.ALL), 0)
+        lead = np.where(stuck & fault, np.where(rng.random(sessions) < 0.8, LeadDoubt.ONE_STUCK, LeadDoubt.ALL), 0)
         yield reasons, proposals, x, use, only, release, lead.tolist()
 
 

@@ -16,7 +16,7 @@ from dualloop.executor.gating import GateMismatch
 from dualloop.executor.lane_keeping import LaneKeepingConfig
 from dualloop.executor.safety import SafetyConfig, fallback_profile
 from dualloop.executor.snapshot import Clock, Observation, PlanState, Reason, SafetyState
-from dualloop.executor.threat import LeadDoubt
+from dualloop.executor.stuck_lead import LeadDoubt
 
 MS = 1_000_000
 TICK = 5 * MS
@@ -605,7 +605,7 @@ def test_a_stuck_gap_is_moved_on_by_the_relative_speed_and_braked_for(test_model
     """The gap sensor sticks while the relative speed keeps changing (gap_repeat's veto: GAP_STUCK):
     the assessor reads the last gap before it stuck moved on by the relative speed's integral, and
     brakes as hard as the true gap needs; the whole lead doubted, it brakes no harder than the profile."""
-    stuck = _frozen_gap_run(test_model, LeadDoubt.GAP_STUCK)
+    stuck = _frozen_gap_run(test_model, LeadDoubt.ONE_STUCK)
     doubted = _frozen_gap_run(test_model, LeadDoubt.ALL)
     # tick k's true gap: 30 m at tick 40, closing at 10 m/s + 0.05 m/s per tick since
     k = 150
@@ -620,7 +620,7 @@ def test_a_stuck_gap_is_moved_on_by_the_relative_speed_and_braked_for(test_model
 
 def test_a_stuck_gap_with_a_stuck_relative_speed_is_not_reckoned(test_model):
     """Both readings repeat (the whole radar track froze): nothing says where the lead is."""
-    accel = _frozen_gap_run(test_model, LeadDoubt.GAP_STUCK, rel_of=lambda k: -12.0)
+    accel = _frozen_gap_run(test_model, LeadDoubt.ONE_STUCK, rel_of=lambda k: -12.0)
     assert min(accel) >= -3.0 - 1e-6
 
 

@@ -1,0 +1,155 @@
+"""The lead's readings when one of the gap and the relative speed sticks and the other stays healthy.
+
+A float sensor read while the lead moves does not repeat its value bit for bit for long: the
+`gap_repeat` check vetoes a run of repeats that physics says should have moved, and the threat
+assessor may not read the stuck signal. It may read the healthy one, and from it stand in for the
+stuck one (`LeadRuns`, followed on every tick by the live tick and by the replay alike):
+
+- the gap stuck: its last reading before it stuck, moved on by the relative speed's integral since
+  (trapezoids over ticks), while the relative speed keeps changing and never steps as at another lead;
+- the relative speed stuck: the gap's rate, a least-squares line through its distinct readings of the
+  last `rate_window_s`, while the gap keeps changing.
+
+Which of the two stuck is the one that has repeated longer; one that has repeated for more than
+`stuck_after_s` is never the healthy one. Without this, a lead braking hard behind either stuck
+reading was met at the fallback's 3 m/s^2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+_NAN = math.nan
+
+
+class LeadDoubt(IntEnum):
+    """What the per-signal checks leave the threat assessor of a tick's lead readings."""
+
+    NONE = 0  # no check of the lead's readings vetoed
+    ONE_STUCK = 1  # only the gap's repeat check (and its rate) vetoed: one of gap and relative speed stuck
+    ALL = 2  # the flag, the gap and the relative speed are all doubted
+
+
+@dataclass(slots=True)
+class LeadRuns:
+    """The current runs of bit-identical gap and relative-speed readings, with what each run keeps
+    of the other signal: the relative speed's integral over the gap's run (m), the gap's distinct
+    readings (tick ns, m) over the relative speed's run. -1 / NaN: no run."""
+
+    gap: float = _NAN
+    gap_since: int = -1
+    moved: float = 0.0
+    new_lead: bool = False  # the relative speed stepped as at another lead during the gap's run
+    rel: float = _NAN
+    rel_since: int = -1
+    gaps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=256))
+    last_ns: int = -1
+
+    def reset(self) -> None:
+        self.gap, self.gap_since, self.moved, self.new_lead = _NAN, -1, 0.0, False
+        self.rel, self.rel_since, self.last_ns = _NAN, -1, -1
+        self.gaps.clear()
+
+    def start(self, now_ns: int, gap: float, rel: float) -> None:
+        self.gap, self.gap_since, self.moved, self.new_lead = gap, now_ns, 0.0, False
+        self.rel, self.rel_since, self.last_ns = rel, now_ns, now_ns
+        self.gaps.clear()
+        self.gaps.append((now_ns, gap))
+
+
+class StuckReadings:
+    """Follows a session's LeadRuns and stands in for the stuck reading of the two."""
+
+    def __init__(
+        self, stale_s: float, reckon_s: float, stuck_after_s: float, new_lead_rel_step: float, rate_window_s: float
+    ) -> None:
+        """`stale_s`: a longer pause between ticks starts the runs afresh; `reckon_s`: the longest a
+        stuck gap is reckoned; `new_lead_rel_step`: a step of the relative speed (m/s) between ticks
+        that says another lead; the other two as the module says."""
+        self._stale_ns = int(stale_s * 1e9)
+        self._reckon_ns = int(reckon_s * 1e9)
+        self._stuck_ns = int(stuck_after_s * 1e9)
+        self._window_ns = int(rate_window_s * 1e9)
+        self._rel_step = new_lead_rel_step
+
+    def follow(self, run: LeadRuns, now_ns: int, present: float, gap: float, rel: float) -> None:
+        """Advance the runs by one tick's readings (NaN present: none may be read)."""
+        if not (present == 1.0 and math.isfinite(gap) and math.isfinite(rel)):
+            run.reset()
+            return
+        if run.last_ns < 0 or now_ns - run.last_ns > self._stale_ns:
+            run.start(now_ns, gap, rel)
+            return
+        new_gap = gap != run.gap
+        if new_gap:
+            run.gap, run.gap_since, run.moved, run.new_lead = gap, now_ns, 0.0, False
+        else:
+            run.moved += 0.5 * (rel + run.rel) * ((now_ns - run.last_ns) * 1e-9)
+        gaps = run.gaps
+        if rel != run.rel:
+            run.new_lead = run.new_lead or abs(rel - run.rel) >= self._rel_step
+            run.rel, run.rel_since = rel, now_ns
+            gaps.clear()
+            gaps.append((now_ns, gap))
+        elif new_gap:
+            gaps.append((now_ns, gap))
+            while len(gaps) > 2 and now_ns - gaps[1][0] >= self._window_ns:
+                gaps.popleft()  # keep one reading at least the window old
+        run.last_ns = now_ns
+
+    def follow_rows(self, run: LeadRuns, ticks_ns: np.ndarray, lead: np.ndarray) -> None:
+        """`follow` over consecutive ticks (a replay's run of clean ticks; `lead` (ticks, 3) the flag,
+        gap and relative speed, NaN where a row may not be read), leaving the runs exactly as tick by
+        tick: only the ticks from where both runs last started (or all were reset) are stepped."""
+        n = len(ticks_ns)
+        if n == 0:
+            return
+        p, g, r = lead[:, 0], lead[:, 1], lead[:, 2]
+        ok = (p == 1.0) & np.isfinite(g) & np.isfinite(r)
+        before = np.concatenate(([run.last_ns], ticks_ns[:-1])).astype(np.int64)
+        reset = ~ok | (before < 0) | (ticks_ns - before > self._stale_ns)
+        reset[1:] |= ~ok[:-1]
+        new_gap = np.flatnonzero(g[1:] != g[:-1]) + 1
+        new_rel = np.flatnonzero(r[1:] != r[:-1]) + 1
+        last_reset = int(np.flatnonzero(reset)[-1]) if reset.any() else -1
+        both = min(int(new_gap[-1]) if new_gap.size else -1, int(new_rel[-1]) if new_rel.size else -1)
+        first = max(last_reset, both)
+        if first > 0 and not ok[first - 1]:
+            run.reset()
+        elif first > 0:  # the tick before as the runs' last readings: the run `first` continues restarts later
+            run.gap, run.rel, run.last_ns = float(g[first - 1]), float(r[first - 1]), int(ticks_ns[first - 1])
+        for k in range(max(first, 0), n):
+            self.follow(run, int(ticks_ns[k]), float(p[k]), float(g[k]), float(r[k]))
+
+    def stand_in(self, run: LeadRuns, now_ns: int, gap: float, rel: float) -> tuple[float, float]:
+        """This tick's (gap, relative speed) with the stuck one of the two replaced by what the other
+        says; NaN for both where neither can be told stuck and the other healthy."""
+        if run.last_ns != now_ns or gap != run.gap or rel != run.rel:
+            return _NAN, _NAN
+        gap_for, rel_for = now_ns - run.gap_since, now_ns - run.rel_since
+        if gap_for > rel_for and rel_for <= self._stuck_ns:  # the gap stuck
+            if run.new_lead or gap_for > self._reckon_ns:
+                return _NAN, _NAN
+            return max(run.gap + run.moved, 1e-3), rel  # reckoned, never the 0 m of a dropped reading
+        if rel_for > gap_for and gap_for <= self._stuck_ns:  # the relative speed stuck
+            return gap, self._gap_rate(run, now_ns)
+        return _NAN, _NAN
+
+    def _gap_rate(self, run: LeadRuns, now_ns: int) -> float:
+        """The least-squares slope (m/s) of the gap's distinct readings of the last window; NaN with
+        fewer than three or spanning less than half the window."""
+        readings = [(t, x) for t, x in run.gaps if now_ns - t <= self._window_ns]
+        if len(readings) < 3 or readings[-1][0] - readings[0][0] < self._window_ns // 2:
+            return _NAN
+        t0 = readings[0][0]
+        ts = [(t - t0) * 1e-9 for t, _ in readings]
+        mean_t = sum(ts) / len(ts)
+        mean_x = sum(x for _, x in readings) / len(readings)
+        sxx = sum((t - mean_t) ** 2 for t in ts)
+        sxy = sum((t - mean_t) * (x - mean_x) for t, (_, x) in zip(ts, readings))
+        return sxy / sxx
