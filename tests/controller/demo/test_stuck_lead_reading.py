@@ -11,9 +11,11 @@ import pytest
 
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
+from dualloop.controller.replay.lockstep import run_replay
 from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
+from dualloop.executor.snapshot import Observation, Reason
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.sim.env import make_scenario
 from dualloop.sim.schema import FEATURE_INDEX
@@ -27,11 +29,17 @@ class StuckReading(InProcessDecider):
         super().__init__(executor, session_id)
         self.column, self.onset_ns, self.held = FEATURE_INDEX[feature], onset_ns, np.nan
 
+        self.sent: list[Observation] = []  # what the controller was given, for a replay
+
     def decide(self, seq, timestamp_ns, features, plan_id, plan, actual=None):  # type: ignore[no-untyped-def]
         if timestamp_ns >= self.onset_ns:
             features = features.copy()
             self.held = features[self.column] if np.isnan(self.held) else self.held
             features[self.column] = self.held
+        obs = Observation(seq=seq, timestamp_ns=timestamp_ns, features=features, plan_id=plan_id, plan_values=plan)
+        if actual is not None:
+            obs.actual_index, obs.actual_controls = actual
+        self.sent.append(obs)
         return super().decide(seq, timestamp_ns, features, plan_id, plan, actual)
 
 
@@ -41,12 +49,15 @@ def shipped() -> tuple[DecisionModel, list]:
     return model, [load_gate_for_model(g, model) for g in DEFAULT_GATES]
 
 
-def _drive(shipped, feature: str, seed: int, config: ExecutorConfig):  # type: ignore[no-untyped-def]
+def _drive(shipped, feature: str, seed: int, config: ExecutorConfig, sent: list | None = None):  # type: ignore[no-untyped-def]
     model, gates = shipped
     env = make_scenario("lead_brakes_hard", seed)
     brake_at = float(env.instance.world.script.accel_start[0, 1])  # the lead's own braking starts
     decider = StuckReading(Executor(model, config, gates), f"stuck-{seed}", feature, int(brake_at * 1e9))
-    return run_closed_loop(env, decider, seed)
+    run = run_closed_loop(env, decider, seed)
+    if sent is not None:
+        sent += decider.sent
+    return run
 
 
 CASES = [("lead_distance", 104), ("lead_distance", 108), ("lead_rel_speed", 107)]
@@ -70,3 +81,22 @@ def test_without_the_stand_in_the_car_hits_the_lead(shipped, feature: str, seed:
     run = _drive(shipped, feature, seed, config)
     assert run.metrics.collisions == 1
     assert run.ticks_with(pb.REASON_CODE_THREAT_BRAKING) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("feature", "seed"), [CASES[0], CASES[2]])
+def test_the_replay_stands_in_for_a_stuck_reading_as_the_live_tick_does(shipped, feature: str, seed: int) -> None:
+    """The drive's observations replayed: the vectorised replay, which follows the runs of repeated
+    readings over clean stretches in one step, brakes for the threat on the same ticks and applies
+    the same commands as the observation-by-observation reference (the live tick's path)."""
+    sent: list[Observation] = []
+    _drive(shipped, feature, seed, ExecutorConfig(), sent)
+    model, gates = shipped
+    fast, reference = (
+        run_replay(Executor(model, ExecutorConfig(), gates), "replayed", sent, fast=f)[0] for f in (True, False)
+    )
+    assert sum(Reason.THREAT_BRAKING in s.reasons for s in reference) > 50
+    assert len(fast) == len(reference)
+    for a, b in zip(fast, reference):
+        assert a.applied.controls.tobytes() == b.applied.controls.tobytes(), a.tick
+        assert (a.reasons, a.safety_state) == (b.reasons, b.safety_state), a.tick
