@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -156,8 +157,15 @@ def _register_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _add_credential_arguments(p: argparse.ArgumentParser, token_env: str, token: str) -> None:
-    """--ca-file and --token-env: how `admin` and `stream` reach a server with TLS and tokens."""
+    """--ca-file, --cert-file/--key-file and --token-env: how `admin` and `stream` reach a server with
+    TLS, client certificates (mutual TLS) and tokens."""
     p.add_argument("--ca-file", type=Path, help="PEM CA bundle: connect with TLS")
+    p.add_argument(
+        "--cert-file",
+        type=Path,
+        help="PEM client certificate chain, with --key-file: mutual TLS (no --ca-file: the system's trusted roots)",
+    )
+    p.add_argument("--key-file", type=Path, help="PEM private key (unencrypted) of --cert-file's certificate")
     p.add_argument(
         "--token-env",
         default=token_env,
@@ -167,21 +175,30 @@ def _add_credential_arguments(p: argparse.ArgumentParser, token_env: str, token:
 
 @dataclass(frozen=True)
 class ClientCredentials:
-    """What `admin` and `stream` present: TLS trusting --ca-file (None: plaintext) and the token read
-    from --token-env's variable ("" when it is unset or empty: then nothing is sent)."""
+    """What `admin` and `stream` present: TLS trusting --ca-file, with the client certificate of
+    --cert-file/--key-file when given (None: plaintext), and the token read from --token-env's
+    variable ("" when it is unset or empty: then nothing is sent)."""
 
     tls: grpc.ChannelCredentials | None
     token: str
     token_env: str
+    client_certificate: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ClientCredentials:
-        """Raises TLSFileError naming --ca-file when its file cannot be read or holds no CA bundle."""
+        """Raises TLSFileError naming the option and its file when a file cannot be read or used, and
+        naming both when only one of --cert-file and --key-file is given."""
+        if (args.cert_file is None) != (args.key_file is None):
+            raise TLSFileError("--cert-file and --key-file go together: give both (a client certificate needs its key)")
         tls = None
-        if args.ca_file is not None:
-            check_ca(args.ca_file, "--ca-file")
-            tls = grpc.ssl_channel_credentials(read_pem(args.ca_file, "--ca-file"))
-        return cls(tls, os.environ.get(args.token_env, ""), args.token_env)
+        if args.ca_file is not None or args.cert_file is not None:
+            ca = None
+            if args.ca_file is not None:
+                check_ca(args.ca_file, "--ca-file")
+                ca = read_pem(args.ca_file, "--ca-file")
+            key, chain = _client_certificate(args.cert_file, args.key_file) if args.cert_file else (None, None)
+            tls = grpc.ssl_channel_credentials(ca, key, chain)
+        return cls(tls, os.environ.get(args.token_env, ""), args.token_env, args.cert_file is not None)
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -198,12 +215,34 @@ class ClientCredentials:
             f"or name another variable with --token-env)"
         )
 
-    def plaintext_hint(self, code: grpc.StatusCode | None) -> str:
-        """A plaintext client sees a TLS server close the connection (UNAVAILABLE, never
-        UNAUTHENTICATED), and nothing in the status says that TLS was the matter."""
-        if code != grpc.StatusCode.UNAVAILABLE or self.tls is not None:
+    def transport_hint(self, code: grpc.StatusCode | None) -> str:
+        """A TLS server closes a plaintext client's connection, and a mutual-TLS one that of a client
+        without a certificate (UNAVAILABLE, never UNAUTHENTICATED): nothing in the status says that
+        TLS or the certificate was the matter."""
+        if code != grpc.StatusCode.UNAVAILABLE or self.client_certificate:
             return ""
-        return " (plaintext: if the server uses TLS, give its CA with --ca-file)"
+        if self.tls is None:
+            return " (plaintext: if the server uses TLS, give its CA with --ca-file)"
+        return (
+            " (no client certificate: if the server requires one (mutual TLS), give it with --cert-file and --key-file)"
+        )
+
+
+def _client_certificate(cert_file: Path, key_file: Path) -> tuple[bytes, bytes]:
+    """The client's private key and certificate chain (PEM), checked to belong together: a wrong file
+    fails here, named, not as a handshake the server closes."""
+    chain, key = read_pem(cert_file, "--cert-file"), read_pem(key_file, "--key-file")
+
+    def encrypted() -> bytes:  # instead of OpenSSL's prompt: gRPC cannot use an encrypted key anyway
+        raise TLSFileError(f"--key-file {key_file}: the key is encrypted; gRPC needs an unencrypted key")
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert_file, key_file, password=encrypted)
+    except ssl.SSLError as err:
+        raise TLSFileError(
+            f"--cert-file {cert_file} and --key-file {key_file} cannot be used together: {err.reason or err}"
+        ) from None
+    return key, chain
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -332,8 +371,9 @@ def stream(args: argparse.Namespace) -> int:
         except TLSFileError as err:
             print_error(err)
             return 2
-    elif args.ca_file is not None:
-        print_error("--ca-file goes with --address: the server started here is plaintext on loopback")
+    elif given := [f"--{f}-file" for f in ("ca", "cert", "key") if getattr(args, f"{f}_file") is not None]:
+        goes = "goes" if len(given) == 1 else "go"
+        print_error(f"{' and '.join(given)} {goes} with --address: the server started here is plaintext on loopback")
         return 2
     logs: list[LogData] = []
     for path in args.logs:
@@ -358,7 +398,7 @@ def stream(args: argparse.Namespace) -> int:
             )
         except grpc.aio.AioRpcError as err:  # as `admin`: the server unreachable or refusing, in one line
             hint = credentials.no_token_hint(err.code(), "a token")
-            hint += credentials.plaintext_hint(err.code()) if args.address else ""
+            hint += credentials.transport_hint(err.code()) if args.address else ""
             print_error(f"stream to {address}: {err.code().name}: {err.details()}{hint}")
             return 1
     summary = result.as_dict()
@@ -421,7 +461,7 @@ def admin(args: argparse.Namespace) -> int:
                     highlight=False,
                 )
         except grpc.RpcError as err:
-            hint = credentials.no_token_hint(err.code(), "the admin token")
+            hint = credentials.no_token_hint(err.code(), "the admin token") + credentials.transport_hint(err.code())
             console.print(f"[red]error:[/] {err.code().name}: {err.details()}{hint}", highlight=False)
             return 1
     return 0
