@@ -91,9 +91,9 @@ class ServerLifecycle:
     ) -> None:
         """plan_source overrides config.planner.source (its period and deadline still apply).
         worker: (board, slot) when this is one of several processes sharing the port (workers.py).
-        read_from: the file to load for each configured model and gate path (a worker's: the copies
-        its parent took at the server's start); the configuration, logs and recordings keep the
-        configured paths."""
+        read_from: the file to load for each configured model, gate and planner model path (a
+        worker's: the copies its parent took at the server's start); the configuration, logs and
+        recordings keep the configured paths."""
         self.config = config
         files = read_from or {}
         one_blas_thread()  # constructed on the main thread (ServerThread too): see one_blas_thread
@@ -132,7 +132,10 @@ class ServerLifecycle:
                 raise ConfigError(f"--candidate {config.candidate}: {err.message}") from None
             self.runtime.set_candidate(cand, config.candidate)
         if config.planner.enabled or plan_source is not None:
-            self.runtime.planning = ServerPlanning(config.planner, self.executor, plan_source)
+            planner = config.planner  # an ONNX planner from its copy too, when a worker has one
+            if planner.path is not None and planner.path in files:
+                planner = planner.model_copy(update={"path": files[planner.path]})
+            self.runtime.planning = ServerPlanning(planner, self.executor, plan_source)
         if worker is not None:
             self.runtime.board, self.runtime.board_slot = worker
             self.runtime.claims = SessionClaims(worker[0].sessions_folder)

@@ -15,11 +15,12 @@ each worker's own metrics endpoint (a private loopback port) and summing the sam
 the server exports is a counter, a histogram, a summary or an additive gauge. A dead worker's last
 scraped counters stay in the sums (SummedMetrics), so they never fall.
 
-What a worker starts with: the parent reads the model and gate files (the candidate's too) once, at
-the start, into read-only copies in its temporary folder (snapshot_files), and every worker loads
-those, at its first start and at each restart; the configuration, logs and recordings keep the
-configured paths. A file replaced or damaged on disk meanwhile never reaches a restarted worker, which
-would otherwise serve another model beside the others on the same port, or fail to start.
+What a worker starts with: the parent reads the model and gate files (the candidate's too) and the
+server planner's ONNX model once, at the start, into read-only copies in its temporary folder
+(snapshot_files), and every worker loads those, at its first start and at each restart; the
+configuration, logs and recordings keep the configured paths. A file replaced or damaged on disk
+meanwhile never reaches a restarted worker, which would otherwise serve another model or planner
+beside the others on the same port, or fail to start.
 
 Supervision: SIGTERM or SIGINT to the parent is forwarded as SIGTERM to every worker, which drains
 (ServerLifecycle.stop: NOT_SERVING, refuse new sessions, end open ones after a final snapshot);
@@ -205,14 +206,18 @@ def restart_delay(deaths: int) -> float:
 
 
 def snapshot_files(config: ServerConfig, folder: Path) -> dict[Path, Path]:
-    """Copy the model and gate files (the live model's and the candidate's) into `folder`, read-only:
-    {configured path: its copy}. Every worker loads the copies, at its first start and at each
-    restart, so a file replaced or damaged on disk while the server runs never reaches a restarted
-    worker, which would then serve another model than the others on the same port, or not start."""
+    """Copy the model and gate files (the live model's and the candidate's) and the server planner's
+    ONNX model (planner.path) into `folder`, read-only: {configured path: its copy}. Every worker
+    loads the copies, at its first start and at each restart, so a file replaced or damaged on disk
+    while the server runs never reaches a restarted worker, which would then serve another model or
+    planner than the others on the same port, or not start. The TLS files and the tokens file are
+    read from their paths on purpose: they are re-read while serving, for rotation."""
     named = [("model (--model)", config.model), *(("gate (--gate)", g) for g in config.gates)]
     if config.candidate is not None:
         named.append(("candidate (--candidate)", config.candidate))
     named += [("candidate gate (--candidate-gate)", g) for g in config.candidate_gates]
+    if config.planner.source == "onnx" and config.planner.path is not None:
+        named.append(("planner model (planner.path)", config.planner.path))
     copies: dict[Path, Path] = {}
     for what, path in named:
         if path in copies:

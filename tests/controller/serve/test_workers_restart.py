@@ -22,6 +22,7 @@ import pytest
 from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.workers import (
     MAX_RESTARTS,
     RESTART_BACKOFF_MAX_S,
@@ -33,6 +34,7 @@ from dualloop.controller.training.driving_card import driving_card
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.onnx_export import export_mlp, random_mlp
 from dualloop.models import BASE_MODEL_PATH
+from dualloop.planner.onnx_planner import export_planner_mlp, random_planner_weights
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
 from tests.controller.serve.test_candidate import log_events
@@ -45,13 +47,14 @@ def _events(workers: Workers, name: str) -> list[dict]:
     return log_events(workers.stderr, name)
 
 
-def _versions_served(workers: Workers, connections: int = 12) -> collections.Counter[str]:
-    """The live model's version, asked on connections of their own (each to the worker the kernel picks)."""
+def _versions_served(workers: Workers, connections: int = 12, field: str = "model_version") -> collections.Counter[str]:
+    """The live model's version (or another ModelInfo field), asked on connections of their own (each to
+    the worker the kernel picks)."""
     seen: collections.Counter[str] = collections.Counter()
     for _ in range(connections):
         with grpc.insecure_channel(workers.address, [("grpc.use_local_subchannel_pool", 1)]) as channel:
             stub = pb_grpc.ControllerServiceStub(channel)
-            seen[stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).model.model_version] += 1
+            seen[getattr(stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).model, field)] += 1
     return seen
 
 
@@ -83,6 +86,33 @@ def test_a_restarted_worker_serves_the_model_the_server_started_with(test_model_
         assert _versions_served(workers) == {started: 12}
         starts = _events(workers, "server.start")
         assert [s["model_version"] for s in starts] == [started] * 4, starts  # two workers, two restarts
+        assert not _events(workers, "server.worker_failed")
+        assert "Traceback" not in workers.stderr.read_text()
+
+
+def _planner(path: Path, name: str, seed: int) -> Path:
+    export_planner_mlp(path, random_planner_weights((16,), seed=seed), name=name)
+    return path
+
+
+@pytest.mark.slow
+def test_a_restarted_worker_plans_with_the_planner_the_server_started_with(
+    test_model_path: Path, tmp_path: Path
+) -> None:
+    """As the model: the server planner's ONNX file replaced on disk (another planner, then garbage),
+    then a worker crash. The file was not among the copies, so the restarted worker planned with
+    another planner than the other worker, then could not start."""
+    planner = _planner(tmp_path / "planner.onnx", "planner-a", seed=1)
+    config = tmp_path / "server.toml"
+    config.write_text(f'model = "{test_model_path}"\n[planner]\nsource = "onnx"\npath = "{planner}"\n')
+    with _serve_workers(test_model_path, tmp_path, ["--config", str(config)]) as workers:
+        (started,) = _versions_served(workers, field="planner")
+        assert started.startswith("onnx:planner-a@"), started
+        other = _planner(tmp_path / "other.onnx", "planner-b", seed=2).read_bytes()
+        for replacement in (other, b"not a planner any more"):
+            _replace(planner, replacement)
+            _kill_and_wait_for_the_restart(workers, workers.children()[0])
+        assert _versions_served(workers, field="planner") == {started: 12}
         assert not _events(workers, "server.worker_failed")
         assert "Traceback" not in workers.stderr.read_text()
 
@@ -171,6 +201,27 @@ def test_the_snapshot_copies_each_file_once_read_only_and_names_what_it_cannot_r
         snapshot_files(missing, tmp_path / "other")
     with pytest.raises(ConfigError, match=r"^model \(--model\) .*: cannot read it \(Is a directory\)$"):
         snapshot_files(ServerConfig(model=tmp_path), tmp_path / "third")
+
+
+def test_the_snapshot_copies_the_planner_model_and_a_worker_plans_from_the_copy(
+    test_model_path: Path, tmp_path: Path
+) -> None:
+    planner = _planner(tmp_path / "planner.onnx", "planner-a", seed=1)
+    config = ServerConfig(
+        model=test_model_path, port=0, planner={"source": "onnx", "path": planner, "worker": "thread"}
+    )  # type: ignore[arg-type]
+    copies = snapshot_files(config, tmp_path / "files")
+    assert list(copies) == [test_model_path, planner]
+    assert copies[planner].read_bytes() == planner.read_bytes() and copies[planner].stat().st_mode & 0o777 == 0o400
+    _replace(planner, b"not a planner any more")  # what a worker restarted now finds on disk
+    server = ServerLifecycle(config, read_from=copies)
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(server.start())
+        assert server.runtime.planning is not None and server.runtime.planning.name.startswith("onnx:planner-a@")
+        loop.run_until_complete(server.stop())
+    finally:
+        loop.close()
 
 
 @pytest.mark.slow
