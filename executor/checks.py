@@ -60,8 +60,7 @@ SIGNAL_KINDS = (
     Check.REL_UNIT,
 )
 # the per-signal checks that read only the lead's readings (flag, gap, relative speed): their veto
-# doubts those readings. The stuck check also reads the ego speed; the threat assessor's own test
-# (the gap moving as the relative speed says) refuses a stuck gap or relative speed.
+# doubts those readings. The stuck check also reads the ego speed and doubts none of them alone.
 LEAD_CHECKS = (Check.GAP_RATE, Check.LEAD_FLICKER, Check.GAP_REPEAT, Check.GAP_STEP, Check.REL_ACCEL, Check.REL_UNIT)
 # of those, the two that one of gap and relative speed stuck explains alone (the gap's repeat check, and
 # its rate against the relative speed): with the repeat among the vetoes and nothing else, the threat

@@ -433,7 +433,7 @@ class SafetyMachine:
     def _follow_lead(self, mem: SafetyMemory, now_ns: int, x: np.ndarray | None) -> None:
         """Every tick: the runs of repeated lead readings the threat assessor reads a stuck one from."""
         threat = self.threat
-        if threat is not None and threat.available:
+        if threat is not None and threat.follows_runs:
             p, g, r = threat.lead_columns
             lead = _NO_LEAD if x is None else (float(x[p]), float(x[g]), float(x[r]))
             threat.stuck.follow(mem.lead.runs, now_ns, *lead)
@@ -441,7 +441,7 @@ class SafetyMachine:
     def follow_lead_rows(self, mem: SafetyMemory, ticks_ns: np.ndarray, x: np.ndarray, usable: np.ndarray) -> None:
         """`_follow_lead` over a replay's run of clean NOMINAL ticks (`usable` False: a frozen row)."""
         threat = self.threat
-        if threat is not None and threat.available:
+        if threat is not None and threat.follows_runs:
             lead = np.where(usable[:, None], x[:, list(threat.lead_columns)].astype(np.float64), np.nan)
             threat.stuck.follow_rows(mem.lead.runs, ticks_ns, lead)
 
@@ -542,7 +542,7 @@ class SafetyMachine:
         rows, and those ramping out of that hold, take `decide`), the lead (flag, gap, relative speed)."""
         if features is None:
             return _SteadyColumns(None, None, None, None)
-        threat = self.threat if self.threat is not None and self.threat.available else None
+        threat = self.threat if self.threat is not None and self.threat.follows_runs else None
         return _SteadyColumns(
             None if self._lane is None else features[:, list(self._lane)].tolist(),
             None if self._speed is None else features[:, self._speed].tolist(),

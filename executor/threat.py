@@ -97,6 +97,11 @@ class ThreatAssessor:
         )
 
     @property
+    def follows_runs(self) -> bool:
+        """Whether the runs of repeated lead readings are followed (only a stand-in reads them)."""
+        return self.available and self.config.stuck_stand_in
+
+    @property
     def lead_columns(self) -> tuple[int, int, int]:
         """The feature columns the runs follow: the lead flag, its gap and its relative speed."""
         return self._at[0], self._at[1], self._at[2]
