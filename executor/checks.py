@@ -46,6 +46,7 @@ NAMES = {
     Check.GAP_STEP: "gap_step",
     Check.REL_ACCEL: "rel_accel",
     Check.REL_UNIT: "rel_unit",
+    Check.REL_SIGN: "rel_sign",
 }
 # the per-signal checks (ood/signals.py), in the order of their scores
 SIGNAL_KINDS = (
@@ -58,14 +59,25 @@ SIGNAL_KINDS = (
     Check.GAP_STEP,
     Check.REL_ACCEL,
     Check.REL_UNIT,
+    Check.REL_SIGN,
 )
 # the per-signal checks that read only the lead's readings (flag, gap, relative speed): their veto
 # doubts those readings. The stuck check also reads the ego speed and doubts none of them alone.
-LEAD_CHECKS = (Check.GAP_RATE, Check.LEAD_FLICKER, Check.GAP_REPEAT, Check.GAP_STEP, Check.REL_ACCEL, Check.REL_UNIT)
-# of those, the two that one of gap and relative speed stuck explains alone (the gap's repeat check, and
-# its rate against the relative speed): with the repeat among the vetoes and nothing else, the threat
-# assessor reads the healthy one of the two (executor/stuck_lead.py)
-STUCK_READING_CHECKS = (Check.GAP_REPEAT, Check.GAP_RATE)
+LEAD_CHECKS = (
+    Check.GAP_RATE,
+    Check.LEAD_FLICKER,
+    Check.GAP_REPEAT,
+    Check.GAP_STEP,
+    Check.REL_ACCEL,
+    Check.REL_UNIT,
+    Check.REL_SIGN,
+)
+# of those, the ones a fault of one of gap and relative speed explains alone: the gap's repeat check
+# and its rate against the relative speed (one of the two stuck), the relative speed against the
+# gap's trend (the relative speed wrong). With nothing else among the vetoes the threat assessor reads
+# the healthy one of the two (executor/stuck_lead.py): the gap where the trend check vetoes, else
+# whichever has not stuck.
+ONE_READING_CHECKS = (Check.GAP_REPEAT, Check.GAP_RATE, Check.REL_SIGN)
 # a range score's floor (the centre of a range is -0.5; an open limit would be -inf) and cap (a
 # float32 value far outside a narrow range would overflow float64 division)
 _RANGE_FLOOR, _RANGE_CAP = -0.5, 1e30
@@ -209,9 +221,10 @@ class CheckBoard:
         self._input_checks = [k for k, c in enumerate(self.kinds) if c not in (Check.ACTUATION, Check.MARGIN)]
         self._lead_checks = [k for k, c in enumerate(self.kinds) if c in LEAD_CHECKS]
         self._other_lead_checks = [
-            k for k, c in enumerate(self.kinds) if c in LEAD_CHECKS and c not in STUCK_READING_CHECKS
+            k for k, c in enumerate(self.kinds) if c in LEAD_CHECKS and c not in ONE_READING_CHECKS
         ]
         self._gap_repeat_at = self.kinds.index(Check.GAP_REPEAT) if Check.GAP_REPEAT in self.kinds else None
+        self._rel_sign_at = self.kinds.index(Check.REL_SIGN) if Check.REL_SIGN in self.kinds else None
         self.actuation_threshold = 0.0 if actuation_threshold is None else float(actuation_threshold)
         self._families = _Families.of(columns)
 
@@ -223,9 +236,11 @@ class CheckBoard:
             return doubt
         veto = table["veto"]
         doubt[veto[:, self._lead_checks].any(axis=1)] = LeadDoubt.ALL
+        others = veto[:, self._other_lead_checks].any(axis=1)
         if self._gap_repeat_at is not None:
-            stuck = veto[:, self._gap_repeat_at] & ~veto[:, self._other_lead_checks].any(axis=1)
-            doubt[stuck] = LeadDoubt.ONE_STUCK
+            doubt[veto[:, self._gap_repeat_at] & ~others] = LeadDoubt.ONE_STUCK
+        if self._rel_sign_at is not None:  # the relative speed doubted, stuck or not: the gap stands in
+            doubt[veto[:, self._rel_sign_at] & ~others] = LeadDoubt.REL_DOUBTED
         return doubt
 
     def actuation_only(self, table: np.ndarray) -> BoolArray:

@@ -68,6 +68,7 @@ class Check(enum.IntEnum):
     GAP_STEP = 15
     REL_ACCEL = 16
     REL_UNIT = 17
+    REL_SIGN = 18
 
 
 class CheckStatus(enum.IntEnum):

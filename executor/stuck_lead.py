@@ -1,4 +1,4 @@
-"""The lead's readings when one of the gap and the relative speed sticks and the other stays healthy.
+"""The lead's readings when one of the gap and the relative speed fails and the other stays healthy.
 
 A float sensor read while the lead moves does not repeat its value bit for bit for long: the
 `gap_repeat` check vetoes a run of repeats that physics says should have moved, and the threat
@@ -13,6 +13,11 @@ stuck one (`LeadRuns`, followed on every tick by the live tick and by the replay
 Which of the two stuck is the one that has repeated longer; one that has repeated for more than
 `stuck_after_s` is never the healthy one. Without this, a lead braking hard behind either stuck
 reading was met at the fallback's 3 m/s^2.
+
+A relative speed that disagrees with the gap's trend (the `rel_sign` check: a sign flipped) is stood
+in for by the gap's rate too, over the gap's distinct readings of the last `rate_window_s` whatever
+the relative speed did meanwhile: told the lead pulls away, the model does not brake for a lead
+braking hard, and without a stand-in neither did the fallback.
 """
 
 from __future__ import annotations
@@ -33,13 +38,15 @@ class LeadDoubt(IntEnum):
     NONE = 0  # no check of the lead's readings vetoed
     ONE_STUCK = 1  # only the gap's repeat check (and its rate) vetoed: one of gap and relative speed stuck
     ALL = 2  # the flag, the gap and the relative speed are all doubted
+    REL_DOUBTED = 3  # the relative speed disagrees with the gap's trend (and nothing but the gap's checks vetoed)
 
 
 @dataclass(slots=True)
 class LeadRuns:
     """The current runs of bit-identical gap and relative-speed readings, with what each run keeps
     of the other signal: the relative speed's integral over the gap's run (m), the gap's distinct
-    readings (tick ns, m) over the relative speed's run. -1 / NaN: no run."""
+    readings (tick ns, m) over the relative speed's run; and the gap's distinct readings of the last
+    rate window whatever the relative speed did (`trend`). -1 / NaN: no run."""
 
     gap: float = _NAN
     gap_since: int = -1
@@ -48,18 +55,22 @@ class LeadRuns:
     rel: float = _NAN
     rel_since: int = -1
     gaps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=256))
+    trend: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=256))
     last_ns: int = -1
 
     def reset(self) -> None:
         self.gap, self.gap_since, self.moved, self.new_lead = _NAN, -1, 0.0, False
         self.rel, self.rel_since, self.last_ns = _NAN, -1, -1
         self.gaps.clear()
+        self.trend.clear()
 
     def start(self, now_ns: int, gap: float, rel: float) -> None:
         self.gap, self.gap_since, self.moved, self.new_lead = gap, now_ns, 0.0, False
         self.rel, self.rel_since, self.last_ns = rel, now_ns, now_ns
         self.gaps.clear()
         self.gaps.append((now_ns, gap))
+        self.trend.clear()
+        self.trend.append((now_ns, gap))
 
 
 class StuckReadings:
@@ -86,8 +97,10 @@ class StuckReadings:
             run.start(now_ns, gap, rel)
             return
         new_gap = gap != run.gap
+        trend = run.trend
         if new_gap:
             run.gap, run.gap_since, run.moved, run.new_lead = gap, now_ns, 0.0, False
+            trend.append((now_ns, gap))
         else:
             run.moved += 0.5 * (rel + run.rel) * ((now_ns - run.last_ns) * 1e-9)
         gaps = run.gaps
@@ -100,12 +113,15 @@ class StuckReadings:
             gaps.append((now_ns, gap))
             while len(gaps) > 2 and now_ns - gaps[1][0] >= self._window_ns:
                 gaps.popleft()  # keep one reading at least the window old
+        while trend and now_ns - trend[0][0] > self._window_ns:
+            trend.popleft()
         run.last_ns = now_ns
 
     def follow_rows(self, run: LeadRuns, ticks_ns: np.ndarray, lead: np.ndarray) -> None:
         """`follow` over consecutive ticks (a replay's run of clean ticks; `lead` (ticks, 3) the flag,
         gap and relative speed, NaN where a row may not be read), leaving the runs exactly as tick by
-        tick: only the ticks from where both runs last started (or all were reset) are stepped."""
+        tick: only the ticks from where both runs last started and the rate window's (or all were reset)
+        are stepped."""
         n = len(ticks_ns)
         if n == 0:
             return
@@ -118,7 +134,8 @@ class StuckReadings:
         new_rel = np.flatnonzero(r[1:] != r[:-1]) + 1
         last_reset = int(np.flatnonzero(reset)[-1]) if reset.any() else -1
         both = min(int(new_gap[-1]) if new_gap.size else -1, int(new_rel[-1]) if new_rel.size else -1)
-        first = max(last_reset, both)
+        window = int(np.searchsorted(ticks_ns, ticks_ns[-1] - self._window_ns))  # the trend's first tick
+        first = max(last_reset, min(both, window))
         if first > 0 and not ok[first - 1]:
             run.reset()
         elif first > 0:  # the tick before as the runs' last readings: the run `first` continues restarts later
@@ -126,30 +143,38 @@ class StuckReadings:
         for k in range(max(first, 0), n):
             self.follow(run, int(ticks_ns[k]), float(p[k]), float(g[k]), float(r[k]))
 
-    def stand_in(self, run: LeadRuns, now_ns: int, gap: float, rel: float) -> tuple[float, float]:
-        """This tick's (gap, relative speed) with the stuck one of the two replaced by what the other
-        says; NaN for both where neither can be told stuck and the other healthy."""
+    def stand_in(
+        self, run: LeadRuns, now_ns: int, gap: float, rel: float, doubt: LeadDoubt = LeadDoubt.ONE_STUCK
+    ) -> tuple[float, float]:
+        """This tick's (gap, relative speed) with the doubted one of the two replaced by what the other
+        says: the stuck one (ONE_STUCK), the relative speed (REL_DOUBTED); NaN for both where the
+        other cannot be told healthy."""
         if run.last_ns != now_ns or gap != run.gap or rel != run.rel:
             return _NAN, _NAN
         gap_for, rel_for = now_ns - run.gap_since, now_ns - run.rel_since
+        if doubt == LeadDoubt.REL_DOUBTED:  # the gap, unless it has stuck itself
+            if gap_for > self._stuck_ns:
+                return _NAN, _NAN
+            return gap, _least_squares_rate(run.trend, now_ns, self._window_ns)
         if gap_for > rel_for and rel_for <= self._stuck_ns:  # the gap stuck
             if run.new_lead or gap_for > self._reckon_ns:
                 return _NAN, _NAN
             return max(run.gap + run.moved, 1e-3), rel  # reckoned, never the 0 m of a dropped reading
         if rel_for > gap_for and gap_for <= self._stuck_ns:  # the relative speed stuck
-            return gap, self._gap_rate(run, now_ns)
+            return gap, _least_squares_rate(run.gaps, now_ns, self._window_ns)
         return _NAN, _NAN
 
-    def _gap_rate(self, run: LeadRuns, now_ns: int) -> float:
-        """The least-squares slope (m/s) of the gap's distinct readings of the last window; NaN with
-        fewer than three or spanning less than half the window."""
-        readings = [(t, x) for t, x in run.gaps if now_ns - t <= self._window_ns]
-        if len(readings) < 3 or readings[-1][0] - readings[0][0] < self._window_ns // 2:
-            return _NAN
-        t0 = readings[0][0]
-        ts = [(t - t0) * 1e-9 for t, _ in readings]
-        mean_t = sum(ts) / len(ts)
-        mean_x = sum(x for _, x in readings) / len(readings)
-        sxx = sum((t - mean_t) ** 2 for t in ts)
-        sxy = sum((t - mean_t) * (x - mean_x) for t, (_, x) in zip(ts, readings))
-        return sxy / sxx
+
+def _least_squares_rate(gaps: deque[tuple[int, float]], now_ns: int, window_ns: int) -> float:
+    """The least-squares slope (m/s) of the gap's distinct readings of the last window; NaN with
+    fewer than three or spanning less than half the window."""
+    readings = [(t, x) for t, x in gaps if now_ns - t <= window_ns]
+    if len(readings) < 3 or readings[-1][0] - readings[0][0] < window_ns // 2:
+        return _NAN
+    t0 = readings[0][0]
+    ts = [(t - t0) * 1e-9 for t, _ in readings]
+    mean_t = sum(ts) / len(ts)
+    mean_x = sum(x for _, x in readings) / len(readings)
+    sxx = sum((t - mean_t) ** 2 for t in ts)
+    sxy = sum((t - mean_t) * (x - mean_x) for t, (_, x) in zip(ts, readings))
+    return sxy / sxx

@@ -15,8 +15,9 @@ each other over time (the gap shrinks as fast as the relative speed says: a spee
 a glitched gap does not). A lead seen for less than `confirm_s` is not yet trusted: a cut-in is
 braked for one confirmation window later, a one-sample glitch never.
 
-One of the gap and the relative speed stuck while the other stays healthy (executor/stuck_lead.py):
-the assessor reads the healthy one and what it says of the stuck one.
+One of the gap and the relative speed stuck while the other stays healthy, or the relative speed
+against the gap's trend (executor/stuck_lead.py): the assessor reads the healthy one and what it
+says of the doubted one.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dualloop.executor.stuck_lead import LeadRuns, StuckReadings
+from dualloop.executor.stuck_lead import LeadDoubt, LeadRuns, StuckReadings
 
 
 class LeadFeatures(BaseModel):
@@ -65,6 +66,14 @@ class ThreatConfig(LeadFeatures):
     new_lead_rel_step: float = Field(default=3.0, gt=0.0, description="m/s between two ticks")
     rate_window_s: float = Field(default=0.5, gt=0.0, description="s")
     stuck_after_s: float = Field(default=1.0, gt=0.0, description="s")
+    # The relative speed doubted by the gap's trend (CHECK_REL_SIGN): read as the gap's rate over
+    # `rate_window_s` instead.
+    # Read from the gap's rate, the relative speed says nothing of the lead's braking: the ego then
+    # brakes to stop behind a lead braking this hard (a hard stop; the simulator's braking leads reach 7).
+    doubted_lead_decel: float = Field(default=6.0, gt=0.0, description="m/s^2")
+    trend_stand_in: bool = Field(
+        default=True, description="false: a relative speed against the gap's trend doubts the whole lead"
+    )
 
 
 @dataclass(slots=True)
@@ -99,24 +108,31 @@ class ThreatAssessor:
     @property
     def follows_runs(self) -> bool:
         """Whether the runs of repeated lead readings are followed (only a stand-in reads them)."""
-        return self.available and self.config.stuck_stand_in
+        return self.available and (self.config.stuck_stand_in or self.config.trend_stand_in)
 
     @property
     def lead_columns(self) -> tuple[int, int, int]:
         """The feature columns the runs follow: the lead flag, its gap and its relative speed."""
         return self._at[0], self._at[1], self._at[2]
 
-    def need(self, track: LeadTrack, now_ns: int, features: object, one_stuck: bool = False) -> float:
+    def need(self, track: LeadTrack, now_ns: int, features: object, doubt: int = LeadDoubt.NONE) -> float:
         """The deceleration (m/s^2, >= 0) a trusted threat asks for at this tick; 0 without one.
         `features`: the tick's raw inputs (None when none may be read, e.g. a frozen sensor);
-        `one_stuck`: the checks doubt one of gap and relative speed as stuck (LeadDoubt.ONE_STUCK)."""
+        `doubt`: what the checks doubt of the lead's readings (ONE_STUCK or REL_DOUBTED: one of gap and
+        relative speed, stood in for; the caller passes None features for ALL)."""
         if not self.available or features is None:
             track.clear()
             return 0.0
         c = self.config
         present, gap, rel, speed = (float(features[i]) for i in self._at)  # type: ignore[index]
-        if one_stuck:
-            gap, rel = self.stuck.stand_in(track.runs, now_ns, gap, rel) if c.stuck_stand_in else (math.nan, math.nan)
+        if doubt == LeadDoubt.ONE_STUCK or doubt == LeadDoubt.REL_DOUBTED:
+            allowed = c.stuck_stand_in if doubt == LeadDoubt.ONE_STUCK else c.trend_stand_in
+            read = rel
+            kind = LeadDoubt(doubt)
+            gap, rel = self.stuck.stand_in(track.runs, now_ns, gap, rel, kind) if allowed else (math.nan, math.nan)
+            rel_from_gap = rel != read and rel == rel
+        else:
+            rel_from_gap = False
         plausible = (
             present == 1.0
             and math.isfinite(gap)
@@ -148,4 +164,10 @@ class ThreatAssessor:
             return 0.0
         room = gap - c.standstill_gap_m
         need = c.max_decel if room <= 0.0 else closing * closing / (2.0 * room)
+        if rel_from_gap and room > 0.0:
+            # the gap's rate lags and says nothing of how hard the lead brakes: stop behind where the
+            # lead would stop braking at `doubted_lead_decel`
+            lead_speed = max(speed + rel, 0.0)
+            stop_room = room + lead_speed * lead_speed / (2.0 * c.doubted_lead_decel)
+            need = max(need, speed * speed / (2.0 * stop_room))
         return min(need, c.max_decel) if need >= c.min_decel else 0.0

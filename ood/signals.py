@@ -75,6 +75,14 @@ over time, in the signals' own units, without the model:
   (every step of 0.5 m/s or more), nor does the simulator's nominal driving at 200 Hz. A relative speed near 0
   switched to km/h changes by less and stays unseen; a persisting one that stays near 0 longer than
   the hold is trusted again.
+- **rel_sign** (m): the gap's change over the last `rel_sign_window_s` against the relative speed's
+  integral over the same readings (trapezoids): where they go opposite ways, the smaller of the two,
+  else 0. A relative speed with its sign flipped (the lead reported pulling away while the ego
+  closes on it) agrees with the gap's change between readings as far as the noise can tell (0.05 m
+  per tick at 5 m/s and 200 Hz) and with every other check, yet over seconds the two disagree
+  plainly. A step of the gap the relative speed does not explain (`gap_jump_m`: a new lead, a stuck
+  gap's catch-up, a spike) starts the window afresh. Clean real drives reach 1.34 m on the held-out
+  drives; the threshold (4 m) lets a flip through while the closing speed stays below 2 m/s.
 
 Only fresh observations are evidence (a tick that reuses its observation reports the last verdict),
 a gap in the stream longer than `max_gap_s` starts every check afresh, and a check whose signals the
@@ -99,7 +107,9 @@ import numpy.typing as npt
 _NAN = math.nan
 _MAX_KEPT = 1024  # readings a window keeps at most (1 s at 1 kHz)
 _SCORE_CAP = 1e12  # the largest score a check reports, in its own units (far above every threshold)
-STUCK, SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, REL_ACCEL, REL_UNIT = range(9)
+STUCK, SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, REL_ACCEL, REL_UNIT, REL_SIGN = range(
+    10
+)
 CHECKS = (
     "stuck",
     "speed_accel",
@@ -110,8 +120,9 @@ CHECKS = (
     "gap_step",
     "rel_accel",
     "rel_unit",
+    "rel_sign",
 )
-Scores = tuple[float, float, float, float, float, float, float, float, float]
+Scores = tuple[float, float, float, float, float, float, float, float, float, float]
 # the features each check reads, in SignalSettings' names
 _READS = (
     ("speed_feature",),  # and whichever of the stuck signals are measured
@@ -119,6 +130,7 @@ _READS = (
     ("present_feature", "distance_feature", "rel_speed_feature"),
     ("present_feature",),
     ("speed_feature", "accel_feature"),
+    ("present_feature", "distance_feature", "rel_speed_feature"),
     ("present_feature", "distance_feature", "rel_speed_feature"),
     ("present_feature", "distance_feature", "rel_speed_feature"),
     ("present_feature", "distance_feature", "rel_speed_feature"),
@@ -164,6 +176,8 @@ class SignalSettings:
     rel_unit_factor: float = 3.6  # a relative speed read in km/h: a step to this multiple is a fault
     rel_unit_tolerance: float = 0.15  # of the step's target (the trend of the last two readings times the factor)
     rel_unit_m_s: float = 0.5  # m/s: a step to the factor this large vetoes (from 0.19 m/s; sensor noise below)
+    rel_sign_window_s: float = 2.0  # s over which the gap's change and the relative speed's integral are compared
+    rel_sign_m: float = 4.0  # m: clean real drives reach 1.34 (held out), 9.47 (JRC-VC, rows its quality flag doubts)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -186,6 +200,7 @@ class SignalSettings:
             self.gap_step_m,
             self.rel_accel_m_s2,
             self.rel_unit_m_s,
+            self.rel_sign_m,
         )
 
 
@@ -323,6 +338,7 @@ class _Slot:
         "rel_score",
         "unit",
         "rel_before",
+        "trend",
         "out",
     )
 
@@ -354,11 +370,13 @@ class _Slot:
         self.rel_score = 0.0  # the second-largest of rel_top (0 with fewer than two)
         self.unit: _UnitRun | None = None  # rel_unit: the current run of readings in the unit (None: none)
         self.rel_before = _NAN  # rel_unit: the lead reading before the last (NaN: none)
-        self.out: Scores = (_NAN,) * 9
+        # rel_sign: (ns, gap, the relative speed's integral since the window began) of the window's readings
+        self.trend: deque[tuple[int, float, float]] = deque(maxlen=_MAX_KEPT)
+        self.out: Scores = (_NAN,) * 10
 
 
 class SignalMonitor:
-    """The nine checks for `n_slots` sessions on a feature schema (`feature_names`)."""
+    """The ten checks for `n_slots` sessions on a feature schema (`feature_names`)."""
 
     def __init__(self, n_slots: int, settings: SignalSettings, feature_names: Sequence[str]) -> None:
         names = list(feature_names)
@@ -379,6 +397,7 @@ class SignalMonitor:
         self._step_confirm_ns = int(s.step_confirm_s * 1e9)
         self._prior_ns = int(s.prior_keep_s * 1e9)
         self._hold_ns = int(s.hold_s * 1e9)
+        self._sign_ns = int(s.rel_sign_window_s * 1e9)
 
     @property
     def available(self) -> bool:
@@ -397,12 +416,12 @@ class SignalMonitor:
         """Which checks can judge this slot's session at all (its sensor profile measures their signals)."""
         speed, accel, present, distance, rel = self._measures[slot]
         lead = present and distance and rel
-        return speed, speed and accel, lead, present, speed and accel, speed and lead, lead, lead, lead
+        return speed, speed and accel, lead, present, speed and accel, speed and lead, lead, lead, lead, lead
 
     def step(
         self, x: npt.NDArray[Any], slots: Sequence[int], fresh: Sequence[bool], times: Sequence[int]
     ) -> list[Scores]:
-        """Each row's nine scores (NaN: no verdict) after this tick; rows x (batch, features) raw inputs."""
+        """Each row's ten scores (NaN: no verdict) after this tick; rows x (batch, features) raw inputs."""
         at = self.at
         # every row's five readings as Python floats in one conversion (the schema has them all)
         rows = x[:, at].tolist() if min(at) >= 0 else [[r[a] if a >= 0 else _NAN for a in at] for r in x.tolist()]
@@ -416,7 +435,7 @@ class SignalMonitor:
         return out
 
     def scan(self, x: npt.NDArray[Any], slot: int, times: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        """The scores (rows, 9) after each of a session's fresh observations in turn (a replay's rows
+        """The scores (rows, 10) after each of a session's fresh observations in turn (a replay's rows
         the ticks used), leaving the slot as live ticks would."""
         state, measures = self._slots[slot], self._measures[slot]
         cols = [x[:, a].tolist() if a >= 0 else [_NAN] * len(x) for a in self.at]
@@ -450,14 +469,26 @@ class SignalMonitor:
         elif m_present and m_distance and m_rel:
             lead = abs(values[0]) > s.moving_speed and last[2] == 1.0
             gap_repeat = self._repeat(st.repeats[1], st.t, t, values[3], values[4], last[3], last[4], lead)
-        rel_accel = rel_unit = _NAN
+        rel_accel = rel_unit = rel_sign = _NAN
         if m_present and m_distance and m_rel:
             gap_step = self._gap_step(st, t, values, last, gap_stuck_s)
             rel_unit = self._rel_unit(st, t, values, last, rel_stuck_s)
             rel_accel = self._rel_accel(st, t, values)
+            rel_sign = self._rel_sign(st, t, values, last)
         st.t = t
         st.last = values
-        scores = (stuck, speed_accel, gap_rate, flicker, speed_repeat, gap_repeat, gap_step, rel_accel, rel_unit)
+        scores = (
+            stuck,
+            speed_accel,
+            gap_rate,
+            flicker,
+            speed_repeat,
+            gap_repeat,
+            gap_step,
+            rel_accel,
+            rel_unit,
+            rel_sign,
+        )
         # finite by contract (DecisionSnapshot.checks): readings near the float64 limits overflow the
         # physics (a rate times a time); the cap still vetoes, NaN stays "no verdict" (max() would
         # not see past a NaN, hence the comparisons)
@@ -472,6 +503,7 @@ class SignalMonitor:
             or gap_step > cap
             or rel_accel > cap
             or rel_unit > cap
+            or rel_sign > cap
         ):
             return tuple(cap if v > cap else v for v in scores)  # type: ignore[return-value]
         return scores
@@ -657,6 +689,32 @@ class SignalMonitor:
             st.unit = _UnitRun(step, st.t, g0, t, distance, integral, s, self._step_hold_ns, self._gap_window_ns)
             return step
         return 0.0
+
+    def _rel_sign(self, st: _Slot, t: int, values: list[float], last: list[float]) -> float:
+        """rel_sign: the gap's change and the relative speed's integral over the window where they go
+        opposite ways (the smaller of the two), m; 0 where they agree."""
+        present, distance, rel = values[2], values[3], values[4]
+        trend = st.trend
+        if not (present == 1.0 and distance == distance and rel == rel):
+            trend.clear()
+            return _NAN
+        if trend:  # the previous reading was a lead reading too (the window is cleared otherwise)
+            g0, r0 = last[3], last[4]
+            moved = 0.5 * (rel + r0) * ((t - st.t) * 1e-9)
+            if abs((distance - g0) - moved) >= self.settings.gap_jump_m:  # a new lead: a window afresh
+                trend.clear()
+                trend.append((t, distance, 0.0))
+                return 0.0
+            trend.append((t, distance, trend[-1][2] + moved))
+        else:
+            trend.append((t, distance, 0.0))
+        while len(trend) > 2 and t - trend[1][0] >= self._sign_ns:
+            trend.popleft()  # keep one reading at least the window old
+        _, g_first, i_first = trend[0]
+        change, integral = distance - g_first, trend[-1][2] - i_first
+        if (change < 0.0) == (integral < 0.0) or change == 0.0 or integral == 0.0:
+            return 0.0
+        return min(abs(change), abs(integral))
 
     def _gap_rate(self, st: _Slot, t: int, values: list[float], gap_stuck_s: float) -> float:
         """gap_rate: the gap's change against the relative speed."""

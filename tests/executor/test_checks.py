@@ -10,9 +10,11 @@ import pytest
 from dualloop.controller.logs.logfile import read_log
 from dualloop.controller.logs.synthetic import synthetic_log
 from dualloop.controller.replay.lockstep import _observations
-from dualloop.executor.checks import CheckValues
+from dualloop.executor.checks import CheckBoard, CheckValues
 from dualloop.executor.core import Executor
-from dualloop.executor.snapshot import Check, CheckStatus, Observation
+from dualloop.executor.snapshot import CHECK_DTYPE, Check, CheckStatus, Observation
+from dualloop.executor.stuck_lead import LeadDoubt
+from dualloop.ood.signals import SignalSettings
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +96,29 @@ def test_python_and_numpy_assembly_give_the_same_bytes(base_model, base_gates, t
     statuses = set(numpy_pass["status"].ravel().tolist())
     assert statuses == {CheckStatus.SCORED, CheckStatus.NOT_APPLICABLE, CheckStatus.NOT_SCORED}
     assert numpy_pass["veto"].any(axis=0).sum() >= 4  # several checks veto somewhere in the log
+
+
+@pytest.mark.parametrize(
+    ("vetoes", "doubt"),
+    [
+        ((), LeadDoubt.NONE),
+        ((Check.GAP_REPEAT,), LeadDoubt.ONE_STUCK),
+        ((Check.GAP_REPEAT, Check.GAP_RATE), LeadDoubt.ONE_STUCK),
+        ((Check.REL_SIGN,), LeadDoubt.REL_DOUBTED),
+        ((Check.REL_SIGN, Check.GAP_RATE), LeadDoubt.REL_DOUBTED),
+        ((Check.REL_SIGN, Check.GAP_REPEAT), LeadDoubt.REL_DOUBTED),  # the relative speed is read from nothing
+        ((Check.GAP_RATE,), LeadDoubt.ALL),
+        ((Check.REL_SIGN, Check.GAP_STEP), LeadDoubt.ALL),
+        ((Check.GAP_REPEAT, Check.REL_ACCEL), LeadDoubt.ALL),
+        ((Check.LEAD_FLICKER, Check.REL_SIGN), LeadDoubt.ALL),
+        ((Check.SPEED_REPEAT,), LeadDoubt.NONE),  # the ego's readings: the lead's stay trusted
+    ],
+)
+def test_what_the_lead_checks_vetoes_leave_the_threat_assessor(vetoes: tuple[Check, ...], doubt: LeadDoubt) -> None:
+    """One of gap and relative speed doubted (a repeat, a sign against the gap's trend) is stood in
+    for; any other lead check among the vetoes doubts the whole lead."""
+    board = CheckBoard([], [], 0, None, SignalSettings().thresholds)
+    table = np.zeros((1, len(board.kinds)), CHECK_DTYPE)
+    for kind in vetoes:
+        table["veto"][0, board.kinds.index(kind)] = True
+    assert board.lead_doubt(table).tolist() == [doubt]

@@ -624,6 +624,51 @@ def test_a_stuck_gap_with_a_stuck_relative_speed_is_not_reckoned(test_model):
     assert min(accel) >= -3.0 - 1e-6
 
 
+def _flipped_rel_run(test_model, doubt: LeadDoubt) -> tuple[list[float], float, float]:
+    """The ego at 25 m/s 30 m behind a lead that brakes at 6 m/s^2 from tick 40 (its relative speed
+    read with the sign flipped from then on), the checks doubting the lead as `doubt` from tick 100:
+    the applied accelerations, and tick 150's true gap and relative speed."""
+    from dualloop.executor.snapshot import AppliedAction
+
+    cruise = AppliedAction(2, "keep", np.array([0.0, 0.01], np.float32))
+    machine = _machine(test_model)
+    names = test_model.card.feature_names
+    mem, x = _cruise(test_model, machine)
+    x[names.index("lead_present")] = 1.0
+    gap, rel, accel, at_150 = 30.0, 0.0, [], (0.0, 0.0)
+    for k in range(10, 200):
+        rel -= 6.0 * 0.005 if k >= 40 else 0.0  # the ego keeps its 25 m/s (its own braking not fed back)
+        gap += rel * 0.005
+        x[names.index("lead_distance")] = gap
+        x[names.index("lead_rel_speed")] = -rel if k >= 40 else rel
+        reasons = [Reason.OOD_VETO] if k >= 100 else []
+        applied, _ = machine.decide(
+            mem,
+            k * TICK,
+            reasons,
+            None if reasons else cruise,
+            x.copy(),
+            lead_doubt=doubt if k >= 100 else LeadDoubt.NONE,
+        )
+        accel.append(float(applied.controls[0]))
+        at_150 = (gap, rel) if k == 150 else at_150
+    return accel, *at_150
+
+
+def test_a_relative_speed_against_the_gaps_trend_is_read_from_the_gap(test_model):
+    """The relative speed's sign flipped (rel_sign's veto: REL_DOUBTED): the assessor reads the gap's
+    rate in its place and, that rate saying nothing of the lead's braking, brakes to stop behind a
+    lead braking at 6 m/s^2; the whole lead doubted, it brakes no harder than the profile."""
+    doubted_rel, gap, rel = _flipped_rel_run(test_model, LeadDoubt.REL_DOUBTED)
+    everything, _, _ = _flipped_rel_run(test_model, LeadDoubt.ALL)
+    rate = rel + 6.0 * 0.25  # the gap's rate over the last 0.5 s: the relative speed at its middle
+    speed, lead_speed = 25.0, 25.0 + rate
+    need = max(rate**2 / (2 * (gap - 2.0)), speed**2 / (2 * (gap - 2.0 + lead_speed**2 / (2 * 6.0))))
+    assert doubted_rel[150 - 10] == pytest.approx(-min(need, 8.0), rel=0.02)
+    assert min(everything) >= -3.0 - 1e-6
+    assert min(doubted_rel) <= -4.5
+
+
 def gap_at(start: float, rel: float, i: int) -> float:
     return start + rel * 0.005 * (i + 1)
 

@@ -1,7 +1,7 @@
-"""The runs of repeated lead readings (executor/stuck_lead.py): the replay's `follow_rows` over a run
-of clean ticks leaves them exactly as tick-by-tick `follow` does, on seeded random readings with a
-stuck gap or a stuck relative speed in runs, dropped flags, NaN, pauses and relative-speed steps; and
-what stands in for the stuck reading."""
+"""The runs of repeated lead readings and the gap's trend (executor/stuck_lead.py): the replay's
+`follow_rows` over a run of clean ticks leaves them exactly as tick-by-tick `follow` does, on seeded
+random readings with a stuck gap or a stuck relative speed in runs, dropped flags, NaN, pauses and
+relative-speed steps; and what stands in for the stuck or doubted reading."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dualloop.executor.stuck_lead import LeadRuns, StuckReadings
+from dualloop.executor.stuck_lead import LeadDoubt, LeadRuns, StuckReadings
 from dualloop.executor.threat import ThreatConfig
 
 TICK = 5_000_000
@@ -58,16 +58,19 @@ def test_follow_rows_leaves_the_runs_as_tick_by_tick(seed: int) -> None:
     ticks, lead = _readings(rng, 4000)
     ref, got = LeadRuns(), LeadRuns()
     cuts = np.sort(rng.choice(np.arange(1, len(ticks)), 60, replace=False))
-    stood_in = {"gap": 0, "rel": 0}
+    stood_in = {"gap": 0, "rel": 0, "trend": 0}
     for a, b in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(ticks)]))):
         for k in range(a, b):
             stuck.follow(ref, int(ticks[k]), *(float(v) for v in lead[k]))
             gap, rel = stuck.stand_in(ref, int(ticks[k]), float(lead[k, 1]), float(lead[k, 2]))
             stood_in["gap"] += gap == gap and gap != lead[k, 1]
             stood_in["rel"] += rel == rel and rel != lead[k, 2]
+            _, trend = stuck.stand_in(ref, int(ticks[k]), float(lead[k, 1]), float(lead[k, 2]), LeadDoubt.REL_DOUBTED)
+            stood_in["trend"] += trend == trend
         stuck.follow_rows(got, ticks[a:b], lead[a:b])
         assert _state(got) == _state(ref), (a, b)
     assert stood_in["gap"] > 20 and stood_in["rel"] > 20  # both kinds of run were long enough to stand in
+    assert stood_in["trend"] > 200  # and the gap's trend was long enough to read a rate from
 
 
 def test_the_comparison_can_fail() -> None:
@@ -82,9 +85,12 @@ def test_the_comparison_can_fail() -> None:
     assert _state(got) != _state(ref)
 
 
-def _closing(stuck_column: int, ticks: int = 400) -> tuple[LeadRuns, StuckReadings, float, float, float]:
-    """A lead 40 m ahead closing at 5 m/s and 2 m/s^2 more each second, one reading stuck from tick 100:
-    (runs, follower, the last tick's true gap and relative speed, its ns)."""
+def _closing(
+    stuck_column: int, ticks: int = 400, flip: bool = False
+) -> tuple[LeadRuns, StuckReadings, float, float, float]:
+    """A lead 40 m ahead closing at 5 m/s and 2 m/s^2 more each second, one reading stuck from tick 100
+    (or, with `flip`, the relative speed's sign flipped from then on): (runs, follower, the last
+    tick's true gap and relative speed, its ns)."""
     stuck, run = _stuck(), LeadRuns()
     rng = np.random.default_rng(1)
     gap, rel, held = 40.0, -5.0, None
@@ -92,7 +98,9 @@ def _closing(stuck_column: int, ticks: int = 400) -> tuple[LeadRuns, StuckReadin
         rel -= 2.0 * TICK / 1e9
         gap += rel * TICK / 1e9
         row = [1.0, gap + rng.normal(0.0, 0.05), rel + rng.normal(0.0, 0.02)]
-        if k >= 100:
+        if k >= 100 and flip:
+            row[2] = -row[2]
+        elif k >= 100:
             held = row[stuck_column] if held is None else held
             row[stuck_column] = held
         stuck.follow(run, k * TICK, *row)
@@ -113,6 +121,22 @@ def test_a_stuck_relative_speed_is_the_gaps_rate() -> None:
     assert got_gap == last[1]
     assert got_rel == pytest.approx(rel + 2.0 * 0.25, abs=0.3)  # the window's middle: 0.25 s ago
     assert abs(last[2] - rel) > 2.5
+
+
+def test_a_doubted_relative_speed_is_the_gaps_rate() -> None:
+    """Flipped, the relative speed changes every tick and never sticks: the gap's rate over the last
+    window of its readings stands in for it all the same."""
+    run, stuck, gap, rel, now, last = _closing(2, flip=True)
+    got_gap, got_rel = stuck.stand_in(run, now, last[1], last[2], LeadDoubt.REL_DOUBTED)
+    assert got_gap == last[1]
+    assert got_rel == pytest.approx(rel + 2.0 * 0.25, abs=0.3)
+    assert last[2] > 5.0  # the reading itself says the lead pulls away
+    assert all(v != v for v in stuck.stand_in(run, now, last[1], last[2]))  # nothing stuck: no stuck stand-in
+
+
+def test_a_doubted_relative_speed_beside_a_stuck_gap_stands_in_for_neither() -> None:
+    run, stuck, _, _, now, last = _closing(1)
+    assert all(v != v for v in stuck.stand_in(run, now, last[1], last[2], LeadDoubt.REL_DOUBTED))
 
 
 def test_both_stuck_stand_in_for_neither() -> None:

@@ -21,6 +21,7 @@ from dualloop.ood.signals import (
     GAP_STEP,
     LEAD_FLICKER,
     REL_ACCEL,
+    REL_SIGN,
     REL_UNIT,
     SPEED_ACCEL,
     SPEED_REPEAT,
@@ -163,9 +164,9 @@ def test_unmeasured_and_non_finite_signals_are_not_judged() -> None:
     x = drive(20)
     x[:, ~present] = np.nan
     out = mon.scan(x, 0, np.arange(20, dtype=np.int64) * PERIOD)
-    others = [SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, REL_ACCEL, REL_UNIT]
+    others = [SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, REL_ACCEL, REL_UNIT, REL_SIGN]
     assert np.isnan(out[:, others]).all() and (out[:, STUCK] == 0.0).all()
-    assert mon.applies(0) == (True, False, False, False, False, False, False, False, False)
+    assert mon.applies(0) == (True,) + (False,) * (len(CHECKS) - 1)
     y = drive(20)
     y[10, 3] = np.nan
     gap = scan(y)[:, GAP_RATE]
@@ -362,6 +363,46 @@ def test_live_steps_and_a_replay_scan_give_the_same_unit_verdicts() -> None:
         replayed = scan(x)
         np.testing.assert_array_equal(stepped[:, slot], replayed)
     assert (stepped[30:60, 0, REL_UNIT] > 0).all() and (stepped[30:60, 1, GAP_STEP] > 0).all()
+
+
+def closing_on_a_braking_lead(n: int, brake_at: int) -> np.ndarray:
+    """A lead at the ego's speed that brakes at 6 m/s^2 from observation `brake_at` on (10 Hz): the gap
+    shrinks and the relative speed falls as they should."""
+    x = drive(n, gap=40.0)
+    t = np.maximum(np.arange(n) - brake_at, 0) * PERIOD / 1e9
+    x[:, 4] += (-6.0 * t).astype(np.float32)
+    x[:, 3] += (-3.0 * t * t).astype(np.float32)
+    return x
+
+
+def test_a_sign_flipped_relative_speed_disagrees_with_the_gap_over_seconds() -> None:
+    """Flipped from the braking onset, the relative speed says the lead pulls away while the gap
+    shrinks: rel_sign vetoes once both moved 4 m opposite ways (1.2 s at 6 m/s^2), and no other check
+    of the lead does; the same drive read correctly, and a stuck gap, score about 0."""
+    limit = SignalSettings().rel_sign_m
+    honest = closing_on_a_braking_lead(50, 20)
+    assert scan(honest)[:, REL_SIGN].max() < 0.05  # noise around a steady gap, then agreement
+    flipped = honest.copy()
+    flipped[20:, 4] *= -1.0
+    scores = scan(flipped)
+    vetoes = np.flatnonzero(scores[:, REL_SIGN] > limit)
+    assert vetoes.size and 31 <= vetoes[0] <= 34 and (scores[vetoes[0] :, REL_SIGN] > limit).all()
+    others = [GAP_RATE, GAP_REPEAT, GAP_STEP, REL_ACCEL, REL_UNIT]
+    assert not (scores[:, others] > np.array(SignalSettings().thresholds)[others]).any()
+    stuck = flipped.copy()
+    stuck[20:, 3] = stuck[19, 3]  # the gap stuck too: nothing to compare the relative speed with
+    assert scan(stuck)[:, REL_SIGN].max() < 0.05
+
+
+def test_a_new_lead_starts_the_trend_afresh() -> None:
+    """A cut-in 25 m nearer while the relative speed says the old lead pulled away at 3 m/s: the gap's
+    step is a new lead's, not a trend, and is never compared with the integral."""
+    x = drive(60, gap=50.0, rel=3.0)
+    x[30:, 3] -= 25.0
+    x[30:, 4] = -0.5
+    s = scan(x)[:, REL_SIGN]
+    assert s[30] == 0.0 and (s <= SignalSettings().rel_sign_m).all()
+    assert (scan(x, SignalSettings(gap_jump_m=50.0))[30:, REL_SIGN] > SignalSettings().rel_sign_m).any()
 
 
 @pytest.mark.parametrize("name", ["comma2k19-example1.mcap", "real-drives/openacc-astazero-human"])

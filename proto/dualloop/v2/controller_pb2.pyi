@@ -63,6 +63,7 @@ class Check(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECK_GAP_STEP: _ClassVar[Check]
     CHECK_REL_ACCEL: _ClassVar[Check]
     CHECK_REL_UNIT: _ClassVar[Check]
+    CHECK_REL_SIGN: _ClassVar[Check]
 
 class CheckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -112,6 +113,7 @@ CHECK_GAP_REPEAT: Check
 CHECK_GAP_STEP: Check
 CHECK_REL_ACCEL: Check
 CHECK_REL_UNIT: Check
+CHECK_REL_SIGN: Check
 CHECK_STATUS_UNSPECIFIED: CheckStatus
 CHECK_STATUS_SCORED: CheckStatus
 CHECK_STATUS_NOT_APPLICABLE: CheckStatus

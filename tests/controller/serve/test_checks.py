@@ -38,6 +38,7 @@ EVERY_CHECK = [
     pb.CHECK_GAP_STEP,
     pb.CHECK_REL_ACCEL,
     pb.CHECK_REL_UNIT,
+    pb.CHECK_REL_SIGN,
 ]
 # inputs with no veto: 100 Hz synthetic driving after its first 0.6 s (which the input gate flags)
 START, COUNT = 60, 200
