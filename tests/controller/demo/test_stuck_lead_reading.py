@@ -6,41 +6,15 @@ lead; the threat assessor now reads the healthy one and what it says of the stuc
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from dualloop.controller.contract.gate_files import load_gate_for_model
-from dualloop.controller.demo.closed_loop import InProcessDecider, run_closed_loop
-from dualloop.controller.replay.lockstep import run_replay
 from dualloop.executor.config import ExecutorConfig
-from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
-from dualloop.executor.snapshot import Observation, Reason
+from dualloop.executor.snapshot import Observation
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
-from dualloop.sim.env import make_scenario
-from dualloop.sim.schema import FEATURE_INDEX
 from dualloop.v2 import controller_pb2 as pb
-
-
-class StuckReading(InProcessDecider):
-    """The controller in this process, fed one feature frozen at its reading at `onset_ns`."""
-
-    def __init__(self, executor: Executor, session_id: str, feature: str, onset_ns: int) -> None:
-        super().__init__(executor, session_id)
-        self.column, self.onset_ns, self.held = FEATURE_INDEX[feature], onset_ns, np.nan
-
-        self.sent: list[Observation] = []  # what the controller was given, for a replay
-
-    def decide(self, seq, timestamp_ns, features, plan_id, plan, actual=None):  # type: ignore[no-untyped-def]
-        if timestamp_ns >= self.onset_ns:
-            features = features.copy()
-            self.held = features[self.column] if np.isnan(self.held) else self.held
-            features[self.column] = self.held
-        obs = Observation(seq=seq, timestamp_ns=timestamp_ns, features=features, plan_id=plan_id, plan_values=plan)
-        if actual is not None:
-            obs.actual_index, obs.actual_controls = actual
-        self.sent.append(obs)
-        return super().decide(seq, timestamp_ns, features, plan_id, plan, actual)
+from tests.controller.demo.one_reading import drive_braking_lead, frozen, replayed_both_ways
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +24,7 @@ def shipped() -> tuple[DecisionModel, list]:
 
 
 def _drive(shipped, feature: str, seed: int, config: ExecutorConfig, sent: list | None = None):  # type: ignore[no-untyped-def]
-    model, gates = shipped
-    env = make_scenario("lead_brakes_hard", seed)
-    brake_at = float(env.instance.world.script.accel_start[0, 1])  # the lead's own braking starts
-    decider = StuckReading(Executor(model, config, gates), f"stuck-{seed}", feature, int(brake_at * 1e9))
-    run = run_closed_loop(env, decider, seed)
-    if sent is not None:
-        sent += decider.sent
-    return run
+    return drive_braking_lead(shipped, feature, frozen, seed, 0.0, config, sent)
 
 
 CASES = [("lead_distance", 104), ("lead_distance", 108), ("lead_rel_speed", 107)]
@@ -91,12 +58,4 @@ def test_the_replay_stands_in_for_a_stuck_reading_as_the_live_tick_does(shipped,
     the same commands as the observation-by-observation reference (the live tick's path)."""
     sent: list[Observation] = []
     _drive(shipped, feature, seed, ExecutorConfig(), sent)
-    model, gates = shipped
-    fast, reference = (
-        run_replay(Executor(model, ExecutorConfig(), gates), "replayed", sent, fast=f)[0] for f in (True, False)
-    )
-    assert sum(Reason.THREAT_BRAKING in s.reasons for s in reference) > 50
-    assert len(fast) == len(reference)
-    for a, b in zip(fast, reference):
-        assert a.applied.controls.tobytes() == b.applied.controls.tobytes(), a.tick
-        assert (a.reasons, a.safety_state) == (b.reasons, b.safety_state), a.tick
+    replayed_both_ways(shipped, sent)
