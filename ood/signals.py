@@ -398,6 +398,7 @@ class SignalMonitor:
         self._prior_ns = int(s.prior_keep_s * 1e9)
         self._hold_ns = int(s.hold_s * 1e9)
         self._sign_ns = int(s.rel_sign_window_s * 1e9)
+        self._gap_jump_m = s.gap_jump_m
 
     @property
     def available(self) -> bool:
@@ -698,21 +699,21 @@ class SignalMonitor:
         if not (present == 1.0 and distance == distance and rel == rel):
             trend.clear()
             return _NAN
+        integral = 0.0
         if trend:  # the previous reading was a lead reading too (the window is cleared otherwise)
-            g0, r0 = last[3], last[4]
-            moved = 0.5 * (rel + r0) * ((t - st.t) * 1e-9)
-            if abs((distance - g0) - moved) >= self.settings.gap_jump_m:  # a new lead: a window afresh
+            moved = 0.5 * (rel + last[4]) * ((t - st.t) * 1e-9)
+            if abs((distance - last[3]) - moved) >= self._gap_jump_m:  # a new lead: a window afresh
                 trend.clear()
-                trend.append((t, distance, 0.0))
-                return 0.0
-            trend.append((t, distance, trend[-1][2] + moved))
-        else:
-            trend.append((t, distance, 0.0))
-        while len(trend) > 2 and t - trend[1][0] >= self._sign_ns:
+            else:
+                integral = trend[-1][2] + moved
+        trend.append((t, distance, integral))
+        if len(trend) > 2 and t - trend[1][0] >= self._sign_ns:
             trend.popleft()  # keep one reading at least the window old
+            while len(trend) > 2 and t - trend[1][0] >= self._sign_ns:
+                trend.popleft()
         _, g_first, i_first = trend[0]
-        change, integral = distance - g_first, trend[-1][2] - i_first
-        if (change < 0.0) == (integral < 0.0) or change == 0.0 or integral == 0.0:
+        change, integral = distance - g_first, integral - i_first
+        if change * integral >= 0.0:  # the same way, or either still
             return 0.0
         return min(abs(change), abs(integral))
 
