@@ -22,6 +22,7 @@ NOISE: Final = "noise"
 SPIKES: Final = "spikes"
 UNIT: Final = "unit_error"
 BIAS: Final = "bias"
+SIGN: Final = "sign_flip"
 FLICKER: Final = "presence_flicker"
 FROZEN_TIME: Final = "frozen_timestamps"
 MISSING_ROWS: Final = "missing_rows"
@@ -41,6 +42,7 @@ SIGNALS: Final[dict[str, tuple[str, ...]]] = {
     SPIKES: LONGITUDINAL,
     UNIT: (*SPEEDS, "lead_distance"),
     BIAS: ("lead_distance",),
+    SIGN: ("lead_rel_speed",),
     FLICKER: ("lead_present",),
     FROZEN_TIME: (TIMESTAMPS,),
     MISSING_ROWS: (ROWS,),
@@ -143,6 +145,8 @@ def inject(
             x[w, col] *= np.float32(ep.magnitude)
         elif ep.fault == BIAS:
             x[w, col] += np.float32(ep.magnitude)
+        elif ep.fault == SIGN:
+            x[w, col] = -x[w, col]
         elif ep.fault == FLICKER:
             # the flag drops and returns at random: each observation toggled with probability 1/2
             flip = rng.random(n) < 0.5

@@ -566,6 +566,7 @@ SHORT: Final = {
     "gap_step": "g-step",
     "rel_accel": "r-acc",
     "rel_unit": "r-unit",
+    "rel_sign": "r-sign",
     INVALID: "inval",
     STALE: "stale",
     REFUSED: "refus",

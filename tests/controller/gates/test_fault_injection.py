@@ -63,6 +63,8 @@ def test_a_fault_changes_one_signal_inside_its_window_only(fault: str, signal: s
         np.testing.assert_allclose(got, was * factor, rtol=1e-6)
     elif fault == fi.BIAS:
         np.testing.assert_allclose(got - was, fi.BIAS_M, atol=1e-4)
+    elif fault == fi.SIGN:
+        assert (got == -was).all()
     elif fault == fi.FLICKER:
         assert set(np.unique(got)) <= {0.0, 1.0} and (got == 0).any()
     elif fault == fi.NOISE:
