@@ -91,6 +91,11 @@ WorkerMode = Literal["process", "thread"]
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
+class PlannerStartError(RuntimeError):
+    """PlanScheduler.start: the worker could not build its source (the message is the source's own
+    error, e.g. the planner model file it could not load) or could not be started."""
+
+
 @dataclass
 class _Pending:
     encoded: bytes  # the serialised PlanRequest, made when requested (the send then only joins bytes)
@@ -374,7 +379,8 @@ class PlanScheduler:
 
     # ---- lifecycle (not on the tick path: these may block) ---------------------------------
     def start(self, wait_ready: bool = True, timeout_s: float | None = None) -> None:
-        """Start the worker; by default wait until its source is built (errors are raised here)."""
+        """Start the worker; by default wait until its source is built (PlannerStartError when it cannot
+        be, with the source's own error; TimeoutError when it is not ready within timeout_s)."""
         if self._running:
             raise RuntimeError("PlanScheduler already started")
         self._running = True
@@ -385,7 +391,7 @@ class PlanScheduler:
         while not (self._worker is not None and self._worker.ready):
             if self._counts["startup_failures"]:
                 self.stop()
-                raise RuntimeError(f"planner worker failed to start: {self._last_error}")
+                raise PlannerStartError(f"planner worker failed to start: {self._last_error}")
             if time.monotonic() > give_up:
                 self.stop()
                 raise TimeoutError("planner worker not ready within the startup timeout")

@@ -28,6 +28,7 @@ from dualloop.controller.serve import events
 from dualloop.controller.serve.candidate import CandidateError, load_candidate
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.cpu_latency import CpuLatencyRequest, hold_cpu_wake_latency
+from dualloop.controller.serve.file_copies import as_configured, snapshot_files, temporary_folder
 from dualloop.controller.serve.health import Health, enable_reflection
 from dualloop.controller.serve.metrics import (
     MetricsCollector,
@@ -52,6 +53,7 @@ from dualloop.executor.core import Executor
 from dualloop.executor.model_cost import OverBudget, check_live
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.ood import GateFileError
+from dualloop.planner.scheduler import PlannerStartError
 from dualloop.planner.tls import validity_problem
 from dualloop.planner.worker import SourceFactory
 from dualloop.v2 import controller_pb2 as pb
@@ -92,10 +94,11 @@ class ServerLifecycle:
         """plan_source overrides config.planner.source (its period and deadline still apply).
         worker: (board, slot) when this is one of several processes sharing the port (workers.py).
         read_from: the file to load for each configured model, gate and planner model path (a
-        worker's: the copies its parent took at the server's start); the configuration, logs and
-        recordings keep the configured paths."""
+        worker's: the copies its parent took at the server's start; one process copies its ONNX
+        planner's model itself, file_copies.py); the configuration, logs and recordings keep the
+        configured paths."""
         self.config = config
-        files = read_from or {}
+        files = dict(read_from or {})
         one_blas_thread()  # constructed on the main thread (ServerThread too): see one_blas_thread
         try:  # tokens are read here, never kept in the configuration (it is recorded in session logs)
             self.auth = Authenticator(config.auth)
@@ -131,11 +134,16 @@ class ServerLifecycle:
             except CandidateError as err:
                 raise ConfigError(f"--candidate {config.candidate}: {err.message}") from None
             self.runtime.set_candidate(cand, config.candidate)
+        self._copies: tempfile.TemporaryDirectory[str] | None = None  # one process's copy of its planner model
         if config.planner.enabled or plan_source is not None:
-            planner = config.planner  # an ONNX planner from its copy too, when a worker has one
+            planner = config.planner  # an ONNX planner from its copy: a replaced planner worker loads it again
+            if plan_source is None and planner.source == "onnx" and planner.path not in files:
+                self._copies = temporary_folder("dualloop-serve-", "the server", "a copy of its planner model")
+                files.update(snapshot_files(config, Path(self._copies.name), workers=False))
             if planner.path is not None and planner.path in files:
                 planner = planner.model_copy(update={"path": files[planner.path]})
             self.runtime.planning = ServerPlanning(planner, self.executor, plan_source)
+        self._read_from = files  # for errors about a copy: as_configured
         if worker is not None:
             self.runtime.board, self.runtime.board_slot = worker
             self.runtime.claims = SessionClaims(worker[0].sessions_folder)
@@ -152,7 +160,10 @@ class ServerLifecycle:
         if self.config.record_dir is not None:
             _check_writable(self.config.record_dir)
         if self.runtime.planning is not None:  # spawns the worker and builds the sources: seconds at most
-            await asyncio.to_thread(self.runtime.planning.start)
+            try:
+                await asyncio.to_thread(self.runtime.planning.start)
+            except PlannerStartError as err:  # the source's own error: the planner model it cannot load, say
+                raise ConfigError(as_configured(str(err), self._read_from)) from None
         self._server = grpc.aio.server(
             options=[
                 # several worker processes listen on one port; a single server keeps the port its own
@@ -289,6 +300,8 @@ class ServerLifecycle:
                 await self._ticks
         if self.runtime.planning is not None:
             await asyncio.to_thread(self.runtime.planning.stop)
+        if self._copies is not None:  # no planner worker is started again
+            self._copies.cleanup()
         recording: dict[str, int] = {}
         if self.runtime.recorder is not None:
             self.recording_stats = await asyncio.to_thread(self.runtime.recorder.close)

@@ -17,7 +17,7 @@ scraped counters stay in the sums (SummedMetrics), so they never fall.
 
 What a worker starts with: the parent reads the model and gate files (the candidate's too) and the
 server planner's ONNX model once, at the start, into read-only copies in its temporary folder
-(snapshot_files), and every worker loads those, at its first start and at each restart; the
+(file_copies.snapshot_files), and every worker loads those, at its first start and at each restart; the
 configuration, logs and recordings keep the configured paths. A file replaced or damaged on disk
 meanwhile never reaches a restarted worker, which would otherwise serve another model or planner
 beside the others on the same port, or fail to start.
@@ -69,12 +69,13 @@ from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.serve import board as wb
 from dualloop.controller.serve import events
 from dualloop.controller.serve.config import ServerConfig, gates_summary
+from dualloop.controller.serve.file_copies import as_configured, snapshot_files, temporary_folder
 from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.metrics import MetricsEndpoint
 from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
 from dualloop.controller.serve.security_cli import security_summary
 from dualloop.controller.serve.ticker import freeze_startup_heap
-from dualloop.executor.model_card import ModelFileError, unreadable
+from dualloop.executor.model_card import ModelFileError
 from dualloop.ood import GateFileError
 from dualloop.planner.onnx_planner import PlannerFileError
 from dualloop.planner.tls import TLSFileError
@@ -203,54 +204,6 @@ def restart_delay(deaths: int) -> float:
     for the first MAX_RESTARTS, then 1, 2, 4 ... up to RESTART_BACKOFF_MAX_S. A worker that cannot
     start keeps being tried without spinning, and never stops the workers that serve."""
     return 0.0 if deaths <= MAX_RESTARTS else min(RESTART_BACKOFF_MAX_S, 2.0 ** (deaths - MAX_RESTARTS - 1))
-
-
-def snapshot_files(config: ServerConfig, folder: Path) -> dict[Path, Path]:
-    """Copy the model and gate files (the live model's and the candidate's) and the server planner's
-    ONNX model (planner.path) into `folder`, read-only: {configured path: its copy}. Every worker
-    loads the copies, at its first start and at each restart, so a file replaced or damaged on disk
-    while the server runs never reaches a restarted worker, which would then serve another model or
-    planner than the others on the same port, or not start. The TLS files and the tokens file are
-    read from their paths on purpose: they are re-read while serving, for rotation."""
-    named = [("model (--model)", config.model), *(("gate (--gate)", g) for g in config.gates)]
-    if config.candidate is not None:
-        named.append(("candidate (--candidate)", config.candidate))
-    named += [("candidate gate (--candidate-gate)", g) for g in config.candidate_gates]
-    if config.planner.source == "onnx" and config.planner.path is not None:
-        named.append(("planner model (planner.path)", config.planner.path))
-    copies: dict[Path, Path] = {}
-    for what, path in named:
-        if path in copies:
-            continue
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise ConfigError(f"{what} {path}: file not found") from None
-        except PermissionError as err:
-            raise ConfigError(f"{what} {path}: {unreadable(path, err)}") from None
-        except OSError as err:
-            raise ConfigError(f"{what} {path}: cannot read it ({err.strerror or err})") from None
-        copy = folder / str(len(copies)) / path.name  # a folder each: two files may share a name
-        try:
-            copy.parent.mkdir(parents=True)
-            copy.write_bytes(data)
-        except OSError as err:
-            raise ConfigError(
-                f"serve --workers keeps a copy of {path} for its workers in {folder} and cannot write it "
-                f"({err.strerror or err}): set TMPDIR to a folder with room"
-            ) from None
-        copy.chmod(0o400)
-        copies[path] = copy
-    return copies
-
-
-def as_configured(message: str, read_from: Mapping[Path, Path]) -> str:
-    """A loader's `message` about a copy (snapshot_files), naming the configured file instead: the
-    copy holds what that file held at the server's start, and its folder means nothing to a person."""
-    for path, copy in read_from.items():
-        folder = "" if path.parent == Path(".") else str(path.parent).rstrip(os.sep) + os.sep
-        message = message.replace(f"{copy.parent}{os.sep}", folder)
-    return message
 
 
 def _worker_config(config: ServerConfig, port: int) -> ServerConfig:
@@ -411,15 +364,8 @@ def _wait_started(
 
 
 def _workers_folder() -> tempfile.TemporaryDirectory[str]:
-    """The parent's temporary folder (the workers' configuration); ConfigError naming the way out when
-    there is none to write (a read-only root filesystem said only "No usable temporary directory")."""
-    try:
-        return tempfile.TemporaryDirectory(prefix="dualloop-workers-")
-    except OSError as err:
-        raise ConfigError(
-            f"serve --workers needs a writable temporary folder for its workers' configuration ({err}): set "
-            f"TMPDIR to one, or on a read-only root filesystem mount one (docker run --tmpfs /tmp)"
-        ) from None
+    """The parent's temporary folder (the workers' configuration and the copies of their files)."""
+    return temporary_folder("dualloop-workers-", "serve --workers", "its workers' configuration")
 
 
 def _start_line(config: ServerConfig, port: int, workers: int, info: dict) -> str:

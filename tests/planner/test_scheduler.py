@@ -17,7 +17,7 @@ import pytest
 from dualloop.planner import priority
 from dualloop.planner.behaviour import BehaviourPlanner
 from dualloop.planner.plan import Plan, PlanRequest, make_plan_id
-from dualloop.planner.scheduler import PlanScheduler, SchedulerConfig
+from dualloop.planner.scheduler import PlannerStartError, PlanScheduler, SchedulerConfig
 from dualloop.sim.schema import FEATURE_INDEX, N_FEATURES, SENSOR_RANGE_M
 
 PERIOD_S = 0.2
@@ -222,7 +222,7 @@ def test_a_source_that_cannot_be_built_fails_start_with_its_error(tmp_path):
 
     missing = tmp_path / "nope.onnx"
     sched = PlanScheduler(functools.partial(OnnxPlanner, str(missing)))
-    with pytest.raises(RuntimeError, match="nope.onnx"):
+    with pytest.raises(PlannerStartError, match="nope.onnx"):
         sched.start(timeout_s=30.0)
     assert mp.active_children() == []
 

@@ -22,14 +22,9 @@ import pytest
 from dualloop.controller.contract.client import DriveSession
 from dualloop.controller.contract.errors import ConfigError
 from dualloop.controller.serve.config import ServerConfig
+from dualloop.controller.serve.file_copies import as_configured, snapshot_files
 from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
-from dualloop.controller.serve.workers import (
-    MAX_RESTARTS,
-    RESTART_BACKOFF_MAX_S,
-    as_configured,
-    restart_delay,
-    snapshot_files,
-)
+from dualloop.controller.serve.workers import MAX_RESTARTS, RESTART_BACKOFF_MAX_S, restart_delay
 from dualloop.controller.training.driving_card import driving_card
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.onnx_export import export_mlp, random_mlp
