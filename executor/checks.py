@@ -73,11 +73,12 @@ LEAD_CHECKS = (
     Check.REL_SIGN,
 )
 # of those, the ones a fault of one of gap and relative speed explains alone: the gap's repeat check
-# and its rate against the relative speed (one of the two stuck), the relative speed against the
-# gap's trend (the relative speed wrong). With nothing else among the vetoes the threat assessor reads
-# the healthy one of the two (executor/stuck_lead.py): the gap where the trend check vetoes, else
-# whichever has not stuck.
-ONE_READING_CHECKS = (Check.GAP_REPEAT, Check.GAP_RATE, Check.REL_SIGN)
+# and its rate against the relative speed (one of the two stuck), and the checks of the relative speed
+# alone (its sign against the gap's trend, its unit, its rate of change). With nothing else among the
+# vetoes the threat assessor reads the healthy one of the two (executor/stuck_lead.py): the gap where a
+# check of the relative speed vetoes, else whichever has not stuck.
+REL_CHECKS = (Check.REL_SIGN, Check.REL_UNIT, Check.REL_ACCEL)
+ONE_READING_CHECKS = (Check.GAP_REPEAT, Check.GAP_RATE, *REL_CHECKS)
 # a range score's floor (the centre of a range is -0.5; an open limit would be -inf) and cap (a
 # float32 value far outside a narrow range would overflow float64 division)
 _RANGE_FLOOR, _RANGE_CAP = -0.5, 1e30
@@ -224,7 +225,7 @@ class CheckBoard:
             k for k, c in enumerate(self.kinds) if c in LEAD_CHECKS and c not in ONE_READING_CHECKS
         ]
         self._gap_repeat_at = self.kinds.index(Check.GAP_REPEAT) if Check.GAP_REPEAT in self.kinds else None
-        self._rel_sign_at = self.kinds.index(Check.REL_SIGN) if Check.REL_SIGN in self.kinds else None
+        self._rel_checks = [k for k, c in enumerate(self.kinds) if c in REL_CHECKS]
         self.actuation_threshold = 0.0 if actuation_threshold is None else float(actuation_threshold)
         self._families = _Families.of(columns)
 
@@ -239,8 +240,8 @@ class CheckBoard:
         others = veto[:, self._other_lead_checks].any(axis=1)
         if self._gap_repeat_at is not None:
             doubt[veto[:, self._gap_repeat_at] & ~others] = LeadDoubt.ONE_STUCK
-        if self._rel_sign_at is not None:  # the relative speed doubted, stuck or not: the gap stands in
-            doubt[veto[:, self._rel_sign_at] & ~others] = LeadDoubt.REL_DOUBTED
+        if self._rel_checks:  # the relative speed doubted, stuck or not: the gap stands in
+            doubt[veto[:, self._rel_checks].any(axis=1) & ~others] = LeadDoubt.REL_DOUBTED
         return doubt
 
     def actuation_only(self, table: np.ndarray) -> BoolArray:

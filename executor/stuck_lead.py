@@ -14,10 +14,11 @@ Which of the two stuck is the one that has repeated longer; one that has repeate
 `stuck_after_s` is never the healthy one. Without this, a lead braking hard behind either stuck
 reading was met at the fallback's 3 m/s^2.
 
-A relative speed that disagrees with the gap's trend (the `rel_sign` check: a sign flipped) is stood
-in for by the gap's rate too, over the gap's distinct readings of the last `rate_window_s` whatever
-the relative speed did meanwhile: told the lead pulls away, the model does not brake for a lead
-braking hard, and without a stand-in neither did the fallback.
+A relative speed the checks doubt alone (its sign against the gap's trend, its unit, its rate of
+change: `rel_sign`, `rel_unit`, `rel_accel`) is stood in for by the gap's rate too, over the gap's
+distinct readings of the last `rate_window_s` whatever the relative speed did meanwhile: told the lead
+pulls away, the model does not brake for a lead braking hard, and without a stand-in neither did the
+fallback.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class LeadDoubt(IntEnum):
     NONE = 0  # no check of the lead's readings vetoed
     ONE_STUCK = 1  # only the gap's repeat check (and its rate) vetoed: one of gap and relative speed stuck
     ALL = 2  # the flag, the gap and the relative speed are all doubted
-    REL_DOUBTED = 3  # the relative speed disagrees with the gap's trend (and nothing but the gap's checks vetoed)
+    REL_DOUBTED = 3  # a check of the relative speed alone vetoed (and of the gap's, at most its rate and repeat)
 
 
 @dataclass(slots=True)

@@ -66,14 +66,12 @@ class ThreatConfig(LeadFeatures):
     new_lead_rel_step: float = Field(default=3.0, gt=0.0, description="m/s between two ticks")
     rate_window_s: float = Field(default=0.5, gt=0.0, description="s")
     stuck_after_s: float = Field(default=1.0, gt=0.0, description="s")
-    # The relative speed doubted by the gap's trend (CHECK_REL_SIGN): read as the gap's rate over
-    # `rate_window_s` instead.
+    # The relative speed doubted alone (CHECK_REL_SIGN, CHECK_REL_UNIT, CHECK_REL_ACCEL): read as the
+    # gap's rate over `rate_window_s` instead.
     # Read from the gap's rate, the relative speed says nothing of the lead's braking: the ego then
     # brakes to stop behind a lead braking this hard (a hard stop; the simulator's braking leads reach 7).
     doubted_lead_decel: float = Field(default=6.0, gt=0.0, description="m/s^2")
-    trend_stand_in: bool = Field(
-        default=True, description="false: a relative speed against the gap's trend doubts the whole lead"
-    )
+    rel_stand_in: bool = Field(default=True, description="false: a relative speed doubted alone doubts the whole lead")
 
 
 @dataclass(slots=True)
@@ -108,7 +106,7 @@ class ThreatAssessor:
     @property
     def follows_runs(self) -> bool:
         """Whether the runs of repeated lead readings are followed (only a stand-in reads them)."""
-        return self.available and (self.config.stuck_stand_in or self.config.trend_stand_in)
+        return self.available and (self.config.stuck_stand_in or self.config.rel_stand_in)
 
     @property
     def lead_columns(self) -> tuple[int, int, int]:
@@ -126,7 +124,7 @@ class ThreatAssessor:
         c = self.config
         present, gap, rel, speed = (float(features[i]) for i in self._at)  # type: ignore[index]
         if doubt == LeadDoubt.ONE_STUCK or doubt == LeadDoubt.REL_DOUBTED:
-            allowed = c.stuck_stand_in if doubt == LeadDoubt.ONE_STUCK else c.trend_stand_in
+            allowed = c.stuck_stand_in if doubt == LeadDoubt.ONE_STUCK else c.rel_stand_in
             read = rel
             kind = LeadDoubt(doubt)
             gap, rel = self.stuck.stand_in(track.runs, now_ns, gap, rel, kind) if allowed else (math.nan, math.nan)

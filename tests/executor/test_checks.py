@@ -109,14 +109,17 @@ def test_python_and_numpy_assembly_give_the_same_bytes(base_model, base_gates, t
         ((Check.REL_SIGN, Check.GAP_REPEAT), LeadDoubt.REL_DOUBTED),  # the relative speed is read from nothing
         ((Check.GAP_RATE,), LeadDoubt.ALL),
         ((Check.REL_SIGN, Check.GAP_STEP), LeadDoubt.ALL),
-        ((Check.GAP_REPEAT, Check.REL_ACCEL), LeadDoubt.ALL),
+        ((Check.GAP_REPEAT, Check.REL_ACCEL), LeadDoubt.REL_DOUBTED),
+        ((Check.REL_UNIT,), LeadDoubt.REL_DOUBTED),
+        ((Check.REL_ACCEL, Check.GAP_RATE), LeadDoubt.REL_DOUBTED),
+        ((Check.REL_UNIT, Check.GAP_STEP), LeadDoubt.ALL),
         ((Check.LEAD_FLICKER, Check.REL_SIGN), LeadDoubt.ALL),
         ((Check.SPEED_REPEAT,), LeadDoubt.NONE),  # the ego's readings: the lead's stay trusted
     ],
 )
 def test_what_the_lead_checks_vetoes_leave_the_threat_assessor(vetoes: tuple[Check, ...], doubt: LeadDoubt) -> None:
-    """One of gap and relative speed doubted (a repeat, a sign against the gap's trend) is stood in
-    for; any other lead check among the vetoes doubts the whole lead."""
+    """One of gap and relative speed doubted (a repeat; the relative speed's sign, unit or rate) is
+    stood in for; any other lead check among the vetoes doubts the whole lead."""
     board = CheckBoard([], [], 0, None, SignalSettings().thresholds)
     table = np.zeros((1, len(board.kinds)), CHECK_DTYPE)
     for kind in vetoes:

@@ -28,6 +28,11 @@ def flipped(reading: float, first: float) -> float:
     return -reading
 
 
+def in_kmh(reading: float, first: float) -> float:
+    """Read in km/h instead of m/s."""
+    return reading * 3.6
+
+
 class OneReading(InProcessDecider):
     """The controller in this process, fed `feature` as `fault` makes it from `onset_ns` on."""
 
