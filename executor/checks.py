@@ -226,6 +226,7 @@ class CheckBoard:
         ]
         self._gap_repeat_at = self.kinds.index(Check.GAP_REPEAT) if Check.GAP_REPEAT in self.kinds else None
         self._rel_checks = [k for k, c in enumerate(self.kinds) if c in REL_CHECKS]
+        self._rel_sign_at = self.kinds.index(Check.REL_SIGN) if Check.REL_SIGN in self.kinds else None
         self.actuation_threshold = 0.0 if actuation_threshold is None else float(actuation_threshold)
         self._families = _Families.of(columns)
 
@@ -242,6 +243,8 @@ class CheckBoard:
             doubt[veto[:, self._gap_repeat_at] & ~others] = LeadDoubt.ONE_STUCK
         if self._rel_checks:  # the relative speed doubted, stuck or not: the gap stands in
             doubt[veto[:, self._rel_checks].any(axis=1) & ~others] = LeadDoubt.REL_DOUBTED
+        if self._rel_sign_at is not None:  # found late, by the gap's trend (the threat assessor says why)
+            doubt[veto[:, self._rel_sign_at] & ~others] = LeadDoubt.REL_AGAINST_TREND
         return doubt
 
     def actuation_only(self, table: np.ndarray) -> BoolArray:

@@ -406,7 +406,8 @@ class SafetyMachine:
                 self._trust(mem, proposal)
                 return self._applied_nominal(mem, proposal)
         lead = None if self._lead_doubt == LeadDoubt.ALL else self._features
-        need = 0.0 if self.threat is None else self.threat.need(mem.lead, now_ns, lead, self._lead_doubt)
+        threat = self.threat
+        need = 0.0 if threat is None else threat.need(mem.lead, now_ns, lead, self._lead_doubt, mem.speed_estimate)
         if need > 0.0 and -need < a:
             a = float(np.float32(-need))
             reasons.append(Reason.THREAT_BRAKING)

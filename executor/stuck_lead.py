@@ -40,6 +40,7 @@ class LeadDoubt(IntEnum):
     ONE_STUCK = 1  # only the gap's repeat check (and its rate) vetoed: one of gap and relative speed stuck
     ALL = 2  # the flag, the gap and the relative speed are all doubted
     REL_DOUBTED = 3  # a check of the relative speed alone vetoed (and of the gap's, at most its rate and repeat)
+    REL_AGAINST_TREND = 4  # as REL_DOUBTED, the relative speed's sign against the gap's trend among them
 
 
 @dataclass(slots=True)
@@ -153,7 +154,7 @@ class StuckReadings:
         if run.last_ns != now_ns or gap != run.gap or rel != run.rel:
             return _NAN, _NAN
         gap_for, rel_for = now_ns - run.gap_since, now_ns - run.rel_since
-        if doubt == LeadDoubt.REL_DOUBTED:  # the gap, unless it has stuck itself
+        if doubt == LeadDoubt.REL_DOUBTED or doubt == LeadDoubt.REL_AGAINST_TREND:  # the gap, unless stuck itself
             if gap_for > self._stuck_ns:
                 return _NAN, _NAN
             return gap, _least_squares_rate(run.trend, now_ns, self._window_ns)

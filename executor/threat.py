@@ -68,8 +68,12 @@ class ThreatConfig(LeadFeatures):
     stuck_after_s: float = Field(default=1.0, gt=0.0, description="s")
     # The relative speed doubted alone (CHECK_REL_SIGN, CHECK_REL_UNIT, CHECK_REL_ACCEL): read as the
     # gap's rate over `rate_window_s` instead.
-    # Read from the gap's rate, the relative speed says nothing of the lead's braking: the ego then
-    # brakes to stop behind a lead braking this hard (a hard stop; the simulator's braking leads reach 7).
+    # A relative speed against the gap's trend (CHECK_REL_SIGN) is found only once the gap has moved
+    # 4 m against it, seconds into a closing the model did not see, and read from the gap's rate it
+    # says nothing of how hard the lead brakes: the ego then brakes to stop behind a lead braking this
+    # hard (a hard stop; the simulator's braking leads reach 7), at its dead-reckoned speed. Not for
+    # the other checks of the relative speed, which find their faults at once: there the term braked
+    # for leads that were no threat (demo-safety's unit_mismatch_kmh, docs/measurements-archive.md).
     doubted_lead_decel: float = Field(default=6.0, gt=0.0, description="m/s^2")
     rel_stand_in: bool = Field(default=True, description="false: a relative speed doubted alone doubts the whole lead")
 
@@ -113,24 +117,28 @@ class ThreatAssessor:
         """The feature columns the runs follow: the lead flag, its gap and its relative speed."""
         return self._at[0], self._at[1], self._at[2]
 
-    def need(self, track: LeadTrack, now_ns: int, features: object, doubt: int = LeadDoubt.NONE) -> float:
+    def need(
+        self,
+        track: LeadTrack,
+        now_ns: int,
+        features: object,
+        doubt: int = LeadDoubt.NONE,
+        own_speed: float | None = None,
+    ) -> float:
         """The deceleration (m/s^2, >= 0) a trusted threat asks for at this tick; 0 without one.
         `features`: the tick's raw inputs (None when none may be read, e.g. a frozen sensor);
         `doubt`: what the checks doubt of the lead's readings (ONE_STUCK or REL_DOUBTED: one of gap and
-        relative speed, stood in for; the caller passes None features for ALL)."""
+        relative speed, stood in for; the caller passes None features for ALL); `own_speed`: the ego's
+        speed where its reading may not be read (dead-reckoned from the last trusted one; None: none)."""
         if not self.available or features is None:
             track.clear()
             return 0.0
         c = self.config
         present, gap, rel, speed = (float(features[i]) for i in self._at)  # type: ignore[index]
-        if doubt == LeadDoubt.ONE_STUCK or doubt == LeadDoubt.REL_DOUBTED:
+        if doubt in (LeadDoubt.ONE_STUCK, LeadDoubt.REL_DOUBTED, LeadDoubt.REL_AGAINST_TREND):
             allowed = c.stuck_stand_in if doubt == LeadDoubt.ONE_STUCK else c.rel_stand_in
-            read = rel
             kind = LeadDoubt(doubt)
             gap, rel = self.stuck.stand_in(track.runs, now_ns, gap, rel, kind) if allowed else (math.nan, math.nan)
-            rel_from_gap = rel != read and rel == rel
-        else:
-            rel_from_gap = False
         plausible = (
             present == 1.0
             and math.isfinite(gap)
@@ -162,10 +170,9 @@ class ThreatAssessor:
             return 0.0
         room = gap - c.standstill_gap_m
         need = c.max_decel if room <= 0.0 else closing * closing / (2.0 * room)
-        if rel_from_gap and room > 0.0:
-            # the gap's rate lags and says nothing of how hard the lead brakes: stop behind where the
-            # lead would stop braking at `doubted_lead_decel`
-            lead_speed = max(speed + rel, 0.0)
+        if doubt == LeadDoubt.REL_AGAINST_TREND and own_speed is not None and room > 0.0:
+            # stop behind where the lead would stop braking at `doubted_lead_decel`
+            lead_speed = max(own_speed + rel, 0.0)
             stop_room = room + lead_speed * lead_speed / (2.0 * c.doubted_lead_decel)
-            need = max(need, speed * speed / (2.0 * stop_room))
+            need = max(need, own_speed * own_speed / (2.0 * stop_room))
         return min(need, c.max_decel) if need >= c.min_decel else 0.0

@@ -104,13 +104,14 @@ def test_python_and_numpy_assembly_give_the_same_bytes(base_model, base_gates, t
         ((), LeadDoubt.NONE),
         ((Check.GAP_REPEAT,), LeadDoubt.ONE_STUCK),
         ((Check.GAP_REPEAT, Check.GAP_RATE), LeadDoubt.ONE_STUCK),
-        ((Check.REL_SIGN,), LeadDoubt.REL_DOUBTED),
-        ((Check.REL_SIGN, Check.GAP_RATE), LeadDoubt.REL_DOUBTED),
-        ((Check.REL_SIGN, Check.GAP_REPEAT), LeadDoubt.REL_DOUBTED),  # the relative speed is read from nothing
+        ((Check.REL_SIGN,), LeadDoubt.REL_AGAINST_TREND),
+        ((Check.REL_SIGN, Check.GAP_RATE), LeadDoubt.REL_AGAINST_TREND),
+        ((Check.REL_SIGN, Check.GAP_REPEAT), LeadDoubt.REL_AGAINST_TREND),  # the relative speed is read from nothing
         ((Check.GAP_RATE,), LeadDoubt.ALL),
         ((Check.REL_SIGN, Check.GAP_STEP), LeadDoubt.ALL),
         ((Check.GAP_REPEAT, Check.REL_ACCEL), LeadDoubt.REL_DOUBTED),
         ((Check.REL_UNIT,), LeadDoubt.REL_DOUBTED),
+        ((Check.REL_UNIT, Check.REL_SIGN), LeadDoubt.REL_AGAINST_TREND),
         ((Check.REL_ACCEL, Check.GAP_RATE), LeadDoubt.REL_DOUBTED),
         ((Check.REL_UNIT, Check.GAP_STEP), LeadDoubt.ALL),
         ((Check.LEAD_FLICKER, Check.REL_SIGN), LeadDoubt.ALL),

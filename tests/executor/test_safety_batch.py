@@ -68,7 +68,8 @@ def _ticks(rng: np.random.Generator, sessions: int, ticks: int):
         x[:, 7] = np.where(moving, rel, np.where(moves_off, 1.0, 0.0))
         x[rng.random(x.shape) < np.where(np.arange(len(FEATURES)) < 5, 0.05, 0.002)] = np.nan
         use, only, release = (rng.random((3, sessions)) < [[0.95], [0.2], [0.01]]).tolist()
-        doubts = rng.choice([LeadDoubt.ONE_STUCK, LeadDoubt.REL_DOUBTED, LeadDoubt.ALL], sessions, p=[0.5, 0.3, 0.2])
+        kinds = [LeadDoubt.ONE_STUCK, LeadDoubt.REL_DOUBTED, LeadDoubt.REL_AGAINST_TREND, LeadDoubt.ALL]
+        doubts = rng.choice(kinds, sessions, p=[0.4, 0.2, 0.2, 0.2])
         lead = np.where((stuck | (rng.random(sessions) < 0.05)) & fault, doubts, 0)
         yield reasons, proposals, x, use, only, release, lead.tolist()
 

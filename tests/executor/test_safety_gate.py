@@ -17,6 +17,7 @@ from dualloop.executor.lane_keeping import LaneKeepingConfig
 from dualloop.executor.safety import SafetyConfig, fallback_profile
 from dualloop.executor.snapshot import Clock, Observation, PlanState, Reason, SafetyState
 from dualloop.executor.stuck_lead import LeadDoubt
+from dualloop.executor.threat import ThreatConfig
 
 MS = 1_000_000
 TICK = 5 * MS
@@ -624,24 +625,26 @@ def test_a_stuck_gap_with_a_stuck_relative_speed_is_not_reckoned(test_model):
     assert min(accel) >= -3.0 - 1e-6
 
 
-def _flipped_rel_run(test_model, doubt: LeadDoubt) -> tuple[list[float], float, float]:
+def _flipped_rel_run(test_model, doubt: LeadDoubt, **threat: float) -> tuple[list[float], float, float, float]:
     """The ego at 25 m/s 30 m behind a lead that brakes at 6 m/s^2 from tick 40 (its relative speed
     read with the sign flipped from then on), the checks doubting the lead as `doubt` from tick 100:
-    the applied accelerations, and tick 150's true gap and relative speed."""
+    the applied accelerations, and tick 180's true gap and relative speed and the ego's dead-reckoned
+    speed."""
     from dualloop.executor.snapshot import AppliedAction
 
     cruise = AppliedAction(2, "keep", np.array([0.0, 0.01], np.float32))
-    machine = _machine(test_model)
+    machine = _machine(test_model, threat=ThreatConfig(**threat))
     names = test_model.card.feature_names
     mem, x = _cruise(test_model, machine)
     x[names.index("lead_present")] = 1.0
-    gap, rel, accel, at_150 = 30.0, 0.0, [], (0.0, 0.0)
+    gap, rel, accel, at_180 = 30.0, 0.0, [], (0.0, 0.0, 0.0)
     for k in range(10, 200):
         rel -= 6.0 * 0.005 if k >= 40 else 0.0  # the ego keeps its 25 m/s (its own braking not fed back)
         gap += rel * 0.005
         x[names.index("lead_distance")] = gap
         x[names.index("lead_rel_speed")] = -rel if k >= 40 else rel
         reasons = [Reason.OOD_VETO] if k >= 100 else []
+        at_180 = (gap, rel, mem.speed_estimate) if k == 180 else at_180
         applied, _ = machine.decide(
             mem,
             k * TICK,
@@ -651,22 +654,27 @@ def _flipped_rel_run(test_model, doubt: LeadDoubt) -> tuple[list[float], float, 
             lead_doubt=doubt if k >= 100 else LeadDoubt.NONE,
         )
         accel.append(float(applied.controls[0]))
-        at_150 = (gap, rel) if k == 150 else at_150
-    return accel, *at_150
+    return accel, *at_180
 
 
 def test_a_relative_speed_against_the_gaps_trend_is_read_from_the_gap(test_model):
-    """The relative speed's sign flipped (rel_sign's veto: REL_DOUBTED): the assessor reads the gap's
-    rate in its place and, that rate saying nothing of the lead's braking, brakes to stop behind a
-    lead braking at 6 m/s^2; the whole lead doubted, it brakes no harder than the profile."""
-    doubted_rel, gap, rel = _flipped_rel_run(test_model, LeadDoubt.REL_DOUBTED)
-    everything, _, _ = _flipped_rel_run(test_model, LeadDoubt.ALL)
+    """The relative speed's sign flipped (rel_sign's veto: REL_AGAINST_TREND): the assessor reads the
+    gap's rate in its place and, that rate saying nothing of the lead's braking, brakes to stop behind
+    a lead braking at 6 m/s^2 at the ego's dead-reckoned speed; for another check of the relative
+    speed alone (REL_DOUBTED: its unit, its rate, found at once) the closing alone, less and later;
+    the whole lead doubted, no harder than the profile."""
+    doubted_rel, gap, rel, speed = _flipped_rel_run(test_model, LeadDoubt.REL_AGAINST_TREND)
+    closing_only, _, _, _ = _flipped_rel_run(test_model, LeadDoubt.REL_DOUBTED)
+    everything, _, _, _ = _flipped_rel_run(test_model, LeadDoubt.ALL)
     rate = rel + 6.0 * 0.25  # the gap's rate over the last 0.5 s: the relative speed at its middle
-    speed, lead_speed = 25.0, 25.0 + rate
-    need = max(rate**2 / (2 * (gap - 2.0)), speed**2 / (2 * (gap - 2.0 + lead_speed**2 / (2 * 6.0))))
-    assert doubted_rel[150 - 10] == pytest.approx(-min(need, 8.0), rel=0.02)
-    assert min(everything) >= -3.0 - 1e-6
+    closing_need = rate**2 / (2 * (gap - 2.0))
+    lead_speed = speed + rate
+    need = max(closing_need, speed**2 / (2 * (gap - 2.0 + lead_speed**2 / (2 * 6.0))))
+    assert speed < 24.9  # dead-reckoned from 25 m/s by the braking applied, not the reading
+    assert doubted_rel[180 - 10] == pytest.approx(-min(need, 8.0), rel=0.02)
     assert min(doubted_rel) <= -4.5
+    assert min(closing_only) > min(doubted_rel) + 2.0
+    assert min(everything) >= -3.0 - 1e-6
 
 
 def gap_at(start: float, rel: float, i: int) -> float:
