@@ -68,6 +68,7 @@ class ThreatConfig(LeadFeatures):
     stuck_after_s: float = Field(default=1.0, gt=0.0, description="s")
     # The relative speed doubted alone (CHECK_REL_SIGN, CHECK_REL_UNIT, CHECK_REL_ACCEL): read as the
     # gap's rate over `rate_window_s` instead.
+    rel_stand_in: bool = Field(default=True, description="false: a relative speed doubted alone doubts the whole lead")
     # A relative speed against the gap's trend (CHECK_REL_SIGN) is found only once the gap has moved
     # 4 m against it, seconds into a closing the model did not see, and read from the gap's rate it
     # says nothing of how hard the lead brakes: the ego then brakes to stop behind a lead braking this
@@ -75,7 +76,6 @@ class ThreatConfig(LeadFeatures):
     # the other checks of the relative speed, which find their faults at once: there the term braked
     # for leads that were no threat (demo-safety's unit_mismatch_kmh, docs/measurements-archive.md).
     doubted_lead_decel: float = Field(default=6.0, gt=0.0, description="m/s^2")
-    rel_stand_in: bool = Field(default=True, description="false: a relative speed doubted alone doubts the whole lead")
 
 
 @dataclass(slots=True)
@@ -127,8 +127,8 @@ class ThreatAssessor:
     ) -> float:
         """The deceleration (m/s^2, >= 0) a trusted threat asks for at this tick; 0 without one.
         `features`: the tick's raw inputs (None when none may be read, e.g. a frozen sensor);
-        `doubt`: what the checks doubt of the lead's readings (ONE_STUCK or REL_DOUBTED: one of gap and
-        relative speed, stood in for; the caller passes None features for ALL); `own_speed`: the ego's
+        `doubt`: what the checks doubt of the lead's readings (ONE_STUCK, REL_DOUBTED, REL_AGAINST_TREND:
+        one of gap and relative speed, stood in for; the caller passes None features for ALL); `own_speed`: the ego's
         speed where its reading may not be read (dead-reckoned from the last trusted one; None: none)."""
         if not self.available or features is None:
             track.clear()
