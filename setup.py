@@ -11,10 +11,11 @@ This mapping is the one mechanism: the wheel is built from it, and the editable 
 tracebacks name the source files (controller/serve/runtime.py). Tools that walk folders instead of
 importing (mypy, import-linter, editors) read scripts/namespace_view.py's links, made from the same list.
 
-The optional C extension ``dualloop.planner._rollout`` (planner/_rollout.c) rolls out and scores the
-behaviour planner's candidates. It uses the CPython C API only and is ``optional``: a machine without a C compiler
-still installs, and ``planner.compiled`` takes the numpy path, which is the reference the compiled
-one is tested against (docs/duplicated-rules.md).
+The optional C extensions: ``dualloop.planner._rollout`` (planner/_rollout.c) rolls out and scores the
+behaviour planner's candidates; ``dualloop.ood._signals`` (ood/_signals.c) moves the per-signal checks on by
+one observation. They use the CPython C API only and are ``optional``: a machine without a C compiler
+still installs, and ``planner.compiled`` and ``ood.signals`` take their Python paths, the references the
+compiled ones are tested against (docs/duplicated-rules.md).
 """
 
 import sys
@@ -41,5 +42,6 @@ setup(
     packages=packages,
     ext_modules=[
         Extension("dualloop.planner._rollout", ["planner/_rollout.c"], extra_compile_args=_ARGS, optional=True),
+        Extension("dualloop.ood._signals", ["ood/_signals.c"], extra_compile_args=_ARGS, optional=True),
     ],
 )

@@ -53,7 +53,7 @@ from dualloop.executor.snapshot import (
 )
 from dualloop.executor.tick_snapshots import TickRows, tick_snapshots
 from dualloop.ood import Gate
-from dualloop.ood.signals import SignalSettings
+from dualloop.ood.signal_settings import SignalSettings
 
 _perf_ns = time.perf_counter_ns
 _mono_ns = time.monotonic_ns

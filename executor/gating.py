@@ -27,7 +27,8 @@ from dualloop.ood.decision import ratio_at_zero
 from dualloop.ood.freeze import common_settings
 from dualloop.ood.mahalanobis import GateFlags, score_in_chunks
 from dualloop.ood.marginal import ProfileGate, profile_gate
-from dualloop.ood.signals import Scores, SignalMonitor, SignalSettings
+from dualloop.ood.signal_settings import Scores, SignalSettings
+from dualloop.ood.signals import SignalMonitor
 
 # What a gate may watch. decision_vector: the model's penultimate layer; input_features: the raw
 # inputs, whose norm guard catches a dead sensor in its own tick and whose range guard a value far
@@ -406,12 +407,8 @@ class GateWiring:
         signal_rows = None
         if self.signals is not None:
             signal_rows = self.signals.step(
-                x, slots, fresh_rows, times if times is not None else list(map(_timestamp_of, observations))
+                x, slots, fresh_rows, times if times is not None else list(map(_timestamp_of, observations)), veto
             )
-            limits = self.signals.thresholds
-            for i, row in enumerate(signal_rows):
-                if any(v > lim for v, lim in zip(row, limits)):  # NaN: no verdict
-                    veto[i] = True
         counts = None if self.freeze is None else self.freeze.counts(slots)
         self.last = TickChecks(density, change_rows, counts, actuation, signal_rows)
         return score, threshold, np.array(veto, _BOOL)

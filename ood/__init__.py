@@ -43,7 +43,8 @@ from dualloop.ood.marginal import Marginal, ProfileGate, marginal, profile_gate
 from dualloop.ood.metrics import auroc, detection_delay, false_veto_rate, tnr_at_tpr
 from dualloop.ood.monitor import GateMonitor, GateStep
 from dualloop.ood.schema import FeatureSchema, ModelRef
-from dualloop.ood.signals import SignalMonitor, SignalSettings
+from dualloop.ood.signal_settings import SignalSettings
+from dualloop.ood.signals import SignalMonitor
 from dualloop.ood.sites import SiteRows, sample_site_rows, site_quantiles, site_threshold
 
 __all__ = [

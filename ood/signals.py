@@ -94,114 +94,27 @@ so both give identical verdicts.
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 import math
+import os
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from dualloop.ood.signal_settings import CHECKS, Scores, SignalSettings
+
 _NAN = math.nan
+_compiled: Any
+try:
+    # by name: the C extension has no stub, and mypy would take `from ... import` for an attribute
+    _compiled = importlib.import_module("dualloop.ood._signals")
+except ImportError:  # not built (no compiler at install time): the Python path
+    _compiled = None
 _MAX_KEPT = 1024  # readings a window keeps at most (1 s at 1 kHz)
 _SCORE_CAP = 1e12  # the largest score a check reports, in its own units (far above every threshold)
-STUCK, SPEED_ACCEL, GAP_RATE, LEAD_FLICKER, SPEED_REPEAT, GAP_REPEAT, GAP_STEP, REL_ACCEL, REL_UNIT, REL_SIGN = range(
-    10
-)
-CHECKS = (
-    "stuck",
-    "speed_accel",
-    "gap_rate",
-    "lead_flicker",
-    "speed_repeat",
-    "gap_repeat",
-    "gap_step",
-    "rel_accel",
-    "rel_unit",
-    "rel_sign",
-)
-Scores = tuple[float, float, float, float, float, float, float, float, float, float]
-# the features each check reads, in SignalSettings' names
-_READS = (
-    ("speed_feature",),  # and whichever of the stuck signals are measured
-    ("speed_feature", "accel_feature"),
-    ("present_feature", "distance_feature", "rel_speed_feature"),
-    ("present_feature",),
-    ("speed_feature", "accel_feature"),
-    ("present_feature", "distance_feature", "rel_speed_feature"),
-    ("present_feature", "distance_feature", "rel_speed_feature"),
-    ("present_feature", "distance_feature", "rel_speed_feature"),
-    ("present_feature", "distance_feature", "rel_speed_feature"),
-    ("present_feature", "distance_feature", "rel_speed_feature"),
-)
-
-
-@dataclass(frozen=True)
-class SignalSettings:
-    """The signals' names and each check's threshold and time constants (docs/contract.md#checks).
-    Thresholds were set on the shared real data sets, leave one data set out (docs/measurements.md)."""
-
-    speed_feature: str = "ego_speed"  # m/s
-    accel_feature: str = "ego_accel"  # m/s^2
-    present_feature: str = "lead_present"  # 1 when a lead is measured
-    distance_feature: str = "lead_distance"  # m
-    rel_speed_feature: str = "lead_rel_speed"  # m/s, lead minus ego
-    moving_speed: float = 1.5  # m/s: faster than this, speed and lead readings must change
-    stuck_s: float = 1.2  # s of bit-identical readings while moving
-    speed_window_s: float = 0.5
-    speed_accel_m_s: float = 2.5  # m/s
-    gap_jump_m: float = 6.0  # m: an innovation this large with a jump of the relative speed is a new lead
-    gap_floor_m: float = 1.0  # m: innovations from this size on are kept for the window
-    gap_window_s: float = 1.0
-    new_lead_rel_jump: float = 1.0  # m/s
-    gap_rate_m: float = 6.5  # m
-    flicker_window_s: float = 1.0
-    flicker_toggles: float = 1.0  # more toggles than this in the window veto
-    speed_repeat_m_s: float = 0.1  # m/s: clean real drives reach 0.074
-    gap_repeat_m: float = 0.6  # m: clean real drives reach 0.46 (a 20 Hz radar in a 100 Hz stream)
-    gap_step_m: float = 10.0  # m: clean real drives' unexplained steps reach 5.7 (without a new lead)
-    hold_s: float = 0.5  # s rel_accel keeps a reading's rate
-    rel_accel_m_s2: float = 15.0  # m/s^2: clean real drives reach 9.3
-    rel_span_s: float = 0.08  # s: the shortest time rel_accel divides a change by (10 Hz, jitter allowed)
-    rel_floor_m_s2: float = 2.0  # m/s^2: rel_accel keeps rates from this size on
-    gap_step_max_m: float = 40.0  # m: a larger unexplained step is a new target (the simulator: 64 m)
-    gap_unit_factor: float = 1 / 0.3048  # a gap read in feet: a step to this multiple of the track is no new target
-    gap_unit_tolerance: float = 0.02  # of the factor: clean real gaps step 0.6% off their track at p99
-    step_hold_s: float = 4.0  # s of distrusted readings after which the track starts afresh
-    prior_keep_s: float = 4.0  # s a restarted track's predecessor is kept (a reading back on it reverts)
-    step_confirm_s: float = 0.3  # s distrusted readings must have lasted for a new lead to carry their offset
-    max_gap_s: float = 0.5  # a longer pause between fresh observations starts afresh
-    rel_unit_factor: float = 3.6  # a relative speed read in km/h: a step to this multiple is a fault
-    rel_unit_tolerance: float = 0.15  # of the step's target (the trend of the last two readings times the factor)
-    rel_unit_m_s: float = 0.5  # m/s: a step to the factor this large vetoes (from 0.19 m/s; sensor noise below)
-    rel_sign_window_s: float = 2.0  # s over which the gap's change and the relative speed's integral are compared
-    rel_sign_m: float = 4.0  # m: clean real drives reach 1.34 (held out), 9.47 (JRC-VC, rows its quality flag doubts)
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name.endswith("_feature"):
-                if not value:
-                    raise ValueError(f"signal checks: {f.name} must name a feature")
-            elif not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0.0):
-                raise ValueError(f"signal checks: {f.name} must be a finite number > 0, got {value!r}")
-
-    @property
-    def thresholds(self) -> Scores:
-        return (
-            self.stuck_s,
-            self.speed_accel_m_s,
-            self.gap_rate_m,
-            self.flicker_toggles,
-            self.speed_repeat_m_s,
-            self.gap_repeat_m,
-            self.gap_step_m,
-            self.rel_accel_m_s2,
-            self.rel_unit_m_s,
-            self.rel_sign_m,
-        )
 
 
 class _TopTwo:
@@ -375,10 +288,23 @@ class _Slot:
         self.out: Scores = (_NAN,) * 10
 
 
-class SignalMonitor:
-    """The ten checks for `n_slots` sessions on a feature schema (`feature_names`)."""
+def compiled_available() -> bool:
+    """The C update (``ood._signals``) was built and imports."""
+    return _compiled is not None
 
-    def __init__(self, n_slots: int, settings: SignalSettings, feature_names: Sequence[str]) -> None:
+
+def compiled_wanted() -> bool:
+    """Whether monitors take the C update by default: built, and not refused by the environment."""
+    return _compiled is not None and os.environ.get("DUALLOOP_SIGNALS_PURE_PYTHON", "") in ("", "0")
+
+
+class SignalMonitor:
+    """The ten checks for `n_slots` sessions on a feature schema (`feature_names`). `compiled`: the C
+    update (None: where it was built, unless the environment refuses it; True: it, or an error)."""
+
+    def __init__(
+        self, n_slots: int, settings: SignalSettings, feature_names: Sequence[str], compiled: bool | None = None
+    ) -> None:
         names = list(feature_names)
         s = settings
         self.settings = s
@@ -399,6 +325,61 @@ class SignalMonitor:
         self._hold_ns = int(s.hold_s * 1e9)
         self._sign_ns = int(s.rel_sign_window_s * 1e9)
         self._gap_jump_m = s.gap_jump_m
+        if compiled and _compiled is None:
+            raise RuntimeError("signal checks: the C update (ood._signals) was not built; reinstall (pip install -e .)")
+        # the C update's state for every slot (None: the Python path's _Slot)
+        self._checks: Any = None
+        if compiled or (compiled is None and compiled_wanted()):
+            self._checks = _compiled.Checks(n_slots, self._compiled_settings(), self._compiled_nanos(), self.thresholds)
+            self._slots = []
+
+    @property
+    def is_compiled(self) -> bool:
+        return self._checks is not None
+
+    def _compiled_settings(self) -> tuple[float, ...]:
+        """The settings the C update reads, in the order of its `enum Setting`."""
+        s = self.settings
+        return (
+            s.moving_speed,
+            s.stuck_s,
+            s.gap_jump_m,
+            s.gap_floor_m,
+            s.new_lead_rel_jump,
+            s.gap_step_max_m,
+            s.gap_unit_factor,
+            s.gap_unit_tolerance,
+            s.rel_span_s,
+            s.rel_floor_m_s2,
+            s.rel_unit_factor,
+            s.rel_unit_tolerance,
+            s.rel_unit_m_s,
+        )
+
+    def _compiled_nanos(self) -> tuple[int, ...]:
+        """The durations the C update reads, in ns, in the order of its `enum Nanos`."""
+        return (
+            self._window_ns,
+            self._flicker_ns,
+            self._max_gap_ns,
+            self._gap_window_ns,
+            self._step_hold_ns,
+            self._step_confirm_ns,
+            self._prior_ns,
+            self._hold_ns,
+            self._sign_ns,
+        )
+
+    def _readings(self, x: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+        """(rows, 5) float64: each row's five readings (NaN where the schema lacks the signal)."""
+        at = self.at
+        if min(at) >= 0:
+            return np.ascontiguousarray(x[:, at], np.float64)
+        out = np.full((len(x), len(at)), _NAN)
+        for k, a in enumerate(at):
+            if a >= 0:
+                out[:, k] = x[:, a]
+        return out
 
     @property
     def available(self) -> bool:
@@ -408,10 +389,15 @@ class SignalMonitor:
     def set_present(self, slot: int, present: npt.NDArray[np.bool_] | None) -> None:
         """The features the slot's session measures (None: all the schema has)."""
         self._measures[slot] = tuple(a >= 0 and (present is None or bool(present[a])) for a in self.at)
+        if self._checks is not None:
+            self._checks.measure(slot, self._measures[slot])
 
     def reset(self, slot: int) -> None:
-        self._slots[slot] = _Slot()
         self._measures[slot] = tuple(a >= 0 for a in self.at)
+        if self._checks is not None:
+            self._checks.reset(slot, self._measures[slot])
+        else:
+            self._slots[slot] = _Slot()
 
     def applies(self, slot: int) -> tuple[bool, ...]:
         """Which checks can judge this slot's session at all (its sensor profile measures their signals)."""
@@ -420,9 +406,18 @@ class SignalMonitor:
         return speed, speed and accel, lead, present, speed and accel, speed and lead, lead, lead, lead, lead
 
     def step(
-        self, x: npt.NDArray[Any], slots: Sequence[int], fresh: Sequence[bool], times: Sequence[int]
+        self,
+        x: npt.NDArray[Any],
+        slots: Sequence[int],
+        fresh: Sequence[bool],
+        times: Sequence[int],
+        veto: list[bool] | None = None,
     ) -> list[Scores]:
-        """Each row's ten scores (NaN: no verdict) after this tick; rows x (batch, features) raw inputs."""
+        """Each row's ten scores (NaN: no verdict) after this tick; rows x (batch, features) raw inputs.
+        `veto`, one item per row, is set True where a row's scores veto (a score above its threshold)."""
+        if self._checks is not None:
+            result: list[Scores] = self._checks.step(self._readings(x), slots, fresh, times, veto)
+            return result
         at = self.at
         # every row's five readings as Python floats in one conversion (the schema has them all)
         rows = x[:, at].tolist() if min(at) >= 0 else [[r[a] if a >= 0 else _NAN for a in at] for r in x.tolist()]
@@ -433,11 +428,20 @@ class SignalMonitor:
             if is_fresh:
                 state.out = update(state, measures[slot], int(t), values)
             out.append(state.out)
+        if veto is not None:
+            limits = self.thresholds
+            for i, row in enumerate(out):
+                if any(v > lim for v, lim in zip(row, limits)):  # NaN: no verdict
+                    veto[i] = True
         return out
 
     def scan(self, x: npt.NDArray[Any], slot: int, times: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         """The scores (rows, 10) after each of a session's fresh observations in turn (a replay's rows
         the ticks used), leaving the slot as live ticks would."""
+        if self._checks is not None:
+            out = np.empty((len(x), len(CHECKS)))
+            self._checks.scan(self._readings(x), slot, np.ascontiguousarray(times, np.int64), out)
+            return out
         state, measures = self._slots[slot], self._measures[slot]
         cols = [x[:, a].tolist() if a >= 0 else [_NAN] * len(x) for a in self.at]
         out = np.empty((len(x), len(CHECKS)))

@@ -14,7 +14,7 @@ from dualloop.executor.checks import CheckBoard, CheckValues
 from dualloop.executor.core import Executor
 from dualloop.executor.snapshot import CHECK_DTYPE, Check, CheckStatus, Observation
 from dualloop.executor.stuck_lead import LeadDoubt
-from dualloop.ood.signals import SignalSettings
+from dualloop.ood.signal_settings import SignalSettings
 
 
 @pytest.fixture(scope="module")

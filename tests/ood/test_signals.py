@@ -14,7 +14,7 @@ from dualloop.controller.contract.wire import observation_from_proto
 from dualloop.controller.gates.real_logs import load_real_dir
 from dualloop.controller.logs.format import sensor_profile
 from dualloop.controller.logs.logfile import read_log
-from dualloop.ood.signals import (
+from dualloop.ood.signal_settings import (
     CHECKS,
     GAP_RATE,
     GAP_REPEAT,
@@ -26,10 +26,9 @@ from dualloop.ood.signals import (
     SPEED_ACCEL,
     SPEED_REPEAT,
     STUCK,
-    SignalMonitor,
     SignalSettings,
-    _TopTwo,
 )
+from dualloop.ood.signals import SignalMonitor, _TopTwo
 
 NAMES = ["ego_speed", "ego_accel", "lead_present", "lead_distance", "lead_rel_speed", "yaw_rate"]
 PERIOD = 100_000_000  # 10 Hz
