@@ -293,9 +293,21 @@ def compiled_available() -> bool:
     return _compiled is not None
 
 
+_wanted = os.environ.get("DUALLOOP_SIGNALS_PURE_PYTHON", "") in ("", "0")
+
+
 def compiled_wanted() -> bool:
-    """Whether monitors take the C update by default: built, and not refused by the environment."""
-    return _compiled is not None and os.environ.get("DUALLOOP_SIGNALS_PURE_PYTHON", "") in ("", "0")
+    """Whether monitors take the C update by default: built, and not refused (the environment, or
+    `use_compiled(False)`)."""
+    return _compiled is not None and _wanted
+
+
+def use_compiled(on: bool) -> bool:
+    """Choose the default path of monitors built from now on (those built before keep theirs); returns
+    the previous choice, to restore it."""
+    global _wanted
+    before, _wanted = _wanted, bool(on)
+    return before
 
 
 class SignalMonitor:

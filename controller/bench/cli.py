@@ -85,7 +85,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--compare-pure",
         action="store_true",
-        help="bench planner: first the planner's CPU per batch on its compiled and numpy paths, interleaved",
+        help="bench planner: first the planner's CPU per batch on its compiled and numpy paths, interleaved; "
+        "bench rules: first the whole tick with the per-signal checks in C and in Python, alternated",
     )
     p.add_argument(
         "--sessions",
@@ -304,6 +305,7 @@ def _rules(args: argparse.Namespace) -> int:
         ticks=max(20, int(run.duration_s * 200)),  # seconds of 5 ms ticks per session count
         out_dir=args.out,
         console=console,
+        compare_pure=args.compare_pure,
     )
     return 0
 

@@ -10,11 +10,15 @@ writes (stream). The shipped model with its two gates by default, as `serve` loa
 CPU time (the thread's clock) per tick, median and p99 after warm-up, at 8, 16, 32 and 64 sessions;
 beside it, in the same run and interleaved tick by tick, the bare forward pass of the same batch:
 the floor no rule can go under. The machine's load average is printed and stored with the numbers.
+
+`--compare-pure` first times the whole tick with the per-signal checks' update in C and in Python
+(`ood.signals`), the two paths alternated round by round in this process, at each session count.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -33,10 +37,12 @@ from dualloop.executor.config import ExecutorConfig
 from dualloop.executor.core import Executor
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.executor.snapshot import SafetyState
+from dualloop.ood import signals
 from dualloop.v2 import controller_pb2 as pb
 
 SESSION_COUNTS = (8, 16, 32, 64)
 TICKS = 2000  # per session count; the first tenth is warm-up
+ROUNDS = 3  # --compare-pure: each path this many times per session count, alternated
 STAGES = ("read", "model", "rules", "stream", "total", "bare_forward")
 _cpu_ns = time.thread_time_ns
 
@@ -121,6 +127,36 @@ def bench_rules(
     return RulesPoint(cpu, nominal / max((ticks - warm.start) * sessions, 1))
 
 
+def bench_signal_paths(
+    model: DecisionModel, gates: list[Any], counts: Sequence[int], ticks: int, drive: Drive, console: Console
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Per session count and path (the per-signal checks' update in C, in Python): the whole tick's CPU
+    per session, p50 and p99, each the median of ROUNDS runs, the paths alternated run by run."""
+    if not signals.compiled_available():
+        console.print("compare-pure: the per-signal checks' C update was not built here; only Python runs")
+        return {}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    table = Table(title=f"server CPU per session-tick, per-signal checks in C vs Python ({ROUNDS} rounds each, us)")
+    for name in ("sessions", "C p50", "Python p50", "C p99", "Python p99", "C / Python p50"):
+        table.add_column(name, justify="right")
+    for n in counts:
+        runs: dict[str, list[dict[str, float]]] = {"C": [], "Python": []}
+        for _ in range(ROUNDS):
+            for path in runs:
+                before = signals.use_compiled(path == "C")
+                try:
+                    runs[path].append(bench_rules(model, gates, n, ticks, drive=drive).cpu_us["total"])
+                finally:
+                    signals.use_compiled(before)
+        got = {p: {s: statistics.median(r[s] for r in rows) / n for s in ("p50", "p99")} for p, rows in runs.items()}
+        out[str(n)] = got
+        c, py = got["C"], got["Python"]
+        cells = (c["p50"], py["p50"], c["p99"], py["p99"])
+        table.add_row(str(n), *(f"{v:.1f}" for v in cells), f"{c['p50'] / py['p50']:.2f}")
+    console.print(table)
+    return out
+
+
 def bench_rules_table(
     model_path: Path,
     gate_paths: Sequence[Path],
@@ -128,8 +164,10 @@ def bench_rules_table(
     ticks: int = TICKS,
     out_dir: Path = Path("runs/bench"),
     console: Console | None = None,
+    compare_pure: bool = False,
 ) -> dict[str, Any]:
-    """`bench_rules` at each session count; prints the table, writes runs/bench/rules-<time>.json."""
+    """`bench_rules` at each session count; prints the table, writes runs/bench/rules-<time>.json.
+    `compare_pure`: first `bench_signal_paths` at each count (stored as "signal_paths")."""
     console = console or Console()
     model = DecisionModel(model_path)
     gates = [load_gate_for_model(g, model) for g in gate_paths]
@@ -139,6 +177,7 @@ def bench_rules_table(
     )
     drive = nominal_drive(0, drive_seconds(ticks))
     load_before = os.getloadavg()
+    paths = bench_signal_paths(model, gates, session_counts, ticks, drive, console) if compare_pure else None
     rows, nominal = {}, {}
     for n in session_counts:
         rows[str(n)], nominal[str(n)] = bench_rules(model, gates, n, ticks, drive=drive)
@@ -150,6 +189,7 @@ def bench_rules_table(
         "warmup_ticks": ticks // 10,
         "cpu_us_per_tick": rows,
         "nominal_share": nominal,
+        "signal_paths": paths,  # us per session-tick by path (--compare-pure), else None
         "loadavg_before": list(load_before),
         "loadavg_after": list(os.getloadavg()),
         "cpus": os.cpu_count(),

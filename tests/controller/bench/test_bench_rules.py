@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from dualloop.controller.bench.drives import drive_seconds, nominal_drive
 from dualloop.controller.bench.rules import STAGES, bench_rules, bench_rules_table
@@ -12,6 +13,7 @@ from dualloop.controller.cli import main
 from dualloop.controller.contract.gate_files import load_gate_for_model
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
+from dualloop.ood import signals
 from dualloop.sim.schema import FEATURE_NAMES
 
 
@@ -48,3 +50,17 @@ def test_bench_rules_command_runs_the_shipped_model_with_its_gates(tmp_path, cap
     assert "base.onnx with 2 gates" in out and "machine load" in out
     (result_file,) = tmp_path.glob("rules-*.json")
     assert list(json.loads(result_file.read_text())["cpu_us_per_tick"]) == ["2"]
+
+
+@pytest.mark.skipif(not signals.compiled_available(), reason="ood._signals did not build (no C compiler)")
+def test_compare_pure_times_both_paths_of_the_signal_checks_and_restores_the_choice(tmp_path, capsys):
+    before = signals.compiled_wanted()
+    assert (
+        main(["bench", "rules", "--sessions", "2", "--duration", "0.2", "--compare-pure", "--out", str(tmp_path)]) == 0
+    )
+    assert signals.compiled_wanted() == before
+    assert "per-signal checks in C vs Python" in capsys.readouterr().out
+    (result_file,) = tmp_path.glob("rules-*.json")
+    paths = json.loads(result_file.read_text())["signal_paths"]["2"]
+    assert set(paths) == {"C", "Python"}
+    assert all(0 < paths[p][s] < 1e6 for p in paths for s in ("p50", "p99"))
