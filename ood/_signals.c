@@ -721,37 +721,54 @@ static int as_measures(PyObject *obj, int *got) {
     return ok ? 0 : -1;
 }
 
-/* reset(slot, measures): the slot starts afresh, its session measuring these signals */
-static PyObject *checks_reset(Checks *m, PyObject *const *args, Py_ssize_t nargs) {
+/* (slot, measures) -> the slot's new measures; `clear`: the slot starts afresh too */
+static PyObject *set_measures(Checks *m, PyObject *const *args, Py_ssize_t nargs, const char *name, int clear) {
     Py_ssize_t slot;
     int got[5];
     if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "reset() takes 2 arguments (%zd given)", nargs);
+        PyErr_Format(PyExc_TypeError, "%s() takes 2 arguments (%zd given)", name, nargs);
         return NULL;
     }
     if (as_slot(m, args[0], &slot) < 0 || as_measures(args[1], got) < 0) return NULL;
-    slot_clear(&m->slots[slot]);
+    if (clear) slot_clear(&m->slots[slot]);
     memcpy(m->slots[slot].measures, got, sizeof(got));
     Py_RETURN_NONE;
 }
 
+/* reset(slot, measures): the slot starts afresh, its session measuring these signals */
+static PyObject *checks_reset(Checks *m, PyObject *const *args, Py_ssize_t nargs) {
+    return set_measures(m, args, nargs, "reset", 1);
+}
+
 /* measure(slot, measures): which signals the slot's session measures */
 static PyObject *checks_measure(Checks *m, PyObject *const *args, Py_ssize_t nargs) {
-    Py_ssize_t slot;
-    int got[5];
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "measure() takes 2 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    if (as_slot(m, args[0], &slot) < 0 || as_measures(args[1], got) < 0) return NULL;
-    memcpy(m->slots[slot].measures, got, sizeof(got));
-    Py_RETURN_NONE;
+    return set_measures(m, args, nargs, "measure", 0);
 }
 
 static void slot_free(Slot *s) {
     ring_free(&s->window), ring_free(&s->toggles), ring_free(&s->unit_recent), ring_free(&s->trend);
     top_free(&s->jumps), top_free(&s->rel_top);
     Py_CLEAR(s->out_tuple);
+}
+
+/* `count` numbers of a sequence into doubles or int64s (ints set): 0, or -1 with the error set */
+static int as_numbers(PyObject *obj, const char *name, int count, double *doubles, int64_t *ints) {
+    char message[64];
+    snprintf(message, sizeof(message), "%s: expected a sequence of %d numbers", name, count);
+    PyObject *seq = PySequence_Fast(obj, message);
+    if (seq == NULL) return -1;
+    int ok = PySequence_Fast_GET_SIZE(seq) == count;
+    if (!ok) PyErr_Format(PyExc_ValueError, "%s: expected %d values", name, count);
+    for (int k = 0; ok && k < count; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, k);
+        if (ints)
+            ints[k] = PyLong_AsLongLong(item);
+        else
+            doubles[k] = PyFloat_AsDouble(item);
+        ok = !PyErr_Occurred();
+    }
+    Py_DECREF(seq);
+    return ok ? 0 : -1;
 }
 
 static int checks_init(Checks *m, PyObject *args, PyObject *kwds) {
@@ -766,51 +783,10 @@ static int checks_init(Checks *m, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "n_slots must be >= 0");
         return -1;
     }
-    PyObject *s = PySequence_Fast(settings, "settings: expected a sequence of floats");
-    if (s == NULL) return -1;
-    if (PySequence_Fast_GET_SIZE(s) != N_SETTINGS) {
-        PyErr_Format(PyExc_ValueError, "settings: expected %d values", N_SETTINGS);
-        Py_DECREF(s);
+    if (as_numbers(settings, "settings", N_SETTINGS, m->c, NULL) < 0 ||
+        as_numbers(nanos, "nanos", N_NANOS, NULL, m->ns) < 0 ||
+        as_numbers(thresholds, "thresholds", N_CHECKS, m->thresholds, NULL) < 0)
         return -1;
-    }
-    for (int k = 0; k < N_SETTINGS; k++) {
-        m->c[k] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(s, k));
-        if (m->c[k] == -1.0 && PyErr_Occurred()) {
-            Py_DECREF(s);
-            return -1;
-        }
-    }
-    Py_DECREF(s);
-    PyObject *n = PySequence_Fast(nanos, "nanos: expected a sequence of ints");
-    if (n == NULL) return -1;
-    if (PySequence_Fast_GET_SIZE(n) != N_NANOS) {
-        PyErr_Format(PyExc_ValueError, "nanos: expected %d values", N_NANOS);
-        Py_DECREF(n);
-        return -1;
-    }
-    for (int k = 0; k < N_NANOS; k++) {
-        m->ns[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(n, k));
-        if (m->ns[k] == -1 && PyErr_Occurred()) {
-            Py_DECREF(n);
-            return -1;
-        }
-    }
-    Py_DECREF(n);
-    PyObject *th = PySequence_Fast(thresholds, "thresholds: expected a sequence of floats");
-    if (th == NULL) return -1;
-    if (PySequence_Fast_GET_SIZE(th) != N_CHECKS) {
-        PyErr_Format(PyExc_ValueError, "thresholds: expected %d values", N_CHECKS);
-        Py_DECREF(th);
-        return -1;
-    }
-    for (int k = 0; k < N_CHECKS; k++) {
-        m->thresholds[k] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(th, k));
-        if (m->thresholds[k] == -1.0 && PyErr_Occurred()) {
-            Py_DECREF(th);
-            return -1;
-        }
-    }
-    Py_DECREF(th);
     Slot *slots = PyMem_Calloc(n_slots ? n_slots : 1, sizeof(Slot));
     if (slots == NULL) {
         PyErr_NoMemory();

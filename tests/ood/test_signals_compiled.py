@@ -183,6 +183,11 @@ def test_the_module_refuses_what_it_cannot_read() -> None:
         checks.measure(0, (True, True))
     with pytest.raises(TypeError, match="veto"):
         checks.step(good, [0], [True], [1], np.zeros(1, bool))
+    settings, nanos = mon._compiled_settings(), mon._compiled_nanos()
+    with pytest.raises(ValueError, match="settings: expected 13 values"):
+        type(checks)(1, settings[:-1], nanos, mon.thresholds)
+    with pytest.raises(TypeError, match="nanos: expected a sequence of 9 numbers"):
+        type(checks)(1, settings, 5, mon.thresholds)
 
 
 def test_the_compiled_update_is_built_and_in_use_where_a_compiler_exists(c_compiler: str | None) -> None:
