@@ -36,7 +36,7 @@ from dualloop.ood.filter import CusumFilter, CusumSettings, FilterSettings, KOfN
 from dualloop.ood.fit import GateStats, fit_statistics
 from dualloop.ood.freeze import FreezeDetector, FreezeSettings
 from dualloop.ood.gate import Gate, GateFitSettings, fit_gate
-from dualloop.ood.gatefile import GateFileError, load_gate
+from dualloop.ood.gatefile import GateFileError, check_feature_names, load_gate
 from dualloop.ood.gateformat import save_gate
 from dualloop.ood.mahalanobis import GateFlags, GateScorer, RowScores, StackedScorer, score_in_chunks
 from dualloop.ood.marginal import Marginal, ProfileGate, marginal, profile_gate
@@ -89,6 +89,7 @@ __all__ = [
     "fit_gate",
     "fit_statistics",
     "GateFileError",
+    "check_feature_names",
     "load_gate",
     "make_filter",
     "marginal",

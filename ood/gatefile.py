@@ -101,15 +101,20 @@ def load_gate(
             f"computed {gate.version_hash[:12]}...): the file is corrupt or was edited"
         )
     if expected_feature_names is not None:
-        diff = describe_schema_mismatch(gate.schema.feature_names, expected_feature_names)
-        if diff:
-            raise GateFileError(f"gate file {path}: feature schema mismatch: {diff}")
+        check_feature_names(path, gate, expected_feature_names)
     if expected_source is not None and gate.schema.source != expected_source:
         raise GateFileError(
             f"gate file {path}: feature source mismatch: gate was fitted on {gate.schema.source!r}, "
             f"caller feeds {expected_source!r}"
         )
     return gate
+
+
+def check_feature_names(path: str | os.PathLike[str], gate: Gate, expected_feature_names: Sequence[str]) -> None:
+    """Refuse (GateFileError naming the file) a loaded gate whose features are not these, in this order."""
+    diff = describe_schema_mismatch(gate.schema.feature_names, expected_feature_names)
+    if diff:
+        raise GateFileError(f"gate file {os.fspath(path)}: feature schema mismatch: {diff}")
 
 
 def _metadata(path: str, entries: dict[str, npt.NDArray[Any]]) -> dict[str, Any]:

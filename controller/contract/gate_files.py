@@ -101,7 +101,7 @@ def load_gate_for_model(path: Path, model: DecisionModel) -> ood.Gate:
     gate = read_gate(path)
     check_gate_model(path, gate, model)
     try:
-        ood.load_gate(path, expected_feature_names=gate_feature_names(model, gate.schema.source))
+        ood.check_feature_names(path, gate, gate_feature_names(model, gate.schema.source))
     except ood.GateFileError as err:
         raise ood.GateFileError(f"{err}; {_refit(path, gate, model)}") from None
     return gate
