@@ -324,7 +324,6 @@ class SignalMonitor:
         # position of each signal in the features (-1: the schema lacks it)
         self.at = tuple(names.index(n) if n in names else -1 for n in wanted)
         self.thresholds = s.thresholds
-        self._slots = [_Slot() for _ in range(n_slots)]
         # per slot: which signals its session measures (speed, accel, present, distance, rel)
         self._measures: list[tuple[bool, ...]] = [tuple(a >= 0 for a in self.at)] * n_slots
         self._window_ns = int(s.speed_window_s * 1e9)
@@ -341,9 +340,11 @@ class SignalMonitor:
             raise RuntimeError("signal checks: the C update (ood._signals) was not built; reinstall (pip install -e .)")
         # the C update's state for every slot (None: the Python path's _Slot)
         self._checks: Any = None
+        self._slots: list[_Slot] = []
         if compiled or (compiled is None and compiled_wanted()):
             self._checks = _compiled.Checks(n_slots, self._compiled_settings(), self._compiled_nanos(), self.thresholds)
-            self._slots = []
+        else:
+            self._slots = [_Slot() for _ in range(n_slots)]
 
     @property
     def is_compiled(self) -> bool:
