@@ -780,7 +780,7 @@ class Executor:
         """The tick's (rows, checks) results (DecisionSnapshot.checks), from what the gate step kept."""
         n = len(rows)
         last = self.gating.last if gated else None
-        changes = None if last is None or last.changes is None else np.array(last.changes, np.float64)
+        changes = None if last is None else last.changes
         return self.checks.assemble(
             CheckValues(
                 finite,

@@ -163,7 +163,7 @@ class TickChecks:
     """The per-check values of a live tick's rows that the combined verdict does not keep."""
 
     density: Density
-    changes: list[list[float]] | None  # per row, each feature's change per second (NaN unknown)
+    changes: FloatArray | None  # (rows, F): each feature's change per second (NaN unknown)
     freeze_count: list[int] | None
     actuation: tuple[list[float], list[bool]] | None
     signals: list[Scores] | None = None  # per row, the per-signal checks' scores
@@ -457,10 +457,7 @@ class GateWiring:
                 else:
                     features.append(x[at])
             sub_bad = None if bad is None or not bad[at].any() else bad[at]
-            # the tracker's rows of these sessions, as lists (as it gives them)
-            sub_changes: Any = changes if whole else None
-            if changes is not None and not whole:
-                sub_changes = [None if c is None else [c[i] for i in idx] for c in changes]
+            sub_changes: Any = changes if whole or changes is None else [None if c is None else c[at] for c in changes]
             bank = self.bank if profile is None else profile.bank
             assert bank is not None  # a tick with gates
             sub_slots = slots if whole else [slots[i] for i in idx]

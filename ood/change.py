@@ -22,7 +22,6 @@ Rules, the same for a live tick (``step``) and a replay (``scan``):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,15 +30,16 @@ NS = 1e-9  # seconds per nanosecond: the interval is (t_now - t_before) * NS
 
 
 class ChangeTracker:
-    """Per slot, as Python floats (a tick has few rows; a numpy call costs more than the arithmetic):
-    the last finite fresh observation (None before the first), its timestamp and the last rate."""
+    """Per slot, as arrays over every slot (a tick's rows are gathered and scattered with one numpy call
+    each, whatever their number): the last finite fresh observation (``_has_last`` False before the
+    first), its timestamp and the last rate."""
 
     def __init__(self, n_slots: int, dim: int) -> None:
         self.dim = dim
-        self._unknown = [math.nan] * dim
-        self._last: list[list[float] | None] = [None] * n_slots
-        self._last_t: list[int] = [0] * n_slots
-        self._change: list[list[float]] = [self._unknown] * n_slots
+        self._last = np.full((n_slots, dim), np.nan)
+        self._has_last = np.zeros(n_slots, bool)
+        self._last_t = np.zeros(n_slots, np.int64)
+        self._change = np.full((n_slots, dim), np.nan)
 
     def step(
         self,
@@ -48,27 +48,27 @@ class ChangeTracker:
         fresh: Sequence[bool],
         finite: Sequence[bool],
         times: Sequence[int],
-    ) -> list[list[float]]:
-        """x (rows, dim) float32 raw features of the rows ticking now, ``times`` their observations'
-        timestamps (int ns); their rates of change (unit/s), one list of floats per row (the scorer takes
-        them as they are; ``np.array`` makes the (rows, dim) array). The lists are the tracker's own: read
-        them, do not change them."""
-        last, last_t, change, unknown, out = self._last, self._last_t, self._change, self._unknown, []
-        for slot, now, is_fresh, ok, t in zip(slots, x.tolist(), fresh, finite, times):
-            if is_fresh:
-                if not ok:
-                    change[slot] = unknown
-                else:
-                    before = last[slot]
-                    dt = (t - last_t[slot]) * NS
-                    if before is None or not dt > 0.0:
-                        change[slot] = unknown
-                    else:
-                        change[slot] = [(a - b) / dt for a, b in zip(now, before)]
-                    last[slot] = now
-                    last_t[slot] = t
-            out.append(change[slot])
-        return out
+    ) -> np.ndarray:
+        """x (rows, dim) float32 raw features of the rows ticking now (each slot at most once),
+        ``times`` their observations' timestamps (int ns); their rates of change (unit/s), (rows, dim)
+        float64, a new array."""
+        at = np.asarray(slots, np.intp)
+        is_fresh = np.asarray(fresh, bool)
+        if is_fresh.any():
+            updated = is_fresh & np.asarray(finite, bool)
+            t = np.asarray(times, np.int64)
+            x64 = x.astype(np.float64)
+            dt = (t - self._last_t[at]).astype(np.float64) * NS
+            known = updated & self._has_last[at] & (dt > 0.0)
+            with np.errstate(invalid="ignore", over="ignore"):
+                rate = (x64 - self._last[at]) / np.where(known, dt, 1.0)[:, None]
+            rate[~known] = np.nan
+            self._change[at[is_fresh]] = rate[is_fresh]
+            to = at[updated]
+            self._last[to] = x64[updated]
+            self._last_t[to] = t[updated]
+            self._has_last[to] = True
+        return self._change[at]
 
     def scan(self, x: np.ndarray, finite: np.ndarray, slot: int, times: np.ndarray | Sequence[int]) -> np.ndarray:
         """``step`` for consecutive fresh observations of one slot (a replay: each row is fresh once):
@@ -84,29 +84,32 @@ class ChangeTracker:
             raise ValueError(f"{n} observations need {n} timestamps, got shape {ts.shape}")
         idx = np.where(finite, np.arange(n), -1)
         prev_idx = np.concatenate([[-1], np.maximum.accumulate(idx)[:-1]])  # last finite row before each
-        before = self._last[slot]
-        start = np.full(self.dim, np.nan) if before is None else np.array(before, np.float64)
+        had_last = bool(self._has_last[slot])
+        start = self._last[slot]  # NaN before the slot's first finite observation
         has_prev = prev_idx >= 0
         at = np.maximum(prev_idx, 0)
         prev = np.where(has_prev[:, None], x64[at], start[None, :])
         prev_t = np.where(has_prev, ts[at], self._last_t[slot])
         dt = (ts - prev_t).astype(np.float64) * NS
-        known = finite & (dt > 0.0) & (has_prev | (before is not None))
+        known = finite & (dt > 0.0) & (has_prev | had_last)
         with np.errstate(divide="ignore", invalid="ignore"):
             change = np.where(known[:, None], (x64 - prev) / np.where(known, dt, 1.0)[:, None], np.nan)
         finite_rows = np.flatnonzero(finite)
         if finite_rows.size:
-            self._last[slot] = x64[finite_rows[-1]].tolist()
-            self._last_t[slot] = int(ts[finite_rows[-1]])
-        self._change[slot] = change[-1].tolist()
+            self._last[slot] = x64[finite_rows[-1]]
+            self._last_t[slot] = ts[finite_rows[-1]]
+            self._has_last[slot] = True
+        self._change[slot] = change[-1]
         return change
 
     @property
     def state(self) -> tuple[list[list[float] | None], list[int], np.ndarray]:
         """(last finite observation or None, its timestamp, last rate) per slot (copies, for tests)."""
-        return [None if v is None else list(v) for v in self._last], list(self._last_t), np.array(self._change)
+        last = [row.tolist() if has else None for row, has in zip(self._last, self._has_last)]
+        return last, self._last_t.tolist(), self._change.copy()
 
     def reset(self, slot: int) -> None:
-        self._last[slot] = None
+        self._last[slot] = np.nan
+        self._has_last[slot] = False
         self._last_t[slot] = 0
-        self._change[slot] = self._unknown
+        self._change[slot] = np.nan

@@ -74,9 +74,9 @@ def common_settings(settings: Sequence[FreezeSettings | None]) -> FreezeSettings
 
 
 class FreezeDetector:
-    """Per slot: the last fresh observation (float32, as Python floats), the repeat count, the features
-    it compares (None: all) and where its speed is (-1: no rest rule), kept as Python numbers because a
-    tick has few rows and a numpy call costs more than the check."""
+    """Per slot, as arrays over every slot (a tick's rows are gathered and scattered with one numpy call
+    each, whatever their number): the last fresh observation (float32), the repeat count, the features
+    it compares and where its speed is (-1: no rest rule)."""
 
     def __init__(
         self,
@@ -96,21 +96,22 @@ class FreezeDetector:
         self.dim = dim
         self.rest = rest
         self._rest_speed = -1.0 if rest is None else float(rest[1])
-        self._last: list[list[float]] = [[math.nan] * dim for _ in range(n_slots)]
-        self._count = [0] * n_slots
-        self._keep: list[list[int] | None] = [None] * n_slots
-        self._rest_at = [-1 if rest is None else rest[0]] * n_slots
+        self._last = np.full((n_slots, dim), np.nan, np.float32)
+        self._count = np.zeros(n_slots, np.int64)
+        self._ignored = np.zeros((n_slots, dim), bool)  # features the slot's session does not measure
+        self._masked = False  # any slot ignores some
+        self._rest_at = np.full(n_slots, -1 if rest is None else rest[0], np.intp)
         self.moving_speed = float(moving_speed)
         # per slot: the run of readings now repeating began straight from a speed above moving_speed
-        self._from_moving = [False] * n_slots
+        self._from_moving = np.zeros(n_slots, bool)
 
     def set_present(self, slot: int, present: npt.NDArray[np.bool_] | None) -> None:
         """The features the slot's session measures (None: all); only they are compared, and the rest
         rule applies only when the speed feature is one of them."""
-        keep = None if present is None or bool(np.all(present)) else np.flatnonzero(present).tolist()
-        self._keep[slot] = keep
+        self._ignored[slot] = False if present is None else ~np.asarray(present, bool)
+        self._masked = bool(self._ignored.any())
         speed = -1 if self.rest is None else self.rest[0]
-        self._rest_at[slot] = speed if keep is None or speed in keep else -1
+        self._rest_at[slot] = speed if speed >= 0 and not self._ignored[slot, speed] else -1
 
     def update(self, x: np.ndarray, slots: np.ndarray | Sequence[int], fresh: np.ndarray) -> np.ndarray:
         """x (batch, dim) raw features of the rows ticking now; returns the alarm per row.
@@ -118,43 +119,50 @@ class FreezeDetector:
         Delay: the `repeats`-th identical fresh observation after onset alarms, i.e. `repeats` ticks
         after the first frozen sample at the observation rate.
         """
-        return np.array(
-            self.step(x, np.asarray(slots, dtype=np.intp).tolist(), np.asarray(fresh, dtype=bool).tolist()), dtype=bool
-        )
+        return np.array(self.step(x, slots, fresh), dtype=bool)
 
-    def step(self, x: np.ndarray, slots: Sequence[int], fresh: Sequence[bool]) -> list[bool]:
-        """``update`` with the slots and fresh flags as Python sequences; returns a list.
+    def step(self, x: np.ndarray, slots: np.ndarray | Sequence[int], fresh: np.ndarray | Sequence[bool]) -> list[bool]:
+        """``update`` as a list (each slot at most once per call).
 
-        Comparing two rows' ``tolist()`` compares every component with float ``==``, as numpy's
-        ``==`` does: NaN never equals, so non-finite rows are the gate's job, not a freeze."""
-        rows = x.tolist()
-        kept = rows if x.dtype is _FLOAT32 else np.asarray(x, dtype=np.float32).tolist()
-        last, count, repeats = self._last, self._count, self.repeats
-        keep, rest_at, rest_speed = self._keep, self._rest_at, self._rest_speed
-        from_moving, moving_speed = self._from_moving, self.moving_speed
-        alarm = []
-        for slot, now, k, is_fresh in zip(slots, rows, kept, fresh):
-            if is_fresh:  # a reused observation is not a repeat of the sensor
-                before, cols, r = last[slot], keep[slot], rest_at[slot]
-                same = now == before if cols is None else [now[i] for i in cols] == [before[i] for i in cols]
-                if not same and r >= 0:  # a new reading: did it come straight from moving? (NaN: no)
-                    from_moving[slot] = abs(before[r]) > moving_speed
-                elif same and r >= 0 and abs(now[r]) <= rest_speed and not from_moving[slot]:  # a car at rest
-                    same = False
-                count[slot] = count[slot] + 1 if same else 0
-                last[slot] = k
-            alarm.append(count[slot] >= repeats)
+        Components compare with float32 ``==``: NaN never equals, so non-finite rows are the gate's
+        job, not a freeze; the speeds compare in float64, as ``scan`` does."""
+        at = np.asarray(slots, np.intp)
+        is_fresh = np.asarray(fresh, bool)
+        count = self._count
+        if is_fresh.all():  # every row a new observation (a sensor at the tick rate): no masking
+            self._judge(at, np.asarray(x, np.float32))
+        elif is_fresh.any():  # a reused observation is not a repeat of the sensor
+            self._judge(at[is_fresh], np.asarray(x, np.float32)[is_fresh])
+        alarm: list[bool] = (count[at] >= self.repeats).tolist()
         return alarm
+
+    def _judge(self, at: npt.NDArray[np.intp], now: npt.NDArray[np.float32]) -> None:
+        """Count the fresh observations `now` of slots `at` against each slot's last one."""
+        before = self._last[at]
+        same = now == before
+        if self._masked:
+            same |= self._ignored[at]
+        same = same.all(axis=1)
+        if self.rest is not None:
+            r = self._rest_at[at]
+            rest, rows, speed = r >= 0, np.arange(len(at)), np.maximum(r, 0)
+            # a new reading: did it come straight from moving? (NaN: no)
+            new = ~same & rest
+            self._from_moving[at[new]] = np.abs(before[rows, speed][new].astype(np.float64)) > self.moving_speed
+            at_rest = np.abs(now[rows, speed].astype(np.float64)) <= self._rest_speed
+            same &= ~(rest & at_rest & ~self._from_moving[at])  # a car at rest is no frozen sensor
+        self._count[at] = np.where(same, self._count[at] + 1, 0)
+        self._last[at] = now
 
     @property
     def state(self) -> tuple[np.ndarray, np.ndarray]:
         """(last fresh observation, repeat count) per slot (copies, for tests and debugging)."""
-        return np.array(self._last, dtype=np.float32), np.array(self._count)
+        return self._last.copy(), self._count.copy()
 
     def counts(self, slots: Sequence[int]) -> list[int]:
         """The repeat count of these slots now (after a step: the count each row was judged on)."""
-        count = self._count
-        return [count[slot] for slot in slots]
+        counts: list[int] = self._count[np.asarray(slots, np.intp)].tolist()
+        return counts
 
     def scan(self, x: np.ndarray, slot: int, fresh: np.ndarray) -> np.ndarray:
         """``update`` of one slot over many consecutive ticks (replay), vectorised: x (ticks, dim),
@@ -166,13 +174,12 @@ class FreezeDetector:
         fresh = np.asarray(fresh, dtype=bool)
         at = np.flatnonzero(fresh)
         if at.size == 0:
-            return np.full(len(x), self._count[slot])
+            return np.full(len(x), int(self._count[slot]))
         xf = x[at]
-        before = np.vstack([np.array(self._last[slot], dtype=np.float32)[None], xf[:-1]])
-        cols = self._keep[slot]
-        same = np.all(xf == before, axis=1) if cols is None else np.all(xf[:, cols] == before[:, cols], axis=1)
-        r = self._rest_at[slot]
-        if r >= 0:  # in float64, as the Python floats compare (a float32 compare rounds the limit)
+        before = np.vstack([self._last[slot][None], xf[:-1]])
+        same = np.all((xf == before) | self._ignored[slot], axis=1)
+        r = int(self._rest_at[slot])
+        if r >= 0:  # in float64, as `step` compares (a float32 compare rounds the limit)
             # whether the run each fresh tick belongs to began straight from moving: set at each new
             # reading from the reading before it, carried through the repeats after it
             j_new = np.flatnonzero(~same)
@@ -185,16 +192,17 @@ class FreezeDetector:
         # any difference, the slot's old count plus the run so far
         j = np.arange(at.size)
         last_reset = np.maximum.accumulate(np.where(same, -1, j))
-        count_f = np.where(last_reset >= 0, j - last_reset, self._count[slot] + j + 1)
+        old = int(self._count[slot])
+        count_f = np.where(last_reset >= 0, j - last_reset, old + j + 1)
         # a tick that reuses an observation keeps the count of the last fresh tick before it
         latest = np.searchsorted(at, np.arange(len(x)), side="right") - 1
-        count = np.where(latest >= 0, count_f[np.maximum(latest, 0)], self._count[slot])
-        self._count[slot] = int(count_f[-1])
-        self._last[slot] = np.asarray(xf[-1], dtype=np.float32).tolist()
+        count = np.where(latest >= 0, count_f[np.maximum(latest, 0)], old)
+        self._count[slot] = count_f[-1]
+        self._last[slot] = xf[-1]
         return count
 
     def reset(self, slot: int) -> None:
-        self._last[slot] = [math.nan] * self.dim
+        self._last[slot] = np.nan
         self._count[slot] = 0
         self._from_moving[slot] = False
         self.set_present(slot, None)
