@@ -13,9 +13,10 @@ importing (mypy, import-linter, editors) read scripts/namespace_view.py's links,
 
 The optional C extensions: ``dualloop.planner._rollout`` (planner/_rollout.c) rolls out and scores the
 behaviour planner's candidates; ``dualloop.ood._signals`` (ood/_signals.c) moves the per-signal checks on by
-one observation. They use the CPython C API only and are ``optional``: a machine without a C compiler
-still installs, and ``planner.compiled`` and ``ood.signals`` take their Python paths, the references the
-compiled ones are tested against (docs/duplicated-rules.md).
+one observation; ``dualloop.executor._history`` (executor/_history.c) sums the history features' bins of a
+tick's sessions. They use the CPython C API only and are ``optional``: a machine without a C compiler
+still installs, and ``planner.compiled``, ``ood.signals`` and ``executor.history`` take their Python
+paths, the references the compiled ones are tested against (docs/duplicated-rules.md).
 """
 
 import sys
@@ -43,5 +44,6 @@ setup(
     ext_modules=[
         Extension("dualloop.planner._rollout", ["planner/_rollout.c"], extra_compile_args=_ARGS, optional=True),
         Extension("dualloop.ood._signals", ["ood/_signals.c"], extra_compile_args=_ARGS, optional=True),
+        Extension("dualloop.executor._history", ["executor/_history.c"], extra_compile_args=_ARGS, optional=True),
     ],
 )

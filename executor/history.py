@@ -38,12 +38,35 @@ bits whatever the array lengths (tests/executor/test_history.py).
 from __future__ import annotations
 
 import bisect
+import importlib
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+_compiled: Any
+try:
+    # by name: the C extension has no stub, and mypy would take `from ... import` for an attribute
+    _compiled = importlib.import_module("dualloop.executor._history")
+except ImportError:  # not built (no compiler at install time): the numpy pass
+    _compiled = None
+_wanted = os.environ.get("DUALLOOP_HISTORY_PURE_PYTHON", "") in ("", "0")
+
+
+def compiled_available() -> bool:
+    """The C pass (``executor._history``) was built and imports."""
+    return _compiled is not None
+
+
+def compiled_wanted() -> bool:
+    """Whether rings sum their bins in C by default: built, and not refused by the environment."""
+    return _compiled is not None and _wanted
+
 
 TOL_NS = 1_000_000
 BIN_NS = 100_000_000
@@ -110,6 +133,10 @@ class HistoryDeriver:
             raise HistoryError(f"history features {list(names)} read {lacking}, which are not wire features")
         needed = sorted(read, key=features.index)
         self.columns = np.array([features.index(f) for f in needed], np.int64)  # wire columns read
+        # the same columns of a row as a list (an observation's features as Python floats)
+        self.pick: Callable[[list[float]], tuple[float, ...]] = (
+            itemgetter(*self.columns.tolist()) if len(needed) > 1 else lambda row: (row[self.columns[0]],)
+        )
         col = {f: i for i, f in enumerate(needed)}
         self._series = sorted({s.series for s in self.specs})
         self._series_cols = [[col[f] for f in series] for series in self._series]
@@ -305,7 +332,7 @@ class HistoryState:
         for i in keep:  # the tail only: at most horizon_ns of observations
             self._append(int(t_ns[i]), np.asarray(features[i], np.float32)[cols].astype(np.float64).tolist())
 
-    def _append(self, t_ns: int, x: list[float]) -> None:
+    def _append(self, t_ns: int, x: Sequence[float]) -> None:
         d = self.deriver
         series = []
         for cols in d._series_cols:
@@ -328,16 +355,20 @@ class HistoryState:
         self._t.append(t_ns)
         lead = x[d._lead] if d._lead is not None else math.nan
         self._lead.append(lead)
-        if self._ring is not None:
+        ring = self._ring
+        if ring is not None:
             series.append(lead)
-            at = (self._dropped + m) % self._ring.size
-            self._ring.buf[self._slot, at] = series
-            self._ring.t[self._slot, at] = t_ns
+            newest, slot = self._dropped + m, self._slot
+            at = newest % ring.size
+            ring.buf[slot, at] = series
+            ring.t[slot, at] = t_ns
+            ring.newest_at[slot] = newest
+            ring.begin_at[slot] = self._dropped + self._start
 
     def append(self, t_ns: int, features: np.ndarray) -> None:
         """Add an observation (wire features (F,)) whose history features `HistoryRing.newest`
         derives later, if a tick uses it."""
-        self._append(int(t_ns), np.asarray(features, np.float32)[self.deriver.columns].astype(np.float64).tolist())
+        self._append(int(t_ns), self.deriver.pick(np.asarray(features, np.float32).tolist()))
 
     def _newest(self, x: list[float]) -> npt.NDArray[np.float32]:
         """The newest observation's history features: `_bins` of every delay (0 first), then slopes."""
@@ -391,7 +422,14 @@ class HistoryRing:
     sensor faster than size / horizon, ~390 Hz) takes its own `HistoryState._newest`, and so does a
     tick of one or two rows (the pass's fixed cost is more than theirs)."""
 
-    def __init__(self, deriver: HistoryDeriver, slots: int, size: int = 512) -> None:
+    def __init__(self, deriver: HistoryDeriver, slots: int, size: int = 512, compiled: bool | None = None) -> None:
+        """`compiled`: sum the bins in C (executor/_history.c; None: where it was built, unless
+        DUALLOOP_HISTORY_PURE_PYTHON=1), else the numpy pass, the reference it is tested against."""
+        if compiled and _compiled is None:
+            raise RuntimeError(
+                "history features: the C pass (executor._history) was not built; reinstall (pip install -e .)"
+            )
+        self.compiled = compiled_wanted() if compiled is None else compiled
         self.deriver = deriver
         self.size = size
         d = deriver
@@ -401,6 +439,10 @@ class HistoryRing:
         # bin's sum adds past its count
         self.buf = np.zeros((min(slots, 8), size + 1, n_series + 1), np.float64)
         self.t = np.zeros((len(self.buf), size), np.int64)  # each observation's timestamp, same places
+        # per slot, as its state's absolute indices (observation j is at place j % size): the newest
+        # observation and the first within the horizon
+        self.newest_at = np.zeros(len(self.buf), np.int64)
+        self.begin_at = np.zeros(len(self.buf), np.int64)
         self._bins = (0, *d._delays)
         specs = d.specs
         self._series = np.array([d._series.index(s.series) for s in specs])
@@ -411,6 +453,15 @@ class HistoryRing:
         # the fallback's column among deriver.columns (0 where there is none: masked by _has_fallback)
         self._fallback = np.array([0 if s.fallback is None else d._col[s.fallback] for s in specs])
         self._k = np.arange(K)
+        # the (bin, series) sums the features read: every series' bin 0, and each feature's own bin of
+        # its series (15 of the 6 x 6 at the default features; the lead flag's column is never summed)
+        pairs = sorted({(0, int(v)) for v in self._series} | set(zip(self._bin.tolist(), self._series.tolist())))
+        self._pair_bin = np.array([b for b, _ in pairs], np.int64)
+        self._pair_series = np.array([v for _, v in pairs], np.int64)
+        self._now_pair = np.array([pairs.index((0, v)) for v in self._series.tolist()], np.intp)
+        self._past_pair = np.array([pairs.index(p) for p in zip(self._bin.tolist(), self._series.tolist())], np.intp)
+        self._delays = np.array(self._bins, np.int64)
+        self._limits = np.array([TOL_NS, BIN_NS, GAP_NS, K], np.int64)
 
     def state(self, slot: int) -> HistoryState:
         if slot >= len(self.buf):
@@ -419,6 +470,11 @@ class HistoryRing:
             grown_t = np.zeros((len(grown), self.size), np.int64)
             grown_t[: len(self.t)] = self.t
             self.buf, self.t = grown, grown_t
+            more = np.zeros(len(grown) - len(self.newest_at), np.int64)
+            self.newest_at, self.begin_at = (
+                np.concatenate([self.newest_at, more]),
+                np.concatenate([self.begin_at, more]),
+            )
         return HistoryState(self.deriver, self, slot)
 
     def newest(self, states: Sequence[HistoryState], features: np.ndarray) -> npt.NDArray[np.float32]:
@@ -427,44 +483,63 @@ class HistoryRing:
         n, size = len(states), self.size
         x = np.asarray(features, np.float32)[:, self.deriver.columns].astype(np.float64)
         out = np.empty((n, len(self._series)), np.float32)
-        rows, slots, newest, begin, t_now = [], [], [], [], []
-        for r, st in enumerate(states):
-            t, start = st._t, st._start
-            i = len(t) - 1
-            if i - start >= size or n < _RING_FROM:  # this row the state's own way
+        if n < _RING_FROM:  # each row its state's own way
+            for r, st in enumerate(states):
                 out[r] = st._newest(x[r].tolist())
-                continue
-            rows.append(r)
-            slots.append(st._slot)
-            newest.append(st._dropped + i)  # absolute indices: a slot's observation j is at j % size
-            begin.append(st._dropped + start)
-            t_now.append(t[i])
-        if not rows:
             return out
-        slot_a = np.array(slots)
-        slot = slot_a[:, None, None]
-        jl_a, n_a, safe_a, ok_bins = self._bounds(slot_a, np.array(newest), np.array(begin), np.array(t_now))
-        kmax = max(int(n_a.max()), 1)
-        k = self._k[:kmax, None, None]
-        # (k, m, bins): the place of each bin's k-th newest observation, or the +0.0 place past its count,
-        # in the flat (slots * (size + 1), S + 1) view; k first, so that each add below is one slab
-        place = np.where(k < n_a, (jl_a - k) % size, size) + (slot_a * (size + 1))[:, None]
-        g = self.buf.reshape(-1, self.buf.shape[2]).take(place, axis=0)  # (k, m, bins, S + 1)
-        acc = g[0] + 0.0  # the sum starts from +0.0 (as `_bins`): a leading -0.0 becomes +0.0
-        for j in range(1, kmax):  # newest first, one add at a time: the state's order, so its bits
-            acc += g[j]
-        safe_rows = self.buf[slot[:, :, 0], safe_a % size]  # (m, bins, S + 1)
-        value = np.where((n_a >= 1)[..., None], acc / np.maximum(n_a, 1)[..., None], safe_rows)
-        lead_now = safe_rows[:, 0, -1]  # bin 0's last observation is the newest itself
-        ok_a = ok_bins[:, self._bin]  # (m, H)
-        lead_at = safe_rows[:, self._bin, -1]
+        slot_all = np.array([st._slot for st in states], np.int64)
+        newest_all, begin_all = self.newest_at[slot_all], self.begin_at[slot_all]
+        own = newest_all - begin_all >= size  # more observations within the horizon than places
+        if own.any():
+            for r in np.flatnonzero(own).tolist():
+                out[r] = states[r]._newest(x[r].tolist())
+            rows: Any = np.flatnonzero(~own)
+            if not len(rows):
+                return out
+        else:
+            rows = slice(None)
+        slot_a, newest, begin = slot_all[rows], newest_all[rows], begin_all[rows]
+        sums = self._sums_compiled if self.compiled else self._sums
+        value, ok_a, lead_now, lead_at = sums(slot_a, newest, begin)
         good = ok_a & (~self._needs_lead | ((lead_now >= 0.5)[:, None] & (lead_at >= 0.5)))
         with np.errstate(invalid="ignore", over="ignore"):
-            slope = (value[:, 0, self._series] - value[:, self._bin, self._series]) / self._seconds
+            slope = (value[:, self._now_pair] - value[:, self._past_pair]) / self._seconds
         fallback = np.where(self._has_fallback, x[rows][:, self._fallback], 0.0)
         v = np.where(good & np.isfinite(slope), slope, fallback)
         out[rows] = np.where(np.isfinite(v), v, 0.0)
         return out
+
+    def _sums(self, slot_a: np.ndarray, newest: np.ndarray, begin: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per row (m rows): the value of each summed (bin, series) pair (m, pairs), whether each
+        feature's past(e) is ok (m, H), the lead flag now (m,) and at each feature's past(e) (m, H)."""
+        size = self.size
+        t_now = self.t[slot_a, newest % size]
+        slot = slot_a[:, None, None]
+        jl_a, n_a, safe_a, ok_bins = self._bounds(slot_a, newest, begin, t_now)
+        kmax = max(int(n_a.max()), 1)
+        k = self._k[:kmax, None, None]
+        pair_bin, width = self._pair_bin, self.buf.shape[2]
+        jl_p, n_p = jl_a[:, pair_bin], n_a[:, pair_bin]  # (m, pairs)
+        # (k, m, pairs): where each summed pair's k-th newest observation is, or the +0.0 place past
+        # its bin's count, in the flat buffer; k first, so that each add below is one slab
+        place = np.where(k < n_p, (jl_p - k) % size, size) + (slot_a * (size + 1))[:, None]
+        g = self.buf.reshape(-1).take(place * width + self._pair_series)
+        acc = g[0] + 0.0  # the sum starts from +0.0 (as `_bins`): a leading -0.0 becomes +0.0
+        for j in range(1, kmax):  # newest first, one add at a time: the state's order, so its bits
+            acc += g[j]
+        safe_rows = self.buf[slot[:, :, 0], safe_a % size]  # (m, bins, S + 1)
+        value = np.where(n_p >= 1, acc / np.maximum(n_p, 1), safe_rows[:, pair_bin, self._pair_series])
+        # bin 0's last observation is the newest itself
+        return value, ok_bins[:, self._bin], safe_rows[:, 0, -1], safe_rows[:, self._bin, -1]
+
+    def _sums_compiled(self, slot_a: np.ndarray, newest: np.ndarray, begin: np.ndarray) -> tuple[np.ndarray, ...]:
+        """`_sums` in one C call (executor/_history.c): the same bounds, sums and divisions."""
+        m, bins = len(slot_a), len(self._bins)
+        value = np.empty((m, len(self._pair_bin)), np.float64)
+        ok, lead = np.empty((m, bins), bool), np.empty((m, bins), np.float64)
+        pairs = self._pair_bin, self._pair_series
+        _compiled.bins(self.buf, self.t, slot_a, newest, begin, self._delays, *pairs, self._limits, value, ok, lead)
+        return value, ok[:, self._bin], lead[:, 0], lead[:, self._bin]
 
     def _bounds(
         self, slots: np.ndarray, newest: np.ndarray, begin: np.ndarray, t_now: np.ndarray

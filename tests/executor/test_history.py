@@ -4,6 +4,9 @@ first ticks and gaps use the documented fallbacks, and a missing source masks wh
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -82,16 +85,23 @@ def test_ring_buffer_and_batch_give_the_same_bits(drive) -> None:
         assert np.abs(batch).max() > 0.5  # the features are not all fallbacks
 
 
+_NEEDS_C = pytest.mark.skipif(
+    not history.compiled_available(), reason="executor._history did not build (no C compiler)"
+)
+PATHS = [False, pytest.param(True, marks=_NEEDS_C)]  # the ring's numpy pass, its C pass
+
+
+@pytest.mark.parametrize("compiled", PATHS)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_ring_gives_each_push_its_bits(seed: int) -> None:
-    """HistoryRing.newest over many sessions at once equals each session's own push, bit for bit:
-    sessions at 10 Hz to 1 kHz (past the ring's size: the state's own path), jittery and equal
-    timestamps, gaps, NaN readings, -0.0 everywhere, lead switches, ticks that find only some
-    sessions with a new observation, and the ring's slots in any order."""
+def test_the_ring_gives_each_push_its_bits(seed: int, compiled: bool) -> None:
+    """HistoryRing.newest over many sessions at once equals each session's own push, bit for bit, in
+    C and in numpy: sessions at 10 Hz to 1 kHz (past the ring's size: the state's own path), jittery
+    and equal timestamps, gaps, NaN readings, -0.0 everywhere, lead switches, ticks that find only
+    some sessions with a new observation, and the ring's slots in any order."""
     deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
     rng = np.random.default_rng(seed)
     periods = [100, 50, 20, 10, 5, 5, 3, 2, 1]  # ms
-    ring = HistoryRing(deriver, len(periods) + 3, size=512)
+    ring = HistoryRing(deriver, len(periods) + 3, size=512, compiled=compiled)
     slots = rng.permutation(len(periods) + 3)[: len(periods)]
     ref = [deriver.state() for _ in periods]
     got = [ring.state(int(slot)) for slot in slots]
@@ -121,12 +131,14 @@ def test_the_ring_gives_each_push_its_bits(seed: int) -> None:
     assert longest > 512  # the 1 kHz session outgrew the ring: its rows took the state's path
 
 
-def test_the_ring_bisects_observations_exactly_on_a_bin_bound() -> None:
+@pytest.mark.parametrize("compiled", PATHS)
+def test_the_ring_bisects_observations_exactly_on_a_bin_bound(compiled: bool) -> None:
     """On an exact 1 ms grid observations fall exactly on the bins' bounds (t_i - e + 1 ms): the
-    ring's one search over all rows takes them as the state's bisect_right does."""
+    ring's one search over all rows (numpy) and its bisection per row (C) take them as the state's
+    bisect_right does."""
     deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
     periods_ms = [1, 2, 10, 100]
-    ring = HistoryRing(deriver, len(periods_ms), size=2048)
+    ring = HistoryRing(deriver, len(periods_ms), size=2048, compiled=compiled)
     ref = [deriver.state() for _ in periods_ms]
     got = [ring.state(s) for s in range(len(periods_ms))]
     rng = np.random.default_rng(7)
@@ -145,6 +157,33 @@ def test_the_ring_bisects_observations_exactly_on_a_bin_bound() -> None:
                 assert row.tobytes() == want.tobytes(), (s, k)
                 compared += 1
     assert compared > 700  # every 10 ms: three or four rows
+
+
+def test_the_c_pass_is_built_where_a_compiler_exists_and_the_environment_can_refuse_it(c_compiler: str | None) -> None:
+    deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
+    if c_compiler is not None and os.environ.get("DUALLOOP_HISTORY_PURE_PYTHON", "") in ("", "0"):
+        assert HistoryRing(deriver, 4).compiled
+    code = "from dualloop.executor.history import compiled_wanted; print(compiled_wanted())"
+    env = {**os.environ, "DUALLOOP_HISTORY_PURE_PYTHON": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@_NEEDS_C
+def test_the_c_pass_refuses_what_is_not_its_ring() -> None:
+    deriver = HistoryDeriver(DEFAULT_HISTORY, FEATURE_NAMES)
+    ring = HistoryRing(deriver, 4, size=64, compiled=True)
+    state = ring.state(1)
+    for k in range(3):
+        state.append(k * 5_000_000, np.zeros(len(FEATURE_NAMES), np.float32))
+    one = np.ones(1, np.int64)
+    assert np.isfinite(ring._sums_compiled(one, one * 2, one * 0)[0]).all()
+    with pytest.raises(ValueError, match="slot 7, observations 0..2: not in the ring"):
+        ring._sums_compiled(one * 7, one * 2, one * 0)
+    with pytest.raises(ValueError, match="observations 0..64: not in the ring"):  # more than its places
+        ring._sums_compiled(one, one * 64, one * 0)
+    with pytest.raises(TypeError, match="newest: expected a C-contiguous int64 array"):
+        ring._sums_compiled(one, np.ones(1, np.int32), one * 0)
 
 
 def test_equal_timestamps_and_nan_give_the_same_bits(drive) -> None:
