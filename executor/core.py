@@ -570,8 +570,11 @@ class Executor:
             derived = self._history_ring.newest(states, x[derive])
             for i, h in zip(derive, derived):
                 observations[i].history = h
-        for i, obs in enumerate(observations):
-            xm[i, nf:] = obs.history
+        if len(derive) == n:  # every row's observation is new (derive lists rows in order)
+            xm[:, nf:] = derived
+        else:
+            for i, obs in enumerate(observations):
+                xm[i, nf:] = obs.history
         model_present = self.model_present(present)
         xn, pn, finite = self.normalisation.apply(xm, p, self._xmn[:n], self._pn[:n], model_present)
         return xn, pn, finite, model_present
