@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dualloop.ood.decision import Decisions, FilterSlots, RowDecider, ratio_at_zero
+from dualloop.ood.decision import Decisions, FilterSlots, RowDecider, quiet_state, ratio_at_zero
 from dualloop.ood.mahalanobis import RowScores, StackedScorer
 from dualloop.ood.monitor import GateMonitor
 
@@ -54,6 +54,8 @@ class GateBank:
         )
         self.n_slots = n_slots
         self._gates: list[FilterSlots] = [(mon.filter.slot_states, mon.filter.advance) for mon in self.monitors]
+        # a clean (row, gate) whose filter is in this state stays there without alarm: not advanced
+        self._quiet = [quiet_state(mon.filter.advance, mon.filter.zero) for mon in self.monitors]
         self._decider = RowDecider(self.scorer, self._gates, [mon.filter.zero for mon in self.monitors])
         self._last: RowScores | None = None  # the last general step's scores (None: the one-row tick's)
 
@@ -99,15 +101,17 @@ class GateBank:
         scores, thresholds, exceed, immediate = r.score, r.threshold, r.exceed, r.immediate
         best_score, best_threshold, veto = [], [], []
         i = 0
+        gates = [(state, advance, quiet) for (state, advance), quiet in zip(self._gates, self._quiet)]
         for row, slot in enumerate(slots):
             top, score, threshold = -_INF, 0.0, 0.0
             alarm = also is not None and also[row]
-            for state, advance in self._gates:
+            for state, advance, quiet in gates:
                 s = scores[i]
                 t = thresholds[i]
-                state[slot], a = advance(state[slot], exceed[i], immediate[i])
-                if a:
-                    alarm = True
+                if exceed[i] or immediate[i] or state[slot] != quiet:  # else the filter stays as it is
+                    state[slot], a = advance(state[slot], exceed[i], immediate[i])
+                    if a:
+                        alarm = True
                 ratio = s / t if t else ratio_at_zero(s, t)
                 if ratio > top:
                     top, score, threshold = ratio, s, t

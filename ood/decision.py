@@ -66,7 +66,7 @@ class RowDecider:
         self._n_linear = scorer._n_linear
         self._gates = []
         for g, ((state, advance), zero) in enumerate(zip(gates, zeros)):
-            quiet = zero if advance(zero, False, False) == (zero, False) else _NEVER
+            quiet = quiet_state(advance, zero)
             self._gates.append(
                 _Gate(
                     scorer._cc[g],
@@ -167,6 +167,12 @@ class RowDecider:
 
 
 _NEVER = object()  # a filter whose zero state moves on a clean tick is always advanced
+
+
+def quiet_state(advance: Callable[[Any, bool, bool], tuple[Any, bool]], zero: Any) -> Any:
+    """The state a clean tick leaves as it is, without alarm: the filter's `zero` where it is one, else a
+    value no state equals (such a filter is advanced on every tick)."""
+    return zero if advance(zero, False, False) == (zero, False) else _NEVER
 
 
 def ratio_at_zero(score: float, threshold: float) -> float:
