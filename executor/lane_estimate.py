@@ -14,7 +14,7 @@ The pose is integrated with a kinematic bicycle from the steering the safe side 
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,9 +24,38 @@ import numpy as np
 LaneReading = tuple[float, float, float, float]
 
 
-def lane_history(length: int) -> deque[LaneReading]:
-    """The trusted readings a session keeps for the estimate: the newest `length`."""
-    return deque(maxlen=max(length, 1))
+class LaneHistory:
+    """The trusted readings a session keeps for the estimate: the newest `length`, oldest first. Held
+    as one flat float64 array, which the garbage collector does not walk: a deque of 200 reading
+    tuples per session is visited item by item by every full collection (at 512 sessions most of a
+    ~9 ms pause)."""
+
+    __slots__ = ("length", "_flat")
+
+    def __init__(self, length: int) -> None:
+        self.length = max(length, 1)
+        self._flat = array("d")  # every reading appended since the last trim, four values each
+
+    def append(self, reading: LaneReading) -> None:
+        flat = self._flat
+        flat.extend(reading)
+        if len(flat) >= 8 * self.length:  # twice what is kept: drop the older half at once
+            del flat[: len(flat) - 4 * self.length]
+
+    def __len__(self) -> int:
+        return min(len(self._flat) // 4, self.length)
+
+    def clear(self) -> None:
+        del self._flat[:]
+
+    def __eq__(self, other: object) -> bool:
+        """The same length and readings (as two deques compare)."""
+        return isinstance(other, LaneHistory) and self.length == other.length and self.readings() == other.readings()
+
+    def readings(self) -> list[LaneReading]:
+        """The readings kept, oldest first, as the floats appended."""
+        kept = self._flat[len(self._flat) - 4 * len(self) :]
+        return list(zip(kept[0::4], kept[1::4], kept[2::4], kept[3::4]))
 
 
 def curvature_trend(history: Sequence[LaneReading], period_s: float) -> tuple[float, float]:
@@ -78,7 +107,7 @@ class LaneEstimate:
     @classmethod
     def from_history(
         cls,
-        history: deque[LaneReading],
+        history: LaneHistory,
         period_s: float,
         max_rate: float,
         pose_readings: int,
@@ -89,7 +118,7 @@ class LaneEstimate:
         in heading, held over a 100 m stop, is a lane offset of its own)."""
         if not history:
             return None
-        readings = list(history)[: max(len(history) - suspect, 1)]
+        readings = history.readings()[: max(len(history) - suspect, 1)]
         curvature, rate = curvature_trend(readings, period_s)
         pose = np.array(readings[-max(pose_readings, 1) :], np.float64)[:, 2:]
         offset, heading = _newest_of_line(pose)

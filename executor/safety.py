@@ -63,7 +63,6 @@ test of the batch's lead columns), go through `decide`.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -71,7 +70,7 @@ import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from dualloop.executor.action_labels import ACTIONS, BRAKE_BELOW, BRAKE_HARD_BELOW, KEEP_AT_MOST, action_of_accel
-from dualloop.executor.lane_estimate import LaneEstimate, LaneReading, lane_history
+from dualloop.executor.lane_estimate import LaneEstimate, LaneHistory
 from dualloop.executor.lane_keeping import LaneKeeper, LaneKeepingConfig
 from dualloop.executor.override import OverrideTest, PullAway
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
@@ -194,7 +193,7 @@ class SafetyMemory:
     lead: LeadTrack = field(default_factory=LeadTrack)
     lead_hold: bool = False  # the stopped-lead hold lowered the previous command: ramp back in from it
     pull_away: PullAway | None = None  # a held vehicle moving off (executor/override.py)
-    lane_history: deque[LaneReading] | None = None  # trusted lane readings since the last recovery
+    lane_history: LaneHistory | None = None  # trusted lane readings since the last recovery
     lane_estimate: LaneEstimate | None = None  # the lane, dead-reckoned since the last trusted tick
     steer_applied: float | None = None  # the steering applied at the last tick the safe side decided
 
@@ -527,7 +526,7 @@ class SafetyMachine:
                         mem.trusted_speed = speed
                     if math.isfinite(curvature + speed + offset + heading):  # `_remember_lane`, inline
                         if (history := mem.lane_history) is None:
-                            history = mem.lane_history = lane_history(self._history_len)
+                            history = mem.lane_history = LaneHistory(self._history_len)
                         history.append((curvature, speed, offset, heading))
                 if standstill and math.isfinite(speed := own_speeds[i]):  # type: ignore[index]
                     mem.speed_estimate = abs(speed)
@@ -713,7 +712,7 @@ class SafetyMachine:
         if math.isfinite(curvature + speed + offset + heading):
             history = mem.lane_history
             if history is None:
-                history = mem.lane_history = lane_history(self._history_len)
+                history = mem.lane_history = LaneHistory(self._history_len)
             history.append((curvature, speed, offset, heading))
 
     def _roll_back(self, mem: SafetyMemory) -> None:

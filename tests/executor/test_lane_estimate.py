@@ -5,12 +5,13 @@ changes, its sensors lost at motorway speed."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 
-from dualloop.executor.lane_estimate import LaneEstimate, curvature_trend, lane_history
+from dualloop.executor.lane_estimate import LaneEstimate, LaneHistory, curvature_trend
 from dualloop.executor.lane_keeping import LaneKeepingConfig
 from dualloop.executor.safety import SafetyConfig, SafetyMachine, SafetyMemory
 from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
@@ -26,24 +27,24 @@ def test_the_trend_is_the_clothoid_the_readings_follow() -> None:
     """Noisy readings of a curvature ramping with distance: the fit gives the ramp's rate and its
     value at the newest reading, far inside the readings' noise."""
     rng = np.random.default_rng(0)
-    history = lane_history(200)
+    history = LaneHistory(200)
     rate, speed = 4.5e-6, 27.0
     for k in range(300):  # only the newest 200 are kept
         s = k * speed * DT
         history.append((-3e-4 - rate * s + 5e-5 * rng.standard_normal(), speed, 0.0, 0.0))
-    now, fitted = curvature_trend(history, DT)
+    now, fitted = curvature_trend(history.readings(), DT)
     assert fitted == pytest.approx(-rate, rel=0.15)
     assert now == pytest.approx(-3e-4 - rate * 299 * speed * DT, abs=2.5e-5)  # half the noise's sigma
     # a tenth of a second of the same readings (after a recovery): no trend that noise could make
-    short = lane_history(20)
+    short = LaneHistory(20)
     for _ in range(20):
         short.append((-3e-4 + 5e-5 * rng.standard_normal(), speed, 0.0, 0.0))
-    assert curvature_trend(short, DT)[1] == 0.0
+    assert curvature_trend(short.readings(), DT)[1] == 0.0
     # standing still, there is no distance to read a trend over
-    still = lane_history(50)
+    still = LaneHistory(50)
     for _ in range(50):
         still.append((1e-3, 0.0, 0.0, 0.0))
-    assert curvature_trend(still, DT) == (pytest.approx(1e-3), 0.0)
+    assert curvature_trend(still.readings(), DT) == (pytest.approx(1e-3), 0.0)
 
 
 def test_the_estimate_turns_by_the_steering_and_the_road() -> None:
@@ -299,3 +300,20 @@ def test_an_abstention_keeps_the_models_steering_and_its_fallback_turns_at_the_r
     np.testing.assert_array_equal(steer[:first], driver[:first])
     limit = SafetyConfig().lane_keeping.max_steer_rate * DT  # type: ignore[union-attr]
     assert np.abs(np.diff(steer[first - 1 : 630])).max() <= limit + 1e-6
+
+
+def test_the_history_keeps_the_newest_readings_as_a_bounded_deque_would() -> None:
+    """Appends past the length, clears and trims: the same readings, the same floats, as
+    deque(maxlen=length) (what the history was before it became one flat array)."""
+    rng = np.random.default_rng(3)
+    for length in (1, 7, 200):
+        history, reference = LaneHistory(length), deque(maxlen=length)
+        for step in range(3000):
+            if rng.random() < 0.003:
+                history.clear(), reference.clear()
+            reading = tuple(float(v) for v in rng.normal(size=4) * 10.0 ** rng.integers(-6, 3))
+            history.append(reading)  # type: ignore[arg-type]
+            reference.append(reading)
+            if step % 37 == 0 or len(reference) < 3:
+                assert history.readings() == list(reference) and len(history) == len(reference)
+        assert bool(history) and not bool(LaneHistory(length))
