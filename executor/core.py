@@ -570,11 +570,8 @@ class Executor:
             derived = self._history_ring.newest(states, x[derive])
             for i, h in zip(derive, derived):
                 observations[i].history = h
-        if len(derive) == n:  # every row's observation is new (derive lists rows in order)
-            xm[:, nf:] = derived
-        else:
-            for i, obs in enumerate(observations):
-                xm[i, nf:] = obs.history
+        # every row's observation new (derive lists rows in order): the derived rows, in one copy
+        xm[:, nf:] = derived if len(derive) == n else [obs.history for obs in observations]
         model_present = self.model_present(present)
         xn, pn, finite = self.normalisation.apply(xm, p, self._xmn[:n], self._pn[:n], model_present)
         return xn, pn, finite, model_present
