@@ -418,13 +418,14 @@ _RING_FROM = 3  # rows; fewer cost less each on its own (1 row: 37 us there, 63 
 class HistoryRing:
     """The newest `size` observations of every session slot side by side, (slots, size, S + 1): the
     series, then lead_present; each slot's HistoryState writes its observations here too. A tick
-    derives the history features of all its fresh observations in one numpy pass (`newest`): the
-    bins' bounds found per session with bisect as `HistoryState._newest` finds them, then every bin
-    of every row gathered, summed newest first from +0.0 with np.add.accumulate, and the slopes and
-    fallbacks taken over whole columns; the same operations in the same order, so the same bits
-    (tests/executor/test_history.py). A session whose horizon holds more than `size` observations (a
-    sensor faster than size / horizon, ~390 Hz) takes its own `HistoryState._newest`, and so does a
-    tick of one or two rows (the pass's fixed cost is more than theirs)."""
+    derives the history features of all its fresh observations in one pass (`newest`): the bins'
+    bounds found per session as `HistoryState._newest` bisects them, every (bin, series) sum a feature
+    reads added newest first from +0.0, in one C call where executor/_history.c was built or in numpy
+    (`_sums`, the reference), then the slopes and fallbacks taken over whole columns; the same
+    operations in the same order, so the same bits (tests/executor/test_history.py). A session whose
+    horizon holds more than `size` observations (a sensor faster than size / horizon, ~390 Hz) takes
+    its own `HistoryState._newest`, and so does a tick of one or two rows (the pass's fixed cost is
+    more than theirs)."""
 
     def __init__(self, deriver: HistoryDeriver, slots: int, size: int = 512, compiled: bool | None = None) -> None:
         """`compiled`: sum the bins in C (executor/_history.c; None: where it was built, unless

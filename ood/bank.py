@@ -54,8 +54,8 @@ class GateBank:
         )
         self.n_slots = n_slots
         self._gates: list[FilterSlots] = [(mon.filter.slot_states, mon.filter.advance) for mon in self.monitors]
-        # a clean (row, gate) whose filter is in this state stays there without alarm: not advanced
-        self._quiet = [quiet_state(mon.filter.advance, mon.filter.zero) for mon in self.monitors]
+        # per gate, with the state a clean (row, gate) leaves as it is without alarm (not advanced)
+        self._filters = [(*g, quiet_state(m.filter.advance, m.filter.zero)) for g, m in zip(self._gates, self.monitors)]
         self._decider = RowDecider(self.scorer, self._gates, [mon.filter.zero for mon in self.monitors])
         self._last: RowScores | None = None  # the last general step's scores (None: the one-row tick's)
 
@@ -101,11 +101,10 @@ class GateBank:
         scores, thresholds, exceed, immediate = r.score, r.threshold, r.exceed, r.immediate
         best_score, best_threshold, veto = [], [], []
         i = 0
-        gates = [(state, advance, quiet) for (state, advance), quiet in zip(self._gates, self._quiet)]
         for row, slot in enumerate(slots):
             top, score, threshold = -_INF, 0.0, 0.0
             alarm = also is not None and also[row]
-            for state, advance, quiet in gates:
+            for state, advance, quiet in self._filters:
                 s = scores[i]
                 t = thresholds[i]
                 if exceed[i] or immediate[i] or state[slot] != quiet:  # else the filter stays as it is
