@@ -380,11 +380,12 @@ class GateWiring:
         features = self._pick_features((dv, x))
         changes = change_rows = None
         times: list[int] | None = None
+        at = np.array(slots, np.intp)  # the slots once for the array stages below
         if self.change is not None:
             times = list(map(_timestamp_of, observations))
-            change_rows = self.change.step(x, slots, fresh_rows, ok, times)
+            change_rows = self.change.step(x, at, fresh, ok, times)
             changes = self._pick_changes((None, change_rows))
-        frozen_rows = None if self.freeze is None else self.freeze.step(x, slots, fresh_rows)
+        frozen_rows = None if self.freeze is None else self.freeze.step(x, at, fresh)
         any_frozen = frozen_rows is not None and True in frozen_rows
         if any_frozen or self._any_frozen:  # else the buffer is all False already
             self.frozen[:] = False
@@ -409,7 +410,7 @@ class GateWiring:
             signal_rows = self.signals.step(
                 x, slots, fresh_rows, times if times is not None else list(map(_timestamp_of, observations)), veto
             )
-        counts = None if self.freeze is None else self.freeze.counts(slots)
+        counts = None if self.freeze is None else self.freeze.counts(at)
         self.last = TickChecks(density, change_rows, counts, actuation, signal_rows)
         return score, threshold, np.array(veto, _BOOL)
 

@@ -323,7 +323,7 @@ class HistoryState:
 
     def push(self, t_ns: int, features: np.ndarray) -> npt.NDArray[np.float32]:
         """Add an observation (wire features (F,)); its history features (H,)."""
-        x = np.asarray(features, np.float32)[self.deriver.columns].astype(np.float64).tolist()
+        x = self.deriver.pick(np.asarray(features, np.float32).tolist())
         self._append(int(t_ns), x)
         return self._newest(x)
 
@@ -332,9 +332,10 @@ class HistoryState:
         if len(t_ns) == 0:
             return
         keep = np.flatnonzero(np.asarray(t_ns) >= int(t_ns[-1]) - self.deriver.horizon_ns)
-        cols = self.deriver.columns
-        for i in keep:  # the tail only: at most horizon_ns of observations
-            self._append(int(t_ns[i]), np.asarray(features[i], np.float32)[cols].astype(np.float64).tolist())
+        pick = self.deriver.pick
+        # the tail only: at most horizon_ns of observations
+        for t, row in zip(np.asarray(t_ns)[keep].tolist(), np.asarray(features, np.float32)[keep].tolist()):
+            self._append(int(t), pick(row))
 
     def _append(self, t_ns: int, x: Sequence[float]) -> None:
         d = self.deriver
@@ -374,7 +375,7 @@ class HistoryState:
         derives later, if a tick uses it."""
         self._append(int(t_ns), self.deriver.pick(np.asarray(features, np.float32).tolist()))
 
-    def _newest(self, x: list[float]) -> npt.NDArray[np.float32]:
+    def _newest(self, x: Sequence[float]) -> npt.NDArray[np.float32]:
         """The newest observation's history features: `_bins` of every delay (0 first), then slopes."""
         t, start = self._t, self._start
         i = len(t) - 1

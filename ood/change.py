@@ -44,8 +44,8 @@ class ChangeTracker:
     def step(
         self,
         x: np.ndarray,
-        slots: Sequence[int],
-        fresh: Sequence[bool],
+        slots: np.ndarray | Sequence[int],
+        fresh: np.ndarray | Sequence[bool],
         finite: Sequence[bool],
         times: Sequence[int],
     ) -> np.ndarray:

@@ -159,7 +159,7 @@ class FreezeDetector:
         """(last fresh observation, repeat count) per slot (copies, for tests and debugging)."""
         return self._last.copy(), self._count.copy()
 
-    def counts(self, slots: Sequence[int]) -> list[int]:
+    def counts(self, slots: np.ndarray | Sequence[int]) -> list[int]:
         """The repeat count of these slots now (after a step: the count each row was judged on)."""
         counts: list[int] = self._count[np.asarray(slots, np.intp)].tolist()
         return counts
