@@ -24,7 +24,8 @@ fallback.
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -43,6 +44,85 @@ class LeadDoubt(IntEnum):
     REL_AGAINST_TREND = 4  # as REL_DOUBTED, the relative speed's sign against the gap's trend among them
 
 
+class TimedReadings:
+    """(tick ns, value) readings, oldest first, the newest `maxlen` at most (as a deque with maxlen).
+    Two flat arrays, which the garbage collector does not walk: a deque of up to 256 tuples per
+    session and run was most of what a full collection still visited at 512 sessions."""
+
+    __slots__ = ("maxlen", "_t", "_x", "_start")
+
+    def __init__(self, maxlen: int = 256) -> None:
+        self.maxlen = maxlen
+        self._t = array("q")
+        self._x = array("d")
+        self._start = 0  # readings before it were dropped (trimmed in one go once there are maxlen)
+
+    def __len__(self) -> int:
+        return len(self._t) - self._start
+
+    def __iter__(self) -> Iterator[tuple[int, float]]:
+        start = self._start
+        return zip(self._t[start:], self._x[start:])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TimedReadings) and self.maxlen == other.maxlen and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"TimedReadings({list(self)!r}, maxlen={self.maxlen})"
+
+    def clear(self) -> None:
+        del self._t[:], self._x[:]
+        self._start = 0
+
+    def restart(self, t_ns: int, value: float) -> None:
+        """clear, then append."""
+        t, x = self._t, self._x
+        del t[:], x[:]
+        t.append(t_ns)
+        x.append(value)
+        self._start = 0
+
+    def append(self, t_ns: int, value: float, forget_before_ns: int | None = None) -> None:
+        """Add the newest reading; with forget_before_ns, then `drop_older_than` it (one call per tick)."""
+        t = self._t
+        t.append(t_ns)
+        self._x.append(value)
+        start = self._start
+        if len(t) - start > self.maxlen:
+            start += 1
+        if forget_before_ns is not None:
+            end = len(t)
+            while start < end and t[start] < forget_before_ns:
+                start += 1
+        if start >= self.maxlen:  # `_forget`, inline: once a tick
+            del t[:start], self._x[:start]
+            start = 0
+        self._start = start
+
+    def drop_older_than(self, cutoff_ns: int) -> None:
+        """Forget every reading before cutoff_ns."""
+        t, start, end = self._t, self._start, len(self._t)
+        while start < end and t[start] < cutoff_ns:
+            start += 1
+        if start != self._start:
+            self._forget(start)
+
+    def keep_one_at_or_before(self, cutoff_ns: int) -> None:
+        """Forget the oldest readings while the next is at or before cutoff_ns too and more than two are kept."""
+        t, start, end = self._t, self._start, len(self._t)
+        while end - start > 2 and t[start + 1] <= cutoff_ns:
+            start += 1
+        if start != self._start:
+            self._forget(start)
+
+    def _forget(self, start: int) -> None:
+        """Readings before index `start` forgotten: trimmed from the arrays once there are maxlen."""
+        if start >= self.maxlen:
+            del self._t[:start], self._x[:start]
+            start = 0
+        self._start = start
+
+
 @dataclass(slots=True)
 class LeadRuns:
     """The current runs of bit-identical gap and relative-speed readings, with what each run keeps
@@ -56,8 +136,8 @@ class LeadRuns:
     new_lead: bool = False  # the relative speed stepped as at another lead during the gap's run
     rel: float = _NAN
     rel_since: int = -1
-    gaps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=256))
-    trend: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=256))
+    gaps: TimedReadings = field(default_factory=TimedReadings)
+    trend: TimedReadings = field(default_factory=TimedReadings)
     last_ns: int = -1
 
     def reset(self) -> None:
@@ -69,10 +149,8 @@ class LeadRuns:
     def start(self, now_ns: int, gap: float, rel: float) -> None:
         self.gap, self.gap_since, self.moved, self.new_lead = gap, now_ns, 0.0, False
         self.rel, self.rel_since, self.last_ns = rel, now_ns, now_ns
-        self.gaps.clear()
-        self.gaps.append((now_ns, gap))
-        self.trend.clear()
-        self.trend.append((now_ns, gap))
+        self.gaps.restart(now_ns, gap)
+        self.trend.restart(now_ns, gap)
 
 
 class StuckReadings:
@@ -100,23 +178,21 @@ class StuckReadings:
             return
         new_gap = gap != run.gap
         trend = run.trend
+        window_start = now_ns - self._window_ns
         if new_gap:
             run.gap, run.gap_since, run.moved, run.new_lead = gap, now_ns, 0.0, False
-            trend.append((now_ns, gap))
+            trend.append(now_ns, gap, window_start)
         else:
             run.moved += 0.5 * (rel + run.rel) * ((now_ns - run.last_ns) * 1e-9)
+            trend.drop_older_than(window_start)
         gaps = run.gaps
         if rel != run.rel:
             run.new_lead = run.new_lead or abs(rel - run.rel) >= self._rel_step
             run.rel, run.rel_since = rel, now_ns
-            gaps.clear()
-            gaps.append((now_ns, gap))
+            gaps.restart(now_ns, gap)
         elif new_gap:
-            gaps.append((now_ns, gap))
-            while len(gaps) > 2 and now_ns - gaps[1][0] >= self._window_ns:
-                gaps.popleft()  # keep one reading at least the window old
-        while trend and now_ns - trend[0][0] > self._window_ns:
-            trend.popleft()
+            gaps.append(now_ns, gap)
+            gaps.keep_one_at_or_before(window_start)  # one reading at least the window old
         run.last_ns = now_ns
 
     def follow_rows(self, run: LeadRuns, ticks_ns: np.ndarray, lead: np.ndarray) -> None:
@@ -167,7 +243,7 @@ class StuckReadings:
         return _NAN, _NAN
 
 
-def _least_squares_rate(gaps: deque[tuple[int, float]], now_ns: int, window_ns: int) -> float:
+def _least_squares_rate(gaps: TimedReadings, now_ns: int, window_ns: int) -> float:
     """The least-squares slope (m/s) of the gap's distinct readings of the last window; NaN with
     fewer than three or spanning less than half the window."""
     readings = [(t, x) for t, x in gaps if now_ns - t <= window_ns]

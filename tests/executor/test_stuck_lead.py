@@ -6,11 +6,12 @@ relative-speed steps; and what stands in for the stuck or doubted reading."""
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 
 import numpy as np
 import pytest
 
-from dualloop.executor.stuck_lead import LeadDoubt, LeadRuns, StuckReadings
+from dualloop.executor.stuck_lead import LeadDoubt, LeadRuns, StuckReadings, TimedReadings
 from dualloop.executor.threat import ThreatConfig
 
 TICK = 5_000_000
@@ -145,3 +146,49 @@ def test_both_stuck_stand_in_for_neither() -> None:
     for k in range(400):
         stuck.follow(run, k * TICK, 1.0, 30.0, -4.0)
     assert all(v != v for v in stuck.stand_in(run, 399 * TICK, 30.0, -4.0))
+
+
+@pytest.mark.parametrize("maxlen", [3, 8, 256])
+def test_the_timed_readings_keep_what_a_bounded_deque_of_pairs_did(maxlen: int) -> None:
+    """Appends past maxlen, both forgetting rules and clears, against deque(maxlen) of (ns, value)
+    with the loops `follow` ran on it before the readings became two flat arrays."""
+    rng = np.random.default_rng(maxlen)
+    readings, reference = TimedReadings(maxlen), deque(maxlen=maxlen)
+    t = 0
+    window = 40 * TICK
+    for step in range(20_000):
+        t += int(rng.integers(1, 4)) * TICK
+        value = float(rng.normal(30.0, 5.0))
+        roll = rng.random()
+        if roll < 0.2:  # appended and the window forgotten in one call, as the gap's trend is
+            readings.append(t, value, t - window)
+        elif roll < 0.21:
+            readings.restart(t, value)
+            reference.clear()
+        else:
+            readings.append(t, value)
+        reference.append((t, value))
+        if roll < 0.2 or 0.3 <= roll < 0.5:
+            if roll >= 0.2:
+                readings.drop_older_than(t - window)
+            while reference and t - reference[0][0] > window:
+                reference.popleft()
+        elif 0.5 <= roll < 0.8:
+            readings.keep_one_at_or_before(t - window)
+            while len(reference) > 2 and t - reference[1][0] >= window:
+                reference.popleft()
+        elif roll > 0.999:
+            readings.clear()
+            reference.clear()
+        assert len(readings) == len(reference), step
+        assert len(readings._t) <= 2 * maxlen  # what was forgotten is trimmed, not kept growing
+        if reference and step % 97 == 0:
+            assert list(readings) == list(reference), step
+    assert list(readings) == list(reference) and len(reference) > 2
+    assert readings != TimedReadings(maxlen)  # equal only to the same readings
+    twin = TimedReadings(maxlen)
+    for t_ns, value in reference:
+        twin.append(t_ns, value)
+    assert twin == readings and repr(twin) == repr(readings)
+    twin.append(t + 1, 0.0)
+    assert twin != readings
