@@ -118,6 +118,15 @@ class HistoryError(ValueError):
     """A card's history features the executor cannot derive (unknown name, a source it lacks)."""
 
 
+def _tuple_getter(indices: Sequence[int]) -> Callable[[Sequence[float]], tuple[float, ...]]:
+    """row -> (row[i] for i in indices) as a tuple, in one C-level call (itemgetter of one index
+    would return the item itself)."""
+    if len(indices) > 1:
+        return itemgetter(*indices)
+    (only,) = indices
+    return lambda row: (row[only],)
+
+
 class HistoryDeriver:
     """The history features a card names, resolved against its wire features."""
 
@@ -135,12 +144,13 @@ class HistoryDeriver:
         needed = sorted(read, key=features.index)
         self.columns = np.array([features.index(f) for f in needed], np.int64)  # wire columns read
         # the same columns of a row as a list (an observation's features as Python floats)
-        self.pick: Callable[[list[float]], tuple[float, ...]] = (
-            itemgetter(*self.columns.tolist()) if len(needed) > 1 else lambda row: (row[self.columns[0]],)
-        )
+        self.pick = _tuple_getter(self.columns.tolist())
         col = {f: i for i, f in enumerate(needed)}
         self._series = sorted({s.series for s in self.specs})
         self._series_cols = [[col[f] for f in series] for series in self._series]
+        # a picked row's series (HistoryState._append): each one's first column, the others added in order
+        self._series_first = _tuple_getter([cols[0] for cols in self._series_cols])
+        self._series_more = [(s, c) for s, cols in enumerate(self._series_cols) for c in cols[1:]]
         self._delays = sorted({s.delay_ns for s in self.specs})
         self._lead = col.get("lead_present")
         # (F, H): wire feature f is read by history feature h (for the sensor profile)
@@ -339,12 +349,9 @@ class HistoryState:
 
     def _append(self, t_ns: int, x: Sequence[float]) -> None:
         d = self.deriver
-        series = []
-        for cols in d._series_cols:
-            v = x[cols[0]]
-            for c in cols[1:]:
-                v += x[c]
-            series.append(v)
+        series = list(d._series_first(x))
+        for s, c in d._series_more:
+            series[s] += x[c]
         # drop what no future observation's bins or past(e) can reach
         self._start = bisect.bisect_left(self._t, t_ns - d.horizon_ns, self._start)
         m = len(self._t)
