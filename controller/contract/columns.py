@@ -35,7 +35,12 @@ def _counted(message: Any, name: str, count_name: str, rows: int) -> tuple[Seque
 def float_runs(message: Any, name: str, rows: int) -> list[np.ndarray]:
     """Column `name` (floats) split by `name_count` into `rows` float32 arrays (views of one array)."""
     counts, values = _counted(message, name, name + "_count", rows)
-    return np.split(np.asarray(values, np.float32), np.cumsum(counts)[:-1]) if rows else []
+    if not rows:
+        return []
+    flat = np.asarray(values, np.float32)
+    if min(counts) == max(counts):  # every agent the same size (the usual): rows of one reshape
+        return list(flat.reshape(rows, counts[0]))
+    return np.split(flat, np.cumsum(counts)[:-1])
 
 
 def runs(message: Any, name: str, count_name: str, rows: int) -> list[list[Any]]:

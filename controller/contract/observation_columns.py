@@ -84,25 +84,34 @@ def observations_from_columns(
     plan_values = iter(float_runs(columns, "plan_values", sum(r is not None for r in plan_rows)))
     actual_rows = sparse_rows(columns, "has_actual", ("actual_index",), n, True)
     controls = iter(float_runs(columns, "actual_controls", sum(r is not None for r in actual_rows)))
-    sent_time_ns = columns.sent_time_ns or [0] * n
-    release_standstill = columns.release_standstill or [False] * n
+    # each column as a list once: indexing a message's repeated field costs more than the list
+    sent_time_ns = list(columns.sent_time_ns) or [0] * n
+    release_standstill = list(columns.release_standstill) or [False] * n
     out = []
-    for i, session_id in enumerate(columns.session_id):
-        plan, actual = plan_rows[i], actual_rows[i]
+    for session_id, seq, timestamp_ns, row, plan, actual, sent, release in zip(
+        columns.session_id,
+        list(columns.seq),
+        list(columns.timestamp_ns),
+        features,
+        plan_rows,
+        actual_rows,
+        sent_time_ns,
+        release_standstill,
+    ):
         obs = Observation(
-            seq=columns.seq[i],
-            timestamp_ns=columns.timestamp_ns[i],
-            features=features[i],
+            seq=seq,
+            timestamp_ns=timestamp_ns,
+            features=row,
             arrival_ns=arrival_ns,
             actual_index=-1 if actual is None else actual[0],
             actual_controls=None if actual is None else next(controls),
             plan_id="" if plan is None else plan[0],
             plan_values=None if plan is None else next(plan_values),
-            sent_time_ns=sent_time_ns[i],
+            sent_time_ns=sent,
             received_wall_ns=received_wall_ns,
             plan_valid_for_ns=0 if plan is None else plan[1],
             plan_created_ns=0 if plan is None else plan[2],
-            release_standstill=release_standstill[i],
+            release_standstill=release,
         )
         out.append((session_id, obs))
     return out

@@ -17,13 +17,15 @@ from dualloop.controller.contract.wire import observation_from_proto
 from dualloop.v2 import controller_pb2 as pb
 
 
-def _messages(rng: np.random.Generator, n: int) -> dict[str, pb.Observation]:
+def _messages(rng: np.random.Generator, n: int, features: int | None = None) -> dict[str, pb.Observation]:
+    """n agents' messages; `features`: every agent's number of features (None: each its own, 0-8)."""
     out = {}
     for i in range(n):
+        size = int(rng.integers(0, 9)) if features is None else features
         obs = pb.Observation(
             seq=int(rng.integers(1, 10**6)),
             timestamp_ns=int(rng.integers(-(10**12), 10**15)),
-            features=rng.normal(size=int(rng.integers(0, 9))).astype(np.float32).tolist(),
+            features=rng.normal(size=size).astype(np.float32).tolist(),
             sent_time_ns=int(rng.integers(0, 10**15)) if rng.random() < 0.5 else 0,
             release_standstill=bool(rng.random() < 0.2),
         )
@@ -50,14 +52,16 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_columns_read_as_each_message_would_be(seed: int) -> None:
+@pytest.mark.parametrize("features", [None, 0, 7])  # agents of their own sizes, or all of one (read as one reshape)
+def test_columns_read_as_each_message_would_be(seed: int, features: int | None) -> None:
     rng = np.random.default_rng(seed)
     for n in (0, 1, 9, 40):
-        messages = _messages(rng, n)
+        messages = _messages(rng, n, features)
         wire = observation_columns(messages).SerializeToString()
         read = observations_from_columns(pb.ObservationColumns.FromString(wire), 77, 88)
         assert [sid for sid, _ in read] == list(messages)
         for (_, obs), msg in zip(read, messages.values()):
+            assert obs.features.shape == (len(msg.features),)
             assert _same(obs, observation_from_proto(msg, 77, 88))
             assert observation_message(obs).SerializeToString() == msg.SerializeToString()
 
