@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
+from dualloop.executor.snapshot import FeatureRow
 
 
 @dataclass(slots=True)
@@ -44,7 +44,7 @@ class OverrideTest:
         self._period_s = period_s
 
     def step(
-        self, pull_away: PullAway | None, features: np.ndarray | None, doubted: bool
+        self, pull_away: PullAway | None, features: FeatureRow | None, doubted: bool
     ) -> tuple[PullAway | None, bool]:
         """One tick of a held vehicle: (the pull-away to remember, whether someone else is driving it)."""
         if features is None or doubted or self._speed_at is None or self._accel_at is None:

@@ -73,7 +73,7 @@ from dualloop.executor.action_labels import ACTIONS, BRAKE_BELOW, BRAKE_HARD_BEL
 from dualloop.executor.lane_estimate import LaneEstimate, LaneHistory
 from dualloop.executor.lane_keeping import LaneKeeper, LaneKeepingConfig
 from dualloop.executor.override import OverrideTest, PullAway
-from dualloop.executor.snapshot import AppliedAction, Reason, SafetyState
+from dualloop.executor.snapshot import AppliedAction, FeatureRow, Reason, SafetyState
 from dualloop.executor.standstill import StandstillConfig, StandstillHold
 from dualloop.executor.stuck_lead import LeadDoubt
 from dualloop.executor.threat import LeadTrack, ThreatAssessor, ThreatConfig
@@ -263,7 +263,7 @@ class SafetyMachine:
         now_ns: int,
         reasons: list[Reason],
         proposal: AppliedAction | None,
-        features: np.ndarray | None = None,
+        features: FeatureRow | None = None,
         actuation_only: bool = False,
         release: bool = False,
         lead_doubt: int = LeadDoubt.NONE,
@@ -429,7 +429,7 @@ class SafetyMachine:
             return proposal, True
         return proposal.with_control(self._steer, steer), False
 
-    def _follow_lead(self, mem: SafetyMemory, now_ns: int, x: np.ndarray | None) -> None:
+    def _follow_lead(self, mem: SafetyMemory, now_ns: int, x: FeatureRow | None) -> None:
         """Every tick: the runs of repeated lead readings the threat assessor reads a stuck one from."""
         threat = self.threat
         if threat is not None and threat.follows_runs:
@@ -502,7 +502,7 @@ class SafetyMachine:
                         now_ns,
                         reasons[i],
                         proposal,
-                        x,
+                        None if x is None else x.tolist(),  # read value by value: list items cost less
                         actuation_only is not None and actuation_only[i],
                         release is not None and release[i],
                         LeadDoubt.NONE if lead_doubt is None else lead_doubt[i],
@@ -555,7 +555,7 @@ class SafetyMachine:
         now_ns: int,
         reasons: list[Reason],
         proposal: AppliedAction | None,
-        features: np.ndarray | None,
+        features: FeatureRow | None,
     ) -> tuple[AppliedAction, SafetyState, bool]:
         """The state's target action: (target, state, blending the model's proposal back in)."""
         distrust = any(r in DISTRUST for r in reasons)
@@ -726,7 +726,7 @@ class SafetyMachine:
         """(steer, lane visible); steer None without lane keeping."""
         keeper = self._keeper
         if self._lane is None or keeper is None:
-            return None, self._features is not None and bool(np.isfinite(self._features).all())
+            return None, self._features is not None and all(map(math.isfinite, self._features))
         x, speed_now, before = self._features, self._speed_now(mem), self._steer_before
         if x is not None:
             # Read while readable, even where a check doubts the tick: the checks that veto most

@@ -7,6 +7,7 @@ The numeric values of the enums equal the wire enums in proto/dualloop/v2/contro
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,6 +80,10 @@ class CheckStatus(enum.IntEnum):
 
 # One tick's check results, one entry per configured check (Snapshot.check_kinds); a batch's are one
 # (rows, checks) array of this dtype and each snapshot holds its row, a view (no per-check objects).
+# One row of a tick's raw inputs as the safe side reads it, value by value: a numpy row, or (at many
+# sessions, where indexing a numpy row per value shows) the same values as Python floats.
+FeatureRow = np.ndarray | Sequence[float]
+
 CHECK_DTYPE = np.dtype([("score", np.float64), ("threshold", np.float64), ("veto", np.bool_), ("status", np.int8)])
 
 

@@ -21,6 +21,7 @@ import math
 import numpy as np
 from pydantic import Field
 
+from dualloop.executor.snapshot import FeatureRow
 from dualloop.executor.threat import LeadFeatures
 
 
@@ -45,7 +46,7 @@ class StandstillHold:
         self._at = tuple(feature_names.index(n) for n in names) if self.available else (0, 0, 0, 0)
         self._rest_speed = np.float64(config.rest_speed)
 
-    def engaged(self, features: np.ndarray | None) -> bool:
+    def engaged(self, features: FeatureRow | None) -> bool:
         """Whether one tick's raw inputs (None: none may be read) show the ego at rest behind a
         stopped lead within the gap. The caller checks that the checks do not doubt the inputs."""
         if not self.available or features is None:
