@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import cast
 
@@ -60,7 +61,7 @@ def saturated_float32(x: float) -> float:
     """A float32 field's value for a finite double beyond its range: the largest float32 (of the sign),
     not the +-Inf the conversion would make; Inf and NaN stay as they are (found by tests/fuzz: a
     squared Mahalanobis distance past 3.4e38 went out as gate.score = +Inf on finite input)."""
-    return max(-_FLOAT32_MAX, min(x, _FLOAT32_MAX)) if np.isfinite(x) else x
+    return max(-_FLOAT32_MAX, min(x, _FLOAT32_MAX)) if math.isfinite(x) else x  # numpy's isfinite: ~0.7 us a call
 
 
 def snapshot_to_proto(s: Snapshot) -> pb.DecisionSnapshot:

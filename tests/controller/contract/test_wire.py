@@ -9,7 +9,13 @@ from typing import cast
 import numpy as np
 import pytest
 
-from dualloop.controller.contract.wire import add_checks, drive_response_bytes, snapshot_response, snapshot_to_proto
+from dualloop.controller.contract.wire import (
+    add_checks,
+    drive_response_bytes,
+    saturated_float32,
+    snapshot_response,
+    snapshot_to_proto,
+)
 from dualloop.executor.snapshot import (
     CHECK_DTYPE,
     AppliedAction,
@@ -184,3 +190,20 @@ def test_the_comparison_can_fail() -> None:
     msg.ClearField("timings")
     assert msg.SerializeToString() != _reference(snap).SerializeToString()
     assert cast("object", msg) != _reference(snap)
+
+
+@pytest.mark.parametrize("kind", [float, np.float64, np.float32])
+def test_a_finite_score_past_float32s_range_is_sent_as_its_largest_value(kind) -> None:
+    """Finite beyond float32: the largest float32 of its sign (never the Inf the field's conversion
+    makes); Inf and NaN as they are; anything in range unchanged."""
+    top = float(np.finfo(np.float32).max)
+    values = [kind(1.5), kind(-0.0), kind(top), kind(np.inf), kind(-np.inf), kind(np.nan)]
+    if kind is not np.float32:
+        values += [kind(1e39), kind(-1e300)]
+    out = [saturated_float32(v) for v in values]
+    assert out[:5] == [1.5, -0.0, top, np.inf, -np.inf] and np.isnan(out[5])
+    assert out[6:] == ([] if kind is np.float32 else [top, -top])
+    msg = pb.DecisionSnapshot()
+    for v in out[:5] + out[6:]:
+        msg.gate.score = v
+        assert pb.DecisionSnapshot.FromString(msg.SerializeToString()).gate.score == float(np.float32(v))
