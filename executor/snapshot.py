@@ -78,12 +78,12 @@ class CheckStatus(enum.IntEnum):
     NOT_SCORED = 3
 
 
-# One tick's check results, one entry per configured check (Snapshot.check_kinds); a batch's are one
-# (rows, checks) array of this dtype and each snapshot holds its row, a view (no per-check objects).
 # One row of a tick's raw inputs as the safe side reads it, value by value: a numpy row, or (at many
 # sessions, where indexing a numpy row per value shows) the same values as Python floats.
 FeatureRow = np.ndarray | Sequence[float]
 
+# One tick's check results, one entry per configured check (Snapshot.check_kinds); a batch's are one
+# (rows, checks) array of this dtype and each snapshot holds its row, a view (no per-check objects).
 CHECK_DTYPE = np.dtype([("score", np.float64), ("threshold", np.float64), ("veto", np.bool_), ("status", np.int8)])
 
 
