@@ -33,7 +33,7 @@ from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.gc_clock import GC
 from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US, SessionRuntime
-from dualloop.controller.serve.ticker import LatenessLog, freeze_startup_heap, percentiles_us, run_bare_ticker
+from dualloop.controller.serve.ticker import LatenessLog, percentiles_us, run_bare_ticker, settle_collector
 from dualloop.executor.config import DEFAULT_TICKER_GUARD_MS
 from dualloop.executor.core import ExecutorStats
 from dualloop.executor.snapshot import Reason
@@ -447,7 +447,7 @@ async def run_server(spec: ServerSpec) -> ServerResult:
     board = wb.Board.attach(Path(spec.board), spec.workers, LATENESS_BUCKETS_US) if spec.board else None
     server = ServerLifecycle(_server_config(spec), worker=(board, spec.slot) if board is not None else None)
     port = await server.start()
-    freeze_startup_heap()  # as `dualloop serve` does
+    settle_collector()  # as `dualloop serve` does
     if spec.cpus:
         pin_threads(set(spec.cpus))
     _announce(server, port, spec)

@@ -29,7 +29,7 @@ from dualloop.controller.serve.events import LOG_LEVELS, configure_logging
 from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.log_stream import stream_logs
 from dualloop.controller.serve.security_cli import add_security_arguments, security_overrides, security_summary
-from dualloop.controller.serve.ticker import freeze_startup_heap
+from dualloop.controller.serve.ticker import settle_collector
 from dualloop.controller.serve.workers import serve_workers, stop_when_parent_gone, worker_count
 from dualloop.executor.model_runner import DecisionModel
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
@@ -279,7 +279,7 @@ def serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         port = await server.start()
-        freeze_startup_heap()
+        settle_collector()
         card = server.executor.card
         console.print(
             f"dualloop serving model {card.name} {card.version} (schema {card.schema_hash()}) on "

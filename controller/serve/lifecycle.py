@@ -254,7 +254,8 @@ class ServerLifecycle:
             scheduling=self.scheduling,
             reflection=self.config.reflection_enabled,
             record_dir=str(self.config.record_dir) if self.config.record_dir is not None else None,
-            gc_frozen_objects=gc.get_freeze_count(),  # freeze_startup_heap's work, when this process did it
+            gc_frozen_objects=gc.get_freeze_count(),  # settle_collector's work, when this process did it
+            gc_young_threshold=gc.get_threshold()[0],
         )
 
     def _warm(self) -> None:

@@ -354,16 +354,27 @@ class PreciseTicker:
         return Tick(index=index, scheduled_ns=deadline, started_ns=now, missed_before=missed)
 
 
-def freeze_startup_heap() -> int:
-    """Move every object alive now (the imports, the model, gRPC) out of the garbage collector's
-    reach; returns how many. Call once a serving process has started, before it serves.
+# The young generation's threshold in a serving process. A tick holds its new objects (the snapshots
+# and what they hold, ~5 per session) until it ends, when reference counting frees them: at 512
+# sessions a few thousand at once. CPython's default, 700, made that ~4 young collections per tick,
+# each moving the tick's live objects a generation older, and so the full collections that walk them
+# (0.7 ms of collection per tick at 512 sessions, pauses up to 1 ms young and 4.5 ms full). Above a
+# tick's peak, a young collection runs only when the heap grows (sessions opening), as it should.
+YOUNG_THRESHOLD = 20_000
 
-    They live as long as the process, yet each collection of an older generation walks them again:
-    on this project's 2-core VM a full collection of a started server took 17-100 ms and the first
-    young ones after start-up 1-14 ms, so several 5 ms deadlines at once. No collect() first: it
-    would cost that pause itself, with the tick loop already running. For whole processes only
-    (`dualloop serve`, its workers, the bench's server), never a host that embeds a server."""
+
+def settle_collector() -> int:
+    """Set the garbage collector up for ticking: every object alive now (the imports, the model,
+    gRPC) moved out of its reach, and young collections only past YOUNG_THRESHOLD new objects;
+    returns how many were frozen. Call once a serving process has started, before it serves.
+
+    The frozen objects live as long as the process, yet each collection of an older generation walks
+    them again: on this project's 2-core VM a full collection of a started server took 17-100 ms and
+    the first young ones after start-up 1-14 ms, so several 5 ms deadlines at once. No collect()
+    first: it would cost that pause itself, with the tick loop already running. For whole processes
+    only (`dualloop serve`, its workers, the bench's server), never a host that embeds a server."""
     gc.freeze()
+    gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     return gc.get_freeze_count()
 
 

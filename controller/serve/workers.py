@@ -74,7 +74,7 @@ from dualloop.controller.serve.lifecycle import ServerLifecycle, new_event_loop
 from dualloop.controller.serve.metrics import MetricsEndpoint
 from dualloop.controller.serve.runtime import LATENESS_BUCKETS_US
 from dualloop.controller.serve.security_cli import security_summary
-from dualloop.controller.serve.ticker import freeze_startup_heap
+from dualloop.controller.serve.ticker import settle_collector
 from dualloop.executor.model_card import ModelFileError
 from dualloop.ood import GateFileError
 from dualloop.planner.onnx_planner import PlannerFileError
@@ -448,7 +448,7 @@ async def _run_worker(
     except (ConfigError, ModelFileError, GateFileError, TLSFileError, PlannerFileError, OSError) as err:
         events.event("server.worker_failed", logging.ERROR, slot=slot, error=as_configured(str(err), read_from))
         return 2
-    freeze_startup_heap()
+    settle_collector()
     announce: Path | None = args.announce
     if announce is not None:
         card = server.executor.card

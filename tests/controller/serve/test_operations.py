@@ -32,6 +32,7 @@ from dualloop.controller.logs.logfile import read_sessions
 from dualloop.controller.serve.config import ServerConfig
 from dualloop.controller.serve.events import configure_logging
 from dualloop.controller.serve.lifecycle import ServerThread
+from dualloop.controller.serve.ticker import YOUNG_THRESHOLD
 from dualloop.models import BASE_MODEL_PATH, DEFAULT_GATES
 from dualloop.v2 import controller_pb2 as pb
 from dualloop.v2 import controller_pb2_grpc as pb_grpc
@@ -286,6 +287,7 @@ def test_sigterm_drains_live_streams_and_recording(tmp_path: Path):
     [start] = by_event["server.start"]
     assert start["address"] == f"127.0.0.1:{match.group(1)}" and start["model_version"] and len(start["gates"]) == 2
     assert start["gc_frozen_objects"] > 10_000  # the imports, model and gRPC: out of the collector's walks
+    assert start["gc_young_threshold"] == YOUNG_THRESHOLD  # no young collections mid-tick
     closes = {r["session_id"]: r for r in by_event["session.close"]}
     opens = {r["session_id"]: r for r in by_event["session.open"]}
     assert set(opens) == set(closes) == {"done", "bad", "rt", "ls"}
