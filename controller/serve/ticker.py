@@ -358,7 +358,7 @@ class PreciseTicker:
 # and what they hold, ~5 per session) until it ends, when reference counting frees them: at 512
 # sessions a few thousand at once. CPython's default, 700, made that ~4 young collections per tick,
 # each moving the tick's live objects a generation older, and so the full collections that walk them
-# (0.7 ms of collection per tick at 512 sessions, pauses up to 1 ms young and 4.5 ms full). Above a
+# (0.7-1.0 ms of collection per tick at 512 sessions, pauses up to 1.7 ms young and 5 ms full). Above a
 # tick's peak, a young collection runs only when the heap grows (sessions opening), as it should.
 YOUNG_THRESHOLD = 20_000
 
