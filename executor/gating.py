@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from operator import attrgetter, is_not, itemgetter
+from operator import attrgetter, is_not
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from dualloop.executor.columns import as_columns
+from dualloop.executor.history import tuple_getter
 from dualloop.executor.model_runner import DecisionModel, ModelOutputs
 from dualloop.executor.sessions import Session
 from dualloop.executor.snapshot import Observation
@@ -252,15 +253,6 @@ def _freeze_detector(
     return FreezeDetector(capacity, model.n_features, freeze_repeats, rest) if gates and freeze_repeats > 0 else None
 
 
-def _picker(flags: Sequence[bool]) -> Callable[[tuple[Any, Any]], tuple[Any, ...]]:
-    """pair -> (pair[flag] for each flag), as a tuple, by one C-level call (at one session a Python
-    loop over the gates shows in the tick)."""
-    if len(flags) > 1:
-        return itemgetter(*map(int, flags))
-    at = [int(flag) for flag in flags]  # no gates, or one: itemgetter would not return a tuple
-    return lambda pair: tuple(pair[i] for i in at)
-
-
 class GateWiring:
     """Every gate on one model and the per-session state they keep, one slot per session.
 
@@ -316,8 +308,8 @@ class GateWiring:
         # session's current observation (`_completion`)
         self._held: list[tuple[Profile, dict[int, tuple[FloatArray, bool]]] | None] = [None] * capacity
         # per gate, (decision vector, inputs)[on inputs] and (None, changes)[limits changes], in one C call
-        self._pick_features = _picker([run.source == "input_features" for run in self.runs])
-        self._pick_changes = _picker(self.change_gates)
+        self._pick_features = tuple_getter([int(run.source == "input_features") for run in self.runs])
+        self._pick_changes = tuple_getter([int(c) for c in self.change_gates])
         self.change = ChangeTracker(capacity, model.n_features) if any(self.change_gates) else None
         # accel feature, speed feature, command control
         self.actuation, self.actuation_at = _actuation(model, self.gates, capacity)

@@ -118,13 +118,13 @@ class HistoryError(ValueError):
     """A card's history features the executor cannot derive (unknown name, a source it lacks)."""
 
 
-def _tuple_getter(indices: Sequence[int]) -> Callable[[Sequence[float]], tuple[float, ...]]:
-    """row -> (row[i] for i in indices) as a tuple, in one C-level call (itemgetter of one index
-    would return the item itself)."""
+def tuple_getter(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """row -> (row[i] for i in indices) as a tuple, in one C-level call from two indices on
+    (itemgetter of one index returns the item itself, and of none is refused)."""
     if len(indices) > 1:
         return itemgetter(*indices)
-    (only,) = indices
-    return lambda row: (row[only],)
+    at = list(indices)
+    return lambda row: tuple(row[i] for i in at)
 
 
 class HistoryDeriver:
@@ -144,12 +144,12 @@ class HistoryDeriver:
         needed = sorted(read, key=features.index)
         self.columns = np.array([features.index(f) for f in needed], np.int64)  # wire columns read
         # the same columns of a row as a list (an observation's features as Python floats)
-        self.pick = _tuple_getter(self.columns.tolist())
+        self.pick = tuple_getter(self.columns.tolist())
         col = {f: i for i, f in enumerate(needed)}
         self._series = sorted({s.series for s in self.specs})
         self._series_cols = [[col[f] for f in series] for series in self._series]
         # a picked row's series (HistoryState._append): each one's first column, the others added in order
-        self._series_first = _tuple_getter([cols[0] for cols in self._series_cols])
+        self._series_first = tuple_getter([cols[0] for cols in self._series_cols])
         self._series_more = [(s, c) for s, cols in enumerate(self._series_cols) for c in cols[1:]]
         self._delays = sorted({s.delay_ns for s in self.specs})
         self._lead = col.get("lead_present")
